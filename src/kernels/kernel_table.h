@@ -1,0 +1,102 @@
+// cider/kernels/kernel_table.h — the small dispatch table through which every compute kernel is reached.
+//
+// One table per backend/ISA. The reference table (kernels/ref) is plain, obviously-correct C++ kept forever as the
+// oracle; fast tables (x86 AVX2 / AVX-512, CUDA) fill the same entries and are tested against it. Kernels receive
+// already-validated, contiguous arguments: validation happens once, in the public operations (nn/, quant/).
+// Every entry is required unless marked (optional); a null optional entry means "use the reference".
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace cider::kernels {
+
+// ---- affine (MLX) quantized matmul --------------------------------------------------------------------------
+// out[M, N] = x[M, K] @ dequant(w)ᵀ         (transpose = true:  w packed [N, K*bits/32], scales/biases [N, K/gs])
+// out[M, N] = x[M, K] @ dequant(w)          (transpose = false: w packed [K, N*bits/32], scales/biases [K, N/gs])
+// Accumulation in float32, group by group; the result is rounded once to out_dtype.
+struct AffineQmmArgs {
+  const void* x;  // [M, K], x_dtype
+  DType x_dtype;
+  const uint32_t* w;
+  const void* scales;  // scale_dtype
+  const void* biases;  // scale_dtype
+  DType scale_dtype;
+  void* out;  // [M, N], out_dtype
+  DType out_dtype;
+  int64_t M, N, K;
+  int group_size, bits;
+  bool transpose;
+};
+
+// ---- symmetric INT8 / INT4 weight linear layers (W8A8 / W4A8) -----------------------------------------------
+// x is quantized per token (row) to int8 inside the kernel: sx[m] = max|x[m,:]| / 127 (1 if the row is all zero),
+// xq = clamp(rint(x / sx), -127, 127). Then
+//   per-channel (group_size == 0): y[m,n] = sx[m] * sw[n] * Σ_k xq[m,k]·wq[n,k] + bias[n]
+//   per-group   (group_size  > 0): y[m,n] = sx[m] * Σ_g sw[g,n] * Σ_{k∈g} xq[m,k]·wq[n,k] + bias[n]
+// with integer sums exact in int32. Weight scales are float32: [N] per channel, [K/gs, N] per group.
+struct IntLinearArgs {
+  const void* x;  // [M, K], x_dtype
+  DType x_dtype;
+  const void* w;  // W8A8: int8 [N, K]; W4A8: uint8 [N, K/2], element 2i in the low nibble, code = q + 8
+  const float* w_scales;
+  const float* bias;  // [N] or nullptr
+  void* out;          // [M, N], out_dtype
+  DType out_dtype;
+  int64_t M, N, K;
+  int group_size;  // 0 = per output channel
+};
+
+// ---- attention over a KV cache -------------------------------------------------------------------------------
+// One of keys or values of a cache, valid positions [0, length) of storage with room for `capacity` positions.
+// Quantized: packed [B, H, capacity, dim*bits/32] uint32 and scales/biases [B, H, capacity, dim/group_size] in
+// scale_dtype. Plain: data [B, H, capacity, dim] in dtype (bits == 0).
+struct KVTensorView {
+  const void* data;  // packed codes (quantized) or values (plain)
+  const void* scales;  // quantized only
+  const void* biases;  // quantized only
+  DType dtype;          // plain: element dtype; quantized: kU32
+  DType scale_dtype;    // quantized only
+  int bits;             // 0 = plain
+  int group_size;       // quantized only
+  int64_t B, H, length, capacity, dim;
+};
+
+enum class MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
+
+// Query row i (of L) sits at absolute position kL - L + i, where kL = keys.length.
+// kCausal: key j is visible to query i iff j <= pos(i) and (window == 0 or j > pos(i) - window).
+// kBool: visible iff mask[b, h, i, j] != 0.   kAdditive: score += mask[b, h, i, j].
+// The mask is read through element strides (0 broadcasts a dimension) in mask_dtype (kBool or a float dtype).
+// A query row that sees no key gets an output of zeros.
+struct AttentionArgs {
+  const float* q;  // [B, Hq, L, Dk] float32, contiguous, already in the cache's rotated space
+  float* out;      // [B, Hq, L, Dv] float32, contiguous, still in the rotated value space
+  int64_t B, Hq, L;
+  KVTensorView keys;    // H = Hkv, dim = Dk
+  KVTensorView values;  // H = Hkv, dim = Dv
+  float scale;          // multiplies q·k before the softmax
+  MaskKind mask_kind;
+  int64_t window;
+  const void* mask;
+  DType mask_dtype;
+  int64_t mask_stride[4];  // strides over [B, Hq, L, kL]
+};
+
+struct KernelTable {
+  const char* name;
+  void (*affine_qmm)(const AffineQmmArgs&);
+  void (*w8a8_gemm)(const IntLinearArgs&);  // M > 1
+  void (*w8a8_gemv)(const IntLinearArgs&);  // M == 1
+  void (*w4a8_gemm)(const IntLinearArgs&);
+  void (*w4a8_gemv)(const IntLinearArgs&);
+  void (*attention)(const AttentionArgs&);
+};
+
+// The reference table: always present.
+const KernelTable& ref_kernels();
+// The table the public operations use (chosen once at start-up; the reference until fast tables exist).
+const KernelTable& active_kernels();
+
+}  // namespace cider::kernels

@@ -1,0 +1,103 @@
+#include "support/test_support.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace cider::test {
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    uint64_t s;
+    if (const char* env = std::getenv("CIDER_TEST_SEED")) {
+      s = std::strtoull(env, nullptr, 10);
+    } else {
+      std::random_device rd;
+      s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }
+    std::fprintf(stderr, "[cider tests] random seed %llu (replay with CIDER_TEST_SEED=%llu)\n",
+                 static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+std::mt19937_64 make_rng(uint64_t salt) {
+  std::seed_seq seq{static_cast<uint32_t>(test_seed()), static_cast<uint32_t>(test_seed() >> 32),
+                    static_cast<uint32_t>(salt), static_cast<uint32_t>(salt >> 32)};
+  return std::mt19937_64(seq);
+}
+
+std::vector<float> randn(std::mt19937_64& rng, size_t n, float sigma) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> randn_with_outlier_channels(std::mt19937_64& rng, size_t rows, size_t dim, float outlier_scale,
+                                               int n_outlier_channels) {
+  std::vector<float> v = randn(rng, rows * dim);
+  std::vector<size_t> channels;
+  std::uniform_int_distribution<size_t> pick(0, dim - 1);
+  for (int i = 0; i < n_outlier_channels; ++i) channels.push_back(pick(rng));
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c : channels) v[r * dim + c] *= outlier_scale;
+  return v;
+}
+
+std::vector<uint8_t> to_dtype_bytes(const std::vector<float>& v, DType t) {
+  std::vector<uint8_t> out(v.size() * static_cast<size_t>(dtype_size(t)));
+  for (size_t i = 0; i < v.size(); ++i) store_float(out.data(), t, static_cast<int64_t>(i), v[i]);
+  return out;
+}
+
+std::vector<float> from_dtype_bytes(const void* p, DType t, size_t n) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = load_float(p, t, static_cast<int64_t>(i));
+  return out;
+}
+
+GuardedBuffer::GuardedBuffer(size_t nbytes) : bytes_(nbytes + 2 * kGuardBytes, kCanary), n_(nbytes) {}
+
+bool GuardedBuffer::canaries_intact() const {
+  for (size_t i = 0; i < kGuardBytes; ++i)
+    if (bytes_[i] != kCanary || bytes_[kGuardBytes + n_ + i] != kCanary) return false;
+  return true;
+}
+
+void GuardedBuffer::fill_inside(uint8_t value) { std::memset(bytes_.data() + kGuardBytes, value, n_); }
+
+template <typename W>
+static ::testing::AssertionResult close_impl(const float* got, const W* want, size_t n, double atol, double rtol) {
+  for (size_t i = 0; i < n; ++i) {
+    double g = got[i], w = static_cast<double>(want[i]);
+    double tol = atol + rtol * std::fabs(w);
+    if (std::isnan(g) || std::isnan(w) || std::fabs(g - w) > tol) {
+      return ::testing::AssertionFailure() << "element " << i << " of " << n << ": got " << g << ", want " << w
+                                           << " (|diff| " << std::fabs(g - w) << " > tol " << tol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult all_close(const float* got, const double* want, size_t n, double atol, double rtol) {
+  return close_impl(got, want, n, atol, rtol);
+}
+::testing::AssertionResult all_close(const float* got, const float* want, size_t n, double atol, double rtol) {
+  return close_impl(got, want, n, atol, rtol);
+}
+
+bool no_nan(const float* p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (std::isnan(p[i])) return false;
+  return true;
+}
+
+}  // namespace cider::test
