@@ -1,0 +1,144 @@
+/* cider.h — the C interface of cider: low-bit quantization, INT8/INT4 linear layers, the IsoQuant KV cache and
+ * attention over it, on caller-owned buffers. For Python (ctypes), Rust, Go, or C.
+ *
+ * Conventions
+ * - Every function returns a cider_status; CIDER_OK (0) on success. On failure, cider_last_error() returns a message
+ *   of the form "[operation] rule; got value", valid until the next cider call on the same thread.
+ * - Tensors are described by cider_tensor: a pointer, a dtype and a shape; data is contiguous row-major and owned by
+ *   the caller. Outputs are written into caller-allocated tensors whose shape must be exactly the documented one.
+ * - Objects (linear layers, caches, snapshots) are opaque handles created by *_create and released by *_free.
+ *   Functions on different handles may run concurrently; one handle must not be used by two threads at once.
+ */
+#ifndef CIDER_CIDER_H_
+#define CIDER_CIDER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CIDER_MAX_RANK 8
+
+typedef enum cider_status {
+  CIDER_OK = 0,
+  CIDER_ERR_INVALID_ARGUMENT = 1, /* a value outside its allowed set (bits, group size, option) */
+  CIDER_ERR_SHAPE_MISMATCH = 2,   /* shapes or ranks that do not fit together */
+  CIDER_ERR_UNSUPPORTED = 3,      /* a valid request this build cannot do */
+  CIDER_ERR_OUT_OF_RANGE = 4,     /* a length or index beyond a limit */
+  CIDER_ERR_IO = 5,
+  CIDER_ERR_CORRUPT = 6,
+  CIDER_ERR_OUT_OF_MEMORY = 7,
+  CIDER_ERR_INTERNAL = 8
+} cider_status;
+
+typedef enum cider_dtype {
+  CIDER_F32 = 0,
+  CIDER_F16 = 1,
+  CIDER_BF16 = 2,
+  CIDER_U32 = 3, /* packed affine codes */
+  CIDER_I8 = 4,
+  CIDER_U8 = 5,  /* packed int4 pairs */
+  CIDER_I32 = 6,
+  CIDER_BOOL = 7 /* one byte per element, 0 or 1 */
+} cider_dtype;
+
+typedef struct cider_tensor {
+  void* data;
+  cider_dtype dtype;
+  int32_t rank;
+  int64_t shape[CIDER_MAX_RANK];
+} cider_tensor;
+
+/* The message of the last failed call on this thread ("" if none). */
+const char* cider_last_error(void);
+const char* cider_version(void);
+
+/* ---- affine group quantization, MLX-compatible (docs/formats.md) ---------------------------------------------
+ * w [..., K] f32/f16/bf16 -> packed [..., K*bits/32] u32, scales and biases [..., K/group_size] in w's dtype.
+ * bits in {2,3,4,5,6,8}, group_size in {32,64,128}. */
+cider_status cider_affine_quantize(const cider_tensor* w, int group_size, int bits, const cider_tensor* packed,
+                                   const cider_tensor* scales, const cider_tensor* biases);
+/* out [..., K], any float dtype. */
+cider_status cider_affine_dequantize(const cider_tensor* packed, const cider_tensor* scales,
+                                     const cider_tensor* biases, int group_size, int bits, const cider_tensor* out);
+/* MLX's quantized_matmul: transpose != 0: out = x @ dequant(w)^T with w [..., N, K*bits/32];
+ * transpose == 0: out = x @ dequant(w) with w [..., K, N*bits/32]. out: broadcast batch + [M, N]. */
+cider_status cider_quantized_matmul(const cider_tensor* x, const cider_tensor* w, const cider_tensor* scales,
+                                    const cider_tensor* biases, int transpose, int group_size, int bits,
+                                    const cider_tensor* out);
+
+/* ---- symmetric INT8 / INT4 weights and the W8A8 / W4A8 linear layers -----------------------------------------
+ * Weights w [N, K] (N outputs). group_size 0 = one scale per output channel.
+ * INT8: q [N, K] i8, scales f32 [N] (per channel) or [K/group_size, N] (group_size 64/128/256);
+ *       clip_percentile in (0, 100] clips each row at that percentile of |w| (per channel only); <= 0: no clipping.
+ * INT4: q [N, K/2] u8 (element 2i in the low nibble, stored as code+8), scales f32 [N] or [K/group_size, N]
+ *       (group_size 32/64/128/256). */
+cider_status cider_int8_quantize_weights(const cider_tensor* w, int group_size, float clip_percentile,
+                                         const cider_tensor* q, const cider_tensor* scales);
+cider_status cider_int4_quantize_weights(const cider_tensor* w, int group_size, const cider_tensor* q,
+                                         const cider_tensor* scales);
+
+typedef struct cider_linear cider_linear;
+typedef enum cider_linear_format { CIDER_W8A8 = 0, CIDER_W4A8 = 1 } cider_linear_format;
+
+/* From float weights w [N, K] and an optional bias [N] (NULL for none). */
+cider_status cider_linear_create(cider_linear_format format, const cider_tensor* w, const cider_tensor* bias,
+                                 int group_size, float clip_percentile, cider_linear** out);
+/* From an MLX affine-quantized weight (dequantized, then requantized). target_group_size < 0 picks the default:
+ * W8A8 keeps an 8-bit MLX weight's group size 64/128/256, otherwise per channel. */
+cider_status cider_linear_create_from_mlx(cider_linear_format format, const cider_tensor* packed,
+                                          const cider_tensor* scales, const cider_tensor* biases, int mlx_group_size,
+                                          int mlx_bits, const cider_tensor* bias, int target_group_size,
+                                          float clip_percentile, cider_linear** out);
+/* x [..., K] float -> out [..., N] float. M = 1 takes the GEMV kernel, M > 1 the GEMM kernel. */
+cider_status cider_linear_forward(const cider_linear* layer, const cider_tensor* x, const cider_tensor* out);
+cider_status cider_linear_info(const cider_linear* layer, int64_t* in_features, int64_t* out_features,
+                               int* group_size, size_t* nbytes);
+void cider_linear_free(cider_linear* layer);
+
+/* ---- the KV cache ------------------------------------------------------------------------------------------ */
+typedef enum cider_rotation { CIDER_ROTATION_NONE = 0, CIDER_ROTATION_SO4_FAST = 1, CIDER_ROTATION_SO4_FULL = 2 } cider_rotation;
+
+typedef struct cider_kv_config {
+  int quantized;            /* 1: affine-quantized (IsoQuant) cache; 0: plain cache of plain_dtype */
+  int k_bits, v_bits;       /* quantized: bits of keys and values (defaults 4 and 3) */
+  int group_size;           /* quantized: 32, 64 (default) or 128 */
+  cider_rotation rotation;  /* quantized: default CIDER_ROTATION_SO4_FULL */
+  uint64_t seed;            /* rotation seed (default 0) */
+  cider_dtype scale_dtype;  /* quantized: dtype of stored scales and biases (default CIDER_F16) */
+  cider_dtype plain_dtype;  /* plain: CIDER_F16, CIDER_BF16 or CIDER_F32 */
+} cider_kv_config;
+
+typedef struct cider_kv_cache cider_kv_cache;
+typedef struct cider_kv_snapshot cider_kv_snapshot;
+
+/* The defaults: quantized K4/V3, group 64, SO(4) full rotation, seed 0, f16 scales. */
+cider_kv_config cider_kv_config_default(void);
+cider_status cider_kv_cache_create(const cider_kv_config* config, cider_kv_cache** out);
+/* keys [B, Hkv, n, Dk], values [B, Hkv, n, Dv], float. B, Hkv and the head dims are fixed by the first append. */
+cider_status cider_kv_cache_append(cider_kv_cache* cache, const cider_tensor* keys, const cider_tensor* values);
+cider_status cider_kv_cache_offset(const cider_kv_cache* cache, int64_t* offset);
+/* Removes min(n, offset) positions from the end; *removed receives how many (may be NULL). */
+cider_status cider_kv_cache_trim(cider_kv_cache* cache, int64_t n, int64_t* removed);
+cider_status cider_kv_cache_nbytes(const cider_kv_cache* cache, size_t* nbytes);
+/* An immutable copy of the cache's state and configuration. */
+cider_status cider_kv_cache_snapshot(const cider_kv_cache* cache, cider_kv_snapshot** out);
+cider_status cider_kv_cache_restore(cider_kv_cache* cache, const cider_kv_snapshot* snapshot);
+void cider_kv_snapshot_free(cider_kv_snapshot* snapshot);
+void cider_kv_cache_free(cider_kv_cache* cache);
+
+/* ---- attention over the cache --------------------------------------------------------------------------------
+ * queries [B, Hq, L, Dk] float (Hq a multiple of Hkv), in the model's space; out [B, Hq, L, Dv] float, in the
+ * model's space. The L queries are the last L positions of the cache. mask_kind: 0 none, 1 causal (window > 0
+ * limits each query to its last `window` keys), 2 boolean mask, 3 additive mask; mask is broadcastable to
+ * [B, Hq, L, offset] (rank 2..4), bool or float, NULL unless mask_kind is 2 or 3. */
+cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* cache, float scale, int mask_kind,
+                             int64_t window, const cider_tensor* mask, const cider_tensor* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CIDER_CIDER_H_ */

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what cider needs to build and test on Debian 12 (run as root; skips packages already present).
+set -euo pipefail
+packages=(cmake g++ make libgtest-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "cider setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

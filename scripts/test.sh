@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# All set-up, then the whole test suite (GoogleTest through CTest). Fresh random inputs each run; the seed is
+# printed by each test binary (replay with CIDER_TEST_SEED=<seed>).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD_DIR=build bash scripts/build.sh
+ctest --test-dir build --output-on-failure -j "$(nproc)"
