@@ -1,0 +1,541 @@
+// KV caches: shared storage mechanics (growth in 256-position steps, trim, snapshot/restore) and the two row formats.
+#include "nn/kv_cache.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/affine.h"
+
+namespace cider::nn {
+
+namespace {
+
+constexpr size_t kQuantizedPlanes = 6;  // key codes, scales, biases; value codes, scales, biases
+constexpr size_t kPlainPlanes = 2;      // keys, values
+
+int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
+
+bool is_valid_rotation(RotationKind k) {
+  return k == RotationKind::kNone || k == RotationKind::kSO4Fast || k == RotationKind::kSO4Full;
+}
+
+void check_storage_float(DType t, const char* op, const char* what) {
+  check(is_float_dtype(t), ErrorCode::kInvalidArgument, op, what, " must be float32, float16 or bfloat16; got ",
+        dtype_name(t));
+}
+
+void check_quant_config(int k_bits, int v_bits, int group_size, DType scale_dtype, RotationKind rotation,
+                        const char* op) {
+  check(quant::is_affine_bits(k_bits), ErrorCode::kInvalidArgument, op, "k_bits must be one of 2, 3, 4, 5, 6, 8; got ",
+        k_bits);
+  check(quant::is_affine_bits(v_bits), ErrorCode::kInvalidArgument, op, "v_bits must be one of 2, 3, 4, 5, 6, 8; got ",
+        v_bits);
+  check(quant::is_affine_group_size(group_size), ErrorCode::kInvalidArgument, op,
+        "group_size must be one of 32, 64, 128; got ", group_size);
+  check_storage_float(scale_dtype, op, "scale_dtype");
+  check(is_valid_rotation(rotation), ErrorCode::kInvalidArgument, op,
+        "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(rotation));
+}
+
+// Checks head dims against the format: a positive multiple of the group size (quantized), a multiple of 4 when
+// rotated (the 4-d quaternion blocks).
+void check_head_dims(int64_t Dk, int64_t Dv, bool quantized, int group_size, RotationKind rotation, const char* op) {
+  check(Dk > 0, ErrorCode::kShapeMismatch, op, "Dk must be positive; got ", Dk);
+  check(Dv > 0, ErrorCode::kShapeMismatch, op, "Dv must be positive; got ", Dv);
+  if (quantized) {
+    check(Dk % group_size == 0, ErrorCode::kShapeMismatch, op, "Dk must be a multiple of group_size ", group_size,
+          "; got ", Dk);
+    check(Dv % group_size == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of group_size ", group_size,
+          "; got ", Dv);
+  }
+  if (rotation != RotationKind::kNone) {
+    check(Dk % 4 == 0, ErrorCode::kShapeMismatch, op, "Dk must be a multiple of 4 for the ",
+          rotation_kind_name(rotation), " rotation; got ", Dk);
+    check(Dv % 4 == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of 4 for the ",
+          rotation_kind_name(rotation), " rotation; got ", Dv);
+  }
+}
+
+// Bytes per row (one position of one (b, h)) of each plane, in the plane order documented at KVCacheSnapshot.
+std::vector<int64_t> plane_row_bytes(const KVCacheMeta& m) {
+  if (m.quantized) {
+    const int64_t ss = dtype_size(m.scale_dtype);
+    return {quant::packed_words(m.Dk, m.k_bits) * 4, (m.Dk / m.group_size) * ss, (m.Dk / m.group_size) * ss,
+            quant::packed_words(m.Dv, m.v_bits) * 4, (m.Dv / m.group_size) * ss, (m.Dv / m.group_size) * ss};
+  }
+  const int64_t es = dtype_size(m.dtype);
+  return {m.Dk * es, m.Dv * es};
+}
+
+// Everything a snapshot or restore must hold for the metadata to describe a cache.
+void check_meta(const KVCacheMeta& m, const char* op) {
+  if (m.quantized) {
+    check_quant_config(m.k_bits, m.v_bits, m.group_size, m.scale_dtype, m.rotation, op);
+  } else {
+    check_storage_float(m.dtype, op, "dtype");
+    check(is_valid_rotation(m.rotation), ErrorCode::kInvalidArgument, op,
+          "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(m.rotation));
+  }
+  if (!m.has_dims) {
+    check(m.length == 0, ErrorCode::kInvalidArgument, op, "a cache without dims must have length 0; got ", m.length);
+    return;
+  }
+  check(m.B > 0 && m.H > 0, ErrorCode::kShapeMismatch, op, "B and H must be positive; got (", m.B, ", ", m.H, ")");
+  check_head_dims(m.Dk, m.Dv, m.quantized, m.group_size, m.rotation, op);
+  check(m.length >= 0, ErrorCode::kInvalidArgument, op, "length must be >= 0; got ", m.length);
+}
+
+// The keys or the values view of storage whose planes follow the KVCacheSnapshot order.
+// `planes` is empty (a cache without dims: null pointers) or holds one pointer per plane.
+kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vector<const void*>& planes,
+                                int64_t capacity) {
+  const bool have = planes.size() == (m.quantized ? kQuantizedPlanes : kPlainPlanes);
+  kernels::KVTensorView v{};
+  v.B = m.B;
+  v.H = m.H;
+  v.length = m.length;
+  v.capacity = capacity;
+  v.dim = keys ? m.Dk : m.Dv;
+  if (m.quantized) {
+    const size_t first = keys ? 0 : 3;
+    v.data = have ? planes[first] : nullptr;
+    v.scales = have ? planes[first + 1] : nullptr;
+    v.biases = have ? planes[first + 2] : nullptr;
+    v.dtype = DType::kU32;
+    v.scale_dtype = m.scale_dtype;
+    v.bits = keys ? m.k_bits : m.v_bits;
+    v.group_size = m.group_size;
+  } else {
+    v.data = have ? planes[keys ? 0 : 1] : nullptr;
+    v.scales = nullptr;
+    v.biases = nullptr;
+    v.dtype = m.dtype;
+    v.scale_dtype = m.dtype;
+    v.bits = 0;
+    v.group_size = 0;
+  }
+  return v;
+}
+
+// The inputs of an append: rank 4, float, on the CPU, keys and values agreeing on B, H and n.
+void check_append_inputs(const TensorView& keys, const TensorView& values, const char* op) {
+  check_rank(keys, 4, op, "keys");
+  check_rank(values, 4, op, "values");
+  check_float_dtype(keys, op, "keys");
+  check_float_dtype(values, op, "values");
+  check_cpu(keys, op, "keys");
+  check_cpu(values, op, "values");
+  check(keys.dim(0) == values.dim(0) && keys.dim(1) == values.dim(1) && keys.dim(2) == values.dim(2),
+        ErrorCode::kShapeMismatch, op, "keys [B, H, n, Dk] and values [B, H, n, Dv] must agree on B, H and n; got ",
+        keys.shape_string(), " and ", values.shape_string());
+  if (keys.numel() > 0) check_not_null(keys, op, "keys");
+  if (values.numel() > 0) check_not_null(values, op, "values");
+}
+
+// The quantizer needs finite values (a NaN would become code 0 under a garbage scale): checked before any write.
+void check_finite(const TensorView& x, const char* op, const char* what) {
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    for (int64_t h = 0; h < x.dim(1); ++h)
+      for (int64_t t = 0; t < x.dim(2); ++t)
+        for (int64_t d = 0; d < x.dim(3); ++d) {
+          const float v = load_float(x.data, x.dtype,
+                                     b * x.stride_of(0) + h * x.stride_of(1) + t * x.stride_of(2) + d * x.stride_of(3));
+          check(std::isfinite(v), ErrorCode::kInvalidArgument, op, what, " must be finite; got ", v, " at [", b, ", ",
+                h, ", ", t, ", ", d, "]");
+        }
+}
+
+// Fixes the dims on the first append or checks a later append against them.
+void check_append_dims(const detail::KVStore& store, int64_t Dk, int64_t Dv, const TensorView& keys,
+                       const TensorView& values, const char* op) {
+  if (!store.has_dims()) {
+    check(keys.dim(0) > 0 && keys.dim(1) > 0, ErrorCode::kShapeMismatch, op, "B and H must be positive; got keys ",
+          keys.shape_string());
+    return;
+  }
+  check(keys.dim(0) == store.B() && keys.dim(1) == store.H(), ErrorCode::kShapeMismatch, op,
+        "B and H must match the cache's (", store.B(), ", ", store.H(), "); got keys ", keys.shape_string());
+  check(keys.dim(3) == Dk, ErrorCode::kShapeMismatch, op, "Dk must match the cache's ", Dk, "; got ", keys.dim(3));
+  check(values.dim(3) == Dv, ErrorCode::kShapeMismatch, op, "Dv must match the cache's ", Dv, "; got ", values.dim(3));
+}
+
+// Reads x[b, h, t0 : t0 + n, :] (any strides, any float dtype) into rows [n, D] float32, rotates them, and hands
+// each row to write(t, row) with t the absolute position t0 + i.
+template <typename WriteRow>
+void write_rotated(const TensorView& x, int64_t b, int64_t h, int64_t t_dst, const SO4Rotation& rot,
+                   std::vector<float>& rows, WriteRow&& write) {
+  const int64_t n = x.dim(2), D = x.dim(3);
+  rows.resize(static_cast<size_t>(n * D));
+  const int64_t base = b * x.stride_of(0) + h * x.stride_of(1);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; ++d)
+      rows[static_cast<size_t>(i * D + d)] =
+          load_float(x.data, x.dtype, base + i * x.stride_of(2) + d * x.stride_of(3));
+  rot.apply(rows.data(), n);
+  for (int64_t i = 0; i < n; ++i) write(t_dst + i, rows.data() + i * D);
+}
+
+}  // namespace
+
+// ---- KVCacheSnapshot ----------------------------------------------------------------------------------------------
+
+KVCacheSnapshot::KVCacheSnapshot(const KVCacheMeta& meta, std::vector<Buffer> planes) : meta_(meta) {
+  const char* op = "kv_cache_snapshot";
+  check_meta(meta, op);
+  if (!meta.has_dims) {
+    check(planes.empty(), ErrorCode::kInvalidArgument, op, "a snapshot without dims holds no planes; got ",
+          planes.size());
+  } else {
+    const std::vector<int64_t> rb = plane_row_bytes(meta);
+    check(planes.size() == rb.size(), ErrorCode::kInvalidArgument, op, "expected ", rb.size(), " planes; got ",
+          planes.size());
+    for (size_t p = 0; p < rb.size(); ++p) {
+      const int64_t want = meta.B * meta.H * meta.length * rb[p];
+      check(static_cast<int64_t>(planes[p].nbytes()) == want, ErrorCode::kCorrupt, op, "plane ", p, " must hold ", want,
+            " bytes; got ", planes[p].nbytes());
+    }
+  }
+  planes_ = std::make_shared<const std::vector<Buffer>>(std::move(planes));
+}
+
+int64_t KVCacheSnapshot::nbytes() const {
+  int64_t n = 0;
+  for (size_t p = 0; p < num_planes(); ++p) n += static_cast<int64_t>(plane(p).nbytes());
+  return n;
+}
+
+static std::vector<const void*> snapshot_pointers(const KVCacheSnapshot& s) {
+  std::vector<const void*> ptrs;
+  for (size_t p = 0; p < s.num_planes(); ++p) ptrs.push_back(s.plane(p).data());
+  return ptrs;
+}
+
+kernels::KVTensorView KVCacheSnapshot::keys() const {
+  return make_view(meta_, true, snapshot_pointers(*this), meta_.length);
+}
+
+kernels::KVTensorView KVCacheSnapshot::values() const {
+  return make_view(meta_, false, snapshot_pointers(*this), meta_.length);
+}
+
+// ---- KVStore ------------------------------------------------------------------------------------------------------
+
+namespace detail {
+
+void KVStore::reset(int64_t B, int64_t H, std::vector<int64_t> row_bytes) {
+  B_ = B;
+  H_ = H;
+  offset_ = 0;
+  capacity_ = 0;
+  row_bytes_ = std::move(row_bytes);
+  planes_.clear();
+  planes_.resize(row_bytes_.size());
+}
+
+void KVStore::clear() {
+  B_ = H_ = offset_ = capacity_ = 0;
+  row_bytes_.clear();
+  planes_.clear();
+}
+
+uint8_t* KVStore::row(size_t p, int64_t b, int64_t h, int64_t t) const {
+  return planes_[p].as<uint8_t>() + ((b * H_ + h) * capacity_ + t) * row_bytes_[p];
+}
+
+std::vector<const void*> KVStore::plane_pointers() const {
+  std::vector<const void*> ptrs;
+  for (const Buffer& b : planes_) ptrs.push_back(b.data());
+  return ptrs;
+}
+
+int64_t KVStore::nbytes() const {
+  int64_t n = 0;
+  for (int64_t rb : row_bytes_) n += B_ * H_ * capacity_ * rb;
+  return n;
+}
+
+// Grows every plane to round_up(offset + n, kStep) positions, copying the valid rows [0, offset) of each (b, h);
+// the new buffers are allocated before anything changes, so a failed allocation leaves the cache as it was.
+void KVStore::reserve_append(int64_t n) {
+  if (offset_ + n <= capacity_) return;
+  const int64_t new_cap = round_up(offset_ + n, KVCache::kStep);
+  std::vector<Buffer> grown;
+  grown.reserve(planes_.size());
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const int64_t rb = row_bytes_[p];
+    Buffer nb(static_cast<size_t>(B_ * H_ * new_cap * rb));
+    for (int64_t bh = 0; bh < B_ * H_; ++bh)
+      if (offset_ > 0)
+        std::memcpy(nb.as<uint8_t>() + bh * new_cap * rb, planes_[p].as<uint8_t>() + bh * capacity_ * rb,
+                    static_cast<size_t>(offset_ * rb));
+    grown.push_back(std::move(nb));
+  }
+  planes_ = std::move(grown);
+  capacity_ = new_cap;
+}
+
+std::vector<Buffer> KVStore::copy_valid() const {
+  std::vector<Buffer> out;
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const int64_t rb = row_bytes_[p];
+    Buffer b(static_cast<size_t>(B_ * H_ * offset_ * rb));
+    for (int64_t bh = 0; bh < B_ * H_; ++bh)
+      if (offset_ > 0)
+        std::memcpy(b.as<uint8_t>() + bh * offset_ * rb, planes_[p].as<uint8_t>() + bh * capacity_ * rb,
+                    static_cast<size_t>(offset_ * rb));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+void KVStore::load(const std::vector<const void*>& planes, int64_t length) {
+  const int64_t cap = round_up(length, KVCache::kStep);
+  std::vector<Buffer> fresh;
+  for (size_t p = 0; p < row_bytes_.size(); ++p) {
+    const int64_t rb = row_bytes_[p];
+    Buffer nb(static_cast<size_t>(B_ * H_ * cap * rb));
+    for (int64_t bh = 0; bh < B_ * H_; ++bh)
+      if (length > 0)
+        std::memcpy(nb.as<uint8_t>() + bh * cap * rb, static_cast<const uint8_t*>(planes[p]) + bh * length * rb,
+                    static_cast<size_t>(length * rb));
+    fresh.push_back(std::move(nb));
+  }
+  planes_ = std::move(fresh);
+  capacity_ = cap;
+  offset_ = length;
+}
+
+}  // namespace detail
+
+// ---- shared cache operations ----------------------------------------------------------------------------------------
+
+namespace {
+
+int64_t trim_store(detail::KVStore& store, int64_t n) {
+  check(n >= 0, ErrorCode::kInvalidArgument, "kv_cache_trim", "n must be >= 0; got ", n);
+  const int64_t removed = n < store.offset() ? n : store.offset();
+  store.set_offset(store.offset() - removed);
+  return removed;
+}
+
+KVCacheSnapshot snapshot_store(const KVCacheMeta& meta, const detail::KVStore& store) {
+  if (!store.has_dims()) return KVCacheSnapshot(meta, {});
+  return KVCacheSnapshot(meta, store.copy_valid());
+}
+
+// Builds the storage a snapshot describes (into a fresh store, so a failure leaves the cache untouched).
+detail::KVStore store_from_snapshot(const KVCacheSnapshot& s) {
+  detail::KVStore store;
+  const KVCacheMeta& m = s.meta();
+  if (!m.has_dims) return store;
+  store.reset(m.B, m.H, plane_row_bytes(m));
+  std::vector<const void*> src;
+  for (size_t p = 0; p < s.num_planes(); ++p) src.push_back(s.plane(p).data());
+  store.load(src, m.length);
+  return store;
+}
+
+// The rotations a cache with these dims uses (identity placeholders before the dims are known).
+std::pair<SO4Rotation, SO4Rotation> make_rotations(const KVCacheMeta& m) {
+  if (!m.has_dims) return {};
+  return {SO4Rotation(m.Dk, m.rotation, m.seed), SO4Rotation(m.Dv, m.rotation, m.seed)};
+}
+
+}  // namespace
+
+// ---- QuantizedKVCache -----------------------------------------------------------------------------------------------
+
+QuantizedKVCache::QuantizedKVCache(const QuantizedKVCacheConfig& config) : config_(config) {
+  check_quant_config(config.k_bits, config.v_bits, config.group_size, config.scale_dtype, config.rotation,
+                     "quantized_kv_cache");
+}
+
+KVCacheMeta QuantizedKVCache::meta() const {
+  KVCacheMeta m;
+  m.quantized = true;
+  m.k_bits = config_.k_bits;
+  m.v_bits = config_.v_bits;
+  m.group_size = config_.group_size;
+  m.scale_dtype = config_.scale_dtype;
+  m.rotation = config_.rotation;
+  m.seed = config_.seed;
+  m.has_dims = store_.has_dims();
+  m.B = store_.B();
+  m.H = store_.H();
+  m.Dk = Dk_;
+  m.Dv = Dv_;
+  m.length = store_.offset();
+  return m;
+}
+
+kernels::KVTensorView QuantizedKVCache::keys() const {
+  return make_view(meta(), true, store_.plane_pointers(), store_.capacity());
+}
+
+kernels::KVTensorView QuantizedKVCache::values() const {
+  return make_view(meta(), false, store_.plane_pointers(), store_.capacity());
+}
+
+std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update_and_fetch(const TensorView& keys,
+                                                                                           const TensorView& values) {
+  const char* op = "kv_cache_update";
+  check_append_inputs(keys, values, op);
+  check_append_dims(store_, Dk_, Dv_, keys, values, op);
+  check_finite(keys, op, "keys");
+  check_finite(values, op, "values");
+  if (!store_.has_dims()) {
+    // First append: the dims become part of the cache (validated against the format before anything changes).
+    KVCacheMeta m = meta();
+    m.has_dims = true;
+    m.B = keys.dim(0);
+    m.H = keys.dim(1);
+    m.Dk = keys.dim(3);
+    m.Dv = values.dim(3);
+    check_head_dims(m.Dk, m.Dv, true, m.group_size, m.rotation, op);
+    auto rots = make_rotations(m);
+    store_.reset(m.B, m.H, plane_row_bytes(m));
+    Dk_ = m.Dk;
+    Dv_ = m.Dv;
+    key_rot_ = std::move(rots.first);
+    value_rot_ = std::move(rots.second);
+  }
+  const int64_t n = keys.dim(2), start = store_.offset();
+  store_.reserve_append(n);
+  const int gs = config_.group_size;
+  const DType sd = config_.scale_dtype;
+  std::vector<float> rows;
+  for (int64_t b = 0; b < store_.B(); ++b)
+    for (int64_t h = 0; h < store_.H(); ++h) {
+      // Planes 0..2: key codes, scales, biases; 3..5: the same for values (see KVCacheSnapshot).
+      write_rotated(keys, b, h, start, key_rot_, rows, [&](int64_t t, const float* row) {
+        quant::affine_quantize_row(row, Dk_, gs, config_.k_bits, reinterpret_cast<uint32_t*>(store_.row(0, b, h, t)),
+                                   store_.row(1, b, h, t), store_.row(2, b, h, t), sd);
+      });
+      write_rotated(values, b, h, start, value_rot_, rows, [&](int64_t t, const float* row) {
+        quant::affine_quantize_row(row, Dv_, gs, config_.v_bits, reinterpret_cast<uint32_t*>(store_.row(3, b, h, t)),
+                                   store_.row(4, b, h, t), store_.row(5, b, h, t), sd);
+      });
+    }
+  store_.set_offset(start + n);
+  return {this->keys(), this->values()};
+}
+
+int64_t QuantizedKVCache::trim(int64_t n) { return trim_store(store_, n); }
+
+KVCacheSnapshot QuantizedKVCache::snapshot() const { return snapshot_store(meta(), store_); }
+
+void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
+  const char* op = "kv_cache_restore";
+  const KVCacheMeta& m = snapshot.meta();
+  check(m.quantized, ErrorCode::kInvalidArgument, op,
+        "a quantized cache restores only a quantized snapshot; got a plain one (dtype ", dtype_name(m.dtype), ")");
+  check_meta(m, op);
+  detail::KVStore fresh = store_from_snapshot(snapshot);
+  auto rots = make_rotations(m);
+  config_.k_bits = m.k_bits;
+  config_.v_bits = m.v_bits;
+  config_.group_size = m.group_size;
+  config_.scale_dtype = m.scale_dtype;
+  config_.rotation = m.rotation;
+  config_.seed = m.seed;
+  Dk_ = m.Dk;
+  Dv_ = m.Dv;
+  key_rot_ = std::move(rots.first);
+  value_rot_ = std::move(rots.second);
+  store_ = std::move(fresh);
+}
+
+// ---- PlainKVCache ---------------------------------------------------------------------------------------------------
+
+PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
+  check_storage_float(config.dtype, "plain_kv_cache", "dtype");
+  check(is_valid_rotation(config.rotation), ErrorCode::kInvalidArgument, "plain_kv_cache",
+        "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(config.rotation));
+}
+
+KVCacheMeta PlainKVCache::meta() const {
+  KVCacheMeta m;
+  m.quantized = false;
+  m.dtype = config_.dtype;
+  m.rotation = config_.rotation;
+  m.seed = config_.seed;
+  m.has_dims = store_.has_dims();
+  m.B = store_.B();
+  m.H = store_.H();
+  m.Dk = Dk_;
+  m.Dv = Dv_;
+  m.length = store_.offset();
+  return m;
+}
+
+kernels::KVTensorView PlainKVCache::keys() const {
+  return make_view(meta(), true, store_.plane_pointers(), store_.capacity());
+}
+
+kernels::KVTensorView PlainKVCache::values() const {
+  return make_view(meta(), false, store_.plane_pointers(), store_.capacity());
+}
+
+std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and_fetch(const TensorView& keys,
+                                                                                       const TensorView& values) {
+  const char* op = "kv_cache_update";
+  check_append_inputs(keys, values, op);
+  check_append_dims(store_, Dk_, Dv_, keys, values, op);
+  if (!store_.has_dims()) {
+    KVCacheMeta m = meta();
+    m.has_dims = true;
+    m.B = keys.dim(0);
+    m.H = keys.dim(1);
+    m.Dk = keys.dim(3);
+    m.Dv = values.dim(3);
+    check_head_dims(m.Dk, m.Dv, false, 0, m.rotation, op);
+    auto rots = make_rotations(m);
+    store_.reset(m.B, m.H, plane_row_bytes(m));
+    Dk_ = m.Dk;
+    Dv_ = m.Dv;
+    key_rot_ = std::move(rots.first);
+    value_rot_ = std::move(rots.second);
+  }
+  const int64_t n = keys.dim(2), start = store_.offset();
+  store_.reserve_append(n);
+  const DType dt = config_.dtype;
+  std::vector<float> rows;
+  for (int64_t b = 0; b < store_.B(); ++b)
+    for (int64_t h = 0; h < store_.H(); ++h) {
+      write_rotated(keys, b, h, start, key_rot_, rows, [&](int64_t t, const float* row) {
+        uint8_t* dst = store_.row(0, b, h, t);
+        for (int64_t d = 0; d < Dk_; ++d) store_float(dst, dt, d, row[d]);
+      });
+      write_rotated(values, b, h, start, value_rot_, rows, [&](int64_t t, const float* row) {
+        uint8_t* dst = store_.row(1, b, h, t);
+        for (int64_t d = 0; d < Dv_; ++d) store_float(dst, dt, d, row[d]);
+      });
+    }
+  store_.set_offset(start + n);
+  return {this->keys(), this->values()};
+}
+
+int64_t PlainKVCache::trim(int64_t n) { return trim_store(store_, n); }
+
+KVCacheSnapshot PlainKVCache::snapshot() const { return snapshot_store(meta(), store_); }
+
+void PlainKVCache::restore(const KVCacheSnapshot& snapshot) {
+  const char* op = "kv_cache_restore";
+  const KVCacheMeta& m = snapshot.meta();
+  check(!m.quantized, ErrorCode::kInvalidArgument, op,
+        "a plain cache restores only a plain snapshot; got a quantized one (k_bits ", m.k_bits, ")");
+  check_meta(m, op);
+  detail::KVStore fresh = store_from_snapshot(snapshot);
+  auto rots = make_rotations(m);
+  config_.dtype = m.dtype;
+  config_.rotation = m.rotation;
+  config_.seed = m.seed;
+  Dk_ = m.Dk;
+  Dv_ = m.Dv;
+  key_rot_ = std::move(rots.first);
+  value_rot_ = std::move(rots.second);
+  store_ = std::move(fresh);
+}
+
+}  // namespace cider::nn

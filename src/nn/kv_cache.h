@@ -1,0 +1,213 @@
+// cider/nn/kv_cache.h — per-layer key/value caches: the rotated, affine-quantized cache (IsoQuant K4/V3 style) and the
+// plain float baseline, behind one interface that attention (nn/attention.h) reads.
+//
+// Contract (both caches; docs/kv_cache.md has the byte layout and the reasoning):
+//   * update_and_fetch(keys [B, H, n, Dk], values [B, H, n, Dv]) appends n positions. Inputs may be float32, float16
+//     or bfloat16 (keys and values independently) with any strides. B, H, Dk and Dv are fixed by the first append;
+//     later appends must match them. Returns views of the whole valid cache (length = offset()).
+//   * Storage is [B, H, capacity, ·] per stored array, capacity a multiple of kStep (256) positions. When an append
+//     does not fit, the storage is reallocated to round_up(offset + n, 256) and the valid positions [0, offset) are
+//     copied; appends that fit write in place (no reallocation per token).
+//   * Writing rotates each row with the cache's rotation (keys: key_rotation() of Dk, values: value_rotation() of
+//     Dv), in float32, then stores it (quantized: quant::affine_quantize_row; plain: rounded to the storage dtype).
+//   * trim(n) drops the last min(n, offset) positions (storage untouched) and returns how many it dropped.
+//   * snapshot() copies the valid state [0, offset) and the metadata into an immutable, shareable object;
+//     restore(snapshot) takes the metadata (bits, group size, rotation, seed, dtypes, dims) and the data from it,
+//     with offset = snapshot length and capacity round_up(length, 256); appends then continue as usual.
+//   * nbytes() = bytes of allocated storage (all capacity, valid or not), as mlx-lm reports.
+//   * empty() = no dimensions yet (nothing appended since construction, or restored from a snapshot of such a cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/kernel_table.h"
+#include "nn/rotation.h"
+
+namespace cider::nn {
+
+// Everything needed to rebuild a cache: configuration, dimensions and valid length.
+struct KVCacheMeta {
+  bool quantized = true;
+  // Quantized caches: bits of keys and values (independent), group size, dtype of the stored scales and biases.
+  int k_bits = 0, v_bits = 0, group_size = 0;
+  DType scale_dtype = DType::kF16;
+  // Plain caches: dtype of the stored keys and values.
+  DType dtype = DType::kF16;
+  RotationKind rotation = RotationKind::kNone;
+  uint64_t seed = 0;
+  // Dimensions: all 0 until the first append (has_dims false).
+  bool has_dims = false;
+  int64_t B = 0, H = 0, Dk = 0, Dv = 0;
+  int64_t length = 0;  // valid positions
+};
+
+// An owned, immutable copy of a cache's valid state. Copies share the same read-only data.
+// planes (all [B, H, length, ·] row-major, little-endian):
+//   quantized: 0 key codes (uint32, Dk·k_bits/32), 1 key scales, 2 key biases (scale_dtype, Dk/gs),
+//              3 value codes (uint32, Dv·v_bits/32), 4 value scales, 5 value biases (scale_dtype, Dv/gs)
+//   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
+class KVCacheSnapshot {
+ public:
+  KVCacheSnapshot() = default;
+  // Validates the metadata and that each plane has exactly the size the metadata implies (throws cider::Error).
+  KVCacheSnapshot(const KVCacheMeta& meta, std::vector<Buffer> planes);
+
+  const KVCacheMeta& meta() const { return meta_; }
+  int64_t length() const { return meta_.length; }
+  size_t num_planes() const { return planes_ ? planes_->size() : 0; }
+  const Buffer& plane(size_t i) const { return (*planes_)[i]; }
+  int64_t nbytes() const;  // bytes of the copied data
+  // Views of the snapshot's data, ready for attention (capacity == length).
+  kernels::KVTensorView keys() const;
+  kernels::KVTensorView values() const;
+
+ private:
+  KVCacheMeta meta_;
+  std::shared_ptr<const std::vector<Buffer>> planes_;
+};
+
+// The interface attention and the model code use; the two implementations below.
+class KVCache {
+ public:
+  static constexpr int64_t kStep = 256;  // storage grows in multiples of this many positions
+
+  virtual ~KVCache() = default;
+
+  // keys [B, H, n, Dk], values [B, H, n, Dv] (n may be 0). Returns (keys(), values()) after the append.
+  virtual std::pair<kernels::KVTensorView, kernels::KVTensorView> update_and_fetch(const TensorView& keys,
+                                                                                   const TensorView& values) = 0;
+  // Views of the valid positions [0, offset) in the storage (stay valid until the next append, trim or restore).
+  virtual kernels::KVTensorView keys() const = 0;
+  virtual kernels::KVTensorView values() const = 0;
+
+  virtual int64_t offset() const = 0;
+  virtual int64_t capacity() const = 0;
+  virtual int64_t trim(int64_t n) = 0;  // n >= 0; returns min(n, offset)
+  virtual bool empty() const = 0;
+  virtual int64_t nbytes() const = 0;
+  virtual KVCacheSnapshot snapshot() const = 0;
+  virtual void restore(const KVCacheSnapshot& snapshot) = 0;
+  virtual KVCacheMeta meta() const = 0;  // current configuration, dims and length
+
+  virtual bool is_quantized() const = 0;
+  // Rotations of the stored keys (head_dim Dk) and values (Dv); identity placeholders before the first append.
+  virtual const SO4Rotation& key_rotation() const = 0;
+  virtual const SO4Rotation& value_rotation() const = 0;
+};
+
+namespace detail {
+
+// The storage shared by both caches: a fixed list of planes, plane p holding [B, H, capacity, row_bytes[p]] bytes,
+// plus the growth / trim / snapshot mechanics, which do not depend on what a row contains.
+class KVStore {
+ public:
+  void reset(int64_t B, int64_t H, std::vector<int64_t> row_bytes);  // dims fixed, capacity 0
+  void clear();                                                      // back to no dims
+  bool has_dims() const { return !row_bytes_.empty(); }
+  int64_t B() const { return B_; }
+  int64_t H() const { return H_; }
+  int64_t offset() const { return offset_; }
+  int64_t capacity() const { return capacity_; }
+  void set_offset(int64_t offset) { offset_ = offset; }
+  // Makes room for positions [offset, offset + n): reallocates to round_up(offset + n, kStep) if needed.
+  void reserve_append(int64_t n);
+  // Start of row t of (b, h) in plane p.
+  uint8_t* row(size_t p, int64_t b, int64_t h, int64_t t) const;
+  std::vector<const void*> plane_pointers() const;  // one per plane; empty without dims
+  int64_t nbytes() const;
+  // Copies [0, offset) of every plane into contiguous [B, H, offset, row] buffers.
+  std::vector<Buffer> copy_valid() const;
+  // Replaces the storage by copies of the given contiguous [B, H, length, row] planes (one pointer per plane);
+  // capacity becomes round_up(length, kStep).
+  void load(const std::vector<const void*>& planes, int64_t length);
+
+ private:
+  int64_t B_ = 0, H_ = 0, offset_ = 0, capacity_ = 0;
+  std::vector<int64_t> row_bytes_;
+  std::vector<Buffer> planes_;
+};
+
+}  // namespace detail
+
+struct QuantizedKVCacheConfig {
+  int k_bits = 4;                                  // 2, 3, 4, 5, 6 or 8
+  int v_bits = 3;                                  // 2, 3, 4, 5, 6 or 8
+  int group_size = 64;                             // 32, 64 or 128; must divide Dk and Dv
+  RotationKind rotation = RotationKind::kSO4Full;  // applied to keys and values before quantizing
+  uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
+  DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
+};
+
+// Keys and values rotated, then affine-quantized per row in groups (MLX's format, docs/formats.md):
+//   key codes   [B, H, capacity, Dk·k_bits/32] uint32, key scales/biases   [B, H, capacity, Dk/gs] scale_dtype
+//   value codes [B, H, capacity, Dv·v_bits/32] uint32, value scales/biases [B, H, capacity, Dv/gs] scale_dtype
+class QuantizedKVCache final : public KVCache {
+ public:
+  explicit QuantizedKVCache(const QuantizedKVCacheConfig& config = {});  // validates the config
+
+  std::pair<kernels::KVTensorView, kernels::KVTensorView> update_and_fetch(const TensorView& keys,
+                                                                           const TensorView& values) override;
+  kernels::KVTensorView keys() const override;
+  kernels::KVTensorView values() const override;
+  int64_t offset() const override { return store_.offset(); }
+  int64_t capacity() const override { return store_.capacity(); }
+  int64_t trim(int64_t n) override;
+  bool empty() const override { return !store_.has_dims(); }
+  int64_t nbytes() const override { return store_.nbytes(); }
+  KVCacheSnapshot snapshot() const override;
+  void restore(const KVCacheSnapshot& snapshot) override;
+  KVCacheMeta meta() const override;
+  bool is_quantized() const override { return true; }
+  const SO4Rotation& key_rotation() const override { return key_rot_; }
+  const SO4Rotation& value_rotation() const override { return value_rot_; }
+
+  const QuantizedKVCacheConfig& config() const { return config_; }
+
+ private:
+  QuantizedKVCacheConfig config_;
+  int64_t Dk_ = 0, Dv_ = 0;
+  SO4Rotation key_rot_, value_rot_;
+  detail::KVStore store_;  // planes as in KVCacheSnapshot (quantized)
+};
+
+struct PlainKVCacheConfig {
+  DType dtype = DType::kF16;                    // storage dtype: float16, bfloat16 or float32
+  RotationKind rotation = RotationKind::kNone;  // optional (for comparing rotation without quantization)
+  uint64_t seed = 0;
+};
+
+// The unquantized baseline: keys [B, H, capacity, Dk] and values [B, H, capacity, Dv] in the storage dtype.
+class PlainKVCache final : public KVCache {
+ public:
+  explicit PlainKVCache(const PlainKVCacheConfig& config = {});
+
+  std::pair<kernels::KVTensorView, kernels::KVTensorView> update_and_fetch(const TensorView& keys,
+                                                                           const TensorView& values) override;
+  kernels::KVTensorView keys() const override;
+  kernels::KVTensorView values() const override;
+  int64_t offset() const override { return store_.offset(); }
+  int64_t capacity() const override { return store_.capacity(); }
+  int64_t trim(int64_t n) override;
+  bool empty() const override { return !store_.has_dims(); }
+  int64_t nbytes() const override { return store_.nbytes(); }
+  KVCacheSnapshot snapshot() const override;
+  void restore(const KVCacheSnapshot& snapshot) override;
+  KVCacheMeta meta() const override;
+  bool is_quantized() const override { return false; }
+  const SO4Rotation& key_rotation() const override { return key_rot_; }
+  const SO4Rotation& value_rotation() const override { return value_rot_; }
+
+  const PlainKVCacheConfig& config() const { return config_; }
+
+ private:
+  PlainKVCacheConfig config_;
+  int64_t Dk_ = 0, Dv_ = 0;
+  SO4Rotation key_rot_, value_rot_;
+  detail::KVStore store_;  // planes as in KVCacheSnapshot (plain)
+};
+
+}  // namespace cider::nn

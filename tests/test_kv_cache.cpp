@@ -1,0 +1,634 @@
+// KV caches: growth in 256-position steps, stored contents, trim, snapshot/restore, nbytes, rejections.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nn/kv_cache.h"
+#include "quant/affine.h"
+#include "support/test_support.h"
+
+namespace cider {
+namespace {
+
+using kernels::KVTensorView;
+using nn::KVCacheSnapshot;
+using nn::PlainKVCache;
+using nn::PlainKVCacheConfig;
+using nn::QuantizedKVCache;
+using nn::QuantizedKVCacheConfig;
+using nn::RotationKind;
+using nn::SO4Rotation;
+
+// A random [B, H, n, D] input in a float dtype; `f` holds the values as stored (rounded to the dtype).
+struct Input {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  std::vector<float> f;
+  TensorView view() const { return TensorView(bytes.data(), dtype, shape); }
+  const float* row(int64_t b, int64_t h, int64_t t) const {
+    return f.data() + ((b * shape[1] + h) * shape[2] + t) * shape[3];
+  }
+};
+
+Input make_input(std::mt19937_64& rng, DType dt, int64_t B, int64_t H, int64_t n, int64_t D, float sigma = 1.0f) {
+  Input x{dt, {B, H, n, D}, {}, {}};
+  std::vector<float> v = test::randn(rng, static_cast<size_t>(B * H * n * D), sigma);
+  x.bytes = test::to_dtype_bytes(v, dt);
+  x.f = test::from_dtype_bytes(x.bytes.data(), dt, v.size());
+  return x;
+}
+
+int64_t esize(DType t) { return dtype_size(t); }
+
+// Bytes of position t of (b, h) in a view: codes then scales then biases (quantized) or the values (plain).
+std::vector<uint8_t> row_bytes(const KVTensorView& v, int64_t b, int64_t h, int64_t t) {
+  const int64_t r = (b * v.H + h) * v.capacity + t;
+  std::vector<uint8_t> out;
+  auto append = [&](const void* base, int64_t nbytes) {
+    const uint8_t* p = static_cast<const uint8_t*>(base) + r * nbytes;
+    out.insert(out.end(), p, p + nbytes);
+  };
+  if (v.bits == 0) {
+    append(v.data, v.dim * esize(v.dtype));
+  } else {
+    append(v.data, quant::packed_words(v.dim, v.bits) * 4);
+    append(v.scales, v.dim / v.group_size * esize(v.scale_dtype));
+    append(v.biases, v.dim / v.group_size * esize(v.scale_dtype));
+  }
+  return out;
+}
+
+// All valid positions [0, length) of a view, concatenated.
+std::vector<uint8_t> valid_bytes(const KVTensorView& v) {
+  std::vector<uint8_t> out;
+  for (int64_t b = 0; b < v.B; ++b)
+    for (int64_t h = 0; h < v.H; ++h)
+      for (int64_t t = 0; t < v.length; ++t) {
+        std::vector<uint8_t> r = row_bytes(v, b, h, t);
+        out.insert(out.end(), r.begin(), r.end());
+      }
+  return out;
+}
+
+// What a quantized cache must store for one input row: affine_quantize_row of the rotated float32 row.
+std::vector<uint8_t> expected_quantized_row(const float* x, int64_t D, const SO4Rotation& rot, int bits, int gs,
+                                            DType sd) {
+  std::vector<float> r(x, x + D);
+  rot.apply(r.data(), 1);
+  std::vector<uint32_t> words(static_cast<size_t>(quant::packed_words(D, bits)));
+  std::vector<uint8_t> scales(static_cast<size_t>(D / gs * esize(sd))), biases(scales.size());
+  quant::affine_quantize_row(r.data(), D, gs, bits, words.data(), scales.data(), biases.data(), sd);
+  std::vector<uint8_t> out(words.size() * 4);
+  std::memcpy(out.data(), words.data(), out.size());
+  out.insert(out.end(), scales.begin(), scales.end());
+  out.insert(out.end(), biases.begin(), biases.end());
+  return out;
+}
+
+std::vector<uint8_t> expected_plain_row(const float* x, int64_t D, const SO4Rotation& rot, DType dt) {
+  std::vector<float> r(x, x + D);
+  rot.apply(r.data(), 1);
+  return test::to_dtype_bytes(r, dt);
+}
+
+// Checks positions [t0, t0 + n) of a quantized cache hold the quantized rotated rows of `keys` / `values`.
+void expect_quantized_rows(const QuantizedKVCache& c, const Input& keys, const Input& values, int64_t t0) {
+  const QuantizedKVCacheConfig& cfg = c.config();
+  const SO4Rotation krot(keys.shape[3], cfg.rotation, cfg.seed), vrot(values.shape[3], cfg.rotation, cfg.seed);
+  const KVTensorView kv = c.keys(), vv = c.values();
+  for (int64_t b = 0; b < keys.shape[0]; ++b)
+    for (int64_t h = 0; h < keys.shape[1]; ++h)
+      for (int64_t i = 0; i < keys.shape[2]; ++i) {
+        ASSERT_EQ(row_bytes(kv, b, h, t0 + i), expected_quantized_row(keys.row(b, h, i), keys.shape[3], krot,
+                                                                      cfg.k_bits, cfg.group_size, cfg.scale_dtype))
+            << "key b " << b << " h " << h << " t " << t0 + i;
+        ASSERT_EQ(row_bytes(vv, b, h, t0 + i), expected_quantized_row(values.row(b, h, i), values.shape[3], vrot,
+                                                                      cfg.v_bits, cfg.group_size, cfg.scale_dtype))
+            << "value b " << b << " h " << h << " t " << t0 + i;
+      }
+}
+
+// Bytes of storage a quantized cache must hold, from the layout in docs/kv_cache.md.
+int64_t quantized_nbytes(int64_t B, int64_t H, int64_t cap, int64_t Dk, int64_t Dv, int kb, int vb, int gs, DType sd) {
+  const int64_t per_pos = Dk * kb / 8 + 2 * (Dk / gs) * esize(sd) + Dv * vb / 8 + 2 * (Dv / gs) * esize(sd);
+  return B * H * cap * per_pos;
+}
+
+void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& op, const std::string& value) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing " << op << " and " << value;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[" + op + "]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(value), std::string::npos) << e.what();
+  }
+}
+
+TEST(KVCache, NewCacheIsEmpty) {
+  QuantizedKVCache c;
+  EXPECT_TRUE(c.empty());
+  EXPECT_EQ(c.offset(), 0);
+  EXPECT_EQ(c.capacity(), 0);
+  EXPECT_EQ(c.nbytes(), 0);
+  EXPECT_EQ(c.keys().length, 0);
+  EXPECT_EQ(c.config().k_bits, 4);
+  EXPECT_EQ(c.config().v_bits, 3);
+  EXPECT_EQ(c.config().group_size, 64);
+  EXPECT_EQ(c.config().rotation, RotationKind::kSO4Full);
+  EXPECT_EQ(c.config().scale_dtype, DType::kF16);
+}
+
+// Appends 1, 255, 1, 300, 0, 211: capacity 256, 256, 512, 768, 768, 768; every earlier position keeps its exact
+// codes, scales and biases across each reallocation; each new position holds the quantized rotated input.
+TEST(KVCache, GrowsInStepsOf256AndKeepsContents) {
+  auto rng = test::make_rng(10);
+  const int64_t B = 2, H = 3, Dk = 64, Dv = 128;
+  QuantizedKVCacheConfig cfg;
+  cfg.seed = rng();
+  QuantizedKVCache c(cfg);
+  const int64_t appends[] = {1, 255, 1, 300, 0, 211};
+  const int64_t caps[] = {256, 256, 512, 768, 768, 768};
+  int64_t offset = 0;
+  for (size_t s = 0; s < std::size(appends); ++s) {
+    const std::vector<uint8_t> before_k = valid_bytes(c.keys()), before_v = valid_bytes(c.values());
+    const KVTensorView old_view = c.keys();
+    Input k = make_input(rng, DType::kF32, B, H, appends[s], Dk),
+          v = make_input(rng, DType::kF32, B, H, appends[s], Dv);
+    auto [kv, vv] = c.update_and_fetch(k.view(), v.view());
+    offset += appends[s];
+    ASSERT_EQ(c.offset(), offset);
+    ASSERT_EQ(c.capacity(), caps[s]) << "after append " << s;
+    ASSERT_EQ(kv.length, offset);
+    ASSERT_EQ(vv.length, offset);
+    ASSERT_EQ(kv.capacity, caps[s]);
+    EXPECT_FALSE(c.empty());
+    if (s > 0 && caps[s] == caps[s - 1]) {
+      EXPECT_EQ(kv.data, old_view.data) << "an append that fits must not reallocate";
+    }
+    // The old positions are unchanged.
+    KVTensorView kcut = kv, vcut = vv;
+    kcut.length = vcut.length = offset - appends[s];
+    EXPECT_EQ(valid_bytes(kcut), before_k) << "append " << s;
+    EXPECT_EQ(valid_bytes(vcut), before_v) << "append " << s;
+    expect_quantized_rows(c, k, v, offset - appends[s]);
+    EXPECT_EQ(c.nbytes(), quantized_nbytes(B, H, caps[s], Dk, Dv, 4, 3, 64, DType::kF16));
+  }
+}
+
+// One appended chunk larger than a step: capacity rounds the total up (1 + 600 = 601 -> 768).
+TEST(KVCache, LargeAppendRoundsCapacityUp) {
+  auto rng = test::make_rng(11);
+  QuantizedKVCache c;
+  Input k1 = make_input(rng, DType::kF32, 1, 1, 1, 64), v1 = make_input(rng, DType::kF32, 1, 1, 1, 64);
+  c.update_and_fetch(k1.view(), v1.view());
+  Input k = make_input(rng, DType::kF32, 1, 1, 600, 64), v = make_input(rng, DType::kF32, 1, 1, 600, 64);
+  c.update_and_fetch(k.view(), v.view());
+  EXPECT_EQ(c.capacity(), 768);
+  EXPECT_EQ(c.offset(), 601);
+  expect_quantized_rows(c, k1, v1, 0);
+  expect_quantized_rows(c, k, v, 1);
+}
+
+// Stored codes equal affine_quantize_row of the rotated input, for every input dtype mix, rotation kind, bit width,
+// group size and scale dtype.
+TEST(KVCache, StoresQuantizedRotatedRows) {
+  auto rng = test::make_rng(12);
+  struct Case {
+    DType kd, vd;
+    int kb, vb, gs;
+    RotationKind rot;
+    DType sd;
+    int64_t Dk, Dv;
+  };
+  const Case cases[] = {
+      {DType::kF32, DType::kF32, 4, 3, 64, RotationKind::kSO4Full, DType::kF16, 128, 128},
+      {DType::kF16, DType::kBF16, 4, 3, 64, RotationKind::kSO4Fast, DType::kF16, 64, 256},
+      {DType::kBF16, DType::kF16, 8, 2, 32, RotationKind::kNone, DType::kBF16, 96, 32},
+      {DType::kF16, DType::kF32, 5, 6, 128, RotationKind::kSO4Full, DType::kF32, 256, 128},
+      {DType::kBF16, DType::kBF16, 3, 4, 32, RotationKind::kSO4Full, DType::kF16, 160, 64},
+  };
+  for (const Case& cs : cases) {
+    QuantizedKVCacheConfig cfg{cs.kb, cs.vb, cs.gs, cs.rot, rng(), cs.sd};
+    QuantizedKVCache c(cfg);
+    Input k = make_input(rng, cs.kd, 2, 2, 7, cs.Dk, 2.0f), v = make_input(rng, cs.vd, 2, 2, 7, cs.Dv, 0.5f);
+    auto [kv, vv] = c.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(kv.bits, cs.kb);
+    EXPECT_EQ(vv.bits, cs.vb);
+    EXPECT_EQ(kv.dim, cs.Dk);
+    EXPECT_EQ(vv.dim, cs.Dv);
+    EXPECT_EQ(kv.dtype, DType::kU32);
+    EXPECT_EQ(kv.scale_dtype, cs.sd);
+    EXPECT_EQ(kv.group_size, cs.gs);
+    EXPECT_EQ(c.key_rotation(), SO4Rotation(cs.Dk, cs.rot, cfg.seed));
+    EXPECT_EQ(c.value_rotation(), SO4Rotation(cs.Dv, cs.rot, cfg.seed));
+    expect_quantized_rows(c, k, v, 0);
+    // Sanity of the orientation: dequantizing the stored row and rotating back gives the input within the
+    // quantization step (|error| <= scale/2 per value, plus scale-dtype rounding), so nothing is transposed.
+    std::vector<float> deq(static_cast<size_t>(cs.Dk));
+    double max_step = 0.0;
+    for (int64_t d = 0; d < cs.Dk; ++d) {
+      const float s = load_float(kv.scales, cs.sd, d / cs.gs), bias = load_float(kv.biases, cs.sd, d / cs.gs);
+      deq[static_cast<size_t>(d)] =
+          static_cast<float>(quant::unpack_code(static_cast<const uint32_t*>(kv.data), d, cs.kb)) * s + bias;
+      max_step = std::max(max_step, std::fabs(static_cast<double>(s)));
+    }
+    c.key_rotation().apply_inverse(deq.data(), 1);
+    double err2 = 0.0;
+    for (int64_t d = 0; d < cs.Dk; ++d) err2 += std::pow(deq[static_cast<size_t>(d)] - k.row(0, 0, 0)[d], 2);
+    // Rotation preserves the error norm: ‖err‖ ≤ sqrt(Dk)·(step/2 + rounding of the bias).
+    EXPECT_LE(std::sqrt(err2), std::sqrt(static_cast<double>(cs.Dk)) * (0.5 * max_step + 0.02)) << cs.Dk;
+  }
+}
+
+// Keys and values given as transposed views of [B, n, H, D] projections (non-contiguous strides).
+TEST(KVCache, AcceptsStridedInputs) {
+  auto rng = test::make_rng(13);
+  const int64_t B = 2, H = 4, n = 5, D = 64;
+  std::vector<float> proj = test::randn(rng, static_cast<size_t>(B * n * H * D));
+  TensorView strided(proj.data(), DType::kF32, {B, H, n, D});
+  strided.stride = {n * H * D, D, H * D, 1, 0, 0, 0, 0};
+  Input contiguous{DType::kF32, {B, H, n, D}, {}, {}};
+  contiguous.f.resize(proj.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          contiguous.f[static_cast<size_t>(((b * H + h) * n + t) * D + d)] =
+              proj[static_cast<size_t>(((b * n + t) * H + h) * D + d)];
+  QuantizedKVCache c;
+  c.update_and_fetch(strided, strided);
+  expect_quantized_rows(c, contiguous, contiguous, 0);
+}
+
+TEST(KVCache, TrimThenAppendOverwrites) {
+  auto rng = test::make_rng(14);
+  QuantizedKVCacheConfig cfg;
+  cfg.seed = rng();
+  QuantizedKVCache c(cfg);
+  Input k = make_input(rng, DType::kF16, 1, 2, 10, 64), v = make_input(rng, DType::kF16, 1, 2, 10, 64);
+  c.update_and_fetch(k.view(), v.view());
+  KVTensorView kept = c.keys();
+  kept.length = 7;
+  const std::vector<uint8_t> first7 = valid_bytes(kept);
+  EXPECT_EQ(c.trim(3), 3);
+  EXPECT_EQ(c.offset(), 7);
+  EXPECT_EQ(c.keys().length, 7);
+  EXPECT_EQ(c.capacity(), 256);
+  Input k2 = make_input(rng, DType::kF16, 1, 2, 5, 64), v2 = make_input(rng, DType::kF16, 1, 2, 5, 64);
+  auto [kv, vv] = c.update_and_fetch(k2.view(), v2.view());
+  EXPECT_EQ(kv.length, 12);
+  kept = kv;
+  kept.length = 7;
+  EXPECT_EQ(valid_bytes(kept), first7);
+  expect_quantized_rows(c, k2, v2, 7);
+}
+
+TEST(KVCache, TrimMoreThanOffsetRemovesAll) {
+  auto rng = test::make_rng(15);
+  QuantizedKVCache c;
+  EXPECT_EQ(c.trim(5), 0);  // nothing to trim yet
+  Input k = make_input(rng, DType::kF32, 1, 1, 7, 64), v = make_input(rng, DType::kF32, 1, 1, 7, 64);
+  c.update_and_fetch(k.view(), v.view());
+  EXPECT_EQ(c.trim(0), 0);
+  EXPECT_EQ(c.trim(100), 7);
+  EXPECT_EQ(c.offset(), 0);
+  EXPECT_FALSE(c.empty());  // the dims stay fixed
+  EXPECT_EQ(c.capacity(), 256);
+  Input k2 = make_input(rng, DType::kF32, 1, 1, 3, 64), v2 = make_input(rng, DType::kF32, 1, 1, 3, 64);
+  c.update_and_fetch(k2.view(), v2.view());
+  EXPECT_EQ(c.offset(), 3);
+  expect_quantized_rows(c, k2, v2, 0);
+}
+
+// A snapshot is unaffected by later trims, overwrites and growth; restoring it (into a differently configured cache)
+// takes its configuration and contents, and appending afterwards works.
+TEST(KVCache, SnapshotIsImmutableAndRestores) {
+  auto rng = test::make_rng(16);
+  QuantizedKVCacheConfig cfg{4, 2, 32, RotationKind::kSO4Fast, rng(), DType::kBF16};
+  QuantizedKVCache c(cfg);
+  const int64_t B = 1, H = 2, Dk = 64, Dv = 96;
+  Input k = make_input(rng, DType::kBF16, B, H, 300, Dk), v = make_input(rng, DType::kF32, B, H, 300, Dv);
+  c.update_and_fetch(k.view(), v.view());
+  const KVCacheSnapshot snap = c.snapshot();
+  const KVCacheSnapshot copy = snap;  // copies share the data
+  const std::vector<uint8_t> snap_k = valid_bytes(snap.keys()), snap_v = valid_bytes(snap.values());
+  EXPECT_EQ(snap_k, valid_bytes(c.keys()));
+  EXPECT_EQ(snap_v, valid_bytes(c.values()));
+  EXPECT_EQ(snap.length(), 300);
+  EXPECT_EQ(snap.meta().k_bits, 4);
+  EXPECT_EQ(snap.meta().v_bits, 2);
+  EXPECT_EQ(snap.meta().group_size, 32);
+  EXPECT_EQ(snap.meta().rotation, RotationKind::kSO4Fast);
+  EXPECT_EQ(snap.meta().seed, cfg.seed);
+  EXPECT_EQ(snap.meta().scale_dtype, DType::kBF16);
+  EXPECT_EQ(snap.meta().Dk, Dk);
+  EXPECT_EQ(snap.meta().Dv, Dv);
+  EXPECT_EQ(snap.nbytes(), quantized_nbytes(B, H, 300, Dk, Dv, 4, 2, 32, DType::kBF16));
+
+  // Trim, overwrite positions 250..349, then grow past 512.
+  c.trim(50);
+  Input k2 = make_input(rng, DType::kF32, B, H, 100, Dk), v2 = make_input(rng, DType::kF32, B, H, 100, Dv);
+  c.update_and_fetch(k2.view(), v2.view());
+  Input k3 = make_input(rng, DType::kF32, B, H, 400, Dk), v3 = make_input(rng, DType::kF32, B, H, 400, Dv);
+  c.update_and_fetch(k3.view(), v3.view());
+  EXPECT_EQ(c.capacity(), 768);
+  EXPECT_EQ(valid_bytes(snap.keys()), snap_k);
+  EXPECT_EQ(valid_bytes(snap.values()), snap_v);
+  EXPECT_EQ(valid_bytes(copy.keys()), snap_k);
+  EXPECT_EQ(snap.length(), 300);
+
+  // Restore into a cache with another configuration: it takes the snapshot's.
+  QuantizedKVCache other(QuantizedKVCacheConfig{8, 8, 128, RotationKind::kNone, 0, DType::kF32});
+  other.restore(snap);
+  EXPECT_EQ(other.offset(), 300);
+  EXPECT_EQ(other.capacity(), 512);
+  EXPECT_EQ(other.config().k_bits, 4);
+  EXPECT_EQ(other.config().v_bits, 2);
+  EXPECT_EQ(other.config().group_size, 32);
+  EXPECT_EQ(other.config().rotation, RotationKind::kSO4Fast);
+  EXPECT_EQ(other.config().seed, cfg.seed);
+  EXPECT_EQ(other.config().scale_dtype, DType::kBF16);
+  EXPECT_EQ(other.key_rotation(), c.key_rotation());
+  EXPECT_EQ(valid_bytes(other.keys()), snap_k);
+  EXPECT_EQ(valid_bytes(other.values()), snap_v);
+  Input k4 = make_input(rng, DType::kF16, B, H, 220, Dk), v4 = make_input(rng, DType::kF16, B, H, 220, Dv);
+  other.update_and_fetch(k4.view(), v4.view());
+  EXPECT_EQ(other.offset(), 520);
+  EXPECT_EQ(other.capacity(), 768);
+  expect_quantized_rows(other, k, v, 0);
+  expect_quantized_rows(other, k4, v4, 300);
+  EXPECT_EQ(valid_bytes(snap.keys()), snap_k);  // writes into the restored cache do not reach the snapshot
+
+  // Restoring into the original cache rolls it back.
+  c.restore(snap);
+  EXPECT_EQ(c.offset(), 300);
+  EXPECT_EQ(valid_bytes(c.keys()), snap_k);
+  EXPECT_EQ(valid_bytes(c.values()), snap_v);
+}
+
+TEST(KVCache, SnapshotOfEmptyCacheRestoresEmpty) {
+  auto rng = test::make_rng(17);
+  QuantizedKVCache fresh;
+  const KVCacheSnapshot snap = fresh.snapshot();
+  EXPECT_FALSE(snap.meta().has_dims);
+  EXPECT_EQ(snap.nbytes(), 0);
+  QuantizedKVCache c;
+  Input k = make_input(rng, DType::kF32, 1, 1, 3, 64), v = make_input(rng, DType::kF32, 1, 1, 3, 64);
+  c.update_and_fetch(k.view(), v.view());
+  c.restore(snap);
+  EXPECT_TRUE(c.empty());
+  EXPECT_EQ(c.offset(), 0);
+  EXPECT_EQ(c.nbytes(), 0);
+  // New dims are accepted after restoring an empty snapshot.
+  Input k2 = make_input(rng, DType::kF32, 2, 1, 3, 128), v2 = make_input(rng, DType::kF32, 2, 1, 3, 64);
+  c.update_and_fetch(k2.view(), v2.view());
+  expect_quantized_rows(c, k2, v2, 0);
+}
+
+// nbytes = all allocated storage, from the documented layout: e.g. K4/V3, group 64, float16 scales, D 128 is
+// 72 + 56 = 128 bytes per position per KV head.
+TEST(KVCache, NbytesMatchesLayout) {
+  auto rng = test::make_rng(18);
+  {
+    QuantizedKVCache c;
+    Input k = make_input(rng, DType::kF16, 1, 8, 1, 128), v = make_input(rng, DType::kF16, 1, 8, 1, 128);
+    c.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(c.nbytes(), 8 * 256 * 128);
+  }
+  struct Case {
+    int kb, vb, gs;
+    DType sd;
+    int64_t B, H, n, Dk, Dv;
+  };
+  const Case cases[] = {{4, 3, 64, DType::kF16, 2, 3, 257, 128, 64},
+                        {8, 2, 32, DType::kF32, 1, 1, 5, 32, 96},
+                        {6, 5, 128, DType::kBF16, 1, 2, 700, 256, 128}};
+  for (const Case& cs : cases) {
+    QuantizedKVCache c(QuantizedKVCacheConfig{cs.kb, cs.vb, cs.gs, RotationKind::kSO4Full, 1, cs.sd});
+    Input k = make_input(rng, DType::kF32, cs.B, cs.H, cs.n, cs.Dk),
+          v = make_input(rng, DType::kF32, cs.B, cs.H, cs.n, cs.Dv);
+    c.update_and_fetch(k.view(), v.view());
+    const int64_t cap = (cs.n + 255) / 256 * 256;
+    EXPECT_EQ(c.capacity(), cap);
+    EXPECT_EQ(c.nbytes(), quantized_nbytes(cs.B, cs.H, cap, cs.Dk, cs.Dv, cs.kb, cs.vb, cs.gs, cs.sd));
+    c.trim(3);  // trimming frees nothing
+    EXPECT_EQ(c.nbytes(), quantized_nbytes(cs.B, cs.H, cap, cs.Dk, cs.Dv, cs.kb, cs.vb, cs.gs, cs.sd));
+  }
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+    PlainKVCache p(PlainKVCacheConfig{dt, RotationKind::kNone, 0});
+    Input k = make_input(rng, DType::kF32, 2, 2, 300, 64), v = make_input(rng, DType::kF32, 2, 2, 300, 32);
+    p.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(p.nbytes(), 2 * 2 * 512 * (64 + 32) * dtype_size(dt));
+  }
+}
+
+TEST(KVCache, PlainCacheStoresRoundedRotatedRows) {
+  auto rng = test::make_rng(19);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (RotationKind rot : {RotationKind::kNone, RotationKind::kSO4Full}) {
+      const uint64_t seed = rng();
+      PlainKVCache c(PlainKVCacheConfig{dt, rot, seed});
+      EXPECT_FALSE(c.is_quantized());
+      Input k = make_input(rng, DType::kBF16, 2, 2, 9, 36), v = make_input(rng, DType::kF32, 2, 2, 9, 20);
+      Input k2 = make_input(rng, DType::kF16, 2, 2, 250, 36), v2 = make_input(rng, DType::kF16, 2, 2, 250, 20);
+      c.update_and_fetch(k.view(), v.view());
+      auto [kv, vv] = c.update_and_fetch(k2.view(), v2.view());
+      EXPECT_EQ(kv.bits, 0);
+      EXPECT_EQ(kv.dtype, dt);
+      EXPECT_EQ(c.capacity(), 512);
+      const SO4Rotation krot(36, rot, seed), vrot(20, rot, seed);
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t t = 0; t < 9; ++t) {
+            ASSERT_EQ(row_bytes(kv, b, h, t), expected_plain_row(k.row(b, h, t), 36, krot, dt));
+            ASSERT_EQ(row_bytes(vv, b, h, t), expected_plain_row(v.row(b, h, t), 20, vrot, dt));
+          }
+          for (int64_t t = 0; t < 250; ++t) {
+            ASSERT_EQ(row_bytes(kv, b, h, 9 + t), expected_plain_row(k2.row(b, h, t), 36, krot, dt));
+            ASSERT_EQ(row_bytes(vv, b, h, 9 + t), expected_plain_row(v2.row(b, h, t), 20, vrot, dt));
+          }
+        }
+      if (dt == DType::kF32 && rot == RotationKind::kNone) {
+        // float32 without rotation stores the input exactly.
+        EXPECT_EQ(load_float(kv.data, dt, 5), k.f[5]);
+      }
+      // Snapshot / restore through the same interface.
+      const KVCacheSnapshot snap = c.snapshot();
+      c.trim(100);
+      PlainKVCache other;
+      other.restore(snap);
+      EXPECT_EQ(other.config().dtype, dt);
+      EXPECT_EQ(other.offset(), 259);
+      EXPECT_EQ(valid_bytes(other.keys()), valid_bytes(snap.keys()));
+      EXPECT_EQ(valid_bytes(other.values()), valid_bytes(snap.values()));
+    }
+}
+
+// ---- rejections: one per rule, each naming the op and the offending value ----
+
+TEST(KVCache, RejectsBadKBits) {
+  expect_error(
+      [] {
+        QuantizedKVCache c(QuantizedKVCacheConfig{7, 3, 64, RotationKind::kSO4Full, 0, DType::kF16});
+      },
+      ErrorCode::kInvalidArgument, "quantized_kv_cache", "k_bits must be one of 2, 3, 4, 5, 6, 8; got 7");
+}
+
+TEST(KVCache, RejectsBadVBits) {
+  expect_error(
+      [] {
+        QuantizedKVCache c(QuantizedKVCacheConfig{4, 1, 64, RotationKind::kSO4Full, 0, DType::kF16});
+      },
+      ErrorCode::kInvalidArgument, "quantized_kv_cache", "v_bits must be one of 2, 3, 4, 5, 6, 8; got 1");
+}
+
+TEST(KVCache, RejectsBadGroupSize) {
+  expect_error(
+      [] {
+        QuantizedKVCache c(QuantizedKVCacheConfig{4, 3, 48, RotationKind::kSO4Full, 0, DType::kF16});
+      },
+      ErrorCode::kInvalidArgument, "quantized_kv_cache", "got 48");
+}
+
+TEST(KVCache, RejectsBadScaleDtype) {
+  expect_error(
+      [] {
+        QuantizedKVCache c(QuantizedKVCacheConfig{4, 3, 64, RotationKind::kSO4Full, 0, DType::kI8});
+      },
+      ErrorCode::kInvalidArgument, "quantized_kv_cache", "got int8");
+}
+
+TEST(KVCache, RejectsBadPlainDtype) {
+  expect_error(
+      [] {
+        PlainKVCache c(PlainKVCacheConfig{DType::kU32, RotationKind::kNone, 0});
+      },
+      ErrorCode::kInvalidArgument, "plain_kv_cache", "got uint32");
+}
+
+TEST(KVCache, RejectsGroupSizeNotDividingHeadDim) {
+  std::vector<float> k(1 * 1 * 2 * 96), v(1 * 1 * 2 * 64);
+  QuantizedKVCache c;  // group 64
+  expect_error(
+      [&] {
+        c.update_and_fetch(TensorView(k.data(), DType::kF32, {1, 1, 2, 96}),
+                           TensorView(v.data(), DType::kF32, {1, 1, 2, 64}));
+      },
+      ErrorCode::kShapeMismatch, "kv_cache_update", "Dk must be a multiple of group_size 64; got 96");
+  EXPECT_TRUE(c.empty());  // nothing changed
+  expect_error(
+      [&] {
+        c.update_and_fetch(TensorView(v.data(), DType::kF32, {1, 1, 2, 64}),
+                           TensorView(k.data(), DType::kF32, {1, 1, 2, 96}));
+      },
+      ErrorCode::kShapeMismatch, "kv_cache_update", "Dv must be a multiple of group_size 64; got 96");
+}
+
+TEST(KVCache, RejectsPlainRotatedHeadDimNotMultipleOfFour) {
+  std::vector<float> k(10), v(8);
+  PlainKVCache c(PlainKVCacheConfig{DType::kF32, RotationKind::kSO4Full, 0});
+  expect_error(
+      [&] {
+        c.update_and_fetch(TensorView(k.data(), DType::kF32, {1, 1, 1, 10}),
+                           TensorView(v.data(), DType::kF32, {1, 1, 1, 8}));
+      },
+      ErrorCode::kShapeMismatch, "kv_cache_update", "got 10");
+}
+
+TEST(KVCache, RejectsMismatchedLaterAppend) {
+  auto rng = test::make_rng(20);
+  QuantizedKVCache c;
+  Input k = make_input(rng, DType::kF32, 1, 2, 3, 64), v = make_input(rng, DType::kF32, 1, 2, 3, 64);
+  c.update_and_fetch(k.view(), v.view());
+  Input kh = make_input(rng, DType::kF32, 1, 4, 3, 64), vh = make_input(rng, DType::kF32, 1, 4, 3, 64);
+  expect_error([&] { c.update_and_fetch(kh.view(), vh.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "got keys (1, 4, 3, 64)");
+  Input kd = make_input(rng, DType::kF32, 1, 2, 3, 128);
+  expect_error([&] { c.update_and_fetch(kd.view(), v.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "Dk must match the cache's 64; got 128");
+  Input vd = make_input(rng, DType::kF32, 1, 2, 3, 128);
+  expect_error([&] { c.update_and_fetch(k.view(), vd.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "Dv must match the cache's 64; got 128");
+  EXPECT_EQ(c.offset(), 3);
+}
+
+TEST(KVCache, RejectsKeysValuesLengthMismatch) {
+  auto rng = test::make_rng(21);
+  QuantizedKVCache c;
+  Input k = make_input(rng, DType::kF32, 1, 2, 3, 64), v = make_input(rng, DType::kF32, 1, 2, 4, 64);
+  expect_error([&] { c.update_and_fetch(k.view(), v.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "(1, 2, 4, 64)");
+}
+
+TEST(KVCache, RejectsWrongRank) {
+  std::vector<float> k(64 * 3);
+  QuantizedKVCache c;
+  TensorView k3(k.data(), DType::kF32, {1, 3, 64});
+  expect_error([&] { c.update_and_fetch(k3, k3); }, ErrorCode::kShapeMismatch, "kv_cache_update", "(1, 3, 64)");
+}
+
+TEST(KVCache, RejectsNonFloatInput) {
+  std::vector<int8_t> k(64);
+  std::vector<float> v(64);
+  QuantizedKVCache c;
+  expect_error(
+      [&] {
+        c.update_and_fetch(TensorView(k.data(), DType::kI8, {1, 1, 1, 64}),
+                           TensorView(v.data(), DType::kF32, {1, 1, 1, 64}));
+      },
+      ErrorCode::kInvalidArgument, "kv_cache_update", "int8");
+}
+
+TEST(KVCache, RejectsNonFiniteInput) {
+  std::vector<float> k(64, 1.0f), v(64, 1.0f);
+  k[17] = std::nanf("");
+  QuantizedKVCache c;
+  expect_error(
+      [&] {
+        c.update_and_fetch(TensorView(k.data(), DType::kF32, {1, 1, 1, 64}),
+                           TensorView(v.data(), DType::kF32, {1, 1, 1, 64}));
+      },
+      ErrorCode::kInvalidArgument, "kv_cache_update", "at [0, 0, 0, 17]");
+  EXPECT_TRUE(c.empty());
+}
+
+TEST(KVCache, RejectsNegativeTrim) {
+  QuantizedKVCache c;
+  expect_error([&] { c.trim(-2); }, ErrorCode::kInvalidArgument, "kv_cache_trim", "got -2");
+}
+
+TEST(KVCache, RejectsRestoringOtherKindOfSnapshot) {
+  auto rng = test::make_rng(22);
+  PlainKVCache p;
+  Input k = make_input(rng, DType::kF32, 1, 1, 2, 64), v = make_input(rng, DType::kF32, 1, 1, 2, 64);
+  p.update_and_fetch(k.view(), v.view());
+  QuantizedKVCache q;
+  expect_error([&] { q.restore(p.snapshot()); }, ErrorCode::kInvalidArgument, "kv_cache_restore", "got a plain one");
+  expect_error([&] { p.restore(q.snapshot()); }, ErrorCode::kInvalidArgument, "kv_cache_restore",
+               "got a quantized one");
+}
+
+TEST(KVCache, RejectsSnapshotWithWrongPlaneSize) {
+  nn::KVCacheMeta m;
+  m.quantized = false;
+  m.dtype = DType::kF32;
+  m.has_dims = true;
+  m.B = 1;
+  m.H = 1;
+  m.Dk = m.Dv = 4;
+  m.length = 2;
+  std::vector<Buffer> planes;
+  planes.emplace_back(32);
+  planes.emplace_back(31);
+  expect_error([&] { KVCacheSnapshot s(m, std::move(planes)); }, ErrorCode::kCorrupt, "kv_cache_snapshot", "got 31");
+}
+
+}  // namespace
+}  // namespace cider
