@@ -1,0 +1,148 @@
+// Attention over a KV cache: validation, query rotation, the kernel call, inverse value rotation, output store.
+#include "nn/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+
+namespace cider::nn {
+
+namespace {
+
+constexpr const char* kOp = "attention";
+
+int64_t offset4(const TensorView& t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return a * t.stride_of(0) + b * t.stride_of(1) + c * t.stride_of(2) + d * t.stride_of(3);
+}
+
+const char* mask_kind_name(kernels::MaskKind k) {
+  switch (k) {
+    case kernels::MaskKind::kNone: return "none";
+    case kernels::MaskKind::kCausal: return "causal";
+    case kernels::MaskKind::kBool: return "bool";
+    case kernels::MaskKind::kAdditive: return "additive";
+  }
+  return "unknown";
+}
+
+// Validates the mask against [B, Hq, L, kL] and returns its element strides over those four dims (0 = broadcast).
+void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t (&strides)[4]) {
+  using kernels::MaskKind;
+  for (int64_t& s : strides) s = 0;
+  const MaskKind kind = mask.kind;
+  check(kind == MaskKind::kNone || kind == MaskKind::kCausal || kind == MaskKind::kBool || kind == MaskKind::kAdditive,
+        ErrorCode::kInvalidArgument, kOp, "mask kind must be none, causal, bool or additive; got ",
+        static_cast<int>(kind));
+  check(mask.window >= 0, ErrorCode::kInvalidArgument, kOp, "mask window must be >= 0; got ", mask.window);
+  check(mask.window == 0 || kind == MaskKind::kCausal, ErrorCode::kInvalidArgument, kOp,
+        "a mask window applies only to causal masks; got window ", mask.window, " with a ", mask_kind_name(kind),
+        " mask");
+  const TensorView& m = mask.mask;
+  if (kind == MaskKind::kNone || kind == MaskKind::kCausal) {
+    check(m.data == nullptr && m.rank == 0, ErrorCode::kInvalidArgument, kOp, "a ", mask_kind_name(kind),
+          " mask takes no mask tensor; got one of shape ", m.shape_string());
+    return;
+  }
+  if (kind == MaskKind::kBool) {
+    check_dtype(m, DType::kBool, kOp, "mask");
+  } else {
+    check_float_dtype(m, kOp, "mask");
+  }
+  check(m.rank >= 2 && m.rank <= 4, ErrorCode::kShapeMismatch, kOp, "mask rank must be 2 to 4; got ", m.rank,
+        " (shape ", m.shape_string(), ")");
+  check_cpu(m, kOp, "mask");
+  check_not_null(m, kOp, "mask");
+  for (int i = 0; i < m.rank; ++i) {
+    const int t = 4 - m.rank + i;  // aligned on the right
+    const int64_t d = m.dim(i);
+    check(d == 1 || d == target[t], ErrorCode::kShapeMismatch, kOp, "mask must broadcast to [B, Hq, L, kL] = (",
+          target[0], ", ", target[1], ", ", target[2], ", ", target[3], "); got ", m.shape_string());
+    strides[t] = d == 1 ? 0 : m.stride_of(i);
+  }
+  if (kind == MaskKind::kAdditive) {
+    // −inf hides a key; NaN or +inf would poison the softmax of the whole row.
+    for (int64_t a = 0; a < target[0]; ++a)
+      for (int64_t b = 0; b < target[1]; ++b)
+        for (int64_t c = 0; c < target[2]; ++c)
+          for (int64_t d = 0; d < target[3]; ++d) {
+            const float v =
+                load_float(m.data, m.dtype, a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3]);
+            check(!std::isnan(v) && v != std::numeric_limits<float>::infinity(), ErrorCode::kInvalidArgument, kOp,
+                  "additive mask values must be finite or -inf; got ", v, " at [", a, ", ", b, ", ", c, ", ", d, "]");
+          }
+  }
+}
+
+}  // namespace
+
+void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
+               const TensorView& out) {
+  // ---- validation ----
+  check_rank(queries, 4, kOp, "queries");
+  check_float_dtype(queries, kOp, "queries");
+  check_cpu(queries, kOp, "queries");
+  check(!cache.empty() && cache.offset() > 0, ErrorCode::kInvalidArgument, kOp,
+        "the cache must hold at least one position; got length ", cache.offset());
+  const kernels::KVTensorView keys = cache.keys(), values = cache.values();
+  const int64_t B = queries.dim(0), Hq = queries.dim(1), L = queries.dim(2), Dk = queries.dim(3);
+  const int64_t Hkv = keys.H, kL = keys.length, Dv = values.dim;
+  check(B == keys.B, ErrorCode::kShapeMismatch, kOp, "queries batch must match the cache's B = ", keys.B, "; got ", B);
+  check(Hq >= Hkv && Hq % Hkv == 0, ErrorCode::kShapeMismatch, kOp,
+        "query heads must be a positive multiple of the cache's KV heads ", Hkv, "; got ", Hq);
+  check(Dk == keys.dim, ErrorCode::kShapeMismatch, kOp, "queries head dim must match the cache's Dk = ", keys.dim,
+        "; got ", Dk);
+  check(L <= kL, ErrorCode::kOutOfRange, kOp, "query length must be <= the cache length ", kL, "; got ", L);
+  check(std::isfinite(scale), ErrorCode::kInvalidArgument, kOp, "scale must be finite; got ", scale);
+  const int64_t target[4] = {B, Hq, L, kL};
+  int64_t mstride[4];
+  mask_strides(mask, target, mstride);
+  check_rank(out, 4, kOp, "out");
+  check_float_dtype(out, kOp, "out");
+  check_cpu(out, kOp, "out");
+  check(out.dim(0) == B && out.dim(1) == Hq && out.dim(2) == L && out.dim(3) == Dv, ErrorCode::kShapeMismatch, kOp,
+        "out must have shape [B, Hq, L, Dv] = ", shape_string({B, Hq, L, Dv}), "; got ", out.shape_string());
+  if (L == 0) return;
+  check_not_null(queries, kOp, "queries");
+  check_not_null(out, kOp, "out");
+
+  // ---- queries -> contiguous float32 [B, Hq, L, Dk] in the cache's rotated key space ----
+  std::vector<float> q(static_cast<size_t>(B * Hq * L * Dk));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < Dk; ++d)
+          q[static_cast<size_t>(((b * Hq + h) * L + i) * Dk + d)] =
+              load_float(queries.data, queries.dtype, offset4(queries, b, h, i, d));
+  cache.key_rotation().apply(q.data(), B * Hq * L);
+
+  // ---- the kernel: float32 [B, Hq, L, Dv] in the rotated value space ----
+  std::vector<float> o(static_cast<size_t>(B * Hq * L * Dv));
+  kernels::AttentionArgs args{};
+  args.q = q.data();
+  args.out = o.data();
+  args.B = B;
+  args.Hq = Hq;
+  args.L = L;
+  args.keys = keys;
+  args.values = values;
+  args.scale = scale;
+  args.mask_kind = mask.kind;
+  args.window = mask.window;
+  args.mask = mask.mask.data;
+  args.mask_dtype = mask.mask.dtype;
+  for (int i = 0; i < 4; ++i) args.mask_stride[i] = mstride[i];
+  kernels::active_kernels().attention(args);
+
+  // ---- back to the original value space, stored in out's dtype ----
+  cache.value_rotation().apply_inverse(o.data(), B * Hq * L);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < Dv; ++d)
+          store_float(out.data, out.dtype, offset4(out, b, h, i, d),
+                      o[static_cast<size_t>(((b * Hq + h) * L + i) * Dv + d)]);
+}
+
+}  // namespace cider::nn

@@ -1,0 +1,34 @@
+// cider/nn/attention.h — scaled dot-product attention of queries over a KV cache (quantized or plain).
+//
+//   out[b, h, i, :] = Σ_j softmax_j(scale · q[b, h, i, :]·k[b, h/(Hq/Hkv), j, :] + mask) · v[b, h/(Hq/Hkv), j, :]
+//
+// The cache stores rotated keys R_k·k and values R_v·v (nn/rotation.h). Since R_k is orthogonal, q·k = (R_k q)·(R_k k),
+// so the queries are rotated with the cache's key rotation; the weighted sum of rotated values is R_v·(Σ p·v), so the
+// result is rotated back with R_vᵀ. The kernel (kernels::active_kernels().attention) works on the packed codes.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/kernel_table.h"
+#include "nn/kv_cache.h"
+
+namespace cider::nn {
+
+struct AttentionMask {
+  kernels::MaskKind kind = kernels::MaskKind::kNone;
+  // kCausal only: 0 = no window; w > 0 = key j visible to the query at position p iff p − w < j <= p.
+  int64_t window = 0;
+  // kBool (dtype bool: visible where nonzero) or kAdditive (float32/float16/bfloat16: added to the scaled scores;
+  // −inf hides a key): rank 2 to 4, broadcastable to [B, Hq, L, kL] (dims aligned on the right, each 1 or equal;
+  // any strides). Empty (data null, rank 0) for kNone and kCausal.
+  TensorView mask;
+};
+
+// queries [B, Hq, L, Dk] float32/float16/bfloat16 (any strides), Hq a multiple of the cache's Hkv, L <= cache length
+// (query row i sits at absolute position kL − L + i, kL = cache.offset()); out [B, Hq, L, Dv] float32/float16/
+// bfloat16 (any strides), written in full. Accumulation and softmax in float32. Throws cider::Error on bad arguments.
+void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
+               const TensorView& out);
+
+}  // namespace cider::nn
