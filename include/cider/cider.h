@@ -44,9 +44,10 @@ typedef enum cider_dtype {
   CIDER_BOOL = 7 /* one byte per element, 0 or 1 */
 } cider_dtype;
 
+/* Enumerated values travel as plain ints (FFI-friendly, and an out-of-range value is reported, not undefined). */
 typedef struct cider_tensor {
   void* data;
-  cider_dtype dtype;
+  int32_t dtype; /* a cider_dtype */
   int32_t rank;
   int64_t shape[CIDER_MAX_RANK];
 } cider_tensor;
@@ -84,11 +85,11 @@ typedef struct cider_linear cider_linear;
 typedef enum cider_linear_format { CIDER_W8A8 = 0, CIDER_W4A8 = 1 } cider_linear_format;
 
 /* From float weights w [N, K] and an optional bias [N] (NULL for none). */
-cider_status cider_linear_create(cider_linear_format format, const cider_tensor* w, const cider_tensor* bias,
+cider_status cider_linear_create(int format /* a cider_linear_format */, const cider_tensor* w, const cider_tensor* bias,
                                  int group_size, float clip_percentile, cider_linear** out);
 /* From an MLX affine-quantized weight (dequantized, then requantized). target_group_size < 0 picks the default:
  * W8A8 keeps an 8-bit MLX weight's group size 64/128/256, otherwise per channel. */
-cider_status cider_linear_create_from_mlx(cider_linear_format format, const cider_tensor* packed,
+cider_status cider_linear_create_from_mlx(int format /* a cider_linear_format */, const cider_tensor* packed,
                                           const cider_tensor* scales, const cider_tensor* biases, int mlx_group_size,
                                           int mlx_bits, const cider_tensor* bias, int target_group_size,
                                           float clip_percentile, cider_linear** out);
@@ -105,10 +106,10 @@ typedef struct cider_kv_config {
   int quantized;            /* 1: affine-quantized (IsoQuant) cache; 0: plain cache of plain_dtype */
   int k_bits, v_bits;       /* quantized: bits of keys and values (defaults 4 and 3) */
   int group_size;           /* quantized: 32, 64 (default) or 128 */
-  cider_rotation rotation;  /* quantized: default CIDER_ROTATION_SO4_FULL */
+  int rotation;             /* a cider_rotation; default CIDER_ROTATION_SO4_FULL */
   uint64_t seed;            /* rotation seed (default 0) */
-  cider_dtype scale_dtype;  /* quantized: dtype of stored scales and biases (default CIDER_F16) */
-  cider_dtype plain_dtype;  /* plain: CIDER_F16, CIDER_BF16 or CIDER_F32 */
+  int scale_dtype;          /* a cider_dtype; quantized: stored scales and biases (default CIDER_F16) */
+  int plain_dtype;          /* a cider_dtype; plain: CIDER_F16, CIDER_BF16 or CIDER_F32 */
 } cider_kv_config;
 
 typedef struct cider_kv_cache cider_kv_cache;

@@ -18,7 +18,7 @@ TensorView to_view(const cider_tensor* t, const char* op, const char* what) {
   check(t != nullptr, ErrorCode::kInvalidArgument, op, what, " must not be NULL");
   check(t->rank >= 0 && t->rank <= CIDER_MAX_RANK, ErrorCode::kInvalidArgument, op, what, " rank must be in 0..",
         CIDER_MAX_RANK, "; got ", t->rank);
-  const int dt = static_cast<int>(t->dtype);
+  const int dt = t->dtype;
   check(dt >= CIDER_F32 && dt <= CIDER_BOOL, ErrorCode::kInvalidArgument, op, what,
         " dtype must be a cider_dtype value (0..7); got ", dt);
   std::vector<int64_t> shape(t->shape, t->shape + t->rank);
