@@ -48,6 +48,18 @@ struct IntLinearArgs {
   int group_size;  // 0 = per output channel
 };
 
+// ---- dense float linear (unquantized weights: the f32 / bf16 model paths) -------------------------------------
+// out[M, N] = x[M, K] @ wᵀ (+ bias), w [N, K] row-major in w_dtype (f32, f16 or bf16, e.g. a memory-mapped
+// checkpoint tensor used in place), x f32, accumulation in float32, out f32.
+struct DenseGemmArgs {
+  const float* x;  // [M, K]
+  const void* w;   // [N, K], w_dtype
+  DType w_dtype;
+  const float* bias;  // [N] or nullptr
+  float* out;         // [M, N]
+  int64_t M, N, K;
+};
+
 // ---- attention over a KV cache -------------------------------------------------------------------------------
 // One of keys or values of a cache, valid positions [0, length) of storage with room for `capacity` positions.
 // Quantized: packed [B, H, capacity, dim*bits/32] uint32 and scales/biases [B, H, capacity, dim/group_size] in
@@ -92,6 +104,7 @@ struct KernelTable {
   void (*w4a8_gemm)(const IntLinearArgs&);
   void (*w4a8_gemv)(const IntLinearArgs&);
   void (*attention)(const AttentionArgs&);
+  void (*dense_gemm)(const DenseGemmArgs&);  // M >= 1
 };
 
 // The reference table: always present.

@@ -1,0 +1,112 @@
+// cider/model/model.h — a loaded language model and its per-conversation state (Session: the KV caches).
+//
+// This header is the contract between the engine (model/*.cpp: loaders, architectures, forward) and its users
+// (generation, the CLI, perplexity). Model::load reads Hugging Face directories (safetensors + config.json +
+// tokenizer.json), MLX-quantized directories, GGUF files and cider-converted files, and builds the weights in the
+// requested format.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/tokenizer.h"
+#include "nn/rotation.h"
+
+namespace cider::model {
+
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
+const char* architecture_name(Architecture a);
+
+// --weights: how linear-layer weights are held in memory.
+enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8 };
+WeightFormat parse_weight_format(std::string_view s);  // "bf16", "w8a8-g128", ...; cider::Error otherwise
+const char* weight_format_name(WeightFormat f);
+
+// --kv, --kv-rotation, --kv-group-size: the KV cache of every attention layer.
+struct KVOptions {
+  bool quantized = true;
+  int k_bits = 4, v_bits = 3;  // quantized
+  int group_size = 64;         // quantized
+  nn::RotationKind rotation = nn::RotationKind::kSO4Full;
+  DType plain_dtype = DType::kBF16;  // plain caches: bf16, f16 or f32
+};
+// "bf16", "f16", "f32" (plain) or "k<bits>v<bits>" (quantized, bits in 2,3,4,5,6,8); cider::Error otherwise.
+KVOptions parse_kv_format(std::string_view s);
+nn::RotationKind parse_kv_rotation(std::string_view s);  // "so4-full", "so4-fast", "none"
+std::string kv_format_name(const KVOptions& kv);         // "k4v3/so4-full/g64", "bf16"
+
+struct ModelOptions {
+  WeightFormat weights = WeightFormat::kBF16;
+  KVOptions kv;
+  int64_t ctx = 0;  // context length in tokens; 0 = the model's maximum (capped at 8192 when that is larger)
+};
+
+// The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).
+struct ModelConfig {
+  Architecture arch = Architecture::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position = 0;
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;
+};
+
+// (stage, done, total): called while loading/converting so the CLI can draw a progress bar.
+using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t total)>;
+
+class Model;
+
+// The state of one token sequence: every layer's KV cache and the number of positions processed.
+class Session {
+ public:
+  ~Session();
+  int64_t position() const;     // tokens processed so far
+  int64_t trim(int64_t n);      // forget the last min(n, position) tokens (speculative rollback); returns how many
+  size_t kv_bytes() const;      // bytes of KV storage allocated, all layers
+  struct Impl;
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  friend class Model;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Model {
+ public:
+  // path: a directory (HF / MLX / cider-converted) or a .gguf file. cider::Error on anything unsupported or corrupt.
+  static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options,
+                                     const ProgressFn& progress = {});
+  ~Model();
+
+  const ModelConfig& config() const;
+  const ModelOptions& options() const;
+  const Tokenizer& tokenizer() const;
+  int64_t context_length() const;  // the effective ctx
+  size_t weight_bytes() const;     // bytes of weights held in memory (mapped bf16 tensors count as held)
+
+  std::unique_ptr<Session> new_session() const;
+  // Processes tokens[0, n) at positions [s.position(), s.position() + n) and writes logits (float32): all n rows
+  // ([n, vocab]) when all_logits, else only the last row ([vocab]). Throws cider::Error (kOutOfRange) if the
+  // positions would pass context_length(), before changing the session.
+  void forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
+
+  struct Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cider::model
