@@ -1,0 +1,178 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace cider::model {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Higher probability first; equal probabilities: lower id first. A strict weak order, so every filter that keeps
+// "the first n" keeps the same tokens whatever the sort algorithm.
+struct MoreProbable {
+  bool operator()(const TokenProb& a, const TokenProb& b) const {
+    return a.p != b.p ? a.p > b.p : a.id < b.id;
+  }
+};
+
+}  // namespace
+
+SamplerRng::SamplerRng(uint64_t seed) {
+  uint64_t state = seed;
+  for (auto& w : s_) w = splitmix64(state);
+}
+
+uint64_t SamplerRng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double SamplerRng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+void validate_sampler_params(const SamplerParams& p) {
+  // Each rule is written so that NaN fails it.
+  check(p.temperature >= 0.0 && std::isfinite(p.temperature), ErrorCode::kInvalidArgument, "sampler",
+        "temperature must be a finite number >= 0 (0 = greedy); got ", p.temperature);
+  check(p.top_k >= 0, ErrorCode::kInvalidArgument, "sampler", "top_k must be >= 0 (0 = off); got ", p.top_k);
+  check(p.top_p > 0.0 && p.top_p <= 1.0, ErrorCode::kInvalidArgument, "sampler",
+        "top_p must be in (0, 1] (1 = off); got ", p.top_p);
+  check(p.min_p >= 0.0 && p.min_p <= 1.0, ErrorCode::kInvalidArgument, "sampler",
+        "min_p must be in [0, 1] (0 = off); got ", p.min_p);
+  check(p.repeat_penalty > 0.0 && std::isfinite(p.repeat_penalty), ErrorCode::kInvalidArgument, "sampler",
+        "repeat_penalty must be a finite number > 0 (1 = off); got ", p.repeat_penalty);
+  check(p.repeat_window >= 0, ErrorCode::kInvalidArgument, "sampler",
+        "repeat_window must be >= 0 (0 = the whole history); got ", p.repeat_window);
+}
+
+Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.seed) {
+  validate_sampler_params(params);
+}
+
+std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
+                                             std::span<const int32_t> history) const {
+  check(vocab > 0 && logits != nullptr, ErrorCode::kInvalidArgument, "sample",
+        "need a non-empty row of logits; got vocab ", vocab);
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  std::vector<double> z(static_cast<size_t>(vocab));
+  bool any_finite = false;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float x = logits[i];
+    check(!std::isnan(x) && x != std::numeric_limits<float>::infinity(), ErrorCode::kInvalidArgument, "sample",
+          "logits must be finite or -inf; got ", x, " at token ", i);
+    z[static_cast<size_t>(i)] = x;
+    any_finite = any_finite || std::isfinite(x);
+  }
+  check(any_finite, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+        vocab, " tokens");
+
+  if (params_.repeat_penalty != 1.0 && !history.empty()) {
+    const size_t window = params_.repeat_window == 0
+                              ? history.size()
+                              : std::min(history.size(), static_cast<size_t>(params_.repeat_window));
+    std::vector<int32_t> recent(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
+    std::sort(recent.begin(), recent.end());
+    recent.erase(std::unique(recent.begin(), recent.end()), recent.end());  // each token penalised once
+    for (int32_t id : recent) {
+      check(id >= 0 && id < vocab, ErrorCode::kInvalidArgument, "sample", "history token ids must be in [0, ",
+            vocab, "); got ", id);
+      double& v = z[static_cast<size_t>(id)];
+      v = v > 0.0 ? v / params_.repeat_penalty : v * params_.repeat_penalty;
+    }
+  }
+
+  if (params_.temperature == 0.0) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+      if (z[static_cast<size_t>(i)] > z[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+    return {{best, 1.0}};
+  }
+
+  // Softmax of logits / temperature over the possible tokens.
+  std::vector<TokenProb> cand;
+  cand.reserve(static_cast<size_t>(vocab));
+  double zmax = kNegInf;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double s = z[static_cast<size_t>(i)];
+    if (s == kNegInf) continue;
+    cand.push_back({static_cast<int32_t>(i), s / params_.temperature});
+    zmax = std::max(zmax, s / params_.temperature);
+  }
+  double sum = 0.0;
+  for (auto& c : cand) sum += (c.p = std::exp(c.p - zmax));
+  for (auto& c : cand) c.p /= sum;
+
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand.size()) {
+    std::nth_element(cand.begin(), cand.begin() + params_.top_k - 1, cand.end(), MoreProbable{});
+    cand.resize(static_cast<size_t>(params_.top_k));
+    sum = 0.0;
+    for (const auto& c : cand) sum += c.p;
+    for (auto& c : cand) c.p /= sum;
+  }
+
+  // min-p keeps a prefix of the descending order, and so does top-p; the result is the shorter of the two. Tokens
+  // below the min-p threshold all lie after the min-p cut, so dropping them first cannot change where top-p cuts
+  // inside the kept part — and it spares sorting most of the vocabulary.
+  if (params_.min_p > 0.0) {
+    double pmax = 0.0;
+    for (const auto& c : cand) pmax = std::max(pmax, c.p);
+    const double threshold = params_.min_p * pmax;
+    std::erase_if(cand, [&](const TokenProb& c) { return c.p < threshold; });
+  }
+
+  // Sort lazily: the nucleus is usually a few dozen tokens out of a vocabulary of 10^5.
+  size_t sorted = 0, keep = cand.size();
+  double cum = 0.0;
+  if (params_.top_p < 1.0) {
+    keep = 0;
+    while (keep < cand.size()) {
+      if (keep == sorted) {
+        const size_t next = std::min(cand.size(), std::max<size_t>(256, 2 * sorted));
+        std::partial_sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted),
+                          cand.begin() + static_cast<std::ptrdiff_t>(next), cand.end(), MoreProbable{});
+        sorted = next;
+      }
+      cum += cand[keep++].p;
+      if (cum >= params_.top_p) break;
+    }
+  }
+  if (sorted < keep)
+    std::sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted), cand.end(), MoreProbable{});
+  cand.resize(keep);
+  sum = 0.0;
+  for (const auto& c : cand) sum += c.p;
+  for (auto& c : cand) c.p /= sum;
+  return cand;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> history) {
+  const std::vector<TokenProb> dist = distribution(logits, vocab, history);
+  if (params_.temperature == 0.0) return dist.front().id;
+  const double u = rng_.uniform();
+  double cum = 0.0;
+  for (const auto& c : dist) {
+    cum += c.p;
+    if (u < cum) return c.id;
+  }
+  return dist.back().id;  // u within rounding of 1
+}
+
+}  // namespace cider::model

@@ -1,0 +1,78 @@
+// cider/model/sampler.h — choosing the next token from a row of logits: greedy, or sampling with temperature,
+// top-k, top-p, min-p and a repetition penalty, reproducible from a seed.
+//
+// The pipeline, in this order (each step in float64 on a copy of the logits):
+//   1. repetition penalty (Hugging Face semantics): for every distinct token among the last `repeat_window` tokens
+//      of the history, a positive logit is divided by `repeat_penalty` and a negative one multiplied by it;
+//   2. temperature == 0: greedy — the largest logit wins (ties: the lowest id); nothing below applies;
+//   3. temperature > 0: softmax(logits / temperature) over the tokens with a finite logit;
+//   4. top-k (k > 0): keep the k most probable tokens (ties at the boundary: the lower ids);
+//   5. top-p (p < 1): in descending probability, keep the shortest prefix whose probability sum reaches top_p
+//      (the probabilities of step 4, renormalised over its survivors);
+//   6. min-p (m > 0): keep the tokens whose probability is at least m × the largest probability;
+//   7. draw from the survivors, renormalised.
+// "Descending probability" always breaks ties by the lower id, so every step is deterministic.
+//
+// The random generator (documented so a draw can be reproduced from the seed alone, in any language):
+//   xoshiro256** whose four state words are the first four outputs of SplitMix64 started at `seed`;
+//   u = (next() >> 11) · 2^-53, uniform in [0, 1); the drawn token is the first survivor (in descending
+//   probability) whose cumulative probability exceeds u.
+// One draw uses exactly one next(), greedy none.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace cider::model {
+
+struct SamplerParams {
+  double temperature = 0.8;     // >= 0; 0 = greedy
+  int64_t top_k = 40;           // >= 0; 0 = off
+  double top_p = 0.95;          // (0, 1]; 1 = off
+  double min_p = 0.05;          // [0, 1]; 0 = off
+  double repeat_penalty = 1.0;  // > 0; 1 = off (> 1 discourages repeats)
+  int64_t repeat_window = 64;   // >= 0: how many of the most recent history tokens are penalised; 0 = all of them
+  uint64_t seed = 0;
+};
+
+// Throws cider::Error (kInvalidArgument, op "sampler") naming the first parameter outside its range and its value.
+void validate_sampler_params(const SamplerParams& p);
+
+// xoshiro256** seeded through SplitMix64 (see the header comment).
+class SamplerRng {
+ public:
+  explicit SamplerRng(uint64_t seed);
+  uint64_t next();
+  double uniform();  // [0, 1), 53 random bits
+
+ private:
+  uint64_t s_[4];
+};
+
+struct TokenProb {
+  int32_t id;
+  double p;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams& params);  // validates
+
+  // The distribution the next draw would use: the survivors of steps 1–6 in descending probability (ties: lower id
+  // first), probabilities summing to 1. Greedy: the one winning token with p = 1.
+  // logits: [vocab] float32 (NaN or +inf is an error; -inf marks an impossible token, at least one must be finite).
+  // history: the tokens so far (prompt and generated), oldest first; ids must lie in [0, vocab).
+  std::vector<TokenProb> distribution(const float* logits, int64_t vocab, std::span<const int32_t> history) const;
+
+  // Draws the next token (advances the generator unless greedy).
+  int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> history);
+
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  SamplerParams params_;
+  SamplerRng rng_;
+};
+
+}  // namespace cider::model
