@@ -94,6 +94,34 @@ struct AttentionArgs {
   const void* mask;
   DType mask_dtype;
   int64_t mask_stride[4];  // strides over [B, Hq, L, kL]
+  // (optional) How many pieces each (b, KV head, query block) splits the key sequence into for threads, merged by
+  // log-sum-exp. 0 = the kernel decides; tests set it to exercise the merge. The reference ignores it.
+  int kv_splits;
+};
+
+// ---- rotate + quantize + append of KV rows, in one pass ------------------------------------------------------
+// n consecutive positions of one (b, h). Row i is read from src (element d at src + i·src_row_stride +
+// d·src_elem_stride, in src_dtype f32/f16/bf16), read as float32, rotated in float32 by the SO(4) block rotation
+// (nn/rotation.h: rotation 0 none, 1 fast w = qL·v, 2 full w = qL·v·conj(qR); Hamilton products with the multiplies
+// and adds in nn/rotation.cpp's order, never fused), then stored:
+//   bits > 0: quant::affine_quantize_row(row, dim, group_size, bits, dst + i·dim·bits/32 words,
+//             scales + i·dim/gs, biases + i·dim/gs, scale_dtype)                (MLX's arithmetic, formats.md §1)
+//   bits = 0: each value rounded to dst_dtype at dst + i·dim elements (plain cache).
+// Fast kernels produce bit-identical bytes to the reference (kernels/ref/kv_append_ref.cpp).
+struct KVAppendArgs {
+  const void* src;
+  DType src_dtype;
+  int64_t src_row_stride, src_elem_stride;  // in elements
+  int64_t n, dim;
+  int rotation;                     // 0 none, 1 so4 fast, 2 so4 full (nn::RotationKind values)
+  const float* qL;                  // [dim/4, 4] (w, x, y, z) unit quaternions; null when rotation == 0
+  const float* qR;                  // [dim/4, 4]; used by rotation 2 only
+  void* dst;                        // bits > 0: uint32 codes [n, dim·bits/32]; bits = 0: [n, dim] in dst_dtype
+  void* scales;                     // bits > 0: [n, dim/gs] in dst_dtype (the scale dtype)
+  void* biases;                     // bits > 0: [n, dim/gs] in dst_dtype
+  DType dst_dtype;
+  int bits;                         // 0 (plain) or 2, 3, 4, 5, 6, 8
+  int group_size;                   // bits > 0: 32, 64, 128
 };
 
 struct KernelTable {
@@ -105,6 +133,7 @@ struct KernelTable {
   void (*w4a8_gemv)(const IntLinearArgs&);
   void (*attention)(const AttentionArgs&);
   void (*dense_gemm)(const DenseGemmArgs&);  // M >= 1
+  void (*kv_append)(const KVAppendArgs&);    // rotate + quantize + store new KV rows (n >= 1)
 };
 
 // The reference table: always present.

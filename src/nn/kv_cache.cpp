@@ -160,20 +160,29 @@ void check_append_dims(const detail::KVStore& store, int64_t Dk, int64_t Dv, con
   check(values.dim(3) == Dv, ErrorCode::kShapeMismatch, op, "Dv must match the cache's ", Dv, "; got ", values.dim(3));
 }
 
-// Reads x[b, h, t0 : t0 + n, :] (any strides, any float dtype) into rows [n, D] float32, rotates them, and hands
-// each row to write(t, row) with t the absolute position t0 + i.
-template <typename WriteRow>
-void write_rotated(const TensorView& x, int64_t b, int64_t h, int64_t t_dst, const SO4Rotation& rot,
-                   std::vector<float>& rows, WriteRow&& write) {
-  const int64_t n = x.dim(2), D = x.dim(3);
-  rows.resize(static_cast<size_t>(n * D));
-  const int64_t base = b * x.stride_of(0) + h * x.stride_of(1);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < D; ++d)
-      rows[static_cast<size_t>(i * D + d)] =
-          load_float(x.data, x.dtype, base + i * x.stride_of(2) + d * x.stride_of(3));
-  rot.apply(rows.data(), n);
-  for (int64_t i = 0; i < n; ++i) write(t_dst + i, rows.data() + i * D);
+// Rotates and stores x[b, h, 0 : n, :] (any strides, any float dtype) at positions [t_dst, t_dst + n) of (b, h)
+// through the kernel table's kv_append entry (one pass: read as float32, rotate in float32, quantize or round).
+// `dst`, `scales`, `biases` point at row t_dst of the (b, h) planes; bits == 0 stores plain values in `dtype`,
+// otherwise `dtype` is the scale dtype.
+void append_rows(const TensorView& x, int64_t b, int64_t h, const SO4Rotation& rot, void* dst, void* scales,
+                 void* biases, DType dtype, int bits, int group_size) {
+  kernels::KVAppendArgs a{};
+  a.src = static_cast<const uint8_t*>(x.data) + (b * x.stride_of(0) + h * x.stride_of(1)) * dtype_size(x.dtype);
+  a.src_dtype = x.dtype;
+  a.src_row_stride = x.stride_of(2);
+  a.src_elem_stride = x.stride_of(3);
+  a.n = x.dim(2);
+  a.dim = x.dim(3);
+  a.rotation = static_cast<int>(rot.kind());
+  a.qL = rot.is_identity() ? nullptr : rot.left().data();
+  a.qR = rot.is_identity() ? nullptr : rot.right().data();
+  a.dst = dst;
+  a.scales = scales;
+  a.biases = biases;
+  a.dst_dtype = dtype;
+  a.bits = bits;
+  a.group_size = group_size;
+  kernels::active_kernels().kv_append(a);
 }
 
 }  // namespace
@@ -404,18 +413,13 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   store_.reserve_append(n);
   const int gs = config_.group_size;
   const DType sd = config_.scale_dtype;
-  std::vector<float> rows;
-  for (int64_t b = 0; b < store_.B(); ++b)
+  for (int64_t b = 0; b < store_.B() && n > 0; ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       // Planes 0..2: key codes, scales, biases; 3..5: the same for values (see KVCacheSnapshot).
-      write_rotated(keys, b, h, start, key_rot_, rows, [&](int64_t t, const float* row) {
-        quant::affine_quantize_row(row, Dk_, gs, config_.k_bits, reinterpret_cast<uint32_t*>(store_.row(0, b, h, t)),
-                                   store_.row(1, b, h, t), store_.row(2, b, h, t), sd);
-      });
-      write_rotated(values, b, h, start, value_rot_, rows, [&](int64_t t, const float* row) {
-        quant::affine_quantize_row(row, Dv_, gs, config_.v_bits, reinterpret_cast<uint32_t*>(store_.row(3, b, h, t)),
-                                   store_.row(4, b, h, t), store_.row(5, b, h, t), sd);
-      });
+      append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), store_.row(1, b, h, start),
+                  store_.row(2, b, h, start), sd, config_.k_bits, gs);
+      append_rows(values, b, h, value_rot_, store_.row(3, b, h, start), store_.row(4, b, h, start),
+                  store_.row(5, b, h, start), sd, config_.v_bits, gs);
     }
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
@@ -500,17 +504,10 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
   const int64_t n = keys.dim(2), start = store_.offset();
   store_.reserve_append(n);
   const DType dt = config_.dtype;
-  std::vector<float> rows;
-  for (int64_t b = 0; b < store_.B(); ++b)
+  for (int64_t b = 0; b < store_.B() && n > 0; ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
-      write_rotated(keys, b, h, start, key_rot_, rows, [&](int64_t t, const float* row) {
-        uint8_t* dst = store_.row(0, b, h, t);
-        for (int64_t d = 0; d < Dk_; ++d) store_float(dst, dt, d, row[d]);
-      });
-      write_rotated(values, b, h, start, value_rot_, rows, [&](int64_t t, const float* row) {
-        uint8_t* dst = store_.row(1, b, h, t);
-        for (int64_t d = 0; d < Dv_; ++d) store_float(dst, dt, d, row[d]);
-      });
+      append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), nullptr, nullptr, dt, 0, 0);
+      append_rows(values, b, h, value_rot_, store_.row(1, b, h, start), nullptr, nullptr, dt, 0, 0);
     }
   store_.set_offset(start + n);
   return {this->keys(), this->values()};

@@ -13,5 +13,6 @@ void w4a8_gemm(const IntLinearArgs& a);        // w4a8_ref.cpp
 void w4a8_gemv(const IntLinearArgs& a);        // w4a8_ref.cpp
 void attention(const AttentionArgs& a);        // attention_ref.cpp
 void dense_gemm(const DenseGemmArgs& a);       // dense_gemm_ref.cpp
+void kv_append(const KVAppendArgs& a);        // kv_append_ref.cpp
 
 }  // namespace cider::kernels::ref
