@@ -47,6 +47,25 @@ struct ModelOptions {
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).
+// Rotary position embedding of one kind of layer, HF's convention: pairs (i, i + head_dim/2) of each head are rotated
+// by the angle position·inv_freq[i] (rotate_half), inv_freq[i] = theta^(−2i/head_dim) adjusted by the scaling below.
+enum class RopeScaling { kNone, kLinear, kLlama3 };
+struct RopeConfig {
+  double theta = 10000.0;
+  RopeScaling scaling = RopeScaling::kNone;
+  double factor = 1.0;                    // linear, llama3: inv_freq / factor (llama3: for the low frequencies)
+  double low_freq_factor = 1.0;           // llama3
+  double high_freq_factor = 4.0;          // llama3
+  int64_t original_max_position = 8192;   // llama3: the context the model was pre-trained on
+  // GGUF files of llama3-scaled models carry the scaling as per-frequency divisors instead (tensor rope_freqs,
+  // [head_dim/2]): inv_freq[i] = theta^(−2i/head_dim) / freq_factors[i]. Empty when unused.
+  std::vector<float> freq_factors;
+};
+// inv_freq [head_dim/2] in float32, computed as HF does (in double, rounded once).
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim);
+
+enum class Activation { kSiLU, kGeluTanh };  // MLP gate: SwiGLU (silu) or GeGLU (gelu, tanh approximation)
+
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
   int64_t vocab_size = 0;
@@ -59,6 +78,27 @@ struct ModelConfig {
   int64_t max_position = 0;
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
+
+  // ---- added by the engine (model/config.h reads them from every format) ----
+  double rms_norm_eps = 1e-6;
+  // RMSNorm multiplies by (norm_weight_offset + w): 1 for Gemma checkpoints from HF (its (1 + w) norm), 0 otherwise
+  // (llama.cpp's GGUF converter stores Gemma's 1 + w, so GGUF Gemma uses 0).
+  float norm_weight_offset = 0.0f;
+  bool qkv_bias = false;        // q/k/v projections carry a bias (Qwen2; attention_bias of Llama/Qwen3/Gemma 3)
+  bool o_bias = false;          // o_proj carries a bias (attention_bias of Llama/Qwen3/Gemma 3)
+  bool mlp_bias = false;        // gate/up/down carry biases (Llama mlp_bias)
+  bool qk_norm = false;         // RMSNorm over each query/key head before RoPE (Qwen3, Gemma 3)
+  bool sandwich_norms = false;  // Gemma 3: post-attention, pre- and post-feedforward norms
+  Activation activation = Activation::kSiLU;
+  float attn_scale = 0.0f;      // multiplies q·k: head_dim^−1/2, Gemma 3 query_pre_attn_scalar^−1/2
+  float embed_scale = 1.0f;     // Gemma: √hidden (rounded to the checkpoint dtype, as HF does)
+  float final_logit_softcap = 0.0f;  // > 0: logits = cap·tanh(logits/cap) (Gemma); 0 = none
+  bool tie_word_embeddings = false;  // LM head = the embedding matrix
+  RopeConfig rope;        // full-attention layers
+  RopeConfig rope_local;  // sliding-window layers (Gemma 3 uses its own base there)
+  int64_t sliding_window = 0;         // > 0: a sliding layer's query at p sees keys p − window < j ≤ p
+  std::vector<uint8_t> layer_sliding;  // [num_layers]: 1 = sliding-window layer
+  DType dtype = DType::kBF16;          // the checkpoint's float dtype (config torch_dtype / dtype)
 };
 
 // (stage, done, total): called while loading/converting so the CLI can draw a progress bar.
@@ -103,6 +143,7 @@ class Model {
   void forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
 
   struct Impl;
+  const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools
 
  private:
   explicit Model(std::unique_ptr<Impl> impl);

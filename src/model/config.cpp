@@ -1,0 +1,710 @@
+// Model hyper-parameters from HF config.json, GGUF metadata and cider's own JSON (see config.h).
+#include "model/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/gguf.h"
+
+namespace cider::model {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kOp = "load_config";
+
+json parse_json(std::string_view text, const std::string& source) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  check(!j.is_discarded(), ErrorCode::kCorrupt, kOp, source, " must be valid JSON; got a parse error");
+  check(j.is_object(), ErrorCode::kCorrupt, kOp, source, " must hold a JSON object; got ", j.type_name());
+  return j;
+}
+
+bool has(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+
+int64_t get_int(const json& j, const char* key, const std::string& source) {
+  check(has(j, key), ErrorCode::kCorrupt, kOp, source, " must define \"", key, "\"; it is missing");
+  const json& v = j.at(key);
+  check(v.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be an integer; got ",
+        v.dump());
+  return v.get<int64_t>();
+}
+int64_t get_int_or(const json& j, const char* key, int64_t fallback, const std::string& source) {
+  return has(j, key) ? get_int(j, key, source) : fallback;
+}
+double get_num(const json& j, const char* key, const std::string& source) {
+  check(has(j, key), ErrorCode::kCorrupt, kOp, source, " must define \"", key, "\"; it is missing");
+  const json& v = j.at(key);
+  check(v.is_number(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a number; got ", v.dump());
+  return v.get<double>();
+}
+double get_num_or(const json& j, const char* key, double fallback, const std::string& source) {
+  return has(j, key) ? get_num(j, key, source) : fallback;
+}
+bool get_bool_or(const json& j, const char* key, bool fallback, const std::string& source) {
+  if (!has(j, key)) return fallback;
+  const json& v = j.at(key);
+  check(v.is_boolean(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be true or false; got ", v.dump());
+  return v.get<bool>();
+}
+std::string get_str_or(const json& j, const char* key, const std::string& fallback, const std::string& source) {
+  if (!has(j, key)) return fallback;
+  const json& v = j.at(key);
+  check(v.is_string(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a string; got ", v.dump());
+  return v.get<std::string>();
+}
+
+// eos_token_id: an int or a list of ints.
+std::vector<int32_t> token_ids(const json& v, const char* key, const std::string& source) {
+  std::vector<int32_t> ids;
+  auto one = [&](const json& e) {
+    check(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() <= INT32_MAX, ErrorCode::kCorrupt, kOp,
+          source, ": \"", key, "\" must hold non-negative token ids; got ", e.dump());
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  };
+  if (v.is_array()) {
+    for (const json& e : v) one(e);
+  } else {
+    one(v);
+  }
+  return ids;
+}
+
+DType parse_dtype_name(const std::string& s, const std::string& source) {
+  if (s == "bfloat16") return DType::kBF16;
+  if (s == "float16") return DType::kF16;
+  if (s == "float32") return DType::kF32;
+  fail(ErrorCode::kUnsupported, kOp, source, ": dtype must be bfloat16, float16 or float32; got \"", s, "\"");
+}
+
+// One rope entry: {rope_type|type, rope_theta?, factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}. `theta` is the base when the entry does not carry rope_theta.
+RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
+  RopeConfig rope;
+  rope.theta = theta;
+  if (r.is_null()) return rope;
+  check(r.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope parameters must be an object; got ", r.dump());
+  rope.theta = get_num_or(r, "rope_theta", theta, source);
+  std::string type = get_str_or(r, "rope_type", get_str_or(r, "type", "default", source), source);
+  if (type == "default") {
+    rope.scaling = RopeScaling::kNone;
+  } else if (type == "linear") {
+    rope.scaling = RopeScaling::kLinear;
+    rope.factor = get_num(r, "factor", source);
+  } else if (type == "llama3") {
+    rope.scaling = RopeScaling::kLlama3;
+    rope.factor = get_num(r, "factor", source);
+    rope.low_freq_factor = get_num(r, "low_freq_factor", source);
+    rope.high_freq_factor = get_num(r, "high_freq_factor", source);
+    rope.original_max_position = get_int(r, "original_max_position_embeddings", source);
+    check(rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0 &&
+              rope.original_max_position > 0,
+          ErrorCode::kCorrupt, kOp, source,
+          ": llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings "
+          "> 0; got ",
+          r.dump());
+  } else {
+    fail(ErrorCode::kUnsupported, kOp, source, ": rope type must be default, linear or llama3; got \"", type, "\"");
+  }
+  if (has(r, "partial_rotary_factor")) {
+    const double p = get_num(r, "partial_rotary_factor", source);
+    check(p == 1.0, ErrorCode::kUnsupported, kOp, source, ": partial_rotary_factor must be 1; got ", p);
+  }
+  check(rope.factor > 0 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
+        ": rope factor must be positive; got ", rope.factor);
+  check(rope.theta > 0 && std::isfinite(rope.theta), ErrorCode::kCorrupt, kOp, source,
+        ": rope_theta must be positive; got ", rope.theta);
+  return rope;
+}
+
+struct ArchInfo {
+  const char* hf_class;
+  const char* model_type;
+  Architecture arch;
+};
+constexpr ArchInfo kArchs[] = {
+    {"LlamaForCausalLM", "llama", Architecture::kLlama},
+    {"MistralForCausalLM", "mistral", Architecture::kMistral},
+    {"Qwen2ForCausalLM", "qwen2", Architecture::kQwen2},
+    {"Qwen3ForCausalLM", "qwen3", Architecture::kQwen3},
+    {"Gemma3ForCausalLM", "gemma3_text", Architecture::kGemma3},
+};
+
+Architecture detect_arch(const json& j, const std::string& source) {
+  std::string name;
+  if (has(j, "architectures")) {
+    const json& a = j.at("architectures");
+    check(a.is_array() && !a.empty() && a[0].is_string(), ErrorCode::kCorrupt, kOp, source,
+          ": \"architectures\" must be a non-empty list of strings; got ", a.dump());
+    name = a[0].get<std::string>();
+    for (const ArchInfo& info : kArchs)
+      if (name == info.hf_class) return info.arch;
+  } else {
+    name = get_str_or(j, "model_type", "", source);
+    check(!name.empty(), ErrorCode::kCorrupt, kOp, source,
+          " must define \"architectures\" or \"model_type\"; neither is present");
+    for (const ArchInfo& info : kArchs)
+      if (name == info.model_type) return info.arch;
+  }
+  fail(ErrorCode::kUnsupported, kOp, source, ": architecture \"", name,
+       "\" is not supported; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+       "Gemma3ForCausalLM (gemma3_text)");
+}
+
+std::string fmt_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+const char* architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "llama";
+    case Architecture::kMistral: return "mistral";
+    case Architecture::kQwen2: return "qwen2";
+    case Architecture::kQwen3: return "qwen3";
+    case Architecture::kGemma3: return "gemma3";
+  }
+  return "unknown";
+}
+
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  for (int64_t i = 0; i < half; ++i) {
+    // HF: 1 / theta^(2i / head_dim), in float32.
+    double f = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    f = static_cast<float>(f);
+    switch (rope.scaling) {
+      case RopeScaling::kNone: break;
+      case RopeScaling::kLinear: f = f / rope.factor; break;
+      case RopeScaling::kLlama3: {
+        // Wavelengths longer than the pre-training context / low_freq_factor are slowed down by `factor`, shorter
+        // than context / high_freq_factor kept, and the band between interpolated smoothly.
+        const double old_ctx = static_cast<double>(rope.original_max_position);
+        const double low_wavelen = old_ctx / rope.low_freq_factor;
+        const double high_wavelen = old_ctx / rope.high_freq_factor;
+        const double wavelen = kTwoPi / f;
+        if (wavelen > low_wavelen) {
+          f = f / rope.factor;
+        } else if (wavelen >= high_wavelen) {
+          const double smooth =
+              (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+          f = (1.0 - smooth) * f / rope.factor + smooth * f;
+        }
+        break;
+      }
+    }
+    if (!rope.freq_factors.empty()) f = f / static_cast<double>(rope.freq_factors[static_cast<size_t>(i)]);
+    inv[static_cast<size_t>(i)] = static_cast<float>(f);
+  }
+  return inv;
+}
+
+void validate_config(const ModelConfig& c, const std::string& source) {
+  auto positive = [&](int64_t v, const char* what) {
+    check(v > 0, ErrorCode::kCorrupt, kOp, source, ": ", what, " must be positive; got ", v);
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.hidden_size, "hidden_size");
+  positive(c.intermediate_size, "intermediate_size");
+  positive(c.num_layers, "num_hidden_layers");
+  positive(c.num_heads, "num_attention_heads");
+  positive(c.num_kv_heads, "num_key_value_heads");
+  positive(c.head_dim, "head_dim");
+  positive(c.max_position, "max_position_embeddings");
+  // Sizes beyond these would overflow the int32 index math of the kernels long before memory runs out.
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  for (auto [v, what] : {std::pair{c.vocab_size, "vocab_size"}, std::pair{c.hidden_size, "hidden_size"},
+                         std::pair{c.intermediate_size, "intermediate_size"}, std::pair{c.num_layers, "num_layers"},
+                         std::pair{c.num_heads * c.head_dim, "num_attention_heads·head_dim"}})
+    check(v <= kMaxDim, ErrorCode::kCorrupt, kOp, source, ": ", what, " must be <= ", kMaxDim, "; got ", v);
+  check(c.num_heads % c.num_kv_heads == 0, ErrorCode::kCorrupt, kOp, source,
+        ": num_attention_heads must be a multiple of num_key_value_heads ", c.num_kv_heads, "; got ", c.num_heads);
+  check(c.head_dim % 2 == 0, ErrorCode::kCorrupt, kOp, source, ": head_dim must be even (RoPE pairs); got ",
+        c.head_dim);
+  check(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kCorrupt, kOp, source,
+        ": rms_norm_eps must be positive; got ", c.rms_norm_eps);
+  check(static_cast<int64_t>(c.layer_sliding.size()) == c.num_layers, ErrorCode::kCorrupt, kOp, source,
+        ": layer types must list one entry per layer (", c.num_layers, "); got ", c.layer_sliding.size());
+  bool any_sliding = false;
+  for (uint8_t s : c.layer_sliding) any_sliding |= s != 0;
+  check(!any_sliding || c.sliding_window > 0, ErrorCode::kCorrupt, kOp, source,
+        ": sliding-window layers need a positive sliding_window; got ", c.sliding_window);
+  check(std::isfinite(c.attn_scale) && c.attn_scale > 0, ErrorCode::kCorrupt, kOp, source,
+        ": the attention scale must be positive; got ", c.attn_scale);
+  check(std::isfinite(c.final_logit_softcap) && c.final_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
+        ": final_logit_softcapping must be positive or absent; got ", c.final_logit_softcap);
+  for (const RopeConfig* r : {&c.rope, &c.rope_local})
+    check(r->freq_factors.empty() || static_cast<int64_t>(r->freq_factors.size()) == c.head_dim / 2,
+          ErrorCode::kCorrupt, kOp, source, ": rope frequency factors must have head_dim/2 = ", c.head_dim / 2,
+          " entries; got ", r->freq_factors.size());
+  for (int32_t id : c.eos_token_ids)
+    check(id < c.vocab_size, ErrorCode::kCorrupt, kOp, source, ": eos_token_id must be < vocab_size ",
+          c.vocab_size, "; got ", id);
+}
+
+ModelConfig parse_hf_config(std::string_view json_text, const std::string& source) {
+  const json j = parse_json(json_text, source);
+  ModelConfig c;
+  c.arch = detect_arch(j, source);
+  const bool gemma = c.arch == Architecture::kGemma3;
+  check(!has(j, "text_config") && !has(j, "vision_config"), ErrorCode::kUnsupported, kOp, source,
+        ": multimodal configs (text_config/vision_config) are not supported; use the text-only model");
+
+  c.vocab_size = get_int(j, "vocab_size", source);
+  c.hidden_size = get_int(j, "hidden_size", source);
+  c.intermediate_size = get_int(j, "intermediate_size", source);
+  c.num_layers = get_int(j, "num_hidden_layers", source);
+  c.num_heads = get_int(j, "num_attention_heads", source);
+  check(c.num_heads > 0, ErrorCode::kCorrupt, kOp, source, ": num_attention_heads must be positive; got ",
+        c.num_heads);
+  c.num_kv_heads = get_int_or(j, "num_key_value_heads", c.num_heads, source);
+  // Defaults as HF's config classes have them.
+  c.head_dim = get_int_or(j, "head_dim", gemma ? 256 : c.hidden_size / c.num_heads, source);
+  const int64_t default_max_pos = gemma ? 131072 : (c.arch == Architecture::kLlama ? 2048 : 32768);
+  c.max_position = get_int_or(j, "max_position_embeddings", default_max_pos, source);
+  c.rms_norm_eps = get_num_or(j, "rms_norm_eps", 1e-6, source);
+  if (has(j, "bos_token_id")) {
+    auto ids = token_ids(j.at("bos_token_id"), "bos_token_id", source);
+    c.bos_token_id = ids.empty() ? -1 : ids[0];
+  }
+  if (has(j, "eos_token_id")) c.eos_token_ids = token_ids(j.at("eos_token_id"), "eos_token_id", source);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma, source);
+  c.dtype = parse_dtype_name(get_str_or(j, "dtype", get_str_or(j, "torch_dtype", "bfloat16", source), source),
+                             source);
+
+  // Activation: hidden_act (Llama family) or hidden_activation (Gemma).
+  const std::string act =
+      get_str_or(j, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu", source);
+  if (act == "silu" || act == "swish") {
+    c.activation = Activation::kSiLU;
+  } else if (act == "gelu_pytorch_tanh") {
+    c.activation = Activation::kGeluTanh;
+  } else {
+    fail(ErrorCode::kUnsupported, kOp, source, ": activation must be silu or gelu_pytorch_tanh; got \"", act, "\"");
+  }
+
+  // Biases and norms per family.
+  const bool attention_bias = get_bool_or(j, "attention_bias", false, source);
+  switch (c.arch) {
+    case Architecture::kLlama:
+      c.qkv_bias = c.o_bias = attention_bias;
+      c.mlp_bias = get_bool_or(j, "mlp_bias", false, source);
+      break;
+    case Architecture::kMistral: break;
+    case Architecture::kQwen2: c.qkv_bias = true; break;  // Qwen2 always has q/k/v biases, never o/mlp biases
+    case Architecture::kQwen3:
+      c.qkv_bias = c.o_bias = attention_bias;
+      c.qk_norm = true;
+      break;
+    case Architecture::kGemma3:
+      c.qkv_bias = c.o_bias = attention_bias;
+      c.qk_norm = true;
+      c.sandwich_norms = true;
+      c.norm_weight_offset = 1.0f;
+      c.embed_scale = round_to(c.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))));
+      break;
+  }
+  if (gemma) {
+    check(!has(j, "attn_logit_softcapping"), ErrorCode::kUnsupported, kOp, source,
+          ": attn_logit_softcapping is not supported by cider's attention; got ", j.value("attn_logit_softcapping",
+                                                                                         json()).dump());
+    c.final_logit_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 0.0, source));
+    const double qpas = get_num_or(j, "query_pre_attn_scalar", 256.0, source);
+    check(qpas > 0, ErrorCode::kCorrupt, kOp, source, ": query_pre_attn_scalar must be positive; got ", qpas);
+    c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+  } else {
+    c.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  }
+
+  // RoPE. New style: rope_parameters (flat, or per layer type for Gemma 3). Old style: rope_theta + rope_scaling
+  // (+ rope_local_base_freq for Gemma 3's sliding layers).
+  const double default_theta = gemma ? 1000000.0 : 10000.0;
+  if (has(j, "rope_parameters")) {
+    const json& rp = j.at("rope_parameters");
+    check(rp.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope_parameters must be an object; got ", rp.dump());
+    if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
+      c.rope = parse_rope(rp.value("full_attention", json()), default_theta, source);
+      c.rope_local = parse_rope(rp.value("sliding_attention", json()), 10000.0, source);
+    } else {
+      c.rope = parse_rope(rp, get_num_or(j, "rope_theta", default_theta, source), source);
+      c.rope_local = gemma ? parse_rope(json(), get_num_or(j, "rope_local_base_freq", 10000.0, source), source)
+                           : c.rope;
+    }
+  } else {
+    c.rope = parse_rope(j.value("rope_scaling", json()), get_num_or(j, "rope_theta", default_theta, source), source);
+    c.rope_local = gemma ? parse_rope(json(), get_num_or(j, "rope_local_base_freq", 10000.0, source), source)
+                         : c.rope;
+  }
+  if (has(j, "partial_rotary_factor")) {
+    const double p = get_num(j, "partial_rotary_factor", source);
+    check(p == 1.0, ErrorCode::kUnsupported, kOp, source, ": partial_rotary_factor must be 1; got ", p);
+  }
+
+  // Which layers use a sliding window.
+  c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), 0);
+  const int64_t window = get_int_or(j, "sliding_window", 0, source);
+  if (has(j, "layer_types")) {
+    const json& lt = j.at("layer_types");
+    check(lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers, ErrorCode::kCorrupt, kOp, source,
+          ": layer_types must be a list of num_hidden_layers = ", c.num_layers, " entries; got ", lt.dump());
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      check(t == "full_attention" || t == "sliding_attention", ErrorCode::kUnsupported, kOp, source,
+            ": layer_types entries must be full_attention or sliding_attention; got \"", t, "\" at layer ", i);
+      c.layer_sliding[i] = t == "sliding_attention";
+    }
+  } else if (gemma) {
+    const int64_t pattern = get_int_or(j, "sliding_window_pattern", 6, source);
+    check(pattern > 0, ErrorCode::kCorrupt, kOp, source, ": sliding_window_pattern must be positive; got ", pattern);
+    for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+  } else if (c.arch == Architecture::kMistral) {
+    for (auto& s : c.layer_sliding) s = window > 0;
+  } else if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) {
+    if (get_bool_or(j, "use_sliding_window", false, source) && window > 0) {
+      const int64_t first = get_int_or(j, "max_window_layers", c.num_layers, source);
+      for (int64_t i = first; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = 1;
+    }
+  }
+  bool any_sliding = false;
+  for (uint8_t s : c.layer_sliding) any_sliding |= s != 0;
+  c.sliding_window = any_sliding ? window : 0;
+  validate_config(c, source);
+  return c;
+}
+
+void apply_generation_config(ModelConfig& config, std::string_view json_text, const std::string& source) {
+  const json j = parse_json(json_text, source);
+  if (has(j, "eos_token_id")) config.eos_token_ids = token_ids(j.at("eos_token_id"), "eos_token_id", source);
+  if (has(j, "bos_token_id")) {
+    auto ids = token_ids(j.at("bos_token_id"), "bos_token_id", source);
+    if (!ids.empty()) config.bos_token_id = ids[0];
+  }
+  for (int32_t id : config.eos_token_ids)
+    check(id < config.vocab_size, ErrorCode::kCorrupt, kOp, source, ": eos_token_id must be < vocab_size ",
+          config.vocab_size, "; got ", id);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(static_cast<bool>(in), ErrorCode::kIo, kOp, "cannot open ", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  check(!in.bad(), ErrorCode::kIo, kOp, "cannot read ", path);
+  return ss.str();
+}
+
+ModelConfig load_hf_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  ModelConfig c = parse_hf_config(read_text_file(path), path);
+  const std::string gen = dir + "/generation_config.json";
+  std::ifstream probe(gen);
+  if (probe) apply_generation_config(c, read_text_file(gen), gen);
+  return c;
+}
+
+// ---- GGUF ----------------------------------------------------------------------------------------------------
+
+ModelConfig config_from_gguf(const GGUFFile& g) {
+  const std::string source = g.path();
+  const std::string arch = g.get_string("general.architecture");
+  ModelConfig c;
+  if (arch == "llama") {
+    c.arch = Architecture::kLlama;  // llama.cpp stores Mistral models as "llama" too: the same computation
+  } else if (arch == "qwen2") {
+    c.arch = Architecture::kQwen2;
+  } else if (arch == "qwen3") {
+    c.arch = Architecture::kQwen3;
+  } else if (arch == "gemma3") {
+    c.arch = Architecture::kGemma3;
+  } else {
+    fail(ErrorCode::kUnsupported, kOp, source, ": GGUF architecture \"", arch,
+         "\" is not supported; supported: llama, qwen2, qwen3, gemma3");
+  }
+  const std::string p = arch + ".";
+  auto geti = [&](const std::string& k) { return g.get_int(p + k); };
+  auto geti_or = [&](const std::string& k, int64_t d) { return g.has(p + k) ? g.get_int(p + k) : d; };
+  auto getf_or = [&](const std::string& k, double d) { return g.has(p + k) ? g.get_float(p + k) : d; };
+
+  c.hidden_size = geti("embedding_length");
+  c.num_layers = geti("block_count");
+  c.intermediate_size = geti("feed_forward_length");
+  c.num_heads = geti("attention.head_count");
+  check(c.num_heads > 0, ErrorCode::kCorrupt, kOp, source, ": ", p, "attention.head_count must be positive; got ",
+        c.num_heads);
+  c.num_kv_heads = geti_or("attention.head_count_kv", c.num_heads);
+  c.head_dim = geti_or("attention.key_length", c.hidden_size / c.num_heads);
+  const int64_t v_len = geti_or("attention.value_length", c.head_dim);
+  check(v_len == c.head_dim, ErrorCode::kUnsupported, kOp, source,
+        ": value head size must equal the key head size ", c.head_dim, "; got ", v_len);
+  c.max_position = geti("context_length");
+  c.rms_norm_eps = getf_or("attention.layer_norm_rms_epsilon", 1e-6);
+  if (g.has(p + "vocab_size")) {
+    c.vocab_size = geti("vocab_size");
+  } else if (g.has("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int64_t>(g.get_string_array("tokenizer.ggml.tokens").size());
+  } else if (const GGUFTensor* t = g.find("token_embd.weight"); t && t->shape.size() == 2) {
+    c.vocab_size = t->shape[0];
+  }
+  if (g.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.bos_token_id"));
+  if (g.has("tokenizer.ggml.eos_token_id"))
+    c.eos_token_ids.push_back(static_cast<int32_t>(g.get_int("tokenizer.ggml.eos_token_id")));
+  if (g.has("tokenizer.ggml.eot_token_id")) {
+    const auto eot = static_cast<int32_t>(g.get_int("tokenizer.ggml.eot_token_id"));
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), eot) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(eot);
+  }
+  c.dtype = DType::kF32;  // GGUF tensors are dequantized to float32 (F16/BF16 ones are exact in it)
+  c.tie_word_embeddings = g.find("output.weight") == nullptr;
+
+  const bool gemma = c.arch == Architecture::kGemma3;
+  c.rope.theta = getf_or("rope.freq_base", gemma ? 1000000.0 : 10000.0);
+  if (g.has(p + "rope.dimension_count")) {
+    const int64_t rd = geti("rope.dimension_count");
+    check(rd == c.head_dim, ErrorCode::kUnsupported, kOp, source,
+          ": partial rotary embeddings are not supported: rope.dimension_count must equal head_dim ", c.head_dim,
+          "; got ", rd);
+  }
+  if (g.has(p + "rope.scaling.type")) {
+    const std::string t = g.get_string(p + "rope.scaling.type");
+    if (t == "linear") {
+      c.rope.scaling = RopeScaling::kLinear;
+      c.rope.factor = g.get_float(p + "rope.scaling.factor");
+    } else if (t != "none") {
+      fail(ErrorCode::kUnsupported, kOp, source, ": rope scaling type must be none or linear; got \"", t, "\"");
+    }
+  }
+  c.rope_local = c.rope;
+  c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), 0);
+  switch (c.arch) {
+    case Architecture::kQwen2: c.qkv_bias = true; break;
+    case Architecture::kQwen3: c.qk_norm = true; break;
+    case Architecture::kGemma3: {
+      c.qk_norm = true;
+      c.sandwich_norms = true;
+      c.norm_weight_offset = 0.0f;  // llama.cpp's converter stored 1 + w
+      c.activation = Activation::kGeluTanh;
+      c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+      // llama.cpp's Gemma 3: local layers use base 10000 without scaling; every 6th layer is global.
+      c.rope_local = RopeConfig{};
+      c.rope_local.theta = 10000.0;
+      c.sliding_window = geti("attention.sliding_window");
+      const int64_t pattern = geti_or("attention.sliding_window_pattern", 6);
+      check(pattern > 0, ErrorCode::kCorrupt, kOp, source, ": sliding_window_pattern must be positive; got ", pattern);
+      for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+      c.final_logit_softcap = static_cast<float>(getf_or("final_logit_softcapping", 0.0));
+      check(!g.has(p + "attn_logit_softcapping"), ErrorCode::kUnsupported, kOp, source,
+            ": attn_logit_softcapping is not supported by cider's attention");
+      break;
+    }
+    default: break;
+  }
+  // Gemma 3 scales queries by query_pre_attn_scalar^−1/2: head_dim for every size but 27B, where it is
+  // hidden/heads (llama.cpp hard-codes the same rule, keyed on the 62-layer 27B model).
+  double qscale_dim = static_cast<double>(c.head_dim);
+  if (gemma && c.num_layers == 62) qscale_dim = static_cast<double>(c.hidden_size / c.num_heads);
+  c.attn_scale = static_cast<float>(1.0 / std::sqrt(qscale_dim));
+  validate_config(c, source);
+  return c;
+}
+
+// ---- cider JSON ------------------------------------------------------------------------------------------------
+
+namespace {
+json rope_to_json(const RopeConfig& r) {
+  json j;
+  j["theta"] = fmt_double(r.theta);
+  j["scaling"] = static_cast<int>(r.scaling);
+  j["factor"] = fmt_double(r.factor);
+  j["low_freq_factor"] = fmt_double(r.low_freq_factor);
+  j["high_freq_factor"] = fmt_double(r.high_freq_factor);
+  j["original_max_position"] = r.original_max_position;
+  json ff = json::array();
+  for (float f : r.freq_factors) ff.push_back(fmt_double(f));
+  j["freq_factors"] = ff;
+  return j;
+}
+double num_from_str(const json& j, const char* key, const std::string& source) {
+  check(j.contains(key) && j.at(key).is_string(), ErrorCode::kCorrupt, kOp, source, ": \"", key,
+        "\" must be a decimal string");
+  const std::string s = j.at(key).get<std::string>();
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  check(end && *end == '\0' && !s.empty(), ErrorCode::kCorrupt, kOp, source, ": \"", key,
+        "\" must be a decimal number; got \"", s, "\"");
+  return v;
+}
+RopeConfig rope_from_json(const json& j, const std::string& source) {
+  check(j.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope must be an object");
+  RopeConfig r;
+  r.theta = num_from_str(j, "theta", source);
+  const int64_t s = get_int(j, "scaling", source);
+  check(s >= 0 && s <= 2, ErrorCode::kCorrupt, kOp, source, ": rope scaling must be 0, 1 or 2; got ", s);
+  r.scaling = static_cast<RopeScaling>(s);
+  r.factor = num_from_str(j, "factor", source);
+  r.low_freq_factor = num_from_str(j, "low_freq_factor", source);
+  r.high_freq_factor = num_from_str(j, "high_freq_factor", source);
+  r.original_max_position = get_int(j, "original_max_position", source);
+  check(j.contains("freq_factors") && j.at("freq_factors").is_array(), ErrorCode::kCorrupt, kOp, source,
+        ": rope freq_factors must be a list");
+  for (const json& f : j.at("freq_factors")) {
+    json one = {{"v", f}};
+    r.freq_factors.push_back(static_cast<float>(num_from_str(one, "v", source)));
+  }
+  return r;
+}
+}  // namespace
+
+std::string config_to_json(const ModelConfig& c) {
+  json j;
+  j["arch"] = architecture_name(c.arch);
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_layers"] = c.num_layers;
+  j["num_heads"] = c.num_heads;
+  j["num_kv_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position"] = c.max_position;
+  j["bos_token_id"] = c.bos_token_id;
+  j["eos_token_ids"] = c.eos_token_ids;
+  j["rms_norm_eps"] = fmt_double(c.rms_norm_eps);
+  j["norm_weight_offset"] = fmt_double(c.norm_weight_offset);
+  j["qkv_bias"] = c.qkv_bias;
+  j["o_bias"] = c.o_bias;
+  j["mlp_bias"] = c.mlp_bias;
+  j["qk_norm"] = c.qk_norm;
+  j["sandwich_norms"] = c.sandwich_norms;
+  j["activation"] = c.activation == Activation::kSiLU ? "silu" : "gelu_tanh";
+  j["attn_scale"] = fmt_double(c.attn_scale);
+  j["embed_scale"] = fmt_double(c.embed_scale);
+  j["final_logit_softcap"] = fmt_double(c.final_logit_softcap);
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["rope"] = rope_to_json(c.rope);
+  j["rope_local"] = rope_to_json(c.rope_local);
+  j["sliding_window"] = c.sliding_window;
+  std::vector<int> ls(c.layer_sliding.begin(), c.layer_sliding.end());
+  j["layer_sliding"] = ls;
+  j["dtype"] = dtype_name(c.dtype);
+  return j.dump(1);
+}
+
+ModelConfig config_from_json(std::string_view json_text, const std::string& source) {
+  const json j = parse_json(json_text, source);
+  ModelConfig c;
+  const std::string arch = get_str_or(j, "arch", "", source);
+  bool found = false;
+  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2, Architecture::kQwen3,
+                         Architecture::kGemma3})
+    if (arch == architecture_name(a)) {
+      c.arch = a;
+      found = true;
+    }
+  check(found, ErrorCode::kUnsupported, kOp, source, ": architecture \"", arch, "\" is not supported");
+  c.vocab_size = get_int(j, "vocab_size", source);
+  c.hidden_size = get_int(j, "hidden_size", source);
+  c.intermediate_size = get_int(j, "intermediate_size", source);
+  c.num_layers = get_int(j, "num_layers", source);
+  c.num_heads = get_int(j, "num_heads", source);
+  c.num_kv_heads = get_int(j, "num_kv_heads", source);
+  c.head_dim = get_int(j, "head_dim", source);
+  c.max_position = get_int(j, "max_position", source);
+  c.bos_token_id = static_cast<int32_t>(get_int(j, "bos_token_id", source));
+  check(j.contains("eos_token_ids"), ErrorCode::kCorrupt, kOp, source, " must define eos_token_ids");
+  c.eos_token_ids = j.at("eos_token_ids").empty() ? std::vector<int32_t>{}
+                                                   : token_ids(j.at("eos_token_ids"), "eos_token_ids", source);
+  c.rms_norm_eps = num_from_str(j, "rms_norm_eps", source);
+  c.norm_weight_offset = static_cast<float>(num_from_str(j, "norm_weight_offset", source));
+  c.qkv_bias = get_bool_or(j, "qkv_bias", false, source);
+  c.o_bias = get_bool_or(j, "o_bias", false, source);
+  c.mlp_bias = get_bool_or(j, "mlp_bias", false, source);
+  c.qk_norm = get_bool_or(j, "qk_norm", false, source);
+  c.sandwich_norms = get_bool_or(j, "sandwich_norms", false, source);
+  const std::string act = get_str_or(j, "activation", "", source);
+  check(act == "silu" || act == "gelu_tanh", ErrorCode::kCorrupt, kOp, source,
+        ": activation must be silu or gelu_tanh; got \"", act, "\"");
+  c.activation = act == "silu" ? Activation::kSiLU : Activation::kGeluTanh;
+  c.attn_scale = static_cast<float>(num_from_str(j, "attn_scale", source));
+  c.embed_scale = static_cast<float>(num_from_str(j, "embed_scale", source));
+  c.final_logit_softcap = static_cast<float>(num_from_str(j, "final_logit_softcap", source));
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, source);
+  check(j.contains("rope") && j.contains("rope_local"), ErrorCode::kCorrupt, kOp, source,
+        " must define rope and rope_local");
+  c.rope = rope_from_json(j.at("rope"), source);
+  c.rope_local = rope_from_json(j.at("rope_local"), source);
+  c.sliding_window = get_int(j, "sliding_window", source);
+  check(j.contains("layer_sliding") && j.at("layer_sliding").is_array(), ErrorCode::kCorrupt, kOp, source,
+        " must define layer_sliding as a list");
+  for (const json& s : j.at("layer_sliding")) {
+    check(s.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": layer_sliding entries must be 0 or 1");
+    c.layer_sliding.push_back(s.get<int>() != 0);
+  }
+  const std::string dt = get_str_or(j, "dtype", "", source);
+  if (dt == "float32") c.dtype = DType::kF32;
+  else if (dt == "float16") c.dtype = DType::kF16;
+  else if (dt == "bfloat16") c.dtype = DType::kBF16;
+  else fail(ErrorCode::kCorrupt, kOp, source, ": dtype must be float32, float16 or bfloat16; got \"", dt, "\"");
+  validate_config(c, source);
+  return c;
+}
+
+// ---- MLX quantization -------------------------------------------------------------------------------------------
+
+std::optional<MlxQuantParams> MlxQuantization::params_for(const std::string& module) const {
+  auto it = overrides.find(module);
+  if (it != overrides.end()) return it->second;
+  return defaults;
+}
+
+MlxQuantization parse_mlx_quantization(std::string_view config_json_text, const std::string& source) {
+  const json j = parse_json(config_json_text, source);
+  MlxQuantization q;
+  const char* key = has(j, "quantization") ? "quantization" : (has(j, "quantization_config") ? "quantization_config"
+                                                                                             : nullptr);
+  if (!key) return q;
+  const json& qj = j.at(key);
+  check(qj.is_object(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be an object; got ", qj.dump());
+  // HF-style quantization configs (GPTQ, AWQ, bitsandbytes, fp8 …) carry quant_method; MLX's never do.
+  check(!has(qj, "quant_method"), ErrorCode::kUnsupported, kOp, source, ": quantization method \"",
+        qj.value("quant_method", json()).dump(), "\" is not supported; only MLX affine quantization is");
+  const std::string mode = get_str_or(qj, "mode", "affine", source);
+  check(mode == "affine", ErrorCode::kUnsupported, kOp, source,
+        ": MLX quantization mode must be affine; got \"", mode, "\"");
+  q.present = true;
+  q.defaults.group_size = static_cast<int>(get_int(qj, "group_size", source));
+  q.defaults.bits = static_cast<int>(get_int(qj, "bits", source));
+  for (auto it = qj.begin(); it != qj.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "group_size" || k == "bits" || k == "mode") continue;
+    const json& v = it.value();
+    if (v.is_boolean()) {
+      if (!v.get<bool>()) q.overrides[k] = std::nullopt;
+      else q.overrides[k] = q.defaults;
+    } else if (v.is_object()) {
+      const std::string m = get_str_or(v, "mode", "affine", source);
+      check(m == "affine", ErrorCode::kUnsupported, kOp, source, ": MLX quantization mode of ", k,
+            " must be affine; got \"", m, "\"");
+      MlxQuantParams p;
+      p.group_size = static_cast<int>(get_int_or(v, "group_size", q.defaults.group_size, source));
+      p.bits = static_cast<int>(get_int_or(v, "bits", q.defaults.bits, source));
+      q.overrides[k] = p;
+    } else {
+      fail(ErrorCode::kCorrupt, kOp, source, ": quantization override \"", k,
+           "\" must be an object or a boolean; got ", v.dump());
+    }
+  }
+  return q;
+}
+
+}  // namespace cider::model

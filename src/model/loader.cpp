@@ -1,0 +1,577 @@
+// Checkpoint → Weights: source detection, name mapping, validation against the config, conversion to the requested
+// weight format (see loader.h).
+#include "model/loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+#include "quant/affine.h"
+#include "quant/int4.h"
+#include "quant/int8.h"
+
+namespace cider::model {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kOp = "load";
+
+enum class SourceKind { kHF, kMLX, kGGUF, kCider };
+
+// A float tensor ready to use: a view (into a mapping, or into `temp` when it had to be materialised).
+struct FloatRef {
+  TensorView view;
+  std::optional<Tensor> temp;
+};
+
+bool aligned_for(const void* p, DType t) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(dtype_size(t)) == 0; }
+
+std::string shape_str(const std::vector<int64_t>& s) { return shape_string(s); }
+
+// Rows of a llama-arch attn_q / attn_k weight (or bias) as llama.cpp's converter stored them: within each head of D
+// rows, row 2i + h holds HF row h·D/2 + i (h ∈ {0, 1}). Undoes that in place on (heads·D, cols) float32 data.
+void unpermute_gguf_heads(float* data, int64_t heads, int64_t D, int64_t cols) {
+  const int64_t half = D / 2;
+  std::vector<float> tmp(static_cast<size_t>(D * cols));
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    float* head = data + hd * D * cols;
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < half; ++i)
+        std::memcpy(tmp.data() + (h * half + i) * cols, head + (2 * i + h) * cols, static_cast<size_t>(cols) * 4);
+    std::memcpy(head, tmp.data(), tmp.size() * 4);
+  }
+}
+
+// GGUF tensor name of an HF-named tensor ("model.layers.3.self_attn.q_proj.weight" → "blk.3.attn_q.weight").
+std::string gguf_name(const std::string& hf, Architecture arch) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string pre = "model.layers.";
+  if (hf.rfind(pre, 0) != 0) return hf;
+  const size_t dot = hf.find('.', pre.size());
+  const std::string idx = hf.substr(pre.size(), dot - pre.size());
+  const std::string rest = hf.substr(dot + 1);
+  const bool gemma = arch == Architecture::kGemma3;
+  static const std::pair<const char*, const char*> kCommon[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},       {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},  {"self_attn.o_proj.bias", "attn_output.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},  {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},        {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+  };
+  if (rest == "post_attention_layernorm.weight")
+    return "blk." + idx + (gemma ? ".post_attention_norm.weight" : ".ffn_norm.weight");
+  for (const auto& [h, g] : kCommon)
+    if (rest == h) return "blk." + idx + "." + g;
+  return hf;
+}
+
+class Builder {
+ public:
+  Builder(SourceKind kind, const ModelConfig& config, WeightFormat format, const std::string& where)
+      : kind_(kind), c_(config), format_(format), where_(where) {}
+
+  SourceKind kind_;
+  const ModelConfig& c_;
+  WeightFormat format_;
+  std::string where_;
+  std::shared_ptr<const SafetensorsSet> st_;
+  std::shared_ptr<const GGUFFile> gguf_;
+  MlxQuantization mlx_;
+  std::string cider_format_;  // the weight format a cider file was converted to
+  std::set<std::string> used_;
+  Weights* w_ = nullptr;
+
+  // ---- raw lookups (names as in the file) ----
+  const StTensor* st(const std::string& name) const { return st_ ? st_->find(name) : nullptr; }
+  bool exists(const std::string& hf) const {
+    if (kind_ == SourceKind::kGGUF) return gguf_->find(gguf_name(hf, c_.arch)) != nullptr;
+    return st(hf) != nullptr;
+  }
+  std::string file_name(const std::string& hf) const {
+    return kind_ == SourceKind::kGGUF ? gguf_name(hf, c_.arch) : hf;
+  }
+
+  [[noreturn]] void missing(const std::string& hf) const {
+    fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", file_name(hf), "' is missing (required by the ",
+         architecture_name(c_.arch), " config)");
+  }
+  void check_shape(const std::string& name, const std::vector<int64_t>& got, const std::vector<int64_t>& want) const {
+    check(got == want, ErrorCode::kShapeMismatch, kOp, where_, ": tensor '", name, "' must have shape ",
+          shape_str(want), " for this config; got ", shape_str(got));
+  }
+
+  // An MLX-quantized module (prefix.scales present)?
+  bool is_mlx_quantized(const std::string& prefix) const {
+    return kind_ == SourceKind::kMLX && st(prefix + ".scales") != nullptr;
+  }
+
+  struct MlxTriple {
+    TensorView packed, scales, biases;
+    MlxQuantParams p;
+  };
+  MlxTriple mlx_triple(const std::string& prefix, int64_t N, int64_t K) {
+    const std::string wn = prefix + ".weight", sn = prefix + ".scales", bn = prefix + ".biases";
+    const StTensor* w = st(wn);
+    const StTensor* s = st(sn);
+    const StTensor* b = st(bn);
+    if (!w) missing(wn);
+    if (!b) missing(bn);
+    const std::optional<MlxQuantParams> p = mlx_.params_for(prefix);
+    check(p.has_value(), ErrorCode::kCorrupt, kOp, where_, ": '", sn,
+          "' exists but the quantization config marks ", prefix, " as not quantized");
+    check(quant::is_affine_bits(p->bits) && quant::is_affine_group_size(p->group_size), ErrorCode::kUnsupported,
+          kOp, where_, ": MLX quantization of ", prefix, " must use bits 2-8 and group 32/64/128; got bits ", p->bits,
+          ", group ", p->group_size);
+    check(K % p->group_size == 0, ErrorCode::kShapeMismatch, kOp, where_, ": ", prefix, " has K = ", K,
+          ", not a multiple of its MLX group size ", p->group_size);
+    check(w->dtype == DType::kU32, ErrorCode::kCorrupt, kOp, where_, ": tensor '", wn,
+          "' must be U32 (MLX packed codes); got ", safetensors_dtype_name(w->dtype));
+    check(is_float_dtype(s->dtype) && b->dtype == s->dtype, ErrorCode::kCorrupt, kOp, where_, ": tensors '", sn,
+          "' and '", bn, "' must share one float dtype; got ", safetensors_dtype_name(s->dtype), " and ",
+          safetensors_dtype_name(b->dtype));
+    check_shape(wn, w->shape, {N, quant::packed_words(K, p->bits)});
+    check_shape(sn, s->shape, {N, K / p->group_size});
+    check_shape(bn, b->shape, {N, K / p->group_size});
+    for (const auto& n : {wn, sn, bn}) used_.insert(n);
+    return {aligned_view(*w), aligned_view(*s), aligned_view(*b), *p};
+  }
+
+  // A mapped safetensors tensor as a view, copied to owned memory if its start is misaligned for its dtype.
+  TensorView aligned_view(const StTensor& t) {
+    if (aligned_for(t.data, t.dtype)) return t.view();
+    Tensor& copy = w_->owned.emplace_back(t.dtype, t.shape);
+    std::memcpy(copy.buffer.data(), t.data, t.nbytes);
+    return copy.view();
+  }
+
+  // A float tensor (f32/f16/bf16) of the given HF name and shape, in place where possible.
+  FloatRef fetch_float(const std::string& hf, const std::vector<int64_t>& shape) {
+    if (kind_ == SourceKind::kGGUF) {
+      const std::string gn = gguf_name(hf, c_.arch);
+      const GGUFTensor* t = gguf_->find(gn);
+      if (!t) missing(hf);
+      check_shape(gn, t->shape, shape);
+      used_.insert(gn);
+      const bool permuted = c_.arch == Architecture::kLlama &&
+                            (hf.find("self_attn.q_proj.") != std::string::npos ||
+                             hf.find("self_attn.k_proj.") != std::string::npos);
+      const auto type = static_cast<GGMLType>(t->type);
+      if (!permuted && (type == GGMLType::kF32 || type == GGMLType::kF16 || type == GGMLType::kBF16)) {
+        const DType dt = type == GGMLType::kF32 ? DType::kF32 : (type == GGMLType::kF16 ? DType::kF16 : DType::kBF16);
+        if (aligned_for(t->data, dt)) return {TensorView(t->data, dt, shape), std::nullopt};
+      }
+      Tensor f(DType::kF32, shape);
+      dequantize_gguf_tensor(*t, f.ptr<float>());
+      if (permuted) {
+        const int64_t heads = hf.find("q_proj") != std::string::npos ? c_.num_heads : c_.num_kv_heads;
+        unpermute_gguf_heads(f.ptr<float>(), heads, c_.head_dim, shape.size() == 2 ? shape[1] : 1);
+      }
+      FloatRef r;
+      r.temp = std::move(f);
+      r.view = r.temp->view();
+      return r;
+    }
+    const std::string prefix = hf.size() > 7 && hf.compare(hf.size() - 7, 7, ".weight") == 0
+                                   ? hf.substr(0, hf.size() - 7) : std::string();
+    if (!prefix.empty() && is_mlx_quantized(prefix) && shape.size() == 2) {
+      // An MLX-quantized tensor used as float (embedding, or dense formats): dequantized exactly as MLX does, in the
+      // scales' dtype (f32 for --weights f32; the values are exact in both).
+      MlxTriple m = mlx_triple(prefix, shape[0], shape[1]);
+      const DType out = format_ == WeightFormat::kF32 ? DType::kF32 : m.scales.dtype;
+      FloatRef r;
+      r.temp = quant::affine_dequantize(m.packed, m.scales, m.biases, m.p.group_size, m.p.bits, out);
+      r.view = r.temp->view();
+      return r;
+    }
+    const StTensor* t = st(hf);
+    if (!t) missing(hf);
+    check(is_float_dtype(t->dtype), ErrorCode::kCorrupt, kOp, where_, ": tensor '", hf,
+          "' must be F32, F16 or BF16; got ", safetensors_dtype_name(t->dtype));
+    check_shape(hf, t->shape, shape);
+    used_.insert(hf);
+    return {aligned_view(*t), std::nullopt};
+  }
+
+  // Keeps `r` as dtype `dt`: in place (moving a temporary into the owned store) or converted once.
+  const void* keep_as(FloatRef& r, DType dt) {
+    if (r.view.dtype == dt) {
+      if (r.temp) return w_->owned.emplace_back(std::move(*r.temp)).buffer.data();
+      return r.view.data;
+    }
+    Tensor& out = w_->owned.emplace_back(dt, r.view.shape_vector());
+    const int64_t n = r.view.numel();
+    for (int64_t i = 0; i < n; ++i) store_float(out.buffer.data(), dt, i, load_float(r.view.data, r.view.dtype, i));
+    return out.buffer.data();
+  }
+
+  NormWeight norm(const std::string& hf, int64_t dim) {
+    FloatRef r = fetch_float(hf, {dim});
+    NormWeight n;
+    n.name = hf;
+    n.dim = dim;
+    n.w = static_cast<const float*>(keep_as(r, DType::kF32));
+    return n;
+  }
+
+  const float* bias(const std::string& hf, int64_t N) {
+    FloatRef r = fetch_float(hf, {N});
+    return static_cast<const float*>(keep_as(r, DType::kF32));
+  }
+
+  // Quantizes a float (N, K) view into the format's int kind.
+  void quantize_into(Linear& L, const TensorView& wv, int group_size) {
+    check(group_size == 0 || L.K % group_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name,
+          " has K = ", L.K, ", not a multiple of the ", weight_format_name(format_), " group size ", group_size);
+    if (weight_format_kind(format_) == Linear::Kind::kInt8) {
+      check(group_size != 0 || L.K <= quant::kInt8MaxAccumK, ErrorCode::kUnsupported, kOp, where_, ": ", L.name,
+            " has K = ", L.K, ", beyond the int32-exact limit ", quant::kInt8MaxAccumK, " of per-channel W8A8");
+      quant::Int8Weights q = quant::quantize_int8_weights(wv, group_size);
+      L.kind = Linear::Kind::kInt8;
+      L.w_dtype = DType::kI8;
+      L.w = w_->owned.emplace_back(std::move(q.q)).buffer.data();
+      L.scales = w_->owned.emplace_back(std::move(q.scales)).ptr<float>();
+      L.group_size = group_size;
+    } else {
+      check(L.K % 2 == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name, " has odd K = ", L.K,
+            "; W4A8 packs pairs");
+      quant::Int4Weights q = quant::quantize_int4_weights(wv, group_size);
+      L.kind = Linear::Kind::kInt4;
+      L.w_dtype = DType::kU8;
+      L.w = w_->owned.emplace_back(std::move(q.packed)).buffer.data();
+      L.scales = w_->owned.emplace_back(std::move(q.scales)).ptr<float>();
+      L.group_size = group_size;
+    }
+  }
+
+  // A cider-converted int layer: prefix.qweight (int8 (N, K) or uint8 (N, K/2)) + prefix.wscales.
+  void cider_int(Linear& L) {
+    const std::string qn = L.name + ".qweight", sn = L.name + ".wscales";
+    const StTensor* q = st(qn);
+    const StTensor* s = st(sn);
+    if (!s) missing(sn);
+    const Linear::Kind want = weight_format_kind(format_);
+    const bool int8 = q->dtype == DType::kI8;
+    check(int8 || q->dtype == DType::kU8, ErrorCode::kCorrupt, kOp, where_, ": tensor '", qn,
+          "' must be I8 (w8a8) or U8 (w4a8); got ", safetensors_dtype_name(q->dtype));
+    check((int8 ? Linear::Kind::kInt8 : Linear::Kind::kInt4) == want, ErrorCode::kCorrupt, kOp, where_,
+          ": tensor '", qn, "' does not match the file's weight format ", cider_format_);
+    check_shape(qn, q->shape, {L.N, int8 ? L.K : L.K / 2});
+    check(s->dtype == DType::kF32, ErrorCode::kCorrupt, kOp, where_, ": tensor '", sn, "' must be F32; got ",
+          safetensors_dtype_name(s->dtype));
+    int gs = 0;
+    if (s->shape.size() == 2) {
+      check(s->shape[0] > 0 && L.K % s->shape[0] == 0 && s->shape[1] == L.N, ErrorCode::kShapeMismatch, kOp, where_,
+            ": tensor '", sn, "' must have shape (K/group, ", L.N, ") or (", L.N, "); got ", shape_str(s->shape));
+      gs = static_cast<int>(L.K / s->shape[0]);
+    } else {
+      check_shape(sn, s->shape, {L.N});
+    }
+    check(gs == weight_format_group_size(format_) || (!int8 && gs > 0 && quant::is_int4_group_size(gs)),
+          ErrorCode::kCorrupt, kOp, where_, ": tensor '", sn, "' implies group size ", gs,
+          ", which does not match the file's weight format ", cider_format_);
+    L.kind = int8 ? Linear::Kind::kInt8 : Linear::Kind::kInt4;
+    L.w_dtype = q->dtype;
+    L.w = aligned_view(*q).data;
+    L.scales = static_cast<const float*>(aligned_view(*s).data);
+    L.group_size = gs;
+    used_.insert(qn);
+    used_.insert(sn);
+  }
+
+  Linear linear(const std::string& prefix, int64_t N, int64_t K, bool has_bias) {
+    Linear L;
+    L.name = prefix;
+    L.N = N;
+    L.K = K;
+    const Linear::Kind kindw = weight_format_kind(format_);
+    if (kind_ == SourceKind::kCider && st(prefix + ".qweight")) {
+      cider_int(L);
+    } else if (kindw != Linear::Kind::kDense && is_mlx_quantized(prefix)) {
+      // MLX → int: dequantize in the scales' dtype (exact MLX arithmetic), requantize symmetrically. W4A8 keeps an
+      // MLX group finer than ours.
+      MlxTriple m = mlx_triple(prefix, N, K);
+      Tensor deq = quant::affine_dequantize(m.packed, m.scales, m.biases, m.p.group_size, m.p.bits, m.scales.dtype);
+      int gs = weight_format_group_size(format_);
+      if (kindw == Linear::Kind::kInt4) gs = std::min(gs, m.p.group_size);
+      quantize_into(L, deq.view(), gs);
+    } else {
+      check(!(kind_ == SourceKind::kCider && kindw != Linear::Kind::kDense), ErrorCode::kCorrupt, kOp, where_,
+            ": tensor '", prefix, ".qweight' is missing (the file's weight format is ", cider_format_, ")");
+      FloatRef r = fetch_float(prefix + ".weight", {N, K});
+      if (kindw == Linear::Kind::kDense) {
+        L.kind = Linear::Kind::kDense;
+        L.w_dtype = format_ == WeightFormat::kF32 ? DType::kF32 : DType::kBF16;
+        L.w = keep_as(r, L.w_dtype);
+      } else {
+        quantize_into(L, r.view, weight_format_group_size(format_));
+      }
+    }
+    if (has_bias) L.bias = bias(prefix + ".bias", N);
+    return L;
+  }
+
+  // Wraps a step so that an error from below (a quantizer, a dequantizer) names the tensor it was working on.
+  template <typename F>
+  auto named(const std::string& what, F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      if (msg.rfind("[load]", 0) == 0) throw;
+      throw Error(e.code(), "[load] " + where_ + ": " + what + ": " + msg);
+    }
+  }
+
+  void build(Weights& w, const ProgressFn& progress) {
+    w_ = &w;
+    const ModelConfig& c = c_;
+    const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+    const int64_t per_layer = 9 + (c.qk_norm ? 2 : 0) + (c.sandwich_norms ? 2 : 0);
+    const int64_t total = 3 + c.num_layers * per_layer;
+    int64_t done = 0;
+    auto tick = [&] {
+      ++done;
+      if (progress) progress("load", done, total);
+    };
+
+    // Embedding: kept float. Dense formats hold it in their dtype; int formats keep the checkpoint's float dtype
+    // (in place) — it is only read one row per token.
+    const std::string en = "model.embed_tokens.weight";
+    named(en, [&] {
+      FloatRef e = fetch_float(en, {c.vocab_size, H});
+      DType dt = e.view.dtype;
+      if (format_ == WeightFormat::kF32) dt = DType::kF32;
+      else if (format_ == WeightFormat::kBF16) dt = DType::kBF16;
+      else if (e.temp && dt == DType::kF32) dt = DType::kBF16;  // dequantized GGUF: bf16 is plenty for a lookup table
+      w.embed_name = en;
+      w.embed_dtype = dt;
+      w.embed = keep_as(e, dt);
+    });
+    tick();
+
+    const std::string prefix = "model.layers.";
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = prefix + std::to_string(l) + ".";
+      LayerWeights L;
+      auto nm = [&](const std::string& hf, int64_t dim) { return named(hf, [&] { return norm(hf, dim); }); };
+      auto lin = [&](const std::string& mod, int64_t N, int64_t K, bool b) {
+        return named(mod, [&] { return linear(mod, N, K, b); });
+      };
+      L.attn_norm = nm(p + "input_layernorm.weight", H); tick();
+      L.q = lin(p + "self_attn.q_proj", c.num_heads * D, H, c.qkv_bias); tick();
+      L.k = lin(p + "self_attn.k_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
+      L.v = lin(p + "self_attn.v_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
+      L.o = lin(p + "self_attn.o_proj", H, c.num_heads * D, c.o_bias); tick();
+      if (c.qk_norm) {
+        L.q_norm = nm(p + "self_attn.q_norm.weight", D); tick();
+        L.k_norm = nm(p + "self_attn.k_norm.weight", D); tick();
+      }
+      if (c.sandwich_norms) {
+        L.post_attn_norm = nm(p + "post_attention_layernorm.weight", H); tick();
+        L.mlp_norm = nm(p + "pre_feedforward_layernorm.weight", H); tick();
+        L.post_mlp_norm = nm(p + "post_feedforward_layernorm.weight", H); tick();
+      } else {
+        L.mlp_norm = nm(p + "post_attention_layernorm.weight", H); tick();
+      }
+      L.gate = lin(p + "mlp.gate_proj", I, H, c.mlp_bias); tick();
+      L.up = lin(p + "mlp.up_proj", I, H, c.mlp_bias); tick();
+      L.down = lin(p + "mlp.down_proj", H, I, c.mlp_bias); tick();
+      w.layers.push_back(std::move(L));
+    }
+    w.final_norm = named("model.norm.weight", [&] { return norm("model.norm.weight", H); });
+    tick();
+
+    // LM head.
+    const Linear::Kind kindw = weight_format_kind(format_);
+    if (!c.tie_word_embeddings) {
+      w.lm_head = named("lm_head", [&] { return linear("lm_head", c.vocab_size, H, false); });
+    } else if (kindw == Linear::Kind::kDense) {
+      // Tied, dense: the head reads the embedding matrix itself (same dtype), no copy.
+      w.lm_head.name = "lm_head";
+      w.lm_head.kind = Linear::Kind::kDense;
+      w.lm_head.N = c.vocab_size;
+      w.lm_head.K = H;
+      w.lm_head.w = w.embed;
+      w.lm_head.w_dtype = w.embed_dtype;
+      w.head_is_embedding = true;
+    } else if (kind_ == SourceKind::kCider) {
+      w.lm_head = named("lm_head", [&] { return linear("lm_head", c.vocab_size, H, false); });
+    } else {
+      // Tied, int formats: the head is a quantized copy of the embedding (it is the largest matmul of a decode step
+      // for big vocabularies, so it follows --weights); the lookup keeps the float embedding.
+      w.lm_head.name = "lm_head";
+      w.lm_head.N = c.vocab_size;
+      w.lm_head.K = H;
+      named("lm_head (tied to the embedding)", [&] {
+        quantize_into(w.lm_head, TensorView(w.embed, w.embed_dtype, {c.vocab_size, H}),
+                      weight_format_group_size(format_));
+      });
+    }
+    tick();
+    if (c.tie_word_embeddings) used_.insert(file_name("lm_head.weight"));  // HF may store the tied copy too
+
+    // Anything left over means the checkpoint and the config disagree (e.g. biases the config does not declare):
+    // ignoring it would compute a different model.
+    std::vector<std::string> names;
+    if (kind_ == SourceKind::kGGUF) {
+      for (const GGUFTensor& t : gguf_->tensors()) names.push_back(t.name);
+    } else {
+      names = st_->names();
+    }
+    for (const std::string& n : names) {
+      if (used_.count(n)) continue;
+      if (n.find("rotary_emb.inv_freq") != std::string::npos || n == "rope_freqs.weight") continue;
+      fail(ErrorCode::kCorrupt, kOp, where_, ": unexpected tensor '", n, "' (not part of a ",
+           architecture_name(c.arch), " model with this config: check attention_bias / mlp_bias / architecture)");
+    }
+
+    // Bytes of every weight the model uses.
+    size_t bytes = static_cast<size_t>(c.vocab_size * H * dtype_size(w.embed_dtype));
+    auto add = [&](const Linear& L) { bytes += L.nbytes(); };
+    auto addn = [&](const NormWeight& n) { bytes += static_cast<size_t>(n.dim) * sizeof(float); };
+    for (const LayerWeights& L : w.layers) {
+      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*x);
+      for (const NormWeight* n : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.mlp_norm,
+                                  &L.post_mlp_norm})
+        addn(*n);
+    }
+    addn(w.final_norm);
+    if (!w.head_is_embedding) add(w.lm_head);
+    w.nbytes = bytes;
+  }
+};
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
+  const std::string tj = dir + "/tokenizer.json";
+  const std::string tg = dir + "/tokenizer.gguf";
+  if (fs::exists(tj)) {
+    impl.tokenizer.emplace(Tokenizer::from_json_file(tj));
+  } else if (fs::exists(tg)) {
+    impl.tokenizer.emplace(Tokenizer::from_gguf(*GGUFFile::open(tg)));
+  } else {
+    impl.tokenizer_error = dir + " has no tokenizer.json";
+  }
+}
+
+}  // namespace
+
+int weight_format_group_size(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kW8A8G64: return 64;
+    case WeightFormat::kW8A8G128: return 128;
+    case WeightFormat::kW8A8G256: return 256;
+    case WeightFormat::kW4A8: return kW4A8GroupSize;
+    default: return 0;
+  }
+}
+
+Linear::Kind weight_format_kind(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32:
+    case WeightFormat::kBF16: return Linear::Kind::kDense;
+    case WeightFormat::kW4A8: return Linear::Kind::kInt4;
+    default: return Linear::Kind::kInt8;
+  }
+}
+
+void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {
+  std::error_code ec;
+  check(fs::exists(path, ec), ErrorCode::kIo, kOp, "model path '", path, "' does not exist");
+  if (fs::is_directory(path, ec)) {
+    auto set = std::make_shared<const SafetensorsSet>(SafetensorsSet::open_dir(path));
+    const auto& meta = set->metadata();
+    const auto fmt_it = meta.find("format");
+    SourceKind kind;
+    std::string where = path;
+    std::string cider_weights;
+    if (fmt_it != meta.end() && fmt_it->second == "cider") {
+      kind = SourceKind::kCider;
+      const auto ver = meta.find("version");
+      check(ver != meta.end() && ver->second == "1", ErrorCode::kUnsupported, kOp, path,
+            ": cider format version must be 1; got ", ver == meta.end() ? std::string("none") : ver->second);
+      const auto cfg = meta.find("config");
+      check(cfg != meta.end(), ErrorCode::kCorrupt, kOp, path, ": a cider model must carry its config in metadata");
+      impl.config = config_from_json(cfg->second, path + " (metadata config)");
+      const auto wf = meta.find("weights");
+      check(wf != meta.end(), ErrorCode::kCorrupt, kOp, path, ": a cider model must name its weight format");
+      cider_weights = wf->second;
+      const WeightFormat file_format = parse_weight_format(cider_weights);
+      check(file_format == format, ErrorCode::kInvalidArgument, kOp, path, ": this model was converted to ",
+            cider_weights, " and loads only as that (no requantization); got --weights ", weight_format_name(format));
+      impl.source = "cider";
+    } else {
+      const std::string cfg_path = path + "/config.json";
+      check(fs::exists(cfg_path), ErrorCode::kIo, kOp, path, " has no config.json");
+      impl.config = load_hf_config(path);
+      kind = SourceKind::kHF;
+      impl.source = "hf";
+    }
+    Builder b(kind, impl.config, format, where);
+    b.st_ = set;
+    b.cider_format_ = cider_weights;
+    if (kind == SourceKind::kHF) {
+      b.mlx_ = parse_mlx_quantization(read_text_file(path + "/config.json"), path + "/config.json");
+      if (b.mlx_.present) {
+        b.kind_ = SourceKind::kMLX;
+        impl.source = "mlx";
+      }
+    }
+    impl.w.keep_alive.push_back(set);
+    b.build(impl.w, progress);
+    load_tokenizer_json(path, impl);
+    return;
+  }
+  check(is_gguf_file(path), ErrorCode::kUnsupported, kOp, "model path '", path,
+        "' must be a model directory (config.json + safetensors) or a GGUF file");
+  auto g = GGUFFile::open(path);
+  impl.config = config_from_gguf(*g);
+  if (const GGUFTensor* rf = g->find("rope_freqs.weight")) {
+    // llama3-style rope scaling, stored by llama.cpp as per-frequency divisors.
+    check(rf->shape == std::vector<int64_t>{impl.config.head_dim / 2}, ErrorCode::kShapeMismatch, kOp, path,
+          ": tensor 'rope_freqs.weight' must have shape ", shape_str({impl.config.head_dim / 2}), "; got ",
+          shape_str(rf->shape));
+    std::vector<float> f(static_cast<size_t>(rf->numel()));
+    dequantize_gguf_tensor(*rf, f.data());
+    for (float v : f)
+      check(v > 0 && std::isfinite(v), ErrorCode::kCorrupt, kOp, path, ": rope_freqs values must be positive; got ",
+            v);
+    impl.config.rope.freq_factors = f;
+    if (impl.config.arch != Architecture::kGemma3) impl.config.rope_local.freq_factors = f;
+  }
+  impl.source = "gguf";
+  Builder b(SourceKind::kGGUF, impl.config, format, path);
+  b.gguf_ = g;
+  impl.w.keep_alive.push_back(g);
+  b.build(impl.w, progress);
+  try {
+    impl.tokenizer.emplace(Tokenizer::from_gguf(*g));
+  } catch (const Error& e) {
+    // A GGUF without tokenizer metadata still runs on token ids; other tokenizer errors are real errors.
+    if (g->has("tokenizer.ggml.tokens")) throw;
+    impl.tokenizer_error = path + " has no tokenizer metadata (" + e.what() + ")";
+  }
+}
+
+}  // namespace cider::model

@@ -1,0 +1,204 @@
+// Model and Session (model/model.h): option parsing, loading, argument checks around the forward pass.
+#include "model/model.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+#include "quant/affine.h"
+
+namespace cider::model {
+
+namespace {
+
+struct WeightFormatName {
+  WeightFormat f;
+  const char* name;
+};
+constexpr WeightFormatName kWeightFormats[] = {
+    {WeightFormat::kF32, "f32"},           {WeightFormat::kBF16, "bf16"},
+    {WeightFormat::kW8A8, "w8a8"},         {WeightFormat::kW8A8G64, "w8a8-g64"},
+    {WeightFormat::kW8A8G128, "w8a8-g128"}, {WeightFormat::kW8A8G256, "w8a8-g256"},
+    {WeightFormat::kW4A8, "w4a8"},
+};
+
+// The context length cap when --ctx is not given: KV memory for the model's full maximum (often 128k) is rarely
+// what a CPU user wants by default.
+constexpr int64_t kDefaultCtxCap = 8192;
+
+bool valid_kv_bits(int b) { return quant::is_affine_bits(b); }
+
+void validate_kv(const KVOptions& kv) {
+  constexpr const char* op = "model_options";
+  if (kv.quantized) {
+    check(valid_kv_bits(kv.k_bits) && valid_kv_bits(kv.v_bits), ErrorCode::kInvalidArgument, op,
+          "kv bits must be 2, 3, 4, 5, 6 or 8; got k", kv.k_bits, "v", kv.v_bits);
+    check(quant::is_affine_group_size(kv.group_size), ErrorCode::kInvalidArgument, op,
+          "kv group size must be 32, 64 or 128; got ", kv.group_size);
+  } else {
+    check(kv.plain_dtype == DType::kBF16 || kv.plain_dtype == DType::kF16 || kv.plain_dtype == DType::kF32,
+          ErrorCode::kInvalidArgument, op, "a plain kv cache must be bf16, f16 or f32; got ",
+          dtype_name(kv.plain_dtype));
+  }
+  check(kv.rotation == nn::RotationKind::kNone || kv.rotation == nn::RotationKind::kSO4Fast ||
+            kv.rotation == nn::RotationKind::kSO4Full,
+        ErrorCode::kInvalidArgument, op, "kv rotation must be none, so4-fast or so4-full; got ",
+        static_cast<int>(kv.rotation));
+}
+
+}  // namespace
+
+WeightFormat parse_weight_format(std::string_view s) {
+  for (const auto& w : kWeightFormats)
+    if (s == w.name) return w.f;
+  fail(ErrorCode::kInvalidArgument, "parse_weight_format",
+       "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8; got \"", s, "\"");
+}
+
+const char* weight_format_name(WeightFormat f) {
+  for (const auto& w : kWeightFormats)
+    if (f == w.f) return w.name;
+  return "unknown";
+}
+
+KVOptions parse_kv_format(std::string_view s) {
+  KVOptions kv;
+  if (s == "bf16" || s == "f16" || s == "f32") {
+    kv.quantized = false;
+    kv.rotation = nn::RotationKind::kNone;
+    kv.plain_dtype = s == "bf16" ? DType::kBF16 : (s == "f16" ? DType::kF16 : DType::kF32);
+    return kv;
+  }
+  // k<bits>v<bits>, one digit each.
+  const bool shape_ok = s.size() == 4 && s[0] == 'k' && s[2] == 'v' && s[1] >= '0' && s[1] <= '9' && s[3] >= '0' &&
+                        s[3] <= '9';
+  check(shape_ok && valid_kv_bits(s[1] - '0') && valid_kv_bits(s[3] - '0'), ErrorCode::kInvalidArgument,
+        "parse_kv_format",
+        "kv must be bf16, f16, f32 or k<bits>v<bits> with bits in 2, 3, 4, 5, 6, 8 (e.g. k4v3); got \"", s, "\"");
+  kv.quantized = true;
+  kv.k_bits = s[1] - '0';
+  kv.v_bits = s[3] - '0';
+  return kv;
+}
+
+nn::RotationKind parse_kv_rotation(std::string_view s) {
+  if (s == "so4-full") return nn::RotationKind::kSO4Full;
+  if (s == "so4-fast") return nn::RotationKind::kSO4Fast;
+  if (s == "none") return nn::RotationKind::kNone;
+  fail(ErrorCode::kInvalidArgument, "parse_kv_rotation", "kv rotation must be so4-full, so4-fast or none; got \"", s,
+       "\"");
+}
+
+std::string kv_format_name(const KVOptions& kv) {
+  if (!kv.quantized) return kv.plain_dtype == DType::kBF16 ? "bf16" : (kv.plain_dtype == DType::kF16 ? "f16" : "f32");
+  const char* rot = kv.rotation == nn::RotationKind::kSO4Full ? "so4-full"
+                    : kv.rotation == nn::RotationKind::kSO4Fast ? "so4-fast" : "none";
+  std::string name(1, 'k');  // built by appends: GCC 12 warns falsely (-Wrestrict) on "k" + std::string
+  name += std::to_string(kv.k_bits);
+  name += 'v';
+  name += std::to_string(kv.v_bits);
+  name += '/';
+  name += rot;
+  name += "/g";
+  name += std::to_string(kv.group_size);
+  return name;
+}
+
+// ---- Session ----------------------------------------------------------------------------------------------------
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+int64_t Session::position() const { return impl_->position; }
+
+int64_t Session::trim(int64_t n) {
+  check(n >= 0, ErrorCode::kInvalidArgument, "session_trim", "n must be >= 0; got ", n);
+  const int64_t m = std::min(n, impl_->position);
+  for (auto& c : impl_->caches) c->trim(m);
+  impl_->position -= m;
+  return m;
+}
+
+size_t Session::kv_bytes() const {
+  size_t b = 0;
+  for (const auto& c : impl_->caches) b += static_cast<size_t>(c->nbytes());
+  return b;
+}
+
+// ---- Model ------------------------------------------------------------------------------------------------------
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& options, const ProgressFn& progress) {
+  constexpr const char* op = "model_options";
+  check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",
+        options.ctx);
+  validate_kv(options.kv);
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (!options.kv.quantized) impl->options.kv.rotation = nn::RotationKind::kNone;  // plain caches are not rotated
+
+  load_model_files(path, options.weights, progress, *impl);
+  const ModelConfig& c = impl->config;
+
+  // The cache configuration must fit the head size: checked now rather than at the first token.
+  if (options.kv.quantized) {
+    check(c.head_dim % options.kv.group_size == 0, ErrorCode::kInvalidArgument, op, "kv group size ",
+          options.kv.group_size, " must divide the model's head_dim; got head_dim ", c.head_dim,
+          " (choose --kv-group-size 32 or a plain cache)");
+    check(options.kv.rotation == nn::RotationKind::kNone || c.head_dim % 4 == 0, ErrorCode::kInvalidArgument, op,
+          "a rotated kv cache needs head_dim a multiple of 4; got ", c.head_dim);
+  }
+  check(options.ctx <= c.max_position, ErrorCode::kOutOfRange, op, "ctx must be <= the model's maximum context ",
+        c.max_position, "; got ", options.ctx);
+  impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
+  impl->inv_freq = rope_inv_freq(c.rope, c.head_dim);
+  impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim);
+  return std::unique_ptr<Model>(new Model(std::move(impl)));
+}
+
+const ModelConfig& Model::config() const { return impl_->config; }
+const ModelOptions& Model::options() const { return impl_->options; }
+const Tokenizer& Model::tokenizer() const {
+  check(impl_->tokenizer.has_value(), ErrorCode::kUnsupported, "tokenizer", "this model has no tokenizer: ",
+        impl_->tokenizer_error);
+  return *impl_->tokenizer;
+}
+int64_t Model::context_length() const { return impl_->ctx; }
+size_t Model::weight_bytes() const { return impl_->w.nbytes; }
+
+std::unique_ptr<Session> Model::new_session() const {
+  auto s = std::make_unique<Session::Impl>();
+  s->model = impl_.get();
+  for (int64_t l = 0; l < impl_->config.num_layers; ++l) s->caches.push_back(impl_->make_cache(l));
+  return std::unique_ptr<Session>(new Session(std::move(s)));
+}
+
+void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const {
+  constexpr const char* op = "forward";
+  Session::Impl& si = s.impl();
+  check(si.model == impl_.get(), ErrorCode::kInvalidArgument, op, "the session must come from this model's new_session()");
+  check(n >= 1, ErrorCode::kInvalidArgument, op, "n must be >= 1; got ", n);
+  check(tokens != nullptr && logits != nullptr, ErrorCode::kInvalidArgument, op, "tokens and logits must not be null");
+  check(si.position + n <= impl_->ctx, ErrorCode::kOutOfRange, op, "positions must stay within the context length ",
+        impl_->ctx, "; got ", si.position, " + ", n, " tokens");
+  const int64_t V = impl_->config.vocab_size;
+  for (int64_t i = 0; i < n; ++i)
+    check(tokens[i] >= 0 && tokens[i] < V, ErrorCode::kOutOfRange, op, "token ids must be in [0, ", V, "); got ",
+          tokens[i], " at index ", i);
+  const int64_t start = si.position;
+  try {
+    impl_->forward(si, tokens, n, logits, all_logits);
+  } catch (...) {
+    // Leave the session as it was: drop whatever part of the tokens reached the caches.
+    for (auto& c : si.caches)
+      if (c->offset() > start) c->trim(c->offset() - start);
+    si.position = start;
+    throw;
+  }
+}
+
+}  // namespace cider::model

@@ -1,0 +1,118 @@
+// cider/model/transformer.h — the engine's internals: weights of a decoder-only transformer in cider's formats, the
+// per-session state (KV caches + scratch), and the forward pass shared by every supported architecture.
+//
+// One computation covers Llama, Mistral, Qwen2, Qwen3 and Gemma 3; ModelConfig's flags select the differences
+// (q/k/v biases, q/k norms, Gemma's sandwich norms and (1 + w) RMSNorm, GeGLU, embedding scale, sliding layers).
+// Per layer, for the n tokens of a chunk (x: (n, hidden), the residual stream):
+//   h = rmsnorm(x, attn_norm)
+//   q = h·Wqᵀ (+bq) (n, Hq·D);  k = h·Wkᵀ (+bk), v = h·Wvᵀ (+bv) (n, Hkv·D)
+//   q, k = rmsnorm per head (qk_norm);  q, k = rope(q, k)            (HF rotate_half: pairs (i, i + D/2))
+//   cache.append(k, v);  a = attention(q, cache, causal [+ window])    (GQA, nn::attention)
+//   a = a·Woᵀ (+bo);  a = rmsnorm(a, post_attn_norm) (Gemma);  x += a
+//   h = rmsnorm(x, mlp_norm);  m = down(act(gate(h)) ⊙ up(h));  m = rmsnorm(m, post_mlp_norm) (Gemma);  x += m
+// then logits = rmsnorm(x, final_norm)·W_headᵀ (Gemma: cap·tanh(logits/cap) when a final softcap is set).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model.h"
+#include "nn/kv_cache.h"
+
+namespace cider::model {
+
+// A linear layer y = x·Wᵀ + b with W [N, K] held in one of cider's weight formats. The data pointers point either
+// into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
+struct Linear {
+  enum class Kind { kDense, kInt8, kInt4 };
+  std::string name;  // module path, HF naming ("model.layers.0.self_attn.q_proj")
+  Kind kind = Kind::kDense;
+  int64_t N = 0, K = 0;
+  const void* w = nullptr;         // dense: (N, K) in w_dtype; int8: int8 (N, K); int4: uint8 (N, K/2), q + 8 nibbles
+  DType w_dtype = DType::kF32;     // dense: f32, f16 or bf16; int8: kI8; int4: kU8
+  const float* scales = nullptr;   // int8/int4: (N) per channel or (K/group_size, N) per group
+  int group_size = 0;              // int8/int4: 0 = per output channel
+  const float* bias = nullptr;     // (N) or nullptr
+
+  size_t nbytes() const;  // weights + scales + bias
+  // out (M, N) = x (M, K)·Wᵀ + b, float32, through the active kernel table (GEMV entries when M == 1).
+  void forward(const float* x, int64_t M, float* out) const;
+};
+
+// An RMSNorm weight, float32.
+struct NormWeight {
+  std::string name;
+  const float* w = nullptr;  // (dim)
+  int64_t dim = 0;
+};
+
+struct LayerWeights {
+  NormWeight attn_norm;        // (hidden)  input_layernorm
+  Linear q, k, v, o;           // q (Hq·D, hidden), k and v (Hkv·D, hidden), o (hidden, Hq·D)
+  NormWeight q_norm, k_norm;   // (D) qk_norm only
+  NormWeight post_attn_norm;   // (hidden)  Gemma 3 only: post_attention_layernorm, on the attention output
+  NormWeight mlp_norm;         // (hidden)  Llama's post_attention_layernorm / Gemma's pre_feedforward_layernorm
+  NormWeight post_mlp_norm;    // (hidden)  Gemma 3 only: post_feedforward_layernorm
+  Linear gate, up, down;       // gate and up (I, hidden), down (hidden, I)
+};
+
+struct Weights {
+  std::string embed_name;
+  const void* embed = nullptr;  // (vocab, hidden) in embed_dtype (f32, f16 or bf16), kept float
+  DType embed_dtype = DType::kF32;
+  std::vector<LayerWeights> layers;  // (layer)
+  NormWeight final_norm;             // (hidden)
+  Linear lm_head;                    // (vocab, hidden); with tied embeddings: the embedding itself (dense formats)
+                                     // or a quantized copy of it (int formats)
+  bool head_is_embedding = false;    // lm_head.w == embed (nothing separate to store)
+
+  std::vector<std::shared_ptr<const void>> keep_alive;  // memory maps the pointers above point into
+  std::deque<Tensor> owned;                             // converted / dequantized tensors
+  size_t nbytes = 0;                                    // every weight byte the model uses (mapped or owned)
+};
+
+struct Model::Impl {
+  ModelConfig config;
+  ModelOptions options;
+  std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_error;  // why there is none
+  std::string source;           // "hf", "mlx", "gguf", "cider"
+  int64_t ctx = 0;
+  Weights w;
+  std::vector<float> inv_freq;        // (D/2) full-attention layers
+  std::vector<float> inv_freq_local;  // (D/2) sliding-window layers
+
+  std::unique_ptr<nn::KVCache> make_cache(int64_t layer) const;
+  void forward(Session::Impl& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
+};
+
+// Activations of one chunk of at most kMaxChunk tokens, allocated on first use and grown only when a longer chunk
+// arrives; a prefill longer than kMaxChunk is processed chunk by chunk (the causal cache makes that exact).
+constexpr int64_t kMaxChunk = 256;
+
+struct Session::Impl {
+  const Model::Impl* model = nullptr;
+  std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
+  int64_t position = 0;
+  int64_t rows = 0;  // chunk capacity of the scratch below
+  std::vector<float> x;          // (rows, hidden) residual stream
+  std::vector<float> h;          // (rows, hidden) normed input of a block
+  std::vector<float> q;          // (rows, Hq·D)
+  std::vector<float> k, v;       // (rows, Hkv·D)
+  std::vector<float> att;        // (rows, Hq·D) attention output
+  std::vector<float> tmp;        // (rows, hidden) block output
+  std::vector<float> gate, up;   // (rows, I)
+  std::vector<float> cos_g, sin_g, cos_l, sin_l;  // (rows, D/2) rope tables of the chunk (global, local)
+  void reserve(int64_t n_rows);
+};
+
+// Applies RMSNorm to `rows` rows of `dim` values: out = x / sqrt(mean(x²) + eps) · (offset + w), in float32 with
+// the mean accumulated in double. out may equal x.
+void rms_norm(const float* x, const float* w, float offset, int64_t rows, int64_t dim, double eps, float* out);
+
+}  // namespace cider::model
