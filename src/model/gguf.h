@@ -39,7 +39,7 @@ struct GGUFTensor {
   uint32_t type;               // a GGMLType value (possibly unknown)
   std::vector<int64_t> shape;  // row-major order: reversed ne, so a 2-D weight is [rows = ne[1], cols = ne[0]]
   const uint8_t* data = nullptr;
-  size_t nbytes = 0;
+  size_t nbytes = 0;           // 0 for a type value cider does not know (its block size is unknown)
   int64_t numel() const;
 };
 

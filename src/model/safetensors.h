@@ -59,8 +59,10 @@ class SafetensorsSet {
   std::map<std::string, const StTensor*> index_;
 };
 
-// Builds a safetensors file in memory order of add() calls; write() goes to "<path>.tmp" then renames, so a failed
-// or interrupted write never leaves a half-written file at `path`.
+// Builds a safetensors file; write() goes to "<path>.tmp" then renames, so a failed or interrupted write never
+// leaves a half-written file at `path`. The header lists tensors in add() order; their data is packed with no gaps
+// (the official safetensors reader rejects gaps), largest element size first, so every tensor starts at a multiple
+// of its element size and the header is space-padded to a multiple of 8: all data is naturally aligned.
 class SafetensorsWriter {
  public:
   // Copies nothing: `data` must stay valid until write() returns.
