@@ -1,0 +1,44 @@
+// cider/model/unicode.h — the UTF-8 and Unicode pieces the tokenizer needs: decoding/encoding code points, lossy
+// repair of invalid UTF-8 (as Rust's String::from_utf8_lossy does, which is what Hugging Face decoders produce),
+// the GPT-2 byte-to-unicode alphabet, White_Space and word-character tests, and NFC normalization.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace cider::model::unicode {
+
+constexpr char32_t kReplacementChar = 0xFFFD;
+
+// Length in bytes (1..4) of the well-formed UTF-8 sequence starting at s[pos], with its code point in `cp`; 0 when
+// the bytes at pos do not start one (overlong forms, surrogates, values past U+10FFFF and truncations included).
+size_t decode_utf8(std::string_view s, size_t pos, char32_t& cp);
+
+void append_utf8(std::string& out, char32_t cp);
+
+// Offset of the first byte that is not part of well-formed UTF-8, or std::string_view::npos.
+size_t find_invalid_utf8(std::string_view s);
+
+// The bytes with every maximal ill-formed subpart replaced by one U+FFFD (the Unicode "maximal subpart" practice).
+std::string utf8_lossy(std::string_view bytes);
+
+// Length of the longest prefix of `s` that does not end inside a UTF-8 sequence that more bytes could still
+// complete (used by streaming: those trailing bytes are held back).
+size_t complete_prefix_length(std::string_view s);
+
+// GPT-2's byte-level alphabet: each byte maps to a printable code point (printable Latin-1 bytes to themselves,
+// the others to U+0100 + n), so that any byte string becomes a string of visible characters.
+char32_t byte_to_char(uint8_t b);
+int char_to_byte(char32_t c);  // the byte, or -1 if c is not in the alphabet
+
+// Unicode White_Space (what Rust's char::is_whitespace tests).
+bool is_whitespace(char32_t c);
+// Letters, numbers and '_' (Rust's char::is_alphanumeric or '_'): the word characters of single_word matching.
+bool is_word_char(char32_t c);
+
+// Canonical composition (NFC) of well-formed UTF-8.
+std::string nfc(std::string_view s);
+
+}  // namespace cider::model::unicode

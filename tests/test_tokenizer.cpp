@@ -1,0 +1,349 @@
+// Tokenizer tests: every fixture text must encode to exactly the ids Hugging Face `tokenizers` produced
+// (tests/data/tokenizers/*.cases.json, written by tools/gen_tokenizer_fixtures.py), decode to HF's strings, and
+// stream-decode to the same text; plus GGUF vocabularies against their tokenizer.json twins, and one test per
+// rejected input.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "model/unicode.h"
+
+namespace {
+
+using cider::ErrorCode;
+using cider::model::Tokenizer;
+using json = nlohmann::json;
+
+std::string data_path(const std::string& name) {
+  return std::string(CIDER_SOURCE_DIR) + "/tests/data/tokenizers/" + name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing fixture " << path;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Case {
+  std::string text, decoded, decoded_skip;
+  std::vector<int32_t> ids, ids_no_special;
+};
+
+std::vector<Case> load_cases(const std::string& name) {
+  const json j = json::parse(read_file(data_path(name + ".cases.json")));
+  std::vector<Case> out;
+  for (const auto& c : j.at("cases")) {
+    out.push_back({c.at("text").get<std::string>(), c.at("decoded").get<std::string>(),
+                   c.at("decoded_skip_special").get<std::string>(), c.at("ids").get<std::vector<int32_t>>(),
+                   c.at("ids_no_special").get<std::vector<int32_t>>()});
+  }
+  return out;
+}
+
+std::string escaped(const std::string& s) { return json(s).dump(); }
+
+std::string stream_decode(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip_special) {
+  Tokenizer::StreamDecoder dec(tok, skip_special);
+  std::string out;
+  for (int32_t id : ids) {
+    const std::string piece = dec.push(id);
+    // Each piece must be whole UTF-8 on its own (that is the point of streaming).
+    EXPECT_EQ(cider::model::unicode::find_invalid_utf8(piece), std::string_view::npos)
+        << "stream piece is not valid UTF-8: " << escaped(piece);
+    out += piece;
+  }
+  return out + dec.flush();
+}
+
+// Checks every case of a fixture; returns the number of texts checked.
+size_t check_cases(const Tokenizer& tok, const std::vector<Case>& cases, const std::string& name) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name + " text " + escaped(c.text));
+    EXPECT_EQ(tok.encode(c.text, true), c.ids);
+    EXPECT_EQ(tok.encode(c.text, false), c.ids_no_special);
+    EXPECT_EQ(tok.decode(c.ids, false), c.decoded);
+    EXPECT_EQ(tok.decode(c.ids, true), c.decoded_skip);
+    EXPECT_EQ(stream_decode(tok, c.ids, true), c.decoded_skip);
+    EXPECT_EQ(stream_decode(tok, c.ids, false), c.decoded);
+  }
+  return cases.size();
+}
+
+class HfFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfFixture, EncodesAndDecodesExactlyLikeHuggingFace) {
+  const std::string name = GetParam();
+  const Tokenizer tok = Tokenizer::from_json_file(data_path(name + ".json"));
+  const auto cases = load_cases(name);
+  ASSERT_GE(cases.size(), 100u);
+  check_cases(tok, cases, name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, HfFixture,
+                         ::testing::Values("gpt2", "bytelevel_prefix", "llama3", "qwen2", "llama2",
+                                           "mistral_metaspace", "gemma", "metaspace_split", "qwen3"),
+                         [](const ::testing::TestParamInfo<std::string>& param) { return param.param; });
+
+// Byte-level BPE without a normalizer loses nothing: any text comes back byte for byte.
+TEST(Tokenizer, ByteLevelRoundTripsEveryText) {
+  for (const char* name : {"gpt2", "llama3"}) {
+    const Tokenizer tok = Tokenizer::from_json_file(data_path(std::string(name) + ".json"));
+    for (const Case& c : load_cases(name)) {
+      EXPECT_EQ(tok.decode(tok.encode(c.text, false)), c.text) << name << " " << escaped(c.text);
+    }
+  }
+}
+
+TEST(Tokenizer, SpecialTokensAndIds) {
+  const Tokenizer llama3 = Tokenizer::from_json_file(data_path("llama3.json"));
+  const int32_t bot = llama3.token_to_id("<|begin_of_text|>");
+  ASSERT_GE(bot, 0);
+  EXPECT_EQ(llama3.bos_id(), bot);
+  EXPECT_TRUE(llama3.is_special(bot));
+  const auto eos = llama3.eos_ids();
+  EXPECT_NE(std::find(eos.begin(), eos.end(), llama3.token_to_id("<|end_of_text|>")), eos.end());
+  EXPECT_NE(std::find(eos.begin(), eos.end(), llama3.token_to_id("<|eot_id|>")), eos.end());
+  EXPECT_EQ(llama3.id_to_token(bot), "<|begin_of_text|>");
+  EXPECT_EQ(llama3.token_to_id("no such token"), -1);
+  EXPECT_EQ(llama3.encode("<|eot_id|>", false), std::vector<int32_t>{llama3.token_to_id("<|eot_id|>")});
+  const int32_t a = llama3.token_to_id("a");
+  ASSERT_GE(a, 0);
+  EXPECT_FALSE(llama3.is_special(a));
+  EXPECT_FALSE(llama3.is_special(-1));
+
+  const Tokenizer qwen = Tokenizer::from_json_file(data_path("qwen3.json"));
+  EXPECT_EQ(qwen.bos_id(), -1);  // Qwen adds no BOS
+  EXPECT_EQ(qwen.vocab_size(), 151669);
+  const auto qeos = qwen.eos_ids();
+  EXPECT_NE(std::find(qeos.begin(), qeos.end(), qwen.token_to_id("<|im_end|>")), qeos.end());
+  // A non-special added token is kept by skip_special decoding.
+  const int32_t tool = qwen.token_to_id("<tool_call>");
+  ASSERT_GE(tool, 0);
+  EXPECT_FALSE(qwen.is_special(tool));
+  EXPECT_EQ(qwen.decode({tool}, true), "<tool_call>");
+
+  const Tokenizer gemma = Tokenizer::from_json_file(data_path("gemma.json"));
+  EXPECT_EQ(gemma.bos_id(), gemma.token_to_id("<bos>"));
+  EXPECT_EQ(gemma.encode("", true), std::vector<int32_t>{gemma.token_to_id("<bos>")});
+  EXPECT_EQ(gemma.id_to_token(gemma.token_to_id("<0x41>")), "<0x41>");
+}
+
+// A multi-byte character split over byte tokens is held back until complete, then emitted whole.
+TEST(Tokenizer, StreamDecoderHoldsPartialCharacters) {
+  const Tokenizer tok = Tokenizer::from_json_file(data_path("llama2.json"));
+  const std::vector<int32_t> ids = tok.encode("a 😀 b", false);
+  Tokenizer::StreamDecoder dec(tok);
+  std::vector<std::string> pieces;
+  for (int32_t id : ids) pieces.push_back(dec.push(id));
+  pieces.push_back(dec.flush());
+  std::string all;
+  for (const auto& p : pieces) {
+    EXPECT_EQ(cider::model::unicode::find_invalid_utf8(p), std::string_view::npos);
+    all += p;
+  }
+  EXPECT_EQ(all, "a 😀 b");
+  EXPECT_EQ(all, tok.decode(ids, true));
+  // The emoji needs four <0xNN> tokens, so some pushes return nothing.
+  EXPECT_GT(ids.size(), 6u);
+
+  // Byte-level: an emoji is several byte tokens; the stream must never cut it.
+  const Tokenizer gpt2 = Tokenizer::from_json_file(data_path("gpt2.json"));
+  const std::vector<int32_t> g = gpt2.encode("x👨‍👩‍👧y", false);
+  EXPECT_EQ(stream_decode(gpt2, g, true), "x👨‍👩‍👧y");
+  // An invalid sequence (a lone continuation byte) comes out as U+FFFD at the end, like decode().
+  std::string lone_char;
+  cider::model::unicode::append_utf8(lone_char, cider::model::unicode::byte_to_char(0x80));
+  const int32_t lone = gpt2.token_to_id(lone_char);
+  ASSERT_GE(lone, 0);  // every byte of the alphabet is in a byte-level vocabulary
+  EXPECT_EQ(gpt2.decode({lone}), "\xEF\xBF\xBD");
+  EXPECT_EQ(stream_decode(gpt2, {lone}, true), "\xEF\xBF\xBD");
+  EXPECT_EQ(stream_decode(gpt2, {lone, gpt2.token_to_id("y")}, true), "\xEF\xBF\xBDy");
+}
+
+TEST(Tokenizer, UnicodeHelpers) {
+  namespace u = cider::model::unicode;
+  EXPECT_EQ(u::nfc("e\xCC\x81"), "\xC3\xA9");                 // e + acute -> é
+  EXPECT_EQ(u::nfc("\xE1\x84\x80\xE1\x85\xA1"), "\xEA\xB0\x80");  // Hangul L + V -> 가
+  EXPECT_EQ(u::nfc("a\xCC\xA3\xCC\x87"), "\xE1\xBA\xA1\xCC\x87");  // a + dot below + dot above -> ạ + dot above
+  EXPECT_EQ(u::utf8_lossy("a\xE2\x82" "b\xFF"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(u::complete_prefix_length("ab\xE2\x82"), 2u);
+  EXPECT_EQ(u::complete_prefix_length("ab\xFF"), 3u);
+  EXPECT_EQ(u::byte_to_char(' '), 0x120u);
+  EXPECT_EQ(u::char_to_byte(0x120), ' ');
+  EXPECT_EQ(u::char_to_byte('A'), 'A');
+  EXPECT_EQ(u::char_to_byte(0x2581), -1);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GGUF vocabularies (written by the PyPI gguf package) must tokenize like their tokenizer.json twins.
+
+TEST(TokenizerGguf, Gpt2ModelLlamaBpeMatchesTokenizerJson) {
+  auto gguf = cider::model::GGUFFile::open(data_path("llama3_vocab.gguf"));
+  const Tokenizer tok = Tokenizer::from_gguf(*gguf);
+  const Tokenizer ref = Tokenizer::from_json_file(data_path("llama3.json"));
+  EXPECT_EQ(tok.bos_id(), ref.bos_id());
+  EXPECT_EQ(tok.vocab_size(), ref.vocab_size());
+  check_cases(tok, load_cases("llama3"), "llama3_vocab.gguf");
+}
+
+TEST(TokenizerGguf, LlamaModelMatchesTokenizerJson) {
+  auto gguf = cider::model::GGUFFile::open(data_path("llama2_vocab.gguf"));
+  const Tokenizer tok = Tokenizer::from_gguf(*gguf);
+  const Tokenizer ref = Tokenizer::from_json_file(data_path("llama2.json"));
+  EXPECT_EQ(tok.bos_id(), ref.bos_id());
+  const auto eos = tok.eos_ids();
+  ASSERT_EQ(eos.size(), 1u);
+  EXPECT_EQ(eos[0], ref.token_to_id("</s>"));
+  // The GGUF twin has no "[INST]" added token (llama.cpp has no "normalized" added tokens), so texts holding it
+  // are left out; every other text must match HF exactly.
+  std::vector<Case> cases;
+  for (const Case& c : load_cases("llama2"))
+    if (c.text.find("[INST]") == std::string::npos) cases.push_back(c);
+  EXPECT_GE(check_cases(tok, cases, "llama2_vocab.gguf"), 100u);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Rejections: each bad input is a cider::Error with the right code and a message naming the rule and value.
+
+void expect_error(const std::function<void()>& f, ErrorCode code, const std::vector<std::string>& words) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+  }
+}
+
+json small_json() { return json::parse(read_file(data_path("gpt2.json"))); }
+
+void expect_json_error(const std::function<void(json&)>& mutate, ErrorCode code,
+                       const std::vector<std::string>& words) {
+  json j = small_json();
+  mutate(j);
+  const std::string text = j.dump();
+  expect_error([&] { Tokenizer::from_json(text); }, code, words);
+}
+
+TEST(TokenizerRejects, MalformedJson) {
+  expect_error([] { Tokenizer::from_json("{\"model\": "); }, ErrorCode::kCorrupt,
+               {"[tokenizer.from_json]", "valid JSON"});
+  expect_error([] { Tokenizer::from_json("[1, 2]"); }, ErrorCode::kCorrupt, {"JSON object", "array"});
+  expect_error([] { Tokenizer::from_json("{}"); }, ErrorCode::kCorrupt, {"\"model\""});
+}
+
+TEST(TokenizerRejects, MissingFile) {
+  expect_error([] { Tokenizer::from_json_file("/nonexistent/tokenizer.json"); }, ErrorCode::kIo,
+               {"[tokenizer.from_json_file]", "/nonexistent/tokenizer.json"});
+}
+
+TEST(TokenizerRejects, UnsupportedModelTypes) {
+  for (const char* type : {"WordPiece", "Unigram", "WordLevel"}) {
+    expect_json_error([&](json& j) { j["model"]["type"] = type; }, ErrorCode::kUnsupported,
+                      {"model type must be BPE", type});
+  }
+  expect_json_error([](json& j) { j["model"]["dropout"] = 0.1; }, ErrorCode::kUnsupported, {"dropout", "0.1"});
+  expect_json_error([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, ErrorCode::kUnsupported,
+                    {"continuing_subword_prefix", "##"});
+}
+
+TEST(TokenizerRejects, UnsupportedComponents) {
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, ErrorCode::kUnsupported,
+                    {"normalizer type", "Lowercase"});
+  expect_json_error([](json& j) { j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}}; },
+                    ErrorCode::kUnsupported, {"normalizer type", "NFKC"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, ErrorCode::kUnsupported,
+                    {"pre_tokenizer type", "Whitespace"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", true}}; },
+                    ErrorCode::kUnsupported, {"pre_tokenizer type", "Digits"});
+  expect_json_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, ErrorCode::kUnsupported,
+                    {"decoder type", "WordPiece"});
+  expect_json_error([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, ErrorCode::kUnsupported,
+                    {"post_processor type", "BertProcessing"});
+}
+
+TEST(TokenizerRejects, BadRegexAndSplit) {
+  expect_json_error(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+      },
+      ErrorCode::kUnsupported, {"regex must compile", "(unclosed"});
+  expect_json_error(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"behavior", "Sideways"}};
+      },
+      ErrorCode::kCorrupt, {"behavior", "Sideways"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}}; },
+                    ErrorCode::kCorrupt, {"prepend_scheme", "sometimes"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}}; },
+                    ErrorCode::kCorrupt, {"exactly one character", "ab"});
+}
+
+TEST(TokenizerRejects, BadVocabularyAndMerges) {
+  expect_json_error([](json& j) { j["model"]["merges"].push_back("nosuchtoken x"); }, ErrorCode::kCorrupt,
+                    {"merges", "nosuchtoken"});
+  expect_json_error([](json& j) { j["model"]["merges"].push_back("ab"); }, ErrorCode::kCorrupt,
+                    {"one space", "\"ab\""});
+  expect_json_error([](json& j) { j["model"]["merges"].push_back(json::array({"a", "b", "c"})); },
+                    ErrorCode::kCorrupt, {"merges entries"});
+  expect_json_error([](json& j) { j["model"]["vocab"]["zzz"] = -5; }, ErrorCode::kCorrupt, {"token id", "-5"});
+  expect_json_error([](json& j) { j["model"]["vocab"] = json::array(); }, ErrorCode::kCorrupt, {"model.vocab"});
+  expect_json_error([](json& j) { j["model"]["unk_token"] = "<nope>"; }, ErrorCode::kCorrupt,
+                    {"unk_token", "<nope>"});
+  expect_json_error([](json& j) { j["model"]["byte_fallback"] = "yes"; }, ErrorCode::kCorrupt, {"byte_fallback"});
+}
+
+TEST(TokenizerRejects, BadAddedTokensAndTemplate) {
+  expect_json_error([](json& j) { j["added_tokens"][0]["id"] = -1; }, ErrorCode::kCorrupt, {"added_tokens", "-1"});
+  expect_json_error([](json& j) { j["added_tokens"][0]["content"] = ""; }, ErrorCode::kCorrupt,
+                    {"content must not be empty"});
+  expect_json_error(
+      [](json& j) {
+        j["post_processor"] = {{"type", "TemplateProcessing"},
+                               {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}},
+                                           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                               {"special_tokens", json::object()}};
+      },
+      ErrorCode::kCorrupt, {"special_tokens", "<bos>"});
+  expect_json_error(
+      [](json& j) {
+        j["post_processor"] = {{"type", "TemplateProcessing"},
+                               {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}}},
+                               {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {0}}, {"tokens", {"<bos>"}}}}}}};
+      },
+      ErrorCode::kCorrupt, {"$A"});
+  expect_json_error(
+      [](json& j) {
+        j["post_processor"] = {
+            {"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}}}}}},
+            {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {999999}}, {"tokens", {"<bos>"}}}}}}};
+      },
+      ErrorCode::kCorrupt, {"post-processor token ids", "999999"});
+}
+
+TEST(TokenizerRejects, BadEncodeAndDecodeInput) {
+  const Tokenizer tok = Tokenizer::from_json_file(data_path("gpt2.json"));
+  expect_error([&] { tok.encode("ok \xC3\x28 bad"); }, ErrorCode::kInvalidArgument,
+               {"[tokenizer.encode]", "valid UTF-8", "0xC3", "offset 3"});
+  expect_error([&] { tok.encode("\xED\xA0\x80"); }, ErrorCode::kInvalidArgument, {"0xED", "offset 0"});  // surrogate
+  expect_error([&] { tok.decode({1, 5000000}); }, ErrorCode::kOutOfRange, {"[tokenizer.decode]", "5000000"});
+  expect_error([&] { tok.decode({-3}); }, ErrorCode::kOutOfRange, {"-3"});
+  expect_error([&] { tok.id_to_token(-1); }, ErrorCode::kOutOfRange, {"[tokenizer.id_to_token]", "-1"});
+  Tokenizer::StreamDecoder dec(tok);
+  expect_error([&] { dec.push(1 << 30); }, ErrorCode::kOutOfRange, {"[tokenizer.stream_decode]"});
+}
+
+}  // namespace

