@@ -1,0 +1,146 @@
+#include "model/perplexity.h"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+
+namespace cider::model {
+
+namespace {
+
+// Running mean and sum of squared deviations of a per-token quantity (Welford's update: no cancellation, so a
+// constant quantity has a standard error of exactly 0).
+struct Accumulator {
+  double mean = 0.0, m2 = 0.0;
+  int64_t n = 0;
+  void add(double x) {
+    ++n;
+    const double d = x - mean;
+    mean += d / static_cast<double>(n);
+    m2 += d * (x - mean);
+  }
+  PerplexityStats stats() const {
+    PerplexityStats s;
+    s.mean = mean;
+    if (n > 1) s.se = std::sqrt(m2 / static_cast<double>(n - 1) / static_cast<double>(n));
+    return s;
+  }
+};
+
+int64_t argmax(const double* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+void check_finite(const float* row, int64_t vocab, int64_t window, int64_t pos, const char* which) {
+  for (int64_t v = 0; v < vocab; ++v)
+    check(std::isfinite(row[v]), ErrorCode::kInvalidArgument, "perplexity", "the ", which,
+          " model's logits must be finite; got ", row[v], " in window ", window, ", position ", pos, ", token ", v);
+}
+
+}  // namespace
+
+void log_softmax(const float* logits, int64_t n, double* out) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<double>(logits[i]) - lse;
+}
+
+double kl_divergence(const float* base_logits, const float* test_logits, int64_t n) {
+  std::vector<double> lb(static_cast<size_t>(n)), lt(static_cast<size_t>(n));
+  log_softmax(base_logits, n, lb.data());
+  log_softmax(test_logits, n, lt.data());
+  double kl = 0.0;
+  for (int64_t i = 0; i < n; ++i) kl += std::exp(lb[static_cast<size_t>(i)]) * (lb[static_cast<size_t>(i)] - lt[static_cast<size_t>(i)]);
+  return kl;
+}
+
+PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vocab, const PerplexityOptions& o,
+                                     const WindowEvaluator& test, const WindowEvaluator& baseline,
+                                     const PerplexityProgress& progress) {
+  check(o.ctx >= 2, ErrorCode::kInvalidArgument, "perplexity", "ctx must be >= 2 tokens; got ", o.ctx);
+  check(o.stride >= 0 && o.stride <= o.ctx, ErrorCode::kInvalidArgument, "perplexity",
+        "stride must be in [1, ctx = ", o.ctx, "] (0 = ctx); got ", o.stride);
+  check(vocab > 0, ErrorCode::kInvalidArgument, "perplexity", "vocab must be > 0; got ", vocab);
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+  check(n_tokens >= o.ctx, ErrorCode::kInvalidArgument, "perplexity", "the text must have at least ctx = ", o.ctx,
+        " tokens; got ", n_tokens, " tokens");
+  for (int64_t i = 0; i < n_tokens; ++i)
+    check(tokens[static_cast<size_t>(i)] >= 0 && tokens[static_cast<size_t>(i)] < vocab, ErrorCode::kInvalidArgument,
+          "perplexity", "token ids must be in [0, ", vocab, "); got ", tokens[static_cast<size_t>(i)], " at ", i);
+  check(static_cast<bool>(test), ErrorCode::kInvalidArgument, "perplexity", "need a model to evaluate; got none");
+
+  const int64_t ctx = o.ctx, stride = o.stride == 0 ? o.ctx : o.stride;
+  const int64_t n_windows = (n_tokens - ctx) / stride + 1;
+  const size_t row = static_cast<size_t>(vocab);
+  std::vector<float> logits(static_cast<size_t>(ctx) * row), base_logits(baseline ? logits.size() : 0);
+  std::vector<double> lp(row), lb(row);
+
+  Accumulator nll, base_nll, kl, top1;
+  for (int64_t w = 0; w < n_windows; ++w) {
+    const int32_t* win = tokens.data() + w * stride;
+    test(win, ctx, logits.data());
+    if (baseline) baseline(win, ctx, base_logits.data());
+    // Row j predicts token j + 1; score only tokens no earlier window scored.
+    const int64_t first = w == 0 ? 1 : std::max<int64_t>(1, ctx - stride);
+    for (int64_t t = first; t < ctx; ++t) {
+      const float* r = logits.data() + static_cast<size_t>(t - 1) * row;
+      check_finite(r, vocab, w, t - 1, "tested");
+      log_softmax(r, vocab, lp.data());
+      const size_t target = static_cast<size_t>(win[t]);
+      nll.add(-lp[target]);
+      if (!baseline) continue;
+      const float* b = base_logits.data() + static_cast<size_t>(t - 1) * row;
+      check_finite(b, vocab, w, t - 1, "baseline");
+      log_softmax(b, vocab, lb.data());
+      base_nll.add(-lb[target]);
+      double k = 0.0;
+      for (size_t v = 0; v < row; ++v) k += std::exp(lb[v]) * (lb[v] - lp[v]);
+      kl.add(k);
+      top1.add(argmax(lp.data(), vocab) == argmax(lb.data(), vocab) ? 1.0 : 0.0);
+    }
+    if (progress) progress(w + 1, n_windows);
+  }
+
+  PerplexityResult r;
+  r.windows = n_windows;
+  r.tokens_scored = nll.n;
+  r.nll = nll.stats();
+  r.ppl = std::exp(r.nll.mean);
+  r.ppl_stderr = r.ppl * r.nll.se;
+  r.has_baseline = static_cast<bool>(baseline);
+  if (r.has_baseline) {
+    r.base_nll = base_nll.stats();
+    r.base_ppl = std::exp(r.base_nll.mean);
+    r.base_ppl_stderr = r.base_ppl * r.base_nll.se;
+    r.kl = kl.stats();
+    r.top1 = top1.stats();
+  }
+  return r;
+}
+
+std::string PerplexityResult::report() const {
+  char buf[512];
+  std::string s;
+  std::snprintf(buf, sizeof buf, "perplexity: %.4f ± %.4f (%lld tokens scored in %lld windows; mean NLL %.5f nats)\n",
+                ppl, ppl_stderr, static_cast<long long>(tokens_scored), static_cast<long long>(windows), nll.mean);
+  s += buf;
+  if (has_baseline) {
+    std::snprintf(buf, sizeof buf, "baseline perplexity: %.4f ± %.4f\n", base_ppl, base_ppl_stderr);
+    s += buf;
+    std::snprintf(buf, sizeof buf, "mean KL(baseline || tested): %.6f ± %.6f nats/token\n", kl.mean, kl.se);
+    s += buf;
+    std::snprintf(buf, sizeof buf, "top-1 agreement: %.2f%% ± %.2f%%\n", 100.0 * top1.mean, 100.0 * top1.se);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace cider::model

@@ -1,0 +1,64 @@
+// cider/model/perplexity.h — perplexity of a token stream, and the divergence of one model configuration from a
+// baseline configuration (the fidelity measure of low-bit weights and KV caches).
+//
+// Windows: the tokens are cut into windows of `ctx` tokens starting at 0, stride, 2·stride, … (only whole windows;
+// stride = ctx by default, i.e. non-overlapping). Each window is evaluated from an empty context. Logit row j of a
+// window predicts its token j + 1. Scored: in the first window the tokens 1 … ctx−1; in each later window only the
+// tokens no earlier window scored, i.e. offsets max(1, ctx − stride) … ctx−1. So with stride = ctx every token but
+// the first of each window is scored once; with stride < ctx every token from 1 to the end of the last window is
+// scored once, each with at least ctx − stride tokens of context.
+//
+// Per scored token, in float64 from log-softmax of the float32 logits:
+//   NLL      −log p_test(target)
+//   KL       KL(P_base ‖ P_test) = Σ_v p_base(v) · (log p_base(v) − log p_test(v))   (nats; how much the tested
+//            configuration loses against the baseline, weighted by where the baseline puts its mass)
+//   top-1    argmax p_test == argmax p_base (ties: lowest id)
+// Reported: perplexity exp(mean NLL) ± exp(mean NLL)·SE(NLL) (delta method; SE = sample standard deviation / √n,
+// treating tokens as independent, which understates it somewhat for correlated text), mean KL ± SE, top-1 agreement.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+namespace cider::model {
+
+struct PerplexityOptions {
+  int64_t ctx = 512;   // >= 2: tokens per window
+  int64_t stride = 0;  // 0 = ctx; else 1 <= stride <= ctx
+};
+
+// Evaluates one window from an empty context: tokens[0, n) → logits[n, vocab] (float32, row-major).
+using WindowEvaluator = std::function<void(const int32_t* tokens, int64_t n, float* logits)>;
+using PerplexityProgress = std::function<void(int64_t windows_done, int64_t windows_total)>;
+
+struct PerplexityStats {
+  double mean = 0.0, se = 0.0;  // mean of the per-token values and its standard error
+};
+
+struct PerplexityResult {
+  int64_t windows = 0;
+  int64_t tokens_scored = 0;
+  PerplexityStats nll;        // nats/token
+  double ppl = 0.0, ppl_stderr = 0.0;
+  bool has_baseline = false;
+  PerplexityStats base_nll;
+  double base_ppl = 0.0, base_ppl_stderr = 0.0;
+  PerplexityStats kl;         // KL(P_base ‖ P_test), nats/token
+  PerplexityStats top1;       // agreement as a fraction in [0, 1]
+  std::string report() const;  // the lines `cider perplexity` prints
+};
+
+// Throws cider::Error (kInvalidArgument, op "perplexity") for ctx < 2, a stride outside [0, ctx], fewer than ctx
+// tokens, a token id outside [0, vocab), or a non-finite logit (naming the window and row).
+PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vocab, const PerplexityOptions& options,
+                                     const WindowEvaluator& test, const WindowEvaluator& baseline = {},
+                                     const PerplexityProgress& progress = {});
+
+// log-softmax in float64: out[i] = x[i] − log Σ exp(x).
+void log_softmax(const float* logits, int64_t n, double* out);
+// KL(P_base ‖ P_test) in nats from two rows of logits.
+double kl_divergence(const float* base_logits, const float* test_logits, int64_t n);
+
+}  // namespace cider::model

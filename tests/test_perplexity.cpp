@@ -1,0 +1,196 @@
+// Perplexity and KL against fake models: analytic cases (uniform logits give perplexity = vocab; two-token KL in
+// closed form), a direct float64 recomputation of the mean NLL, which tokens the windows score, and rejections.
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/perplexity.h"
+#include "support/test_support.h"
+
+namespace cider::model {
+namespace {
+
+std::vector<int32_t> iota_tokens(int64_t n, int64_t vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(i % vocab);
+  return t;
+}
+
+TEST(Perplexity, UniformLogitsGivePerplexityEqualToTheVocabulary) {
+  const int64_t V = 37;
+  const auto tokens = iota_tokens(200, V);
+  auto uniform = [&](const int32_t*, int64_t n, float* logits) { std::fill(logits, logits + n * V, 0.25f); };
+  const PerplexityResult r = evaluate_perplexity(tokens, V, {.ctx = 16}, uniform);
+  EXPECT_NEAR(r.ppl, 37.0, 37.0 * 1e-12);
+  EXPECT_NEAR(r.nll.se, 0.0, 1e-12);
+  EXPECT_EQ(r.windows, 200 / 16);
+  EXPECT_EQ(r.tokens_scored, (200 / 16) * 15);
+  EXPECT_FALSE(r.has_baseline);
+}
+
+// Pseudo-random logits that depend on the window's tokens up to each position (like a causal model).
+void hashed_logits(const int32_t* tokens, int64_t n, float* logits, int64_t V, uint64_t salt) {
+  uint64_t h = salt;
+  for (int64_t i = 0; i < n; ++i) {
+    h = (h ^ static_cast<uint64_t>(tokens[i])) * 0x100000001B3ull;
+    std::mt19937_64 g(h);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (int64_t v = 0; v < V; ++v) logits[i * V + v] = nd(g);
+  }
+}
+
+TEST(Perplexity, MeanNllEqualsADirectFloat64Computation) {
+  auto rng = test::make_rng(1);
+  const int64_t V = 50, n = 301, ctx = 32;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);
+  const uint64_t salt = rng();
+  auto model = [&](const int32_t* t, int64_t m, float* l) { hashed_logits(t, m, l, V, salt); };
+  const PerplexityResult r = evaluate_perplexity(tokens, V, {.ctx = ctx}, model);
+  // Direct: for each window, each scored token, -log softmax in long double.
+  long double sum = 0, sum_sq = 0;
+  int64_t count = 0;
+  std::vector<float> l(static_cast<size_t>(ctx * V));
+  for (int64_t start = 0; start + ctx <= n; start += ctx) {
+    hashed_logits(tokens.data() + start, ctx, l.data(), V, salt);
+    for (int64_t j = 1; j < ctx; ++j) {
+      long double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<long double>(l[static_cast<size_t>((j - 1) * V + v)]));
+      const long double x = std::log(z) - l[static_cast<size_t>((j - 1) * V + tokens[static_cast<size_t>(start + j)])];
+      sum += x, sum_sq += x * x, ++count;
+    }
+  }
+  const double mean = static_cast<double>(sum / count);
+  const double sd = std::sqrt(static_cast<double>((sum_sq - count * (sum / count) * (sum / count)) / (count - 1)));
+  EXPECT_EQ(r.tokens_scored, count);
+  EXPECT_NEAR(r.nll.mean, mean, 1e-12 * mean);
+  EXPECT_NEAR(r.ppl, std::exp(mean), 1e-11 * std::exp(mean));
+  EXPECT_NEAR(r.nll.se, sd / std::sqrt(static_cast<double>(count)), 1e-9);
+  EXPECT_NEAR(r.ppl_stderr, std::exp(mean) * sd / std::sqrt(static_cast<double>(count)), 1e-8);
+}
+
+// Logits that reveal which targets were scored: token ids are absolute positions (vocab >= length), and row j of a
+// window puts logit a(t) on t = tokens[j] + 1, the next token, so the NLL of scoring target t is
+// log(V − 1 + e^a(t)) − a(t), different for every t.
+struct Revealing {
+  int64_t V;
+  std::vector<std::pair<int32_t, int64_t>> calls;  // (first token, length)
+  static double a(int64_t t) { return 0.01 * static_cast<double>(t); }
+  void operator()(const int32_t* tokens, int64_t n, float* logits) {
+    calls.push_back({tokens[0], n});
+    std::fill(logits, logits + n * V, 0.0f);
+    for (int64_t j = 0; j < n; ++j)
+      if (tokens[j] + 1 < V) logits[j * V + tokens[j] + 1] = static_cast<float>(a(tokens[j] + 1));
+  }
+  double nll(int64_t t) const {
+    const double at = static_cast<float>(a(t));
+    return std::log(static_cast<double>(V - 1) + std::exp(at)) - at;
+  }
+};
+
+TEST(Perplexity, WindowsScoreEveryTokenOnceWithAStrideAndAllButTheFirstWithout) {
+  const int64_t V = 120, n = 103, ctx = 20;
+  const auto tokens = iota_tokens(n, V);
+  for (int64_t stride : {int64_t{0}, int64_t{20}, int64_t{7}, int64_t{1}}) {
+    Revealing model{V, {}};
+    const PerplexityResult r =
+        evaluate_perplexity(tokens, V, {.ctx = ctx, .stride = stride},
+                            [&](const int32_t* t, int64_t m, float* l) { model(t, m, l); });
+    const int64_t s = stride == 0 ? ctx : stride;
+    std::set<int64_t> want;  // the targets the definition scores
+    int64_t windows = 0;
+    for (int64_t start = 0; start + ctx <= n; start += s, ++windows) {
+      ASSERT_LT(static_cast<size_t>(windows), model.calls.size());
+      EXPECT_EQ(model.calls[static_cast<size_t>(windows)], (std::pair<int32_t, int64_t>{static_cast<int32_t>(start), ctx}));
+      for (int64_t t = start + 1; t < start + ctx; ++t) want.insert(t);
+    }
+    if (s < ctx) {  // every token from 1 to the end of the last window, once
+      EXPECT_EQ(static_cast<int64_t>(want.size()), (windows - 1) * s + ctx - 1);
+    } else {        // window starts are never scored
+      for (int64_t start = 0; start + ctx <= n; start += s) EXPECT_EQ(want.count(start), 0u);
+    }
+    double sum = 0.0;
+    for (int64_t t : want) sum += model.nll(t);
+    EXPECT_EQ(r.windows, windows) << "stride " << stride;
+    EXPECT_EQ(r.tokens_scored, static_cast<int64_t>(want.size())) << "stride " << stride;
+    EXPECT_NEAR(r.nll.mean, sum / static_cast<double>(want.size()), 1e-12) << "stride " << stride;
+  }
+}
+
+TEST(Perplexity, KlDivergenceInClosedFormAndItsDirection) {
+  // base p = (1/2, 1/2), test q = (3/4, 1/4): KL(p‖q) = ½ln(½/¾) + ½ln(½/¼) = ½ln(4/3); KL(q‖p) = ¾ln(3/2) + ¼ln(1/2).
+  const float base[2] = {0.0f, 0.0f};
+  const float tst[2] = {std::log(3.0f), 0.0f};
+  const double l3 = static_cast<double>(std::log(3.0f));  // the float logit, exactly
+  const double q0 = std::exp(l3) / (std::exp(l3) + 1.0), q1 = 1.0 - q0;
+  EXPECT_NEAR(kl_divergence(base, tst, 2), 0.5 * std::log(0.5 / q0) + 0.5 * std::log(0.5 / q1), 1e-15);
+  EXPECT_NEAR(kl_divergence(base, tst, 2), 0.5 * std::log(4.0 / 3.0), 1e-7);
+  EXPECT_NEAR(kl_divergence(tst, base, 2), 0.75 * std::log(1.5) + 0.25 * std::log(0.5), 1e-7);
+  EXPECT_EQ(kl_divergence(tst, tst, 2), 0.0);
+
+  // Through evaluate_perplexity: every scored row has these logits; the top-1 of test (token 0) equals the base's
+  // (0, the lowest id of a tie) in the first case and not in the second.
+  const auto tokens = iota_tokens(10, 2);
+  auto rows = [](const float* r) {
+    return [r](const int32_t*, int64_t n, float* l) {
+      for (int64_t i = 0; i < n; ++i) l[2 * i] = r[0], l[2 * i + 1] = r[1];
+    };
+  };
+  PerplexityResult r = evaluate_perplexity(tokens, 2, {.ctx = 5}, rows(tst), rows(base));
+  ASSERT_TRUE(r.has_baseline);
+  EXPECT_NEAR(r.kl.mean, 0.5 * std::log(0.5 / q0) + 0.5 * std::log(0.5 / q1), 1e-15);
+  EXPECT_NEAR(r.kl.se, 0.0, 1e-15);
+  EXPECT_EQ(r.top1.mean, 1.0);
+  EXPECT_NEAR(r.base_ppl, 2.0, 1e-12);
+  const float flipped[2] = {0.0f, std::log(3.0f)};
+  r = evaluate_perplexity(tokens, 2, {.ctx = 5}, rows(flipped), rows(base));
+  EXPECT_EQ(r.top1.mean, 0.0);
+  r = evaluate_perplexity(tokens, 2, {.ctx = 5}, rows(tst), rows(tst));
+  EXPECT_EQ(r.kl.mean, 0.0);
+  EXPECT_EQ(r.top1.mean, 1.0);
+  EXPECT_EQ(r.ppl, r.base_ppl);
+  const std::string rep = r.report();
+  for (const char* part : {"perplexity:", "baseline perplexity:", "mean KL(baseline || tested)", "top-1 agreement: 100.00%"})
+    EXPECT_NE(rep.find(part), std::string::npos) << rep;
+}
+
+TEST(Perplexity, ProgressCountsWindows) {
+  const auto tokens = iota_tokens(50, 10);
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  evaluate_perplexity(tokens, 10, {.ctx = 10}, [](const int32_t*, int64_t n, float* l) { std::fill(l, l + n * 10, 0.0f); },
+                      {}, [&](int64_t d, int64_t t) { seen.push_back({d, t}); });
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {2, 5}, {3, 5}, {4, 5}, {5, 5}}));
+}
+
+TEST(Perplexity, RejectsBadWindowsShortTextsBadIdsAndNonFiniteLogits) {
+  const auto tokens = iota_tokens(20, 10);
+  auto zeros = [](const int32_t*, int64_t n, float* l) { std::fill(l, l + n * 10, 0.0f); };
+  auto rejects = [&](std::span<const int32_t> t, PerplexityOptions o, const WindowEvaluator& m, const std::string& what) {
+    try {
+      evaluate_perplexity(t, 10, o, m);
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("[perplexity]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  rejects(tokens, {.ctx = 1}, zeros, "got 1");
+  rejects(tokens, {.ctx = 8, .stride = 9}, zeros, "got 9");
+  rejects(tokens, {.ctx = 8, .stride = -1}, zeros, "got -1");
+  rejects(tokens, {.ctx = 21}, zeros, "got 20 tokens");
+  std::vector<int32_t> bad = tokens;
+  bad[5] = 10;
+  rejects(bad, {.ctx = 8}, zeros, "got 10 at 5");
+  rejects(tokens, {.ctx = 8}, [](const int32_t*, int64_t n, float* l) {
+    std::fill(l, l + n * 10, 0.0f);
+    l[3 * 10 + 4] = std::numeric_limits<float>::quiet_NaN();
+  }, "position 3");
+  rejects(tokens, {.ctx = 8}, WindowEvaluator{}, "need a model");
+}
+
+}  // namespace
+}  // namespace cider::model
