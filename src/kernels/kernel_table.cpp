@@ -1,6 +1,20 @@
+// The dispatch: one table per ISA level, chosen once (see the end of kernels/kernel_table.h).
+//
+// What each fast table fills (every other case calls the reference explicitly, inside the same entry):
+//   entry        avx512 (F/BW/VL/DQ/VNNI)                        avx2 (AVX2/FMA/F16C)
+//   w8a8_gemv    row-major int8, 16 rows at once, vpdpbusd       8 rows at once, vpmaddubsw sign trick
+//   w8a8_gemm    packed 64-column panels, 6x64 vpdpbusd tiles    packed int16 16-column panels, vpmaddwd 6x16 tiles
+//   w4a8_gemv    nibbles split with and/shift, vpdpbusd          nibbles split, vpmaddubsw
+//   w4a8_gemm    as w8a8_gemm (nibbles unpacked at packing)      as w8a8_gemm
+//   dense_gemm   f32/f16/bf16 weights widened exactly, f32 FMA   same, 8 lanes
+//   affine_qmm   transpose=true with 4 or 8 bits; other bit widths and transpose=false: ref::affine_qmm
+//   attention, kv_append and any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
+#include "core/cpu_features.h"
+#include "core/error.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/x86_kernels.h"
 
 namespace cider::kernels {
 
@@ -12,6 +26,63 @@ const KernelTable& ref_kernels() {
   return table;
 }
 
-const KernelTable& active_kernels() { return ref_kernels(); }
+namespace {
+
+#ifdef CIDER_X86_KERNELS
+// A fast table starts as a copy of the reference table, so an entry appended to KernelTable later (or one this
+// level does not speed up) is the reference until a fast kernel is assigned to it here.
+const KernelTable& avx2_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t = ref_kernels();
+    t.name = "avx2";
+    t.affine_qmm = &x86::avx2::affine_qmm;
+    t.w8a8_gemm = &x86::avx2::w8a8_gemm;
+    t.w8a8_gemv = &x86::avx2::w8a8_gemv;
+    t.w4a8_gemm = &x86::avx2::w4a8_gemm;
+    t.w4a8_gemv = &x86::avx2::w4a8_gemv;
+    t.dense_gemm = &x86::avx2::dense_gemm;
+    return t;
+  }();
+  return table;
+}
+
+const KernelTable& avx512_kernels() {
+  static const KernelTable table = [] {
+    KernelTable t = ref_kernels();
+    t.name = "avx512";
+    t.affine_qmm = &x86::avx512::affine_qmm;
+    t.w8a8_gemm = &x86::avx512::w8a8_gemm;
+    t.w8a8_gemv = &x86::avx512::w8a8_gemv;
+    t.w4a8_gemm = &x86::avx512::w4a8_gemm;
+    t.w4a8_gemv = &x86::avx512::w4a8_gemv;
+    t.dense_gemm = &x86::avx512::dense_gemm;
+    return t;
+  }();
+  return table;
+}
+#endif
+
+}  // namespace
+
+const KernelTable& kernels_for_isa(IsaLevel level) {
+  constexpr const char* kOp = "kernels_for_isa";
+  check(static_cast<int>(level) <= static_cast<int>(detected_isa()), ErrorCode::kUnsupported, kOp, "ISA level ",
+        isa_name(level), " is above this machine's highest level ", isa_name(detected_isa()));
+  switch (level) {
+    case IsaLevel::kRef: return ref_kernels();
+#ifdef CIDER_X86_KERNELS
+    case IsaLevel::kAvx2: return avx2_kernels();
+    case IsaLevel::kAvx512: return avx512_kernels();
+#else
+    default: break;
+#endif
+  }
+  fail(ErrorCode::kUnsupported, kOp, "ISA level ", isa_name(level), " was not compiled into this build");
+}
+
+const KernelTable& active_kernels() {
+  static const KernelTable* const table = &kernels_for_isa(selected_isa());
+  return *table;
+}
 
 }  // namespace cider::kernels

@@ -142,3 +142,17 @@ const KernelTable& ref_kernels();
 const KernelTable& active_kernels();
 
 }  // namespace cider::kernels
+
+// ---- ISA dispatch (x86 kernels, issue 4) ------------------------------------------------------------------------
+// Tables: "ref" (kernels/ref), "avx2" (kernels/x86/avx2: AVX2+FMA+F16C), "avx512" (kernels/x86/avx512: AVX-512
+// F/BW/VL/DQ + VNNI). active_kernels() is chosen once, on first use: the highest level the CPU and OS support
+// (core/cpu_features.h), lowered by $CIDER_ISA=ref|avx2|avx512 (a level above the machine's is an error). Entries a
+// fast table does not speed up call the reference explicitly (documented per table in kernels/kernel_table.cpp).
+namespace cider {
+enum class IsaLevel : int;  // core/cpu_features.h
+}
+namespace cider::kernels {
+// The table of one level; throws Error(kUnsupported) when this machine cannot run it (so tests can run every level
+// in supported_isas() against ref_kernels()).
+const KernelTable& kernels_for_isa(IsaLevel level);
+}  // namespace cider::kernels

@@ -1,0 +1,46 @@
+// cider/kernels/x86 — the x86 fast kernels, one folder per ISA level, one file per op × format.
+//
+// Files under avx2/ and avx512/ are compiled with that level's flags (CMakeLists.txt, "x86 ISA kernels" block) and
+// are reached only through kernels_for_isa(), which checks CPUID + XCR0 first. Rule for those files, because the
+// linker keeps ONE copy of every inline function or template instantiated in several files and might keep the one
+// compiled with AVX-512 flags: they define everything they use in an anonymous namespace or as `static inline`, and
+// call shared code only through the plain (non-inline) functions below or other non-inline library functions. No
+// std::vector, std::function, std::min/max or dtype.h inline helpers inside them.
+//
+// This header has no intrinsics: it is included by the dispatcher (baseline flags) and by the ISA files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_table.h"
+
+namespace cider::kernels::x86 {
+
+// ---- shared run-time helpers (x86/runtime.cpp, baseline flags) ----
+// Runs fn(ctx, begin, end) over near-equal chunks of [0, n), one per thread of the default pool; returns when done.
+void parallel_chunks(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx);
+// A per-thread, per-slot scratch buffer of at least `bytes` bytes, 64-byte aligned, contents unspecified, kept for
+// the thread's lifetime (grown on demand). Slots 0..kScratchSlots-1 may be used at the same time.
+constexpr int kScratchSlots = 4;
+void* scratch(int slot, size_t bytes);
+
+// ---- the kernel entries (the contract of each is its *Args struct in kernels/kernel_table.h) ----
+#define CIDER_X86_DECLARE_KERNELS                 \
+  void w8a8_gemv(const IntLinearArgs& a);         \
+  void w8a8_gemm(const IntLinearArgs& a);         \
+  void w4a8_gemv(const IntLinearArgs& a);         \
+  void w4a8_gemm(const IntLinearArgs& a);         \
+  void dense_gemm(const DenseGemmArgs& a);        \
+  void affine_qmm(const AffineQmmArgs& a);
+
+namespace avx2 {
+CIDER_X86_DECLARE_KERNELS
+}  // namespace avx2
+namespace avx512 {
+CIDER_X86_DECLARE_KERNELS
+}  // namespace avx512
+
+#undef CIDER_X86_DECLARE_KERNELS
+
+}  // namespace cider::kernels::x86
