@@ -143,7 +143,7 @@ TEST(Tokenizer, SpecialTokensAndIds) {
 // A multi-byte character split over byte tokens is held back until complete, then emitted whole.
 TEST(Tokenizer, StreamDecoderHoldsPartialCharacters) {
   const Tokenizer tok = Tokenizer::from_json_file(data_path("llama2.json"));
-  const std::vector<int32_t> ids = tok.encode("a 😀 b", false);
+  const std::vector<int32_t> ids = tok.encode("a 🦩 b", false);
   Tokenizer::StreamDecoder dec(tok);
   std::vector<std::string> pieces;
   for (int32_t id : ids) pieces.push_back(dec.push(id));
@@ -153,10 +153,13 @@ TEST(Tokenizer, StreamDecoderHoldsPartialCharacters) {
     EXPECT_EQ(cider::model::unicode::find_invalid_utf8(p), std::string_view::npos);
     all += p;
   }
-  EXPECT_EQ(all, "a 😀 b");
+  EXPECT_EQ(all, "a 🦩 b");
   EXPECT_EQ(all, tok.decode(ids, true));
-  // The emoji needs four <0xNN> tokens, so some pushes return nothing.
-  EXPECT_GT(ids.size(), 6u);
+  // The flamingo is not in the tiny vocabulary: four <0xNN> tokens, during which the stream returns nothing.
+  ASSERT_GE(ids.size(), 4u);
+  size_t empty_pushes = 0;
+  for (size_t k = 0; k < ids.size(); ++k) empty_pushes += pieces[k].empty();
+  EXPECT_GE(empty_pushes, 3u);
 
   // Byte-level: an emoji is several byte tokens; the stream must never cut it.
   const Tokenizer gpt2 = Tokenizer::from_json_file(data_path("gpt2.json"));
@@ -189,29 +192,51 @@ TEST(Tokenizer, UnicodeHelpers) {
 // ---------------------------------------------------------------------------------------------------------------
 // GGUF vocabularies (written by the PyPI gguf package) must tokenize like their tokenizer.json twins.
 
-TEST(TokenizerGguf, Gpt2ModelLlamaBpeMatchesTokenizerJson) {
-  auto gguf = cider::model::GGUFFile::open(data_path("llama3_vocab.gguf"));
+struct GgufTwin {
+  const char* gguf;
+  const char* json;
+};
+
+class GgufFixture : public ::testing::TestWithParam<GgufTwin> {};
+
+TEST_P(GgufFixture, TokenizesLikeItsTokenizerJsonTwin) {
+  const GgufTwin twin = GetParam();
+  auto gguf = cider::model::GGUFFile::open(data_path(twin.gguf));
   const Tokenizer tok = Tokenizer::from_gguf(*gguf);
-  const Tokenizer ref = Tokenizer::from_json_file(data_path("llama3.json"));
+  const Tokenizer ref = Tokenizer::from_json_file(data_path(std::string(twin.json) + ".json"));
   EXPECT_EQ(tok.bos_id(), ref.bos_id());
   EXPECT_EQ(tok.vocab_size(), ref.vocab_size());
-  check_cases(tok, load_cases("llama3"), "llama3_vocab.gguf");
+  // The llama2 twin's "[INST]" is a normalized added token, which GGUF cannot express (llama.cpp matches
+  // user-defined tokens in the raw text): texts holding it are left out, every other text must match HF exactly.
+  std::vector<Case> cases;
+  for (const Case& c : load_cases(twin.json))
+    if (c.text.find("[INST]") == std::string::npos) cases.push_back(c);
+  EXPECT_GE(check_cases(tok, cases, twin.gguf), 100u);
 }
 
-TEST(TokenizerGguf, LlamaModelMatchesTokenizerJson) {
+INSTANTIATE_TEST_SUITE_P(Vocabularies, GgufFixture,
+                         ::testing::Values(GgufTwin{"llama3_vocab.gguf", "llama3"},
+                                           GgufTwin{"qwen2_vocab.gguf", "qwen2"},
+                                           GgufTwin{"gpt2_vocab.gguf", "gpt2"},
+                                           GgufTwin{"llama2_vocab.gguf", "llama2"},
+                                           GgufTwin{"gemma_vocab.gguf", "gemma"}),
+                         [](const ::testing::TestParamInfo<GgufTwin>& param) {
+                           return std::string(param.param.json);
+                         });
+
+TEST(TokenizerGguf, SpecialIds) {
   auto gguf = cider::model::GGUFFile::open(data_path("llama2_vocab.gguf"));
   const Tokenizer tok = Tokenizer::from_gguf(*gguf);
   const Tokenizer ref = Tokenizer::from_json_file(data_path("llama2.json"));
-  EXPECT_EQ(tok.bos_id(), ref.bos_id());
-  const auto eos = tok.eos_ids();
-  ASSERT_EQ(eos.size(), 1u);
-  EXPECT_EQ(eos[0], ref.token_to_id("</s>"));
-  // The GGUF twin has no "[INST]" added token (llama.cpp has no "normalized" added tokens), so texts holding it
-  // are left out; every other text must match HF exactly.
-  std::vector<Case> cases;
-  for (const Case& c : load_cases("llama2"))
-    if (c.text.find("[INST]") == std::string::npos) cases.push_back(c);
-  EXPECT_GE(check_cases(tok, cases, "llama2_vocab.gguf"), 100u);
+  EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{ref.token_to_id("</s>")});
+  EXPECT_TRUE(tok.is_special(ref.token_to_id("<s>")));
+  EXPECT_TRUE(tok.is_special(ref.token_to_id("<unk>")));
+  EXPECT_FALSE(tok.is_special(ref.token_to_id("<0x41>")));
+  // add_bos_token is false in the qwen2 twin: no BOS even with add_special.
+  auto qg = cider::model::GGUFFile::open(data_path("qwen2_vocab.gguf"));
+  const Tokenizer qwen = Tokenizer::from_gguf(*qg);
+  EXPECT_EQ(qwen.bos_id(), -1);
+  EXPECT_EQ(qwen.encode("hi", true), qwen.encode("hi", false));
 }
 
 // ---------------------------------------------------------------------------------------------------------------

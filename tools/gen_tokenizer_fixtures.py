@@ -372,64 +372,71 @@ def main():
 
 
 def write_gguf_fixtures(built):
-    """Vocabulary-only GGUF files equivalent to two of the tokenizer.json fixtures (written with the PyPI `gguf`
-    package): a "gpt2"-model one with pre "llama-bpe" (= llama3.json) and a "llama"-model one (= llama2.json,
-    scores = -id so that merge priority follows the vocabulary order, as SentencePiece BPE vocabularies do)."""
+    """Vocabulary-only GGUF files equivalent to tokenizer.json fixtures (written with the PyPI `gguf` package):
+    "gpt2"-model ones with pre "llama-bpe" (= llama3.json), "qwen2" (= qwen2.json) and "gpt-2" (= gpt2.json), and
+    "llama"-model ones (= llama2.json with a space prefix, = gemma.json without), whose scores are -id so that merge
+    priority follows the vocabulary order, as in SentencePiece BPE vocabularies."""
     import gguf
 
-    def token_types(j, control, user_defined=()):
-        n = max(max(j["model"]["vocab"].values()), max(t["id"] for t in j["added_tokens"])) + 1
-        types = [gguf.TokenType.NORMAL] * n
-        for t in j["added_tokens"]:
-            types[t["id"]] = gguf.TokenType.CONTROL if t["special"] else gguf.TokenType.USER_DEFINED
-        return types
+    def size_of(j):
+        return max(max(j["model"]["vocab"].values()), max(t["id"] for t in j["added_tokens"])) + 1
 
     def tokens_of(j):
-        n = max(max(j["model"]["vocab"].values()), max(t["id"] for t in j["added_tokens"])) + 1
-        toks = [""] * n
+        toks = [""] * size_of(j)
         for s, i in j["model"]["vocab"].items():
             toks[i] = s
         for t in j["added_tokens"]:
             toks[t["id"]] = t["content"]
         return toks
 
-    j = built["llama3"]
-    w = gguf.GGUFWriter(os.path.join(OUT, "llama3_vocab.gguf"), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(tokens_of(j))
-    w.add_token_types(token_types(j, True))
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]])
-    ids = {t["content"]: t["id"] for t in j["added_tokens"]}
-    w.add_bos_token_id(ids["<|begin_of_text|>"])
-    w.add_eos_token_id(ids["<|end_of_text|>"])
-    w.add_add_bos_token(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    def types_of(j):
+        types = [gguf.TokenType.NORMAL] * size_of(j)
+        for s, i in j["model"]["vocab"].items():
+            if len(s) == 6 and s.startswith("<0x") and s.endswith(">") and j["model"].get("byte_fallback"):
+                types[i] = gguf.TokenType.BYTE
+        for t in j["added_tokens"]:
+            types[t["id"]] = gguf.TokenType.CONTROL if t["special"] else gguf.TokenType.USER_DEFINED
+        return types
 
-    j = built["llama2"]
-    toks = tokens_of(j)
-    types = token_types(j, True)
-    for i, s in enumerate(toks):
-        if s.startswith("<0x") and len(s) == 6 and s.endswith(">"):
-            types[i] = gguf.TokenType.BYTE
-    ids = {t["content"]: t["id"] for t in j["added_tokens"]}
-    types[ids["<unk>"]] = gguf.TokenType.UNKNOWN
-    w = gguf.GGUFWriter(os.path.join(OUT, "llama2_vocab.gguf"), "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores([-float(i) for i in range(len(toks))])
-    w.add_token_types(types)
-    w.add_bos_token_id(ids["<s>"])
-    w.add_eos_token_id(ids["</s>"])
-    w.add_unk_token_id(ids["<unk>"])
-    w.add_add_bos_token(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    def ids_of_added(j):
+        return {t["content"]: t["id"] for t in j["added_tokens"]}
+
+    def write(path, j, model, pre=None, bos=None, eos=None, unk=None, add_bos=False, space_prefix=None):
+        w = gguf.GGUFWriter(os.path.join(OUT, path), "llama")
+        w.add_tokenizer_model(model)
+        if pre is not None:
+            w.add_tokenizer_pre(pre)
+        toks = tokens_of(j)
+        types = types_of(j)
+        w.add_token_list(toks)
+        ids = ids_of_added(j)
+        if unk is not None:
+            types[ids[unk]] = gguf.TokenType.UNKNOWN
+            w.add_unk_token_id(ids[unk])
+        w.add_token_types(types)
+        if model == "gpt2":
+            w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]])
+        else:
+            w.add_token_scores([-float(i) for i in range(len(toks))])
+        if bos is not None:
+            w.add_bos_token_id(ids[bos])
+        if eos is not None:
+            w.add_eos_token_id(ids[eos])
+        w.add_add_bos_token(add_bos)
+        if space_prefix is not None:
+            w.add_add_space_prefix(space_prefix)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write("llama3_vocab.gguf", built["llama3"], "gpt2", pre="llama-bpe", bos="<|begin_of_text|>",
+          eos="<|end_of_text|>", add_bos=True)
+    write("qwen2_vocab.gguf", built["qwen2"], "gpt2", pre="qwen2", eos="<|im_end|>")
+    write("gpt2_vocab.gguf", built["gpt2"], "gpt2", pre="gpt-2", eos="<|endoftext|>")
+    write("llama2_vocab.gguf", built["llama2"], "llama", bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
+    write("gemma_vocab.gguf", built["gemma"], "llama", bos="<bos>", eos="<eos>", unk="<unk>", add_bos=True,
+          space_prefix=False)
     print("gguf fixtures written")
 
 

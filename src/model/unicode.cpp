@@ -229,14 +229,15 @@ bool is_whitespace(char32_t c) {
 
 bool is_word_char(char32_t c) {
   if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  // Outside ASCII, PCRE2's Unicode tables answer (Alphabetic covers the letter-like marks Rust counts).
+  // Outside ASCII, Unicode's \w (UTS #18, what HF's regex-based word test uses): Alphabetic, marks, decimal
+  // digits, connector punctuation and the joiners ZWNJ/ZWJ. PCRE2's tables answer the properties.
   struct Deleter {
     void operator()(pcre2_code* p) const { pcre2_code_free(p); }
   };
   static const std::unique_ptr<pcre2_code, Deleter> re = [] {
     int err = 0;
     PCRE2_SIZE off = 0;
-    const char* pattern = R"(^[\p{Alphabetic}\p{N}_])";
+    const char* pattern = R"(^[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
                                      PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
     check(code != nullptr, ErrorCode::kInternal, "unicode::is_word_char", "PCRE2 rejected the word pattern; code ",

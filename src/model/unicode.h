@@ -35,7 +35,8 @@ int char_to_byte(char32_t c);  // the byte, or -1 if c is not in the alphabet
 
 // Unicode White_Space (what Rust's char::is_whitespace tests).
 bool is_whitespace(char32_t c);
-// Letters, numbers and '_' (Rust's char::is_alphanumeric or '_'): the word characters of single_word matching.
+// Unicode \w (Alphabetic, marks, decimal digits, connector punctuation, ZWNJ/ZWJ): the word characters that
+// decide whether a single_word added token stands alone.
 bool is_word_char(char32_t c);
 
 // Canonical composition (NFC) of well-formed UTF-8.
