@@ -134,8 +134,13 @@ def build(name, out_root):
     torch.manual_seed(0)
     model = cls(cfg).eval()
     randomize(model, gemma)
-    # The reference runs on exactly the saved values: round to the checkpoint dtype first.
-    model = model.to(save_dtype).to(torch.float64)
+    # The reference runs on exactly the saved values: round the parameters to the checkpoint dtype, then compute in
+    # float64. Only parameters: rounding the model with .to(float16) would also round the rotary inv_freq buffer,
+    # which is not part of the checkpoint.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(save_dtype).to(p.dtype))
+    model = model.to(torch.float64)
     out = os.path.join(out_root, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
