@@ -1,15 +1,61 @@
-// cider — the command-line tool. Today: `cider demo`. The engine issue adds generate, chat, perplexity, logits,
-// tokenize, convert and bench.
+// cider — the command-line tool: generate, chat, tokenize, logits, perplexity, convert, inspect (apps/cli.h) and the
+// KV-cache demo. CLI11 parses; usage errors keep CLI11's exit codes, every other error is printed as
+// "cider: error: <message>" with exit status 2.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 
+#include "apps/cli.h"
 #include "apps/demo.h"
 #include "cider/cider.h"
 #include "core/error.h"
 
+namespace {
+
+using cider::apps::ModelArgs;
+
+// The options of every model command. Values are checked by the commands (one rule each, one message each).
+CLI::Option* add_model_options(CLI::App* c, ModelArgs& m) {
+  c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
+                                       "embedded cider-tiny");
+  c->add_option("--weights", m.weights, "linear weights: f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8")
+      ->capture_default_str();
+  c->add_option("--kv", m.kv, "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k4v4, k4v3, k3v2, ...)")
+      ->capture_default_str();
+  c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, none")
+      ->capture_default_str();
+  c->add_option("--kv-group-size", m.kv_group_size, "quantization group of a quantized KV cache: 32, 64, 128")
+      ->capture_default_str();
+  c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
+  c->add_flag("--progress", m.progress, "draw progress bars even when stderr is not a terminal");
+  return c->add_option("--threads", m.threads, "worker threads (default: $CIDER_NUM_THREADS or all cores)");
+}
+
+struct SamplingOptions {
+  CLI::Option* seed = nullptr;
+};
+
+SamplingOptions add_sampling_options(CLI::App* c, cider::model::SamplerParams& s, int64_t& max_tokens) {
+  c->add_option("--max-tokens", max_tokens, "tokens to generate at most")->capture_default_str();
+  c->add_option("--temperature", s.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+  c->add_option("--top-k", s.top_k, "keep the k most probable tokens (0 = off)")->capture_default_str();
+  c->add_option("--top-p", s.top_p, "nucleus: keep the most probable tokens up to this mass (1 = off)")
+      ->capture_default_str();
+  c->add_option("--min-p", s.min_p, "drop tokens below min-p x the top probability (0 = off)")->capture_default_str();
+  c->add_option("--repeat-penalty", s.repeat_penalty, "penalty on recently seen tokens (1 = off)")
+      ->capture_default_str();
+  c->add_option("--repeat-last-n", s.repeat_window, "how many recent tokens the penalty sees (0 = all)")
+      ->capture_default_str();
+  SamplingOptions o;
+  o.seed = c->add_option("--seed", s.seed, "random seed (default: a fresh one, printed with the stats)");
+  return o;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"cider: low-bit LLM inference (core library demo)"};
+  CLI::App app{"cider: run language models in low-bit precision on x86 CPUs"};
   app.set_version_flag("--version", std::string(cider_version()));
   app.require_subcommand(1);
 
@@ -28,10 +74,90 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({32, 64, 128}));
   demo_cmd->add_option("--seed", demo.seed, "random seed");
 
+  cider::apps::GenerateArgs gen;
+  CLI::App* gen_cmd = app.add_subcommand("generate", "continue a prompt, streaming the text");
+  CLI::Option* gen_threads = add_model_options(gen_cmd, gen.m);
+  gen_cmd->add_option("-p,--prompt", gen.prompt, "the prompt text")->required();
+  const SamplingOptions gen_sampling = add_sampling_options(gen_cmd, gen.sampling, gen.max_tokens);
+  gen_cmd->add_option("--stop", gen.stop, "stop when the text contains this string (repeatable; not printed)");
+  gen_cmd->add_flag("--no-stream", gen.no_stream, "print the text at the end instead of token by token");
+  gen_cmd->add_flag("--echo", gen.echo, "print the prompt before the continuation");
+
+  cider::apps::ChatArgs chat;
+  CLI::App* chat_cmd = app.add_subcommand("chat", "chat on stdin, one message per line (/reset, /exit)");
+  CLI::Option* chat_threads = add_model_options(chat_cmd, chat.m);
+  const SamplingOptions chat_sampling = add_sampling_options(chat_cmd, chat.sampling, chat.max_tokens);
+  chat_cmd->add_option("--chat-format", chat.chat_format,
+                       "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
+  chat_cmd->add_option("--system", chat.system, "system message");
+  chat_cmd->add_flag("--stats", chat.stats, "print the statistics line after each reply");
+
+  cider::apps::TokenizeArgs tokz;
+  CLI::App* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text (comma-separated)");
+  tok_cmd->add_option("-m,--model", tokz.m.model, "model directory or .gguf file (default: the embedded model)");
+  tok_cmd->add_option("--text", tokz.text, "the text")->required();
+  tok_cmd->add_flag("--no-special", tokz.no_special, "do not add special tokens (BOS)");
+
+  cider::apps::LogitsArgs logits;
+  CLI::App* logits_cmd = app.add_subcommand("logits", "write the logits of every position as a float32 .npy file");
+  CLI::Option* logits_threads = add_model_options(logits_cmd, logits.m);
+  logits_cmd->add_option("--tokens", logits.tokens, "token ids, comma-separated (e.g. 1,2,3)")->required();
+  logits_cmd->add_option("--out", logits.out, "output .npy file ([n_tokens, vocab])")->required();
+
+  cider::apps::PerplexityArgs ppl;
+  CLI::App* ppl_cmd = app.add_subcommand(
+      "perplexity", "perplexity of a text file; with a baseline configuration also mean KL and top-1 agreement");
+  CLI::Option* ppl_threads = add_model_options(ppl_cmd, ppl.m);
+  ppl_cmd->add_option("-f,--file", ppl.file, "text file")->required();
+  ppl_cmd->add_option("--stride", ppl.stride, "window stride in tokens (default: --ctx, non-overlapping)");
+  ppl_cmd->add_option("--baseline-weights", ppl.baseline_weights, "weights of the baseline configuration");
+  ppl_cmd->add_option("--baseline-kv", ppl.baseline_kv, "KV cache of the baseline configuration");
+
+  cider::apps::ConvertArgs conv;
+  CLI::App* conv_cmd = app.add_subcommand("convert", "write the model in cider's format with --weights");
+  CLI::Option* conv_threads = add_model_options(conv_cmd, conv.m);
+  conv_cmd->add_option("-o,--out", conv.out, "output directory (must not exist)")->required();
+
+  cider::apps::InspectArgs insp;
+  CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");
+  CLI::Option* insp_threads = add_model_options(insp_cmd, insp.m);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo_cmd) return cider::apps::run_demo(demo);
+    if (*gen_cmd) {
+      gen.m.threads_given = gen_threads->count() > 0;
+      gen.seed_given = gen_sampling.seed->count() > 0;
+      return cider::apps::run_generate(gen);
+    }
+    if (*chat_cmd) {
+      chat.m.threads_given = chat_threads->count() > 0;
+      chat.seed_given = chat_sampling.seed->count() > 0;
+      return cider::apps::run_chat(chat);
+    }
+    if (*tok_cmd) return cider::apps::run_tokenize(tokz);
+    if (*logits_cmd) {
+      logits.m.threads_given = logits_threads->count() > 0;
+      return cider::apps::run_logits(logits);
+    }
+    if (*ppl_cmd) {
+      ppl.m.threads_given = ppl_threads->count() > 0;
+      return cider::apps::run_perplexity(ppl);
+    }
+    if (*conv_cmd) {
+      conv.m.threads_given = conv_threads->count() > 0;
+      return cider::apps::run_convert(conv);
+    }
+    if (*insp_cmd) {
+      insp.m.threads_given = insp_threads->count() > 0;
+      return cider::apps::run_inspect(insp);
+    }
   } catch (const cider::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "cider: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {  // e.g. out of memory: still a message and a status, never a crash
+    std::fflush(stdout);
     std::fprintf(stderr, "cider: error: %s\n", e.what());
     return 2;
   }

@@ -1,0 +1,434 @@
+#include "apps/cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/chat_format.h"
+#include "model/convert.h"
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/npy.h"
+#include "model/perplexity.h"
+#include "model/safetensors.h"
+
+namespace cider::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A one-line bar on stderr, redrawn in place ("\r") when the whole percentage or the stage changes; a finished
+// stage keeps its line.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled) {}
+  ~ProgressBar() { finish(); }
+  void update(const std::string& stage, int64_t done, int64_t total) {
+    if (!enabled_ || total <= 0) return;
+    const int pct = static_cast<int>(std::min<int64_t>(100, done * 100 / total));
+    if (stage == stage_ && pct == pct_) return;
+    if (active_ && stage != stage_) std::fputc('\n', stderr);
+    stage_ = stage;
+    pct_ = pct;
+    constexpr int kWidth = 30;
+    const int filled = pct * kWidth / 100;
+    std::fprintf(stderr, "\r%-14s [%s%s] %3d%% (%lld/%lld)", stage.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), pct, static_cast<long long>(done),
+                 static_cast<long long>(total));
+    std::fflush(stderr);
+    active_ = true;
+  }
+  void finish() {
+    if (active_) std::fputc('\n', stderr);
+    active_ = false;
+    stage_.clear();
+    pct_ = -1;
+  }
+
+ private:
+  bool enabled_;
+  bool active_ = false;
+  std::string stage_;
+  int pct_ = -1;
+};
+
+bool progress_enabled(const ModelArgs& a) { return a.progress || isatty(STDERR_FILENO) == 1; }
+
+std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path) {
+  ProgressBar bar(progress_enabled(a));
+  auto m = model::Model::load(path, o, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); });
+  return m;
+}
+
+void check_sampling(const model::SamplerParams& s, int64_t max_tokens) {
+  model::validate_sampler_params(s);
+  check(max_tokens >= 0, ErrorCode::kInvalidArgument, "options", "--max-tokens must be >= 0; got ", max_tokens);
+}
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+void write_out(std::string_view s) {
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+std::string read_file(const std::string& path, const char* op) {
+  std::ifstream f(path, std::ios::binary);
+  check(f.good() && !fs::is_directory(path), ErrorCode::kIo, op, "cannot read file \"", path,
+        "\" (it must exist and be a readable file)");
+  std::ostringstream s;
+  s << f.rdbuf();
+  check(!f.bad(), ErrorCode::kIo, op, "error while reading \"", path, "\"");
+  return s.str();
+}
+
+// The tokenizer alone, without loading weights: tokenizer.json or tokenizer.gguf of a directory, or a .gguf file.
+model::Tokenizer load_tokenizer(const std::string& path) {
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "tokenizer.json"))
+      return model::Tokenizer::from_json_file((fs::path(path) / "tokenizer.json").string());
+    if (fs::exists(fs::path(path) / "tokenizer.gguf"))
+      return model::Tokenizer::from_gguf(*model::GGUFFile::open((fs::path(path) / "tokenizer.gguf").string()));
+    fail(ErrorCode::kIo, "tokenize", "the model directory must hold tokenizer.json or tokenizer.gguf; got neither in \"",
+         path, "\"");
+  }
+  return model::Tokenizer::from_gguf(*model::GGUFFile::open(path));
+}
+
+std::string describe(const model::ModelOptions& o) {
+  return std::string("weights ") + model::weight_format_name(o.weights) + ", kv " + model::kv_format_name(o.kv);
+}
+
+}  // namespace
+
+model::ModelOptions model_options(const ModelArgs& a) {
+  model::ModelOptions o;
+  o.weights = model::parse_weight_format(a.weights);
+  o.kv = model::parse_kv_format(a.kv);
+  const nn::RotationKind rotation = model::parse_kv_rotation(a.kv_rotation);
+  check(a.kv_group_size == 32 || a.kv_group_size == 64 || a.kv_group_size == 128, ErrorCode::kInvalidArgument,
+        "options", "--kv-group-size must be one of 32, 64, 128; got ", a.kv_group_size);
+  if (o.kv.quantized) {  // a plain cache is neither rotated nor grouped
+    o.kv.rotation = rotation;
+    o.kv.group_size = a.kv_group_size;
+  }
+  check(a.ctx >= 0, ErrorCode::kInvalidArgument, "options", "--ctx must be >= 0 (0 = the model's maximum); got ",
+        a.ctx);
+  if (a.threads_given) {
+    check(a.threads >= 1, ErrorCode::kInvalidArgument, "options", "--threads must be >= 1; got ", a.threads);
+    set_num_threads(a.threads);
+  }
+  o.ctx = a.ctx;
+  return o;
+}
+
+std::string resolve_model_path(const std::string& given) {
+  if (!given.empty()) {
+    check(fs::exists(given), ErrorCode::kIo, "model", "the model path must exist; got \"", given, "\"");
+    return given;
+  }
+  std::vector<std::string> tried;
+  if (const char* env = std::getenv("CIDER_DEFAULT_MODEL"); env != nullptr && *env != '\0') {
+    check(fs::exists(env), ErrorCode::kIo, "model", "$CIDER_DEFAULT_MODEL must name an existing model; got \"", env,
+          "\"");
+    return env;
+  }
+  tried.push_back("$CIDER_DEFAULT_MODEL (unset)");
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path p = (exe.parent_path() / ".." / "models" / "cider-tiny").lexically_normal();
+    if (fs::exists(p / "config.json")) return p.string();
+    tried.push_back(p.string());
+  }
+  // This file's own path, as the compiler saw it (absolute under CMake): the source tree's copy of the model.
+  const fs::path src = (fs::path(__FILE__).parent_path().parent_path() / "models" / "cider-tiny").lexically_normal();
+  if (fs::exists(src / "config.json")) return src.string();
+  tried.push_back(src.string());
+  std::string where;
+  for (const auto& t : tried) {
+    if (!where.empty()) where += ", ";
+    where += t;
+  }
+  fail(ErrorCode::kIo, "model", "no -m given and the embedded default model cider-tiny was not found (looked in ",
+       where, "); pass -m PATH or set CIDER_DEFAULT_MODEL");
+}
+
+std::vector<int32_t> parse_token_list(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    size_t used = 0;
+    long long v = -1;
+    bool ok = !item.empty() && item.find_first_not_of("0123456789 ") == std::string::npos;
+    if (ok) {
+      try {
+        v = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    check(ok && v >= 0 && v <= INT32_MAX, ErrorCode::kInvalidArgument, "options",
+          "--tokens must be comma-separated non-negative integer ids (e.g. 1,2,3); got \"", s, "\" (item \"", item,
+          "\")");
+    ids.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  return ids;
+}
+
+int run_generate(GenerateArgs a) {
+  const model::ModelOptions opts = model_options(a.m);
+  check_sampling(a.sampling, a.max_tokens);
+  for (const auto& s : a.stop)
+    check(!s.empty(), ErrorCode::kInvalidArgument, "options", "--stop strings must not be empty; got \"\"");
+  if (!a.seed_given) a.sampling.seed = fresh_seed();
+  const std::string path = resolve_model_path(a.m.model);
+  auto model = load_model(a.m, opts, path);
+  const model::Tokenizer& tok = model->tokenizer();
+  const std::vector<int32_t> prompt = tok.encode(a.prompt, /*add_special=*/true);
+
+  auto session = model->new_session();
+  model::ModelLogitsSource source(*model, *session);
+  model::TokenizerTextStream text(tok, prompt.empty() ? -1 : prompt.back());
+  model::Sampler sampler(a.sampling);
+  model::GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  go.stop = a.stop;
+  go.eos_ids = model::model_eos_ids(*model);
+  std::vector<int32_t> history;
+  if (a.echo) write_out(a.prompt);
+  model::TextCallback stream;
+  if (!a.no_stream) stream = [](std::string_view piece) { write_out(piece); };
+  const model::GenerationResult r = model::generate(source, text, sampler, history, prompt, go, stream);
+  if (a.no_stream) write_out(r.text);
+  write_out("\n");
+  std::string line = r.stats.line() + " | " + describe(opts) + " | stop: " + model::stop_reason_name(r.reason);
+  if (a.sampling.temperature > 0) line += " | seed " + std::to_string(a.sampling.seed);
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return 0;
+}
+
+int run_chat(ChatArgs a) {
+  const model::ModelOptions opts = model_options(a.m);
+  check_sampling(a.sampling, a.max_tokens);
+  if (!a.chat_format.empty()) (void)model::parse_chat_format(a.chat_format);
+  if (!a.seed_given) a.sampling.seed = fresh_seed();
+  const std::string path = resolve_model_path(a.m.model);
+  auto model = load_model(a.m, opts, path);
+  const model::Tokenizer& tok = model->tokenizer();
+  const model::ChatFormat format =
+      a.chat_format.empty()
+          ? model::default_chat_format(model->config().arch, [&](std::string_view t) { return tok.token_to_id(t) >= 0; })
+          : model::parse_chat_format(a.chat_format);
+
+  model::GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  go.eos_ids = model::model_eos_ids(*model);
+  for (const auto& t : model::chat_end_tokens(format))
+    if (const int32_t id = tok.token_to_id(t); id >= 0) go.eos_ids.push_back(id);
+
+  const bool interactive = isatty(STDIN_FILENO) == 1;
+  if (interactive)
+    std::fprintf(stderr, "cider chat: %s format, %s; /reset starts over, /exit quits\n", model::chat_format_name(format),
+                 describe(opts).c_str());
+  auto session = model->new_session();
+  model::Sampler sampler(a.sampling);
+  std::vector<int32_t> history;
+  bool first_turn = true;
+  int32_t pending = -1;  // the last reply's final token, sampled but not yet in the session
+  std::string line;
+  while (true) {
+    if (interactive) write_out("> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      session = model->new_session();
+      history.clear();
+      first_turn = true;
+      pending = -1;
+      continue;
+    }
+    if (line.empty()) continue;
+    // Only the new turn goes through the model: the previous reply's end, then the user's turn up to the
+    // assistant's header. The first turn gets BOS from encode.
+    const std::string turn_text =
+        (first_turn ? std::string() : model::chat_reply_end(format)) + model::chat_user_turn(format, line, a.system, first_turn);
+    std::vector<int32_t> turn;
+    if (pending >= 0) turn.push_back(pending);
+    const std::vector<int32_t> enc = tok.encode(turn_text, /*add_special=*/first_turn);
+    turn.insert(turn.end(), enc.begin(), enc.end());
+    model::ModelLogitsSource source(*model, *session);
+    model::TokenizerTextStream text(tok, turn.empty() ? -1 : turn.back());
+    model::GenerationResult r;
+    try {
+      r = model::generate(source, text, sampler, history, turn, go, [](std::string_view p) { write_out(p); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfRange) throw;
+      // The conversation no longer fits: say so and keep the session usable (nothing was run).
+      std::fprintf(stderr, "cider: error: %s; type /reset to start a new conversation\n", e.what());
+      continue;
+    }
+    write_out("\n");
+    first_turn = false;
+    // An EOS is replaced by the format's own reply end on the next turn; any other final token must go in.
+    pending = (r.last_token_pending && r.reason != model::StopReason::kEos) ? r.tokens.back() : -1;
+    if (a.stats) std::fprintf(stderr, "%s | stop: %s\n", r.stats.line().c_str(), model::stop_reason_name(r.reason));
+  }
+  return 0;
+}
+
+int run_tokenize(const TokenizeArgs& a) {
+  const std::string path = resolve_model_path(a.m.model);
+  const model::Tokenizer tok = load_tokenizer(path);
+  const std::vector<int32_t> ids = tok.encode(a.text, /*add_special=*/!a.no_special);
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(ids[i]);
+  }
+  write_out(out + "\n");
+  return 0;
+}
+
+int run_logits(const LogitsArgs& a) {
+  const model::ModelOptions opts = model_options(a.m);
+  const std::vector<int32_t> ids = parse_token_list(a.tokens);
+  check(!a.out.empty(), ErrorCode::kInvalidArgument, "options", "--out must name the .npy file to write; got \"\"");
+  const std::string path = resolve_model_path(a.m.model);
+  auto model = load_model(a.m, opts, path);
+  const int64_t vocab = model->config().vocab_size, n = static_cast<int64_t>(ids.size());
+  for (int32_t id : ids)
+    check(id < vocab, ErrorCode::kInvalidArgument, "logits", "--tokens ids must be below the vocabulary size ", vocab,
+          "; got ", id);
+  check(n <= model->context_length(), ErrorCode::kOutOfRange, "logits", "--tokens must fit the context of ",
+        model->context_length(), " tokens; got ", n, " tokens");
+  std::vector<float> logits(static_cast<size_t>(n * vocab));
+  auto session = model->new_session();
+  model->forward(*session, ids.data(), n, logits.data(), /*all_logits=*/true);
+  model::write_npy_f32(a.out, logits.data(), {n, vocab});
+  std::fprintf(stderr, "wrote %s: float32 [%lld, %lld] (%s)\n", a.out.c_str(), static_cast<long long>(n),
+               static_cast<long long>(vocab), describe(opts).c_str());
+  return 0;
+}
+
+int run_perplexity(PerplexityArgs a) {
+  const model::ModelOptions opts = model_options(a.m);
+  check(a.m.ctx >= 2, ErrorCode::kInvalidArgument, "options", "--ctx (the window length) must be given and >= 2; got ",
+        a.m.ctx);
+  check(a.stride >= 0 && a.stride <= a.m.ctx, ErrorCode::kInvalidArgument, "options",
+        "--stride must be in [1, --ctx] (0 = --ctx); got ", a.stride);
+  const bool with_baseline = !a.baseline_weights.empty() || !a.baseline_kv.empty();
+  model::ModelOptions base_opts = opts;
+  if (with_baseline) {
+    ModelArgs b = a.m;
+    b.threads_given = false;
+    if (!a.baseline_weights.empty()) b.weights = a.baseline_weights;
+    if (!a.baseline_kv.empty()) b.kv = a.baseline_kv;
+    base_opts = model_options(b);
+  }
+  const std::string text = read_file(a.file, "perplexity");
+  const std::string path = resolve_model_path(a.m.model);
+  auto model = load_model(a.m, opts, path);
+  std::unique_ptr<model::Model> base;
+  if (with_baseline) base = load_model(a.m, base_opts, path);
+  const std::vector<int32_t> tokens = model->tokenizer().encode(text, /*add_special=*/true);
+
+  auto evaluator = [](const model::Model& m) {
+    return [&m](const int32_t* t, int64_t n, float* logits) {
+      auto s = m.new_session();
+      m.forward(*s, t, n, logits, /*all_logits=*/true);
+    };
+  };
+  ProgressBar bar(progress_enabled(a.m));
+  model::PerplexityOptions po;
+  po.ctx = a.m.ctx;
+  po.stride = a.stride;
+  const model::PerplexityResult r = model::evaluate_perplexity(
+      tokens, model->config().vocab_size, po, evaluator(*model),
+      with_baseline ? model::WindowEvaluator(evaluator(*base)) : model::WindowEvaluator{},
+      [&](int64_t d, int64_t t) { bar.update("perplexity", d, t); });
+  bar.finish();
+  std::string head = "model " + path + " | " + std::to_string(tokens.size()) + " tokens | ctx " +
+                     std::to_string(a.m.ctx) + " stride " + std::to_string(a.stride ? a.stride : a.m.ctx) +
+                     " | tested: " + describe(opts);
+  if (with_baseline) head += " | baseline: " + describe(base_opts);
+  write_out(head + "\n" + r.report());
+  return 0;
+}
+
+int run_convert(const ConvertArgs& a) {
+  const model::WeightFormat format = model::parse_weight_format(a.m.weights);
+  check(!a.out.empty(), ErrorCode::kInvalidArgument, "options", "-o must name the output directory; got \"\"");
+  check(!fs::exists(a.out), ErrorCode::kInvalidArgument, "convert", "the output directory must not exist yet; got \"",
+        a.out, "\"");
+  if (a.m.threads_given) (void)model_options(a.m);
+  const std::string path = resolve_model_path(a.m.model);
+  ProgressBar bar(progress_enabled(a.m));
+  model::convert_model(path, a.out, format, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); });
+  bar.finish();
+  std::fprintf(stderr, "wrote %s (weights %s, from %s)\n", a.out.c_str(), model::weight_format_name(format), path.c_str());
+  return 0;
+}
+
+int run_inspect(const InspectArgs& a) {
+  const model::ModelOptions opts = model_options(a.m);
+  const std::string path = resolve_model_path(a.m.model);
+  // The files' own tensor directory: how many tensors, in which stored formats, how many bytes.
+  std::map<std::string, std::pair<int64_t, size_t>> by_format;  // format -> (count, bytes)
+  int64_t n_tensors = 0;
+  if (fs::is_directory(path)) {
+    const model::SafetensorsSet set = model::SafetensorsSet::open_dir(path);
+    for (const auto& name : set.names()) {
+      const model::StTensor* t = set.find(name);
+      auto& e = by_format[model::safetensors_dtype_name(t->dtype)];
+      e.first++, e.second += t->nbytes, n_tensors++;
+    }
+  } else {
+    const auto g = model::GGUFFile::open(path);
+    for (const auto& t : g->tensors()) {
+      auto& e = by_format[model::ggml_type_name(t.type)];
+      e.first++, e.second += t.nbytes, n_tensors++;
+    }
+  }
+  auto model = load_model(a.m, opts, path);
+  const model::ModelConfig& c = model->config();
+  std::ostringstream o;
+  o << "model: " << path << "\n"
+    << "architecture: " << model::architecture_name(c.arch) << "\n"
+    << "vocab " << c.vocab_size << ", hidden " << c.hidden_size << ", intermediate " << c.intermediate_size
+    << ", layers " << c.num_layers << ", heads " << c.num_heads << ", kv heads " << c.num_kv_heads << ", head_dim "
+    << c.head_dim << ", max position " << c.max_position << "\n"
+    << "bos " << c.bos_token_id << ", eos [";
+  for (size_t i = 0; i < c.eos_token_ids.size(); ++i) o << (i ? ", " : "") << c.eos_token_ids[i];
+  o << "]\n" << "tensors in the files: " << n_tensors << " (";
+  bool first = true;
+  for (const auto& [fmt, e] : by_format) {
+    o << (first ? "" : ", ") << fmt << " x" << e.first << " " << model::format_bytes(static_cast<double>(e.second));
+    first = false;
+  }
+  o << ")\n"
+    << "weights in memory: " << model::weight_format_name(opts.weights) << ", "
+    << model::format_bytes(static_cast<double>(model->weight_bytes())) << "\n"
+    << "kv cache: " << model::kv_format_name(opts.kv) << "\n"
+    << "context: " << model->context_length() << " tokens\n";
+  write_out(o.str());
+  return 0;
+}
+
+}  // namespace cider::apps

@@ -1,0 +1,94 @@
+// The `cider` subcommands other than `demo`: generate, chat, tokenize, logits, perplexity, convert, inspect.
+//
+// Every command validates all of its option values first (so a typo fails at once, before a model is loaded), then
+// loads the model and runs. Errors are cider::Error; main() prints them as "cider: error: <message>" and exits 2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace cider::apps {
+
+// Options every model command shares.
+struct ModelArgs {
+  std::string model;               // -m; empty = the embedded default model
+  std::string weights = "bf16";    // --weights
+  std::string kv = "k4v3";         // --kv
+  std::string kv_rotation = "so4-full";
+  int kv_group_size = 64;
+  int threads = 0;                 // --threads (applied only when threads_given)
+  bool threads_given = false;
+  int64_t ctx = 0;                 // --ctx; 0 = the model's maximum (capped by the engine)
+  bool progress = false;           // --progress: draw bars even when stderr is not a terminal
+};
+
+// Checks every value and turns them into engine options (cider::Error naming the option otherwise); applies
+// --threads.
+model::ModelOptions model_options(const ModelArgs& a);
+
+// The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/
+// cider-tiny, else <source dir>/models/cider-tiny; a cider::Error (kIo) listing where it looked if none exists.
+std::string resolve_model_path(const std::string& given);
+
+struct GenerateArgs {
+  ModelArgs m;
+  std::string prompt;
+  int64_t max_tokens = 256;
+  model::SamplerParams sampling;
+  bool seed_given = false;
+  std::vector<std::string> stop;
+  bool no_stream = false;
+  bool echo = false;  // print the prompt before the continuation
+};
+int run_generate(GenerateArgs a);
+
+struct ChatArgs {
+  ModelArgs m;
+  std::string chat_format;  // empty = chosen from the architecture and vocabulary
+  std::string system;
+  int64_t max_tokens = 512;
+  model::SamplerParams sampling;
+  bool seed_given = false;
+  bool stats = false;
+};
+int run_chat(ChatArgs a);
+
+struct TokenizeArgs {
+  ModelArgs m;
+  std::string text;
+  bool no_special = false;
+};
+int run_tokenize(const TokenizeArgs& a);
+
+struct LogitsArgs {
+  ModelArgs m;
+  std::string tokens;  // "1,2,3"
+  std::string out;
+};
+int run_logits(const LogitsArgs& a);
+std::vector<int32_t> parse_token_list(const std::string& s);  // "1,2,3" → ids; cider::Error otherwise
+
+struct PerplexityArgs {
+  ModelArgs m;  // m.ctx is the window length
+  std::string file;
+  int64_t stride = 0;
+  std::string baseline_weights, baseline_kv;  // either given → a baseline (the other defaults to the tested one)
+};
+int run_perplexity(PerplexityArgs a);
+
+struct ConvertArgs {
+  ModelArgs m;
+  std::string out;
+};
+int run_convert(const ConvertArgs& a);
+
+struct InspectArgs {
+  ModelArgs m;
+};
+int run_inspect(const InspectArgs& a);
+
+}  // namespace cider::apps
