@@ -70,9 +70,22 @@ class Regex {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t pos = 0;
     while (pos <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK,
-                                 md, nullptr);
-      if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit on pathological input (nothing more matched)
+      int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK, md,
+                           nullptr);
+      // The JIT's small default stack can run out on huge inputs; the interpreter (heap-backed) then retries.
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && jit_) {
+        rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
+                         PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+      }
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        // Stopping here would silently tokenize differently; better to say so.
+        pcre2_match_data_free(md);
+        PCRE2_UCHAR buf[256];
+        pcre2_get_error_message(rc, buf, sizeof(buf));
+        fail(ErrorCode::kOutOfRange, "tokenizer.encode", "the split regex must finish on every piece (PCRE2: ",
+             reinterpret_cast<const char*>(buf), "); got a piece of ", s.size(), " bytes at offset ", pos);
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const size_t b = ov[0], e = ov[1];
       if (e > b) {
@@ -152,12 +165,15 @@ std::string opt_string(const json& obj, const char* key, const char* where, cons
 bool opt_bool(const json& obj, const char* key, const char* where, bool def) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return def;
-  check(it->is_boolean(), ErrorCode::kCorrupt, kOpJson, where, ".", key, " must be true or false; got ", it->dump());
+  if (!it->is_boolean()) {
+    fail(ErrorCode::kCorrupt, kOpJson, where, ".", key, " must be true or false; got ", it->dump());
+  }
   return it->get<bool>();
 }
 
 int64_t get_int(const json& v, const char* where) {
-  check(v.is_number_integer(), ErrorCode::kCorrupt, kOpJson, where, " must be an integer; got ", v.dump());
+  // (fail, not check: check would build the message, dump() included, for each of 150k vocabulary entries)
+  if (!v.is_number_integer()) fail(ErrorCode::kCorrupt, kOpJson, where, " must be an integer; got ", v.dump());
   return v.get<int64_t>();
 }
 
@@ -752,6 +768,7 @@ struct Tokenizer::Impl {
 
   // Pipeline.
   std::vector<AddedToken> added;
+  std::unordered_map<std::string, int32_t> added_by_content;  // token_to_id: added tokens by their content
   TokenTrie raw_trie, normalized_trie;
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
@@ -789,6 +806,7 @@ struct Tokenizer::Impl {
   }
 
   void build_tries() {
+    for (const auto& a : added) added_by_content.emplace(a.content, a.id);
     for (size_t i = 0; i < added.size(); ++i) {
       if (added[i].match_text.empty()) continue;
       (added[i].normalized ? normalized_trie : raw_trie).insert(added[i].match_text, i);
@@ -1033,8 +1051,10 @@ struct Tokenizer::Impl {
 
   std::vector<int32_t> encode(std::string_view text, bool add_special) const {
     const size_t bad = uni::find_invalid_utf8(text);
-    check(bad == std::string_view::npos, ErrorCode::kInvalidArgument, "tokenizer.encode",
-          "text must be valid UTF-8; got an invalid byte 0x", hex_byte(text, bad), " at offset ", bad);
+    if (bad != std::string_view::npos) {
+      fail(ErrorCode::kInvalidArgument, "tokenizer.encode", "text must be valid UTF-8; got an invalid byte 0x",
+           hex_byte(text, bad), " at offset ", bad);
+    }
     std::vector<int32_t> ids;
     for (const Segment& seg : split_added(text, raw_trie)) {
       if (seg.token >= 0) {
@@ -1184,8 +1204,9 @@ void parse_model(const json& model, Tokenizer::Impl& t) {
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else {
-      check(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), ErrorCode::kCorrupt, kOpJson,
-            "model.merges entries must be \"a b\" or [\"a\", \"b\"]; got ", m.dump());
+      if (!(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())) {
+        fail(ErrorCode::kCorrupt, kOpJson, "model.merges entries must be \"a b\" or [\"a\", \"b\"]; got ", m.dump());
+      }
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
     }
@@ -1508,9 +1529,10 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 int32_t Tokenizer::token_to_id(std::string_view token) const {
-  for (const auto& a : impl_->added)
-    if (a.content == token) return a.id;
-  auto it = impl_->vocab.find(std::string(token));
+  const std::string key(token);
+  auto added = impl_->added_by_content.find(key);
+  if (added != impl_->added_by_content.end()) return added->second;
+  auto it = impl_->vocab.find(key);
   return it == impl_->vocab.end() ? -1 : it->second;
 }
 
