@@ -1,0 +1,345 @@
+// The `cider` binary end to end: every rejected option value gives "cider: error: [op] rule; got value" and exit 2
+// (never a crash), usage errors keep CLI11's codes, and on the embedded model cider-tiny the commands agree with
+// what transformers produced for it (tests/data/cider_tiny/reference.json: token ids, float32 logits, greedy
+// continuations; models/cider-tiny/samples.txt: the greedy text).
+//
+// The binary: $CIDER_BIN, else CIDER_CLI_PATH (a compile definition, when the build provides it), else `cider` next
+// to this test executable (both are built into the build directory's root).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/npy.h"
+#include "support/test_support.h"
+
+namespace cider {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSource = CIDER_SOURCE_DIR;
+const std::string kTiny = kSource + "/models/cider-tiny";
+
+std::string cider_binary() {
+  if (const char* env = std::getenv("CIDER_BIN"); env && *env) return env;
+#ifdef CIDER_CLI_PATH
+  return CIDER_CLI_PATH;
+#else
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "cider").string();
+#endif
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+fs::path scratch_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("cider_test_cli_" + std::to_string(getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+struct CliResult {
+  int status = -1;  // exit status; -1 if killed by a signal (a crash)
+  std::string out, err;
+};
+
+// Runs `cider ARGS` (ARGS already shell-quoted where needed) with `input` on stdin.
+CliResult cider(const std::string& args, const std::string& input = "", const std::string& env = "") {
+  static int counter = 0;
+  const fs::path base = scratch_dir() / ("run" + std::to_string(counter++));
+  std::ofstream(base.string() + ".in") << input;
+  const std::string cmd = env + " " + quote(cider_binary()) + " " + args + " <" + base.string() + ".in >" +
+                          base.string() + ".out 2>" + base.string() + ".err";
+  const int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(base.string() + ".out");
+  r.err = slurp(base.string() + ".err");
+  return r;
+}
+
+// "1,2,3" from a JSON array of ids (appends: GCC 12 warns falsely (-Wrestrict) on const char* + std::string).
+std::string id_list(const nlohmann::json& ids) {
+  std::string s;
+  for (const auto& id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id.get<int>());
+  }
+  return s;
+}
+
+nlohmann::json reference() { return nlohmann::json::parse(slurp(kSource + "/tests/data/cider_tiny/reference.json")); }
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(cider_binary())) << "the cider binary is not at " << cider_binary()
+                                            << " (build the cider_cli target, or set CIDER_BIN)";
+  }
+};
+
+TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
+  // The values are checked before any model is looked for: -m names nothing here.
+  const std::string m = "-m /nonexistent/model ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate " + m + "-p x --temperature -0.5", "[sampler] temperature must be a finite number >= 0 (0 = greedy); got -0.5"},
+      {"generate " + m + "-p x --top-p 0", "[sampler] top_p must be in (0, 1] (1 = off); got 0"},
+      {"generate " + m + "-p x --top-p 1.5", "top_p must be in (0, 1]"},
+      {"generate " + m + "-p x --min-p 2", "[sampler] min_p must be in [0, 1] (0 = off); got 2"},
+      {"generate " + m + "-p x --top-k -3", "[sampler] top_k must be >= 0 (0 = off); got -3"},
+      {"generate " + m + "-p x --repeat-penalty 0", "[sampler] repeat_penalty must be a finite number > 0 (1 = off); got 0"},
+      {"generate " + m + "-p x --repeat-last-n -1", "repeat_window must be >= 0"},
+      {"generate " + m + "-p x --max-tokens -1", "[options] --max-tokens must be >= 0; got -1"},
+      {"generate " + m + "-p x --stop ''", "--stop strings must not be empty"},
+      {"generate " + m + "-p x --weights w3a8", "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8; got \"w3a8\""},
+      {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
+      {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast or none; got \"so5\""},
+      {"generate " + m + "-p x --kv-group-size 48", "[options] --kv-group-size must be one of 32, 64, 128; got 48"},
+      {"generate " + m + "-p x --threads 0", "[options] --threads must be >= 1; got 0"},
+      {"generate " + m + "-p x --ctx -5", "[options] --ctx must be >= 0 (0 = the model's maximum); got -5"},
+      {"chat " + m + "--chat-format jinja", "[chat_format] the chat format must be one of chatml, llama3, gemma, mistral, llama2, raw; got \"jinja\""},
+      {"chat " + m + "--temperature -1", "temperature must be"},
+      {"logits " + m + "--tokens 1,x,3 --out o.npy", "--tokens must be comma-separated non-negative integer ids (e.g. 1,2,3); got \"1,x,3\""},
+      {"logits " + m + "--tokens 1,,3 --out o.npy", "got \"1,,3\""},
+      {"logits " + m + "--tokens -1 --out o.npy", "got \"-1\""},
+      {"perplexity " + m + "-f x.txt", "[options] --ctx (the window length) must be given and >= 2; got 0"},
+      {"perplexity " + m + "-f x.txt --ctx 8 --stride 9", "[options] --stride must be in [1, --ctx] (0 = --ctx); got 9"},
+      {"perplexity " + m + "-f x.txt --ctx 8 --baseline-kv k1v1", "got \"k1v1\""},
+      {"perplexity " + m + "-f /nonexistent/text.txt --ctx 8", "[perplexity] cannot read file \"/nonexistent/text.txt\""},
+      {"convert " + m + "-o out --weights q4", "got \"q4\""},
+      {"generate " + m + "-p x", "[model] the model path must exist; got \"/nonexistent/model\""},
+      {"tokenize " + m + "--text x", "[model] the model path must exist; got \"/nonexistent/model\""},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliResult r = cider(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("cider: error: ", 0), 0u) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << "\nwant: " << want << "\ngot: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args;
+  }
+}
+
+TEST_F(Cli, UsageErrorsKeepCli11sExitCodes) {
+  for (const char* args : {"generate -m x", "generate -p x --temperature warm", "frobnicate", "logits --tokens 1"}) {
+    const CliResult r = cider(args);
+    EXPECT_GT(r.status, 2) << args << ": CLI11's own codes are above 100";
+    EXPECT_NE(r.err.find("Run with --help"), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+TEST_F(Cli, MissingDefaultModelIsNamed) {
+  const CliResult r = cider("tokenize --text hi", "", "CIDER_DEFAULT_MODEL=/nonexistent/tiny");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("$CIDER_DEFAULT_MODEL must name an existing model; got \"/nonexistent/tiny\""), std::string::npos)
+      << r.err;
+  const CliResult ok = cider("tokenize --text hi", "", "CIDER_DEFAULT_MODEL=" + quote(kTiny));
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+TEST_F(Cli, TokenizeGivesTheIdsOfHuggingFaceTokenizers) {
+  for (const auto& e : reference()) {
+    const CliResult r = cider("tokenize -m " + quote(kTiny) + " --text " + quote(e["prompt"].get<std::string>()));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string want = id_list(e["ids"]);
+    EXPECT_EQ(r.out, want + "\n");
+  }
+}
+
+TEST_F(Cli, LogitsMatchTransformersFloat32) {
+  for (const auto& e : reference()) {
+    const std::string ids = id_list(e["ids"]);
+    const std::string out = (scratch_dir() / "logits.npy").string();
+    const CliResult r = cider("logits -m " + quote(kTiny) + " --weights f32 --kv f32 --tokens " + ids + " --out " + quote(out));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const model::NpyArray a = model::read_npy_f32(out);
+    const auto& want = e["logits"];
+    ASSERT_EQ(a.shape, (std::vector<int64_t>{static_cast<int64_t>(want.size()), static_cast<int64_t>(want[0].size())}));
+    double max_ref = 0.0, max_diff = 0.0;
+    for (size_t i = 0; i < want.size(); ++i)
+      for (size_t v = 0; v < want[i].size(); ++v) {
+        const double w = want[i][v].get<double>(), g = a.data[i * want[i].size() + v];
+        ASSERT_FALSE(std::isnan(g));
+        max_ref = std::max(max_ref, std::fabs(w));
+        max_diff = std::max(max_diff, std::fabs(g - w));
+      }
+    EXPECT_LE(max_diff, 1e-3 * max_ref);  // the f32 rule
+  }
+  const CliResult bad = cider("logits -m " + quote(kTiny) + " --tokens 1,2 --out /nonexistent/dir/x.npy");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("/nonexistent/dir/x.npy"), std::string::npos) << bad.err;
+  const CliResult big = cider("logits -m " + quote(kTiny) + " --tokens 1,4096 --out x.npy");
+  EXPECT_EQ(big.status, 2);
+  EXPECT_NE(big.err.find("below the vocabulary size 4096; got 4096"), std::string::npos) << big.err;
+}
+
+// The greedy continuation transformers wrote to samples.txt for a prompt.
+std::string transformers_greedy_text(const std::string& prompt) {
+  const std::string s = slurp(kTiny + "/samples.txt");
+  const std::string head = "--- '" + prompt + "' (greedy)\n<|begin_of_text|>" + prompt;
+  const size_t b = s.find(head);
+  if (b == std::string::npos) return "<missing>";
+  const size_t start = b + head.size();
+  return s.substr(start, s.find("\n--- ", start) - start);
+}
+
+TEST_F(Cli, GreedyGenerationEqualsTransformers) {
+  const auto ref = reference();
+  const std::string prompt = ref[0]["prompt"];
+  const size_t n_new = ref[0]["greedy"].size() - ref[0]["ids"].size();
+  const std::string want = transformers_greedy_text(prompt);
+  for (const char* stream : {"", " --no-stream"}) {
+    const CliResult r = cider("generate -m " + quote(kTiny) + " --weights f32 --kv f32 --temperature 0 --max-tokens " +
+                              std::to_string(n_new) + " -p " + quote(prompt) + stream);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, want + "\n");
+    for (const char* part : {"prompt 4 tokens", "generated 24 tokens", "tok/s", "peak RSS", "KV ", "weights f32, kv f32",
+                             "stop: max tokens"})
+      EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  }
+  // A stop string: the text up to its first occurrence, without it.
+  const std::string stop = " the interpreter";
+  const CliResult s = cider("generate -m " + quote(kTiny) + " --weights f32 --kv f32 --temperature 0 --max-tokens " +
+                            std::to_string(n_new) + " -p " + quote(prompt) + " --stop " + quote(stop) + " --stop zzzz");
+  ASSERT_EQ(s.status, 0) << s.err;
+  ASSERT_NE(want.find(stop), std::string::npos);
+  EXPECT_EQ(s.out, want.substr(0, want.find(stop)) + "\n");
+  EXPECT_NE(s.err.find("stop: stop string"), std::string::npos) << s.err;
+}
+
+TEST_F(Cli, SampledGenerationIsReproducibleFromItsSeed) {
+  const std::string args = "generate -m " + quote(kTiny) + " --max-tokens 20 -p " + quote("A fortune: ");
+  const CliResult a = cider(args + " --seed 1234"), b = cider(args + " --seed 1234");
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.err.find("seed 1234"), std::string::npos) << a.err;
+  // Without --seed a fresh seed is drawn and printed; rerunning with it gives the same text.
+  const CliResult c = cider(args);
+  ASSERT_EQ(c.status, 0) << c.err;
+  const size_t at = c.err.find("seed ");
+  ASSERT_NE(at, std::string::npos) << c.err;
+  const std::string seed = c.err.substr(at + 5, c.err.find_first_not_of("0123456789", at + 5) - (at + 5));
+  EXPECT_EQ(cider(args + " --seed " + seed).out, c.out);
+}
+
+TEST_F(Cli, PromptLongerThanTheContextIsRejectedBeforeGenerating) {
+  const CliResult r = cider("generate -m " + quote(kTiny) + " --ctx 3 -p " + quote("The Python interpreter"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("cider: error: [generate] the prompt (4 tokens, after 0 already in the context) must fit the "
+                       "context of 3 tokens; got 4 tokens"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+// -log softmax(row)[target] in double from transformers' logits.
+double reference_nll(const nlohmann::json& e, size_t row, int target) {
+  const auto& l = e["logits"][row];
+  double mx = -INFINITY;
+  for (const auto& x : l) mx = std::max(mx, x.get<double>());
+  double z = 0.0;
+  for (const auto& x : l) z += std::exp(x.get<double>() - mx);
+  return mx + std::log(z) - l[static_cast<size_t>(target)].get<double>();
+}
+
+double number_after(const std::string& s, const std::string& key) {
+  const size_t at = s.find(key);
+  return at == std::string::npos ? NAN : std::strtod(s.c_str() + at + key.size(), nullptr);
+}
+
+TEST_F(Cli, PerplexityEqualsTheOneOfTransformersLogits) {
+  const auto e = reference()[1];  // "A fortune: " — BOS + 6 tokens; the file holds exactly the prompt
+  const std::string file = (scratch_dir() / "fortune.txt").string();
+  std::ofstream(file) << e["prompt"].get<std::string>();
+  const size_t n = e["ids"].size();
+  double nll = 0.0;
+  for (size_t t = 1; t < n; ++t) nll += reference_nll(e, t - 1, e["ids"][t].get<int>());
+  const double want = std::exp(nll / static_cast<double>(n - 1));
+  const CliResult r = cider("perplexity -m " + quote(kTiny) + " --weights f32 --kv f32 -f " + quote(file) + " --ctx " +
+                            std::to_string(n));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NEAR(number_after(r.out, "perplexity: "), want, 1e-3 * want) << r.out;
+  EXPECT_NE(r.out.find("(" + std::to_string(n - 1) + " tokens scored in 1 windows"), std::string::npos) << r.out;
+
+  const CliResult shorter = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 64");
+  EXPECT_EQ(shorter.status, 2);
+  EXPECT_NE(shorter.err.find("the text must have at least ctx = 64 tokens; got " + std::to_string(n) + " tokens"),
+            std::string::npos)
+      << shorter.err;
+}
+
+TEST_F(Cli, PerplexityAgainstABaselineReportsKlAndTopOne) {
+  // About 150 tokens of the model's README: four windows of 32.
+  const std::string file = (scratch_dir() / "readme_head.txt").string();
+  std::ofstream(file) << slurp(kTiny + "/README.md").substr(0, 600);
+  // The same configuration as its own baseline: zero divergence, full agreement.
+  const CliResult same = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
+                               " --ctx 32 --weights bf16 --kv bf16 --baseline-weights bf16 --baseline-kv bf16");
+  ASSERT_EQ(same.status, 0) << same.err;
+  EXPECT_EQ(number_after(same.out, "mean KL(baseline || tested): "), 0.0) << same.out;
+  EXPECT_NE(same.out.find("top-1 agreement: 100.00%"), std::string::npos) << same.out;
+  EXPECT_EQ(number_after(same.out, "baseline perplexity: "), number_after(same.out, "\nperplexity: ")) << same.out;
+  // A 3-bit key / 2-bit value cache against bf16: a positive divergence.
+  const CliResult low = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
+                              " --ctx 32 --kv k3v2 --baseline-kv bf16");
+  ASSERT_EQ(low.status, 0) << low.err;
+  EXPECT_GT(number_after(low.out, "mean KL(baseline || tested): "), 0.0) << low.out;
+  EXPECT_NE(low.out.find("baseline: weights bf16, kv bf16"), std::string::npos) << low.out;
+}
+
+TEST_F(Cli, ChatKeepsTheConversationAndResetStartsOver) {
+  const std::string args = "chat -m " + quote(kTiny) + " --temperature 0 --max-tokens 8 --weights f32 --kv f32";
+  const CliResult r = cider(args, "The Python interpreter\n/reset\nThe Python interpreter\nand then\n/exit\nnever read\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Each reply ends with a newline; replies may contain newlines, so compare whole replies.
+  const CliResult one = cider(args, "The Python interpreter\n");
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_FALSE(one.out.empty());
+  EXPECT_EQ(r.out.substr(0, 2 * one.out.size()), one.out + one.out) << "a reset conversation answers as a new one";
+  EXPECT_GT(r.out.size(), 2 * one.out.size()) << "the third message got a reply";
+  const CliResult fmt = cider(args + " --chat-format chatml --stats", "hi\n");
+  EXPECT_EQ(fmt.status, 0) << fmt.err;
+  EXPECT_NE(fmt.err.find("generated"), std::string::npos) << fmt.err;
+}
+
+TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
+  const fs::path out = scratch_dir() / "tiny-w8a8";
+  fs::remove_all(out);
+  const CliResult c = cider("convert -m " + quote(kTiny) + " -o " + quote(out.string()) + " --weights w8a8");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const CliResult again = cider("convert -m " + quote(kTiny) + " -o " + quote(out.string()) + " --weights w8a8");
+  EXPECT_EQ(again.status, 2);
+  EXPECT_NE(again.err.find("must not exist yet"), std::string::npos) << again.err;
+  const CliResult g = cider("generate -m " + quote(out.string()) + " --weights w8a8 --temperature 0 --max-tokens 5 -p hello");
+  EXPECT_EQ(g.status, 0) << g.err;
+  EXPECT_FALSE(g.out.empty());
+  const CliResult i = cider("inspect -m " + quote(kTiny));
+  ASSERT_EQ(i.status, 0) << i.err;
+  for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
+                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k4v3/so4-full/g64"})
+    EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
+}
+
+}  // namespace
+}  // namespace cider
