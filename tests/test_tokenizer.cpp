@@ -106,6 +106,22 @@ TEST(Tokenizer, ByteLevelRoundTripsEveryText) {
   }
 }
 
+// Large inputs: a 1 MB whitespace run (one regex match), and a Llama 2 paragraph of 256 KB (one BPE "word": the
+// merge loop must be O(n log n), not quadratic) must encode quickly and round-trip.
+TEST(Tokenizer, LargeInputs) {
+  const Tokenizer gpt2 = Tokenizer::from_json_file(data_path("gpt2.json"));
+  const std::string spaces(1 << 20, ' ');
+  const std::string mixed = spaces + "x" + std::string(1 << 16, '\n') + "end";
+  EXPECT_EQ(gpt2.decode(gpt2.encode(mixed, false)), mixed);
+  std::string words;
+  const char* vocab[] = {"license ", "software ", "copyright ", "the ", "of ", "distribution ", "Program, "};
+  for (size_t k = 0; words.size() < (1u << 18); ++k) words += vocab[(k * 7 + k / 3) % 7];
+  const Tokenizer llama2 = Tokenizer::from_json_file(data_path("llama2.json"));
+  const auto ids = llama2.encode(words, false);
+  EXPECT_LT(ids.size(), words.size() / 2);  // merged into words, not characters
+  EXPECT_EQ(llama2.decode(ids), words);
+}
+
 TEST(Tokenizer, SpecialTokensAndIds) {
   const Tokenizer llama3 = Tokenizer::from_json_file(data_path("llama3.json"));
   const int32_t bot = llama3.token_to_id("<|begin_of_text|>");
@@ -357,6 +373,134 @@ TEST(TokenizerRejects, BadAddedTokensAndTemplate) {
             {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {999999}}, {"tokens", {"<bos>"}}}}}}};
       },
       ErrorCode::kCorrupt, {"post-processor token ids", "999999"});
+}
+
+// A minimal GGUF v3 writer (metadata only, no tensors) so that each rejection gets its own small file.
+class GgufBuilder {
+ public:
+  GgufBuilder& str(const std::string& key, const std::string& v) {
+    head(key, 8);
+    string(v);
+    return count();
+  }
+  GgufBuilder& u32(const std::string& key, uint32_t v) {
+    head(key, 4);
+    pod(v);
+    return count();
+  }
+  GgufBuilder& strs(const std::string& key, const std::vector<std::string>& v) {
+    head(key, 9);
+    pod(uint32_t{8});
+    pod(static_cast<uint64_t>(v.size()));
+    for (const auto& x : v) string(x);
+    return count();
+  }
+  GgufBuilder& i32s(const std::string& key, const std::vector<int32_t>& v) {
+    head(key, 9);
+    pod(uint32_t{5});
+    pod(static_cast<uint64_t>(v.size()));
+    for (int32_t x : v) pod(x);
+    return count();
+  }
+  GgufBuilder& f32s(const std::string& key, const std::vector<float>& v) {
+    head(key, 9);
+    pod(uint32_t{6});
+    pod(static_cast<uint64_t>(v.size()));
+    for (float x : v) pod(x);
+    return count();
+  }
+  // Writes the file and loads a tokenizer from it.
+  Tokenizer load(const std::string& name) const {
+    const std::string path = ::testing::TempDir() + "/cider_tok_" + name + ".gguf";
+    std::string file = "GGUF";
+    auto put = [&](const auto& v) { file.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    put(uint32_t{3});
+    put(uint64_t{0});
+    put(n_);
+    file += body_;
+    std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size()));
+    auto gguf = cider::model::GGUFFile::open(path);
+    return Tokenizer::from_gguf(*gguf);
+  }
+
+ private:
+  template <typename T>
+  void pod(T v) {
+    body_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  void string(const std::string& s) {
+    pod(static_cast<uint64_t>(s.size()));
+    body_ += s;
+  }
+  void head(const std::string& key, uint32_t type) {
+    string(key);
+    pod(type);
+  }
+  GgufBuilder& count() {
+    ++n_;
+    return *this;
+  }
+  std::string body_;
+  uint64_t n_ = 0;
+};
+
+// A valid byte-level vocabulary: the four tokens a, b, ab, <eos>.
+GgufBuilder gpt2_vocab(const std::string& pre = "gpt-2") {
+  GgufBuilder b;
+  b.str("tokenizer.ggml.model", "gpt2").str("tokenizer.ggml.pre", pre);
+  b.strs("tokenizer.ggml.tokens", {"a", "b", "ab", "<eos>"}).i32s("tokenizer.ggml.token_type", {1, 1, 1, 3});
+  return b;
+}
+
+TEST(TokenizerGguf, MinimalVocabularies) {
+  GgufBuilder b = gpt2_vocab();
+  b.strs("tokenizer.ggml.merges", {"a b"}).u32("tokenizer.ggml.eos_token_id", 3);
+  const Tokenizer tok = b.load("minimal_gpt2");
+  EXPECT_EQ(tok.encode("abab<eos>", true), (std::vector<int32_t>{2, 2, 3}));
+  EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{3});
+  EXPECT_EQ(tok.bos_id(), -1);
+  EXPECT_EQ(tok.decode({2, 0, 3}, true), "aba");
+
+  // SentencePiece: "▁ab" wins over "▁a" + "b" by score; "z" is not in the vocabulary and falls back to its byte.
+  GgufBuilder s;
+  const std::string meta = "\xE2\x96\x81";  // ▁
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", meta, "a", "b", meta + "a", meta + "ab", "<0x7A>"};
+  s.str("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", tokens);
+  s.f32s("tokenizer.ggml.scores", {0, 0, 0, -1, -2, -3, -4, -5, 0});
+  s.i32s("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1, 1, 1, 6});
+  s.u32("tokenizer.ggml.bos_token_id", 1).u32("tokenizer.ggml.unknown_token_id", 0);
+  const Tokenizer spm = s.load("minimal_llama");
+  EXPECT_EQ(spm.encode("ab z", true), (std::vector<int32_t>{1, 7, 3, 8}));  // add_bos_token defaults to true
+  EXPECT_EQ(spm.decode({1, 7, 3, 8}, true), "ab z");
+}
+
+TEST(TokenizerRejects, BadGgufVocabularies) {
+  expect_error([] { GgufBuilder().strs("tokenizer.ggml.tokens", {"a"}).load("no_model"); }, ErrorCode::kCorrupt,
+               {"[tokenizer.from_gguf]", "tokenizer.ggml.model"});
+  expect_error([] { GgufBuilder().str("tokenizer.ggml.model", "bert").strs("tokenizer.ggml.tokens", {"a"}).load("bert"); },
+               ErrorCode::kUnsupported, {"tokenizer.ggml.model", "bert"});
+  expect_error([] { gpt2_vocab("deepseek-llm").strs("tokenizer.ggml.merges", {"a b"}).load("pre"); },
+               ErrorCode::kUnsupported, {"tokenizer.ggml.pre", "deepseek-llm"});
+  expect_error([] { gpt2_vocab().strs("tokenizer.ggml.merges", {"a c"}).load("merge"); }, ErrorCode::kCorrupt,
+               {"tokenizer.ggml.merges", "a c"});
+  expect_error([] { gpt2_vocab().strs("tokenizer.ggml.merges", {"ab"}).load("merge_form"); }, ErrorCode::kCorrupt,
+               {"one space", "ab"});
+  expect_error(
+      [] {
+        GgufBuilder b;
+        b.str("tokenizer.ggml.model", "gpt2").strs("tokenizer.ggml.tokens", {"a", "b"});
+        b.i32s("tokenizer.ggml.token_type", {1}).strs("tokenizer.ggml.merges", {}).load("types");
+      },
+      ErrorCode::kCorrupt, {"token_type", "one entry per token"});
+  expect_error([] { gpt2_vocab().strs("tokenizer.ggml.merges", {}).u32("tokenizer.ggml.bos_token_id", 9).load("bos"); },
+               ErrorCode::kCorrupt, {"bos_token_id", "9"});
+  expect_error(
+      [] {
+        GgufBuilder b;
+        b.str("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", {"a", "b"});
+        b.f32s("tokenizer.ggml.scores", {0}).load("scores");
+      },
+      ErrorCode::kCorrupt, {"tokenizer.ggml.scores", "one entry per token"});
 }
 
 TEST(TokenizerRejects, BadEncodeAndDecodeInput) {
