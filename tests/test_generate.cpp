@@ -1,7 +1,10 @@
 // The generation loop against scripted fakes of the model (LogitsSource) and of the detokenizer (TextStream): EOS,
 // stop strings (never printed, text held back only while it could still be one), max tokens, context limits, chunked
 // prefill, streaming, determinism per seed, statistics, and every rejection.
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -344,6 +347,43 @@ TEST(Generate, FormatBytesPicksTheUnit) {
   EXPECT_EQ(format_bytes(1536), "1.5 KiB");
   EXPECT_EQ(format_bytes(3.0 * 1024 * 1024), "3.0 MiB");
   EXPECT_EQ(format_bytes(2.5 * 1024 * 1024 * 1024), "2.50 GiB");
+}
+
+// End to end through the real engine and tokenizer on the embedded model, against transformers' greedy tokens
+// (tests/data/cider_tiny/reference.json, float32).
+TEST(GenerateWithModel, GreedyTokensEqualTransformersOnCiderTiny) {
+  const std::string src = CIDER_SOURCE_DIR;
+  std::ifstream f(src + "/tests/data/cider_tiny/reference.json");
+  std::stringstream text;
+  text << f.rdbuf();
+  const nlohmann::json ref = nlohmann::json::parse(text.str());
+  ModelOptions mo;
+  mo.weights = WeightFormat::kF32;
+  mo.kv = parse_kv_format("f32");
+  const auto model = Model::load(src + "/models/cider-tiny", mo);
+  EXPECT_EQ(model_eos_ids(*model), (std::vector<int32_t>{1}));  // config.json eos_token_id
+  for (const auto& e : ref) {
+    const std::vector<int32_t> ids = e["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> full = e["greedy"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want(full.begin() + static_cast<std::ptrdiff_t>(ids.size()), full.end());
+    EXPECT_EQ(model->tokenizer().encode(e["prompt"].get<std::string>()), ids);
+    for (int64_t chunk : {int64_t{512}, int64_t{1}, int64_t{3}}) {  // one forward, or the prompt in pieces
+      auto session = model->new_session();
+      ModelLogitsSource source(*model, *session);
+      TokenizerTextStream stream(model->tokenizer(), ids.back());
+      Sampler sampler(greedy());
+      std::vector<int32_t> history;
+      GenerateOptions o;
+      o.max_tokens = static_cast<int64_t>(want.size());
+      o.prefill_chunk = chunk;
+      const GenerationResult r = generate(source, stream, sampler, history, ids, o);
+      EXPECT_EQ(r.tokens, want) << "prefill chunk " << chunk;
+      EXPECT_EQ(r.text, model->tokenizer().decode(want, true)) << "prefill chunk " << chunk;
+      EXPECT_EQ(session->position(), static_cast<int64_t>(full.size()) - 1);
+      EXPECT_GT(r.stats.kv_bytes, 0u);
+      EXPECT_EQ(r.stats.weight_bytes, model->weight_bytes());
+    }
+  }
 }
 
 }  // namespace
