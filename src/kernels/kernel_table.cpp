@@ -8,12 +8,15 @@
 //   w4a8_gemm    as w8a8_gemm (nibbles unpacked at packing)      as w8a8_gemm
 //   dense_gemm   f32/f16/bf16 weights widened exactly, f32 FMA   same, 8 lanes
 //   affine_qmm   transpose=true with 4 or 8 bits; other bit widths and transpose=false: ref::affine_qmm
-//   attention, kv_append and any later entry: the reference (the copy below), until a fast kernel is assigned
+//   attention    VNNI int8 scores, f32 value FMAs, split + LSE   same design, 8-row tiles (plain caches: ref)
+//   kv_append    fused rotate + quantize, bit-identical to ref    same, 8 lanes
+//   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/attention_x86.h"
 #include "kernels/x86/x86_kernels.h"
 
 namespace cider::kernels {
@@ -41,6 +44,7 @@ const KernelTable& avx2_kernels() {
     t.w4a8_gemm = &x86::avx2::w4a8_gemm;
     t.w4a8_gemv = &x86::avx2::w4a8_gemv;
     t.dense_gemm = &x86::avx2::dense_gemm;
+    x86::register_attention_avx2(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     return t;
   }();
   return table;
@@ -56,6 +60,7 @@ const KernelTable& avx512_kernels() {
     t.w4a8_gemm = &x86::avx512::w4a8_gemm;
     t.w4a8_gemv = &x86::avx512::w4a8_gemv;
     t.dense_gemm = &x86::avx512::dense_gemm;
+    x86::register_attention_avx512(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     return t;
   }();
   return table;

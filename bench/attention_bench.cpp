@@ -1,0 +1,301 @@
+// attention_bench: decode attention over a packed KV cache, timed per ISA level (issue 4).
+//
+// Cases: Hq query heads sharing Hkv KV heads (default Hq 32, Hkv 8), head dim D, kL cached keys, one query row (B = 1,
+// L = 1, decode), K4/V3 group 64 f16 scales (or --kbits/--vbits/--group). The kernel entry is called directly
+// (kernels_for_isa(level).attention) on storage laid out as the cache stores it (docs/kv_cache.md); codes, scales
+// and biases are random bytes of the right ranges — the kernel's time does not depend on their values.
+//   hot:    one cache, every call reads it again (what llama.cpp's test-backend-ops perf mode does: its K/V stay in
+//           the last-level cache when they fit);
+//   stream: calls rotate over distinct copies whose total exceeds --pool-mb (default 1024 MiB), so each call reads
+//           its cache from DRAM as a real decode step reads one layer's cache.
+// Also printed: "nn" = nn::attention on a QuantizedKVCache (query rotation, kernel, inverse rotation, output copy)
+// for the first case, hot.
+// Output: one line per case (best / median / max ms over --reps calls after one warm-up, GB/s of cache bytes at the
+// best time), or JSON lines with --json. tools/bench_attention_peers.sh runs it interleaved with llama.cpp.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <time.h>
+
+#include "core/cpu_features.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "kernels/kernel_table.h"
+#include "nn/attention.h"
+#include "nn/kv_cache.h"
+#include "quant/affine.h"
+
+namespace {
+
+using cider::DType;
+using cider::kernels::AttentionArgs;
+using cider::kernels::KVTensorView;
+
+struct Options {
+  std::vector<int64_t> ctx = {8192, 32768};
+  std::vector<int64_t> dims = {128, 256};
+  int64_t hq = 32, hkv = 8, L = 1;
+  int kbits = 4, vbits = 3, group = 64;
+  int reps = 20;
+  int threads = 0;
+  int64_t pool_mb = 1024;
+  std::string isa;    // empty = every level this machine runs, highest first
+  std::string mode = "hot,stream";
+  bool json = false;
+  bool nn = true;
+  bool cputime = false;  // time with the process CPU clock (a loaded machine; meaningful with --threads 1)
+};
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    int64_t v = std::strtoll(item.c_str(), nullptr, 10);
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) v *= 1024;
+    out.push_back(v);
+  }
+  return out;
+}
+
+void usage() {
+  std::printf(
+      "usage: attention_bench [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
+      "                       [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "                       [--mode hot,stream] [--no-nn] [--json] [--cputime]\n"
+      "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n");
+}
+
+// One copy of a cache's key and value planes: [1, Hkv, cap, ·] each, random contents of the right ranges.
+struct Planes {
+  cider::Buffer kc, ks, kb, vc, vs, vb;
+  KVTensorView keys{}, values{};
+};
+
+uint16_t f16(float v) { return cider::f32_to_f16(v); }
+
+Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng) {
+  Planes p;
+  const int64_t cap = (kL + 255) / 256 * 256, G = D / o.group;
+  auto fill_random = [&](cider::Buffer& b) {
+    uint64_t* w = b.as<uint64_t>();
+    for (size_t i = 0; i < b.nbytes() / 8; ++i) w[i] = rng();
+  };
+  auto fill_scales = [&](cider::Buffer& b, float lo, float hi, bool sign) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    uint16_t* h = b.as<uint16_t>();
+    for (size_t i = 0; i < b.nbytes() / 2; ++i) h[i] = f16(sign && (rng() & 1) ? -u(rng) : u(rng));
+  };
+  p.kc = cider::Buffer(static_cast<size_t>(o.hkv * cap * D * o.kbits / 8));
+  p.vc = cider::Buffer(static_cast<size_t>(o.hkv * cap * D * o.vbits / 8));
+  p.ks = cider::Buffer(static_cast<size_t>(o.hkv * cap * G * 2));
+  p.kb = cider::Buffer(p.ks.nbytes());
+  p.vs = cider::Buffer(p.ks.nbytes());
+  p.vb = cider::Buffer(p.ks.nbytes());
+  fill_random(p.kc);
+  fill_random(p.vc);
+  // Scales about range/(2^bits − 1) of unit-variance data, either sign (MLX's convention); biases about the minimum.
+  fill_scales(p.ks, 0.3f, 0.6f, true);
+  fill_scales(p.kb, 1.5f, 3.0f, true);
+  fill_scales(p.vs, 0.6f, 1.2f, true);
+  fill_scales(p.vb, 1.5f, 3.0f, true);
+  auto view = [&](const cider::Buffer& c, const cider::Buffer& s, const cider::Buffer& b, int bits) {
+    KVTensorView v{};
+    v.data = c.data();
+    v.scales = s.data();
+    v.biases = b.data();
+    v.dtype = DType::kU32;
+    v.scale_dtype = DType::kF16;
+    v.bits = bits;
+    v.group_size = o.group;
+    v.B = 1;
+    v.H = o.hkv;
+    v.length = kL;
+    v.capacity = cap;
+    v.dim = D;
+    return v;
+  };
+  p.keys = view(p.kc, p.ks, p.kb, o.kbits);
+  p.values = view(p.vc, p.vs, p.vb, o.vbits);
+  return p;
+}
+
+struct Timing {
+  double best, median, max;
+};
+
+bool g_cputime = false;
+
+double now_ms() {
+  if (g_cputime) {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+template <typename F>
+Timing time_calls(int reps, F&& f) {
+  f();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_ms();
+    f();
+    ms.push_back(now_ms() - t0);
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms.front(), ms[ms.size() / 2], ms.back()};
+}
+
+void report(const Options& o, const char* level, const char* mode, int64_t D, int64_t kL, double bytes,
+            const Timing& t) {
+  const double gbps = bytes / (t.best * 1e-3) / 1e9;
+  char name[96];
+  std::snprintf(name, sizeof name, "decode_hq%lld_hkv%lld_d%lld_ctx%lld", static_cast<long long>(o.hq),
+                static_cast<long long>(o.hkv), static_cast<long long>(D), static_cast<long long>(kL));
+  if (o.json) {
+    std::printf(
+        "{\"case\":\"%s\",\"level\":\"%s\",\"mode\":\"%s\",\"kbits\":%d,\"vbits\":%d,\"group\":%d,\"L\":%lld,"
+        "\"threads\":%d,\"best_ms\":%.4f,\"median_ms\":%.4f,\"max_ms\":%.4f,\"cache_mb\":%.2f,\"gbps\":%.2f}\n",
+        name, level, mode, o.kbits, o.vbits, o.group, static_cast<long long>(o.L), cider::num_threads(), t.best,
+        t.median, t.max, bytes / 1e6, gbps);
+  } else {
+    std::printf("%-32s %-7s %-7s %9.3f %9.3f %9.3f %9.1f %8.1f\n", name, level, mode, t.best, t.median, t.max,
+                bytes / 1e6, gbps);
+  }
+  std::fflush(stdout);
+}
+
+int run(const Options& o) {
+  g_cputime = o.cputime;
+  if (o.threads > 0) cider::set_num_threads(o.threads);
+  std::vector<cider::IsaLevel> levels;
+  if (o.isa.empty()) {
+    for (cider::IsaLevel l : cider::supported_isas())
+      if (l != cider::IsaLevel::kRef) levels.insert(levels.begin(), l);
+  } else {
+    levels.push_back(cider::parse_isa(o.isa, "attention_bench"));
+  }
+  if (!o.json) {
+    std::printf("attention_bench: Hq %lld, Hkv %lld, L %lld, K%d/V%d g%d f16 scales, %d threads, best/median/max of %d "
+                "calls\n",
+                static_cast<long long>(o.hq), static_cast<long long>(o.hkv), static_cast<long long>(o.L), o.kbits,
+                o.vbits, o.group, cider::num_threads(), o.reps);
+    std::printf("%-32s %-7s %-7s %9s %9s %9s %9s %8s\n", "case", "level", "mode", "best ms", "median", "max",
+                "cache MB", "GB/s");
+  }
+  std::mt19937_64 rng(12345);
+  bool nn_done = !o.nn;
+  for (int64_t D : o.dims)
+    for (int64_t kL : o.ctx) {
+      const int64_t cap = (kL + 255) / 256 * 256;
+      const double per_copy = static_cast<double>(o.hkv * cap * D * (o.kbits + o.vbits) / 8 +
+                                                  4 * o.hkv * cap * (D / o.group) * 2);
+      const double bytes = static_cast<double>(o.hkv * kL) *
+                           (static_cast<double>(D * (o.kbits + o.vbits)) / 8.0 + 4.0 * static_cast<double>(D / o.group) * 2.0);
+      const bool want_stream = o.mode.find("stream") != std::string::npos;
+      const int copies = want_stream ? std::max(2, static_cast<int>(std::ceil(static_cast<double>(o.pool_mb) * 1048576.0 / per_copy))) : 1;
+      std::vector<Planes> planes;
+      for (int c = 0; c < copies; ++c) planes.push_back(make_planes(o, D, kL, rng));
+      std::vector<float> q(static_cast<size_t>(o.hq * o.L * D)), out(static_cast<size_t>(o.hq * o.L * D));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& x : q) x = nd(rng);
+      AttentionArgs a{};
+      a.q = q.data();
+      a.out = out.data();
+      a.B = 1;
+      a.Hq = o.hq;
+      a.L = o.L;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      a.mask_kind = cider::kernels::MaskKind::kCausal;
+      for (cider::IsaLevel level : levels) {
+        const cider::kernels::KernelTable& t = cider::kernels::kernels_for_isa(level);
+        if (o.mode.find("hot") != std::string::npos) {
+          a.keys = planes[0].keys;
+          a.values = planes[0].values;
+          report(o, t.name, "hot", D, kL, bytes, time_calls(o.reps, [&] { t.attention(a); }));
+        }
+        if (want_stream) {
+          size_t next = 0;
+          report(o, t.name, "stream", D, kL, bytes, time_calls(o.reps, [&] {
+                   a.keys = planes[next].keys;
+                   a.values = planes[next].values;
+                   next = (next + 1) % planes.size();
+                   t.attention(a);
+                 }));
+        }
+      }
+      if (!nn_done) {  // the public op, once: query rotation + kernel + inverse rotation + output store
+        nn_done = true;
+        cider::nn::QuantizedKVCache cache(cider::nn::QuantizedKVCacheConfig{o.kbits, o.vbits, o.group,
+                                                                            cider::nn::RotationKind::kSO4Full, 7,
+                                                                            DType::kF16});
+        const int64_t chunk = 1024;
+        std::vector<float> kv(static_cast<size_t>(o.hkv * chunk * D));
+        for (int64_t t0 = 0; t0 < kL; t0 += chunk) {
+          const int64_t n = std::min(chunk, kL - t0);
+          for (float& x : kv) x = nd(rng);
+          cider::TensorView v(kv.data(), DType::kF32, {1, o.hkv, n, D});
+          cache.update_and_fetch(v, v);
+        }
+        cider::TensorView qv(q.data(), DType::kF32, {1, o.hq, o.L, D}), ov(out.data(), DType::kF32, {1, o.hq, o.L, D});
+        cider::nn::AttentionMask m;
+        m.kind = cider::kernels::MaskKind::kCausal;
+        report(o, cider::kernels::active_kernels().name, "nn-hot", D, kL, bytes,
+               time_calls(o.reps, [&] { cider::nn::attention(qv, cache, a.scale, m, ov); }));
+      }
+    }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--ctx") o.ctx = parse_list(next());
+    else if (arg == "--dims") o.dims = parse_list(next());
+    else if (arg == "--hq") o.hq = std::stoll(next());
+    else if (arg == "--hkv") o.hkv = std::stoll(next());
+    else if (arg == "--L") o.L = std::stoll(next());
+    else if (arg == "--kbits") o.kbits = std::stoi(next());
+    else if (arg == "--vbits") o.vbits = std::stoi(next());
+    else if (arg == "--group") o.group = std::stoi(next());
+    else if (arg == "--reps") o.reps = std::stoi(next());
+    else if (arg == "--threads") o.threads = std::stoi(next());
+    else if (arg == "--pool-mb") o.pool_mb = std::stoll(next());
+    else if (arg == "--isa") o.isa = next();
+    else if (arg == "--mode") o.mode = next();
+    else if (arg == "--no-nn") o.nn = false;
+    else if (arg == "--json") o.json = true;
+    else if (arg == "--cputime") o.cputime = true;
+    else {
+      usage();
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,104 @@
+// cider/kernels/x86 — fast attention over the packed KV cache and fused rotate-quantize-append (issue 4, attention
+// half). The dispatcher (kernels/kernel_table.cpp) installs them with register_attention_avx2 / _avx512.
+//
+// Files: attention_common.cpp (baseline flags: planning, query quantization, masks, the split merge, threads),
+// avx512/attention_avx512.cpp, avx2/attention_avx2.cpp, avx512/kv_append_avx512.cpp, avx2/kv_append_avx2.cpp.
+// As for every file under x86/avx2 and x86/avx512 (see x86_kernels.h): the ISA files define everything they use
+// file-locally and call shared code only through the plain functions declared here. This header has no intrinsics
+// and no inline functions.
+//
+// ---- attention design (docs/benchmarks.md, "## Attention", has the measurements) ----
+// Work item = (batch b, KV head g, block of query rows, piece of the key range). The R = rep·Lb query rows of a
+// block that share KV head g are processed together, so each cached row is read and unpacked once per item.
+// Keys, 16 rows at a time ("tile"): the packed rows are transposed as 32-bit words (16×16), so each vector holds one
+// word of 16 rows — rows in lanes. A 4-bit word holds 8 codes: its low nibbles (dims 8k, 8k+2, 8k+4, 8k+6) and its
+// high nibbles (the odd dims) are multiplied by the matching 4 int8 query values with one VNNI dot product each
+// (vpdpbusd: u8 codes × s8 query, int32 sums, exact); 8-bit keys are used as bytes; other widths are first unpacked
+// to bytes. Per query row r and key group g the int32 sum I becomes
+//     score += (scale·sq_rg)·(s_jg·I_rjg + b_jg·Σ_k qi_rk)            (s, b the stored scale and bias of row j)
+// where the query row was quantized per key group: sq = max|q|/127, qi = clamp(rint(q/sq), −127, 127)
+// (quantize_query_groups below), so the score is exactly scale·q̃·k̂ with q̃ = sq·qi, up to float32 rounding.
+// Softmax: online, per block of kBlockRows keys (max, rescale, exp in float32). Values: float32 FMAs on codes
+// converted exactly to float (3-bit and other widths unpacked from the bit stream with a byte shuffle + variable
+// shift), weights p·s per (row, group), the bias part Σ p·b kept per group — the same algebra as the reference.
+// Splits of the key range are merged with log-sum-exp. Plain (unquantized) caches go to the reference kernel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_table.h"
+
+namespace cider::kernels::x86 {
+
+// Fill the attention and kv_append entries of a table with this level's kernels (call only when the CPU and OS
+// support the level: kernels_for_isa checks CPUID + XCR0 first).
+void register_attention_avx2(KernelTable& t);
+void register_attention_avx512(KernelTable& t);
+
+namespace avx512 {
+void attention(const AttentionArgs& a);
+void kv_append(const KVAppendArgs& a);
+}  // namespace avx512
+namespace avx2 {
+void attention(const AttentionArgs& a);
+void kv_append(const KVAppendArgs& a);
+}  // namespace avx2
+
+namespace attn {
+
+constexpr int kTileRows = 16;     // key rows per tile (one vector lane per row on AVX-512)
+constexpr int kBlockRows = 128;   // key rows per online-softmax block (multiple of kTileRows)
+constexpr int kMaxBlockQueryRows = 64;  // R = rep·Lb query rows per work item at most (when rep <= 64)
+
+// True when the fast kernels handle these arguments: quantized keys and values (any of the affine widths, group
+// sizes and scale dtypes). Plain caches (bits == 0) are handled by the reference kernel.
+bool fast_path_supported(const AttentionArgs& a);
+
+// How the work is cut. Work items are numbered ((qb·B + b)·Hkv + g)·splits + s and handed to threads round-robin.
+struct Plan {
+  int64_t rep;          // Hq / Hkv
+  int64_t lb;           // query rows per block
+  int64_t qblocks;      // ceil(L / lb)
+  int64_t splits;       // pieces of each key range
+  int64_t items;        // B·Hkv·qblocks·splits
+  int64_t max_rows;     // rep·lb: query rows of an item at most
+  int64_t partial_floats;  // floats of one item's partial result: max_rows·(2 + Dv)
+  int threads;
+};
+struct Item {
+  int64_t b, g, i0, nl;  // query rows i0 .. i0 + nl − 1 of every query head of KV head g
+  int64_t R;             // rep·nl; row r <-> query head g·rep + r / nl, query row i0 + r % nl
+  int64_t klo, khi;      // key positions [klo, khi) of this piece (klo is not rounded; may be empty)
+};
+Plan make_plan(const AttentionArgs& a, int threads);  // threads 0 = the default pool's size
+Item item_of(const AttentionArgs& a, const Plan& p, int64_t index);
+
+// Per query row r of an item: the key positions it may see inside the item's piece, [lo, hi) (causal and window
+// applied; bool/additive masks are applied per element by fetch_mask).
+void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, int64_t* hi);
+// Bool/additive masks: writes n values (n <= 16) for keys j0 .. j0 + n − 1 of query row r: 0 or −inf (bool),
+// the mask value (additive). Not called for other mask kinds.
+void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, int n, float* out);
+
+// The documented query quantization, per group of `group_size` values of q[0, dim): sq = max|q| / 127 (float32),
+// qi = clamp(rint(q / sq), −127, 127) (0 when the group is all zero, sq = 0), qsum = Σ qi. sq[dim/group_size],
+// qsum[dim/group_size], qi[dim].
+void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* qi, float* sq, int32_t* qsum);
+
+// Partial result of item `index`, at partials + index·p.partial_floats: for each of its R rows, [m, l, o[Dv]] with
+// m the score maximum seen (−inf if none), l = Σ exp(s − m), o = Σ exp(s − m)·v (bias part included). Merges the
+// splits of every (b, g, query block) by log-sum-exp and writes a.out (zeros for rows that saw no key).
+void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials);
+
+// Runs fn(ctx, item) for items 0 .. n−1, thread t of the default pool taking items t, t + T, t + 2T, … (round-robin
+// balances causal blocks whose cost grows with the block index).
+void run_items(int64_t n, void (*fn)(void* ctx, int64_t item), void* ctx);
+// Per-thread scratch for the attention kernels (64-byte aligned, at least `bytes`, contents unspecified).
+void* thread_scratch(size_t bytes);
+// A float buffer for the partial results of one call (owned by the calling thread, reused between calls).
+float* partial_buffer(size_t floats);
+
+}  // namespace attn
+
+}  // namespace cider::kernels::x86

@@ -1,0 +1,703 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) attention over the packed KV cache: integer scores, online softmax, float32 value
+// sums, split over threads along the key sequence. The design and the accuracy rule are in attention_x86.h; the
+// reference is kernels/ref/attention_ref.cpp. Everything here is file-local (see x86_kernels.h for why).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/attention_x86.h"
+
+#define CIDER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define CIDER_INLINE static inline __attribute__((always_inline)) CIDER_AVX512
+
+namespace cider::kernels::x86::avx512 {
+
+namespace {
+
+using attn::Item;
+using attn::kBlockRows;
+using attn::kTileRows;
+using attn::Plan;
+
+constexpr int kT = kBlockRows;
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t scale_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+CIDER_INLINE __mmask16 mask16(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+}
+
+// 16 values of a float dtype (f32 / f16 / bf16) from p[i..], widened exactly; lanes outside m read as 0.
+CIDER_INLINE __m512 load16(const void* p, DType t, int64_t i, __mmask16 m) {
+  if (t == DType::kF16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+  if (t == DType::kBF16)
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
+  return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+}
+
+// exp(x) for x <= 0 (or −inf -> exactly 0): Cody–Waite reduction by ln 2 and a degree-6 polynomial on
+// [−ln2/2, ln2/2] (Cephes expf coefficients), then scaling by 2^n. Relative error about 2 ulp against std::exp.
+CIDER_INLINE __m512 exp16(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-3.0e38f), _CMP_GT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
+}
+
+// In-register transpose of a 16×16 matrix of 32-bit words: v[j] = row j on entry, v[k] = column k on exit.
+CIDER_INLINE void transpose16(__m512i* v) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 4) {  // 32-bit then 64-bit interleaves inside 128-bit lanes
+    const __m512i a = _mm512_unpacklo_epi32(v[i], v[i + 1]), b = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    const __m512i c = _mm512_unpacklo_epi32(v[i + 2], v[i + 3]), d = _mm512_unpackhi_epi32(v[i + 2], v[i + 3]);
+    t[i] = _mm512_unpacklo_epi64(a, c);      // lane q: column 4q   of rows i..i+3
+    t[i + 1] = _mm512_unpackhi_epi64(a, c);  // column 4q + 1
+    t[i + 2] = _mm512_unpacklo_epi64(b, d);  // column 4q + 2
+    t[i + 3] = _mm512_unpackhi_epi64(b, d);  // column 4q + 3
+  }
+  for (int c = 0; c < 4; ++c) {  // 128-bit lanes: rows 0-3 | 4-7 then 8-11 | 12-15
+    u[c] = _mm512_shuffle_i32x4(t[c], t[4 + c], 0x88);       // col c, c+8 of rows 0-7
+    u[4 + c] = _mm512_shuffle_i32x4(t[c], t[4 + c], 0xDD);   // col c+4, c+12 of rows 0-7
+    u[8 + c] = _mm512_shuffle_i32x4(t[8 + c], t[12 + c], 0x88);
+    u[12 + c] = _mm512_shuffle_i32x4(t[8 + c], t[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    v[c] = _mm512_shuffle_i32x4(u[c], u[8 + c], 0x88);            // column c
+    v[c + 8] = _mm512_shuffle_i32x4(u[c], u[8 + c], 0xDD);        // column c + 8
+    v[c + 4] = _mm512_shuffle_i32x4(u[4 + c], u[12 + c], 0x88);   // column c + 4
+    v[c + 12] = _mm512_shuffle_i32x4(u[4 + c], u[12 + c], 0xDD);  // column c + 12
+  }
+}
+
+// Column g (of G) of a [16, G] row-major block of scales (16·G values of dtype t starting at p), as 16 floats with
+// lane j = row j.
+CIDER_INLINE __m512 scale_column(const void* p, DType t, int64_t G, int64_t g) {
+  if (G == 1) return load16(p, t, 0, 0xffff);
+  const __m512i pos = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                          _mm512_set1_epi32(static_cast<int>(G))),
+                                       _mm512_set1_epi32(static_cast<int>(g)));
+  const __m512i idx = _mm512_and_si512(pos, _mm512_set1_epi32(15));
+  const __m512i zv = _mm512_srli_epi32(pos, 4);
+  __m512 col = _mm512_setzero_ps();
+  for (int64_t z = 0; z < G; ++z) {
+    const __mmask16 k = _mm512_cmpeq_epi32_mask(zv, _mm512_set1_epi32(static_cast<int>(z)));
+    if (k) col = _mm512_mask_permutexvar_ps(col, k, idx, load16(p, t, 16 * z, 0xffff));
+  }
+  return col;
+}
+
+// All G columns of a [16, G] block of scales: out[g·stride + j] = value (j, g), widened exactly. One 16-bit
+// permute per column for f16/bf16 up to G = 4 (two and a blend for G = 8), likewise for f32 up to G = 4.
+CIDER_INLINE void scale_columns(const void* p, DType t, int64_t G, float* out, int64_t stride) {
+  if (G == 1) {
+    _mm512_store_ps(out, load16(p, t, 0, 0xffff));
+    return;
+  }
+  const int Gi = static_cast<int>(G);
+  if (t != DType::kF32 && G <= 8) {
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    __m512i z[4];
+    for (int k = 0; k < 4; ++k) z[k] = k < Gi / 2 ? _mm512_loadu_si512(h + 32 * k) : _mm512_setzero_si512();
+    const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                          12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i row_hi = _mm512_sub_epi16(iota, _mm512_set1_epi16(8));  // rows 8..15 counted from 0 (G = 8)
+    for (int g = 0; g < Gi; ++g) {
+      __m512i w;
+      if (G <= 4) {
+        const __m512i idx = _mm512_add_epi16(_mm512_mullo_epi16(iota, _mm512_set1_epi16(static_cast<short>(G))),
+                                             _mm512_set1_epi16(static_cast<short>(g)));
+        w = _mm512_permutex2var_epi16(z[0], idx, z[1]);
+      } else {
+        const __m512i ia = _mm512_add_epi16(_mm512_slli_epi16(iota, 3), _mm512_set1_epi16(static_cast<short>(g)));
+        const __m512i ib = _mm512_add_epi16(_mm512_slli_epi16(row_hi, 3), _mm512_set1_epi16(static_cast<short>(g)));
+        w = _mm512_mask_blend_epi16(0xFF00, _mm512_permutex2var_epi16(z[0], ia, z[1]),
+                                    _mm512_permutex2var_epi16(z[2], ib, z[3]));
+      }
+      const __m256i w16 = _mm512_castsi512_si256(w);
+      const __m512 f = t == DType::kF16 ? _mm512_cvtph_ps(w16)
+                                         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w16), 16));
+      _mm512_store_ps(out + g * stride, f);
+    }
+    return;
+  }
+  if (t == DType::kF32 && G <= 4) {
+    const float* f = static_cast<const float*>(p);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int g = 0; g < Gi; ++g) {
+      __m512 col;
+      if (G == 2) {
+        const __m512i idx = _mm512_add_epi32(_mm512_slli_epi32(iota, 1), _mm512_set1_epi32(g));
+        col = _mm512_permutex2var_ps(_mm512_loadu_ps(f), idx, _mm512_loadu_ps(f + 16));
+      } else {
+        const __m512i ia = _mm512_add_epi32(_mm512_slli_epi32(iota, 2), _mm512_set1_epi32(g));
+        const __m512i ib = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(iota, _mm512_set1_epi32(8)), 2),
+                                            _mm512_set1_epi32(g));
+        col = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(_mm512_loadu_ps(f), ia, _mm512_loadu_ps(f + 16)),
+                                   _mm512_permutex2var_ps(_mm512_loadu_ps(f + 32), ib, _mm512_loadu_ps(f + 48)));
+      }
+      _mm512_store_ps(out + g * stride, col);
+    }
+    return;
+  }
+  for (int64_t g = 0; g < G; ++g) _mm512_store_ps(out + g * stride, scale_column(p, t, G, g));
+}
+
+// Everything one work item needs, carved from the thread's scratch.
+struct Ctx {
+  const AttentionArgs* a;
+  const Plan* p;
+  float* partials;
+  // dims
+  int64_t Dk, Dv, Gk, Gv, gk, gv, kb, vb, Rmax;
+  int64_t krow_bytes, vrow_bytes;  // packed bytes per cached row
+  bool nib;                        // 4-bit keys: nibble columns
+  int64_t Wd;                      // 32-bit columns per key row in the tile representation
+  int64_t ncolimg;                 // query images: 2·Wd (nibbles) or Wd (bytes)
+  int64_t cols_per_group;
+};
+
+struct Scratch {
+  int32_t* qimg;     // [ncolimg][Rmax] query words (4 int8 each)
+  float* coef;       // [Rmax][Gk] scale·sq
+  float* bcoef;      // [Rmax][Gk] scale·sq·Σqi
+  int32_t* lo;       // [Rmax] visible key range of each row
+  int32_t* hi;
+  int8_t* qi;        // [Dk]
+  float* sq;         // [Gk]
+  int32_t* qsum;     // [Gk]
+  int32_t* colbuf;   // [ncolimg][16]
+  uint8_t* kbytes;   // [16][Dk] keys unpacked to bytes (widths other than 4 and 8)
+  uint8_t* kpad;     // [16][krow_bytes] a tile past the capacity, zero padded
+  uint8_t* kspad;    // [16][Gk] scales (4-byte room each)
+  uint8_t* kbpad;
+  uint8_t* vspad;    // [16][Gv]
+  uint8_t* vbpad;
+  float* skcol;      // [Gk][16]
+  float* bkcol;
+  float* sc;         // [Rmax][kT] scores, then p
+  float* m;          // [Rmax]
+  float* l;          // [Rmax]
+  float* acc;        // [Rmax][Dv]
+  float* bacc;       // [Rmax][Gv][16]
+  float* W;          // [Gv][Rmax][kT] p·s
+  float* svcol;      // [Gv][kT]
+  float* bvcol;      // [Gv][kT]
+  uint8_t* vshuf;    // [Dv/16][64] byte shuffles for the value code unpack
+  int32_t* voff;     // [Dv/16] byte offset of each 16-code chunk's 16-byte window in a row
+};
+
+size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    uint8_t* p = base ? base + off : nullptr;
+    off += (bytes + 63) / 64 * 64;
+    return p;
+  };
+  const size_t R = static_cast<size_t>(c.Rmax), Gk = static_cast<size_t>(c.Gk), Gv = static_cast<size_t>(c.Gv);
+  const size_t Dk = static_cast<size_t>(c.Dk), Dv = static_cast<size_t>(c.Dv), T = kT;
+  s->qimg = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * R * 4));
+  s->coef = reinterpret_cast<float*>(take(R * Gk * 4));
+  s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
+  s->lo = reinterpret_cast<int32_t*>(take(R * 4));
+  s->hi = reinterpret_cast<int32_t*>(take(R * 4));
+  s->qi = reinterpret_cast<int8_t*>(take(Dk));
+  s->sq = reinterpret_cast<float*>(take(Gk * 4));
+  s->qsum = reinterpret_cast<int32_t*>(take(Gk * 4));
+  s->colbuf = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * 64));
+  s->kbytes = take(16 * Dk + 64);
+  s->kpad = take(16 * static_cast<size_t>(c.krow_bytes) + 64);
+  s->kspad = take(16 * Gk * 4);
+  s->kbpad = take(16 * Gk * 4);
+  s->vspad = take(16 * Gv * 4);
+  s->vbpad = take(16 * Gv * 4);
+  s->skcol = reinterpret_cast<float*>(take(Gk * 64));
+  s->bkcol = reinterpret_cast<float*>(take(Gk * 64));
+  s->sc = reinterpret_cast<float*>(take(R * T * 4));
+  s->m = reinterpret_cast<float*>(take(R * 4));
+  s->l = reinterpret_cast<float*>(take(R * 4));
+  s->acc = reinterpret_cast<float*>(take(R * Dv * 4));
+  s->bacc = reinterpret_cast<float*>(take(R * Gv * 64));
+  s->W = reinterpret_cast<float*>(take(Gv * R * T * 4));
+  s->svcol = reinterpret_cast<float*>(take(Gv * T * 4));
+  s->bvcol = reinterpret_cast<float*>(take(Gv * T * 4));
+  s->vshuf = take(Dv / 16 * 64);
+  s->voff = reinterpret_cast<int32_t*>(take(Dv / 16 * 4));
+  return off;
+}
+
+// ---- keys ------------------------------------------------------------------------------------------------------
+
+// Codes of a key row of a width other than 4 and 8, unpacked to one byte per dim (dst[Dk]).
+CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
+  const __m512i shifts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(bits)));
+  const __m512i byte_of = _mm512_srli_epi32(shifts, 3);
+  const __m512i bit_of = _mm512_and_si512(shifts, _mm512_set1_epi32(7));
+  const __m512i lowmask = _mm512_set1_epi32((1 << bits) - 1);
+  for (int64_t c = 0; c < Dk; c += 16) {
+    // 16 codes = 2·bits bytes; gather each code's two bytes as a 16-bit window, shift and mask.
+    const uint8_t* src = row + c * bits / 8;
+    const __m512i b0 = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (2 * bits)) - 1u), src));
+    // b0 lane i = byte i of the chunk; the window of code l is bytes byte_of[l], byte_of[l] + 1.
+    const __m512i lo8 = _mm512_permutexvar_epi32(byte_of, b0);
+    const __m512i hi8 = _mm512_permutexvar_epi32(_mm512_add_epi32(byte_of, _mm512_set1_epi32(1)), b0);
+    const __m512i win = _mm512_or_si512(lo8, _mm512_slli_epi32(hi8, 8));
+    const __m512i code = _mm512_and_si512(_mm512_srlv_epi32(win, bit_of), lowmask);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), _mm512_cvtepi32_epi8(code));
+  }
+}
+
+// Transposes the 16 rows of a tile (row j at rows + j·row_bytes, Wd 32-bit words each) into column vectors:
+// nibbles: colbuf[2k] = low nibbles of word k of every row, colbuf[2k + 1] = high nibbles; bytes: colbuf[k].
+CIDER_INLINE void key_columns(const uint8_t* rows, int64_t row_bytes, int64_t Wd, bool nib, int32_t* colbuf) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F);
+  for (int64_t cb = 0; cb < Wd; cb += 16) {
+    const int64_t nc = imin(16, Wd - cb);
+    const __mmask16 m = mask16(nc);
+    __m512i v[16];
+    for (int j = 0; j < 16; ++j) v[j] = _mm512_maskz_loadu_epi32(m, rows + j * row_bytes + cb * 4);
+    transpose16(v);
+    for (int64_t k = 0; k < nc; ++k) {
+      if (nib) {
+        _mm512_store_si512(colbuf + (2 * (cb + k)) * 16, _mm512_and_si512(v[k], low4));
+        _mm512_store_si512(colbuf + (2 * (cb + k) + 1) * 16, _mm512_and_si512(_mm512_srli_epi32(v[k], 4), low4));
+      } else {
+        _mm512_store_si512(colbuf + (cb + k) * 16, v[k]);
+      }
+    }
+  }
+}
+
+// Scores of NR query rows r0 .. r0 + NR − 1 for the 16 rows of the current tile (columns already in colbuf).
+template <int NR>
+CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512* sc) {
+  for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
+  const int64_t R = c.Rmax;
+  for (int64_t g = 0; g < c.Gk; ++g) {
+    __m512i acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
+    if (c.nib) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const __m512i lo = _mm512_load_si512(s.colbuf + (2 * k) * 16);
+        const __m512i hi = _mm512_load_si512(s.colbuf + (2 * k + 1) * 16);
+        const int32_t* qlo = s.qimg + (2 * k) * R + r0;
+        const int32_t* qhi = qlo + R;
+        for (int r = 0; r < NR; ++r) {
+          acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(qlo[r]));
+          acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(qhi[r]));
+        }
+      }
+    } else {
+      for (int64_t k = k0; k < k1; ++k) {
+        const __m512i cv = _mm512_load_si512(s.colbuf + k * 16);
+        const int32_t* q = s.qimg + k * R + r0;
+        for (int r = 0; r < NR; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], cv, _mm512_set1_epi32(q[r]));
+      }
+    }
+    const __m512 S = _mm512_load_ps(s.skcol + g * 16), B = _mm512_load_ps(s.bkcol + g * 16);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), S);
+      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+    }
+  }
+}
+
+// Applies the visible range / masks of rows r0.. to the 16 scores of tile j0 and stores them at sc[r][jt..].
+template <int NR>
+CIDER_INLINE void store_scores(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt,
+                               __m512* sc) {
+  const AttentionArgs& a = *c.a;
+  const __m512i jv = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                      _mm512_set1_epi32(static_cast<int>(j0)));
+  for (int r = 0; r < NR; ++r) {
+    const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, _mm512_set1_epi32(s.lo[r0 + r])) &
+                          _mm512_cmplt_epi32_mask(jv, _mm512_set1_epi32(s.hi[r0 + r]));
+    __m512 v = sc[r];
+    if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && vis) {
+      alignas(64) float mv[16] = {};
+      const int n = static_cast<int>(imin(16, a.keys.length - j0));
+      attn::fetch_mask(a, it, r0 + r, j0, n, mv);
+      v = _mm512_add_ps(v, _mm512_load_ps(mv));  // 0 or −inf for bool masks
+    }
+    v = _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), vis, v);
+    _mm512_store_ps(s.sc + (r0 + r) * kT + jt, v);
+  }
+}
+
+template <int NR>
+CIDER_INLINE void tile_scores_store(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0,
+                                    int64_t jt) {
+  __m512 sc[NR];
+  tile_scores<NR>(c, s, r0, sc);
+  store_scores<NR>(c, s, it, r0, j0, jt, sc);
+}
+
+// ---- values ----------------------------------------------------------------------------------------------------
+
+// How 16 value codes become floats: 8-bit codes are bytes; other widths take each code's 16-bit window of the bit
+// stream with a byte shuffle of a 16-byte load, shift it into place, then look the low bits up in a table of floats
+// (vpermps reads index bits 3:0, vpermt2ps bits 4:0, so codes of up to 4 resp. 5 bits need no mask) or mask and
+// convert (6 bits).
+enum class VKind { kBytes, kLut16, kLut32, kMaskCvt };
+
+template <VKind VK>
+CIDER_INLINE __m512 decode16(const uint8_t* p, __m512i shuf, __m512i shift, __m512 tab0, __m512 tab1,
+                             __m512i lowmask) {
+  if constexpr (VK == VKind::kBytes) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    const __m512i w = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i x = _mm512_srlv_epi32(_mm512_shuffle_epi8(w, shuf), shift);
+    if constexpr (VK == VKind::kLut16) return _mm512_permutexvar_ps(x, tab0);
+    if constexpr (VK == VKind::kLut32) return _mm512_permutex2var_ps(tab0, x, tab1);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(x, lowmask));
+  }
+}
+
+// acc[r][d0 .. d0 + 16·NP) += Σ_j W[g][r][j] · code[j][d] for rows j of the block, query rows r0 .. r0 + NR − 1.
+template <int NR, int NP, VKind VK>
+CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows, int64_t r0,
+                             int64_t d0) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i shift =
+      _mm512_and_si512(_mm512_mullo_epi32(iota, _mm512_set1_epi32(static_cast<int>(c.vb))), _mm512_set1_epi32(7));
+  const __m512i lowmask = _mm512_set1_epi32((1 << c.vb) - 1);
+  const __m512 tab0 = _mm512_cvtepi32_ps(_mm512_and_si512(iota, lowmask));
+  const __m512 tab1 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_add_epi32(iota, _mm512_set1_epi32(16)), lowmask));
+  __m512i shuf[NP];
+  int64_t off[NP];
+  for (int q = 0; q < NP; ++q) {
+    const int64_t ci = d0 / 16 + q;
+    shuf[q] = _mm512_load_si512(s.vshuf + ci * 64);
+    off[q] = VK == VKind::kBytes ? ci * 16 : s.voff[ci];
+  }
+  __m512 acc[NR][NP];
+  const float* w[NR][NP];
+  for (int r = 0; r < NR; ++r)
+    for (int q = 0; q < NP; ++q) {
+      acc[r][q] = _mm512_load_ps(s.acc + (r0 + r) * c.Dv + d0 + 16 * q);
+      w[r][q] = s.W + (((d0 + 16 * q) / c.gv) * c.Rmax + r0 + r) * kT;
+    }
+  const int64_t rb = c.vrow_bytes;
+  for (int64_t j = 0; j < nrows; ++j) {
+    const uint8_t* row = rows + j * rb;
+    __m512 cf[NP];
+    for (int q = 0; q < NP; ++q) cf[q] = decode16<VK>(row + off[q], shuf[q], shift, tab0, tab1, lowmask);
+    for (int r = 0; r < NR; ++r)
+      for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_fmadd_ps(cf[q], _mm512_set1_ps(w[r][q][j]), acc[r][q]);
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int q = 0; q < NP; ++q) _mm512_store_ps(s.acc + (r0 + r) * c.Dv + d0 + 16 * q, acc[r][q]);
+}
+
+template <int NR, VKind VK>
+CIDER_INLINE void value_rows_all_dims(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows,
+                                      int64_t r0) {
+  // Accumulators in registers: NR·NP <= 16.
+  constexpr int NP = NR >= 8 ? 2 : 4;
+  int64_t d0 = 0;
+  for (; d0 + 16 * NP <= c.Dv; d0 += 16 * NP) value_rows<NR, NP, VK>(c, s, rows, nrows, r0, d0);
+  for (; d0 + 32 <= c.Dv; d0 += 32) value_rows<NR, 2, VK>(c, s, rows, nrows, r0, d0);
+}
+
+template <int NR>
+CIDER_INLINE void value_rows_dispatch(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows,
+                                      int64_t r0) {
+  if (c.vb == 8) value_rows_all_dims<NR, VKind::kBytes>(c, s, rows, nrows, r0);
+  else if (c.vb <= 4) value_rows_all_dims<NR, VKind::kLut16>(c, s, rows, nrows, r0);
+  else if (c.vb == 5) value_rows_all_dims<NR, VKind::kLut32>(c, s, rows, nrows, r0);
+  else value_rows_all_dims<NR, VKind::kMaskCvt>(c, s, rows, nrows, r0);
+}
+
+// ---- one work item -----------------------------------------------------------------------------------------------
+
+// Runs f.run<NR>(r0) over the query rows in sub-blocks of 8, then 4, 2, 1 (functors, not lambdas: a lambda would
+// not inherit the target attribute).
+template <typename F>
+CIDER_INLINE void for_row_blocks(int64_t R, const F& f) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= R; r0 += 8) f.template run<8>(r0);
+  if (r0 + 4 <= R) {
+    f.template run<4>(r0);
+    r0 += 4;
+  }
+  if (r0 + 2 <= R) {
+    f.template run<2>(r0);
+    r0 += 2;
+  }
+  if (r0 < R) f.template run<1>(r0);
+}
+
+struct ScoreRows {
+  const Ctx& c;
+  const Scratch& s;
+  const Item& it;
+  int64_t j0, jt;
+  template <int NR>
+  CIDER_AVX512 void run(int64_t r0) const { tile_scores_store<NR>(c, s, it, r0, j0, jt); }
+};
+
+struct ValueRows {
+  const Ctx& c;
+  const Scratch& s;
+  const uint8_t* rows;
+  int64_t nrows;
+  template <int NR>
+  CIDER_AVX512 void run(int64_t r0) const { value_rows_dispatch<NR>(c, s, rows, nrows, r0); }
+};
+
+// Pointer to the [16, G] scales (or biases) of rows j0.. of (b, h), or a zero-padded copy when the tile runs past
+// the storage's capacity.
+CIDER_AVX512 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, int64_t b, int64_t h, int64_t j0,
+                                        uint8_t* pad) {
+  const int64_t G = v.dim / v.group_size, es = scale_bytes(v.scale_dtype);
+  const uint8_t* src = static_cast<const uint8_t*>(plane) + ((b * v.H + h) * v.capacity + j0) * G * es;
+  if (j0 + kTileRows <= v.capacity) return src;
+  const int64_t n = v.capacity - j0;
+  std::memset(pad, 0, static_cast<size_t>(kTileRows * G * es));
+  std::memcpy(pad, src, static_cast<size_t>(n * G * es));
+  return pad;
+}
+
+// Prefetches rows j0 .. j0 + 15 of (b, g): key and value codes, scales and biases (into L1/L2).
+CIDER_INLINE void prefetch_range(const void* base, int64_t bytes) {
+  const char* p = static_cast<const char*>(base);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
+  const KVTensorView& K = c.a->keys;
+  const KVTensorView& V = c.a->values;
+  const int64_t kr = (it.b * K.H + it.g) * K.capacity + j0, vr = (it.b * V.H + it.g) * V.capacity + j0;
+  prefetch_range(static_cast<const uint8_t*>(K.data) + kr * c.krow_bytes, kTileRows * c.krow_bytes);
+  prefetch_range(static_cast<const uint8_t*>(V.data) + vr * c.vrow_bytes, kTileRows * c.vrow_bytes);
+  const int64_t kes = scale_bytes(K.scale_dtype) * c.Gk, ves = scale_bytes(V.scale_dtype) * c.Gv;
+  prefetch_range(static_cast<const uint8_t*>(K.scales) + kr * kes, kTileRows * kes);
+  prefetch_range(static_cast<const uint8_t*>(K.biases) + kr * kes, kTileRows * kes);
+  prefetch_range(static_cast<const uint8_t*>(V.scales) + vr * ves, kTileRows * ves);
+  prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
+}
+
+CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
+  const AttentionArgs& a = *c.a;
+  const Item it = attn::item_of(a, *c.p, index);
+  const KVTensorView& K = a.keys;
+  const KVTensorView& V = a.values;
+  const int64_t R = it.R, Rmax = c.Rmax, Dk = c.Dk, Dv = c.Dv, Gk = c.Gk, Gv = c.Gv;
+  const float neg_inf = -__builtin_inff();
+
+  // ---- queries: int8 per key group, word images, coefficients, visible ranges ----
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
+    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * Dk;
+    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qi, s.sq, s.qsum);
+    for (int64_t k = 0; k < c.Wd; ++k) {
+      if (c.nib) {
+        uint32_t lo = 0, hi = 0;
+        for (int t = 0; t < 4; ++t) {
+          lo |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[8 * k + 2 * t])) << (8 * t);
+          hi |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[8 * k + 2 * t + 1])) << (8 * t);
+        }
+        s.qimg[(2 * k) * Rmax + r] = static_cast<int32_t>(lo);
+        s.qimg[(2 * k + 1) * Rmax + r] = static_cast<int32_t>(hi);
+      } else {
+        uint32_t w = 0;
+        for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[4 * k + t])) << (8 * t);
+        s.qimg[k * Rmax + r] = static_cast<int32_t>(w);
+      }
+    }
+    for (int64_t g = 0; g < Gk; ++g) {
+      s.coef[r * Gk + g] = a.scale * s.sq[g];
+      s.bcoef[r * Gk + g] = a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
+    }
+    int64_t lo, hi;
+    attn::row_range(a, it, r, &lo, &hi);
+    s.lo[r] = static_cast<int32_t>(lo);
+    s.hi[r] = static_cast<int32_t>(hi);
+    s.m[r] = neg_inf;
+    s.l[r] = 0.0f;
+  }
+  std::memset(s.acc, 0, static_cast<size_t>(R * Dv) * 4);
+  std::memset(s.bacc, 0, static_cast<size_t>(R * Gv) * 64);
+
+  const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
+  const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
+
+  for (int64_t jb = it.klo / kTileRows * kTileRows; it.khi > it.klo && jb < it.khi; jb += kT) {
+    const int64_t je = imin(jb + kT, it.khi), ntiles = (je - jb + kTileRows - 1) / kTileRows;
+    // ---- scores of the block ----
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t j0 = jb + t * kTileRows;
+      // Prefetch the same tile of the next block (keys, values, their scales): a decode step streams the cache once,
+      // and the hardware prefetchers alone leave one thread latency-bound on DRAM.
+      if (j0 + kT + kTileRows <= imin(it.khi + kTileRows, K.capacity)) prefetch_tile(c, it, j0 + kT);
+      const uint8_t* rows = kcodes + j0 * c.krow_bytes;
+      if (j0 + kTileRows > K.capacity) {
+        const int64_t n = K.capacity - j0;
+        std::memset(s.kpad, 0, static_cast<size_t>(kTileRows * c.krow_bytes));
+        std::memcpy(s.kpad, rows, static_cast<size_t>(n * c.krow_bytes));
+        rows = s.kpad;
+      }
+      int64_t row_bytes = c.krow_bytes;
+      if (c.kb != 4 && c.kb != 8) {
+        for (int j = 0; j < kTileRows; ++j) unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, s.kbytes + j * Dk);
+        rows = s.kbytes;
+        row_bytes = Dk;
+      }
+      key_columns(rows, row_bytes, c.Wd, c.nib, s.colbuf);
+      const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
+      const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
+      scale_columns(ks, K.scale_dtype, Gk, s.skcol, 16);
+      scale_columns(kbi, K.scale_dtype, Gk, s.bkcol, 16);
+      for_row_blocks(R, ScoreRows{c, s, it, j0, t * kTileRows});
+    }
+    // ---- online softmax: new maxima, rescale, p = exp(s − m) ----
+    bool any = false;
+    const int64_t nv = ntiles;  // vectors of 16 scores
+    for (int64_t r = 0; r < R; ++r) {
+      float* srow = s.sc + r * kT;
+      __m512 mx = _mm512_set1_ps(neg_inf);
+      for (int64_t t = 0; t < nv; ++t) mx = _mm512_max_ps(mx, _mm512_load_ps(srow + t * 16));
+      const float mb = _mm512_reduce_max_ps(mx);
+      const float m_new = mb > s.m[r] ? mb : s.m[r];
+      if (m_new == neg_inf) {  // nothing visible yet: p = 0
+        for (int64_t t = 0; t < nv; ++t) _mm512_store_ps(srow + t * 16, _mm512_setzero_ps());
+        continue;
+      }
+      any = true;
+      if (m_new != s.m[r]) {
+        const float alpha = _mm512_cvtss_f32(exp16(_mm512_set1_ps(s.m[r] - m_new)));  // 0 when m was −inf
+        const __m512 av = _mm512_set1_ps(alpha);
+        for (int64_t d = 0; d < Dv; d += 16)
+          _mm512_store_ps(s.acc + r * Dv + d, _mm512_mul_ps(av, _mm512_load_ps(s.acc + r * Dv + d)));
+        for (int64_t g = 0; g < Gv; ++g)
+          _mm512_store_ps(s.bacc + (r * Gv + g) * 16, _mm512_mul_ps(av, _mm512_load_ps(s.bacc + (r * Gv + g) * 16)));
+        s.l[r] *= alpha;
+        s.m[r] = m_new;
+      }
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t t = 0; t < nv; ++t) {
+        const __m512 pv = exp16(_mm512_sub_ps(_mm512_load_ps(srow + t * 16), mv));
+        _mm512_store_ps(srow + t * 16, pv);
+        sum = _mm512_add_ps(sum, pv);
+      }
+      s.l[r] += _mm512_reduce_add_ps(sum);
+    }
+    if (!any) continue;
+    // ---- values: scale / bias columns, weights p·s, bias sums Σ p·b ----
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t j0 = jb + t * kTileRows;
+      const uint8_t* vs = tile_scales(V, V.scales, it.b, it.g, j0, s.vspad);
+      const uint8_t* vbi = tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad);
+      scale_columns(vs, V.scale_dtype, Gv, s.svcol + t * 16, kT);
+      scale_columns(vbi, V.scale_dtype, Gv, s.bvcol + t * 16, kT);
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t g = 0; g < Gv; ++g) {
+        __m512 bsum = _mm512_load_ps(s.bacc + (r * Gv + g) * 16);
+        for (int64_t t = 0; t < ntiles; ++t) {
+          const __m512 pv = _mm512_load_ps(s.sc + r * kT + t * 16);
+          bsum = _mm512_fmadd_ps(pv, _mm512_load_ps(s.bvcol + g * kT + t * 16), bsum);
+          _mm512_store_ps(s.W + (g * Rmax + r) * kT + t * 16, _mm512_mul_ps(pv, _mm512_load_ps(s.svcol + g * kT + t * 16)));
+        }
+        _mm512_store_ps(s.bacc + (r * Gv + g) * 16, bsum);
+      }
+    const uint8_t* vrows = vcodes + jb * c.vrow_bytes;
+    const int64_t nrows = je - jb;
+    for_row_blocks(R, ValueRows{c, s, vrows, nrows});
+  }
+
+  // ---- partial result: [m, l, acc + bias part] per row ----
+  float* out = c.partials + index * c.p->partial_floats;
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + r * (2 + Dv);
+    o[0] = s.m[r];
+    o[1] = s.l[r];
+    for (int64_t g = 0; g < Gv; ++g) {
+      const float bias = _mm512_reduce_add_ps(_mm512_load_ps(s.bacc + (r * Gv + g) * 16));
+      for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+    }
+  }
+}
+
+struct Job {
+  Ctx c;
+  size_t scratch_bytes;
+};
+
+CIDER_AVX512 void item_entry(void* ctx, int64_t index) {
+  const Job& job = *static_cast<const Job*>(ctx);
+  Scratch s;
+  carve(job.c, &s, static_cast<uint8_t*>(attn::thread_scratch(job.scratch_bytes)));
+  // Value-code unpack tables (byte windows of each 16-code chunk), per call.
+  const Ctx& c = job.c;
+  for (int64_t ci = 0; ci < c.Dv / 16; ++ci) {
+    const int64_t start = ci * 2 * c.vb;  // byte offset of the chunk in the row (16 codes = 2·bits bytes)
+    const int64_t off = c.vrow_bytes >= 16 ? imin(start, c.vrow_bytes - 16) : 0;
+    s.voff[ci] = static_cast<int32_t>(off);
+    for (int lane = 0; lane < 4; ++lane)
+      for (int m = 0; m < 4; ++m) {
+        const int64_t l = 4 * lane + m, byte = (l * c.vb) / 8 + (start - off);
+        uint8_t* d = s.vshuf + ci * 64 + lane * 16 + m * 4;
+        d[0] = byte <= 15 ? static_cast<uint8_t>(byte) : 0x80;
+        d[1] = byte + 1 <= 15 ? static_cast<uint8_t>(byte + 1) : 0x80;
+        d[2] = 0x80;
+        d[3] = 0x80;
+      }
+  }
+  run_item(c, s, index);
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  if (!attn::fast_path_supported(a)) {
+    ref::attention(a);  // plain caches: the reference (documented in attention_x86.h)
+    return;
+  }
+  Job job{};
+  Ctx& c = job.c;
+  c.a = &a;
+  const Plan plan = attn::make_plan(a, 0);
+  c.p = &plan;
+  c.Dk = a.keys.dim;
+  c.Dv = a.values.dim;
+  c.gk = a.keys.group_size;
+  c.gv = a.values.group_size;
+  c.Gk = c.Dk / c.gk;
+  c.Gv = c.Dv / c.gv;
+  c.kb = a.keys.bits;
+  c.vb = a.values.bits;
+  c.Rmax = plan.max_rows;
+  c.krow_bytes = c.Dk * c.kb / 8;
+  c.vrow_bytes = c.Dv * c.vb / 8;
+  c.nib = c.kb == 4;
+  c.Wd = c.nib ? c.Dk / 8 : c.Dk / 4;
+  c.ncolimg = c.nib ? 2 * c.Wd : c.Wd;
+  c.cols_per_group = c.nib ? c.gk / 8 : c.gk / 4;
+  Scratch probe;
+  job.scratch_bytes = carve(c, &probe, nullptr);
+  c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));
+  attn::run_items(plan.items, &item_entry, &job);
+  attn::merge_partials(a, plan, c.partials);
+}
+
+}  // namespace cider::kernels::x86::avx512

@@ -1,0 +1,624 @@
+// The attention and kv_append entries of every ISA level this machine runs (kernels_for_isa), against the reference.
+//
+// Attention, per output element, two checks (kernel level, in the cache's rotated space):
+//  1. TIGHT, against float64 attention over the dequantized cache (k̂ = c·s + b, v̂ likewise, from the stored
+//     codes and the stored scale/bias) with the queries the fast kernels actually use: q̃ = sq·qi, the int8
+//     quantization per key group documented in kernels/x86/attention_x86.h (rewritten here from that text). Only
+//     float32 rounding separates the two; the tolerance is its worst case (u = 2^-24):
+//       scores: per group float(I)·s, ·coef, + b·bcoef (coef = scale·sq, bcoef = coef·Σqi) are a few roundings of
+//       terms bounded by A_rj = scale·Σ_g sq_g(|s_jg·I_rjg| + |b_jg·Σqi_rg|), so |Δscore| ≤ ε_r = (2·Gk + 8)·u·A_r;
+//       a score error ε (and 4u for exp) moves each softmax weight by a factor within e^{±(ε + 4u)}, so the output
+//       moves by at most (e^{2(ε + 4u)} − 1)·max_j |v̂_jd|; the value sums are float32 chains of at most kL + 64
+//       roundings of terms bounded by M1_d = max_j (|s_jg·c_jd| + |b_jg|), i.e. (kL + 64)·u·M1_d.
+//  2. BOUNDED, against the reference kernel (exact float32 queries): the query quantization moves score r, j by
+//     δ_rj = scale·|Σ_k (q_k − q̃_k)·k̂_jk| (computed here in float64), hence the output by at most
+//     (e^{2δ_r} − 1)·max_j |v̂_jd|; plus the float32 tolerance of both kernels.
+// Sizes: L ∈ {1, 2, 7}, kL ∈ {1, 7, 67, 300, 4097}, D ∈ {64, 128, 256}, GQA 1/2/4/8, every mask kind, bit widths
+// 2..8 for keys and values, group sizes 32/64/128, scale dtypes f16/bf16/f32, forced key-range splits (the
+// log-sum-exp merge), snapshot views (capacity = length: the padded last tile). Outputs are NaN-filled,
+// canary-guarded; NaN never passes. Plain caches take the reference path (checked bit for bit).
+//
+// kv_append: every level produces exactly the reference's bytes (codes, scales, biases; plain values), over
+// rotations none/fast/full, widths, group sizes, scale and source dtypes, strided sources, and edge values.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "kernels/kernel_table.h"
+#include "kernels/x86/attention_x86.h"
+#include "nn/kv_cache.h"
+#include "nn/rotation.h"
+#include "quant/affine.h"
+#include "support/test_support.h"
+
+namespace cider {
+namespace {
+
+using kernels::AttentionArgs;
+using kernels::KVAppendArgs;
+using kernels::KVTensorView;
+using kernels::MaskKind;
+using nn::QuantizedKVCache;
+using nn::QuantizedKVCacheConfig;
+using nn::RotationKind;
+
+constexpr double kU = 0x1p-24;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<IsaLevel> fast_levels() {
+  std::vector<IsaLevel> out;
+  for (IsaLevel l : supported_isas())
+    if (l == IsaLevel::kAvx512) out.insert(out.begin(), l);  // TMPONLY512
+  return out;
+}
+
+// ---- the test's own view of the cache and of the query quantization -------------------------------------------
+
+// Codes, scale and bias of every valid row of a quantized view, as doubles.
+struct Deq {
+  int64_t B, H, n, D, G, gs;
+  std::vector<double> val;  // [B, H, n, D] c·s + b
+  std::vector<double> code; // [B, H, n, D]
+  std::vector<double> s, b; // [B, H, n, G]
+  size_t at(int64_t bb, int64_t h, int64_t j) const { return static_cast<size_t>((bb * H + h) * n + j); }
+};
+
+Deq dequantize(const KVTensorView& v) {
+  Deq d{v.B, v.H, v.length, v.dim, v.dim / v.group_size, v.group_size, {}, {}, {}, {}};
+  const size_t rows = static_cast<size_t>(v.B * v.H * v.length);
+  d.val.resize(rows * static_cast<size_t>(v.dim));
+  d.code.resize(d.val.size());
+  d.s.resize(rows * static_cast<size_t>(d.G));
+  d.b.resize(d.s.size());
+  for (int64_t bb = 0; bb < v.B; ++bb)
+    for (int64_t h = 0; h < v.H; ++h)
+      for (int64_t j = 0; j < v.length; ++j) {
+        const int64_t r = (bb * v.H + h) * v.capacity + j;
+        const size_t o = d.at(bb, h, j);
+        const uint32_t* words = static_cast<const uint32_t*>(v.data) + r * quant::packed_words(v.dim, v.bits);
+        for (int64_t g = 0; g < d.G; ++g) {
+          d.s[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)] = load_float(v.scales, v.scale_dtype, r * d.G + g);
+          d.b[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)] = load_float(v.biases, v.scale_dtype, r * d.G + g);
+        }
+        for (int64_t k = 0; k < v.dim; ++k) {
+          const double c = quant::unpack_code(words, k, v.bits);
+          const size_t g = o * static_cast<size_t>(d.G) + static_cast<size_t>(k / v.group_size);
+          d.code[o * static_cast<size_t>(v.dim) + static_cast<size_t>(k)] = c;
+          d.val[o * static_cast<size_t>(v.dim) + static_cast<size_t>(k)] = c * d.s[g] + d.b[g];
+        }
+      }
+  return d;
+}
+
+// The int8 query quantization of attention_x86.h, from its text: per group of gs, sq = max|q|/127 (float32),
+// qi = clamp(rint(q/sq), −127, 127).
+struct QuantQ {
+  std::vector<double> qt;   // q̃ = sq·qi
+  std::vector<int> qi;
+  std::vector<double> sq;   // per group
+};
+QuantQ quantize_queries(const std::vector<float>& q, int64_t D, int gs) {
+  QuantQ o{std::vector<double>(q.size()), std::vector<int>(q.size()), std::vector<double>(q.size() / static_cast<size_t>(gs))};
+  for (size_t g = 0; g < q.size() / static_cast<size_t>(gs); ++g) {
+    float amax = 0.0f;
+    for (int k = 0; k < gs; ++k) amax = std::max(amax, std::fabs(q[g * static_cast<size_t>(gs) + static_cast<size_t>(k)]));
+    const float sq = amax / 127.0f;
+    o.sq[g] = sq;
+    for (int k = 0; k < gs; ++k) {
+      const size_t i = g * static_cast<size_t>(gs) + static_cast<size_t>(k);
+      const float v = sq > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] / sq))) : 0.0f;
+      o.qi[i] = static_cast<int>(v);
+      o.qt[i] = static_cast<double>(sq) * v;
+    }
+  }
+  (void)D;
+  return o;
+}
+
+// ---- masks ---------------------------------------------------------------------------------------------------
+
+struct Mask {
+  MaskKind kind = MaskKind::kNone;
+  int64_t window = 0;
+  DType dtype = DType::kBool;
+  std::vector<uint8_t> bytes;
+  int64_t stride[4] = {0, 0, 0, 0};  // over [B, Hq, L, kL]
+  // Visible (and additive value) of [b, h, i, j] for a query row at absolute position pos.
+  bool visible(int64_t b, int64_t h, int64_t i, int64_t j, int64_t pos, double* add) const {
+    *add = 0.0;
+    const int64_t off = b * stride[0] + h * stride[1] + i * stride[2] + j * stride[3];
+    switch (kind) {
+      case MaskKind::kNone: return true;
+      case MaskKind::kCausal: return j <= pos && (window == 0 || j > pos - window);
+      case MaskKind::kBool: return bytes[static_cast<size_t>(off)] != 0;
+      case MaskKind::kAdditive: {
+        const double v = load_float(bytes.data(), dtype, off);
+        *add = v;
+        return v != -kInf;
+      }
+    }
+    return true;
+  }
+};
+
+// A random mask of `kind` over [B, Hq, L, kL] with some dimensions broadcast (stride 0).
+Mask make_mask(std::mt19937_64& rng, MaskKind kind, int64_t B, int64_t Hq, int64_t L, int64_t kL, DType dt) {
+  Mask m;
+  m.kind = kind;
+  if (kind == MaskKind::kCausal) {
+    m.window = rng() % 2 ? 0 : 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(kL + 3));
+    return m;
+  }
+  if (kind == MaskKind::kNone) return m;
+  // Shape [B or 1, Hq or 1, L, kL] (row-major), broadcast dims get stride 0.
+  const bool bb = rng() % 2, bh = rng() % 2;
+  const int64_t nb = bb ? B : 1, nh = bh ? Hq : 1;
+  m.stride[3] = 1;
+  m.stride[2] = kL;
+  m.stride[1] = bh ? L * kL : 0;
+  m.stride[0] = bb ? nh * L * kL : 0;
+  const size_t n = static_cast<size_t>(nb * nh * L * kL);
+  if (kind == MaskKind::kBool) {
+    m.dtype = DType::kBool;
+    std::bernoulli_distribution vis(0.7);
+    for (size_t i = 0; i < n; ++i) m.bytes.push_back(vis(rng) ? 1 : 0);
+  } else {
+    m.dtype = dt;
+    std::vector<float> v = test::randn(rng, n, 2.0f);
+    std::uniform_int_distribution<int> six(0, 5);
+    for (float& x : v)
+      if (six(rng) == 0) x = -std::numeric_limits<float>::infinity();
+    m.bytes = test::to_dtype_bytes(v, dt);
+  }
+  return m;
+}
+
+// ---- float64 attention and the tolerances ------------------------------------------------------------------
+
+struct Shape {
+  int64_t B, Hkv, rep, L, kL, Dk, Dv;
+  int64_t Hq() const { return Hkv * rep; }
+};
+
+// out[b, h, i, d] = Σ_j softmax(scale·q·k̂_j + mask)·v̂_jd in float64, plus per element the bounds of the header:
+// tol_fast (check 1) and qdelta_term = (e^{2δ_r} − 1)·max_j|v̂_jd| (check 2).
+struct F64Result {
+  std::vector<double> out_qt;     // with q̃
+  std::vector<double> tol_fast;   // float32 tolerance of the fast kernel against out_qt
+  std::vector<double> tol_ref;    // float32 tolerance of the reference kernel (exact q) against attention with q
+  std::vector<double> qdelta;     // (e^{2δ_r} − 1)·max_j |v̂_jd|
+};
+
+F64Result f64_attention(const Shape& s, const std::vector<float>& q, const QuantQ& qq, const Deq& K, const Deq& V,
+                        double scale, const Mask& mask) {
+  const int64_t Hq = s.Hq();
+  const size_t n_out = static_cast<size_t>(s.B * Hq * s.L * s.Dv);
+  F64Result r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+              std::vector<double>(n_out, 0.0)};
+  std::vector<double> sc(static_cast<size_t>(s.kL));
+  std::vector<char> vis(static_cast<size_t>(s.kL));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < s.L; ++i) {
+        const int64_t g = h / s.rep, pos = s.kL - s.L + i;
+        const size_t qo = static_cast<size_t>(((b * Hq + h) * s.L + i) * s.Dk);
+        double m = -kInf, eps_fast = 0.0, eps_ref = 0.0, delta = 0.0;
+        for (int64_t j = 0; j < s.kL; ++j) {
+          double add;
+          vis[static_cast<size_t>(j)] = mask.visible(b, h, i, j, pos, &add);
+          if (!vis[static_cast<size_t>(j)]) continue;
+          const size_t ko = K.at(b, g, j);
+          double dot = 0.0, dq = 0.0, A = 0.0, Aref = 0.0;
+          for (int64_t gi = 0; gi < K.G; ++gi) {
+            double I = 0.0, qs = 0.0, aq = 0.0, acs = 0.0;
+            for (int64_t k = gi * K.gs; k < (gi + 1) * K.gs; ++k) {
+              const size_t kk = ko * static_cast<size_t>(s.Dk) + static_cast<size_t>(k);
+              dot += qq.qt[qo + static_cast<size_t>(k)] * K.val[kk];
+              dq += (q[qo + static_cast<size_t>(k)] - qq.qt[qo + static_cast<size_t>(k)]) * K.val[kk];
+              I += qq.qi[qo + static_cast<size_t>(k)] * K.code[kk];
+              qs += qq.qi[qo + static_cast<size_t>(k)];
+              aq += std::fabs(q[qo + static_cast<size_t>(k)]);
+              acs += std::fabs(q[qo + static_cast<size_t>(k)] * K.code[kk]);
+            }
+            const double sg = K.s[ko * static_cast<size_t>(K.G) + static_cast<size_t>(gi)];
+            const double bg = K.b[ko * static_cast<size_t>(K.G) + static_cast<size_t>(gi)];
+            A += qq.sq[(qo + static_cast<size_t>(gi * K.gs)) / static_cast<size_t>(K.gs)] *
+                 (std::fabs(sg * I) + std::fabs(bg * qs));
+            Aref += std::fabs(sg) * acs + std::fabs(bg) * aq;
+          }
+          double x = scale * dot + add;
+          sc[static_cast<size_t>(j)] = x;
+          m = std::max(m, x);
+          eps_fast = std::max(eps_fast, (2.0 * static_cast<double>(K.G) + 8.0) * kU * scale * A);
+          // The reference sums gs products per group, then G group terms: (gs + G + 4)·u of the magnitudes.
+          eps_ref = std::max(eps_ref, (static_cast<double>(K.gs + K.G) + 6.0) * kU * scale * Aref);
+          delta = std::max(delta, scale * std::fabs(dq));
+        }
+        if (m == -kInf) continue;  // sees nothing: zeros, tolerance 0
+        double den = 0.0;
+        const size_t oo = static_cast<size_t>(((b * Hq + h) * s.L + i) * s.Dv);
+        std::vector<double> vmax(static_cast<size_t>(s.Dv), 0.0), m1(static_cast<size_t>(s.Dv), 0.0);
+        for (int64_t j = 0; j < s.kL; ++j) {
+          if (!vis[static_cast<size_t>(j)]) continue;
+          const double p = std::exp(sc[static_cast<size_t>(j)] - m);
+          den += p;
+          const size_t vo = V.at(b, g, j);
+          for (int64_t d = 0; d < s.Dv; ++d) {
+            const size_t vv = vo * static_cast<size_t>(s.Dv) + static_cast<size_t>(d);
+            const size_t gi = vo * static_cast<size_t>(V.G) + static_cast<size_t>(d / V.gs);
+            r.out_qt[oo + static_cast<size_t>(d)] += p * V.val[vv];
+            vmax[static_cast<size_t>(d)] = std::max(vmax[static_cast<size_t>(d)], std::fabs(V.val[vv]));
+            m1[static_cast<size_t>(d)] =
+                std::max(m1[static_cast<size_t>(d)], std::fabs(V.s[gi] * V.code[vv]) + std::fabs(V.b[gi]));
+          }
+        }
+        const double chain = (static_cast<double>(s.kL) + 64.0) * kU;
+        for (int64_t d = 0; d < s.Dv; ++d) {
+          const size_t o = oo + static_cast<size_t>(d);
+          r.out_qt[o] /= den;
+          r.tol_fast[o] = chain * m1[static_cast<size_t>(d)] +
+                          std::expm1(2.0 * (eps_fast + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
+          r.tol_ref[o] = chain * m1[static_cast<size_t>(d)] +
+                         std::expm1(2.0 * (eps_ref + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
+          r.qdelta[o] = std::expm1(2.0 * delta) * vmax[static_cast<size_t>(d)];
+        }
+      }
+  return r;
+}
+
+// ---- running a kernel ----------------------------------------------------------------------------------------
+
+struct Problem {
+  Shape s;
+  QuantizedKVCacheConfig cfg;
+  Mask mask;
+  int kv_splits = 0;
+  bool snapshot = false;
+};
+
+std::string describe(const Problem& p) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d %s mask%d win%lld splits%d snap%d",
+                static_cast<long long>(p.s.B), static_cast<long long>(p.s.Hkv), static_cast<long long>(p.s.rep),
+                static_cast<long long>(p.s.L), static_cast<long long>(p.s.kL), static_cast<long long>(p.s.Dk),
+                static_cast<long long>(p.s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
+                dtype_name(p.cfg.scale_dtype), static_cast<int>(p.mask.kind), static_cast<long long>(p.mask.window),
+                p.kv_splits, p.snapshot ? 1 : 0);
+  return buf;
+}
+
+// Runs `fn` into a NaN-filled, canary-guarded buffer and returns the output.
+std::vector<float> run(void (*fn)(const AttentionArgs&), AttentionArgs args, size_t n) {
+  test::GuardedBuffer buf(n * sizeof(float));
+  buf.fill_inside(0xFF);
+  args.out = buf.as<float>();
+  fn(args);
+  EXPECT_TRUE(buf.canaries_intact());
+  return std::vector<float>(buf.as<float>(), buf.as<float>() + n);
+}
+
+void fill(nn::KVCache& cache, const Shape& s, std::mt19937_64& rng) {
+  // Two appends (the second crossing a 256-position step when kL > 256).
+  const int64_t first = s.kL > 1 ? s.kL / 3 + 1 : s.kL;
+  for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, first}, {first, s.kL - first}}) {
+    (void)t0;
+    if (n == 0) continue;
+    const std::vector<float> k = test::randn(rng, static_cast<size_t>(s.B * s.Hkv * n * s.Dk));
+    const std::vector<float> v = test::randn(rng, static_cast<size_t>(s.B * s.Hkv * n * s.Dv));
+    cache.update_and_fetch(TensorView(k.data(), DType::kF32, {s.B, s.Hkv, n, s.Dk}),
+                           TensorView(v.data(), DType::kF32, {s.B, s.Hkv, n, s.Dv}));
+  }
+}
+
+void check_problem(const Problem& p, std::mt19937_64& rng) {
+  const Shape& s = p.s;
+  const std::string what = describe(p);
+  QuantizedKVCache cache(p.cfg);
+  fill(cache, s, rng);
+  nn::KVCacheSnapshot snap;
+  KVTensorView kv = cache.keys(), vv = cache.values();
+  if (p.snapshot) {
+    snap = cache.snapshot();
+    kv = snap.keys();
+    vv = snap.values();
+  }
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
+  AttentionArgs args{};
+  args.q = q.data();
+  args.B = s.B;
+  args.Hq = s.Hq();
+  args.L = s.L;
+  args.keys = kv;
+  args.values = vv;
+  args.scale = scale;
+  args.mask_kind = p.mask.kind;
+  args.window = p.mask.window;
+  args.mask = p.mask.bytes.empty() ? nullptr : p.mask.bytes.data();
+  args.mask_dtype = p.mask.dtype;
+  for (int i = 0; i < 4; ++i) args.mask_stride[i] = p.mask.stride[i];
+  args.kv_splits = p.kv_splits;
+  const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
+
+  const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
+  ASSERT_TRUE(test::no_nan(ref.data(), n)) << what;
+  const Deq K = dequantize(kv), V = dequantize(vv);
+  const QuantQ qq = quantize_queries(q, s.Dk, p.cfg.group_size);
+  const F64Result want = f64_attention(s, q, qq, K, V, scale, p.mask);
+  for (IsaLevel level : fast_levels()) {
+    const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+    const std::vector<float> got = run(t.attention, args, n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << t.name << " " << what << " element " << i;
+      ASSERT_LE(std::fabs(got[i] - want.out_qt[i]), want.tol_fast[i])
+          << t.name << " (tight, vs float64 with q̃) " << what << " element " << i << " got " << got[i] << " want "
+          << want.out_qt[i];
+      ASSERT_LE(std::fabs(got[i] - ref[i]), want.tol_fast[i] + want.tol_ref[i] + want.qdelta[i])
+          << t.name << " (vs the reference kernel) " << what << " element " << i << " got " << got[i] << " ref "
+          << ref[i];
+    }
+  }
+}
+
+const QuantizedKVCacheConfig kConfigs[] = {
+    {4, 3, 64, RotationKind::kSO4Full, 0, DType::kF16},   // the default K4/V3
+    {8, 8, 32, RotationKind::kSO4Fast, 0, DType::kBF16},  // K8/V8
+    {4, 4, 128, RotationKind::kNone, 0, DType::kF32},     // K4/V4
+    {3, 2, 64, RotationKind::kSO4Full, 0, DType::kF16},   // other widths: unpacked keys, 2-bit values
+    {6, 5, 32, RotationKind::kSO4Full, 0, DType::kF16},
+    {2, 6, 64, RotationKind::kNone, 0, DType::kBF16},
+    {5, 8, 128, RotationKind::kSO4Fast, 0, DType::kF16},
+    {4, 3, 32, RotationKind::kSO4Full, 0, DType::kF32},   // f32 scales, up to 8 groups per row
+};
+
+// The sweep over sizes, GQA, masks and formats (each case draws fresh data).
+TEST(AttentionX86, EveryLevelMatchesReferenceOverSizesMasksAndFormats) {
+  auto rng = test::make_rng(400);
+  const int64_t Ls[] = {1, 2, 7};
+  const int64_t kLs[] = {1, 7, 67, 300, 4097};
+  const int64_t Ds[] = {64, 128, 256};
+  const int64_t reps[] = {1, 2, 4, 8};
+  const MaskKind kinds[] = {MaskKind::kNone, MaskKind::kCausal, MaskKind::kBool, MaskKind::kAdditive,
+                            MaskKind::kCausal};
+  int idx = 0;
+  for (int64_t kL : kLs)
+    for (int64_t L : Ls) {
+      if (L > kL) continue;
+      for (int variant = 0; variant < (kL == 4097 ? 2 : 4); ++variant, ++idx) {
+        Problem p;
+        const int64_t Dk = Ds[(idx + variant) % 3], Dv = Ds[(idx / 3 + 2 * variant) % 3];
+        p.s = Shape{1 + idx % 2, 1 + (idx / 2) % 3, reps[idx % 4], L, kL, Dk, Dv};
+        if (kL == 4097) p.s.B = 1;
+        p.cfg = kConfigs[idx % 8];
+        p.cfg.seed = rng();
+        p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(Dk, Dv)));
+        const DType mdt = idx % 3 == 0 ? DType::kF32 : idx % 3 == 1 ? DType::kF16 : DType::kBF16;
+        p.mask = make_mask(rng, kinds[idx % 5], p.s.B, p.s.Hq(), L, kL, mdt);
+        p.kv_splits = idx % 4 == 3 ? 1 + static_cast<int>(rng() % 5) : 0;
+        p.snapshot = idx % 5 == 2;
+        check_problem(p, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
+// Decode shapes of real models (all query heads of a KV head at once) with splits forced over the range.
+TEST(AttentionX86, DecodeGqaWithSplitsAndWindows) {
+  auto rng = test::make_rng(401);
+  for (int splits : {1, 2, 3, 7}) {
+    Problem p;
+    p.s = Shape{1, 2, 4, 1, 1000 + splits * 37, 128, 128};
+    p.cfg.seed = rng();
+    p.mask.kind = MaskKind::kCausal;
+    p.mask.window = splits == 3 ? 300 : 0;
+    p.kv_splits = splits;
+    check_problem(p, rng);
+  }
+}
+
+// Prefill-like: many query rows (several query blocks, causal skip of tiles above the diagonal).
+TEST(AttentionX86, PrefillBlocksCausal) {
+  auto rng = test::make_rng(402);
+  for (int64_t rep : {1, 4}) {
+    Problem p;
+    p.s = Shape{1, 2, rep, 130, 300, 64, 128};
+    p.cfg.seed = rng();
+    p.mask.kind = MaskKind::kCausal;
+    p.mask.window = rep == 4 ? 45 : 0;
+    check_problem(p, rng);
+  }
+}
+
+// Rows that see no key are zeros; a row that sees one key returns that key's value.
+TEST(AttentionX86, FullyMaskedRowsAreZero) {
+  auto rng = test::make_rng(403);
+  const Shape s{1, 1, 2, 3, 40, 64, 64};
+  QuantizedKVCacheConfig cfg;
+  cfg.seed = rng();
+  QuantizedKVCache cache(cfg);
+  fill(cache, s, rng);
+  std::vector<uint8_t> mask(static_cast<size_t>(s.Hq() * s.L * s.kL), 1);
+  for (int64_t j = 0; j < s.kL; ++j) {
+    mask[static_cast<size_t>((1 * s.L + 2) * s.kL + j)] = 0;            // head 1, row 2: nothing
+    mask[static_cast<size_t>(j)] = j == 17 ? 1 : 0;                    // head 0, row 0: key 17 only
+  }
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.Hq() * s.L * s.Dk));
+  AttentionArgs args{};
+  args.q = q.data();
+  args.B = 1;
+  args.Hq = s.Hq();
+  args.L = s.L;
+  args.keys = cache.keys();
+  args.values = cache.values();
+  args.scale = 0.125f;
+  args.mask_kind = MaskKind::kBool;
+  args.mask = mask.data();
+  args.mask_dtype = DType::kBool;
+  args.mask_stride[0] = 0;
+  args.mask_stride[1] = s.L * s.kL;
+  args.mask_stride[2] = s.kL;
+  args.mask_stride[3] = 1;
+  const Deq V = dequantize(cache.values());
+  const size_t n = static_cast<size_t>(s.Hq() * s.L * s.Dv);
+  for (IsaLevel level : fast_levels()) {
+    const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+    for (int splits : {0, 2}) {
+      args.kv_splits = splits;
+      const std::vector<float> got = run(t.attention, args, n);
+      for (int64_t d = 0; d < s.Dv; ++d) {
+        EXPECT_EQ(got[static_cast<size_t>((1 * s.L + 2) * s.Dv + d)], 0.0f) << t.name;
+        EXPECT_NEAR(got[static_cast<size_t>(d)], V.val[static_cast<size_t>(17 * s.Dv + d)],
+                    1e-6 * (1.0 + std::fabs(V.val[static_cast<size_t>(17 * s.Dv + d)])))
+            << t.name;
+      }
+    }
+  }
+}
+
+// Plain caches go to the reference kernel: the same bits.
+TEST(AttentionX86, PlainCachesTakeTheReferencePath) {
+  auto rng = test::make_rng(404);
+  const Shape s{1, 2, 2, 3, 77, 64, 64};
+  nn::PlainKVCache cache(nn::PlainKVCacheConfig{DType::kF16, RotationKind::kNone, 0});
+  fill(cache, s, rng);
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.Hq() * s.L * s.Dk));
+  AttentionArgs args{};
+  args.q = q.data();
+  args.B = 1;
+  args.Hq = s.Hq();
+  args.L = s.L;
+  args.keys = cache.keys();
+  args.values = cache.values();
+  args.scale = 0.125f;
+  args.mask_kind = MaskKind::kCausal;
+  const size_t n = static_cast<size_t>(s.Hq() * s.L * s.Dv);
+  const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
+  for (IsaLevel level : fast_levels()) {
+    const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+    EXPECT_EQ(run(t.attention, args, n), ref) << t.name;
+  }
+}
+
+// ---- kv_append ---------------------------------------------------------------------------------------------------
+
+struct AppendCase {
+  int64_t n, dim;
+  int rotation, bits, gs;
+  DType src_dtype, dst_dtype;
+  int64_t elem_stride;
+};
+
+// Source rows with edge cases: an all-zero group, a constant group, tiny and large magnitudes, exact ties.
+std::vector<float> append_source(std::mt19937_64& rng, int64_t rows, int64_t dim, int gs) {
+  std::vector<float> x = test::randn(rng, static_cast<size_t>(rows * dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = &x[static_cast<size_t>(r * dim)];
+    switch (r % 6) {
+      case 1: std::fill(row, row + gs, 0.0f); break;
+      case 2: std::fill(row, row + gs, 0.75f); break;
+      case 3: for (int64_t d = 0; d < dim; ++d) row[d] *= 1e-30f; break;
+      case 4: for (int64_t d = 0; d < dim; ++d) row[d] *= 3e4f; break;
+      case 5: for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<float>(static_cast<int>(row[d] * 4.0f)) * 0.5f; break;
+      default: break;
+    }
+  }
+  return x;
+}
+
+std::vector<uint8_t> run_append(void (*fn)(const KVAppendArgs&), KVAppendArgs a, size_t code_bytes,
+                                size_t scale_bytes) {
+  test::GuardedBuffer codes(code_bytes), scales(scale_bytes ? scale_bytes : 1), biases(scale_bytes ? scale_bytes : 1);
+  codes.fill_inside(0x5A);
+  scales.fill_inside(0x5A);
+  biases.fill_inside(0x5A);
+  a.dst = codes.data();
+  a.scales = scale_bytes ? scales.data() : nullptr;
+  a.biases = scale_bytes ? biases.data() : nullptr;
+  fn(a);
+  EXPECT_TRUE(codes.canaries_intact() && scales.canaries_intact() && biases.canaries_intact());
+  std::vector<uint8_t> out(codes.as<uint8_t>(), codes.as<uint8_t>() + code_bytes);
+  if (scale_bytes) {
+    out.insert(out.end(), scales.as<uint8_t>(), scales.as<uint8_t>() + scale_bytes);
+    out.insert(out.end(), biases.as<uint8_t>(), biases.as<uint8_t>() + scale_bytes);
+  }
+  return out;
+}
+
+TEST(KVAppendX86, EveryLevelIsBitIdenticalToReference) {
+  auto rng = test::make_rng(405);
+  const int bits_list[] = {2, 3, 4, 5, 6, 8, 0};
+  const int64_t dims[] = {32, 64, 96, 128, 256};
+  const DType src_types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType scale_types[] = {DType::kF16, DType::kBF16, DType::kF32};
+  int idx = 0;
+  for (int bits : bits_list)
+    for (int64_t dim : dims)
+      for (int rotation : {0, 1, 2}) {
+        ++idx;
+        AppendCase c{1 + static_cast<int64_t>(idx % 3 == 0 ? 0 : (idx % 3 == 1 ? 6 : 32)), dim, rotation, bits,
+                     bits ? static_cast<int>(std::min<int64_t>(dim, 32 << (idx % 3))) : 0, src_types[idx % 3],
+                     scale_types[(idx / 3) % 3], idx % 4 == 1 ? 3 : 1};
+        if (bits && dim % c.gs) c.gs = 32;
+        const std::vector<float> x = append_source(rng, c.n, c.dim * c.elem_stride, c.gs ? c.gs : 32);
+        const std::vector<uint8_t> src = test::to_dtype_bytes(x, c.src_dtype);
+        const nn::SO4Rotation rot(dim, static_cast<RotationKind>(rotation), rng());
+        KVAppendArgs a{};
+        a.src = src.data();
+        a.src_dtype = c.src_dtype;
+        a.src_elem_stride = c.elem_stride;
+        a.src_row_stride = c.dim * c.elem_stride;
+        a.n = c.n;
+        a.dim = c.dim;
+        a.rotation = rotation;
+        a.qL = rotation ? rot.left().data() : nullptr;
+        a.qR = rotation ? rot.right().data() : nullptr;
+        a.dst_dtype = c.dst_dtype;
+        a.bits = bits;
+        a.group_size = c.gs;
+        const size_t code_bytes = static_cast<size_t>(bits ? c.n * quant::packed_words(dim, bits) * 4
+                                                            : c.n * dim * dtype_size(c.dst_dtype));
+        const size_t scale_bytes = bits ? static_cast<size_t>(c.n * (dim / c.gs) * dtype_size(c.dst_dtype)) : 0;
+        const std::vector<uint8_t> want = run_append(kernels::ref_kernels().kv_append, a, code_bytes, scale_bytes);
+        // The reference is today's cache arithmetic: SO4Rotation::apply, then affine_quantize_row / rounding.
+        std::vector<uint8_t> legacy;
+        {
+          std::vector<float> rows(static_cast<size_t>(c.n * dim));
+          for (int64_t r = 0; r < c.n; ++r)
+            for (int64_t d = 0; d < dim; ++d)
+              rows[static_cast<size_t>(r * dim + d)] =
+                  load_float(src.data(), c.src_dtype, r * a.src_row_stride + d * a.src_elem_stride);
+          rot.apply(rows.data(), c.n);
+          std::vector<uint8_t> codes(code_bytes), sc(scale_bytes), bi(scale_bytes);
+          for (int64_t r = 0; r < c.n; ++r) {
+            if (bits) {
+              quant::affine_quantize_row(&rows[static_cast<size_t>(r * dim)], dim, c.gs, bits,
+                                         reinterpret_cast<uint32_t*>(codes.data()) + r * quant::packed_words(dim, bits),
+                                         sc.data() + r * (dim / c.gs) * dtype_size(c.dst_dtype),
+                                         bi.data() + r * (dim / c.gs) * dtype_size(c.dst_dtype), c.dst_dtype);
+            } else {
+              for (int64_t d = 0; d < dim; ++d) store_float(codes.data(), c.dst_dtype, r * dim + d, rows[static_cast<size_t>(r * dim + d)]);
+            }
+          }
+          legacy = codes;
+          legacy.insert(legacy.end(), sc.begin(), sc.end());
+          legacy.insert(legacy.end(), bi.begin(), bi.end());
+        }
+        ASSERT_EQ(want, legacy) << "reference vs SO4Rotation + affine_quantize_row: bits " << bits << " dim " << dim;
+        for (IsaLevel level : fast_levels()) {
+          const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+          ASSERT_EQ(run_append(t.kv_append, a, code_bytes, scale_bytes), want)
+              << t.name << " bits " << bits << " dim " << dim << " gs " << c.gs << " rotation " << rotation << " n "
+              << c.n << " src " << dtype_name(c.src_dtype) << " dst " << dtype_name(c.dst_dtype) << " stride "
+              << c.elem_stride;
+        }
+      }
+}
+
+}  // namespace
+}  // namespace cider
