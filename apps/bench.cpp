@@ -1,0 +1,354 @@
+#include "apps/bench.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "kernels/kernel_table.h"
+
+namespace cider::apps {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Fills n bytes with xorshift64* output (distinct per seed); fast enough for a GiB per second.
+void fill_random(uint8_t* p, size_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    const uint64_t v = s * 0x2545F4914F6CDD1Dull;
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(i * 131 + seed);
+}
+
+// A pool of `count` distinct copies of `bytes` random bytes each (count chosen so the pool holds pool_mb).
+struct Pool {
+  std::vector<Buffer> copies;
+  static Pool make(size_t bytes, int64_t pool_mb, uint64_t seed, bool int8_codes) {
+    Pool p;
+    const size_t want = static_cast<size_t>(pool_mb) << 20;
+    const size_t count = std::max<size_t>(1, (want + bytes - 1) / bytes);
+    for (size_t c = 0; c < count; ++c) {
+      Buffer b(bytes);
+      fill_random(b.as<uint8_t>(), bytes, seed + c);
+      if (int8_codes) {  // the INT8 format never stores -128
+        int8_t* q = b.as<int8_t>();
+        for (size_t i = 0; i < bytes; ++i) q[i] = q[i] == -128 ? int8_t{-127} : q[i];
+      }
+      p.copies.push_back(std::move(b));
+    }
+    return p;
+  }
+  size_t bytes() const { return copies.size() * copies[0].nbytes(); }
+};
+
+std::vector<float> random_floats(size_t n, float lo, float hi, uint64_t seed) {
+  std::vector<uint32_t> bits(n);
+  fill_random(reinterpret_cast<uint8_t*>(bits.data()), n * 4, seed);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * static_cast<float>(bits[i] >> 8) * 0x1p-24f;
+  return v;
+}
+
+struct Result {
+  std::string name, kernel, note;
+  int64_t M = 0, N = 0, K = 0;
+  std::vector<double> ms;  // per call
+  double bytes = 0;        // weight (or stream) bytes per call
+  double ops = 0;          // 2·M·N·K
+};
+
+struct Case {
+  std::string name;
+  std::function<Result(const BenchOptions&, const kernels::KernelTable&)> run;
+};
+
+// Times `call(i)` once to warm up, then `reps` times (i = 1..reps).
+std::vector<double> time_calls(int reps, const std::function<void(int)>& call) {
+  call(0);
+  std::vector<double> ms;
+  for (int i = 1; i <= reps; ++i) {
+    const auto t0 = Clock::now();
+    call(i);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return ms;
+}
+
+// ---- cases ----
+
+Result stream_read(const BenchOptions& o) {
+  const size_t bytes = static_cast<size_t>(o.pool_mb) << 20;
+  Buffer b(bytes);
+  fill_random(b.as<uint8_t>(), bytes, 7);
+  const uint64_t* p = b.as<uint64_t>();
+  const int64_t n = static_cast<int64_t>(bytes / 8);
+  volatile uint64_t sink = 0;
+  Result r;
+  r.name = "stream_read";
+  r.kernel = "read-only sum (STREAM-style)";
+  r.bytes = static_cast<double>(bytes);
+  r.ms = time_calls(std::max(3, o.reps / 4), [&](int) {
+    std::vector<uint64_t> part(static_cast<size_t>(num_threads()) * 8, 0);
+    default_thread_pool().parallel_for(n / 8, [&](int64_t b0, int64_t b1, int t) {
+      uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+      for (int64_t i = b0 * 8; i < b1 * 8; i += 8) {
+        a0 += p[i]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
+        a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
+      }
+      part[static_cast<size_t>(t) * 8] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    });
+    uint64_t s = 0;
+    for (uint64_t v : part) s += v;
+    sink = sink + s;
+  });
+  return r;
+}
+
+// W8A8 / W4A8 GEMV (M = 1, weights streamed) or GEMM (weights reused by M rows: one copy).
+Result int_linear(const BenchOptions& o, const kernels::KernelTable& t, bool int4, int64_t M, int64_t N, int64_t K,
+                  int gs) {
+  const size_t wbytes = static_cast<size_t>(int4 ? N * K / 2 : N * K);
+  const Pool pool = Pool::make(wbytes, M == 1 ? o.pool_mb : 0, 11, !int4);
+  const std::vector<float> scales = random_floats(static_cast<size_t>(gs == 0 ? N : K / gs * N), 1e-3f, 2e-3f, 12);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(N), -1.0f, 1.0f, 13);
+  const std::vector<float> x = random_floats(static_cast<size_t>(M * K), -2.0f, 2.0f, 14);
+  std::vector<float> out(static_cast<size_t>(M * N));
+  kernels::IntLinearArgs a{};
+  a.x = x.data();
+  a.x_dtype = DType::kF32;
+  a.w_scales = scales.data();
+  a.bias = bias.data();
+  a.out = out.data();
+  a.out_dtype = DType::kF32;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.group_size = gs;
+  auto fn = M == 1 ? (int4 ? t.w4a8_gemv : t.w8a8_gemv) : (int4 ? t.w4a8_gemm : t.w8a8_gemm);
+  Result r;
+  r.kernel = std::string(int4 ? "w4a8_" : "w8a8_") + (M == 1 ? "gemv" : "gemm") +
+             (gs == 0 ? " per-channel" : " group " + std::to_string(gs));
+  r.M = M;
+  r.N = N;
+  r.K = K;
+  r.bytes = static_cast<double>(wbytes + scales.size() * 4);
+  r.ops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  r.note = std::to_string(pool.copies.size()) + " weight copies, " + std::to_string(pool.bytes() >> 20) + " MiB";
+  const int reps = M == 1 ? o.reps : std::max(3, o.reps / 4);
+  r.ms = time_calls(reps, [&](int i) {
+    a.w = pool.copies[static_cast<size_t>(i) % pool.copies.size()].data();
+    fn(a);
+  });
+  return r;
+}
+
+Result dense(const BenchOptions& o, const kernels::KernelTable& t, DType wt, int64_t M, int64_t N, int64_t K) {
+  const size_t wbytes = static_cast<size_t>(N * K * dtype_size(wt));
+  Pool pool;
+  {
+    const size_t count = M == 1 ? std::max<size_t>(1, ((static_cast<size_t>(o.pool_mb) << 20) + wbytes - 1) / wbytes) : 1;
+    const std::vector<float> src = random_floats(static_cast<size_t>(N * K), -1.0f, 1.0f, 21);
+    for (size_t c = 0; c < count; ++c) {
+      Buffer b(wbytes);
+      for (int64_t i = 0; i < N * K; ++i) {
+        // distinct copies: perturb by the copy index
+        const float v = src[static_cast<size_t>(i)] + static_cast<float>(c) * 0x1p-10f;
+        store_float(b.data(), wt, i, v);
+      }
+      pool.copies.push_back(std::move(b));
+    }
+  }
+  const std::vector<float> x = random_floats(static_cast<size_t>(M * K), -1.0f, 1.0f, 22);
+  std::vector<float> out(static_cast<size_t>(M * N));
+  kernels::DenseGemmArgs a{x.data(), nullptr, wt, nullptr, out.data(), M, N, K};
+  Result r;
+  r.kernel = std::string("dense_gemm ") + dtype_name(wt) + (M == 1 ? " (gemv)" : "");
+  r.M = M;
+  r.N = N;
+  r.K = K;
+  r.bytes = static_cast<double>(wbytes);
+  r.ops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  r.note = std::to_string(pool.copies.size()) + " weight copies, " + std::to_string(pool.bytes() >> 20) + " MiB";
+  r.ms = time_calls(M == 1 ? o.reps : std::max(3, o.reps / 4), [&](int i) {
+    a.w = pool.copies[static_cast<size_t>(i) % pool.copies.size()].data();
+    t.dense_gemm(a);
+  });
+  return r;
+}
+
+Result affine(const BenchOptions& o, const kernels::KernelTable& t, int bits, int gs, int64_t M, int64_t N,
+              int64_t K) {
+  const size_t wbytes = static_cast<size_t>(N * K * bits / 8);
+  const Pool pool = Pool::make(wbytes, M == 1 ? o.pool_mb : 0, 31, false);
+  const size_t groups = static_cast<size_t>(N * (K / gs));
+  std::vector<uint16_t> scales(groups), biases(groups);  // bf16
+  const std::vector<float> s = random_floats(groups, 1e-3f, 2e-3f, 32), b = random_floats(groups, -0.1f, 0.1f, 33);
+  for (size_t i = 0; i < groups; ++i) {
+    scales[i] = f32_to_bf16(s[i]);
+    biases[i] = f32_to_bf16(b[i]);
+  }
+  const std::vector<float> x = random_floats(static_cast<size_t>(M * K), -1.0f, 1.0f, 34);
+  std::vector<float> out(static_cast<size_t>(M * N));
+  kernels::AffineQmmArgs a{x.data(), DType::kF32, nullptr, scales.data(), biases.data(), DType::kBF16,
+                           out.data(), DType::kF32, M, N, K, gs, bits, true};
+  Result r;
+  r.kernel = "affine_qmm " + std::to_string(bits) + "-bit group " + std::to_string(gs) + (M == 1 ? " (gemv)" : "");
+  r.M = M;
+  r.N = N;
+  r.K = K;
+  r.bytes = static_cast<double>(wbytes + 4 * groups);
+  r.ops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  r.note = std::to_string(pool.copies.size()) + " weight copies, " + std::to_string(pool.bytes() >> 20) + " MiB";
+  r.ms = time_calls(M == 1 ? o.reps : std::max(3, o.reps / 4), [&](int i) {
+    a.w = static_cast<const uint32_t*>(pool.copies[static_cast<size_t>(i) % pool.copies.size()].data());
+    t.affine_qmm(a);
+  });
+  return r;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> c;
+  auto add = [&](std::string name, std::function<Result(const BenchOptions&, const kernels::KernelTable&)> fn) {
+    c.push_back({name, [name, fn](const BenchOptions& o, const kernels::KernelTable& t) {
+                   Result r = fn(o, t);
+                   r.name = name;
+                   return r;
+                 }});
+  };
+  add("stream_read", [](const BenchOptions& o, const kernels::KernelTable&) { return stream_read(o); });
+  // Decode: the shape, per channel and group 128, then a sweep of shapes for the bandwidth plot.
+  for (bool int4 : {false, true})
+    for (int gs : {0, 128}) {
+      const std::string n = std::string(int4 ? "w4a8" : "w8a8") + "_gemv_k4096_n14336_" + (gs ? "g128" : "pc");
+      add(n, [int4, gs](const BenchOptions& o, const kernels::KernelTable& t) {
+        return int_linear(o, t, int4, 1, 14336, 4096, gs);
+      });
+    }
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{2048, 2048}, {4096, 4096}, {14336, 4096}, {8192, 8192}, {8192, 28672}})
+    for (bool int4 : {false, true}) {
+      const std::string n = std::string(int4 ? "w4a8" : "w8a8") + "_gemv_k" + std::to_string(K) + "_n" +
+                            std::to_string(N) + "_pc";
+      add(n, [int4, K, N](const BenchOptions& o, const kernels::KernelTable& t) {
+        return int_linear(o, t, int4, 1, N, K, 0);
+      });
+    }
+  // Prefill.
+  for (int64_t N : {4096, 14336})
+    add("w8a8_gemm_m512_k4096_n" + std::to_string(N) + "_pc", [N](const BenchOptions& o, const kernels::KernelTable& t) {
+      return int_linear(o, t, false, 512, N, 4096, 0);
+    });
+  add("w8a8_gemm_m512_k4096_n4096_g128", [](const BenchOptions& o, const kernels::KernelTable& t) {
+    return int_linear(o, t, false, 512, 4096, 4096, 128);
+  });
+  add("w4a8_gemm_m512_k4096_n4096_pc", [](const BenchOptions& o, const kernels::KernelTable& t) {
+    return int_linear(o, t, true, 512, 4096, 4096, 0);
+  });
+  // Dense and MLX-format weights.
+  for (DType wt : {DType::kBF16, DType::kF32}) {
+    const std::string d = dtype_name(wt);
+    add("dense_" + d + "_gemv_k4096_n14336", [wt](const BenchOptions& o, const kernels::KernelTable& t) {
+      return dense(o, t, wt, 1, 14336, 4096);
+    });
+    add("dense_" + d + "_gemm_m512_k4096_n4096", [wt](const BenchOptions& o, const kernels::KernelTable& t) {
+      return dense(o, t, wt, 512, 4096, 4096);
+    });
+  }
+  for (int bits : {4, 8})
+    add("affine_q" + std::to_string(bits) + "_g64_gemv_k4096_n14336",
+        [bits](const BenchOptions& o, const kernels::KernelTable& t) { return affine(o, t, bits, 64, 1, 14336, 4096); });
+  add("affine_q4_g64_gemm_m512_k4096_n4096",
+      [](const BenchOptions& o, const kernels::KernelTable& t) { return affine(o, t, 4, 64, 512, 4096, 4096); });
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
+  CLI::App* c = app.add_subcommand("bench", "time each kernel (x86 W8A8/W4A8 GEMV/GEMM, dense, MLX affine) and "
+                                            "print a table; weights stream from DRAM for GEMV");
+  c->add_option("--isa", o.isa, "kernel level: ref, avx2, avx512 (default: the active one)");
+  c->add_option("--threads", o.threads, "worker threads (default: $CIDER_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
+  c->add_option("--reps", o.reps, "timed calls per case (best, median and max are printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  c->add_option("--pool-mb", o.pool_mb, "MiB of distinct weight copies each GEMV cycles through (keep it well above "
+                                        "the last-level cache)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--filter", o.filter, "run only the cases whose name contains this text");
+  c->add_flag("--json", o.json, "one JSON object per case and line");
+  c->add_flag("--list", o.list, "list the case names and exit");
+  return c;
+}
+
+int run_bench(const BenchOptions& o) {
+  const std::vector<Case> cases = all_cases();
+  if (o.list) {
+    for (const Case& c : cases) std::printf("%s\n", c.name.c_str());
+    return 0;
+  }
+  if (o.threads > 0) set_num_threads(o.threads);
+  const kernels::KernelTable& table =
+      o.isa.empty() ? kernels::active_kernels() : kernels::kernels_for_isa(parse_isa(o.isa, "bench"));
+  if (!o.json) {
+    std::printf("cider bench: kernels %s, %d threads, best/median/max of %d calls (GEMM: of max(3, reps/4))\n",
+                table.name, num_threads(), o.reps);
+    std::printf("%-36s %10s %10s %10s %10s %10s  %s\n", "case", "best ms", "median ms", "max ms", "GB/s", "GOP/s",
+                "note");
+  }
+  double stream_gbps = 0.0;
+  int ran = 0;
+  for (const Case& c : cases) {
+    if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
+    ++ran;
+    const Result r = c.run(o, table);
+    const double best = *std::min_element(r.ms.begin(), r.ms.end());
+    const double med = median(r.ms), worst = *std::max_element(r.ms.begin(), r.ms.end());
+    const double gbps = r.bytes / (best * 1e-3) / 1e9, gops = r.ops / (best * 1e-3) / 1e9;
+    if (r.name == "stream_read") stream_gbps = gbps;
+    std::string note = r.note;
+    if (r.M == 1 && stream_gbps > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s%.0f%% of stream_read", note.empty() ? "" : "; ", 100.0 * gbps / stream_gbps);
+      note += buf;
+    }
+    if (o.json) {
+      std::printf("{\"engine\": \"cider\", \"case\": \"%s\", \"kernel\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
+                  "\"M\": %lld, \"N\": %lld, \"K\": %lld, \"best_ms\": %.4f, \"median_ms\": %.4f, \"max_ms\": %.4f, "
+                  "\"calls\": %zu, \"gbps\": %.2f, \"gops\": %.1f, \"note\": \"%s\"}\n",
+                  r.name.c_str(), r.kernel.c_str(), table.name, num_threads(), static_cast<long long>(r.M),
+                  static_cast<long long>(r.N), static_cast<long long>(r.K), best, med, worst, r.ms.size(), gbps, gops,
+                  note.c_str());
+    } else {
+      std::printf("%-36s %10.3f %10.3f %10.3f %10.1f %10.1f  %s\n", r.name.c_str(), best, med, worst, gbps,
+                  r.ops > 0 ? gops : 0.0, note.c_str());
+    }
+    std::fflush(stdout);
+  }
+  check(ran > 0, ErrorCode::kInvalidArgument, "bench", "--filter matches no case; got '", o.filter, "'");
+  return 0;
+}
+
+}  // namespace cider::apps
