@@ -73,6 +73,9 @@ HARD_TEXTS = [
     "\u2028line sep\u2029para sep \x0b\x0c\x1f controls \x00 nul",
     "<unk> <s> </s> <pad> not really specials <|fake|>",
     "Supercalifragilisticexpialidocious" * 8,
+    "Supercalifragilisticexpialidocious",
+    "a Supercalifragilisticexpialidocious day, O'Neil",
+    "         x after nine spaces",
     "a" * 600,
     "ab" * 300,
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
@@ -327,7 +330,20 @@ def record_cases(tok, texts):
 
 
 def write_cases(path, tokenizer_file, cases):
-    """One case per line: small, and a diff shows which texts changed."""
+    """One case per line: small, and a diff shows which texts changed. To save space a field equal to another is
+    left out: "decoded" when it equals "text", "decoded_skip_special" when it equals "decoded", "ids_no_special"
+    when it equals "ids" (the test reads them back the same way)."""
+    compact = []
+    for c in cases:
+        c = dict(c)
+        if c["decoded_skip_special"] == c["decoded"]:
+            del c["decoded_skip_special"]
+        if c["decoded"] == c["text"]:
+            del c["decoded"]
+        if c["ids_no_special"] == c["ids"]:
+            del c["ids_no_special"]
+        compact.append(c)
+    cases = compact
     import tokenizers
     with open(path, "w", encoding="utf-8") as f:
         f.write('{"tokenizer":%s,"reference":%s,"cases":[\n' % (

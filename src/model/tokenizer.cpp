@@ -741,6 +741,13 @@ struct MergeInfo {
   int32_t new_id;
 };
 
+// Vocabulary maps looked up with string_view keys, without building a std::string per character.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
 inline uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
@@ -751,7 +758,7 @@ inline uint64_t pair_key(int32_t a, int32_t b) {
 
 struct Tokenizer::Impl {
   // Vocabulary: model tokens and added tokens share one id space.
-  std::unordered_map<std::string, int32_t> vocab;  // model vocabulary (plus, for GGUF, every token)
+  TokenMap vocab;  // model vocabulary (plus, for GGUF, every token)
   std::vector<std::string> id_to_token;            // decoding strings, "" for unused ids
   std::vector<uint8_t> id_present;
   std::vector<uint8_t> id_special;
@@ -768,7 +775,7 @@ struct Tokenizer::Impl {
 
   // Pipeline.
   std::vector<AddedToken> added;
-  std::unordered_map<std::string, int32_t> added_by_content;  // token_to_id: added tokens by their content
+  TokenMap added_by_content;  // token_to_id: added tokens by their content
   TokenTrie raw_trie, normalized_trie;
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
@@ -882,7 +889,7 @@ struct Tokenizer::Impl {
     if (word.empty()) return;
     if (ignore_merges) {
       // Llama 3: a word that is already a token is emitted whole, whatever the merges would make of it.
-      auto it = vocab.find(std::string(word));
+      auto it = vocab.find(word);
       if (it != vocab.end()) {
         out.push_back(it->second);
         return;
@@ -901,7 +908,7 @@ struct Tokenizer::Impl {
     while (i < word.size()) {
       size_t n = uni::decode_utf8(word, i, cp);
       if (n == 0) n = 1;  // cannot happen: input was validated, pieces are cut on character boundaries
-      auto it = vocab.find(std::string(word.substr(i, n)));
+      auto it = vocab.find(word.substr(i, n));
       if (it != vocab.end()) {
         if (pending_unk) sym.push_back(unk_id), pending_unk = false;
         sym.push_back(it->second);
@@ -1001,7 +1008,7 @@ struct Tokenizer::Impl {
       if (l < 0 || r < 0) return;
       const Sym& a = sym[static_cast<size_t>(l)];
       const Sym& b = sym[static_cast<size_t>(r)];
-      auto it = vocab.find(std::string(word.substr(a.begin, a.len + b.len)));
+      auto it = vocab.find(word.substr(a.begin, a.len + b.len));
       if (it == vocab.end()) return;
       heap.push({scores[static_cast<size_t>(it->second)], static_cast<size_t>(l), static_cast<size_t>(r),
                  a.len + b.len});
@@ -1529,10 +1536,9 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 int32_t Tokenizer::token_to_id(std::string_view token) const {
-  const std::string key(token);
-  auto added = impl_->added_by_content.find(key);
+  auto added = impl_->added_by_content.find(token);
   if (added != impl_->added_by_content.end()) return added->second;
-  auto it = impl_->vocab.find(key);
+  auto it = impl_->vocab.find(token);
   return it == impl_->vocab.end() ? -1 : it->second;
 }
 
