@@ -1,0 +1,1168 @@
+// The model engine on tiny random models generated here: every architecture against an independent float64
+// reference forward written in this file (straight from the architectures' definitions: no caches, no chunks, full
+// attention matrices), the int8/int4 paths against the same reference on their own dequantized weights, MLX and GGUF
+// sources, convert round trips, sessions, and every rejection.
+//
+// Models are written as HF directories (config.json + model.safetensors) into a temporary folder and loaded with
+// Model::load; no tokenizer.json is written, so these tests need no tokenizer.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/convert.h"
+#include "model/loader.h"
+#include "model/model.h"
+#include "model/npy.h"
+#include "model/safetensors.h"
+#include "model/transformer.h"
+#include "quant/affine.h"
+#include "support/test_support.h"
+
+namespace cm = cider::model;
+namespace fs = std::filesystem;
+using cider::DType;
+using cider::ErrorCode;
+using json = nlohmann::json;
+
+namespace {
+
+// ---- temporary directories ---------------------------------------------------------------------------------------
+
+fs::path temp_root() {
+  static const fs::path root = [] {
+    fs::path p = fs::temp_directory_path() / ("cider_test_model_" + std::to_string(::getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return root;
+}
+std::string fresh_dir(const std::string& name) {
+  static int counter = 0;
+  fs::path p = temp_root() / (name + "_" + std::to_string(counter++));
+  fs::create_directories(p);
+  return p.string();
+}
+struct CleanUp : ::testing::Environment {
+  void TearDown() override { fs::remove_all(temp_root()); }
+};
+const auto* const kCleanUp = ::testing::AddGlobalTestEnvironment(new CleanUp);
+
+// ---- random models -------------------------------------------------------------------------------------------------
+
+struct Spec {
+  std::string cls = "LlamaForCausalLM";
+  int64_t V = 97, H = 64, I = 128, L = 2, Hq = 4, Hkv = 2, D = 16, max_pos = 512;
+  bool tie = false, qkv_bias = false, o_bias = false, qk_norm = false, gemma = false;
+  double theta = 10000.0, theta_local = 10000.0;
+  json rope_scaling;                 // null or {"rope_type": "llama3", ...}
+  int64_t window = 0;                // sliding window (Mistral: all layers; Gemma: sliding layers)
+  std::vector<int> sliding;          // per layer (Gemma)
+  double qpas = 0;                   // Gemma query_pre_attn_scalar (0 = head_dim)
+  double softcap = 0;                // Gemma final_logit_softcapping
+  double eps = 1e-6;
+  DType dtype = DType::kF32;
+};
+
+using TensorMap = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+
+// Weights as float32 values already rounded to the checkpoint dtype (so the reference sees what is stored).
+TensorMap random_weights(const Spec& s, uint64_t salt) {
+  auto rng = cider::test::make_rng(salt);
+  TensorMap m;
+  auto add = [&](const std::string& n, std::vector<int64_t> shape, float sigma, float centre = 0.0f) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    auto v = cider::test::randn(rng, static_cast<size_t>(numel), sigma);
+    for (float& x : v) x = cider::round_to(s.dtype, x + centre);
+    m[n] = {shape, v};
+  };
+  const float nc = s.gemma ? 0.0f : 1.0f;  // Gemma norms multiply by (1 + w)
+  auto lin = [&](const std::string& n, int64_t N, int64_t K) {
+    add(n + ".weight", {N, K}, 1.5f / std::sqrt(static_cast<float>(K)));
+  };
+  add("model.embed_tokens.weight", {s.V, s.H}, 1.0f);
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {s.H}, 0.2f, nc);
+    lin(p + "self_attn.q_proj", s.Hq * s.D, s.H);
+    lin(p + "self_attn.k_proj", s.Hkv * s.D, s.H);
+    lin(p + "self_attn.v_proj", s.Hkv * s.D, s.H);
+    lin(p + "self_attn.o_proj", s.H, s.Hq * s.D);
+    if (s.qkv_bias)
+      for (const char* x : {"q", "k", "v"})
+        add(p + "self_attn." + x + "_proj.bias", {(x[0] == 'q' ? s.Hq : s.Hkv) * s.D}, 0.2f);
+    if (s.o_bias) add(p + "self_attn.o_proj.bias", {s.H}, 0.2f);
+    if (s.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {s.D}, 0.2f, nc);
+      add(p + "self_attn.k_norm.weight", {s.D}, 0.2f, nc);
+    }
+    add(p + "post_attention_layernorm.weight", {s.H}, 0.2f, nc);
+    if (s.gemma) {
+      add(p + "pre_feedforward_layernorm.weight", {s.H}, 0.2f, nc);
+      add(p + "post_feedforward_layernorm.weight", {s.H}, 0.2f, nc);
+    }
+    lin(p + "mlp.gate_proj", s.I, s.H);
+    lin(p + "mlp.up_proj", s.I, s.H);
+    lin(p + "mlp.down_proj", s.H, s.I);
+  }
+  add("model.norm.weight", {s.H}, 0.2f, nc);
+  if (!s.tie) lin("lm_head", s.V, s.H);
+  return m;
+}
+
+json hf_config(const Spec& s) {
+  json c;
+  c["architectures"] = {s.cls};
+  c["vocab_size"] = s.V;
+  c["hidden_size"] = s.H;
+  c["intermediate_size"] = s.I;
+  c["num_hidden_layers"] = s.L;
+  c["num_attention_heads"] = s.Hq;
+  c["num_key_value_heads"] = s.Hkv;
+  c["head_dim"] = s.D;
+  c["max_position_embeddings"] = s.max_pos;
+  c["rms_norm_eps"] = s.eps;
+  c["tie_word_embeddings"] = s.tie;
+  c["torch_dtype"] = s.dtype == DType::kF32 ? "float32" : (s.dtype == DType::kF16 ? "float16" : "bfloat16");
+  c["rope_theta"] = s.theta;
+  c["rope_scaling"] = s.rope_scaling;
+  c["bos_token_id"] = 1;
+  c["eos_token_id"] = 2;
+  if (s.cls == "LlamaForCausalLM" || s.cls == "Qwen3ForCausalLM") c["attention_bias"] = s.o_bias;
+  if (s.cls == "MistralForCausalLM") c["sliding_window"] = s.window > 0 ? json(s.window) : json();
+  if (s.gemma) {
+    c["hidden_activation"] = "gelu_pytorch_tanh";
+    c["rope_local_base_freq"] = s.theta_local;
+    c["sliding_window"] = s.window;
+    json lt = json::array();
+    for (int v : s.sliding) lt.push_back(v ? "sliding_attention" : "full_attention");
+    c["layer_types"] = lt;
+    c["query_pre_attn_scalar"] = s.qpas > 0 ? s.qpas : static_cast<double>(s.D);
+    c["final_logit_softcapping"] = s.softcap > 0 ? json(s.softcap) : json();
+  } else {
+    c["hidden_act"] = "silu";
+  }
+  return c;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Writes an HF directory: config.json + model.safetensors with tensors in `dtype`.
+void write_hf(const std::string& dir, const Spec& s, const TensorMap& m, const json& config) {
+  cm::SafetensorsWriter w;
+  std::vector<std::vector<uint8_t>> keep;
+  for (const auto& [name, t] : m) {
+    keep.push_back(cider::test::to_dtype_bytes(t.second, s.dtype));
+    w.add(name, s.dtype, t.first, keep.back().data());
+  }
+  w.write(dir + "/model.safetensors");
+  write_text(dir + "/config.json", config.dump(1));
+}
+
+std::string write_model(const Spec& s, const TensorMap& m, const std::string& name = "model") {
+  const std::string dir = fresh_dir(name);
+  write_hf(dir, s, m, hf_config(s));
+  return dir;
+}
+
+// ---- the float64 reference -----------------------------------------------------------------------------------------
+
+using Vec = std::vector<double>;
+
+Vec linear_ref(const TensorMap& m, const std::string& p, const Vec& x, int64_t T, int64_t K) {
+  const auto& w = m.at(p + ".weight");
+  const int64_t N = w.first[0];
+  Vec y(static_cast<size_t>(T * N), 0.0);
+  const auto b = m.find(p + ".bias");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = b != m.end() ? b->second.second[static_cast<size_t>(n)] : 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += x[static_cast<size_t>(t * K + k)] * w.second[static_cast<size_t>(n * K + k)];
+      y[static_cast<size_t>(t * N + n)] = acc;
+    }
+  return y;
+}
+
+void rms_ref(Vec& x, int64_t rows, int64_t dim, const std::vector<float>& w, double offset, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += x[static_cast<size_t>(r * dim + i)] * x[static_cast<size_t>(r * dim + i)];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) x[static_cast<size_t>(r * dim + i)] *= inv * (offset + w[static_cast<size_t>(i)]);
+  }
+}
+
+// HF's inverse frequencies, float64, from the definitions (default, linear, llama3).
+std::vector<double> inv_freq_ref(double theta, const json& scaling, int64_t D) {
+  std::vector<double> f(static_cast<size_t>(D / 2));
+  const double pi = std::acos(-1.0);
+  for (int64_t i = 0; i < D / 2; ++i) {
+    double v = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    if (!scaling.is_null()) {
+      const std::string type = scaling.at("rope_type");
+      const double factor = scaling.at("factor");
+      if (type == "linear") v /= factor;
+      if (type == "llama3") {
+        const double lo = scaling.at("low_freq_factor"), hi = scaling.at("high_freq_factor");
+        const double old = scaling.at("original_max_position_embeddings");
+        const double wl = 2 * pi / v;
+        if (wl > old / lo) {
+          v /= factor;
+        } else if (wl >= old / hi) {
+          const double sm = (old / wl - lo) / (hi - lo);
+          v = (1 - sm) * v / factor + sm * v;
+        }
+      }
+    }
+    f[static_cast<size_t>(i)] = v;
+  }
+  return f;
+}
+
+// Logits (T, V) of the whole sequence, computed in float64 from the model's definition.
+Vec reference_logits(const Spec& s, const TensorMap& m, const std::vector<int32_t>& tok) {
+  const auto T = static_cast<int64_t>(tok.size());
+  const int64_t H = s.H, D = s.D;
+  const double off = s.gemma ? 1.0 : 0.0;
+  const double escale = s.gemma ? cider::round_to(s.dtype, static_cast<float>(std::sqrt(static_cast<double>(H)))) : 1.0;
+  const auto& emb = m.at("model.embed_tokens.weight").second;
+  Vec x(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H; ++i) x[static_cast<size_t>(t * H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * H + i)] * escale;
+  const double scale = 1.0 / std::sqrt(s.gemma && s.qpas > 0 ? s.qpas : static_cast<double>(D));
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const bool sliding = s.gemma ? s.sliding[static_cast<size_t>(l)] != 0 : s.window > 0;
+    const std::vector<double> inv = sliding && s.gemma ? inv_freq_ref(s.theta_local, json(), D)
+                                                       : inv_freq_ref(s.theta, s.rope_scaling, D);
+    Vec h = x;
+    rms_ref(h, T, H, m.at(p + "input_layernorm.weight").second, off, s.eps);
+    Vec q = linear_ref(m, p + "self_attn.q_proj", h, T, H);
+    Vec k = linear_ref(m, p + "self_attn.k_proj", h, T, H);
+    Vec v = linear_ref(m, p + "self_attn.v_proj", h, T, H);
+    if (s.qk_norm) {
+      rms_ref(q, T * s.Hq, D, m.at(p + "self_attn.q_norm.weight").second, off, s.eps);
+      rms_ref(k, T * s.Hkv, D, m.at(p + "self_attn.k_norm.weight").second, off, s.eps);
+    }
+    auto rope = [&](Vec& a, int64_t heads) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t hh = 0; hh < heads; ++hh)
+          for (int64_t i = 0; i < D / 2; ++i) {
+            const double ang = static_cast<double>(t) * inv[static_cast<size_t>(i)];
+            double& x1 = a[static_cast<size_t>((t * heads + hh) * D + i)];
+            double& x2 = a[static_cast<size_t>((t * heads + hh) * D + i + D / 2)];
+            const double n1 = x1 * std::cos(ang) - x2 * std::sin(ang), n2 = x2 * std::cos(ang) + x1 * std::sin(ang);
+            x1 = n1;
+            x2 = n2;
+          }
+    };
+    rope(q, s.Hq);
+    rope(k, s.Hkv);
+    Vec att(static_cast<size_t>(T * s.Hq * D), 0.0);
+    for (int64_t hh = 0; hh < s.Hq; ++hh) {
+      const int64_t kvh = hh / (s.Hq / s.Hkv);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> sc(static_cast<size_t>(i + 1), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (sliding && j <= i - s.window) continue;
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e)
+            d += q[static_cast<size_t>((i * s.Hq + hh) * D + e)] * k[static_cast<size_t>((j * s.Hkv + kvh) * D + e)];
+          sc[static_cast<size_t>(j)] = d * scale;
+          mx = std::max(mx, sc[static_cast<size_t>(j)]);
+        }
+        double z = 0;
+        for (double& e : sc) z += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < D; ++e)
+            att[static_cast<size_t>((i * s.Hq + hh) * D + e)] +=
+                sc[static_cast<size_t>(j)] / z * v[static_cast<size_t>((j * s.Hkv + kvh) * D + e)];
+      }
+    }
+    Vec o = linear_ref(m, p + "self_attn.o_proj", att, T, s.Hq * D);
+    if (s.gemma) rms_ref(o, T, H, m.at(p + "post_attention_layernorm.weight").second, off, s.eps);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    h = x;
+    rms_ref(h, T, H, m.at(p + (s.gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")).second,
+            off, s.eps);
+    Vec g = linear_ref(m, p + "mlp.gate_proj", h, T, H);
+    Vec u = linear_ref(m, p + "mlp.up_proj", h, T, H);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double a = g[i];
+      const double act = s.gemma ? 0.5 * a * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (a + 0.044715 * a * a * a)))
+                                 : a / (1 + std::exp(-a));
+      g[i] = act * u[i];
+    }
+    Vec d = linear_ref(m, p + "mlp.down_proj", g, T, s.I);
+    if (s.gemma) rms_ref(d, T, H, m.at(p + "post_feedforward_layernorm.weight").second, off, s.eps);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+  }
+  rms_ref(x, T, H, m.at("model.norm.weight").second, off, s.eps);
+  TensorMap head;
+  head["lm_head.weight"] = m.count("lm_head.weight") ? m.at("lm_head.weight") : m.at("model.embed_tokens.weight");
+  Vec out = linear_ref(head, "lm_head", x, T, H);
+  if (s.softcap > 0)
+    for (double& e : out) e = s.softcap * std::tanh(e / s.softcap);
+  return out;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t salt) {
+  auto rng = cider::test::make_rng(salt);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+  return t;
+}
+
+cm::ModelOptions opts(const char* weights = "f32", const char* kv = "f32") {
+  cm::ModelOptions o;
+  o.weights = cm::parse_weight_format(weights);
+  o.kv = cm::parse_kv_format(kv);
+  return o;
+}
+
+std::vector<float> run(const cm::Model& model, const std::vector<int32_t>& tok) {
+  auto s = model.new_session();
+  std::vector<float> out(tok.size() * static_cast<size_t>(model.config().vocab_size));
+  model.forward(*s, tok.data(), static_cast<int64_t>(tok.size()), out.data(), true);
+  return out;
+}
+
+// max |got − want| ≤ rel · max |want|, NaN failing.
+::testing::AssertionResult close_rel(const std::vector<float>& got, const Vec& want, double rel) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  double mx = 0, worst = 0;
+  size_t at = 0;
+  for (double w : want) mx = std::max(mx, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(got[i] - want[i]);
+    if (std::isnan(got[i])) return ::testing::AssertionFailure() << "NaN at " << i;
+    if (d > worst) {
+      worst = d;
+      at = i;
+    }
+  }
+  if (worst <= rel * mx) return ::testing::AssertionSuccess() << worst / mx;
+  return ::testing::AssertionFailure() << "max |diff| " << worst << " at " << at << " (got " << got[at] << ", want "
+                                       << want[at] << ") > " << rel << " * max |want| " << mx;
+}
+
+// Relative RMS difference ‖got − want‖ / ‖want‖.
+double rel_rms(const std::vector<float>& got, const Vec& want) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    w += want[i] * want[i];
+  }
+  return std::sqrt(d / w);
+}
+
+// The architectures, each with what distinguishes it.
+std::vector<std::pair<std::string, Spec>> arch_specs() {
+  std::vector<std::pair<std::string, Spec>> v;
+  Spec llama;  // GQA 4:2, llama3 rope scaling with a short original context so every band is used
+  llama.rope_scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  llama.o_bias = llama.qkv_bias = true;  // attention_bias
+  v.emplace_back("llama", llama);
+  Spec mistral;
+  mistral.cls = "MistralForCausalLM";
+  mistral.Hkv = 1;
+  mistral.window = 5;
+  v.emplace_back("mistral", mistral);
+  Spec qwen2;
+  qwen2.cls = "Qwen2ForCausalLM";
+  qwen2.qkv_bias = true;
+  qwen2.tie = true;
+  qwen2.theta = 1e6;
+  v.emplace_back("qwen2", qwen2);
+  Spec qwen3;
+  qwen3.cls = "Qwen3ForCausalLM";
+  qwen3.qk_norm = true;
+  qwen3.D = 32;  // Hq·D = 128 ≠ hidden 64
+  v.emplace_back("qwen3", qwen3);
+  Spec gemma;
+  gemma.cls = "Gemma3ForCausalLM";
+  gemma.gemma = gemma.qk_norm = gemma.tie = true;
+  gemma.L = 3;
+  gemma.Hq = 2;
+  gemma.Hkv = 1;
+  gemma.D = 32;
+  gemma.window = 4;
+  gemma.sliding = {1, 0, 1};
+  gemma.theta = 1e6;
+  gemma.qpas = 20;
+  gemma.softcap = 6;
+  gemma.rope_scaling = {{"rope_type", "linear"}, {"factor", 2.0}};
+  v.emplace_back("gemma3", gemma);
+  return v;
+}
+
+// ---- tests ---------------------------------------------------------------------------------------------------------
+
+TEST(ModelReference, F32MatchesFloat64ReferenceForEveryArchitecture) {
+  uint64_t salt = 100;
+  for (const auto& [name, spec] : arch_specs()) {
+    SCOPED_TRACE(name);
+    const TensorMap m = random_weights(spec, ++salt);
+    const std::string dir = write_model(spec, m, name);
+    auto model = cm::Model::load(dir, opts("f32", "f32"));
+    const auto tok = random_tokens(23, spec.V, ++salt);
+    const Vec ref = reference_logits(spec, m, tok);
+    EXPECT_TRUE(close_rel(run(*model, tok), ref, 1e-4));
+
+    // The same positions through a prefill of 9 tokens then single-token decode steps (GEMV paths, cache growth).
+    auto s = model->new_session();
+    const int64_t V = spec.V;
+    std::vector<float> got(tok.size() * static_cast<size_t>(V));
+    model->forward(*s, tok.data(), 9, got.data(), true);
+    for (size_t t = 9; t < tok.size(); ++t) model->forward(*s, &tok[t], 1, got.data() + t * static_cast<size_t>(V), false);
+    EXPECT_EQ(s->position(), static_cast<int64_t>(tok.size()));
+    EXPECT_TRUE(close_rel(got, ref, 1e-4));
+  }
+}
+
+TEST(ModelReference, HalfPrecisionCheckpointsAndBf16WeightsInPlace) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    Spec spec = arch_specs()[0].second;
+    spec.dtype = dt;
+    const TensorMap m = random_weights(spec, 7 + static_cast<uint64_t>(dt));
+    const std::string dir = write_model(spec, m, "half");
+    const auto tok = random_tokens(17, spec.V, 8);
+    const Vec ref = reference_logits(spec, m, tok);
+    // f32 weights from a half checkpoint: the stored values exactly, so reference tolerance.
+    EXPECT_TRUE(close_rel(run(*cm::Model::load(dir, opts("f32", "f32")), tok), ref, 1e-4)) << cider::dtype_name(dt);
+    auto bf = cm::Model::load(dir, opts("bf16", "f32"));
+    if (dt == DType::kBF16) {
+      // bf16 weights of a bf16 checkpoint are used in place: the exact values, and no owned copy of them.
+      EXPECT_TRUE(close_rel(run(*bf, tok), ref, 1e-4));
+      const cm::Linear& q = bf->impl().w.layers[0].q;
+      for (const cider::Tensor& t : bf->impl().w.owned) {
+        const auto* b = static_cast<const uint8_t*>(t.buffer.data());
+        EXPECT_FALSE(q.w >= b && q.w < b + t.buffer.nbytes()) << "q_proj was copied";
+      }
+    } else {
+      EXPECT_LT(rel_rms(run(*bf, tok), ref), 0.02);
+    }
+  }
+}
+
+TEST(ModelReference, LongPrefillIsSplitIntoChunks) {
+  Spec spec = arch_specs()[1].second;  // Mistral: the sliding window crosses chunk borders too
+  spec.window = 40;
+  const TensorMap m = random_weights(spec, 31);
+  const std::string dir = write_model(spec, m, "long");
+  auto model = cm::Model::load(dir, opts("f32", "f32"));
+  const auto tok = random_tokens(cm::kMaxChunk + 45, spec.V, 32);
+  EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
+  // Only the last row when all_logits is false.
+  auto s = model->new_session();
+  std::vector<float> last(static_cast<size_t>(spec.V));
+  model->forward(*s, tok.data(), static_cast<int64_t>(tok.size()), last.data(), false);
+  const auto all = run(*model, tok);
+  // (The head runs as a GEMV on one row instead of a GEMM: a fast kernel may sum in another order.)
+  EXPECT_TRUE(cider::test::all_close(last.data(), all.data() + all.size() - last.size(), last.size(), 1e-5, 1e-5));
+}
+
+// The weights an int layer really holds, dequantized: codes × scales.
+std::vector<float> dequantize_linear(const cm::Linear& L) {
+  std::vector<float> w(static_cast<size_t>(L.N * L.K));
+  for (int64_t n = 0; n < L.N; ++n)
+    for (int64_t k = 0; k < L.K; ++k) {
+      int q;
+      if (L.kind == cm::Linear::Kind::kInt8) {
+        q = static_cast<const int8_t*>(L.w)[n * L.K + k];
+      } else {
+        const uint8_t byte = static_cast<const uint8_t*>(L.w)[n * (L.K / 2) + k / 2];
+        q = ((k & 1) ? (byte >> 4) : (byte & 0xf)) - 8;
+      }
+      const float sc = L.group_size == 0 ? L.scales[n] : L.scales[(k / L.group_size) * L.N + n];
+      w[static_cast<size_t>(n * L.K + k)] = static_cast<float>(q) * sc;
+    }
+  return w;
+}
+
+TEST(ModelReference, IntWeightsComputeWithTheirOwnDequantizedWeights) {
+  // The reference runs on the dequantized int8/int4 weights the model holds, so the only difference left is the
+  // per-token int8 activation quantization (step max|x|/127, about 0.7% RMS of a Gaussian row per input, which
+  // these random networks amplify about 4x: 0.03 measured): a wiring error (transposed scales, nibble order, wrong
+  // group) would show up as an O(1) difference instead. Bound 0.06.
+  for (const auto& [name, spec] : arch_specs()) {
+    const TensorMap m = random_weights(spec, 55);
+    const std::string dir = write_model(spec, m, "int_" + name);
+    const auto tok = random_tokens(19, spec.V, 56);
+    for (const char* fmt : {"w8a8", "w8a8-g64", "w4a8"}) {
+      SCOPED_TRACE(name + " " + fmt);
+      auto model = cm::Model::load(dir, opts(fmt, "f32"));
+      const cm::Weights& W = model->impl().w;
+      TensorMap dq = m;
+      for (const cm::LayerWeights& L : W.layers)
+        for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+          ASSERT_NE(x->kind, cm::Linear::Kind::kDense);
+          EXPECT_EQ(x->group_size, cm::weight_format_group_size(cm::parse_weight_format(fmt)));
+          dq[x->name + ".weight"].second = dequantize_linear(*x);
+        }
+      dq["lm_head.weight"] = {{spec.V, spec.H}, dequantize_linear(W.lm_head)};
+      const Vec ref = reference_logits(spec, dq, tok);
+      const double r = rel_rms(run(*model, tok), ref);
+      EXPECT_LT(r, 0.06) << "relative RMS vs the dequantized-weight reference";
+      // And the quantized model stays near the float one.
+      EXPECT_LT(rel_rms(run(*model, tok), reference_logits(spec, m, tok)), std::string(fmt) == "w4a8" ? 0.8 : 0.1);
+    }
+  }
+}
+
+TEST(ModelReference, QuantizedKvCacheStaysClose) {
+  Spec spec = arch_specs()[3].second;  // Qwen3, head_dim 32
+  const TensorMap m = random_weights(spec, 61);
+  const std::string dir = write_model(spec, m, "kv");
+  const auto tok = random_tokens(30, spec.V, 62);
+  const Vec ref = reference_logits(spec, m, tok);
+  for (const char* kv : {"k8v8", "k4v3", "bf16", "f16"}) {
+    for (const char* rot : {"so4-full", "so4-fast", "none"}) {
+      cm::ModelOptions o = opts("f32", kv);
+      o.kv.group_size = 32;
+      if (o.kv.quantized) o.kv.rotation = cm::parse_kv_rotation(rot);
+      auto model = cm::Model::load(dir, o);
+      const double r = rel_rms(run(*model, tok), ref);
+      const double bound = std::string(kv) == "k4v3" ? 0.4 : (std::string(kv) == "k8v8" ? 0.03 : 0.01);
+      EXPECT_LT(r, bound) << kv << " " << rot;
+      auto s = model->new_session();
+      std::vector<float> out(static_cast<size_t>(spec.V));
+      model->forward(*s, tok.data(), 5, out.data(), false);
+      EXPECT_GT(s->kv_bytes(), 0u);
+    }
+  }
+  // The quantized cache takes about a quarter of a bf16 one (same capacity).
+  auto kbytes = [&](const char* kv) {
+    cm::ModelOptions o = opts("f32", kv);
+    o.kv.group_size = 32;
+    auto model = cm::Model::load(dir, o);
+    auto s = model->new_session();
+    std::vector<float> out(static_cast<size_t>(spec.V));
+    model->forward(*s, tok.data(), 5, out.data(), false);
+    return s->kv_bytes();
+  };
+  EXPECT_LT(kbytes("k4v3") * 3, kbytes("bf16"));
+}
+
+// ---- MLX ----------------------------------------------------------------------------------------------------------
+
+TEST(ModelMlx, LoadsAffineQuantizedDirectoryWithOverrides) {
+  Spec spec = arch_specs()[0].second;
+  spec.dtype = DType::kBF16;
+  const TensorMap m = random_weights(spec, 71);
+  // Quantize like mlx-lm: every linear and the embedding, 4 bits / group 32; one layer overridden to 8 bits /
+  // group 64; one left float by an override of false.
+  const std::string dir = fresh_dir("mlx");
+  cm::SafetensorsWriter w;
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<cider::Tensor> tkeep;
+  TensorMap deq = m;  // the weights MLX would compute with
+  json q = {{"group_size", 32}, {"bits", 4}, {"mode", "affine"}};
+  q["model.layers.1.mlp.down_proj"] = {{"group_size", 64}, {"bits", 8}};
+  q["model.layers.0.self_attn.o_proj"] = false;
+  for (const auto& [name, t] : m) {
+    const bool matrix = t.first.size() == 2 && name != "model.layers.0.self_attn.o_proj.weight";
+    auto bytes = cider::test::to_dtype_bytes(t.second, spec.dtype);
+    if (!matrix) {
+      keep.push_back(std::move(bytes));
+      w.add(name, spec.dtype, t.first, keep.back().data());
+      continue;
+    }
+    const std::string prefix = name.substr(0, name.size() - 7);
+    const int gs = prefix == "model.layers.1.mlp.down_proj" ? 64 : 32, bits = gs == 64 ? 8 : 4;
+    keep.push_back(std::move(bytes));
+    auto aq = cider::quant::affine_quantize(cider::TensorView(keep.back().data(), spec.dtype, t.first), gs, bits);
+    cider::Tensor d = cider::quant::affine_dequantize(aq.packed.view(), aq.scales.view(), aq.biases.view(), gs, bits,
+                                                      DType::kF32);
+    deq[name].second.assign(d.ptr<float>(), d.ptr<float>() + d.numel());
+    tkeep.push_back(std::move(aq.packed));
+    w.add(prefix + ".weight", DType::kU32, tkeep.back().shape, tkeep.back().buffer.data());
+    tkeep.push_back(std::move(aq.scales));
+    w.add(prefix + ".scales", spec.dtype, tkeep.back().shape, tkeep.back().buffer.data());
+    tkeep.push_back(std::move(aq.biases));
+    w.add(prefix + ".biases", spec.dtype, tkeep.back().shape, tkeep.back().buffer.data());
+  }
+  w.set_metadata("format", "mlx");
+  w.write(dir + "/model.safetensors");
+  json cfg = hf_config(spec);
+  cfg["quantization"] = q;
+  write_text(dir + "/config.json", cfg.dump());
+
+  const auto tok = random_tokens(21, spec.V, 72);
+  const Vec ref = reference_logits(spec, deq, tok);
+  auto f32 = cm::Model::load(dir, opts("f32", "f32"));
+  EXPECT_EQ(f32->impl().source, "mlx");
+  EXPECT_TRUE(close_rel(run(*f32, tok), ref, 1e-4));
+  for (const char* fmt : {"bf16", "w8a8", "w4a8"}) {
+    auto model = cm::Model::load(dir, opts(fmt, "f32"));
+    EXPECT_LT(rel_rms(run(*model, tok), ref), std::string(fmt) == "w4a8" ? 0.5 : 0.1) << fmt;
+  }
+  // w4a8 keeps MLX's finer group of 32 where it has one.
+  auto w4 = cm::Model::load(dir, opts("w4a8", "f32"));
+  EXPECT_EQ(w4->impl().w.layers[0].q.group_size, 32);
+
+  // A scales tensor whose shape disagrees with the configured group size is named.
+  cfg["quantization"]["group_size"] = 64;
+  write_text(dir + "/config.json", cfg.dump());
+  try {
+    cm::Model::load(dir, opts("f32", "f32"));
+    ADD_FAILURE() << "no error";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch);
+    EXPECT_NE(std::string(e.what()).find(".scales"), std::string::npos) << e.what();
+  }
+}
+
+// ---- GGUF ---------------------------------------------------------------------------------------------------------
+
+// A minimal GGUF v3 writer (metadata: strings, u32, f32; tensors F32/F16), enough to build test files.
+struct GgufWriter {
+  std::string kv;
+  uint64_t n_kv = 0;
+  struct T {
+    std::string name;
+    std::vector<int64_t> shape;
+    uint32_t type;
+    std::string bytes;
+  };
+  std::vector<T> tensors;
+  static void u32(std::string& b, uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); }
+  static void u64(std::string& b, uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); }
+  static void str(std::string& b, const std::string& s) {
+    u64(b, s.size());
+    b += s;
+  }
+  void set_str(const std::string& k, const std::string& v) {
+    str(kv, k);
+    u32(kv, 8);
+    str(kv, v);
+    ++n_kv;
+  }
+  void set_u32(const std::string& k, uint32_t v) {
+    str(kv, k);
+    u32(kv, 4);
+    u32(kv, v);
+    ++n_kv;
+  }
+  void set_f32(const std::string& k, float v) {
+    str(kv, k);
+    u32(kv, 6);
+    kv.append(reinterpret_cast<const char*>(&v), 4);
+    ++n_kv;
+  }
+  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, bool f16) {
+    T t{name, shape, f16 ? 1u : 0u, {}};
+    if (f16) {
+      for (float x : v) {
+        const uint16_t h = cider::f32_to_f16(x);
+        t.bytes.append(reinterpret_cast<const char*>(&h), 2);
+      }
+    } else {
+      t.bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    }
+    tensors.push_back(t);
+  }
+  void write(const std::string& path) const {
+    std::string b = "GGUF";
+    u32(b, 3);
+    u64(b, tensors.size());
+    u64(b, n_kv);
+    b += kv;
+    uint64_t off = 0;
+    std::vector<uint64_t> offs;
+    for (const T& t : tensors) {
+      str(b, t.name);
+      u32(b, static_cast<uint32_t>(t.shape.size()));
+      for (size_t i = t.shape.size(); i-- > 0;) u64(b, static_cast<uint64_t>(t.shape[i]));  // ne[0] fastest
+      u32(b, t.type);
+      u64(b, off);
+      offs.push_back(off);
+      off += (t.bytes.size() + 31) / 32 * 32;
+    }
+    b.append((32 - b.size() % 32) % 32, '\0');
+    for (const T& t : tensors) {
+      b += t.bytes;
+      b.append((32 - t.bytes.size() % 32) % 32, '\0');
+    }
+    std::ofstream(path, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+};
+
+// HF → GGUF the way llama.cpp's converter does it, including the llama-arch Q/K row permutation (within each head,
+// HF row h·D/2 + i goes to row 2i + h) and Gemma's 1 + w norms.
+std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch) {
+  GgufWriter g;
+  g.set_str("general.architecture", arch);
+  const std::string p = arch + ".";
+  g.set_u32(p + "context_length", static_cast<uint32_t>(s.max_pos));
+  g.set_u32(p + "embedding_length", static_cast<uint32_t>(s.H));
+  g.set_u32(p + "block_count", static_cast<uint32_t>(s.L));
+  g.set_u32(p + "feed_forward_length", static_cast<uint32_t>(s.I));
+  g.set_u32(p + "attention.head_count", static_cast<uint32_t>(s.Hq));
+  g.set_u32(p + "attention.head_count_kv", static_cast<uint32_t>(s.Hkv));
+  g.set_u32(p + "attention.key_length", static_cast<uint32_t>(s.D));
+  g.set_u32(p + "attention.value_length", static_cast<uint32_t>(s.D));
+  g.set_f32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(s.eps));
+  g.set_f32(p + "rope.freq_base", static_cast<float>(s.theta));
+  if (s.gemma) g.set_u32(p + "attention.sliding_window", static_cast<uint32_t>(s.window));
+  auto put = [&](const std::string& gname, const std::string& hf, bool f16 = false) {
+    if (!m.count(hf)) return;  // lets a test leave a tensor out
+    auto t = m.at(hf);
+    if (arch == "llama" && (hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos)) {
+      const int64_t heads = hf.find("q_proj") != std::string::npos ? s.Hq : s.Hkv, K = t.first[1];
+      std::vector<float> out(t.second.size());
+      for (int64_t hd = 0; hd < heads; ++hd)
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < s.D / 2; ++i)
+            std::memcpy(&out[static_cast<size_t>((hd * s.D + 2 * i + h) * K)],
+                        &t.second[static_cast<size_t>((hd * s.D + h * s.D / 2 + i) * K)], static_cast<size_t>(K) * 4);
+      t.second = out;
+    }
+    if (s.gemma && hf.find("norm") != std::string::npos)
+      for (float& x : t.second) x += 1.0f;
+    g.add(gname, t.first, t.second, f16);
+  };
+  put("token_embd.weight", "model.embed_tokens.weight", true);
+  put("output_norm.weight", "model.norm.weight");
+  if (!s.tie) put("output.weight", "lm_head.weight");
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string hp = "model.layers." + std::to_string(l) + ".", gp = "blk." + std::to_string(l) + ".";
+    put(gp + "attn_norm.weight", hp + "input_layernorm.weight");
+    put(gp + "attn_q.weight", hp + "self_attn.q_proj.weight");
+    put(gp + "attn_k.weight", hp + "self_attn.k_proj.weight");
+    put(gp + "attn_v.weight", hp + "self_attn.v_proj.weight", true);
+    put(gp + "attn_output.weight", hp + "self_attn.o_proj.weight");
+    if (s.qk_norm) {
+      put(gp + "attn_q_norm.weight", hp + "self_attn.q_norm.weight");
+      put(gp + "attn_k_norm.weight", hp + "self_attn.k_norm.weight");
+    }
+    if (s.gemma) {
+      put(gp + "post_attention_norm.weight", hp + "post_attention_layernorm.weight");
+      put(gp + "ffn_norm.weight", hp + "pre_feedforward_layernorm.weight");
+      put(gp + "post_ffw_norm.weight", hp + "post_feedforward_layernorm.weight");
+    } else {
+      put(gp + "ffn_norm.weight", hp + "post_attention_layernorm.weight");
+    }
+    put(gp + "ffn_gate.weight", hp + "mlp.gate_proj.weight");
+    put(gp + "ffn_up.weight", hp + "mlp.up_proj.weight");
+    put(gp + "ffn_down.weight", hp + "mlp.down_proj.weight");
+  }
+  const std::string path = fresh_dir("gguf") + "/model.gguf";
+  g.write(path);
+  return path;
+}
+
+// Values exactly representable in f16 (the GGUF writer stores some tensors as F16).
+TensorMap f16_exact(TensorMap m) {
+  for (auto& [n, t] : m)
+    for (float& x : t.second) x = cider::round_to(DType::kF16, x);
+  return m;
+}
+
+TEST(ModelGguf, LlamaUndoesTheQKPermutation) {
+  Spec spec;  // llama GQA 4:2, no scaling, no biases
+  const TensorMap m = f16_exact(random_weights(spec, 81));
+  const std::string path = write_gguf(spec, m, "llama");
+  const auto tok = random_tokens(20, spec.V, 82);
+  auto model = cm::Model::load(path, opts("f32", "f32"));
+  EXPECT_EQ(model->impl().source, "gguf");
+  EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
+  auto q8 = cm::Model::load(path, opts("w8a8", "f32"));
+  EXPECT_LT(rel_rms(run(*q8, tok), reference_logits(spec, m, tok)), 0.1);
+}
+
+TEST(ModelGguf, Gemma3NormsAndLayerPattern) {
+  Spec spec = arch_specs()[4].second;
+  // llama.cpp's Gemma 3: every layer sliding except each 6th, local base 10000, q scale head_dim^-1/2, no softcap
+  // or rope scaling metadata.
+  spec.L = 2;
+  spec.sliding = {1, 1};
+  spec.qpas = 0;
+  spec.softcap = 0;
+  spec.rope_scaling = json();
+  const TensorMap m = f16_exact(random_weights(spec, 91));
+  const std::string path = write_gguf(spec, m, "gemma3");
+  const auto tok = random_tokens(20, spec.V, 92);
+  auto model = cm::Model::load(path, opts("f32", "f32"));
+  EXPECT_EQ(model->config().norm_weight_offset, 0.0f);
+  // The stored norms are 1 + w rounded to float32: compare with a relative tolerance that allows for it.
+  EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
+}
+
+TEST(ModelGguf, RejectsUnsupportedArchitectureAndMissingTensor) {
+  Spec spec;
+  const TensorMap m = f16_exact(random_weights(spec, 93));
+  const std::string p1 = write_gguf(spec, m, "phi3");
+  try {
+    cm::Model::load(p1, opts());
+    ADD_FAILURE();
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("phi3"), std::string::npos) << e.what();
+  }
+  TensorMap less = m;
+  less.erase("model.layers.1.mlp.up_proj.weight");
+  try {
+    cm::Model::load(write_gguf(spec, less, "llama"), opts());
+    ADD_FAILURE();
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("blk.1.ffn_up.weight"), std::string::npos) << e.what();
+  }
+}
+
+// ---- convert ------------------------------------------------------------------------------------------------------
+
+bool same_bytes(const void* a, const void* b, size_t n) { return std::memcmp(a, b, n) == 0; }
+
+TEST(ModelConvert, RoundTripLoadsBitwiseIdenticalWeightsWithoutRequantizing) {
+  uint64_t salt = 200;
+  for (const auto& [name, spec] : arch_specs()) {
+    const TensorMap m = random_weights(spec, ++salt);
+    const std::string dir = write_model(spec, m, "conv_" + name);
+    const auto tok = random_tokens(13, spec.V, ++salt);
+    for (const char* fmt : {"f32", "bf16", "w8a8", "w8a8-g64", "w4a8"}) {
+      SCOPED_TRACE(name + " " + fmt);
+      const std::string out = temp_root().string() + "/converted_" + name + "_" + fmt;
+      std::vector<int64_t> seen;
+      cm::convert_model(dir, out, cm::parse_weight_format(fmt), [&](const char*, int64_t d, int64_t) { seen.push_back(d); });
+      EXPECT_FALSE(seen.empty());
+      auto a = cm::Model::load(dir, opts(fmt, "f32"));
+      auto b = cm::Model::load(out, opts(fmt, "f32"));
+      EXPECT_EQ(b->impl().source, "cider");
+      const cm::Weights& A = a->impl().w;
+      const cm::Weights& B = b->impl().w;
+      ASSERT_EQ(A.layers.size(), B.layers.size());
+      auto same_linear = [&](const cm::Linear& x, const cm::Linear& y) {
+        EXPECT_EQ(x.kind, y.kind) << x.name;
+        EXPECT_EQ(x.group_size, y.group_size) << x.name;
+        const size_t wb = x.kind == cm::Linear::Kind::kDense ? static_cast<size_t>(x.N * x.K * cider::dtype_size(x.w_dtype))
+                          : x.kind == cm::Linear::Kind::kInt8 ? static_cast<size_t>(x.N * x.K)
+                                                              : static_cast<size_t>(x.N * x.K / 2);
+        EXPECT_TRUE(same_bytes(x.w, y.w, wb)) << x.name;
+        if (x.scales) {
+          const size_t ns = static_cast<size_t>(x.group_size == 0 ? x.N : x.K / x.group_size * x.N);
+          EXPECT_TRUE(same_bytes(x.scales, y.scales, ns * 4)) << x.name;
+        }
+        EXPECT_EQ(x.bias == nullptr, y.bias == nullptr);
+        if (x.bias) {
+          EXPECT_TRUE(same_bytes(x.bias, y.bias, static_cast<size_t>(x.N) * 4)) << x.name;
+        }
+      };
+      for (size_t l = 0; l < A.layers.size(); ++l)
+        for (auto mem : {&cm::LayerWeights::q, &cm::LayerWeights::k, &cm::LayerWeights::v, &cm::LayerWeights::o,
+                         &cm::LayerWeights::gate, &cm::LayerWeights::up, &cm::LayerWeights::down})
+          same_linear(A.layers[l].*mem, B.layers[l].*mem);
+      same_linear(A.lm_head, B.lm_head);
+      EXPECT_EQ(A.embed_dtype, B.embed_dtype);
+      EXPECT_TRUE(same_bytes(A.embed, B.embed, static_cast<size_t>(spec.V * spec.H * cider::dtype_size(A.embed_dtype))));
+      EXPECT_EQ(a->weight_bytes(), b->weight_bytes());
+      EXPECT_EQ(cm::config_to_json(a->config()), cm::config_to_json(b->config()));
+      const auto la = run(*a, tok), lb = run(*b, tok);
+      EXPECT_TRUE(cider::test::all_close(lb.data(), la.data(), la.size(), 0.0)) << "logits must be identical";
+      // A converted model loads only in its own format (nothing is requantized behind the user's back).
+      const char* other = std::string(fmt) == "w4a8" ? "w8a8" : "w4a8";
+      try {
+        cm::Model::load(out, opts(other, "f32"));
+        ADD_FAILURE() << "loaded a " << fmt << " model as " << other;
+      } catch (const cider::Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(fmt), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+TEST(ModelConvert, FailureLeavesNothingAndExistingOutputIsRefused) {
+  Spec spec;
+  TensorMap m = random_weights(spec, 301);
+  const std::string good = write_model(spec, m, "conv_src");
+  const std::string out = temp_root().string() + "/conv_out_exists";
+  fs::create_directories(out);
+  try {
+    cm::convert_model(good, out, cm::WeightFormat::kW8A8);
+    ADD_FAILURE();
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  m.erase("model.layers.0.mlp.up_proj.weight");
+  const std::string bad = write_model(spec, m, "conv_bad");
+  const std::string out2 = temp_root().string() + "/conv_out_new";
+  EXPECT_THROW(cm::convert_model(bad, out2, cm::WeightFormat::kW8A8), cider::Error);
+  EXPECT_FALSE(fs::exists(out2));
+  for (const auto& e : fs::directory_iterator(temp_root()))
+    EXPECT_EQ(e.path().filename().string().find("conv_out_new"), std::string::npos) << e.path();
+}
+
+// ---- sessions -----------------------------------------------------------------------------------------------------
+
+TEST(ModelSession, TrimAndContextLimit) {
+  Spec spec = arch_specs()[0].second;
+  spec.max_pos = 64;
+  const TensorMap m = random_weights(spec, 401);
+  const std::string dir = write_model(spec, m, "sess");
+  cm::ModelOptions o = opts("f32", "f32");
+  o.ctx = 24;
+  auto model = cm::Model::load(dir, o);
+  EXPECT_EQ(model->context_length(), 24);
+  const auto tok = random_tokens(24, spec.V, 402);
+  const auto full = run(*model, tok);
+  const auto V = static_cast<size_t>(spec.V);
+
+  // Trim (speculative rollback) then continue with other tokens, then the original ones again.
+  auto s = model->new_session();
+  std::vector<float> out(tok.size() * V);
+  model->forward(*s, tok.data(), 20, out.data(), true);
+  EXPECT_EQ(s->trim(5), 5);
+  EXPECT_EQ(s->position(), 15);
+  std::vector<int32_t> other = {3, 4, 5};
+  std::vector<float> tmp(3 * V);
+  model->forward(*s, other.data(), 3, tmp.data(), true);
+  EXPECT_EQ(s->trim(3), 3);
+  model->forward(*s, tok.data() + 15, 9, out.data() + 15 * V, true);
+  EXPECT_TRUE(cider::test::all_close(out.data(), full.data(), full.size(), 1e-5, 1e-5));
+  EXPECT_EQ(s->trim(100), 24);
+  EXPECT_EQ(s->position(), 0);
+
+  // Past the context: kOutOfRange, and the session is untouched.
+  auto s2 = model->new_session();
+  model->forward(*s2, tok.data(), 20, out.data(), true);
+  const size_t kv = s2->kv_bytes();
+  try {
+    model->forward(*s2, tok.data(), 5, tmp.data(), true);
+    ADD_FAILURE() << "no error";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+    EXPECT_NE(std::string(e.what()).find("context length 24"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s2->position(), 20);
+  EXPECT_EQ(s2->kv_bytes(), kv);
+  model->forward(*s2, tok.data() + 20, 4, out.data() + 20 * V, true);
+  EXPECT_TRUE(cider::test::all_close(out.data() + 20 * V, full.data() + 20 * V, 4 * V, 1e-5, 1e-5));
+
+  // Bad calls.
+  const int32_t bad_tok[1] = {static_cast<int32_t>(spec.V)};
+  EXPECT_THROW(model->forward(*model->new_session(), bad_tok, 1, tmp.data(), false), cider::Error);
+  EXPECT_THROW(model->forward(*model->new_session(), tok.data(), 0, tmp.data(), false), cider::Error);
+  EXPECT_THROW(model->forward(*model->new_session(), tok.data(), 1, nullptr, false), cider::Error);
+  auto other_model = cm::Model::load(dir, o);
+  auto foreign = other_model->new_session();
+  EXPECT_THROW(model->forward(*foreign, tok.data(), 1, tmp.data(), false), cider::Error);
+  EXPECT_THROW(s->trim(-1), cider::Error);
+}
+
+// ---- loading details and rejections -------------------------------------------------------------------------------
+
+void expect_load_error(const std::string& path, const cm::ModelOptions& o, ErrorCode code,
+                       std::vector<std::string> words) {
+  try {
+    cm::Model::load(path, o);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelLoad, WeightBytesProgressAndTiedHead) {
+  Spec spec = arch_specs()[2].second;  // Qwen2, tied
+  const TensorMap m = random_weights(spec, 501);
+  const std::string dir = write_model(spec, m, "bytes");
+  std::vector<std::pair<int64_t, int64_t>> prog;
+  auto f32 = cm::Model::load(dir, opts("f32"), [&](const char*, int64_t d, int64_t t) { prog.emplace_back(d, t); });
+  ASSERT_FALSE(prog.empty());
+  for (size_t i = 0; i < prog.size(); ++i) EXPECT_EQ(prog[i].first, static_cast<int64_t>(i + 1));
+  EXPECT_EQ(prog.back().first, prog.back().second);
+  // Tied + dense: the head is the embedding itself.
+  EXPECT_TRUE(f32->impl().w.head_is_embedding);
+  EXPECT_EQ(f32->impl().w.lm_head.w, f32->impl().w.embed);
+  auto bf = cm::Model::load(dir, opts("bf16"));
+  auto w8 = cm::Model::load(dir, opts("w8a8"));
+  auto w4 = cm::Model::load(dir, opts("w4a8"));
+  // Tied + int: a quantized copy of the embedding.
+  EXPECT_EQ(w8->impl().w.lm_head.kind, cm::Linear::Kind::kInt8);
+  EXPECT_GT(f32->weight_bytes(), bf->weight_bytes());
+  EXPECT_GT(f32->weight_bytes(), w8->weight_bytes());
+  EXPECT_GT(w8->weight_bytes(), w4->weight_bytes());
+  EXPECT_THROW(f32->tokenizer(), cider::Error);  // no tokenizer.json in these directories
+}
+
+TEST(ModelLoad, ShardedDirectoryWithIndex) {
+  Spec spec;
+  const TensorMap m = random_weights(spec, 511);
+  const std::string dir = fresh_dir("sharded");
+  json index;
+  cm::SafetensorsWriter a, b;
+  std::vector<std::vector<uint8_t>> keep;
+  int i = 0;
+  for (const auto& [name, t] : m) {
+    keep.push_back(cider::test::to_dtype_bytes(t.second, spec.dtype));
+    const bool first = i++ % 2 == 0;
+    (first ? a : b).add(name, spec.dtype, t.first, keep.back().data());
+    index["weight_map"][name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  a.write(dir + "/model-00001-of-00002.safetensors");
+  b.write(dir + "/model-00002-of-00002.safetensors");
+  write_text(dir + "/model.safetensors.index.json", index.dump());
+  write_text(dir + "/config.json", hf_config(spec).dump());
+  write_text(dir + "/generation_config.json", R"({"eos_token_id": [2, 7], "bos_token_id": 1})");
+  auto model = cm::Model::load(dir, opts());
+  EXPECT_EQ(model->config().eos_token_ids, (std::vector<int32_t>{2, 7}));
+  const auto tok = random_tokens(9, spec.V, 512);
+  EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
+}
+
+TEST(ModelLoad, Rejections) {
+  Spec spec;
+  const TensorMap m = random_weights(spec, 601);
+  const cm::ModelOptions o = opts();
+
+  // Unknown architecture.
+  {
+    const std::string dir = write_model(spec, m, "rej_arch");
+    json c = hf_config(spec);
+    c["architectures"] = {"FalconForCausalLM"};
+    write_text(dir + "/config.json", c.dump());
+    expect_load_error(dir, o, ErrorCode::kUnsupported, {"FalconForCausalLM"});
+  }
+  // Missing tensor.
+  {
+    TensorMap less = m;
+    less.erase("model.layers.1.self_attn.k_proj.weight");
+    expect_load_error(write_model(spec, less, "rej_missing"), o, ErrorCode::kCorrupt,
+                      {"model.layers.1.self_attn.k_proj.weight", "missing"});
+  }
+  // Wrong shape.
+  {
+    TensorMap bad = m;
+    bad["model.layers.0.mlp.up_proj.weight"].first = {spec.I / 2, spec.H * 2};
+    expect_load_error(write_model(spec, bad, "rej_shape"), o, ErrorCode::kShapeMismatch,
+                      {"model.layers.0.mlp.up_proj.weight", "(128, 64)", "(64, 128)"});
+  }
+  // Wrong dtype (an integer tensor where a float weight belongs).
+  {
+    const std::string dir = fresh_dir("rej_dtype");
+    cm::SafetensorsWriter w;
+    std::vector<std::vector<uint8_t>> keep;
+    for (const auto& [name, t] : m) {
+      if (name == "model.norm.weight") {
+        keep.emplace_back(t.second.size() * 4, 0);
+        w.add(name, DType::kI32, t.first, keep.back().data());
+      } else {
+        keep.push_back(cider::test::to_dtype_bytes(t.second, spec.dtype));
+        w.add(name, spec.dtype, t.first, keep.back().data());
+      }
+    }
+    w.write(dir + "/model.safetensors");
+    write_text(dir + "/config.json", hf_config(spec).dump());
+    expect_load_error(dir, o, ErrorCode::kCorrupt, {"model.norm.weight", "F32, F16 or BF16", "I32"});
+  }
+  // A tensor the config does not declare (a bias with attention_bias false).
+  {
+    TensorMap more = m;
+    more["model.layers.0.self_attn.q_proj.bias"] = {{spec.Hq * spec.D}, std::vector<float>(static_cast<size_t>(spec.Hq * spec.D), 0.5f)};
+    expect_load_error(write_model(spec, more, "rej_extra"), o, ErrorCode::kCorrupt,
+                      {"unexpected tensor", "model.layers.0.self_attn.q_proj.bias"});
+  }
+  // Corrupt / missing config.json, missing path, a plain file that is not GGUF.
+  {
+    const std::string dir = write_model(spec, m, "rej_cfg");
+    write_text(dir + "/config.json", "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": ");
+    expect_load_error(dir, o, ErrorCode::kCorrupt, {"config.json", "valid JSON"});
+    write_text(dir + "/config.json", hf_config(spec).dump().replace(0, 1, "["));
+    expect_load_error(dir, o, ErrorCode::kCorrupt, {"config.json"});
+    fs::remove(dir + "/config.json");
+    expect_load_error(dir, o, ErrorCode::kIo, {"config.json"});
+    expect_load_error(dir + "/nope", o, ErrorCode::kIo, {"does not exist"});
+    expect_load_error(dir + "/model.safetensors", o, ErrorCode::kUnsupported, {"GGUF"});
+  }
+  // Options that do not fit the model.
+  {
+    const std::string dir = write_model(spec, m, "rej_opts");
+    cm::ModelOptions big = o;
+    big.ctx = spec.max_pos + 1;
+    expect_load_error(dir, big, ErrorCode::kOutOfRange, {"ctx", "513"});
+    cm::ModelOptions neg = o;
+    neg.ctx = -1;
+    expect_load_error(dir, neg, ErrorCode::kInvalidArgument, {"ctx"});
+    expect_load_error(dir, opts("f32", "k4v3"), ErrorCode::kInvalidArgument, {"kv group size 64", "head_dim 16"});
+    cm::ModelOptions badkv = opts("f32", "k4v3");
+    badkv.kv.group_size = 48;
+    expect_load_error(dir, badkv, ErrorCode::kInvalidArgument, {"group size", "48"});
+  }
+  // w4a8 needs K to be a multiple of its group (64).
+  {
+    Spec odd = spec;
+    odd.H = 96;
+    odd.I = 160;
+    const TensorMap mo = random_weights(odd, 602);
+    expect_load_error(write_model(odd, mo, "rej_group"), opts("w4a8"), ErrorCode::kUnsupported, {"group size 64", "96"});
+  }
+}
+
+TEST(ModelOptions, ParsingAndNames) {
+  EXPECT_EQ(cm::parse_weight_format("w8a8-g128"), cm::WeightFormat::kW8A8G128);
+  for (const char* f : {"f32", "bf16", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8"})
+    EXPECT_STREQ(cm::weight_format_name(cm::parse_weight_format(f)), f);
+  for (const char* bad : {"", "w8a8-g32", "int8", "BF16", "w4a8-g64"}) {
+    try {
+      cm::parse_weight_format(bad);
+      ADD_FAILURE() << bad;
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(std::string("\"") + bad + "\""), std::string::npos) << e.what();
+    }
+  }
+  const cm::KVOptions kv = cm::parse_kv_format("k3v2");
+  EXPECT_TRUE(kv.quantized);
+  EXPECT_EQ(kv.k_bits, 3);
+  EXPECT_EQ(kv.v_bits, 2);
+  EXPECT_EQ(cm::kv_format_name(cm::parse_kv_format("k4v3")), "k4v3/so4-full/g64");
+  EXPECT_EQ(cm::kv_format_name(cm::parse_kv_format("f16")), "f16");
+  EXPECT_FALSE(cm::parse_kv_format("bf16").quantized);
+  for (const char* bad : {"k7v3", "k4v1", "k4v33", "q4v3", "fp16", "", "k4"})
+    EXPECT_THROW(cm::parse_kv_format(bad), cider::Error) << bad;
+  EXPECT_EQ(cm::parse_kv_rotation("so4-fast"), cider::nn::RotationKind::kSO4Fast);
+  EXPECT_EQ(cm::parse_kv_rotation("none"), cider::nn::RotationKind::kNone);
+  EXPECT_THROW(cm::parse_kv_rotation("so4"), cider::Error);
+}
+
+TEST(ModelNpy, WritesNumpyFilesAtomically) {
+  const std::string dir = fresh_dir("npy");
+  std::vector<float> v = {1.5f, -2.0f, 3.25f, 0.0f, 1e-7f, -1e30f};
+  cm::write_npy_f32(dir + "/a.npy", v.data(), {2, 3});
+  const cm::NpyArray a = cm::read_npy_f32(dir + "/a.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.data, v);
+  EXPECT_FALSE(fs::exists(dir + "/a.npy.tmp"));
+  // Header: magic, version 1.0, data 64-byte aligned, the dict NumPy writes.
+  std::ifstream in(dir + "/a.npy", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes.substr(1, 5), "NUMPY");
+  EXPECT_EQ((bytes.size() - v.size() * 4) % 64, 0u);
+  EXPECT_NE(bytes.find("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"), std::string::npos);
+  cm::write_npy_f32(dir + "/b.npy", v.data(), {6});
+  EXPECT_EQ(cm::read_npy_f32(dir + "/b.npy").shape, (std::vector<int64_t>{6}));
+  EXPECT_THROW(cm::write_npy_f32(dir + "/missing/c.npy", v.data(), {6}), cider::Error);
+  EXPECT_THROW(cm::write_npy_f32(dir + "/d.npy", v.data(), {-1}), cider::Error);
+  write_text(dir + "/bad.npy", "not numpy");
+  EXPECT_THROW(cm::read_npy_f32(dir + "/bad.npy"), cider::Error);
+}
+
+}  // namespace
