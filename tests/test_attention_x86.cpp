@@ -2,11 +2,12 @@
 //
 // Attention, per output element, two checks (kernel level, in the cache's rotated space):
 //  1. TIGHT, against float64 attention over the dequantized cache (k̂ = c·s + b, v̂ likewise, from the stored
-//     codes and the stored scale/bias) with the queries the fast kernels actually use: q̃ = sq·qi, the int8
-//     quantization per key group documented in kernels/x86/attention_x86.h (rewritten here from that text). Only
-//     float32 rounding separates the two; the tolerance is its worst case (u = 2^-24):
-//       scores: per group float(I)·s, ·coef, + b·bcoef (coef = scale·sq, bcoef = coef·Σqi) are a few roundings of
-//       terms bounded by A_rj = scale·Σ_g sq_g(|s_jg·I_rjg| + |b_jg·Σqi_rg|), so |Δscore| ≤ ε_r = (2·Gk + 8)·u·A_r;
+//     codes and the stored scale/bias) with the queries the fast kernels actually use: q̃ = step·Q, the 16-bit
+//     quantization per key group (two int8 planes) documented in kernels/x86/attention_x86.h (rewritten here from
+//     that text). Only float32 rounding separates the two; the tolerance is its worst case (u = 2^-24):
+//       scores: per group float(I) (I = Σ Q·c, exact in int32; one rounding), ·s, ·coef, + b·bcoef (coef =
+//       scale·step, bcoef = coef·ΣQ) are a few roundings of terms bounded by
+//       A_rj = scale·Σ_g step_g(|s_jg·I_rjg| + |b_jg·ΣQ_rg|), so |Δscore| ≤ ε_r = (2·Gk + 8)·u·A_r;
 //       a score error ε (and 4u for exp) moves each softmax weight by a factor within e^{±(ε + 4u)}, so the output
 //       moves by at most (e^{2(ε + 4u)} − 1)·max_j |v̂_jd|; the value sums are float32 chains of at most kL + 64
 //       roundings of terms bounded by M1_d = max_j (|s_jg·c_jd| + |b_jg|), i.e. (kL + 64)·u·M1_d.
@@ -53,7 +54,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 std::vector<IsaLevel> fast_levels() {
   std::vector<IsaLevel> out;
   for (IsaLevel l : supported_isas())
-    if (l == IsaLevel::kAvx512) out.insert(out.begin(), l);  // TMPONLY512
+    if (l != IsaLevel::kRef) out.insert(out.begin(), l);  // highest level first
   return out;
 }
 
@@ -95,25 +96,28 @@ Deq dequantize(const KVTensorView& v) {
   return d;
 }
 
-// The int8 query quantization of attention_x86.h, from its text: per group of gs, sq = max|q|/127 (float32),
-// qi = clamp(rint(q/sq), −127, 127).
+// The query quantization of attention_x86.h, from its text: per group of gs, s = max|q|/127 (float32),
+// qh = clamp(rint(q/s), −127, 127), r = q − s·qh (float32), ql = clamp(rint(r/(s/256)), −127, 127); the kernels use
+// the integers Q = 256·qh + ql and the step s/256, i.e. q̃ = (s/256)·Q.
 struct QuantQ {
-  std::vector<double> qt;   // q̃ = sq·qi
-  std::vector<int> qi;
-  std::vector<double> sq;   // per group
+  std::vector<double> qt;   // q̃
+  std::vector<int> qi;      // Q
+  std::vector<double> sq;   // per group: the step s/256
 };
 QuantQ quantize_queries(const std::vector<float>& q, int64_t D, int gs) {
   QuantQ o{std::vector<double>(q.size()), std::vector<int>(q.size()), std::vector<double>(q.size() / static_cast<size_t>(gs))};
   for (size_t g = 0; g < q.size() / static_cast<size_t>(gs); ++g) {
     float amax = 0.0f;
     for (int k = 0; k < gs; ++k) amax = std::max(amax, std::fabs(q[g * static_cast<size_t>(gs) + static_cast<size_t>(k)]));
-    const float sq = amax / 127.0f;
-    o.sq[g] = sq;
+    const float s = amax / 127.0f, s2 = s / 256.0f;
+    o.sq[g] = s2;
     for (int k = 0; k < gs; ++k) {
       const size_t i = g * static_cast<size_t>(gs) + static_cast<size_t>(k);
-      const float v = sq > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] / sq))) : 0.0f;
-      o.qi[i] = static_cast<int>(v);
-      o.qt[i] = static_cast<double>(sq) * v;
+      const float h = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] / s))) : 0.0f;
+      const float r = q[i] - s * h;
+      const float l = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(r / s2))) : 0.0f;
+      o.qi[i] = 256 * static_cast<int>(h) + static_cast<int>(l);
+      o.qt[i] = static_cast<double>(s2) * o.qi[i];
     }
   }
   (void)D;

@@ -14,10 +14,13 @@
 // word of 16 rows — rows in lanes. A 4-bit word holds 8 codes: its low nibbles (dims 8k, 8k+2, 8k+4, 8k+6) and its
 // high nibbles (the odd dims) are multiplied by the matching 4 int8 query values with one VNNI dot product each
 // (vpdpbusd: u8 codes × s8 query, int32 sums, exact); 8-bit keys are used as bytes; other widths are first unpacked
-// to bytes. Per query row r and key group g the int32 sum I becomes
-//     score += (scale·sq_rg)·(s_jg·I_rjg + b_jg·Σ_k qi_rk)            (s, b the stored scale and bias of row j)
-// where the query row was quantized per key group: sq = max|q|/127, qi = clamp(rint(q/sq), −127, 127)
-// (quantize_query_groups below), so the score is exactly scale·q̃·k̂ with q̃ = sq·qi, up to float32 rounding.
+// to bytes. The query row is quantized per key group to 16-bit precision held in two int8 planes, Q = 256·qh + ql
+// (quantize_query_groups below), so each word takes two dot products (high and low plane) and the exact int32 sum
+// of group g is I = 256·I_h + I_l = Σ_k Q_k·c_k. It becomes
+//     score += (scale·step_rg)·(s_jg·I_rjg + b_jg·Σ_k Q_rk)            (s, b the stored scale and bias of row j)
+// so the score is exactly scale·q̃·k̂ with q̃ = step·Q (relative precision about 2^-16 of the group's max |q|),
+// up to float32 rounding. (One int8 plane alone — half the dot products — errs by up to max|q|/254 per element:
+// measured in docs/benchmarks.md, too coarse for the reference comparison the tests hold the kernels to.)
 // Softmax: online, per block of kBlockRows keys (max, rescale, exp in float32). Values: float32 FMAs on codes
 // converted exactly to float (3-bit and other widths unpacked from the bit stream with a byte shuffle + variable
 // shift), weights p·s per (row, group), the bias part Σ p·b kept per group — the same algebra as the reference.
@@ -81,10 +84,13 @@ void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, i
 // the mask value (additive). Not called for other mask kinds.
 void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, int n, float* out);
 
-// The documented query quantization, per group of `group_size` values of q[0, dim): sq = max|q| / 127 (float32),
-// qi = clamp(rint(q / sq), −127, 127) (0 when the group is all zero, sq = 0), qsum = Σ qi. sq[dim/group_size],
-// qsum[dim/group_size], qi[dim].
-void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* qi, float* sq, int32_t* qsum);
+// The documented query quantization: 16-bit precision in two int8 planes, per group of `group_size` values of
+// q[0, dim): s = max|q| / 127 (float32), qh = clamp(rint(q / s), −127, 127), r = q − s·qh (float32),
+// ql = clamp(rint(r / (s/256)), −127, 127) (both 0 for an all-zero group). Then q̃ = step·Q with step = s/256 and
+// the integer Q = 256·qh + ql, |q − q̃| <= step/2 (up to one step where the low plane clamps). Outputs: qh[dim],
+// ql[dim], step[dim/group_size], qsum[dim/group_size] = Σ Q over the group.
+void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* qh, int8_t* ql, float* step,
+                           int32_t* qsum);
 
 // Partial result of item `index`, at partials + index·p.partial_floats: for each of its R rows, [m, l, o[Dv]] with
 // m the score maximum seen (−inf if none), l = Σ exp(s − m), o = Σ exp(s − m)·v (bias part included). Merges the

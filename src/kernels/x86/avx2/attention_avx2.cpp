@@ -1,8 +1,634 @@
-// AVX2 attention: placeholder (the reference) until the AVX2 kernel lands.
+// AVX2 (+FMA, F16C) attention over the packed KV cache: the design of the AVX-512 kernel (attention_x86.h) on
+// 8-lane vectors. Keys: each 16-row tile is handled as two 8-row halves, transposed 8×8 as 32-bit words; the int8
+// dot products use vpmaddubsw (u8 codes × s8 query, pairs summed in int16: at most 2·63·127 for codes below 64, or
+// 4·15·127 when the low- and high-nibble products of 4-bit codes are added first) and vpmaddwd (pairs to int32); 8-bit
+// codes are split into their two nibbles (Σ c·q = Σ lo·q + 16·Σ hi·q) so no int16 sum can saturate. The sums are exact,
+// so scores equal the AVX-512 kernel's up to float32 rounding. Values: float32 FMAs on codes converted exactly.
+// Everything here is file-local (see x86_kernels.h).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
 
+#define CIDER_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define CIDER_INLINE static inline __attribute__((always_inline)) CIDER_AVX2
+
 namespace cider::kernels::x86::avx2 {
-void attention(const AttentionArgs& a) { ref::attention(a); }
+
+namespace {
+
+using attn::Item;
+using attn::kBlockRows;
+using attn::kTileRows;
+using attn::Plan;
+
+constexpr int kT = kBlockRows;
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t scale_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+CIDER_INLINE __m256i lane_mask(int64_t n) {  // lanes < n all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < 0 ? 0 : n > 8 ? 8 : n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 8 values of a float dtype from p[i..], widened exactly.
+CIDER_INLINE __m256 load8(const void* p, DType t, int64_t i) {
+  if (t == DType::kF16)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+  if (t == DType::kBF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i))),
+        16));
+  return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+CIDER_INLINE float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+CIDER_INLINE float hsum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// exp(x) for x <= 0 (−inf -> 0): as exp16 of the AVX-512 kernel, with 2^n built in the exponent field (x is clamped
+// to >= −87.3, where exp is below 2^-126 — far under a float32 sum of weights near 1).
+CIDER_INLINE __m256 exp8(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-3.0e38f), _CMP_GT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
+}
+
+// 8×8 transpose of 32-bit words: v[j] = row j in, v[k] = column k out.
+CIDER_INLINE void transpose8(__m256i* v) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);      // col 0 (and 4) of rows i..i+3
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);  // col 1, 5
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);  // col 2, 6
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);  // col 3, 7
+  }
+  for (int c = 0; c < 4; ++c) {
+    v[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    v[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// Columns of an [8, G] block of scales (8·G values of dtype t at p): out[g·stride + j] = value (j, g).
+CIDER_INLINE void scale_columns8(const void* p, DType t, int64_t G, float* out, int64_t stride) {
+  if (G == 1) {
+    _mm256_store_ps(out, load8(p, t, 0));
+    return;
+  }
+  if (G == 2) {
+    const __m256 f0 = load8(p, t, 0), f1 = load8(p, t, 8);
+    // shuffle_ps picks rows 0,1,4,5 | 2,3,6,7; permute4x64 restores the row order.
+    const __m256 c0 = _mm256_shuffle_ps(f0, f1, 0x88), c1 = _mm256_shuffle_ps(f0, f1, 0xDD);
+    _mm256_store_ps(out, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(c0), 0xD8)));
+    _mm256_store_ps(out + stride, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(c1), 0xD8)));
+    return;
+  }
+  alignas(32) float tmp[8 * 64];
+  for (int64_t k = 0; k < G; ++k) _mm256_store_ps(tmp + 8 * k, load8(p, t, 8 * k));
+  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                         _mm256_set1_epi32(static_cast<int>(G)));
+  for (int64_t g = 0; g < G; ++g) _mm256_store_ps(out + g * stride, _mm256_i32gather_ps(tmp + g, idx, 4));
+}
+
+struct Ctx {
+  const AttentionArgs* a;
+  const Plan* p;
+  float* partials;
+  int64_t Dk, Dv, Gk, Gv, gk, gv, kb, vb, Rmax;
+  int64_t krow_bytes, vrow_bytes;
+  int mode;          // key columns: 0 nibbles of 4-bit codes, 1 bytes (codes < 64), 2 nibbles of 8-bit codes
+  int64_t Wd;        // 32-bit columns per key row (packed 4-bit, or bytes)
+  int64_t cols_per_group;
+};
+
+struct Scratch {
+  int32_t* qimg;     // [Wd·2 or Wd][2 planes][Rmax]
+  float* coef;
+  float* bcoef;
+  int32_t* lo;
+  int32_t* hi;
+  int8_t* qh;
+  int8_t* ql;
+  float* sq;
+  int32_t* qsum;
+  int32_t* colbuf;   // [Wd][2][8] (nibble planes) or [Wd][8]
+  uint8_t* kbytes;   // [16][Dk]
+  uint8_t* kpad;     // [16][krow_bytes]
+  uint8_t* kspad;
+  uint8_t* kbpad;
+  uint8_t* vspad;
+  uint8_t* vbpad;
+  float* skcol;      // [Gk][8]
+  float* bkcol;
+  float* sc;         // [Rmax][kT]
+  float* m;
+  float* l;
+  float* acc;        // [Rmax][Dv]
+  float* bacc;       // [Rmax][Gv][8]
+  float* W;          // [Gv][Rmax][kT]
+  float* svcol;      // [Gv][kT]
+  float* bvcol;
+  uint8_t* vshuf;    // [Dv/8][32]
+  int32_t* voff;     // [Dv/8]
+};
+
+size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    uint8_t* p = base ? base + off : nullptr;
+    off += (bytes + 63) / 64 * 64;
+    return p;
+  };
+  const size_t R = static_cast<size_t>(c.Rmax), Gk = static_cast<size_t>(c.Gk), Gv = static_cast<size_t>(c.Gv);
+  const size_t Dk = static_cast<size_t>(c.Dk), Dv = static_cast<size_t>(c.Dv), T = kT;
+  const size_t nimg = static_cast<size_t>(c.mode == 1 ? c.Wd : 2 * c.Wd);
+  s->qimg = reinterpret_cast<int32_t*>(take(nimg * 2 * R * 4));
+  s->coef = reinterpret_cast<float*>(take(R * Gk * 4));
+  s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
+  s->lo = reinterpret_cast<int32_t*>(take(R * 4));
+  s->hi = reinterpret_cast<int32_t*>(take(R * 4));
+  s->qh = reinterpret_cast<int8_t*>(take(Dk));
+  s->ql = reinterpret_cast<int8_t*>(take(Dk));
+  s->sq = reinterpret_cast<float*>(take(Gk * 4));
+  s->qsum = reinterpret_cast<int32_t*>(take(Gk * 4));
+  s->colbuf = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.Wd) * 2 * 32));
+  s->kbytes = take(16 * Dk + 64);
+  s->kpad = take(16 * static_cast<size_t>(c.krow_bytes) + 64);
+  s->kspad = take(16 * Gk * 4);
+  s->kbpad = take(16 * Gk * 4);
+  s->vspad = take(16 * Gv * 4);
+  s->vbpad = take(16 * Gv * 4);
+  s->skcol = reinterpret_cast<float*>(take(Gk * 32));
+  s->bkcol = reinterpret_cast<float*>(take(Gk * 32));
+  s->sc = reinterpret_cast<float*>(take(R * T * 4));
+  s->m = reinterpret_cast<float*>(take(R * 4));
+  s->l = reinterpret_cast<float*>(take(R * 4));
+  s->acc = reinterpret_cast<float*>(take(R * Dv * 4));
+  s->bacc = reinterpret_cast<float*>(take(R * Gv * 32));
+  s->W = reinterpret_cast<float*>(take(Gv * R * T * 4));
+  s->svcol = reinterpret_cast<float*>(take(Gv * T * 4));
+  s->bvcol = reinterpret_cast<float*>(take(Gv * T * 4));
+  s->vshuf = take(Dv / 8 * 32);
+  s->voff = reinterpret_cast<int32_t*>(take(Dv / 8 * 4));
+  return off;
+}
+
+// ---- keys --------------------------------------------------------------------------------------------------------
+
+// A key row of a width other than 4 and 8 unpacked to one byte per dim (scalar: a rare format).
+CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
+  for (int64_t k = 0; k < Dk; ++k) {
+    const int64_t bit = k * bits;
+    uint32_t two = row[bit >> 3];
+    if ((bit & 7) + bits > 8) two |= static_cast<uint32_t>(row[(bit >> 3) + 1]) << 8;
+    dst[k] = static_cast<uint8_t>((two >> (bit & 7)) & ((1u << bits) - 1u));
+  }
+}
+
+// Transposes 8 rows (row j at rows + j·row_bytes, Wd words) into columns: mode 0/2 store the low and high nibble
+// planes of each word (colbuf[(2k + h)·8]), mode 1 the bytes (colbuf[k·8]).
+CIDER_INLINE void key_columns8(const uint8_t* rows, int64_t row_bytes, int64_t Wd, int mode, int32_t* colbuf) {
+  const __m256i low4 = _mm256_set1_epi32(0x0F0F0F0F);
+  for (int64_t cb = 0; cb < Wd; cb += 8) {
+    const int64_t nc = imin(8, Wd - cb);
+    const __m256i m = lane_mask(nc);
+    __m256i v[8];
+    for (int j = 0; j < 8; ++j)
+      v[j] = _mm256_maskload_epi32(reinterpret_cast<const int*>(rows + j * row_bytes + cb * 4), m);
+    transpose8(v);
+    for (int64_t k = 0; k < nc; ++k) {
+      if (mode == 1) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(colbuf + (cb + k) * 8), v[k]);
+      } else {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(colbuf + (2 * (cb + k)) * 8), _mm256_and_si256(v[k], low4));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(colbuf + (2 * (cb + k) + 1) * 8),
+                           _mm256_and_si256(_mm256_srli_epi32(v[k], 4), low4));
+      }
+    }
+  }
+}
+
+template <int NR>
+CIDER_INLINE void tile_scores8(const Ctx& c, const Scratch& s, int64_t r0, __m256* sc) {
+  for (int r = 0; r < NR; ++r) sc[r] = _mm256_setzero_ps();
+  const int64_t R = c.Rmax;
+  const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  for (int64_t g = 0; g < c.Gk; ++g) {
+    __m256i acch[NR], accl[NR];  // high- and low-plane sums
+    for (int r = 0; r < NR; ++r) acch[r] = accl[r] = _mm256_setzero_si256();
+    const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
+    for (int64_t k = k0; k < k1; ++k) {
+      if (c.mode == 0) {  // 4-bit: even dims in the low nibbles, odd dims in the high nibbles
+        const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k) * 8));
+        const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k + 1) * 8));
+        const int32_t* q = s.qimg + (2 * k) * 2 * R + r0;  // [lo word: high, low plane][hi word: high, low]
+        for (int r = 0; r < NR; ++r) {
+          const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[r])),
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[2 * R + r])));
+          const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[R + r])),
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[3 * R + r])));
+          acch[r] = _mm256_add_epi32(acch[r], _mm256_madd_epi16(ph, ones));
+          accl[r] = _mm256_add_epi32(accl[r], _mm256_madd_epi16(pl, ones));
+        }
+      } else if (c.mode == 1) {  // bytes below 64
+        const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + k * 8));
+        const int32_t* q = s.qimg + k * 2 * R + r0;
+        for (int r = 0; r < NR; ++r) {
+          acch[r] = _mm256_add_epi32(acch[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[r])), ones));
+          accl[r] =
+              _mm256_add_epi32(accl[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[R + r])), ones));
+        }
+      } else {  // 8-bit: c = lo + 16·hi, both nibbles against the same query bytes
+        const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k) * 8));
+        const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k + 1) * 8));
+        const int32_t* q = s.qimg + k * 2 * R + r0;
+        for (int r = 0; r < NR; ++r) {
+          const __m256i qh = _mm256_set1_epi32(q[r]), ql = _mm256_set1_epi32(q[R + r]);
+          acch[r] = _mm256_add_epi32(acch[r], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, qh), ones),
+                                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qh), sixteen)));
+          accl[r] = _mm256_add_epi32(accl[r], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, ql), ones),
+                                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ql), sixteen)));
+        }
+      }
+    }
+    __m256i acc[NR];  // Σ Q·c = 256·(high) + (low), exact in int32
+    for (int r = 0; r < NR; ++r) acc[r] = _mm256_add_epi32(_mm256_slli_epi32(acch[r], 8), accl[r]);
+    const __m256 S = _mm256_load_ps(s.skcol + g * 8), B = _mm256_load_ps(s.bkcol + g * 8);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), S);
+      sc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+    }
+  }
+}
+
+template <int NR>
+CIDER_INLINE void store_scores8(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt,
+                                __m256* sc) {
+  const AttentionArgs& a = *c.a;
+  const __m256i jv = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(j0)));
+  const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+  for (int r = 0; r < NR; ++r) {
+    // visible: lo <= j < hi
+    const __m256i vis = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(s.lo[r0 + r]), jv),
+                                            _mm256_cmpgt_epi32(_mm256_set1_epi32(s.hi[r0 + r]), jv));
+    __m256 v = sc[r];
+    if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && !_mm256_testz_si256(vis, vis)) {
+      alignas(32) float mv[8] = {};
+      const int n = static_cast<int>(imin(8, a.keys.length - j0));
+      if (n > 0) attn::fetch_mask(a, it, r0 + r, j0, n, mv);
+      v = _mm256_add_ps(v, _mm256_load_ps(mv));
+    }
+    v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(vis));
+    _mm256_store_ps(s.sc + (r0 + r) * kT + jt, v);
+  }
+}
+
+template <int NR>
+CIDER_INLINE void scores8(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt) {
+  __m256 sc[NR];
+  tile_scores8<NR>(c, s, r0, sc);
+  store_scores8<NR>(c, s, it, r0, j0, jt, sc);
+}
+
+// ---- values ------------------------------------------------------------------------------------------------------
+
+enum class VKind { kBytes, kLut8, kMaskCvt };
+
+template <VKind VK>
+CIDER_INLINE __m256 decode8(const uint8_t* p, __m256i shuf, __m256i shift, __m256 tab, __m256i lowmask) {
+  if constexpr (VK == VKind::kBytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    const __m256i w = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi8(w, shuf), shift);
+    if constexpr (VK == VKind::kLut8) return _mm256_permutevar8x32_ps(tab, x);  // index bits 2:0
+    return _mm256_cvtepi32_ps(_mm256_and_si256(x, lowmask));
+  }
+}
+
+template <int NR, int NP, VKind VK>
+CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows, int64_t r0,
+                             int64_t d0) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i shift =
+      _mm256_and_si256(_mm256_mullo_epi32(iota, _mm256_set1_epi32(static_cast<int>(c.vb))), _mm256_set1_epi32(7));
+  const __m256i lowmask = _mm256_set1_epi32((1 << c.vb) - 1);
+  const __m256 tab = _mm256_cvtepi32_ps(_mm256_and_si256(iota, lowmask));
+  __m256i shuf[NP];
+  int64_t off[NP];
+  for (int q = 0; q < NP; ++q) {
+    const int64_t ci = d0 / 8 + q;
+    shuf[q] = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.vshuf + ci * 32));
+    off[q] = VK == VKind::kBytes ? ci * 8 : s.voff[ci];
+  }
+  __m256 acc[NR][NP];
+  const float* w[NP];
+  for (int q = 0; q < NP; ++q) w[q] = s.W + (((d0 + 8 * q) / c.gv) * c.Rmax + r0) * kT;
+  for (int r = 0; r < NR; ++r)
+    for (int q = 0; q < NP; ++q) acc[r][q] = _mm256_load_ps(s.acc + (r0 + r) * c.Dv + d0 + 8 * q);
+  for (int64_t j = 0; j < nrows; ++j) {
+    const uint8_t* row = rows + j * c.vrow_bytes;
+    __m256 cf[NP];
+    for (int q = 0; q < NP; ++q) cf[q] = decode8<VK>(row + off[q], shuf[q], shift, tab, lowmask);
+    for (int r = 0; r < NR; ++r)
+      for (int q = 0; q < NP; ++q)
+        acc[r][q] = _mm256_fmadd_ps(cf[q], _mm256_broadcast_ss(w[q] + r * kT + j), acc[r][q]);
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int q = 0; q < NP; ++q) _mm256_store_ps(s.acc + (r0 + r) * c.Dv + d0 + 8 * q, acc[r][q]);
+}
+
+template <int NR, VKind VK>
+CIDER_INLINE void value_rows_all_dims(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows,
+                                      int64_t r0) {
+  constexpr int NP = NR >= 4 ? 2 : 4;  // NR·NP <= 8 accumulators of 16 registers
+  int64_t d0 = 0;
+  for (; d0 + 8 * NP <= c.Dv; d0 += 8 * NP) value_rows<NR, NP, VK>(c, s, rows, nrows, r0, d0);
+  for (; d0 + 16 <= c.Dv; d0 += 16) value_rows<NR, 2, VK>(c, s, rows, nrows, r0, d0);
+}
+
+template <int NR>
+CIDER_INLINE void values(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows, int64_t r0) {
+  if (c.vb == 8) value_rows_all_dims<NR, VKind::kBytes>(c, s, rows, nrows, r0);
+  else if (c.vb <= 3) value_rows_all_dims<NR, VKind::kLut8>(c, s, rows, nrows, r0);
+  else value_rows_all_dims<NR, VKind::kMaskCvt>(c, s, rows, nrows, r0);
+}
+
+template <typename F>
+CIDER_INLINE void for_row_blocks(int64_t R, const F& f) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) f.template run<4>(r0);
+  if (r0 + 2 <= R) {
+    f.template run<2>(r0);
+    r0 += 2;
+  }
+  if (r0 < R) f.template run<1>(r0);
+}
+
+struct ScoreRows {
+  const Ctx& c;
+  const Scratch& s;
+  const Item& it;
+  int64_t j0, jt;
+  template <int NR>
+  CIDER_AVX2 void run(int64_t r0) const { scores8<NR>(c, s, it, r0, j0, jt); }
+};
+
+struct ValueRows {
+  const Ctx& c;
+  const Scratch& s;
+  const uint8_t* rows;
+  int64_t nrows;
+  template <int NR>
+  CIDER_AVX2 void run(int64_t r0) const { values<NR>(c, s, rows, nrows, r0); }
+};
+
+CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, int64_t b, int64_t h, int64_t j0,
+                                      uint8_t* pad) {
+  const int64_t G = v.dim / v.group_size, es = scale_bytes(v.scale_dtype);
+  const uint8_t* src = static_cast<const uint8_t*>(plane) + ((b * v.H + h) * v.capacity + j0) * G * es;
+  if (j0 + kTileRows <= v.capacity) return src;
+  std::memset(pad, 0, static_cast<size_t>(kTileRows * G * es));
+  std::memcpy(pad, src, static_cast<size_t>((v.capacity - j0) * G * es));
+  return pad;
+}
+
+CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
+  const AttentionArgs& a = *c.a;
+  const Item it = attn::item_of(a, *c.p, index);
+  const KVTensorView& K = a.keys;
+  const KVTensorView& V = a.values;
+  const int64_t R = it.R, Rmax = c.Rmax, Dk = c.Dk, Dv = c.Dv, Gk = c.Gk, Gv = c.Gv;
+  const float neg_inf = -__builtin_inff();
+
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
+    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * Dk;
+    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
+    for (int64_t k = 0; k < c.Wd; ++k) {
+      if (c.mode == 0) {
+        for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
+          const int8_t* qp = pl == 0 ? s.qh : s.ql;
+          uint32_t lo = 0, hi = 0;
+          for (int t = 0; t < 4; ++t) {
+            lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
+            hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
+          }
+          s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
+          s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
+        }
+      } else {
+        for (int pl = 0; pl < 2; ++pl) {
+          const int8_t* qp = pl == 0 ? s.qh : s.ql;
+          uint32_t w = 0;
+          for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
+          s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
+        }
+      }
+    }
+    for (int64_t g = 0; g < Gk; ++g) {
+      s.coef[r * Gk + g] = a.scale * s.sq[g];
+      s.bcoef[r * Gk + g] = a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
+    }
+    int64_t lo, hi;
+    attn::row_range(a, it, r, &lo, &hi);
+    s.lo[r] = static_cast<int32_t>(lo);
+    s.hi[r] = static_cast<int32_t>(hi);
+    s.m[r] = neg_inf;
+    s.l[r] = 0.0f;
+  }
+  std::memset(s.acc, 0, static_cast<size_t>(R * Dv) * 4);
+  std::memset(s.bacc, 0, static_cast<size_t>(R * Gv) * 32);
+
+  const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
+  const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
+
+  for (int64_t jb = it.klo / kTileRows * kTileRows; it.khi > it.klo && jb < it.khi; jb += kT) {
+    const int64_t je = imin(jb + kT, it.khi), ntiles = (je - jb + kTileRows - 1) / kTileRows;
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t j0 = jb + t * kTileRows;
+      const uint8_t* rows = kcodes + j0 * c.krow_bytes;
+      if (j0 + kTileRows > K.capacity) {
+        std::memset(s.kpad, 0, static_cast<size_t>(kTileRows * c.krow_bytes));
+        std::memcpy(s.kpad, rows, static_cast<size_t>((K.capacity - j0) * c.krow_bytes));
+        rows = s.kpad;
+      }
+      int64_t row_bytes = c.krow_bytes;
+      if (c.kb != 4 && c.kb != 8) {
+        for (int j = 0; j < kTileRows; ++j) unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, s.kbytes + j * Dk);
+        rows = s.kbytes;
+        row_bytes = Dk;
+      }
+      const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
+      const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
+      const int64_t kes = scale_bytes(K.scale_dtype) * Gk;
+      for (int h = 0; h < 2; ++h) {  // two halves of 8 rows
+        key_columns8(rows + 8 * h * row_bytes, row_bytes, c.Wd, c.mode, s.colbuf);
+        scale_columns8(ks + 8 * h * kes, K.scale_dtype, Gk, s.skcol, 8);
+        scale_columns8(kbi + 8 * h * kes, K.scale_dtype, Gk, s.bkcol, 8);
+        for_row_blocks(R, ScoreRows{c, s, it, j0 + 8 * h, t * kTileRows + 8 * h});
+      }
+    }
+    bool any = false;
+    const int64_t nv = 2 * ntiles;
+    for (int64_t r = 0; r < R; ++r) {
+      float* srow = s.sc + r * kT;
+      __m256 mx = _mm256_set1_ps(neg_inf);
+      for (int64_t t = 0; t < nv; ++t) mx = _mm256_max_ps(mx, _mm256_load_ps(srow + t * 8));
+      const float mb = hmax8(mx);
+      const float m_new = mb > s.m[r] ? mb : s.m[r];
+      if (m_new == neg_inf) {
+        for (int64_t t = 0; t < nv; ++t) _mm256_store_ps(srow + t * 8, _mm256_setzero_ps());
+        continue;
+      }
+      any = true;
+      if (m_new != s.m[r]) {
+        const float alpha = _mm256_cvtss_f32(exp8(_mm256_set1_ps(s.m[r] - m_new)));
+        const __m256 av = _mm256_set1_ps(alpha);
+        for (int64_t d = 0; d < Dv; d += 8)
+          _mm256_store_ps(s.acc + r * Dv + d, _mm256_mul_ps(av, _mm256_load_ps(s.acc + r * Dv + d)));
+        for (int64_t g = 0; g < Gv; ++g)
+          _mm256_store_ps(s.bacc + (r * Gv + g) * 8, _mm256_mul_ps(av, _mm256_load_ps(s.bacc + (r * Gv + g) * 8)));
+        s.l[r] *= alpha;
+        s.m[r] = m_new;
+      }
+      const __m256 mv = _mm256_set1_ps(m_new);
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t t = 0; t < nv; ++t) {
+        const __m256 pv = exp8(_mm256_sub_ps(_mm256_load_ps(srow + t * 8), mv));
+        _mm256_store_ps(srow + t * 8, pv);
+        sum = _mm256_add_ps(sum, pv);
+      }
+      s.l[r] += hsum8(sum);
+    }
+    if (!any) continue;
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t j0 = jb + t * kTileRows;
+      const uint8_t* vs = tile_scales(V, V.scales, it.b, it.g, j0, s.vspad);
+      const uint8_t* vbi = tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad);
+      const int64_t ves = scale_bytes(V.scale_dtype) * Gv;
+      for (int h = 0; h < 2; ++h) {
+        scale_columns8(vs + 8 * h * ves, V.scale_dtype, Gv, s.svcol + t * 16 + 8 * h, kT);
+        scale_columns8(vbi + 8 * h * ves, V.scale_dtype, Gv, s.bvcol + t * 16 + 8 * h, kT);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t g = 0; g < Gv; ++g) {
+        __m256 bsum = _mm256_load_ps(s.bacc + (r * Gv + g) * 8);
+        for (int64_t t = 0; t < nv; ++t) {
+          const __m256 pv = _mm256_load_ps(s.sc + r * kT + t * 8);
+          bsum = _mm256_fmadd_ps(pv, _mm256_load_ps(s.bvcol + g * kT + t * 8), bsum);
+          _mm256_store_ps(s.W + (g * Rmax + r) * kT + t * 8, _mm256_mul_ps(pv, _mm256_load_ps(s.svcol + g * kT + t * 8)));
+        }
+        _mm256_store_ps(s.bacc + (r * Gv + g) * 8, bsum);
+      }
+    for_row_blocks(R, ValueRows{c, s, vcodes + jb * c.vrow_bytes, je - jb});
+  }
+
+  float* out = c.partials + index * c.p->partial_floats;
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + r * (2 + Dv);
+    o[0] = s.m[r];
+    o[1] = s.l[r];
+    for (int64_t g = 0; g < Gv; ++g) {
+      const float bias = hsum8(_mm256_load_ps(s.bacc + (r * Gv + g) * 8));
+      for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+    }
+  }
+}
+
+struct Job {
+  Ctx c;
+  size_t scratch_bytes;
+};
+
+CIDER_AVX2 void item_entry(void* ctx, int64_t index) {
+  const Job& job = *static_cast<const Job*>(ctx);
+  Scratch s;
+  carve(job.c, &s, static_cast<uint8_t*>(attn::thread_scratch(job.scratch_bytes)));
+  const Ctx& c = job.c;
+  // 8-code chunks: code l of the chunk has its 16-bit window at byte (l·bits)/8 of the chunk, inside a 16-byte load
+  // at voff (moved back from the row end when needed).
+  for (int64_t ci = 0; ci < c.Dv / 8; ++ci) {
+    const int64_t start = ci * c.vb;  // 8 codes = bits bytes
+    const int64_t off = c.vrow_bytes >= 16 ? imin(start, c.vrow_bytes - 16) : 0;
+    s.voff[ci] = static_cast<int32_t>(off);
+    for (int lane = 0; lane < 2; ++lane)
+      for (int m = 0; m < 4; ++m) {
+        const int64_t l = 4 * lane + m, byte = (l * c.vb) / 8 + (start - off);
+        uint8_t* d = s.vshuf + ci * 32 + lane * 16 + m * 4;
+        d[0] = byte <= 15 ? static_cast<uint8_t>(byte) : 0x80;
+        d[1] = byte + 1 <= 15 ? static_cast<uint8_t>(byte + 1) : 0x80;
+        d[2] = 0x80;
+        d[3] = 0x80;
+      }
+  }
+  run_item(c, s, index);
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  if (!attn::fast_path_supported(a)) {
+    ref::attention(a);  // plain caches (documented in attention_x86.h)
+    return;
+  }
+  Job job{};
+  Ctx& c = job.c;
+  c.a = &a;
+  const Plan plan = attn::make_plan(a, 0);
+  c.p = &plan;
+  c.Dk = a.keys.dim;
+  c.Dv = a.values.dim;
+  c.gk = a.keys.group_size;
+  c.gv = a.values.group_size;
+  c.Gk = c.Dk / c.gk;
+  c.Gv = c.Dv / c.gv;
+  c.kb = a.keys.bits;
+  c.vb = a.values.bits;
+  c.Rmax = plan.max_rows;
+  c.krow_bytes = c.Dk * c.kb / 8;
+  c.vrow_bytes = c.Dv * c.vb / 8;
+  c.mode = c.kb == 4 ? 0 : c.kb == 8 ? 2 : 1;
+  c.Wd = c.kb == 4 ? c.Dk / 8 : c.Dk / 4;
+  c.cols_per_group = c.kb == 4 ? c.gk / 8 : c.gk / 4;
+  Scratch probe;
+  job.scratch_bytes = carve(c, &probe, nullptr);
+  c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));
+  attn::run_items(plan.items, &item_entry, &job);
+  attn::merge_partials(a, plan, c.partials);
+}
+
 void kv_append(const KVAppendArgs& a) { ref::kv_append(a); }
+
 }  // namespace cider::kernels::x86::avx2

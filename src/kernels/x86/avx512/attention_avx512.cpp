@@ -172,13 +172,14 @@ struct Ctx {
 };
 
 struct Scratch {
-  int32_t* qimg;     // [ncolimg][Rmax] query words (4 int8 each)
+  int32_t* qimg;     // [ncolimg][2 planes][Rmax] query words (4 int8 each)
   float* coef;       // [Rmax][Gk] scale·sq
   float* bcoef;      // [Rmax][Gk] scale·sq·Σqi
   int32_t* lo;       // [Rmax] visible key range of each row
   int32_t* hi;
-  int8_t* qi;        // [Dk]
-  float* sq;         // [Gk]
+  int8_t* qh;        // [Dk] high plane of the quantized query row
+  int8_t* ql;        // [Dk] low plane
+  float* sq;         // [Gk] step of the query integers Q = 256·qh + ql
   int32_t* qsum;     // [Gk]
   int32_t* colbuf;   // [ncolimg][16]
   uint8_t* kbytes;   // [16][Dk] keys unpacked to bytes (widths other than 4 and 8)
@@ -210,12 +211,13 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   };
   const size_t R = static_cast<size_t>(c.Rmax), Gk = static_cast<size_t>(c.Gk), Gv = static_cast<size_t>(c.Gv);
   const size_t Dk = static_cast<size_t>(c.Dk), Dv = static_cast<size_t>(c.Dv), T = kT;
-  s->qimg = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * R * 4));
+  s->qimg = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * 2 * R * 4));
   s->coef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->lo = reinterpret_cast<int32_t*>(take(R * 4));
   s->hi = reinterpret_cast<int32_t*>(take(R * 4));
-  s->qi = reinterpret_cast<int8_t*>(take(Dk));
+  s->qh = reinterpret_cast<int8_t*>(take(Dk));
+  s->ql = reinterpret_cast<int8_t*>(take(Dk));
   s->sq = reinterpret_cast<float*>(take(Gk * 4));
   s->qsum = reinterpret_cast<int32_t*>(take(Gk * 4));
   s->colbuf = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * 64));
@@ -289,27 +291,33 @@ CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512
   for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
   const int64_t R = c.Rmax;
   for (int64_t g = 0; g < c.Gk; ++g) {
-    __m512i acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acch[NR], accl[NR];  // high- and low-plane sums
+    for (int r = 0; r < NR; ++r) acch[r] = accl[r] = _mm512_setzero_si512();
     const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
     if (c.nib) {
       for (int64_t k = k0; k < k1; ++k) {
         const __m512i lo = _mm512_load_si512(s.colbuf + (2 * k) * 16);
         const __m512i hi = _mm512_load_si512(s.colbuf + (2 * k + 1) * 16);
-        const int32_t* qlo = s.qimg + (2 * k) * R + r0;
-        const int32_t* qhi = qlo + R;
+        const int32_t* q = s.qimg + (2 * k) * 2 * R + r0;  // [lo word: high, low plane][hi word: high, low]
         for (int r = 0; r < NR; ++r) {
-          acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(qlo[r]));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(qhi[r]));
+          acch[r] = _mm512_dpbusd_epi32(acch[r], lo, _mm512_set1_epi32(q[r]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], lo, _mm512_set1_epi32(q[R + r]));
+          acch[r] = _mm512_dpbusd_epi32(acch[r], hi, _mm512_set1_epi32(q[2 * R + r]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], hi, _mm512_set1_epi32(q[3 * R + r]));
         }
       }
     } else {
       for (int64_t k = k0; k < k1; ++k) {
         const __m512i cv = _mm512_load_si512(s.colbuf + k * 16);
-        const int32_t* q = s.qimg + k * R + r0;
-        for (int r = 0; r < NR; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], cv, _mm512_set1_epi32(q[r]));
+        const int32_t* q = s.qimg + k * 2 * R + r0;
+        for (int r = 0; r < NR; ++r) {
+          acch[r] = _mm512_dpbusd_epi32(acch[r], cv, _mm512_set1_epi32(q[r]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], cv, _mm512_set1_epi32(q[R + r]));
+        }
       }
     }
+    __m512i acc[NR];  // Σ Q·c = 256·(high) + (low), exact in int32
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_add_epi32(_mm512_slli_epi32(acch[r], 8), accl[r]);
     const __m512 S = _mm512_load_ps(s.skcol + g * 16), B = _mm512_load_ps(s.bkcol + g * 16);
     for (int r = 0; r < NR; ++r) {
       const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), S);
@@ -507,20 +515,26 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
   for (int64_t r = 0; r < R; ++r) {
     const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
     const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * Dk;
-    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qi, s.sq, s.qsum);
+    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
     for (int64_t k = 0; k < c.Wd; ++k) {
       if (c.nib) {
-        uint32_t lo = 0, hi = 0;
-        for (int t = 0; t < 4; ++t) {
-          lo |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[8 * k + 2 * t])) << (8 * t);
-          hi |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[8 * k + 2 * t + 1])) << (8 * t);
+        for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
+          const int8_t* qp = pl == 0 ? s.qh : s.ql;
+          uint32_t lo = 0, hi = 0;
+          for (int t = 0; t < 4; ++t) {
+            lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
+            hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
+          }
+          s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
+          s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
         }
-        s.qimg[(2 * k) * Rmax + r] = static_cast<int32_t>(lo);
-        s.qimg[(2 * k + 1) * Rmax + r] = static_cast<int32_t>(hi);
       } else {
-        uint32_t w = 0;
-        for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(s.qi[4 * k + t])) << (8 * t);
-        s.qimg[k * Rmax + r] = static_cast<int32_t>(w);
+        for (int pl = 0; pl < 2; ++pl) {
+          const int8_t* qp = pl == 0 ? s.qh : s.ql;
+          uint32_t w = 0;
+          for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
+          s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
+        }
       }
     }
     for (int64_t g = 0; g < Gk; ++g) {
