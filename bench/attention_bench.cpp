@@ -9,7 +9,9 @@
 //   stream: calls rotate over distinct copies whose total exceeds --pool-mb (default 1024 MiB), so each call reads
 //           its cache from DRAM as a real decode step reads one layer's cache.
 // Also printed: "nn" = nn::attention on a QuantizedKVCache (query rotation, kernel, inverse rotation, output copy)
-// for the first case, hot.
+// for the first case, hot; kv_append (rotate + quantize + store, D 128, 1 and 512 rows) per level with the
+// reference; with --prefill, one prefill chunk per case (512 causal query rows over the cache: query blocks × key
+// tiles, fully masked tiles skipped).
 // Output: one line per case (best / median / max ms over --reps calls after one warm-up, GB/s of cache bytes at the
 // best time), or JSON lines with --json. tools/bench_attention_peers.sh runs it interleaved with llama.cpp.
 #include <algorithm>
@@ -32,6 +34,7 @@
 #include "kernels/kernel_table.h"
 #include "nn/attention.h"
 #include "nn/kv_cache.h"
+#include "nn/rotation.h"
 #include "quant/affine.h"
 
 namespace {
@@ -53,6 +56,8 @@ struct Options {
   bool json = false;
   bool nn = true;
   bool cputime = false;  // time with the process CPU clock (a loaded machine; meaningful with --threads 1)
+  bool append = true;    // also time kv_append (rotate + quantize + store) per level, reference included
+  bool prefill = false;  // also time one prefill chunk (L = 512 causal queries over the last 512 of the keys)
 };
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -71,7 +76,7 @@ void usage() {
   std::printf(
       "usage: attention_bench [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
       "                       [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
-      "                       [--mode hot,stream] [--no-nn] [--json] [--cputime]\n"
+      "                       [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--json] [--cputime]\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n");
 }
 
@@ -254,7 +259,68 @@ int run(const Options& o) {
         report(o, cider::kernels::active_kernels().name, "nn-hot", D, kL, bytes,
                time_calls(o.reps, [&] { cider::nn::attention(qv, cache, a.scale, m, ov); }));
       }
+      if (o.prefill) {  // one prefill chunk: the last 512 positions as causal queries (query blocks × key tiles)
+        std::vector<float> qp(static_cast<size_t>(o.hq * 512 * D)), op(qp.size());
+        for (float& x : qp) x = nd(rng);
+        AttentionArgs pa = a;
+        pa.q = qp.data();
+        pa.out = op.data();
+        pa.L = 512;
+        pa.keys = planes[0].keys;
+        pa.values = planes[0].values;
+        for (cider::IsaLevel level : levels) {
+          const cider::kernels::KernelTable& t = cider::kernels::kernels_for_isa(level);
+          report(o, t.name, "prefill512", D, kL, bytes, time_calls(std::max(3, o.reps / 4), [&] { t.attention(pa); }));
+        }
+      }
     }
+  if (o.append) {  // kv_append: n rows of one head, D 128, f32 input, so4_full, K at kbits and V at vbits
+    std::vector<cider::IsaLevel> all = levels;
+    all.push_back(cider::IsaLevel::kRef);
+    for (int64_t n : {int64_t{1}, int64_t{512}}) {
+      const int64_t D = 128;
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> src(static_cast<size_t>(n * D));
+      for (float& x : src) x = nd(rng);
+      cider::nn::SO4Rotation rot(D, cider::nn::RotationKind::kSO4Full, 3);
+      std::vector<uint32_t> codes(static_cast<size_t>(n * D));
+      std::vector<uint16_t> sc(static_cast<size_t>(n * D / o.group)), bi(sc.size());
+      cider::kernels::KVAppendArgs ka{};
+      ka.src = src.data();
+      ka.src_dtype = DType::kF32;
+      ka.src_row_stride = D;
+      ka.src_elem_stride = 1;
+      ka.n = n;
+      ka.dim = D;
+      ka.rotation = 2;
+      ka.qL = rot.left().data();
+      ka.qR = rot.right().data();
+      ka.dst = codes.data();
+      ka.scales = sc.data();
+      ka.biases = bi.data();
+      ka.dst_dtype = DType::kF16;
+      ka.group_size = o.group;
+      for (cider::IsaLevel level : all) {
+        const cider::kernels::KernelTable& t = cider::kernels::kernels_for_isa(level);
+        for (int bits : {o.kbits, o.vbits}) {
+          ka.bits = bits;
+          const Timing tm = time_calls(o.reps, [&] { t.kv_append(ka); });
+          const double ns = tm.best * 1e6 / static_cast<double>(n * D);
+          if (o.json) {
+            std::printf("{\"case\":\"kv_append_d%lld_n%lld_b%d\",\"level\":\"%s\",\"best_ms\":%.5f,\"median_ms\":%.5f,"
+                        "\"ns_per_value\":%.3f}\n",
+                        static_cast<long long>(D), static_cast<long long>(n), bits, t.name, tm.best, tm.median, ns);
+          } else {
+            char name[64];
+            std::snprintf(name, sizeof name, "kv_append_d%lld_n%lld_%dbit", static_cast<long long>(D),
+                          static_cast<long long>(n), bits);
+            std::printf("%-32s %-7s %-7s %9.4f %9.4f %9.4f %9s %6.2f ns/value\n", name, t.name, "-", tm.best, tm.median,
+                        tm.max, "", ns);
+          }
+        }
+      }
+    }
+  }
   return 0;
 }
 
@@ -287,6 +353,8 @@ int main(int argc, char** argv) {
     else if (arg == "--no-nn") o.nn = false;
     else if (arg == "--json") o.json = true;
     else if (arg == "--cputime") o.cputime = true;
+    else if (arg == "--no-append") o.append = false;
+    else if (arg == "--prefill") o.prefill = true;
     else {
       usage();
       return arg == "--help" || arg == "-h" ? 0 : 2;

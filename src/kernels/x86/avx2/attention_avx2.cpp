@@ -629,6 +629,5 @@ void attention(const AttentionArgs& a) {
   attn::merge_partials(a, plan, c.partials);
 }
 
-void kv_append(const KVAppendArgs& a) { ref::kv_append(a); }
 
 }  // namespace cider::kernels::x86::avx2
