@@ -89,6 +89,13 @@ HARD_TEXTS = [
     "ⅷ ½ ² ३४५ ٣٤٥ 𝟙𝟚𝟛",
     "▁already▁has▁meta▁symbols ▁ ▁▁",
     "Ġweird ĠbyteĠlevel Ċ chars",
+    # Unicode corners where PCRE2 and Oniguruma could disagree: case folding (long s, Kelvin sign, ligatures,
+    # dotted I), exotic spaces and format characters, other digits, tag sequences, BOM, C1 controls.
+    "it'ſ IT'ſ we'Ve ǅ'd x'\u212a 'ﬅ",
+    "\u0085next\u180eline\u200b\u2060 a\u00a0\u00a0b \u3000\u3000x x\u2028\u2029y",
+    "1\u0663\u00b2\u2155 ﬁ ﬂ İ ı ß ẞ \u1e9e'S'S",
+    "\r\n\r\n  \r  \n tab\t\t\tend\t x\u0301\u0301\u0301",
+    "\U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F \ufeffbom \x7f\x80\x9f",
 ]
 
 
