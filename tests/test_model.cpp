@@ -666,9 +666,38 @@ struct GgufWriter {
     kv.append(reinterpret_cast<const char*>(&v), 4);
     ++n_kv;
   }
-  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, bool f16) {
-    T t{name, shape, f16 ? 1u : 0u, {}};
-    if (f16) {
+  // Q8_0: blocks of 32 values along a row, each an f16 scale d = max|x|/127 and 32 int8 codes x/d (ggml's layout).
+  static std::string q8_0(const std::vector<float>& v) {
+    std::string b;
+    for (size_t i = 0; i < v.size(); i += 32) {
+      float mx = 0;
+      for (size_t j = 0; j < 32; ++j) mx = std::max(mx, std::fabs(v[i + j]));
+      const uint16_t dh = cider::f32_to_f16(mx / 127.0f);
+      const float d = cider::f16_to_f32(dh);
+      b.append(reinterpret_cast<const char*>(&dh), 2);
+      for (size_t j = 0; j < 32; ++j) {
+        const float q = d == 0 ? 0.0f : std::nearbyint(v[i + j] / d);
+        b.push_back(static_cast<char>(static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, q)))));
+      }
+    }
+    return b;
+  }
+  static std::vector<float> q8_0_roundtrip(const std::vector<float>& v) {
+    const std::string b = q8_0(v);
+    std::vector<float> out(v.size());
+    for (size_t blk = 0; blk < v.size() / 32; ++blk) {
+      uint16_t dh;
+      std::memcpy(&dh, b.data() + blk * 34, 2);
+      for (size_t j = 0; j < 32; ++j)
+        out[blk * 32 + j] = cider::f16_to_f32(dh) * static_cast<float>(static_cast<int8_t>(b[blk * 34 + 2 + j]));
+    }
+    return out;
+  }
+  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, bool f16, bool q8 = false) {
+    T t{name, shape, q8 ? 8u : (f16 ? 1u : 0u), {}};
+    if (q8) {
+      t.bytes = q8_0(v);
+    } else if (f16) {
       for (float x : v) {
         const uint16_t h = cider::f32_to_f16(x);
         t.bytes.append(reinterpret_cast<const char*>(&h), 2);
@@ -706,7 +735,7 @@ struct GgufWriter {
 
 // HF → GGUF the way llama.cpp's converter does it, including the llama-arch Q/K row permutation (within each head,
 // HF row h·D/2 + i goes to row 2i + h) and Gemma's 1 + w norms.
-std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch) {
+std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch, bool q8 = false) {
   GgufWriter g;
   g.set_str("general.architecture", arch);
   const std::string p = arch + ".";
@@ -736,7 +765,8 @@ std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arc
     }
     if (s.gemma && hf.find("norm") != std::string::npos)
       for (float& x : t.second) x += 1.0f;
-    g.add(gname, t.first, t.second, f16);
+    const bool linear = t.first.size() == 2 && gname != "token_embd.weight";
+    g.add(gname, t.first, t.second, f16, q8 && linear);
   };
   put("token_embd.weight", "model.embed_tokens.weight", true);
   put("output_norm.weight", "model.norm.weight");
@@ -785,6 +815,26 @@ TEST(ModelGguf, LlamaUndoesTheQKPermutation) {
   EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
   auto q8 = cm::Model::load(path, opts("w8a8", "f32"));
   EXPECT_LT(rel_rms(run(*q8, tok), reference_logits(spec, m, tok)), 0.1);
+}
+
+TEST(ModelGguf, Q8_0TensorsDequantizeThenConvert) {
+  // Linear weights stored as Q8_0 (row blocks of 32, permuted Q/K rows included); the reference uses the values the
+  // blocks hold (Q8_0 of Q8_0-rounded values is exact, so rounding first gives the stored values in HF order).
+  Spec spec;
+  TensorMap m = f16_exact(random_weights(spec, 85));
+  for (auto& [name, t] : m)
+    if (t.first.size() == 2 && name != "model.embed_tokens.weight") t.second = GgufWriter::q8_0_roundtrip(t.second);
+  const std::string path = write_gguf(spec, m, "llama", /*q8=*/true);
+  const auto tok = random_tokens(20, spec.V, 86);
+  const Vec ref = reference_logits(spec, m, tok);
+  EXPECT_TRUE(close_rel(run(*cm::Model::load(path, opts("f32", "f32")), tok), ref, 1e-4));
+  EXPECT_TRUE(close_rel(run(*cm::Model::load(path, opts("bf16", "f32")), tok), ref, 0.05));
+  // GGUF → cider: the converted model computes exactly what the GGUF one does.
+  const std::string out = temp_root().string() + "/converted_gguf";
+  cm::convert_model(path, out, cm::WeightFormat::kW8A8);
+  const auto a = run(*cm::Model::load(path, opts("w8a8", "f32")), tok);
+  const auto b = run(*cm::Model::load(out, opts("w8a8", "f32")), tok);
+  EXPECT_TRUE(cider::test::all_close(b.data(), a.data(), a.size(), 0.0));
 }
 
 TEST(ModelGguf, Gemma3NormsAndLayerPattern) {

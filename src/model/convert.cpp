@@ -145,8 +145,8 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
           check(!ec, ErrorCode::kIo, kOp, "cannot copy '", src.string(), "': ", ec.message());
         }
       }
-    } else {
-      write_tokenizer_gguf(*GGUFFile::open(in), tmp + "/tokenizer.gguf");
+    } else if (auto g = GGUFFile::open(in); g->has("tokenizer.ggml.tokens")) {
+      write_tokenizer_gguf(*g, tmp + "/tokenizer.gguf");
     }
     fs::rename(tmp, out_dir, ec);
     check(!ec, ErrorCode::kIo, kOp, "cannot rename '", tmp, "' to '", out_dir, "': ", ec.message());
