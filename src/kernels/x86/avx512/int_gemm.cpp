@@ -24,7 +24,7 @@ namespace cider::kernels::x86::avx512 {
 
 namespace {
 
-constexpr int kMR = 6;              // tokens per tile
+constexpr int kMR = 6;              // tokens per tile (the tile function names its 6 rows)
 constexpr int64_t kNR = 64;         // output channels per panel (4 zmm)
 constexpr int64_t kChunkPerChannel = 256;
 
@@ -36,6 +36,7 @@ struct Gemm {
   float* sx;      // [M]
   int32_t* corr;  // [M, G] off·Σ_{k∈g} xq, mod 2^32
   int64_t span, G, chunk;
+  const int8_t* zero_row;  // [Kp] zeros: the A rows of a tile past M
 };
 
 // Packs weight rows n0..n0+63 (rows past N repeat row N-1), k in [k0, k0 + kc), into out [kc4/4][64][4] unsigned
@@ -70,56 +71,77 @@ void pack_panel(const Gemm& c, int64_t n0, int64_t k0, int64_t kc, uint8_t* out)
   }
 }
 
-// One MR x 64 tile over `steps` groups of 4 k. Group mode (cf == nullptr): acc starts at −corr and is flushed as
-// C[m] += sw · float(acc) into the float tile; channel mode: acc is added to the int32 tile ci.
-template <int MR>
-void tile(const int8_t* A, int64_t lda, const uint8_t* B, int64_t steps, const int32_t* corr, int64_t corr_stride,
-          const float* sw, __mmask16 const* cmask, float* cf, int32_t* ci) {
-  __m512i acc[MR][4];
-  for (int m = 0; m < MR; ++m) {
-    const __m512i init = cf ? _mm512_set1_epi32(-corr[m * corr_stride]) : _mm512_setzero_si512();
-    for (int j = 0; j < 4; ++j) acc[m][j] = init;
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    const __m512i b0 = _mm512_load_si512(B + s * 256), b1 = _mm512_load_si512(B + s * 256 + 64);
-    const __m512i b2 = _mm512_load_si512(B + s * 256 + 128), b3 = _mm512_load_si512(B + s * 256 + 192);
-    for (int m = 0; m < MR; ++m) {
-      int32_t word;
-      std::memcpy(&word, A + m * lda + s * 4, 4);
-      const __m512i x = _mm512_set1_epi32(word);
-      acc[m][0] = _mm512_dpbusd_epi32(acc[m][0], b0, x);
-      acc[m][1] = _mm512_dpbusd_epi32(acc[m][1], b1, x);
-      acc[m][2] = _mm512_dpbusd_epi32(acc[m][2], b2, x);
-      acc[m][3] = _mm512_dpbusd_epi32(acc[m][3], b3, x);
+static inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Flushes one row of the tile: group mode (cf): C[0..64) += sw · float(acc); channel mode: C_int[0..64) += acc.
+static inline void flush_row(__m512i c0, __m512i c1, __m512i c2, __m512i c3, const __m512* sw, float* cf, int32_t* ci) {
+  const __m512i c[4] = {c0, c1, c2, c3};
+  for (int j = 0; j < 4; ++j) {
+    if (cf) {
+      float* p = cf + j * 16;
+      _mm512_store_ps(p, _mm512_add_ps(_mm512_load_ps(p), _mm512_mul_ps(sw[j], _mm512_cvtepi32_ps(c[j]))));
+    } else {
+      int32_t* p = ci + j * 16;
+      _mm512_store_si512(p, _mm512_add_epi32(_mm512_load_si512(p), c[j]));
     }
-  }
-  if (cf) {
-    for (int j = 0; j < 4; ++j) {
-      const __m512 s = _mm512_maskz_loadu_ps(cmask[j], sw + j * 16);
-      for (int m = 0; m < MR; ++m) {
-        float* p = cf + m * kNR + j * 16;
-        _mm512_store_ps(p, _mm512_add_ps(_mm512_load_ps(p), _mm512_mul_ps(s, _mm512_cvtepi32_ps(acc[m][j]))));
-      }
-    }
-  } else {
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < 4; ++j) {
-        int32_t* p = ci + m * kNR + j * 16;
-        _mm512_store_si512(p, _mm512_add_epi32(_mm512_load_si512(p), acc[m][j]));
-      }
   }
 }
 
-void run_tile(int mr, const int8_t* A, int64_t lda, const uint8_t* B, int64_t steps, const int32_t* corr,
-              int64_t corr_stride, const float* sw, const __mmask16* cmask, float* cf, int32_t* ci) {
-  switch (mr) {
-    case 6: return tile<6>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
-    case 5: return tile<5>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
-    case 4: return tile<4>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
-    case 3: return tile<3>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
-    case 2: return tile<2>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
-    default: return tile<1>(A, lda, B, steps, corr, corr_stride, sw, cmask, cf, ci);
+// One 6 x 64 tile over `steps` groups of 4 k (rows m >= mr read `zero_row` and are not flushed). The 24
+// accumulators are named variables so the compiler keeps them in registers. Group mode (cf != nullptr): the
+// accumulators start at −corr (the off·Σx correction) and are flushed as C[m] += sw · float(acc); channel mode:
+// added to the int32 tile ci.
+void tile(int mr, const int8_t* A, int64_t lda, const int8_t* zero_row, const uint8_t* B, int64_t steps,
+          const int32_t* corr, int64_t corr_stride, const float* sw, const __mmask16* cmask, float* cf, int32_t* ci) {
+  const int8_t* a0 = A;
+  const int8_t* a1 = mr > 1 ? A + lda : zero_row;
+  const int8_t* a2 = mr > 2 ? A + 2 * lda : zero_row;
+  const int8_t* a3 = mr > 3 ? A + 3 * lda : zero_row;
+  const int8_t* a4 = mr > 4 ? A + 4 * lda : zero_row;
+  const int8_t* a5 = mr > 5 ? A + 5 * lda : zero_row;
+#define CIDER_INIT_ROW(m)                                                                                \
+  const __m512i i##m = (cf && m < mr) ? _mm512_set1_epi32(-corr[m * corr_stride]) : _mm512_setzero_si512(); \
+  __m512i c##m##0 = i##m, c##m##1 = i##m, c##m##2 = i##m, c##m##3 = i##m;
+  CIDER_INIT_ROW(0)
+  CIDER_INIT_ROW(1)
+  CIDER_INIT_ROW(2)
+  CIDER_INIT_ROW(3)
+  CIDER_INIT_ROW(4)
+  CIDER_INIT_ROW(5)
+#undef CIDER_INIT_ROW
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint8_t* b = B + s * 256;
+    const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 64);
+    const __m512i b2 = _mm512_load_si512(b + 128), b3 = _mm512_load_si512(b + 192);
+#define CIDER_ROW(m)                                                \
+  {                                                                 \
+    const __m512i x = _mm512_set1_epi32(load_i32(a##m + 4 * s));    \
+    c##m##0 = _mm512_dpbusd_epi32(c##m##0, b0, x);                  \
+    c##m##1 = _mm512_dpbusd_epi32(c##m##1, b1, x);                  \
+    c##m##2 = _mm512_dpbusd_epi32(c##m##2, b2, x);                  \
+    c##m##3 = _mm512_dpbusd_epi32(c##m##3, b3, x);                  \
   }
+    CIDER_ROW(0)
+    CIDER_ROW(1)
+    CIDER_ROW(2)
+    CIDER_ROW(3)
+    CIDER_ROW(4)
+    CIDER_ROW(5)
+#undef CIDER_ROW
+  }
+  __m512 s[4];
+  if (cf)
+    for (int j = 0; j < 4; ++j) s[j] = _mm512_maskz_loadu_ps(cmask[j], sw + j * 16);
+  flush_row(c00, c01, c02, c03, s, cf, ci);
+  if (mr > 1) flush_row(c10, c11, c12, c13, s, cf ? cf + kNR : nullptr, ci ? ci + kNR : nullptr);
+  if (mr > 2) flush_row(c20, c21, c22, c23, s, cf ? cf + 2 * kNR : nullptr, ci ? ci + 2 * kNR : nullptr);
+  if (mr > 3) flush_row(c30, c31, c32, c33, s, cf ? cf + 3 * kNR : nullptr, ci ? ci + 3 * kNR : nullptr);
+  if (mr > 4) flush_row(c40, c41, c42, c43, s, cf ? cf + 4 * kNR : nullptr, ci ? ci + 4 * kNR : nullptr);
+  if (mr > 5) flush_row(c50, c51, c52, c53, s, cf ? cf + 5 * kNR : nullptr, ci ? ci + 5 * kNR : nullptr);
 }
 
 void run_panels(void* ctx, int64_t p0, int64_t p1) {
@@ -142,8 +164,8 @@ void run_panels(void* ctx, int64_t p0, int64_t p1) {
       const float* sw = grouped ? a.w_scales + g * a.N + n0 : nullptr;
       for (int64_t m0 = 0; m0 < a.M; m0 += kMR) {
         const int mr = static_cast<int>(imin(kMR, a.M - m0));
-        run_tile(mr, c.xq + m0 * c.Kp + k0, c.Kp, packed, steps, grouped ? c.corr + m0 * c.G + g : nullptr, c.G, sw,
-                 cmask, cf ? cf + m0 * kNR : nullptr, ci ? ci + m0 * kNR : nullptr);
+        tile(mr, c.xq + m0 * c.Kp + k0, c.Kp, c.zero_row, packed, steps, grouped ? c.corr + m0 * c.G + g : nullptr,
+             c.G, sw, cmask, cf ? cf + m0 * kNR : nullptr, ci ? ci + m0 * kNR : nullptr);
       }
     }
     for (int64_t m = 0; m < a.M; ++m) {
@@ -181,10 +203,13 @@ void quantize_rows(void* ctx, int64_t m0, int64_t m1) {
 void int_gemm(const IntLinearArgs& a, bool int4) {
   const int64_t Kp = round_up(a.K, 64);
   const int64_t span = a.group_size == 0 ? a.K : a.group_size, G = a.K / span;
-  uint8_t* front = static_cast<uint8_t*>(scratch(0, static_cast<size_t>(a.M * Kp + 4 * a.M + 4 * a.M * G + 64)));
+  const int64_t front_bytes = a.M * Kp + 4 * a.M + 4 * a.M * G;
+  uint8_t* front = static_cast<uint8_t*>(scratch(0, static_cast<size_t>(round_up(front_bytes, 64) + Kp)));
+  int8_t* zero_row = reinterpret_cast<int8_t*>(front + round_up(front_bytes, 64));
+  for (int64_t k = 0; k < Kp; k += 64) _mm512_store_si512(zero_row + k, _mm512_setzero_si512());
   Gemm c{&a, int4, reinterpret_cast<int8_t*>(front), Kp, reinterpret_cast<float*>(front + a.M * Kp),
          reinterpret_cast<int32_t*>(front + a.M * Kp + 4 * a.M), span, G,
-         a.group_size == 0 ? kChunkPerChannel : a.group_size};
+         a.group_size == 0 ? kChunkPerChannel : a.group_size, zero_row};
   parallel_chunks(a.M, &quantize_rows, &c);
   parallel_chunks((a.N + kNR - 1) / kNR, &run_panels, &c);
 }
