@@ -1,11 +1,12 @@
-// cider — the command-line tool: generate, chat, tokenize, logits, perplexity, convert, inspect (apps/cli.h) and the
-// KV-cache demo. CLI11 parses; usage errors keep CLI11's exit codes, every other error is printed as
+// cider — the command-line tool: generate, chat, tokenize, logits, perplexity, convert, inspect (apps/cli.h), the
+// kernel benchmark (apps/bench.h) and the KV-cache demo. CLI11 parses; usage errors keep CLI11's exit codes, every other error is printed as
 // "cider: error: <message>" with exit status 2.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
 
+#include "apps/bench.h"
 #include "apps/cli.h"
 #include "apps/demo.h"
 #include "cider/cider.h"
@@ -122,9 +123,13 @@ int main(int argc, char** argv) {
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");
   CLI::Option* insp_threads = add_model_options(insp_cmd, insp.m);
 
+  cider::apps::BenchOptions bench;
+  CLI::App* bench_cmd = cider::apps::add_bench_command(app, bench);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo_cmd) return cider::apps::run_demo(demo);
+    if (*bench_cmd) return cider::apps::run_bench(bench);
     if (*gen_cmd) {
       gen.m.threads_given = gen_threads->count() > 0;
       gen.seed_given = gen_sampling.seed->count() > 0;
