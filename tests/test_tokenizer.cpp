@@ -232,8 +232,8 @@ TEST(Tokenizer, UnicodeHelpers) {
   EXPECT_EQ(u::nfc("\xE1\x84\x80\xE1\x85\xA1"), "\xEA\xB0\x80");  // Hangul L + V -> 가
   EXPECT_EQ(u::nfc("a\xCC\xA3\xCC\x87"), "\xE1\xBA\xA1\xCC\x87");  // a + dot below + dot above -> ạ + dot above
   EXPECT_EQ(u::utf8_lossy("a\xE2\x82" "b\xFF"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
-  EXPECT_EQ(u::complete_prefix_length("ab\xE2\x82"), 2u);
-  EXPECT_EQ(u::complete_prefix_length("ab\xFF"), 3u);
+  EXPECT_EQ(u::utf8_lossy("\xF0\x9F\x98"), "\xEF\xBF\xBD");  // a truncated 4-byte sequence: one U+FFFD
+  EXPECT_EQ(u::utf8_lossy("\xE0\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong: one each
   EXPECT_EQ(u::byte_to_char(' '), 0x120u);
   EXPECT_EQ(u::char_to_byte(0x120), ' ');
   EXPECT_EQ(u::char_to_byte('A'), 'A');

@@ -196,20 +196,6 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
-size_t complete_prefix_length(std::string_view s) {
-  // Only the last 3 bytes can belong to an unfinished sequence; one is unfinished when it is a maximal subpart
-  // that reaches the end of the string (more bytes could still make it well formed).
-  const size_t start = s.size() > 3 ? s.size() - 3 : 0;
-  for (size_t i = start; i < s.size(); ++i) {
-    const uint8_t b = static_cast<uint8_t>(s[i]);
-    if (b < 0xC2 || b > 0xF4) continue;
-    char32_t cp;
-    if (decode_utf8(s, i, cp) != 0) continue;
-    if (i + maximal_subpart(s, i) == s.size()) return i;
-  }
-  return s.size();
-}
-
 char32_t byte_to_char(uint8_t b) { return kByteToChar[b]; }
 
 int char_to_byte(char32_t c) {

@@ -24,10 +24,6 @@ size_t find_invalid_utf8(std::string_view s);
 // The bytes with every maximal ill-formed subpart replaced by one U+FFFD (the Unicode "maximal subpart" practice).
 std::string utf8_lossy(std::string_view bytes);
 
-// Length of the longest prefix of `s` that does not end inside a UTF-8 sequence that more bytes could still
-// complete (used by streaming: those trailing bytes are held back).
-size_t complete_prefix_length(std::string_view s);
-
 // GPT-2's byte-level alphabet: each byte maps to a printable code point (printable Latin-1 bytes to themselves,
 // the others to U+0100 + n), so that any byte string becomes a string of visible characters.
 char32_t byte_to_char(uint8_t b);
