@@ -288,6 +288,19 @@ std::vector<Case> all_cases() {
   return c;
 }
 
+// True when `name` contains one of the comma-separated parts of `filter` (or the filter is empty).
+bool wanted(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  size_t start = 0;
+  while (start <= filter.size()) {
+    const size_t end = std::min(filter.find(',', start), filter.size());
+    const std::string part = filter.substr(start, end - start);
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -308,7 +321,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
                                         "the last-level cache)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  c->add_option("--filter", o.filter, "run only the cases whose name contains this text");
+  c->add_option("--filter", o.filter, "run only the cases whose name contains this text (several: a,b,c)");
   c->add_flag("--json", o.json, "one JSON object per case and line");
   c->add_flag("--list", o.list, "list the case names and exit");
   return c;
@@ -332,7 +345,7 @@ int run_bench(const BenchOptions& o) {
   double stream_gbps = 0.0;
   int ran = 0;
   for (const Case& c : cases) {
-    if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
+    if (!wanted(c.name, o.filter)) continue;
     ++ran;
     const Result r = c.run(o, table);
     const double best = *std::min_element(r.ms.begin(), r.ms.end());

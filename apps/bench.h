@@ -18,7 +18,7 @@ struct BenchOptions {
   int threads = 0;            // 0 = the default pool ($CIDER_NUM_THREADS or all cores)
   int reps = 20;              // timed calls per case (after one warm-up call); best, median and max are reported
   int64_t pool_mb = 1024;     // bytes of distinct weight copies each streaming case cycles through
-  std::string filter;         // run only cases whose name contains this
+  std::string filter;         // run only cases whose name contains this (comma-separated alternatives)
   bool json = false;          // one JSON object per line instead of the table
   bool list = false;          // print the case names only
 };

@@ -21,6 +21,7 @@
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+#include "kernels/x86/x86_kernels.h"
 #include "quant/affine.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
@@ -35,10 +36,22 @@ double out_rel(DType t) { return t == DType::kF16 ? 0x1p-11 : t == DType::kBF16 
 double out_abs(DType t) { return t == DType::kF16 ? 0x1p-24 : t == DType::kBF16 ? 0x1p-133 : 0.0; }
 
 // The fast tables this machine can run (every compiled level above ref).
+// When the avx512 table runs its GEMM on AMX tiles, the AVX-512 VNNI GEMM is tested too, as table "avx512-vnni".
 std::vector<const kernels::KernelTable*> fast_tables() {
   std::vector<const kernels::KernelTable*> out;
   for (IsaLevel l : supported_isas())
     if (l != IsaLevel::kRef) out.push_back(&kernels::kernels_for_isa(l));
+  if (detected_isa() == IsaLevel::kAvx512 &&
+      kernels::kernels_for_isa(IsaLevel::kAvx512).w8a8_gemm != &kernels::x86::avx512::w8a8_gemm) {
+    static const kernels::KernelTable vnni = [] {
+      kernels::KernelTable t = kernels::kernels_for_isa(IsaLevel::kAvx512);
+      t.name = "avx512-vnni";
+      t.w8a8_gemm = &kernels::x86::avx512::w8a8_gemm;
+      t.w4a8_gemm = &kernels::x86::avx512::w4a8_gemm;
+      return t;
+    }();
+    out.push_back(&vnni);
+  }
   return out;
 }
 
@@ -369,6 +382,7 @@ TEST(CpuFeatures, LevelsAreConsistentWithTheFlags) {
   std::fprintf(stderr, "\n");
   EXPECT_EQ(std::string(kernels::kernels_for_isa(IsaLevel::kRef).name), "ref");
   for (IsaLevel s : supported_isas()) EXPECT_EQ(std::string(kernels::kernels_for_isa(s).name), isa_name(s));
+  std::fprintf(stderr, "[cider tests] AMX-INT8 %s\n", f.amx_int8 && f.os_amx ? "present (avx512 GEMM on AMX tiles)" : "absent");
   if (l != IsaLevel::kAvx512) {
     EXPECT_TRUE(throws_code([] { kernels::kernels_for_isa(IsaLevel::kAvx512); }, ErrorCode::kUnsupported, "above"));
   }

@@ -74,7 +74,18 @@ struct Options {
     }
     return o;
   }
-  bool wants(const std::string& name) const { return filter.empty() || name.find(filter) != std::string::npos; }
+  // True when `name` contains one of the comma-separated parts of the filter (or the filter is empty).
+  bool wants(const std::string& name) const {
+    if (filter.empty()) return true;
+    size_t start = 0;
+    while (start <= filter.size()) {
+      const size_t end = std::min(filter.find(',', start), filter.size());
+      const std::string part = filter.substr(start, end - start);
+      if (!part.empty() && name.find(part) != std::string::npos) return true;
+      start = end + 1;
+    }
+    return false;
+  }
 };
 
 }  // namespace peers

@@ -35,6 +35,7 @@ CpuFeatures probe() {
     const uint64_t xcr0 = xgetbv0();
     f.os_avx = (xcr0 & 0x6u) == 0x6u;                 // SSE + AVX state
     f.os_avx512 = f.os_avx && (xcr0 & 0xe0u) == 0xe0u;  // opmask + ZMM_Hi256 + Hi16_ZMM
+    f.os_amx = (xcr0 & 0x60000u) == 0x60000u;           // XTILECFG + XTILEDATA
   }
   if (__get_cpuid_max(0, nullptr) >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
@@ -44,6 +45,8 @@ CpuFeatures probe() {
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
     f.avx512vnni = (c >> 11) & 1u;
+    f.amx_tile = (d >> 24) & 1u;
+    f.amx_int8 = (d >> 25) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = (a >> 5) & 1u;
   }

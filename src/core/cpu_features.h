@@ -4,7 +4,8 @@
 // XGETBV: bits 1-2 for SSE/AVX, bits 5-7 for the AVX-512 opmask and upper ZMM state).
 //   ref     the scalar reference kernels (always)
 //   avx2    AVX2 + FMA + F16C
-//   avx512  AVX-512 F + BW + VL + DQ + VNNI (AVX512_BF16 is reported separately; no kernel requires it)
+//   avx512  AVX-512 F + BW + VL + DQ + VNNI (AVX512_BF16 is reported separately; no kernel requires it). Where
+//           AMX-TILE + AMX-INT8 are present too, this level's W8A8/W4A8 GEMM runs on AMX tiles (kernels/x86/amx).
 // $CIDER_ISA=ref|avx2|avx512 forces a level at or below the machine's; asking for more is an error.
 #pragma once
 
@@ -19,8 +20,10 @@ struct CpuFeatures {
   bool avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
   bool avx512bf16 = false;
+  bool amx_tile = false, amx_int8 = false;  // AMX (used by the avx512 level's GEMM when present)
   bool os_avx = false;     // XCR0: XMM and YMM state
   bool os_avx512 = false;  // XCR0: opmask, ZMM_Hi256, Hi16_ZMM state
+  bool os_amx = false;     // XCR0: XTILECFG and XTILEDATA state (Linux also needs a per-process permission)
 };
 
 // Read once (CPUID + XGETBV); all false on a non-x86 build.

@@ -4,6 +4,7 @@
 //   entry        avx512 (F/BW/VL/DQ/VNNI)                        avx2 (AVX2/FMA/F16C)
 //   w8a8_gemv    row-major int8, 16 rows at once, vpdpbusd       8 rows at once, vpmaddubsw sign trick
 //   w8a8_gemm    packed 64-column panels, 6x64 vpdpbusd tiles    packed int16 16-column panels, vpmaddwd 6x16 tiles
+//                (with AMX-INT8: 32x32 tdpbssd tile blocks, x86/amx; int4 group 32 and M = 1 stay on VNNI)
 //   w4a8_gemv    nibbles split with and/shift, vpdpbusd          nibbles split, vpmaddubsw
 //   w4a8_gemm    as w8a8_gemm (nibbles unpacked at packing)      as w8a8_gemm
 //   dense_gemm   f32/f16/bf16 weights widened exactly, f32 FMA   same, 8 lanes
@@ -12,6 +13,9 @@
 //   kv_append    fused rotate + quantize, bit-identical to ref    same, 8 lanes
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
+
+#include <cstdlib>
+#include <string>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
@@ -50,6 +54,14 @@ const KernelTable& avx2_kernels() {
   return table;
 }
 
+// AMX-INT8 GEMM inside the avx512 level: CPUID + XCR0 + the Linux permission, unless CIDER_NO_AMX is set.
+bool amx_usable() {
+  const CpuFeatures& f = cpu_features();
+  const char* off = std::getenv("CIDER_NO_AMX");
+  if (!(f.amx_tile && f.amx_int8 && f.os_amx) || (off && *off && std::string(off) != "0")) return false;
+  return x86::amx::request_tile_permission();
+}
+
 const KernelTable& avx512_kernels() {
   static const KernelTable table = [] {
     KernelTable t = ref_kernels();
@@ -61,6 +73,10 @@ const KernelTable& avx512_kernels() {
     t.w4a8_gemv = &x86::avx512::w4a8_gemv;
     t.dense_gemm = &x86::avx512::dense_gemm;
     x86::register_attention_avx512(t);  // attention, kv_append (kernels/x86/attention_x86.h)
+    if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
+      t.w8a8_gemm = &x86::amx::w8a8_gemm;
+      t.w4a8_gemm = &x86::amx::w4a8_gemm;
+    }
     return t;
   }();
   return table;

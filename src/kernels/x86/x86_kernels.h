@@ -43,4 +43,13 @@ CIDER_X86_DECLARE_KERNELS
 
 #undef CIDER_X86_DECLARE_KERNELS
 
+// AMX-INT8 GEMM (x86/amx, compiled with the avx512 + AMX flags): the avx512 table's w8a8_gemm / w4a8_gemm where
+// the CPU and OS support AMX. Cases it does not take (M = 1, int4 group 32) go to the avx512 kernels.
+namespace amx {
+// Asks Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); true when granted. Call before any use.
+bool request_tile_permission();
+void w8a8_gemm(const IntLinearArgs& a);
+void w4a8_gemm(const IntLinearArgs& a);
+}  // namespace amx
+
 }  // namespace cider::kernels::x86
