@@ -215,7 +215,9 @@ TEST(Safetensors, RoundTripEveryDtypeAndOddShapes) {
     EXPECT_EQ(t->dtype, w.dtype);
     EXPECT_EQ(t->shape, w.shape);
     ASSERT_EQ(t->nbytes, w.bytes.size());
-    EXPECT_EQ(std::memcmp(t->data, w.bytes.data(), w.bytes.size()), 0);
+    if (!w.bytes.empty()) {
+      EXPECT_EQ(std::memcmp(t->data, w.bytes.data(), w.bytes.size()), 0);
+    }
     // Every tensor is naturally aligned in the mapping (the writer's layout guarantee).
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % static_cast<uintptr_t>(dtype_size(t->dtype)), 0u);
     TensorView v = t->view();
