@@ -2,16 +2,18 @@
 # Side-by-side benchmark: cider's kernels against oneDNN (Debian's libdnnl-dev) and llama.cpp's ggml kernels, in
 # the same run, interleaved round by round, and a table of best times and ratios per case.
 #
-# Usage: tools/bench_peers.sh --ggml-git DIR [--rounds N] [--reps N] [--pool-mb N] [--filter TEXT] [--threads N]
+# Usage: tools/bench_peers.sh --ggml-git DIR [--rounds N] [--reps N] [--pool-mb N] [--filter A,B,...] [--threads N]
+#                              [--taskset CPUS]
 #   --ggml-git DIR  a git repository (or bare git dir) of ggml-org/ggml — e.g. the snapshot the fetch tool gives
 #                   (/work/.mirror/ggml-org+ggml/repo). It is cloned and built OUTSIDE this repository.
+#   --taskset CPUS  pin every timed program to these CPUs (e.g. 0,1 on a bigger, otherwise idle machine)
 # Everything is built and written under ${CIDER_PEERS_DIR:-/tmp/cider-peers} (cider_bench too, from this checkout);
 # nothing of the peers enters the repository. The harnesses are cider's own code (bench/peers/*.cpp).
 # Output: the table on stdout, every timed case as a JSON line in $CIDER_PEERS_DIR/results-<date>.jsonl.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${CIDER_PEERS_DIR:-/tmp/cider-peers}
-ggml_git="" rounds=3 reps=20 pool_mb=2048 filter="" threads=2
+ggml_git="" rounds=3 reps=20 pool_mb=2048 filter="" threads=2 cpus=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ggml-git) ggml_git=$2; shift 2 ;;
@@ -20,6 +22,7 @@ while [[ $# -gt 0 ]]; do
     --pool-mb) pool_mb=$2; shift 2 ;;
     --filter) filter=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --taskset) cpus=$2; shift 2 ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "bench_peers: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -50,13 +53,15 @@ out="$work/results-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 common=(--reps "$reps" --pool-mb "$pool_mb" --threads "$threads")
 fargs=()
 [[ -n $filter ]] && fargs=(--filter "$filter")
+pin=()
+[[ -n $cpus ]] && pin=(taskset -c "$cpus")
 for ((r = 1; r <= rounds; r++)); do
   echo "== round $r/$rounds: cider, oneDNN (default ISA: AMX where present), oneDNN (VNNI), llama.cpp" >&2
-  "$work/cider-build/cider_bench" bench --json "${common[@]}" "${fargs[@]}" | sed "s/^{/{\"round\": $r, /" >> "$out"
-  OMP_NUM_THREADS=$threads "$work/onednn_bench" "${common[@]}" "${fargs[@]}" | sed "s/^{/{\"round\": $r, /" >> "$out"
-  OMP_NUM_THREADS=$threads ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI "$work/onednn_bench" "${common[@]}" "${fargs[@]}" |
+  "${pin[@]}" "$work/cider-build/cider_bench" bench --json "${common[@]}" "${fargs[@]}" | sed "s/^{/{\"round\": $r, /" >> "$out"
+  OMP_NUM_THREADS=$threads "${pin[@]}" "$work/onednn_bench" "${common[@]}" "${fargs[@]}" | sed "s/^{/{\"round\": $r, /" >> "$out"
+  OMP_NUM_THREADS=$threads ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI "${pin[@]}" "$work/onednn_bench" "${common[@]}" "${fargs[@]}" |
     sed "s/^{/{\"round\": $r, /; s/\"engine\": \"onednn\"/\"engine\": \"onednn-vnni\"/" >> "$out"
-  "$work/ggml_bench" "${common[@]}" "${fargs[@]}" 2> /dev/null | sed "s/^{/{\"round\": $r, /" >> "$out"
+  "${pin[@]}" "$work/ggml_bench" "${common[@]}" "${fargs[@]}" 2> /dev/null | sed "s/^{/{\"round\": $r, /" >> "$out"
 done
 
 python3 - "$out" "$ggml_rev" <<'PY'

@@ -104,7 +104,8 @@ void tile(int mr, const int8_t* A, int64_t lda, const int8_t* zero_row, const ui
   const int8_t* a4 = mr > 4 ? A + 4 * lda : zero_row;
   const int8_t* a5 = mr > 5 ? A + 5 * lda : zero_row;
 #define CIDER_INIT_ROW(m)                                                                                \
-  const __m512i i##m = (cf && m < mr) ? _mm512_set1_epi32(-corr[m * corr_stride]) : _mm512_setzero_si512(); \
+  const __m512i i##m = (cf && m < mr) ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(corr[m * corr_stride])) \
+                                     : _mm512_setzero_si512();                                                  \
   __m512i c##m##0 = i##m, c##m##1 = i##m, c##m##2 = i##m, c##m##3 = i##m;
   CIDER_INIT_ROW(0)
   CIDER_INIT_ROW(1)
