@@ -29,6 +29,8 @@ REPS="${REPS:-15}"
 OUT="${OUT:-$PEERS/attention-results}"
 SWEEP="${SWEEP:-1024 2048 4096 8192 16384 32768 65536}"
 LEVELS="${LEVELS:-avx512 avx2}"  # cider ISA levels to time
+DIMS="${DIMS:-128 256}"
+CTXS="${CTXS:-8192 32768}"
 mkdir -p "$OUT"
 
 if [ ! -f "$GGML_SRC/CMakeLists.txt" ]; then
@@ -153,10 +155,10 @@ copies_for() {  # type D kv
 RES="$OUT/results-$(date +%Y%m%d-%H%M%S).jsonl"
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -n) threads=$THREADS rounds=$ROUNDS reps=$REPS" | tee "$OUT/last-run.txt"
 for round in $(seq 1 "$ROUNDS"); do
-  for D in 128 256; do
-    for KV in 8192 32768; do
+  for D in $DIMS; do
+    for KV in $CTXS; do
       for L in $LEVELS; do
-        "$CIDER" --isa "$L" --ctx "$KV" --dims "$D" --threads "$THREADS" --reps "$REPS" --mode hot,stream --no-nn --json \
+        "$CIDER" --isa "$L" --ctx "$KV" --dims "$D" --threads "$THREADS" --reps "$REPS" --mode hot,stream --no-nn --no-append --json \
           | sed "s/^{/{\"round\":$round,\"engine\":\"cider\",\"d\":$D,\"kv\":$KV,/" >>"$RES"
       done
       for T in f16 q4_0 q8_0; do
@@ -170,7 +172,7 @@ for round in $(seq 1 "$ROUNDS"); do
   if [ "${NO_SWEEP:-0}" != 1 ]; then
     for KV in $SWEEP; do
       for L in $LEVELS; do
-        "$CIDER" --isa "$L" --ctx "$KV" --dims 128 --threads "$THREADS" --reps "$REPS" --mode hot --no-nn --json \
+        "$CIDER" --isa "$L" --ctx "$KV" --dims 128 --threads "$THREADS" --reps "$REPS" --mode hot --no-nn --no-append --json \
           | sed "s/^{/{\"round\":$round,\"engine\":\"cider\",\"d\":128,\"kv\":$KV,\"sweep\":1,/" >>"$RES"
       done
       for T in f16 q4_0; do
@@ -182,11 +184,19 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 cp "$RES" "$OUT/last.jsonl"
 
-python3 - "$RES" "$ROOT/docs/benchmarks/attention_decode.png" <<'EOF'
+# A Python with matplotlib for the plot (Debian's python3-matplotlib lives in /usr/bin/python3).
+PY=python3
+for p in python3 /usr/bin/python3; do
+  if "$p" -c "import matplotlib" 2>/dev/null; then PY="$p"; break; fi
+done
+mkdir -p "$ROOT/docs/benchmarks"
+"$PY" - "$RES" "$ROOT/docs/benchmarks/attention_decode.png" <<'EOF'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 best = collections.defaultdict(list)  # key -> per-round best times
 for r in rows:
+    if "mode" not in r:
+        continue
     if r["engine"] == "cider":
         if r.get("level") != "avx512" and r.get("level") != "avx2":
             continue
@@ -197,17 +207,23 @@ for r in rows:
 def b(key):
     v = best.get(key)
     return (min(v), max(v) / min(v)) if v else (float("nan"), float("nan"))
-print(f"{'D':>4} {'keys':>6} {'mode':>6} | {'cider avx512':>12} {'llama f16':>10} {'llama q4_0':>10} {'llama q8_0':>10} |"
-      f" {'x f16':>6} {'x q4_0':>7} {'x q8_0':>7} | spread cider/f16/q4_0")
-for D in (128, 256):
-    for kv in (8192, 32768):
+print("best ms over the rounds (ratio = llama.cpp time / cider time; spread = worst round's best / best)")
+print(f"{'D':>4} {'keys':>6} {'mode':>6} {'cider':>7} | {'cider ms':>9} {'llama f16':>10} {'llama q4_0':>10} {'llama q8_0':>10} |"
+      f" {'x f16':>6} {'x q4_0':>7} {'x q8_0':>7} | spread cider/f16/q4_0/q8_0")
+dims = sorted({k[2] for k in best if k[0].startswith("cider")})
+ctxs = sorted({k[3] for k in best if k[0].startswith("cider") and k[1] == "stream"})
+for D in dims:
+    for kv in ctxs:
         for mode in ("hot", "stream"):
-            c, cs = b(("cider-avx512", mode, D, kv))
-            f, fs = b(("llama-f16", mode, D, kv))
-            q4, q4s = b(("llama-q4_0", mode, D, kv))
-            q8, q8s = b(("llama-q8_0", mode, D, kv))
-            print(f"{D:>4} {kv:>6} {mode:>6} | {c:12.3f} {f:10.3f} {q4:10.3f} {q8:10.3f} | {f/c:6.1f} {q4/c:7.1f} "
-                  f"{q8/c:7.1f} | {cs:.2f}/{fs:.2f}/{q4s:.2f}")
+            for lvl in ("avx512", "avx2"):
+                c, cs = b(("cider-" + lvl, mode, D, kv))
+                if c != c:
+                    continue
+                f, fs = b(("llama-f16", mode, D, kv))
+                q4, q4s = b(("llama-q4_0", mode, D, kv))
+                q8, q8s = b(("llama-q8_0", mode, D, kv))
+                print(f"{D:>4} {kv:>6} {mode:>6} {lvl:>7} | {c:9.3f} {f:10.3f} {q4:10.3f} {q8:10.3f} | {f/c:6.1f} "
+                      f"{q4/c:7.1f} {q8/c:7.1f} | {cs:.2f}/{fs:.2f}/{q4s:.2f}/{q8s:.2f}")
 # The plot: decode time against context length (D 128, hot).
 try:
     import matplotlib

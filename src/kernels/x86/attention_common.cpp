@@ -6,6 +6,7 @@
 #include <limits>
 #include <new>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -160,6 +161,11 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
     }
   }
   (void)Hkv;
+}
+
+bool float_scores_requested() {
+  const char* v = std::getenv("CIDER_ATTN_SCORES");
+  return v != nullptr && std::string(v) == "f32";
 }
 
 void run_items(int64_t n, void (*fn)(void* ctx, int64_t item), void* ctx) {

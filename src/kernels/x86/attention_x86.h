@@ -97,6 +97,10 @@ void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* 
 // splits of every (b, g, query block) by log-sum-exp and writes a.out (zeros for rows that saw no key).
 void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials);
 
+// True when $CIDER_ATTN_SCORES is "f32": the AVX-512 kernel then computes scores with float32 FMAs on unpacked
+// codes and exact queries (the variant measured against the integer path in docs/benchmarks.md; tested too).
+bool float_scores_requested();
+
 // Runs fn(ctx, item) for items 0 .. n−1, thread t of the default pool taking items t, t + T, t + 2T, … (round-robin
 // balances causal blocks whose cost grows with the block index).
 void run_items(int64_t n, void (*fn)(void* ctx, int64_t item), void* ctx);

@@ -169,6 +169,7 @@ struct Ctx {
   int64_t Wd;                      // 32-bit columns per key row in the tile representation
   int64_t ncolimg;                 // query images: 2·Wd (nibbles) or Wd (bytes)
   int64_t cols_per_group;
+  bool float_scores;               // CIDER_ATTN_SCORES=f32: float32 FMA scores on unpacked codes (measurement)
 };
 
 struct Scratch {
@@ -200,6 +201,7 @@ struct Scratch {
   float* bvcol;      // [Gv][kT]
   uint8_t* vshuf;    // [Dv/16][64] byte shuffles for the value code unpack
   int32_t* voff;     // [Dv/16] byte offset of each 16-code chunk's 16-byte window in a row
+  float* qf;         // [Rmax][Dk] the float32 query rows (float-score variant)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -239,6 +241,7 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->bvcol = reinterpret_cast<float*>(take(Gv * T * 4));
   s->vshuf = take(Dv / 16 * 64);
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 16 * 4));
+  s->qf = reinterpret_cast<float*>(take(R * Dk * 4));
   return off;
 }
 
@@ -327,6 +330,37 @@ CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512
   }
 }
 
+// The float32 variant (CIDER_ATTN_SCORES=f32, kept to measure the integer path against): each code of the
+// transposed words becomes a float (shift, and, convert) and meets the exact query value with an FMA — the
+// reference's algebra, score = scale·Σ_g (s·Σ q·c + b·Σ q), without query quantization.
+template <int NR>
+CIDER_INLINE void tile_scores_f32(const Ctx& c, const Scratch& s, int64_t r0, __m512* sc) {
+  for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int64_t g = 0; g < c.Gk; ++g) {
+    __m512 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
+    for (int64_t k = k0; k < k1; ++k) {
+      const int planes = c.nib ? 2 : 1;
+      for (int h = 0; h < planes; ++h) {
+        const __m512i w = _mm512_load_si512(s.colbuf + (planes * k + h) * 16);
+        for (int t = 0; t < 4; ++t) {
+          const __m512 cf = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * t), byte));
+          const int64_t dim = c.nib ? 8 * k + 2 * t + h : 4 * k + t;
+          for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(cf, _mm512_set1_ps(s.qf[(r0 + r) * c.Dk + dim]), acc[r]);
+        }
+      }
+    }
+    const __m512 S = _mm512_load_ps(s.skcol + g * 16), B = _mm512_load_ps(s.bkcol + g * 16);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 t = _mm512_mul_ps(acc[r], S);
+      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+    }
+  }
+}
+
 // Applies the visible range / masks of rows r0.. to the 16 scores of tile j0 and stores them at sc[r][jt..].
 template <int NR>
 CIDER_INLINE void store_scores(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt,
@@ -353,7 +387,8 @@ template <int NR>
 CIDER_INLINE void tile_scores_store(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0,
                                     int64_t jt) {
   __m512 sc[NR];
-  tile_scores<NR>(c, s, r0, sc);
+  if (c.float_scores) tile_scores_f32<NR>(c, s, r0, sc);
+  else tile_scores<NR>(c, s, r0, sc);
   store_scores<NR>(c, s, it, r0, j0, jt, sc);
 }
 
@@ -541,6 +576,15 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
       s.coef[r * Gk + g] = a.scale * s.sq[g];
       s.bcoef[r * Gk + g] = a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
     }
+    if (c.float_scores) {
+      for (int64_t g = 0; g < Gk; ++g) {
+        float sum = 0.0f;
+        for (int64_t k = g * c.gk; k < (g + 1) * c.gk; ++k) sum += q[k];
+        s.coef[r * Gk + g] = a.scale;
+        s.bcoef[r * Gk + g] = a.scale * sum;
+      }
+      std::memcpy(s.qf + r * Dk, q, static_cast<size_t>(Dk) * 4);
+    }
     int64_t lo, hi;
     attn::row_range(a, it, r, &lo, &hi);
     s.lo[r] = static_cast<int32_t>(lo);
@@ -707,6 +751,7 @@ void attention(const AttentionArgs& a) {
   c.Wd = c.nib ? c.Dk / 8 : c.Dk / 4;
   c.ncolimg = c.nib ? 2 * c.Wd : c.Wd;
   c.cols_per_group = c.nib ? c.gk / 8 : c.gk / 4;
+  c.float_scores = attn::float_scores_requested();
   Scratch probe;
   job.scratch_bytes = carve(c, &probe, nullptr);
   c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));
