@@ -46,9 +46,11 @@ void block(const Gemv4& c, int64_t n0) {
       for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_si512();
     const __m512i xe = _mm512_loadu_si512(c.xp + ch * kChunk), xo = _mm512_loadu_si512(c.xp + ch * kChunk + 64);
     const int64_t b = ch * 64;
+    // Prefetch kPrefetchBytes ahead on each row; past the row's end, the same offset in the next block's row.
+    const int64_t pf_skip = kPrefetchBytes + (b + kPrefetchBytes >= row_bytes ? (kRows - 1) * row_bytes : 0);
     if (b + 64 <= row_bytes) {
       for (int r = 0; r < kRows; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + b + pf_skip), _MM_HINT_T0);
         const __m512i v = _mm512_loadu_si512(w[r] + b);
         acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_and_si512(v, low4), xe);
         acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xo);

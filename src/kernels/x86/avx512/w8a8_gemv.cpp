@@ -42,8 +42,10 @@ void block(const Gemv8& c, int64_t n0) {
     int64_t k = k0;
     for (; k + kVec <= k1; k += kVec) {
       const __m512i xv = _mm512_loadu_si512(c.xq + k);
+      // Prefetch kPrefetchBytes ahead on each row; past the row's end, the same offset in the next block's row.
+      const int64_t pf_skip = kPrefetchBytes + (k + kPrefetchBytes >= a.K ? (kRows - 1) * a.K : 0);
       for (int r = 0; r < kRows; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + pf_skip), _MM_HINT_T0);
         acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_xor_si512(_mm512_loadu_si512(w[r] + k), flip), xv);
       }
     }
