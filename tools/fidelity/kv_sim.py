@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Simulated KV-cache quantization on Gemma 3 (a float32 NumPy forward of a cider-format bf16 model): which cache
+transforms would bring 4-bit keys within the fidelity target. Not the engine: a fake-quantization model of it
+(quantize → dequantize in float32, scales and biases rounded to f16 as cider stores them), used to test ideas
+cider does not implement yet. Checked against `cider perplexity` on the same window (see docs/quality.md).
+
+Per configuration it prints the mean KL(P_float ‖ P_quant) per token, top-1 agreement and perplexity over one
+window (BOS + 511 tokens), plus the relative RMS error of the dequantized keys and values.
+
+Usage: kv_sim.py CIDER MODEL_DIR PIECE.txt CTX CONFIG...
+  CONFIG = KBITS,VBITS,GROUP,TRANSFORM with TRANSFORM one of
+    none       affine per token, groups of GROUP along the head dimension (cider's cache, no rotation)
+    so4        a random SO(4) block rotation (qL·v·conj(qR) per 4 channels; same distribution as cider's so4-full)
+    had64      randomized Hadamard (random signs, then a normalized Walsh-Hadamard matrix) on each group of 64
+    had        randomized Hadamard over the whole head (D = 256 for Gemma 3 270M: llama.cpp's kind of rotation)
+    smooth     keys divided per channel by s_c (the k_norm gain |w_c|, max over each RoPE pair), queries
+               multiplied by it (exact before quantization, foldable into q_norm/k_norm weights); values as none
+    smooth+had smooth, then the whole-head Hadamard on keys and values
+    kchan      keys quantized per channel over blocks of GROUP tokens (KIVI-style layout; the last, partial block
+               too, from its own tokens), values per token as none
+    kchan+had  kchan keys; values per token after the whole-head Hadamard
+"""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+
+def load_st(path):
+    f = open(path, "rb")
+    n = struct.unpack("<Q", f.read(8))[0]
+    hdr = json.loads(f.read(n))
+    base = 8 + n
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def get(name):
+        t = hdr[name]
+        a, b = t["data_offsets"]
+        raw = buf[base + a:base + b]
+        if t["dtype"] == "F32":
+            return np.frombuffer(raw, np.float32).reshape(t["shape"])
+        if t["dtype"] == "BF16":
+            return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t["shape"])
+        raise ValueError(t["dtype"])
+    return get, json.loads(hdr["__metadata__"]["config"])
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps).astype(np.float32) * w
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x ** 3)))
+
+
+def rope_tables(n, d, theta):
+    inv = (1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float32) / d))).astype(np.float32)
+    ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rope(x, cos, sin):  # x [..., n, d], HF rotate_half
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def affine_qdq(x, bits, gs):
+    """MLX affine quantization per group along the last axis, then dequantized (scale/bias rounded to f16)."""
+    shp = x.shape
+    g = x.reshape(-1, gs).astype(np.float32)
+    nlev = np.float32(2 ** bits - 1)
+    lo, hi = g.min(1), g.max(1)
+    neg = np.abs(lo) > np.abs(hi)
+    scale = np.maximum((hi - lo) / nlev, np.float32(1e-7))
+    scale = np.where(neg, scale, -scale)
+    edge = np.where(neg, lo, hi)
+    q0 = np.rint(edge / scale)
+    scale = np.where(q0 != 0, edge / np.where(q0 != 0, q0, 1), scale).astype(np.float32)
+    bias = np.where(q0 != 0, edge, 0).astype(np.float32)
+    q = np.clip(np.rint((g - bias[:, None]) / scale[:, None]), 0, nlev)
+    s16, b16 = scale.astype(np.float16).astype(np.float32), bias.astype(np.float16).astype(np.float32)
+    return (q * s16[:, None] + b16[:, None]).reshape(shp).astype(np.float32)
+
+
+def hadamard(n):
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
+def quat_left(q):  # matrix of v -> q·v (Hamilton), q = (w, x, y, z)
+    w, x, y, z = q
+    return np.array([[w, -x, -y, -z], [x, w, -z, y], [y, z, w, -x], [z, -y, x, w]], dtype=np.float64)
+
+
+def quat_right(q):  # matrix of v -> v·q
+    w, x, y, z = q
+    return np.array([[w, -x, -y, -z], [x, w, z, -y], [y, -z, w, x], [z, y, -x, w]], dtype=np.float64)
+
+
+def so4_matrix(d, rng):
+    m = np.zeros((d, d))
+    for b in range(d // 4):
+        ql = rng.standard_normal(4); ql /= np.linalg.norm(ql)
+        qr = rng.standard_normal(4); qr /= np.linalg.norm(qr)
+        qrc = qr * np.array([1, -1, -1, -1])
+        m[4 * b:4 * b + 4, 4 * b:4 * b + 4] = quat_left(ql) @ quat_right(qrc)
+    return m.astype(np.float32)
+
+
+def rotation(kind, d, rng):
+    if kind == "so4":
+        return so4_matrix(d, rng)
+    if kind in ("had64", "had", "smooth+had", "kchan+had"):
+        n = 64 if kind == "had64" else d
+        signs = rng.choice([-1.0, 1.0], size=d).astype(np.float32)
+        h = np.kron(np.eye(d // n, dtype=np.float32), hadamard(n))
+        return (h * signs[None, :]).astype(np.float32)  # w = M·v with M = H·diag(signs)
+    return None
+
+
+class Quantizer:
+    def __init__(self, kb, vb, gs, kind, d, n_layers, kscales, seed=1):
+        self.kb, self.vb, self.gs, self.kind = kb, vb, gs, kind
+        rng = np.random.default_rng(seed)
+        self.rots = [rotation(kind, d, rng) for _ in range(n_layers)]
+        self.kscales = kscales
+        self.err = []
+
+    def __call__(self, layer, q, k, v):  # q [H, n, d], k/v [Hkv, n, d] (k after norm+rope); returns q', k̂, v̂
+        R = self.rots[layer]
+        if self.kind.startswith("smooth"):
+            s = self.kscales[layer]
+            k, q = k / s, q * s
+        if self.kind.startswith("kchan"):
+            kt = np.swapaxes(k, -1, -2)  # [Hkv, d, n]: groups of gs tokens per channel
+            n = kt.shape[-1]
+            pad = (-n) % self.gs
+            ktp = np.concatenate([kt, np.repeat(kt[..., -1:], pad, axis=-1)], axis=-1) if pad else kt
+            kh = np.swapaxes(affine_qdq(ktp, self.kb, self.gs)[..., :n], -1, -2)
+        elif R is not None:
+            kh = affine_qdq(k @ R.T, self.kb, self.gs) @ R
+        else:
+            kh = affine_qdq(k, self.kb, self.gs)
+        if R is not None:
+            vh = affine_qdq(v @ R.T, self.vb, self.gs) @ R
+        else:
+            vh = affine_qdq(v, self.vb, self.gs)
+        self.err.append((np.linalg.norm(kh - k) / np.linalg.norm(k), np.linalg.norm(vh - v) / np.linalg.norm(v)))
+        return q, kh, vh
+
+
+def forward(get, c, tokens, quant=None):
+    D, H, Hkv, L = c["head_dim"], c["num_heads"], c["num_kv_heads"], c["num_layers"]
+    eps = float(c["rms_norm_eps"])
+    n = len(tokens)
+    emb = get("model.embed_tokens.weight")
+    x = emb[tokens] * np.float32(float(c["embed_scale"]))
+    cg, sg = rope_tables(n, D, float(c["rope"]["theta"]))
+    cl, sl = rope_tables(n, D, float(c["rope_local"]["theta"]))
+    mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
+    scale = np.float32(float(c["attn_scale"]))
+    for i in range(L):
+        p = f"model.layers.{i}."
+        W = lambda m: get(p + m + ".weight")
+        h = rms_norm(x, W("input_layernorm"), eps)
+        q = (h @ W("self_attn.q_proj").T).reshape(n, H, D).transpose(1, 0, 2)
+        k = (h @ W("self_attn.k_proj").T).reshape(n, Hkv, D).transpose(1, 0, 2)
+        v = (h @ W("self_attn.v_proj").T).reshape(n, Hkv, D).transpose(1, 0, 2)
+        q = rms_norm(q, W("self_attn.q_norm"), eps)
+        k = rms_norm(k, W("self_attn.k_norm"), eps)
+        cs, sn = (cl, sl) if c["layer_sliding"][i] else (cg, sg)
+        q, k = rope(q, cs, sn), rope(k, cs, sn)
+        if quant is not None:
+            q, k, v = quant(i, q, k, v)
+        rep = H // Hkv
+        kk, vv = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+        s = (q @ kk.transpose(0, 2, 1)) * scale + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        a = (s / s.sum(-1, keepdims=True)) @ vv
+        o = a.transpose(1, 0, 2).reshape(n, H * D) @ W("self_attn.o_proj").T
+        x = x + rms_norm(o, W("post_attention_layernorm"), eps)
+        h = rms_norm(x, W("pre_feedforward_layernorm"), eps)
+        m = (gelu_tanh(h @ W("mlp.gate_proj").T) * (h @ W("mlp.up_proj").T)) @ W("mlp.down_proj").T
+        x = x + rms_norm(m, W("post_feedforward_layernorm"), eps)
+    x = rms_norm(x, get("model.norm.weight"), eps)
+    return x  # final hidden states; logits = x @ emb.T, done in chunks by the caller
+
+
+def log_probs(get, x, rows):
+    emb = get("model.embed_tokens.weight")
+    out = np.empty((len(rows), emb.shape[0]), dtype=np.float32)
+    for a in range(0, len(rows), 64):
+        lg = (x[rows[a:a + 64]] @ emb.T).astype(np.float64)
+        lg -= lg.max(1, keepdims=True)
+        lg -= np.log(np.exp(lg).sum(1, keepdims=True))
+        out[a:a + 64] = lg
+    return out
+
+
+def main():
+    cider, model, piece, ctx = sys.argv[1:5]
+    configs = sys.argv[5:]
+    ctx = int(ctx)
+    text = open(piece, encoding="utf-8").read()
+    ids = subprocess.run([cider, "tokenize", "-m", model, "--text", text], check=True, capture_output=True,
+                         text=True).stdout.strip().split(",")
+    tokens = np.array([int(t) for t in ids[:ctx]])
+    get, c = load_st(model + "/model.safetensors")
+    kscales = []
+    for i in range(c["num_layers"]):
+        w = np.abs(get(f"model.layers.{i}.self_attn.k_norm.weight")).astype(np.float32)
+        h = w.shape[0] // 2
+        pair = np.maximum(w[:h], w[h:])
+        kscales.append(np.maximum(np.concatenate([pair, pair]), 1e-3))
+    rows = np.arange(ctx - 1)
+    base = log_probs(get, forward(get, c, tokens), rows)
+    tgt = tokens[1:]
+    nll_b = -base[rows, tgt]
+    print(f"# {piece}: {ctx} tokens; float32 baseline perplexity {np.exp(nll_b.mean()):.4f}", flush=True)
+    pb = np.exp(base)
+    top_b = base.argmax(1)
+    for cfg in configs:
+        kb, vb, gs, kind = cfg.split(",")
+        qz = Quantizer(int(kb), int(vb), int(gs), kind, c["head_dim"], c["num_layers"], kscales)
+        lp = log_probs(get, forward(get, c, tokens, qz), rows)
+        kl = (pb * (base - lp)).sum(1)
+        nll = -lp[rows, tgt]
+        top1 = (lp.argmax(1) == top_b).mean()
+        ke, ve = np.mean([e[0] for e in qz.err]), np.mean([e[1] for e in qz.err])
+        print(f"k{kb}v{vb} g{gs} {kind:10s}  KL {kl.mean():.5f} ± {kl.std(ddof=1) / np.sqrt(len(kl)):.5f}  "
+              f"top-1 {100 * top1:.2f}%  PPL {np.exp(nll.mean()):.4f} ({100 * (np.exp(nll.mean() - nll_b.mean()) - 1):+.2f}%)  "
+              f"rel.err K {ke:.4f} V {ve:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
