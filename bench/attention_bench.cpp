@@ -20,11 +20,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
 #include <time.h>
 
 #include "core/cpu_features.h"
@@ -76,13 +79,46 @@ void usage() {
   std::printf(
       "usage: attention_bench [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
       "                       [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
-      "                       [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--json] [--cputime]\n"
+      "                       [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n");
 }
 
+bool g_hugepages = false;  // --hugepages: planes in 2 MiB-aligned memory advised for transparent huge pages
+
+// An owned, 2 MiB-aligned allocation (huge pages advised with --hugepages), zero-filled.
+class Plane {
+ public:
+  Plane() = default;
+  explicit Plane(size_t n) : n_(n) {
+    const size_t align = size_t{2} << 20, bytes = (n + align - 1) / align * align;
+    p_ = std::aligned_alloc(align, bytes);
+    if (!p_) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (g_hugepages) madvise(p_, bytes, MADV_HUGEPAGE);
+#endif
+    std::memset(p_, 0, bytes);
+  }
+  Plane(Plane&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
+  Plane& operator=(Plane&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  Plane(const Plane&) = delete;
+  ~Plane() { std::free(p_); }
+  void* data() const { return p_; }
+  size_t nbytes() const { return n_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // One copy of a cache's key and value planes: [1, Hkv, cap, ·] each, random contents of the right ranges.
 struct Planes {
-  cider::Buffer kc, ks, kb, vc, vs, vb;
+  Plane kc, ks, kb, vc, vs, vb;
   KVTensorView keys{}, values{};
 };
 
@@ -91,21 +127,21 @@ uint16_t f16(float v) { return cider::f32_to_f16(v); }
 Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng) {
   Planes p;
   const int64_t cap = (kL + 255) / 256 * 256, G = D / o.group;
-  auto fill_random = [&](cider::Buffer& b) {
+  auto fill_random = [&](Plane& b) {
     uint64_t* w = b.as<uint64_t>();
     for (size_t i = 0; i < b.nbytes() / 8; ++i) w[i] = rng();
   };
-  auto fill_scales = [&](cider::Buffer& b, float lo, float hi, bool sign) {
+  auto fill_scales = [&](Plane& b, float lo, float hi, bool sign) {
     std::uniform_real_distribution<float> u(lo, hi);
     uint16_t* h = b.as<uint16_t>();
     for (size_t i = 0; i < b.nbytes() / 2; ++i) h[i] = f16(sign && (rng() & 1) ? -u(rng) : u(rng));
   };
-  p.kc = cider::Buffer(static_cast<size_t>(o.hkv * cap * D * o.kbits / 8));
-  p.vc = cider::Buffer(static_cast<size_t>(o.hkv * cap * D * o.vbits / 8));
-  p.ks = cider::Buffer(static_cast<size_t>(o.hkv * cap * G * 2));
-  p.kb = cider::Buffer(p.ks.nbytes());
-  p.vs = cider::Buffer(p.ks.nbytes());
-  p.vb = cider::Buffer(p.ks.nbytes());
+  p.kc = Plane(static_cast<size_t>(o.hkv * cap * D * o.kbits / 8));
+  p.vc = Plane(static_cast<size_t>(o.hkv * cap * D * o.vbits / 8));
+  p.ks = Plane(static_cast<size_t>(o.hkv * cap * G * 2));
+  p.kb = Plane(p.ks.nbytes());
+  p.vs = Plane(p.ks.nbytes());
+  p.vb = Plane(p.ks.nbytes());
   fill_random(p.kc);
   fill_random(p.vc);
   // Scales about range/(2^bits − 1) of unit-variance data, either sign (MLX's convention); biases about the minimum.
@@ -113,7 +149,7 @@ Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng
   fill_scales(p.kb, 1.5f, 3.0f, true);
   fill_scales(p.vs, 0.6f, 1.2f, true);
   fill_scales(p.vb, 1.5f, 3.0f, true);
-  auto view = [&](const cider::Buffer& c, const cider::Buffer& s, const cider::Buffer& b, int bits) {
+  auto view = [&](const Plane& c, const Plane& s, const Plane& b, int bits) {
     KVTensorView v{};
     v.data = c.data();
     v.scales = s.data();
@@ -355,6 +391,7 @@ int main(int argc, char** argv) {
     else if (arg == "--cputime") o.cputime = true;
     else if (arg == "--no-append") o.append = false;
     else if (arg == "--prefill") o.prefill = true;
+    else if (arg == "--hugepages") g_hugepages = true;
     else {
       usage();
       return arg == "--help" || arg == "-h" ? 0 : 2;

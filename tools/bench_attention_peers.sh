@@ -2,6 +2,11 @@
 # Decode attention, cider against llama.cpp's CPU flash attention (GGML_OP_FLASH_ATTN_EXT), in the same run.
 #
 #   bash tools/bench_attention_peers.sh [rounds]
+#   SKIP_BUILD=1 CIDER_BIN=… HARNESS_BIN=… TASKSET="taskset -c 0,1" bash tools/bench_attention_peers.sh [rounds]
+#                                   (prebuilt binaries, e.g. copied to a quieter host; pinned to two cores)
+#   PLOT_ONLY=results.jsonl bash tools/bench_attention_peers.sh      (table + plot of an earlier run)
+#   PEER_STREAM=0: llama.cpp in hot mode only (its stream mode fills GiBs of K/V per case); DIMS, CTXS, SWEEP,
+#   LEVELS, REPS, THREADS select the cases.
 #
 # Builds, OUTSIDE the repository (under $PEERS, default /work/peers):
 #   - ggml (the llama.cpp kernels: the ggml-org/ggml snapshot, unpacked at $GGML_SRC) with its CPU backend, native ISA;
@@ -33,6 +38,13 @@ DIMS="${DIMS:-128 256}"
 CTXS="${CTXS:-8192 32768}"
 mkdir -p "$OUT"
 
+TASKSET="${TASKSET:-}"
+if [ -n "${PLOT_ONLY:-}" ]; then
+  RES="$PLOT_ONLY"
+elif [ "${SKIP_BUILD:-0}" = 1 ]; then
+  CIDER="${CIDER_BIN:?CIDER_BIN}"
+  HARNESS="${HARNESS_BIN:?HARNESS_BIN}"
+else
 if [ ! -f "$GGML_SRC/CMakeLists.txt" ]; then
   echo "ggml source not found at $GGML_SRC: fetch the ggml-org/ggml snapshot and unpack it there" >&2
   echo "  (e.g. git --git-dir=<mirror> archive HEAD | tar -x -C $GGML_SRC)" >&2
@@ -82,8 +94,13 @@ int main(int argc, char** argv) {
   ggml_init_params ip = {2 * kv_bytes * copies + (size_t)hq * D * 4 * 2 * copies + (size_t)kv * 2 * copies +
                              (size_t)64 * 1024 * 1024, nullptr, false};
   ggml_context* ctx = ggml_init(ip);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Values uniform in [-2, 2) from a 64-bit LCG (fast: the stream mode fills GiBs; timing does not depend on them).
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto nd = [&](auto&) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int32_t>(state >> 32)) * (2.0f / 2147483648.0f);
+  };
+  int rng = 0;
   std::vector<float> tmp((size_t)D * kv * hkv);
   std::vector<ggml_cgraph*> graphs;
   for (int c = 0; c < copies; ++c) {
@@ -144,6 +161,7 @@ if [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
 fi
 cmake --build "$BUILD" -j2 --target attention_bench >/dev/null
 CIDER="$BUILD/attention_bench"
+fi
 
 # Copies each llama.cpp stream run rotates over: >= 1 GiB of K+V.
 copies_for() {  # type D kv
@@ -152,37 +170,41 @@ copies_for() {  # type D kv
   python3 -c "import math; print(max(2, math.ceil(1073741824 / (2 * $bytes_per_value * $2 * $3 * 8))))"
 }
 
+if [ -z "${PLOT_ONLY:-}" ]; then
 RES="$OUT/results-$(date +%Y%m%d-%H%M%S).jsonl"
-echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -n) threads=$THREADS rounds=$ROUNDS reps=$REPS" | tee "$OUT/last-run.txt"
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -n) threads=$THREADS rounds=$ROUNDS reps=$REPS taskset='$TASKSET'" | tee "$OUT/last-run.txt"
 for round in $(seq 1 "$ROUNDS"); do
   for D in $DIMS; do
     for KV in $CTXS; do
       for L in $LEVELS; do
-        "$CIDER" --isa "$L" --ctx "$KV" --dims "$D" --threads "$THREADS" --reps "$REPS" --mode hot,stream --no-nn --no-append --json \
+        $TASKSET "$CIDER" --isa "$L" --ctx "$KV" --dims "$D" --threads "$THREADS" --reps "$REPS" --mode hot,stream --no-nn --no-append --json \
           | sed "s/^{/{\"round\":$round,\"engine\":\"cider\",\"d\":$D,\"kv\":$KV,/" >>"$RES"
       done
       for T in f16 q4_0 q8_0; do
-        "$HARNESS" --type $T --d $D --kv $KV --threads "$THREADS" --reps "$REPS" \
+        $TASKSET "$HARNESS" --type $T --d $D --kv $KV --threads "$THREADS" --reps "$REPS" \
           | sed "s/^{/{\"round\":$round,/" >>"$RES"
-        "$HARNESS" --type $T --d $D --kv $KV --threads "$THREADS" --reps "$REPS" --copies "$(copies_for $T $D $KV)" \
-          | sed "s/^{/{\"round\":$round,/" >>"$RES"
+        if [ "${PEER_STREAM:-1}" = 1 ]; then
+          $TASKSET "$HARNESS" --type $T --d $D --kv $KV --threads "$THREADS" --reps "$REPS" --copies "$(copies_for $T $D $KV)" \
+            | sed "s/^{/{\"round\":$round,/" >>"$RES"
+        fi
       done
     done
   done
   if [ "${NO_SWEEP:-0}" != 1 ]; then
     for KV in $SWEEP; do
       for L in $LEVELS; do
-        "$CIDER" --isa "$L" --ctx "$KV" --dims 128 --threads "$THREADS" --reps "$REPS" --mode hot --no-nn --no-append --json \
+        $TASKSET "$CIDER" --isa "$L" --ctx "$KV" --dims 128 --threads "$THREADS" --reps "$REPS" --mode hot --no-nn --no-append --json \
           | sed "s/^{/{\"round\":$round,\"engine\":\"cider\",\"d\":128,\"kv\":$KV,\"sweep\":1,/" >>"$RES"
       done
       for T in f16 q4_0; do
-        "$HARNESS" --type $T --d 128 --kv "$KV" --threads "$THREADS" --reps "$REPS" \
+        $TASKSET "$HARNESS" --type $T --d 128 --kv "$KV" --threads "$THREADS" --reps "$REPS" \
           | sed "s/^{/{\"round\":$round,\"sweep\":1,/" >>"$RES"
       done
     done
   fi
 done
 cp "$RES" "$OUT/last.jsonl"
+fi
 
 # A Python with matplotlib for the plot (Debian's python3-matplotlib lives in /usr/bin/python3).
 PY=python3
@@ -191,7 +213,7 @@ for p in python3 /usr/bin/python3; do
 done
 mkdir -p "$ROOT/docs/benchmarks"
 "$PY" - "$RES" "$ROOT/docs/benchmarks/attention_decode.png" <<'EOF'
-import json, sys, collections
+import json, os, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 best = collections.defaultdict(list)  # key -> per-round best times
 for r in rows:
@@ -247,7 +269,7 @@ ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("context length (cached keys)")
 ax.set_ylabel("decode attention time per layer (ms)")
-ax.set_title("Decode attention, Hq 32 / Hkv 8 / D 128, 2 threads (best of rounds)")
+ax.set_title(os.environ.get("PLOT_TITLE", "Decode attention, Hq 32 / Hkv 8 / D 128, 2 threads (best of rounds)"))
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
 fig.tight_layout()

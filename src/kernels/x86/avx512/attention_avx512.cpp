@@ -22,6 +22,7 @@ using attn::kTileRows;
 using attn::Plan;
 
 constexpr int kT = kBlockRows;
+constexpr int kPrefetchBlocks = 4;
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -432,19 +433,21 @@ CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows
     off[q] = VK == VKind::kBytes ? ci * 16 : s.voff[ci];
   }
   __m512 acc[NR][NP];
-  const float* w[NR][NP];
+  constexpr int NH = (NP + 1) / 2;  // 32-dim halves of the part: each lies in one value group (gv >= 32)
+  const float* w[NH];
+  for (int h = 0; h < NH; ++h) w[h] = s.W + (((d0 + 32 * h) / c.gv) * c.Rmax + r0) * kT;
   for (int r = 0; r < NR; ++r)
-    for (int q = 0; q < NP; ++q) {
-      acc[r][q] = _mm512_load_ps(s.acc + (r0 + r) * c.Dv + d0 + 16 * q);
-      w[r][q] = s.W + (((d0 + 16 * q) / c.gv) * c.Rmax + r0 + r) * kT;
-    }
+    for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_load_ps(s.acc + (r0 + r) * c.Dv + d0 + 16 * q);
   const int64_t rb = c.vrow_bytes;
   for (int64_t j = 0; j < nrows; ++j) {
     const uint8_t* row = rows + j * rb;
     __m512 cf[NP];
     for (int q = 0; q < NP; ++q) cf[q] = decode16<VK>(row + off[q], shuf[q], shift, tab0, tab1, lowmask);
-    for (int r = 0; r < NR; ++r)
-      for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_fmadd_ps(cf[q], _mm512_set1_ps(w[r][q][j]), acc[r][q]);
+    for (int r = 0; r < NR; ++r) {
+      __m512 wv[NH];
+      for (int h = 0; h < NH; ++h) wv[h] = _mm512_set1_ps(w[h][r * kT + j]);
+      for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_fmadd_ps(cf[q], wv[q / 2], acc[r][q]);
+    }
   }
   for (int r = 0; r < NR; ++r)
     for (int q = 0; q < NP; ++q) _mm512_store_ps(s.acc + (r0 + r) * c.Dv + d0 + 16 * q, acc[r][q]);
@@ -603,9 +606,11 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
     // ---- scores of the block ----
     for (int64_t t = 0; t < ntiles; ++t) {
       const int64_t j0 = jb + t * kTileRows;
-      // Prefetch the same tile of the next block (keys, values, their scales): a decode step streams the cache once,
-      // and the hardware prefetchers alone leave one thread latency-bound on DRAM.
-      if (j0 + kT + kTileRows <= imin(it.khi + kTileRows, K.capacity)) prefetch_tile(c, it, j0 + kT);
+      // Prefetch the same tile kPrefetchBlocks blocks ahead (keys, values, their scales): a decode step streams the
+      // cache once, and the hardware prefetchers alone leave a thread latency-bound (measured in docs/benchmarks.md:
+      // 4 blocks = 512 rows ahead was best of 0, 1, 2, 4, 8).
+      if (j0 + kPrefetchBlocks * kT + kTileRows <= imin(it.khi + kTileRows, K.capacity))
+        prefetch_tile(c, it, j0 + kPrefetchBlocks * kT);
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
       if (j0 + kTileRows > K.capacity) {
         const int64_t n = K.capacity - j0;
@@ -700,6 +705,7 @@ struct Job {
   Ctx c;
   size_t scratch_bytes;
 };
+
 
 CIDER_AVX512 void item_entry(void* ctx, int64_t index) {
   const Job& job = *static_cast<const Job*>(ctx);
