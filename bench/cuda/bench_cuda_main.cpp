@@ -1,0 +1,120 @@
+// cuda_bench: runs the registered CUDA benchmark cases (bench/cuda/*.cpp) and prints a table; --json FILE writes the
+// results for tools/gpu/compare.py, which puts them beside ../shared/tools/gpu_anchors.py's peer figures.
+//   cuda_bench [--filter SUBSTRING] [--json FILE] [--list]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_cuda.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+
+namespace cider::bench {
+
+std::vector<BenchCase>& registry() {
+  static std::vector<BenchCase> r;
+  return r;
+}
+
+Registrar::Registrar(const char* name, const char* area, BenchFn fn) {
+  registry().push_back({name, area, std::move(fn)});
+}
+
+static void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(ErrorCode::kInternal, "cuda_bench", what, ": ", cudaGetErrorString(e));
+}
+
+double bench_graph(const std::function<void(void* stream)>& fn, void* stream_handle, int reps, int samples) {
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  for (int i = 0; i < 3; ++i) fn(stream);  // warm-up: module load, first-touch
+  ck(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph = nullptr;
+  ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < reps; ++i) fn(stream);
+  ck(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec = nullptr;
+  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  ck(cudaGraphLaunch(exec, stream), "launch");
+  ck(cudaStreamSynchronize(stream), "first replay");
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  std::vector<double> t;
+  for (int s = 0; s < samples; ++s) {
+    ck(cudaEventRecord(a, stream), "record");
+    ck(cudaGraphLaunch(exec, stream), "launch");
+    ck(cudaEventRecord(b, stream), "record");
+    ck(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms * 1e-3 / reps);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace cider::bench
+
+int main(int argc, char** argv) {
+  using namespace cider;
+  std::string filter, json_path;
+  bool list = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--list") list = true;
+    else {
+      std::fprintf(stderr, "cuda_bench: error: unknown argument '%s' (use --filter S, --json FILE, --list)\n", a.c_str());
+      return 2;
+    }
+  }
+  auto& cases = bench::registry();
+  std::sort(cases.begin(), cases.end(), [](auto& x, auto& y) { return x.area != y.area ? x.area < y.area : x.name < y.name; });
+  if (list) {
+    for (auto& c : cases) std::printf("%-10s %s\n", c.area.c_str(), c.name.c_str());
+    return 0;
+  }
+  std::string why;
+  if (!cuda::device_available(&why)) {
+    std::fprintf(stderr, "cuda_bench: error: no GPU for the CUDA backend: %s\n", why.c_str());
+    return 1;
+  }
+  std::printf("device: %s, %d SMs\n", cuda::device_info().name.c_str(), cuda::device_info().sm_count);
+  std::printf("%-10s %-52s %10s %9s %9s  %s\n", "area", "case", "us", "TB/s", "TOP/s", "peer / note");
+  std::string json = "{\n";
+  bool first = true;
+  int failures = 0;
+  for (auto& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos && c.area.find(filter) == std::string::npos) continue;
+    try {
+      bench::BenchResult r = c.fn();
+      const double tbps = r.bytes > 0 ? r.bytes / r.seconds / 1e12 : 0;
+      const double tops = r.flops > 0 ? r.flops / r.seconds / 1e12 : 0;
+      std::printf("%-10s %-52s %10.2f %9.2f %9.1f  %s%s%s\n", c.area.c_str(), c.name.c_str(), r.seconds * 1e6, tbps, tops,
+                  r.peer.c_str(), r.note.empty() ? "" : "  ", r.note.c_str());
+      std::fflush(stdout);
+      char buf[1024];
+      std::snprintf(buf, sizeof buf, "%s \"%s\": {\"area\": \"%s\", \"s\": %.9g, \"bytes\": %.6g, \"flops\": %.6g, \"peer\": \"%s\", \"note\": \"%s\"}",
+                    first ? "" : ",\n", c.name.c_str(), c.area.c_str(), r.seconds, r.bytes, r.flops, r.peer.c_str(), r.note.c_str());
+      json += buf;
+      first = false;
+    } catch (const std::exception& e) {
+      ++failures;
+      std::printf("%-10s %-52s FAILED: %s\n", c.area.c_str(), c.name.c_str(), e.what());
+    }
+  }
+  json += "\n}\n";
+  if (!json_path.empty()) std::ofstream(json_path) << json;
+  return failures ? 1 : 0;
+}

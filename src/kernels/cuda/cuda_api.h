@@ -1,0 +1,152 @@
+// cider/kernels/cuda/cuda_api.h — the CUDA backend's host interface: device discovery, device memory, streams, and
+// every CUDA kernel launcher. Plain C++ (no CUDA headers), so the engine, tests and benchmarks include it freely.
+// Built only with -DCIDER_CUDA=ON (CIDER_HAVE_CUDA is then defined for everything that links cider).
+//
+// Conventions
+//   * Launchers take the same argument structs as the CPU kernel table (kernels/kernel_table.h) with DEVICE pointers,
+//     plus an Exec (stream + scratch workspace). They validate what a caller could get wrong (dtype, bits, shapes a
+//     kernel does not support) with cider::check — "[cuda.<op>] rule; got value" — and never fall back silently.
+//   * Launchers are asynchronous on exec.stream and never allocate or synchronize (so they can be captured in a CUDA
+//     graph); a launch error is reported by check_last_launch() inside the launcher.
+//   * Sizes that change per decode step (KV length, position) can be read from device memory (d_length / d_offset
+//     arguments), so one captured graph replays correctly as the cache grows.
+//   * The CPU reference kernels (kernels/ref) are the oracle: tests/cuda compares every launcher against them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "kernels/kernel_table.h"
+
+namespace cider::cuda {
+
+// ---- device ------------------------------------------------------------------------------------------------------
+// True when a CUDA device of compute capability 9.x is usable; otherwise false and *why (if given) says what is
+// missing ("no CUDA driver", "no CUDA device", "compute capability 8.0, kernels are built for sm_90a"). Never throws.
+bool device_available(std::string* why = nullptr);
+
+struct DeviceInfo {
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t total_memory = 0;
+  int l2_bytes = 0;
+  int max_shared_per_block_optin = 0;
+};
+// Throws Error(kUnsupported, "[op] needs an NVIDIA GPU of compute capability 9.0 (sm_90a); <why>") without one.
+void require_device(const char* op);
+const DeviceInfo& device_info();  // of device 0; require_device first
+
+// ---- memory ------------------------------------------------------------------------------------------------------
+// Owned device memory (cudaMalloc, 256-byte aligned). Move-only. Throws Error(kOutOfMemory) when cudaMalloc fails.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  // Synchronous copies (offset and size in bytes, checked against the allocation).
+  void upload(const void* host, size_t bytes, size_t offset = 0);
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+  void fill(uint8_t byte);  // every byte (tests poison outputs with it)
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+DeviceBuffer to_device(const void* host, size_t bytes);
+
+// ---- streams, errors ---------------------------------------------------------------------------------------------
+class Stream {
+ public:
+  Stream();  // a new non-blocking stream
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void* handle() const { return s_; }  // cudaStream_t
+  void synchronize() const;            // throws Error(kInternal) with the CUDA error of any failed kernel
+
+ private:
+  void* s_ = nullptr;
+};
+
+// What a launcher runs on: a stream (null = the legacy default stream) and a scratch area it may use (each
+// launcher says how many bytes it needs through a *_workspace_bytes function; 256-byte aligned).
+struct Exec {
+  void* stream = nullptr;  // cudaStream_t
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// cudaGetLastError after a launch: throws Error(kInternal, "[op] kernel launch failed: <CUDA message>").
+void check_last_launch(const char* op);
+void device_synchronize(const char* op);  // cudaDeviceSynchronize, same error reporting
+
+// ---- INT8 / INT4 linear layers (kernels/cuda/linear_*.cu) -------------------------------------------------------
+// Semantics exactly as kernels::IntLinearArgs (kernel_table.h): per-token int8 activations (sx = max|x|/127,
+// xq = clamp(rint(x/sx)), an all-zero row has sx = 1), int32 sums, per-channel or per-group float32 weight scales,
+// optional bias. All pointers are device pointers. x_dtype f32/f16/bf16; out_dtype f32/bf16/f16.
+// Workspace for the quantized activations: int_linear_workspace_bytes(M, K).
+size_t int_linear_workspace_bytes(int64_t M, int64_t K);
+// x [M, K] → xq [M, K] int8, sx [M] float32 (the per-token quantization above, as the CPU reference rounds it).
+void quantize_rows_int8(const void* x, DType x_dtype, int64_t M, int64_t K, int8_t* xq, float* sx, const Exec& exec);
+// Decode (M = 1 … 16): weights streamed once from HBM for all M rows.
+void w8a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec);
+void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec);
+// Prefill (any M ≥ 1): int8 tensor cores; activation quantization in front, scale/bias epilogue fused behind.
+void w8a8_gemm(const kernels::IntLinearArgs& args, const Exec& exec);
+void w4a8_gemm(const kernels::IntLinearArgs& args, const Exec& exec);
+// Picks GEMV (M ≤ 16) or GEMM.
+void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);
+
+// ---- KV cache: rotate + quantize + append (kernels/cuda/kv_append.cu) --------------------------------------------
+// Appends n positions for every (b, h) in one launch. Row (b, h, t) is read from src at
+// b·src_stride_b + h·src_stride_h + t·src_stride_t (+ d, elements; dims contiguous), in src_dtype (f32/f16/bf16),
+// rotated in float32 (rotation 0 none, 1 so4 fast, 2 so4 full; qL/qR device [dim/4, 4]) and stored at position
+// offset + t of storage [B, H, capacity, ·]:
+//   bits > 0: codes [.., dim·bits/32] uint32, scales/biases [.., dim/gs] in dst_dtype — the same bytes as
+//             kernels/ref kv_append (MLX's arithmetic: every multiply and add rounded, never fused);
+//   bits = 0: the rotated values rounded to dst_dtype [.., dim] (plain cache).
+struct KVAppendBatchArgs {
+  const void* src;
+  DType src_dtype;
+  int64_t B, H, n, dim;
+  int64_t src_stride_b, src_stride_h, src_stride_t;  // elements
+  int rotation;
+  const float* qL;
+  const float* qR;
+  void* dst;
+  void* scales;
+  void* biases;
+  DType dst_dtype;
+  int bits;        // 0, 2, 3, 4, 5, 6, 8
+  int group_size;  // bits > 0: 32, 64, 128
+  int64_t capacity;
+  int64_t offset;  // first position written (overridden by *d_offset when given)
+};
+// d_offset: null, or a device int32 read by the kernel instead of args.offset (CUDA-graph decode).
+void kv_append(const KVAppendBatchArgs& args, const int32_t* d_offset, const Exec& exec);
+
+// ---- attention over the cache (kernels/cuda/attention.cu) --------------------------------------------------------
+// kernels::AttentionArgs with device pointers (q and out float32, keys/values quantized or plain f16/bf16/f32).
+// Decode (L ≤ 16) splits the key sequence over blocks (online softmax, log-sum-exp merge); prefill runs in tiles.
+// Mask kinds: none, causal (+ window). d_length: null, or a device int32 that replaces keys.length and values.length
+// (which then only bound the grid): one captured graph serves every step of a decode.
+size_t attention_workspace_bytes(const kernels::AttentionArgs& args);
+void attention(const kernels::AttentionArgs& args, const int32_t* d_length, const Exec& exec);
+// In place, rows [rows, dim] float32: x ← R x (inverse = false) or Rᵀ x (inverse = true), R the cache's SO(4)
+// rotation (rotation 1/2, qL/qR device [dim/4, 4]); used for queries before attention and outputs after.
+void rotate_rows(float* x, int64_t rows, int64_t dim, int rotation, const float* qL, const float* qR, bool inverse,
+                 const Exec& exec);
+
+}  // namespace cider::cuda
