@@ -1,0 +1,240 @@
+// cider/kernels/cuda/kv_append.cu — rotate + quantize + append of KV rows on the GPU (cuda::kv_append) and the SO(4)
+// block rotation of float32 rows (cuda::rotate_rows). Contracts: kernels/cuda/cuda_api.h; layout: docs/kv_cache.md.
+//
+// Bit-identical to kernels::ref_kernels().kv_append: the reference (built with -ffp-contract=off) rounds every
+// multiply and every add, so every float operation here is an explicit _rn intrinsic (__fmul_rn, __fadd_rn,
+// __fsub_rn, __fdiv_rn), which nvcc never contracts into FMA; the additions keep the reference's left-to-right order.
+//
+// kv_append: one CTA of kAppendThreads per cached row (b, h, t) — B·H·n CTAs. The row is read into shared memory
+// as float32 [dim], each thread rotates whole 4-d blocks in place, then (bits > 0) one thread per quantization
+// group runs quant::affine_quantize_group's arithmetic sequentially over its group_size values and writes the group's
+// packed words (groups start on word boundaries: gs·bits is a multiple of 32) and its scale and bias; (bits = 0)
+// each value is rounded to the storage dtype. Decode appends B·H rows of one position, so one CTA per row is plenty;
+// a prefill append of n positions launches B·H·n CTAs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace cider::cuda {
+
+namespace {
+
+constexpr int kAppendThreads = 128;
+constexpr int64_t kMaxAppendDim = 8192;  // float32 row in shared memory: 32 KB
+
+__device__ __forceinline__ float load_elem(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Round to nearest even, as core/dtype.h's store_float (f16 overflow to inf, bf16 top half rounded).
+__device__ __forceinline__ void store_elem(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// out = p·q, Hamilton product of (w, x, y, z) quaternions, each multiply and add rounded, in the order
+// nn/rotation.cpp writes it: ((a − b) − c) − d.
+__device__ __forceinline__ void qmul_rn(const float p[4], const float q[4], float out[4]) {
+  out[0] = __fsub_rn(__fsub_rn(__fsub_rn(__fmul_rn(p[0], q[0]), __fmul_rn(p[1], q[1])), __fmul_rn(p[2], q[2])),
+                     __fmul_rn(p[3], q[3]));
+  out[1] = __fsub_rn(__fadd_rn(__fadd_rn(__fmul_rn(p[0], q[1]), __fmul_rn(p[1], q[0])), __fmul_rn(p[2], q[3])),
+                     __fmul_rn(p[3], q[2]));
+  out[2] = __fadd_rn(__fadd_rn(__fsub_rn(__fmul_rn(p[0], q[2]), __fmul_rn(p[1], q[3])), __fmul_rn(p[2], q[0])),
+                     __fmul_rn(p[3], q[1]));
+  out[3] = __fadd_rn(__fsub_rn(__fadd_rn(__fmul_rn(p[0], q[3]), __fmul_rn(p[1], q[2])), __fmul_rn(p[2], q[1])),
+                     __fmul_rn(p[3], q[0]));
+}
+
+// Forward (w = qL·v[·conj(qR)]) or inverse (v = conj(qL)·w[·qR]) rotation of one 4-d block in place.
+__device__ __forceinline__ void rotate_block(float v[4], const float* qL, const float* qR, int rotation,
+                                             bool inverse) {
+  float l[4] = {qL[0], qL[1], qL[2], qL[3]};
+  if (inverse) {
+    l[1] = -l[1];
+    l[2] = -l[2];
+    l[3] = -l[3];
+  }
+  float t[4];
+  qmul_rn(l, v, t);
+  if (rotation == 2) {
+    float r[4] = {qR[0], qR[1], qR[2], qR[3]};
+    if (!inverse) {
+      r[1] = -r[1];
+      r[2] = -r[2];
+      r[3] = -r[3];
+    }
+    qmul_rn(t, r, v);
+  } else {
+    for (int k = 0; k < 4; ++k) v[k] = t[k];
+  }
+}
+
+// quant::affine_quantize_group for one group of `gs` values at w (shared memory), then its packed words, scale
+// and bias. min/max as std::min/std::max write them (keep the first of equal values), true divisions, rintf
+// (round half to even), the NaN-safe clamp of the reference.
+__device__ void quantize_group(const float* w, int gs, int bits, uint32_t* words, void* scales, void* biases,
+                               DType sdt, int64_t gi) {
+  const float n_bins = static_cast<float>((1 << bits) - 1);
+  const float eps = 1e-7f;
+  float lo = w[0], hi = w[0];
+  for (int i = 1; i < gs; ++i) {
+    lo = (w[i] < lo) ? w[i] : lo;
+    hi = (hi < w[i]) ? w[i] : hi;
+  }
+  const bool neg = fabsf(lo) > fabsf(hi);
+  float scale = __fdiv_rn(__fsub_rn(hi, lo), n_bins);
+  scale = (scale < eps) ? eps : scale;
+  scale = neg ? scale : -scale;
+  const float edge = neg ? lo : hi;
+  const float q0 = rintf(__fdiv_rn(edge, scale));
+  float bias = 0.0f;
+  if (q0 != 0.0f) {
+    scale = __fdiv_rn(edge, q0);
+    bias = edge;
+  }
+  const int n_words = gs * bits / 32;
+  uint64_t acc = 0;  // bit stream not yet written, low bits first
+  int acc_bits = 0, word = 0;
+  for (int i = 0; i < gs; ++i) {
+    const float q = rintf(__fdiv_rn(__fsub_rn(w[i], bias), scale));
+    const uint32_t code = static_cast<uint32_t>(q >= 0.0f ? fminf(q, n_bins) : 0.0f);
+    acc |= static_cast<uint64_t>(code) << acc_bits;
+    acc_bits += bits;
+    if (acc_bits >= 32) {
+      words[word++] = static_cast<uint32_t>(acc);
+      acc >>= 32;
+      acc_bits -= 32;
+    }
+  }
+  (void)n_words;  // word == n_words here: gs·bits is a multiple of 32
+  store_elem(scales, sdt, gi, scale);
+  store_elem(biases, sdt, gi, bias);
+}
+
+__global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KVAppendBatchArgs a, const int32_t* d_offset) {
+  extern __shared__ float row[];  // [dim]
+  const int64_t row_id = blockIdx.x;  // (b, h, t) in [B, H, n] order
+  const int64_t t = row_id % a.n;
+  const int64_t bh = row_id / a.n;
+  const int64_t h = bh % a.H, b = bh / a.H;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  const int64_t pos = offset + t;
+  if (pos < 0 || pos >= a.capacity) return;  // a device offset past the storage: write nothing
+  const int64_t D = a.dim;
+  const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h + t * a.src_stride_t;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) row[d] = load_elem(a.src, a.src_dtype, src0 + d);
+  __syncthreads();
+  if (a.rotation != 0) {
+    for (int64_t blk = threadIdx.x; blk < D / 4; blk += blockDim.x) {
+      float v[4] = {row[blk * 4], row[blk * 4 + 1], row[blk * 4 + 2], row[blk * 4 + 3]};
+      rotate_block(v, a.qL + blk * 4, a.qR ? a.qR + blk * 4 : nullptr, a.rotation, false);
+      for (int k = 0; k < 4; ++k) row[blk * 4 + k] = v[k];
+    }
+    __syncthreads();
+  }
+  const int64_t dst_row = (b * a.H + h) * a.capacity + pos;
+  if (a.bits == 0) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) store_elem(a.dst, a.dst_dtype, dst_row * D + d, row[d]);
+    return;
+  }
+  const int64_t groups = D / a.group_size;
+  const int64_t words_per_row = D * a.bits / 32, words_per_group = a.group_size * a.bits / 32;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    quantize_group(row + g * a.group_size, a.group_size, a.bits,
+                   static_cast<uint32_t*>(a.dst) + dst_row * words_per_row + g * words_per_group, a.scales, a.biases,
+                   a.dst_dtype, dst_row * groups + g);
+  }
+}
+
+__global__ void rotate_rows_kernel(float* x, int64_t rows, int64_t dim, int rotation, const float* qL,
+                                   const float* qR, bool inverse) {
+  const int64_t blocks = dim / 4;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // (row, block)
+  if (i >= rows * blocks) return;
+  const int64_t r = i / blocks, blk = i % blocks;
+  float* v4 = x + r * dim + blk * 4;
+  float v[4] = {v4[0], v4[1], v4[2], v4[3]};
+  rotate_block(v, qL + blk * 4, qR ? qR + blk * 4 : nullptr, rotation, inverse);
+  for (int k = 0; k < 4; ++k) v4[k] = v[k];
+}
+
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+void check_rotation(const char* op, int rotation, int64_t dim, const float* qL, const float* qR) {
+  check(rotation == 0 || rotation == 1 || rotation == 2, ErrorCode::kUnsupported, op,
+        "rotation must be 0 (none), 1 (so4 fast) or 2 (so4 full); got ", rotation);
+  if (rotation == 0) return;
+  check(dim % 4 == 0, ErrorCode::kShapeMismatch, op, "a rotated dim must be a multiple of 4; got ", dim);
+  check(qL != nullptr, ErrorCode::kInvalidArgument, op, "rotation ", rotation, " needs qL");
+  check(rotation != 2 || qR != nullptr, ErrorCode::kInvalidArgument, op, "rotation 2 needs qR");
+}
+
+}  // namespace
+
+void kv_append(const KVAppendBatchArgs& a, const int32_t* d_offset, const Exec& exec) {
+  const char* op = "cuda.kv_append";
+  check(is_float(a.src_dtype), ErrorCode::kInvalidArgument, op, "src_dtype must be f32, f16 or bf16; got ",
+        dtype_name(a.src_dtype));
+  check(is_float(a.dst_dtype), ErrorCode::kInvalidArgument, op, "dst_dtype must be f32, f16 or bf16; got ",
+        dtype_name(a.dst_dtype));
+  check(a.bits == 0 || a.bits == 2 || a.bits == 3 || a.bits == 4 || a.bits == 5 || a.bits == 6 || a.bits == 8,
+        ErrorCode::kInvalidArgument, op, "bits must be 0 (plain), 2, 3, 4, 5, 6 or 8; got ", a.bits);
+  check(a.B >= 0 && a.H >= 0 && a.n >= 0, ErrorCode::kShapeMismatch, op, "B, H, n must be >= 0; got ", a.B, ", ",
+        a.H, ", ", a.n);
+  check(a.dim > 0 && a.dim <= kMaxAppendDim, ErrorCode::kShapeMismatch, op, "dim must be in [1, ", kMaxAppendDim,
+        "]; got ", a.dim);
+  if (a.bits > 0) {
+    check(a.group_size == 32 || a.group_size == 64 || a.group_size == 128, ErrorCode::kInvalidArgument, op,
+          "group_size must be 32, 64 or 128; got ", a.group_size);
+    check(a.dim % a.group_size == 0, ErrorCode::kShapeMismatch, op, "dim must be a multiple of group_size ",
+          a.group_size, "; got ", a.dim);
+    check(a.scales != nullptr && a.biases != nullptr, ErrorCode::kInvalidArgument, op,
+          "a quantized append needs scales and biases");
+  }
+  check_rotation(op, a.rotation, a.dim, a.qL, a.qR);
+  check(a.capacity > 0, ErrorCode::kShapeMismatch, op, "capacity must be positive; got ", a.capacity);
+  if (!d_offset)
+    check(a.offset >= 0 && a.offset + a.n <= a.capacity, ErrorCode::kOutOfRange, op,
+          "positions [offset, offset + n) must lie in [0, capacity ", a.capacity, "); got offset ", a.offset,
+          ", n ", a.n);
+  const int64_t rows = a.B * a.H * a.n;
+  if (rows == 0) return;
+  check(a.src != nullptr && a.dst != nullptr, ErrorCode::kInvalidArgument, op, "src and dst must not be null");
+  check(rows <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "B·H·n must fit a grid; got ", rows);
+  const size_t smem = static_cast<size_t>(a.dim) * sizeof(float);
+  kv_append_kernel<<<static_cast<unsigned>(rows), kAppendThreads, smem, static_cast<cudaStream_t>(exec.stream)>>>(
+      a, d_offset);
+  check_last_launch(op);
+}
+
+void rotate_rows(float* x, int64_t rows, int64_t dim, int rotation, const float* qL, const float* qR, bool inverse,
+                 const Exec& exec) {
+  const char* op = "cuda.rotate_rows";
+  check(rows >= 0 && dim > 0, ErrorCode::kShapeMismatch, op, "rows must be >= 0 and dim positive; got ", rows, ", ",
+        dim);
+  check_rotation(op, rotation, dim, qL, qR);
+  if (rotation == 0 || rows == 0) return;
+  check(x != nullptr, ErrorCode::kInvalidArgument, op, "x must not be null");
+  const int64_t items = rows * (dim / 4);
+  const int threads = 256;
+  const int64_t grid = (items + threads - 1) / threads;
+  check(grid <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "rows·dim/4 too large; got ", items);
+  rotate_rows_kernel<<<static_cast<unsigned>(grid), threads, 0, static_cast<cudaStream_t>(exec.stream)>>>(
+      x, rows, dim, rotation, qL, qR, inverse);
+  check_last_launch(op);
+}
+
+}  // namespace cider::cuda
