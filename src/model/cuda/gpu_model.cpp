@@ -1,0 +1,705 @@
+// The whole model on the GPU (model/cuda/gpu_model.h): uploading a loaded CPU model, random benchmark models, and
+// sessions that run the CPU forward's computation (model/transformer.cpp) with the CUDA launchers.
+#include "model/cuda/gpu_model.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/cuda/model_kernels.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+#include "nn/kv_cache.h"
+#include "nn/rotation.h"
+
+namespace cider::model::gpu {
+
+namespace {
+
+constexpr const char* kOp = "cuda.model";
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+cuda::DeviceBuffer upload_floats(const float* p, int64_t n) {
+  if (p == nullptr || n <= 0) return {};
+  return cuda::to_device(p, sz(n) * sizeof(float));
+}
+
+// What the GPU can run; checked before anything is uploaded or allocated.
+void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions& kv) {
+  check(weights != WeightFormat::kF32, ErrorCode::kUnsupported, kOp,
+        "--device cuda runs bf16, w8a8, w8a8-g64/g128/g256 and w4a8 weights; got --weights f32 (use bf16)");
+  check(kv.rotation == nn::RotationKind::kNone || kv.rotation == nn::RotationKind::kSO4Fast ||
+            kv.rotation == nn::RotationKind::kSO4Full,
+        ErrorCode::kUnsupported, kOp, "--device cuda supports the kv rotations none, so4-fast and so4-full; got ",
+        nn::rotation_kind_name(kv.rotation));
+  check(c.head_dim > 0 && c.head_dim % 2 == 0, ErrorCode::kUnsupported, kOp,
+        "--device cuda needs an even head_dim (rotary pairs); got ", c.head_dim);
+  check(static_cast<int64_t>(c.layer_sliding.size()) == c.num_layers, ErrorCode::kInvalidArgument, kOp,
+        "layer_sliding must have one entry per layer (", c.num_layers, "); got ", c.layer_sliding.size());
+}
+
+// Quaternions of layer l's cache rotation: the CPU cache's (nn::QuantizedKVCache seeds layer l's rotation with l;
+// keys and values share it).
+void upload_rotation(GpuLayer& L, const GpuModel& m, int64_t layer) {
+  if (m.rotation() == 0) return;
+  const nn::SO4Rotation rot(m.config.head_dim, m.kv.rotation, static_cast<uint64_t>(layer));
+  L.rot_left = cuda::to_device(rot.left().data(), rot.left().size() * sizeof(float));
+  L.rot_right = cuda::to_device(rot.right().data(), rot.right().size() * sizeof(float));
+}
+
+GpuLinear upload_linear(const Linear& L) {
+  GpuLinear g;
+  g.N = L.N;
+  g.K = L.K;
+  g.group_size = L.group_size;
+  const size_t nk = sz(L.N) * sz(L.K);
+  switch (L.kind) {
+    case Linear::Kind::kDense:
+      g.kind = GpuLinearKind::kBF16;
+      g.group_size = 0;
+      if (L.w_dtype == DType::kBF16) {
+        g.w_owned = cuda::to_device(L.w, nk * 2);
+      } else {  // f16 / f32 tensors: rounded to bf16 once (round to nearest even, as store_float does)
+        std::vector<uint16_t> tmp(nk);
+        for (size_t i = 0; i < nk; ++i)
+          store_float(tmp.data(), DType::kBF16, static_cast<int64_t>(i),
+                      load_float(L.w, L.w_dtype, static_cast<int64_t>(i)));
+        g.w_owned = cuda::to_device(tmp.data(), nk * 2);
+      }
+      break;
+    case Linear::Kind::kInt8:
+      g.kind = GpuLinearKind::kInt8;
+      g.w_owned = cuda::to_device(L.w, nk);
+      break;
+    case Linear::Kind::kInt4:
+      g.kind = GpuLinearKind::kInt4;
+      g.w_owned = cuda::to_device(L.w, nk / 2);
+      break;
+  }
+  if (L.kind != Linear::Kind::kDense) {
+    const int64_t n_scales = L.group_size == 0 ? L.N : (L.K / L.group_size) * L.N;
+    g.scales = upload_floats(L.scales, n_scales);
+  }
+  g.bias = upload_floats(L.bias, L.N);
+  return g;
+}
+
+size_t layer_bytes(const GpuLayer& L) {
+  size_t b = L.attn_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() +
+             L.mlp_norm.bytes() + L.post_mlp_norm.bytes();
+  for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->nbytes();
+  return b;
+}
+
+// ---- random models (benchmarks) ---------------------------------------------------------------------------------
+
+GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, void* stream) {
+  GpuLinear g;
+  g.N = N;
+  g.K = K;
+  const float a = 1.0f / std::sqrt(static_cast<float>(K));
+  const Linear::Kind kind = weight_format_kind(f);
+  if (kind == Linear::Kind::kDense) {
+    g.kind = GpuLinearKind::kBF16;
+    g.w_owned = cuda::DeviceBuffer(sz(N) * sz(K) * 2);
+    fill_uniform(g.w_owned.data(), DType::kBF16, N * K, seed, -a, a, stream);
+    return g;
+  }
+  g.group_size = weight_format_group_size(f);
+  const bool int8 = kind == Linear::Kind::kInt8;
+  g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
+  const int64_t w_bytes = int8 ? N * K : N * K / 2;
+  g.w_owned = cuda::DeviceBuffer(sz(w_bytes));
+  fill_random_bytes(g.w_owned.data(), w_bytes, seed, int8, stream);
+  const int64_t n_scales = g.group_size == 0 ? N : (K / g.group_size) * N;
+  g.scales = cuda::DeviceBuffer(sz(n_scales) * sizeof(float));
+  const float s = a / (int8 ? 127.0f : 7.0f);
+  fill_uniform(g.scales.data(), DType::kF32, n_scales, seed ^ 0x5CA1E5ull, 0.5f * s, 1.5f * s, stream);
+  return g;
+}
+
+cuda::DeviceBuffer ones(int64_t n, void* stream) {
+  cuda::DeviceBuffer b(sz(n) * sizeof(float));
+  fill_uniform(b.data(), DType::kF32, n, 0, 1.0f, 1.0f, stream);
+  return b;
+}
+
+// Capacity buckets of the decode graphs: the attention grid is sized for a bound on the KV length.
+int64_t kv_bound(int64_t length, int64_t ctx) {
+  int64_t b = 256;
+  while (b < length) b *= 2;
+  return std::min(b, ctx);
+}
+
+}  // namespace
+
+// ---- GpuLinear, GpuModel ------------------------------------------------------------------------------------------
+
+size_t GpuLinear::nbytes() const { return w_owned.bytes() + scales.bytes() + bias.bytes(); }
+
+void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const {
+  const float* b = bias.bytes() ? bias.as<float>() : nullptr;
+  if (kind == GpuLinearKind::kBF16) {
+    cuda::dense_bf16(x, weights(), b, out, M, N, K, exec);
+    return;
+  }
+  kernels::IntLinearArgs a{};
+  a.x = x;
+  a.x_dtype = DType::kF32;
+  a.w = weights();
+  a.w_scales = scales.as<float>();
+  a.bias = b;
+  a.out = out;
+  a.out_dtype = DType::kF32;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.group_size = group_size;
+  cuda::int_linear(a, kind == GpuLinearKind::kInt4, exec);
+}
+
+int GpuModel::rotation() const { return kv.quantized ? static_cast<int>(kv.rotation) : 0; }
+
+DType GpuModel::kv_store_dtype() const {
+  return kv.quantized ? nn::QuantizedKVCacheConfig{}.scale_dtype : kv.plain_dtype;
+}
+
+std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
+  cuda::require_device(kOp);
+  const ModelConfig& c = cpu.config;
+  check_supported(c, cpu.options.weights, cpu.options.kv);
+  auto m = std::make_shared<GpuModel>();
+  m->config = c;
+  m->kv = cpu.options.kv;
+  m->ctx = cpu.ctx;
+  m->weights = cpu.options.weights;
+  const Weights& W = cpu.w;
+
+  m->embed_dtype = W.embed_dtype;
+  m->embed = cuda::to_device(W.embed, sz(c.vocab_size) * sz(c.hidden_size) * dtype_size(W.embed_dtype));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = W.layers[sz(l)];
+    GpuLayer& g = m->layers.emplace_back();
+    g.attn_norm = upload_floats(L.attn_norm.w, c.hidden_size);
+    g.mlp_norm = upload_floats(L.mlp_norm.w, c.hidden_size);
+    if (c.qk_norm) {
+      g.q_norm = upload_floats(L.q_norm.w, c.head_dim);
+      g.k_norm = upload_floats(L.k_norm.w, c.head_dim);
+    }
+    if (c.sandwich_norms) {
+      g.post_attn_norm = upload_floats(L.post_attn_norm.w, c.hidden_size);
+      g.post_mlp_norm = upload_floats(L.post_mlp_norm.w, c.hidden_size);
+    }
+    g.q = upload_linear(L.q);
+    g.k = upload_linear(L.k);
+    g.v = upload_linear(L.v);
+    g.o = upload_linear(L.o);
+    g.gate = upload_linear(L.gate);
+    g.up = upload_linear(L.up);
+    g.down = upload_linear(L.down);
+    upload_rotation(g, *m, l);
+  }
+  m->final_norm = upload_floats(W.final_norm.w, c.hidden_size);
+  if (W.head_is_embedding && W.embed_dtype == DType::kBF16) {
+    m->lm_head.kind = GpuLinearKind::kBF16;  // the tied head reads the device embedding itself
+    m->lm_head.N = c.vocab_size;
+    m->lm_head.K = c.hidden_size;
+    m->lm_head.w_shared = m->embed.data();
+  } else {
+    m->lm_head = upload_linear(W.lm_head);
+  }
+  m->inv_freq = upload_floats(cpu.inv_freq.data(), static_cast<int64_t>(cpu.inv_freq.size()));
+  m->inv_freq_local = upload_floats(cpu.inv_freq_local.data(), static_cast<int64_t>(cpu.inv_freq_local.size()));
+
+  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
+  for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
+  return m;
+}
+
+std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFormat weights, const KVOptions& kv,
+                                             int64_t ctx, uint64_t seed) {
+  cuda::require_device(kOp);
+  check_supported(config, weights, kv);
+  check(ctx >= 1, ErrorCode::kInvalidArgument, kOp, "ctx must be >= 1; got ", ctx);
+  const ModelConfig& c = config;
+  auto m = std::make_shared<GpuModel>();
+  m->config = c;
+  m->kv = kv;
+  if (!kv.quantized) m->kv.rotation = nn::RotationKind::kNone;
+  m->ctx = ctx;
+  m->weights = weights;
+  cuda::Stream stream;
+  void* s = stream.handle();
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  uint64_t salt = seed * 1000003ull;
+  m->embed_dtype = DType::kBF16;
+  m->embed = cuda::DeviceBuffer(sz(c.vocab_size) * sz(H) * 2);
+  fill_uniform(m->embed.data(), DType::kBF16, c.vocab_size * H, ++salt, -1.0f, 1.0f, s);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    GpuLayer& g = m->layers.emplace_back();
+    g.attn_norm = ones(H, s);
+    g.mlp_norm = ones(H, s);
+    if (c.qk_norm) {
+      g.q_norm = ones(D, s);
+      g.k_norm = ones(D, s);
+    }
+    if (c.sandwich_norms) {
+      g.post_attn_norm = ones(H, s);
+      g.post_mlp_norm = ones(H, s);
+    }
+    g.q = random_linear(c.num_heads * D, H, weights, ++salt, s);
+    g.k = random_linear(c.num_kv_heads * D, H, weights, ++salt, s);
+    g.v = random_linear(c.num_kv_heads * D, H, weights, ++salt, s);
+    g.o = random_linear(H, c.num_heads * D, weights, ++salt, s);
+    g.gate = random_linear(I, H, weights, ++salt, s);
+    g.up = random_linear(I, H, weights, ++salt, s);
+    g.down = random_linear(H, I, weights, ++salt, s);
+    upload_rotation(g, *m, l);
+  }
+  m->final_norm = ones(H, s);
+  m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
+  const std::vector<float> inv = rope_inv_freq(c.rope, D), inv_local = rope_inv_freq(c.rope_local, D);
+  m->inv_freq = upload_floats(inv.data(), static_cast<int64_t>(inv.size()));
+  m->inv_freq_local = upload_floats(inv_local.data(), static_cast<int64_t>(inv_local.size()));
+  stream.synchronize();
+  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
+  for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
+  return m;
+}
+
+// ---- sessions -----------------------------------------------------------------------------------------------------
+
+namespace {
+
+// One layer's cache planes, [1, Hkv, ctx, ·] each (the CPU cache's byte format).
+struct LayerCache {
+  cuda::DeviceBuffer k, k_scales, k_biases;  // quantized: codes u32 [.., D·k_bits/32], scales/biases [.., D/gs]
+  cuda::DeviceBuffer v, v_scales, v_biases;  // plain: k and v [.., D] in the plain dtype
+};
+
+}  // namespace
+
+struct GpuSession::Impl {
+  const GpuModel& m;
+  cuda::Stream stream;
+  cuda::DeviceBuffer workspace;
+  std::vector<LayerCache> caches;
+  // Activations, float32, sized for kChunk rows: x, h, tmp (rows, hidden); q, att, qt, ot (rows, Hq·D); k, v
+  // (rows, Hkv·D); gate, up (rows, I); logits_last (vocab); logits_all (rows, vocab), allocated on first use.
+  cuda::DeviceBuffer x, h, tmp, q, att, qt, ot, k, v, gate, up, logits_last, logits_all;
+  cuda::DeviceBuffer tokens;  // int32 [ctx]: the tokens of one forward call
+  cuda::DeviceBuffer step;    // int32 [4]: the decode step's token, position, KV length (read by the graph)
+  int32_t* step_host = nullptr;   // pinned [4], copied into `step` by the first node of a decode step
+  float* logits_host = nullptr;   // pinned [vocab], written by the last node of a decode step
+  int64_t decode_position = -1;   // the host mirror of step_host[1]
+  std::map<int64_t, cudaGraphExec_t> graphs;  // decode graphs by KV bound
+
+  explicit Impl(const GpuModel& model);
+  ~Impl();
+
+  cuda::Exec exec(void* s) const {
+    cuda::Exec e;
+    e.stream = s;
+    e.workspace = workspace.data();
+    e.workspace_bytes = workspace.bytes();
+    return e;
+  }
+  kernels::KVTensorView view(int64_t layer, bool keys, int64_t length) const;
+  kernels::AttentionArgs attention_args(int64_t layer, const float* q_heads, float* out_heads, int64_t L,
+                                        int64_t kv_length) const;
+  void append(int64_t layer, bool keys, const float* src, int64_t n, int64_t offset, const int32_t* d_offset,
+              const cuda::Exec& e) const;
+  // The layers over the m tokens whose embeddings are in x; positions pos0 … (host) or *d_pos (decode, m = 1);
+  // kv_length: the KV length after the append (host), or the bound of a decode graph with *d_len the real one.
+  void enqueue_layers(int64_t m, int64_t pos0, const int32_t* d_pos, const int32_t* d_len, int64_t kv_length,
+                      const cuda::Exec& e);
+  // Final norm + head over rows [first, first + rows) of x into out (rows, vocab).
+  void enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e);
+  void enqueue_decode(void* s);
+  void forward_chunks(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
+  void decode(int32_t token, int64_t position, float* logits, bool use_graphs);
+};
+
+GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
+  const ModelConfig& c = m.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
+  const int64_t R = kChunk, ctx = m.ctx;
+  auto f32 = [](int64_t n) { return cuda::DeviceBuffer(sz(n) * sizeof(float)); };
+  x = f32(R * H);
+  h = f32(R * H);
+  tmp = f32(R * H);
+  q = f32(R * Hq * D);
+  att = f32(R * Hq * D);
+  qt = f32(R * Hq * D);
+  ot = f32(R * Hq * D);
+  k = f32(R * Hkv * D);
+  v = f32(R * Hkv * D);
+  gate = f32(R * I);
+  up = f32(R * I);
+  logits_last = f32(c.vocab_size);
+  tokens = cuda::DeviceBuffer(sz(ctx) * sizeof(int32_t));
+  step = cuda::DeviceBuffer(4 * sizeof(int32_t));
+
+  // KV planes for the whole context, allocated once.
+  const KVOptions& kv = m.kv;
+  const DType sd = m.kv_store_dtype();
+  const size_t rows = sz(Hkv) * sz(ctx);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerCache& lc = caches.emplace_back();
+    if (kv.quantized) {
+      const size_t groups = sz(D / kv.group_size) * dtype_size(sd);
+      lc.k = cuda::DeviceBuffer(rows * sz(D * kv.k_bits / 32) * 4);
+      lc.v = cuda::DeviceBuffer(rows * sz(D * kv.v_bits / 32) * 4);
+      lc.k_scales = cuda::DeviceBuffer(rows * groups);
+      lc.k_biases = cuda::DeviceBuffer(rows * groups);
+      lc.v_scales = cuda::DeviceBuffer(rows * groups);
+      lc.v_biases = cuda::DeviceBuffer(rows * groups);
+    } else {
+      lc.k = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
+      lc.v = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
+    }
+  }
+
+  // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
+  // / bf16 linear layers at kChunk rows, and of attention over every decode bucket and the prefill tile shapes.
+  size_t ws = 0;
+  const int64_t max_k = std::max({H, Hq * D, I});
+  if (m.weights == WeightFormat::kBF16) {
+    ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
+  } else {
+    ws = std::max(ws, cuda::int_linear_workspace_bytes(R, max_k));
+  }
+  // The head of a bf16-embedding model with int weights is still an int layer (upload_linear), so the above covers
+  // it; a tied bf16 head only occurs with bf16 weights.
+  std::vector<int64_t> lengths;
+  for (int64_t b = 256; b < ctx; b *= 2) lengths.push_back(b);
+  lengths.push_back(ctx);
+  std::vector<int64_t> probe_layers{0};  // a full-attention and a sliding layer, where the model has both
+  for (int64_t l = 1; l < c.num_layers; ++l)
+    if (c.layer_sliding[sz(l)] != c.layer_sliding[0]) {
+      probe_layers.push_back(l);
+      break;
+    }
+  for (int64_t layer : probe_layers)
+    for (int64_t len : lengths)
+      for (int64_t L : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}, R})
+        if (L <= len)
+          ws = std::max(ws, cuda::attention_workspace_bytes(attention_args(layer, nullptr, nullptr, L, len)));
+  workspace = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
+
+  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), 4 * sizeof(int32_t), cudaHostAllocDefault));
+  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&logits_host), sz(c.vocab_size) * sizeof(float),
+                                      cudaHostAllocDefault));
+  std::memset(step_host, 0, 4 * sizeof(int32_t));
+}
+
+GpuSession::Impl::~Impl() {
+  for (auto& [bound, g] : graphs) cudaGraphExecDestroy(g);
+  if (step_host) cudaFreeHost(step_host);
+  if (logits_host) cudaFreeHost(logits_host);
+}
+
+kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t length) const {
+  const LayerCache& lc = caches[sz(layer)];
+  const KVOptions& kv = m.kv;
+  kernels::KVTensorView t{};
+  t.B = 1;
+  t.H = m.config.num_kv_heads;
+  t.length = length;
+  t.capacity = m.ctx;
+  t.dim = m.config.head_dim;
+  if (kv.quantized) {
+    t.data = keys ? lc.k.data() : lc.v.data();
+    t.scales = keys ? lc.k_scales.data() : lc.v_scales.data();
+    t.biases = keys ? lc.k_biases.data() : lc.v_biases.data();
+    t.dtype = DType::kU32;
+    t.scale_dtype = m.kv_store_dtype();
+    t.bits = keys ? kv.k_bits : kv.v_bits;
+    t.group_size = kv.group_size;
+  } else {
+    t.data = keys ? lc.k.data() : lc.v.data();
+    t.dtype = kv.plain_dtype;
+    t.scale_dtype = kv.plain_dtype;
+    t.bits = 0;
+    t.group_size = 0;
+  }
+  return t;
+}
+
+kernels::AttentionArgs GpuSession::Impl::attention_args(int64_t layer, const float* q_heads, float* out_heads,
+                                                        int64_t L, int64_t kv_length) const {
+  const ModelConfig& c = m.config;
+  kernels::AttentionArgs a{};
+  a.q = q_heads;
+  a.out = out_heads;
+  a.B = 1;
+  a.Hq = c.num_heads;
+  a.L = L;
+  a.keys = view(layer, true, kv_length);
+  a.values = view(layer, false, kv_length);
+  a.scale = c.attn_scale;
+  a.mask_kind = kernels::MaskKind::kCausal;  // + the window on sliding layers, as the CPU forward masks
+  a.window = c.layer_sliding[sz(layer)] != 0 ? c.sliding_window : 0;
+  a.mask = nullptr;
+  a.mask_dtype = DType::kBool;
+  a.kv_splits = 0;
+  return a;
+}
+
+void GpuSession::Impl::append(int64_t layer, bool keys, const float* src, int64_t n, int64_t offset,
+                              const int32_t* d_offset, const cuda::Exec& e) const {
+  const ModelConfig& c = m.config;
+  const LayerCache& lc = caches[sz(layer)];
+  const GpuLayer& L = m.layers[sz(layer)];
+  const int64_t Hkv = c.num_kv_heads, D = c.head_dim;
+  cuda::KVAppendBatchArgs a{};
+  a.src = src;  // (n, Hkv, D) token-major
+  a.src_dtype = DType::kF32;
+  a.B = 1;
+  a.H = Hkv;
+  a.n = n;
+  a.dim = D;
+  a.src_stride_b = n * Hkv * D;
+  a.src_stride_h = D;
+  a.src_stride_t = Hkv * D;
+  a.rotation = m.rotation();
+  a.qL = a.rotation ? L.rot_left.as<float>() : nullptr;
+  a.qR = a.rotation ? L.rot_right.as<float>() : nullptr;
+  a.dst = keys ? lc.k.data() : lc.v.data();
+  a.scales = m.kv.quantized ? (keys ? lc.k_scales.data() : lc.v_scales.data()) : nullptr;
+  a.biases = m.kv.quantized ? (keys ? lc.k_biases.data() : lc.v_biases.data()) : nullptr;
+  a.dst_dtype = m.kv_store_dtype();
+  a.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
+  a.group_size = m.kv.group_size;
+  a.capacity = m.ctx;
+  a.offset = offset;
+  cuda::kv_append(a, d_offset, e);
+}
+
+void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_pos, const int32_t* d_len,
+                                      int64_t kv_length, const cuda::Exec& e) {
+  const ModelConfig& c = m.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float off = c.norm_weight_offset;
+  const int rot = m.rotation();
+  float* xs = x.as<float>();
+  float* hs = h.as<float>();
+  float* ts = tmp.as<float>();
+  float* qs = q.as<float>();
+  float* ks = k.as<float>();
+  float* vs = v.as<float>();
+  float* as = att.as<float>();
+  float* gs = gate.as<float>();
+  float* us = up.as<float>();
+  const cuda::GluActivation act =
+      c.activation == Activation::kSiLU ? cuda::GluActivation::kSiLU : cuda::GluActivation::kGeluTanh;
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const GpuLayer& L = m.layers[sz(l)];
+    const bool sliding = c.layer_sliding[sz(l)] != 0;
+
+    // ---- attention block ----
+    cuda::rms_norm(xs, L.attn_norm.as<float>(), off, n, H, eps, hs, e);
+    L.q.forward(hs, n, qs, e);
+    L.k.forward(hs, n, ks, e);
+    L.v.forward(hs, n, vs, e);
+    if (c.qk_norm) {
+      cuda::rms_norm(qs, L.q_norm.as<float>(), off, n * Hq, D, eps, qs, e);
+      cuda::rms_norm(ks, L.k_norm.as<float>(), off, n * Hkv, D, eps, ks, e);
+    }
+    const float* inv = sliding ? m.inv_freq_local.as<float>() : m.inv_freq.as<float>();
+    cuda::rope(qs, n, Hq, D, inv, pos0, d_pos, e);
+    cuda::rope(ks, n, Hkv, D, inv, pos0, d_pos, e);
+    append(l, true, ks, n, pos0, d_pos, e);
+    append(l, false, vs, n, pos0, d_pos, e);
+    // Queries into the cache's rotated key space; outputs back from the rotated value space (nn::attention).
+    if (rot) cuda::rotate_rows(qs, n * Hq, D, rot, L.rot_left.as<float>(), L.rot_right.as<float>(), false, e);
+    if (n == 1) {  // (1, Hq, D) is already [B, Hq, L, D]
+      cuda::attention(attention_args(l, qs, as, 1, kv_length), d_len, e);
+    } else {
+      transpose_heads(qs, qt.as<float>(), n, Hq, D, e.stream);  // (n, Hq, D) → (Hq, n, D)
+      cuda::attention(attention_args(l, qt.as<float>(), ot.as<float>(), n, kv_length), d_len, e);
+      transpose_heads(ot.as<float>(), as, Hq, n, D, e.stream);  // (Hq, n, D) → (n, Hq, D)
+    }
+    if (rot) cuda::rotate_rows(as, n * Hq, D, rot, L.rot_left.as<float>(), L.rot_right.as<float>(), true, e);
+    L.o.forward(as, n, ts, e);
+    if (c.sandwich_norms) cuda::rms_norm(ts, L.post_attn_norm.as<float>(), off, n, H, eps, ts, e);
+    cuda::add_inplace(xs, ts, n * H, e);
+
+    // ---- MLP block ----
+    cuda::rms_norm(xs, L.mlp_norm.as<float>(), off, n, H, eps, hs, e);
+    L.gate.forward(hs, n, gs, e);
+    L.up.forward(hs, n, us, e);
+    cuda::glu(gs, us, n * I, act, gs, e);
+    L.down.forward(gs, n, ts, e);
+    if (c.sandwich_norms) cuda::rms_norm(ts, L.post_mlp_norm.as<float>(), off, n, H, eps, ts, e);
+    cuda::add_inplace(xs, ts, n * H, e);
+  }
+}
+
+void GpuSession::Impl::enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e) {
+  const ModelConfig& c = m.config;
+  const int64_t H = c.hidden_size;
+  cuda::rms_norm(x.as<float>() + first * H, m.final_norm.as<float>(), c.norm_weight_offset, rows, H,
+                 static_cast<float>(c.rms_norm_eps), h.as<float>(), e);
+  m.lm_head.forward(h.as<float>(), rows, out, e);
+  if (c.final_logit_softcap > 0.0f) cuda::softcap(out, rows * c.vocab_size, c.final_logit_softcap, e);
+}
+
+void GpuSession::Impl::enqueue_decode(void* s) {
+  const ModelConfig& c = m.config;
+  check(decode_position >= 0 && decode_position < m.ctx, ErrorCode::kOutOfRange, kOp,
+        "the decode position must be in [0, ctx = ", m.ctx, "); got ", decode_position);
+  const cuda::Exec e = exec(s);
+  const cudaStream_t st = as_stream(s);
+  int32_t* d_step = step.as<int32_t>();
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_step, step_host, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  cuda::embed_rows(m.embed.data(), m.embed_dtype, c.vocab_size, c.hidden_size, d_step, 1, c.embed_scale,
+                   x.as<float>(), e);
+  enqueue_layers(1, decode_position, d_step + 1, d_step + 2, kv_bound(decode_position + 1, m.ctx), e);
+  enqueue_head(0, 1, logits_last.as<float>(), e);
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(c.vocab_size) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, st));
+}
+
+void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bool use_graphs) {
+  step_host[0] = token;
+  step_host[1] = static_cast<int32_t>(position);
+  step_host[2] = static_cast<int32_t>(position + 1);
+  decode_position = position;
+  void* s = stream.handle();
+  const cudaStream_t st = as_stream(s);
+  if (!use_graphs) {
+    enqueue_decode(s);
+  } else {
+    const int64_t bound = kv_bound(position + 1, m.ctx);
+    auto it = graphs.find(bound);
+    if (it == graphs.end()) {
+      cudaGraph_t graph = nullptr;
+      CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue_decode(s);
+      } catch (...) {
+        cudaStreamEndCapture(st, &graph);  // leave the stream usable
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      CIDER_CUDA_CHECK(kOp, cudaStreamEndCapture(st, &graph));
+      cudaGraphExec_t ge = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&ge, graph, 0);
+      cudaGraphDestroy(graph);
+      CIDER_CUDA_CHECK(kOp, err);
+      it = graphs.emplace(bound, ge).first;
+    }
+    CIDER_CUDA_CHECK(kOp, cudaGraphLaunch(it->second, st));
+  }
+  stream.synchronize();
+  std::memcpy(logits, logits_host, sz(m.config.vocab_size) * sizeof(float));
+}
+
+void GpuSession::Impl::forward_chunks(const int32_t* tok, int64_t n, int64_t start, float* logits, bool all_logits) {
+  const ModelConfig& c = m.config;
+  const int64_t V = c.vocab_size;
+  void* s = stream.handle();
+  const cudaStream_t st = as_stream(s);
+  const cuda::Exec e = exec(s);
+  int32_t* d_tokens = tokens.as<int32_t>();
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_tokens, tok, sz(n) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  if (all_logits && logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(kChunk) * sz(V) * sizeof(float));
+  for (int64_t done = 0; done < n; done += kChunk) {
+    const int64_t rows = std::min(kChunk, n - done);
+    const int64_t pos0 = start + done;
+    cuda::embed_rows(m.embed.data(), m.embed_dtype, V, c.hidden_size, d_tokens + done, rows, c.embed_scale,
+                     x.as<float>(), e);
+    enqueue_layers(rows, pos0, nullptr, nullptr, pos0 + rows, e);
+    const bool last_chunk = done + rows == n;
+    if (all_logits) {
+      enqueue_head(0, rows, logits_all.as<float>(), e);
+      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits + done * V, logits_all.data(), sz(rows) * sz(V) * sizeof(float),
+                                            cudaMemcpyDeviceToHost, st));
+    } else if (last_chunk) {
+      enqueue_head(rows - 1, 1, logits_last.as<float>(), e);
+      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits, logits_last.data(), sz(V) * sizeof(float),
+                                            cudaMemcpyDeviceToHost, st));
+    }
+  }
+  stream.synchronize();
+}
+
+// ---- GpuSession ---------------------------------------------------------------------------------------------------
+
+GpuSession::GpuSession(std::shared_ptr<const GpuModel> model) : model_(std::move(model)) {
+  check(model_ != nullptr, ErrorCode::kInvalidArgument, kOp, "a session needs a model");
+  impl_ = std::make_unique<Impl>(*model_);
+}
+
+GpuSession::~GpuSession() = default;
+
+void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits) {
+  check(n >= 1 && start >= 0 && start + n <= model_->ctx, ErrorCode::kOutOfRange, kOp,
+        "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
+  if (n == 1) {
+    impl_->decode(tokens[0], start, logits, use_graphs);
+  } else {
+    impl_->forward_chunks(tokens, n, start, logits, all_logits);
+  }
+}
+
+size_t GpuSession::kv_bytes() const {
+  size_t b = 0;
+  for (const LayerCache& lc : impl_->caches)
+    b += lc.k.bytes() + lc.k_scales.bytes() + lc.k_biases.bytes() + lc.v.bytes() + lc.v_scales.bytes() +
+         lc.v_biases.bytes();
+  return b;
+}
+
+int64_t GpuSession::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
+  const ModelConfig& c = model_->config;
+  check(length >= 0 && length <= model_->ctx, ErrorCode::kOutOfRange, kOp, "length must be in [0, ctx = ",
+        model_->ctx, "]; got ", length);
+  // Random (kChunk, Hkv, D) key/value rows in the k and v activation buffers, appended chunk by chunk.
+  void* s = impl_->stream.handle();
+  const cuda::Exec e = impl_->exec(s);
+  const int64_t rows = kChunk * c.num_kv_heads * c.head_dim;
+  fill_uniform(impl_->k.data(), DType::kF32, rows, seed, -2.0f, 2.0f, s);
+  fill_uniform(impl_->v.data(), DType::kF32, rows, seed ^ 0x7777ull, -2.0f, 2.0f, s);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (int64_t done = 0; done < length; done += kChunk) {
+      const int64_t n = std::min(kChunk, length - done);
+      impl_->append(l, true, impl_->k.as<float>(), n, done, nullptr, e);
+      impl_->append(l, false, impl_->v.as<float>(), n, done, nullptr, e);
+    }
+  impl_->stream.synchronize();
+}
+
+void GpuSession::set_decode_input(int32_t token, int64_t position) {
+  check(position >= 0 && position < model_->ctx, ErrorCode::kOutOfRange, kOp, "position must be in [0, ctx = ",
+        model_->ctx, "); got ", position);
+  check(token >= 0 && token < model_->config.vocab_size, ErrorCode::kOutOfRange, kOp, "token must be in [0, ",
+        model_->config.vocab_size, "); got ", token);
+  impl_->step_host[0] = token;
+  impl_->step_host[1] = static_cast<int32_t>(position);
+  impl_->step_host[2] = static_cast<int32_t>(position + 1);
+  impl_->decode_position = position;
+}
+
+void GpuSession::enqueue_decode(void* s) { impl_->enqueue_decode(s ? s : impl_->stream.handle()); }
+
+void* GpuSession::stream() const { return impl_->stream.handle(); }
+
+void GpuSession::synchronize() const { impl_->stream.synchronize(); }
+
+}  // namespace cider::model::gpu

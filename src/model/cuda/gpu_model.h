@@ -1,0 +1,116 @@
+// cider/model/cuda/gpu_model.h — the whole model on the GPU (`--device cuda`): device weights uploaded from a loaded
+// CPU model (or random ones for the benchmark), and a session that runs the same computation as the CPU forward
+// (model/transformer.cpp) with per-layer device KV caches allocated once for the model's context.
+//
+// Plain C++ (no CUDA headers): model.cpp, tests and benchmarks include it. Built only with -DCIDER_CUDA=ON.
+//
+// Per chunk of m tokens (x: float32 (m, hidden), the residual stream; every buffer below is device memory):
+//   prefill (m ≥ 1, host positions): the GEMM paths of the linear layers, attention in tiles over [Hq, m, D] queries
+//   decode  (m = 1, one CUDA graph): token id, position and KV length read from a 16-byte device block that the graph
+//            itself copies in from pinned host memory; kv_append(d_offset), rope(d_pos), attention(d_length); the
+//            last-row logits copied back to pinned host memory at the graph's end. One graph per capacity bucket
+//            (the attention grid is sized by a bound on the KV length: min(ctx, max(256, next power of two))).
+// The KV caches are [1, Hkv, ctx, ·] planes in the CPU cache's byte format (quantized with the same SO(4) rotation and
+// seed per layer as nn::QuantizedKVCache, f16 scales/biases; or plain bf16/f16/f32), so positions never move and a
+// trim only lowers the session's position.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/cuda_api.h"
+#include "model/model.h"
+
+namespace cider::model::gpu {
+
+enum class GpuLinearKind { kBF16, kInt8, kInt4 };
+
+// y (M, N) float32 = x (M, K) float32 · Wᵀ (+ bias), W in one of the device weight formats.
+struct GpuLinear {
+  GpuLinearKind kind = GpuLinearKind::kBF16;
+  int64_t N = 0, K = 0;
+  int group_size = 0;             // int8/int4: 0 = per output channel
+  cuda::DeviceBuffer w_owned;     // bf16 [N, K] | int8 [N, K] | uint8 [N, K/2] (element 2i in the low nibble, q + 8)
+  const void* w_shared = nullptr; // instead of w_owned: a buffer owned elsewhere (the tied bf16 embedding)
+  cuda::DeviceBuffer scales;      // int8/int4: float32 [N] (per channel) or [K/group_size, N]
+  cuda::DeviceBuffer bias;        // float32 [N], or empty
+
+  const void* weights() const { return w_shared ? w_shared : w_owned.data(); }
+  size_t nbytes() const;          // device bytes this layer owns
+  void forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const;
+};
+
+struct GpuLayer {
+  cuda::DeviceBuffer attn_norm, q_norm, k_norm, post_attn_norm, mlp_norm, post_mlp_norm;  // float32 [dim]
+  GpuLinear q, k, v, o, gate, up, down;
+  cuda::DeviceBuffer rot_left, rot_right;  // the KV cache rotation of this layer (seed = layer): float32 [D/4, 4]
+};
+
+struct GpuModel {
+  ModelConfig config;
+  KVOptions kv;       // as the CPU model uses them (plain caches: rotation none)
+  int64_t ctx = 0;    // KV capacity of every session, in positions
+  WeightFormat weights = WeightFormat::kBF16;
+  cuda::DeviceBuffer embed;  // [vocab, hidden] in embed_dtype
+  DType embed_dtype = DType::kBF16;
+  std::vector<GpuLayer> layers;
+  cuda::DeviceBuffer final_norm;
+  GpuLinear lm_head;
+  cuda::DeviceBuffer inv_freq, inv_freq_local;  // float32 [D/2]
+  size_t weight_bytes = 0;
+
+  int rotation() const;        // 0, 1, 2 (kernels' numbering) of the KV caches
+  DType kv_store_dtype() const;  // quantized: the scale/bias dtype; plain: the element dtype
+};
+
+// Checks that the model can run on the GPU (a device, a weight format the GPU has kernels for, a KV rotation the GPU
+// kernels know) and uploads it. cider::Error (kUnsupported) otherwise: never a silent CPU fallback.
+// The tensors come from the loaded CPU model (model/transformer.h): dense bf16 weights as they are (any other float
+// dtype rounded to bf16), int8/int4 codes and float32 scales in cider's layout as they are.
+std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu);
+
+// A model of the given shape with random device weights (no checkpoint): for benchmarks. Formats bf16, w8a8 (per
+// channel or per group) and w4a8; weights uniform in ±1/√K (int: random codes, scales 1/(127·√K)), norms 1.
+std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFormat weights, const KVOptions& kv,
+                                             int64_t ctx, uint64_t seed);
+
+class GpuSession {
+ public:
+  explicit GpuSession(std::shared_ptr<const GpuModel> model);
+  ~GpuSession();
+  GpuSession(const GpuSession&) = delete;
+  GpuSession& operator=(const GpuSession&) = delete;
+
+  // tokens[0, n) (host, already validated) at positions [start, start + n); logits (host) as Model::forward writes
+  // them. n == 1 runs the decode step (graph replay unless use_graphs is false); otherwise chunks of kChunk tokens.
+  void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
+
+  size_t kv_bytes() const;
+  const GpuModel& model() const { return *model_; }
+
+  // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
+  bool use_graphs = true;
+  int64_t graphs_captured() const;
+
+  // ---- benchmark hooks ----
+  // Writes positions [0, length) of every layer's cache with random rows (through kv_append, so the bytes are valid).
+  void fill_cache_random(int64_t length, uint64_t seed);
+  // The decode step's inputs (pinned host memory, read by the next enqueue_decode when the stream reaches it).
+  void set_decode_input(int32_t token, int64_t position);
+  // Enqueues one decode step on `stream` (cudaStream_t; null = the session's own): what a captured graph holds.
+  void enqueue_decode(void* stream);
+  void* stream() const;
+  void synchronize() const;
+
+  static constexpr int64_t kChunk = 512;  // prefill chunk (activation buffers are sized for it)
+
+ private:
+  struct Impl;
+  std::shared_ptr<const GpuModel> model_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cider::model::gpu
