@@ -1,0 +1,745 @@
+// cider/kernels/cuda/attention.cu — attention over the (quantized or plain) KV cache on the GPU (cuda::attention).
+// Contract: kernels/cuda/cuda_api.h and kernels::AttentionArgs (kernel_table.h); design and floors: docs/cuda/attention.md.
+//
+// One kernel serves decode and prefill. Work item (one CTA of 128 threads = 4 warps):
+//   (b, KV head g) × block of QR query rows × one piece ("split") of the key range.
+// The R = rep·L query rows that share KV head g are ordered r = i·rep + rr (i the query position, rr the head within
+// the group), so a block holds consecutive positions and its causal / window key range is one interval; the key range
+// a block can see is cut into `splits` pieces of `chunk` keys; each piece is walked in tiles of `tile` keys:
+//   1. scores: thread t takes key t0 + t, reads its packed row once (codes unpacked in registers, exactly converted to
+//      float) and computes all QR dot products against the queries held transposed in shared memory [Dk][QR]:
+//        score_r = scale · Σ_g ( s_g · Σ_{k∈g} q_rk·c_k + b_g · Σ_{k∈g} q_rk )      (plain: scale · Σ_k q_rk·k_k)
+//      masked entries (causal, window, past the length) are −inf.
+//   2. online softmax (float32): one warp per query row updates (m, l), rescales by α = e^{m_old − m_new}, p = e^{s − m}.
+//   3. values: warp w takes a quarter of the tile's keys, lane ℓ owns dims [ℓ·Dv/32, (ℓ+1)·Dv/32) (all in one
+//      quantization group): acc_rd += (p_r·s_g)·c_d, bias_r += p_r·b_g (plain: acc_rd += p_r·v_d).
+// The hot K4/V3 g64 path stages the tile's value rows in shared memory during step 1 (thread t loads value row t
+// next to key row t, so all the tile's loads are in flight together). At the end the 4 warps' accumulators are summed;
+// with one split the CTA writes out = acc / l, otherwise the partial (m, l, acc) goes to the workspace and
+// merge_kernel combines the splits by log-sum-exp. A row that sees no key gets zeros.
+//
+// Template parameters make the hot configurations compile-time (unrolled extraction with constant shifts, register
+// arrays): key/value "kind" = bits (2..8) or −1 f16 / −2 bf16 / −3 f32 plain, 0 = read from the arguments at run time;
+// group size, head dims (0 = run time) and QR (query rows per CTA). Every configuration the launcher accepts has the
+// run-time instantiation as its fallback, so bits, group size and layout stay plain kernel parameters.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace cider::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxDim = 256;
+constexpr int kMaxDimPerLane = kMaxDim / 32;
+constexpr int kMaxGroups = 8;        // Dk / gs ≤ 256 / 32
+constexpr int kTargetCtas = 4 * 132;  // ~4 CTAs per SM of an H200 (132 SMs): the split count aims at this many CTAs
+constexpr int64_t kMinChunk = 256;    // keys per split at least (automatic splits)
+
+struct KvSide {
+  const void* data;
+  const void* scales;
+  const void* biases;
+  DType dtype;  // plain element dtype
+  DType sdt;    // scale dtype
+  int bits;     // 0 = plain
+  int gs;
+  int dim;
+  int wpr;     // uint32 words per packed row
+  int groups;  // dim / gs (quantized)
+  int64_t capacity;
+};
+
+struct Params {
+  const float* q;
+  float* out;
+  float* part_o;   // [B·Hq·L, splits, Dv]
+  float* part_ml;  // [B·Hq·L, splits, 2]
+  int Hq, Hkv, L, rep, R;
+  int qblocks, splits, tile;
+  int64_t chunk, kL_bound;
+  const int32_t* d_length;
+  KvSide k, v;
+  float scale;
+  int causal;
+  int64_t window;
+};
+
+__device__ __forceinline__ float load_elem(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// A code (< 2^23) to float exactly: 2^23 + c has c in the low mantissa bits; subtracting 2^23 is exact.
+__device__ __forceinline__ float code_to_float(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.0f; }
+
+// Plain dtype of a compile-time kind (−1 f16, −2 bf16, −3 f32), or the run-time one.
+template <int KIND>
+__device__ __forceinline__ DType plain_dtype(DType runtime) {
+  if constexpr (KIND == -1) return DType::kF16;
+  if constexpr (KIND == -2) return DType::kBF16;
+  if constexpr (KIND == -3) return DType::kF32;
+  return runtime;
+}
+
+// 8 consecutive f16 / bf16 values of a uint4 as float.
+template <int KIND>
+__device__ __forceinline__ void unpack8(const uint4& u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (KIND == -2) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
+      const float2 t = __half22float2(h);
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+}
+
+// dot[r] = Σ_g s_g·Σ_{k∈g} q_rk·c_k + b_g·qsum_rg for key row `row` (quantized keys).
+template <int KB, int GS, int DK, int QR>
+__device__ __forceinline__ void key_dots_quant(const Params& p, int64_t row, const float* qT, const float* qsum,
+                                               float dot[QR]) {
+#pragma unroll
+  for (int r = 0; r < QR; ++r) dot[r] = 0.0f;
+  if constexpr (KB > 0 && GS > 0 && DK > 0) {
+    constexpr int kWpr = DK * KB / 32, kG = DK / GS;
+    constexpr uint32_t kMask = (1u << KB) - 1u;
+    uint32_t w[kWpr];
+    const uint32_t* src = static_cast<const uint32_t*>(p.k.data) + row * kWpr;
+    if constexpr (kWpr % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWpr / 4; ++i) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
+        w[4 * i] = u.x;
+        w[4 * i + 1] = u.y;
+        w[4 * i + 2] = u.z;
+        w[4 * i + 3] = u.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWpr; ++i) w[i] = __ldg(src + i);
+    }
+    float s[kG], b[kG];
+#pragma unroll
+    for (int gi = 0; gi < kG; ++gi) {
+      s[gi] = load_elem(p.k.scales, p.k.sdt, row * kG + gi);
+      b[gi] = load_elem(p.k.biases, p.k.sdt, row * kG + gi);
+    }
+#pragma unroll
+    for (int gi = 0; gi < kG; ++gi) {
+      float qc[QR];
+#pragma unroll
+      for (int r = 0; r < QR; ++r) qc[r] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < GS; ++kk) {
+        const int k = gi * GS + kk;
+        const int bit = k * KB, wi = bit >> 5, sh = bit & 31;
+        uint32_t c = w[wi] >> sh;
+        if (sh + KB > 32) c |= w[wi + 1] << (32 - sh);
+        const float cf = code_to_float(c & kMask);
+        const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+        for (int r4 = 0; r4 < QR / 4; ++r4) {
+          const float4 qv = q4[r4];
+          qc[4 * r4] = fmaf(qv.x, cf, qc[4 * r4]);
+          qc[4 * r4 + 1] = fmaf(qv.y, cf, qc[4 * r4 + 1]);
+          qc[4 * r4 + 2] = fmaf(qv.z, cf, qc[4 * r4 + 2]);
+          qc[4 * r4 + 3] = fmaf(qv.w, cf, qc[4 * r4 + 3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < QR; ++r) dot[r] += s[gi] * qc[r] + b[gi] * qsum[r * kMaxGroups + gi];
+    }
+  } else {
+    const int bits = p.k.bits, gs = p.k.gs, G = p.k.groups;
+    const uint32_t mask = (1u << bits) - 1u;
+    const uint32_t* src = static_cast<const uint32_t*>(p.k.data) + row * p.k.wpr;
+    for (int gi = 0; gi < G; ++gi) {
+      float qc[QR];
+#pragma unroll
+      for (int r = 0; r < QR; ++r) qc[r] = 0.0f;
+      for (int kk = 0; kk < gs; ++kk) {
+        const int k = gi * gs + kk;
+        const int bit = k * bits, wi = bit >> 5, sh = bit & 31;
+        uint32_t c = __ldg(src + wi) >> sh;
+        if (sh + bits > 32) c |= __ldg(src + wi + 1) << (32 - sh);
+        const float cf = code_to_float(c & mask);
+        const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+        for (int r4 = 0; r4 < QR / 4; ++r4) {
+          const float4 qv = q4[r4];
+          qc[4 * r4] = fmaf(qv.x, cf, qc[4 * r4]);
+          qc[4 * r4 + 1] = fmaf(qv.y, cf, qc[4 * r4 + 1]);
+          qc[4 * r4 + 2] = fmaf(qv.z, cf, qc[4 * r4 + 2]);
+          qc[4 * r4 + 3] = fmaf(qv.w, cf, qc[4 * r4 + 3]);
+        }
+      }
+      const float s = load_elem(p.k.scales, p.k.sdt, row * G + gi);
+      const float b = load_elem(p.k.biases, p.k.sdt, row * G + gi);
+#pragma unroll
+      for (int r = 0; r < QR; ++r) dot[r] += s * qc[r] + b * qsum[r * kMaxGroups + gi];
+    }
+  }
+}
+
+// dot[r] = Σ_k q_rk·k_k for a plain key row.
+template <int KK, int DK, int QR>
+__device__ __forceinline__ void key_dots_plain(const Params& p, int64_t row, const float* qT, float dot[QR]) {
+#pragma unroll
+  for (int r = 0; r < QR; ++r) dot[r] = 0.0f;
+  auto fma_elem = [&](int k, float kv) {
+    const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+    for (int r4 = 0; r4 < QR / 4; ++r4) {
+      const float4 qv = q4[r4];
+      dot[4 * r4] = fmaf(qv.x, kv, dot[4 * r4]);
+      dot[4 * r4 + 1] = fmaf(qv.y, kv, dot[4 * r4 + 1]);
+      dot[4 * r4 + 2] = fmaf(qv.z, kv, dot[4 * r4 + 2]);
+      dot[4 * r4 + 3] = fmaf(qv.w, kv, dot[4 * r4 + 3]);
+    }
+  };
+  if constexpr ((KK == -1 || KK == -2) && DK > 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k.data) + row * DK);
+#pragma unroll 4
+    for (int c = 0; c < DK / 8; ++c) {
+      float f[8];
+      unpack8<KK>(__ldg(src + c), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) fma_elem(c * 8 + e, f[e]);
+    }
+  } else {
+    const DType dt = plain_dtype<KK>(p.k.dtype);
+    const int D = DK > 0 ? DK : p.k.dim;
+    for (int k = 0; k < D; ++k) fma_elem(k, load_elem(p.k.data, dt, row * D + k));
+  }
+}
+
+template <int KK, int VK, int GS, int DK, int DV, int QR, bool STAGE_V>
+__global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int Dk = DK > 0 ? DK : p.k.dim;
+  const int Dv = DV > 0 ? DV : p.v.dim;
+  const int dpt = Dv / 32;  // value dims per lane (1, 2, 4 or 8)
+  const int tile = p.tile;
+  const bool kquant = KK > 0 || (KK == 0 && p.k.bits > 0);
+  const bool vquant = VK > 0 || (VK == 0 && p.v.bits > 0);
+
+  float* qT = smem;                        // [Dk][QR] queries, transposed
+  float* qsum = qT + Dk * QR;              // [QR][kMaxGroups] Σ_{k∈g} q_rk
+  float* sc = qsum + QR * kMaxGroups;      // [QR][tile] scores, then p
+  float* row_m = sc + QR * tile;           // [QR]
+  float* row_l = row_m + QR;               // [QR]
+  float* row_alpha = row_l + QR;           // [QR]
+  float* tail = row_alpha + 2 * QR;        // staged values during the loop; [warps][QR][Dv] partial sums after it
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int bg = blockIdx.z, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int qb = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+  int64_t kL = p.kL_bound;
+  if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
+
+  // Rows of this block: rg = qb·QR + r over the R = rep·L rows of (b, g); position i = rg / rep.
+  const int rg0 = qb * QR;
+  const int nrows = min(QR, p.R - rg0);
+  const int64_t pos_first = kL - p.L + rg0 / p.rep;
+  const int64_t pos_last = kL - p.L + (rg0 + nrows - 1) / p.rep;
+  int64_t lo = 0, hi = kL;
+  if (p.causal) {
+    hi = min(kL, pos_last + 1);
+    if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
+  }
+  const int64_t c0 = max(lo, static_cast<int64_t>(split) * p.chunk);
+  const int64_t c1 = min(hi, static_cast<int64_t>(split + 1) * p.chunk);
+
+  // ---- queries → shared memory (transposed), group sums ----
+  for (int idx = tid; idx < QR * Dk; idx += kThreads) {
+    const int r = idx / Dk, k = idx % Dk;
+    float v = 0.0f;
+    if (r < nrows) {
+      const int rg = rg0 + r, i = rg / p.rep, hq = g * p.rep + rg % p.rep;
+      v = p.q[((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * Dk + k];
+    }
+    qT[k * QR + r] = v;
+  }
+  if (tid < QR) {
+    row_m[tid] = kNegInf;
+    row_l[tid] = 0.0f;
+    row_alpha[tid] = 1.0f;
+  }
+  __syncthreads();
+  if (kquant) {
+    const int kgs = GS > 0 ? GS : p.k.gs;
+    const int G = Dk / kgs;
+    for (int idx = tid; idx < QR * G; idx += kThreads) {
+      const int r = idx / G, gi = idx % G;
+      float s = 0.0f;
+      for (int k = gi * kgs; k < (gi + 1) * kgs; ++k) s += qT[k * QR + r];
+      qsum[r * kMaxGroups + gi] = s;
+    }
+  }
+  __syncthreads();
+
+  float acc[QR][kMaxDimPerLane];
+  float bacc[QR];
+#pragma unroll
+  for (int r = 0; r < QR; ++r) {
+    bacc[r] = 0.0f;
+#pragma unroll
+    for (int dd = 0; dd < kMaxDimPerLane; ++dd) acc[r][dd] = 0.0f;
+  }
+  const int d0 = lane * dpt;
+  const int64_t kv_row0 = static_cast<int64_t>(bg) * p.k.capacity;  // row (b, g, 0) of the keys
+  const int64_t vv_row0 = static_cast<int64_t>(bg) * p.v.capacity;
+  const int vgs = GS > 0 ? GS : p.v.gs;
+  const int vgroup = vquant ? d0 / vgs : 0;
+  const int vG = vquant ? Dv / vgs : 0;
+
+  for (int64_t t0 = c0; t0 < c1; t0 += tile) {
+    const int n_here = static_cast<int>(min(static_cast<int64_t>(tile), c1 - t0));
+    // ---- 1. scores (and the value rows staged next to the key rows) ----
+    if (tid < tile) {
+      float dot[QR];
+      const int64_t j = t0 + tid;
+      if (tid < n_here) {
+        if constexpr (STAGE_V) {
+          // Value row j: its packed words and its scale/bias, to shared memory for step 3.
+          constexpr int kVw = DV * VK / 32, kVG = DV / GS;
+          static_assert(kVw % 4 == 0, "staged value rows are whole uint4s");
+          const uint4* vsrc = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.v.data) +
+                                                             (vv_row0 + j) * kVw);
+          uint4 vbuf[kVw / 4];
+#pragma unroll
+          for (int i = 0; i < kVw / 4; ++i) vbuf[i] = __ldg(vsrc + i);
+          float vsb[2 * kVG];
+#pragma unroll
+          for (int gi = 0; gi < kVG; ++gi) {
+            vsb[2 * gi] = load_elem(p.v.scales, p.v.sdt, (vv_row0 + j) * kVG + gi);
+            vsb[2 * gi + 1] = load_elem(p.v.biases, p.v.sdt, (vv_row0 + j) * kVG + gi);
+          }
+          if (kquant)
+            key_dots_quant<KK, GS, DK, QR>(p, kv_row0 + j, qT, qsum, dot);
+          else
+            key_dots_plain<KK, DK, QR>(p, kv_row0 + j, qT, dot);
+          uint4* vdst = reinterpret_cast<uint4*>(tail) + tid * (kVw / 4);
+#pragma unroll
+          for (int i = 0; i < kVw / 4; ++i) vdst[i] = vbuf[i];
+          float* sb = tail + tile * kVw + tid * 2 * kVG;
+#pragma unroll
+          for (int i = 0; i < 2 * kVG; ++i) sb[i] = vsb[i];
+        } else {
+          if (kquant)
+            key_dots_quant<KK, GS, DK, QR>(p, kv_row0 + j, qT, qsum, dot);
+          else
+            key_dots_plain<KK, DK, QR>(p, kv_row0 + j, qT, dot);
+        }
+#pragma unroll
+        for (int r = 0; r < QR; ++r) {
+          bool visible = r < nrows;
+          if (p.causal) {
+            const int64_t pos = kL - p.L + (rg0 + r) / p.rep;
+            visible = visible && j <= pos && (p.window == 0 || j > pos - p.window);
+          }
+          sc[r * tile + tid] = visible ? p.scale * dot[r] : kNegInf;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < QR; ++r) sc[r * tile + tid] = kNegInf;
+      }
+    }
+    __syncthreads();
+    // ---- 2. online softmax, one warp per row ----
+    for (int r = warp; r < QR; r += kWarps) {
+      float* s = sc + r * tile;
+      float tmax = kNegInf;
+      for (int jj = lane; jj < tile; jj += 32) tmax = fmaxf(tmax, s[jj]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float m_old = row_m[r];
+      const float m_new = fmaxf(m_old, tmax);
+      float sum = 0.0f;
+      float alpha = 1.0f;
+      if (m_new == kNegInf) {
+        for (int jj = lane; jj < tile; jj += 32) s[jj] = 0.0f;
+      } else {
+        alpha = expf(m_old - m_new);  // 0 when m_old = −inf
+        for (int jj = lane; jj < tile; jj += 32) {
+          const float e = expf(s[jj] - m_new);  // 0 for masked keys
+          s[jj] = e;
+          sum += e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp();
+      if (lane == 0) {
+        row_m[r] = m_new;
+        row_l[r] = row_l[r] * alpha + sum;
+        row_alpha[r] = alpha;
+      }
+    }
+    __syncthreads();
+    // ---- 3. values: warp w takes keys [w·tile/4, (w+1)·tile/4) of the tile ----
+#pragma unroll
+    for (int r = 0; r < QR; ++r) {
+      const float a = row_alpha[r];
+      bacc[r] *= a;
+#pragma unroll
+      for (int dd = 0; dd < kMaxDimPerLane; ++dd) acc[r][dd] *= a;
+    }
+    const int kpw = tile / kWarps;
+    const int jj_end = min(n_here, (warp + 1) * kpw);
+    if (vquant) {
+      const int vbits = VK > 0 ? VK : p.v.bits;
+      const int vwpr = VK > 0 && DV > 0 ? DV * VK / 32 : p.v.wpr;
+      const uint32_t vmask = (1u << vbits) - 1u;
+      const int bit0 = d0 * vbits, wi = bit0 >> 5, sh = bit0 & 31;
+      const bool has_hi = wi + 1 < vwpr;
+#pragma unroll 4
+      for (int jj = warp * kpw; jj < jj_end; ++jj) {
+        uint32_t wlo, whi;
+        float s, bv;
+        if constexpr (STAGE_V) {
+          const uint32_t* vw = reinterpret_cast<const uint32_t*>(tail) + jj * vwpr;
+          wlo = vw[wi];
+          whi = has_hi ? vw[wi + 1] : 0u;
+          const float* sb = tail + tile * vwpr + jj * 2 * vG;
+          s = sb[2 * vgroup];
+          bv = sb[2 * vgroup + 1];
+        } else {
+          const int64_t row = vv_row0 + t0 + jj;
+          const uint32_t* vw = static_cast<const uint32_t*>(p.v.data) + row * vwpr;
+          wlo = __ldg(vw + wi);
+          whi = has_hi ? __ldg(vw + wi + 1) : 0u;
+          s = load_elem(p.v.scales, p.v.sdt, row * vG + vgroup);
+          bv = load_elem(p.v.biases, p.v.sdt, row * vG + vgroup);
+        }
+        const uint64_t win = ((static_cast<uint64_t>(whi) << 32) | wlo) >> sh;
+        float c[kMaxDimPerLane];
+#pragma unroll
+        for (int dd = 0; dd < kMaxDimPerLane; ++dd)
+          c[dd] = dd < dpt ? code_to_float(static_cast<uint32_t>(win >> (dd * vbits)) & vmask) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < QR; ++r) {
+          const float pr = sc[r * tile + jj];
+          const float ps = pr * s;
+          bacc[r] = fmaf(pr, bv, bacc[r]);
+#pragma unroll
+          for (int dd = 0; dd < kMaxDimPerLane; ++dd)
+            if (dd < dpt) acc[r][dd] = fmaf(ps, c[dd], acc[r][dd]);
+        }
+      }
+    } else {
+      const DType vdt = plain_dtype<VK>(p.v.dtype);
+#pragma unroll 4
+      for (int jj = warp * kpw; jj < jj_end; ++jj) {
+        const int64_t row = vv_row0 + t0 + jj;
+        float v[kMaxDimPerLane];
+#pragma unroll
+        for (int dd = 0; dd < kMaxDimPerLane; ++dd)
+          v[dd] = dd < dpt ? load_elem(p.v.data, vdt, row * Dv + d0 + dd) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < QR; ++r) {
+          const float pr = sc[r * tile + jj];
+#pragma unroll
+          for (int dd = 0; dd < kMaxDimPerLane; ++dd)
+            if (dd < dpt) acc[r][dd] = fmaf(pr, v[dd], acc[r][dd]);
+        }
+      }
+    }
+    __syncthreads();  // sc and the staged rows are rewritten by the next tile
+  }
+
+  // ---- sum the warps' partial accumulators, then write out or the split partial ----
+  float* red = tail;  // [warps][QR][Dv]
+#pragma unroll
+  for (int r = 0; r < QR; ++r)
+#pragma unroll
+    for (int dd = 0; dd < kMaxDimPerLane; ++dd)
+      if (dd < dpt) red[(warp * QR + r) * Dv + d0 + dd] = acc[r][dd] + bacc[r];
+  __syncthreads();
+  for (int idx = tid; idx < QR * Dv; idx += kThreads) {
+    const int r = idx / Dv, d = idx % Dv;
+    if (r >= nrows) continue;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += red[(w * QR + r) * Dv + d];
+    const int rg = rg0 + r, i = rg / p.rep, hq = g * p.rep + rg % p.rep;
+    const int64_t orow = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + i;
+    if (p.splits == 1) {
+      const float l = row_l[r];
+      p.out[orow * Dv + d] = l > 0.0f ? o / l : 0.0f;
+    } else {
+      p.part_o[(orow * p.splits + split) * Dv + d] = o;
+      if (d == 0) {
+        p.part_ml[(orow * p.splits + split) * 2] = row_m[r];
+        p.part_ml[(orow * p.splits + split) * 2 + 1] = row_l[r];
+      }
+    }
+  }
+}
+
+// out[row] = Σ_s e^{m_s − M}·o_s / Σ_s e^{m_s − M}·l_s over the splits with l_s > 0 (zeros when there is none).
+__global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, const float* part_ml, float* out,
+                                                         int splits, int Dv) {
+  extern __shared__ float weight[];  // [splits]
+  const int64_t row = blockIdx.x;
+  const float* ml = part_ml + row * splits * 2;
+  float M = -std::numeric_limits<float>::infinity();
+  for (int s = 0; s < splits; ++s)
+    if (ml[2 * s + 1] > 0.0f) M = fmaxf(M, ml[2 * s]);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x)
+    weight[s] = ml[2 * s + 1] > 0.0f ? expf(ml[2 * s] - M) : 0.0f;
+  __syncthreads();
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) l += weight[s] * ml[2 * s + 1];
+  for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (weight[s] != 0.0f) o += weight[s] * part_o[(row * splits + s) * Dv + d];
+    out[row * Dv + d] = l > 0.0f ? o / l : 0.0f;
+  }
+}
+
+// ---- host side ----
+
+struct Plan {
+  int QR = 8;
+  int qblocks = 1, splits = 1, tile = 128;
+  int64_t chunk = 0;
+  int kernel = 0;  // which instantiation (see launch_attention)
+  size_t smem = 0;
+  size_t workspace = 0;
+};
+
+enum KernelId : int {
+  kRuntime = 0,
+  kK4V3G64D128 = 1,
+  kK4V3G64D256 = 2,
+  kBf16D128 = 3,
+  kBf16D256 = 4,
+  kF16D128 = 5,
+};
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+bool is_affine_bits(int bits) {
+  return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+void validate_side(const char* op, const char* name, const kernels::KVTensorView& v) {
+  check(v.data != nullptr, ErrorCode::kInvalidArgument, op, name, " data must not be null");
+  check(v.dim == 32 || v.dim == 64 || v.dim == 128 || v.dim == 256, ErrorCode::kUnsupported, op, name,
+        " head dim must be 32, 64, 128 or 256; got ", v.dim);
+  if (v.bits == 0) {
+    check(is_float(v.dtype), ErrorCode::kInvalidArgument, op, "plain ", name, " must be f32, f16 or bf16; got ",
+          dtype_name(v.dtype));
+    check((reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(dtype_size(v.dtype))) == 0,
+          ErrorCode::kInvalidArgument, op, name, " data must be aligned to its element size");
+    return;
+  }
+  check(is_affine_bits(v.bits), ErrorCode::kInvalidArgument, op, name,
+        " bits must be 0 (plain), 2, 3, 4, 5, 6 or 8; got ", v.bits);
+  check(v.dtype == DType::kU32, ErrorCode::kInvalidArgument, op, "quantized ", name, " codes must be u32; got ",
+        dtype_name(v.dtype));
+  check(is_float(v.scale_dtype), ErrorCode::kInvalidArgument, op, name, " scale dtype must be f32, f16 or bf16; got ",
+        dtype_name(v.scale_dtype));
+  check(v.group_size == 32 || v.group_size == 64 || v.group_size == 128, ErrorCode::kInvalidArgument, op, name,
+        " group_size must be 32, 64 or 128; got ", v.group_size);
+  check(v.dim % v.group_size == 0, ErrorCode::kShapeMismatch, op, name, " dim must be a multiple of group_size ",
+        v.group_size, "; got ", v.dim);
+  check(v.scales != nullptr && v.biases != nullptr, ErrorCode::kInvalidArgument, op, name,
+        " scales and biases must not be null");
+  check((reinterpret_cast<uintptr_t>(v.data) & 3u) == 0, ErrorCode::kInvalidArgument, op, name,
+        " codes must be 4-byte aligned");
+}
+
+void validate(const char* op, const kernels::AttentionArgs& a) {
+  check(a.q != nullptr && a.out != nullptr, ErrorCode::kInvalidArgument, op, "q and out must not be null");
+  check(a.B >= 1 && a.Hq >= 1 && a.L >= 1, ErrorCode::kShapeMismatch, op, "B, Hq, L must be >= 1; got ", a.B, ", ",
+        a.Hq, ", ", a.L);
+  check(a.mask_kind == kernels::MaskKind::kNone || a.mask_kind == kernels::MaskKind::kCausal,
+        ErrorCode::kUnsupported, op, "mask kind must be none or causal (bool and additive masks are not implemented "
+        "on the GPU); got ", static_cast<int>(a.mask_kind));
+  check(a.window >= 0, ErrorCode::kInvalidArgument, op, "window must be >= 0; got ", a.window);
+  const kernels::KVTensorView& K = a.keys;
+  const kernels::KVTensorView& V = a.values;
+  check(K.B == a.B && V.B == a.B, ErrorCode::kShapeMismatch, op, "keys and values must have batch ", a.B, "; got ",
+        K.B, " and ", V.B);
+  check(K.H >= 1 && V.H == K.H && a.Hq % K.H == 0, ErrorCode::kShapeMismatch, op,
+        "Hq must be a multiple of the KV heads and keys/values must agree; got Hq ", a.Hq, ", keys H ", K.H,
+        ", values H ", V.H);
+  check(K.length >= 1 && V.length == K.length, ErrorCode::kShapeMismatch, op,
+        "keys and values need the same length >= 1; got ", K.length, " and ", V.length);
+  check(K.length <= K.capacity && V.length <= V.capacity, ErrorCode::kShapeMismatch, op,
+        "length must not exceed capacity; got ", K.length, " > ", K.capacity, " or ", V.capacity);
+  validate_side(op, "keys", K);
+  validate_side(op, "values", V);
+  check(a.kv_splits >= 0, ErrorCode::kInvalidArgument, op, "kv_splits must be >= 0; got ", a.kv_splits);
+  check(a.B * K.H <= 65535, ErrorCode::kOutOfRange, op, "B·Hkv must be <= 65535; got ", a.B * K.H);
+}
+
+bool is_k4v3g64(const kernels::AttentionArgs& a, int64_t D) {
+  const auto& K = a.keys;
+  const auto& V = a.values;
+  return K.bits == 4 && V.bits == 3 && K.group_size == 64 && V.group_size == 64 && K.dim == D && V.dim == D &&
+         aligned16(K.data) && aligned16(V.data);
+}
+bool is_plain(const kernels::AttentionArgs& a, DType t, int64_t D) {
+  const auto& K = a.keys;
+  const auto& V = a.values;
+  return K.bits == 0 && V.bits == 0 && K.dtype == t && V.dtype == t && K.dim == D && V.dim == D &&
+         aligned16(K.data) && aligned16(V.data);
+}
+
+Plan make_plan(const kernels::AttentionArgs& a) {
+  Plan pl;
+  const int64_t Dk = a.keys.dim, Dv = a.values.dim, rep = a.Hq / a.keys.H, R = rep * a.L;
+  if (is_k4v3g64(a, 128))
+    pl.kernel = kK4V3G64D128;
+  else if (is_k4v3g64(a, 256))
+    pl.kernel = kK4V3G64D256;
+  else if (is_plain(a, DType::kBF16, 128))
+    pl.kernel = kBf16D128;
+  else if (is_plain(a, DType::kBF16, 256))
+    pl.kernel = kBf16D256;
+  else if (is_plain(a, DType::kF16, 128))
+    pl.kernel = kF16D128;
+  else
+    pl.kernel = kRuntime;
+  pl.QR = (pl.kernel != kRuntime && R <= 4) ? 4 : 8;
+  pl.tile = 128;
+  pl.qblocks = static_cast<int>((R + pl.QR - 1) / pl.QR);
+  const int64_t kL = a.keys.length;
+  int64_t splits;
+  if (a.kv_splits > 0) {
+    splits = std::min<int64_t>(a.kv_splits, kL);
+  } else {
+    const int64_t base = a.B * a.keys.H * pl.qblocks;
+    splits = std::max<int64_t>(1, (kTargetCtas + base - 1) / base);
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, (kL + kMinChunk - 1) / kMinChunk));
+  }
+  pl.chunk = (kL + splits - 1) / splits;
+  pl.splits = static_cast<int>((kL + pl.chunk - 1) / pl.chunk);
+  size_t tail = static_cast<size_t>(kWarps) * pl.QR * Dv;  // floats
+  if (pl.kernel == kK4V3G64D128 || pl.kernel == kK4V3G64D256) {
+    const size_t staged = static_cast<size_t>(pl.tile) * (Dv * 3 / 32 + 2 * Dv / 64);
+    tail = std::max(tail, staged);
+  }
+  pl.smem = (static_cast<size_t>(Dk) * pl.QR + pl.QR * kMaxGroups + static_cast<size_t>(pl.QR) * pl.tile +
+             4 * pl.QR + tail) * sizeof(float);
+  if (pl.splits > 1) {
+    const size_t rows = static_cast<size_t>(a.B * a.Hq * a.L) * pl.splits;
+    const size_t o_bytes = (rows * Dv * sizeof(float) + 255) / 256 * 256;
+    pl.workspace = o_bytes + rows * 2 * sizeof(float);
+  }
+  return pl;
+}
+
+KvSide side_of(const kernels::KVTensorView& v) {
+  KvSide s{};
+  s.data = v.data;
+  s.scales = v.scales;
+  s.biases = v.biases;
+  s.dtype = v.dtype;
+  s.sdt = v.scale_dtype;
+  s.bits = v.bits;
+  s.gs = v.bits ? v.group_size : 0;
+  s.dim = static_cast<int>(v.dim);
+  s.wpr = v.bits ? static_cast<int>(v.dim * v.bits / 32) : 0;
+  s.groups = v.bits ? static_cast<int>(v.dim / v.group_size) : 0;
+  s.capacity = v.capacity;
+  return s;
+}
+
+template <int KK, int VK, int GS, int DK, int DV, bool STAGE_V>
+void launch_qr(const Plan& pl, const Params& p, dim3 grid, cudaStream_t stream) {
+  if (pl.QR == 4)
+    attention_kernel<KK, VK, GS, DK, DV, 4, STAGE_V><<<grid, kThreads, pl.smem, stream>>>(p);
+  else
+    attention_kernel<KK, VK, GS, DK, DV, 8, STAGE_V><<<grid, kThreads, pl.smem, stream>>>(p);
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const kernels::AttentionArgs& args) {
+  validate("cuda.attention", args);
+  return make_plan(args).workspace;
+}
+
+void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const Exec& exec) {
+  const char* op = "cuda.attention";
+  validate(op, a);
+  const Plan pl = make_plan(a);
+  check(exec.workspace_bytes >= pl.workspace && (pl.workspace == 0 || exec.workspace != nullptr),
+        ErrorCode::kInvalidArgument, op, "workspace must hold attention_workspace_bytes = ", pl.workspace,
+        " bytes; got ", exec.workspace_bytes);
+  check(pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
+  check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, op,
+        "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
+
+  Params p{};
+  p.q = a.q;
+  p.out = a.out;
+  const int64_t out_rows = a.B * a.Hq * a.L;
+  if (pl.splits > 1) {
+    p.part_o = static_cast<float*>(exec.workspace);
+    const size_t o_bytes = (static_cast<size_t>(out_rows) * pl.splits * a.values.dim * sizeof(float) + 255) / 256 * 256;
+    p.part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) + o_bytes);
+  }
+  p.Hq = static_cast<int>(a.Hq);
+  p.Hkv = static_cast<int>(a.keys.H);
+  p.L = static_cast<int>(a.L);
+  p.rep = static_cast<int>(a.Hq / a.keys.H);
+  p.R = p.rep * p.L;
+  p.qblocks = pl.qblocks;
+  p.splits = pl.splits;
+  p.tile = pl.tile;
+  p.chunk = pl.chunk;
+  p.kL_bound = a.keys.length;
+  p.d_length = d_length;
+  p.k = side_of(a.keys);
+  p.v = side_of(a.values);
+  p.scale = a.scale;
+  p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
+  p.window = a.window;
+
+  const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), 1, static_cast<unsigned>(a.B * a.keys.H));
+  cudaStream_t stream = static_cast<cudaStream_t>(exec.stream);
+  switch (pl.kernel) {
+    case kK4V3G64D128: launch_qr<4, 3, 64, 128, 128, true>(pl, p, grid, stream); break;
+    case kK4V3G64D256: launch_qr<4, 3, 64, 256, 256, true>(pl, p, grid, stream); break;
+    case kBf16D128: launch_qr<-2, -2, 0, 128, 128, false>(pl, p, grid, stream); break;
+    case kBf16D256: launch_qr<-2, -2, 0, 256, 256, false>(pl, p, grid, stream); break;
+    case kF16D128: launch_qr<-1, -1, 0, 128, 128, false>(pl, p, grid, stream); break;
+    default: launch_qr<0, 0, 0, 0, 0, false>(pl, p, grid, stream); break;
+  }
+  check_last_launch(op);
+  if (pl.splits > 1) {
+    merge_kernel<<<static_cast<unsigned>(out_rows), kThreads, static_cast<size_t>(pl.splits) * sizeof(float),
+                   stream>>>(p.part_o, p.part_ml, a.out, pl.splits, static_cast<int>(a.values.dim));
+    check_last_launch(op);
+  }
+}
+
+}  // namespace cider::cuda
