@@ -109,7 +109,10 @@ model::Tokenizer load_tokenizer(const std::string& path) {
 }
 
 std::string describe(const model::ModelOptions& o) {
-  return std::string("weights ") + model::weight_format_name(o.weights) + ", kv " + model::kv_format_name(o.kv);
+  std::string d = std::string("weights ") + model::weight_format_name(o.weights);
+  d += ", kv " + model::kv_format_name(o.kv);
+  if (o.device != model::Device::kCPU) d += std::string(", device ") + model::device_name(o.device);
+  return d;
 }
 
 }  // namespace
@@ -132,6 +135,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
     set_num_threads(a.threads);
   }
   o.ctx = a.ctx;
+  o.device = model::parse_device(a.device);
   return o;
 }
 

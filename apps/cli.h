@@ -23,6 +23,7 @@ struct ModelArgs {
   int threads = 0;                 // --threads (applied only when threads_given)
   bool threads_given = false;
   int64_t ctx = 0;                 // --ctx; 0 = the model's maximum (capped by the engine)
+  std::string device = "cpu";      // --device: cpu or cuda
   bool progress = false;           // --progress: draw bars even when stderr is not a terminal
 };
 

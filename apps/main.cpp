@@ -29,6 +29,8 @@ CLI::Option* add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_option("--kv-group-size", m.kv_group_size, "quantization group of a quantized KV cache: 32, 64, 128")
       ->capture_default_str();
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
+  c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
+      ->capture_default_str();
   c->add_flag("--progress", m.progress, "draw progress bars even when stderr is not a terminal");
   return c->add_option("--threads", m.threads, "worker threads (default: $CIDER_NUM_THREADS or all cores)");
 }

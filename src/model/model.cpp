@@ -8,6 +8,10 @@
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "quant/affine.h"
+#ifdef CIDER_HAVE_CUDA
+#include "kernels/cuda/cuda_api.h"
+#include "model/cuda/gpu_model.h"
+#endif
 
 namespace cider::model {
 
@@ -91,6 +95,14 @@ nn::RotationKind parse_kv_rotation(std::string_view s) {
        "\"");
 }
 
+Device parse_device(std::string_view s) {
+  if (s == "cpu") return Device::kCPU;
+  if (s == "cuda") return Device::kCUDA;
+  fail(ErrorCode::kInvalidArgument, "parse_device", "device must be cpu or cuda; got \"", s, "\"");
+}
+
+const char* device_name(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
+
 std::string kv_format_name(const KVOptions& kv) {
   if (!kv.quantized) return kv.plain_dtype == DType::kBF16 ? "bf16" : (kv.plain_dtype == DType::kF16 ? "f16" : "f32");
   const char* rot = kv.rotation == nn::RotationKind::kSO4Full ? "so4-full"
@@ -124,6 +136,9 @@ int64_t Session::trim(int64_t n) {
 size_t Session::kv_bytes() const {
   size_t b = 0;
   for (const auto& c : impl_->caches) b += static_cast<size_t>(c->nbytes());
+#ifdef CIDER_HAVE_CUDA
+  if (impl_->gpu) b += impl_->gpu->kv_bytes();
+#endif
   return b;
 }
 
@@ -137,6 +152,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",
         options.ctx);
   validate_kv(options.kv);
+#ifdef CIDER_HAVE_CUDA
+  if (options.device == Device::kCUDA) cuda::require_device("model.device");  // before reading any weights
+#else
+  check(options.device == Device::kCPU, ErrorCode::kUnsupported, "model.device",
+        "--device cuda needs a cider built with -DCIDER_CUDA=ON; this one was built without CUDA");
+#endif
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (!options.kv.quantized) impl->options.kv.rotation = nn::RotationKind::kNone;  // plain caches are not rotated
@@ -157,6 +178,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
   impl->inv_freq = rope_inv_freq(c.rope, c.head_dim);
   impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim);
+#ifdef CIDER_HAVE_CUDA
+  if (options.device == Device::kCUDA) impl->gpu = gpu::upload_model(*impl);
+#endif
   return std::unique_ptr<Model>(new Model(std::move(impl)));
 }
 
@@ -173,6 +197,12 @@ size_t Model::weight_bytes() const { return impl_->w.nbytes; }
 std::unique_ptr<Session> Model::new_session() const {
   auto s = std::make_unique<Session::Impl>();
   s->model = impl_.get();
+#ifdef CIDER_HAVE_CUDA
+  if (impl_->gpu) {  // device KV caches instead of CPU ones
+    s->gpu = std::make_shared<gpu::GpuSession>(impl_->gpu);
+    return std::unique_ptr<Session>(new Session(std::move(s)));
+  }
+#endif
   for (int64_t l = 0; l < impl_->config.num_layers; ++l) s->caches.push_back(impl_->make_cache(l));
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
@@ -191,6 +221,13 @@ void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits,
           tokens[i], " at index ", i);
   const int64_t start = si.position;
   try {
+#ifdef CIDER_HAVE_CUDA
+    if (si.gpu) {  // positions past `start` in the device caches are simply overwritten later: nothing to undo
+      si.gpu->forward(tokens, n, start, logits, all_logits);
+      si.position = start + n;
+      return;
+    }
+#endif
     impl_->forward(si, tokens, n, logits, all_logits);
   } catch (...) {
     // Leave the session as it was: drop whatever part of the tokens reached the caches.

@@ -40,10 +40,17 @@ KVOptions parse_kv_format(std::string_view s);
 nn::RotationKind parse_kv_rotation(std::string_view s);  // "so4-full", "so4-fast", "none"
 std::string kv_format_name(const KVOptions& kv);         // "k4v3/so4-full/g64", "bf16"
 
+// --device: where the forward pass runs. kCUDA needs a build with -DCIDER_CUDA=ON and an sm_90 GPU (model/cuda);
+// Model::load fails with kUnsupported otherwise (never a silent CPU fallback).
+enum class Device { kCPU, kCUDA };
+Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwise
+const char* device_name(Device d);
+
 struct ModelOptions {
   WeightFormat weights = WeightFormat::kBF16;
   KVOptions kv;
   int64_t ctx = 0;  // context length in tokens; 0 = the model's maximum (capped at 8192 when that is larger)
+  Device device = Device::kCPU;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).

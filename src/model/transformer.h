@@ -26,6 +26,11 @@
 
 namespace cider::model {
 
+namespace gpu {  // model/cuda/gpu_model.h (CIDER_CUDA builds): the model and its sessions on the GPU
+struct GpuModel;
+class GpuSession;
+}  // namespace gpu
+
 // A linear layer y = x·Wᵀ + b with W [N, K] held in one of cider's weight formats. The data pointers point either
 // into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
 struct Linear {
@@ -86,6 +91,7 @@ struct Model::Impl {
   Weights w;
   std::vector<float> inv_freq;        // (D/2) full-attention layers
   std::vector<float> inv_freq_local;  // (D/2) sliding-window layers
+  std::shared_ptr<const gpu::GpuModel> gpu;  // --device cuda: the uploaded weights; Model::forward runs there
 
   std::unique_ptr<nn::KVCache> make_cache(int64_t layer) const;
   void forward(Session::Impl& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
@@ -97,7 +103,8 @@ constexpr int64_t kMaxChunk = 256;
 
 struct Session::Impl {
   const Model::Impl* model = nullptr;
-  std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
+  std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer); empty in a GPU session
+  std::shared_ptr<gpu::GpuSession> gpu;               // --device cuda: device KV caches and activations
   int64_t position = 0;
   int64_t rows = 0;  // chunk capacity of the scratch below
   std::vector<float> x;          // (rows, hidden) residual stream
