@@ -1,0 +1,81 @@
+// Whole-model decode on the GPU (model/cuda): one token of a Llama-3-8B-shaped model (hidden 4096, 32 layers, 32 query
+// / 8 KV heads of 128, intermediate 14336, vocab 128256) with random weights built directly in device memory, at KV
+// lengths 1k and 32k (the cache filled with random rows through kv_append, not by a prefill). One decode step = what
+// the session's CUDA graph holds (16-byte step input copy in, every layer, head, logits copy out), timed by
+// bench_graph's replay. docs/cuda/model.md has the byte floors and the predictions.
+#include <memory>
+#include <string>
+
+#include "bench/cuda/bench_cuda.h"
+#include "model/cuda/gpu_model.h"
+
+namespace cm = cider::model;
+
+namespace {
+
+cm::ModelConfig llama3_8b() {
+  cm::ModelConfig c;
+  c.arch = cm::Architecture::kLlama;
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.max_position = 131072;
+  c.rms_norm_eps = 1e-5;
+  c.attn_scale = 0.08838834764831845f;  // 128^-1/2
+  c.rope.theta = 500000.0;
+  c.rope_local = c.rope;
+  c.layer_sliding.assign(32, 0);
+  return c;
+}
+
+constexpr int64_t kCtx = 32768;
+
+// The model of the last case, kept while the next case uses the same weights and cache format (building 16 GB of
+// random weights is quick, but not free); released before a different one is built.
+std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, const std::string& kv) {
+  static std::shared_ptr<const cm::gpu::GpuModel> model;
+  static std::string key;
+  const std::string want = weights + "/" + kv;
+  if (model && key == want) return model;
+  model.reset();
+  model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), cm::parse_kv_format(kv), kCtx, 8);
+  key = want;
+  return model;
+}
+
+cider::bench::BenchResult decode(const std::string& weights, const std::string& kv, int64_t length) {
+  auto model = model_for(weights, kv);
+  const cm::ModelConfig& c = model->config;
+  cm::gpu::GpuSession session(model);
+  session.fill_cache_random(length - 1, 99);
+  session.set_decode_input(17, length - 1);  // the token at position length − 1 sees `length` keys
+  const double s = cider::bench::bench_graph([&](void* stream) { session.enqueue_decode(stream); }, session.stream(),
+                                              /*reps=*/4, /*samples=*/10);
+  // Minimum traffic: every weight once except the embedding (one row), the KV rows [0, length) of every layer.
+  const double kv_row = static_cast<double>(session.kv_bytes()) / static_cast<double>(c.num_layers * kCtx);
+  const double weight_bytes = static_cast<double>(model->weight_bytes - model->embed.bytes()) +
+                              static_cast<double>(c.hidden_size) * 2;
+  cider::bench::BenchResult r;
+  r.seconds = s;
+  r.bytes = weight_bytes + kv_row * static_cast<double>(c.num_layers * length);
+  r.flops = 2.0 * weight_bytes / (weights == "bf16" ? 2.0 : weights == "w4a8" ? 0.5 : 1.0) +
+            4.0 * static_cast<double>(c.num_layers * c.num_heads * c.head_dim * length);
+  r.peer = "";
+  r.note = std::to_string(static_cast<int>(1.0 / s)) + " tokens/s; byte floor at 4.3 TB/s " +
+           std::to_string(r.bytes / 4.3e12 * 1e3).substr(0, 5) + " ms; graphs of " + std::to_string(c.num_layers) +
+           " layers";
+  return r;
+}
+
+}  // namespace
+
+CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024", "model") { return decode("bf16", "bf16", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L32768", "model") { return decode("bf16", "bf16", 32768); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024", "model") { return decode("w8a8", "k4v3", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L32768", "model") { return decode("w8a8", "k4v3", 32768); }
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024", "model") { return decode("w4a8", "k4v3", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768", "model") { return decode("w4a8", "k4v3", 32768); }
