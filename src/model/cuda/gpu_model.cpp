@@ -394,7 +394,8 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
     for (int64_t len : lengths)
       for (int64_t L : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}, R})
         if (L <= len)
-          ws = std::max(ws, cuda::attention_workspace_bytes(attention_args(layer, nullptr, nullptr, L, len)));
+          ws = std::max(ws, cuda::attention_workspace_bytes(
+                                attention_args(layer, qt.as<float>(), ot.as<float>(), L, len)));
   workspace = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
 
   CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), 4 * sizeof(int32_t), cudaHostAllocDefault));
@@ -586,6 +587,10 @@ void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bo
     const int64_t bound = kv_bound(position + 1, m.ctx);
     auto it = graphs.find(bound);
     if (it == graphs.end()) {
+      // First step of this bucket: run it once directly, so that launchers which set up state on first use (cuBLASLt
+      // plans, kernel attributes) do it outside the capture. The graph then recomputes the same step: it writes the
+      // same KV rows at this position and the same logits.
+      enqueue_decode(s);
       cudaGraph_t graph = nullptr;
       CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
       try {
