@@ -1,0 +1,511 @@
+// cider/kernels/cuda/linear_gemv.cu — W8A8 and W4A8 GEMV for decode (M = 1 … 16): cuda::w8a8_gemv, cuda::w4a8_gemv.
+//
+// Semantics: kernels::IntLinearArgs (kernel_table.h), reproduced as the CPU reference evaluates it
+// (kernels/ref/w8a8_ref.cpp, w4a8_ref.cpp, quant::quantize_int8_row):
+//   sx[m] = max|x[m,:]| / 127 (1 if 0; NaN if the row holds NaN/inf, codes 0), xq = clamp(rint(x / sx), ±127)
+//   acc_g = Σ_{k∈g} xq·wq (int32, exact),  y = sx · Σ_g fl(sw_g · float(acc_g)),  out = round(y + bias)
+// The activation codes are bit-identical to the reference (IEEE division, round-half-even); the integer sums are
+// exact; per channel the epilogue is the reference's own sequence of float32 roundings (bit-identical output). Per
+// group the float32 sum over groups runs in another order (each warp sums its groups in order, then the warps are
+// added in order), which differs from the reference by float32 rounding only (docs/cuda/gemv.md gives the bound).
+//
+// Design (docs/cuda/gemv.md):
+//   * The activation quantization is fused: each block (persistent, looping over 16-row tiles of W) quantizes the
+//     M rows of x once into shared memory (two passes over x from L2: max, then codes), after issuing its first
+//     batch of weight loads so that HBM is busy meanwhile.
+//   * Tile = 16 weight rows × all of K. The 8 warps of a block split K: "units" (a chunk of 64/128 k per channel,
+//     or one whole scale group per group) go round-robin to the warps, so a group is never split between warps.
+//   * Tensor cores (mma.sync m16n8k32 s8·s8→s32): A = 16 weight rows, B = xq columns m (n8 = 8 activation rows, two
+//     of them for M > 8). Each thread loads its A values with one 16-byte load per row (8/4 bytes for W4 groups of
+//     64/32); the k order inside an mma is free as long as A and B agree, so thread (g, tig) owns the contiguous
+//     k-range [chunk + tig·span/4, +span/4) of rows g and g + 8 and reads the same k-range of xq row m = g.
+//   * W4: nibbles unpacked to int8 words in registers ((w & 0x0F0F0F0F) → even elements, (w >> 4) & … → odd),
+//     code − 8 bytewise; shared memory holds xq with each 8-value unit stored as [evens | odds] to match.
+//   * Epilogue: warp partials through shared memory, summed in warp order, scale/bias, one store per output.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "quant/int4.h"
+#include "quant/int8.h"
+
+namespace cider::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;                  // warps per block; they split K
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = 16;              // weight rows per tile (the mma's M)
+constexpr int kMaxRows = 16;               // activation rows (decode batch) per launch
+constexpr int kMaxXqBytes = 96 * 1024;     // shared memory for the quantized activations (M rows × stride)
+
+// ---- device helpers --------------------------------------------------------------------------------------------
+
+// Streamed weights: read once, keep them out of L1, let L2 fetch whole 256-byte lines (rows are contiguous).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t load_stream4(const void* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// kWords 32-bit words (4, 2 or 1: a 16-, 8- or 4-byte load) from p into w[0..kWords).
+template <int kWords>
+__device__ __forceinline__ void load_words(const void* p, uint32_t* w) {
+  if constexpr (kWords == 4) {
+    const uint4 v = load_stream16(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = load_stream8(p);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = load_stream4(p);
+  }
+}
+
+// kWords 32-bit words from shared memory (16-, 8- or 4-byte aligned as the width requires).
+template <int kWords>
+__device__ __forceinline__ void load_shared_words(const int8_t* p, uint32_t* w) {
+  if constexpr (kWords % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords; i += 4) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i / 4];
+      w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+    }
+  } else if constexpr (kWords == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+// D += A·B, A 16×32 s8 (rows g, g+8 / k halves), B 32×8 s8, D 16×8 s32 (PTX m16n8k32 fragment layout).
+__device__ __forceinline__ void mma_s8(int32_t* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four nibbles 0..15 (one per byte) → int8 code − 8 per byte, without carries between bytes:
+// (v | 0x80) − 8 stays in 0x78..0x87, and ^ 0x80 turns that into the two's complement of v − 8.
+__device__ __forceinline__ uint32_t nibbles_to_s8(uint32_t v) {
+  return ((v | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
+}
+
+// Eight consecutive x values (element e0, a multiple of 8; the row start 16-byte aligned) as float32, exactly.
+__device__ __forceinline__ void load_x8(const void* x, DType t, int64_t e0, float* v) {
+  if (t == DType::kF32) {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0 + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + e0);
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = words[i] & 0xffffu, hi = words[i] >> 16;
+    if (t == DType::kBF16) {
+      v[2 * i] = __uint_as_float(lo << 16);
+      v[2 * i + 1] = __uint_as_float(hi << 16);
+    } else {
+      v[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
+      v[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
+    }
+  }
+}
+
+__device__ __forceinline__ void store_out(void* out, DType t, int64_t i, float v) {
+  if (t == DType::kF32) {
+    static_cast<float*>(out)[i] = v;
+  } else if (t == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<__half*>(out)[i] = __float2half_rn(v);
+  }
+}
+
+// quant::quantize_int8_row's code: clamp(rint(v / sx), -127, 127) with IEEE division, half-to-even rounding.
+__device__ __forceinline__ uint32_t int8_code(float v, float sx) {
+  const float r = fminf(fmaxf(rintf(__fdiv_rn(v, sx)), -127.0f), 127.0f);
+  return static_cast<uint32_t>(static_cast<int32_t>(r)) & 0xffu;
+}
+
+struct GemvParams {
+  const void* x;
+  DType x_dtype;
+  const void* w;
+  const float* w_scales;
+  const float* bias;
+  void* out;
+  DType out_dtype;
+  int M;  // rows of x in this launch, 1..16
+  int N, K;
+  int group_size;   // 0 = per channel
+  int xq_stride;    // bytes between xq rows in shared memory
+};
+
+// kInt4: W4A8 (packed nibbles) else W8A8. kLoadBytes: bytes of one weight row a thread loads per chunk (16, or 8/4
+// for W4 groups of 64/32). kColBlocks: n8 blocks of activation rows (1: M ≤ 8, 2: M ≤ 16). kPerGroup: group scales.
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup>
+struct GemvConfig {
+  static constexpr int kLoadWords = kLoadBytes / 4;
+  // k values a thread covers per chunk and row, and k values of a chunk (4 threads of a quad side by side).
+  static constexpr int kThreadK = kInt4 ? 2 * kLoadBytes : kLoadBytes;
+  static constexpr int kChunkK = 4 * kThreadK;
+  static constexpr int kSteps = kThreadK / 8;          // mma k32 steps per chunk (8 k per thread per step)
+  static constexpr int kXqWords = kThreadK / 4;        // xq words a thread reads per chunk and column block
+  // Chunks per batch: 2 rows × 128 bytes in flight per thread (64, and at most 8 chunks, with group scales, which
+  // take registers too).
+  static constexpr int kBatch = kPerGroup ? (kLoadBytes >= 8 ? 64 / kLoadBytes : 8) : 128 / kLoadBytes;
+};
+
+// Quantizes rows [0, M) of x into xq (shared, row stride p.xq_stride; W4 units of 8 stored as [evens | odds]) and
+// sx (shared). Whole block; ends with __syncthreads.
+template <bool kInt4>
+__device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx, uint32_t (*amax_partial)[kWarps]) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int units = p.K / 8;  // K is a multiple of 16
+  const int64_t x_row_elems = p.K;
+  // Pass 1: max |x| per row, as the bits of |x| (non-negative floats order like their bits; NaN/inf are ≥ 0x7f800000).
+  for (int m = 0; m < p.M; ++m) {
+    uint32_t amax_bits = 0;
+#pragma unroll 4
+    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
+      float v[8];
+      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(v[i]) & 0x7fffffffu);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
+    if (lane == 0) amax_partial[m][warp] = amax_bits;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < p.M) {
+    uint32_t amax_bits = 0;
+    for (int w = 0; w < kWarps; ++w) amax_bits = max(amax_bits, amax_partial[threadIdx.x][w]);
+    float s;
+    if (amax_bits >= 0x7f800000u) {
+      s = __uint_as_float(0x7fc00000u);  // a NaN or ±inf in the row: NaN scale, codes 0 (as the reference)
+    } else {
+      s = __fdiv_rn(__uint_as_float(amax_bits), 127.0f);
+      if (s == 0.0f) s = 1.0f;
+    }
+    sx[threadIdx.x] = s;
+  }
+  __syncthreads();
+  // Pass 2: codes (x is read again, from L1/L2).
+  for (int m = 0; m < p.M; ++m) {
+    const float s = sx[m];
+    const bool finite = !isnan(s);
+#pragma unroll 4
+    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
+      float v[8];
+      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
+      uint32_t c[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
+      uint2 packed;
+      if constexpr (kInt4) {  // [x0 x2 x4 x6 | x1 x3 x5 x7]: the order the unpacked nibble words come in
+        packed.x = c[0] | (c[2] << 8) | (c[4] << 16) | (c[6] << 24);
+        packed.y = c[1] | (c[3] << 8) | (c[5] << 16) | (c[7] << 24);
+      } else {
+        packed.x = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
+        packed.y = c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24);
+      }
+      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = packed;
+    }
+  }
+  __syncthreads();
+}
+
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup>
+__global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_kernel(const GemvParams p) {
+  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
+  extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride]
+  __shared__ float sx[kMaxRows];
+  __shared__ uint32_t amax_partial[kMaxRows][kWarps];
+  // Warp partial results: [warp][column block][fragment element][lane] (int32 per channel, float32 bits per group).
+  __shared__ uint32_t partial[kWarps][kColBlocks][4][32];
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, tig = lane % 4;  // mma fragment coordinates: row group, thread in group
+  const int tiles = (p.N + kTileRows - 1) / kTileRows;
+  const int64_t w_row_bytes = kInt4 ? p.K / 2 : p.K;
+
+  // Work split of one tile between the warps: units round-robin (unit u → warp u % kWarps), chunks per unit.
+  const int chunks_per_unit = kPerGroup ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
+  const int cpu_shift = __ffs(chunks_per_unit) - 1;
+  const int units = kPerGroup ? p.K / p.group_size : (p.K + C::kChunkK - 1) / C::kChunkK;
+  const int my_units = warp < units ? (units - warp + kWarps - 1) / kWarps : 0;
+  const int my_chunks = my_units * chunks_per_unit;
+  const int max_chunks = ((units + kWarps - 1) / kWarps) * chunks_per_unit;  // same in every warp: uniform loops
+  const int batches = (max_chunks + C::kBatch - 1) / C::kBatch;
+
+  uint32_t wr[C::kBatch][2][C::kLoadWords];  // weight words of rows g and g + 8, per chunk of the batch
+  float sw[kPerGroup ? C::kBatch : 1][2];   // group scales of rows g, g + 8 for chunks that close a group
+  bool quantized = false;
+
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
+    const int row0 = tile * kTileRows;
+    const bool row_lo_ok = row0 + g < p.N, row_hi_ok = row0 + g + 8 < p.N;
+    const int8_t* w_lo = static_cast<const int8_t*>(p.w) + (row0 + g) * w_row_bytes;
+    const int8_t* w_hi = w_lo + 8 * w_row_bytes;
+
+    int32_t acc[kColBlocks][4] = {};   // integer sums of the current group (per channel: of all my chunks)
+    float fsum[kColBlocks][4] = {};    // per group: Σ over my groups of fl(sw · float(acc))
+
+    for (int batch = 0; batch < batches; ++batch) {
+      // Issue the batch's loads (all of them before any use: up to 2 × 128 bytes in flight per thread).
+#pragma unroll
+      for (int b = 0; b < C::kBatch; ++b) {
+        const int q = batch * C::kBatch + b;  // my chunk index
+        const int unit = warp + kWarps * ((q >> cpu_shift));
+        const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
+        const int k = chunk * C::kChunkK + tig * C::kThreadK;  // first k of my piece
+        const bool k_ok = q < my_chunks && k < p.K;
+        const int64_t byte = kInt4 ? k / 2 : k;
+#pragma unroll
+        for (int i = 0; i < C::kLoadWords; ++i) wr[b][0][i] = 0, wr[b][1][i] = 0;
+        if (k_ok && row_lo_ok) load_words<C::kLoadWords>(w_lo + byte, wr[b][0]);
+        if (k_ok && row_hi_ok) load_words<C::kLoadWords>(w_hi + byte, wr[b][1]);
+        if constexpr (kPerGroup) {
+          sw[b][0] = 0.0f, sw[b][1] = 0.0f;
+          if (q < my_chunks && (q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {
+            const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
+            if (row_lo_ok) sw[b][0] = __ldg(s);
+            if (row_hi_ok) sw[b][1] = __ldg(s + 8);
+          }
+        }
+      }
+      // Once per block, while the first loads are in flight: the activation codes (block-uniform branch).
+      if (!quantized) {
+        quantize_x_to_shared<kInt4>(p, xq, sx, amax_partial);
+        quantized = true;
+      }
+#pragma unroll
+      for (int b = 0; b < C::kBatch; ++b) {
+        const int q = batch * C::kBatch + b;
+        if (q >= my_chunks) continue;
+        const int unit = warp + kWarps * ((q >> cpu_shift));
+        const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
+        const int k = chunk * C::kChunkK + tig * C::kThreadK;
+        if (k < p.K) {
+          // A words, in k order of my piece: W8 = the loaded words; W4 = per loaded word [evens, odds].
+          uint32_t a_lo[2 * C::kSteps], a_hi[2 * C::kSteps];
+#pragma unroll
+          for (int i = 0; i < C::kLoadWords; ++i) {
+            if constexpr (kInt4) {
+              a_lo[2 * i] = nibbles_to_s8(wr[b][0][i] & 0x0f0f0f0fu);
+              a_lo[2 * i + 1] = nibbles_to_s8((wr[b][0][i] >> 4) & 0x0f0f0f0fu);
+              a_hi[2 * i] = nibbles_to_s8(wr[b][1][i] & 0x0f0f0f0fu);
+              a_hi[2 * i + 1] = nibbles_to_s8((wr[b][1][i] >> 4) & 0x0f0f0f0fu);
+            } else {
+              a_lo[i] = wr[b][0][i];
+              a_hi[i] = wr[b][1][i];
+            }
+          }
+#pragma unroll
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            const int m = cb * 8 + g;
+            uint32_t xw[C::kXqWords];
+            if (m < p.M) {
+              load_shared_words<C::kXqWords>(xq + m * p.xq_stride + k, xw);
+            } else {
+#pragma unroll
+              for (int i = 0; i < C::kXqWords; ++i) xw[i] = 0;
+            }
+#pragma unroll
+            for (int s = 0; s < C::kSteps; ++s)
+              mma_s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+          }
+        }
+        if constexpr (kPerGroup) {
+          if ((q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {  // my group ends here: fold it, as the reference does
+#pragma unroll
+            for (int cb = 0; cb < kColBlocks; ++cb) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float scale = sw[b][e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
+                fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[cb][e])));
+                acc[cb][e] = 0;
+              }
+            }
+          }
+        }
+      }
+    }
+    if (!quantized) {  // no batch at all (cannot happen for K ≥ 16, kept so every block always syncs alike)
+      quantize_x_to_shared<kInt4>(p, xq, sx, amax_partial);
+      quantized = true;
+    }
+
+    // Combine the warps' partials; thread (m, r) finishes output (m, row0 + r).
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        partial[warp][cb][e][lane] = kPerGroup ? __float_as_uint(fsum[cb][e]) : static_cast<uint32_t>(acc[cb][e]);
+    }
+    __syncthreads();
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < kTileRows * p.M) {
+      const int m = t / kTileRows, r = t % kTileRows;
+      const int n = row0 + r;
+      if (n < p.N) {
+        // Fragment position of (row r, column m): D element c0/c1 = (row g, col 2·tig + 0/1), c2/c3 = row g + 8.
+        const int cb = m / 8, col = m % 8;
+        const int e = (r >= 8 ? 2 : 0) + col % 2;
+        const int src_lane = (r % 8) * 4 + col / 2;
+        float y;
+        if constexpr (kPerGroup) {
+          float s = 0.0f;
+          for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, __uint_as_float(partial[w][cb][e][src_lane]));
+          y = __fmul_rn(sx[m], s);
+        } else {
+          int32_t a = 0;
+          for (int w = 0; w < kWarps; ++w) a += static_cast<int32_t>(partial[w][cb][e][src_lane]);
+          y = __fmul_rn(sx[m], __fmul_rn(p.w_scales[n], __int2float_rn(a)));
+        }
+        if (p.bias) y = __fadd_rn(y, p.bias[n]);
+        store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
+      }
+    }
+    __syncthreads();  // `partial` is rewritten by the next tile
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------------------------
+
+using KernelFn = void (*)(GemvParams);
+
+// Bytes between xq rows in shared memory: K rounded up to 128 plus a pad that keeps the rows g, g + 1, … read in one
+// shared-memory phase on different banks (W4 16-byte loads read 16 of every 32 bytes; the others read 4·span/4).
+int xq_stride_bytes(bool int4, int load_bytes, int64_t K) {
+  const int64_t base = (K + 127) / 128 * 128;
+  const int xq_bytes_per_thread = int4 ? 2 * load_bytes : load_bytes;
+  const int pad = (int4 && load_bytes == 16) ? 16 : 4 * std::min(xq_bytes_per_thread, 16);
+  return static_cast<int>(base + pad);
+}
+
+template <bool kInt4, int kLoadBytes, bool kPerGroup>
+KernelFn pick_kernel(int M) {
+  if (M <= 8) return int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup>;
+  return int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup>;
+}
+
+// The instantiation for (int4, load width, M, per group).
+KernelFn select_kernel(bool int4, int load_bytes, int M, bool per_group) {
+  if (!int4) return per_group ? pick_kernel<false, 16, true>(M) : pick_kernel<false, 16, false>(M);
+  if (!per_group) return pick_kernel<true, 16, false>(M);
+  if (load_bytes == 16) return pick_kernel<true, 16, true>(M);
+  if (load_bytes == 8) return pick_kernel<true, 8, true>(M);
+  return pick_kernel<true, 4, true>(M);
+}
+
+void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
+  check(a.M >= 1 && a.M <= kMaxRows, ErrorCode::kInvalidArgument, op,
+        "M (activation rows) must be 1..16 for the decode GEMV (use the GEMM for more); got ", a.M);
+  check(a.N >= 1, ErrorCode::kShapeMismatch, op, "N (output channels) must be >= 1; got ", a.N);
+  const int k_multiple = int4 ? 32 : 16;  // whole 16-byte weight pieces per row
+  check(a.K >= k_multiple && a.K % k_multiple == 0, ErrorCode::kShapeMismatch, op, "K must be a positive multiple of ",
+        k_multiple, " (16-byte weight rows); got ", a.K);
+  check(a.N <= INT32_MAX / 2 && a.K <= INT32_MAX / 2, ErrorCode::kShapeMismatch, op,
+        "N and K must fit the kernel's 32-bit indexing; got N ", a.N, ", K ", a.K);
+  check(a.x_dtype == DType::kF32 || a.x_dtype == DType::kF16 || a.x_dtype == DType::kBF16, ErrorCode::kInvalidArgument,
+        op, "x dtype must be f32, f16 or bf16; got ", dtype_name(a.x_dtype));
+  check(a.out_dtype == DType::kF32 || a.out_dtype == DType::kF16 || a.out_dtype == DType::kBF16,
+        ErrorCode::kInvalidArgument, op, "out dtype must be f32, f16 or bf16; got ", dtype_name(a.out_dtype));
+  const bool gs_ok = int4 ? quant::is_int4_group_size(a.group_size) : quant::is_int8_group_size(a.group_size);
+  check(gs_ok, ErrorCode::kInvalidArgument, op, "group_size must be 0 (per channel), ", int4 ? "32, " : "",
+        "64, 128 or 256; got ", a.group_size);
+  check(a.group_size == 0 || a.K % a.group_size == 0, ErrorCode::kShapeMismatch, op,
+        "K must be a multiple of group_size ", a.group_size, "; got ", a.K);
+  const int64_t max_accum_k = int4 ? quant::kInt4MaxAccumK : quant::kInt8MaxAccumK;
+  check(a.group_size > 0 || a.K <= max_accum_k, ErrorCode::kShapeMismatch, op,
+        "per-channel K must be <= ", max_accum_k, " (int32 sums); got ", a.K);
+  check(a.x && a.w && a.w_scales && a.out, ErrorCode::kInvalidArgument, op,
+        "x, w, w_scales and out must be device pointers, not null");
+  check(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
+        ErrorCode::kInvalidArgument, op, "x and w must be 16-byte aligned (vector loads)");
+
+  // Weight bytes each thread loads per row and chunk: a chunk (4 threads side by side) must not cross a group.
+  int load_bytes = 16;
+  if (int4 && a.group_size > 0 && a.group_size < 128) load_bytes = a.group_size / 8;  // 64 → 8, 32 → 4
+  const int stride = xq_stride_bytes(int4, load_bytes, a.K);
+  check(stride <= kMaxXqBytes, ErrorCode::kUnsupported, op, "K must be <= ", kMaxXqBytes - 128,
+        " (one quantized activation row in shared memory); got ", a.K);
+  // Rows per launch: as many as shared memory holds (all 16 for K up to ~6k, else the rows go in several passes).
+  const int rows_per_launch = std::min<int>(kMaxRows, kMaxXqBytes / stride);
+
+  require_device(op);
+  const DeviceInfo& dev = device_info();
+  const int tiles = static_cast<int>((a.N + kTileRows - 1) / kTileRows);
+  const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
+  const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
+  auto stream = static_cast<cudaStream_t>(exec.stream);
+
+  for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
+    const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
+    const KernelFn kernel = select_kernel(int4, load_bytes, rows, a.group_size > 0);
+    const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride);
+    CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+    int blocks_per_sm = 0;
+    CIDER_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem));
+    blocks_per_sm = std::max(blocks_per_sm, 1);
+    // Every block quantizes all of x: when x is large (many rows), fewer blocks re-read it (one per SM).
+    if (static_cast<int64_t>(rows) * x_row_bytes > 64 * 1024) blocks_per_sm = 1;
+    const int grid = std::min(tiles, dev.sm_count * blocks_per_sm);
+
+    GemvParams p{};
+    p.x = static_cast<const uint8_t*>(a.x) + m0 * x_row_bytes;
+    p.x_dtype = a.x_dtype;
+    p.w = a.w;
+    p.w_scales = a.w_scales;
+    p.bias = a.bias;
+    p.out = static_cast<uint8_t*>(a.out) + m0 * out_row_bytes;
+    p.out_dtype = a.out_dtype;
+    p.M = rows;
+    p.N = static_cast<int>(a.N);
+    p.K = static_cast<int>(a.K);
+    p.group_size = a.group_size;
+    p.xq_stride = stride;
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+    check_last_launch(op);
+  }
+}
+
+}  // namespace
+
+void w8a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
+  launch_int_gemv(args, /*int4=*/false, exec, "cuda.w8a8_gemv");
+}
+
+void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
+  launch_int_gemv(args, /*int4=*/true, exec, "cuda.w4a8_gemv");
+}
+
+}  // namespace cider::cuda
