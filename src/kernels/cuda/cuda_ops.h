@@ -44,7 +44,13 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
 // ---- dense bf16 linear (cuBLASLt) ----------------------------------------------------------------------------------
 // out[M, N] (float32) = x[M, K] (float32, rounded to bf16 in exec.workspace) · w[N, K]ᵀ (bf16) (+ bias[N] float32),
 // float32 accumulation. The bf16 baseline path of the GPU engine, and the model's LM head in bf16 weight mode.
+// Workspace: the bf16 copy of x (2·M·K bytes, rounded up to 256) + a fixed 32 MiB for cuBLASLt.
+// The cuBLASLt handle and, per (M, N, K) and pointer-alignment class, the matmul descriptors and the chosen algorithm
+// are created on first use and cached (thread-safe). Creating them inside a CUDA-graph capture is refused
+// (cider::Error kUnsupported): make the first call per shape outside a capture, or call dense_bf16_prepare(M, N, K)
+// first (it prepares the 16-byte-aligned cases, with and without bias, which is what DeviceBuffers give).
 size_t dense_bf16_workspace_bytes(int64_t M, int64_t K);
+void dense_bf16_prepare(int64_t M, int64_t N, int64_t K);
 void dense_bf16(const float* x, const void* w_bf16, const float* bias, float* out, int64_t M, int64_t N, int64_t K,
                 const Exec& exec);
 
