@@ -1,0 +1,196 @@
+// cuda_bench cases of the attention area: decode over the K4/V3 g64 (f16 scales) cache and the plain bf16 cache,
+// each against PyTorch's bf16 SDPA decode row of ../shared/tools/gpu_anchors.py; plus kv_append of one decode step.
+// Caches hold fresh random bytes (codes) and valid random f16/bf16 numbers (scales, biases, plain values); copies are
+// rotated so the working set of one launch is not served from the 60 MB L2 by the previous one.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_cuda.h"
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_api.h"
+
+namespace cider::bench {
+namespace {
+
+using cuda::DeviceBuffer;
+
+std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t r = rng();
+    for (size_t k = 0; k < 8 && i + k < n; ++k) v[i + k] = static_cast<uint8_t>(r >> (8 * k));
+  }
+  return v;
+}
+// n 16-bit floats (f16 or bf16) ~ U(-amp, amp).
+std::vector<uint8_t> random_half(std::mt19937_64& rng, size_t n, DType t, float amp) {
+  std::uniform_real_distribution<float> u(-amp, amp);
+  std::vector<uint8_t> v(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = u(rng);
+    const uint16_t h = t == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    v[2 * i] = static_cast<uint8_t>(h);
+    v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  }
+  return v;
+}
+
+struct CacheCopy {
+  DeviceBuffer k, ks, kb, v, vs, vb;
+};
+
+// Decode attention: B, Hq, Hkv, D, L keys; quantized K4/V3 g64 f16 (quant = true) or plain bf16.
+BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, bool quant) {
+  std::mt19937_64 rng(1234);
+  const int64_t rows = B * Hkv * L;
+  const size_t k_bytes = quant ? static_cast<size_t>(rows * D / 2) : static_cast<size_t>(rows * D * 2);
+  const size_t v_bytes = quant ? static_cast<size_t>(rows * D * 3 / 8) : k_bytes;
+  const size_t sb_n = static_cast<size_t>(rows * D / 64);
+  const size_t per_copy = k_bytes + v_bytes + (quant ? 4 * sb_n * 2 : 0);
+  const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, (240u << 20) / per_copy + 1)));
+  std::vector<CacheCopy> cache(static_cast<size_t>(copies));
+  for (CacheCopy& c : cache) {
+    if (quant) {
+      auto kb = random_bytes(rng, k_bytes), vb = random_bytes(rng, v_bytes);
+      c.k = cuda::to_device(kb.data(), kb.size());
+      c.v = cuda::to_device(vb.data(), vb.size());
+      auto s1 = random_half(rng, sb_n, DType::kF16, 0.05f), s2 = random_half(rng, sb_n, DType::kF16, 1.0f);
+      auto s3 = random_half(rng, sb_n, DType::kF16, 0.05f), s4 = random_half(rng, sb_n, DType::kF16, 1.0f);
+      c.ks = cuda::to_device(s1.data(), s1.size());
+      c.kb = cuda::to_device(s2.data(), s2.size());
+      c.vs = cuda::to_device(s3.data(), s3.size());
+      c.vb = cuda::to_device(s4.data(), s4.size());
+    } else {
+      auto kb = random_half(rng, static_cast<size_t>(rows * D), DType::kBF16, 1.0f);
+      auto vb = random_half(rng, static_cast<size_t>(rows * D), DType::kBF16, 1.0f);
+      c.k = cuda::to_device(kb.data(), kb.size());
+      c.v = cuda::to_device(vb.data(), vb.size());
+    }
+  }
+  std::vector<float> qh(static_cast<size_t>(B * Hq * D));
+  std::normal_distribution<float> n01;
+  for (float& x : qh) x = n01(rng);
+  DeviceBuffer q = cuda::to_device(qh.data(), qh.size() * sizeof(float));
+  DeviceBuffer out(static_cast<size_t>(B * Hq * D) * sizeof(float));
+
+  auto args_for = [&](const CacheCopy& c) {
+    kernels::AttentionArgs a{};
+    a.q = q.as<float>();
+    a.out = out.as<float>();
+    a.B = B;
+    a.Hq = Hq;
+    a.L = 1;
+    kernels::KVTensorView kv{};
+    kv.B = B;
+    kv.H = Hkv;
+    kv.length = L;
+    kv.capacity = L;
+    kv.dim = D;
+    if (quant) {
+      kv.dtype = DType::kU32;
+      kv.scale_dtype = DType::kF16;
+      kv.group_size = 64;
+      a.keys = kv;
+      a.values = kv;
+      a.keys.bits = 4;
+      a.values.bits = 3;
+      a.keys.data = c.k.data();
+      a.keys.scales = c.ks.data();
+      a.keys.biases = c.kb.data();
+      a.values.data = c.v.data();
+      a.values.scales = c.vs.data();
+      a.values.biases = c.vb.data();
+    } else {
+      kv.dtype = DType::kBF16;
+      kv.bits = 0;
+      a.keys = kv;
+      a.values = kv;
+      a.keys.data = c.k.data();
+      a.values.data = c.v.data();
+    }
+    a.scale = 1.0f / 11.3137f;
+    a.mask_kind = kernels::MaskKind::kCausal;
+    return a;
+  };
+  const size_t ws_bytes = cuda::attention_workspace_bytes(args_for(cache[0]));
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 256));
+  cuda::Stream stream;
+  int next = 0;
+  auto fn = [&](void* s) {
+    const kernels::AttentionArgs a = args_for(cache[static_cast<size_t>(next)]);
+    next = (next + 1) % copies;
+    cuda::attention(a, nullptr, cuda::Exec{s, ws.data(), ws_bytes});
+  };
+  BenchResult r;
+  r.seconds = bench_graph(fn, stream.handle());
+  r.bytes = static_cast<double>(per_copy);
+  r.flops = 4.0 * static_cast<double>(B * Hq * L * D);  // q·k and p·v
+  r.peer = "sdpa decode bf16 B" + std::to_string(B) + " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) +
+           " D" + std::to_string(D) + " L" + std::to_string(L);
+  r.note = quant ? "K4V3 g64 f16 scales" : "plain bf16 cache";
+  return r;
+}
+
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, true);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return decode_case(8, 32, 8, 128, 32768, true);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072", "attention") {
+  return decode_case(1, 32, 8, 128, 131072, true);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return decode_case(1, 16, 2, 256, 65536, true);
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, false);
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return decode_case(1, 16, 2, 256, 65536, false);
+}
+
+// One decode step of kv_append: B1 H8 D128, K4 g64 f16, so4 full (keys); minimum traffic = f32 src + the new row.
+CIDER_CUDA_BENCH("kv_append decode K4 g64 B1 H8 D128", "attention") {
+  const int64_t B = 1, H = 8, D = 128, cap = 4096;
+  std::vector<float> src(static_cast<size_t>(B * H * D), 0.5f);
+  std::vector<float> quat(static_cast<size_t>(D), 0.5f);  // (0.5, 0.5, 0.5, 0.5): a unit quaternion
+  DeviceBuffer d_src = cuda::to_device(src.data(), src.size() * sizeof(float));
+  DeviceBuffer d_q = cuda::to_device(quat.data(), quat.size() * sizeof(float));
+  DeviceBuffer dst(static_cast<size_t>(B * H * cap * D / 2)), sc(static_cast<size_t>(B * H * cap * D / 64 * 2)),
+      bi(static_cast<size_t>(B * H * cap * D / 64 * 2));
+  cuda::KVAppendBatchArgs a{};
+  a.src = d_src.data();
+  a.src_dtype = DType::kF32;
+  a.B = B;
+  a.H = H;
+  a.n = 1;
+  a.dim = D;
+  a.src_stride_b = H * D;
+  a.src_stride_h = D;
+  a.src_stride_t = D;
+  a.rotation = 2;
+  a.qL = d_q.as<float>();
+  a.qR = d_q.as<float>();
+  a.dst = dst.data();
+  a.scales = sc.data();
+  a.biases = bi.data();
+  a.dst_dtype = DType::kF16;
+  a.bits = 4;
+  a.group_size = 64;
+  a.capacity = cap;
+  a.offset = 100;
+  cuda::Stream stream;
+  BenchResult r;
+  r.seconds = bench_graph([&](void* s) { cuda::kv_append(a, nullptr, cuda::Exec{s, nullptr, 0}); }, stream.handle());
+  r.bytes = static_cast<double>(B * H * D * 4 + B * H * (D / 2 + 8));
+  r.note = "launch-bound: one CTA per row";
+  return r;
+}
+
+}  // namespace
+}  // namespace cider::bench

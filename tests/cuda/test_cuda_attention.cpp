@@ -1,0 +1,496 @@
+// CUDA kv_append, rotate_rows and attention against the CPU reference kernels (kernels::ref_kernels()).
+//   kv_append: bytes identical (every plane, guard rows before/after the written positions untouched).
+//   rotate_rows: forward equal to nn::SO4Rotation::apply bit for bit; inverse∘forward = identity.
+//   attention: same cache bytes on both sides; outputs within float32-accumulation tolerance; guards untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_test_support.h"
+#include "kernels/kernel_table.h"
+#include "nn/rotation.h"
+#include "support/test_support.h"
+
+namespace cider::cuda {
+namespace {
+
+using kernels::AttentionArgs;
+using kernels::KVTensorView;
+using kernels::MaskKind;
+
+constexpr uint8_t kPoison = 0x5A;
+
+template <typename F>
+void expect_error(F&& f, const char* op) {
+  try {
+    f();
+    ADD_FAILURE() << "expected cider::Error from " << op;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+  }
+}
+
+// ---- kv_append ----------------------------------------------------------------------------------------------------
+
+struct AppendCase {
+  int bits, gs, rotation;
+  DType src, dst;
+  int64_t n, dim;
+};
+
+void run_append_case(const AppendCase& c, uint64_t salt, bool use_d_offset) {
+  SCOPED_TRACE(::testing::Message() << "bits " << c.bits << " gs " << c.gs << " rot " << c.rotation << " src "
+                                    << dtype_name(c.src) << " dst " << dtype_name(c.dst) << " n " << c.n << " dim "
+                                    << c.dim << (use_d_offset ? " d_offset" : ""));
+  auto rng = test::make_rng(salt);
+  const int64_t B = 2, H = 3, offset = 5, capacity = offset + c.n + 4;  // guard rows before and after
+  const int64_t stride_t = c.dim + 8, stride_h = c.n * stride_t + 3, stride_b = H * stride_h + 5;
+  const int64_t src_elems = B * stride_b;
+  std::vector<float> srcf = test::randn(rng, static_cast<size_t>(src_elems), 2.0f);
+  for (size_t i = 0; i < srcf.size(); i += 97) srcf[i] *= 12.0f;  // some outliers
+  std::vector<uint8_t> src = test::to_dtype_bytes(srcf, c.src);
+  const nn::SO4Rotation rot(c.dim, static_cast<nn::RotationKind>(c.rotation), salt);
+
+  const int ss = dtype_size(c.dst);
+  const int64_t rows = B * H * capacity;
+  const size_t dst_bytes = c.bits ? static_cast<size_t>(rows * c.dim * c.bits / 8)
+                                  : static_cast<size_t>(rows * c.dim * ss);
+  const size_t sb_bytes = c.bits ? static_cast<size_t>(rows * (c.dim / c.gs) * ss) : 4;
+  std::vector<uint8_t> ref_dst(dst_bytes, kPoison), ref_s(sb_bytes, kPoison), ref_b(sb_bytes, kPoison);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      kernels::KVAppendArgs a{};
+      a.src = src.data() + (b * stride_b + h * stride_h) * dtype_size(c.src);
+      a.src_dtype = c.src;
+      a.src_row_stride = stride_t;
+      a.src_elem_stride = 1;
+      a.n = c.n;
+      a.dim = c.dim;
+      a.rotation = c.rotation;
+      a.qL = c.rotation ? rot.left().data() : nullptr;
+      a.qR = c.rotation ? rot.right().data() : nullptr;
+      const int64_t row0 = (b * H + h) * capacity + offset;
+      if (c.bits) {
+        a.dst = ref_dst.data() + row0 * c.dim * c.bits / 8;
+        a.scales = ref_s.data() + row0 * (c.dim / c.gs) * ss;
+        a.biases = ref_b.data() + row0 * (c.dim / c.gs) * ss;
+      } else {
+        a.dst = ref_dst.data() + row0 * c.dim * ss;
+      }
+      a.dst_dtype = c.dst;
+      a.bits = c.bits;
+      a.group_size = c.gs;
+      kernels::ref_kernels().kv_append(a);
+    }
+
+  DeviceBuffer d_src = to_device(src.data(), src.size());
+  DeviceBuffer d_dst(dst_bytes), d_s(sb_bytes), d_b(sb_bytes);
+  d_dst.fill(kPoison);
+  d_s.fill(kPoison);
+  d_b.fill(kPoison);
+  DeviceBuffer d_qL, d_qR;
+  if (c.rotation) {
+    d_qL = to_device(rot.left().data(), rot.left().size() * sizeof(float));
+    d_qR = to_device(rot.right().data(), rot.right().size() * sizeof(float));
+  }
+  const int32_t off32 = static_cast<int32_t>(offset);
+  DeviceBuffer d_off = to_device(&off32, sizeof(off32));
+  KVAppendBatchArgs a{};
+  a.src = d_src.data();
+  a.src_dtype = c.src;
+  a.B = B;
+  a.H = H;
+  a.n = c.n;
+  a.dim = c.dim;
+  a.src_stride_b = stride_b;
+  a.src_stride_h = stride_h;
+  a.src_stride_t = stride_t;
+  a.rotation = c.rotation;
+  a.qL = c.rotation ? d_qL.as<float>() : nullptr;
+  a.qR = c.rotation ? d_qR.as<float>() : nullptr;
+  a.dst = d_dst.data();
+  a.scales = c.bits ? d_s.data() : nullptr;
+  a.biases = c.bits ? d_b.data() : nullptr;
+  a.dst_dtype = c.dst;
+  a.bits = c.bits;
+  a.group_size = c.gs;
+  a.capacity = capacity;
+  a.offset = use_d_offset ? 999999 : offset;  // the device offset must win
+  Stream stream;
+  Exec exec{stream.handle(), nullptr, 0};
+  kv_append(a, use_d_offset ? d_off.as<int32_t>() : nullptr, exec);
+  stream.synchronize();
+  std::vector<uint8_t> got(dst_bytes), got_s(sb_bytes), got_b(sb_bytes);
+  d_dst.download(got.data(), got.size());
+  d_s.download(got_s.data(), got_s.size());
+  d_b.download(got_b.data(), got_b.size());
+  auto first_diff = [](const std::vector<uint8_t>& x, const std::vector<uint8_t>& y) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] != y[i]) return static_cast<int64_t>(i);
+    return int64_t{-1};
+  };
+  EXPECT_EQ(first_diff(got, ref_dst), -1) << "codes / plain values differ at this byte";
+  if (c.bits) {
+    EXPECT_EQ(first_diff(got_s, ref_s), -1) << "scales differ at this byte";
+    EXPECT_EQ(first_diff(got_b, ref_b), -1) << "biases differ at this byte";
+  }
+}
+
+TEST(CudaKvAppend, BytesIdenticalToReference) {
+  CIDER_REQUIRE_GPU();
+  const int bits_list[] = {0, 2, 3, 4, 5, 6, 8};
+  const int gs_list[] = {32, 64, 128};
+  const DType dts[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const int64_t ns[] = {1, 7, 67};
+  uint64_t salt = 100;
+  int k = 0;
+  for (int bits : bits_list)
+    for (int gs : gs_list) {
+      if (bits == 0 && gs != 64) continue;  // plain storage has no groups
+      for (int rotation = 0; rotation < 3; ++rotation)
+        for (int si = 0; si < 3; ++si) {
+          AppendCase c{bits, gs, rotation, dts[si], dts[(si + k) % 3], ns[k % 3], (k % 4 == 3) ? 256 : 128};
+          run_append_case(c, ++salt, false);
+          ++k;
+        }
+    }
+}
+
+TEST(CudaKvAppend, DeviceOffsetAndSmallDims) {
+  CIDER_REQUIRE_GPU();
+  run_append_case({4, 64, 2, DType::kF32, DType::kF16, 1, 128}, 7, true);
+  run_append_case({3, 64, 2, DType::kBF16, DType::kF16, 7, 128}, 8, true);
+  run_append_case({3, 32, 1, DType::kF16, DType::kBF16, 67, 64}, 9, false);
+  run_append_case({0, 64, 2, DType::kF32, DType::kBF16, 7, 64}, 10, true);
+  run_append_case({2, 32, 0, DType::kF32, DType::kF32, 7, 32}, 11, false);
+}
+
+TEST(CudaKvAppend, RejectsBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 20);
+  KVAppendBatchArgs good{};
+  good.src = buf.data();
+  good.src_dtype = DType::kF32;
+  good.B = 1;
+  good.H = 1;
+  good.n = 1;
+  good.dim = 128;
+  good.src_stride_b = 128;
+  good.src_stride_h = 128;
+  good.src_stride_t = 128;
+  good.rotation = 0;
+  good.dst = buf.data();
+  good.scales = buf.data();
+  good.biases = buf.data();
+  good.dst_dtype = DType::kF16;
+  good.bits = 4;
+  good.group_size = 64;
+  good.capacity = 16;
+  good.offset = 0;
+  Exec exec{};
+  auto bad = [&](auto mutate) {
+    KVAppendBatchArgs a = good;
+    mutate(a);
+    expect_error([&] { kv_append(a, nullptr, exec); }, "cuda.kv_append");
+  };
+  bad([](KVAppendBatchArgs& a) { a.bits = 7; });
+  bad([](KVAppendBatchArgs& a) { a.group_size = 48; });
+  bad([](KVAppendBatchArgs& a) { a.rotation = 3; });
+  bad([](KVAppendBatchArgs& a) { a.rotation = 1; });  // no qL
+  bad([](KVAppendBatchArgs& a) { a.src_dtype = DType::kI8; });
+  bad([](KVAppendBatchArgs& a) { a.dst_dtype = DType::kU32; });
+  bad([](KVAppendBatchArgs& a) { a.offset = 16; });
+  bad([](KVAppendBatchArgs& a) { a.dim = 96; });  // not a multiple of 64
+  try {
+    KVAppendBatchArgs a = good;
+    a.rotation = 3;
+    kv_append(a, nullptr, exec);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+  }
+  kv_append(good, nullptr, exec);  // the good arguments launch
+  device_synchronize("test");
+}
+
+// ---- rotate_rows --------------------------------------------------------------------------------------------------
+
+TEST(CudaRotateRows, MatchesCpuRotationAndInverts) {
+  CIDER_REQUIRE_GPU();
+  for (int kind = 1; kind <= 2; ++kind)
+    for (int64_t dim : {64, 128, 256}) {
+      auto rng = test::make_rng(static_cast<uint64_t>(kind * 1000 + dim));
+      const int64_t rows = 67;
+      const nn::SO4Rotation rot(dim, static_cast<nn::RotationKind>(kind), 42);
+      std::vector<float> x = test::randn(rng, static_cast<size_t>(rows * dim));
+      std::vector<float> want = x;
+      rot.apply(want.data(), rows);
+      DeviceBuffer d_x = to_device(x.data(), x.size() * sizeof(float));
+      DeviceBuffer d_qL = to_device(rot.left().data(), rot.left().size() * sizeof(float));
+      DeviceBuffer d_qR = to_device(rot.right().data(), rot.right().size() * sizeof(float));
+      Exec exec{};
+      rotate_rows(d_x.as<float>(), rows, dim, kind, d_qL.as<float>(), d_qR.as<float>(), false, exec);
+      std::vector<float> got(x.size());
+      d_x.download(got.data(), got.size() * sizeof(float));
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "kind " << kind << " dim " << dim;
+      rotate_rows(d_x.as<float>(), rows, dim, kind, d_qL.as<float>(), d_qR.as<float>(), true, exec);
+      d_x.download(got.data(), got.size() * sizeof(float));
+      EXPECT_TRUE(test::all_close(got.data(), x.data(), x.size(), 1e-5, 1e-5));
+      std::vector<float> inv = want;
+      rot.apply_inverse(inv.data(), rows);
+      EXPECT_EQ(0, std::memcmp(got.data(), inv.data(), got.size() * sizeof(float)));
+    }
+  Exec exec{};
+  expect_error([&] { rotate_rows(nullptr, 1, 128, 3, nullptr, nullptr, false, exec); }, "cuda.rotate_rows");
+  expect_error([&] { rotate_rows(nullptr, 1, 130, 1, nullptr, nullptr, false, exec); }, "cuda.rotate_rows");
+}
+
+// ---- attention ----------------------------------------------------------------------------------------------------
+
+// A cache in host memory built with the reference kv_append, plus its device copy.
+struct Side {
+  int bits = 4, gs = 64;
+  DType dtype = DType::kF16;  // scale dtype (quantized) or element dtype (plain)
+  std::vector<uint8_t> data, scales, biases;
+  DeviceBuffer d_data, d_scales, d_biases;
+  float vmax = 0;  // max |value| written (bounds the dequantized values up to a step)
+
+  void build(std::mt19937_64& rng, int64_t B, int64_t H, int64_t kL, int64_t cap, int64_t D, uint64_t seed) {
+    const int64_t rows = B * H * cap;
+    const int ss = dtype_size(dtype);
+    data.assign(bits ? static_cast<size_t>(rows * D * bits / 8) : static_cast<size_t>(rows * D * ss), 0);
+    scales.assign(bits ? static_cast<size_t>(rows * (D / gs) * ss) : 4, 0);
+    biases = scales;
+    const nn::SO4Rotation rot(D, nn::RotationKind::kSO4Full, seed);
+    std::vector<float> src = test::randn(rng, static_cast<size_t>(B * H * kL * D));
+    for (float v : src) vmax = std::max(vmax, std::fabs(v));
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      kernels::KVAppendArgs a{};
+      a.src = src.data() + bh * kL * D;
+      a.src_dtype = DType::kF32;
+      a.src_row_stride = D;
+      a.src_elem_stride = 1;
+      a.n = kL;
+      a.dim = D;
+      a.rotation = 2;
+      a.qL = rot.left().data();
+      a.qR = rot.right().data();
+      const int64_t row0 = bh * cap;
+      a.dst = data.data() + (bits ? row0 * D * bits / 8 : row0 * D * ss);
+      a.scales = bits ? scales.data() + row0 * (D / gs) * ss : nullptr;
+      a.biases = bits ? biases.data() + row0 * (D / gs) * ss : nullptr;
+      a.dst_dtype = dtype;
+      a.bits = bits;
+      a.group_size = gs;
+      kernels::ref_kernels().kv_append(a);
+    }
+    d_data = to_device(data.data(), data.size());
+    d_scales = to_device(scales.data(), scales.size());
+    d_biases = to_device(biases.data(), biases.size());
+  }
+  KVTensorView view(bool device, int64_t B, int64_t H, int64_t kL, int64_t cap, int64_t D) const {
+    KVTensorView v{};
+    v.data = device ? d_data.data() : data.data();
+    v.scales = bits ? (device ? d_scales.data() : scales.data()) : nullptr;
+    v.biases = bits ? (device ? d_biases.data() : biases.data()) : nullptr;
+    v.dtype = bits ? DType::kU32 : dtype;
+    v.scale_dtype = bits ? dtype : DType::kF32;
+    v.bits = bits;
+    v.group_size = bits ? gs : 0;
+    v.B = B;
+    v.H = H;
+    v.length = kL;
+    v.capacity = cap;
+    v.dim = D;
+    return v;
+  }
+};
+
+struct AttnCase {
+  int64_t D, rep, kL, L;
+  MaskKind mask;
+  int64_t window;
+  int kbits, vbits, gs;
+  DType dt;
+  int kv_splits = 0;
+  int64_t d_length = 0;  // > 0: the device length (≤ kL, the bound)
+};
+
+void run_attention_case(const AttnCase& c, uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
+                                    << static_cast<int>(c.mask) << " window " << c.window << " K" << c.kbits << "V"
+                                    << c.vbits << " g" << c.gs << " " << dtype_name(c.dt) << " splits "
+                                    << c.kv_splits << " d_length " << c.d_length);
+  auto rng = test::make_rng(salt);
+  const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep, cap = c.kL + 3;
+  const int64_t kLr = c.d_length > 0 ? c.d_length : c.kL;  // the real length
+  Side K, V;
+  K.bits = c.kbits;
+  V.bits = c.vbits;
+  K.gs = V.gs = c.gs;
+  K.dtype = V.dtype = c.dt;
+  K.build(rng, B, Hkv, c.kL, cap, c.D, salt);
+  V.build(rng, B, Hkv, c.kL, cap, c.D, salt);
+  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
+
+  AttentionArgs ref{};
+  ref.q = q.data();
+  std::vector<float> want(static_cast<size_t>(B * Hq * c.L * c.D));
+  ref.out = want.data();
+  ref.B = B;
+  ref.Hq = Hq;
+  ref.L = c.L;
+  ref.keys = K.view(false, B, Hkv, kLr, cap, c.D);
+  ref.values = V.view(false, B, Hkv, kLr, cap, c.D);
+  ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  ref.mask_kind = c.mask;
+  ref.window = c.window;
+  ref.mask_dtype = DType::kBool;
+  kernels::ref_kernels().attention(ref);
+
+  const size_t out_n = want.size(), guard = 64;
+  DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+  DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+  d_out.fill(0xFF);
+  AttentionArgs a = ref;
+  a.q = d_q.as<float>();
+  a.out = d_out.as<float>() + guard;
+  a.keys = K.view(true, B, Hkv, c.kL, cap, c.D);
+  a.values = V.view(true, B, Hkv, c.kL, cap, c.D);
+  a.kv_splits = c.kv_splits;
+  const int32_t len32 = static_cast<int32_t>(kLr);
+  DeviceBuffer d_len = to_device(&len32, sizeof(len32));
+  const size_t ws = attention_workspace_bytes(a);
+  DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+  d_ws.fill(0xFF);
+  Stream stream;
+  Exec exec{stream.handle(), d_ws.data(), ws};
+  attention(a, c.d_length > 0 ? d_len.as<int32_t>() : nullptr, exec);
+  stream.synchronize();
+  std::vector<float> got(out_n + 2 * guard);
+  d_out.download(got.data(), got.size() * sizeof(float));
+  for (size_t i = 0; i < guard; ++i) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, &got[i], 4);
+    std::memcpy(&hi, &got[guard + out_n + i], 4);
+    ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
+    ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
+  }
+  // Float32 accumulation over kL keys (scores and value sums): ≈ 1e-5 relative × sqrt(kL) of the value scale.
+  const double tol = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
+  EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
+}
+
+TEST(CudaAttention, MatchesReferenceDecodeAndPrefill) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 5000;
+  struct Cache {
+    int kbits, vbits, gs;
+    DType dt;
+  };
+  const Cache caches[] = {{4, 3, 64, DType::kF16}, {4, 3, 64, DType::kBF16}, {8, 2, 32, DType::kF32},
+                          {3, 5, 32, DType::kF16}, {6, 4, 64, DType::kF16},  {0, 0, 0, DType::kBF16},
+                          {0, 0, 0, DType::kF16},  {0, 0, 0, DType::kF32}};
+  const int64_t kLs[] = {1, 7, 129, 1000, 4097};
+  const int64_t Ls[] = {1, 3, 16, 17, 67};
+  int k = 0;
+  for (int64_t D : {64, 128, 256})
+    for (const Cache& cc : caches)
+      for (int64_t rep : {1, 4, 8}) {
+        // A rotating selection of lengths and masks keeps the CPU reference affordable while every value of each
+        // axis meets every cache kind.
+        const int64_t kL = kLs[k % 5];
+        const int64_t L = std::min(Ls[(k / 5 + k) % 5], kL);
+        const MaskKind mask = (k % 3 == 0) ? MaskKind::kNone : MaskKind::kCausal;
+        const int64_t window = (k % 3 == 2) ? std::max<int64_t>(1, kL / 3) : 0;
+        ++k;
+        run_attention_case({D, rep, kL, L, mask, window, cc.kbits, cc.vbits, cc.gs, cc.dt}, ++salt);
+      }
+}
+
+TEST(CudaAttention, SplitsMergeAndDeviceLength) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 7000;
+  for (int64_t D : {64, 128, 256})
+    for (int splits : {1, 3, 17}) {
+      run_attention_case({D, 4, 1000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, splits}, ++salt);
+      run_attention_case({D, 8, 4097, 3, MaskKind::kCausal, 100, 4, 3, 64, DType::kF16, splits}, ++salt);
+      run_attention_case({D, 1, 129, 17, MaskKind::kNone, 0, 0, 0, 0, DType::kBF16, splits}, ++salt);
+    }
+  // d_length: the grid is sized from keys.length (the bound), the kernel reads the real length on the device.
+  for (int64_t D : {128, 256}) {
+    run_attention_case({D, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 0, 3000}, ++salt);
+    run_attention_case({D, 8, 1000, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 0, 1}, ++salt);
+    run_attention_case({D, 4, 1000, 3, MaskKind::kCausal, 50, 0, 0, 0, DType::kBF16, 5, 777}, ++salt);
+    run_attention_case({D, 1, 129, 16, MaskKind::kCausal, 0, 8, 2, 32, DType::kF32, 0, 100}, ++salt);
+  }
+  // Long prefill with the causal skip and many query blocks.
+  run_attention_case({128, 4, 300, 300, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16}, ++salt);
+  run_attention_case({128, 2, 300, 300, MaskKind::kCausal, 64, 0, 0, 0, DType::kBF16}, ++salt);
+}
+
+TEST(CudaAttention, RejectsBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 20);
+  AttentionArgs good{};
+  good.q = buf.as<float>();
+  good.out = buf.as<float>();
+  good.B = 1;
+  good.Hq = 4;
+  good.L = 1;
+  KVTensorView kv{};
+  kv.data = buf.data();
+  kv.scales = buf.data();
+  kv.biases = buf.data();
+  kv.dtype = DType::kU32;
+  kv.scale_dtype = DType::kF16;
+  kv.bits = 4;
+  kv.group_size = 64;
+  kv.B = 1;
+  kv.H = 2;
+  kv.length = 10;
+  kv.capacity = 16;
+  kv.dim = 128;
+  good.keys = kv;
+  good.values = kv;
+  good.scale = 0.1f;
+  good.mask_kind = MaskKind::kCausal;
+  Exec exec{nullptr, buf.data(), buf.bytes()};
+  auto bad = [&](auto mutate) {
+    AttentionArgs a = good;
+    mutate(a);
+    expect_error([&] { attention(a, nullptr, exec); }, "cuda.attention");
+  };
+  bad([](AttentionArgs& a) { a.mask_kind = MaskKind::kBool; });
+  bad([](AttentionArgs& a) { a.mask_kind = MaskKind::kAdditive; });
+  bad([](AttentionArgs& a) { a.keys.bits = 7; });
+  bad([](AttentionArgs& a) { a.values.group_size = 48; });
+  bad([](AttentionArgs& a) { a.Hq = 3; });
+  bad([](AttentionArgs& a) { a.keys.dim = 96; });
+  bad([](AttentionArgs& a) { a.values.length = 9; });
+  bad([](AttentionArgs& a) { a.keys.length = 17; });
+  bad([](AttentionArgs& a) { a.keys.bits = 0; a.keys.dtype = DType::kI8; });
+  try {
+    AttentionArgs a = good;
+    a.mask_kind = MaskKind::kBool;
+    attention(a, nullptr, exec);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+  }
+  {  // a workspace too small for the split partials
+    AttentionArgs a = good;
+    a.keys.length = a.values.length = 16;
+    a.kv_splits = 4;
+    Exec small{nullptr, buf.data(), 16};
+    ASSERT_GT(attention_workspace_bytes(a), size_t{16});
+    expect_error([&] { attention(a, nullptr, small); }, "cuda.attention");
+  }
+}
+
+}  // namespace
+}  // namespace cider::cuda
