@@ -1,0 +1,172 @@
+// Prefill INT8 linear layers on the GPU (cuda::w8a8_gemm / w4a8_gemm, kernels/cuda/linear_gemm.cu) against
+// torch._int_mm (cuBLASLt int8 → int32) rows of ../shared/tools/gpu_anchors.py. Our figures include what _int_mm
+// leaves out (per-token quantization of bf16 x, scales, bf16 output) unless the name says "gemm only".
+// The fp8 "_scaled_mm" row of the same shapes is the stretch goal (docs/cuda/gemm.md).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_cuda.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+
+namespace cider::cuda::gemm_bench {
+void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);  // linear_gemm.cu
+}
+
+namespace cider::bench {
+namespace {
+
+using cuda::DeviceBuffer;
+
+constexpr double kL2Bytes = 60e6;
+
+DeviceBuffer random_device_bytes(size_t n, std::mt19937_64& rng) {
+  std::vector<uint8_t> h(n);
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&h[i], &r, 8);
+  }
+  for (size_t i = n / 8 * 8; i < n; ++i) h[i] = static_cast<uint8_t>(rng());
+  return cuda::to_device(h.data(), n);
+}
+
+DeviceBuffer random_bf16(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<uint16_t> h(n);
+  for (auto& v : h) v = f32_to_bf16(d(rng));
+  return cuda::to_device(h.data(), n * 2);
+}
+
+DeviceBuffer random_scales(size_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> d(0.001f, 0.02f);
+  std::vector<float> h(n);
+  for (auto& v : h) v = d(rng);
+  return cuda::to_device(h.data(), n * 4);
+}
+
+enum class What { kFull, kGemmOnly, kQuantizeOnly };
+
+// bf16 x [M, K] → bf16 out [M, N], int8 (or packed int4) weights, per-channel (group_size 0) or per-group scales.
+BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer) {
+  std::mt19937_64 rng(0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(M * 31 + N * 7 + K));
+  const size_t w_bytes = static_cast<size_t>(N * (int4 ? K / 2 : K));
+  const size_t x_bytes = static_cast<size_t>(M * K) * 2, out_bytes = static_cast<size_t>(M * N) * 2;
+  const size_t scale_count = static_cast<size_t>(group_size == 0 ? N : K / group_size * N);
+  const double working_set = static_cast<double>(w_bytes + x_bytes + out_bytes);
+  const int copies = working_set < 2 * kL2Bytes ? 4 : 1;  // rotate copies so that the L2 does not hold them
+
+  struct Copy {
+    DeviceBuffer x, w, sw, out, ws;
+  };
+  std::vector<Copy> set;
+  for (int i = 0; i < copies; ++i) {
+    Copy c;
+    c.x = random_bf16(static_cast<size_t>(M * K), rng);
+    c.w = random_device_bytes(w_bytes, rng);
+    c.sw = random_scales(scale_count, rng);
+    c.out = DeviceBuffer(out_bytes);
+    c.ws = DeviceBuffer(cuda::int_linear_workspace_bytes(M, K));
+    set.push_back(std::move(c));
+  }
+  auto args_of = [&](const Copy& c) {
+    kernels::IntLinearArgs a{};
+    a.x = c.x.data();
+    a.x_dtype = DType::kBF16;
+    a.w = c.w.data();
+    a.w_scales = c.sw.as<float>();
+    a.bias = nullptr;
+    a.out = c.out.data();
+    a.out_dtype = DType::kBF16;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.group_size = group_size;
+    return a;
+  };
+  cuda::Stream stream;
+  // The GEMM-only case reads activations quantized once beforehand.
+  for (const Copy& c : set)
+    cuda::quantize_rows_int8(c.x.data(), DType::kBF16, M, K, c.ws.as<int8_t>(),
+                             reinterpret_cast<float*>(c.ws.as<uint8_t>() + (static_cast<size_t>(M * K) + 255) / 256 * 256),
+                             cuda::Exec{stream.handle(), nullptr, 0});
+  stream.synchronize();
+
+  int next = 0;
+  auto fn = [&](void* s) {
+    const Copy& c = set[static_cast<size_t>(next)];
+    next = (next + 1) % copies;
+    cuda::Exec exec{s, c.ws.data(), c.ws.bytes()};
+    const kernels::IntLinearArgs a = args_of(c);
+    switch (what) {
+      case What::kFull:
+        if (int4) cuda::w4a8_gemm(a, exec);
+        else cuda::w8a8_gemm(a, exec);
+        break;
+      case What::kGemmOnly: cuda::gemm_bench::int8_gemm_prequantized(a, int4, exec); break;
+      case What::kQuantizeOnly:
+        cuda::quantize_rows_int8(a.x, DType::kBF16, M, K, c.ws.as<int8_t>(),
+                                 reinterpret_cast<float*>(c.ws.as<uint8_t>() + (static_cast<size_t>(M * K) + 255) / 256 * 256),
+                                 cuda::Exec{s, nullptr, 0});
+        break;
+    }
+  };
+  BenchResult r;
+  r.seconds = bench_graph(fn, stream.handle());
+  const double quant_bytes = static_cast<double>(x_bytes) + static_cast<double>(M * K) + 4.0 * static_cast<double>(M);
+  switch (what) {
+    case What::kFull:
+      r.bytes = static_cast<double>(x_bytes + w_bytes + out_bytes + scale_count * 4);
+      r.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+      break;
+    case What::kGemmOnly:
+      r.bytes = static_cast<double>(static_cast<size_t>(M * K) + w_bytes + out_bytes + scale_count * 4);
+      r.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+      break;
+    case What::kQuantizeOnly: r.bytes = quant_bytes; break;
+  }
+  r.peer = peer;
+  r.note = std::string(int4 ? "int4" : "int8") + " weights, " +
+           (group_size == 0 ? std::string("per channel") : "group " + std::to_string(group_size)) +
+           ", bf16 x and out, mma.sync m16n8k32" + (copies > 1 ? ", 4 rotated copies" : "");
+  return r;
+}
+
+constexpr const char* kPeerBig = "int8 _int_mm M2048 K4096 N14336";
+constexpr const char* kPeerSmall = "int8 _int_mm M512 K4096 N4096";
+
+CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig);
+}
+CIDER_CUDA_BENCH("w8a8 gemm only M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 0, What::kGemmOnly, kPeerBig);
+}
+CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 128, What::kFull, kPeerBig);
+}
+CIDER_CUDA_BENCH("w4a8 gemm M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 0, What::kFull, kPeerBig);
+}
+CIDER_CUDA_BENCH("w4a8 gemm g128 M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 128, What::kFull, kPeerBig);
+}
+CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096", "gemm") {
+  return run_linear(512, 4096, 4096, false, 0, What::kFull, kPeerSmall);
+}
+CIDER_CUDA_BENCH("w8a8 gemm only M512 K4096 N4096", "gemm") {
+  return run_linear(512, 4096, 4096, false, 0, What::kGemmOnly, kPeerSmall);
+}
+CIDER_CUDA_BENCH("w4a8 gemm M512 K4096 N4096", "gemm") {
+  return run_linear(512, 4096, 4096, true, 0, What::kFull, kPeerSmall);
+}
+CIDER_CUDA_BENCH("quantize_rows_int8 bf16 M2048 K4096", "gemm") {
+  return run_linear(2048, 4096, 256, false, 0, What::kQuantizeOnly, "");
+}
+
+}  // namespace
+}  // namespace cider::bench
