@@ -1,0 +1,156 @@
+// Transformer-op benchmarks (kernels/cuda/cuda_ops.h): the cuBLASLt bf16 linear layer against PyTorch's bf16 GEMV /
+// matmul rows of ../shared/tools/gpu_anchors.py, and the memory-bound ops (RMSNorm, GLU, argmax) against their byte
+// floors. Inputs: fresh random values of a realistic spread (random sign, exponents of ~N(0, 1) values, random
+// mantissas: the same bit activity as randn), copies rotated where one copy would sit in the 60 MB L2.
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_cuda.h"
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace cider::bench {
+namespace {
+
+// n float32 values: random sign, magnitude in [2⁻⁸, 2) with random mantissa bits.
+std::vector<float> random_floats(std::mt19937_64& rng, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t r = rng();
+    const auto sign = static_cast<uint32_t>(r & 1u) << 31;
+    const auto exponent = static_cast<uint32_t>(119u + (r >> 1) % 9u) << 23;
+    const auto mantissa = static_cast<uint32_t>(r >> 20) & 0x7fffffu;
+    v[i] = bits_f32(sign | exponent | mantissa);
+  }
+  return v;
+}
+
+cuda::DeviceBuffer device_floats(std::mt19937_64& rng, size_t n) {
+  const std::vector<float> v = random_floats(rng, n);
+  return cuda::to_device(v.data(), n * sizeof(float));
+}
+
+cuda::DeviceBuffer device_bf16(std::mt19937_64& rng, size_t n) {
+  const std::vector<float> v = random_floats(rng, n);
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(v[i]);
+  return cuda::to_device(h.data(), n * sizeof(uint16_t));
+}
+
+// Copies needed so that `bytes_per_copy` × copies is ≥ 2.5 × the 60 MB L2 (and at least `min_copies`).
+size_t copies_for(size_t bytes_per_copy, size_t min_copies) {
+  return std::max<size_t>(min_copies, (size_t{150} << 20) / std::max<size_t>(bytes_per_copy, 1) + 1);
+}
+
+BenchResult bench_dense(int64_t M, int64_t K, int64_t N, const char* peer) {
+  std::mt19937_64 rng(0xd15e0000u + static_cast<uint64_t>(M * 7 + K + N));
+  const size_t w_bytes = static_cast<size_t>(N * K) * 2;
+  const size_t copies = copies_for(w_bytes, 4);  // 4 × 117 MB, as the peer rotates 4 weight copies
+  std::vector<cuda::DeviceBuffer> weights;
+  for (size_t c = 0; c < copies; ++c) weights.push_back(device_bf16(rng, static_cast<size_t>(N * K)));
+  cuda::DeviceBuffer x = device_floats(rng, static_cast<size_t>(M * K));
+  cuda::DeviceBuffer out(static_cast<size_t>(M * N) * sizeof(float));
+  cuda::DeviceBuffer ws(cuda::dense_bf16_workspace_bytes(M, K));
+  cuda::dense_bf16_prepare(M, N, K);
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    const cuda::Exec exec{s, ws.data(), ws.bytes()};
+    cuda::dense_bf16(x.as<float>(), weights[next++ % copies].data(), nullptr, out.as<float>(), M, N, K, exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  // Minimum traffic: the bf16 weights, x read as float32, out written as float32 (the bf16 copy of x is extra).
+  r.bytes = static_cast<double>(w_bytes) + 4.0 * static_cast<double>(M * K + M * N);
+  r.flops = 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(N);
+  r.peer = peer;
+  r.note = std::to_string(copies) + " weight copies; x→bf16 conversion included";
+  return r;
+}
+
+BenchResult bench_rms_norm(int64_t rows, int64_t hidden) {
+  std::mt19937_64 rng(0x4e040000u + static_cast<uint64_t>(rows));
+  const size_t bytes = static_cast<size_t>(rows * hidden) * 4;
+  const size_t copies = copies_for(2 * bytes, 4);
+  std::vector<cuda::DeviceBuffer> xs, outs;
+  for (size_t c = 0; c < copies; ++c) {
+    xs.push_back(device_floats(rng, static_cast<size_t>(rows * hidden)));
+    outs.emplace_back(bytes);
+  }
+  cuda::DeviceBuffer w = device_floats(rng, static_cast<size_t>(hidden));
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    const size_t c = next++ % copies;
+    const cuda::Exec exec{s, nullptr, 0};
+    cuda::rms_norm(xs[c].as<float>(), w.as<float>(), 1.0f, rows, hidden, 1e-6f, outs[c].as<float>(), exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = 2.0 * static_cast<double>(bytes) + 4.0 * static_cast<double>(hidden);
+  r.note = std::to_string(copies) + " copies";
+  return r;
+}
+
+BenchResult bench_glu(int64_t rows, int64_t inter) {
+  std::mt19937_64 rng(0x6c750000u + static_cast<uint64_t>(rows));
+  const auto count = static_cast<size_t>(rows * inter);
+  const size_t copies = copies_for(3 * count * 4, 2);
+  std::vector<cuda::DeviceBuffer> gates, ups, outs;
+  for (size_t c = 0; c < copies; ++c) {
+    gates.push_back(device_floats(rng, count));
+    ups.push_back(device_floats(rng, count));
+    outs.emplace_back(count * 4);
+  }
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    const size_t c = next++ % copies;
+    const cuda::Exec exec{s, nullptr, 0};
+    cuda::glu(gates[c].as<float>(), ups[c].as<float>(), static_cast<int64_t>(count), cuda::GluActivation::kSiLU,
+              outs[c].as<float>(), exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = 3.0 * 4.0 * static_cast<double>(count);
+  r.note = std::to_string(copies) + " copies, silu";
+  return r;
+}
+
+BenchResult bench_argmax(int64_t rows, int64_t vocab, bool l2_hot) {
+  std::mt19937_64 rng(0xa5a50000u + static_cast<uint64_t>(vocab + rows));
+  const size_t bytes = static_cast<size_t>(rows * vocab) * 4;
+  const size_t copies = l2_hot ? 1 : copies_for(bytes, 4);
+  std::vector<cuda::DeviceBuffer> logits;
+  for (size_t c = 0; c < copies; ++c) logits.push_back(device_floats(rng, static_cast<size_t>(rows * vocab)));
+  cuda::DeviceBuffer out(static_cast<size_t>(rows) * sizeof(int32_t));
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    const cuda::Exec exec{s, nullptr, 0};
+    cuda::argmax_rows(logits[next++ % copies].as<float>(), rows, vocab, out.as<int32_t>(), exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = static_cast<double>(bytes);
+  r.note = l2_hot ? "one copy (L2-hot, as right after the LM head)" : std::to_string(copies) + " copies (from HBM)";
+  return r;
+}
+
+}  // namespace
+
+CIDER_CUDA_BENCH("dense_bf16 M1 K4096 N14336", "ops") { return bench_dense(1, 4096, 14336, "bf16 GEMV K4096 N14336"); }
+CIDER_CUDA_BENCH("dense_bf16 M2048 K4096 N14336", "ops") {
+  return bench_dense(2048, 4096, 14336, "bf16 matmul M2048 K4096 N14336");
+}
+CIDER_CUDA_BENCH("rms_norm M1 H4096", "ops") { return bench_rms_norm(1, 4096); }
+CIDER_CUDA_BENCH("rms_norm M2048 H4096", "ops") { return bench_rms_norm(2048, 4096); }
+CIDER_CUDA_BENCH("glu silu M2048 I14336", "ops") { return bench_glu(2048, 14336); }
+CIDER_CUDA_BENCH("argmax M1 V128256", "ops") { return bench_argmax(1, 128256, false); }
+CIDER_CUDA_BENCH("argmax M1 V128256 L2-hot", "ops") { return bench_argmax(1, 128256, true); }
+
+}  // namespace cider::bench

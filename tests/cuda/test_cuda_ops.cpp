@@ -1,0 +1,611 @@
+// The transformer ops of kernels/cuda/cuda_ops.h against the CPU: model::rms_norm (model/transformer.h) and plain
+// loops written here for the rest (embedding, rope, GLU gates, residual add, soft-cap, argmax), and dense_bf16 against
+// a float64 product of the same bf16-rounded inputs. Every output element is compared with a bound derived from the
+// arithmetic (NaN never passes); outputs are poisoned (0xFF bytes = NaN) before each launch and guard regions on both
+// sides of every output are checked after it.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/cuda_test_support.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/model.h"
+#include "model/transformer.h"
+#include "support/test_support.h"
+
+namespace cider::cuda {
+namespace {
+
+constexpr double kU = 1.0 / 16777216.0;  // 2⁻²⁴: float32 unit roundoff
+
+// A device array of n elements of T with kGuard elements of 0xFF bytes on both sides (256 bytes each for float, so
+// data() keeps the allocation's 256-byte alignment); `shift` elements more in front misalign data() on purpose.
+template <typename T>
+class Guarded {
+ public:
+  static constexpr size_t kGuard = 256 / sizeof(T);
+  explicit Guarded(size_t n, size_t shift = 0) : n_(n), front_(kGuard + shift), buf_((front_ + n + kGuard) * sizeof(T)) {
+    buf_.fill(0xFF);
+  }
+  T* data() const { return buf_.as<T>() + front_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n_);
+    buf_.upload(v.data(), n_ * sizeof(T), front_ * sizeof(T));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    buf_.download(v.data(), n_ * sizeof(T), front_ * sizeof(T));
+    return v;
+  }
+  void poison() { buf_.fill(0xFF); }
+  // True when every byte outside [data, data + n) is still 0xFF.
+  ::testing::AssertionResult guards_intact() const {
+    std::vector<uint8_t> all(buf_.bytes());
+    buf_.download(all.data(), all.size());
+    const size_t lo = front_ * sizeof(T), hi = (front_ + n_) * sizeof(T);
+    for (size_t i = 0; i < all.size(); ++i)
+      if ((i < lo || i >= hi) && all[i] != 0xFF)
+        return ::testing::AssertionFailure() << "guard byte " << (i < lo ? "before" : "after") << " the output at "
+                                             << (i < lo ? static_cast<long long>(i) - static_cast<long long>(lo)
+                                                        : static_cast<long long>(i - hi))
+                                             << " was written";
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  size_t n_, front_;
+  DeviceBuffer buf_;
+};
+
+// |got[i] − want[i]| ≤ tol[i] for every i; NaN in got fails (unless want is NaN too and nan_ok).
+::testing::AssertionResult within(const std::vector<float>& got, const std::vector<double>& want,
+                                  const std::vector<double>& tol) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(got[i]) || !(err <= tol[i]))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << want[i]
+                                           << " (error " << err << " > tolerance " << tol[i] << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Expects fn() to throw cider::Error whose message names op.
+template <typename Fn>
+void expect_error(Fn&& fn, const char* op) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown; expected one from " << op;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+  }
+}
+
+struct StreamExec {
+  Stream stream;
+  Exec exec{stream.handle(), nullptr, 0};
+};
+
+// ---- embedding ---------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, EmbedRowsMatchesCpuEveryDtypeAndBadIdsGiveNaN) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(101);
+  StreamExec se;
+  const int64_t vocab = 37;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (int64_t hidden : {1, 7, 64, 129, 4097})
+      for (int64_t n : {1, 7, 33}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " hidden " + std::to_string(hidden) + " n " + std::to_string(n));
+        const std::vector<uint8_t> table = test::to_dtype_bytes(test::randn(rng, static_cast<size_t>(vocab * hidden)), dt);
+        DeviceBuffer d_table = to_device(table.data(), table.size());
+        std::vector<int32_t> tokens(static_cast<size_t>(n));
+        std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
+        for (auto& t : tokens) t = pick(rng);
+        if (n > 1) tokens[1] = -1;                                 // out of range below
+        if (n > 2) tokens[static_cast<size_t>(n - 1)] = static_cast<int32_t>(vocab);  // and above
+        DeviceBuffer d_tokens = to_device(tokens.data(), tokens.size() * sizeof(int32_t));
+        Guarded<float> out(static_cast<size_t>(n * hidden));
+        const float scale = 7.5f;  // not a power of two: the product really rounds
+        embed_rows(d_table.data(), dt, vocab, hidden, d_tokens.as<int32_t>(), n, scale, out.data(), se.exec);
+        se.stream.synchronize();
+        const std::vector<float> got = out.download();
+        EXPECT_TRUE(out.guards_intact());
+        for (int64_t r = 0; r < n; ++r) {
+          const int32_t t = tokens[static_cast<size_t>(r)];
+          for (int64_t i = 0; i < hidden; ++i) {
+            const float g = got[static_cast<size_t>(r * hidden + i)];
+            if (t < 0 || t >= vocab) {
+              ASSERT_TRUE(std::isnan(g)) << "row " << r << " (bad token " << t << ") element " << i << " is " << g;
+            } else {
+              const float want = load_float(table.data(), dt, t * hidden + i) * scale;  // the CPU engine's arithmetic
+              ASSERT_EQ(f32_bits(g), f32_bits(want)) << "row " << r << " element " << i << ": " << g << " vs " << want;
+            }
+          }
+        }
+      }
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, RmsNormMatchesCpuOnTailShapesInPlaceAndMisaligned) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(102);
+  StreamExec se;
+  for (int64_t rows : {1, 7, 33})
+    for (int64_t dim : {1, 7, 64, 129, 4096, 4097})
+      for (float offset : {0.0f, 1.0f})
+        for (int variant = 0; variant < 3; ++variant) {  // 0: out of place, 1: in place, 2: misaligned (scalar path)
+          SCOPED_TRACE("rows " + std::to_string(rows) + " dim " + std::to_string(dim) + " offset " +
+                       std::to_string(offset) + " variant " + std::to_string(variant));
+          const auto count = static_cast<size_t>(rows * dim);
+          std::vector<float> x = test::randn(rng, count, 3.0f);
+          const std::vector<float> w = test::randn(rng, static_cast<size_t>(dim), 0.5f);
+          const float eps = 1e-6f;
+          std::vector<float> want_f(count);
+          model::rms_norm(x.data(), w.data(), offset, rows, dim, static_cast<double>(eps), want_f.data());
+          const size_t shift = variant == 2 ? 1 : 0;
+          Guarded<float> d_x(count, shift), d_w(static_cast<size_t>(dim), shift), d_out(count, shift);
+          d_x.upload(x);
+          d_w.upload(w);
+          float* out_ptr = variant == 1 ? d_x.data() : d_out.data();
+          rms_norm(d_x.data(), d_w.data(), offset, rows, dim, eps, out_ptr, se.exec);
+          se.stream.synchronize();
+          const std::vector<float> got = variant == 1 ? d_x.download() : d_out.download();
+          EXPECT_TRUE(d_x.guards_intact());
+          EXPECT_TRUE(d_out.guards_intact());
+          // The GPU sums squares in float32: ≤ ceil(dim/32) serial terms per thread (four per float4 step), a
+          // 5-level warp tree and an 8-term sum of warps, so the relative error of Σx² is ≤ (dim/32 + 20)·u, that of
+          // 1/sqrt(mean + eps) half of it plus ~4u (divide, add, sqrt, reciprocal); the two products add 2u; the
+          // CPU's own float result (double sums, rounded inverse, same products) is within 3u of exact.
+          const double rel = (0.5 * (std::ceil(static_cast<double>(dim) / 32.0) + 20.0) + 4.0 + 2.0 + 3.0) * kU;
+          std::vector<double> want(count), tol(count);
+          for (size_t i = 0; i < count; ++i) {
+            want[i] = want_f[i];
+            tol[i] = rel * std::abs(want[i]) + 1e-37;
+          }
+          ASSERT_TRUE(within(got, want, tol));
+        }
+}
+
+// ---- rotary embedding --------------------------------------------------------------------------------------------
+
+// The CPU engine's rope (model/transformer.cpp): float32 angle, cos/sin in double rounded to float, separately
+// rounded products and sums.
+void rope_cpu(std::vector<float>& x, int64_t n, int64_t heads, int64_t head_dim, const std::vector<float>& inv_freq,
+              int64_t pos0) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos0 + t) * inv_freq[static_cast<size_t>(i)];
+      const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
+      const auto s = static_cast<float>(std::sin(static_cast<double>(angle)));
+      for (int64_t h = 0; h < heads; ++h) {
+        float* row = x.data() + (t * heads + h) * head_dim;
+        const float x1 = row[i], x2 = row[i + half];
+        const float a = x1 * c, b = x2 * s, p = x2 * c, q = x1 * s;
+        row[i] = a - b;
+        row[i + half] = p + q;
+      }
+    }
+}
+
+TEST(CudaOps, RopeMatchesCpuWithHostAndDevicePositions) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(103);
+  StreamExec se;
+  for (int64_t n : {1, 7, 33})
+    for (int64_t heads : {1, 3, 8})
+      for (int64_t head_dim : {2, 6, 64, 128, 256})
+        for (int64_t pos0 : {int64_t{0}, int64_t{5}, int64_t{131000}})
+          for (bool device_pos : {false, true}) {
+            SCOPED_TRACE("n " + std::to_string(n) + " heads " + std::to_string(heads) + " head_dim " +
+                         std::to_string(head_dim) + " pos0 " + std::to_string(pos0) + (device_pos ? " d_pos" : ""));
+            model::RopeConfig cfg;
+            cfg.theta = head_dim == 128 ? 500000.0 : 10000.0;
+            const std::vector<float> inv_freq = model::rope_inv_freq(cfg, head_dim);
+            ASSERT_EQ(inv_freq.size(), static_cast<size_t>(head_dim / 2));
+            const auto count = static_cast<size_t>(n * heads * head_dim);
+            const std::vector<float> x = test::randn(rng, count, 2.0f);
+            std::vector<float> want_f = x;
+            rope_cpu(want_f, n, heads, head_dim, inv_freq, pos0);
+            Guarded<float> d_x(count);
+            d_x.upload(x);
+            DeviceBuffer d_inv = to_device(inv_freq.data(), inv_freq.size() * sizeof(float));
+            const auto pos32 = static_cast<int32_t>(pos0);
+            DeviceBuffer d_pos = to_device(&pos32, sizeof pos32);
+            // With d_pos, the host value must be ignored: pass a wrong one.
+            rope(d_x.data(), n, heads, head_dim, d_inv.as<float>(), device_pos ? pos0 + 977 : pos0,
+                 device_pos ? d_pos.as<int32_t>() : nullptr, se.exec);
+            se.stream.synchronize();
+            const std::vector<float> got = d_x.download();
+            EXPECT_TRUE(d_x.guards_intact());
+            // Same float angle; cos/sin from double routines that may differ by an ulp of double, hence (rarely) by
+            // an ulp of float after rounding; then the same separately rounded products and sums: ≤ 4u·(|x1| + |x2|).
+            const int64_t half = head_dim / 2;
+            std::vector<double> want(count), tol(count);
+            for (size_t r = 0; r < static_cast<size_t>(n * heads); ++r)
+              for (int64_t i = 0; i < head_dim; ++i) {
+                const size_t at = r * static_cast<size_t>(head_dim) + static_cast<size_t>(i);
+                const size_t pair = r * static_cast<size_t>(head_dim) + static_cast<size_t>(i % half);
+                want[at] = want_f[at];
+                tol[at] = 4.0 * kU * (std::abs(x[pair]) + std::abs(x[pair + static_cast<size_t>(half)]));
+              }
+            ASSERT_TRUE(within(got, want, tol));
+          }
+}
+
+// ---- GLU, add, soft-cap --------------------------------------------------------------------------------------------
+
+double silu_exact(double g) { return g / (1.0 + std::exp(-g)); }
+double gelu_tanh_exact(double g) {
+  const double k0 = static_cast<double>(0.7978845608028654f), k1 = static_cast<double>(0.044715f);
+  return 0.5 * g * (1.0 + std::tanh(k0 * (g + k1 * g * g * g)));
+}
+
+TEST(CudaOps, GluMatchesFloat64ForBothActivationsAndAliases) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(104);
+  StreamExec se;
+  for (GluActivation act : {GluActivation::kSiLU, GluActivation::kGeluTanh})
+    for (int64_t count : {1, 7, 33, 64, 129, 4097, 33 * 14337})
+      for (int variant = 0; variant < 4; ++variant) {  // 0: separate out, 1: out = gate, 2: out = up, 3: misaligned
+        SCOPED_TRACE("act " + std::to_string(static_cast<int>(act)) + " count " + std::to_string(count) +
+                     " variant " + std::to_string(variant));
+        const auto n = static_cast<size_t>(count);
+        const std::vector<float> g = test::randn(rng, n, 4.0f), u = test::randn(rng, n, 2.0f);
+        const size_t shift = variant == 3 ? 1 : 0;
+        Guarded<float> d_g(n, shift), d_u(n, shift), d_out(n, shift);
+        d_g.upload(g);
+        d_u.upload(u);
+        float* out = variant == 1 ? d_g.data() : variant == 2 ? d_u.data() : d_out.data();
+        glu(d_g.data(), d_u.data(), count, act, out, se.exec);
+        se.stream.synchronize();
+        const std::vector<float> got = variant == 1 ? d_g.download() : variant == 2 ? d_u.download() : d_out.download();
+        EXPECT_TRUE(d_g.guards_intact());
+        EXPECT_TRUE(d_u.guards_intact());
+        EXPECT_TRUE(d_out.guards_intact());
+        // act(g) = g·σ(g) or ½g(1 + tanh z): the error of expf/tanhf (≤ 2 ulp) and of the few float operations around
+        // them is a few ulp of |g| (the sigmoid / (1 + tanh) factor is ≤ 1 / ≤ 2 and its absolute error a few u),
+        // times |u|: 16u·|g·u| bounds it with room.
+        std::vector<double> want(n), tol(n);
+        for (size_t i = 0; i < n; ++i) {
+          const double gi = g[i], ui = u[i];
+          want[i] = (act == GluActivation::kSiLU ? silu_exact(gi) : gelu_tanh_exact(gi)) * ui;
+          tol[i] = 16.0 * kU * std::abs(gi * ui) + 1e-37;
+        }
+        ASSERT_TRUE(within(got, want, tol));
+      }
+}
+
+TEST(CudaOps, AddInplaceIsExact) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(105);
+  StreamExec se;
+  for (int64_t count : {1, 7, 33, 129, 4097, 2048 * 4096 + 3})
+    for (size_t shift : {size_t{0}, size_t{1}}) {
+      SCOPED_TRACE("count " + std::to_string(count) + " shift " + std::to_string(shift));
+      const auto n = static_cast<size_t>(count);
+      const std::vector<float> x = test::randn(rng, n), y = test::randn(rng, n);
+      Guarded<float> d_x(n, shift), d_y(n, shift);
+      d_x.upload(x);
+      d_y.upload(y);
+      add_inplace(d_x.data(), d_y.data(), count, se.exec);
+      se.stream.synchronize();
+      const std::vector<float> got = d_x.download();
+      EXPECT_TRUE(d_x.guards_intact());
+      EXPECT_TRUE(d_y.guards_intact());
+      for (size_t i = 0; i < n; ++i) {
+        const float want = x[i] + y[i];
+        ASSERT_EQ(f32_bits(got[i]), f32_bits(want)) << "element " << i;
+      }
+    }
+}
+
+TEST(CudaOps, SoftcapMatchesFloat64) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(106);
+  StreamExec se;
+  for (float cap : {30.0f, 50.0f})
+    for (int64_t count : {1, 7, 33, 129, 4097, 262147})
+      for (size_t shift : {size_t{0}, size_t{1}}) {
+        SCOPED_TRACE("cap " + std::to_string(cap) + " count " + std::to_string(count));
+        const auto n = static_cast<size_t>(count);
+        const std::vector<float> x = test::randn(rng, n, 40.0f);
+        Guarded<float> d_x(n, shift);
+        d_x.upload(x);
+        softcap(d_x.data(), count, cap, se.exec);
+        se.stream.synchronize();
+        const std::vector<float> got = d_x.download();
+        EXPECT_TRUE(d_x.guards_intact());
+        // x/cap rounds (u relative; tanh' ≤ 1 turns it into ≤ u·|x/cap| absolute), tanhf ≤ 2 ulp, ·cap rounds:
+        // ≤ 8u·(|want| + |x|) with room.
+        std::vector<double> want(n), tol(n);
+        for (size_t i = 0; i < n; ++i) {
+          want[i] = static_cast<double>(cap) * std::tanh(static_cast<double>(x[i]) / static_cast<double>(cap));
+          tol[i] = 8.0 * kU * (std::abs(want[i]) + std::abs(static_cast<double>(x[i]))) + 1e-37;
+        }
+        ASSERT_TRUE(within(got, want, tol));
+      }
+}
+
+// ---- argmax ------------------------------------------------------------------------------------------------------
+
+// The lowest index of the largest non-NaN value; 0 for an all-NaN row.
+int32_t argmax_cpu(const float* x, int64_t vocab) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+  return static_cast<int32_t>(std::max<int64_t>(best, 0));
+}
+
+void check_argmax(StreamExec& se, const std::vector<float>& logits, int64_t rows, int64_t vocab, size_t shift) {
+  Guarded<float> d_logits(logits.size(), shift);
+  d_logits.upload(logits);
+  Guarded<int32_t> d_out(static_cast<size_t>(rows));
+  argmax_rows(d_logits.data(), rows, vocab, d_out.data(), se.exec);
+  se.stream.synchronize();
+  const std::vector<int32_t> got = d_out.download();
+  EXPECT_TRUE(d_out.guards_intact());
+  for (int64_t r = 0; r < rows; ++r)
+    ASSERT_EQ(got[static_cast<size_t>(r)], argmax_cpu(logits.data() + r * vocab, vocab)) << "row " << r;
+}
+
+TEST(CudaOps, ArgmaxMatchesCpuWithTiesNaNAndInfinities) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(107);
+  StreamExec se;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int64_t rows : {1, 7, 33})
+    for (int64_t vocab : {1, 7, 64, 129, 4097, 128256, 151936})
+      for (size_t shift : {size_t{0}, size_t{1}}) {
+        if (shift && vocab > 4097 && rows > 7) continue;
+        SCOPED_TRACE("rows " + std::to_string(rows) + " vocab " + std::to_string(vocab) + " shift " +
+                     std::to_string(shift));
+        std::vector<float> logits = test::randn(rng, static_cast<size_t>(rows * vocab), 3.0f);
+        std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* x = logits.data() + r * vocab;
+          switch (r % 7) {
+            case 1: {  // a tie for the maximum: the lower index wins
+              const int64_t a = pick(rng), b = pick(rng);
+              x[a] = x[b] = 100.0f;
+              break;
+            }
+            case 2:  // NaN larger in position and everywhere around the real maximum
+              for (int k = 0; k < 5; ++k) x[pick(rng)] = nan;
+              x[pick(rng)] = 50.0f;
+              break;
+            case 3:  // all NaN: index 0
+              std::fill(x, x + vocab, nan);
+              break;
+            case 4:  // all −inf: index 0 (every value ties)
+              std::fill(x, x + vocab, -inf);
+              break;
+            case 5:  // +inf twice, NaN first
+              x[0] = nan;
+              x[pick(rng)] = inf;
+              x[pick(rng)] = inf;
+              break;
+            case 6:  // the maximum in the very last element
+              x[vocab - 1] = 1000.0f;
+              break;
+            default: break;
+          }
+        }
+        check_argmax(se, logits, rows, vocab, shift);
+      }
+  // More rows than a grid's y dimension (65535): the kernel loops over rows.
+  const int64_t rows = 70001, vocab = 7;
+  check_argmax(se, test::randn(rng, static_cast<size_t>(rows * vocab)), rows, vocab, 0);
+}
+
+// ---- bad arguments -----------------------------------------------------------------------------------------------
+
+TEST(CudaOps, BadArgumentsAreErrorsNamingTheOp) {
+  CIDER_REQUIRE_GPU();
+  StreamExec se;
+  DeviceBuffer buf(1 << 20);
+  auto* f = buf.as<float>();
+  auto* i32 = buf.as<int32_t>();
+  const Exec& e = se.exec;
+  expect_error([&] { embed_rows(f, DType::kI8, 4, 4, i32, 1, 1.0f, f, e); }, "cuda.embed_rows");
+  expect_error([&] { embed_rows(f, DType::kF32, 0, 4, i32, 1, 1.0f, f, e); }, "cuda.embed_rows");
+  expect_error([&] { embed_rows(f, DType::kF32, 4, 0, i32, 1, 1.0f, f, e); }, "cuda.embed_rows");
+  expect_error([&] { embed_rows(f, DType::kF32, 4, 4, i32, -1, 1.0f, f, e); }, "cuda.embed_rows");
+  expect_error([&] { embed_rows(nullptr, DType::kF32, 4, 4, i32, 1, 1.0f, f, e); }, "cuda.embed_rows");
+  expect_error([&] { rms_norm(f, f, 1.0f, -1, 4, 1e-6f, f, e); }, "cuda.rms_norm");
+  expect_error([&] { rms_norm(f, f, 1.0f, 1, 0, 1e-6f, f, e); }, "cuda.rms_norm");
+  expect_error([&] { rms_norm(f, f, 1.0f, 1, 4, -1.0f, f, e); }, "cuda.rms_norm");
+  expect_error([&] { rms_norm(f, nullptr, 1.0f, 1, 4, 1e-6f, f, e); }, "cuda.rms_norm");
+  expect_error([&] { rope(f, 1, 1, 7, f, 0, nullptr, e); }, "cuda.rope");      // odd head_dim
+  expect_error([&] { rope(f, 1, 1, 0, f, 0, nullptr, e); }, "cuda.rope");
+  expect_error([&] { rope(f, 1, 0, 8, f, 0, nullptr, e); }, "cuda.rope");
+  expect_error([&] { rope(f, -1, 1, 8, f, 0, nullptr, e); }, "cuda.rope");
+  expect_error([&] { rope(f, 1, 1, 8, f, -3, nullptr, e); }, "cuda.rope");     // negative host position
+  expect_error([&] { rope(f, 1, 1, 8, nullptr, 0, nullptr, e); }, "cuda.rope");
+  expect_error([&] { glu(f, f, 4, static_cast<GluActivation>(7), f, e); }, "cuda.glu");
+  expect_error([&] { glu(f, f, -1, GluActivation::kSiLU, f, e); }, "cuda.glu");
+  expect_error([&] { glu(f, nullptr, 4, GluActivation::kSiLU, f, e); }, "cuda.glu");
+  expect_error([&] { add_inplace(f, f, -1, e); }, "cuda.add_inplace");
+  expect_error([&] { add_inplace(nullptr, f, 4, e); }, "cuda.add_inplace");
+  expect_error([&] { softcap(f, 4, 0.0f, e); }, "cuda.softcap");
+  expect_error([&] { softcap(f, 4, -30.0f, e); }, "cuda.softcap");
+  expect_error([&] { softcap(f, 4, std::numeric_limits<float>::quiet_NaN(), e); }, "cuda.softcap");
+  expect_error([&] { softcap(f, -1, 30.0f, e); }, "cuda.softcap");
+  expect_error([&] { argmax_rows(f, 1, 0, i32, e); }, "cuda.argmax_rows");
+  expect_error([&] { argmax_rows(f, -1, 4, i32, e); }, "cuda.argmax_rows");
+  expect_error([&] { argmax_rows(f, 1, (int64_t{1} << 30) + 1, i32, e); }, "cuda.argmax_rows");
+  expect_error([&] { argmax_rows(nullptr, 1, 4, i32, e); }, "cuda.argmax_rows");
+  // Zero-sized work is a no-op, not an error.
+  EXPECT_NO_THROW(rms_norm(f, f, 1.0f, 0, 4, 1e-6f, f, e));
+  EXPECT_NO_THROW(glu(f, f, 0, GluActivation::kSiLU, f, e));
+  EXPECT_NO_THROW(argmax_rows(f, 0, 4, i32, e));
+  se.stream.synchronize();
+}
+
+// ---- dense bf16 (cuBLASLt) ---------------------------------------------------------------------------------------
+
+struct DenseCase {
+  int64_t M, N, K;
+};
+
+// One dense_bf16 call on fresh inputs, checked against the float64 product of the bf16-rounded inputs.
+// bias_mode: 0 none, 1 aligned (epilogue), 2 misaligned (the separate bias kernel); out_shift/x_shift misalign those.
+void check_dense(StreamExec& se, const DenseCase& c, int bias_mode, size_t out_shift, size_t x_shift,
+                 std::mt19937_64& rng) {
+  SCOPED_TRACE("M " + std::to_string(c.M) + " N " + std::to_string(c.N) + " K " + std::to_string(c.K) + " bias " +
+               std::to_string(bias_mode) + " out_shift " + std::to_string(out_shift) + " x_shift " +
+               std::to_string(x_shift));
+  const auto M = static_cast<size_t>(c.M), N = static_cast<size_t>(c.N), K = static_cast<size_t>(c.K);
+  const std::vector<float> x = test::randn(rng, M * K);
+  const std::vector<float> wf = test::randn(rng, N * K, 0.05f);
+  const std::vector<float> bias = test::randn(rng, N);
+  std::vector<uint16_t> w(N * K);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+  Guarded<float> d_x(M * K, x_shift), d_bias(N, bias_mode == 2 ? 1 : 0), d_out(M * N, out_shift);
+  Guarded<uint16_t> d_w(N * K);
+  d_x.upload(x);
+  d_w.upload(w);
+  d_bias.upload(bias);
+  DeviceBuffer ws(dense_bf16_workspace_bytes(c.M, c.K));
+  Exec exec{se.stream.handle(), ws.data(), ws.bytes()};
+  dense_bf16(d_x.data(), d_w.data(), bias_mode ? d_bias.data() : nullptr, d_out.data(), c.M, c.N, c.K, exec);
+  se.stream.synchronize();
+  const std::vector<float> got = d_out.download();
+  EXPECT_TRUE(d_out.guards_intact());
+  EXPECT_TRUE(d_x.guards_intact());
+  // Inputs are rounded to bf16 exactly as the GPU does (f32_to_bf16), so the only error is float32 accumulation:
+  // ≤ K·u·Σ|x||w| for any summation order with round-to-nearest; tensor cores may truncate inside their adds, so
+  // allow 2u per add, plus the final rounding and the bias addition.
+  std::vector<double> want(M * N), tol(M * N);
+  std::vector<double> xb(K);
+  for (size_t m = 0; m < M; ++m) {
+    for (size_t k = 0; k < K; ++k) xb[k] = bf16_to_f32(f32_to_bf16(x[m * K + k]));
+    for (size_t n = 0; n < N; ++n) {
+      double s = 0.0, s_abs = 0.0;
+      const uint16_t* wr = w.data() + n * K;
+      for (size_t k = 0; k < K; ++k) {
+        const double p = xb[k] * static_cast<double>(bf16_to_f32(wr[k]));
+        s += p;
+        s_abs += std::abs(p);
+      }
+      const double b = bias_mode ? static_cast<double>(bias[n]) : 0.0;
+      want[m * N + n] = s + b;
+      tol[m * N + n] = (2.0 * static_cast<double>(K + 2) * s_abs + 2.0 * std::abs(s + b) + std::abs(b)) * kU + 1e-30;
+    }
+  }
+  ASSERT_TRUE(within(got, want, tol));
+}
+
+TEST(CudaOps, DenseBf16MatchesFloat64ProductOfRoundedInputs) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(108);
+  StreamExec se;
+  const std::vector<DenseCase> cases = {{1, 1, 1},     {1, 7, 33},     {7, 129, 67},     {33, 67, 129},
+                                        {1, 4097, 64}, {2, 1024, 4096}, {67, 1000, 4097}, {129, 257, 1}};
+  for (const DenseCase& c : cases)
+    for (int bias_mode : {0, 1, 2}) check_dense(se, c, bias_mode, 0, 0, rng);
+  // Misaligned output / input (other cuBLASLt alignment classes, scalar bf16 conversion).
+  check_dense(se, {7, 129, 67}, 1, 1, 1, rng);
+  check_dense(se, {3, 64, 256}, 0, 1, 0, rng);
+  check_dense(se, {5, 64, 256}, 2, 0, 1, rng);
+}
+
+TEST(CudaOps, DenseBf16InCudaGraphAfterPrepareAndRefusesUnpreparedCapture) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(109);
+  StreamExec se;
+  auto stream = static_cast<cudaStream_t>(se.stream.handle());
+  // Shapes no other test uses, so that nothing is cached yet. Thread-local capture mode, as bench_graph uses.
+  const int64_t M = 3, N = 331, K = 259;
+  dense_bf16_prepare(M, N, K);
+  const std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+  std::vector<uint16_t> w(static_cast<size_t>(N * K));
+  const std::vector<float> wf = test::randn(rng, w.size(), 0.05f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+  const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
+  DeviceBuffer d_x = to_device(x.data(), x.size() * 4), d_w = to_device(w.data(), w.size() * 2),
+               d_bias = to_device(bias.data(), bias.size() * 4);
+  Guarded<float> d_out(static_cast<size_t>(M * N));
+  DeviceBuffer ws(dense_bf16_workspace_bytes(M, K));
+  const Exec exec{se.stream.handle(), ws.data(), ws.bytes()};
+
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  dense_bf16(d_x.as<float>(), d_w.data(), d_bias.as<float>(), d_out.data(), M, N, K, exec);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t instance = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    d_out.poison();
+    ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
+    se.stream.synchronize();
+    const std::vector<float> got = d_out.download();
+    EXPECT_TRUE(d_out.guards_intact());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double s = bias[static_cast<size_t>(n)], s_abs = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = static_cast<double>(bf16_to_f32(f32_to_bf16(x[static_cast<size_t>(m * K + k)]))) *
+                           static_cast<double>(bf16_to_f32(w[static_cast<size_t>(n * K + k)]));
+          s += p;
+          s_abs += std::abs(p);
+        }
+        const float g = got[static_cast<size_t>(m * N + n)];
+        ASSERT_FALSE(std::isnan(g)) << m << ", " << n;
+        ASSERT_LE(std::abs(static_cast<double>(g) - s),
+                  (2.0 * static_cast<double>(K + 2) * s_abs + 3.0 * std::abs(s) + 10.0) * kU)
+            << m << ", " << n;
+      }
+  }
+  cudaGraphExecDestroy(instance);
+  cudaGraphDestroy(graph);
+
+  // A shape never prepared nor run: refused inside a capture, with nothing enqueued (the capture stays valid).
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  expect_error([&] { dense_bf16(d_x.as<float>(), d_w.data(), nullptr, d_out.data(), M, N - 2, K, exec); },
+               "cuda.dense_bf16");
+  cudaGraph_t empty = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &empty), cudaSuccess);
+  if (empty) cudaGraphDestroy(empty);
+}
+
+TEST(CudaOps, DenseBf16BadArgumentsAreErrors) {
+  CIDER_REQUIRE_GPU();
+  StreamExec se;
+  DeviceBuffer buf(1 << 20);
+  auto* f = buf.as<float>();
+  DeviceBuffer ws(dense_bf16_workspace_bytes(4, 64));
+  const Exec ok{se.stream.handle(), ws.data(), ws.bytes()};
+  const Exec small{se.stream.handle(), ws.data(), ws.bytes() - 1};
+  const Exec none{se.stream.handle(), nullptr, 0};
+  const Exec odd{se.stream.handle(), static_cast<char*>(ws.data()) + 16, ws.bytes() - 16};
+  expect_error([&] { dense_bf16(f, f, nullptr, f, -1, 8, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, f, 4, 0, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, f, 4, 8, 0, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(nullptr, f, nullptr, f, 4, 8, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, nullptr, nullptr, f, 4, 8, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, nullptr, 4, 8, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, f, 4, 8, 64, small); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, f, 4, 8, 64, none); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, f, nullptr, f, 4, 8, 64, odd); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16(f, reinterpret_cast<const char*>(f) + 1, nullptr, f, 4, 8, 64, ok); },
+               "cuda.dense_bf16");
+  expect_error([&] { dense_bf16_prepare(4, 0, 64); }, "cuda.dense_bf16");
+  EXPECT_NO_THROW(dense_bf16(f, f, nullptr, f, 0, 8, 64, none));  // M = 0: nothing to do
+  se.stream.synchronize();
+}
+
+}  // namespace
+}  // namespace cider::cuda
