@@ -186,8 +186,10 @@ TEST(CudaGemm, QuantizeRowsBitExact) {
       for (int64_t K : {1, 7, 33, 96, 4096, 4160}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " M" + std::to_string(M) + " K" + std::to_string(K));
         std::vector<float> xf = test::randn(rng, static_cast<size_t>(M * K));
-        // Values exactly halfway between codes (rint ties to even), an all-zero row, a row with inf, tiny values.
+        // Row 0: max 127 (so sx = 1) and values exactly halfway between codes (rint ties to even); then an
+        // all-zero row, a row with inf, tiny values.
         for (int64_t k = 0; k < K; ++k) xf[static_cast<size_t>(k)] = static_cast<float>(k % 11) - 5.0f + 0.5f;
+        xf[0] = 127.0f;
         if (M > 1) std::fill(xf.begin() + K, xf.begin() + 2 * K, 0.0f);
         if (M > 2) xf[static_cast<size_t>(2 * K + K / 3)] = INFINITY;
         if (M > 3)
@@ -279,7 +281,7 @@ void mode_sweep(bool int4) {
   for (int gs : groups) {
     GemmCase c;
     c.int4 = int4;
-    c.M = 300;
+    c.M = 129;
     c.N = 4097;
     c.K = gs == 0 || gs == 64 ? 4160 : 4096;
     c.group_size = gs;
