@@ -1,0 +1,111 @@
+// Decode GEMV benchmarks: cuda::w8a8_gemv / cuda::w4a8_gemv against PyTorch's bf16 GEMV (and int8 _int_mm at M32),
+// rows of ../shared/tools/gpu_anchors.py. x float32 (the engine's activations), out float32.
+// Weights: fresh random bytes, rotated over enough distinct copies that a replay never finds them in the 60 MB L2.
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_cuda.h"
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/kernel_table.h"
+
+namespace cider::bench {
+namespace {
+
+std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
+  std::vector<uint8_t> v(n);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t r = rng();
+    for (int b = 0; b < 8; ++b) v[i + static_cast<size_t>(b)] = static_cast<uint8_t>(r >> (8 * b));
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
+
+BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group_size, const char* peer) {
+  std::mt19937_64 rng(0x5eed0000u + static_cast<uint64_t>(M * 131 + K * 7 + N + group_size));
+  const size_t w_bytes = static_cast<size_t>(int4 ? N * K / 2 : N * K);
+  const int64_t groups = group_size == 0 ? 1 : K / group_size;
+  const size_t scale_bytes = static_cast<size_t>(groups * N) * sizeof(float);
+  // ≥ 4 copies and ≥ 2.5 × the 60 MB L2 in all.
+  const size_t copies = std::max<size_t>(4, (150u << 20) / (w_bytes + scale_bytes) + 1);
+
+  std::vector<cuda::DeviceBuffer> weights, scales;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale_dist(1e-3f, 2e-2f);
+  for (size_t c = 0; c < copies; ++c) {
+    std::vector<uint8_t> w = random_bytes(rng, w_bytes);
+    weights.push_back(cuda::to_device(w.data(), w.size()));
+    std::vector<float> s(static_cast<size_t>(groups * N));
+    for (auto& v : s) v = scale_dist(rng);
+    scales.push_back(cuda::to_device(s.data(), scale_bytes));
+  }
+  std::vector<float> x(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N));
+  for (auto& v : x) v = normal(rng);
+  for (auto& v : bias) v = normal(rng);
+  cuda::DeviceBuffer d_x = cuda::to_device(x.data(), x.size() * sizeof(float));
+  cuda::DeviceBuffer d_bias = cuda::to_device(bias.data(), bias.size() * sizeof(float));
+  cuda::DeviceBuffer d_out(static_cast<size_t>(M * N) * sizeof(float));
+
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    const size_t c = next++ % copies;
+    kernels::IntLinearArgs a{d_x.data(), DType::kF32, weights[c].data(), scales[c].as<float>(), d_bias.as<float>(),
+                             d_out.data(), DType::kF32, M, N, K, group_size};
+    cuda::Exec exec;
+    exec.stream = s;
+    int4 ? cuda::w4a8_gemv(a, exec) : cuda::w8a8_gemv(a, exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
+  r.flops = 2.0 * static_cast<double>(M * K * N);
+  r.peer = peer;
+  r.note = std::to_string(copies) + " weight copies";
+  return r;
+}
+
+}  // namespace
+
+// M = 1, Llama-3-8B-like MLP up/gate (K4096 N14336), attention-sized (K4096 N4096), 70B-like (K8192 N28672).
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w8a8 gemv g128 M1 K4096 N14336", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w4a8 gemv g128 M1 K4096 N14336", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w4a8 gemv g32 M1 K4096 N14336", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N4096", "linear") {
+  return bench_int_gemv(false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096");
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N4096", "linear") {
+  return bench_int_gemv(true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096");
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672", "linear") {
+  return bench_int_gemv(false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672");
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K8192 N28672", "linear") {
+  return bench_int_gemv(true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672");
+}
+// A decode batch of 16 tokens: the weights are streamed once for all 16 rows.
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
+}
+CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336", "linear") {
+  return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
+}
+
+}  // namespace cider::bench

@@ -1,0 +1,282 @@
+// CUDA W8A8 / W4A8 decode GEMV (kernels/cuda/linear_gemv.cu) against the CPU reference kernels.
+//
+// Tolerance, derived: the activation codes and the integer group sums are exact on both sides, and both form the
+// same float32 terms t_g = fl(sw_g · float(acc_g)). They differ only in the order of the float32 sum over the G
+// groups (any order is within γ_{G-1}·Σ|t_g| of the exact sum) and then round the same two operations (·sx, +bias),
+// so |gpu − ref| ≤ 2·(G+1)·u·(sx·Σ|t_g| + |bias|) with u = 2⁻²⁴ (per channel G = 1, and in fact bit-identical).
+// A bf16/f16 output rounds each side's float32 value by at most half an ulp of the output dtype, so the outputs may
+// differ by one more ulp (when the two float32 values straddle a rounding boundary). NaN never passes, except where
+// the reference itself gives NaN (a row of x holding NaN/inf).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/cuda_test_support.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/kernel_table.h"
+#include "quant/int4.h"
+#include "quant/int8.h"
+#include "support/test_support.h"
+
+namespace cider::cuda {
+namespace {
+
+constexpr size_t kGuard = 256;  // poisoned bytes on each side of the output
+constexpr double kU = 1.0 / 16777216.0;
+
+struct Case {
+  bool int4;
+  int64_t M, N, K;
+  int group_size;
+  DType x_dtype, out_dtype;
+  bool bias;
+  std::string describe() const {
+    std::ostringstream s;
+    s << (int4 ? "w4a8" : "w8a8") << " M" << M << " N" << N << " K" << K << " gs" << group_size << " x "
+      << dtype_name(x_dtype) << " out " << dtype_name(out_dtype) << (bias ? " bias" : "");
+    return s.str();
+  }
+};
+
+// One ulp of a bf16/f16 value of magnitude |v| (0 for f32: no output rounding beyond the float32 bound).
+double out_ulp(DType t, double v) {
+  if (t == DType::kF32) return 0.0;
+  int e = 0;
+  std::frexp(std::max(std::fabs(v), 1e-30), &e);  // |v| = f·2^e, f in [0.5, 1): ulp = 2^(e − 1 − mantissa bits)
+  if (t == DType::kBF16) return std::ldexp(1.0, std::max(e - 8, -133));
+  return std::ldexp(1.0, std::max(e - 11, -24));
+}
+
+int weight_code(const Case& c, const uint8_t* w, int64_t n, int64_t k) {
+  if (c.int4) return quant::int4_code(w + n * (c.K / 2), k);
+  return static_cast<int8_t>(w[n * c.K + k]);
+}
+
+// Runs one case on the GPU and the reference with the same inputs and checks every output element and the guards.
+// x_override: M·K float values to use instead of random ones (special rows).
+void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_override = nullptr) {
+  SCOPED_TRACE(c.describe());
+  const int64_t M = c.M, N = c.N, K = c.K;
+  const int64_t groups = c.group_size == 0 ? 1 : K / c.group_size;
+  const int64_t span = K / groups;
+
+  std::vector<float> x = x_override ? *x_override : test::randn(rng, static_cast<size_t>(M * K), 1.5f);
+  const std::vector<uint8_t> x_bytes = test::to_dtype_bytes(x, c.x_dtype);
+  const size_t w_bytes = static_cast<size_t>(c.int4 ? N * K / 2 : N * K);
+  std::vector<uint8_t> w(w_bytes);
+  for (auto& b : w) b = static_cast<uint8_t>(rng() & 0xffu);
+  if (!c.int4)  // the W8 format never holds -128 (symmetric codes)
+    for (auto& b : w) b = b == 0x80 ? 0x81 : b;
+  const std::vector<float> scales = test::uniform(rng, static_cast<size_t>(groups * N), 1e-3f, 2e-2f);
+  const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N), 2.0f);
+
+  // Reference.
+  const size_t out_elem = static_cast<size_t>(dtype_size(c.out_dtype));
+  const size_t out_bytes = static_cast<size_t>(M * N) * out_elem;
+  std::vector<uint8_t> want_bytes(out_bytes);
+  kernels::IntLinearArgs host{x_bytes.data(), c.x_dtype, w.data(), scales.data(), c.bias ? bias.data() : nullptr,
+                              want_bytes.data(), c.out_dtype, M, N, K, c.group_size};
+  const kernels::KernelTable& ref = kernels::ref_kernels();
+  if (c.int4) (M == 1 ? ref.w4a8_gemv : ref.w4a8_gemm)(host);
+  else (M == 1 ? ref.w8a8_gemv : ref.w8a8_gemm)(host);
+
+  // GPU, output poisoned (0xFF bytes: NaN in every float dtype) and guarded.
+  DeviceBuffer d_x = to_device(x_bytes.data(), x_bytes.size());
+  DeviceBuffer d_w = to_device(w.data(), w.size());
+  DeviceBuffer d_scales = to_device(scales.data(), scales.size() * sizeof(float));
+  DeviceBuffer d_bias = to_device(bias.data(), bias.size() * sizeof(float));
+  DeviceBuffer d_out(out_bytes + 2 * kGuard);
+  d_out.fill(0xFF);
+  kernels::IntLinearArgs dev = host;
+  dev.x = d_x.data();
+  dev.w = d_w.data();
+  dev.w_scales = d_scales.as<float>();
+  dev.bias = c.bias ? d_bias.as<float>() : nullptr;
+  dev.out = static_cast<uint8_t*>(d_out.data()) + kGuard;
+  if (c.int4) w4a8_gemv(dev, Exec{});
+  else w8a8_gemv(dev, Exec{});
+  device_synchronize("test_cuda_gemv");
+  std::vector<uint8_t> got_all(d_out.bytes());
+  d_out.download(got_all.data(), got_all.size());
+  for (size_t i = 0; i < kGuard; ++i) {
+    ASSERT_EQ(got_all[i], 0xFF) << "write before the output at byte " << i;
+    ASSERT_EQ(got_all[kGuard + out_bytes + i], 0xFF) << "write past the output at byte " << i;
+  }
+  const std::vector<float> got = test::from_dtype_bytes(got_all.data() + kGuard, c.out_dtype, static_cast<size_t>(M * N));
+  const std::vector<float> want = test::from_dtype_bytes(want_bytes.data(), c.out_dtype, static_cast<size_t>(M * N));
+
+  // Per element: the bound above, from the exact codes (quant::quantize_int8_row, as the reference quantizes).
+  const size_t x_row_bytes = static_cast<size_t>(K) * static_cast<size_t>(dtype_size(c.x_dtype));
+  std::vector<int8_t> xq(static_cast<size_t>(K));
+  int failures = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const float sx = quant::quantize_int8_row(x_bytes.data() + static_cast<size_t>(m) * x_row_bytes, c.x_dtype, K,
+                                              xq.data());
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t i = static_cast<size_t>(m * N + n);
+      if (std::isnan(want[i])) {  // the reference's NaN row (x held NaN/inf)
+        EXPECT_TRUE(std::isnan(got[i])) << "[" << m << ", " << n << "] want NaN, got " << got[i];
+        continue;
+      }
+      double abs_terms = 0;  // Σ_g |sw_g · acc_g|
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        int64_t acc = 0;
+        for (int64_t k = gi * span; k < (gi + 1) * span; ++k)
+          acc += static_cast<int64_t>(xq[static_cast<size_t>(k)]) * weight_code(c, w.data(), n, k);
+        const float sw = c.group_size == 0 ? scales[static_cast<size_t>(n)] : scales[static_cast<size_t>(gi * N + n)];
+        abs_terms += std::fabs(static_cast<double>(sw) * static_cast<double>(acc));
+      }
+      const double magnitude = static_cast<double>(sx) * abs_terms * (1 + 4 * kU) +
+                               (c.bias ? std::fabs(static_cast<double>(bias[static_cast<size_t>(n)])) : 0.0);
+      double tol = 2.0 * static_cast<double>(groups + 1) * kU * magnitude * 1.01 + 1e-37;
+      tol += out_ulp(c.out_dtype, std::max(std::fabs(static_cast<double>(want[i])), std::fabs(static_cast<double>(got[i]))));
+      const double diff = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+      if (std::isnan(got[i]) || !(diff <= tol)) {
+        if (++failures <= 5)
+          ADD_FAILURE() << "[" << m << ", " << n << "] got " << got[i] << ", want " << want[i] << " (diff " << diff
+                        << " > tol " << tol << ")";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << "elements out of tolerance";
+}
+
+const std::vector<DType>& float_dtypes() {
+  static const std::vector<DType> t = {DType::kF32, DType::kBF16, DType::kF16};
+  return t;
+}
+
+std::vector<int> group_sizes(bool int4, int64_t K) {
+  std::vector<int> out;
+  for (int gs : int4 ? std::vector<int>{0, 32, 64, 128, 256} : std::vector<int>{0, 64, 128, 256})
+    if (gs == 0 || K % gs == 0) out.push_back(gs);
+  return out;
+}
+
+// Every M/K/N combination of the sweep; scale mode, dtypes and bias rotate so that each appears many times.
+void sweep_shapes(bool int4, uint64_t salt) {
+  auto rng = test::make_rng(salt);
+  int i = 0;
+  for (int64_t M : {1, 2, 5, 16})
+    for (int64_t K : {64, 128 * 3, 128 * 9, 4096, 4160})
+      for (int64_t N : {1, 7, 33, 67, 129, 4097}) {
+        if (K == 128 * 9 && N == 4097) continue;  // keeps the CPU reference time down; 4097 is covered by 3 K's
+        const std::vector<int> gss = group_sizes(int4, K);
+        Case c{int4, M, N, K, gss[static_cast<size_t>(i) % gss.size()], float_dtypes()[static_cast<size_t>(i) % 3],
+               float_dtypes()[static_cast<size_t>(i / 3) % 3], i % 2 == 0};
+        run_case(c, rng);
+        ++i;
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
+TEST(CudaGemv, W8A8Shapes) {
+  CIDER_REQUIRE_GPU();
+  sweep_shapes(false, 501);
+}
+
+TEST(CudaGemv, W4A8Shapes) {
+  CIDER_REQUIRE_GPU();
+  sweep_shapes(true, 502);
+}
+
+// Every scale mode × x dtype × out dtype × bias, with one and two column blocks (M ≤ 8, M > 8).
+void sweep_modes(bool int4, uint64_t salt) {
+  auto rng = test::make_rng(salt);
+  const int64_t K = 1024, N = 67;
+  for (int64_t M : {3, 12})
+    for (int gs : group_sizes(int4, K))
+      for (DType xd : float_dtypes())
+        for (DType od : float_dtypes())
+          for (bool bias : {false, true}) {
+            run_case(Case{int4, M, N, K, gs, xd, od, bias}, rng);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+}
+
+TEST(CudaGemv, W8A8EveryModeAndDtype) {
+  CIDER_REQUIRE_GPU();
+  sweep_modes(false, 503);
+}
+
+TEST(CudaGemv, W4A8EveryModeAndDtype) {
+  CIDER_REQUIRE_GPU();
+  sweep_modes(true, 504);
+}
+
+// Rows that pin the activation quantization: NaN / inf rows (NaN outputs), an all-zero row (sx = 1, out = bias),
+// a row whose scale is exactly 1 with values at k + 0.5 (rint's ties to even), a row of one huge and tiny values.
+TEST(CudaGemv, SpecialActivationRows) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(505);
+  const int64_t M = 6, K = 512, N = 33;
+  std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+  auto row = [&](int64_t m) { return x.begin() + m * K; };
+  row(1)[17] = INFINITY;
+  std::fill(row(2), row(2) + K, 0.0f);
+  for (int64_t k = 0; k < K; ++k) row(3)[k] = static_cast<float>(k % 120) - 59.5f;  // ties at ±0.5 … ±59.5
+  row(3)[5] = 127.0f;                                                              // sx = 127 / 127 = 1
+  row(4)[300] = NAN;
+  for (int64_t k = 0; k < K; ++k) row(5)[k] = 1e-3f * static_cast<float>((k * 37) % 11 - 5);
+  row(5)[7] = 3e4f;
+  for (bool int4 : {false, true})
+    for (int gs : {0, 64})
+      for (DType xd : float_dtypes()) run_case(Case{int4, M, N, K, gs, xd, DType::kF32, true}, rng, &x);
+}
+
+// K large enough that 16 quantized rows do not fit shared memory: the launcher runs the rows in several passes.
+TEST(CudaGemv, RowsInSeveralPasses) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(506);
+  for (bool int4 : {false, true})
+    for (int gs : {0, 128}) run_case(Case{int4, 16, 33, 8192, gs, DType::kBF16, DType::kF32, true}, rng);
+  run_case(Case{false, 9, 7, 24576, 0, DType::kF32, DType::kBF16, false}, rng);
+}
+
+// The launcher's validation: each bad argument is a cider::Error naming the op.
+TEST(CudaGemv, RejectsBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer x(size_t{1} << 20), w(size_t{1} << 20), s(size_t{1} << 16), out(size_t{1} << 16);
+  for (bool int4 : {false, true}) {
+    const char* op = int4 ? "cuda.w4a8_gemv" : "cuda.w8a8_gemv";
+    const kernels::IntLinearArgs good{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, out.data(),
+                                      DType::kF32, 2, 64, 256, 0};
+    auto launch = [&](const kernels::IntLinearArgs& a) { int4 ? w4a8_gemv(a, Exec{}) : w8a8_gemv(a, Exec{}); };
+    EXPECT_NO_THROW(launch(good));
+    device_synchronize("test_cuda_gemv");
+    auto expect_error = [&](const std::function<void(kernels::IntLinearArgs&)>& edit, const char* what) {
+      kernels::IntLinearArgs a = good;
+      edit(a);
+      try {
+        launch(a);
+        ADD_FAILURE() << op << ": no error for " << what;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << what << ": " << e.what();
+      }
+    };
+    expect_error([](auto& a) { a.M = 0; }, "M = 0");
+    expect_error([](auto& a) { a.M = 17; }, "M = 17");
+    expect_error([](auto& a) { a.N = 0; }, "N = 0");
+    expect_error([&](auto& a) { a.K = int4 ? 48 : 40; }, "K not a multiple of the 16-byte row piece");
+    expect_error([](auto& a) { a.x_dtype = DType::kI8; }, "int8 x");
+    expect_error([](auto& a) { a.out_dtype = DType::kI32; }, "int32 out");
+    expect_error([&](auto& a) { a.group_size = int4 ? 96 : 32; }, "bad group size");
+    expect_error([](auto& a) { a.K = 192, a.group_size = 128; }, "K not a multiple of the group size");
+    expect_error([&](auto& a) { a.K = int4 ? 2113952 : 133152; }, "per-channel K beyond exact int32 sums");
+    expect_error([](auto& a) { a.K = 131072, a.group_size = 128; }, "K beyond shared memory");
+    expect_error([](auto& a) { a.w = nullptr; }, "null w");
+    expect_error([](auto& a) { a.w_scales = nullptr; }, "null scales");
+    expect_error([](auto& a) { a.x = static_cast<const uint8_t*>(a.x) + 4; }, "misaligned x");
+  }
+}
+
+}  // namespace
+}  // namespace cider::cuda
