@@ -312,7 +312,9 @@ __global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_ke
         const int unit = warp + kWarps * ((q >> cpu_shift));
         const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
         const int k = chunk * C::kChunkK + tig * C::kThreadK;
-        if (k < p.K) {
+        // False for some lanes of a tail chunk: B is zeroed there (W4 zero words would unpack to -8, so B matters).
+        const bool k_ok = k < p.K;
+        {  // mma.sync is warp-collective: every lane runs it (q is warp-uniform), only the data is predicated
           // A words, in k order of my piece: W8 = the loaded words; W4 = per loaded word [evens, odds].
           uint32_t a_lo[2 * C::kSteps], a_hi[2 * C::kSteps];
 #pragma unroll
@@ -331,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_ke
           for (int cb = 0; cb < kColBlocks; ++cb) {
             const int m = cb * 8 + g;
             uint32_t xw[C::kXqWords];
-            if (m < p.M) {
+            if (k_ok && m < p.M) {
               load_shared_words<C::kXqWords>(xq + m * p.xq_stride + k, xw);
             } else {
 #pragma unroll
