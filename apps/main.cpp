@@ -24,7 +24,7 @@ CLI::Option* add_model_options(CLI::App* c, ModelArgs& m) {
       ->capture_default_str();
   c->add_option("--kv", m.kv, "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k4v4, k4v3, k3v2, ...)")
       ->capture_default_str();
-  c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, none")
+  c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none")
       ->capture_default_str();
   c->add_option("--kv-group-size", m.kv_group_size, "quantization group of a quantized KV cache: 32, 64, 128")
       ->capture_default_str();

@@ -657,5 +657,79 @@ TEST(KVAppendX86, EveryLevelIsBitIdenticalToReference) {
       }
 }
 
+// The Hadamard rotation (3, qL = the signs): every level gives the reference's bytes, and the reference is
+// Rotation::apply followed by affine_quantize_row / rounding. Powers of two from 1 (plain) or 32 (quantized) to 512
+// and other dims (blocks of 8, 16, 32), so the in-vector stages, the between-vector stages, several blocks per row
+// and the short-block fallback all run.
+TEST(KVAppendX86, HadamardEveryLevelIsBitIdenticalToReference) {
+  auto rng = test::make_rng(406);
+  const DType src_types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType dst_types[] = {DType::kF16, DType::kBF16, DType::kF32};
+  int idx = 0;
+  for (int bits : {0, 2, 3, 4, 5, 6, 8})
+    for (int64_t dim : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 256, 512}) {
+      if (bits && dim % 32) continue;
+      ++idx;
+      int gs = bits ? static_cast<int>(std::min<int64_t>(dim, 32 << (idx % 3))) : 0;
+      if (bits && dim % gs) gs = 32;
+      const int64_t n = idx % 3 == 0 ? 1 : (idx % 3 == 1 ? 7 : 33);
+      const int64_t stride = idx % 4 == 1 ? 3 : 1;
+      const DType src_dtype = src_types[idx % 3], dst_dtype = dst_types[(idx / 3) % 3];
+      std::vector<float> x = append_source(rng, n, dim * stride, gs ? gs : static_cast<int>(std::min<int64_t>(dim, 32)));
+      // Finite inputs only (the cache rejects others): the ×3e4 rows would overflow float16 to ±inf, and NaNs that a
+      // transform over the whole row then makes may differ in sign between levels (payloads are not specified).
+      for (float& v : x) v = std::clamp(v, -6e4f, 6e4f);
+      const std::vector<uint8_t> src = test::to_dtype_bytes(x, src_dtype);
+      const nn::Rotation rot(dim, RotationKind::kHadamard, rng());
+      KVAppendArgs a{};
+      a.src = src.data();
+      a.src_dtype = src_dtype;
+      a.src_elem_stride = stride;
+      a.src_row_stride = dim * stride;
+      a.n = n;
+      a.dim = dim;
+      a.rotation = 3;
+      a.qL = rot.kernel_qL();
+      a.qR = rot.kernel_qR();
+      a.dst_dtype = dst_dtype;
+      a.bits = bits;
+      a.group_size = gs;
+      const size_t code_bytes =
+          static_cast<size_t>(bits ? n * quant::packed_words(dim, bits) * 4 : n * dim * dtype_size(dst_dtype));
+      const size_t scale_bytes = bits ? static_cast<size_t>(n * (dim / gs) * dtype_size(dst_dtype)) : 0;
+      const std::vector<uint8_t> want = run_append(kernels::ref_kernels().kv_append, a, code_bytes, scale_bytes);
+      std::vector<uint8_t> legacy;
+      {
+        std::vector<float> rows(static_cast<size_t>(n * dim));
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t d = 0; d < dim; ++d)
+            rows[static_cast<size_t>(r * dim + d)] = load_float(src.data(), src_dtype, r * a.src_row_stride + d * stride);
+        rot.apply(rows.data(), n);
+        std::vector<uint8_t> codes(code_bytes), sc(scale_bytes), bi(scale_bytes);
+        for (int64_t r = 0; r < n; ++r) {
+          if (bits) {
+            quant::affine_quantize_row(&rows[static_cast<size_t>(r * dim)], dim, gs, bits,
+                                       reinterpret_cast<uint32_t*>(codes.data()) + r * quant::packed_words(dim, bits),
+                                       sc.data() + r * (dim / gs) * dtype_size(dst_dtype),
+                                       bi.data() + r * (dim / gs) * dtype_size(dst_dtype), dst_dtype);
+          } else {
+            for (int64_t d = 0; d < dim; ++d)
+              store_float(codes.data(), dst_dtype, r * dim + d, rows[static_cast<size_t>(r * dim + d)]);
+          }
+        }
+        legacy = codes;
+        legacy.insert(legacy.end(), sc.begin(), sc.end());
+        legacy.insert(legacy.end(), bi.begin(), bi.end());
+      }
+      ASSERT_EQ(want, legacy) << "reference vs Rotation::apply + quantize: bits " << bits << " dim " << dim;
+      for (IsaLevel level : fast_levels()) {
+        const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+        ASSERT_EQ(run_append(t.kv_append, a, code_bytes, scale_bytes), want)
+            << t.name << " hadamard bits " << bits << " dim " << dim << " gs " << gs << " n " << n << " src "
+            << dtype_name(src_dtype) << " dst " << dtype_name(dst_dtype) << " stride " << stride;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace cider

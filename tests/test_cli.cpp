@@ -115,7 +115,7 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --stop ''", "--stop strings must not be empty"},
       {"generate " + m + "-p x --weights w3a8", "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8; got \"w3a8\""},
       {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
-      {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast or none; got \"so5\""},
+      {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast, hadamard or none; got \"so5\""},
       {"generate " + m + "-p x --kv-group-size 48", "[options] --kv-group-size must be one of 32, 64, 128; got 48"},
       {"generate " + m + "-p x --threads 0", "[options] --threads must be >= 1; got 0"},
       {"generate " + m + "-p x --ctx -5", "[options] --ctx must be >= 0 (0 = the model's maximum); got -5"},
@@ -306,6 +306,22 @@ TEST_F(Cli, PerplexityAgainstABaselineReportsKlAndTopOne) {
   ASSERT_EQ(low.status, 0) << low.err;
   EXPECT_GT(number_after(low.out, "mean KL(baseline || tested): "), 0.0) << low.out;
   EXPECT_NE(low.out.find("baseline: weights bf16, kv bf16"), std::string::npos) << low.out;
+}
+
+TEST_F(Cli, HadamardKvRotationIsAccepted) {
+  const std::string file = (scratch_dir() / "readme_hadamard.txt").string();
+  std::ofstream(file) << slurp(kTiny + "/README.md").substr(0, 300);
+  // cider-tiny's head_dim 64 is a power of two: the cache rotates with one 64-point Hadamard transform per head.
+  const CliResult r = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
+                            " --ctx 32 --kv k8v4 --kv-rotation hadamard --kv-group-size 32 --baseline-kv bf16");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_GT(number_after(r.out, "mean KL(baseline || tested): "), 0.0) << r.out;
+  // 8-bit keys and 4-bit values: close to the bf16 baseline (the same command without rotation gives ~0.01).
+  EXPECT_LT(number_after(r.out, "mean KL(baseline || tested): "), 0.05) << r.out;
+  const CliResult g = cider("generate -m " + quote(kTiny) + " --kv k4v4 --kv-rotation hadamard --temperature 0 "
+                            "--max-tokens 4 -p hello");
+  ASSERT_EQ(g.status, 0) << g.err;
+  EXPECT_NE(g.err.find("kv k4v4/hadamard/g64"), std::string::npos) << g.err;
 }
 
 TEST_F(Cli, ChatKeepsTheConversationAndResetStartsOver) {

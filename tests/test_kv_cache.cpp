@@ -21,6 +21,7 @@ using nn::PlainKVCache;
 using nn::PlainKVCacheConfig;
 using nn::QuantizedKVCache;
 using nn::QuantizedKVCacheConfig;
+using nn::Rotation;
 using nn::RotationKind;
 using nn::SO4Rotation;
 
@@ -213,6 +214,10 @@ TEST(KVCache, StoresQuantizedRotatedRows) {
       {DType::kBF16, DType::kF16, 8, 2, 32, RotationKind::kNone, DType::kBF16, 96, 32},
       {DType::kF16, DType::kF32, 5, 6, 128, RotationKind::kSO4Full, DType::kF32, 256, 128},
       {DType::kBF16, DType::kBF16, 3, 4, 32, RotationKind::kSO4Full, DType::kF16, 160, 64},
+      {DType::kBF16, DType::kF16, 4, 3, 64, RotationKind::kHadamard, DType::kF16, 256, 256},
+      {DType::kF32, DType::kBF16, 8, 4, 32, RotationKind::kHadamard, DType::kBF16, 64, 128},
+      {DType::kF16, DType::kF32, 2, 8, 128, RotationKind::kHadamard, DType::kF32, 128, 512},
+      {DType::kF32, DType::kF16, 4, 4, 32, RotationKind::kHadamard, DType::kF16, 96, 160},  // blocks of 32
   };
   for (const Case& cs : cases) {
     QuantizedKVCacheConfig cfg{cs.kb, cs.vb, cs.gs, cs.rot, rng(), cs.sd};
@@ -469,6 +474,50 @@ TEST(KVCache, PlainCacheStoresRoundedRotatedRows) {
       EXPECT_EQ(valid_bytes(other.keys()), valid_bytes(snap.keys()));
       EXPECT_EQ(valid_bytes(other.values()), valid_bytes(snap.values()));
     }
+}
+
+// The Hadamard rotation through snapshot / restore: the restored cache takes the kind and the seed from the
+// snapshot, so rows appended after the restore are rotated with the same signs as the ones before; a plain cache
+// stores the rotated rows rounded.
+TEST(KVCache, HadamardSurvivesSnapshotAndRestore) {
+  auto rng = test::make_rng(31);
+  QuantizedKVCacheConfig cfg{8, 4, 64, RotationKind::kHadamard, rng(), DType::kF16};
+  QuantizedKVCache c(cfg);
+  const int64_t B = 1, H = 2, Dk = 256, Dv = 128;
+  Input k = make_input(rng, DType::kBF16, B, H, 40, Dk, 3.0f), v = make_input(rng, DType::kF32, B, H, 40, Dv);
+  c.update_and_fetch(k.view(), v.view());
+  EXPECT_EQ(c.key_rotation().kind(), RotationKind::kHadamard);
+  EXPECT_EQ(c.key_rotation().signs(), Rotation(Dk, RotationKind::kHadamard, cfg.seed).signs());
+  const KVCacheSnapshot snap = c.snapshot();
+  EXPECT_EQ(snap.meta().rotation, RotationKind::kHadamard);
+  EXPECT_EQ(snap.meta().seed, cfg.seed);
+
+  QuantizedKVCache other(QuantizedKVCacheConfig{4, 3, 32, RotationKind::kSO4Full, cfg.seed + 1, DType::kBF16});
+  other.restore(snap);
+  EXPECT_EQ(other.config().rotation, RotationKind::kHadamard);
+  EXPECT_EQ(other.config().seed, cfg.seed);
+  EXPECT_EQ(other.key_rotation(), c.key_rotation());
+  EXPECT_EQ(other.value_rotation(), c.value_rotation());
+  EXPECT_EQ(other.key_rotation().signs(), c.key_rotation().signs());
+  EXPECT_EQ(valid_bytes(other.keys()), valid_bytes(snap.keys()));
+  Input k2 = make_input(rng, DType::kF16, B, H, 9, Dk), v2 = make_input(rng, DType::kF16, B, H, 9, Dv);
+  other.update_and_fetch(k2.view(), v2.view());
+  expect_quantized_rows(other, k, v, 0);
+  expect_quantized_rows(other, k2, v2, 40);
+
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    PlainKVCache p(PlainKVCacheConfig{dt, RotationKind::kHadamard, 5});
+    p.update_and_fetch(k.view(), v.view());
+    const Rotation krot(Dk, RotationKind::kHadamard, 5), vrot(Dv, RotationKind::kHadamard, 5);
+    for (int64_t t = 0; t < 40; ++t) {
+      ASSERT_EQ(row_bytes(p.keys(), 0, 1, t), expected_plain_row(k.row(0, 1, t), Dk, krot, dt)) << t;
+      ASSERT_EQ(row_bytes(p.values(), 0, 1, t), expected_plain_row(v.row(0, 1, t), Dv, vrot, dt)) << t;
+    }
+    PlainKVCache restored;
+    restored.restore(p.snapshot());
+    EXPECT_EQ(restored.config().rotation, RotationKind::kHadamard);
+    EXPECT_EQ(restored.key_rotation(), krot);
+  }
 }
 
 // ---- rejections: one per rule, each naming the op and the offending value ----

@@ -100,7 +100,13 @@ cider_status cider_linear_info(const cider_linear* layer, int64_t* in_features, 
 void cider_linear_free(cider_linear* layer);
 
 /* ---- the KV cache ------------------------------------------------------------------------------------------ */
-typedef enum cider_rotation { CIDER_ROTATION_NONE = 0, CIDER_ROTATION_SO4_FAST = 1, CIDER_ROTATION_SO4_FULL = 2 } cider_rotation;
+/* HADAMARD: a randomized Hadamard transform over the whole head (head_dim a power of two), docs/kv_cache.md. */
+typedef enum cider_rotation {
+  CIDER_ROTATION_NONE = 0,
+  CIDER_ROTATION_SO4_FAST = 1,
+  CIDER_ROTATION_SO4_FULL = 2,
+  CIDER_ROTATION_HADAMARD = 3
+} cider_rotation;
 
 typedef struct cider_kv_config {
   int quantized;            /* 1: affine-quantized (IsoQuant) cache; 0: plain cache of plain_dtype */

@@ -28,8 +28,8 @@ DType float_dtype(int v, const char* op, const char* what) {
 }
 
 cider::nn::RotationKind rotation_kind(int v, const char* op) {
-  cider::check(v >= CIDER_ROTATION_NONE && v <= CIDER_ROTATION_SO4_FULL, ErrorCode::kInvalidArgument, op,
-               "rotation must be CIDER_ROTATION_NONE (0), _SO4_FAST (1) or _SO4_FULL (2); got ", v);
+  cider::check(v >= CIDER_ROTATION_NONE && v <= CIDER_ROTATION_HADAMARD, ErrorCode::kInvalidArgument, op,
+               "rotation must be CIDER_ROTATION_NONE (0), _SO4_FAST (1), _SO4_FULL (2) or _HADAMARD (3); got ", v);
   return static_cast<cider::nn::RotationKind>(v);
 }
 

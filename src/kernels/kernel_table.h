@@ -103,7 +103,9 @@ struct AttentionArgs {
 // n consecutive positions of one (b, h). Row i is read from src (element d at src + i·src_row_stride +
 // d·src_elem_stride, in src_dtype f32/f16/bf16), read as float32, rotated in float32 by the SO(4) block rotation
 // (nn/rotation.h: rotation 0 none, 1 fast w = qL·v, 2 full w = qL·v·conj(qR); Hamilton products with the multiplies
-// and adds in nn/rotation.cpp's order, never fused), then stored:
+// and adds in nn/rotation.cpp's order, never fused) or by the randomized Hadamard transform (rotation 3:
+// w = H·diag(s)·v/√D over the whole row, dim a power of two, qL = the signs s [dim] (±1.0f), qR unused; the steps of
+// nn/rotation.h / kernels::ref::hadamard_row), then stored:
 //   bits > 0: quant::affine_quantize_row(row, dim, group_size, bits, dst + i·dim·bits/32 words,
 //             scales + i·dim/gs, biases + i·dim/gs, scale_dtype)                (MLX's arithmetic, formats.md §1)
 //   bits = 0: each value rounded to dst_dtype at dst + i·dim elements (plain cache).
@@ -113,8 +115,8 @@ struct KVAppendArgs {
   DType src_dtype;
   int64_t src_row_stride, src_elem_stride;  // in elements
   int64_t n, dim;
-  int rotation;                     // 0 none, 1 so4 fast, 2 so4 full (nn::RotationKind values)
-  const float* qL;                  // [dim/4, 4] (w, x, y, z) unit quaternions; null when rotation == 0
+  int rotation;                     // 0 none, 1 so4 fast, 2 so4 full, 3 hadamard (nn::RotationKind values)
+  const float* qL;                  // [dim/4, 4] (w, x, y, z) unit quaternions; rotation 3: signs [dim]; null for 0
   const float* qR;                  // [dim/4, 4]; used by rotation 2 only
   void* dst;                        // bits > 0: uint32 codes [n, dim·bits/32]; bits = 0: [n, dim] in dst_dtype
   void* scales;                     // bits > 0: [n, dim/gs] in dst_dtype (the scale dtype)

@@ -46,10 +46,8 @@ void validate_kv(const KVOptions& kv) {
           ErrorCode::kInvalidArgument, op, "a plain kv cache must be bf16, f16 or f32; got ",
           dtype_name(kv.plain_dtype));
   }
-  check(kv.rotation == nn::RotationKind::kNone || kv.rotation == nn::RotationKind::kSO4Fast ||
-            kv.rotation == nn::RotationKind::kSO4Full,
-        ErrorCode::kInvalidArgument, op, "kv rotation must be none, so4-fast or so4-full; got ",
-        static_cast<int>(kv.rotation));
+  check(nn::is_rotation_kind(kv.rotation), ErrorCode::kInvalidArgument, op,
+        "kv rotation must be none, so4-fast, so4-full or hadamard; got ", static_cast<int>(kv.rotation));
 }
 
 }  // namespace
@@ -90,9 +88,10 @@ KVOptions parse_kv_format(std::string_view s) {
 nn::RotationKind parse_kv_rotation(std::string_view s) {
   if (s == "so4-full") return nn::RotationKind::kSO4Full;
   if (s == "so4-fast") return nn::RotationKind::kSO4Fast;
+  if (s == "hadamard") return nn::RotationKind::kHadamard;
   if (s == "none") return nn::RotationKind::kNone;
-  fail(ErrorCode::kInvalidArgument, "parse_kv_rotation", "kv rotation must be so4-full, so4-fast or none; got \"", s,
-       "\"");
+  fail(ErrorCode::kInvalidArgument, "parse_kv_rotation",
+       "kv rotation must be so4-full, so4-fast, hadamard or none; got \"", s, "\"");
 }
 
 Device parse_device(std::string_view s) {
@@ -105,8 +104,10 @@ const char* device_name(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; 
 
 std::string kv_format_name(const KVOptions& kv) {
   if (!kv.quantized) return kv.plain_dtype == DType::kBF16 ? "bf16" : (kv.plain_dtype == DType::kF16 ? "f16" : "f32");
-  const char* rot = kv.rotation == nn::RotationKind::kSO4Full ? "so4-full"
-                    : kv.rotation == nn::RotationKind::kSO4Fast ? "so4-fast" : "none";
+  const char* rot = kv.rotation == nn::RotationKind::kSO4Full    ? "so4-full"
+                    : kv.rotation == nn::RotationKind::kSO4Fast  ? "so4-fast"
+                    : kv.rotation == nn::RotationKind::kHadamard ? "hadamard"
+                                                                 : "none";
   std::string name(1, 'k');  // built by appends: GCC 12 warns falsely (-Wrestrict) on "k" + std::string
   name += std::to_string(kv.k_bits);
   name += 'v';
@@ -170,8 +171,10 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     check(c.head_dim % options.kv.group_size == 0, ErrorCode::kInvalidArgument, op, "kv group size ",
           options.kv.group_size, " must divide the model's head_dim; got head_dim ", c.head_dim,
           " (choose --kv-group-size 32 or a plain cache)");
-    check(options.kv.rotation == nn::RotationKind::kNone || c.head_dim % 4 == 0, ErrorCode::kInvalidArgument, op,
-          "a rotated kv cache needs head_dim a multiple of 4; got ", c.head_dim);
+    check(options.kv.rotation == nn::RotationKind::kNone || options.kv.rotation == nn::RotationKind::kHadamard ||
+              c.head_dim % 4 == 0,
+          ErrorCode::kInvalidArgument, op, "an SO(4)-rotated kv cache needs head_dim a multiple of 4; got ",
+          c.head_dim);
   }
   check(options.ctx <= c.max_position, ErrorCode::kOutOfRange, op, "ctx must be <= the model's maximum context ",
         c.max_position, "; got ", options.ctx);

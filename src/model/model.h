@@ -37,7 +37,7 @@ struct KVOptions {
 };
 // "bf16", "f16", "f32" (plain) or "k<bits>v<bits>" (quantized, bits in 2,3,4,5,6,8); cider::Error otherwise.
 KVOptions parse_kv_format(std::string_view s);
-nn::RotationKind parse_kv_rotation(std::string_view s);  // "so4-full", "so4-fast", "none"
+nn::RotationKind parse_kv_rotation(std::string_view s);  // "so4-full", "so4-fast", "hadamard", "none"
 std::string kv_format_name(const KVOptions& kv);         // "k4v3/so4-full/g64", "bf16"
 
 // --device: where the forward pass runs. kCUDA needs a build with -DCIDER_CUDA=ON and an sm_90 GPU (model/cuda);

@@ -16,9 +16,7 @@ constexpr size_t kPlainPlanes = 2;      // keys, values
 
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
-bool is_valid_rotation(RotationKind k) {
-  return k == RotationKind::kNone || k == RotationKind::kSO4Fast || k == RotationKind::kSO4Full;
-}
+bool is_valid_rotation(RotationKind k) { return is_rotation_kind(k); }
 
 void check_storage_float(DType t, const char* op, const char* what) {
   check(is_float_dtype(t), ErrorCode::kInvalidArgument, op, what, " must be float32, float16 or bfloat16; got ",
@@ -35,11 +33,12 @@ void check_quant_config(int k_bits, int v_bits, int group_size, DType scale_dtyp
         "group_size must be one of 32, 64, 128; got ", group_size);
   check_storage_float(scale_dtype, op, "scale_dtype");
   check(is_valid_rotation(rotation), ErrorCode::kInvalidArgument, op,
-        "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(rotation));
+        "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(rotation));
 }
 
-// Checks head dims against the format: a positive multiple of the group size (quantized), a multiple of 4 when
-// rotated (the 4-d quaternion blocks).
+// Checks head dims against the format: a positive multiple of the group size (quantized), a multiple of 4 for the
+// SO(4) rotations (the 4-d quaternion blocks); the Hadamard rotation takes any head dim (blocks of its largest
+// power-of-two divisor).
 void check_head_dims(int64_t Dk, int64_t Dv, bool quantized, int group_size, RotationKind rotation, const char* op) {
   check(Dk > 0, ErrorCode::kShapeMismatch, op, "Dk must be positive; got ", Dk);
   check(Dv > 0, ErrorCode::kShapeMismatch, op, "Dv must be positive; got ", Dv);
@@ -49,7 +48,7 @@ void check_head_dims(int64_t Dk, int64_t Dv, bool quantized, int group_size, Rot
     check(Dv % group_size == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of group_size ", group_size,
           "; got ", Dv);
   }
-  if (rotation != RotationKind::kNone) {
+  if (rotation == RotationKind::kSO4Fast || rotation == RotationKind::kSO4Full) {
     check(Dk % 4 == 0, ErrorCode::kShapeMismatch, op, "Dk must be a multiple of 4 for the ",
           rotation_kind_name(rotation), " rotation; got ", Dk);
     check(Dv % 4 == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of 4 for the ",
@@ -75,7 +74,7 @@ void check_meta(const KVCacheMeta& m, const char* op) {
   } else {
     check_storage_float(m.dtype, op, "dtype");
     check(is_valid_rotation(m.rotation), ErrorCode::kInvalidArgument, op,
-          "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(m.rotation));
+          "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(m.rotation));
   }
   if (!m.has_dims) {
     check(m.length == 0, ErrorCode::kInvalidArgument, op, "a cache without dims must have length 0; got ", m.length);
@@ -164,7 +163,7 @@ void check_append_dims(const detail::KVStore& store, int64_t Dk, int64_t Dv, con
 // through the kernel table's kv_append entry (one pass: read as float32, rotate in float32, quantize or round).
 // `dst`, `scales`, `biases` point at row t_dst of the (b, h) planes; bits == 0 stores plain values in `dtype`,
 // otherwise `dtype` is the scale dtype.
-void append_rows(const TensorView& x, int64_t b, int64_t h, const SO4Rotation& rot, void* dst, void* scales,
+void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot, void* dst, void* scales,
                  void* biases, DType dtype, int bits, int group_size) {
   kernels::KVAppendArgs a{};
   a.src = static_cast<const uint8_t*>(x.data) + (b * x.stride_of(0) + h * x.stride_of(1)) * dtype_size(x.dtype);
@@ -174,8 +173,8 @@ void append_rows(const TensorView& x, int64_t b, int64_t h, const SO4Rotation& r
   a.n = x.dim(2);
   a.dim = x.dim(3);
   a.rotation = static_cast<int>(rot.kind());
-  a.qL = rot.is_identity() ? nullptr : rot.left().data();
-  a.qR = rot.is_identity() ? nullptr : rot.right().data();
+  a.qL = rot.kernel_qL();  // SO(4): quaternions; Hadamard: the signs
+  a.qR = rot.kernel_qR();
   a.dst = dst;
   a.scales = scales;
   a.biases = biases;
@@ -346,9 +345,9 @@ detail::KVStore store_from_snapshot(const KVCacheSnapshot& s) {
 }
 
 // The rotations a cache with these dims uses (identity placeholders before the dims are known).
-std::pair<SO4Rotation, SO4Rotation> make_rotations(const KVCacheMeta& m) {
+std::pair<Rotation, Rotation> make_rotations(const KVCacheMeta& m) {
   if (!m.has_dims) return {};
-  return {SO4Rotation(m.Dk, m.rotation, m.seed), SO4Rotation(m.Dv, m.rotation, m.seed)};
+  return {Rotation(m.Dk, m.rotation, m.seed), Rotation(m.Dv, m.rotation, m.seed)};
 }
 
 }  // namespace
@@ -455,7 +454,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
 PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
   check_storage_float(config.dtype, "plain_kv_cache", "dtype");
   check(is_valid_rotation(config.rotation), ErrorCode::kInvalidArgument, "plain_kv_cache",
-        "rotation must be none, so4_fast or so4_full; got ", static_cast<int>(config.rotation));
+        "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(config.rotation));
 }
 
 KVCacheMeta PlainKVCache::meta() const {

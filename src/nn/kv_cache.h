@@ -95,8 +95,8 @@ class KVCache {
 
   virtual bool is_quantized() const = 0;
   // Rotations of the stored keys (head_dim Dk) and values (Dv); identity placeholders before the first append.
-  virtual const SO4Rotation& key_rotation() const = 0;
-  virtual const SO4Rotation& value_rotation() const = 0;
+  virtual const Rotation& key_rotation() const = 0;
+  virtual const Rotation& value_rotation() const = 0;
 };
 
 namespace detail {
@@ -162,15 +162,15 @@ class QuantizedKVCache final : public KVCache {
   void restore(const KVCacheSnapshot& snapshot) override;
   KVCacheMeta meta() const override;
   bool is_quantized() const override { return true; }
-  const SO4Rotation& key_rotation() const override { return key_rot_; }
-  const SO4Rotation& value_rotation() const override { return value_rot_; }
+  const Rotation& key_rotation() const override { return key_rot_; }
+  const Rotation& value_rotation() const override { return value_rot_; }
 
   const QuantizedKVCacheConfig& config() const { return config_; }
 
  private:
   QuantizedKVCacheConfig config_;
   int64_t Dk_ = 0, Dv_ = 0;
-  SO4Rotation key_rot_, value_rot_;
+  Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (quantized)
 };
 
@@ -198,15 +198,15 @@ class PlainKVCache final : public KVCache {
   void restore(const KVCacheSnapshot& snapshot) override;
   KVCacheMeta meta() const override;
   bool is_quantized() const override { return false; }
-  const SO4Rotation& key_rotation() const override { return key_rot_; }
-  const SO4Rotation& value_rotation() const override { return value_rot_; }
+  const Rotation& key_rotation() const override { return key_rot_; }
+  const Rotation& value_rotation() const override { return value_rot_; }
 
   const PlainKVCacheConfig& config() const { return config_; }
 
  private:
   PlainKVCacheConfig config_;
   int64_t Dk_ = 0, Dv_ = 0;
-  SO4Rotation key_rot_, value_rot_;
+  Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (plain)
 };
 

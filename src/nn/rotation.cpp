@@ -1,9 +1,11 @@
-// SO(4) block rotations: the seeded quaternion generator and the closed-form Hamilton-product application.
+// Rotations of the KV cache: the seeded generator, the SO(4) closed-form Hamilton products and the randomized
+// Hadamard transform (whose arithmetic lives in kernels/ref so the cache and the reference kernel share it).
 #include "nn/rotation.h"
 
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/ref/ref_kernels.h"
 
 namespace cider::nn {
 
@@ -12,8 +14,14 @@ const char* rotation_kind_name(RotationKind kind) {
     case RotationKind::kNone: return "none";
     case RotationKind::kSO4Fast: return "so4_fast";
     case RotationKind::kSO4Full: return "so4_full";
+    case RotationKind::kHadamard: return "hadamard";
   }
   return "unknown";
+}
+
+bool is_rotation_kind(RotationKind kind) {
+  return kind == RotationKind::kNone || kind == RotationKind::kSO4Fast || kind == RotationKind::kSO4Full ||
+         kind == RotationKind::kHadamard;
 }
 
 namespace {
@@ -94,27 +102,46 @@ inline void qconj(const float* q, float* out) {
 
 }  // namespace
 
-SO4Rotation::SO4Rotation(int64_t head_dim, RotationKind kind, uint64_t seed)
-    : head_dim_(head_dim), kind_(kind), seed_(seed) {
-  check(kind == RotationKind::kNone || kind == RotationKind::kSO4Fast || kind == RotationKind::kSO4Full,
-        ErrorCode::kInvalidArgument, "so4_rotation", "kind must be none, so4_fast or so4_full; got ",
-        static_cast<int>(kind));
-  check(head_dim > 0, ErrorCode::kInvalidArgument, "so4_rotation", "head_dim must be positive; got ", head_dim);
+void Rotation::check_head_dim(int64_t head_dim, RotationKind kind, const char* op) {
+  check(is_rotation_kind(kind), ErrorCode::kInvalidArgument, op,
+        "rotation kind must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(kind));
+  check(head_dim > 0, ErrorCode::kInvalidArgument, op, "head_dim must be positive; got ", head_dim);
+  if (kind == RotationKind::kSO4Fast || kind == RotationKind::kSO4Full)
+    check(head_dim % 4 == 0, ErrorCode::kInvalidArgument, op, "head_dim must be a multiple of 4 (4-d blocks) for the ",
+          rotation_kind_name(kind), " rotation; got ", head_dim);
+}
+
+Rotation::Rotation(int64_t head_dim, RotationKind kind, uint64_t seed) : head_dim_(head_dim), kind_(kind), seed_(seed) {
+  check_head_dim(head_dim, kind, "rotation");
   if (kind == RotationKind::kNone) return;
-  check(head_dim % 4 == 0, ErrorCode::kInvalidArgument, "so4_rotation",
-        "head_dim must be a multiple of 4 (4-d blocks); got ", head_dim);
+  Xoshiro256ss rng(seed);
+  if (kind == RotationKind::kHadamard) {
+    signs_.resize(static_cast<size_t>(head_dim));
+    for (float& s : signs_) s = (rng.next() >> 63) ? -1.0f : 1.0f;
+    return;
+  }
   const int64_t blocks = head_dim / 4;
   qL_.resize(static_cast<size_t>(blocks * 4));
   qR_.resize(static_cast<size_t>(blocks * 4));
-  Xoshiro256ss rng(seed);
   for (int64_t b = 0; b < blocks; ++b) {
     random_unit_quaternion(rng, &qL_[static_cast<size_t>(b * 4)]);
     random_unit_quaternion(rng, &qR_[static_cast<size_t>(b * 4)]);
   }
 }
 
-void SO4Rotation::apply(float* rows, int64_t n_rows) const {
+const float* Rotation::kernel_qL() const {
+  if (kind_ == RotationKind::kHadamard) return signs_.data();
+  return is_so4() ? qL_.data() : nullptr;
+}
+
+const float* Rotation::kernel_qR() const { return is_so4() ? qR_.data() : nullptr; }
+
+void Rotation::apply(float* rows, int64_t n_rows) const {
   if (kind_ == RotationKind::kNone) return;
+  if (kind_ == RotationKind::kHadamard) {
+    for (int64_t r = 0; r < n_rows; ++r) kernels::ref::hadamard_row(rows + r * head_dim_, signs_.data(), head_dim_, false);
+    return;
+  }
   const int64_t blocks = head_dim_ / 4;
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -133,8 +160,12 @@ void SO4Rotation::apply(float* rows, int64_t n_rows) const {
   }
 }
 
-void SO4Rotation::apply_inverse(float* rows, int64_t n_rows) const {
+void Rotation::apply_inverse(float* rows, int64_t n_rows) const {
   if (kind_ == RotationKind::kNone) return;
+  if (kind_ == RotationKind::kHadamard) {
+    for (int64_t r = 0; r < n_rows; ++r) kernels::ref::hadamard_row(rows + r * head_dim_, signs_.data(), head_dim_, true);
+    return;
+  }
   const int64_t blocks = head_dim_ / 4;
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -152,12 +183,23 @@ void SO4Rotation::apply_inverse(float* rows, int64_t n_rows) const {
   }
 }
 
-std::vector<double> SO4Rotation::dense_matrix() const {
+std::vector<double> Rotation::dense_matrix() const {
   const int64_t d = head_dim_;
   std::vector<double> m(static_cast<size_t>(d * d), 0.0);
   auto at = [&](int64_t i, int64_t j) -> double& { return m[static_cast<size_t>(i * d + j)]; };
   if (kind_ == RotationKind::kNone) {
     for (int64_t i = 0; i < d; ++i) at(i, i) = 1.0;
+    return m;
+  }
+  if (kind_ == RotationKind::kHadamard) {
+    // Block-diagonal, blocks of P: M[i][j] = (−1)^popcount(i & j) · s[j] / √P when i and j are in the same block
+    // (Sylvester's H times diag(s); within a block i & j sees only the in-block bits, as i, j ≡ i mod P, j mod P).
+    const int64_t P = kernels::ref::hadamard_block(d);
+    const double c = 1.0 / std::sqrt(static_cast<double>(P));
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = i / P * P; j < i / P * P + P; ++j)
+        at(i, j) = (__builtin_popcountll(static_cast<unsigned long long>(i & j & (P - 1))) & 1 ? -c : c) *
+                   signs_[static_cast<size_t>(j)];
     return m;
   }
   for (int64_t b = 0; b < d / 4; ++b) {

@@ -1,9 +1,11 @@
 // Reference rotate + quantize + append of KV rows. See KVAppendArgs in kernels/kernel_table.h.
 //
-// Row by row: read as float32, rotate each 4-d block with the Hamilton products of nn/rotation.cpp (same multiplies,
-// same order of additions, no fused multiply-add: the build uses -ffp-contract=off), then quant::affine_quantize_row
-// (quantized) or round to the storage dtype (plain). This is exactly the arithmetic the KV cache used before the
-// append became a kernel entry; tests/test_kv_cache.cpp pins it against SO4Rotation::apply + affine_quantize_row.
+// Row by row: read as float32, rotate — each 4-d block with the Hamilton products of nn/rotation.cpp (same
+// multiplies, same order of additions, no fused multiply-add: the build uses -ffp-contract=off), or the whole row
+// with the randomized Hadamard transform (hadamard_row below) — then quant::affine_quantize_row (quantized) or round
+// to the storage dtype (plain). This is exactly the arithmetic the KV cache used before the append became a kernel
+// entry; tests/test_kv_cache.cpp pins it against Rotation::apply + affine_quantize_row.
+#include <cmath>
 #include <vector>
 
 #include "kernels/ref/ref_kernels.h"
@@ -21,7 +23,32 @@ inline void qmul(const float* p, const float* q, float* out) {
   out[3] = p[0] * q[3] + p[1] * q[2] - p[2] * q[1] + p[3] * q[0];
 }
 
+// The fast Walsh–Hadamard transform, unnormalized: stages h = 1, 2, …, D/2; in each, the pairs (j, j + h) with
+// (j & h) == 0 become (sum, difference). Every output is the same sequence of float32 adds whatever order the
+// independent pairs of a stage are visited in, which is what lets SIMD kernels match it bit for bit.
+void fwht(float* x, int64_t D) {
+  for (int64_t h = 1; h < D; h *= 2)
+    for (int64_t i = 0; i < D; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+}
+
 }  // namespace
+
+void hadamard_row(float* x, const float* signs, int64_t D, bool inverse) {
+  // Blocks of P = the largest power of two dividing D (D itself when D is a power of two).
+  const int64_t P = hadamard_block(D);
+  // c = float32(1/√P): exact when P is a power of 4 (16, 64, 256); s[i]·c is exact (a sign flip).
+  const float c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(P)));
+  if (inverse)
+    for (int64_t b = 0; b < D; b += P) fwht(x + b, P);
+  for (int64_t i = 0; i < D; ++i) x[i] = x[i] * (signs[i] * c);
+  if (!inverse)
+    for (int64_t b = 0; b < D; b += P) fwht(x + b, P);
+}
 
 void kv_append(const KVAppendArgs& a) {
   const int64_t D = a.dim;
@@ -32,7 +59,9 @@ void kv_append(const KVAppendArgs& a) {
   for (int64_t i = 0; i < a.n; ++i) {
     for (int64_t d = 0; d < D; ++d)
       row[static_cast<size_t>(d)] = load_float(a.src, a.src_dtype, i * a.src_row_stride + d * a.src_elem_stride);
-    if (a.rotation != 0) {
+    if (a.rotation == 3) {
+      hadamard_row(row.data(), a.qL, D, false);  // qL = the signs [D]
+    } else if (a.rotation != 0) {
       for (int64_t b = 0; b < D / 4; ++b) {
         float* v = &row[static_cast<size_t>(b * 4)];
         float t[4];

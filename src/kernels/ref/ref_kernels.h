@@ -15,4 +15,12 @@ void attention(const AttentionArgs& a);        // attention_ref.cpp
 void dense_gemm(const DenseGemmArgs& a);       // dense_gemm_ref.cpp
 void kv_append(const KVAppendArgs& a);        // kv_append_ref.cpp
 
+// The randomized Hadamard rotation of nn/rotation.h (kind 3) on one row of D float32 values in place, signs [D]
+// values ±1: forward x ← H·diag(s)·x/√P, inverse x ← diag(s)·H·x/√P, H block-diagonal with blocks of
+// P = hadamard_block(D) (= D when D is a power of two), each rounding step in the documented order
+// (kv_append_ref.cpp). nn::Rotation calls it, so the cache and the reference kernel agree.
+void hadamard_row(float* x, const float* signs, int64_t D, bool inverse);
+// The largest power of two dividing D > 0 (D & −D): 256 → 256, 96 → 32, 80 → 16.
+inline int64_t hadamard_block(int64_t D) { return D & -D; }
+
 }  // namespace cider::kernels::ref
