@@ -36,7 +36,7 @@ def read_cider(d):
     top-1 are averages over pieces (SE combined as sqrt(Σ se²)/n), perplexities are exp of the mean NLL."""
     per = {}
     for f in sorted(glob.glob(os.path.join(d, "*.txt"))):
-        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
+        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full|hadamard)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
         if not m:
             continue
         t = open(f).read()
@@ -149,23 +149,26 @@ def cider_table(rows, title):
 
 
 def rotation_table(rows, title):
-    """Per window, KL of so4-fast and so4-full relative to no rotation (same tokens: a paired comparison)."""
+    """Per window, KL of so4-fast, so4-full and hadamard relative to no rotation (same tokens: a paired comparison)."""
     out = [f"#### {title}", "",
-           "| KV | group | window | KL none | KL so4-fast | KL so4-full | so4-fast / none | so4-full / none |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| KV | group | window | KL none | KL so4-fast | KL so4-full | KL hadamard | so4-fast / none | so4-full / none "
+           "| hadamard / none |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     by = {(r["weights"], r["kv"], r["group"], r["rot"]): r for r in rows}
     for (w, kv, g, rot), r in sorted(by.items(), key=lambda x: (x[0][1], x[0][2] or 0)):
         if w != "bf16" or rot != "none" or not kv.startswith("k"):
             continue
-        f, u = by.get((w, kv, g, "so4-fast")), by.get((w, kv, g, "so4-full"))
-        if not f and not u:
+        f, u, h = by.get((w, kv, g, "so4-fast")), by.get((w, kv, g, "so4-full")), by.get((w, kv, g, "hadamard"))
+        if not f and not u and not h:
             continue
         for i, p in enumerate(r["pieces"]):
             kn = r["per_piece_kl"][i]
             kf = f["per_piece_kl"][f["pieces"].index(p)] if f and p in f["pieces"] else None
             ku = u["per_piece_kl"][u["pieces"].index(p)] if u and p in u["pieces"] else None
-            out.append(f"| {kv} | {g} | w{p} | {kn:.4f} | {fmt(kf)} | {fmt(ku)} | "
-                       f"{fmt(kf / kn if kf else None, 2)} | {fmt(ku / kn if ku else None, 2)} |")
+            kh = h["per_piece_kl"][h["pieces"].index(p)] if h and p in h["pieces"] else None
+            out.append(f"| {kv} | {g} | w{p} | {kn:.4f} | {fmt(kf)} | {fmt(ku)} | {fmt(kh)} | "
+                       f"{fmt(kf / kn if kf else None, 2)} | {fmt(ku / kn if ku else None, 2)} | "
+                       f"{fmt(kh / kn if kh else None, 2)} |")
     return "\n".join(out)
 
 
@@ -186,8 +189,8 @@ def llama_table(rows, title):
     return "\n".join(out)
 
 
-MIXED_KV = ("k8v4", "k8v5", "k6v4")
-MAIN_KV = ("k8v8", "k4v4", "k4v3", "k3v3", "k3v2", "k2v2")  # the K/V pairs drawn as lines (diagnostics only in tables)
+MIXED_KV = ("k8v5", "k6v4")
+MAIN_KV = ("k8v8", "k8v4", "k4v4", "k4v3", "k3v3", "k3v2", "k2v2")  # the K/V pairs drawn as lines (diagnostics only in tables)
 
 
 def plot(cider_sets, llama_sets, path, title, sim_sets=()):
@@ -201,8 +204,8 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
         if label not in labels:
             labels.append(label)
     fig, axes = plt.subplots(1, len(labels), figsize=(7.5 * len(labels), 6.8), squeeze=False)
-    markers = {"none": "o", "so4-fast": "s", "so4-full": "^"}
-    colors = {"none": "tab:gray", "so4-fast": "tab:blue", "so4-full": "tab:red"}
+    markers = {"none": "o", "so4-fast": "s", "so4-full": "^", "hadamard": "h"}
+    colors = {"none": "tab:gray", "so4-fast": "tab:blue", "so4-full": "tab:red", "hadamard": "tab:orange"}
     sim_style = {"kchan": ("*", "tab:purple", "keys per channel (KIVI-style)"),
                  "kchan+had": ("P", "tab:purple", "keys per channel + Hadamard-256 values"),
                  "had": ("X", "tab:brown", "Hadamard-256 on K and V")}
@@ -211,10 +214,13 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
             if label != panel:
                 continue
             q = [r for r in rows if r["weights"] == "bf16" and r["kv"] in MAIN_KV and r["kl"] is not None]
-            for rot in ("none", "so4-fast", "so4-full"):
+            for rot in ("none", "so4-fast", "so4-full", "hadamard"):
                 pts = sorted((r["bits"], max(r["kl"], 1e-6), r["kv"]) for r in q if r["rot"] == rot and r["group"] == 64)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[rot], color=colors[rot],
+                    # The line breaks (NaN) at K/V pairs measured for some rotation but not this one.
+                    xs = sorted({r["bits"] for r in q if r["group"] == 64})
+                    ys = {p[0]: p[1] for p in pts}
+                    ax.plot(xs, [ys.get(x, float("nan")) for x in xs], marker=markers[rot], color=colors[rot],
                             label=f"cider, rotation {rot}, group 64")
                     if rot == "none":
                         for b, k, kv in pts:
@@ -222,7 +228,7 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
                 pts = sorted((r["bits"], max(r["kl"], 1e-6)) for r in q if r["rot"] == rot and r["group"] != 64)
                 if pts:
                     ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=markers[rot], facecolors="none",
-                               edgecolors=colors[rot], s=50, label=f"cider k4v3, rotation {rot}, group 32 (4.5 b) / 128 (3.75 b)")
+                               edgecolors=colors[rot], s=50, label=f"cider, rotation {rot}, group 32 / 128")
             mixed = sorted((r["bits"], max(r["kl"], 1e-6), r["kv"]) for r in rows
                            if label == panel and r["weights"] == "bf16" and r["kv"] in MIXED_KV and r["rot"] == "none"
                            and r["group"] == 64 and r["kl"] is not None)
@@ -278,8 +284,8 @@ def main():
     a = ap.parse_args()
     cs = [(s.split("=", 1)[0], read_cider(s.split("=", 1)[1])) for s in a.cider]
     ls = [(s.split("=", 1)[0], read_llama(s.split("=", 1)[1])) for s in a.llama]
-    order = {"bf16": 0, "k8v8": 1, "k4v4": 2, "k4v3": 3, "k3v3": 4, "k3v2": 5, "k2v2": 6}
-    rk = {"-": 0, "none": 1, "so4-fast": 2, "so4-full": 3}
+    order = {"bf16": 0, "k8v8": 1, "k8v4": 1.5, "k4v4": 2, "k4v3": 3, "k3v3": 4, "k3v2": 5, "k2v2": 6}
+    rk = {"-": 0, "none": 1, "so4-fast": 2, "so4-full": 3, "hadamard": 4}
     for label, rows in cs:
         rows.sort(key=lambda r: (r["weights"] != "bf16", r["weights"], order.get(r["kv"], 9), r["group"] or 0, rk[r["rot"]]))
         print(cider_table(rows, f"cider — {label}"), "\n")
