@@ -62,8 +62,11 @@ cider::bench::BenchResult decode(const std::string& weights, const std::string& 
   cider::bench::BenchResult r;
   r.seconds = s;
   r.bytes = weight_bytes + kv_row * static_cast<double>(c.num_layers * length);
-  r.flops = 2.0 * weight_bytes / (weights == "bf16" ? 2.0 : weights == "w4a8" ? 0.5 : 1.0) +
-            4.0 * static_cast<double>(c.num_layers * c.num_heads * c.head_dim * length);
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const double params = static_cast<double>(
+      c.num_layers * (H * (c.num_heads + 2 * c.num_kv_heads) * D + c.num_heads * D * H + 3 * H * c.intermediate_size) +
+      c.vocab_size * H);
+  r.flops = 2.0 * params + 4.0 * static_cast<double>(c.num_layers * c.num_heads * D * length);  // + q·k and p·v
   r.peer = "";
   r.note = std::to_string(static_cast<int>(1.0 / s)) + " tokens/s; byte floor at 4.3 TB/s " +
            std::to_string(r.bytes / 4.3e12 * 1e3).substr(0, 5) + " ms; graphs of " + std::to_string(c.num_layers) +

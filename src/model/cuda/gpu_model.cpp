@@ -368,6 +368,9 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
       lc.k = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
       lc.v = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
     }
+    // Zeros rather than whatever the allocator left: positions past the length are never meant to be read, but a
+    // finite value there keeps a masked-out read from turning into 0·NaN.
+    for (cuda::DeviceBuffer* b : {&lc.k, &lc.k_scales, &lc.k_biases, &lc.v, &lc.v_scales, &lc.v_biases}) b->fill(0);
   }
 
   // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
