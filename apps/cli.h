@@ -17,8 +17,8 @@ namespace cider::apps {
 struct ModelArgs {
   std::string model;               // -m; empty = the embedded default model
   std::string weights = "bf16";    // --weights
-  std::string kv = "k4v3";         // --kv
-  std::string kv_rotation = "so4-full";
+  std::string kv = "k8v4";         // --kv (the defaults are model::KVOptions', docs/quality.md)
+  std::string kv_rotation = "hadamard";
   int kv_group_size = 64;
   int threads = 0;                 // --threads (applied only when threads_given)
   bool threads_given = false;

@@ -378,7 +378,8 @@ void check_problem(const Problem& p, std::mt19937_64& rng) {
 }
 
 const QuantizedKVCacheConfig kConfigs[] = {
-    {4, 3, 64, RotationKind::kSO4Full, 0, DType::kF16},   // the default K4/V3
+    {8, 4, 64, RotationKind::kHadamard, 0, DType::kF16},  // the default K8/V4 with the Hadamard rotation
+    {4, 3, 64, RotationKind::kSO4Full, 0, DType::kF16},   // K4/V3, the default before K8/V4
     {8, 8, 32, RotationKind::kSO4Fast, 0, DType::kBF16},  // K8/V8
     {4, 4, 128, RotationKind::kNone, 0, DType::kF32},     // K4/V4
     {3, 2, 64, RotationKind::kSO4Full, 0, DType::kF16},   // other widths: unpacked keys, 2-bit values
@@ -406,7 +407,7 @@ TEST(AttentionX86, EveryLevelMatchesReferenceOverSizesMasksAndFormats) {
         const int64_t Dk = Ds[(idx + variant) % 3], Dv = Ds[(idx / 3 + 2 * variant) % 3];
         p.s = Shape{1 + idx % 2, 1 + (idx / 2) % 3, reps[idx % 4], L, kL, Dk, Dv};
         if (kL == 4097) p.s.B = 1;
-        p.cfg = kConfigs[idx % 8];
+        p.cfg = kConfigs[static_cast<size_t>(idx) % std::size(kConfigs)];
         p.cfg.seed = rng();
         p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(Dk, Dv)));
         const DType mdt = idx % 3 == 0 ? DType::kF32 : idx % 3 == 1 ? DType::kF16 : DType::kBF16;

@@ -183,10 +183,10 @@ TEST(CApi, KVCacheLifecycleAndAttentionMatchCpp) {
   std::vector<float> k = cider::test::randn(rng, B * Hkv * T * D), v = cider::test::randn(rng, B * Hkv * T * D),
                      q = cider::test::randn(rng, B * Hq * L * D);
   cider_kv_config cfg = cider_kv_config_default();
-  EXPECT_EQ(cfg.k_bits, 4);
-  EXPECT_EQ(cfg.v_bits, 3);
+  EXPECT_EQ(cfg.k_bits, 8);
+  EXPECT_EQ(cfg.v_bits, 4);
   EXPECT_EQ(cfg.group_size, 64);
-  EXPECT_EQ(cfg.rotation, CIDER_ROTATION_SO4_FULL);
+  EXPECT_EQ(cfg.rotation, CIDER_ROTATION_HADAMARD);
   cider_kv_cache* cache = nullptr;
   ASSERT_EQ(cider_kv_cache_create(&cfg, &cache), CIDER_OK) << cider_last_error();
   cider_tensor tk = tensor(k.data(), CIDER_F32, {B, Hkv, T, D}), tv = tensor(v.data(), CIDER_F32, {B, Hkv, T, D}),
@@ -197,8 +197,9 @@ TEST(CApi, KVCacheLifecycleAndAttentionMatchCpp) {
   EXPECT_EQ(offset, T);
   size_t nbytes = 0;
   ASSERT_EQ(cider_kv_cache_nbytes(cache, &nbytes), CIDER_OK);
-  // capacity 512 positions; per position and head: keys 64*4/8 + 2*1*2 bytes, values 64*3/8 + 2*1*2 bytes.
-  EXPECT_EQ(nbytes, static_cast<size_t>(B * Hkv * 512 * ((32 + 4) + (24 + 4))));
+  // capacity 512 positions; per position and head (the default K8/V4, g64, f16 scales): keys 64*8/8 + 2*1*2 bytes,
+  // values 64*4/8 + 2*1*2 bytes.
+  EXPECT_EQ(nbytes, static_cast<size_t>(B * Hkv * 512 * ((64 + 4) + (32 + 4))));
 
   // Same data through the C++ cache: identical attention output.
   cider::nn::QuantizedKVCache cpp_cache;

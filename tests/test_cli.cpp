@@ -353,7 +353,7 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   const CliResult i = cider("inspect -m " + quote(kTiny));
   ASSERT_EQ(i.status, 0) << i.err;
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
-                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k4v3/so4-full/g64"})
+                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k8v4/hadamard/g64"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
 }
 

@@ -139,10 +139,10 @@ TEST(KVCache, NewCacheIsEmpty) {
   EXPECT_EQ(c.capacity(), 0);
   EXPECT_EQ(c.nbytes(), 0);
   EXPECT_EQ(c.keys().length, 0);
-  EXPECT_EQ(c.config().k_bits, 4);
-  EXPECT_EQ(c.config().v_bits, 3);
+  EXPECT_EQ(c.config().k_bits, 8);  // the default K8/V4, g64, Hadamard (docs/quality.md)
+  EXPECT_EQ(c.config().v_bits, 4);
   EXPECT_EQ(c.config().group_size, 64);
-  EXPECT_EQ(c.config().rotation, RotationKind::kSO4Full);
+  EXPECT_EQ(c.config().rotation, RotationKind::kHadamard);
   EXPECT_EQ(c.config().scale_dtype, DType::kF16);
 }
 
@@ -179,7 +179,7 @@ TEST(KVCache, GrowsInStepsOf256AndKeepsContents) {
     EXPECT_EQ(valid_bytes(kcut), before_k) << "append " << s;
     EXPECT_EQ(valid_bytes(vcut), before_v) << "append " << s;
     expect_quantized_rows(c, k, v, offset - appends[s]);
-    EXPECT_EQ(c.nbytes(), quantized_nbytes(B, H, caps[s], Dk, Dv, 4, 3, 64, DType::kF16));
+    EXPECT_EQ(c.nbytes(), quantized_nbytes(B, H, caps[s], Dk, Dv, 8, 4, 64, DType::kF16));  // the default config
   }
 }
 
@@ -397,15 +397,15 @@ TEST(KVCache, SnapshotOfEmptyCacheRestoresEmpty) {
   expect_quantized_rows(c, k2, v2, 0);
 }
 
-// nbytes = all allocated storage, from the documented layout: e.g. K4/V3, group 64, float16 scales, D 128 is
-// 72 + 56 = 128 bytes per position per KV head.
+// nbytes = all allocated storage, from the documented layout: e.g. the default K8/V4, group 64, float16 scales,
+// D 128 is (128 + 8) + (64 + 8) = 208 bytes per position per KV head.
 TEST(KVCache, NbytesMatchesLayout) {
   auto rng = test::make_rng(18);
   {
     QuantizedKVCache c;
     Input k = make_input(rng, DType::kF16, 1, 8, 1, 128), v = make_input(rng, DType::kF16, 1, 8, 1, 128);
     c.update_and_fetch(k.view(), v.view());
-    EXPECT_EQ(c.nbytes(), 8 * 256 * 128);
+    EXPECT_EQ(c.nbytes(), 8 * 256 * 208);
   }
   struct Case {
     int kb, vb, gs;

@@ -1183,7 +1183,8 @@ TEST(ModelOptions, ParsingAndNames) {
   EXPECT_TRUE(kv.quantized);
   EXPECT_EQ(kv.k_bits, 3);
   EXPECT_EQ(kv.v_bits, 2);
-  EXPECT_EQ(cm::kv_format_name(cm::parse_kv_format("k4v3")), "k4v3/so4-full/g64");
+  EXPECT_EQ(cm::kv_format_name(cm::parse_kv_format("k4v3")), "k4v3/hadamard/g64");  // the default rotation
+  EXPECT_EQ(cm::kv_format_name(cm::KVOptions{}), "k8v4/hadamard/g64");              // the default cache
   EXPECT_EQ(cm::kv_format_name(cm::parse_kv_format("f16")), "f16");
   EXPECT_FALSE(cm::parse_kv_format("bf16").quantized);
   for (const char* bad : {"k7v3", "k4v1", "k4v33", "q4v3", "fp16", "", "k4"})

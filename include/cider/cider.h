@@ -110,9 +110,9 @@ typedef enum cider_rotation {
 
 typedef struct cider_kv_config {
   int quantized;            /* 1: affine-quantized (IsoQuant) cache; 0: plain cache of plain_dtype */
-  int k_bits, v_bits;       /* quantized: bits of keys and values (defaults 4 and 3) */
+  int k_bits, v_bits;       /* quantized: bits of keys and values (defaults 8 and 4) */
   int group_size;           /* quantized: 32, 64 (default) or 128 */
-  int rotation;             /* a cider_rotation; default CIDER_ROTATION_SO4_FULL */
+  int rotation;             /* a cider_rotation; default CIDER_ROTATION_HADAMARD */
   uint64_t seed;            /* rotation seed (default 0) */
   int scale_dtype;          /* a cider_dtype; quantized: stored scales and biases (default CIDER_F16) */
   int plain_dtype;          /* a cider_dtype; plain: CIDER_F16, CIDER_BF16 or CIDER_F32 */
@@ -121,7 +121,7 @@ typedef struct cider_kv_config {
 typedef struct cider_kv_cache cider_kv_cache;
 typedef struct cider_kv_snapshot cider_kv_snapshot;
 
-/* The defaults: quantized K4/V3, group 64, SO(4) full rotation, seed 0, f16 scales. */
+/* The defaults: quantized K8/V4, group 64, Hadamard rotation, seed 0, f16 scales (docs/quality.md). */
 cider_kv_config cider_kv_config_default(void);
 cider_status cider_kv_cache_create(const cider_kv_config* config, cider_kv_cache** out);
 /* keys [B, Hkv, n, Dk], values [B, Hkv, n, Dv], float. B, Hkv and the head dims are fixed by the first append. */

@@ -45,10 +45,10 @@ extern "C" {
 cider_kv_config cider_kv_config_default(void) {
   cider_kv_config c{};
   c.quantized = 1;
-  c.k_bits = 4;
-  c.v_bits = 3;
+  c.k_bits = 8;
+  c.v_bits = 4;
   c.group_size = 64;
-  c.rotation = CIDER_ROTATION_SO4_FULL;
+  c.rotation = CIDER_ROTATION_HADAMARD;
   c.seed = 0;
   c.scale_dtype = CIDER_F16;
   c.plain_dtype = CIDER_F16;

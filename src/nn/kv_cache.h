@@ -133,11 +133,12 @@ class KVStore {
 
 }  // namespace detail
 
+// Defaults: K8/V4, group 64, Hadamard rotation — the engine's default (model::KVOptions, docs/quality.md).
 struct QuantizedKVCacheConfig {
-  int k_bits = 4;                                  // 2, 3, 4, 5, 6 or 8
-  int v_bits = 3;                                  // 2, 3, 4, 5, 6 or 8
-  int group_size = 64;                             // 32, 64 or 128; must divide Dk and Dv
-  RotationKind rotation = RotationKind::kSO4Full;  // applied to keys and values before quantizing
+  int k_bits = 8;                                   // 2, 3, 4, 5, 6 or 8
+  int v_bits = 4;                                   // 2, 3, 4, 5, 6 or 8
+  int group_size = 64;                              // 32, 64 or 128; must divide Dk and Dv
+  RotationKind rotation = RotationKind::kHadamard;  // applied to keys and values before quantizing
   uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
 };

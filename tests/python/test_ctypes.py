@@ -59,7 +59,7 @@ def main(lib_path):
     assert "affine_quantize" in msg and "got 7" in msg, msg
 
     # Attention through three caches against float attention on the original data: a plain f32 cache must agree
-    # to float32 rounding; K8/V8 and K4/V3 (the default) within their quantization error (3-bit values of N(0,1)
+    # to float32 rounding; K8/V8 and K4/V3 (on the default rotation) within their quantization error (3-bit values of N(0,1)
     # data carry about 20% relative error per value, which averaging over keys does not remove).
     T, D = 40, 64
     keys = array.array("f", [rng.gauss(0, 1) for _ in range(T * D)])
