@@ -16,4 +16,7 @@ for t in "${targets[@]}"; do
 done
 anchors=${GPU_ANCHORS:-../shared/tools/gpu_anchors.py}
 [ -f "$anchors" ] && cp "$anchors" .gpu/ || echo "pack: $anchors not found: the job will run without the PyTorch peers"
+# The device tool carries at most 64 MiB with the working tree: strip and compress the programs.
+strip .gpu/bin/*
+tar -C .gpu -cJf .gpu/bin.tar.xz bin && rm -rf .gpu/bin
 du -sh .gpu

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One GPU job (run from the repository root on the GPU host, after tools/gpu/pack.sh filled .gpu/ here):
+# One GPU job, from the repository root on a GPU host. Either tools/gpu/pack.sh filled .gpu/ on another machine (the
+# lent H200 has no gtest/CLI11 packages, so we build here and carry the programs), or, with no .gpu/, this script
+# installs the dependencies (scripts/setup.sh, Debian/Ubuntu) and builds the CUDA backend itself. Then:
 #   1. every CUDA test program, 2. compute-sanitizer memcheck (+ racecheck on the attention tests) unless
 #   GPU_JOB_SANITIZE=0, 3. cuda_bench, 4. the PyTorch peers (gpu_anchors.py) in the same job, 5. one table of
 #   cider's times against the peers' (tools/gpu/compare.py). Logs and JSON go to $OUT (or ./gpu-out).
@@ -8,6 +10,15 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+if [ -f .gpu/bin.tar.xz ] && [ ! -d .gpu/bin ]; then
+  tar -C .gpu -xJf .gpu/bin.tar.xz
+elif [ ! -d .gpu/bin ]; then
+  echo "== building the CUDA backend here =="
+  bash scripts/setup.sh > "$OUT/setup.log" 2>&1 || { echo "setup failed: see $OUT/setup.log"; exit 1; }
+  GPU_ANCHORS=${GPU_ANCHORS:-../shared/tools/gpu_anchors.py} bash tools/gpu/pack.sh > "$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+  tar -C .gpu -xJf .gpu/bin.tar.xz
+fi
 status=0
 echo "== tests =="
 for t in .gpu/bin/test_cuda_*; do
