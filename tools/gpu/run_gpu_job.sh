@@ -26,7 +26,7 @@ for t in .gpu/bin/test_cuda_*; do
   if "$t" --gtest_brief=1 > "$OUT/$(basename "$t").log" 2>&1; then
     echo "PASS $(basename "$t") ($(grep -c '^\[       OK \]' "$OUT/$(basename "$t").log" || true) ok)"
   else
-    status=1; echo "FAIL $(basename "$t")"; grep -E "Failure|FAILED|error|Expected|Which is|actual" "$OUT/$(basename "$t").log" | head -40
+    status=1; echo "FAIL $(basename "$t")"; grep -E "Failure|FAILED|error|Expected|Which is|actual|exception" "$OUT/$(basename "$t").log" | head -40
   fi
 done
 if [ "${GPU_JOB_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer > /dev/null; then
