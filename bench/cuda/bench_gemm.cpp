@@ -17,6 +17,9 @@
 
 namespace cider::cuda::gemm_bench {
 void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);  // linear_gemm.cu
+void set_gemm_kernel(int choice);  // 0 auto (wgmma where supported), 1 mma.sync, 2 wgmma
+int gemm_kernel_choice();
+int last_gemm_kernel();            // 1 mma.sync, 2 wgmma
 }
 
 namespace cider::bench {
@@ -53,7 +56,14 @@ DeviceBuffer random_scales(size_t n, std::mt19937_64& rng) {
 enum class What { kFull, kGemmOnly, kQuantizeOnly };
 
 // bf16 x [M, K] → bf16 out [M, N], int8 (or packed int4) weights, per-channel (group_size 0) or per-group scales.
-BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer) {
+// kernel: 0 = the launcher's default choice, 1 = force the mma.sync kernel, 2 = force wgmma (comparison cases).
+BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer,
+                       int kernel = 0) {
+  struct Restore {
+    int saved = cuda::gemm_bench::gemm_kernel_choice();
+    ~Restore() { cuda::gemm_bench::set_gemm_kernel(saved); }
+  } restore;
+  if (kernel != 0) cuda::gemm_bench::set_gemm_kernel(kernel);
   std::mt19937_64 rng(0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(M * 31 + N * 7 + K));
   const size_t w_bytes = static_cast<size_t>(N * (int4 ? K / 2 : K));
   const size_t x_bytes = static_cast<size_t>(M * K) * 2, out_bytes = static_cast<size_t>(M * N) * 2;
@@ -133,7 +143,11 @@ BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_siz
   r.peer = peer;
   r.note = std::string(int4 ? "int4" : "int8") + " weights, " +
            (group_size == 0 ? std::string("per channel") : "group " + std::to_string(group_size)) +
-           ", bf16 x and out, mma.sync m16n8k32" + (copies > 1 ? ", 4 rotated copies" : "");
+           ", bf16 x and out, " +
+           (what == What::kQuantizeOnly                         ? std::string("quantize only")
+            : cuda::gemm_bench::last_gemm_kernel() == 2 ? std::string("wgmma m64nNk32 + TMA")
+                                                        : std::string("mma.sync m16n8k32")) +
+           (copies > 1 ? ", 4 rotated copies" : "");
   return r;
 }
 
@@ -163,6 +177,22 @@ CIDER_CUDA_BENCH("w8a8 gemm only M512 K4096 N4096", "gemm") {
 }
 CIDER_CUDA_BENCH("w4a8 gemm M512 K4096 N4096", "gemm") {
   return run_linear(512, 4096, 4096, true, 0, What::kFull, kPeerSmall);
+}
+// The mma.sync kernel on the same shapes (the fallback and comparison point of the default wgmma kernel).
+CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w8a8 gemm only M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 0, What::kGemmOnly, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 128, What::kFull, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 mma.sync", "gemm") {
+  return run_linear(512, 4096, 4096, false, 0, What::kFull, kPeerSmall, 1);
+}
+CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 64, What::kFull, kPeerBig);
 }
 CIDER_CUDA_BENCH("quantize_rows_int8 bf16 M2048 K4096", "gemm") {
   return run_linear(2048, 4096, 256, false, 0, What::kQuantizeOnly, "");

@@ -25,7 +25,34 @@
 #include "support/test_support.h"
 
 namespace cider::cuda {
+namespace gemm_bench {  // linear_gemm.cu: the GEMM kernel choice (0 auto, 1 mma.sync, 2 wgmma) and the last one used
+void set_gemm_kernel(int choice);
+int gemm_kernel_choice();
+int last_gemm_kernel();
+}  // namespace gemm_bench
 namespace {
+
+constexpr int kMmaSync = 1, kWgmma = 2;
+
+// Forces one GEMM kernel for a scope (the default choice is restored after).
+class ForceGemmKernel {
+ public:
+  explicit ForceGemmKernel(int choice) : saved_(gemm_bench::gemm_kernel_choice()) {
+    gemm_bench::set_gemm_kernel(choice);
+  }
+  ~ForceGemmKernel() { gemm_bench::set_gemm_kernel(saved_); }
+  ForceGemmKernel(const ForceGemmKernel&) = delete;
+  ForceGemmKernel& operator=(const ForceGemmKernel&) = delete;
+
+ private:
+  int saved_;
+};
+
+// The kernel a forced W8A8 launch must have used: wgmma exists only for sm_90 devices.
+int expected_kernel(int forced, bool int4) {
+  if (forced == kWgmma && !int4 && device_info().cc_major == 9) return kWgmma;
+  return kMmaSync;
+}
 
 constexpr size_t kGuard = 256;  // bytes poisoned on each side of an output (keeps the output 256-byte aligned)
 constexpr uint8_t kPoison = 0xFF;
@@ -38,10 +65,12 @@ struct GemmCase {
   DType out_dtype = DType::kF32;
   bool bias = true;
   int nan_row = -1;  // a row of x given a NaN (its outputs must be NaN), -1 = none
+  int forced = 0;    // the GEMM kernel the test forced (kMmaSync / kWgmma), checked after the launch; 0 = any
 };
 
 std::string describe(const GemmCase& c) {
-  return std::string(c.int4 ? "w4a8" : "w8a8") + " M" + std::to_string(c.M) + " N" + std::to_string(c.N) + " K" +
+  return std::string(c.forced == kWgmma ? "[wgmma] " : c.forced == kMmaSync ? "[mma.sync] " : "") +
+         std::string(c.int4 ? "w4a8" : "w8a8") + " M" + std::to_string(c.M) + " N" + std::to_string(c.N) + " K" +
          std::to_string(c.K) + " gs" + std::to_string(c.group_size) + " x " + dtype_name(c.x_dtype) + " out " +
          dtype_name(c.out_dtype) + (c.bias ? " bias" : "");
 }
@@ -117,6 +146,9 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   if (c.int4) w4a8_gemm(da, exec);
   else w8a8_gemm(da, exec);
   device_synchronize("test_cuda_gemm");
+  if (c.forced != 0) {
+    ASSERT_EQ(gemm_bench::last_gemm_kernel(), expected_kernel(c.forced, c.int4)) << "kernel used";
+  }
   std::vector<uint8_t> got_bytes(dout.bytes());
   dout.download(got_bytes.data(), got_bytes.size());
   for (size_t i = 0; i < kGuard; ++i) {
@@ -232,12 +264,14 @@ TEST(CudaGemm, QuantizeRowsBitExact) {
 // ---- GEMMs ---------------------------------------------------------------------------------------------------------
 
 // Every M × N × K of the sweep, per channel, bf16 in / f32 out: tails in all three dimensions.
-void shape_sweep(bool int4) {
-  uint64_t salt = int4 ? 2000 : 1000;
+void shape_sweep(bool int4, int forced) {
+  const ForceGemmKernel force(forced);
+  uint64_t salt = (int4 ? 2000 : 1000) + (forced == kWgmma ? 500 : 0);
   for (int64_t M : {1, 7, 33, 129, 300})
     for (int64_t N : {1, 7, 67, 129, 4097})
       for (int64_t K : {96, 4096, 4160}) {
         GemmCase c;
+        c.forced = forced;
         c.int4 = int4;
         c.M = M;
         c.N = N;
@@ -247,24 +281,32 @@ void shape_sweep(bool int4) {
         if (::testing::Test::HasFailure()) return;
       }
 }
-TEST(CudaGemm, W8A8ShapeSweep) {
+TEST(CudaGemm, W8A8ShapeSweep) {  // the mma.sync fallback
   CIDER_REQUIRE_GPU();
-  shape_sweep(false);
+  shape_sweep(false, kMmaSync);
 }
 TEST(CudaGemm, W4A8ShapeSweep) {
   CIDER_REQUIRE_GPU();
-  shape_sweep(true);
+  shape_sweep(true, kMmaSync);
+}
+// The wgmma kernel: tails in M (1, 7, 33, 129, 300 against 128-row tiles), N (against 128/256-column tiles) and
+// K (96 < one 128-k stage, 4160 = 32.5 stages; 4096 wraps the 4-6 stage ring many times).
+TEST(CudaGemm, WgmmaShapeSweep) {
+  CIDER_REQUIRE_GPU();
+  shape_sweep(false, kWgmma);
 }
 
 // Every scale mode × x dtype × out dtype on tiles with tails (129 crosses the 128-row/column tile; K not a whole
 // number of 128-k pipeline stages where the group size allows it).
-void mode_sweep(bool int4) {
-  uint64_t salt = int4 ? 4000 : 3000;
+void mode_sweep(bool int4, int forced) {
+  const ForceGemmKernel force(forced);
+  uint64_t salt = (int4 ? 4000 : 3000) + (forced == kWgmma ? 500 : 0);
   const std::vector<int> groups = int4 ? std::vector<int>{0, 32, 64, 128, 256} : std::vector<int>{0, 64, 128, 256};
   for (int gs : groups)
     for (DType xd : {DType::kF32, DType::kF16, DType::kBF16})
       for (DType od : {DType::kF32, DType::kF16, DType::kBF16}) {
         GemmCase c;
+        c.forced = forced;
         c.int4 = int4;
         c.M = 129;
         c.N = 131;
@@ -280,6 +322,7 @@ void mode_sweep(bool int4) {
   // Large N and deep K per group mode.
   for (int gs : groups) {
     GemmCase c;
+    c.forced = forced;
     c.int4 = int4;
     c.M = 129;
     c.N = 4097;
@@ -289,13 +332,19 @@ void mode_sweep(bool int4) {
     if (::testing::Test::HasFailure()) return;
   }
 }
-TEST(CudaGemm, W8A8ScaleModesAndDtypes) {
+TEST(CudaGemm, W8A8ScaleModesAndDtypes) {  // the mma.sync fallback
   CIDER_REQUIRE_GPU();
-  mode_sweep(false);
+  mode_sweep(false, kMmaSync);
 }
 TEST(CudaGemm, W4A8ScaleModesAndDtypes) {
   CIDER_REQUIRE_GPU();
-  mode_sweep(true);
+  mode_sweep(true, kMmaSync);
+}
+// The wgmma kernel in every scale mode (per channel; groups 64, 128, 256 with K not a whole number of 128-k
+// stages where the group allows), x and out dtype, NaN rows, bias.
+TEST(CudaGemm, WgmmaScaleModesAndDtypes) {
+  CIDER_REQUIRE_GPU();
+  mode_sweep(false, kWgmma);
 }
 
 // A grid of exactly 3·SMs 128×256 tiles (6·SMs 128×128 ones): the launcher then takes the wide per-channel
@@ -306,7 +355,9 @@ TEST(CudaGemm, WideTileConfiguration) {
   uint64_t salt = 5000;
   for (bool int4 : {false, true})
     for (DType od : {DType::kF32, DType::kBF16}) {
+      const ForceGemmKernel force(kMmaSync);
       GemmCase c;
+      c.forced = kMmaSync;
       c.int4 = int4;
       c.M = 300;
       c.N = sms * 256 - 5;
@@ -316,6 +367,34 @@ TEST(CudaGemm, WideTileConfiguration) {
       run_gemm_case(c, ++salt);
       if (HasFailure()) return;
     }
+}
+
+// The wgmma kernel's 128×256 configuration (grids of whole waves of wide tiles), shallow and deep in K (1088 =
+// 8.5 stages wraps its 4-stage ring twice), with M and N tails; then the default (auto) choice for W8A8.
+TEST(CudaGemm, WgmmaWideTileConfiguration) {
+  CIDER_REQUIRE_GPU();
+  const int64_t sms = device_info().sm_count;
+  uint64_t salt = 5500;
+  const ForceGemmKernel force(kWgmma);
+  for (DType od : {DType::kF32, DType::kBF16, DType::kF16}) {
+    GemmCase c;
+    c.forced = kWgmma;
+    c.M = 300;
+    c.N = sms * 256 - 5;
+    c.K = 96;
+    c.out_dtype = od;
+    c.nan_row = 290;
+    run_gemm_case(c, ++salt);
+    if (HasFailure()) return;
+  }
+  GemmCase deep;
+  deep.forced = kWgmma;
+  deep.M = 33;
+  deep.N = sms * 256 - 3;
+  deep.K = 1088;
+  deep.out_dtype = DType::kBF16;
+  deep.nan_row = 31;
+  run_gemm_case(deep, ++salt);
 }
 
 // ---- errors ---------------------------------------------------------------------------------------------------------

@@ -12,12 +12,16 @@
 //       per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                      (+ bias: fl(y + bias[n]))
 //       per group:   s = 0; for g in order: s = fl(s + fl(sw[g, n] · float(acc_g)));  y = fl(sx · s)  (+ bias)
 //     The per-group int32 partial is flushed after the k-step that ends each group (groups are multiples of 32).
+//   W8A8 runs by default on the wgmma kernel of linear_gemm_wgmma.cu (launch_int_gemm picks; this mma.sync kernel
+//   stays the fallback — W4A8, unsupported shapes — and the comparison point: CIDER_GEMM_KERNEL=mma).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -28,7 +32,30 @@
 
 namespace cider::cuda {
 
+namespace gemm_wgmma {  // linear_gemm_wgmma.cu
+bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
+void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op);
+}  // namespace gemm_wgmma
+
 namespace {
+
+// Which GEMM kernel runs: kAuto picks wgmma (sm_90a, TMA) where gemm_wgmma::supported() holds — W8A8 with
+// K % 16 == 0 and 16-byte aligned operands — and mma.sync otherwise (W4A8, other devices). The environment
+// variable CIDER_GEMM_KERNEL = mma | wgmma | auto sets the initial choice (read once); gemm_bench::set_gemm_kernel
+// overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls back to mma.sync.
+enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2 };
+constexpr bool kWgmmaByDefault = true;  // auto → wgmma where supported
+
+std::atomic<int>& gemm_choice() {
+  static std::atomic<int> choice{[] {
+    const char* env = std::getenv("CIDER_GEMM_KERNEL");
+    if (env != nullptr && std::strcmp(env, "mma") == 0) return static_cast<int>(kGemmMmaSync);
+    if (env != nullptr && std::strcmp(env, "wgmma") == 0) return static_cast<int>(kGemmWgmma);
+    return static_cast<int>(kGemmAuto);
+  }()};
+  return choice;
+}
+std::atomic<int> g_last_gemm_kernel{0};  // kGemmMmaSync or kGemmWgmma after a launch, 0 before any
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceAlign = 256;
@@ -592,6 +619,14 @@ void validate_int_linear(const kernels::IntLinearArgs& a, bool int4, const Exec&
 // The GEMM on already-quantized activations (xq [M, K], sx [M]); arguments validated by the caller.
 void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool int4,
                      cudaStream_t stream, const char* op) {
+  const int choice = gemm_choice().load(std::memory_order_relaxed);
+  const bool want_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
+  if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
+    gemm_wgmma::launch(a, xq, sx, stream, op);
+    g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
+    return;
+  }
+  g_last_gemm_kernel.store(kGemmMmaSync, std::memory_order_relaxed);
   GemmParams p{};
   p.xq = xq;
   p.sx = sx;
@@ -673,6 +708,15 @@ void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const
                                                   round_up(static_cast<size_t>(args.M * args.K), kWorkspaceAlign));
   launch_int_gemm(args, xq, sx, int4, static_cast<cudaStream_t>(exec.stream), op);
 }
+// 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync).
+void set_gemm_kernel(int choice) {
+  check(choice >= kGemmAuto && choice <= kGemmWgmma, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
+        "choice must be 0 (auto), 1 (mma.sync) or 2 (wgmma); got ", choice);
+  gemm_choice().store(choice, std::memory_order_relaxed);
+}
+int gemm_kernel_choice() { return gemm_choice().load(std::memory_order_relaxed); }
+// The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma (0 before any launch).
+int last_gemm_kernel() { return g_last_gemm_kernel.load(std::memory_order_relaxed); }
 }  // namespace gemm_bench
 
 }  // namespace cider::cuda

@@ -1,0 +1,502 @@
+// cider/kernels/cuda/linear_gemm_wgmma.cu — the W8A8 prefill GEMM on Hopper's warpgroup tensor-core instructions
+// (sm_90a wgmma.mma_async m64nNk32 s8·s8→s32), fed by the bulk tensor copy engine (TMA) through an mbarrier ring.
+// Called by linear_gemm.cu (launch_int_gemm), which keeps the mma.sync kernel as the fallback and comparison point.
+// Design, floors and predictions: docs/cuda/gemm.md ("version 2: wgmma").
+//
+//   CTA tile 128 × BN (BN 256 per channel where the grid fills the GPU, else 128; 128 per group), k-tile 128 bytes.
+//   384 threads: warpgroup 0 = producer (one thread issues the TMA copies; the warpgroup gives registers back with
+//   setmaxnreg), warpgroups 1 and 2 = consumers, each owns 64 rows × BN columns of the tile (BN/2 int32
+//   accumulators per thread) and issues 4 wgmma (k32 each) per k-tile.
+//   Shared memory per stage: A [128 rows, 128 bytes] and B [BN rows, 128 bytes], written by TMA with the 128-byte
+//   swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8); stage bases 1024-byte aligned), which is the
+//   canonical K-major SW128 layout the wgmma matrix descriptors describe: 8-row core groups 1024 bytes apart
+//   (stride byte offset), the k32 step = +32 bytes on the start address.
+//   Pipeline: full[s] (TMA transaction bytes) and empty[s] (one arrival per consumer warp, 8) mbarriers per stage.
+//   Tails: TMA fills rows past M/N and k past K with zeros (they add nothing to the exact integer sums); k32 steps
+//   wholly past K are skipped; the epilogue masks rows/columns.
+//   Epilogue: the reference's order, every step rounded (as linear_gemm.cu):
+//     per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                              (+ bias)
+//     per group:   each group's wgmma chain starts with scale-d = 0 (acc = A·B), and after the group's last k32
+//                  step the warpgroup waits for its wgmmas and flushes s = fl(s + fl(sw[g, n] · float(acc_g))).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace cider::cuda::gemm_wgmma {
+
+namespace {
+
+constexpr int kBM = 128;             // 2 consumer warpgroups × 64 rows
+constexpr int kBK = 128;             // k per stage = bytes of one swizzled row
+constexpr int kStepK = 32;           // k per wgmma
+constexpr int kStepsPerTile = kBK / kStepK;
+constexpr int kThreads = 384;        // 3 warpgroups
+constexpr int kConsumerWarps = 8;    // arrivals per empty barrier
+constexpr int kProducerRegs = 40;    // setmaxnreg: 128·40 + 256·232 ≤ 65536
+constexpr int kConsumerRegs = 232;
+
+template <int BN>
+struct TileConfig {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kAStage = kBM * kBK;  // 16 KB
+  static constexpr int kBStage = BN * kBK;   // 32 or 16 KB
+  static constexpr int kStageBytes = kAStage + kBStage;
+  // Stages, then 2·kStages mbarriers; + 1024 bytes so the base can be rounded up to the swizzle atom.
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * 8 + 1024;
+  static_assert(kStageBytes % 1024 == 0, "stage bases stay 1024-byte aligned");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier and TMA ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// 2-D tile copy global → shared (box of the tensor map at coordinates {k, row}); completes on `bar` with the box's
+// bytes (out-of-bounds elements are written as zeros and counted too).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// ---- wgmma -----------------------------------------------------------------------------------------------------------
+
+// Matrix descriptor of a K-major operand in the 128-byte-swizzled layout: start address >> 4 (bits 0-13), leading
+// byte offset (unused for swizzled K-major; 1), stride byte offset 1024 >> 4 (8-row core groups, bits 32-45),
+// base offset 0 (atoms 1024-byte aligned), swizzle mode 1 = 128 B (bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr) {
+  return static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous wgmma boundary.
+template <int R>
+__device__ __forceinline__ void fence_registers(int32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// D[64, 256] (+)= A[64, 32] · B[256, 32]ᵀ, A and B K-major in shared memory (descriptors); scale_d 0 → D = A·B.
+__device__ __forceinline__ void wgmma_m64n256k32(int32_t (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+        "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+        "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+        "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D[64, 128] (+)= A[64, 32] · B[128, 32]ᵀ, A and B K-major in shared memory (descriptors); scale_d 0 → D = A·B.
+__device__ __forceinline__ void wgmma_m64n128k32(int32_t (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// |acc| < 2^22 → float exactly (see linear_gemm.cu): group partials are at most 256·127·127 < 2^22.
+__device__ __forceinline__ float small_int_to_float(int32_t acc) {
+  return __fsub_rn(__int_as_float(0x4B400000 + acc), 12582912.0f);
+}
+
+template <typename OutT>
+__device__ __forceinline__ void store_one(OutT* out, int64_t i, float v);
+template <>
+__device__ __forceinline__ void store_one<float>(float* out, int64_t i, float v) { out[i] = v; }
+template <>
+__device__ __forceinline__ void store_one<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v) {
+  out[i] = __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_one<__half>(__half* out, int64_t i, float v) { out[i] = __float2half_rn(v); }
+
+template <typename OutT>
+__device__ __forceinline__ void store_two(OutT* out, int64_t i, float v0, float v1);
+template <>
+__device__ __forceinline__ void store_two<float>(float* out, int64_t i, float v0, float v1) {
+  *reinterpret_cast<float2*>(out + i) = make_float2(v0, v1);
+}
+template <>
+__device__ __forceinline__ void store_two<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v0, float v1) {
+  __nv_bfloat162 h;
+  h.x = __float2bfloat16_rn(v0);
+  h.y = __float2bfloat16_rn(v1);
+  *reinterpret_cast<__nv_bfloat162*>(out + i) = h;
+}
+template <>
+__device__ __forceinline__ void store_two<__half>(__half* out, int64_t i, float v0, float v1) {
+  __half2 h;
+  h.x = __float2half_rn(v0);
+  h.y = __float2half_rn(v1);
+  *reinterpret_cast<__half2*>(out + i) = h;
+}
+
+struct Params {
+  const float* sx;    // [M]
+  const float* sw;    // [N] or [K/gs, N]
+  const float* bias;  // [N] or null
+  void* out;          // [M, N]
+  int64_t M, N, K;
+  int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
+  int paired_store;   // N even and out aligned to two elements
+};
+
+template <int BN, bool kGrouped, typename OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                           const Params p) {
+  using Cfg = TileConfig<BN>;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kAcc = BN / 2;   // int32 accumulators per consumer thread: 64 × BN over 128 threads
+  constexpr int kCols = BN / 4;  // output columns per consumer thread: 8j + 2·(lane % 4) + {0, 1}, j < BN/8
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // stage s: A at base + s·kStageBytes, then B
+  const uint32_t bars = base + static_cast<uint32_t>(kStages * Cfg::kStageBytes);
+  auto full_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(kStages + s); };
+
+  const int64_t M = p.M, N = p.N, K = p.K;
+  // Grouped raster (as the mma.sync kernel): 16 M-tiles run down each column of N-tiles, so a wave shares W tiles.
+  constexpr int kGroupM = 16;
+  const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN;
+  const int64_t tile = blockIdx.x;
+  const int64_t per_group = kGroupM * n_tiles;
+  const int64_t first_m = tile / per_group * kGroupM;
+  const int64_t group_m = min(static_cast<int64_t>(kGroupM), m_tiles - first_m);
+  const int64_t in_group = tile % per_group;
+  const int64_t m0 = (first_m + in_group % group_m) * kBM;
+  const int64_t n0 = in_group / group_m * BN;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
+  const int k_steps_total = static_cast<int>(K / kStepK);
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar(s), 1);
+      mbar_init(empty_bar(s), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer warpgroup: one thread streams k-tiles into the ring.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp == 0 && lane == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % kStages;
+        // Reuse of stage s waits for the consumers' release of k-tile kt − kStages (completion kt/kStages − 1).
+        if (kt >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((kt / kStages + 1) & 1));
+        mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
+        const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
+        tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
+        tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = wg - 1;         // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
+    const int wq = warp & 3;       // warp within the warpgroup: 16 rows each
+    int32_t acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0;
+    float facc[kGrouped ? kAcc : 1];
+#pragma unroll
+    for (int i = 0; i < (kGrouped ? kAcc : 1); ++i) facc[i] = 0.0f;
+
+    const int64_t col0 = n0 + 2 * (lane & 3);
+    // Per group: the scales of the group being accumulated (this thread's kCols columns), loaded one group ahead.
+    float sw_cur[kGrouped ? kCols : 1];
+    auto load_group_scales = [&](int64_t g) {
+#pragma unroll
+      for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t n = col0 + 8 * j + e;
+          sw_cur[2 * j + e] = n < N ? __ldg(p.sw + g * N + n) : 0.0f;
+        }
+    };
+    if constexpr (kGrouped) load_group_scales(0);
+
+    const uint32_t a_rows = static_cast<uint32_t>(cw * 64 * kBK);  // this warpgroup's 64 rows (8 KB, aligned)
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      mbar_wait(full_bar(s), static_cast<uint32_t>((kt / kStages) & 1));
+      const uint32_t stage = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
+      const uint64_t desc_a = sw128_desc(stage + a_rows), desc_b = sw128_desc(stage + Cfg::kAStage);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kStepsPerTile; ++ks) {
+        const int step = kt * kStepsPerTile + ks;
+        // Per channel every step runs (k past K reads TMA's zeros), so no branch separates the chained wgmmas;
+        // per group a step wholly past K must not flush a group that does not exist.
+        if (!kGrouped || step < k_steps_total) {
+          // k32 step ks: +32 bytes on both start addresses (+2 in the descriptors' 16-byte units).
+          const uint64_t da = desc_a + static_cast<uint64_t>(2 * ks), db = desc_b + static_cast<uint64_t>(2 * ks);
+          // Per group: the first step of a group starts a fresh partial (scale-d 0: acc = A·B).
+          const int scale_d = kGrouped ? ((step & (p.group_steps - 1)) != 0 ? 1 : 0) : 1;
+          if constexpr (BN == 256) wgmma_m64n256k32(acc, da, db, scale_d);
+          else wgmma_m64n128k32(acc, da, db, scale_d);
+          if constexpr (kGrouped) {
+            if (((step + 1) & (p.group_steps - 1)) == 0) {
+              // Group g = step / group_steps ends: s = fl(s + fl(sw[g, n] · float(acc_g))), groups in order.
+              wgmma_commit();
+              wgmma_wait<0>();
+              fence_registers(acc);
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  const float part = __fmul_rn(sw_cur[2 * j + (c & 1)], small_int_to_float(acc[4 * j + c]));
+                  facc[4 * j + c] = __fadd_rn(facc[4 * j + c], part);
+                }
+              const int64_t next_group = (step + 1) / p.group_steps;
+              if (next_group * p.group_steps < k_steps_total) load_group_scales(next_group);
+              fence_registers(acc);
+              wgmma_fence();
+            }
+          }
+        }
+      }
+      wgmma_commit();
+      if constexpr (kGrouped) {
+        // Group flushes already waited for most of this tile's wgmmas; release stage s when all are done.
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty_bar(s));
+      } else {
+        // Keep this tile's wgmmas in flight; the previous tile's have finished reading their stage.
+        wgmma_wait<1>();
+        __syncwarp();
+        if (kt > 0 && lane == 0) mbar_arrive(empty_bar((kt - 1) % kStages));
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+
+    // Epilogue: thread holds rows r = 16·wq + lane/4 (+8) of the warpgroup's 64 and columns 8j + 2·(lane%4) + {0,1}:
+    // acc[4j + 2h + e] is row r + 8h, column 8j + 2·(lane%4) + e.
+    OutT* out = static_cast<OutT*>(p.out);
+    const int64_t row0 = m0 + cw * 64 + wq * 16 + (lane >> 2);
+    const bool has_bias = p.bias != nullptr;
+    float sx_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sx_row[h] = row0 + 8 * h < M ? __ldg(p.sx + row0 + 8 * h) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t n = col0 + 8 * j;
+      if (n >= N) continue;
+      float sw_col[2], bias_col[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sw_col[e] = (!kGrouped && n + e < N) ? __ldg(p.sw + n + e) : 0.0f;
+        bias_col[e] = (has_bias && n + e < N) ? __ldg(p.bias + n + e) : 0.0f;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t m = row0 + 8 * h;
+        if (m >= M) continue;
+        float y[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * h + e;
+          float sum;
+          if constexpr (kGrouped) sum = facc[i];
+          else sum = __fadd_rn(0.0f, __fmul_rn(sw_col[e], __int2float_rn(acc[i])));
+          float v = __fmul_rn(sx_row[h], sum);
+          if (has_bias) v = __fadd_rn(v, bias_col[e]);
+          y[e] = v;
+        }
+        if (p.paired_store && n + 1 < N) {
+          store_two<OutT>(out, m * N + n, y[0], y[1]);
+        } else {
+          store_one<OutT>(out, m * N + n, y[0]);
+          if (n + 1 < N) store_one<OutT>(out, m * N + n + 1, y[1]);
+        }
+      }
+    }
+  }
+}
+
+// ---- host: tensor maps and launch -----------------------------------------------------------------------------------
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled through the runtime (no -lcuda); null when the driver lacks it.
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess || f == nullptr) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// [rows, K] int8, K-contiguous, box [box_rows, 128 bytes] with the 128-byte swizzle; out-of-bounds reads are zeros.
+void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int box_rows, const char* op) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
+                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r == CUDA_SUCCESS, ErrorCode::kInternal, op, "cuTensorMapEncodeTiled failed with CUresult ",
+        static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
+}
+
+template <int BN, bool kGrouped, typename OutT>
+void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
+  using Cfg = TileConfig<BN>;
+  CUtensorMap map_b;
+  encode_operand_map(&map_b, w, p.N, p.K, BN, op);
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGrouped, OutT>;
+  CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(Cfg::kSmemBytes)));
+  const int64_t tiles = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
+  check(tiles <= INT32_MAX, ErrorCode::kOutOfRange, op, "too many output tiles; got ", tiles);
+  kernel<<<static_cast<unsigned>(tiles), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  check_last_launch(op);
+}
+
+double wave_efficiency(int64_t tiles, int sms) {
+  const int64_t waves = (tiles + sms - 1) / sms;
+  return static_cast<double>(tiles) / static_cast<double>(waves * sms);
+}
+
+template <typename OutT>
+void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
+  if (p.group_steps > 0) {
+    launch_config<128, true, OutT>(map_a, w, p, stream, op);
+    return;
+  }
+  // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
+  // then fills the GPU clearly worse (M512 N4096: 64 wide tiles on 132 SMs vs 128 narrow ones).
+  const int sms = device_info().sm_count;
+  const int64_t m_tiles = (p.M + kBM - 1) / kBM;
+  const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
+  if (1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms))
+    launch_config<256, false, OutT>(map_a, w, p, stream, op);
+  else
+    launch_config<128, false, OutT>(map_a, w, p, stream, op);
+}
+
+}  // namespace
+
+// Whether the wgmma kernel can run this GEMM: int8 weights (W4A8 stays on mma.sync), an sm_90 device, the driver's
+// tensor-map encoder, K a multiple of 16 (TMA row strides) and 16-byte aligned operands.
+bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
+  if (int4) return false;
+  if (device_info().cc_major != 9) return false;
+  if (encode_tiled() == nullptr) return false;
+  return a.K % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 16 == 0;
+}
+
+// out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
+void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op) {
+  Params p{};
+  p.sx = sx;
+  p.sw = a.w_scales;
+  p.bias = a.bias;
+  p.out = a.out;
+  p.M = a.M;
+  p.N = a.N;
+  p.K = a.K;
+  p.group_steps = a.group_size / kStepK;
+  const size_t out_elem = static_cast<size_t>(dtype_size(a.out_dtype));
+  p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
+  CUtensorMap map_a;
+  encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
+  switch (a.out_dtype) {
+    case DType::kF32: launch_out<float>(map_a, a.w, p, stream, op); break;
+    case DType::kF16: launch_out<__half>(map_a, a.w, p, stream, op); break;
+    default: launch_out<__nv_bfloat16>(map_a, a.w, p, stream, op); break;
+  }
+}
+
+}  // namespace cider::cuda::gemm_wgmma
