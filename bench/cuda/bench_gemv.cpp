@@ -12,8 +12,28 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/kernel_table.h"
 
+namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize);
+void stream_read(const void* p, size_t bytes, void* sink, void* stream);
+}  // namespace cider::cuda::gemv_bench
+
 namespace cider::bench {
 namespace {
+
+// A launch variant: warps per block (8 / 16), blocks per SM cap, quantize (1 fused in every block, 2 once into the
+// workspace), workspace (false: the caller passes none, as the tests' plain Exec{}); 0 = the launcher's choice.
+struct Variant {
+  int warps = 0, blocks_per_sm = 0, quantize = 0;
+  bool workspace = true;
+  std::string describe() const {
+    std::string s;
+    if (warps) s += " warps " + std::to_string(warps);
+    if (blocks_per_sm) s += " blocks/SM " + std::to_string(blocks_per_sm);
+    if (quantize) s += quantize == 1 ? " quantize fused" : " quantize once";
+    if (!workspace) s += " no workspace";
+    return s;
+  }
+};
 
 std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
   std::vector<uint8_t> v(n);
@@ -26,7 +46,8 @@ std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
   return v;
 }
 
-BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group_size, const char* peer) {
+BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group_size, const char* peer,
+                           const Variant& variant = {}) {
   std::mt19937_64 rng(0x5eed0000u + static_cast<uint64_t>(M * 131 + K * 7 + N + group_size));
   const size_t w_bytes = static_cast<size_t>(int4 ? N * K / 2 : N * K);
   const int64_t groups = group_size == 0 ? 1 : K / group_size;
@@ -50,6 +71,8 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
   cuda::DeviceBuffer d_x = cuda::to_device(x.data(), x.size() * sizeof(float));
   cuda::DeviceBuffer d_bias = cuda::to_device(bias.data(), bias.size() * sizeof(float));
   cuda::DeviceBuffer d_out(static_cast<size_t>(M * N) * sizeof(float));
+  // The engine passes a workspace (int_linear_workspace_bytes of its largest layer) to every linear layer.
+  cuda::DeviceBuffer d_ws(cuda::int_linear_workspace_bytes(M, K));
 
   cuda::Stream stream;
   size_t next = 0;
@@ -59,14 +82,40 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
                              d_out.data(), DType::kF32, M, N, K, group_size};
     cuda::Exec exec;
     exec.stream = s;
+    if (variant.workspace) {
+      exec.workspace = d_ws.data();
+      exec.workspace_bytes = d_ws.bytes();
+    }
     int4 ? cuda::w4a8_gemv(a, exec) : cuda::w8a8_gemv(a, exec);
   };
+  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  cuda::gemv_bench::set_gemv_tuning(0, 0, 0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
-  r.note = std::to_string(copies) + " weight copies";
+  r.note = std::to_string(copies) + " weight copies" + variant.describe();
+  return r;
+}
+
+// The achievable read roof for `bytes` of weights: the GEMV's streaming loads and nothing else (rotated copies).
+BenchResult bench_read_roof(size_t bytes) {
+  const size_t copies = std::max<size_t>(4, (150u << 20) / bytes + 1);
+  std::mt19937_64 rng(0x700f + bytes);
+  std::vector<cuda::DeviceBuffer> bufs;
+  for (size_t c = 0; c < copies; ++c) {
+    std::vector<uint8_t> b = random_bytes(rng, bytes);
+    bufs.push_back(cuda::to_device(b.data(), b.size()));
+  }
+  cuda::DeviceBuffer sink(256);
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) { cuda::gemv_bench::stream_read(bufs[next++ % copies].data(), bytes, sink.data(), s); };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = static_cast<double>(bytes);
+  r.note = std::to_string(copies) + " copies; 16-byte loads only, 4 x 512 threads per SM";
   return r;
 }
 
@@ -106,6 +155,49 @@ CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336", "linear") {
 }
 CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336", "linear") {
   return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
+}
+
+
+// ---- variants (what limits each case): load-only roofs, warps per block, blocks per SM, where x is quantized ----
+CIDER_CUDA_BENCH("gemv roof read 58.7 MB (w8 K4096 N14336)", "linear") { return bench_read_roof(4096u * 14336u); }
+CIDER_CUDA_BENCH("gemv roof read 29.4 MB (w4 K4096 N14336)", "linear") { return bench_read_roof(2048u * 14336u); }
+CIDER_CUDA_BENCH("gemv roof read 16.8 MB (w8 K4096 N4096)", "linear") { return bench_read_roof(4096u * 4096u); }
+CIDER_CUDA_BENCH("gemv roof read 235 MB (w8 K8192 N28672)", "linear") { return bench_read_roof(8192u * 28672u); }
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:8warps 2/SM", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 2, 0, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:8warps 1/SM", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 1, 0, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:quantize once", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 2, true});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:8warps 2/SM", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 2, 0, true});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:quantize once", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 2, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:quantize fused", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 1, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:8warps 2/SM", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {8, 2, 0, true});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:quantize fused", "linear") {
+  return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 1, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M4 K4096 N14336", "linear") {
+  return bench_int_gemv(false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
+}
+CIDER_CUDA_BENCH("w8a8 gemv M4 K4096 N14336 v:quantize once", "linear") {
+  return bench_int_gemv(false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 2, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M8 K4096 N14336", "linear") {
+  return bench_int_gemv(false, 8, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
+}
+CIDER_CUDA_BENCH("w8a8 gemv M8 K4096 N14336 v:quantize fused", "linear") {
+  return bench_int_gemv(false, 8, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 1, true});
 }
 
 }  // namespace cider::bench

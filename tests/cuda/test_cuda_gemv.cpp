@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -27,7 +28,19 @@
 #include "support/test_support.h"
 
 namespace cider::cuda {
+namespace gemv_bench {
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize);  // linear_gemv.cu (tests and benchmarks only)
+}
 namespace {
+
+// Launch knobs (warps per block, blocks per SM; 0 = automatic) for the scope of one test, restored at its end.
+int g_warps = 0, g_blocks_per_sm = 0;
+struct TuningScope {
+  TuningScope(int warps, int blocks_per_sm) { g_warps = warps, g_blocks_per_sm = blocks_per_sm; }
+  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0; }
+  TuningScope(const TuningScope&) = delete;
+  TuningScope& operator=(const TuningScope&) = delete;
+};
 
 constexpr size_t kGuard = 256;  // poisoned bytes on each side of the output
 constexpr double kU = 1.0 / 16777216.0;
@@ -88,61 +101,79 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   if (c.int4) (M == 1 ? ref.w4a8_gemv : ref.w4a8_gemm)(host);
   else (M == 1 ? ref.w8a8_gemv : ref.w8a8_gemm)(host);
 
-  // GPU, output poisoned (0xFF bytes: NaN in every float dtype) and guarded.
+  // GPU, output poisoned (0xFF bytes: NaN in every float dtype) and guarded; twice: activation codes derived in every
+  // block (no workspace) and computed once into exec.workspace (poisoned too) by quantize_rows_int8.
   DeviceBuffer d_x = to_device(x_bytes.data(), x_bytes.size());
   DeviceBuffer d_w = to_device(w.data(), w.size());
   DeviceBuffer d_scales = to_device(scales.data(), scales.size() * sizeof(float));
   DeviceBuffer d_bias = to_device(bias.data(), bias.size() * sizeof(float));
   DeviceBuffer d_out(out_bytes + 2 * kGuard);
-  d_out.fill(0xFF);
+  DeviceBuffer d_ws(int_linear_workspace_bytes(M, K));
   kernels::IntLinearArgs dev = host;
   dev.x = d_x.data();
   dev.w = d_w.data();
   dev.w_scales = d_scales.as<float>();
   dev.bias = c.bias ? d_bias.as<float>() : nullptr;
   dev.out = static_cast<uint8_t*>(d_out.data()) + kGuard;
-  if (c.int4) w4a8_gemv(dev, Exec{});
-  else w8a8_gemv(dev, Exec{});
-  device_synchronize("test_cuda_gemv");
-  std::vector<uint8_t> got_all(d_out.bytes());
-  d_out.download(got_all.data(), got_all.size());
-  for (size_t i = 0; i < kGuard; ++i) {
-    ASSERT_EQ(got_all[i], 0xFF) << "write before the output at byte " << i;
-    ASSERT_EQ(got_all[kGuard + out_bytes + i], 0xFF) << "write past the output at byte " << i;
+  std::vector<std::vector<float>> gots;
+  for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
+    d_out.fill(0xFF);
+    d_ws.fill(0xFF);
+    Exec exec{};
+    if (use_workspace) {
+      exec.workspace = d_ws.data();
+      exec.workspace_bytes = d_ws.bytes();
+    }
+    // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
+    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0);
+    if (c.int4) w4a8_gemv(dev, exec);
+    else w8a8_gemv(dev, exec);
+    gemv_bench::set_gemv_tuning(0, 0, 0);
+    device_synchronize("test_cuda_gemv");
+    std::vector<uint8_t> got_all(d_out.bytes());
+    d_out.download(got_all.data(), got_all.size());
+    for (size_t i = 0; i < kGuard; ++i) {
+      ASSERT_EQ(got_all[i], 0xFF) << "write before the output at byte " << i << (use_workspace ? " (workspace)" : "");
+      ASSERT_EQ(got_all[kGuard + out_bytes + i], 0xFF)
+          << "write past the output at byte " << i << (use_workspace ? " (workspace)" : "");
+    }
+    gots.push_back(test::from_dtype_bytes(got_all.data() + kGuard, c.out_dtype, static_cast<size_t>(M * N)));
   }
-  const std::vector<float> got = test::from_dtype_bytes(got_all.data() + kGuard, c.out_dtype, static_cast<size_t>(M * N));
   const std::vector<float> want = test::from_dtype_bytes(want_bytes.data(), c.out_dtype, static_cast<size_t>(M * N));
 
   // Per element: the bound above, from the exact codes (quant::quantize_int8_row, as the reference quantizes).
   const size_t x_row_bytes = static_cast<size_t>(K) * static_cast<size_t>(dtype_size(c.x_dtype));
   std::vector<int8_t> xq(static_cast<size_t>(K));
   int failures = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    const float sx = quant::quantize_int8_row(x_bytes.data() + static_cast<size_t>(m) * x_row_bytes, c.x_dtype, K,
-                                              xq.data());
-    for (int64_t n = 0; n < N; ++n) {
-      const size_t i = static_cast<size_t>(m * N + n);
-      if (std::isnan(want[i])) {  // the reference's NaN row (x held NaN/inf)
-        EXPECT_TRUE(std::isnan(got[i])) << "[" << m << ", " << n << "] want NaN, got " << got[i];
-        continue;
-      }
-      double abs_terms = 0;  // Σ_g |sw_g · acc_g|
-      for (int64_t gi = 0; gi < groups; ++gi) {
-        int64_t acc = 0;
-        for (int64_t k = gi * span; k < (gi + 1) * span; ++k)
-          acc += static_cast<int64_t>(xq[static_cast<size_t>(k)]) * weight_code(c, w.data(), n, k);
-        const float sw = c.group_size == 0 ? scales[static_cast<size_t>(n)] : scales[static_cast<size_t>(gi * N + n)];
-        abs_terms += std::fabs(static_cast<double>(sw) * static_cast<double>(acc));
-      }
-      const double magnitude = static_cast<double>(sx) * abs_terms * (1 + 4 * kU) +
-                               (c.bias ? std::fabs(static_cast<double>(bias[static_cast<size_t>(n)])) : 0.0);
-      double tol = 2.0 * static_cast<double>(groups + 1) * kU * magnitude * 1.01 + 1e-37;
-      tol += out_ulp(c.out_dtype, std::max(std::fabs(static_cast<double>(want[i])), std::fabs(static_cast<double>(got[i]))));
-      const double diff = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
-      if (std::isnan(got[i]) || !(diff <= tol)) {
-        if (++failures <= 5)
-          ADD_FAILURE() << "[" << m << ", " << n << "] got " << got[i] << ", want " << want[i] << " (diff " << diff
-                        << " > tol " << tol << ")";
+  for (size_t variant = 0; variant < gots.size(); ++variant) {
+    const std::vector<float>& got = gots[variant];
+    for (int64_t m = 0; m < M; ++m) {
+      const float sx = quant::quantize_int8_row(x_bytes.data() + static_cast<size_t>(m) * x_row_bytes, c.x_dtype, K,
+                                                xq.data());
+      for (int64_t n = 0; n < N; ++n) {
+        const size_t i = static_cast<size_t>(m * N + n);
+        if (std::isnan(want[i])) {  // the reference's NaN row (x held NaN/inf)
+          EXPECT_TRUE(std::isnan(got[i])) << "[" << m << ", " << n << "] want NaN, got " << got[i];
+          continue;
+        }
+        double abs_terms = 0;  // Σ_g |sw_g · acc_g|
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          int64_t acc = 0;
+          for (int64_t k = gi * span; k < (gi + 1) * span; ++k)
+            acc += static_cast<int64_t>(xq[static_cast<size_t>(k)]) * weight_code(c, w.data(), n, k);
+          const float sw = c.group_size == 0 ? scales[static_cast<size_t>(n)] : scales[static_cast<size_t>(gi * N + n)];
+          abs_terms += std::fabs(static_cast<double>(sw) * static_cast<double>(acc));
+        }
+        const double magnitude = static_cast<double>(sx) * abs_terms * (1 + 4 * kU) +
+                                 (c.bias ? std::fabs(static_cast<double>(bias[static_cast<size_t>(n)])) : 0.0);
+        double tol = 2.0 * static_cast<double>(groups + 1) * kU * magnitude * 1.01 + 1e-37;
+        tol += out_ulp(c.out_dtype, std::max(std::fabs(static_cast<double>(want[i])), std::fabs(static_cast<double>(got[i]))));
+        const double diff = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+        if (std::isnan(got[i]) || !(diff <= tol)) {
+          if (++failures <= 5)
+            ADD_FAILURE() << "[" << m << ", " << n << "] got " << got[i] << ", want " << want[i] << " (diff " << diff
+                          << " > tol " << tol << ")" << (variant ? " (workspace)" : " (fused)");
+        }
       }
     }
   }
@@ -239,6 +270,22 @@ TEST(CudaGemv, RowsInSeveralPasses) {
   for (bool int4 : {false, true})
     for (int gs : {0, 128}) run_case(Case{int4, 16, 33, 8192, gs, DType::kBF16, DType::kF32, true}, rng);
   run_case(Case{false, 9, 7, 24576, 0, DType::kF32, DType::kBF16, false}, rng);
+}
+
+// The launch variants the benchmarks compare (8 warps per block, per-channel scales; one block per SM) compute the
+// same results: a few shapes with tails through each.
+TEST(CudaGemv, LaunchVariants) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(507);
+  for (const auto& [warps, blocks_per_sm] : std::vector<std::pair<int, int>>{{8, 0}, {8, 1}, {16, 1}}) {
+    TuningScope scope(warps, blocks_per_sm);
+    for (bool int4 : {false, true})
+      for (int64_t M : {1, 11})
+        for (int gs : {0, 128}) {
+          run_case(Case{int4, M, 4097, 4224, gs, DType::kF32, DType::kF32, true}, rng);  // 4224 = 33 · 128
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+  }
 }
 
 // The launcher's validation: each bad argument is a cider::Error naming the op.

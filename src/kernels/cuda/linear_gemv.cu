@@ -40,11 +40,11 @@ namespace cider::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;                  // warps per block; they split K
-constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 16;              // weight rows per tile (the mma's M)
 constexpr int kMaxRows = 16;               // activation rows (decode batch) per launch
 constexpr int kMaxXqBytes = 96 * 1024;     // shared memory for the quantized activations (M rows × stride)
+// Above this many bytes of x per launch, the codes are computed once (workspace) rather than in every block.
+constexpr int64_t kFusedQuantizeMaxBytes = 64 * 1024;
 
 // ---- device helpers --------------------------------------------------------------------------------------------
 
@@ -155,6 +155,8 @@ __device__ __forceinline__ uint32_t int8_code(float v, float sx) {
 struct GemvParams {
   const void* x;
   DType x_dtype;
+  const int8_t* xq;  // quantized activations [M, K] in global memory (workspace), or null: quantize in the kernel
+  const float* sx;   // their scales [M] (with xq)
   const void* w;
   const float* w_scales;
   const float* bias;
@@ -176,15 +178,18 @@ struct GemvConfig {
   static constexpr int kChunkK = 4 * kThreadK;
   static constexpr int kSteps = kThreadK / 8;          // mma k32 steps per chunk (8 k per thread per step)
   static constexpr int kXqWords = kThreadK / 4;        // xq words a thread reads per chunk and column block
-  // Chunks per batch: 2 rows × 128 bytes in flight per thread (64, and at most 8 chunks, with group scales, which
-  // take registers too).
-  static constexpr int kBatch = kPerGroup ? (kLoadBytes >= 8 ? 64 / kLoadBytes : 8) : 128 / kLoadBytes;
+  // Ring depth: chunk loads a thread keeps in flight (one ring slot is being consumed). 16-byte loads: 8 slots =
+  // 2 rows × 112 bytes in flight per thread; narrower loads (W4 groups of 64 / 32) take more slots.
+  // (W4 group scales with two column blocks: 6, which keeps the ring within the 128 registers of 512 threads.)
+  static constexpr int kRing = kLoadBytes == 16 ? (kInt4 && kPerGroup && kColBlocks == 2 ? 6 : 8)
+                                                : (kLoadBytes == 8 ? 12 : 16);
 };
 
 // Quantizes rows [0, M) of x into xq (shared, row stride p.xq_stride; W4 units of 8 stored as [evens | odds]) and
 // sx (shared). Whole block; ends with __syncthreads.
-template <bool kInt4>
+template <bool kInt4, int kWarps>
 __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx, uint32_t (*amax_partial)[kWarps]) {
+  constexpr int kThreads = kWarps * 32;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
   const int64_t x_row_elems = p.K;
@@ -241,18 +246,48 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   __syncthreads();
 }
 
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup>
-__global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_kernel(const GemvParams p) {
+// Copies activations quantized beforehand (quantize_rows_int8 into the workspace: xq [M, K] plain k order, sx [M])
+// into shared memory in the kernel's layout (W4: each unit of 8 as [evens | odds]). Whole block; ends with a barrier.
+template <bool kInt4, int kWarps>
+__device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
+  constexpr int kThreads = kWarps * 32;
+  const int units = p.K / 8;
+  for (int m = 0; m < p.M; ++m) {
+    const int8_t* row = p.xq + static_cast<int64_t>(m) * p.K;
+#pragma unroll 4
+    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
+      uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
+      if constexpr (kInt4) {
+        const uint32_t lo = v.x, hi = v.y;
+        v.x = __byte_perm(lo, hi, 0x6420);  // x0 x2 x4 x6
+        v.y = __byte_perm(lo, hi, 0x7531);  // x1 x3 x5 x7
+      }
+      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = v;
+    }
+  }
+  if (static_cast<int>(threadIdx.x) < p.M) sx[threadIdx.x] = p.sx[threadIdx.x];
+  __syncthreads();
+}
+
+// One persistent block streams the tiles blockIdx.x, blockIdx.x + gridDim.x, … Each warp walks its chunks of those
+// tiles as one flat sequence of steps (max_chunks steps per tile, the same count in every warp) through a ring of
+// kRing register slots: step s is consumed kRing steps after its load was issued, and the slot is refilled at once
+// with step s + kRing, so the loads of the next tile are in flight while a tile's partials are combined.
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(const GemvParams p) {
   using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
   extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride]
   __shared__ float sx[kMaxRows];
   __shared__ uint32_t amax_partial[kMaxRows][kWarps];
-  // Warp partial results: [warp][column block][fragment element][lane] (int32 per channel, float32 bits per group).
-  __shared__ uint32_t partial[kWarps][kColBlocks][4][32];
+  // Warp partial results, double-buffered by tile parity (one barrier per tile):
+  // [parity][warp][column block][fragment element][lane] (int32 per channel, float32 bits per group).
+  __shared__ uint32_t partial[2][kWarps][kColBlocks][4][32];
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, tig = lane % 4;  // mma fragment coordinates: row group, thread in group
   const int tiles = (p.N + kTileRows - 1) / kTileRows;
+  const int grid = static_cast<int>(gridDim.x), block = static_cast<int>(blockIdx.x);
+  const int my_tiles = block < tiles ? (tiles - block + grid - 1) / grid : 0;
   const int64_t w_row_bytes = kInt4 ? p.K / 2 : p.K;
 
   // Work split of one tile between the warps: units round-robin (unit u → warp u % kWarps), chunks per unit.
@@ -262,59 +297,66 @@ __global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_ke
   const int my_units = warp < units ? (units - warp + kWarps - 1) / kWarps : 0;
   const int my_chunks = my_units * chunks_per_unit;
   const int max_chunks = ((units + kWarps - 1) / kWarps) * chunks_per_unit;  // same in every warp: uniform loops
-  const int batches = (max_chunks + C::kBatch - 1) / C::kBatch;
+  const int total_steps = my_tiles * max_chunks;                             // same in every thread of the block
 
-  uint32_t wr[C::kBatch][2][C::kLoadWords];  // weight words of rows g and g + 8, per chunk of the batch
-  float sw[kPerGroup ? C::kBatch : 1][2];   // group scales of rows g, g + 8 for chunks that close a group
-  bool quantized = false;
+  uint32_t wr[C::kRing][2][C::kLoadWords];  // weight words of rows g and g + 8, per ring slot
+  float sw[kPerGroup ? C::kRing : 1][2];    // group scales of rows g, g + 8 for slots whose chunk closes a group
 
-  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
-    const int row0 = tile * kTileRows;
+  // Load cursor (tile iteration, chunk index q) and consume cursor.
+  int load_it = 0, load_q = 0;
+  int use_it = 0, use_q = 0;
+
+  // Issues the loads of the load cursor's step into slot b (zeros where there is nothing to load), then advances.
+  auto issue = [&](int b) {
+    const int q = load_q;
+    const int row0 = (block + load_it * grid) * kTileRows;
+    const int unit = warp + kWarps * (q >> cpu_shift);
+    const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
+    const int k = chunk * C::kChunkK + tig * C::kThreadK;  // first k of my piece
+    const bool live = load_it < my_tiles && q < my_chunks;
+    const bool k_ok = live && k < p.K;
     const bool row_lo_ok = row0 + g < p.N, row_hi_ok = row0 + g + 8 < p.N;
-    const int8_t* w_lo = static_cast<const int8_t*>(p.w) + (row0 + g) * w_row_bytes;
-    const int8_t* w_hi = w_lo + 8 * w_row_bytes;
-
-    int32_t acc[kColBlocks][4] = {};   // integer sums of the current group (per channel: of all my chunks)
-    float fsum[kColBlocks][4] = {};    // per group: Σ over my groups of fl(sw · float(acc))
-
-    for (int batch = 0; batch < batches; ++batch) {
-      // Issue the batch's loads (all of them before any use: up to 2 × 128 bytes in flight per thread).
+    const int8_t* w_lo = static_cast<const int8_t*>(p.w) + static_cast<int64_t>(row0 + g) * w_row_bytes +
+                         (kInt4 ? k / 2 : k);
 #pragma unroll
-      for (int b = 0; b < C::kBatch; ++b) {
-        const int q = batch * C::kBatch + b;  // my chunk index
-        const int unit = warp + kWarps * ((q >> cpu_shift));
-        const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
-        const int k = chunk * C::kChunkK + tig * C::kThreadK;  // first k of my piece
-        const bool k_ok = q < my_chunks && k < p.K;
-        const int64_t byte = kInt4 ? k / 2 : k;
-#pragma unroll
-        for (int i = 0; i < C::kLoadWords; ++i) wr[b][0][i] = 0, wr[b][1][i] = 0;
-        if (k_ok && row_lo_ok) load_words<C::kLoadWords>(w_lo + byte, wr[b][0]);
-        if (k_ok && row_hi_ok) load_words<C::kLoadWords>(w_hi + byte, wr[b][1]);
-        if constexpr (kPerGroup) {
-          sw[b][0] = 0.0f, sw[b][1] = 0.0f;
-          if (q < my_chunks && (q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {
-            const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
-            if (row_lo_ok) sw[b][0] = __ldg(s);
-            if (row_hi_ok) sw[b][1] = __ldg(s + 8);
-          }
-        }
+    for (int i = 0; i < C::kLoadWords; ++i) wr[b][0][i] = 0, wr[b][1][i] = 0;
+    if (k_ok && row_lo_ok) load_words<C::kLoadWords>(w_lo, wr[b][0]);
+    if (k_ok && row_hi_ok) load_words<C::kLoadWords>(w_lo + 8 * w_row_bytes, wr[b][1]);
+    if constexpr (kPerGroup) {
+      sw[b][0] = 0.0f, sw[b][1] = 0.0f;
+      if (live && (q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {
+        const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
+        if (row_lo_ok) sw[b][0] = __ldg(s);
+        if (row_hi_ok) sw[b][1] = __ldg(s + 8);
       }
-      // Once per block, while the first loads are in flight: the activation codes (block-uniform branch).
-      if (!quantized) {
-        quantize_x_to_shared<kInt4>(p, xq, sx, amax_partial);
-        quantized = true;
-      }
+    }
+    if (++load_q == max_chunks) load_q = 0, ++load_it;
+  };
+
+  int32_t acc[kColBlocks][4] = {};   // integer sums of the current group (per channel: of all my chunks of the tile)
+  float fsum[kColBlocks][4] = {};    // per group: Σ over my groups of fl(sw · float(acc))
+  int parity = 0;
+
+  // Prologue: fill the ring, then (while those loads are in flight) the activation codes, once per block.
 #pragma unroll
-      for (int b = 0; b < C::kBatch; ++b) {
-        const int q = batch * C::kBatch + b;
-        if (q >= my_chunks) continue;
-        const int unit = warp + kWarps * ((q >> cpu_shift));
-        const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
-        const int k = chunk * C::kChunkK + tig * C::kThreadK;
-        // False for some lanes of a tail chunk: B is zeroed there (W4 zero words would unpack to -8, so B matters).
-        const bool k_ok = k < p.K;
-        {  // mma.sync is warp-collective: every lane runs it (q is warp-uniform), only the data is predicated
+  for (int b = 0; b < C::kRing; ++b) issue(b);
+  if (p.xq != nullptr) {
+    copy_xq_to_shared<kInt4, kWarps>(p, xq, sx);
+  } else {
+    quantize_x_to_shared<kInt4, kWarps>(p, xq, sx, amax_partial);
+  }
+
+  for (int s0 = 0; s0 < total_steps; s0 += C::kRing) {
+#pragma unroll
+    for (int b = 0; b < C::kRing; ++b) {
+      if (s0 + b < total_steps) {  // block-uniform
+        const int q = use_q;
+        if (q < my_chunks) {  // warp-uniform: mma.sync runs warp-wide, only the data is predicated
+          const int unit = warp + kWarps * (q >> cpu_shift);
+          const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
+          const int k = chunk * C::kChunkK + tig * C::kThreadK;
+          // False for some lanes of a tail chunk: B is zeroed there (W4 zero words unpack to -8, so B matters).
+          const bool k_ok = k < p.K;
           // A words, in k order of my piece: W8 = the loaded words; W4 = per loaded word [evens, odds].
           uint32_t a_lo[2 * C::kSteps], a_hi[2 * C::kSteps];
 #pragma unroll
@@ -343,60 +385,89 @@ __global__ void __launch_bounds__(kThreads, kColBlocks == 1 ? 2 : 1) int_gemv_ke
             for (int s = 0; s < C::kSteps; ++s)
               mma_s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
           }
-        }
-        if constexpr (kPerGroup) {
-          if ((q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {  // my group ends here: fold it, as the reference does
+          if constexpr (kPerGroup) {
+            if ((q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {  // my group ends: fold it as the reference does
 #pragma unroll
-            for (int cb = 0; cb < kColBlocks; ++cb) {
+              for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float scale = sw[b][e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
-                fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[cb][e])));
-                acc[cb][e] = 0;
+                for (int e = 0; e < 4; ++e) {
+                  const float scale = sw[b][e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
+                  fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[cb][e])));
+                  acc[cb][e] = 0;
+                }
               }
             }
           }
         }
-      }
-    }
-    if (!quantized) {  // no batch at all (cannot happen for K ≥ 16, kept so every block always syncs alike)
-      quantize_x_to_shared<kInt4>(p, xq, sx, amax_partial);
-      quantized = true;
-    }
-
-    // Combine the warps' partials; thread (m, r) finishes output (m, row0 + r).
+        issue(b);  // refill the slot just consumed: step s + kRing
+        if (q == max_chunks - 1) {
+          // The tile is done in every warp after this barrier: combine the partials; thread (m, r) finishes output
+          // (m, row0 + r).
 #pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb) {
+          for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        partial[warp][cb][e][lane] = kPerGroup ? __float_as_uint(fsum[cb][e]) : static_cast<uint32_t>(acc[cb][e]);
-    }
-    __syncthreads();
-    const int t = static_cast<int>(threadIdx.x);
-    if (t < kTileRows * p.M) {
-      const int m = t / kTileRows, r = t % kTileRows;
-      const int n = row0 + r;
-      if (n < p.N) {
-        // Fragment position of (row r, column m): D element c0/c1 = (row g, col 2·tig + 0/1), c2/c3 = row g + 8.
-        const int cb = m / 8, col = m % 8;
-        const int e = (r >= 8 ? 2 : 0) + col % 2;
-        const int src_lane = (r % 8) * 4 + col / 2;
-        float y;
-        if constexpr (kPerGroup) {
-          float s = 0.0f;
-          for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, __uint_as_float(partial[w][cb][e][src_lane]));
-          y = __fmul_rn(sx[m], s);
-        } else {
-          int32_t a = 0;
-          for (int w = 0; w < kWarps; ++w) a += static_cast<int32_t>(partial[w][cb][e][src_lane]);
-          y = __fmul_rn(sx[m], __fmul_rn(p.w_scales[n], __int2float_rn(a)));
+            for (int e = 0; e < 4; ++e) {
+              partial[parity][warp][cb][e][lane] =
+                  kPerGroup ? __float_as_uint(fsum[cb][e]) : static_cast<uint32_t>(acc[cb][e]);
+              acc[cb][e] = 0;
+              fsum[cb][e] = 0.0f;
+            }
+          }
+          __syncthreads();
+          const int t = static_cast<int>(threadIdx.x);
+          const int row0 = (block + use_it * grid) * kTileRows;
+          if (t < kTileRows * p.M) {
+            const int m = t / kTileRows, r = t % kTileRows;
+            const int n = row0 + r;
+            if (n < p.N) {
+              // Fragment position of (row r, column m): D element c0/c1 = (row g, col 2·tig + 0/1), c2/c3 = row g + 8.
+              const int cb = m / 8, col = m % 8;
+              const int e = (r >= 8 ? 2 : 0) + col % 2;
+              const int src_lane = (r % 8) * 4 + col / 2;
+              float y;
+              if constexpr (kPerGroup) {
+                float s = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, __uint_as_float(partial[parity][w][cb][e][src_lane]));
+                y = __fmul_rn(sx[m], s);
+              } else {
+                int32_t a = 0;
+#pragma unroll
+                for (int w = 0; w < kWarps; ++w) a += static_cast<int32_t>(partial[parity][w][cb][e][src_lane]);
+                y = __fmul_rn(sx[m], __fmul_rn(p.w_scales[n], __int2float_rn(a)));
+              }
+              if (p.bias) y = __fadd_rn(y, p.bias[n]);
+              store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
+            }
+          }
+          // No second barrier: the next tile writes the other parity; this one is rewritten two tiles later, after
+          // the next tile's barrier, which every thread reaches only when done reading it here.
+          parity ^= 1;
         }
-        if (p.bias) y = __fadd_rn(y, p.bias[n]);
-        store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
+        if (++use_q == max_chunks) use_q = 0, ++use_it;
       }
     }
-    __syncthreads();  // `partial` is rewritten by the next tile
   }
+}
+
+// Load-only roof for a shape's weight bytes: the same 16-byte streaming loads over `bytes` (a multiple of 16), no
+// arithmetic; 4 blocks of 512 threads per SM, 8 loads in flight per thread. For gemv_bench only.
+__global__ void __launch_bounds__(512, 4) stream_read_kernel(const uint4* p, int64_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = load_stream16(p + i + j * stride);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = load_stream16(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads; (almost) never stores
 }
 
 // ---- host side -------------------------------------------------------------------------------------------------
@@ -412,19 +483,28 @@ int xq_stride_bytes(bool int4, int load_bytes, int64_t K) {
   return static_cast<int>(base + pad);
 }
 
-template <bool kInt4, int kLoadBytes, bool kPerGroup>
-KernelFn pick_kernel(int M) {
-  if (M <= 8) return int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup>;
-  return int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup>;
+// Launch knobs that the benchmarks vary (gemv_bench::set_gemv_tuning); 0 = the launcher's own choice.
+struct GemvTuning {
+  int warps = 0;          // 8 or 16 warps per block (8: per-channel scales only)
+  int blocks_per_sm = 0;  // cap on resident blocks per SM
+  int quantize = 0;       // 1: in every block (fused), 2: once into exec.workspace when it is large enough
+};
+GemvTuning g_tuning;
+
+template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps>
+KernelFn pick_rows(int M) {
+  if (M <= 8) return int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps>;
+  return int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps>;
 }
 
-// The instantiation for (int4, load width, M, per group).
-KernelFn select_kernel(bool int4, int load_bytes, int M, bool per_group) {
-  if (!int4) return per_group ? pick_kernel<false, 16, true>(M) : pick_kernel<false, 16, false>(M);
-  if (!per_group) return pick_kernel<true, 16, false>(M);
-  if (load_bytes == 16) return pick_kernel<true, 16, true>(M);
-  if (load_bytes == 8) return pick_kernel<true, 8, true>(M);
-  return pick_kernel<true, 4, true>(M);
+// The instantiation for (int4, load width, M, per group, warps); 8 warps exist for per-channel scales only.
+KernelFn select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps) {
+  if (!per_group && warps == 8) return int4 ? pick_rows<true, 16, false, 8>(M) : pick_rows<false, 16, false, 8>(M);
+  if (!int4) return per_group ? pick_rows<false, 16, true, 16>(M) : pick_rows<false, 16, false, 16>(M);
+  if (!per_group) return pick_rows<true, 16, false, 16>(M);
+  if (load_bytes == 16) return pick_rows<true, 16, true, 16>(M);
+  if (load_bytes == 8) return pick_rows<true, 8, true, 16>(M);
+  return pick_rows<true, 4, true, 16>(M);
 }
 
 void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
@@ -468,23 +548,48 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
   const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
   auto stream = static_cast<cudaStream_t>(exec.stream);
+  const GemvTuning tuning = g_tuning;
+
+  // Activation codes: every block derives them itself (fused; nothing extra to launch), or, when x is large (every
+  // block would re-read and re-divide all of it) and the caller gave a workspace, one quantize_rows_int8 launch
+  // writes them once and every block copies them from L2.
+  const bool workspace_ok = exec.workspace != nullptr &&
+                            exec.workspace_bytes >= int_linear_workspace_bytes(a.M, a.K) &&
+                            reinterpret_cast<uintptr_t>(exec.workspace) % 256 == 0;
+  bool use_workspace = workspace_ok && a.M * x_row_bytes > kFusedQuantizeMaxBytes;
+  if (tuning.quantize == 1) use_workspace = false;
+  if (tuning.quantize == 2) use_workspace = workspace_ok;
+  const int8_t* ws_xq = nullptr;
+  const float* ws_sx = nullptr;
+  if (use_workspace) {
+    auto* xq = static_cast<int8_t*>(exec.workspace);
+    auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
+                                        (static_cast<size_t>(a.M * a.K) + 255) / 256 * 256);
+    quantize_rows_int8(a.x, a.x_dtype, a.M, a.K, xq, sx, exec);
+    ws_xq = xq;
+    ws_sx = sx;
+  }
 
   for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
-    const KernelFn kernel = select_kernel(int4, load_bytes, rows, a.group_size > 0);
+    const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
+    const KernelFn kernel = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps);
     const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride);
     CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
     int blocks_per_sm = 0;
-    CIDER_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem));
+    CIDER_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, warps * 32, smem));
     blocks_per_sm = std::max(blocks_per_sm, 1);
-    // Every block quantizes all of x: when x is large (many rows), fewer blocks re-read it (one per SM).
-    if (static_cast<int64_t>(rows) * x_row_bytes > 64 * 1024) blocks_per_sm = 1;
+    // Every block quantizes all of x when fused: for a large x, fewer blocks re-read it (one per SM).
+    if (!use_workspace && static_cast<int64_t>(rows) * x_row_bytes > kFusedQuantizeMaxBytes) blocks_per_sm = 1;
+    if (tuning.blocks_per_sm > 0) blocks_per_sm = std::min(blocks_per_sm, tuning.blocks_per_sm);
     const int grid = std::min(tiles, dev.sm_count * blocks_per_sm);
 
     GemvParams p{};
     p.x = static_cast<const uint8_t*>(a.x) + m0 * x_row_bytes;
     p.x_dtype = a.x_dtype;
+    p.xq = use_workspace ? ws_xq + m0 * a.K : nullptr;
+    p.sx = use_workspace ? ws_sx + m0 : nullptr;
     p.w = a.w;
     p.w_scales = a.w_scales;
     p.bias = a.bias;
@@ -495,7 +600,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.K = static_cast<int>(a.K);
     p.group_size = a.group_size;
     p.xq_stride = stride;
-    kernel<<<grid, kThreads, smem, stream>>>(p);
+    kernel<<<grid, warps * 32, smem, stream>>>(p);
     check_last_launch(op);
   }
 }
@@ -509,5 +614,27 @@ void w8a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
 void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
   launch_int_gemv(args, /*int4=*/true, exec, "cuda.w4a8_gemv");
 }
+
+namespace gemv_bench {
+// For bench/cuda/bench_gemv.cpp and tests/cuda/test_cuda_gemv.cpp only (not part of cuda_api.h).
+// Launch knobs for the following w8a8_gemv / w4a8_gemv calls (0 = automatic): warps per block 8 or 16, a cap on
+// blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace.
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize) {
+  g_tuning.warps = warps;
+  g_tuning.blocks_per_sm = blocks_per_sm;
+  g_tuning.quantize = quantize;
+}
+// Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
+// achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
+void stream_read(const void* p, size_t bytes, void* sink, void* stream) {
+  constexpr const char* kOp = "cuda.gemv_bench.stream_read";
+  check(bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0, ErrorCode::kInvalidArgument, kOp,
+        "bytes and address must be multiples of 16; got ", bytes);
+  const int grid = device_info().sm_count * 4;
+  stream_read_kernel<<<grid, 512, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint4*>(p), static_cast<int64_t>(bytes / 16), static_cast<uint32_t*>(sink));
+  check_last_launch(kOp);
+}
+}  // namespace gemv_bench
 
 }  // namespace cider::cuda
