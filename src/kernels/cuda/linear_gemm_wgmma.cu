@@ -3,7 +3,8 @@
 // Called by linear_gemm.cu (launch_int_gemm), which keeps the mma.sync kernel as the fallback and comparison point.
 // Design, floors and predictions: docs/cuda/gemm.md ("version 2: wgmma").
 //
-//   CTA tile 128 × BN (BN 256 per channel where the grid fills the GPU, else 128; 128 per group), k-tile 128 bytes.
+//   CTA tile 128 × BN (BN 256 per channel where the grid fills the GPU, else 128; 128 per group), k-tile 128 bytes;
+//   a persistent grid (≤ one CTA per SM) walks the tiles, the ring of stages running on across tile boundaries.
 //   384 threads: warpgroup 0 = producer (one thread issues the TMA copies; the warpgroup gives registers back with
 //   setmaxnreg), warpgroups 1 and 2 = consumers, each owns 64 rows × BN columns of the tile (BN/2 int32
 //   accumulators per thread) and issues 4 wgmma (k32 each) per k-tile.
@@ -23,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -214,11 +216,14 @@ struct Params {
   int paired_store;   // N even and out aligned to two elements
 };
 
-template <int BN, bool kGrouped, typename OutT>
+// kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
+template <int BN, int kGroupSteps, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const Params p) {
   using Cfg = TileConfig<BN>;
+  constexpr bool kGrouped = kGroupSteps > 0;
+  static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
   constexpr int kStages = Cfg::kStages;
   constexpr int kAcc = BN / 2;   // int32 accumulators per consumer thread: 64 × BN over 128 threads
   constexpr int kCols = BN / 4;  // output columns per consumer thread: 8j + 2·(lane % 4) + {0, 1}, j < BN/8
@@ -229,16 +234,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(kStages + s); };
 
   const int64_t M = p.M, N = p.N, K = p.K;
-  // Grouped raster (as the mma.sync kernel): 16 M-tiles run down each column of N-tiles, so a wave shares W tiles.
+  // Persistent grid: CTA b takes tiles b, b + gridDim.x, ... In tile order 16 M-tiles run down each column of
+  // N-tiles (grouped raster, as the mma.sync kernel), so the CTAs working at one time share W tiles in L2.
   constexpr int kGroupM = 16;
-  const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN;
-  const int64_t tile = blockIdx.x;
-  const int64_t per_group = kGroupM * n_tiles;
-  const int64_t first_m = tile / per_group * kGroupM;
-  const int64_t group_m = min(static_cast<int64_t>(kGroupM), m_tiles - first_m);
-  const int64_t in_group = tile % per_group;
-  const int64_t m0 = (first_m + in_group % group_m) * kBM;
-  const int64_t n0 = in_group / group_m * BN;
+  const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN, tiles = m_tiles * n_tiles;
+  auto tile_origin = [&](int64_t tile, int64_t& m0, int64_t& n0) {
+    const int64_t per_group = kGroupM * n_tiles;
+    const int64_t first_m = tile / per_group * kGroupM;
+    const int64_t group_m = min(static_cast<int64_t>(kGroupM), m_tiles - first_m);
+    const int64_t in_group = tile % per_group;
+    m0 = (first_m + in_group % group_m) * kBM;
+    n0 = in_group / group_m * BN;
+  };
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -254,141 +261,170 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // The ring position runs on across tiles: k-tile number `it` (counted over all of this CTA's tiles) uses stage
+  // it % kStages, and its full/empty barriers complete for the (it / kStages)-th time.
   if (wg == 0) {
-    // Producer warpgroup: one thread streams k-tiles into the ring.
+    // Producer warpgroup: one thread streams k-tiles into the ring (running ahead into the next tile while the
+    // consumers are in their epilogue).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (warp == 0 && lane == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % kStages;
-        // Reuse of stage s waits for the consumers' release of k-tile kt − kStages (completion kt/kStages − 1).
-        if (kt >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((kt / kStages + 1) & 1));
-        mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
-        const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
-        tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
-        tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+      int64_t it = 0;
+      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int64_t m0, n0;
+        tile_origin(tile, m0, n0);
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int s = static_cast<int>(it % kStages);
+          // Reuse of stage s waits for the consumers' release of k-tile it − kStages (completion it/kStages − 1).
+          if (it >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((it / kStages + 1) & 1));
+          mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
+          const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
+          tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
+          tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+        }
       }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = wg - 1;         // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
     const int wq = warp & 3;       // warp within the warpgroup: 16 rows each
-    int32_t acc[kAcc];
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0;
-    float facc[kGrouped ? kAcc : 1];
-#pragma unroll
-    for (int i = 0; i < (kGrouped ? kAcc : 1); ++i) facc[i] = 0.0f;
-
-    const int64_t col0 = n0 + 2 * (lane & 3);
-    // Per group: the scales of the group being accumulated (this thread's kCols columns), loaded one group ahead.
-    float sw_cur[kGrouped ? kCols : 1];
-    auto load_group_scales = [&](int64_t g) {
-#pragma unroll
-      for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t n = col0 + 8 * j + e;
-          sw_cur[2 * j + e] = n < N ? __ldg(p.sw + g * N + n) : 0.0f;
-        }
-    };
-    if constexpr (kGrouped) load_group_scales(0);
-
     const uint32_t a_rows = static_cast<uint32_t>(cw * 64 * kBK);  // this warpgroup's 64 rows (8 KB, aligned)
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kStages;
-      mbar_wait(full_bar(s), static_cast<uint32_t>((kt / kStages) & 1));
-      const uint32_t stage = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
-      const uint64_t desc_a = sw128_desc(stage + a_rows), desc_b = sw128_desc(stage + Cfg::kAStage);
-      wgmma_fence();
+    int64_t it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      int64_t m0, n0;
+      tile_origin(tile, m0, n0);
+      int32_t acc[kAcc];
 #pragma unroll
-      for (int ks = 0; ks < kStepsPerTile; ++ks) {
-        const int step = kt * kStepsPerTile + ks;
-        // Per channel every step runs (k past K reads TMA's zeros), so no branch separates the chained wgmmas;
-        // per group a step wholly past K must not flush a group that does not exist.
-        if (!kGrouped || step < k_steps_total) {
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0;
+      float facc[kGrouped ? kAcc : 1];
+#pragma unroll
+      for (int i = 0; i < (kGrouped ? kAcc : 1); ++i) facc[i] = 0.0f;
+
+      const int64_t col0 = n0 + 2 * (lane & 3);
+      // Per group: the scales of the group being accumulated (this thread's kCols columns), loaded one group ahead.
+      float sw_cur[kGrouped ? kCols : 1];
+      auto load_group_scales = [&](int64_t g) {
+#pragma unroll
+        for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t n = col0 + 8 * j + e;
+            sw_cur[2 * j + e] = n < N ? __ldg(p.sw + g * N + n) : 0.0f;
+          }
+      };
+      if constexpr (kGrouped) load_group_scales(0);
+
+      // Per group: s = fl(s + fl(sw[g, n] · float(acc_g))) for the group g that just ended (groups in order), then
+      // the next group's scales.
+      auto flush_group = [&](int64_t g) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const float part = __fmul_rn(sw_cur[2 * j + (c & 1)], small_int_to_float(acc[4 * j + c]));
+            facc[4 * j + c] = __fadd_rn(facc[4 * j + c], part);
+          }
+        if ((g + 1) * kGroupSteps < k_steps_total) load_group_scales(g + 1);
+      };
+
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = static_cast<int>(it % kStages);
+        mbar_wait(full_bar(s), static_cast<uint32_t>((it / kStages) & 1));
+        const uint32_t stage = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
+        const uint64_t desc_a = sw128_desc(stage + a_rows), desc_b = sw128_desc(stage + Cfg::kAStage);
+        wgmma_fence();
+        // All 4 k32 steps run without a branch between the chained wgmmas (a branch makes ptxas serialize them):
+        // k past K reads TMA's zeros. Group boundaries are static (kGroupSteps 2: after steps 1 and 3; 4: after
+        // step 3; 8: after step 3 of odd k-tiles), so only scale-d varies at run time.
+#pragma unroll
+        for (int ks = 0; ks < kStepsPerTile; ++ks) {
           // k32 step ks: +32 bytes on both start addresses (+2 in the descriptors' 16-byte units).
           const uint64_t da = desc_a + static_cast<uint64_t>(2 * ks), db = desc_b + static_cast<uint64_t>(2 * ks);
           // Per group: the first step of a group starts a fresh partial (scale-d 0: acc = A·B).
-          const int scale_d = kGrouped ? ((step & (p.group_steps - 1)) != 0 ? 1 : 0) : 1;
+          int scale_d = 1;
+          if constexpr (kGrouped) {
+            if (ks % kGroupSteps == 0) scale_d = (kGroupSteps == 8 && (kt & 1) != 0) ? 1 : 0;
+          }
           if constexpr (BN == 256) wgmma_m64n256k32(acc, da, db, scale_d);
           else wgmma_m64n128k32(acc, da, db, scale_d);
-          if constexpr (kGrouped) {
-            if (((step + 1) & (p.group_steps - 1)) == 0) {
-              // Group g = step / group_steps ends: s = fl(s + fl(sw[g, n] · float(acc_g))), groups in order.
+          if constexpr (kGroupSteps == 2) {
+            if (ks == 1) {
+              // Group of steps 0-1 ends (the k-tile started inside K and K % 64 == 0, so it is a real group).
               wgmma_commit();
               wgmma_wait<0>();
               fence_registers(acc);
-#pragma unroll
-              for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                  const float part = __fmul_rn(sw_cur[2 * j + (c & 1)], small_int_to_float(acc[4 * j + c]));
-                  facc[4 * j + c] = __fadd_rn(facc[4 * j + c], part);
-                }
-              const int64_t next_group = (step + 1) / p.group_steps;
-              if (next_group * p.group_steps < k_steps_total) load_group_scales(next_group);
+              flush_group((static_cast<int64_t>(kt) * kStepsPerTile + 1) / kGroupSteps);
               fence_registers(acc);
               wgmma_fence();
             }
           }
         }
+        wgmma_commit();
+        if constexpr (kGrouped) {
+          wgmma_wait<0>();
+          fence_registers(acc);
+          // Release stage s (its wgmmas are done), then flush a group that ends with step 3 of this k-tile and
+          // lies inside K (with group 64 the k-tile's second half may be past K).
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(s));
+          const int last_step = kt * kStepsPerTile + 3;
+          if ((kGroupSteps != 8 || (kt & 1) != 0) && last_step < k_steps_total) flush_group(last_step / kGroupSteps);
+          fence_registers(acc);
+        } else {
+          // Keep this k-tile's wgmmas in flight; the previous k-tile's have finished reading their stage.
+          wgmma_wait<1>();
+          __syncwarp();
+          if (kt > 0 && lane == 0) mbar_arrive(empty_bar(static_cast<int>((it - 1) % kStages)));
+        }
       }
-      wgmma_commit();
-      if constexpr (kGrouped) {
-        // Group flushes already waited for most of this tile's wgmmas; release stage s when all are done.
-        wgmma_wait<0>();
+      wgmma_wait<0>();
+      fence_registers(acc);
+      if constexpr (!kGrouped) {
+        // The tile's last k-tile has been read: release its stage (the producer may be filling the next tile).
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty_bar(s));
-      } else {
-        // Keep this tile's wgmmas in flight; the previous tile's have finished reading their stage.
-        wgmma_wait<1>();
-        __syncwarp();
-        if (kt > 0 && lane == 0) mbar_arrive(empty_bar((kt - 1) % kStages));
+        if (lane == 0) mbar_arrive(empty_bar(static_cast<int>((it - 1) % kStages)));
       }
-    }
-    wgmma_wait<0>();
-    fence_registers(acc);
 
-    // Epilogue: thread holds rows r = 16·wq + lane/4 (+8) of the warpgroup's 64 and columns 8j + 2·(lane%4) + {0,1}:
-    // acc[4j + 2h + e] is row r + 8h, column 8j + 2·(lane%4) + e.
-    OutT* out = static_cast<OutT*>(p.out);
-    const int64_t row0 = m0 + cw * 64 + wq * 16 + (lane >> 2);
-    const bool has_bias = p.bias != nullptr;
-    float sx_row[2];
+      // Epilogue: thread holds rows r = 16·wq + lane/4 (+8) of the warpgroup's 64 and columns
+      // 8j + 2·(lane%4) + {0,1}: acc[4j + 2h + e] is row r + 8h, column 8j + 2·(lane%4) + e.
+      OutT* out = static_cast<OutT*>(p.out);
+      const int64_t row0 = m0 + cw * 64 + wq * 16 + (lane >> 2);
+      const bool has_bias = p.bias != nullptr;
+      float sx_row[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sx_row[h] = row0 + 8 * h < M ? __ldg(p.sx + row0 + 8 * h) : 0.0f;
+      for (int h = 0; h < 2; ++h) sx_row[h] = row0 + 8 * h < M ? __ldg(p.sx + row0 + 8 * h) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int64_t n = col0 + 8 * j;
-      if (n >= N) continue;
-      float sw_col[2], bias_col[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sw_col[e] = (!kGrouped && n + e < N) ? __ldg(p.sw + n + e) : 0.0f;
-        bias_col[e] = (has_bias && n + e < N) ? __ldg(p.bias + n + e) : 0.0f;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = row0 + 8 * h;
-        if (m >= M) continue;
-        float y[2];
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t n = col0 + 8 * j;
+        if (n >= N) continue;
+        float sw_col[2], bias_col[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int i = 4 * j + 2 * h + e;
-          float sum;
-          if constexpr (kGrouped) sum = facc[i];
-          else sum = __fadd_rn(0.0f, __fmul_rn(sw_col[e], __int2float_rn(acc[i])));
-          float v = __fmul_rn(sx_row[h], sum);
-          if (has_bias) v = __fadd_rn(v, bias_col[e]);
-          y[e] = v;
+          sw_col[e] = (!kGrouped && n + e < N) ? __ldg(p.sw + n + e) : 0.0f;
+          bias_col[e] = (has_bias && n + e < N) ? __ldg(p.bias + n + e) : 0.0f;
         }
-        if (p.paired_store && n + 1 < N) {
-          store_two<OutT>(out, m * N + n, y[0], y[1]);
-        } else {
-          store_one<OutT>(out, m * N + n, y[0]);
-          if (n + 1 < N) store_one<OutT>(out, m * N + n + 1, y[1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t m = row0 + 8 * h;
+          if (m >= M) continue;
+          float y[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * j + 2 * h + e;
+            float sum;
+            if constexpr (kGrouped) sum = facc[i];
+            else sum = __fadd_rn(0.0f, __fmul_rn(sw_col[e], __int2float_rn(acc[i])));
+            float v = __fmul_rn(sx_row[h], sum);
+            if (has_bias) v = __fadd_rn(v, bias_col[e]);
+            y[e] = v;
+          }
+          if (p.paired_store && n + 1 < N) {
+            store_two<OutT>(out, m * N + n, y[0], y[1]);
+          } else {
+            store_one<OutT>(out, m * N + n, y[0]);
+            if (n + 1 < N) store_one<OutT>(out, m * N + n + 1, y[1]);
+          }
         }
       }
     }
@@ -430,17 +466,18 @@ void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_
         static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
 }
 
-template <int BN, bool kGrouped, typename OutT>
+template <int BN, int kGroupSteps, typename OutT>
 void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
   using Cfg = TileConfig<BN>;
   CUtensorMap map_b;
   encode_operand_map(&map_b, w, p.N, p.K, BN, op);
-  auto kernel = wgmma_int8_gemm_kernel<BN, kGrouped, OutT>;
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, OutT>;
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(Cfg::kSmemBytes)));
+  // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
   const int64_t tiles = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
-  check(tiles <= INT32_MAX, ErrorCode::kOutOfRange, op, "too many output tiles; got ", tiles);
-  kernel<<<static_cast<unsigned>(tiles), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  const int64_t grid = std::min<int64_t>(tiles, device_info().sm_count);
+  kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   check_last_launch(op);
 }
 
@@ -451,9 +488,11 @@ double wave_efficiency(int64_t tiles, int sms) {
 
 template <typename OutT>
 void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
-  if (p.group_steps > 0) {
-    launch_config<128, true, OutT>(map_a, w, p, stream, op);
-    return;
+  switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
+    case 2: launch_config<128, 2, OutT>(map_a, w, p, stream, op); return;
+    case 4: launch_config<128, 4, OutT>(map_a, w, p, stream, op); return;
+    case 8: launch_config<128, 8, OutT>(map_a, w, p, stream, op); return;
+    default: break;
   }
   // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
   // then fills the GPU clearly worse (M512 N4096: 64 wide tiles on 132 SMs vs 128 narrow ones).
@@ -461,20 +500,23 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaSt
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
   if (1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms))
-    launch_config<256, false, OutT>(map_a, w, p, stream, op);
+    launch_config<256, 0, OutT>(map_a, w, p, stream, op);
   else
-    launch_config<128, false, OutT>(map_a, w, p, stream, op);
+    launch_config<128, 0, OutT>(map_a, w, p, stream, op);
 }
 
 }  // namespace
 
 // Whether the wgmma kernel can run this GEMM: int8 weights (W4A8 stays on mma.sync), an sm_90 device, the driver's
-// tensor-map encoder, K a multiple of 16 (TMA row strides) and 16-byte aligned operands.
+// tensor-map encoder, per channel or groups of 64/128/256, K a multiple of 16 (TMA row strides), 16-byte aligned
+// operands.
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
   if (int4) return false;
   if (device_info().cc_major != 9) return false;
   if (encode_tiled() == nullptr) return false;
-  return a.K % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 16 == 0;
+  const bool groups_ok = a.group_size == 0 || a.group_size == 64 || a.group_size == 128 || a.group_size == 256;
+  return groups_ok && a.N <= INT32_MAX && a.K % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
