@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hadamard.h"
 #include "model/cuda/model_kernels.h"
 #include "model/loader.h"
 #include "model/transformer.h"
@@ -38,21 +39,25 @@ cuda::DeviceBuffer upload_floats(const float* p, int64_t n) {
 void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions& kv) {
   check(weights != WeightFormat::kF32, ErrorCode::kUnsupported, kOp,
         "--device cuda runs bf16, w8a8, w8a8-g64/g128/g256 and w4a8 weights; got --weights f32 (use bf16)");
-  check(kv.rotation == nn::RotationKind::kNone || kv.rotation == nn::RotationKind::kSO4Fast ||
-            kv.rotation == nn::RotationKind::kSO4Full,
-        ErrorCode::kUnsupported, kOp, "--device cuda supports the kv rotations none, so4-fast and so4-full; got ",
-        nn::rotation_kind_name(kv.rotation));
-  check(c.head_dim > 0 && c.head_dim % 2 == 0, ErrorCode::kUnsupported, kOp,
-        "--device cuda needs an even head_dim (rotary pairs); got ", c.head_dim);
+  check(nn::is_rotation_kind(kv.rotation), ErrorCode::kUnsupported, kOp,
+        "--device cuda supports the kv rotations none, so4-fast, so4-full and hadamard; got ",
+        static_cast<int>(kv.rotation));
+  check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
+        "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
+        c.head_dim);
   check(static_cast<int64_t>(c.layer_sliding.size()) == c.num_layers, ErrorCode::kInvalidArgument, kOp,
         "layer_sliding must have one entry per layer (", c.num_layers, "); got ", c.layer_sliding.size());
 }
 
-// Quaternions of layer l's cache rotation: the CPU cache's (nn::QuantizedKVCache seeds layer l's rotation with l;
-// keys and values share it).
+// Layer l's cache rotation, the CPU cache's (nn::QuantizedKVCache seeds layer l's rotation with l; keys and values
+// share it): SO(4) quaternions, or the Hadamard signs (in rot_left).
 void upload_rotation(GpuLayer& L, const GpuModel& m, int64_t layer) {
   if (m.rotation() == 0) return;
-  const nn::SO4Rotation rot(m.config.head_dim, m.kv.rotation, static_cast<uint64_t>(layer));
+  const nn::Rotation rot(m.config.head_dim, m.kv.rotation, static_cast<uint64_t>(layer));
+  if (m.kv.rotation == nn::RotationKind::kHadamard) {
+    L.rot_left = cuda::to_device(rot.signs().data(), rot.signs().size() * sizeof(float));
+    return;
+  }
   L.rot_left = cuda::to_device(rot.left().data(), rot.left().size() * sizeof(float));
   L.rot_right = cuda::to_device(rot.right().data(), rot.right().size() * sizeof(float));
 }
@@ -94,11 +99,85 @@ GpuLinear upload_linear(const Linear& L) {
   return g;
 }
 
+// Dense weights of any float dtype as bf16 [N, K] on the host (bf16 copied, others rounded to nearest even).
+void append_bf16_rows(const Linear& L, std::vector<uint16_t>& out) {
+  const size_t nk = sz(L.N) * sz(L.K), at = out.size();
+  out.resize(at + nk);
+  if (L.w_dtype == DType::kBF16) {
+    std::memcpy(out.data() + at, L.w, nk * 2);
+    return;
+  }
+  for (size_t i = 0; i < nk; ++i)
+    store_float(out.data() + at, DType::kBF16, static_cast<int64_t>(i), load_float(L.w, L.w_dtype, static_cast<int64_t>(i)));
+}
+
+// q|k|v or gate|up as one layer (GpuFusedLinear): rows concatenated; scales per channel concatenated, per group
+// [K/gs, N] concatenated row by row; biases concatenated (zeros for a part without one). Parts of different kinds or
+// group sizes stay separate.
+GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
+  GpuFusedLinear f;
+  f.K = parts[0]->K;
+  bool same = true;
+  for (const Linear* p : parts) {
+    f.N += p->N;
+    check(p->K == f.K, ErrorCode::kShapeMismatch, kOp, "fused linear parts must share K; got ", p->K, " and ", f.K);
+    same = same && p->kind == parts[0]->kind && (p->kind == Linear::Kind::kDense || p->group_size == parts[0]->group_size);
+  }
+  if (!same) {
+    for (const Linear* p : parts) f.parts.push_back(upload_linear(*p));
+    return f;
+  }
+  const Linear& first = *parts[0];
+  GpuLinear& g = f.fused;
+  g.N = f.N;
+  g.K = f.K;
+  g.group_size = first.kind == Linear::Kind::kDense ? 0 : first.group_size;
+  if (first.kind == Linear::Kind::kDense) {
+    g.kind = GpuLinearKind::kBF16;
+    std::vector<uint16_t> w;
+    w.reserve(sz(f.N) * sz(f.K));
+    for (const Linear* p : parts) append_bf16_rows(*p, w);
+    g.w_owned = cuda::to_device(w.data(), w.size() * 2);
+  } else {
+    const bool int8 = first.kind == Linear::Kind::kInt8;
+    g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
+    const size_t row_bytes = int8 ? sz(f.K) : sz(f.K) / 2;
+    std::vector<uint8_t> w(sz(f.N) * row_bytes);
+    size_t at = 0;
+    for (const Linear* p : parts) {
+      std::memcpy(w.data() + at, p->w, sz(p->N) * row_bytes);
+      at += sz(p->N) * row_bytes;
+    }
+    g.w_owned = cuda::to_device(w.data(), w.size());
+    const int64_t groups = g.group_size == 0 ? 1 : f.K / g.group_size;  // scale rows: [groups, N]
+    std::vector<float> sc(sz(groups) * sz(f.N));
+    for (int64_t r = 0; r < groups; ++r) {
+      int64_t col = 0;
+      for (const Linear* p : parts) {
+        std::memcpy(sc.data() + sz(r * f.N + col), p->scales + r * p->N, sz(p->N) * sizeof(float));
+        col += p->N;
+      }
+    }
+    g.scales = cuda::to_device(sc.data(), sc.size() * sizeof(float));
+  }
+  bool any_bias = false;
+  for (const Linear* p : parts) any_bias = any_bias || p->bias != nullptr;
+  if (any_bias) {
+    std::vector<float> b(sz(f.N), 0.0f);
+    int64_t col = 0;
+    for (const Linear* p : parts) {
+      if (p->bias) std::memcpy(b.data() + col, p->bias, sz(p->N) * sizeof(float));
+      col += p->N;
+    }
+    g.bias = cuda::to_device(b.data(), b.size() * sizeof(float));
+  }
+  return f;
+}
+
 size_t layer_bytes(const GpuLayer& L) {
   size_t b = L.attn_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() +
-             L.mlp_norm.bytes() + L.post_mlp_norm.bytes();
-  for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->nbytes();
-  return b;
+             L.mlp_norm.bytes() + L.post_mlp_norm.bytes() + L.rot_left.bytes() + L.rot_right.bytes();
+  return b + L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes();
 }
 
 // ---- random models (benchmarks) ---------------------------------------------------------------------------------
@@ -168,6 +247,37 @@ void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec&
   cuda::int_linear(a, kind == GpuLinearKind::kInt4, exec);
 }
 
+size_t GpuFusedLinear::nbytes() const {
+  size_t b = fused.nbytes();
+  for (const GpuLinear& p : parts) b += p.nbytes();
+  return b;
+}
+
+int64_t GpuFusedLinear::max_part_N() const {
+  int64_t n = 0;
+  for (const GpuLinear& p : parts) n = std::max(n, p.N);
+  return n;
+}
+
+void GpuFusedLinear::forward(const float* x, int64_t M, float* out, float* scratch, const cuda::Exec& exec) const {
+  if (parts.empty()) {
+    fused.forward(x, M, out, exec);
+    return;
+  }
+  int64_t col = 0;
+  for (const GpuLinear& p : parts) {
+    if (M == 1) {  // one row: the column slice is contiguous
+      p.forward(x, 1, out + col, exec);
+    } else {
+      p.forward(x, M, scratch, exec);
+      CIDER_CUDA_CHECK(kOp, cudaMemcpy2DAsync(out + col, sz(N) * sizeof(float), scratch, sz(p.N) * sizeof(float),
+                                              sz(p.N) * sizeof(float), sz(M), cudaMemcpyDeviceToDevice,
+                                              as_stream(exec.stream)));
+    }
+    col += p.N;
+  }
+}
+
 int GpuModel::rotation() const { return kv.quantized ? static_cast<int>(kv.rotation) : 0; }
 
 DType GpuModel::kv_store_dtype() const {
@@ -200,12 +310,9 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
       g.post_attn_norm = upload_floats(L.post_attn_norm.w, c.hidden_size);
       g.post_mlp_norm = upload_floats(L.post_mlp_norm.w, c.hidden_size);
     }
-    g.q = upload_linear(L.q);
-    g.k = upload_linear(L.k);
-    g.v = upload_linear(L.v);
+    g.qkv = upload_fused({&L.q, &L.k, &L.v});
     g.o = upload_linear(L.o);
-    g.gate = upload_linear(L.gate);
-    g.up = upload_linear(L.up);
+    g.gate_up = upload_fused({&L.gate, &L.up});
     g.down = upload_linear(L.down);
     upload_rotation(g, *m, l);
   }
@@ -257,12 +364,13 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
       g.post_attn_norm = ones(H, s);
       g.post_mlp_norm = ones(H, s);
     }
-    g.q = random_linear(c.num_heads * D, H, weights, ++salt, s);
-    g.k = random_linear(c.num_kv_heads * D, H, weights, ++salt, s);
-    g.v = random_linear(c.num_kv_heads * D, H, weights, ++salt, s);
+    g.qkv.fused = random_linear((c.num_heads + 2 * c.num_kv_heads) * D, H, weights, ++salt, s);
+    g.qkv.N = g.qkv.fused.N;
+    g.qkv.K = H;
     g.o = random_linear(H, c.num_heads * D, weights, ++salt, s);
-    g.gate = random_linear(I, H, weights, ++salt, s);
-    g.up = random_linear(I, H, weights, ++salt, s);
+    g.gate_up.fused = random_linear(2 * I, H, weights, ++salt, s);
+    g.gate_up.N = 2 * I;
+    g.gate_up.K = H;
     g.down = random_linear(H, I, weights, ++salt, s);
     upload_rotation(g, *m, l);
   }
@@ -281,11 +389,19 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
 
 namespace {
 
-// One layer's cache planes, [1, Hkv, ctx, ·] each (the CPU cache's byte format).
+// One layer's cache: keys then values in one allocation per kind, [2, Hkv, ctx, ·] when keys and values have the same
+// row size (one kv_append with B = 2 writes both), else keys [Hkv, ctx, ·] followed by values [Hkv, ctx, ·].
 struct LayerCache {
-  cuda::DeviceBuffer k, k_scales, k_biases;  // quantized: codes u32 [.., D·k_bits/32], scales/biases [.., D/gs]
-  cuda::DeviceBuffer v, v_scales, v_biases;  // plain: k and v [.., D] in the plain dtype
+  cuda::DeviceBuffer data, scales, biases;  // quantized: codes u32 [.., D·bits/32], scales/biases [.., D/gs]; plain: [.., D]
+  void* k = nullptr;
+  void* v = nullptr;
+  void* k_scales = nullptr;
+  void* v_scales = nullptr;
+  void* k_biases = nullptr;
+  void* v_biases = nullptr;
 };
+
+void* at_byte(const cuda::DeviceBuffer& b, size_t offset) { return static_cast<uint8_t*>(b.data()) + offset; }
 
 }  // namespace
 
@@ -294,15 +410,18 @@ struct GpuSession::Impl {
   cuda::Stream stream;
   cuda::DeviceBuffer workspace;
   std::vector<LayerCache> caches;
-  // Activations, float32, sized for kChunk rows: x, h, tmp (rows, hidden); q, att, qt, ot (rows, Hq·D); k, v
-  // (rows, Hkv·D); gate, up (rows, I); logits_last (vocab); logits_all (rows, vocab), allocated on first use.
-  cuda::DeviceBuffer x, h, tmp, q, att, qt, ot, k, v, gate, up, logits_last, logits_all;
+  bool kv_same_rows = false;  // keys and values have the same row bytes: one kv_append for both
+  // Activations, float32, sized for kChunk rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D); q, ao, att
+  // (rows, Hq·D); gu (rows, 2·I); ffn (rows, I); scratch (rows, largest unfused part) only for unfused parts;
+  // logits_last (vocab); logits_all (rows, vocab), allocated on first use.
+  cuda::DeviceBuffer x, h, tmp, qkv, q, ao, att, gu, ffn, scratch, logits_last, logits_all;
   cuda::DeviceBuffer tokens;  // int32 [ctx]: the tokens of one forward call
   cuda::DeviceBuffer step;    // int32 [4]: the decode step's token, position, KV length (read by the graph)
   int32_t* step_host = nullptr;   // pinned [4], copied into `step` by the first node of a decode step
   float* logits_host = nullptr;   // pinned [vocab], written by the last node of a decode step
   int64_t decode_position = -1;   // the host mirror of step_host[1]
   std::map<int64_t, cudaGraphExec_t> graphs;  // decode graphs by KV bound
+  int skip = 0;                   // GpuSession::bench_skip of the step being enqueued
 
   explicit Impl(const GpuModel& model);
   ~Impl();
@@ -317,13 +436,16 @@ struct GpuSession::Impl {
   kernels::KVTensorView view(int64_t layer, bool keys, int64_t length) const;
   kernels::AttentionArgs attention_args(int64_t layer, const float* q_heads, float* out_heads, int64_t L,
                                         int64_t kv_length) const;
-  void append(int64_t layer, bool keys, const float* src, int64_t n, int64_t offset, const int32_t* d_offset,
-              const cuda::Exec& e) const;
+  // Appends n positions of keys and values read from qkv-shaped rows: key head h of token t at
+  // k_src + t·row_stride + h·D, its value Hkv·D further (already rotated when the rotation is Hadamard).
+  void append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
+                 const int32_t* d_offset, const cuda::Exec& e) const;
   // The layers over the m tokens whose embeddings are in x; positions pos0 … (host) or *d_pos (decode, m = 1);
   // kv_length: the KV length after the append (host), or the bound of a decode graph with *d_len the real one.
+  // Leaves x the residual stream and h = final_norm(x).
   void enqueue_layers(int64_t m, int64_t pos0, const int32_t* d_pos, const int32_t* d_len, int64_t kv_length,
                       const cuda::Exec& e);
-  // Final norm + head over rows [first, first + rows) of x into out (rows, vocab).
+  // The head over rows [first, first + rows) of h (already final-normed) into out (rows, vocab).
   void enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e);
   void enqueue_decode(void* s);
   void forward_chunks(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
@@ -338,14 +460,15 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   x = f32(R * H);
   h = f32(R * H);
   tmp = f32(R * H);
+  qkv = f32(R * (Hq + 2 * Hkv) * D);
   q = f32(R * Hq * D);
+  ao = f32(R * Hq * D);
   att = f32(R * Hq * D);
-  qt = f32(R * Hq * D);
-  ot = f32(R * Hq * D);
-  k = f32(R * Hkv * D);
-  v = f32(R * Hkv * D);
-  gate = f32(R * I);
-  up = f32(R * I);
+  gu = f32(R * 2 * I);
+  ffn = f32(R * I);
+  int64_t part_n = 0;
+  for (const GpuLayer& L : m.layers) part_n = std::max({part_n, L.qkv.max_part_N(), L.gate_up.max_part_N()});
+  if (part_n > 0) scratch = f32(R * part_n);
   logits_last = f32(c.vocab_size);
   tokens = cuda::DeviceBuffer(sz(ctx) * sizeof(int32_t));
   step = cuda::DeviceBuffer(4 * sizeof(int32_t));
@@ -354,23 +477,30 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   const KVOptions& kv = m.kv;
   const DType sd = m.kv_store_dtype();
   const size_t rows = sz(Hkv) * sz(ctx);
+  kv_same_rows = !kv.quantized || kv.k_bits == kv.v_bits;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerCache& lc = caches.emplace_back();
     if (kv.quantized) {
-      const size_t groups = sz(D / kv.group_size) * dtype_size(sd);
-      lc.k = cuda::DeviceBuffer(rows * sz(D * kv.k_bits / 32) * 4);
-      lc.v = cuda::DeviceBuffer(rows * sz(D * kv.v_bits / 32) * 4);
-      lc.k_scales = cuda::DeviceBuffer(rows * groups);
-      lc.k_biases = cuda::DeviceBuffer(rows * groups);
-      lc.v_scales = cuda::DeviceBuffer(rows * groups);
-      lc.v_biases = cuda::DeviceBuffer(rows * groups);
+      const size_t group_bytes = rows * sz(D / kv.group_size) * dtype_size(sd);
+      const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
+      lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
+      lc.scales = cuda::DeviceBuffer(2 * group_bytes);
+      lc.biases = cuda::DeviceBuffer(2 * group_bytes);
+      lc.k = lc.data.data();
+      lc.v = at_byte(lc.data, k_bytes);
+      lc.k_scales = lc.scales.data();
+      lc.v_scales = at_byte(lc.scales, group_bytes);
+      lc.k_biases = lc.biases.data();
+      lc.v_biases = at_byte(lc.biases, group_bytes);
     } else {
-      lc.k = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
-      lc.v = cuda::DeviceBuffer(rows * sz(D) * dtype_size(sd));
+      const size_t plane = rows * sz(D) * dtype_size(sd);
+      lc.data = cuda::DeviceBuffer(2 * plane);
+      lc.k = lc.data.data();
+      lc.v = at_byte(lc.data, plane);
     }
     // Zeros rather than whatever the allocator left: positions past the length are never meant to be read, but a
     // finite value there keeps a masked-out read from turning into 0·NaN.
-    for (cuda::DeviceBuffer* b : {&lc.k, &lc.k_scales, &lc.k_biases, &lc.v, &lc.v_scales, &lc.v_biases}) b->fill(0);
+    for (cuda::DeviceBuffer* b : {&lc.data, &lc.scales, &lc.biases}) b->fill(0);
   }
 
   // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
@@ -398,7 +528,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
       for (int64_t L : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}, R})
         if (L <= len)
           ws = std::max(ws, cuda::attention_workspace_bytes(
-                                attention_args(layer, qt.as<float>(), ot.as<float>(), L, len)));
+                                attention_args(layer, q.as<float>(), ao.as<float>(), L, len)));
   workspace = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
 
   CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), 4 * sizeof(int32_t), cudaHostAllocDefault));
@@ -422,16 +552,15 @@ kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t l
   t.length = length;
   t.capacity = m.ctx;
   t.dim = m.config.head_dim;
+  t.data = keys ? lc.k : lc.v;
   if (kv.quantized) {
-    t.data = keys ? lc.k.data() : lc.v.data();
-    t.scales = keys ? lc.k_scales.data() : lc.v_scales.data();
-    t.biases = keys ? lc.k_biases.data() : lc.v_biases.data();
+    t.scales = keys ? lc.k_scales : lc.v_scales;
+    t.biases = keys ? lc.k_biases : lc.v_biases;
     t.dtype = DType::kU32;
     t.scale_dtype = m.kv_store_dtype();
     t.bits = keys ? kv.k_bits : kv.v_bits;
     t.group_size = kv.group_size;
   } else {
-    t.data = keys ? lc.k.data() : lc.v.data();
     t.dtype = kv.plain_dtype;
     t.scale_dtype = kv.plain_dtype;
     t.bits = 0;
@@ -460,34 +589,39 @@ kernels::AttentionArgs GpuSession::Impl::attention_args(int64_t layer, const flo
   return a;
 }
 
-void GpuSession::Impl::append(int64_t layer, bool keys, const float* src, int64_t n, int64_t offset,
-                              const int32_t* d_offset, const cuda::Exec& e) const {
+void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
+                                 const int32_t* d_offset, const cuda::Exec& e) const {
   const ModelConfig& c = m.config;
   const LayerCache& lc = caches[sz(layer)];
   const GpuLayer& L = m.layers[sz(layer)];
   const int64_t Hkv = c.num_kv_heads, D = c.head_dim;
+  const int rot = m.rotation();
   cuda::KVAppendBatchArgs a{};
-  a.src = src;  // (n, Hkv, D) token-major
   a.src_dtype = DType::kF32;
-  a.B = 1;
   a.H = Hkv;
   a.n = n;
   a.dim = D;
-  a.src_stride_b = n * Hkv * D;
+  a.src_stride_b = Hkv * D;  // the value heads follow the key heads in a qkv row
   a.src_stride_h = D;
-  a.src_stride_t = Hkv * D;
-  a.rotation = m.rotation();
+  a.src_stride_t = row_stride;
+  // Hadamard rows arrive rotated (prepare_heads): append them as they are, which stores the CPU cache's bytes.
+  a.rotation = rot == 3 ? 0 : rot;
   a.qL = a.rotation ? L.rot_left.as<float>() : nullptr;
-  a.qR = a.rotation ? L.rot_right.as<float>() : nullptr;
-  a.dst = keys ? lc.k.data() : lc.v.data();
-  a.scales = m.kv.quantized ? (keys ? lc.k_scales.data() : lc.v_scales.data()) : nullptr;
-  a.biases = m.kv.quantized ? (keys ? lc.k_biases.data() : lc.v_biases.data()) : nullptr;
+  a.qR = a.rotation == 2 ? L.rot_right.as<float>() : nullptr;
   a.dst_dtype = m.kv_store_dtype();
-  a.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
   a.group_size = m.kv.group_size;
   a.capacity = m.ctx;
   a.offset = offset;
-  cuda::kv_append(a, d_offset, e);
+  for (int part = 0; part < (kv_same_rows ? 1 : 2); ++part) {
+    const bool keys = part == 0;
+    a.B = kv_same_rows ? 2 : 1;  // [2, Hkv, ctx, ·]: keys then values, one launch
+    a.src = keys ? k_src : k_src + Hkv * D;
+    a.dst = keys ? lc.k : lc.v;
+    a.scales = keys ? lc.k_scales : lc.v_scales;
+    a.biases = keys ? lc.k_biases : lc.v_biases;
+    a.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
+    cuda::kv_append(a, d_offset, e);
+  }
 }
 
 void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_pos, const int32_t* d_len,
@@ -497,67 +631,74 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float off = c.norm_weight_offset;
   const int rot = m.rotation();
+  const bool run_linear = (skip & GpuSession::kSkipLinear) == 0;
+  const bool run_attention = (skip & GpuSession::kSkipAttention) == 0;
   float* xs = x.as<float>();
   float* hs = h.as<float>();
   float* ts = tmp.as<float>();
+  float* qkv_s = qkv.as<float>();
   float* qs = q.as<float>();
-  float* ks = k.as<float>();
-  float* vs = v.as<float>();
+  float* aos = ao.as<float>();
   float* as = att.as<float>();
-  float* gs = gate.as<float>();
-  float* us = up.as<float>();
-  const cuda::GluActivation act =
-      c.activation == Activation::kSiLU ? cuda::GluActivation::kSiLU : cuda::GluActivation::kGeluTanh;
+  float* gus = gu.as<float>();
+  float* ffs = ffn.as<float>();
+  float* scr = scratch.bytes() ? scratch.as<float>() : nullptr;
+  const int act = c.activation == Activation::kSiLU ? 0 : 1;
+  const int64_t qkv_stride = (Hq + 2 * Hkv) * D;
 
+  // h = attn_norm(x) of the first layer; every later norm is fused with the residual add before it.
+  residual_norm(xs, nullptr, nullptr, m.layers[0].attn_norm.as<float>(), off, n, H, eps, hs, e.stream);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const GpuLayer& L = m.layers[sz(l)];
     const bool sliding = c.layer_sliding[sz(l)] != 0;
 
     // ---- attention block ----
-    cuda::rms_norm(xs, L.attn_norm.as<float>(), off, n, H, eps, hs, e);
-    L.q.forward(hs, n, qs, e);
-    L.k.forward(hs, n, ks, e);
-    L.v.forward(hs, n, vs, e);
-    if (c.qk_norm) {
-      cuda::rms_norm(qs, L.q_norm.as<float>(), off, n * Hq, D, eps, qs, e);
-      cuda::rms_norm(ks, L.k_norm.as<float>(), off, n * Hkv, D, eps, ks, e);
+    if (run_linear) L.qkv.forward(hs, n, qkv_s, scr, e);
+    HeadPrepArgs p{};
+    p.qkv = qkv_s;
+    p.n = n;
+    p.Hq = Hq;
+    p.Hkv = Hkv;
+    p.D = D;
+    p.q_norm = c.qk_norm ? L.q_norm.as<float>() : nullptr;
+    p.k_norm = c.qk_norm ? L.k_norm.as<float>() : nullptr;
+    p.norm_offset = off;
+    p.eps = eps;
+    p.inv_freq = sliding ? m.inv_freq_local.as<float>() : m.inv_freq.as<float>();
+    p.pos0 = pos0;
+    p.d_pos = d_pos;
+    p.rotation = rot;
+    p.qL = rot ? L.rot_left.as<float>() : nullptr;
+    p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
+    p.q_out = qs;
+    p.q_head_major = n > 1;  // attention's [B, Hq, L, D]; for one token both layouts are the same
+    prepare_heads(p, e.stream);
+    append_kv(l, qkv_s + Hq * D, qkv_stride, n, pos0, d_pos, e);
+    if (run_attention) cuda::attention(attention_args(l, qs, aos, n, kv_length), d_len, e);
+    // Outputs back from the rotated value space (nn::attention), and (Hq, n, D) → (n, Hq, D) for a prefill.
+    const float* o_in = aos;
+    if (rot != 0 || n > 1) {
+      finish_heads(aos, n > 1, n, Hq, D, rot, p.qL, p.qR, as, e.stream);
+      o_in = as;
     }
-    const float* inv = sliding ? m.inv_freq_local.as<float>() : m.inv_freq.as<float>();
-    cuda::rope(qs, n, Hq, D, inv, pos0, d_pos, e);
-    cuda::rope(ks, n, Hkv, D, inv, pos0, d_pos, e);
-    append(l, true, ks, n, pos0, d_pos, e);
-    append(l, false, vs, n, pos0, d_pos, e);
-    // Queries into the cache's rotated key space; outputs back from the rotated value space (nn::attention).
-    if (rot) cuda::rotate_rows(qs, n * Hq, D, rot, L.rot_left.as<float>(), L.rot_right.as<float>(), false, e);
-    if (n == 1) {  // (1, Hq, D) is already [B, Hq, L, D]
-      cuda::attention(attention_args(l, qs, as, 1, kv_length), d_len, e);
-    } else {
-      transpose_heads(qs, qt.as<float>(), n, Hq, D, e.stream);  // (n, Hq, D) → (Hq, n, D)
-      cuda::attention(attention_args(l, qt.as<float>(), ot.as<float>(), n, kv_length), d_len, e);
-      transpose_heads(ot.as<float>(), as, Hq, n, D, e.stream);  // (Hq, n, D) → (n, Hq, D)
-    }
-    if (rot) cuda::rotate_rows(as, n * Hq, D, rot, L.rot_left.as<float>(), L.rot_right.as<float>(), true, e);
-    L.o.forward(as, n, ts, e);
-    if (c.sandwich_norms) cuda::rms_norm(ts, L.post_attn_norm.as<float>(), off, n, H, eps, ts, e);
-    cuda::add_inplace(xs, ts, n * H, e);
+    if (run_linear) L.o.forward(o_in, n, ts, e);
+    residual_norm(xs, ts, c.sandwich_norms ? L.post_attn_norm.as<float>() : nullptr, L.mlp_norm.as<float>(), off, n,
+                  H, eps, hs, e.stream);
 
     // ---- MLP block ----
-    cuda::rms_norm(xs, L.mlp_norm.as<float>(), off, n, H, eps, hs, e);
-    L.gate.forward(hs, n, gs, e);
-    L.up.forward(hs, n, us, e);
-    cuda::glu(gs, us, n * I, act, gs, e);
-    L.down.forward(gs, n, ts, e);
-    if (c.sandwich_norms) cuda::rms_norm(ts, L.post_mlp_norm.as<float>(), off, n, H, eps, ts, e);
-    cuda::add_inplace(xs, ts, n * H, e);
+    if (run_linear) L.gate_up.forward(hs, n, gus, scr, e);
+    glu_rows(gus, n, I, act, ffs, e.stream);
+    if (run_linear) L.down.forward(ffs, n, ts, e);
+    const bool last = l + 1 == c.num_layers;
+    residual_norm(xs, ts, c.sandwich_norms ? L.post_mlp_norm.as<float>() : nullptr,
+                  last ? m.final_norm.as<float>() : m.layers[sz(l + 1)].attn_norm.as<float>(), off, n, H, eps, hs,
+                  e.stream);
   }
 }
 
 void GpuSession::Impl::enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e) {
   const ModelConfig& c = m.config;
-  const int64_t H = c.hidden_size;
-  cuda::rms_norm(x.as<float>() + first * H, m.final_norm.as<float>(), c.norm_weight_offset, rows, H,
-                 static_cast<float>(c.rms_norm_eps), h.as<float>(), e);
-  m.lm_head.forward(h.as<float>(), rows, out, e);
+  if ((skip & GpuSession::kSkipLinear) == 0) m.lm_head.forward(h.as<float>() + first * c.hidden_size, rows, out, e);
   if (c.final_logit_softcap > 0.0f) cuda::softcap(out, rows * c.vocab_size, c.final_logit_softcap, e);
 }
 
@@ -666,9 +807,7 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
 
 size_t GpuSession::kv_bytes() const {
   size_t b = 0;
-  for (const LayerCache& lc : impl_->caches)
-    b += lc.k.bytes() + lc.k_scales.bytes() + lc.k_biases.bytes() + lc.v.bytes() + lc.v_scales.bytes() +
-         lc.v_biases.bytes();
+  for (const LayerCache& lc : impl_->caches) b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes();
   return b;
 }
 
@@ -678,17 +817,16 @@ void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const ModelConfig& c = model_->config;
   check(length >= 0 && length <= model_->ctx, ErrorCode::kOutOfRange, kOp, "length must be in [0, ctx = ",
         model_->ctx, "]; got ", length);
-  // Random (kChunk, Hkv, D) key/value rows in the k and v activation buffers, appended chunk by chunk.
+  // Random (kChunk, Hq + 2·Hkv, D) rows in the qkv activation buffer; their key/value heads appended chunk by chunk
+  // (a Hadamard cache stores them as they are: random rows need no rotation to be valid cache bytes).
   void* s = impl_->stream.handle();
   const cuda::Exec e = impl_->exec(s);
-  const int64_t rows = kChunk * c.num_kv_heads * c.head_dim;
-  fill_uniform(impl_->k.data(), DType::kF32, rows, seed, -2.0f, 2.0f, s);
-  fill_uniform(impl_->v.data(), DType::kF32, rows, seed ^ 0x7777ull, -2.0f, 2.0f, s);
+  const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  fill_uniform(impl_->qkv.data(), DType::kF32, kChunk * row, seed, -2.0f, 2.0f, s);
   for (int64_t l = 0; l < c.num_layers; ++l)
     for (int64_t done = 0; done < length; done += kChunk) {
       const int64_t n = std::min(kChunk, length - done);
-      impl_->append(l, true, impl_->k.as<float>(), n, done, nullptr, e);
-      impl_->append(l, false, impl_->v.as<float>(), n, done, nullptr, e);
+      impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, done, nullptr, e);
     }
   impl_->stream.synchronize();
 }
@@ -704,7 +842,16 @@ void GpuSession::set_decode_input(int32_t token, int64_t position) {
   impl_->decode_position = position;
 }
 
-void GpuSession::enqueue_decode(void* s) { impl_->enqueue_decode(s ? s : impl_->stream.handle()); }
+void GpuSession::enqueue_decode(void* s) {
+  impl_->skip = bench_skip;
+  try {
+    impl_->enqueue_decode(s ? s : impl_->stream.handle());
+  } catch (...) {
+    impl_->skip = 0;
+    throw;
+  }
+  impl_->skip = 0;  // forward() never skips
+}
 
 void* GpuSession::stream() const { return impl_->stream.handle(); }
 

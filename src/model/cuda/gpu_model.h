@@ -10,9 +10,13 @@
 //            itself copies in from pinned host memory; kv_append(d_offset), rope(d_pos), attention(d_length); the
 //            last-row logits copied back to pinned host memory at the graph's end. One graph per capacity bucket
 //            (the attention grid is sized by a bound on the KV length: min(ctx, max(256, next power of two))).
-// The KV caches are [1, Hkv, ctx, ·] planes in the CPU cache's byte format (quantized with the same SO(4) rotation and
-// seed per layer as nn::QuantizedKVCache, f16 scales/biases; or plain bf16/f16/f32), so positions never move and a
-// trim only lowers the session's position.
+// The KV caches are [1, Hkv, ctx, ·] planes in the CPU cache's byte format (quantized with the same rotation and seed
+// per layer as nn::QuantizedKVCache — SO(4) applied by kv_append, Hadamard by prepare_heads before a rotation-0
+// append — f16 scales/biases; or plain bf16/f16/f32), so positions never move and a trim only lowers the session's
+// position. The key and value planes of a layer are one allocation (values right after keys), so when keys and values
+// have the same bits one kv_append (B = 2) writes both.
+// Per layer (decode): residual_norm, q|k|v linear, prepare_heads, kv_append ×1–2, attention, [finish_heads],
+// o linear, residual_norm, gate|up linear, glu_rows, down linear — the next layer's residual_norm closes it.
 #pragma once
 
 #include <cstddef>
@@ -43,10 +47,30 @@ struct GpuLinear {
   void forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const;
 };
 
+// Several linear layers over the same input whose outputs sit side by side in one (M, N = ΣNᵢ) buffer: q|k|v and
+// gate|up. Uploaded as ONE layer (weight rows, per-channel scales and biases concatenated; per-group scales
+// [K/gs, N] concatenated within each group row), so one GEMV streams them all; parts that cannot be concatenated
+// (different formats or group sizes) run one by one into their column slices.
+struct GpuFusedLinear {
+  GpuLinear fused;               // when the parts share a format
+  std::vector<GpuLinear> parts;  // otherwise (fused unused)
+  int64_t N = 0, K = 0;
+
+  size_t nbytes() const;
+  int64_t max_part_N() const;  // scratch rows needed by the unfused path (0 when fused)
+  // out (M, N) float32; scratch: (M, max_part_N()) float32 when the parts run one by one and M > 1, else unused.
+  void forward(const float* x, int64_t M, float* out, float* scratch, const cuda::Exec& exec) const;
+};
+
 struct GpuLayer {
   cuda::DeviceBuffer attn_norm, q_norm, k_norm, post_attn_norm, mlp_norm, post_mlp_norm;  // float32 [dim]
-  GpuLinear q, k, v, o, gate, up, down;
-  cuda::DeviceBuffer rot_left, rot_right;  // the KV cache rotation of this layer (seed = layer): float32 [D/4, 4]
+  GpuFusedLinear qkv;      // [Hq·D | Hkv·D | Hkv·D, hidden]
+  GpuLinear o;
+  GpuFusedLinear gate_up;  // [I | I, hidden]
+  GpuLinear down;
+  // The KV cache rotation of this layer (seed = layer): SO(4) quaternions rot_left/rot_right float32 [D/4, 4], or the
+  // Hadamard signs in rot_left [D].
+  cuda::DeviceBuffer rot_left, rot_right;
 };
 
 struct GpuModel {
@@ -62,7 +86,7 @@ struct GpuModel {
   cuda::DeviceBuffer inv_freq, inv_freq_local;  // float32 [D/2]
   size_t weight_bytes = 0;
 
-  int rotation() const;        // 0, 1, 2 (kernels' numbering) of the KV caches
+  int rotation() const;        // 0, 1, 2, 3 (kernels' numbering: none, so4 fast, so4 full, hadamard) of the KV caches
   DType kv_store_dtype() const;  // quantized: the scale/bias dtype; plain: the element dtype
 };
 
@@ -93,6 +117,10 @@ class GpuSession {
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
   bool use_graphs = true;
+  // Timing experiments only (the results are garbage): leave out every linear layer (kSkipLinear) and/or the attention
+  // launches (kSkipAttention) from what enqueue_decode enqueues, to split a graph's time into its parts.
+  static constexpr int kSkipLinear = 1, kSkipAttention = 2;
+  int bench_skip = 0;
   int64_t graphs_captured() const;
 
   // ---- benchmark hooks ----

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/hadamard.cuh"
 #include "model/cuda/model_kernels.h"
 
 namespace cider::model::gpu {
@@ -28,6 +29,214 @@ __global__ void transpose_heads_kernel(const float* __restrict__ in, float* __re
     const int64_t h = (i / D) % b;
     const int64_t t = i / (D * b);
     out[(h * a + t) * D + d] = in[i];
+  }
+}
+
+// ---- per-head preparation (q/k norm + rope + rotation) and the way back --------------------------------------------
+
+constexpr int kHeadWarps = 4;            // rows (one per warp) per CTA
+constexpr int64_t kMaxHeadDim = 2048;    // a row of float32 per warp in shared memory: ≤ 32 KB per CTA
+
+// out = p·q, Hamilton product, every multiply and add rounded in nn/rotation.cpp's order (as kv_append.cu).
+__device__ __forceinline__ void qmul_rn(const float p[4], const float q[4], float out[4]) {
+  out[0] = __fsub_rn(__fsub_rn(__fsub_rn(__fmul_rn(p[0], q[0]), __fmul_rn(p[1], q[1])), __fmul_rn(p[2], q[2])),
+                     __fmul_rn(p[3], q[3]));
+  out[1] = __fsub_rn(__fadd_rn(__fadd_rn(__fmul_rn(p[0], q[1]), __fmul_rn(p[1], q[0])), __fmul_rn(p[2], q[3])),
+                     __fmul_rn(p[3], q[2]));
+  out[2] = __fadd_rn(__fadd_rn(__fsub_rn(__fmul_rn(p[0], q[2]), __fmul_rn(p[1], q[3])), __fmul_rn(p[2], q[0])),
+                     __fmul_rn(p[3], q[1]));
+  out[3] = __fadd_rn(__fsub_rn(__fadd_rn(__fmul_rn(p[0], q[3]), __fmul_rn(p[1], q[2])), __fmul_rn(p[2], q[1])),
+                     __fmul_rn(p[3], q[0]));
+}
+
+// SO(4) rotation (rotation 1 fast, 2 full) of a row in shared memory, by one warp, forward (qL·v[·conj(qR)]) or
+// inverse (conj(qL)·w[·qR]): the 4-d blocks are independent, one lane per block.
+__device__ void warp_so4(float* row, int64_t D, int rotation, const float* __restrict__ qL,
+                         const float* __restrict__ qR, bool inverse, int lane) {
+  __syncwarp();
+  for (int64_t blk = lane; blk < D / 4; blk += 32) {
+    float* v = row + blk * 4;
+    float x[4] = {v[0], v[1], v[2], v[3]};
+    float l[4] = {qL[blk * 4], qL[blk * 4 + 1], qL[blk * 4 + 2], qL[blk * 4 + 3]};
+    if (inverse) {
+      l[1] = -l[1];
+      l[2] = -l[2];
+      l[3] = -l[3];
+    }
+    float t[4];
+    qmul_rn(l, x, t);
+    if (rotation == 2) {
+      float r[4] = {qR[blk * 4], qR[blk * 4 + 1], qR[blk * 4 + 2], qR[blk * 4 + 3]};
+      if (!inverse) {
+        r[1] = -r[1];
+        r[2] = -r[2];
+        r[3] = -r[3];
+      }
+      qmul_rn(t, r, x);
+    } else {
+      for (int k = 0; k < 4; ++k) x[k] = t[k];
+    }
+    for (int k = 0; k < 4; ++k) v[k] = x[k];
+  }
+  __syncwarp();
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One warp per (token t, head) row; heads ordered q [0, Hq), k [Hq, Hq + Hkv), v (rotation 3 only) after them.
+__global__ void __launch_bounds__(kHeadWarps * 32) prepare_heads_kernel(HeadPrepArgs a, int64_t heads_used) {
+  extern __shared__ float head_rows[];  // [kHeadWarps, D]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kHeadWarps + warp;
+  if (r >= a.n * heads_used) return;  // whole warps leave; only warp-level barriers below
+  const int64_t D = a.D, t = r / heads_used, head = r % heads_used;
+  const int64_t row_stride = (a.Hq + 2 * a.Hkv) * D;
+  float* g = a.qkv + t * row_stride + head * D;  // q, k, v heads are consecutive within a token's row
+  float* row = head_rows + static_cast<int64_t>(warp) * D;
+  for (int64_t i = lane; i < D; i += 32) row[i] = g[i];
+  __syncwarp();
+  const bool is_q = head < a.Hq, is_k = !is_q && head < a.Hq + a.Hkv;
+  if (is_q || is_k) {
+    const float* nw = is_q ? a.q_norm : a.k_norm;
+    if (nw != nullptr) {  // rms_norm over the head (ops.cu's arithmetic: (x·inv)·(offset + w))
+      float ss = 0.0f;
+      for (int64_t i = lane; i < D; i += 32) ss += row[i] * row[i];
+      ss = warp_sum(ss);
+      const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + a.eps);
+      for (int64_t i = lane; i < D; i += 32) row[i] = (row[i] * inv) * (a.norm_offset + nw[i]);
+      __syncwarp();
+    }
+    // rope (ops.cu's rope_kernel per pair: float32 angle, sincos in double rounded once, rounded products/sums)
+    const int64_t half = D / 2;
+    const int64_t start = a.d_pos != nullptr ? static_cast<int64_t>(*a.d_pos) : a.pos0;
+    const float position = static_cast<float>(start + t);
+    for (int64_t i = lane; i < half; i += 32) {
+      const float angle = __fmul_rn(position, a.inv_freq[i]);
+      double sd = 0.0, cd = 0.0;
+      sincos(static_cast<double>(angle), &sd, &cd);
+      const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+      const float x1 = row[i], x2 = row[i + half];
+      row[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+      row[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    }
+    __syncwarp();
+  }
+  if (a.rotation == 3) {
+    cuda::warp_hadamard(row, a.qL, D, false, lane);
+  } else if (a.rotation != 0 && is_q) {
+    warp_so4(row, D, a.rotation, a.qL, a.qR, false, lane);
+  }
+  __syncwarp();
+  if (is_q) {
+    float* q = a.q_out + (a.q_head_major ? (head * a.n + t) * D : (t * a.Hq + head) * D);
+    for (int64_t i = lane; i < D; i += 32) q[i] = row[i];
+  } else {
+    for (int64_t i = lane; i < D; i += 32) g[i] = row[i];
+  }
+}
+
+__global__ void __launch_bounds__(kHeadWarps * 32) finish_heads_kernel(const float* __restrict__ in, bool head_major,
+                                                                        int64_t n, int64_t Hq, int64_t D, int rotation,
+                                                                        const float* __restrict__ qL,
+                                                                        const float* __restrict__ qR,
+                                                                        float* __restrict__ out) {
+  extern __shared__ float head_rows[];  // [kHeadWarps, D]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kHeadWarps + warp;  // (t, h) in token-major order
+  if (r >= n * Hq) return;
+  const int64_t t = r / Hq, h = r % Hq;
+  const float* src = in + (head_major ? (h * n + t) * D : r * D);
+  float* row = head_rows + static_cast<int64_t>(warp) * D;
+  for (int64_t i = lane; i < D; i += 32) row[i] = src[i];
+  if (rotation == 3) {
+    cuda::warp_hadamard(row, qL, D, true, lane);
+  } else if (rotation != 0) {
+    warp_so4(row, D, rotation, qL, qR, true, lane);
+  }
+  __syncwarp();
+  for (int64_t i = lane; i < D; i += 32) out[r * D + i] = row[i];
+}
+
+// ---- residual add + RMSNorm ----------------------------------------------------------------------------------------
+
+constexpr int kResidualThreads = 512;
+
+// Sum over the block (fixed order: deterministic); every thread gets the total. `scratch` [32] shared.
+__device__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  __syncthreads();  // the previous use of scratch is complete
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) total += scratch[w];
+  return total;
+}
+
+// One CTA per row. Every element is read back only by the thread that wrote it (same index loop), so x and h need no
+// barrier besides the reductions'.
+__global__ void __launch_bounds__(kResidualThreads) residual_norm_kernel(float* __restrict__ x,
+                                                                          const float* __restrict__ t,
+                                                                          const float* __restrict__ post_w,
+                                                                          const float* __restrict__ w, float offset,
+                                                                          int64_t H, float eps,
+                                                                          float* __restrict__ h) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  float* xr = x + row * H;
+  float* hr = h + row * H;
+  if (t != nullptr) {
+    const float* tr = t + row * H;
+    float inv_t = 1.0f;
+    if (post_w != nullptr) {
+      float ss = 0.0f;
+      for (int64_t i = threadIdx.x; i < H; i += blockDim.x) ss += tr[i] * tr[i];
+      ss = block_sum(ss, scratch);
+      inv_t = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+    }
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+      const float add = post_w != nullptr ? __fmul_rn(__fmul_rn(tr[i], inv_t), offset + post_w[i]) : tr[i];
+      xr[i] = __fadd_rn(xr[i], add);
+    }
+  }
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) hr[i] = __fmul_rn(__fmul_rn(xr[i], inv), offset + w[i]);
+}
+
+// ---- GLU over the fused gate|up rows -------------------------------------------------------------------------------
+
+__device__ __forceinline__ float glu_one(float g, float u, int act) {
+  if (act == 0) return (g / (1.0f + expf(-g))) * u;  // SiLU, as ops.cu
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCubic = 0.044715f;
+  return (0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + kCubic * g * g * g)))) * u;
+}
+
+// kVec: I % 4 == 0 (rows of float4; the buffers are 256-byte aligned), else scalar. Grid-stride over n·I(/4).
+template <bool kVec>
+__global__ void glu_rows_kernel(const float* __restrict__ gu, int64_t n, int64_t I, int act, float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (kVec) {
+    const int64_t I4 = I / 4;
+    const auto* g4 = reinterpret_cast<const float4*>(gu);
+    auto* o4 = reinterpret_cast<float4*>(out);
+    for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * I4; k += stride) {
+      const int64_t t = k / I4, i = k % I4;
+      const float4 g = g4[t * 2 * I4 + i], u = g4[t * 2 * I4 + I4 + i];
+      o4[k] = make_float4(glu_one(g.x, u.x, act), glu_one(g.y, u.y, act), glu_one(g.z, u.z, act),
+                          glu_one(g.w, u.w, act));
+    }
+  } else {
+    for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * I; k += stride) {
+      const int64_t t = k / I, i = k % I;
+      out[k] = glu_one(gu[t * 2 * I + i], gu[t * 2 * I + I + i], act);
+    }
   }
 }
 
@@ -68,6 +277,67 @@ void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t 
   check(a >= 0 && b >= 0 && D >= 0, ErrorCode::kInvalidArgument, op, "dims must be >= 0; got ", a, ", ", b, ", ", D);
   if (a * b * D == 0) return;
   transpose_heads_kernel<<<grid_for(a * b * D), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, a, b, D);
+  cuda::check_last_launch(op);
+}
+
+void prepare_heads(const HeadPrepArgs& a, void* stream) {
+  constexpr const char* op = "cuda.prepare_heads";
+  check(a.n >= 0 && a.Hq >= 1 && a.Hkv >= 1, ErrorCode::kShapeMismatch, op, "n >= 0, Hq, Hkv >= 1; got ", a.n, ", ",
+        a.Hq, ", ", a.Hkv);
+  check(a.D >= 2 && a.D % 2 == 0 && a.D <= kMaxHeadDim, ErrorCode::kShapeMismatch, op,
+        "head_dim must be even and in [2, ", kMaxHeadDim, "]; got ", a.D);
+  check(a.rotation >= 0 && a.rotation <= 3, ErrorCode::kInvalidArgument, op, "rotation must be 0..3; got ",
+        a.rotation);
+  check(a.rotation == 0 || a.qL != nullptr, ErrorCode::kInvalidArgument, op, "rotation ", a.rotation, " needs qL");
+  check(a.rotation != 2 || a.qR != nullptr, ErrorCode::kInvalidArgument, op, "rotation 2 needs qR");
+  check(a.rotation != 1 && a.rotation != 2 ? true : a.D % 4 == 0, ErrorCode::kShapeMismatch, op,
+        "an SO(4) rotation needs head_dim % 4 == 0; got ", a.D);
+  if (a.n == 0) return;
+  const int64_t heads_used = a.Hq + a.Hkv + (a.rotation == 3 ? a.Hkv : 0);
+  const int64_t blocks = (a.n * heads_used + kHeadWarps - 1) / kHeadWarps;
+  const size_t smem = static_cast<size_t>(kHeadWarps * a.D) * sizeof(float);
+  prepare_heads_kernel<<<static_cast<unsigned>(blocks), kHeadWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
+      a, heads_used);
+  cuda::check_last_launch(op);
+}
+
+void finish_heads(const float* in, bool in_head_major, int64_t n, int64_t Hq, int64_t D, int rotation,
+                  const float* qL, const float* qR, float* out, void* stream) {
+  constexpr const char* op = "cuda.finish_heads";
+  check(n >= 0 && Hq >= 1 && D >= 1 && D <= kMaxHeadDim, ErrorCode::kShapeMismatch, op,
+        "n >= 0, Hq >= 1, head_dim in [1, ", kMaxHeadDim, "]; got ", n, ", ", Hq, ", ", D);
+  check(rotation >= 0 && rotation <= 3, ErrorCode::kInvalidArgument, op, "rotation must be 0..3; got ", rotation);
+  check(rotation == 0 || qL != nullptr, ErrorCode::kInvalidArgument, op, "rotation ", rotation, " needs qL");
+  check(rotation != 2 || qR != nullptr, ErrorCode::kInvalidArgument, op, "rotation 2 needs qR");
+  if (n == 0) return;
+  const int64_t blocks = (n * Hq + kHeadWarps - 1) / kHeadWarps;
+  const size_t smem = static_cast<size_t>(kHeadWarps * D) * sizeof(float);
+  finish_heads_kernel<<<static_cast<unsigned>(blocks), kHeadWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
+      in, in_head_major, n, Hq, D, rotation, qL, qR, out);
+  cuda::check_last_launch(op);
+}
+
+void residual_norm(float* x, const float* t, const float* post_w, const float* w, float offset, int64_t rows,
+                   int64_t H, float eps, float* h, void* stream) {
+  constexpr const char* op = "cuda.residual_norm";
+  check(rows >= 0 && H >= 1, ErrorCode::kShapeMismatch, op, "rows >= 0, H >= 1; got ", rows, ", ", H);
+  check(rows <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "rows must fit a grid; got ", rows);
+  if (rows == 0) return;
+  residual_norm_kernel<<<static_cast<unsigned>(rows), kResidualThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, t, post_w, w, offset, H, eps, h);
+  cuda::check_last_launch(op);
+}
+
+void glu_rows(const float* gu, int64_t n, int64_t I, int act, float* out, void* stream) {
+  constexpr const char* op = "cuda.glu_rows";
+  check(n >= 0 && I >= 1, ErrorCode::kShapeMismatch, op, "n >= 0, I >= 1; got ", n, ", ", I);
+  if (n == 0) return;
+  const bool vec = I % 4 == 0 && (reinterpret_cast<uintptr_t>(gu) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+  const int64_t items = vec ? n * I / 4 : n * I;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (vec) glu_rows_kernel<true><<<grid_for(items), kThreads, 0, s>>>(gu, n, I, act, out);
+  else glu_rows_kernel<false><<<grid_for(items), kThreads, 0, s>>>(gu, n, I, act, out);
   cuda::check_last_launch(op);
 }
 

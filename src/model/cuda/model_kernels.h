@@ -1,6 +1,10 @@
-// cider/model/cuda/model_kernels.h — the few small kernels the GPU model needs besides kernels/cuda: moving attention
-// heads between token-major and head-major order, and random fills for the benchmark's in-memory weights.
-// Asynchronous on `stream` (cudaStream_t), no allocation, no synchronization (graph-capturable).
+// cider/model/cuda/model_kernels.h — the small kernels the GPU model needs besides kernels/cuda: the fused per-head
+// preparation of q/k/v (norm + rope + rotation in one launch), the attention output's way back (transpose + inverse
+// rotation), the residual add fused with the next RMSNorm, the GLU over the fused gate|up output, and random fills
+// for the benchmark's in-memory weights.
+// Asynchronous on `stream` (cudaStream_t), no allocation, no synchronization (graph-capturable). Every kernel follows
+// the CPU forward (model/transformer.cpp) operation for operation; the arithmetic is the one of kernels/cuda/ops.cu
+// (rms_norm, rope, glu), kv_append.cu (SO(4) blocks, every multiply and add rounded) and hadamard.cuh.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +15,50 @@ namespace cider::model::gpu {
 
 // in [a, b, D] → out [b, a, D] (float32): prefill queries (m, Hq, D) → (Hq, m, D) for attention, and back.
 void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t D, void* stream);
+
+// The fused q|k|v projection's output qkv [n, Hq + 2·Hkv, D] float32 (token-major; q heads, then k, then v) is made
+// ready for the cache and attention in one launch, one warp per (token, head) row:
+//   q and k heads: [rms_norm with q_norm / k_norm (when not null): (x·inv)·(norm_offset + w)], rope at position
+//                  pos0 + t (*d_pos + t when d_pos is not null; rotate_half pairs (i, i + D/2), cos/sin of the
+//                  float32 angle computed in double, products and sums rounded separately);
+//   rotation 3 (Hadamard, `signs` [D]): q, k and v heads rotated forward (the CPU cache's bytes once kv_append stores
+//                  them with rotation 0);
+//   rotation 1/2 (SO(4), qL/qR [D/4, 4]): q heads rotated forward (kv_append rotates k and v itself).
+// q heads are written to q_out as (n, Hq, D) or, q_head_major, (Hq, n, D) (attention's prefill layout); k and v heads
+// in place in qkv (kv_append reads them with the row stride (Hq + 2·Hkv)·D).
+struct HeadPrepArgs {
+  float* qkv;
+  int64_t n, Hq, Hkv, D;
+  const float* q_norm;  // [D] or null
+  const float* k_norm;  // [D] or null
+  float norm_offset, eps;
+  const float* inv_freq;  // [D/2]
+  int64_t pos0;
+  const int32_t* d_pos;
+  int rotation;     // 0 none, 1 so4 fast, 2 so4 full, 3 hadamard
+  const float* qL;  // rotation 1/2: quaternions; rotation 3: the signs [D]
+  const float* qR;  // rotation 2
+  float* q_out;
+  bool q_head_major;
+};
+void prepare_heads(const HeadPrepArgs& a, void* stream);
+
+// Attention output → the o projection's input: row (t, h) of `in` ((n, Hq, D), or (Hq, n, D) when in_head_major) is
+// rotated back from the cache's value space (rotation 1/2: conj(qL)·w[·qR]; 3: inverse Hadamard; 0: unchanged) and
+// written to out (n, Hq, D). in and out must not overlap.
+void finish_heads(const float* in, bool in_head_major, int64_t n, int64_t Hq, int64_t D, int rotation,
+                  const float* qL, const float* qR, float* out, void* stream);
+
+// The residual stream between two sublayers, one CTA per row of hidden values:
+//   t' = post_w ? rms_norm(t)·(offset + post_w) : t        (Gemma 3's post-attention / post-MLP norm)
+//   x += t'                                                  (skipped when t is null: the first layer)
+//   h = rms_norm(x)·(offset + w)                             (the next sublayer's input norm, or the final norm)
+// x [rows, H] updated in place, h [rows, H] written; t may be the o/down projection output.
+void residual_norm(float* x, const float* t, const float* post_w, const float* w, float offset, int64_t rows,
+                   int64_t H, float eps, float* h, void* stream);
+
+// out [n, I] = act(gu[t, i]) · gu[t, I + i] over the fused gate|up output gu [n, 2·I]; act 0 SiLU, 1 GELU (tanh).
+void glu_rows(const float* gu, int64_t n, int64_t I, int act, float* out, void* stream);
 
 // count values uniform in [lo, hi) from a counter hash of (seed, index), stored as dtype (f32 or bf16).
 void fill_uniform(void* out, DType dtype, int64_t count, uint64_t seed, float lo, float hi, void* stream);
