@@ -13,7 +13,7 @@
 #include "kernels/kernel_table.h"
 
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize);
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring);
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -25,12 +25,14 @@ namespace {
 struct Variant {
   int warps = 0, blocks_per_sm = 0, quantize = 0;
   bool workspace = true;
+  int ring = 0;  // 1: the register ring (plain loads), else the cp.async ring
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
     if (blocks_per_sm) s += " blocks/SM " + std::to_string(blocks_per_sm);
     if (quantize) s += quantize == 1 ? " quantize fused" : " quantize once";
     if (!workspace) s += " no workspace";
+    if (ring == 1) s += " register ring";
     return s;
   }
 };
@@ -88,10 +90,10 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
     }
     int4 ? cuda::w4a8_gemv(a, exec) : cuda::w8a8_gemv(a, exec);
   };
-  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize);
+  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  cuda::gemv_bench::set_gemv_tuning(0, 0, 0);
+  cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
@@ -168,6 +170,21 @@ CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:8warps 2/SM", "linear") {
 }
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:8warps 1/SM", "linear") {
   return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 1, 0, true});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:register ring", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:register ring 8warps 2/SM", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 2, 0, true, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:register ring", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:register ring", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672 v:8warps 2/SM", "linear") {
+  return bench_int_gemv(false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {8, 2, 0, true});
 }
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:quantize once", "linear") {
   return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 2, true});

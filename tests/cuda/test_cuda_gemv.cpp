@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -29,15 +30,15 @@
 
 namespace cider::cuda {
 namespace gemv_bench {
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize);  // linear_gemv.cu (tests and benchmarks only)
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring);  // linear_gemv.cu (tests, benchmarks only)
 }
 namespace {
 
-// Launch knobs (warps per block, blocks per SM; 0 = automatic) for the scope of one test, restored at its end.
-int g_warps = 0, g_blocks_per_sm = 0;
+// Launch knobs (warps per block, blocks per SM, ring 1 = registers; 0 = automatic) for the scope of one test.
+int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0;
 struct TuningScope {
-  TuningScope(int warps, int blocks_per_sm) { g_warps = warps, g_blocks_per_sm = blocks_per_sm; }
-  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0; }
+  TuningScope(int warps, int blocks_per_sm, int ring) { g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring; }
+  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0, g_ring = 0; }
   TuningScope(const TuningScope&) = delete;
   TuningScope& operator=(const TuningScope&) = delete;
 };
@@ -125,10 +126,10 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
       exec.workspace_bytes = d_ws.bytes();
     }
     // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
-    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0);
+    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
-    gemv_bench::set_gemv_tuning(0, 0, 0);
+    gemv_bench::set_gemv_tuning(0, 0, 0, 0);
     device_synchronize("test_cuda_gemv");
     std::vector<uint8_t> got_all(d_out.bytes());
     d_out.download(got_all.data(), got_all.size());
@@ -272,13 +273,14 @@ TEST(CudaGemv, RowsInSeveralPasses) {
   run_case(Case{false, 9, 7, 24576, 0, DType::kF32, DType::kBF16, false}, rng);
 }
 
-// The launch variants the benchmarks compare (8 warps per block, per-channel scales; one block per SM) compute the
-// same results: a few shapes with tails through each.
+// The launch variants the benchmarks compare (8 warps per block with per-channel scales, one block per SM, the
+// register ring) compute the same results: a few shapes with tails through each.
 TEST(CudaGemv, LaunchVariants) {
   CIDER_REQUIRE_GPU();
   auto rng = test::make_rng(507);
-  for (const auto& [warps, blocks_per_sm] : std::vector<std::pair<int, int>>{{8, 0}, {8, 1}, {16, 1}}) {
-    TuningScope scope(warps, blocks_per_sm);
+  for (const auto& [warps, blocks_per_sm, ring] :
+       std::vector<std::tuple<int, int, int>>{{8, 0, 0}, {8, 1, 0}, {16, 0, 1}, {8, 2, 1}}) {
+    TuningScope scope(warps, blocks_per_sm, ring);
     for (bool int4 : {false, true})
       for (int64_t M : {1, 11})
         for (int gs : {0, 128}) {

@@ -81,6 +81,29 @@ __device__ __forceinline__ void load_words(const void* p, uint32_t* w) {
   }
 }
 
+// Asynchronous copy of kBytes (16, 8 or 4) global → shared, zero-filled when !ok (nothing is read then), in the
+// calling thread's current cp.async group. 16 bytes bypass L1 (.cg) and let L2 fetch whole 256-byte lines.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, bool ok) {
+  const int src_bytes = ok ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most kPending of this thread's most recent cp.async groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // kWords 32-bit words from shared memory (16-, 8- or 4-byte aligned as the width requires).
 template <int kWords>
 __device__ __forceinline__ void load_shared_words(const int8_t* p, uint32_t* w) {
@@ -179,11 +202,20 @@ struct GemvConfig {
   static constexpr int kSteps = kThreadK / 8;          // mma k32 steps per chunk (8 k per thread per step)
   static constexpr int kXqWords = kThreadK / 4;        // xq words a thread reads per chunk and column block
   // Ring depth: chunk loads a thread keeps in flight (one ring slot is being consumed). 16-byte loads: 8 slots =
-  // 2 rows × 112 bytes in flight per thread; narrower loads (W4 groups of 64 / 32) take more slots.
-  // (W4 group scales with two column blocks: 6, which keeps the ring within the 128 registers of 512 threads.)
-  static constexpr int kRing = kLoadBytes == 16 ? (kInt4 && kPerGroup && kColBlocks == 2 ? 6 : 8)
-                                                : (kLoadBytes == 8 ? 12 : 16);
+  // 2 rows × 112 bytes in flight per thread; narrower loads (W4 groups of 64 / 32) take more slots. Two column
+  // blocks (M > 8) take fewer, so that 16 rows of xq + the ring fit the 227 KB of shared memory (cp.async ring) and
+  // the register ring its 128 registers.
+  static constexpr int kRing = kLoadBytes == 16 ? (kColBlocks == 2 ? 6 : 8) : (kLoadBytes == 8 ? (kColBlocks == 2 ? 8 : 12)
+                                                                                                : (kColBlocks == 2 ? 12 : 16));
 };
+
+// Shared-memory bytes of the cp.async ring (weights [kRing][2 rows][threads] × kLoadBytes, then group scales
+// [kRing][2][threads] floats), behind the xq rows.
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps>
+constexpr int ring_smem_bytes() {
+  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
+  return C::kRing * 2 * kWarps * 32 * (kLoadBytes + (kPerGroup ? 4 : 0));
+}
 
 // Quantizes rows [0, M) of x into xq (shared, row stride p.xq_stride; W4 units of 8 stored as [evens | odds]) and
 // sx (shared). Whole block; ends with __syncthreads.
@@ -273,10 +305,16 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
 // tiles as one flat sequence of steps (max_chunks steps per tile, the same count in every warp) through a ring of
 // kRing register slots: step s is consumed kRing steps after its load was issued, and the slot is refilled at once
 // with step s + kRing, so the loads of the next tile are in flight while a tile's partials are combined.
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps>
+//
+// kAsync: the ring lives in shared memory, filled by cp.async (one commit group per step, wait_group kRing − 1
+// before a slot is read: groups complete in order, so exactly the slot's own loads are waited for). Otherwise it lives
+// in registers (plain loads): simpler, but the compiler tracks the ring's loads with a handful of scoreboards, so
+// reading one slot can wait for loads issued after it (measured 2026-11-29: slower than batches, see gemv.md).
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, bool kAsync>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(const GemvParams p) {
   using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
-  extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride]
+  constexpr int kThreads = kWarps * 32;
+  extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride], then the cp.async ring (kAsync)
   __shared__ float sx[kMaxRows];
   __shared__ uint32_t amax_partial[kMaxRows][kWarps];
   // Warp partial results, double-buffered by tile parity (one barrier per tile):
@@ -299,8 +337,19 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   const int max_chunks = ((units + kWarps - 1) / kWarps) * chunks_per_unit;  // same in every warp: uniform loops
   const int total_steps = my_tiles * max_chunks;                             // same in every thread of the block
 
-  uint32_t wr[C::kRing][2][C::kLoadWords];  // weight words of rows g and g + 8, per ring slot
-  float sw[kPerGroup ? C::kRing : 1][2];    // group scales of rows g, g + 8 for slots whose chunk closes a group
+  // Register ring: weight words of rows g and g + 8 per slot, and the group scales of rows g, g + 8 for slots whose
+  // chunk closes a group. cp.async ring: slot (b, row) of this thread at ring_w + ((b·2 + row)·threads + tid) · bytes
+  // (consecutive threads on consecutive addresses: no bank conflicts), scales likewise at ring_s.
+  uint32_t wr[kAsync ? 1 : C::kRing][2][C::kLoadWords];
+  float sw[kPerGroup && !kAsync ? C::kRing : 1][2];
+  const uint32_t ring_w = smem_u32(xq) + static_cast<uint32_t>(p.M * p.xq_stride);
+  const uint32_t ring_s = ring_w + static_cast<uint32_t>(C::kRing * 2 * kThreads * kLoadBytes);
+  auto w_slot = [&](int b, int row) {
+    return ring_w + static_cast<uint32_t>(((b * 2 + row) * kThreads + static_cast<int>(threadIdx.x)) * kLoadBytes);
+  };
+  auto s_slot = [&](int b, int row) {
+    return ring_s + static_cast<uint32_t>(((b * 2 + row) * kThreads + static_cast<int>(threadIdx.x)) * 4);
+  };
 
   // Load cursor (tile iteration, chunk index q) and consume cursor.
   int load_it = 0, load_q = 0;
@@ -318,16 +367,29 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
     const bool row_lo_ok = row0 + g < p.N, row_hi_ok = row0 + g + 8 < p.N;
     const int8_t* w_lo = static_cast<const int8_t*>(p.w) + static_cast<int64_t>(row0 + g) * w_row_bytes +
                          (kInt4 ? k / 2 : k);
-#pragma unroll
-    for (int i = 0; i < C::kLoadWords; ++i) wr[b][0][i] = 0, wr[b][1][i] = 0;
-    if (k_ok && row_lo_ok) load_words<C::kLoadWords>(w_lo, wr[b][0]);
-    if (k_ok && row_hi_ok) load_words<C::kLoadWords>(w_lo + 8 * w_row_bytes, wr[b][1]);
-    if constexpr (kPerGroup) {
-      sw[b][0] = 0.0f, sw[b][1] = 0.0f;
-      if (live && (q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {
+    const bool closes_group = live && (q & (chunks_per_unit - 1)) == chunks_per_unit - 1;
+    if constexpr (kAsync) {
+      // Pointers stay inside the weights when nothing is read (src-size 0 reads no byte, but keep them valid).
+      cp_async<kLoadBytes>(w_slot(b, 0), k_ok && row_lo_ok ? w_lo : p.w, k_ok && row_lo_ok);
+      cp_async<kLoadBytes>(w_slot(b, 1), k_ok && row_hi_ok ? w_lo + 8 * w_row_bytes : p.w, k_ok && row_hi_ok);
+      if constexpr (kPerGroup) {
         const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
-        if (row_lo_ok) sw[b][0] = __ldg(s);
-        if (row_hi_ok) sw[b][1] = __ldg(s + 8);
+        cp_async<4>(s_slot(b, 0), closes_group && row_lo_ok ? s : p.w_scales, closes_group && row_lo_ok);
+        cp_async<4>(s_slot(b, 1), closes_group && row_hi_ok ? s + 8 : p.w_scales, closes_group && row_hi_ok);
+      }
+      cp_async_commit();  // one group per step, empty or not: wait_group counts steps
+    } else {
+#pragma unroll
+      for (int i = 0; i < C::kLoadWords; ++i) wr[b][0][i] = 0, wr[b][1][i] = 0;
+      if (k_ok && row_lo_ok) load_words<C::kLoadWords>(w_lo, wr[b][0]);
+      if (k_ok && row_hi_ok) load_words<C::kLoadWords>(w_lo + 8 * w_row_bytes, wr[b][1]);
+      if constexpr (kPerGroup) {
+        sw[b][0] = 0.0f, sw[b][1] = 0.0f;
+        if (closes_group) {
+          const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
+          if (row_lo_ok) sw[b][0] = __ldg(s);
+          if (row_hi_ok) sw[b][1] = __ldg(s + 8);
+        }
       }
     }
     if (++load_q == max_chunks) load_q = 0, ++load_it;
@@ -341,7 +403,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
 #pragma unroll
   for (int b = 0; b < C::kRing; ++b) issue(b);
   if (p.xq != nullptr) {
-    copy_xq_to_shared<kInt4, kWarps>(p, xq, sx);
+    copy_xq_to_shared<kInt4, kWarps>(p, xq, sx);  // (a plain copy: it does not touch the cp.async groups)
   } else {
     quantize_x_to_shared<kInt4, kWarps>(p, xq, sx, amax_partial);
   }
@@ -351,6 +413,25 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
     for (int b = 0; b < C::kRing; ++b) {
       if (s0 + b < total_steps) {  // block-uniform
         const int q = use_q;
+        // This step's slot: wait for its cp.async group (the kRing − 1 younger ones may still fly), read it back.
+        uint32_t slot_w[2][C::kLoadWords];
+        float slot_s[2] = {0.0f, 0.0f};
+        if constexpr (kAsync) {
+          cp_async_wait<C::kRing - 1>();
+#pragma unroll
+          for (int row = 0; row < 2; ++row) {
+            const int8_t* wp = xq + (w_slot(b, row) - smem_u32(xq));
+            load_shared_words<C::kLoadWords>(wp, slot_w[row]);
+            if constexpr (kPerGroup) slot_s[row] = *reinterpret_cast<const float*>(xq + (s_slot(b, row) - smem_u32(xq)));
+          }
+        } else {
+#pragma unroll
+          for (int row = 0; row < 2; ++row) {
+#pragma unroll
+            for (int i = 0; i < C::kLoadWords; ++i) slot_w[row][i] = wr[b][row][i];
+            if constexpr (kPerGroup) slot_s[row] = sw[b][row];
+          }
+        }
         if (q < my_chunks) {  // warp-uniform: mma.sync runs warp-wide, only the data is predicated
           const int unit = warp + kWarps * (q >> cpu_shift);
           const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
@@ -362,13 +443,13 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
 #pragma unroll
           for (int i = 0; i < C::kLoadWords; ++i) {
             if constexpr (kInt4) {
-              a_lo[2 * i] = nibbles_to_s8(wr[b][0][i] & 0x0f0f0f0fu);
-              a_lo[2 * i + 1] = nibbles_to_s8((wr[b][0][i] >> 4) & 0x0f0f0f0fu);
-              a_hi[2 * i] = nibbles_to_s8(wr[b][1][i] & 0x0f0f0f0fu);
-              a_hi[2 * i + 1] = nibbles_to_s8((wr[b][1][i] >> 4) & 0x0f0f0f0fu);
+              a_lo[2 * i] = nibbles_to_s8(slot_w[0][i] & 0x0f0f0f0fu);
+              a_lo[2 * i + 1] = nibbles_to_s8((slot_w[0][i] >> 4) & 0x0f0f0f0fu);
+              a_hi[2 * i] = nibbles_to_s8(slot_w[1][i] & 0x0f0f0f0fu);
+              a_hi[2 * i + 1] = nibbles_to_s8((slot_w[1][i] >> 4) & 0x0f0f0f0fu);
             } else {
-              a_lo[i] = wr[b][0][i];
-              a_hi[i] = wr[b][1][i];
+              a_lo[i] = slot_w[0][i];
+              a_hi[i] = slot_w[1][i];
             }
           }
 #pragma unroll
@@ -391,7 +472,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  const float scale = sw[b][e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
+                  const float scale = slot_s[e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
                   fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[cb][e])));
                   acc[cb][e] = 0;
                 }
@@ -488,23 +569,40 @@ struct GemvTuning {
   int warps = 0;          // 8 or 16 warps per block (8: per-channel scales only)
   int blocks_per_sm = 0;  // cap on resident blocks per SM
   int quantize = 0;       // 1: in every block (fused), 2: once into exec.workspace when it is large enough
+  int ring = 0;           // 1: register ring (plain loads), 2 (automatic): cp.async ring in shared memory
 };
 GemvTuning g_tuning;
 
-template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps>
-KernelFn pick_rows(int M) {
-  if (M <= 8) return int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps>;
-  return int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps>;
+// One instantiation and the shared memory it needs beyond the xq rows (its cp.async ring).
+struct KernelChoice {
+  KernelFn fn;
+  int ring_bytes;
+};
+
+template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps, bool kAsync>
+KernelChoice pick_rows(int M) {
+  if (M <= 8)
+    return {int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kAsync>,
+            kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 1, kPerGroup, kWarps>() : 0};
+  return {int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kAsync>,
+          kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 2, kPerGroup, kWarps>() : 0};
 }
 
-// The instantiation for (int4, load width, M, per group, warps); 8 warps exist for per-channel scales only.
-KernelFn select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps) {
-  if (!per_group && warps == 8) return int4 ? pick_rows<true, 16, false, 8>(M) : pick_rows<false, 16, false, 8>(M);
-  if (!int4) return per_group ? pick_rows<false, 16, true, 16>(M) : pick_rows<false, 16, false, 16>(M);
-  if (!per_group) return pick_rows<true, 16, false, 16>(M);
-  if (load_bytes == 16) return pick_rows<true, 16, true, 16>(M);
-  if (load_bytes == 8) return pick_rows<true, 8, true, 16>(M);
-  return pick_rows<true, 4, true, 16>(M);
+template <bool kAsync>
+KernelChoice select_ring(bool int4, int load_bytes, int M, bool per_group, int warps) {
+  if (!per_group && warps == 8)
+    return int4 ? pick_rows<true, 16, false, 8, kAsync>(M) : pick_rows<false, 16, false, 8, kAsync>(M);
+  if (!int4) return per_group ? pick_rows<false, 16, true, 16, kAsync>(M) : pick_rows<false, 16, false, 16, kAsync>(M);
+  if (!per_group) return pick_rows<true, 16, false, 16, kAsync>(M);
+  if (load_bytes == 16) return pick_rows<true, 16, true, 16, kAsync>(M);
+  if (load_bytes == 8) return pick_rows<true, 8, true, 16, kAsync>(M);
+  return pick_rows<true, 4, true, 16, kAsync>(M);
+}
+
+// The instantiation for (int4, load width, M, per group, warps, ring kind); 8 warps exist for per-channel scales only.
+KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps, bool async_ring) {
+  return async_ring ? select_ring<true>(int4, load_bytes, M, per_group, warps)
+                    : select_ring<false>(int4, load_bytes, M, per_group, warps);
 }
 
 void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
@@ -539,16 +637,29 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   const int stride = xq_stride_bytes(int4, load_bytes, a.K);
   check(stride <= kMaxXqBytes, ErrorCode::kUnsupported, op, "K must be <= ", kMaxXqBytes - 128,
         " (one quantized activation row in shared memory); got ", a.K);
-  // Rows per launch: as many as shared memory holds (all 16 for K up to ~6k, else the rows go in several passes).
-  const int rows_per_launch = std::min<int>(kMaxRows, kMaxXqBytes / stride);
-
   require_device(op);
   const DeviceInfo& dev = device_info();
+  const GemvTuning tuning = g_tuning;
+  const bool async_ring = tuning.ring != 1;
+  const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
+  // Rows per launch: as many as shared memory holds beside the static arrays and the ring (all 16 for K up to ~5k,
+  // else the rows go in several passes of at most 8).
+  auto xq_rows_that_fit = [&](int rows) {
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring);
+    cudaFuncAttributes attr{};
+    CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
+    const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
+                           static_cast<int64_t>(attr.sharedSizeBytes) - kc.ring_bytes;
+    return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(budget, kMaxXqBytes) / stride));
+  };
+  int rows_per_launch = static_cast<int>(std::min<int64_t>(a.M, kMaxRows));
+  if (xq_rows_that_fit(rows_per_launch) < rows_per_launch) rows_per_launch = std::min(8, xq_rows_that_fit(8));
+  check(rows_per_launch >= 1, ErrorCode::kUnsupported, op,
+        "K is too large for one quantized activation row in shared memory beside the load ring; got ", a.K);
   const int tiles = static_cast<int>((a.N + kTileRows - 1) / kTileRows);
   const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
   const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
   auto stream = static_cast<cudaStream_t>(exec.stream);
-  const GemvTuning tuning = g_tuning;
 
   // Activation codes: every block derives them itself (fused; nothing extra to launch), or, when x is large (every
   // block would re-read and re-divide all of it) and the caller gave a workspace, one quantize_rows_int8 launch
@@ -572,9 +683,9 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
 
   for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
-    const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
-    const KernelFn kernel = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps);
-    const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride);
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring);
+    const KernelFn kernel = kc.fn;
+    const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride) + static_cast<size_t>(kc.ring_bytes);
     CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(smem)));
     int blocks_per_sm = 0;
@@ -618,11 +729,12 @@ void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
 namespace gemv_bench {
 // For bench/cuda/bench_gemv.cpp and tests/cuda/test_cuda_gemv.cpp only (not part of cuda_api.h).
 // Launch knobs for the following w8a8_gemv / w4a8_gemv calls (0 = automatic): warps per block 8 or 16, a cap on
-// blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace.
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize) {
+// blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace; ring 1 = registers, 2 = cp.async.
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring) {
   g_tuning.warps = warps;
   g_tuning.blocks_per_sm = blocks_per_sm;
   g_tuning.quantize = quantize;
+  g_tuning.ring = ring;
 }
 // Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
 // achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
