@@ -529,6 +529,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
       }
     }
   }
+  // The last kRing groups copied nothing (or zeros) but still write shared memory: let them land before exit.
+  if constexpr (kAsync) cp_async_wait<0>();
 }
 
 // Load-only roof for a shape's weight bytes: the same 16-byte streaming loads over `bytes` (a multiple of 16), no
