@@ -34,16 +34,18 @@ namespace cider::cuda {
 
 namespace gemm_wgmma {  // linear_gemm_wgmma.cu
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
-void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op);
+bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
+            const char* op);
 }  // namespace gemm_wgmma
 
 namespace {
 
 // Which GEMM kernel runs: kAuto picks wgmma (sm_90a, TMA) where gemm_wgmma::supported() holds — W8A8 with
 // K % 16 == 0 and 16-byte aligned operands — and mma.sync otherwise (W4A8, other devices). The environment
-// variable CIDER_GEMM_KERNEL = mma | wgmma | auto sets the initial choice (read once); gemm_bench::set_gemm_kernel
-// overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls back to mma.sync.
-enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2 };
+// variable CIDER_GEMM_KERNEL = mma | wgmma | wgmma2 | auto sets the initial choice (read once);
+// gemm_bench::set_gemm_kernel overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls
+// back to mma.sync. wgmma2 = the 2-CTA-cluster multicast variant (per channel; opt-in until measured).
+enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2, kGemmWgmmaCluster = 3 };
 constexpr bool kWgmmaByDefault = true;  // auto → wgmma where supported
 
 std::atomic<int>& gemm_choice() {
@@ -51,11 +53,12 @@ std::atomic<int>& gemm_choice() {
     const char* env = std::getenv("CIDER_GEMM_KERNEL");
     if (env != nullptr && std::strcmp(env, "mma") == 0) return static_cast<int>(kGemmMmaSync);
     if (env != nullptr && std::strcmp(env, "wgmma") == 0) return static_cast<int>(kGemmWgmma);
+    if (env != nullptr && std::strcmp(env, "wgmma2") == 0) return static_cast<int>(kGemmWgmmaCluster);
     return static_cast<int>(kGemmAuto);
   }()};
   return choice;
 }
-std::atomic<int> g_last_gemm_kernel{0};  // kGemmMmaSync or kGemmWgmma after a launch, 0 before any
+std::atomic<int> g_last_gemm_kernel{0};  // the GemmKernelChoice a launch used (1, 2 or 3), 0 before any
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceAlign = 256;
@@ -620,10 +623,11 @@ void validate_int_linear(const kernels::IntLinearArgs& a, bool int4, const Exec&
 void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool int4,
                      cudaStream_t stream, const char* op) {
   const int choice = gemm_choice().load(std::memory_order_relaxed);
-  const bool want_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
+  const bool want_wgmma =
+      choice == kGemmWgmma || choice == kGemmWgmmaCluster || (choice == kGemmAuto && kWgmmaByDefault);
   if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
-    gemm_wgmma::launch(a, xq, sx, stream, op);
-    g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
+    const bool cluster = gemm_wgmma::launch(a, xq, sx, choice == kGemmWgmmaCluster, stream, op);
+    g_last_gemm_kernel.store(cluster ? kGemmWgmmaCluster : kGemmWgmma, std::memory_order_relaxed);
     return;
   }
   g_last_gemm_kernel.store(kGemmMmaSync, std::memory_order_relaxed);
@@ -708,14 +712,15 @@ void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const
                                                   round_up(static_cast<size_t>(args.M * args.K), kWorkspaceAlign));
   launch_int_gemm(args, xq, sx, int4, static_cast<cudaStream_t>(exec.stream), op);
 }
-// 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync).
+// 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync),
+// 3 = the wgmma 2-CTA-cluster variant where it applies (per channel; else as 2).
 void set_gemm_kernel(int choice) {
-  check(choice >= kGemmAuto && choice <= kGemmWgmma, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
-        "choice must be 0 (auto), 1 (mma.sync) or 2 (wgmma); got ", choice);
+  check(choice >= kGemmAuto && choice <= kGemmWgmmaCluster, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
+        "choice must be 0 (auto), 1 (mma.sync), 2 (wgmma) or 3 (wgmma cluster); got ", choice);
   gemm_choice().store(choice, std::memory_order_relaxed);
 }
 int gemm_kernel_choice() { return gemm_choice().load(std::memory_order_relaxed); }
-// The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma (0 before any launch).
+// The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma, 3 = wgmma cluster (0 before any launch).
 int last_gemm_kernel() { return g_last_gemm_kernel.load(std::memory_order_relaxed); }
 }  // namespace gemm_bench
 

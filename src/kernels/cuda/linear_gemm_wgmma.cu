@@ -92,6 +92,43 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Multicast variant (cluster of 2): the box lands at the same shared-memory offset in every CTA of cta_mask, and
+// each destination's mbarrier at `bar`'s offset receives the box's bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int k, int row,
+                                                      uint32_t bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster arrives, then waits (release/acquire: orders the mbarrier inits).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the mbarrier at local offset `bar` of CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
 // ---- wgmma -----------------------------------------------------------------------------------------------------------
 
 // Matrix descriptor of a K-major operand in the 128-byte-swizzled layout: start address >> 4 (bits 0-13), leading
@@ -217,12 +254,17 @@ struct Params {
 };
 
 // kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
-template <int BN, int kGroupSteps, typename OutT>
+// kCluster 2 (per channel only; opt-in, see launch()): CTA pairs of a cluster take vertically adjacent tiles of one
+// N-tile; each CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' shared memory, so
+// the L2 → SM traffic per k-tile drops from 48 KB to 32 KB per CTA (BN 256). A stage is refilled only when the
+// consumers of both CTAs have released it (empty barriers count 16 arrivals, half of them remote).
+template <int BN, int kGroupSteps, int kCluster, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const Params p) {
   using Cfg = TileConfig<BN>;
   constexpr bool kGrouped = kGroupSteps > 0;
+  static_assert(kCluster == 1 || (kCluster == 2 && !kGrouped), "clusters: per channel only");
   static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
   constexpr int kStages = Cfg::kStages;
   constexpr int kAcc = BN / 2;   // int32 accumulators per consumer thread: 64 × BN over 128 threads
@@ -237,13 +279,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Persistent grid: CTA b takes tiles b, b + gridDim.x, ... In tile order 16 M-tiles run down each column of
   // N-tiles (grouped raster, as the mma.sync kernel), so the CTAs working at one time share W tiles in L2.
   constexpr int kGroupM = 16;
-  const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN, tiles = m_tiles * n_tiles;
-  auto tile_origin = [&](int64_t tile, int64_t& m0, int64_t& n0) {
-    const int64_t per_group = kGroupM * n_tiles;
-    const int64_t first_m = tile / per_group * kGroupM;
-    const int64_t group_m = min(static_cast<int64_t>(kGroupM), m_tiles - first_m);
-    const int64_t in_group = tile % per_group;
-    m0 = (first_m + in_group % group_m) * kBM;
+  // A work unit is one tile (kCluster 1) or a pair of vertically adjacent tiles, one per CTA of the cluster.
+  constexpr int kGroupUnits = kGroupM / kCluster;
+  const uint32_t rank = kCluster == 2 ? cluster_ctarank() : 0u;
+  const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN;
+  const int64_t m_units = (m_tiles + kCluster - 1) / kCluster, units = m_units * n_tiles;
+  const int64_t first_unit = kCluster == 2 ? static_cast<int64_t>(cluster_id_x()) : static_cast<int64_t>(blockIdx.x);
+  const int64_t unit_stride =
+      kCluster == 2 ? static_cast<int64_t>(cluster_count_x()) : static_cast<int64_t>(gridDim.x);
+  auto tile_origin = [&](int64_t unit, int64_t& m0, int64_t& n0) {
+    const int64_t per_group = kGroupUnits * n_tiles;
+    const int64_t first_m = unit / per_group * kGroupUnits;
+    const int64_t group_m = min(static_cast<int64_t>(kGroupUnits), m_units - first_m);
+    const int64_t in_group = unit % per_group;
+    // The second CTA of a pair may start past M (odd m_tiles): TMA then reads zeros and the epilogue stores nothing.
+    m0 = ((first_m + in_group % group_m) * kCluster + rank) * kBM;
     n0 = in_group / group_m * BN;
   };
 
@@ -255,11 +305,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), kConsumerWarps);
+      mbar_init(empty_bar(s), kConsumerWarps * kCluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  // The peer CTA's copies and arrivals target these barriers: both CTAs initialize theirs before either starts.
+  if constexpr (kCluster == 2) cluster_sync();
+  else __syncthreads();
+  // Releases stage s: this CTA's empty barrier, and with clusters the peer's too (its producer multicasts into it).
+  auto release_stage = [&](int s) {
+    if constexpr (kCluster == 2) {
+      mbar_arrive_cluster(empty_bar(s), 0);
+      mbar_arrive_cluster(empty_bar(s), 1);
+    } else {
+      mbar_arrive(empty_bar(s));
+    }
+  };
 
   // The ring position runs on across tiles: k-tile number `it` (counted over all of this CTA's tiles) uses stage
   // it % kStages, and its full/empty barriers complete for the (it / kStages)-th time.
@@ -271,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
       int64_t it = 0;
-      for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      for (int64_t tile = first_unit; tile < units; tile += unit_stride) {
         int64_t m0, n0;
         tile_origin(tile, m0, n0);
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
@@ -281,7 +342,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
           const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
           tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
-          tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+          if constexpr (kCluster == 2) {
+            // B rows n0 + rank·BN/2 .. + BN/2 − 1 into both CTAs (the peer loads the other half).
+            const uint32_t half = rank * static_cast<uint32_t>(BN / 2 * kBK);
+            tma_load_2d_multicast(a_dst + Cfg::kAStage + half, &map_b, kt * kBK,
+                                  static_cast<int>(n0) + static_cast<int>(rank) * (BN / 2), full_bar(s), 0x3);
+          } else {
+            tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+          }
         }
       }
     }
@@ -291,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wq = warp & 3;       // warp within the warpgroup: 16 rows each
     const uint32_t a_rows = static_cast<uint32_t>(cw * 64 * kBK);  // this warpgroup's 64 rows (8 KB, aligned)
     int64_t it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int64_t tile = first_unit; tile < units; tile += unit_stride) {
       int64_t m0, n0;
       tile_origin(tile, m0, n0);
       int32_t acc[kAcc];
@@ -367,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // Release stage s (its wgmmas are done), then flush a group that ends with step 3 of this k-tile and
           // lies inside K (with group 64 the k-tile's second half may be past K).
           __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(s));
+          if (lane == 0) release_stage(s);
           const int last_step = kt * kStepsPerTile + 3;
           if ((kGroupSteps != 8 || (kt & 1) != 0) && last_step < k_steps_total) flush_group(last_step / kGroupSteps);
           fence_registers(acc);
@@ -375,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // Keep this k-tile's wgmmas in flight; the previous k-tile's have finished reading their stage.
           wgmma_wait<1>();
           __syncwarp();
-          if (kt > 0 && lane == 0) mbar_arrive(empty_bar(static_cast<int>((it - 1) % kStages)));
+          if (kt > 0 && lane == 0) release_stage(static_cast<int>((it - 1) % kStages));
         }
       }
       wgmma_wait<0>();
@@ -383,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (!kGrouped) {
         // The tile's last k-tile has been read: release its stage (the producer may be filling the next tile).
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty_bar(static_cast<int>((it - 1) % kStages)));
+        if (lane == 0) release_stage(static_cast<int>((it - 1) % kStages));
       }
 
       // Epilogue: thread holds rows r = 16·wq + lane/4 (+8) of the warpgroup's 64 and columns
@@ -429,6 +497,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // No CTA of a pair may exit while its peer can still arrive on its barriers (every thread of both CTAs gets here).
+  if constexpr (kCluster == 2) {
+    __syncwarp();
+    cluster_sync();
+  }
 }
 
 // ---- host: tensor maps and launch -----------------------------------------------------------------------------------
@@ -466,18 +539,47 @@ void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_
         static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
 }
 
-template <int BN, int kGroupSteps, typename OutT>
+template <int BN, int kGroupSteps, int kCluster, typename OutT>
 void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
   using Cfg = TileConfig<BN>;
   CUtensorMap map_b;
-  encode_operand_map(&map_b, w, p.N, p.K, BN, op);
-  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, OutT>;
+  encode_operand_map(&map_b, w, p.N, p.K, BN / kCluster, op);  // clusters: each CTA loads half of the B tile
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, kCluster, OutT>;
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(Cfg::kSmemBytes)));
-  // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
-  const int64_t tiles = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
-  const int64_t grid = std::min<int64_t>(tiles, device_info().sm_count);
-  kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  const int sms = device_info().sm_count;
+  const int64_t units = ((p.M + kBM * kCluster - 1) / (kBM * kCluster)) * ((p.N + BN - 1) / BN);
+  if constexpr (kCluster == 1) {
+    // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
+    const int64_t grid = std::min<int64_t>(units, sms);
+    kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  } else {
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    // Persistent clusters: as many as fit at once (GPCs with an odd number of SMs leave one idle), queried once.
+    static const int max_clusters = [&] {
+      cudaLaunchConfig_t q = config;
+      q.gridDim = dim3(static_cast<unsigned>(sms / kCluster * kCluster));
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &q) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = sms / kCluster;
+      }
+      return n;
+    }();
+    const int64_t clusters = std::min<int64_t>(units, max_clusters);
+    config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+    CIDER_CUDA_CHECK(op, cudaLaunchKernelEx(&config, kernel, map_a, map_b, p));
+  }
   check_last_launch(op);
 }
 
@@ -487,11 +589,12 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 template <typename OutT>
-void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
+void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool cluster, cudaStream_t stream,
+                const char* op) {
   switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
-    case 2: launch_config<128, 2, OutT>(map_a, w, p, stream, op); return;
-    case 4: launch_config<128, 4, OutT>(map_a, w, p, stream, op); return;
-    case 8: launch_config<128, 8, OutT>(map_a, w, p, stream, op); return;
+    case 2: launch_config<128, 2, 1, OutT>(map_a, w, p, stream, op); return;
+    case 4: launch_config<128, 4, 1, OutT>(map_a, w, p, stream, op); return;
+    case 8: launch_config<128, 8, 1, OutT>(map_a, w, p, stream, op); return;
     default: break;
   }
   // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
@@ -499,10 +602,14 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaSt
   const int sms = device_info().sm_count;
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
-  if (1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms))
-    launch_config<256, 0, OutT>(map_a, w, p, stream, op);
-  else
-    launch_config<128, 0, OutT>(map_a, w, p, stream, op);
+  const bool use_wide = 1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms);
+  if (cluster) {
+    if (use_wide) launch_config<256, 0, 2, OutT>(map_a, w, p, stream, op);
+    else launch_config<128, 0, 2, OutT>(map_a, w, p, stream, op);
+  } else {
+    if (use_wide) launch_config<256, 0, 1, OutT>(map_a, w, p, stream, op);
+    else launch_config<128, 0, 1, OutT>(map_a, w, p, stream, op);
+  }
 }
 
 }  // namespace
@@ -520,7 +627,10 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
 }
 
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
-void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op) {
+// cluster: the 2-CTA multicast variant for per-channel scales (opt-in, NOT yet run on a GPU); returns whether it
+// ran (per group always runs the single-CTA kernel).
+bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
+            const char* op) {
   Params p{};
   p.sx = sx;
   p.sw = a.w_scales;
@@ -534,11 +644,13 @@ void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, 
   p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
   CUtensorMap map_a;
   encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
+  cluster = cluster && p.group_steps == 0;
   switch (a.out_dtype) {
-    case DType::kF32: launch_out<float>(map_a, a.w, p, stream, op); break;
-    case DType::kF16: launch_out<__half>(map_a, a.w, p, stream, op); break;
-    default: launch_out<__nv_bfloat16>(map_a, a.w, p, stream, op); break;
+    case DType::kF32: launch_out<float>(map_a, a.w, p, cluster, stream, op); break;
+    case DType::kF16: launch_out<__half>(map_a, a.w, p, cluster, stream, op); break;
+    default: launch_out<__nv_bfloat16>(map_a, a.w, p, cluster, stream, op); break;
   }
+  return cluster;
 }
 
 }  // namespace cider::cuda::gemm_wgmma
