@@ -8,6 +8,7 @@
 
 #include "bench/cuda/bench_cuda.h"
 #include "model/cuda/gpu_model.h"
+#include "nn/rotation.h"
 
 namespace cm = cider::model;
 
@@ -36,23 +37,31 @@ constexpr int64_t kCtx = 32768;
 
 // The model of the last case, kept while the next case uses the same weights and cache format (building 16 GB of
 // random weights is quick, but not free); released before a different one is built.
-std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, const std::string& kv) {
+// kv: "bf16" or k<b>v<b>; rotation: the quantized cache's rotation, named (never KVOptions' default).
+std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, const std::string& kv,
+                                                   const std::string& rotation) {
   static std::shared_ptr<const cm::gpu::GpuModel> model;
   static std::string key;
-  const std::string want = weights + "/" + kv;
+  const std::string want = weights + "/" + kv + "/" + rotation;
   if (model && key == want) return model;
   model.reset();
-  model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), cm::parse_kv_format(kv), kCtx, 8);
+  cm::KVOptions kvo = cm::parse_kv_format(kv);
+  if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation(rotation);
+  model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, kCtx, 8);
   key = want;
   return model;
 }
 
-cider::bench::BenchResult decode(const std::string& weights, const std::string& kv, int64_t length) {
-  auto model = model_for(weights, kv);
+// skip: GpuSession::bench_skip — the same graph without its linear layers and/or attention, to split the step's time
+// into GEMVs, attention and the rest (small kernels + launch gaps + the two copies).
+cider::bench::BenchResult decode(const std::string& weights, const std::string& kv, int64_t length,
+                                 const std::string& rotation = "hadamard", int skip = 0) {
+  auto model = model_for(weights, kv, rotation);
   const cm::ModelConfig& c = model->config;
   cm::gpu::GpuSession session(model);
   session.fill_cache_random(length - 1, 99);
   session.set_decode_input(17, length - 1);  // the token at position length − 1 sees `length` keys
+  session.bench_skip = skip;
   const double s = cider::bench::bench_graph([&](void* stream) { session.enqueue_decode(stream); }, session.stream(),
                                               /*reps=*/4, /*samples=*/10);
   // Minimum traffic: every weight once except the embedding (one row), the KV rows [0, length) of every layer.
@@ -70,7 +79,10 @@ cider::bench::BenchResult decode(const std::string& weights, const std::string& 
   r.peer = "";
   r.note = std::to_string(static_cast<int>(1.0 / s)) + " tokens/s; byte floor at 4.3 TB/s " +
            std::to_string(r.bytes / 4.3e12 * 1e3).substr(0, 5) + " ms; graphs of " + std::to_string(c.num_layers) +
-           " layers";
+           " layers" + (model->kv.quantized ? std::string("; ") + cider::nn::rotation_kind_name(model->kv.rotation) : "") +
+           (skip & cm::gpu::GpuSession::kSkipLinear ? "; WITHOUT linear layers" : "") +
+           (skip & cm::gpu::GpuSession::kSkipAttention ? "; WITHOUT attention" : "");
+  if (skip) r.bytes = r.flops = 0;  // a partial step: no floor
   return r;
 }
 
@@ -82,3 +94,26 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024", "model") { return dec
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L32768", "model") { return decode("w8a8", "k4v3", 32768); }
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024", "model") { return decode("w4a8", "k4v3", 1024); }
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768", "model") { return decode("w4a8", "k4v3", 32768); }
+// The CLI's default cache (k8v4/hadamard), and k4v3 with the SO(4) rotation of run 1.
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024", "model") { return decode("w8a8", "k8v4", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768", "model") { return decode("w8a8", "k8v4", 32768); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 so4-full L1024", "model") {
+  return decode("w8a8", "k4v3", 1024, "so4-full");
+}
+// Where the time goes: the same graphs with parts left out.
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-linear", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard", cm::gpu::GpuSession::kSkipLinear);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-attention", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard", cm::gpu::GpuSession::kSkipAttention);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-linear no-attention", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard",
+                cm::gpu::GpuSession::kSkipLinear | cm::gpu::GpuSession::kSkipAttention);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L32768 no-linear", "model") {
+  return decode("w8a8", "k4v3", 32768, "hadamard", cm::gpu::GpuSession::kSkipLinear);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024 no-linear", "model") {
+  return decode("bf16", "bf16", 1024, "hadamard", cm::gpu::GpuSession::kSkipLinear);
+}

@@ -26,9 +26,13 @@
 
 #include "core/error.h"
 #include "cuda/cuda_test_support.h"
+#include "kernels/cuda/hadamard.h"
+#include "kernels/kernel_table.h"
+#include "kernels/ref/ref_kernels.h"
 #include "model/cuda/gpu_model.h"
 #include "model/model.h"
 #include "model/transformer.h"
+#include "nn/rotation.h"
 #include "support/test_support.h"
 
 namespace cm = cider::model;
@@ -38,19 +42,20 @@ namespace {
 
 const std::string kTiny = std::string(CIDER_SOURCE_DIR) + "/models/cider-tiny";
 
-cm::ModelOptions options(const std::string& weights, const std::string& kv, cm::Device device) {
+// The rotation is always named (never KVOptions' default, which changes): so4-full unless asked otherwise.
+cm::ModelOptions options(const std::string& weights, const std::string& kv, cm::Device device,
+                         const std::string& rotation = "so4-full") {
   cm::ModelOptions o;
   o.weights = cm::parse_weight_format(weights);
   o.kv = cm::parse_kv_format(kv);
-  // The GPU kernels rotate with SO(4) only: name the rotation rather than take KVOptions' default (which may be one
-  // the GPU refuses, e.g. hadamard).
-  if (o.kv.quantized) o.kv.rotation = cm::parse_kv_rotation("so4-full");
+  if (o.kv.quantized) o.kv.rotation = cm::parse_kv_rotation(rotation);
   o.device = device;
   return o;
 }
 
-std::unique_ptr<cm::Model> load(const std::string& weights, const std::string& kv, cm::Device device) {
-  return cm::Model::load(kTiny, options(weights, kv, device));
+std::unique_ptr<cm::Model> load(const std::string& weights, const std::string& kv, cm::Device device,
+                                const std::string& rotation = "so4-full") {
+  return cm::Model::load(kTiny, options(weights, kv, device, rotation));
 }
 
 // n tokens of real text (the model's own sample file, repeated if short), BOS first.
@@ -226,16 +231,26 @@ TEST(CudaModel, QuantizedLogitsMatchCpu) {
   auto base = load("bf16", "bf16", cm::Device::kCPU);
   const std::vector<int32_t> tokens = text_tokens(*base, 300);
   const std::vector<float> base_logits = logits_of(*base, tokens, 200);
-  for (const char* w : {"w8a8", "w8a8-g128", "w4a8"}) {
-    SCOPED_TRACE(w);
-    auto cpu = load(w, "k4v3", cm::Device::kCPU);
-    auto gpu = load(w, "k4v3", cm::Device::kCUDA);
+  struct Case {
+    const char* weights;
+    const char* kv;
+    const char* rotation;
+  };
+  // so4-full (kv_append rotates), hadamard (prepare_heads rotates, kv_append stores), hadamard k4v4 (keys and values
+  // in one kv_append), the CLI's default cache k8v4/hadamard.
+  for (const Case& c : {Case{"w8a8", "k4v3", "so4-full"}, Case{"w8a8-g128", "k4v3", "so4-full"},
+                        Case{"w4a8", "k4v3", "so4-full"}, Case{"w8a8", "k4v3", "hadamard"},
+                        Case{"w4a8", "k4v4", "hadamard"}, Case{"w8a8-g128", "k8v4", "hadamard"}}) {
+    const std::string name = std::string(c.weights) + "_" + c.kv + "_" + c.rotation;
+    SCOPED_TRACE(name);
+    auto cpu = load(c.weights, c.kv, cm::Device::kCPU, c.rotation);
+    auto gpu = load(c.weights, c.kv, cm::Device::kCUDA, c.rotation);
     // Prefill 200 then decode 100: both the GEMM and the GEMV paths.
     const std::vector<float> ref = logits_of(*cpu, tokens, 200);
     const Diff dq = diff(ref, base_logits);
     const Diff d = diff(logits_of(*gpu, tokens, 200), ref);
-    RecordProperty(std::string(w) + "_k4v3_gpu_vs_cpu", str(d));
-    RecordProperty(std::string(w) + "_k4v3_quantization_error", str(dq));
+    RecordProperty(name + "_gpu_vs_cpu", str(d));
+    RecordProperty(name + "_quantization_error", str(dq));
     EXPECT_TRUE(d.finite);
     EXPECT_LE(d.max_abs, dq.max_abs) << "GPU vs CPU " << str(d) << "; CPU quantized vs bf16 " << str(dq);
     EXPECT_LE(d.mean_abs, 0.5 * dq.mean_abs) << "GPU vs CPU " << str(d) << "; CPU quantized vs bf16 " << str(dq);
@@ -270,6 +285,20 @@ TEST(CudaModel, GemmaLikeVariantMatchesCpu) {
   EXPECT_TRUE(d2.finite);
   EXPECT_LE(d2.max_abs, dq.max_abs) << str(d2) << "; quantization error " << str(dq);
   EXPECT_LE(d2.mean_abs, 0.5 * dq.mean_abs) << str(d2) << "; quantization error " << str(dq);
+
+  // Hadamard with q/k norms and sliding layers: the rotation runs after prepare_heads' norm and rope.
+  cm::ModelOptions hq = options("w8a8", "k8v4", cm::Device::kCPU, "hadamard");
+  auto cpu_h = cm::Model::load(kTiny, hq);
+  hq.device = cm::Device::kCUDA;
+  auto gpu_h = cm::Model::load(kTiny, hq);
+  for (cm::Model* m : {cpu_h.get(), gpu_h.get()}) make_variant(*m);
+  const std::vector<float> ref_h = logits_of(*cpu_h, tokens, 80);
+  const Diff dh = diff(ref_h, ref);
+  const Diff d3 = diff(logits_of(*gpu_h, tokens, 80), ref_h);
+  RecordProperty("variant_w8a8_k8v4_hadamard_gpu_vs_cpu", str(d3));
+  EXPECT_TRUE(d3.finite);
+  EXPECT_LE(d3.max_abs, dh.max_abs) << str(d3) << "; quantization error " << str(dh);
+  EXPECT_LE(d3.mean_abs, 0.5 * dh.mean_abs) << str(d3) << "; quantization error " << str(dh);
 }
 
 // ---- GPU-internal consistency ------------------------------------------------------------------------------------
@@ -302,9 +331,11 @@ TEST(CudaModel, PrefillThenDecodeEqualsAllAtOnce) {
 // the logits must be identical bit for bit (a kernel whose result depends on scheduling would show here).
 TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
   CIDER_REQUIRE_GPU();
-  for (const char* kv : {"bf16", "k4v3"}) {
+  for (const char* kv : {"bf16", "k4v3", "k4v4-hadamard"}) {
     SCOPED_TRACE(kv);
-    auto gpu = load("w8a8", kv, cm::Device::kCUDA);
+    const std::string fmt(kv);
+    auto gpu = fmt == "k4v4-hadamard" ? load("w8a8", "k4v4", cm::Device::kCUDA, "hadamard")
+                                      : load("w8a8", kv, cm::Device::kCUDA);
     const std::vector<int32_t> tokens = text_tokens(*gpu, 300);
     const auto V = static_cast<size_t>(gpu->config().vocab_size);
     auto run = [&](bool graphs, int64_t* captured) {
@@ -355,4 +386,174 @@ TEST(CudaModel, TrimAndKvBytes) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
   }
   EXPECT_EQ(s->position(), 30);
+}
+
+// ---- the Hadamard rotation kernel (kernels/cuda/hadamard.h) --------------------------------------------------------
+
+namespace {
+
+std::vector<float> run_hadamard_gpu(const std::vector<float>& rows, int64_t n, int64_t dim, int64_t stride,
+                                    const std::vector<float>& signs, bool inverse) {
+  // Guard rows before and after, poison-free input (the kernel rotates in place): everything outside the n rows of
+  // dim values must come back untouched.
+  const int64_t guard = 64;
+  std::vector<float> host(static_cast<size_t>(guard + n * stride + guard));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 1000.0f + static_cast<float>(i);
+  for (int64_t r = 0; r < n; ++r)
+    std::memcpy(&host[static_cast<size_t>(guard + r * stride)], &rows[static_cast<size_t>(r * dim)],
+                static_cast<size_t>(dim) * sizeof(float));
+  cider::cuda::DeviceBuffer d = cider::cuda::to_device(host.data(), host.size() * sizeof(float));
+  cider::cuda::DeviceBuffer d_signs = cider::cuda::to_device(signs.data(), signs.size() * sizeof(float));
+  cider::cuda::Stream stream;
+  cider::cuda::Exec e;
+  e.stream = stream.handle();
+  cider::cuda::hadamard_rows(d.as<float>() + guard, n, dim, stride, d_signs.as<float>(), inverse, e);
+  stream.synchronize();
+  std::vector<float> back(host.size());
+  d.download(back.data(), back.size() * sizeof(float));
+  std::vector<float> out(static_cast<size_t>(n * dim));
+  for (size_t i = 0; i < back.size(); ++i) {
+    const auto at = static_cast<int64_t>(i) - guard;
+    const bool inside = at >= 0 && at < n * stride && at % stride < dim;
+    if (inside) {
+      out[static_cast<size_t>(at / stride * dim + at % stride)] = back[i];
+    } else {
+      EXPECT_EQ(back[i], host[i]) << "element " << at << " outside the rows was written";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// Forward and inverse, bit for bit against the CPU's kernels::ref::hadamard_row (the cache's and the reference
+// kv_append's arithmetic), over head dims that are powers of two (one block) and not (blocks of P = D & −D), with a
+// row stride larger than the row, values with outliers, zeros and signed zeros.
+TEST(CudaHadamard, RowsMatchCpuBitForBit) {
+  CIDER_REQUIRE_GPU();
+  auto rng = cider::test::make_rng(51);
+  for (int64_t dim : {1, 2, 7, 24, 48, 64, 80, 96, 128, 160, 256, 512, 2048})
+    for (int64_t n : {1, 7, 33})
+      for (bool inverse : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << " n " << n << " inverse " << inverse);
+        const cider::nn::Rotation rot(dim, cider::nn::RotationKind::kHadamard, static_cast<uint64_t>(dim * 7 + n));
+        std::vector<float> rows = cider::test::randn_with_outlier_channels(rng, static_cast<size_t>(n),
+                                                                           static_cast<size_t>(dim), 40.0f, 2);
+        rows[0] = 0.0f;
+        if (rows.size() > 1) rows[1] = -0.0f;
+        std::vector<float> ref = rows;
+        for (int64_t r = 0; r < n; ++r)
+          cider::kernels::ref::hadamard_row(ref.data() + r * dim, rot.signs().data(), dim, inverse);
+        const int64_t stride = dim + (n % 2 == 1 ? 5 : 0);
+        const std::vector<float> got = run_hadamard_gpu(rows, n, dim, stride, rot.signs(), inverse);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0)
+            << "first differing element: " << [&] {
+                 for (size_t i = 0; i < ref.size(); ++i)
+                   if (std::memcmp(&got[i], &ref[i], sizeof(float)) != 0)
+                     return std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(ref[i]);
+                 return std::string("none");
+               }();
+      }
+}
+
+// What the model does with a Hadamard cache: hadamard_rows forward on the GPU, then kv_append with rotation 0, gives
+// the CPU cache's bytes (the reference kv_append with rotation 3) — quantized (k4, k3, k8; groups 32/64/128) and plain.
+TEST(CudaHadamard, RotateThenAppendEqualsCpuCacheBytes) {
+  CIDER_REQUIRE_GPU();
+  namespace cc = cider::cuda;
+  auto rng = cider::test::make_rng(52);
+  struct Case {
+    int64_t dim;
+    int bits, gs;
+    cider::DType dst;
+  };
+  for (const Case& c : {Case{128, 4, 64, cider::DType::kF16}, Case{128, 3, 64, cider::DType::kF16},
+                        Case{64, 8, 32, cider::DType::kF16}, Case{256, 4, 128, cider::DType::kBF16},
+                        Case{96, 4, 32, cider::DType::kF16}, Case{128, 0, 0, cider::DType::kBF16},
+                        Case{64, 0, 0, cider::DType::kF16}}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << c.dim << " bits " << c.bits << " gs " << c.gs);
+    const int64_t n = 33, D = c.dim;
+    const cider::nn::Rotation rot(D, cider::nn::RotationKind::kHadamard, 5);
+    const std::vector<float> rows =
+        cider::test::randn_with_outlier_channels(rng, static_cast<size_t>(n), static_cast<size_t>(D), 30.0f, 2);
+    const int ss = cider::dtype_size(c.dst);
+    const size_t code_bytes = c.bits ? static_cast<size_t>(n * D * c.bits / 8) : static_cast<size_t>(n * D * ss);
+    const size_t sb_bytes = c.bits ? static_cast<size_t>(n * (D / c.gs) * ss) : 4;
+    std::vector<uint8_t> ref_codes(code_bytes, 0xAB), ref_s(sb_bytes, 0xAB), ref_b(sb_bytes, 0xAB);
+    cider::kernels::KVAppendArgs r{};
+    r.src = rows.data();
+    r.src_dtype = cider::DType::kF32;
+    r.src_row_stride = D;
+    r.src_elem_stride = 1;
+    r.n = n;
+    r.dim = D;
+    r.rotation = 3;
+    r.qL = rot.signs().data();
+    r.dst = ref_codes.data();
+    r.scales = ref_s.data();
+    r.biases = ref_b.data();
+    r.dst_dtype = c.dst;
+    r.bits = c.bits;
+    r.group_size = c.gs;
+    cider::kernels::ref_kernels().kv_append(r);
+
+    cc::DeviceBuffer d_rows = cc::to_device(rows.data(), rows.size() * sizeof(float));
+    cc::DeviceBuffer d_signs = cc::to_device(rot.signs().data(), rot.signs().size() * sizeof(float));
+    cc::DeviceBuffer d_codes(code_bytes), d_s(sb_bytes), d_b(sb_bytes);
+    for (cc::DeviceBuffer* b : {&d_codes, &d_s, &d_b}) b->fill(0xAB);
+    cc::Stream stream;
+    cc::Exec e;
+    e.stream = stream.handle();
+    cc::hadamard_rows(d_rows.as<float>(), n, D, D, d_signs.as<float>(), false, e);
+    cc::KVAppendBatchArgs a{};
+    a.src = d_rows.data();
+    a.src_dtype = cider::DType::kF32;
+    a.B = 1;
+    a.H = 1;
+    a.n = n;
+    a.dim = D;
+    a.src_stride_b = n * D;
+    a.src_stride_h = n * D;
+    a.src_stride_t = D;
+    a.rotation = 0;
+    a.dst = d_codes.data();
+    a.scales = c.bits ? d_s.data() : nullptr;
+    a.biases = c.bits ? d_b.data() : nullptr;
+    a.dst_dtype = c.dst;
+    a.bits = c.bits;
+    a.group_size = c.bits ? c.gs : 64;
+    a.capacity = n;
+    a.offset = 0;
+    cc::kv_append(a, nullptr, e);
+    stream.synchronize();
+    std::vector<uint8_t> codes(code_bytes), sc(sb_bytes), bi(sb_bytes);
+    d_codes.download(codes.data(), code_bytes);
+    EXPECT_EQ(codes, ref_codes);
+    if (c.bits) {
+      d_s.download(sc.data(), sb_bytes);
+      d_b.download(bi.data(), sb_bytes);
+      EXPECT_EQ(sc, ref_s);
+      EXPECT_EQ(bi, ref_b);
+    }
+  }
+}
+
+TEST(CudaHadamard, ArgumentErrorsNameTheOp) {
+  CIDER_REQUIRE_GPU();
+  cider::cuda::DeviceBuffer x(4096 * sizeof(float)), signs(2048 * sizeof(float));
+  cider::cuda::Exec e;
+  auto expect_error = [&](int64_t rows, int64_t dim, int64_t stride, const float* s) {
+    try {
+      cider::cuda::hadamard_rows(x.as<float>(), rows, dim, stride, s, false, e);
+      ADD_FAILURE() << "accepted rows " << rows << " dim " << dim << " stride " << stride;
+    } catch (const cider::Error& err) {
+      EXPECT_NE(std::string(err.what()).find("cuda.hadamard_rows"), std::string::npos) << err.what();
+    }
+  };
+  expect_error(1, 0, 1, signs.as<float>());         // dim 0
+  expect_error(1, 4096, 4096, signs.as<float>());   // dim past kMaxHadamardDim
+  expect_error(2, 128, 64, signs.as<float>());      // row stride below dim
+  expect_error(-1, 128, 128, signs.as<float>());    // negative rows
+  expect_error(1, 128, 128, nullptr);               // no signs
 }
