@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,7 +132,10 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   r.flops = 4.0 * static_cast<double>(B * Hq * L * D);  // q·k and p·v
   r.peer = "sdpa decode bf16 B" + std::to_string(B) + " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) +
            " D" + std::to_string(D) + " L" + std::to_string(L);
-  r.note = quant ? "K4V3 g64 f16 scales" : "plain bf16 cache";
+  const char* tc = std::getenv("CIDER_ATTN_TC");
+  r.note = quant ? (tc && tc[0] == '0' ? "K4V3 g64 f16 scales, CUDA-core kernel (CIDER_ATTN_TC=0)"
+                                      : "K4V3 g64 f16 scales")
+                 : "plain bf16 cache";
   return r;
 }
 
@@ -146,6 +150,12 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072", "attention")
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536", "attention") {
   return decode_case(1, 16, 2, 256, 65536, true);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192", "attention") {
+  return decode_case(1, 64, 8, 128, 8192, true);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq16 Hkv2 D256 L65536", "attention") {
+  return decode_case(8, 16, 2, 256, 65536, true);
 }
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768", "attention") {
   return decode_case(1, 32, 8, 128, 32768, false);
@@ -188,7 +198,7 @@ CIDER_CUDA_BENCH("kv_append decode K4 g64 B1 H8 D128", "attention") {
   BenchResult r;
   r.seconds = bench_graph([&](void* s) { cuda::kv_append(a, nullptr, cuda::Exec{s, nullptr, 0}); }, stream.handle());
   r.bytes = static_cast<double>(B * H * D * 4 + B * H * (D / 2 + 8));
-  r.note = "launch-bound: one CTA per row";
+  r.note = "one CTA per row, a warp per group";
   return r;
 }
 

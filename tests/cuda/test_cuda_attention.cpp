@@ -434,6 +434,39 @@ TEST(CudaAttention, SplitsMergeAndDeviceLength) {
   run_attention_case({128, 2, 300, 300, MaskKind::kCausal, 64, 0, 0, 0, DType::kBF16}, ++salt);
 }
 
+// The tensor-core decode path (attention_tc.cu: K4/V3 g64 f16 scales, D 128/256, rep·L ≤ 8): every row count 1..8
+// (rep × L), key lengths with tails (a partial last tile, partial splits), causal windows, forced and automatic
+// splits, d_length, long caches (accumulation over 20 000 keys). The same cases with bf16 scales run the general
+// kernel, so both paths meet the same reference.
+TEST(CudaAttention, TensorCoreDecodePath) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 9000;
+  struct RL {
+    int64_t rep, L;
+  };
+  const RL rls[] = {{1, 1}, {2, 3}, {4, 1}, {4, 2}, {8, 1}, {3, 2}, {1, 8}, {7, 1}};
+  const int64_t kLs[] = {1, 7, 33, 67, 129, 4097, 20000};
+  int k = 0;
+  for (int64_t D : {128, 256})
+    for (const RL& rl : rls) {
+      const int64_t kL = kLs[k % 7];
+      const MaskKind mask = (k % 3 == 0) ? MaskKind::kNone : MaskKind::kCausal;
+      const int64_t window = (k % 4 == 2) ? std::max<int64_t>(1, kL / 3) : 0;
+      const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : 0);
+      const int64_t d_len = (k % 6 == 5 && kL > 2) ? kL - kL / 3 : 0;
+      ++k;
+      if (rl.L > kL) continue;
+      run_attention_case({D, rl.rep, kL, rl.L, mask, window, 4, 3, 64, DType::kF16, splits, d_len}, ++salt);
+      if (k % 4 == 0)
+        run_attention_case({D, rl.rep, kL, rl.L, mask, window, 4, 3, 64, DType::kBF16, splits, d_len}, ++salt);
+    }
+  for (int64_t D : {128, 256}) {
+    run_attention_case({D, 4, 33000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16}, ++salt);
+    run_attention_case({D, 8, 20000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 0, 12345}, ++salt);
+    run_attention_case({D, 4, 5000, 2, MaskKind::kCausal, 700, 4, 3, 64, DType::kF16, 64}, ++salt);
+  }
+}
+
 TEST(CudaAttention, RejectsBadArguments) {
   CIDER_REQUIRE_GPU();
   DeviceBuffer buf(1 << 20);

@@ -31,6 +31,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 
@@ -523,6 +524,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, co
 // ---- host side ----
 
 struct Plan {
+  bool tc = false;  // the tensor-core decode path (attention_tc.cu) runs it
+  detail::TcPlan tcp;
   int QR = 8;
   int qblocks = 1, splits = 1, tile = 128;
   int64_t chunk = 0;
@@ -612,8 +615,22 @@ bool is_plain(const kernels::AttentionArgs& a, DType t, int64_t D) {
          aligned16(K.data) && aligned16(V.data);
 }
 
+size_t partial_bytes(const kernels::AttentionArgs& a, int splits) {
+  const size_t rows = static_cast<size_t>(a.B * a.Hq * a.L) * static_cast<size_t>(splits);
+  const size_t o_bytes = (rows * static_cast<size_t>(a.values.dim) * sizeof(float) + 255) / 256 * 256;
+  return o_bytes + rows * 2 * sizeof(float);
+}
+
 Plan make_plan(const kernels::AttentionArgs& a) {
   Plan pl;
+  if (detail::tc_eligible(a)) {
+    pl.tc = true;
+    pl.tcp = detail::tc_plan(a);
+    pl.splits = pl.tcp.splits;
+    pl.chunk = pl.tcp.chunk;
+    pl.workspace = pl.splits > 1 ? partial_bytes(a, pl.splits) : 0;
+    return pl;
+  }
   const int64_t Dk = a.keys.dim, Dv = a.values.dim, rep = a.Hq / a.keys.H, R = rep * a.L;
   if (is_k4v3g64(a, 128))
     pl.kernel = kK4V3G64D128;
@@ -648,11 +665,7 @@ Plan make_plan(const kernels::AttentionArgs& a) {
   }
   pl.smem = (static_cast<size_t>(Dk) * pl.QR + pl.QR * kMaxGroups + static_cast<size_t>(pl.QR) * pl.tile +
              4 * pl.QR + tail) * sizeof(float);
-  if (pl.splits > 1) {
-    const size_t rows = static_cast<size_t>(a.B * a.Hq * a.L) * pl.splits;
-    const size_t o_bytes = (rows * Dv * sizeof(float) + 255) / 256 * 256;
-    pl.workspace = o_bytes + rows * 2 * sizeof(float);
-  }
+  if (pl.splits > 1) pl.workspace = partial_bytes(a, pl.splits);
   return pl;
 }
 
@@ -694,7 +707,7 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   check(exec.workspace_bytes >= pl.workspace && (pl.workspace == 0 || exec.workspace != nullptr),
         ErrorCode::kInvalidArgument, op, "workspace must hold attention_workspace_bytes = ", pl.workspace,
         " bytes; got ", exec.workspace_bytes);
-  check(pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
+  check(pl.tc || pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, op,
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
 
@@ -724,8 +737,18 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
   p.window = a.window;
 
-  const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), 1, static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t stream = static_cast<cudaStream_t>(exec.stream);
+  if (pl.tc) {
+    detail::tc_launch(a, pl.tcp, d_length, p.part_o, p.part_ml, exec.stream);
+    check_last_launch(op);
+    if (pl.splits > 1) {
+      merge_kernel<<<static_cast<unsigned>(out_rows), kThreads, static_cast<size_t>(pl.splits) * sizeof(float),
+                     stream>>>(p.part_o, p.part_ml, a.out, pl.splits, static_cast<int>(a.values.dim));
+      check_last_launch(op);
+    }
+    return;
+  }
+  const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), 1, static_cast<unsigned>(a.B * a.keys.H));
   switch (pl.kernel) {
     case kK4V3G64D128: launch_qr<4, 3, 64, 128, 128, true>(pl, p, grid, stream); break;
     case kK4V3G64D256: launch_qr<4, 3, 64, 256, 256, true>(pl, p, grid, stream); break;

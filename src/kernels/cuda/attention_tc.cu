@@ -1,0 +1,668 @@
+// cider/kernels/cuda/attention_tc.cu — decode attention over a K4/V3 g64 cache (f16 scales, D 128/256) on the tensor
+// cores. Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors
+// and measurements: docs/cuda/attention.md.
+//
+// Work item: one CTA (4 warps) = (b, KV head g) × one split [c0, c1) of the keys, all R = rep·L ≤ 8 query rows of the
+// head (row r: position i = r / rep, head g·rep + r % rep). Each warp walks its own tiles of TK keys (tiles w, w+4, …
+// of the split) with its own online softmax and a 3-stage cp.async pipeline into its own shared memory; the 4 warps
+// are combined at the end (log-sum-exp), then the split's partial (or the output) is written.
+//
+// Scores (exact integer dot products on the tensor cores): per row the query is scaled by 2^E (E from the row's
+// largest |q|) and rounded to an integer Q with |Q| ≤ 2^21 (error ≤ 2^-22·max|q|, below float32 accumulation noise),
+// written as three signed 8-bit digits Q = d2·2^16 + d1·2^8 + d0. With the 4-bit key codes as the u8 A operand
+// (M = 16 keys, K = 32 dims) and the digits as the s8 B operand (N = 8 query rows),
+//   Z_g = Σ_{k∈g} c_k·Q_k = ((Σ c·d2)·256 + Σ c·d1)·256 + Σ c·d0      (mma.m16n8k32 .u8.s8 → s32, exact: |Z| < 2^31)
+//   score = scale · Σ_g ( s_g · 2^-E · Z_g + b_g · Σ_{k∈g} q_k ).
+// The k index ↔ dim map is free inside a group: k-step (g, ks), thread tig reads key word w = 8g + 4ks + tig;
+// its even nibbles (w & 0x0F0F0F0F) are A's k = 4tig..4tig+3, its odd nibbles k = 16 + 4tig.. — two ops per 8 codes.
+// Values (f16 tensor cores, float32 accumulation): out[d] = Σ_t p_t·s_t·c_td + Σ_t p_t·b_t per value group:
+//   A = value codes (M = 16 dims, K = 16 keys) as f16 (exact: magic-exponent bit tricks, 3-bit codes unpacked from a
+//   24-bit window per thread), B = W = p·s split into f16 hi + lo (≈ 22-bit weights; |W| ≤ |s| ≤ 65504 with f16
+//   scales, so no overflow), moved from the score fragment layout to the B layout by movmatrix.trans.
+// Softmax in base 2 (scores pre-multiplied by log2 e, ex2.approx); m/l per thread for its rows 2·tig, 2·tig+1.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cuda/attention_tc.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace cider::cuda::detail {
+
+namespace {
+
+constexpr int kTcThreads = 128;
+constexpr int kTcWarps = 4;
+constexpr int kStages = 3;
+constexpr int kRows = 8;  // query rows per CTA (the mma N)
+
+template <int D>
+struct Cfg {
+  static constexpr int kG = D / 64;                  // quantization groups per row (keys and values)
+  static constexpr int kTK = D == 128 ? 32 : 16;     // keys per warp tile
+  static constexpr int kMT = kTK / 16;               // 16-key m-tiles per warp tile
+  static constexpr int kKRowB = D / 2;               // key code bytes per row
+  static constexpr int kVRowB = D * 3 / 8;           // value code bytes per row
+  static constexpr int kVRowW = kVRowB / 4;
+  static constexpr int kSbB = kG * 2;                // f16 scale (or bias) bytes per row
+  static constexpr int kKBytes = kTK * kKRowB;
+  static constexpr int kVBytes = kTK * kVRowB;
+  static constexpr int kSbBytes = kTK * kSbB;        // one of the four scale/bias planes
+  static constexpr int kStageB = kKBytes + kVBytes + 4 * kSbBytes;
+  static constexpr int kKSteps = D / 32;             // int8 k-steps of the scores
+  // Shared memory: [warps][stages] tiles, then the query digits and per-row constants.
+  static constexpr int kTileArea = kTcWarps * kStages * kStageB;
+  static constexpr int kDigitsB = kKSteps * 3 * 32 * 8;  // [kstep][digit][lane] uint2
+  static constexpr int kQfB = kRows * D * 4;             // query rows as float (prologue only)
+  static constexpr int kRowConstB = kRows * (kG + 2) * 4;
+  static constexpr int kSmem = kTileArea + kDigitsB + kQfB + kRowConstB;
+  static_assert(kTcWarps * kRows * (D + 2) * 4 <= kTileArea, "the warp-combine area fits the tile area");
+};
+
+struct TcParams {
+  const float* q;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  const uint8_t* kc;
+  const uint8_t* vc;
+  const uint8_t* ks;
+  const uint8_t* kb;
+  const uint8_t* vs;
+  const uint8_t* vb;
+  int Hq, Hkv, L, rep, R, splits;
+  int64_t chunk, kL_bound, cap_k, cap_v;
+  const int32_t* d_length;
+  float scale_log2;  // scale · log2(e)
+  int causal;
+  int64_t window;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], const uint32_t (&a)[4], uint2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+// (Y & mask) | magic as f16 pairs, minus the magic's value: the two 3-bit codes under `mask` as exact f16.
+__device__ __forceinline__ uint32_t code_pair(uint32_t y, uint32_t mask, uint32_t magic) {
+  const __half2 v = bits_h2((y & mask) | magic);
+  return h2_bits(__hsub2(v, bits_h2(magic)));
+}
+
+// Swizzled position of 16-byte chunk `ch` of key row r in a tile (conflict-free 4-byte reads by the mma lanes).
+template <int D>
+__device__ __forceinline__ int key_chunk_pos(int r, int ch) {
+  if constexpr (D == 128)
+    return ch ^ ((r >> 1) & 3);
+  else
+    return ch ^ (r & 7);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_kernel(TcParams p) {
+  using C = Cfg<D>;
+  constexpr int G = C::kG, TK = C::kTK, MT = C::kMT;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  extern __shared__ float4 tc_smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(tc_smem4);
+  uint2* qdig = reinterpret_cast<uint2*>(smem + C::kTileArea);                          // [kstep][3][32]
+  float* qf = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);              // [8][D]
+  float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB + C::kQfB);  // [8][G]
+  int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                                 // [8]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int split = blockIdx.x;
+  int64_t kL = p.kL_bound;
+  if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
+  const int R = p.R;
+  // Visible key interval of the block (union over its rows) and of this split.
+  int64_t lo = 0, hi = kL;
+  if (p.causal) {
+    const int64_t pos_first = kL - p.L, pos_last = kL - p.L + (R - 1) / p.rep;
+    hi = min(kL, pos_last + 1);
+    if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
+  }
+  const int64_t c0 = max(lo, static_cast<int64_t>(split) * p.chunk);
+  const int64_t c1 = min(hi, static_cast<int64_t>(split + 1) * p.chunk);
+  const int64_t n_keys = max(static_cast<int64_t>(0), c1 - c0);
+  const int n_tiles = static_cast<int>((n_keys + TK - 1) / TK);
+  const int my_tiles = n_tiles > warp ? (n_tiles - warp + kTcWarps - 1) / kTcWarps : 0;
+
+  const int64_t krow0 = static_cast<int64_t>(bg) * p.cap_k;
+  const int64_t vrow0 = static_cast<int64_t>(bg) * p.cap_v;
+  uint8_t* wbase = smem + warp * kStages * C::kStageB;
+
+  // Issue the copies of this warp's i-th tile into stage i % kStages (zero-filled past c1), then commit a group.
+  auto issue = [&](int i) {
+    if (i < my_tiles) {
+      const int64_t t0 = c0 + static_cast<int64_t>(warp + i * kTcWarps) * TK;
+      const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
+      uint8_t* st = wbase + (i % kStages) * C::kStageB;
+      uint8_t* sk = st;
+      uint8_t* sv = st + C::kKBytes;
+      uint8_t* ssb = sv + C::kVBytes;
+      constexpr int kKChunks = C::kKBytes / 16, kKRowCh = C::kKRowB / 16;
+#pragma unroll
+      for (int c = lane; c < kKChunks; c += 32) {
+        const int r = c / kKRowCh, ch = c % kKRowCh;
+        const bool ok = r < nvalid;
+        const uint8_t* src = p.kc + (krow0 + t0 + (ok ? r : 0)) * C::kKRowB + ch * 16;
+        cp_async16(sk + r * C::kKRowB + key_chunk_pos<D>(r, ch) * 16, src, ok);
+      }
+      constexpr int kVChunks = C::kVBytes / 16, kVRowCh = C::kVRowB / 16;
+#pragma unroll
+      for (int c = lane; c < kVChunks; c += 32) {
+        const int r = c / kVRowCh;
+        const bool ok = r < nvalid;
+        const uint8_t* src = p.vc + (vrow0 + t0 + (ok ? r : 0)) * C::kVRowB + (c % kVRowCh) * 16;
+        cp_async16(sv + c * 16, src, ok);
+      }
+      constexpr int kSbWords = C::kSbBytes / 4, kSbRowW = C::kSbB / 4;
+      const uint8_t* planes[4] = {p.ks, p.kb, p.vs, p.vb};
+#pragma unroll
+      for (int pl = 0; pl < 4; ++pl) {
+        const int64_t row0 = pl < 2 ? krow0 : vrow0;
+#pragma unroll
+        for (int wd = lane; wd < kSbWords; wd += 32) {
+          const int r = wd / kSbRowW;
+          const bool ok = r < nvalid;
+          const uint8_t* src = planes[pl] + (row0 + t0 + (ok ? r : 0)) * C::kSbB + (wd % kSbRowW) * 4;
+          cp_async4(ssb + pl * C::kSbBytes + wd * 4, src, ok);
+        }
+      }
+    }
+    cp_commit();
+  };
+
+  // Start the first tiles' copies before the query preparation.
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+  // ---- queries: rows to shared memory, per-row max |q| and group sums, then the digit fragments ----
+  for (int idx = tid; idx < kRows * D; idx += kTcThreads) {
+    const int r = idx / D, k = idx % D;
+    float v = 0.0f;
+    if (r < R) {
+      const int i = r / p.rep, hq = g * p.rep + r % p.rep;
+      v = p.q[((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D + k];
+    }
+    qf[idx] = v;
+  }
+  __syncthreads();
+  for (int r = warp; r < kRows; r += kTcWarps) {
+    float mx = 0.0f;
+    for (int k = lane; k < D; k += 32) mx = fmaxf(mx, fabsf(qf[r * D + k]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+#pragma unroll
+    for (int gi = 0; gi < G; ++gi) {
+      float s = 0.0f;
+      for (int k = gi * 64 + lane; k < (gi + 1) * 64; k += 32) s += qf[r * D + k];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) qsum[r * G + gi] = s;
+    }
+    if (lane == 0) {
+      int e = 0;
+      if (mx > 0.0f) {
+        int k2;
+        frexpf(mx, &k2);  // mx < 2^k2
+        e = 21 - k2;      // max |q|·2^e < 2^21
+      }
+      qexp[r] = e;
+    }
+  }
+  __syncthreads();
+  for (int item = tid; item < C::kKSteps * 32; item += kTcThreads) {
+    const int kstep = item / 32, ln = item % 32, n = ln >> 2, t = ln & 3;
+    const int w = 8 * (kstep / 2) + 4 * (kstep % 2) + t;  // key word of this lane's k-range
+    uint32_t dig[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int dim = 8 * w + 2 * i + half;
+        const int Q = static_cast<int>(rintf(ldexpf(qf[n * D + dim], qexp[n])));  // |Q| ≤ 2^21
+        const int d0 = ((Q + 128) & 255) - 128;
+        const int q1 = (Q - d0) >> 8;
+        const int d1 = ((q1 + 128) & 255) - 128;
+        const int d2 = (q1 - d1) >> 8;
+        dig[0][half] |= (static_cast<uint32_t>(d0) & 255u) << (8 * i);
+        dig[1][half] |= (static_cast<uint32_t>(d1) & 255u) << (8 * i);
+        dig[2][half] |= (static_cast<uint32_t>(d2) & 255u) << (8 * i);
+      }
+#pragma unroll
+    for (int d = 0; d < 3; ++d) qdig[(kstep * 3 + d) * 32 + ln] = make_uint2(dig[d][0], dig[d][1]);
+  }
+  __syncthreads();
+
+  // Per-thread constants for its rows r0 = 2·tig, r1 = 2·tig + 1.
+  const int rr[2] = {2 * tig, 2 * tig + 1};
+  float zmul[2], bq[G][2];
+  int64_t vis_lo[2], vis_hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = rr[h];
+    zmul[h] = ldexpf(p.scale_log2, -qexp[r]);
+#pragma unroll
+    for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
+    if (r >= R) {
+      vis_lo[h] = 0;
+      vis_hi[h] = 0;
+    } else if (p.causal) {
+      const int64_t pos = kL - p.L + r / p.rep;
+      vis_hi[h] = min(c1, pos + 1);
+      vis_lo[h] = p.window > 0 ? max(c0, pos - p.window + 1) : c0;
+    } else {
+      vis_lo[h] = c0;
+      vis_hi[h] = c1;
+    }
+  }
+  constexpr bool kDigitRegs = false;
+  uint2 qreg[kDigitRegs ? C::kKSteps : 1][3];
+  if constexpr (kDigitRegs) {
+#pragma unroll
+    for (int ks = 0; ks < C::kKSteps; ++ks)
+#pragma unroll
+      for (int d = 0; d < 3; ++d) qreg[ks][d] = qdig[(ks * 3 + d) * 32 + lane];
+  }
+  auto digits = [&](int kstep, int d) -> uint2 {
+    if constexpr (kDigitRegs)
+      return qreg[kstep][d];
+    else
+      return qdig[(kstep * 3 + d) * 32 + lane];
+  };
+
+  float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
+  float bacc[G][2];
+  float acc[G][4][4];
+#pragma unroll
+  for (int gi = 0; gi < G; ++gi) {
+    bacc[gi][0] = bacc[gi][1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[gi][j][e] = 0.0f;
+  }
+
+  for (int i = 0; i < my_tiles; ++i) {
+    issue(i + kStages - 1);
+    cp_wait<kStages - 1>();
+    __syncwarp();
+    const uint8_t* st = wbase + (i % kStages) * C::kStageB;
+    const uint32_t* sk = reinterpret_cast<const uint32_t*>(st);
+    const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + C::kKBytes);
+    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);
+    const __half* skb = sks + TK * G;
+    const __half* svs = skb + TK * G;
+    const __half* svb = svs + TK * G;
+    const int64_t t0 = c0 + static_cast<int64_t>(warp + i * kTcWarps) * TK;
+
+    // ---- scores: sc[mt][e], e = (key gid, r0), (gid, r1), (gid+8, r0), (gid+8, r1), log2 units ----
+    float sc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int ra = mt * 16 + gid, rb = ra + 8;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[mt][e] = 0.0f;
+#pragma unroll
+      for (int gi = 0; gi < G; ++gi) {
+        uint32_t A[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          const int ch = 2 * gi + ks;  // 16-byte chunk = words 8gi + 4ks .. + 3
+          const uint32_t wa = sk[ra * (D / 8) + key_chunk_pos<D>(ra, ch) * 4 + tig];
+          const uint32_t wb = sk[rb * (D / 8) + key_chunk_pos<D>(rb, ch) * 4 + tig];
+          A[ks][0] = wa & 0x0F0F0F0Fu;
+          A[ks][1] = wb & 0x0F0F0F0Fu;
+          A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
+          A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
+        }
+        int z[4] = {0, 0, 0, 0};
+        mma_u8s8(z, A[0], digits(2 * gi, 2));
+        mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) z[e] *= 256;
+        mma_u8s8(z, A[0], digits(2 * gi, 1));
+        mma_u8s8(z, A[1], digits(2 * gi + 1, 1));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) z[e] *= 256;
+        mma_u8s8(z, A[0], digits(2 * gi, 0));
+        mma_u8s8(z, A[1], digits(2 * gi + 1, 0));
+        const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
+        const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
+        sc[mt][0] += sa * (zmul[0] * static_cast<float>(z[0])) + ba * bq[gi][0];
+        sc[mt][1] += sa * (zmul[1] * static_cast<float>(z[1])) + ba * bq[gi][1];
+        sc[mt][2] += sb * (zmul[0] * static_cast<float>(z[2])) + bb * bq[gi][0];
+        sc[mt][3] += sb * (zmul[1] * static_cast<float>(z[3])) + bb * bq[gi][1];
+      }
+      const int64_t ja = t0 + ra, jb = t0 + rb;
+      sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
+      sc[mt][1] = (ja >= vis_lo[1] && ja < vis_hi[1]) ? sc[mt][1] : kNegInf;
+      sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
+      sc[mt][3] = (jb >= vis_lo[1] && jb < vis_hi[1]) ? sc[mt][3] : kNegInf;
+    }
+
+    // ---- online softmax (rows r0, r1; max over the warp's gid lanes) ----
+    float mnew[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tmax = kNegInf;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) tmax = fmaxf(tmax, fmaxf(sc[mt][h], sc[mt][2 + h]));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+      const float mn = fmaxf(m_run[h], tmax);
+      const float mu = mn == kNegInf ? 0.0f : mn;  // nothing visible yet: p = 0, α irrelevant (acc = 0)
+      alpha[h] = ex2(m_run[h] - mu);
+      m_run[h] = mn;
+      mnew[h] = mu;
+    }
+#pragma unroll
+    for (int gi = 0; gi < G; ++gi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        bacc[gi][h] *= alpha[h];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[gi][j][h] *= alpha[h];
+          acc[gi][j][2 + h] *= alpha[h];
+        }
+      }
+    l_run[0] *= alpha[0];
+    l_run[1] *= alpha[1];
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int ra = mt * 16 + gid, rb = ra + 8;
+      float pr[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pr[e] = ex2(sc[mt][e] - mnew[e & 1]);
+      l_run[0] += pr[0] + pr[2];
+      l_run[1] += pr[1] + pr[3];
+
+      // Value code windows: keys kk = 2tig, 2tig+1, 2tig+8, 2tig+9 of this m-tile.
+      const int kk[4] = {mt * 16 + 2 * tig, mt * 16 + 2 * tig + 1, mt * 16 + 2 * tig + 8, mt * 16 + 2 * tig + 9};
+#pragma unroll
+      for (int gv = 0; gv < G; ++gv) {
+        // W = p·s as f16 hi + lo, rows of key ra / rb, then transposed to the B layout (keys × query rows).
+        const float sva = __half2float(svs[ra * G + gv]), svb_ = __half2float(svs[rb * G + gv]);
+        const float bva = __half2float(svb[ra * G + gv]), bvb = __half2float(svb[rb * G + gv]);
+        bacc[gv][0] += pr[0] * bva + pr[2] * bvb;
+        bacc[gv][1] += pr[1] * bva + pr[3] * bvb;
+        const float wa0 = pr[0] * sva, wa1 = pr[1] * sva, wb0 = pr[2] * svb_, wb1 = pr[3] * svb_;
+        const __half2 ha = __floats2half2_rn(wa0, wa1), hb = __floats2half2_rn(wb0, wb1);
+        const float2 fa = __half22float2(ha), fb = __half22float2(hb);
+        const __half2 la = __floats2half2_rn(wa0 - fa.x, wa1 - fa.y), lb = __floats2half2_rn(wb0 - fb.x, wb1 - fb.y);
+        const uint32_t b0h = movmatrix_t(h2_bits(ha)), b1h = movmatrix_t(h2_bits(hb));
+        const uint32_t b0l = movmatrix_t(h2_bits(la)), b1l = movmatrix_t(h2_bits(lb));
+
+        // A: codes of dims 64gv + 8gid + e (e = 0..7) for the four keys, as f16 pairs (key 2tig, 2tig+1) etc.
+        const int bit = 192 * gv + 24 * gid, wo = bit >> 5, sh = bit & 31;
+        const int wo1 = min(wo + 1, C::kVRowW - 1);
+        uint32_t X[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          X[k] = __funnelshift_r(sv[kk[k] * C::kVRowW + wo], sv[kk[k] * C::kVRowW + wo1], sh);
+        uint32_t P[2][8];
+#pragma unroll
+        for (int pp = 0; pp < 2; ++pp) {
+          const uint32_t xa = X[2 * pp], xb = X[2 * pp + 1];
+          const uint32_t Lw = __byte_perm(xa, xb, 0x5410);  // bits 0-15 of each key's window
+          const uint32_t L9 = Lw >> 9;
+          const uint32_t Hw = __byte_perm(xa, xb, 0x6521);  // bits 8-23
+          const uint32_t H2 = __byte_perm(xa, xb, 0x7632);  // bits 16-31
+          P[pp][0] = code_pair(Lw, 0x00070007u, 0x64006400u);  // bits 0-2: 1024 + c
+          P[pp][1] = code_pair(Lw, 0x00380038u, 0x58005800u);  // bits 3-5: 128 + c
+          P[pp][2] = code_pair(Lw, 0x01C001C0u, 0x4C004C00u);  // bits 6-8: 16 + c
+          P[pp][3] = code_pair(L9, 0x00070007u, 0x64006400u);  // bits 9-11
+          P[pp][4] = code_pair(L9, 0x00380038u, 0x58005800u);  // bits 12-14
+          P[pp][5] = code_pair(Hw, 0x03800380u, 0x48004800u);  // bits 15-17 (H bits 7-9): 8 + c
+          P[pp][6] = code_pair(H2, 0x001C001Cu, 0x5C005C00u);  // bits 18-20 (H2 bits 2-4): 256 + c
+          P[pp][7] = code_pair(H2, 0x00E000E0u, 0x50005000u);  // bits 21-23 (H2 bits 5-7): 32 + c
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t a[4] = {P[0][2 * j], P[0][2 * j + 1], P[1][2 * j], P[1][2 * j + 1]};
+          mma_f16(acc[gv][j], a, b0h, b1h);
+          mma_f16(acc[gv][j], a, b0l, b1l);
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+  cp_wait<0>();
+
+  // ---- combine the warps: reduce l and the bias sums over the gid lanes, then through shared memory ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], o);
+#pragma unroll
+    for (int gi = 0; gi < G; ++gi)
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) bacc[gi][h] += __shfl_xor_sync(0xffffffffu, bacc[gi][h], o);
+  }
+  __syncthreads();  // all warps are done with the tile area
+  float* red = reinterpret_cast<float*>(smem);  // [warps][8][D + 2]: o[D], m, l
+  constexpr int kRS = D + 2;
+#pragma unroll
+  for (int gv = 0; gv < G; ++gv)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int d = 64 * gv + 8 * gid + 2 * j;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float* row = red + (warp * kRows + rr[h]) * kRS;
+        row[d] = acc[gv][j][h] + bacc[gv][h];
+        row[d + 1] = acc[gv][j][2 + h] + bacc[gv][h];
+      }
+    }
+  if (gid == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* row = red + (warp * kRows + rr[h]) * kRS;
+      row[D] = m_run[h];
+      row[D + 1] = l_run[h];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < R * D; idx += kTcThreads) {
+    const int r = idx / D, d = idx % D;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float* row = red + (w * kRows + r) * kRS;
+      if (row[D + 1] > 0.0f) M = fmaxf(M, row[D]);
+    }
+    float o = 0.0f, l = 0.0f;
+    if (M != kNegInf) {
+#pragma unroll
+      for (int w = 0; w < kTcWarps; ++w) {
+        const float* row = red + (w * kRows + r) * kRS;
+        if (row[D + 1] > 0.0f) {
+          const float f = ex2(row[D] - M);
+          o += f * row[d];
+          l += f * row[D + 1];
+        }
+      }
+    }
+    const int ih = r / p.rep, hq = g * p.rep + r % p.rep;
+    const int64_t orow = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + ih;
+    if (p.splits == 1) {
+      p.out[orow * D + d] = l > 0.0f ? o / l : 0.0f;
+    } else {
+      p.part_o[(orow * p.splits + split) * D + d] = o;
+      if (d == 0) {
+        p.part_ml[(orow * p.splits + split) * 2] = M == kNegInf ? M : M * 0.69314718055994531f;  // log2 → ln
+        p.part_ml[(orow * p.splits + split) * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
+
+template <int D>
+int tc_ctas_per_sm() {
+  static int n = [] {
+    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D>);
+    CIDER_CUDA_CHECK("cuda.attention",
+                     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D>::kSmem));
+    int blocks = 0;
+    CIDER_CUDA_CHECK("cuda.attention",
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, Cfg<D>::kSmem));
+    return std::max(blocks, 1);
+  }();
+  return n;
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, sms = 0;
+    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
+    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }();
+  return n;
+}
+
+bool tc_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("CIDER_ATTN_TC");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool tc_eligible(const kernels::AttentionArgs& a) {
+  if (!tc_enabled()) return false;
+  const auto& K = a.keys;
+  const auto& V = a.values;
+  const int64_t rep = a.Hq / K.H;
+  return K.bits == 4 && V.bits == 3 && K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
+         (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
+         rep * a.L <= kRows && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 4) &&
+         aligned(K.biases, 4) && aligned(V.scales, 4) && aligned(V.biases, 4);
+}
+
+TcPlan tc_plan(const kernels::AttentionArgs& a) {
+  TcPlan pl;
+  const bool d128 = a.keys.dim == 128;
+  const int tk = d128 ? Cfg<128>::kTK : Cfg<256>::kTK;
+  const int per_sm = d128 ? tc_ctas_per_sm<128>() : tc_ctas_per_sm<256>();
+  pl.smem = static_cast<size_t>(d128 ? Cfg<128>::kSmem : Cfg<256>::kSmem);
+  // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
+  static const int waves = [] {
+    const char* e = std::getenv("CIDER_ATTN_TC_WAVES");
+    const int w = e ? std::atoi(e) : 1;
+    return w >= 1 && w <= 16 ? w : 1;
+  }();
+  const int64_t slots = static_cast<int64_t>(per_sm) * sm_count() * waves;
+  const int64_t bh = a.B * a.keys.H, kL = a.keys.length;
+  const int64_t quantum = static_cast<int64_t>(kTcWarps) * tk;  // one tile per warp
+  int64_t splits = a.kv_splits > 0 ? a.kv_splits : std::max<int64_t>(1, slots / bh);
+  splits = std::min(splits, std::max<int64_t>(1, (kL + quantum - 1) / quantum));
+  int64_t chunk = (kL + splits - 1) / splits;
+  chunk = (chunk + quantum - 1) / quantum * quantum;
+  pl.chunk = chunk;
+  pl.splits = static_cast<int>((kL + chunk - 1) / chunk);
+  return pl;
+}
+
+void tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
+               float* part_ml, void* stream) {
+  TcParams p{};
+  p.q = a.q;
+  p.out = a.out;
+  p.part_o = part_o;
+  p.part_ml = part_ml;
+  p.kc = static_cast<const uint8_t*>(a.keys.data);
+  p.vc = static_cast<const uint8_t*>(a.values.data);
+  p.ks = static_cast<const uint8_t*>(a.keys.scales);
+  p.kb = static_cast<const uint8_t*>(a.keys.biases);
+  p.vs = static_cast<const uint8_t*>(a.values.scales);
+  p.vb = static_cast<const uint8_t*>(a.values.biases);
+  p.Hq = static_cast<int>(a.Hq);
+  p.Hkv = static_cast<int>(a.keys.H);
+  p.L = static_cast<int>(a.L);
+  p.rep = static_cast<int>(a.Hq / a.keys.H);
+  p.R = p.rep * p.L;
+  p.splits = pl.splits;
+  p.chunk = pl.chunk;
+  p.kL_bound = a.keys.length;
+  p.cap_k = a.keys.capacity;
+  p.cap_v = a.values.capacity;
+  p.d_length = d_length;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
+  p.window = a.window;
+  const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.keys.dim == 128) {
+    (void)tc_ctas_per_sm<128>();  // the shared-memory attribute is set before the first launch
+    attention_tc_kernel<128><<<grid, kTcThreads, Cfg<128>::kSmem, s>>>(p);
+  } else {
+    (void)tc_ctas_per_sm<256>();
+    attention_tc_kernel<256><<<grid, kTcThreads, Cfg<256>::kSmem, s>>>(p);
+  }
+}
+
+}  // namespace cider::cuda::detail

@@ -1,0 +1,28 @@
+// cider/kernels/cuda/attention_tc.h — the tensor-core decode path of cuda::attention (attention_tc.cu), used by
+// attention.cu for K4/V3 g64 caches with f16 scales, Dk = Dv = 128 or 256, and at most 8 query rows per KV head
+// (rep·L ≤ 8: decode). Everything else runs the general CUDA-core kernel of attention.cu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/kernel_table.h"
+
+namespace cider::cuda::detail {
+
+struct TcPlan {
+  int splits = 1;
+  int64_t chunk = 0;  // keys per split (a multiple of the CTA's key tile)
+  size_t smem = 0;    // dynamic shared memory per CTA
+};
+
+// True when the tensor-core path takes these (already validated) arguments; $CIDER_ATTN_TC=0 turns it off.
+bool tc_eligible(const kernels::AttentionArgs& a);
+TcPlan tc_plan(const kernels::AttentionArgs& a);
+// Launches the split kernel: splits == 1 writes out directly, otherwise the partials [B·Hq·L, splits, Dv] (o) and
+// [B·Hq·L, splits, 2] (m in natural-log units, l) that attention.cu's merge kernel combines.
+void tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
+               float* part_ml, void* stream);
+
+}  // namespace cider::cuda::detail
