@@ -13,7 +13,7 @@
 #include "kernels/kernel_table.h"
 
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring);
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch);
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -25,7 +25,8 @@ namespace {
 struct Variant {
   int warps = 0, blocks_per_sm = 0, quantize = 0;
   bool workspace = true;
-  int ring = 0;  // 1: the register ring (plain loads), else the cp.async ring
+  int ring = 0;      // 1: the register ring (plain loads), else the cp.async ring
+  int prefetch = 0;  // 1: the epilogue's scale/bias loaded one tile ahead
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -33,6 +34,7 @@ struct Variant {
     if (quantize) s += quantize == 1 ? " quantize fused" : " quantize once";
     if (!workspace) s += " no workspace";
     if (ring == 1) s += " register ring";
+    if (prefetch == 1) s += " epilogue prefetch";
     return s;
   }
 };
@@ -90,10 +92,10 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
     }
     int4 ? cuda::w4a8_gemv(a, exec) : cuda::w8a8_gemv(a, exec);
   };
-  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring);
+  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring, variant.prefetch);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0);
+  cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
@@ -215,6 +217,41 @@ CIDER_CUDA_BENCH("w8a8 gemv M8 K4096 N14336", "linear") {
 }
 CIDER_CUDA_BENCH("w8a8 gemv M8 K4096 N14336 v:quantize fused", "linear") {
   return bench_int_gemv(false, 8, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 1, true});
+}
+
+// The epilogue prefetch (w_scales[n] / bias[n] loaded one tile ahead): every default case again with it.
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv g128 M1 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv g128 M1 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv g32 M1 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N4096 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N4096 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M1 K8192 N28672 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 1});
+}
+CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 1});
 }
 
 }  // namespace cider::bench

@@ -30,15 +30,19 @@
 
 namespace cider::cuda {
 namespace gemv_bench {
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring);  // linear_gemv.cu (tests, benchmarks only)
+// linear_gemv.cu (tests and benchmarks only)
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch);
 }
 namespace {
 
-// Launch knobs (warps per block, blocks per SM, ring 1 = registers; 0 = automatic) for the scope of one test.
-int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0;
+// Launch knobs (warps per block, blocks per SM, ring 1 = registers, epilogue prefetch 1 = on; 0 = automatic) for
+// the scope of one test.
+int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0;
 struct TuningScope {
-  TuningScope(int warps, int blocks_per_sm, int ring) { g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring; }
-  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0, g_ring = 0; }
+  TuningScope(int warps, int blocks_per_sm, int ring, int prefetch) {
+    g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch;
+  }
+  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0; }
   TuningScope(const TuningScope&) = delete;
   TuningScope& operator=(const TuningScope&) = delete;
 };
@@ -126,10 +130,10 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
       exec.workspace_bytes = d_ws.bytes();
     }
     // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
-    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring);
+    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
-    gemv_bench::set_gemv_tuning(0, 0, 0, 0);
+    gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0);
     device_synchronize("test_cuda_gemv");
     std::vector<uint8_t> got_all(d_out.bytes());
     d_out.download(got_all.data(), got_all.size());
@@ -244,6 +248,14 @@ TEST(CudaGemv, W4A8EveryModeAndDtype) {
   sweep_modes(true, 504);
 }
 
+// The epilogue prefetch variant (scale/bias loaded one tile ahead) over every mode, dtype and bias choice.
+TEST(CudaGemv, EveryModeWithEpiloguePrefetch) {
+  CIDER_REQUIRE_GPU();
+  TuningScope scope(0, 0, 0, 1);
+  sweep_modes(false, 508);
+  sweep_modes(true, 509);
+}
+
 // Rows that pin the activation quantization: NaN / inf rows (NaN outputs), an all-zero row (sx = 1, out = bias),
 // a row whose scale is exactly 1 with values at k + 0.5 (rint's ties to even), a row of one huge and tiny values.
 TEST(CudaGemv, SpecialActivationRows) {
@@ -274,13 +286,13 @@ TEST(CudaGemv, RowsInSeveralPasses) {
 }
 
 // The launch variants the benchmarks compare (8 warps per block with per-channel scales, one block per SM, the
-// register ring) compute the same results: a few shapes with tails through each.
+// register ring, the epilogue prefetch) compute the same results: a few shapes with tails through each.
 TEST(CudaGemv, LaunchVariants) {
   CIDER_REQUIRE_GPU();
   auto rng = test::make_rng(507);
-  for (const auto& [warps, blocks_per_sm, ring] :
-       std::vector<std::tuple<int, int, int>>{{8, 0, 0}, {8, 1, 0}, {16, 0, 1}, {8, 2, 1}}) {
-    TuningScope scope(warps, blocks_per_sm, ring);
+  for (const auto& [warps, blocks_per_sm, ring, prefetch] : std::vector<std::tuple<int, int, int, int>>{
+           {8, 0, 0, 0}, {8, 1, 0, 0}, {16, 0, 1, 0}, {8, 2, 1, 0}, {0, 0, 0, 1}, {8, 0, 0, 1}, {0, 0, 1, 1}}) {
+    TuningScope scope(warps, blocks_per_sm, ring, prefetch);
     for (bool int4 : {false, true})
       for (int64_t M : {1, 11})
         for (int gs : {0, 128}) {

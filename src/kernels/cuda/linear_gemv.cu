@@ -189,6 +189,7 @@ struct GemvParams {
   int N, K;
   int group_size;   // 0 = per channel
   int xq_stride;    // bytes between xq rows in shared memory
+  int prefetch_epilogue;  // 1: load w_scales[n] / bias[n] one tile ahead (see the kernel)
 };
 
 // kInt4: W4A8 (packed nibbles) else W8A8. kLoadBytes: bytes of one weight row a thread loads per chunk (16, or 8/4
@@ -399,9 +400,25 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   float fsum[kColBlocks][4] = {};    // per group: Σ over my groups of fl(sw · float(acc))
   int parity = 0;
 
+  // Epilogue operands (w_scales[n] per channel, bias[n]) of the output row this thread finishes, loaded one tile
+  // ahead when p.prefetch_epilogue: otherwise the epilogue threads load them after the tile's barrier, from HBM
+  // behind the weight stream (microseconds), and every warp waits for them at the next tile's barrier.
+  float ep_scale = 0.0f, ep_bias = 0.0f;
+  auto prefetch_epilogue = [&](int it) {
+    const int t = static_cast<int>(threadIdx.x);
+    if (p.prefetch_epilogue && t < kTileRows * p.M && it < my_tiles) {
+      const int n = (block + it * grid) * kTileRows + t % kTileRows;
+      if (n < p.N) {
+        if constexpr (!kPerGroup) ep_scale = __ldg(p.w_scales + n);
+        if (p.bias) ep_bias = __ldg(p.bias + n);
+      }
+    }
+  };
+
   // Prologue: fill the ring, then (while those loads are in flight) the activation codes, once per block.
 #pragma unroll
   for (int b = 0; b < C::kRing; ++b) issue(b);
+  prefetch_epilogue(0);
   if (p.xq != nullptr) {
     copy_xq_to_shared<kInt4, kWarps>(p, xq, sx);  // (a plain copy: it does not touch the cp.async groups)
   } else {
@@ -515,15 +532,17 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
                 int32_t a = 0;
 #pragma unroll
                 for (int w = 0; w < kWarps; ++w) a += static_cast<int32_t>(partial[parity][w][cb][e][src_lane]);
-                y = __fmul_rn(sx[m], __fmul_rn(p.w_scales[n], __int2float_rn(a)));
+                const float scale = p.prefetch_epilogue ? ep_scale : p.w_scales[n];
+                y = __fmul_rn(sx[m], __fmul_rn(scale, __int2float_rn(a)));
               }
-              if (p.bias) y = __fadd_rn(y, p.bias[n]);
+              if (p.bias) y = __fadd_rn(y, p.prefetch_epilogue ? ep_bias : p.bias[n]);
               store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
             }
           }
           // No second barrier: the next tile writes the other parity; this one is rewritten two tiles later, after
           // the next tile's barrier, which every thread reaches only when done reading it here.
           parity ^= 1;
+          prefetch_epilogue(use_it + 1);
         }
         if (++use_q == max_chunks) use_q = 0, ++use_it;
       }
@@ -572,6 +591,7 @@ struct GemvTuning {
   int blocks_per_sm = 0;  // cap on resident blocks per SM
   int quantize = 0;       // 1: in every block (fused), 2: once into exec.workspace when it is large enough
   int ring = 0;           // 1: register ring (plain loads), 2 (automatic): cp.async ring in shared memory
+  int epilogue_prefetch = 0;  // 1: load the epilogue's scale/bias one tile ahead (automatic: off until measured)
 };
 GemvTuning g_tuning;
 
@@ -713,6 +733,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.K = static_cast<int>(a.K);
     p.group_size = a.group_size;
     p.xq_stride = stride;
+    p.prefetch_epilogue = tuning.epilogue_prefetch == 1 ? 1 : 0;
     kernel<<<grid, warps * 32, smem, stream>>>(p);
     check_last_launch(op);
   }
@@ -731,12 +752,14 @@ void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
 namespace gemv_bench {
 // For bench/cuda/bench_gemv.cpp and tests/cuda/test_cuda_gemv.cpp only (not part of cuda_api.h).
 // Launch knobs for the following w8a8_gemv / w4a8_gemv calls (0 = automatic): warps per block 8 or 16, a cap on
-// blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace; ring 1 = registers, 2 = cp.async.
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring) {
+// blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace; ring 1 = registers, 2 = cp.async;
+// epilogue_prefetch 1 = the epilogue's per-row operands loaded one tile ahead.
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch) {
   g_tuning.warps = warps;
   g_tuning.blocks_per_sm = blocks_per_sm;
   g_tuning.quantize = quantize;
   g_tuning.ring = ring;
+  g_tuning.epilogue_prefetch = epilogue_prefetch;
 }
 // Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
 // achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
