@@ -11,7 +11,8 @@
 // largest |q|) and rounded to an integer Q with |Q| ≤ 2^21 (error ≤ 2^-22·max|q|, below float32 accumulation noise),
 // written as three signed 8-bit digits Q = d2·2^16 + d1·2^8 + d0. With the 4-bit key codes as the u8 A operand
 // (M = 16 keys, K = 32 dims) and the digits as the s8 B operand (N = 8 query rows),
-//   Z_g = Σ_{k∈g} c_k·Q_k = ((Σ c·d2)·256 + Σ c·d1)·256 + Σ c·d0      (mma.m16n8k32 .u8.s8 → s32, exact: |Z| < 2^31)
+//   Z_g = Σ_{k∈g} c_k·Q_k = ((Σ c·d2)·256 + Σ c·d1)·256 + Σ c·d0      (mma.m16n8k32 .u8.s8 → s32, exact: |Z| < 2^31;
+//   three independent accumulators, one per digit, for instruction-level parallelism)
 //   score = scale · Σ_g ( s_g · 2^-E · Z_g + b_g · Σ_{k∈g} q_k ).
 // The k index ↔ dim map is free inside a group: k-step (g, ks), thread tig reads key word w = 8g + 4ks + tig;
 // its even nibbles (w & 0x0F0F0F0F) are A's k = 4tig..4tig+3, its odd nibbles k = 16 + 4tig.. — two ops per 8 codes.
@@ -187,43 +188,41 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
   uint8_t* wbase = smem + warp * kStages * C::kStageB;
 
   // Issue the copies of this warp's i-th tile into stage i % kStages (zero-filled past c1), then commit a group.
+  // Every lane copies fixed slots of a tile (16-byte chunks c = lane + 32u of the key and value rows, 4-byte words
+  // of the scale/bias planes): per tile only the base pointers and the row bound change.
+  constexpr int kKChunks = C::kKBytes / 16, kKRowCh = C::kKRowB / 16;
+  constexpr int kVChunks = C::kVBytes / 16, kVRowCh = C::kVRowB / 16;
+  constexpr int kSbWords = C::kSbBytes / 4, kSbRowW = C::kSbB / 4;
+  static_assert(kKChunks % 32 == 0 && kVChunks % 32 == 0 && kSbWords % 32 == 0, "whole copy slots per lane");
   auto issue = [&](int i) {
     if (i < my_tiles) {
       const int64_t t0 = c0 + static_cast<int64_t>(warp + i * kTcWarps) * TK;
       const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
       uint8_t* st = wbase + (i % kStages) * C::kStageB;
-      uint8_t* sk = st;
-      uint8_t* sv = st + C::kKBytes;
-      uint8_t* ssb = sv + C::kVBytes;
-      constexpr int kKChunks = C::kKBytes / 16, kKRowCh = C::kKRowB / 16;
+      const uint8_t* kt = p.kc + (krow0 + t0) * C::kKRowB;
+      const uint8_t* vt = p.vc + (vrow0 + t0) * C::kVRowB;
 #pragma unroll
-      for (int c = lane; c < kKChunks; c += 32) {
-        const int r = c / kKRowCh, ch = c % kKRowCh;
+      for (int u = 0; u < kKChunks / 32; ++u) {
+        const int c = lane + 32 * u, r = c / kKRowCh, ch = c % kKRowCh;
         const bool ok = r < nvalid;
-        const uint8_t* src = p.kc + (krow0 + t0 + (ok ? r : 0)) * C::kKRowB + ch * 16;
-        cp_async16(sk + r * C::kKRowB + key_chunk_pos<D>(r, ch) * 16, src, ok);
+        cp_async16(st + r * C::kKRowB + key_chunk_pos<D>(r, ch) * 16, ok ? kt + c * 16 : kt, ok);
       }
-      constexpr int kVChunks = C::kVBytes / 16, kVRowCh = C::kVRowB / 16;
 #pragma unroll
-      for (int c = lane; c < kVChunks; c += 32) {
-        const int r = c / kVRowCh;
-        const bool ok = r < nvalid;
-        const uint8_t* src = p.vc + (vrow0 + t0 + (ok ? r : 0)) * C::kVRowB + (c % kVRowCh) * 16;
-        cp_async16(sv + c * 16, src, ok);
+      for (int u = 0; u < kVChunks / 32; ++u) {
+        const int c = lane + 32 * u;
+        const bool ok = c / kVRowCh < nvalid;
+        cp_async16(st + C::kKBytes + c * 16, ok ? vt + c * 16 : vt, ok);
       }
-      constexpr int kSbWords = C::kSbBytes / 4, kSbRowW = C::kSbB / 4;
-      const uint8_t* planes[4] = {p.ks, p.kb, p.vs, p.vb};
+      const uint8_t* const sbt[4] = {p.ks + (krow0 + t0) * C::kSbB, p.kb + (krow0 + t0) * C::kSbB,
+                                     p.vs + (vrow0 + t0) * C::kSbB, p.vb + (vrow0 + t0) * C::kSbB};
 #pragma unroll
-      for (int pl = 0; pl < 4; ++pl) {
-        const int64_t row0 = pl < 2 ? krow0 : vrow0;
+      for (int pl = 0; pl < 4; ++pl)
 #pragma unroll
-        for (int wd = lane; wd < kSbWords; wd += 32) {
-          const int r = wd / kSbRowW;
-          const bool ok = r < nvalid;
-          const uint8_t* src = planes[pl] + (row0 + t0 + (ok ? r : 0)) * C::kSbB + (wd % kSbRowW) * 4;
-          cp_async4(ssb + pl * C::kSbBytes + wd * 4, src, ok);
+        for (int u = 0; u < kSbWords / 32; ++u) {
+          const int wd = lane + 32 * u;
+          const bool ok = wd / kSbRowW < nvalid;
+          cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + wd * 4, ok ? sbt[pl] + wd * 4 : sbt[pl], ok);
         }
-      }
     }
     cp_commit();
   };
@@ -293,24 +292,23 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
   // Per-thread constants for its rows r0 = 2·tig, r1 = 2·tig + 1.
   const int rr[2] = {2 * tig, 2 * tig + 1};
   float zmul[2], bq[G][2];
-  int64_t vis_lo[2], vis_hi[2];
+  int vis_lo[2], vis_hi[2];  // visible keys of rows r0, r1 as [lo, hi) relative to c0 (0 ≤ · ≤ c1 − c0)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = rr[h];
     zmul[h] = ldexpf(p.scale_log2, -qexp[r]);
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
+    int64_t lo_h = c0, hi_h = c1;
     if (r >= R) {
-      vis_lo[h] = 0;
-      vis_hi[h] = 0;
+      hi_h = c0;
     } else if (p.causal) {
       const int64_t pos = kL - p.L + r / p.rep;
-      vis_hi[h] = min(c1, pos + 1);
-      vis_lo[h] = p.window > 0 ? max(c0, pos - p.window + 1) : c0;
-    } else {
-      vis_lo[h] = c0;
-      vis_hi[h] = c1;
+      hi_h = min(c1, pos + 1);
+      if (p.window > 0) lo_h = max(c0, pos - p.window + 1);
     }
+    vis_lo[h] = static_cast<int>(max(static_cast<int64_t>(0), lo_h - c0));
+    vis_hi[h] = static_cast<int>(max(static_cast<int64_t>(0), hi_h - c0));
   }
   constexpr bool kDigitRegs = false;
   uint2 qreg[kDigitRegs ? C::kKSteps : 1][3];
@@ -350,7 +348,6 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
     const __half* skb = sks + TK * G;
     const __half* svs = skb + TK * G;
     const __half* svb = svs + TK * G;
-    const int64_t t0 = c0 + static_cast<int64_t>(warp + i * kTcWarps) * TK;
 
     // ---- scores: sc[mt][e], e = (key gid, r0), (gid, r1), (gid+8, r0), (gid+8, r1), log2 units ----
     float sc[MT][4];
@@ -372,17 +369,17 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
           A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
           A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
         }
-        int z[4] = {0, 0, 0, 0};
+        // Three independent 2-deep chains (one per digit), combined as Z = (C2·256 + C1)·256 + C0: exact, since
+        // every partial sum Σ c·(Q − d0) and Z itself stay below 2^31 in magnitude.
+        int z[4] = {0, 0, 0, 0}, z1[4] = {0, 0, 0, 0}, z0[4] = {0, 0, 0, 0};
         mma_u8s8(z, A[0], digits(2 * gi, 2));
+        mma_u8s8(z1, A[0], digits(2 * gi, 1));
+        mma_u8s8(z0, A[0], digits(2 * gi, 0));
         mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
+        mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
+        mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
 #pragma unroll
-        for (int e = 0; e < 4; ++e) z[e] *= 256;
-        mma_u8s8(z, A[0], digits(2 * gi, 1));
-        mma_u8s8(z, A[1], digits(2 * gi + 1, 1));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) z[e] *= 256;
-        mma_u8s8(z, A[0], digits(2 * gi, 0));
-        mma_u8s8(z, A[1], digits(2 * gi + 1, 0));
+        for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
         const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
         const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
         sc[mt][0] += sa * (zmul[0] * static_cast<float>(z[0])) + ba * bq[gi][0];
@@ -390,7 +387,7 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
         sc[mt][2] += sb * (zmul[0] * static_cast<float>(z[2])) + bb * bq[gi][0];
         sc[mt][3] += sb * (zmul[1] * static_cast<float>(z[3])) + bb * bq[gi][1];
       }
-      const int64_t ja = t0 + ra, jb = t0 + rb;
+      const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
       sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
       sc[mt][1] = (ja >= vis_lo[1] && ja < vis_hi[1]) ? sc[mt][1] : kNegInf;
       sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
@@ -413,19 +410,22 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
       m_run[h] = mn;
       mnew[h] = mu;
     }
+    // Rescale only when some row's maximum moved (after the first tiles it rarely does).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int gi = 0; gi < G; ++gi)
+      for (int gi = 0; gi < G; ++gi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        bacc[gi][h] *= alpha[h];
+        for (int h = 0; h < 2; ++h) {
+          bacc[gi][h] *= alpha[h];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          acc[gi][j][h] *= alpha[h];
-          acc[gi][j][2 + h] *= alpha[h];
+          for (int j = 0; j < 4; ++j) {
+            acc[gi][j][h] *= alpha[h];
+            acc[gi][j][2 + h] *= alpha[h];
+          }
         }
-      }
-    l_run[0] *= alpha[0];
-    l_run[1] *= alpha[1];
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
+    }
 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -618,7 +618,7 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   const int64_t slots = static_cast<int64_t>(per_sm) * sm_count() * waves;
   const int64_t bh = a.B * a.keys.H, kL = a.keys.length;
   const int64_t quantum = static_cast<int64_t>(kTcWarps) * tk;  // one tile per warp
-  int64_t splits = a.kv_splits > 0 ? a.kv_splits : std::max<int64_t>(1, slots / bh);
+  int64_t splits = a.kv_splits > 0 ? std::min(a.kv_splits, 4096) : std::max<int64_t>(1, slots / bh);
   splits = std::min(splits, std::max<int64_t>(1, (kL + quantum - 1) / quantum));
   int64_t chunk = (kL + splits - 1) / splits;
   chunk = (chunk + quantum - 1) / quantum * quantum;
