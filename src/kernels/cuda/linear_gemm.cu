@@ -44,7 +44,7 @@ namespace {
 // K % 16 == 0 and 16-byte aligned operands — and mma.sync otherwise (W4A8, other devices). The environment
 // variable CIDER_GEMM_KERNEL = mma | wgmma | wgmma2 | auto sets the initial choice (read once);
 // gemm_bench::set_gemm_kernel overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls
-// back to mma.sync. wgmma2 = the 2-CTA-cluster multicast variant (per channel; opt-in until measured).
+// back to mma.sync. wgmma2 = the 2-CTA-cluster multicast variant (opt-in until run and measured).
 enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2, kGemmWgmmaCluster = 3 };
 constexpr bool kWgmmaByDefault = true;  // auto → wgmma where supported
 
@@ -713,7 +713,7 @@ void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const
   launch_int_gemm(args, xq, sx, int4, static_cast<cudaStream_t>(exec.stream), op);
 }
 // 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync),
-// 3 = the wgmma 2-CTA-cluster variant where it applies (per channel; else as 2).
+// 3 = the wgmma 2-CTA-cluster variant where wgmma is supported (else mma.sync).
 void set_gemm_kernel(int choice) {
   check(choice >= kGemmAuto && choice <= kGemmWgmmaCluster, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
         "choice must be 0 (auto), 1 (mma.sync), 2 (wgmma) or 3 (wgmma cluster); got ", choice);

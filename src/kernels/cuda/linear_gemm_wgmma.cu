@@ -254,7 +254,7 @@ struct Params {
 };
 
 // kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
-// kCluster 2 (per channel only; opt-in, see launch()): CTA pairs of a cluster take vertically adjacent tiles of one
+// kCluster 2 (opt-in, see launch()): CTA pairs of a cluster take vertically adjacent tiles of one
 // N-tile; each CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' shared memory, so
 // the L2 → SM traffic per k-tile drops from 48 KB to 32 KB per CTA (BN 256). A stage is refilled only when the
 // consumers of both CTAs have released it (empty barriers count 16 arrivals, half of them remote).
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            const Params p) {
   using Cfg = TileConfig<BN>;
   constexpr bool kGrouped = kGroupSteps > 0;
-  static_assert(kCluster == 1 || (kCluster == 2 && !kGrouped), "clusters: per channel only");
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
   static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
   constexpr int kStages = Cfg::kStages;
   constexpr int kAcc = BN / 2;   // int32 accumulators per consumer thread: 64 × BN over 128 threads
@@ -589,12 +589,21 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 template <typename OutT>
-void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool cluster, cudaStream_t stream,
+void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool variant, cudaStream_t stream,
                 const char* op) {
   switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
-    case 2: launch_config<128, 2, 1, OutT>(map_a, w, p, stream, op); return;
-    case 4: launch_config<128, 4, 1, OutT>(map_a, w, p, stream, op); return;
-    case 8: launch_config<128, 8, 1, OutT>(map_a, w, p, stream, op); return;
+    case 2:
+      variant ? launch_config<128, 2, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 2, 1, OutT>(map_a, w, p, stream, op);
+      return;
+    case 4:
+      variant ? launch_config<128, 4, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 4, 1, OutT>(map_a, w, p, stream, op);
+      return;
+    case 8:
+      variant ? launch_config<128, 8, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 8, 1, OutT>(map_a, w, p, stream, op);
+      return;
     default: break;
   }
   // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
@@ -603,7 +612,7 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool c
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
   const bool use_wide = 1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms);
-  if (cluster) {
+  if (variant) {
     if (use_wide) launch_config<256, 0, 2, OutT>(map_a, w, p, stream, op);
     else launch_config<128, 0, 2, OutT>(map_a, w, p, stream, op);
   } else {
@@ -627,8 +636,7 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
 }
 
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
-// cluster: the 2-CTA multicast variant for per-channel scales (opt-in, NOT yet run on a GPU); returns whether it
-// ran (per group always runs the single-CTA kernel).
+// cluster: the 2-CTA multicast variant (opt-in, NOT yet run on a GPU), per channel and per group; returns it.
 bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
             const char* op) {
   Params p{};
@@ -644,7 +652,6 @@ bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, 
   p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
   CUtensorMap map_a;
   encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
-  cluster = cluster && p.group_steps == 0;
   switch (a.out_dtype) {
     case DType::kF32: launch_out<float>(map_a, a.w, p, cluster, stream, op); break;
     case DType::kF16: launch_out<__half>(map_a, a.w, p, cluster, stream, op); break;
