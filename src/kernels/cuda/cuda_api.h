@@ -112,7 +112,9 @@ void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec)
 // ---- KV cache: rotate + quantize + append (kernels/cuda/kv_append.cu) --------------------------------------------
 // Appends n positions for every (b, h) in one launch. Row (b, h, t) is read from src at
 // b·src_stride_b + h·src_stride_h + t·src_stride_t (+ d, elements; dims contiguous), in src_dtype (f32/f16/bf16),
-// rotated in float32 (rotation 0 none, 1 so4 fast, 2 so4 full; qL/qR device [dim/4, 4]) and stored at position
+// rotated in float32 (rotation 0 none, 1 so4 fast, 2 so4 full; qL/qR device [dim/4, 4]; the Hadamard rotation 3 is
+// not fused here: callers apply cuda::hadamard_rows (kernels/cuda/hadamard.h) and append with rotation 0, which gives
+// the same bytes as the CPU cache) and stored at position
 // offset + t of storage [B, H, capacity, ·]:
 //   bits > 0: codes [.., dim·bits/32] uint32, scales/biases [.., dim/gs] in dst_dtype — the same bytes as
 //             kernels/ref kv_append (MLX's arithmetic: every multiply and add rounded, never fused);
