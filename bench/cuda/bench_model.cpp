@@ -81,7 +81,9 @@ cider::bench::BenchResult decode(const std::string& weights, const std::string& 
            std::to_string(r.bytes / 4.3e12 * 1e3).substr(0, 5) + " ms; graphs of " + std::to_string(c.num_layers) +
            " layers" + (model->kv.quantized ? std::string("; ") + cider::nn::rotation_kind_name(model->kv.rotation) : "") +
            (skip & cm::gpu::GpuSession::kSkipLinear ? "; WITHOUT linear layers" : "") +
-           (skip & cm::gpu::GpuSession::kSkipAttention ? "; WITHOUT attention" : "");
+           (skip & cm::gpu::GpuSession::kSkipAttention ? "; WITHOUT attention" : "") +
+           (skip & cm::gpu::GpuSession::kSkipAppend ? "; WITHOUT kv_append" : "") +
+           (skip & cm::gpu::GpuSession::kSkipSmall ? "; WITHOUT the model's small kernels" : "");
   if (skip) r.bytes = r.flops = 0;  // a partial step: no floor
   return r;
 }
@@ -110,6 +112,17 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-attention", "model")
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-linear no-attention", "model") {
   return decode("w8a8", "k4v3", 1024, "hadamard",
                 cm::gpu::GpuSession::kSkipLinear | cm::gpu::GpuSession::kSkipAttention);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-append", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard", cm::gpu::GpuSession::kSkipAppend);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 no-small", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard", cm::gpu::GpuSession::kSkipSmall);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L1024 linear only", "model") {
+  return decode("w8a8", "k4v3", 1024, "hadamard",
+                cm::gpu::GpuSession::kSkipAttention | cm::gpu::GpuSession::kSkipAppend |
+                    cm::gpu::GpuSession::kSkipSmall);
 }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L32768 no-linear", "model") {
   return decode("w8a8", "k4v3", 32768, "hadamard", cm::gpu::GpuSession::kSkipLinear);

@@ -633,6 +633,8 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
   const int rot = m.rotation();
   const bool run_linear = (skip & GpuSession::kSkipLinear) == 0;
   const bool run_attention = (skip & GpuSession::kSkipAttention) == 0;
+  const bool run_append = (skip & GpuSession::kSkipAppend) == 0;
+  const bool run_small = (skip & GpuSession::kSkipSmall) == 0;
   float* xs = x.as<float>();
   float* hs = h.as<float>();
   float* ts = tmp.as<float>();
@@ -647,7 +649,7 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
   const int64_t qkv_stride = (Hq + 2 * Hkv) * D;
 
   // h = attn_norm(x) of the first layer; every later norm is fused with the residual add before it.
-  residual_norm(xs, nullptr, nullptr, m.layers[0].attn_norm.as<float>(), off, n, H, eps, hs, e.stream);
+  if (run_small) residual_norm(xs, nullptr, nullptr, m.layers[0].attn_norm.as<float>(), off, n, H, eps, hs, e.stream);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const GpuLayer& L = m.layers[sz(l)];
     const bool sliding = c.layer_sliding[sz(l)] != 0;
@@ -672,27 +674,29 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
     p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
     p.q_out = qs;
     p.q_head_major = n > 1;  // attention's [B, Hq, L, D]; for one token both layouts are the same
-    prepare_heads(p, e.stream);
-    append_kv(l, qkv_s + Hq * D, qkv_stride, n, pos0, d_pos, e);
+    if (run_small) prepare_heads(p, e.stream);
+    if (run_append) append_kv(l, qkv_s + Hq * D, qkv_stride, n, pos0, d_pos, e);
     if (run_attention) cuda::attention(attention_args(l, qs, aos, n, kv_length), d_len, e);
     // Outputs back from the rotated value space (nn::attention), and (Hq, n, D) → (n, Hq, D) for a prefill.
     const float* o_in = aos;
-    if (rot != 0 || n > 1) {
+    if ((rot != 0 || n > 1) && run_small) {
       finish_heads(aos, n > 1, n, Hq, D, rot, p.qL, p.qR, as, e.stream);
       o_in = as;
     }
     if (run_linear) L.o.forward(o_in, n, ts, e);
-    residual_norm(xs, ts, c.sandwich_norms ? L.post_attn_norm.as<float>() : nullptr, L.mlp_norm.as<float>(), off, n,
-                  H, eps, hs, e.stream);
+    if (run_small)
+      residual_norm(xs, ts, c.sandwich_norms ? L.post_attn_norm.as<float>() : nullptr, L.mlp_norm.as<float>(), off,
+                    n, H, eps, hs, e.stream);
 
     // ---- MLP block ----
     if (run_linear) L.gate_up.forward(hs, n, gus, scr, e);
-    glu_rows(gus, n, I, act, ffs, e.stream);
+    if (run_small) glu_rows(gus, n, I, act, ffs, e.stream);
     if (run_linear) L.down.forward(ffs, n, ts, e);
     const bool last = l + 1 == c.num_layers;
-    residual_norm(xs, ts, c.sandwich_norms ? L.post_mlp_norm.as<float>() : nullptr,
-                  last ? m.final_norm.as<float>() : m.layers[sz(l + 1)].attn_norm.as<float>(), off, n, H, eps, hs,
-                  e.stream);
+    if (run_small)
+      residual_norm(xs, ts, c.sandwich_norms ? L.post_mlp_norm.as<float>() : nullptr,
+                    last ? m.final_norm.as<float>() : m.layers[sz(l + 1)].attn_norm.as<float>(), off, n, H, eps, hs,
+                    e.stream);
   }
 }
 

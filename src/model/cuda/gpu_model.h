@@ -117,9 +117,10 @@ class GpuSession {
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
   bool use_graphs = true;
-  // Timing experiments only (the results are garbage): leave out every linear layer (kSkipLinear) and/or the attention
-  // launches (kSkipAttention) from what enqueue_decode enqueues, to split a graph's time into its parts.
-  static constexpr int kSkipLinear = 1, kSkipAttention = 2;
+  // Timing experiments only (the results are garbage): leave out of what enqueue_decode enqueues every linear layer
+  // (kSkipLinear), the attention launches (kSkipAttention), the kv_appends (kSkipAppend) and/or the model's small
+  // kernels (kSkipSmall: residual_norm, prepare_heads, finish_heads, glu_rows), to split a graph's time into parts.
+  static constexpr int kSkipLinear = 1, kSkipAttention = 2, kSkipAppend = 4, kSkipSmall = 8;
   int bench_skip = 0;
   int64_t graphs_captured() const;
 
