@@ -1441,7 +1441,7 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
     if (pre == "llama-bpe" || pre == "llama3") {
       split.pattern.regex = std::make_shared<Regex>(kLlama3Regex, kOpGguf);
       t->ignore_merges = true;  // as Llama 3's tokenizer.json sets it
-    } else if (pre == "qwen2") {
+    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {  // the R1 distills of Qwen2.5: llama.cpp maps both alike
       split.pattern.regex = std::make_shared<Regex>(kQwen2Regex, kOpGguf);
       Normalizer n;
       n.kind = Normalizer::kNFC;  // Qwen2's tokenizer.json normalizes to NFC
@@ -1450,7 +1450,7 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
       split.pattern.regex = std::make_shared<Regex>(kGpt2Regex, kOpGguf);
     } else {
       fail(ErrorCode::kUnsupported, kOpGguf,
-           "tokenizer.ggml.pre must be one of llama-bpe, llama3, qwen2, default, gpt-2; got ", pre);
+           "tokenizer.ggml.pre must be one of llama-bpe, llama3, qwen2, deepseek-r1-qwen, default, gpt-2; got ", pre);
     }
     PreTokenizer seq;
     seq.kind = PreTokenizer::kSequence;
