@@ -210,6 +210,23 @@ TEST(KernelsX86, W4A8EveryLevelMatchesReference) {
       }
 }
 
+// The W4A8 GEMV's row orders: page blocks of 16·P rows read in P passes (P = rows per 4 KiB page, up to 8) and
+// plain 16-row blocks for the rows after them, with row tails (K not a multiple of 128) in both. K = 32·odd gives
+// rows of 16·odd bytes (P = 8 for 96 and 480, 7 for 1056), 4096 P = 2, 4160 P = 1 with a tail; N 4097 = whole page
+// blocks plus one row.
+TEST(KernelsX86, W4A8GemvRowOrdersMatchReference) {
+  auto rng = test::make_rng(404);
+  int i = 0;
+  for (int gs : {0, 32, 64, 128, 256})
+    for (int64_t K : {96, 480, 1056, 4096, 4160})
+      for (int64_t N : {1, 7, 33, 67, 129, 4097}) {
+        if (gs != 0 && K % gs != 0) continue;
+        if (N * K > 4096 * 4160 / 2 && gs != 0 && gs != 128) continue;  // the reference's time: groups 0 and 128 only
+        ++i;
+        check_int_case({true, 1, N, K, gs, kFloats[i % 3], kFloats[(i / 3) % 3], i % 2 == 1, false}, rng);
+      }
+}
+
 TEST(KernelsX86, IntKernelsSplitOverAnyThreadCount) {
   auto rng = test::make_rng(403);
   const int before = num_threads();
@@ -220,6 +237,7 @@ TEST(KernelsX86, IntKernelsSplitOverAnyThreadCount) {
       check_int_case({int4, 1, 333, 4096, 128, DType::kF32, DType::kF32, true, false}, rng);
       check_int_case({int4, 9, 333, 512, 0, DType::kBF16, DType::kF32, false, false}, rng);
     }
+    check_int_case({true, 1, 333, 2048, 64, DType::kF32, DType::kBF16, true, false}, rng);  // W4A8 page blocks, P 4
   }
   set_num_threads(before);
 }
