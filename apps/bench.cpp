@@ -10,11 +10,19 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+
+// `cider bench attention …` runs bench/attention_bench.cpp's program (same options, table, --json): the file is
+// compiled into this one without its main(), so the two stay one implementation.
+#define CIDER_ATTENTION_BENCH_NO_MAIN
+#include "bench/attention_bench.cpp"
+#undef CIDER_ATTENTION_BENCH_NO_MAIN
 
 namespace cider::apps {
 
@@ -78,14 +86,27 @@ struct Case {
   std::function<Result(const BenchOptions&, const kernels::KernelTable&)> run;
 };
 
+// --cputime: time with the process CPU clock instead of the wall clock (a loaded machine; meaningful with
+// --threads 1, where it counts the one thread's time, memory stalls included, and not the time it waited).
+bool g_cputime = false;
+
+double now_ms() {
+  if (g_cputime) {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
 // Times `call(i)` once to warm up, then `reps` times (i = 1..reps).
 std::vector<double> time_calls(int reps, const std::function<void(int)>& call) {
   call(0);
   std::vector<double> ms;
   for (int i = 1; i <= reps; ++i) {
-    const auto t0 = Clock::now();
+    const double t0 = now_ms();
     call(i);
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    ms.push_back(now_ms() - t0);
   }
   return ms;
 }
@@ -306,6 +327,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// `cider bench attention [options]`: every word after `attention` goes to the attention benchmark's own parser
+// (bench/attention_bench.cpp), --help included.
+CLI::App* g_attention_cmd = nullptr;
+
 }  // namespace
 
 CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
@@ -324,10 +349,25 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions& o) {
   c->add_option("--filter", o.filter, "run only the cases whose name contains this text (several: a,b,c)");
   c->add_flag("--json", o.json, "one JSON object per case and line");
   c->add_flag("--list", o.list, "list the case names and exit");
+  c->add_flag("--cputime", g_cputime, "time with the process CPU clock (a loaded machine; use with --threads 1)");
+  g_attention_cmd = c->add_subcommand(
+      "attention", "decode attention over a packed K/V cache per ISA level (the options of bench/attention_bench: "
+                   "--ctx, --dims, --hq, --hkv, --kbits, --vbits, --mode, --json, …; `cider bench attention --help`)");
+  g_attention_cmd->set_help_flag();  // --help goes to the attention benchmark's usage
+  g_attention_cmd->prefix_command();  // everything after `attention` is its own arguments
   return c;
 }
 
 int run_bench(const BenchOptions& o) {
+  if (g_attention_cmd && g_attention_cmd->parsed()) {
+    std::vector<std::string> words = g_attention_cmd->remaining();
+    std::vector<char*> argv;
+    std::string prog = "cider bench attention";
+    argv.push_back(prog.data());
+    for (std::string& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    return cider::bench_attention::main_with_args(static_cast<int>(argv.size() - 1), argv.data());
+  }
   const std::vector<Case> cases = all_cases();
   if (o.list) {
     for (const Case& c : cases) std::printf("%s\n", c.name.c_str());
@@ -337,8 +377,8 @@ int run_bench(const BenchOptions& o) {
   const kernels::KernelTable& table =
       o.isa.empty() ? kernels::active_kernels() : kernels::kernels_for_isa(parse_isa(o.isa, "bench"));
   if (!o.json) {
-    std::printf("cider bench: kernels %s, %d threads, best/median/max of %d calls (GEMM: of max(3, reps/4))\n",
-                table.name, num_threads(), o.reps);
+    std::printf("cider bench: kernels %s, %d threads, best/median/max of %d calls (GEMM: of max(3, reps/4))%s\n",
+                table.name, num_threads(), o.reps, g_cputime ? ", process CPU time" : "");
     std::printf("%-36s %10s %10s %10s %10s %10s  %s\n", "case", "best ms", "median ms", "max ms", "GB/s", "GOP/s",
                 "note");
   }
@@ -361,10 +401,10 @@ int run_bench(const BenchOptions& o) {
     if (o.json) {
       std::printf("{\"engine\": \"cider\", \"case\": \"%s\", \"kernel\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
                   "\"M\": %lld, \"N\": %lld, \"K\": %lld, \"best_ms\": %.4f, \"median_ms\": %.4f, \"max_ms\": %.4f, "
-                  "\"calls\": %zu, \"gbps\": %.2f, \"gops\": %.1f, \"note\": \"%s\"}\n",
+                  "\"calls\": %zu, \"gbps\": %.2f, \"gops\": %.1f, \"clock\": \"%s\", \"note\": \"%s\"}\n",
                   r.name.c_str(), r.kernel.c_str(), table.name, num_threads(), static_cast<long long>(r.M),
                   static_cast<long long>(r.N), static_cast<long long>(r.K), best, med, worst, r.ms.size(), gbps, gops,
-                  note.c_str());
+                  g_cputime ? "process-cpu" : "wall", note.c_str());
     } else {
       std::printf("%-36s %10.3f %10.3f %10.3f %10.1f %10.1f  %s\n", r.name.c_str(), best, med, worst, gbps,
                   r.ops > 0 ? gops : 0.0, note.c_str());

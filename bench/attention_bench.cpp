@@ -14,6 +14,9 @@
 // tiles, fully masked tiles skipped).
 // Output: one line per case (best / median / max ms over --reps calls after one warm-up, GB/s of cache bytes at the
 // best time), or JSON lines with --json. tools/bench_attention_peers.sh runs it interleaved with llama.cpp.
+// The same code is `cider bench attention [options]` (apps/bench.cpp includes this file with
+// CIDER_ATTENTION_BENCH_NO_MAIN defined and calls cider::bench_attention::main_with_args), so both take the same
+// options and print the same table.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +42,8 @@
 #include "nn/kv_cache.h"
 #include "nn/rotation.h"
 #include "quant/affine.h"
+
+namespace cider::bench_attention {
 
 namespace {
 
@@ -75,12 +80,14 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return out;
 }
 
-void usage() {
+void usage(const char* prog) {
   std::printf(
-      "usage: attention_bench [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
-      "                       [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
-      "                       [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
-      "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n");
+      "usage: %s [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
+      "         [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "         [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
+      "decode attention (B 1, L query rows) over a packed K/V cache, timed per ISA level; table or --json lines\n"
+      "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n",
+      prog);
 }
 
 bool g_hugepages = false;  // --hugepages: planes in 2 MiB-aligned memory advised for transparent huge pages
@@ -175,6 +182,7 @@ struct Timing {
 };
 
 bool g_cputime = false;
+const char* g_prog = "attention_bench";  // the program's name in the table's title line
 
 double now_ms() {
   if (g_cputime) {
@@ -228,10 +236,10 @@ int run(const Options& o) {
     levels.push_back(cider::parse_isa(o.isa, "attention_bench"));
   }
   if (!o.json) {
-    std::printf("attention_bench: Hq %lld, Hkv %lld, L %lld, K%d/V%d g%d f16 scales, %d threads, best/median/max of %d "
-                "calls\n",
-                static_cast<long long>(o.hq), static_cast<long long>(o.hkv), static_cast<long long>(o.L), o.kbits,
-                o.vbits, o.group, cider::num_threads(), o.reps);
+    std::printf("%s: Hq %lld, Hkv %lld, L %lld, K%d/V%d g%d f16 scales, %d threads, best/median/max of %d "
+                "calls%s\n",
+                g_prog, static_cast<long long>(o.hq), static_cast<long long>(o.hkv), static_cast<long long>(o.L), o.kbits,
+                o.vbits, o.group, cider::num_threads(), o.reps, o.cputime ? ", process CPU time" : "");
     std::printf("%-32s %-7s %-7s %9s %9s %9s %9s %8s\n", "case", "level", "mode", "best ms", "median", "max",
                 "cache MB", "GB/s");
   }
@@ -362,45 +370,63 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The whole program: argv[0] is the name printed by the usage line; returns the exit status (0, or 2 on a usage
+// error or a failure). --help / -h print the usage and return 0.
+int main_with_args(int argc, char** argv) {
+  const char* prog = argc > 0 ? argv[0] : "attention_bench";
+  g_prog = prog;
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--ctx") o.ctx = parse_list(next());
-    else if (arg == "--dims") o.dims = parse_list(next());
-    else if (arg == "--hq") o.hq = std::stoll(next());
-    else if (arg == "--hkv") o.hkv = std::stoll(next());
-    else if (arg == "--L") o.L = std::stoll(next());
-    else if (arg == "--kbits") o.kbits = std::stoi(next());
-    else if (arg == "--vbits") o.vbits = std::stoi(next());
-    else if (arg == "--group") o.group = std::stoi(next());
-    else if (arg == "--reps") o.reps = std::stoi(next());
-    else if (arg == "--threads") o.threads = std::stoi(next());
-    else if (arg == "--pool-mb") o.pool_mb = std::stoll(next());
-    else if (arg == "--isa") o.isa = next();
-    else if (arg == "--mode") o.mode = next();
-    else if (arg == "--no-nn") o.nn = false;
-    else if (arg == "--json") o.json = true;
-    else if (arg == "--cputime") o.cputime = true;
-    else if (arg == "--no-append") o.append = false;
-    else if (arg == "--prefill") o.prefill = true;
-    else if (arg == "--hugepages") g_hugepages = true;
-    else {
-      usage();
-      return arg == "--help" || arg == "-h" ? 0 : 2;
-    }
-  }
   try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      bool missing = false;
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          missing = true;
+          return "0";
+        }
+        return argv[++i];
+      };
+      if (arg == "--ctx") o.ctx = parse_list(next());
+      else if (arg == "--dims") o.dims = parse_list(next());
+      else if (arg == "--hq") o.hq = std::stoll(next());
+      else if (arg == "--hkv") o.hkv = std::stoll(next());
+      else if (arg == "--L") o.L = std::stoll(next());
+      else if (arg == "--kbits") o.kbits = std::stoi(next());
+      else if (arg == "--vbits") o.vbits = std::stoi(next());
+      else if (arg == "--group") o.group = std::stoi(next());
+      else if (arg == "--reps") o.reps = std::stoi(next());
+      else if (arg == "--threads") o.threads = std::stoi(next());
+      else if (arg == "--pool-mb") o.pool_mb = std::stoll(next());
+      else if (arg == "--isa") o.isa = next();
+      else if (arg == "--mode") o.mode = next();
+      else if (arg == "--no-nn") o.nn = false;
+      else if (arg == "--json") o.json = true;
+      else if (arg == "--cputime") o.cputime = true;
+      else if (arg == "--no-append") o.append = false;
+      else if (arg == "--prefill") o.prefill = true;
+      else if (arg == "--hugepages") g_hugepages = true;
+      else {
+        const bool help = arg == "--help" || arg == "-h";
+        if (!help) std::fprintf(stderr, "%s: error: unknown option %s\n", prog, arg.c_str());
+        usage(prog);
+        return help ? 0 : 2;
+      }
+      if (missing) {
+        std::fprintf(stderr, "%s: error: %s needs a value\n", prog, arg.c_str());
+        usage(prog);
+        return 2;
+      }
+    }
     return run(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "attention_bench: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
     return 2;
   }
 }
+
+}  // namespace cider::bench_attention
+
+#ifndef CIDER_ATTENTION_BENCH_NO_MAIN
+int main(int argc, char** argv) { return cider::bench_attention::main_with_args(argc, argv); }
+#endif

@@ -357,5 +357,25 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
 }
 
+TEST_F(Cli, BenchAttentionTakesTheAttentionBenchmarksOptions) {
+  const CliResult h = cider("bench attention --help");
+  ASSERT_EQ(h.status, 0) << h.err;
+  for (const char* part : {"usage: cider bench attention", "--ctx", "--dims", "--json", "--cputime"})
+    EXPECT_NE(h.out.find(part), std::string::npos) << part << "\n" << h.out;
+  const CliResult r = cider("bench attention --ctx 256 --dims 64 --hq 4 --hkv 2 --reps 1 --mode hot --no-nn --no-append --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream lines(r.out);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("case").get<std::string>(), "decode_hq4_hkv2_d64_ctx256");
+    EXPECT_GT(j.at("best_ms").get<double>(), 0.0);
+  }
+  EXPECT_GE(n, 1);
+  const CliResult bad = cider("bench attention --no-such-option");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.out.find("usage: cider bench attention"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace cider
