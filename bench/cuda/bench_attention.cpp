@@ -1,4 +1,5 @@
-// cuda_bench cases of the attention area: decode over the K4/V3 g64 (f16 scales) cache and the plain bf16 cache,
+// cuda_bench cases of the attention area: decode over the K4/V3 and K8/V4 g64 (f16 scales) caches and the plain bf16
+// cache,
 // each against PyTorch's bf16 SDPA decode row of ../shared/tools/gpu_anchors.py; plus kv_append of one decode step.
 // Caches hold fresh random bytes (codes) and valid random f16/bf16 numbers (scales, biases, plain values); copies are
 // rotated so the working set of one launch is not served from the 60 MB L2 by the previous one.
@@ -44,12 +45,40 @@ struct CacheCopy {
   DeviceBuffer k, ks, kb, v, vs, vb;
 };
 
-// Decode attention: B, Hq, Hkv, D, L keys; quantized K4/V3 g64 f16 (quant = true) or plain bf16.
-BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, bool quant) {
+// Sets $CIDER_ATTN_TC_K8V4 for one case (the tensor-core K8V4 path is opt-in while new) and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) prev_ = prev;
+    if (value) ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, prev_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string prev_;
+};
+
+// Decode attention: B, Hq, Hkv, D, L keys; quantized g64 f16 with kbits/vbits (K4V3, K8V4) or plain bf16 (0/0).
+// k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).
+BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
+                        const char* k8v4_tc = nullptr) {
+  const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
+  const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
   const int64_t rows = B * Hkv * L;
-  const size_t k_bytes = quant ? static_cast<size_t>(rows * D / 2) : static_cast<size_t>(rows * D * 2);
-  const size_t v_bytes = quant ? static_cast<size_t>(rows * D * 3 / 8) : k_bytes;
+  const size_t k_bytes = quant ? static_cast<size_t>(rows * D * kbits / 8) : static_cast<size_t>(rows * D * 2);
+  const size_t v_bytes = quant ? static_cast<size_t>(rows * D * vbits / 8) : k_bytes;
   const size_t sb_n = static_cast<size_t>(rows * D / 64);
   const size_t per_copy = k_bytes + v_bytes + (quant ? 4 * sb_n * 2 : 0);
   const int copies = static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, (240u << 20) / per_copy + 1)));
@@ -97,8 +126,8 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
       kv.group_size = 64;
       a.keys = kv;
       a.values = kv;
-      a.keys.bits = 4;
-      a.values.bits = 3;
+      a.keys.bits = kbits;
+      a.values.bits = vbits;
       a.keys.data = c.k.data();
       a.keys.scales = c.ks.data();
       a.keys.biases = c.kb.data();
@@ -133,35 +162,50 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   r.peer = "sdpa decode bf16 B" + std::to_string(B) + " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) +
            " D" + std::to_string(D) + " L" + std::to_string(L);
   const char* tc = std::getenv("CIDER_ATTN_TC");
-  r.note = quant ? (tc && tc[0] == '0' ? "K4V3 g64 f16 scales, CUDA-core kernel (CIDER_ATTN_TC=0)"
-                                      : "K4V3 g64 f16 scales")
-                 : "plain bf16 cache";
+  const char* k8 = std::getenv("CIDER_ATTN_TC_K8V4");
+  const bool tc_on = !(tc && tc[0] == '0') && (kbits == 4 || (k8 && k8[0] == '1'));
+  const std::string kind = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) + " g64 f16 scales";
+  r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
   return r;
 }
 
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, true);
+  return decode_case(1, 32, 8, 128, 32768, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768", "attention") {
-  return decode_case(8, 32, 8, 128, 32768, true);
+  return decode_case(8, 32, 8, 128, 32768, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072", "attention") {
-  return decode_case(1, 32, 8, 128, 131072, true);
+  return decode_case(1, 32, 8, 128, 131072, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536", "attention") {
-  return decode_case(1, 16, 2, 256, 65536, true);
+  return decode_case(1, 16, 2, 256, 65536, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192", "attention") {
-  return decode_case(1, 64, 8, 128, 8192, true);
+  return decode_case(1, 64, 8, 128, 8192, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq16 Hkv2 D256 L65536", "attention") {
-  return decode_case(8, 16, 2, 256, 65536, true);
+  return decode_case(8, 16, 2, 256, 65536, 4, 3);
+}
+// K8V4 g64 (the CLI default cache) on the tensor-core path ($CIDER_ATTN_TC_K8V4=1 during the case); the
+// "CUDA-core" case is the same cache on the general kernel (switch 0) for the A/B.
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1");
+}
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L131072", "attention") {
+  return decode_case(1, 32, 8, 128, 131072, 8, 4, "1");
+}
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return decode_case(1, 16, 2, 256, 65536, 8, 4, "1");
+}
+CIDER_CUDA_BENCH("attention decode K8V4 CUDA-core B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 8, 4, "0");
 }
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, false);
+  return decode_case(1, 32, 8, 128, 32768, 0, 0);
 }
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attention") {
-  return decode_case(1, 16, 2, 256, 65536, false);
+  return decode_case(1, 16, 2, 256, 65536, 0, 0);
 }
 
 // One decode step of kv_append: B1 H8 D128, K4 g64 f16, so4 full (keys); minimum traffic = f32 src + the new row.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -465,6 +466,51 @@ TEST(CudaAttention, TensorCoreDecodePath) {
     run_attention_case({D, 8, 20000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 0, 12345}, ++salt);
     run_attention_case({D, 4, 5000, 2, MaskKind::kCausal, 700, 4, 3, 64, DType::kF16, 64}, ++salt);
   }
+}
+
+// The same path for the K8V4 g64 cache (the CLI default: 8-bit keys fed to the integer mma as they are, 4-bit values
+// converted to f16), enabled by $CIDER_ATTN_TC_K8V4=1 while it is new (attention_tc.cu reads it at every call).
+// Rows 1..8, tails up to 33 000 keys, masks/windows, forced splits, d_length; a few cases also with the switch off
+// (the general CUDA-core kernel) and with bf16 scales (never the tensor-core path), against the same reference.
+TEST(CudaAttention, TensorCoreDecodePathK8V4) {
+  CIDER_REQUIRE_GPU();
+  const char* prev = std::getenv("CIDER_ATTN_TC_K8V4");
+  const std::string saved = prev ? prev : "";
+  ::setenv("CIDER_ATTN_TC_K8V4", "1", 1);
+  uint64_t salt = 11000;
+  struct RL {
+    int64_t rep, L;
+  };
+  const RL rls[] = {{1, 1}, {2, 3}, {4, 1}, {4, 2}, {8, 1}, {3, 2}, {1, 8}, {7, 1}, {2, 4}, {5, 1}};
+  const int64_t kLs[] = {1, 7, 33, 67, 129, 4097, 20000, 2, 65, 1000};
+  int k = 0;
+  for (int64_t D : {128, 256})
+    for (const RL& rl : rls) {
+      const int64_t kL = kLs[k % 10];
+      const MaskKind mask = (k % 3 == 0) ? MaskKind::kNone : MaskKind::kCausal;
+      const int64_t window = (k % 4 == 2) ? std::max<int64_t>(1, kL / 3) : 0;
+      const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : (k % 7 == 4 ? 17 : 0));
+      const int64_t d_len = (k % 6 == 5 && kL > 2) ? kL - kL / 3 : 0;
+      ++k;
+      if (rl.L > kL) continue;
+      run_attention_case({D, rl.rep, kL, rl.L, mask, window, 8, 4, 64, DType::kF16, splits, d_len}, ++salt);
+      if (k % 4 == 0)
+        run_attention_case({D, rl.rep, kL, rl.L, mask, window, 8, 4, 64, DType::kBF16, splits, d_len}, ++salt);
+    }
+  for (int64_t D : {128, 256}) {
+    run_attention_case({D, 4, 33000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16}, ++salt);
+    run_attention_case({D, 8, 20000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 0, 12345}, ++salt);
+    run_attention_case({D, 4, 5000, 2, MaskKind::kCausal, 700, 8, 4, 64, DType::kF16, 64}, ++salt);
+    run_attention_case({D, 1, 32769, 1, MaskKind::kNone, 0, 8, 4, 64, DType::kF16, 5, 32001}, ++salt);
+  }
+  // Switch off: the general kernel takes the same shapes.
+  ::setenv("CIDER_ATTN_TC_K8V4", "0", 1);
+  run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16}, ++salt);
+  run_attention_case({256, 8, 129, 1, MaskKind::kCausal, 40, 8, 4, 64, DType::kF16, 3}, ++salt);
+  if (prev)
+    ::setenv("CIDER_ATTN_TC_K8V4", saved.c_str(), 1);
+  else
+    ::unsetenv("CIDER_ATTN_TC_K8V4");
 }
 
 TEST(CudaAttention, RejectsBadArguments) {

@@ -1,5 +1,5 @@
-// cider/kernels/cuda/attention_tc.cu — decode attention over a K4/V3 g64 cache (f16 scales, D 128/256) on the tensor
-// cores. Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors
+// cider/kernels/cuda/attention_tc.cu — decode attention over a K4/V3 or K8/V4 g64 cache (f16 scales, D 128/256) on
+// the tensor cores (one kernel template on the key/value bit widths; K8V4 only with $CIDER_ATTN_TC_K8V4=1). Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors
 // and measurements: docs/cuda/attention.md.
 //
 // Work item: one CTA (4 warps) = (b, KV head g) × one split [c0, c1) of the keys, all R = rep·L ≤ 8 query rows of the
@@ -20,6 +20,10 @@
 //   A = value codes (M = 16 dims, K = 16 keys) as f16 (exact: magic-exponent bit tricks, 3-bit codes unpacked from a
 //   24-bit window per thread), B = W = p·s split into f16 hi + lo (≈ 22-bit weights; |W| ≤ |s| ≤ 65504 with f16
 //   scales, so no overflow), moved from the score fragment layout to the B layout by movmatrix.trans.
+// K8V4: the 8-bit key codes are the u8 A operand as stored (word 8·kstep + tig: k 4tig.., word + 4: k 16 + 4tig..);
+// |Z| reaches 64·255·2^21 > 2^31, so C2 and C1·256 + C0 (each < 2^31) are combined in float32. The 4-bit value codes
+// (one word = the 8 dims 64gv + 8gid + e of a key) convert per byte pair of two keys with magics 1024 (low nibble) and
+// 64 (high nibble); value rows are chunk-swizzled in shared memory.
 // Softmax in base 2 (scores pre-multiplied by log2 e, ex2.approx); m/l per thread for its rows 2·tig, 2·tig+1.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,13 +48,16 @@ constexpr int kTcWarps = 4;
 constexpr int kStages = 3;
 constexpr int kRows = 8;  // query rows per CTA (the mma N)
 
-template <int D>
+// KB/VB: key/value code bits, K4V3 (the original path) or K8V4 (enabled by $CIDER_ATTN_TC_K8V4=1 for now).
+template <int D, int KB, int VB>
 struct Cfg {
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
   static constexpr int kG = D / 64;                  // quantization groups per row (keys and values)
   static constexpr int kTK = D == 128 ? 32 : 16;     // keys per warp tile
   static constexpr int kMT = kTK / 16;               // 16-key m-tiles per warp tile
-  static constexpr int kKRowB = D / 2;               // key code bytes per row
-  static constexpr int kVRowB = D * 3 / 8;           // value code bytes per row
+  static constexpr int kKRowB = D * KB / 8;          // key code bytes per row
+  static constexpr int kKRowW = kKRowB / 4;
+  static constexpr int kVRowB = D * VB / 8;          // value code bytes per row
   static constexpr int kVRowW = kVRowB / 4;
   static constexpr int kSbB = kG * 2;                // f16 scale (or bias) bytes per row
   static constexpr int kKBytes = kTK * kKRowB;
@@ -142,18 +149,30 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t y, uint32_t mask, uint32_
   return h2_bits(__hsub2(v, bits_h2(magic)));
 }
 
-// Swizzled position of 16-byte chunk `ch` of key row r in a tile (conflict-free 4-byte reads by the mma lanes).
-template <int D>
+// Swizzled position of 16-byte chunk `ch` of key row r in a tile (conflict-free 4-byte reads by the mma lanes: the
+// 8 rows gid = 0..7 of one read hit 8 different chunk columns of the 32 banks).
+template <int D, int KB>
 __device__ __forceinline__ int key_chunk_pos(int r, int ch) {
-  if constexpr (D == 128)
-    return ch ^ ((r >> 1) & 3);
+  if constexpr (KB == 4 && D == 128)
+    return ch ^ ((r >> 1) & 3);  // 64-byte rows: rows r, r+2 share a 128-byte bank line
   else
-    return ch ^ (r & 7);
+    return ch ^ (r & 7);         // K4 D256 (128 B), K8 D128 (128 B), K8 D256 (256 B): 8 rows, 8 chunk columns
+}
+// Swizzled position of 16-byte chunk `ch` of a 4-bit value row r (K8V4; V3 rows are stored unswizzled). One read:
+// keys r = 2tig(+1, +8, +9) for tig = 0..3, chunks ch = 2gv + (gid >> 2): D256 (8 chunks per 128-byte row) XORs
+// with 0, 2, 4, 6 (conflict-free); D128 (4 chunks per 64-byte row) can only spread the 4 keys over 16 banks (2-way).
+template <int D>
+__device__ __forceinline__ int value4_chunk_pos(int r, int ch) {
+  if constexpr (D == 128)
+    return ch ^ (((r >> 1) & 1) << 1);
+  else
+    return ch ^ (((r >> 1) & 3) << 1);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_kernel(TcParams p) {
-  using C = Cfg<D>;
+// K4V3: 4 (D128) / 3 (D256) CTAs per SM as before; K8V4: 87 / 94 KB of shared memory, so 2 CTAs per SM.
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) attention_tc_kernel(TcParams p) {
+  using C = Cfg<D, KB, VB>;
   constexpr int G = C::kG, TK = C::kTK, MT = C::kMT;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 tc_smem4[];
@@ -205,13 +224,15 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
       for (int u = 0; u < kKChunks / 32; ++u) {
         const int c = lane + 32 * u, r = c / kKRowCh, ch = c % kKRowCh;
         const bool ok = r < nvalid;
-        cp_async16(st + r * C::kKRowB + key_chunk_pos<D>(r, ch) * 16, ok ? kt + c * 16 : kt, ok);
+        cp_async16(st + r * C::kKRowB + key_chunk_pos<D, KB>(r, ch) * 16, ok ? kt + c * 16 : kt, ok);
       }
 #pragma unroll
       for (int u = 0; u < kVChunks / 32; ++u) {
         const int c = lane + 32 * u;
         const bool ok = c / kVRowCh < nvalid;
-        cp_async16(st + C::kKBytes + c * 16, ok ? vt + c * 16 : vt, ok);
+        int dst = c * 16;  // V3: 48/96-byte rows stored as they are
+        if constexpr (VB == 4) dst = (c / kVRowCh) * C::kVRowB + value4_chunk_pos<D>(c / kVRowCh, c % kVRowCh) * 16;
+        cp_async16(st + C::kKBytes + dst, ok ? vt + c * 16 : vt, ok);
       }
       const uint8_t* const sbt[4] = {p.ks + (krow0 + t0) * C::kSbB, p.kb + (krow0 + t0) * C::kSbB,
                                      p.vs + (vrow0 + t0) * C::kSbB, p.vb + (vrow0 + t0) * C::kSbB};
@@ -266,15 +287,18 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
     }
   }
   __syncthreads();
+  // Digit fragment of lane (n, t) at k-step kstep: b.x byte i = k 4t + i, b.y byte i = k 16 + 4t + i, where k ↔ dim
+  // follows the key code layout: K4 word w = 4·kstep + t (8 nibbles, even → b.x, odd → b.y); K8 bytes are dims
+  // (dim = 32·kstep + k: words 8·kstep + t and 8·kstep + 4 + t).
   for (int item = tid; item < C::kKSteps * 32; item += kTcThreads) {
     const int kstep = item / 32, ln = item % 32, n = ln >> 2, t = ln & 3;
-    const int w = 8 * (kstep / 2) + 4 * (kstep % 2) + t;  // key word of this lane's k-range
+    const int w = 8 * (kstep / 2) + 4 * (kstep % 2) + t;  // K4: key word of this lane's k-range
     uint32_t dig[3][2] = {{0, 0}, {0, 0}, {0, 0}};
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int dim = 8 * w + 2 * i + half;
+        const int dim = KB == 4 ? 8 * w + 2 * i + half : 32 * kstep + 16 * half + 4 * t + i;
         const int Q = static_cast<int>(rintf(ldexpf(qf[n * D + dim], qexp[n])));  // |Q| ≤ 2^21
         const int d0 = ((Q + 128) & 255) - 128;
         const int q1 = (Q - d0) >> 8;
@@ -361,13 +385,23 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
         uint32_t A[2][4];
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
-          const int ch = 2 * gi + ks;  // 16-byte chunk = words 8gi + 4ks .. + 3
-          const uint32_t wa = sk[ra * (D / 8) + key_chunk_pos<D>(ra, ch) * 4 + tig];
-          const uint32_t wb = sk[rb * (D / 8) + key_chunk_pos<D>(rb, ch) * 4 + tig];
-          A[ks][0] = wa & 0x0F0F0F0Fu;
-          A[ks][1] = wb & 0x0F0F0F0Fu;
-          A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
-          A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
+          if constexpr (KB == 4) {
+            const int ch = 2 * gi + ks;  // 16-byte chunk = words 8gi + 4ks .. + 3
+            const uint32_t wa = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
+            const uint32_t wb = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
+            A[ks][0] = wa & 0x0F0F0F0Fu;
+            A[ks][1] = wb & 0x0F0F0F0Fu;
+            A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
+            A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
+          } else {
+            // 8-bit codes are the u8 operand as they are: chunk 4gi + 2ks holds dims 64gi + 32ks + 0..15 (k 4tig..),
+            // the next chunk dims + 16..31 (k 16 + 4tig..).
+            const int ch = 4 * gi + 2 * ks;
+            A[ks][0] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
+            A[ks][1] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
+            A[ks][2] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch + 1) * 4 + tig];
+            A[ks][3] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch + 1) * 4 + tig];
+          }
         }
         // Three independent 2-deep chains (one per digit), combined as Z = (C2·256 + C1)·256 + C0: exact, since
         // every partial sum Σ c·(Q − d0) and Z itself stay below 2^31 in magnitude.
@@ -378,14 +412,24 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
         mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
         mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
         mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
+        if constexpr (KB == 4) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
+          for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
+        }
+        // 8-bit codes: |Z| ≤ 64·255·2^21 ≈ 2^35 does not fit an int32, but C1·256 + C0 does (|·| < 64·255·2^15 =
+        // 2^29) and C2 alone does; they are combined in float32 (one rounding, 2^-24 relative).
+        auto zf = [&](int e) -> float {
+          if constexpr (KB == 4)
+            return static_cast<float>(z[e]);
+          else
+            return fmaf(static_cast<float>(z[e]), 65536.0f, static_cast<float>(z1[e] * 256 + z0[e]));
+        };
         const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
         const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
-        sc[mt][0] += sa * (zmul[0] * static_cast<float>(z[0])) + ba * bq[gi][0];
-        sc[mt][1] += sa * (zmul[1] * static_cast<float>(z[1])) + ba * bq[gi][1];
-        sc[mt][2] += sb * (zmul[0] * static_cast<float>(z[2])) + bb * bq[gi][0];
-        sc[mt][3] += sb * (zmul[1] * static_cast<float>(z[3])) + bb * bq[gi][1];
+        sc[mt][0] += sa * (zmul[0] * zf(0)) + ba * bq[gi][0];
+        sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
+        sc[mt][2] += sb * (zmul[0] * zf(2)) + bb * bq[gi][0];
+        sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
       }
       const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
       sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
@@ -453,13 +497,30 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
         const uint32_t b0l = movmatrix_t(h2_bits(la)), b1l = movmatrix_t(h2_bits(lb));
 
         // A: codes of dims 64gv + 8gid + e (e = 0..7) for the four keys, as f16 pairs (key 2tig, 2tig+1) etc.
+        uint32_t P[2][8];
+        if constexpr (VB == 4) {
+          // 4-bit: the 8 codes are word 8gv + gid of the key's row (nibble e = dim 64gv + 8gid + e). Per byte k of
+          // the two keys' words, lanes (key a, key b) = byte k; its low nibble (code 2k) under magic 1024 (ulp 1),
+          // its high nibble (code 2k+1) under magic 64 (ulp 1/16).
+          const int ch = 2 * gv + (gid >> 2), wi = gid & 3;
+          uint32_t X[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) X[k] = sv[kk[k] * C::kVRowW + value4_chunk_pos<D>(kk[k], ch) * 4 + wi];
+#pragma unroll
+          for (int pp = 0; pp < 2; ++pp)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const uint32_t Bk = __byte_perm(X[2 * pp], X[2 * pp + 1], 0x4400u + 0x1100u * k + 0x11u * k);
+              P[pp][2 * k] = code_pair(Bk, 0x000F000Fu, 0x64006400u);      // 1024 + c
+              P[pp][2 * k + 1] = code_pair(Bk, 0x00F000F0u, 0x54005400u);  // 64 + c
+            }
+        } else {
         const int bit = 192 * gv + 24 * gid, wo = bit >> 5, sh = bit & 31;
         const int wo1 = min(wo + 1, C::kVRowW - 1);
         uint32_t X[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           X[k] = __funnelshift_r(sv[kk[k] * C::kVRowW + wo], sv[kk[k] * C::kVRowW + wo1], sh);
-        uint32_t P[2][8];
 #pragma unroll
         for (int pp = 0; pp < 2; ++pp) {
           const uint32_t xa = X[2 * pp], xb = X[2 * pp + 1];
@@ -476,6 +537,7 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
           P[pp][6] = code_pair(H2, 0x001C001Cu, 0x5C005C00u);  // bits 18-20 (H2 bits 2-4): 256 + c
           P[pp][7] = code_pair(H2, 0x00E000E0u, 0x50005000u);  // bits 21-23 (H2 bits 5-7): 32 + c
         }
+        }  // VB == 3
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint32_t a[4] = {P[0][2 * j], P[0][2 * j + 1], P[1][2 * j], P[1][2 * j + 1]};
@@ -558,15 +620,15 @@ __global__ void __launch_bounds__(kTcThreads, D == 128 ? 4 : 3) attention_tc_ker
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
-template <int D>
+template <int D, int KB, int VB>
 int tc_ctas_per_sm() {
   static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D>);
+    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB>);
     CIDER_CUDA_CHECK("cuda.attention",
-                     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D>::kSmem));
+                     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D, KB, VB>::kSmem));
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention",
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, Cfg<D>::kSmem));
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, Cfg<D, KB, VB>::kSmem));
     return std::max(blocks, 1);
   }();
   return n;
@@ -590,6 +652,12 @@ bool tc_enabled() {
   return on;
 }
 
+// K8V4 has never run on a GPU yet: only with $CIDER_ATTN_TC_K8V4=1 (read at every call, so a test can set it).
+bool tc_k8v4_enabled() {
+  const char* e = std::getenv("CIDER_ATTN_TC_K8V4");
+  return e && e[0] == '1';
+}
+
 }  // namespace
 
 bool tc_eligible(const kernels::AttentionArgs& a) {
@@ -597,18 +665,32 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const auto& K = a.keys;
   const auto& V = a.values;
   const int64_t rep = a.Hq / K.H;
-  return K.bits == 4 && V.bits == 3 && K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
+  const bool k4v3 = K.bits == 4 && V.bits == 3;
+  const bool k8v4 = K.bits == 8 && V.bits == 4;
+  if (!k4v3 && !k8v4) return false;
+  return K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
          (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
          rep * a.L <= kRows && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 4) &&
-         aligned(K.biases, 4) && aligned(V.scales, 4) && aligned(V.biases, 4);
+         aligned(K.biases, 4) && aligned(V.scales, 4) && aligned(V.biases, 4) && (k4v3 || tc_k8v4_enabled());
 }
+
+namespace {
+template <int D, int KB, int VB>
+void plan_config(int& tk, int& per_sm, size_t& smem) {
+  tk = Cfg<D, KB, VB>::kTK;
+  per_sm = tc_ctas_per_sm<D, KB, VB>();
+  smem = static_cast<size_t>(Cfg<D, KB, VB>::kSmem);
+}
+}  // namespace
 
 TcPlan tc_plan(const kernels::AttentionArgs& a) {
   TcPlan pl;
-  const bool d128 = a.keys.dim == 128;
-  const int tk = d128 ? Cfg<128>::kTK : Cfg<256>::kTK;
-  const int per_sm = d128 ? tc_ctas_per_sm<128>() : tc_ctas_per_sm<256>();
-  pl.smem = static_cast<size_t>(d128 ? Cfg<128>::kSmem : Cfg<256>::kSmem);
+  const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
+  int tk = 0, per_sm = 1;
+  if (k8)
+    d128 ? plan_config<128, 8, 4>(tk, per_sm, pl.smem) : plan_config<256, 8, 4>(tk, per_sm, pl.smem);
+  else
+    d128 ? plan_config<128, 4, 3>(tk, per_sm, pl.smem) : plan_config<256, 4, 3>(tk, per_sm, pl.smem);
   // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
   static const int waves = [] {
     const char* e = std::getenv("CIDER_ATTN_TC_WAVES");
@@ -626,6 +708,14 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   pl.splits = static_cast<int>((kL + chunk - 1) / chunk);
   return pl;
 }
+
+namespace {
+template <int D, int KB, int VB>
+void launch_config(dim3 grid, const TcParams& p, cudaStream_t s) {
+  (void)tc_ctas_per_sm<D, KB, VB>();
+  attention_tc_kernel<D, KB, VB><<<grid, kTcThreads, Cfg<D, KB, VB>::kSmem, s>>>(p);
+}
+}  // namespace
 
 void tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream) {
@@ -656,12 +746,17 @@ void tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   p.window = a.window;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.keys.dim == 128) {
-    (void)tc_ctas_per_sm<128>();  // the shared-memory attribute is set before the first launch
-    attention_tc_kernel<128><<<grid, kTcThreads, Cfg<128>::kSmem, s>>>(p);
+  // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
+  if (a.keys.bits == 8) {
+    if (a.keys.dim == 128)
+      launch_config<128, 8, 4>(grid, p, s);
+    else
+      launch_config<256, 8, 4>(grid, p, s);
   } else {
-    (void)tc_ctas_per_sm<256>();
-    attention_tc_kernel<256><<<grid, kTcThreads, Cfg<256>::kSmem, s>>>(p);
+    if (a.keys.dim == 128)
+      launch_config<128, 4, 3>(grid, p, s);
+    else
+      launch_config<256, 4, 3>(grid, p, s);
   }
 }
 

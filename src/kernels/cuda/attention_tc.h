@@ -1,6 +1,7 @@
 // cider/kernels/cuda/attention_tc.h — the tensor-core decode path of cuda::attention (attention_tc.cu), used by
-// attention.cu for K4/V3 g64 caches with f16 scales, Dk = Dv = 128 or 256, and at most 8 query rows per KV head
-// (rep·L ≤ 8: decode). Everything else runs the general CUDA-core kernel of attention.cu.
+// attention.cu for K4/V3 g64 caches — and K8/V4 g64 caches when $CIDER_ATTN_TC_K8V4=1 (opt-in until it has run on a
+// GPU) — with f16 scales, Dk = Dv = 128 or 256, and at most 8 query rows per KV head (rep·L ≤ 8: decode). Everything
+// else runs the general CUDA-core kernel of attention.cu.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +18,8 @@ struct TcPlan {
   size_t smem = 0;    // dynamic shared memory per CTA
 };
 
-// True when the tensor-core path takes these (already validated) arguments; $CIDER_ATTN_TC=0 turns it off.
+// True when the tensor-core path takes these (already validated) arguments; $CIDER_ATTN_TC=0 turns it off (read once);
+// $CIDER_ATTN_TC_K8V4=1 admits K8V4 (read at every call).
 bool tc_eligible(const kernels::AttentionArgs& a);
 TcPlan tc_plan(const kernels::AttentionArgs& a);
 // Launches the split kernel: splits == 1 writes out directly, otherwise the partials [B·Hq·L, splits, Dv] (o) and
