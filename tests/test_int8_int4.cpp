@@ -202,8 +202,19 @@ TEST(Int8Weights, ClipPercentileClampsBeyondThresholdAndKeepsTheRestWithinHalfSt
           EXPECT_EQ(std::memcmp(q.q.ptr<int8_t>(), unclipped.q.ptr<int8_t>(), static_cast<size_t>(N * K)), 0);
           EXPECT_EQ(std::memcmp(q.scales.ptr<float>(), unclipped.scales.ptr<float>(), sizeof(float) * N), 0);
         } else if (K >= 67) {
-          // With outliers present, a lower percentile means a finer step for every row.
-          for (int64_t n = 0; n < N; ++n) EXPECT_LT(q.scales.ptr<float>()[n], unclipped.scales.ptr<float>()[n]);
+          // With outliers present, a lower percentile means a finer step for every row — unless the order
+          // statistics it interpolates between are tied with the maximum (bf16/f16 rounding can make the two
+          // outliers equal), when the threshold is the maximum itself and the step stays the same.
+          for (int64_t n = 0; n < N; ++n) {
+            std::vector<float> row(w.values.begin() + n * K, w.values.begin() + (n + 1) * K);
+            double max_abs = 0;
+            for (float v : row) max_abs = std::max(max_abs, std::fabs(static_cast<double>(v)));
+            if (static_cast<float>(percentile_reference(row, p)) < static_cast<float>(max_abs)) {
+              EXPECT_LT(q.scales.ptr<float>()[n], unclipped.scales.ptr<float>()[n]) << "row " << n;
+            } else {
+              EXPECT_EQ(q.scales.ptr<float>()[n], unclipped.scales.ptr<float>()[n]) << "row " << n;
+            }
+          }
         }
       }
     }
