@@ -469,7 +469,7 @@ TEST(CudaAttention, TensorCoreDecodePath) {
 }
 
 // The same path for the K8V4 g64 cache (the CLI default: 8-bit keys fed to the integer mma as they are, 4-bit values
-// converted to f16), enabled by $CIDER_ATTN_TC_K8V4=1 while it is new (attention_tc.cu reads it at every call).
+// converted to f16), on by default; $CIDER_ATTN_TC_K8V4=0 turns it off (attention_tc.cu reads it at every call).
 // Rows 1..8, tails up to 33 000 keys, masks/windows, forced splits, d_length; a few cases also with the switch off
 // (the general CUDA-core kernel) and with bf16 scales (never the tensor-core path), against the same reference.
 TEST(CudaAttention, TensorCoreDecodePathK8V4) {
