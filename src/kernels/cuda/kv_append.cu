@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/so4_rotation.cuh"
 
 namespace cider::cuda {
 
@@ -43,43 +44,6 @@ __device__ __forceinline__ void store_elem(void* p, DType t, int64_t i, float v)
     case DType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
     case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
     default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-
-// out = p·q, Hamilton product of (w, x, y, z) quaternions, each multiply and add rounded, in the order
-// nn/rotation.cpp writes it: ((a − b) − c) − d.
-__device__ __forceinline__ void qmul_rn(const float p[4], const float q[4], float out[4]) {
-  out[0] = __fsub_rn(__fsub_rn(__fsub_rn(__fmul_rn(p[0], q[0]), __fmul_rn(p[1], q[1])), __fmul_rn(p[2], q[2])),
-                     __fmul_rn(p[3], q[3]));
-  out[1] = __fsub_rn(__fadd_rn(__fadd_rn(__fmul_rn(p[0], q[1]), __fmul_rn(p[1], q[0])), __fmul_rn(p[2], q[3])),
-                     __fmul_rn(p[3], q[2]));
-  out[2] = __fadd_rn(__fadd_rn(__fsub_rn(__fmul_rn(p[0], q[2]), __fmul_rn(p[1], q[3])), __fmul_rn(p[2], q[0])),
-                     __fmul_rn(p[3], q[1]));
-  out[3] = __fadd_rn(__fsub_rn(__fadd_rn(__fmul_rn(p[0], q[3]), __fmul_rn(p[1], q[2])), __fmul_rn(p[2], q[1])),
-                     __fmul_rn(p[3], q[0]));
-}
-
-// Forward (w = qL·v[·conj(qR)]) or inverse (v = conj(qL)·w[·qR]) rotation of one 4-d block in place.
-__device__ __forceinline__ void rotate_block(float v[4], const float* qL, const float* qR, int rotation,
-                                             bool inverse) {
-  float l[4] = {qL[0], qL[1], qL[2], qL[3]};
-  if (inverse) {
-    l[1] = -l[1];
-    l[2] = -l[2];
-    l[3] = -l[3];
-  }
-  float t[4];
-  qmul_rn(l, v, t);
-  if (rotation == 2) {
-    float r[4] = {qR[0], qR[1], qR[2], qR[3]};
-    if (!inverse) {
-      r[1] = -r[1];
-      r[2] = -r[2];
-      r[3] = -r[3];
-    }
-    qmul_rn(t, r, v);
-  } else {
-    for (int k = 0; k < 4; ++k) v[k] = t[k];
   }
 }
 
@@ -154,7 +118,7 @@ __global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KVAppendBatch
   if (a.rotation != 0) {
     for (int64_t blk = threadIdx.x; blk < D / 4; blk += blockDim.x) {
       float v[4] = {row[blk * 4], row[blk * 4 + 1], row[blk * 4 + 2], row[blk * 4 + 3]};
-      rotate_block(v, a.qL + blk * 4, a.qR ? a.qR + blk * 4 : nullptr, a.rotation, false);
+      so4::rotate_block(v, a.qL + blk * 4, a.qR ? a.qR + blk * 4 : nullptr, a.rotation, false);
       for (int k = 0; k < 4; ++k) row[blk * 4 + k] = v[k];
     }
     __syncthreads();
@@ -183,7 +147,7 @@ __global__ void rotate_rows_kernel(float* x, int64_t rows, int64_t dim, int rota
   const int64_t r = i / blocks, blk = i % blocks;
   float* v4 = x + r * dim + blk * 4;
   float v[4] = {v4[0], v4[1], v4[2], v4[3]};
-  rotate_block(v, qL + blk * 4, qR ? qR + blk * 4 : nullptr, rotation, inverse);
+  so4::rotate_block(v, qL + blk * 4, qR ? qR + blk * 4 : nullptr, rotation, inverse);
   for (int k = 0; k < 4; ++k) v4[k] = v[k];
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/hadamard.cuh"
+#include "kernels/cuda/so4_rotation.cuh"
 #include "model/cuda/model_kernels.h"
 
 namespace cider::model::gpu {
@@ -37,18 +38,6 @@ __global__ void transpose_heads_kernel(const float* __restrict__ in, float* __re
 constexpr int kHeadWarps = 4;            // rows (one per warp) per CTA
 constexpr int64_t kMaxHeadDim = 2048;    // a row of float32 per warp in shared memory: ≤ 32 KB per CTA
 
-// out = p·q, Hamilton product, every multiply and add rounded in nn/rotation.cpp's order (as kv_append.cu).
-__device__ __forceinline__ void qmul_rn(const float p[4], const float q[4], float out[4]) {
-  out[0] = __fsub_rn(__fsub_rn(__fsub_rn(__fmul_rn(p[0], q[0]), __fmul_rn(p[1], q[1])), __fmul_rn(p[2], q[2])),
-                     __fmul_rn(p[3], q[3]));
-  out[1] = __fsub_rn(__fadd_rn(__fadd_rn(__fmul_rn(p[0], q[1]), __fmul_rn(p[1], q[0])), __fmul_rn(p[2], q[3])),
-                     __fmul_rn(p[3], q[2]));
-  out[2] = __fadd_rn(__fadd_rn(__fsub_rn(__fmul_rn(p[0], q[2]), __fmul_rn(p[1], q[3])), __fmul_rn(p[2], q[0])),
-                     __fmul_rn(p[3], q[1]));
-  out[3] = __fadd_rn(__fsub_rn(__fadd_rn(__fmul_rn(p[0], q[3]), __fmul_rn(p[1], q[2])), __fmul_rn(p[2], q[1])),
-                     __fmul_rn(p[3], q[0]));
-}
-
 // SO(4) rotation (rotation 1 fast, 2 full) of a row in shared memory, by one warp, forward (qL·v[·conj(qR)]) or
 // inverse (conj(qL)·w[·qR]): the 4-d blocks are independent, one lane per block.
 __device__ void warp_so4(float* row, int64_t D, int rotation, const float* __restrict__ qL,
@@ -57,25 +46,7 @@ __device__ void warp_so4(float* row, int64_t D, int rotation, const float* __res
   for (int64_t blk = lane; blk < D / 4; blk += 32) {
     float* v = row + blk * 4;
     float x[4] = {v[0], v[1], v[2], v[3]};
-    float l[4] = {qL[blk * 4], qL[blk * 4 + 1], qL[blk * 4 + 2], qL[blk * 4 + 3]};
-    if (inverse) {
-      l[1] = -l[1];
-      l[2] = -l[2];
-      l[3] = -l[3];
-    }
-    float t[4];
-    qmul_rn(l, x, t);
-    if (rotation == 2) {
-      float r[4] = {qR[blk * 4], qR[blk * 4 + 1], qR[blk * 4 + 2], qR[blk * 4 + 3]};
-      if (!inverse) {
-        r[1] = -r[1];
-        r[2] = -r[2];
-        r[3] = -r[3];
-      }
-      qmul_rn(t, r, x);
-    } else {
-      for (int k = 0; k < 4; ++k) x[k] = t[k];
-    }
+    cuda::so4::rotate_block(x, qL + blk * 4, qR ? qR + blk * 4 : nullptr, rotation, inverse);
     for (int k = 0; k < 4; ++k) v[k] = x[k];
   }
   __syncwarp();
