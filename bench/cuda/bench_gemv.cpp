@@ -26,7 +26,7 @@ struct Variant {
   int warps = 0, blocks_per_sm = 0, quantize = 0;
   bool workspace = true;
   int ring = 0;      // 1: the register ring (plain loads), else the cp.async ring
-  int prefetch = 0;  // 1: the epilogue's scale/bias loaded one tile ahead
+  int prefetch = 0;  // 2: the epilogue's scale/bias loaded after the barrier (the default prefetches them)
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -34,7 +34,7 @@ struct Variant {
     if (quantize) s += quantize == 1 ? " quantize fused" : " quantize once";
     if (!workspace) s += " no workspace";
     if (ring == 1) s += " register ring";
-    if (prefetch == 1) s += " epilogue prefetch";
+    if (prefetch == 2) s += " no epilogue prefetch";
     return s;
   }
 };
@@ -219,39 +219,39 @@ CIDER_CUDA_BENCH("w8a8 gemv M8 K4096 N14336 v:quantize fused", "linear") {
   return bench_int_gemv(false, 8, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 1, true});
 }
 
-// The epilogue prefetch (w_scales[n] / bias[n] loaded one tile ahead): every default case again with it.
-CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+// Without the epilogue prefetch (w_scales[n] / bias[n] loaded after the barrier, the old default): the A/B.
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w8a8 gemv g128 M1 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w8a8 gemv g128 M1 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv g128 M1 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv g128 M1 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv g32 M1 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv g32 M1 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N4096 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N4096 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N4096 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N4096 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv M1 K8192 N28672 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv M1 K8192 N28672 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 2});
 }
-CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:epilogue prefetch", "linear") {
-  return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 1});
+CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:no epilogue prefetch", "linear") {
+  return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 2});
 }
 
 }  // namespace cider::bench

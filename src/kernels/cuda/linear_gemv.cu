@@ -591,7 +591,7 @@ struct GemvTuning {
   int blocks_per_sm = 0;  // cap on resident blocks per SM
   int quantize = 0;       // 1: in every block (fused), 2: once into exec.workspace when it is large enough
   int ring = 0;           // 1: register ring (plain loads), 2 (automatic): cp.async ring in shared memory
-  int epilogue_prefetch = 0;  // 1: load the epilogue's scale/bias one tile ahead (automatic: off until measured)
+  int epilogue_prefetch = 0;  // 0 (automatic) / 1: load the epilogue's scale/bias one tile ahead; 2: after the barrier
 };
 GemvTuning g_tuning;
 
@@ -733,7 +733,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.K = static_cast<int>(a.K);
     p.group_size = a.group_size;
     p.xq_stride = stride;
-    p.prefetch_epilogue = tuning.epilogue_prefetch == 1 ? 1 : 0;
+    p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
     kernel<<<grid, warps * 32, smem, stream>>>(p);
     check_last_launch(op);
   }
