@@ -2,6 +2,7 @@
 // rows of ../shared/tools/gpu_anchors.py. x float32 (the engine's activations), out float32.
 // Weights: fresh random bytes, rotated over enough distinct copies that a replay never finds them in the 60 MB L2.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -254,4 +255,25 @@ CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:no epilogue prefetch", "linear") 
   return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", {0, 0, 0, true, 0, 2});
 }
 
+}  // namespace cider::bench
+
+// Programmatic dependent launch off (kernels/cuda/pdl.cuh): back-to-back GEMVs in the timing graph then do not
+// overlap one's weight prologue with the previous one's tail. The A/B of the default.
+namespace cider::bench {
+namespace {
+BenchResult gemv_without_pdl(bool int4) {
+  setenv("CIDER_PDL", "0", 1);
+  BenchResult r;
+  try {
+    r = bench_int_gemv(int4, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336");
+  } catch (...) {
+    unsetenv("CIDER_PDL");
+    throw;
+  }
+  unsetenv("CIDER_PDL");
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:no pdl", "linear") { return gemv_without_pdl(false); }
+CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:no pdl", "linear") { return gemv_without_pdl(true); }
 }  // namespace cider::bench

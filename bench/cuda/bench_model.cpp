@@ -3,6 +3,7 @@
 // lengths 1k and 32k (the cache filled with random rows through kv_append, not by a prefill). One decode step = what
 // the session's CUDA graph holds (16-byte step input copy in, every layer, head, logits copy out), timed by
 // bench_graph's replay. docs/cuda/model.md has the byte floors and the predictions.
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -129,4 +130,26 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 L32768 no-linear", "model") {
 }
 CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024 no-linear", "model") {
   return decode("bf16", "bf16", 1024, "hadamard", cm::gpu::GpuSession::kSkipLinear);
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.cuh) off: the A/B of the default (on). The graph is captured
+// inside decode(), so the variable set around it decides every launch in it.
+namespace {
+cider::bench::BenchResult without_pdl(const std::string& weights, const std::string& kv, int64_t length) {
+  setenv("CIDER_PDL", "0", 1);
+  cider::bench::BenchResult r;
+  try {
+    r = decode(weights, kv, length);
+  } catch (...) {
+    unsetenv("CIDER_PDL");
+    throw;
+  }
+  unsetenv("CIDER_PDL");
+  r.note += "; PDL off";
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:no pdl", "model") { return without_pdl("w8a8", "k8v4", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024 v:no pdl", "model") {
+  return without_pdl("bf16", "bf16", 1024);
 }

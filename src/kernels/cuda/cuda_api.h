@@ -138,6 +138,10 @@ struct KVAppendBatchArgs {
 };
 // d_offset: null, or a device int32 read by the kernel instead of args.offset (CUDA-graph decode).
 void kv_append(const KVAppendBatchArgs& args, const int32_t* d_offset, const Exec& exec);
+// Two appends in one launch (the keys and the values of a layer, each with its own bits, source and planes): the
+// same result as kv_append(keys) then kv_append(values). Each is validated as kv_append validates it.
+void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& values, const int32_t* d_offset,
+                    const Exec& exec);
 
 // ---- attention over the cache (kernels/cuda/attention.cu) --------------------------------------------------------
 // kernels::AttentionArgs with device pointers (q and out float32, keys/values quantized or plain f16/bf16/f32).

@@ -16,11 +16,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/so4_rotation.cuh"
 
 namespace cider::cuda {
@@ -102,9 +104,17 @@ __device__ void quantize_group_warp(const float* w, int gs, int bits, uint32_t* 
   __syncwarp();  // codes is reused by this warp's next group
 }
 
-__global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KVAppendBatchArgs a, const int32_t* d_offset) {
+// blockIdx.y picks the append (a0, or a1 for kv_append_pair: keys and values with their own bits in one launch).
+__global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KVAppendBatchArgs a0, KVAppendBatchArgs a1,
+                                                                    const int32_t* d_offset) {
   extern __shared__ float row[];  // [dim]
+  const KVAppendBatchArgs& a = blockIdx.y == 0 ? a0 : a1;
   const int64_t row_id = blockIdx.x;  // (b, h, t) in [B, H, n] order
+  // The source rows and d_offset come from earlier kernels, and the cache may still be read by the previous step's
+  // attention: nothing is touched before the wait (PDL, kernels/cuda/pdl.cuh).
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  if (row_id >= a.B * a.H * a.n) return;  // the shorter of a pair's appends
   const int64_t t = row_id % a.n;
   const int64_t bh = row_id / a.n;
   const int64_t h = bh % a.H, b = bh / a.H;
@@ -164,8 +174,9 @@ void check_rotation(const char* op, int rotation, int64_t dim, const float* qL, 
 
 }  // namespace
 
-void kv_append(const KVAppendBatchArgs& a, const int32_t* d_offset, const Exec& exec) {
-  const char* op = "cuda.kv_append";
+namespace {
+// Validates one append; returns its rows B·H·n (0: nothing to do).
+int64_t check_append(const KVAppendBatchArgs& a, const int32_t* d_offset, const char* op) {
   check(is_float(a.src_dtype), ErrorCode::kInvalidArgument, op, "src_dtype must be f32, f16 or bf16; got ",
         dtype_name(a.src_dtype));
   check(is_float(a.dst_dtype), ErrorCode::kInvalidArgument, op, "dst_dtype must be f32, f16 or bf16; got ",
@@ -191,12 +202,32 @@ void kv_append(const KVAppendBatchArgs& a, const int32_t* d_offset, const Exec& 
           "positions [offset, offset + n) must lie in [0, capacity ", a.capacity, "); got offset ", a.offset,
           ", n ", a.n);
   const int64_t rows = a.B * a.H * a.n;
-  if (rows == 0) return;
+  if (rows == 0) return 0;
   check(a.src != nullptr && a.dst != nullptr, ErrorCode::kInvalidArgument, op, "src and dst must not be null");
   check(rows <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "B·H·n must fit a grid; got ", rows);
+  return rows;
+}
+}  // namespace
+
+void kv_append(const KVAppendBatchArgs& a, const int32_t* d_offset, const Exec& exec) {
+  const char* op = "cuda.kv_append";
+  const int64_t rows = check_append(a, d_offset, op);
+  if (rows == 0) return;
   const size_t smem = static_cast<size_t>(a.dim) * sizeof(float);
-  kv_append_kernel<<<static_cast<unsigned>(rows), kAppendThreads, smem, static_cast<cudaStream_t>(exec.stream)>>>(
-      a, d_offset);
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_append_kernel, dim3(static_cast<unsigned>(rows)), dim3(kAppendThreads),
+                                        smem, static_cast<cudaStream_t>(exec.stream), a, a, d_offset));
+  check_last_launch(op);
+}
+
+void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& values, const int32_t* d_offset,
+                    const Exec& exec) {
+  const char* op = "cuda.kv_append_pair";
+  const int64_t rows_k = check_append(keys, d_offset, op), rows_v = check_append(values, d_offset, op);
+  if (rows_k == 0 && rows_v == 0) return;
+  const size_t smem = static_cast<size_t>(std::max(keys.dim, values.dim)) * sizeof(float);
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_append_kernel, dim3(static_cast<unsigned>(std::max(rows_k, rows_v)), 2),
+                                        dim3(kAppendThreads), smem, static_cast<cudaStream_t>(exec.stream), keys,
+                                        values, d_offset));
   check_last_launch(op);
 }
 

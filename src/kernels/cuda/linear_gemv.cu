@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -419,6 +420,10 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
 #pragma unroll
   for (int b = 0; b < C::kRing; ++b) issue(b);
   prefetch_epilogue(0);
+  // Everything above read only the weights, their scales and the bias (immutable); x (and xq) come from the previous
+  // kernel: with PDL this kernel may have started before it finished (kernels/cuda/pdl.cuh).
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
   if (p.xq != nullptr) {
     copy_xq_to_shared<kInt4, kWarps>(p, xq, sx);  // (a plain copy: it does not touch the cp.async groups)
   } else {
@@ -734,7 +739,8 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.group_size = a.group_size;
     p.xq_stride = stride;
     p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
-    kernel<<<grid, warps * 32, smem, stream>>>(p);
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
+                                          smem, stream, p));
     check_last_launch(op);
   }
 }
