@@ -62,6 +62,23 @@ void upload_rotation(GpuLayer& L, const GpuModel& m, int64_t layer) {
   L.rot_right = cuda::to_device(rot.right().data(), rot.right().size() * sizeof(float));
 }
 
+// The model's RoPE tables for its whole context (m.ctx positions; config and ctx already set).
+void upload_rope_tables(GpuModel& m, const std::vector<float>& inv, const std::vector<float>& inv_local) {
+  const int64_t half = m.config.head_dim / 2;
+  check(static_cast<int64_t>(inv.size()) == half, ErrorCode::kShapeMismatch, kOp, "inv_freq must have head_dim/2 = ",
+        half, " entries; got ", inv.size());
+  const std::vector<float> table = rope_table(inv, m.ctx);
+  m.rope_global = upload_floats(table.data(), static_cast<int64_t>(table.size()));
+  const bool any_sliding =
+      std::any_of(m.config.layer_sliding.begin(), m.config.layer_sliding.end(), [](auto v) { return v != 0; });
+  if (any_sliding && inv_local != inv) {
+    check(static_cast<int64_t>(inv_local.size()) == half, ErrorCode::kShapeMismatch, kOp,
+          "the local inv_freq must have head_dim/2 = ", half, " entries; got ", inv_local.size());
+    const std::vector<float> local = rope_table(inv_local, m.ctx);
+    m.rope_local = upload_floats(local.data(), static_cast<int64_t>(local.size()));
+  }
+}
+
 GpuLinear upload_linear(const Linear& L) {
   GpuLinear g;
   g.N = L.N;
@@ -278,6 +295,24 @@ void GpuFusedLinear::forward(const float* x, int64_t M, float* out, float* scrat
   }
 }
 
+std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions) {
+  const auto half = static_cast<int64_t>(inv_freq.size());
+  std::vector<float> table(sz(positions) * sz(2 * half));
+  for (int64_t p = 0; p < positions; ++p) {
+    float* row = table.data() + sz(p) * sz(2 * half);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * inv_freq[sz(i)];
+      row[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      row[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return table;
+}
+
+const float* GpuModel::rope_for(bool sliding) const {
+  return sliding && rope_local.bytes() != 0 ? rope_local.as<float>() : rope_global.as<float>();
+}
+
 int GpuModel::rotation() const { return kv.quantized ? static_cast<int>(kv.rotation) : 0; }
 
 DType GpuModel::kv_store_dtype() const {
@@ -325,8 +360,7 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
   } else {
     m->lm_head = upload_linear(W.lm_head);
   }
-  m->inv_freq = upload_floats(cpu.inv_freq.data(), static_cast<int64_t>(cpu.inv_freq.size()));
-  m->inv_freq_local = upload_floats(cpu.inv_freq_local.data(), static_cast<int64_t>(cpu.inv_freq_local.size()));
+  upload_rope_tables(*m, cpu.inv_freq, cpu.inv_freq_local);
 
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
@@ -376,9 +410,7 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   }
   m->final_norm = ones(H, s);
   m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
-  const std::vector<float> inv = rope_inv_freq(c.rope, D), inv_local = rope_inv_freq(c.rope_local, D);
-  m->inv_freq = upload_floats(inv.data(), static_cast<int64_t>(inv.size()));
-  m->inv_freq_local = upload_floats(inv_local.data(), static_cast<int64_t>(inv_local.size()));
+  upload_rope_tables(*m, rope_inv_freq(c.rope, D), rope_inv_freq(c.rope_local, D));
   stream.synchronize();
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
@@ -666,7 +698,8 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
     p.k_norm = c.qk_norm ? L.k_norm.as<float>() : nullptr;
     p.norm_offset = off;
     p.eps = eps;
-    p.inv_freq = sliding ? m.inv_freq_local.as<float>() : m.inv_freq.as<float>();
+    p.rope_table = m.rope_for(sliding);
+    p.rope_positions = m.ctx;
     p.pos0 = pos0;
     p.d_pos = d_pos;
     p.rotation = rot;

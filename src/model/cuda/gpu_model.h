@@ -83,12 +83,22 @@ struct GpuModel {
   std::vector<GpuLayer> layers;
   cuda::DeviceBuffer final_norm;
   GpuLinear lm_head;
-  cuda::DeviceBuffer inv_freq, inv_freq_local;  // float32 [D/2]
+  // RoPE cos/sin for every position of the context, float32 [ctx, D] (rope_table() below), uploaded once per model:
+  // prepare_heads reads the row of the position instead of evaluating sin/cos in double on the device. The local one
+  // (sliding-window layers with their own inv_freq, Gemma 3) only when some layer slides and its inv_freq differs;
+  // otherwise empty and rope_for() gives the global table.
+  cuda::DeviceBuffer rope_global, rope_local;
   size_t weight_bytes = 0;
 
+  const float* rope_for(bool sliding) const;
   int rotation() const;        // 0, 1, 2, 3 (kernels' numbering: none, so4 fast, so4 full, hadamard) of the KV caches
   DType kv_store_dtype() const;  // quantized: the scale/bias dtype; plain: the element dtype
 };
+
+// The RoPE table of `positions` positions for inv_freq [D/2]: row p = cos(θ) for the D/2 frequencies, then sin(θ), with
+// θ = fl(p·inv_freq[i]) the float32 product and cos/sin evaluated in double and rounded once — the CPU forward's
+// rope_tables (model/transformer.cpp) value for value.
+std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions);
 
 // Checks that the model can run on the GPU (a device, a weight format the GPU has kernels for, a KV rotation the GPU
 // kernels know) and uploads it. cider::Error (kUnsupported) otherwise: never a silent CPU fallback.

@@ -19,8 +19,10 @@ void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t 
 // The fused q|k|v projection's output qkv [n, Hq + 2·Hkv, D] float32 (token-major; q heads, then k, then v) is made
 // ready for the cache and attention in one launch, one warp per (token, head) row:
 //   q and k heads: [rms_norm with q_norm / k_norm (when not null): (x·inv)·(norm_offset + w)], rope at position
-//                  pos0 + t (*d_pos + t when d_pos is not null; rotate_half pairs (i, i + D/2), cos/sin of the
-//                  float32 angle computed in double, products and sums rounded separately);
+//                  p = pos0 + t (*d_pos + t when d_pos is not null; rotate_half pairs (i, i + D/2), products and sums
+//                  rounded separately) with cos/sin read from row p of rope_table (gpu_model.h rope_table: the float32
+//                  angle fl(p·inv_freq[i]), cos/sin in double rounded once, computed on the host as the CPU forward
+//                  does); a position outside [0, rope_positions) turns the row into NaN (never a read past the table);
 //   rotation 3 (Hadamard, `signs` [D]): q, k and v heads rotated forward (the CPU cache's bytes once kv_append stores
 //                  them with rotation 0);
 //   rotation 1/2 (SO(4), qL/qR [D/4, 4]): q heads rotated forward (kv_append rotates k and v itself).
@@ -32,7 +34,8 @@ struct HeadPrepArgs {
   const float* q_norm;  // [D] or null
   const float* k_norm;  // [D] or null
   float norm_offset, eps;
-  const float* inv_freq;  // [D/2]
+  const float* rope_table;  // [rope_positions, D]: row p = cos [D/2] then sin [D/2]
+  int64_t rope_positions;
   int64_t pos0;
   const int32_t* d_pos;
   int rotation;     // 0 none, 1 so4 fast, 2 so4 full, 3 hadamard
@@ -41,6 +44,8 @@ struct HeadPrepArgs {
   float* q_out;
   bool q_head_major;
 };
+// Head dims 64, 128 and 256 run a kernel that keeps each row in registers (lane ℓ owns elements ℓ + 32k); others a
+// kernel that stages rows in shared memory. Both give the same bits. Launched with PDL (kernels/cuda/pdl.cuh).
 void prepare_heads(const HeadPrepArgs& a, void* stream);
 
 // Attention output → the o projection's input: row (t, h) of `in` ((n, Hq, D), or (Hq, n, D) when in_head_major) is
@@ -54,6 +59,8 @@ void finish_heads(const float* in, bool in_head_major, int64_t n, int64_t Hq, in
 //   x += t'                                                  (skipped when t is null: the first layer)
 //   h = rms_norm(x)·(offset + w)                             (the next sublayer's input norm, or the final norm)
 // x [rows, H] updated in place, h [rows, H] written; t may be the o/down projection output.
+// H ≤ 8192: every element stays in registers (thread j of 512 owns j + 512·e), one load phase, two block sums; larger
+// H: a kernel that re-reads the row per pass. Same arithmetic and summation order in both (bit-identical). PDL launch.
 void residual_norm(float* x, const float* t, const float* post_w, const float* w, float offset, int64_t rows,
                    int64_t H, float eps, float* h, void* stream);
 
