@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/glu.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace cg = cooperative_groups;
@@ -163,18 +164,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(float* __restrict__ 
 
 // ---- elementwise -----------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-// GELU, tanh approximation (PyTorch's approximate="tanh"), the CPU engine's constants.
-__device__ __forceinline__ float gelu_tanh(float v) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCubic = 0.044715f;
-  return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kCubic * v * v * v)));
-}
-
 template <GluActivation kAct>
 __device__ __forceinline__ float glu_one(float g, float u) {
-  if constexpr (kAct == GluActivation::kSiLU) return silu(g) * u;
-  else return gelu_tanh(g) * u;
+  if constexpr (kAct == GluActivation::kSiLU) return act::silu(g) * u;
+  else return act::gelu_tanh(g) * u;
 }
 
 // kVec: count/4 float4s from 16-byte-aligned pointers, then the count%4 tail; else scalar. out may alias gate or up
