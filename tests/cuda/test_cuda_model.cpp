@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "kernels/kernel_table.h"
 #include "kernels/ref/ref_kernels.h"
 #include "model/cuda/gpu_model.h"
+#include "model/cuda/model_kernels.h"
 #include "model/model.h"
 #include "model/transformer.h"
 #include "nn/rotation.h"
@@ -558,4 +560,373 @@ TEST(CudaHadamard, ArgumentErrorsNameTheOp) {
   expect_error(2, 128, 64, signs.as<float>());      // row stride below dim
   expect_error(-1, 128, 128, signs.as<float>());    // negative rows
   expect_error(1, 128, 128, nullptr);               // no signs
+}
+
+// ---- the model's small kernels (model/cuda/model_kernels.h) ---------------------------------------------------------
+
+namespace {
+
+namespace mg = cider::model::gpu;
+namespace cc = cider::cuda;
+
+constexpr int64_t kGuard = 64;  // floats after every output, filled with a pattern that must come back untouched
+constexpr double kU = 1.0 / 16777216.0;  // float32 unit roundoff 2⁻²⁴
+
+float pattern(size_t i) { return 1000.0f + static_cast<float>(i); }
+
+// A device copy of `values` followed by kGuard pattern floats.
+cc::DeviceBuffer upload_guarded(const std::vector<float>& values) {
+  std::vector<float> host(values);
+  for (int64_t g = 0; g < kGuard; ++g) host.push_back(pattern(static_cast<size_t>(g)));
+  return cc::to_device(host.data(), host.size() * sizeof(float));
+}
+
+// The first n floats of a guarded buffer; the guard after them is checked.
+std::vector<float> download_guarded(const cc::DeviceBuffer& d, size_t n, const char* what) {
+  std::vector<float> host(n + kGuard);
+  d.download(host.data(), host.size() * sizeof(float));
+  for (int64_t g = 0; g < kGuard; ++g)
+    EXPECT_EQ(host[n + static_cast<size_t>(g)], pattern(static_cast<size_t>(g))) << what << ": guard float " << g
+                                                                                 << " after the output was written";
+  host.resize(n);
+  return host;
+}
+
+std::vector<float> poison(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string first_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+  return got.size() == want.size() ? "none" : "sizes differ";
+}
+
+}  // namespace
+
+// residual_norm against a double reference of the same formula, every element. Bounds (u = 2⁻²⁴): a float32 sum of H
+// nonnegative terms has relative error ≤ (H − 1)·u/(1 − (H − 1)·u) < (H + 1)·u whatever the order (the kernel's order
+// is fixed: per-thread FMA chains, warp butterflies, warps in order); /H, + eps, sqrt (halves a relative error) and
+// 1/· add ≤ 3u, so the inverse RMS is within (H/2 + 4)·u; an output (x·inv)·(offset + w) adds three roundings. So
+//   t' = (t·inv_t)·(offset + post_w) within |t'|·(H/2 + 8)·u, x' = x + t' within that + u·|x'|,
+//   h (checked against the reference computed from the GPU's own x') within |h|·(H/2 + 8)·u.
+// Shapes: one thread's share below, at and above one element (H 1, 7, 33), the decode width 4096, one past it (4097,
+// the 16-per-thread kernel), and 8192 + 4 (past the register kernels: the generic one).
+TEST(CudaModelKernels, ResidualNormMatchesDoubleReference) {
+  CIDER_REQUIRE_GPU();
+  auto rng = cider::test::make_rng(61);
+  cc::Stream stream;
+  for (int64_t H : {1, 7, 33, 4096, 4097, 8192 + 4})
+    for (int64_t rows : {1, 3})
+      for (int mode : {0, 1, 2}) {  // 0: no t (the first layer), 1: x += t, 2: x += post_norm(t) (sandwich norms)
+        SCOPED_TRACE(::testing::Message() << "H " << H << " rows " << rows << " mode " << mode);
+        const auto n = static_cast<size_t>(rows * H);
+        const float offset = mode == 2 ? 1.0f : 0.0f, eps = 1e-6f;
+        std::vector<float> x = cider::test::randn(rng, n, 3.0f), t = cider::test::randn(rng, n, 0.5f);
+        std::vector<float> w = cider::test::uniform(rng, static_cast<size_t>(H), 0.5f, 1.5f);
+        std::vector<float> pw = cider::test::uniform(rng, static_cast<size_t>(H), -0.5f, 0.5f);
+        cc::DeviceBuffer dx = upload_guarded(x), dt = upload_guarded(t), dw = upload_guarded(w),
+                         dpw = upload_guarded(pw), dh = upload_guarded(poison(n));
+        mg::residual_norm(dx.as<float>(), mode == 0 ? nullptr : dt.as<float>(), mode == 2 ? dpw.as<float>() : nullptr,
+                          dw.as<float>(), offset, rows, H, eps, dh.as<float>(), stream.handle());
+        stream.synchronize();
+        const std::vector<float> gx = download_guarded(dx, n, "x"), gh = download_guarded(dh, n, "h");
+        const double bound = (0.5 * static_cast<double>(H) + 8.0) * kU;
+        int64_t bad_x = 0, bad_h = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t o = static_cast<size_t>(r * H);
+          double inv_t = 1.0;
+          if (mode == 2) {
+            double ss = 0;
+            for (int64_t i = 0; i < H; ++i) ss += static_cast<double>(t[o + i]) * t[o + i];
+            inv_t = 1.0 / std::sqrt(ss / static_cast<double>(H) + eps);
+          }
+          double ss = 0;
+          for (int64_t i = 0; i < H; ++i) {
+            const double add = mode == 0 ? 0.0 : mode == 1 ? t[o + i] : t[o + i] * inv_t * (offset + pw[static_cast<size_t>(i)]);
+            const double xr = x[o + i] + add;
+            const double tol = (mode == 2 ? std::fabs(add) * bound : 0.0) + kU * std::fabs(xr);
+            if (!std::isfinite(gx[o + i]) || std::fabs(gx[o + i] - xr) > tol) {
+              if (bad_x++ < 5) ADD_FAILURE() << "x[" << r << ", " << i << "] " << gx[o + i] << " vs " << xr << " (bound " << tol << ")";
+            }
+            if (mode == 0) {
+              EXPECT_EQ(std::memcmp(&gx[o + i], &x[o + i], sizeof(float)), 0) << "x changed without t";
+            }
+            ss += static_cast<double>(gx[o + i]) * gx[o + i];
+          }
+          const double inv = 1.0 / std::sqrt(ss / static_cast<double>(H) + eps);
+          for (int64_t i = 0; i < H; ++i) {
+            const double hr = gx[o + i] * inv * (offset + static_cast<double>(w[static_cast<size_t>(i)]));
+            const double tol = std::fabs(hr) * bound;
+            if (!std::isfinite(gh[o + i]) || std::fabs(gh[o + i] - hr) > tol) {
+              if (bad_h++ < 5) ADD_FAILURE() << "h[" << r << ", " << i << "] " << gh[o + i] << " vs " << hr << " (bound " << tol << ")";
+            }
+          }
+        }
+        EXPECT_EQ(bad_x, 0);
+        EXPECT_EQ(bad_h, 0);
+      }
+}
+
+TEST(CudaModelKernels, ResidualNormArgumentErrorsNameTheOp) {
+  CIDER_REQUIRE_GPU();
+  cc::DeviceBuffer buf(1024 * sizeof(float));
+  auto expect_error = [&](int64_t rows, int64_t H) {
+    try {
+      mg::residual_norm(buf.as<float>(), nullptr, nullptr, buf.as<float>(), 0.0f, rows, H, 1e-6f, buf.as<float>(),
+                        nullptr);
+      ADD_FAILURE() << "accepted rows " << rows << " H " << H;
+    } catch (const cider::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda.residual_norm"), std::string::npos) << e.what();
+    }
+  };
+  expect_error(1, 0);
+  expect_error(-1, 8);
+  expect_error(int64_t{1} << 32, 8);
+}
+
+namespace {
+
+// What prepare_heads computed before the RoPE table (and what the CPU forward computes), for one head row on the host:
+// the q/k norm with the kernels' summation order (lane ℓ's FMA chain over i = ℓ, ℓ + 32, …, then the xor butterfly),
+// rope with cos/sin of the float32 angle evaluated in double and rounded once, every product and sum rounded; then the
+// rotation (q, k and v for Hadamard, q only for SO(4)) by the CPU cache's own code (nn::Rotation).
+void expected_head(float* row, int64_t D, const float* norm_w, float offset, float eps, int64_t pos,
+                   const std::vector<float>& inv_freq, bool rope, const cider::nn::Rotation* rot) {
+  if (norm_w != nullptr) {
+    float lane_ss[32];
+    for (int l = 0; l < 32; ++l) {
+      lane_ss[l] = 0.0f;
+      for (int64_t i = l; i < D; i += 32) lane_ss[l] = std::fmaf(row[i], row[i], lane_ss[l]);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      float next[32];
+      for (int l = 0; l < 32; ++l) next[l] = lane_ss[l] + lane_ss[l ^ off];
+      std::memcpy(lane_ss, next, sizeof(next));
+    }
+    const float inv = 1.0f / std::sqrt(lane_ss[0] / static_cast<float>(D) + eps);
+    for (int64_t i = 0; i < D; ++i) row[i] = (row[i] * inv) * (offset + norm_w[i]);
+  }
+  if (rope) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos) * inv_freq[static_cast<size_t>(i)];
+      double s = 0, c = 0;
+      s = std::sin(static_cast<double>(angle));
+      c = std::cos(static_cast<double>(angle));
+      const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
+      const float x1 = row[i], x2 = row[i + half];
+      row[i] = x1 * cf - x2 * sf;
+      row[i + half] = x2 * cf + x1 * sf;
+    }
+  }
+  if (rot != nullptr) rot->apply(row, 1);
+}
+
+}  // namespace
+
+// prepare_heads with the host RoPE table against the formula the kernel evaluated before (sin/cos in double on the
+// device, here on the host as the CPU forward does): bit for bit, q rows in both layouts and the k/v rows written back
+// in place, for the register kernels (D 64, 128, 256) and the shared-memory one (D 96), at positions 0, 1, 4095 and
+// 32767 given on the host (pos0) and on the device (d_pos, the decode graph's way), a 3-token prefill, with and
+// without q/k norms, rotations none, SO(4) full and Hadamard. Guard floats after every buffer stay untouched.
+TEST(CudaModelKernels, PrepareHeadsRopeTableEqualsDoubleFormula) {
+  CIDER_REQUIRE_GPU();
+  auto rng = cider::test::make_rng(62);
+  cc::Stream stream;
+  const int64_t Hq = 4, Hkv = 2, positions = 32768;
+  for (int64_t D : {64, 96, 128, 256}) {
+    cider::model::RopeConfig rc;
+    rc.theta = 500000.0;
+    const std::vector<float> inv_freq = cider::model::rope_inv_freq(rc, D);
+    const std::vector<float> table = mg::rope_table(inv_freq, positions);
+    ASSERT_EQ(table.size(), static_cast<size_t>(positions * D));
+    cc::DeviceBuffer d_table = cc::to_device(table.data(), table.size() * sizeof(float));
+    const std::vector<float> q_norm = cider::test::uniform(rng, static_cast<size_t>(D), -0.5f, 0.5f);
+    const std::vector<float> k_norm = cider::test::uniform(rng, static_cast<size_t>(D), -0.5f, 0.5f);
+    cc::DeviceBuffer d_qn = cc::to_device(q_norm.data(), q_norm.size() * sizeof(float));
+    cc::DeviceBuffer d_kn = cc::to_device(k_norm.data(), k_norm.size() * sizeof(float));
+    for (int rotation : {0, 2, 3}) {
+      const auto kind = static_cast<cider::nn::RotationKind>(rotation);
+      const cider::nn::Rotation rot(D, kind, static_cast<uint64_t>(D + rotation));
+      cc::DeviceBuffer d_qL, d_qR;
+      if (rotation == 3) d_qL = cc::to_device(rot.signs().data(), rot.signs().size() * sizeof(float));
+      if (rotation == 2) {
+        d_qL = cc::to_device(rot.left().data(), rot.left().size() * sizeof(float));
+        d_qR = cc::to_device(rot.right().data(), rot.right().size() * sizeof(float));
+      }
+      struct Case {
+        int64_t n, pos0;
+        bool device_pos;
+      };
+      for (const Case& cs : {Case{1, 0, false}, Case{1, 1, true}, Case{1, 4095, true}, Case{1, 32767, false},
+                             Case{1, 32767, true}, Case{3, 4093, false}})
+        for (bool norms : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "D " << D << " rotation " << rotation << " n " << cs.n << " pos0 "
+                                            << cs.pos0 << (cs.device_pos ? " (device)" : " (host)") << " norms "
+                                            << norms);
+          const int64_t n = cs.n, row = (Hq + 2 * Hkv) * D;
+          const std::vector<float> qkv = cider::test::randn(rng, static_cast<size_t>(n * row), 2.0f);
+          cc::DeviceBuffer d_qkv = upload_guarded(qkv), d_q = upload_guarded(poison(static_cast<size_t>(n * Hq * D)));
+          const int32_t pos32 = static_cast<int32_t>(cs.pos0);
+          cc::DeviceBuffer d_pos = cc::to_device(&pos32, sizeof(pos32));
+          mg::HeadPrepArgs a{};
+          a.qkv = d_qkv.as<float>();
+          a.n = n;
+          a.Hq = Hq;
+          a.Hkv = Hkv;
+          a.D = D;
+          a.q_norm = norms ? d_qn.as<float>() : nullptr;
+          a.k_norm = norms ? d_kn.as<float>() : nullptr;
+          a.norm_offset = norms ? 1.0f : 0.0f;
+          a.eps = 1e-6f;
+          a.rope_table = d_table.as<float>();
+          a.rope_positions = positions;
+          a.pos0 = cs.device_pos ? -12345 : cs.pos0;  // ignored when d_pos is given
+          a.d_pos = cs.device_pos ? d_pos.as<int32_t>() : nullptr;
+          a.rotation = rotation;
+          a.qL = rotation ? d_qL.as<float>() : nullptr;
+          a.qR = rotation == 2 ? d_qR.as<float>() : nullptr;
+          a.q_out = d_q.as<float>();
+          a.q_head_major = n > 1;
+          mg::prepare_heads(a, stream.handle());
+          stream.synchronize();
+          const std::vector<float> got_qkv = download_guarded(d_qkv, qkv.size(), "qkv");
+          const std::vector<float> got_q = download_guarded(d_q, static_cast<size_t>(n * Hq * D), "q");
+
+          std::vector<float> want_qkv = qkv, want_q(static_cast<size_t>(n * Hq * D));
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t head = 0; head < Hq + 2 * Hkv; ++head) {
+              float* r = want_qkv.data() + t * row + head * D;
+              const bool is_q = head < Hq, is_v = head >= Hq + Hkv;
+              const float* nw = !norms || is_v ? nullptr : is_q ? q_norm.data() : k_norm.data();
+              const bool rotate = rotation == 3 || (rotation == 2 && is_q);
+              expected_head(r, D, nw, a.norm_offset, a.eps, cs.pos0 + t, inv_freq, !is_v, rotate ? &rot : nullptr);
+              if (is_q) {
+                float* dst = want_q.data() + (n > 1 ? (head * n + t) * D : (t * Hq + head) * D);
+                std::memcpy(dst, r, static_cast<size_t>(D) * sizeof(float));
+                std::memcpy(r, qkv.data() + t * row + head * D, static_cast<size_t>(D) * sizeof(float));  // q: not in place
+              }
+            }
+          EXPECT_TRUE(same_bits(got_q, want_q)) << "q: " << first_difference(got_q, want_q);
+          EXPECT_TRUE(same_bits(got_qkv, want_qkv)) << "k/v in place: " << first_difference(got_qkv, want_qkv);
+          for (float v : got_q) ASSERT_FALSE(std::isnan(v)) << "NaN in q";
+        }
+    }
+  }
+}
+
+// finish_heads (attention output → o projection input) against the CPU cache's inverse rotation, bit for bit: the
+// register kernels (D 64, 128, 256) and the shared-memory one (D 96), token- and head-major input, every rotation.
+TEST(CudaModelKernels, FinishHeadsEqualsCpuInverseRotation) {
+  CIDER_REQUIRE_GPU();
+  auto rng = cider::test::make_rng(63);
+  cc::Stream stream;
+  const int64_t Hq = 5;
+  for (int64_t D : {64, 96, 128, 256})
+    for (int rotation : {0, 1, 2, 3})
+      for (int64_t n : {1, 7})
+        for (bool head_major : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "D " << D << " rotation " << rotation << " n " << n << " head_major "
+                                            << head_major);
+          const cider::nn::Rotation rot(D, static_cast<cider::nn::RotationKind>(rotation), 9);
+          cc::DeviceBuffer d_qL, d_qR;
+          if (rotation == 3) d_qL = cc::to_device(rot.signs().data(), rot.signs().size() * sizeof(float));
+          if (rotation == 1 || rotation == 2) {
+            d_qL = cc::to_device(rot.left().data(), rot.left().size() * sizeof(float));
+            d_qR = cc::to_device(rot.right().data(), rot.right().size() * sizeof(float));
+          }
+          const auto count = static_cast<size_t>(n * Hq * D);
+          const std::vector<float> in = cider::test::randn(rng, count, 1.5f);
+          cc::DeviceBuffer d_in = upload_guarded(in), d_out = upload_guarded(poison(count));
+          mg::finish_heads(d_in.as<float>(), head_major, n, Hq, D, rotation, rotation ? d_qL.as<float>() : nullptr,
+                           rotation == 2 ? d_qR.as<float>() : nullptr, d_out.as<float>(), stream.handle());
+          stream.synchronize();
+          const std::vector<float> got = download_guarded(d_out, count, "out");
+          EXPECT_TRUE(same_bits(download_guarded(d_in, count, "in"), in)) << "the input was modified";
+          std::vector<float> want(count);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t h = 0; h < Hq; ++h) {
+              float* r = want.data() + (t * Hq + h) * D;
+              std::memcpy(r, in.data() + (head_major ? (h * n + t) * D : (t * Hq + h) * D),
+                          static_cast<size_t>(D) * sizeof(float));
+              rot.apply_inverse(r, 1);
+            }
+          EXPECT_TRUE(same_bits(got, want)) << first_difference(got, want);
+        }
+}
+
+TEST(CudaModelKernels, HeadKernelArgumentErrorsNameTheOp) {
+  CIDER_REQUIRE_GPU();
+  cc::DeviceBuffer buf(4096 * sizeof(float));
+  auto expect_error = [](const char* op, auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << op << " accepted bad arguments";
+    } catch (const cider::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+    }
+  };
+  mg::HeadPrepArgs good{};
+  good.qkv = buf.as<float>();
+  good.n = 1;
+  good.Hq = 2;
+  good.Hkv = 1;
+  good.D = 64;
+  good.rope_table = buf.as<float>();
+  good.rope_positions = 16;
+  good.q_out = buf.as<float>();
+  auto bad = [&](auto change) {
+    mg::HeadPrepArgs a = good;
+    change(a);
+    expect_error("cuda.prepare_heads", [&] { mg::prepare_heads(a, nullptr); });
+  };
+  bad([](mg::HeadPrepArgs& a) { a.D = 63; });                 // odd head dim
+  bad([](mg::HeadPrepArgs& a) { a.D = 4096; });               // past kMaxHeadDim
+  bad([](mg::HeadPrepArgs& a) { a.rotation = 4; });           // unknown rotation
+  bad([](mg::HeadPrepArgs& a) { a.rotation = 3; });           // Hadamard without signs
+  bad([](mg::HeadPrepArgs& a) { a.rope_table = nullptr; });   // no table
+  bad([](mg::HeadPrepArgs& a) { a.pos0 = 16; });              // host position past the table
+  bad([](mg::HeadPrepArgs& a) { a.pos0 = -1; });              // negative position
+  expect_error("cuda.finish_heads", [&] {
+    mg::finish_heads(buf.as<float>(), false, 1, 2, 66, 2, buf.as<float>(), buf.as<float>(), buf.as<float>(), nullptr);
+  });  // SO(4) needs D % 4 == 0
+  expect_error("cuda.finish_heads", [&] {
+    mg::finish_heads(buf.as<float>(), false, 1, 2, 64, 3, nullptr, nullptr, buf.as<float>(), nullptr);
+  });  // Hadamard without signs
+  expect_error("cuda.glu_rows", [&] { mg::glu_rows(buf.as<float>(), 1, 8, 2, buf.as<float>(), nullptr); });
+}
+
+// The decode step with programmatic dependent launch (the default) and without it (CIDER_PDL=0, read when a graph is
+// captured or a launch enqueued): the same kernels and arguments, so the logits must be identical bit for bit, by
+// graph replay and by direct launches (the w8a8 + k8v4 Hadamard configuration: every small kernel runs).
+TEST(CudaModel, PdlOnAndOffGiveTheSameLogits) {
+  CIDER_REQUIRE_GPU();
+  auto gpu = load("w8a8", "k8v4", cm::Device::kCUDA, "hadamard");
+  const std::vector<int32_t> tokens = text_tokens(*gpu, 140);
+  const auto V = static_cast<size_t>(gpu->config().vocab_size);
+  auto run = [&](bool pdl, bool graphs) {
+    if (pdl) {
+      unsetenv("CIDER_PDL");
+    } else {
+      setenv("CIDER_PDL", "0", 1);
+    }
+    auto s = gpu->new_session();
+    s->impl().gpu->use_graphs = graphs;
+    std::vector<float> out((tokens.size() - 100) * V, std::nanf(""));
+    std::vector<float> scratch(V);
+    gpu->forward(*s, tokens.data(), 100, scratch.data(), false);
+    for (size_t i = 100; i < tokens.size(); ++i) gpu->forward(*s, &tokens[i], 1, out.data() + (i - 100) * V, false);
+    unsetenv("CIDER_PDL");
+    return out;
+  };
+  const std::vector<float> on = run(true, true), off = run(false, true);
+  EXPECT_TRUE(diff(on, off).finite);
+  EXPECT_TRUE(same_bits(on, off)) << str(diff(on, off));
+  const std::vector<float> on_direct = run(true, false), off_direct = run(false, false);
+  EXPECT_TRUE(same_bits(on_direct, off_direct)) << str(diff(on_direct, off_direct));
+  EXPECT_TRUE(same_bits(on, on_direct)) << str(diff(on, on_direct));
 }
