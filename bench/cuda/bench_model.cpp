@@ -3,9 +3,12 @@
 // lengths 1k and 32k (the cache filled with random rows through kv_append, not by a prefill). One decode step = what
 // the session's CUDA graph holds (16-byte step input copy in, every layer, head, logits copy out), timed by
 // bench_graph's replay. docs/cuda/model.md has the byte floors and the predictions.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bench/cuda/bench_cuda.h"
 #include "model/cuda/gpu_model.h"
@@ -153,3 +156,38 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:no pdl", "model") { r
 CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024 v:no pdl", "model") {
   return without_pdl("bf16", "bf16", 1024);
 }
+
+// Prefill (prompt processing): one forward of n prompt tokens at positions [0, n) — the GEMM paths, attention in
+// tiles (CUDA cores), the cache append — timed on the host around forward() (it synchronizes: logits of the last
+// token come back), best of 3 after one warm-up. No peer in this run (llama-bench's pp is not run by the peer job).
+namespace {
+cider::bench::BenchResult prefill(const std::string& weights, const std::string& kv, int64_t n) {
+  auto model = model_for(weights, kv, "hadamard");
+  const cm::ModelConfig& c = model->config;
+  cm::gpu::GpuSession session(model);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    session.forward(tokens.data(), n, 0, logits.data(), false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, s);
+  }
+  cider::bench::BenchResult r;
+  r.seconds = best;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const double params = static_cast<double>(
+      c.num_layers * (H * (c.num_heads + 2 * c.num_kv_heads) * D + c.num_heads * D * H + 3 * H * c.intermediate_size));
+  r.flops = 2.0 * params * static_cast<double>(n) +
+            2.0 * static_cast<double>(c.num_layers * c.num_heads * D) * static_cast<double>(n * n);  // causal q·k, p·v
+  r.bytes = 0;
+  r.peer = "";
+  r.note = std::to_string(static_cast<int>(static_cast<double>(n) / best)) + " prompt tokens/s";
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512", "model") { return prefill("w8a8", "k8v4", 512); }
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096", "model") { return prefill("w8a8", "k8v4", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n512", "model") { return prefill("bf16", "bf16", 512); }
