@@ -34,6 +34,7 @@
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace cider::cuda {
 
@@ -257,6 +258,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int bg = blockIdx.z, b = bg / p.Hkv, g = bg % p.Hkv;
   const int qb = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+  pdl::wait();  // PDL: q, the cache and d_length are read after the previous kernel has completed
+  pdl::launch_dependents();
   int64_t kL = p.kL_bound;
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
 
@@ -531,6 +534,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, co
   float* partial = merge_smem + splits;  // [kThreads][VEC]
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
+  pdl::wait();  // the partials are the previous kernel's output
+  pdl::launch_dependents();
   const float* ml = part_ml + row * splits * 2;
   float m = -std::numeric_limits<float>::infinity();
   for (int s = tid; s < splits; s += kThreads)
@@ -593,10 +598,12 @@ void launch_merge(const float* part_o, const float* part_ml, float* out, int64_t
                   cudaStream_t stream) {
   const bool vec = Dv % 4 == 0 && Dv / 4 <= kThreads && (reinterpret_cast<uintptr_t>(part_o) & 15u) == 0;
   const size_t smem = (static_cast<size_t>(splits) + kThreads * 4) * sizeof(float);
-  if (vec)
-    merge_kernel<4><<<static_cast<unsigned>(rows), kThreads, smem, stream>>>(part_o, part_ml, out, splits, Dv);
-  else
-    merge_kernel<1><<<static_cast<unsigned>(rows), kThreads, smem, stream>>>(part_o, part_ml, out, splits, Dv);
+  const dim3 grid(static_cast<unsigned>(rows));
+  const cudaError_t err = vec ? pdl::launch(merge_kernel<4>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out,
+                                            splits, Dv)
+                              : pdl::launch(merge_kernel<1>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out,
+                                            splits, Dv);
+  CIDER_CUDA_CHECK("cuda.attention", err);
 }
 
 // ---- host side ----
@@ -765,10 +772,10 @@ KvSide side_of(const kernels::KVTensorView& v) {
 
 template <int KK, int VK, int GS, int DK, int DV, bool STAGE_V>
 void launch_qr(const Plan& pl, const Params& p, dim3 grid, cudaStream_t stream) {
-  if (pl.QR == 4)
-    attention_kernel<KK, VK, GS, DK, DV, 4, STAGE_V><<<grid, kThreads, pl.smem, stream>>>(p);
-  else
-    attention_kernel<KK, VK, GS, DK, DV, 8, STAGE_V><<<grid, kThreads, pl.smem, stream>>>(p);
+  const cudaError_t err =
+      pl.QR == 4 ? pdl::launch(attention_kernel<KK, VK, GS, DK, DV, 4, STAGE_V>, grid, dim3(kThreads), pl.smem, stream, p)
+                 : pdl::launch(attention_kernel<KK, VK, GS, DK, DV, 8, STAGE_V>, grid, dim3(kThreads), pl.smem, stream, p);
+  CIDER_CUDA_CHECK("cuda.attention", err);
 }
 
 }  // namespace
@@ -817,9 +824,9 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
 
   cudaStream_t stream = static_cast<cudaStream_t>(exec.stream);
   if (pl.tc) {
-    detail::tc_launch(a, pl.tcp, d_length, p.part_o, p.part_ml, exec.stream);
+    const bool merge = detail::tc_launch(a, pl.tcp, d_length, p.part_o, p.part_ml, exec.stream);
     check_last_launch(op);
-    if (pl.splits > 1) {
+    if (merge) {
       launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
       check_last_launch(op);
     }

@@ -34,10 +34,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace cider::cuda::detail {
 
@@ -68,10 +72,16 @@ struct Cfg {
   // Shared memory: [warps][stages] tiles, then the query digits and per-row constants.
   static constexpr int kTileArea = kTcWarps * kStages * kStageB;
   static constexpr int kDigitsB = kKSteps * 3 * 32 * 8;  // [kstep][digit][lane] uint2
-  static constexpr int kQfB = kRows * D * 4;             // query rows as float (prologue only)
-  static constexpr int kRowConstB = kRows * (kG + 2) * 4;
-  static constexpr int kSmem = kTileArea + kDigitsB + kQfB + kRowConstB;
-  static_assert(kTcWarps * kRows * (D + 2) * 4 <= kTileArea, "the warp-combine area fits the tile area");
+  // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, the merge flag (+ padding).
+  static constexpr int kRowConstB = kRows * kG * 4 + kRows * 4 + kTcWarps * kRows * 8 + 16;
+  static constexpr int kSmem = kTileArea + kDigitsB + kRowConstB;
+  // Epilogue: each warp's accumulators in fragment order [G·4][32] float4 fit its own tile area.
+  static constexpr int kWarpRedB = kG * 4 * 32 * 16;
+  static_assert(kWarpRedB <= kStages * kStageB, "a warp's accumulators fit its own tile area");
+  // In-kernel merge (last CTA of a head): [4 warps][8 rows][D] float sums + the weights [R][splits] in the tile area.
+  static constexpr int kMergeRedB = kTcWarps * kRows * D * 4;
+  static constexpr int kMaxFoldWeights = (kTileArea - kMergeRedB) / 4;
+  static_assert(kMaxFoldWeights >= 1024, "room for the merge weights");
 };
 
 struct TcParams {
@@ -91,6 +101,9 @@ struct TcParams {
   float scale_log2;  // scale · log2(e)
   int causal;
   int64_t window;
+  // splits > 1: the per-(b, KV head) arrival counters of the in-kernel merge (zero between launches: the last CTA
+  // of a head resets its counter); null: the partials are left for attention.cu's merge kernel.
+  unsigned int* counters;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -108,6 +121,41 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 2^e as a float, −126 ≤ e ≤ 127 (normal): the exponent field directly.
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
+// x·2^e with the result of ldexpf(x, e) for −252 ≤ e ≤ 254: the multiplications by powers of two that cannot round
+// come first (x·2^127 when e > 127; x·2^(e+126) when e < −126, exact for the normal x used here), the one that may
+// round (an underflow into the subnormals) last, so the result is rounded once, as ldexpf's.
+__device__ __forceinline__ float mul_pow2(float x, int e) {
+  if (e > 127) {
+    x *= pow2f(127);
+    e -= 127;
+  } else if (e < -126) {
+    x *= pow2f(e + 126);
+    e = -126;
+  }
+  return x * pow2f(e);
+}
+// E with max|q|·2^E < 2^21 (frexpf(mx) = f·2^k, f ∈ [0.5, 1): E = 21 − k), 0 for mx = 0. The exponent field gives
+// k for normal mx; a subnormal mx = m·2^-149 (m < 2^23) has k = 32 − clz(m) − 149.
+__device__ __forceinline__ int q_exponent(float mx) {
+  if (!(mx > 0.0f)) return 0;
+  const uint32_t u = __float_as_uint(mx);
+  const int ef = static_cast<int>(u >> 23);
+  const int k = ef != 0 ? ef - 126 : -117 - __clz(static_cast<int>(u));
+  return 21 - k;
+}
+// Q = d2·2^16 + d1·2^8 + d0 with signed 8-bit digits (|Q| ≤ 2^21): digit `which` as a byte.
+__device__ __forceinline__ void q_digits(int Q, uint32_t (&dig)[3]) {
+  const int d0 = ((Q + 128) & 255) - 128;
+  const int q1 = (Q - d0) >> 8;
+  const int d1 = ((q1 + 128) & 255) - 128;
+  const int d2 = (q1 - d1) >> 8;
+  dig[0] = static_cast<uint32_t>(d0) & 255u;
+  dig[1] = static_cast<uint32_t>(d1) & 255u;
+  dig[2] = static_cast<uint32_t>(d2) & 255u;
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -169,6 +217,109 @@ __device__ __forceinline__ int value4_chunk_pos(int r, int ch) {
     return ch ^ (((r >> 1) & 3) << 1);
 }
 
+// The merge of the splits of head (b, g) by its last CTA: out_r = Σ_s w_rs·o_rs / Σ_s w_rs·l_rs with
+// w_rs = e^{m_rs − M_r} over the splits with l_rs > 0 (zeros when there is none), as attention.cu's merge_kernel.
+// (A) warp w: rows w, w + 4 — M_r over the splits, the weights to shared memory [R][splits], L_r; (B) warp w sums the
+// splits s ≡ w (mod 4) for all rows, float4 columns lane + 32u, U splits per step (R·U·D/128 float4 loads in flight
+// per lane); (C) the 4 warps' sums through shared memory, float4 stores of out. Reads partials with ld.global.cg.
+template <int D, int KB>
+__device__ __forceinline__ void merge_splits(const TcParams& p, int b, int g, uint8_t* smem, float* lrow) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int kQ4 = D / 128;
+  constexpr int U = D == 128 ? 2 : 1;  // splits per step: R·U·D/128 float4 loads per lane in flight (register budget)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int R = p.R, S = p.splits;
+  float* mred = reinterpret_cast<float*>(smem);     // [4 warps][8 rows][D]
+  float* weight = mred + kTcWarps * kRows * D;      // [R][S]
+  auto orow_of = [&](int r) -> int64_t {
+    return (static_cast<int64_t>(b) * p.Hq + g * p.rep + r % p.rep) * p.L + r / p.rep;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp + kTcWarps * h;
+    if (r >= R) break;
+    const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + orow_of(r) * S;
+    float M = kNegInf;
+    for (int s = lane; s < S; s += 32) {
+      const float2 v = __ldcg(ml + s);
+      if (v.y > 0.0f) M = fmaxf(M, v.x);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+      const float2 v = __ldcg(ml + s);
+      const float wgt = v.y > 0.0f ? ex2((v.x - M) * 1.4426950408889634f) : 0.0f;
+      weight[r * S + s] = wgt;
+      L += wgt * v.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) lrow[r] = L;
+  }
+  __syncthreads();
+  float4 acc[kRows][kQ4];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int u = 0; u < kQ4; ++u) acc[r][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float* po[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) po[r] = p.part_o + orow_of(r < R ? r : 0) * S * D + 4 * lane;
+  for (int s0 = warp; s0 < S; s0 += kTcWarps * U) {
+    float4 v[U][kRows][kQ4];
+    float wg[U][kRows];
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu) {
+      const int s = s0 + kTcWarps * uu;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const bool ok = r < R && s < S;  // an empty split's o is zeros (written), its weight 0
+        wg[uu][r] = ok ? weight[r * S + s] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < kQ4; ++u)
+          v[uu][r][u] = ok ? __ldcg(reinterpret_cast<const float4*>(po[r] + static_cast<int64_t>(s) * D + 128 * u))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int u = 0; u < kQ4; ++u) {
+          const float w = wg[uu][r];
+          acc[r][u].x += w * v[uu][r][u].x;
+          acc[r][u].y += w * v[uu][r][u].y;
+          acc[r][u].z += w * v[uu][r][u].z;
+          acc[r][u].w += w * v[uu][r][u].w;
+        }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (r < R) {
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u)
+        reinterpret_cast<float4*>(mred + (warp * kRows + r) * D)[lane + 32 * u] = acc[r][u];
+    }
+  __syncthreads();
+  for (int idx = tid; idx < R * (D / 4); idx += kTcThreads) {
+    const int r = idx / (D / 4), c = idx % (D / 4);
+    float4 o = reinterpret_cast<const float4*>(mred + r * D)[c];
+#pragma unroll
+    for (int w = 1; w < kTcWarps; ++w) {
+      const float4 t = reinterpret_cast<const float4*>(mred + (w * kRows + r) * D)[c];
+      o.x += t.x;
+      o.y += t.y;
+      o.z += t.z;
+      o.w += t.w;
+    }
+    const float L = lrow[r];
+    const float4 res = L > 0.0f ? make_float4(o.x / L, o.y / L, o.z / L, o.w / L) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    reinterpret_cast<float4*>(p.out + orow_of(r) * D)[c] = res;
+  }
+}
+
 // K4V3: 4 (D128) / 3 (D256) CTAs per SM as before; K8V4: 87 / 94 KB of shared memory, so 2 CTAs per SM.
 template <int D, int KB, int VB>
 __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) attention_tc_kernel(TcParams p) {
@@ -177,15 +328,20 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 tc_smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(tc_smem4);
-  uint2* qdig = reinterpret_cast<uint2*>(smem + C::kTileArea);                          // [kstep][3][32]
-  float* qf = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);              // [8][D]
-  float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB + C::kQfB);  // [8][G]
-  int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                                 // [8]
+  uint2* qdig = reinterpret_cast<uint2*>(smem + C::kTileArea);              // [kstep][3][32]
+  float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);  // [8][G]
+  int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                     // [8]
+  float2* wml = reinterpret_cast<float2*>(qexp + kRows);                    // [4 warps][8 rows] (m, l)
+  int* merge_flag = reinterpret_cast<int*>(wml + kTcWarps * kRows);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
   const int split = blockIdx.x;
+  // PDL: the queries, the cache (appended by the previous kernel) and d_length are read only after the wait; the
+  // next kernel may start its own prologue now (it waits for this grid's completion before touching anything).
+  pdl::wait();
+  pdl::launch_dependents();
   int64_t kL = p.kL_bound;
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
   const int R = p.R;
@@ -252,64 +408,78 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
 
-  // ---- queries: rows to shared memory, per-row max |q| and group sums, then the digit fragments ----
-  for (int idx = tid; idx < kRows * D; idx += kTcThreads) {
-    const int r = idx / D, k = idx % D;
-    float v = 0.0f;
+  // ---- queries: warp w prepares rows w and w + 4 straight from global memory (float4 per lane: dims 4·lane'..+3,
+  // lane' = lane + 32u): max |q| and the group sums by shuffles, the exponent E, the integers Q = rint(q·2^E) and
+  // their digit fragments, assembled between lane pairs; one CTA barrier publishes them. ----
+  constexpr int kQ4 = D / 128;  // float4 per lane per row
+  float4 qv[2][kQ4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp + kTcWarps * h;
     if (r < R) {
       const int i = r / p.rep, hq = g * p.rep + r % p.rep;
-      v = p.q[((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D + k];
+      const float4* src =
+          reinterpret_cast<const float4*>(p.q + ((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D);
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u) qv[h][u] = src[lane + 32 * u];
+    } else {
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u) qv[h][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    qf[idx] = v;
   }
-  __syncthreads();
-  for (int r = warp; r < kRows; r += kTcWarps) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp + kTcWarps * h;
     float mx = 0.0f;
-    for (int k = lane; k < D; k += 32) mx = fmaxf(mx, fabsf(qf[r * D + k]));
+#pragma unroll
+    for (int u = 0; u < kQ4; ++u) {
+      const float4 v = qv[h][u];
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      // Group sums: lanes 0–15 hold group 2u, lanes 16–31 group 2u + 1 (64 dims = 16 lanes × 4).
+      float gs = (v.x + v.y) + (v.z + v.w);
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+      if ((lane & 15) == 0) qsum[r * G + 2 * u + (lane >> 4)] = gs;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const int E = q_exponent(mx);  // max |q|·2^E < 2^21 (as frexpf: mx < 2^(21 − E))
+    if (lane == 0) qexp[r] = E;
 #pragma unroll
-    for (int gi = 0; gi < G; ++gi) {
-      float s = 0.0f;
-      for (int k = gi * 64 + lane; k < (gi + 1) * 64; k += 32) s += qf[r * D + k];
+    for (int u = 0; u < kQ4; ++u) {
+      const int lq = lane + 32 * u;  // float4 index in the row: dims 4lq .. 4lq + 3
+      const float4 v = qv[h][u];
+      const float x[4] = {v.x, v.y, v.z, v.w};
+      uint32_t dg[4][3];  // [j][digit] bytes of dims 4lq + j
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) qsum[r * G + gi] = s;
-    }
-    if (lane == 0) {
-      int e = 0;
-      if (mx > 0.0f) {
-        int k2;
-        frexpf(mx, &k2);  // mx < 2^k2
-        e = 21 - k2;      // max |q|·2^e < 2^21
+      for (int j = 0; j < 4; ++j) q_digits(static_cast<int>(rintf(mul_pow2(x[j], E))), dg[j]);  // |Q| ≤ 2^21
+      if constexpr (KB == 4) {
+        // Key word w = lq >> 1 holds dims 8w..8w+7 (nibble 2i + half = dim 8w + 2i + half): fragment (kstep =
+        // w >> 2, t = w & 3) of row r has byte i of .x (half 0) / .y (half 1). This lane has i = 2(lq & 1) + (j >> 1),
+        // half = j & 1; its partner lq ^ 1 (lane ^ 1) the other two bytes of each.
+        const int sh = 16 * (lq & 1);
+#pragma unroll
+        for (int d = 0; d < 3; ++d) {
+          uint32_t fx = (dg[0][d] | (dg[2][d] << 8)) << sh;
+          uint32_t fy = (dg[1][d] | (dg[3][d] << 8)) << sh;
+          fx |= __shfl_xor_sync(0xffffffffu, fx, 1);
+          fy |= __shfl_xor_sync(0xffffffffu, fy, 1);
+          if ((lq & 1) == 0) {
+            const int w = lq >> 1;
+            qdig[((w >> 2) * 3 + d) * 32 + r * 4 + (w & 3)] = make_uint2(fx, fy);
+          }
+        }
+      } else {
+        // 8-bit keys: dim = 32·kstep + 16·half + 4t + i, so this lane's 4 dims are word (kstep = lq >> 3,
+        // half = (lq >> 2) & 1, t = lq & 3) of row r's fragment, bytes i = j; the partner lane ^ 4 has the other half.
+#pragma unroll
+        for (int d = 0; d < 3; ++d) {
+          const uint32_t mine = dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
+          const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
+          if (((lq >> 2) & 1) == 0) qdig[((lq >> 3) * 3 + d) * 32 + r * 4 + (lq & 3)] = make_uint2(mine, other);
+        }
       }
-      qexp[r] = e;
     }
-  }
-  __syncthreads();
-  // Digit fragment of lane (n, t) at k-step kstep: b.x byte i = k 4t + i, b.y byte i = k 16 + 4t + i, where k ↔ dim
-  // follows the key code layout: K4 word w = 4·kstep + t (8 nibbles, even → b.x, odd → b.y); K8 bytes are dims
-  // (dim = 32·kstep + k: words 8·kstep + t and 8·kstep + 4 + t).
-  for (int item = tid; item < C::kKSteps * 32; item += kTcThreads) {
-    const int kstep = item / 32, ln = item % 32, n = ln >> 2, t = ln & 3;
-    const int w = 8 * (kstep / 2) + 4 * (kstep % 2) + t;  // K4: key word of this lane's k-range
-    uint32_t dig[3][2] = {{0, 0}, {0, 0}, {0, 0}};
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int dim = KB == 4 ? 8 * w + 2 * i + half : 32 * kstep + 16 * half + 4 * t + i;
-        const int Q = static_cast<int>(rintf(ldexpf(qf[n * D + dim], qexp[n])));  // |Q| ≤ 2^21
-        const int d0 = ((Q + 128) & 255) - 128;
-        const int q1 = (Q - d0) >> 8;
-        const int d1 = ((q1 + 128) & 255) - 128;
-        const int d2 = (q1 - d1) >> 8;
-        dig[0][half] |= (static_cast<uint32_t>(d0) & 255u) << (8 * i);
-        dig[1][half] |= (static_cast<uint32_t>(d1) & 255u) << (8 * i);
-        dig[2][half] |= (static_cast<uint32_t>(d2) & 255u) << (8 * i);
-      }
-#pragma unroll
-    for (int d = 0; d < 3; ++d) qdig[(kstep * 3 + d) * 32 + ln] = make_uint2(dig[d][0], dig[d][1]);
   }
   __syncthreads();
 
@@ -320,7 +490,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = rr[h];
-    zmul[h] = ldexpf(p.scale_log2, -qexp[r]);
+    zmul[h] = mul_pow2(p.scale_log2, -qexp[r]);  // = ldexpf(scale_log2, −E)
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
     int64_t lo_h = c0, hi_h = c1;
@@ -549,8 +719,12 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     __syncwarp();  // every lane is done with this stage before it is refilled
   }
   cp_wait<0>();
+  __syncwarp();  // every lane's copies have landed and every lane is done with the stages: the area is free
 
-  // ---- combine the warps: reduce l and the bias sums over the gid lanes, then through shared memory ----
+  // ---- combine the warps (log-sum-exp): l and the bias sums over the gid lanes by shuffles; each warp stores its
+  // accumulators (+ bias sums) in fragment order [G·4][32] float4 into its OWN tile area (no barrier before) and
+  // (m, l) of its rows; one barrier; thread (warp, lane) then combines fragment slots k4 = warp, warp + 4, … of the
+  // 4 warps for its rows 2tig, 2tig + 1 and writes dims d, d + 1 (float2) of each. ----
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -560,62 +734,92 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) bacc[gi][h] += __shfl_xor_sync(0xffffffffu, bacc[gi][h], o);
   }
-  __syncthreads();  // all warps are done with the tile area
-  float* red = reinterpret_cast<float*>(smem);  // [warps][8][D + 2]: o[D], m, l
-  constexpr int kRS = D + 2;
+  {
+    float4* wred = reinterpret_cast<float4*>(wbase);
 #pragma unroll
-  for (int gv = 0; gv < G; ++gv)
+    for (int gv = 0; gv < G; ++gv)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int d = 64 * gv + 8 * gid + 2 * j;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float* row = red + (warp * kRows + rr[h]) * kRS;
-        row[d] = acc[gv][j][h] + bacc[gv][h];
-        row[d + 1] = acc[gv][j][2 + h] + bacc[gv][h];
-      }
-    }
-  if (gid == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float* row = red + (warp * kRows + rr[h]) * kRS;
-      row[D] = m_run[h];
-      row[D + 1] = l_run[h];
+      for (int j = 0; j < 4; ++j)  // (dim d, row r0), (d, r1), (d + 1, r0), (d + 1, r1)
+        wred[(gv * 4 + j) * 32 + lane] = make_float4(acc[gv][j][0] + bacc[gv][0], acc[gv][j][1] + bacc[gv][1],
+                                                     acc[gv][j][2] + bacc[gv][0], acc[gv][j][3] + bacc[gv][1]);
+    if (gid == 0) {
+      wml[warp * kRows + rr[0]] = make_float2(m_run[0], l_run[0]);
+      wml[warp * kRows + rr[1]] = make_float2(m_run[1], l_run[1]);
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < R * D; idx += kTcThreads) {
-    const int r = idx / D, d = idx % D;
+  float fw[kTcWarps][2], lsum[2], mrow[2];
+  int64_t orow[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float2 ml[kTcWarps];
     float M = kNegInf;
 #pragma unroll
     for (int w = 0; w < kTcWarps; ++w) {
-      const float* row = red + (w * kRows + r) * kRS;
-      if (row[D + 1] > 0.0f) M = fmaxf(M, row[D]);
+      ml[w] = wml[w * kRows + rr[h]];
+      if (ml[w].y > 0.0f) M = fmaxf(M, ml[w].x);
     }
-    float o = 0.0f, l = 0.0f;
-    if (M != kNegInf) {
+    float l = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kTcWarps; ++w) {
-        const float* row = red + (w * kRows + r) * kRS;
-        if (row[D + 1] > 0.0f) {
-          const float f = ex2(row[D] - M);
-          o += f * row[d];
-          l += f * row[D + 1];
-        }
-      }
+    for (int w = 0; w < kTcWarps; ++w) {
+      fw[w][h] = ml[w].y > 0.0f ? ex2(ml[w].x - M) : 0.0f;  // a warp that saw no key counts 0 (M = −inf: all 0)
+      l += fw[w][h] * ml[w].y;
     }
-    const int ih = r / p.rep, hq = g * p.rep + r % p.rep;
-    const int64_t orow = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + ih;
-    if (p.splits == 1) {
-      p.out[orow * D + d] = l > 0.0f ? o / l : 0.0f;
-    } else {
-      p.part_o[(orow * p.splits + split) * D + d] = o;
-      if (d == 0) {
-        p.part_ml[(orow * p.splits + split) * 2] = M == kNegInf ? M : M * 0.69314718055994531f;  // log2 → ln
-        p.part_ml[(orow * p.splits + split) * 2 + 1] = l;
+    lsum[h] = l;
+    mrow[h] = M;
+    const int r = rr[h], ih = r / p.rep, hq = g * p.rep + r % p.rep;
+    orow[h] = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + ih;
+  }
+#pragma unroll
+  for (int k4 = warp; k4 < G * 4; k4 += kTcWarps) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float4 v = reinterpret_cast<const float4*>(smem + w * kStages * C::kStageB)[k4 * 32 + lane];
+      o.x += fw[w][0] * v.x;
+      o.y += fw[w][1] * v.y;
+      o.z += fw[w][0] * v.z;
+      o.w += fw[w][1] * v.w;
+    }
+    const int d = 64 * (k4 >> 2) + 8 * gid + 2 * (k4 & 3);
+    const float oh[2][2] = {{o.x, o.z}, {o.y, o.w}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (rr[h] >= R) continue;
+      if (p.splits == 1) {
+        const float l = lsum[h];
+        *reinterpret_cast<float2*>(p.out + orow[h] * D + d) =
+            make_float2(l > 0.0f ? oh[h][0] / l : 0.0f, l > 0.0f ? oh[h][1] / l : 0.0f);
+      } else {
+        *reinterpret_cast<float2*>(p.part_o + (orow[h] * p.splits + split) * D + d) = make_float2(oh[h][0], oh[h][1]);
       }
     }
   }
+  if (p.splits == 1) return;
+  if (warp == 0 && gid == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (rr[h] < R)
+        reinterpret_cast<float2*>(p.part_ml)[orow[h] * p.splits + split] =
+            make_float2(mrow[h] == kNegInf ? mrow[h] : mrow[h] * 0.69314718055994531f, lsum[h]);  // log2 → ln
+  }
+  if (p.counters == nullptr) return;  // attention.cu's merge kernel combines the splits
+
+  // ---- in-kernel merge: the last CTA of head (b, g) to finish combines all its splits. Every CTA fences its
+  // partial, then one thread counts it in; the CTA that sees count = splits − 1 resets the counter to 0 (the next
+  // launch, or graph replay, starts from zero) and merges. ----
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned int prev = atomicAdd(p.counters + bg, 1u);
+    const int last = prev == static_cast<unsigned int>(p.splits - 1) ? 1 : 0;
+    if (last) atomicExch(p.counters + bg, 0u);
+    *merge_flag = last;
+  }
+  __syncthreads();
+  if (*merge_flag == 0) return;
+  __threadfence();  // the other CTAs' partials (fenced before their count) are read below through L2 (ld.cg)
+  merge_splits<D, KB>(p, b, g, smem, qsum);
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -660,6 +864,54 @@ bool tc_k8v4_enabled() {
   return !(e && e[0] == '0');
 }
 
+// In-kernel merge ("fold"): on unless $CIDER_ATTN_TC_FOLD=0 (read at every call: tests and bench A/B it), which
+// leaves the partials to attention.cu's merge kernel as before.
+bool tc_fold_enabled() {
+  const char* e = std::getenv("CIDER_ATTN_TC_FOLD");
+  return !(e && e[0] == '0');
+}
+
+// The arrival counters of the in-kernel merge. They cannot live in exec.workspace: the model shares one workspace
+// among all launchers (gpu_model.cpp), so the linear layers overwrite it between two attention calls, and a
+// launcher may not memset synchronously (a cudaMemsetAsync node per call would also cut the PDL edge). So: a static
+// device array, zero at module load; the last CTA of a head resets its counter, so every launch leaves them zero.
+// Two launches that run at the same time must not share counters: each (device, stream) gets its own slab of
+// kCounterSlab counters (launches on one stream are ordered); a 9th stream, or B·Hkv > kCounterSlab, falls back to
+// the merge kernel. A graph must be replayed on the stream it was captured on (gpu_model.cpp and bench do).
+constexpr int kCounterSlabs = 8;
+constexpr int kCounterSlab = 4096;
+__device__ unsigned int g_tc_counters[kCounterSlabs * kCounterSlab];
+
+unsigned int* counter_slab(void* stream) {
+  static std::mutex mu;
+  struct Entry {
+    int dev;
+    void* stream;
+    unsigned int* base;
+  };
+  static std::vector<Entry> table;
+  static std::vector<std::pair<int, int>> used;  // (device, slabs handed out)
+  int dev = 0;
+  CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& e : table)
+    if (e.dev == dev && e.stream == stream) return e.base;
+  int* n = nullptr;
+  for (auto& u : used)
+    if (u.first == dev) n = &u.second;
+  if (n == nullptr) {
+    used.emplace_back(dev, 0);
+    n = &used.back().second;
+  }
+  if (*n >= kCounterSlabs) return nullptr;
+  void* sym = nullptr;
+  CIDER_CUDA_CHECK("cuda.attention", cudaGetSymbolAddress(&sym, g_tc_counters));
+  unsigned int* base = static_cast<unsigned int*>(sym) + static_cast<size_t>(*n) * kCounterSlab;
+  ++*n;
+  table.push_back({dev, stream, base});
+  return base;
+}
+
 }  // namespace
 
 bool tc_eligible(const kernels::AttentionArgs& a) {
@@ -672,33 +924,40 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   if (!k4v3 && !k8v4) return false;
   return K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
          (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
-         rep * a.L <= kRows && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 4) &&
+         rep * a.L <= kRows && aligned(a.q, 16) && aligned(a.out, 16) && aligned(K.data, 16) &&
+         aligned(V.data, 16) && aligned(K.scales, 4) &&
          aligned(K.biases, 4) && aligned(V.scales, 4) && aligned(V.biases, 4) && (k4v3 || tc_k8v4_enabled());
 }
 
 namespace {
 template <int D, int KB, int VB>
-void plan_config(int& tk, int& per_sm, size_t& smem) {
+void plan_config(int& tk, int& per_sm, size_t& smem, int& max_fold_weights) {
   tk = Cfg<D, KB, VB>::kTK;
   per_sm = tc_ctas_per_sm<D, KB, VB>();
   smem = static_cast<size_t>(Cfg<D, KB, VB>::kSmem);
+  max_fold_weights = Cfg<D, KB, VB>::kMaxFoldWeights;
 }
 }  // namespace
 
 TcPlan tc_plan(const kernels::AttentionArgs& a) {
   TcPlan pl;
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
-  int tk = 0, per_sm = 1;
+  int tk = 0, per_sm = 1, max_w = 0;
   if (k8)
-    d128 ? plan_config<128, 8, 4>(tk, per_sm, pl.smem) : plan_config<256, 8, 4>(tk, per_sm, pl.smem);
+    d128 ? plan_config<128, 8, 4>(tk, per_sm, pl.smem, max_w) : plan_config<256, 8, 4>(tk, per_sm, pl.smem, max_w);
   else
-    d128 ? plan_config<128, 4, 3>(tk, per_sm, pl.smem) : plan_config<256, 4, 3>(tk, per_sm, pl.smem);
+    d128 ? plan_config<128, 4, 3>(tk, per_sm, pl.smem, max_w) : plan_config<256, 4, 3>(tk, per_sm, pl.smem, max_w);
   // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
   static const int waves = [] {
     const char* e = std::getenv("CIDER_ATTN_TC_WAVES");
     const int w = e ? std::atoi(e) : 1;
     return w >= 1 && w <= 16 ? w : 1;
   }();
+  // Split rule: as many splits as one wave of resident CTAs holds (waves × CTAs/SM × SMs / (B·Hkv)), but never
+  // less than one tile per warp (4 warps × TK keys per split). Why not fewer, longer splits at short caches: all CTAs
+  // of the wave run their prologue at the same time (it is a latency chain, not a throughput cost), while every extra
+  // tile per warp adds a full tile latency (≈ 2.5–3 µs measured: 3.2 µs per tile round); the merge's cost grows with
+  // the splits (R·splits·D·4 bytes read by the head's last CTA, ≈ 1–2 µs at 64 splits) but stays below one round.
   const int64_t slots = static_cast<int64_t>(per_sm) * sm_count() * waves;
   const int64_t bh = a.B * a.keys.H, kL = a.keys.length;
   const int64_t quantum = static_cast<int64_t>(kTcWarps) * tk;  // one tile per warp
@@ -708,18 +967,20 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   chunk = (chunk + quantum - 1) / quantum * quantum;
   pl.chunk = chunk;
   pl.splits = static_cast<int>((kL + chunk - 1) / chunk);
+  const int64_t R = a.Hq / a.keys.H * a.L;
+  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && bh <= kCounterSlab && tc_fold_enabled();
   return pl;
 }
 
 namespace {
 template <int D, int KB, int VB>
-void launch_config(dim3 grid, const TcParams& p, cudaStream_t s) {
+cudaError_t launch_config(dim3 grid, const TcParams& p, cudaStream_t s) {
   (void)tc_ctas_per_sm<D, KB, VB>();
-  attention_tc_kernel<D, KB, VB><<<grid, kTcThreads, Cfg<D, KB, VB>::kSmem, s>>>(p);
+  return pdl::launch(attention_tc_kernel<D, KB, VB>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
 }
 }  // namespace
 
-void tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
+bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream) {
   TcParams p{};
   p.q = a.q;
@@ -746,20 +1007,17 @@ void tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
   p.window = a.window;
+  p.counters = pl.fold ? counter_slab(stream) : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
-  if (a.keys.bits == 8) {
-    if (a.keys.dim == 128)
-      launch_config<128, 8, 4>(grid, p, s);
-    else
-      launch_config<256, 8, 4>(grid, p, s);
-  } else {
-    if (a.keys.dim == 128)
-      launch_config<128, 4, 3>(grid, p, s);
-    else
-      launch_config<256, 4, 3>(grid, p, s);
-  }
+  cudaError_t err;
+  if (a.keys.bits == 8)
+    err = a.keys.dim == 128 ? launch_config<128, 8, 4>(grid, p, s) : launch_config<256, 8, 4>(grid, p, s);
+  else
+    err = a.keys.dim == 128 ? launch_config<128, 4, 3>(grid, p, s) : launch_config<256, 4, 3>(grid, p, s);
+  CIDER_CUDA_CHECK("cuda.attention", err);
+  return pl.splits > 1 && p.counters == nullptr;
 }
 
 }  // namespace cider::cuda::detail

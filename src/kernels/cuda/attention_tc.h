@@ -1,7 +1,7 @@
 // cider/kernels/cuda/attention_tc.h — the tensor-core decode path of cuda::attention (attention_tc.cu), used by
-// attention.cu for K4/V3 g64 caches — and K8/V4 g64 caches when $CIDER_ATTN_TC_K8V4=1 (opt-in until it has run on a
-// GPU) — with f16 scales, Dk = Dv = 128 or 256, and at most 8 query rows per KV head (rep·L ≤ 8: decode). Everything
-// else runs the general CUDA-core kernel of attention.cu.
+// attention.cu for K4/V3 and K8/V4 g64 caches ($CIDER_ATTN_TC_K8V4=0 excludes K8V4) with f16 scales, Dk = Dv = 128 or
+// 256, at most 8 query rows per KV head (rep·L ≤ 8: decode) and 16-byte aligned q / out. Everything else runs the
+// general CUDA-core kernel of attention.cu.
 #pragma once
 
 #include <cstddef>
@@ -16,15 +16,18 @@ struct TcPlan {
   int splits = 1;
   int64_t chunk = 0;  // keys per split (a multiple of the CTA's key tile)
   size_t smem = 0;    // dynamic shared memory per CTA
+  bool fold = false;  // splits > 1 merged inside the kernel (last CTA per head); $CIDER_ATTN_TC_FOLD=0 turns it off
 };
 
 // True when the tensor-core path takes these (already validated) arguments; $CIDER_ATTN_TC=0 turns it off (read once);
 // $CIDER_ATTN_TC_K8V4=1 admits K8V4 (read at every call).
 bool tc_eligible(const kernels::AttentionArgs& a);
 TcPlan tc_plan(const kernels::AttentionArgs& a);
-// Launches the split kernel: splits == 1 writes out directly, otherwise the partials [B·Hq·L, splits, Dv] (o) and
-// [B·Hq·L, splits, 2] (m in natural-log units, l) that attention.cu's merge kernel combines.
-void tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
+// Launches the split kernel (through pdl::launch): splits == 1 writes out directly, otherwise every CTA writes its
+// partial [B·Hq·L, splits, Dv] (o) and [B·Hq·L, splits, 2] (m in natural-log units, l) to the workspace and, when
+// plan.fold, the last CTA of each (b, KV head) merges them into out. Returns true when attention.cu's merge kernel
+// must still combine the partials (splits > 1 without the fold).
+bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream);
 
 }  // namespace cider::cuda::detail
