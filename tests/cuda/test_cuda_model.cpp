@@ -835,10 +835,8 @@ TEST(CudaModelKernels, FinishHeadsEqualsCpuInverseRotation) {
           const cider::nn::Rotation rot(D, static_cast<cider::nn::RotationKind>(rotation), 9);
           cc::DeviceBuffer d_qL, d_qR;
           if (rotation == 3) d_qL = cc::to_device(rot.signs().data(), rot.signs().size() * sizeof(float));
-          if (rotation == 1 || rotation == 2) {
-            d_qL = cc::to_device(rot.left().data(), rot.left().size() * sizeof(float));
-            d_qR = cc::to_device(rot.right().data(), rot.right().size() * sizeof(float));
-          }
+          if (rotation == 1 || rotation == 2) d_qL = cc::to_device(rot.left().data(), rot.left().size() * sizeof(float));
+          if (rotation == 2) d_qR = cc::to_device(rot.right().data(), rot.right().size() * sizeof(float));
           const auto count = static_cast<size_t>(n * Hq * D);
           const std::vector<float> in = cider::test::randn(rng, count, 1.5f);
           cc::DeviceBuffer d_in = upload_guarded(in), d_out = upload_guarded(poison(count));
