@@ -2,6 +2,7 @@
 //   kv_append: bytes identical (every plane, guard rows before/after the written positions untouched).
 //   rotate_rows: forward equal to nn::SO4Rotation::apply bit for bit; inverse∘forward = identity.
 //   attention: same cache bytes on both sides; outputs within float32-accumulation tolerance; guards untouched.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -312,6 +313,39 @@ struct Side {
   }
 };
 
+// One long-lived stream for the attention cases: the tensor-core path's in-kernel merge keeps its arrival counters
+// per stream (a slab per (device, stream), 8 per device, then the merge kernel takes over: attention_tc.cu), so the
+// cases share a stream instead of each bringing a new one that might use up the slabs. Never destroyed (it would
+// outlive the CUDA runtime at exit).
+Stream& attention_stream() {
+  static Stream* s = new Stream();
+  return *s;
+}
+
+// Sets an environment variable for a scope (the attention switches are read at every call) and restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) prev_ = prev;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, prev_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string prev_;
+};
+
 struct AttnCase {
   int64_t D, rep, kL, L;
   MaskKind mask;
@@ -320,13 +354,15 @@ struct AttnCase {
   DType dt;
   int kv_splits = 0;
   int64_t d_length = 0;  // > 0: the device length (≤ kL, the bound)
+  bool misalign = false;  // q and out 4 bytes past a 16-byte boundary
 };
 
 void run_attention_case(const AttnCase& c, uint64_t salt) {
   SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
                                     << static_cast<int>(c.mask) << " window " << c.window << " K" << c.kbits << "V"
                                     << c.vbits << " g" << c.gs << " " << dtype_name(c.dt) << " splits "
-                                    << c.kv_splits << " d_length " << c.d_length);
+                                    << c.kv_splits << " d_length " << c.d_length
+                                    << (c.misalign ? " misaligned q/out" : ""));
   auto rng = test::make_rng(salt);
   const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep, cap = c.kL + 3;
   const int64_t kLr = c.d_length > 0 ? c.d_length : c.kL;  // the real length
@@ -354,12 +390,13 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
   ref.mask_dtype = DType::kBool;
   kernels::ref_kernels().attention(ref);
 
-  const size_t out_n = want.size(), guard = 64;
-  DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+  const size_t out_n = want.size(), shift = c.misalign ? 1 : 0, guard = 64 + shift;
+  DeviceBuffer d_q((q.size() + shift) * sizeof(float));
+  d_q.upload(q.data(), q.size() * sizeof(float), shift * sizeof(float));
   DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
   d_out.fill(0xFF);
   AttentionArgs a = ref;
-  a.q = d_q.as<float>();
+  a.q = d_q.as<float>() + shift;
   a.out = d_out.as<float>() + guard;
   a.keys = K.view(true, B, Hkv, c.kL, cap, c.D);
   a.values = V.view(true, B, Hkv, c.kL, cap, c.D);
@@ -369,7 +406,7 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
   const size_t ws = attention_workspace_bytes(a);
   DeviceBuffer d_ws(std::max<size_t>(ws, 256));
   d_ws.fill(0xFF);
-  Stream stream;
+  Stream& stream = attention_stream();
   Exec exec{stream.handle(), d_ws.data(), ws};
   attention(a, c.d_length > 0 ? d_len.as<int32_t>() : nullptr, exec);
   stream.synchronize();
@@ -511,6 +548,135 @@ TEST(CudaAttention, TensorCoreDecodePathK8V4) {
     ::setenv("CIDER_ATTN_TC_K8V4", saved.c_str(), 1);
   else
     ::unsetenv("CIDER_ATTN_TC_K8V4");
+}
+
+
+// The in-kernel merge of the tensor-core path (the last CTA of each head merges the splits and resets its counter):
+// six launches on one workspace and one stream, each with new queries and a new device length (some making most
+// splits empty), checked against the reference: three direct launches, then a CUDA graph captured once and replayed
+// three times with the inputs changed in device memory between replays. A counter left non-zero by one launch would
+// make the next one merge early (wrong output) or never (poison left in out).
+void run_repeated_case(int64_t D, int64_t rep, int kbits, int vbits, int kv_splits, uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "repeated launches D " << D << " rep " << rep << " K" << kbits << "V" << vbits
+                                    << " splits " << kv_splits);
+  auto rng = test::make_rng(salt);
+  const int64_t B = 2, Hkv = 2, Hq = Hkv * rep, L = 1, kL = 5000, cap = kL + 3;
+  Side K, V;
+  K.bits = kbits;
+  V.bits = vbits;
+  K.gs = V.gs = 64;
+  K.dtype = V.dtype = DType::kF16;
+  K.build(rng, B, Hkv, kL, cap, D, salt);
+  V.build(rng, B, Hkv, kL, cap, D, salt);
+  const size_t q_n = static_cast<size_t>(B * Hq * L * D), guard = 64;
+  DeviceBuffer d_q(q_n * sizeof(float)), d_out((q_n + 2 * guard) * sizeof(float)), d_len(sizeof(int32_t));
+  AttentionArgs a{};
+  a.q = d_q.as<float>();
+  a.out = d_out.as<float>() + guard;
+  a.B = B;
+  a.Hq = Hq;
+  a.L = L;
+  a.keys = K.view(true, B, Hkv, kL, cap, D);
+  a.values = V.view(true, B, Hkv, kL, cap, D);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.mask_kind = MaskKind::kCausal;
+  a.mask_dtype = DType::kBool;
+  a.kv_splits = kv_splits;
+  const size_t ws = attention_workspace_bytes(a);
+  ASSERT_GT(ws, size_t{0}) << "the case must split the keys";
+  DeviceBuffer d_ws(ws);
+  d_ws.fill(0xFF);
+  Stream& stream = attention_stream();
+  const Exec exec{stream.handle(), d_ws.data(), ws};
+  // Real lengths: all keys, then lengths that leave most splits (or all but the first) empty.
+  const int64_t lens[6] = {5000, 3001, 129, 4097, 1, 2500};
+  auto set_inputs = [&](int k, std::vector<float>& q) {
+    q = test::randn(rng, q_n, 1.0f + 0.5f * static_cast<float>(k));
+    d_q.upload(q.data(), q.size() * sizeof(float));
+    const int32_t len32 = static_cast<int32_t>(lens[k]);
+    d_len.upload(&len32, sizeof(len32));
+    d_out.fill(0xFF);
+  };
+  auto check = [&](int k, const std::vector<float>& q) {
+    SCOPED_TRACE(::testing::Message() << "launch " << k << " length " << lens[k]);
+    AttentionArgs ref = a;
+    std::vector<float> want(q_n);
+    ref.q = q.data();
+    ref.out = want.data();
+    ref.keys = K.view(false, B, Hkv, lens[k], cap, D);
+    ref.values = V.view(false, B, Hkv, lens[k], cap, D);
+    ref.kv_splits = 0;
+    kernels::ref_kernels().attention(ref);
+    std::vector<float> got(q_n + 2 * guard);
+    d_out.download(got.data(), got.size() * sizeof(float));
+    for (size_t i = 0; i < guard; ++i) {
+      uint32_t lo, hi;
+      std::memcpy(&lo, &got[i], 4);
+      std::memcpy(&hi, &got[guard + q_n + i], 4);
+      ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
+      ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
+    }
+    const double tol = 1e-5 * std::sqrt(static_cast<double>(lens[k]) + 1.0) * (V.vmax + 1.0);
+    EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), q_n, tol, 1e-5));
+  };
+  std::vector<float> q;
+  for (int k = 0; k < 3; ++k) {
+    set_inputs(k, q);
+    attention(a, d_len.as<int32_t>(), exec);
+    stream.synchronize();
+    check(k, q);
+  }
+  cudaStream_t st = static_cast<cudaStream_t>(stream.handle());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  attention(a, d_len.as<int32_t>(), exec);
+  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&graph_exec, graph, 0), cudaSuccess);
+  for (int k = 3; k < 6; ++k) {
+    set_inputs(k, q);  // synchronous copies; the stream is idle (synchronized after each replay)
+    ASSERT_EQ(cudaGraphLaunch(graph_exec, st), cudaSuccess);
+    stream.synchronize();
+    check(k, q);
+  }
+  cudaGraphExecDestroy(graph_exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(CudaAttention, FoldedMergeRepeatedLaunchesAndGraphReplays) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 13000;
+  for (int64_t D : {128, 256}) {
+    run_repeated_case(D, 4, 4, 3, 0, ++salt);   // automatic splits (one wave)
+    run_repeated_case(D, 8, 4, 3, 17, ++salt);  // R = 8 rows per head
+    run_repeated_case(D, 1, 8, 4, 5, ++salt);   // K8V4, R = 1
+    run_repeated_case(D, 2, 8, 4, 0, ++salt);   // K8V4, R = 2
+  }
+  // The same with the fold off ($CIDER_ATTN_TC_FOLD=0: the partials go to the merge kernel, two launches).
+  const ScopedEnv off("CIDER_ATTN_TC_FOLD", "0");
+  run_repeated_case(128, 4, 4, 3, 0, ++salt);
+  run_repeated_case(256, 4, 8, 4, 3, ++salt);
+}
+
+// Empty splits: a device length far below the bound leaves most splits with no key (their partials m = −inf, l = 0
+// must not disturb the merge), including lengths that end inside the first split, and windows that start late.
+TEST(CudaAttention, FoldedMergeEmptySplits) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 14000;
+  for (int64_t D : {128, 256})
+    for (int kb : {4, 8}) {
+      const int vb = kb == 4 ? 3 : 4;
+      run_attention_case({D, 4, 33000, 1, MaskKind::kCausal, 0, kb, vb, 64, DType::kF16, 0, 700}, ++salt);
+      run_attention_case({D, 8, 20000, 1, MaskKind::kCausal, 0, kb, vb, 64, DType::kF16, 64, 1}, ++salt);
+      run_attention_case({D, 2, 9000, 4, MaskKind::kCausal, 300, kb, vb, 64, DType::kF16, 0, 8999}, ++salt);
+      run_attention_case({D, 1, 4097, 1, MaskKind::kNone, 0, kb, vb, 64, DType::kF16, 33, 2000}, ++salt);
+    }
+  // A q / out that is only 4-byte aligned does not take the tensor-core path (its loads are 16-byte): still correct.
+  for (int kb : {4, 8}) {
+    AttnCase c{128, 4, 3000, 1, MaskKind::kCausal, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 0, 0};
+    c.misalign = true;
+    run_attention_case(c, ++salt);
+  }
 }
 
 TEST(CudaAttention, RejectsBadArguments) {

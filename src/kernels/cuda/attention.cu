@@ -772,9 +772,10 @@ KvSide side_of(const kernels::KVTensorView& v) {
 
 template <int KK, int VK, int GS, int DK, int DV, bool STAGE_V>
 void launch_qr(const Plan& pl, const Params& p, dim3 grid, cudaStream_t stream) {
-  const cudaError_t err =
-      pl.QR == 4 ? pdl::launch(attention_kernel<KK, VK, GS, DK, DV, 4, STAGE_V>, grid, dim3(kThreads), pl.smem, stream, p)
-                 : pdl::launch(attention_kernel<KK, VK, GS, DK, DV, 8, STAGE_V>, grid, dim3(kThreads), pl.smem, stream, p);
+  const dim3 block(kThreads);
+  auto* const kernel = pl.QR == 4 ? attention_kernel<KK, VK, GS, DK, DV, 4, STAGE_V>
+                                  : attention_kernel<KK, VK, GS, DK, DV, 8, STAGE_V>;
+  const cudaError_t err = pdl::launch(kernel, grid, block, pl.smem, stream, p);
   CIDER_CUDA_CHECK("cuda.attention", err);
 }
 

@@ -1,6 +1,7 @@
 // cider/kernels/cuda/attention_tc.cu — decode attention over a K4/V3 or K8/V4 g64 cache (f16 scales, D 128/256) on
-// the tensor cores (one kernel template on the key/value bit widths; K8V4 only with $CIDER_ATTN_TC_K8V4=1). Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors
-// and measurements: docs/cuda/attention.md.
+// the tensor cores (one kernel template on the key/value bit widths; $CIDER_ATTN_TC_K8V4=0 excludes K8V4).
+// Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors and
+// measurements: docs/cuda/attention.md.
 //
 // Work item: one CTA (4 warps) = (b, KV head g) × one split [c0, c1) of the keys, all R = rep·L ≤ 8 query rows of the
 // head (row r: position i = r / rep, head g·rep + r % rep). Each warp walks its own tiles of TK keys (tiles w, w+4, …
@@ -25,6 +26,14 @@
 // (one word = the 8 dims 64gv + 8gid + e of a key) convert per byte pair of two keys with magics 1024 (low nibble) and
 // 64 (high nibble); value rows are chunk-swizzled in shared memory.
 // Softmax in base 2 (scores pre-multiplied by log2 e, ex2.approx); m/l per thread for its rows 2·tig, 2·tig+1.
+//
+// Fixed cost (issue 5): the kernel is launched through pdl::launch and waits (griddepcontrol.wait) before its first
+// dependent read; the prologue reads q as float4 straight into registers (warp w: rows w, w + 4), forms max |q|, the
+// group sums, E (exponent bits, no frexpf) and Q = rint(q·2^E) (powers of two built from the exponent field, no
+// ldexpf) and the digit fragments between lane pairs: one CTA barrier. The warps are combined through their own tile
+// areas in fragment order (float4, one barrier). With splits > 1 each CTA writes its partial, counts itself in on a
+// per-(b, KV head) counter, and the last CTA of the head merges all splits (log-sum-exp, as attention.cu's
+// merge_kernel) and resets the counter — no second kernel (the counters: see counter_slab).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
