@@ -644,15 +644,21 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
   a.group_size = m.kv.group_size;
   a.capacity = m.ctx;
   a.offset = offset;
-  for (int part = 0; part < (kv_same_rows ? 1 : 2); ++part) {
-    const bool keys = part == 0;
-    a.B = kv_same_rows ? 2 : 1;  // [2, Hkv, ctx, ·]: keys then values, one launch
-    a.src = keys ? k_src : k_src + Hkv * D;
-    a.dst = keys ? lc.k : lc.v;
-    a.scales = keys ? lc.k_scales : lc.v_scales;
-    a.biases = keys ? lc.k_biases : lc.v_biases;
-    a.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
-    cuda::kv_append(a, d_offset, e);
+  auto plane = [&](bool keys) {
+    cuda::KVAppendBatchArgs p = a;
+    p.B = kv_same_rows ? 2 : 1;  // [2, Hkv, ctx, ·]: keys then values as one batch of two
+    p.src = keys ? k_src : k_src + Hkv * D;
+    p.dst = keys ? lc.k : lc.v;
+    p.scales = keys ? lc.k_scales : lc.v_scales;
+    p.biases = keys ? lc.k_biases : lc.v_biases;
+    p.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
+    return p;
+  };
+  // One launch either way: equal rows as a batch of two planes, different bits (k8v4) as a pair.
+  if (kv_same_rows) {
+    cuda::kv_append(plane(true), d_offset, e);
+  } else {
+    cuda::kv_append_pair(plane(true), plane(false), d_offset, e);
   }
 }
 

@@ -14,8 +14,8 @@
 // per layer as nn::QuantizedKVCache — SO(4) applied by kv_append, Hadamard by prepare_heads before a rotation-0
 // append — f16 scales/biases; or plain bf16/f16/f32), so positions never move and a trim only lowers the session's
 // position. The key and value planes of a layer are one allocation (values right after keys), so when keys and values
-// have the same bits one kv_append (B = 2) writes both.
-// Per layer (decode): residual_norm, q|k|v linear, prepare_heads, kv_append ×1–2, attention, [finish_heads],
+// have the same bits one kv_append (B = 2) writes both, otherwise one kv_append_pair.
+// Per layer (decode): residual_norm, q|k|v linear, prepare_heads, kv_append (one launch), attention, [finish_heads],
 // o linear, residual_norm, gate|up linear, glu_rows, down linear — the next layer's residual_norm closes it.
 #pragma once
 
