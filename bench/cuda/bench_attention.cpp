@@ -71,9 +71,12 @@ class ScopedEnv {
 
 // Decode attention: B, Hq, Hkv, D, L keys; quantized g64 f16 with kbits/vbits (K4V3, K8V4) or plain bf16 (0/0).
 // k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).
+// fold: the value $CIDER_ATTN_TC_FOLD is set to ("0": the split partials go to the separate merge kernel, as before
+// the in-kernel merge; nullptr: left as it is, default on).
 BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
-                        const char* k8v4_tc = nullptr) {
+                        const char* k8v4_tc = nullptr, const char* fold = nullptr) {
   const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
+  const ScopedEnv env_fold("CIDER_ATTN_TC_FOLD", fold);
   const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
   const int64_t rows = B * Hkv * L;
@@ -163,9 +166,10 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
            " D" + std::to_string(D) + " L" + std::to_string(L);
   const char* tc = std::getenv("CIDER_ATTN_TC");
   const char* k8 = std::getenv("CIDER_ATTN_TC_K8V4");
-  const bool tc_on = !(tc && tc[0] == '0') && (kbits == 4 || (k8 && k8[0] == '1'));
+  const bool tc_on = !(tc && tc[0] == '0') && (kbits == 4 || !(k8 && k8[0] == '0'));  // K8V4: default on
   const std::string kind = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) + " g64 f16 scales";
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
+  if (fold && fold[0] == '0') r.note += ", separate merge kernel";
   return r;
 }
 
@@ -186,6 +190,13 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192", "attention") {
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq16 Hkv2 D256 L65536", "attention") {
   return decode_case(8, 16, 2, 256, 65536, 4, 3);
+}
+// A/B of the in-kernel merge: the same two cases with the partials merged by the separate kernel.
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 merge kernel", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "0");
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 merge kernel", "attention") {
+  return decode_case(1, 64, 8, 128, 8192, 4, 3, nullptr, "0");
 }
 // K8V4 g64 (the CLI default cache) on the tensor-core path ($CIDER_ATTN_TC_K8V4=1 during the case); the
 // "CUDA-core" case is the same cache on the general kernel (switch 0) for the A/B.
