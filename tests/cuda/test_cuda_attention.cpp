@@ -647,7 +647,8 @@ TEST(CudaAttention, FoldedMergeRepeatedLaunchesAndGraphReplays) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 13000;
   for (int64_t D : {128, 256}) {
-    run_repeated_case(D, 4, 4, 3, 0, ++salt);   // automatic splits (one wave)
+    // Automatic splits (one wave; D256: 79 splits × 4 rows × 1 KB is past the fold's 256 KB, so 40 forced).
+    run_repeated_case(D, 4, 4, 3, D == 128 ? 0 : 40, ++salt);
     run_repeated_case(D, 8, 4, 3, 17, ++salt);  // R = 8 rows per head
     run_repeated_case(D, 1, 8, 4, 5, ++salt);   // K8V4, R = 1
     run_repeated_case(D, 2, 8, 4, 0, ++salt);   // K8V4, R = 2
@@ -659,7 +660,8 @@ TEST(CudaAttention, FoldedMergeRepeatedLaunchesAndGraphReplays) {
 }
 
 // Empty splits: a device length far below the bound leaves most splits with no key (their partials m = −inf, l = 0
-// must not disturb the merge), including lengths that end inside the first split, and windows that start late.
+// must not disturb the merge), including lengths that end inside the first split, and windows that start late. Some
+// of these cases fold (partials ≤ 256 KB per head), the others run the merge kernel: both meet the reference.
 TEST(CudaAttention, FoldedMergeEmptySplits) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 14000;

@@ -889,6 +889,7 @@ bool tc_fold_enabled() {
 // the merge kernel. A graph must be replayed on the stream it was captured on (gpu_model.cpp and bench do).
 constexpr int kCounterSlabs = 8;
 constexpr int kCounterSlab = 4096;
+constexpr int64_t kFoldMaxBytes = 256 * 1024;  // partial bytes one merging CTA may read (see tc_plan)
 __device__ unsigned int g_tc_counters[kCounterSlabs * kCounterSlab];
 
 unsigned int* counter_slab(void* stream) {
@@ -976,8 +977,13 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   chunk = (chunk + quantum - 1) / quantum * quantum;
   pl.chunk = chunk;
   pl.splits = static_cast<int>((kL + chunk - 1) / chunk);
+  // Fold only while the head's last CTA reads at most kFoldMaxBytes of partials (one SM pulls ≈ 100 GB/s from L2:
+  // ≤ ≈ 2.5 µs); past that the merge kernel, which spreads the rows over B·Hq·L CTAs, is faster (B1 Hq16 Hkv2 D256
+  // L65536: 198 splits × 8 rows × 1 KB = 1.6 MB per head, two heads).
   const int64_t R = a.Hq / a.keys.H * a.L;
-  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && bh <= kCounterSlab && tc_fold_enabled();
+  const int64_t fold_bytes = R * pl.splits * a.values.dim * static_cast<int64_t>(sizeof(float));
+  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && fold_bytes <= kFoldMaxBytes && bh <= kCounterSlab &&
+            tc_fold_enabled();
   return pl;
 }
 
