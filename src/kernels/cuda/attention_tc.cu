@@ -892,8 +892,31 @@ constexpr int kCounterSlab = 4096;
 constexpr int64_t kFoldMaxBytes = 256 * 1024;  // partial bytes one merging CTA may read (see tc_plan)
 __device__ unsigned int g_tc_counters[kCounterSlabs * kCounterSlab];
 
-unsigned int* counter_slab(void* stream) {
+std::mutex& counter_mutex() {
   static std::mutex mu;
+  return mu;
+}
+
+// The counter array of the current device (looked up once per device, from tc_plan, i.e. before any capture, since
+// attention_workspace_bytes and attention() plan first). Caller holds counter_mutex().
+unsigned int* counter_array(int dev) {
+  static std::vector<std::pair<int, unsigned int*>> bases;
+  for (const auto& e : bases)
+    if (e.first == dev) return e.second;
+  void* sym = nullptr;
+  CIDER_CUDA_CHECK("cuda.attention", cudaGetSymbolAddress(&sym, g_tc_counters));
+  bases.emplace_back(dev, static_cast<unsigned int*>(sym));
+  return bases.back().second;
+}
+
+void prepare_counters() {
+  int dev = 0;
+  CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(counter_mutex());
+  (void)counter_array(dev);
+}
+
+unsigned int* counter_slab(void* stream) {
   struct Entry {
     int dev;
     void* stream;
@@ -903,7 +926,7 @@ unsigned int* counter_slab(void* stream) {
   static std::vector<std::pair<int, int>> used;  // (device, slabs handed out)
   int dev = 0;
   CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mu);
+  const std::lock_guard<std::mutex> lock(counter_mutex());
   for (const Entry& e : table)
     if (e.dev == dev && e.stream == stream) return e.base;
   int* n = nullptr;
@@ -914,9 +937,7 @@ unsigned int* counter_slab(void* stream) {
     n = &used.back().second;
   }
   if (*n >= kCounterSlabs) return nullptr;
-  void* sym = nullptr;
-  CIDER_CUDA_CHECK("cuda.attention", cudaGetSymbolAddress(&sym, g_tc_counters));
-  unsigned int* base = static_cast<unsigned int*>(sym) + static_cast<size_t>(*n) * kCounterSlab;
+  unsigned int* base = counter_array(dev) + static_cast<size_t>(*n) * kCounterSlab;
   ++*n;
   table.push_back({dev, stream, base});
   return base;
@@ -984,6 +1005,7 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   const int64_t fold_bytes = R * pl.splits * a.values.dim * static_cast<int64_t>(sizeof(float));
   pl.fold = pl.splits > 1 && R * pl.splits <= max_w && fold_bytes <= kFoldMaxBytes && bh <= kCounterSlab &&
             tc_fold_enabled();
+  if (pl.fold) prepare_counters();
   return pl;
 }
 
