@@ -873,11 +873,13 @@ bool tc_k8v4_enabled() {
   return !(e && e[0] == '0');
 }
 
-// In-kernel merge ("fold"): on unless $CIDER_ATTN_TC_FOLD=0 (read at every call: tests and bench A/B it), which
-// leaves the partials to attention.cu's merge kernel as before.
+// In-kernel merge ("fold"): only with $CIDER_ATTN_TC_FOLD=1 (read at every call: tests and bench A/B it). Measured on
+// the H200 (2026-11-30, docs/cuda/attention.md): the fold is SLOWER than the separate merge kernel (K4V3 B1 L32768
+// 27.2 vs 25.1 µs, Hq64 L8192 19.4 vs 14.5 µs: one CTA per head merging every split serially is a longer tail than a
+// parallel merge launch), so the partials go to attention.cu's merge kernel by default.
 bool tc_fold_enabled() {
   const char* e = std::getenv("CIDER_ATTN_TC_FOLD");
-  return !(e && e[0] == '0');
+  return e && e[0] == '1';
 }
 
 // The arrival counters of the in-kernel merge. They cannot live in exec.workspace: the model shares one workspace

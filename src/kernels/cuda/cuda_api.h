@@ -55,7 +55,8 @@ class DeviceBuffer {
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
   size_t bytes() const { return bytes_; }
-  // Synchronous copies (offset and size in bytes, checked against the allocation).
+  // Synchronous copies (offset and size in bytes, checked against the allocation): complete on the device when they
+  // return, so a kernel on any stream launched afterwards sees the bytes (fill likewise).
   void upload(const void* host, size_t bytes, size_t offset = 0);
   void download(void* host, size_t bytes, size_t offset = 0) const;
   void fill(uint8_t byte);  // every byte (tests poison outputs with it)

@@ -98,6 +98,10 @@ void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
   if (bytes == 0) return;
   CIDER_CUDA_CHECK("cuda.DeviceBuffer.upload",
                    cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return once the bytes are staged, before the DMA into device memory is done,
+  // and our kernels run on non-blocking streams that do not wait for the legacy stream: wait here (measured: a
+  // kernel launched right after a 1 MiB upload read the last chunk's old bytes).
+  CIDER_CUDA_CHECK("cuda.DeviceBuffer.upload", cudaStreamSynchronize(nullptr));
 }
 
 void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
@@ -111,6 +115,8 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
 void DeviceBuffer::fill(uint8_t byte) {
   if (bytes_ == 0) return;
   CIDER_CUDA_CHECK("cuda.DeviceBuffer.fill", cudaMemset(ptr_, byte, bytes_));
+  // cudaMemset is asynchronous with respect to the host and the non-blocking streams: complete it before returning.
+  CIDER_CUDA_CHECK("cuda.DeviceBuffer.fill", cudaStreamSynchronize(nullptr));
 }
 
 DeviceBuffer to_device(const void* host, size_t bytes) {
