@@ -264,23 +264,6 @@ void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec&
   cuda::int_linear(a, kind == GpuLinearKind::kInt4, exec);
 }
 
-void GpuLinear::forward_glu(const float* gu, int64_t M, int act, float* out, const cuda::Exec& exec) const {
-  check(fuses_glu(M), ErrorCode::kInternal, "gpu.linear", "forward_glu needs int8/int4 weights and M 1..16; got M ", M);
-  kernels::IntLinearArgs a{};
-  a.x = gu;
-  a.x_dtype = DType::kF32;
-  a.w = weights();
-  a.w_scales = scales.as<float>();
-  a.bias = bias.bytes() ? bias.as<float>() : nullptr;
-  a.out = out;
-  a.out_dtype = DType::kF32;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  a.group_size = group_size;
-  cuda::int_linear_glu(a, kind == GpuLinearKind::kInt4, act, exec);
-}
-
 size_t GpuFusedLinear::nbytes() const {
   size_t b = fused.nbytes();
   for (const GpuLinear& p : parts) b += p.nbytes();
@@ -746,12 +729,8 @@ void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_
 
     // ---- MLP block ----
     if (run_linear) L.gate_up.forward(hs, n, gus, scr, e);
-    if (run_small && run_linear && L.down.fuses_glu(n)) {
-      L.down.forward_glu(gus, n, act, ts, e);  // the GLU inside the GEMV's quantization front: one launch less
-    } else {
-      if (run_small) glu_rows(gus, n, I, act, ffs, e.stream);
-      if (run_linear) L.down.forward(ffs, n, ts, e);
-    }
+    if (run_small) glu_rows(gus, n, I, act, ffs, e.stream);
+    if (run_linear) L.down.forward(ffs, n, ts, e);
     const bool last = l + 1 == c.num_layers;
     if (run_small)
       residual_norm(xs, ts, c.sandwich_norms ? L.post_mlp_norm.as<float>() : nullptr,

@@ -45,10 +45,6 @@ struct GpuLinear {
   const void* weights() const { return w_shared ? w_shared : w_owned.data(); }
   size_t nbytes() const;          // device bytes this layer owns
   void forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const;
-  // The MLP's down projection of act(gate)·up, gu (M, 2K) float32 rows gate | up (act 0 SiLU, 1 GELU tanh): the
-  // int8/int4 decode GEMV forms the gated input itself (cuda::int_linear_glu). Only where fuses_glu(M).
-  bool fuses_glu(int64_t M) const { return kind != GpuLinearKind::kBF16 && M >= 1 && M <= 16; }
-  void forward_glu(const float* gu, int64_t M, int act, float* out, const cuda::Exec& exec) const;
 };
 
 // Several linear layers over the same input whose outputs sit side by side in one (M, N = ΣNᵢ) buffer: q|k|v and
