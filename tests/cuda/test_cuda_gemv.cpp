@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -24,7 +23,6 @@
 #include "core/error.h"
 #include "cuda/cuda_test_support.h"
 #include "kernels/cuda/cuda_api.h"
-#include "kernels/cuda/cuda_ops.h"
 #include "kernels/kernel_table.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
@@ -339,81 +337,6 @@ TEST(CudaGemv, RejectsBadArguments) {
     expect_error([](auto& a) { a.w = nullptr; }, "null w");
     expect_error([](auto& a) { a.w_scales = nullptr; }, "null scales");
     expect_error([](auto& a) { a.x = static_cast<const uint8_t*>(a.x) + 4; }, "misaligned x");
-  }
-}
-
-
-// int_linear_glu: the gated input act(gate)·up formed in the GEMV's quantization front must give exactly the output of
-// cuda::glu (the elementwise kernel, same device arithmetic: kernels/cuda/glu.cuh) followed by the plain GEMV — the
-// same float32 inputs, so the same codes and sums, bit for bit. Shapes with tails, both activations, W8 and W4,
-// per channel and per group, M 1..16; a guard row after the output stays untouched; the error paths name the op.
-TEST(CudaGemv, GluFusedFrontEqualsGluThenGemv) {
-  CIDER_REQUIRE_GPU();
-  auto rng = test::make_rng(511);
-  std::uniform_int_distribution<int> byte(0, 255);
-  Stream stream;
-  Exec exec{stream.handle(), nullptr, 0};
-  for (bool int4 : {false, true})
-    for (int act : {0, 1})
-      for (const auto& [M, K, N, gs] : std::vector<std::tuple<int64_t, int64_t, int64_t, int>>{
-               {1, 64, 33, 0}, {1, 14336, 129, 0}, {3, 4096, 67, 64}, {16, 1024, 7, 128}, {9, 2048, 4097, 0}}) {
-        SCOPED_TRACE(::testing::Message() << (int4 ? "w4a8" : "w8a8") << " act " << act << " M " << M << " K " << K
-                                          << " N " << N << " gs " << gs);
-        std::vector<float> gu = test::randn(rng, static_cast<size_t>(M * 2 * K), 2.0f);
-        for (size_t i = 0; i < gu.size(); i += 101) gu[i] *= 8.0f;  // a few large gates / ups
-        const size_t w_bytes = static_cast<size_t>(int4 ? N * K / 2 : N * K);
-        std::vector<uint8_t> w(w_bytes);
-        for (auto& b : w) b = static_cast<uint8_t>(int4 ? byte(rng) : byte(rng) % 255 + 129);  // int8 codes −127..127
-        const int64_t groups = gs ? K / gs : 1;
-        std::vector<float> sw = test::randn(rng, static_cast<size_t>(groups * N), 0.01f);
-        for (auto& v : sw) v = std::fabs(v) + 1e-4f;
-        DeviceBuffer d_gu = to_device(gu.data(), gu.size() * 4), d_w = to_device(w.data(), w.size()),
-                     d_sw = to_device(sw.data(), sw.size() * 4);
-        DeviceBuffer d_act(static_cast<size_t>(M * K) * 4), d_ref(static_cast<size_t>(M * N) * 4),
-            d_out(static_cast<size_t>((M + 1) * N) * 4);
-        d_ref.fill(0xFF);
-        d_out.fill(0xFF);
-        for (int64_t m = 0; m < M; ++m)
-          glu(d_gu.as<float>() + m * 2 * K, d_gu.as<float>() + m * 2 * K + K, K,
-              act == 0 ? GluActivation::kSiLU : GluActivation::kGeluTanh, d_act.as<float>() + m * K, exec);
-        kernels::IntLinearArgs a{d_act.data(), DType::kF32, d_w.data(), d_sw.as<float>(), nullptr, d_ref.data(),
-                                 DType::kF32, M, N, K, gs};
-        if (int4) w4a8_gemv(a, exec);
-        else w8a8_gemv(a, exec);
-        a.x = d_gu.data();
-        a.out = d_out.data();
-        int_linear_glu(a, int4, act, exec);
-        stream.synchronize();
-        std::vector<float> ref(static_cast<size_t>(M * N)), got(static_cast<size_t>((M + 1) * N));
-        d_ref.download(ref.data(), ref.size() * 4);
-        d_out.download(got.data(), got.size() * 4);
-        int64_t bad = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-          ASSERT_FALSE(std::isnan(ref[i])) << "reference NaN at " << i;
-          if (std::memcmp(&ref[i], &got[i], 4) != 0 && bad++ < 5)
-            ADD_FAILURE() << "element " << i << ": glu+gemv " << ref[i] << ", fused " << got[i];
-        }
-        EXPECT_EQ(bad, 0);
-        for (size_t i = ref.size(); i < got.size(); ++i) {
-          uint32_t bits;
-          std::memcpy(&bits, &got[i], 4);
-          ASSERT_EQ(bits, 0xFFFFFFFFu) << "guard element " << i << " written";
-        }
-      }
-  // Errors name the op: more rows than the GEMV takes, an unknown activation, a non-f32 gated input.
-  DeviceBuffer x(2 * 64 * 4 * 17), w(64 * 64), s(64 * 4), o(17 * 64 * 4);
-  kernels::IntLinearArgs a{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, o.data(), DType::kF32, 17, 64, 64, 0};
-  for (int which = 0; which < 3; ++which) {
-    kernels::IntLinearArgs b = a;
-    int act = 0;
-    if (which == 1) b.M = 1, act = 2;
-    if (which == 2) b.M = 1, b.x_dtype = DType::kBF16;
-    try {
-      int_linear_glu(b, false, act, exec);
-      ADD_FAILURE() << "no error for case " << which;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("cuda.int_linear_glu"), std::string::npos) << e.what();
-    }
   }
 }
 

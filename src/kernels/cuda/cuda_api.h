@@ -109,10 +109,6 @@ void w8a8_gemm(const kernels::IntLinearArgs& args, const Exec& exec);
 void w4a8_gemm(const kernels::IntLinearArgs& args, const Exec& exec);
 // Picks GEMV (M ≤ 16) or GEMM.
 void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);
-// The MLP's down projection fed by its gate|up projection: args.x holds M rows [gate (K) | up (K)] of float32 and the
-// layer's input is act(gate)·up (act 0 SiLU, 1 GELU tanh; cuda::glu's arithmetic, bit for bit), formed in the
-// GEMV's quantization front (no separate GLU kernel, no intermediate buffer). Decode only: M 1..16.
-void int_linear_glu(const kernels::IntLinearArgs& args, bool int4, int act, const Exec& exec);
 
 // ---- KV cache: rotate + quantize + append (kernels/cuda/kv_append.cu) --------------------------------------------
 // Appends n positions for every (b, h) in one launch. Row (b, h, t) is read from src at

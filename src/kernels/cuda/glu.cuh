@@ -1,6 +1,6 @@
-// cider/kernels/cuda/glu.cuh — the gated activations of an MLP (SwiGLU / GeGLU) on the device: one definition for
-// the elementwise kernel (ops.cu: cuda::glu) and the GEMV that applies them while quantizing its input
-// (linear_gemv.cu: cuda::int_linear_glu), so both give the same float32 bits.
+// cider/kernels/cuda/glu.cuh — the gated activations of an MLP (SwiGLU / GeGLU) on the device (ops.cu: cuda::glu).
+// (A GEMV that formed act(gate)·up in its quantization front was tried on 2026-11-30 and measured slower than this
+// kernel + the plain GEMV: every block recomputes all K gated values — docs/cuda/runs/job3/README.md.)
 #pragma once
 
 #include <cuda_runtime.h>

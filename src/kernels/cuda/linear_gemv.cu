@@ -33,7 +33,6 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/glu.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
@@ -192,23 +191,7 @@ struct GemvParams {
   int group_size;   // 0 = per channel
   int xq_stride;    // bytes between xq rows in shared memory
   int prefetch_epilogue;  // 1: load w_scales[n] / bias[n] one tile ahead (see the kernel)
-  int glu_act;  // -1: x [M, K] is the input; 0 (SiLU) / 1 (GELU tanh): x [M, 2K] holds rows gate | up (f32) and the
-                // input is act(gate)·up (cuda::act::glu, the elementwise kernel's arithmetic), formed while quantizing
 };
-
-// Eight consecutive input values of row m from k = 8u: x itself, or the gated activation of the gate | up row.
-__device__ __forceinline__ void load_input8(const GemvParams& p, int m, int u, float* v) {
-  if (p.glu_act < 0) {
-    load_x8(p.x, p.x_dtype, static_cast<int64_t>(m) * p.K + 8 * u, v);
-    return;
-  }
-  const int64_t row = static_cast<int64_t>(m) * 2 * p.K;
-  float up[8];
-  load_x8(p.x, DType::kF32, row + 8 * u, v);
-  load_x8(p.x, DType::kF32, row + p.K + 8 * u, up);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = act::glu(v[i], up[i], p.glu_act);
-}
 
 // kInt4: W4A8 (packed nibbles) else W8A8. kLoadBytes: bytes of one weight row a thread loads per chunk (16, or 8/4
 // for W4 groups of 64/32). kColBlocks: n8 blocks of activation rows (1: M ≤ 8, 2: M ≤ 16). kPerGroup: group scales.
@@ -243,13 +226,14 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   constexpr int kThreads = kWarps * 32;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
+  const int64_t x_row_elems = p.K;
   // Pass 1: max |x| per row, as the bits of |x| (non-negative floats order like their bits; NaN/inf are ≥ 0x7f800000).
   for (int m = 0; m < p.M; ++m) {
     uint32_t amax_bits = 0;
 #pragma unroll 4
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       float v[8];
-      load_input8(p, m, u, v);
+      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(v[i]) & 0x7fffffffu);
     }
@@ -278,7 +262,7 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
 #pragma unroll 4
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       float v[8];
-      load_input8(p, m, u, v);  // (the gated values again: the same bits as in pass 1)
+      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
       uint32_t c[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
@@ -648,8 +632,7 @@ KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int
                     : select_ring<false>(int4, load_bytes, M, per_group, warps);
 }
 
-// glu_act ≥ 0: a.x holds rows gate | up [M, 2K] (f32) and the input is their gated activation (int_linear_glu).
-void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op, int glu_act = -1) {
+void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
   check(a.M >= 1 && a.M <= kMaxRows, ErrorCode::kInvalidArgument, op,
         "M (activation rows) must be 1..16 for the decode GEMV (use the GEMM for more); got ", a.M);
   check(a.N >= 1, ErrorCode::kShapeMismatch, op, "N (output channels) must be >= 1; got ", a.N);
@@ -701,9 +684,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   check(rows_per_launch >= 1, ErrorCode::kUnsupported, op,
         "K is too large for one quantized activation row in shared memory beside the load ring; got ", a.K);
   const int tiles = static_cast<int>((a.N + kTileRows - 1) / kTileRows);
-  check(glu_act < 0 || a.x_dtype == DType::kF32, ErrorCode::kInvalidArgument, op,
-        "the gated input (gate | up rows) must be f32; got ", dtype_name(a.x_dtype));
-  const int64_t x_row_bytes = (glu_act >= 0 ? 2 : 1) * a.K * dtype_size(a.x_dtype);
+  const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
   const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
   auto stream = static_cast<cudaStream_t>(exec.stream);
 
@@ -716,7 +697,6 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   bool use_workspace = workspace_ok && a.M * x_row_bytes > kFusedQuantizeMaxBytes;
   if (tuning.quantize == 1) use_workspace = false;
   if (tuning.quantize == 2) use_workspace = workspace_ok;
-  if (glu_act >= 0) use_workspace = false;  // the gated values are formed by every block (quantize_rows_int8 has no GLU)
   const int8_t* ws_xq = nullptr;
   const float* ws_sx = nullptr;
   if (use_workspace) {
@@ -758,7 +738,6 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.K = static_cast<int>(a.K);
     p.group_size = a.group_size;
     p.xq_stride = stride;
-    p.glu_act = glu_act;
     p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
                                           smem, stream, p));
@@ -774,15 +753,6 @@ void w8a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
 
 void w4a8_gemv(const kernels::IntLinearArgs& args, const Exec& exec) {
   launch_int_gemv(args, /*int4=*/true, exec, "cuda.w4a8_gemv");
-}
-
-void int_linear_glu(const kernels::IntLinearArgs& args, bool int4, int act, const Exec& exec) {
-  constexpr const char* op = "cuda.int_linear_glu";
-  check(act == 0 || act == 1, ErrorCode::kInvalidArgument, op, "act must be 0 (SiLU) or 1 (GELU tanh); got ", act);
-  check(args.M >= 1 && args.M <= kMaxRows, ErrorCode::kUnsupported, op,
-        "the gated input is fused into the decode GEMV only: M must be 1..", kMaxRows,
-        " (apply cuda::glu, then int_linear, for more rows); got ", args.M);
-  launch_int_gemv(args, int4, exec, op, act);
 }
 
 namespace gemv_bench {
