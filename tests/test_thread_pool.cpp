@@ -1,4 +1,8 @@
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
 #include <stdexcept>
 #include <vector>
 
@@ -50,6 +54,41 @@ TEST(ThreadPool, RejectsZeroThreads) {
   EXPECT_THROW(set_num_threads(0), Error);
   set_num_threads(2);
   EXPECT_EQ(num_threads(), 2);
+}
+
+
+// Both hand-offs — spinning (the default) and sleeping at once (spin 0), and a short spin that runs out between
+// calls — visit every index of many back-to-back calls exactly once, including calls separated by pauses longer than
+// the spin (the workers have gone to sleep and must be woken).
+TEST(ThreadPool, SpinAndSleepHandOffsVisitEveryIndex) {
+  for (int spin_us : {0, 5, 200}) {
+    for (int threads : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "spin " << spin_us << " us, threads " << threads);
+      ThreadPool pool(threads, spin_us);
+      for (int call = 0; call < 3000; ++call) {
+        const int64_t n = 1 + call % 37;
+        std::vector<int> hits(static_cast<size_t>(n), 0);  // each index written by exactly one chunk
+        pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "call " << call << " index " << i;
+        if (call % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past any spin
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, RejectsABadSpinSetting) {
+  ::setenv("CIDER_SPIN_US", "fast", 1);
+  try {
+    ThreadPool pool(2);
+    ADD_FAILURE() << "CIDER_SPIN_US=fast must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CIDER_SPIN_US"), std::string::npos) << e.what();
+  }
+  ::setenv("CIDER_SPIN_US", "0", 1);
+  EXPECT_NO_THROW(ThreadPool(2));
+  ::unsetenv("CIDER_SPIN_US");
 }
 
 }  // namespace

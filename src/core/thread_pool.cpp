@@ -1,7 +1,11 @@
 #include "core/thread_pool.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 
@@ -14,18 +18,52 @@ inline void chunk_range(int64_t n, int k, int c, int64_t* begin, int64_t* end) {
   *begin = c * base + std::min<int64_t>(c, extra);
   *end = *begin + base + (c < extra ? 1 : 0);
 }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Spins until done() or spin_us microseconds have passed (the clock is read every 64 pauses); true when done().
+template <typename Done>
+bool spin_until(Done done, int spin_us) {
+  if (spin_us <= 0) return done();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+int default_spin_us() {
+  if (const char* env = std::getenv("CIDER_SPIN_US")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    check(end != env && *end == '\0' && v >= 0 && v <= 1000000, ErrorCode::kInvalidArgument, "thread_pool",
+          "CIDER_SPIN_US must be an integer in [0, 1000000] (microseconds); got '", env, "'");
+    return static_cast<int>(v);
+  }
+  return 200;
+}
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
+ThreadPool::ThreadPool(int n_threads) : ThreadPool(n_threads, -1) {}
+
+ThreadPool::ThreadPool(int n_threads, int spin_us) : n_threads_(n_threads), spin_us_(spin_us) {
   check(n_threads >= 1, ErrorCode::kInvalidArgument, "thread_pool", "the number of threads must be >= 1; got ",
         n_threads);
+  if (spin_us_ < 0) spin_us_ = default_spin_us();
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -34,18 +72,18 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* task;
-    int64_t n;
-    int chunks;
-    {
+    auto started = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(started, spin_us_)) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      task = task_;
-      n = n_;
-      chunks = n_chunks_;
+      start_cv_.wait(lock, started);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int64_t, int64_t, int)>* task = task_;
+    const int64_t n = n_;
+    const int chunks = n_chunks_;
     if (index < chunks) {
       int64_t b, e;
       chunk_range(n, chunks, index, &b, &e);
@@ -56,9 +94,11 @@ void ThreadPool::worker(int index) {
         if (!error_) error_ = std::current_exception();
       }
     }
-    {
+    // The last worker to finish wakes the caller if it went to sleep (the lock orders this notify after the caller's
+    // check of pending_ under the same lock: no lost wake-up).
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -70,14 +110,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n, 0);
     return;
   }
+  // Every worker has finished the previous generation (parallel_for returned only then), so none reads these now.
+  task_ = &fn;
+  n_ = n;
+  n_chunks_ = chunks;
+  error_ = nullptr;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);  // every worker reports, with or without a chunk
   {
+    // Publish under the lock: a worker that found no new generation and is about to sleep checks again under it.
     std::lock_guard<std::mutex> lock(mu_);
-    task_ = &fn;
-    n_ = n;
-    n_chunks_ = chunks;
-    pending_ = n_threads_ - 1;  // every worker reports, with or without a chunk
-    error_ = nullptr;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   std::exception_ptr mine;
@@ -88,10 +130,14 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   } catch (...) {
     mine = std::current_exception();
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(finished, spin_us_)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, finished);
+  }
   task_ = nullptr;
   if (mine) std::rethrow_exception(mine);
+  std::lock_guard<std::mutex> lock(mu_);
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -3,8 +3,14 @@
 //
 // The calling thread takes chunk 0, so a pool of 1 thread runs inline with no synchronisation. Calls are not
 // re-entrant: a task must not call parallel_for on the same pool.
+//
+// Hand-off: a decode step makes hundreds of short parallel_for calls, and a futex sleep/wake per call cost about half
+// of the two threads' time (perf, docs/benchmarks.md "Where the time goes"). So the workers and the caller first
+// spin on atomics (with a pause instruction) for up to spin_us microseconds — $CIDER_SPIN_US, default 200; 0 sleeps
+// at once, for machines with more runnable threads than cores — and only then sleep on the condition variables.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -18,6 +24,8 @@ class ThreadPool {
  public:
   // n_threads >= 1 (the caller counts as one).
   explicit ThreadPool(int n_threads);
+  // spin_us: how long a waiting thread spins before it sleeps (< 0: $CIDER_SPIN_US, else 200).
+  ThreadPool(int n_threads, int spin_us);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -32,15 +40,18 @@ class ThreadPool {
   void worker(int index);
 
   int n_threads_;
+  int spin_us_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards the sleeps (with the condition variables) and error_
   std::condition_variable start_cv_, done_cv_;
+  // The task of the current generation: written by the caller before it publishes generation_ (release), read by a
+  // worker after it sees the new generation (acquire).
   const std::function<void(int64_t, int64_t, int)>* task_ = nullptr;
   int64_t n_ = 0;
   int n_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};  // workers that have not finished the current generation
+  std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };
 
