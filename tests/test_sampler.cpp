@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -283,6 +284,54 @@ TEST(Sampler, RejectsBadLogitsAndHistory) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("got 3"), std::string::npos) << e.what();
   }
+}
+
+
+// The greedy fast path (temperature 0, no repetition penalty: one pass over the floats) picks what the general path
+// picks (penalty on, but with a history whose logits are 0, so the penalty changes nothing) over random rows with
+// ties, -inf entries and large vocabularies, and rejects the same bad rows with the same messages.
+TEST(Sampler, GreedyFastPathAgreesWithTheGeneralPathAndRejectsTheSameRows) {
+  auto rng = test::make_rng(77);
+  std::uniform_int_distribution<int> level(-6, 6), pick(0, 9);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  SamplerParams fast_p, slow_p;
+  fast_p.temperature = slow_p.temperature = 0.0;
+  slow_p.repeat_penalty = 1.5;
+  Sampler fast(fast_p), slow(slow_p);
+  for (int64_t vocab : {1, 2, 7, 1000, 262144}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> logits(static_cast<size_t>(vocab) + 1);  // one extra slot: the history's zero logit
+      for (auto& x : logits) x = pick(rng) == 0 ? ninf : 0.25f * static_cast<float>(level(rng));  // many ties
+      logits[static_cast<size_t>(vocab)] = 0.0f;
+      if (logits[0] == ninf) logits[0] = -1.5f;  // at least one finite logit (all -inf is rejected: below)
+      const std::vector<int32_t> history = {static_cast<int32_t>(vocab)};  // penalising 0 changes nothing
+      const int32_t a = fast.sample(logits.data(), vocab, history);  // penalty 1: fast path even with a history
+      const int32_t b = slow.sample(logits.data(), vocab + 1, history);
+      // b may only differ by picking the appended zero, which exists only in the slow row: compare the argmax.
+      int32_t want = -1;
+      for (int64_t i = 0; i < vocab; ++i) {
+        const float x = logits[static_cast<size_t>(i)];
+        if (x != ninf && (want < 0 || x > logits[static_cast<size_t>(want)])) want = static_cast<int32_t>(i);
+      }
+      ASSERT_EQ(a, want) << "vocab " << vocab << " trial " << trial;
+      if (logits[static_cast<size_t>(want)] > 0.0f) {
+        ASSERT_EQ(b, want) << "vocab " << vocab << " trial " << trial;
+      }
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  auto rejects = [&](const std::vector<float>& l, const char* what) {
+    try {
+      fast.sample(l.data(), static_cast<int64_t>(l.size()), {});
+      ADD_FAILURE() << "greedy accepted " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[sample]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  rejects({0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f}, "nan");
+  rejects({0.0f, inf, 1.0f}, "inf");
+  rejects({ninf, ninf, ninf}, "all -inf");
 }
 
 }  // namespace

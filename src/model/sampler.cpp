@@ -72,6 +72,21 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   check(vocab > 0 && logits != nullptr, ErrorCode::kInvalidArgument, "sample",
         "need a non-empty row of logits; got vocab ", vocab);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  if (params_.temperature == 0.0 && (params_.repeat_penalty == 1.0 || history.empty())) {
+    // Greedy without a penalty: one pass over the floats (the same checks, the same first-of-equals argmax as the
+    // general path below, which copies every logit into a double first: ≈ 0.8 ms per token for a 262k vocabulary).
+    int64_t best = -1;
+    float best_x = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = logits[i];
+      check(!std::isnan(x) && x != std::numeric_limits<float>::infinity(), ErrorCode::kInvalidArgument, "sample",
+            "logits must be finite or -inf; got ", x, " at token ", i);
+      if (std::isfinite(x) && (best < 0 || x > best_x)) best = i, best_x = x;
+    }
+    check(best >= 0, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+          vocab, " tokens");
+    return {{static_cast<int32_t>(best), 1.0}};
+  }
   std::vector<double> z(static_cast<size_t>(vocab));
   bool any_finite = false;
   for (int64_t i = 0; i < vocab; ++i) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
 #include "nn/attention.h"
 
@@ -217,10 +218,20 @@ void Model::Impl::forward(Session::Impl& s, const int32_t* tokens, int64_t n, fl
       L.up.forward(s.h.data(), m, s.up.data());
       float* g = s.gate.data();
       const float* u = s.up.data();
-      if (c.activation == Activation::kSiLU) {
-        for (int64_t i = 0; i < m * I; ++i) g[i] = silu(g[i]) * u[i];
+      // Element-wise, so split over the pool when large (a prefill chunk: m·I of 10⁶ and more; the scalar tanh/exp
+      // on one thread was ≈ 31% of a 2-thread prefill, docs/benchmarks.md); the same function per element either way.
+      const bool silu_act = c.activation == Activation::kSiLU;
+      auto glu_range = [&](int64_t b, int64_t e) {
+        if (silu_act) {
+          for (int64_t i = b; i < e; ++i) g[i] = silu(g[i]) * u[i];
+        } else {
+          for (int64_t i = b; i < e; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+        }
+      };
+      if (m * I >= (int64_t{1} << 16)) {
+        default_thread_pool().parallel_for(m * I, [&](int64_t b, int64_t e, int) { glu_range(b, e); });
       } else {
-        for (int64_t i = 0; i < m * I; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+        glu_range(0, m * I);
       }
       L.down.forward(g, m, s.tmp.data());
       if (c.sandwich_norms)
