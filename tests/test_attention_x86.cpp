@@ -36,6 +36,7 @@
 #include "nn/kv_cache.h"
 #include "nn/rotation.h"
 #include "quant/affine.h"
+#include "support/scoped_env.h"
 #include "support/test_support.h"
 
 namespace cider {
@@ -454,7 +455,7 @@ TEST(AttentionX86, Avx512FloatScoreVariant) {
   for (IsaLevel l : fast_levels()) has512 = has512 || l == IsaLevel::kAvx512;
   if (!has512) GTEST_SKIP() << "no AVX-512 on this machine";
   auto rng = test::make_rng(406);
-  setenv("CIDER_ATTN_SCORES", "f32", 1);
+  const test::ScopedEnv f32_scores("CIDER_ATTN_SCORES", "f32");
   int idx = 0;
   for (const QuantizedKVCacheConfig& base : kConfigs) {
     Problem p;
@@ -470,7 +471,6 @@ TEST(AttentionX86, Avx512FloatScoreVariant) {
     ++idx;
     if (HasFatalFailure()) break;
   }
-  unsetenv("CIDER_ATTN_SCORES");
 }
 
 // Rows that see no key are zeros; a row that sees one key returns that key's value.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/cuda/bench_cuda.h"
+#include "tests/support/scoped_env.h"
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_api.h"
 
@@ -41,33 +42,12 @@ std::vector<uint8_t> random_half(std::mt19937_64& rng, size_t n, DType t, float 
   return v;
 }
 
+using cider::test::ScopedEnv;
+
 struct CacheCopy {
   DeviceBuffer k, ks, kb, v, vs, vb;
 };
 
-// Sets $CIDER_ATTN_TC_K8V4 for one case (the tensor-core K8V4 path is opt-in while new) and restores it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* prev = std::getenv(name);
-    had_ = prev != nullptr;
-    if (had_) prev_ = prev;
-    if (value) ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, prev_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string prev_;
-};
 
 // Decode attention: B, Hq, Hkv, D, L keys; quantized g64 f16 with kbits/vbits (K4V3, K8V4) or plain bf16 (0/0).
 // k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/cuda/bench_cuda.h"
+#include "tests/support/scoped_env.h"
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/kernel_table.h"
@@ -262,16 +263,8 @@ CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336 v:no epilogue prefetch", "linear") 
 namespace cider::bench {
 namespace {
 BenchResult gemv_without_pdl(bool int4) {
-  setenv("CIDER_PDL", "0", 1);
-  BenchResult r;
-  try {
-    r = bench_int_gemv(int4, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336");
-  } catch (...) {
-    unsetenv("CIDER_PDL");
-    throw;
-  }
-  unsetenv("CIDER_PDL");
-  return r;
+  const test::ScopedEnv off("CIDER_PDL", "0");
+  return bench_int_gemv(int4, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336");
 }
 }  // namespace
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:no pdl", "linear") { return gemv_without_pdl(false); }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/cuda/bench_cuda.h"
+#include "tests/support/scoped_env.h"
 #include "model/cuda/gpu_model.h"
 #include "nn/rotation.h"
 
@@ -139,15 +140,8 @@ CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L1024 no-linear", "model")
 // inside decode(), so the variable set around it decides every launch in it.
 namespace {
 cider::bench::BenchResult without_pdl(const std::string& weights, const std::string& kv, int64_t length) {
-  setenv("CIDER_PDL", "0", 1);
-  cider::bench::BenchResult r;
-  try {
-    r = decode(weights, kv, length);
-  } catch (...) {
-    unsetenv("CIDER_PDL");
-    throw;
-  }
-  unsetenv("CIDER_PDL");
+  const cider::test::ScopedEnv off("CIDER_PDL", "0");
+  cider::bench::BenchResult r = decode(weights, kv, length);
   r.note += "; PDL off";
   return r;
 }

@@ -17,6 +17,7 @@
 #include "cuda/cuda_test_support.h"
 #include "kernels/kernel_table.h"
 #include "nn/rotation.h"
+#include "support/scoped_env.h"
 #include "support/test_support.h"
 
 namespace cider::cuda {
@@ -317,34 +318,13 @@ struct Side {
 // per stream (a slab per (device, stream), 8 per device, then the merge kernel takes over: attention_tc.cu), so the
 // cases share a stream instead of each bringing a new one that might use up the slabs. Never destroyed (it would
 // outlive the CUDA runtime at exit).
+using test::ScopedEnv;
+
 Stream& attention_stream() {
   static Stream* s = new Stream();
   return *s;
 }
 
-// Sets an environment variable for a scope (the attention switches are read at every call) and restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* prev = std::getenv(name);
-    had_ = prev != nullptr;
-    if (had_) prev_ = prev;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, prev_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string prev_;
-};
 
 struct AttnCase {
   int64_t D, rep, kL, L;
@@ -511,9 +491,7 @@ TEST(CudaAttention, TensorCoreDecodePath) {
 // (the general CUDA-core kernel) and with bf16 scales (never the tensor-core path), against the same reference.
 TEST(CudaAttention, TensorCoreDecodePathK8V4) {
   CIDER_REQUIRE_GPU();
-  const char* prev = std::getenv("CIDER_ATTN_TC_K8V4");
-  const std::string saved = prev ? prev : "";
-  ::setenv("CIDER_ATTN_TC_K8V4", "1", 1);
+  const ScopedEnv on("CIDER_ATTN_TC_K8V4", "1");
   uint64_t salt = 11000;
   struct RL {
     int64_t rep, L;
@@ -541,13 +519,9 @@ TEST(CudaAttention, TensorCoreDecodePathK8V4) {
     run_attention_case({D, 1, 32769, 1, MaskKind::kNone, 0, 8, 4, 64, DType::kF16, 5, 32001}, ++salt);
   }
   // Switch off: the general kernel takes the same shapes.
-  ::setenv("CIDER_ATTN_TC_K8V4", "0", 1);
+  const ScopedEnv off("CIDER_ATTN_TC_K8V4", "0");
   run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16}, ++salt);
   run_attention_case({256, 8, 129, 1, MaskKind::kCausal, 40, 8, 4, 64, DType::kF16, 3}, ++salt);
-  if (prev)
-    ::setenv("CIDER_ATTN_TC_K8V4", saved.c_str(), 1);
-  else
-    ::unsetenv("CIDER_ATTN_TC_K8V4");
 }
 
 

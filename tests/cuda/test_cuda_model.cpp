@@ -37,6 +37,7 @@
 #include "model/model.h"
 #include "model/transformer.h"
 #include "nn/rotation.h"
+#include "support/scoped_env.h"
 #include "support/test_support.h"
 
 namespace cm = cider::model;
@@ -907,18 +908,13 @@ TEST(CudaModel, PdlOnAndOffGiveTheSameLogits) {
   const std::vector<int32_t> tokens = text_tokens(*gpu, 140);
   const auto V = static_cast<size_t>(gpu->config().vocab_size);
   auto run = [&](bool pdl, bool graphs) {
-    if (pdl) {
-      unsetenv("CIDER_PDL");
-    } else {
-      setenv("CIDER_PDL", "0", 1);
-    }
+    const cider::test::ScopedEnv env("CIDER_PDL", pdl ? "1" : "0");
     auto s = gpu->new_session();
     s->impl().gpu->use_graphs = graphs;
     std::vector<float> out((tokens.size() - 100) * V, std::nanf(""));
     std::vector<float> scratch(V);
     gpu->forward(*s, tokens.data(), 100, scratch.data(), false);
     for (size_t i = 100; i < tokens.size(); ++i) gpu->forward(*s, &tokens[i], 1, out.data() + (i - 100) * V, false);
-    unsetenv("CIDER_PDL");
     return out;
   };
   const std::vector<float> on = run(true, true), off = run(false, true);

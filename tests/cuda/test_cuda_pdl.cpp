@@ -22,6 +22,7 @@
 #include "cuda/cuda_test_support.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/kernel_table.h"
+#include "support/scoped_env.h"
 #include "support/test_support.h"
 
 namespace cider::cuda {
@@ -29,12 +30,7 @@ namespace {
 
 constexpr uint8_t kPoison = 0xFF;
 
-struct PdlScope {  // sets CIDER_PDL for the scope (launches read it at every call)
-  explicit PdlScope(bool on) { setenv("CIDER_PDL", on ? "1" : "0", 1); }
-  ~PdlScope() { unsetenv("CIDER_PDL"); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-};
+using test::ScopedEnv;  // $CIDER_PDL is read at every launch
 
 std::vector<uint8_t> download(const DeviceBuffer& b) {
   std::vector<uint8_t> v(b.bytes());
@@ -161,7 +157,7 @@ TEST(CudaPdl, KvAppendPairRejectsBadArgumentsNamingTheOp) {
 // (→ N 2·128·3 + 8: a token's k|v row for 3 heads) → kv_append_pair of that row into k8v4 planes → the next GEMV
 // of the next step reads that row ... `steps` steps in one graph, each appending at its own position.
 std::vector<std::vector<uint8_t>> run_chain(bool pdl, bool graph, int steps, int replays) {
-  PdlScope scope(pdl);
+  const ScopedEnv scope("CIDER_PDL", pdl ? "1" : "0");
   auto rng = test::make_rng(902);
   const int64_t K = 4096, N1 = 4096, H = 3, D = 128, N2 = H * 2 * D + 8;
   std::vector<float> x = test::randn(rng, static_cast<size_t>(K), 1.0f);
