@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gemm_epilogue.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -253,44 +254,9 @@ __device__ __forceinline__ void mma_s8(int32_t d[4], const uint32_t a[4], const 
 // with row % 8, so the 8 rows one ldmatrix phase reads (same logical chunk) land on 8 different bank groups.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kBK + ((chunk ^ (row & 7)) << 4); }
 
-// |acc| < 2^22 → float exactly, with an integer add and a float subtract (both full rate, unlike I2F): the bits of
-// 2^23 + 2^22 + acc are a float whose value minus 1.5·2^23 is acc. Group partials: |acc| ≤ 256·127·127 < 2^22.
-__device__ __forceinline__ float small_int_to_float(int32_t acc) {
-  return __fsub_rn(__int_as_float(0x4B400000 + acc), 12582912.0f);
-}
-
-template <typename OutT>
-__device__ __forceinline__ void store_one(OutT* out, int64_t i, float v);
-template <>
-__device__ __forceinline__ void store_one<float>(float* out, int64_t i, float v) { out[i] = v; }
-template <>
-__device__ __forceinline__ void store_one<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v) {
-  out[i] = __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ void store_one<__half>(__half* out, int64_t i, float v) { out[i] = __float2half_rn(v); }
-
-// Two adjacent outputs (i even, the pointer aligned to two elements).
-template <typename OutT>
-__device__ __forceinline__ void store_two(OutT* out, int64_t i, float v0, float v1);
-template <>
-__device__ __forceinline__ void store_two<float>(float* out, int64_t i, float v0, float v1) {
-  *reinterpret_cast<float2*>(out + i) = make_float2(v0, v1);
-}
-template <>
-__device__ __forceinline__ void store_two<__nv_bfloat16>(__nv_bfloat16* out, int64_t i, float v0, float v1) {
-  __nv_bfloat162 h;
-  h.x = __float2bfloat16_rn(v0);
-  h.y = __float2bfloat16_rn(v1);
-  *reinterpret_cast<__nv_bfloat162*>(out + i) = h;
-}
-template <>
-__device__ __forceinline__ void store_two<__half>(__half* out, int64_t i, float v0, float v1) {
-  __half2 h;
-  h.x = __float2half_rn(v0);
-  h.y = __float2half_rn(v1);
-  *reinterpret_cast<__half2*>(out + i) = h;
-}
+using gemm_epilogue::small_int_to_float;
+using gemm_epilogue::store_one;
+using gemm_epilogue::store_two;
 
 struct GemmParams {
   const int8_t* xq;   // [M, K] int8
