@@ -15,7 +15,7 @@
 #include "kernels/kernel_table.h"
 
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch);
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -29,6 +29,7 @@ struct Variant {
   bool workspace = true;
   int ring = 0;      // 1: the register ring (plain loads), else the cp.async ring
   int prefetch = 0;  // 2: the epilogue's scale/bias loaded after the barrier (the default prefetches them)
+  int split = 0;     // warps per tile (16-warp blocks, cp.async ring): 1, 2, 4 or 16
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -37,6 +38,7 @@ struct Variant {
     if (!workspace) s += " no workspace";
     if (ring == 1) s += " register ring";
     if (prefetch == 2) s += " no epilogue prefetch";
+    if (split) s += " warps/tile " + std::to_string(split);
     return s;
   }
 };
@@ -94,10 +96,11 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
     }
     int4 ? cuda::w4a8_gemv(a, exec) : cuda::w8a8_gemv(a, exec);
   };
-  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring, variant.prefetch);
+  cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring,
+                                    variant.prefetch, variant.split);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0);
+  cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
@@ -269,4 +272,41 @@ BenchResult gemv_without_pdl(bool int4) {
 }  // namespace
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:no pdl", "linear") { return gemv_without_pdl(false); }
 CIDER_CUDA_BENCH("w4a8 gemv M1 K4096 N14336 v:no pdl", "linear") { return gemv_without_pdl(true); }
+}  // namespace cider::bench
+
+// ---- tile groups: 1, 2 or 4 warps per tile instead of the whole block (fewer, smaller barriers per byte) ----------
+namespace cider::bench {
+#define CIDER_GEMV_SPLIT_CASE(name, int4, M, K, N, gs, peer, split)                                     \
+  CIDER_CUDA_BENCH(name " v:split " #split, "linear") {                                                 \
+    return bench_int_gemv(int4, M, K, N, gs, peer, {0, 0, 0, true, 0, 0, split});                        \
+  }
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N14336", false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N14336", false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 2)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N14336", false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N14336", true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N14336", true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 2)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N14336", true, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv g128 M1 K4096 N14336", false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv g128 M1 K4096 N14336", false, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv g128 M1 K4096 N14336", true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv g128 M1 K4096 N14336", true, 1, 4096, 14336, 128, "bf16 GEMV K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv g32 M1 K4096 N14336", true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv g32 M1 K4096 N14336", true, 1, 4096, 14336, 32, "bf16 GEMV K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N4096", false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N4096", false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 2)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K4096 N4096", false, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N4096", true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N4096", true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 2)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K4096 N4096", true, 1, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 4)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K8192 N28672", false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M1 K8192 N28672", false, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K8192 N28672", true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M1 K8192 N28672", true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 4)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M16 K4096 N14336", false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M16 K4096 N14336", false, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M16 K4096 N14336", true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w4a8 gemv M16 K4096 N14336", true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 4)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M4 K4096 N14336", false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 1)
+CIDER_GEMV_SPLIT_CASE("w8a8 gemv M4 K4096 N14336", false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 4)
+#undef CIDER_GEMV_SPLIT_CASE
 }  // namespace cider::bench

@@ -31,18 +31,18 @@
 namespace cider::cuda {
 namespace gemv_bench {
 // linear_gemv.cu (tests and benchmarks only)
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch);
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 }
 namespace {
 
-// Launch knobs (warps per block, blocks per SM, ring 1 = registers, epilogue prefetch 1 = on; 0 = automatic) for
-// the scope of one test.
-int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0;
+// Launch knobs (warps per block, blocks per SM, ring 1 = registers, epilogue prefetch 1 = on, warps per tile;
+// 0 = automatic) for the scope of one test.
+int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0, g_split = 0;
 struct TuningScope {
-  TuningScope(int warps, int blocks_per_sm, int ring, int prefetch) {
-    g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch;
+  TuningScope(int warps, int blocks_per_sm, int ring, int prefetch, int split = 0) {
+    g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch, g_split = split;
   }
-  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0; }
+  ~TuningScope() { g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0, g_split = 0; }
   TuningScope(const TuningScope&) = delete;
   TuningScope& operator=(const TuningScope&) = delete;
 };
@@ -130,10 +130,10 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
       exec.workspace_bytes = d_ws.bytes();
     }
     // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
-    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch);
+    gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch, g_split);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
-    gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0);
+    gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
     device_synchronize("test_cuda_gemv");
     std::vector<uint8_t> got_all(d_out.bytes());
     d_out.download(got_all.data(), got_all.size());
@@ -301,6 +301,28 @@ TEST(CudaGemv, LaunchVariants) {
           if (::testing::Test::HasFatalFailure()) return;
         }
   }
+}
+
+// Tile groups of 1, 2 and 4 warps (each group streams its own tiles and combines behind its own barrier) against
+// the reference: every format, M across both column blocks, tails in N (4129 = 258·16 + 1) and K, with and without
+// the epilogue prefetch, and more tiles than groups (N 4129: 259 tiles) as well as fewer (N 67: 5 tiles).
+TEST(CudaGemv, TileGroupsOfOneTwoFourWarps) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(509);
+  for (int split : {1, 2, 4})
+    for (int prefetch : {0, 2}) {
+      TuningScope scope(0, 0, 0, prefetch, split);
+      for (bool int4 : {false, true})
+        for (int64_t M : {1, 9, 16})
+          for (const auto& [gs, K] : std::vector<std::pair<int, int64_t>>{{0, 2080}, {32, 2080}, {64, 2112}, {128, 4224}}) {
+            if (gs == 32 && !int4) continue;  // W8 groups are 64/128/256
+            for (int64_t N : {67, 4129}) {
+              if (prefetch == 2 && N == 67) continue;
+              run_case(Case{int4, M, N, K, gs, DType::kF32, DType::kF32, M != 9}, rng);
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+          }
+    }
 }
 
 // The launcher's validation: each bad argument is a cider::Error naming the op.

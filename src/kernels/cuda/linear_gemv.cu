@@ -312,10 +312,29 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
 // before a slot is read: groups complete in order, so exactly the slot's own loads are waited for). Otherwise it lives
 // in registers (plain loads): simpler, but the compiler tracks the ring's loads with a handful of scoreboards, so
 // reading one slot can wait for loads issued after it (measured 2026-11-29: slower than batches, see gemv.md).
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, bool kAsync>
+//
+// kSplit: warps per tile. The block's kWarps / kSplit tile groups stream their own tiles (group j of block b takes
+// tiles j·grid + b, then every grid·groups: the first tiles land on different SMs), split each tile's K among their
+// kSplit warps and combine behind a group barrier (kSplit = kWarps: the whole block, as before; 1: no barrier beyond
+// the warp; else a named barrier per group). Fewer warps per tile = fewer, smaller barriers per byte streamed.
+template <int kSplit, int kWarps>
+__device__ __forceinline__ void tile_group_sync(int group) {
+  if constexpr (kSplit == kWarps) {
+    __syncthreads();
+  } else if constexpr (kSplit == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(kSplit * 32) : "memory");  // id 0 is __syncthreads'
+  }
+}
+
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, bool kAsync, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(const GemvParams p) {
   using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
+  static_assert(kWarps % kSplit == 0 && (kSplit == 1 || kWarps / kSplit <= 15), "tile groups: named barriers 1..15");
   constexpr int kThreads = kWarps * 32;
+  constexpr int kGroups = kWarps / kSplit;
+  constexpr int kGroupThreads = kSplit * 32;
   extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride], then the cp.async ring (kAsync)
   __shared__ float sx[kMaxRows];
   __shared__ uint32_t amax_partial[kMaxRows][kWarps];
@@ -325,19 +344,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, tig = lane % 4;  // mma fragment coordinates: row group, thread in group
+  const int group = warp / kSplit, wig = warp % kSplit;  // tile group, warp in the group
+  const int gthread = static_cast<int>(threadIdx.x) - group * kGroupThreads;
   const int tiles = (p.N + kTileRows - 1) / kTileRows;
   const int grid = static_cast<int>(gridDim.x), block = static_cast<int>(blockIdx.x);
-  const int my_tiles = block < tiles ? (tiles - block + grid - 1) / grid : 0;
+  const int tgrid = grid * kGroups, tfirst = group * grid + block;  // my group's tiles: tfirst + it · tgrid
+  const int my_tiles = tfirst < tiles ? (tiles - tfirst + tgrid - 1) / tgrid : 0;
   const int64_t w_row_bytes = kInt4 ? p.K / 2 : p.K;
 
-  // Work split of one tile between the warps: units round-robin (unit u → warp u % kWarps), chunks per unit.
+  // Work split of one tile between the group's warps: units round-robin (unit u → warp u % kSplit), chunks per unit.
   const int chunks_per_unit = kPerGroup ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
   const int cpu_shift = __ffs(chunks_per_unit) - 1;
   const int units = kPerGroup ? p.K / p.group_size : (p.K + C::kChunkK - 1) / C::kChunkK;
-  const int my_units = warp < units ? (units - warp + kWarps - 1) / kWarps : 0;
+  const int my_units = wig < units ? (units - wig + kSplit - 1) / kSplit : 0;
   const int my_chunks = my_units * chunks_per_unit;
-  const int max_chunks = ((units + kWarps - 1) / kWarps) * chunks_per_unit;  // same in every warp: uniform loops
-  const int total_steps = my_tiles * max_chunks;                             // same in every thread of the block
+  const int max_chunks = ((units + kSplit - 1) / kSplit) * chunks_per_unit;  // same in every warp: uniform loops
+  const int total_steps = my_tiles * max_chunks;                             // same in every thread of the group
 
   // Register ring: weight words of rows g and g + 8 per slot, and the group scales of rows g, g + 8 for slots whose
   // chunk closes a group. cp.async ring: slot (b, row) of this thread at ring_w + ((b·2 + row)·threads + tid) · bytes
@@ -360,8 +382,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   // Issues the loads of the load cursor's step into slot b (zeros where there is nothing to load), then advances.
   auto issue = [&](int b) {
     const int q = load_q;
-    const int row0 = (block + load_it * grid) * kTileRows;
-    const int unit = warp + kWarps * (q >> cpu_shift);
+    const int row0 = (tfirst + load_it * tgrid) * kTileRows;
+    const int unit = wig + kSplit * (q >> cpu_shift);
     const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
     const int k = chunk * C::kChunkK + tig * C::kThreadK;  // first k of my piece
     const bool live = load_it < my_tiles && q < my_chunks;
@@ -404,14 +426,18 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   // Epilogue operands (w_scales[n] per channel, bias[n]) of the output row this thread finishes, loaded one tile
   // ahead when p.prefetch_epilogue: otherwise the epilogue threads load them after the tile's barrier, from HBM
   // behind the weight stream (microseconds), and every warp waits for them at the next tile's barrier.
-  float ep_scale = 0.0f, ep_bias = 0.0f;
+  // Output o = m·16 + r of a tile is finished by group thread o mod kGroupThreads, pass o / kGroupThreads.
+  constexpr int kEpPasses = (kTileRows * 8 * kColBlocks + kGroupThreads - 1) / kGroupThreads;
+  float ep_scale[kEpPasses] = {}, ep_bias[kEpPasses] = {};
   auto prefetch_epilogue = [&](int it) {
-    const int t = static_cast<int>(threadIdx.x);
-    if (p.prefetch_epilogue && t < kTileRows * p.M && it < my_tiles) {
-      const int n = (block + it * grid) * kTileRows + t % kTileRows;
-      if (n < p.N) {
-        if constexpr (!kPerGroup) ep_scale = __ldg(p.w_scales + n);
-        if (p.bias) ep_bias = __ldg(p.bias + n);
+    if (!p.prefetch_epilogue || it >= my_tiles) return;
+#pragma unroll
+    for (int j = 0; j < kEpPasses; ++j) {
+      const int o = gthread + j * kGroupThreads;
+      const int n = (tfirst + it * tgrid) * kTileRows + o % kTileRows;
+      if (o < kTileRows * p.M && n < p.N) {
+        if constexpr (!kPerGroup) ep_scale[j] = __ldg(p.w_scales + n);
+        if (p.bias) ep_bias[j] = __ldg(p.bias + n);
       }
     }
   };
@@ -433,7 +459,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   for (int s0 = 0; s0 < total_steps; s0 += C::kRing) {
 #pragma unroll
     for (int b = 0; b < C::kRing; ++b) {
-      if (s0 + b < total_steps) {  // block-uniform
+      if (s0 + b < total_steps) {  // group-uniform
         const int q = use_q;
         // This step's slot: wait for its cp.async group (the kRing − 1 younger ones may still fly), read it back.
         uint32_t slot_w[2][C::kLoadWords];
@@ -455,7 +481,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
           }
         }
         if (q < my_chunks) {  // warp-uniform: mma.sync runs warp-wide, only the data is predicated
-          const int unit = warp + kWarps * (q >> cpu_shift);
+          const int unit = wig + kSplit * (q >> cpu_shift);
           const int chunk = unit * chunks_per_unit + (q & (chunks_per_unit - 1));
           const int k = chunk * C::kChunkK + tig * C::kThreadK;
           // False for some lanes of a tail chunk: B is zeroed there (W4 zero words unpack to -8, so B matters).
@@ -504,8 +530,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
         }
         issue(b);  // refill the slot just consumed: step s + kRing
         if (q == max_chunks - 1) {
-          // The tile is done in every warp after this barrier: combine the partials; thread (m, r) finishes output
-          // (m, row0 + r).
+          // The tile is done in every warp of the group after this barrier: combine the partials; group thread
+          // o = m·16 + r (in kEpPasses passes) finishes output (m, row0 + r).
 #pragma unroll
           for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
@@ -516,13 +542,15 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               fsum[cb][e] = 0.0f;
             }
           }
-          __syncthreads();
-          const int t = static_cast<int>(threadIdx.x);
-          const int row0 = (block + use_it * grid) * kTileRows;
-          if (t < kTileRows * p.M) {
-            const int m = t / kTileRows, r = t % kTileRows;
+          tile_group_sync<kSplit, kWarps>(group);
+          const int row0 = (tfirst + use_it * tgrid) * kTileRows;
+          const int w0 = group * kSplit;
+#pragma unroll
+          for (int j = 0; j < kEpPasses; ++j) {
+            const int o = gthread + j * kGroupThreads;
+            const int m = o / kTileRows, r = o % kTileRows;
             const int n = row0 + r;
-            if (n < p.N) {
+            if (o < kTileRows * p.M && n < p.N) {
               // Fragment position of (row r, column m): D element c0/c1 = (row g, col 2·tig + 0/1), c2/c3 = row g + 8.
               const int cb = m / 8, col = m % 8;
               const int e = (r >= 8 ? 2 : 0) + col % 2;
@@ -531,21 +559,22 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               if constexpr (kPerGroup) {
                 float s = 0.0f;
 #pragma unroll
-                for (int w = 0; w < kWarps; ++w) s = __fadd_rn(s, __uint_as_float(partial[parity][w][cb][e][src_lane]));
+                for (int w = 0; w < kSplit; ++w)
+                  s = __fadd_rn(s, __uint_as_float(partial[parity][w0 + w][cb][e][src_lane]));
                 y = __fmul_rn(sx[m], s);
               } else {
                 int32_t a = 0;
 #pragma unroll
-                for (int w = 0; w < kWarps; ++w) a += static_cast<int32_t>(partial[parity][w][cb][e][src_lane]);
-                const float scale = p.prefetch_epilogue ? ep_scale : p.w_scales[n];
+                for (int w = 0; w < kSplit; ++w) a += static_cast<int32_t>(partial[parity][w0 + w][cb][e][src_lane]);
+                const float scale = p.prefetch_epilogue ? ep_scale[j] : p.w_scales[n];
                 y = __fmul_rn(sx[m], __fmul_rn(scale, __int2float_rn(a)));
               }
-              if (p.bias) y = __fadd_rn(y, p.prefetch_epilogue ? ep_bias : p.bias[n]);
+              if (p.bias) y = __fadd_rn(y, p.prefetch_epilogue ? ep_bias[j] : p.bias[n]);
               store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
             }
           }
           // No second barrier: the next tile writes the other parity; this one is rewritten two tiles later, after
-          // the next tile's barrier, which every thread reaches only when done reading it here.
+          // the next tile's group barrier, which every thread of the group reaches only when done reading it here.
           parity ^= 1;
           prefetch_epilogue(use_it + 1);
         }
@@ -597,6 +626,7 @@ struct GemvTuning {
   int quantize = 0;       // 1: in every block (fused), 2: once into exec.workspace when it is large enough
   int ring = 0;           // 1: register ring (plain loads), 2 (automatic): cp.async ring in shared memory
   int epilogue_prefetch = 0;  // 0 (automatic) / 1: load the epilogue's scale/bias one tile ahead; 2: after the barrier
+  int split = 0;          // warps per tile with 16 warps and the cp.async ring: 1, 2, 4 or 16 (0: automatic)
 };
 GemvTuning g_tuning;
 
@@ -606,30 +636,42 @@ struct KernelChoice {
   int ring_bytes;
 };
 
-template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps, bool kAsync>
+template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps, bool kAsync, int kSplit>
 KernelChoice pick_rows(int M) {
   if (M <= 8)
-    return {int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kAsync>,
+    return {int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kAsync, kSplit>,
             kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 1, kPerGroup, kWarps>() : 0};
-  return {int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kAsync>,
+  return {int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kAsync, kSplit>,
           kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 2, kPerGroup, kWarps>() : 0};
 }
 
-template <bool kAsync>
-KernelChoice select_ring(bool int4, int load_bytes, int M, bool per_group, int warps) {
-  if (!per_group && warps == 8)
-    return int4 ? pick_rows<true, 16, false, 8, kAsync>(M) : pick_rows<false, 16, false, 8, kAsync>(M);
-  if (!int4) return per_group ? pick_rows<false, 16, true, 16, kAsync>(M) : pick_rows<false, 16, false, 16, kAsync>(M);
-  if (!per_group) return pick_rows<true, 16, false, 16, kAsync>(M);
-  if (load_bytes == 16) return pick_rows<true, 16, true, 16, kAsync>(M);
-  if (load_bytes == 8) return pick_rows<true, 8, true, 16, kAsync>(M);
-  return pick_rows<true, 4, true, 16, kAsync>(M);
+// 16 warps per block: tile groups of 1, 2, 4 or 16 warps with the cp.async ring; the register ring keeps 16.
+template <bool kAsync, bool kInt4, int kLoadBytes, bool kPerGroup>
+KernelChoice pick16(int M, int split) {
+  if constexpr (kAsync) {
+    if (split == 1) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 1>(M);
+    if (split == 2) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 2>(M);
+    if (split == 4) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 4>(M);
+  }
+  return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, kAsync, 16>(M);
 }
 
-// The instantiation for (int4, load width, M, per group, warps, ring kind); 8 warps exist for per-channel scales only.
-KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps, bool async_ring) {
-  return async_ring ? select_ring<true>(int4, load_bytes, M, per_group, warps)
-                    : select_ring<false>(int4, load_bytes, M, per_group, warps);
+template <bool kAsync>
+KernelChoice select_ring(bool int4, int load_bytes, int M, bool per_group, int warps, int split) {
+  if (!per_group && warps == 8)
+    return int4 ? pick_rows<true, 16, false, 8, kAsync, 8>(M) : pick_rows<false, 16, false, 8, kAsync, 8>(M);
+  if (!int4) return per_group ? pick16<kAsync, false, 16, true>(M, split) : pick16<kAsync, false, 16, false>(M, split);
+  if (!per_group) return pick16<kAsync, true, 16, false>(M, split);
+  if (load_bytes == 16) return pick16<kAsync, true, 16, true>(M, split);
+  if (load_bytes == 8) return pick16<kAsync, true, 8, true>(M, split);
+  return pick16<kAsync, true, 4, true>(M, split);
+}
+
+// The instantiation for (int4, load width, M, per group, warps, ring kind, warps per tile); 8 warps exist for
+// per-channel scales only and always share a tile; so do 16 warps with the register ring.
+KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps, bool async_ring, int split) {
+  return async_ring ? select_ring<true>(int4, load_bytes, M, per_group, warps, split)
+                    : select_ring<false>(int4, load_bytes, M, per_group, warps, split);
 }
 
 void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
@@ -669,10 +711,12 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   const GemvTuning tuning = g_tuning;
   const bool async_ring = tuning.ring != 1;
   const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
+  // Warps per tile (16-warp blocks with the cp.async ring; others: the whole block).
+  const int split = (warps == 16 && async_ring && tuning.split > 0) ? tuning.split : warps;
   // Rows per launch: as many as shared memory holds beside the static arrays and the ring (all 16 for K up to ~5k,
   // else the rows go in several passes of at most 8).
   auto xq_rows_that_fit = [&](int rows) {
-    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring);
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
     cudaFuncAttributes attr{};
     CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
     const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
@@ -710,7 +754,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
 
   for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
-    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring);
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
     const KernelFn kernel = kc.fn;
     const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride) + static_cast<size_t>(kc.ring_bytes);
     CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -759,13 +803,17 @@ namespace gemv_bench {
 // For bench/cuda/bench_gemv.cpp and tests/cuda/test_cuda_gemv.cpp only (not part of cuda_api.h).
 // Launch knobs for the following w8a8_gemv / w4a8_gemv calls (0 = automatic): warps per block 8 or 16, a cap on
 // blocks per SM, quantize 1 = fused in every block, 2 = once into exec.workspace; ring 1 = registers, 2 = cp.async;
-// epilogue_prefetch 1 = the epilogue's per-row operands loaded one tile ahead.
-void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch) {
+// epilogue_prefetch 1 = the epilogue's per-row operands loaded one tile ahead; split = warps per tile (1, 2, 4, 16) for
+// 16-warp blocks with the cp.async ring.
+void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split) {
+  check(split == 0 || split == 1 || split == 2 || split == 4 || split == 16, ErrorCode::kInvalidArgument,
+        "cuda.gemv_bench.set_gemv_tuning", "split (warps per tile) must be 0, 1, 2, 4 or 16; got ", split);
   g_tuning.warps = warps;
   g_tuning.blocks_per_sm = blocks_per_sm;
   g_tuning.quantize = quantize;
   g_tuning.ring = ring;
   g_tuning.epilogue_prefetch = epilogue_prefetch;
+  g_tuning.split = split;
 }
 // Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
 // achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
