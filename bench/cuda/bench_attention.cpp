@@ -1,10 +1,11 @@
 // cuda_bench cases of the attention area: decode over the K4/V3 and K8/V4 g64 (f16 scales) caches and the plain bf16
-// cache,
-// each against PyTorch's bf16 SDPA decode row of ../shared/tools/gpu_anchors.py; plus kv_append of one decode step.
+// cache, each against PyTorch's bf16 SDPA decode row of ../shared/tools/gpu_anchors.py; causal prefill over K4V3 /
+// K8V4 against PyTorch's bf16 SDPA causal prefill (tools/gpu/attn_prefill_peer.py); kv_append of one decode step.
 // Caches hold fresh random bytes (codes) and valid random f16/bf16 numbers (scales, biases, plain values); copies are
 // rotated so the working set of one launch is not served from the 60 MB L2 by the previous one.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -14,6 +15,7 @@
 #include "bench/cuda/bench_cuda.h"
 #include "tests/support/scoped_env.h"
 #include "core/dtype.h"
+#include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/cuda_api.h"
 
 namespace cider::bench {
@@ -197,6 +199,125 @@ CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768", "attent
 }
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attention") {
   return decode_case(1, 16, 2, 256, 65536, 0, 0);
+}
+
+// Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.
+// prefill_tc: the value $CIDER_ATTN_PREFILL_TC is set to ("0": the general CUDA-core kernel for the A/B; nullptr:
+// left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory).
+// flops: 2·2·Hq·D per visible (query, key) pair: L·(L+1)/2 + L·past pairs per head.
+BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t past, int kbits, int vbits,
+                         const char* prefill_tc = nullptr, const char* qsmem = nullptr, int reps = 20,
+                         int samples = 15) {
+  const ScopedEnv env("CIDER_ATTN_PREFILL_TC", prefill_tc);
+  const ScopedEnv env_q("CIDER_ATTN_PREFILL_QSMEM", qsmem);
+  const int64_t B = 1, kL = past + L;
+  std::mt19937_64 rng(4321);
+  const int64_t rows = B * Hkv * kL;
+  const size_t k_bytes = static_cast<size_t>(rows * D * kbits / 8), v_bytes = static_cast<size_t>(rows * D * vbits / 8);
+  const size_t sb_n = static_cast<size_t>(rows * D / 64);
+  CacheCopy c;
+  {
+    auto kb = random_bytes(rng, k_bytes), vb = random_bytes(rng, v_bytes);
+    c.k = cuda::to_device(kb.data(), kb.size());
+    c.v = cuda::to_device(vb.data(), vb.size());
+    auto s1 = random_half(rng, sb_n, DType::kF16, 0.05f), s2 = random_half(rng, sb_n, DType::kF16, 1.0f);
+    auto s3 = random_half(rng, sb_n, DType::kF16, 0.05f), s4 = random_half(rng, sb_n, DType::kF16, 1.0f);
+    c.ks = cuda::to_device(s1.data(), s1.size());
+    c.kb = cuda::to_device(s2.data(), s2.size());
+    c.vs = cuda::to_device(s3.data(), s3.size());
+    c.vb = cuda::to_device(s4.data(), s4.size());
+  }
+  std::vector<float> qh(static_cast<size_t>(B * Hq * L * D));
+  std::normal_distribution<float> n01;
+  for (float& x : qh) x = n01(rng);
+  DeviceBuffer q = cuda::to_device(qh.data(), qh.size() * sizeof(float));
+  DeviceBuffer out(qh.size() * sizeof(float));
+  kernels::AttentionArgs a{};
+  a.q = q.as<float>();
+  a.out = out.as<float>();
+  a.B = B;
+  a.Hq = Hq;
+  a.L = L;
+  kernels::KVTensorView kv{};
+  kv.B = B;
+  kv.H = Hkv;
+  kv.length = kL;
+  kv.capacity = kL;
+  kv.dim = D;
+  kv.dtype = DType::kU32;
+  kv.scale_dtype = DType::kF16;
+  kv.group_size = 64;
+  a.keys = kv;
+  a.values = kv;
+  a.keys.bits = kbits;
+  a.values.bits = vbits;
+  a.keys.data = c.k.data();
+  a.keys.scales = c.ks.data();
+  a.keys.biases = c.kb.data();
+  a.values.data = c.v.data();
+  a.values.scales = c.vs.data();
+  a.values.biases = c.vb.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.mask_kind = kernels::MaskKind::kCausal;
+  const size_t ws_bytes = cuda::attention_workspace_bytes(a);
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 256));
+  cuda::Stream stream;
+  BenchResult r;
+  r.seconds = bench_graph([&](void* st) { cuda::attention(a, nullptr, cuda::Exec{st, ws.data(), ws_bytes}); },
+                          stream.handle(), reps, samples);
+  r.bytes = static_cast<double>(k_bytes + v_bytes + 4 * sb_n * 2) + 2.0 * static_cast<double>(qh.size() * 4);
+  const double pairs = static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 +
+                       static_cast<double>(L) * static_cast<double>(past);
+  r.flops = 4.0 * static_cast<double>(Hq * D) * pairs;
+  if (past == 0) {
+    r.peer = "sdpa prefill bf16 causal B1 Hq";
+    r.peer += std::to_string(Hq);
+    r.peer += " Hkv";
+    r.peer += std::to_string(Hkv);
+    r.peer += " D";
+    r.peer += std::to_string(D);
+    r.peer += " L";
+    r.peer += std::to_string(L);
+  }
+  const bool tc_on = cuda::detail::prefill_tc_eligible(a);
+  r.note = kbits == 4 ? "K4V3" : "K8V4";
+  r.note += " g64 f16 scales, ";
+  r.note += tc_on ? "tensor-core prefill path" : "CUDA-core kernel";
+  if (qsmem && qsmem[0] == '1') r.note += ", query fragments from shared memory";
+  r.note += ", workspace ";
+  r.note += std::to_string(ws_bytes);
+  r.note += " B";
+  return r;
+}
+
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512", "attention") {
+  return prefill_case(32, 8, 128, 512, 0, 4, 3);
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3);
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L512", "attention") {
+  return prefill_case(32, 8, 128, 512, 0, 8, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:q fragments from smem", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1");
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") {
+  return prefill_case(16, 2, 256, 4096, 0, 4, 3);
+}
+// 16 new tokens against a 32k cache: one query block per KV head, so the keys are split (merge kernel).
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768", "attention") {
+  return prefill_case(32, 8, 128, 16, 32768, 4, 3);
+}
+// The A/B: the same caches on the general CUDA-core kernel (fewer launches per sample: tens of ms each).
+CIDER_CUDA_BENCH("attention prefill K4V3 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, "0", nullptr, 2, 5);
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, "0", nullptr, 2, 5);
 }
 
 // One decode step of kv_append: B1 H8 D128, K4 g64 f16, so4 full (keys); minimum traffic = f32 src + the new row.

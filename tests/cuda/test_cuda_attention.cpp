@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_test_support.h"
+#include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/kernel_table.h"
 #include "nn/rotation.h"
 #include "support/scoped_env.h"
@@ -335,6 +336,9 @@ struct AttnCase {
   int kv_splits = 0;
   int64_t d_length = 0;  // > 0: the device length (≤ kL, the bound)
   bool misalign = false;  // q and out 4 bytes past a 16-byte boundary
+  // Run twice against the same reference: $CIDER_ATTN_PREFILL_TC=1 (the tensor-core prefill path must take it,
+  // unless misaligned) and =0 (the general kernel must).
+  bool both_prefill_paths = false;
 };
 
 void run_attention_case(const AttnCase& c, uint64_t salt) {
@@ -342,7 +346,8 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
                                     << static_cast<int>(c.mask) << " window " << c.window << " K" << c.kbits << "V"
                                     << c.vbits << " g" << c.gs << " " << dtype_name(c.dt) << " splits "
                                     << c.kv_splits << " d_length " << c.d_length
-                                    << (c.misalign ? " misaligned q/out" : ""));
+                                    << (c.misalign ? " misaligned q/out" : "")
+                                    << (c.both_prefill_paths ? " both prefill paths" : ""));
   auto rng = test::make_rng(salt);
   const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep, cap = c.kL + 3;
   const int64_t kLr = c.d_length > 0 ? c.d_length : c.kL;  // the real length
@@ -373,35 +378,46 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
   const size_t out_n = want.size(), shift = c.misalign ? 1 : 0, guard = 64 + shift;
   DeviceBuffer d_q((q.size() + shift) * sizeof(float));
   d_q.upload(q.data(), q.size() * sizeof(float), shift * sizeof(float));
-  DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
-  d_out.fill(0xFF);
-  AttentionArgs a = ref;
-  a.q = d_q.as<float>() + shift;
-  a.out = d_out.as<float>() + guard;
-  a.keys = K.view(true, B, Hkv, c.kL, cap, c.D);
-  a.values = V.view(true, B, Hkv, c.kL, cap, c.D);
-  a.kv_splits = c.kv_splits;
   const int32_t len32 = static_cast<int32_t>(kLr);
   DeviceBuffer d_len = to_device(&len32, sizeof(len32));
-  const size_t ws = attention_workspace_bytes(a);
-  DeviceBuffer d_ws(std::max<size_t>(ws, 256));
-  d_ws.fill(0xFF);
-  Stream& stream = attention_stream();
-  Exec exec{stream.handle(), d_ws.data(), ws};
-  attention(a, c.d_length > 0 ? d_len.as<int32_t>() : nullptr, exec);
-  stream.synchronize();
-  std::vector<float> got(out_n + 2 * guard);
-  d_out.download(got.data(), got.size() * sizeof(float));
-  for (size_t i = 0; i < guard; ++i) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, &got[i], 4);
-    std::memcpy(&hi, &got[guard + out_n + i], 4);
-    ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
-    ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
+  const char* const one_mode[] = {nullptr};
+  const char* const two_modes[] = {"1", "0"};
+  const int n_modes = c.both_prefill_paths ? 2 : 1;
+  for (int mode = 0; mode < n_modes; ++mode) {
+    const char* env = c.both_prefill_paths ? two_modes[mode] : one_mode[0];
+    SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_PREFILL_TC=" << (env ? env : "(as set)"));
+    const ScopedEnv prefill_env("CIDER_ATTN_PREFILL_TC", env);
+    DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+    d_out.fill(0xFF);
+    AttentionArgs a = ref;
+    a.q = d_q.as<float>() + shift;
+    a.out = d_out.as<float>() + guard;
+    a.keys = K.view(true, B, Hkv, c.kL, cap, c.D);
+    a.values = V.view(true, B, Hkv, c.kL, cap, c.D);
+    a.kv_splits = c.kv_splits;
+    if (c.both_prefill_paths) {
+      EXPECT_EQ(detail::prefill_tc_eligible(a), mode == 0 && !c.misalign) << "the path taken";
+    }
+    const size_t ws = attention_workspace_bytes(a);
+    DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+    d_ws.fill(0xFF);
+    Stream& stream = attention_stream();
+    Exec exec{stream.handle(), d_ws.data(), ws};
+    attention(a, c.d_length > 0 ? d_len.as<int32_t>() : nullptr, exec);
+    stream.synchronize();
+    std::vector<float> got(out_n + 2 * guard);
+    d_out.download(got.data(), got.size() * sizeof(float));
+    for (size_t i = 0; i < guard; ++i) {
+      uint32_t lo, hi;
+      std::memcpy(&lo, &got[i], 4);
+      std::memcpy(&hi, &got[guard + out_n + i], 4);
+      ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
+      ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
+    }
+    // Float32 accumulation over kL keys (scores and value sums): ≈ 1e-5 relative × sqrt(kL) of the value scale.
+    const double tol = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
+    EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
   }
-  // Float32 accumulation over kL keys (scores and value sums): ≈ 1e-5 relative × sqrt(kL) of the value scale.
-  const double tol = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
-  EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
 }
 
 TEST(CudaAttention, MatchesReferenceDecodeAndPrefill) {
@@ -657,6 +673,121 @@ TEST(CudaAttention, FoldedMergeEmptySplits) {
     AttnCase c{128, 4, 3000, 1, MaskKind::kCausal, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 0, 0};
     c.misalign = true;
     run_attention_case(c, ++salt);
+  }
+}
+
+// The tensor-core PREFILL path (attention_prefill_tc.cu: K4V3 / K8V4 g64 f16 scales, D 128/256, none / causal,
+// rep·L > 8): every case runs with $CIDER_ATTN_PREFILL_TC=1 (asserting that the path takes it) and =0 (the general
+// kernel), both against the CPU reference on the same cache bytes. Row counts with tails of the 64-row block and of the
+// 16-row warp (L 9 .. 300 × rep 1, 3, 4, 8), past = kL − L ∈ {0, 5, 1000} (key tiles with tails, diagonal tiles),
+// causal windows (37: tiles inside the union but not the intersection), forced splits (many of them empty), d_length
+// below keys.length (rows at negative positions: zeros), a long square prefill (L = kL = 1030) and a misaligned q/out
+// (falls back to the general kernel).
+TEST(CudaAttention, TensorCorePrefillPath) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 13000;
+  struct P {
+    int kbits, vbits;
+    int64_t D, rep, L, past;
+    MaskKind mask;
+    int64_t window;
+    int splits;
+    int64_t d_length;  // > 0: the device length
+  };
+  const MaskKind C = MaskKind::kCausal, N = MaskKind::kNone;
+  const P cases[] = {
+      {4, 3, 128, 1, 9, 0, C, 0, 0, 0},       {4, 3, 128, 4, 16, 5, C, 0, 0, 0},
+      {4, 3, 128, 8, 33, 1000, C, 37, 0, 0},  {4, 3, 128, 1, 67, 0, N, 0, 0, 0},
+      {4, 3, 128, 4, 129, 5, C, 0, 3, 0},     {4, 3, 128, 1, 300, 1000, C, 37, 0, 0},
+      {4, 3, 256, 8, 9, 5, N, 0, 0, 0},       {4, 3, 256, 1, 16, 1000, C, 0, 7, 0},
+      {4, 3, 256, 4, 67, 0, C, 37, 0, 0},     {4, 3, 256, 1, 129, 1000, C, 0, 0, 929},
+      {8, 4, 128, 1, 9, 1000, C, 0, 0, 0},    {8, 4, 128, 4, 33, 0, C, 37, 2, 0},
+      {8, 4, 128, 8, 67, 5, N, 0, 0, 0},      {8, 4, 128, 1, 300, 0, C, 0, 0, 0},
+      {8, 4, 256, 4, 16, 1000, C, 37, 0, 0},  {8, 4, 256, 1, 129, 5, C, 0, 0, 0},
+      {8, 4, 256, 8, 33, 1000, N, 0, 5, 0},   {8, 4, 256, 1, 300, 1000, C, 0, 0, 800},
+      {4, 3, 128, 3, 50, 7, C, 0, 0, 0},      {8, 4, 128, 3, 50, 7, C, 11, 0, 0},
+      {4, 3, 128, 4, 16, 1000, C, 37, 17, 0},  // 17 forced splits, most of them empty for the window
+      {8, 4, 256, 4, 64, 36, C, 0, 0, 40},     // d_length 40 < L: the first 24 positions see nothing
+      {4, 3, 128, 4, 64, 36, N, 0, 3, 40},
+      {4, 3, 128, 1, 1030, 0, C, 0, 0, 0},     // long square prefill
+      {8, 4, 128, 2, 1030, 0, C, 0, 0, 0},
+      {4, 3, 256, 1, 1030, 0, C, 300, 0, 0},
+  };
+  for (const P& pc : cases) {
+    AttnCase c{pc.D, pc.rep, pc.L + pc.past, pc.L, pc.mask, pc.window, pc.kbits, pc.vbits, 64, DType::kF16,
+               pc.splits, pc.d_length};
+    c.both_prefill_paths = true;
+    run_attention_case(c, ++salt);
+  }
+  AttnCase mis{128, 4, 100, 33, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16};
+  mis.misalign = true;
+  mis.both_prefill_paths = true;
+  run_attention_case(mis, ++salt);
+}
+
+// Eligibility of the prefill path and the launcher's checks on a prefill-shaped call.
+TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 20);
+  AttentionArgs good{};
+  good.q = buf.as<float>();
+  good.out = buf.as<float>() + 65536;
+  good.B = 1;
+  good.Hq = 4;
+  good.L = 16;
+  KVTensorView kv{};
+  kv.data = buf.data();
+  kv.scales = buf.data();
+  kv.biases = buf.data();
+  kv.dtype = DType::kU32;
+  kv.scale_dtype = DType::kF16;
+  kv.bits = 4;
+  kv.group_size = 64;
+  kv.B = 1;
+  kv.H = 2;
+  kv.length = 20;
+  kv.capacity = 32;
+  kv.dim = 128;
+  good.keys = kv;
+  good.values = kv;
+  good.values.bits = 3;
+  good.scale = 0.1f;
+  good.mask_kind = MaskKind::kCausal;
+  const ScopedEnv on("CIDER_ATTN_PREFILL_TC", "1");
+  EXPECT_TRUE(detail::prefill_tc_eligible(good));
+  auto not_eligible = [&](auto mutate) {
+    AttentionArgs a = good;
+    mutate(a);
+    EXPECT_FALSE(detail::prefill_tc_eligible(a));
+  };
+  not_eligible([](AttentionArgs& a) { a.L = 4; });  // rep·L = 8: the decode path
+  not_eligible([](AttentionArgs& a) { a.values.bits = 4; });
+  not_eligible([](AttentionArgs& a) { a.keys.group_size = a.values.group_size = 32; });
+  not_eligible([](AttentionArgs& a) { a.keys.scale_dtype = DType::kBF16; });
+  not_eligible([](AttentionArgs& a) { a.keys.dim = a.values.dim = 64; });
+  not_eligible([](AttentionArgs& a) { a.q += 1; });
+  not_eligible([](AttentionArgs& a) { a.mask_kind = MaskKind::kBool; });
+  {
+    const ScopedEnv off("CIDER_ATTN_PREFILL_TC", "0");
+    EXPECT_FALSE(detail::prefill_tc_eligible(good));
+  }
+  Exec exec{nullptr, buf.data(), buf.bytes()};
+  auto bad = [&](auto mutate) {
+    AttentionArgs a = good;
+    mutate(a);
+    expect_error([&] { attention(a, nullptr, exec); }, "cuda.attention");
+  };
+  bad([](AttentionArgs& a) { a.mask_kind = MaskKind::kBool; });
+  bad([](AttentionArgs& a) { a.window = -1; });
+  bad([](AttentionArgs& a) { a.values.length = 19; });
+  {  // a workspace too small for forced split partials
+    AttentionArgs a = good;
+    a.kv_splits = 4;
+    a.keys.length = a.values.length = a.keys.capacity = a.values.capacity = 256;  // 4 key tiles
+    ASSERT_TRUE(detail::prefill_tc_eligible(a));
+    Exec small{nullptr, buf.data(), 16};
+    ASSERT_GT(attention_workspace_bytes(a), size_t{16});
+    expect_error([&] { attention(a, nullptr, small); }, "cuda.attention");
   }
 }
 

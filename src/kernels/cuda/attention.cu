@@ -31,6 +31,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -611,6 +612,8 @@ void launch_merge(const float* part_o, const float* part_ml, float* out, int64_t
 struct Plan {
   bool tc = false;  // the tensor-core decode path (attention_tc.cu) runs it
   detail::TcPlan tcp;
+  bool prefill_tc = false;  // the tensor-core prefill path (attention_prefill_tc.cu) runs it
+  detail::PrefillTcPlan pfp;
   int QR = 8;
   int qblocks = 1, splits = 1, tile = 128;
   int64_t chunk = 0;
@@ -716,6 +719,15 @@ Plan make_plan(const kernels::AttentionArgs& a) {
     pl.workspace = pl.splits > 1 ? partial_bytes(a, pl.splits) : 0;
     return pl;
   }
+  if (detail::prefill_tc_eligible(a)) {
+    pl.prefill_tc = true;
+    pl.pfp = detail::prefill_tc_plan(a);
+    pl.qblocks = pl.pfp.qblocks;
+    pl.splits = pl.pfp.splits;
+    pl.chunk = pl.pfp.chunk;
+    pl.workspace = pl.splits > 1 ? partial_bytes(a, pl.splits) : 0;
+    return pl;
+  }
   const int64_t Dk = a.keys.dim, Dv = a.values.dim, rep = a.Hq / a.keys.H, R = rep * a.L;
   if (is_k4v3g64(a, 128))
     pl.kernel = kK4V3G64D128;
@@ -793,7 +805,7 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   check(exec.workspace_bytes >= pl.workspace && (pl.workspace == 0 || exec.workspace != nullptr),
         ErrorCode::kInvalidArgument, op, "workspace must hold attention_workspace_bytes = ", pl.workspace,
         " bytes; got ", exec.workspace_bytes);
-  check(pl.tc || pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
+  check(pl.tc || pl.prefill_tc || pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, op,
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
 
@@ -828,6 +840,15 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
     const bool merge = detail::tc_launch(a, pl.tcp, d_length, p.part_o, p.part_ml, exec.stream);
     check_last_launch(op);
     if (merge) {
+      launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
+      check_last_launch(op);
+    }
+    return;
+  }
+  if (pl.prefill_tc) {
+    detail::prefill_tc_launch(a, pl.pfp, d_length, p.part_o, p.part_ml, exec.stream);
+    check_last_launch(op);
+    if (pl.splits > 1) {
       launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
       check_last_launch(op);
     }

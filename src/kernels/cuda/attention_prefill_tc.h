@@ -1,0 +1,32 @@
+// cider/kernels/cuda/attention_prefill_tc.h — the tensor-core PREFILL path of cuda::attention
+// (attention_prefill_tc.cu), used by attention.cu for K4V3 and K8V4 g64 caches with f16 scales, Dk = Dv = 128 or 256,
+// masks none / causal (any window), MORE than 8 query rows per KV head (rep·L > 8: the decode tensor-core path
+// attention_tc.h takes rep·L ≤ 8), 16-byte aligned q / out / codes. $CIDER_ATTN_PREFILL_TC=0 turns it off (read at
+// every call, so tests and benchmarks can compare it with the general CUDA-core kernel of attention.cu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_api.h"
+#include "kernels/kernel_table.h"
+
+namespace cider::cuda::detail {
+
+struct PrefillTcPlan {
+  int qblocks = 1;    // blocks of 64 query rows per (b, KV head)
+  int splits = 1;     // pieces of the key range (merged by attention.cu's merge kernel when > 1)
+  int64_t chunk = 0;  // keys per split (a multiple of the key tile)
+  size_t smem = 0;    // dynamic shared memory per CTA
+};
+
+// True when the prefill tensor-core path takes these (already validated) arguments.
+bool prefill_tc_eligible(const kernels::AttentionArgs& a);
+PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a);
+// Launches the kernel (through pdl::launch). splits == 1: writes out directly; otherwise every CTA writes its rows'
+// partials in attention.cu's workspace layout, [B·Hq·L, splits, Dv] (o, unnormalized) and [B·Hq·L, splits, 2]
+// (m in natural-log units, l), and the caller launches the merge.
+void prefill_tc_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& plan, const int32_t* d_length,
+                       float* part_o, float* part_ml, void* stream);
+
+}  // namespace cider::cuda::detail
