@@ -26,6 +26,7 @@
 #include "kernels/kernel_table.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
+#include "support/scoped_env.h"
 #include "support/test_support.h"
 
 namespace cider::cuda {
@@ -323,6 +324,29 @@ TEST(CudaGemv, TileGroupsOfOneTwoFourWarps) {
             }
           }
     }
+}
+
+// $CIDER_GEMV_SPLIT: the whole-block split (16) still matches the reference; a value that is not a split is an error
+// naming the op and the rule.
+TEST(CudaGemv, SplitEnvironmentSwitch) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(511);
+  {
+    const test::ScopedEnv env("CIDER_GEMV_SPLIT", "16");
+    run_case(Case{true, 1, 4129, 2112, 64, DType::kF32, DType::kF32, true}, rng);
+    run_case(Case{false, 3, 4129, 2080, 0, DType::kF32, DType::kF32, true}, rng);
+  }
+  const test::ScopedEnv env("CIDER_GEMV_SPLIT", "3");
+  DeviceBuffer x(size_t{1} << 16), w(size_t{1} << 20), s(size_t{1} << 16), out(size_t{1} << 16);
+  const kernels::IntLinearArgs a{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, out.data(),
+                                 DType::kF32, 1, 64, 256, 0};
+  try {
+    w8a8_gemv(a, Exec{});
+    ADD_FAILURE() << "CIDER_GEMV_SPLIT=3 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda.w8a8_gemv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CIDER_GEMV_SPLIT"), std::string::npos) << e.what();
+  }
 }
 
 // The launcher's validation: each bad argument is a cider::Error naming the op.
