@@ -185,3 +185,39 @@ cider::bench::BenchResult prefill(const std::string& weights, const std::string&
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512", "model") { return prefill("w8a8", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096", "model") { return prefill("w8a8", "k8v4", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n512", "model") { return prefill("bf16", "bf16", 512); }
+
+// A/B rows of this session's defaults: the GEMV's warps per tile back at the whole block ($CIDER_GEMV_SPLIT=16, the
+// round-3 kernel) and prefill attention on the CUDA cores ($CIDER_ATTN_PREFILL_TC=0). Graphs and sessions are built
+// inside decode() / prefill(), so the variable set around them decides every launch.
+namespace {
+cider::bench::BenchResult with_env(const char* name, const char* value, bool is_prefill, const std::string& weights,
+                                   const std::string& kv, int64_t n) {
+  const cider::test::ScopedEnv env(name, value);
+  cider::bench::BenchResult r = is_prefill ? prefill(weights, kv, n) : decode(weights, kv, n);
+  r.note += std::string("; ") + name + "=" + value;
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 16", "model") {
+  return with_env("CIDER_GEMV_SPLIT", "16", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:gemv split 16", "model") {
+  return with_env("CIDER_GEMV_SPLIT", "16", false, "w8a8", "k8v4", 32768);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv split 16", "model") {
+  return with_env("CIDER_GEMV_SPLIT", "16", false, "w4a8", "k4v3", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 2", "model") {
+  return with_env("CIDER_GEMV_SPLIT", "2", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 4", "model") {
+  return with_env("CIDER_GEMV_SPLIT", "4", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096", "model") { return prefill("w8a8", "k4v3", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n4096", "model") { return prefill("bf16", "bf16", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:cuda-core attention", "model") {
+  return with_env("CIDER_ATTN_PREFILL_TC", "0", true, "w8a8", "k8v4", 4096);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512 v:cuda-core attention", "model") {
+  return with_env("CIDER_ATTN_PREFILL_TC", "0", true, "w8a8", "k8v4", 512);
+}
