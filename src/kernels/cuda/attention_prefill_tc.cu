@@ -60,7 +60,7 @@ constexpr int kPfThreads = 128;
 constexpr int kPfWarps = 4;
 constexpr int kRowsPerWarp = 16;                         // the mma M
 constexpr int kRowsPerCta = kPfWarps * kRowsPerWarp;     // 64 query rows per CTA
-constexpr int kPfStages = 2;
+constexpr int kPfStages = 3;  // raw tiles in flight / in use: t (scores), t + 1 (unpack), t + 2 (copy)
 constexpr int64_t kMinSplitKeys = 512;                   // automatic splits: at least this many keys each
 
 template <int D, int KB, int VB, bool QREGS>
@@ -82,13 +82,13 @@ struct PfCfg {
   static constexpr int kVBytes = kTK * kVRowB;
   static constexpr int kSbBytes = kTK * kSbB;
   static constexpr int kStageB = kKBytes + kVBytes + 4 * kSbBytes;
-  static constexpr int kVhOff = kPfStages * kStageB;                 // unpacked values [TK][D] f16 (swizzled)
+  static constexpr int kVhOff = kPfStages * kStageB;  // unpacked values, 2 buffers of [TK][D] f16 (swizzled)
   static constexpr int kVhBytes = kTK * D * 2;
   // Query digits per warp [3][16][kQS] bytes; the row pad makes the fragment reads conflict-free (K4: 8-byte reads,
   // rows 32 bytes apart mod 128; K8: 4-byte reads, rows 16 bytes apart).
   static constexpr int kQS = D + (KB == 4 ? 32 : 16);
   static constexpr int kQWarpB = 3 * kRowsPerWarp * kQS;
-  static constexpr int kQOff = kVhOff + kVhBytes;
+  static constexpr int kQOff = kVhOff + 2 * kVhBytes;
   static constexpr int kRowOff = kQOff + kPfWarps * kQWarpB;          // E [64] int, then group sums [64][G] float
   static constexpr int kSmem = kRowOff + kRowsPerCta * 4 + kRowsPerCta * kG * 4;
   static constexpr bool kQRegs = QREGS;  // query fragments in registers (D128 only)
@@ -127,7 +127,10 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 // x·2^e rounded once, as ldexpf(x, e), for −252 ≤ e ≤ 254 (attention_tc.cu's mul_pow2).
@@ -221,7 +224,6 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 pf_smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(pf_smem4);
-  __half* vh = reinterpret_cast<__half*>(smem + C::kVhOff);
   uint8_t* qd = smem + C::kQOff + (threadIdx.x >> 5) * C::kQWarpB;
   int* row_e = reinterpret_cast<int*>(smem + C::kRowOff);          // [64]
   float* row_sum = reinterpret_cast<float*>(row_e + kRowsPerCta);  // [64][G]
@@ -255,6 +257,10 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
   // Copies of tile t into stage t % 2 (rows past c1 zero-filled: finite codes and zero scales), one commit group.
   constexpr int kKRowCh = C::kKRowB / 16, kVRowCh = C::kVRowB / 16, kSbRowW = C::kSbB / 4;
   auto issue = [&](int t) {
+    if (t >= n_tiles) {
+      cp_commit();  // an empty group keeps the group count uniform for cp_wait
+      return;
+    }
     const int64_t t0 = c0 + static_cast<int64_t>(t) * TK;
     const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
     uint8_t* st = smem + (t % kPfStages) * C::kStageB;
@@ -282,49 +288,61 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
       }
     cp_commit();
   };
-  if (n_tiles > 0) issue(0);
+  if (n_tiles > 0) {
+    issue(0);
+    issue(1);
+  }
 
   // ---- queries: warp w prepares its 16 rows (float4 per lane): max |q| and the group sums by shuffles, E, the
   // digits of Q = rint(q·2^E) as bytes in natural dim order to its shared area ----
   constexpr int kQ4 = D / 128;
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int rw = warp * kRowsPerWarp + j, r = rb0 + rw;
-    float4 qv[kQ4];
-    if (r < R) {
-      const int i = r / p.rep, hq = g * p.rep + r % p.rep;
-      const float4* src =
-          reinterpret_cast<const float4*>(p.q + ((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D);
+  constexpr int kBatch = 8;  // rows whose loads are in flight together (one latency per batch, not per row)
+#pragma unroll 1
+  for (int j0 = 0; j0 < kRowsPerWarp; j0 += kBatch) {
+    float4 qv[kBatch][kQ4];
 #pragma unroll
-      for (int u = 0; u < kQ4; ++u) qv[u] = src[lane + 32 * u];
-    } else {
+    for (int jj = 0; jj < kBatch; ++jj) {
+      const int r = rb0 + warp * kRowsPerWarp + j0 + jj;
+      if (r < R) {
+        const int i = r / p.rep, hq = g * p.rep + r % p.rep;
+        const float4* src =
+            reinterpret_cast<const float4*>(p.q + ((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D);
 #pragma unroll
-      for (int u = 0; u < kQ4; ++u) qv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    float mx = 0.0f;
+        for (int u = 0; u < kQ4; ++u) qv[jj][u] = src[lane + 32 * u];
+      } else {
 #pragma unroll
-    for (int u = 0; u < kQ4; ++u) {
-      const float4 v = qv[u];
-      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-      float gs = (v.x + v.y) + (v.z + v.w);  // lanes 0–15: group 2u, lanes 16–31: group 2u + 1
-#pragma unroll
-      for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-      if ((lane & 15) == 0) row_sum[rw * G + 2 * u + (lane >> 4)] = gs;
+        for (int u = 0; u < kQ4; ++u) qv[jj][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const int E = q_exponent(mx);
-    if (lane == 0) row_e[rw] = E;
+    for (int jj = 0; jj < kBatch; ++jj) {
+      const int j = j0 + jj, rw = warp * kRowsPerWarp + j;
+      float mx = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kQ4; ++u) {
-      const int lq = lane + 32 * u;  // dims 4lq .. 4lq + 3
-      const float x[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
-      uint32_t dg[4][3];
+      for (int u = 0; u < kQ4; ++u) {
+        const float4 v = qv[jj][u];
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        float gs = (v.x + v.y) + (v.z + v.w);  // lanes 0–15: group 2u, lanes 16–31: group 2u + 1
 #pragma unroll
-      for (int e = 0; e < 4; ++e) q_digits(static_cast<int>(rintf(mul_pow2(x[e], E))), dg[e]);
+        for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+        if ((lane & 15) == 0) row_sum[rw * G + 2 * u + (lane >> 4)] = gs;
+      }
 #pragma unroll
-      for (int d = 0; d < 3; ++d)
-        reinterpret_cast<uint32_t*>(qd + (d * kRowsPerWarp + j) * C::kQS)[lq] =
-            dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const int E = q_exponent(mx);
+      if (lane == 0) row_e[rw] = E;
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u) {
+        const int lq = lane + 32 * u;  // dims 4lq .. 4lq + 3
+        const float x[4] = {qv[jj][u].x, qv[jj][u].y, qv[jj][u].z, qv[jj][u].w};
+        uint32_t dg[4][3];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q_digits(static_cast<int>(rintf(mul_pow2(x[e], E))), dg[e]);
+#pragma unroll
+        for (int d = 0; d < 3; ++d)
+          reinterpret_cast<uint32_t*>(qd + (d * kRowsPerWarp + j) * C::kQS)[lq] =
+              dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
+      }
     }
   }
   __syncwarp();
@@ -405,11 +423,10 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
-  for (int t = 0; t < n_tiles; ++t) {
-    cp_wait_all();
-    __syncthreads();  // tile t has landed for every thread; every warp is done with tile t − 1 (its stage and vh)
-    if (t + 1 < n_tiles) issue(t + 1);
+  // Value unpack of tile t (raw stage t % 3) into f16 buffer t % 2, by the whole CTA: (key, 64-dim group) units.
+  auto unpack = [&](int t) {
     const uint8_t* st = smem + (t % kPfStages) * C::kStageB;
+    __half* vh = reinterpret_cast<__half*>(smem + C::kVhOff + (t % 2) * C::kVhBytes);
 #pragma unroll
     for (int u = tid; u < TK * G; u += kPfThreads) {
       const int ukey = u / G, upart = u % G;  // key, value group (64 dims = 8 chunks of 8 f16)
@@ -449,7 +466,24 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
         }
       }
     }
-    __syncthreads();  // the unpacked values are visible
+  };
+  // Prologue of the pipeline: tile 0 landed (tile 1 may still be in flight), unpacked into buffer 0.
+  if (n_tiles > 0) {
+    cp_wait<1>();
+    __syncthreads();
+    unpack(0);
+  }
+
+  // One CTA barrier per tile. Iteration t: tile t + 1 has landed (own copies) → barrier (every thread's copies of
+  // t + 1 and unpack of t are visible; every warp is done with tile t − 1: its raw stage (t + 2) % 3 and its f16
+  // buffer (t + 1) % 2 are free) → copy t + 2 → unpack t + 1 → scores and P·V of tile t.
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_wait<0>();
+    __syncthreads();
+    issue(t + 2);
+    if (t + 1 < n_tiles) unpack(t + 1);
+    const uint8_t* st = smem + (t % kPfStages) * C::kStageB;
+    const __half* vh = reinterpret_cast<const __half*>(smem + C::kVhOff + (t % 2) * C::kVhBytes);
 
     const int t0 = t * TK;  // relative to c0
     if (t0 >= uhi || t0 + TK <= ulo) continue;  // no row of this warp sees a key of the tile
@@ -597,7 +631,7 @@ __global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfP
       }
     }
   }
-  cp_wait_all();  // nothing is left in flight at exit
+  cp_wait<0>();  // nothing is left in flight at exit
 
   // ---- epilogue: l and the bias sums over the quad; rows gid, gid + 8; dims 8dt + 2tig, + 1 ----
 #pragma unroll
