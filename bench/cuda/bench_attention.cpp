@@ -283,7 +283,7 @@ BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t 
   r.note = kbits == 4 ? "K4V3" : "K8V4";
   r.note += " g64 f16 scales, ";
   r.note += tc_on ? "tensor-core prefill path" : "CUDA-core kernel";
-  if (qsmem && qsmem[0] == '1') r.note += ", query fragments from shared memory";
+  if (qsmem && qsmem[0] == '1') r.note += ", compact variant (q fragments in smem, 32-key tiles)";
   r.note += ", workspace ";
   r.note += std::to_string(ws_bytes);
   r.note += " B";
@@ -302,8 +302,16 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L512", "attention") {
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096", "attention") {
   return prefill_case(32, 8, 128, 4096, 0, 8, 4);
 }
-CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:q fragments from smem", "attention") {
+// The D128 compact variant ($CIDER_ATTN_PREFILL_QSMEM=1): query fragments from shared memory, 32-key tiles, K4V3
+// bounded to 168 registers for 3 CTAs per SM (the default runs 2 warps per scheduler, latency-bound).
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
   return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1");
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:compact", "attention") {
+  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, "1");
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, "1");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") {
   return prefill_case(16, 2, 256, 4096, 0, 4, 3);

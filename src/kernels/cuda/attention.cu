@@ -1,6 +1,8 @@
 // cider/kernels/cuda/attention.cu — attention over the (quantized or plain) KV cache on the GPU (cuda::attention).
 // Contract: kernels/cuda/cuda_api.h and kernels::AttentionArgs (kernel_table.h); design and floors: docs/cuda/attention.md.
 //
+// K4V3 / K8V4 g64 f16 caches with D 128/256 take the tensor-core paths instead: attention_tc.cu (decode, rep·L ≤ 8)
+// and attention_prefill_tc.cu (prefill, rep·L > 8); make_plan() decides.
 // One kernel serves decode and prefill. Work item (one CTA of 128 threads = 4 warps):
 //   (b, KV head g) × block of QR query rows × one piece ("split") of the key range.
 // The R = rep·L query rows that share KV head g are ordered r = i·rep + rr (i the query position, rr the head within

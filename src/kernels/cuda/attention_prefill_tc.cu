@@ -6,10 +6,11 @@
 // Work item: one CTA (4 warps) = (b, KV head g) × a block of 64 query rows × one split [c0, c1) of the keys. The
 // R = rep·L rows of a KV head are ordered r = i·rep + rr (position i, head g·rep + rr) as in the other kernels, so a
 // block is a run of positions and its causal / window key range is one interval. Warp w owns rows 16w .. 16w + 15
-// of the block (the mma M). The CTA walks the keys in tiles of TK (64 for D128, 32 for D256) through a 2-stage
-// cp.async buffer shared by the 4 warps; per tile the CTA first unpacks the tile's value codes once into shared memory
-// as f16 [TK][D] (exact: magic-exponent bit tricks; 16-byte chunks XOR-swizzled by key & 7 for ldmatrix), then every
-// warp whose rows see some key of the tile computes:
+// of the block (the mma M). The CTA walks the keys in tiles of TK (64 for D128, 16 for D256, 32 for the D128 compact
+// variant) through a 3-stage cp.async buffer shared by the 4 warps; the CTA unpacks each tile's value codes once into
+// shared memory as f16 [TK][D] (exact: magic-exponent bit tricks; 16-byte chunks XOR-swizzled by key & 7 for
+// ldmatrix), double-buffered, so one CTA barrier per tile suffices: iteration t copies tile t + 2, unpacks tile t + 1
+// and does the math of tile t. Every warp whose rows see some key of the tile computes:
 //
 // Scores (exact integer dot products, as attention_tc.cu): per row the query is scaled by 2^E (E from the row's
 // max |q|), rounded to an integer Q with |Q| ≤ 2^21 and written as three signed 8-bit digits Q = d2·2^16 + d1·2^8 + d0.
@@ -69,7 +70,8 @@ struct PfCfg {
   static_assert(D == 128 || D == 256, "D 128 or 256");
   static constexpr int kG = D / 64;                 // quantization groups per row
   // Keys per tile: D256 holds 128 accumulator registers per lane, so its score tile is 16 keys (32 spill).
-  static constexpr int kTK = D == 128 ? 64 : 16;
+  // D128 compact variant (!QREGS): 32-key tiles, so that it fits 168 registers (3 CTAs per SM for K4V3).
+  static constexpr int kTK = D == 128 ? (QREGS ? 64 : 32) : 16;
   static constexpr int kNT = kTK / 8;               // 8-key score n-tiles per tile
   static constexpr int kK16 = kTK / 16;             // 16-key k-steps of P·V per tile
   static constexpr int kKSteps = D / 32;            // 32-dim k-steps of the scores
@@ -218,7 +220,8 @@ __device__ __forceinline__ int key_chunk_pos(int r, int ch) {
 }
 
 template <int D, int KB, int VB, bool QREGS>
-__global__ void __launch_bounds__(kPfThreads, 2) attention_prefill_tc_kernel(PfParams p) {
+__global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 3 : 2)
+    attention_prefill_tc_kernel(PfParams p) {
   using C = PfCfg<D, KB, VB, QREGS>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -700,8 +703,10 @@ int ctas_per_sm() {
   return n;
 }
 
-// D128: the query fragments in registers (default) or rebuilt from shared memory per use
-// ($CIDER_ATTN_PREFILL_QSMEM=1, a bench variant; read at every call).
+// D128: the default (query fragments in 48 registers, 64-key tiles, 2 CTAs per SM) or the compact variant
+// ($CIDER_ATTN_PREFILL_QSMEM=1, read at every call: fragments rebuilt from shared memory per use, 32-key tiles,
+// K4V3 bounded to 168 registers = 3 CTAs per SM). The first H200 runs (docs/cuda/runs/prefill) found the default
+// latency-bound at 2 warps per scheduler; the compact variant trades instructions for occupancy — not yet measured.
 bool qregs_d128() {
   const char* e = std::getenv("CIDER_ATTN_PREFILL_QSMEM");
   return !(e && e[0] == '1');
