@@ -50,6 +50,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention_prefill_tc.h"
+#include "kernels/cuda/attention_tc_device.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -117,58 +118,7 @@ struct PfParams {
   int64_t window;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
-__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
-// x·2^e rounded once, as ldexpf(x, e), for −252 ≤ e ≤ 254 (attention_tc.cu's mul_pow2).
-__device__ __forceinline__ float mul_pow2(float x, int e) {
-  if (e > 127) {
-    x *= pow2f(127);
-    e -= 127;
-  } else if (e < -126) {
-    x *= pow2f(e + 126);
-    e = -126;
-  }
-  return x * pow2f(e);
-}
-// E with max|q|·2^E < 2^21, 0 for mx = 0 (attention_tc.cu's q_exponent).
-__device__ __forceinline__ int q_exponent(float mx) {
-  if (!(mx > 0.0f)) return 0;
-  const uint32_t u = __float_as_uint(mx);
-  const int ef = static_cast<int>(u >> 23);
-  const int k = ef != 0 ? ef - 126 : -117 - __clz(static_cast<int>(u));
-  return 21 - k;
-}
-// Q = d2·2^16 + d1·2^8 + d0, signed 8-bit digits (|Q| ≤ 2^21), each as a byte.
-__device__ __forceinline__ void q_digits(int Q, uint32_t (&dig)[3]) {
-  const int d0 = ((Q + 128) & 255) - 128;
-  const int q1 = (Q - d0) >> 8;
-  const int d1 = ((q1 + 128) & 255) - 128;
-  const int d2 = (q1 - d1) >> 8;
-  dig[0] = static_cast<uint32_t>(d0) & 255u;
-  dig[1] = static_cast<uint32_t>(d1) & 255u;
-  dig[2] = static_cast<uint32_t>(d2) & 255u;
-}
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 // D (16×8 s32) += A (16×32 s8: query digits) · B (32×8 u8: key codes).
 __device__ __forceinline__ void mma_s8u8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -176,26 +126,10 @@ __device__ __forceinline__ void mma_s8u8(int (&c)[4], const uint32_t (&a)[4], ui
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
-}
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, 4);
-  return h;
 }
 // Two codes c_lo | c_hi << 16 (each < 1024) as an exact f16 pair: (1024 + c) − 1024.
 __device__ __forceinline__ uint32_t codes_to_h2(uint32_t two_codes) {
@@ -209,15 +143,6 @@ __device__ __forceinline__ void split_hi_lo(float w0, float w1, uint32_t& hi, ui
   lo = h2_bits(__floats2half2_rn(w0 - f.x, w1 - f.y));
 }
 
-// Swizzled position of 16-byte chunk `ch` of key row r in a tile (attention_tc.cu's key_chunk_pos: the 8 rows gid of
-// one fragment read hit 8 different chunk columns of the banks).
-template <int D, int KB>
-__device__ __forceinline__ int key_chunk_pos(int r, int ch) {
-  if constexpr (KB == 4 && D == 128)
-    return ch ^ ((r >> 1) & 3);
-  else
-    return ch ^ (r & 7);
-}
 
 template <int D, int KB, int VB, bool QREGS>
 __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 3 : 2)

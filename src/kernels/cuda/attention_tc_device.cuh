@@ -1,0 +1,100 @@
+// cider/kernels/cuda/attention_tc_device.cuh — device helpers shared by the tensor-core attention kernels
+// (attention_tc.cu: decode, attention_prefill_tc.cu: prefill): cp.async with zero-fill, the exact power-of-two
+// arithmetic and signed 8-bit digits of the integer query form, ex2, the f16 mma, f16x2 bit casts and the key-tile
+// swizzle. All inline; the kernels' designs are in their files' top comments and docs/cuda/attention.md.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace cider::cuda::detail {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 2^e as a float, −126 ≤ e ≤ 127 (normal): the exponent field directly.
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
+// x·2^e with the result of ldexpf(x, e) for −252 ≤ e ≤ 254: the multiplications by powers of two that cannot round
+// come first (x·2^127 when e > 127; x·2^(e+126) when e < −126, exact for the normal x used here), the one that may
+// round (an underflow into the subnormals) last, so the result is rounded once, as ldexpf's.
+__device__ __forceinline__ float mul_pow2(float x, int e) {
+  if (e > 127) {
+    x *= pow2f(127);
+    e -= 127;
+  } else if (e < -126) {
+    x *= pow2f(e + 126);
+    e = -126;
+  }
+  return x * pow2f(e);
+}
+// E with max|q|·2^E < 2^21 (frexpf(mx) = f·2^k, f ∈ [0.5, 1): E = 21 − k), 0 for mx = 0. The exponent field gives
+// k for normal mx; a subnormal mx = m·2^-149 (m < 2^23) has k = 32 − clz(m) − 149.
+__device__ __forceinline__ int q_exponent(float mx) {
+  if (!(mx > 0.0f)) return 0;
+  const uint32_t u = __float_as_uint(mx);
+  const int ef = static_cast<int>(u >> 23);
+  const int k = ef != 0 ? ef - 126 : -117 - __clz(static_cast<int>(u));
+  return 21 - k;
+}
+// Q = d2·2^16 + d1·2^8 + d0 with signed 8-bit digits (|Q| ≤ 2^21): digit `which` as a byte.
+__device__ __forceinline__ void q_digits(int Q, uint32_t (&dig)[3]) {
+  const int d0 = ((Q + 128) & 255) - 128;
+  const int q1 = (Q - d0) >> 8;
+  const int d1 = ((q1 + 128) & 255) - 128;
+  const int d2 = (q1 - d1) >> 8;
+  dig[0] = static_cast<uint32_t>(d0) & 255u;
+  dig[1] = static_cast<uint32_t>(d1) & 255u;
+  dig[2] = static_cast<uint32_t>(d2) & 255u;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+// Swizzled position of 16-byte chunk `ch` of key row r in a tile (conflict-free 4-byte reads by the mma lanes: the
+// 8 rows gid = 0..7 of one read hit 8 different chunk columns of the 32 banks).
+template <int D, int KB>
+__device__ __forceinline__ int key_chunk_pos(int r, int ch) {
+  if constexpr (KB == 4 && D == 128)
+    return ch ^ ((r >> 1) & 3);  // 64-byte rows: rows r, r+2 share a 128-byte bank line
+  else
+    return ch ^ (r & 7);         // K4 D256 (128 B), K8 D128 (128 B), K8 D256 (256 B): 8 rows, 8 chunk columns
+}
+
+}  // namespace cider::cuda::detail
