@@ -757,16 +757,15 @@ TEST(CudaAttention, TensorCorePrefillPathCompactVariant) {
   }
 }
 
-// Eligibility of the prefill path and the launcher's checks on a prefill-shaped call.
-TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
-  CIDER_REQUIRE_GPU();
-  DeviceBuffer buf(1 << 20);
-  AttentionArgs good{};
-  good.q = buf.as<float>();
-  good.out = buf.as<float>() + 65536;
-  good.B = 1;
-  good.Hq = 4;
-  good.L = 16;
+// Arguments the launcher accepts, for the argument-error tests to break one at a time: B1 Hq4 Hkv2 D128, K4V4 g64
+// with f16 scales (every pointer into buf; nothing is read before validation), causal.
+AttentionArgs well_formed_args(DeviceBuffer& buf, int64_t out_offset, int64_t L, int64_t length, int64_t capacity) {
+  AttentionArgs a{};
+  a.q = buf.as<float>();
+  a.out = buf.as<float>() + out_offset;
+  a.B = 1;
+  a.Hq = 4;
+  a.L = L;
   KVTensorView kv{};
   kv.data = buf.data();
   kv.scales = buf.data();
@@ -777,14 +776,22 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
   kv.group_size = 64;
   kv.B = 1;
   kv.H = 2;
-  kv.length = 20;
-  kv.capacity = 32;
+  kv.length = length;
+  kv.capacity = capacity;
   kv.dim = 128;
-  good.keys = kv;
-  good.values = kv;
+  a.keys = kv;
+  a.values = kv;
+  a.scale = 0.1f;
+  a.mask_kind = MaskKind::kCausal;
+  return a;
+}
+
+// Eligibility of the prefill path and the launcher's checks on a prefill-shaped call.
+TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 20);
+  AttentionArgs good = well_formed_args(buf, /*out_offset=*/65536, /*L=*/16, /*length=*/20, /*capacity=*/32);
   good.values.bits = 3;
-  good.scale = 0.1f;
-  good.mask_kind = MaskKind::kCausal;
   const ScopedEnv on("CIDER_ATTN_PREFILL_TC", "1");
   EXPECT_TRUE(detail::prefill_tc_eligible(good));
   auto not_eligible = [&](auto mutate) {
@@ -826,29 +833,7 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
 TEST(CudaAttention, RejectsBadArguments) {
   CIDER_REQUIRE_GPU();
   DeviceBuffer buf(1 << 20);
-  AttentionArgs good{};
-  good.q = buf.as<float>();
-  good.out = buf.as<float>();
-  good.B = 1;
-  good.Hq = 4;
-  good.L = 1;
-  KVTensorView kv{};
-  kv.data = buf.data();
-  kv.scales = buf.data();
-  kv.biases = buf.data();
-  kv.dtype = DType::kU32;
-  kv.scale_dtype = DType::kF16;
-  kv.bits = 4;
-  kv.group_size = 64;
-  kv.B = 1;
-  kv.H = 2;
-  kv.length = 10;
-  kv.capacity = 16;
-  kv.dim = 128;
-  good.keys = kv;
-  good.values = kv;
-  good.scale = 0.1f;
-  good.mask_kind = MaskKind::kCausal;
+  AttentionArgs good = well_formed_args(buf, /*out_offset=*/0, /*L=*/1, /*length=*/10, /*capacity=*/16);
   Exec exec{nullptr, buf.data(), buf.bytes()};
   auto bad = [&](auto mutate) {
     AttentionArgs a = good;

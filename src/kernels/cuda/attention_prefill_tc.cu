@@ -50,6 +50,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention_prefill_tc.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/attention_tc_device.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -703,31 +704,8 @@ PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a) {
 void prefill_tc_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl, const int32_t* d_length,
                        float* part_o, float* part_ml, void* stream) {
   PfParams p{};
-  p.q = a.q;
-  p.out = a.out;
-  p.part_o = part_o;
-  p.part_ml = part_ml;
-  p.kc = static_cast<const uint8_t*>(a.keys.data);
-  p.vc = static_cast<const uint8_t*>(a.values.data);
-  p.ks = static_cast<const uint8_t*>(a.keys.scales);
-  p.kb = static_cast<const uint8_t*>(a.keys.biases);
-  p.vs = static_cast<const uint8_t*>(a.values.scales);
-  p.vb = static_cast<const uint8_t*>(a.values.biases);
-  p.Hq = static_cast<int>(a.Hq);
-  p.Hkv = static_cast<int>(a.keys.H);
-  p.L = static_cast<int>(a.L);
-  p.rep = static_cast<int>(a.Hq / a.keys.H);
-  p.R = p.rep * p.L;
+  fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.qblocks = pl.qblocks;
-  p.splits = pl.splits;
-  p.chunk = pl.chunk;
-  p.kL_bound = a.keys.length;
-  p.cap_k = a.keys.capacity;
-  p.cap_v = a.values.capacity;
-  p.d_length = d_length;
-  p.scale_log2 = a.scale * 1.4426950408889634f;
-  p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
-  p.window = a.window;
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, "cuda.attention",
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
   const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), static_cast<unsigned>(a.B * a.keys.H));

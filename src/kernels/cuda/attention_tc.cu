@@ -943,30 +943,7 @@ cudaError_t launch_config(dim3 grid, const TcParams& p, cudaStream_t s) {
 bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream) {
   TcParams p{};
-  p.q = a.q;
-  p.out = a.out;
-  p.part_o = part_o;
-  p.part_ml = part_ml;
-  p.kc = static_cast<const uint8_t*>(a.keys.data);
-  p.vc = static_cast<const uint8_t*>(a.values.data);
-  p.ks = static_cast<const uint8_t*>(a.keys.scales);
-  p.kb = static_cast<const uint8_t*>(a.keys.biases);
-  p.vs = static_cast<const uint8_t*>(a.values.scales);
-  p.vb = static_cast<const uint8_t*>(a.values.biases);
-  p.Hq = static_cast<int>(a.Hq);
-  p.Hkv = static_cast<int>(a.keys.H);
-  p.L = static_cast<int>(a.L);
-  p.rep = static_cast<int>(a.Hq / a.keys.H);
-  p.R = p.rep * p.L;
-  p.splits = pl.splits;
-  p.chunk = pl.chunk;
-  p.kL_bound = a.keys.length;
-  p.cap_k = a.keys.capacity;
-  p.cap_v = a.values.capacity;
-  p.d_length = d_length;
-  p.scale_log2 = a.scale * 1.4426950408889634f;
-  p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
-  p.window = a.window;
+  fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.counters = pl.fold ? counter_slab(stream) : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);

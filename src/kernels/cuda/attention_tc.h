@@ -30,4 +30,35 @@ TcPlan tc_plan(const kernels::AttentionArgs& a);
 bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream);
 
+// The fields every tensor-core attention kernel's parameter block shares (attention_tc.cu's TcParams,
+// attention_prefill_tc.cu's PfParams): pointers into the cache, head counts, the split, bounds and the mask.
+template <typename Params>
+void fill_tc_params(Params& p, const kernels::AttentionArgs& a, const int32_t* d_length, float* part_o, float* part_ml,
+                    int splits, int64_t chunk) {
+  p.q = a.q;
+  p.out = a.out;
+  p.part_o = part_o;
+  p.part_ml = part_ml;
+  p.kc = static_cast<const uint8_t*>(a.keys.data);
+  p.vc = static_cast<const uint8_t*>(a.values.data);
+  p.ks = static_cast<const uint8_t*>(a.keys.scales);
+  p.kb = static_cast<const uint8_t*>(a.keys.biases);
+  p.vs = static_cast<const uint8_t*>(a.values.scales);
+  p.vb = static_cast<const uint8_t*>(a.values.biases);
+  p.Hq = static_cast<int>(a.Hq);
+  p.Hkv = static_cast<int>(a.keys.H);
+  p.L = static_cast<int>(a.L);
+  p.rep = static_cast<int>(a.Hq / a.keys.H);
+  p.R = p.rep * p.L;
+  p.splits = splits;
+  p.chunk = chunk;
+  p.kL_bound = a.keys.length;
+  p.cap_k = a.keys.capacity;
+  p.cap_v = a.values.capacity;
+  p.d_length = d_length;
+  p.scale_log2 = a.scale * 1.4426950408889634f;  // · log2(e): the kernels' softmax is in base 2
+  p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
+  p.window = a.window;
+}
+
 }  // namespace cider::cuda::detail
