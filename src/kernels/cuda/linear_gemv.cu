@@ -20,7 +20,8 @@
 //     64/32); the k order inside an mma is free as long as A and B agree, so thread (g, tig) owns the contiguous
 //     k-range [chunk + tig·span/4, +span/4) of rows g and g + 8 and reads the same k-range of xq row m = g.
 //   * W4: nibbles unpacked to int8 words in registers ((w & 0x0F0F0F0F) → even elements, (w >> 4) & … → odd),
-//     code − 8 bytewise; shared memory holds xq with each 8-value unit stored as [evens | odds] to match.
+//     code − 8 bytewise (per group); per channel the codes enter the mma unsigned (mma .u8.s8) and 8·Σ_k xq is
+//     subtracted once per output; shared memory holds xq with each 8-value unit stored as [evens | odds] to match.
 //   * Epilogue: warp partials through shared memory, summed in warp order, scale/bias, one store per output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -128,6 +129,15 @@ __device__ __forceinline__ void load_shared_words(const int8_t* p, uint32_t* w) 
 __device__ __forceinline__ void mma_s8(int32_t* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// D += A · B with A unsigned: the W4 per-channel kernel's nibble codes 0..15 as stored (no − 8 per byte).
+__device__ __forceinline__ void mma_u8s8(int32_t* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -305,6 +315,32 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
   __syncthreads();
 }
 
+// Σ_k xq[m][k] for the rows m < M (exact in int32: |Σ| ≤ 127·K), from the codes in shared memory (any k order).
+// The W4 per-channel kernel multiplies the nibble codes c as stored and subtracts 8·Σ x once per output:
+// Σ (c − 8)·x = Σ c·x − 8·Σ x, both exact (|Σ c·x| ≤ 15·127·K < 2^31 for every K that fits shared memory).
+// partial: [kMaxRows][kWarps] scratch. Whole block; two barriers.
+template <int kWarps>
+__device__ void sum_xq_rows(const GemvParams& p, const int8_t* xq, int32_t (*partial)[kWarps], int32_t* xsum) {
+  constexpr int kThreads = kWarps * 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int words = p.K / 4;
+  for (int m = 0; m < p.M; ++m) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(xq + m * p.xq_stride);
+    int sum = 0;
+    for (int i = static_cast<int>(threadIdx.x); i < words; i += kThreads)
+      sum = __dp4a(static_cast<int>(row[i]), 0x01010101, sum);  // Σ of 4 signed bytes
+    sum = __reduce_add_sync(0xffffffffu, sum);
+    if (lane == 0) partial[m][warp] = sum;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < p.M) {
+    int sum = 0;
+    for (int w = 0; w < kWarps; ++w) sum += partial[threadIdx.x][w];
+    xsum[threadIdx.x] = sum;
+  }
+  __syncthreads();
+}
+
 // One persistent block streams the tiles blockIdx.x, blockIdx.x + gridDim.x, … Each warp walks its chunks of those
 // tiles as one flat sequence of steps (max_chunks steps per tile, the same count in every warp) through a ring of
 // kRing register slots: step s is consumed kRing steps after its load was issued, and the slot is refilled at once
@@ -340,6 +376,9 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   extern __shared__ __align__(16) int8_t xq[];  // [M][xq_stride], then the cp.async ring (kAsync)
   __shared__ float sx[kMaxRows];
   __shared__ uint32_t amax_partial[kMaxRows][kWarps];
+  // W4 per channel: nibble codes enter the mma unsigned; Σ_k xq[m][k] per row corrects the sums (sum_xq_rows).
+  constexpr bool kUnsignedNibbles = kInt4 && !kPerGroup;
+  __shared__ int32_t xsum[kUnsignedNibbles ? kMaxRows : 1];
   // Warp partial results, double-buffered by tile parity (one barrier per tile):
   // [parity][warp][column block][fragment element][lane] (int32 per channel, float32 bits per group).
   __shared__ uint32_t partial[2][kWarps][kColBlocks][4][32];
@@ -457,6 +496,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   } else {
     quantize_x_to_shared<kInt4, kWarps>(p, xq, sx, amax_partial);
   }
+  if constexpr (kUnsignedNibbles) sum_xq_rows<kWarps>(p, xq, reinterpret_cast<int32_t(*)[kWarps]>(amax_partial), xsum);
 
   for (int s0 = 0; s0 < total_steps; s0 += C::kRing) {
 #pragma unroll
@@ -492,7 +532,12 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
           uint32_t a_lo[2 * C::kSteps], a_hi[2 * C::kSteps];
 #pragma unroll
           for (int i = 0; i < C::kLoadWords; ++i) {
-            if constexpr (kInt4) {
+            if constexpr (kUnsignedNibbles) {  // the codes as stored: 3 ops per word instead of 7
+              a_lo[2 * i] = slot_w[0][i] & 0x0f0f0f0fu;
+              a_lo[2 * i + 1] = (slot_w[0][i] >> 4) & 0x0f0f0f0fu;
+              a_hi[2 * i] = slot_w[1][i] & 0x0f0f0f0fu;
+              a_hi[2 * i + 1] = (slot_w[1][i] >> 4) & 0x0f0f0f0fu;
+            } else if constexpr (kInt4) {
               a_lo[2 * i] = nibbles_to_s8(slot_w[0][i] & 0x0f0f0f0fu);
               a_lo[2 * i + 1] = nibbles_to_s8((slot_w[0][i] >> 4) & 0x0f0f0f0fu);
               a_hi[2 * i] = nibbles_to_s8(slot_w[1][i] & 0x0f0f0f0fu);
@@ -513,8 +558,12 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               for (int i = 0; i < C::kXqWords; ++i) xw[i] = 0;
             }
 #pragma unroll
-            for (int s = 0; s < C::kSteps; ++s)
-              mma_s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+            for (int s = 0; s < C::kSteps; ++s) {
+              if constexpr (kUnsignedNibbles)
+                mma_u8s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+              else
+                mma_s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+            }
           }
           if constexpr (kPerGroup) {
             if ((q & (chunks_per_unit - 1)) == chunks_per_unit - 1) {  // my group ends: fold it as the reference does
@@ -568,6 +617,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
                 int32_t a = 0;
 #pragma unroll
                 for (int w = 0; w < kSplit; ++w) a += static_cast<int32_t>(partial[parity][w0 + w][cb][e][src_lane]);
+                if constexpr (kUnsignedNibbles) a -= 8 * xsum[m];  // Σ (c − 8)·x, exactly the reference's sum
                 const float scale = p.prefetch_epilogue ? ep_scale[j] : p.w_scales[n];
                 y = __fmul_rn(sx[m], __fmul_rn(scale, __int2float_rn(a)));
               }
