@@ -327,6 +327,17 @@ Stream& attention_stream() {
 }
 
 
+// The `guard` floats before and after the n outputs in got (poisoned with 0xFF bytes before the launch) untouched.
+void expect_guards_untouched(const std::vector<float>& got, size_t n, size_t guard) {
+  for (size_t i = 0; i < guard; ++i) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, &got[i], 4);
+    std::memcpy(&hi, &got[guard + n + i], 4);
+    ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
+    ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
+  }
+}
+
 struct AttnCase {
   int64_t D, rep, kL, L;
   MaskKind mask;
@@ -407,13 +418,7 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
     stream.synchronize();
     std::vector<float> got(out_n + 2 * guard);
     d_out.download(got.data(), got.size() * sizeof(float));
-    for (size_t i = 0; i < guard; ++i) {
-      uint32_t lo, hi;
-      std::memcpy(&lo, &got[i], 4);
-      std::memcpy(&hi, &got[guard + out_n + i], 4);
-      ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
-      ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
     // Float32 accumulation over kL keys (scores and value sums): ≈ 1e-5 relative × sqrt(kL) of the value scale.
     const double tol = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
     EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
@@ -599,13 +604,7 @@ void run_repeated_case(int64_t D, int64_t rep, int kbits, int vbits, int kv_spli
     kernels::ref_kernels().attention(ref);
     std::vector<float> got(q_n + 2 * guard);
     d_out.download(got.data(), got.size() * sizeof(float));
-    for (size_t i = 0; i < guard; ++i) {
-      uint32_t lo, hi;
-      std::memcpy(&lo, &got[i], 4);
-      std::memcpy(&hi, &got[guard + q_n + i], 4);
-      ASSERT_EQ(lo, 0xFFFFFFFFu) << "guard before out written at " << i;
-      ASSERT_EQ(hi, 0xFFFFFFFFu) << "guard after out written at " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, q_n, guard));
     const double tol = 1e-5 * std::sqrt(static_cast<double>(lens[k]) + 1.0) * (V.vmax + 1.0);
     EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), q_n, tol, 1e-5));
   };

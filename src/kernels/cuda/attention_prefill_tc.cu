@@ -231,17 +231,7 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
     float4 qv[kBatch][kQ4];
 #pragma unroll
     for (int jj = 0; jj < kBatch; ++jj) {
-      const int r = rb0 + warp * kRowsPerWarp + j0 + jj;
-      if (r < R) {
-        const int i = r / p.rep, hq = g * p.rep + r % p.rep;
-        const float4* src =
-            reinterpret_cast<const float4*>(p.q + ((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D);
-#pragma unroll
-        for (int u = 0; u < kQ4; ++u) qv[jj][u] = src[lane + 32 * u];
-      } else {
-#pragma unroll
-        for (int u = 0; u < kQ4; ++u) qv[jj][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, rb0 + warp * kRowsPerWarp + j0 + jj, R, lane, qv[jj]);
     }
 #pragma unroll
     for (int jj = 0; jj < kBatch; ++jj) {

@@ -345,17 +345,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   float4 qv[2][kQ4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = warp + kTcWarps * h;
-    if (r < R) {
-      const int i = r / p.rep, hq = g * p.rep + r % p.rep;
-      const float4* src =
-          reinterpret_cast<const float4*>(p.q + ((static_cast<int64_t>(b) * p.Hq + hq) * p.L + i) * D);
-#pragma unroll
-      for (int u = 0; u < kQ4; ++u) qv[h][u] = src[lane + 32 * u];
-    } else {
-#pragma unroll
-      for (int u = 0; u < kQ4; ++u) qv[h][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, warp + kTcWarps * h, R, lane, qv[h]);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

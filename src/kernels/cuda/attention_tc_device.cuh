@@ -97,4 +97,20 @@ __device__ __forceinline__ int key_chunk_pos(int r, int ch) {
     return ch ^ (r & 7);         // K4 D256 (128 B), K8 D128 (128 B), K8 D256 (256 B): 8 rows, 8 chunk columns
 }
 
+// Query row r of KV head g (position r / rep, head g·rep + r % rep) of q [B, Hq, L, D] as D/128 float4 per lane
+// (elements 4·(lane + 32u) …), zeros for r ≥ R.
+template <int D>
+__device__ __forceinline__ void load_q_row(const float* q, int b, int g, int Hq, int L, int rep, int r, int R, int lane,
+                                           float4 (&v)[D / 128]) {
+  if (r < R) {
+    const int i = r / rep, hq = g * rep + r % rep;
+    const float4* src = reinterpret_cast<const float4*>(q + ((static_cast<int64_t>(b) * Hq + hq) * L + i) * D);
+#pragma unroll
+    for (int u = 0; u < D / 128; ++u) v[u] = src[lane + 32 * u];
+  } else {
+#pragma unroll
+    for (int u = 0; u < D / 128; ++u) v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 }  // namespace cider::cuda::detail
