@@ -16,6 +16,7 @@
 
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
+void set_gemv_kernel(int kernel);  // 0 automatic, 1 the tile kernel, 2 the row kernel (M = 1)
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -30,6 +31,7 @@ struct Variant {
   int ring = 0;      // 1: the register ring (plain loads), else the cp.async ring
   int prefetch = 0;  // 2: the epilogue's scale/bias loaded after the barrier (the default prefetches them)
   int split = 0;     // warps per tile (16-warp blocks, cp.async ring): 1, 2, 4 or 16
+  int kernel = 0;    // 1: the tile kernel for M = 1 (the default there is the row kernel)
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -39,6 +41,7 @@ struct Variant {
     if (ring == 1) s += " register ring";
     if (prefetch == 2) s += " no epilogue prefetch";
     if (split) s += " warps/tile " + std::to_string(split);
+    if (kernel == 1) s += " tile kernel";
     return s;
   }
 };
@@ -98,9 +101,11 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
   };
   cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring,
                                     variant.prefetch, variant.split);
+  cuda::gemv_bench::set_gemv_kernel(variant.kernel);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
   cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
+  cuda::gemv_bench::set_gemv_kernel(0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
@@ -157,6 +162,16 @@ CIDER_CUDA_BENCH("w8a8 gemv M1 K8192 N28672", "linear") {
 }
 CIDER_CUDA_BENCH("w4a8 gemv M1 K8192 N28672", "linear") {
   return bench_int_gemv(true, 1, 8192, 28672, 0, "bf16 GEMV K8192 N28672");
+}
+// The model's other decode shapes: the down projection (K14336 N4096) and W4A8 with the engine's g64 scales.
+CIDER_CUDA_BENCH("w8a8 gemv M1 K14336 N4096", "linear") {
+  return bench_int_gemv(false, 1, 14336, 4096, 0, "bf16 GEMV K14336 N4096");
+}
+CIDER_CUDA_BENCH("w4a8 gemv g64 M1 K4096 N14336", "linear") {
+  return bench_int_gemv(true, 1, 4096, 14336, 64, "bf16 GEMV K4096 N14336");
+}
+CIDER_CUDA_BENCH("w4a8 gemv g64 M1 K14336 N4096", "linear") {
+  return bench_int_gemv(true, 1, 14336, 4096, 64, "bf16 GEMV K14336 N4096");
 }
 // A decode batch of 16 tokens: the weights are streamed once for all 16 rows.
 CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336", "linear") {
@@ -309,4 +324,32 @@ CIDER_GEMV_SPLIT_CASE("w4a8 gemv M16 K4096 N14336", true, 16, 4096, 14336, 0, "i
 CIDER_GEMV_SPLIT_CASE("w8a8 gemv M4 K4096 N14336", false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 1)
 CIDER_GEMV_SPLIT_CASE("w8a8 gemv M4 K4096 N14336", false, 4, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336", 4)
 #undef CIDER_GEMV_SPLIT_CASE
+}  // namespace cider::bench
+
+// ---- the tile kernel at M = 1 (the default there is the row kernel, linear_gemv_rows.cu): the A/B of round 6 ------
+namespace cider::bench {
+#define CIDER_GEMV_TILE_CASE(name, int4, K, N, gs, peer)                                               \
+  CIDER_CUDA_BENCH(name " v:tile kernel", "linear") {                                                 \
+    Variant v;                                                                                          \
+    v.kernel = 1;                                                                                       \
+    return bench_int_gemv(int4, 1, K, N, gs, peer, v);                                                  \
+  }
+CIDER_GEMV_TILE_CASE("w8a8 gemv M1 K4096 N14336", false, 4096, 14336, 0, "bf16 GEMV K4096 N14336")
+CIDER_GEMV_TILE_CASE("w4a8 gemv M1 K4096 N14336", true, 4096, 14336, 0, "bf16 GEMV K4096 N14336")
+CIDER_GEMV_TILE_CASE("w8a8 gemv g128 M1 K4096 N14336", false, 4096, 14336, 128, "bf16 GEMV K4096 N14336")
+CIDER_GEMV_TILE_CASE("w4a8 gemv g64 M1 K4096 N14336", true, 4096, 14336, 64, "bf16 GEMV K4096 N14336")
+CIDER_GEMV_TILE_CASE("w8a8 gemv M1 K4096 N4096", false, 4096, 4096, 0, "bf16 GEMV K4096 N4096")
+CIDER_GEMV_TILE_CASE("w8a8 gemv M1 K14336 N4096", false, 14336, 4096, 0, "bf16 GEMV K14336 N4096")
+CIDER_GEMV_TILE_CASE("w4a8 gemv g64 M1 K14336 N4096", true, 14336, 4096, 64, "bf16 GEMV K14336 N4096")
+CIDER_GEMV_TILE_CASE("w8a8 gemv M1 K8192 N28672", false, 8192, 28672, 0, "bf16 GEMV K8192 N28672")
+#undef CIDER_GEMV_TILE_CASE
+}  // namespace cider::bench
+// The fused q/k/v (K4096 N6144) and gate/up (K4096 N28672) projections of the model's decode step.
+namespace cider::bench {
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N6144", "linear") {
+  return bench_int_gemv(false, 1, 4096, 6144, 0, "bf16 GEMV K4096 N6144");
+}
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N28672", "linear") {
+  return bench_int_gemv(false, 1, 4096, 28672, 0, "bf16 GEMV K4096 N28672");
+}
 }  // namespace cider::bench

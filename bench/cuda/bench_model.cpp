@@ -213,6 +213,12 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 2", "model
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 4", "model") {
   return with_env("CIDER_GEMV_SPLIT", "4", false, "w8a8", "k8v4", 1024);
 }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv tile", "model") {
+  return with_env("CIDER_GEMV_KERNEL", "tile", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv tile", "model") {
+  return with_env("CIDER_GEMV_KERNEL", "tile", false, "w4a8", "k4v3", 1024);
+}
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096", "model") { return prefill("w8a8", "k4v3", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n4096", "model") { return prefill("bf16", "bf16", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:cuda-core attention", "model") {

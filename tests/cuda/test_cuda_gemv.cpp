@@ -33,12 +33,22 @@ namespace cider::cuda {
 namespace gemv_bench {
 // linear_gemv.cu (tests and benchmarks only)
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
+void set_gemv_kernel(int kernel);  // 0 automatic, 1 tile, 2 rows (M = 1)
+int last_gemv_kernel();            // the kernel of the latest launch
 }
 namespace {
 
 // Launch knobs (warps per block, blocks per SM, ring 1 = registers, epilogue prefetch 1 = on, warps per tile;
-// 0 = automatic) for the scope of one test.
-int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0, g_split = 0;
+// 0 = automatic) for the scope of one test. g_kernel: 1 the tile kernel, 2 the row kernel; 0 (automatic): an M = 1
+// case without tile knobs runs through both kernels (the automatic choice, the row kernel, and the tile kernel).
+int g_warps = 0, g_blocks_per_sm = 0, g_ring = 0, g_prefetch = 0, g_split = 0, g_kernel = 0;
+struct KernelScope {
+  explicit KernelScope(int kernel) { g_kernel = kernel; }
+  ~KernelScope() { g_kernel = 0; }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+};
+constexpr int kTileKernel = 1, kRowKernel = 2;
 struct TuningScope {
   TuningScope(int warps, int blocks_per_sm, int ring, int prefetch, int split = 0) {
     g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch, g_split = split;
@@ -122,7 +132,14 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   dev.bias = c.bias ? d_bias.as<float>() : nullptr;
   dev.out = static_cast<uint8_t*>(d_out.data()) + kGuard;
   std::vector<std::vector<float>> gots;
+  std::vector<std::string> labels;
+  const bool tile_knobs = g_warps || g_blocks_per_sm || g_ring || g_prefetch || g_split;
+  std::vector<int> kernels = {g_kernel};
+  if (M == 1 && g_kernel == 0 && !tile_knobs) kernels = {0, kTileKernel};
+  for (const int kernel : kernels)
   for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
+    const std::string label = std::string(use_workspace ? "workspace" : "fused") +
+                              (kernel == kTileKernel ? ", tile kernel" : kernel == kRowKernel ? ", row kernel" : "");
     d_out.fill(0xFF);
     d_ws.fill(0xFF);
     Exec exec{};
@@ -132,18 +149,24 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     }
     // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
     gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch, g_split);
+    gemv_bench::set_gemv_kernel(kernel);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
     gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
+    gemv_bench::set_gemv_kernel(0);
+    // Which kernel ran: the row kernel serves M = 1 (K ≤ 65536) unless the tile kernel or its knobs were asked for.
+    const int want_kernel = (M == 1 && K <= 65536 && kernel != kTileKernel && (kernel == kRowKernel || !tile_knobs))
+                                ? kRowKernel : kTileKernel;
+    EXPECT_EQ(gemv_bench::last_gemv_kernel(), want_kernel) << label;
     device_synchronize("test_cuda_gemv");
     std::vector<uint8_t> got_all(d_out.bytes());
     d_out.download(got_all.data(), got_all.size());
     for (size_t i = 0; i < kGuard; ++i) {
-      ASSERT_EQ(got_all[i], 0xFF) << "write before the output at byte " << i << (use_workspace ? " (workspace)" : "");
-      ASSERT_EQ(got_all[kGuard + out_bytes + i], 0xFF)
-          << "write past the output at byte " << i << (use_workspace ? " (workspace)" : "");
+      ASSERT_EQ(got_all[i], 0xFF) << "write before the output at byte " << i << " (" << label << ")";
+      ASSERT_EQ(got_all[kGuard + out_bytes + i], 0xFF) << "write past the output at byte " << i << " (" << label << ")";
     }
     gots.push_back(test::from_dtype_bytes(got_all.data() + kGuard, c.out_dtype, static_cast<size_t>(M * N)));
+    labels.push_back(label);
   }
   const std::vector<float> want = test::from_dtype_bytes(want_bytes.data(), c.out_dtype, static_cast<size_t>(M * N));
 
@@ -178,7 +201,7 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
         if (std::isnan(got[i]) || !(diff <= tol)) {
           if (++failures <= 5)
             ADD_FAILURE() << "[" << m << ", " << n << "] got " << got[i] << ", want " << want[i] << " (diff " << diff
-                          << " > tol " << tol << ")" << (variant ? " (workspace)" : " (fused)");
+                          << " > tol " << tol << ") (" << labels[variant] << ")";
         }
       }
     }
@@ -324,6 +347,70 @@ TEST(CudaGemv, TileGroupsOfOneTwoFourWarps) {
             }
           }
     }
+}
+
+// The row kernel (M = 1, linear_gemv_rows.cu) over K with tails around its batch (8 chunk steps per lane: W8 4096 k,
+// W4 8192 k per row and batch) and its two-rows-per-task switch (W8 K ≤ 2048, W4 K ≤ 4096), N from 1 to more rows
+// than blocks, every scale mode (all group sizes at K 2048 and 8192), up to its K limit 65536.
+TEST(CudaGemv, RowKernelShapesAndGroups) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(512);
+  const KernelScope scope(kRowKernel);
+  int i = 0;
+  for (bool int4 : {false, true})
+    for (int64_t K : {32, 64, 2048, 2080, 4096, 4128, 8192, 8224, 14336, 65536})
+      for (int64_t N : {1, 7, 133, 4097}) {
+        if (K > 8224 && N > 133) continue;  // keeps the CPU reference time down
+        const std::vector<int> gss = group_sizes(int4, K);
+        run_case(Case{int4, 1, N, K, gss[static_cast<size_t>(i) % gss.size()], float_dtypes()[static_cast<size_t>(i) % 3],
+                      float_dtypes()[static_cast<size_t>(i / 3) % 3], i % 2 == 0},
+                 rng);
+        ++i;
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  for (bool int4 : {false, true})
+    for (int64_t K : {2048, 8192})
+      for (int gs : group_sizes(int4, K)) {
+        run_case(Case{int4, 1, 133, K, gs, DType::kBF16, DType::kBF16, true}, rng);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
+// $CIDER_GEMV_KERNEL: "tile" sends M = 1 to the tile kernel, "rows" (the default) to the row kernel; M > 1 and
+// K > 65536 always run the tile kernel; any other value is an error naming the op and the variable.
+TEST(CudaGemv, KernelEnvironmentSwitch) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer x(size_t{1} << 20), w(size_t{1} << 23), s(size_t{1} << 16), out(size_t{1} << 16);
+  x.fill(0);
+  w.fill(0);
+  s.fill(0);
+  auto run = [&](int64_t M, int64_t K) {
+    const kernels::IntLinearArgs a{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, out.data(),
+                                   DType::kF32, M, 64, K, 0};
+    w8a8_gemv(a, Exec{});
+    device_synchronize("test_cuda_gemv");
+    return gemv_bench::last_gemv_kernel();
+  };
+  EXPECT_EQ(run(1, 256), kRowKernel);
+  EXPECT_EQ(run(2, 256), kTileKernel);
+  EXPECT_EQ(run(1, 65536 + 16), kTileKernel);
+  {
+    const test::ScopedEnv env("CIDER_GEMV_KERNEL", "tile");
+    EXPECT_EQ(run(1, 256), kTileKernel);
+  }
+  {
+    const test::ScopedEnv env("CIDER_GEMV_KERNEL", "rows");
+    EXPECT_EQ(run(1, 256), kRowKernel);
+    EXPECT_EQ(run(3, 256), kTileKernel);
+  }
+  const test::ScopedEnv env("CIDER_GEMV_KERNEL", "warp");
+  try {
+    run(1, 256);
+    ADD_FAILURE() << "CIDER_GEMV_KERNEL=warp was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda.w8a8_gemv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CIDER_GEMV_KERNEL"), std::string::npos) << e.what();
+  }
 }
 
 // $CIDER_GEMV_SPLIT: the whole-block split (16) still matches the reference; a value that is not a split is an error

@@ -36,6 +36,8 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gemv_device.cuh"
+#include "kernels/cuda/linear_gemv_rows.h"
 #include "kernels/cuda/pdl.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
@@ -44,32 +46,15 @@ namespace cider::cuda {
 
 namespace {
 
+using namespace gemv_device;
+
 constexpr int kTileRows = 16;              // weight rows per tile (the mma's M)
 constexpr int kMaxRows = 16;               // activation rows (decode batch) per launch
 constexpr int kMaxXqBytes = 96 * 1024;     // shared memory for the quantized activations (M rows × stride)
 // Above this many bytes of x per launch, the codes are computed once (workspace) rather than in every block.
 constexpr int64_t kFusedQuantizeMaxBytes = 64 * 1024;
 
-// ---- device helpers --------------------------------------------------------------------------------------------
-
-// Streamed weights: read once, keep them out of L1, let L2 fetch whole 256-byte lines (rows are contiguous).
-__device__ __forceinline__ uint4 load_stream16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 load_stream8(const void* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint32_t load_stream4(const void* p) {
-  uint32_t v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
+// ---- device helpers (more in gemv_device.cuh) -------------------------------------------------------------------
 
 // kWords 32-bit words (4, 2 or 1: a 16-, 8- or 4-byte load) from p into w[0..kWords).
 template <int kWords>
@@ -149,44 +134,8 @@ __device__ __forceinline__ uint32_t nibbles_to_s8(uint32_t v) {
   return ((v | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
 }
 
-// Eight consecutive x values (element e0, a multiple of 8; the row start 16-byte aligned) as float32, exactly.
-__device__ __forceinline__ void load_x8(const void* x, DType t, int64_t e0, float* v) {
-  if (t == DType::kF32) {
-    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0);
-    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0 + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    return;
-  }
-  const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + e0);
-  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = words[i] & 0xffffu, hi = words[i] >> 16;
-    if (t == DType::kBF16) {
-      v[2 * i] = __uint_as_float(lo << 16);
-      v[2 * i + 1] = __uint_as_float(hi << 16);
-    } else {
-      v[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
-      v[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
-    }
-  }
-}
 
-__device__ __forceinline__ void store_out(void* out, DType t, int64_t i, float v) {
-  if (t == DType::kF32) {
-    static_cast<float*>(out)[i] = v;
-  } else if (t == DType::kBF16) {
-    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-  } else {
-    static_cast<__half*>(out)[i] = __float2half_rn(v);
-  }
-}
 
-// quant::quantize_int8_row's code: clamp(rint(v / sx), -127, 127) with IEEE division, half-to-even rounding.
-__device__ __forceinline__ uint32_t int8_code(float v, float sx) {
-  const float r = fminf(fmaxf(rintf(__fdiv_rn(v, sx)), -127.0f), 127.0f);
-  return static_cast<uint32_t>(static_cast<int32_t>(r)) & 0xffu;
-}
 
 struct GemvParams {
   const void* x;
@@ -679,8 +628,10 @@ struct GemvTuning {
   int ring = 0;           // 1: register ring (plain loads), 2 (automatic): cp.async ring in shared memory
   int epilogue_prefetch = 0;  // 0 (automatic) / 1: load the epilogue's scale/bias one tile ahead; 2: after the barrier
   int split = 0;          // warps per tile with 16 warps and the cp.async ring: 1, 2, 4 or 16 (0: automatic)
+  int kernel = 0;         // 1: the tile kernel, 2: the row kernel (M = 1 only); 0: automatic
 };
 GemvTuning g_tuning;
+int g_last_kernel = 0;  // the kernel of the latest launch (1 tile, 2 rows): gemv_bench::last_gemv_kernel
 
 // One instantiation and the shared memory it needs beyond the xq rows (its cp.async ring).
 struct KernelChoice {
@@ -740,6 +691,22 @@ int choose_split(int knob, const char* op) {
   return 4;
 }
 
+// Which kernel serves an M = 1 call: the bench/test knob, else $CIDER_GEMV_KERNEL ("tile" or "rows", an A/B switch
+// read at every call), else the tile kernel when one of its own launch knobs is set (those tests and benchmark rows
+// are about it), else the row kernel (docs/cuda/gemv.md, round 6).
+constexpr int kKernelTile = 1, kKernelRows = 2;
+int choose_kernel(const GemvTuning& t, const char* op) {
+  if (t.kernel > 0) return t.kernel;
+  if (const char* e = std::getenv("CIDER_GEMV_KERNEL"); e != nullptr && *e != '\0') {
+    const std::string v(e);
+    check(v == "tile" || v == "rows", ErrorCode::kInvalidArgument, op,
+          "$CIDER_GEMV_KERNEL must be 'tile' or 'rows'; got '", v, "'");
+    return v == "tile" ? kKernelTile : kKernelRows;
+  }
+  const bool tile_knobs = t.warps || t.blocks_per_sm || t.ring || t.epilogue_prefetch || t.split;
+  return tile_knobs ? kKernelTile : kKernelRows;
+}
+
 void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, const char* op) {
   check(a.M >= 1 && a.M <= kMaxRows, ErrorCode::kInvalidArgument, op,
         "M (activation rows) must be 1..16 for the decode GEMV (use the GEMM for more); got ", a.M);
@@ -775,6 +742,35 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   require_device(op);
   const DeviceInfo& dev = device_info();
   const GemvTuning tuning = g_tuning;
+  // Activation codes: every block derives them itself (fused; nothing extra to launch), or, when x is large (every
+  // block would re-read and re-divide all of it) and the caller gave a workspace, one quantize_rows_int8 launch
+  // writes them once and every block copies them from L2.
+  const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
+  const bool workspace_ok = exec.workspace != nullptr &&
+                            exec.workspace_bytes >= int_linear_workspace_bytes(a.M, a.K) &&
+                            reinterpret_cast<uintptr_t>(exec.workspace) % 256 == 0;
+  bool use_workspace = workspace_ok && a.M * x_row_bytes > kFusedQuantizeMaxBytes;
+  if (tuning.quantize == 1) use_workspace = false;
+  if (tuning.quantize == 2) use_workspace = workspace_ok;
+  const int8_t* ws_xq = nullptr;
+  const float* ws_sx = nullptr;
+  auto stream = static_cast<cudaStream_t>(exec.stream);
+  if (use_workspace) {
+    auto* xq = static_cast<int8_t*>(exec.workspace);
+    auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
+                                        (static_cast<size_t>(a.M * a.K) + 255) / 256 * 256);
+    quantize_rows_int8(a.x, a.x_dtype, a.M, a.K, xq, sx, exec);
+    ws_xq = xq;
+    ws_sx = sx;
+  }
+
+  // One activation row: the warp-per-row kernel (linear_gemv_rows.cu), unless the tile kernel is asked for.
+  if (gemv_rows::supports(a.M, a.K) && choose_kernel(tuning, op) == kKernelRows) {
+    gemv_rows::launch(a, int4, ws_xq, ws_sx, exec.stream, op);
+    g_last_kernel = kKernelRows;
+    return;
+  }
+
   const bool async_ring = tuning.ring != 1;
   const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
   // Warps per tile (16-warp blocks with the cp.async ring; others: the whole block).
@@ -793,30 +789,9 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   if (xq_rows_that_fit(rows_per_launch) < rows_per_launch) rows_per_launch = std::min(8, xq_rows_that_fit(8));
   check(rows_per_launch >= 1, ErrorCode::kUnsupported, op,
         "K is too large for one quantized activation row in shared memory beside the load ring; got ", a.K);
+  g_last_kernel = kKernelTile;
   const int tiles = static_cast<int>((a.N + kTileRows - 1) / kTileRows);
-  const int64_t x_row_bytes = a.K * dtype_size(a.x_dtype);
   const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
-  auto stream = static_cast<cudaStream_t>(exec.stream);
-
-  // Activation codes: every block derives them itself (fused; nothing extra to launch), or, when x is large (every
-  // block would re-read and re-divide all of it) and the caller gave a workspace, one quantize_rows_int8 launch
-  // writes them once and every block copies them from L2.
-  const bool workspace_ok = exec.workspace != nullptr &&
-                            exec.workspace_bytes >= int_linear_workspace_bytes(a.M, a.K) &&
-                            reinterpret_cast<uintptr_t>(exec.workspace) % 256 == 0;
-  bool use_workspace = workspace_ok && a.M * x_row_bytes > kFusedQuantizeMaxBytes;
-  if (tuning.quantize == 1) use_workspace = false;
-  if (tuning.quantize == 2) use_workspace = workspace_ok;
-  const int8_t* ws_xq = nullptr;
-  const float* ws_sx = nullptr;
-  if (use_workspace) {
-    auto* xq = static_cast<int8_t*>(exec.workspace);
-    auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
-                                        (static_cast<size_t>(a.M * a.K) + 255) / 256 * 256);
-    quantize_rows_int8(a.x, a.x_dtype, a.M, a.K, xq, sx, exec);
-    ws_xq = xq;
-    ws_sx = sx;
-  }
 
   for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
@@ -881,6 +856,13 @@ void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int e
   g_tuning.epilogue_prefetch = epilogue_prefetch;
   g_tuning.split = split;
 }
+// Kernel for the following M = 1 calls: 0 automatic, 1 the tile kernel, 2 the row kernel.
+void set_gemv_kernel(int kernel) {
+  check(kernel >= 0 && kernel <= 2, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_kernel",
+        "kernel must be 0 (automatic), 1 (tile) or 2 (rows); got ", kernel);
+  g_tuning.kernel = kernel;
+}
+int last_gemv_kernel() { return g_last_kernel; }
 // Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
 // achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
 void stream_read(const void* p, size_t bytes, void* sink, void* stream) {

@@ -1,0 +1,74 @@
+// cider/kernels/cuda/gemv_device.cuh — device helpers shared by the two decode GEMV kernels (linear_gemv.cu: tiles of
+// 16 weight rows on the tensor cores; linear_gemv_rows.cu: one warp per weight row with dp4a): streaming weight loads,
+// x element loads, the reference's int8 activation code, output stores.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace cider::cuda::gemv_device {
+
+// Streamed weights: read once, keep them out of L1, let L2 fetch whole 256-byte lines (rows are contiguous).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t load_stream4(const void* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// Eight consecutive x values (element e0, a multiple of 8; the row start 16-byte aligned) as float32, exactly.
+__device__ __forceinline__ void load_x8(const void* x, DType t, int64_t e0, float* v) {
+  if (t == DType::kF32) {
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0);
+    const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + e0 + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + e0);
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = words[i] & 0xffffu, hi = words[i] >> 16;
+    if (t == DType::kBF16) {
+      v[2 * i] = __uint_as_float(lo << 16);
+      v[2 * i + 1] = __uint_as_float(hi << 16);
+    } else {
+      v[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(lo)));
+      v[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(hi)));
+    }
+  }
+}
+
+__device__ __forceinline__ void store_out(void* out, DType t, int64_t i, float v) {
+  if (t == DType::kF32) {
+    static_cast<float*>(out)[i] = v;
+  } else if (t == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<__half*>(out)[i] = __float2half_rn(v);
+  }
+}
+
+// quant::quantize_int8_row's code: clamp(rint(v / sx), -127, 127) with IEEE division, half-to-even rounding.
+__device__ __forceinline__ uint32_t int8_code(float v, float sx) {
+  const float r = fminf(fmaxf(rintf(__fdiv_rn(v, sx)), -127.0f), 127.0f);
+  return static_cast<uint32_t>(static_cast<int32_t>(r)) & 0xffu;
+}
+
+}  // namespace cider::cuda::gemv_device
