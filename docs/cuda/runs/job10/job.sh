@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU job 10 (2026-11-30, session 3): the row GEMV kernel for M = 1 (linear_gemv_rows.cu) — GEMV/PDL/model tests,
+# GPU job 10/11 (2026-11-30, session 3): the row GEMV kernel for M = 1 (linear_gemv_rows.cu) — GEMV/PDL/model tests,
 # the SASS of its W8 and W4 per-channel kernels, every M = 1 GEMV row next to its tile-kernel A/B row and the load
 # roofs, the model's decode rows (w8a8/w4a8, and "v:gemv tile"), the bf16 GEMV peers (gpu_anchors.py +
 # tools/gpu/gemv_shapes_peer.py for the model's other shapes), one compare table.
@@ -14,7 +14,7 @@ B=.gpu/bin
 for n in test_cuda_gemv test_cuda_pdl test_cuda_model; do
   ( timeout 200 $B/$n --gtest_brief=1 > "$OUT/$n.log" 2>&1; echo "$n rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$n.log" | tr '\n' ' ')" > /tmp/$n.rc ) &
 done
-wait; cat /tmp/test_cuda_*.rc; grep -hE "Failure|FAILED|Expected|actual|error" "$OUT"/test_cuda_*.log | head -30
+wait; cat /tmp/test_cuda_*.rc; grep -hE -A3 "Failure|FAILED" "$OUT"/test_cuda_*.log | head -60
 echo "== sass ($(( $(date +%s) - T0 )) s)"
 CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 $CUOBJ -sass $B/cuda_bench 2>/dev/null | awk '/Function : .*gemv_rows_kernelILb[01]ELi0ELi1E/{f=1} /Function : /&&!/gemv_rows_kernelILb[01]ELi0ELi1E/{f=0} f' > "$OUT/sass_rows.txt"
@@ -30,4 +30,7 @@ PYTHONUNBUFFERED=1 timeout 60 python3 tools/gpu/gemv_shapes_peer.py > "$OUT/gemv
 grep -E "GEMV" "$OUT/gpu_anchors.txt" "$OUT/gemv_shapes_peer.txt"
 python3 tools/gpu/compare.py "$OUT/gemv.json" "$OUT"/gpu_anchors.json "$OUT/gemv_shapes_peer.json" > "$OUT/compare.txt" 2>&1
 grep -E "gemv" "$OUT/compare.txt" | grep -vE "v:(register|quantize|8warps|split|no epilogue)"
+# The device tool returns at most 8 files: logs, SASS and the text outputs go in one archive.
+(cd "$OUT" && tar -czf logs.tgz *.log sass_rows.txt model.txt gpu_anchors.txt gemv_shapes_peer.txt && rm -f *.log sass_rows.txt model.txt gpu_anchors.txt gemv_shapes_peer.txt)
+ls "$OUT"
 echo "total $(( $(date +%s) - T0 )) s"
