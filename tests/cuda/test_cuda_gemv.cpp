@@ -425,8 +425,9 @@ TEST(CudaGemv, SplitEnvironmentSwitch) {
   }
   const test::ScopedEnv env("CIDER_GEMV_SPLIT", "3");
   DeviceBuffer x(size_t{1} << 16), w(size_t{1} << 20), s(size_t{1} << 16), out(size_t{1} << 16);
+  // M = 2: the tile kernel (M = 1 runs the row kernel, which has no tile groups to split).
   const kernels::IntLinearArgs a{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, out.data(),
-                                 DType::kF32, 1, 64, 256, 0};
+                                 DType::kF32, 2, 64, 256, 0};
   try {
     w8a8_gemv(a, Exec{});
     ADD_FAILURE() << "CIDER_GEMV_SPLIT=3 was accepted";

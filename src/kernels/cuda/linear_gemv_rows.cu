@@ -151,14 +151,6 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
 
 // kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size. kR: weight rows per warp task (1 or 2: short
 // rows go two to a task so that a batch still holds kLoadsPerLane chunk loads per lane).
-//
-// Work items: (task t, batch b) of this block, item t·batches + b, warp w takes items w, w + kWarps, … — so the
-// batches of one long row run on several warps at once, and every warp has the same number of items to within one
-// (with whole rows per warp, the down projection K14336 N4096 — 31 rows, 4 batches each, per block — gave 7 of 24
-// warps two rows and left them streaming alone for half the time). A row of several batches (then kR = 1) is
-// finished by whichever warp completes its last batch: each item writes its warp sum to partial[t][b] in shared
-// memory and counts it in done[t]; the warp that counts the last one adds partial[t][0 … batches) in order — the
-// same order every run, whichever warps did the work.
 template <bool kInt4, int kGroup, int kR>
 __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams p) {
   constexpr int kU = kLoadsPerLane / kR;  // chunks per row and lane in one batch
@@ -169,33 +161,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
   extern __shared__ __align__(16) int8_t xq[];
   __shared__ uint32_t amax_warp[kWarps];
   __shared__ float sx_shared;
+  int32_t* chunk_sums = reinterpret_cast<int32_t*>(xq + xq_bytes(p.K));
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int chunks = p.K / kCodes;              // 16-byte chunks per weight row
   const int lane_chunks = (chunks + 31) / 32;   // chunk steps per lane and row (the last may be partial)
-  const int batches = (lane_chunks + kU - 1) / kU;  // > 1 only when kR = 1 (the launcher's rule)
-  // This block's rows: a balanced contiguous range (every SM streams the same bytes).
+  const int batches = (lane_chunks + kU - 1) / kU;
+  // This block's rows: a balanced contiguous range (every SM streams the same bytes); warp w takes the tasks
+  // (kR consecutive rows) w, w + 32, …
   const int row_begin = static_cast<int>(static_cast<int64_t>(p.N) * blockIdx.x / gridDim.x);
   const int row_end = static_cast<int>(static_cast<int64_t>(p.N) * (blockIdx.x + 1) / gridDim.x);
   const int tasks = (row_end - row_begin + kR - 1) / kR;
-  const int items = tasks * batches;
-  const int my_items = warp < items ? (items - warp + kWarps - 1) / kWarps : 0;  // warp-uniform
+  const int my_tasks = warp < tasks ? (tasks - warp + kWarps - 1) / kWarps : 0;
+  const int iters = my_tasks * batches;  // warp-uniform
   const int64_t row_bytes = kInt4 ? p.K / 2 : p.K;
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
-  // Shared memory behind the codes: W4's chunk sums, then (batches > 1) partial[tasks][batches] and done[tasks].
-  int32_t* chunk_sums = reinterpret_cast<int32_t*>(xq + xq_bytes(p.K));
-  uint32_t* partial = reinterpret_cast<uint32_t*>(xq + smem_bytes(kInt4, p.K));  // int32 or float32 bits
-  int32_t* done = reinterpret_cast<int32_t*>(partial + items);
-  if (batches > 1)
-    for (int t = static_cast<int>(threadIdx.x); t < tasks; t += kThreads) done[t] = 0;  // barrier: in quantize
 
-  uint4 wv[kR][kU];                                 // the batch in flight: chunk u of row r
+  uint4 wv[kR][kU];                           // the batch in flight: chunk u of row r
   float gscale[kGroup ? kR : 1][kGroup ? kU : 1];  // its group scales (per group)
-  float ep_scale[kR], ep_bias[kR];                  // epilogue operands of the item's rows
+  float ep_scale[kR], ep_bias[kR];            // epilogue operands of the task's rows, loaded with its last batch
 
-  auto issue = [&](int item) {
-    const int t = item / batches, b = item - t * batches;
-    const int row0 = row_begin + t * kR;
+  int load_t = 0, load_b = 0;  // task and batch of the next issue
+  auto issue = [&]() {
+    const int row0 = row_begin + (warp + load_t * kWarps) * kR;
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int row = row0 + r;
@@ -203,46 +191,40 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
       const uint8_t* wr = w + static_cast<int64_t>(row_ok ? row : 0) * row_bytes;
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int c = lane + 32 * (b * kU + u);
+        const int c = lane + 32 * (load_b * kU + u);
         const bool ok = row_ok && c < chunks;
         wv[r][u] = ok ? load_stream16(wr + 16 * static_cast<int64_t>(c)) : make_uint4(0, 0, 0, 0);
         if constexpr (kGroup != 0)
           gscale[r][u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
       }
-      // Every item of a row loads them: any of its warps may be the one that finishes it.
-      ep_scale[r] = 0.0f, ep_bias[r] = 0.0f;
-      if (row_ok) {
-        if constexpr (kGroup == 0) ep_scale[r] = __ldg(p.w_scales + row);
-        if (p.bias != nullptr) ep_bias[r] = __ldg(p.bias + row);
+      if (load_b == batches - 1) {
+        ep_scale[r] = 0.0f, ep_bias[r] = 0.0f;
+        if (row_ok) {
+          if constexpr (kGroup == 0) ep_scale[r] = __ldg(p.w_scales + row);
+          if (p.bias != nullptr) ep_bias[r] = __ldg(p.bias + row);
+        }
       }
     }
+    if (++load_b == batches) load_b = 0, ++load_t;
   };
 
   // Prologue: the first batch reads only immutable data (weights, scales, bias), so it goes out before the wait for
   // the previous kernel (kernels/cuda/pdl.cuh); then x, which that kernel writes.
-  if (my_items > 0) issue(warp);
+  if (iters > 0) issue();
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
   quantize_row_to_shared<kInt4>(p, xq, chunk_sums, amax_warp, &sx_shared);
   const float sx = sx_shared;
 
-  // Output of row `row`: y = sx·(sw·float(acc)) (per channel) or sx·s (per group), + bias, rounded to out.
-  auto finish = [&](int row, int32_t acc, float s, float scale, float bias) {
-    float y = kGroup == 0 ? __fmul_rn(sx, __fmul_rn(scale, __int2float_rn(acc))) : __fmul_rn(sx, s);
-    if (p.bias != nullptr) y = __fadd_rn(y, bias);
-    store_out(p.out, p.out_dtype, row, y);
-  };
-
-  for (int i = 0; i < my_items; ++i) {
-    const int item = warp + i * kWarps;
-    const int t = item / batches, b = item - t * batches;
-    int32_t acc[kR];  // per channel: this lane's exact integer sum per row over the batch
-    float fsum[kR];   // per group: this lane's Σ fl(sw_g · float(acc_g)) per row (group-leading lanes only)
+  int32_t acc[kR];  // per channel: this lane's exact integer sum per row
+  float fsum[kR];   // per group: this lane's Σ fl(sw_g · float(acc_g)) per row (group-leading lanes only)
 #pragma unroll
-    for (int r = 0; r < kR; ++r) acc[r] = 0, fsum[r] = 0.0f;
+  for (int r = 0; r < kR; ++r) acc[r] = 0, fsum[r] = 0.0f;
+  int use_t = 0, use_b = 0;
+  for (int it = 0; it < iters; ++it) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int c = lane + 32 * (b * kU + u);
+      const int c = lane + 32 * (use_b * kU + u);
       const bool c_ok = c < chunks;  // lanes past the row end hold zero weights; their x is zero too
       uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
       int32_t xsum8 = 0;
@@ -282,37 +264,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
         }
       }
     }
-    // Warp sums of the batch (all lanes hold them), then the rows' outputs.
-    const int row0 = row_begin + t * kR;
+    const bool task_done = use_b == batches - 1;
+    if (task_done) {
+      // Rows of the task: warp sums, then lane r finishes row r (operands loaded with this batch).
+      const int row0 = row_begin + (warp + use_t * kWarps) * kR;
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      if constexpr (kGroup == 0) {
-        acc[r] = __reduce_add_sync(0xffffffffu, acc[r]);
-      } else {
+      for (int r = 0; r < kR; ++r) {
+        float y;
+        if constexpr (kGroup == 0) {
+          const int32_t total = __reduce_add_sync(0xffffffffu, acc[r]);
+          y = __fmul_rn(sx, __fmul_rn(ep_scale[r], __int2float_rn(total)));
+        } else {
+          float s = fsum[r];
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) fsum[r] = __fadd_rn(fsum[r], __shfl_xor_sync(0xffffffffu, fsum[r], o));
-      }
-    }
-    if (batches == 1) {
-#pragma unroll
-      for (int r = 0; r < kR; ++r)
-        if (lane == r && row0 + r < row_end) finish(row0 + r, acc[0 + r], fsum[r], ep_scale[r], ep_bias[r]);
-    } else if (lane == 0) {  // kR = 1: this batch's share of row row0, and maybe the row's end
-      partial[item] = kGroup == 0 ? static_cast<uint32_t>(acc[0]) : __float_as_uint(fsum[0]);
-      __threadfence_block();  // the partial is visible before the count says so
-      if (atomicAdd(&done[t], 1) == batches - 1) {
-        __threadfence_block();
-        int32_t a = 0;
-        float s = 0.0f;
-        const volatile uint32_t* part = partial + t * batches;
-        for (int j = 0; j < batches; ++j) {
-          if constexpr (kGroup == 0) a += static_cast<int32_t>(part[j]);
-          else s = __fadd_rn(s, __uint_as_float(part[j]));
+          for (int o = 16; o > 0; o /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+          y = __fmul_rn(sx, s);
         }
-        finish(row0, a, s, ep_scale[0], ep_bias[0]);
+        if (p.bias != nullptr) y = __fadd_rn(y, ep_bias[r]);
+        if (lane == r && row0 + r < row_end) store_out(p.out, p.out_dtype, row0 + r, y);
+        acc[r] = 0, fsum[r] = 0.0f;
       }
     }
-    if (i + 1 < my_items) issue(item + kWarps);  // the registers of the batch just consumed take the next one
+    if (++use_b == batches) use_b = 0, ++use_t;
+    if (it + 1 < iters) issue();  // the registers of the batch just consumed take the next one
   }
 }
 
@@ -354,17 +328,10 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
   const int rows_per_task = lane_chunks <= kLoadsPerLane / 2 ? 2 : 1;
   const KernelFn kernel = pick(int4, a.group_size, rows_per_task);
-  // One 768-thread block per SM (80 registers each: the register file), rows split evenly between the blocks; more
-  // blocks (in waves) only when one block's row partials would not fit shared memory (N in the millions).
-  const int batches = (lane_chunks + kLoadsPerLane / rows_per_task - 1) / (kLoadsPerLane / rows_per_task);
-  const int64_t partial_bytes_per_row = batches > 1 ? 4 * (batches + 1) : 0;
-  constexpr int64_t kPartialBudget = 96 * 1024;
-  int64_t grid = std::min<int64_t>(device_info().sm_count, a.N);
-  if (partial_bytes_per_row > 0)
-    grid = std::max(grid, (a.N * partial_bytes_per_row + kPartialBudget - 1) / kPartialBudget);
-  const int64_t rows_per_block = (a.N + grid - 1) / grid;
-  const int smem = smem_bytes(int4, K) + static_cast<int>(rows_per_block * partial_bytes_per_row);
+  const int smem = smem_bytes(int4, K);
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // One 768-thread block per SM (80 registers each: the register file), rows split evenly between the blocks.
+  const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
   RowsParams p{};
   p.x = a.x;
   p.x_dtype = a.x_dtype;
