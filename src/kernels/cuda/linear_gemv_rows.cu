@@ -1,17 +1,15 @@
-// cider/kernels/cuda/linear_gemv_rows.cu — decode GEMV for one activation row (M = 1): warps stream whole weight
-// rows (each warp an equal share of the block's rows × chunk steps), int8 dot products with dp4a, no shared-memory
-// ring and one block barrier after the prologue. Reached through cuda::w8a8_gemv / w4a8_gemv (linear_gemv.cu
-// validates and chooses; the tensor-core tile kernel there keeps M = 2 … 16 and serves M = 1 on request:
-// $CIDER_GEMV_KERNEL=tile).
+// cider/kernels/cuda/linear_gemv_rows.cu — decode GEMV for one activation row (M = 1): one warp per weight row (or
+// per 2 rows when K is short), int8 dot products with dp4a, no shared-memory ring and no barrier after the
+// prologue. Reached through cuda::w8a8_gemv / w4a8_gemv (linear_gemv.cu validates and chooses; the tensor-core tile
+// kernel there keeps M = 2 … 16 and serves M = 1 on request: $CIDER_GEMV_KERNEL=tile).
 //
 // Why (docs/cuda/gemv.md, round 6): the tile kernel streams 16-row tiles through a cp.async ring and meets its tile
 // group at a barrier per tile; Nsight Compute showed it latency-bound on that per-tile chain (≈ 3 µs per tile per
 // block) — W4A8 moved half W8A8's bytes in 90 % of its time, and the model's small GEMVs (N 4096) ran at 1–2 TB/s.
-// Here lane ℓ of a warp reads 16-byte chunks ℓ, ℓ + 32, … of a row, 8 chunk loads per lane in flight per batch
-// (4 KB per warp, 96 KB per SM with 24 warps: 80 registers each), multiplies them with the activation codes from
+// Here a warp owns whole rows: lane ℓ reads 16-byte chunks ℓ, ℓ + 32, … of its row(s), 8 chunk loads per lane in
+// flight per batch (4 KB per warp, 96 KB per SM with 24 warps: 80 registers each, no spills), multiplies them with the activation codes from
 // shared memory and reduces across the warp with shuffles. The next batch's loads are issued right after a batch is
-// consumed (per channel before the rows it ends are reduced and stored), and the first batch before the
-// programmatic-launch wait.
+// consumed (before the row's reduction and store), and the first batch before the programmatic-launch wait.
 //
 // Semantics: kernels::IntLinearArgs as the CPU reference evaluates it, as in linear_gemv.cu:
 //   * the activation codes and scale are the reference's bit for bit (gemv_device.cuh: IEEE division, rint);
@@ -151,115 +149,95 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
   }
 }
 
-// kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size.
-//
-// Work split: a "step" is one 16-byte chunk per lane of one row (row i, step j reads chunks ℓ + 32j): a row has
-// lc = ⌈chunks / 32⌉ steps. The block's rows × lc steps, in row-major order, are cut into kWarps equal contiguous
-// ranges (±1 step), so every warp streams the same bytes (job 12: with whole rows per warp, 108.6 rows per block
-// over 24 warps left half the warps idle for the last round, and W4 K4096's 2-row tasks a third of the time).
-// A warp walks its range in batches of kLoadsPerLane steps; a batch may end one row and begin the next. A row
-// entirely inside one range is finished by its warp; a row cut by a range boundary leaves its pieces (warp sums) in
-// shared memory and is finished after the block barrier by one thread, which adds the pieces in k order (the same
-// order every run).
-template <bool kInt4, int kGroup>
+// kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size. kR: weight rows per warp task (1 or 2: short
+// rows go two to a task so that a batch still holds kLoadsPerLane chunk loads per lane).
+template <bool kInt4, int kGroup, int kR>
 __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams p) {
-  constexpr int kB = kLoadsPerLane;        // steps per batch
+  constexpr int kU = kLoadsPerLane / kR;  // chunks per row and lane in one batch
   constexpr int kCodes = kInt4 ? 32 : 16;  // weight codes in a 16-byte chunk
-  // Lanes that share one scale group in a step (chunks ℓ + 32j of lanes ℓ side by side are consecutive k).
+  // Lanes that share one scale group in a batch step (chunks ℓ + 32j of lanes ℓ side by side are consecutive k).
   constexpr int kLanesPerGroup = kGroup == 0 ? 1 : kGroup / kCodes;
   static_assert(kGroup == 0 || (kGroup % kCodes == 0 && kLanesPerGroup <= 32), "group sizes 32 (W4) … 256");
   extern __shared__ __align__(16) int8_t xq[];
   __shared__ uint32_t amax_warp[kWarps];
   __shared__ float sx_shared;
-  __shared__ int32_t piece_row[kWarps][2];   // a warp's cut rows: [0] its first piece, [1] its last; -1 = none
-  __shared__ uint32_t piece_val[kWarps][2];  // their warp sums (int32, or float32 bits per group)
   int32_t* chunk_sums = reinterpret_cast<int32_t*>(xq + xq_bytes(p.K));
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int chunks = p.K / kCodes;  // 16-byte chunks per weight row
-  const int lc = (chunks + 31) / 32;  // steps per row
+  const int chunks = p.K / kCodes;              // 16-byte chunks per weight row
+  const int lane_chunks = (chunks + 31) / 32;   // chunk steps per lane and row (the last may be partial)
+  const int batches = (lane_chunks + kU - 1) / kU;
+  // This block's rows: a balanced contiguous range (every SM streams the same bytes); warp w takes the tasks
+  // (kR consecutive rows) w, w + 32, …
   const int row_begin = static_cast<int>(static_cast<int64_t>(p.N) * blockIdx.x / gridDim.x);
   const int row_end = static_cast<int>(static_cast<int64_t>(p.N) * (blockIdx.x + 1) / gridDim.x);
-  const int total = (row_end - row_begin) * lc;  // < 2^31: the launcher bounds N·lc per block
-  auto range_start = [&](int w) { return static_cast<int>(static_cast<int64_t>(total) * w / kWarps); };
-  const int s0 = range_start(warp), s1 = range_start(warp + 1);
+  const int tasks = (row_end - row_begin + kR - 1) / kR;
+  const int my_tasks = warp < tasks ? (tasks - warp + kWarps - 1) / kWarps : 0;
+  const int iters = my_tasks * batches;  // warp-uniform
   const int64_t row_bytes = kInt4 ? p.K / 2 : p.K;
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
-  if (threadIdx.x < 2 * kWarps) (&piece_row[0][0])[threadIdx.x] = -1;  // barrier: in quantize_row_to_shared
 
-  // Cut rows: thread t of warp 0 (1 ≤ t < kWarps) finishes the row that range boundary t falls inside, if boundary
-  // t is the first one inside it; its epilogue operands are loaded now, ahead of everything.
-  int cut_row = -1;
-  float cut_scale = 0.0f, cut_bias = 0.0f;
-  if (warp == 0 && lane >= 1 && lane < kWarps) {
-    const int b = range_start(lane), r = b / lc;
-    if (b < total && b % lc != 0 && range_start(lane - 1) <= r * lc) {
-      cut_row = r;
-      if constexpr (kGroup == 0) cut_scale = __ldg(p.w_scales + row_begin + r);
-      if (p.bias != nullptr) cut_bias = __ldg(p.bias + row_begin + r);
-    }
-  }
+  uint4 wv[kR][kU];                           // the batch in flight: chunk u of row r
+  float gscale[kGroup ? kR : 1][kGroup ? kU : 1];  // its group scales (per group)
+  float ep_scale[kR], ep_bias[kR];            // epilogue operands of the task's rows, loaded with its last batch
 
-  uint4 wv[kB];                          // the batch in flight: step u's chunk
-  float gscale[kGroup ? kB : 1];         // its group scale (per group)
-  int load_s = s0, load_row = s0 / lc, load_j = s0 % lc;  // the next step to load (row local to the block)
+  int load_t = 0, load_b = 0;  // task and batch of the next issue
   auto issue = [&]() {
+    const int row0 = row_begin + (warp + load_t * kWarps) * kR;
 #pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const bool live = load_s + u < s1;
-      const int c = lane + 32 * load_j;
-      const bool ok = live && c < chunks;
-      const int row = row_begin + load_row;
-      wv[u] = ok ? load_stream16(w + static_cast<int64_t>(row) * row_bytes + 16 * static_cast<int64_t>(c))
-                 : make_uint4(0, 0, 0, 0);
-      if constexpr (kGroup != 0)
-        gscale[u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
-      if (live && ++load_j == lc) load_j = 0, ++load_row;
+    for (int r = 0; r < kR; ++r) {
+      const int row = row0 + r;
+      const bool row_ok = row < row_end;
+      const uint8_t* wr = w + static_cast<int64_t>(row_ok ? row : 0) * row_bytes;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = lane + 32 * (load_b * kU + u);
+        const bool ok = row_ok && c < chunks;
+        wv[r][u] = ok ? load_stream16(wr + 16 * static_cast<int64_t>(c)) : make_uint4(0, 0, 0, 0);
+        if constexpr (kGroup != 0)
+          gscale[r][u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
+      }
+      if (load_b == batches - 1) {
+        ep_scale[r] = 0.0f, ep_bias[r] = 0.0f;
+        if (row_ok) {
+          if constexpr (kGroup == 0) ep_scale[r] = __ldg(p.w_scales + row);
+          if (p.bias != nullptr) ep_bias[r] = __ldg(p.bias + row);
+        }
+      }
     }
-    load_s += kB;
+    if (++load_b == batches) load_b = 0, ++load_t;
   };
 
   // Prologue: the first batch reads only immutable data (weights, scales, bias), so it goes out before the wait for
   // the previous kernel (kernels/cuda/pdl.cuh); then x, which that kernel writes.
-  if (s0 < s1) issue();
+  if (iters > 0) issue();
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
   quantize_row_to_shared<kInt4>(p, xq, chunk_sums, amax_warp, &sx_shared);
   const float sx = sx_shared;
 
-  // y = sx·(sw·float(acc)) per channel or sx·s per group, + bias, rounded to out's dtype.
-  auto finish = [&](int row, int32_t acc, float s, float scale, float bias) {
-    float y = kGroup == 0 ? __fmul_rn(sx, __fmul_rn(scale, __int2float_rn(acc))) : __fmul_rn(sx, s);
-    if (p.bias != nullptr) y = __fadd_rn(y, bias);
-    store_out(p.out, p.out_dtype, row, y);
-  };
-
-  int use_row = s0 / lc, use_j = s0 % lc;
-  int piece_j0 = use_j;     // first step of the current piece (0 unless it is the range's first piece)
-  bool first_piece = true;  // the current piece is the range's first
-  int32_t pacc = 0;         // per channel: this lane's sum over the piece
-  float pf = 0.0f;          // per group: this lane's Σ fl(sw_g · float(acc_g)) over the piece (group leaders)
-  for (int s = s0; s < s1; s += kB) {
-    // Step values of the batch (this frees the batch registers for the next one).
-    int32_t val[kB];
-    float fval[kGroup ? kB : 1];
-    {
-      int row = use_row, j = use_j;
+  int32_t acc[kR];  // per channel: this lane's exact integer sum per row
+  float fsum[kR];   // per group: this lane's Σ fl(sw_g · float(acc_g)) per row (group-leading lanes only)
 #pragma unroll
-      for (int u = 0; u < kB; ++u) {
-        const bool live = s + u < s1;
-        const int c = lane + 32 * j;
-        const bool c_ok = live && c < chunks;  // past the row end: zero weights, zero x
-        uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
-        int32_t xsum8 = 0;
-        if (c_ok) {
-          xa = reinterpret_cast<const uint4*>(xq + kCodes * c)[0];
-          if constexpr (kInt4) {
-            xb = reinterpret_cast<const uint4*>(xq + kCodes * c)[1];
-            xsum8 = 8 * chunk_sums[c];
-          }
+  for (int r = 0; r < kR; ++r) acc[r] = 0, fsum[r] = 0.0f;
+  int use_t = 0, use_b = 0;
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = lane + 32 * (use_b * kU + u);
+      const bool c_ok = c < chunks;  // lanes past the row end hold zero weights; their x is zero too
+      uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
+      int32_t xsum8 = 0;
+      if (c_ok) {
+        xa = reinterpret_cast<const uint4*>(xq + kCodes * c)[0];
+        if constexpr (kInt4) {
+          xb = reinterpret_cast<const uint4*>(xq + kCodes * c)[1];
+          xsum8 = 8 * chunk_sums[c];
         }
-        const uint4 wq = wv[u];
+      }
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const uint4 wq = wv[r][u];
         int32_t a = 0;
         if constexpr (kInt4) {
           // Word i = codes 8i … 8i + 7 (unit i): low nibbles the even elements, high nibbles the odd ones; the x unit
@@ -276,93 +254,65 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
           a = __dp4a(static_cast<int>(wq.w), static_cast<int>(xa.w), a);
         }
         if constexpr (kGroup == 0) {
-          val[u] = a;
+          acc[r] += a;
         } else {
           // The group's exact sum over its adjacent lanes, then the reference's term on the group's first lane.
 #pragma unroll
           for (int o = 1; o < kLanesPerGroup; o *= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
-          fval[u] = ((lane & (kLanesPerGroup - 1)) == 0 && c_ok) ? __fmul_rn(gscale[u], __int2float_rn(a)) : 0.0f;
-          val[u] = 0;
+          if ((lane & (kLanesPerGroup - 1)) == 0 && c_ok)
+            fsum[r] = __fadd_rn(fsum[r], __fmul_rn(gscale[r][u], __int2float_rn(a)));
         }
-        if (live && ++j == lc) j = 0, ++row;
       }
     }
-    // The next batch flies while this one's rows are closed (per channel; per group the batch's step values and the
-    // next batch's scales would not fit the 80 registers together, so it is issued after the closes).
-    if constexpr (kGroup == 0)
-      if (s + kB < s1) issue();
-    // Pieces: add the steps in k order; a piece ends at its row's last step or at the range's end.
+    const bool task_done = use_b == batches - 1;
+    if (task_done) {
+      // Rows of the task: warp sums, then lane r finishes row r (operands loaded with this batch).
+      const int row0 = row_begin + (warp + use_t * kWarps) * kR;
 #pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      if (s + u < s1) {  // warp-uniform
-        if constexpr (kGroup == 0) pacc += val[u];
-        else pf = __fadd_rn(pf, fval[u]);
-        const bool row_ends = use_j == lc - 1;
-        if (row_ends || s + u == s1 - 1) {
-          int32_t total_acc = 0;
-          float total_f = 0.0f;
-          if constexpr (kGroup == 0) {
-            total_acc = __reduce_add_sync(0xffffffffu, pacc);
-          } else {
-            total_f = pf;
+      for (int r = 0; r < kR; ++r) {
+        float y;
+        if constexpr (kGroup == 0) {
+          const int32_t total = __reduce_add_sync(0xffffffffu, acc[r]);
+          y = __fmul_rn(sx, __fmul_rn(ep_scale[r], __int2float_rn(total)));
+        } else {
+          float s = fsum[r];
 #pragma unroll
-            for (int o = 16; o > 0; o /= 2) total_f = __fadd_rn(total_f, __shfl_xor_sync(0xffffffffu, total_f, o));
-          }
-          if (lane == 0) {
-            const int row = row_begin + use_row;
-            if (piece_j0 == 0 && row_ends) {  // the whole row: finish it here
-              const float scale = kGroup == 0 ? __ldg(p.w_scales + row) : 0.0f;
-              const float bias = p.bias != nullptr ? __ldg(p.bias + row) : 0.0f;
-              finish(row, total_acc, total_f, scale, bias);
-            } else {  // a piece of a cut row: the range's first piece → slot 0, its last → slot 1
-              const int slot = first_piece ? 0 : 1;
-              piece_row[warp][slot] = use_row;
-              piece_val[warp][slot] = kGroup == 0 ? static_cast<uint32_t>(total_acc) : __float_as_uint(total_f);
-            }
-          }
-          pacc = 0, pf = 0.0f, piece_j0 = 0, first_piece = false;
+          for (int o = 16; o > 0; o /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+          y = __fmul_rn(sx, s);
         }
-        if (++use_j == lc) use_j = 0, ++use_row;
+        if (p.bias != nullptr) y = __fadd_rn(y, ep_bias[r]);
+        if (lane == r && row0 + r < row_end) store_out(p.out, p.out_dtype, row0 + r, y);
+        acc[r] = 0, fsum[r] = 0.0f;
       }
     }
-    if constexpr (kGroup != 0)
-      if (s + kB < s1) issue();
-  }
-
-  __syncthreads();  // every piece is in shared memory
-  if (cut_row >= 0) {
-    // Warps lane − 1, lane, … hold the pieces of cut_row in k order (boundary lane − 1 is at or before the row's
-    // start; empty ranges hold nothing).
-    int32_t acc = 0;
-    float sum = 0.0f;
-    const int row_last_step = (cut_row + 1) * lc;
-    for (int v = lane - 1; v < kWarps && range_start(v) < row_last_step; ++v) {
-      if (range_start(v) == range_start(v + 1)) continue;
-      const int slot = piece_row[v][0] == cut_row ? 0 : 1;
-      if constexpr (kGroup == 0) acc += static_cast<int32_t>(piece_val[v][slot]);
-      else sum = __fadd_rn(sum, __uint_as_float(piece_val[v][slot]));
-    }
-    finish(row_begin + cut_row, acc, sum, cut_scale, cut_bias);
+    if (++use_b == batches) use_b = 0, ++use_t;
+    if (it + 1 < iters) issue();  // the registers of the batch just consumed take the next one
   }
 }
 
 using KernelFn = void (*)(RowsParams);
 
-KernelFn pick(bool int4, int group_size) {
+template <bool kInt4, int kGroup>
+KernelFn pick_rows(int rows_per_task) {
+  if (rows_per_task == 2) return gemv_rows_kernel<kInt4, kGroup, 2>;
+  return gemv_rows_kernel<kInt4, kGroup, 1>;
+}
+
+KernelFn pick(bool int4, int group_size, int rows_per_task) {
   if (int4) {
     switch (group_size) {
-      case 0: return gemv_rows_kernel<true, 0>;
-      case 32: return gemv_rows_kernel<true, 32>;
-      case 64: return gemv_rows_kernel<true, 64>;
-      case 128: return gemv_rows_kernel<true, 128>;
-      default: return gemv_rows_kernel<true, 256>;
+      case 0: return pick_rows<true, 0>(rows_per_task);
+      case 32: return pick_rows<true, 32>(rows_per_task);
+      case 64: return pick_rows<true, 64>(rows_per_task);
+      case 128: return pick_rows<true, 128>(rows_per_task);
+      default: return pick_rows<true, 256>(rows_per_task);
     }
   }
   switch (group_size) {
-    case 0: return gemv_rows_kernel<false, 0>;
-    case 64: return gemv_rows_kernel<false, 64>;
-    case 128: return gemv_rows_kernel<false, 128>;
-    default: return gemv_rows_kernel<false, 256>;
+    case 0: return pick_rows<false, 0>(rows_per_task);
+    case 64: return pick_rows<false, 64>(rows_per_task);
+    case 128: return pick_rows<false, 128>(rows_per_task);
+    default: return pick_rows<false, 256>(rows_per_task);
   }
 }
 
@@ -373,12 +323,14 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   check(supports(a.M, a.K), ErrorCode::kInvalidArgument, op, "the row kernel takes M = 1 and K <= ", kMaxK,
         "; got M ", a.M, ", K ", a.K);
   const int K = static_cast<int>(a.K);
-  const KernelFn kernel = pick(int4, a.group_size);
+  // Rows per warp task: a batch holds kLoadsPerLane chunks per lane, so rows of ≤ 4 chunk steps per lane go two to a
+  // task (W8 K ≤ 2048, W4 K ≤ 4096).
+  const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
+  const int rows_per_task = lane_chunks <= kLoadsPerLane / 2 ? 2 : 1;
+  const KernelFn kernel = pick(int4, a.group_size, rows_per_task);
   const int smem = smem_bytes(int4, K);
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // One 768-thread block per SM (80 registers each: the register file), rows split evenly between the blocks. The
-  // kernel counts a block's steps (rows × ⌈K / codes per chunk / 32⌉) in int: N ≤ 2^30 (checked by the caller) and
-  // K ≤ 65536 keep them below 2^30 / 132 · 128 < 2^31.
+  // One 768-thread block per SM (80 registers each: the register file), rows split evenly between the blocks.
   const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
   RowsParams p{};
   p.x = a.x;
