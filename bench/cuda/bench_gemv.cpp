@@ -17,6 +17,7 @@
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void set_gemv_kernel(int kernel);  // 0 automatic, 1 the tile kernel, 2 the row kernel (M = 1)
+void set_gemv_rows_per_task(int rows);  // row kernel: 0 automatic, 1 or 2 weight rows per warp task
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -32,6 +33,7 @@ struct Variant {
   int prefetch = 0;  // 2: the epilogue's scale/bias loaded after the barrier (the default prefetches them)
   int split = 0;     // warps per tile (16-warp blocks, cp.async ring): 1, 2, 4 or 16
   int kernel = 0;    // 1: the tile kernel for M = 1 (the default there is the row kernel)
+  int rows_per_task = 0;  // row kernel: 1 or 2 weight rows per warp task (0: its rule)
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -42,6 +44,7 @@ struct Variant {
     if (prefetch == 2) s += " no epilogue prefetch";
     if (split) s += " warps/tile " + std::to_string(split);
     if (kernel == 1) s += " tile kernel";
+    if (rows_per_task) s += " rows/task " + std::to_string(rows_per_task);
     return s;
   }
 };
@@ -102,10 +105,12 @@ BenchResult bench_int_gemv(bool int4, int64_t M, int64_t K, int64_t N, int group
   cuda::gemv_bench::set_gemv_tuning(variant.warps, variant.blocks_per_sm, variant.quantize, variant.ring,
                                     variant.prefetch, variant.split);
   cuda::gemv_bench::set_gemv_kernel(variant.kernel);
+  cuda::gemv_bench::set_gemv_rows_per_task(variant.rows_per_task);
   BenchResult r;
   r.seconds = bench_graph(run, stream.handle(), 20, 15);
   cuda::gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
   cuda::gemv_bench::set_gemv_kernel(0);
+  cuda::gemv_bench::set_gemv_rows_per_task(0);
   r.bytes = static_cast<double>(w_bytes + scale_bytes) + 4.0 * static_cast<double>(M * K + N + M * N);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
@@ -352,4 +357,20 @@ CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N6144", "linear") {
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N28672", "linear") {
   return bench_int_gemv(false, 1, 4096, 28672, 0, "bf16 GEMV K4096 N28672");
 }
+}  // namespace cider::bench
+
+// Row kernel, rows per warp task forced (W4 K4096 defaults to 2: 4 chunk steps per lane and row; 1 halves the bytes a
+// warp keeps in flight but gives 108.6 one-row tasks per block instead of 54.3 two-row tasks over 24 warps).
+namespace cider::bench {
+#define CIDER_GEMV_ROWS_CASE(name, int4, K, N, gs, peer, rows)                                         \
+  CIDER_CUDA_BENCH(name " v:rows/task " #rows, "linear") {                                            \
+    Variant v;                                                                                          \
+    v.rows_per_task = rows;                                                                             \
+    return bench_int_gemv(int4, 1, K, N, gs, peer, v);                                                  \
+  }
+CIDER_GEMV_ROWS_CASE("w4a8 gemv M1 K4096 N14336", true, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_ROWS_CASE("w4a8 gemv g64 M1 K4096 N14336", true, 4096, 14336, 64, "bf16 GEMV K4096 N14336", 1)
+CIDER_GEMV_ROWS_CASE("w4a8 gemv M1 K4096 N4096", true, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 1)
+CIDER_GEMV_ROWS_CASE("w8a8 gemv M1 K4096 N14336", false, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 2)
+#undef CIDER_GEMV_ROWS_CASE
 }  // namespace cider::bench

@@ -292,6 +292,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
 
 using KernelFn = void (*)(RowsParams);
 
+int g_rows_per_task = 0;  // gemv_bench::set_gemv_rows_per_task: 0 automatic, else 1 or 2
+
 template <bool kInt4, int kGroup>
 KernelFn pick_rows(int rows_per_task) {
   if (rows_per_task == 2) return gemv_rows_kernel<kInt4, kGroup, 2>;
@@ -326,7 +328,7 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   // Rows per warp task: a batch holds kLoadsPerLane chunks per lane, so rows of ≤ 4 chunk steps per lane go two to a
   // task (W8 K ≤ 2048, W4 K ≤ 4096).
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
-  const int rows_per_task = lane_chunks <= kLoadsPerLane / 2 ? 2 : 1;
+  const int rows_per_task = g_rows_per_task > 0 ? g_rows_per_task : (lane_chunks <= kLoadsPerLane / 2 ? 2 : 1);
   const KernelFn kernel = pick(int4, a.group_size, rows_per_task);
   const int smem = smem_bytes(int4, K);
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -350,3 +352,13 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
 }
 
 }  // namespace cider::cuda::gemv_rows
+
+namespace cider::cuda::gemv_bench {
+// For bench/cuda/bench_gemv.cpp and tests only: weight rows per warp task of the row kernel for the following calls
+// (0: the launcher's rule, 2 when a row has ≤ 4 chunk steps per lane; 1 or 2 forces it).
+void set_gemv_rows_per_task(int rows) {
+  check(rows >= 0 && rows <= 2, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_rows_per_task",
+        "rows per task must be 0 (automatic), 1 or 2; got ", rows);
+  gemv_rows::g_rows_per_task = rows;
+}
+}  // namespace cider::cuda::gemv_bench
