@@ -3,7 +3,8 @@
 # lent H200 has no gtest/CLI11 packages, so we build here and carry the programs), or, with no .gpu/, this script
 # installs the dependencies (scripts/setup.sh, Debian/Ubuntu) and builds the CUDA backend itself. Then:
 #   1. every CUDA test program, 2. compute-sanitizer memcheck (+ racecheck on the attention tests) unless
-#   GPU_JOB_SANITIZE=0, 3. cuda_bench, 4. the PyTorch peers (gpu_anchors.py) in the same job, 5. one table of
+#   GPU_JOB_SANITIZE=0, 3. cuda_bench, 4. the PyTorch peers (gpu_anchors.py, tools/gpu/attn_prefill_peer.py,
+#   tools/gpu/gemv_shapes_peer.py) in the same job, 5. one table of
 #   cider's times against the peers' (tools/gpu/compare.py). Logs and JSON go to $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,11 @@ if [ -f .gpu/gpu_anchors.py ] && [ "${GPU_JOB_PEERS:-1}" = 1 ]; then
   echo "== PyTorch peers (gpu_anchors.py) =="
   PYTHONUNBUFFERED=1 python3 .gpu/gpu_anchors.py > "$OUT/gpu_anchors.txt" 2>&1 || status=1
   tail -n 30 "$OUT/gpu_anchors.txt"
+  # cider's peers for shapes gpu_anchors.py does not time: causal prefill SDPA, bf16 GEMV at the model's other shapes.
+  for peer in attn_prefill_peer gemv_shapes_peer; do
+    PYTHONUNBUFFERED=1 python3 "tools/gpu/$peer.py" > "$OUT/$peer.txt" 2>&1 || status=1
+  done
 fi
-[ -f "$OUT/cuda_bench.json" ] && [ -f "$OUT/gpu_anchors.json" ] && python3 tools/gpu/compare.py "$OUT/cuda_bench.json" "$OUT/gpu_anchors.json" | tee "$OUT/compare.txt"
+[ -f "$OUT/cuda_bench.json" ] && [ -f "$OUT/gpu_anchors.json" ] && python3 tools/gpu/compare.py "$OUT/cuda_bench.json" \
+  "$OUT/gpu_anchors.json" $(ls "$OUT"/attn_prefill_peer.json "$OUT"/gemv_shapes_peer.json 2>/dev/null) | tee "$OUT/compare.txt"
 exit $status
