@@ -374,6 +374,10 @@ TEST(CudaGemv, RowKernelShapesAndGroups) {
         run_case(Case{int4, 1, 133, K, gs, DType::kBF16, DType::kBF16, true}, rng);
         if (::testing::Test::HasFatalFailure()) return;
       }
+  // Past the row kernel's K limit (65536) an M = 1 call runs the tile kernel even when the row kernel is asked for
+  // (run_case checks which kernel ran) and still matches the reference.
+  run_case(Case{false, 1, 33, 65536 + 16, 0, DType::kF32, DType::kF32, true}, rng);
+  run_case(Case{true, 1, 33, 65536 + 64, 0, DType::kF32, DType::kBF16, false}, rng);
 }
 
 // $CIDER_GEMV_KERNEL: "tile" sends M = 1 to the tile kernel, "rows" (the default) to the row kernel; M > 1 and
