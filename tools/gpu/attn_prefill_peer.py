@@ -4,36 +4,16 @@ when the installed torch lacks it), L = 512 and 4096 (kL = L). Timing: CUDA even
 back-to-back calls, median of >= 20 samples after warm-up (as ../shared/tools/gpu_anchors.py). Prints one row per
 shape, named exactly as the bench's `peer` strings; writes attn_prefill_peer.json into $OUT if set.
 Also prints which SDPA backend ran (flash / efficient / math) where torch tells."""
-import json, os, statistics
+import json, os
 
 import torch
 import torch.nn.functional as F
 
+from peer_timing import bench  # tools/gpu/peer_timing.py: the script's folder is on sys.path
+
 dev = "cuda"
 torch.manual_seed(0)
 res = {}
-
-
-def bench(fn, samples=25, warm=5, reps=10):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) * 1e-3 / reps)
-    del g
-    return statistics.median(ts)
 
 
 def row(name, secs, flops):

@@ -4,36 +4,15 @@ the fused q/k/v projection (K4096 N6144) and the fused gate/up projection (K4096
 gpu_anchors.py: weights rotated over copies (>= 150 MB in all, beyond the 60 MB L2), a CUDA graph of `reps` calls
 timed with CUDA events, median of >= 20 samples. Prints one row per shape named as the bench's `peer` strings;
 writes gemv_shapes_peer.json into $OUT if set."""
-import json, os, statistics
+import json, os
 
 import torch
+
+from peer_timing import bench  # tools/gpu/peer_timing.py: the script's folder is on sys.path
 
 dev = "cuda"
 torch.manual_seed(0)
 res = {}
-
-
-def bench(fn, samples=25, warm=5, reps=20):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) * 1e-3 / reps)
-    del g
-    return statistics.median(ts)
-
 
 print(torch.__version__, torch.cuda.get_device_name(), flush=True)
 for (K, N) in [(14336, 4096), (4096, 6144), (4096, 28672)]:
@@ -46,7 +25,7 @@ for (K, N) in [(14336, 4096), (4096, 6144), (4096, 28672)]:
         i[0] = (i[0] + 1) % copies
         return x @ ws[i[0]].t()
 
-    secs = bench(f)
+    secs = bench(f, reps=20)
     name = f"bf16 GEMV K{K} N{N}"
     res[name] = {"s": secs, "TBs": 2 * K * N / secs / 1e12}
     print(f"{name:40s} {secs*1e6:9.2f} us  {res[name]['TBs']:.2f} TB/s ({copies} copies)", flush=True)

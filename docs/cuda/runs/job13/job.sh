@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU job 13 (2026-11-30, session 3): the row GEMV kernel with equal step ranges per warp (cut rows finished after one block barrier) — otherwise job 12 (
-# (row, batch) work items were slower everywhere and are reverted) with the per-warp-maxima fix — all 7 CUDA test
-# programs, compute-sanitizer memcheck + racecheck on the row-kernel tests, the SASS of its per-channel kernels, every
-# GEMV row with its tile-kernel A/B row, the model's decode rows, the bf16 peers, one compare table.
+# GPU job 13 (2026-11-30, session 3): the row GEMV kernel with equal step ranges per warp (cut rows finished after one
+# block barrier) — all 7 CUDA test programs, compute-sanitizer memcheck + racecheck on the row-kernel tests, the SASS
+# of its per-channel kernels (the pattern names job 12's template signature, so it finds nothing here), every GEMV
+# row with its tile-kernel A/B row, the model's decode rows, the bf16 peers, one compare table.
 set -u
 cd "$(dirname "$0")/../../../.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
