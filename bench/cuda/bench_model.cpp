@@ -219,6 +219,16 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv tile", "model") 
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv tile", "model") {
   return with_env("CIDER_GEMV_KERNEL", "tile", false, "w4a8", "k4v3", 1024);
 }
+// The row GEMV kernel with its weights in registers (session 3's kernel) instead of bulk copies into shared memory.
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv register loads", "model") {
+  return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv register loads", "model") {
+  return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w4a8", "k4v3", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:gemv register loads", "model") {
+  return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 32768);
+}
 // The decode attention's split partials merged inside the kernel by each head's last CTA instead of by a separate
 // merge launch (slower at 32k in the kernel benchmark; at 1k a head has only 8 splits).
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:attn fold", "model") {

@@ -35,6 +35,10 @@ namespace gemv_bench {
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void set_gemv_kernel(int kernel);  // 0 automatic, 1 tile, 2 rows (M = 1)
 int last_gemv_kernel();            // the kernel of the latest launch
+// linear_gemv_rows.cu: the row kernel's weight loads (0 automatic, 1 registers, 2 / 3 bulk copies with 2 / 3 slots
+// per warp) and which ran last (1 registers, 2 bulk copies)
+void set_gemv_row_loads(int loads);
+int last_gemv_row_loads();
 }
 namespace {
 
@@ -49,6 +53,7 @@ struct KernelScope {
   KernelScope& operator=(const KernelScope&) = delete;
 };
 constexpr int kTileKernel = 1, kRowKernel = 2;
+constexpr int kLoadsRegisters = 1, kLoadsBulk = 2, kLoadsBulk2Slots = 2, kLoadsBulk3Slots = 3;
 struct TuningScope {
   TuningScope(int warps, int blocks_per_sm, int ring, int prefetch, int split = 0) {
     g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch, g_split = split;
@@ -134,12 +139,18 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   std::vector<std::vector<float>> gots;
   std::vector<std::string> labels;
   const bool tile_knobs = g_warps || g_blocks_per_sm || g_ring || g_prefetch || g_split;
-  std::vector<int> kernels = {g_kernel};
-  if (M == 1 && g_kernel == 0 && !tile_knobs) kernels = {0, kTileKernel};
-  for (const int kernel : kernels)
+  // (kernel, row loads): an M = 1 case runs the automatic choice (the row kernel with bulk copies where they fit),
+  // the tile kernel and the row kernel with register loads; RowKernelShapesAndGroups adds the 2-slot bulk variant.
+  std::vector<std::pair<int, int>> variants = {{g_kernel, 0}};
+  if (M == 1 && g_kernel == 0 && !tile_knobs) variants = {{0, 0}, {kTileKernel, 0}, {0, kLoadsRegisters}};
+  if (M == 1 && g_kernel == kRowKernel)
+    variants = {{kRowKernel, 0}, {kRowKernel, kLoadsRegisters}, {kRowKernel, kLoadsBulk2Slots}};
+  for (const auto& [kernel, loads] : variants)
   for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
     const std::string label = std::string(use_workspace ? "workspace" : "fused") +
-                              (kernel == kTileKernel ? ", tile kernel" : kernel == kRowKernel ? ", row kernel" : "");
+                              (kernel == kTileKernel ? ", tile kernel" : kernel == kRowKernel ? ", row kernel" : "") +
+                              (loads == kLoadsRegisters ? ", register loads"
+                               : loads == kLoadsBulk2Slots ? ", bulk loads 2 slots" : "");
     d_out.fill(0xFF);
     d_ws.fill(0xFF);
     Exec exec{};
@@ -150,14 +161,25 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     // quantize 2: the workspace path for every M (the automatic choice takes it for a large x only).
     gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch, g_split);
     gemv_bench::set_gemv_kernel(kernel);
+    gemv_bench::set_gemv_row_loads(loads);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
     gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
     gemv_bench::set_gemv_kernel(0);
+    gemv_bench::set_gemv_row_loads(0);
     // Which kernel ran: the row kernel serves M = 1 (K ≤ 65536) unless the tile kernel or its knobs were asked for.
     const int want_kernel = (M == 1 && K <= 65536 && kernel != kTileKernel && (kernel == kRowKernel || !tile_knobs))
                                 ? kRowKernel : kTileKernel;
     EXPECT_EQ(gemv_bench::last_gemv_kernel(), want_kernel) << label;
+    // And its weight loads: bulk copies unless registers were asked for or the slots and x do not fit shared memory
+    // (192 KB of slots + K activation bytes: K ≤ 16384 always fits, K ≥ 40000 never does).
+    if (want_kernel == kRowKernel) {
+      if (loads == kLoadsRegisters || K >= 40000) {
+        EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters) << label;
+      } else if (K <= 16384) {
+        EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk) << label;
+      }
+    }
     device_synchronize("test_cuda_gemv");
     std::vector<uint8_t> got_all(d_out.bytes());
     d_out.download(got_all.data(), got_all.size());
@@ -406,6 +428,34 @@ TEST(CudaGemv, KernelEnvironmentSwitch) {
     const test::ScopedEnv env("CIDER_GEMV_KERNEL", "rows");
     EXPECT_EQ(run(1, 256), kRowKernel);
     EXPECT_EQ(run(3, 256), kTileKernel);
+  }
+  // $CIDER_GEMV_ROW_LOADS: "registers" / "bulk" choose the row kernel's weight loads; bulk is the default where the
+  // slots fit; past that (K 65536) registers run even when bulk is asked for.
+  EXPECT_EQ(run(1, 256), kRowKernel);
+  EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk);
+  EXPECT_EQ(run(1, 65536), kRowKernel);
+  EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
+  {
+    const test::ScopedEnv env("CIDER_GEMV_ROW_LOADS", "registers");
+    EXPECT_EQ(run(1, 256), kRowKernel);
+    EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
+  }
+  {
+    const test::ScopedEnv env("CIDER_GEMV_ROW_LOADS", "bulk");
+    EXPECT_EQ(run(1, 256), kRowKernel);
+    EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk);
+    EXPECT_EQ(run(1, 65536), kRowKernel);
+    EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
+  }
+  {
+    const test::ScopedEnv env("CIDER_GEMV_ROW_LOADS", "dma");
+    try {
+      run(1, 256);
+      ADD_FAILURE() << "CIDER_GEMV_ROW_LOADS=dma was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda.w8a8_gemv"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("CIDER_GEMV_ROW_LOADS"), std::string::npos) << e.what();
+    }
   }
   const test::ScopedEnv env("CIDER_GEMV_KERNEL", "warp");
   try {

@@ -27,6 +27,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -41,8 +43,9 @@ namespace {
 
 using namespace gemv_device;
 
-constexpr int kWarps = 24;  // ≤ 32: warp 0 reduces the per-warp maxima
-constexpr int kThreads = kWarps * 32;
+// Warps per block: 24 with the weights in registers (80 registers each: the register file), 16 with three bulk-copy
+// slots per warp (the same 192 KB of shared memory as 24 warps × 2 slots, and room for three batches' scales).
+__host__ __device__ constexpr int warps_for(int slots) { return slots == 3 ? 16 : 24; }
 constexpr int kLoadsPerLane = 8;  // 16-byte weight chunks in flight per lane per batch (all its rows together)
 
 struct RowsParams {
@@ -65,13 +68,36 @@ __device__ __forceinline__ int dp4a_u8s8(uint32_t a, uint32_t b, int c) {
   return d;
 }
 
+// Σ over one 16-byte weight chunk of code × activation code, exactly (int32). W8: 16 signed codes against xa. W4: 32
+// nibbles; word i = codes 8i … 8i + 7 (unit i), low nibbles the even elements, high nibbles the odd ones; the x unit is
+// [evens | odds]: xa = (e0, o0, e1, o1), xb = (e2, o2, e3, o3); the nibbles enter unsigned and xsum8 = 8·Σ x over the
+// chunk turns Σ c·x into Σ (c − 8)·x.
+template <bool kInt4>
+__device__ __forceinline__ int32_t chunk_dot(uint4 wq, uint4 xa, uint4 xb, int32_t xsum8) {
+  int32_t a = 0;
+  if constexpr (kInt4) {
+    a = dp4a_u8s8(wq.x & 0x0f0f0f0fu, xa.x, a), a = dp4a_u8s8((wq.x >> 4) & 0x0f0f0f0fu, xa.y, a);
+    a = dp4a_u8s8(wq.y & 0x0f0f0f0fu, xa.z, a), a = dp4a_u8s8((wq.y >> 4) & 0x0f0f0f0fu, xa.w, a);
+    a = dp4a_u8s8(wq.z & 0x0f0f0f0fu, xb.x, a), a = dp4a_u8s8((wq.z >> 4) & 0x0f0f0f0fu, xb.y, a);
+    a = dp4a_u8s8(wq.w & 0x0f0f0f0fu, xb.z, a), a = dp4a_u8s8((wq.w >> 4) & 0x0f0f0f0fu, xb.w, a);
+    a -= xsum8;
+  } else {
+    (void)xb, (void)xsum8;
+    a = __dp4a(static_cast<int>(wq.x), static_cast<int>(xa.x), a);
+    a = __dp4a(static_cast<int>(wq.y), static_cast<int>(xa.y), a);
+    a = __dp4a(static_cast<int>(wq.z), static_cast<int>(xa.z), a);
+    a = __dp4a(static_cast<int>(wq.w), static_cast<int>(xa.w), a);
+  }
+  return a;
+}
+
 // Shared memory: the K activation codes (W4: every unit of 8 stored as [x0 x2 x4 x6 | x1 x3 x5 x7], the order the
 // unpacked nibble words come in), then for W4 the int32 sums Σ xq of each 32-code chunk.
 __host__ __device__ constexpr int xq_bytes(int K) { return (K + 15) / 16 * 16; }
 __host__ __device__ constexpr int smem_bytes(bool int4, int K) { return xq_bytes(K) + (int4 ? 4 * (K / 32) : 0); }
 
 // Activation codes of x (one row) into shared memory, as quant::quantize_int8_row; whole block, ends with a barrier.
-template <bool kInt4>
+template <bool kInt4, int kThreads>
 __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t* chunk_sums, uint32_t* amax_warp,
                                        float* sx_out) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -100,7 +126,7 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
     if (lane == 0) amax_warp[warp] = amax_bits;
     __syncthreads();
     if (warp == 0) {
-      const uint32_t m = __reduce_max_sync(0xffffffffu, lane < kWarps ? amax_warp[lane] : 0u);
+      const uint32_t m = __reduce_max_sync(0xffffffffu, lane < kThreads / 32 ? amax_warp[lane] : 0u);
       if (lane == 0) {
         float s;
         if (m >= 0x7f800000u) {
@@ -149,18 +175,66 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
   }
 }
 
+// ---- bulk copies (TMA) into warp-private shared-memory slots, completion counted on an mbarrier per slot ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {  // one arrival per phase: the issuing lane's expect_tx
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {  // the initialised barriers visible to the async (TMA) proxy
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_LOOP;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned); completes on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// The slot's earlier generic reads (all lanes, ordered by __syncwarp) before the async proxy overwrites it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Weight bytes of one batch: kLoadsPerLane 16-byte chunks per lane, 32 lanes (the same for every kR).
+constexpr int kBatchBytes = kLoadsPerLane * 32 * 16;
+
 // kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size. kR: weight rows per warp task (1 or 2: short
-// rows go two to a task so that a batch still holds kLoadsPerLane chunk loads per lane).
-template <bool kInt4, int kGroup, int kR>
-__global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams p) {
+// rows go two to a task so that a batch still holds kLoadsPerLane chunks per lane). kSlots: where a batch waits —
+// 0: in registers (plain 16-byte loads, one batch in flight per warp); 2: in two warp-private shared-memory slots
+// filled by bulk copies (lane 0 issues one cp.async.bulk per row segment; the row segment of a batch, kU chunk steps,
+// is contiguous in global memory), so each warp keeps two batches in flight without holding them in registers.
+template <bool kInt4, int kGroup, int kR, int kSlots>
+__global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(const RowsParams p) {
+  constexpr int kWarps = warps_for(kSlots);
   constexpr int kU = kLoadsPerLane / kR;  // chunks per row and lane in one batch
   constexpr int kCodes = kInt4 ? 32 : 16;  // weight codes in a 16-byte chunk
+  constexpr int kSegBytes = kU * 32 * 16;  // one row's bytes of a batch
+  constexpr int kPhases = kSlots > 0 ? kSlots : 1;  // batches in flight per warp
   // Lanes that share one scale group in a batch step (chunks ℓ + 32j of lanes ℓ side by side are consecutive k).
   constexpr int kLanesPerGroup = kGroup == 0 ? 1 : kGroup / kCodes;
   static_assert(kGroup == 0 || (kGroup % kCodes == 0 && kLanesPerGroup <= 32), "group sizes 32 (W4) … 256");
-  extern __shared__ __align__(16) int8_t xq[];
-  __shared__ uint32_t amax_warp[kWarps];
+  static_assert(kR * kSegBytes == kBatchBytes, "a batch fills one slot");
+  // Dynamic shared memory: [kWarps][kSlots] slots of kBatchBytes (bulk path), then the activation codes and W4's
+  // chunk sums.
+  extern __shared__ __align__(128) int8_t rows_smem[];
+  __shared__ uint32_t amax_warp[32];
   __shared__ float sx_shared;
+  __shared__ uint64_t slot_bar[kSlots > 0 ? kWarps * kSlots : 1];
+  int8_t* xq = rows_smem + kWarps * kSlots * kBatchBytes;
   int32_t* chunk_sums = reinterpret_cast<int32_t*>(xq + xq_bytes(p.K));
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -168,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
   const int lane_chunks = (chunks + 31) / 32;   // chunk steps per lane and row (the last may be partial)
   const int batches = (lane_chunks + kU - 1) / kU;
   // This block's rows: a balanced contiguous range (every SM streams the same bytes); warp w takes the tasks
-  // (kR consecutive rows) w, w + 32, …
+  // (kR consecutive rows) w, w + kWarps, …
   const int row_begin = static_cast<int>(static_cast<int64_t>(p.N) * blockIdx.x / gridDim.x);
   const int row_end = static_cast<int>(static_cast<int64_t>(p.N) * (blockIdx.x + 1) / gridDim.x);
   const int tasks = (row_end - row_begin + kR - 1) / kR;
@@ -176,14 +250,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
   const int iters = my_tasks * batches;  // warp-uniform
   const int64_t row_bytes = kInt4 ? p.K / 2 : p.K;
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
+  uint8_t* my_slots = reinterpret_cast<uint8_t*>(rows_smem) + warp * kSlots * kBatchBytes;
+  uint64_t* my_bars = slot_bar + (kSlots > 0 ? warp * kSlots : 0);
 
-  uint4 wv[kR][kU];                           // the batch in flight: chunk u of row r
-  float gscale[kGroup ? kR : 1][kGroup ? kU : 1];  // its group scales (per group)
-  float ep_scale[kR], ep_bias[kR];            // epilogue operands of the task's rows, loaded with its last batch
+  uint4 wv[kSlots > 0 ? 1 : kR][kSlots > 0 ? 1 : kU];  // register path: the batch in flight, chunk u of row r
+  float gscale[kPhases][kGroup ? kR : 1][kGroup ? kU : 1];  // the group scales of each batch in flight
+  float ep_scale[kPhases][kR], ep_bias[kPhases][kR];  // epilogue operands, loaded with a task's last batch
 
   int load_t = 0, load_b = 0;  // task and batch of the next issue
-  auto issue = [&]() {
+  // Issue the next batch into phase ph (a compile-time constant after unrolling: register arrays stay registers).
+  auto issue = [&](int ph) {
     const int row0 = row_begin + (warp + load_t * kWarps) * kR;
+    if constexpr (kSlots > 0) {
+      if (lane == 0) {  // row0 < row_end for every issued task; a second row may lie past the block's range
+        const int64_t seg0 = static_cast<int64_t>(load_b) * kSegBytes;
+        const uint32_t len = static_cast<uint32_t>(min(static_cast<int64_t>(kSegBytes), row_bytes - seg0));
+        const int rows = min(kR, row_end - row0);
+        fence_proxy_async();
+        mbar_expect_tx(my_bars + ph, len * static_cast<uint32_t>(rows));
+        for (int r = 0; r < rows; ++r)
+          bulk_load(my_slots + ph * kBatchBytes + r * kSegBytes, w + static_cast<int64_t>(row0 + r) * row_bytes + seg0,
+                    len, my_bars + ph);
+      }
+    }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int row = row0 + r;
@@ -193,27 +282,37 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
       for (int u = 0; u < kU; ++u) {
         const int c = lane + 32 * (load_b * kU + u);
         const bool ok = row_ok && c < chunks;
-        wv[r][u] = ok ? load_stream16(wr + 16 * static_cast<int64_t>(c)) : make_uint4(0, 0, 0, 0);
+        if constexpr (kSlots == 0) wv[r][u] = ok ? load_stream16(wr + 16 * static_cast<int64_t>(c)) : make_uint4(0, 0, 0, 0);
         if constexpr (kGroup != 0)
-          gscale[r][u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
+          gscale[ph][r][u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
       }
       if (load_b == batches - 1) {
-        ep_scale[r] = 0.0f, ep_bias[r] = 0.0f;
+        ep_scale[ph][r] = 0.0f, ep_bias[ph][r] = 0.0f;
         if (row_ok) {
-          if constexpr (kGroup == 0) ep_scale[r] = __ldg(p.w_scales + row);
-          if (p.bias != nullptr) ep_bias[r] = __ldg(p.bias + row);
+          if constexpr (kGroup == 0) ep_scale[ph][r] = __ldg(p.w_scales + row);
+          if (p.bias != nullptr) ep_bias[ph][r] = __ldg(p.bias + row);
         }
       }
     }
     if (++load_b == batches) load_b = 0, ++load_t;
   };
 
-  // Prologue: the first batch reads only immutable data (weights, scales, bias), so it goes out before the wait for
+  if constexpr (kSlots > 0) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) mbar_init(my_bars + s);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  // Prologue: the first batches read only immutable data (weights, scales, bias), so they go out before the wait for
   // the previous kernel (kernels/cuda/pdl.cuh); then x, which that kernel writes.
-  if (iters > 0) issue();
+#pragma unroll
+  for (int ph = 0; ph < kPhases; ++ph)
+    if (ph < iters) issue(ph);
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
-  quantize_row_to_shared<kInt4>(p, xq, chunk_sums, amax_warp, &sx_shared);
+  quantize_row_to_shared<kInt4, kWarps * 32>(p, xq, chunk_sums, amax_warp, &sx_shared);
   const float sx = sx_shared;
 
   int32_t acc[kR];  // per channel: this lane's exact integer sum per row
@@ -221,11 +320,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
 #pragma unroll
   for (int r = 0; r < kR; ++r) acc[r] = 0, fsum[r] = 0.0f;
   int use_t = 0, use_b = 0;
-  for (int it = 0; it < iters; ++it) {
+  auto consume = [&](int ph, uint32_t parity) {
+    const uint8_t* slot = my_slots + ph * kBatchBytes;
+    if constexpr (kSlots > 0) mbar_wait(my_bars + ph, parity);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = lane + 32 * (use_b * kU + u);
-      const bool c_ok = c < chunks;  // lanes past the row end hold zero weights; their x is zero too
+      const bool c_ok = c < chunks;  // lanes past the row end contribute zero (their x is zero too)
       uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
       int32_t xsum8 = 0;
       if (c_ok) {
@@ -237,22 +338,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
       }
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const uint4 wq = wv[r][u];
-        int32_t a = 0;
-        if constexpr (kInt4) {
-          // Word i = codes 8i … 8i + 7 (unit i): low nibbles the even elements, high nibbles the odd ones; the x unit
-          // is [evens | odds]: xa = (e0, o0, e1, o1), xb = (e2, o2, e3, o3).
-          a = dp4a_u8s8(wq.x & 0x0f0f0f0fu, xa.x, a), a = dp4a_u8s8((wq.x >> 4) & 0x0f0f0f0fu, xa.y, a);
-          a = dp4a_u8s8(wq.y & 0x0f0f0f0fu, xa.z, a), a = dp4a_u8s8((wq.y >> 4) & 0x0f0f0f0fu, xa.w, a);
-          a = dp4a_u8s8(wq.z & 0x0f0f0f0fu, xb.x, a), a = dp4a_u8s8((wq.z >> 4) & 0x0f0f0f0fu, xb.y, a);
-          a = dp4a_u8s8(wq.w & 0x0f0f0f0fu, xb.z, a), a = dp4a_u8s8((wq.w >> 4) & 0x0f0f0f0fu, xb.w, a);
-          a -= xsum8;  // Σ (c − 8)·x over the chunk
+        uint4 wq;
+        if constexpr (kSlots > 0) {
+          // Bytes of the slot past a short last segment or a missing second row are stale: masked here.
+          const int row = row_begin + (warp + use_t * kWarps) * kR + r;
+          wq = (c_ok && row < row_end)
+                   ? *reinterpret_cast<const uint4*>(slot + r * kSegBytes + (u * 32 + lane) * 16)
+                   : make_uint4(0, 0, 0, 0);
         } else {
-          a = __dp4a(static_cast<int>(wq.x), static_cast<int>(xa.x), a);
-          a = __dp4a(static_cast<int>(wq.y), static_cast<int>(xa.y), a);
-          a = __dp4a(static_cast<int>(wq.z), static_cast<int>(xa.z), a);
-          a = __dp4a(static_cast<int>(wq.w), static_cast<int>(xa.w), a);
+          wq = wv[r][u];
         }
+        int32_t a = chunk_dot<kInt4>(wq, xa, xb, xsum8);
         if constexpr (kGroup == 0) {
           acc[r] += a;
         } else {
@@ -260,12 +356,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
 #pragma unroll
           for (int o = 1; o < kLanesPerGroup; o *= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
           if ((lane & (kLanesPerGroup - 1)) == 0 && c_ok)
-            fsum[r] = __fadd_rn(fsum[r], __fmul_rn(gscale[r][u], __int2float_rn(a)));
+            fsum[r] = __fadd_rn(fsum[r], __fmul_rn(gscale[ph][r][u], __int2float_rn(a)));
         }
       }
     }
-    const bool task_done = use_b == batches - 1;
-    if (task_done) {
+    if (use_b == batches - 1) {
       // Rows of the task: warp sums, then lane r finishes row r (operands loaded with this batch).
       const int row0 = row_begin + (warp + use_t * kWarps) * kR;
 #pragma unroll
@@ -273,49 +368,80 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_kernel(const RowsParams
         float y;
         if constexpr (kGroup == 0) {
           const int32_t total = __reduce_add_sync(0xffffffffu, acc[r]);
-          y = __fmul_rn(sx, __fmul_rn(ep_scale[r], __int2float_rn(total)));
+          y = __fmul_rn(sx, __fmul_rn(ep_scale[ph][r], __int2float_rn(total)));
         } else {
           float s = fsum[r];
 #pragma unroll
           for (int o = 16; o > 0; o /= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
           y = __fmul_rn(sx, s);
         }
-        if (p.bias != nullptr) y = __fadd_rn(y, ep_bias[r]);
+        if (p.bias != nullptr) y = __fadd_rn(y, ep_bias[ph][r]);
         if (lane == r && row0 + r < row_end) store_out(p.out, p.out_dtype, row0 + r, y);
         acc[r] = 0, fsum[r] = 0.0f;
       }
     }
     if (++use_b == batches) use_b = 0, ++use_t;
-    if (it + 1 < iters) issue();  // the registers of the batch just consumed take the next one
+    if constexpr (kSlots > 0) __syncwarp();  // every lane is done with the slot before lane 0 refills it
+  };
+
+  // Batch i sits in phase i % kPhases; its slot's barrier completes its (i / kPhases)-th phase.
+  for (int it0 = 0; it0 < iters; it0 += kPhases) {
+    const uint32_t parity = static_cast<uint32_t>(it0 / kPhases) & 1u;
+#pragma unroll
+    for (int ph = 0; ph < kPhases; ++ph) {
+      const int it = it0 + ph;
+      if (it < iters) {
+        consume(ph, parity);
+        if (it + kPhases < iters) issue(ph);  // the registers / slot of the batch just consumed take a later one
+      }
+    }
   }
 }
 
 using KernelFn = void (*)(RowsParams);
 
 int g_rows_per_task = 0;  // gemv_bench::set_gemv_rows_per_task: 0 automatic, else 1 or 2
+int g_row_loads = 0;      // gemv_bench::set_gemv_row_loads: 0 automatic, 1 registers, 2 bulk copies
+int g_last_row_loads = 0;  // gemv_bench::last_gemv_row_loads: the weight loads of the latest launch (1 or 2)
+int g_bulk_slots = 3;      // gemv_bench::set_gemv_row_loads(2 or 3): slots per warp of the bulk path
+constexpr int kLoadsRegisters = 1, kLoadsBulk = 2;
 
-template <bool kInt4, int kGroup>
+template <bool kInt4, int kGroup, int kSlots>
 KernelFn pick_rows(int rows_per_task) {
-  if (rows_per_task == 2) return gemv_rows_kernel<kInt4, kGroup, 2>;
-  return gemv_rows_kernel<kInt4, kGroup, 1>;
+  if (rows_per_task == 2) return gemv_rows_kernel<kInt4, kGroup, 2, kSlots>;
+  return gemv_rows_kernel<kInt4, kGroup, 1, kSlots>;
 }
 
+template <int kSlots>
 KernelFn pick(bool int4, int group_size, int rows_per_task) {
   if (int4) {
     switch (group_size) {
-      case 0: return pick_rows<true, 0>(rows_per_task);
-      case 32: return pick_rows<true, 32>(rows_per_task);
-      case 64: return pick_rows<true, 64>(rows_per_task);
-      case 128: return pick_rows<true, 128>(rows_per_task);
-      default: return pick_rows<true, 256>(rows_per_task);
+      case 0: return pick_rows<true, 0, kSlots>(rows_per_task);
+      case 32: return pick_rows<true, 32, kSlots>(rows_per_task);
+      case 64: return pick_rows<true, 64, kSlots>(rows_per_task);
+      case 128: return pick_rows<true, 128, kSlots>(rows_per_task);
+      default: return pick_rows<true, 256, kSlots>(rows_per_task);
     }
   }
   switch (group_size) {
-    case 0: return pick_rows<false, 0>(rows_per_task);
-    case 64: return pick_rows<false, 64>(rows_per_task);
-    case 128: return pick_rows<false, 128>(rows_per_task);
-    default: return pick_rows<false, 256>(rows_per_task);
+    case 0: return pick_rows<false, 0, kSlots>(rows_per_task);
+    case 64: return pick_rows<false, 64, kSlots>(rows_per_task);
+    case 128: return pick_rows<false, 128, kSlots>(rows_per_task);
+    default: return pick_rows<false, 256, kSlots>(rows_per_task);
   }
+}
+
+// Weight loads asked for: the bench/test knob, else $CIDER_GEMV_ROW_LOADS ("registers" or "bulk", read at every call:
+// the A/B switch), else 0 (automatic).
+int requested_row_loads(const char* op) {
+  if (g_row_loads != 0) return g_row_loads;
+  if (const char* e = std::getenv("CIDER_GEMV_ROW_LOADS"); e != nullptr && *e != '\0') {
+    const std::string v(e);
+    check(v == "registers" || v == "bulk", ErrorCode::kInvalidArgument, op,
+          "$CIDER_GEMV_ROW_LOADS must be 'registers' or 'bulk'; got '", v, "'");
+    return v == "bulk" ? kLoadsBulk : kLoadsRegisters;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -329,10 +455,26 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   // task (W8 K ≤ 2048, W4 K ≤ 4096).
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
   const int rows_per_task = g_rows_per_task > 0 ? g_rows_per_task : (lane_chunks <= kLoadsPerLane / 2 ? 2 : 1);
-  const KernelFn kernel = pick(int4, a.group_size, rows_per_task);
-  const int smem = smem_bytes(int4, K);
+  // Weight loads: bulk copies into shared-memory slots (16 warps × 3 slots × 4 KB = 192 KB in flight per SM instead
+  // of the 96 KB that fit in registers) whenever the slots and the activation row fit the block's shared memory
+  // (K up to ≈ 30k), else — or when registers are asked for — plain loads into registers.
+  const int loads_asked = requested_row_loads(op);
+  const int slots = g_bulk_slots;
+  KernelFn kernel = slots == 2 ? pick<2>(int4, a.group_size, rows_per_task) : pick<3>(int4, a.group_size, rows_per_task);
+  int warps = warps_for(slots);
+  int smem = warps * slots * kBatchBytes + smem_bytes(int4, K);
+  cudaFuncAttributes attr{};
+  CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kernel));
+  const bool bulk_fits =
+      static_cast<int64_t>(smem) + static_cast<int64_t>(attr.sharedSizeBytes) <= device_info().max_shared_per_block_optin;
+  const int loads = (loads_asked != kLoadsRegisters && bulk_fits) ? kLoadsBulk : kLoadsRegisters;
+  if (loads == kLoadsRegisters) {
+    kernel = pick<0>(int4, a.group_size, rows_per_task);
+    warps = warps_for(0);
+    smem = smem_bytes(int4, K);
+  }
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // One 768-thread block per SM (80 registers each: the register file), rows split evenly between the blocks.
+  // One block per SM, rows split evenly between the blocks.
   const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
   RowsParams p{};
   p.x = a.x;
@@ -346,9 +488,10 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   p.out_dtype = a.out_dtype;
   p.N = static_cast<int>(a.N);
   p.K = K;
-  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads),
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
                                         static_cast<size_t>(smem), static_cast<cudaStream_t>(stream), p));
   check_last_launch(op);
+  g_last_row_loads = loads;
 }
 
 }  // namespace cider::cuda::gemv_rows
@@ -361,4 +504,15 @@ void set_gemv_rows_per_task(int rows) {
         "rows per task must be 0 (automatic), 1 or 2; got ", rows);
   gemv_rows::g_rows_per_task = rows;
 }
+// Weight loads of the row kernel for the following calls: 0 automatic (bulk copies, 3 slots, when they fit),
+// 1 registers, 2 / 3 bulk copies with 2 / 3 slots per warp (registers anyway when the slots do not fit);
+// last_gemv_row_loads says which ran (1 registers or 2 bulk).
+void set_gemv_row_loads(int loads) {
+  check(loads >= 0 && loads <= 3, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_row_loads",
+        "row loads must be 0 (automatic), 1 (registers), 2 (bulk copies, 24 warps x 2 slots) or 3 (bulk copies, ",
+        "16 warps x 3 slots); got ", loads);
+  gemv_rows::g_row_loads = loads == 0 ? 0 : (loads == 1 ? 1 : 2);
+  gemv_rows::g_bulk_slots = loads == 2 ? 2 : 3;
+}
+int last_gemv_row_loads() { return gemv_rows::g_last_row_loads; }
 }  // namespace cider::cuda::gemv_bench
