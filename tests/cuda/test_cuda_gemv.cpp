@@ -35,8 +35,8 @@ namespace gemv_bench {
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void set_gemv_kernel(int kernel);  // 0 automatic, 1 tile, 2 rows (M = 1)
 int last_gemv_kernel();            // the kernel of the latest launch
-// linear_gemv_rows.cu: the row kernel's weight loads (0 automatic, 1 registers, 2 / 3 bulk copies with 2 / 3 slots
-// per warp) and which ran last (1 registers, 2 bulk copies)
+// linear_gemv_rows.cu: the row kernel's weight loads (0 automatic, 1 registers, 2 / 3 / 6 bulk-copy slots per
+// warp) and which ran last (1 registers, 2 bulk copies)
 void set_gemv_row_loads(int loads);
 int last_gemv_row_loads();
 }
@@ -53,7 +53,7 @@ struct KernelScope {
   KernelScope& operator=(const KernelScope&) = delete;
 };
 constexpr int kTileKernel = 1, kRowKernel = 2;
-constexpr int kLoadsRegisters = 1, kLoadsBulk = 2, kLoadsBulk2Slots = 2, kLoadsBulk3Slots = 3;
+constexpr int kLoadsRegisters = 1, kLoadsBulk = 2, kLoadsBulk2Slots = 2, kLoadsBulk3Slots = 3, kLoadsBulk6Slots = 6;
 struct TuningScope {
   TuningScope(int warps, int blocks_per_sm, int ring, int prefetch, int split = 0) {
     g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch, g_split = split;
@@ -139,18 +139,21 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   std::vector<std::vector<float>> gots;
   std::vector<std::string> labels;
   const bool tile_knobs = g_warps || g_blocks_per_sm || g_ring || g_prefetch || g_split;
-  // (kernel, row loads): an M = 1 case runs the automatic choice (the row kernel with bulk copies where they fit),
-  // the tile kernel and the row kernel with register loads; RowKernelShapesAndGroups adds the 2-slot bulk variant.
+  // (kernel, row loads): an M = 1 case runs the automatic choice (the row kernel: bulk copies per channel where they
+  // fit, registers per group), the tile kernel, and the row kernel with the other loads (registers per channel, 3
+  // bulk slots per group); RowKernelShapesAndGroups runs every load variant (registers, 2, 3 and 6 slots).
   std::vector<std::pair<int, int>> variants = {{g_kernel, 0}};
-  if (M == 1 && g_kernel == 0 && !tile_knobs) variants = {{0, 0}, {kTileKernel, 0}, {0, kLoadsRegisters}};
+  if (M == 1 && g_kernel == 0 && !tile_knobs)
+    variants = {{0, 0}, {kTileKernel, 0}, {0, c.group_size == 0 ? kLoadsRegisters : kLoadsBulk3Slots}};
   if (M == 1 && g_kernel == kRowKernel)
-    variants = {{kRowKernel, 0}, {kRowKernel, kLoadsRegisters}, {kRowKernel, kLoadsBulk2Slots}};
+    variants = {{kRowKernel, 0}, {kRowKernel, kLoadsRegisters}, {kRowKernel, kLoadsBulk2Slots},
+                {kRowKernel, kLoadsBulk3Slots}, {kRowKernel, kLoadsBulk6Slots}};
   for (const auto& [kernel, loads] : variants)
   for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
     const std::string label = std::string(use_workspace ? "workspace" : "fused") +
                               (kernel == kTileKernel ? ", tile kernel" : kernel == kRowKernel ? ", row kernel" : "") +
                               (loads == kLoadsRegisters ? ", register loads"
-                               : loads == kLoadsBulk2Slots ? ", bulk loads 2 slots" : "");
+                               : loads >= kLoadsBulk2Slots ? ", bulk loads " + std::to_string(loads) + " slots" : "");
     d_out.fill(0xFF);
     d_ws.fill(0xFF);
     Exec exec{};
@@ -171,10 +174,11 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     const int want_kernel = (M == 1 && K <= 65536 && kernel != kTileKernel && (kernel == kRowKernel || !tile_knobs))
                                 ? kRowKernel : kTileKernel;
     EXPECT_EQ(gemv_bench::last_gemv_kernel(), want_kernel) << label;
-    // And its weight loads: bulk copies unless registers were asked for or the slots and x do not fit shared memory
-    // (192 KB of slots + K activation bytes: K ≤ 16384 always fits, K ≥ 40000 never does).
+    // And its weight loads: bulk copies when asked for (or automatically per channel) unless the slots and x do not
+    // fit shared memory (192 KB of slots + K activation bytes: K ≤ 16384 always fits, K ≥ 40000 never does).
     if (want_kernel == kRowKernel) {
-      if (loads == kLoadsRegisters || K >= 40000) {
+      const bool bulk = loads >= kLoadsBulk2Slots || (loads == 0 && c.group_size == 0);
+      if (!bulk || K >= 40000) {
         EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters) << label;
       } else if (K <= 16384) {
         EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk) << label;
@@ -429,7 +433,7 @@ TEST(CudaGemv, KernelEnvironmentSwitch) {
     EXPECT_EQ(run(1, 256), kRowKernel);
     EXPECT_EQ(run(3, 256), kTileKernel);
   }
-  // $CIDER_GEMV_ROW_LOADS: "registers" / "bulk" choose the row kernel's weight loads; bulk is the default where the
+  // $CIDER_GEMV_ROW_LOADS: "registers" / "bulk" choose the row kernel's weight loads; bulk is the default (per channel) where the
   // slots fit; past that (K 65536) registers run even when bulk is asked for.
   EXPECT_EQ(run(1, 256), kRowKernel);
   EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk);

@@ -45,8 +45,18 @@ using namespace gemv_device;
 
 // Warps per block: 24 with the weights in registers (80 registers each: the register file), 16 with three bulk-copy
 // slots per warp (the same 192 KB of shared memory as 24 warps × 2 slots, and room for three batches' scales).
-__host__ __device__ constexpr int warps_for(int slots) { return slots == 3 ? 16 : 24; }
 constexpr int kLoadsPerLane = 8;  // 16-byte weight chunks in flight per lane per batch (all its rows together)
+// With six slots (short rows, one row per task, half-size batches) also 16 warps: 16 × 6 × 2 KB = 192 KB.
+__host__ __device__ constexpr int warps_for(int slots) { return slots == 3 || slots == 6 ? 16 : 24; }
+// Chunk steps per row and lane in one batch: kLoadsPerLane / rows per task, except the six-slot variant (4: a W4 K4096 /
+// W8 K2048 row is one 2 KB batch, so a warp's seven batches are mostly in flight at once).
+__host__ __device__ constexpr int batch_steps(int rows_per_task, int slots) {
+  return slots == 6 ? 4 : kLoadsPerLane / rows_per_task;
+}
+// Bytes of one batch (= one slot): rows per task × steps × 32 lanes × 16 B.
+__host__ __device__ constexpr int batch_bytes(int rows_per_task, int slots) {
+  return rows_per_task * batch_steps(rows_per_task, slots) * 32 * 16;
+}
 
 struct RowsParams {
   const void* x;
@@ -209,8 +219,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 // The slot's earlier generic reads (all lanes, ordered by __syncwarp) before the async proxy overwrites it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// Weight bytes of one batch: kLoadsPerLane 16-byte chunks per lane, 32 lanes (the same for every kR).
-constexpr int kBatchBytes = kLoadsPerLane * 32 * 16;
 
 // kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size. kR: weight rows per warp task (1 or 2: short
 // rows go two to a task so that a batch still holds kLoadsPerLane chunks per lane). kSlots: where a batch waits —
@@ -220,14 +228,15 @@ constexpr int kBatchBytes = kLoadsPerLane * 32 * 16;
 template <bool kInt4, int kGroup, int kR, int kSlots>
 __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(const RowsParams p) {
   constexpr int kWarps = warps_for(kSlots);
-  constexpr int kU = kLoadsPerLane / kR;  // chunks per row and lane in one batch
+  constexpr int kU = batch_steps(kR, kSlots);  // chunks per row and lane in one batch
+  constexpr int kBatchBytes = batch_bytes(kR, kSlots);
+  static_assert(kSlots != 6 || kR == 1, "six slots: one row per task");
   constexpr int kCodes = kInt4 ? 32 : 16;  // weight codes in a 16-byte chunk
   constexpr int kSegBytes = kU * 32 * 16;  // one row's bytes of a batch
   constexpr int kPhases = kSlots > 0 ? kSlots : 1;  // batches in flight per warp
   // Lanes that share one scale group in a batch step (chunks ℓ + 32j of lanes ℓ side by side are consecutive k).
   constexpr int kLanesPerGroup = kGroup == 0 ? 1 : kGroup / kCodes;
   static_assert(kGroup == 0 || (kGroup % kCodes == 0 && kLanesPerGroup <= 32), "group sizes 32 (W4) … 256");
-  static_assert(kR * kSegBytes == kBatchBytes, "a batch fills one slot");
   // Dynamic shared memory: [kWarps][kSlots] slots of kBatchBytes (bulk path), then the activation codes and W4's
   // chunk sums.
   extern __shared__ __align__(128) int8_t rows_smem[];
@@ -403,7 +412,7 @@ using KernelFn = void (*)(RowsParams);
 int g_rows_per_task = 0;  // gemv_bench::set_gemv_rows_per_task: 0 automatic, else 1 or 2
 int g_row_loads = 0;      // gemv_bench::set_gemv_row_loads: 0 automatic, 1 registers, 2 bulk copies
 int g_last_row_loads = 0;  // gemv_bench::last_gemv_row_loads: the weight loads of the latest launch (1 or 2)
-int g_bulk_slots = 3;      // gemv_bench::set_gemv_row_loads(2 or 3): slots per warp of the bulk path
+int g_bulk_slots = 0;      // gemv_bench::set_gemv_row_loads(2, 3 or 6): slots per warp of the bulk path (0: the rule)
 constexpr int kLoadsRegisters = 1, kLoadsBulk = 2;
 
 template <bool kInt4, int kGroup, int kSlots>
@@ -455,19 +464,27 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   // task (W8 K ≤ 2048, W4 K ≤ 4096).
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
   const int rows_per_task = g_rows_per_task > 0 ? g_rows_per_task : (lane_chunks <= kLoadsPerLane / 2 ? 2 : 1);
-  // Weight loads: bulk copies into shared-memory slots (16 warps × 3 slots × 4 KB = 192 KB in flight per SM instead
-  // of the 96 KB that fit in registers) whenever the slots and the activation row fit the block's shared memory
-  // (K up to ≈ 30k), else — or when registers are asked for — plain loads into registers.
+  // Weight loads: bulk copies into shared-memory slots (16 warps × 192 KB in flight per SM instead of the 96 KB that
+  // fit in registers) for per-channel weights, whenever the slots and the activation row fit the block's shared
+  // memory (K up to ≈ 30k); per-group weights, larger K, or registers asked for: plain loads into registers. Job 18:
+  // bulk was 0–7 % faster per channel and 6–13 % slower per group (W4 g64), hence the rule.
   const int loads_asked = requested_row_loads(op);
-  const int slots = g_bulk_slots;
-  KernelFn kernel = slots == 2 ? pick<2>(int4, a.group_size, rows_per_task) : pick<3>(int4, a.group_size, rows_per_task);
+  const bool bulk_wanted = loads_asked == kLoadsBulk || (loads_asked == 0 && a.group_size == 0);
+  // Slots per warp: 6 half-size batches for short per-channel rows (one row per task), else 3 (the bench knob may ask
+  // for 2: 24 warps × 2 slots).
+  int slots = g_bulk_slots;
+  if (slots == 0) slots = (a.group_size == 0 && lane_chunks <= 4) ? 6 : 3;
+  if (slots == 6 && a.group_size != 0) slots = 3;
+  KernelFn kernel = slots == 6 ? (int4 ? gemv_rows_kernel<true, 0, 1, 6> : gemv_rows_kernel<false, 0, 1, 6>)
+                    : slots == 2 ? pick<2>(int4, a.group_size, rows_per_task)
+                                 : pick<3>(int4, a.group_size, rows_per_task);
   int warps = warps_for(slots);
-  int smem = warps * slots * kBatchBytes + smem_bytes(int4, K);
+  int smem = warps * slots * batch_bytes(slots == 6 ? 1 : rows_per_task, slots) + smem_bytes(int4, K);
   cudaFuncAttributes attr{};
   CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kernel));
   const bool bulk_fits =
       static_cast<int64_t>(smem) + static_cast<int64_t>(attr.sharedSizeBytes) <= device_info().max_shared_per_block_optin;
-  const int loads = (loads_asked != kLoadsRegisters && bulk_fits) ? kLoadsBulk : kLoadsRegisters;
+  const int loads = (bulk_wanted && bulk_fits) ? kLoadsBulk : kLoadsRegisters;
   if (loads == kLoadsRegisters) {
     kernel = pick<0>(int4, a.group_size, rows_per_task);
     warps = warps_for(0);
@@ -504,15 +521,15 @@ void set_gemv_rows_per_task(int rows) {
         "rows per task must be 0 (automatic), 1 or 2; got ", rows);
   gemv_rows::g_rows_per_task = rows;
 }
-// Weight loads of the row kernel for the following calls: 0 automatic (bulk copies, 3 slots, when they fit),
-// 1 registers, 2 / 3 bulk copies with 2 / 3 slots per warp (registers anyway when the slots do not fit);
-// last_gemv_row_loads says which ran (1 registers or 2 bulk).
+// Weight loads of the row kernel for the following calls: 0 automatic (bulk copies per channel, registers per
+// group), 1 registers, 2 / 3 / 6 bulk copies with that many slots per warp for any weights (registers anyway when
+// the slots do not fit; 6 only per channel, else 3); last_gemv_row_loads says which ran (1 registers or 2 bulk).
 void set_gemv_row_loads(int loads) {
-  check(loads >= 0 && loads <= 3, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_row_loads",
-        "row loads must be 0 (automatic), 1 (registers), 2 (bulk copies, 24 warps x 2 slots) or 3 (bulk copies, ",
-        "16 warps x 3 slots); got ", loads);
+  check(loads == 0 || loads == 1 || loads == 2 || loads == 3 || loads == 6, ErrorCode::kInvalidArgument,
+        "cuda.gemv_bench.set_gemv_row_loads",
+        "row loads must be 0 (automatic), 1 (registers) or the bulk-copy slots per warp 2, 3 or 6; got ", loads);
   gemv_rows::g_row_loads = loads == 0 ? 0 : (loads == 1 ? 1 : 2);
-  gemv_rows::g_bulk_slots = loads == 2 ? 2 : 3;
+  gemv_rows::g_bulk_slots = loads >= 2 ? loads : 0;
 }
 int last_gemv_row_loads() { return gemv_rows::g_last_row_loads; }
 }  // namespace cider::cuda::gemv_bench
