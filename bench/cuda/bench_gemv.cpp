@@ -18,7 +18,7 @@ namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the loa
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void set_gemv_kernel(int kernel);  // 0 automatic, 1 the tile kernel, 2 the row kernel (M = 1)
 void set_gemv_rows_per_task(int rows);  // row kernel: 0 automatic, 1 or 2 weight rows per warp task
-void set_gemv_row_loads(int loads);  // row kernel: 0 automatic, 1 registers, 2 / 3 / 6 bulk-copy slots per warp
+void set_gemv_row_loads(int loads);  // row kernel: 0 automatic, 1 registers, 2 / 3 bulk-copy slots per warp
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
 
@@ -35,7 +35,7 @@ struct Variant {
   int split = 0;     // warps per tile (16-warp blocks, cp.async ring): 1, 2, 4 or 16
   int kernel = 0;    // 1: the tile kernel for M = 1 (the default there is the row kernel)
   int rows_per_task = 0;  // row kernel: 1 or 2 weight rows per warp task (0: its rule)
-  int row_loads = 0;  // row kernel: 1 registers, 2 bulk 24 warps × 2 slots, 3 bulk 16 × 3, 6 bulk 16 × 6 (0: automatic)
+  int row_loads = 0;  // row kernel: 1 registers, 2 bulk 24 warps × 2 slots, 3 bulk 16 × 3 (0: automatic)
   std::string describe() const {
     std::string s;
     if (warps) s += " warps " + std::to_string(warps);
@@ -381,9 +381,8 @@ CIDER_GEMV_ROWS_CASE("w8a8 gemv M1 K4096 N14336", false, 4096, 14336, 0, "bf16 G
 }  // namespace cider::bench
 
 // Row kernel weight loads (session 4): registers (one 4 KB batch per warp in flight, 24 warps: 96 KB per SM, the
-// kernel of session 3; the default per group) against bulk copies into shared-memory slots (192 KB per SM: 24 warps
-// × 2 slots, 16 warps × 3 slots — the default per channel — or × 6 half-size slots, the default for short per-channel
-// rows).
+// kernel of session 3; the default per group and below 28 MB) against bulk copies into shared-memory slots (192 KB per
+// SM: 24 warps × 2 slots, or 16 warps × 3 slots — the default for per-channel matrices of ≥ 28 MB).
 namespace cider::bench {
 #define CIDER_GEMV_LOADS_CASE(name, int4, K, N, gs, peer, loads, tag)                                  \
   CIDER_CUDA_BENCH(name " v:" tag, "linear") {                                                          \
@@ -395,12 +394,11 @@ CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N14336", false, 4096, 14336, 0, "bf16 
 CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N14336", false, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 2, "bulk 2 slots")
 CIDER_GEMV_LOADS_CASE("w4a8 gemv M1 K4096 N14336", true, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 1, "register loads")
 CIDER_GEMV_LOADS_CASE("w4a8 gemv M1 K4096 N14336", true, 4096, 14336, 0, "bf16 GEMV K4096 N14336", 3, "bulk 3 slots")
-CIDER_GEMV_LOADS_CASE("w4a8 gemv M1 K4096 N4096", true, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 1, "register loads")
 CIDER_GEMV_LOADS_CASE("w4a8 gemv M1 K4096 N4096", true, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 3, "bulk 3 slots")
 CIDER_GEMV_LOADS_CASE("w4a8 gemv g64 M1 K4096 N14336", true, 4096, 14336, 64, "bf16 GEMV K4096 N14336", 3, "bulk 3 slots")
 CIDER_GEMV_LOADS_CASE("w8a8 gemv g128 M1 K4096 N14336", false, 4096, 14336, 128, "bf16 GEMV K4096 N14336", 3, "bulk 3 slots")
-CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N4096", false, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 1, "register loads")
-CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N6144", false, 4096, 6144, 0, "bf16 GEMV K4096 N6144", 1, "register loads")
+CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N4096", false, 4096, 4096, 0, "bf16 GEMV K4096 N4096", 3, "bulk 3 slots")
+CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N6144", false, 4096, 6144, 0, "bf16 GEMV K4096 N6144", 3, "bulk 3 slots")
 CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K4096 N28672", false, 4096, 28672, 0, "bf16 GEMV K4096 N28672", 1, "register loads")
 CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K14336 N4096", false, 14336, 4096, 0, "bf16 GEMV K14336 N4096", 1, "register loads")
 CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K14336 N4096", false, 14336, 4096, 0, "bf16 GEMV K14336 N4096", 2, "bulk 2 slots")

@@ -53,7 +53,7 @@ struct KernelScope {
   KernelScope& operator=(const KernelScope&) = delete;
 };
 constexpr int kTileKernel = 1, kRowKernel = 2;
-constexpr int kLoadsRegisters = 1, kLoadsBulk = 2, kLoadsBulk2Slots = 2, kLoadsBulk3Slots = 3, kLoadsBulk6Slots = 6;
+constexpr int kLoadsRegisters = 1, kLoadsBulk = 2, kLoadsBulk2Slots = 2, kLoadsBulk3Slots = 3;
 struct TuningScope {
   TuningScope(int warps, int blocks_per_sm, int ring, int prefetch, int split = 0) {
     g_warps = warps, g_blocks_per_sm = blocks_per_sm, g_ring = ring, g_prefetch = prefetch, g_split = split;
@@ -139,15 +139,14 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   std::vector<std::vector<float>> gots;
   std::vector<std::string> labels;
   const bool tile_knobs = g_warps || g_blocks_per_sm || g_ring || g_prefetch || g_split;
-  // (kernel, row loads): an M = 1 case runs the automatic choice (the row kernel: bulk copies per channel where they
-  // fit, registers per group), the tile kernel, and the row kernel with the other loads (registers per channel, 3
-  // bulk slots per group); RowKernelShapesAndGroups runs every load variant (registers, 2, 3 and 6 slots).
+  // (kernel, row loads): an M = 1 case runs the automatic choice (the row kernel: registers for these test sizes,
+  // bulk copies only for per-channel matrices of ≥ 28 MB), the tile kernel and the row kernel with bulk copies (3
+  // slots per warp); RowKernelShapesAndGroups runs every load variant (automatic, registers, 2 and 3 slots).
   std::vector<std::pair<int, int>> variants = {{g_kernel, 0}};
-  if (M == 1 && g_kernel == 0 && !tile_knobs)
-    variants = {{0, 0}, {kTileKernel, 0}, {0, c.group_size == 0 ? kLoadsRegisters : kLoadsBulk3Slots}};
+  if (M == 1 && g_kernel == 0 && !tile_knobs) variants = {{0, 0}, {kTileKernel, 0}, {0, kLoadsBulk3Slots}};
   if (M == 1 && g_kernel == kRowKernel)
     variants = {{kRowKernel, 0}, {kRowKernel, kLoadsRegisters}, {kRowKernel, kLoadsBulk2Slots},
-                {kRowKernel, kLoadsBulk3Slots}, {kRowKernel, kLoadsBulk6Slots}};
+                {kRowKernel, kLoadsBulk3Slots}};
   for (const auto& [kernel, loads] : variants)
   for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
     const std::string label = std::string(use_workspace ? "workspace" : "fused") +
@@ -177,7 +176,8 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     // And its weight loads: bulk copies when asked for (or automatically per channel) unless the slots and x do not
     // fit shared memory (192 KB of slots + K activation bytes: K ≤ 16384 always fits, K ≥ 40000 never does).
     if (want_kernel == kRowKernel) {
-      const bool bulk = loads >= kLoadsBulk2Slots || (loads == 0 && c.group_size == 0);
+      const int64_t weight_bytes = N * (c.int4 ? K / 2 : K);
+      const bool bulk = loads >= kLoadsBulk2Slots || (loads == 0 && c.group_size == 0 && weight_bytes >= (28 << 20));
       if (!bulk || K >= 40000) {
         EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters) << label;
       } else if (K <= 16384) {
@@ -410,13 +410,13 @@ TEST(CudaGemv, RowKernelShapesAndGroups) {
 // K > 65536 always run the tile kernel; any other value is an error naming the op and the variable.
 TEST(CudaGemv, KernelEnvironmentSwitch) {
   CIDER_REQUIRE_GPU();
-  DeviceBuffer x(size_t{1} << 20), w(size_t{1} << 23), s(size_t{1} << 16), out(size_t{1} << 16);
+  DeviceBuffer x(size_t{1} << 20), w(size_t{1} << 25), s(size_t{1} << 16), out(size_t{1} << 16);
   x.fill(0);
   w.fill(0);
   s.fill(0);
-  auto run = [&](int64_t M, int64_t K) {
+  auto run = [&](int64_t M, int64_t K, int64_t N = 64) {
     const kernels::IntLinearArgs a{x.data(), DType::kF32, w.data(), s.as<float>(), nullptr, out.data(),
-                                   DType::kF32, M, 64, K, 0};
+                                   DType::kF32, M, N, K, 0};
     w8a8_gemv(a, Exec{});
     device_synchronize("test_cuda_gemv");
     return gemv_bench::last_gemv_kernel();
@@ -433,15 +433,18 @@ TEST(CudaGemv, KernelEnvironmentSwitch) {
     EXPECT_EQ(run(1, 256), kRowKernel);
     EXPECT_EQ(run(3, 256), kTileKernel);
   }
-  // $CIDER_GEMV_ROW_LOADS: "registers" / "bulk" choose the row kernel's weight loads; bulk is the default (per channel) where the
-  // slots fit; past that (K 65536) registers run even when bulk is asked for.
+  // $CIDER_GEMV_ROW_LOADS: "registers" / "bulk" choose the row kernel's weight loads. The default is bulk copies for
+  // per-channel matrices of ≥ 28 MB (7200 × 4096 int8 here) where the slots fit shared memory, registers otherwise;
+  // past the fit (K 65536) registers run even when bulk is asked for.
   EXPECT_EQ(run(1, 256), kRowKernel);
+  EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
+  EXPECT_EQ(run(1, 4096, 7200), kRowKernel);
   EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsBulk);
   EXPECT_EQ(run(1, 65536), kRowKernel);
   EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
   {
     const test::ScopedEnv env("CIDER_GEMV_ROW_LOADS", "registers");
-    EXPECT_EQ(run(1, 256), kRowKernel);
+    EXPECT_EQ(run(1, 4096, 7200), kRowKernel);
     EXPECT_EQ(gemv_bench::last_gemv_row_loads(), kLoadsRegisters);
   }
   {

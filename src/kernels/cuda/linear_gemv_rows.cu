@@ -46,17 +46,9 @@ using namespace gemv_device;
 // Warps per block: 24 with the weights in registers (80 registers each: the register file), 16 with three bulk-copy
 // slots per warp (the same 192 KB of shared memory as 24 warps × 2 slots, and room for three batches' scales).
 constexpr int kLoadsPerLane = 8;  // 16-byte weight chunks in flight per lane per batch (all its rows together)
-// With six slots (short rows, one row per task, half-size batches) also 16 warps: 16 × 6 × 2 KB = 192 KB.
-__host__ __device__ constexpr int warps_for(int slots) { return slots == 3 || slots == 6 ? 16 : 24; }
-// Chunk steps per row and lane in one batch: kLoadsPerLane / rows per task, except the six-slot variant (4: a W4 K4096 /
-// W8 K2048 row is one 2 KB batch, so a warp's seven batches are mostly in flight at once).
-__host__ __device__ constexpr int batch_steps(int rows_per_task, int slots) {
-  return slots == 6 ? 4 : kLoadsPerLane / rows_per_task;
-}
-// Bytes of one batch (= one slot): rows per task × steps × 32 lanes × 16 B.
-__host__ __device__ constexpr int batch_bytes(int rows_per_task, int slots) {
-  return rows_per_task * batch_steps(rows_per_task, slots) * 32 * 16;
-}
+__host__ __device__ constexpr int warps_for(int slots) { return slots == 3 ? 16 : 24; }
+// Bytes of one batch (= one slot): kLoadsPerLane 16-byte chunks per lane, 32 lanes, whatever the rows per task.
+constexpr int kBatchBytes = kLoadsPerLane * 32 * 16;
 
 struct RowsParams {
   const void* x;
@@ -228,9 +220,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <bool kInt4, int kGroup, int kR, int kSlots>
 __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(const RowsParams p) {
   constexpr int kWarps = warps_for(kSlots);
-  constexpr int kU = batch_steps(kR, kSlots);  // chunks per row and lane in one batch
-  constexpr int kBatchBytes = batch_bytes(kR, kSlots);
-  static_assert(kSlots != 6 || kR == 1, "six slots: one row per task");
+  constexpr int kU = kLoadsPerLane / kR;  // chunks per row and lane in one batch
   constexpr int kCodes = kInt4 ? 32 : 16;  // weight codes in a 16-byte chunk
   constexpr int kSegBytes = kU * 32 * 16;  // one row's bytes of a batch
   constexpr int kPhases = kSlots > 0 ? kSlots : 1;  // batches in flight per warp
@@ -412,7 +402,8 @@ using KernelFn = void (*)(RowsParams);
 int g_rows_per_task = 0;  // gemv_bench::set_gemv_rows_per_task: 0 automatic, else 1 or 2
 int g_row_loads = 0;      // gemv_bench::set_gemv_row_loads: 0 automatic, 1 registers, 2 bulk copies
 int g_last_row_loads = 0;  // gemv_bench::last_gemv_row_loads: the weight loads of the latest launch (1 or 2)
-int g_bulk_slots = 0;      // gemv_bench::set_gemv_row_loads(2, 3 or 6): slots per warp of the bulk path (0: the rule)
+int g_bulk_slots = 0;      // gemv_bench::set_gemv_row_loads(2 or 3): slots per warp of the bulk path (0: 3)
+constexpr int64_t kBulkMinWeightBytes = int64_t{28} << 20;  // per-channel weights take bulk copies from this size
 constexpr int kLoadsRegisters = 1, kLoadsBulk = 2;
 
 template <bool kInt4, int kGroup, int kSlots>
@@ -464,22 +455,20 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   // task (W8 K ≤ 2048, W4 K ≤ 4096).
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
   const int rows_per_task = g_rows_per_task > 0 ? g_rows_per_task : (lane_chunks <= kLoadsPerLane / 2 ? 2 : 1);
-  // Weight loads: bulk copies into shared-memory slots (16 warps × 192 KB in flight per SM instead of the 96 KB that
-  // fit in registers) for per-channel weights, whenever the slots and the activation row fit the block's shared
-  // memory (K up to ≈ 30k); per-group weights, larger K, or registers asked for: plain loads into registers. Job 18:
-  // bulk was 0–7 % faster per channel and 6–13 % slower per group (W4 g64), hence the rule.
+  // Weight loads: bulk copies into shared-memory slots (16 warps × 3 slots × 4 KB = 192 KB in flight per SM instead
+  // of the 96 KB that fit in registers) for per-channel weight matrices of ≥ 28 MB, whenever the slots and the
+  // activation row fit the block's shared memory (K up to ≈ 30k); smaller or per-group matrices, larger K, or
+  // registers asked for: plain loads into registers. Jobs 18–19 (docs/cuda/gemv.md, round 7): bulk copies were
+  // 2–8 % faster on the per-channel matrices of 29–235 MB, 0–7 % slower on those of 8–25 MB and 6–13 % slower per
+  // group (W4 g64).
   const int loads_asked = requested_row_loads(op);
-  const bool bulk_wanted = loads_asked == kLoadsBulk || (loads_asked == 0 && a.group_size == 0);
-  // Slots per warp: 6 half-size batches for short per-channel rows (one row per task), else 3 (the bench knob may ask
-  // for 2: 24 warps × 2 slots).
-  int slots = g_bulk_slots;
-  if (slots == 0) slots = (a.group_size == 0 && lane_chunks <= 4) ? 6 : 3;
-  if (slots == 6 && a.group_size != 0) slots = 3;
-  KernelFn kernel = slots == 6 ? (int4 ? gemv_rows_kernel<true, 0, 1, 6> : gemv_rows_kernel<false, 0, 1, 6>)
-                    : slots == 2 ? pick<2>(int4, a.group_size, rows_per_task)
-                                 : pick<3>(int4, a.group_size, rows_per_task);
+  const int64_t weight_bytes = a.N * (int4 ? a.K / 2 : a.K);
+  const bool bulk_wanted =
+      loads_asked == kLoadsBulk || (loads_asked == 0 && a.group_size == 0 && weight_bytes >= kBulkMinWeightBytes);
+  const int slots = g_bulk_slots == 2 ? 2 : 3;  // the bench knob may ask for 24 warps × 2 slots
+  KernelFn kernel = slots == 2 ? pick<2>(int4, a.group_size, rows_per_task) : pick<3>(int4, a.group_size, rows_per_task);
   int warps = warps_for(slots);
-  int smem = warps * slots * batch_bytes(slots == 6 ? 1 : rows_per_task, slots) + smem_bytes(int4, K);
+  int smem = warps * slots * kBatchBytes + smem_bytes(int4, K);
   cudaFuncAttributes attr{};
   CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kernel));
   const bool bulk_fits =
@@ -521,13 +510,12 @@ void set_gemv_rows_per_task(int rows) {
         "rows per task must be 0 (automatic), 1 or 2; got ", rows);
   gemv_rows::g_rows_per_task = rows;
 }
-// Weight loads of the row kernel for the following calls: 0 automatic (bulk copies per channel, registers per
-// group), 1 registers, 2 / 3 / 6 bulk copies with that many slots per warp for any weights (registers anyway when
-// the slots do not fit; 6 only per channel, else 3); last_gemv_row_loads says which ran (1 registers or 2 bulk).
+// Weight loads of the row kernel for the following calls: 0 automatic (bulk copies for per-channel matrices of
+// ≥ 28 MB, else registers), 1 registers, 2 / 3 bulk copies with that many slots per warp for any weights (registers
+// anyway when the slots do not fit); last_gemv_row_loads says which ran (1 registers or 2 bulk).
 void set_gemv_row_loads(int loads) {
-  check(loads == 0 || loads == 1 || loads == 2 || loads == 3 || loads == 6, ErrorCode::kInvalidArgument,
-        "cuda.gemv_bench.set_gemv_row_loads",
-        "row loads must be 0 (automatic), 1 (registers) or the bulk-copy slots per warp 2, 3 or 6; got ", loads);
+  check(loads >= 0 && loads <= 3, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_row_loads",
+        "row loads must be 0 (automatic), 1 (registers) or the bulk-copy slots per warp 2 or 3; got ", loads);
   gemv_rows::g_row_loads = loads == 0 ? 0 : (loads == 1 ? 1 : 2);
   gemv_rows::g_bulk_slots = loads >= 2 ? loads : 0;
 }
