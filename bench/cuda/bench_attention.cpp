@@ -55,10 +55,12 @@ struct CacheCopy {
 // k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).
 // fold: the value $CIDER_ATTN_TC_FOLD is set to ("0": the split partials go to the separate merge kernel, as before
 // the in-kernel merge; nullptr: left as it is, default on).
+// packed: $CIDER_ATTN_TC_PACKED ("0": the three-chain layout for R ≤ 4 rows too; nullptr: left as it is, default on).
 BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
-                        const char* k8v4_tc = nullptr, const char* fold = nullptr) {
+                        const char* k8v4_tc = nullptr, const char* fold = nullptr, const char* packed = nullptr) {
   const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
   const ScopedEnv env_fold("CIDER_ATTN_TC_FOLD", fold);
+  const ScopedEnv env_packed("CIDER_ATTN_TC_PACKED", packed);
   const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
   const int64_t rows = B * Hkv * L;
@@ -152,6 +154,7 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   const std::string kind = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) + " g64 f16 scales";
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
   if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
+  if (packed && packed[0] == '0') r.note += ", three-chain layout";
   return r;
 }
 
@@ -179,6 +182,26 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:folded merge"
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 v:folded merge", "attention") {
   return decode_case(1, 64, 8, 128, 8192, 4, 3, nullptr, "1");
+}
+// A/B of the packed layout (R = rep·L ≤ 4, the default for those rows): the same cases in the three-chain layout.
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
+  return decode_case(8, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072 v:three-chain layout", "attention") {
+  return decode_case(1, 32, 8, 128, 131072, 4, 3, nullptr, nullptr, "0");
+}
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", nullptr, "0");
+}
+// D256 with rep 4 (Hq8 Hkv2): the packed layout at D256 (the brief's D256 case has rep 8: three chains).
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536", "attention") {
+  return decode_case(1, 8, 2, 256, 65536, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536 v:three-chain layout", "attention") {
+  return decode_case(1, 8, 2, 256, 65536, 4, 3, nullptr, nullptr, "0");
 }
 // K8V4 g64 (the CLI default cache) on the tensor-core path ($CIDER_ATTN_TC_K8V4=1 during the case); the
 // "CUDA-core" case is the same cache on the general kernel (switch 0) for the A/B.

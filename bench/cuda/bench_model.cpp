@@ -219,6 +219,13 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv tile", "model") 
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv tile", "model") {
   return with_env("CIDER_GEMV_KERNEL", "tile", false, "w4a8", "k4v3", 1024);
 }
+// The decode attention's three-chain layout instead of the packed one (rep 4, one token: R = 4 rows per KV head).
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:attn three-chain", "model") {
+  return with_env("CIDER_ATTN_TC_PACKED", "0", false, "w8a8", "k8v4", 32768);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768 v:attn three-chain", "model") {
+  return with_env("CIDER_ATTN_TC_PACKED", "0", false, "w4a8", "k4v3", 32768);
+}
 // The row GEMV kernel with its weights in registers (session 3's kernel) instead of bulk copies into shared memory.
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv register loads", "model") {
   return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 1024);

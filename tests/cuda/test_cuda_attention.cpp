@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "cuda/cuda_test_support.h"
 #include "kernels/cuda/attention_prefill_tc.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/kernel_table.h"
 #include "nn/rotation.h"
 #include "support/scoped_env.h"
@@ -545,6 +546,42 @@ TEST(CudaAttention, TensorCoreDecodePathK8V4) {
   run_attention_case({256, 8, 129, 1, MaskKind::kCausal, 40, 8, 4, 64, DType::kF16, 3}, ++salt);
 }
 
+
+// The packed layout of the tensor-core decode path (R = rep·L ≤ 4 query rows: 4 rows × (hi, lo) in the mma
+// columns, two score chains instead of three, one value mma instead of two) is the default for those rows;
+// $CIDER_ATTN_TC_PACKED=0 (read at every call) runs the three-chain layout. Both meet the same reference over rows
+// 1..8 (rep × L), K4V3 and K8V4, D128/D256, tails, masks/windows, forced splits and d_length; each run checks which
+// layout ran (rows > 4 always take the three-chain layout).
+TEST(CudaAttention, TensorCoreDecodePackedAndUnpackedLayouts) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 15000;
+  struct RL {
+    int64_t rep, L;
+  };
+  const RL rls[] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {2, 2}, {1, 3}, {1, 4}, {5, 1}, {4, 2}};
+  const int64_t kLs[] = {1, 7, 33, 67, 129, 4097, 20000, 300, 2};
+  for (const char* packed : {"1", "0"}) {
+    const ScopedEnv env("CIDER_ATTN_TC_PACKED", packed);
+    int k = 0;
+    for (int64_t D : {128, 256})
+      for (int kbits : {4, 8})
+        for (const RL& rl : rls) {
+          const int64_t kL = kLs[k % 9];
+          const MaskKind mask = (k % 3 == 0) ? MaskKind::kNone : MaskKind::kCausal;
+          const int64_t window = (k % 4 == 2) ? std::max<int64_t>(1, kL / 3) : 0;
+          const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : (k % 7 == 4 ? 17 : 0));
+          const int64_t d_len = (k % 6 == 5 && kL > 2) ? kL - kL / 3 : 0;
+          ++k;
+          if (rl.L > kL) continue;
+          run_attention_case({D, rl.rep, kL, rl.L, mask, window, kbits, kbits == 4 ? 3 : 4, 64, DType::kF16, splits,
+                              d_len},
+                             ++salt);
+          const int want = (rl.rep * rl.L <= 4 && packed[0] == '1') ? 2 : 1;
+          EXPECT_EQ(detail::tc_last_layout(), want) << "CIDER_ATTN_TC_PACKED=" << packed << " rep " << rl.rep << " L "
+                                                    << rl.L;
+        }
+  }
+}
 
 // The in-kernel merge of the tensor-core path (the last CTA of each head merges the splits and resets its counter):
 // six launches on one workspace and one stream, each with new queries and a new device length (some making most

@@ -251,7 +251,16 @@ __device__ __forceinline__ void merge_splits(const TcParams& p, int b, int g, ui
 }
 
 // K4V3: 4 (D128) / 3 (D256) CTAs per SM as before; K8V4: 87 / 94 KB of shared memory, so 2 CTAs per SM.
-template <int D, int KB, int VB>
+// kPacked (R ≤ 4 query rows, e.g. one decode token at GQA rep 4): the 8 mma columns carry 4 rows × 2, so nothing is
+// padding. Scores: chain X has columns (2r, 2r + 1) = (digit 2, digit 1) of row r, chain Y (digit 0, 0) — two chains
+// instead of three, and lane (gid, tig) gets Z of row tig for its keys in its own registers: Z = (X0·256 + X1)·256 +
+// Y0, the same exact integer as the 3-chain form. Values: the B operand's columns (2r, 2r + 1) carry W = p·s of row r
+// as f16 hi and lo (the same two f16 numbers the 3-chain path splits W into), so one mma per (m-tile, value group,
+// 16 dims) instead of two, and the row's output is acc[hi column] + acc[lo column], summed in the lane at the end.
+// Every lane works on one row (tig): half the score, softmax and W conversion work of the unpacked layout, whose lanes
+// 2tig, 2tig + 1 ≥ R hold padding rows. Before the epilogue the packed state is moved by shuffles into the unpacked
+// layout (lane (gid, tig) rows 2tig, 2tig + 1), so the warp combine, the partials and the merge are shared.
+template <int D, int KB, int VB, bool kPacked>
 __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) attention_tc_kernel(TcParams p) {
   using C = Cfg<D, KB, VB>;
   constexpr int G = C::kG, TK = C::kTK, MT = C::kMT;
@@ -403,13 +412,15 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   }
   __syncthreads();
 
-  // Per-thread constants for its rows r0 = 2·tig, r1 = 2·tig + 1.
-  const int rr[2] = {2 * tig, 2 * tig + 1};
+  // Per-thread constants for its rows r0 = 2·tig, r1 = 2·tig + 1 (packed: the one row tig, in slot 0; slot 1 unused
+  // until the epilogue, which always sees the unpacked layout).
+  const int rr[2] = {2 * tig, 2 * tig + 1};                // the epilogue's rows (unpacked layout)
+  const int crow[2] = {kPacked ? tig : rr[0], rr[1]};       // the tile loop's rows
   float zmul[2], bq[G][2];
   int vis_lo[2], vis_hi[2];  // visible keys of rows r0, r1 as [lo, hi) relative to c0 (0 ≤ · ≤ c1 − c0)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = rr[h];
+    const int r = crow[h];
     zmul[h] = mul_pow2(p.scale_log2, -qexp[r]);  // = ldexpf(scale_log2, −E)
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
@@ -437,6 +448,15 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
       return qreg[kstep][d];
     else
       return qdig[(kstep * 3 + d) * 32 + lane];
+  };
+  // Packed B fragments: column n = gid is row gid >> 1, digit 2 (X) / 0 (Y) for even gid, digit 1 (X) / zero (Y) for
+  // odd gid; the fragment of row r at lane slot r·4 + tig of the digit table.
+  const int pk_lane = (gid >> 1) * 4 + tig, pk_dx = (gid & 1) ? 1 : 2;
+  const uint32_t pk_ymask = (gid & 1) ? 0u : 0xffffffffu;
+  auto digits_x = [&](int kstep) -> uint2 { return qdig[(kstep * 3 + pk_dx) * 32 + pk_lane]; };
+  auto digits_y = [&](int kstep) -> uint2 {
+    const uint2 v = qdig[(kstep * 3) * 32 + pk_lane];
+    return make_uint2(v.x & pk_ymask, v.y & pk_ymask);
   };
 
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
@@ -496,12 +516,23 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         // Three independent 2-deep chains (one per digit), combined as Z = (C2·256 + C1)·256 + C0: exact, since
         // every partial sum Σ c·(Q − d0) and Z itself stay below 2^31 in magnitude.
         int z[4] = {0, 0, 0, 0}, z1[4] = {0, 0, 0, 0}, z0[4] = {0, 0, 0, 0};
-        mma_u8s8(z, A[0], digits(2 * gi, 2));
-        mma_u8s8(z1, A[0], digits(2 * gi, 1));
-        mma_u8s8(z0, A[0], digits(2 * gi, 0));
-        mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
-        mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
-        mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
+        if constexpr (kPacked) {
+          // Chain X = (C2, C1) and chain Y = (C0, 0) in columns (2·tig, 2·tig + 1): the lane's row tig, keys ra / rb.
+          int zx[4] = {0, 0, 0, 0}, zy[4] = {0, 0, 0, 0};
+          mma_u8s8(zx, A[0], digits_x(2 * gi));
+          mma_u8s8(zy, A[0], digits_y(2 * gi));
+          mma_u8s8(zx, A[1], digits_x(2 * gi + 1));
+          mma_u8s8(zy, A[1], digits_y(2 * gi + 1));
+          z[0] = zx[0], z1[0] = zx[1], z0[0] = zy[0];  // key ra
+          z[2] = zx[2], z1[2] = zx[3], z0[2] = zy[2];  // key rb
+        } else {
+          mma_u8s8(z, A[0], digits(2 * gi, 2));
+          mma_u8s8(z1, A[0], digits(2 * gi, 1));
+          mma_u8s8(z0, A[0], digits(2 * gi, 0));
+          mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
+          mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
+          mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
+        }
         if constexpr (KB == 4) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
@@ -517,21 +548,28 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
         const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
         sc[mt][0] += sa * (zmul[0] * zf(0)) + ba * bq[gi][0];
-        sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
         sc[mt][2] += sb * (zmul[0] * zf(2)) + bb * bq[gi][0];
-        sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
+        if constexpr (!kPacked) {
+          sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
+          sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
+        }
       }
       const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
       sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
-      sc[mt][1] = (ja >= vis_lo[1] && ja < vis_hi[1]) ? sc[mt][1] : kNegInf;
       sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
-      sc[mt][3] = (jb >= vis_lo[1] && jb < vis_hi[1]) ? sc[mt][3] : kNegInf;
+      if constexpr (kPacked) {
+        sc[mt][1] = sc[mt][3] = kNegInf;  // unused slots (row slot 1)
+      } else {
+        sc[mt][1] = (ja >= vis_lo[1] && ja < vis_hi[1]) ? sc[mt][1] : kNegInf;
+        sc[mt][3] = (jb >= vis_lo[1] && jb < vis_hi[1]) ? sc[mt][3] : kNegInf;
+      }
     }
 
     // ---- online softmax (rows r0, r1; max over the warp's gid lanes) ----
-    float mnew[2], alpha[2];
+    constexpr int kH = kPacked ? 1 : 2;  // row slots per lane
+    float mnew[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kH; ++h) {
       float tmax = kNegInf;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) tmax = fmaxf(tmax, fmaxf(sc[mt][h], sc[mt][2 + h]));
@@ -546,17 +584,28 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     }
     // Rescale only when some row's maximum moved (after the first tiles it rarely does).
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+      if constexpr (kPacked) {  // every accumulator of the lane belongs to its row
 #pragma unroll
-      for (int gi = 0; gi < G; ++gi)
+        for (int gi = 0; gi < G; ++gi) {
+          bacc[gi][0] *= alpha[0];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          bacc[gi][h] *= alpha[h];
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            acc[gi][j][h] *= alpha[h];
-            acc[gi][j][2 + h] *= alpha[h];
-          }
+            for (int e = 0; e < 4; ++e) acc[gi][j][e] *= alpha[0];
         }
+      } else {
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            bacc[gi][h] *= alpha[h];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              acc[gi][j][h] *= alpha[h];
+              acc[gi][j][2 + h] *= alpha[h];
+            }
+          }
+      }
       l_run[0] *= alpha[0];
       l_run[1] *= alpha[1];
     }
@@ -565,8 +614,13 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     for (int mt = 0; mt < MT; ++mt) {
       const int ra = mt * 16 + gid, rb = ra + 8;
       float pr[4];
+      if constexpr (kPacked) {
+        pr[0] = ex2(sc[mt][0] - mnew[0]), pr[2] = ex2(sc[mt][2] - mnew[0]);
+        pr[1] = pr[3] = 0.0f;
+      } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pr[e] = ex2(sc[mt][e] - mnew[e & 1]);
+        for (int e = 0; e < 4; ++e) pr[e] = ex2(sc[mt][e] - mnew[e & 1]);
+      }
       l_run[0] += pr[0] + pr[2];
       l_run[1] += pr[1] + pr[3];
 
@@ -578,13 +632,23 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         const float sva = __half2float(svs[ra * G + gv]), svb_ = __half2float(svs[rb * G + gv]);
         const float bva = __half2float(svb[ra * G + gv]), bvb = __half2float(svb[rb * G + gv]);
         bacc[gv][0] += pr[0] * bva + pr[2] * bvb;
-        bacc[gv][1] += pr[1] * bva + pr[3] * bvb;
-        const float wa0 = pr[0] * sva, wa1 = pr[1] * sva, wb0 = pr[2] * svb_, wb1 = pr[3] * svb_;
-        const __half2 ha = __floats2half2_rn(wa0, wa1), hb = __floats2half2_rn(wb0, wb1);
-        const float2 fa = __half22float2(ha), fb = __half22float2(hb);
-        const __half2 la = __floats2half2_rn(wa0 - fa.x, wa1 - fa.y), lb = __floats2half2_rn(wb0 - fb.x, wb1 - fb.y);
-        const uint32_t b0h = movmatrix_t(h2_bits(ha)), b1h = movmatrix_t(h2_bits(hb));
-        const uint32_t b0l = movmatrix_t(h2_bits(la)), b1l = movmatrix_t(h2_bits(lb));
+        uint32_t b0h, b1h, b0l = 0, b1l = 0;
+        if constexpr (kPacked) {
+          // Columns (2·tig, 2·tig + 1) = (hi, lo) of W for the lane's row, keys ra (b0) and rb (b1).
+          const float wa = pr[0] * sva, wb = pr[2] * svb_;
+          const __half ha = __float2half_rn(wa), hb = __float2half_rn(wb);
+          const __half la = __float2half_rn(wa - __half2float(ha)), lb = __float2half_rn(wb - __half2float(hb));
+          b0h = movmatrix_t(h2_bits(__halves2half2(ha, la)));
+          b1h = movmatrix_t(h2_bits(__halves2half2(hb, lb)));
+        } else {
+          bacc[gv][1] += pr[1] * bva + pr[3] * bvb;
+          const float wa0 = pr[0] * sva, wa1 = pr[1] * sva, wb0 = pr[2] * svb_, wb1 = pr[3] * svb_;
+          const __half2 ha = __floats2half2_rn(wa0, wa1), hb = __floats2half2_rn(wb0, wb1);
+          const float2 fa = __half22float2(ha), fb = __half22float2(hb);
+          const __half2 la = __floats2half2_rn(wa0 - fa.x, wa1 - fa.y), lb = __floats2half2_rn(wb0 - fb.x, wb1 - fb.y);
+          b0h = movmatrix_t(h2_bits(ha)), b1h = movmatrix_t(h2_bits(hb));
+          b0l = movmatrix_t(h2_bits(la)), b1l = movmatrix_t(h2_bits(lb));
+        }
 
         // A: codes of dims 64gv + 8gid + e (e = 0..7) for the four keys, as f16 pairs (key 2tig, 2tig+1) etc.
         uint32_t P[2][8];
@@ -632,7 +696,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         for (int j = 0; j < 4; ++j) {
           const uint32_t a[4] = {P[0][2 * j], P[0][2 * j + 1], P[1][2 * j], P[1][2 * j + 1]};
           mma_f16(acc[gv][j], a, b0h, b1h);
-          mma_f16(acc[gv][j], a, b0l, b1l);
+          if constexpr (!kPacked) mma_f16(acc[gv][j], a, b0l, b1l);
         }
       }
     }
@@ -640,6 +704,40 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   }
   cp_wait<0>();
   __syncwarp();  // every lane's copies have landed and every lane is done with the stages: the area is free
+
+  if constexpr (kPacked) {
+    // Packed → unpacked layout: lane (gid, tig) takes rows 2·tig + h from lane (gid, 2·tig + h) (rows 4–7, tig ≥ 2,
+    // are empty: R ≤ 4); each accumulator is its hi column plus its lo column.
+    const bool has_rows = tig < 2;
+    const int src[2] = {(lane & ~3) | ((2 * tig) & 3), (lane & ~3) | ((2 * tig + 1) & 3)};
+    const float m_p = m_run[0], l_p = l_run[0];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m = __shfl_sync(0xffffffffu, m_p, src[h]), l = __shfl_sync(0xffffffffu, l_p, src[h]);
+      m_run[h] = has_rows ? m : kNegInf;
+      l_run[h] = has_rows ? l : 0.0f;
+    }
+#pragma unroll
+    for (int gv = 0; gv < G; ++gv) {
+      const float b_p = bacc[gv][0];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float bsh = __shfl_sync(0xffffffffu, b_p, src[h]);
+        bacc[gv][h] = has_rows ? bsh : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // (hi + lo) of dim gid and of dim gid + 8
+        const float dim_a = acc[gv][j][0] + acc[gv][j][1], dim_b = acc[gv][j][2] + acc[gv][j][3];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float a0 = __shfl_sync(0xffffffffu, dim_a, src[h]), a1 = __shfl_sync(0xffffffffu, dim_b, src[h]);
+          acc[gv][j][h] = has_rows ? a0 : 0.0f;
+          acc[gv][j][2 + h] = has_rows ? a1 : 0.0f;
+        }
+      }
+    }
+  }
 
   // ---- combine the warps (log-sum-exp): l and the bias sums over the gid lanes by shuffles; each warp stores its
   // accumulators (+ bias sums) in fragment order [G·4][32] float4 into its OWN tile area (no barrier before) and
@@ -744,10 +842,10 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
-template <int D, int KB, int VB>
+template <int D, int KB, int VB, bool kPacked>
 int tc_ctas_per_sm() {
   static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB>);
+    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB, kPacked>);
     CIDER_CUDA_CHECK("cuda.attention",
                      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D, KB, VB>::kSmem));
     int blocks = 0;
@@ -781,6 +879,13 @@ bool tc_enabled() {
 // every call, so a test can set it).
 bool tc_k8v4_enabled() {
   const char* e = std::getenv("CIDER_ATTN_TC_K8V4");
+  return !(e && e[0] == '0');
+}
+
+// The packed layout for R ≤ 4 query rows (attention_tc_kernel's kPacked): on unless $CIDER_ATTN_TC_PACKED=0 (read at
+// every call: tests run both layouts, the bench A/Bs them).
+bool tc_packed_enabled() {
+  const char* e = std::getenv("CIDER_ATTN_TC_PACKED");
   return !(e && e[0] == '0');
 }
 
@@ -875,9 +980,9 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
 
 namespace {
 template <int D, int KB, int VB>
-void plan_config(int& tk, int& per_sm, size_t& smem, int& max_fold_weights) {
+void plan_config(bool packed, int& tk, int& per_sm, size_t& smem, int& max_fold_weights) {
   tk = Cfg<D, KB, VB>::kTK;
-  per_sm = tc_ctas_per_sm<D, KB, VB>();
+  per_sm = packed ? tc_ctas_per_sm<D, KB, VB, true>() : tc_ctas_per_sm<D, KB, VB, false>();
   smem = static_cast<size_t>(Cfg<D, KB, VB>::kSmem);
   max_fold_weights = Cfg<D, KB, VB>::kMaxFoldWeights;
 }
@@ -887,10 +992,14 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   TcPlan pl;
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
   int tk = 0, per_sm = 1, max_w = 0;
+  pl.packed = a.Hq / a.keys.H * a.L <= 4 && tc_packed_enabled();
+  const bool pk = pl.packed;
   if (k8)
-    d128 ? plan_config<128, 8, 4>(tk, per_sm, pl.smem, max_w) : plan_config<256, 8, 4>(tk, per_sm, pl.smem, max_w);
+    d128 ? plan_config<128, 8, 4>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 8, 4>(pk, tk, per_sm, pl.smem, max_w);
   else
-    d128 ? plan_config<128, 4, 3>(tk, per_sm, pl.smem, max_w) : plan_config<256, 4, 3>(tk, per_sm, pl.smem, max_w);
+    d128 ? plan_config<128, 4, 3>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 4, 3>(pk, tk, per_sm, pl.smem, max_w);
   // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
   static const int waves = [] {
     const char* e = std::getenv("CIDER_ATTN_TC_WAVES");
@@ -924,11 +1033,20 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
 
 namespace {
 template <int D, int KB, int VB>
-cudaError_t launch_config(dim3 grid, const TcParams& p, cudaStream_t s) {
-  (void)tc_ctas_per_sm<D, KB, VB>();
-  return pdl::launch(attention_tc_kernel<D, KB, VB>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
+cudaError_t launch_config(bool packed, dim3 grid, const TcParams& p, cudaStream_t s) {
+  if (packed) {
+    (void)tc_ctas_per_sm<D, KB, VB, true>();
+    return pdl::launch(attention_tc_kernel<D, KB, VB, true>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
+  }
+  (void)tc_ctas_per_sm<D, KB, VB, false>();
+  return pdl::launch(attention_tc_kernel<D, KB, VB, false>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
 }
 }  // namespace
+
+namespace {
+int g_tc_last_layout = 0;
+}  // namespace
+int tc_last_layout() { return g_tc_last_layout; }
 
 bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream) {
@@ -939,11 +1057,13 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
   cudaError_t err;
+  const bool pk = pl.packed;
   if (a.keys.bits == 8)
-    err = a.keys.dim == 128 ? launch_config<128, 8, 4>(grid, p, s) : launch_config<256, 8, 4>(grid, p, s);
+    err = a.keys.dim == 128 ? launch_config<128, 8, 4>(pk, grid, p, s) : launch_config<256, 8, 4>(pk, grid, p, s);
   else
-    err = a.keys.dim == 128 ? launch_config<128, 4, 3>(grid, p, s) : launch_config<256, 4, 3>(grid, p, s);
+    err = a.keys.dim == 128 ? launch_config<128, 4, 3>(pk, grid, p, s) : launch_config<256, 4, 3>(pk, grid, p, s);
   CIDER_CUDA_CHECK("cuda.attention", err);
+  g_tc_last_layout = pl.packed ? 2 : 1;
   return pl.splits > 1 && p.counters == nullptr;
 }
 

@@ -17,12 +17,15 @@ struct TcPlan {
   int64_t chunk = 0;  // keys per split (a multiple of the CTA's key tile)
   size_t smem = 0;    // dynamic shared memory per CTA
   bool fold = false;  // splits > 1 merged inside the kernel (last CTA per head); $CIDER_ATTN_TC_FOLD=0 turns it off
+  bool packed = false;  // R = rep·L ≤ 4: 4 rows × (hi, lo) in the mma columns; $CIDER_ATTN_TC_PACKED=0 turns it off
 };
 
 // True when the tensor-core path takes these (already validated) arguments; $CIDER_ATTN_TC=0 turns it off (read once);
 // $CIDER_ATTN_TC_K8V4=1 admits K8V4 (read at every call).
 bool tc_eligible(const kernels::AttentionArgs& a);
 TcPlan tc_plan(const kernels::AttentionArgs& a);
+// The layout of the latest tc_launch (tests): 1 the three-chain layout, 2 packed (R ≤ 4); 0 before any launch.
+int tc_last_layout();
 // Launches the split kernel (through pdl::launch): splits == 1 writes out directly, otherwise every CTA writes its
 // partial [B·Hq·L, splits, Dv] (o) and [B·Hq·L, splits, 2] (m in natural-log units, l) to the workspace and, when
 // plan.fold, the last CTA of each (b, KV head) merges them into out. Returns true when attention.cu's merge kernel
