@@ -30,6 +30,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -596,16 +598,112 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, co
   }
 }
 
+// The merge for float4 columns (Dv % 4 == 0, 16-byte aligned partials), one round trip: CTA (row, column block) of
+// 128 threads = kMergeCols float4 columns × split groups; thread (column c, group sg) takes the splits s ≡ sg (mod
+// groups) and loads up to kMergeChunk of them at once (m, l and the float4 of o), folding each chunk into a running
+// (m, l, acc) with online rescaling — no block-wide max before the loads, so every global load of the CTA is in flight
+// together. The groups of a column are then combined through shared memory by log-sum-exp, the same formula:
+// out = Σ_s e^{m_s − M}·o_s / Σ_s e^{m_s − M}·l_s over the splits with l_s > 0, zeros when there is none.
+// Session 3's merge_kernel<4> made ≈ 4 dependent round trips (block max, block sum, then the sums): ≈ 4.4 µs of the
+// 22.9 µs of K4V3 B1 L32768 (job 20).
+constexpr int kMergeCols = 32;   // float4 columns per CTA (128 dims)
+constexpr int kMergeChunk = 16;  // splits per thread loaded at once
+__global__ void __launch_bounds__(kThreads) merge4_kernel(const float* part_o, const float* part_ml, float* out,
+                                                          int splits, int Dv) {
+  __shared__ float4 red_acc[kThreads];
+  __shared__ float2 red_ml[kThreads];
+  const int tid = threadIdx.x;
+  const int cols = Dv / 4;
+  const int cpc = min(cols, kMergeCols);  // columns of this CTA's width
+  const int groups = kThreads / cpc;
+  const int c = blockIdx.y * cpc + tid % cpc, sg = tid / cpc;
+  const bool active = sg < groups && c < cols;
+  const int64_t row = blockIdx.x;
+  pdl::wait();  // the partials are the previous kernel's output
+  pdl::launch_dependents();
+  const float2* ml = reinterpret_cast<const float2*>(part_ml) + row * splits;
+  const float4* po = reinterpret_cast<const float4*>(part_o + row * static_cast<int64_t>(splits) * Dv) + c;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float m_run = kNegInf, l_run = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (active) {
+    for (int s0 = sg; s0 < splits; s0 += groups * kMergeChunk) {
+      float2 v[kMergeChunk];
+      float4 o[kMergeChunk];
+#pragma unroll
+      for (int k = 0; k < kMergeChunk; ++k) {
+        const int s = s0 + k * groups;
+        v[k] = s < splits ? ml[s] : make_float2(kNegInf, 0.0f);
+        o[k] = (s < splits && v[k].y > 0.0f) ? po[static_cast<int64_t>(s) * cols] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float mc = m_run;
+#pragma unroll
+      for (int k = 0; k < kMergeChunk; ++k)
+        if (v[k].y > 0.0f) mc = fmaxf(mc, v[k].x);
+      if (mc == kNegInf) continue;  // nothing visible so far
+      const float alpha = m_run == kNegInf ? 0.0f : expf(m_run - mc);
+      acc.x *= alpha, acc.y *= alpha, acc.z *= alpha, acc.w *= alpha;
+      l_run *= alpha;
+#pragma unroll
+      for (int k = 0; k < kMergeChunk; ++k) {
+        const float w = v[k].y > 0.0f ? expf(v[k].x - mc) : 0.0f;
+        acc.x += w * o[k].x, acc.y += w * o[k].y, acc.z += w * o[k].z, acc.w += w * o[k].w;
+        l_run += w * v[k].y;
+      }
+      m_run = mc;
+    }
+  }
+  red_acc[tid] = acc;
+  red_ml[tid] = make_float2(m_run, l_run);
+  __syncthreads();
+  if (!active || sg != 0) return;
+  float M = kNegInf;
+  for (int g = 0; g < groups; ++g) {
+    const float2 t = red_ml[g * cpc + tid];
+    if (t.y > 0.0f) M = fmaxf(M, t.x);
+  }
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float L = 0.0f;
+  if (M != kNegInf) {
+    for (int g = 0; g < groups; ++g) {
+      const float2 t = red_ml[g * cpc + tid];
+      if (!(t.y > 0.0f)) continue;
+      const float w = expf(t.x - M);
+      const float4 a = red_acc[g * cpc + tid];
+      o.x += w * a.x, o.y += w * a.y, o.z += w * a.z, o.w += w * a.w;
+      L += w * t.y;
+    }
+  }
+  const float4 res = L > 0.0f ? make_float4(o.x / L, o.y / L, o.z / L, o.w / L) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  reinterpret_cast<float4*>(out + row * Dv)[c] = res;
+}
+
+// The one-round-trip merge (merge4_kernel) unless $CIDER_ATTN_MERGE=blocks (read at every call: tests and bench A/B
+// it against session 3's merge_kernel<4>).
+bool merge_one_pass_enabled() {
+  const char* e = std::getenv("CIDER_ATTN_MERGE");
+  if (e == nullptr || *e == '\0') return true;
+  check(std::strcmp(e, "blocks") == 0 || std::strcmp(e, "one-pass") == 0, ErrorCode::kInvalidArgument,
+        "cuda.attention", "$CIDER_ATTN_MERGE must be 'one-pass' or 'blocks'; got '", e, "'");
+  return std::strcmp(e, "one-pass") == 0;
+}
+
 // Launches the merge of `splits` partials per output row (attention's workspace layout).
 void launch_merge(const float* part_o, const float* part_ml, float* out, int64_t rows, int splits, int Dv,
                   cudaStream_t stream) {
-  const bool vec = Dv % 4 == 0 && Dv / 4 <= kThreads && (reinterpret_cast<uintptr_t>(part_o) & 15u) == 0;
-  const size_t smem = (static_cast<size_t>(splits) + kThreads * 4) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>(rows));
-  const cudaError_t err = vec ? pdl::launch(merge_kernel<4>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out,
-                                            splits, Dv)
-                              : pdl::launch(merge_kernel<1>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out,
-                                            splits, Dv);
+  const bool vec = Dv % 4 == 0 && Dv / 4 <= kThreads && (reinterpret_cast<uintptr_t>(part_o) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+  cudaError_t err;
+  if (vec && merge_one_pass_enabled()) {
+    const int cols = Dv / 4, cpc = std::min(cols, kMergeCols);
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + cpc - 1) / cpc));
+    err = pdl::launch(merge4_kernel, grid, dim3(kThreads), 0, stream, part_o, part_ml, out, splits, Dv);
+  } else {
+    const size_t smem = (static_cast<size_t>(splits) + kThreads * 4) * sizeof(float);
+    const dim3 grid(static_cast<unsigned>(rows));
+    err = vec ? pdl::launch(merge_kernel<4>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out, splits, Dv)
+              : pdl::launch(merge_kernel<1>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out, splits, Dv);
+  }
   CIDER_CUDA_CHECK("cuda.attention", err);
 }
 
