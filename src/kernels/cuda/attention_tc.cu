@@ -483,116 +483,84 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     const __half* svs = skb + TK * G;
     const __half* svb = svs + TK * G;
 
-    // ---- scores: sc[mt][e], e = (key gid, r0), (gid, r1), (gid+8, r0), (gid+8, r1), log2 units (packed: e = 0, 2
-    // are keys gid, gid + 8 of the lane's row tig; 1, 3 unused) ----
+    // ---- scores: sc[mt][e], e = (key gid, r0), (gid, r1), (gid+8, r0), (gid+8, r1), log2 units ----
     float sc[MT][4];
-    auto half_at = [](__half2 h, int odd) -> float { return odd ? __high2float(h) : __low2float(h); };
-    // The u8 A fragments of key rows ra, rb for group gi (both int8 k-steps).
-    auto key_frags = [&](int ra, int rb, int gi, uint32_t (&A)[2][4]) {
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        if constexpr (KB == 4) {
-          const int ch = 2 * gi + ks;  // 16-byte chunk = words 8gi + 4ks .. + 3
-          const uint32_t wa = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
-          const uint32_t wb = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
-          A[ks][0] = wa & 0x0F0F0F0Fu;
-          A[ks][1] = wb & 0x0F0F0F0Fu;
-          A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
-          A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
-        } else {
-          // 8-bit codes are the u8 operand as they are: chunk 4gi + 2ks holds dims 64gi + 32ks + 0..15 (k 4tig..),
-          // the next chunk dims + 16..31 (k 16 + 4tig..).
-          const int ch = 4 * gi + 2 * ks;
-          A[ks][0] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
-          A[ks][1] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
-          A[ks][2] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch + 1) * 4 + tig];
-          A[ks][3] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch + 1) * 4 + tig];
-        }
-      }
-    };
-    // Z of (C2, C1, C0) as float: K4 exact in int32 ((C2·256 + C1)·256 + C0, |Z| < 2^31); 8-bit codes: |Z| ≤
-    // 64·255·2^21 ≈ 2^35 does not fit an int32, but C1·256 + C0 does (|·| < 64·255·2^15 = 2^29) and C2 alone does;
-    // they are combined in float32 (one rounding, 2^-24 relative).
-    auto zfloat = [](int c2, int c1, int c0) -> float {
-      if constexpr (KB == 4)
-        return static_cast<float>((c2 * 256 + c1) * 256 + c0);
-      else
-        return fmaf(static_cast<float>(c2), 65536.0f, static_cast<float>(c1 * 256 + c0));
-    };
-    if constexpr (kPacked) {
-      // Group-major: the digit fragments of a group are read once for all m-tiles; the key scales and biases of
-      // every group of keys ra, rb as half2 pairs (one 4-byte read per two groups). Same sums, same order per score.
-      __half2 ks2[MT][2][G / 2], kb2[MT][2][G / 2];
+    for (int mt = 0; mt < MT; ++mt) {
+      const int ra = mt * 16 + gid, rb = ra + 8;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        sc[mt][0] = sc[mt][2] = 0.0f;
-        sc[mt][1] = sc[mt][3] = kNegInf;  // unused slots (row slot 1)
-        const int ra = mt * 16 + gid, rb = ra + 8;
-#pragma unroll
-        for (int j = 0; j < G / 2; ++j) {
-          ks2[mt][0][j] = reinterpret_cast<const __half2*>(sks + ra * G)[j];
-          ks2[mt][1][j] = reinterpret_cast<const __half2*>(sks + rb * G)[j];
-          kb2[mt][0][j] = reinterpret_cast<const __half2*>(skb + ra * G)[j];
-          kb2[mt][1][j] = reinterpret_cast<const __half2*>(skb + rb * G)[j];
-        }
-      }
+      for (int e = 0; e < 4; ++e) sc[mt][e] = 0.0f;
 #pragma unroll
       for (int gi = 0; gi < G; ++gi) {
-        const uint2 dx0 = digits_x(2 * gi), dy0 = digits_y(2 * gi);
-        const uint2 dx1 = digits_x(2 * gi + 1), dy1 = digits_y(2 * gi + 1);
+        uint32_t A[2][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int ra = mt * 16 + gid, rb = ra + 8;
-          uint32_t A[2][4];
-          key_frags(ra, rb, gi, A);
+        for (int ks = 0; ks < 2; ++ks) {
+          if constexpr (KB == 4) {
+            const int ch = 2 * gi + ks;  // 16-byte chunk = words 8gi + 4ks .. + 3
+            const uint32_t wa = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
+            const uint32_t wb = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
+            A[ks][0] = wa & 0x0F0F0F0Fu;
+            A[ks][1] = wb & 0x0F0F0F0Fu;
+            A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
+            A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
+          } else {
+            // 8-bit codes are the u8 operand as they are: chunk 4gi + 2ks holds dims 64gi + 32ks + 0..15 (k 4tig..),
+            // the next chunk dims + 16..31 (k 16 + 4tig..).
+            const int ch = 4 * gi + 2 * ks;
+            A[ks][0] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch) * 4 + tig];
+            A[ks][1] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch) * 4 + tig];
+            A[ks][2] = sk[ra * C::kKRowW + key_chunk_pos<D, KB>(ra, ch + 1) * 4 + tig];
+            A[ks][3] = sk[rb * C::kKRowW + key_chunk_pos<D, KB>(rb, ch + 1) * 4 + tig];
+          }
+        }
+        // Three independent 2-deep chains (one per digit), combined as Z = (C2·256 + C1)·256 + C0: exact, since
+        // every partial sum Σ c·(Q − d0) and Z itself stay below 2^31 in magnitude.
+        int z[4] = {0, 0, 0, 0}, z1[4] = {0, 0, 0, 0}, z0[4] = {0, 0, 0, 0};
+        if constexpr (kPacked) {
           // Chain X = (C2, C1) and chain Y = (C0, 0) in columns (2·tig, 2·tig + 1): the lane's row tig, keys ra / rb.
           int zx[4] = {0, 0, 0, 0}, zy[4] = {0, 0, 0, 0};
-          mma_u8s8(zx, A[0], dx0);
-          mma_u8s8(zy, A[0], dy0);
-          mma_u8s8(zx, A[1], dx1);
-          mma_u8s8(zy, A[1], dy1);
-          const float sa = half_at(ks2[mt][0][gi / 2], gi & 1), sb = half_at(ks2[mt][1][gi / 2], gi & 1);
-          const float ba = half_at(kb2[mt][0][gi / 2], gi & 1), bb = half_at(kb2[mt][1][gi / 2], gi & 1);
-          sc[mt][0] += sa * (zmul[0] * zfloat(zx[0], zx[1], zy[0])) + ba * bq[gi][0];
-          sc[mt][2] += sb * (zmul[0] * zfloat(zx[2], zx[3], zy[2])) + bb * bq[gi][0];
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int ja = (warp + i * kTcWarps) * TK + mt * 16 + gid, jb = ja + 8;  // key index − c0
-        sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
-        sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
-      }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int ra = mt * 16 + gid, rb = ra + 8;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[mt][e] = 0.0f;
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-          uint32_t A[2][4];
-          key_frags(ra, rb, gi, A);
-          // Three independent 2-deep chains (one per digit), combined as Z = (C2·256 + C1)·256 + C0: exact, since
-          // every partial sum Σ c·(Q − d0) and Z itself stay below 2^31 in magnitude.
-          int z[4] = {0, 0, 0, 0}, z1[4] = {0, 0, 0, 0}, z0[4] = {0, 0, 0, 0};
+          mma_u8s8(zx, A[0], digits_x(2 * gi));
+          mma_u8s8(zy, A[0], digits_y(2 * gi));
+          mma_u8s8(zx, A[1], digits_x(2 * gi + 1));
+          mma_u8s8(zy, A[1], digits_y(2 * gi + 1));
+          z[0] = zx[0], z1[0] = zx[1], z0[0] = zy[0];  // key ra
+          z[2] = zx[2], z1[2] = zx[3], z0[2] = zy[2];  // key rb
+        } else {
           mma_u8s8(z, A[0], digits(2 * gi, 2));
           mma_u8s8(z1, A[0], digits(2 * gi, 1));
           mma_u8s8(z0, A[0], digits(2 * gi, 0));
           mma_u8s8(z, A[1], digits(2 * gi + 1, 2));
           mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
           mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
-          const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
-          const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
-          sc[mt][0] += sa * (zmul[0] * zfloat(z[0], z1[0], z0[0])) + ba * bq[gi][0];
-          sc[mt][1] += sa * (zmul[1] * zfloat(z[1], z1[1], z0[1])) + ba * bq[gi][1];
-          sc[mt][2] += sb * (zmul[0] * zfloat(z[2], z1[2], z0[2])) + bb * bq[gi][0];
-          sc[mt][3] += sb * (zmul[1] * zfloat(z[3], z1[3], z0[3])) + bb * bq[gi][1];
         }
-        const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
-        sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
+        if constexpr (KB == 4) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
+        }
+        // 8-bit codes: |Z| ≤ 64·255·2^21 ≈ 2^35 does not fit an int32, but C1·256 + C0 does (|·| < 64·255·2^15 =
+        // 2^29) and C2 alone does; they are combined in float32 (one rounding, 2^-24 relative).
+        auto zf = [&](int e) -> float {
+          if constexpr (KB == 4)
+            return static_cast<float>(z[e]);
+          else
+            return fmaf(static_cast<float>(z[e]), 65536.0f, static_cast<float>(z1[e] * 256 + z0[e]));
+        };
+        const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
+        const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
+        sc[mt][0] += sa * (zmul[0] * zf(0)) + ba * bq[gi][0];
+        sc[mt][2] += sb * (zmul[0] * zf(2)) + bb * bq[gi][0];
+        if constexpr (!kPacked) {
+          sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
+          sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
+        }
+      }
+      const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
+      sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
+      sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
+      if constexpr (kPacked) {
+        sc[mt][1] = sc[mt][3] = kNegInf;  // unused slots (row slot 1)
+      } else {
         sc[mt][1] = (ja >= vis_lo[1] && ja < vis_hi[1]) ? sc[mt][1] : kNegInf;
-        sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
         sc[mt][3] = (jb >= vis_lo[1] && jb < vis_hi[1]) ? sc[mt][3] : kNegInf;
       }
     }
@@ -658,28 +626,11 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 
       // Value code windows: keys kk = 2tig, 2tig+1, 2tig+8, 2tig+9 of this m-tile.
       const int kk[4] = {mt * 16 + 2 * tig, mt * 16 + 2 * tig + 1, mt * 16 + 2 * tig + 8, mt * 16 + 2 * tig + 9};
-      // Packed: the value scales and biases of keys ra, rb for every group as half2 pairs, read once per m-tile.
-      __half2 vs2[2][kPacked ? G / 2 : 1], vb2[2][kPacked ? G / 2 : 1];
-      if constexpr (kPacked) {
-#pragma unroll
-        for (int j = 0; j < G / 2; ++j) {
-          vs2[0][j] = reinterpret_cast<const __half2*>(svs + ra * G)[j];
-          vs2[1][j] = reinterpret_cast<const __half2*>(svs + rb * G)[j];
-          vb2[0][j] = reinterpret_cast<const __half2*>(svb + ra * G)[j];
-          vb2[1][j] = reinterpret_cast<const __half2*>(svb + rb * G)[j];
-        }
-      }
 #pragma unroll
       for (int gv = 0; gv < G; ++gv) {
         // W = p·s as f16 hi + lo, rows of key ra / rb, then transposed to the B layout (keys × query rows).
-        float sva, svb_, bva, bvb;
-        if constexpr (kPacked) {
-          sva = half_at(vs2[0][gv / 2], gv & 1), svb_ = half_at(vs2[1][gv / 2], gv & 1);
-          bva = half_at(vb2[0][gv / 2], gv & 1), bvb = half_at(vb2[1][gv / 2], gv & 1);
-        } else {
-          sva = __half2float(svs[ra * G + gv]), svb_ = __half2float(svs[rb * G + gv]);
-          bva = __half2float(svb[ra * G + gv]), bvb = __half2float(svb[rb * G + gv]);
-        }
+        const float sva = __half2float(svs[ra * G + gv]), svb_ = __half2float(svs[rb * G + gv]);
+        const float bva = __half2float(svb[ra * G + gv]), bvb = __half2float(svb[rb * G + gv]);
         bacc[gv][0] += pr[0] * bva + pr[2] * bvb;
         uint32_t b0h, b1h, b0l = 0, b1l = 0;
         if constexpr (kPacked) {
