@@ -384,7 +384,7 @@ TEST(CudaGemv, RowKernelShapesAndGroups) {
   const KernelScope scope(kRowKernel);
   int i = 0;
   for (bool int4 : {false, true})
-    for (int64_t K : {32, 64, 2048, 2080, 4096, 4128, 8192, 8224, 14336, 65536})
+    for (int64_t K : {32, 64, 2048, 2080, 4096, 4128, 8192, 8224, 14336, 20480, 65536})
       for (int64_t N : {1, 7, 133, 4097}) {
         if (K > 8224 && N > 133) continue;  // keeps the CPU reference time down
         const std::vector<int> gss = group_sizes(int4, K);

@@ -99,7 +99,10 @@ __host__ __device__ constexpr int xq_bytes(int K) { return (K + 15) / 16 * 16; }
 __host__ __device__ constexpr int smem_bytes(bool int4, int K) { return xq_bytes(K) + (int4 ? 4 * (K / 32) : 0); }
 
 // Activation codes of x (one row) into shared memory, as quant::quantize_int8_row; whole block, ends with a barrier.
-template <bool kInt4, int kThreads>
+// kHeldUnits > 0 (the 16-warp bulk-copy kernels, with 128 registers free here, and whose L1 is mostly shared memory
+// so a second read of x would go to L2): when x has at most kHeldUnits units of 8 per thread, one pass — the thread's
+// units stay in registers between the max and the codes. Otherwise two passes over x.
+template <bool kInt4, int kThreads, int kHeldUnits>
 __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t* chunk_sums, uint32_t* amax_warp,
                                        float* sx_out) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -116,9 +119,22 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
     }
     if (threadIdx.x == 0) *sx_out = p.sx[0];
   } else {
+    const bool held = kHeldUnits > 0 && units <= kHeldUnits * kThreads;
+    float xv[kHeldUnits > 0 ? kHeldUnits : 1][8];
     // Pass 1: max |x| as the bits of |x| (non-negative floats order like their bits; NaN/inf are ≥ 0x7f800000).
     uint32_t amax_bits = 0;
-    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
+    if (held) {
+#pragma unroll
+      for (int j = 0; j < (kHeldUnits > 0 ? kHeldUnits : 1); ++j) {
+        const int u = static_cast<int>(threadIdx.x) + j * kThreads;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xv[j][i] = 0.0f;
+        if (u < units) load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), xv[j]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(xv[j][i]) & 0x7fffffffu);
+      }
+    }
+    for (int u = static_cast<int>(threadIdx.x); !held && u < units; u += kThreads) {
       float v[8];
       load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), v);
 #pragma unroll
@@ -141,12 +157,21 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
       }
     }
     __syncthreads();
-    // Pass 2: the codes (x read again, from L1/L2).
+    // Pass 2: the codes (from the registers, or x read again from L1/L2).
     const float s = *sx_out;
     const bool finite = !isnan(s);
-    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
+    for (int u = static_cast<int>(threadIdx.x), j = 0; u < units; u += kThreads, ++j) {
       float v[8];
-      load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), v);
+      if (held) {
+#pragma unroll
+        for (int jj = 0; jj < (kHeldUnits > 0 ? kHeldUnits : 1); ++jj)
+          if (jj == j) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = xv[jj][i];
+          }
+      } else {
+        load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), v);
+      }
       uint32_t c[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
@@ -311,7 +336,7 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
     if (ph < iters) issue(ph);
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
-  quantize_row_to_shared<kInt4, kWarps * 32>(p, xq, chunk_sums, amax_warp, &sx_shared);
+  quantize_row_to_shared<kInt4, kWarps * 32, (kSlots == 3 ? 4 : 0)>(p, xq, chunk_sums, amax_warp, &sx_shared);
   const float sx = sx_shared;
 
   int32_t acc[kR];  // per channel: this lane's exact integer sum per row
