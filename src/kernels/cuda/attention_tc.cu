@@ -26,6 +26,8 @@
 // (one word = the 8 dims 64gv + 8gid + e of a key) convert per byte pair of two keys with magics 1024 (low nibble) and
 // 64 (high nibble); value rows are chunk-swizzled in shared memory.
 // Softmax in base 2 (scores pre-multiplied by log2 e, ex2.approx); m/l per thread for its rows 2·tig, 2·tig+1.
+// R ≤ 4 rows (one token at GQA rep ≤ 4) take the packed layout instead (kPacked, session 4): 4 rows × (hi, lo) in the
+// 8 mma columns, two score chains, one value mma per 16 dims, one row per lane; see the comment at the kernel.
 //
 // Fixed cost (issue 5): the kernel is launched through pdl::launch and waits (griddepcontrol.wait) before its first
 // dependent read; the prologue reads q as float4 straight into registers (warp w: rows w, w + 4), forms max |q|, the

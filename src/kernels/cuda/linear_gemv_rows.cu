@@ -7,9 +7,12 @@
 // group at a barrier per tile; Nsight Compute showed it latency-bound on that per-tile chain (≈ 3 µs per tile per
 // block) — W4A8 moved half W8A8's bytes in 90 % of its time, and the model's small GEMVs (N 4096) ran at 1–2 TB/s.
 // Here a warp owns whole rows: lane ℓ reads 16-byte chunks ℓ, ℓ + 32, … of its row(s), 8 chunk loads per lane in
-// flight per batch (4 KB per warp, 96 KB per SM with 24 warps: 80 registers each, no spills), multiplies them with the activation codes from
-// shared memory and reduces across the warp with shuffles. The next batch's loads are issued right after a batch is
-// consumed (before the row's reduction and store), and the first batch before the programmatic-launch wait.
+// flight per batch (4 KB per warp, 96 KB per SM with 24 warps: 80 registers each, no spills), multiplies them with
+// the activation codes from shared memory and reduces across the warp with shuffles. The next batch's loads are
+// issued right after a batch is consumed (before the row's reduction and store), and the first batch before the
+// programmatic-launch wait. Round 7 (session 4): for per-channel matrices of ≥ 28 MB the batches travel instead by
+// bulk copies (TMA) into three warp-private shared-memory slots per warp (16 warps: 192 KB in flight per SM), see
+// gemv_rows_kernel's kSlots and the launcher's rule.
 //
 // Semantics: kernels::IntLinearArgs as the CPU reference evaluates it, as in linear_gemv.cu:
 //   * the activation codes and scale are the reference's bit for bit (gemv_device.cuh: IEEE division, rint);
