@@ -34,6 +34,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
@@ -681,11 +682,7 @@ __global__ void __launch_bounds__(kThreads) merge4_kernel(const float* part_o, c
 // The one-round-trip merge (merge4_kernel) unless $CIDER_ATTN_MERGE=blocks (read at every call: tests and bench A/B
 // it against session 3's merge_kernel<4>).
 bool merge_one_pass_enabled() {
-  const char* e = std::getenv("CIDER_ATTN_MERGE");
-  if (e == nullptr || *e == '\0') return true;
-  check(std::strcmp(e, "blocks") == 0 || std::strcmp(e, "one-pass") == 0, ErrorCode::kInvalidArgument,
-        "cuda.attention", "$CIDER_ATTN_MERGE must be 'one-pass' or 'blocks'; got '", e, "'");
-  return std::strcmp(e, "one-pass") == 0;
+  return env_word("CIDER_ATTN_MERGE", "one-pass", {"one-pass", "blocks"}, "cuda.attention") == "one-pass";
 }
 
 // Launches the merge of `splits` partials per output row (attention's workspace layout).

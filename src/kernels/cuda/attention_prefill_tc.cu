@@ -48,6 +48,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
@@ -624,10 +625,7 @@ int ctas_per_sm() {
 // K4V3 bounded to 168 registers = 3 CTAs per SM). The first H200 runs (docs/cuda/runs/prefill) found the default
 // latency-bound at 2 warps per scheduler; the compact variant trades instructions for occupancy — measured slower
 // (job 6: K4V3 L4096 1391 vs 1229 µs, L512 64.5 vs 45.2 µs), kept as the opt-in A/B.
-bool qregs_d128() {
-  const char* e = std::getenv("CIDER_ATTN_PREFILL_QSMEM");
-  return !(e && e[0] == '1');
-}
+bool qregs_d128() { return !env_flag("CIDER_ATTN_PREFILL_QSMEM", false, "cuda.attention"); }
 
 // Calls f.template operator()<D, KB, VB, QR>() for the configuration of a.
 template <typename F>
@@ -644,8 +642,7 @@ auto dispatch(const kernels::AttentionArgs& a, F&& f) {
 }  // namespace
 
 bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
-  const char* e = std::getenv("CIDER_ATTN_PREFILL_TC");
-  if (e && e[0] == '0') return false;
+  if (!env_flag("CIDER_ATTN_PREFILL_TC", true, "cuda.attention")) return false;
   const auto& K = a.keys;
   const auto& V = a.values;
   const bool k4v3 = K.bits == 4 && V.bits == 3;

@@ -49,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/attention_tc_device.cuh"
@@ -869,36 +870,24 @@ int sm_count() {
 }
 
 bool tc_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("CIDER_ATTN_TC");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_flag("CIDER_ATTN_TC", true, "cuda.attention");
   return on;
 }
 
 // K8V4 on the tensor-core path: on by default since the H200 job of 2026-11-30 00:25 (tests + memcheck pass, 27.4 µs at
 // B1 D128 L32768 vs 257 µs on the CUDA-core kernel: docs/cuda/runs/final); $CIDER_ATTN_TC_K8V4=0 turns it off (read at
 // every call, so a test can set it).
-bool tc_k8v4_enabled() {
-  const char* e = std::getenv("CIDER_ATTN_TC_K8V4");
-  return !(e && e[0] == '0');
-}
+bool tc_k8v4_enabled() { return env_flag("CIDER_ATTN_TC_K8V4", true, "cuda.attention"); }
 
 // The packed layout for R ≤ 4 query rows (attention_tc_kernel's kPacked): on unless $CIDER_ATTN_TC_PACKED=0 (read at
 // every call: tests run both layouts, the bench A/Bs them).
-bool tc_packed_enabled() {
-  const char* e = std::getenv("CIDER_ATTN_TC_PACKED");
-  return !(e && e[0] == '0');
-}
+bool tc_packed_enabled() { return env_flag("CIDER_ATTN_TC_PACKED", true, "cuda.attention"); }
 
 // In-kernel merge ("fold"): only with $CIDER_ATTN_TC_FOLD=1 (read at every call: tests and bench A/B it). Measured on
 // the H200 (2026-11-30, docs/cuda/attention.md): the fold is SLOWER than the separate merge kernel (K4V3 B1 L32768
 // 27.2 vs 25.1 µs, Hq64 L8192 19.4 vs 14.5 µs: one CTA per head merging every split serially is a longer tail than a
 // parallel merge launch), so the partials go to attention.cu's merge kernel by default.
-bool tc_fold_enabled() {
-  const char* e = std::getenv("CIDER_ATTN_TC_FOLD");
-  return e && e[0] == '1';
-}
+bool tc_fold_enabled() { return env_flag("CIDER_ATTN_TC_FOLD", false, "cuda.attention"); }
 
 // The arrival counters of the in-kernel merge. They cannot live in exec.workspace: the model shares one workspace
 // among all launchers (gpu_model.cpp), so the linear layers overwrite it between two attention calls, and a
@@ -1003,11 +992,7 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
     d128 ? plan_config<128, 4, 3>(pk, tk, per_sm, pl.smem, max_w)
          : plan_config<256, 4, 3>(pk, tk, per_sm, pl.smem, max_w);
   // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
-  static const int waves = [] {
-    const char* e = std::getenv("CIDER_ATTN_TC_WAVES");
-    const int w = e ? std::atoi(e) : 1;
-    return w >= 1 && w <= 16 ? w : 1;
-  }();
+  static const int waves = env_int("CIDER_ATTN_TC_WAVES", 1, 1, 16, "cuda.attention");
   // Split rule: as many splits as one wave of resident CTAs holds (waves × CTAs/SM × SMs / (B·Hkv)), but never
   // less than one tile per warp (4 warps × TK keys per split). Why not fewer, longer splits at short caches: all CTAs
   // of the wave run their prologue at the same time (it is a latency chain, not a throughput cost), while every extra

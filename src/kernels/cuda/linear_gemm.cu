@@ -20,10 +20,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -51,10 +53,10 @@ constexpr bool kWgmmaByDefault = true;  // auto → wgmma where supported
 
 std::atomic<int>& gemm_choice() {
   static std::atomic<int> choice{[] {
-    const char* env = std::getenv("CIDER_GEMM_KERNEL");
-    if (env != nullptr && std::strcmp(env, "mma") == 0) return static_cast<int>(kGemmMmaSync);
-    if (env != nullptr && std::strcmp(env, "wgmma") == 0) return static_cast<int>(kGemmWgmma);
-    if (env != nullptr && std::strcmp(env, "wgmma2") == 0) return static_cast<int>(kGemmWgmmaCluster);
+    const std::string v = env_word("CIDER_GEMM_KERNEL", "auto", {"auto", "mma", "wgmma", "wgmma2"}, "cuda.gemm");
+    if (v == "mma") return static_cast<int>(kGemmMmaSync);
+    if (v == "wgmma") return static_cast<int>(kGemmWgmma);
+    if (v == "wgmma2") return static_cast<int>(kGemmWgmmaCluster);
     return static_cast<int>(kGemmAuto);
   }()};
   return choice;

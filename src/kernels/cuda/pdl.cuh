@@ -20,6 +20,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env.h"
+
 namespace cider::cuda::pdl {
 
 __device__ __forceinline__ void wait() {
@@ -36,10 +38,7 @@ __device__ __forceinline__ void launch_dependents() {
 
 // CIDER_PDL=0 launches without the attribute (A/B in the benchmarks); read at every launch, so a graph captured
 // after changing it follows it.
-inline bool enabled() {
-  const char* e = std::getenv("CIDER_PDL");
-  return e == nullptr || std::strcmp(e, "0") != 0;
-}
+inline bool enabled() { return env_flag("CIDER_PDL", true, "cuda.pdl"); }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-stream-serialization attribute when enabled().
 // Returns the launch error (the caller checks it with check_last_launch / CIDER_CUDA_CHECK as for <<<>>>).
