@@ -22,7 +22,6 @@
 #include <atomic>
 #include <string>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/env.h"

@@ -29,10 +29,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -682,13 +682,7 @@ KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int
 // of it in every benchmarked shape: M 1/4/16, N 4096/14336/28672, per channel and groups 32/128, W8 and W4.
 int choose_split(int knob, const char* op) {
   if (knob > 0) return knob;
-  if (const char* e = std::getenv("CIDER_GEMV_SPLIT"); e != nullptr && *e != '\0') {
-    const std::string v(e);
-    check(v == "1" || v == "2" || v == "4" || v == "16", ErrorCode::kInvalidArgument, op,
-          "$CIDER_GEMV_SPLIT (warps per tile) must be 1, 2, 4 or 16; got '", v, "'");
-    return std::stoi(v);
-  }
-  return 4;
+  return std::stoi(env_word("CIDER_GEMV_SPLIT", "4", {"1", "2", "4", "16"}, op));
 }
 
 // Which kernel serves an M = 1 call: the bench/test knob, else $CIDER_GEMV_KERNEL ("tile" or "rows", an A/B switch
@@ -697,12 +691,8 @@ int choose_split(int knob, const char* op) {
 constexpr int kKernelTile = 1, kKernelRows = 2;
 int choose_kernel(const GemvTuning& t, const char* op) {
   if (t.kernel > 0) return t.kernel;
-  if (const char* e = std::getenv("CIDER_GEMV_KERNEL"); e != nullptr && *e != '\0') {
-    const std::string v(e);
-    check(v == "tile" || v == "rows", ErrorCode::kInvalidArgument, op,
-          "$CIDER_GEMV_KERNEL must be 'tile' or 'rows'; got '", v, "'");
+  if (const std::string v = env_word("CIDER_GEMV_KERNEL", "", {"tile", "rows"}, op); !v.empty())
     return v == "tile" ? kKernelTile : kKernelRows;
-  }
   const bool tile_knobs = t.warps || t.blocks_per_sm || t.ring || t.epilogue_prefetch || t.split;
   return tile_knobs ? kKernelTile : kKernelRows;
 }

@@ -30,10 +30,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -428,9 +428,9 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
 using KernelFn = void (*)(RowsParams);
 
 int g_rows_per_task = 0;  // gemv_bench::set_gemv_rows_per_task: 0 automatic, else 1 or 2
-int g_row_loads = 0;      // gemv_bench::set_gemv_row_loads: 0 automatic, 1 registers, 2 bulk copies
+// gemv_bench::set_gemv_row_loads: 0 automatic, 1 registers, 2 / 3 bulk copies with that many slots per warp.
+int g_row_loads_knob = 0;
 int g_last_row_loads = 0;  // gemv_bench::last_gemv_row_loads: the weight loads of the latest launch (1 or 2)
-int g_bulk_slots = 0;      // gemv_bench::set_gemv_row_loads(2 or 3): slots per warp of the bulk path (0: 3)
 constexpr int64_t kBulkMinWeightBytes = int64_t{28} << 20;  // per-channel weights take bulk copies from this size
 constexpr int kLoadsRegisters = 1, kLoadsBulk = 2;
 
@@ -462,14 +462,9 @@ KernelFn pick(bool int4, int group_size, int rows_per_task) {
 // Weight loads asked for: the bench/test knob, else $CIDER_GEMV_ROW_LOADS ("registers" or "bulk", read at every call:
 // the A/B switch), else 0 (automatic).
 int requested_row_loads(const char* op) {
-  if (g_row_loads != 0) return g_row_loads;
-  if (const char* e = std::getenv("CIDER_GEMV_ROW_LOADS"); e != nullptr && *e != '\0') {
-    const std::string v(e);
-    check(v == "registers" || v == "bulk", ErrorCode::kInvalidArgument, op,
-          "$CIDER_GEMV_ROW_LOADS must be 'registers' or 'bulk'; got '", v, "'");
-    return v == "bulk" ? kLoadsBulk : kLoadsRegisters;
-  }
-  return 0;
+  if (g_row_loads_knob != 0) return g_row_loads_knob == 1 ? kLoadsRegisters : kLoadsBulk;
+  const std::string v = env_word("CIDER_GEMV_ROW_LOADS", "", {"registers", "bulk"}, op);
+  return v.empty() ? 0 : (v == "bulk" ? kLoadsBulk : kLoadsRegisters);
 }
 
 }  // namespace
@@ -493,7 +488,7 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   const int64_t weight_bytes = a.N * (int4 ? a.K / 2 : a.K);
   const bool bulk_wanted =
       loads_asked == kLoadsBulk || (loads_asked == 0 && a.group_size == 0 && weight_bytes >= kBulkMinWeightBytes);
-  const int slots = g_bulk_slots == 2 ? 2 : 3;  // the bench knob may ask for 24 warps × 2 slots
+  const int slots = g_row_loads_knob == 2 ? 2 : 3;  // the bench knob may ask for 24 warps × 2 slots
   KernelFn kernel = slots == 2 ? pick<2>(int4, a.group_size, rows_per_task) : pick<3>(int4, a.group_size, rows_per_task);
   int warps = warps_for(slots);
   int smem = warps * slots * kBatchBytes + smem_bytes(int4, K);
@@ -544,8 +539,7 @@ void set_gemv_rows_per_task(int rows) {
 void set_gemv_row_loads(int loads) {
   check(loads >= 0 && loads <= 3, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_row_loads",
         "row loads must be 0 (automatic), 1 (registers) or the bulk-copy slots per warp 2 or 3; got ", loads);
-  gemv_rows::g_row_loads = loads == 0 ? 0 : (loads == 1 ? 1 : 2);
-  gemv_rows::g_bulk_slots = loads >= 2 ? loads : 0;
+  gemv_rows::g_row_loads_knob = loads;
 }
 int last_gemv_row_loads() { return gemv_rows::g_last_row_loads; }
 }  // namespace cider::cuda::gemv_bench
