@@ -20,6 +20,7 @@ void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const
 void set_gemm_kernel(int choice);  // 0 auto (wgmma where supported), 1 mma.sync, 2 wgmma, 3 wgmma cluster
 int gemm_kernel_choice();
 int last_gemm_kernel();            // 1 mma.sync, 2 wgmma, 3 wgmma 2-CTA cluster (CIDER_GEMM_KERNEL=wgmma2)
+int last_gemm_grid();              // CTAs of the last wgmma launch
 }
 
 namespace cider::bench {
@@ -145,8 +146,10 @@ BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_siz
            (group_size == 0 ? std::string("per channel") : "group " + std::to_string(group_size)) +
            ", bf16 x and out, " +
            (what == What::kQuantizeOnly                         ? std::string("quantize only")
-            : cuda::gemm_bench::last_gemm_kernel() == 3 ? std::string("wgmma, 2-CTA clusters + TMA multicast")
-            : cuda::gemm_bench::last_gemm_kernel() == 2 ? std::string("wgmma m64nNk32 + TMA")
+            : cuda::gemm_bench::last_gemm_kernel() == 3
+                ? "wgmma, 2-CTA clusters + TMA multicast, grid " + std::to_string(cuda::gemm_bench::last_gemm_grid())
+            : cuda::gemm_bench::last_gemm_kernel() == 2
+                ? "wgmma m64nNk32 + TMA, grid " + std::to_string(cuda::gemm_bench::last_gemm_grid())
                                                         : std::string("mma.sync m16n8k32")) +
            (copies > 1 ? ", 4 rotated copies" : "");
   return r;

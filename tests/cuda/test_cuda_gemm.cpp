@@ -219,7 +219,7 @@ TEST(CudaGemm, QuantizeRowsBitExact) {
   auto rng = test::make_rng(11);
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
     for (int64_t M : {1, 7, 33})
-      for (int64_t K : {1, 7, 33, 96, 4096, 4160}) {
+      for (int64_t K : {1, 7, 33, 96, 2048, 4096, 4160, 8200}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " M" + std::to_string(M) + " K" + std::to_string(K));
         std::vector<float> xf = test::randn(rng, static_cast<size_t>(M * K));
         // Row 0: max 127 (so sx = 1) and values exactly halfway between codes (rint ties to even); then an
@@ -230,6 +230,14 @@ TEST(CudaGemm, QuantizeRowsBitExact) {
         if (M > 2) xf[static_cast<size_t>(2 * K + K / 3)] = INFINITY;
         if (M > 3)
           for (int64_t k = 0; k < K; ++k) xf[static_cast<size_t>(3 * K + k)] *= 1e-6f;
+        // Row 4: max 3 (sx = fl(3/127), not a power of two) and values within a few ulps of (n + ½)·sx, so x / sx
+        // lands next to a rounding boundary: the kernel's multiply-by-reciprocal shortcut must defer to the division.
+        if (M > 4)
+          for (int64_t k = 0; k < K; ++k) {
+            float v = (static_cast<float>(k % 200) - 100.0f + 0.5f) * (3.0f / 127.0f);
+            for (int64_t u = 0; u < k % 5; ++u) v = std::nextafter(v, (k % 2) != 0 ? INFINITY : -INFINITY);
+            xf[static_cast<size_t>(4 * K + k)] = k == 0 ? 3.0f : v;
+          }
         const std::vector<uint8_t> xb = test::to_dtype_bytes(xf, dt);
         const size_t row_bytes = static_cast<size_t>(K) * static_cast<size_t>(dtype_size(dt));
         std::vector<int8_t> want_q(static_cast<size_t>(M * K));

@@ -2,7 +2,9 @@
 // on the int8 tensor cores (cuda_api.h; semantics kernels::IntLinearArgs, oracle kernels/ref/w8a8_ref.cpp and
 // w4a8_ref.cpp). Design, byte/FLOP floors and predictions: docs/cuda/gemm.md.
 //
-//   quantize_rows_int8: one block per row; pass 1 reduces max|x| (and "all finite"), pass 2 writes the codes.
+//   quantize_rows_int8: one block per row; rows of K ≤ 8192 (K % 8 == 0) are loaded once into registers, reduced to
+//     max|x| (and "all finite"), then coded; longer rows take two passes (the second re-reads the row from L1/L2).
+//     The division x / sx is a multiplication by fl(1/sx) wherever that provably gives the same code (row_scale).
 //     Bit-identical to quant::quantize_int8_row: sx = fl(amax / 127) (1 when 0), q = clamp(rint(fl(x / sx)), ±127),
 //     a row holding NaN/inf gets sx = NaN and codes 0.
 //   gemm: out[M, N] = epilogue(xq[M, K] · wq[N, K]ᵀ) with mma.sync.m16n8k32 s8·s8→s32, ldmatrix from XOR-swizzled
@@ -38,6 +40,7 @@ namespace gemm_wgmma {  // linear_gemm_wgmma.cu
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
 bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
             const char* op);
+int last_grid();
 }  // namespace gemm_wgmma
 
 namespace {
@@ -121,7 +124,104 @@ __device__ __forceinline__ int int8_code(float v, float sx) {
   return static_cast<int>(r);
 }
 
-// grid: M blocks; block: kQuantThreads. vec8: K % 8 == 0 and x, xq aligned for 8-element accesses.
+// Codes of a row with scale sx, through a multiplication by r = fl(1 / sx) where that provably gives the same code
+// as the reference's IEEE division: |fl(v·r) − v/sx| ≤ (2⁻²⁴ + 2⁻²⁴ + 2⁻⁴⁸)·|v/sx| ≤ 1.6e-5 for |v/sx| ≤ 127.01
+// and |fl(v/sx) − v/sx| ≤ 2⁻²⁴·127.01 < 7.6e-6, so rint() of the two can differ only when t = fl(v·r) lies within
+// 2.4e-5 of a half-integer; those (and rows whose sx makes r subnormal or infinite) take the division.
+struct RowScale {
+  float sx, r;
+  bool fast;  // sx in [1e-37, 1e37]: r normal and finite, |v·r| ≤ 127.01
+};
+__device__ __forceinline__ RowScale row_scale(float sx) {
+  return RowScale{sx, __frcp_rn(sx), sx >= 1e-37f && sx <= 1e37f};
+}
+__device__ __forceinline__ int int8_code(float v, const RowScale& s) {
+  if (s.fast) {
+    const float t = __fmul_rn(v, s.r);
+    const float frac = t - floorf(t);  // exact: |t| < 2²³
+    if (fabsf(frac - 0.5f) > 4e-5f) return static_cast<int>(fminf(fmaxf(rintf(t), -127.0f), 127.0f));
+  }
+  return int8_code(v, s.sx);
+}
+
+// Scale of a row from its max |x| (NaN when a value is not finite, 1 when all are zero), as the reference.
+__device__ __forceinline__ float row_sx(float amax, bool finite) {
+  if (!finite) return __int_as_float(0x7fc00000);  // quiet NaN
+  const float sx = __fdiv_rn(amax, 127.0f);
+  return sx == 0.0f ? 1.0f : sx;
+}
+
+// Block-wide max |x| and "all finite" over kQuantThreads threads (max is exact: the order does not matter).
+__device__ __forceinline__ void block_amax(float& amax, bool& finite) {
+  __shared__ float warp_amax[kQuantThreads / 32];
+  __shared__ int warp_finite[kQuantThreads / 32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const int all_finite_in_warp = __all_sync(0xffffffffu, finite ? 1 : 0);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) {
+    warp_amax[warp] = amax;
+    warp_finite[warp] = all_finite_in_warp;
+  }
+  __syncthreads();
+  amax = 0.0f;
+  finite = true;
+#pragma unroll
+  for (int w = 0; w < kQuantThreads / 32; ++w) {
+    amax = fmaxf(amax, warp_amax[w]);
+    finite = finite && warp_finite[w] != 0;
+  }
+}
+
+// One pass (K ≤ 8 · kQuantThreads · kHeld, K % 8 == 0, aligned): each thread loads its kHeld chunks of 8 values once,
+// keeps them in registers through the block reduction, then writes their codes. grid: M blocks.
+template <typename T, int kHeld>
+__global__ void __launch_bounds__(kQuantThreads) quantize_rows_held_kernel(const T* __restrict__ x, int64_t K,
+                                                                            int8_t* __restrict__ xq,
+                                                                            float* __restrict__ sx_out) {
+  const int64_t m = blockIdx.x;
+  const T* row = x + m * K;
+  int8_t* qrow = xq + m * K;
+  float v[kHeld][8];
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int c = 0; c < kHeld; ++c) {
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
+    if (k < K) load8<T>(row, k, v[c]);
+  }
+#pragma unroll
+  for (int c = 0; c < kHeld; ++c) {
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
+    if (k < K) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        finite = finite && isfinite(v[c][j]);
+        amax = fmaxf(amax, fabsf(v[c][j]));
+      }
+    }
+  }
+  block_amax(amax, finite);
+  const float sx = row_sx(amax, finite);
+  if (threadIdx.x == 0) sx_out[m] = sx;
+  const RowScale scale = row_scale(sx);
+#pragma unroll
+  for (int c = 0; c < kHeld; ++c) {
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
+    if (k < K) {
+      uint32_t packed[2] = {0u, 0u};
+      if (finite) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[c][j], scale)) & 0xffu) << (8 * (j % 4));
+      }
+      *reinterpret_cast<uint2*>(qrow + k) = make_uint2(packed[0], packed[1]);
+    }
+  }
+}
+
+// Two passes (any K): pass 1 reduces max|x| and "all finite", pass 2 re-reads the row (L1/L2) and writes the codes.
+// grid: M blocks. vec8: K % 8 == 0 and x, xq aligned for 8-element accesses.
 template <typename T, bool kVec8>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const T* __restrict__ x, int64_t K,
                                                                        int8_t* __restrict__ xq,
@@ -149,35 +249,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const T* _
       amax = fmaxf(amax, fabsf(v));
     }
   }
-  // Block reduction (max is exact, so the order does not matter).
-  __shared__ float warp_amax[kQuantThreads / 32];
-  __shared__ int warp_finite[kQuantThreads / 32];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const int all_finite_in_warp = __all_sync(0xffffffffu, finite ? 1 : 0);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  if (lane == 0) {
-    warp_amax[warp] = amax;
-    warp_finite[warp] = all_finite_in_warp;
-  }
-  __syncthreads();
-  float row_amax = 0.0f;
-  bool row_finite = true;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) {
-    row_amax = fmaxf(row_amax, warp_amax[w]);
-    row_finite = row_finite && warp_finite[w] != 0;
-  }
-
-  if (!row_finite) {
+  block_amax(amax, finite);
+  const float sx = row_sx(amax, finite);
+  if (threadIdx.x == 0) sx_out[m] = sx;
+  if (!finite) {
     for (int64_t k = threadIdx.x; k < K; k += kQuantThreads) qrow[k] = 0;
-    if (threadIdx.x == 0) sx_out[m] = __int_as_float(0x7fc00000);  // quiet NaN
     return;
   }
-  float sx = __fdiv_rn(row_amax, 127.0f);
-  if (sx == 0.0f) sx = 1.0f;
-  if (threadIdx.x == 0) sx_out[m] = sx;
-
+  const RowScale scale = row_scale(sx);
   if constexpr (kVec8) {
     for (int64_t k = 8 * static_cast<int64_t>(threadIdx.x); k < K; k += 8 * kQuantThreads) {
       float v[8];
@@ -185,12 +264,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const T* _
       uint32_t packed[2] = {0u, 0u};
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[j], sx)) & 0xffu) << (8 * (j % 4));
+        packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[j], scale)) & 0xffu) << (8 * (j % 4));
       *reinterpret_cast<uint2*>(qrow + k) = make_uint2(packed[0], packed[1]);
     }
   } else {
     for (int64_t k = threadIdx.x; k < K; k += kQuantThreads)
-      qrow[k] = static_cast<int8_t>(int8_code(load_as_float<T>(row, k), sx));
+      qrow[k] = static_cast<int8_t>(int8_code(load_as_float<T>(row, k), scale));
   }
 }
 
@@ -198,10 +277,18 @@ template <typename T>
 void launch_quantize(const void* x, int64_t M, int64_t K, int8_t* xq, float* sx, cudaStream_t stream) {
   const bool vec8 = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 32 == 0 && reinterpret_cast<uintptr_t>(xq) % 8 == 0;
   const dim3 grid(static_cast<unsigned>(M));
-  if (vec8)
-    quantize_rows_kernel<T, true><<<grid, kQuantThreads, 0, stream>>>(static_cast<const T*>(x), K, xq, sx);
+  const auto* xt = static_cast<const T*>(x);
+  constexpr int64_t kChunk = 8 * kQuantThreads;  // values per held register set
+  if (vec8 && K <= kChunk)
+    quantize_rows_held_kernel<T, 1><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+  else if (vec8 && K <= 2 * kChunk)
+    quantize_rows_held_kernel<T, 2><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+  else if (vec8 && K <= 4 * kChunk)
+    quantize_rows_held_kernel<T, 4><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+  else if (vec8)
+    quantize_rows_kernel<T, true><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
   else
-    quantize_rows_kernel<T, false><<<grid, kQuantThreads, 0, stream>>>(static_cast<const T*>(x), K, xq, sx);
+    quantize_rows_kernel<T, false><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
 }
 
 void quantize_rows_unchecked(const void* x, DType x_dtype, int64_t M, int64_t K, int8_t* xq, float* sx,
@@ -689,6 +776,8 @@ void set_gemm_kernel(int choice) {
 int gemm_kernel_choice() { return gemm_choice().load(std::memory_order_relaxed); }
 // The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma, 3 = wgmma cluster (0 before any launch).
 int last_gemm_kernel() { return g_last_gemm_kernel.load(std::memory_order_relaxed); }
+// CTAs in the grid of the last wgmma launch (0 before any).
+int last_gemm_grid() { return gemm_wgmma::last_grid(); }
 }  // namespace gemm_bench
 
 }  // namespace cider::cuda

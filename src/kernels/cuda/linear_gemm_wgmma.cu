@@ -25,9 +25,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -474,6 +476,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host: tensor maps and launch -----------------------------------------------------------------------------------
 
+std::atomic<int> g_last_grid{0};  // CTAs of the last launch (bench notes: a short cluster grid shows here)
+
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -520,6 +524,7 @@ void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cud
   if constexpr (kCluster == 1) {
     // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
     const int64_t grid = std::min<int64_t>(units, sms);
+    g_last_grid.store(static_cast<int>(grid), std::memory_order_relaxed);
     kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   } else {
     cudaLaunchConfig_t config{};
@@ -544,7 +549,10 @@ void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cud
       }
       return n;
     }();
-    const int64_t clusters = std::min<int64_t>(units, max_clusters);
+    // CIDER_GEMM_CLUSTERS (experiment, docs/cuda/switches.md): a fixed number of clusters instead of the query's.
+    static const int forced = env_int("CIDER_GEMM_CLUSTERS", 0, 0, 4096, op);
+    const int64_t clusters = std::min<int64_t>(units, forced > 0 ? forced : max_clusters);
+    g_last_grid.store(static_cast<int>(clusters * kCluster), std::memory_order_relaxed);
     config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
     CIDER_CUDA_CHECK(op, cudaLaunchKernelEx(&config, kernel, map_a, map_b, p));
   }
@@ -590,6 +598,8 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool v
 }
 
 }  // namespace
+
+int last_grid() { return g_last_grid.load(std::memory_order_relaxed); }
 
 // Whether the wgmma kernel can run this GEMM: int8 weights (W4A8 stays on mma.sync), an sm_90 device, the driver's
 // tensor-map encoder, per channel or groups of 64/128/256, K a multiple of 16 (TMA row strides), 16-byte aligned
