@@ -54,8 +54,15 @@ struct TileConfig {
   static constexpr int kAStage = kBM * kBK;  // 16 KB
   static constexpr int kBStage = BN * kBK;   // 32 or 16 KB
   static constexpr int kStageBytes = kAStage + kBStage;
-  // Stages, then 2·kStages mbarriers; + 1024 bytes so the base can be rounded up to the swizzle atom.
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * 8 + 1024;
+  // Epilogue constants of a tile, staged by the consumers with cp.async while the tile's mainloop runs (so the
+  // epilogue reads shared memory instead of waiting on global loads): sw [BN] (per channel), bias [BN], sx [kBM]
+  // floats; two buffers, by tile parity.
+  static constexpr int kEpiFloats = 2 * BN + kBM;
+  static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
+  // Stages, then 2·kStages mbarriers (in 128 bytes), then the epilogue buffers; + 1024 bytes so the base can be
+  // rounded up to the swizzle atom.
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 128 + kEpiBytes + 1024;
+  static_assert(2 * kStages * 8 <= 128, "barriers fit their 128 bytes");
   static_assert(kStageBytes % 1024 == 0, "stage bases stay 1024-byte aligned");
 };
 
@@ -131,6 +138,15 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
+
+// 4-byte asynchronous copy global → shared; src_bytes 0 writes a zero instead (a tail past M or N: src stays a valid
+// address and is not read).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Barrier 1 over the two consumer warpgroups only (the producer warpgroup never reaches it).
+__device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // ---- wgmma -----------------------------------------------------------------------------------------------------------
 
@@ -242,6 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // stage s: A at base + s·kStageBytes, then B
   const uint32_t bars = base + static_cast<uint32_t>(kStages * Cfg::kStageBytes);
+  // Epilogue buffer b (tile parity): sw [BN], bias [BN], sx [kBM] floats.
+  float* const epi_base = reinterpret_cast<float*>(smem_raw + (bars + 128u - smem_addr(smem_raw)));
   auto full_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(s); };
   auto empty_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(kStages + s); };
 
@@ -328,10 +346,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int cw = wg - 1;         // consumer warpgroup: tile rows 64·cw .. 64·cw + 63
     const int wq = warp & 3;       // warp within the warpgroup: 16 rows each
     const uint32_t a_rows = static_cast<uint32_t>(cw * 64 * kBK);  // this warpgroup's 64 rows (8 KB, aligned)
+    const int ct = tid - 128;                                       // consumer thread 0 … 255
     int64_t it = 0;
-    for (int64_t tile = first_unit; tile < units; tile += unit_stride) {
+    int parity = 0;
+    for (int64_t tile = first_unit; tile < units; tile += unit_stride, parity ^= 1) {
       int64_t m0, n0;
       tile_origin(tile, m0, n0);
+      // Stage this tile's epilogue constants (waited for, by every consumer, just before the epilogue). Buffer
+      // `parity` was last read in the epilogue two tiles back, which every consumer left before the barrier that
+      // precedes the previous tile's epilogue, so no reader remains.
+      float* const epi = epi_base + parity * Cfg::kEpiFloats;
+      for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
+        const float* src = p.sx;
+        bool ok = false;
+        if (i < BN) {
+          ok = !kGrouped && n0 + i < N;
+          src = p.sw + (ok ? n0 + i : 0);
+        } else if (i < 2 * BN) {
+          ok = p.bias != nullptr && n0 + (i - BN) < N;
+          src = ok ? p.bias + n0 + (i - BN) : p.sx;
+        } else {
+          ok = m0 + (i - 2 * BN) < M;
+          src = p.sx + (ok ? m0 + (i - 2 * BN) : 0);
+        }
+        cp_async_4(smem_addr(epi + i), src, ok ? 4u : 0u);
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
       int32_t acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0;
@@ -426,42 +466,50 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // Epilogue: thread holds rows r = 16·wq + lane/4 (+8) of the warpgroup's 64 and columns
       // 8j + 2·(lane%4) + {0,1}: acc[4j + 2h + e] is row r + 8h, column 8j + 2·(lane%4) + e.
+      // The tile's constants: this thread's cp.async copies landed, then every consumer's (barrier 1).
+      cp_async_wait_all();
+      consumer_bar_sync();
+      const float* const epi_sw = epi;
+      const float* const epi_bias = epi + BN;
       OutT* out = static_cast<OutT*>(p.out);
-      const int64_t row0 = m0 + cw * 64 + wq * 16 + (lane >> 2);
+      const int r_tile = cw * 64 + wq * 16 + (lane >> 2);  // row within the tile (h = 0)
+      const int c_tile = 2 * (lane & 3);                    // column within each group of 8 (e = 0)
+      const int64_t row0 = m0 + r_tile;
       const bool has_bias = p.bias != nullptr;
-      float sx_row[2];
+      const float sx_row[2] = {epi[2 * BN + r_tile], epi[2 * BN + r_tile + 8]};
+      // The value of accumulator i (column 8j + c_tile + e, row r + 8h) in the reference's order.
+      auto value = [&](int j, int h, int e) {
+        const int i = 4 * j + 2 * h + e;
+        float sum;
+        if constexpr (kGrouped) sum = facc[i];
+        else sum = __fadd_rn(0.0f, __fmul_rn(epi_sw[8 * j + c_tile + e], __int2float_rn(acc[i])));
+        float v = __fmul_rn(sx_row[h], sum);
+        if (has_bias) v = __fadd_rn(v, epi_bias[8 * j + c_tile + e]);
+        return v;
+      };
+      if (m0 + kBM <= M && n0 + BN <= N && p.paired_store) {
+        // Interior tile (every tile when M % 128 == 0 and N % BN == 0): no bounds checks.
+        OutT* const o = out + row0 * N + n0 + c_tile;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) sx_row[h] = row0 + 8 * h < M ? __ldg(p.sx + row0 + 8 * h) : 0.0f;
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t n = col0 + 8 * j;
-        if (n >= N) continue;
-        float sw_col[2], bias_col[2];
+          for (int h = 0; h < 2; ++h) store_two<OutT>(o, 8 * h * N + 8 * j, value(j, h, 0), value(j, h, 1));
+      } else {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          sw_col[e] = (!kGrouped && n + e < N) ? __ldg(p.sw + n + e) : 0.0f;
-          bias_col[e] = (has_bias && n + e < N) ? __ldg(p.bias + n + e) : 0.0f;
-        }
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t n = n0 + 8 * j + c_tile;
+          if (n >= N) continue;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t m = row0 + 8 * h;
-          if (m >= M) continue;
-          float y[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * j + 2 * h + e;
-            float sum;
-            if constexpr (kGrouped) sum = facc[i];
-            else sum = __fadd_rn(0.0f, __fmul_rn(sw_col[e], __int2float_rn(acc[i])));
-            float v = __fmul_rn(sx_row[h], sum);
-            if (has_bias) v = __fadd_rn(v, bias_col[e]);
-            y[e] = v;
-          }
-          if (p.paired_store && n + 1 < N) {
-            store_two<OutT>(out, m * N + n, y[0], y[1]);
-          } else {
-            store_one<OutT>(out, m * N + n, y[0]);
-            if (n + 1 < N) store_one<OutT>(out, m * N + n + 1, y[1]);
+          for (int h = 0; h < 2; ++h) {
+            const int64_t m = row0 + 8 * h;
+            if (m >= M) continue;
+            const float y0 = value(j, h, 0), y1 = value(j, h, 1);
+            if (p.paired_store && n + 1 < N) {
+              store_two<OutT>(out, m * N + n, y0, y1);
+            } else {
+              store_one<OutT>(out, m * N + n, y0);
+              if (n + 1 < N) store_one<OutT>(out, m * N + n + 1, y1);
+            }
           }
         }
       }
@@ -614,7 +662,8 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
 }
 
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
-// cluster: the 2-CTA multicast variant (opt-in, NOT yet run on a GPU), per channel and per group; returns it.
+// cluster: the 2-CTA multicast variant (opt-in: tested, measured slower; docs/cuda/gemm.md), per channel and per
+// group; returns it.
 bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
             const char* op) {
   Params p{};
