@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 
@@ -31,6 +32,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -173,22 +175,54 @@ __device__ __forceinline__ void block_amax(float& amax, bool& finite) {
   }
 }
 
-// One pass (K ≤ 8 · kQuantThreads · kHeld, K % 8 == 0, aligned): each thread loads its kHeld chunks of 8 values once,
-// keeps them in registers through the block reduction, then writes their codes. grid: M blocks.
+// 8 consecutive values as loaded (16 bytes of bf16/f16, 32 of f32): the one-pass kernel keeps these raw words in
+// registers (4 per 8 bf16 values instead of 8 floats) and converts them twice, so more rows fit on an SM at once.
+template <typename T>
+struct Raw8 {
+  uint4 w[sizeof(T) == 4 ? 2 : 1];
+  __device__ __forceinline__ void load(const T* p, int64_t i) {
+    w[0] = *reinterpret_cast<const uint4*>(p + i);
+    if constexpr (sizeof(T) == 4) w[1] = *reinterpret_cast<const uint4*>(p + i + 4);
+  }
+  __device__ __forceinline__ float get(int j) const {
+    if constexpr (sizeof(T) == 4) {
+      const uint4& u = w[j / 4];
+      const uint32_t b = (j % 4) == 0 ? u.x : (j % 4) == 1 ? u.y : (j % 4) == 2 ? u.z : u.w;
+      return __uint_as_float(b);
+    } else {
+      const uint32_t b = (j / 2) == 0 ? w[0].x : (j / 2) == 1 ? w[0].y : (j / 2) == 2 ? w[0].z : w[0].w;
+      const uint16_t h = static_cast<uint16_t>((j % 2) == 0 ? (b & 0xffffu) : (b >> 16));
+      if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half(h));
+      else return __uint_as_float(static_cast<uint32_t>(h) << 16);  // bfloat16 → float32 is exact
+    }
+  }
+};
+
+// Blocks per SM the one-pass kernel asks registers for: its raw words are kHeld · 8 · sizeof(T) / 4 registers.
 template <typename T, int kHeld>
-__global__ void __launch_bounds__(kQuantThreads) quantize_rows_held_kernel(const T* __restrict__ x, int64_t K,
-                                                                            int8_t* __restrict__ xq,
-                                                                            float* __restrict__ sx_out) {
+constexpr int held_min_blocks() {
+  constexpr int raw_regs = kHeld * 8 * static_cast<int>(sizeof(T)) / 4;
+  return raw_regs <= 8 ? 8 : raw_regs <= 16 ? 6 : 4;
+}
+
+// One pass (K ≤ 8 · kQuantThreads · kHeld, K % 8 == 0, aligned): each thread loads its kHeld chunks of 8 values once,
+// keeps them in registers (raw) through the block reduction, then writes their codes. grid: M blocks.
+template <typename T, int kHeld>
+__global__ void __launch_bounds__(kQuantThreads, (held_min_blocks<T, kHeld>()))
+    quantize_rows_held_kernel(const T* __restrict__ x, int64_t K, int8_t* __restrict__ xq,
+                              float* __restrict__ sx_out) {
   const int64_t m = blockIdx.x;
   const T* row = x + m * K;
   int8_t* qrow = xq + m * K;
-  float v[kHeld][8];
+  // The GEMM behind this kernel is launched with PDL: let it start its prologue (it waits for this grid to finish).
+  pdl::launch_dependents();
+  Raw8<T> v[kHeld];
   float amax = 0.0f;
   bool finite = true;
 #pragma unroll
   for (int c = 0; c < kHeld; ++c) {
     const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
-    if (k < K) load8<T>(row, k, v[c]);
+    if (k < K) v[c].load(row, k);
   }
 #pragma unroll
   for (int c = 0; c < kHeld; ++c) {
@@ -196,8 +230,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_held_kernel(const
     if (k < K) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        finite = finite && isfinite(v[c][j]);
-        amax = fmaxf(amax, fabsf(v[c][j]));
+        const float f = v[c].get(j);
+        finite = finite && isfinite(f);
+        amax = fmaxf(amax, fabsf(f));
       }
     }
   }
@@ -213,7 +248,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_held_kernel(const
       if (finite) {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[c][j], scale)) & 0xffu) << (8 * (j % 4));
+          packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[c].get(j), scale)) & 0xffu) << (8 * (j % 4));
       }
       *reinterpret_cast<uint2*>(qrow + k) = make_uint2(packed[0], packed[1]);
     }

@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace cider::cuda::gemm_wgmma {
 
@@ -300,6 +301,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The peer CTA's copies and arrivals target these barriers: both CTAs initialize theirs before either starts.
   if constexpr (kCluster == 2) cluster_sync();
   else __syncthreads();
+  // Launched with PDL (one CTA per tile stream, kCluster 1) right behind the activation quantization: everything above
+  // overlapped its tail; xq, sx and the output are touched only after this (a no-op without the attribute).
+  pdl::wait();
+  pdl::launch_dependents();
   // Releases stage s: this CTA's empty barrier, and with clusters the peer's too (its producer multicasts into it).
   auto release_stage = [&](int s) {
     if constexpr (kCluster == 2) {
@@ -573,7 +578,8 @@ void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cud
     // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
     const int64_t grid = std::min<int64_t>(units, sms);
     g_last_grid.store(static_cast<int>(grid), std::memory_order_relaxed);
-    kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+    CIDER_CUDA_CHECK(op, pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Cfg::kSmemBytes,
+                                     stream, map_a, map_b, p));
   } else {
     cudaLaunchConfig_t config{};
     cudaLaunchAttribute attr[1];
