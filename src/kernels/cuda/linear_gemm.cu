@@ -32,7 +32,6 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
-#include "kernels/cuda/pdl.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -214,8 +213,6 @@ __global__ void __launch_bounds__(kQuantThreads, (held_min_blocks<T, kHeld>()))
   const int64_t m = blockIdx.x;
   const T* row = x + m * K;
   int8_t* qrow = xq + m * K;
-  // The GEMM behind this kernel is launched with PDL: let it start its prologue (it waits for this grid to finish).
-  pdl::launch_dependents();
   Raw8<T> v[kHeld];
   float amax = 0.0f;
   bool finite = true;
