@@ -34,38 +34,35 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
-#include "kernels/cuda/pdl.cuh"
 
 namespace cider::cuda::gemm_wgmma {
 
 namespace {
 
 constexpr int kBM = 128;             // 2 consumer warpgroups × 64 rows
+constexpr int kBK = 128;             // k per stage = bytes of one swizzled row
 constexpr int kStepK = 32;           // k per wgmma
+constexpr int kStepsPerTile = kBK / kStepK;
 constexpr int kThreads = 384;        // 3 warpgroups
 constexpr int kConsumerWarps = 8;    // arrivals per empty barrier
 constexpr int kProducerRegs = 40;    // setmaxnreg: 128·40 + 256·232 ≤ 65536
 constexpr int kConsumerRegs = 232;
 
-// kBK: k per stage = bytes of one swizzled row, 128 (128-byte swizzle) or 64 (64-byte swizzle: half the stage, twice
-// the stages, so more of the ring is in flight while the same bytes are resident; per channel only).
-template <int BN, int kBK>
+template <int BN>
 struct TileConfig {
-  static_assert(kBK == 128 || kBK == 64, "k-tile of 128 or 64 bytes");
-  static constexpr int kStages = (BN == 256 ? 4 : 6) * (128 / kBK);
-  static constexpr int kAStage = kBM * kBK;  // 16 KB (8 KB)
-  static constexpr int kBStage = BN * kBK;   // 32 or 16 KB (16 or 8 KB)
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kAStage = kBM * kBK;  // 16 KB
+  static constexpr int kBStage = BN * kBK;   // 32 or 16 KB
   static constexpr int kStageBytes = kAStage + kBStage;
   // Epilogue constants of a tile, staged by the consumers with cp.async while the tile's mainloop runs (so the
   // epilogue reads shared memory instead of waiting on global loads): sw [BN] (per channel), bias [BN], sx [kBM]
   // floats; two buffers, by tile parity.
   static constexpr int kEpiFloats = 2 * BN + kBM;
   static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
-  // Stages, then 2·kStages mbarriers (in 256 bytes), then the epilogue buffers; + 1024 bytes so the base can be
+  // Stages, then 2·kStages mbarriers (in 128 bytes), then the epilogue buffers; + 1024 bytes so the base can be
   // rounded up to the swizzle atom.
-  static constexpr int kBarBytes = 256;
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + kBarBytes + kEpiBytes + 1024;
-  static_assert(2 * kStages * 8 <= kBarBytes, "barriers fit their bytes");
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 128 + kEpiBytes + 1024;
+  static_assert(2 * kStages * 8 <= 128, "barriers fit their 128 bytes");
   static_assert(kStageBytes % 1024 == 0, "stage bases stay 1024-byte aligned");
 };
 
@@ -153,14 +150,12 @@ __device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 
 
 // ---- wgmma -----------------------------------------------------------------------------------------------------------
 
-// Matrix descriptor of a K-major operand in the kBK-byte-swizzled layout (rows of kBK bytes): start address >> 4
-// (bits 0-13), leading byte offset (unused for swizzled K-major; 1), stride byte offset 8·kBK >> 4 (8-row core
-// groups, bits 32-45), base offset 0 (atoms aligned), swizzle mode (bits 62-63) 1 = 128 B, 2 = 64 B.
-template <int kBK>
-__device__ __forceinline__ uint64_t swizzled_desc(uint32_t smem_byte_addr) {
-  constexpr uint64_t kMode = kBK == 128 ? 1 : 2;
+// Matrix descriptor of a K-major operand in the 128-byte-swizzled layout: start address >> 4 (bits 0-13), leading
+// byte offset (unused for swizzled K-major; 1), stride byte offset 1024 >> 4 (8-row core groups, bits 32-45),
+// base offset 0 (atoms 1024-byte aligned), swizzle mode 1 = 128 B (bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_addr) {
   return static_cast<uint64_t>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(8 * kBK >> 4) << 32) | (kMode << 62);
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -249,13 +244,11 @@ struct Params {
 // N-tile; each CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' shared memory, so
 // the L2 → SM traffic per k-tile drops from 48 KB to 32 KB per CTA (BN 256). A stage is refilled only when the
 // consumers of both CTAs have released it (empty barriers count 16 arrivals, half of them remote).
-template <int BN, int kGroupSteps, int kCluster, typename OutT, int kBK>
+template <int BN, int kGroupSteps, int kCluster, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const Params p) {
-  using Cfg = TileConfig<BN, kBK>;
-  constexpr int kStepsPerTile = kBK / kStepK;
-  static_assert(kGroupSteps == 0 || kBK == 128, "per group: 128-byte k-tiles (the flush points assume 4 steps)");
+  using Cfg = TileConfig<BN>;
   constexpr bool kGrouped = kGroupSteps > 0;
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
   static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
@@ -266,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // stage s: A at base + s·kStageBytes, then B
   const uint32_t bars = base + static_cast<uint32_t>(kStages * Cfg::kStageBytes);
   // Epilogue buffer b (tile parity): sw [BN], bias [BN], sx [kBM] floats.
-  float* const epi_base = reinterpret_cast<float*>(smem_raw + (bars + Cfg::kBarBytes - smem_addr(smem_raw)));
+  float* const epi_base = reinterpret_cast<float*>(smem_raw + (bars + 128u - smem_addr(smem_raw)));
   auto full_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(s); };
   auto empty_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(kStages + s); };
 
@@ -307,10 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The peer CTA's copies and arrivals target these barriers: both CTAs initialize theirs before either starts.
   if constexpr (kCluster == 2) cluster_sync();
   else __syncthreads();
-  // Launched with PDL (one CTA per tile stream, kCluster 1) right behind the activation quantization: everything above
-  // overlapped its tail; xq, sx and the output are touched only after this (a no-op without the attribute).
-  pdl::wait();
-  pdl::launch_dependents();
   // Releases stage s: this CTA's empty barrier, and with clusters the peer's too (its producer multicasts into it).
   auto release_stage = [&](int s) {
     if constexpr (kCluster == 2) {
@@ -421,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = static_cast<int>(it % kStages);
         mbar_wait(full_bar(s), static_cast<uint32_t>((it / kStages) & 1));
         const uint32_t stage = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
-        const uint64_t desc_a = swizzled_desc<kBK>(stage + a_rows), desc_b = swizzled_desc<kBK>(stage + Cfg::kAStage);
+        const uint64_t desc_a = sw128_desc(stage + a_rows), desc_b = sw128_desc(stage + Cfg::kAStage);
         wgmma_fence();
         // All 4 k32 steps run without a branch between the chained wgmmas (a branch makes ptxas serialize them):
         // k past K reads TMA's zeros. Group boundaries are static (kGroupSteps 2: after steps 1 and 3; 4: after
@@ -557,28 +546,25 @@ EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// [rows, K] int8, K-contiguous, box [box_rows, kBK bytes] with the kBK-byte swizzle; out-of-bounds reads are zeros.
-void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int box_rows, int kBK,
-                        const char* op) {
+// [rows, K] int8, K-contiguous, box [box_rows, 128 bytes] with the 128-byte swizzle; out-of-bounds reads are zeros.
+void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int box_rows, const char* op) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
-                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    kBK == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check(r == CUDA_SUCCESS, ErrorCode::kInternal, op, "cuTensorMapEncodeTiled failed with CUresult ",
         static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
 }
 
-template <int BN, int kGroupSteps, int kCluster, typename OutT, int kBK = 128>
-void launch_config(const int8_t* xq, const void* w, const Params& p, cudaStream_t stream, const char* op) {
-  using Cfg = TileConfig<BN, kBK>;
-  CUtensorMap map_a, map_b;
-  encode_operand_map(&map_a, xq, p.M, p.K, kBM, kBK, op);
-  encode_operand_map(&map_b, w, p.N, p.K, BN / kCluster, kBK, op);  // clusters: each CTA loads half of the B tile
-  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, kCluster, OutT, kBK>;
+template <int BN, int kGroupSteps, int kCluster, typename OutT>
+void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
+  using Cfg = TileConfig<BN>;
+  CUtensorMap map_b;
+  encode_operand_map(&map_b, w, p.N, p.K, BN / kCluster, op);  // clusters: each CTA loads half of the B tile
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, kCluster, OutT>;
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(Cfg::kSmemBytes)));
   const int sms = device_info().sm_count;
@@ -587,8 +573,7 @@ void launch_config(const int8_t* xq, const void* w, const Params& p, cudaStream_
     // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
     const int64_t grid = std::min<int64_t>(units, sms);
     g_last_grid.store(static_cast<int>(grid), std::memory_order_relaxed);
-    CIDER_CUDA_CHECK(op, pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), Cfg::kSmemBytes,
-                                     stream, map_a, map_b, p));
+    kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   } else {
     cudaLaunchConfig_t config{};
     cudaLaunchAttribute attr[1];
@@ -628,19 +613,20 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 template <typename OutT>
-void launch_out(const int8_t* xq, const void* w, const Params& p, bool variant, cudaStream_t stream, const char* op) {
+void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool variant, cudaStream_t stream,
+                const char* op) {
   switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
     case 2:
-      variant ? launch_config<128, 2, 2, OutT>(xq, w, p, stream, op)
-              : launch_config<128, 2, 1, OutT>(xq, w, p, stream, op);
+      variant ? launch_config<128, 2, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 2, 1, OutT>(map_a, w, p, stream, op);
       return;
     case 4:
-      variant ? launch_config<128, 4, 2, OutT>(xq, w, p, stream, op)
-              : launch_config<128, 4, 1, OutT>(xq, w, p, stream, op);
+      variant ? launch_config<128, 4, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 4, 1, OutT>(map_a, w, p, stream, op);
       return;
     case 8:
-      variant ? launch_config<128, 8, 2, OutT>(xq, w, p, stream, op)
-              : launch_config<128, 8, 1, OutT>(xq, w, p, stream, op);
+      variant ? launch_config<128, 8, 2, OutT>(map_a, w, p, stream, op)
+              : launch_config<128, 8, 1, OutT>(map_a, w, p, stream, op);
       return;
     default: break;
   }
@@ -651,19 +637,11 @@ void launch_out(const int8_t* xq, const void* w, const Params& p, bool variant, 
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
   const bool use_wide = 1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms);
   if (variant) {
-    if (use_wide) launch_config<256, 0, 2, OutT>(xq, w, p, stream, op);
-    else launch_config<128, 0, 2, OutT>(xq, w, p, stream, op);
+    if (use_wide) launch_config<256, 0, 2, OutT>(map_a, w, p, stream, op);
+    else launch_config<128, 0, 2, OutT>(map_a, w, p, stream, op);
   } else {
-    // CIDER_GEMM_BK (docs/cuda/switches.md): 64-byte k-tiles, twice the stages of half the size (per channel).
-    static const int bk = env_int("CIDER_GEMM_BK", 128, 64, 128, op);
-    check(bk == 64 || bk == 128, ErrorCode::kInvalidArgument, op, "$CIDER_GEMM_BK must be 64 or 128; got ", bk);
-    if (bk == 64) {
-      if (use_wide) launch_config<256, 0, 1, OutT, 64>(xq, w, p, stream, op);
-      else launch_config<128, 0, 1, OutT, 64>(xq, w, p, stream, op);
-    } else {
-      if (use_wide) launch_config<256, 0, 1, OutT>(xq, w, p, stream, op);
-      else launch_config<128, 0, 1, OutT>(xq, w, p, stream, op);
-    }
+    if (use_wide) launch_config<256, 0, 1, OutT>(map_a, w, p, stream, op);
+    else launch_config<128, 0, 1, OutT>(map_a, w, p, stream, op);
   }
 }
 
@@ -699,10 +677,12 @@ bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, 
   p.group_steps = a.group_size / kStepK;
   const size_t out_elem = static_cast<size_t>(dtype_size(a.out_dtype));
   p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
+  CUtensorMap map_a;
+  encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
   switch (a.out_dtype) {
-    case DType::kF32: launch_out<float>(xq, a.w, p, cluster, stream, op); break;
-    case DType::kF16: launch_out<__half>(xq, a.w, p, cluster, stream, op); break;
-    default: launch_out<__nv_bfloat16>(xq, a.w, p, cluster, stream, op); break;
+    case DType::kF32: launch_out<float>(map_a, a.w, p, cluster, stream, op); break;
+    case DType::kF16: launch_out<__half>(map_a, a.w, p, cluster, stream, op); break;
+    default: launch_out<__nv_bfloat16>(map_a, a.w, p, cluster, stream, op); break;
   }
   return cluster;
 }
