@@ -334,5 +334,122 @@ TEST(Sampler, GreedyFastPathAgreesWithTheGeneralPathAndRejectsTheSameRows) {
   rejects({ninf, ninf, ninf}, "all -inf");
 }
 
+// ---- sampling from a device's candidates -------------------------------------------------------------------------
+
+// What kernels/cuda/topk.cu answers (its contract in cuda_api.h), written plainly: the excluded tokens' raw logits;
+// of the others, the finite ones by (logit desc, id asc), the first k, padded with -1 / -inf; the first NaN/+inf index.
+Candidates reference_device_answer(const std::vector<float>& logits, const CandidateRequest& r) {
+  Candidates c;
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float x = logits[i];
+    if (c.bad_index < 0 && (std::isnan(x) || x == std::numeric_limits<float>::infinity()))
+      c.bad_index = static_cast<int64_t>(i);
+    const bool excluded = std::binary_search(r.excluded.begin(), r.excluded.end(), static_cast<int32_t>(i));
+    if (!excluded && std::isfinite(x)) order.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
+    return x != y ? x > y : a < b;
+  });
+  for (int64_t j = 0; j < r.k; ++j) {
+    const bool has = j < static_cast<int64_t>(order.size());
+    c.ids.push_back(has ? order[static_cast<size_t>(j)] : -1);
+    c.logits.push_back(has ? logits[static_cast<size_t>(order[static_cast<size_t>(j)])]
+                           : -std::numeric_limits<float>::infinity());
+  }
+  for (int32_t id : r.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
+  return c;
+}
+
+// The device path gives the same distribution, bit for bit, and the same draws as the full row, over random rows
+// with many ties, -inf entries, penalties (window 8 / whole history) and every filter; the request asks for the
+// full logits exactly when the device cannot answer.
+TEST(Sampler, CandidatesFromADeviceGiveTheSameDistributionAndTokens) {
+  auto rng = test::make_rng(91);
+  std::uniform_int_distribution<int> level(-40, 40), pick(0, 19);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int compared = 0;
+  for (int64_t vocab : {1, 3, 50, 1000, 5000})
+    for (double temperature : {0.0, 0.7, 1.5})
+      for (int64_t top_k : {1, 5, 40, 256})
+        for (double penalty : {1.0, 1.3})
+          for (int64_t window : {0, 8}) {
+            SamplerParams p;
+            p.temperature = temperature, p.top_k = top_k, p.top_p = 0.9, p.min_p = 0.02;
+            p.repeat_penalty = penalty, p.repeat_window = window, p.seed = 5;
+            Sampler full(p), device(p);
+            std::vector<int32_t> history;
+            for (int i = 0; i < 30; ++i) history.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+            for (int step = 0; step < 6; ++step) {
+              std::vector<float> logits(static_cast<size_t>(vocab));
+              for (auto& x : logits) x = pick(rng) == 0 ? ninf : 0.125f * static_cast<float>(level(rng));  // ties
+              logits[rng() % logits.size()] = 2.0f;  // at least one finite logit
+              const CandidateRequest r = device.candidate_request(vocab, history);
+              ASSERT_EQ(r.k, temperature == 0.0 ? 1 : top_k);
+              ASSERT_TRUE(std::is_sorted(r.excluded.begin(), r.excluded.end()));
+              ASSERT_EQ(r.excluded.empty(), penalty == 1.0);
+              const Candidates c = reference_device_answer(logits, r);
+              const std::vector<TokenProb> a = full.distribution(logits.data(), vocab, history);
+              const std::vector<TokenProb> b = device.distribution_from_candidates(r, c, vocab);
+              ASSERT_EQ(a.size(), b.size()) << "vocab " << vocab << " T " << temperature << " k " << top_k;
+              for (size_t i = 0; i < a.size(); ++i) {
+                ASSERT_EQ(a[i].id, b[i].id) << i;
+                ASSERT_EQ(a[i].p, b[i].p) << i;  // bit for bit
+              }
+              const int32_t ta = full.sample(logits.data(), vocab, history);
+              const int32_t tb = device.sample_candidates(r, c, vocab);
+              ASSERT_EQ(ta, tb);
+              history.push_back(ta);
+              ++compared;
+            }
+          }
+  EXPECT_EQ(compared, 5 * 3 * 4 * 2 * 2 * 6);
+}
+
+TEST(Sampler, CandidateRequestFallsBackToTheFullLogitsWhereTheDeviceCannotAnswer) {
+  SamplerParams p;
+  p.top_k = 0;  // top-k off: the softmax needs every logit
+  EXPECT_EQ(Sampler(p).candidate_request(100, {}).k, 0);
+  p.top_k = kDeviceTopkMax + 1;
+  EXPECT_EQ(Sampler(p).candidate_request(100, {}).k, 0);
+  p.top_k = kDeviceTopkMax;
+  EXPECT_EQ(Sampler(p).candidate_request(100, {}).k, kDeviceTopkMax);
+  p.top_k = 40, p.repeat_penalty = 1.1, p.repeat_window = 0;
+  std::vector<int32_t> history;
+  for (int32_t i = 0; i < kDeviceExcludedMax; ++i) history.push_back(i);
+  EXPECT_EQ(Sampler(p).candidate_request(5000, history).k, 40);
+  history.push_back(static_cast<int32_t>(kDeviceExcludedMax));  // one penalised token too many
+  EXPECT_EQ(Sampler(p).candidate_request(5000, history).k, 0);
+  history.push_back(5000);
+  EXPECT_THROW((void)Sampler(p).candidate_request(5000, history), Error);  // an id outside the vocabulary
+}
+
+TEST(Sampler, CandidatesWithBadLogitsAreRejectedLikeTheFullRow) {
+  SamplerParams p;
+  p.repeat_penalty = 1.2;
+  Sampler s(p);
+  const std::vector<int32_t> history = {2};
+  const float inf = std::numeric_limits<float>::infinity();
+  auto rejects = [&](const std::vector<float>& logits, const char* what) {
+    const CandidateRequest r = s.candidate_request(static_cast<int64_t>(logits.size()), history);
+    const Candidates c = reference_device_answer(logits, r);
+    try {
+      (void)s.distribution_from_candidates(r, c, static_cast<int64_t>(logits.size()));
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[sample]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  rejects({0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f}, "at token 1");
+  rejects({0.0f, 1.0f, inf}, "at token 2");  // the excluded (penalised) token
+  rejects({-inf, -inf, -inf}, "all -inf");
+  CandidateRequest r = s.candidate_request(3, history);
+  Candidates c = reference_device_answer({0.0f, 1.0f, 2.0f}, r);
+  c.ids.pop_back();  // an answer of the wrong size
+  EXPECT_THROW((void)s.distribution_from_candidates(r, c, 3), Error);
+}
+
 }  // namespace
 }  // namespace cider::model

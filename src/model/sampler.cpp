@@ -101,7 +101,7 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
       check(id >= 0 && id < vocab, ErrorCode::kInvalidArgument, "sample", "history token ids must be in [0, ",
             vocab, "); got ", id);
       double& v = z[static_cast<size_t>(id)];
-      v = v > 0.0 ? v / params_.repeat_penalty : v * params_.repeat_penalty;
+      v = penalised(v);
     }
   }
 
@@ -110,6 +110,19 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
     for (int64_t i = 1; i < vocab; ++i)
       if (z[static_cast<size_t>(i)] > z[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
     return {{best, 1.0}};
+  }
+
+  if (params_.top_k > 0) {
+    // Step 4 on the logits: the top_k largest finite z (ties: lower id), sorted; steps 3–6 over them alone.
+    std::vector<Scored> top;
+    top.reserve(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i)
+      if (z[static_cast<size_t>(i)] != kNegInf) top.push_back({static_cast<int32_t>(i), z[static_cast<size_t>(i)]});
+    const auto higher = [](const Scored& a, const Scored& b) { return a.z != b.z ? a.z > b.z : a.id < b.id; };
+    const size_t k = std::min(top.size(), static_cast<size_t>(params_.top_k));
+    std::partial_sort(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k), top.end(), higher);
+    top.resize(k);
+    return finish_top_k(top);
   }
 
   // Softmax of logits / temperature over the possible tokens.
@@ -125,14 +138,6 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   double sum = 0.0;
   for (auto& c : cand) sum += (c.p = std::exp(c.p - zmax));
   for (auto& c : cand) c.p /= sum;
-
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < cand.size()) {
-    std::nth_element(cand.begin(), cand.begin() + params_.top_k - 1, cand.end(), MoreProbable{});
-    cand.resize(static_cast<size_t>(params_.top_k));
-    sum = 0.0;
-    for (const auto& c : cand) sum += c.p;
-    for (auto& c : cand) c.p /= sum;
-  }
 
   // min-p keeps a prefix of the descending order, and so does top-p; the result is the shorter of the two. Tokens
   // below the min-p threshold all lie after the min-p cut, so dropping them first cannot change where top-p cuts
@@ -169,8 +174,94 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   return cand;
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> history) {
-  const std::vector<TokenProb> dist = distribution(logits, vocab, history);
+std::vector<TokenProb> Sampler::finish_top_k(const std::vector<Scored>& top) const {
+  // top[0] has the largest z: exp(z/T − z0/T) ≤ 1, summed in the order of top.
+  std::vector<TokenProb> cand(top.size());
+  const double m = top.front().z / params_.temperature;
+  double sum = 0.0;
+  for (size_t i = 0; i < top.size(); ++i) {
+    cand[i] = {top[i].id, std::exp(top[i].z / params_.temperature - m)};
+    sum += cand[i].p;
+  }
+  for (auto& c : cand) c.p /= sum;
+  // min-p and top-p each keep a prefix of this (descending) order; the result is the shorter prefix.
+  size_t keep = cand.size();
+  if (params_.min_p > 0.0) {
+    const double threshold = params_.min_p * cand.front().p;
+    size_t n = 0;
+    while (n < keep && cand[n].p >= threshold) ++n;
+    keep = n;
+  }
+  if (params_.top_p < 1.0) {
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += cand[n++].p;
+      if (cum >= params_.top_p) break;
+    }
+    keep = n;
+  }
+  cand.resize(keep);
+  sum = 0.0;
+  for (const auto& c : cand) sum += c.p;
+  for (auto& c : cand) c.p /= sum;
+  return cand;
+}
+
+CandidateRequest Sampler::candidate_request(int64_t vocab, std::span<const int32_t> history) const {
+  CandidateRequest r;
+  r.k = params_.temperature == 0.0 ? 1 : (params_.top_k >= 1 && params_.top_k <= kDeviceTopkMax ? params_.top_k : 0);
+  if (r.k == 0 || params_.repeat_penalty == 1.0 || history.empty()) return r;
+  const size_t window = params_.repeat_window == 0
+                            ? history.size()
+                            : std::min(history.size(), static_cast<size_t>(params_.repeat_window));
+  r.excluded.assign(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
+  std::sort(r.excluded.begin(), r.excluded.end());
+  r.excluded.erase(std::unique(r.excluded.begin(), r.excluded.end()), r.excluded.end());
+  for (int32_t id : r.excluded)
+    check(id >= 0 && id < vocab, ErrorCode::kInvalidArgument, "sample", "history token ids must be in [0, ", vocab,
+          "); got ", id);
+  if (static_cast<int64_t>(r.excluded.size()) > kDeviceExcludedMax) r = CandidateRequest{};
+  return r;
+}
+
+std::vector<TokenProb> Sampler::distribution_from_candidates(const CandidateRequest& request,
+                                                             const Candidates& candidates, int64_t vocab) const {
+  check(request.k >= 1 && candidates.ids.size() == static_cast<size_t>(request.k) &&
+            candidates.logits.size() == candidates.ids.size() &&
+            candidates.excluded_logits.size() == request.excluded.size(),
+        ErrorCode::kInvalidArgument, "sample", "the candidates must answer the request: k ", request.k, " ids ",
+        candidates.ids.size(), ", excluded ", request.excluded.size(), " logits ", candidates.excluded_logits.size());
+  check(candidates.bad_index < 0, ErrorCode::kInvalidArgument, "sample", "logits must be finite or -inf; got NaN or +inf at token ",
+        candidates.bad_index);
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  // The exact top-k of all tokens lies among the device's top-k of the others and the excluded ones.
+  std::vector<Scored> top;
+  top.reserve(candidates.ids.size() + request.excluded.size());
+  for (size_t i = 0; i < candidates.ids.size(); ++i) {
+    const int32_t id = candidates.ids[i];
+    if (id < 0) continue;  // fewer finite tokens than k
+    check(id < vocab && std::isfinite(candidates.logits[i]), ErrorCode::kInvalidArgument, "sample",
+          "a candidate must be a token in [0, ", vocab, ") with a finite logit; got ", id, " (", candidates.logits[i],
+          ")");
+    top.push_back({id, static_cast<double>(candidates.logits[i])});
+  }
+  for (size_t j = 0; j < request.excluded.size(); ++j) {
+    const float x = candidates.excluded_logits[j];
+    check(!std::isnan(x) && x != std::numeric_limits<float>::infinity(), ErrorCode::kInvalidArgument, "sample",
+          "logits must be finite or -inf; got ", x, " at token ", request.excluded[j]);
+    if (static_cast<double>(x) == kNegInf) continue;
+    top.push_back({request.excluded[j], penalised(static_cast<double>(x))});
+  }
+  check(!top.empty(), ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+        vocab, " tokens");
+  std::sort(top.begin(), top.end(), [](const Scored& a, const Scored& b) { return a.z != b.z ? a.z > b.z : a.id < b.id; });
+  if (params_.temperature == 0.0) return {{top.front().id, 1.0}};
+  top.resize(std::min(top.size(), static_cast<size_t>(params_.top_k)));
+  return finish_top_k(top);
+}
+
+int32_t Sampler::draw(const std::vector<TokenProb>& dist) {
   if (params_.temperature == 0.0) return dist.front().id;
   const double u = rng_.uniform();
   double cum = 0.0;
@@ -179,6 +270,14 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
     if (u < cum) return c.id;
   }
   return dist.back().id;  // u within rounding of 1
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> history) {
+  return draw(distribution(logits, vocab, history));
+}
+
+int32_t Sampler::sample_candidates(const CandidateRequest& request, const Candidates& candidates, int64_t vocab) {
+  return draw(distribution_from_candidates(request, candidates, vocab));
 }
 
 }  // namespace cider::model

@@ -6,7 +6,10 @@
 //      of the history, a positive logit is divided by `repeat_penalty` and a negative one multiplied by it;
 //   2. temperature == 0: greedy — the largest logit wins (ties: the lowest id); nothing below applies;
 //   3. temperature > 0: softmax(logits / temperature) over the tokens with a finite logit;
-//   4. top-k (k > 0): keep the k most probable tokens (ties at the boundary: the lower ids);
+//   4. top-k (k > 0): keep the k most probable tokens (ties at the boundary: the lower ids). These are the k largest
+//      penalised logits (ties: the lower ids), and the softmax of step 3 is taken over them alone — the same
+//      probabilities as renormalising the full softmax over them, computed from the k logits only, so that a device
+//      that sends just its top-k candidates (Sampler::candidate_request / sample_candidates) gives the same tokens;
 //   5. top-p (p < 1): in descending probability, keep the shortest prefix whose probability sum reaches top_p
 //      (the probabilities of step 4, renormalised over its survivors);
 //   6. min-p (m > 0): keep the tokens whose probability is at least m × the largest probability;
@@ -55,6 +58,23 @@ struct TokenProb {
   double p;
 };
 
+// Sampling where the logits are (a GPU): the device ranks the logits and sends the candidates of the top-k step,
+// the host finishes the pipeline. The device's limits (kernels/cuda: topk_logits) bound what it may be asked.
+constexpr int64_t kDeviceTopkMax = 256;
+constexpr int64_t kDeviceExcludedMax = 1024;
+
+struct CandidateRequest {
+  int64_t k = 0;                   // candidates wanted; 0: these settings need the full logits
+  std::vector<int32_t> excluded;   // sorted, unique: the repetition-penalised tokens the host ranks itself
+};
+
+struct Candidates {
+  std::vector<int32_t> ids;            // [k]: the other tokens with a finite logit, (logit desc, id asc); -1 = none
+  std::vector<float> logits;           // [k]: their logits
+  std::vector<float> excluded_logits;  // [request.excluded.size()]: the raw logits of the excluded tokens
+  int64_t bad_index = -1;              // the first token whose logit is NaN or +inf, or -1
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplerParams& params);  // validates
@@ -68,9 +88,29 @@ class Sampler {
   // Draws the next token (advances the generator unless greedy).
   int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> history);
 
+  // What a device must send for the next draw given this history: k = 1 when greedy, top_k when 1 ≤ top_k ≤
+  // kDeviceTopkMax, with the penalised tokens excluded (at most kDeviceExcludedMax); k = 0 when these settings need
+  // the full logits (top_k off or larger, or more penalised tokens). History ids must lie in [0, vocab).
+  CandidateRequest candidate_request(int64_t vocab, std::span<const int32_t> history) const;
+  // distribution() and sample() from a device's answer to candidate_request(vocab, history): the same distribution
+  // and the same token as from the full row of logits (the tests check this on random rows with ties, -inf and
+  // penalties), and the same errors for NaN/+inf or all -inf logits.
+  std::vector<TokenProb> distribution_from_candidates(const CandidateRequest& request, const Candidates& candidates,
+                                                      int64_t vocab) const;
+  int32_t sample_candidates(const CandidateRequest& request, const Candidates& candidates, int64_t vocab);
+
   const SamplerParams& params() const { return params_; }
 
  private:
+  struct Scored {
+    int32_t id;
+    double z;  // the penalised logit
+  };
+  // Steps 3–6 over the top-k tokens `top` (sorted by z desc, id asc; at most top_k of them, non-empty).
+  std::vector<TokenProb> finish_top_k(const std::vector<Scored>& top) const;
+  double penalised(double z) const { return z > 0.0 ? z / params_.repeat_penalty : z * params_.repeat_penalty; }
+  int32_t draw(const std::vector<TokenProb>& dist);
+
   SamplerParams params_;
   SamplerRng rng_;
 };
