@@ -1,6 +1,8 @@
 // The generation loop against scripted fakes of the model (LogitsSource) and of the detokenizer (TextStream): EOS,
 // stop strings (never printed, text held back only while it could still be one), max tokens, context limits, chunked
 // prefill, streaming, determinism per seed, statistics, and every rejection.
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -321,6 +323,62 @@ TEST(Generate, SameSeedSameTokens) {
   };
   EXPECT_EQ(tokens(p.seed), tokens(p.seed));
   EXPECT_NE(tokens(p.seed), tokens(p.seed + 1));  // 40 draws from 8 spread-out tokens: equal by chance ~ never
+}
+
+// A source with a "device": forward_candidates answers the sampler's request from the same logits (the contract of
+// kernels/cuda/topk.cu, written plainly), so generation must give the tokens of the logits path, and use the device
+// whenever the request allows it.
+class DeviceSource : public ScriptedSource {
+ public:
+  using ScriptedSource::ScriptedSource;
+  bool forward_candidates(const int32_t* tokens, int64_t n, const CandidateRequest& r, Candidates& c) override {
+    std::vector<float> logits(static_cast<size_t>(vocab_size()));
+    forward(tokens, n, logits.data());
+    ++device_calls;
+    std::vector<int32_t> order;
+    for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i)
+      if (!std::binary_search(r.excluded.begin(), r.excluded.end(), i) && std::isfinite(logits[static_cast<size_t>(i)]))
+        order.push_back(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
+      return x != y ? x > y : a < b;
+    });
+    c = Candidates{};
+    for (int64_t j = 0; j < r.k; ++j) {
+      const bool has = j < static_cast<int64_t>(order.size());
+      c.ids.push_back(has ? order[static_cast<size_t>(j)] : -1);
+      c.logits.push_back(has ? logits[static_cast<size_t>(order[static_cast<size_t>(j)])] : -INFINITY);
+    }
+    for (int32_t id : r.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
+    return true;
+  }
+  int device_calls = 0;
+};
+
+TEST(Generate, DeviceCandidatesGiveTheTokensOfTheLogitsPath) {
+  TableText text({{0, "a"}, {1, "b"}, {2, "c"}, {3, "d"}, {4, "e"}, {5, "f"}, {6, "g"}, {7, "h"}});
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.prefill_chunk = 2;
+  std::vector<SamplerParams> settings(4);
+  settings[0].temperature = 0.0;                                  // greedy: k = 1
+  settings[1].seed = 11;                                          // the defaults: T 0.8, top-k 40, top-p, min-p
+  settings[2].repeat_penalty = 1.3, settings[2].seed = 12;        // penalised tokens ranked on the host
+  settings[3].top_k = 0, settings[3].seed = 13;                   // top-k off: the full logits are needed
+  for (size_t i = 0; i < settings.size(); ++i) {
+    ScriptedSource plain(8, 64, {});
+    DeviceSource device(8, 64, {});
+    plain.set_random(true);
+    device.set_random(true);
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+    const std::vector<int32_t> a = run(plain, text, prompt, o, settings[i]).r.tokens;
+    const std::vector<int32_t> b = run(device, text, prompt, o, settings[i]).r.tokens;
+    EXPECT_EQ(a, b) << "settings " << i;
+    EXPECT_EQ(device.seen, plain.seen) << "settings " << i;  // the same tokens reached the model, in the same order
+    // Every draw came from the device (the last prompt chunk, then each generated token but the last), except
+    // with top-k off.
+    EXPECT_EQ(device.device_calls, i == 3 ? 0 : static_cast<int>(o.max_tokens)) << "settings " << i;
+  }
 }
 
 TEST(Generate, StatsCountTokensAndReportMemory) {

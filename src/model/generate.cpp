@@ -144,13 +144,31 @@ GenerationResult generate(LogitsSource& source, TextStream& text, Sampler& sampl
 
   GenerationResult result;
   std::vector<float> logits(static_cast<size_t>(vocab));
+  // The forward call whose logits the next draw uses: where the source keeps the logits on a device and the
+  // sampler's settings allow it, the device answers with the top-k candidates (the same token: model/sampler.h);
+  // otherwise the whole row comes back.
+  CandidateRequest request;
+  Candidates candidates;
+  bool from_candidates = false;
+  auto forward_for_draw = [&](const int32_t* tokens, int64_t n) {
+    request = sampler.candidate_request(vocab, history);
+    from_candidates = request.k > 0 && source.forward_candidates(tokens, n, request, candidates);
+    if (!from_candidates) source.forward(tokens, n, logits.data());
+  };
 
   const auto t_prefill = Clock::now();
-  for (int64_t i = 0; i < n_prompt; i += options.prefill_chunk) {
-    const int64_t n = std::min(options.prefill_chunk, n_prompt - i);
-    source.forward(prompt.data() + i, n, logits.data());
+  const size_t history_before = history.size();
+  history.insert(history.end(), prompt.begin(), prompt.end());  // the next draw's history
+  try {
+    for (int64_t i = 0; i < n_prompt; i += options.prefill_chunk) {
+      const int64_t n = std::min(options.prefill_chunk, n_prompt - i);
+      if (i + n < n_prompt) source.forward(prompt.data() + i, n, logits.data());
+      else forward_for_draw(prompt.data() + i, n);
+    }
+  } catch (...) {
+    history.resize(history_before);
+    throw;
   }
-  history.insert(history.end(), prompt.begin(), prompt.end());
   result.stats.prompt_tokens = n_prompt;
   result.stats.prompt_seconds = seconds_since(t_prefill);
 
@@ -159,7 +177,8 @@ GenerationResult generate(LogitsSource& source, TextStream& text, Sampler& sampl
   bool stopped_by_string = false;
   result.reason = StopReason::kMaxTokens;
   for (int64_t step = 0; step < options.max_tokens; ++step) {
-    const int32_t token = sampler.sample(logits.data(), vocab, history);
+    const int32_t token = from_candidates ? sampler.sample_candidates(request, candidates, vocab)
+                                          : sampler.sample(logits.data(), vocab, history);
     result.tokens.push_back(token);
     history.push_back(token);
     result.last_token_pending = true;
@@ -177,7 +196,7 @@ GenerationResult generate(LogitsSource& source, TextStream& text, Sampler& sampl
       result.reason = StopReason::kContextFull;
       break;
     }
-    source.forward(&token, 1, logits.data());
+    forward_for_draw(&token, 1);
     result.last_token_pending = false;
   }
   if (!stopped_by_string) {

@@ -33,6 +33,13 @@ class LogitsSource {
   virtual int64_t position() const = 0;  // tokens appended so far
   // Appends tokens[0, n) and writes the logits of the last one: last_logits[vocab_size()].
   virtual void forward(const int32_t* tokens, int64_t n, float* last_logits) = 0;
+  // Appends tokens[0, n) like forward() but leaves the last logits where they were computed and answers the sampler's
+  // request instead (model/sampler.h: the top-k candidates). false: this source has no such device (nothing was
+  // appended); the caller then uses forward().
+  virtual bool forward_candidates(const int32_t* /*tokens*/, int64_t /*n*/, const CandidateRequest& /*request*/,
+                                  Candidates& /*out*/) {
+    return false;
+  }
   virtual size_t kv_bytes() const { return 0; }
   virtual size_t weight_bytes() const { return 0; }
 };
@@ -108,6 +115,10 @@ class ModelLogitsSource : public LogitsSource {
   int64_t position() const override { return session_.position(); }
   void forward(const int32_t* tokens, int64_t n, float* last_logits) override {
     model_.forward(session_, tokens, n, last_logits, /*all_logits=*/false);
+  }
+  bool forward_candidates(const int32_t* tokens, int64_t n, const CandidateRequest& request,
+                          Candidates& out) override {
+    return model_.forward_candidates(session_, tokens, n, request, out);
   }
   size_t kv_bytes() const override { return session_.kv_bytes(); }
   size_t weight_bytes() const override { return model_.weight_bytes(); }

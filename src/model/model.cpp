@@ -241,4 +241,29 @@ void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits,
   }
 }
 
+bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
+                               Candidates& out) const {
+#ifdef CIDER_HAVE_CUDA
+  constexpr const char* op = "model.forward_candidates";
+  Session::Impl& si = s.impl();
+  if (!si.gpu || request.k < 1) return false;
+  check(si.model == impl_.get(), ErrorCode::kInvalidArgument, op, "the session must come from this model's new_session()");
+  check(n >= 1 && tokens != nullptr, ErrorCode::kInvalidArgument, op, "need n >= 1 tokens; got ", n);
+  check(si.position + n <= impl_->ctx, ErrorCode::kOutOfRange, op, "positions must stay within the context length ",
+        impl_->ctx, "; got ", si.position, " + ", n, " tokens");
+  const int64_t V = impl_->config.vocab_size;
+  for (int64_t i = 0; i < n; ++i)
+    check(tokens[i] >= 0 && tokens[i] < V, ErrorCode::kOutOfRange, op, "token ids must be in [0, ", V, "); got ",
+          tokens[i], " at index ", i);
+  const int64_t start = si.position;
+  si.gpu->forward(tokens, n, start, /*logits=*/nullptr, /*all_logits=*/false);  // last row kept on the device
+  si.position = start + n;
+  si.gpu->candidates(request, out);
+  return true;
+#else
+  (void)s, (void)tokens, (void)n, (void)request, (void)out;
+  return false;
+#endif
+}
+
 }  // namespace cider::model

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "nn/rotation.h"
 
@@ -150,6 +151,11 @@ class Model {
   // ([n, vocab]) when all_logits, else only the last row ([vocab]). Throws cider::Error (kOutOfRange) if the
   // positions would pass context_length(), before changing the session.
   void forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
+  // Sampling on the device (--device cuda): forward() of tokens[0, n) whose last row of logits stays on the GPU, which
+  // answers the sampler's request (model/sampler.h) with its top-k candidates — k tokens cross to the host instead of
+  // the vocabulary. Returns false, having done nothing, when the session runs on the CPU or request.k is 0.
+  bool forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
+                          Candidates& out) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools

@@ -452,7 +452,15 @@ struct GpuSession::Impl {
   int32_t* step_host = nullptr;   // pinned [4], copied into `step` by the first node of a decode step
   float* logits_host = nullptr;   // pinned [vocab], written by the last node of a decode step
   int64_t decode_position = -1;   // the host mirror of step_host[1]
-  std::map<int64_t, cudaGraphExec_t> graphs;  // decode graphs by KV bound
+  bool copy_logits = true;        // whether the decode step ends with the copy of the logits to logits_host
+  bool pending = false;           // a decode step was enqueued without waiting for it (step_host still in use)
+  // Decode graphs by 2 · KV bound + (copy_logits ? 0 : 1).
+  std::map<int64_t, cudaGraphExec_t> graphs;
+  // Device sampling (candidates()): cuda::topk_logits's workspace, and one device and one pinned block laid out as
+  // excluded [kTopkMaxExcluded] | ids [kTopkMaxK] | vals [kTopkMaxK] | excluded_vals [kTopkMaxExcluded] | status,
+  // 4-byte words; allocated on first use.
+  cuda::DeviceBuffer topk_ws, topk_dev;
+  int32_t* topk_host = nullptr;
   int skip = 0;                   // GpuSession::bench_skip of the step being enqueued
 
   explicit Impl(const GpuModel& model);
@@ -482,6 +490,7 @@ struct GpuSession::Impl {
   void enqueue_decode(void* s);
   void forward_chunks(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
   void decode(int32_t token, int64_t position, float* logits, bool use_graphs);
+  void candidates(const CandidateRequest& request, Candidates& out);
 };
 
 GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
@@ -573,6 +582,7 @@ GpuSession::Impl::~Impl() {
   for (auto& [bound, g] : graphs) cudaGraphExecDestroy(g);
   if (step_host) cudaFreeHost(step_host);
   if (logits_host) cudaFreeHost(logits_host);
+  if (topk_host) cudaFreeHost(topk_host);
 }
 
 kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t length) const {
@@ -757,22 +767,27 @@ void GpuSession::Impl::enqueue_decode(void* s) {
                    x.as<float>(), e);
   enqueue_layers(1, decode_position, d_step + 1, d_step + 2, kv_bound(decode_position + 1, m.ctx), e);
   enqueue_head(0, 1, logits_last.as<float>(), e);
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(c.vocab_size) * sizeof(float),
-                                        cudaMemcpyDeviceToHost, st));
+  if (copy_logits)
+    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(c.vocab_size) * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st));
 }
 
 void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bool use_graphs) {
+  if (pending) stream.synchronize();  // the previous step's graph may not have read step_host yet
+  pending = false;
   step_host[0] = token;
   step_host[1] = static_cast<int32_t>(position);
   step_host[2] = static_cast<int32_t>(position + 1);
   decode_position = position;
+  copy_logits = logits != nullptr;
   void* s = stream.handle();
   const cudaStream_t st = as_stream(s);
   if (!use_graphs) {
     enqueue_decode(s);
   } else {
     const int64_t bound = kv_bound(position + 1, m.ctx);
-    auto it = graphs.find(bound);
+    const int64_t key = 2 * bound + (copy_logits ? 0 : 1);
+    auto it = graphs.find(key);
     if (it == graphs.end()) {
       // First step of this bucket: run it once directly, so that launchers which set up state on first use (cuBLASLt
       // plans, kernel attributes) do it outside the capture. The graph then recomputes the same step: it writes the
@@ -792,12 +807,61 @@ void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bo
       const cudaError_t err = cudaGraphInstantiate(&ge, graph, 0);
       cudaGraphDestroy(graph);
       CIDER_CUDA_CHECK(kOp, err);
-      it = graphs.emplace(bound, ge).first;
+      it = graphs.emplace(key, ge).first;
     }
     CIDER_CUDA_CHECK(kOp, cudaGraphLaunch(it->second, st));
   }
+  if (logits == nullptr) {  // the row stays on the device (candidates() reads it on the same stream and waits)
+    pending = true;
+    return;
+  }
   stream.synchronize();
   std::memcpy(logits, logits_host, sz(m.config.vocab_size) * sizeof(float));
+}
+
+void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& out) {
+  const int64_t V = m.config.vocab_size, k = request.k, n_ex = static_cast<int64_t>(request.excluded.size());
+  static_assert(kDeviceTopkMax == cuda::kTopkMaxK && kDeviceExcludedMax == cuda::kTopkMaxExcluded,
+                "the sampler asks the device for what cuda::topk_logits can answer");
+  check(k >= 1 && k <= cuda::kTopkMaxK && n_ex <= cuda::kTopkMaxExcluded, ErrorCode::kInvalidArgument, kOp,
+        "candidates need 1 <= k <= ", cuda::kTopkMaxK, " and at most ", cuda::kTopkMaxExcluded,
+        " excluded tokens; got k ", k, ", ", n_ex, " excluded");
+  constexpr size_t kEx = static_cast<size_t>(cuda::kTopkMaxExcluded), kK = static_cast<size_t>(cuda::kTopkMaxK);
+  constexpr size_t kWords = kEx + kK + kK + kEx + 1;
+  if (topk_host == nullptr) {
+    topk_ws = cuda::DeviceBuffer(std::max<size_t>(cuda::topk_workspace_bytes(V, cuda::kTopkMaxK), 256));
+    topk_dev = cuda::DeviceBuffer(kWords * 4);
+    CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&topk_host), kWords * 4, cudaHostAllocDefault));
+  }
+  int32_t* dev = topk_dev.as<int32_t>();
+  int32_t* d_excluded = dev;
+  int32_t* d_ids = dev + kEx;
+  float* d_vals = reinterpret_cast<float*>(dev + kEx + kK);
+  float* d_exvals = reinterpret_cast<float*>(dev + kEx + 2 * kK);
+  int32_t* d_status = dev + 2 * kEx + 2 * kK;
+  void* s = stream.handle();
+  const cudaStream_t st = as_stream(s);
+  if (n_ex > 0) {
+    std::memcpy(topk_host, request.excluded.data(), sz(n_ex) * sizeof(int32_t));
+    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_excluded, topk_host, sz(n_ex) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                          st));
+  }
+  cuda::Exec e;
+  e.stream = s;
+  e.workspace = topk_ws.data();
+  e.workspace_bytes = topk_ws.bytes();
+  cuda::topk_logits(logits_last.as<float>(), V, d_excluded, n_ex, k, d_ids, d_vals, d_exvals, d_status, e);
+  // ids, vals, excluded_vals and status are contiguous: one copy back.
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(topk_host + kEx, d_ids, (kK + kK + kEx + 1) * 4, cudaMemcpyDeviceToHost, st));
+  stream.synchronize();
+  const int32_t* h_ids = topk_host + kEx;
+  const auto* h_vals = reinterpret_cast<const float*>(topk_host + kEx + kK);
+  const auto* h_exvals = reinterpret_cast<const float*>(topk_host + kEx + 2 * kK);
+  out.ids.assign(h_ids, h_ids + k);
+  out.logits.assign(h_vals, h_vals + k);
+  out.excluded_logits.assign(h_exvals, h_exvals + n_ex);
+  out.bad_index = topk_host[2 * kEx + 2 * kK];
+  pending = false;
 }
 
 void GpuSession::Impl::forward_chunks(const int32_t* tok, int64_t n, int64_t start, float* logits, bool all_logits) {
@@ -822,8 +886,9 @@ void GpuSession::Impl::forward_chunks(const int32_t* tok, int64_t n, int64_t sta
                                             cudaMemcpyDeviceToHost, st));
     } else if (last_chunk) {
       enqueue_head(rows - 1, 1, logits_last.as<float>(), e);
-      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits, logits_last.data(), sz(V) * sizeof(float),
-                                            cudaMemcpyDeviceToHost, st));
+      if (logits != nullptr)  // else the row stays on the device for candidates()
+        CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits, logits_last.data(), sz(V) * sizeof(float),
+                                              cudaMemcpyDeviceToHost, st));
     }
   }
   stream.synchronize();
@@ -841,12 +906,15 @@ GpuSession::~GpuSession() = default;
 void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits) {
   check(n >= 1 && start >= 0 && start + n <= model_->ctx, ErrorCode::kOutOfRange, kOp,
         "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
+  check(logits != nullptr || !all_logits, ErrorCode::kInvalidArgument, kOp, "all_logits needs a logits buffer");
   if (n == 1) {
     impl_->decode(tokens[0], start, logits, use_graphs);
   } else {
     impl_->forward_chunks(tokens, n, start, logits, all_logits);
   }
 }
+
+void GpuSession::candidates(const CandidateRequest& request, Candidates& out) { impl_->candidates(request, out); }
 
 size_t GpuSession::kv_bytes() const {
   size_t b = 0;
@@ -887,6 +955,7 @@ void GpuSession::set_decode_input(int32_t token, int64_t position) {
 
 void GpuSession::enqueue_decode(void* s) {
   impl_->skip = bench_skip;
+  impl_->copy_logits = true;
   try {
     impl_->enqueue_decode(s ? s : impl_->stream.handle());
   } catch (...) {

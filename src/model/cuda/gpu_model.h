@@ -120,7 +120,12 @@ class GpuSession {
 
   // tokens[0, n) (host, already validated) at positions [start, start + n); logits (host) as Model::forward writes
   // them. n == 1 runs the decode step (graph replay unless use_graphs is false); otherwise chunks of kChunk tokens.
+  // logits null (all_logits false): the last row stays on the device for candidates() (decode graphs without the
+  // copy are captured separately).
   void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
+  // The sampler's candidates (model/sampler.h) from the last row of logits of the latest forward():
+  // cuda::topk_logits on the device, then k ids and logits (and the excluded tokens' logits) to the host.
+  void candidates(const CandidateRequest& request, Candidates& out);
 
   size_t kv_bytes() const;
   const GpuModel& model() const { return *model_; }
