@@ -141,8 +141,37 @@ BenchResult bench_argmax(int64_t rows, int64_t vocab, bool l2_hot) {
   return r;
 }
 
+// Device sampling's ranking (cuda::topk_logits) on one row left in L2 by the LM head, with `excluded` penalised
+// tokens; the copy it replaces is the row's 4·vocab bytes to the host (plus the host's own sampling).
+BenchResult bench_topk(int64_t vocab, int64_t k, int64_t excluded) {
+  std::mt19937_64 rng(0x70700000u + static_cast<uint64_t>(vocab + k));
+  cuda::DeviceBuffer logits = device_floats(rng, static_cast<size_t>(vocab));
+  std::vector<int32_t> ex;
+  for (int64_t i = 0; i < excluded; ++i) ex.push_back(static_cast<int32_t>(i * (vocab / std::max<int64_t>(excluded, 1))));
+  cuda::DeviceBuffer d_ex(std::max<size_t>(ex.size(), 1) * 4), ids(static_cast<size_t>(k) * 4),
+      vals(static_cast<size_t>(k) * 4), exvals(std::max<size_t>(ex.size(), 1) * 4), status(4),
+      ws(std::max<size_t>(cuda::topk_workspace_bytes(vocab, k), 256));
+  if (!ex.empty()) d_ex.upload(ex.data(), ex.size() * 4);
+  cuda::Stream stream;
+  auto run = [&](void* s) {
+    const cuda::Exec exec{s, ws.data(), ws.bytes()};
+    cuda::topk_logits(logits.as<float>(), vocab, d_ex.as<int32_t>(), excluded, k, ids.as<int32_t>(), vals.as<float>(),
+                      exvals.as<float>(), status.as<int32_t>(), exec);
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);
+  r.bytes = 4.0 * static_cast<double>(vocab);
+  r.note = "one row (L2-hot, as right after the LM head), " + std::to_string(excluded) + " excluded";
+  return r;
+}
+
 }  // namespace
 
+CIDER_CUDA_BENCH("topk_logits V128256 k1", "ops") { return bench_topk(128256, 1, 0); }
+CIDER_CUDA_BENCH("topk_logits V128256 k40", "ops") { return bench_topk(128256, 40, 0); }
+CIDER_CUDA_BENCH("topk_logits V128256 k40 excluded64", "ops") { return bench_topk(128256, 40, 64); }
+CIDER_CUDA_BENCH("topk_logits V128256 k256", "ops") { return bench_topk(128256, 256, 0); }
+CIDER_CUDA_BENCH("topk_logits V262144 k40", "ops") { return bench_topk(262144, 40, 0); }
 CIDER_CUDA_BENCH("dense_bf16 M1 K4096 N14336", "ops") { return bench_dense(1, 4096, 14336, "bf16 GEMV K4096 N14336"); }
 CIDER_CUDA_BENCH("dense_bf16 M2048 K4096 N14336", "ops") {
   return bench_dense(2048, 4096, 14336, "bf16 matmul M2048 K4096 N14336");

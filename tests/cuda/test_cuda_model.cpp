@@ -34,6 +34,7 @@
 #include "kernels/ref/ref_kernels.h"
 #include "model/cuda/gpu_model.h"
 #include "model/cuda/model_kernels.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/transformer.h"
 #include "nn/rotation.h"
@@ -361,6 +362,78 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
     EXPECT_TRUE(diff(a, b).finite);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(a, b));
   }
+}
+
+// Sampling on the device (GpuSession::candidates: cuda::topk_logits, k tokens back) draws the tokens that the full row
+// of logits from the same GPU session draws — greedy, the default sampler, repetition penalties over a window and
+// over the whole history — through the real generation loop; and it replaces every draw's copy of the logits.
+TEST(CudaModel, DeviceSamplingGivesTheTokensOfTheLogitsPath) {
+  CIDER_REQUIRE_GPU();
+  auto gpu = load("w8a8", "k8v4", cm::Device::kCUDA, "hadamard");
+  const std::vector<int32_t> prompt = gpu->tokenizer().encode("The Python interpreter", true);
+  // The same model session with the device path hidden: generate() then asks for the whole row every time.
+  class HostOnly : public cm::LogitsSource {
+   public:
+    explicit HostOnly(cm::ModelLogitsSource& inner) : inner_(inner) {}
+    int64_t vocab_size() const override { return inner_.vocab_size(); }
+    int64_t context_length() const override { return inner_.context_length(); }
+    int64_t position() const override { return inner_.position(); }
+    void forward(const int32_t* t, int64_t n, float* last) override { inner_.forward(t, n, last); }
+
+   private:
+    cm::ModelLogitsSource& inner_;
+  };
+  std::vector<cm::SamplerParams> settings(4);
+  settings[0].temperature = 0.0;
+  settings[1].seed = 7;
+  settings[2].repeat_penalty = 1.3, settings[2].seed = 8;
+  settings[3].repeat_penalty = 1.1, settings[3].repeat_window = 0, settings[3].top_k = 256, settings[3].seed = 9;
+  for (size_t i = 0; i < settings.size(); ++i) {
+    SCOPED_TRACE("settings " + std::to_string(i));
+    auto tokens = [&](bool device) {
+      auto s = gpu->new_session();
+      cm::ModelLogitsSource src(*gpu, *s);
+      HostOnly host(src);
+      cm::TokenizerTextStream text(gpu->tokenizer());
+      cm::Sampler sampler(settings[i]);
+      std::vector<int32_t> history;
+      cm::GenerateOptions o;
+      o.max_tokens = 48;
+      o.prefill_chunk = 3;
+      cm::LogitsSource& used = device ? static_cast<cm::LogitsSource&>(src) : static_cast<cm::LogitsSource&>(host);
+      return cm::generate(used, text, sampler, history, prompt, o).tokens;
+    };
+    const std::vector<int32_t> a = tokens(true), b = tokens(false);
+    EXPECT_EQ(a.size(), 48u);
+    EXPECT_EQ(a, b);
+  }
+  // The device path itself: the answer for the last row equals the CPU sampler's own ranking of the copied row.
+  auto s = gpu->new_session();
+  std::vector<float> row(static_cast<size_t>(gpu->config().vocab_size));
+  gpu->forward(*s, prompt.data(), static_cast<int64_t>(prompt.size()) - 1, row.data(), false);
+  cm::CandidateRequest r;
+  r.k = 40;
+  r.excluded = {0, 5, 17};
+  cm::Candidates c;
+  ASSERT_TRUE(gpu->forward_candidates(*s, &prompt.back(), 1, r, c));
+  auto s2 = gpu->new_session();  // the same two calls with the row copied back
+  gpu->forward(*s2, prompt.data(), static_cast<int64_t>(prompt.size()) - 1, row.data(), false);
+  gpu->forward(*s2, &prompt.back(), 1, row.data(), false);
+  std::vector<int32_t> order;
+  for (int32_t id = 0; id < static_cast<int32_t>(row.size()); ++id)
+    if (id != 0 && id != 5 && id != 17) order.push_back(id);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const float x = row[static_cast<size_t>(a)], y = row[static_cast<size_t>(b)];
+    return x != y ? x > y : a < b;
+  });
+  ASSERT_EQ(c.ids.size(), 40u);
+  EXPECT_EQ(c.bad_index, -1);
+  for (size_t j = 0; j < 40; ++j) {
+    EXPECT_EQ(c.ids[j], order[j]) << j;
+    EXPECT_EQ(c.logits[j], row[static_cast<size_t>(order[j])]) << j;
+  }
+  ASSERT_EQ(c.excluded_logits.size(), 3u);
+  EXPECT_EQ(c.excluded_logits[1], row[5]);
 }
 
 // A trimmed session continues exactly like the untrimmed one did (the device cache rows are overwritten in place),

@@ -607,5 +607,436 @@ TEST(CudaOps, DenseBf16BadArgumentsAreErrors) {
   se.stream.synchronize();
 }
 
+
+// ---- top-k of the logits (topk.cu) -------------------------------------------------------------------------------
+
+// topk_logits's outputs (or the CPU's).
+struct TopkOut {
+  std::vector<int32_t> ids;
+  std::vector<float> vals;
+  std::vector<float> excluded_vals;
+  int32_t status = -1;
+};
+
+// The CPU reference: status = the first NaN / +inf index; the excluded tokens' raw logits; the other tokens with a
+// finite logit ordered by (value descending, id ascending) — float comparisons only, so −0 ties with +0 — the first k
+// of them, then id −1 / value −inf.
+TopkOut topk_reference(const std::vector<float>& logits, const std::vector<int32_t>& excluded, int64_t k) {
+  TopkOut r;
+  const size_t vocab = logits.size();
+  for (size_t i = 0; i < vocab; ++i)
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
+      r.status = static_cast<int32_t>(i);
+      break;
+    }
+  std::vector<uint8_t> is_excluded(vocab, 0);
+  for (int32_t e : excluded) {
+    is_excluded[static_cast<size_t>(e)] = 1;
+    r.excluded_vals.push_back(logits[static_cast<size_t>(e)]);
+  }
+  std::vector<int32_t> cand;
+  for (size_t i = 0; i < vocab; ++i)
+    if (!is_excluded[i] && std::isfinite(logits[i])) cand.push_back(static_cast<int32_t>(i));
+  const size_t take = std::min(cand.size(), static_cast<size_t>(k));
+  std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(take), cand.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float va = logits[static_cast<size_t>(a)], vb = logits[static_cast<size_t>(b)];
+                      return va > vb || (va == vb && a < b);
+                    });
+  for (size_t i = 0; i < static_cast<size_t>(k); ++i) {
+    if (i < take) {
+      r.ids.push_back(cand[i]);
+      r.vals.push_back(logits[static_cast<size_t>(cand[i])]);
+    } else {
+      r.ids.push_back(-1);
+      r.vals.push_back(-std::numeric_limits<float>::infinity());
+    }
+  }
+  return r;
+}
+
+// Ids exactly, values (and excluded values) bit for bit, status exactly.
+void expect_topk_equal(const TopkOut& got, const TopkOut& want) {
+  ASSERT_EQ(got.ids.size(), want.ids.size());
+  ASSERT_EQ(got.vals.size(), want.vals.size());
+  EXPECT_EQ(got.status, want.status);
+  for (size_t i = 0; i < want.ids.size(); ++i) {
+    ASSERT_EQ(got.ids[i], want.ids[i]) << "slot " << i << " (value " << got.vals[i] << ", want " << want.vals[i]
+                                       << ")";
+    ASSERT_EQ(f32_bits(got.vals[i]), f32_bits(want.vals[i]))
+        << "slot " << i << " id " << want.ids[i] << ": " << got.vals[i] << " vs " << want.vals[i];
+  }
+  ASSERT_EQ(got.excluded_vals.size(), want.excluded_vals.size());
+  for (size_t j = 0; j < want.excluded_vals.size(); ++j)
+    ASSERT_EQ(f32_bits(got.excluded_vals[j]), f32_bits(want.excluded_vals[j])) << "excluded slot " << j;
+}
+
+// The device buffers of one topk_logits call: guarded outputs and inputs, a workspace of exactly
+// topk_workspace_bytes.
+struct TopkDevice {
+  TopkDevice(const std::vector<float>& logits, const std::vector<int32_t>& excluded, int64_t k_, size_t shift = 0)
+      : vocab(static_cast<int64_t>(logits.size())),
+        n_excluded(static_cast<int64_t>(excluded.size())),
+        k(k_),
+        d_logits(logits.size(), shift),
+        d_excluded(excluded.size()),
+        d_ids(static_cast<size_t>(k_)),
+        d_status(1),
+        d_vals(static_cast<size_t>(k_)),
+        d_excluded_vals(excluded.size()),
+        ws(topk_workspace_bytes(vocab, k_)) {
+    d_logits.upload(logits);
+    if (!excluded.empty()) d_excluded.upload(excluded);
+  }
+  // Outputs and workspace poisoned (the result must not depend on what the workspace held).
+  void poison(uint8_t ws_byte) {
+    d_ids.poison();
+    d_vals.poison();
+    d_excluded_vals.poison();
+    d_status.poison();
+    ws.fill(ws_byte);
+  }
+  void launch(void* stream) {
+    const Exec exec{stream, ws.data(), ws.bytes()};
+    const bool any = n_excluded > 0;  // with none, the excluded pointers may be null
+    topk_logits(d_logits.data(), vocab, any ? d_excluded.data() : nullptr, n_excluded, k, d_ids.data(),
+                d_vals.data(), any ? d_excluded_vals.data() : nullptr, d_status.data(), exec);
+  }
+  TopkOut download() const {
+    TopkOut r;
+    r.ids = d_ids.download();
+    r.vals = d_vals.download();
+    r.excluded_vals = d_excluded_vals.download();
+    r.status = d_status.download()[0];
+    return r;
+  }
+  void expect_guards() const {
+    EXPECT_TRUE(d_ids.guards_intact());
+    EXPECT_TRUE(d_vals.guards_intact());
+    EXPECT_TRUE(d_excluded_vals.guards_intact());
+    EXPECT_TRUE(d_status.guards_intact());
+    EXPECT_TRUE(d_logits.guards_intact());
+    EXPECT_TRUE(d_excluded.guards_intact());
+  }
+
+  int64_t vocab, n_excluded, k;
+  Guarded<float> d_logits;
+  Guarded<int32_t> d_excluded, d_ids, d_status;
+  Guarded<float> d_vals, d_excluded_vals;
+  DeviceBuffer ws;
+};
+
+// One call on poisoned outputs and workspace, checked against the CPU (and the logits left as they were).
+void check_topk(StreamExec& se, const std::vector<float>& logits, const std::vector<int32_t>& excluded, int64_t k,
+                size_t shift = 0) {
+  SCOPED_TRACE("vocab " + std::to_string(logits.size()) + " k " + std::to_string(k) + " n_excluded " +
+               std::to_string(excluded.size()) + " shift " + std::to_string(shift));
+  TopkDevice dev(logits, excluded, k, shift);
+  dev.poison(0xA5);
+  dev.launch(se.stream.handle());
+  se.stream.synchronize();
+  dev.expect_guards();
+  const std::vector<float> after = dev.d_logits.download();
+  ASSERT_EQ(std::memcmp(after.data(), logits.data(), logits.size() * sizeof(float)), 0) << "the logits were written";
+  expect_topk_equal(dev.download(), topk_reference(logits, excluded, k));
+}
+
+// Sorted unique ids: the top `n_top` tokens of the reference order, then 0 and vocab − 1 (n ≥ 3), then random ones.
+std::vector<int32_t> make_excluded(const std::vector<float>& logits, int64_t n, int64_t n_top, std::mt19937_64& rng) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  n = std::min(n, vocab);
+  std::vector<uint8_t> taken(static_cast<size_t>(vocab), 0);
+  std::vector<int32_t> ex;
+  auto add = [&](int32_t id) {
+    if (static_cast<int64_t>(ex.size()) < n && id >= 0 && !taken[static_cast<size_t>(id)]) {
+      taken[static_cast<size_t>(id)] = 1;
+      ex.push_back(id);
+    }
+  };
+  for (int32_t id : topk_reference(logits, {}, std::max<int64_t>(1, std::min(n_top, n))).ids) add(id);
+  if (n >= 3) {
+    add(0);
+    add(static_cast<int32_t>(vocab - 1));
+  }
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
+  while (static_cast<int64_t>(ex.size()) < n) add(pick(rng));
+  std::sort(ex.begin(), ex.end());
+  return ex;
+}
+
+TEST(CudaOps, TopkMatchesCpuForEveryVocabAndK) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(110);
+  StreamExec se;
+  for (int64_t vocab : {1, 7, 33, 1000, 4096, 4097, 128256, 262144})
+    for (int64_t k : {1, 2, 40, 64, 256}) {
+      const std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+      check_topk(se, logits, {}, k, vocab % 3 == 1 ? 1 : 0);  // some logits misaligned on purpose
+    }
+  // Logits shaped like a real head's: a large negative mass, a few high tokens.
+  std::vector<float> llama = test::randn(rng, 128256, 2.0f);
+  for (float& v : llama) v -= 8.0f;
+  for (int i = 0; i < 50; ++i) llama[static_cast<size_t>(rng() % llama.size())] += 20.0f;
+  for (int64_t k : {1, 40, 256}) check_topk(se, llama, {}, k);
+}
+
+TEST(CudaOps, TopkOnTheLegacyDefaultStream) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(111);
+  const std::vector<float> logits = test::randn(rng, 128256);
+  TopkDevice dev(logits, {}, 40);
+  dev.poison(0x00);
+  dev.launch(nullptr);
+  device_synchronize("test");
+  dev.expect_guards();
+  expect_topk_equal(dev.download(), topk_reference(logits, {}, 40));
+}
+
+TEST(CudaOps, TopkLargeVocabulariesTakeExtraReductionLaunches) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(112);
+  StreamExec se;
+  // 2^22 + 5 tokens at k 256: 1025 tiles → 262400 candidates → 33 CTAs → 8448 → 2 CTAs → 512 → final (two
+  // reducing launches, both workspace buffers in turn); 2^24 the largest vocabulary allowed.
+  for (int64_t vocab : {(int64_t{1} << 22) + 5, int64_t{1} << 24}) {
+    const std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+    for (int64_t k : {1, 40, 256}) check_topk(se, logits, {}, k);
+    check_topk(se, logits, make_excluded(logits, 1024, 300, rng), 256);
+  }
+}
+
+TEST(CudaOps, TopkTiesGoToTheLowestIds) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(113);
+  StreamExec se;
+  for (int64_t vocab : {1000, 4097, 128256, 262144}) {
+    // A few distinct values (steps of 0.5), −0 and +0 mixed: long runs of equal logits everywhere.
+    std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 2.0f);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      logits[i] = std::nearbyint(logits[i] * 2.0f) / 2.0f;
+      if (logits[i] == 0.0f) logits[i] = i % 2 ? -0.0f : 0.0f;
+    }
+    for (int64_t k : {1, 2, 40, 256}) check_topk(se, logits, {}, k);
+    // Capped at 1: ~16% of the tokens share the top value, spread over every tile.
+    for (float& v : logits) v = std::min(v, 1.0f);
+    for (int64_t k : {1, 40, 256}) check_topk(se, logits, {}, k);
+    check_topk(se, logits, make_excluded(logits, 64, 10, rng), 40);
+  }
+  // All equal: ids 0, 1, 2, …; all zeros of both signs: the same, each value with its own sign bit.
+  check_topk(se, std::vector<float>(128256, 1.0f), {}, 256);
+  std::vector<float> zeros(9000, 0.0f);
+  for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = -0.0f;
+  for (int64_t k : {1, 40, 256}) check_topk(se, zeros, {}, k);
+}
+
+TEST(CudaOps, TopkNeverChoosesNegativeInfinity) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(114);
+  StreamExec se;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t vocab : {7, 4097, 128256}) {
+    // 90% −inf.
+    std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 3.0f);
+    for (float& v : logits)
+      if (rng() % 10 != 0) v = ninf;
+    for (int64_t k : {1, 40, 256}) check_topk(se, logits, {}, k);
+    // All −inf: nothing qualifies, status −1.
+    for (int64_t k : {1, 256}) check_topk(se, std::vector<float>(static_cast<size_t>(vocab), ninf), {}, k);
+  }
+  // Three finite tokens (one of them at each end) and k 40: three, then padding.
+  std::vector<float> three(128256, ninf);
+  three[0] = -1.0f;
+  three[70000] = 2.5f;
+  three[128255] = -1.0f;
+  check_topk(se, three, {}, 40);
+  // The extreme finite values rank as floats do (−FLT_MAX still qualifies; ±denormals order around ±0).
+  std::vector<float> extremes(4097, ninf);
+  const float specials[] = {std::numeric_limits<float>::max(),  std::numeric_limits<float>::lowest(),
+                            std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::min(),  -std::numeric_limits<float>::min(),
+                            0.0f, -0.0f, 1.0f, -1.0f};
+  for (size_t i = 0; i < std::size(specials); ++i) {
+    extremes[(i * 409 + 3) % extremes.size()] = specials[i];
+    extremes[(i * 97 + 4000) % extremes.size()] = specials[i];  // each twice: ties
+  }
+  for (int64_t k : {1, 2, 40}) check_topk(se, extremes, {}, k);
+  std::vector<float> big(128256, ninf);
+  for (size_t i = 0; i < std::size(specials); ++i) big[(i * 12007 + 11) % big.size()] = specials[i];
+  check_topk(se, big, {}, 64);
+}
+
+TEST(CudaOps, TopkStatusIsTheFirstNaNOrPositiveInfinity) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(115);
+  StreamExec se;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float neg_nan = bits_f32(0xFFFFFFFFu);  // sign set, every payload bit
+  const float snan = bits_f32(0x7F800001u);     // signalling NaN bits
+  for (int64_t vocab : {7, 4097, 128256, 262144}) {
+    const std::vector<float> base = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+    const auto at = [&](int64_t i) { return static_cast<size_t>(std::min(i, vocab - 1)); };
+    std::vector<float> logits = base;
+    logits[at(100000)] = nan;
+    logits[at(77000)] = inf;
+    for (int64_t k : {1, 40, 256}) check_topk(se, logits, {}, k);
+    logits[at(4096)] = neg_nan;  // the first index of the second tile
+    logits[at(3)] = snan;
+    check_topk(se, logits, {}, 40);
+    // The smallest bad index is excluded: still the status, and its raw bits are copied out.
+    logits[at(1)] = inf;
+    std::vector<int32_t> excluded = {static_cast<int32_t>(at(1)), static_cast<int32_t>(at(3))};
+    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
+    check_topk(se, logits, excluded, 40);
+    // Only at the very end.
+    logits = base;
+    logits[static_cast<size_t>(vocab - 1)] = inf;
+    check_topk(se, logits, {}, 256);
+  }
+}
+
+TEST(CudaOps, TopkExcludedTokensAreNeverChosenAndCopiedOut) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(116);
+  StreamExec se;
+  for (int64_t vocab : {33, 1000, 4097, 128256, 262144})
+    for (int64_t n : {0, 1, 64, 1024})
+      for (int64_t k : {1, 40, 256}) {
+        std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+        const std::vector<int32_t> excluded = make_excluded(logits, n, n == 1 ? 1 : n / 2, rng);
+        if (excluded.size() > 2) {  // excluded tokens may hold anything: their raw logits are copied
+          logits[static_cast<size_t>(excluded[1])] = -std::numeric_limits<float>::infinity();
+          logits[static_cast<size_t>(excluded[2])] = -0.0f;
+        }
+        check_topk(se, logits, excluded, k);
+      }
+  // Every token excluded: only padding.
+  std::vector<int32_t> all(7);
+  for (int32_t i = 0; i < 7; ++i) all[static_cast<size_t>(i)] = i;
+  check_topk(se, test::randn(rng, 7), all, 4);
+  std::vector<int32_t> all_tile(1024);
+  for (int32_t i = 0; i < 1024; ++i) all_tile[static_cast<size_t>(i)] = 4096 + i;  // a quarter of one tile
+  check_topk(se, test::randn(rng, 128256), all_tile, 256);
+}
+
+// Expects an Error naming cuda.topk_logits (or `op`) and containing `rule`.
+template <typename Fn>
+void expect_topk_error(Fn&& fn, const char* rule, const char* op = "cuda.topk_logits") {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown; expected [" << op << "] " << rule;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::string("[") + op + "]"), std::string::npos) << what;
+    EXPECT_NE(what.find(rule), std::string::npos) << what;
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+  }
+}
+
+TEST(CudaOps, TopkBadArgumentsAreErrorsBeforeAnyLaunch) {
+  CIDER_REQUIRE_GPU();
+  StreamExec se;
+  auto stream = static_cast<cudaStream_t>(se.stream.handle());
+  DeviceBuffer buf(1 << 20);
+  auto* f = buf.as<float>();                  // logits: floats [0, 65536)
+  auto* i32 = buf.as<int32_t>() + 70000;      // ids / excluded
+  auto* fo = buf.as<float>() + 80000;         // vals
+  auto* st = buf.as<int32_t>() + 90000;       // status
+  auto* ex = buf.as<int32_t>() + 100000;      // an excluded list (never read: n_excluded 0)
+  DeviceBuffer ws(topk_workspace_bytes(1 << 16, 256));
+  const Exec ok{se.stream.handle(), ws.data(), ws.bytes()};
+  const size_t need = topk_workspace_bytes(1000, 40);
+  ASSERT_GE(ws.bytes(), need);
+  const Exec small{se.stream.handle(), ws.data(), need - 1};
+  const Exec none{se.stream.handle(), nullptr, 0};
+  const Exec odd{se.stream.handle(), static_cast<char*>(ws.data()) + 16, ws.bytes() - 16};
+
+  constexpr const char* kNull = "logits, ids, vals and status must be device pointers, not null";
+
+  // Inside a capture: an error must leave nothing enqueued (the captured graph stays empty).
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 0, i32, f, nullptr, i32, ok); },
+                    "k must be in [1, 256]; got 0");
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 257, i32, f, nullptr, i32, ok); },
+                    "k must be in [1, 256]; got 257");
+  expect_topk_error([&] { topk_logits(f, 1000, i32, 1025, 40, i32, f, f, i32, ok); },
+                    "n_excluded must be in [0, 1024]; got 1025");
+  expect_topk_error([&] { topk_logits(f, 1000, i32, -1, 40, i32, f, f, i32, ok); },
+                    "n_excluded must be in [0, 1024]; got -1");
+  expect_topk_error([&] { topk_logits(f, 0, nullptr, 0, 40, i32, f, nullptr, i32, ok); },
+                    "vocab must be in [1, 2^24]; got 0");
+  expect_topk_error([&] { topk_logits(f, (int64_t{1} << 24) + 1, nullptr, 0, 40, i32, f, nullptr, i32, ok); },
+                    "vocab must be in [1, 2^24]; got 16777217");
+  expect_topk_error([&] { topk_logits(nullptr, 1000, nullptr, 0, 40, i32, f, nullptr, i32, ok); }, kNull);
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, nullptr, f, nullptr, i32, ok); }, kNull);
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, i32, nullptr, nullptr, i32, ok); }, kNull);
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, i32, f, nullptr, nullptr, ok); }, kNull);
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 1, 40, i32, f, f, i32, ok); },
+                    "when n_excluded > 0; got n_excluded 1");
+  expect_topk_error([&] { topk_logits(f, 1000, i32, 1, 40, i32, f, nullptr, i32, ok); },
+                    "when n_excluded > 0; got n_excluded 1");
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, i32, f, nullptr, i32, small); },
+                    "exec.workspace must hold topk_workspace_bytes(vocab, k)");
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, i32, f, nullptr, i32, none); },
+                    "exec.workspace must hold topk_workspace_bytes(vocab, k)");
+  expect_topk_error([&] { topk_logits(f, 1000, nullptr, 0, 40, i32, f, nullptr, i32, odd); },
+                    "exec.workspace must be 256-byte aligned");
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  size_t nodes = 1;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 0u) << "a failed call enqueued work";
+  cudaGraphDestroy(graph);
+
+  expect_topk_error([] { (void)topk_workspace_bytes(0, 1); }, "vocab must be in [1, 2^24]; got 0",
+                    "cuda.topk_workspace_bytes");
+  expect_topk_error([] { (void)topk_workspace_bytes(100, 0); }, "k must be in [1, 256]; got 0",
+                    "cuda.topk_workspace_bytes");
+  // The smallest valid call still works on the same stream afterwards; the largest k and n_excluded are accepted.
+  EXPECT_NO_THROW(topk_logits(f, 1, nullptr, 0, 1, i32, fo, nullptr, st, ok));
+  EXPECT_NO_THROW(topk_logits(f, 1 << 16, ex, 0, 256, i32, fo, nullptr, st, ok));
+  se.stream.synchronize();
+}
+
+TEST(CudaOps, TopkInACudaGraphReplaysWithFreshInputs) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(117);
+  StreamExec se;
+  auto stream = static_cast<cudaStream_t>(se.stream.handle());
+  // 128256 / k 40: stage 1 + final; 262144 / k 256: one reducing launch between; 1000: a single launch.
+  struct GraphCase {
+    int64_t vocab, k, n_ex;
+  };
+  for (const GraphCase& c : {GraphCase{128256, 40, 64}, GraphCase{262144, 256, 1024}, GraphCase{1000, 2, 5}}) {
+    const int64_t vocab = c.vocab, k = c.k;
+    SCOPED_TRACE("vocab " + std::to_string(vocab) + " k " + std::to_string(k));
+    std::vector<float> logits = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+    const std::vector<int32_t> excluded = make_excluded(logits, c.n_ex, 8, rng);
+    TopkDevice dev(logits, excluded, k);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    dev.launch(se.stream.handle());
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t instance = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&instance, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 3; ++rep) {
+      SCOPED_TRACE("replay " + std::to_string(rep));
+      if (rep == 2) {  // new logits (a NaN among them) in the same buffer: the replay must see them
+        logits = test::randn(rng, static_cast<size_t>(vocab), 4.0f);
+        logits[static_cast<size_t>(vocab / 2)] = std::numeric_limits<float>::quiet_NaN();
+        dev.d_logits.upload(logits);
+      }
+      dev.poison(rep == 1 ? 0x00 : 0xFF);
+      ASSERT_EQ(cudaGraphLaunch(instance, stream), cudaSuccess);
+      se.stream.synchronize();
+      dev.expect_guards();
+      expect_topk_equal(dev.download(), topk_reference(logits, excluded, k));
+    }
+    cudaGraphExecDestroy(instance);
+    cudaGraphDestroy(graph);
+  }
+}
+
 }  // namespace
 }  // namespace cider::cuda

@@ -156,4 +156,20 @@ void attention(const kernels::AttentionArgs& args, const int32_t* d_length, cons
 void rotate_rows(float* x, int64_t rows, int64_t dim, int rotation, const float* qL, const float* qR, bool inverse,
                  const Exec& exec);
 
+// ---- sampling on the device (kernels/cuda/topk.cu) ---------------------------------------------------------------
+// The candidates of model/sampler.h's top-k step, chosen where the logits are, so a decode step copies k tokens to the
+// host instead of the whole vocabulary. logits: [vocab] float32 (device). excluded: [n_excluded] int32 (device), sorted
+// ascending, unique, each in [0, vocab): the tokens the host ranks itself (the repetition-penalised ones); their raw
+// logits are written to excluded_vals [n_excluded]. Of the other tokens, those with a finite logit are ranked by
+// (logit descending, id ascending) and the first k written to ids [k] / vals [k] in that order; when fewer than k
+// qualify the rest is id -1, value -inf. status [1] int32: the smallest index whose logit is NaN or +inf, else -1
+// (the host then raises the sampler's error). All outputs are device pointers. Limits (kInvalidArgument otherwise,
+// naming the rule and the value): 1 ≤ k ≤ kTopkMaxK, 0 ≤ n_excluded ≤ kTopkMaxExcluded, 1 ≤ vocab ≤ 2^24.
+// Workspace: topk_workspace_bytes(vocab, k) bytes in exec.workspace (256-byte aligned).
+constexpr int64_t kTopkMaxK = 256;
+constexpr int64_t kTopkMaxExcluded = 1024;
+size_t topk_workspace_bytes(int64_t vocab, int64_t k);
+void topk_logits(const float* logits, int64_t vocab, const int32_t* excluded, int64_t n_excluded, int64_t k,
+                 int32_t* ids, float* vals, float* excluded_vals, int32_t* status, const Exec& exec);
+
 }  // namespace cider::cuda
