@@ -152,11 +152,10 @@ __device__ __forceinline__ float row_sx(float amax, bool finite) {
   return sx == 0.0f ? 1.0f : sx;
 }
 
-// Block-wide max |x| and "all finite" over kThreads threads (max is exact: the order does not matter).
-template <int kThreads = kQuantThreads>
+// Block-wide max |x| and "all finite" over kQuantThreads threads (max is exact: the order does not matter).
 __device__ __forceinline__ void block_amax(float& amax, bool& finite) {
-  __shared__ float warp_amax[kThreads / 32];
-  __shared__ int warp_finite[kThreads / 32];
+  __shared__ float warp_amax[kQuantThreads / 32];
+  __shared__ int warp_finite[kQuantThreads / 32];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const int all_finite_in_warp = __all_sync(0xffffffffu, finite ? 1 : 0);
@@ -169,7 +168,7 @@ __device__ __forceinline__ void block_amax(float& amax, bool& finite) {
   amax = 0.0f;
   finite = true;
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) {
+  for (int w = 0; w < kQuantThreads / 32; ++w) {
     amax = fmaxf(amax, warp_amax[w]);
     finite = finite && warp_finite[w] != 0;
   }
@@ -198,21 +197,17 @@ struct Raw8 {
   }
 };
 
-// Blocks per SM the one-pass kernel asks registers for: its raw words are kHeld · 8 · sizeof(T) / 4 registers, plus
-// ~24 for the rest (rounded to 8), within the 64 K registers and 2048 threads of an SM.
-template <typename T, int kHeld, int kThreads>
+// Blocks per SM the one-pass kernel asks registers for: its raw words are kHeld · 8 · sizeof(T) / 4 registers.
+template <typename T, int kHeld>
 constexpr int held_min_blocks() {
-  constexpr int regs = (kHeld * 8 * static_cast<int>(sizeof(T)) / 4 + 24 + 7) / 8 * 8;
-  constexpr int by_regs = 65536 / (kThreads * regs), by_threads = 2048 / kThreads;
-  return by_regs < by_threads ? by_regs : by_threads;
+  constexpr int raw_regs = kHeld * 8 * static_cast<int>(sizeof(T)) / 4;
+  return raw_regs <= 8 ? 8 : raw_regs <= 16 ? 6 : 4;
 }
 
 // One pass (K ≤ 8 · kQuantThreads · kHeld, K % 8 == 0, aligned): each thread loads its kHeld chunks of 8 values once,
 // keeps them in registers (raw) through the block reduction, then writes their codes. grid: M blocks.
-// kThreads 64 (16-bit rows of K ≤ 4096: 8 chunks a thread, ~18 rows per SM, so a 2048-row prefill chunk is one wave)
-// or kQuantThreads.
-template <typename T, int kHeld, int kThreads>
-__global__ void __launch_bounds__(kThreads, (held_min_blocks<T, kHeld, kThreads>()))
+template <typename T, int kHeld>
+__global__ void __launch_bounds__(kQuantThreads, (held_min_blocks<T, kHeld>()))
     quantize_rows_held_kernel(const T* __restrict__ x, int64_t K, int8_t* __restrict__ xq,
                               float* __restrict__ sx_out) {
   const int64_t m = blockIdx.x;
@@ -223,12 +218,12 @@ __global__ void __launch_bounds__(kThreads, (held_min_blocks<T, kHeld, kThreads>
   bool finite = true;
 #pragma unroll
   for (int c = 0; c < kHeld; ++c) {
-    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kThreads);
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
     if (k < K) v[c].load(row, k);
   }
 #pragma unroll
   for (int c = 0; c < kHeld; ++c) {
-    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kThreads);
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
     if (k < K) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -238,13 +233,13 @@ __global__ void __launch_bounds__(kThreads, (held_min_blocks<T, kHeld, kThreads>
       }
     }
   }
-  block_amax<kThreads>(amax, finite);
+  block_amax(amax, finite);
   const float sx = row_sx(amax, finite);
   if (threadIdx.x == 0) sx_out[m] = sx;
   const RowScale scale = row_scale(sx);
 #pragma unroll
   for (int c = 0; c < kHeld; ++c) {
-    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kThreads);
+    const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
     if (k < K) {
       uint32_t packed[2] = {0u, 0u};
       if (finite) {
@@ -315,22 +310,13 @@ void launch_quantize(const void* x, int64_t M, int64_t K, int8_t* xq, float* sx,
   const bool vec8 = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 32 == 0 && reinterpret_cast<uintptr_t>(xq) % 8 == 0;
   const dim3 grid(static_cast<unsigned>(M));
   const auto* xt = static_cast<const T*>(x);
-  constexpr int64_t kChunk = 8 * kQuantThreads;  // values per held register set of kQuantThreads threads
-  // CIDER_QUANT_ROWS (docs/cuda/switches.md): "narrow" = 64 threads a row for 16-bit rows of K in (2048, 4096].
-  static const bool narrow = env_word("CIDER_QUANT_ROWS", "wide", {"wide", "narrow"}, "cuda.quantize_rows_int8") ==
-                             "narrow";
-  if constexpr (sizeof(T) == 2) {
-    if (vec8 && narrow && K > 2048 && K <= 4096) {
-      quantize_rows_held_kernel<T, 8, 64><<<grid, 64, 0, stream>>>(xt, K, xq, sx);
-      return;
-    }
-  }
+  constexpr int64_t kChunk = 8 * kQuantThreads;  // values per held register set
   if (vec8 && K <= kChunk)
-    quantize_rows_held_kernel<T, 1, kQuantThreads><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    quantize_rows_held_kernel<T, 1><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
   else if (vec8 && K <= 2 * kChunk)
-    quantize_rows_held_kernel<T, 2, kQuantThreads><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    quantize_rows_held_kernel<T, 2><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
   else if (vec8 && K <= 4 * kChunk)
-    quantize_rows_held_kernel<T, 4, kQuantThreads><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    quantize_rows_held_kernel<T, 4><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
   else if (vec8)
     quantize_rows_kernel<T, true><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
   else

@@ -58,10 +58,7 @@ struct TileConfig {
   // epilogue reads shared memory instead of waiting on global loads): sw [BN] (per channel), bias [BN], sx [kBM]
   // floats; two buffers, by tile parity.
   static constexpr int kEpiFloats = 2 * BN + kBM;
-  // Or (Params::epi_per_warp) one buffer per consumer warp — sw [BN], bias [BN] and its 16 rows' sx — that the warp
-  // fills and reads itself, so only __syncwarp orders them (no barrier across the two warpgroups).
-  static constexpr int kWarpEpiFloats = 2 * BN + 16;
-  static constexpr int kEpiBytes = (2 * kEpiFloats + kConsumerWarps * kWarpEpiFloats) * 4;
+  static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
   // Stages, then 2·kStages mbarriers (in 128 bytes), then the epilogue buffers; + 1024 bytes so the base can be
   // rounded up to the swizzle atom.
   static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 128 + kEpiBytes + 1024;
@@ -240,7 +237,6 @@ struct Params {
   int64_t M, N, K;
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
-  int epi_per_warp;   // epilogue constants per consumer warp (1) or per CTA behind barrier 1 (0)
 };
 
 // kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
@@ -351,8 +347,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wq = warp & 3;       // warp within the warpgroup: 16 rows each
     const uint32_t a_rows = static_cast<uint32_t>(cw * 64 * kBK);  // this warpgroup's 64 rows (8 KB, aligned)
     const int ct = tid - 128;                                       // consumer thread 0 … 255
-    const bool warp_epi = p.epi_per_warp != 0;
-    float* const wepi = epi_base + 2 * Cfg::kEpiFloats + (cw * 4 + wq) * Cfg::kWarpEpiFloats;
     int64_t it = 0;
     int parity = 0;
     for (int64_t tile = first_unit; tile < units; tile += unit_stride, parity ^= 1) {
@@ -362,27 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // `parity` was last read in the epilogue two tiles back, which every consumer left before the barrier that
       // precedes the previous tile's epilogue, so no reader remains.
       float* const epi = epi_base + parity * Cfg::kEpiFloats;
-      if (warp_epi) {
-        // This warp's buffer: every lane has left the previous tile's epilogue reads.
-        __syncwarp();
-        const int64_t wrow0 = m0 + cw * 64 + wq * 16;
-        for (int i = lane; i < Cfg::kWarpEpiFloats; i += 32) {
-          const float* src = p.sx;
-          bool ok = false;
-          if (i < BN) {
-            ok = !kGrouped && n0 + i < N;
-            src = p.sw + (ok ? n0 + i : 0);
-          } else if (i < 2 * BN) {
-            ok = p.bias != nullptr && n0 + (i - BN) < N;
-            src = ok ? p.bias + n0 + (i - BN) : p.sx;
-          } else {
-            ok = wrow0 + (i - 2 * BN) < M;
-            src = p.sx + (ok ? wrow0 + (i - 2 * BN) : 0);
-          }
-          cp_async_4(smem_addr(wepi + i), src, ok ? 4u : 0u);
-        }
-      }
-      for (int i = ct; !warp_epi && i < Cfg::kEpiFloats; i += 256) {
+      for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
         const float* src = p.sx;
         bool ok = false;
         if (i < BN) {
@@ -494,17 +468,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 8j + 2·(lane%4) + {0,1}: acc[4j + 2h + e] is row r + 8h, column 8j + 2·(lane%4) + e.
       // The tile's constants: this thread's cp.async copies landed, then every consumer's (barrier 1).
       cp_async_wait_all();
-      if (warp_epi) __syncwarp();
-      else consumer_bar_sync();
-      const float* const epi_sw = warp_epi ? wepi : epi;
-      const float* const epi_bias = epi_sw + BN;
+      consumer_bar_sync();
+      const float* const epi_sw = epi;
+      const float* const epi_bias = epi + BN;
       OutT* out = static_cast<OutT*>(p.out);
       const int r_tile = cw * 64 + wq * 16 + (lane >> 2);  // row within the tile (h = 0)
       const int c_tile = 2 * (lane & 3);                    // column within each group of 8 (e = 0)
       const int64_t row0 = m0 + r_tile;
       const bool has_bias = p.bias != nullptr;
-      const int sx_at = warp_epi ? 2 * BN + (lane >> 2) : 2 * BN + r_tile;
-      const float sx_row[2] = {epi_sw[sx_at], epi_sw[sx_at + 8]};
+      const float sx_row[2] = {epi[2 * BN + r_tile], epi[2 * BN + r_tile + 8]};
       // The value of accumulator i (column 8j + c_tile + e, row r + 8h) in the reference's order.
       auto value = [&](int j, int h, int e) {
         const int i = 4 * j + 2 * h + e;
@@ -705,9 +677,6 @@ bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, 
   p.group_steps = a.group_size / kStepK;
   const size_t out_elem = static_cast<size_t>(dtype_size(a.out_dtype));
   p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
-  // CIDER_GEMM_EPI (docs/cuda/switches.md): where the epilogue constants are staged (read once).
-  static const bool per_warp = env_word("CIDER_GEMM_EPI", "block", {"block", "warp"}, op) == "warp";
-  p.epi_per_warp = per_warp ? 1 : 0;
   CUtensorMap map_a;
   encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
   switch (a.out_dtype) {
