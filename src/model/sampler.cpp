@@ -1,6 +1,7 @@
 #include "model/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -72,58 +73,86 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   check(vocab > 0 && logits != nullptr, ErrorCode::kInvalidArgument, "sample",
         "need a non-empty row of logits; got vocab ", vocab);
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  // One pass checks every logit and finds the greedy choice (the first of equal maxima). Greedy without a penalty
-  // stops there; everything else works on a double copy (z), which costs ≈ 0.8 ms per token for a 262k vocabulary,
-  // so the greedy decode does not make it.
-  const bool plain_greedy = params_.temperature == 0.0 && (params_.repeat_penalty == 1.0 || history.empty());
-  std::vector<double> z(plain_greedy ? 0 : static_cast<size_t>(vocab));
-  int64_t argmax = -1;
-  float max_x = 0.0f;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Every logit must be finite or -inf: a branch-free scan on the bits (NaN: |bits| above +inf's; +inf itself), which
+  // the compiler vectorizes, then the first offender for the message.
+  uint32_t bad = 0;
   for (int64_t i = 0; i < vocab; ++i) {
-    const float x = logits[i];
-    check(!std::isnan(x) && x != std::numeric_limits<float>::infinity(), ErrorCode::kInvalidArgument, "sample",
-          "logits must be finite or -inf; got ", x, " at token ", i);
-    if (!plain_greedy) z[static_cast<size_t>(i)] = x;
-    if (std::isfinite(x) && (argmax < 0 || x > max_x)) argmax = i, max_x = x;
+    const uint32_t b = std::bit_cast<uint32_t>(logits[i]);
+    bad |= static_cast<uint32_t>((b & 0x7fffffffu) > 0x7f800000u) | static_cast<uint32_t>(b == 0x7f800000u);
   }
-  check(argmax >= 0, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
-        vocab, " tokens");
-  if (plain_greedy) return {{static_cast<int32_t>(argmax), 1.0}};
+  if (bad != 0)
+    for (int64_t i = 0; i < vocab; ++i)
+      check(!std::isnan(logits[i]) && logits[i] != kInf, ErrorCode::kInvalidArgument, "sample",
+            "logits must be finite or -inf; got ", logits[i], " at token ", i);
 
-  if (params_.repeat_penalty != 1.0 && !history.empty()) {
-    const size_t window = params_.repeat_window == 0
-                              ? history.size()
-                              : std::min(history.size(), static_cast<size_t>(params_.repeat_window));
-    std::vector<int32_t> recent(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
-    std::sort(recent.begin(), recent.end());
-    recent.erase(std::unique(recent.begin(), recent.end()), recent.end());  // each token penalised once
-    for (int32_t id : recent) {
-      check(id >= 0 && id < vocab, ErrorCode::kInvalidArgument, "sample", "history token ids must be in [0, ",
-            vocab, "); got ", id);
+  if (params_.temperature == 0.0 && (params_.repeat_penalty == 1.0 || history.empty())) {
+    // Plain greedy: the first of the equal maxima among the finite logits.
+    int64_t argmax = -1;
+    float max_x = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float x = logits[i];
+      if (x != -kInf && (argmax < 0 || x > max_x)) argmax = i, max_x = x;
+    }
+    check(argmax >= 0, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+          vocab, " tokens");
+    return {{static_cast<int32_t>(argmax), 1.0}};
+  }
+
+  if (params_.temperature == 0.0 || params_.top_k > 0) {
+    // Greedy with a penalty (k = 1) or top-k: the candidates a device would send (candidate_request's semantics,
+    // without the device's limits), found in one pass with a bounded heap, then the same finishing as for a device.
+    CandidateRequest request = candidate_request_unbounded(vocab, history);
+    request.k = std::min(request.k, vocab);  // no more than the vocabulary can be kept (and top_k may be huge)
+    Candidates c;
+    c.ids.reserve(static_cast<size_t>(request.k));
+    // heap: the k best (logit desc, id asc) seen so far, the worst on top.
+    std::vector<std::pair<float, int32_t>> heap;
+    heap.reserve(static_cast<size_t>(request.k) + 1);
+    const auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    };
+    size_t next_excluded = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (next_excluded < request.excluded.size() && request.excluded[next_excluded] == i) {
+        ++next_excluded;
+        continue;
+      }
+      const float x = logits[i];
+      if (x == -kInf) continue;
+      const std::pair<float, int32_t> e{x, static_cast<int32_t>(i)};
+      if (static_cast<int64_t>(heap.size()) < request.k) {
+        heap.push_back(e);
+        std::push_heap(heap.begin(), heap.end(), better);
+      } else if (better(e, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = e;
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);  // best first
+    for (const auto& [x, id] : heap) {
+      c.ids.push_back(id);
+      c.logits.push_back(x);
+    }
+    c.ids.resize(static_cast<size_t>(request.k), -1);
+    c.logits.resize(static_cast<size_t>(request.k), -kInf);
+    for (int32_t id : request.excluded) c.excluded_logits.push_back(logits[id]);
+    return distribution_from_candidates(request, c, vocab);
+  }
+
+  // Top-k off: the softmax of step 3 over every possible token, on a double copy (z) with the penalties applied.
+  std::vector<double> z(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) z[static_cast<size_t>(i)] = logits[i];
+  bool any_finite = false;
+  for (int64_t i = 0; i < vocab && !any_finite; ++i) any_finite = logits[i] != -kInf;
+  check(any_finite, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+        vocab, " tokens");
+  if (params_.repeat_penalty != 1.0 && !history.empty())
+    for (int32_t id : candidate_request_unbounded(vocab, history).excluded) {
       double& v = z[static_cast<size_t>(id)];
       v = penalised(v);
     }
-  }
-
-  if (params_.temperature == 0.0) {
-    int32_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (z[static_cast<size_t>(i)] > z[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
-    return {{best, 1.0}};
-  }
-
-  if (params_.top_k > 0) {
-    // Step 4 on the logits: the top_k largest finite z (ties: lower id), sorted; steps 3–6 over them alone.
-    std::vector<Scored> top;
-    top.reserve(static_cast<size_t>(vocab));
-    for (int64_t i = 0; i < vocab; ++i)
-      if (z[static_cast<size_t>(i)] != kNegInf) top.push_back({static_cast<int32_t>(i), z[static_cast<size_t>(i)]});
-    const auto higher = [](const Scored& a, const Scored& b) { return a.z != b.z ? a.z > b.z : a.id < b.id; };
-    const size_t k = std::min(top.size(), static_cast<size_t>(params_.top_k));
-    std::partial_sort(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k), top.end(), higher);
-    top.resize(k);
-    return finish_top_k(top);
-  }
 
   // Softmax of logits / temperature over the possible tokens.
   std::vector<TokenProb> cand;
@@ -208,20 +237,25 @@ std::vector<TokenProb> Sampler::finish_top_k(const std::vector<Scored>& top) con
   return cand;
 }
 
-CandidateRequest Sampler::candidate_request(int64_t vocab, std::span<const int32_t> history) const {
+CandidateRequest Sampler::candidate_request_unbounded(int64_t vocab, std::span<const int32_t> history) const {
   CandidateRequest r;
-  r.k = params_.temperature == 0.0 ? 1 : (params_.top_k >= 1 && params_.top_k <= kDeviceTopkMax ? params_.top_k : 0);
-  if (r.k == 0 || params_.repeat_penalty == 1.0 || history.empty()) return r;
+  r.k = params_.temperature == 0.0 ? 1 : params_.top_k;
+  if (params_.repeat_penalty == 1.0 || history.empty()) return r;
   const size_t window = params_.repeat_window == 0
                             ? history.size()
                             : std::min(history.size(), static_cast<size_t>(params_.repeat_window));
   r.excluded.assign(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
   std::sort(r.excluded.begin(), r.excluded.end());
-  r.excluded.erase(std::unique(r.excluded.begin(), r.excluded.end()), r.excluded.end());
+  r.excluded.erase(std::unique(r.excluded.begin(), r.excluded.end()), r.excluded.end());  // each token once
   for (int32_t id : r.excluded)
     check(id >= 0 && id < vocab, ErrorCode::kInvalidArgument, "sample", "history token ids must be in [0, ", vocab,
           "); got ", id);
-  if (static_cast<int64_t>(r.excluded.size()) > kDeviceExcludedMax) r = CandidateRequest{};
+  return r;
+}
+
+CandidateRequest Sampler::candidate_request(int64_t vocab, std::span<const int32_t> history) const {
+  CandidateRequest r = candidate_request_unbounded(vocab, history);
+  if (r.k < 1 || r.k > kDeviceTopkMax || static_cast<int64_t>(r.excluded.size()) > kDeviceExcludedMax) return {};
   return r;
 }
 

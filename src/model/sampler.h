@@ -109,6 +109,9 @@ class Sampler {
   // Steps 3–6 over the top-k tokens `top` (sorted by z desc, id asc; at most top_k of them, non-empty).
   std::vector<TokenProb> finish_top_k(const std::vector<Scored>& top) const;
   double penalised(double z) const { return z > 0.0 ? z / params_.repeat_penalty : z * params_.repeat_penalty; }
+  // candidate_request without the device's limits (k = top_k of any size; any number of penalised tokens): what
+  // distribution() itself ranks on the full row for greedy-with-penalty and top-k.
+  CandidateRequest candidate_request_unbounded(int64_t vocab, std::span<const int32_t> history) const;
   int32_t draw(const std::vector<TokenProb>& dist);
 
   SamplerParams params_;
