@@ -335,21 +335,7 @@ class DeviceSource : public ScriptedSource {
     std::vector<float> logits(static_cast<size_t>(vocab_size()));
     forward(tokens, n, logits.data());
     ++device_calls;
-    std::vector<int32_t> order;
-    for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i)
-      if (!std::binary_search(r.excluded.begin(), r.excluded.end(), i) && std::isfinite(logits[static_cast<size_t>(i)]))
-        order.push_back(i);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
-      return x != y ? x > y : a < b;
-    });
-    c = Candidates{};
-    for (int64_t j = 0; j < r.k; ++j) {
-      const bool has = j < static_cast<int64_t>(order.size());
-      c.ids.push_back(has ? order[static_cast<size_t>(j)] : -1);
-      c.logits.push_back(has ? logits[static_cast<size_t>(order[static_cast<size_t>(j)])] : -INFINITY);
-    }
-    for (int32_t id : r.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
+    c = test::reference_candidates(logits, r);
     return true;
   }
   int device_calls = 0;

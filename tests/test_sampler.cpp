@@ -336,32 +336,6 @@ TEST(Sampler, GreedyFastPathAgreesWithTheGeneralPathAndRejectsTheSameRows) {
 
 // ---- sampling from a device's candidates -------------------------------------------------------------------------
 
-// What kernels/cuda/topk.cu answers (its contract in cuda_api.h), written plainly: the excluded tokens' raw logits;
-// of the others, the finite ones by (logit desc, id asc), the first k, padded with -1 / -inf; the first NaN/+inf index.
-Candidates reference_device_answer(const std::vector<float>& logits, const CandidateRequest& r) {
-  Candidates c;
-  std::vector<int32_t> order;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float x = logits[i];
-    if (c.bad_index < 0 && (std::isnan(x) || x == std::numeric_limits<float>::infinity()))
-      c.bad_index = static_cast<int64_t>(i);
-    const bool excluded = std::binary_search(r.excluded.begin(), r.excluded.end(), static_cast<int32_t>(i));
-    if (!excluded && std::isfinite(x)) order.push_back(static_cast<int32_t>(i));
-  }
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
-    return x != y ? x > y : a < b;
-  });
-  for (int64_t j = 0; j < r.k; ++j) {
-    const bool has = j < static_cast<int64_t>(order.size());
-    c.ids.push_back(has ? order[static_cast<size_t>(j)] : -1);
-    c.logits.push_back(has ? logits[static_cast<size_t>(order[static_cast<size_t>(j)])]
-                           : -std::numeric_limits<float>::infinity());
-  }
-  for (int32_t id : r.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
-  return c;
-}
-
 // The device path gives the same distribution, bit for bit, and the same draws as the full row, over random rows
 // with many ties, -inf entries, penalties (window 8 / whole history) and every filter; the request asks for the
 // full logits exactly when the device cannot answer.
@@ -389,7 +363,7 @@ TEST(Sampler, CandidatesFromADeviceGiveTheSameDistributionAndTokens) {
               ASSERT_EQ(r.k, temperature == 0.0 ? 1 : top_k);
               ASSERT_TRUE(std::is_sorted(r.excluded.begin(), r.excluded.end()));
               ASSERT_EQ(r.excluded.empty(), penalty == 1.0);
-              const Candidates c = reference_device_answer(logits, r);
+              const Candidates c = test::reference_candidates(logits, r);
               const std::vector<TokenProb> a = full.distribution(logits.data(), vocab, history);
               const std::vector<TokenProb> b = device.distribution_from_candidates(r, c, vocab);
               ASSERT_EQ(a.size(), b.size()) << "vocab " << vocab << " T " << temperature << " k " << top_k;
@@ -433,7 +407,7 @@ TEST(Sampler, CandidatesWithBadLogitsAreRejectedLikeTheFullRow) {
   const float inf = std::numeric_limits<float>::infinity();
   auto rejects = [&](const std::vector<float>& logits, const char* what) {
     const CandidateRequest r = s.candidate_request(static_cast<int64_t>(logits.size()), history);
-    const Candidates c = reference_device_answer(logits, r);
+    const Candidates c = test::reference_candidates(logits, r);
     try {
       (void)s.distribution_from_candidates(r, c, static_cast<int64_t>(logits.size()));
       ADD_FAILURE() << "accepted " << what;
@@ -446,7 +420,7 @@ TEST(Sampler, CandidatesWithBadLogitsAreRejectedLikeTheFullRow) {
   rejects({0.0f, 1.0f, inf}, "at token 2");  // the excluded (penalised) token
   rejects({-inf, -inf, -inf}, "all -inf");
   CandidateRequest r = s.candidate_request(3, history);
-  Candidates c = reference_device_answer({0.0f, 1.0f, 2.0f}, r);
+  Candidates c = test::reference_candidates({0.0f, 1.0f, 2.0f}, r);
   c.ids.pop_back();  // an answer of the wrong size
   EXPECT_THROW((void)s.distribution_from_candidates(r, c, 3), Error);
 }

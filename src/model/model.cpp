@@ -210,18 +210,25 @@ std::unique_ptr<Session> Model::new_session() const {
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
-void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const {
-  constexpr const char* op = "forward";
-  Session::Impl& si = s.impl();
+// The checks forward() and forward_candidates() share: this model's session, n >= 1 tokens, ids in the vocabulary,
+// the positions within the context (before anything changes the session). has_logits: the caller's output is given.
+void Model::check_forward_args(const Session::Impl& si, const int32_t* tokens, int64_t n, bool has_logits,
+                               const char* op) const {
   check(si.model == impl_.get(), ErrorCode::kInvalidArgument, op, "the session must come from this model's new_session()");
   check(n >= 1, ErrorCode::kInvalidArgument, op, "n must be >= 1; got ", n);
-  check(tokens != nullptr && logits != nullptr, ErrorCode::kInvalidArgument, op, "tokens and logits must not be null");
+  check(tokens != nullptr && has_logits, ErrorCode::kInvalidArgument, op, "tokens and logits must not be null");
   check(si.position + n <= impl_->ctx, ErrorCode::kOutOfRange, op, "positions must stay within the context length ",
         impl_->ctx, "; got ", si.position, " + ", n, " tokens");
   const int64_t V = impl_->config.vocab_size;
   for (int64_t i = 0; i < n; ++i)
     check(tokens[i] >= 0 && tokens[i] < V, ErrorCode::kOutOfRange, op, "token ids must be in [0, ", V, "); got ",
           tokens[i], " at index ", i);
+}
+
+void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const {
+  constexpr const char* op = "forward";
+  Session::Impl& si = s.impl();
+  check_forward_args(si, tokens, n, logits != nullptr, op);
   const int64_t start = si.position;
   try {
 #ifdef CIDER_HAVE_CUDA
@@ -247,14 +254,7 @@ bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, con
   constexpr const char* op = "model.forward_candidates";
   Session::Impl& si = s.impl();
   if (!si.gpu || request.k < 1) return false;
-  check(si.model == impl_.get(), ErrorCode::kInvalidArgument, op, "the session must come from this model's new_session()");
-  check(n >= 1 && tokens != nullptr, ErrorCode::kInvalidArgument, op, "need n >= 1 tokens; got ", n);
-  check(si.position + n <= impl_->ctx, ErrorCode::kOutOfRange, op, "positions must stay within the context length ",
-        impl_->ctx, "; got ", si.position, " + ", n, " tokens");
-  const int64_t V = impl_->config.vocab_size;
-  for (int64_t i = 0; i < n; ++i)
-    check(tokens[i] >= 0 && tokens[i] < V, ErrorCode::kOutOfRange, op, "token ids must be in [0, ", V, "); got ",
-          tokens[i], " at index ", i);
+  check_forward_args(si, tokens, n, /*has_logits=*/true, op);
   const int64_t start = si.position;
   si.gpu->forward(tokens, n, start, /*logits=*/nullptr, /*all_logits=*/false);  // last row kept on the device
   si.position = start + n;

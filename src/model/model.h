@@ -161,6 +161,8 @@ class Model {
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools
 
  private:
+  void check_forward_args(const Session::Impl& si, const int32_t* tokens, int64_t n, bool has_logits,
+                          const char* op) const;
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

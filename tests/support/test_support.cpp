@@ -1,5 +1,7 @@
 #include "support/test_support.h"
 
+#include <algorithm>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -98,6 +100,31 @@ bool no_nan(const float* p, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (std::isnan(p[i])) return false;
   return true;
+}
+
+model::Candidates reference_candidates(const std::vector<float>& logits, const model::CandidateRequest& request) {
+  model::Candidates c;
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float x = logits[i];
+    if (c.bad_index < 0 && (std::isnan(x) || x == std::numeric_limits<float>::infinity()))
+      c.bad_index = static_cast<int64_t>(i);
+    const bool excluded =
+        std::binary_search(request.excluded.begin(), request.excluded.end(), static_cast<int32_t>(i));
+    if (!excluded && std::isfinite(x)) order.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
+    return x != y ? x > y : a < b;
+  });
+  for (int64_t j = 0; j < request.k; ++j) {
+    const bool has = j < static_cast<int64_t>(order.size());
+    c.ids.push_back(has ? order[static_cast<size_t>(j)] : -1);
+    c.logits.push_back(has ? logits[static_cast<size_t>(order[static_cast<size_t>(j)])]
+                           : -std::numeric_limits<float>::infinity());
+  }
+  for (int32_t id : request.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
+  return c;
 }
 
 }  // namespace cider::test

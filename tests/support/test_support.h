@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/sampler.h"
 
 namespace cider::test {
 
@@ -64,5 +65,10 @@ inline const std::vector<int64_t>& tail_sizes() {
   static const std::vector<int64_t> sizes = {1, 7, 33, 67, 129};
   return sizes;
 }
+
+// What a device answers to a sampler's request (the contract of kernels/cuda/topk.cu), written plainly: the excluded
+// tokens' raw logits; of the others, the finite ones by (logit desc, id asc), the first k, padded with -1 / -inf; the
+// first NaN/+inf index.
+model::Candidates reference_candidates(const std::vector<float>& logits, const model::CandidateRequest& request);
 
 }  // namespace cider::test
