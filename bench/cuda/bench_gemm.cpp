@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
+#include "tests/support/scoped_env.h"
 
 namespace cider::cuda::gemm_bench {
 void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);  // linear_gemm.cu
@@ -21,6 +22,7 @@ void set_gemm_kernel(int choice);  // 0 auto (wgmma where supported), 1 mma.sync
 int gemm_kernel_choice();
 int last_gemm_kernel();            // 1 mma.sync, 2 wgmma, 3 wgmma 2-CTA cluster (CIDER_GEMM_KERNEL=wgmma2)
 int last_gemm_grid();              // CTAs of the last wgmma launch
+bool last_gemm_quantize_fused();   // the last call quantized x inside the wgmma kernel
 }
 
 namespace cider::bench {
@@ -58,8 +60,11 @@ enum class What { kFull, kGemmOnly, kQuantizeOnly };
 
 // bf16 x [M, K] → bf16 out [M, N], int8 (or packed int4) weights, per-channel (group_size 0) or per-group scales.
 // kernel: 0 = the launcher's default choice, 1 = force the mma.sync kernel, 2 = force wgmma (comparison cases).
+// separate: run with $CIDER_GEMM_FUSED_QUANT=0 (the quantization kernel in front of the GEMM: the A/B of the fused
+// quantization, docs/cuda/gemm.md version 4).
 BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer,
-                       int kernel = 0) {
+                       int kernel = 0, bool separate = false) {
+  const test::ScopedEnv fused_env("CIDER_GEMM_FUSED_QUANT", separate ? "0" : nullptr);
   struct Restore {
     int saved = cuda::gemm_bench::gemm_kernel_choice();
     ~Restore() { cuda::gemm_bench::set_gemm_kernel(saved); }
@@ -151,6 +156,9 @@ BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_siz
             : cuda::gemm_bench::last_gemm_kernel() == 2
                 ? "wgmma m64nNk32 + TMA, grid " + std::to_string(cuda::gemm_bench::last_gemm_grid())
                                                         : std::string("mma.sync m16n8k32")) +
+           (what != What::kFull                          ? std::string()
+            : cuda::gemm_bench::last_gemm_quantize_fused() ? std::string(", quantization fused")
+                                                         : std::string(", quantization kernel in front")) +
            (copies > 1 ? ", 4 rotated copies" : "");
   return r;
 }
@@ -197,6 +205,23 @@ CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 mma.sync", "gemm") {
 }
 CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
   return run_linear(2048, 4096, 14336, false, 64, What::kFull, kPeerBig);
+}
+// The fused quantization's A/B (the same shapes with the quantization kernel in front), and a down projection's
+// prefill shape (K 14336: the fused two-pass row path).
+CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 separate quantization", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig, 0, true);
+}
+CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 separate quantization", "gemm") {
+  return run_linear(512, 4096, 4096, false, 0, What::kFull, kPeerSmall, 0, true);
+}
+CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336 separate quantization", "gemm") {
+  return run_linear(2048, 4096, 14336, false, 128, What::kFull, kPeerBig, 0, true);
+}
+CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096", "gemm") {
+  return run_linear(512, 14336, 4096, false, 0, What::kFull, "");
+}
+CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096 separate quantization", "gemm") {
+  return run_linear(512, 14336, 4096, false, 0, What::kFull, "", 0, true);
 }
 CIDER_CUDA_BENCH("quantize_rows_int8 bf16 M2048 K4096", "gemm") {
   return run_linear(2048, 4096, 256, false, 0, What::kQuantizeOnly, "");

@@ -35,7 +35,7 @@
 // ldexpf) and the digit fragments between lane pairs: one CTA barrier. The warps are combined through their own tile
 // areas in fragment order (float4, one barrier). With splits > 1 each CTA writes its partial, counts itself in on a
 // per-(b, KV head) counter, and the last CTA of the head merges all splits (log-sum-exp, as attention.cu's
-// merge_kernel) and resets the counter — no second kernel (the counters: see counter_slab).
+// merge_kernel) and resets the counter — no second kernel (the counters: counter_slabs.h).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -43,14 +43,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 #include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/attention_tc_device.cuh"
+#include "kernels/cuda/counter_slabs.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -887,68 +885,10 @@ bool tc_packed_enabled() { return env_flag("CIDER_ATTN_TC_PACKED", true, "cuda.a
 // parallel merge launch), so the partials go to attention.cu's merge kernel by default.
 bool tc_fold_enabled() { return env_flag("CIDER_ATTN_TC_FOLD", false, "cuda.attention"); }
 
-// The arrival counters of the in-kernel merge. They cannot live in exec.workspace: the model shares one workspace
-// among all launchers (gpu_model.cpp), so the linear layers overwrite it between two attention calls, and a
-// launcher may not memset synchronously (a cudaMemsetAsync node per call would also cut the PDL edge). So: a static
-// device array, zero at module load; the last CTA of a head resets its counter, so every launch leaves them zero.
-// Two launches that run at the same time must not share counters: each (device, stream) gets its own slab of
-// kCounterSlab counters (launches on one stream are ordered); a 9th stream, or B·Hkv > kCounterSlab, falls back to
-// the merge kernel. A graph must be replayed on the stream it was captured on (gpu_model.cpp and bench do).
-constexpr int kCounterSlabs = 8;
-constexpr int kCounterSlab = 4096;
+// The arrival counters of the in-kernel merge: counters::Pool::kAttentionMerge (counter_slabs.h says why they are a
+// static device array and how launches on different streams keep apart); a 9th stream, or B·Hkv > kCounterSlab,
+// falls back to the merge kernel.
 constexpr int64_t kFoldMaxBytes = 256 * 1024;  // partial bytes one merging CTA may read (see tc_plan)
-__device__ unsigned int g_tc_counters[kCounterSlabs * kCounterSlab];
-
-std::mutex& counter_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-
-// The counter array of the current device (looked up once per device, from tc_plan, i.e. before any capture, since
-// attention_workspace_bytes and attention() plan first). Caller holds counter_mutex().
-unsigned int* counter_array(int dev) {
-  static std::vector<std::pair<int, unsigned int*>> bases;
-  for (const auto& e : bases)
-    if (e.first == dev) return e.second;
-  void* sym = nullptr;
-  CIDER_CUDA_CHECK("cuda.attention", cudaGetSymbolAddress(&sym, g_tc_counters));
-  bases.emplace_back(dev, static_cast<unsigned int*>(sym));
-  return bases.back().second;
-}
-
-void prepare_counters() {
-  int dev = 0;
-  CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(counter_mutex());
-  (void)counter_array(dev);
-}
-
-unsigned int* counter_slab(void* stream) {
-  struct Entry {
-    int dev;
-    void* stream;
-    unsigned int* base;
-  };
-  static std::vector<Entry> table;
-  static std::vector<std::pair<int, int>> used;  // (device, slabs handed out)
-  int dev = 0;
-  CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(counter_mutex());
-  for (const Entry& e : table)
-    if (e.dev == dev && e.stream == stream) return e.base;
-  int* n = nullptr;
-  for (auto& u : used)
-    if (u.first == dev) n = &u.second;
-  if (n == nullptr) {
-    used.emplace_back(dev, 0);
-    n = &used.back().second;
-  }
-  if (*n >= kCounterSlabs) return nullptr;
-  unsigned int* base = counter_array(dev) + static_cast<size_t>(*n) * kCounterSlab;
-  ++*n;
-  table.push_back({dev, stream, base});
-  return base;
-}
 
 }  // namespace
 
@@ -1010,9 +950,9 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   // L65536: 198 splits × 8 rows × 1 KB = 1.6 MB per head, two heads).
   const int64_t R = a.Hq / a.keys.H * a.L;
   const int64_t fold_bytes = R * pl.splits * a.values.dim * static_cast<int64_t>(sizeof(float));
-  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && fold_bytes <= kFoldMaxBytes && bh <= kCounterSlab &&
+  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && fold_bytes <= kFoldMaxBytes && bh <= counters::kCounterSlab &&
             tc_fold_enabled();
-  if (pl.fold) prepare_counters();
+  if (pl.fold) counters::prepare();
   return pl;
 }
 
@@ -1037,7 +977,7 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
                float* part_ml, void* stream) {
   TcParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
-  p.counters = pl.fold ? counter_slab(stream) : nullptr;
+  p.counters = pl.fold ? counters::counter_slab(counters::Pool::kAttentionMerge, stream) : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.

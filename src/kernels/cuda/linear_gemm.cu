@@ -30,8 +30,10 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/counter_slabs.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
+#include "kernels/cuda/int8_row_quant.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -39,8 +41,9 @@ namespace cider::cuda {
 
 namespace gemm_wgmma {  // linear_gemm_wgmma.cu
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
-bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
-            const char* op);
+bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters);
+bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster, unsigned int* fused_counters,
+            cudaStream_t stream, const char* op);
 int last_grid();
 }  // namespace gemm_wgmma
 
@@ -65,6 +68,12 @@ std::atomic<int>& gemm_choice() {
   return choice;
 }
 std::atomic<int> g_last_gemm_kernel{0};  // the GemmKernelChoice a launch used (1, 2 or 3), 0 before any
+std::atomic<bool> g_last_quantize_fused{false};  // whether the last int_gemm quantized x inside the wgmma kernel
+
+// CIDER_GEMM_FUSED_QUANT (read at every call; docs/cuda/switches.md): 1 (default) = the wgmma kernel quantizes the
+// activations itself where it can (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4); 0 = the separate
+// quantize_rows kernel first (the A/B).
+bool fused_quantize_enabled() { return env_flag("CIDER_GEMM_FUSED_QUANT", true, "cuda.w8a8_gemm"); }
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceAlign = 256;
@@ -72,6 +81,11 @@ constexpr size_t kWorkspaceAlign = 256;
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // ---- per-token activation quantization ---------------------------------------------------------------------------
+
+using int8_row_quant::int8_code;
+using int8_row_quant::row_scale;
+using int8_row_quant::row_sx;
+using int8_row_quant::RowScale;
 
 template <typename T>
 __device__ __forceinline__ float load_as_float(const T* p, int64_t i);
@@ -117,39 +131,6 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, int
     v[2 * j] = __uint_as_float(w[j] << 16);
     v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
   }
-}
-
-// The reference's int8_code: clamp(rint(v / sx), -127, 127) with an IEEE division.
-__device__ __forceinline__ int int8_code(float v, float sx) {
-  const float r = fminf(fmaxf(rintf(__fdiv_rn(v, sx)), -127.0f), 127.0f);
-  return static_cast<int>(r);
-}
-
-// Codes of a row with scale sx, through a multiplication by r = fl(1 / sx) where that provably gives the same code
-// as the reference's IEEE division: |fl(v·r) − v/sx| ≤ (2⁻²⁴ + 2⁻²⁴ + 2⁻⁴⁸)·|v/sx| ≤ 1.6e-5 for |v/sx| ≤ 127.01
-// and |fl(v/sx) − v/sx| ≤ 2⁻²⁴·127.01 < 7.6e-6, so rint() of the two can differ only when t = fl(v·r) lies within
-// 2.4e-5 of a half-integer; those (and rows whose sx makes r subnormal or infinite) take the division.
-struct RowScale {
-  float sx, r;
-  bool fast;  // sx in [1e-37, 1e37]: r normal and finite, |v·r| ≤ 127.01
-};
-__device__ __forceinline__ RowScale row_scale(float sx) {
-  return RowScale{sx, __frcp_rn(sx), sx >= 1e-37f && sx <= 1e37f};
-}
-__device__ __forceinline__ int int8_code(float v, const RowScale& s) {
-  if (s.fast) {
-    const float t = __fmul_rn(v, s.r);
-    const float frac = t - floorf(t);  // exact: |t| < 2²³
-    if (fabsf(frac - 0.5f) > 4e-5f) return static_cast<int>(fminf(fmaxf(rintf(t), -127.0f), 127.0f));
-  }
-  return int8_code(v, s.sx);
-}
-
-// Scale of a row from its max |x| (NaN when a value is not finite, 1 when all are zero), as the reference.
-__device__ __forceinline__ float row_sx(float amax, bool finite) {
-  if (!finite) return __int_as_float(0x7fc00000);  // quiet NaN
-  const float sx = __fdiv_rn(amax, 127.0f);
-  return sx == 0.0f ? 1.0f : sx;
 }
 
 // Block-wide max |x| and "all finite" over kQuantThreads threads (max is exact: the order does not matter).
@@ -712,7 +693,8 @@ void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const fl
   const bool want_wgmma =
       choice == kGemmWgmma || choice == kGemmWgmmaCluster || (choice == kGemmAuto && kWgmmaByDefault);
   if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
-    const bool cluster = gemm_wgmma::launch(a, xq, sx, choice == kGemmWgmmaCluster, stream, op);
+    const bool cluster = gemm_wgmma::launch(a, const_cast<int8_t*>(xq), const_cast<float*>(sx),
+                                            choice == kGemmWgmmaCluster, nullptr, stream, op);
     g_last_gemm_kernel.store(cluster ? kGemmWgmmaCluster : kGemmWgmma, std::memory_order_relaxed);
     return;
   }
@@ -751,6 +733,21 @@ void int_gemm(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, cons
   auto* xq = static_cast<int8_t*>(exec.workspace);
   auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
                                       round_up(static_cast<size_t>(a.M * a.K), kWorkspaceAlign));
+  // The wgmma kernel (without clusters) quantizes x itself where it can; it needs a counter slab for the stream.
+  const int choice = gemm_choice().load(std::memory_order_relaxed);
+  const bool plain_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
+  if (plain_wgmma && fused_quantize_enabled() && gemm_wgmma::supported(a, int4, xq) &&
+      gemm_wgmma::fused_quantize_supported(a, xq, counters::kCounterSlab)) {
+    counters::prepare();
+    unsigned int* slab = counters::counter_slab(counters::Pool::kGemmQuantize, exec.stream);
+    if (slab != nullptr) {
+      gemm_wgmma::launch(a, xq, sx, false, slab, stream, op);
+      g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
+      g_last_quantize_fused.store(true, std::memory_order_relaxed);
+      return;
+    }
+  }
+  g_last_quantize_fused.store(false, std::memory_order_relaxed);
   quantize_rows_unchecked(a.x, a.x_dtype, a.M, a.K, xq, sx, stream);
   check_last_launch(op);
   launch_int_gemm(a, xq, sx, int4, stream, op);
@@ -810,6 +807,8 @@ int gemm_kernel_choice() { return gemm_choice().load(std::memory_order_relaxed);
 int last_gemm_kernel() { return g_last_gemm_kernel.load(std::memory_order_relaxed); }
 // CTAs in the grid of the last wgmma launch (0 before any).
 int last_gemm_grid() { return gemm_wgmma::last_grid(); }
+// Whether the last w8a8/w4a8 GEMM call quantized its activations inside the wgmma kernel.
+bool last_gemm_quantize_fused() { return g_last_quantize_fused.load(std::memory_order_relaxed); }
 }  // namespace gemm_bench
 
 }  // namespace cider::cuda

@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
+#include "kernels/cuda/int8_row_quant.cuh"
 
 namespace cider::cuda::gemm_wgmma {
 
@@ -237,7 +238,165 @@ struct Params {
   int64_t M, N, K;
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
+  // Fused activation quantization (kCluster 1 only; x null = xq and sx were written beforehand by quantize_rows):
+  // the CTAs quantize x [M, K] (bf16, or f16 when x_f16; K % 8 == 0, 16-byte aligned) into xq (the memory map_a
+  // reads) and sx before their tiles need them. qc = a zeroed counter slab (counter_slabs.h): qc[0] the next row to
+  // claim, qc[1] CTAs done, qc[2 + t] rows of M-tile t written; the last CTA leaves them zero again.
+  const void* x;
+  int8_t* xq;
+  float* sx_out;
+  unsigned int* qc;
+  int x_f16;
 };
+
+// ---- fused per-token activation quantization ----------------------------------------------------------------------
+//
+// Before the mainloop every warp of the CTA except warp 0 (whose lane 0 is the TMA producer) claims rows of x from
+// the global counter qc[0] and writes their codes and scale (int8_row_quant.cuh: the reference's bits), then counts
+// the row in qc[2 + row / 128] with release semantics. The producer waits for all rows of a tile's M-tile (acquire)
+// before its first A copy of the tile. Claiming rows dynamically (not by CTA index) means every row is written by a
+// warp that is already running, so no CTA ever waits on a CTA that is not resident. Meanwhile the producer has
+// already started the first tile's B (weight) copies. Why fused: the separate quantization kernel cost 11.3 µs of
+// the 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4).
+
+constexpr int kQuantHeldChunks = 16;  // K ≤ 8 · 32 · 16 = 4096: the row stays in registers between max and codes
+
+__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(unsigned int* p, unsigned int v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int atom_acq_rel_gpu_add(unsigned int* p, unsigned int v) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+// Orders this thread's generic-proxy global accesses with async-proxy (TMA) accesses of the same memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// Value j (0..7) of 8 consecutive bf16 / f16 values held as one 16-byte word.
+template <bool kF16>
+__device__ __forceinline__ float raw_value(const uint4& u, int j) {
+  const uint32_t w = (j / 2) == 0 ? u.x : (j / 2) == 1 ? u.y : (j / 2) == 2 ? u.z : u.w;
+  const uint32_t h = (j % 2) == 0 ? (w & 0xffffu) : (w >> 16);
+  if constexpr (kF16) return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  else return __uint_as_float(h << 16);  // bfloat16 → float32 is exact
+}
+
+template <bool kF16>
+__device__ __forceinline__ uint2 codes8(const uint4& u, const int8_row_quant::RowScale& scale, bool finite) {
+  uint32_t packed[2] = {0u, 0u};
+  if (finite) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      packed[j / 4] |=
+          (static_cast<uint32_t>(int8_row_quant::int8_code(raw_value<kF16>(u, j), scale)) & 0xffu) << (8 * (j % 4));
+  }
+  return make_uint2(packed[0], packed[1]);
+}
+
+// One warp quantizes row m of x: max |x| and "all finite" over the row (exact in any order), sx, then the codes.
+template <bool kF16>
+__device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
+  const int64_t K = p.K;
+  const uint16_t* row = static_cast<const uint16_t*>(p.x) + m * K;
+  int8_t* qrow = p.xq + m * K;
+  float amax = 0.0f;
+  bool finite = true;
+  auto fold = [&](const uint4& u) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float f = raw_value<kF16>(u, j);
+      finite = finite && isfinite(f);
+      amax = fmaxf(amax, fabsf(f));
+    }
+  };
+  auto reduce = [&]() {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    finite = __all_sync(0xffffffffu, finite ? 1 : 0) != 0;
+  };
+  if (K <= 8 * 32 * kQuantHeldChunks) {
+    uint4 v[kQuantHeldChunks];
+#pragma unroll
+    for (int c = 0; c < kQuantHeldChunks; ++c) {
+      const int64_t k = 8 * (lane + 32 * c);
+      if (k < K) v[c] = __ldcs(reinterpret_cast<const uint4*>(row + k));
+    }
+#pragma unroll
+    for (int c = 0; c < kQuantHeldChunks; ++c)
+      if (8 * (lane + 32 * c) < K) fold(v[c]);
+    reduce();
+    const float sx = int8_row_quant::row_sx(amax, finite);
+    const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
+    if (lane == 0) p.sx_out[m] = sx;
+#pragma unroll
+    for (int c = 0; c < kQuantHeldChunks; ++c) {
+      const int64_t k = 8 * (lane + 32 * c);
+      if (k < K) *reinterpret_cast<uint2*>(qrow + k) = codes8<kF16>(v[c], scale, finite);
+    }
+  } else {
+    // Longer rows: two passes, the second re-reads the row (L2).
+    for (int64_t k0 = 0; k0 < K; k0 += 8 * 32 * 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t k = k0 + 8 * (lane + 32 * c);
+        if (k < K) v[c] = *reinterpret_cast<const uint4*>(row + k);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (k0 + 8 * (lane + 32 * c) < K) fold(v[c]);
+    }
+    reduce();
+    const float sx = int8_row_quant::row_sx(amax, finite);
+    const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
+    if (lane == 0) p.sx_out[m] = sx;
+    for (int64_t k0 = 0; k0 < K; k0 += 8 * 32 * 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t k = k0 + 8 * (lane + 32 * c);
+        if (k < K) v[c] = __ldcs(reinterpret_cast<const uint4*>(row + k));
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t k = k0 + 8 * (lane + 32 * c);
+        if (k < K) *reinterpret_cast<uint2*>(qrow + k) = codes8<kF16>(v[c], scale, finite);
+      }
+    }
+  }
+}
+
+// A quantizer warp: claims rows until none is left; each written row is published to the producers (release).
+template <bool kF16>
+__device__ void quantize_rows_fused(const Params& p, int lane) {
+  for (;;) {
+    unsigned int row = 0;
+    if (lane == 0) row = atomicAdd(p.qc, 1u);
+    row = __shfl_sync(0xffffffffu, row, 0);
+    if (static_cast<int64_t>(row) >= p.M) break;
+    quantize_row_warp<kF16>(p, static_cast<int64_t>(row), lane);
+    fence_proxy_async_global();  // the codes are read by TMA (async proxy) in other CTAs
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) red_release_gpu_add(p.qc + 2 + row / kBM, 1u);
+  }
+}
+
+// Producer: waits until every row of the M-tile at m0 is written, then makes them visible to its TMA copies.
+__device__ __forceinline__ void wait_rows_quantized(const Params& p, int64_t m0) {
+  if (m0 >= p.M) return;
+  const unsigned int need = static_cast<unsigned int>(min(static_cast<int64_t>(kBM), p.M - m0));
+  const unsigned int* count = p.qc + 2 + m0 / kBM;
+  while (ld_acquire_gpu(count) < need) __nanosleep(64);
+  fence_proxy_async_global();
+}
 
 // kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
 // kCluster 2 (opt-in, see launch()): CTA pairs of a cluster take vertically adjacent tiles of one
@@ -290,16 +449,42 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
   const int k_steps_total = static_cast<int>(K / kStepK);
 
+  // Fused quantization: the warps of this CTA that have left the row queue (all but warp 0).
+  __shared__ unsigned int quantizers_done;
+  const bool fused = kCluster == 1 && p.x != nullptr;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1);
       mbar_init(empty_bar(s), kConsumerWarps * kCluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    quantizers_done = 0;
   }
   // The peer CTA's copies and arrivals target these barriers: both CTAs initialize theirs before either starts.
   if constexpr (kCluster == 2) cluster_sync();
   else __syncthreads();
+
+  // Fused quantization: lane 0 of warp 0 starts the first tile's weight copies (they do not depend on x) into the
+  // first stages; every other warp quantizes rows. Stages [0, prefetched) then only lack their A copy.
+  int prefetched = 0;
+  if (fused) {
+    if (warp == 0) {
+      if (lane == 0 && first_unit < units) {
+        int64_t m0, n0;
+        tile_origin(first_unit, m0, n0);
+        prefetched = min(kStages, k_tiles);
+        for (int kt = 0; kt < prefetched; ++kt) {
+          const uint32_t stage = base + static_cast<uint32_t>(kt * Cfg::kStageBytes);
+          mbar_arrive_expect_tx(full_bar(kt), static_cast<uint32_t>(Cfg::kStageBytes));
+          tma_load_2d(stage + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(kt));
+        }
+      }
+    } else {
+      if (p.x_f16 != 0) quantize_rows_fused<true>(p, lane);
+      else quantize_rows_fused<false>(p, lane);
+      if (lane == 0) atomicAdd(&quantizers_done, 1u);
+    }
+  }
   // Releases stage s: this CTA's empty barrier, and with clusters the peer's too (its producer multicasts into it).
   auto release_stage = [&](int s) {
     if constexpr (kCluster == 2) {
@@ -323,12 +508,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int64_t tile = first_unit; tile < units; tile += unit_stride) {
         int64_t m0, n0;
         tile_origin(tile, m0, n0);
+        if (fused) wait_rows_quantized(p, m0);
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int s = static_cast<int>(it % kStages);
+          const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
+          if (it < prefetched) {  // the first tile's first stages: B is on its way, the barrier expects A too
+            tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
+            continue;
+          }
           // Reuse of stage s waits for the consumers' release of k-tile it − kStages (completion it/kStages − 1).
           if (it >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((it / kStages + 1) & 1));
           mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
-          const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
           tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
           if constexpr (kCluster == 2) {
             // B rows n0 + rank·BN/2 .. + BN/2 − 1 into both CTAs (the peer loads the other half).
@@ -338,6 +528,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           } else {
             tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
           }
+        }
+      }
+      if (fused) {
+        // This CTA is done with the counters once its quantizer warps have left the queue (their last claim has
+        // returned) and this thread has made its last wait. The last CTA to get here resets the slab to zero for
+        // the next launch on this stream (every other CTA has made its last access before counting itself in).
+        while (*static_cast<volatile unsigned int*>(&quantizers_done) < static_cast<unsigned int>(kThreads / 32 - 1))
+          __nanosleep(32);
+        if (atom_acq_rel_gpu_add(p.qc + 1, 1u) == gridDim.x - 1) {
+          const int64_t m_tiles_all = (M + kBM - 1) / kBM;
+          for (int64_t t = 0; t < m_tiles_all + 2; ++t) p.qc[t] = 0u;
         }
       }
     }
@@ -352,26 +553,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t tile = first_unit; tile < units; tile += unit_stride, parity ^= 1) {
       int64_t m0, n0;
       tile_origin(tile, m0, n0);
-      // Stage this tile's epilogue constants (waited for, by every consumer, just before the epilogue). Buffer
-      // `parity` was last read in the epilogue two tiles back, which every consumer left before the barrier that
-      // precedes the previous tile's epilogue, so no reader remains.
+      // This tile's epilogue constants go to buffer `parity` (waited for, by every consumer, just before the
+      // epilogue). The buffer was last read in the epilogue two tiles back, which every consumer left before the
+      // barrier that precedes the previous tile's epilogue, so no reader remains. They are copied once the tile's
+      // first k-tile has arrived: with the fused quantization, sx of the tile's rows is written by other warps, and
+      // the producer's wait for those rows (acquire) precedes its arrival on that full barrier (release), which
+      // this thread's wait acquires. The copies still land while the mainloop runs.
       float* const epi = epi_base + parity * Cfg::kEpiFloats;
-      for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
-        const float* src = p.sx;
-        bool ok = false;
-        if (i < BN) {
-          ok = !kGrouped && n0 + i < N;
-          src = p.sw + (ok ? n0 + i : 0);
-        } else if (i < 2 * BN) {
-          ok = p.bias != nullptr && n0 + (i - BN) < N;
-          src = ok ? p.bias + n0 + (i - BN) : p.sx;
-        } else {
-          ok = m0 + (i - 2 * BN) < M;
-          src = p.sx + (ok ? m0 + (i - 2 * BN) : 0);
+      auto stage_constants = [&]() {
+        for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
+          const float* src = p.sx;
+          bool ok = false;
+          if (i < BN) {
+            ok = !kGrouped && n0 + i < N;
+            src = p.sw + (ok ? n0 + i : 0);
+          } else if (i < 2 * BN) {
+            ok = p.bias != nullptr && n0 + (i - BN) < N;
+            src = ok ? p.bias + n0 + (i - BN) : p.sx;
+          } else {
+            ok = m0 + (i - 2 * BN) < M;
+            src = p.sx + (ok ? m0 + (i - 2 * BN) : 0);
+          }
+          cp_async_4(smem_addr(epi + i), src, ok ? 4u : 0u);
         }
-        cp_async_4(smem_addr(epi + i), src, ok ? 4u : 0u);
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+      };
       int32_t acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0;
@@ -406,6 +612,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if ((g + 1) * kGroupSteps < k_steps_total) load_group_scales(g + 1);
       };
 
+      // The first k-tile's arrival (waited for again, at no cost, inside the loop), then the constants.
+      mbar_wait(full_bar(static_cast<int>(it % kStages)), static_cast<uint32_t>((it / kStages) & 1));
+      stage_constants();
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
         mbar_wait(full_bar(s), static_cast<uint32_t>((it / kStages) & 1));
@@ -661,13 +870,31 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
          reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
+// Whether the kernel can quantize x itself (on top of supported()): bf16 or f16 x, K % 8 == 0 and x 16-byte aligned
+// (16-byte row loads), xq 8-byte aligned, every M-tile's counter in one slab, M < 2^31 (rows as unsigned claims).
+bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters) {
+  const int64_t m_tiles = (a.M + kBM - 1) / kBM;
+  return (a.x_dtype == DType::kBF16 || a.x_dtype == DType::kF16) && a.K % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 8 == 0 &&
+         m_tiles + 2 <= slab_counters && a.M < (int64_t{1} << 31);
+}
+
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
 // cluster: the 2-CTA multicast variant (opt-in: tested, measured slower; docs/cuda/gemm.md), per channel and per
 // group; returns it.
-bool launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool cluster, cudaStream_t stream,
-            const char* op) {
+// fused_counters (non-null only without clusters, for bf16/f16 x with K % 8 == 0 and x 16-byte aligned: see
+// fused_quantize_supported): the kernel quantizes a.x into xq / sx itself, with that zeroed counter slab.
+bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster, unsigned int* fused_counters,
+            cudaStream_t stream, const char* op) {
   Params p{};
   p.sx = sx;
+  if (fused_counters != nullptr && !cluster) {
+    p.x = a.x;
+    p.x_f16 = a.x_dtype == DType::kF16 ? 1 : 0;
+    p.xq = xq;
+    p.sx_out = sx;
+    p.qc = fused_counters;
+  }
   p.sw = a.w_scales;
   p.bias = a.bias;
   p.out = a.out;
