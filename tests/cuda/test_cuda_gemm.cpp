@@ -155,10 +155,10 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   device_synchronize("test_cuda_gemm");
   if (c.forced != 0) {
     ASSERT_EQ(gemm_bench::last_gemm_kernel(), expected_kernel(c.forced, c.int4)) << "kernel used";
-    // The plain wgmma kernel quantizes 16-bit x itself (CIDER_GEMM_FUSED_QUANT, default on); f32 x, the other
-    // kernels and the switch set to 0 take the separate quantization kernel.
+    // The plain wgmma kernel quantizes x itself where K % 8 == 0 and K ≤ 4096 (CIDER_GEMM_FUSED_QUANT, default on);
+    // other K, the other kernels and the switch set to 0 take the separate quantization kernel.
     const char* env = std::getenv("CIDER_GEMM_FUSED_QUANT");
-    const bool want_fused = expected_kernel(c.forced, c.int4) == kWgmma && c.x_dtype != DType::kF32 && K % 8 == 0 &&
+    const bool want_fused = expected_kernel(c.forced, c.int4) == kWgmma && K % 8 == 0 && K <= 4096 &&
                             (env == nullptr || env[0] != '0');
     ASSERT_EQ(gemm_bench::last_gemm_quantize_fused(), want_fused) << "quantization inside the GEMM";
   }
@@ -655,9 +655,9 @@ std::vector<uint8_t> separate_output(FusedProblem& pr, void* stream) {
   return pr.out_bytes();
 }
 
-// Shapes: M against 128-row tiles and the claim queue (1, 7, 129, 2049 = 17 M-tiles, one of a single row), K for
-// the one-pass (≤ 4096) and two-pass (4104, 14336) row paths and tiny K (8), bf16 and f16 x; N small (the GEMM is
-// not what is tested here, its sweeps above run through the fused path too).
+// Shapes: M against 128-row tiles and the claim batches of 11 rows (1, 7, 129, 2049 = 17 M-tiles, one of a single
+// row; 2300), K up to the fused limit 4096 and the smallest K (32), bf16, f16 and f32 x; N small (the GEMM is not what is tested
+// here, its sweeps above run through the fused path too). K 4128 (over the limit) must take the separate kernel.
 TEST(CudaGemm, WgmmaFusedQuantizationMatchesSeparate) {
   CIDER_REQUIRE_GPU();
   if (device_info().cc_major != 9) GTEST_SKIP() << "the fused quantization is part of the sm_90a wgmma kernel";
@@ -666,9 +666,9 @@ TEST(CudaGemm, WgmmaFusedQuantizationMatchesSeparate) {
   struct Shape {
     int64_t M, N, K;
   };
-  for (DType xd : {DType::kBF16, DType::kF16})
-    for (Shape sh : {Shape{1, 136, 8}, Shape{7, 264, 96}, Shape{129, 264, 4096}, Shape{300, 130, 4104},
-                     Shape{2049, 264, 4096}, Shape{2049, 136, 14336}}) {
+  for (DType xd : {DType::kBF16, DType::kF16, DType::kF32})
+    for (Shape sh : {Shape{1, 136, 32}, Shape{7, 264, 96}, Shape{129, 264, 4096}, Shape{300, 130, 4000},
+                     Shape{2049, 264, 4096}, Shape{2300, 136, 1024}, Shape{130, 136, 4128}}) {
       SCOPED_TRACE(std::string(dtype_name(xd)) + " M" + std::to_string(sh.M) + " N" + std::to_string(sh.N) + " K" +
                    std::to_string(sh.K));
       FusedProblem pr(sh.M, sh.N, sh.K, xd, rng);
@@ -678,7 +678,7 @@ TEST(CudaGemm, WgmmaFusedQuantizationMatchesSeparate) {
         pr.dout.fill(kPoison);
         w8a8_gemm(pr.args(), pr.exec(stream.handle()));
         stream.synchronize();
-        ASSERT_TRUE(gemm_bench::last_gemm_quantize_fused());
+        ASSERT_EQ(gemm_bench::last_gemm_quantize_fused(), sh.K <= 4096);
         const std::vector<uint8_t> fused = pr.out_bytes();
         pr.expect_workspace_is_reference();
         const std::vector<uint8_t> separate = separate_output(pr, stream.handle());
@@ -721,7 +721,7 @@ TEST(CudaGemm, WgmmaFusedQuantizationGraphsAndStreams) {
   cudaGraphDestroy(graph);
 
   Stream other;
-  FusedProblem pr2(2049, 392, 4104, DType::kF16, rng);
+  FusedProblem pr2(2049, 392, 4000, DType::kF16, rng);
   for (int k = 0; k < 3; ++k) {
     pr.set_x(rng);
     pr2.set_x(rng);

@@ -239,36 +239,38 @@ struct Params {
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
   // Fused activation quantization (kCluster 1 only; x null = xq and sx were written beforehand by quantize_rows):
-  // the CTAs quantize x [M, K] (bf16, or f16 when x_f16; K % 8 == 0, 16-byte aligned) into xq (the memory map_a
+  // the CTAs quantize x [M, K] (bf16, f16 or f32 by x_kind; K % 8 == 0, K ≤ 4096, 16-byte aligned) into xq (the memory map_a
   // reads) and sx before their tiles need them. qc = a zeroed counter slab (counter_slabs.h): qc[0] the next row to
   // claim, qc[1] CTAs done, qc[2 + t] rows of M-tile t written; the last CTA leaves them zero again.
   const void* x;
   int8_t* xq;
   float* sx_out;
   unsigned int* qc;
-  int x_f16;
+  int x_kind;  // x dtype: 0 bf16, 1 f16, 2 f32
 };
 
 // ---- fused per-token activation quantization ----------------------------------------------------------------------
 //
-// Before the mainloop every warp of the CTA except warp 0 (whose lane 0 is the TMA producer) claims rows of x from
-// the global counter qc[0] and writes their codes and scale (int8_row_quant.cuh: the reference's bits), then counts
-// the row in qc[2 + row / 128] with release semantics. The producer waits for all rows of a tile's M-tile (acquire)
-// before its first A copy of the tile. Claiming rows dynamically (not by CTA index) means every row is written by a
-// warp that is already running, so no CTA ever waits on a CTA that is not resident. Meanwhile the producer has
-// already started the first tile's B (weight) copies. Why fused: the separate quantization kernel cost 11.3 µs of
-// the 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4).
+// Before the mainloop the 11 warps of each CTA other than warp 0 (whose lane 0 is the TMA producer) take batches of
+// 11 rows of x from a global counter (one atomic per CTA and batch), one row per warp, write each row's codes and
+// scale (int8_row_quant.cuh: the reference's bits) and count the row in its M-tile's counter after a gpu-scope fence.
+// The producer polls the counter of each tile's M-tile until all its rows are there (then a fence: acquire) before
+// its first A copy of the tile. Claiming rows dynamically (not by CTA index) means every row is written by a warp
+// that is already running, so no CTA ever waits on a CTA that is not resident. Meanwhile the producer has already
+// started the first tile's B (weight) copies. Why fused: the separate quantization kernel cost 11.3 µs of the
+// 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4).
 
-constexpr int kQuantHeldChunks = 16;  // K ≤ 8 · 32 · 16 = 4096: the row stays in registers between max and codes
+constexpr int kQuantHeldChunks = 16;
 
-__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+__device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
   unsigned int v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void red_release_gpu_add(unsigned int* p, unsigned int v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void red_relaxed_gpu_add(unsigned int* p, unsigned int v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ unsigned int atom_acq_rel_gpu_add(unsigned int* p, unsigned int v) {
   unsigned int old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -279,113 +281,98 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// Value j (0..7) of 8 consecutive bf16 / f16 values held as one 16-byte word.
-template <bool kF16>
-__device__ __forceinline__ float raw_value(const uint4& u, int j) {
-  const uint32_t w = (j / 2) == 0 ? u.x : (j / 2) == 1 ? u.y : (j / 2) == 2 ? u.z : u.w;
-  const uint32_t h = (j % 2) == 0 ? (w & 0xffffu) : (w >> 16);
-  if constexpr (kF16) return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-  else return __uint_as_float(h << 16);  // bfloat16 → float32 is exact
-}
-
-template <bool kF16>
-__device__ __forceinline__ uint2 codes8(const uint4& u, const int8_row_quant::RowScale& scale, bool finite) {
-  uint32_t packed[2] = {0u, 0u};
-  if (finite) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      packed[j / 4] |=
-          (static_cast<uint32_t>(int8_row_quant::int8_code(raw_value<kF16>(u, j), scale)) & 0xffu) << (8 * (j % 4));
+// 8 consecutive values of x as loaded: one 16-byte word of bf16 / f16, two of float (kind 0 bf16, 1 f16, 2 f32).
+template <int kKind>
+struct Chunk8 {
+  uint4 w[kKind == 2 ? 2 : 1];
+  __device__ __forceinline__ void load(const uint8_t* row_bytes, int64_t k) {
+    const uint4* src = reinterpret_cast<const uint4*>(row_bytes + k * (kKind == 2 ? 4 : 2));
+    w[0] = __ldcs(src);
+    if constexpr (kKind == 2) w[1] = __ldcs(src + 1);
   }
-  return make_uint2(packed[0], packed[1]);
-}
+  __device__ __forceinline__ float value(int j) const {
+    if constexpr (kKind == 2) {
+      const uint4& u = w[j / 4];
+      return __uint_as_float((j % 4) == 0 ? u.x : (j % 4) == 1 ? u.y : (j % 4) == 2 ? u.z : u.w);
+    } else {
+      const uint32_t v = (j / 2) == 0 ? w[0].x : (j / 2) == 1 ? w[0].y : (j / 2) == 2 ? w[0].z : w[0].w;
+      const uint32_t h = (j % 2) == 0 ? (v & 0xffffu) : (v >> 16);
+      if constexpr (kKind == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+      else return __uint_as_float(h << 16);  // bfloat16 → float32 is exact
+    }
+  }
+  __device__ __forceinline__ uint2 codes(const int8_row_quant::RowScale& scale, bool finite) const {
+    uint32_t packed[2] = {0u, 0u};
+    if (finite) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        packed[j / 4] |= (static_cast<uint32_t>(int8_row_quant::int8_code(value(j), scale)) & 0xffu) << (8 * (j % 4));
+    }
+    return make_uint2(packed[0], packed[1]);
+  }
+};
 
-// One warp quantizes row m of x: max |x| and "all finite" over the row (exact in any order), sx, then the codes.
-template <bool kF16>
+// One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks): max |x| and "all finite" over the row (exact in any
+// order), sx, then the codes. The row stays in registers (64 of them for bf16/f16, 128 for f32: the prologue runs
+// before setmaxnreg, at the kernel's 168).
+template <int kKind>
 __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int64_t K = p.K;
-  const uint16_t* row = static_cast<const uint16_t*>(p.x) + m * K;
+  const uint8_t* row = static_cast<const uint8_t*>(p.x) + m * K * (kKind == 2 ? 4 : 2);
   int8_t* qrow = p.xq + m * K;
   float amax = 0.0f;
   bool finite = true;
-  auto fold = [&](const uint4& u) {
+  Chunk8<kKind> v[kQuantHeldChunks];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float f = raw_value<kF16>(u, j);
-      finite = finite && isfinite(f);
-      amax = fmaxf(amax, fabsf(f));
-    }
-  };
-  auto reduce = [&]() {
+  for (int c = 0; c < kQuantHeldChunks; ++c) {
+    const int64_t k = 8 * (lane + 32 * c);
+    if (k < K) v[c].load(row, k);
+  }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    finite = __all_sync(0xffffffffu, finite ? 1 : 0) != 0;
-  };
-  if (K <= 8 * 32 * kQuantHeldChunks) {
-    uint4 v[kQuantHeldChunks];
+  for (int c = 0; c < kQuantHeldChunks; ++c)
+    if (8 * (lane + 32 * c) < K) {
 #pragma unroll
-    for (int c = 0; c < kQuantHeldChunks; ++c) {
-      const int64_t k = 8 * (lane + 32 * c);
-      if (k < K) v[c] = __ldcs(reinterpret_cast<const uint4*>(row + k));
-    }
-#pragma unroll
-    for (int c = 0; c < kQuantHeldChunks; ++c)
-      if (8 * (lane + 32 * c) < K) fold(v[c]);
-    reduce();
-    const float sx = int8_row_quant::row_sx(amax, finite);
-    const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
-    if (lane == 0) p.sx_out[m] = sx;
-#pragma unroll
-    for (int c = 0; c < kQuantHeldChunks; ++c) {
-      const int64_t k = 8 * (lane + 32 * c);
-      if (k < K) *reinterpret_cast<uint2*>(qrow + k) = codes8<kF16>(v[c], scale, finite);
-    }
-  } else {
-    // Longer rows: two passes, the second re-reads the row (L2).
-    for (int64_t k0 = 0; k0 < K; k0 += 8 * 32 * 4) {
-      uint4 v[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t k = k0 + 8 * (lane + 32 * c);
-        if (k < K) v[c] = *reinterpret_cast<const uint4*>(row + k);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (k0 + 8 * (lane + 32 * c) < K) fold(v[c]);
-    }
-    reduce();
-    const float sx = int8_row_quant::row_sx(amax, finite);
-    const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
-    if (lane == 0) p.sx_out[m] = sx;
-    for (int64_t k0 = 0; k0 < K; k0 += 8 * 32 * 4) {
-      uint4 v[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t k = k0 + 8 * (lane + 32 * c);
-        if (k < K) v[c] = __ldcs(reinterpret_cast<const uint4*>(row + k));
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t k = k0 + 8 * (lane + 32 * c);
-        if (k < K) *reinterpret_cast<uint2*>(qrow + k) = codes8<kF16>(v[c], scale, finite);
+      for (int j = 0; j < 8; ++j) {
+        const float f = v[c].value(j);
+        finite = finite && isfinite(f);
+        amax = fmaxf(amax, fabsf(f));
       }
     }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  finite = __all_sync(0xffffffffu, finite ? 1 : 0) != 0;
+  const float sx = int8_row_quant::row_sx(amax, finite);
+  const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
+  if (lane == 0) p.sx_out[m] = sx;
+#pragma unroll
+  for (int c = 0; c < kQuantHeldChunks; ++c) {
+    const int64_t k = 8 * (lane + 32 * c);
+    if (k < K) *reinterpret_cast<uint2*>(qrow + k) = v[c].codes(scale, finite);
   }
 }
 
-// A quantizer warp: claims rows until none is left; each written row is published to the producers (release).
-template <bool kF16>
-__device__ void quantize_rows_fused(const Params& p, int lane) {
-  for (;;) {
-    unsigned int row = 0;
-    if (lane == 0) row = atomicAdd(p.qc, 1u);
-    row = __shfl_sync(0xffffffffu, row, 0);
-    if (static_cast<int64_t>(row) >= p.M) break;
-    quantize_row_warp<kF16>(p, static_cast<int64_t>(row), lane);
-    fence_proxy_async_global();  // the codes are read by TMA (async proxy) in other CTAs
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) red_release_gpu_add(p.qc + 2 + row / kBM, 1u);
+constexpr int kQuantWarps = kThreads / 32 - 1;  // warps 1 … 11 quantize; warp 0 holds the TMA producer
+
+// The quantizer warps of a CTA: one thread claims a batch of kQuantWarps consecutive rows from the global counter
+// (one atomic per CTA and batch: no contention on the counter), warp w takes row first + w. Each written row is
+// published to the producers: every lane's stores, the proxy fence (TMA reads them through the async proxy), a
+// gpu-scope fence, then the M-tile's count (relaxed add after the fence: a release pattern). batch_first is a
+// two-slot ring: slot i & 1 is rewritten two batches later, after every quantizer passed the barrier in between.
+template <int kKind>
+__device__ void quantize_rows_fused(const Params& p, int qwarp, int lane, unsigned int (&batch_first)[2]) {
+  for (int i = 0;; ++i) {
+    if (qwarp == 0 && lane == 0) batch_first[i & 1] = atomicAdd(p.qc, static_cast<unsigned int>(kQuantWarps));
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kQuantWarps * 32) : "memory");
+    const unsigned int first = batch_first[i & 1];
+    if (static_cast<int64_t>(first) >= p.M) break;
+    const unsigned int row = first + static_cast<unsigned int>(qwarp);
+    if (static_cast<int64_t>(row) < p.M) {
+      quantize_row_warp<kKind>(p, static_cast<int64_t>(row), lane);
+      fence_proxy_async_global();
+      fence_acq_rel_gpu();
+      __syncwarp();
+      if (lane == 0) red_relaxed_gpu_add(p.qc + 2 + row / kBM, 1u);
+    }
   }
 }
 
@@ -394,7 +381,9 @@ __device__ __forceinline__ void wait_rows_quantized(const Params& p, int64_t m0)
   if (m0 >= p.M) return;
   const unsigned int need = static_cast<unsigned int>(min(static_cast<int64_t>(kBM), p.M - m0));
   const unsigned int* count = p.qc + 2 + m0 / kBM;
-  while (ld_acquire_gpu(count) < need) __nanosleep(64);
+  // Relaxed polling (an acquire load would invalidate the SM's L1 at every poll), then one fence: acquire pattern.
+  while (ld_relaxed_gpu(count) < need) __nanosleep(64);
+  fence_acq_rel_gpu();
   fence_proxy_async_global();
 }
 
@@ -451,6 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Fused quantization: the warps of this CTA that have left the row queue (all but warp 0).
   __shared__ unsigned int quantizers_done;
+  __shared__ unsigned int batch_first[2];
   const bool fused = kCluster == 1 && p.x != nullptr;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -480,8 +470,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      if (p.x_f16 != 0) quantize_rows_fused<true>(p, lane);
-      else quantize_rows_fused<false>(p, lane);
+      if (p.x_kind == 0) quantize_rows_fused<0>(p, warp - 1, lane, batch_first);
+      else if (p.x_kind == 1) quantize_rows_fused<1>(p, warp - 1, lane, batch_first);
+      else quantize_rows_fused<2>(p, warp - 1, lane, batch_first);
       if (lane == 0) atomicAdd(&quantizers_done, 1u);
     }
   }
@@ -534,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // This CTA is done with the counters once its quantizer warps have left the queue (their last claim has
         // returned) and this thread has made its last wait. The last CTA to get here resets the slab to zero for
         // the next launch on this stream (every other CTA has made its last access before counting itself in).
-        while (*static_cast<volatile unsigned int*>(&quantizers_done) < static_cast<unsigned int>(kThreads / 32 - 1))
+        while (*static_cast<volatile unsigned int*>(&quantizers_done) < static_cast<unsigned int>(kQuantWarps))
           __nanosleep(32);
         if (atom_acq_rel_gpu_add(p.qc + 1, 1u) == gridDim.x - 1) {
           const int64_t m_tiles_all = (M + kBM - 1) / kBM;
@@ -555,10 +546,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_origin(tile, m0, n0);
       // This tile's epilogue constants go to buffer `parity` (waited for, by every consumer, just before the
       // epilogue). The buffer was last read in the epilogue two tiles back, which every consumer left before the
-      // barrier that precedes the previous tile's epilogue, so no reader remains. They are copied once the tile's
-      // first k-tile has arrived: with the fused quantization, sx of the tile's rows is written by other warps, and
-      // the producer's wait for those rows (acquire) precedes its arrival on that full barrier (release), which
-      // this thread's wait acquires. The copies still land while the mainloop runs.
+      // barrier that precedes the previous tile's epilogue, so no reader remains. With the fused quantization they are
+      // copied once the tile's first k-tile has arrived: sx of the tile's rows is written by other warps, and the
+      // producer's wait for those rows (acquire) precedes its arrival on that full barrier (release), which this
+      // thread's wait acquires. The copies land while the mainloop runs.
       float* const epi = epi_base + parity * Cfg::kEpiFloats;
       auto stage_constants = [&]() {
         for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
@@ -612,8 +603,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if ((g + 1) * kGroupSteps < k_steps_total) load_group_scales(g + 1);
       };
 
-      // The first k-tile's arrival (waited for again, at no cost, inside the loop), then the constants.
-      mbar_wait(full_bar(static_cast<int>(it % kStages)), static_cast<uint32_t>((it / kStages) & 1));
+      if (fused) {
+        // The first k-tile's arrival (waited for again, at no cost, inside the loop), then the constants.
+        mbar_wait(full_bar(static_cast<int>(it % kStages)), static_cast<uint32_t>((it / kStages) & 1));
+      }
       stage_constants();
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
@@ -870,11 +863,13 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
          reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
-// Whether the kernel can quantize x itself (on top of supported()): bf16 or f16 x, K % 8 == 0 and x 16-byte aligned
-// (16-byte row loads), xq 8-byte aligned, every M-tile's counter in one slab, M < 2^31 (rows as unsigned claims).
+// Whether the kernel can quantize x itself (on top of supported()): bf16, f16 or f32 x, K % 8 == 0 and x 16-byte aligned
+// (16-byte row loads), K ≤ 4096 (a row in one warp's registers), xq 8-byte aligned, every M-tile's counter in one
+// slab, M < 2^31 (rows as unsigned claims).
 bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters) {
   const int64_t m_tiles = (a.M + kBM - 1) / kBM;
-  return (a.x_dtype == DType::kBF16 || a.x_dtype == DType::kF16) && a.K % 8 == 0 &&
+  return (a.x_dtype == DType::kBF16 || a.x_dtype == DType::kF16 || a.x_dtype == DType::kF32) && a.K % 8 == 0 &&
+         a.K <= 8 * 32 * kQuantHeldChunks &&
          reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 8 == 0 &&
          m_tiles + 2 <= slab_counters && a.M < (int64_t{1} << 31);
 }
@@ -890,7 +885,7 @@ bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster
   p.sx = sx;
   if (fused_counters != nullptr && !cluster) {
     p.x = a.x;
-    p.x_f16 = a.x_dtype == DType::kF16 ? 1 : 0;
+    p.x_kind = a.x_dtype == DType::kBF16 ? 0 : a.x_dtype == DType::kF16 ? 1 : 2;
     p.xq = xq;
     p.sx_out = sx;
     p.qc = fused_counters;
