@@ -34,6 +34,32 @@ __device__ __forceinline__ int int8_code(float v, const RowScale& s) {
   return int8_code(v, s.sx);
 }
 
+// Codes of 8 values through the reciprocal, branch-free (so the 8 — and a caller's chunks — run side by side):
+// q = rint(fl(v·r)) is the reference's code when fl(v·r) lies farther than 2.4e-5 from a half-integer (see above),
+// i.e. when |fl(v·r) − q| < 0.5 − 4e-5 (0.49996f keeps a 3.99e-5 margin); then |fl(v·r)| ≤ 127.01 gives
+// q ∈ [−127, 127] without a clamp. Returns the packed codes; `exact` is set when any value (or the scale: s.fast
+// false) needs the reference's division instead (codes8_exact).
+__device__ __forceinline__ uint2 codes8_fast(const float (&v)[8], const RowScale& s, bool& exact) {
+  uint32_t packed[2] = {0u, 0u};
+  bool near = !s.fast;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float t = __fmul_rn(v[j], s.r);
+    const float q = rintf(t);
+    near = near || !(fabsf(__fsub_rn(t, q)) < 0.49996f);
+    packed[j / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (j % 4));
+  }
+  exact = near;
+  return make_uint2(packed[0], packed[1]);
+}
+// The reference's codes of 8 values (IEEE division), for the chunks codes8_fast flags.
+__device__ __forceinline__ uint2 codes8_exact(const float (&v)[8], float sx) {
+  uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[j], sx)) & 0xffu) << (8 * (j % 4));
+  return make_uint2(packed[0], packed[1]);
+}
+
 // Scale of a row from its max |x| (NaN when a value is not finite, 1 when all are zero), as the reference.
 __device__ __forceinline__ float row_sx(float amax, bool finite) {
   if (!finite) return __int_as_float(0x7fc00000);  // quiet NaN

@@ -290,64 +290,116 @@ struct Chunk8 {
     w[0] = __ldcs(src);
     if constexpr (kKind == 2) w[1] = __ldcs(src + 1);
   }
-  __device__ __forceinline__ float value(int j) const {
+  __device__ __forceinline__ void values(float (&v)[8]) const {
     if constexpr (kKind == 2) {
-      const uint4& u = w[j / 4];
-      return __uint_as_float((j % 4) == 0 ? u.x : (j % 4) == 1 ? u.y : (j % 4) == 2 ? u.z : u.w);
+      const uint32_t b[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(b[j]);
     } else {
-      const uint32_t v = (j / 2) == 0 ? w[0].x : (j / 2) == 1 ? w[0].y : (j / 2) == 2 ? w[0].z : w[0].w;
-      const uint32_t h = (j % 2) == 0 ? (v & 0xffffu) : (v >> 16);
-      if constexpr (kKind == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-      else return __uint_as_float(h << 16);  // bfloat16 → float32 is exact
+      const uint32_t b[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kKind == 1) {
+          v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(b[j] & 0xffffu)));
+          v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(b[j] >> 16)));
+        } else {  // bfloat16 → float32 is exact: the 16 bits become the top half
+          v[2 * j] = __uint_as_float(b[j] << 16);
+          v[2 * j + 1] = __uint_as_float(b[j] & 0xffff0000u);
+        }
+      }
     }
   }
-  __device__ __forceinline__ uint2 codes(const int8_row_quant::RowScale& scale, bool finite) const {
-    uint32_t packed[2] = {0u, 0u};
-    if (finite) {
+  // max over the chunk of the absolute values' bit patterns (per 16-bit half for bf16 / f16). For non-negative
+  // floats the bit patterns order like the values, and NaN / inf patterns lie above every finite one, so one
+  // integer max gives both max |x| and "all finite" — exactly, branch-free.
+  __device__ __forceinline__ uint32_t abs_bits_max(uint32_t m) const {
+    if constexpr (kKind == 2) {
+      const uint32_t b[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        packed[j / 4] |= (static_cast<uint32_t>(int8_row_quant::int8_code(value(j), scale)) & 0xffu) << (8 * (j % 4));
+      for (int j = 0; j < 8; ++j) m = max(m, b[j] & 0x7fffffffu);
+    } else {
+      const uint32_t b[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = __vmaxu2(m, b[j] & 0x7fff7fffu);
     }
-    return make_uint2(packed[0], packed[1]);
+    return m;
   }
 };
 
-// One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks): max |x| and "all finite" over the row (exact in any
-// order), sx, then the codes. The row stays in registers (64 of them for bf16/f16, 128 for f32: the prologue runs
-// before setmaxnreg, at the kernel's 168).
+// max |x| and "all finite" from the warp's combined abs_bits_max.
+template <int kKind>
+__device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& finite) {
+  if constexpr (kKind == 2) {
+    finite = m < 0x7f800000u;
+    amax = __uint_as_float(m);
+  } else {
+    const uint32_t h = max(m & 0xffffu, m >> 16);
+    if constexpr (kKind == 1) {
+      finite = h < 0x7c00u;
+      amax = __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+    } else {
+      finite = h < 0x7f80u;
+      amax = __uint_as_float(h << 16);
+    }
+  }
+}
+
+// One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks) with the reference's arithmetic: max |x| and "all
+// finite" over the row, sx, then the codes. The row stays in registers (64 of them for bf16/f16, 128 for f32: the
+// prologue runs before setmaxnreg, at the kernel's 168). Job 37 (Nsight) showed why the code is branch-free: with a
+// branch per value (the division fallback) a warp's 128 values per lane ran as one dependent chain, ≈ 20 µs a row.
 template <int kKind>
 __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int64_t K = p.K;
   const uint8_t* row = static_cast<const uint8_t*>(p.x) + m * K * (kKind == 2 ? 4 : 2);
   int8_t* qrow = p.xq + m * K;
-  float amax = 0.0f;
-  bool finite = true;
   Chunk8<kKind> v[kQuantHeldChunks];
 #pragma unroll
   for (int c = 0; c < kQuantHeldChunks; ++c) {
     const int64_t k = 8 * (lane + 32 * c);
     if (k < K) v[c].load(row, k);
   }
+  uint32_t bits[2] = {0u, 0u};  // two independent max chains
 #pragma unroll
   for (int c = 0; c < kQuantHeldChunks; ++c)
-    if (8 * (lane + 32 * c) < K) {
+    if (8 * (lane + 32 * c) < K) bits[c & 1] = v[c].abs_bits_max(bits[c & 1]);
+  uint32_t mbits = kKind == 2 ? max(bits[0], bits[1]) : __vmaxu2(bits[0], bits[1]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float f = v[c].value(j);
-        finite = finite && isfinite(f);
-        amax = fmaxf(amax, fabsf(f));
-      }
-    }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  finite = __all_sync(0xffffffffu, finite ? 1 : 0) != 0;
+  for (int off = 16; off > 0; off >>= 1) {
+    const uint32_t o = __shfl_xor_sync(0xffffffffu, mbits, off);
+    mbits = kKind == 2 ? max(mbits, o) : __vmaxu2(mbits, o);
+  }
+  float amax;
+  bool finite;
+  amax_from_bits<kKind>(mbits, amax, finite);
   const float sx = int8_row_quant::row_sx(amax, finite);
   const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
   if (lane == 0) p.sx_out[m] = sx;
+  uint32_t exact_chunks = 0;  // chunks whose codes need the division (rare: values next to a rounding boundary)
 #pragma unroll
   for (int c = 0; c < kQuantHeldChunks; ++c) {
     const int64_t k = 8 * (lane + 32 * c);
-    if (k < K) *reinterpret_cast<uint2*>(qrow + k) = v[c].codes(scale, finite);
+    if (k < K) {
+      float f[8];
+      v[c].values(f);
+      bool exact = false;
+      uint2 q = int8_row_quant::codes8_fast(f, scale, exact);
+      if (!finite) q = make_uint2(0u, 0u);  // a row holding NaN/inf: sx = NaN, codes 0 (as the reference)
+      exact_chunks |= (exact && finite ? 1u : 0u) << c;
+      *reinterpret_cast<uint2*>(qrow + k) = q;
+    }
+  }
+  // Rewrite the flagged chunks with the division (program order: these stores land after the fast ones). The chunk
+  // is loaded again (L2) rather than kept: holding the row for this rare path cost registers (spills).
+  while (exact_chunks != 0u) {
+    const int c = __ffs(exact_chunks) - 1;
+    exact_chunks &= exact_chunks - 1u;
+    const int64_t k = 8 * (lane + 32 * c);
+    Chunk8<kKind> again;
+    again.load(row, k);
+    float f[8];
+    again.values(f);
+    *reinterpret_cast<uint2*>(qrow + k) = int8_row_quant::codes8_exact(f, scale.sx);
   }
 }
 
