@@ -60,11 +60,10 @@ enum class What { kFull, kGemmOnly, kQuantizeOnly };
 
 // bf16 x [M, K] → bf16 out [M, N], int8 (or packed int4) weights, per-channel (group_size 0) or per-group scales.
 // kernel: 0 = the launcher's default choice, 1 = force the mma.sync kernel, 2 = force wgmma (comparison cases).
-// separate: run with $CIDER_GEMM_FUSED_QUANT=0 (the quantization kernel in front of the GEMM: the A/B of the fused
-// quantization, docs/cuda/gemm.md version 4).
+// fused: run with $CIDER_GEMM_FUSED_QUANT=1 (the GEMM quantizes x itself, opt-in: docs/cuda/gemm.md version 4).
 BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer,
-                       int kernel = 0, bool separate = false) {
-  const test::ScopedEnv fused_env("CIDER_GEMM_FUSED_QUANT", separate ? "0" : nullptr);
+                       int kernel = 0, bool fused = false) {
+  const test::ScopedEnv fused_env("CIDER_GEMM_FUSED_QUANT", fused ? "1" : nullptr);
   struct Restore {
     int saved = cuda::gemm_bench::gemm_kernel_choice();
     ~Restore() { cuda::gemm_bench::set_gemm_kernel(saved); }
@@ -206,15 +205,14 @@ CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 mma.sync", "gemm") {
 CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
   return run_linear(2048, 4096, 14336, false, 64, What::kFull, kPeerBig);
 }
-// The fused quantization's A/B (the same shapes with the quantization kernel in front), and a down projection's
-// prefill shape (K 14336: over the fused limit of 4096, so the quantization kernel runs in front).
-CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 separate quantization", "gemm") {
+// The fused quantization (opt-in) on the same shapes, and a down projection's prefill shape.
+CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 v:fused quantization", "gemm") {
   return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig, 0, true);
 }
-CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 separate quantization", "gemm") {
+CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 v:fused quantization", "gemm") {
   return run_linear(512, 4096, 4096, false, 0, What::kFull, kPeerSmall, 0, true);
 }
-CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336 separate quantization", "gemm") {
+CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336 v:fused quantization", "gemm") {
   return run_linear(2048, 4096, 14336, false, 128, What::kFull, kPeerBig, 0, true);
 }
 CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096", "gemm") {

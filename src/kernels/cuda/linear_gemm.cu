@@ -4,7 +4,8 @@
 //
 //   quantize_rows_int8: one block per row; rows of K ≤ 8192 (K % 8 == 0) are loaded once into registers, reduced to
 //     max|x| (and "all finite"), then coded; longer rows take two passes (the second re-reads the row from L1/L2).
-//     The division x / sx is a multiplication by fl(1/sx) wherever that provably gives the same code (row_scale).
+//     The division x / sx is a multiplication by fl(1/sx) wherever that provably gives the same code (row_scale;
+//     8 values at a time without a branch per value, int8_row_quant::codes8_fast).
 //     Bit-identical to quant::quantize_int8_row: sx = fl(amax / 127) (1 when 0), q = clamp(rint(fl(x / sx)), ±127),
 //     a row holding NaN/inf gets sx = NaN and codes 0.
 //   gemm: out[M, N] = epilogue(xq[M, K] · wq[N, K]ᵀ) with mma.sync.m16n8k32 s8·s8→s32, ldmatrix from XOR-swizzled
@@ -70,10 +71,11 @@ std::atomic<int>& gemm_choice() {
 std::atomic<int> g_last_gemm_kernel{0};  // the GemmKernelChoice a launch used (1, 2 or 3), 0 before any
 std::atomic<bool> g_last_quantize_fused{false};  // whether the last int_gemm quantized x inside the wgmma kernel
 
-// CIDER_GEMM_FUSED_QUANT (read at every call; docs/cuda/switches.md): 1 (default) = the wgmma kernel quantizes the
-// activations itself where it can (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4); 0 = the separate
-// quantize_rows kernel first (the A/B).
-bool fused_quantize_enabled() { return env_flag("CIDER_GEMM_FUSED_QUANT", true, "cuda.w8a8_gemm"); }
+// CIDER_GEMM_FUSED_QUANT (read at every call; docs/cuda/switches.md): 0 (default) = the separate quantize_rows
+// kernel in front of the GEMM; 1 = the wgmma kernel quantizes the activations itself where it can
+// (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4). Opt-in: measured slower (jobs 35–39: M2048 K4096 N14336
+// 209.9 vs 198.2 µs, M512 K4096 N4096 35.6 vs 24.3 µs).
+bool fused_quantize_enabled() { return env_flag("CIDER_GEMM_FUSED_QUANT", false, "cuda.w8a8_gemm"); }
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceAlign = 256;
@@ -222,13 +224,16 @@ __global__ void __launch_bounds__(kQuantThreads, (held_min_blocks<T, kHeld>()))
   for (int c = 0; c < kHeld; ++c) {
     const int64_t k = 8 * (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(c) * kQuantThreads);
     if (k < K) {
-      uint32_t packed[2] = {0u, 0u};
+      uint2 q = make_uint2(0u, 0u);
       if (finite) {
+        float f[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[c].get(j), scale)) & 0xffu) << (8 * (j % 4));
+        for (int j = 0; j < 8; ++j) f[j] = v[c].get(j);
+        bool exact = false;
+        q = int8_row_quant::codes8_fast(f, scale, exact);
+        if (exact) q = int8_row_quant::codes8_exact(f, sx);
       }
-      *reinterpret_cast<uint2*>(qrow + k) = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(qrow + k) = q;
     }
   }
 }
@@ -274,11 +279,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const T* _
     for (int64_t k = 8 * static_cast<int64_t>(threadIdx.x); k < K; k += 8 * kQuantThreads) {
       float v[8];
       load8<T>(row, k, v);
-      uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        packed[j / 4] |= (static_cast<uint32_t>(int8_code(v[j], scale)) & 0xffu) << (8 * (j % 4));
-      *reinterpret_cast<uint2*>(qrow + k) = make_uint2(packed[0], packed[1]);
+      bool exact = false;
+      uint2 q = int8_row_quant::codes8_fast(v, scale, exact);
+      if (exact) q = int8_row_quant::codes8_exact(v, sx);
+      *reinterpret_cast<uint2*>(qrow + k) = q;
     }
   } else {
     for (int64_t k = threadIdx.x; k < K; k += kQuantThreads)
@@ -733,7 +737,8 @@ void int_gemm(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, cons
   auto* xq = static_cast<int8_t*>(exec.workspace);
   auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
                                       round_up(static_cast<size_t>(a.M * a.K), kWorkspaceAlign));
-  // The wgmma kernel (without clusters) quantizes x itself where it can; it needs a counter slab for the stream.
+  // With $CIDER_GEMM_FUSED_QUANT=1 the wgmma kernel (without clusters) quantizes x itself where it can; it needs a
+  // counter slab for the stream.
   const int choice = gemm_choice().load(std::memory_order_relaxed);
   const bool plain_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
   if (plain_wgmma && fused_quantize_enabled() && gemm_wgmma::supported(a, int4, xq) &&
