@@ -285,10 +285,12 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 template <int kKind>
 struct Chunk8 {
   uint4 w[kKind == 2 ? 2 : 1];
+  // kLast: the row's last read (evict-first); the first read keeps the lines for the second.
+  template <bool kLast>
   __device__ __forceinline__ void load(const uint8_t* row_bytes, int64_t k) {
     const uint4* src = reinterpret_cast<const uint4*>(row_bytes + k * (kKind == 2 ? 4 : 2));
-    w[0] = __ldcs(src);
-    if constexpr (kKind == 2) w[1] = __ldcs(src + 1);
+    w[0] = kLast ? __ldcs(src) : __ldg(src);
+    if constexpr (kKind == 2) w[1] = kLast ? __ldcs(src + 1) : __ldg(src + 1);
   }
   __device__ __forceinline__ void values(float (&v)[8]) const {
     if constexpr (kKind == 2) {
@@ -345,24 +347,31 @@ __device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& fi
 }
 
 // One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks) with the reference's arithmetic: max |x| and "all
-// finite" over the row, sx, then the codes. The row stays in registers (64 of them for bf16/f16, 128 for f32: the
-// prologue runs before setmaxnreg, at the kernel's 168). Job 37 (Nsight) showed why the code is branch-free: with a
-// branch per value (the division fallback) a warp's 128 values per lane ran as one dependent chain, ≈ 20 µs a row.
+// finite" over the row, sx, then the codes. Two passes over the row: the first holds all 16 chunk loads per lane in
+// flight at once (64 registers for bf16/f16; f32 in two rounds of 8) and keeps only the max; the second reads the row again (L1/L2) 4 chunks at a time in a loop that is not unrolled.
+// Why: each warp quantizes only 1–2 rows, so a fully unrolled row (≈ 1 900 instructions per dtype, job 38) ran cold
+// from the instruction cache (Nsight, job 39: "no instruction" the first stall of the quantizer code), and a branch
+// per value (job 37) made each row one dependent chain; the codes are branch-free (codes8_fast).
 template <int kKind>
 __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int64_t K = p.K;
   const uint8_t* row = static_cast<const uint8_t*>(p.x) + m * K * (kKind == 2 ? 4 : 2);
   int8_t* qrow = p.xq + m * K;
-  Chunk8<kKind> v[kQuantHeldChunks];
-#pragma unroll
-  for (int c = 0; c < kQuantHeldChunks; ++c) {
-    const int64_t k = 8 * (lane + 32 * c);
-    if (k < K) v[c].load(row, k);
-  }
   uint32_t bits[2] = {0u, 0u};  // two independent max chains
+  // f32 in two rounds of 8 chunks (64 registers each; all 16 at once spilled).
+  constexpr int kRound = kKind == 2 ? kQuantHeldChunks / 2 : kQuantHeldChunks;
+#pragma unroll 1
+  for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kRound) {
+    Chunk8<kKind> v[kRound];
 #pragma unroll
-  for (int c = 0; c < kQuantHeldChunks; ++c)
-    if (8 * (lane + 32 * c) < K) bits[c & 1] = v[c].abs_bits_max(bits[c & 1]);
+    for (int c = 0; c < kRound; ++c) {
+      const int64_t k = 8 * (lane + 32 * (c0 + c));
+      if (k < K) v[c].template load<false>(row, k);
+    }
+#pragma unroll
+    for (int c = 0; c < kRound; ++c)
+      if (8 * (lane + 32 * (c0 + c)) < K) bits[c & 1] = v[c].abs_bits_max(bits[c & 1]);
+  }
   uint32_t mbits = kKind == 2 ? max(bits[0], bits[1]) : __vmaxu2(bits[0], bits[1]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
@@ -376,27 +385,36 @@ __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
   if (lane == 0) p.sx_out[m] = sx;
   uint32_t exact_chunks = 0;  // chunks whose codes need the division (rare: values next to a rounding boundary)
+  constexpr int kStep = 4;    // chunks per step of the second pass
+#pragma unroll 1
+  for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kStep) {
+    Chunk8<kKind> v[kStep];
 #pragma unroll
-  for (int c = 0; c < kQuantHeldChunks; ++c) {
-    const int64_t k = 8 * (lane + 32 * c);
-    if (k < K) {
-      float f[8];
-      v[c].values(f);
-      bool exact = false;
-      uint2 q = int8_row_quant::codes8_fast(f, scale, exact);
-      if (!finite) q = make_uint2(0u, 0u);  // a row holding NaN/inf: sx = NaN, codes 0 (as the reference)
-      exact_chunks |= (exact && finite ? 1u : 0u) << c;
-      *reinterpret_cast<uint2*>(qrow + k) = q;
+    for (int c = 0; c < kStep; ++c) {
+      const int64_t k = 8 * (lane + 32 * (c0 + c));
+      if (k < K) v[c].template load<true>(row, k);
+    }
+#pragma unroll
+    for (int c = 0; c < kStep; ++c) {
+      const int64_t k = 8 * (lane + 32 * (c0 + c));
+      if (k < K) {
+        float f[8];
+        v[c].values(f);
+        bool exact = false;
+        uint2 q = int8_row_quant::codes8_fast(f, scale, exact);
+        if (!finite) q = make_uint2(0u, 0u);  // a row holding NaN/inf: sx = NaN, codes 0 (as the reference)
+        exact_chunks |= (exact && finite ? 1u : 0u) << (c0 + c);
+        *reinterpret_cast<uint2*>(qrow + k) = q;
+      }
     }
   }
-  // Rewrite the flagged chunks with the division (program order: these stores land after the fast ones). The chunk
-  // is loaded again (L2) rather than kept: holding the row for this rare path cost registers (spills).
+  // Rewrite the flagged chunks with the division (program order: these stores land after the fast ones).
   while (exact_chunks != 0u) {
     const int c = __ffs(exact_chunks) - 1;
     exact_chunks &= exact_chunks - 1u;
     const int64_t k = 8 * (lane + 32 * c);
     Chunk8<kKind> again;
-    again.load(row, k);
+    again.template load<true>(row, k);
     float f[8];
     again.values(f);
     *reinterpret_cast<uint2*>(qrow + k) = int8_row_quant::codes8_exact(f, scale.sx);
