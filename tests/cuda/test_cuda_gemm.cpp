@@ -545,7 +545,7 @@ TEST(CudaGemm, RejectsBadArguments) {
                ErrorCode::kInvalidArgument, "cuda.quantize_rows_int8", "quantize null x");
 }
 
-// ---- the wgmma kernel's fused quantization ---------------------------------------------------------------------------
+// ---- the wgmma kernel's fused quantization (opt-in) ------------------------------------------------------------------
 
 // x [M, K] with rows that stress the code: half-way values (rint ties to even), an all-zero row, a row with inf, one
 // with NaN, tiny values, values next to (n + ½)·sx (the reciprocal shortcut must defer to the division); the rest
@@ -571,7 +571,8 @@ std::vector<float> tricky_rows(std::mt19937_64& rng, int64_t M, int64_t K) {
 }
 
 // One W8A8 problem on the device with its x replaceable: runs the GEMM with the fused quantization (opt-in,
-// CIDER_GEMM_FUSED_QUANT=1) or the separate kernel, and checks the workspace's codes and scales against quant::quantize_int8_row.
+// CIDER_GEMM_FUSED_QUANT=1) or the separate kernel, and checks the workspace's codes and scales against
+// quant::quantize_int8_row.
 struct FusedProblem {
   int64_t M, N, K;
   DType x_dtype;
@@ -655,9 +656,9 @@ std::vector<uint8_t> separate_output(FusedProblem& pr, void* stream) {
   return pr.out_bytes();
 }
 
-// Shapes: M against 128-row tiles and the claim batches of 11 rows (1, 7, 129, 2049 = 17 M-tiles, one of a single
-// row; 2300), K up to the fused limit 4096 and the smallest K (32), bf16, f16 and f32 x; N small (the GEMM is not what is tested
-// here). K 4128 (over the limit) must take the separate kernel.
+// Shapes: M against 128-row tiles and the claim batches of 11 rows (1, 7, 129, 2049 = 17 M-tiles, one of a single row;
+// 2300), K up to the fused limit 4096 and the smallest K (32), bf16, f16 and f32 x; N small (the GEMM is not what is
+// tested here). K 4128 (over the limit) must take the separate kernel.
 TEST(CudaGemm, WgmmaFusedQuantizationMatchesSeparate) {
   CIDER_REQUIRE_GPU();
   if (device_info().cc_major != 9) GTEST_SKIP() << "the fused quantization is part of the sm_90a wgmma kernel";

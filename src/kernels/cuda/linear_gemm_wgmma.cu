@@ -15,6 +15,8 @@
 //   Pipeline: full[s] (TMA transaction bytes) and empty[s] (one arrival per consumer warp, 8) mbarriers per stage.
 //   Tails: TMA fills rows past M/N and k past K with zeros (they add nothing to the exact integer sums); k32 steps
 //   wholly past K are skipped; the epilogue masks rows/columns.
+//   Opt-in ($CIDER_GEMM_FUSED_QUANT=1, measured slower: docs/cuda/gemm.md version 4): the CTAs' warps quantize x
+//   themselves before the mainloop (see "fused per-token activation quantization" below).
 //   Epilogue: the reference's order, every step rounded (as linear_gemm.cu):
 //     per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                              (+ bias)
 //     per group:   each group's wgmma chain starts with scale-d = 0 (acc = A·B), and after the group's last k32
@@ -238,10 +240,10 @@ struct Params {
   int64_t M, N, K;
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
-  // Fused activation quantization (kCluster 1 only; x null = xq and sx were written beforehand by quantize_rows):
-  // the CTAs quantize x [M, K] (bf16, f16 or f32 by x_kind; K % 8 == 0, K ≤ 4096, 16-byte aligned) into xq (the memory map_a
-  // reads) and sx before their tiles need them. qc = a zeroed counter slab (counter_slabs.h): qc[0] the next row to
-  // claim, qc[1] CTAs done, qc[2 + t] rows of M-tile t written; the last CTA leaves them zero again.
+  // Fused activation quantization (kCluster 1 only; x null = xq and sx were written beforehand by quantize_rows): the
+  // CTAs quantize x [M, K] (bf16, f16 or f32 by x_kind; K % 8 == 0, K ≤ 4096, 16-byte aligned) into xq (the memory
+  // map_a reads) and sx before their tiles need them. qc = a zeroed counter slab (counter_slabs.h): qc[0] the next row
+  // to claim, qc[1] CTAs done, qc[2 + t] rows of M-tile t written; the last CTA leaves them zero again.
   const void* x;
   int8_t* xq;
   float* sx_out;
@@ -251,14 +253,16 @@ struct Params {
 
 // ---- fused per-token activation quantization ----------------------------------------------------------------------
 //
-// Before the mainloop the 11 warps of each CTA other than warp 0 (whose lane 0 is the TMA producer) take batches of
-// 11 rows of x from a global counter (one atomic per CTA and batch), one row per warp, write each row's codes and
-// scale (int8_row_quant.cuh: the reference's bits) and count the row in its M-tile's counter after a gpu-scope fence.
-// The producer polls the counter of each tile's M-tile until all its rows are there (then a fence: acquire) before
-// its first A copy of the tile. Claiming rows dynamically (not by CTA index) means every row is written by a warp
-// that is already running, so no CTA ever waits on a CTA that is not resident. Meanwhile the producer has already
-// started the first tile's B (weight) copies. Why fused: the separate quantization kernel cost 11.3 µs of the
-// 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4).
+// Opt-in (CIDER_GEMM_FUSED_QUANT=1): measured slower than the separate kernel (jobs 35–44: the consumer warps quantize
+// before their MMAs and 12 warps per SM cannot hide a row's latency). Before the mainloop the 11 warps of each CTA
+// other than warp 0 (whose lane 0 is the TMA producer) take batches of 11 rows of x from a global counter (one atomic
+// per CTA and batch), one row per warp, write each row's codes and scale (int8_row_quant.cuh: the reference's bits) and
+// count the row in its M-tile's counter after a gpu-scope fence. The producer polls the counter of each tile's M-tile
+// until all its rows are there (then a fence: acquire) before its first A copy of the tile. Claiming rows dynamically
+// (not by CTA index) means every row is written by a warp that is already running, so no CTA ever waits on a CTA that
+// is not resident. Meanwhile the producer has already started the first tile's B (weight) copies. Why fused: the
+// separate quantization kernel cost 11.3 µs of the 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4); the
+// attempt did not recover it.
 
 constexpr int kQuantHeldChunks = 16;
 
@@ -348,10 +352,11 @@ __device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& fi
 
 // One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks) with the reference's arithmetic: max |x| and "all
 // finite" over the row, sx, then the codes. Two passes over the row: the first holds all 16 chunk loads per lane in
-// flight at once (64 registers for bf16/f16; f32 in two rounds of 8) and keeps only the max; the second reads the row again (L1/L2) 4 chunks at a time in a loop that is not unrolled.
-// Why: each warp quantizes only 1–2 rows, so a fully unrolled row (≈ 1 900 instructions per dtype, job 38) ran cold
-// from the instruction cache (Nsight, job 39: "no instruction" the first stall of the quantizer code), and a branch
-// per value (job 37) made each row one dependent chain; the codes are branch-free (codes8_fast).
+// flight at once (64 registers for bf16/f16; f32 in two rounds of 8) and keeps only the max; the second reads the row
+// again (L1/L2) 4 chunks at a time in a loop that is not unrolled. Why: each warp quantizes only 1–2 rows, so a fully
+// unrolled row (≈ 1 900 instructions per dtype, job 38) ran cold from the instruction cache (Nsight, job 39: "no
+// instruction" the first stall of the quantizer code), and a branch per value (job 37) made each row one dependent
+// chain; the codes are branch-free (codes8_fast).
 template <int kKind>
 __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int64_t K = p.K;
@@ -933,9 +938,9 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
          reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
-// Whether the kernel can quantize x itself (on top of supported()): bf16, f16 or f32 x, K % 8 == 0 and x 16-byte aligned
-// (16-byte row loads), K ≤ 4096 (a row in one warp's registers), xq 8-byte aligned, every M-tile's counter in one
-// slab, M < 2^31 (rows as unsigned claims).
+// Whether the kernel can quantize x itself (on top of supported()): bf16, f16 or f32 x, K % 8 == 0 and x 16-byte
+// aligned (16-byte row loads), K ≤ 4096 (a row in one warp's registers), xq 8-byte aligned, every M-tile's counter in
+// one slab, M < 2^31 (rows as unsigned claims).
 bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters) {
   const int64_t m_tiles = (a.M + kBM - 1) / kBM;
   return (a.x_dtype == DType::kBF16 || a.x_dtype == DType::kF16 || a.x_dtype == DType::kF32) && a.K % 8 == 0 &&
