@@ -545,7 +545,7 @@ TEST(CudaGemm, RejectsBadArguments) {
                ErrorCode::kInvalidArgument, "cuda.quantize_rows_int8", "quantize null x");
 }
 
-// ---- the wgmma kernel's fused quantization (opt-in) ------------------------------------------------------------------
+// ---- the wgmma kernel's fused quantization (opt-in) -----------------------------------------------------------------
 
 // x [M, K] with rows that stress the code: half-way values (rint ties to even), an all-zero row, a row with inf, one
 // with NaN, tiny values, values next to (n + ½)·sx (the reciprocal shortcut must defer to the division); the rest
