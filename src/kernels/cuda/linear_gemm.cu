@@ -73,8 +73,8 @@ std::atomic<bool> g_last_quantize_fused{false};  // whether the last int_gemm qu
 
 // CIDER_GEMM_FUSED_QUANT (read at every call; docs/cuda/switches.md): 0 (default) = the separate quantize_rows
 // kernel in front of the GEMM; 1 = the wgmma kernel quantizes the activations itself where it can
-// (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4). Opt-in: measured slower (jobs 35–39: M2048 K4096 N14336
-// 209.9 vs 198.2 µs, M512 K4096 N4096 35.6 vs 24.3 µs).
+// (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4). Opt-in: measured slower (jobs 35–44, last version: M2048
+// K4096 N14336 214.1 vs 202.8 µs, M512 K4096 N4096 34.7 vs 24.4 µs).
 bool fused_quantize_enabled() { return env_flag("CIDER_GEMM_FUSED_QUANT", false, "cuda.w8a8_gemm"); }
 
 constexpr int kQuantThreads = 256;
@@ -697,6 +697,7 @@ void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const fl
   const bool want_wgmma =
       choice == kGemmWgmma || choice == kGemmWgmmaCluster || (choice == kGemmAuto && kWgmmaByDefault);
   if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
+    // launch() takes writable xq / sx for its fused quantization; without fused counters it only reads them.
     const bool cluster = gemm_wgmma::launch(a, const_cast<int8_t*>(xq), const_cast<float*>(sx),
                                             choice == kGemmWgmmaCluster, nullptr, stream, op);
     g_last_gemm_kernel.store(cluster ? kGemmWgmmaCluster : kGemmWgmma, std::memory_order_relaxed);
