@@ -732,6 +732,7 @@ TEST(CudaGemm, WgmmaFusedQuantizationGraphsAndStreams) {
     pr2.dout.fill(kPoison);
     w8a8_gemm(pr.args(), pr.exec(stream.handle()));
     w8a8_gemm(pr2.args(), pr2.exec(other.handle()));
+    ASSERT_TRUE(gemm_bench::last_gemm_quantize_fused()) << "the second stream's GEMM";
     stream.synchronize();
     other.synchronize();
     const std::vector<uint8_t> f1 = pr.out_bytes(), f2 = pr2.out_bytes();
