@@ -17,8 +17,8 @@ constexpr int kPools = 2;
 constexpr int kCounterSlabs = 8;     // (device, stream) pairs per pool
 constexpr int kCounterSlab = 4096;   // counters per slab
 
-// Looks up the current device's array once (cudaGetSymbolAddress). Call it outside stream capture before the first
-// counter_slab of a device (the launchers do it while planning, before they enqueue anything).
+// Looks up the current device's array once (cudaGetSymbolAddress; counter_slab does it too on first use). For a
+// launcher whose first call may come during stream capture, call it beforehand (attention plans with it).
 void prepare();
 
 // The slab of `pool` for (current device, stream), handed out on first use; null when the pool is exhausted.

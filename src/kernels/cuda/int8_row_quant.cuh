@@ -4,9 +4,46 @@
 // ±127), bit-identical to the reference.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <type_traits>
+
 namespace cider::cuda::int8_row_quant {
+
+// 8 consecutive values of x as loaded (16 bytes of bf16/f16, 32 of f32): the quantization kernels keep these raw
+// words in registers (4 per 8 bf16 values instead of 8 floats) between the row's max and its codes.
+// Loads: kPlain (ld.global), kNonCoherent (__ldg: read-only path, the lines stay for a second read), kLastUse
+// (__ldcs: evict first).
+enum class RawLoad { kPlain, kNonCoherent, kLastUse };
+template <typename T>
+struct Raw8 {
+  uint4 w[sizeof(T) == 4 ? 2 : 1];
+  template <RawLoad kLoad = RawLoad::kPlain>
+  __device__ __forceinline__ void load(const T* p, int64_t i) {
+    const auto* src = reinterpret_cast<const uint4*>(p + i);
+#pragma unroll
+    for (int h = 0; h < (sizeof(T) == 4 ? 2 : 1); ++h) {
+      if constexpr (kLoad == RawLoad::kNonCoherent) w[h] = __ldg(src + h);
+      else if constexpr (kLoad == RawLoad::kLastUse) w[h] = __ldcs(src + h);
+      else w[h] = src[h];
+    }
+  }
+  __device__ __forceinline__ float get(int j) const {
+    if constexpr (sizeof(T) == 4) {
+      const uint4& u = w[j / 4];
+      const uint32_t b = (j % 4) == 0 ? u.x : (j % 4) == 1 ? u.y : (j % 4) == 2 ? u.z : u.w;
+      return __uint_as_float(b);
+    } else {
+      const uint32_t b = (j / 2) == 0 ? w[0].x : (j / 2) == 1 ? w[0].y : (j / 2) == 2 ? w[0].z : w[0].w;
+      const uint16_t h = static_cast<uint16_t>((j % 2) == 0 ? (b & 0xffffu) : (b >> 16));
+      if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half(h));
+      else return __uint_as_float(static_cast<uint32_t>(h) << 16);  // bfloat16 → float32 is exact
+    }
+  }
+};
 
 // The reference's int8_code: clamp(rint(v / sx), -127, 127) with an IEEE division.
 __device__ __forceinline__ int int8_code(float v, float sx) {

@@ -85,6 +85,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 // ---- per-token activation quantization ---------------------------------------------------------------------------
 
 using int8_row_quant::int8_code;
+using int8_row_quant::Raw8;
 using int8_row_quant::row_scale;
 using int8_row_quant::row_sx;
 using int8_row_quant::RowScale;
@@ -156,29 +157,6 @@ __device__ __forceinline__ void block_amax(float& amax, bool& finite) {
     finite = finite && warp_finite[w] != 0;
   }
 }
-
-// 8 consecutive values as loaded (16 bytes of bf16/f16, 32 of f32): the one-pass kernel keeps these raw words in
-// registers (4 per 8 bf16 values instead of 8 floats) and converts them twice, so more rows fit on an SM at once.
-template <typename T>
-struct Raw8 {
-  uint4 w[sizeof(T) == 4 ? 2 : 1];
-  __device__ __forceinline__ void load(const T* p, int64_t i) {
-    w[0] = *reinterpret_cast<const uint4*>(p + i);
-    if constexpr (sizeof(T) == 4) w[1] = *reinterpret_cast<const uint4*>(p + i + 4);
-  }
-  __device__ __forceinline__ float get(int j) const {
-    if constexpr (sizeof(T) == 4) {
-      const uint4& u = w[j / 4];
-      const uint32_t b = (j % 4) == 0 ? u.x : (j % 4) == 1 ? u.y : (j % 4) == 2 ? u.z : u.w;
-      return __uint_as_float(b);
-    } else {
-      const uint32_t b = (j / 2) == 0 ? w[0].x : (j / 2) == 1 ? w[0].y : (j / 2) == 2 ? w[0].z : w[0].w;
-      const uint16_t h = static_cast<uint16_t>((j % 2) == 0 ? (b & 0xffffu) : (b >> 16));
-      if constexpr (std::is_same_v<T, __half>) return __half2float(__ushort_as_half(h));
-      else return __uint_as_float(static_cast<uint32_t>(h) << 16);  // bfloat16 → float32 is exact
-    }
-  }
-};
 
 // Blocks per SM the one-pass kernel asks registers for: its raw words are kHeld · 8 · sizeof(T) / 4 registers.
 template <typename T, int kHeld>
@@ -744,7 +722,6 @@ void int_gemm(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, cons
   const bool plain_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
   if (plain_wgmma && fused_quantize_enabled() && gemm_wgmma::supported(a, int4, xq) &&
       gemm_wgmma::fused_quantize_supported(a, xq, counters::kCounterSlab)) {
-    counters::prepare();
     unsigned int* slab = counters::counter_slab(counters::Pool::kGemmQuantize, exec.stream);
     if (slab != nullptr) {
       gemm_wgmma::launch(a, xq, sx, false, slab, stream, op);

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -285,62 +286,35 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// 8 consecutive values of x as loaded: one 16-byte word of bf16 / f16, two of float (kind 0 bf16, 1 f16, 2 f32).
-template <int kKind>
-struct Chunk8 {
-  uint4 w[kKind == 2 ? 2 : 1];
-  // kLast: the row's last read (evict-first); the first read keeps the lines for the second.
-  template <bool kLast>
-  __device__ __forceinline__ void load(const uint8_t* row_bytes, int64_t k) {
-    const uint4* src = reinterpret_cast<const uint4*>(row_bytes + k * (kKind == 2 ? 4 : 2));
-    w[0] = kLast ? __ldcs(src) : __ldg(src);
-    if constexpr (kKind == 2) w[1] = kLast ? __ldcs(src + 1) : __ldg(src + 1);
+using int8_row_quant::Raw8;
+using int8_row_quant::RawLoad;
+
+// max over 8 values of their absolute values' bit patterns, folded into m (per 16-bit half for bf16 / f16). For
+// non-negative floats the bit patterns order like the values, and NaN / inf patterns lie above every finite one, so
+// one integer max gives both max |x| and "all finite" — exactly, branch-free.
+template <typename T>
+__device__ __forceinline__ uint32_t abs_bits_max(const Raw8<T>& v, uint32_t m) {
+  if constexpr (sizeof(T) == 4) {
+    const uint32_t b[8] = {v.w[0].x, v.w[0].y, v.w[0].z, v.w[0].w, v.w[1].x, v.w[1].y, v.w[1].z, v.w[1].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = max(m, b[j] & 0x7fffffffu);
+  } else {
+    const uint32_t b[4] = {v.w[0].x, v.w[0].y, v.w[0].z, v.w[0].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m = __vmaxu2(m, b[j] & 0x7fff7fffu);
   }
-  __device__ __forceinline__ void values(float (&v)[8]) const {
-    if constexpr (kKind == 2) {
-      const uint32_t b[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(b[j]);
-    } else {
-      const uint32_t b[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kKind == 1) {
-          v[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(b[j] & 0xffffu)));
-          v[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(b[j] >> 16)));
-        } else {  // bfloat16 → float32 is exact: the 16 bits become the top half
-          v[2 * j] = __uint_as_float(b[j] << 16);
-          v[2 * j + 1] = __uint_as_float(b[j] & 0xffff0000u);
-        }
-      }
-    }
-  }
-  // max over the chunk of the absolute values' bit patterns (per 16-bit half for bf16 / f16). For non-negative
-  // floats the bit patterns order like the values, and NaN / inf patterns lie above every finite one, so one
-  // integer max gives both max |x| and "all finite" — exactly, branch-free.
-  __device__ __forceinline__ uint32_t abs_bits_max(uint32_t m) const {
-    if constexpr (kKind == 2) {
-      const uint32_t b[8] = {w[0].x, w[0].y, w[0].z, w[0].w, w[1].x, w[1].y, w[1].z, w[1].w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = max(m, b[j] & 0x7fffffffu);
-    } else {
-      const uint32_t b[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) m = __vmaxu2(m, b[j] & 0x7fff7fffu);
-    }
-    return m;
-  }
-};
+  return m;
+}
 
 // max |x| and "all finite" from the warp's combined abs_bits_max.
-template <int kKind>
+template <typename T>
 __device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& finite) {
-  if constexpr (kKind == 2) {
+  if constexpr (sizeof(T) == 4) {
     finite = m < 0x7f800000u;
     amax = __uint_as_float(m);
   } else {
     const uint32_t h = max(m & 0xffffu, m >> 16);
-    if constexpr (kKind == 1) {
+    if constexpr (std::is_same_v<T, __half>) {
       finite = h < 0x7c00u;
       amax = __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
     } else {
@@ -357,35 +331,35 @@ __device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& fi
 // unrolled row (≈ 1 900 instructions per dtype, job 38) ran cold from the instruction cache (Nsight, job 39: "no
 // instruction" the first stall of the quantizer code), and a branch per value (job 37) made each row one dependent
 // chain; the codes are branch-free (codes8_fast).
-template <int kKind>
+template <typename T>
 __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   const int64_t K = p.K;
-  const uint8_t* row = static_cast<const uint8_t*>(p.x) + m * K * (kKind == 2 ? 4 : 2);
+  const T* row = static_cast<const T*>(p.x) + m * K;
   int8_t* qrow = p.xq + m * K;
   uint32_t bits[2] = {0u, 0u};  // two independent max chains
   // f32 in two rounds of 8 chunks (64 registers each; all 16 at once spilled).
-  constexpr int kRound = kKind == 2 ? kQuantHeldChunks / 2 : kQuantHeldChunks;
+  constexpr int kRound = sizeof(T) == 4 ? kQuantHeldChunks / 2 : kQuantHeldChunks;
 #pragma unroll 1
   for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kRound) {
-    Chunk8<kKind> v[kRound];
+    Raw8<T> v[kRound];
 #pragma unroll
     for (int c = 0; c < kRound; ++c) {
       const int64_t k = 8 * (lane + 32 * (c0 + c));
-      if (k < K) v[c].template load<false>(row, k);
+      if (k < K) v[c].template load<RawLoad::kNonCoherent>(row, k);
     }
 #pragma unroll
     for (int c = 0; c < kRound; ++c)
-      if (8 * (lane + 32 * (c0 + c)) < K) bits[c & 1] = v[c].abs_bits_max(bits[c & 1]);
+      if (8 * (lane + 32 * (c0 + c)) < K) bits[c & 1] = abs_bits_max(v[c], bits[c & 1]);
   }
-  uint32_t mbits = kKind == 2 ? max(bits[0], bits[1]) : __vmaxu2(bits[0], bits[1]);
+  uint32_t mbits = sizeof(T) == 4 ? max(bits[0], bits[1]) : __vmaxu2(bits[0], bits[1]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const uint32_t o = __shfl_xor_sync(0xffffffffu, mbits, off);
-    mbits = kKind == 2 ? max(mbits, o) : __vmaxu2(mbits, o);
+    mbits = sizeof(T) == 4 ? max(mbits, o) : __vmaxu2(mbits, o);
   }
   float amax;
   bool finite;
-  amax_from_bits<kKind>(mbits, amax, finite);
+  amax_from_bits<T>(mbits, amax, finite);
   const float sx = int8_row_quant::row_sx(amax, finite);
   const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
   if (lane == 0) p.sx_out[m] = sx;
@@ -393,18 +367,19 @@ __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
   constexpr int kStep = 4;    // chunks per step of the second pass
 #pragma unroll 1
   for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kStep) {
-    Chunk8<kKind> v[kStep];
+    Raw8<T> v[kStep];
 #pragma unroll
     for (int c = 0; c < kStep; ++c) {
       const int64_t k = 8 * (lane + 32 * (c0 + c));
-      if (k < K) v[c].template load<true>(row, k);
+      if (k < K) v[c].template load<RawLoad::kLastUse>(row, k);
     }
 #pragma unroll
     for (int c = 0; c < kStep; ++c) {
       const int64_t k = 8 * (lane + 32 * (c0 + c));
       if (k < K) {
         float f[8];
-        v[c].values(f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = v[c].get(j);
         bool exact = false;
         uint2 q = int8_row_quant::codes8_fast(f, scale, exact);
         if (!finite) q = make_uint2(0u, 0u);  // a row holding NaN/inf: sx = NaN, codes 0 (as the reference)
@@ -418,10 +393,11 @@ __device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
     const int c = __ffs(exact_chunks) - 1;
     exact_chunks &= exact_chunks - 1u;
     const int64_t k = 8 * (lane + 32 * c);
-    Chunk8<kKind> again;
-    again.template load<true>(row, k);
+    Raw8<T> again;
+    again.template load<RawLoad::kLastUse>(row, k);
     float f[8];
-    again.values(f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = again.get(j);
     *reinterpret_cast<uint2*>(qrow + k) = int8_row_quant::codes8_exact(f, scale.sx);
   }
 }
@@ -433,7 +409,7 @@ constexpr int kQuantWarps = kThreads / 32 - 1;  // warps 1 … 11 quantize; warp
 // published to the producers: every lane's stores, the proxy fence (TMA reads them through the async proxy), a
 // gpu-scope fence, then the M-tile's count (relaxed add after the fence: a release pattern). batch_first is a
 // two-slot ring: slot i & 1 is rewritten two batches later, after every quantizer passed the barrier in between.
-template <int kKind>
+template <typename T>
 __device__ void quantize_rows_fused(const Params& p, int qwarp, int lane, unsigned int (&batch_first)[2]) {
   for (int i = 0;; ++i) {
     if (qwarp == 0 && lane == 0) batch_first[i & 1] = atomicAdd(p.qc, static_cast<unsigned int>(kQuantWarps));
@@ -442,7 +418,7 @@ __device__ void quantize_rows_fused(const Params& p, int qwarp, int lane, unsign
     if (static_cast<int64_t>(first) >= p.M) break;
     const unsigned int row = first + static_cast<unsigned int>(qwarp);
     if (static_cast<int64_t>(row) < p.M) {
-      quantize_row_warp<kKind>(p, static_cast<int64_t>(row), lane);
+      quantize_row_warp<T>(p, static_cast<int64_t>(row), lane);
       fence_proxy_async_global();
       fence_acq_rel_gpu();
       __syncwarp();
@@ -545,9 +521,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      if (p.x_kind == 0) quantize_rows_fused<0>(p, warp - 1, lane, batch_first);
-      else if (p.x_kind == 1) quantize_rows_fused<1>(p, warp - 1, lane, batch_first);
-      else quantize_rows_fused<2>(p, warp - 1, lane, batch_first);
+      if (p.x_kind == 0) quantize_rows_fused<__nv_bfloat16>(p, warp - 1, lane, batch_first);
+      else if (p.x_kind == 1) quantize_rows_fused<__half>(p, warp - 1, lane, batch_first);
+      else quantize_rows_fused<float>(p, warp - 1, lane, batch_first);
       if (lane == 0) atomicAdd(&quantizers_done, 1u);
     }
   }
