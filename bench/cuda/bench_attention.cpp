@@ -242,13 +242,15 @@ CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attent
 
 // Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.
 // prefill_tc: the value $CIDER_ATTN_PREFILL_TC is set to ("0": the general CUDA-core kernel for the A/B; nullptr:
-// left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory).
+// left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory); math:
+// $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default f16 tiles; "exact": the exact-score kernel).
 // flops: 2·2·Hq·D per visible (query, key) pair: L·(L+1)/2 + L·past pairs per head.
 BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t past, int kbits, int vbits,
                          const char* prefill_tc = nullptr, const char* qsmem = nullptr, int reps = 20,
-                         int samples = 15) {
+                         int samples = 15, const char* math = nullptr) {
   const ScopedEnv env("CIDER_ATTN_PREFILL_TC", prefill_tc);
   const ScopedEnv env_q("CIDER_ATTN_PREFILL_QSMEM", qsmem);
+  const ScopedEnv env_m("CIDER_ATTN_PREFILL_MATH", math);
   const int64_t B = 1, kL = past + L;
   std::mt19937_64 rng(4321);
   const int64_t rows = B * Hkv * kL;
@@ -321,7 +323,9 @@ BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t 
   const bool tc_on = cuda::detail::prefill_tc_eligible(a);
   r.note = kbits == 4 ? "K4V3" : "K8V4";
   r.note += " g64 f16 scales, ";
-  r.note += tc_on ? "tensor-core prefill path" : "CUDA-core kernel";
+  r.note += tc_on ? (cuda::detail::prefill_math_f16() ? "tensor-core prefill path, f16 tiles"
+                                                     : "tensor-core prefill path, exact scores")
+                  : "CUDA-core kernel";
   if (qsmem && qsmem[0] == '1') r.note += ", compact variant (q fragments in smem, 32-key tiles)";
   r.note += ", workspace ";
   r.note += std::to_string(ws_bytes);
@@ -344,13 +348,13 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096", "attention") 
 // The D128 compact variant ($CIDER_ATTN_PREFILL_QSMEM=1): query fragments from shared memory, 32-key tiles, K4V3
 // bounded to 168 registers for 3 CTAs per SM (the default runs 2 warps per scheduler, latency-bound).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1");
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1", 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, "1");
+  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, "1", 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, "1");
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, "1", 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") {
   return prefill_case(16, 2, 256, 4096, 0, 4, 3);
@@ -358,6 +362,25 @@ CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") 
 // 16 new tokens against a 32k cache: one query block per KV head, so the keys are split (merge kernel).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768", "attention") {
   return prefill_case(32, 8, 128, 16, 32768, 4, 3);
+}
+// The A/B of the tensor-core path's two kernels: the exact-score kernel ($CIDER_ATTN_PREFILL_MATH=exact).
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:exact", "attention") {
+  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, nullptr, 20, 15, "exact");
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096 v:exact", "attention") {
+  return prefill_case(16, 2, 256, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768 v:exact", "attention") {
+  return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, nullptr, 20, 15, "exact");
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq16 Hkv2 D256 L4096", "attention") {
+  return prefill_case(16, 2, 256, 4096, 0, 8, 4);
 }
 // The A/B: the same caches on the general CUDA-core kernel (fewer launches per sample: tens of ms each).
 CIDER_CUDA_BENCH("attention prefill K4V3 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {

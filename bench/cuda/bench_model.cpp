@@ -317,3 +317,13 @@ CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:cuda-core attention"
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512 v:cuda-core attention", "model") {
   return with_env("CIDER_ATTN_PREFILL_TC", "0", true, "w8a8", "k8v4", 512);
 }
+// The prefill attention's exact-score kernel instead of the default f16-tile kernel (attention_prefill_tc.h).
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:exact attention", "model") {
+  return with_env("CIDER_ATTN_PREFILL_MATH", "exact", true, "w8a8", "k8v4", 4096);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096 v:exact attention", "model") {
+  return with_env("CIDER_ATTN_PREFILL_MATH", "exact", true, "w8a8", "k4v3", 4096);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512 v:exact attention", "model") {
+  return with_env("CIDER_ATTN_PREFILL_MATH", "exact", true, "w8a8", "k8v4", 512);
+}

@@ -2,6 +2,9 @@
 //   kv_append: bytes identical (every plane, guard rows before/after the written positions untouched).
 //   rotate_rows: forward equal to nn::SO4Rotation::apply bit for bit; inverse∘forward = identity.
 //   attention: same cache bytes on both sides; outputs within float32-accumulation tolerance; guards untouched.
+//   The f16 prefill kernel (attention_prefill_f16.cu) against a CPU emulation of its numeric contract (q, k, v
+//   rounded to f16 as the kernel rounds them, the rest in double) within the f32-sum and f16-p bound, and against the
+//   exact reference within the bound of the f16 roundings.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +22,7 @@
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/kernel_table.h"
 #include "nn/rotation.h"
+#include "quant/affine.h"
 #include "support/scoped_env.h"
 #include "support/test_support.h"
 
@@ -339,6 +343,127 @@ void expect_guards_untouched(const std::vector<float>& got, size_t n, size_t gua
   }
 }
 
+// x rounded to the nearest f16 value (ties to even, subnormals, ±inf past 65504): one rounding from double.
+double round_to_f16(double x) {
+  if (!std::isfinite(x) || x == 0.0) return x;
+  int e = 0;
+  (void)std::frexp(x, &e);                 // |x| = f·2^e, f ∈ [0.5, 1): 11 significant bits → ulp 2^(e − 11)
+  const int ulp_exp = std::max(e - 11, -24);  // below 2^-14 the subnormal spacing 2^-24
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -ulp_exp)), ulp_exp);
+  return std::fabs(r) > 65504.0 ? std::copysign(INFINITY, x) : r;
+}
+
+// Row j of plane (b, h) of a quantized Side dequantized as the f16 prefill kernel does: fl16(s·c + b).
+void dequant_row_f16(const Side& sd, int64_t row, int64_t D, std::vector<double>& out) {
+  const auto* words = reinterpret_cast<const uint32_t*>(sd.data.data() + row * D * sd.bits / 8);
+  const auto* sc = reinterpret_cast<const uint16_t*>(sd.scales.data()) + row * (D / sd.gs);
+  const auto* bi = reinterpret_cast<const uint16_t*>(sd.biases.data()) + row * (D / sd.gs);
+  out.resize(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) {
+    const double s = f16_to_f32(sc[d / sd.gs]), b = f16_to_f32(bi[d / sd.gs]);
+    out[static_cast<size_t>(d)] = round_to_f16(s * quant::unpack_code(words, d, sd.bits) + b);
+  }
+}
+
+// The f16 prefill kernel's contract computed in double (q̃ = fl16(q·2^Eq) with max|q̃| ∈ [2^14, 2^15), k̃, ṽ =
+// fl16(s·c + b); softmax and sums exact), with a per-element bound for each of two comparisons:
+//   tight (kernel vs this emulation): the f32 score sums (≤ (D + 8)·2^-22 of Σ|q̃k̃| per score, both signs → e^(2Δ) on
+//   the weights), p rounded to f16 for P·V (2^-11 of max|ṽ|), the f32 P·V and l sums over kL keys and ex2.approx;
+//   loose (kernel vs the exact reference): in addition the f16 rounding of q and k (2^-11 each, so 3·2^-11·Σ|qk| per
+//   score with the products' own slack) and of v (2^-11 of max|v|).
+struct F16Emulation {
+  std::vector<float> out;
+  std::vector<double> tight, loose;  // per output row
+};
+F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, const Side& V, int64_t B, int64_t Hq,
+                                 int64_t Hkv, int64_t L, int64_t kLr, int64_t cap, int64_t D, float scale,
+                                 MaskKind mask, int64_t window) {
+  F16Emulation em;
+  em.out.assign(static_cast<size_t>(B * Hq * L * D), 0.0f);
+  em.tight.assign(static_cast<size_t>(B * Hq * L), 0.0);
+  em.loose = em.tight;
+  const int64_t rep = Hq / Hkv;
+  std::vector<std::vector<double>> kd(static_cast<size_t>(kLr)), vd(static_cast<size_t>(kLr));
+  std::vector<double> qt(static_cast<size_t>(D)), s(static_cast<size_t>(kLr)), sabs(static_cast<size_t>(kLr));
+  const double u = std::ldexp(1.0, -11);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < Hkv; ++g) {
+      double vmax = 0.0;
+      for (int64_t j = 0; j < kLr; ++j) {
+        const int64_t row = (b * Hkv + g) * cap + j;
+        dequant_row_f16(K, row, D, kd[static_cast<size_t>(j)]);
+        dequant_row_f16(V, row, D, vd[static_cast<size_t>(j)]);
+        for (double x : vd[static_cast<size_t>(j)]) vmax = std::max(vmax, std::fabs(x));
+      }
+      for (int64_t rr = 0; rr < rep; ++rr)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t hq = g * rep + rr, orow = (b * Hq + hq) * L + i;
+          const float* qr = q.data() + orow * D;
+          float mx = 0.0f;
+          for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::fabs(qr[d]));
+          int k = 0;
+          (void)std::frexp(mx, &k);
+          const int Eq = mx > 0.0f ? 15 - k : 0;
+          for (int64_t d = 0; d < D; ++d) qt[static_cast<size_t>(d)] = round_to_f16(std::ldexp(static_cast<double>(qr[d]), Eq));
+          int64_t lo = 0, hi = kLr;
+          if (mask == MaskKind::kCausal) {
+            const int64_t pos = kLr - L + i;
+            hi = std::min(kLr, pos + 1);
+            if (window > 0) lo = std::max<int64_t>(0, pos - window + 1);
+          }
+          if (hi <= lo) continue;  // sees nothing: zeros (bound 0)
+          double smax = -INFINITY, sabs_max = 0.0;
+          for (int64_t j = lo; j < hi; ++j) {
+            double acc = 0.0, aabs = 0.0;
+            for (int64_t d = 0; d < D; ++d) {
+              const double t = qt[static_cast<size_t>(d)] * kd[static_cast<size_t>(j)][static_cast<size_t>(d)];
+              acc += t;
+              aabs += std::fabs(t);
+            }
+            s[static_cast<size_t>(j)] = std::ldexp(acc, -Eq) * scale;
+            sabs_max = std::max(sabs_max, std::ldexp(aabs, -Eq) * scale);
+            smax = std::max(smax, s[static_cast<size_t>(j)]);
+          }
+          double l = 0.0;
+          std::vector<double> o(static_cast<size_t>(D), 0.0);
+          for (int64_t j = lo; j < hi; ++j) {
+            const double pj = std::exp(s[static_cast<size_t>(j)] - smax);
+            l += pj;
+            for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += pj * vd[static_cast<size_t>(j)][static_cast<size_t>(d)];
+          }
+          for (int64_t d = 0; d < D; ++d) em.out[static_cast<size_t>(orow * D + d)] = static_cast<float>(o[static_cast<size_t>(d)] / l);
+          const double n = static_cast<double>(hi - lo);
+          const double dt = sabs_max * static_cast<double>(D + 8) * std::ldexp(1.0, -22);
+          const double sums = (2.0 * n + 64.0) * std::ldexp(1.0, -22) + std::ldexp(1.0, -20);
+          em.tight[static_cast<size_t>(orow)] = vmax * (std::expm1(2.0 * dt) + u + sums) + 1e-6;
+          const double dl = dt + 3.0 * u * sabs_max;
+          em.loose[static_cast<size_t>(orow)] = (vmax + u * vmax) * (std::expm1(2.0 * dl) + 2.0 * u + sums) + 1e-6;
+        }
+    }
+  return em;
+}
+
+// Elements of got within the per-row bound of want (rows of D); NaN never passes. Reports the first few misses.
+::testing::AssertionResult within_row_bounds(const float* got, const float* want, const std::vector<double>& bound,
+                                             int64_t D) {
+  int64_t bad = 0;
+  ::testing::AssertionResult r = ::testing::AssertionSuccess();
+  std::string first;
+  for (size_t row = 0; row < bound.size(); ++row)
+    for (int64_t d = 0; d < D; ++d) {
+      const size_t i = row * static_cast<size_t>(D) + static_cast<size_t>(d);
+      const double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+      if (!(e <= bound[row])) {
+        if (bad < 5)
+          first += " [row " + std::to_string(row) + " dim " + std::to_string(d) + ": " + std::to_string(got[i]) +
+                   " vs " + std::to_string(want[i]) + ", bound " + std::to_string(bound[row]) + "]";
+        ++bad;
+      }
+    }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " elements outside the bound:" << first;
+}
+
 struct AttnCase {
   int64_t D, rep, kL, L;
   MaskKind mask;
@@ -348,9 +473,11 @@ struct AttnCase {
   int kv_splits = 0;
   int64_t d_length = 0;  // > 0: the device length (≤ kL, the bound)
   bool misalign = false;  // q and out 4 bytes past a 16-byte boundary
-  // Run twice against the same reference: $CIDER_ATTN_PREFILL_TC=1 (the tensor-core prefill path must take it,
-  // unless misaligned) and =0 (the general kernel must).
+  // Run the prefill kernels in turn: $CIDER_ATTN_PREFILL_TC=1 with $CIDER_ATTN_PREFILL_MATH=f16 (the f16 kernel,
+  // against its emulation) and =exact (the exact-score kernel), each asserting that the tensor-core prefill path takes
+  // it unless misaligned, then $CIDER_ATTN_PREFILL_TC=0 (the general kernel must). with_f16 = false skips the f16 run.
   bool both_prefill_paths = false;
+  bool with_f16 = true;
 };
 
 void run_attention_case(const AttnCase& c, uint64_t salt) {
@@ -392,13 +519,26 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
   d_q.upload(q.data(), q.size() * sizeof(float), shift * sizeof(float));
   const int32_t len32 = static_cast<int32_t>(kLr);
   DeviceBuffer d_len = to_device(&len32, sizeof(len32));
-  const char* const one_mode[] = {nullptr};
-  const char* const two_modes[] = {"1", "0"};
-  const int n_modes = c.both_prefill_paths ? 2 : 1;
-  for (int mode = 0; mode < n_modes; ++mode) {
-    const char* env = c.both_prefill_paths ? two_modes[mode] : one_mode[0];
-    SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_PREFILL_TC=" << (env ? env : "(as set)"));
+  // Modes: (CIDER_ATTN_PREFILL_TC, CIDER_ATTN_PREFILL_MATH); nullptr leaves the variable as it is.
+  struct Mode {
+    const char* tc;
+    const char* math;
+  };
+  std::vector<Mode> modes;
+  if (c.both_prefill_paths) {
+    if (c.with_f16) modes.push_back({"1", "f16"});
+    modes.push_back({"1", "exact"});
+    modes.push_back({"0", nullptr});
+  } else {
+    modes.push_back({nullptr, nullptr});
+  }
+  F16Emulation em;
+  for (size_t mode = 0; mode < modes.size(); ++mode) {
+    const char* env = modes[mode].tc;
+    SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_PREFILL_TC=" << (env ? env : "(as set)")
+                                      << " CIDER_ATTN_PREFILL_MATH=" << (modes[mode].math ? modes[mode].math : "(as set)"));
     const ScopedEnv prefill_env("CIDER_ATTN_PREFILL_TC", env);
+    const ScopedEnv math_env("CIDER_ATTN_PREFILL_MATH", modes[mode].math);
     DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
     d_out.fill(0xFF);
     AttentionArgs a = ref;
@@ -408,8 +548,9 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
     a.values = V.view(true, B, Hkv, c.kL, cap, c.D);
     a.kv_splits = c.kv_splits;
     if (c.both_prefill_paths) {
-      EXPECT_EQ(detail::prefill_tc_eligible(a), mode == 0 && !c.misalign) << "the path taken";
+      EXPECT_EQ(detail::prefill_tc_eligible(a), env[0] == '1' && !c.misalign) << "the path taken";
     }
+    const bool f16_path = detail::prefill_tc_eligible(a) && detail::prefill_math_f16();
     const size_t ws = attention_workspace_bytes(a);
     DeviceBuffer d_ws(std::max<size_t>(ws, 256));
     d_ws.fill(0xFF);
@@ -420,6 +561,13 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
     std::vector<float> got(out_n + 2 * guard);
     d_out.download(got.data(), got.size() * sizeof(float));
     ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
+    if (f16_path) {
+      if (em.out.empty())
+        em = emulate_f16_prefill(q, K, V, B, Hq, Hkv, c.L, kLr, cap, c.D, ref.scale, c.mask, c.window);
+      EXPECT_TRUE(within_row_bounds(got.data() + guard, em.out.data(), em.tight, c.D)) << "f16 kernel vs its emulation";
+      EXPECT_TRUE(within_row_bounds(got.data() + guard, want.data(), em.loose, c.D)) << "f16 kernel vs the exact reference";
+      continue;
+    }
     // Float32 accumulation over kL keys (scores and value sums): ≈ 1e-5 relative × sqrt(kL) of the value scale.
     const double tol = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
     EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
@@ -793,6 +941,22 @@ TEST(CudaAttention, TensorCorePrefillPath) {
   run_attention_case(mis, ++salt);
 }
 
+// The f16 prefill kernel alone (the default $CIDER_ATTN_PREFILL_MATH), a few small cases of each instantiation
+// (tails, a window, forced splits, d_length): the set compute-sanitizer runs (docs/cuda/attention.md).
+TEST(CudaAttention, PrefillF16KernelSmall) {
+  CIDER_REQUIRE_GPU();
+  const ScopedEnv tc("CIDER_ATTN_PREFILL_TC", "1");
+  const ScopedEnv math("CIDER_ATTN_PREFILL_MATH", "f16");
+  uint64_t salt = 15000;
+  const MaskKind C = MaskKind::kCausal;
+  for (int kb : {4, 8})
+    for (int64_t D : {128, 256}) {
+      run_attention_case({D, 4, 67 + 5, 67, C, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16}, ++salt);
+      run_attention_case({D, 3, 200, 40, C, 37, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 3}, ++salt);
+      run_attention_case({D, 1, 150, 129, MaskKind::kNone, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 0, 140}, ++salt);
+    }
+}
+
 // The D128 compact variant of the prefill path ($CIDER_ATTN_PREFILL_QSMEM=1: query fragments from shared memory,
 // 32-key tiles, 3 CTAs per SM for K4V3): the D128 cases of TensorCorePrefillPath (tails, windows, forced splits,
 // d_length, the long square prefill) against the same reference.
@@ -821,6 +985,7 @@ TEST(CudaAttention, TensorCorePrefillPathCompactVariant) {
     AttnCase c{128, pc.rep, pc.L + pc.past, pc.L, pc.mask, pc.window, pc.kbits, pc.vbits, 64, DType::kF16,
                pc.splits, pc.d_length};
     c.both_prefill_paths = true;  // asserts that the prefill path takes it
+    c.with_f16 = false;           // the compact variant is one of the exact kernel's
     run_attention_case(c, ++salt);
   }
 }

@@ -655,17 +655,30 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
          aligned(V.biases, 4);
 }
 
+bool prefill_math_f16() {
+  return env_word("CIDER_ATTN_PREFILL_MATH", "f16", {"f16", "exact"}, "cuda.attention") == "f16";
+}
+
 PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a) {
   PrefillTcPlan pl;
-  int tk = 64, per_sm = 1;
-  dispatch(a, [&]<int D, int KB, int VB, bool QR>() {
-    tk = PfCfg<D, KB, VB, QR>::kTK;
-    per_sm = ctas_per_sm<D, KB, VB, QR>();
-    pl.smem = static_cast<size_t>(PfCfg<D, KB, VB, QR>::kSmem);
-    return 0;
-  });
+  int tk = 64, per_sm = 1, rows_per_cta = kRowsPerCta;
+  pl.f16 = prefill_math_f16();
+  if (pl.f16) {
+    const PrefillF16Shape s = prefill_f16_shape(a);
+    tk = s.tile_keys;
+    per_sm = s.ctas_per_sm;
+    rows_per_cta = s.rows_per_cta;
+    pl.smem = s.smem;
+  } else {
+    dispatch(a, [&]<int D, int KB, int VB, bool QR>() {
+      tk = PfCfg<D, KB, VB, QR>::kTK;
+      per_sm = ctas_per_sm<D, KB, VB, QR>();
+      pl.smem = static_cast<size_t>(PfCfg<D, KB, VB, QR>::kSmem);
+      return 0;
+    });
+  }
   const int64_t R = a.Hq / a.keys.H * a.L;
-  pl.qblocks = static_cast<int>((R + kRowsPerCta - 1) / kRowsPerCta);
+  pl.qblocks = static_cast<int>((R + rows_per_cta - 1) / rows_per_cta);
   const int64_t kL = a.keys.length;
   // Splits: forced by kv_splits, else only when the (b, KV head, query block) CTAs do not fill one wave of resident
   // CTAs, and never below kMinSplitKeys keys per split (a split's fixed cost: the query preparation, one partial).
@@ -688,6 +701,10 @@ PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a) {
 
 void prefill_tc_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl, const int32_t* d_length,
                        float* part_o, float* part_ml, void* stream) {
+  if (pl.f16) {
+    prefill_f16_launch(a, pl, d_length, part_o, part_ml, stream);
+    return;
+  }
   PfParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.qblocks = pl.qblocks;

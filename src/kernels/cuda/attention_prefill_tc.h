@@ -2,7 +2,8 @@
 // (attention_prefill_tc.cu), used by attention.cu for K4V3 and K8V4 g64 caches with f16 scales, Dk = Dv = 128 or 256,
 // masks none / causal (any window), MORE than 8 query rows per KV head (rep·L > 8: the decode tensor-core path
 // attention_tc.h takes rep·L ≤ 8), 16-byte aligned q / out / codes. $CIDER_ATTN_PREFILL_TC=0 turns it off (read at
-// every call, so tests and benchmarks can compare it with the general CUDA-core kernel of attention.cu).
+// every call, so tests and benchmarks can compare it with the general CUDA-core kernel of attention.cu). Two kernels
+// serve it (prefill_math_f16 below): attention_prefill_f16.cu (default) and attention_prefill_tc.cu (exact scores).
 #pragma once
 
 #include <cstddef>
@@ -14,11 +15,28 @@
 namespace cider::cuda::detail {
 
 struct PrefillTcPlan {
-  int qblocks = 1;    // blocks of 64 query rows per (b, KV head)
+  bool f16 = true;    // the f16-tile kernel (attention_prefill_f16.cu), else the exact-score kernel
+  int qblocks = 1;    // blocks of query rows (64 exact, 128 f16) per (b, KV head)
   int splits = 1;     // pieces of the key range (merged by attention.cu's merge kernel when > 1)
   int64_t chunk = 0;  // keys per split (a multiple of the key tile)
   size_t smem = 0;    // dynamic shared memory per CTA
 };
+
+// Which kernel of the path runs: $CIDER_ATTN_PREFILL_MATH (read at every call) = f16 (default: keys and values
+// dequantized to f16 tiles, an f16 flash-attention core; attention_prefill_f16.cu) or exact (scores exact up to the
+// query's 2^-22 rounding; attention_prefill_tc.cu). Anything else is an error naming the variable.
+bool prefill_math_f16();
+
+// The f16 kernel's tile, occupancy and shared memory for an eligible call (attention_prefill_f16.cu).
+struct PrefillF16Shape {
+  int tile_keys = 64;
+  int ctas_per_sm = 1;
+  int rows_per_cta = 128;
+  size_t smem = 0;
+};
+PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a);
+void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& plan, const int32_t* d_length,
+                        float* part_o, float* part_ml, void* stream);
 
 // True when the prefill tensor-core path takes these (already validated) arguments.
 bool prefill_tc_eligible(const kernels::AttentionArgs& a);

@@ -1,0 +1,521 @@
+// cider/kernels/cuda/attention_prefill_f16.cu — prefill attention over a K4/V3 or K8/V4 g64 cache (f16 scales,
+// D 128/256) with the keys and values dequantized to f16 once per CTA tile and an f16 flash-attention core on the
+// tensor cores (mma.sync m16n8k16, f32 accumulation). The default of attention_prefill_tc.cu's prefill path
+// ($CIDER_ATTN_PREFILL_MATH=f16); `exact` keeps attention_prefill_tc.cu's exact-score kernel. Contract and
+// eligibility: attention_prefill_tc.h; design, numeric contract, floors and measurements: docs/cuda/attention.md
+// ("Prefill with f16 tiles").
+//
+// Numeric contract (what the tests check against a CPU emulation, tests/cuda/test_cuda_attention.cpp):
+//   q̃ = fl16(q·2^Eq) per row, Eq chosen so max|q̃| ∈ [2^14, 2^15) (a power of two: no rounding but the f16 one);
+//   k̃ = fl16(s·c + b), ṽ = fl16(s·c + b) (one rounding: hfma2 of the exact f16 code with the f16 scale and bias);
+//   score (log2 units) = (Σ_d q̃_d·k̃_d)·(scale·log2e·2^-Eq) with f32 accumulation; p = ex2(score − m) in f32,
+//   rounded to f16 for the P·V product (l sums the f32 p); out = Σ p̃·ṽ / l.
+// So the result is the exact attention of the f16-rounded q, k, v up to the f32 sums and p's f16 rounding
+// (≤ 2^-11·max|ṽ|); against the exact-score kernel the difference is the f16 rounding of q and k (2^-11 relative:
+// ≈ 2^-10·scale·Σ|q||k| in the scores) and of v.
+//
+// Work item: one CTA (8 warps, 256 threads) = (b, KV head g) × a block of 128 query rows (r = i·rep + rr as the other
+// kernels: a block is a run of positions, one causal / window key interval) × one split [c0, c1) of the keys. Warp w
+// owns rows 16w .. 16w + 15 (the mma M). Key tiles of TK keys (D128: 64; D256: 32 K4V3, 16 K8V4) are copied raw
+// (codes + the four f16 planes) by cp.async into 2 stages; the CTA dequantizes each tile once into f16 [TK][D] keys
+// and values (16-byte chunks XOR-swizzled by key & 7: ldmatrix conflict-free), double-buffered, so one CTA barrier
+// per tile: iteration t copies tile t + 2 (into tile t's raw stage: tile t was dequantized an iteration ago and the
+// math reads only f16), dequantizes t + 1 and does the math of tile t.
+// Scores: A = q̃ fragments by ldmatrix.x4 from the warp's [16][D + 8] f16 area, B = k̃ by ldmatrix.x4 (keys are the
+// n, dims the k: the [key][dim] tile is B's column-major layout). P·V: the score C fragments of two 8-key n-tiles
+// are the A fragment of the next mma (packed to f16), B = ṽ by ldmatrix.x4.trans. Online softmax in base 2 (FA2),
+// the rescale skipped when no row maximum moved; masks per lane row interval, only tiles on an edge are masked.
+// Splits and the partial layout are attention.cu's (as attention_prefill_tc.cu).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cuda/attention_prefill_tc.h"
+#include "kernels/cuda/attention_tc.h"
+#include "kernels/cuda/attention_tc_device.cuh"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
+
+namespace cider::cuda::detail {
+
+namespace {
+
+constexpr int kF16Warps = 8;
+constexpr int kF16Threads = 32 * kF16Warps;
+constexpr int kF16RowsPerWarp = 16;
+constexpr int kF16RowsPerCta = kF16Warps * kF16RowsPerWarp;  // 128 query rows
+constexpr int kF16Stages = 2;
+
+template <int D, int KB, int VB>
+struct F16Cfg {
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
+  static_assert(D == 128 || D == 256, "D 128 or 256");
+  static constexpr int kG = D / 64;                       // quantization groups per row
+  static constexpr int kTK = D == 128 ? 64 : (KB == 4 ? 32 : 16);
+  static constexpr int kNT = kTK / 8;                     // 8-key score n-tiles
+  static constexpr int kK16 = kTK / 16;                   // 16-key k-steps of P·V
+  static constexpr int kDK = D / 16;                      // 16-dim k-steps of the scores
+  static constexpr int kDT = D / 8;                       // 8-dim n-tiles of the output
+  static constexpr int kChunks = D / 8;                   // 16-byte f16 chunks per row
+  static constexpr int kKRowB = D * KB / 8;
+  static constexpr int kVRowB = D * VB / 8;
+  static constexpr int kSbB = kG * 2;
+  static constexpr int kKBytes = kTK * kKRowB;
+  static constexpr int kVBytes = kTK * kVRowB;
+  static constexpr int kSbBytes = kTK * kSbB;
+  static constexpr int kStageB = (kKBytes + kVBytes + 4 * kSbBytes + 15) / 16 * 16;
+  static constexpr int kHalfOff = kF16Stages * kStageB;   // f16 tiles: 2 buffers × (keys [TK][D], values [TK][D])
+  static constexpr int kTileH = kTK * D * 2;              // bytes of one f16 [TK][D] tile
+  static constexpr int kQS = D + 8;                       // q̃ row stride in halves (16-byte pad: ldmatrix conflict-free)
+  static constexpr int kQOff = kHalfOff + 2 * 2 * kTileH;
+  static constexpr int kQWarpB = kF16RowsPerWarp * kQS * 2;
+  static constexpr int kRowOff = kQOff + kF16Warps * kQWarpB;  // Eq [128] int
+  static constexpr int kSmem = kRowOff + kF16RowsPerCta * 4;
+  static_assert(kStageB % 16 == 0 && kHalfOff % 16 == 0 && kQOff % 16 == 0, "16-byte areas");
+  static_assert(kSmem <= 227 * 1024, "one CTA fits an SM");
+};
+
+struct F16Params {
+  const float* q;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  const uint8_t* kc;
+  const uint8_t* vc;
+  const uint8_t* ks;
+  const uint8_t* kb;
+  const uint8_t* vs;
+  const uint8_t* vb;
+  int Hq, Hkv, L, rep, R, qblocks, splits;
+  int64_t chunk, kL_bound, cap_k, cap_v;
+  const int32_t* d_length;
+  float scale_log2;
+  int causal;
+  int64_t window;
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// Two codes c_lo | c_hi << 16 (each < 1024) dequantized: fl16(s·c + b) for both (exact f16 codes by the (1024 + c) −
+// 1024 trick, then one fused multiply-add, one rounding).
+__device__ __forceinline__ uint32_t dequant_h2(uint32_t two_codes, __half2 s2, __half2 b2) {
+  const __half2 c = __hsub2(bits_h2(two_codes | 0x64006400u), bits_h2(0x64006400u));
+  return h2_bits(__hfma2(c, s2, b2));
+}
+// 8 codes of 4 bits (word x: dim e at nibble e) → 4 dequantized f16 pairs.
+__device__ __forceinline__ uint4 dequant8_u4(uint32_t x, __half2 s2, __half2 b2) {
+  const uint32_t xs = x >> 4;
+  uint32_t h[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    h[k] = dequant_h2(__byte_perm(x, xs, static_cast<uint32_t>(k | ((4 + k) << 8))) & 0x000F000Fu, s2, b2);
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+// 8 codes of 8 bits (words x0, x1: dim e at byte e) → 4 dequantized f16 pairs.
+__device__ __forceinline__ uint4 dequant8_u8(uint32_t x0, uint32_t x1, __half2 s2, __half2 b2) {
+  return make_uint4(dequant_h2(__byte_perm(x0, 0u, 0x4140u), s2, b2), dequant_h2(__byte_perm(x0, 0u, 0x4342u), s2, b2),
+                    dequant_h2(__byte_perm(x1, 0u, 0x4140u), s2, b2), dequant_h2(__byte_perm(x1, 0u, 0x4342u), s2, b2));
+}
+// 8 codes of 3 bits (24 bits: dim e at bits 3e .. 3e + 2) → 4 dequantized f16 pairs.
+__device__ __forceinline__ uint4 dequant8_u3(uint32_t x, __half2 s2, __half2 b2) {
+  uint32_t h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t y = x >> (6 * e);
+    h[e] = dequant_h2((y & 7u) | ((y << 13) & 0x70000u), s2, b2);
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
+
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F16Params p) {
+  using C = F16Cfg<D, KB, VB>;
+  constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  extern __shared__ float4 f16_smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(f16_smem4);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  __half* qh = reinterpret_cast<__half*>(smem + C::kQOff + warp * C::kQWarpB);  // [16][kQS]
+  int* row_e = reinterpret_cast<int*>(smem + C::kRowOff);                       // [128]
+
+  const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  const int qblock = p.qblocks - 1 - static_cast<int>(blockIdx.x / static_cast<unsigned>(p.splits));
+  const int split = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.splits));
+  pdl::wait();  // q, the cache and d_length come from earlier kernels
+  pdl::launch_dependents();
+  int64_t kL = p.kL_bound;
+  if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
+  const int R = p.R, rb0 = qblock * kF16RowsPerCta;
+  const int rlast = min(rb0 + kF16RowsPerCta, R) - 1;
+  int64_t lo = 0, hi = kL;
+  if (p.causal) {
+    const int64_t pos_first = kL - p.L + rb0 / p.rep, pos_last = kL - p.L + rlast / p.rep;
+    hi = min(kL, pos_last + 1);
+    if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
+  }
+  const int64_t c0 = max(lo, static_cast<int64_t>(split) * p.chunk);
+  const int64_t c1 = min(hi, static_cast<int64_t>(split + 1) * p.chunk);
+  const int n_keys = static_cast<int>(max(static_cast<int64_t>(0), c1 - c0));
+  const int n_tiles = (n_keys + TK - 1) / TK;
+  const int64_t krow0 = static_cast<int64_t>(bg) * p.cap_k;
+  const int64_t vrow0 = static_cast<int64_t>(bg) * p.cap_v;
+
+  // Raw copies of tile t into stage t % 2 (rows past c1 zero-filled: code 0, scale 0, bias 0 → k̃ = ṽ = 0), one
+  // commit group (an empty one past the last tile keeps the count uniform for cp_wait).
+  constexpr int kSbRowW = C::kSbB / 4;
+  auto issue = [&](int t) {
+    if (t >= n_tiles) {
+      cp_commit();
+      return;
+    }
+    const int64_t t0 = c0 + static_cast<int64_t>(t) * TK;
+    const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
+    uint8_t* st = smem + (t % kF16Stages) * C::kStageB;
+    const uint8_t* kt = p.kc + (krow0 + t0) * C::kKRowB;
+    const uint8_t* vt = p.vc + (vrow0 + t0) * C::kVRowB;
+#pragma unroll
+    for (int c = tid; c < C::kKBytes / 16; c += kF16Threads) {
+      const bool ok = c / (C::kKRowB / 16) < nvalid;
+      cp_async16(st + c * 16, ok ? kt + c * 16 : kt, ok);
+    }
+#pragma unroll
+    for (int c = tid; c < C::kVBytes / 16; c += kF16Threads) {
+      const bool ok = c / (C::kVRowB / 16) < nvalid;
+      cp_async16(st + C::kKBytes + c * 16, ok ? vt + c * 16 : vt, ok);
+    }
+    const uint8_t* const sbt[4] = {p.ks + (krow0 + t0) * C::kSbB, p.kb + (krow0 + t0) * C::kSbB,
+                                   p.vs + (vrow0 + t0) * C::kSbB, p.vb + (vrow0 + t0) * C::kSbB};
+#pragma unroll
+    for (int pl = 0; pl < 4; ++pl)
+#pragma unroll
+      for (int w = tid; w < C::kSbBytes / 4; w += kF16Threads) {
+        const bool ok = w / kSbRowW < nvalid;
+        cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + w * 4, ok ? sbt[pl] + w * 4 : sbt[pl], ok);
+      }
+    cp_commit();
+  };
+  if (n_tiles > 0) {
+    issue(0);
+    issue(1);
+  }
+
+  // ---- queries: warp w writes q̃ of its 16 rows (float4 per lane) and each row's Eq ----
+  constexpr int kQ4 = D / 128;
+  constexpr int kBatch = 8;
+#pragma unroll 1
+  for (int j0 = 0; j0 < kF16RowsPerWarp; j0 += kBatch) {
+    float4 qv[kBatch][kQ4];
+#pragma unroll
+    for (int jj = 0; jj < kBatch; ++jj)
+      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, rb0 + warp * kF16RowsPerWarp + j0 + jj, R, lane, qv[jj]);
+#pragma unroll
+    for (int jj = 0; jj < kBatch; ++jj) {
+      const int j = j0 + jj;
+      float mx = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u) {
+        const float4 v = qv[jj][u];
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // max|q|·2^Eq ∈ [2^14, 2^15): q_exponent gives the exponent for [2^20, 2^21).
+      const int E = mx > 0.0f ? q_exponent(mx) - 6 : 0;
+      if (lane == 0) row_e[warp * kF16RowsPerWarp + j] = E;
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u) {
+        const float4 v = qv[jj][u];
+        const uint2 h = make_uint2(pack_h2(mul_pow2(v.x, E), mul_pow2(v.y, E)),
+                                   pack_h2(mul_pow2(v.z, E), mul_pow2(v.w, E)));
+        *reinterpret_cast<uint2*>(qh + j * C::kQS + 4 * (lane + 32 * u)) = h;
+      }
+    }
+  }
+  __syncwarp();
+
+  // This lane's rows h = 0 (gid), 1 (gid + 8): the score factor and the visible keys [vlo, vhi) relative to c0.
+  float zmul[2];
+  int vlo[2], vhi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rw = warp * kF16RowsPerWarp + gid + 8 * h, r = rb0 + rw;
+    zmul[h] = mul_pow2(p.scale_log2, -row_e[rw]);
+    int64_t lo_h = c0, hi_h = c1;
+    if (r >= R) {
+      hi_h = c0;
+    } else if (p.causal) {
+      const int64_t pos = kL - p.L + r / p.rep;
+      hi_h = min(c1, pos + 1);
+      if (p.window > 0) lo_h = max(c0, pos - p.window + 1);
+    }
+    vlo[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), lo_h - c0)));
+    vhi[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), hi_h - c0)));
+    if (vhi[h] < vlo[h]) vhi[h] = vlo[h];
+  }
+  int ulo = INT_MAX, uhi = 0, ilo = 0, ihi = INT_MAX;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (vhi[h] > vlo[h]) {
+      ulo = min(ulo, vlo[h]);
+      uhi = max(uhi, vhi[h]);
+    }
+    ilo = max(ilo, vlo[h]);
+    ihi = min(ihi, vhi[h]);
+  }
+  ulo = __reduce_min_sync(0xffffffffu, ulo);
+  uhi = __reduce_max_sync(0xffffffffu, uhi);
+  ilo = __reduce_max_sync(0xffffffffu, ilo);
+  ihi = __reduce_min_sync(0xffffffffu, ihi);
+
+  float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
+  float acc[C::kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < C::kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+
+  // Dequantization of tile t (raw stage t % 2) into f16 buffer t % 2 by the whole CTA: 16-byte output chunks (8 dims
+  // of one key; a chunk lies in one 64-dim group), chunk c → key c / kChunks, chunk column c % kChunks (consecutive
+  // threads read consecutive code words and write 8 different swizzled columns of one key row).
+  auto dequant_tile = [&](int t) {
+    const uint8_t* st = smem + (t % kF16Stages) * C::kStageB;
+    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);
+    const __half* skb = sks + TK * G;
+    const __half* svs = skb + TK * G;
+    const __half* svb = svs + TK * G;
+    uint4* kh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH);
+    uint4* vh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH + C::kTileH);
+#pragma unroll
+    for (int c = tid; c < TK * C::kChunks; c += kF16Threads) {
+      const int key = c / C::kChunks, ch = c % C::kChunks, grp = ch / 8;
+      const int dst = key * C::kChunks + (ch ^ (key & 7));
+      {
+        const __half2 s2 = __half2half2(sks[key * G + grp]), b2 = __half2half2(skb[key * G + grp]);
+        const uint32_t* kw = reinterpret_cast<const uint32_t*>(st + key * C::kKRowB);
+        if constexpr (KB == 4)
+          kh[dst] = dequant8_u4(kw[ch], s2, b2);
+        else
+          kh[dst] = dequant8_u8(kw[2 * ch], kw[2 * ch + 1], s2, b2);
+      }
+      {
+        const __half2 s2 = __half2half2(svs[key * G + grp]), b2 = __half2half2(svb[key * G + grp]);
+        const uint32_t* vw = reinterpret_cast<const uint32_t*>(st + C::kKBytes + key * C::kVRowB);
+        if constexpr (VB == 4) {
+          vh[dst] = dequant8_u4(vw[ch], s2, b2);
+        } else {
+          const int bit = 24 * ch;  // dims 8ch .. 8ch + 7: bits bit .. bit + 23 of the row
+          const int w0 = bit >> 5, sh = bit & 31;
+          const uint32_t hiw = sh > 8 ? vw[w0 + 1] : 0u;  // the next word only when the 24 bits cross into it
+          vh[dst] = dequant8_u3(__funnelshift_r(vw[w0], hiw, sh), s2, b2);
+        }
+      }
+    }
+  };
+  if (n_tiles > 0) {
+    cp_wait<1>();
+    __syncthreads();
+    dequant_tile(0);
+  }
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_wait<0>();
+    __syncthreads();  // tile t + 1 landed; tile t dequantized; every warp is done with tile t − 1
+    issue(t + 2);
+    if (t + 1 < n_tiles) dequant_tile(t + 1);
+    const int t0 = t * TK;
+    if (t0 >= uhi || t0 + TK <= ulo) continue;
+    const bool need_mask = !(t0 >= ilo && t0 + TK <= ihi);
+    const uint8_t* kh = smem + C::kHalfOff + (t % 2) * 2 * C::kTileH;
+    const uint8_t* vh = kh + C::kTileH;
+
+    // ---- scores sc[nt][e]: e = (row gid, key 8nt + 2tig), (gid, +1), (gid + 8, 2tig), (gid + 8, +1) ----
+    float sc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
+    const int lm = lane >> 3, lr = lane & 7;
+#pragma unroll
+    for (int kd = 0; kd < C::kDK; ++kd) {
+      uint32_t a[4];  // rows (lr + 8·(lm & 1)), dims 16kd + 8·(lm >> 1)
+      ldsm_x4(a, qh + (lr + 8 * (lm & 1)) * C::kQS + 16 * kd + 8 * (lm >> 1));
+#pragma unroll
+      for (int np = 0; np < NT; np += 2) {
+        const int key = 8 * np + lr + 8 * (lm >> 1);  // matrices: (nt, lo dims), (nt, hi dims), (nt+1, lo), (nt+1, hi)
+        const int chunk = 2 * kd + (lm & 1);
+        uint32_t bk[4];
+        ldsm_x4(bk, kh + (key * C::kChunks + (chunk ^ (key & 7))) * 16);
+        mma_f16(sc[np], a, bk[0], bk[1]);
+        mma_f16(sc[np + 1], a, bk[2], bk[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] *= zmul[e >> 1];
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = t0 + nt * 8 + 2 * tig + (e & 1), h = e >> 1;
+          if (!(j >= vlo[h] && j < vhi[h])) sc[nt][e] = kNegInf;
+        }
+    }
+
+    // ---- online softmax (rows gid, gid + 8; max over the quad) ----
+    float mnew[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tmax = kNegInf;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) tmax = fmaxf(tmax, fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+      const float mn = fmaxf(m_run[h], tmax);
+      const float mu = mn == kNegInf ? 0.0f : mn;
+      alpha[h] = ex2(m_run[h] - mu);
+      m_run[h] = mn;
+      mnew[h] = mu;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int dt = 0; dt < C::kDT; ++dt) {
+        acc[dt][0] *= alpha[0];
+        acc[dt][1] *= alpha[0];
+        acc[dt][2] *= alpha[1];
+        acc[dt][3] *= alpha[1];
+      }
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = ex2(sc[nt][e] - mnew[e >> 1]);
+      l_run[0] += sc[nt][0] + sc[nt][1];
+      l_run[1] += sc[nt][2] + sc[nt][3];
+    }
+
+    // ---- P·V: A = p̃ of 16 keys (two n-tiles), B = ṽ (16 keys × 8 dims) by ldmatrix.trans ----
+#pragma unroll
+    for (int k16 = 0; k16 < C::kK16; ++k16) {
+      const float* p0 = sc[2 * k16];
+      const float* p1 = sc[2 * k16 + 1];
+      const uint32_t a[4] = {pack_h2(p0[0], p0[1]), pack_h2(p0[2], p0[3]), pack_h2(p1[0], p1[1]),
+                             pack_h2(p1[2], p1[3])};
+      const int kr = k16 * 16 + (lm & 1) * 8 + lr;  // matrices: (keys lo, dims nd), (keys hi, nd), (lo, nd+1), (hi, nd+1)
+      const uint8_t* vrow = vh + kr * C::kChunks * 16;
+#pragma unroll
+      for (int nd = 0; nd < C::kDT; nd += 2) {
+        const int chunk = nd + (lm >> 1);
+        uint32_t bv[4];
+        ldsm_x4_trans(bv, vrow + (chunk ^ (kr & 7)) * 16);
+        mma_f16(acc[nd], a, bv[0], bv[1]);
+        mma_f16(acc[nd + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+  cp_wait<0>();
+
+  // ---- epilogue: l over the quad; rows gid, gid + 8; dims 8dt + 2tig, + 1 ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = rb0 + warp * kF16RowsPerWarp + gid + 8 * h;
+    if (r >= R) continue;
+    const int i = r / p.rep, hq = g * p.rep + r % p.rep;
+    const int64_t orow = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + i;
+    const float l = l_run[h];
+    if (p.splits == 1) {
+      float* dst = p.out + orow * D + 2 * tig;
+#pragma unroll
+      for (int dt = 0; dt < C::kDT; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) =
+            l > 0.0f ? make_float2(acc[dt][2 * h] / l, acc[dt][2 * h + 1] / l) : make_float2(0.f, 0.f);
+    } else {
+      float* dst = p.part_o + (orow * p.splits + split) * D + 2 * tig;
+#pragma unroll
+      for (int dt = 0; dt < C::kDT; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc[dt][2 * h], acc[dt][2 * h + 1]);
+      if (tig == 0)
+        reinterpret_cast<float2*>(p.part_ml)[orow * p.splits + split] =
+            make_float2(m_run[h] == kNegInf ? m_run[h] : m_run[h] * 0.69314718055994531f, l);  // log2 → ln
+    }
+  }
+}
+
+// Calls f.template operator()<D, KB, VB>() for the configuration of a (eligible: prefill_tc_eligible).
+template <typename F>
+auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
+  const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
+  if (d128) return k8 ? f.template operator()<128, 8, 4>() : f.template operator()<128, 4, 3>();
+  return k8 ? f.template operator()<256, 8, 4>() : f.template operator()<256, 4, 3>();
+}
+
+// Sets the shared-memory attribute (once per instantiation) and returns the resident CTAs per SM.
+template <int D, int KB, int VB>
+int f16_ctas_per_sm() {
+  static int n = [] {
+    const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB>);
+    constexpr int smem = F16Cfg<D, KB, VB>::kSmem;
+    CIDER_CUDA_CHECK("cuda.attention", cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int blocks = 0;
+    CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kF16Threads, smem));
+    return std::max(blocks, 1);
+  }();
+  return n;
+}
+
+}  // namespace
+
+PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a) {
+  PrefillF16Shape s;
+  dispatch_f16(a, [&]<int D, int KB, int VB>() {
+    s.tile_keys = F16Cfg<D, KB, VB>::kTK;
+    s.ctas_per_sm = f16_ctas_per_sm<D, KB, VB>();
+    s.smem = static_cast<size_t>(F16Cfg<D, KB, VB>::kSmem);
+    return 0;
+  });
+  s.rows_per_cta = kF16RowsPerCta;
+  return s;
+}
+
+void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl, const int32_t* d_length,
+                        float* part_o, float* part_ml, void* stream) {
+  F16Params p{};
+  fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
+  p.qblocks = pl.qblocks;
+  check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, "cuda.attention",
+        "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
+  const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), static_cast<unsigned>(a.B * a.keys.H));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const cudaError_t err = dispatch_f16(a, [&]<int D, int KB, int VB>() {
+    (void)f16_ctas_per_sm<D, KB, VB>();
+    return pdl::launch(attention_prefill_f16_kernel<D, KB, VB>, grid, dim3(kF16Threads),
+                       static_cast<size_t>(F16Cfg<D, KB, VB>::kSmem), s, p);
+  });
+  CIDER_CUDA_CHECK("cuda.attention", err);
+}
+
+}  // namespace cider::cuda::detail
