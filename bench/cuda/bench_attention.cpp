@@ -151,7 +151,11 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   const char* tc = std::getenv("CIDER_ATTN_TC");
   const char* k8 = std::getenv("CIDER_ATTN_TC_K8V4");
   const bool tc_on = !(tc && tc[0] == '0') && (kbits == 4 || !(k8 && k8[0] == '0'));  // K8V4: default on
-  const std::string kind = "K" + std::to_string(kbits) + "V" + std::to_string(vbits) + " g64 f16 scales";
+  std::string kind = "K";  // appended piecewise: GCC 12's -Wrestrict misfires on "literal" + std::string&& here
+  kind += std::to_string(kbits);
+  kind += "V";
+  kind += std::to_string(vbits);
+  kind += " g64 f16 scales";
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
   if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
   if (packed && packed[0] == '0') r.note += ", three-chain layout";
@@ -378,6 +382,19 @@ CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096 v:exact", "atte
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768 v:exact", "attention") {
   return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, nullptr, 20, 15, "exact");
+}
+// The f16 kernel's CTA size forced (CIDER_ATTN_PREFILL_F16_WARPS; auto picks 12 warps when the CTAs make two waves).
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:f16 w12", "attention") {
+  const ScopedEnv w("CIDER_ATTN_PREFILL_F16_WARPS", "12");
+  return prefill_case(32, 8, 128, 512, 0, 4, 3);
+}
+CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:f16 w8", "attention") {
+  const ScopedEnv w("CIDER_ATTN_PREFILL_F16_WARPS", "8");
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3);
+}
+CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:f16 w8", "attention") {
+  const ScopedEnv w("CIDER_ATTN_PREFILL_F16_WARPS", "8");
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4);
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq16 Hkv2 D256 L4096", "attention") {
   return prefill_case(16, 2, 256, 4096, 0, 8, 4);

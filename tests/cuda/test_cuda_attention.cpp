@@ -942,15 +942,20 @@ TEST(CudaAttention, TensorCorePrefillPath) {
 }
 
 // The f16 prefill kernel alone (the default $CIDER_ATTN_PREFILL_MATH), a few small cases of each instantiation
-// (tails, a window, forced splits, d_length): the set compute-sanitizer runs (docs/cuda/attention.md).
+// (both D128 CTA sizes, tails, a window, forced splits, d_length): the set compute-sanitizer runs
+// (docs/cuda/attention.md).
 TEST(CudaAttention, PrefillF16KernelSmall) {
   CIDER_REQUIRE_GPU();
   const ScopedEnv tc("CIDER_ATTN_PREFILL_TC", "1");
   const ScopedEnv math("CIDER_ATTN_PREFILL_MATH", "f16");
   uint64_t salt = 15000;
   const MaskKind C = MaskKind::kCausal;
+  for (const char* warps : {"8", "12", "auto"})
   for (int kb : {4, 8})
     for (int64_t D : {128, 256}) {
+      if (D == 256 && warps[0] != '8') continue;  // D256 has one CTA size
+      SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_PREFILL_F16_WARPS=" << warps);
+      const ScopedEnv cta("CIDER_ATTN_PREFILL_F16_WARPS", warps);
       run_attention_case({D, 4, 67 + 5, 67, C, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16}, ++salt);
       run_attention_case({D, 3, 200, 40, C, 37, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 3}, ++salt);
       run_attention_case({D, 1, 150, 129, MaskKind::kNone, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 0, 140}, ++salt);
@@ -1051,6 +1056,14 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
   };
   bad([](AttentionArgs& a) { a.mask_kind = MaskKind::kBool; });
   bad([](AttentionArgs& a) { a.window = -1; });
+  {  // the prefill path's switches take only their words: anything else is an error naming the variable
+    const ScopedEnv bogus("CIDER_ATTN_PREFILL_MATH", "fp8");
+    expect_error([&] { attention(good, nullptr, exec); }, "CIDER_ATTN_PREFILL_MATH");
+  }
+  {
+    const ScopedEnv bogus("CIDER_ATTN_PREFILL_F16_WARPS", "16");
+    expect_error([&] { attention(good, nullptr, exec); }, "CIDER_ATTN_PREFILL_F16_WARPS");
+  }
   bad([](AttentionArgs& a) { a.values.length = 19; });
   {  // a workspace too small for forced split partials
     AttentionArgs a = good;

@@ -34,7 +34,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
@@ -46,16 +48,18 @@ namespace cider::cuda::detail {
 
 namespace {
 
-constexpr int kF16Warps = 8;
-constexpr int kF16Threads = 32 * kF16Warps;
-constexpr int kF16RowsPerWarp = 16;
-constexpr int kF16RowsPerCta = kF16Warps * kF16RowsPerWarp;  // 128 query rows
 constexpr int kF16Stages = 2;
 
-template <int D, int KB, int VB>
+// W: warps per CTA (16 query rows each). The CTA's threads dequantize each tile together, so a thread's chunk column
+// (and its swizzle) must not change from one of its chunks to the next: kThreads is a multiple of 8·kChunks, or of
+// kChunks with a key step that is a multiple of 8.
+template <int D, int KB, int VB, int W>
 struct F16Cfg {
   static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
   static_assert(D == 128 || D == 256, "D 128 or 256");
+  static constexpr int kThreads = 32 * W;
+  static constexpr int kRowsPerWarp = 16;
+  static constexpr int kRowsPerCta = W * kRowsPerWarp;
   static constexpr int kG = D / 64;                       // quantization groups per row
   static constexpr int kTK = D == 128 ? 64 : (KB == 4 ? 32 : 16);
   static constexpr int kNT = kTK / 8;                     // 8-key score n-tiles
@@ -63,6 +67,9 @@ struct F16Cfg {
   static constexpr int kDK = D / 16;                      // 16-dim k-steps of the scores
   static constexpr int kDT = D / 8;                       // 8-dim n-tiles of the output
   static constexpr int kChunks = D / 8;                   // 16-byte f16 chunks per row
+  static constexpr int kRowB = kChunks * 16;              // bytes of one f16 row
+  static constexpr int kKeyStep = kThreads / kChunks;     // keys between a thread's dequantized chunks
+  static_assert(kThreads % kChunks == 0 && kKeyStep % 8 == 0, "a thread's chunk column and swizzle stay fixed");
   static constexpr int kKRowB = D * KB / 8;
   static constexpr int kVRowB = D * VB / 8;
   static constexpr int kSbB = kG * 2;
@@ -71,12 +78,12 @@ struct F16Cfg {
   static constexpr int kSbBytes = kTK * kSbB;
   static constexpr int kStageB = (kKBytes + kVBytes + 4 * kSbBytes + 15) / 16 * 16;
   static constexpr int kHalfOff = kF16Stages * kStageB;   // f16 tiles: 2 buffers × (keys [TK][D], values [TK][D])
-  static constexpr int kTileH = kTK * D * 2;              // bytes of one f16 [TK][D] tile
+  static constexpr int kTileH = kTK * kRowB;              // bytes of one f16 [TK][D] tile
   static constexpr int kQS = D + 8;                       // q̃ row stride in halves (16-byte pad: ldmatrix conflict-free)
   static constexpr int kQOff = kHalfOff + 2 * 2 * kTileH;
-  static constexpr int kQWarpB = kF16RowsPerWarp * kQS * 2;
-  static constexpr int kRowOff = kQOff + kF16Warps * kQWarpB;  // Eq [128] int
-  static constexpr int kSmem = kRowOff + kF16RowsPerCta * 4;
+  static constexpr int kQWarpB = kRowsPerWarp * kQS * 2;
+  static constexpr int kRowOff = kQOff + W * kQWarpB;     // Eq per row, int
+  static constexpr int kSmem = kRowOff + kRowsPerCta * 4;
   static_assert(kStageB % 16 == 0 && kHalfOff % 16 == 0 && kQOff % 16 == 0, "16-byte areas");
   static_assert(kSmem <= 227 * 1024, "one CTA fits an SM");
 };
@@ -100,15 +107,16 @@ struct F16Params {
   int64_t window;
 };
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+// ldmatrix at a shared-memory address (the kernel keeps per-lane address terms in registers across tiles).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
 // Two codes c_lo | c_hi << 16 (each < 1024) dequantized: fl16(s·c + b) for both (exact f16 codes by the (1024 + c) −
 // 1024 trick, then one fused multiply-add, one rounding).
@@ -142,17 +150,18 @@ __device__ __forceinline__ uint4 dequant8_u3(uint32_t x, __half2 s2, __half2 b2)
 }
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
 
-template <int D, int KB, int VB>
-__global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F16Params p) {
-  using C = F16Cfg<D, KB, VB>;
+template <int D, int KB, int VB, int W>
+__global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Params p) {
+  using C = F16Cfg<D, KB, VB, W>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
+  constexpr int kThreads = C::kThreads, kRowsPerWarp = C::kRowsPerWarp;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 f16_smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(f16_smem4);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   __half* qh = reinterpret_cast<__half*>(smem + C::kQOff + warp * C::kQWarpB);  // [16][kQS]
-  int* row_e = reinterpret_cast<int*>(smem + C::kRowOff);                       // [128]
+  int* row_e = reinterpret_cast<int*>(smem + C::kRowOff);                       // [rows per CTA]
 
   const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
   const int qblock = p.qblocks - 1 - static_cast<int>(blockIdx.x / static_cast<unsigned>(p.splits));
@@ -161,8 +170,8 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
   pdl::launch_dependents();
   int64_t kL = p.kL_bound;
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
-  const int R = p.R, rb0 = qblock * kF16RowsPerCta;
-  const int rlast = min(rb0 + kF16RowsPerCta, R) - 1;
+  const int R = p.R, rb0 = qblock * C::kRowsPerCta;
+  const int rlast = min(rb0 + C::kRowsPerCta, R) - 1;
   int64_t lo = 0, hi = kL;
   if (p.causal) {
     const int64_t pos_first = kL - p.L + rb0 / p.rep, pos_last = kL - p.L + rlast / p.rep;
@@ -190,12 +199,12 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
     const uint8_t* kt = p.kc + (krow0 + t0) * C::kKRowB;
     const uint8_t* vt = p.vc + (vrow0 + t0) * C::kVRowB;
 #pragma unroll
-    for (int c = tid; c < C::kKBytes / 16; c += kF16Threads) {
+    for (int c = tid; c < C::kKBytes / 16; c += kThreads) {
       const bool ok = c / (C::kKRowB / 16) < nvalid;
       cp_async16(st + c * 16, ok ? kt + c * 16 : kt, ok);
     }
 #pragma unroll
-    for (int c = tid; c < C::kVBytes / 16; c += kF16Threads) {
+    for (int c = tid; c < C::kVBytes / 16; c += kThreads) {
       const bool ok = c / (C::kVRowB / 16) < nvalid;
       cp_async16(st + C::kKBytes + c * 16, ok ? vt + c * 16 : vt, ok);
     }
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
 #pragma unroll
     for (int pl = 0; pl < 4; ++pl)
 #pragma unroll
-      for (int w = tid; w < C::kSbBytes / 4; w += kF16Threads) {
+      for (int w = tid; w < C::kSbBytes / 4; w += kThreads) {
         const bool ok = w / kSbRowW < nvalid;
         cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + w * 4, ok ? sbt[pl] + w * 4 : sbt[pl], ok);
       }
@@ -219,11 +228,11 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
   constexpr int kQ4 = D / 128;
   constexpr int kBatch = 8;
 #pragma unroll 1
-  for (int j0 = 0; j0 < kF16RowsPerWarp; j0 += kBatch) {
+  for (int j0 = 0; j0 < kRowsPerWarp; j0 += kBatch) {
     float4 qv[kBatch][kQ4];
 #pragma unroll
     for (int jj = 0; jj < kBatch; ++jj)
-      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, rb0 + warp * kF16RowsPerWarp + j0 + jj, R, lane, qv[jj]);
+      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, rb0 + warp * kRowsPerWarp + j0 + jj, R, lane, qv[jj]);
 #pragma unroll
     for (int jj = 0; jj < kBatch; ++jj) {
       const int j = j0 + jj;
@@ -237,7 +246,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       // max|q|·2^Eq ∈ [2^14, 2^15): q_exponent gives the exponent for [2^20, 2^21).
       const int E = mx > 0.0f ? q_exponent(mx) - 6 : 0;
-      if (lane == 0) row_e[warp * kF16RowsPerWarp + j] = E;
+      if (lane == 0) row_e[warp * kRowsPerWarp + j] = E;
 #pragma unroll
       for (int u = 0; u < kQ4; ++u) {
         const float4 v = qv[jj][u];
@@ -249,13 +258,15 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
   }
   __syncwarp();
 
-  // This lane's rows h = 0 (gid), 1 (gid + 8): the score factor and the visible keys [vlo, vhi) relative to c0.
+  // This lane's rows h = 0 (gid), 1 (gid + 8): the score factor (never 0, so that −inf·zmul stays −inf; a factor
+  // below 2^-126 only arises for |q| < 2^-100, whose scores round to 0 either way) and the visible keys [vlo, vhi)
+  // relative to c0.
   float zmul[2];
   int vlo[2], vhi[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int rw = warp * kF16RowsPerWarp + gid + 8 * h, r = rb0 + rw;
-    zmul[h] = mul_pow2(p.scale_log2, -row_e[rw]);
+    const int rw = warp * kRowsPerWarp + gid + 8 * h, r = rb0 + rw;
+    zmul[h] = fmaxf(mul_pow2(p.scale_log2, -row_e[rw]), 1.17549435e-38f);
     int64_t lo_h = c0, hi_h = c1;
     if (r >= R) {
       hi_h = c0;
@@ -291,38 +302,36 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
     for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
   // Dequantization of tile t (raw stage t % 2) into f16 buffer t % 2 by the whole CTA: 16-byte output chunks (8 dims
-  // of one key; a chunk lies in one 64-dim group), chunk c → key c / kChunks, chunk column c % kChunks (consecutive
-  // threads read consecutive code words and write 8 different swizzled columns of one key row).
+  // of one key, inside one 64-dim group). Thread → chunk column ch = tid % kChunks (fixed) and keys tid / kChunks +
+  // i·kKeyStep, so the column, its group, its swizzled position and the V3 bit offset are per-thread constants.
+  const int dq_ch = tid % C::kChunks, dq_key0 = tid / C::kChunks, dq_grp = dq_ch / 8;
+  const int dq_col = dq_ch ^ (dq_key0 & 7);  // key & 7 is the same for all of the thread's keys (kKeyStep % 8 == 0)
   auto dequant_tile = [&](int t) {
     const uint8_t* st = smem + (t % kF16Stages) * C::kStageB;
-    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);
+    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes) + dq_grp;
     const __half* skb = sks + TK * G;
     const __half* svs = skb + TK * G;
     const __half* svb = svs + TK * G;
-    uint4* kh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH);
-    uint4* vh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH + C::kTileH);
+    uint4* kh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH) + dq_col;
+    uint4* vh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH + C::kTileH) + dq_col;
+    const uint32_t* kw = reinterpret_cast<const uint32_t*>(st) + dq_ch * (KB == 4 ? 1 : 2);
 #pragma unroll
-    for (int c = tid; c < TK * C::kChunks; c += kF16Threads) {
-      const int key = c / C::kChunks, ch = c % C::kChunks, grp = ch / 8;
-      const int dst = key * C::kChunks + (ch ^ (key & 7));
+    for (int key = dq_key0; key < TK; key += C::kKeyStep) {
       {
-        const __half2 s2 = __half2half2(sks[key * G + grp]), b2 = __half2half2(skb[key * G + grp]);
-        const uint32_t* kw = reinterpret_cast<const uint32_t*>(st + key * C::kKRowB);
-        if constexpr (KB == 4)
-          kh[dst] = dequant8_u4(kw[ch], s2, b2);
-        else
-          kh[dst] = dequant8_u8(kw[2 * ch], kw[2 * ch + 1], s2, b2);
+        const __half2 s2 = __half2half2(sks[key * G]), b2 = __half2half2(skb[key * G]);
+        const uint32_t* w = kw + key * (C::kKRowB / 4);
+        kh[key * C::kChunks] = KB == 4 ? dequant8_u4(w[0], s2, b2) : dequant8_u8(w[0], w[1], s2, b2);
       }
       {
-        const __half2 s2 = __half2half2(svs[key * G + grp]), b2 = __half2half2(svb[key * G + grp]);
+        const __half2 s2 = __half2half2(svs[key * G]), b2 = __half2half2(svb[key * G]);
         const uint32_t* vw = reinterpret_cast<const uint32_t*>(st + C::kKBytes + key * C::kVRowB);
         if constexpr (VB == 4) {
-          vh[dst] = dequant8_u4(vw[ch], s2, b2);
+          vh[key * C::kChunks] = dequant8_u4(vw[dq_ch], s2, b2);
         } else {
-          const int bit = 24 * ch;  // dims 8ch .. 8ch + 7: bits bit .. bit + 23 of the row
+          const int bit = 24 * dq_ch;  // dims 8ch .. 8ch + 7: bits bit .. bit + 23 of the row
           const int w0 = bit >> 5, sh = bit & 31;
           const uint32_t hiw = sh > 8 ? vw[w0 + 1] : 0u;  // the next word only when the 24 bits cross into it
-          vh[dst] = dequant8_u3(__funnelshift_r(vw[w0], hiw, sh), s2, b2);
+          vh[key * C::kChunks] = dequant8_u3(__funnelshift_r(vw[w0], hiw, sh), s2, b2);
         }
       }
     }
@@ -333,6 +342,20 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
     dequant_tile(0);
   }
 
+  // Per-lane ldmatrix address terms, fixed across tiles (bytes). q̃ (A): rows lr + 8·(lm & 1), dims 8·(lm >> 1),
+  // + 32 bytes per 16-dim step. k̃ (B, non-transposed): keys 8·np + lr + 8·(lm >> 1), chunk 2kd + (lm & 1) swizzled
+  // by key & 7 = lr, which only touches the chunk's low 3 bits: ((2·(kd & 3) + (lm & 1)) ^ lr) + 8·(kd >> 2).
+  // ṽ (B, transposed): keys 16·k16 + 8·(lm & 1) + lr, chunk nd + (lm >> 1): ((nd & 7) + (lm >> 1)) ^ lr + 8·(nd >> 3).
+  const int lm = lane >> 3, lr = lane & 7;
+  const uint32_t q_addr = smem_addr(qh) + static_cast<uint32_t>(((lr + 8 * (lm & 1)) * C::kQS + 8 * (lm >> 1)) * 2);
+  uint32_t k_off[4], v_off[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    k_off[j] = static_cast<uint32_t>((lr + 8 * (lm >> 1)) * C::kRowB + (((2 * j + (lm & 1)) ^ lr) * 16));
+    v_off[j] = static_cast<uint32_t>((lr + 8 * (lm & 1)) * C::kRowB + (((2 * j + (lm >> 1)) ^ lr) * 16));
+  }
+  const uint32_t half_base = smem_addr(smem + C::kHalfOff);
+
   for (int t = 0; t < n_tiles; ++t) {
     cp_wait<0>();
     __syncthreads();  // tile t + 1 landed; tile t dequantized; every warp is done with tile t − 1
@@ -341,34 +364,27 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
     const int t0 = t * TK;
     if (t0 >= uhi || t0 + TK <= ulo) continue;
     const bool need_mask = !(t0 >= ilo && t0 + TK <= ihi);
-    const uint8_t* kh = smem + C::kHalfOff + (t % 2) * 2 * C::kTileH;
-    const uint8_t* vh = kh + C::kTileH;
+    const uint32_t kb = half_base + static_cast<uint32_t>((t % 2) * 2 * C::kTileH);
+    const uint32_t vb = kb + C::kTileH;
 
-    // ---- scores sc[nt][e]: e = (row gid, key 8nt + 2tig), (gid, +1), (gid + 8, 2tig), (gid + 8, +1) ----
+    // ---- raw scores sc[nt][e] (q̃·k̃): e = (row gid, key 8nt + 2tig), (gid, +1), (gid + 8, 2tig), (gid + 8, +1) ----
     float sc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
-    const int lm = lane >> 3, lr = lane & 7;
 #pragma unroll
     for (int kd = 0; kd < C::kDK; ++kd) {
-      uint32_t a[4];  // rows (lr + 8·(lm & 1)), dims 16kd + 8·(lm >> 1)
-      ldsm_x4(a, qh + (lr + 8 * (lm & 1)) * C::kQS + 16 * kd + 8 * (lm >> 1));
+      uint32_t a[4];
+      ldsm_x4(a, q_addr + 32 * kd);
 #pragma unroll
       for (int np = 0; np < NT; np += 2) {
-        const int key = 8 * np + lr + 8 * (lm >> 1);  // matrices: (nt, lo dims), (nt, hi dims), (nt+1, lo), (nt+1, hi)
-        const int chunk = 2 * kd + (lm & 1);
-        uint32_t bk[4];
-        ldsm_x4(bk, kh + (key * C::kChunks + (chunk ^ (key & 7))) * 16);
+        uint32_t bk[4];  // matrices: (nt, lo dims), (nt, hi dims), (nt + 1, lo), (nt + 1, hi)
+        ldsm_x4(bk, kb + k_off[kd & 3] + 128 * (kd >> 2) + 8 * np * C::kRowB);
         mma_f16(sc[np], a, bk[0], bk[1]);
         mma_f16(sc[np + 1], a, bk[2], bk[3]);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] *= zmul[e >> 1];
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -379,7 +395,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
         }
     }
 
-    // ---- online softmax (rows gid, gid + 8; max over the quad) ----
+    // ---- online softmax in log2 units: score = raw·zmul (zmul > 0, so the row maximum scales too) ----
     float mnew[2], alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -388,7 +404,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
       for (int nt = 0; nt < NT; ++nt) tmax = fmaxf(tmax, fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      const float mn = fmaxf(m_run[h], tmax);
+      const float mn = fmaxf(m_run[h], tmax * zmul[h]);
       const float mu = mn == kNegInf ? 0.0f : mn;
       alpha[h] = ex2(m_run[h] - mu);
       m_run[h] = mn;
@@ -408,7 +424,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = ex2(sc[nt][e] - mnew[e >> 1]);
+      for (int e = 0; e < 4; ++e) sc[nt][e] = ex2(fmaf(sc[nt][e], zmul[e >> 1], -mnew[e >> 1]));
       l_run[0] += sc[nt][0] + sc[nt][1];
       l_run[1] += sc[nt][2] + sc[nt][3];
     }
@@ -420,13 +436,10 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
       const float* p1 = sc[2 * k16 + 1];
       const uint32_t a[4] = {pack_h2(p0[0], p0[1]), pack_h2(p0[2], p0[3]), pack_h2(p1[0], p1[1]),
                              pack_h2(p1[2], p1[3])};
-      const int kr = k16 * 16 + (lm & 1) * 8 + lr;  // matrices: (keys lo, dims nd), (keys hi, nd), (lo, nd+1), (hi, nd+1)
-      const uint8_t* vrow = vh + kr * C::kChunks * 16;
 #pragma unroll
       for (int nd = 0; nd < C::kDT; nd += 2) {
-        const int chunk = nd + (lm >> 1);
-        uint32_t bv[4];
-        ldsm_x4_trans(bv, vrow + (chunk ^ (kr & 7)) * 16);
+        uint32_t bv[4];  // matrices: (keys lo, dims nd), (keys hi, nd), (lo, nd + 1), (hi, nd + 1)
+        ldsm_x4_trans(bv, vb + v_off[(nd & 7) >> 1] + 128 * (nd >> 3) + 16 * k16 * C::kRowB);
         mma_f16(acc[nd], a, bv[0], bv[1]);
         mma_f16(acc[nd + 1], a, bv[2], bv[3]);
       }
@@ -442,7 +455,7 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = rb0 + warp * kF16RowsPerWarp + gid + 8 * h;
+    const int r = rb0 + warp * kRowsPerWarp + gid + 8 * h;
     if (r >= R) continue;
     const int i = r / p.rep, hq = g * p.rep + r % p.rep;
     const int64_t orow = (static_cast<int64_t>(b) * p.Hq + hq) * p.L + i;
@@ -465,23 +478,51 @@ __global__ void __launch_bounds__(kF16Threads, 1) attention_prefill_f16_kernel(F
   }
 }
 
-// Calls f.template operator()<D, KB, VB>() for the configuration of a (eligible: prefill_tc_eligible).
+int f16_sm_count() {
+  static int n = [] {
+    int dev = 0, sms = 0;
+    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
+    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }();
+  return n;
+}
+
+// D128 CTA size: 12 warps (192 query rows: a third more warps per SM to hide the mma and softmax latencies, each
+// tile's dequantization shared by 12 warps; job 48: 652 vs 748 µs at L4096) when the (b, KV head, query block) CTAs
+// make at least two waves, else 8 (128 rows: more CTAs for a short prompt or one 512-row chunk of a long one; job 48:
+// L512 33.4 vs 36.8 µs, and the model's chunked prefill was faster with 8). $CIDER_ATTN_PREFILL_F16_WARPS (read at
+// every call) = auto (default) | 8 | 12. D256 always runs 8 (its 32-chunk rows with 384 threads would move a thread's
+// swizzle from key to key).
+int f16_warps_d128(const kernels::AttentionArgs& a) {
+  const std::string w = env_word("CIDER_ATTN_PREFILL_F16_WARPS", "auto", {"auto", "8", "12"}, "cuda.attention");
+  if (w != "auto") return w == "12" ? 12 : 8;
+  const int64_t R = a.Hq / a.keys.H * a.L;
+  const int64_t ctas12 = a.B * a.keys.H * ((R + 191) / 192);
+  return ctas12 >= 2 * static_cast<int64_t>(f16_sm_count()) ? 12 : 8;
+}
+
+// Calls f.template operator()<D, KB, VB, W>() for the configuration of a (eligible: prefill_tc_eligible).
 template <typename F>
 auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
-  if (d128) return k8 ? f.template operator()<128, 8, 4>() : f.template operator()<128, 4, 3>();
-  return k8 ? f.template operator()<256, 8, 4>() : f.template operator()<256, 4, 3>();
+  if (d128) {
+    if (f16_warps_d128(a) == 12)
+      return k8 ? f.template operator()<128, 8, 4, 12>() : f.template operator()<128, 4, 3, 12>();
+    return k8 ? f.template operator()<128, 8, 4, 8>() : f.template operator()<128, 4, 3, 8>();
+  }
+  return k8 ? f.template operator()<256, 8, 4, 8>() : f.template operator()<256, 4, 3, 8>();
 }
 
 // Sets the shared-memory attribute (once per instantiation) and returns the resident CTAs per SM.
-template <int D, int KB, int VB>
+template <int D, int KB, int VB, int W>
 int f16_ctas_per_sm() {
   static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB>);
-    constexpr int smem = F16Cfg<D, KB, VB>::kSmem;
+    const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB, W>);
+    constexpr int smem = F16Cfg<D, KB, VB, W>::kSmem;
     CIDER_CUDA_CHECK("cuda.attention", cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int blocks = 0;
-    CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kF16Threads, smem));
+    CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, 32 * W, smem));
     return std::max(blocks, 1);
   }();
   return n;
@@ -491,13 +532,14 @@ int f16_ctas_per_sm() {
 
 PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a) {
   PrefillF16Shape s;
-  dispatch_f16(a, [&]<int D, int KB, int VB>() {
-    s.tile_keys = F16Cfg<D, KB, VB>::kTK;
-    s.ctas_per_sm = f16_ctas_per_sm<D, KB, VB>();
-    s.smem = static_cast<size_t>(F16Cfg<D, KB, VB>::kSmem);
+  dispatch_f16(a, [&]<int D, int KB, int VB, int W>() {
+    using C = F16Cfg<D, KB, VB, W>;
+    s.tile_keys = C::kTK;
+    s.ctas_per_sm = f16_ctas_per_sm<D, KB, VB, W>();
+    s.rows_per_cta = C::kRowsPerCta;
+    s.smem = static_cast<size_t>(C::kSmem);
     return 0;
   });
-  s.rows_per_cta = kF16RowsPerCta;
   return s;
 }
 
@@ -510,10 +552,10 @@ void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
   const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err = dispatch_f16(a, [&]<int D, int KB, int VB>() {
-    (void)f16_ctas_per_sm<D, KB, VB>();
-    return pdl::launch(attention_prefill_f16_kernel<D, KB, VB>, grid, dim3(kF16Threads),
-                       static_cast<size_t>(F16Cfg<D, KB, VB>::kSmem), s, p);
+  const cudaError_t err = dispatch_f16(a, [&]<int D, int KB, int VB, int W>() {
+    (void)f16_ctas_per_sm<D, KB, VB, W>();
+    return pdl::launch(attention_prefill_f16_kernel<D, KB, VB, W>, grid, dim3(32 * W),
+                       static_cast<size_t>(F16Cfg<D, KB, VB, W>::kSmem), s, p);
   });
   CIDER_CUDA_CHECK("cuda.attention", err);
 }
