@@ -247,7 +247,8 @@ CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attent
 // Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.
 // prefill_tc: the value $CIDER_ATTN_PREFILL_TC is set to ("0": the general CUDA-core kernel for the A/B; nullptr:
 // left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory); math:
-// $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default f16 tiles; "exact": the exact-score kernel).
+// $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default auto = f16 tiles above 64 rows per KV head; "exact": the
+// exact-score kernel).
 // flops: 2·2·Hq·D per visible (query, key) pair: L·(L+1)/2 + L·past pairs per head.
 BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t past, int kbits, int vbits,
                          const char* prefill_tc = nullptr, const char* qsmem = nullptr, int reps = 20,
@@ -327,7 +328,7 @@ BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t 
   const bool tc_on = cuda::detail::prefill_tc_eligible(a);
   r.note = kbits == 4 ? "K4V3" : "K8V4";
   r.note += " g64 f16 scales, ";
-  r.note += tc_on ? (cuda::detail::prefill_math_f16() ? "tensor-core prefill path, f16 tiles"
+  r.note += tc_on ? (cuda::detail::prefill_math_f16(a) ? "tensor-core prefill path, f16 tiles"
                                                      : "tensor-core prefill path, exact scores")
                   : "CUDA-core kernel";
   if (qsmem && qsmem[0] == '1') r.note += ", compact variant (q fragments in smem, 32-key tiles)";

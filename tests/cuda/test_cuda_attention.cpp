@@ -550,7 +550,7 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
     if (c.both_prefill_paths) {
       EXPECT_EQ(detail::prefill_tc_eligible(a), env[0] == '1' && !c.misalign) << "the path taken";
     }
-    const bool f16_path = detail::prefill_tc_eligible(a) && detail::prefill_math_f16();
+    const bool f16_path = detail::prefill_tc_eligible(a) && detail::prefill_math_f16(a);
     const size_t ws = attention_workspace_bytes(a);
     DeviceBuffer d_ws(std::max<size_t>(ws, 256));
     d_ws.fill(0xFF);
@@ -1056,6 +1056,16 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
   };
   bad([](AttentionArgs& a) { a.mask_kind = MaskKind::kBool; });
   bad([](AttentionArgs& a) { a.window = -1; });
+  {  // auto (the default) takes the f16 kernel above 64 query rows per KV head, else the exact one
+    const ScopedEnv automatic("CIDER_ATTN_PREFILL_MATH", "auto");
+    EXPECT_FALSE(detail::prefill_math_f16(good));  // rep 2 × L 16 = 32 rows
+    EXPECT_FALSE(detail::prefill_tc_plan(good).f16);
+    AttentionArgs longer = good;
+    longer.L = 33;  // 66 rows
+    longer.keys.length = longer.values.length = 33;
+    EXPECT_TRUE(detail::prefill_math_f16(longer));
+    EXPECT_TRUE(detail::prefill_tc_plan(longer).f16);
+  }
   {  // the prefill path's switches take only their words: anything else is an error naming the variable
     const ScopedEnv bogus("CIDER_ATTN_PREFILL_MATH", "fp8");
     expect_error([&] { attention(good, nullptr, exec); }, "CIDER_ATTN_PREFILL_MATH");

@@ -1,7 +1,7 @@
 // cider/kernels/cuda/attention_prefill_f16.cu — prefill attention over a K4/V3 or K8/V4 g64 cache (f16 scales,
 // D 128/256) with the keys and values dequantized to f16 once per CTA tile and an f16 flash-attention core on the
-// tensor cores (mma.sync m16n8k16, f32 accumulation). The default of attention_prefill_tc.cu's prefill path
-// ($CIDER_ATTN_PREFILL_MATH=f16); `exact` keeps attention_prefill_tc.cu's exact-score kernel. Contract and
+// tensor cores (mma.sync m16n8k16, f32 accumulation). attention_prefill_tc.cu's prefill path takes it for more than
+// 64 query rows per KV head ($CIDER_ATTN_PREFILL_MATH=auto, the default; f16 / exact force one kernel). Contract and
 // eligibility: attention_prefill_tc.h; design, numeric contract, floors and measurements: docs/cuda/attention.md
 // ("Prefill with f16 tiles").
 //
@@ -14,8 +14,9 @@
 // (≤ 2^-11·max|ṽ|); against the exact-score kernel the difference is the f16 rounding of q and k (2^-11 relative:
 // ≈ 2^-10·scale·Σ|q||k| in the scores) and of v.
 //
-// Work item: one CTA (8 warps, 256 threads) = (b, KV head g) × a block of 128 query rows (r = i·rep + rr as the other
-// kernels: a block is a run of positions, one causal / window key interval) × one split [c0, c1) of the keys. Warp w
+// Work item: one CTA (W = 8 or 12 warps: f16_warps_d128) = (b, KV head g) × a block of 16·W query rows (r = i·rep +
+// rr as the other kernels: a block is a run of positions, one causal / window key interval) × one split [c0, c1) of
+// the keys. Warp w
 // owns rows 16w .. 16w + 15 (the mma M). Key tiles of TK keys (D128: 64; D256: 32 K4V3, 16 K8V4) are copied raw
 // (codes + the four f16 planes) by cp.async into 2 stages; the CTA dequantizes each tile once into f16 [TK][D] keys
 // and values (16-byte chunks XOR-swizzled by key & 7: ldmatrix conflict-free), double-buffered, so one CTA barrier

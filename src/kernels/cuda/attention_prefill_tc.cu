@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -655,14 +656,16 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
          aligned(V.biases, 4);
 }
 
-bool prefill_math_f16() {
-  return env_word("CIDER_ATTN_PREFILL_MATH", "f16", {"f16", "exact"}, "cuda.attention") == "f16";
+bool prefill_math_f16(const kernels::AttentionArgs& a) {
+  const std::string m = env_word("CIDER_ATTN_PREFILL_MATH", "auto", {"auto", "f16", "exact"}, "cuda.attention");
+  if (m != "auto") return m == "f16";
+  return a.Hq / a.keys.H * a.L > 64;
 }
 
 PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a) {
   PrefillTcPlan pl;
   int tk = 64, per_sm = 1, rows_per_cta = kRowsPerCta;
-  pl.f16 = prefill_math_f16();
+  pl.f16 = prefill_math_f16(a);
   if (pl.f16) {
     const PrefillF16Shape s = prefill_f16_shape(a);
     tk = s.tile_keys;

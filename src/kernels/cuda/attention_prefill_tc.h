@@ -22,10 +22,12 @@ struct PrefillTcPlan {
   size_t smem = 0;    // dynamic shared memory per CTA
 };
 
-// Which kernel of the path runs: $CIDER_ATTN_PREFILL_MATH (read at every call) = f16 (default: keys and values
-// dequantized to f16 tiles, an f16 flash-attention core; attention_prefill_f16.cu) or exact (scores exact up to the
-// query's 2^-22 rounding; attention_prefill_tc.cu). Anything else is an error naming the variable.
-bool prefill_math_f16();
+// Which kernel of the path runs: $CIDER_ATTN_PREFILL_MATH (read at every call) = f16 (keys and values dequantized to
+// f16 tiles, an f16 flash-attention core; attention_prefill_f16.cu), exact (scores exact up to the query's 2^-22
+// rounding; attention_prefill_tc.cu) or auto (default): f16 when a KV head has more than 64 query rows (rep·L > 64),
+// else exact (a few rows against a long cache: one 64-row CTA per head and split, faster there, job 47). Anything
+// else is an error naming the variable.
+bool prefill_math_f16(const kernels::AttentionArgs& a);
 
 // The f16 kernel's tile, occupancy and shared memory for an eligible call (attention_prefill_f16.cu).
 struct PrefillF16Shape {
