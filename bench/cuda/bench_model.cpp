@@ -317,6 +317,14 @@ CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:cuda-core attention"
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512 v:cuda-core attention", "model") {
   return with_env("CIDER_ATTN_PREFILL_TC", "0", true, "w8a8", "k8v4", 512);
 }
+// Prefill in 512-row chunks (CIDER_PREFILL_CHUNK; the default is 2048: larger GEMMs per pass), and a 16k prompt.
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096 v:chunk 512", "model") {
+  return with_env("CIDER_PREFILL_CHUNK", "512", true, "w8a8", "k4v3", 4096);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n16384", "model") { return prefill("w8a8", "k8v4", 16384); }
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n16384 v:chunk 512", "model") {
+  return with_env("CIDER_PREFILL_CHUNK", "512", true, "w8a8", "k8v4", 16384);
+}
 // The prefill attention's exact-score kernel instead of the default f16-tile kernel (attention_prefill_tc.h).
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:exact attention", "model") {
   return with_env("CIDER_ATTN_PREFILL_MATH", "exact", true, "w8a8", "k8v4", 4096);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -443,10 +444,11 @@ struct GpuSession::Impl {
   cuda::DeviceBuffer workspace;
   std::vector<LayerCache> caches;
   bool kv_same_rows = false;  // keys and values have the same row bytes: one kv_append for both
-  // Activations, float32, sized for kChunk rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D); q, ao, att
+  // Activations, float32, sized for `chunk` rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D); q, ao, att
   // (rows, Hq·D); gu (rows, 2·I); ffn (rows, I); scratch (rows, largest unfused part) only for unfused parts;
   // logits_last (vocab); logits_all (rows, vocab), allocated on first use.
   cuda::DeviceBuffer x, h, tmp, qkv, q, ao, att, gu, ffn, scratch, logits_last, logits_all;
+  int64_t chunk = 0;          // prefill rows per pass (GpuSession::prefill_chunk)
   cuda::DeviceBuffer tokens;  // int32 [ctx]: the tokens of one forward call
   cuda::DeviceBuffer step;    // int32 [4]: the decode step's token, position, KV length (read by the graph)
   int32_t* step_host = nullptr;   // pinned [4], copied into `step` by the first node of a decode step
@@ -496,7 +498,9 @@ struct GpuSession::Impl {
 GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   const ModelConfig& c = m.config;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
-  const int64_t R = kChunk, ctx = m.ctx;
+  chunk = std::min<int64_t>(env_int("CIDER_PREFILL_CHUNK", static_cast<int>(kDefaultPrefillChunk), 1, 65536, kOp),
+                            m.ctx);
+  const int64_t R = chunk, ctx = m.ctx;
   auto f32 = [](int64_t n) { return cuda::DeviceBuffer(sz(n) * sizeof(float)); };
   x = f32(R * H);
   h = f32(R * H);
@@ -545,7 +549,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   }
 
   // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
-  // / bf16 linear layers at kChunk rows, and of attention over every decode bucket and the prefill tile shapes.
+  // / bf16 linear layers at `chunk` rows, and of attention over every decode bucket and the prefill tile shapes.
   size_t ws = 0;
   const int64_t max_k = std::max({H, Hq * D, I});
   if (m.weights == WeightFormat::kBF16) {
@@ -872,9 +876,9 @@ void GpuSession::Impl::forward_chunks(const int32_t* tok, int64_t n, int64_t sta
   const cuda::Exec e = exec(s);
   int32_t* d_tokens = tokens.as<int32_t>();
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_tokens, tok, sz(n) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  if (all_logits && logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(kChunk) * sz(V) * sizeof(float));
-  for (int64_t done = 0; done < n; done += kChunk) {
-    const int64_t rows = std::min(kChunk, n - done);
+  if (all_logits && logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(chunk) * sz(V) * sizeof(float));
+  for (int64_t done = 0; done < n; done += chunk) {
+    const int64_t rows = std::min(chunk, n - done);
     const int64_t pos0 = start + done;
     cuda::embed_rows(m.embed.data(), m.embed_dtype, V, c.hidden_size, d_tokens + done, rows, c.embed_scale,
                      x.as<float>(), e);
@@ -922,21 +926,24 @@ size_t GpuSession::kv_bytes() const {
   return b;
 }
 
+int64_t GpuSession::prefill_chunk() const { return impl_->chunk; }
+
 int64_t GpuSession::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
 void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const ModelConfig& c = model_->config;
   check(length >= 0 && length <= model_->ctx, ErrorCode::kOutOfRange, kOp, "length must be in [0, ctx = ",
         model_->ctx, "]; got ", length);
-  // Random (kChunk, Hq + 2·Hkv, D) rows in the qkv activation buffer; their key/value heads appended chunk by chunk
+  // Random (chunk, Hq + 2·Hkv, D) rows in the qkv activation buffer; their key/value heads appended chunk by chunk
   // (a Hadamard cache stores them as they are: random rows need no rotation to be valid cache bytes).
   void* s = impl_->stream.handle();
   const cuda::Exec e = impl_->exec(s);
   const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-  fill_uniform(impl_->qkv.data(), DType::kF32, kChunk * row, seed, -2.0f, 2.0f, s);
+  const int64_t chunk = impl_->chunk;
+  fill_uniform(impl_->qkv.data(), DType::kF32, chunk * row, seed, -2.0f, 2.0f, s);
   for (int64_t l = 0; l < c.num_layers; ++l)
-    for (int64_t done = 0; done < length; done += kChunk) {
-      const int64_t n = std::min(kChunk, length - done);
+    for (int64_t done = 0; done < length; done += chunk) {
+      const int64_t n = std::min(chunk, length - done);
       impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, done, nullptr, e);
     }
   impl_->stream.synchronize();

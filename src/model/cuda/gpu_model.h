@@ -119,7 +119,8 @@ class GpuSession {
   GpuSession& operator=(const GpuSession&) = delete;
 
   // tokens[0, n) (host, already validated) at positions [start, start + n); logits (host) as Model::forward writes
-  // them. n == 1 runs the decode step (graph replay unless use_graphs is false); otherwise chunks of kChunk tokens.
+  // them. n == 1 runs the decode step (graph replay unless use_graphs is false); otherwise chunks of prefill_chunk()
+  // tokens.
   // logits null (all_logits false): the last row stays on the device for candidates() (decode graphs without the
   // copy are captured separately).
   void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
@@ -149,7 +150,11 @@ class GpuSession {
   void* stream() const;
   void synchronize() const;
 
-  static constexpr int64_t kChunk = 512;  // prefill chunk (activation buffers are sized for it)
+  // Prefill chunk: rows per forward pass of a prompt (the activation buffers are sized for it, ≈ 280 KB per row for
+  // Llama-3-8B's shapes). $CIDER_PREFILL_CHUNK (read when the session is made; 1 … 65536) or kDefaultPrefillChunk,
+  // at most the context length. Larger chunks run the linear layers as larger GEMMs (docs/cuda/model.md).
+  static constexpr int64_t kDefaultPrefillChunk = 2048;
+  int64_t prefill_chunk() const;
 
  private:
   struct Impl;
