@@ -1070,7 +1070,8 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
     const ScopedEnv bogus("CIDER_ATTN_PREFILL_MATH", "fp8");
     expect_error([&] { attention(good, nullptr, exec); }, "CIDER_ATTN_PREFILL_MATH");
   }
-  {
+  {  // read by the f16 kernel's plan only: force that kernel (good has 32 query rows per KV head, auto takes exact)
+    const ScopedEnv f16("CIDER_ATTN_PREFILL_MATH", "f16");
     const ScopedEnv bogus("CIDER_ATTN_PREFILL_F16_WARPS", "16");
     expect_error([&] { attention(good, nullptr, exec); }, "CIDER_ATTN_PREFILL_F16_WARPS");
   }
