@@ -16,8 +16,7 @@
 //
 // Work item: one CTA (W = 8 or 12 warps: f16_warps_d128) = (b, KV head g) × a block of 16·W query rows (r = i·rep +
 // rr as the other kernels: a block is a run of positions, one causal / window key interval) × one split [c0, c1) of
-// the keys. Warp w
-// owns rows 16w .. 16w + 15 (the mma M). Key tiles of TK keys (D128: 64; D256: 32 K4V3, 16 K8V4) are copied raw
+// the keys. Warp w owns rows 16w .. 16w + 15 (the mma M). Key tiles of TK keys (D128: 64; D256: 32 K4V3, 16 K8V4) are copied raw
 // (codes + the four f16 planes) by cp.async into 2 stages; the CTA dequantizes each tile once into f16 [TK][D] keys
 // and values (16-byte chunks XOR-swizzled by key & 7: ldmatrix conflict-free), double-buffered, so one CTA barrier
 // per tile: iteration t copies tile t + 2 (into tile t's raw stage: tile t was dequantized an iteration ago and the
@@ -51,9 +50,8 @@ namespace {
 
 constexpr int kF16Stages = 2;
 
-// W: warps per CTA (16 query rows each). The CTA's threads dequantize each tile together, so a thread's chunk column
-// (and its swizzle) must not change from one of its chunks to the next: kThreads is a multiple of 8·kChunks, or of
-// kChunks with a key step that is a multiple of 8.
+// W: warps per CTA (16 query rows each). The CTA's threads dequantize each tile together, a thread every kKeyStep-th
+// key of one chunk column; kKeyStep must be a multiple of 8 so that the column's swizzle (by key & 7) stays fixed.
 template <int D, int KB, int VB, int W>
 struct F16Cfg {
   static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
