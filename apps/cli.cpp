@@ -70,6 +70,10 @@ std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelO
   return m;
 }
 
+void check_prefill_chunk(int64_t chunk) {
+  check(chunk >= 1, ErrorCode::kInvalidArgument, "options", "--prefill-chunk must be >= 1; got ", chunk);
+}
+
 void check_sampling(const model::SamplerParams& s, int64_t max_tokens) {
   model::validate_sampler_params(s);
   check(max_tokens >= 0, ErrorCode::kInvalidArgument, "options", "--max-tokens must be >= 0; got ", max_tokens);
@@ -199,6 +203,7 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
 int run_generate(GenerateArgs a) {
   const model::ModelOptions opts = model_options(a.m);
   check_sampling(a.sampling, a.max_tokens);
+  check_prefill_chunk(a.prefill_chunk);
   for (const auto& s : a.stop)
     check(!s.empty(), ErrorCode::kInvalidArgument, "options", "--stop strings must not be empty; got \"\"");
   if (!a.seed_given) a.sampling.seed = fresh_seed();
@@ -213,6 +218,7 @@ int run_generate(GenerateArgs a) {
   model::Sampler sampler(a.sampling);
   model::GenerateOptions go;
   go.max_tokens = a.max_tokens;
+  go.prefill_chunk = a.prefill_chunk;
   go.stop = a.stop;
   go.eos_ids = model::model_eos_ids(*model);
   std::vector<int32_t> history;
@@ -231,6 +237,7 @@ int run_generate(GenerateArgs a) {
 int run_chat(ChatArgs a) {
   const model::ModelOptions opts = model_options(a.m);
   check_sampling(a.sampling, a.max_tokens);
+  check_prefill_chunk(a.prefill_chunk);
   if (!a.chat_format.empty()) (void)model::parse_chat_format(a.chat_format);
   if (!a.seed_given) a.sampling.seed = fresh_seed();
   const std::string path = resolve_model_path(a.m.model);
@@ -243,6 +250,7 @@ int run_chat(ChatArgs a) {
 
   model::GenerateOptions go;
   go.max_tokens = a.max_tokens;
+  go.prefill_chunk = a.prefill_chunk;
   go.eos_ids = model::model_eos_ids(*model);
   for (const auto& t : model::chat_end_tokens(format))
     if (const int32_t id = tok.token_to_id(t); id >= 0) go.eos_ids.push_back(id);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -44,6 +45,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool no_stream = false;
   bool echo = false;  // print the prompt before the continuation
+  int64_t prefill_chunk = model::GenerateOptions{}.prefill_chunk;  // prompt tokens per forward pass
 };
 int run_generate(GenerateArgs a);
 
@@ -55,6 +57,7 @@ struct ChatArgs {
   model::SamplerParams sampling;
   bool seed_given = false;
   bool stats = false;
+  int64_t prefill_chunk = model::GenerateOptions{}.prefill_chunk;  // prompt tokens per forward pass
 };
 int run_chat(ChatArgs a);
 

@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--stop", gen.stop, "stop when the text contains this string (repeatable; not printed)");
   gen_cmd->add_flag("--no-stream", gen.no_stream, "print the text at the end instead of token by token");
   gen_cmd->add_flag("--echo", gen.echo, "print the prompt before the continuation");
+  gen_cmd->add_option("--prefill-chunk", gen.prefill_chunk,
+                      "prompt tokens per forward pass (the CPU runs 256 at a time inside, CUDA $CIDER_PREFILL_CHUNK)")
+      ->capture_default_str();
 
   cider::apps::ChatArgs chat;
   CLI::App* chat_cmd = app.add_subcommand("chat", "chat on stdin, one message per line (/reset, /exit)");
@@ -94,6 +97,9 @@ int main(int argc, char** argv) {
                        "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
   chat_cmd->add_option("--system", chat.system, "system message");
   chat_cmd->add_flag("--stats", chat.stats, "print the statistics line after each reply");
+  chat_cmd->add_option("--prefill-chunk", chat.prefill_chunk,
+                       "prompt tokens per forward pass (the CPU runs 256 at a time inside, CUDA $CIDER_PREFILL_CHUNK)")
+      ->capture_default_str();
 
   cider::apps::TokenizeArgs tokz;
   CLI::App* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text (comma-separated)");

@@ -112,6 +112,8 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --repeat-penalty 0", "[sampler] repeat_penalty must be a finite number > 0 (1 = off); got 0"},
       {"generate " + m + "-p x --repeat-last-n -1", "repeat_window must be >= 0"},
       {"generate " + m + "-p x --max-tokens -1", "[options] --max-tokens must be >= 0; got -1"},
+      {"generate " + m + "-p x --prefill-chunk 0", "[options] --prefill-chunk must be >= 1; got 0"},
+      {"chat " + m + "--prefill-chunk -4", "[options] --prefill-chunk must be >= 1; got -4"},
       {"generate " + m + "-p x --stop ''", "--stop strings must not be empty"},
       {"generate " + m + "-p x --weights w3a8", "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8; got \"w3a8\""},
       {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
@@ -209,9 +211,10 @@ TEST_F(Cli, GreedyGenerationEqualsTransformers) {
   const std::string prompt = ref[0]["prompt"];
   const size_t n_new = ref[0]["greedy"].size() - ref[0]["ids"].size();
   const std::string want = transformers_greedy_text(prompt);
-  for (const char* stream : {"", " --no-stream"}) {
+  // Also with the prompt fed one token per forward pass (--prefill-chunk 1): the same text.
+  for (const char* extra : {"", " --no-stream", " --prefill-chunk 1"}) {
     const CliResult r = cider("generate -m " + quote(kTiny) + " --weights f32 --kv f32 --temperature 0 --max-tokens " +
-                              std::to_string(n_new) + " -p " + quote(prompt) + stream);
+                              std::to_string(n_new) + " -p " + quote(prompt) + extra);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, want + "\n");
     for (const char* part : {"prompt 4 tokens", "generated 24 tokens", "tok/s", "peak RSS", "KV ", "weights f32, kv f32",

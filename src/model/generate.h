@@ -55,7 +55,9 @@ struct GenerateOptions {
   int64_t max_tokens = 256;          // >= 0: tokens to sample at most (0: prefill only)
   std::vector<std::string> stop;     // stop strings (non-empty each)
   std::vector<int32_t> eos_ids;      // tokens that end generation
-  int64_t prefill_chunk = 512;       // >= 1: the prompt goes through forward() in pieces of at most this many tokens
+  // >= 1: the prompt goes through forward() in pieces of at most this many tokens (the CPU model runs 256 rows at a
+  // time inside one call, the CUDA session up to $CIDER_PREFILL_CHUNK = 2048: larger GEMMs; docs/cuda/model.md).
+  int64_t prefill_chunk = 2048;
 };
 
 enum class StopReason { kEos, kStopString, kMaxTokens, kContextFull };
