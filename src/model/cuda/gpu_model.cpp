@@ -568,12 +568,18 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
       probe_layers.push_back(l);
       break;
     }
-  for (int64_t layer : probe_layers)
-    for (int64_t len : lengths)
-      for (int64_t L : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}, R})
-        if (L <= len)
-          ws = std::max(ws, cuda::attention_workspace_bytes(
-                                attention_args(layer, q.as<float>(), ao.as<float>(), L, len)));
+  auto probe = [&](int64_t layer, int64_t L, int64_t len) {
+    ws = std::max(ws, cuda::attention_workspace_bytes(attention_args(layer, q.as<float>(), ao.as<float>(), L, len)));
+  };
+  for (int64_t layer : probe_layers) {
+    for (int64_t len : lengths)  // the decode graphs' KV bounds
+      for (int64_t L : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}})
+        if (L <= len) probe(layer, L, len);
+    // A prompt's last chunk can have any length, and the split partials a call needs are not monotone in its rows
+    // (fewer rows → fewer CTAs → more splits: 500 rows need more than 2048 with 2048-row chunks), so every length up
+    // to the chunk is probed, against the whole context (a call's split count only grows with its key length).
+    for (int64_t L = 1; L <= R; ++L) probe(layer, L, ctx);
+  }
   workspace = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
 
   CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), 4 * sizeof(int32_t), cudaHostAllocDefault));
