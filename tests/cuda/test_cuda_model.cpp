@@ -338,6 +338,33 @@ TEST(CudaModel, PrefillThenDecodeEqualsAllAtOnce) {
   EXPECT_LE(d2.max_abs, dq.max_abs) << str(d2) << "; quantization error " << str(dq);
 }
 
+// Prompts of one full prefill chunk plus a tail of every kind (1 … chunk − 1 rows): the session sizes its workspace
+// for every chunk length (a short last chunk can need more attention split partials than a full one), so none is
+// refused, and the last row's logits equal those of a session that takes the whole prompt in one chunk.
+TEST(CudaModel, PrefillTailChunksOfEveryLength) {
+  CIDER_REQUIRE_GPU();
+  auto gpu = load("w8a8", "k4v3", cm::Device::kCUDA);
+  const auto V = static_cast<size_t>(gpu->config().vocab_size);
+  const std::vector<int32_t> all = text_tokens(*gpu, 256 + 255);
+  for (size_t tail : {size_t{1}, size_t{17}, size_t{64}, size_t{100}, size_t{200}, size_t{255}}) {
+    SCOPED_TRACE("tail " + std::to_string(tail));
+    const std::vector<int32_t> prompt(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(256 + tail));
+    auto last_row = [&](const char* chunk) {
+      const cider::test::ScopedEnv env("CIDER_PREFILL_CHUNK", chunk);
+      std::vector<float> row(V, std::nanf(""));
+      auto s = gpu->new_session();
+      gpu->forward(*s, prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
+      return row;
+    };
+    const std::vector<float> chunked = last_row("256"), whole = last_row("1024");
+    const Diff d = diff(chunked, whole);
+    EXPECT_TRUE(d.finite);
+    // The same cache bytes and the same arithmetic per row; only the attention's split of the keys (and so its float
+    // summation order) differs between the two sessions.
+    EXPECT_LE(d.max_abs, 1e-3 * std::max(d.max_ref, 1.0)) << str(d);
+  }
+}
+
 // Decode by graph replay against the same launches enqueued directly: the same kernels with the same arguments, so
 // the logits must be identical bit for bit (a kernel whose result depends on scheduling would show here).
 TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
