@@ -30,7 +30,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -87,41 +86,16 @@ struct F16Cfg {
   static_assert(kSmem <= 227 * 1024, "one CTA fits an SM");
 };
 
-struct F16Params {
-  const float* q;
-  float* out;
-  float* part_o;
-  float* part_ml;
-  const uint8_t* kc;
-  const uint8_t* vc;
-  const uint8_t* ks;
-  const uint8_t* kb;
-  const uint8_t* vs;
-  const uint8_t* vb;
-  int Hq, Hkv, L, rep, R, qblocks, splits;
-  int64_t chunk, kL_bound, cap_k, cap_v;
-  const int32_t* d_length;
-  float scale_log2;
-  int causal;
-  int64_t window;
-};
-
-// ldmatrix at a shared-memory address (the kernel keeps per-lane address terms in registers across tiles).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+// ldmatrix (not transposed) at a shared-memory address; the transposed one is in attention_tc_device.cuh.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// Two codes c_lo | c_hi << 16 (each < 1024) dequantized: fl16(s·c + b) for both (exact f16 codes by the (1024 + c) −
-// 1024 trick, then one fused multiply-add, one rounding).
+// Two codes c_lo | c_hi << 16 (each < 1024) dequantized: fl16(s·c + b) for both (the exact f16 codes, then one fused
+// multiply-add, one rounding).
 __device__ __forceinline__ uint32_t dequant_h2(uint32_t two_codes, __half2 s2, __half2 b2) {
-  const __half2 c = __hsub2(bits_h2(two_codes | 0x64006400u), bits_h2(0x64006400u));
-  return h2_bits(__hfma2(c, s2, b2));
+  return h2_bits(__hfma2(bits_h2(codes_to_h2(two_codes)), s2, b2));
 }
 // 8 codes of 4 bits (word x: dim e at nibble e) → 4 dequantized f16 pairs.
 __device__ __forceinline__ uint4 dequant8_u4(uint32_t x, __half2 s2, __half2 b2) {
@@ -129,7 +103,7 @@ __device__ __forceinline__ uint4 dequant8_u4(uint32_t x, __half2 s2, __half2 b2)
   uint32_t h[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    h[k] = dequant_h2(__byte_perm(x, xs, static_cast<uint32_t>(k | ((4 + k) << 8))) & 0x000F000Fu, s2, b2);
+    h[k] = dequant_h2(u4_pair(x, xs, k), s2, b2);
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 // 8 codes of 8 bits (words x0, x1: dim e at byte e) → 4 dequantized f16 pairs.
@@ -141,16 +115,13 @@ __device__ __forceinline__ uint4 dequant8_u8(uint32_t x0, uint32_t x1, __half2 s
 __device__ __forceinline__ uint4 dequant8_u3(uint32_t x, __half2 s2, __half2 b2) {
   uint32_t h[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const uint32_t y = x >> (6 * e);
-    h[e] = dequant_h2((y & 7u) | ((y << 13) & 0x70000u), s2, b2);
-  }
+  for (int e = 0; e < 4; ++e) h[e] = dequant_h2(u3_pair(x, e), s2, b2);
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
 
 template <int D, int KB, int VB, int W>
-__global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Params p) {
+__global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(PrefillParams p) {
   using C = F16Cfg<D, KB, VB, W>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
   constexpr int kThreads = C::kThreads, kRowsPerWarp = C::kRowsPerWarp;
@@ -266,32 +237,10 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Par
   for (int h = 0; h < 2; ++h) {
     const int rw = warp * kRowsPerWarp + gid + 8 * h, r = rb0 + rw;
     zmul[h] = fmaxf(mul_pow2(p.scale_log2, -row_e[rw]), 1.17549435e-38f);
-    int64_t lo_h = c0, hi_h = c1;
-    if (r >= R) {
-      hi_h = c0;
-    } else if (p.causal) {
-      const int64_t pos = kL - p.L + r / p.rep;
-      hi_h = min(c1, pos + 1);
-      if (p.window > 0) lo_h = max(c0, pos - p.window + 1);
-    }
-    vlo[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), lo_h - c0)));
-    vhi[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), hi_h - c0)));
-    if (vhi[h] < vlo[h]) vhi[h] = vlo[h];
+    prefill_row_keys(p, kL, c0, c1, n_keys, r, vlo[h], vhi[h]);
   }
-  int ulo = INT_MAX, uhi = 0, ilo = 0, ihi = INT_MAX;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (vhi[h] > vlo[h]) {
-      ulo = min(ulo, vlo[h]);
-      uhi = max(uhi, vhi[h]);
-    }
-    ilo = max(ilo, vlo[h]);
-    ihi = min(ihi, vhi[h]);
-  }
-  ulo = __reduce_min_sync(0xffffffffu, ulo);
-  uhi = __reduce_max_sync(0xffffffffu, uhi);
-  ilo = __reduce_max_sync(0xffffffffu, ilo);
-  ihi = __reduce_min_sync(0xffffffffu, ihi);
+  int ulo, uhi, ilo, ihi;
+  warp_key_bounds(vlo, vhi, ulo, uhi, ilo, ihi);
 
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
   float acc[C::kDT][4];
@@ -375,11 +324,11 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Par
 #pragma unroll
     for (int kd = 0; kd < C::kDK; ++kd) {
       uint32_t a[4];
-      ldsm_x4(a, q_addr + 32 * kd);
+      ldmatrix_x4(a, q_addr + 32 * kd);
 #pragma unroll
       for (int np = 0; np < NT; np += 2) {
         uint32_t bk[4];  // matrices: (nt, lo dims), (nt, hi dims), (nt + 1, lo), (nt + 1, hi)
-        ldsm_x4(bk, kb + k_off[kd & 3] + 128 * (kd >> 2) + 8 * np * C::kRowB);
+        ldmatrix_x4(bk, kb + k_off[kd & 3] + 128 * (kd >> 2) + 8 * np * C::kRowB);
         mma_f16(sc[np], a, bk[0], bk[1]);
         mma_f16(sc[np + 1], a, bk[2], bk[3]);
       }
@@ -438,7 +387,7 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Par
 #pragma unroll
       for (int nd = 0; nd < C::kDT; nd += 2) {
         uint32_t bv[4];  // matrices: (keys lo, dims nd), (keys hi, nd), (lo, nd + 1), (hi, nd + 1)
-        ldsm_x4_trans(bv, vb + v_off[(nd & 7) >> 1] + 128 * (nd >> 3) + 16 * k16 * C::kRowB);
+        ldmatrix_x4_trans(bv, vb + v_off[(nd & 7) >> 1] + 128 * (nd >> 3) + 16 * k16 * C::kRowB);
         mma_f16(acc[nd], a, bv[0], bv[1]);
         mma_f16(acc[nd + 1], a, bv[2], bv[3]);
       }
@@ -477,16 +426,6 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(F16Par
   }
 }
 
-int f16_sm_count() {
-  static int n = [] {
-    int dev = 0, sms = 0;
-    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(sms, 1);
-  }();
-  return n;
-}
-
 // D128 CTA size: 12 warps (192 query rows: a third more warps per SM to hide the mma and softmax latencies, each
 // tile's dequantization shared by 12 warps; job 48: 652 vs 748 µs at L4096) when the (b, KV head, query block) CTAs
 // make at least two waves, else 8 (128 rows: more CTAs for a short prompt or one 512-row chunk of a long one; job 48:
@@ -498,7 +437,7 @@ int f16_warps_d128(const kernels::AttentionArgs& a) {
   if (w != "auto") return w == "12" ? 12 : 8;
   const int64_t R = a.Hq / a.keys.H * a.L;
   const int64_t ctas12 = a.B * a.keys.H * ((R + 191) / 192);
-  return ctas12 >= 2 * static_cast<int64_t>(f16_sm_count()) ? 12 : 8;
+  return ctas12 >= 2 * static_cast<int64_t>(sm_count()) ? 12 : 8;
 }
 
 // Calls f.template operator()<D, KB, VB, W>() for the configuration of a (eligible: prefill_tc_eligible).
@@ -544,7 +483,7 @@ PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a) {
 
 void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl, const int32_t* d_length,
                         float* part_o, float* part_ml, void* stream) {
-  F16Params p{};
+  PrefillParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.qblocks = pl.qblocks;
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, "cuda.attention",

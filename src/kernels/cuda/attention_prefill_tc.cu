@@ -41,7 +41,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -100,24 +99,6 @@ struct PfCfg {
   static_assert(kStageB % 16 == 0 && kKBytes % 16 == 0 && kVBytes % 16 == 0 && kQOff % 16 == 0, "16-byte areas");
 };
 
-struct PfParams {
-  const float* q;
-  float* out;
-  float* part_o;
-  float* part_ml;
-  const uint8_t* kc;
-  const uint8_t* vc;
-  const uint8_t* ks;
-  const uint8_t* kb;
-  const uint8_t* vs;
-  const uint8_t* vb;
-  int Hq, Hkv, L, rep, R, qblocks, splits;
-  int64_t chunk, kL_bound, cap_k, cap_v;
-  const int32_t* d_length;
-  float scale_log2;  // scale · log2(e)
-  int causal;
-  int64_t window;
-};
 
 
 // D (16×8 s32) += A (16×32 s8: query digits) · B (32×8 u8: key codes).
@@ -126,15 +107,6 @@ __device__ __forceinline__ void mma_s8u8(int (&c)[4], const uint32_t (&a)[4], ui
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-// Two codes c_lo | c_hi << 16 (each < 1024) as an exact f16 pair: (1024 + c) − 1024.
-__device__ __forceinline__ uint32_t codes_to_h2(uint32_t two_codes) {
-  return h2_bits(__hsub2(bits_h2(two_codes | 0x64006400u), bits_h2(0x64006400u)));
 }
 // W (float) as f16 hi + lo pairs.
 __device__ __forceinline__ void split_hi_lo(float w0, float w1, uint32_t& hi, uint32_t& lo) {
@@ -147,7 +119,7 @@ __device__ __forceinline__ void split_hi_lo(float w0, float w1, uint32_t& hi, ui
 
 template <int D, int KB, int VB, bool QREGS>
 __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 3 : 2)
-    attention_prefill_tc_kernel(PfParams p) {
+    attention_prefill_tc_kernel(PrefillParams p) {
   using C = PfCfg<D, KB, VB, QREGS>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -304,33 +276,10 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
     zmul[h] = mul_pow2(p.scale_log2, -row_e[rw]);
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) bq[gi][h] = row_sum[rw * G + gi] * p.scale_log2;
-    int64_t lo_h = c0, hi_h = c1;
-    if (r >= R) {
-      hi_h = c0;
-    } else if (p.causal) {
-      const int64_t pos = kL - p.L + r / p.rep;
-      hi_h = min(c1, pos + 1);
-      if (p.window > 0) lo_h = max(c0, pos - p.window + 1);
-    }
-    vlo[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), lo_h - c0)));
-    vhi[h] = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), hi_h - c0)));
-    if (vhi[h] < vlo[h]) vhi[h] = vlo[h];
+    prefill_row_keys(p, kL, c0, c1, n_keys, r, vlo[h], vhi[h]);
   }
-  // The warp's union (tiles outside it are skipped) and intersection (tiles inside need no mask).
-  int ulo = INT_MAX, uhi = 0, ilo = 0, ihi = INT_MAX;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (vhi[h] > vlo[h]) {
-      ulo = min(ulo, vlo[h]);
-      uhi = max(uhi, vhi[h]);
-    }
-    ilo = max(ilo, vlo[h]);
-    ihi = min(ihi, vhi[h]);
-  }
-  ulo = __reduce_min_sync(0xffffffffu, ulo);
-  uhi = __reduce_max_sync(0xffffffffu, uhi);
-  ilo = __reduce_max_sync(0xffffffffu, ilo);
-  ihi = __reduce_min_sync(0xffffffffu, ihi);
+  int ulo, uhi, ilo, ihi;
+  warp_key_bounds(vlo, vhi, ulo, uhi, ilo, ihi);
 
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
   float bacc[G][2];
@@ -363,8 +312,7 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
           uint32_t h2[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const uint32_t y = x >> (6 * e);  // dims 2e, 2e + 1: bits 6e .. 6e + 2, 6e + 3 .. 6e + 5
-            h2[e] = codes_to_h2((y & 7u) | ((y << 13) & 0x70000u));
+            h2[e] = codes_to_h2(u3_pair(x, e));
           }
           const int chunk = upart * 8 + jc;
           vrow[chunk ^ (ukey & 7)] = make_uint4(h2[0], h2[1], h2[2], h2[3]);
@@ -379,7 +327,7 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
           uint32_t h2[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k)  // byte k: dims 2k (low nibble), 2k + 1 (high nibble)
-            h2[k] = codes_to_h2(__byte_perm(x, xs, static_cast<uint32_t>(k | ((4 + k) << 8))) & 0x000F000Fu);
+            h2[k] = codes_to_h2(u4_pair(x, xs, k));
           const int chunk = upart * 8 + jc;
           vrow[chunk ^ (ukey & 7)] = make_uint4(h2[0], h2[1], h2[2], h2[3]);
         }
@@ -541,7 +489,7 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
         for (int nd = 0; nd < 8; nd += 2) {
           const int chunk = gv * 8 + nd + (m >> 1);
           uint32_t bf[4];
-          ldmatrix_x4_trans(bf, vrow + (chunk ^ (kr & 7)) * 16);
+          ldmatrix_x4_trans(bf, smem_addr(vrow + (chunk ^ (kr & 7)) * 16));
           mma_f16(acc[gv * 8 + nd], ahi, bf[0], bf[1]);
           mma_f16(acc[gv * 8 + nd], alo, bf[0], bf[1]);
           mma_f16(acc[gv * 8 + nd + 1], ahi, bf[2], bf[3]);
@@ -594,16 +542,6 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
 }
 
 bool aligned(const void* ptr, uintptr_t n) { return (reinterpret_cast<uintptr_t>(ptr) % n) == 0; }
-
-int sm_count() {
-  static int n = [] {
-    int dev = 0, sms = 0;
-    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(sms, 1);
-  }();
-  return n;
-}
 
 // Sets the shared-memory attribute (once) and returns the resident CTAs per SM.
 template <int D, int KB, int VB, bool QR>
@@ -708,7 +646,7 @@ void prefill_tc_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl,
     prefill_f16_launch(a, pl, d_length, part_o, part_ml, stream);
     return;
   }
-  PfParams p{};
+  PrefillParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.qblocks = pl.qblocks;
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, "cuda.attention",

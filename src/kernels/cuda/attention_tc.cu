@@ -855,16 +855,6 @@ int tc_ctas_per_sm() {
   return n;
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, sms = 0;
-    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
-    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(sms, 1);
-  }();
-  return n;
-}
-
 bool tc_enabled() {
   static const bool on = env_flag("CIDER_ATTN_TC", true, "cuda.attention");
   return on;
@@ -891,6 +881,16 @@ bool tc_fold_enabled() { return env_flag("CIDER_ATTN_TC_FOLD", false, "cuda.atte
 constexpr int64_t kFoldMaxBytes = 256 * 1024;  // partial bytes one merging CTA may read (see tc_plan)
 
 }  // namespace
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, sms = 0;
+    CIDER_CUDA_CHECK("cuda.attention", cudaGetDevice(&dev));
+    CIDER_CUDA_CHECK("cuda.attention", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }();
+  return n;
+}
 
 bool tc_eligible(const kernels::AttentionArgs& a) {
   if (!tc_enabled()) return false;

@@ -33,6 +33,9 @@ int tc_last_layout();
 bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream);
 
+// Streaming multiprocessors of the current device (read once), for the wave arithmetic of the kernels' plans.
+int sm_count();
+
 // The fields every tensor-core attention kernel's parameter block shares (attention_tc.cu's TcParams,
 // attention_prefill_tc.cu's PfParams): pointers into the cache, head counts, the split, bounds and the mask.
 template <typename Params>

@@ -1,11 +1,13 @@
 // cider/kernels/cuda/attention_tc_device.cuh — device helpers shared by the tensor-core attention kernels
-// (attention_tc.cu: decode, attention_prefill_tc.cu: prefill): cp.async with zero-fill, the exact power-of-two
-// arithmetic and signed 8-bit digits of the integer query form, ex2, the f16 mma, f16x2 bit casts and the key-tile
-// swizzle. All inline; the kernels' designs are in their files' top comments and docs/cuda/attention.md.
+// (attention_tc.cu: decode, attention_prefill_tc.cu / attention_prefill_f16.cu: prefill): cp.async with zero-fill,
+// the exact power-of-two arithmetic and signed 8-bit digits of the integer query form, ex2, the f16 mma, f16x2 bit
+// casts and the key-tile swizzle; for the prefill kernels ldmatrix, code unpacking and the key intervals of a row and
+// of a warp. All inline; the kernels' designs are in their files' top comments and docs/cuda/attention.md.
 #pragma once
 
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 
@@ -111,6 +113,67 @@ __device__ __forceinline__ void load_q_row(const float* q, int b, int g, int Hq,
 #pragma unroll
     for (int u = 0; u < D / 128; ++u) v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+}
+
+// ---- shared by the two prefill kernels (attention_prefill_tc.cu, attention_prefill_f16.cu) ----
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Two codes c_lo | c_hi << 16 (each < 1024) as an exact f16 pair: (1024 + c) − 1024.
+__device__ __forceinline__ uint32_t codes_to_h2(uint32_t two_codes) {
+  return h2_bits(__hsub2(bits_h2(two_codes | 0x64006400u), bits_h2(0x64006400u)));
+}
+// Codes of dims 2k, 2k + 1 (k < 4) of a word of 4-bit codes x (dim e at nibble e; xs = x >> 4) as c_lo | c_hi << 16.
+__device__ __forceinline__ uint32_t u4_pair(uint32_t x, uint32_t xs, int k) {
+  return __byte_perm(x, xs, static_cast<uint32_t>(k | ((4 + k) << 8))) & 0x000F000Fu;
+}
+// Codes of dims 2e, 2e + 1 (e < 4) of 24 bits of 3-bit codes x (dim j at bits 3j … 3j + 2) as c_lo | c_hi << 16.
+__device__ __forceinline__ uint32_t u3_pair(uint32_t x, int e) {
+  const uint32_t y = x >> (6 * e);
+  return (y & 7u) | ((y << 13) & 0x70000u);
+}
+
+// Row r's visible keys [vlo, vhi) relative to c0, within [0, n_keys] (empty for r ≥ R).
+template <typename Params>
+__device__ __forceinline__ void prefill_row_keys(const Params& p, int64_t kL, int64_t c0, int64_t c1, int n_keys,
+                                                 int r, int& vlo, int& vhi) {
+  int64_t lo_h = c0, hi_h = c1;
+  if (r >= p.R) {
+    hi_h = c0;
+  } else if (p.causal) {
+    const int64_t pos = kL - p.L + r / p.rep;
+    hi_h = min(c1, pos + 1);
+    if (p.window > 0) lo_h = max(c0, pos - p.window + 1);
+  }
+  vlo = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), lo_h - c0)));
+  vhi = static_cast<int>(min(static_cast<int64_t>(n_keys), max(static_cast<int64_t>(0), hi_h - c0)));
+  if (vhi < vlo) vhi = vlo;
+}
+
+// The warp's union [ulo, uhi) of its lanes' two row intervals (tiles outside it are skipped) and their intersection
+// [ilo, ihi) (tiles inside it need no mask).
+__device__ __forceinline__ void warp_key_bounds(const int (&vlo)[2], const int (&vhi)[2], int& ulo, int& uhi, int& ilo,
+                                                int& ihi) {
+  ulo = INT_MAX;
+  uhi = 0;
+  ilo = 0;
+  ihi = INT_MAX;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (vhi[h] > vlo[h]) {
+      ulo = min(ulo, vlo[h]);
+      uhi = max(uhi, vhi[h]);
+    }
+    ilo = max(ilo, vlo[h]);
+    ihi = min(ihi, vhi[h]);
+  }
+  ulo = __reduce_min_sync(0xffffffffu, ulo);
+  uhi = __reduce_max_sync(0xffffffffu, uhi);
+  ilo = __reduce_max_sync(0xffffffffu, ilo);
+  ihi = __reduce_min_sync(0xffffffffu, ihi);
 }
 
 }  // namespace cider::cuda::detail
