@@ -1,6 +1,6 @@
 // cuda_bench: runs the registered CUDA benchmark cases (bench/cuda/*.cpp) and prints a table; --json FILE writes the
 // results for tools/gpu/compare.py, which puts them beside ../shared/tools/gpu_anchors.py's peer figures.
-//   cuda_bench [--filter SUBSTRING] [--json FILE] [--list]
+//   cuda_bench [--filter SUBSTRING] [--json FILE] [--list]   (--filter '=NAME': that case only)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -96,7 +96,11 @@ int main(int argc, char** argv) {
   bool first = true;
   int failures = 0;
   for (auto& c : cases) {
-    if (!filter.empty() && c.name.find(filter) == std::string::npos && c.area.find(filter) == std::string::npos) continue;
+    if (!filter.empty() && filter[0] == '=') {  // one case by its whole name (a substring also matches its v: rows)
+      if (c.name != filter.substr(1)) continue;
+    } else if (!filter.empty() && c.name.find(filter) == std::string::npos && c.area.find(filter) == std::string::npos) {
+      continue;
+    }
     try {
       bench::BenchResult r = c.fn();
       const double tbps = r.bytes > 0 ? r.bytes / r.seconds / 1e12 : 0;

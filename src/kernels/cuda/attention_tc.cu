@@ -129,10 +129,19 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
   return d;
 }
-// (Y & mask) | magic as f16 pairs, minus the magic's value: the two 3-bit codes under `mask` as exact f16.
-__device__ __forceinline__ uint32_t code_pair(uint32_t y, uint32_t mask, uint32_t magic) {
-  const __half2 v = bits_h2((y & mask) | magic);
-  return h2_bits(__hsub2(v, bits_h2(magic)));
+// Y & mask as f16 pairs: two codes c at bit position `pos` of each half's mantissa (bits 0–9, exponent field 0), i.e.
+// the f16 subnormals c·2^(pos − 24), exact; the tensor cores multiply f16 subnormals exactly, so the value mma yields
+// 2^(pos − 24)·Σ W·c for the dims stored at that position, and the loop's end scales those accumulator rows by
+// 2^(24 − pos) (value_row_scale_log2) — one LOP3 per two codes instead of OR-ing in a magic exponent (a second LOP3:
+// one immediate per LOP3) and subtracting it (an HADD2). docs/cuda/attention.md, "Value codes as f16 subnormals".
+__device__ __forceinline__ uint32_t code_pair(uint32_t y, uint32_t mask) { return y & mask; }
+// log2 of the factor for value-code index e (the dim 8·gid + e of the lane's 8-dim window, the A row gid (e even)
+// or gid + 8 (e odd) of m-tile j = e / 2): 24 − the code's bit position in its half (see the P[..] masks below).
+template <int VB>
+__device__ __forceinline__ int value_row_scale_log2(int e) {
+  if constexpr (VB == 4) return (e & 1) ? 20 : 24;  // low nibble at bit 0, high nibble at bit 4
+  constexpr int kV3[8] = {24, 21, 18, 24, 21, 17, 22, 19};  // bits 0, 3, 6 (Lw), 0, 3 (L9), 7 (Hw), 2, 5 (H2)
+  return kV3[e];
 }
 
 // Swizzled position of 16-byte chunk `ch` of a 4-bit value row r (K8V4; V3 rows are stored unswizzled). One read:
@@ -653,8 +662,8 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         uint32_t P[2][8];
         if constexpr (VB == 4) {
           // 4-bit: the 8 codes are word 8gv + gid of the key's row (nibble e = dim 64gv + 8gid + e). Per byte k of
-          // the two keys' words, lanes (key a, key b) = byte k; its low nibble (code 2k) under magic 1024 (ulp 1),
-          // its high nibble (code 2k+1) under magic 64 (ulp 1/16).
+          // the two keys' words, lanes (key a, key b) = byte k; its low nibble (code 2k) and its high nibble (code
+          // 2k+1) as f16 subnormals (code_pair).
           const int ch = 2 * gv + (gid >> 2), wi = gid & 3;
           uint32_t X[4];
 #pragma unroll
@@ -664,8 +673,8 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
               const uint32_t Bk = __byte_perm(X[2 * pp], X[2 * pp + 1], 0x4400u + 0x1100u * k + 0x11u * k);
-              P[pp][2 * k] = code_pair(Bk, 0x000F000Fu, 0x64006400u);      // 1024 + c
-              P[pp][2 * k + 1] = code_pair(Bk, 0x00F000F0u, 0x54005400u);  // 64 + c
+              P[pp][2 * k] = code_pair(Bk, 0x000F000Fu);  // bit 0: c·2^-24
+              P[pp][2 * k + 1] = code_pair(Bk, 0x00F000F0u);  // bit 4: c·2^-20
             }
         } else {
         const int bit = 192 * gv + 24 * gid, wo = bit >> 5, sh = bit & 31;
@@ -681,14 +690,14 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
           const uint32_t L9 = Lw >> 9;
           const uint32_t Hw = __byte_perm(xa, xb, 0x6521);  // bits 8-23
           const uint32_t H2 = __byte_perm(xa, xb, 0x7632);  // bits 16-31
-          P[pp][0] = code_pair(Lw, 0x00070007u, 0x64006400u);  // bits 0-2: 1024 + c
-          P[pp][1] = code_pair(Lw, 0x00380038u, 0x58005800u);  // bits 3-5: 128 + c
-          P[pp][2] = code_pair(Lw, 0x01C001C0u, 0x4C004C00u);  // bits 6-8: 16 + c
-          P[pp][3] = code_pair(L9, 0x00070007u, 0x64006400u);  // bits 9-11
-          P[pp][4] = code_pair(L9, 0x00380038u, 0x58005800u);  // bits 12-14
-          P[pp][5] = code_pair(Hw, 0x03800380u, 0x48004800u);  // bits 15-17 (H bits 7-9): 8 + c
-          P[pp][6] = code_pair(H2, 0x001C001Cu, 0x5C005C00u);  // bits 18-20 (H2 bits 2-4): 256 + c
-          P[pp][7] = code_pair(H2, 0x00E000E0u, 0x50005000u);  // bits 21-23 (H2 bits 5-7): 32 + c
+          P[pp][0] = code_pair(Lw, 0x00070007u);  // bits 0-2: c·2^-24
+          P[pp][1] = code_pair(Lw, 0x00380038u);  // bits 3-5: c·2^-21
+          P[pp][2] = code_pair(Lw, 0x01C001C0u);  // bits 6-8: c·2^-18
+          P[pp][3] = code_pair(L9, 0x00070007u);  // bits 9-11: c·2^-24
+          P[pp][4] = code_pair(L9, 0x00380038u);  // bits 12-14: c·2^-21
+          P[pp][5] = code_pair(Hw, 0x03800380u);  // bits 15-17 (H bits 7-9): c·2^-17
+          P[pp][6] = code_pair(H2, 0x001C001Cu);  // bits 18-20 (H2 bits 2-4): c·2^-22
+          P[pp][7] = code_pair(H2, 0x00E000E0u);  // bits 21-23 (H2 bits 5-7): c·2^-19
         }
         }  // VB == 3
 #pragma unroll
@@ -703,6 +712,16 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   }
   cp_wait<0>();
   __syncwarp();  // every lane's copies have landed and every lane is done with the stages: the area is free
+
+  // The value codes entered the mma as f16 subnormals c·2^(pos − 24) (code_pair): scale each accumulator row back by
+  // the power of two of its dim's bit position (exact). acc[gv][j][0..1] is A row gid (code index 2j), [2..3] row
+  // gid + 8 (2j + 1), in both layouts.
+#pragma unroll
+  for (int gv = 0; gv < G; ++gv)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[gv][j][e] *= pow2f(value_row_scale_log2<VB>(2 * j + (e >> 1)));
 
   if constexpr (kPacked) {
     // Packed → unpacked layout: lane (gid, tig) takes rows 2·tig + h from lane (gid, 2·tig + h) (rows 4–7, tig ≥ 2,
