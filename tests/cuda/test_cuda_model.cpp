@@ -340,28 +340,35 @@ TEST(CudaModel, PrefillThenDecodeEqualsAllAtOnce) {
 
 // Prompts of one full prefill chunk plus a tail of every kind (1 … chunk − 1 rows): the session sizes its workspace
 // for every chunk length (a short last chunk can need more attention split partials than a full one), so none is
-// refused, and the last row's logits equal those of a session that takes the whole prompt in one chunk.
+// refused, and the last row's logits agree with a session that takes the whole prompt in one chunk.
+// Not bit for bit: the chunks change M for the linear layers and the norms (a 1-row tail runs the GEMV kernel; GEMM
+// tile shapes and split-K depend on M), so float sums round differently, and 8 layers of int8 re-quantization and
+// bf16 activations amplify that. Measured on the H200 (job 55, 2026-11-30): chunked vs whole 0.4–1.6 % of max|logit|,
+// as large as either against the CPU model (which has the same size of difference to both). The bound is the
+// configuration's own quantization error (the CPU model against its bf16 twin), as in PrefillThenDecodeEqualsAllAtOnce.
 TEST(CudaModel, PrefillTailChunksOfEveryLength) {
   CIDER_REQUIRE_GPU();
   auto gpu = load("w8a8", "k4v3", cm::Device::kCUDA);
+  auto cpu_q = load("w8a8", "k4v3", cm::Device::kCPU);
+  auto cpu_bf16 = load("bf16", "bf16", cm::Device::kCPU);
   const auto V = static_cast<size_t>(gpu->config().vocab_size);
   const std::vector<int32_t> all = text_tokens(*gpu, 256 + 255);
   for (size_t tail : {size_t{1}, size_t{17}, size_t{64}, size_t{100}, size_t{200}, size_t{255}}) {
     SCOPED_TRACE("tail " + std::to_string(tail));
     const std::vector<int32_t> prompt(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(256 + tail));
-    auto last_row = [&](const char* chunk) {
+    auto last_row = [&](cm::Model& m, const char* chunk) {
       const cider::test::ScopedEnv env("CIDER_PREFILL_CHUNK", chunk);
       std::vector<float> row(V, std::nanf(""));
-      auto s = gpu->new_session();
-      gpu->forward(*s, prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
+      auto s = m.new_session();
+      m.forward(*s, prompt.data(), static_cast<int64_t>(prompt.size()), row.data(), false);
       return row;
     };
-    const std::vector<float> chunked = last_row("256"), whole = last_row("1024");
+    const std::vector<float> chunked = last_row(*gpu, "256"), whole = last_row(*gpu, "1024");
+    const Diff dq = diff(last_row(*cpu_q, "1024"), last_row(*cpu_bf16, "1024"));
     const Diff d = diff(chunked, whole);
     EXPECT_TRUE(d.finite);
-    // The same cache bytes and the same arithmetic per row; only the attention's split of the keys (and so its float
-    // summation order) differs between the two sessions.
-    EXPECT_LE(d.max_abs, 1e-3 * std::max(d.max_ref, 1.0)) << str(d);
+    EXPECT_GT(dq.max_abs, 0.0);
+    EXPECT_LE(d.max_abs, dq.max_abs) << str(d) << "; quantization error " << str(dq);
   }
 }
 
@@ -1029,3 +1036,4 @@ TEST(CudaModel, PdlOnAndOffGiveTheSameLogits) {
   EXPECT_TRUE(same_bits(on_direct, off_direct)) << str(diff(on_direct, off_direct));
   EXPECT_TRUE(same_bits(on, on_direct)) << str(diff(on, on_direct));
 }
+
