@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cuda/int8_row_quant.cuh"
 
 namespace cider::cuda::gemv_device {
 
@@ -65,10 +66,31 @@ __device__ __forceinline__ void store_out(void* out, DType t, int64_t i, float v
   }
 }
 
-// quant::quantize_int8_row's code: clamp(rint(v / sx), -127, 127) with IEEE division, half-to-even rounding.
+// quant::quantize_int8_row's code (int8_row_quant.cuh: clamp(rint(v / sx), -127, 127), IEEE division) as a byte.
 __device__ __forceinline__ uint32_t int8_code(float v, float sx) {
-  const float r = fminf(fmaxf(rintf(__fdiv_rn(v, sx)), -127.0f), 127.0f);
-  return static_cast<uint32_t>(static_cast<int32_t>(r)) & 0xffu;
+  return static_cast<uint32_t>(int8_row_quant::int8_code(v, sx)) & 0xffu;
+}
+
+// The row's scale from max |x| given as the bits of |x| (non-negative floats order like their bits; a NaN or ±inf
+// in the row gives bits ≥ 0x7f800000): the reference's rule, int8_row_quant::row_sx.
+__device__ __forceinline__ float row_scale_from_amax_bits(uint32_t amax_bits) {
+  return int8_row_quant::row_sx(__uint_as_float(amax_bits), amax_bits < 0x7f800000u);
+}
+
+// Eight activation codes (bytes c[0..7] of x values 8u .. 8u + 7) as the GEMV kernels keep them in shared memory:
+// W8 in k order, W4 as [x0 x2 x4 x6 | x1 x3 x5 x7] — the order in which a weight word's unpacked nibbles come.
+template <bool kInt4>
+__device__ __forceinline__ uint2 pack_unit_codes(const uint32_t (&c)[8]) {
+  if constexpr (kInt4)
+    return make_uint2(c[0] | (c[2] << 8) | (c[4] << 16) | (c[6] << 24), c[1] | (c[3] << 8) | (c[5] << 16) | (c[7] << 24));
+  else
+    return make_uint2(c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24), c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24));
+}
+// The same layout from eight codes quantized beforehand in k order (quantize_rows_int8's workspace).
+template <bool kInt4>
+__device__ __forceinline__ uint2 unit_codes_from_k_order(uint2 v) {
+  if constexpr (kInt4) return make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
+  else return v;
 }
 
 }  // namespace cider::cuda::gemv_device

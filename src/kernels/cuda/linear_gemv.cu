@@ -206,14 +206,7 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   if (static_cast<int>(threadIdx.x) < p.M) {
     uint32_t amax_bits = 0;
     for (int w = 0; w < kWarps; ++w) amax_bits = max(amax_bits, amax_partial[threadIdx.x][w]);
-    float s;
-    if (amax_bits >= 0x7f800000u) {
-      s = __uint_as_float(0x7fc00000u);  // a NaN or ±inf in the row: NaN scale, codes 0 (as the reference)
-    } else {
-      s = __fdiv_rn(__uint_as_float(amax_bits), 127.0f);
-      if (s == 0.0f) s = 1.0f;
-    }
-    sx[threadIdx.x] = s;
+    sx[threadIdx.x] = row_scale_from_amax_bits(amax_bits);  // NaN when the row holds a NaN or ±inf: codes 0
   }
   __syncthreads();
   // Pass 2: codes (x is read again, from L1/L2).
@@ -227,15 +220,7 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
       uint32_t c[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
-      uint2 packed;
-      if constexpr (kInt4) {  // [x0 x2 x4 x6 | x1 x3 x5 x7]: the order the unpacked nibble words come in
-        packed.x = c[0] | (c[2] << 8) | (c[4] << 16) | (c[6] << 24);
-        packed.y = c[1] | (c[3] << 8) | (c[5] << 16) | (c[7] << 24);
-      } else {
-        packed.x = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
-        packed.y = c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24);
-      }
-      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = packed;
+      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = pack_unit_codes<kInt4>(c);
     }
   }
   __syncthreads();
@@ -251,13 +236,8 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
     const int8_t* row = p.xq + static_cast<int64_t>(m) * p.K;
 #pragma unroll 4
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
-      uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
-      if constexpr (kInt4) {
-        const uint32_t lo = v.x, hi = v.y;
-        v.x = __byte_perm(lo, hi, 0x6420);  // x0 x2 x4 x6
-        v.y = __byte_perm(lo, hi, 0x7531);  // x1 x3 x5 x7
-      }
-      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = v;
+      const uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
+      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = unit_codes_from_k_order<kInt4>(v);
     }
   }
   if (static_cast<int>(threadIdx.x) < p.M) sx[threadIdx.x] = p.sx[threadIdx.x];

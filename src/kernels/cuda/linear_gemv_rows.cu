@@ -112,13 +112,7 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
   const int units = p.K / 8;  // K is a multiple of 16
   if (p.xq != nullptr) {      // quantized beforehand (quantize_rows_int8): copy, W4 reordered per unit
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
-      uint2 v = *reinterpret_cast<const uint2*>(p.xq + 8 * u);
-      if constexpr (kInt4) {
-        const uint32_t lo = v.x, hi = v.y;
-        v.x = __byte_perm(lo, hi, 0x6420);
-        v.y = __byte_perm(lo, hi, 0x7531);
-      }
-      *reinterpret_cast<uint2*>(xq + 8 * u) = v;
+      *reinterpret_cast<uint2*>(xq + 8 * u) = unit_codes_from_k_order<kInt4>(*reinterpret_cast<const uint2*>(p.xq + 8 * u));
     }
     if (threadIdx.x == 0) *sx_out = p.sx[0];
   } else {
@@ -148,16 +142,7 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
     __syncthreads();
     if (warp == 0) {
       const uint32_t m = __reduce_max_sync(0xffffffffu, lane < kThreads / 32 ? amax_warp[lane] : 0u);
-      if (lane == 0) {
-        float s;
-        if (m >= 0x7f800000u) {
-          s = __uint_as_float(0x7fc00000u);  // NaN or ±inf in the row: NaN scale, codes 0 (as the reference)
-        } else {
-          s = __fdiv_rn(__uint_as_float(m), 127.0f);
-          if (s == 0.0f) s = 1.0f;
-        }
-        *sx_out = s;
-      }
+      if (lane == 0) *sx_out = row_scale_from_amax_bits(m);  // NaN when the row holds a NaN or ±inf: codes 0
     }
     __syncthreads();
     // Pass 2: the codes (from the registers, or x read again from L1/L2).
@@ -178,15 +163,7 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
       uint32_t c[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
-      uint2 packed;
-      if constexpr (kInt4) {
-        packed.x = c[0] | (c[2] << 8) | (c[4] << 16) | (c[6] << 24);
-        packed.y = c[1] | (c[3] << 8) | (c[5] << 16) | (c[7] << 24);
-      } else {
-        packed.x = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
-        packed.y = c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24);
-      }
-      *reinterpret_cast<uint2*>(xq + 8 * u) = packed;
+      *reinterpret_cast<uint2*>(xq + 8 * u) = pack_unit_codes<kInt4>(c);
     }
   }
   __syncthreads();
