@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/kernel_table.h"
 
@@ -40,24 +41,10 @@ PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a);
 void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& plan, const int32_t* d_length,
                         float* part_o, float* part_ml, void* stream);
 
-// The parameter block of both prefill kernels (filled by attention_tc.h's fill_tc_params, + qblocks).
-struct PrefillParams {
-  const float* q;
-  float* out;
-  float* part_o;
-  float* part_ml;
-  const uint8_t* kc;
-  const uint8_t* vc;
-  const uint8_t* ks;
-  const uint8_t* kb;
-  const uint8_t* vs;
-  const uint8_t* vb;
-  int Hq, Hkv, L, rep, R, qblocks, splits;
-  int64_t chunk, kL_bound, cap_k, cap_v;
-  const int32_t* d_length;
-  float scale_log2;  // scale · log2(e)
-  int causal;
-  int64_t window;
+// The parameter block of both prefill kernels: the fields of every tensor-core attention kernel (filled by
+// attention_tc.h's fill_tc_params) and the blocks of query rows per (b, KV head).
+struct PrefillParams : TcCallParams {
+  int qblocks;
 };
 
 // True when the prefill tensor-core path takes these (already validated) arguments.

@@ -93,23 +93,7 @@ struct Cfg {
   static_assert(kMaxFoldWeights >= 1024, "room for the merge weights");
 };
 
-struct TcParams {
-  const float* q;
-  float* out;
-  float* part_o;
-  float* part_ml;
-  const uint8_t* kc;
-  const uint8_t* vc;
-  const uint8_t* ks;
-  const uint8_t* kb;
-  const uint8_t* vs;
-  const uint8_t* vb;
-  int Hq, Hkv, L, rep, R, splits;
-  int64_t chunk, kL_bound, cap_k, cap_v;
-  const int32_t* d_length;
-  float scale_log2;  // scale · log2(e)
-  int causal;
-  int64_t window;
+struct TcParams : TcCallParams {
   // splits > 1: the per-(b, KV head) arrival counters of the in-kernel merge (zero between launches: the last CTA
   // of a head resets its counter); null: the partials are left for attention.cu's merge kernel.
   unsigned int* counters;

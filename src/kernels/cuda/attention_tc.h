@@ -37,10 +37,29 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_
 int sm_count();
 
 // The fields every tensor-core attention kernel's parameter block shares (attention_tc.cu's TcParams,
-// attention_prefill_tc.cu's PfParams): pointers into the cache, head counts, the split, bounds and the mask.
-template <typename Params>
-void fill_tc_params(Params& p, const kernels::AttentionArgs& a, const int32_t* d_length, float* part_o, float* part_ml,
-                    int splits, int64_t chunk) {
+// attention_prefill_tc.h's PrefillParams derive from it): pointers into the cache, head counts, the split, bounds and
+// the mask.
+struct TcCallParams {
+  const float* q;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  const uint8_t* kc;
+  const uint8_t* vc;
+  const uint8_t* ks;
+  const uint8_t* kb;
+  const uint8_t* vs;
+  const uint8_t* vb;
+  int Hq, Hkv, L, rep, R, splits;
+  int64_t chunk, kL_bound, cap_k, cap_v;
+  const int32_t* d_length;
+  float scale_log2;  // scale · log2(e)
+  int causal;
+  int64_t window;
+};
+
+inline void fill_tc_params(TcCallParams& p, const kernels::AttentionArgs& a, const int32_t* d_length, float* part_o,
+                           float* part_ml, int splits, int64_t chunk) {
   p.q = a.q;
   p.out = a.out;
   p.part_o = part_o;
