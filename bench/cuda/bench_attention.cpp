@@ -56,14 +56,18 @@ struct CacheCopy {
 // fold: the value $CIDER_ATTN_TC_FOLD is set to ("0": the split partials go to the separate merge kernel, as before
 // the in-kernel merge; nullptr: left as it is, default on).
 // packed: $CIDER_ATTN_TC_PACKED ("0": the three-chain layout for R ≤ 4 rows too; nullptr: left as it is, default on).
+// bound > L: the cache and the plan are sized for `bound` keys and the real length L is read on the device
+// (d_length), as in the model's decode graphs (a power-of-two bucket of the length, up to twice it).
 BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
-                        const char* k8v4_tc = nullptr, const char* fold = nullptr, const char* packed = nullptr) {
+                        const char* k8v4_tc = nullptr, const char* fold = nullptr, const char* packed = nullptr,
+                        int64_t bound = 0) {
   const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
   const ScopedEnv env_fold("CIDER_ATTN_TC_FOLD", fold);
   const ScopedEnv env_packed("CIDER_ATTN_TC_PACKED", packed);
   const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
-  const int64_t rows = B * Hkv * L;
+  const int64_t kL = std::max(bound, L);  // keys the cache holds and the plan is made for
+  const int64_t rows = B * Hkv * kL;
   const size_t k_bytes = quant ? static_cast<size_t>(rows * D * kbits / 8) : static_cast<size_t>(rows * D * 2);
   const size_t v_bytes = quant ? static_cast<size_t>(rows * D * vbits / 8) : k_bytes;
   const size_t sb_n = static_cast<size_t>(rows * D / 64);
@@ -104,8 +108,8 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
     kernels::KVTensorView kv{};
     kv.B = B;
     kv.H = Hkv;
-    kv.length = L;
-    kv.capacity = L;
+    kv.length = kL;
+    kv.capacity = kL;
     kv.dim = D;
     if (quant) {
       kv.dtype = DType::kU32;
@@ -135,16 +139,19 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   };
   const size_t ws_bytes = cuda::attention_workspace_bytes(args_for(cache[0]));
   DeviceBuffer ws(std::max<size_t>(ws_bytes, 256));
+  const int32_t len32 = static_cast<int32_t>(L);
+  DeviceBuffer d_len = cuda::to_device(&len32, sizeof(len32));
+  const int32_t* d_length = kL > L ? d_len.as<int32_t>() : nullptr;
   cuda::Stream stream;
   int next = 0;
   auto fn = [&](void* s) {
     const kernels::AttentionArgs a = args_for(cache[static_cast<size_t>(next)]);
     next = (next + 1) % copies;
-    cuda::attention(a, nullptr, cuda::Exec{s, ws.data(), ws_bytes});
+    cuda::attention(a, d_length, cuda::Exec{s, ws.data(), ws_bytes});
   };
   BenchResult r;
   r.seconds = bench_graph(fn, stream.handle());
-  r.bytes = static_cast<double>(per_copy);
+  r.bytes = static_cast<double>(per_copy) * static_cast<double>(L) / static_cast<double>(kL);  // the L keys read
   r.flops = 4.0 * static_cast<double>(B * Hq * L * D);  // q·k and p·v
   r.peer = "sdpa decode bf16 B" + std::to_string(B) + " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) +
            " D" + std::to_string(D) + " L" + std::to_string(L);
@@ -159,6 +166,12 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
   if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
   if (packed && packed[0] == '0') r.note += ", three-chain layout";
+  if (kL > L) {
+    r.note += ", device length in a plan for ";
+    r.note += std::to_string(kL);
+    r.note += " keys";
+    r.peer.clear();  // SDPA has no such row
+  }
   return r;
 }
 
@@ -179,6 +192,34 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192", "attention") {
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq16 Hkv2 D256 L65536", "attention") {
   return decode_case(8, 16, 2, 256, 65536, 4, 3);
+}
+// The length sweep (fixed cost and streaming rate: time = fixed + L / rate), beside tools/gpu/attn_decode_peer.py's
+// SDPA rows at the same lengths.
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1024", "attention") {
+  return decode_case(1, 32, 8, 128, 1024, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return decode_case(1, 32, 8, 128, 4096, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L8192", "attention") {
+  return decode_case(1, 32, 8, 128, 8192, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L16384", "attention") {
+  return decode_case(1, 32, 8, 128, 16384, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L65536", "attention") {
+  return decode_case(1, 32, 8, 128, 65536, 4, 3);
+}
+// A decode graph's bucket: 32769 keys read from a device length in a grid planned for 65536 (the model's bound is
+// the next power of two), K4V3 and K8V4; compare with the L32768 rows.
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
+  return decode_case(1, 32, 8, 128, 32769, 4, 3, nullptr, nullptr, nullptr, 65536);
+}
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
+  return decode_case(1, 32, 8, 128, 32769, 8, 4, "1", nullptr, nullptr, 65536);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1025 in a 2048 plan", "attention") {
+  return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, nullptr, 2048);
 }
 // A/B of the in-kernel merge (opt-in, measured slower): the same two cases with the partials merged in the kernel.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:folded merge", "attention") {

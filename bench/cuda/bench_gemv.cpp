@@ -197,6 +197,9 @@ CIDER_CUDA_BENCH("gemv roof read 58.7 MB (w8 K4096 N14336)", "linear") { return 
 CIDER_CUDA_BENCH("gemv roof read 29.4 MB (w4 K4096 N14336)", "linear") { return bench_read_roof(2048u * 14336u); }
 CIDER_CUDA_BENCH("gemv roof read 16.8 MB (w8 K4096 N4096)", "linear") { return bench_read_roof(4096u * 4096u); }
 CIDER_CUDA_BENCH("gemv roof read 235 MB (w8 K8192 N28672)", "linear") { return bench_read_roof(8192u * 28672u); }
+// The W4 sizes of the other two shapes, so the w4a8 rows have a roof at three sizes (fixed cost vs streaming rate).
+CIDER_CUDA_BENCH("gemv roof read 8.4 MB (w4 K4096 N4096)", "linear") { return bench_read_roof(2048u * 4096u); }
+CIDER_CUDA_BENCH("gemv roof read 117 MB (w4 K8192 N28672)", "linear") { return bench_read_roof(4096u * 28672u); }
 CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336 v:8warps 2/SM", "linear") {
   return bench_int_gemv(false, 1, 4096, 14336, 0, "bf16 GEMV K4096 N14336", {8, 2, 0, true});
 }

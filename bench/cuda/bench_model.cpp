@@ -105,6 +105,11 @@ CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768", "model") { return de
 // The CLI's default cache (k8v4/hadamard), and k4v3 with the SO(4) rotation of run 1.
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024", "model") { return decode("w8a8", "k8v4", 1024); }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768", "model") { return decode("w8a8", "k8v4", 32768); }
+// Between two buckets: the decode graph for 20000 keys is captured for a bound of 32768 (kv_bound), so attention
+// reads the real length on the device; compare with L32768 (the same grid, all of it busy).
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L20000", "model") { return decode("w8a8", "k8v4", 20000); }
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L20000", "model") { return decode("w4a8", "k4v3", 20000); }
+CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L20000", "model") { return decode("bf16", "bf16", 20000); }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 so4-full L1024", "model") {
   return decode("w8a8", "k4v3", 1024, "so4-full");
 }

@@ -601,6 +601,34 @@ TEST(CudaAttention, MatchesReferenceDecodeAndPrefill) {
       }
 }
 
+// split_range (attention_tc.h, host and device): the pieces of [lo, hi) are disjoint, in order, cover it exactly,
+// start on a quantum boundary from lo, and are never longer than one quantum-rounded share; no GPU needed.
+TEST(CudaAttentionSplits, SplitRangeCoversTheVisibleInterval) {
+  for (int64_t lo : {0, 1, 37, 4096})
+    for (int64_t span : {0, 1, 31, 32, 33, 127, 128, 129, 1000, 4097, 32769})
+      for (int splits : {1, 2, 3, 7, 64, 66, 4096})
+        for (int quantum : {1, 32, 64, 128}) {
+          SCOPED_TRACE(::testing::Message() << "lo " << lo << " span " << span << " splits " << splits << " quantum "
+                                            << quantum);
+          const int64_t hi = lo + span;
+          const int64_t share = ((span + splits - 1) / splits + quantum - 1) / quantum * quantum;
+          int64_t next = lo, covered = 0;
+          for (int s = 0; s < splits; ++s) {
+            const detail::SplitRange r = detail::split_range(lo, hi, s, splits, quantum);
+            ASSERT_LE(r.c0, r.c1);
+            if (r.c1 == r.c0) continue;  // empty: past the interval
+            ASSERT_EQ(r.c0, next) << "split " << s;
+            ASSERT_EQ((r.c0 - lo) % quantum, 0) << "split " << s;
+            ASSERT_LE(r.c1 - r.c0, share) << "split " << s;
+            ASSERT_LE(r.c1, hi);
+            covered += r.c1 - r.c0;
+            next = r.c1;
+          }
+          EXPECT_EQ(covered, span);
+          EXPECT_EQ(next, hi);
+        }
+}
+
 TEST(CudaAttention, SplitsMergeAndDeviceLength) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 7000;
@@ -617,6 +645,13 @@ TEST(CudaAttention, SplitsMergeAndDeviceLength) {
     run_attention_case({D, 4, 1000, 3, MaskKind::kCausal, 50, 0, 0, 0, DType::kBF16, 5, 777}, ++salt);
     run_attention_case({D, 1, 129, 16, MaskKind::kCausal, 0, 8, 2, 32, DType::kF32, 0, 100}, ++salt);
   }
+  // A device length far below the planned bound (a decode graph's bucket) and windows on the tensor-core path: the
+  // visible keys are spread over every split of the grid (split_range), so no split's range is the plan's.
+  run_attention_case({128, 4, 8192, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 0, 4097}, ++salt);
+  run_attention_case({256, 8, 8192, 1, MaskKind::kCausal, 300, 8, 4, 64, DType::kF16, 0, 5000}, ++salt);
+  run_attention_case({128, 4, 8192, 2, MaskKind::kCausal, 1000, 4, 3, 64, DType::kF16, 64, 3001}, ++salt);
+  run_attention_case({128, 1, 8192, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 0, 1}, ++salt);
+  run_attention_case({128, 4, 8192, 1, MaskKind::kCausal, 0, 0, 0, 0, DType::kBF16, 0, 4097}, ++salt);
   // Long prefill with the causal skip and many query blocks.
   run_attention_case({128, 4, 300, 300, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16}, ++salt);
   run_attention_case({128, 2, 300, 300, MaskKind::kCausal, 64, 0, 0, 0, DType::kBF16}, ++salt);
@@ -1106,6 +1141,17 @@ TEST(CudaAttention, RejectsBadArguments) {
   bad([](AttentionArgs& a) { a.values.length = 9; });
   bad([](AttentionArgs& a) { a.keys.length = 17; });
   bad([](AttentionArgs& a) { a.keys.bits = 0; a.keys.dtype = DType::kI8; });
+  {  // a cache of 2^31 keys: the split arithmetic is 32-bit, so it is refused before any plan or launch
+    AttentionArgs a = good;
+    a.keys.length = a.values.length = a.keys.capacity = a.values.capacity = int64_t{1} << 31;
+    try {
+      attention(a, nullptr, exec);
+      ADD_FAILURE() << "a 2^31-key cache was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+      EXPECT_NE(std::string(e.what()).find("below 2^31"), std::string::npos) << e.what();
+    }
+  }
   try {
     AttentionArgs a = good;
     a.mask_kind = MaskKind::kBool;

@@ -283,8 +283,10 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     hi = min(kL, pos_last + 1);
     if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
   }
-  const int64_t c0 = max(lo, static_cast<int64_t>(split) * p.chunk);
-  const int64_t c1 = min(hi, static_cast<int64_t>(split + 1) * p.chunk);
+  // The visible interval spread over all splits (split_range: a device length below the planned bound, or a window,
+  // keeps every CTA busy), in whole tiles per warp.
+  const SplitRange sr = split_range(lo, hi, split, p.splits, kTcWarps * TK);
+  const int64_t c0 = sr.c0, c1 = sr.c1;
   const int64_t n_keys = max(static_cast<int64_t>(0), c1 - c0);
   const int n_tiles = static_cast<int>((n_keys + TK - 1) / TK);
   const int my_tiles = n_tiles > warp ? (n_tiles - warp + kTcWarps - 1) / kTcWarps : 0;
@@ -944,6 +946,8 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   const int64_t quantum = static_cast<int64_t>(kTcWarps) * tk;  // one tile per warp
   int64_t splits = a.kv_splits > 0 ? std::min(a.kv_splits, 4096) : std::max<int64_t>(1, slots / bh);
   splits = std::min(splits, std::max<int64_t>(1, (kL + quantum - 1) / quantum));
+  // The chunk fixes the split count here; the kernel cuts the keys it can actually see (the device length, the
+  // window) into that many pieces itself (split_range), so a bound above the real length leaves no split idle.
   int64_t chunk = (kL + splits - 1) / splits;
   chunk = (chunk + quantum - 1) / quantum * quantum;
   pl.chunk = chunk;

@@ -14,7 +14,7 @@ namespace cider::cuda::detail {
 
 struct TcPlan {
   int splits = 1;
-  int64_t chunk = 0;  // keys per split (a multiple of the CTA's key tile)
+  int64_t chunk = 0;  // keys per split for keys.length (it fixes `splits`; the kernel re-cuts the visible keys)
   size_t smem = 0;    // dynamic shared memory per CTA
   bool fold = false;  // splits > 1 merged inside the kernel (last CTA per head); $CIDER_ATTN_TC_FOLD=0 turns it off
   bool packed = false;  // R = rep·L ≤ 4: 4 rows × (hi, lo) in the mma columns; $CIDER_ATTN_TC_PACKED=0 turns it off
@@ -35,6 +35,33 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_
 
 // Streaming multiprocessors of the current device (read once), for the wave arithmetic of the kernels' plans.
 int sm_count();
+
+#if defined(__CUDACC__)
+#define CIDER_HOST_DEVICE __host__ __device__
+#else
+#define CIDER_HOST_DEVICE
+#endif
+
+// The keys [c0, c1) of split `split` (of `splits`) inside the interval [lo, hi) a block of query rows can see: the
+// interval is cut into `splits` pieces of the same length, rounded up to `quantum` keys (c0 ≥ c1: an empty split).
+// Why from the interval and not from the plan's chunk: the plan is made for keys.length, which with a device length
+// (d_length, a decode graph) is only a bound — up to twice the real length in the model's buckets — and with a
+// window only part of [0, length) is visible. Pieces of the planned size would leave the splits past the real length
+// or outside the window empty and give the others all the work; pieces of the visible interval keep every CTA of the
+// grid busy. Plain integer arithmetic, the same on host (tests) and device.
+struct SplitRange {
+  int64_t c0, c1;
+};
+// Lengths are below 2^31 (cuda.attention checks keys.length), so the share is formed in 32-bit unsigned arithmetic:
+// a 64-bit division is a call on the GPU and cost the D256 kernel a register spill.
+CIDER_HOST_DEVICE inline SplitRange split_range(int64_t lo, int64_t hi, int split, int splits, int quantum) {
+  const uint32_t span = hi > lo ? static_cast<uint32_t>(hi - lo) : 0u;
+  uint32_t chunk = (span + static_cast<uint32_t>(splits) - 1u) / static_cast<uint32_t>(splits);
+  chunk = (chunk + static_cast<uint32_t>(quantum) - 1u) / static_cast<uint32_t>(quantum) * static_cast<uint32_t>(quantum);
+  const int64_t c0 = lo + static_cast<int64_t>(split) * chunk;
+  const int64_t c1 = c0 + chunk < hi ? c0 + chunk : hi;
+  return {c0, c1 > c0 ? c1 : c0};
+}
 
 // The fields every tensor-core attention kernel's parameter block shares (attention_tc.cu's TcParams,
 // attention_prefill_tc.h's PrefillParams derive from it): pointers into the cache, head counts, the split, bounds and

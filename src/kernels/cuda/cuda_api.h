@@ -148,7 +148,9 @@ void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& valu
 // kernels::AttentionArgs with device pointers (q and out float32, keys/values quantized or plain f16/bf16/f32).
 // Decode (L ≤ 16) splits the key sequence over blocks (online softmax, log-sum-exp merge); prefill runs in tiles.
 // Mask kinds: none, causal (+ window). d_length: null, or a device int32 that replaces keys.length and values.length
-// (which then only bound the grid): one captured graph serves every step of a decode.
+// (which then only bound the grid): one captured graph serves every step of a decode; the kernels spread the keys a
+// call can see over the whole grid from the device length, so a bound of twice the length costs no extra time.
+// keys.length must be below 2^31 (kOutOfRange otherwise).
 size_t attention_workspace_bytes(const kernels::AttentionArgs& args);
 void attention(const kernels::AttentionArgs& args, const int32_t* d_length, const Exec& exec);
 // In place, rows [rows, dim] float32: x ← R x (inverse = false) or Rᵀ x (inverse = true), R the cache's SO(4)
