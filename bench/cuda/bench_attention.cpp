@@ -221,6 +221,31 @@ CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1025 in a 2048 plan", "attention") {
   return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, nullptr, 2048);
 }
+// A/B of the early tile copies ($CIDER_ATTN_TC_EARLY=0: the first tiles fetched after the PDL wait, as before).
+BenchResult late_copies_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits) {
+  const ScopedEnv env("CIDER_ATTN_TC_EARLY", "0");
+  BenchResult r = decode_case(B, Hq, Hkv, D, L, kbits, vbits, kbits == 8 ? "1" : nullptr);
+  r.note += ", first tiles after the PDL wait";
+  return r;
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:late copies", "attention") {
+  return late_copies_case(1, 32, 8, 128, 32768, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L8192 v:late copies", "attention") {
+  return late_copies_case(1, 32, 8, 128, 8192, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072 v:late copies", "attention") {
+  return late_copies_case(1, 32, 8, 128, 131072, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768 v:late copies", "attention") {
+  return late_copies_case(8, 32, 8, 128, 32768, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536 v:late copies", "attention") {
+  return late_copies_case(1, 16, 2, 256, 65536, 4, 3);
+}
+CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:late copies", "attention") {
+  return late_copies_case(1, 32, 8, 128, 32768, 8, 4);
+}
 // A/B of the in-kernel merge (opt-in, measured slower): the same two cases with the partials merged in the kernel.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:folded merge", "attention") {
   return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "1");

@@ -652,6 +652,11 @@ TEST(CudaAttention, SplitsMergeAndDeviceLength) {
   run_attention_case({128, 4, 8192, 2, MaskKind::kCausal, 1000, 4, 3, 64, DType::kF16, 64, 3001}, ++salt);
   run_attention_case({128, 1, 8192, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 0, 1}, ++salt);
   run_attention_case({128, 4, 8192, 1, MaskKind::kCausal, 0, 0, 0, 0, DType::kBF16, 0, 4097}, ++salt);
+  {  // the tensor-core kernel with its first tiles fetched after the PDL wait ($CIDER_ATTN_TC_EARLY=0, the A/B)
+    const ScopedEnv early("CIDER_ATTN_TC_EARLY", "0");
+    run_attention_case({128, 4, 8192, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 0, 4097}, ++salt);
+    run_attention_case({256, 8, 4097, 2, MaskKind::kCausal, 300, 8, 4, 64, DType::kF16}, ++salt);
+  }
   // Long prefill with the causal skip and many query blocks.
   run_attention_case({128, 4, 300, 300, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16}, ++salt);
   run_attention_case({128, 2, 300, 300, MaskKind::kCausal, 64, 0, 0, 0, DType::kBF16}, ++salt);

@@ -97,6 +97,9 @@ struct TcParams : TcCallParams {
   // splits > 1: the per-(b, KV head) arrival counters of the in-kernel merge (zero between launches: the last CTA
   // of a head resets its counter); null: the partials are left for attention.cu's merge kernel.
   unsigned int* counters;
+  // 1: *d_length and the first tiles of rows below length − L are read before the PDL wait ($CIDER_ATTN_TC_EARLY=0
+  // turns it off for the A/B; read at every call).
+  int early_copies;
 };
 
 
@@ -269,10 +272,15 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   const int gid = lane >> 2, tig = lane & 3;
   const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
   const int split = blockIdx.x;
-  // PDL: the queries, the cache (appended by the previous kernel) and d_length are read only after the wait; the
-  // next kernel may start its own prologue now (it waits for this grid's completion before touching anything).
-  pdl::wait();
-  pdl::launch_dependents();
+  // PDL: the queries and the cache rows the previous kernel appended are read only after the wait. With
+  // p.early_copies (cuda.attention's contract: the kernel just before it in the stream writes neither *d_length nor
+  // the cache rows below length − L) the length and the first tiles of rows below length − L are fetched before it,
+  // so their HBM latency overlaps the previous kernel's tail (docs/cuda/attention.md, "Early tile copies").
+  // Without early copies the wait comes first, as before the contract: nothing is read before it.
+  if (p.early_copies == 0) {
+    pdl::wait();
+    pdl::launch_dependents();
+  }
   int64_t kL = p.kL_bound;
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
   const int R = p.R;
@@ -337,9 +345,23 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     cp_commit();
   };
 
-  // Start the first tiles' copies before the query preparation.
+  // Start the first tiles' copies before the query preparation — before the PDL wait when every row they read is
+  // below kL − L (written before the previous kernel ran), else after it.
+  const bool early = p.early_copies != 0 &&
+                     c0 + static_cast<int64_t>(warp + (kStages - 2) * kTcWarps + 1) * TK <= kL - p.L;
+  if (early) {
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+  }
+  // The next kernel may start its own prologue now (it waits for this grid's completion before touching anything).
+  if (p.early_copies != 0) {
+    pdl::wait();
+    pdl::launch_dependents();
+  }
+  if (!early) {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+  }
 
   // ---- queries: warp w prepares rows w and w + 4 straight from global memory (float4 per lane: dims 4·lane'..+3,
   // lane' = lane + 32u): max |q| and the group sums by shuffles, the exponent E, the integers Q = rint(q·2^E) and
@@ -985,6 +1007,7 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   TcParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.counters = pl.fold ? counters::counter_slab(counters::Pool::kAttentionMerge, stream) : nullptr;
+  p.early_copies = env_flag("CIDER_ATTN_TC_EARLY", true, "cuda.attention") ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.

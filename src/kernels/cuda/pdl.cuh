@@ -5,7 +5,8 @@
 // its predecessor is still running; it must call `pdl::wait()` before it reads anything an earlier kernel wrote or
 // writes anything an earlier kernel reads (griddepcontrol.wait returns once the predecessor grid has completed and
 // its memory is visible). What it does before the wait may only touch immutable data (weights, scales, tables): a
-// GEMV issues its first weight loads there. `pdl::launch_dependents()` lets the next kernel start; we call it right
+// GEMV issues its first weight loads there; the decode attention kernel its first cache tiles below length − L and
+// *d_length, which cuda::attention's contract (cuda_api.h) keeps the previous kernel from writing. `pdl::launch_dependents()` lets the next kernel start; we call it right
 // after the wait, so at most the next kernel's prologue overlaps this kernel's work (no cascade of waiting grids).
 //
 // Rules for every kernel launched through pdl::launch: call wait() on every path before the first dependent access
