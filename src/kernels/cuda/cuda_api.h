@@ -149,12 +149,14 @@ void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& valu
 // Decode (L ≤ 16) splits the key sequence over blocks (online softmax, log-sum-exp merge); prefill runs in tiles.
 // Mask kinds: none, causal (+ window). d_length: null, or a device int32 that replaces keys.length and values.length
 // (which then only bound the grid): one captured graph serves every step of a decode; the kernels spread the keys a
-// call can see over the whole grid from the device length, so a bound of twice the length costs no extra time.
+// call can see over the whole grid from the device length, so a bound above the real length leaves no split idle.
 // keys.length must be below 2^31 (kOutOfRange otherwise).
 // PDL contract: the decode kernel may read *d_length and the cache rows at positions below length − L before the
 // kernel just before it in the stream has finished (its first tiles' HBM latency then overlaps that kernel's tail), so
-// that kernel must not write them — a decode step's append writes rows length − L … length − 1, and d_length comes
-// from a copy, which PDL never overlaps. $CIDER_ATTN_TC_EARLY=0 reads nothing before the wait.
+// no kernel that may still run then may write them: the one just before it, and the ones before that one if it lets
+// its dependents start before its own griddepcontrol.wait (cider's kernels never do: pdl.cuh). A decode step's append
+// writes rows length − L … length − 1, and d_length comes from a copy, which PDL never overlaps.
+// $CIDER_ATTN_TC_EARLY=0 reads nothing before the wait.
 size_t attention_workspace_bytes(const kernels::AttentionArgs& args);
 void attention(const kernels::AttentionArgs& args, const int32_t* d_length, const Exec& exec);
 // In place, rows [rows, dim] float32: x ← R x (inverse = false) or Rᵀ x (inverse = true), R the cache's SO(4)
