@@ -110,19 +110,6 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768", "model") { return de
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L20000", "model") { return decode("w8a8", "k8v4", 20000); }
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L20000", "model") { return decode("w4a8", "k4v3", 20000); }
 CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L20000", "model") { return decode("bf16", "bf16", 20000); }
-// A/B of the decode attention's early tile copies ($CIDER_ATTN_TC_EARLY=0: fetched after the PDL wait).
-CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768 v:late attention copies", "model") {
-  const cider::test::ScopedEnv env("CIDER_ATTN_TC_EARLY", "0");
-  return decode("w4a8", "k4v3", 32768);
-}
-CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:late attention copies", "model") {
-  const cider::test::ScopedEnv env("CIDER_ATTN_TC_EARLY", "0");
-  return decode("w8a8", "k8v4", 32768);
-}
-CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:late attention copies", "model") {
-  const cider::test::ScopedEnv env("CIDER_ATTN_TC_EARLY", "0");
-  return decode("w4a8", "k4v3", 1024);
-}
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 so4-full L1024", "model") {
   return decode("w8a8", "k4v3", 1024, "so4-full");
 }
@@ -271,6 +258,16 @@ cider::bench::BenchResult with_env(const char* name, const char* value, bool is_
   return r;
 }
 }  // namespace
+// A/B of the decode attention's early tile copies ($CIDER_ATTN_TC_EARLY=0: fetched after the PDL wait).
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768 v:late attention copies", "model") {
+  return with_env("CIDER_ATTN_TC_EARLY", "0", false, "w4a8", "k4v3", 32768);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:late attention copies", "model") {
+  return with_env("CIDER_ATTN_TC_EARLY", "0", false, "w8a8", "k8v4", 32768);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:late attention copies", "model") {
+  return with_env("CIDER_ATTN_TC_EARLY", "0", false, "w4a8", "k4v3", 1024);
+}
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv split 16", "model") {
   return with_env("CIDER_GEMV_SPLIT", "16", false, "w8a8", "k8v4", 1024);
 }
