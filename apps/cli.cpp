@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "core/limits.h"
 #include "core/thread_pool.h"
 #include "model/chat_format.h"
 #include "model/convert.h"
@@ -89,15 +91,7 @@ void write_out(std::string_view s) {
   std::fflush(stdout);
 }
 
-std::string read_file(const std::string& path, const char* op) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good() && !fs::is_directory(path), ErrorCode::kIo, op, "cannot read file \"", path,
-        "\" (it must exist and be a readable file)");
-  std::ostringstream s;
-  s << f.rdbuf();
-  check(!f.bad(), ErrorCode::kIo, op, "error while reading \"", path, "\"");
-  return s.str();
-}
+std::string read_file(const std::string& path, const char* op) { return read_text_input(path, op); }
 
 // The tokenizer alone, without loading weights: tokenizer.json or tokenizer.gguf of a directory, or a .gguf file.
 model::Tokenizer load_tokenizer(const std::string& path) {
@@ -131,16 +125,26 @@ model::ModelOptions model_options(const ModelArgs& a) {
   if (o.kv.quantized) {  // a plain cache is neither rotated nor grouped
     o.kv.rotation = rotation;
     o.kv.group_size = a.kv_group_size;
+    o.kv.group_size_auto = !a.kv_group_size_given;
   }
   check(a.ctx >= 0, ErrorCode::kInvalidArgument, "options", "--ctx must be >= 0 (0 = the model's maximum); got ",
         a.ctx);
   if (a.threads_given) {
-    check(a.threads >= 1, ErrorCode::kInvalidArgument, "options", "--threads must be >= 1; got ", a.threads);
+    const int hi = max_num_threads();
+    check(a.threads >= 1 && a.threads <= hi, ErrorCode::kInvalidArgument, "options", "--threads must be in [1, ", hi,
+          "] (at most ", limits::kThreadsPerCpu, " per CPU this process may use: ", available_cpus(), "); got ",
+          a.threads);
     set_num_threads(a.threads);
   }
   o.ctx = a.ctx;
   o.device = model::parse_device(a.device);
   return o;
+}
+
+std::string resolve_model_path(const ModelArgs& a) {
+  check(!a.model_given || !a.model.empty(), ErrorCode::kInvalidArgument, "options",
+        "-m must name a model directory or .gguf file; got \"\" (leave -m out for the embedded model)");
+  return resolve_model_path(a.model);
 }
 
 std::string resolve_model_path(const std::string& given) {
@@ -207,7 +211,7 @@ int run_generate(GenerateArgs a) {
   for (const auto& s : a.stop)
     check(!s.empty(), ErrorCode::kInvalidArgument, "options", "--stop strings must not be empty; got \"\"");
   if (!a.seed_given) a.sampling.seed = fresh_seed();
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const model::Tokenizer& tok = model->tokenizer();
   const std::vector<int32_t> prompt = tok.encode(a.prompt, /*add_special=*/true);
@@ -228,7 +232,8 @@ int run_generate(GenerateArgs a) {
   const model::GenerationResult r = model::generate(source, text, sampler, history, prompt, go, stream);
   if (a.no_stream) write_out(r.text);
   write_out("\n");
-  std::string line = r.stats.line() + " | " + describe(opts) + " | stop: " + model::stop_reason_name(r.reason);
+  std::string line =
+      r.stats.line() + " | " + describe(model->options()) + " | stop: " + model::stop_reason_name(r.reason);
   if (a.sampling.temperature > 0) line += " | seed " + std::to_string(a.sampling.seed);
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
@@ -240,7 +245,7 @@ int run_chat(ChatArgs a) {
   check_prefill_chunk(a.prefill_chunk);
   if (!a.chat_format.empty()) (void)model::parse_chat_format(a.chat_format);
   if (!a.seed_given) a.sampling.seed = fresh_seed();
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const model::Tokenizer& tok = model->tokenizer();
   const model::ChatFormat format =
@@ -283,7 +288,14 @@ int run_chat(ChatArgs a) {
         (first_turn ? std::string() : model::chat_reply_end(format)) + model::chat_user_turn(format, line, a.system, first_turn);
     std::vector<int32_t> turn;
     if (pending >= 0) turn.push_back(pending);
-    const std::vector<int32_t> enc = tok.encode(turn_text, /*add_special=*/first_turn);
+    std::vector<int32_t> enc;
+    try {
+      enc = tok.encode(turn_text, /*add_special=*/first_turn);
+    } catch (const Error& e) {
+      // One bad line (e.g. invalid UTF-8) is refused; the conversation goes on.
+      std::fprintf(stderr, "cider: error: %s; the line was not sent\n", e.what());
+      continue;
+    }
     turn.insert(turn.end(), enc.begin(), enc.end());
     model::ModelLogitsSource source(*model, *session);
     model::TokenizerTextStream text(tok, turn.empty() ? -1 : turn.back());
@@ -306,7 +318,7 @@ int run_chat(ChatArgs a) {
 }
 
 int run_tokenize(const TokenizeArgs& a) {
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   const model::Tokenizer tok = load_tokenizer(path);
   const std::vector<int32_t> ids = tok.encode(a.text, /*add_special=*/!a.no_special);
   std::string out;
@@ -322,7 +334,8 @@ int run_logits(const LogitsArgs& a) {
   const model::ModelOptions opts = model_options(a.m);
   const std::vector<int32_t> ids = parse_token_list(a.tokens);
   check(!a.out.empty(), ErrorCode::kInvalidArgument, "options", "--out must name the .npy file to write; got \"\"");
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
+  check_output_path(a.out, {path}, "logits", "--out");  // before the model loads: a bad path fails at once
   auto model = load_model(a.m, opts, path);
   const int64_t vocab = model->config().vocab_size, n = static_cast<int64_t>(ids.size());
   for (int32_t id : ids)
@@ -341,9 +354,9 @@ int run_logits(const LogitsArgs& a) {
 
 int run_perplexity(PerplexityArgs a) {
   const model::ModelOptions opts = model_options(a.m);
-  check(a.m.ctx >= 2, ErrorCode::kInvalidArgument, "options", "--ctx (the window length) must be given and >= 2; got ",
-        a.m.ctx);
-  check(a.stride >= 0 && a.stride <= a.m.ctx, ErrorCode::kInvalidArgument, "options",
+  check(a.m.ctx == 0 || a.m.ctx >= 2, ErrorCode::kInvalidArgument, "options",
+        "--ctx (the window length) must be >= 2, or 0 for the model's context length; got ", a.m.ctx);
+  check(a.stride >= 0 && (a.m.ctx == 0 || a.stride <= a.m.ctx), ErrorCode::kInvalidArgument, "options",
         "--stride must be in [1, --ctx] (0 = --ctx); got ", a.stride);
   const bool with_baseline = !a.baseline_weights.empty() || !a.baseline_kv.empty();
   model::ModelOptions base_opts = opts;
@@ -355,7 +368,7 @@ int run_perplexity(PerplexityArgs a) {
     base_opts = model_options(b);
   }
   const std::string text = read_file(a.file, "perplexity");
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   std::unique_ptr<model::Model> base;
   if (with_baseline) base = load_model(a.m, base_opts, path);
@@ -369,7 +382,9 @@ int run_perplexity(PerplexityArgs a) {
   };
   ProgressBar bar(progress_enabled(a.m));
   model::PerplexityOptions po;
-  po.ctx = a.m.ctx;
+  po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
+  check(a.stride <= po.ctx, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, --ctx = ", po.ctx,
+        "] (0 = --ctx); got ", a.stride);
   po.stride = a.stride;
   const model::PerplexityResult r = model::evaluate_perplexity(
       tokens, model->config().vocab_size, po, evaluator(*model),
@@ -377,7 +392,7 @@ int run_perplexity(PerplexityArgs a) {
       [&](int64_t d, int64_t t) { bar.update("perplexity", d, t); });
   bar.finish();
   std::string head = "model " + path + " | " + std::to_string(tokens.size()) + " tokens | ctx " +
-                     std::to_string(a.m.ctx) + " stride " + std::to_string(a.stride ? a.stride : a.m.ctx) +
+                     std::to_string(po.ctx) + " stride " + std::to_string(a.stride ? a.stride : po.ctx) +
                      " | tested: " + describe(opts);
   if (with_baseline) head += " | baseline: " + describe(base_opts);
   write_out(head + "\n" + r.report());
@@ -390,7 +405,7 @@ int run_convert(const ConvertArgs& a) {
   check(!fs::exists(a.out), ErrorCode::kInvalidArgument, "convert", "the output directory must not exist yet; got \"",
         a.out, "\"");
   if (a.m.threads_given) (void)model_options(a.m);
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   ProgressBar bar(progress_enabled(a.m));
   model::convert_model(path, a.out, format, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); });
   bar.finish();
@@ -400,7 +415,7 @@ int run_convert(const ConvertArgs& a) {
 
 int run_inspect(const InspectArgs& a) {
   const model::ModelOptions opts = model_options(a.m);
-  const std::string path = resolve_model_path(a.m.model);
+  const std::string path = resolve_model_path(a.m);
   // The files' own tensor directory: how many tensors, in which stored formats, how many bytes.
   std::map<std::string, std::pair<int64_t, size_t>> by_format;  // format -> (count, bytes)
   int64_t n_tensors = 0;
@@ -437,7 +452,7 @@ int run_inspect(const InspectArgs& a) {
   o << ")\n"
     << "weights in memory: " << model::weight_format_name(opts.weights) << ", "
     << model::format_bytes(static_cast<double>(model->weight_bytes())) << "\n"
-    << "kv cache: " << model::kv_format_name(opts.kv) << "\n"
+    << "kv cache: " << model::kv_format_name(model->options().kv) << "\n"
     << "context: " << model->context_length() << " tokens\n";
   write_out(o.str());
   return 0;

@@ -17,10 +17,12 @@ namespace cider::apps {
 // Options every model command shares.
 struct ModelArgs {
   std::string model;               // -m; empty = the embedded default model
+  bool model_given = false;        // -m was on the command line (then it must not be empty)
   std::string weights = "bf16";    // --weights
   std::string kv = "k8v4";         // --kv (the defaults are model::KVOptions', docs/quality.md)
   std::string kv_rotation = "hadamard";
   int kv_group_size = 64;
+  bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
   int threads = 0;                 // --threads (applied only when threads_given)
   bool threads_given = false;
   int64_t ctx = 0;                 // --ctx; 0 = the model's maximum (capped by the engine)
@@ -35,6 +37,9 @@ model::ModelOptions model_options(const ModelArgs& a);
 // The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/
 // cider-tiny, else <source dir>/models/cider-tiny; a cider::Error (kIo) listing where it looked if none exists.
 std::string resolve_model_path(const std::string& given);
+// The same for a command's options; -m given as "" is an error (not the embedded model).
+struct ModelArgs;
+std::string resolve_model_path(const ModelArgs& a);
 
 struct GenerateArgs {
   ModelArgs m;

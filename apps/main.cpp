@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "apps/bench.h"
 #include "apps/cli.h"
@@ -17,8 +18,21 @@ namespace {
 using cider::apps::ModelArgs;
 
 // The options of every model command. Values are checked by the commands (one rule each, one message each).
-CLI::Option* add_model_options(CLI::App* c, ModelArgs& m) {
-  c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
+struct ModelOptionHandles {
+  CLI::Option* model = nullptr;
+  CLI::Option* group = nullptr;
+  CLI::Option* threads = nullptr;
+  // The "given" flags of the options whose absence means a default chosen later.
+  void apply(ModelArgs& m) const {
+    m.model_given = model->count() > 0;
+    m.kv_group_size_given = group->count() > 0;
+    m.threads_given = threads->count() > 0;
+  }
+};
+
+ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
+  ModelOptionHandles h;
+  h.model = c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
                                        "embedded cider-tiny");
   c->add_option("--weights", m.weights, "linear weights: f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8")
       ->capture_default_str();
@@ -26,13 +40,16 @@ CLI::Option* add_model_options(CLI::App* c, ModelArgs& m) {
       ->capture_default_str();
   c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none")
       ->capture_default_str();
-  c->add_option("--kv-group-size", m.kv_group_size, "quantization group of a quantized KV cache: 32, 64, 128")
-      ->capture_default_str();
+  h.group = c->add_option("--kv-group-size", m.kv_group_size,
+                          "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
+                          "64 does not divide)");
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
   c->add_flag("--progress", m.progress, "draw progress bars even when stderr is not a terminal");
-  return c->add_option("--threads", m.threads, "worker threads (default: $CIDER_NUM_THREADS or all cores)");
+  h.threads = c->add_option("--threads", m.threads,
+                            "worker threads, at most 4 per CPU (default: $CIDER_NUM_THREADS or all CPUs)");
+  return h;
 }
 
 struct SamplingOptions {
@@ -51,7 +68,15 @@ SamplingOptions add_sampling_options(CLI::App* c, cider::model::SamplerParams& s
   c->add_option("--repeat-last-n", s.repeat_window, "how many recent tokens the penalty sees (0 = all)")
       ->capture_default_str();
   SamplingOptions o;
-  o.seed = c->add_option("--seed", s.seed, "random seed (default: a fresh one, printed with the stats)");
+  o.seed = c->add_option("--seed", s.seed, "random seed in [0, 2^64) (default: a fresh one, printed with the stats)")
+               ->check(CLI::Validator(
+                   [](std::string& v) {
+                     const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+                     const bool fits = v.size() < 20 || (v.size() == 20 && v <= "18446744073709551615");
+                     return digits && fits ? std::string()
+                                           : "must be an integer in [0, 2^64 - 1]; got " + v;
+                   },
+                   "SEED"));
   return o;
 }
 
@@ -79,7 +104,7 @@ int main(int argc, char** argv) {
 
   cider::apps::GenerateArgs gen;
   CLI::App* gen_cmd = app.add_subcommand("generate", "continue a prompt, streaming the text");
-  CLI::Option* gen_threads = add_model_options(gen_cmd, gen.m);
+  const ModelOptionHandles gen_threads = add_model_options(gen_cmd, gen.m);
   gen_cmd->add_option("-p,--prompt", gen.prompt, "the prompt text")->required();
   const SamplingOptions gen_sampling = add_sampling_options(gen_cmd, gen.sampling, gen.max_tokens);
   gen_cmd->add_option("--stop", gen.stop, "stop when the text contains this string (repeatable; not printed)");
@@ -91,7 +116,7 @@ int main(int argc, char** argv) {
 
   cider::apps::ChatArgs chat;
   CLI::App* chat_cmd = app.add_subcommand("chat", "chat on stdin, one message per line (/reset, /exit)");
-  CLI::Option* chat_threads = add_model_options(chat_cmd, chat.m);
+  const ModelOptionHandles chat_threads = add_model_options(chat_cmd, chat.m);
   const SamplingOptions chat_sampling = add_sampling_options(chat_cmd, chat.sampling, chat.max_tokens);
   chat_cmd->add_option("--chat-format", chat.chat_format,
                        "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
@@ -103,20 +128,21 @@ int main(int argc, char** argv) {
 
   cider::apps::TokenizeArgs tokz;
   CLI::App* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text (comma-separated)");
-  tok_cmd->add_option("-m,--model", tokz.m.model, "model directory or .gguf file (default: the embedded model)");
+  CLI::Option* tok_model =
+      tok_cmd->add_option("-m,--model", tokz.m.model, "model directory or .gguf file (default: the embedded model)");
   tok_cmd->add_option("--text", tokz.text, "the text")->required();
   tok_cmd->add_flag("--no-special", tokz.no_special, "do not add special tokens (BOS)");
 
   cider::apps::LogitsArgs logits;
   CLI::App* logits_cmd = app.add_subcommand("logits", "write the logits of every position as a float32 .npy file");
-  CLI::Option* logits_threads = add_model_options(logits_cmd, logits.m);
+  const ModelOptionHandles logits_threads = add_model_options(logits_cmd, logits.m);
   logits_cmd->add_option("--tokens", logits.tokens, "token ids, comma-separated (e.g. 1,2,3)")->required();
   logits_cmd->add_option("--out", logits.out, "output .npy file ([n_tokens, vocab])")->required();
 
   cider::apps::PerplexityArgs ppl;
   CLI::App* ppl_cmd = app.add_subcommand(
       "perplexity", "perplexity of a text file; with a baseline configuration also mean KL and top-1 agreement");
-  CLI::Option* ppl_threads = add_model_options(ppl_cmd, ppl.m);
+  const ModelOptionHandles ppl_threads = add_model_options(ppl_cmd, ppl.m);
   ppl_cmd->add_option("-f,--file", ppl.file, "text file")->required();
   ppl_cmd->add_option("--stride", ppl.stride, "window stride in tokens (default: --ctx, non-overlapping)");
   ppl_cmd->add_option("--baseline-weights", ppl.baseline_weights, "weights of the baseline configuration");
@@ -124,12 +150,12 @@ int main(int argc, char** argv) {
 
   cider::apps::ConvertArgs conv;
   CLI::App* conv_cmd = app.add_subcommand("convert", "write the model in cider's format with --weights");
-  CLI::Option* conv_threads = add_model_options(conv_cmd, conv.m);
+  const ModelOptionHandles conv_threads = add_model_options(conv_cmd, conv.m);
   conv_cmd->add_option("-o,--out", conv.out, "output directory (must not exist)")->required();
 
   cider::apps::InspectArgs insp;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");
-  CLI::Option* insp_threads = add_model_options(insp_cmd, insp.m);
+  const ModelOptionHandles insp_threads = add_model_options(insp_cmd, insp.m);
 
   cider::apps::BenchOptions bench;
   CLI::App* bench_cmd = cider::apps::add_bench_command(app, bench);
@@ -139,37 +165,46 @@ int main(int argc, char** argv) {
     if (*demo_cmd) return cider::apps::run_demo(demo);
     if (*bench_cmd) return cider::apps::run_bench(bench);
     if (*gen_cmd) {
-      gen.m.threads_given = gen_threads->count() > 0;
+      gen_threads.apply(gen.m);
       gen.seed_given = gen_sampling.seed->count() > 0;
       return cider::apps::run_generate(gen);
     }
     if (*chat_cmd) {
-      chat.m.threads_given = chat_threads->count() > 0;
+      chat_threads.apply(chat.m);
       chat.seed_given = chat_sampling.seed->count() > 0;
       return cider::apps::run_chat(chat);
     }
-    if (*tok_cmd) return cider::apps::run_tokenize(tokz);
+    if (*tok_cmd) {
+      tokz.m.model_given = tok_model->count() > 0;
+      return cider::apps::run_tokenize(tokz);
+    }
     if (*logits_cmd) {
-      logits.m.threads_given = logits_threads->count() > 0;
+      logits_threads.apply(logits.m);
       return cider::apps::run_logits(logits);
     }
     if (*ppl_cmd) {
-      ppl.m.threads_given = ppl_threads->count() > 0;
+      ppl_threads.apply(ppl.m);
       return cider::apps::run_perplexity(ppl);
     }
     if (*conv_cmd) {
-      conv.m.threads_given = conv_threads->count() > 0;
+      conv_threads.apply(conv.m);
       return cider::apps::run_convert(conv);
     }
     if (*insp_cmd) {
-      insp.m.threads_given = insp_threads->count() > 0;
+      insp_threads.apply(insp.m);
       return cider::apps::run_inspect(insp);
     }
   } catch (const cider::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "cider: error: %s\n", e.what());
     return 2;
-  } catch (const std::exception& e) {  // e.g. out of memory: still a message and a status, never a crash
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "cider: error: out of memory: an allocation failed (std::bad_alloc); the model, --ctx or the input "
+                 "needs more memory than this machine gives the process\n");
+    return 2;
+  } catch (const std::exception& e) {  // still a message and a status, never a crash
     std::fflush(stdout);
     std::fprintf(stderr, "cider: error: %s\n", e.what());
     return 2;

@@ -5,9 +5,11 @@
 //
 // The binary: $CIDER_BIN, else CIDER_CLI_PATH (a compile definition, when the build provides it), else `cider` next
 // to this test executable (both are built into the build directory's root).
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -119,17 +121,20 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
       {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast, hadamard or none; got \"so5\""},
       {"generate " + m + "-p x --kv-group-size 48", "[options] --kv-group-size must be one of 32, 64, 128; got 48"},
-      {"generate " + m + "-p x --threads 0", "[options] --threads must be >= 1; got 0"},
+      {"generate " + m + "-p x --threads 0", "[options] --threads must be in [1, "},
+      {"generate " + m + "-p x --threads 2147483647", "per CPU this process may use"},
+      {"generate -m '' -p x", "[options] -m must name a model directory or .gguf file; got \"\""},
       {"generate " + m + "-p x --ctx -5", "[options] --ctx must be >= 0 (0 = the model's maximum); got -5"},
       {"chat " + m + "--chat-format jinja", "[chat_format] the chat format must be one of chatml, llama3, gemma, mistral, llama2, raw; got \"jinja\""},
       {"chat " + m + "--temperature -1", "temperature must be"},
       {"logits " + m + "--tokens 1,x,3 --out o.npy", "--tokens must be comma-separated non-negative integer ids (e.g. 1,2,3); got \"1,x,3\""},
       {"logits " + m + "--tokens 1,,3 --out o.npy", "got \"1,,3\""},
       {"logits " + m + "--tokens -1 --out o.npy", "got \"-1\""},
-      {"perplexity " + m + "-f x.txt", "[options] --ctx (the window length) must be given and >= 2; got 0"},
+      {"perplexity " + m + "-f x.txt --ctx 1", "[options] --ctx (the window length) must be >= 2, or 0 for the model's context length; got 1"},
       {"perplexity " + m + "-f x.txt --ctx 8 --stride 9", "[options] --stride must be in [1, --ctx] (0 = --ctx); got 9"},
       {"perplexity " + m + "-f x.txt --ctx 8 --baseline-kv k1v1", "got \"k1v1\""},
-      {"perplexity " + m + "-f /nonexistent/text.txt --ctx 8", "[perplexity] cannot read file \"/nonexistent/text.txt\""},
+      {"perplexity " + m + "-f /nonexistent/text.txt --ctx 8", "[perplexity] cannot read \"/nonexistent/text.txt\": No such file or directory"},
+      {"perplexity " + m + "-f / --ctx 8", "[perplexity] cannot read \"/\": it is a directory"},
       {"convert " + m + "-o out --weights q4", "got \"q4\""},
       {"generate " + m + "-p x", "[model] the model path must exist; got \"/nonexistent/model\""},
       {"tokenize " + m + "--text x", "[model] the model path must exist; got \"/nonexistent/model\""},
@@ -358,6 +363,141 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
                            "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k8v4/hadamard/g64"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
+}
+
+// ---- Hostile inputs (issue 19): each reproducer of the fuzzing report fails with its rule, exit 2, quickly --------
+
+// A copy of cider-tiny whose config.json is `config` (the weights and tokenizer linked, not copied).
+fs::path tiny_with_config(const std::string& name, const std::string& config) {
+  const fs::path dir = scratch_dir() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::create_symlink(fs::path(kTiny) / f, dir / f);
+  std::ofstream(dir / "config.json") << config;
+  return dir;
+}
+
+nlohmann::json tiny_config() { return nlohmann::json::parse(slurp(kTiny + "/config.json")); }
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;  // ASan reserves terabytes of address space: no ulimit -v under it
+#else
+constexpr bool kAsan = false;
+#endif
+
+// Runs a command that must be rejected: exit 2, the rule in the message, within 3 s and (outside ASan) within 1 GiB
+// of address space (an allocation beyond it would end as "out of memory", not with the rule).
+void expect_rejected(const std::string& args, const std::string& want, const std::string& input = "") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliResult r = cider(args, input, kAsan ? "" : "ulimit -v 1048576;");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(want), std::string::npos) << args << "\nwant: " << want << "\ngot: " << r.err;
+  EXPECT_LT(s, 3.0) << args;
+}
+
+TEST_F(Cli, HostileConfigsAreRejectedWithTheirKeyBeforeAnythingIsAllocated) {
+  const std::string gen = " -p x --max-tokens 2";
+  // 1. Qwen2 sliding layers with a negative max_window_layers: was a heap write before layer_sliding.
+  auto c = tiny_config();
+  c["architectures"] = {"Qwen2ForCausalLM"};
+  c["use_sliding_window"] = true;
+  c["sliding_window"] = 16;
+  c["max_window_layers"] = -5;
+  expect_rejected("generate -m " + quote(tiny_with_config("negwin", c.dump()).string()) + gen,
+                  "max_window_layers must be >= 0 (the first layer with a sliding window); got -5");
+  // 2. heads × head_dim wrapping to 0 in int64.
+  c = tiny_config();
+  c["num_attention_heads"] = int64_t{1} << 62;
+  c["num_key_value_heads"] = int64_t{1} << 62;
+  c["head_dim"] = 4;
+  expect_rejected("generate -m " + quote(tiny_with_config("wrap", c.dump()).string()) + gen,
+                  "num_attention_heads must be in [1, 4096]; got 4611686018427387904");
+  // 3. Deep nesting, in a key nobody reads.
+  std::string deep = tiny_config().dump();
+  deep.pop_back();
+  deep += ", \"junk\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_rejected("generate -m " + quote(tiny_with_config("deep", deep).string()) + gen,
+                  "must nest JSON arrays and objects at most 128 levels deep");
+  // 8. A huge layer count: rejected before the per-layer table (was 2 GB and 11-19 s).
+  c = tiny_config();
+  c["num_hidden_layers"] = 2147483647;
+  expect_rejected("generate -m " + quote(tiny_with_config("layers", c.dump()).string()) + gen,
+                  "num_hidden_layers must be in [1, 1024]; got 2147483647");
+  // 9. Rope theta 0 / negative (NaN and inf are not JSON numbers; cider's own format is tested in test_config).
+  for (double theta : {0.0, -1.0}) {
+    c = tiny_config();
+    c["rope_parameters"]["rope_theta"] = theta;
+    expect_rejected("generate -m " + quote(tiny_with_config("theta", c.dump()).string()) + gen,
+                    "rope_theta must be positive");
+  }
+}
+
+TEST_F(Cli, HostileOptionsAndPathsAreRejected) {
+  const std::string tiny = " -m " + quote(kTiny);
+  // 4. Threads: bounded (was: spawning until the process table was full).
+  expect_rejected("generate" + tiny + " -p x --threads 2147483647", "--threads must be in [1, ");
+  expect_rejected("generate" + tiny + " -p x --threads 9999", "per CPU this process may use");
+  // 5. logits --out: never a device, FIFO, symlink or one of the model's files.
+  const std::string ok = "logits" + tiny + " --tokens 1,2 --out ";
+  expect_rejected(ok + "/dev/full", "--out must be a new path or a regular file, which cider replaces; got \"/dev/full\", which is a character device");
+  const fs::path fifo = scratch_dir() / "fifo";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_rejected(ok + quote(fifo.string()), "which is a FIFO");
+  const fs::path link = scratch_dir() / "link.npy";
+  fs::remove(link);
+  fs::create_symlink(scratch_dir() / "target.npy", link);
+  expect_rejected(ok + quote(link.string()), "got a symbolic link");
+  EXPECT_FALSE(fs::exists(scratch_dir() / "target.npy"));
+  const auto size_before = fs::file_size(fs::path(kTiny) / "model.safetensors");
+  expect_rejected(ok + quote(kTiny + "/model.safetensors"), "--out must not be one of the inputs");
+  EXPECT_EQ(fs::file_size(fs::path(kTiny) / "model.safetensors"), size_before);
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+  // A regular file is replaced whole, and no temporary file is left beside it.
+  const fs::path out = scratch_dir() / "replace" / "l.npy";
+  fs::create_directories(out.parent_path());
+  std::ofstream(out) << "old";
+  const CliResult w = cider(ok + quote(out.string()));
+  ASSERT_EQ(w.status, 0) << w.err;
+  EXPECT_EQ(model::read_npy_f32(out.string()).shape, (std::vector<int64_t>{2, 4096}));
+  EXPECT_EQ(std::distance(fs::directory_iterator(out.parent_path()), fs::directory_iterator()), 1);
+  // 8. Text inputs are bounded: /dev/zero never ends.
+  expect_rejected("perplexity" + tiny + " -f /dev/zero --ctx 64", "must hold at most 268435456 bytes");
+  // 9. -m '' is not the embedded model; a negative or too large seed is not wrapped.
+  expect_rejected("generate -m '' -p x", "-m must name a model directory or .gguf file; got \"\"");
+  for (const char* seed : {"-1", "18446744073709551616"}) {
+    const CliResult r = cider("generate" + tiny + " -p x --seed " + seed);
+    EXPECT_GT(r.status, 2) << seed;
+    EXPECT_NE(r.err.find("--seed: must be an integer in [0, 2^64 - 1]; got "), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
+  // 10. --ctx 0 means the model's context for perplexity too.
+  const std::string file = (scratch_dir() / "long.txt").string();
+  std::ofstream(file) << slurp(kTiny + "/README.md") << slurp(kTiny + "/README.md") << slurp(kTiny + "/README.md");
+  const CliResult p = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 0");
+  if (p.status == 2) {
+    EXPECT_NE(p.err.find("the text must have at least ctx = 1024 tokens"), std::string::npos) << p.err;
+  } else {
+    EXPECT_EQ(p.status, 0) << p.err;
+    EXPECT_NE(p.out.find("ctx 1024 stride 1024"), std::string::npos) << p.out;
+  }
+  // 10. inspect on head_dim 32 (the default group 64 does not divide it): the cache gets group 32.
+  const CliResult i = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3"));
+  ASSERT_EQ(i.status, 0) << i.err;
+  EXPECT_NE(i.out.find("kv cache: k8v4/hadamard/g32"), std::string::npos) << i.out;
+  const CliResult g64 = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3") + " --kv-group-size 64");
+  EXPECT_EQ(g64.status, 2);
+  EXPECT_NE(g64.err.find("kv group size 64 must divide the model's head_dim; got head_dim 32"), std::string::npos)
+      << g64.err;
+  // 10. One invalid UTF-8 line is refused; the next one is answered.
+  const std::string args = "chat -m " + quote(kTiny) + " --temperature 0 --max-tokens 4 --weights f32 --kv f32";
+  const CliResult r = cider(args, "bad \xff\xfe line\nThe Python interpreter\n");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("the line was not sent"), std::string::npos) << r.err;
+  EXPECT_FALSE(r.out.empty());
 }
 
 TEST_F(Cli, BenchAttentionTakesTheAttentionBenchmarksOptions) {

@@ -37,6 +37,9 @@ cider_status guarded(F&& f) {
 
 // Validates a C tensor descriptor (non-null, rank 0..8, known dtype, non-negative dims) and views it.
 TensorView to_view(const cider_tensor* t, const char* op, const char* what);
+// Same, for an input: float tensors must hold finite values (NaN and ±inf are Error(kInvalidArgument) naming the
+// index), -inf allowed where `allow_neg_inf` (additive masks).
+TensorView to_input_view(const cider_tensor* t, const char* op, const char* what, bool allow_neg_inf = false);
 // Same, but a null descriptor gives an empty view (data == nullptr, rank 0) for optional arguments.
 TensorView to_optional_view(const cider_tensor* t, const char* op, const char* what);
 // Checks an output handle pointer.

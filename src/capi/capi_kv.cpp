@@ -1,4 +1,5 @@
 // C API: the KV cache (quantized IsoQuant or plain), snapshots, and attention over a cache.
+#include <cmath>
 #include <memory>
 
 #include "capi/capi_internal.h"
@@ -61,6 +62,8 @@ cider_status cider_kv_cache_create(const cider_kv_config* config, cider_kv_cache
     cider::capi::check_out_ptr(out, op, "out");
     cider::check(config != nullptr, ErrorCode::kInvalidArgument, op, "config must not be NULL");
     auto handle = std::make_unique<cider_kv_cache>();
+    cider::check(config->quantized == 0 || config->quantized == 1, ErrorCode::kInvalidArgument, op,
+                 "config->quantized must be 0 (plain) or 1 (quantized); got ", config->quantized);
     if (config->quantized) {
       cider::nn::QuantizedKVCacheConfig qc;
       qc.k_bits = config->k_bits;
@@ -150,8 +153,9 @@ cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* 
     cider::check(needs_mask == (mask != nullptr), ErrorCode::kInvalidArgument, op,
                  "mask must be given exactly when mask_kind is 2 or 3; got mask_kind ", mask_kind, " and mask ",
                  mask ? "non-NULL" : "NULL");
-    if (mask) m.mask = to_view(mask, op, "mask");
-    cider::nn::attention(to_view(queries, op, "queries"), *cache->cache, scale, m, to_view(out, op, "out"));
+    if (mask) m.mask = cider::capi::to_input_view(mask, op, "mask", /*allow_neg_inf=*/mask_kind == 3);
+    cider::check(std::isfinite(scale), ErrorCode::kInvalidArgument, op, "scale must be finite; got ", scale);
+    cider::nn::attention(cider::capi::to_input_view(queries, op, "queries"), *cache->cache, scale, m, to_view(out, op, "out"));
   });
 }
 

@@ -1,4 +1,5 @@
 // C API: INT8 / INT4 weight quantization into caller buffers, and W8A8 / W4A8 linear layers as opaque handles.
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <variant>
@@ -27,7 +28,10 @@ void copy_out(const cider::Tensor& src, const TensorView& dst, const char* op, c
   if (src.buffer.nbytes()) std::memcpy(dst.data, src.buffer.data(), src.buffer.nbytes());
 }
 
+// 0 (or below) = no clipping; a NaN is an error, not "no clipping".
 std::optional<float> clip_option(float clip_percentile) {
+  cider::check(!std::isnan(clip_percentile), ErrorCode::kInvalidArgument, "clip_percentile",
+               "clip_percentile must be a number in (0, 100], or <= 0 for none; got NaN");
   return clip_percentile > 0.0f ? std::optional<float>(clip_percentile) : std::nullopt;
 }
 
@@ -45,7 +49,7 @@ cider_status cider_int8_quantize_weights(const cider_tensor* w, int group_size, 
   return guarded([&] {
     const char* op = "cider_int8_quantize_weights";
     TensorView qv = to_view(q, op, "q"), sv = to_view(scales, op, "scales");
-    auto r = cider::quant::quantize_int8_weights(to_view(w, op, "w"), group_size, clip_option(clip_percentile));
+    auto r = cider::quant::quantize_int8_weights(cider::capi::to_input_view(w, op, "w"), group_size, clip_option(clip_percentile));
     copy_out(r.q, qv, op, "q");
     copy_out(r.scales, sv, op, "scales");
   });
@@ -56,7 +60,7 @@ cider_status cider_int4_quantize_weights(const cider_tensor* w, int group_size, 
   return guarded([&] {
     const char* op = "cider_int4_quantize_weights";
     TensorView qv = to_view(q, op, "q"), sv = to_view(scales, op, "scales");
-    auto r = cider::quant::quantize_int4_weights(to_view(w, op, "w"), group_size);
+    auto r = cider::quant::quantize_int4_weights(cider::capi::to_input_view(w, op, "w"), group_size);
     copy_out(r.packed, qv, op, "q");
     copy_out(r.scales, sv, op, "scales");
   });
@@ -68,9 +72,9 @@ cider_status cider_linear_create(int format, const cider_tensor* w, const cider_
     const char* op = "cider_linear_create";
     cider::capi::check_out_ptr(out, op, "out");
     check_format(format, op);
-    TensorView wv = to_view(w, op, "w");
+    TensorView wv = cider::capi::to_input_view(w, op, "w");
     std::optional<TensorView> bv;
-    if (bias) bv = to_view(bias, op, "bias");
+    if (bias) bv = cider::capi::to_input_view(bias, op, "bias");
     const TensorView* bp = bv ? &*bv : nullptr;
     if (format == CIDER_W8A8)
       *out = new cider_linear{cider::nn::Int8Linear::from_float(wv, bp, group_size, clip_option(clip_percentile))};
@@ -87,10 +91,10 @@ cider_status cider_linear_create_from_mlx(int format, const cider_tensor* packed
     const char* op = "cider_linear_create_from_mlx";
     cider::capi::check_out_ptr(out, op, "out");
     check_format(format, op);
-    TensorView pv = to_view(packed, op, "packed"), sv = to_view(scales, op, "scales"),
-               bsv = to_view(biases, op, "biases");
+    TensorView pv = to_view(packed, op, "packed"), sv = cider::capi::to_input_view(scales, op, "scales"),
+               bsv = cider::capi::to_input_view(biases, op, "biases");
     std::optional<TensorView> bv;
-    if (bias) bv = to_view(bias, op, "bias");
+    if (bias) bv = cider::capi::to_input_view(bias, op, "bias");
     const TensorView* bp = bv ? &*bv : nullptr;
     std::optional<int> target = target_group_size >= 0 ? std::optional<int>(target_group_size) : std::nullopt;
     if (format == CIDER_W8A8)
@@ -106,7 +110,7 @@ cider_status cider_linear_forward(const cider_linear* layer, const cider_tensor*
   return guarded([&] {
     const char* op = "cider_linear_forward";
     cider::check(layer != nullptr, ErrorCode::kInvalidArgument, op, "layer must not be NULL");
-    TensorView xv = to_view(x, op, "x"), ov = to_view(out, op, "out");
+    TensorView xv = cider::capi::to_input_view(x, op, "x"), ov = to_view(out, op, "out");
     std::visit([&](const auto& l) { l.forward(xv, ov); }, layer->layer);
   });
 }

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -151,6 +152,37 @@ void check_not_null(const TensorView& t, const char* op, const char* what) {
 void check_cpu(const TensorView& t, const char* op, const char* what) {
   check(t.device == Device::kCPU, ErrorCode::kUnsupported, op, what,
         " must be in CPU memory for the CPU kernels; got a CUDA tensor");
+}
+
+}  // namespace cider
+
+namespace cider {
+
+namespace {
+template <typename U, U kExpMask>
+int64_t find_nonfinite_bits(const U* p, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    U bad = 0;
+    for (int64_t i = b; i < e; ++i) bad |= static_cast<U>((p[i] & kExpMask) == kExpMask);
+    if (bad)
+      for (int64_t i = b; i < e; ++i)
+        if ((p[i] & kExpMask) == kExpMask) return i;
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t find_nonfinite(const void* p, DType t, int64_t n) {
+  switch (t) {
+    case DType::kF32: return find_nonfinite_bits<uint32_t, 0x7f800000u>(static_cast<const uint32_t*>(p), n);
+    case DType::kF16: return find_nonfinite_bits<uint16_t, 0x7c00u>(static_cast<const uint16_t*>(p), n);
+    case DType::kBF16: return find_nonfinite_bits<uint16_t, 0x7f80u>(static_cast<const uint16_t*>(p), n);
+    case DType::kF64:
+      return find_nonfinite_bits<uint64_t, 0x7ff0000000000000ull>(static_cast<const uint64_t*>(p), n);
+    default: return -1;
+  }
 }
 
 }  // namespace cider

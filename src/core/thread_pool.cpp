@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -7,7 +9,9 @@
 #include <immintrin.h>
 #endif
 
+#include "core/env.h"
 #include "core/error.h"
+#include "core/limits.h"
 
 namespace cider {
 
@@ -155,16 +159,25 @@ std::mutex& pool_mutex() {
   return mu;
 }
 int default_thread_count() {
-  if (const char* env = std::getenv("CIDER_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    check(n >= 1, ErrorCode::kInvalidArgument, "thread_pool", "CIDER_NUM_THREADS must be an integer >= 1; got '",
-          env, "'");
-    return n;
+  const int cpus = available_cpus();
+  return env_int("CIDER_NUM_THREADS", cpus, 1, max_num_threads(), "thread_pool");
+}
+}  // namespace
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw ? static_cast<int>(hw) : 1;
 }
-}  // namespace
+
+int max_num_threads() {
+  return std::min(limits::kMaxThreadsAbsolute, limits::kThreadsPerCpu * available_cpus());
+}
 
 ThreadPool& default_thread_pool() {
   std::lock_guard<std::mutex> lock(pool_mutex());
@@ -174,7 +187,9 @@ ThreadPool& default_thread_pool() {
 }
 
 void set_num_threads(int n) {
-  check(n >= 1, ErrorCode::kInvalidArgument, "set_num_threads", "the number of threads must be >= 1; got ", n);
+  const int hi = max_num_threads();
+  check(n >= 1 && n <= hi, ErrorCode::kInvalidArgument, "set_num_threads", "the number of threads must be in [1, ",
+        hi, "] (at most ", limits::kThreadsPerCpu, " per CPU this process may use: ", available_cpus(), "); got ", n);
   std::lock_guard<std::mutex> lock(pool_mutex());
   pool_slot() = std::make_unique<ThreadPool>(n);
 }

@@ -58,8 +58,15 @@ class ThreadPool {
 // The process-wide pool the kernels use. Its size is set by set_num_threads (the CLI's --threads) or, before the
 // first use, by $CIDER_NUM_THREADS, else std::thread::hardware_concurrency().
 ThreadPool& default_thread_pool();
-// Replaces the default pool (not while kernels are running). n >= 1; throws cider::Error otherwise.
+// Replaces the default pool (not while kernels are running). 1 <= n <= max_num_threads(); throws cider::Error
+// (kInvalidArgument, naming the bound and why) otherwise.
 void set_num_threads(int n);
+// The most threads a pool may have: 4 × the CPUs this process may run on (sched_getaffinity), at most 1024
+// (core/limits.h). More threads than that only slow the spinning pool down, and an unbounded count can exhaust the
+// machine's process table.
+int max_num_threads();
+// The CPUs this process may run on.
+int available_cpus();
 int num_threads();
 
 }  // namespace cider

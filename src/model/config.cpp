@@ -10,7 +10,10 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "core/limits.h"
 #include "model/gguf.h"
+#include "model/json_brief.h"
 
 namespace cider::model {
 
@@ -21,6 +24,7 @@ namespace {
 constexpr const char* kOp = "load_config";
 
 json parse_json(std::string_view text, const std::string& source) {
+  check_json_nesting(text.data(), text.data() + text.size(), kOp, source);
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   check(!j.is_discarded(), ErrorCode::kCorrupt, kOp, source, " must be valid JSON; got a parse error");
   check(j.is_object(), ErrorCode::kCorrupt, kOp, source, " must hold a JSON object; got ", j.type_name());
@@ -28,21 +32,37 @@ json parse_json(std::string_view text, const std::string& source) {
 }
 
 bool has(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+// j[key], or null when absent (for error messages, whose parts are evaluated even when the check passes).
+const json& at_or_null(const json& j, const char* key) {
+  static const json kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
 
 int64_t get_int(const json& j, const char* key, const std::string& source) {
   check(has(j, key), ErrorCode::kCorrupt, kOp, source, " must define \"", key, "\"; it is missing");
   const json& v = j.at(key);
   check(v.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be an integer; got ",
-        v.dump());
+        brief(v));
   return v.get<int64_t>();
 }
 int64_t get_int_or(const json& j, const char* key, int64_t fallback, const std::string& source) {
   return has(j, key) ? get_int(j, key, source) : fallback;
 }
+// An integer in [lo, hi] (checked before any narrowing).
+int get_int_in(const json& j, const char* key, int64_t lo, int64_t hi, const std::string& source) {
+  const int64_t v = get_int(j, key, source);
+  check(v >= lo && v <= hi, ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be in [", lo, ", ", hi,
+        "]; got ", v);
+  return static_cast<int>(v);
+}
+int get_int_in_or(const json& j, const char* key, int fallback, int64_t lo, int64_t hi, const std::string& source) {
+  return has(j, key) ? get_int_in(j, key, lo, hi, source) : fallback;
+}
 double get_num(const json& j, const char* key, const std::string& source) {
   check(has(j, key), ErrorCode::kCorrupt, kOp, source, " must define \"", key, "\"; it is missing");
   const json& v = j.at(key);
-  check(v.is_number(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a number; got ", v.dump());
+  check(v.is_number(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a number; got ", brief(v));
   return v.get<double>();
 }
 double get_num_or(const json& j, const char* key, double fallback, const std::string& source) {
@@ -51,13 +71,13 @@ double get_num_or(const json& j, const char* key, double fallback, const std::st
 bool get_bool_or(const json& j, const char* key, bool fallback, const std::string& source) {
   if (!has(j, key)) return fallback;
   const json& v = j.at(key);
-  check(v.is_boolean(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be true or false; got ", v.dump());
+  check(v.is_boolean(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be true or false; got ", brief(v));
   return v.get<bool>();
 }
 std::string get_str_or(const json& j, const char* key, const std::string& fallback, const std::string& source) {
   if (!has(j, key)) return fallback;
   const json& v = j.at(key);
-  check(v.is_string(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a string; got ", v.dump());
+  check(v.is_string(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be a string; got ", brief(v));
   return v.get<std::string>();
 }
 
@@ -66,7 +86,7 @@ std::vector<int32_t> token_ids(const json& v, const char* key, const std::string
   std::vector<int32_t> ids;
   auto one = [&](const json& e) {
     check(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() <= INT32_MAX, ErrorCode::kCorrupt, kOp,
-          source, ": \"", key, "\" must hold non-negative token ids; got ", e.dump());
+          source, ": \"", key, "\" must hold non-negative token ids; got ", brief(e));
     ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
   };
   if (v.is_array()) {
@@ -90,7 +110,7 @@ RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
   RopeConfig rope;
   rope.theta = theta;
   if (r.is_null()) return rope;
-  check(r.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope parameters must be an object; got ", r.dump());
+  check(r.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope parameters must be an object; got ", brief(r));
   rope.theta = get_num_or(r, "rope_theta", theta, source);
   std::string type = get_str_or(r, "rope_type", get_str_or(r, "type", "default", source), source);
   if (type == "default") {
@@ -109,7 +129,7 @@ RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
           ErrorCode::kCorrupt, kOp, source,
           ": llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings "
           "> 0; got ",
-          r.dump());
+          brief(r));
   } else {
     fail(ErrorCode::kUnsupported, kOp, source, ": rope type must be default, linear or llama3; got \"", type, "\"");
   }
@@ -142,7 +162,7 @@ Architecture detect_arch(const json& j, const std::string& source) {
   if (has(j, "architectures")) {
     const json& a = j.at("architectures");
     check(a.is_array() && !a.empty() && a[0].is_string(), ErrorCode::kCorrupt, kOp, source,
-          ": \"architectures\" must be a non-empty list of strings; got ", a.dump());
+          ": \"architectures\" must be a non-empty list of strings; got ", brief(a));
     name = a[0].get<std::string>();
     for (const ArchInfo& info : kArchs)
       if (name == info.hf_class) return info.arch;
@@ -211,30 +231,89 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
   return inv;
 }
 
-void validate_config(const ModelConfig& c, const std::string& source) {
-  auto positive = [&](int64_t v, const char* what) {
-    check(v > 0, ErrorCode::kCorrupt, kOp, source, ": ", what, " must be positive; got ", v);
+const ConfigKeys kHfConfigKeys{"",
+                               "vocab_size",
+                               "hidden_size",
+                               "intermediate_size",
+                               "num_hidden_layers",
+                               "num_attention_heads",
+                               "num_key_value_heads",
+                               "head_dim",
+                               "max_position_embeddings",
+                               "rms_norm_eps",
+                               "rope_theta",
+                               "rope_scaling.factor"};
+const ConfigKeys kCiderConfigKeys{"",         "vocab_size", "hidden_size",  "intermediate_size", "num_layers",
+                                  "num_heads", "num_kv_heads", "head_dim", "max_position",      "rms_norm_eps",
+                                  "rope.theta", "rope.factor"};
+ConfigKeys gguf_config_keys(const std::string& arch) {
+  return ConfigKeys{arch + ".",
+                    "vocab_size",
+                    "embedding_length",
+                    "feed_forward_length",
+                    "block_count",
+                    "attention.head_count",
+                    "attention.head_count_kv",
+                    "attention.key_length",
+                    "context_length",
+                    "attention.layer_norm_rms_epsilon",
+                    "rope.freq_base",
+                    "rope.scaling.factor"};
+}
+
+void check_config_sizes(const ModelConfig& c, const std::string& source, const ConfigKeys& keys) {
+  auto in_range = [&](int64_t v, int64_t hi, const std::string& key) {
+    check(v > 0 && v <= hi, ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix, key, " must be in [1, ", hi,
+          "]; got ", v);
   };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.hidden_size, "hidden_size");
-  positive(c.intermediate_size, "intermediate_size");
-  positive(c.num_layers, "num_hidden_layers");
-  positive(c.num_heads, "num_attention_heads");
-  positive(c.num_kv_heads, "num_key_value_heads");
-  positive(c.head_dim, "head_dim");
-  positive(c.max_position, "max_position_embeddings");
-  // Sizes beyond these would overflow the int32 index math of the kernels long before memory runs out.
-  constexpr int64_t kMaxDim = int64_t{1} << 24;
-  for (auto [v, what] : {std::pair{c.vocab_size, "vocab_size"}, std::pair{c.hidden_size, "hidden_size"},
-                         std::pair{c.intermediate_size, "intermediate_size"}, std::pair{c.num_layers, "num_layers"},
-                         std::pair{c.num_heads * c.head_dim, "num_attention_heads·head_dim"}})
-    check(v <= kMaxDim, ErrorCode::kCorrupt, kOp, source, ": ", what, " must be <= ", kMaxDim, "; got ", v);
-  check(c.num_heads % c.num_kv_heads == 0, ErrorCode::kCorrupt, kOp, source,
-        ": num_attention_heads must be a multiple of num_key_value_heads ", c.num_kv_heads, "; got ", c.num_heads);
-  check(c.head_dim % 2 == 0, ErrorCode::kCorrupt, kOp, source, ": head_dim must be even (RoPE pairs); got ",
-        c.head_dim);
-  check(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kCorrupt, kOp, source,
-        ": rms_norm_eps must be positive; got ", c.rms_norm_eps);
+  in_range(c.vocab_size, limits::kMaxDim, keys.vocab_size);
+  in_range(c.hidden_size, limits::kMaxDim, keys.hidden_size);
+  in_range(c.intermediate_size, limits::kMaxDim, keys.intermediate_size);
+  in_range(c.num_layers, limits::kMaxLayers, keys.num_layers);
+  in_range(c.num_heads, limits::kMaxHeads, keys.num_heads);
+  in_range(c.num_kv_heads, limits::kMaxHeads, keys.num_kv_heads);
+  in_range(c.head_dim, limits::kMaxHeadDim, keys.head_dim);
+  in_range(c.max_position, std::numeric_limits<int32_t>::max(), keys.max_position);
+  // Both factors are bounded above, so the products cannot wrap.
+  for (auto [heads, key] : {std::pair{c.num_heads, keys.num_heads}, std::pair{c.num_kv_heads, keys.num_kv_heads}})
+    check(heads * c.head_dim <= limits::kMaxDim, ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix, key, " × ",
+          keys.prefix, keys.head_dim, " must be <= ", limits::kMaxDim, "; got ", heads, " × ", c.head_dim, " = ",
+          heads * c.head_dim);
+}
+
+void validate_config(const ModelConfig& c, const std::string& source) {
+  validate_config(c, source, kHfConfigKeys);
+}
+
+void validate_config(const ModelConfig& c, const std::string& source, const ConfigKeys& keys) {
+  check_config_sizes(c, source, keys);
+  check(c.num_heads % c.num_kv_heads == 0, ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix, keys.num_heads,
+        " must be a multiple of ", keys.prefix, keys.num_kv_heads, " = ", c.num_kv_heads, "; got ", c.num_heads);
+  check(c.head_dim % 2 == 0, ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix, keys.head_dim,
+        " must be even (RoPE pairs); got ", c.head_dim);
+  check(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix,
+        keys.rms_norm_eps, " must be positive and finite; got ", c.rms_norm_eps);
+  for (const RopeConfig* r : {&c.rope, &c.rope_local}) {
+    const char* which = r == &c.rope ? "" : " (local layers)";
+    check(r->theta > 0 && std::isfinite(r->theta), ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix,
+          keys.rope_theta, which, " must be positive and finite; got ", r->theta);
+    check(r->factor > 0 && std::isfinite(r->factor), ErrorCode::kCorrupt, kOp, source, ": ", keys.prefix,
+          keys.rope_factor, which, " must be positive and finite; got ", r->factor);
+    if (r->scaling == RopeScaling::kLlama3)
+      check(std::isfinite(r->high_freq_factor) && r->high_freq_factor > r->low_freq_factor &&
+                r->low_freq_factor > 0 && r->original_max_position > 0,
+            ErrorCode::kCorrupt, kOp, source,
+            ": llama3 rope scaling needs finite high_freq_factor > low_freq_factor > 0 and "
+            "original_max_position_embeddings > 0; got ",
+            r->high_freq_factor, ", ", r->low_freq_factor, ", ", r->original_max_position);
+    for (float f : r->freq_factors)
+      check(f > 0 && std::isfinite(f), ErrorCode::kCorrupt, kOp, source,
+            ": rope frequency factors must be positive and finite; got ", f);
+  }
+  check(std::isfinite(c.embed_scale) && c.embed_scale > 0, ErrorCode::kCorrupt, kOp, source,
+        ": the embedding scale must be positive and finite; got ", c.embed_scale);
+  check(std::isfinite(c.norm_weight_offset), ErrorCode::kCorrupt, kOp, source,
+        ": the norm weight offset must be finite; got ", c.norm_weight_offset);
   check(static_cast<int64_t>(c.layer_sliding.size()) == c.num_layers, ErrorCode::kCorrupt, kOp, source,
         ": layer types must list one entry per layer (", c.num_layers, "); got ", c.layer_sliding.size());
   bool any_sliding = false;
@@ -250,8 +329,10 @@ void validate_config(const ModelConfig& c, const std::string& source) {
           ErrorCode::kCorrupt, kOp, source, ": rope frequency factors must have head_dim/2 = ", c.head_dim / 2,
           " entries; got ", r->freq_factors.size());
   for (int32_t id : c.eos_token_ids)
-    check(id < c.vocab_size, ErrorCode::kCorrupt, kOp, source, ": eos_token_id must be < vocab_size ",
-          c.vocab_size, "; got ", id);
+    check(id >= 0 && id < c.vocab_size, ErrorCode::kCorrupt, kOp, source, ": eos_token_id must be in [0, ",
+          keys.prefix, keys.vocab_size, " = ", c.vocab_size, "); got ", id);
+  check(c.bos_token_id >= -1 && c.bos_token_id < c.vocab_size, ErrorCode::kCorrupt, kOp, source, ": bos_token_id must be < ", keys.prefix,
+        keys.vocab_size, " = ", c.vocab_size, "; got ", c.bos_token_id);
 }
 
 ModelConfig parse_hf_config(std::string_view json_text, const std::string& source) {
@@ -318,8 +399,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   }
   if (gemma) {
     check(!has(j, "attn_logit_softcapping"), ErrorCode::kUnsupported, kOp, source,
-          ": attn_logit_softcapping is not supported by cider's attention; got ", j.value("attn_logit_softcapping",
-                                                                                         json()).dump());
+          ": attn_logit_softcapping is not supported by cider's attention; got ", brief(at_or_null(j, "attn_logit_softcapping")));
     c.final_logit_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 0.0, source));
     const double qpas = get_num_or(j, "query_pre_attn_scalar", 256.0, source);
     check(qpas > 0, ErrorCode::kCorrupt, kOp, source, ": query_pre_attn_scalar must be positive; got ", qpas);
@@ -333,7 +413,7 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   const double default_theta = gemma ? 1000000.0 : 10000.0;
   if (has(j, "rope_parameters")) {
     const json& rp = j.at("rope_parameters");
-    check(rp.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope_parameters must be an object; got ", rp.dump());
+    check(rp.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope_parameters must be an object; got ", brief(rp));
     if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
       c.rope = parse_rope(rp.value("full_attention", json()), default_theta, source);
       c.rope_local = parse_rope(rp.value("sliding_attention", json()), 10000.0, source);
@@ -352,15 +432,17 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     check(p == 1.0, ErrorCode::kUnsupported, kOp, source, ": partial_rotary_factor must be 1; got ", p);
   }
 
-  // Which layers use a sliding window.
-  c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), 0);
+  // Which layers use a sliding window (the table is allocated from num_hidden_layers: checked first).
+  check_config_sizes(c, source, kHfConfigKeys);
+  c.layer_sliding.assign(static_cast<size_t>(c.num_layers), 0);
   const int64_t window = get_int_or(j, "sliding_window", 0, source);
+  check(window >= 0, ErrorCode::kCorrupt, kOp, source, ": sliding_window must be >= 0 (0 or null = none); got ", window);
   if (has(j, "layer_types")) {
     const json& lt = j.at("layer_types");
     check(lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers, ErrorCode::kCorrupt, kOp, source,
-          ": layer_types must be a list of num_hidden_layers = ", c.num_layers, " entries; got ", lt.dump());
+          ": layer_types must be a list of num_hidden_layers = ", c.num_layers, " entries; got ", brief(lt));
     for (size_t i = 0; i < lt.size(); ++i) {
-      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : detail::concat(brief(lt[i]));
       check(t == "full_attention" || t == "sliding_attention", ErrorCode::kUnsupported, kOp, source,
             ": layer_types entries must be full_attention or sliding_attention; got \"", t, "\" at layer ", i);
       c.layer_sliding[i] = t == "sliding_attention";
@@ -374,13 +456,15 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   } else if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) {
     if (get_bool_or(j, "use_sliding_window", false, source) && window > 0) {
       const int64_t first = get_int_or(j, "max_window_layers", c.num_layers, source);
+      check(first >= 0, ErrorCode::kCorrupt, kOp, source,
+            ": max_window_layers must be >= 0 (the first layer with a sliding window); got ", first);
       for (int64_t i = first; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = 1;
     }
   }
   bool any_sliding = false;
   for (uint8_t s : c.layer_sliding) any_sliding |= s != 0;
   c.sliding_window = any_sliding ? window : 0;
-  validate_config(c, source);
+  validate_config(c, source, kHfConfigKeys);
   return c;
 }
 
@@ -396,14 +480,7 @@ void apply_generation_config(ModelConfig& config, std::string_view json_text, co
           config.vocab_size, "; got ", id);
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(static_cast<bool>(in), ErrorCode::kIo, kOp, "cannot open ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  check(!in.bad(), ErrorCode::kIo, kOp, "cannot read ", path);
-  return ss.str();
-}
+std::string read_text_file(const std::string& path) { return read_text_input(path, kOp); }
 
 ModelConfig load_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
@@ -457,11 +534,17 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
   } else if (const GGUFTensor* t = g.find("token_embd.weight"); t && t->shape.size() == 2) {
     c.vocab_size = t->shape[0];
   }
-  if (g.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = static_cast<int32_t>(g.get_int("tokenizer.ggml.bos_token_id"));
-  if (g.has("tokenizer.ggml.eos_token_id"))
-    c.eos_token_ids.push_back(static_cast<int32_t>(g.get_int("tokenizer.ggml.eos_token_id")));
+  // Token ids: range-checked before narrowing (validate_config then checks them against the vocabulary).
+  auto token_id = [&](const char* key) {
+    const int64_t v = g.get_int(key);
+    check(v >= 0 && v <= limits::kMaxTokenId, ErrorCode::kCorrupt, kOp, source, ": ", key,
+          " must be a token id in [0, ", limits::kMaxTokenId, "]; got ", v);
+    return static_cast<int32_t>(v);
+  };
+  if (g.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = token_id("tokenizer.ggml.bos_token_id");
+  if (g.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids.push_back(token_id("tokenizer.ggml.eos_token_id"));
   if (g.has("tokenizer.ggml.eot_token_id")) {
-    const auto eot = static_cast<int32_t>(g.get_int("tokenizer.ggml.eot_token_id"));
+    const auto eot = token_id("tokenizer.ggml.eot_token_id");
     if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), eot) == c.eos_token_ids.end())
       c.eos_token_ids.push_back(eot);
   }
@@ -486,7 +569,9 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
     }
   }
   c.rope_local = c.rope;
-  c.layer_sliding.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), 0);
+  const ConfigKeys keys = gguf_config_keys(arch);
+  check_config_sizes(c, source, keys);  // before the per-layer table below is allocated from block_count
+  c.layer_sliding.assign(static_cast<size_t>(c.num_layers), 0);
   switch (c.arch) {
     case Architecture::kQwen2: c.qkv_bias = true; break;
     case Architecture::kQwen3: c.qk_norm = true; break;
@@ -515,7 +600,7 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
   double qscale_dim = static_cast<double>(c.head_dim);
   if (gemma && c.num_layers == 62) qscale_dim = static_cast<double>(c.hidden_size / c.num_heads);
   c.attn_scale = static_cast<float>(1.0 / std::sqrt(qscale_dim));
-  validate_config(c, source);
+  validate_config(c, source, keys);
   return c;
 }
 
@@ -646,6 +731,7 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
   c.sliding_window = get_int(j, "sliding_window", source);
   check(j.contains("layer_sliding") && j.at("layer_sliding").is_array(), ErrorCode::kCorrupt, kOp, source,
         " must define layer_sliding as a list");
+  check_config_sizes(c, source, kCiderConfigKeys);
   for (const json& s : j.at("layer_sliding")) {
     check(s.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": layer_sliding entries must be 0 or 1");
     c.layer_sliding.push_back(s.get<int>() != 0);
@@ -655,7 +741,7 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
   else if (dt == "float16") c.dtype = DType::kF16;
   else if (dt == "bfloat16") c.dtype = DType::kBF16;
   else fail(ErrorCode::kCorrupt, kOp, source, ": dtype must be float32, float16 or bfloat16; got \"", dt, "\"");
-  validate_config(c, source);
+  validate_config(c, source, kCiderConfigKeys);
   return c;
 }
 
@@ -674,16 +760,17 @@ MlxQuantization parse_mlx_quantization(std::string_view config_json_text, const 
                                                                                              : nullptr);
   if (!key) return q;
   const json& qj = j.at(key);
-  check(qj.is_object(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be an object; got ", qj.dump());
+  check(qj.is_object(), ErrorCode::kCorrupt, kOp, source, ": \"", key, "\" must be an object; got ", brief(qj));
   // HF-style quantization configs (GPTQ, AWQ, bitsandbytes, fp8 …) carry quant_method; MLX's never do.
   check(!has(qj, "quant_method"), ErrorCode::kUnsupported, kOp, source, ": quantization method \"",
-        qj.value("quant_method", json()).dump(), "\" is not supported; only MLX affine quantization is");
+        brief(at_or_null(qj, "quant_method")), "\" is not supported; only MLX affine quantization is");
   const std::string mode = get_str_or(qj, "mode", "affine", source);
   check(mode == "affine", ErrorCode::kUnsupported, kOp, source,
         ": MLX quantization mode must be affine; got \"", mode, "\"");
   q.present = true;
-  q.defaults.group_size = static_cast<int>(get_int(qj, "group_size", source));
-  q.defaults.bits = static_cast<int>(get_int(qj, "bits", source));
+  // MLX: bits 2..8, group sizes 32/64/128 (the loader names the supported set); wider values are never narrowed.
+  q.defaults.group_size = get_int_in(qj, "group_size", 1, 1 << 16, source);
+  q.defaults.bits = get_int_in(qj, "bits", 1, 32, source);
   for (auto it = qj.begin(); it != qj.end(); ++it) {
     const std::string& k = it.key();
     if (k == "group_size" || k == "bits" || k == "mode") continue;
@@ -696,12 +783,12 @@ MlxQuantization parse_mlx_quantization(std::string_view config_json_text, const 
       check(m == "affine", ErrorCode::kUnsupported, kOp, source, ": MLX quantization mode of ", k,
             " must be affine; got \"", m, "\"");
       MlxQuantParams p;
-      p.group_size = static_cast<int>(get_int_or(v, "group_size", q.defaults.group_size, source));
-      p.bits = static_cast<int>(get_int_or(v, "bits", q.defaults.bits, source));
+      p.group_size = get_int_in_or(v, "group_size", q.defaults.group_size, 1, 1 << 16, source);
+      p.bits = get_int_in_or(v, "bits", q.defaults.bits, 1, 32, source);
       q.overrides[k] = p;
     } else {
       fail(ErrorCode::kCorrupt, kOp, source, ": quantization override \"", k,
-           "\" must be an object or a boolean; got ", v.dump());
+           "\" must be an object or a boolean; got ", brief(v));
     }
   }
   return q;

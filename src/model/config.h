@@ -32,9 +32,34 @@ ModelConfig load_hf_config(const std::string& dir);
 // From GGUF metadata. The caller adds what lives in tensors (tied embeddings, llama3 rope factors).
 ModelConfig config_from_gguf(const GGUFFile& gguf);
 
-// Checks the invariants every loader relies on (positive sizes, GQA ratio, layer_sliding length, …); kCorrupt naming
-// `source` otherwise.
-void validate_config(const ModelConfig& c, const std::string& source);
+// The names a format gives the geometry keys, so an error names the key the user can find in the file
+// ("num_hidden_layers" in config.json, "gemma3.block_count" in a GGUF file, "num_layers" in cider's JSON).
+struct ConfigKeys {
+  std::string prefix;  // GGUF: "<arch>."
+  const char* vocab_size;
+  const char* hidden_size;
+  const char* intermediate_size;
+  const char* num_layers;
+  const char* num_heads;
+  const char* num_kv_heads;
+  const char* head_dim;
+  const char* max_position;
+  const char* rms_norm_eps;
+  const char* rope_theta;
+  const char* rope_factor;
+};
+extern const ConfigKeys kHfConfigKeys;
+extern const ConfigKeys kCiderConfigKeys;
+ConfigKeys gguf_config_keys(const std::string& arch);
+
+// Every size within its limit (core/limits.h): called as soon as the sizes are read, before anything is allocated
+// from them (per-layer tables), and again by validate_config.
+void check_config_sizes(const ModelConfig& c, const std::string& source, const ConfigKeys& keys);
+
+// Checks the invariants every loader relies on (sizes within limits, GQA ratio, layer_sliding length, finite rope
+// and scales, token ids below the vocabulary …); kCorrupt naming `source` and the key (as `keys` spells it) otherwise.
+void validate_config(const ModelConfig& c, const std::string& source, const ConfigKeys& keys);
+void validate_config(const ModelConfig& c, const std::string& source);  // with the HF key names
 
 // cider's JSON form of a ModelConfig (every field), round-tripping exactly (floats as their decimal with enough digits).
 std::string config_to_json(const ModelConfig& c);

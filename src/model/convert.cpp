@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -90,10 +91,9 @@ void write_tokenizer_gguf(const GGUFFile& g, const std::string& path) {
       put_scalar(b, v->type, v->values.at(0));
     }
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(b.data(), static_cast<std::streamsize>(b.size()));
-  out.flush();
-  check(static_cast<bool>(out), ErrorCode::kIo, kOp, "cannot write '", path, "'");
+  AtomicFile out(path, kOp);
+  out.write(b.data(), b.size());
+  out.commit();
 }
 
 }  // namespace
@@ -130,9 +130,11 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   w.set_metadata("config", config_to_json(m.config));
   w.set_metadata("source", m.source);
 
-  const std::string tmp = out_dir + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
-  check(fs::create_directories(tmp, ec), ErrorCode::kIo, kOp, "cannot create '", tmp, "': ", ec.message());
+  // A fresh temporary directory beside the output (never an existing one: nothing of the user's is removed).
+  std::string tmp_name = out_dir + ".tmp-XXXXXX";
+  check(::mkdtemp(tmp_name.data()) != nullptr, ErrorCode::kIo, kOp, "cannot create a temporary directory beside '",
+        out_dir, "': ", std::strerror(errno));
+  const std::string tmp = tmp_name;
   try {
     if (progress) progress("write", 0, 1);
     w.write(tmp + "/model.safetensors");
@@ -142,7 +144,8 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
         const fs::path src = fs::path(in) / f;
         if (fs::exists(src)) {
           fs::copy_file(src, fs::path(tmp) / f, ec);
-          check(!ec, ErrorCode::kIo, kOp, "cannot copy '", src.string(), "': ", ec.message());
+          check(!ec, ErrorCode::kIo, kOp, "cannot copy '", src.string(), "' to '", (fs::path(tmp) / f).string(),
+                "': ", ec.message());
         }
       }
     } else if (auto g = GGUFFile::open(in); g->has("tokenizer.ggml.tokens")) {

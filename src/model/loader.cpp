@@ -159,8 +159,21 @@ class Builder {
     return copy.view();
   }
 
-  // A float tensor (f32/f16/bf16) of the given HF name and shape, in place where possible.
+  // A float tensor (f32/f16/bf16) of the given HF name and shape, in place where possible; every value finite (a
+  // NaN or infinity in a weight is a corrupt file for every --weights format, never silently wrong logits).
   FloatRef fetch_float(const std::string& hf, const std::vector<int64_t>& shape) {
+    FloatRef r = fetch_float_any(hf, shape);
+    check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(hf));
+    return r;
+  }
+
+  void check_finite_weights(const void* data, DType dtype, int64_t n, const std::string& name) const {
+    const int64_t bad = find_nonfinite(data, dtype, n);
+    check(bad < 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", name, "' must hold finite values; got ",
+          bad < 0 ? 0.0f : load_float(data, dtype, bad), " at flat index ", bad);
+  }
+
+  FloatRef fetch_float_any(const std::string& hf, const std::vector<int64_t>& shape) {
     if (kind_ == SourceKind::kGGUF) {
       const std::string gn = gguf_name(hf, c_.arch);
       const GGUFTensor* t = gguf_->find(gn);
@@ -288,6 +301,7 @@ class Builder {
     L.w_dtype = q->dtype;
     L.w = aligned_view(*q).data;
     L.scales = static_cast<const float*>(aligned_view(*s).data);
+    check_finite_weights(L.scales, DType::kF32, s->nbytes / 4, sn);
     L.group_size = gs;
     used_.insert(qn);
     used_.insert(sn);
@@ -564,7 +578,8 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
   Builder b(SourceKind::kGGUF, impl.config, format, path);
   b.gguf_ = g;
   impl.w.keep_alive.push_back(g);
-  b.build(impl.w, progress);
+  // The tokenizer first (cheap): a file whose tokenizer cannot name every row of the embedding would fail only when
+  // generation samples such a row.
   try {
     impl.tokenizer.emplace(Tokenizer::from_gguf(*g));
   } catch (const Error& e) {
@@ -572,6 +587,11 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     if (g->has("tokenizer.ggml.tokens")) throw;
     impl.tokenizer_error = path + " has no tokenizer metadata (" + e.what() + ")";
   }
+  if (impl.tokenizer)
+    check(impl.tokenizer->vocab_size() >= impl.config.vocab_size, ErrorCode::kCorrupt, kOp, path,
+          ": tokenizer.ggml.tokens must name every token the model can produce (vocab_size ", impl.config.vocab_size,
+          "); got ", impl.tokenizer->vocab_size(), " tokens");
+  b.build(impl.w, progress);
 }
 
 }  // namespace cider::model

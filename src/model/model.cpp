@@ -167,11 +167,18 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   const ModelConfig& c = impl->config;
 
   // The cache configuration must fit the head size: checked now rather than at the first token.
-  if (options.kv.quantized) {
-    check(c.head_dim % options.kv.group_size == 0, ErrorCode::kInvalidArgument, op, "kv group size ",
-          options.kv.group_size, " must divide the model's head_dim; got head_dim ", c.head_dim,
+  if (options.kv.quantized && options.kv.group_size_auto && c.head_dim % options.kv.group_size != 0) {
+    for (int g : {64, 32})
+      if (g < options.kv.group_size && c.head_dim % g == 0) {
+        impl->options.kv.group_size = g;
+        break;
+      }
+  }
+  if (impl->options.kv.quantized) {
+    check(c.head_dim % impl->options.kv.group_size == 0, ErrorCode::kInvalidArgument, op, "kv group size ",
+          impl->options.kv.group_size, " must divide the model's head_dim; got head_dim ", c.head_dim,
           " (choose --kv-group-size 32 or a plain cache)");
-    check(options.kv.rotation == nn::RotationKind::kNone || options.kv.rotation == nn::RotationKind::kHadamard ||
+    check(impl->options.kv.rotation == nn::RotationKind::kNone || impl->options.kv.rotation == nn::RotationKind::kHadamard ||
               c.head_dim % 4 == 0,
           ErrorCode::kInvalidArgument, op, "an SO(4)-rotated kv cache needs head_dim a multiple of 4; got ",
           c.head_dim);

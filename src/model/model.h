@@ -35,6 +35,9 @@ struct KVOptions {
   bool quantized = true;
   int k_bits = 8, v_bits = 4;  // quantized
   int group_size = 64;         // quantized
+  // The group size was not chosen by the user: a head_dim it does not divide gets the largest of 128/64/32 that
+  // does (e.g. 32 for head_dim 32) instead of an error.
+  bool group_size_auto = false;
   nn::RotationKind rotation = nn::RotationKind::kHadamard;
   DType plain_dtype = DType::kBF16;  // plain caches: bf16, f16 or f32
 };

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace cider::model {
 
@@ -36,29 +37,16 @@ void write_npy_f32(const std::string& path, const float* data, std::vector<int64
   size_t total = prefix + header.size() + 1;
   header.append((kAlign - total % kAlign) % kAlign, ' ');
   header.push_back('\n');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    check(static_cast<bool>(out), ErrorCode::kIo, op, "cannot create '", tmp, "': ", std::strerror(errno));
-    out.write(kMagic, kMagicLen);
-    const char version[2] = {1, 0};
-    out.write(version, 2);
-    const auto hl = static_cast<uint16_t>(header.size());
-    const char hlb[2] = {static_cast<char>(hl & 0xff), static_cast<char>(hl >> 8)};
-    out.write(hlb, 2);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(numel * 4));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail(ErrorCode::kIo, op, "cannot write '", tmp, "'");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    fail(ErrorCode::kIo, op, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
+  AtomicFile out(path, op);
+  out.write(kMagic, kMagicLen);
+  const char version[2] = {1, 0};
+  out.write(version, 2);
+  const auto hl = static_cast<uint16_t>(header.size());
+  const char hlb[2] = {static_cast<char>(hl & 0xff), static_cast<char>(hl >> 8)};
+  out.write(hlb, 2);
+  out.write(header.data(), header.size());
+  out.write(data, static_cast<size_t>(numel) * 4);
+  out.commit();
 }
 
 NpyArray read_npy_f32(const std::string& path) {

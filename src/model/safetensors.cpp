@@ -23,6 +23,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "core/limits.h"
+#include "model/json_brief.h"
 
 namespace cider::model {
 
@@ -83,11 +86,6 @@ bool json_to_nonneg(const nlohmann::json& j, uint64_t* out) {
   return false;
 }
 
-std::string short_dump(const nlohmann::json& j) {
-  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
 
 // Parses the header, noting whether any key appears twice at the top level (nlohmann would keep the last silently,
 // and two entries for one tensor name is a corrupt file, not something to guess about).
@@ -102,6 +100,7 @@ nlohmann::json parse_header(const std::string& path, const char* begin, const ch
     }
     return true;
   };
+  check_json_nesting(begin, end, kOp, "'" + path + "': the header");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(begin, end, cb, /*allow_exceptions=*/true);
@@ -156,25 +155,25 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     const nlohmann::json& e = it.value();
     if (name == kMetadataKey) {
       check(e.is_object(), ErrorCode::kCorrupt, kOp, "'", path, "': __metadata__ must be an object of strings; got ",
-            short_dump(e));
+            brief(e));
       for (auto m = e.begin(); m != e.end(); ++m) {
         check(m.value().is_string(), ErrorCode::kCorrupt, kOp, "'", path, "': __metadata__ value of '", m.key(),
-              "' must be a string; got ", short_dump(m.value()));
+              "' must be a string; got ", brief(m.value()));
         st->metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     check(e.is_object(), ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name,
-          "' must be an object {dtype, shape, data_offsets}; got ", short_dump(e));
+          "' must be an object {dtype, shape, data_offsets}; got ", brief(e));
     for (const char* field : {"dtype", "shape", "data_offsets"})
       check(e.contains(field), ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name, "' must have a '", field,
-            "' field; got ", short_dump(e));
+            "' field; got ", brief(e));
 
     StTensor t;
     t.name = name;
     const auto& jd = e.at("dtype");
     check(jd.is_string(), ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name, "' dtype must be a string; got ",
-          short_dump(jd));
+          brief(jd));
     const std::string dname = jd.get<std::string>();
     if (!parse_dtype(dname, &t.dtype)) {
       check(!is_known_unsupported(dname), ErrorCode::kUnsupported, kOp, "'", path, "': tensor '", name,
@@ -185,7 +184,7 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
 
     const auto& js = e.at("shape");
     check(js.is_array(), ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name, "' shape must be an array; got ",
-          short_dump(js));
+          brief(js));
     check(js.size() <= static_cast<size_t>(kMaxRank), ErrorCode::kUnsupported, kOp, "'", path, "': tensor '", name,
           "' rank must be at most ", kMaxRank, "; got ", js.size());
     // numel * element size must not overflow; anything beyond the data area fails the size check below anyway.
@@ -194,7 +193,7 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     for (const auto& d : js) {
       uint64_t v = 0;
       check(json_to_nonneg(d, &v), ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name,
-            "' shape entries must be non-negative integers; got ", short_dump(js));
+            "' shape entries must be non-negative integers; got ", brief(js));
       t.shape.push_back(static_cast<int64_t>(v));
       if (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v) overflow = true;
       numel *= v;
@@ -209,7 +208,7 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     uint64_t b = 0, en = 0;
     check(jo.is_array() && jo.size() == 2 && json_to_nonneg(jo[0], &b) && json_to_nonneg(jo[1], &en),
           ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name,
-          "' data_offsets must be two non-negative integers [begin, end]; got ", short_dump(jo));
+          "' data_offsets must be two non-negative integers [begin, end]; got ", brief(jo));
     check(b <= en, ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name,
           "' data_offsets must have begin <= end; got [", b, ", ", en, "]");
     check(en <= data_size, ErrorCode::kCorrupt, kOp, "'", path, "': tensor '", name,
@@ -264,17 +263,7 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &s) == 0;
 }
 
-std::string read_text_file(const std::string& path, const char* op) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    fail(ErrorCode::kIo, op, "cannot open '", path, "': ", std::strerror(err));
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  check(!in.bad(), ErrorCode::kIo, op, "cannot read '", path, "'");
-  return ss.str();
-}
+std::string read_text_file(const std::string& path, const char* op) { return read_text_input(path, op); }
 
 }  // namespace
 
@@ -297,6 +286,7 @@ SafetensorsSet SafetensorsSet::open_dir(const std::string& dir) {
   }
 
   const std::string text = read_text_file(index_path, op);
+  check_json_nesting(text.data(), text.data() + text.size(), op, "'" + index_path + "'");
   nlohmann::json index;
   try {
     index = nlohmann::json::parse(text);
@@ -304,7 +294,7 @@ SafetensorsSet SafetensorsSet::open_dir(const std::string& dir) {
     fail(ErrorCode::kCorrupt, op, "'", index_path, "' must be valid JSON; got a parse error: ", e.what());
   }
   check(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), ErrorCode::kCorrupt,
-        op, "'", index_path, "' must be an object with a \"weight_map\" object; got ", short_dump(index));
+        op, "'", index_path, "' must be an object with a \"weight_map\" object; got ", brief(index));
   const auto& wm = index["weight_map"];
   check(!wm.empty(), ErrorCode::kCorrupt, op, "'", index_path, "' weight_map must name at least one tensor; got {}");
 
@@ -312,7 +302,7 @@ SafetensorsSet SafetensorsSet::open_dir(const std::string& dir) {
   std::map<std::string, std::vector<std::string>> by_shard;
   for (auto it = wm.begin(); it != wm.end(); ++it) {
     check(it.value().is_string(), ErrorCode::kCorrupt, op, "'", index_path, "' weight_map['", it.key(),
-          "'] must be a shard file name; got ", short_dump(it.value()));
+          "'] must be a shard file name; got ", brief(it.value()));
     const std::string shard = it.value().get<std::string>();
     // Shards live beside the index: a name that leaves the directory is not a shard of this model.
     check(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
@@ -432,37 +422,11 @@ void SafetensorsWriter::write(const std::string& path) const {
   uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(len >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    int err = errno;
-    fail(ErrorCode::kIo, op, "cannot create '", tmp, "': ", std::strerror(err));
-  }
-  // Any failure from here on removes the temporary file, so `path` is either the old file or the complete new one.
-  auto fail_io = [&](const char* what) {
-    int err = errno;
-    if (f != nullptr) std::fclose(f);
-    std::remove(tmp.c_str());
-    fail(ErrorCode::kIo, op, "cannot ", what, " '", tmp, "': ", std::strerror(err));
-  };
-  auto put = [&](const void* p, size_t n) {
-    if (n != 0 && std::fwrite(p, 1, n, f) != n) fail_io("write");
-  };
-  put(len_bytes, 8);
-  put(text.data(), text.size());
-  for (size_t i : order) put(entries_[i].data, static_cast<size_t>(nbytes[i]));
-  if (std::fflush(f) != 0) fail_io("flush");
-  if (::fsync(fileno(f)) != 0) fail_io("sync");
-  if (std::fclose(f) != 0) {
-    f = nullptr;
-    fail_io("close");
-  }
-  f = nullptr;
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail(ErrorCode::kIo, op, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
+  AtomicFile out(path, op);
+  out.write(len_bytes, 8);
+  out.write(text.data(), text.size());
+  for (size_t i : order) out.write(entries_[i].data, static_cast<size_t>(nbytes[i]));
+  out.commit();
 }
 
 }  // namespace cider::model

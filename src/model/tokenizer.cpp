@@ -28,7 +28,10 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "core/limits.h"
 #include "model/gguf.h"
+#include "model/json_brief.h"
 #include "model/unicode.h"
 
 namespace cider::model {
@@ -166,20 +169,21 @@ bool opt_bool(const json& obj, const char* key, const char* where, bool def) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return def;
   if (!it->is_boolean()) {
-    fail(ErrorCode::kCorrupt, kOpJson, where, ".", key, " must be true or false; got ", it->dump());
+    fail(ErrorCode::kCorrupt, kOpJson, where, ".", key, " must be true or false; got ", brief(*it));
   }
   return it->get<bool>();
 }
 
 int64_t get_int(const json& v, const char* where) {
   // (fail, not check: check would build the message, dump() included, for each of 150k vocabulary entries)
-  if (!v.is_number_integer()) fail(ErrorCode::kCorrupt, kOpJson, where, " must be an integer; got ", v.dump());
+  if (!v.is_number_integer()) fail(ErrorCode::kCorrupt, kOpJson, where, " must be an integer; got ", brief(v));
   return v.get<int64_t>();
 }
 
 // Token ids are int32 (the public API); anything outside [0, 2^31) is a corrupt file.
 int32_t to_token_id(int64_t v, const char* op, const char* where) {
-  check(v >= 0 && v <= INT32_MAX, ErrorCode::kCorrupt, op, where, " must be a token id in [0, 2^31); got ", v);
+  check(v >= 0 && v <= limits::kMaxTokenId, ErrorCode::kCorrupt, op, where, " must be a token id in [0, ",
+        limits::kMaxTokenId, "]; got ", v);
   return static_cast<int32_t>(v);
 }
 
@@ -192,20 +196,20 @@ std::string type_of(const json& obj, const char* where) {
 Pattern parse_pattern(const json& obj, const char* where) {
   const json& p = require(obj, "pattern", where);
   check(p.is_object() && p.size() == 1, ErrorCode::kCorrupt, kOpJson, where,
-        ".pattern must be {\"String\": ...} or {\"Regex\": ...}; got ", p.dump());
+        ".pattern must be {\"String\": ...} or {\"Regex\": ...}; got ", brief(p));
   Pattern out;
   if (p.contains("String")) {
     check(p["String"].is_string(), ErrorCode::kCorrupt, kOpJson, where, ".pattern.String must be a string; got ",
-          p["String"].dump());
+          brief(p["String"]));
     out.literal = p["String"].get<std::string>();
     check(!out.literal.empty(), ErrorCode::kCorrupt, kOpJson, where, ".pattern.String must not be empty; got \"\"");
   } else if (p.contains("Regex")) {
     check(p["Regex"].is_string(), ErrorCode::kCorrupt, kOpJson, where, ".pattern.Regex must be a string; got ",
-          p["Regex"].dump());
+          brief(p["Regex"]));
     out.regex = std::make_shared<Regex>(p["Regex"].get<std::string>(), kOpJson);
   } else {
     fail(ErrorCode::kCorrupt, kOpJson, where, ".pattern must be {\"String\": ...} or {\"Regex\": ...}; got ",
-         p.dump());
+         brief(p));
   }
   return out;
 }
@@ -1212,7 +1216,7 @@ void parse_model(const json& model, Tokenizer::Impl& t) {
       b = s.substr(sp + 1);
     } else {
       if (!(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())) {
-        fail(ErrorCode::kCorrupt, kOpJson, "model.merges entries must be \"a b\" or [\"a\", \"b\"]; got ", m.dump());
+        fail(ErrorCode::kCorrupt, kOpJson, "model.merges entries must be \"a b\" or [\"a\", \"b\"]; got ", brief(m));
       }
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
@@ -1289,11 +1293,11 @@ void parse_post_processor(const json& obj, Tokenizer::Impl& t) {
       } else {
         fail(ErrorCode::kCorrupt, kOpJson,
              "post_processor(TemplateProcessing).single items must be {\"Sequence\"} or {\"SpecialToken\"}; got ",
-             item.dump());
+             brief(item));
       }
     }
     check(seen_a, ErrorCode::kCorrupt, kOpJson,
-          "post_processor(TemplateProcessing).single must hold the sequence $A; got ", single.dump());
+          "post_processor(TemplateProcessing).single must hold the sequence $A; got ", brief(single));
     // Templates nested in a Sequence wrap what came before them.
     t.prefix_ids.insert(t.prefix_ids.begin(), before.begin(), before.end());
     t.suffix_ids.insert(t.suffix_ids.end(), after.begin(), after.end());
@@ -1331,16 +1335,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), ErrorCode::kIo, "tokenizer.from_json_file", "the file must be readable; got ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  check(!in.bad(), ErrorCode::kIo, "tokenizer.from_json_file", "the file must be readable; got a read error on ",
-        path);
-  return from_json(ss.str());
+  return from_json(read_text_input(path, "tokenizer.from_json_file"));
 }
 
 Tokenizer Tokenizer::from_json(std::string_view json_text) {
+  check_json_nesting(json_text.data(), json_text.data() + json_text.size(), kOpJson, "tokenizer.json");
   json root;
   try {
     root = json::parse(json_text.begin(), json_text.end());
@@ -1376,8 +1375,8 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
   check(model == "gpt2" || model == "llama", ErrorCode::kUnsupported, kOpGguf,
         "tokenizer.ggml.model must be gpt2 (byte-level BPE) or llama (SentencePiece BPE); got ", model);
   const std::vector<std::string> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
-  check(!tokens.empty() && tokens.size() <= static_cast<size_t>(INT32_MAX), ErrorCode::kCorrupt, kOpGguf,
-        "tokenizer.ggml.tokens must hold 1 to 2^31-1 tokens; got ", tokens.size());
+  check(!tokens.empty() && tokens.size() <= static_cast<size_t>(limits::kMaxTokenId) + 1, ErrorCode::kCorrupt,
+        kOpGguf, "tokenizer.ggml.tokens must hold 1 to ", limits::kMaxTokenId + 1, " tokens; got ", tokens.size());
   std::vector<int64_t> types;
   if (gguf.has("tokenizer.ggml.token_type")) {
     types = gguf.get_int_array("tokenizer.ggml.token_type");
