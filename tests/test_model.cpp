@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -1217,3 +1218,104 @@ TEST(ModelNpy, WritesNumpyFilesAtomically) {
 }
 
 }  // namespace
+
+// ---- hostile files (issue 19) --------------------------------------------------------------------------------------
+
+namespace {
+
+// GgufWriter plus the string/int arrays a tokenizer needs.
+void gguf_array(GgufWriter& g, const std::string& key, uint32_t type, const std::vector<std::string>& strings,
+                const std::vector<int32_t>& ints) {
+  GgufWriter::str(g.kv, key);
+  GgufWriter::u32(g.kv, 9);
+  GgufWriter::u32(g.kv, type);
+  if (type == 8) {
+    GgufWriter::u64(g.kv, strings.size());
+    for (const auto& s : strings) GgufWriter::str(g.kv, s);
+  } else {
+    GgufWriter::u64(g.kv, ints.size());
+    for (int32_t v : ints) GgufWriter::u32(g.kv, static_cast<uint32_t>(v));
+  }
+  ++g.n_kv;
+}
+
+// The geometry keys of a small llama GGUF without tensors (enough for config_from_gguf).
+GgufWriter gguf_geometry(uint32_t blocks) {
+  GgufWriter g;
+  g.set_str("general.architecture", "llama");
+  g.set_u32("llama.context_length", 512);
+  g.set_u32("llama.embedding_length", 64);
+  g.set_u32("llama.block_count", blocks);
+  g.set_u32("llama.feed_forward_length", 128);
+  g.set_u32("llama.attention.head_count", 4);
+  g.set_u32("llama.vocab_size", 97);
+  return g;
+}
+
+}  // namespace
+
+TEST(ModelHostile, NonFiniteWeightsAreRejectedAtLoadForEveryWeightFormat) {
+  Spec spec;
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    for (const char* tensor : {"model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "model.norm.weight"}) {
+      TensorMap m = random_weights(spec, 1901);
+      m.at(tensor).second[5] = bad;
+      const std::string dir = write_model(spec, m, "nan");
+      for (const char* w : {"f32", "bf16", "w8a8", "w4a8"})
+        expect_load_error(dir, opts(w), ErrorCode::kCorrupt, {tensor, "must hold finite values", "at flat index 5"});
+    }
+    // GGUF (F32 tensors) alike.
+    TensorMap m = f16_exact(random_weights(spec, 1902));
+    m.at("model.layers.0.self_attn.o_proj.weight").second[7] = bad;
+    expect_load_error(write_gguf(spec, m, "llama"), opts("bf16"), ErrorCode::kCorrupt,
+                      {"blk.0.attn_output.weight", "must hold finite values"});
+  }
+}
+
+TEST(ModelHostile, GgufSizesAreCheckedBeforeAllocation) {
+  // block_count 2^32 - 1: was 4 GB of per-layer table before the rejection.
+  const std::string dir = fresh_dir("gguf_hostile");
+  GgufWriter g = gguf_geometry(0xffffffffu);
+  g.write(dir + "/blocks.gguf");
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_load_error(dir + "/blocks.gguf", opts(), ErrorCode::kCorrupt,
+                    {"llama.block_count must be in [1, 1024]; got 4294967295"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // rope.scaling.factor -1 and inf.
+  for (const float factor : {-1.0f, INFINITY}) {
+    GgufWriter r = gguf_geometry(2);
+    r.set_str("llama.rope.scaling.type", "linear");
+    r.set_f32("llama.rope.scaling.factor", factor);
+    r.write(dir + "/rope.gguf");
+    expect_load_error(dir + "/rope.gguf", opts(), ErrorCode::kCorrupt,
+                      {"llama.rope.scaling.factor must be positive and finite"});
+  }
+}
+
+TEST(ModelHostile, GgufTokenizerMustNameEveryRowOfTheVocabulary) {
+  Spec spec;  // V = 97
+  const TensorMap m = f16_exact(random_weights(spec, 1903));
+  // A GGUF whose tokenizer has 50 tokens for a 97-row vocabulary (llama.cpp requires one token per row).
+  GgufWriter g;
+  g.set_str("tokenizer.ggml.model", "gpt2");
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 50; ++i) tokens.push_back(std::string(1, 't').append(std::to_string(i)));
+  gguf_array(g, "tokenizer.ggml.tokens", 8, tokens, {});
+  gguf_array(g, "tokenizer.ggml.merges", 8, {}, {});
+  const std::string tok_path = fresh_dir("gguf_tok") + "/model.gguf";
+  GgufWriter full = g;
+  full.set_str("general.architecture", "llama");
+  full.set_u32("llama.context_length", static_cast<uint32_t>(spec.max_pos));
+  full.set_u32("llama.embedding_length", static_cast<uint32_t>(spec.H));
+  full.set_u32("llama.block_count", static_cast<uint32_t>(spec.L));
+  full.set_u32("llama.feed_forward_length", static_cast<uint32_t>(spec.I));
+  full.set_u32("llama.attention.head_count", static_cast<uint32_t>(spec.Hq));
+  full.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(spec.Hkv));
+  full.set_u32("llama.vocab_size", static_cast<uint32_t>(spec.V));
+  full.add("token_embd.weight", {spec.V, spec.H}, m.at("model.embed_tokens.weight").second, true);
+  full.write(tok_path);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_load_error(tok_path, opts(), ErrorCode::kCorrupt,
+                    {"tokenizer.ggml.tokens must name every token the model can produce (vocab_size 97); got 50"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}

@@ -321,9 +321,9 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
   check(!any_sliding || c.sliding_window > 0, ErrorCode::kCorrupt, kOp, source,
         ": sliding-window layers need a positive sliding_window; got ", c.sliding_window);
   check(std::isfinite(c.attn_scale) && c.attn_scale > 0, ErrorCode::kCorrupt, kOp, source,
-        ": the attention scale must be positive; got ", c.attn_scale);
+        ": the attention scale must be positive and finite; got ", c.attn_scale);
   check(std::isfinite(c.final_logit_softcap) && c.final_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
-        ": final_logit_softcapping must be positive or absent; got ", c.final_logit_softcap);
+        ": final_logit_softcapping must be positive and finite, or absent; got ", c.final_logit_softcap);
   for (const RopeConfig* r : {&c.rope, &c.rope_local})
     check(r->freq_factors.empty() || static_cast<int64_t>(r->freq_factors.size()) == c.head_dim / 2,
           ErrorCode::kCorrupt, kOp, source, ": rope frequency factors must have head_dim/2 = ", c.head_dim / 2,

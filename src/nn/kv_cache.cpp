@@ -145,6 +145,29 @@ void check_finite(const TensorView& x, const char* op, const char* what) {
         }
 }
 
+// After an append, before the offset moves: rows [start, start + n) of plane p must be finite. A float16 scale or
+// bias (quantized caches) or a float16 value (plain f16 caches) of a finite input overflows to infinity beyond
+// 65504; that is an error naming where and what to do, never a NaN in the attention output. On failure every plane's
+// rows [start, start + n) are zeroed (the kernels read whole tiles past the offset with weight 0, and 0 · inf would
+// be NaN), so the cache is exactly as it was for its user: same offset, same results.
+void check_stored_finite(detail::KVStore& store, size_t plane, int64_t row_elems, DType dt, int64_t start, int64_t n,
+                         const std::vector<int64_t>& row_bytes, const char* op, const char* what, const char* stored) {
+  if (dt != DType::kF16 || n == 0) return;  // float32 and bfloat16 hold every finite float32 input
+  for (int64_t b = 0; b < store.B(); ++b)
+    for (int64_t h = 0; h < store.H(); ++h) {
+      const int64_t at = find_nonfinite(store.row(plane, b, h, start), dt, n * row_elems);
+      if (at < 0) continue;
+      for (size_t p = 0; p < row_bytes.size(); ++p)
+        for (int64_t bb = 0; bb < store.B(); ++bb)
+          for (int64_t hh = 0; hh < store.H(); ++hh)
+            std::memset(store.row(p, bb, hh, start), 0, static_cast<size_t>(n * row_bytes[p]));
+      fail(ErrorCode::kOutOfRange, op, what, " at [", b, ", ", h, ", ", at / row_elems,
+           "] (batch, head, position of the append) need a float16 ", stored,
+           " beyond its range of 65504 (values too large after rotation); got infinity: use a bfloat16 or float32 ",
+           stored, " dtype for such values");
+    }
+}
+
 // Fixes the dims on the first append or checks a later append against them.
 void check_append_dims(const detail::KVStore& store, int64_t Dk, int64_t Dv, const TensorView& keys,
                        const TensorView& values, const char* op) {
@@ -420,6 +443,10 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
       append_rows(values, b, h, value_rot_, store_.row(3, b, h, start), store_.row(4, b, h, start),
                   store_.row(5, b, h, start), sd, config_.v_bits, gs);
     }
+  const std::vector<int64_t> rb = plane_row_bytes(meta());
+  for (size_t p : {1, 2, 4, 5})
+    check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, rb, op, p < 3 ? "keys" : "values",
+                        p % 3 == 1 ? "scale" : "bias");
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
 }
@@ -485,6 +512,8 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
   const char* op = "kv_cache_update";
   check_append_inputs(keys, values, op);
   check_append_dims(store_, Dk_, Dv_, keys, values, op);
+  check_finite(keys, op, "keys");
+  check_finite(values, op, "values");
   if (!store_.has_dims()) {
     KVCacheMeta m = meta();
     m.has_dims = true;
@@ -508,6 +537,9 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
       append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), nullptr, nullptr, dt, 0, 0);
       append_rows(values, b, h, value_rot_, store_.row(1, b, h, start), nullptr, nullptr, dt, 0, 0);
     }
+  const std::vector<int64_t> rb = plane_row_bytes(meta());
+  check_stored_finite(store_, 0, Dk_, dt, start, n, rb, op, "keys", "value");
+  check_stored_finite(store_, 1, Dv_, dt, start, n, rb, op, "values", "value");
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
 }
