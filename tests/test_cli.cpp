@@ -500,6 +500,26 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   EXPECT_FALSE(r.out.empty());
 }
 
+TEST_F(Cli, AFullDiskIsReportedAsSuchAndLeavesNothingBehind) {
+  // 10. A 64 KiB tmpfs (needs root and mount; skipped elsewhere): the write fails with the system's reason, naming
+  // the output, and no partial or temporary file remains.
+  const fs::path mnt = scratch_dir() / "tinyfs";
+  fs::create_directories(mnt);
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + quote(mnt.string()) + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root?)";
+  const CliResult c = cider("convert -m " + quote(kTiny) + " -o " + quote((mnt / "conv").string()) + " --weights w8a8");
+  const CliResult l = cider("logits -m " + quote(kTiny) + " --tokens 1,2,3,4,5,6,7,8 --out " + quote((mnt / "l.npy").string()));
+  const auto left = std::distance(fs::directory_iterator(mnt), fs::directory_iterator());
+  EXPECT_EQ(std::system(("umount " + quote(mnt.string())).c_str()), 0);
+  EXPECT_EQ(c.status, 2) << c.err;
+  EXPECT_NE(c.err.find("No space left on device"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("conv.tmp-"), std::string::npos) << c.err;
+  EXPECT_EQ(l.status, 2) << l.err;
+  EXPECT_NE(l.err.find("[write_npy] cannot write \"" + (mnt / "l.npy").string()), std::string::npos) << l.err;
+  EXPECT_NE(l.err.find("No space left on device"), std::string::npos) << l.err;
+  EXPECT_EQ(left, 0) << "no partial output, no temporary file";
+}
+
 TEST_F(Cli, BenchAttentionTakesTheAttentionBenchmarksOptions) {
   const CliResult h = cider("bench attention --help");
   ASSERT_EQ(h.status, 0) << h.err;
