@@ -478,6 +478,8 @@ void apply_generation_config(ModelConfig& config, std::string_view json_text, co
   for (int32_t id : config.eos_token_ids)
     check(id < config.vocab_size, ErrorCode::kCorrupt, kOp, source, ": eos_token_id must be < vocab_size ",
           config.vocab_size, "; got ", id);
+  check(config.bos_token_id < config.vocab_size, ErrorCode::kCorrupt, kOp, source,
+        ": bos_token_id must be < vocab_size ", config.vocab_size, "; got ", config.bos_token_id);
 }
 
 std::string read_text_file(const std::string& path) { return read_text_input(path, kOp); }

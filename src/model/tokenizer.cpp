@@ -1572,7 +1572,13 @@ std::string Tokenizer::StreamDecoder::push(int32_t id) {
   ids_.push_back(id);
   size_t stable_ids = ids_.size();
   if (impl.decoder_has_byte_fallback) {
-    while (stable_ids > 0 && impl.is_byte_token(ids_[stable_ids - 1])) --stable_ids;
+    // A trailing run of byte tokens may still be completed (or turned into U+FFFD as a whole) by the next ids. A
+    // skipped special token does not end such a run: decode() drops it and joins the bytes around it (found by
+    // fuzz_tokenizer: tests/fuzz/regressions/tokenizer/stream_decoder_byte_run_across_skipped_special_*).
+    auto transparent = [&](int32_t t) {
+      return impl.is_byte_token(t) || (skip_special_ && impl.id_special[static_cast<size_t>(t)] != 0);
+    };
+    while (stable_ids > 0 && transparent(ids_[stable_ids - 1])) --stable_ids;
   }
   std::string text = impl.decode(std::vector<int32_t>(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(stable_ids)),
                                  skip_special_);
