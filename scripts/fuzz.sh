@@ -12,7 +12,7 @@
 # regular CTest build replays: fuzz_replay_<harness>) and printed with that line and frame, and the script exits
 # non-zero at the end if anything was found.
 #
-# Environment: FUZZ_SANITIZE (address,undefined; undefined,leak for long campaigns), FUZZ_JOBS (build parallelism, default nproc), FUZZ_FORK (1), FUZZ_RSS_MB (2048), FUZZ_TIMEOUT (10 s),
+# Environment: FUZZ_SANITIZE (address,undefined; undefined for long campaigns), FUZZ_JOBS (build parallelism, default nproc), FUZZ_FORK (1), FUZZ_RSS_MB (2048), FUZZ_TIMEOUT (10 s),
 # FUZZ_BUILD_DIR (build-fuzz), FUZZ_ARGS (extra libFuzzer flags), FUZZ_MAX_REPLAYS (100). A reproducer replays with
 #   build-fuzz/fuzz_<harness> tests/fuzz/regressions/<harness>/<file>
 set -euo pipefail
@@ -117,7 +117,7 @@ for h in "${harnesses[@]}"; do
 
   # Executions and speed: fork mode prints "#<execs>: ... exec/s <n> ..." lines, plain mode the final stats.
   execs=$( (grep -oE '^stat::number_of_executed_units: [0-9]+' "$log" || true) | awk '{print $2}' | tail -1)
-  rate=$( (grep -oE '^stat::average_exec_per_sec: [0-9]+' "$log" || true) | awk '{print $2}' | tail -1)
+  rate=$( (grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" || true) | awk '{print $2}' | tail -1)
   if [ -z "$execs" ]; then
     execs=$( (grep -oE '^#[0-9]+' "$log" || true) | tail -1 | tr -d '#')
     rate=$( (grep -oE 'exec/s:? [0-9]+' "$log" || true) | tail -1 | grep -oE '[0-9]+$' || true)
