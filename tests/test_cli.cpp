@@ -500,6 +500,20 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   EXPECT_FALSE(r.out.empty());
 }
 
+TEST_F(Cli, RunningOutOfMemoryIsAMessageNotACrash) {
+  // 10. std::bad_alloc: a 200 MB text (sparse: zeros) read under a 150 MB address-space limit.
+  if (kAsan) GTEST_SKIP() << "ASan needs far more address space than the limit";
+  const fs::path big = scratch_dir() / "sparse.txt";
+  { std::ofstream(big) << ""; }
+  fs::resize_file(big, 200u << 20);
+  const CliResult r = cider("perplexity -m " + quote(kTiny) + " -f " + quote(big.string()) + " --ctx 64", "",
+                            "ulimit -v 153600;");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("cider: error: out of memory: an allocation failed (std::bad_alloc)"), std::string::npos)
+      << r.err;
+  fs::remove(big);
+}
+
 TEST_F(Cli, AFullDiskIsReportedAsSuchAndLeavesNothingBehind) {
   // 10. A 64 KiB tmpfs (needs root and mount; skipped elsewhere): the write fails with the system's reason, naming
   // the output, and no partial or temporary file remains.
