@@ -22,12 +22,7 @@ using cider::model::ChatFormat;
 using cider::model::ChatMessage;
 using cider::model::Tokenizer;
 
-void require(bool cond, const char* what) {
-  if (!cond) {
-    std::fprintf(stderr, "fuzz_chat_format: invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using cider::fuzz::require;
 
 constexpr ChatFormat kFormats[] = {ChatFormat::kChatML, ChatFormat::kLlama3,  ChatFormat::kGemma,
                                    ChatFormat::kMistral, ChatFormat::kLlama2, ChatFormat::kRaw};

@@ -43,6 +43,14 @@ inline bool verbose() {
 }
 
 // Runs f(); a cider::Error (the documented outcome of bad input) is swallowed, anything else propagates.
+// An invariant the library promises: aborts with "invariant violated: <what>" (scripts/fuzz.sh reports that line).
+inline void require(bool cond, const char* what) {
+  if (!cond) {
+    std::fprintf(stderr, "fuzz harness: invariant violated: %s\n", what);
+    std::abort();
+  }
+}
+
 template <typename F>
 inline void expect_errors(F&& f) {
   try {

@@ -14,12 +14,7 @@ namespace {
 
 using cider::model::ModelConfig;
 
-void require(bool cond, const char* what) {
-  if (!cond) {
-    std::fprintf(stderr, "fuzz_config: invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using cider::fuzz::require;
 
 void round_trip(const ModelConfig& c) {
   cider::fuzz::expect_success("config_from_json(config_to_json(c)) of a parsed config", [&] {

@@ -17,12 +17,7 @@ namespace {
 using cider::model::GGUFFile;
 using cider::model::GGUFTensor;
 
-void require(bool cond, const char* what) {
-  if (!cond) {
-    std::fprintf(stderr, "fuzz_gguf: invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using cider::fuzz::require;
 
 volatile uint8_t g_sink;
 

@@ -16,12 +16,7 @@ using cider::model::SafetensorsFile;
 using cider::model::SafetensorsSet;
 using cider::model::StTensor;
 
-void require(bool cond, const char* what) {
-  if (!cond) {
-    std::fprintf(stderr, "fuzz_safetensors: invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using cider::fuzz::require;
 
 volatile uint8_t g_sink;
 

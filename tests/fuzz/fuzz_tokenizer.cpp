@@ -22,12 +22,7 @@ namespace {
 
 using cider::model::Tokenizer;
 
-void require(bool cond, const char* what) {
-  if (!cond) {
-    std::fprintf(stderr, "fuzz_tokenizer: invariant violated: %s\n", what);
-    std::abort();
-  }
-}
+using cider::fuzz::require;
 
 const std::vector<std::unique_ptr<Tokenizer>>& fixtures() {
   static const std::vector<std::unique_ptr<Tokenizer>> tokenizers = [] {
