@@ -234,15 +234,19 @@ std::shared_ptr<const GGUFFile> GGUFFile::open(const std::string& path) {
     uint32_t n_dims = c.u32(what + " n_dims");
     check(n_dims <= 4, ErrorCode::kCorrupt, kOp, "'", path, "': ", what, " n_dims must be at most 4; got ", n_dims);
     std::vector<int64_t> ne(n_dims);
-    uint64_t numel = 1;
+    // The product of the non-zero dimensions must fit int64 too: with a zero dimension the element count is 0, but
+    // a product taken in another order (GGUFTensor::numel, shape in reverse) would pass through the others (found
+    // by fuzz_gguf: tests/fuzz/regressions/gguf/tensor_dims_overflow_past_a_zero_dimension).
+    uint64_t numel = 1, nonzero = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t v = c.u64(what + " ne[" + std::to_string(d) + "]");
       check(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) &&
-                (v == 0 || numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / v),
-            ErrorCode::kCorrupt, kOp, "'", path, "': ", what, " element count must fit in int64; got ne[", d,
-            "] = ", v);
+                (v == 0 || nonzero <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / v),
+            ErrorCode::kCorrupt, kOp, "'", path, "': ", what,
+            " element count (and the product of its non-zero dimensions) must fit in int64; got ne[", d, "] = ", v);
       ne[d] = static_cast<int64_t>(v);
       numel *= v;
+      if (v != 0) nonzero *= v;
     }
     t.shape.assign(ne.rbegin(), ne.rend());
     t.type = c.u32(what + " type");
