@@ -445,6 +445,9 @@ TEST(GGUFCorrupt, BadTensorGeometry) {
                     ErrorCode::kCorrupt, "element count must fit in int64");
   expect_open_error(Builder().header(1, 0).tensor("w", {uint64_t{1} << 63}, 0, 0).pad().data(), ErrorCode::kCorrupt,
                     "element count must fit in int64");
+  // A zero dimension makes the count 0, but the other dimensions' product must still fit (fuzz_gguf's finding).
+  expect_open_error(Builder().header(1, 0).tensor("w", {0, uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0).pad().data(),
+                    ErrorCode::kCorrupt, "so must the product of its non-zero dimensions; got ne[2] = 1099511627776");
   auto dup = Builder().header(2, 0).tensor("w", {4}, 0, 0).tensor("w", {4}, 0, 32).pad().bytes(64).data();
   expect_open_error(dup, ErrorCode::kCorrupt, "tensor names must be unique; got 'w' twice");
   auto overlap = Builder().header(2, 0).tensor("a", {16}, 0, 0).tensor("b", {4}, 0, 32).pad().bytes(64).data();

@@ -243,7 +243,8 @@ std::shared_ptr<const GGUFFile> GGUFFile::open(const std::string& path) {
       check(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) &&
                 (v == 0 || nonzero <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / v),
             ErrorCode::kCorrupt, kOp, "'", path, "': ", what,
-            " element count (and the product of its non-zero dimensions) must fit in int64; got ne[", d, "] = ", v);
+            " element count must fit in int64, and so must the product of its non-zero dimensions; got ne[", d,
+            "] = ", v);
       ne[d] = static_cast<int64_t>(v);
       numel *= v;
       if (v != 0) nonzero *= v;
