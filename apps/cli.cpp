@@ -91,8 +91,6 @@ void write_out(std::string_view s) {
   std::fflush(stdout);
 }
 
-std::string read_file(const std::string& path, const char* op) { return read_text_input(path, op); }
-
 // The tokenizer alone, without loading weights: tokenizer.json or tokenizer.gguf of a directory, or a .gguf file.
 model::Tokenizer load_tokenizer(const std::string& path) {
   if (fs::is_directory(path)) {
@@ -367,7 +365,7 @@ int run_perplexity(PerplexityArgs a) {
     if (!a.baseline_kv.empty()) b.kv = a.baseline_kv;
     base_opts = model_options(b);
   }
-  const std::string text = read_file(a.file, "perplexity");
+  const std::string text = read_text_input(a.file, "perplexity");
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   std::unique_ptr<model::Model> base;

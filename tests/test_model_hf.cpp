@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/npy.h"
@@ -40,7 +41,7 @@ struct Fixture {
 Fixture load_fixture(const std::string& name) {
   Fixture f;
   f.dir = kFixtures + name;
-  const auto j = nlohmann::json::parse(cm::read_text_file(f.dir + "/reference.json"));
+  const auto j = nlohmann::json::parse(cider::read_text_input(f.dir + "/reference.json", "test"));
   f.prompt = j.at("prompt").get<std::vector<int32_t>>();
   f.greedy = j.at("greedy").get<std::vector<int32_t>>();
   f.logits = cm::read_npy_f32(f.dir + "/logits.npy");

@@ -482,14 +482,13 @@ void apply_generation_config(ModelConfig& config, std::string_view json_text, co
         ": bos_token_id must be < vocab_size ", config.vocab_size, "; got ", config.bos_token_id);
 }
 
-std::string read_text_file(const std::string& path) { return read_text_input(path, kOp); }
 
 ModelConfig load_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  ModelConfig c = parse_hf_config(read_text_file(path), path);
+  ModelConfig c = parse_hf_config(read_text_input(path, kOp), path);
   const std::string gen = dir + "/generation_config.json";
   std::ifstream probe(gen);
-  if (probe) apply_generation_config(c, read_text_file(gen), gen);
+  if (probe) apply_generation_config(c, read_text_input(gen, kOp), gen);
   return c;
 }
 

@@ -80,7 +80,4 @@ struct MlxQuantization {
 };
 MlxQuantization parse_mlx_quantization(std::string_view config_json_text, const std::string& source);
 
-// Reads a whole text file (kIo naming the path if it cannot).
-std::string read_text_file(const std::string& path);
-
 }  // namespace cider::model

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -546,7 +547,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     b.st_ = set;
     b.cider_format_ = cider_weights;
     if (kind == SourceKind::kHF) {
-      b.mlx_ = parse_mlx_quantization(read_text_file(path + "/config.json"), path + "/config.json");
+      b.mlx_ = parse_mlx_quantization(read_text_input(path + "/config.json", "load_config"), path + "/config.json");
       if (b.mlx_.present) {
         b.kind_ = SourceKind::kMLX;
         impl.source = "mlx";

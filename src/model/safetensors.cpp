@@ -263,8 +263,6 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &s) == 0;
 }
 
-std::string read_text_file(const std::string& path, const char* op) { return read_text_input(path, op); }
-
 }  // namespace
 
 SafetensorsSet SafetensorsSet::open_file(const std::string& path) {
@@ -285,7 +283,7 @@ SafetensorsSet SafetensorsSet::open_dir(const std::string& dir) {
     return open_file(single);
   }
 
-  const std::string text = read_text_file(index_path, op);
+  const std::string text = read_text_input(index_path, op);
   check_json_nesting(text.data(), text.data() + text.size(), op, "'" + index_path + "'");
   nlohmann::json index;
   try {
