@@ -12,7 +12,7 @@
 
 #include "bench/cuda/bench_cuda.h"
 #include "tests/support/scoped_env.h"
-#include "model/cuda/gpu_model.h"
+#include "model/cuda/cuda_backend.h"
 #include "model/sampler.h"
 #include "nn/rotation.h"
 

@@ -5,13 +5,10 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/backend.h"
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "quant/affine.h"
-#ifdef CIDER_HAVE_CUDA
-#include "kernels/cuda/cuda_api.h"
-#include "model/cuda/gpu_model.h"
-#endif
 
 namespace cider::model {
 
@@ -129,19 +126,12 @@ int64_t Session::position() const { return impl_->position; }
 int64_t Session::trim(int64_t n) {
   check(n >= 0, ErrorCode::kInvalidArgument, "session_trim", "n must be >= 0; got ", n);
   const int64_t m = std::min(n, impl_->position);
-  for (auto& c : impl_->caches) c->trim(m);
   impl_->position -= m;
+  impl_->backend->truncate(impl_->position);
   return m;
 }
 
-size_t Session::kv_bytes() const {
-  size_t b = 0;
-  for (const auto& c : impl_->caches) b += static_cast<size_t>(c->nbytes());
-#ifdef CIDER_HAVE_CUDA
-  if (impl_->gpu) b += impl_->gpu->kv_bytes();
-#endif
-  return b;
-}
+size_t Session::kv_bytes() const { return impl_->backend->kv_bytes(); }
 
 // ---- Model ------------------------------------------------------------------------------------------------------
 
@@ -153,12 +143,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",
         options.ctx);
   validate_kv(options.kv);
-#ifdef CIDER_HAVE_CUDA
-  if (options.device == Device::kCUDA) cuda::require_device("model.device");  // before reading any weights
-#else
-  check(options.device == Device::kCPU, ErrorCode::kUnsupported, "model.device",
-        "--device cuda needs a cider built with -DCIDER_CUDA=ON; this one was built without CUDA");
-#endif
+  require_device(options.device);  // before reading any weights
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (!options.kv.quantized) impl->options.kv.rotation = nn::RotationKind::kNone;  // plain caches are not rotated
@@ -188,9 +173,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
   impl->inv_freq = rope_inv_freq(c.rope, c.head_dim);
   impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim);
-#ifdef CIDER_HAVE_CUDA
-  if (options.device == Device::kCUDA) impl->gpu = gpu::upload_model(*impl);
-#endif
+  impl->backend = make_backend(*impl);
   return std::unique_ptr<Model>(new Model(std::move(impl)));
 }
 
@@ -207,13 +190,8 @@ size_t Model::weight_bytes() const { return impl_->w.nbytes; }
 std::unique_ptr<Session> Model::new_session() const {
   auto s = std::make_unique<Session::Impl>();
   s->model = impl_.get();
-#ifdef CIDER_HAVE_CUDA
-  if (impl_->gpu) {  // device KV caches instead of CPU ones
-    s->gpu = std::make_shared<gpu::GpuSession>(impl_->gpu);
-    return std::unique_ptr<Session>(new Session(std::move(s)));
-  }
-#endif
-  for (int64_t l = 0; l < impl_->config.num_layers; ++l) s->caches.push_back(impl_->make_cache(l));
+  s->backend_model = impl_->backend;
+  s->backend = impl_->backend->new_session();
   return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
@@ -233,44 +211,53 @@ void Model::check_forward_args(const Session::Impl& si, const int32_t* tokens, i
 }
 
 void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const {
+  BatchItem item{&s, tokens, n, logits, all_logits};
+  forward_batch(std::span<const BatchItem>(&item, 1));
+}
+
+void Model::forward_batch(std::span<const BatchItem> items) const {
   constexpr const char* op = "forward";
-  Session::Impl& si = s.impl();
-  check_forward_args(si, tokens, n, logits != nullptr, op);
-  const int64_t start = si.position;
+  check(!items.empty(), ErrorCode::kInvalidArgument, op, "a batch needs at least one sequence");
+  std::vector<BackendSession*> sessions;
+  std::vector<SequenceStep> steps;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    check(it.session != nullptr, ErrorCode::kInvalidArgument, op, "batch item ", i, " has no session");
+    Session::Impl& si = it.session->impl();
+    check_forward_args(si, it.tokens, it.n, it.logits != nullptr, op);
+    for (size_t j = 0; j < i; ++j)
+      check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
+            "a session may appear once in a batch; items ", j, " and ", i, " share one");
+    sessions.push_back(si.backend.get());
+    steps.push_back({it.tokens, it.n, si.position, it.logits, it.all_logits});
+  }
   try {
-#ifdef CIDER_HAVE_CUDA
-    if (si.gpu) {  // positions past `start` in the device caches are simply overwritten later: nothing to undo
-      si.gpu->forward(tokens, n, start, logits, all_logits);
-      si.position = start + n;
-      return;
-    }
-#endif
-    impl_->forward(si, tokens, n, logits, all_logits);
+    impl_->backend->forward(sessions, steps);
   } catch (...) {
-    // Leave the session as it was: drop whatever part of the tokens reached the caches.
-    for (auto& c : si.caches)
-      if (c->offset() > start) c->trim(c->offset() - start);
-    si.position = start;
+    // Leave every session as it was: drop whatever part of the tokens reached the caches.
+    for (const BatchItem& it : items) it.session->impl().backend->truncate(it.session->impl().position);
     throw;
   }
+  for (const BatchItem& it : items) it.session->impl().position += it.n;
 }
 
 bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
                                Candidates& out) const {
-#ifdef CIDER_HAVE_CUDA
   constexpr const char* op = "model.forward_candidates";
   Session::Impl& si = s.impl();
-  if (!si.gpu || request.k < 1) return false;
+  if (!impl_->backend->samples_on_device() || request.k < 1) return false;
   check_forward_args(si, tokens, n, /*has_logits=*/true, op);
-  const int64_t start = si.position;
-  si.gpu->forward(tokens, n, start, /*logits=*/nullptr, /*all_logits=*/false);  // last row kept on the device
-  si.position = start + n;
-  si.gpu->candidates(request, out);
+  const SequenceStep step{tokens, n, si.position, /*logits=*/nullptr, /*all_logits=*/false};
+  BackendSession* bs = si.backend.get();
+  try {
+    impl_->backend->forward(std::span<BackendSession* const>(&bs, 1), std::span<const SequenceStep>(&step, 1));
+  } catch (...) {
+    bs->truncate(si.position);
+    throw;
+  }
+  si.position += n;
+  impl_->backend->candidates(*bs, request, out);
   return true;
-#else
-  (void)s, (void)tokens, (void)n, (void)request, (void)out;
-  return false;
-#endif
 }
 
 }  // namespace cider::model

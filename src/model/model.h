@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -154,6 +155,17 @@ class Model {
   // ([n, vocab]) when all_logits, else only the last row ([vocab]). Throws cider::Error (kOutOfRange) if the
   // positions would pass context_length(), before changing the session.
   void forward(Session& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
+  // Several sessions' tokens in one forward (the server's batch): per-row work (the linear layers) runs over every
+  // item's rows at once, attention per session. Each item as forward() above; a session at most once. On error no
+  // session changes.
+  struct BatchItem {
+    Session* session = nullptr;
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+    float* logits = nullptr;
+    bool all_logits = false;
+  };
+  void forward_batch(std::span<const BatchItem> items) const;
   // Sampling on the device (--device cuda): forward() of tokens[0, n) whose last row of logits stays on the GPU, which
   // answers the sampler's request (model/sampler.h) with its top-k candidates — k tokens cross to the host instead of
   // the vocabulary. Returns false, having done nothing, when the session runs on the CPU or request.k is 0.

@@ -26,10 +26,8 @@
 
 namespace cider::model {
 
-namespace gpu {  // model/cuda/gpu_model.h (CIDER_CUDA builds): the model and its sessions on the GPU
-struct GpuModel;
-class GpuSession;
-}  // namespace gpu
+class BackendModel;    // model/backend.h: the weights on a device and the forward there
+class BackendSession;  // model/backend.h: a session's KV caches on that device
 
 // A linear layer y = x·Wᵀ + b with W [N, K] held in one of cider's weight formats. The data pointers point either
 // into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
@@ -91,31 +89,22 @@ struct Model::Impl {
   Weights w;
   std::vector<float> inv_freq;        // (D/2) full-attention layers
   std::vector<float> inv_freq_local;  // (D/2) sliding-window layers
-  std::shared_ptr<const gpu::GpuModel> gpu;  // --device cuda: the uploaded weights; Model::forward runs there
+  std::shared_ptr<const BackendModel> backend;  // options.device's: where Model::forward runs (make_backend)
 
+  // Layer `layer`'s CPU cache in the configured format, its rotation seeded with the layer index.
   std::unique_ptr<nn::KVCache> make_cache(int64_t layer) const;
-  void forward(Session::Impl& s, const int32_t* tokens, int64_t n, float* logits, bool all_logits) const;
 };
 
-// Activations of one chunk of at most kMaxChunk tokens, allocated on first use and grown only when a longer chunk
-// arrives; a prefill longer than kMaxChunk is processed chunk by chunk (the causal cache makes that exact).
+// The CPU backend's rows per pass: a prefill longer than kMaxChunk is processed chunk by chunk (the causal cache makes
+// that exact).
 constexpr int64_t kMaxChunk = 256;
 
 struct Session::Impl {
   const Model::Impl* model = nullptr;
-  std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer); empty in a GPU session
-  std::shared_ptr<gpu::GpuSession> gpu;               // --device cuda: device KV caches and activations
+  std::shared_ptr<const BackendModel> backend_model;  // keeps the backend alive as long as the session
+  std::unique_ptr<BackendSession> backend;            // the KV caches, on the model's device
   int64_t position = 0;
-  int64_t rows = 0;  // chunk capacity of the scratch below
-  std::vector<float> x;          // (rows, hidden) residual stream
-  std::vector<float> h;          // (rows, hidden) normed input of a block
-  std::vector<float> q;          // (rows, Hq·D)
-  std::vector<float> k, v;       // (rows, Hkv·D)
-  std::vector<float> att;        // (rows, Hq·D) attention output
-  std::vector<float> tmp;        // (rows, hidden) block output
-  std::vector<float> gate, up;   // (rows, I)
-  std::vector<float> cos_g, sin_g, cos_l, sin_l;  // (rows, D/2) rope tables of the chunk (global, local)
-  void reserve(int64_t n_rows);
+  ~Impl();
 };
 
 // Applies RMSNorm to `rows` rows of `dim` values: out = x / sqrt(mean(x²) + eps) · (offset + w), in float32 with

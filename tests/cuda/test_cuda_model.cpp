@@ -32,8 +32,9 @@
 #include "kernels/cuda/hadamard.h"
 #include "kernels/kernel_table.h"
 #include "kernels/ref/ref_kernels.h"
-#include "model/cuda/gpu_model.h"
-#include "model/cuda/model_kernels.h"
+#include "model/backend.h"
+#include "model/cuda/cuda_backend.h"
+#include "kernels/cuda/model_ops.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/transformer.h"
@@ -158,8 +159,7 @@ void make_variant(cm::Model& model) {
     L.post_attn_norm = L.mlp_norm;
     L.post_mlp_norm = L.attn_norm;
   }
-  impl.gpu.reset();
-  if (model.options().device == cm::Device::kCUDA) impl.gpu = cm::gpu::upload_model(impl);
+  impl.backend = cm::make_backend(impl);  // re-uploaded with the variant's weights and flags
 }
 
 }  // namespace
@@ -385,12 +385,12 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
     const auto V = static_cast<size_t>(gpu->config().vocab_size);
     auto run = [&](bool graphs, int64_t* captured) {
       auto s = gpu->new_session();
-      s->impl().gpu->use_graphs = graphs;
+      cm::gpu::gpu_session(*s)->use_graphs = graphs;
       std::vector<float> out((tokens.size() - 200) * V, std::nanf(""));
       std::vector<float> scratch(V);
       gpu->forward(*s, tokens.data(), 200, scratch.data(), false);
       for (size_t i = 200; i < tokens.size(); ++i) gpu->forward(*s, &tokens[i], 1, out.data() + (i - 200) * V, false);
-      *captured = s->impl().gpu->graphs_captured();
+      *captured = cm::gpu::gpu_session(*s)->graphs_captured();
       return out;
     };
     int64_t with = 0, without = 0;
@@ -675,7 +675,7 @@ TEST(CudaHadamard, ArgumentErrorsNameTheOp) {
   expect_error(1, 128, 128, nullptr);               // no signs
 }
 
-// ---- the model's small kernels (model/cuda/model_kernels.h) ---------------------------------------------------------
+// ---- the model's small kernels (kernels/cuda/model_ops.h) ---------------------------------------------------------
 
 namespace {
 
@@ -743,7 +743,7 @@ TEST(CudaModelKernels, ResidualNormMatchesDoubleReference) {
         std::vector<float> pw = cider::test::uniform(rng, static_cast<size_t>(H), -0.5f, 0.5f);
         cc::DeviceBuffer dx = upload_guarded(x), dt = upload_guarded(t), dw = upload_guarded(w),
                          dpw = upload_guarded(pw), dh = upload_guarded(poison(n));
-        mg::residual_norm(dx.as<float>(), mode == 0 ? nullptr : dt.as<float>(), mode == 2 ? dpw.as<float>() : nullptr,
+        cc::residual_norm(dx.as<float>(), mode == 0 ? nullptr : dt.as<float>(), mode == 2 ? dpw.as<float>() : nullptr,
                           dw.as<float>(), offset, rows, H, eps, dh.as<float>(), stream.handle());
         stream.synchronize();
         const std::vector<float> gx = download_guarded(dx, n, "x"), gh = download_guarded(dh, n, "h");
@@ -789,7 +789,7 @@ TEST(CudaModelKernels, ResidualNormArgumentErrorsNameTheOp) {
   cc::DeviceBuffer buf(1024 * sizeof(float));
   auto expect_error = [&](int64_t rows, int64_t H) {
     try {
-      mg::residual_norm(buf.as<float>(), nullptr, nullptr, buf.as<float>(), 0.0f, rows, H, 1e-6f, buf.as<float>(),
+      cc::residual_norm(buf.as<float>(), nullptr, nullptr, buf.as<float>(), 0.0f, rows, H, 1e-6f, buf.as<float>(),
                         nullptr);
       ADD_FAILURE() << "accepted rows " << rows << " H " << H;
     } catch (const cider::Error& e) {
@@ -886,7 +886,7 @@ TEST(CudaModelKernels, PrepareHeadsRopeTableEqualsDoubleFormula) {
           cc::DeviceBuffer d_qkv = upload_guarded(qkv), d_q = upload_guarded(poison(static_cast<size_t>(n * Hq * D)));
           const int32_t pos32 = static_cast<int32_t>(cs.pos0);
           cc::DeviceBuffer d_pos = cc::to_device(&pos32, sizeof(pos32));
-          mg::HeadPrepArgs a{};
+          cc::HeadPrepArgs a{};
           a.qkv = d_qkv.as<float>();
           a.n = n;
           a.Hq = Hq;
@@ -905,7 +905,7 @@ TEST(CudaModelKernels, PrepareHeadsRopeTableEqualsDoubleFormula) {
           a.qR = rotation == 2 ? d_qR.as<float>() : nullptr;
           a.q_out = d_q.as<float>();
           a.q_head_major = n > 1;
-          mg::prepare_heads(a, stream.handle());
+          cc::prepare_heads(a, stream.handle());
           stream.synchronize();
           const std::vector<float> got_qkv = download_guarded(d_qkv, qkv.size(), "qkv");
           const std::vector<float> got_q = download_guarded(d_q, static_cast<size_t>(n * Hq * D), "q");
@@ -953,7 +953,7 @@ TEST(CudaModelKernels, FinishHeadsEqualsCpuInverseRotation) {
           const auto count = static_cast<size_t>(n * Hq * D);
           const std::vector<float> in = cider::test::randn(rng, count, 1.5f);
           cc::DeviceBuffer d_in = upload_guarded(in), d_out = upload_guarded(poison(count));
-          mg::finish_heads(d_in.as<float>(), head_major, n, Hq, D, rotation, rotation ? d_qL.as<float>() : nullptr,
+          cc::finish_heads(d_in.as<float>(), head_major, n, Hq, D, rotation, rotation ? d_qL.as<float>() : nullptr,
                            rotation == 2 ? d_qR.as<float>() : nullptr, d_out.as<float>(), stream.handle());
           stream.synchronize();
           const std::vector<float> got = download_guarded(d_out, count, "out");
@@ -981,7 +981,7 @@ TEST(CudaModelKernels, HeadKernelArgumentErrorsNameTheOp) {
       EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
     }
   };
-  mg::HeadPrepArgs good{};
+  cc::HeadPrepArgs good{};
   good.qkv = buf.as<float>();
   good.n = 1;
   good.Hq = 2;
@@ -991,24 +991,24 @@ TEST(CudaModelKernels, HeadKernelArgumentErrorsNameTheOp) {
   good.rope_positions = 16;
   good.q_out = buf.as<float>();
   auto bad = [&](auto change) {
-    mg::HeadPrepArgs a = good;
+    cc::HeadPrepArgs a = good;
     change(a);
-    expect_error("cuda.prepare_heads", [&] { mg::prepare_heads(a, nullptr); });
+    expect_error("cuda.prepare_heads", [&] { cc::prepare_heads(a, nullptr); });
   };
-  bad([](mg::HeadPrepArgs& a) { a.D = 63; });                 // odd head dim
-  bad([](mg::HeadPrepArgs& a) { a.D = 4096; });               // past kMaxHeadDim
-  bad([](mg::HeadPrepArgs& a) { a.rotation = 4; });           // unknown rotation
-  bad([](mg::HeadPrepArgs& a) { a.rotation = 3; });           // Hadamard without signs
-  bad([](mg::HeadPrepArgs& a) { a.rope_table = nullptr; });   // no table
-  bad([](mg::HeadPrepArgs& a) { a.pos0 = 16; });              // host position past the table
-  bad([](mg::HeadPrepArgs& a) { a.pos0 = -1; });              // negative position
+  bad([](cc::HeadPrepArgs& a) { a.D = 63; });                 // odd head dim
+  bad([](cc::HeadPrepArgs& a) { a.D = 4096; });               // past kMaxHeadDim
+  bad([](cc::HeadPrepArgs& a) { a.rotation = 4; });           // unknown rotation
+  bad([](cc::HeadPrepArgs& a) { a.rotation = 3; });           // Hadamard without signs
+  bad([](cc::HeadPrepArgs& a) { a.rope_table = nullptr; });   // no table
+  bad([](cc::HeadPrepArgs& a) { a.pos0 = 16; });              // host position past the table
+  bad([](cc::HeadPrepArgs& a) { a.pos0 = -1; });              // negative position
   expect_error("cuda.finish_heads", [&] {
-    mg::finish_heads(buf.as<float>(), false, 1, 2, 66, 2, buf.as<float>(), buf.as<float>(), buf.as<float>(), nullptr);
+    cc::finish_heads(buf.as<float>(), false, 1, 2, 66, 2, buf.as<float>(), buf.as<float>(), buf.as<float>(), nullptr);
   });  // SO(4) needs D % 4 == 0
   expect_error("cuda.finish_heads", [&] {
-    mg::finish_heads(buf.as<float>(), false, 1, 2, 64, 3, nullptr, nullptr, buf.as<float>(), nullptr);
+    cc::finish_heads(buf.as<float>(), false, 1, 2, 64, 3, nullptr, nullptr, buf.as<float>(), nullptr);
   });  // Hadamard without signs
-  expect_error("cuda.glu_rows", [&] { mg::glu_rows(buf.as<float>(), 1, 8, 2, buf.as<float>(), nullptr); });
+  expect_error("cuda.glu_rows", [&] { cc::glu_rows(buf.as<float>(), 1, 8, 2, buf.as<float>(), nullptr); });
 }
 
 // The decode step with programmatic dependent launch (the default) and without it (CIDER_PDL=0, read when a graph is
@@ -1022,7 +1022,7 @@ TEST(CudaModel, PdlOnAndOffGiveTheSameLogits) {
   auto run = [&](bool pdl, bool graphs) {
     const cider::test::ScopedEnv env("CIDER_PDL", pdl ? "1" : "0");
     auto s = gpu->new_session();
-    s->impl().gpu->use_graphs = graphs;
+    cm::gpu::gpu_session(*s)->use_graphs = graphs;
     std::vector<float> out((tokens.size() - 100) * V, std::nanf(""));
     std::vector<float> scratch(V);
     gpu->forward(*s, tokens.data(), 100, scratch.data(), false);

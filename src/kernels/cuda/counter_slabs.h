@@ -1,12 +1,12 @@
 // cider/kernels/cuda/counter_slabs.h — zero-initialized device counters for kernels whose CTAs meet through global
 // atomics (attention_tc.cu's in-kernel split merge, linear_gemm_wgmma.cu's fused activation quantization).
 //
-// Why not exec.workspace: the model hands every launcher one shared workspace (gpu_model.cpp), so other launches
+// Why not exec.workspace: the model hands every launcher one shared workspace (model/cuda/cuda_backend.cpp), so other launches
 // overwrite it between two calls, and a cudaMemsetAsync per call would add a graph node and cut PDL edges. So: a
 // static device array per pool, zero at module load; the kernels leave their counters zero again (the last CTA resets
 // them). Two launches that run at the same time must not share counters: each (device, stream) gets its own slab of
 // kCounterSlab counters (launches on one stream are ordered). A graph must be replayed on the stream it was captured
-// on (gpu_model.cpp and the benchmarks do). When the kCounterSlabs slabs of a pool are handed out, counter_slab
+// on (model/cuda/cuda_backend.cpp and the benchmarks do). When the kCounterSlabs slabs of a pool are handed out, counter_slab
 // returns null and the caller takes its path without counters.
 #pragma once
 

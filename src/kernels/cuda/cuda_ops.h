@@ -2,7 +2,7 @@
 // dense bf16 linear layer through cuBLASLt (kernels/cuda/dense.cu): what model/cuda needs besides the quantized
 // linear layers and attention of cuda_api.h. Same conventions as cuda_api.h: device pointers, asynchronous on
 // exec.stream, no allocation, no synchronization (graph-capturable), cider::Error on bad arguments.
-// Activations are float32 [rows, dim] row-major; the semantics follow the CPU engine (model/transformer.cpp).
+// Activations are float32 [rows, dim] row-major; the semantics follow the CPU engine (model/cpu_backend.cpp).
 #pragma once
 
 #include <cstddef>

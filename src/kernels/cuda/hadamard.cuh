@@ -1,5 +1,5 @@
 // cider/kernels/cuda/hadamard.cuh — the device side of hadamard.h: one warp rotates one row held in shared memory.
-// Shared by kernels/cuda/hadamard.cu and the GPU model's fused head kernels (model/cuda/model_kernels.cu).
+// Shared by kernels/cuda/hadamard.cu and the GPU model's fused head kernels (kernels/cuda/model_ops.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
 // All of them are memory-bound: the design goal is one pass over the data with 16-byte loads where the layout allows
 // it (pointer 16-byte aligned and the row length a multiple of 4 floats; otherwise a scalar path of the same maths),
 // no shared-memory round trips beyond the reductions, and no work that scales with more than the bytes moved.
-// Semantics follow model/transformer.cpp (the CPU engine) operation for operation.
+// Semantics follow model/cpu_backend.cpp (the CPU backend) operation for operation.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,5 +1,5 @@
 // cider/kernels/cuda/so4_rotation.cuh — device code of the SO(4) block rotation shared by kv_append.cu and the GPU
-// model's kernels (model/cuda/model_kernels.cu): every multiply and add rounded (_rn intrinsics, never contracted into
+// model's kernels (kernels/cuda/model_ops.cu): every multiply and add rounded (_rn intrinsics, never contracted into
 // FMA) in nn/rotation.cpp's order, so rotated rows equal the CPU's bit for bit.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The whole model on the GPU (model/cuda/gpu_model.h): uploading a loaded CPU model, random benchmark models, and
-// sessions that run the CPU forward's computation (model/transformer.cpp) with the CUDA launchers.
-#include "model/cuda/gpu_model.h"
+// The CUDA backend (model/cuda/cuda_backend.h): uploading a loaded CPU model, random benchmark models, and sessions
+// whose executor runs the one forward (model/forward.cpp) with the CUDA launchers.
+#include "model/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
 
@@ -15,7 +15,8 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hadamard.h"
-#include "model/cuda/model_kernels.h"
+#include "kernels/cuda/model_ops.h"
+#include "model/backend.h"
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "nn/kv_cache.h"
@@ -209,7 +210,7 @@ GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, voi
   if (kind == Linear::Kind::kDense) {
     g.kind = GpuLinearKind::kBF16;
     g.w_owned = cuda::DeviceBuffer(sz(N) * sz(K) * 2);
-    fill_uniform(g.w_owned.data(), DType::kBF16, N * K, seed, -a, a, stream);
+    cuda::fill_uniform(g.w_owned.data(), DType::kBF16, N * K, seed, -a, a, stream);
     return g;
   }
   g.group_size = weight_format_group_size(f);
@@ -217,17 +218,17 @@ GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, voi
   g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
   const int64_t w_bytes = int8 ? N * K : N * K / 2;
   g.w_owned = cuda::DeviceBuffer(sz(w_bytes));
-  fill_random_bytes(g.w_owned.data(), w_bytes, seed, int8, stream);
+  cuda::fill_random_bytes(g.w_owned.data(), w_bytes, seed, int8, stream);
   const int64_t n_scales = g.group_size == 0 ? N : (K / g.group_size) * N;
   g.scales = cuda::DeviceBuffer(sz(n_scales) * sizeof(float));
   const float s = a / (int8 ? 127.0f : 7.0f);
-  fill_uniform(g.scales.data(), DType::kF32, n_scales, seed ^ 0x5CA1E5ull, 0.5f * s, 1.5f * s, stream);
+  cuda::fill_uniform(g.scales.data(), DType::kF32, n_scales, seed ^ 0x5CA1E5ull, 0.5f * s, 1.5f * s, stream);
   return g;
 }
 
 cuda::DeviceBuffer ones(int64_t n, void* stream) {
   cuda::DeviceBuffer b(sz(n) * sizeof(float));
-  fill_uniform(b.data(), DType::kF32, n, 0, 1.0f, 1.0f, stream);
+  cuda::fill_uniform(b.data(), DType::kF32, n, 0, 1.0f, 1.0f, stream);
   return b;
 }
 
@@ -386,7 +387,7 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   uint64_t salt = seed * 1000003ull;
   m->embed_dtype = DType::kBF16;
   m->embed = cuda::DeviceBuffer(sz(c.vocab_size) * sz(H) * 2);
-  fill_uniform(m->embed.data(), DType::kBF16, c.vocab_size * H, ++salt, -1.0f, 1.0f, s);
+  cuda::fill_uniform(m->embed.data(), DType::kBF16, c.vocab_size * H, ++salt, -1.0f, 1.0f, s);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     GpuLayer& g = m->layers.emplace_back();
     g.attn_norm = ones(H, s);
@@ -438,7 +439,10 @@ void* at_byte(const cuda::DeviceBuffer& b, size_t offset) { return static_cast<u
 
 }  // namespace
 
-struct GpuSession::Impl {
+// The session's executor: the Backend ops (model/backend.h) as launches on a stream, over the session's activations
+// and caches. A pass's state (rows, positions: host values for a prompt, device words for a graph's decode step) is
+// set by begin_pass / begin_decode; the ops read it.
+struct GpuSession::Impl final : public PassBackend {
   const GpuModel& m;
   cuda::Stream stream;
   cuda::DeviceBuffer workspace;
@@ -482,17 +486,38 @@ struct GpuSession::Impl {
   // k_src + t·row_stride + h·D, its value Hkv·D further (already rotated when the rotation is Hadamard).
   void append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
                  const int32_t* d_offset, const cuda::Exec& e) const;
-  // The layers over the m tokens whose embeddings are in x; positions pos0 … (host) or *d_pos (decode, m = 1);
-  // kv_length: the KV length after the append (host), or the bound of a decode graph with *d_len the real one.
-  // Leaves x the residual stream and h = final_norm(x).
-  void enqueue_layers(int64_t m, int64_t pos0, const int32_t* d_pos, const int32_t* d_len, int64_t kv_length,
-                      const cuda::Exec& e);
-  // The head over rows [first, first + rows) of h (already final-normed) into out (rows, vocab).
+  // The head over rows [first, first + rows) of h (already final-normed) into out (rows, vocab), with the softcap.
   void enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e);
   void enqueue_decode(void* s);
-  void forward_chunks(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
   void decode(int32_t token, int64_t position, float* logits, bool use_graphs);
   void candidates(const CandidateRequest& request, Candidates& out);
+
+  // ---- the pass (begin_pass: a prompt's chunk at host positions; begin_decode: one token at device positions) ----
+  cuda::Exec e_{};
+  int64_t n_ = 0;                   // rows
+  int64_t pos0_ = 0;                // position of row 0 (host)
+  const int32_t* d_tok_ = nullptr;  // the rows' token ids (device)
+  const int32_t* d_pos_ = nullptr;  // decode: *d_pos_ is the position (device), else null
+  const int32_t* d_len_ = nullptr;  // decode: *d_len_ is the KV length after the append (device), else null
+  int64_t kv_length_ = 0;           // the KV length after the append, or the decode graph's bound on it
+  const float* o_in_ = nullptr;     // the o projection's input (finish_heads' output, or attention's)
+  void begin_decode(void* s);
+
+  // ---- Backend (model/backend.h) ----
+  int64_t max_pass_rows() const override { return chunk; }
+  void begin_pass(std::span<const PassSegment> segments, const int32_t* tokens) override;
+  void embed() override;
+  void residual_norm(bool add, int64_t layer, NormSlot post, int64_t next_layer, NormSlot next) override;
+  void linear(int64_t layer, LinearSlot slot) override;
+  void prepare_heads(int64_t layer) override;
+  void kv_append(int64_t layer) override;
+  void attention(int64_t layer) override;
+  void finish_heads(int64_t layer) override;
+  void glu() override;
+  void logits(int64_t first, int64_t rows, float* dst) override;
+  void end_forward() override { stream.synchronize(); }
+  const float* norm(int64_t layer, NormSlot slot) const;
+  cuda::HeadPrepArgs head_prep(int64_t layer) const;
 };
 
 GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
@@ -682,81 +707,146 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
   }
 }
 
-void GpuSession::Impl::enqueue_layers(int64_t n, int64_t pos0, const int32_t* d_pos, const int32_t* d_len,
-                                      int64_t kv_length, const cuda::Exec& e) {
-  const ModelConfig& c = m.config;
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float off = c.norm_weight_offset;
-  const int rot = m.rotation();
-  const bool run_linear = (skip & GpuSession::kSkipLinear) == 0;
-  const bool run_attention = (skip & GpuSession::kSkipAttention) == 0;
-  const bool run_append = (skip & GpuSession::kSkipAppend) == 0;
-  const bool run_small = (skip & GpuSession::kSkipSmall) == 0;
-  float* xs = x.as<float>();
-  float* hs = h.as<float>();
-  float* ts = tmp.as<float>();
-  float* qkv_s = qkv.as<float>();
-  float* qs = q.as<float>();
-  float* aos = ao.as<float>();
-  float* as = att.as<float>();
-  float* gus = gu.as<float>();
-  float* ffs = ffn.as<float>();
-  float* scr = scratch.bytes() ? scratch.as<float>() : nullptr;
-  const int act = c.activation == Activation::kSiLU ? 0 : 1;
-  const int64_t qkv_stride = (Hq + 2 * Hkv) * D;
-
-  // h = attn_norm(x) of the first layer; every later norm is fused with the residual add before it.
-  if (run_small) residual_norm(xs, nullptr, nullptr, m.layers[0].attn_norm.as<float>(), off, n, H, eps, hs, e.stream);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const GpuLayer& L = m.layers[sz(l)];
-    const bool sliding = c.layer_sliding[sz(l)] != 0;
-
-    // ---- attention block ----
-    if (run_linear) L.qkv.forward(hs, n, qkv_s, scr, e);
-    HeadPrepArgs p{};
-    p.qkv = qkv_s;
-    p.n = n;
-    p.Hq = Hq;
-    p.Hkv = Hkv;
-    p.D = D;
-    p.q_norm = c.qk_norm ? L.q_norm.as<float>() : nullptr;
-    p.k_norm = c.qk_norm ? L.k_norm.as<float>() : nullptr;
-    p.norm_offset = off;
-    p.eps = eps;
-    p.rope_table = m.rope_for(sliding);
-    p.rope_positions = m.ctx;
-    p.pos0 = pos0;
-    p.d_pos = d_pos;
-    p.rotation = rot;
-    p.qL = rot ? L.rot_left.as<float>() : nullptr;
-    p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
-    p.q_out = qs;
-    p.q_head_major = n > 1;  // attention's [B, Hq, L, D]; for one token both layouts are the same
-    if (run_small) prepare_heads(p, e.stream);
-    if (run_append) append_kv(l, qkv_s + Hq * D, qkv_stride, n, pos0, d_pos, e);
-    if (run_attention) cuda::attention(attention_args(l, qs, aos, n, kv_length), d_len, e);
-    // Outputs back from the rotated value space (nn::attention), and (Hq, n, D) → (n, Hq, D) for a prefill.
-    const float* o_in = aos;
-    if ((rot != 0 || n > 1) && run_small) {
-      finish_heads(aos, n > 1, n, Hq, D, rot, p.qL, p.qR, as, e.stream);
-      o_in = as;
-    }
-    if (run_linear) L.o.forward(o_in, n, ts, e);
-    if (run_small)
-      residual_norm(xs, ts, c.sandwich_norms ? L.post_attn_norm.as<float>() : nullptr, L.mlp_norm.as<float>(), off,
-                    n, H, eps, hs, e.stream);
-
-    // ---- MLP block ----
-    if (run_linear) L.gate_up.forward(hs, n, gus, scr, e);
-    if (run_small) glu_rows(gus, n, I, act, ffs, e.stream);
-    if (run_linear) L.down.forward(ffs, n, ts, e);
-    const bool last = l + 1 == c.num_layers;
-    if (run_small)
-      residual_norm(xs, ts, c.sandwich_norms ? L.post_mlp_norm.as<float>() : nullptr,
-                    last ? m.final_norm.as<float>() : m.layers[sz(l + 1)].attn_norm.as<float>(), off, n, H, eps, hs,
-                    e.stream);
+const float* GpuSession::Impl::norm(int64_t layer, NormSlot slot) const {
+  if (slot == NormSlot::kFinal) return m.final_norm.as<float>();
+  const GpuLayer& L = m.layers[sz(layer)];
+  switch (slot) {
+    case NormSlot::kAttn: return L.attn_norm.as<float>();
+    case NormSlot::kPostAttn: return L.post_attn_norm.as<float>();
+    case NormSlot::kMlp: return L.mlp_norm.as<float>();
+    case NormSlot::kPostMlp: return L.post_mlp_norm.as<float>();
+    default: return nullptr;
   }
+}
+
+void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const int32_t* host_tokens) {
+  check(segments.size() == 1, ErrorCode::kUnsupported, kOp,
+        "a batch of several sequences in one forward is not implemented on --device cuda yet; got ", segments.size(),
+        " sequences (run them one by one, or on the CPU)");
+  const PassSegment& g = segments[0];
+  e_ = exec(stream.handle());
+  n_ = g.n;
+  pos0_ = g.pos0;
+  d_pos_ = d_len_ = nullptr;
+  kv_length_ = g.pos0 + g.n;
+  int32_t* d = tokens.as<int32_t>();
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(g.n) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                        as_stream(e_.stream)));
+  d_tok_ = d;
+}
+
+void GpuSession::Impl::begin_decode(void* s) {
+  e_ = exec(s);
+  n_ = 1;
+  pos0_ = decode_position;
+  int32_t* d_step = step.as<int32_t>();
+  d_tok_ = d_step;
+  d_pos_ = d_step + 1;
+  d_len_ = d_step + 2;
+  kv_length_ = kv_bound(decode_position + 1, m.ctx);
+}
+
+void GpuSession::Impl::embed() {
+  const ModelConfig& c = m.config;
+  cuda::embed_rows(m.embed.data(), m.embed_dtype, c.vocab_size, c.hidden_size, d_tok_, n_, c.embed_scale,
+                   x.as<float>(), e_);
+}
+
+void GpuSession::Impl::residual_norm(bool add, int64_t layer, NormSlot post, int64_t next_layer, NormSlot next) {
+  if ((skip & GpuSession::kSkipSmall) != 0) return;
+  const ModelConfig& c = m.config;
+  cuda::residual_norm(x.as<float>(), add ? tmp.as<float>() : nullptr,
+                      add && post != NormSlot::kNone ? norm(layer, post) : nullptr, norm(next_layer, next),
+                      c.norm_weight_offset, n_, c.hidden_size, static_cast<float>(c.rms_norm_eps), h.as<float>(),
+                      e_.stream);
+}
+
+void GpuSession::Impl::linear(int64_t layer, LinearSlot slot) {
+  if ((skip & GpuSession::kSkipLinear) != 0) return;
+  const GpuLayer& L = m.layers[sz(layer)];
+  float* scr = scratch.bytes() ? scratch.as<float>() : nullptr;
+  switch (slot) {
+    case LinearSlot::kQKV: L.qkv.forward(h.as<float>(), n_, qkv.as<float>(), scr, e_); break;
+    case LinearSlot::kO: L.o.forward(o_in_, n_, tmp.as<float>(), e_); break;
+    case LinearSlot::kGateUp: L.gate_up.forward(h.as<float>(), n_, gu.as<float>(), scr, e_); break;
+    case LinearSlot::kDown: L.down.forward(ffn.as<float>(), n_, tmp.as<float>(), e_); break;
+  }
+}
+
+cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer) const {
+  const ModelConfig& c = m.config;
+  const GpuLayer& L = m.layers[sz(layer)];
+  const int rot = m.rotation();
+  cuda::HeadPrepArgs p{};
+  p.qkv = qkv.as<float>();
+  p.n = n_;
+  p.Hq = c.num_heads;
+  p.Hkv = c.num_kv_heads;
+  p.D = c.head_dim;
+  p.q_norm = c.qk_norm ? L.q_norm.as<float>() : nullptr;
+  p.k_norm = c.qk_norm ? L.k_norm.as<float>() : nullptr;
+  p.norm_offset = c.norm_weight_offset;
+  p.eps = static_cast<float>(c.rms_norm_eps);
+  p.rope_table = m.rope_for(c.layer_sliding[sz(layer)] != 0);
+  p.rope_positions = m.ctx;
+  p.pos0 = pos0_;
+  p.d_pos = d_pos_;
+  p.rotation = rot;
+  p.qL = rot ? L.rot_left.as<float>() : nullptr;
+  p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
+  p.q_out = q.as<float>();
+  p.q_head_major = n_ > 1;  // attention's [B, Hq, L, D]; for one token both layouts are the same
+  return p;
+}
+
+void GpuSession::Impl::prepare_heads(int64_t layer) {
+  if ((skip & GpuSession::kSkipSmall) == 0) cuda::prepare_heads(head_prep(layer), e_.stream);
+}
+
+void GpuSession::Impl::kv_append(int64_t layer) {
+  if ((skip & GpuSession::kSkipAppend) != 0) return;
+  const ModelConfig& c = m.config;
+  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  append_kv(layer, qkv.as<float>() + Hq * D, (Hq + 2 * Hkv) * D, n_, pos0_, d_pos_, e_);
+}
+
+void GpuSession::Impl::attention(int64_t layer) {
+  if ((skip & GpuSession::kSkipAttention) != 0) return;
+  cuda::attention(attention_args(layer, q.as<float>(), ao.as<float>(), n_, kv_length_), d_len_, e_);
+}
+
+void GpuSession::Impl::finish_heads(int64_t layer) {
+  // Outputs back from the rotated value space, and (Hq, n, D) → (n, Hq, D) for a prefill.
+  const int rot = m.rotation();
+  o_in_ = ao.as<float>();
+  if ((rot != 0 || n_ > 1) && (skip & GpuSession::kSkipSmall) == 0) {
+    const cuda::HeadPrepArgs p = head_prep(layer);
+    cuda::finish_heads(ao.as<float>(), n_ > 1, n_, p.Hq, p.D, rot, p.qL, p.qR, att.as<float>(), e_.stream);
+    o_in_ = att.as<float>();
+  }
+}
+
+void GpuSession::Impl::glu() {
+  if ((skip & GpuSession::kSkipSmall) != 0) return;
+  const ModelConfig& c = m.config;
+  cuda::glu_rows(gu.as<float>(), n_, c.intermediate_size, c.activation == Activation::kSiLU ? 0 : 1, ffn.as<float>(),
+                 e_.stream);
+}
+
+void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
+  const int64_t V = m.config.vocab_size;
+  const cudaStream_t st = as_stream(e_.stream);
+  if (rows == 1) {  // the last row: kept in logits_last (candidates() reads it there)
+    enqueue_head(first, 1, logits_last.as<float>(), e_);
+    if (dst != nullptr)
+      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(dst, logits_last.data(), sz(V) * sizeof(float), cudaMemcpyDeviceToHost, st));
+    return;
+  }
+  check(dst != nullptr, ErrorCode::kInternal, kOp, "logits of several rows go to the host");
+  if (logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(chunk) * sz(V) * sizeof(float));
+  enqueue_head(first, rows, logits_all.as<float>(), e_);
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(dst, logits_all.data(), sz(rows) * sz(V) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, st));
 }
 
 void GpuSession::Impl::enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e) {
@@ -769,14 +859,12 @@ void GpuSession::Impl::enqueue_decode(void* s) {
   const ModelConfig& c = m.config;
   check(decode_position >= 0 && decode_position < m.ctx, ErrorCode::kOutOfRange, kOp,
         "the decode position must be in [0, ctx = ", m.ctx, "); got ", decode_position);
-  const cuda::Exec e = exec(s);
   const cudaStream_t st = as_stream(s);
-  int32_t* d_step = step.as<int32_t>();
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_step, step_host, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  cuda::embed_rows(m.embed.data(), m.embed_dtype, c.vocab_size, c.hidden_size, d_step, 1, c.embed_scale,
-                   x.as<float>(), e);
-  enqueue_layers(1, decode_position, d_step + 1, d_step + 2, kv_bound(decode_position + 1, m.ctx), e);
-  enqueue_head(0, 1, logits_last.as<float>(), e);
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(step.as<int32_t>(), step_host, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  begin_decode(s);
+  embed();
+  run_layers(c, *this);
+  enqueue_head(0, 1, logits_last.as<float>(), e_);
   if (copy_logits)
     CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(c.vocab_size) * sizeof(float),
                                           cudaMemcpyDeviceToHost, st));
@@ -874,36 +962,6 @@ void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& o
   pending = false;
 }
 
-void GpuSession::Impl::forward_chunks(const int32_t* tok, int64_t n, int64_t start, float* logits, bool all_logits) {
-  const ModelConfig& c = m.config;
-  const int64_t V = c.vocab_size;
-  void* s = stream.handle();
-  const cudaStream_t st = as_stream(s);
-  const cuda::Exec e = exec(s);
-  int32_t* d_tokens = tokens.as<int32_t>();
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d_tokens, tok, sz(n) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  if (all_logits && logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(chunk) * sz(V) * sizeof(float));
-  for (int64_t done = 0; done < n; done += chunk) {
-    const int64_t rows = std::min(chunk, n - done);
-    const int64_t pos0 = start + done;
-    cuda::embed_rows(m.embed.data(), m.embed_dtype, V, c.hidden_size, d_tokens + done, rows, c.embed_scale,
-                     x.as<float>(), e);
-    enqueue_layers(rows, pos0, nullptr, nullptr, pos0 + rows, e);
-    const bool last_chunk = done + rows == n;
-    if (all_logits) {
-      enqueue_head(0, rows, logits_all.as<float>(), e);
-      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits + done * V, logits_all.data(), sz(rows) * sz(V) * sizeof(float),
-                                            cudaMemcpyDeviceToHost, st));
-    } else if (last_chunk) {
-      enqueue_head(rows - 1, 1, logits_last.as<float>(), e);
-      if (logits != nullptr)  // else the row stays on the device for candidates()
-        CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits, logits_last.data(), sz(V) * sizeof(float),
-                                              cudaMemcpyDeviceToHost, st));
-    }
-  }
-  stream.synchronize();
-}
-
 // ---- GpuSession ---------------------------------------------------------------------------------------------------
 
 GpuSession::GpuSession(std::shared_ptr<const GpuModel> model) : model_(std::move(model)) {
@@ -920,7 +978,8 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
   if (n == 1) {
     impl_->decode(tokens[0], start, logits, use_graphs);
   } else {
-    impl_->forward_chunks(tokens, n, start, logits, all_logits);
+    const SequenceStep step{tokens, n, start, logits, all_logits};
+    run_forward(model_->config, *impl_, std::span<const SequenceStep>(&step, 1));
   }
 }
 
@@ -946,7 +1005,7 @@ void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const cuda::Exec e = impl_->exec(s);
   const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int64_t chunk = impl_->chunk;
-  fill_uniform(impl_->qkv.data(), DType::kF32, chunk * row, seed, -2.0f, 2.0f, s);
+  cuda::fill_uniform(impl_->qkv.data(), DType::kF32, chunk * row, seed, -2.0f, 2.0f, s);
   for (int64_t l = 0; l < c.num_layers; ++l)
     for (int64_t done = 0; done < length; done += chunk) {
       const int64_t n = std::min(chunk, length - done);
@@ -982,4 +1041,55 @@ void* GpuSession::stream() const { return impl_->stream.handle(); }
 
 void GpuSession::synchronize() const { impl_->stream.synchronize(); }
 
+// ---- the model's BackendModel / BackendSession (model/backend.h) -------------------------------------------------
+
+namespace {
+
+class CudaSession final : public BackendSession {
+ public:
+  explicit CudaSession(std::shared_ptr<const GpuModel> m) : gpu(std::move(m)) {}
+  size_t kv_bytes() const override { return gpu.kv_bytes(); }
+  // Positions past the session's are simply overwritten later: nothing to undo.
+  void truncate(int64_t) override {}
+  GpuSession gpu;
+};
+
+class CudaModel final : public BackendModel {
+ public:
+  explicit CudaModel(std::shared_ptr<const GpuModel> m) : m_(std::move(m)) {}
+  std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CudaSession>(m_); }
+  void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
+    check(sessions.size() == 1, ErrorCode::kUnsupported, kOp,
+          "a batch of several sequences in one forward is not implemented on --device cuda yet; got ", sessions.size(),
+          " sequences (run them one by one, or on the CPU)");
+    const SequenceStep& st = steps[0];
+    static_cast<CudaSession*>(sessions[0])->gpu.forward(st.tokens, st.n, st.start, st.logits, st.all_logits);
+  }
+  bool candidates(BackendSession& s, const CandidateRequest& request, Candidates& out) const override {
+    static_cast<CudaSession&>(s).gpu.candidates(request, out);
+    return true;
+  }
+  bool samples_on_device() const override { return true; }
+
+ private:
+  std::shared_ptr<const GpuModel> m_;
+};
+
+}  // namespace
+
+GpuSession* gpu_session(Session& s) {
+  auto* cs = dynamic_cast<CudaSession*>(s.impl().backend.get());
+  return cs ? &cs->gpu : nullptr;
+}
+
 }  // namespace cider::model::gpu
+
+namespace cider::model {
+
+void require_cuda_device(const char* op) { cuda::require_device(op); }
+
+std::unique_ptr<BackendModel> make_cuda_backend(const Model::Impl& model) {
+  return std::make_unique<gpu::CudaModel>(gpu::upload_model(model));
+}
+
+}  // namespace cider::model

@@ -1,4 +1,4 @@
-// Small kernels of the GPU model (model/cuda/model_kernels.h).
+// The small fused kernels of the CUDA backend (kernels/cuda/model_ops.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -8,9 +8,9 @@
 #include "kernels/cuda/hadamard.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/so4_rotation.cuh"
-#include "model/cuda/model_kernels.h"
+#include "kernels/cuda/model_ops.h"
 
-namespace cider::model::gpu {
+namespace cider::cuda {
 
 namespace {
 
@@ -598,4 +598,4 @@ void fill_random_bytes(void* out, int64_t count, uint64_t seed, bool as_int8, vo
   cuda::check_last_launch(op);
 }
 
-}  // namespace cider::model::gpu
+}  // namespace cider::cuda

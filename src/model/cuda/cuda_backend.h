@@ -1,8 +1,9 @@
-// cider/model/cuda/gpu_model.h — the whole model on the GPU (`--device cuda`): device weights uploaded from a loaded
-// CPU model (or random ones for the benchmark), and a session that runs the same computation as the CPU forward
-// (model/transformer.cpp) with per-layer device KV caches allocated once for the model's context.
+// cider/model/cuda/cuda_backend.h — the CUDA backend (`--device cuda`, model/backend.h): device weights uploaded from a
+// loaded CPU model (or random ones for the benchmark), and sessions whose executor implements the Backend ops with the
+// CUDA launchers, so the one forward (model/forward.cpp) runs on the GPU with per-layer device KV caches allocated once
+// for the model's context. What is GPU-specific stays here: upload, CUDA graphs of the decode step, PDL, pinned I/O.
 //
-// Plain C++ (no CUDA headers): model.cpp, tests and benchmarks include it. Built only with -DCIDER_CUDA=ON.
+// Plain C++ (no CUDA headers): tests and benchmarks include it. Built only with -DCIDER_CUDA=ON.
 //
 // Per chunk of m tokens (x: float32 (m, hidden), the residual stream; every buffer below is device memory):
 //   prefill (m ≥ 1, host positions): the GEMM paths of the linear layers, attention in tiles over [Hq, m, D] queries
@@ -15,8 +16,9 @@
 // append — f16 scales/biases; or plain bf16/f16/f32), so positions never move and a trim only lowers the session's
 // position. The key and value planes of a layer are one allocation (values right after keys), so when keys and values
 // have the same bits one kv_append (B = 2) writes both, otherwise one kv_append_pair.
-// Per layer (decode): residual_norm, q|k|v linear, prepare_heads, kv_append (one launch), attention, [finish_heads],
-// o linear, residual_norm, gate|up linear, glu_rows, down linear — the next layer's residual_norm closes it.
+// Per layer (model/forward.cpp run_layers): residual_norm, q|k|v linear, prepare_heads, kv_append (one launch),
+// attention, [finish_heads], o linear, residual_norm, gate|up linear, glu_rows, down linear — the next layer's
+// residual_norm closes it.
 #pragma once
 
 #include <cstddef>
@@ -97,7 +99,7 @@ struct GpuModel {
 
 // The RoPE table of `positions` positions for inv_freq [D/2]: row p = cos(θ) for the D/2 frequencies, then sin(θ), with
 // θ = fl(p·inv_freq[i]) the float32 product and cos/sin evaluated in double and rounded once — the CPU forward's
-// rope_tables (model/transformer.cpp) value for value.
+// rope_tables (model/cpu_backend.cpp) value for value.
 std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions);
 
 // Checks that the model can run on the GPU (a device, a weight format the GPU has kernels for, a KV rotation the GPU
@@ -161,5 +163,9 @@ class GpuSession {
   std::shared_ptr<const GpuModel> model_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The GPU session behind a Model session made on a CUDA model (tests and tools: graphs on/off, captured graphs); null
+// for a CPU session.
+GpuSession* gpu_session(Session& s);
 
 }  // namespace cider::model::gpu

@@ -1,9 +1,9 @@
-// cider/model/cuda/model_kernels.h — the small kernels the GPU model needs besides kernels/cuda: the fused per-head
+// cider/kernels/cuda/model_ops.h — the small fused kernels of the CUDA backend (model/cuda/cuda_backend.cpp): the fused per-head
 // preparation of q/k/v (norm + rope + rotation in one launch), the attention output's way back (transpose + inverse
 // rotation), the residual add fused with the next RMSNorm, the GLU over the fused gate|up output, and random fills
 // for the benchmark's in-memory weights.
 // Asynchronous on `stream` (cudaStream_t), no allocation, no synchronization (graph-capturable). Every kernel follows
-// the CPU forward (model/transformer.cpp) operation for operation; the arithmetic is the one of kernels/cuda/ops.cu
+// the CPU backend (model/cpu_backend.cpp) operation for operation; the arithmetic is the one of kernels/cuda/ops.cu
 // (rms_norm, rope, glu), kv_append.cu (SO(4) blocks, every multiply and add rounded) and hadamard.cuh.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "core/dtype.h"
 
-namespace cider::model::gpu {
+namespace cider::cuda {
 
 // in [a, b, D] → out [b, a, D] (float32): prefill queries (m, Hq, D) → (Hq, m, D) for attention, and back.
 void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t D, void* stream);
@@ -20,7 +20,7 @@ void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t 
 // ready for the cache and attention in one launch, one warp per (token, head) row:
 //   q and k heads: [rms_norm with q_norm / k_norm (when not null): (x·inv)·(norm_offset + w)], rope at position
 //                  p = pos0 + t (*d_pos + t when d_pos is not null; rotate_half pairs (i, i + D/2), products and sums
-//                  rounded separately) with cos/sin read from row p of rope_table (gpu_model.h rope_table: the float32
+//                  rounded separately) with cos/sin read from row p of rope_table (model/cuda/cuda_backend.h rope_table: the float32
 //                  angle fl(p·inv_freq[i]), cos/sin in double rounded once, computed on the host as the CPU forward
 //                  does); a position outside [0, rope_positions) turns the row into NaN (never a read past the table);
 //   rotation 3 (Hadamard, `signs` [D]): q, k and v heads rotated forward (the CPU cache's bytes once kv_append stores
@@ -72,4 +72,4 @@ void fill_uniform(void* out, DType dtype, int64_t count, uint64_t seed, float lo
 // count bytes: int8 codes uniform in [-127, 127] (as_int8) or any byte (packed int4 pairs).
 void fill_random_bytes(void* out, int64_t count, uint64_t seed, bool as_int8, void* stream);
 
-}  // namespace cider::model::gpu
+}  // namespace cider::cuda

@@ -1,0 +1,284 @@
+// The CPU backend (model/backend.h): the ops over the active kernel table (kernels/kernel_table.h) and nn's caches and
+// attention; weights used where the loader left them (model/transformer.h).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/kernel_table.h"
+#include "model/backend.h"
+#include "model/transformer.h"
+#include "nn/attention.h"
+#include "nn/kv_cache.h"
+
+namespace cider::model {
+
+namespace {
+
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+// cos/sin of position·inv_freq for the n positions [pos0, pos0 + n): (n, D/2) each. The angle is the float32
+// product, as HF computes it, so long positions round the same way.
+void rope_tables(const std::vector<float>& inv_freq, int64_t pos0, int64_t n, float* cs, float* sn) {
+  const auto half = static_cast<int64_t>(inv_freq.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos0 + t) * inv_freq[sz(i)];
+      cs[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      sn[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+}
+
+// Rotates n rows of H heads of D values in place: (x1, x2) = (v[i], v[i + D/2]) → (x1·c − x2·s, x2·c + x1·s).
+void apply_rope(float* v, int64_t n, int64_t H, int64_t D, const float* cs, const float* sn) {
+  const int64_t half = D / 2;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      float* row = v + (t * H + h) * D;
+      const float* c = cs + t * half;
+      const float* s = sn + t * half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = row[i], x2 = row[i + half];
+        row[i] = x1 * c[i] - x2 * s[i];
+        row[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// GELU, tanh approximation (PyTorch's approximate="tanh").
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  constexpr float kCubic = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+
+// A [1, H, n, D] view of rows stored (n, H, D): strides (n·H·D, D, H·D, 1).
+TensorView heads_view(const float* data, int64_t n, int64_t H, int64_t D) {
+  TensorView t(data, DType::kF32, {1, H, n, D});
+  t.stride[0] = n * H * D;
+  t.stride[1] = D;
+  t.stride[2] = H * D;
+  t.stride[3] = 1;
+  return t;
+}
+
+// Activations of one pass, allocated on first use and grown only when a larger pass arrives.
+struct Scratch {
+  int64_t rows = 0;
+  std::vector<float> x;          // (rows, hidden) residual stream
+  std::vector<float> h;          // (rows, hidden) normed input of a block
+  std::vector<float> q;          // (rows, Hq·D)
+  std::vector<float> k, v;       // (rows, Hkv·D)
+  std::vector<float> att;        // (rows, Hq·D) attention output
+  std::vector<float> tmp;        // (rows, hidden) block output
+  std::vector<float> gate, up;   // (rows, I)
+  std::vector<float> cos_g, sin_g, cos_l, sin_l;  // (rows, D/2) rope tables of the pass (global, local)
+
+  void reserve(const ModelConfig& c, int64_t n_rows) {
+    if (n_rows <= rows) return;
+    auto grow = [&](std::vector<float>& b, int64_t width) { b.assign(sz(n_rows * width), 0.0f); };
+    grow(x, c.hidden_size);
+    grow(h, c.hidden_size);
+    grow(q, c.num_heads * c.head_dim);
+    grow(k, c.num_kv_heads * c.head_dim);
+    grow(v, c.num_kv_heads * c.head_dim);
+    grow(att, c.num_heads * c.head_dim);
+    grow(tmp, c.hidden_size);
+    grow(gate, c.intermediate_size);
+    grow(up, c.intermediate_size);
+    for (auto* b : {&cos_g, &sin_g, &cos_l, &sin_l}) grow(*b, c.head_dim / 2);
+    rows = n_rows;
+  }
+};
+
+class CpuSession final : public BackendSession {
+ public:
+  CpuSession(const Model::Impl& m) {
+    for (int64_t l = 0; l < m.config.num_layers; ++l) caches.push_back(m.make_cache(l));
+  }
+  size_t kv_bytes() const override {
+    size_t b = 0;
+    for (const auto& c : caches) b += static_cast<size_t>(c->nbytes());
+    return b;
+  }
+  void truncate(int64_t position) override {
+    for (auto& c : caches)
+      if (c->offset() > position) c->trim(c->offset() - position);
+  }
+
+  std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
+  Scratch scratch;                                    // used when this session leads a pass
+};
+
+// A pass's rows of at most kMaxChunk: a prefill longer than that runs chunk by chunk.
+constexpr int64_t kCpuPassRows = kMaxChunk;
+
+class CpuBackend final : public PassBackend {
+ public:
+  CpuBackend(const Model::Impl& m, std::span<BackendSession* const> sessions, Scratch& scratch)
+      : m_(m), c_(m.config), sessions_(sessions), s_(scratch) {}
+
+  int64_t max_pass_rows() const override { return kCpuPassRows; }
+
+  void begin_pass(std::span<const PassSegment> segments, const int32_t* tokens) override {
+    segments_ = segments;
+    tokens_ = tokens;
+    rows_ = 0;
+    for (const PassSegment& g : segments) rows_ += g.n;
+    s_.reserve(c_, rows_);
+    const int64_t half = c_.head_dim / 2;
+    for (const PassSegment& g : segments) {
+      rope_tables(m_.inv_freq, g.pos0, g.n, s_.cos_g.data() + g.row0 * half, s_.sin_g.data() + g.row0 * half);
+      rope_tables(m_.inv_freq_local, g.pos0, g.n, s_.cos_l.data() + g.row0 * half, s_.sin_l.data() + g.row0 * half);
+    }
+  }
+
+  void embed() override {
+    const int64_t H = c_.hidden_size;
+    float* x = s_.x.data();
+    for (int64_t t = 0; t < rows_; ++t) {
+      const int64_t row = tokens_[t];
+      for (int64_t i = 0; i < H; ++i) x[t * H + i] = load_float(m_.w.embed, m_.w.embed_dtype, row * H + i) * c_.embed_scale;
+    }
+  }
+
+  void residual_norm(bool add, int64_t layer, NormSlot post, int64_t next_layer, NormSlot next) override {
+    const int64_t H = c_.hidden_size, n = rows_;
+    float* x = s_.x.data();
+    float* t = s_.tmp.data();
+    if (add) {
+      if (post != NormSlot::kNone) rms_norm(t, norm(layer, post), c_.norm_weight_offset, n, H, c_.rms_norm_eps, t);
+      for (int64_t i = 0; i < n * H; ++i) x[i] += t[i];
+    }
+    rms_norm(x, norm(next_layer, next), c_.norm_weight_offset, n, H, c_.rms_norm_eps, s_.h.data());
+  }
+
+  void linear(int64_t layer, LinearSlot slot) override {
+    const LayerWeights& L = m_.w.layers[sz(layer)];
+    const int64_t n = rows_;
+    switch (slot) {
+      case LinearSlot::kQKV:
+        L.q.forward(s_.h.data(), n, s_.q.data());
+        L.k.forward(s_.h.data(), n, s_.k.data());
+        L.v.forward(s_.h.data(), n, s_.v.data());
+        break;
+      case LinearSlot::kO: L.o.forward(s_.att.data(), n, s_.tmp.data()); break;
+      case LinearSlot::kGateUp:
+        L.gate.forward(s_.h.data(), n, s_.gate.data());
+        L.up.forward(s_.h.data(), n, s_.up.data());
+        break;
+      case LinearSlot::kDown: L.down.forward(s_.gate.data(), n, s_.tmp.data()); break;
+    }
+  }
+
+  void prepare_heads(int64_t layer) override {
+    const int64_t D = c_.head_dim, Hq = c_.num_heads, Hkv = c_.num_kv_heads, n = rows_;
+    const LayerWeights& L = m_.w.layers[sz(layer)];
+    if (c_.qk_norm) {
+      rms_norm(s_.q.data(), L.q_norm.w, c_.norm_weight_offset, n * Hq, D, c_.rms_norm_eps, s_.q.data());
+      rms_norm(s_.k.data(), L.k_norm.w, c_.norm_weight_offset, n * Hkv, D, c_.rms_norm_eps, s_.k.data());
+    }
+    const bool sliding = c_.layer_sliding[sz(layer)] != 0;
+    const float* cs = sliding ? s_.cos_l.data() : s_.cos_g.data();
+    const float* sn = sliding ? s_.sin_l.data() : s_.sin_g.data();
+    apply_rope(s_.q.data(), n, Hq, D, cs, sn);
+    apply_rope(s_.k.data(), n, Hkv, D, cs, sn);
+    // The rotation is the caches' (nn::QuantizedKVCache rotates on append, nn::attention the queries).
+  }
+
+  void kv_append(int64_t layer) override {
+    const int64_t D = c_.head_dim, Hkv = c_.num_kv_heads;
+    for (const PassSegment& g : segments_)
+      cache(g.seq, layer).update_and_fetch(heads_view(s_.k.data() + g.row0 * Hkv * D, g.n, Hkv, D),
+                                           heads_view(s_.v.data() + g.row0 * Hkv * D, g.n, Hkv, D));
+  }
+
+  void attention(int64_t layer) override {
+    const int64_t D = c_.head_dim, Hq = c_.num_heads;
+    nn::AttentionMask mask;
+    mask.kind = kernels::MaskKind::kCausal;
+    mask.window = c_.layer_sliding[sz(layer)] != 0 ? c_.sliding_window : 0;
+    for (const PassSegment& g : segments_)
+      nn::attention(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D), cache(g.seq, layer), c_.attn_scale, mask,
+                    heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D));
+  }
+
+  void finish_heads(int64_t) override {}  // nn::attention wrote (rows, Hq, D), rotated back
+
+  void glu() override {
+    const int64_t count = rows_ * c_.intermediate_size;
+    float* g = s_.gate.data();
+    const float* u = s_.up.data();
+    // Element-wise, so split over the pool when large (a prefill chunk: rows·I of 10⁶ and more; the scalar tanh/exp
+    // on one thread was ≈ 31% of a 2-thread prefill, docs/benchmarks.md); the same function per element either way.
+    const bool silu_act = c_.activation == Activation::kSiLU;
+    auto glu_range = [&](int64_t b, int64_t e) {
+      if (silu_act) {
+        for (int64_t i = b; i < e; ++i) g[i] = silu(g[i]) * u[i];
+      } else {
+        for (int64_t i = b; i < e; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+      }
+    };
+    if (count >= (int64_t{1} << 16)) {
+      default_thread_pool().parallel_for(count, [&](int64_t b, int64_t e, int) { glu_range(b, e); });
+    } else {
+      glu_range(0, count);
+    }
+  }
+
+  void logits(int64_t first, int64_t rows, float* dst) override {
+    check(dst != nullptr, ErrorCode::kInternal, "forward", "the CPU backend writes logits to the host");
+    m_.w.lm_head.forward(s_.h.data() + first * c_.hidden_size, rows, dst);
+    if (c_.final_logit_softcap > 0.0f) {
+      const float cap = c_.final_logit_softcap;
+      for (int64_t i = 0; i < rows * c_.vocab_size; ++i) dst[i] = cap * std::tanh(dst[i] / cap);
+    }
+  }
+
+  void end_forward() override {}
+
+ private:
+  const float* norm(int64_t layer, NormSlot slot) const {
+    if (slot == NormSlot::kFinal) return m_.w.final_norm.w;
+    const LayerWeights& L = m_.w.layers[sz(layer)];
+    switch (slot) {
+      case NormSlot::kAttn: return L.attn_norm.w;
+      case NormSlot::kPostAttn: return L.post_attn_norm.w;
+      case NormSlot::kMlp: return L.mlp_norm.w;
+      case NormSlot::kPostMlp: return L.post_mlp_norm.w;
+      default: fail(ErrorCode::kInternal, "forward", "no norm weight for slot ", static_cast<int>(slot));
+    }
+  }
+  nn::KVCache& cache(int64_t seq, int64_t layer) const {
+    return *static_cast<CpuSession*>(sessions_[sz(seq)])->caches[sz(layer)];
+  }
+
+  const Model::Impl& m_;
+  const ModelConfig& c_;
+  std::span<BackendSession* const> sessions_;
+  Scratch& s_;
+  std::span<const PassSegment> segments_;
+  const int32_t* tokens_ = nullptr;
+  int64_t rows_ = 0;
+};
+
+class CpuModel final : public BackendModel {
+ public:
+  explicit CpuModel(const Model::Impl& m) : m_(m) {}
+  std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CpuSession>(m_); }
+  void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
+    CpuBackend b(m_, sessions, static_cast<CpuSession*>(sessions[0])->scratch);
+    run_forward(m_.config, b, steps);
+  }
+
+ private:
+  const Model::Impl& m_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendModel> make_cpu_backend(const Model::Impl& model) { return std::make_unique<CpuModel>(model); }
+
+}  // namespace cider::model
