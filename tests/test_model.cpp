@@ -479,6 +479,106 @@ TEST(ModelReference, LongPrefillIsSplitIntoChunks) {
   EXPECT_TRUE(cider::test::all_close(last.data(), all.data() + all.size() - last.size(), last.size(), 1e-5, 1e-5));
 }
 
+// Model::forward_batch: sequences of different lengths and positions in one forward give each sequence what its own
+// forward gives (the per-row ops run over every row at once, attention per session), for every architecture; a
+// prompt longer than a pass shares passes with the others. Batched rows may take another kernel path than a single
+// row (GEMM instead of GEMV), so the comparison allows float32 rounding; the f32 run is also held to the reference.
+TEST(ModelBatch, BatchedSequencesMatchTheirOwnForward) {
+  uint64_t salt = 900;
+  for (const auto& [name, spec] : arch_specs()) {
+    const TensorMap m = random_weights(spec, ++salt);
+    const std::string dir = write_model(spec, m, "batch_" + name);
+    // A quantized cache where the head fits a group of 32 (qwen3, gemma3), else bf16.
+    const char* second_kv = spec.D % 32 == 0 ? "k8v4" : "bf16";
+    for (const auto& [w, kv] : {std::pair{"f32", "f32"}, std::pair{"w8a8", second_kv}}) {
+      cm::ModelOptions o = opts(w, kv);
+      o.kv.group_size = 32;
+      auto model = cm::Model::load(dir, o);
+      const auto V = static_cast<size_t>(spec.V);
+      const std::vector<std::vector<int32_t>> prompts = {random_tokens(30, spec.V, ++salt),
+                                                         random_tokens(7, spec.V, ++salt),
+                                                         random_tokens(cm::kMaxChunk + 20, spec.V, ++salt)};
+      const std::vector<bool> all = {true, false, true};
+      // Alone: each prompt, then one more token.
+      std::vector<std::vector<float>> want(3), want_next(3);
+      const std::vector<int32_t> next = {1, 2, 3};
+      for (size_t i = 0; i < 3; ++i) {
+        auto s = model->new_session();
+        want[i].resize((all[i] ? prompts[i].size() : 1) * V);
+        model->forward(*s, prompts[i].data(), static_cast<int64_t>(prompts[i].size()), want[i].data(), all[i]);
+        want_next[i].resize(V);
+        model->forward(*s, &next[i], 1, want_next[i].data(), false);
+      }
+      if (std::string(w) == "f32") {
+        EXPECT_TRUE(close_rel(want[0], reference_logits(spec, m, prompts[0]), 1e-4)) << name;
+      }
+      // Batched: the three prompts in one call, then the three next tokens in one call (a decode batch).
+      std::vector<std::unique_ptr<cm::Session>> ss;
+      for (int i = 0; i < 3; ++i) ss.push_back(model->new_session());
+      std::vector<std::vector<float>> got(3), got_next(3);
+      std::vector<cm::Model::BatchItem> items;
+      for (size_t i = 0; i < 3; ++i) {
+        got[i].resize(want[i].size());
+        items.push_back({ss[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), got[i].data(), all[i]});
+      }
+      model->forward_batch(items);
+      items.clear();
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(ss[i]->position(), static_cast<int64_t>(prompts[i].size()));
+        got_next[i].resize(V);
+        items.push_back({ss[i].get(), &next[i], 1, got_next[i].data(), false});
+      }
+      model->forward_batch(items);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(cider::test::all_close(got[i].data(), want[i].data(), want[i].size(), 1e-5, 1e-5))
+            << name << " " << w << " prompt " << i;
+        EXPECT_TRUE(cider::test::all_close(got_next[i].data(), want_next[i].data(), V, 1e-5, 1e-5))
+            << name << " " << w << " next token " << i;
+      }
+    }
+  }
+}
+
+TEST(ModelBatch, RejectionsLeaveEverySessionUnchanged) {
+  const Spec spec = arch_specs()[0].second;
+  const TensorMap m = random_weights(spec, 950);
+  const std::string dir = write_model(spec, m, "batch_reject");
+  auto model = cm::Model::load(dir, opts("f32", "f32"));
+  auto other = cm::Model::load(dir, opts("f32", "f32"));
+  auto a = model->new_session(), b = model->new_session(), foreign = other->new_session();
+  const auto tok = random_tokens(5, spec.V, 951);
+  std::vector<float> out(5 * static_cast<size_t>(spec.V));
+  auto expect_rejected = [&](std::vector<cm::Model::BatchItem> items, const char* what) {
+    try {
+      model->forward_batch(items);
+      ADD_FAILURE() << "no error: " << what;
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("forward"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(a->position(), 0) << what;
+    EXPECT_EQ(b->position(), 0) << what;
+    EXPECT_EQ(a->kv_bytes(), b->kv_bytes()) << what;
+  };
+  expect_rejected({}, "empty batch");
+  expect_rejected({{a.get(), tok.data(), 5, out.data(), false}, {a.get(), tok.data(), 5, out.data(), false}},
+                  "a session twice");
+  expect_rejected({{a.get(), tok.data(), 5, out.data(), false}, {foreign.get(), tok.data(), 5, out.data(), false}},
+                  "another model's session");
+  expect_rejected({{a.get(), tok.data(), 5, out.data(), false}, {nullptr, tok.data(), 5, out.data(), false}},
+                  "no session");
+  const std::vector<int32_t> bad = {1, 2, static_cast<int32_t>(spec.V)};
+  try {
+    model->forward_batch(std::vector<cm::Model::BatchItem>{{a.get(), tok.data(), 5, out.data(), false},
+                                                           {b.get(), bad.data(), 3, out.data(), false}});
+    ADD_FAILURE() << "no error for a token id past the vocabulary";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
+  }
+  EXPECT_EQ(a->position(), 0);
+  EXPECT_EQ(b->position(), 0);
+}
+
 // The weights an int layer really holds, dequantized: codes × scales.
 std::vector<float> dequantize_linear(const cm::Linear& L) {
   std::vector<float> w(static_cast<size_t>(L.N * L.K));
