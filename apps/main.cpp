@@ -34,7 +34,7 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   ModelOptionHandles h;
   h.model = c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
                                        "embedded cider-tiny");
-  c->add_option("--weights", m.weights, "linear weights: f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8")
+  c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names()))
       ->capture_default_str();
   c->add_option("--kv", m.kv, "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k4v4, k4v3, k3v2, ...)")
       ->capture_default_str();

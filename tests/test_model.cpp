@@ -530,10 +530,18 @@ TEST(ModelBatch, BatchedSequencesMatchTheirOwnForward) {
       }
       model->forward_batch(items);
       for (size_t i = 0; i < 3; ++i) {
-        EXPECT_TRUE(cider::test::all_close(got[i].data(), want[i].data(), want[i].size(), 1e-5, 1e-5))
-            << name << " " << w << " prompt " << i;
-        EXPECT_TRUE(cider::test::all_close(got_next[i].data(), want_next[i].data(), V, 1e-5, 1e-5))
-            << name << " " << w << " next token " << i;
+        if (std::string(w) == "f32") {  // float32 sums in another order: relative to the largest logit
+          EXPECT_TRUE(close_rel(got[i], Vec(want[i].begin(), want[i].end()), 1e-5)) << name << " prompt " << i;
+          EXPECT_TRUE(close_rel(got_next[i], Vec(want_next[i].begin(), want_next[i].end()), 1e-5))
+              << name << " next token " << i;
+        } else {
+          // Int8 activations and a quantized cache round each row to a grid: a float32 rounding difference from
+          // another kernel path can move a value across a rounding boundary (one int8 step is 1/127 of a row's
+          // largest value), which later layers carry. So the same computation within a few such steps, not bits.
+          EXPECT_LT(rel_rms(got[i], Vec(want[i].begin(), want[i].end())), 0.03) << name << " prompt " << i;
+          EXPECT_LT(rel_rms(got_next[i], Vec(want_next[i].begin(), want_next[i].end())), 0.03)
+              << name << " next token " << i;
+        }
       }
     }
   }
@@ -614,7 +622,7 @@ TEST(ModelReference, IntWeightsComputeWithTheirOwnDequantizedWeights) {
       for (const cm::LayerWeights& L : W.layers)
         for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
           ASSERT_NE(x->kind, cm::Linear::Kind::kDense);
-          EXPECT_EQ(x->group_size, cm::weight_format_group_size(cm::parse_weight_format(fmt)));
+          EXPECT_EQ(x->group_size, cm::weight_format_info(cm::parse_weight_format(fmt)).group_size);
           dq[x->name + ".weight"].second = dequantize_linear(*x);
         }
       dq["lm_head.weight"] = {{spec.V, spec.H}, dequantize_linear(W.lm_head)};

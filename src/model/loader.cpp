@@ -206,7 +206,7 @@ class Builder {
       // An MLX-quantized tensor used as float (embedding, or dense formats): dequantized exactly as MLX does, in the
       // scales' dtype (f32 for --weights f32; the values are exact in both).
       MlxTriple m = mlx_triple(prefix, shape[0], shape[1]);
-      const DType out = format_ == WeightFormat::kF32 ? DType::kF32 : m.scales.dtype;
+      const DType out = weight_format_info(format_).dtype == DType::kF32 ? DType::kF32 : m.scales.dtype;
       FloatRef r;
       r.temp = quant::affine_dequantize(m.packed, m.scales, m.biases, m.p.group_size, m.p.bits, out);
       r.view = r.temp->view();
@@ -251,7 +251,7 @@ class Builder {
   void quantize_into(Linear& L, const TensorView& wv, int group_size) {
     check(group_size == 0 || L.K % group_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name,
           " has K = ", L.K, ", not a multiple of the ", weight_format_name(format_), " group size ", group_size);
-    if (weight_format_kind(format_) == Linear::Kind::kInt8) {
+    if (weight_format_info(format_).kind == Linear::Kind::kInt8) {
       check(group_size != 0 || L.K <= quant::kInt8MaxAccumK, ErrorCode::kUnsupported, kOp, where_, ": ", L.name,
             " has K = ", L.K, ", beyond the int32-exact limit ", quant::kInt8MaxAccumK, " of per-channel W8A8");
       quant::Int8Weights q = quant::quantize_int8_weights(wv, group_size);
@@ -278,7 +278,7 @@ class Builder {
     const StTensor* q = st(qn);
     const StTensor* s = st(sn);
     if (!s) missing(sn);
-    const Linear::Kind want = weight_format_kind(format_);
+    const Linear::Kind want = weight_format_info(format_).kind;
     const bool int8 = q->dtype == DType::kI8;
     check(int8 || q->dtype == DType::kU8, ErrorCode::kCorrupt, kOp, where_, ": tensor '", qn,
           "' must be I8 (w8a8) or U8 (w4a8); got ", safetensors_dtype_name(q->dtype));
@@ -295,7 +295,7 @@ class Builder {
     } else {
       check_shape(sn, s->shape, {L.N});
     }
-    check(gs == weight_format_group_size(format_) || (!int8 && gs > 0 && quant::is_int4_group_size(gs)),
+    check(gs == weight_format_info(format_).group_size || (!int8 && gs > 0 && quant::is_int4_group_size(gs)),
           ErrorCode::kCorrupt, kOp, where_, ": tensor '", sn, "' implies group size ", gs,
           ", which does not match the file's weight format ", cider_format_);
     L.kind = int8 ? Linear::Kind::kInt8 : Linear::Kind::kInt4;
@@ -313,7 +313,7 @@ class Builder {
     L.name = prefix;
     L.N = N;
     L.K = K;
-    const Linear::Kind kindw = weight_format_kind(format_);
+    const Linear::Kind kindw = weight_format_info(format_).kind;
     if (kind_ == SourceKind::kCider && st(prefix + ".qweight")) {
       cider_int(L);
     } else if (kindw != Linear::Kind::kDense && is_mlx_quantized(prefix)) {
@@ -321,7 +321,7 @@ class Builder {
       // MLX group finer than ours.
       MlxTriple m = mlx_triple(prefix, N, K);
       Tensor deq = quant::affine_dequantize(m.packed, m.scales, m.biases, m.p.group_size, m.p.bits, m.scales.dtype);
-      int gs = weight_format_group_size(format_);
+      int gs = weight_format_info(format_).group_size;
       if (kindw == Linear::Kind::kInt4) gs = std::min(gs, m.p.group_size);
       quantize_into(L, deq.view(), gs);
     } else {
@@ -330,10 +330,10 @@ class Builder {
       FloatRef r = fetch_float(prefix + ".weight", {N, K});
       if (kindw == Linear::Kind::kDense) {
         L.kind = Linear::Kind::kDense;
-        L.w_dtype = format_ == WeightFormat::kF32 ? DType::kF32 : DType::kBF16;
+        L.w_dtype = weight_format_info(format_).dtype;
         L.w = keep_as(r, L.w_dtype);
       } else {
-        quantize_into(L, r.view, weight_format_group_size(format_));
+        quantize_into(L, r.view, weight_format_info(format_).group_size);
       }
     }
     if (has_bias) L.bias = bias(prefix + ".bias", N);
@@ -370,8 +370,7 @@ class Builder {
     named(en, [&] {
       FloatRef e = fetch_float(en, {c.vocab_size, H});
       DType dt = e.view.dtype;
-      if (format_ == WeightFormat::kF32) dt = DType::kF32;
-      else if (format_ == WeightFormat::kBF16) dt = DType::kBF16;
+      if (weight_format_info(format_).kind == WeightKind::kDense) dt = weight_format_info(format_).dtype;
       else if (e.temp && dt == DType::kF32) dt = DType::kBF16;  // dequantized GGUF: bf16 is plenty for a lookup table
       w.embed_name = en;
       w.embed_dtype = dt;
@@ -412,7 +411,7 @@ class Builder {
     tick();
 
     // LM head.
-    const Linear::Kind kindw = weight_format_kind(format_);
+    const Linear::Kind kindw = weight_format_info(format_).kind;
     if (!c.tie_word_embeddings) {
       w.lm_head = named("lm_head", [&] { return linear("lm_head", c.vocab_size, H, false); });
     } else if (kindw == Linear::Kind::kDense) {
@@ -434,7 +433,7 @@ class Builder {
       w.lm_head.K = H;
       named("lm_head (tied to the embedding)", [&] {
         quantize_into(w.lm_head, TensorView(w.embed, w.embed_dtype, {c.vocab_size, H}),
-                      weight_format_group_size(format_));
+                      weight_format_info(format_).group_size);
       });
     }
     tick();
@@ -491,25 +490,6 @@ void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
 }
 
 }  // namespace
-
-int weight_format_group_size(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kW8A8G64: return 64;
-    case WeightFormat::kW8A8G128: return 128;
-    case WeightFormat::kW8A8G256: return 256;
-    case WeightFormat::kW4A8: return kW4A8GroupSize;
-    default: return 0;
-  }
-}
-
-Linear::Kind weight_format_kind(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kF32:
-    case WeightFormat::kBF16: return Linear::Kind::kDense;
-    case WeightFormat::kW4A8: return Linear::Kind::kInt4;
-    default: return Linear::Kind::kInt8;
-  }
-}
 
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {
   std::error_code ec;

@@ -12,7 +12,7 @@
 //     and scales are used as stored (in place from the mapping when aligned), never requantized.
 // Formats (--weights): f32 / bf16 keep linear weights dense (bf16 tensors of the checkpoint used in place from the
 // mapping, others converted once); w8a8[-gN] quantizes symmetric int8 per channel or per group of N; w4a8 quantizes
-// symmetric int4 per group of kW4A8GroupSize (MLX sources with a finer group keep it). Embeddings and norms stay
+// symmetric int4 per group (model/weight_format.cpp; MLX sources with a finer group keep it). Embeddings and norms stay
 // float; with tied embeddings the head is the embedding itself (f32/bf16) or a quantized copy of it (int formats).
 // Every tensor is checked against the config (dtype, shape; missing and unexpected tensors named).
 #pragma once
@@ -23,14 +23,6 @@
 #include "model/transformer.h"
 
 namespace cider::model {
-
-// Symmetric INT4 group size of --weights w4a8: one float32 scale per 64 weights (4.5 bits per weight), far more
-// accurate than per channel at a small cost.
-constexpr int kW4A8GroupSize = 64;
-
-// Group size (0 = per channel) and kind of a weight format's linear layers.
-int weight_format_group_size(WeightFormat f);
-Linear::Kind weight_format_kind(WeightFormat f);
 
 // Fills impl.config, impl.w, impl.source, impl.tokenizer (or impl.tokenizer_error) from `path`.
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl);

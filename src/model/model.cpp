@@ -14,17 +14,6 @@ namespace cider::model {
 
 namespace {
 
-struct WeightFormatName {
-  WeightFormat f;
-  const char* name;
-};
-constexpr WeightFormatName kWeightFormats[] = {
-    {WeightFormat::kF32, "f32"},           {WeightFormat::kBF16, "bf16"},
-    {WeightFormat::kW8A8, "w8a8"},         {WeightFormat::kW8A8G64, "w8a8-g64"},
-    {WeightFormat::kW8A8G128, "w8a8-g128"}, {WeightFormat::kW8A8G256, "w8a8-g256"},
-    {WeightFormat::kW4A8, "w4a8"},
-};
-
 // The context length cap when --ctx is not given: KV memory for the model's full maximum (often 128k) is rarely
 // what a CPU user wants by default.
 constexpr int64_t kDefaultCtxCap = 8192;
@@ -48,19 +37,6 @@ void validate_kv(const KVOptions& kv) {
 }
 
 }  // namespace
-
-WeightFormat parse_weight_format(std::string_view s) {
-  for (const auto& w : kWeightFormats)
-    if (s == w.name) return w.f;
-  fail(ErrorCode::kInvalidArgument, "parse_weight_format",
-       "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8; got \"", s, "\"");
-}
-
-const char* weight_format_name(WeightFormat f) {
-  for (const auto& w : kWeightFormats)
-    if (f == w.f) return w.name;
-  return "unknown";
-}
 
 KVOptions parse_kv_format(std::string_view s) {
   KVOptions kv;

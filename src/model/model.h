@@ -24,10 +24,25 @@ namespace cider::model {
 enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
 const char* architecture_name(Architecture a);
 
-// --weights: how linear-layer weights are held in memory.
+// --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
+// (model/weight_format.cpp): adding a format is one enum value and one table row, plus its kernels.
 enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8 };
+enum class WeightKind { kDense, kInt8, kInt4 };  // what a linear layer holds: float, int8 codes, packed int4 codes
+struct WeightFormatInfo {
+  WeightFormat id;
+  const char* name;         // the --weights value
+  WeightKind kind;
+  DType dtype;              // dense: the float dtype held; int: the code dtype (i8, u8 = two int4 codes)
+  int group_size;           // int: weights per float32 scale along K (0 = one scale per output channel)
+  const char* activations;  // what the kernels multiply the weights with
+  bool cuda;                // --device cuda has kernels for it
+  const char* summary;
+};
+const WeightFormatInfo& weight_format_info(WeightFormat f);
+std::span<const WeightFormatInfo> weight_formats();
 WeightFormat parse_weight_format(std::string_view s);  // "bf16", "w8a8-g128", ...; cider::Error otherwise
 const char* weight_format_name(WeightFormat f);
+std::string weight_format_names(bool cuda_only = false);  // "f32, bf16, w8a8, ..." for messages and help
 
 // --kv, --kv-rotation, --kv-group-size: the KV cache of every attention layer. The default, k8v4/hadamard/g64
 // (6.5 bits per value), is the cheapest configuration measured within KL 0.01 and +1% perplexity of a bf16 cache

@@ -32,7 +32,7 @@ class BackendSession;  // model/backend.h: a session's KV caches on that device
 // A linear layer y = x·Wᵀ + b with W [N, K] held in one of cider's weight formats. The data pointers point either
 // into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
 struct Linear {
-  enum class Kind { kDense, kInt8, kInt4 };
+  using Kind = WeightKind;
   std::string name;  // module path, HF naming ("model.layers.0.self_attn.q_proj")
   Kind kind = Kind::kDense;
   int64_t N = 0, K = 0;

@@ -39,8 +39,8 @@ cuda::DeviceBuffer upload_floats(const float* p, int64_t n) {
 
 // What the GPU can run; checked before anything is uploaded or allocated.
 void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions& kv) {
-  check(weights != WeightFormat::kF32, ErrorCode::kUnsupported, kOp,
-        "--device cuda runs bf16, w8a8, w8a8-g64/g128/g256 and w4a8 weights; got --weights f32 (use bf16)");
+  check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
+        weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   check(nn::is_rotation_kind(kv.rotation), ErrorCode::kUnsupported, kOp,
         "--device cuda supports the kv rotations none, so4-fast, so4-full and hadamard; got ",
         static_cast<int>(kv.rotation));
@@ -206,14 +206,14 @@ GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, voi
   g.N = N;
   g.K = K;
   const float a = 1.0f / std::sqrt(static_cast<float>(K));
-  const Linear::Kind kind = weight_format_kind(f);
+  const Linear::Kind kind = weight_format_info(f).kind;
   if (kind == Linear::Kind::kDense) {
     g.kind = GpuLinearKind::kBF16;
     g.w_owned = cuda::DeviceBuffer(sz(N) * sz(K) * 2);
     cuda::fill_uniform(g.w_owned.data(), DType::kBF16, N * K, seed, -a, a, stream);
     return g;
   }
-  g.group_size = weight_format_group_size(f);
+  g.group_size = weight_format_info(f).group_size;
   const bool int8 = kind == Linear::Kind::kInt8;
   g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
   const int64_t w_bytes = int8 ? N * K : N * K / 2;
