@@ -1,6 +1,7 @@
 #include "model/chat_format.h"
 
 #include "core/error.h"
+#include "model/arch/arch.h"
 
 namespace cider::model {
 
@@ -57,17 +58,7 @@ const char* chat_format_name(ChatFormat f) {
 }
 
 ChatFormat default_chat_format(Architecture arch, const std::function<bool(std::string_view)>& has_token) {
-  switch (arch) {
-    case Architecture::kQwen2:
-    case Architecture::kQwen3: return ChatFormat::kChatML;
-    case Architecture::kGemma3: return ChatFormat::kGemma;
-    case Architecture::kMistral: return ChatFormat::kMistral;
-    case Architecture::kLlama: break;
-  }
-  if (has_token("<|start_header_id|>")) return ChatFormat::kLlama3;
-  if (has_token("<|im_start|>")) return ChatFormat::kChatML;
-  if (has_token("<s>") && has_token("</s>")) return ChatFormat::kLlama2;
-  return ChatFormat::kRaw;
+  return arch_chat_format(arch_spec(arch), has_token);
 }
 
 std::string chat_user_turn(ChatFormat f, std::string_view user, std::string_view system, bool first_turn) {

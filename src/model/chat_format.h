@@ -34,9 +34,9 @@ enum class ChatFormat { kChatML, kLlama3, kGemma, kMistral, kLlama2, kRaw };
 ChatFormat parse_chat_format(std::string_view name);  // the names above; cider::Error (kInvalidArgument) otherwise
 const char* chat_format_name(ChatFormat f);
 
-// The format of an architecture. Llama-architecture checkpoints differ by generation, so the vocabulary decides:
-// <|start_header_id|> → llama3, <|im_start|> → chatml, <s>/</s> → llama2, else raw (a base model without chat
-// markers). `has_token(s)` says whether the tokenizer has s as a token.
+// The format of an architecture, as its registry entry (model/arch/arch.h) gives it. Llama-architecture checkpoints
+// differ by generation, so the vocabulary decides: <|start_header_id|> → llama3, <|im_start|> → chatml, <s>/</s> →
+// llama2, else raw (a base model without chat markers). `has_token(s)` says whether the tokenizer has s as a token.
 ChatFormat default_chat_format(Architecture arch, const std::function<bool(std::string_view)>& has_token);
 
 // Text that opens a user turn and ends with the assistant's header (the generation prompt). `system` (may be empty)

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/limits.h"
+#include "model/arch/arch.h"
 #include "model/gguf.h"
 #include "model/json_brief.h"
 
@@ -144,38 +145,67 @@ RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
   return rope;
 }
 
-struct ArchInfo {
-  const char* hf_class;
-  const char* model_type;
-  Architecture arch;
-};
-constexpr ArchInfo kArchs[] = {
-    {"LlamaForCausalLM", "llama", Architecture::kLlama},
-    {"MistralForCausalLM", "mistral", Architecture::kMistral},
-    {"Qwen2ForCausalLM", "qwen2", Architecture::kQwen2},
-    {"Qwen3ForCausalLM", "qwen3", Architecture::kQwen3},
-    {"Gemma3ForCausalLM", "gemma3_text", Architecture::kGemma3},
+// config.json as an architecture's hooks read it (arch/arch.h).
+class JsonSource final : public ConfigSource {
+ public:
+  JsonSource(const json& j, const std::string& source) : j_(j), source_(source) {}
+  const std::string& source() const override { return source_; }
+  bool has(const char* key) const override { return model::has(j_, key); }
+  int64_t get_int(const char* key) const override { return model::get_int(j_, key, source_); }
+  double get_num(const char* key) const override { return model::get_num(j_, key, source_); }
+  bool get_bool(const char* key) const override {
+    check(has(key), ErrorCode::kCorrupt, kOp, source_, " must define \"", key, "\"; it is missing");
+    return model::get_bool_or(j_, key, false, source_);
+  }
+  std::string brief(const char* key) const override { return detail::concat(model::brief(at_or_null(j_, key))); }
+
+ private:
+  const json& j_;
+  const std::string& source_;
 };
 
-Architecture detect_arch(const json& j, const std::string& source) {
-  std::string name;
+// GGUF metadata under "<arch>.", as an architecture's hooks read it.
+class GgufSource final : public ConfigSource {
+ public:
+  GgufSource(const GGUFFile& g, const std::string& prefix, const std::string& source)
+      : g_(g), prefix_(prefix), source_(source) {}
+  const std::string& source() const override { return source_; }
+  bool has(const char* key) const override { return g_.has(prefix_ + key); }
+  int64_t get_int(const char* key) const override { return g_.get_int(prefix_ + key); }
+  double get_num(const char* key) const override { return g_.get_float(prefix_ + key); }
+  bool get_bool(const char* key) const override { return g_.get_int(prefix_ + key) != 0; }
+  std::string brief(const char* key) const override {
+    const auto it = g_.metadata().find(prefix_ + key);
+    if (it == g_.metadata().end()) return "null";
+    std::string out;
+    for (const GGUFScalar& v : it->second.values) {
+      if (!out.empty()) out += ", ";
+      std::visit([&](const auto& x) { out += detail::concat(x); }, v);
+    }
+    if (!it->second.is_array) return out;
+    std::string list = "[";
+    list += out;
+    list += ']';
+    return list;
+  }
+
+ private:
+  const GGUFFile& g_;
+  const std::string& prefix_;
+  const std::string& source_;
+};
+
+const ArchSpec& detect_arch(const json& j, const std::string& source) {
   if (has(j, "architectures")) {
     const json& a = j.at("architectures");
     check(a.is_array() && !a.empty() && a[0].is_string(), ErrorCode::kCorrupt, kOp, source,
           ": \"architectures\" must be a non-empty list of strings; got ", brief(a));
-    name = a[0].get<std::string>();
-    for (const ArchInfo& info : kArchs)
-      if (name == info.hf_class) return info.arch;
-  } else {
-    name = get_str_or(j, "model_type", "", source);
-    check(!name.empty(), ErrorCode::kCorrupt, kOp, source,
-          " must define \"architectures\" or \"model_type\"; neither is present");
-    for (const ArchInfo& info : kArchs)
-      if (name == info.model_type) return info.arch;
+    return arch_by_hf_class(a[0].get<std::string>(), source);
   }
-  fail(ErrorCode::kUnsupported, kOp, source, ": architecture \"", name,
-       "\" is not supported; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-       "Gemma3ForCausalLM (gemma3_text)");
+  const std::string name = get_str_or(j, "model_type", "", source);
+  check(!name.empty(), ErrorCode::kCorrupt, kOp, source,
+        " must define \"architectures\" or \"model_type\"; neither is present");
+  return arch_by_model_type(name, source);
 }
 
 std::string fmt_double(double v) {
@@ -185,17 +215,6 @@ std::string fmt_double(double v) {
 }
 
 }  // namespace
-
-const char* architecture_name(Architecture a) {
-  switch (a) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kMistral: return "mistral";
-    case Architecture::kQwen2: return "qwen2";
-    case Architecture::kQwen3: return "qwen3";
-    case Architecture::kGemma3: return "gemma3";
-  }
-  return "unknown";
-}
 
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
   const int64_t half = head_dim / 2;
@@ -337,9 +356,11 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
 
 ModelConfig parse_hf_config(std::string_view json_text, const std::string& source) {
   const json j = parse_json(json_text, source);
+  const JsonSource src(j, source);
   ModelConfig c;
-  c.arch = detect_arch(j, source);
-  const bool gemma = c.arch == Architecture::kGemma3;
+  const ArchSpec& arch = detect_arch(j, source);
+  const HfRules& rules = arch.hf;
+  c.arch = arch.id;
   check(!has(j, "text_config") && !has(j, "vision_config"), ErrorCode::kUnsupported, kOp, source,
         ": multimodal configs (text_config/vision_config) are not supported; use the text-only model");
 
@@ -352,22 +373,19 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
         c.num_heads);
   c.num_kv_heads = get_int_or(j, "num_key_value_heads", c.num_heads, source);
   // Defaults as HF's config classes have them.
-  c.head_dim = get_int_or(j, "head_dim", gemma ? 256 : c.hidden_size / c.num_heads, source);
-  const int64_t default_max_pos = gemma ? 131072 : (c.arch == Architecture::kLlama ? 2048 : 32768);
-  c.max_position = get_int_or(j, "max_position_embeddings", default_max_pos, source);
+  c.head_dim = get_int_or(j, "head_dim", rules.head_dim > 0 ? rules.head_dim : c.hidden_size / c.num_heads, source);
+  c.max_position = get_int_or(j, "max_position_embeddings", rules.max_position, source);
   c.rms_norm_eps = get_num_or(j, "rms_norm_eps", 1e-6, source);
   if (has(j, "bos_token_id")) {
     auto ids = token_ids(j.at("bos_token_id"), "bos_token_id", source);
     c.bos_token_id = ids.empty() ? -1 : ids[0];
   }
   if (has(j, "eos_token_id")) c.eos_token_ids = token_ids(j.at("eos_token_id"), "eos_token_id", source);
-  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", gemma, source);
+  c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", rules.tie_word_embeddings, source);
   c.dtype = parse_dtype_name(get_str_or(j, "dtype", get_str_or(j, "torch_dtype", "bfloat16", source), source),
                              source);
 
-  // Activation: hidden_act (Llama family) or hidden_activation (Gemma).
-  const std::string act =
-      get_str_or(j, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu", source);
+  const std::string act = get_str_or(j, rules.activation_key, rules.activation, source);
   if (act == "silu" || act == "swish") {
     c.activation = Activation::kSiLU;
   } else if (act == "gelu_pytorch_tanh") {
@@ -376,56 +394,30 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
     fail(ErrorCode::kUnsupported, kOp, source, ": activation must be silu or gelu_pytorch_tanh; got \"", act, "\"");
   }
 
-  // Biases and norms per family.
-  const bool attention_bias = get_bool_or(j, "attention_bias", false, source);
-  switch (c.arch) {
-    case Architecture::kLlama:
-      c.qkv_bias = c.o_bias = attention_bias;
-      c.mlp_bias = get_bool_or(j, "mlp_bias", false, source);
-      break;
-    case Architecture::kMistral: break;
-    case Architecture::kQwen2: c.qkv_bias = true; break;  // Qwen2 always has q/k/v biases, never o/mlp biases
-    case Architecture::kQwen3:
-      c.qkv_bias = c.o_bias = attention_bias;
-      c.qk_norm = true;
-      break;
-    case Architecture::kGemma3:
-      c.qkv_bias = c.o_bias = attention_bias;
-      c.qk_norm = true;
-      c.sandwich_norms = true;
-      c.norm_weight_offset = 1.0f;
-      c.embed_scale = round_to(c.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))));
-      break;
-  }
-  if (gemma) {
-    check(!has(j, "attn_logit_softcapping"), ErrorCode::kUnsupported, kOp, source,
-          ": attn_logit_softcapping is not supported by cider's attention; got ", brief(at_or_null(j, "attn_logit_softcapping")));
-    c.final_logit_softcap = static_cast<float>(get_num_or(j, "final_logit_softcapping", 0.0, source));
-    const double qpas = get_num_or(j, "query_pre_attn_scalar", 256.0, source);
-    check(qpas > 0, ErrorCode::kCorrupt, kOp, source, ": query_pre_attn_scalar must be positive; got ", qpas);
-    c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
-  } else {
-    c.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  }
+  c.qkv_bias = c.o_bias = get_bool_or(j, "attention_bias", false, source);
+  c.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  if (rules.config) rules.config(src, c);
 
-  // RoPE. New style: rope_parameters (flat, or per layer type for Gemma 3). Old style: rope_theta + rope_scaling
-  // (+ rope_local_base_freq for Gemma 3's sliding layers).
-  const double default_theta = gemma ? 1000000.0 : 10000.0;
+  // RoPE. New style: rope_parameters (flat, or per layer type). Old style: rope_theta + rope_scaling (+ the sliding
+  // layers' own base for architectures that have one).
+  auto local_rope = [&] {
+    return arch.separate_local_rope
+               ? parse_rope(json(), get_num_or(j, rules.local_rope_theta_key, arch.local_rope_theta, source), source)
+               : c.rope;
+  };
   if (has(j, "rope_parameters")) {
     const json& rp = j.at("rope_parameters");
     check(rp.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope_parameters must be an object; got ", brief(rp));
     if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
-      c.rope = parse_rope(rp.value("full_attention", json()), default_theta, source);
+      c.rope = parse_rope(rp.value("full_attention", json()), rules.rope_theta, source);
       c.rope_local = parse_rope(rp.value("sliding_attention", json()), 10000.0, source);
     } else {
-      c.rope = parse_rope(rp, get_num_or(j, "rope_theta", default_theta, source), source);
-      c.rope_local = gemma ? parse_rope(json(), get_num_or(j, "rope_local_base_freq", 10000.0, source), source)
-                           : c.rope;
+      c.rope = parse_rope(rp, get_num_or(j, "rope_theta", rules.rope_theta, source), source);
+      c.rope_local = local_rope();
     }
   } else {
-    c.rope = parse_rope(j.value("rope_scaling", json()), get_num_or(j, "rope_theta", default_theta, source), source);
-    c.rope_local = gemma ? parse_rope(json(), get_num_or(j, "rope_local_base_freq", 10000.0, source), source)
-                         : c.rope;
+    c.rope = parse_rope(j.value("rope_scaling", json()), get_num_or(j, "rope_theta", rules.rope_theta, source), source);
+    c.rope_local = local_rope();
   }
   if (has(j, "partial_rotary_factor")) {
     const double p = get_num(j, "partial_rotary_factor", source);
@@ -447,19 +439,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
             ": layer_types entries must be full_attention or sliding_attention; got \"", t, "\" at layer ", i);
       c.layer_sliding[i] = t == "sliding_attention";
     }
-  } else if (gemma) {
-    const int64_t pattern = get_int_or(j, "sliding_window_pattern", 6, source);
-    check(pattern > 0, ErrorCode::kCorrupt, kOp, source, ": sliding_window_pattern must be positive; got ", pattern);
-    for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
-  } else if (c.arch == Architecture::kMistral) {
-    for (auto& s : c.layer_sliding) s = window > 0;
-  } else if (c.arch == Architecture::kQwen2 || c.arch == Architecture::kQwen3) {
-    if (get_bool_or(j, "use_sliding_window", false, source) && window > 0) {
-      const int64_t first = get_int_or(j, "max_window_layers", c.num_layers, source);
-      check(first >= 0, ErrorCode::kCorrupt, kOp, source,
-            ": max_window_layers must be >= 0 (the first layer with a sliding window); got ", first);
-      for (int64_t i = first; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = 1;
-    }
+  } else if (rules.sliding_layers) {
+    rules.sliding_layers(src, window, c);
   }
   bool any_sliding = false;
   for (uint8_t s : c.layer_sliding) any_sliding |= s != 0;
@@ -497,20 +478,11 @@ ModelConfig load_hf_config(const std::string& dir) {
 ModelConfig config_from_gguf(const GGUFFile& g) {
   const std::string source = g.path();
   const std::string arch = g.get_string("general.architecture");
+  const ArchSpec& spec = arch_by_gguf_name(arch, source);
   ModelConfig c;
-  if (arch == "llama") {
-    c.arch = Architecture::kLlama;  // llama.cpp stores Mistral models as "llama" too: the same computation
-  } else if (arch == "qwen2") {
-    c.arch = Architecture::kQwen2;
-  } else if (arch == "qwen3") {
-    c.arch = Architecture::kQwen3;
-  } else if (arch == "gemma3") {
-    c.arch = Architecture::kGemma3;
-  } else {
-    fail(ErrorCode::kUnsupported, kOp, source, ": GGUF architecture \"", arch,
-         "\" is not supported; supported: llama, qwen2, qwen3, gemma3");
-  }
+  c.arch = spec.id;
   const std::string p = arch + ".";
+  const GgufSource src(g, p, source);
   auto geti = [&](const std::string& k) { return g.get_int(p + k); };
   auto geti_or = [&](const std::string& k, int64_t d) { return g.has(p + k) ? g.get_int(p + k) : d; };
   auto getf_or = [&](const std::string& k, double d) { return g.has(p + k) ? g.get_float(p + k) : d; };
@@ -552,8 +524,7 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
   c.dtype = DType::kF32;  // GGUF tensors are dequantized to float32 (F16/BF16 ones are exact in it)
   c.tie_word_embeddings = g.find("output.weight") == nullptr;
 
-  const bool gemma = c.arch == Architecture::kGemma3;
-  c.rope.theta = getf_or("rope.freq_base", gemma ? 1000000.0 : 10000.0);
+  c.rope.theta = getf_or("rope.freq_base", spec.gguf.rope_theta);
   if (g.has(p + "rope.dimension_count")) {
     const int64_t rd = geti("rope.dimension_count");
     check(rd == c.head_dim, ErrorCode::kUnsupported, kOp, source,
@@ -570,37 +541,15 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
     }
   }
   c.rope_local = c.rope;
+  if (spec.separate_local_rope) {
+    c.rope_local = RopeConfig{};
+    c.rope_local.theta = spec.local_rope_theta;
+  }
   const ConfigKeys keys = gguf_config_keys(arch);
   check_config_sizes(c, source, keys);  // before the per-layer table below is allocated from block_count
   c.layer_sliding.assign(static_cast<size_t>(c.num_layers), 0);
-  switch (c.arch) {
-    case Architecture::kQwen2: c.qkv_bias = true; break;
-    case Architecture::kQwen3: c.qk_norm = true; break;
-    case Architecture::kGemma3: {
-      c.qk_norm = true;
-      c.sandwich_norms = true;
-      c.norm_weight_offset = 0.0f;  // llama.cpp's converter stored 1 + w
-      c.activation = Activation::kGeluTanh;
-      c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
-      // llama.cpp's Gemma 3: local layers use base 10000 without scaling; every 6th layer is global.
-      c.rope_local = RopeConfig{};
-      c.rope_local.theta = 10000.0;
-      c.sliding_window = geti("attention.sliding_window");
-      const int64_t pattern = geti_or("attention.sliding_window_pattern", 6);
-      check(pattern > 0, ErrorCode::kCorrupt, kOp, source, ": sliding_window_pattern must be positive; got ", pattern);
-      for (int64_t i = 0; i < c.num_layers; ++i) c.layer_sliding[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
-      c.final_logit_softcap = static_cast<float>(getf_or("final_logit_softcapping", 0.0));
-      check(!g.has(p + "attn_logit_softcapping"), ErrorCode::kUnsupported, kOp, source,
-            ": attn_logit_softcapping is not supported by cider's attention");
-      break;
-    }
-    default: break;
-  }
-  // Gemma 3 scales queries by query_pre_attn_scalar^−1/2: head_dim for every size but 27B, where it is
-  // hidden/heads (llama.cpp hard-codes the same rule, keyed on the 62-layer 27B model).
-  double qscale_dim = static_cast<double>(c.head_dim);
-  if (gemma && c.num_layers == 62) qscale_dim = static_cast<double>(c.hidden_size / c.num_heads);
-  c.attn_scale = static_cast<float>(1.0 / std::sqrt(qscale_dim));
+  c.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  if (spec.gguf.config) spec.gguf.config(src, c);
   validate_config(c, source, keys);
   return c;
 }
@@ -689,15 +638,7 @@ std::string config_to_json(const ModelConfig& c) {
 ModelConfig config_from_json(std::string_view json_text, const std::string& source) {
   const json j = parse_json(json_text, source);
   ModelConfig c;
-  const std::string arch = get_str_or(j, "arch", "", source);
-  bool found = false;
-  for (Architecture a : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2, Architecture::kQwen3,
-                         Architecture::kGemma3})
-    if (arch == architecture_name(a)) {
-      c.arch = a;
-      found = true;
-    }
-  check(found, ErrorCode::kUnsupported, kOp, source, ": architecture \"", arch, "\" is not supported");
+  c.arch = arch_by_name(get_str_or(j, "arch", "", source), source).id;
   c.vocab_size = get_int(j, "vocab_size", source);
   c.hidden_size = get_int(j, "hidden_size", source);
   c.intermediate_size = get_int(j, "intermediate_size", source);

@@ -5,6 +5,8 @@
 //     torch_dtype) and new style (rope_parameters — flat, or keyed by layer type for Gemma 3 —, dtype, layer_types),
 //     plus generation_config.json (eos_token_id: int or list; it overrides config.json's).
 //   * GGUF metadata: general.architecture (llama, qwen2, qwen3, gemma3) and the "<arch>.*" keys.
+// The architecture comes from the registry (model/arch/arch.h): these readers read the keys every architecture shares
+// and leave the rest (defaults, flags, sliding layers) to the architecture's rules.
 //   * cider's own JSON (config_to_json / config_from_json), stored in converted files.
 // Every unsupported value (architecture, rope type, activation, attention softcapping, …) is a cider::Error
 // (kUnsupported) naming it; a missing or malformed required key is kCorrupt naming the key and the file.

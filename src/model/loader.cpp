@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "model/arch/arch.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -52,42 +53,14 @@ void unpermute_gguf_heads(float* data, int64_t heads, int64_t D, int64_t cols) {
   }
 }
 
-// GGUF tensor name of an HF-named tensor ("model.layers.3.self_attn.q_proj.weight" → "blk.3.attn_q.weight").
-std::string gguf_name(const std::string& hf, Architecture arch) {
-  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
-  if (hf == "model.norm.weight") return "output_norm.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  const std::string pre = "model.layers.";
-  if (hf.rfind(pre, 0) != 0) return hf;
-  const size_t dot = hf.find('.', pre.size());
-  const std::string idx = hf.substr(pre.size(), dot - pre.size());
-  const std::string rest = hf.substr(dot + 1);
-  const bool gemma = arch == Architecture::kGemma3;
-  static const std::pair<const char*, const char*> kCommon[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.q_proj.bias", "attn_q.bias"},
-      {"self_attn.k_proj.weight", "attn_k.weight"},       {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},       {"self_attn.v_proj.bias", "attn_v.bias"},
-      {"self_attn.o_proj.weight", "attn_output.weight"},  {"self_attn.o_proj.bias", "attn_output.bias"},
-      {"self_attn.q_norm.weight", "attn_q_norm.weight"},  {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-      {"mlp.gate_proj.weight", "ffn_gate.weight"},        {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
-  };
-  if (rest == "post_attention_layernorm.weight")
-    return "blk." + idx + (gemma ? ".post_attention_norm.weight" : ".ffn_norm.weight");
-  for (const auto& [h, g] : kCommon)
-    if (rest == h) return "blk." + idx + "." + g;
-  return hf;
-}
-
 class Builder {
  public:
   Builder(SourceKind kind, const ModelConfig& config, WeightFormat format, const std::string& where)
-      : kind_(kind), c_(config), format_(format), where_(where) {}
+      : kind_(kind), c_(config), arch_(arch_spec(config.arch)), format_(format), where_(where) {}
 
   SourceKind kind_;
   const ModelConfig& c_;
+  const ArchSpec& arch_;
   WeightFormat format_;
   std::string where_;
   std::shared_ptr<const SafetensorsSet> st_;
@@ -100,16 +73,16 @@ class Builder {
   // ---- raw lookups (names as in the file) ----
   const StTensor* st(const std::string& name) const { return st_ ? st_->find(name) : nullptr; }
   bool exists(const std::string& hf) const {
-    if (kind_ == SourceKind::kGGUF) return gguf_->find(gguf_name(hf, c_.arch)) != nullptr;
+    if (kind_ == SourceKind::kGGUF) return gguf_->find(gguf_tensor_name(arch_, hf)) != nullptr;
     return st(hf) != nullptr;
   }
   std::string file_name(const std::string& hf) const {
-    return kind_ == SourceKind::kGGUF ? gguf_name(hf, c_.arch) : hf;
+    return kind_ == SourceKind::kGGUF ? gguf_tensor_name(arch_, hf) : hf;
   }
 
   [[noreturn]] void missing(const std::string& hf) const {
     fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", file_name(hf), "' is missing (required by the ",
-         architecture_name(c_.arch), " config)");
+         arch_.name, " config)");
   }
   void check_shape(const std::string& name, const std::vector<int64_t>& got, const std::vector<int64_t>& want) const {
     check(got == want, ErrorCode::kShapeMismatch, kOp, where_, ": tensor '", name, "' must have shape ",
@@ -176,12 +149,12 @@ class Builder {
 
   FloatRef fetch_float_any(const std::string& hf, const std::vector<int64_t>& shape) {
     if (kind_ == SourceKind::kGGUF) {
-      const std::string gn = gguf_name(hf, c_.arch);
+      const std::string gn = gguf_tensor_name(arch_, hf);
       const GGUFTensor* t = gguf_->find(gn);
       if (!t) missing(hf);
       check_shape(gn, t->shape, shape);
       used_.insert(gn);
-      const bool permuted = c_.arch == Architecture::kLlama &&
+      const bool permuted = arch_.gguf_qk_interleaved &&
                             (hf.find("self_attn.q_proj.") != std::string::npos ||
                              hf.find("self_attn.k_proj.") != std::string::npos);
       const auto type = static_cast<GGMLType>(t->type);
@@ -451,7 +424,7 @@ class Builder {
       if (used_.count(n)) continue;
       if (n.find("rotary_emb.inv_freq") != std::string::npos || n == "rope_freqs.weight") continue;
       fail(ErrorCode::kCorrupt, kOp, where_, ": unexpected tensor '", n, "' (not part of a ",
-           architecture_name(c.arch), " model with this config: check attention_bias / mlp_bias / architecture)");
+           arch_.name, " model with this config: check attention_bias / mlp_bias / architecture)");
     }
 
     // Bytes of every weight the model uses.
@@ -553,7 +526,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       check(v > 0 && std::isfinite(v), ErrorCode::kCorrupt, kOp, path, ": rope_freqs values must be positive; got ",
             v);
     impl.config.rope.freq_factors = f;
-    if (impl.config.arch != Architecture::kGemma3) impl.config.rope_local.freq_factors = f;
+    if (!arch_spec(impl.config.arch).separate_local_rope) impl.config.rope_local.freq_factors = f;
   }
   impl.source = "gguf";
   Builder b(SourceKind::kGGUF, impl.config, format, path);
