@@ -118,7 +118,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
   o.weights = model::parse_weight_format(a.weights);
   o.kv = model::parse_kv_format(a.kv);
   const nn::RotationKind rotation = model::parse_kv_rotation(a.kv_rotation);
-  check(a.kv_group_size == 32 || a.kv_group_size == 64 || a.kv_group_size == 128, ErrorCode::kInvalidArgument,
+  check(nn::is_kv_group_size(a.kv_group_size), ErrorCode::kInvalidArgument,
         "options", "--kv-group-size must be one of 32, 64, 128; got ", a.kv_group_size);
   if (o.kv.quantized) {  // a plain cache is neither rotated nor grouped
     o.kv.rotation = rotation;

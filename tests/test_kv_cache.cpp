@@ -570,14 +570,14 @@ TEST(KVCache, RejectsGroupSizeNotDividingHeadDim) {
         c.update_and_fetch(TensorView(k.data(), DType::kF32, {1, 1, 2, 96}),
                            TensorView(v.data(), DType::kF32, {1, 1, 2, 64}));
       },
-      ErrorCode::kShapeMismatch, "kv_cache_update", "Dk must be a multiple of group_size 64; got 96");
+      ErrorCode::kShapeMismatch, "kv_cache_update", "the key head dim must be a multiple of group_size 64; got 96");
   EXPECT_TRUE(c.empty());  // nothing changed
   expect_error(
       [&] {
         c.update_and_fetch(TensorView(v.data(), DType::kF32, {1, 1, 2, 64}),
                            TensorView(k.data(), DType::kF32, {1, 1, 2, 96}));
       },
-      ErrorCode::kShapeMismatch, "kv_cache_update", "Dv must be a multiple of group_size 64; got 96");
+      ErrorCode::kShapeMismatch, "kv_cache_update", "the value head dim must be a multiple of group_size 64; got 96");
 }
 
 TEST(KVCache, RejectsPlainRotatedHeadDimNotMultipleOfFour) {

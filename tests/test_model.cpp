@@ -1260,10 +1260,10 @@ TEST(ModelLoad, Rejections) {
     cm::ModelOptions neg = o;
     neg.ctx = -1;
     expect_load_error(dir, neg, ErrorCode::kInvalidArgument, {"ctx"});
-    expect_load_error(dir, opts("f32", "k4v3"), ErrorCode::kInvalidArgument, {"kv group size 64", "head_dim 16"});
+    expect_load_error(dir, opts("f32", "k4v3"), ErrorCode::kShapeMismatch, {"head dim", "group_size 64", "16"});
     cm::ModelOptions badkv = opts("f32", "k4v3");
     badkv.kv.group_size = 48;
-    expect_load_error(dir, badkv, ErrorCode::kInvalidArgument, {"group size", "48"});
+    expect_load_error(dir, badkv, ErrorCode::kInvalidArgument, {"group_size", "48"});
   }
   // w4a8 needs K to be a multiple of its group (64).
   {

@@ -18,54 +18,15 @@ namespace {
 // what a CPU user wants by default.
 constexpr int64_t kDefaultCtxCap = 8192;
 
-bool valid_kv_bits(int b) { return quant::is_affine_bits(b); }
-
-void validate_kv(const KVOptions& kv) {
-  constexpr const char* op = "model_options";
-  if (kv.quantized) {
-    check(valid_kv_bits(kv.k_bits) && valid_kv_bits(kv.v_bits), ErrorCode::kInvalidArgument, op,
-          "kv bits must be 2, 3, 4, 5, 6 or 8; got k", kv.k_bits, "v", kv.v_bits);
-    check(quant::is_affine_group_size(kv.group_size), ErrorCode::kInvalidArgument, op,
-          "kv group size must be 32, 64 or 128; got ", kv.group_size);
-  } else {
-    check(kv.plain_dtype == DType::kBF16 || kv.plain_dtype == DType::kF16 || kv.plain_dtype == DType::kF32,
-          ErrorCode::kInvalidArgument, op, "a plain kv cache must be bf16, f16 or f32; got ",
-          dtype_name(kv.plain_dtype));
-  }
-  check(nn::is_rotation_kind(kv.rotation), ErrorCode::kInvalidArgument, op,
-        "kv rotation must be none, so4-fast, so4-full or hadamard; got ", static_cast<int>(kv.rotation));
-}
-
 }  // namespace
 
 KVOptions parse_kv_format(std::string_view s) {
   KVOptions kv;
-  if (s == "bf16" || s == "f16" || s == "f32") {
-    kv.quantized = false;
-    kv.rotation = nn::RotationKind::kNone;
-    kv.plain_dtype = s == "bf16" ? DType::kBF16 : (s == "f16" ? DType::kF16 : DType::kF32);
-    return kv;
-  }
-  // k<bits>v<bits>, one digit each.
-  const bool shape_ok = s.size() == 4 && s[0] == 'k' && s[2] == 'v' && s[1] >= '0' && s[1] <= '9' && s[3] >= '0' &&
-                        s[3] <= '9';
-  check(shape_ok && valid_kv_bits(s[1] - '0') && valid_kv_bits(s[3] - '0'), ErrorCode::kInvalidArgument,
-        "parse_kv_format",
-        "kv must be bf16, f16, f32 or k<bits>v<bits> with bits in 2, 3, 4, 5, 6, 8 (e.g. k4v3); got \"", s, "\"");
-  kv.quantized = true;
-  kv.k_bits = s[1] - '0';
-  kv.v_bits = s[3] - '0';
+  static_cast<nn::KVSpec&>(kv) = nn::parse_kv_spec(s);
   return kv;
 }
 
-nn::RotationKind parse_kv_rotation(std::string_view s) {
-  if (s == "so4-full") return nn::RotationKind::kSO4Full;
-  if (s == "so4-fast") return nn::RotationKind::kSO4Fast;
-  if (s == "hadamard") return nn::RotationKind::kHadamard;
-  if (s == "none") return nn::RotationKind::kNone;
-  fail(ErrorCode::kInvalidArgument, "parse_kv_rotation",
-       "kv rotation must be so4-full, so4-fast, hadamard or none; got \"", s, "\"");
-}
+nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotation(s); }
 
 Device parse_device(std::string_view s) {
   if (s == "cpu") return Device::kCPU;
@@ -75,22 +36,7 @@ Device parse_device(std::string_view s) {
 
 const char* device_name(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
 
-std::string kv_format_name(const KVOptions& kv) {
-  if (!kv.quantized) return kv.plain_dtype == DType::kBF16 ? "bf16" : (kv.plain_dtype == DType::kF16 ? "f16" : "f32");
-  const char* rot = kv.rotation == nn::RotationKind::kSO4Full    ? "so4-full"
-                    : kv.rotation == nn::RotationKind::kSO4Fast  ? "so4-fast"
-                    : kv.rotation == nn::RotationKind::kHadamard ? "hadamard"
-                                                                 : "none";
-  std::string name(1, 'k');  // built by appends: GCC 12 warns falsely (-Wrestrict) on "k" + std::string
-  name += std::to_string(kv.k_bits);
-  name += 'v';
-  name += std::to_string(kv.v_bits);
-  name += '/';
-  name += rot;
-  name += "/g";
-  name += std::to_string(kv.group_size);
-  return name;
-}
+std::string kv_format_name(const KVOptions& kv) { return kv.name(); }
 
 // ---- Session ----------------------------------------------------------------------------------------------------
 
@@ -118,7 +64,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   constexpr const char* op = "model_options";
   check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",
         options.ctx);
-  validate_kv(options.kv);
+  options.kv.validate(op);
   require_device(options.device);  // before reading any weights
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -135,15 +81,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
         break;
       }
   }
-  if (impl->options.kv.quantized) {
-    check(c.head_dim % impl->options.kv.group_size == 0, ErrorCode::kInvalidArgument, op, "kv group size ",
-          impl->options.kv.group_size, " must divide the model's head_dim; got head_dim ", c.head_dim,
-          " (choose --kv-group-size 32 or a plain cache)");
-    check(impl->options.kv.rotation == nn::RotationKind::kNone || impl->options.kv.rotation == nn::RotationKind::kHadamard ||
-              c.head_dim % 4 == 0,
-          ErrorCode::kInvalidArgument, op, "an SO(4)-rotated kv cache needs head_dim a multiple of 4; got ",
-          c.head_dim);
-  }
+  impl->options.kv.validate_head_dims(c.head_dim, c.head_dim, op);
   check(options.ctx <= c.max_position, ErrorCode::kOutOfRange, op, "ctx must be <= the model's maximum context ",
         c.max_position, "; got ", options.ctx);
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);

@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "nn/kv_spec.h"
 #include "nn/rotation.h"
 
 namespace cider::model {
@@ -44,18 +45,14 @@ WeightFormat parse_weight_format(std::string_view s);  // "bf16", "w8a8-g128", .
 const char* weight_format_name(WeightFormat f);
 std::string weight_format_names(bool cuda_only = false);  // "f32, bf16, w8a8, ..." for messages and help
 
-// --kv, --kv-rotation, --kv-group-size: the KV cache of every attention layer. The default, k8v4/hadamard/g64
-// (6.5 bits per value), is the cheapest configuration measured within KL 0.01 and +1% perplexity of a bf16 cache
-// on both Gemma 3 270M and cider-tiny (docs/quality.md).
-struct KVOptions {
-  bool quantized = true;
-  int k_bits = 8, v_bits = 4;  // quantized
-  int group_size = 64;         // quantized
+// --kv, --kv-rotation, --kv-group-size: the KV cache of every attention layer, in nn::KVSpec's terms (nn/kv_spec.h:
+// the one description of a cache format and its rules). The default, k8v4/hadamard/g64 (6.5 bits per value), is the
+// cheapest configuration measured within KL 0.01 and +1% perplexity of a bf16 cache on both Gemma 3 270M and
+// cider-tiny (docs/quality.md). Plain caches are never rotated by the engine.
+struct KVOptions : nn::KVSpec {
   // The group size was not chosen by the user: a head_dim it does not divide gets the largest of 128/64/32 that
   // does (e.g. 32 for head_dim 32) instead of an error.
   bool group_size_auto = false;
-  nn::RotationKind rotation = nn::RotationKind::kHadamard;
-  DType plain_dtype = DType::kBF16;  // plain caches: bf16, f16 or f32
 };
 // "bf16", "f16", "f32" (plain) or "k<bits>v<bits>" (quantized, bits in 2,3,4,5,6,8); cider::Error otherwise.
 KVOptions parse_kv_format(std::string_view s);

@@ -81,6 +81,7 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.v_bits = kv.v_bits;
     qc.group_size = kv.group_size;
     qc.rotation = kv.rotation;
+    qc.scale_dtype = kv.scale_dtype;
     qc.seed = seed;
     return std::make_unique<nn::QuantizedKVCache>(qc);
   }

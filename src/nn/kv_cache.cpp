@@ -16,46 +16,6 @@ constexpr size_t kPlainPlanes = 2;      // keys, values
 
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
-bool is_valid_rotation(RotationKind k) { return is_rotation_kind(k); }
-
-void check_storage_float(DType t, const char* op, const char* what) {
-  check(is_float_dtype(t), ErrorCode::kInvalidArgument, op, what, " must be float32, float16 or bfloat16; got ",
-        dtype_name(t));
-}
-
-void check_quant_config(int k_bits, int v_bits, int group_size, DType scale_dtype, RotationKind rotation,
-                        const char* op) {
-  check(quant::is_affine_bits(k_bits), ErrorCode::kInvalidArgument, op, "k_bits must be one of 2, 3, 4, 5, 6, 8; got ",
-        k_bits);
-  check(quant::is_affine_bits(v_bits), ErrorCode::kInvalidArgument, op, "v_bits must be one of 2, 3, 4, 5, 6, 8; got ",
-        v_bits);
-  check(quant::is_affine_group_size(group_size), ErrorCode::kInvalidArgument, op,
-        "group_size must be one of 32, 64, 128; got ", group_size);
-  check_storage_float(scale_dtype, op, "scale_dtype");
-  check(is_valid_rotation(rotation), ErrorCode::kInvalidArgument, op,
-        "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(rotation));
-}
-
-// Checks head dims against the format: a positive multiple of the group size (quantized), a multiple of 4 for the
-// SO(4) rotations (the 4-d quaternion blocks); the Hadamard rotation takes any head dim (blocks of its largest
-// power-of-two divisor).
-void check_head_dims(int64_t Dk, int64_t Dv, bool quantized, int group_size, RotationKind rotation, const char* op) {
-  check(Dk > 0, ErrorCode::kShapeMismatch, op, "Dk must be positive; got ", Dk);
-  check(Dv > 0, ErrorCode::kShapeMismatch, op, "Dv must be positive; got ", Dv);
-  if (quantized) {
-    check(Dk % group_size == 0, ErrorCode::kShapeMismatch, op, "Dk must be a multiple of group_size ", group_size,
-          "; got ", Dk);
-    check(Dv % group_size == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of group_size ", group_size,
-          "; got ", Dv);
-  }
-  if (rotation == RotationKind::kSO4Fast || rotation == RotationKind::kSO4Full) {
-    check(Dk % 4 == 0, ErrorCode::kShapeMismatch, op, "Dk must be a multiple of 4 for the ",
-          rotation_kind_name(rotation), " rotation; got ", Dk);
-    check(Dv % 4 == 0, ErrorCode::kShapeMismatch, op, "Dv must be a multiple of 4 for the ",
-          rotation_kind_name(rotation), " rotation; got ", Dv);
-  }
-}
-
 // Bytes per row (one position of one (b, h)) of each plane, in the plane order documented at KVCacheSnapshot.
 std::vector<int64_t> plane_row_bytes(const KVCacheMeta& m) {
   if (m.quantized) {
@@ -69,19 +29,13 @@ std::vector<int64_t> plane_row_bytes(const KVCacheMeta& m) {
 
 // Everything a snapshot or restore must hold for the metadata to describe a cache.
 void check_meta(const KVCacheMeta& m, const char* op) {
-  if (m.quantized) {
-    check_quant_config(m.k_bits, m.v_bits, m.group_size, m.scale_dtype, m.rotation, op);
-  } else {
-    check_storage_float(m.dtype, op, "dtype");
-    check(is_valid_rotation(m.rotation), ErrorCode::kInvalidArgument, op,
-          "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(m.rotation));
-  }
+  m.spec().validate(op);
   if (!m.has_dims) {
     check(m.length == 0, ErrorCode::kInvalidArgument, op, "a cache without dims must have length 0; got ", m.length);
     return;
   }
   check(m.B > 0 && m.H > 0, ErrorCode::kShapeMismatch, op, "B and H must be positive; got (", m.B, ", ", m.H, ")");
-  check_head_dims(m.Dk, m.Dv, m.quantized, m.group_size, m.rotation, op);
+  m.spec().validate_head_dims(m.Dk, m.Dv, op);
   check(m.length >= 0, ErrorCode::kInvalidArgument, op, "length must be >= 0; got ", m.length);
 }
 
@@ -208,6 +162,37 @@ void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot,
 }
 
 }  // namespace
+
+KVSpec KVCacheMeta::spec() const {
+  KVSpec k;
+  k.quantized = quantized;
+  k.k_bits = k_bits;
+  k.v_bits = v_bits;
+  k.group_size = group_size;
+  k.rotation = rotation;
+  k.scale_dtype = scale_dtype;
+  k.plain_dtype = dtype;
+  return k;
+}
+
+KVSpec QuantizedKVCacheConfig::spec() const {
+  KVSpec k;
+  k.quantized = true;
+  k.k_bits = k_bits;
+  k.v_bits = v_bits;
+  k.group_size = group_size;
+  k.rotation = rotation;
+  k.scale_dtype = scale_dtype;
+  return k;
+}
+
+KVSpec PlainKVCacheConfig::spec() const {
+  KVSpec k;
+  k.quantized = false;
+  k.rotation = rotation;
+  k.plain_dtype = dtype;
+  return k;
+}
 
 // ---- KVCacheSnapshot ----------------------------------------------------------------------------------------------
 
@@ -378,8 +363,7 @@ std::pair<Rotation, Rotation> make_rotations(const KVCacheMeta& m) {
 // ---- QuantizedKVCache -----------------------------------------------------------------------------------------------
 
 QuantizedKVCache::QuantizedKVCache(const QuantizedKVCacheConfig& config) : config_(config) {
-  check_quant_config(config.k_bits, config.v_bits, config.group_size, config.scale_dtype, config.rotation,
-                     "quantized_kv_cache");
+  config.spec().validate("quantized_kv_cache");
 }
 
 KVCacheMeta QuantizedKVCache::meta() const {
@@ -423,7 +407,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     m.H = keys.dim(1);
     m.Dk = keys.dim(3);
     m.Dv = values.dim(3);
-    check_head_dims(m.Dk, m.Dv, true, m.group_size, m.rotation, op);
+    m.spec().validate_head_dims(m.Dk, m.Dv, op);
     auto rots = make_rotations(m);
     store_.reset(m.B, m.H, plane_row_bytes(m));
     Dk_ = m.Dk;
@@ -479,9 +463,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
 // ---- PlainKVCache ---------------------------------------------------------------------------------------------------
 
 PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
-  check_storage_float(config.dtype, "plain_kv_cache", "dtype");
-  check(is_valid_rotation(config.rotation), ErrorCode::kInvalidArgument, "plain_kv_cache",
-        "rotation must be none, so4_fast, so4_full or hadamard; got ", static_cast<int>(config.rotation));
+  config.spec().validate("plain_kv_cache");
 }
 
 KVCacheMeta PlainKVCache::meta() const {
@@ -521,7 +503,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
     m.H = keys.dim(1);
     m.Dk = keys.dim(3);
     m.Dv = values.dim(3);
-    check_head_dims(m.Dk, m.Dv, false, 0, m.rotation, op);
+    m.spec().validate_head_dims(m.Dk, m.Dv, op);
     auto rots = make_rotations(m);
     store_.reset(m.B, m.H, plane_row_bytes(m));
     Dk_ = m.Dk;

@@ -25,6 +25,7 @@
 
 #include "core/tensor.h"
 #include "kernels/kernel_table.h"
+#include "nn/kv_spec.h"
 #include "nn/rotation.h"
 
 namespace cider::nn {
@@ -43,6 +44,8 @@ struct KVCacheMeta {
   bool has_dims = false;
   int64_t B = 0, H = 0, Dk = 0, Dv = 0;
   int64_t length = 0;  // valid positions
+
+  KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
 };
 
 // An owned, immutable copy of a cache's valid state. Copies share the same read-only data.
@@ -141,6 +144,8 @@ struct QuantizedKVCacheConfig {
   RotationKind rotation = RotationKind::kHadamard;  // applied to keys and values before quantizing
   uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
+
+  KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
 };
 
 // Keys and values rotated, then affine-quantized per row in groups (MLX's format, docs/formats.md):
@@ -179,6 +184,8 @@ struct PlainKVCacheConfig {
   DType dtype = DType::kF16;                    // storage dtype: float16, bfloat16 or float32
   RotationKind rotation = RotationKind::kNone;  // optional (for comparing rotation without quantization)
   uint64_t seed = 0;
+
+  KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
 };
 
 // The unquantized baseline: keys [B, H, capacity, Dk] and values [B, H, capacity, Dv] in the storage dtype.

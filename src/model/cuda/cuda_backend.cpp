@@ -41,9 +41,7 @@ cuda::DeviceBuffer upload_floats(const float* p, int64_t n) {
 void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions& kv) {
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
-  check(nn::is_rotation_kind(kv.rotation), ErrorCode::kUnsupported, kOp,
-        "--device cuda supports the kv rotations none, so4-fast, so4-full and hadamard; got ",
-        static_cast<int>(kv.rotation));
+  kv.validate(kOp);
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
@@ -318,7 +316,7 @@ const float* GpuModel::rope_for(bool sliding) const {
 int GpuModel::rotation() const { return kv.quantized ? static_cast<int>(kv.rotation) : 0; }
 
 DType GpuModel::kv_store_dtype() const {
-  return kv.quantized ? nn::QuantizedKVCacheConfig{}.scale_dtype : kv.plain_dtype;
+  return kv.quantized ? kv.scale_dtype : kv.plain_dtype;
 }
 
 std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {

@@ -1,0 +1,108 @@
+// The KV cache format and its rules (nn/kv_spec.h).
+#include "nn/kv_spec.h"
+
+#include "core/error.h"
+#include "quant/affine.h"
+
+namespace cider::nn {
+
+bool is_kv_bits(int bits) { return quant::is_affine_bits(bits); }
+bool is_kv_group_size(int group_size) { return quant::is_affine_group_size(group_size); }
+
+void KVSpec::validate(const char* op) const {
+  if (quantized) {
+    check(is_kv_bits(k_bits), ErrorCode::kInvalidArgument, op, "k_bits must be one of 2, 3, 4, 5, 6, 8; got ", k_bits);
+    check(is_kv_bits(v_bits), ErrorCode::kInvalidArgument, op, "v_bits must be one of 2, 3, 4, 5, 6, 8; got ", v_bits);
+    check(is_kv_group_size(group_size), ErrorCode::kInvalidArgument, op, "group_size must be one of 32, 64, 128; got ",
+          group_size);
+    check(is_float_dtype(scale_dtype), ErrorCode::kInvalidArgument, op,
+          "scale_dtype must be float32, float16 or bfloat16; got ", dtype_name(scale_dtype));
+  } else {
+    check(is_float_dtype(plain_dtype), ErrorCode::kInvalidArgument, op,
+          "a plain cache's dtype must be float32, float16 or bfloat16; got ", dtype_name(plain_dtype));
+  }
+  check(is_rotation_kind(rotation), ErrorCode::kInvalidArgument, op,
+        "rotation must be none, so4-fast, so4-full or hadamard; got ", static_cast<int>(rotation));
+}
+
+void KVSpec::validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const {
+  check(Dk > 0, ErrorCode::kShapeMismatch, op, "the key head dim must be positive; got ", Dk);
+  check(Dv > 0, ErrorCode::kShapeMismatch, op, "the value head dim must be positive; got ", Dv);
+  if (quantized) {
+    check(Dk % group_size == 0, ErrorCode::kShapeMismatch, op, "the key head dim must be a multiple of group_size ",
+          group_size, "; got ", Dk);
+    check(Dv % group_size == 0, ErrorCode::kShapeMismatch, op, "the value head dim must be a multiple of group_size ",
+          group_size, "; got ", Dv);
+  }
+  if (rotation == RotationKind::kSO4Fast || rotation == RotationKind::kSO4Full) {
+    check(Dk % 4 == 0, ErrorCode::kShapeMismatch, op, "the key head dim must be a multiple of 4 for the ",
+          rotation_name(rotation), " rotation; got ", Dk);
+    check(Dv % 4 == 0, ErrorCode::kShapeMismatch, op, "the value head dim must be a multiple of 4 for the ",
+          rotation_name(rotation), " rotation; got ", Dv);
+  }
+}
+
+std::string KVSpec::name() const {
+  std::string s;  // built by appends: GCC 12 warns falsely (-Wrestrict) on "k" + std::string
+  if (!quantized) {
+    s = plain_dtype == DType::kBF16 ? "bf16" : (plain_dtype == DType::kF16 ? "f16" : "f32");
+    if (rotation != RotationKind::kNone) {
+      s += '/';
+      s += rotation_name(rotation);
+    }
+    return s;
+  }
+  s += 'k';
+  s += std::to_string(k_bits);
+  s += 'v';
+  s += std::to_string(v_bits);
+  s += '/';
+  s += rotation_name(rotation);
+  s += "/g";
+  s += std::to_string(group_size);
+  return s;
+}
+
+KVSpec parse_kv_spec(std::string_view s) {
+  KVSpec kv;
+  if (s == "bf16" || s == "f16" || s == "f32") {
+    kv.quantized = false;
+    kv.rotation = RotationKind::kNone;
+    kv.plain_dtype = s == "bf16" ? DType::kBF16 : (s == "f16" ? DType::kF16 : DType::kF32);
+    return kv;
+  }
+  // k<bits>v<bits>, one digit each.
+  const bool shape_ok = s.size() == 4 && s[0] == 'k' && s[2] == 'v' && s[1] >= '0' && s[1] <= '9' && s[3] >= '0' &&
+                        s[3] <= '9';
+  check(shape_ok && is_kv_bits(s[1] - '0') && is_kv_bits(s[3] - '0'), ErrorCode::kInvalidArgument, "parse_kv_format",
+        "kv must be bf16, f16, f32 or k<bits>v<bits> with bits in 2, 3, 4, 5, 6, 8 (e.g. k4v3); got \"", s, "\"");
+  kv.k_bits = s[1] - '0';
+  kv.v_bits = s[3] - '0';
+  return kv;
+}
+
+namespace {
+struct RotationName {
+  RotationKind kind;
+  const char* name;
+};
+constexpr RotationName kRotationNames[] = {{RotationKind::kSO4Full, "so4-full"},
+                                           {RotationKind::kSO4Fast, "so4-fast"},
+                                           {RotationKind::kHadamard, "hadamard"},
+                                           {RotationKind::kNone, "none"}};
+}  // namespace
+
+RotationKind parse_rotation(std::string_view s) {
+  for (const RotationName& r : kRotationNames)
+    if (s == r.name) return r.kind;
+  fail(ErrorCode::kInvalidArgument, "parse_kv_rotation",
+       "kv rotation must be so4-full, so4-fast, hadamard or none; got \"", s, "\"");
+}
+
+const char* rotation_name(RotationKind kind) {
+  for (const RotationName& r : kRotationNames)
+    if (kind == r.kind) return r.name;
+  return "unknown";
+}
+
+}  // namespace cider::nn

@@ -1,0 +1,43 @@
+// cider/nn/kv_spec.h — the format of a KV cache: one description used by every layer that builds or reads a cache
+// (the model's options, nn's caches and their snapshots, the C API, the GPU caches), with its rules here only.
+//
+// Quantized (the seeds' IsoQuant cache): keys and values rotated, then affine-quantized per row in groups of
+// group_size with k_bits / v_bits (independent widths), codes packed dim·bits/32 uint32 per row, scales and biases in
+// scale_dtype. Plain: elements in plain_dtype, optionally rotated (for comparing rotation without quantization).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/dtype.h"
+#include "nn/rotation.h"
+
+namespace cider::nn {
+
+struct KVSpec {
+  bool quantized = true;
+  int k_bits = 8;                                   // quantized: 2, 3, 4, 5, 6 or 8
+  int v_bits = 4;                                   // quantized: 2, 3, 4, 5, 6 or 8
+  int group_size = 64;                              // quantized: 32, 64 or 128; divides both head dims
+  RotationKind rotation = RotationKind::kHadamard;  // none, so4 fast/full (head dims a multiple of 4), hadamard
+  DType scale_dtype = DType::kF16;                  // quantized: scales and biases (float16, bfloat16, float32)
+  DType plain_dtype = DType::kBF16;                 // plain: elements (float16, bfloat16, float32)
+
+  // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.
+  void validate(const char* op) const;
+  // The rules against the head dims (kShapeMismatch): positive; quantized: multiples of group_size; SO(4): of 4.
+  void validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const;
+  // "k4v3/so4-full/g64", "bf16" (plain, unrotated), "f32/hadamard" (plain, rotated).
+  std::string name() const;
+};
+
+bool is_kv_bits(int bits);              // 2, 3, 4, 5, 6, 8
+bool is_kv_group_size(int group_size);  // 32, 64, 128
+// "bf16", "f16", "f32" (plain, no rotation) or "k<bits>v<bits>" (quantized, the other fields at their defaults).
+KVSpec parse_kv_spec(std::string_view format);
+// "so4-full", "so4-fast", "hadamard", "none"; the names rotation_name gives back.
+RotationKind parse_rotation(std::string_view name);
+const char* rotation_name(RotationKind kind);
+
+}  // namespace cider::nn
