@@ -11,8 +11,9 @@
 //   "w8a8-g256", "w4a8"; KV caches "k8v4" (default), "k4v3", ... (bits 2,3,4,5,6,8), or "bf16", "f16", "f32" (plain);
 //   KV rotations "hadamard", "so4-full", "so4-fast", "none"; devices "cpu", "cuda".
 // - Tensors (TensorRef) are caller-owned, contiguous, row-major.
-// - Objects may be used from several threads as long as one object is not used by two threads at once; a Model may
-//   be shared by the Sessions of several threads (it is only read).
+// - Threads: the kernels run on one process-wide worker pool (set_threads), which serves one caller at a time: run
+//   one computation (decode, generate, attention, Linear::forward, ...) at a time per process. Creating, loading
+//   and inspecting objects may happen on any thread.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cider/dtype.hpp"
