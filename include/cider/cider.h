@@ -1,5 +1,6 @@
-/* cider.h — the C interface of cider: low-bit quantization, INT8/INT4 linear layers, the IsoQuant KV cache and
- * attention over it, on caller-owned buffers. For Python (ctypes), Rust, Go, or C.
+/* cider.h — the C interface of cider: models and sessions (load, decode, sample, tokenize), and the building
+ * blocks: low-bit quantization, INT8/INT4 linear layers, the IsoQuant KV cache and attention over it, on
+ * caller-owned buffers. For Python (ctypes), Rust, Go, or C. The C++ interface: cider/cider.hpp.
  *
  * Conventions
  * - Every function returns a cider_status; CIDER_OK (0) on success. On failure, cider_last_error() returns a message
@@ -143,6 +144,93 @@ void cider_kv_cache_free(cider_kv_cache* cache);
  * [B, Hq, L, offset] (rank 2..4), bool or float, NULL unless mask_kind is 2 or 3. */
 cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* cache, float scale, int mask_kind,
                              int64_t window, const cider_tensor* mask, const cider_tensor* out);
+
+/* ---- models, sessions, sampling ------------------------------------------------------------------------------
+ * A model is loaded once (cider_model_load) and read by any number of sessions; a session is one token sequence
+ * (its KV caches and position). Formats are named by strings as on the command line (docs/api.md): weights "bf16",
+ * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8"; kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
+ * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; device "cpu", "cuda". */
+typedef struct cider_model cider_model;
+typedef struct cider_session cider_session;
+typedef struct cider_sampler cider_sampler;
+
+typedef struct cider_model_options {
+  const char* weights;     /* NULL = "bf16" */
+  const char* kv;          /* NULL = "k8v4" */
+  const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
+  int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */
+  int64_t ctx;             /* context length; 0 = the model's maximum, capped at 8192 */
+  const char* device;      /* NULL = "cpu" */
+  int threads;             /* > 0: worker threads of the process-wide pool (process-wide); 0 = unchanged */
+} cider_model_options;
+
+/* All zeros / NULL: the defaults above. */
+cider_model_options cider_model_options_default(void);
+/* path: a Hugging Face / MLX / cider-converted directory or a .gguf file; options NULL = the defaults. */
+cider_status cider_model_load(const char* path, const cider_model_options* options, cider_model** out);
+/* Sessions keep what they need: a model may be freed before its sessions. */
+void cider_model_free(cider_model* model);
+
+#define CIDER_MAX_EOS 16
+typedef struct cider_model_info {
+  int64_t vocab_size;
+  int64_t context_length; /* the effective ctx */
+  int64_t hidden_size, num_layers, num_heads, num_kv_heads, head_dim;
+  int32_t bos_id;         /* -1: none */
+  int32_t num_eos;        /* how many of eos_ids are set (at most CIDER_MAX_EOS) */
+  int32_t eos_ids[CIDER_MAX_EOS];
+  size_t weight_bytes;
+  /* Names, valid while the model lives: "llama", ...; "bf16", ...; "k8v4/hadamard/g64", ...; "cpu" or "cuda". */
+  const char* architecture;
+  const char* weights;
+  const char* kv;
+  const char* device;
+} cider_model_info;
+cider_status cider_model_info_get(const cider_model* model, cider_model_info* out);
+
+cider_status cider_session_create(const cider_model* model, cider_session** out);
+void cider_session_free(cider_session* session);
+cider_status cider_session_position(const cider_session* session, int64_t* position);
+/* Forgets the last min(n, position) tokens (n >= 0); *removed receives how many (may be NULL). */
+cider_status cider_session_trim(cider_session* session, int64_t n, int64_t* removed);
+cider_status cider_session_kv_bytes(const cider_session* session, size_t* nbytes);
+
+/* Feeds tokens[0, n) (n >= 1, ids in [0, vocab), position + n <= context length) and writes float32 logits: all n
+ * rows ([n, vocab]) when all_logits != 0, else the last row ([vocab]). logits_len: the floats `logits` holds; it must
+ * be at least what is written. On failure the session is unchanged. */
+cider_status cider_decode(cider_session* session, const int32_t* tokens, int64_t n, float* logits, size_t logits_len,
+                          int all_logits);
+
+/* Sampling (the pipeline and the seeded generator: docs/api.md). */
+typedef struct cider_sampler_params {
+  double temperature;     /* >= 0; 0 = greedy */
+  int64_t top_k;          /* >= 0; 0 = off */
+  double top_p;           /* (0, 1]; 1 = off */
+  double min_p;           /* [0, 1]; 0 = off */
+  double repeat_penalty;  /* > 0; 1 = off */
+  int64_t repeat_window;  /* >= 0: how many recent history tokens are penalised; 0 = all */
+  uint64_t seed;
+} cider_sampler_params;
+/* temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1, repeat_window 64, seed 0. */
+cider_sampler_params cider_sampler_params_default(void);
+/* A sampler holds the random generator's state: successive draws continue one seeded sequence. */
+cider_status cider_sampler_create(const cider_sampler_params* params, cider_sampler** out);
+void cider_sampler_free(cider_sampler* sampler);
+/* The next token from logits[0, vocab) (NaN/+inf are errors, -inf an impossible token); history[0, n_history): the
+ * tokens so far, for the repetition penalty (NULL when n_history is 0). */
+cider_status cider_sample(cider_sampler* sampler, const float* logits, int64_t vocab, const int32_t* history,
+                          int64_t n_history, int32_t* token_out);
+
+/* Text (text_len bytes of UTF-8; text may be NULL when text_len is 0) -> token ids with the model's tokenizer;
+ * add_special != 0 applies its post-processing (e.g. BOS first). *n_tokens receives the count; tokens must hold
+ * it (capacity), else CIDER_ERR_OUT_OF_RANGE and nothing is written (call with capacity 0 to ask the count). */
+cider_status cider_tokenize(const cider_model* model, const char* text, size_t text_len, int add_special,
+                            int32_t* tokens, int64_t capacity, int64_t* n_tokens);
+/* Token ids -> UTF-8 text, NUL-terminated; skip_special != 0 leaves out special tokens. *text_len receives the
+ * length (without the NUL); text must hold text_len + 1 bytes (capacity), else CIDER_ERR_OUT_OF_RANGE and nothing
+ * is written. */
+cider_status cider_detokenize(const cider_model* model, const int32_t* tokens, int64_t n, int skip_special, char* text,
+                              size_t capacity, size_t* text_len);
 
 #ifdef __cplusplus
 }

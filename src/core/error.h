@@ -7,34 +7,12 @@
 #pragma once
 
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "cider/error.hpp"  // ErrorCode, Error, error_code_name: public, the one error type users see
+
 namespace cider {
-
-// Kept in sync with cider_status in include/cider/cider.h (same numeric values).
-enum class ErrorCode : int {
-  kInvalidArgument = 1,  // a value outside its allowed set (bits, group size, option)
-  kShapeMismatch = 2,    // shapes or ranks that do not fit together
-  kUnsupported = 3,      // a valid request this build or backend cannot do
-  kOutOfRange = 4,       // an index, length or size beyond a limit (context, capacity)
-  kIo = 5,               // a file could not be read or written
-  kCorrupt = 6,          // a file or buffer whose contents break its format
-  kOutOfMemory = 7,
-  kInternal = 8,         // a bug in cider
-};
-
-const char* error_code_name(ErrorCode code);
-
-class Error : public std::runtime_error {
- public:
-  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
-  ErrorCode code() const { return code_; }
-
- private:
-  ErrorCode code_;
-};
 
 namespace detail {
 template <typename... Args>

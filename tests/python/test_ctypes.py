@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Drives libcider_c.so from Python through ctypes (no third-party packages): affine quantization round trip,
-a K4/V3 cache with attention, and an error message. Usage: test_ctypes.py path/to/libcider_c.so"""
+a K4/V3 cache with attention, an error message, and a model-level round trip on the embedded model cider-tiny
+(load, tokenize, decode + greedy sampling = transformers' tokens, detokenize, trim, errors).
+Usage: test_ctypes.py path/to/libcider_c.so"""
 import array
 import ctypes
+import json
 import math
+import os
 import random
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MAX_RANK = 8
 F32, U32 = 0, 3
@@ -20,6 +26,95 @@ class KVConfig(ctypes.Structure):
     _fields_ = [("quantized", ctypes.c_int), ("k_bits", ctypes.c_int), ("v_bits", ctypes.c_int),
                 ("group_size", ctypes.c_int), ("rotation", ctypes.c_int), ("seed", ctypes.c_uint64),
                 ("scale_dtype", ctypes.c_int), ("plain_dtype", ctypes.c_int)]
+
+
+class ModelOptions(ctypes.Structure):
+    _fields_ = [("weights", ctypes.c_char_p), ("kv", ctypes.c_char_p), ("kv_rotation", ctypes.c_char_p),
+                ("kv_group_size", ctypes.c_int), ("ctx", ctypes.c_int64), ("device", ctypes.c_char_p),
+                ("threads", ctypes.c_int)]
+
+
+MAX_EOS = 16
+
+
+class ModelInfo(ctypes.Structure):
+    _fields_ = [("vocab_size", ctypes.c_int64), ("context_length", ctypes.c_int64), ("hidden_size", ctypes.c_int64),
+                ("num_layers", ctypes.c_int64), ("num_heads", ctypes.c_int64), ("num_kv_heads", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("bos_id", ctypes.c_int32), ("num_eos", ctypes.c_int32),
+                ("eos_ids", ctypes.c_int32 * MAX_EOS), ("weight_bytes", ctypes.c_size_t),
+                ("architecture", ctypes.c_char_p), ("weights", ctypes.c_char_p), ("kv", ctypes.c_char_p),
+                ("device", ctypes.c_char_p)]
+
+
+class SamplerParams(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
+                ("min_p", ctypes.c_double), ("repeat_penalty", ctypes.c_double), ("repeat_window", ctypes.c_int64),
+                ("seed", ctypes.c_uint64)]
+
+
+def model_round_trip(lib):
+    """cider-tiny with f32 weights and cache: greedy decoding through cider_decode + cider_sample gives transformers'
+    tokens (tests/data/cider_tiny/reference.json), and the text round-trips through the tokenizer."""
+    lib.cider_sampler_params_default.restype = SamplerParams
+    lib.cider_model_options_default.restype = ModelOptions
+    c = ctypes
+    with open(os.path.join(ROOT, "tests", "data", "cider_tiny", "reference.json"), encoding="utf-8") as f:
+        ref = json.load(f)[0]
+    opts = lib.cider_model_options_default()
+    opts.weights, opts.kv = b"f32", b"f32"
+    model = c.c_void_p()
+    path = os.path.join(ROOT, "models", "cider-tiny").encode()
+    assert lib.cider_model_load(path, c.byref(opts), c.byref(model)) == 0, lib.cider_last_error()
+    info = ModelInfo()
+    assert lib.cider_model_info_get(model, c.byref(info)) == 0, lib.cider_last_error()
+    assert (info.vocab_size, info.architecture, info.weights, info.kv) == (4096, b"llama", b"f32", b"f32"), info
+    vocab = info.vocab_size
+
+    prompt = ref["prompt"].encode()
+    n = c.c_int64()
+    ids = (c.c_int32 * 64)()
+    assert lib.cider_tokenize(model, prompt, c.c_size_t(len(prompt)), 1, ids, c.c_int64(64), c.byref(n)) == 0
+    assert list(ids[:n.value]) == ref["ids"], (list(ids[:n.value]), ref["ids"])
+
+    session, sampler = c.c_void_p(), c.c_void_p()
+    assert lib.cider_session_create(model, c.byref(session)) == 0, lib.cider_last_error()
+    params = lib.cider_sampler_params_default()
+    params.temperature = 0.0
+    assert lib.cider_sampler_create(c.byref(params), c.byref(sampler)) == 0, lib.cider_last_error()
+    want = ref["greedy"][len(ref["ids"]):]
+    tokens = list(ref["ids"])
+    logits = (c.c_float * vocab)()
+    pending = tokens
+    for _ in want:
+        arr = (c.c_int32 * len(pending))(*pending)
+        assert lib.cider_decode(session, arr, c.c_int64(len(pending)), logits, c.c_size_t(vocab), 0) == 0, \
+            lib.cider_last_error()
+        hist = (c.c_int32 * len(tokens))(*tokens)
+        tok = c.c_int32()
+        assert lib.cider_sample(sampler, logits, c.c_int64(vocab), hist, c.c_int64(len(tokens)), c.byref(tok)) == 0
+        assert tok.value == max(range(vocab), key=lambda i: (logits[i], -i))  # greedy: the first largest logit
+        tokens.append(tok.value)
+        pending = [tok.value]
+    assert tokens[len(ref["ids"]):] == want, (tokens, want)
+    pos = c.c_int64()
+    assert lib.cider_session_position(session, c.byref(pos)) == 0 and pos.value == len(tokens) - 1
+
+    arr = (c.c_int32 * len(tokens))(*tokens)
+    length = c.c_size_t()
+    text = c.create_string_buffer(1024)
+    assert lib.cider_detokenize(model, arr, c.c_int64(len(tokens)), 1, text, c.c_size_t(1024), c.byref(length)) == 0
+    assert text.value.startswith(prompt) and len(text.value) == length.value > len(prompt), text.value
+
+    removed = c.c_int64()
+    assert lib.cider_session_trim(session, c.c_int64(3), c.byref(removed)) == 0 and removed.value == 3
+    bad = (c.c_int32 * 1)(vocab)
+    assert lib.cider_decode(session, bad, c.c_int64(1), logits, c.c_size_t(vocab), 0) == 4  # CIDER_ERR_OUT_OF_RANGE
+    msg = lib.cider_last_error().decode()
+    assert "cider_decode" in msg and f"got {vocab}" in msg, msg
+    lib.cider_sampler_free(sampler)
+    lib.cider_session_free(session)
+    lib.cider_model_free(model)
+    return len(want), text.value.decode()
 
 
 def tensor(buf, dtype, shape):
@@ -93,6 +188,8 @@ def main(lib_path):
     assert errors["k4v3"] < 0.5, errors
     print("ctypes: affine round trip ok, error message ok, attention relative errors " +
           ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+    n_tokens, text = model_round_trip(lib)
+    print(f"ctypes: cider-tiny greedy {n_tokens} tokens = transformers': {text!r}")
 
 
 if __name__ == "__main__":

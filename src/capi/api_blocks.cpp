@@ -1,0 +1,216 @@
+// The C++ facade's building blocks (include/cider/cider.hpp): TensorRef, the KV cache and attention over it
+// (nn::QuantizedKVCache / nn::PlainKVCache, nn::attention) and the W8A8 / W4A8 linear layers (nn::Int8Linear /
+// nn::Int4Linear), as the C API wraps them (capi_kv.cpp, capi_linear.cpp).
+#include <cmath>
+#include <variant>
+
+#include "capi/api_internal.h"
+#include "capi/capi_internal.h"
+#include "model/model.h"
+#include "nn/attention.h"
+#include "nn/kv_cache.h"
+#include "nn/linear.h"
+
+namespace cider {
+
+TensorView api::to_view(const TensorRef& t, const char* op, const char* what, bool input, bool allow_neg_inf) {
+  check(t.shape.size() <= CIDER_MAX_RANK, ErrorCode::kInvalidArgument, op, what, " rank must be in 0..",
+        CIDER_MAX_RANK, "; got ", t.shape.size());
+  cider_tensor c{};
+  c.data = t.data;
+  c.dtype = static_cast<int32_t>(t.dtype);
+  c.rank = static_cast<int32_t>(t.shape.size());
+  for (size_t i = 0; i < t.shape.size(); ++i) c.shape[i] = t.shape[i];
+  return input ? capi::to_input_view(&c, op, what, allow_neg_inf) : capi::to_view(&c, op, what);
+}
+
+// ---- KVSnapshot ----
+struct KVSnapshot::Impl {
+  nn::KVCacheSnapshot snapshot;
+};
+
+KVSnapshot::KVSnapshot() : impl_(std::make_unique<Impl>()) {}
+KVSnapshot::KVSnapshot(const KVSnapshot& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
+KVSnapshot& KVSnapshot::operator=(const KVSnapshot& o) {
+  if (this != &o) impl_ = std::make_unique<Impl>(*o.impl_);
+  return *this;
+}
+KVSnapshot::~KVSnapshot() = default;
+int64_t KVSnapshot::length() const { return impl_->snapshot.length(); }
+
+// ---- KVCache ----
+struct KVCache::Impl {
+  std::unique_ptr<nn::KVCache> cache;
+};
+
+namespace {
+
+std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
+  const model::KVOptions kv = api::named(op, "format", [&] { return model::parse_kv_format(spec.format); });
+  nn::RotationKind rotation = kv.quantized ? nn::RotationKind::kHadamard : nn::RotationKind::kNone;
+  if (!spec.rotation.empty())
+    rotation = api::named(op, "rotation", [&] { return model::parse_kv_rotation(spec.rotation); });
+  const int gs = spec.group_size;
+  check(gs == 0 || gs == 32 || gs == 64 || gs == 128, ErrorCode::kInvalidArgument, op,
+        "group_size must be 0 (64), 32, 64 or 128; got ", gs);
+  check(is_float_dtype(spec.scale_dtype), ErrorCode::kInvalidArgument, op,
+        "scale_dtype must be DType::kF32, kF16 or kBF16; got ", static_cast<int>(spec.scale_dtype));
+  if (kv.quantized) {
+    nn::QuantizedKVCacheConfig c;
+    c.k_bits = kv.k_bits;
+    c.v_bits = kv.v_bits;
+    c.group_size = gs == 0 ? 64 : gs;
+    c.rotation = rotation;
+    c.seed = spec.seed;
+    c.scale_dtype = spec.scale_dtype;
+    return std::make_unique<nn::QuantizedKVCache>(c);
+  }
+  nn::PlainKVCacheConfig c;
+  c.dtype = kv.plain_dtype;
+  c.rotation = rotation;
+  c.seed = spec.seed;
+  return std::make_unique<nn::PlainKVCache>(c);
+}
+
+nn::KVCache& cache_of(const std::unique_ptr<KVCache::Impl>& impl, const char* op) {
+  check(impl != nullptr && impl->cache != nullptr, ErrorCode::kInvalidArgument, op, "the cache was moved from");
+  return *impl->cache;
+}
+
+}  // namespace
+
+KVCache::KVCache(const KVSpec& spec) : impl_(std::make_unique<Impl>(Impl{make_cache(spec, "cider::KVCache")})) {}
+KVCache::KVCache(KVCache&&) noexcept = default;
+KVCache& KVCache::operator=(KVCache&&) noexcept = default;
+KVCache::~KVCache() = default;
+
+void KVCache::append(const TensorRef& keys, const TensorRef& values) {
+  constexpr const char* op = "cider::KVCache::append";
+  nn::KVCache& c = cache_of(impl_, op);
+  c.update_and_fetch(api::to_view(keys, op, "keys", true), api::to_view(values, op, "values", true));
+}
+int64_t KVCache::offset() const { return cache_of(impl_, "cider::KVCache::offset").offset(); }
+int64_t KVCache::trim(int64_t n) {
+  constexpr const char* op = "cider::KVCache::trim";
+  nn::KVCache& c = cache_of(impl_, op);
+  check(n >= 0, ErrorCode::kInvalidArgument, op, "n must be >= 0; got ", n);
+  return c.trim(n);
+}
+size_t KVCache::nbytes() const { return static_cast<size_t>(cache_of(impl_, "cider::KVCache::nbytes").nbytes()); }
+bool KVCache::quantized() const { return cache_of(impl_, "cider::KVCache::quantized").is_quantized(); }
+KVSnapshot KVCache::snapshot() const {
+  KVSnapshot s;
+  s.impl_->snapshot = cache_of(impl_, "cider::KVCache::snapshot").snapshot();
+  return s;
+}
+void KVCache::restore(const KVSnapshot& snapshot) {
+  constexpr const char* op = "cider::KVCache::restore";
+  nn::KVCache& c = cache_of(impl_, op);
+  c.restore(snapshot.impl_->snapshot);
+}
+
+void attention(const TensorRef& queries, const KVCache& cache, float scale, const AttentionMask& mask,
+               const TensorRef& out) {
+  constexpr const char* op = "cider::attention";
+  const nn::KVCache& c = cache_of(cache.impl_, op);
+  const int kind = static_cast<int>(mask.kind);
+  check(kind >= 0 && kind <= 3, ErrorCode::kInvalidArgument, op,
+        "mask.kind must be kNone, kCausal, kBool or kAdditive; got ", kind);
+  const bool needs_mask = mask.kind == MaskKind::kBool || mask.kind == MaskKind::kAdditive;
+  check(needs_mask == mask.mask.has_value(), ErrorCode::kInvalidArgument, op,
+        "mask.mask must be given exactly when mask.kind is kBool or kAdditive; got kind ", kind, " and ",
+        mask.mask ? "a mask" : "none");
+  check(std::isfinite(scale), ErrorCode::kInvalidArgument, op, "scale must be finite; got ", scale);
+  nn::AttentionMask m;
+  m.kind = static_cast<kernels::MaskKind>(kind);
+  m.window = mask.window;
+  if (mask.mask) m.mask = api::to_view(*mask.mask, op, "mask", true, mask.kind == MaskKind::kAdditive);
+  nn::attention(api::to_view(queries, op, "queries", true), c, scale, m, api::to_view(out, op, "out"));
+}
+
+// ---- Linear ----
+struct Linear::Impl {
+  LinearFormat format;
+  std::variant<nn::Int8Linear, nn::Int4Linear> layer;
+};
+
+namespace {
+
+void check_format(LinearFormat f, const char* op) {
+  check(f == LinearFormat::kW8A8 || f == LinearFormat::kW4A8, ErrorCode::kInvalidArgument, op,
+        "format must be LinearFormat::kW8A8 or kW4A8; got ", static_cast<int>(f));
+}
+
+std::optional<float> clip_of(std::optional<float> clip, const char* op) {
+  check(!clip || !std::isnan(*clip), ErrorCode::kInvalidArgument, op,
+        "clip_percentile must be a number in (0, 100] or none; got NaN");
+  return clip;
+}
+
+const Linear::Impl& layer_of(const std::unique_ptr<Linear::Impl>& impl, const char* op) {
+  check(impl != nullptr, ErrorCode::kInvalidArgument, op, "the layer was moved from");
+  return *impl;
+}
+
+}  // namespace
+
+Linear::Linear(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Linear::Linear(Linear&&) noexcept = default;
+Linear& Linear::operator=(Linear&&) noexcept = default;
+Linear::~Linear() = default;
+
+Linear Linear::from_float(LinearFormat format, const TensorRef& w, const std::optional<TensorRef>& bias,
+                          int group_size, std::optional<float> clip_percentile) {
+  constexpr const char* op = "cider::Linear::from_float";
+  check_format(format, op);
+  const TensorView wv = api::to_view(w, op, "w", true);
+  std::optional<TensorView> bv;
+  if (bias) bv = api::to_view(*bias, op, "bias", true);
+  const TensorView* bp = bv ? &*bv : nullptr;
+  const std::optional<float> clip = clip_of(clip_percentile, op);
+  if (format == LinearFormat::kW8A8)
+    return Linear(std::make_unique<Impl>(Impl{format, nn::Int8Linear::from_float(wv, bp, group_size, clip)}));
+  return Linear(std::make_unique<Impl>(Impl{format, nn::Int4Linear::from_float(wv, bp, group_size, clip)}));
+}
+
+Linear Linear::from_mlx(LinearFormat format, const TensorRef& packed, const TensorRef& scales, const TensorRef& biases,
+                        int mlx_group_size, int mlx_bits, const std::optional<TensorRef>& bias,
+                        std::optional<int> target_group_size, std::optional<float> clip_percentile) {
+  constexpr const char* op = "cider::Linear::from_mlx";
+  check_format(format, op);
+  const TensorView pv = api::to_view(packed, op, "packed"), sv = api::to_view(scales, op, "scales", true),
+                   bsv = api::to_view(biases, op, "biases", true);
+  std::optional<TensorView> bv;
+  if (bias) bv = api::to_view(*bias, op, "bias", true);
+  const TensorView* bp = bv ? &*bv : nullptr;
+  const std::optional<float> clip = clip_of(clip_percentile, op);
+  if (format == LinearFormat::kW8A8)
+    return Linear(std::make_unique<Impl>(Impl{
+        format, nn::Int8Linear::from_mlx_affine(pv, sv, bsv, mlx_group_size, mlx_bits, bp, target_group_size, clip)}));
+  return Linear(std::make_unique<Impl>(Impl{
+      format, nn::Int4Linear::from_mlx_affine(pv, sv, bsv, mlx_group_size, mlx_bits, bp, target_group_size, clip)}));
+}
+
+void Linear::forward(const TensorRef& x, const TensorRef& out) const {
+  constexpr const char* op = "cider::Linear::forward";
+  const Impl& l = layer_of(impl_, op);
+  const TensorView xv = api::to_view(x, op, "x", true), ov = api::to_view(out, op, "out");
+  std::visit([&](const auto& layer) { layer.forward(xv, ov); }, l.layer);
+}
+
+LinearFormat Linear::format() const { return layer_of(impl_, "cider::Linear::format").format; }
+int64_t Linear::in_features() const {
+  return std::visit([](const auto& l) { return l.in_features(); }, layer_of(impl_, "cider::Linear::in_features").layer);
+}
+int64_t Linear::out_features() const {
+  return std::visit([](const auto& l) { return l.out_features(); },
+                    layer_of(impl_, "cider::Linear::out_features").layer);
+}
+int Linear::group_size() const {
+  return std::visit([](const auto& l) { return l.group_size(); }, layer_of(impl_, "cider::Linear::group_size").layer);
+}
+size_t Linear::nbytes() const {
+  return std::visit([](const auto& l) { return l.nbytes(); }, layer_of(impl_, "cider::Linear::nbytes").layer);
+}
+
+}  // namespace cider
