@@ -70,13 +70,21 @@ double bench_graph(const std::function<void(void* stream)>& fn, void* stream_han
 
 int main(int argc, char** argv) {
   using namespace cider;
-  std::string filter, json_path, areas, variants = "all";
+  std::string filter, json_path, variants = "all";
+  std::vector<std::string> areas;
   bool list = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--area" && i + 1 < argc) areas = "," + std::string(argv[++i]) + ",";
+    else if (a == "--area" && i + 1 < argc) {
+      const std::string arg = argv[++i];
+      for (size_t start = 0; start <= arg.size();) {
+        const size_t comma = std::min(arg.find(',', start), arg.size());
+        if (comma > start) areas.push_back(arg.substr(start, comma - start));
+        start = comma + 1;
+      }
+    }
     else if (a == "--variants" && i + 1 < argc) variants = argv[++i];
     else if (a == "--list") list = true;
     else {
@@ -94,13 +102,18 @@ int main(int argc, char** argv) {
     std::vector<bench::BenchCase> kept;
     for (auto& c : cases) {
       const bool variant = c.name.find(" v:") != std::string::npos;
-      if (!areas.empty() && areas.find("," + c.area + ",") == std::string::npos) continue;
+      if (!areas.empty() && std::find(areas.begin(), areas.end(), c.area) == areas.end()) continue;
       if ((variants == "skip" && variant) || (variants == "only" && !variant)) continue;
       kept.push_back(c);
     }
     if (kept.empty()) {
-      std::fprintf(stderr, "cuda_bench: error: no case matches --area '%s' --variants %s\n",
-                   areas.empty() ? "" : areas.substr(1, areas.size() - 2).c_str(), variants.c_str());
+      std::string listed;
+      for (const auto& x : areas) {
+        if (!listed.empty()) listed += ',';
+        listed += x;
+      }
+      std::fprintf(stderr, "cuda_bench: error: no case matches --area '%s' --variants %s\n", listed.c_str(),
+                   variants.c_str());
       return 2;
     }
     cases = std::move(kept);
