@@ -1,6 +1,6 @@
 // cuda_bench cases of the attention area: decode over the K4/V3 and K8/V4 g64 (f16 scales) caches and the plain bf16
-// cache, each against PyTorch's bf16 SDPA decode row of ../shared/tools/gpu_anchors.py; causal prefill over K4V3 /
-// K8V4 against PyTorch's bf16 SDPA causal prefill (tools/gpu/attn_prefill_peer.py); kv_append of one decode step.
+// cache, each against PyTorch's bf16 SDPA decode row of tools/gpu/peers.py; causal prefill over K4V3 /
+// K8V4 against PyTorch's bf16 SDPA causal prefill (tools/gpu/peers.py); kv_append of one decode step.
 // Caches hold fresh random bytes (codes) and valid random f16/bf16 numbers (scales, biases, plain values); copies are
 // rotated so the working set of one launch is not served from the 60 MB L2 by the previous one.
 #include <cuda_runtime.h>
@@ -193,7 +193,7 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192", "attention") {
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq16 Hkv2 D256 L65536", "attention") {
   return decode_case(8, 16, 2, 256, 65536, 4, 3);
 }
-// The length sweep (fixed cost and streaming rate: time = fixed + L / rate), beside tools/gpu/attn_decode_peer.py's
+// The length sweep (fixed cost and streaming rate: time = fixed + L / rate), beside tools/gpu/peers.py's
 // SDPA rows at the same lengths.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1024", "attention") {
   return decode_case(1, 32, 8, 128, 1024, 4, 3);

@@ -1,7 +1,7 @@
 // cider/bench/cuda — the CUDA benchmark program (cuda_bench). Each area registers its cases from its own file:
 //   CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N14336", "linear") { ... return BenchResult{...}; }
 // Timing: bench_graph() captures `reps` back-to-back launches in a CUDA graph and returns the median seconds per
-// launch over several replays (launch overhead excluded, as ../shared/tools/gpu_anchors.py measures the peers).
+// launch over several replays (launch overhead excluded, as tools/gpu/peers.py measures the peers).
 // Inputs: fresh random bytes, several copies rotated where a working set would otherwise sit in the 60 MB L2.
 #pragma once
 
@@ -15,7 +15,7 @@ struct BenchResult {
   double seconds = 0;   // median per call
   double bytes = 0;     // minimum device-memory bytes per call (0 = not given)
   double flops = 0;     // operations per call (0 = not given)
-  std::string peer;     // the gpu_anchors.py row this case is compared with ("" = none)
+  std::string peer;     // the tools/gpu/peers.py row this case is compared with ("" = none)
   std::string note;     // free text (e.g. the variant)
 };
 

@@ -1,6 +1,9 @@
 // cuda_bench: runs the registered CUDA benchmark cases (bench/cuda/*.cpp) and prints a table; --json FILE writes the
-// results for tools/gpu/compare.py, which puts them beside ../shared/tools/gpu_anchors.py's peer figures.
-//   cuda_bench [--filter SUBSTRING] [--json FILE] [--list]   (--filter '=NAME': that case only)
+// results for tools/gpu/compare.py, which puts them beside tools/gpu/peers.py's peer figures.
+//   cuda_bench [--area A[,B…]] [--variants all|skip|only] [--filter SUBSTRING] [--json FILE] [--list]
+//   --filter '=NAME': that case only; --area: only the cases of those areas (attention, gemm, linear, model, ops);
+//   --variants: with or without the "v:" rows (the A/B of the environment switches). The last two let a GPU job run
+//   the cases in parts that each fit one command.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,20 +70,54 @@ double bench_graph(const std::function<void(void* stream)>& fn, void* stream_han
 
 int main(int argc, char** argv) {
   using namespace cider;
-  std::string filter, json_path;
+  std::string filter, json_path, variants = "all";
+  std::vector<std::string> areas;
   bool list = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--area" && i + 1 < argc) {
+      const std::string arg = argv[++i];
+      for (size_t start = 0; start <= arg.size();) {
+        const size_t comma = std::min(arg.find(',', start), arg.size());
+        if (comma > start) areas.push_back(arg.substr(start, comma - start));
+        start = comma + 1;
+      }
+    }
+    else if (a == "--variants" && i + 1 < argc) variants = argv[++i];
     else if (a == "--list") list = true;
     else {
-      std::fprintf(stderr, "cuda_bench: error: unknown argument '%s' (use --filter S, --json FILE, --list)\n", a.c_str());
+      std::fprintf(stderr, "cuda_bench: error: unknown argument '%s' (use --area A,B, --variants all|skip|only, --filter S, --json FILE, --list)\n", a.c_str());
       return 2;
     }
   }
   auto& cases = bench::registry();
   std::sort(cases.begin(), cases.end(), [](auto& x, auto& y) { return x.area != y.area ? x.area < y.area : x.name < y.name; });
+  if (variants != "all" && variants != "skip" && variants != "only") {
+    std::fprintf(stderr, "cuda_bench: error: --variants takes all, skip or only, not '%s'\n", variants.c_str());
+    return 2;
+  }
+  if (!areas.empty() || variants != "all") {
+    std::vector<bench::BenchCase> kept;
+    for (auto& c : cases) {
+      const bool variant = c.name.find(" v:") != std::string::npos;
+      if (!areas.empty() && std::find(areas.begin(), areas.end(), c.area) == areas.end()) continue;
+      if ((variants == "skip" && variant) || (variants == "only" && !variant)) continue;
+      kept.push_back(c);
+    }
+    if (kept.empty()) {
+      std::string listed;
+      for (const auto& x : areas) {
+        if (!listed.empty()) listed += ',';
+        listed += x;
+      }
+      std::fprintf(stderr, "cuda_bench: error: no case matches --area '%s' --variants %s\n", listed.c_str(),
+                   variants.c_str());
+      return 2;
+    }
+    cases = std::move(kept);
+  }
   if (list) {
     for (auto& c : cases) std::printf("%-10s %s\n", c.area.c_str(), c.name.c_str());
     return 0;

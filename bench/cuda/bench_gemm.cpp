@@ -1,5 +1,5 @@
 // Prefill INT8 linear layers on the GPU (cuda::w8a8_gemm / w4a8_gemm, kernels/cuda/linear_gemm.cu) against
-// torch._int_mm (cuBLASLt int8 → int32) rows of ../shared/tools/gpu_anchors.py. Our figures include what _int_mm
+// torch._int_mm (cuBLASLt int8 → int32) rows of tools/gpu/peers.py. Our figures include what _int_mm
 // leaves out (per-token quantization of bf16 x, scales, bf16 output) unless the name says "gemm only".
 // The fp8 "_scaled_mm" row of the same shapes is the stretch goal (docs/cuda/gemm.md).
 #include <cuda_runtime.h>

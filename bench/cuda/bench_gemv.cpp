@@ -1,5 +1,5 @@
 // Decode GEMV benchmarks: cuda::w8a8_gemv / cuda::w4a8_gemv against PyTorch's bf16 GEMV (and int8 _int_mm at M32),
-// rows of ../shared/tools/gpu_anchors.py. x float32 (the engine's activations), out float32.
+// rows of tools/gpu/peers.py. x float32 (the engine's activations), out float32.
 // Weights: fresh random bytes, rotated over enough distinct copies that a replay never finds them in the 60 MB L2.
 #include <algorithm>
 #include <cstdlib>

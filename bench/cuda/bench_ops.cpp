@@ -1,5 +1,5 @@
 // Transformer-op benchmarks (kernels/cuda/cuda_ops.h): the cuBLASLt bf16 linear layer against PyTorch's bf16 GEMV /
-// matmul rows of ../shared/tools/gpu_anchors.py, and the memory-bound ops (RMSNorm, GLU, argmax) against their byte
+// matmul rows of tools/gpu/peers.py, and the memory-bound ops (RMSNorm, GLU, argmax) against their byte
 // floors. Inputs: fresh random values of a realistic spread (random sign, exponents of ~N(0, 1) values, random
 // mantissas: the same bit activity as randn), copies rotated where one copy would sit in the 60 MB L2.
 #include <algorithm>

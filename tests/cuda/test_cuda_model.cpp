@@ -47,7 +47,9 @@ using cider::ErrorCode;
 
 namespace {
 
-const std::string kTiny = std::string(CIDER_SOURCE_DIR) + "/models/cider-tiny";
+// Found beside the executable or through $CIDER_TEST_ROOT (tests/support/test_support.h), so a build copied to
+// another machine (tools/gpu/pack.sh) still finds the model.
+const std::string kTiny = cider::test::repo_file("models/cider-tiny");
 
 // The rotation is always named (never KVOptions' default, which changes): so4-full unless asked otherwise.
 cm::ModelOptions options(const std::string& weights, const std::string& kv, cm::Device device,

@@ -4,8 +4,27 @@
 #include <limits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 
 namespace cider::test {
+
+const std::string& test_root(const char* compiled_in) {
+  static const std::string root = [compiled_in]() -> std::string {
+    if (const char* env = std::getenv("CIDER_TEST_ROOT"); env && *env) return env;
+    std::error_code ec;
+    namespace fs = std::filesystem;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      for (fs::path dir = exe.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+        if (fs::is_directory(dir / "models" / "cider-tiny", ec)) return dir.string();
+        if (dir == dir.root_path()) break;
+      }
+    }
+    return compiled_in ? compiled_in : "";
+  }();
+  return root;
+}
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {

@@ -15,6 +15,19 @@
 
 namespace cider::test {
 
+// The directory the tests read the repository's data from (models/cider-tiny, tests/data): $CIDER_TEST_ROOT when set;
+// else the nearest directory at or above the test executable's folder (/proc/self/exe) that holds models/cider-tiny
+// (so a build or a packed .gpu/bin/ copied to another machine finds the checkout, or the data packed beside it);
+// else `compiled_in` (the source directory at build time). Decided once per process.
+const std::string& test_root(const char* compiled_in);
+
+// root/rel for a repository-relative path, e.g. repo_file("models/cider-tiny").
+#ifdef CIDER_SOURCE_DIR
+inline std::string repo_file(const std::string& rel) { return test_root(CIDER_SOURCE_DIR) + "/" + rel; }
+#else
+inline std::string repo_file(const std::string& rel) { return test_root("") + "/" + rel; }
+#endif
+
 // The seed for this test process: $CIDER_TEST_SEED if set, otherwise fresh from std::random_device.
 // Printed once so a failure can be replayed.
 uint64_t test_seed();

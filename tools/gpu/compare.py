@@ -1,15 +1,25 @@
-"""One table of cider's CUDA times beside the PyTorch peers measured in the same job.
-usage: compare.py cuda_bench.json gpu_anchors.json [more_peers.json ...]   (each cider case names its peer row in
-"peer"; the peer files are merged, later ones win)"""
-import json, sys
+"""One table of cider's CUDA times beside the PyTorch peers' (tools/gpu/peers.py), best measured in the same job.
+usage: compare.py FILE.json...   cuda_bench --json files (their entries name a peer row in "peer") and peer files
+(tools/gpu/peers.py --json), in any order; within each kind, later files win. Works on the files of a GPU job's
+archive (gpu-job.tar.gz) too, from different jobs if need be (then the ratios mix two runs)."""
+import json
+import sys
 
-ours = json.load(open(sys.argv[1]))
-peers = {}
-for f in sys.argv[2:]:
-    peers.update(json.load(open(f)))
-print(f"{'cider case':52s} {'cider us':>9s} {'peer':48s} {'peer us':>9s} {'cider/peer':>10s}")
+if len(sys.argv) < 2:
+    sys.exit(__doc__)
+ours, peers = {}, {}
+for f in sys.argv[1:]:
+    for name, r in json.load(open(f)).items():
+        (ours if "peer" in r else peers)[name] = r
+print(f"{'cider case':64s} {'cider us':>9s} {'peer':52s} {'peer us':>9s} {'cider/peer':>10s}")
+missing = set()
 for name, r in ours.items():
-    p = peers.get(r.get("peer", ""))
-    if not p:
+    if not r.get("peer"):
         continue
-    print(f"{name:52s} {r['s']*1e6:9.2f} {r['peer']:48s} {p['s']*1e6:9.2f} {r['s']/p['s']:10.3f}")
+    p = peers.get(r["peer"])
+    if not p:
+        missing.add(r["peer"])
+        continue
+    print(f"{name:64s} {r['s']*1e6:9.2f} {r['peer']:52s} {p['s']*1e6:9.2f} {r['s']/p['s']:10.3f}")
+if missing:
+    print(f"(no peer row for: {', '.join(sorted(missing))})")

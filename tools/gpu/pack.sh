@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the CUDA backend here (nvcc 13, sm_90a, C++ runtime linked statically) and gathers what a GPU job needs in
-# .gpu/ (ignored by git): the CUDA test programs, cuda_bench, the cider CLI and the PyTorch peer script.
-# Then, on the GPU host: tools/gpu/run_gpu_job.sh (the device tool carries .gpu/).
+# Builds the CUDA backend here (nvcc 13, sm_90a, C++ runtime linked statically) and packs what a GPU job needs into
+# .gpu/pack.tar.xz: the CUDA test programs, cuda_bench and the cider CLI (bin/), the test data they read
+# (models/cider-tiny, found relative to the programs: tests/support/test_support.h), and .gpu/REVISION. .gpu/ is not
+# tracked; the device tool carries it with the working tree (name it in `carry` where it is ignored). Then, on the GPU
+# host: tools/gpu/run_gpu_job.sh PHASE... (docs/cuda/gpu_job.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
@@ -9,15 +11,17 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCIDER_CUDA=ON -DCIDER_PO
 targets=(cuda_bench cider_cli)
 for t in tests/cuda/test_cuda_*.cpp; do targets+=("$(basename "${t%.cpp}")"); done
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
-rm -rf .gpu && mkdir -p .gpu/bin
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/models
 for t in "${targets[@]}"; do
   exe=$BUILD_DIR/$t; [ "$t" = cider_cli ] && exe=$BUILD_DIR/cider
   cp "$exe" .gpu/bin/
 done
-anchors=${GPU_ANCHORS:-../shared/tools/gpu_anchors.py}
-[ -f "$anchors" ] && cp "$anchors" .gpu/ || echo "pack: $anchors not found: the job will run without the PyTorch peers"
+cp -r models/cider-tiny .gpu/models/
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || rev="$rev+uncommitted changes"
+echo "$rev, packed $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)" > .gpu/REVISION
 # The device tool carries at most 64 MiB with the working tree: strip and compress the programs.
 strip .gpu/bin/*
 # xz -9e: its 64 MiB dictionary sees the code the binaries share (41 MB at the default level, 12 MB so).
-XZ_OPT=-9e tar -C .gpu -cJf .gpu/bin.tar.xz bin && rm -rf .gpu/bin
+XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models && rm -rf .gpu/bin .gpu/models
 du -sh .gpu

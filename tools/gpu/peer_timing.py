@@ -1,6 +1,7 @@
-"""Timing shared by cider's PyTorch peer scripts (attn_prefill_peer.py, gemv_shapes_peer.py), the method of
-../shared/tools/gpu_anchors.py: a CUDA graph of `reps` back-to-back calls, timed with CUDA events, median of
-`samples` replays after `warm` eager calls. Returns seconds per call."""
+"""Timing of cider's PyTorch peers (tools/gpu/peers.py), the method of cuda_bench's bench_graph
+(bench/cuda/bench_cuda_main.cpp): a CUDA graph of `reps` back-to-back calls, timed with CUDA events, the median of
+`samples` replays after `warm` eager calls, so that host launch overhead stays out of small kernels' figures.
+Returns seconds per call."""
 import statistics
 
 import torch
