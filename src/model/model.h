@@ -18,6 +18,7 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "nn/kv_spec.h"
+#include "nn/linear_weights.h"
 #include "nn/rotation.h"
 
 namespace cider::model {
@@ -28,7 +29,7 @@ const char* architecture_name(Architecture a);
 // --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
 // (model/weight_format.cpp): adding a format is one enum value and one table row, plus its kernels.
 enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8 };
-enum class WeightKind { kDense, kInt8, kInt4 };  // what a linear layer holds: float, int8 codes, packed int4 codes
+using nn::WeightKind;  // what a linear layer holds: float, int8 codes, packed int4 codes (nn/linear_weights.h)
 struct WeightFormatInfo {
   WeightFormat id;
   const char* name;         // the --weights value

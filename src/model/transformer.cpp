@@ -10,54 +10,6 @@
 
 namespace cider::model {
 
-// ---- linear layers -----------------------------------------------------------------------------------------------
-
-size_t Linear::nbytes() const {
-  size_t n = 0;
-  switch (kind) {
-    case Kind::kDense: n = static_cast<size_t>(N * K * dtype_size(w_dtype)); break;
-    case Kind::kInt8: n = static_cast<size_t>(N * K); break;
-    case Kind::kInt4: n = static_cast<size_t>(N * K / 2); break;
-  }
-  if (kind != Kind::kDense) n += static_cast<size_t>(group_size == 0 ? N : (K / group_size) * N) * sizeof(float);
-  if (bias) n += static_cast<size_t>(N) * sizeof(float);
-  return n;
-}
-
-void Linear::forward(const float* x, int64_t M, float* out) const {
-  const kernels::KernelTable& kt = kernels::active_kernels();
-  if (kind == Kind::kDense) {
-    kernels::DenseGemmArgs a{};
-    a.x = x;
-    a.w = w;
-    a.w_dtype = w_dtype;
-    a.bias = bias;
-    a.out = out;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    kt.dense_gemm(a);
-    return;
-  }
-  kernels::IntLinearArgs a{};
-  a.x = x;
-  a.x_dtype = DType::kF32;
-  a.w = w;
-  a.w_scales = scales;
-  a.bias = bias;
-  a.out = out;
-  a.out_dtype = DType::kF32;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  a.group_size = group_size;
-  if (kind == Kind::kInt8) {
-    (M == 1 ? kt.w8a8_gemv : kt.w8a8_gemm)(a);
-  } else {
-    (M == 1 ? kt.w4a8_gemv : kt.w4a8_gemm)(a);
-  }
-}
-
 // ---- elementwise pieces ------------------------------------------------------------------------------------------
 
 void rms_norm(const float* x, const float* w, float offset, int64_t rows, int64_t dim, double eps, float* out) {

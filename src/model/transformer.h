@@ -23,28 +23,18 @@
 #include "core/tensor.h"
 #include "model/model.h"
 #include "nn/kv_cache.h"
+#include "nn/linear_weights.h"
 
 namespace cider::model {
 
 class BackendModel;    // model/backend.h: the weights on a device and the forward there
 class BackendSession;  // model/backend.h: a session's KV caches on that device
 
-// A linear layer y = x·Wᵀ + b with W [N, K] held in one of cider's weight formats. The data pointers point either
-// into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
-struct Linear {
-  using Kind = WeightKind;
+// A loaded linear layer: its weights' descriptor (nn/linear_weights.h) and its module path. The data pointers point
+// either into a memory-mapped checkpoint (used in place) or into tensors owned by the Weights that hold this layer.
+struct Linear : nn::LinearWeights {
+  using Kind = nn::WeightKind;
   std::string name;  // module path, HF naming ("model.layers.0.self_attn.q_proj")
-  Kind kind = Kind::kDense;
-  int64_t N = 0, K = 0;
-  const void* w = nullptr;         // dense: (N, K) in w_dtype; int8: int8 (N, K); int4: uint8 (N, K/2), q + 8 nibbles
-  DType w_dtype = DType::kF32;     // dense: f32, f16 or bf16; int8: kI8; int4: kU8
-  const float* scales = nullptr;   // int8/int4: (N) per channel or (K/group_size, N) per group
-  int group_size = 0;              // int8/int4: 0 = per output channel
-  const float* bias = nullptr;     // (N) or nullptr
-
-  size_t nbytes() const;  // weights + scales + bias
-  // out (M, N) = x (M, K)·Wᵀ + b, float32, through the active kernel table (GEMV entries when M == 1).
-  void forward(const float* x, int64_t M, float* out) const;
 };
 
 // An RMSNorm weight, float32.

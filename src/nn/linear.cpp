@@ -110,10 +110,6 @@ kernels::IntLinearArgs forward_args(const char* op, const TensorView& x, const T
   return a;
 }
 
-size_t tensor_bytes(const Tensor& t) {
-  return static_cast<size_t>(t.numel()) * static_cast<size_t>(dtype_size(t.dtype));
-}
-
 }  // namespace
 
 // ---- Int8Linear ----------------------------------------------------------------------------------------------
@@ -158,11 +154,25 @@ Int8Linear Int8Linear::from_mlx_affine(const TensorView& packed, const TensorVie
 void Int8Linear::forward(const TensorView& x, const TensorView& out) const {
   kernels::IntLinearArgs a = forward_args("int8_linear.forward", x, out, in_features(), out_features(), group_size());
   if (a.M == 0) return;
-  a.w = w_.q.ptr<int8_t>();
-  a.w_scales = w_.scales.ptr<float>();
-  a.bias = bias_ ? bias_->ptr<float>() : nullptr;
+  const kernels::IntLinearArgs w = descriptor().int_args();
+  a.w = w.w;
+  a.w_scales = w.w_scales;
+  a.bias = w.bias;
   const kernels::KernelTable& table = kernels::active_kernels();
   (a.M == 1 ? table.w8a8_gemv : table.w8a8_gemm)(a);
+}
+
+LinearWeights Int8Linear::descriptor() const {
+  LinearWeights d;
+  d.kind = WeightKind::kInt8;
+  d.N = out_features();
+  d.K = in_features();
+  d.w = w_.q.ptr<int8_t>();
+  d.w_dtype = DType::kI8;
+  d.scales = w_.scales.ptr<float>();
+  d.group_size = group_size();
+  d.bias = bias_ ? bias_->ptr<float>() : nullptr;
+  return d;
 }
 
 std::optional<TensorView> Int8Linear::bias() const {
@@ -170,9 +180,7 @@ std::optional<TensorView> Int8Linear::bias() const {
   return bias_->view();
 }
 
-size_t Int8Linear::nbytes() const {
-  return tensor_bytes(w_.q) + tensor_bytes(w_.scales) + (bias_ ? tensor_bytes(*bias_) : 0);
-}
+size_t Int8Linear::nbytes() const { return descriptor().nbytes(); }
 
 // ---- Int4Linear ----------------------------------------------------------------------------------------------
 
@@ -212,11 +220,25 @@ Int4Linear Int4Linear::from_mlx_affine(const TensorView& packed, const TensorVie
 void Int4Linear::forward(const TensorView& x, const TensorView& out) const {
   kernels::IntLinearArgs a = forward_args("int4_linear.forward", x, out, in_features(), out_features(), group_size());
   if (a.M == 0) return;
-  a.w = w_.packed.ptr<uint8_t>();
-  a.w_scales = w_.scales.ptr<float>();
-  a.bias = bias_ ? bias_->ptr<float>() : nullptr;
+  const kernels::IntLinearArgs w = descriptor().int_args();
+  a.w = w.w;
+  a.w_scales = w.w_scales;
+  a.bias = w.bias;
   const kernels::KernelTable& table = kernels::active_kernels();
   (a.M == 1 ? table.w4a8_gemv : table.w4a8_gemm)(a);
+}
+
+LinearWeights Int4Linear::descriptor() const {
+  LinearWeights d;
+  d.kind = WeightKind::kInt4;
+  d.N = out_features();
+  d.K = in_features();
+  d.w = w_.packed.ptr<uint8_t>();
+  d.w_dtype = DType::kU8;
+  d.scales = w_.scales.ptr<float>();
+  d.group_size = group_size();
+  d.bias = bias_ ? bias_->ptr<float>() : nullptr;
+  return d;
 }
 
 std::optional<TensorView> Int4Linear::bias() const {
@@ -224,8 +246,6 @@ std::optional<TensorView> Int4Linear::bias() const {
   return bias_->view();
 }
 
-size_t Int4Linear::nbytes() const {
-  return tensor_bytes(w_.packed) + tensor_bytes(w_.scales) + (bias_ ? tensor_bytes(*bias_) : 0);
-}
+size_t Int4Linear::nbytes() const { return descriptor().nbytes(); }
 
 }  // namespace cider::nn

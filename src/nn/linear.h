@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "core/tensor.h"
+#include "nn/linear_weights.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -50,6 +51,7 @@ class Int8Linear {
   TensorView scales() const { return w_.scales.view(); }   // float32 [N] or [K/group_size, N]
   std::optional<TensorView> bias() const;                  // float32 [N]
   size_t nbytes() const;                                   // weights + scales + bias
+  LinearWeights descriptor() const;                        // this layer as nn/linear_weights.h describes layers
 
  private:
   Int8Linear(quant::Int8Weights w, std::optional<Tensor> bias) : w_(std::move(w)), bias_(std::move(bias)) {}
@@ -84,6 +86,7 @@ class Int4Linear {
   TensorView scales() const { return w_.scales.view(); }   // float32 [N] or [K/group_size, N]
   std::optional<TensorView> bias() const;                  // float32 [N]
   size_t nbytes() const;                                   // weights + scales + bias
+  LinearWeights descriptor() const;                        // this layer as nn/linear_weights.h describes layers
 
  private:
   Int4Linear(quant::Int4Weights w, std::optional<Tensor> bias) : w_(std::move(w)), bias_(std::move(bias)) {}

@@ -87,32 +87,36 @@ GpuLinear upload_linear(const Linear& L) {
   const size_t nk = sz(L.N) * sz(L.K);
   switch (L.kind) {
     case Linear::Kind::kDense:
-      g.kind = GpuLinearKind::kBF16;
+      g.kind = WeightKind::kDense;
+      g.w_dtype = DType::kBF16;
       g.group_size = 0;
       if (L.w_dtype == DType::kBF16) {
-        g.w_owned = cuda::to_device(L.w, nk * 2);
+        g.w_buf = cuda::to_device(L.w, nk * 2);
       } else {  // f16 / f32 tensors: rounded to bf16 once (round to nearest even, as store_float does)
         std::vector<uint16_t> tmp(nk);
         for (size_t i = 0; i < nk; ++i)
           store_float(tmp.data(), DType::kBF16, static_cast<int64_t>(i),
                       load_float(L.w, L.w_dtype, static_cast<int64_t>(i)));
-        g.w_owned = cuda::to_device(tmp.data(), nk * 2);
+        g.w_buf = cuda::to_device(tmp.data(), nk * 2);
       }
       break;
     case Linear::Kind::kInt8:
-      g.kind = GpuLinearKind::kInt8;
-      g.w_owned = cuda::to_device(L.w, nk);
+      g.kind = WeightKind::kInt8;
+      g.w_dtype = DType::kI8;
+      g.w_buf = cuda::to_device(L.w, nk);
       break;
     case Linear::Kind::kInt4:
-      g.kind = GpuLinearKind::kInt4;
-      g.w_owned = cuda::to_device(L.w, nk / 2);
+      g.kind = WeightKind::kInt4;
+      g.w_dtype = DType::kU8;
+      g.w_buf = cuda::to_device(L.w, nk / 2);
       break;
   }
   if (L.kind != Linear::Kind::kDense) {
     const int64_t n_scales = L.group_size == 0 ? L.N : (L.K / L.group_size) * L.N;
-    g.scales = upload_floats(L.scales, n_scales);
+    g.scales_buf = upload_floats(L.scales, n_scales);
   }
-  g.bias = upload_floats(L.bias, L.N);
+  g.bias_buf = upload_floats(L.bias, L.N);
+  g.attach();
   return g;
 }
 
@@ -150,14 +154,16 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
   g.K = f.K;
   g.group_size = first.kind == Linear::Kind::kDense ? 0 : first.group_size;
   if (first.kind == Linear::Kind::kDense) {
-    g.kind = GpuLinearKind::kBF16;
+    g.kind = WeightKind::kDense;
+    g.w_dtype = DType::kBF16;
     std::vector<uint16_t> w;
     w.reserve(sz(f.N) * sz(f.K));
     for (const Linear* p : parts) append_bf16_rows(*p, w);
-    g.w_owned = cuda::to_device(w.data(), w.size() * 2);
+    g.w_buf = cuda::to_device(w.data(), w.size() * 2);
   } else {
     const bool int8 = first.kind == Linear::Kind::kInt8;
-    g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
+    g.kind = int8 ? WeightKind::kInt8 : WeightKind::kInt4;
+    g.w_dtype = int8 ? DType::kI8 : DType::kU8;
     const size_t row_bytes = int8 ? sz(f.K) : sz(f.K) / 2;
     std::vector<uint8_t> w(sz(f.N) * row_bytes);
     size_t at = 0;
@@ -165,7 +171,7 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
       std::memcpy(w.data() + at, p->w, sz(p->N) * row_bytes);
       at += sz(p->N) * row_bytes;
     }
-    g.w_owned = cuda::to_device(w.data(), w.size());
+    g.w_buf = cuda::to_device(w.data(), w.size());
     const int64_t groups = g.group_size == 0 ? 1 : f.K / g.group_size;  // scale rows: [groups, N]
     std::vector<float> sc(sz(groups) * sz(f.N));
     for (int64_t r = 0; r < groups; ++r) {
@@ -175,7 +181,7 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
         col += p->N;
       }
     }
-    g.scales = cuda::to_device(sc.data(), sc.size() * sizeof(float));
+    g.scales_buf = cuda::to_device(sc.data(), sc.size() * sizeof(float));
   }
   bool any_bias = false;
   for (const Linear* p : parts) any_bias = any_bias || p->bias != nullptr;
@@ -186,15 +192,16 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
       if (p->bias) std::memcpy(b.data() + col, p->bias, sz(p->N) * sizeof(float));
       col += p->N;
     }
-    g.bias = cuda::to_device(b.data(), b.size() * sizeof(float));
+    g.bias_buf = cuda::to_device(b.data(), b.size() * sizeof(float));
   }
+  g.attach();
   return f;
 }
 
 size_t layer_bytes(const GpuLayer& L) {
   size_t b = L.attn_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() +
              L.mlp_norm.bytes() + L.post_mlp_norm.bytes() + L.rot_left.bytes() + L.rot_right.bytes();
-  return b + L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes();
+  return b + L.qkv.nbytes() + L.o.owned_bytes() + L.gate_up.nbytes() + L.down.owned_bytes();
 }
 
 // ---- random models (benchmarks) ---------------------------------------------------------------------------------
@@ -206,21 +213,25 @@ GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, voi
   const float a = 1.0f / std::sqrt(static_cast<float>(K));
   const Linear::Kind kind = weight_format_info(f).kind;
   if (kind == Linear::Kind::kDense) {
-    g.kind = GpuLinearKind::kBF16;
-    g.w_owned = cuda::DeviceBuffer(sz(N) * sz(K) * 2);
-    cuda::fill_uniform(g.w_owned.data(), DType::kBF16, N * K, seed, -a, a, stream);
+    g.kind = WeightKind::kDense;
+    g.w_dtype = DType::kBF16;
+    g.w_buf = cuda::DeviceBuffer(sz(N) * sz(K) * 2);
+    cuda::fill_uniform(g.w_buf.data(), DType::kBF16, N * K, seed, -a, a, stream);
+    g.attach();
     return g;
   }
   g.group_size = weight_format_info(f).group_size;
   const bool int8 = kind == Linear::Kind::kInt8;
-  g.kind = int8 ? GpuLinearKind::kInt8 : GpuLinearKind::kInt4;
+  g.kind = int8 ? WeightKind::kInt8 : WeightKind::kInt4;
+  g.w_dtype = int8 ? DType::kI8 : DType::kU8;
   const int64_t w_bytes = int8 ? N * K : N * K / 2;
-  g.w_owned = cuda::DeviceBuffer(sz(w_bytes));
-  cuda::fill_random_bytes(g.w_owned.data(), w_bytes, seed, int8, stream);
+  g.w_buf = cuda::DeviceBuffer(sz(w_bytes));
+  cuda::fill_random_bytes(g.w_buf.data(), w_bytes, seed, int8, stream);
   const int64_t n_scales = g.group_size == 0 ? N : (K / g.group_size) * N;
-  g.scales = cuda::DeviceBuffer(sz(n_scales) * sizeof(float));
+  g.scales_buf = cuda::DeviceBuffer(sz(n_scales) * sizeof(float));
   const float s = a / (int8 ? 127.0f : 7.0f);
-  cuda::fill_uniform(g.scales.data(), DType::kF32, n_scales, seed ^ 0x5CA1E5ull, 0.5f * s, 1.5f * s, stream);
+  cuda::fill_uniform(g.scales_buf.data(), DType::kF32, n_scales, seed ^ 0x5CA1E5ull, 0.5f * s, 1.5f * s, stream);
+  g.attach();
   return g;
 }
 
@@ -241,32 +252,31 @@ int64_t kv_bound(int64_t length, int64_t ctx) {
 
 // ---- GpuLinear, GpuModel ------------------------------------------------------------------------------------------
 
-size_t GpuLinear::nbytes() const { return w_owned.bytes() + scales.bytes() + bias.bytes(); }
+void GpuLinear::attach() {
+  if (w == nullptr) w = w_buf.data();
+  scales = scales_buf.bytes() ? scales_buf.as<float>() : nullptr;
+  bias = bias_buf.bytes() ? bias_buf.as<float>() : nullptr;
+}
+
+size_t GpuLinear::owned_bytes() const { return w_buf.bytes() + scales_buf.bytes() + bias_buf.bytes(); }
 
 void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const {
-  const float* b = bias.bytes() ? bias.as<float>() : nullptr;
-  if (kind == GpuLinearKind::kBF16) {
-    cuda::dense_bf16(x, weights(), b, out, M, N, K, exec);
+  if (kind == WeightKind::kDense) {
+    cuda::dense_bf16(x, w, bias, out, M, N, K, exec);
     return;
   }
-  kernels::IntLinearArgs a{};
+  kernels::IntLinearArgs a = int_args();
   a.x = x;
   a.x_dtype = DType::kF32;
-  a.w = weights();
-  a.w_scales = scales.as<float>();
-  a.bias = b;
   a.out = out;
   a.out_dtype = DType::kF32;
   a.M = M;
-  a.N = N;
-  a.K = K;
-  a.group_size = group_size;
-  cuda::int_linear(a, kind == GpuLinearKind::kInt4, exec);
+  cuda::int_linear(a, kind == WeightKind::kInt4, exec);
 }
 
 size_t GpuFusedLinear::nbytes() const {
-  size_t b = fused.nbytes();
-  for (const GpuLinear& p : parts) b += p.nbytes();
+  size_t b = fused.owned_bytes();
+  for (const GpuLinear& p : parts) b += p.owned_bytes();
   return b;
 }
 
@@ -353,16 +363,17 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
   }
   m->final_norm = upload_floats(W.final_norm.w, c.hidden_size);
   if (W.head_is_embedding && W.embed_dtype == DType::kBF16) {
-    m->lm_head.kind = GpuLinearKind::kBF16;  // the tied head reads the device embedding itself
+    m->lm_head.kind = WeightKind::kDense;  // the tied head reads the device embedding itself
+    m->lm_head.w_dtype = DType::kBF16;
     m->lm_head.N = c.vocab_size;
     m->lm_head.K = c.hidden_size;
-    m->lm_head.w_shared = m->embed.data();
+    m->lm_head.w = m->embed.data();
   } else {
     m->lm_head = upload_linear(W.lm_head);
   }
   upload_rope_tables(*m, cpu.inv_freq, cpu.inv_freq_local);
 
-  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
+  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
   return m;
 }
@@ -412,7 +423,7 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
   upload_rope_tables(*m, rope_inv_freq(c.rope, D), rope_inv_freq(c.rope_local, D));
   stream.synchronize();
-  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.nbytes();
+  m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
   return m;
 }

@@ -29,23 +29,19 @@
 
 #include "kernels/cuda/cuda_api.h"
 #include "model/model.h"
+#include "nn/linear_weights.h"
 
 namespace cider::model::gpu {
 
-enum class GpuLinearKind { kBF16, kInt8, kInt4 };
+// A linear layer on the device: its descriptor (nn/linear_weights.h) with device pointers — into the buffers below,
+// or (the tied bf16 head) w into a buffer owned elsewhere. Dense weights are always bf16 [N, K]; int8 [N, K]; int4
+// uint8 [N, K/2] (element 2i in the low nibble, q + 8); scales float32 [N] (per channel) or [K/group_size, N].
+// y (M, N) float32 = x (M, K) float32 · Wᵀ (+ bias).
+struct GpuLinear : nn::LinearWeights {
+  cuda::DeviceBuffer w_buf, scales_buf, bias_buf;
 
-// y (M, N) float32 = x (M, K) float32 · Wᵀ (+ bias), W in one of the device weight formats.
-struct GpuLinear {
-  GpuLinearKind kind = GpuLinearKind::kBF16;
-  int64_t N = 0, K = 0;
-  int group_size = 0;             // int8/int4: 0 = per output channel
-  cuda::DeviceBuffer w_owned;     // bf16 [N, K] | int8 [N, K] | uint8 [N, K/2] (element 2i in the low nibble, q + 8)
-  const void* w_shared = nullptr; // instead of w_owned: a buffer owned elsewhere (the tied bf16 embedding)
-  cuda::DeviceBuffer scales;      // int8/int4: float32 [N] (per channel) or [K/group_size, N]
-  cuda::DeviceBuffer bias;        // float32 [N], or empty
-
-  const void* weights() const { return w_shared ? w_shared : w_owned.data(); }
-  size_t nbytes() const;          // device bytes this layer owns
+  void attach();               // points w (unless already set elsewhere), scales and bias at the buffers
+  size_t owned_bytes() const;  // device bytes this layer owns
   void forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const;
 };
 

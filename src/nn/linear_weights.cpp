@@ -1,0 +1,57 @@
+// Linear-layer weight descriptors (nn/linear_weights.h).
+#include "nn/linear_weights.h"
+
+namespace cider::nn {
+
+size_t LinearWeights::nbytes() const {
+  size_t n = 0;
+  switch (kind) {
+    case WeightKind::kDense: n = static_cast<size_t>(N * K * dtype_size(w_dtype)); break;
+    case WeightKind::kInt8: n = static_cast<size_t>(N * K); break;
+    case WeightKind::kInt4: n = static_cast<size_t>(N * K / 2); break;
+  }
+  if (kind != WeightKind::kDense) n += static_cast<size_t>(group_size == 0 ? N : (K / group_size) * N) * sizeof(float);
+  if (bias) n += static_cast<size_t>(N) * sizeof(float);
+  return n;
+}
+
+kernels::IntLinearArgs LinearWeights::int_args() const {
+  kernels::IntLinearArgs a{};
+  a.w = w;
+  a.w_scales = scales;
+  a.bias = bias;
+  a.N = N;
+  a.K = K;
+  a.group_size = group_size;
+  return a;
+}
+
+void LinearWeights::forward(const float* x, int64_t M, float* out) const {
+  const kernels::KernelTable& kt = kernels::active_kernels();
+  if (kind == WeightKind::kDense) {
+    kernels::DenseGemmArgs a{};
+    a.x = x;
+    a.w = w;
+    a.w_dtype = w_dtype;
+    a.bias = bias;
+    a.out = out;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    kt.dense_gemm(a);
+    return;
+  }
+  kernels::IntLinearArgs a = int_args();
+  a.x = x;
+  a.x_dtype = DType::kF32;
+  a.out = out;
+  a.out_dtype = DType::kF32;
+  a.M = M;
+  if (kind == WeightKind::kInt8) {
+    (M == 1 ? kt.w8a8_gemv : kt.w8a8_gemm)(a);
+  } else {
+    (M == 1 ? kt.w4a8_gemv : kt.w4a8_gemm)(a);
+  }
+}
+
+}  // namespace cider::nn
