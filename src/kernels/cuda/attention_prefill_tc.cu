@@ -559,7 +559,7 @@ int ctas_per_sm() {
 
 // D128: the default (query fragments in 48 registers, 64-key tiles, 2 CTAs per SM) or the compact variant
 // ($CIDER_ATTN_PREFILL_QSMEM=1, read at every call: fragments rebuilt from shared memory per use, 32-key tiles,
-// K4V3 bounded to 168 registers = 3 CTAs per SM). The first H200 runs (docs/cuda/runs/prefill) found the default
+// K4V3 bounded to 168 registers = 3 CTAs per SM). The first H200 runs (docs/cuda/attention.md) found the default
 // latency-bound at 2 warps per scheduler; the compact variant trades instructions for occupancy — measured slower
 // (job 6: K4V3 L4096 1391 vs 1229 µs, L512 64.5 vs 45.2 µs), kept as the opt-in A/B.
 bool qregs_d128() { return !env_flag("CIDER_ATTN_PREFILL_QSMEM", false, "cuda.attention"); }

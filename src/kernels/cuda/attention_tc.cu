@@ -888,7 +888,7 @@ bool tc_enabled() {
 }
 
 // K8V4 on the tensor-core path: on by default since the H200 job of 2026-11-30 00:25 (tests + memcheck pass, 27.4 µs at
-// B1 D128 L32768 vs 257 µs on the CUDA-core kernel: docs/cuda/runs/final); $CIDER_ATTN_TC_K8V4=0 turns it off (read at
+// B1 D128 L32768 vs 257 µs on the CUDA-core kernel: docs/cuda/attention.md); $CIDER_ATTN_TC_K8V4=0 turns it off (read at
 // every call, so a test can set it).
 bool tc_k8v4_enabled() { return env_flag("CIDER_ATTN_TC_K8V4", true, "cuda.attention"); }
 

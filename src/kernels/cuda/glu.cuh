@@ -1,6 +1,6 @@
 // cider/kernels/cuda/glu.cuh — the gated activations of an MLP (SwiGLU / GeGLU) on the device (ops.cu: cuda::glu).
 // (A GEMV that formed act(gate)·up in its quantization front was tried on 2026-11-30 and measured slower than this
-// kernel + the plain GEMV: every block recomputes all K gated values — docs/cuda/runs/job3/README.md.)
+// kernel + the plain GEMV: every block recomputes all K gated values; docs/cuda/ops.md.)
 #pragma once
 
 #include <cuda_runtime.h>
