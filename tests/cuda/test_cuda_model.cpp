@@ -374,6 +374,65 @@ TEST(CudaModel, PrefillTailChunksOfEveryLength) {
   }
 }
 
+// Model::forward_batch on the GPU: three sessions (prompts of 40, 7 and 300 tokens, in passes of 128 rows, so the
+// long prompt shares passes with the others), then one more token each in one call, against each session run alone.
+// Not bit for bit: batching changes M for the linear layers (GEMM tiles, split-K; a lone decode row runs the GEMV),
+// as chunking does (PrefillTailChunksOfEveryLength), so the bound is the configuration's own error on the CPU model:
+// bf16 weights with a bf16 cache against an f32 cache (bf16_tolerance), w8a8 + k4v3 against bf16 + bf16.
+TEST(CudaModel, BatchedSessionsMatchEachSessionAlone) {
+  CIDER_REQUIRE_GPU();
+  auto cpu_bf16 = load("bf16", "bf16", cm::Device::kCPU);
+  auto cpu_f32kv = load("bf16", "f32", cm::Device::kCPU);
+  auto cpu_q = load("w8a8", "k4v3", cm::Device::kCPU, "hadamard");
+  const auto V = static_cast<size_t>(cpu_bf16->config().vocab_size);
+  const std::vector<int32_t> text = text_tokens(*cpu_bf16, 400);
+  const std::vector<std::vector<int32_t>> prompts = {{text.begin(), text.begin() + 40},
+                                                     {text.begin() + 50, text.begin() + 57},
+                                                     {text.begin() + 60, text.begin() + 360}};
+  const std::vector<int32_t> next = {text[41], text[58], text[361]};
+  for (const auto& [w, kv] : {std::pair{"bf16", "bf16"}, std::pair{"w8a8", "k4v3"}}) {
+    SCOPED_TRACE(std::string(w) + " " + kv);
+    const cider::test::ScopedEnv env("CIDER_PREFILL_CHUNK", "128");
+    auto gpu = load(w, kv, cm::Device::kCUDA, "hadamard");
+    std::vector<std::vector<float>> want(3), got(3);
+    std::vector<std::unique_ptr<cm::Session>> batch;
+    for (size_t i = 0; i < 3; ++i) {
+      const auto n = prompts[i].size();
+      want[i].assign((n + 1) * V, std::nanf(""));
+      got[i].assign((n + 1) * V, std::nanf(""));
+      auto s = gpu->new_session();
+      gpu->forward(*s, prompts[i].data(), static_cast<int64_t>(n), want[i].data(), true);
+      gpu->forward(*s, &next[i], 1, want[i].data() + n * V, false);
+      batch.push_back(gpu->new_session());
+    }
+    std::vector<cm::Model::BatchItem> items;
+    for (size_t i = 0; i < 3; ++i)
+      items.push_back({batch[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), got[i].data(), true});
+    gpu->forward_batch(items);
+    items.clear();
+    for (size_t i = 0; i < 3; ++i)
+      items.push_back({batch[i].get(), &next[i], 1, got[i].data() + prompts[i].size() * V, false});
+    gpu->forward_batch(items);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(batch[i]->position(), static_cast<int64_t>(prompts[i].size() + 1));
+      const std::vector<int32_t> all = [&] {
+        std::vector<int32_t> t = prompts[i];
+        t.push_back(next[i]);
+        return t;
+      }();
+      const auto n = static_cast<int64_t>(all.size());
+      const double tol = std::string(w) == "bf16"
+                             ? bf16_tolerance(logits_of(*cpu_bf16, all, all.size()), logits_of(*cpu_f32kv, all, all.size()))
+                             : diff(logits_of(*cpu_q, all, all.size()), logits_of(*cpu_bf16, all, all.size())).max_abs;
+      const Diff d = diff(got[i], want[i]);
+      RecordProperty(std::string("gpu_batch_vs_alone_") + w + "_" + std::to_string(i), str(d));
+      EXPECT_TRUE(d.finite) << "sequence " << i;
+      EXPECT_GT(tol, 0.0);
+      EXPECT_LE(d.max_abs, tol) << "sequence " << i << " (" << n << " tokens): " << str(d) << "; tolerance " << tol;
+    }
+  }
+}
+
 // Decode by graph replay against the same launches enqueued directly: the same kernels with the same arguments, so
 // the logits must be identical bit for bit (a kernel whose result depends on scheduling would show here).
 TEST(CudaModel, GraphReplayEqualsDirectLaunches) {

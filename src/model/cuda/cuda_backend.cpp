@@ -510,6 +510,8 @@ struct GpuSession::Impl final : public PassBackend {
   const int32_t* d_len_ = nullptr;  // decode: *d_len_ is the KV length after the append (device), else null
   int64_t kv_length_ = 0;           // the KV length after the append, or the decode graph's bound on it
   const float* o_in_ = nullptr;     // the o projection's input (finish_heads' output, or attention's)
+  std::vector<PassSegment> segs_;   // the pass's sequences (one, unless GpuSession::forward_batch)
+  std::vector<Impl*> batch_{this};  // segs_[i].seq's session: whose caches its kv_append and attention use
   void begin_decode(void* s);
 
   // ---- Backend (model/backend.h) ----
@@ -526,7 +528,7 @@ struct GpuSession::Impl final : public PassBackend {
   void logits(int64_t first, int64_t rows, float* dst) override;
   void end_forward() override { stream.synchronize(); }
   const float* norm(int64_t layer, NormSlot slot) const;
-  cuda::HeadPrepArgs head_prep(int64_t layer) const;
+  cuda::HeadPrepArgs head_prep(int64_t layer, const PassSegment& g) const;
 };
 
 GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
@@ -729,17 +731,17 @@ const float* GpuSession::Impl::norm(int64_t layer, NormSlot slot) const {
 }
 
 void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const int32_t* host_tokens) {
-  check(segments.size() == 1, ErrorCode::kUnsupported, kOp,
-        "a batch of several sequences in one forward is not implemented on --device cuda yet; got ", segments.size(),
-        " sequences (run them one by one, or on the CPU)");
-  const PassSegment& g = segments[0];
+  check(segments.size() <= batch_.size(), ErrorCode::kInternal, kOp, "a pass of ", segments.size(),
+        " sequences needs as many sessions; got ", batch_.size());
+  segs_.assign(segments.begin(), segments.end());
   e_ = exec(stream.handle());
-  n_ = g.n;
-  pos0_ = g.pos0;
+  n_ = 0;
+  for (const PassSegment& g : segments) n_ += g.n;
+  pos0_ = segments[0].pos0;
   d_pos_ = d_len_ = nullptr;
-  kv_length_ = g.pos0 + g.n;
+  kv_length_ = 0;  // per segment: pos0 + n
   int32_t* d = tokens.as<int32_t>();
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(g.n) * sizeof(int32_t), cudaMemcpyHostToDevice,
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(n_) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                         as_stream(e_.stream)));
   d_tok_ = d;
 }
@@ -753,6 +755,7 @@ void GpuSession::Impl::begin_decode(void* s) {
   d_pos_ = d_step + 1;
   d_len_ = d_step + 2;
   kv_length_ = kv_bound(decode_position + 1, m.ctx);
+  segs_.assign(1, PassSegment{0, 0, 1, decode_position});
 }
 
 void GpuSession::Impl::embed() {
@@ -782,13 +785,13 @@ void GpuSession::Impl::linear(int64_t layer, LinearSlot slot) {
   }
 }
 
-cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer) const {
+cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment& g) const {
   const ModelConfig& c = m.config;
   const GpuLayer& L = m.layers[sz(layer)];
   const int rot = m.rotation();
   cuda::HeadPrepArgs p{};
-  p.qkv = qkv.as<float>();
-  p.n = n_;
+  p.qkv = qkv.as<float>() + g.row0 * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  p.n = g.n;
   p.Hq = c.num_heads;
   p.Hkv = c.num_kv_heads;
   p.D = c.head_dim;
@@ -798,41 +801,55 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer) const {
   p.eps = static_cast<float>(c.rms_norm_eps);
   p.rope_table = m.rope_for(c.layer_sliding[sz(layer)] != 0);
   p.rope_positions = m.ctx;
-  p.pos0 = pos0_;
+  p.pos0 = g.pos0;
   p.d_pos = d_pos_;
   p.rotation = rot;
   p.qL = rot ? L.rot_left.as<float>() : nullptr;
   p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
-  p.q_out = q.as<float>();
-  p.q_head_major = n_ > 1;  // attention's [B, Hq, L, D]; for one token both layouts are the same
+  p.q_out = q.as<float>() + g.row0 * c.num_heads * c.head_dim;
+  p.q_head_major = g.n > 1;  // attention's [B, Hq, L, D] per sequence; for one token both layouts are the same
   return p;
 }
 
 void GpuSession::Impl::prepare_heads(int64_t layer) {
-  if ((skip & GpuSession::kSkipSmall) == 0) cuda::prepare_heads(head_prep(layer), e_.stream);
+  if ((skip & GpuSession::kSkipSmall) != 0) return;
+  for (const PassSegment& g : segs_) cuda::prepare_heads(head_prep(layer, g), e_.stream);
 }
 
 void GpuSession::Impl::kv_append(int64_t layer) {
   if ((skip & GpuSession::kSkipAppend) != 0) return;
   const ModelConfig& c = m.config;
-  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  append_kv(layer, qkv.as<float>() + Hq * D, (Hq + 2 * Hkv) * D, n_, pos0_, d_pos_, e_);
+  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, stride = (Hq + 2 * Hkv) * D;
+  for (const PassSegment& g : segs_)
+    batch_[sz(g.seq)]->append_kv(layer, qkv.as<float>() + g.row0 * stride + Hq * D, stride, g.n, g.pos0, d_pos_, e_);
 }
 
 void GpuSession::Impl::attention(int64_t layer) {
   if ((skip & GpuSession::kSkipAttention) != 0) return;
-  cuda::attention(attention_args(layer, q.as<float>(), ao.as<float>(), n_, kv_length_), d_len_, e_);
+  const int64_t HqD = m.config.num_heads * m.config.head_dim;
+  for (const PassSegment& g : segs_) {
+    const int64_t length = d_len_ ? kv_length_ : g.pos0 + g.n;  // decode: the graph's bound, *d_len_ the real one
+    cuda::attention(batch_[sz(g.seq)]->attention_args(layer, q.as<float>() + g.row0 * HqD,
+                                                      ao.as<float>() + g.row0 * HqD, g.n, length),
+                    d_len_, e_);
+  }
 }
 
 void GpuSession::Impl::finish_heads(int64_t layer) {
-  // Outputs back from the rotated value space, and (Hq, n, D) → (n, Hq, D) for a prefill.
+  // Outputs back from the rotated value space, and (Hq, n, D) → (n, Hq, D) for a sequence of several rows; with
+  // several sequences every segment is written to att (rotation 0 and one row: a copy).
   const int rot = m.rotation();
+  bool needed = rot != 0 || segs_.size() > 1;
+  for (const PassSegment& g : segs_) needed = needed || g.n > 1;
   o_in_ = ao.as<float>();
-  if ((rot != 0 || n_ > 1) && (skip & GpuSession::kSkipSmall) == 0) {
-    const cuda::HeadPrepArgs p = head_prep(layer);
-    cuda::finish_heads(ao.as<float>(), n_ > 1, n_, p.Hq, p.D, rot, p.qL, p.qR, att.as<float>(), e_.stream);
-    o_in_ = att.as<float>();
+  if (!needed || (skip & GpuSession::kSkipSmall) != 0) return;
+  const int64_t HqD = m.config.num_heads * m.config.head_dim;
+  for (const PassSegment& g : segs_) {
+    const cuda::HeadPrepArgs p = head_prep(layer, g);
+    cuda::finish_heads(ao.as<float>() + g.row0 * HqD, g.n > 1, g.n, p.Hq, p.D, rot, p.qL, p.qR,
+                       att.as<float>() + g.row0 * HqD, e_.stream);
   }
+  o_in_ = att.as<float>();
 }
 
 void GpuSession::Impl::glu() {
@@ -994,6 +1011,31 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
 
 void GpuSession::candidates(const CandidateRequest& request, Candidates& out) { impl_->candidates(request, out); }
 
+void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<const SequenceStep> steps) {
+  check(!sessions.empty() && sessions.size() == steps.size(), ErrorCode::kInvalidArgument, kOp,
+        "a batch needs one step per session; got ", sessions.size(), " sessions and ", steps.size(), " steps");
+  Impl& lead = *sessions[0]->impl_;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const SequenceStep& st = steps[i];
+    check(sessions[i]->model_ == sessions[0]->model_, ErrorCode::kInvalidArgument, kOp,
+          "the sessions of a batch must share one model; session ", i, " does not");
+    check(st.n >= 1 && st.start >= 0 && st.start + st.n <= sessions[0]->model_->ctx && st.logits != nullptr,
+          ErrorCode::kInvalidArgument, kOp, "batch step ", i, " must have n >= 1 tokens within the context ",
+          sessions[0]->model_->ctx, " and a logits buffer; got start ", st.start, ", n ", st.n);
+    sessions[i]->impl_->stream.synchronize();  // nothing of a session's own stream may still be running
+    sessions[i]->impl_->pending = false;
+  }
+  lead.batch_.clear();
+  for (GpuSession* s : sessions) lead.batch_.push_back(s->impl_.get());
+  try {
+    run_forward(sessions[0]->model_->config, lead, steps);
+  } catch (...) {
+    lead.batch_.assign(1, &lead);
+    throw;
+  }
+  lead.batch_.assign(1, &lead);
+}
+
 size_t GpuSession::kv_bytes() const {
   size_t b = 0;
   for (const LayerCache& lc : impl_->caches) b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes();
@@ -1068,11 +1110,14 @@ class CudaModel final : public BackendModel {
   explicit CudaModel(std::shared_ptr<const GpuModel> m) : m_(std::move(m)) {}
   std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CudaSession>(m_); }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
-    check(sessions.size() == 1, ErrorCode::kUnsupported, kOp,
-          "a batch of several sequences in one forward is not implemented on --device cuda yet; got ", sessions.size(),
-          " sequences (run them one by one, or on the CPU)");
-    const SequenceStep& st = steps[0];
-    static_cast<CudaSession*>(sessions[0])->gpu.forward(st.tokens, st.n, st.start, st.logits, st.all_logits);
+    if (sessions.size() == 1) {  // one sequence: decode steps through the graphs
+      const SequenceStep& st = steps[0];
+      static_cast<CudaSession*>(sessions[0])->gpu.forward(st.tokens, st.n, st.start, st.logits, st.all_logits);
+      return;
+    }
+    std::vector<GpuSession*> gs;
+    for (BackendSession* b : sessions) gs.push_back(&static_cast<CudaSession*>(b)->gpu);
+    GpuSession::forward_batch(gs, steps);
   }
   bool candidates(BackendSession& s, const CandidateRequest& request, Candidates& out) const override {
     static_cast<CudaSession&>(s).gpu.candidates(request, out);

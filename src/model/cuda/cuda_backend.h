@@ -25,9 +25,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kernels/cuda/cuda_api.h"
+#include "model/backend.h"
 #include "model/model.h"
 #include "nn/linear_weights.h"
 
@@ -122,6 +124,10 @@ class GpuSession {
   // logits null (all_logits false): the last row stays on the device for candidates() (decode graphs without the
   // copy are captured separately).
   void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
+  // Several sessions of one model in one forward (Model::forward_batch): steps[i] on sessions[i], every row of the
+  // batch through each linear layer at once, kv_append and attention per session; on sessions[0]'s stream and
+  // activations, without graphs. Logits to the host (a null logits pointer is an error here).
+  static void forward_batch(std::span<GpuSession* const> sessions, std::span<const SequenceStep> steps);
   // The sampler's candidates (model/sampler.h) from the last row of logits of the latest forward():
   // cuda::topk_logits on the device, then k ids and logits (and the excluded tokens' logits) to the host.
   void candidates(const CandidateRequest& request, Candidates& out);
