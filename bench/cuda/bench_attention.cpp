@@ -266,22 +266,6 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072 v:three-chain 
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
   return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", nullptr, "0");
 }
-// A/B of the split merge: session 3's block-reduction merge ($CIDER_ATTN_MERGE=blocks) instead of the one-pass one.
-BenchResult block_merge_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L) {
-  const ScopedEnv env("CIDER_ATTN_MERGE", "blocks");
-  BenchResult r = decode_case(B, Hq, Hkv, D, L, 4, 3);
-  r.note += ", block-reduction merge";
-  return r;
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:block merge", "attention") {
-  return block_merge_case(1, 32, 8, 128, 32768);
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 v:block merge", "attention") {
-  return block_merge_case(1, 64, 8, 128, 8192);
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536 v:block merge", "attention") {
-  return block_merge_case(1, 16, 2, 256, 65536);
-}
 // D256 with rep 4 (Hq8 Hkv2): the packed layout at D256 (the brief's D256 case has rep 8: three chains).
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536", "attention") {
   return decode_case(1, 8, 2, 256, 65536, 4, 3);

@@ -771,35 +771,22 @@ TEST(CudaAttention, TensorCoreDecodePackedAndUnpackedLayouts) {
   }
 }
 
-// The split merge: the one-round-trip merge4_kernel (default) and session 3's block-reduction merge_kernel<4>
-// ($CIDER_ATTN_MERGE=blocks) meet the same reference over head dims 64/128/256 (one or two column blocks per row),
-// split counts 2..200 (one chunk, several chunks per thread), empty splits (a device length far below the bound,
-// windows), both cache kinds (tensor-core and CUDA-core kernels), misaligned outputs (the scalar merge_kernel<1>);
-// any other value of the variable is an error naming it.
+// The split merge: the one-round-trip merge4_kernel meets the reference over head dims 64/128/256 (one or two column
+// blocks per row), split counts 2..200 (one chunk, several chunks per thread), empty splits (a device length far below
+// the bound, windows), both cache kinds (tensor-core and CUDA-core kernels), misaligned outputs (the scalar
+// merge_kernel).
 TEST(CudaAttention, MergeKernelsAgree) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 16000;
-  for (const char* merge : {"one-pass", "blocks"}) {
-    SCOPED_TRACE(merge);
-    const ScopedEnv env("CIDER_ATTN_MERGE", merge);
-    run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 64}, ++salt);
-    run_attention_case({128, 4, 20000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 200}, ++salt);
-    run_attention_case({256, 2, 5000, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 33, 1234}, ++salt);
-    run_attention_case({256, 8, 3000, 1, MaskKind::kCausal, 500, 8, 4, 64, DType::kF16, 17}, ++salt);
-    run_attention_case({64, 2, 777, 2, MaskKind::kCausal, 0, 4, 4, 32, DType::kF16, 5}, ++salt);
-    run_attention_case({128, 1, 300, 1, MaskKind::kNone, 0, 0, 0, 0, DType::kBF16, 2}, ++salt);
-    AttnCase mis{128, 4, 2000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 9};
-    mis.misalign = true;
-    run_attention_case(mis, ++salt);
-  }
-  const ScopedEnv bad("CIDER_ATTN_MERGE", "tree");
-  try {
-    run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 17}, ++salt);
-    ADD_FAILURE() << "CIDER_ATTN_MERGE=tree was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda.attention"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("CIDER_ATTN_MERGE"), std::string::npos) << e.what();
-  }
+  run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 64}, ++salt);
+  run_attention_case({128, 4, 20000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 200}, ++salt);
+  run_attention_case({256, 2, 5000, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 33, 1234}, ++salt);
+  run_attention_case({256, 8, 3000, 1, MaskKind::kCausal, 500, 8, 4, 64, DType::kF16, 17}, ++salt);
+  run_attention_case({64, 2, 777, 2, MaskKind::kCausal, 0, 4, 4, 32, DType::kF16, 5}, ++salt);
+  run_attention_case({128, 1, 300, 1, MaskKind::kNone, 0, 0, 0, 0, DType::kBF16, 2}, ++salt);
+  AttnCase mis{128, 4, 2000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 9};
+  mis.misalign = true;
+  run_attention_case(mis, ++salt);
   attention_stream().synchronize();
 }
 
