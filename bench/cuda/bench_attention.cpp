@@ -285,15 +285,13 @@ CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attent
 
 // Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.
 // prefill_tc: the value $CIDER_ATTN_PREFILL_TC is set to ("0": the general CUDA-core kernel for the A/B; nullptr:
-// left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory); math:
-// $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default auto = f16 tiles above 64 rows per KV head; "exact": the
-// exact-score kernel).
+// left as it is, default on); math: $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default auto = f16 tiles above 64
+// rows per KV head; "exact": the exact-score kernel).
 // flops: 2·2·Hq·D per visible (query, key) pair: L·(L+1)/2 + L·past pairs per head.
 BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t past, int kbits, int vbits,
-                         const char* prefill_tc = nullptr, const char* qsmem = nullptr, int reps = 20,
+                         const char* prefill_tc = nullptr, int reps = 20,
                          int samples = 15, const char* math = nullptr) {
   const ScopedEnv env("CIDER_ATTN_PREFILL_TC", prefill_tc);
-  const ScopedEnv env_q("CIDER_ATTN_PREFILL_QSMEM", qsmem);
   const ScopedEnv env_m("CIDER_ATTN_PREFILL_MATH", math);
   const int64_t B = 1, kL = past + L;
   std::mt19937_64 rng(4321);
@@ -370,7 +368,6 @@ BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t 
   r.note += tc_on ? (cuda::detail::prefill_math_f16(a) ? "tensor-core prefill path, f16 tiles"
                                                      : "tensor-core prefill path, exact scores")
                   : "CUDA-core kernel";
-  if (qsmem && qsmem[0] == '1') r.note += ", compact variant (q fragments in smem, 32-key tiles)";
   r.note += ", workspace ";
   r.note += std::to_string(ws_bytes);
   r.note += " B";
@@ -389,17 +386,6 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L512", "attention") {
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096", "attention") {
   return prefill_case(32, 8, 128, 4096, 0, 8, 4);
 }
-// The D128 compact variant ($CIDER_ATTN_PREFILL_QSMEM=1): query fragments from shared memory, 32-key tiles, K4V3
-// bounded to 168 registers for 3 CTAs per SM (the default runs 2 warps per scheduler, latency-bound).
-CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1", 20, 15, "exact");
-}
-CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, "1", 20, 15, "exact");
-}
-CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, "1", 20, 15, "exact");
-}
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") {
   return prefill_case(16, 2, 256, 4096, 0, 4, 3);
 }
@@ -409,19 +395,19 @@ CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768", "atte
 }
 // The A/B of the tensor-core path's two kernels: the exact-score kernel ($CIDER_ATTN_PREFILL_MATH=exact).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096 v:exact", "attention") {
-  return prefill_case(16, 2, 256, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(16, 2, 256, 4096, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, 20, 15, "exact");
 }
 // The f16 kernel's CTA size forced (CIDER_ATTN_PREFILL_F16_WARPS; auto picks 12 warps when the CTAs make two waves).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:f16 w12", "attention") {
@@ -441,10 +427,10 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq16 Hkv2 D256 L4096", "attention") 
 }
 // The A/B: the same caches on the general CUDA-core kernel (fewer launches per sample: tens of ms each).
 CIDER_CUDA_BENCH("attention prefill K4V3 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, "0", nullptr, 2, 5);
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, "0", 2, 5);
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, "0", nullptr, 2, 5);
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, "0", 2, 5);
 }
 
 // One decode step of kv_append: B1 H8 D128, K4 g64 f16, so4 full (keys); minimum traffic = f32 src + the new row.

@@ -979,39 +979,6 @@ TEST(CudaAttention, PrefillF16KernelSmall) {
     }
 }
 
-// The D128 compact variant of the prefill path ($CIDER_ATTN_PREFILL_QSMEM=1: query fragments from shared memory,
-// 32-key tiles, 3 CTAs per SM for K4V3): the D128 cases of TensorCorePrefillPath (tails, windows, forced splits,
-// d_length, the long square prefill) against the same reference.
-TEST(CudaAttention, TensorCorePrefillPathCompactVariant) {
-  CIDER_REQUIRE_GPU();
-  const ScopedEnv compact("CIDER_ATTN_PREFILL_QSMEM", "1");
-  uint64_t salt = 14000;
-  struct P {
-    int kbits, vbits;
-    int64_t rep, L, past;
-    MaskKind mask;
-    int64_t window;
-    int splits;
-    int64_t d_length;
-  };
-  const MaskKind C = MaskKind::kCausal, N = MaskKind::kNone;
-  const P cases[] = {
-      {4, 3, 1, 9, 0, C, 0, 0, 0},      {4, 3, 4, 16, 5, C, 0, 0, 0},     {4, 3, 8, 33, 1000, C, 37, 0, 0},
-      {4, 3, 1, 67, 0, N, 0, 0, 0},     {4, 3, 4, 129, 5, C, 0, 3, 0},    {4, 3, 1, 300, 1000, C, 37, 0, 0},
-      {8, 4, 1, 9, 1000, C, 0, 0, 0},   {8, 4, 4, 33, 0, C, 37, 2, 0},    {8, 4, 8, 67, 5, N, 0, 0, 0},
-      {8, 4, 1, 300, 0, C, 0, 0, 0},    {4, 3, 3, 50, 7, C, 0, 0, 0},     {4, 3, 4, 16, 1000, C, 37, 17, 0},
-      {4, 3, 4, 64, 36, N, 0, 3, 40},   {8, 4, 4, 64, 36, C, 0, 0, 40},   {4, 3, 1, 1030, 0, C, 0, 0, 0},
-      {8, 4, 2, 1030, 0, C, 0, 0, 0},
-  };
-  for (const P& pc : cases) {
-    AttnCase c{128, pc.rep, pc.L + pc.past, pc.L, pc.mask, pc.window, pc.kbits, pc.vbits, 64, DType::kF16,
-               pc.splits, pc.d_length};
-    c.both_prefill_paths = true;  // asserts that the prefill path takes it
-    c.with_f16 = false;           // the compact variant is one of the exact kernel's
-    run_attention_case(c, ++salt);
-  }
-}
-
 // Arguments the launcher accepts, for the argument-error tests to break one at a time: B1 Hq4 Hkv2 D128, K4V4 g64
 // with f16 scales (every pointer into buf; nothing is read before validation), causal.
 AttentionArgs well_formed_args(DeviceBuffer& buf, int64_t out_offset, int64_t L, int64_t length, int64_t capacity) {
