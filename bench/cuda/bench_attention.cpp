@@ -53,16 +53,13 @@ struct CacheCopy {
 
 // Decode attention: B, Hq, Hkv, D, L keys; quantized g64 f16 with kbits/vbits (K4V3, K8V4) or plain bf16 (0/0).
 // k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).
-// fold: the value $CIDER_ATTN_TC_FOLD is set to ("0": the split partials go to the separate merge kernel, as before
-// the in-kernel merge; nullptr: left as it is, default on).
 // packed: $CIDER_ATTN_TC_PACKED ("0": the three-chain layout for R ≤ 4 rows too; nullptr: left as it is, default on).
 // bound > L: the cache and the plan are sized for `bound` keys and the real length L is read on the device
 // (d_length), as in the model's decode graphs (a power-of-two bucket of the length, up to twice it).
 BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
-                        const char* k8v4_tc = nullptr, const char* fold = nullptr, const char* packed = nullptr,
+                        const char* k8v4_tc = nullptr, const char* packed = nullptr,
                         int64_t bound = 0) {
   const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
-  const ScopedEnv env_fold("CIDER_ATTN_TC_FOLD", fold);
   const ScopedEnv env_packed("CIDER_ATTN_TC_PACKED", packed);
   const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
@@ -164,7 +161,6 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   kind += std::to_string(vbits);
   kind += " g64 f16 scales";
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
-  if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
   if (packed && packed[0] == '0') r.note += ", three-chain layout";
   if (kL > L) {
     r.note += ", device length in a plan for ";
@@ -213,13 +209,13 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L65536", "attention") 
 // A decode graph's bucket: 32769 keys read from a device length in a grid planned for 65536 (the model's bound is
 // the next power of two), K4V3 and K8V4; compare with the L32768 rows.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 32769, 4, 3, nullptr, nullptr, nullptr, 65536);
+  return decode_case(1, 32, 8, 128, 32769, 4, 3, nullptr, nullptr, 65536);
 }
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 32769, 8, 4, "1", nullptr, nullptr, 65536);
+  return decode_case(1, 32, 8, 128, 32769, 8, 4, "1", nullptr, 65536);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1025 in a 2048 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, nullptr, 2048);
+  return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, 2048);
 }
 // A/B of the early tile copies ($CIDER_ATTN_TC_EARLY=0: the first tiles fetched after the PDL wait, as before).
 BenchResult late_copies_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits) {
@@ -246,48 +242,25 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536 v:late copies",
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:late copies", "attention") {
   return late_copies_case(1, 32, 8, 128, 32768, 8, 4);
 }
-// A/B of the in-kernel merge (opt-in, measured slower): the same two cases with the partials merged in the kernel.
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:folded merge", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "1");
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 v:folded merge", "attention") {
-  return decode_case(1, 64, 8, 128, 8192, 4, 3, nullptr, "1");
-}
 // A/B of the packed layout (R = rep·L ≤ 4, the default for those rows): the same cases in the three-chain layout.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
+  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(8, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
+  return decode_case(8, 32, 8, 128, 32768, 4, 3, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 131072, 4, 3, nullptr, nullptr, "0");
+  return decode_case(1, 32, 8, 128, 131072, 4, 3, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", nullptr, "0");
-}
-// A/B of the split merge: session 3's block-reduction merge ($CIDER_ATTN_MERGE=blocks) instead of the one-pass one.
-BenchResult block_merge_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L) {
-  const ScopedEnv env("CIDER_ATTN_MERGE", "blocks");
-  BenchResult r = decode_case(B, Hq, Hkv, D, L, 4, 3);
-  r.note += ", block-reduction merge";
-  return r;
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:block merge", "attention") {
-  return block_merge_case(1, 32, 8, 128, 32768);
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 v:block merge", "attention") {
-  return block_merge_case(1, 64, 8, 128, 8192);
-}
-CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536 v:block merge", "attention") {
-  return block_merge_case(1, 16, 2, 256, 65536);
+  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", "0");
 }
 // D256 with rep 4 (Hq8 Hkv2): the packed layout at D256 (the brief's D256 case has rep 8: three chains).
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536", "attention") {
   return decode_case(1, 8, 2, 256, 65536, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536 v:three-chain layout", "attention") {
-  return decode_case(1, 8, 2, 256, 65536, 4, 3, nullptr, nullptr, "0");
+  return decode_case(1, 8, 2, 256, 65536, 4, 3, nullptr, "0");
 }
 // K8V4 g64 (the CLI default cache) on the tensor-core path ($CIDER_ATTN_TC_K8V4=1 during the case); the
 // "CUDA-core" case is the same cache on the general kernel (switch 0) for the A/B.
@@ -312,15 +285,13 @@ CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attent
 
 // Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.
 // prefill_tc: the value $CIDER_ATTN_PREFILL_TC is set to ("0": the general CUDA-core kernel for the A/B; nullptr:
-// left as it is, default on); qsmem: $CIDER_ATTN_PREFILL_QSMEM (D128 query fragments from shared memory); math:
-// $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default auto = f16 tiles above 64 rows per KV head; "exact": the
-// exact-score kernel).
+// left as it is, default on); math: $CIDER_ATTN_PREFILL_MATH (nullptr: as set, default auto = f16 tiles above 64
+// rows per KV head; "exact": the exact-score kernel).
 // flops: 2·2·Hq·D per visible (query, key) pair: L·(L+1)/2 + L·past pairs per head.
 BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t past, int kbits, int vbits,
-                         const char* prefill_tc = nullptr, const char* qsmem = nullptr, int reps = 20,
+                         const char* prefill_tc = nullptr, int reps = 20,
                          int samples = 15, const char* math = nullptr) {
   const ScopedEnv env("CIDER_ATTN_PREFILL_TC", prefill_tc);
-  const ScopedEnv env_q("CIDER_ATTN_PREFILL_QSMEM", qsmem);
   const ScopedEnv env_m("CIDER_ATTN_PREFILL_MATH", math);
   const int64_t B = 1, kL = past + L;
   std::mt19937_64 rng(4321);
@@ -397,7 +368,6 @@ BenchResult prefill_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int64_t 
   r.note += tc_on ? (cuda::detail::prefill_math_f16(a) ? "tensor-core prefill path, f16 tiles"
                                                      : "tensor-core prefill path, exact scores")
                   : "CUDA-core kernel";
-  if (qsmem && qsmem[0] == '1') r.note += ", compact variant (q fragments in smem, 32-key tiles)";
   r.note += ", workspace ";
   r.note += std::to_string(ws_bytes);
   r.note += " B";
@@ -416,17 +386,6 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L512", "attention") {
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096", "attention") {
   return prefill_case(32, 8, 128, 4096, 0, 8, 4);
 }
-// The D128 compact variant ($CIDER_ATTN_PREFILL_QSMEM=1): query fragments from shared memory, 32-key tiles, K4V3
-// bounded to 168 registers for 3 CTAs per SM (the default runs 2 warps per scheduler, latency-bound).
-CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, "1", 20, 15, "exact");
-}
-CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, "1", 20, 15, "exact");
-}
-CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:compact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, "1", 20, 15, "exact");
-}
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096", "attention") {
   return prefill_case(16, 2, 256, 4096, 0, 4, 3);
 }
@@ -436,19 +395,19 @@ CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768", "atte
 }
 // The A/B of the tensor-core path's two kernels: the exact-score kernel ($CIDER_ATTN_PREFILL_MATH=exact).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 512, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq32 Hkv8 D128 L4096 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq16 Hkv2 D256 L4096 v:exact", "attention") {
-  return prefill_case(16, 2, 256, 4096, 0, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(16, 2, 256, 4096, 0, 4, 3, nullptr, 20, 15, "exact");
 }
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L16 past32768 v:exact", "attention") {
-  return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, nullptr, 20, 15, "exact");
+  return prefill_case(32, 8, 128, 16, 32768, 4, 3, nullptr, 20, 15, "exact");
 }
 // The f16 kernel's CTA size forced (CIDER_ATTN_PREFILL_F16_WARPS; auto picks 12 warps when the CTAs make two waves).
 CIDER_CUDA_BENCH("attention prefill K4V3 B1 Hq32 Hkv8 D128 L512 v:f16 w12", "attention") {
@@ -468,10 +427,10 @@ CIDER_CUDA_BENCH("attention prefill K8V4 B1 Hq16 Hkv2 D256 L4096", "attention") 
 }
 // The A/B: the same caches on the general CUDA-core kernel (fewer launches per sample: tens of ms each).
 CIDER_CUDA_BENCH("attention prefill K4V3 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 4, 3, "0", nullptr, 2, 5);
+  return prefill_case(32, 8, 128, 4096, 0, 4, 3, "0", 2, 5);
 }
 CIDER_CUDA_BENCH("attention prefill K8V4 CUDA-core B1 Hq32 Hkv8 D128 L4096", "attention") {
-  return prefill_case(32, 8, 128, 4096, 0, 8, 4, "0", nullptr, 2, 5);
+  return prefill_case(32, 8, 128, 4096, 0, 8, 4, "0", 2, 5);
 }
 
 // One decode step of kv_append: B1 H8 D128, K4 g64 f16, so4 full (keys); minimum traffic = f32 src + the new row.

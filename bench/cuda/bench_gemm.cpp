@@ -14,15 +14,13 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
-#include "tests/support/scoped_env.h"
 
 namespace cider::cuda::gemm_bench {
 void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);  // linear_gemm.cu
-void set_gemm_kernel(int choice);  // 0 auto (wgmma where supported), 1 mma.sync, 2 wgmma, 3 wgmma cluster
+void set_gemm_kernel(int choice);  // 0 auto (wgmma where supported), 1 mma.sync, 2 wgmma
 int gemm_kernel_choice();
-int last_gemm_kernel();            // 1 mma.sync, 2 wgmma, 3 wgmma 2-CTA cluster (CIDER_GEMM_KERNEL=wgmma2)
+int last_gemm_kernel();            // 1 mma.sync, 2 wgmma
 int last_gemm_grid();              // CTAs of the last wgmma launch
-bool last_gemm_quantize_fused();   // the last call quantized x inside the wgmma kernel
 }
 
 namespace cider::bench {
@@ -60,10 +58,8 @@ enum class What { kFull, kGemmOnly, kQuantizeOnly };
 
 // bf16 x [M, K] → bf16 out [M, N], int8 (or packed int4) weights, per-channel (group_size 0) or per-group scales.
 // kernel: 0 = the launcher's default choice, 1 = force the mma.sync kernel, 2 = force wgmma (comparison cases).
-// fused: run with $CIDER_GEMM_FUSED_QUANT=1 (the GEMM quantizes x itself, opt-in: docs/cuda/gemm.md version 4).
 BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_size, What what, const char* peer,
-                       int kernel = 0, bool fused = false) {
-  const test::ScopedEnv fused_env("CIDER_GEMM_FUSED_QUANT", fused ? "1" : nullptr);
+                       int kernel = 0) {
   struct Restore {
     int saved = cuda::gemm_bench::gemm_kernel_choice();
     ~Restore() { cuda::gemm_bench::set_gemm_kernel(saved); }
@@ -149,15 +145,11 @@ BenchResult run_linear(int64_t M, int64_t K, int64_t N, bool int4, int group_siz
   r.note = std::string(int4 ? "int4" : "int8") + " weights, " +
            (group_size == 0 ? std::string("per channel") : "group " + std::to_string(group_size)) +
            ", bf16 x and out, " +
-           (what == What::kQuantizeOnly                         ? std::string("quantize only")
-            : cuda::gemm_bench::last_gemm_kernel() == 3
-                ? "wgmma, 2-CTA clusters + TMA multicast, grid " + std::to_string(cuda::gemm_bench::last_gemm_grid())
+           (what == What::kQuantizeOnly ? std::string("quantize only")
             : cuda::gemm_bench::last_gemm_kernel() == 2
                 ? "wgmma m64nNk32 + TMA, grid " + std::to_string(cuda::gemm_bench::last_gemm_grid())
-                                                        : std::string("mma.sync m16n8k32")) +
-           (what != What::kFull                          ? std::string()
-            : cuda::gemm_bench::last_gemm_quantize_fused() ? std::string(", quantization fused")
-                                                         : std::string(", quantization kernel in front")) +
+                : std::string("mma.sync m16n8k32")) +
+           (what != What::kFull ? std::string() : std::string(", quantization kernel in front")) +
            (copies > 1 ? ", 4 rotated copies" : "");
   return r;
 }
@@ -205,16 +197,7 @@ CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 mma.sync", "gemm") {
 CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
   return run_linear(2048, 4096, 14336, false, 64, What::kFull, kPeerBig);
 }
-// The fused quantization (opt-in) on the same shapes, and a down projection's prefill shape.
-CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 v:fused quantization", "gemm") {
-  return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig, 0, true);
-}
-CIDER_CUDA_BENCH("w8a8 gemm M512 K4096 N4096 v:fused quantization", "gemm") {
-  return run_linear(512, 4096, 4096, false, 0, What::kFull, kPeerSmall, 0, true);
-}
-CIDER_CUDA_BENCH("w8a8 gemm g128 M2048 K4096 N14336 v:fused quantization", "gemm") {
-  return run_linear(2048, 4096, 14336, false, 128, What::kFull, kPeerBig, 0, true);
-}
+// A down projection's prefill shape.
 CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096", "gemm") {
   return run_linear(512, 14336, 4096, false, 0, What::kFull, "");
 }

@@ -296,13 +296,6 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:attn three-chain", "
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L32768 v:attn three-chain", "model") {
   return with_env("CIDER_ATTN_TC_PACKED", "0", false, "w4a8", "k4v3", 32768);
 }
-// The attention split merge of session 3 (block reductions) instead of the one-pass merge.
-CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:attn block merge", "model") {
-  return with_env("CIDER_ATTN_MERGE", "blocks", false, "w8a8", "k8v4", 1024);
-}
-CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:attn block merge", "model") {
-  return with_env("CIDER_ATTN_MERGE", "blocks", false, "w8a8", "k8v4", 32768);
-}
 // The row GEMV kernel with its weights in registers (session 3's kernel) instead of bulk copies into shared memory.
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:gemv register loads", "model") {
   return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 1024);
@@ -312,17 +305,6 @@ CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv register loads",
 }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:gemv register loads", "model") {
   return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 32768);
-}
-// The decode attention's split partials merged inside the kernel by each head's last CTA instead of by a separate
-// merge launch (slower at 32k in the kernel benchmark; at 1k a head has only 8 splits).
-CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:attn fold", "model") {
-  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w8a8", "k8v4", 1024);
-}
-CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:attn fold", "model") {
-  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w4a8", "k4v3", 1024);
-}
-CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:attn fold", "model") {
-  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w8a8", "k8v4", 32768);
 }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096", "model") { return prefill("w8a8", "k4v3", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n4096", "model") { return prefill("bf16", "bf16", 4096); }

@@ -771,43 +771,29 @@ TEST(CudaAttention, TensorCoreDecodePackedAndUnpackedLayouts) {
   }
 }
 
-// The split merge: the one-round-trip merge4_kernel (default) and session 3's block-reduction merge_kernel<4>
-// ($CIDER_ATTN_MERGE=blocks) meet the same reference over head dims 64/128/256 (one or two column blocks per row),
-// split counts 2..200 (one chunk, several chunks per thread), empty splits (a device length far below the bound,
-// windows), both cache kinds (tensor-core and CUDA-core kernels), misaligned outputs (the scalar merge_kernel<1>);
-// any other value of the variable is an error naming it.
+// The split merge: the one-round-trip merge4_kernel meets the reference over head dims 64/128/256 (one or two column
+// blocks per row), split counts 2..200 (one chunk, several chunks per thread), empty splits (a device length far below
+// the bound, windows), both cache kinds (tensor-core and CUDA-core kernels), misaligned outputs (the scalar
+// merge_kernel).
 TEST(CudaAttention, MergeKernelsAgree) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 16000;
-  for (const char* merge : {"one-pass", "blocks"}) {
-    SCOPED_TRACE(merge);
-    const ScopedEnv env("CIDER_ATTN_MERGE", merge);
-    run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 64}, ++salt);
-    run_attention_case({128, 4, 20000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 200}, ++salt);
-    run_attention_case({256, 2, 5000, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 33, 1234}, ++salt);
-    run_attention_case({256, 8, 3000, 1, MaskKind::kCausal, 500, 8, 4, 64, DType::kF16, 17}, ++salt);
-    run_attention_case({64, 2, 777, 2, MaskKind::kCausal, 0, 4, 4, 32, DType::kF16, 5}, ++salt);
-    run_attention_case({128, 1, 300, 1, MaskKind::kNone, 0, 0, 0, 0, DType::kBF16, 2}, ++salt);
-    AttnCase mis{128, 4, 2000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 9};
-    mis.misalign = true;
-    run_attention_case(mis, ++salt);
-  }
-  const ScopedEnv bad("CIDER_ATTN_MERGE", "tree");
-  try {
-    run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 17}, ++salt);
-    ADD_FAILURE() << "CIDER_ATTN_MERGE=tree was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda.attention"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("CIDER_ATTN_MERGE"), std::string::npos) << e.what();
-  }
+  run_attention_case({128, 4, 4097, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 64}, ++salt);
+  run_attention_case({128, 4, 20000, 1, MaskKind::kCausal, 0, 8, 4, 64, DType::kF16, 200}, ++salt);
+  run_attention_case({256, 2, 5000, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 33, 1234}, ++salt);
+  run_attention_case({256, 8, 3000, 1, MaskKind::kCausal, 500, 8, 4, 64, DType::kF16, 17}, ++salt);
+  run_attention_case({64, 2, 777, 2, MaskKind::kCausal, 0, 4, 4, 32, DType::kF16, 5}, ++salt);
+  run_attention_case({128, 1, 300, 1, MaskKind::kNone, 0, 0, 0, 0, DType::kBF16, 2}, ++salt);
+  AttnCase mis{128, 4, 2000, 1, MaskKind::kCausal, 0, 4, 3, 64, DType::kF16, 9};
+  mis.misalign = true;
+  run_attention_case(mis, ++salt);
   attention_stream().synchronize();
 }
 
-// The in-kernel merge of the tensor-core path (the last CTA of each head merges the splits and resets its counter):
-// six launches on one workspace and one stream, each with new queries and a new device length (some making most
-// splits empty), checked against the reference: three direct launches, then a CUDA graph captured once and replayed
-// three times with the inputs changed in device memory between replays. A counter left non-zero by one launch would
-// make the next one merge early (wrong output) or never (poison left in out).
+// The split merge of the tensor-core path (partials to the workspace, then the merge kernel): six launches on one
+// workspace and one stream, each with new queries and a new device length (some making most splits empty), checked
+// against the reference: three direct launches, then a CUDA graph captured once and replayed three times with the
+// inputs changed in device memory between replays.
 void run_repeated_case(int64_t D, int64_t rep, int kbits, int vbits, int kv_splits, uint64_t salt) {
   SCOPED_TRACE(::testing::Message() << "repeated launches D " << D << " rep " << rep << " K" << kbits << "V" << vbits
                                     << " splits " << kv_splits);
@@ -889,36 +875,27 @@ void run_repeated_case(int64_t D, int64_t rep, int kbits, int vbits, int kv_spli
   cudaGraphDestroy(graph);
 }
 
-TEST(CudaAttention, FoldedMergeRepeatedLaunchesAndGraphReplays) {
+TEST(CudaAttention, SplitMergeRepeatedLaunchesAndGraphReplays) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 13000;
-  {
-  const ScopedEnv on("CIDER_ATTN_TC_FOLD", "1");  // the fold is opt-in (measured slower, docs/cuda/attention.md)
   for (int64_t D : {128, 256}) {
-    // Automatic splits (one wave; D256: 79 splits × 4 rows × 1 KB is past the fold's 256 KB, so 40 forced).
-    run_repeated_case(D, 4, 4, 3, D == 128 ? 0 : 40, ++salt);
-    run_repeated_case(D, 8, 4, 3, 17, ++salt);  // R = 8 rows per head
-    run_repeated_case(D, 1, 8, 4, 5, ++salt);   // K8V4, R = 1
-    run_repeated_case(D, 2, 8, 4, 0, ++salt);   // K8V4, R = 2
+    run_repeated_case(D, 4, 4, 3, D == 128 ? 0 : 40, ++salt);  // automatic splits (D128), 40 forced (D256)
+    run_repeated_case(D, 8, 4, 3, 17, ++salt);                   // R = 8 rows per head
+    run_repeated_case(D, 1, 8, 4, 5, ++salt);                    // K8V4, R = 1
+    run_repeated_case(D, 2, 8, 4, 0, ++salt);                    // K8V4, R = 2
   }
-  }
-  // The same with the fold off ($CIDER_ATTN_TC_FOLD=0: the partials go to the merge kernel, two launches).
-  const ScopedEnv off("CIDER_ATTN_TC_FOLD", "0");
   run_repeated_case(128, 4, 4, 3, 0, ++salt);
   run_repeated_case(256, 4, 8, 4, 3, ++salt);
 }
 
 // Empty splits: a device length far below the bound leaves most splits with no key (their partials m = −inf, l = 0
-// must not disturb the merge), including lengths that end inside the first split, and windows that start late. Some
-// of these cases fold (partials ≤ 256 KB per head), the others run the merge kernel: both meet the reference.
-TEST(CudaAttention, FoldedMergeEmptySplits) {
+// must not disturb the merge), including lengths that end inside the first split, and windows that start late.
+TEST(CudaAttention, SplitMergeEmptySplits) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 14000;
-  for (const char* fold : {"1", "0"})
   for (int64_t D : {128, 256})
     for (int kb : {4, 8}) {
       const int vb = kb == 4 ? 3 : 4;
-      const ScopedEnv env("CIDER_ATTN_TC_FOLD", fold);
       run_attention_case({D, 4, 33000, 1, MaskKind::kCausal, 0, kb, vb, 64, DType::kF16, 0, 700}, ++salt);
       run_attention_case({D, 8, 20000, 1, MaskKind::kCausal, 0, kb, vb, 64, DType::kF16, 64, 1}, ++salt);
       run_attention_case({D, 2, 9000, 4, MaskKind::kCausal, 300, kb, vb, 64, DType::kF16, 0, 8999}, ++salt);
@@ -1000,39 +977,6 @@ TEST(CudaAttention, PrefillF16KernelSmall) {
       run_attention_case({D, 3, 200, 40, C, 37, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 3}, ++salt);
       run_attention_case({D, 1, 150, 129, MaskKind::kNone, 0, kb, kb == 4 ? 3 : 4, 64, DType::kF16, 0, 140}, ++salt);
     }
-}
-
-// The D128 compact variant of the prefill path ($CIDER_ATTN_PREFILL_QSMEM=1: query fragments from shared memory,
-// 32-key tiles, 3 CTAs per SM for K4V3): the D128 cases of TensorCorePrefillPath (tails, windows, forced splits,
-// d_length, the long square prefill) against the same reference.
-TEST(CudaAttention, TensorCorePrefillPathCompactVariant) {
-  CIDER_REQUIRE_GPU();
-  const ScopedEnv compact("CIDER_ATTN_PREFILL_QSMEM", "1");
-  uint64_t salt = 14000;
-  struct P {
-    int kbits, vbits;
-    int64_t rep, L, past;
-    MaskKind mask;
-    int64_t window;
-    int splits;
-    int64_t d_length;
-  };
-  const MaskKind C = MaskKind::kCausal, N = MaskKind::kNone;
-  const P cases[] = {
-      {4, 3, 1, 9, 0, C, 0, 0, 0},      {4, 3, 4, 16, 5, C, 0, 0, 0},     {4, 3, 8, 33, 1000, C, 37, 0, 0},
-      {4, 3, 1, 67, 0, N, 0, 0, 0},     {4, 3, 4, 129, 5, C, 0, 3, 0},    {4, 3, 1, 300, 1000, C, 37, 0, 0},
-      {8, 4, 1, 9, 1000, C, 0, 0, 0},   {8, 4, 4, 33, 0, C, 37, 2, 0},    {8, 4, 8, 67, 5, N, 0, 0, 0},
-      {8, 4, 1, 300, 0, C, 0, 0, 0},    {4, 3, 3, 50, 7, C, 0, 0, 0},     {4, 3, 4, 16, 1000, C, 37, 17, 0},
-      {4, 3, 4, 64, 36, N, 0, 3, 40},   {8, 4, 4, 64, 36, C, 0, 0, 40},   {4, 3, 1, 1030, 0, C, 0, 0, 0},
-      {8, 4, 2, 1030, 0, C, 0, 0, 0},
-  };
-  for (const P& pc : cases) {
-    AttnCase c{128, pc.rep, pc.L + pc.past, pc.L, pc.mask, pc.window, pc.kbits, pc.vbits, 64, DType::kF16,
-               pc.splits, pc.d_length};
-    c.both_prefill_paths = true;  // asserts that the prefill path takes it
-    c.with_f16 = false;           // the compact variant is one of the exact kernel's
-    run_attention_case(c, ++salt);
-  }
 }
 
 // Arguments the launcher accepts, for the argument-error tests to break one at a time: B1 Hq4 Hkv2 D128, K4V4 g64

@@ -31,11 +31,10 @@ namespace gemm_bench {  // linear_gemm.cu: the GEMM kernel choice (0 auto, 1 mma
 void set_gemm_kernel(int choice);
 int gemm_kernel_choice();
 int last_gemm_kernel();
-bool last_gemm_quantize_fused();  // whether the last call quantized x inside the wgmma kernel
 }  // namespace gemm_bench
 namespace {
 
-constexpr int kMmaSync = 1, kWgmma = 2, kWgmmaCluster = 3;
+constexpr int kMmaSync = 1, kWgmma = 2;
 
 // Forces one GEMM kernel for a scope (the default choice is restored after).
 class ForceGemmKernel {
@@ -51,8 +50,7 @@ class ForceGemmKernel {
   int saved_;
 };
 
-// The kernel a forced launch must have used: wgmma (and its cluster variant) exists only for sm_90 devices and
-// int8 weights.
+// The kernel a forced launch must have used: wgmma exists only for sm_90 devices and int8 weights.
 int expected_kernel(int forced, bool int4) {
   if (forced == kMmaSync || int4 || device_info().cc_major != 9) return kMmaSync;
   return forced;
@@ -73,10 +71,9 @@ struct GemmCase {
 };
 
 std::string describe(const GemmCase& c) {
-  return std::string(c.forced == kWgmmaCluster ? "[wgmma cluster] "
-                     : c.forced == kWgmma      ? "[wgmma] "
-                     : c.forced == kMmaSync    ? "[mma.sync] "
-                                               : "") +
+  return std::string(c.forced == kWgmma     ? "[wgmma] "
+                     : c.forced == kMmaSync ? "[mma.sync] "
+                                            : "") +
          std::string(c.int4 ? "w4a8" : "w8a8") + " M" + std::to_string(c.M) + " N" + std::to_string(c.N) + " K" +
          std::to_string(c.K) + " gs" + std::to_string(c.group_size) + " x " + dtype_name(c.x_dtype) + " out " +
          dtype_name(c.out_dtype) + (c.bias ? " bias" : "");
@@ -155,12 +152,6 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   device_synchronize("test_cuda_gemm");
   if (c.forced != 0) {
     ASSERT_EQ(gemm_bench::last_gemm_kernel(), expected_kernel(c.forced, c.int4)) << "kernel used";
-    // With CIDER_GEMM_FUSED_QUANT=1 (opt-in) the plain wgmma kernel quantizes x itself where K % 8 == 0 and
-    // K ≤ 4096; otherwise the separate quantization kernel runs in front.
-    const char* env = std::getenv("CIDER_GEMM_FUSED_QUANT");
-    const bool want_fused = expected_kernel(c.forced, c.int4) == kWgmma && K % 8 == 0 && K <= 4096 &&
-                            env != nullptr && env[0] == '1';
-    ASSERT_EQ(gemm_bench::last_gemm_quantize_fused(), want_fused) << "quantization inside the GEMM";
   }
   std::vector<uint8_t> got_bytes(dout.bytes());
   dout.download(got_bytes.data(), got_bytes.size());
@@ -421,9 +412,6 @@ TEST(CudaGemm, WgmmaWideTileConfiguration) {
   wide_sweep(kWgmma);
 }
 
-// The 2-CTA-cluster multicast variant (CIDER_GEMM_KERNEL=wgmma2, opt-in: measured slower, docs/cuda/gemm.md; per
-// channel and per group). Odd M-tile counts leave the second CTA of the last pair wholly past M: M 1, 7, 33, 129,
-// 300 cover it.
 // Interior tiles: the wgmma epilogue has a branch-free path for tiles wholly inside M and N when N is even (paired
 // stores), which the sweeps above (odd N) never take. M 256 / 300 (a full 128-row tile, then a tail), N even in 128-
 // and 256-column tiles (N = 132·256 takes the wide tile), every scale mode × out dtype, bias on and off.
@@ -450,20 +438,6 @@ void interior_sweep(int forced) {
 TEST(CudaGemm, WgmmaInteriorTiles) {
   CIDER_REQUIRE_GPU();
   interior_sweep(kWgmma);
-}
-TEST(CudaGemm, WgmmaClusterInteriorTiles) {
-  CIDER_REQUIRE_GPU();
-  interior_sweep(kWgmmaCluster);
-}
-TEST(CudaGemm, WgmmaClusterShapeSweep) {
-  CIDER_REQUIRE_GPU();
-  shape_sweep(false, kWgmmaCluster);
-}
-TEST(CudaGemm, WgmmaClusterWideAndModes) {
-  CIDER_REQUIRE_GPU();
-  wide_sweep(kWgmmaCluster);
-  if (HasFailure()) return;
-  mode_sweep(false, kWgmmaCluster);
 }
 
 // ---- errors ---------------------------------------------------------------------------------------------------------
@@ -543,215 +517,6 @@ TEST(CudaGemm, RejectsBadArguments) {
                ErrorCode::kShapeMismatch, "cuda.quantize_rows_int8", "quantize M = 0");
   expect_error([&] { quantize_rows_int8(nullptr, DType::kF32, M, K, ws.as<int8_t>(), sw.as<float>(), Exec{}); },
                ErrorCode::kInvalidArgument, "cuda.quantize_rows_int8", "quantize null x");
-}
-
-// ---- the wgmma kernel's fused quantization (opt-in) -----------------------------------------------------------------
-
-// x [M, K] with rows that stress the code: half-way values (rint ties to even), an all-zero row, a row with inf, one
-// with NaN, tiny values, values next to (n + ½)·sx (the reciprocal shortcut must defer to the division); the rest
-// N(0, 1) with one large value per row.
-std::vector<float> tricky_rows(std::mt19937_64& rng, int64_t M, int64_t K) {
-  std::vector<float> xf = test::randn(rng, static_cast<size_t>(M * K));
-  for (int64_t m = 0; m < M; ++m) xf[static_cast<size_t>(m * K + (m * 37) % K)] *= 8.0f;
-  auto row = [&](int64_t m) { return xf.begin() + m * K; };
-  if (M > 0)
-    for (int64_t k = 0; k < K; ++k) row(0)[k] = k == 0 ? 127.0f : static_cast<float>(k % 11) - 5.0f + 0.5f;
-  if (M > 1) std::fill(row(1), row(1) + K, 0.0f);
-  if (M > 2) row(2)[K / 3] = INFINITY;
-  if (M > 3) row(3)[K / 2] = std::nanf("");
-  if (M > 4)
-    for (int64_t k = 0; k < K; ++k) row(4)[k] *= 1e-6f;
-  if (M > 5)
-    for (int64_t k = 0; k < K; ++k) {
-      float v = (static_cast<float>(k % 200) - 100.0f + 0.5f) * (3.0f / 127.0f);
-      for (int64_t u = 0; u < k % 5; ++u) v = std::nextafter(v, (k % 2) != 0 ? INFINITY : -INFINITY);
-      row(5)[k] = k == 0 ? 3.0f : v;
-    }
-  return xf;
-}
-
-// One W8A8 problem on the device with its x replaceable: runs the GEMM with the fused quantization (opt-in,
-// CIDER_GEMM_FUSED_QUANT=1) or the separate kernel, and checks the workspace's codes and scales against
-// quant::quantize_int8_row.
-struct FusedProblem {
-  int64_t M, N, K;
-  DType x_dtype;
-  DeviceBuffer dx, dw, dsw, dbias, dout, ws;
-  std::vector<uint8_t> xb;
-
-  FusedProblem(int64_t m, int64_t n, int64_t k, DType xd, std::mt19937_64& rng)
-      : M(m), N(n), K(k), x_dtype(xd), dx(static_cast<size_t>(m * k) * dtype_size(xd)),
-        dout(static_cast<size_t>(m * n) * 2 + 2 * kGuard), ws(int_linear_workspace_bytes(m, k)) {
-    std::vector<uint8_t> wb(static_cast<size_t>(N * K));
-    std::uniform_int_distribution<int> code(-127, 127);
-    for (auto& b : wb) b = static_cast<uint8_t>(static_cast<int8_t>(code(rng)));
-    dw = to_device(wb.data(), wb.size());
-    std::vector<float> sw = test::uniform(rng, static_cast<size_t>(N), 0.001f, 0.02f);
-    dsw = to_device(sw.data(), sw.size() * 4);
-    std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
-    dbias = to_device(bias.data(), bias.size() * 4);
-  }
-  void set_x(std::mt19937_64& rng) {
-    xb = test::to_dtype_bytes(tricky_rows(rng, M, K), x_dtype);
-    dx.upload(xb.data(), xb.size());
-  }
-  kernels::IntLinearArgs args() const {
-    kernels::IntLinearArgs a{};
-    a.x = dx.data();
-    a.x_dtype = x_dtype;
-    a.w = dw.data();
-    a.w_scales = dsw.as<float>();
-    a.bias = dbias.as<float>();
-    a.out = dout.as<uint8_t>() + kGuard;
-    a.out_dtype = DType::kBF16;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    return a;
-  }
-  Exec exec(void* stream) const { return Exec{stream, ws.data(), ws.bytes()}; }
-  std::vector<uint8_t> out_bytes() const {
-    std::vector<uint8_t> b(dout.bytes());
-    dout.download(b.data(), b.size());
-    for (size_t i = 0; i < kGuard; ++i) {
-      EXPECT_EQ(b[i], kPoison) << "write before the output at byte " << i;
-      EXPECT_EQ(b[b.size() - 1 - i], kPoison) << "write after the output";
-    }
-    return std::vector<uint8_t>(b.begin() + kGuard, b.end() - kGuard);
-  }
-  // The codes and scales the GEMM left in its workspace equal the reference quantization of the current x.
-  void expect_workspace_is_reference() const {
-    std::vector<int8_t> want_q(static_cast<size_t>(M * K));
-    std::vector<float> want_s(static_cast<size_t>(M));
-    const size_t row_bytes = static_cast<size_t>(K) * static_cast<size_t>(dtype_size(x_dtype));
-    for (int64_t m = 0; m < M; ++m)
-      want_s[static_cast<size_t>(m)] =
-          quant::quantize_int8_row(xb.data() + static_cast<size_t>(m) * row_bytes, x_dtype, K, want_q.data() + m * K);
-    std::vector<int8_t> q(static_cast<size_t>(M * K));
-    std::vector<float> sxv(static_cast<size_t>(M));
-    ws.download(q.data(), q.size());
-    ws.download(sxv.data(), sxv.size() * 4, (static_cast<size_t>(M * K) + 255) / 256 * 256);
-    int64_t bad = 0;
-    for (size_t i = 0; i < q.size(); ++i)
-      if (q[i] != want_q[i] && ++bad <= 5)
-        ADD_FAILURE() << "code [" << i / static_cast<size_t>(K) << ", " << i % static_cast<size_t>(K) << "] "
-                      << int(q[i]) << ", want " << int(want_q[i]);
-    for (int64_t m = 0; m < M; ++m) {
-      const float g = sxv[static_cast<size_t>(m)], w = want_s[static_cast<size_t>(m)];
-      if (std::isnan(w)) EXPECT_TRUE(std::isnan(g)) << "sx of row " << m;
-      else EXPECT_EQ(f32_bits(g), f32_bits(w)) << "sx of row " << m << ": " << g << ", want " << w;
-    }
-    EXPECT_EQ(bad, 0) << "codes differ";
-  }
-};
-
-// Runs the separate-quantization path on the same problem and returns its output (the fused path must match it
-// bit for bit: same codes, same scales, same epilogue).
-std::vector<uint8_t> separate_output(FusedProblem& pr, void* stream) {
-  const test::ScopedEnv off("CIDER_GEMM_FUSED_QUANT", "0");
-  pr.dout.fill(kPoison);
-  w8a8_gemm(pr.args(), pr.exec(stream));
-  device_synchronize("test_cuda_gemm");
-  EXPECT_FALSE(gemm_bench::last_gemm_quantize_fused());
-  return pr.out_bytes();
-}
-
-// Shapes: M against 128-row tiles and the claim batches of 11 rows (1, 7, 129, 2049 = 17 M-tiles, one of a single row;
-// 2300), K up to the fused limit 4096 and the smallest K (32), bf16, f16 and f32 x; N small (the GEMM is not what is
-// tested here). K 4128 (over the limit) must take the separate kernel.
-TEST(CudaGemm, WgmmaFusedQuantizationMatchesSeparate) {
-  CIDER_REQUIRE_GPU();
-  if (device_info().cc_major != 9) GTEST_SKIP() << "the fused quantization is part of the sm_90a wgmma kernel";
-  const test::ScopedEnv on("CIDER_GEMM_FUSED_QUANT", "1");  // opt-in (measured slower, docs/cuda/gemm.md)
-  auto rng = test::make_rng(8100);
-  Stream stream;
-  struct Shape {
-    int64_t M, N, K;
-  };
-  for (DType xd : {DType::kBF16, DType::kF16, DType::kF32})
-    for (Shape sh : {Shape{1, 136, 32}, Shape{7, 264, 96}, Shape{129, 264, 4096}, Shape{300, 130, 4000},
-                     Shape{2049, 264, 4096}, Shape{2300, 136, 1024}, Shape{130, 136, 4128}}) {
-      SCOPED_TRACE(std::string(dtype_name(xd)) + " M" + std::to_string(sh.M) + " N" + std::to_string(sh.N) + " K" +
-                   std::to_string(sh.K));
-      FusedProblem pr(sh.M, sh.N, sh.K, xd, rng);
-      // Two different x in a row on one stream: the second launch must not see the first one's counters.
-      for (int round = 0; round < 2; ++round) {
-        pr.set_x(rng);
-        pr.dout.fill(kPoison);
-        w8a8_gemm(pr.args(), pr.exec(stream.handle()));
-        stream.synchronize();
-        ASSERT_EQ(gemm_bench::last_gemm_quantize_fused(), sh.K <= 4096);
-        const std::vector<uint8_t> fused = pr.out_bytes();
-        pr.expect_workspace_is_reference();
-        const std::vector<uint8_t> separate = separate_output(pr, stream.handle());
-        ASSERT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size())) << "outputs differ, round " << round;
-      }
-      if (HasFailure()) return;
-    }
-}
-
-// A captured graph replayed with new x each time, and two streams running fused GEMMs at the same time (each stream
-// has its own counters).
-TEST(CudaGemm, WgmmaFusedQuantizationGraphsAndStreams) {
-  CIDER_REQUIRE_GPU();
-  if (device_info().cc_major != 9) GTEST_SKIP() << "the fused quantization is part of the sm_90a wgmma kernel";
-  const test::ScopedEnv on("CIDER_GEMM_FUSED_QUANT", "1");
-  auto rng = test::make_rng(8200);
-  Stream stream;
-  FusedProblem pr(1030, 264, 4096, DType::kBF16, rng);
-  pr.set_x(rng);
-  w8a8_gemm(pr.args(), pr.exec(stream.handle()));  // eager first (as the model and the benchmarks do)
-  stream.synchronize();
-  cudaStream_t st = static_cast<cudaStream_t>(stream.handle());
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t graph_exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  w8a8_gemm(pr.args(), pr.exec(stream.handle()));
-  ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
-  ASSERT_TRUE(gemm_bench::last_gemm_quantize_fused());
-  ASSERT_EQ(cudaGraphInstantiate(&graph_exec, graph, 0), cudaSuccess);
-  for (int k = 0; k < 3; ++k) {
-    pr.set_x(rng);  // synchronous copy; the stream is idle
-    pr.dout.fill(kPoison);
-    ASSERT_EQ(cudaGraphLaunch(graph_exec, st), cudaSuccess);
-    stream.synchronize();
-    const std::vector<uint8_t> fused = pr.out_bytes();
-    pr.expect_workspace_is_reference();
-    const std::vector<uint8_t> separate = separate_output(pr, stream.handle());
-    ASSERT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size())) << "graph replay " << k;
-  }
-  cudaGraphExecDestroy(graph_exec);
-  cudaGraphDestroy(graph);
-
-  Stream other;
-  FusedProblem pr2(2049, 392, 4000, DType::kF16, rng);
-  for (int k = 0; k < 3; ++k) {
-    pr.set_x(rng);
-    pr2.set_x(rng);
-    pr.dout.fill(kPoison);
-    pr2.dout.fill(kPoison);
-    w8a8_gemm(pr.args(), pr.exec(stream.handle()));
-    w8a8_gemm(pr2.args(), pr2.exec(other.handle()));
-    ASSERT_TRUE(gemm_bench::last_gemm_quantize_fused()) << "the second stream's GEMM";
-    stream.synchronize();
-    other.synchronize();
-    const std::vector<uint8_t> f1 = pr.out_bytes(), f2 = pr2.out_bytes();
-    pr.expect_workspace_is_reference();
-    pr2.expect_workspace_is_reference();
-    const std::vector<uint8_t> s1 = separate_output(pr, stream.handle()), s2 = separate_output(pr2, other.handle());
-    ASSERT_EQ(0, std::memcmp(f1.data(), s1.data(), f1.size())) << "stream 1, round " << k;
-    ASSERT_EQ(0, std::memcmp(f2.data(), s2.data(), f2.size())) << "stream 2, round " << k;
-  }
-}
-
-TEST(CudaGemm, FusedQuantizationSwitchRejectsOtherValues) {
-  CIDER_REQUIRE_GPU();
-  auto rng = test::make_rng(8300);
-  FusedProblem pr(7, 136, 96, DType::kBF16, rng);
-  pr.set_x(rng);
-  const test::ScopedEnv bad("CIDER_GEMM_FUSED_QUANT", "yes");
-  expect_error([&] { w8a8_gemm(pr.args(), pr.exec(nullptr)); }, ErrorCode::kInvalidArgument,
-               "CIDER_GEMM_FUSED_QUANT", "fused-quantization switch 'yes'");
 }
 
 TEST(CudaGemm, WorkspaceSize) {

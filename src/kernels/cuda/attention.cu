@@ -539,13 +539,14 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
   return r;
 }
 
-template <int VEC>
+// The merge for any Dv (the fallback of merge4_kernel: Dv % 4 != 0, Dv > 4 · kThreads or unaligned partials), by
+// block reductions: the splits' max, then the weights and their sum, then the weighted sums.
 __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, const float* part_ml, float* out,
                                                          int splits, int Dv) {
   extern __shared__ float merge_smem[];
   __shared__ float red[kWarps];
   float* weight = merge_smem;           // [splits]
-  float* partial = merge_smem + splits;  // [kThreads][VEC]
+  float* partial = merge_smem + splits;  // [kThreads]
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   pdl::wait();  // the partials are the previous kernel's output
@@ -562,42 +563,28 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, co
     l += w * ml[2 * s + 1];
   }
   const float L = block_reduce(l, false, red);  // its barriers also publish weight[]
-  const int cols = Dv / VEC;
+  const int cols = Dv;
   const int groups = max(1, kThreads / cols);
   const int col = tid % cols, grp = tid / cols;
-  float acc[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
   if (cols <= kThreads) {
     if (grp < groups) {
-      const float* base = part_o + row * static_cast<int64_t>(splits) * Dv + col * VEC;
+      float acc = 0.0f;
+      const float* base = part_o + row * static_cast<int64_t>(splits) * Dv + col;
 #pragma unroll 4
       for (int s = grp; s < splits; s += groups) {
         const float w = weight[s];
         if (w == 0.0f) continue;  // an empty split (its o is zeros, never read as garbage)
-        if constexpr (VEC == 4) {
-          const float4 o4 = *reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * Dv);
-          acc[0] += w * o4.x;
-          acc[1] += w * o4.y;
-          acc[2] += w * o4.z;
-          acc[3] += w * o4.w;
-        } else {
-          acc[0] += w * base[static_cast<int64_t>(s) * Dv];
-        }
+        acc += w * base[static_cast<int64_t>(s) * Dv];
       }
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) partial[tid * VEC + v] = acc[v];
+      partial[tid] = acc;
     }
     __syncthreads();
     if (tid < cols) {
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        float o = 0.0f;
-        for (int gi = 0; gi < groups; ++gi) o += partial[(gi * cols + tid) * VEC + v];
-        out[row * Dv + tid * VEC + v] = L > 0.0f ? o / L : 0.0f;
-      }
+      float o = 0.0f;
+      for (int gi = 0; gi < groups; ++gi) o += partial[gi * cols + tid];
+      out[row * Dv + tid] = L > 0.0f ? o / L : 0.0f;
     }
-  } else {  // VEC = 1 with Dv > kThreads: one column per thread at a time, splits in sequence
+  } else {  // Dv > kThreads: one column per thread at a time, splits in sequence
     for (int d = tid; d < Dv; d += kThreads) {
       float o = 0.0f;
       for (int s = 0; s < splits; ++s)
@@ -613,8 +600,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float* part_o, co
 // (m, l, acc) with online rescaling — no block-wide max before the loads, so every global load of the CTA is in flight
 // together. The groups of a column are then combined through shared memory by log-sum-exp, the same formula:
 // out = Σ_s e^{m_s − M}·o_s / Σ_s e^{m_s − M}·l_s over the splits with l_s > 0, zeros when there is none.
-// Session 3's merge_kernel<4> made ≈ 4 dependent round trips (block max, block sum, then the sums): ≈ 4.4 µs of the
-// 22.9 µs of K4V3 B1 L32768 (job 20).
+// Session 3's block-reduction merge for float4 columns (removed; git has it) made ≈ 4 dependent round trips (block max,
+// block sum, then the sums): ≈ 4.4 µs of the 22.9 µs of K4V3 B1 L32768 (job 20).
 constexpr int kMergeCols = 32;   // float4 columns per CTA (128 dims)
 constexpr int kMergeChunk = 16;  // splits per thread loaded at once
 __global__ void __launch_bounds__(kThreads) merge4_kernel(const float* part_o, const float* part_ml, float* out,
@@ -687,27 +674,20 @@ __global__ void __launch_bounds__(kThreads) merge4_kernel(const float* part_o, c
   reinterpret_cast<float4*>(out + row * Dv)[c] = res;
 }
 
-// The one-round-trip merge (merge4_kernel) unless $CIDER_ATTN_MERGE=blocks (read at every call: tests and bench A/B
-// it against session 3's merge_kernel<4>).
-bool merge_one_pass_enabled() {
-  return env_word("CIDER_ATTN_MERGE", "one-pass", {"one-pass", "blocks"}, "cuda.attention") == "one-pass";
-}
-
 // Launches the merge of `splits` partials per output row (attention's workspace layout).
 void launch_merge(const float* part_o, const float* part_ml, float* out, int64_t rows, int splits, int Dv,
                   cudaStream_t stream) {
   const bool vec = Dv % 4 == 0 && Dv / 4 <= kThreads && (reinterpret_cast<uintptr_t>(part_o) & 15u) == 0 &&
                    (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
   cudaError_t err;
-  if (vec && merge_one_pass_enabled()) {
+  if (vec) {
     const int cols = Dv / 4, cpc = std::min(cols, kMergeCols);
     const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + cpc - 1) / cpc));
     err = pdl::launch(merge4_kernel, grid, dim3(kThreads), 0, stream, part_o, part_ml, out, splits, Dv);
   } else {
-    const size_t smem = (static_cast<size_t>(splits) + kThreads * 4) * sizeof(float);
-    const dim3 grid(static_cast<unsigned>(rows));
-    err = vec ? pdl::launch(merge_kernel<4>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out, splits, Dv)
-              : pdl::launch(merge_kernel<1>, grid, dim3(kThreads), smem, stream, part_o, part_ml, out, splits, Dv);
+    const size_t smem = (static_cast<size_t>(splits) + kThreads) * sizeof(float);
+    err = pdl::launch(merge_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), smem, stream, part_o, part_ml,
+                      out, splits, Dv);
   }
   CIDER_CUDA_CHECK("cuda.attention", err);
 }

@@ -6,8 +6,8 @@
 // Work item: one CTA (4 warps) = (b, KV head g) × a block of 64 query rows × one split [c0, c1) of the keys. The
 // R = rep·L rows of a KV head are ordered r = i·rep + rr (position i, head g·rep + rr) as in the other kernels, so a
 // block is a run of positions and its causal / window key range is one interval. Warp w owns rows 16w .. 16w + 15
-// of the block (the mma M). The CTA walks the keys in tiles of TK (64 for D128, 16 for D256, 32 for the D128 compact
-// variant) through a 3-stage cp.async buffer shared by the 4 warps; the CTA unpacks each tile's value codes once into
+// of the block (the mma M). The CTA walks the keys in tiles of TK (64 for D128, 16 for D256) through a 3-stage cp.async
+// buffer shared by the 4 warps; the CTA unpacks each tile's value codes once into
 // shared memory as f16 [TK][D] (exact: magic-exponent bit tricks; 16-byte chunks XOR-swizzled by key & 7 for
 // ldmatrix), double-buffered, so one CTA barrier per tile suffices: iteration t copies tile t + 2, unpacks tile t + 1
 // and does the math of tile t. Every warp whose rows see some key of the tile computes:
@@ -65,14 +65,13 @@ constexpr int kRowsPerCta = kPfWarps * kRowsPerWarp;     // 64 query rows per CT
 constexpr int kPfStages = 3;  // raw tiles in flight / in use: t (scores), t + 1 (unpack), t + 2 (copy)
 constexpr int64_t kMinSplitKeys = 512;                   // automatic splits: at least this many keys each
 
-template <int D, int KB, int VB, bool QREGS>
+template <int D, int KB, int VB>
 struct PfCfg {
   static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
   static_assert(D == 128 || D == 256, "D 128 or 256");
   static constexpr int kG = D / 64;                 // quantization groups per row
   // Keys per tile: D256 holds 128 accumulator registers per lane, so its score tile is 16 keys (32 spill).
-  // D128 compact variant (!QREGS): 32-key tiles, so that it fits 168 registers (3 CTAs per SM for K4V3).
-  static constexpr int kTK = D == 128 ? (QREGS ? 64 : 32) : 16;
+  static constexpr int kTK = D == 128 ? 64 : 16;
   static constexpr int kNT = kTK / 8;               // 8-key score n-tiles per tile
   static constexpr int kK16 = kTK / 16;             // 16-key k-steps of P·V per tile
   static constexpr int kKSteps = D / 32;            // 32-dim k-steps of the scores
@@ -94,8 +93,7 @@ struct PfCfg {
   static constexpr int kQOff = kVhOff + 2 * kVhBytes;
   static constexpr int kRowOff = kQOff + kPfWarps * kQWarpB;          // E [64] int, then group sums [64][G] float
   static constexpr int kSmem = kRowOff + kRowsPerCta * 4 + kRowsPerCta * kG * 4;
-  static constexpr bool kQRegs = QREGS;  // query fragments in registers (D128 only)
-  static_assert(!QREGS || D == 128, "register fragments: D128");
+  static constexpr bool kQRegs = D == 128;  // query fragments in registers (D128; D256 rebuilds them per use)
   static_assert(kStageB % 16 == 0 && kKBytes % 16 == 0 && kVBytes % 16 == 0 && kQOff % 16 == 0, "16-byte areas");
 };
 
@@ -117,10 +115,10 @@ __device__ __forceinline__ void split_hi_lo(float w0, float w1, uint32_t& hi, ui
 }
 
 
-template <int D, int KB, int VB, bool QREGS>
-__global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 3 : 2)
+template <int D, int KB, int VB>
+__global__ void __launch_bounds__(kPfThreads, 2)
     attention_prefill_tc_kernel(PrefillParams p) {
-  using C = PfCfg<D, KB, VB, QREGS>;
+  using C = PfCfg<D, KB, VB>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 pf_smem4[];
@@ -544,11 +542,11 @@ __global__ void __launch_bounds__(kPfThreads, (D == 128 && KB == 4 && !QREGS) ? 
 bool aligned(const void* ptr, uintptr_t n) { return (reinterpret_cast<uintptr_t>(ptr) % n) == 0; }
 
 // Sets the shared-memory attribute (once) and returns the resident CTAs per SM.
-template <int D, int KB, int VB, bool QR>
+template <int D, int KB, int VB>
 int ctas_per_sm() {
   static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_prefill_tc_kernel<D, KB, VB, QR>);
-    constexpr int smem = PfCfg<D, KB, VB, QR>::kSmem;
+    const void* fn = reinterpret_cast<const void*>(&attention_prefill_tc_kernel<D, KB, VB>);
+    constexpr int smem = PfCfg<D, KB, VB>::kSmem;
     CIDER_CUDA_CHECK("cuda.attention", cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kPfThreads, smem));
@@ -557,23 +555,12 @@ int ctas_per_sm() {
   return n;
 }
 
-// D128: the default (query fragments in 48 registers, 64-key tiles, 2 CTAs per SM) or the compact variant
-// ($CIDER_ATTN_PREFILL_QSMEM=1, read at every call: fragments rebuilt from shared memory per use, 32-key tiles,
-// K4V3 bounded to 168 registers = 3 CTAs per SM). The first H200 runs (docs/cuda/attention.md) found the default
-// latency-bound at 2 warps per scheduler; the compact variant trades instructions for occupancy — measured slower
-// (job 6: K4V3 L4096 1391 vs 1229 µs, L512 64.5 vs 45.2 µs), kept as the opt-in A/B.
-bool qregs_d128() { return !env_flag("CIDER_ATTN_PREFILL_QSMEM", false, "cuda.attention"); }
-
-// Calls f.template operator()<D, KB, VB, QR>() for the configuration of a.
+// Calls f.template operator()<D, KB, VB>() for the configuration of a.
 template <typename F>
 auto dispatch(const kernels::AttentionArgs& a, F&& f) {
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
-  if (d128) {
-    const bool qr = qregs_d128();
-    if (k8) return qr ? f.template operator()<128, 8, 4, true>() : f.template operator()<128, 8, 4, false>();
-    return qr ? f.template operator()<128, 4, 3, true>() : f.template operator()<128, 4, 3, false>();
-  }
-  return k8 ? f.template operator()<256, 8, 4, false>() : f.template operator()<256, 4, 3, false>();
+  if (d128) return k8 ? f.template operator()<128, 8, 4>() : f.template operator()<128, 4, 3>();
+  return k8 ? f.template operator()<256, 8, 4>() : f.template operator()<256, 4, 3>();
 }
 
 }  // namespace
@@ -611,10 +598,10 @@ PrefillTcPlan prefill_tc_plan(const kernels::AttentionArgs& a) {
     rows_per_cta = s.rows_per_cta;
     pl.smem = s.smem;
   } else {
-    dispatch(a, [&]<int D, int KB, int VB, bool QR>() {
-      tk = PfCfg<D, KB, VB, QR>::kTK;
-      per_sm = ctas_per_sm<D, KB, VB, QR>();
-      pl.smem = static_cast<size_t>(PfCfg<D, KB, VB, QR>::kSmem);
+    dispatch(a, [&]<int D, int KB, int VB>() {
+      tk = PfCfg<D, KB, VB>::kTK;
+      per_sm = ctas_per_sm<D, KB, VB>();
+      pl.smem = static_cast<size_t>(PfCfg<D, KB, VB>::kSmem);
       return 0;
     });
   }
@@ -653,10 +640,10 @@ void prefill_tc_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl,
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
   const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err = dispatch(a, [&]<int D, int KB, int VB, bool QR>() {
-    (void)ctas_per_sm<D, KB, VB, QR>();  // the shared-memory attribute before the first launch
-    return pdl::launch(attention_prefill_tc_kernel<D, KB, VB, QR>, grid, dim3(kPfThreads),
-                       static_cast<size_t>(PfCfg<D, KB, VB, QR>::kSmem), s, p);
+  const cudaError_t err = dispatch(a, [&]<int D, int KB, int VB>() {
+    (void)ctas_per_sm<D, KB, VB>();  // the shared-memory attribute before the first launch
+    return pdl::launch(attention_prefill_tc_kernel<D, KB, VB>, grid, dim3(kPfThreads),
+                       static_cast<size_t>(PfCfg<D, KB, VB>::kSmem), s, p);
   });
   CIDER_CUDA_CHECK("cuda.attention", err);
 }

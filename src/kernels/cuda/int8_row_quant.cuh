@@ -1,6 +1,5 @@
 // cider/kernels/cuda/int8_row_quant.cuh — the per-token int8 activation code of quant::quantize_int8_row on the
-// device, shared by the separate quantization kernel (linear_gemm.cu) and the wgmma GEMM's fused quantization
-// (linear_gemm_wgmma.cu): sx = fl(amax / 127) (1 when 0, NaN when a value is not finite), q = clamp(rint(fl(x / sx)),
+// device, used by the quantization kernel (linear_gemm.cu) and the GEMV kernels (gemv_device.cuh): sx = fl(amax / 127) (1 when 0, NaN when a value is not finite), q = clamp(rint(fl(x / sx)),
 // ±127), bit-identical to the reference.
 #pragma once
 
@@ -15,21 +14,13 @@ namespace cider::cuda::int8_row_quant {
 
 // 8 consecutive values of x as loaded (16 bytes of bf16/f16, 32 of f32): the quantization kernels keep these raw
 // words in registers (4 per 8 bf16 values instead of 8 floats) between the row's max and its codes.
-// Loads: kPlain (ld.global), kNonCoherent (__ldg: read-only path, the lines stay for a second read), kLastUse
-// (__ldcs: evict first).
-enum class RawLoad { kPlain, kNonCoherent, kLastUse };
 template <typename T>
 struct Raw8 {
   uint4 w[sizeof(T) == 4 ? 2 : 1];
-  template <RawLoad kLoad = RawLoad::kPlain>
   __device__ __forceinline__ void load(const T* p, int64_t i) {
     const auto* src = reinterpret_cast<const uint4*>(p + i);
 #pragma unroll
-    for (int h = 0; h < (sizeof(T) == 4 ? 2 : 1); ++h) {
-      if constexpr (kLoad == RawLoad::kNonCoherent) w[h] = __ldg(src + h);
-      else if constexpr (kLoad == RawLoad::kLastUse) w[h] = __ldcs(src + h);
-      else w[h] = src[h];
-    }
+    for (int h = 0; h < (sizeof(T) == 4 ? 2 : 1); ++h) w[h] = src[h];
   }
   __device__ __forceinline__ float get(int j) const {
     if constexpr (sizeof(T) == 4) {

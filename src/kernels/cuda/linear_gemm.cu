@@ -31,7 +31,6 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
-#include "kernels/cuda/counter_slabs.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
 #include "kernels/cuda/int8_row_quant.cuh"
@@ -42,9 +41,7 @@ namespace cider::cuda {
 
 namespace gemm_wgmma {  // linear_gemm_wgmma.cu
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
-bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters);
-bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster, unsigned int* fused_counters,
-            cudaStream_t stream, const char* op);
+void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op);
 int last_grid();
 }  // namespace gemm_wgmma
 
@@ -52,30 +49,22 @@ namespace {
 
 // Which GEMM kernel runs: kAuto picks wgmma (sm_90a, TMA) where gemm_wgmma::supported() holds — W8A8 with
 // K % 16 == 0 and 16-byte aligned operands — and mma.sync otherwise (W4A8, other devices). The environment
-// variable CIDER_GEMM_KERNEL = mma | wgmma | wgmma2 | auto sets the initial choice (read once);
+// variable CIDER_GEMM_KERNEL = mma | wgmma | auto sets the initial choice (read once);
 // gemm_bench::set_gemm_kernel overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls
-// back to mma.sync. wgmma2 = the 2-CTA-cluster multicast variant (opt-in until run and measured).
-enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2, kGemmWgmmaCluster = 3 };
+// back to mma.sync.
+enum GemmKernelChoice : int { kGemmAuto = 0, kGemmMmaSync = 1, kGemmWgmma = 2 };
 constexpr bool kWgmmaByDefault = true;  // auto → wgmma where supported
 
 std::atomic<int>& gemm_choice() {
   static std::atomic<int> choice{[] {
-    const std::string v = env_word("CIDER_GEMM_KERNEL", "auto", {"auto", "mma", "wgmma", "wgmma2"}, "cuda.gemm");
+    const std::string v = env_word("CIDER_GEMM_KERNEL", "auto", {"auto", "mma", "wgmma"}, "cuda.gemm");
     if (v == "mma") return static_cast<int>(kGemmMmaSync);
     if (v == "wgmma") return static_cast<int>(kGemmWgmma);
-    if (v == "wgmma2") return static_cast<int>(kGemmWgmmaCluster);
     return static_cast<int>(kGemmAuto);
   }()};
   return choice;
 }
-std::atomic<int> g_last_gemm_kernel{0};  // the GemmKernelChoice a launch used (1, 2 or 3), 0 before any
-std::atomic<bool> g_last_quantize_fused{false};  // whether the last int_gemm quantized x inside the wgmma kernel
-
-// CIDER_GEMM_FUSED_QUANT (read at every call; docs/cuda/switches.md): 0 (default) = the separate quantize_rows
-// kernel in front of the GEMM; 1 = the wgmma kernel quantizes the activations itself where it can
-// (linear_gemm_wgmma.cu, docs/cuda/gemm.md version 4). Opt-in: measured slower (jobs 35–44, last version: M2048
-// K4096 N14336 214.1 vs 202.8 µs, M512 K4096 N4096 34.7 vs 24.4 µs).
-bool fused_quantize_enabled() { return env_flag("CIDER_GEMM_FUSED_QUANT", false, "cuda.w8a8_gemm"); }
+std::atomic<int> g_last_gemm_kernel{0};  // the GemmKernelChoice a launch used (1 or 2), 0 before any
 
 constexpr int kQuantThreads = 256;
 constexpr size_t kWorkspaceAlign = 256;
@@ -672,13 +661,10 @@ void validate_int_linear(const kernels::IntLinearArgs& a, bool int4, const Exec&
 void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, bool int4,
                      cudaStream_t stream, const char* op) {
   const int choice = gemm_choice().load(std::memory_order_relaxed);
-  const bool want_wgmma =
-      choice == kGemmWgmma || choice == kGemmWgmmaCluster || (choice == kGemmAuto && kWgmmaByDefault);
+  const bool want_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
   if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
-    // launch() takes writable xq / sx for its fused quantization; without fused counters it only reads them.
-    const bool cluster = gemm_wgmma::launch(a, const_cast<int8_t*>(xq), const_cast<float*>(sx),
-                                            choice == kGemmWgmmaCluster, nullptr, stream, op);
-    g_last_gemm_kernel.store(cluster ? kGemmWgmmaCluster : kGemmWgmma, std::memory_order_relaxed);
+    gemm_wgmma::launch(a, xq, sx, stream, op);
+    g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
     return;
   }
   g_last_gemm_kernel.store(kGemmMmaSync, std::memory_order_relaxed);
@@ -716,21 +702,6 @@ void int_gemm(const kernels::IntLinearArgs& a, bool int4, const Exec& exec, cons
   auto* xq = static_cast<int8_t*>(exec.workspace);
   auto* sx = reinterpret_cast<float*>(static_cast<uint8_t*>(exec.workspace) +
                                       round_up(static_cast<size_t>(a.M * a.K), kWorkspaceAlign));
-  // With $CIDER_GEMM_FUSED_QUANT=1 the wgmma kernel (without clusters) quantizes x itself where it can; it needs a
-  // counter slab for the stream.
-  const int choice = gemm_choice().load(std::memory_order_relaxed);
-  const bool plain_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
-  if (plain_wgmma && fused_quantize_enabled() && gemm_wgmma::supported(a, int4, xq) &&
-      gemm_wgmma::fused_quantize_supported(a, xq, counters::kCounterSlab)) {
-    unsigned int* slab = counters::counter_slab(counters::Pool::kGemmQuantize, exec.stream);
-    if (slab != nullptr) {
-      gemm_wgmma::launch(a, xq, sx, false, slab, stream, op);
-      g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
-      g_last_quantize_fused.store(true, std::memory_order_relaxed);
-      return;
-    }
-  }
-  g_last_quantize_fused.store(false, std::memory_order_relaxed);
   quantize_rows_unchecked(a.x, a.x_dtype, a.M, a.K, xq, sx, stream);
   check_last_launch(op);
   launch_int_gemm(a, xq, sx, int4, stream, op);
@@ -778,20 +749,17 @@ void int8_gemm_prequantized(const kernels::IntLinearArgs& args, bool int4, const
                                                   round_up(static_cast<size_t>(args.M * args.K), kWorkspaceAlign));
   launch_int_gemm(args, xq, sx, int4, static_cast<cudaStream_t>(exec.stream), op);
 }
-// 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync),
-// 3 = the wgmma 2-CTA-cluster variant where wgmma is supported (else mma.sync).
+// 0 = auto (wgmma where supported), 1 = force mma.sync, 2 = force wgmma where supported (else mma.sync).
 void set_gemm_kernel(int choice) {
-  check(choice >= kGemmAuto && choice <= kGemmWgmmaCluster, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
-        "choice must be 0 (auto), 1 (mma.sync), 2 (wgmma) or 3 (wgmma cluster); got ", choice);
+  check(choice >= kGemmAuto && choice <= kGemmWgmma, ErrorCode::kInvalidArgument, "cuda.set_gemm_kernel",
+        "choice must be 0 (auto), 1 (mma.sync) or 2 (wgmma); got ", choice);
   gemm_choice().store(choice, std::memory_order_relaxed);
 }
 int gemm_kernel_choice() { return gemm_choice().load(std::memory_order_relaxed); }
-// The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma, 3 = wgmma cluster (0 before any launch).
+// The kernel the last GEMM launch used: 1 = mma.sync, 2 = wgmma (0 before any launch).
 int last_gemm_kernel() { return g_last_gemm_kernel.load(std::memory_order_relaxed); }
 // CTAs in the grid of the last wgmma launch (0 before any).
 int last_gemm_grid() { return gemm_wgmma::last_grid(); }
-// Whether the last w8a8/w4a8 GEMM call quantized its activations inside the wgmma kernel.
-bool last_gemm_quantize_fused() { return g_last_quantize_fused.load(std::memory_order_relaxed); }
 }  // namespace gemm_bench
 
 }  // namespace cider::cuda

@@ -15,8 +15,6 @@
 //   Pipeline: full[s] (TMA transaction bytes) and empty[s] (one arrival per consumer warp, 8) mbarriers per stage.
 //   Tails: TMA fills rows past M/N and k past K with zeros (they add nothing to the exact integer sums); k32 steps
 //   wholly past K are skipped; the epilogue masks rows/columns.
-//   Opt-in ($CIDER_GEMM_FUSED_QUANT=1, measured slower: docs/cuda/gemm.md version 4): the CTAs' warps quantize x
-//   themselves before the mainloop (see "fused per-token activation quantization" below).
 //   Epilogue: the reference's order, every step rounded (as linear_gemm.cu):
 //     per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                              (+ bias)
 //     per group:   each group's wgmma chain starts with scale-d = 0 (acc = A·B), and after the group's last k32
@@ -30,14 +28,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
-#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
-#include "kernels/cuda/int8_row_quant.cuh"
 
 namespace cider::cuda::gemm_wgmma {
 
@@ -104,43 +99,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
       : "memory");
-}
-
-// Multicast variant (cluster of 2): the box lands at the same shared-memory offset in every CTA of cta_mask, and
-// each destination's mbarrier at `bar`'s offset receives the box's bytes.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int k, int row,
-                                                      uint32_t bar, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster arrives, then waits (release/acquire: orders the mbarrier inits).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// Arrive on the mbarrier at local offset `bar` of CTA `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // 4-byte asynchronous copy global → shared; src_bytes 0 writes a zero instead (a tail past M or N: src stays a valid
@@ -241,215 +199,15 @@ struct Params {
   int64_t M, N, K;
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
-  // Fused activation quantization (kCluster 1 only; x null = xq and sx were written beforehand by quantize_rows): the
-  // CTAs quantize x [M, K] (bf16, f16 or f32 by x_kind; K % 8 == 0, K ≤ 4096, 16-byte aligned) into xq (the memory
-  // map_a reads) and sx before their tiles need them. qc = a zeroed counter slab (counter_slabs.h): qc[0] the next row
-  // to claim, qc[1] CTAs done, qc[2 + t] rows of M-tile t written; the last CTA leaves them zero again.
-  const void* x;
-  int8_t* xq;
-  float* sx_out;
-  unsigned int* qc;
-  int x_kind;  // x dtype: 0 bf16, 1 f16, 2 f32
 };
 
-// ---- fused per-token activation quantization ----------------------------------------------------------------------
-//
-// Opt-in (CIDER_GEMM_FUSED_QUANT=1): measured slower than the separate kernel (jobs 35–44: the consumer warps quantize
-// before their MMAs and 12 warps per SM cannot hide a row's latency). Before the mainloop the 11 warps of each CTA
-// other than warp 0 (whose lane 0 is the TMA producer) take batches of 11 rows of x from a global counter (one atomic
-// per CTA and batch), one row per warp, write each row's codes and scale (int8_row_quant.cuh: the reference's bits) and
-// count the row in its M-tile's counter after a gpu-scope fence. The producer polls the counter of each tile's M-tile
-// until all its rows are there (then a fence: acquire) before its first A copy of the tile. Claiming rows dynamically
-// (not by CTA index) means every row is written by a warp that is already running, so no CTA ever waits on a CTA that
-// is not resident. Meanwhile the producer has already started the first tile's B (weight) copies. Why fused: the
-// separate quantization kernel cost 11.3 µs of the 192.7 µs M2048 K4096 N14336 case (docs/cuda/gemm.md, version 4); the
-// attempt did not recover it.
-
-constexpr int kQuantHeldChunks = 16;
-
-__device__ __forceinline__ unsigned int ld_relaxed_gpu(const unsigned int* p) {
-  unsigned int v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_relaxed_gpu_add(unsigned int* p, unsigned int v) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-__device__ __forceinline__ unsigned int atom_acq_rel_gpu_add(unsigned int* p, unsigned int v) {
-  unsigned int old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-// Orders this thread's generic-proxy global accesses with async-proxy (TMA) accesses of the same memory.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-
-using int8_row_quant::Raw8;
-using int8_row_quant::RawLoad;
-
-// max over 8 values of their absolute values' bit patterns, folded into m (per 16-bit half for bf16 / f16). For
-// non-negative floats the bit patterns order like the values, and NaN / inf patterns lie above every finite one, so
-// one integer max gives both max |x| and "all finite" — exactly, branch-free.
-template <typename T>
-__device__ __forceinline__ uint32_t abs_bits_max(const Raw8<T>& v, uint32_t m) {
-  if constexpr (sizeof(T) == 4) {
-    const uint32_t b[8] = {v.w[0].x, v.w[0].y, v.w[0].z, v.w[0].w, v.w[1].x, v.w[1].y, v.w[1].z, v.w[1].w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m = max(m, b[j] & 0x7fffffffu);
-  } else {
-    const uint32_t b[4] = {v.w[0].x, v.w[0].y, v.w[0].z, v.w[0].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) m = __vmaxu2(m, b[j] & 0x7fff7fffu);
-  }
-  return m;
-}
-
-// max |x| and "all finite" from the warp's combined abs_bits_max.
-template <typename T>
-__device__ __forceinline__ void amax_from_bits(uint32_t m, float& amax, bool& finite) {
-  if constexpr (sizeof(T) == 4) {
-    finite = m < 0x7f800000u;
-    amax = __uint_as_float(m);
-  } else {
-    const uint32_t h = max(m & 0xffffu, m >> 16);
-    if constexpr (std::is_same_v<T, __half>) {
-      finite = h < 0x7c00u;
-      amax = __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-    } else {
-      finite = h < 0x7f80u;
-      amax = __uint_as_float(h << 16);
-    }
-  }
-}
-
-// One warp quantizes row m of x (K ≤ 8 · 32 · kQuantHeldChunks) with the reference's arithmetic: max |x| and "all
-// finite" over the row, sx, then the codes. Two passes over the row: the first holds all 16 chunk loads per lane in
-// flight at once (64 registers for bf16/f16; f32 in two rounds of 8) and keeps only the max; the second reads the row
-// again (L1/L2) 4 chunks at a time in a loop that is not unrolled. Why: each warp quantizes only 1–2 rows, so a fully
-// unrolled row (≈ 1 900 instructions per dtype, job 38) ran cold from the instruction cache (Nsight, job 39: "no
-// instruction" the first stall of the quantizer code), and a branch per value (job 37) made each row one dependent
-// chain; the codes are branch-free (codes8_fast).
-template <typename T>
-__device__ void quantize_row_warp(const Params& p, int64_t m, int lane) {
-  const int64_t K = p.K;
-  const T* row = static_cast<const T*>(p.x) + m * K;
-  int8_t* qrow = p.xq + m * K;
-  uint32_t bits[2] = {0u, 0u};  // two independent max chains
-  // f32 in two rounds of 8 chunks (64 registers each; all 16 at once spilled).
-  constexpr int kRound = sizeof(T) == 4 ? kQuantHeldChunks / 2 : kQuantHeldChunks;
-#pragma unroll 1
-  for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kRound) {
-    Raw8<T> v[kRound];
-#pragma unroll
-    for (int c = 0; c < kRound; ++c) {
-      const int64_t k = 8 * (lane + 32 * (c0 + c));
-      if (k < K) v[c].template load<RawLoad::kNonCoherent>(row, k);
-    }
-#pragma unroll
-    for (int c = 0; c < kRound; ++c)
-      if (8 * (lane + 32 * (c0 + c)) < K) bits[c & 1] = abs_bits_max(v[c], bits[c & 1]);
-  }
-  uint32_t mbits = sizeof(T) == 4 ? max(bits[0], bits[1]) : __vmaxu2(bits[0], bits[1]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const uint32_t o = __shfl_xor_sync(0xffffffffu, mbits, off);
-    mbits = sizeof(T) == 4 ? max(mbits, o) : __vmaxu2(mbits, o);
-  }
-  float amax;
-  bool finite;
-  amax_from_bits<T>(mbits, amax, finite);
-  const float sx = int8_row_quant::row_sx(amax, finite);
-  const int8_row_quant::RowScale scale = int8_row_quant::row_scale(sx);
-  if (lane == 0) p.sx_out[m] = sx;
-  uint32_t exact_chunks = 0;  // chunks whose codes need the division (rare: values next to a rounding boundary)
-  constexpr int kStep = 4;    // chunks per step of the second pass
-#pragma unroll 1
-  for (int c0 = 0; c0 < kQuantHeldChunks && 8 * 32 * c0 < K; c0 += kStep) {
-    Raw8<T> v[kStep];
-#pragma unroll
-    for (int c = 0; c < kStep; ++c) {
-      const int64_t k = 8 * (lane + 32 * (c0 + c));
-      if (k < K) v[c].template load<RawLoad::kLastUse>(row, k);
-    }
-#pragma unroll
-    for (int c = 0; c < kStep; ++c) {
-      const int64_t k = 8 * (lane + 32 * (c0 + c));
-      if (k < K) {
-        float f[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = v[c].get(j);
-        bool exact = false;
-        uint2 q = int8_row_quant::codes8_fast(f, scale, exact);
-        if (!finite) q = make_uint2(0u, 0u);  // a row holding NaN/inf: sx = NaN, codes 0 (as the reference)
-        exact_chunks |= (exact && finite ? 1u : 0u) << (c0 + c);
-        *reinterpret_cast<uint2*>(qrow + k) = q;
-      }
-    }
-  }
-  // Rewrite the flagged chunks with the division (program order: these stores land after the fast ones).
-  while (exact_chunks != 0u) {
-    const int c = __ffs(exact_chunks) - 1;
-    exact_chunks &= exact_chunks - 1u;
-    const int64_t k = 8 * (lane + 32 * c);
-    Raw8<T> again;
-    again.template load<RawLoad::kLastUse>(row, k);
-    float f[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = again.get(j);
-    *reinterpret_cast<uint2*>(qrow + k) = int8_row_quant::codes8_exact(f, scale.sx);
-  }
-}
-
-constexpr int kQuantWarps = kThreads / 32 - 1;  // warps 1 … 11 quantize; warp 0 holds the TMA producer
-
-// The quantizer warps of a CTA: one thread claims a batch of kQuantWarps consecutive rows from the global counter
-// (one atomic per CTA and batch: no contention on the counter), warp w takes row first + w. Each written row is
-// published to the producers: every lane's stores, the proxy fence (TMA reads them through the async proxy), a
-// gpu-scope fence, then the M-tile's count (relaxed add after the fence: a release pattern). batch_first is a
-// two-slot ring: slot i & 1 is rewritten two batches later, after every quantizer passed the barrier in between.
-template <typename T>
-__device__ void quantize_rows_fused(const Params& p, int qwarp, int lane, unsigned int (&batch_first)[2]) {
-  for (int i = 0;; ++i) {
-    if (qwarp == 0 && lane == 0) batch_first[i & 1] = atomicAdd(p.qc, static_cast<unsigned int>(kQuantWarps));
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kQuantWarps * 32) : "memory");
-    const unsigned int first = batch_first[i & 1];
-    if (static_cast<int64_t>(first) >= p.M) break;
-    const unsigned int row = first + static_cast<unsigned int>(qwarp);
-    if (static_cast<int64_t>(row) < p.M) {
-      quantize_row_warp<T>(p, static_cast<int64_t>(row), lane);
-      fence_proxy_async_global();
-      fence_acq_rel_gpu();
-      __syncwarp();
-      if (lane == 0) red_relaxed_gpu_add(p.qc + 2 + row / kBM, 1u);
-    }
-  }
-}
-
-// Producer: waits until every row of the M-tile at m0 is written, then makes them visible to its TMA copies.
-__device__ __forceinline__ void wait_rows_quantized(const Params& p, int64_t m0) {
-  if (m0 >= p.M) return;
-  const unsigned int need = static_cast<unsigned int>(min(static_cast<int64_t>(kBM), p.M - m0));
-  const unsigned int* count = p.qc + 2 + m0 / kBM;
-  // Relaxed polling (an acquire load would invalidate the SM's L1 at every poll), then one fence: acquire pattern.
-  while (ld_relaxed_gpu(count) < need) __nanosleep(64);
-  fence_acq_rel_gpu();
-  fence_proxy_async_global();
-}
-
 // kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
-// kCluster 2 (opt-in, see launch()): CTA pairs of a cluster take vertically adjacent tiles of one
-// N-tile; each CTA loads its own A tile and half of the shared B tile, multicast into both CTAs' shared memory, so
-// the L2 → SM traffic per k-tile drops from 48 KB to 32 KB per CTA (BN 256). A stage is refilled only when the
-// consumers of both CTAs have released it (empty barriers count 16 arrivals, half of them remote).
-template <int BN, int kGroupSteps, int kCluster, typename OutT>
+template <int BN, int kGroupSteps, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const Params p) {
   using Cfg = TileConfig<BN>;
   constexpr bool kGrouped = kGroupSteps > 0;
-  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
   static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
   constexpr int kStages = Cfg::kStages;
   constexpr int kAcc = BN / 2;   // int32 accumulators per consumer thread: 64 × BN over 128 threads
@@ -466,21 +224,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Persistent grid: CTA b takes tiles b, b + gridDim.x, ... In tile order 16 M-tiles run down each column of
   // N-tiles (grouped raster, as the mma.sync kernel), so the CTAs working at one time share W tiles in L2.
   constexpr int kGroupM = 16;
-  // A work unit is one tile (kCluster 1) or a pair of vertically adjacent tiles, one per CTA of the cluster.
-  constexpr int kGroupUnits = kGroupM / kCluster;
-  const uint32_t rank = kCluster == 2 ? cluster_ctarank() : 0u;
   const int64_t m_tiles = (M + kBM - 1) / kBM, n_tiles = (N + BN - 1) / BN;
-  const int64_t m_units = (m_tiles + kCluster - 1) / kCluster, units = m_units * n_tiles;
-  const int64_t first_unit = kCluster == 2 ? static_cast<int64_t>(cluster_id_x()) : static_cast<int64_t>(blockIdx.x);
-  const int64_t unit_stride =
-      kCluster == 2 ? static_cast<int64_t>(cluster_count_x()) : static_cast<int64_t>(gridDim.x);
+  const int64_t units = m_tiles * n_tiles;
+  const int64_t first_unit = static_cast<int64_t>(blockIdx.x);
+  const int64_t unit_stride = static_cast<int64_t>(gridDim.x);
   auto tile_origin = [&](int64_t unit, int64_t& m0, int64_t& n0) {
-    const int64_t per_group = kGroupUnits * n_tiles;
-    const int64_t first_m = unit / per_group * kGroupUnits;
-    const int64_t group_m = min(static_cast<int64_t>(kGroupUnits), m_units - first_m);
+    const int64_t per_group = kGroupM * n_tiles;
+    const int64_t first_m = unit / per_group * kGroupM;
+    const int64_t group_m = min(static_cast<int64_t>(kGroupM), m_tiles - first_m);
     const int64_t in_group = unit % per_group;
-    // The second CTA of a pair may start past M (odd m_tiles): TMA then reads zeros and the epilogue stores nothing.
-    m0 = ((first_m + in_group % group_m) * kCluster + rank) * kBM;
+    m0 = (first_m + in_group % group_m) * kBM;
     n0 = in_group / group_m * BN;
   };
 
@@ -489,53 +242,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
   const int k_steps_total = static_cast<int>(K / kStepK);
 
-  // Fused quantization: the warps of this CTA that have left the row queue (all but warp 0).
-  __shared__ unsigned int quantizers_done;
-  __shared__ unsigned int batch_first[2];
-  const bool fused = kCluster == 1 && p.x != nullptr;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), kConsumerWarps * kCluster);
+      mbar_init(empty_bar(s), kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    quantizers_done = 0;
   }
-  // The peer CTA's copies and arrivals target these barriers: both CTAs initialize theirs before either starts.
-  if constexpr (kCluster == 2) cluster_sync();
-  else __syncthreads();
+  __syncthreads();
 
-  // Fused quantization: lane 0 of warp 0 starts the first tile's weight copies (they do not depend on x) into the
-  // first stages; every other warp quantizes rows. Stages [0, prefetched) then only lack their A copy.
-  int prefetched = 0;
-  if (fused) {
-    if (warp == 0) {
-      if (lane == 0 && first_unit < units) {
-        int64_t m0, n0;
-        tile_origin(first_unit, m0, n0);
-        prefetched = min(kStages, k_tiles);
-        for (int kt = 0; kt < prefetched; ++kt) {
-          const uint32_t stage = base + static_cast<uint32_t>(kt * Cfg::kStageBytes);
-          mbar_arrive_expect_tx(full_bar(kt), static_cast<uint32_t>(Cfg::kStageBytes));
-          tma_load_2d(stage + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(kt));
-        }
-      }
-    } else {
-      if (p.x_kind == 0) quantize_rows_fused<__nv_bfloat16>(p, warp - 1, lane, batch_first);
-      else if (p.x_kind == 1) quantize_rows_fused<__half>(p, warp - 1, lane, batch_first);
-      else quantize_rows_fused<float>(p, warp - 1, lane, batch_first);
-      if (lane == 0) atomicAdd(&quantizers_done, 1u);
-    }
-  }
-  // Releases stage s: this CTA's empty barrier, and with clusters the peer's too (its producer multicasts into it).
-  auto release_stage = [&](int s) {
-    if constexpr (kCluster == 2) {
-      mbar_arrive_cluster(empty_bar(s), 0);
-      mbar_arrive_cluster(empty_bar(s), 1);
-    } else {
-      mbar_arrive(empty_bar(s));
-    }
-  };
+  auto release_stage = [&](int s) { mbar_arrive(empty_bar(s)); };
 
   // The ring position runs on across tiles: k-tile number `it` (counted over all of this CTA's tiles) uses stage
   // it % kStages, and its full/empty barriers complete for the (it / kStages)-th time.
@@ -550,37 +266,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int64_t tile = first_unit; tile < units; tile += unit_stride) {
         int64_t m0, n0;
         tile_origin(tile, m0, n0);
-        if (fused) wait_rows_quantized(p, m0);
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int s = static_cast<int>(it % kStages);
           const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
-          if (it < prefetched) {  // the first tile's first stages: B is on its way, the barrier expects A too
-            tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
-            continue;
-          }
           // Reuse of stage s waits for the consumers' release of k-tile it − kStages (completion it/kStages − 1).
           if (it >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((it / kStages + 1) & 1));
           mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
           tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
-          if constexpr (kCluster == 2) {
-            // B rows n0 + rank·BN/2 .. + BN/2 − 1 into both CTAs (the peer loads the other half).
-            const uint32_t half = rank * static_cast<uint32_t>(BN / 2 * kBK);
-            tma_load_2d_multicast(a_dst + Cfg::kAStage + half, &map_b, kt * kBK,
-                                  static_cast<int>(n0) + static_cast<int>(rank) * (BN / 2), full_bar(s), 0x3);
-          } else {
-            tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
-          }
-        }
-      }
-      if (fused) {
-        // This CTA is done with the counters once its quantizer warps have left the queue (their last claim has
-        // returned) and this thread has made its last wait. The last CTA to get here resets the slab to zero for
-        // the next launch on this stream (every other CTA has made its last access before counting itself in).
-        while (*static_cast<volatile unsigned int*>(&quantizers_done) < static_cast<unsigned int>(kQuantWarps))
-          __nanosleep(32);
-        if (atom_acq_rel_gpu_add(p.qc + 1, 1u) == gridDim.x - 1) {
-          const int64_t m_tiles_all = (M + kBM - 1) / kBM;
-          for (int64_t t = 0; t < m_tiles_all + 2; ++t) p.qc[t] = 0u;
+          tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
         }
       }
     }
@@ -597,10 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_origin(tile, m0, n0);
       // This tile's epilogue constants go to buffer `parity` (waited for, by every consumer, just before the
       // epilogue). The buffer was last read in the epilogue two tiles back, which every consumer left before the
-      // barrier that precedes the previous tile's epilogue, so no reader remains. With the fused quantization they are
-      // copied once the tile's first k-tile has arrived: sx of the tile's rows is written by other warps, and the
-      // producer's wait for those rows (acquire) precedes its arrival on that full barrier (release), which this
-      // thread's wait acquires. The copies land while the mainloop runs.
+      // barrier that precedes the previous tile's epilogue, so no reader remains. The copies land while the mainloop
+      // runs.
       float* const epi = epi_base + parity * Cfg::kEpiFloats;
       auto stage_constants = [&]() {
         for (int i = ct; i < Cfg::kEpiFloats; i += 256) {
@@ -654,10 +345,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if ((g + 1) * kGroupSteps < k_steps_total) load_group_scales(g + 1);
       };
 
-      if (fused) {
-        // The first k-tile's arrival (waited for again, at no cost, inside the loop), then the constants.
-        mbar_wait(full_bar(static_cast<int>(it % kStages)), static_cast<uint32_t>((it / kStages) & 1));
-      }
       stage_constants();
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
@@ -768,16 +455,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  // No CTA of a pair may exit while its peer can still arrive on its barriers (every thread of both CTAs gets here).
-  if constexpr (kCluster == 2) {
-    __syncwarp();
-    cluster_sync();
-  }
 }
 
 // ---- host: tensor maps and launch -----------------------------------------------------------------------------------
 
-std::atomic<int> g_last_grid{0};  // CTAs of the last launch (bench notes: a short cluster grid shows here)
+std::atomic<int> g_last_grid{0};  // CTAs of the last launch (bench notes)
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -812,51 +494,20 @@ void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_
         static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
 }
 
-template <int BN, int kGroupSteps, int kCluster, typename OutT>
+template <int BN, int kGroupSteps, typename OutT>
 void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
   using Cfg = TileConfig<BN>;
   CUtensorMap map_b;
-  encode_operand_map(&map_b, w, p.N, p.K, BN / kCluster, op);  // clusters: each CTA loads half of the B tile
-  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, kCluster, OutT>;
+  encode_operand_map(&map_b, w, p.N, p.K, BN, op);
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, OutT>;
   CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(Cfg::kSmemBytes)));
   const int sms = device_info().sm_count;
-  const int64_t units = ((p.M + kBM * kCluster - 1) / (kBM * kCluster)) * ((p.N + BN - 1) / BN);
-  if constexpr (kCluster == 1) {
-    // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
-    const int64_t grid = std::min<int64_t>(units, sms);
-    g_last_grid.store(static_cast<int>(grid), std::memory_order_relaxed);
-    kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
-  } else {
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    // Persistent clusters: as many as fit at once (GPCs with an odd number of SMs leave one idle), queried once.
-    static const int max_clusters = [&] {
-      cudaLaunchConfig_t q = config;
-      q.gridDim = dim3(static_cast<unsigned>(sms / kCluster * kCluster));
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &q) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        n = sms / kCluster;
-      }
-      return n;
-    }();
-    // CIDER_GEMM_CLUSTERS (experiment, docs/cuda/switches.md): a fixed number of clusters instead of the query's.
-    static const int forced = env_int("CIDER_GEMM_CLUSTERS", 0, 0, 4096, op);
-    const int64_t clusters = std::min<int64_t>(units, forced > 0 ? forced : max_clusters);
-    g_last_grid.store(static_cast<int>(clusters * kCluster), std::memory_order_relaxed);
-    config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-    CIDER_CUDA_CHECK(op, cudaLaunchKernelEx(&config, kernel, map_a, map_b, p));
-  }
+  const int64_t units = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
+  // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.
+  const int64_t grid = std::min<int64_t>(units, sms);
+  g_last_grid.store(static_cast<int>(grid), std::memory_order_relaxed);
+  kernel<<<static_cast<unsigned>(grid), kThreads, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   check_last_launch(op);
 }
 
@@ -866,21 +517,11 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 template <typename OutT>
-void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool variant, cudaStream_t stream,
-                const char* op) {
+void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
   switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
-    case 2:
-      variant ? launch_config<128, 2, 2, OutT>(map_a, w, p, stream, op)
-              : launch_config<128, 2, 1, OutT>(map_a, w, p, stream, op);
-      return;
-    case 4:
-      variant ? launch_config<128, 4, 2, OutT>(map_a, w, p, stream, op)
-              : launch_config<128, 4, 1, OutT>(map_a, w, p, stream, op);
-      return;
-    case 8:
-      variant ? launch_config<128, 8, 2, OutT>(map_a, w, p, stream, op)
-              : launch_config<128, 8, 1, OutT>(map_a, w, p, stream, op);
-      return;
+    case 2: launch_config<128, 2, OutT>(map_a, w, p, stream, op); return;
+    case 4: launch_config<128, 4, OutT>(map_a, w, p, stream, op); return;
+    case 8: launch_config<128, 8, OutT>(map_a, w, p, stream, op); return;
     default: break;
   }
   // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
@@ -889,13 +530,8 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, bool v
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
   const bool use_wide = 1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms);
-  if (variant) {
-    if (use_wide) launch_config<256, 0, 2, OutT>(map_a, w, p, stream, op);
-    else launch_config<128, 0, 2, OutT>(map_a, w, p, stream, op);
-  } else {
-    if (use_wide) launch_config<256, 0, 1, OutT>(map_a, w, p, stream, op);
-    else launch_config<128, 0, 1, OutT>(map_a, w, p, stream, op);
-  }
+  if (use_wide) launch_config<256, 0, OutT>(map_a, w, p, stream, op);
+  else launch_config<128, 0, OutT>(map_a, w, p, stream, op);
 }
 
 }  // namespace
@@ -914,33 +550,11 @@ bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
          reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
-// Whether the kernel can quantize x itself (on top of supported()): bf16, f16 or f32 x, K % 8 == 0 and x 16-byte
-// aligned (16-byte row loads), K ≤ 4096 (a row in one warp's registers), xq 8-byte aligned, every M-tile's counter in
-// one slab, M < 2^31 (rows as unsigned claims).
-bool fused_quantize_supported(const kernels::IntLinearArgs& a, const int8_t* xq, int slab_counters) {
-  const int64_t m_tiles = (a.M + kBM - 1) / kBM;
-  return (a.x_dtype == DType::kBF16 || a.x_dtype == DType::kF16 || a.x_dtype == DType::kF32) && a.K % 8 == 0 &&
-         a.K <= 8 * 32 * kQuantHeldChunks &&
-         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 8 == 0 &&
-         m_tiles + 2 <= slab_counters && a.M < (int64_t{1} << 31);
-}
-
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
-// cluster: the 2-CTA multicast variant (opt-in: tested, measured slower; docs/cuda/gemm.md), per channel and per
-// group; returns it.
-// fused_counters (non-null only without clusters, for bf16/f16 x with K % 8 == 0 and x 16-byte aligned: see
-// fused_quantize_supported): the kernel quantizes a.x into xq / sx itself, with that zeroed counter slab.
-bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster, unsigned int* fused_counters,
-            cudaStream_t stream, const char* op) {
+void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream,
+            const char* op) {
   Params p{};
   p.sx = sx;
-  if (fused_counters != nullptr && !cluster) {
-    p.x = a.x;
-    p.x_kind = a.x_dtype == DType::kBF16 ? 0 : a.x_dtype == DType::kF16 ? 1 : 2;
-    p.xq = xq;
-    p.sx_out = sx;
-    p.qc = fused_counters;
-  }
   p.sw = a.w_scales;
   p.bias = a.bias;
   p.out = a.out;
@@ -953,11 +567,10 @@ bool launch(const kernels::IntLinearArgs& a, int8_t* xq, float* sx, bool cluster
   CUtensorMap map_a;
   encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
   switch (a.out_dtype) {
-    case DType::kF32: launch_out<float>(map_a, a.w, p, cluster, stream, op); break;
-    case DType::kF16: launch_out<__half>(map_a, a.w, p, cluster, stream, op); break;
-    default: launch_out<__nv_bfloat16>(map_a, a.w, p, cluster, stream, op); break;
+    case DType::kF32: launch_out<float>(map_a, a.w, p, stream, op); break;
+    case DType::kF16: launch_out<__half>(map_a, a.w, p, stream, op); break;
+    default: launch_out<__nv_bfloat16>(map_a, a.w, p, stream, op); break;
   }
-  return cluster;
 }
 
 }  // namespace cider::cuda::gemm_wgmma
