@@ -1,6 +1,6 @@
 // Transformer-op benchmarks (kernels/cuda/cuda_ops.h): the cuBLASLt bf16 linear layer against PyTorch's bf16 GEMV /
-// matmul rows of tools/gpu/peers.py, and the memory-bound ops (RMSNorm, GLU, argmax) against their byte
-// floors. Inputs: fresh random values of a realistic spread (random sign, exponents of ~N(0, 1) values, random
+// matmul rows of tools/gpu/peers.py, and the sampler's top-k against its byte floor. Inputs: fresh random values of a
+// realistic spread (random sign, exponents of ~N(0, 1) values, random
 // mantissas: the same bit activity as randn), copies rotated where one copy would sit in the 60 MB L2.
 #include <algorithm>
 #include <cstdint>
@@ -72,74 +72,8 @@ BenchResult bench_dense(int64_t M, int64_t K, int64_t N, const char* peer) {
   return r;
 }
 
-BenchResult bench_rms_norm(int64_t rows, int64_t hidden) {
-  std::mt19937_64 rng(0x4e040000u + static_cast<uint64_t>(rows));
-  const size_t bytes = static_cast<size_t>(rows * hidden) * 4;
-  const size_t copies = copies_for(2 * bytes, 4);
-  std::vector<cuda::DeviceBuffer> xs, outs;
-  for (size_t c = 0; c < copies; ++c) {
-    xs.push_back(device_floats(rng, static_cast<size_t>(rows * hidden)));
-    outs.emplace_back(bytes);
-  }
-  cuda::DeviceBuffer w = device_floats(rng, static_cast<size_t>(hidden));
-  cuda::Stream stream;
-  size_t next = 0;
-  auto run = [&](void* s) {
-    const size_t c = next++ % copies;
-    const cuda::Exec exec{s, nullptr, 0};
-    cuda::rms_norm(xs[c].as<float>(), w.as<float>(), 1.0f, rows, hidden, 1e-6f, outs[c].as<float>(), exec);
-  };
-  BenchResult r;
-  r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  r.bytes = 2.0 * static_cast<double>(bytes) + 4.0 * static_cast<double>(hidden);
-  r.note = std::to_string(copies) + " copies";
-  return r;
-}
 
-BenchResult bench_glu(int64_t rows, int64_t inter) {
-  std::mt19937_64 rng(0x6c750000u + static_cast<uint64_t>(rows));
-  const auto count = static_cast<size_t>(rows * inter);
-  const size_t copies = copies_for(3 * count * 4, 2);
-  std::vector<cuda::DeviceBuffer> gates, ups, outs;
-  for (size_t c = 0; c < copies; ++c) {
-    gates.push_back(device_floats(rng, count));
-    ups.push_back(device_floats(rng, count));
-    outs.emplace_back(count * 4);
-  }
-  cuda::Stream stream;
-  size_t next = 0;
-  auto run = [&](void* s) {
-    const size_t c = next++ % copies;
-    const cuda::Exec exec{s, nullptr, 0};
-    cuda::glu(gates[c].as<float>(), ups[c].as<float>(), static_cast<int64_t>(count), cuda::GluActivation::kSiLU,
-              outs[c].as<float>(), exec);
-  };
-  BenchResult r;
-  r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  r.bytes = 3.0 * 4.0 * static_cast<double>(count);
-  r.note = std::to_string(copies) + " copies, silu";
-  return r;
-}
 
-BenchResult bench_argmax(int64_t rows, int64_t vocab, bool l2_hot) {
-  std::mt19937_64 rng(0xa5a50000u + static_cast<uint64_t>(vocab + rows));
-  const size_t bytes = static_cast<size_t>(rows * vocab) * 4;
-  const size_t copies = l2_hot ? 1 : copies_for(bytes, 4);
-  std::vector<cuda::DeviceBuffer> logits;
-  for (size_t c = 0; c < copies; ++c) logits.push_back(device_floats(rng, static_cast<size_t>(rows * vocab)));
-  cuda::DeviceBuffer out(static_cast<size_t>(rows) * sizeof(int32_t));
-  cuda::Stream stream;
-  size_t next = 0;
-  auto run = [&](void* s) {
-    const cuda::Exec exec{s, nullptr, 0};
-    cuda::argmax_rows(logits[next++ % copies].as<float>(), rows, vocab, out.as<int32_t>(), exec);
-  };
-  BenchResult r;
-  r.seconds = bench_graph(run, stream.handle(), 20, 15);
-  r.bytes = static_cast<double>(bytes);
-  r.note = l2_hot ? "one copy (L2-hot, as right after the LM head)" : std::to_string(copies) + " copies (from HBM)";
-  return r;
-}
 
 // Device sampling's ranking (cuda::topk_logits) on one row left in L2 by the LM head, with `excluded` penalised
 // tokens; the copy it replaces is the row's 4·vocab bytes to the host (plus the host's own sampling).
@@ -176,10 +110,5 @@ CIDER_CUDA_BENCH("dense_bf16 M1 K4096 N14336", "ops") { return bench_dense(1, 40
 CIDER_CUDA_BENCH("dense_bf16 M2048 K4096 N14336", "ops") {
   return bench_dense(2048, 4096, 14336, "bf16 matmul M2048 K4096 N14336");
 }
-CIDER_CUDA_BENCH("rms_norm M1 H4096", "ops") { return bench_rms_norm(1, 4096); }
-CIDER_CUDA_BENCH("rms_norm M2048 H4096", "ops") { return bench_rms_norm(2048, 4096); }
-CIDER_CUDA_BENCH("glu silu M2048 I14336", "ops") { return bench_glu(2048, 14336); }
-CIDER_CUDA_BENCH("argmax M1 V128256", "ops") { return bench_argmax(1, 128256, false); }
-CIDER_CUDA_BENCH("argmax M1 V128256 L2-hot", "ops") { return bench_argmax(1, 128256, true); }
 
 }  // namespace cider::bench

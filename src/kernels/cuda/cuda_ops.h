@@ -1,6 +1,6 @@
-// cider/kernels/cuda/cuda_ops.h — the remaining ops of a transformer layer on the GPU (kernels/cuda/ops.cu) and the
-// dense bf16 linear layer through cuBLASLt (kernels/cuda/dense.cu): what model/cuda needs besides the quantized
-// linear layers and attention of cuda_api.h. Same conventions as cuda_api.h: device pointers, asynchronous on
+// cider/kernels/cuda/cuda_ops.h — the embedding lookup and logit soft-cap (kernels/cuda/ops.cu) and the dense bf16
+// linear layer through cuBLASLt (kernels/cuda/dense.cu): what the CUDA backend needs besides the quantized linear
+// layers and attention of cuda_api.h and the fused per-layer kernels of model_ops.h. Same conventions as cuda_api.h: device pointers, asynchronous on
 // exec.stream, no allocation, no synchronization (graph-capturable), cider::Error on bad arguments.
 // Activations are float32 [rows, dim] row-major; the semantics follow the CPU engine (model/cpu_backend.cpp).
 #pragma once
@@ -18,28 +18,8 @@ namespace cider::cuda {
 void embed_rows(const void* embed, DType embed_dtype, int64_t vocab, int64_t hidden, const int32_t* tokens, int64_t n,
                 float scale, float* out, const Exec& exec);
 
-// out = x / sqrt(mean(x²) + eps) · (offset + w) per row of `dim` (float32 sums); out may equal x. w [dim] float32.
-void rms_norm(const float* x, const float* w, float offset, int64_t rows, int64_t dim, float eps, float* out,
-              const Exec& exec);
-
-// Rotary embedding, HF rotate_half convention, in place on x [n, heads, head_dim] (pairs (i, i + head_dim/2)):
-// row t of the chunk sits at position pos0 + t, where pos0 = *d_pos when d_pos is not null (CUDA-graph decode), else
-// the host value. angle = position · inv_freq[i], inv_freq device [head_dim/2], cos/sin in float32.
-void rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const float* inv_freq, int64_t pos0,
-          const int32_t* d_pos, const Exec& exec);
-
-enum class GluActivation : int { kSiLU = 0, kGeluTanh = 1 };
-// out[i] = act(gate[i]) · up[i] over `count` elements (out may equal gate or up).
-void glu(const float* gate, const float* up, int64_t count, GluActivation act, float* out, const Exec& exec);
-
-// x[i] += y[i] over `count` elements.
-void add_inplace(float* x, const float* y, int64_t count, const Exec& exec);
-
 // x[i] = cap · tanh(x[i] / cap) (Gemma's final logit soft-cap).
 void softcap(float* x, int64_t count, float cap, const Exec& exec);
-
-// out[r] = index of the largest logit of row r (the lowest index among equals; NaN never wins).
-void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, const Exec& exec);
 
 // ---- dense bf16 linear (cuBLASLt) ----------------------------------------------------------------------------------
 // out[M, N] (float32) = x[M, K] (float32, rounded to bf16 in exec.workspace) · w[N, K]ᵀ (bf16) (+ bias[N] float32),

@@ -1,4 +1,4 @@
-// cider/kernels/cuda/glu.cuh — the gated activations of an MLP (SwiGLU / GeGLU) on the device (ops.cu: cuda::glu).
+// cider/kernels/cuda/glu.cuh — the gated activations of an MLP (SwiGLU / GeGLU) on the device (model_ops.cu: glu_rows).
 // (A GEMV that formed act(gate)·up in its quantization front was tried on 2026-11-30 and measured slower than this
 // kernel + the plain GEMV: every block recomputes all K gated values; docs/cuda/ops.md.)
 #pragma once

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/glu.cuh"
 #include "kernels/cuda/hadamard.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/so4_rotation.cuh"
@@ -21,18 +22,6 @@ unsigned grid_for(int64_t count) {
   return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride loops cover the rest
 }
 
-// Element (t, h, d) of in [a, b, D] goes to out[(h·a + t)·D + d]. One thread per element, grid-stride.
-__global__ void transpose_heads_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t a, int64_t b,
-                                       int64_t D) {
-  const int64_t total = a * b * D;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t d = i % D;
-    const int64_t h = (i / D) % b;
-    const int64_t t = i / (D * b);
-    out[(h * a + t) * D + d] = in[i];
-  }
-}
 
 // ---- per-head preparation (q/k norm + rope + rotation) and the way back --------------------------------------------
 
@@ -401,12 +390,7 @@ __global__ void __launch_bounds__(kResidualThreads) residual_norm_regs_kernel(fl
 
 // ---- GLU over the fused gate|up rows -------------------------------------------------------------------------------
 
-__device__ __forceinline__ float glu_one(float g, float u, int act) {
-  if (act == 0) return (g / (1.0f + expf(-g))) * u;  // SiLU, as ops.cu
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCubic = 0.044715f;
-  return (0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + kCubic * g * g * g)))) * u;
-}
+__device__ __forceinline__ float glu_one(float g, float u, int act) { return act::glu(g, u, act); }
 
 // kVec: I % 4 == 0 (rows of float4; the buffers are 256-byte aligned), else scalar. Grid-stride over n·I(/4).
 template <bool kVec>
@@ -464,13 +448,6 @@ __global__ void fill_bytes_kernel(uint8_t* out, int64_t count, uint64_t seed, bo
 
 }  // namespace
 
-void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t D, void* stream) {
-  constexpr const char* op = "cuda.transpose_heads";
-  check(a >= 0 && b >= 0 && D >= 0, ErrorCode::kInvalidArgument, op, "dims must be >= 0; got ", a, ", ", b, ", ", D);
-  if (a * b * D == 0) return;
-  transpose_heads_kernel<<<grid_for(a * b * D), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, a, b, D);
-  cuda::check_last_launch(op);
-}
 
 void prepare_heads(const HeadPrepArgs& a, void* stream) {
   constexpr const char* op = "cuda.prepare_heads";

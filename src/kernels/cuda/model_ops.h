@@ -13,9 +13,6 @@
 
 namespace cider::cuda {
 
-// in [a, b, D] → out [b, a, D] (float32): prefill queries (m, Hq, D) → (Hq, m, D) for attention, and back.
-void transpose_heads(const float* in, float* out, int64_t a, int64_t b, int64_t D, void* stream);
-
 // The fused q|k|v projection's output qkv [n, Hq + 2·Hkv, D] float32 (token-major; q heads, then k, then v) is made
 // ready for the cache and attention in one launch, one warp per (token, head) row:
 //   q and k heads: [rms_norm with q_norm / k_norm (when not null): (x·inv)·(norm_offset + w)], rope at position
