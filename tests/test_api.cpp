@@ -264,9 +264,9 @@ TEST(Api, LinearEqualsTheNnLayers) {
   }
   expect_error([&] { (void)cider::Linear::from_float(cider::LinearFormat::kW8A8, {w.data(), {N, K}}, {}, 48); },
                cider::ErrorCode::kInvalidArgument, "", "48");
-  std::vector<float> out(M * N);
+  std::vector<float> out(M * N), x_wide(M * (K + 1), 0.5f);  // an input of the wrong width (its own buffer)
   const cider::Linear layer = cider::Linear::from_float(cider::LinearFormat::kW8A8, {w.data(), {N, K}});
-  expect_error([&] { layer.forward({x.data(), {M, K + 1}}, {out.data(), {M, N}}); },
+  expect_error([&] { layer.forward({x_wide.data(), {M, K + 1}}, {out.data(), {M, N}}); },
                cider::ErrorCode::kShapeMismatch, "", "129");
 }
 
