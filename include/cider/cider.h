@@ -8,7 +8,9 @@
  * - Tensors are described by cider_tensor: a pointer, a dtype and a shape; data is contiguous row-major and owned by
  *   the caller. Outputs are written into caller-allocated tensors whose shape must be exactly the documented one.
  * - Objects (linear layers, caches, snapshots) are opaque handles created by *_create and released by *_free.
- *   Functions on different handles may run concurrently; one handle must not be used by two threads at once.
+ *   One handle must not be used by two threads at once. The calls that compute (cider_decode, cider_linear_forward,
+ *   cider_attention, cider_kv_cache_append, the quantized matmul) share one process-wide thread pool: run them one
+ *   at a time per process. Other calls on different handles may run concurrently.
  */
 #ifndef CIDER_CIDER_H_
 #define CIDER_CIDER_H_
