@@ -53,13 +53,16 @@ struct CacheCopy {
 
 // Decode attention: B, Hq, Hkv, D, L keys; quantized g64 f16 with kbits/vbits (K4V3, K8V4) or plain bf16 (0/0).
 // k8v4_tc: the value $CIDER_ATTN_TC_K8V4 is set to during the case (nullptr: left as it is).
+// fold: the value $CIDER_ATTN_TC_FOLD is set to ("0": the split partials go to the separate merge kernel, as before
+// the in-kernel merge; nullptr: left as it is, default on).
 // packed: $CIDER_ATTN_TC_PACKED ("0": the three-chain layout for R ≤ 4 rows too; nullptr: left as it is, default on).
 // bound > L: the cache and the plan are sized for `bound` keys and the real length L is read on the device
 // (d_length), as in the model's decode graphs (a power-of-two bucket of the length, up to twice it).
 BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits,
-                        const char* k8v4_tc = nullptr, const char* packed = nullptr,
+                        const char* k8v4_tc = nullptr, const char* fold = nullptr, const char* packed = nullptr,
                         int64_t bound = 0) {
   const ScopedEnv env("CIDER_ATTN_TC_K8V4", k8v4_tc);
+  const ScopedEnv env_fold("CIDER_ATTN_TC_FOLD", fold);
   const ScopedEnv env_packed("CIDER_ATTN_TC_PACKED", packed);
   const bool quant = kbits > 0;
   std::mt19937_64 rng(1234);
@@ -161,6 +164,7 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   kind += std::to_string(vbits);
   kind += " g64 f16 scales";
   r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
+  if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
   if (packed && packed[0] == '0') r.note += ", three-chain layout";
   if (kL > L) {
     r.note += ", device length in a plan for ";
@@ -209,13 +213,13 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L65536", "attention") 
 // A decode graph's bucket: 32769 keys read from a device length in a grid planned for 65536 (the model's bound is
 // the next power of two), K4V3 and K8V4; compare with the L32768 rows.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 32769, 4, 3, nullptr, nullptr, 65536);
+  return decode_case(1, 32, 8, 128, 32769, 4, 3, nullptr, nullptr, nullptr, 65536);
 }
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32769 in a 65536 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 32769, 8, 4, "1", nullptr, 65536);
+  return decode_case(1, 32, 8, 128, 32769, 8, 4, "1", nullptr, nullptr, 65536);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L1025 in a 2048 plan", "attention") {
-  return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, 2048);
+  return decode_case(1, 32, 8, 128, 1025, 4, 3, nullptr, nullptr, nullptr, 2048);
 }
 // A/B of the early tile copies ($CIDER_ATTN_TC_EARLY=0: the first tiles fetched after the PDL wait, as before).
 BenchResult late_copies_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, int kbits, int vbits) {
@@ -242,25 +246,32 @@ CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq16 Hkv2 D256 L65536 v:late copies",
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:late copies", "attention") {
   return late_copies_case(1, 32, 8, 128, 32768, 8, 4);
 }
+// A/B of the in-kernel merge (opt-in, measured slower): the same two cases with the partials merged in the kernel.
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:folded merge", "attention") {
+  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "1");
+}
+CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq64 Hkv8 D128 L8192 v:folded merge", "attention") {
+  return decode_case(1, 64, 8, 128, 8192, 4, 3, nullptr, "1");
+}
 // A/B of the packed layout (R = rep·L ≤ 4, the default for those rows): the same cases in the three-chain layout.
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, "0");
+  return decode_case(1, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B8 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(8, 32, 8, 128, 32768, 4, 3, nullptr, "0");
+  return decode_case(8, 32, 8, 128, 32768, 4, 3, nullptr, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L131072 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 131072, 4, 3, nullptr, "0");
+  return decode_case(1, 32, 8, 128, 131072, 4, 3, nullptr, nullptr, "0");
 }
 CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq32 Hkv8 D128 L32768 v:three-chain layout", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", "0");
+  return decode_case(1, 32, 8, 128, 32768, 8, 4, "1", nullptr, "0");
 }
 // D256 with rep 4 (Hq8 Hkv2): the packed layout at D256 (the brief's D256 case has rep 8: three chains).
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536", "attention") {
   return decode_case(1, 8, 2, 256, 65536, 4, 3);
 }
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq8 Hkv2 D256 L65536 v:three-chain layout", "attention") {
-  return decode_case(1, 8, 2, 256, 65536, 4, 3, nullptr, "0");
+  return decode_case(1, 8, 2, 256, 65536, 4, 3, nullptr, nullptr, "0");
 }
 // K8V4 g64 (the CLI default cache) on the tensor-core path ($CIDER_ATTN_TC_K8V4=1 during the case); the
 // "CUDA-core" case is the same cache on the general kernel (switch 0) for the A/B.

@@ -306,6 +306,17 @@ CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:gemv register loads",
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:gemv register loads", "model") {
   return with_env("CIDER_GEMV_ROW_LOADS", "registers", false, "w8a8", "k8v4", 32768);
 }
+// The decode attention's split partials merged inside the kernel by each head's last CTA instead of by a separate
+// merge launch (slower at 32k in the kernel benchmark; at 1k a head has only 8 splits).
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L1024 v:attn fold", "model") {
+  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w8a8", "k8v4", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L1024 v:attn fold", "model") {
+  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w4a8", "k4v3", 1024);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768 v:attn fold", "model") {
+  return with_env("CIDER_ATTN_TC_FOLD", "1", false, "w8a8", "k8v4", 32768);
+}
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k4v3 n4096", "model") { return prefill("w8a8", "k4v3", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n4096", "model") { return prefill("bf16", "bf16", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096 v:cuda-core attention", "model") {

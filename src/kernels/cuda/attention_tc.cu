@@ -33,8 +33,9 @@
 // dependent read; the prologue reads q as float4 straight into registers (warp w: rows w, w + 4), forms max |q|, the
 // group sums, E (exponent bits, no frexpf) and Q = rint(q·2^E) (powers of two built from the exponent field, no
 // ldexpf) and the digit fragments between lane pairs: one CTA barrier. The warps are combined through their own tile
-// areas in fragment order (float4, one barrier). With splits > 1 each CTA writes its partial and attention.cu's merge
-// kernel combines the splits (log-sum-exp).
+// areas in fragment order (float4, one barrier). With splits > 1 each CTA writes its partial, counts itself in on a
+// per-(b, KV head) counter, and the last CTA of the head merges all splits (log-sum-exp, as attention.cu's
+// merge_kernel) and resets the counter — no second kernel (the counters: counter_slabs.h).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +48,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/attention_tc_device.cuh"
+#include "kernels/cuda/counter_slabs.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -79,16 +81,22 @@ struct Cfg {
   // Shared memory: [warps][stages] tiles, then the query digits and per-row constants.
   static constexpr int kTileArea = kTcWarps * kStages * kStageB;
   static constexpr int kDigitsB = kKSteps * 3 * 32 * 8;  // [kstep][digit][lane] uint2
-  // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, 16 bytes of padding (once the in-kernel
-  // merge's flag, removed; kept so the shared-memory size, hence the occupancy, is unchanged).
+  // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, the merge flag (+ padding).
   static constexpr int kRowConstB = kRows * kG * 4 + kRows * 4 + kTcWarps * kRows * 8 + 16;
   static constexpr int kSmem = kTileArea + kDigitsB + kRowConstB;
   // Epilogue: each warp's accumulators in fragment order [G·4][32] float4 fit its own tile area.
   static constexpr int kWarpRedB = kG * 4 * 32 * 16;
   static_assert(kWarpRedB <= kStages * kStageB, "a warp's accumulators fit its own tile area");
+  // In-kernel merge (last CTA of a head): [4 warps][8 rows][D] float sums + the weights [R][splits] in the tile area.
+  static constexpr int kMergeRedB = kTcWarps * kRows * D * 4;
+  static constexpr int kMaxFoldWeights = (kTileArea - kMergeRedB) / 4;
+  static_assert(kMaxFoldWeights >= 1024, "room for the merge weights");
 };
 
 struct TcParams : TcCallParams {
+  // splits > 1: the per-(b, KV head) arrival counters of the in-kernel merge (zero between launches: the last CTA
+  // of a head resets its counter); null: the partials are left for attention.cu's merge kernel.
+  unsigned int* counters;
   // 1: *d_length and the first tiles of rows below length − L are read before the PDL wait ($CIDER_ATTN_TC_EARLY=0
   // turns it off for the A/B; read at every call).
   int early_copies;
@@ -134,6 +142,109 @@ __device__ __forceinline__ int value4_chunk_pos(int r, int ch) {
     return ch ^ (((r >> 1) & 3) << 1);
 }
 
+// The merge of the splits of head (b, g) by its last CTA: out_r = Σ_s w_rs·o_rs / Σ_s w_rs·l_rs with
+// w_rs = e^{m_rs − M_r} over the splits with l_rs > 0 (zeros when there is none), as attention.cu's merge_kernel.
+// (A) warp w: rows w, w + 4 — M_r over the splits, the weights to shared memory [R][splits], L_r; (B) warp w sums the
+// splits s ≡ w (mod 4) for all rows, float4 columns lane + 32u, U splits per step (R·U·D/128 float4 loads in flight
+// per lane); (C) the 4 warps' sums through shared memory, float4 stores of out. Reads partials with ld.global.cg.
+template <int D, int KB>
+__device__ __forceinline__ void merge_splits(const TcParams& p, int b, int g, uint8_t* smem, float* lrow) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int kQ4 = D / 128;
+  constexpr int U = D == 128 ? 2 : 1;  // splits per step: R·U·D/128 float4 loads per lane in flight (register budget)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int R = p.R, S = p.splits;
+  float* mred = reinterpret_cast<float*>(smem);     // [4 warps][8 rows][D]
+  float* weight = mred + kTcWarps * kRows * D;      // [R][S]
+  auto orow_of = [&](int r) -> int64_t {
+    return (static_cast<int64_t>(b) * p.Hq + g * p.rep + r % p.rep) * p.L + r / p.rep;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp + kTcWarps * h;
+    if (r >= R) break;
+    const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + orow_of(r) * S;
+    float M = kNegInf;
+    for (int s = lane; s < S; s += 32) {
+      const float2 v = __ldcg(ml + s);
+      if (v.y > 0.0f) M = fmaxf(M, v.x);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+      const float2 v = __ldcg(ml + s);
+      const float wgt = v.y > 0.0f ? ex2((v.x - M) * 1.4426950408889634f) : 0.0f;
+      weight[r * S + s] = wgt;
+      L += wgt * v.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) lrow[r] = L;
+  }
+  __syncthreads();
+  float4 acc[kRows][kQ4];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int u = 0; u < kQ4; ++u) acc[r][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float* po[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) po[r] = p.part_o + orow_of(r < R ? r : 0) * S * D + 4 * lane;
+  for (int s0 = warp; s0 < S; s0 += kTcWarps * U) {
+    float4 v[U][kRows][kQ4];
+    float wg[U][kRows];
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu) {
+      const int s = s0 + kTcWarps * uu;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const bool ok = r < R && s < S;  // an empty split's o is zeros (written), its weight 0
+        wg[uu][r] = ok ? weight[r * S + s] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < kQ4; ++u)
+          v[uu][r][u] = ok ? __ldcg(reinterpret_cast<const float4*>(po[r] + static_cast<int64_t>(s) * D + 128 * u))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int u = 0; u < kQ4; ++u) {
+          const float w = wg[uu][r];
+          acc[r][u].x += w * v[uu][r][u].x;
+          acc[r][u].y += w * v[uu][r][u].y;
+          acc[r][u].z += w * v[uu][r][u].z;
+          acc[r][u].w += w * v[uu][r][u].w;
+        }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    if (r < R) {
+#pragma unroll
+      for (int u = 0; u < kQ4; ++u)
+        reinterpret_cast<float4*>(mred + (warp * kRows + r) * D)[lane + 32 * u] = acc[r][u];
+    }
+  __syncthreads();
+  for (int idx = tid; idx < R * (D / 4); idx += kTcThreads) {
+    const int r = idx / (D / 4), c = idx % (D / 4);
+    float4 o = reinterpret_cast<const float4*>(mred + r * D)[c];
+#pragma unroll
+    for (int w = 1; w < kTcWarps; ++w) {
+      const float4 t = reinterpret_cast<const float4*>(mred + (w * kRows + r) * D)[c];
+      o.x += t.x;
+      o.y += t.y;
+      o.z += t.z;
+      o.w += t.w;
+    }
+    const float L = lrow[r];
+    const float4 res = L > 0.0f ? make_float4(o.x / L, o.y / L, o.z / L, o.w / L) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    reinterpret_cast<float4*>(p.out + orow_of(r) * D)[c] = res;
+  }
+}
+
 // K4V3: 4 (D128) / 3 (D256) CTAs per SM as before; K8V4: 87 / 94 KB of shared memory, so 2 CTAs per SM.
 // kPacked (R ≤ 4 query rows, e.g. one decode token at GQA rep 4): the 8 mma columns carry 4 rows × 2, so nothing is
 // padding. Scores: chain X has columns (2r, 2r + 1) = (digit 2, digit 1) of row r, chain Y (digit 0, 0) — two chains
@@ -155,6 +266,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);  // [8][G]
   int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                     // [8]
   float2* wml = reinterpret_cast<float2*>(qexp + kRows);                    // [4 warps][8 rows] (m, l)
+  int* merge_flag = reinterpret_cast<int*>(wml + kTcWarps * kRows);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -735,6 +847,23 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         reinterpret_cast<float2*>(p.part_ml)[orow[h] * p.splits + split] =
             make_float2(mrow[h] == kNegInf ? mrow[h] : mrow[h] * 0.69314718055994531f, lsum[h]);  // log2 → ln
   }
+  if (p.counters == nullptr) return;  // attention.cu's merge kernel combines the splits
+
+  // ---- in-kernel merge: the last CTA of head (b, g) to finish combines all its splits. Every CTA fences its
+  // partial, then one thread counts it in; the CTA that sees count = splits − 1 resets the counter to 0 (the next
+  // launch, or graph replay, starts from zero) and merges. ----
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned int prev = atomicAdd(p.counters + bg, 1u);
+    const int last = prev == static_cast<unsigned int>(p.splits - 1) ? 1 : 0;
+    if (last) atomicExch(p.counters + bg, 0u);
+    *merge_flag = last;
+  }
+  __syncthreads();
+  if (*merge_flag == 0) return;
+  __threadfence();  // the other CTAs' partials (fenced before their count) are read below through L2 (ld.cg)
+  merge_splits<D, KB>(p, b, g, smem, qsum);
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
@@ -767,6 +896,17 @@ bool tc_k8v4_enabled() { return env_flag("CIDER_ATTN_TC_K8V4", true, "cuda.atten
 // every call: tests run both layouts, the bench A/Bs them).
 bool tc_packed_enabled() { return env_flag("CIDER_ATTN_TC_PACKED", true, "cuda.attention"); }
 
+// In-kernel merge ("fold"): only with $CIDER_ATTN_TC_FOLD=1 (read at every call: tests and bench A/B it). Measured on
+// the H200 (2026-11-30, docs/cuda/attention.md): the fold is SLOWER than the separate merge kernel (K4V3 B1 L32768
+// 27.2 vs 25.1 µs, Hq64 L8192 19.4 vs 14.5 µs: one CTA per head merging every split serially is a longer tail than a
+// parallel merge launch), so the partials go to attention.cu's merge kernel by default.
+bool tc_fold_enabled() { return env_flag("CIDER_ATTN_TC_FOLD", false, "cuda.attention"); }
+
+// The arrival counters of the in-kernel merge: counters::Pool::kAttentionMerge (counter_slabs.h says why they are a
+// static device array and how launches on different streams keep apart); a 9th stream, or B·Hkv > kCounterSlab,
+// falls back to the merge kernel.
+constexpr int64_t kFoldMaxBytes = 256 * 1024;  // partial bytes one merging CTA may read (see tc_plan)
+
 }  // namespace
 
 int sm_count() {
@@ -796,32 +936,33 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
 
 namespace {
 template <int D, int KB, int VB>
-void plan_config(bool packed, int& tk, int& per_sm, size_t& smem) {
+void plan_config(bool packed, int& tk, int& per_sm, size_t& smem, int& max_fold_weights) {
   tk = Cfg<D, KB, VB>::kTK;
   per_sm = packed ? tc_ctas_per_sm<D, KB, VB, true>() : tc_ctas_per_sm<D, KB, VB, false>();
   smem = static_cast<size_t>(Cfg<D, KB, VB>::kSmem);
+  max_fold_weights = Cfg<D, KB, VB>::kMaxFoldWeights;
 }
 }  // namespace
 
 TcPlan tc_plan(const kernels::AttentionArgs& a) {
   TcPlan pl;
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
-  int tk = 0, per_sm = 1;
+  int tk = 0, per_sm = 1, max_w = 0;
   pl.packed = a.Hq / a.keys.H * a.L <= 4 && tc_packed_enabled();
   const bool pk = pl.packed;
   if (k8)
-    d128 ? plan_config<128, 8, 4>(pk, tk, per_sm, pl.smem)
-         : plan_config<256, 8, 4>(pk, tk, per_sm, pl.smem);
+    d128 ? plan_config<128, 8, 4>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 8, 4>(pk, tk, per_sm, pl.smem, max_w);
   else
-    d128 ? plan_config<128, 4, 3>(pk, tk, per_sm, pl.smem)
-         : plan_config<256, 4, 3>(pk, tk, per_sm, pl.smem);
+    d128 ? plan_config<128, 4, 3>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 4, 3>(pk, tk, per_sm, pl.smem, max_w);
   // $CIDER_ATTN_TC_WAVES (bench variants): CTAs = waves × resident CTAs (default 1: one wave, no tail).
   static const int waves = env_int("CIDER_ATTN_TC_WAVES", 1, 1, 16, "cuda.attention");
   // Split rule: as many splits as one wave of resident CTAs holds (waves × CTAs/SM × SMs / (B·Hkv)), but never
   // less than one tile per warp (4 warps × TK keys per split). Why not fewer, longer splits at short caches: all CTAs
   // of the wave run their prologue at the same time (it is a latency chain, not a throughput cost), while every extra
   // tile per warp adds a full tile latency (≈ 2.5–3 µs measured: 3.2 µs per tile round); the merge's cost grows with
-  // the splits (R·splits·D·4 bytes of partials, ≈ 1–2 µs at 64 splits) but stays below one round.
+  // the splits (R·splits·D·4 bytes read by the head's last CTA, ≈ 1–2 µs at 64 splits) but stays below one round.
   const int64_t slots = static_cast<int64_t>(per_sm) * sm_count() * waves;
   const int64_t bh = a.B * a.keys.H, kL = a.keys.length;
   const int64_t quantum = static_cast<int64_t>(kTcWarps) * tk;  // one tile per warp
@@ -833,6 +974,14 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   chunk = (chunk + quantum - 1) / quantum * quantum;
   pl.chunk = chunk;
   pl.splits = static_cast<int>((kL + chunk - 1) / chunk);
+  // Fold only while the head's last CTA reads at most kFoldMaxBytes of partials (one SM pulls ≈ 100 GB/s from L2:
+  // ≤ ≈ 2.5 µs); past that the merge kernel, which spreads the rows over B·Hq·L CTAs, is faster (B1 Hq16 Hkv2 D256
+  // L65536: 198 splits × 8 rows × 1 KB = 1.6 MB per head, two heads).
+  const int64_t R = a.Hq / a.keys.H * a.L;
+  const int64_t fold_bytes = R * pl.splits * a.values.dim * static_cast<int64_t>(sizeof(float));
+  pl.fold = pl.splits > 1 && R * pl.splits <= max_w && fold_bytes <= kFoldMaxBytes && bh <= counters::kCounterSlab &&
+            tc_fold_enabled();
+  if (pl.fold) counters::prepare();
   return pl;
 }
 
@@ -857,6 +1006,7 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
                float* part_ml, void* stream) {
   TcParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
+  p.counters = pl.fold ? counters::counter_slab(counters::Pool::kAttentionMerge, stream) : nullptr;
   p.early_copies = env_flag("CIDER_ATTN_TC_EARLY", true, "cuda.attention") ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -869,7 +1019,7 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
     err = a.keys.dim == 128 ? launch_config<128, 4, 3>(pk, grid, p, s) : launch_config<256, 4, 3>(pk, grid, p, s);
   CIDER_CUDA_CHECK("cuda.attention", err);
   g_tc_last_layout = pl.packed ? 2 : 1;
-  return pl.splits > 1;
+  return pl.splits > 1 && p.counters == nullptr;
 }
 
 }  // namespace cider::cuda::detail

@@ -16,6 +16,7 @@ struct TcPlan {
   int splits = 1;
   int64_t chunk = 0;  // keys per split for keys.length (it fixes `splits`; the kernel re-cuts the visible keys)
   size_t smem = 0;    // dynamic shared memory per CTA
+  bool fold = false;  // splits > 1 merged inside the kernel (last CTA per head); $CIDER_ATTN_TC_FOLD=0 turns it off
   bool packed = false;  // R = rep·L ≤ 4: 4 rows × (hi, lo) in the mma columns; $CIDER_ATTN_TC_PACKED=0 turns it off
 };
 
@@ -26,8 +27,9 @@ TcPlan tc_plan(const kernels::AttentionArgs& a);
 // The layout of the latest tc_launch (tests): 1 the three-chain layout, 2 packed (R ≤ 4); 0 before any launch.
 int tc_last_layout();
 // Launches the split kernel (through pdl::launch): splits == 1 writes out directly, otherwise every CTA writes its
-// partial [B·Hq·L, splits, Dv] (o) and [B·Hq·L, splits, 2] (m in natural-log units, l) to the workspace. Returns
-// true when attention.cu's merge kernel must combine the partials (splits > 1).
+// partial [B·Hq·L, splits, Dv] (o) and [B·Hq·L, splits, 2] (m in natural-log units, l) to the workspace and, when
+// plan.fold, the last CTA of each (b, KV head) merges them into out. Returns true when attention.cu's merge kernel
+// must still combine the partials (splits > 1 without the fold).
 bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& plan, const int32_t* d_length, float* part_o,
                float* part_ml, void* stream);
 
