@@ -18,6 +18,21 @@ namespace {
 // what a CPU user wants by default.
 constexpr int64_t kDefaultCtxCap = 8192;
 
+// Runs steps[i] on sessions[i] (already checked) and advances each session's position; on an error every session is
+// left as it was (whatever part of the tokens reached its caches is dropped) and the error goes on.
+void run_steps(const BackendModel& backend, std::span<Session::Impl* const> sessions,
+               std::span<const SequenceStep> steps) {
+  std::vector<BackendSession*> bs;
+  for (Session::Impl* si : sessions) bs.push_back(si->backend.get());
+  try {
+    backend.forward(bs, steps);
+  } catch (...) {
+    for (Session::Impl* si : sessions) si->backend->truncate(si->position);
+    throw;
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->position += steps[i].n;
+}
+
 }  // namespace
 
 KVOptions parse_kv_format(std::string_view s) {
@@ -132,7 +147,7 @@ void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits,
 void Model::forward_batch(std::span<const BatchItem> items) const {
   constexpr const char* op = "forward";
   check(!items.empty(), ErrorCode::kInvalidArgument, op, "a batch needs at least one sequence");
-  std::vector<BackendSession*> sessions;
+  std::vector<Session::Impl*> sessions;
   std::vector<SequenceStep> steps;
   for (size_t i = 0; i < items.size(); ++i) {
     const BatchItem& it = items[i];
@@ -142,17 +157,10 @@ void Model::forward_batch(std::span<const BatchItem> items) const {
     for (size_t j = 0; j < i; ++j)
       check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
             "a session may appear once in a batch; items ", j, " and ", i, " share one");
-    sessions.push_back(si.backend.get());
+    sessions.push_back(&si);
     steps.push_back({it.tokens, it.n, si.position, it.logits, it.all_logits});
   }
-  try {
-    impl_->backend->forward(sessions, steps);
-  } catch (...) {
-    // Leave every session as it was: drop whatever part of the tokens reached the caches.
-    for (const BatchItem& it : items) it.session->impl().backend->truncate(it.session->impl().position);
-    throw;
-  }
-  for (const BatchItem& it : items) it.session->impl().position += it.n;
+  run_steps(*impl_->backend, sessions, steps);
 }
 
 bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
@@ -162,15 +170,9 @@ bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, con
   if (!impl_->backend->samples_on_device() || request.k < 1) return false;
   check_forward_args(si, tokens, n, /*has_logits=*/true, op);
   const SequenceStep step{tokens, n, si.position, /*logits=*/nullptr, /*all_logits=*/false};
-  BackendSession* bs = si.backend.get();
-  try {
-    impl_->backend->forward(std::span<BackendSession* const>(&bs, 1), std::span<const SequenceStep>(&step, 1));
-  } catch (...) {
-    bs->truncate(si.position);
-    throw;
-  }
-  si.position += n;
-  impl_->backend->candidates(*bs, request, out);
+  Session::Impl* sp = &si;
+  run_steps(*impl_->backend, std::span<Session::Impl* const>(&sp, 1), std::span<const SequenceStep>(&step, 1));
+  impl_->backend->candidates(*si.backend, request, out);
   return true;
 }
 

@@ -154,10 +154,10 @@ Int8Linear Int8Linear::from_mlx_affine(const TensorView& packed, const TensorVie
 void Int8Linear::forward(const TensorView& x, const TensorView& out) const {
   kernels::IntLinearArgs a = forward_args("int8_linear.forward", x, out, in_features(), out_features(), group_size());
   if (a.M == 0) return;
-  const kernels::IntLinearArgs w = descriptor().int_args();
-  a.w = w.w;
-  a.w_scales = w.w_scales;
-  a.bias = w.bias;
+  const LinearWeights d = descriptor();
+  a.w = d.w;
+  a.w_scales = d.scales;
+  a.bias = d.bias;
   const kernels::KernelTable& table = kernels::active_kernels();
   (a.M == 1 ? table.w8a8_gemv : table.w8a8_gemm)(a);
 }
@@ -220,10 +220,10 @@ Int4Linear Int4Linear::from_mlx_affine(const TensorView& packed, const TensorVie
 void Int4Linear::forward(const TensorView& x, const TensorView& out) const {
   kernels::IntLinearArgs a = forward_args("int4_linear.forward", x, out, in_features(), out_features(), group_size());
   if (a.M == 0) return;
-  const kernels::IntLinearArgs w = descriptor().int_args();
-  a.w = w.w;
-  a.w_scales = w.w_scales;
-  a.bias = w.bias;
+  const LinearWeights d = descriptor();
+  a.w = d.w;
+  a.w_scales = d.scales;
+  a.bias = d.bias;
   const kernels::KernelTable& table = kernels::active_kernels();
   (a.M == 1 ? table.w4a8_gemv : table.w4a8_gemm)(a);
 }

@@ -15,11 +15,16 @@ size_t LinearWeights::nbytes() const {
   return n;
 }
 
-kernels::IntLinearArgs LinearWeights::int_args() const {
+kernels::IntLinearArgs LinearWeights::int_args(const float* x, int64_t M, float* out) const {
   kernels::IntLinearArgs a{};
+  a.x = x;
+  a.x_dtype = DType::kF32;
   a.w = w;
   a.w_scales = scales;
   a.bias = bias;
+  a.out = out;
+  a.out_dtype = DType::kF32;
+  a.M = M;
   a.N = N;
   a.K = K;
   a.group_size = group_size;
@@ -41,12 +46,7 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
     kt.dense_gemm(a);
     return;
   }
-  kernels::IntLinearArgs a = int_args();
-  a.x = x;
-  a.x_dtype = DType::kF32;
-  a.out = out;
-  a.out_dtype = DType::kF32;
-  a.M = M;
+  const kernels::IntLinearArgs a = int_args(x, M, out);
   if (kind == WeightKind::kInt8) {
     (M == 1 ? kt.w8a8_gemv : kt.w8a8_gemm)(a);
   } else {

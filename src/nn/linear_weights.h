@@ -24,8 +24,8 @@ struct LinearWeights {
   const float* bias = nullptr;    // (N) or nullptr
 
   size_t nbytes() const;  // weights + scales + bias
-  // The int kernels' arguments for this layer (x, out, M and their dtypes left to the caller).
-  kernels::IntLinearArgs int_args() const;
+  // The int kernels' arguments for out (M, N) float32 = x (M, K) float32 · Wᵀ + b with this layer's weights.
+  kernels::IntLinearArgs int_args(const float* x, int64_t M, float* out) const;
   // out (M, N) = x (M, K)·Wᵀ + b, float32, through the active CPU kernel table (GEMV entries when M == 1).
   void forward(const float* x, int64_t M, float* out) const;
 };

@@ -265,13 +265,7 @@ void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec&
     cuda::dense_bf16(x, w, bias, out, M, N, K, exec);
     return;
   }
-  kernels::IntLinearArgs a = int_args();
-  a.x = x;
-  a.x_dtype = DType::kF32;
-  a.out = out;
-  a.out_dtype = DType::kF32;
-  a.M = M;
-  cuda::int_linear(a, kind == WeightKind::kInt4, exec);
+  cuda::int_linear(int_args(x, M, out), kind == WeightKind::kInt4, exec);
 }
 
 size_t GpuFusedLinear::nbytes() const {
@@ -504,11 +498,10 @@ struct GpuSession::Impl final : public PassBackend {
   // ---- the pass (begin_pass: a prompt's chunk at host positions; begin_decode: one token at device positions) ----
   cuda::Exec e_{};
   int64_t n_ = 0;                   // rows
-  int64_t pos0_ = 0;                // position of row 0 (host)
   const int32_t* d_tok_ = nullptr;  // the rows' token ids (device)
   const int32_t* d_pos_ = nullptr;  // decode: *d_pos_ is the position (device), else null
   const int32_t* d_len_ = nullptr;  // decode: *d_len_ is the KV length after the append (device), else null
-  int64_t kv_length_ = 0;           // the KV length after the append, or the decode graph's bound on it
+  int64_t kv_length_ = 0;           // decode: the graph's bound on the KV length after the append
   const float* o_in_ = nullptr;     // the o projection's input (finish_heads' output, or attention's)
   std::vector<PassSegment> segs_;   // the pass's sequences (one, unless GpuSession::forward_batch)
   std::vector<Impl*> batch_{this};  // segs_[i].seq's session: whose caches its kv_append and attention use
@@ -737,9 +730,7 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
   e_ = exec(stream.handle());
   n_ = 0;
   for (const PassSegment& g : segments) n_ += g.n;
-  pos0_ = segments[0].pos0;
   d_pos_ = d_len_ = nullptr;
-  kv_length_ = 0;  // per segment: pos0 + n
   int32_t* d = tokens.as<int32_t>();
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(n_) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                         as_stream(e_.stream)));
@@ -749,7 +740,6 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
 void GpuSession::Impl::begin_decode(void* s) {
   e_ = exec(s);
   n_ = 1;
-  pos0_ = decode_position;
   int32_t* d_step = step.as<int32_t>();
   d_tok_ = d_step;
   d_pos_ = d_step + 1;
