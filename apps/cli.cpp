@@ -118,10 +118,12 @@ model::ModelOptions model_options(const ModelArgs& a) {
   o.weights = model::parse_weight_format(a.weights);
   o.kv = model::parse_kv_format(a.kv);
   const nn::RotationKind rotation = model::parse_kv_rotation(a.kv_rotation);
+  const nn::KeyLayout layout = nn::parse_key_layout(a.kv_layout);
   check(nn::is_kv_group_size(a.kv_group_size), ErrorCode::kInvalidArgument,
         "options", "--kv-group-size must be one of 32, 64, 128; got ", a.kv_group_size);
   if (o.kv.quantized) {  // a plain cache is neither rotated nor grouped
     o.kv.rotation = rotation;
+    o.kv.key_layout = layout;
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
   }

@@ -21,6 +21,7 @@ struct ModelArgs {
   std::string weights = "bf16";    // --weights
   std::string kv = "k8v4";         // --kv (the defaults are model::KVOptions', docs/quality.md)
   std::string kv_rotation = "hadamard";
+  std::string kv_layout = "token";  // --kv-layout: keys per position (token) or per channel
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
   int threads = 0;                 // --threads (applied only when threads_given)

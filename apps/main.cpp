@@ -40,6 +40,10 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
       ->capture_default_str();
   c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none")
       ->capture_default_str();
+  c->add_option("--kv-layout", m.kv_layout,
+                "key layout of a quantized KV cache: token (groups along the head) or channel (per channel over "
+                "blocks of group-size positions, the newest block kept in bf16)")
+      ->capture_default_str();
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

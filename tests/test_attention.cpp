@@ -145,9 +145,19 @@ std::vector<double> dequantized(const KVTensorView& v, const nn::SO4Rotation& ro
     for (int64_t h = 0; h < v.H; ++h)
       for (int64_t t = 0; t < v.length; ++t) {
         const int64_t r = (b * v.H + h) * v.capacity + t;
+        const int64_t nq = v.layout == 1 ? v.length / v.group_size * v.group_size : 0;
         for (int64_t d = 0; d < D; ++d) {
           if (v.bits == 0) {
             row[static_cast<size_t>(d)] = load_float(v.data, v.dtype, r * D + d);
+          } else if (v.layout == 1 && t >= nq) {  // per-channel keys: the bfloat16 residual window
+            row[static_cast<size_t>(d)] =
+                load_float(v.residual, DType::kBF16, ((b * v.H + h) * v.group_size + t - nq) * D + d);
+          } else if (v.layout == 1) {  // per-channel keys: scale and bias of (block, channel)
+            const uint32_t* words = static_cast<const uint32_t*>(v.data) + r * quant::packed_words(D, v.bits);
+            const int64_t sr = ((b * v.H + h) * v.blocks + t / v.group_size) * D + d;
+            row[static_cast<size_t>(d)] = static_cast<double>(quant::unpack_code(words, d, v.bits)) *
+                                              load_float(v.scales, v.scale_dtype, sr) +
+                                          load_float(v.biases, v.scale_dtype, sr);
           } else {
             const int64_t groups = D / v.group_size;
             const uint32_t* words = static_cast<const uint32_t*>(v.data) + r * quant::packed_words(D, v.bits);
@@ -221,7 +231,7 @@ std::string describe(const Dims& d, const QuantizedKVCacheConfig& c, const MaskS
                 static_cast<long long>(d.L), static_cast<long long>(d.kL), static_cast<long long>(d.Dk),
                 static_cast<long long>(d.Dv), c.k_bits, c.v_bits, c.group_size, nn::rotation_kind_name(c.rotation),
                 dtype_name(c.scale_dtype), static_cast<int>(m.kind), static_cast<long long>(m.window));
-  return s;
+  return std::string(s) + (c.key_layout == nn::KeyLayout::kChannel ? " kchan" : "");
 }
 
 // The tight check: the kernel's float32 result equals float64 attention over the dequantized cache up to float32
@@ -315,6 +325,43 @@ TEST(Attention, MatchesFloat64OnDequantizedAndOriginalData) {
           break;
         case 3: mask = bool_mask(rng, {d.L, d.kL}); break;
         case 4: mask = additive_mask(rng, {1, d.Hq(), d.L, d.kL}, DType::kF32); break;
+      }
+      check_case(d, cfg, mask, rng);
+    }
+}
+
+// Per-channel keys (KeyLayout::kChannel): the same two checks, over lengths that end inside the residual window,
+// exactly on a block boundary and past several blocks, appended in two chunks that cross block boundaries.
+TEST(Attention, PerChannelKeysMatchFloat64OnDequantizedAndOriginalData) {
+  auto rng = test::make_rng(107);
+  const std::pair<int64_t, int64_t> lengths[] = {{1, 1},   {1, 31},  {5, 32},  {1, 64},  {7, 100},
+                                                 {33, 128}, {1, 300}, {9, 300}, {64, 257}, {1, 520}};
+  const int64_t dims[] = {64, 128, 256};
+  const int64_t reps[] = {1, 2, 4};
+  using nn::KeyLayout;
+  const QuantizedKVCacheConfig cfgs[] = {
+      {4, 4, 64, RotationKind::kHadamard, 0, DType::kF16, KeyLayout::kChannel},
+      {4, 3, 32, RotationKind::kNone, 0, DType::kBF16, KeyLayout::kChannel},
+      {2, 2, 128, RotationKind::kSO4Full, 0, DType::kF32, KeyLayout::kChannel},
+      {8, 4, 64, RotationKind::kHadamard, 0, DType::kF16, KeyLayout::kChannel},
+      {3, 5, 32, RotationKind::kSO4Fast, 0, DType::kF16, KeyLayout::kChannel},
+  };
+  int idx = 0;
+  for (auto [L, kL] : lengths)
+    for (int variant = 0; variant < 2; ++variant, ++idx) {
+      Dims d{1 + idx % 2, idx % 3 == 2 ? 2 : 1, reps[idx % 3], L, kL, dims[idx % 3], dims[(idx + variant) % 3]};
+      QuantizedKVCacheConfig cfg = cfgs[idx % 5];
+      cfg.seed = rng();
+      cfg.group_size = static_cast<int>(std::min<int64_t>(cfg.group_size, std::min(d.Dk, d.Dv)));
+      MaskSpec mask;
+      switch (idx % 4) {
+        case 0: mask.kind = MaskKind::kCausal; break;
+        case 1:
+          mask.kind = MaskKind::kCausal;
+          mask.window = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(kL));
+          break;
+        case 2: mask = bool_mask(rng, {d.L, d.kL}); break;
+        case 3: mask = additive_mask(rng, {1, d.Hq(), d.L, d.kL}, DType::kF32); break;
       }
       check_case(d, cfg, mask, rng);
     }

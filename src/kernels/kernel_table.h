@@ -64,6 +64,11 @@ struct DenseGemmArgs {
 // One of keys or values of a cache, valid positions [0, length) of storage with room for `capacity` positions.
 // Quantized: packed [B, H, capacity, dim*bits/32] uint32 and scales/biases [B, H, capacity, dim/group_size] in
 // scale_dtype. Plain: data [B, H, capacity, dim] in dtype (bits == 0).
+// Per-channel keys (layout 1, nn::KeyLayout::kChannel): positions [0, nq), nq = length / group_size · group_size, are
+// codes packed per position as above, but quantized per channel over blocks of group_size positions: scales/biases
+// [B, H, blocks, dim] (block j / group_size of position j), so k[j, d] = c[j, d]·s[blk, d] + b[blk, d]. Positions
+// [nq, length) are the residual window: bfloat16 rows [B, H, group_size, dim] at `residual`, position j in row
+// j − nq. Keys only; values always use layout 0.
 struct KVTensorView {
   const void* data;  // packed codes (quantized) or values (plain)
   const void* scales;  // quantized only
@@ -73,6 +78,9 @@ struct KVTensorView {
   int bits;             // 0 = plain
   int group_size;       // quantized only
   int64_t B, H, length, capacity, dim;
+  int layout = 0;               // 0 per position (groups along dim), 1 per channel (keys; see above)
+  int64_t blocks = 0;           // layout 1: rows of scales/biases per (b, h)
+  const void* residual = nullptr;  // layout 1: bfloat16 [B, H, group_size, dim]
 };
 
 enum class MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };

@@ -34,6 +34,7 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.group_size = kv.group_size;
     qc.rotation = kv.rotation;
     qc.scale_dtype = kv.scale_dtype;
+    qc.key_layout = kv.key_layout;
     qc.seed = seed;
     return std::make_unique<nn::QuantizedKVCache>(qc);
   }

@@ -1,6 +1,7 @@
 // KV caches: shared storage mechanics (growth in 256-position steps, trim, snapshot/restore) and the two row formats.
 #include "nn/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,19 +13,31 @@ namespace cider::nn {
 namespace {
 
 constexpr size_t kQuantizedPlanes = 6;  // key codes, scales, biases; value codes, scales, biases
+constexpr size_t kChannelPlanes = 7;    // the same, keys per channel, plus the residual window
+constexpr size_t kResidualPlane = 6;
 constexpr size_t kPlainPlanes = 2;      // keys, values
 
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
-// Bytes per row (one position of one (b, h)) of each plane, in the plane order documented at KVCacheSnapshot.
-std::vector<int64_t> plane_row_bytes(const KVCacheMeta& m) {
+bool channel_keys(const KVCacheMeta& m) { return m.quantized && m.key_layout == KeyLayout::kChannel; }
+
+// The shape of each plane, in the plane order documented at KVCacheSnapshot.
+std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
+  using detail::PlaneShape;
   if (m.quantized) {
-    const int64_t ss = dtype_size(m.scale_dtype);
-    return {quant::packed_words(m.Dk, m.k_bits) * 4, (m.Dk / m.group_size) * ss, (m.Dk / m.group_size) * ss,
-            quant::packed_words(m.Dv, m.v_bits) * 4, (m.Dv / m.group_size) * ss, (m.Dv / m.group_size) * ss};
+    const int64_t ss = dtype_size(m.scale_dtype), gs = m.group_size;
+    std::vector<PlaneShape> p = {{quant::packed_words(m.Dk, m.k_bits) * 4, 1, 0}, {(m.Dk / gs) * ss, 1, 0},
+                                 {(m.Dk / gs) * ss, 1, 0},
+                                 {quant::packed_words(m.Dv, m.v_bits) * 4, 1, 0}, {(m.Dv / gs) * ss, 1, 0},
+                                 {(m.Dv / gs) * ss, 1, 0}};
+    if (channel_keys(m)) {
+      p[1] = p[2] = {m.Dk * ss, gs, 0};                               // one [Dk] row per block of gs positions
+      p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // residual window, bfloat16
+    }
+    return p;
   }
   const int64_t es = dtype_size(m.dtype);
-  return {m.Dk * es, m.Dv * es};
+  return {{m.Dk * es, 1, 0}, {m.Dv * es, 1, 0}};
 }
 
 // Everything a snapshot or restore must hold for the metadata to describe a cache.
@@ -43,7 +56,8 @@ void check_meta(const KVCacheMeta& m, const char* op) {
 // `planes` is empty (a cache without dims: null pointers) or holds one pointer per plane.
 kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vector<const void*>& planes,
                                 int64_t capacity) {
-  const bool have = planes.size() == (m.quantized ? kQuantizedPlanes : kPlainPlanes);
+  const bool have =
+      planes.size() == (channel_keys(m) ? kChannelPlanes : m.quantized ? kQuantizedPlanes : kPlainPlanes);
   kernels::KVTensorView v{};
   v.B = m.B;
   v.H = m.H;
@@ -59,6 +73,11 @@ kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vect
     v.scale_dtype = m.scale_dtype;
     v.bits = keys ? m.k_bits : m.v_bits;
     v.group_size = m.group_size;
+    if (keys && channel_keys(m)) {
+      v.layout = 1;
+      v.blocks = plane_shapes(m)[1].rows(capacity);
+      v.residual = have ? planes[kResidualPlane] : nullptr;
+    }
   } else {
     v.data = have ? planes[keys ? 0 : 1] : nullptr;
     v.scales = nullptr;
@@ -99,22 +118,38 @@ void check_finite(const TensorView& x, const char* op, const char* what) {
         }
 }
 
+// Per-channel keys with float16 scales: a block's bias is one of its values and its scale at most the range over
+// 2^bits − 1, so every key within ±65504 keeps them finite; checked before anything is written.
+void check_f16_range(const TensorView& x, const char* op) {
+  for (int64_t b = 0; b < x.dim(0); ++b)
+    for (int64_t h = 0; h < x.dim(1); ++h)
+      for (int64_t t = 0; t < x.dim(2); ++t)
+        for (int64_t d = 0; d < x.dim(3); ++d) {
+          const float v = load_float(x.data, x.dtype,
+                                     b * x.stride_of(0) + h * x.stride_of(1) + t * x.stride_of(2) + d * x.stride_of(3));
+          check(std::fabs(v) <= 65504.0f, ErrorCode::kOutOfRange, op, "keys at [", b, ", ", h, ", ", t, ", ", d,
+                "] need a float16 scale or bias beyond its range of 65504 (per-channel keys); got ", v,
+                ": use a bfloat16 or float32 scale dtype for such values");
+        }
+}
+
 // After an append, before the offset moves: rows [start, start + n) of plane p must be finite. A float16 scale or
 // bias (quantized caches) or a float16 value (plain f16 caches) of a finite input overflows to infinity beyond
 // 65504; that is an error naming where and what to do, never a NaN in the attention output. On failure every plane's
 // rows [start, start + n) are zeroed (the kernels read whole tiles past the offset with weight 0, and 0 · inf would
 // be NaN), so the cache is exactly as it was for its user: same offset, same results.
 void check_stored_finite(detail::KVStore& store, size_t plane, int64_t row_elems, DType dt, int64_t start, int64_t n,
-                         const std::vector<int64_t>& row_bytes, const char* op, const char* what, const char* stored) {
+                         const std::vector<detail::PlaneShape>& shapes, const char* op, const char* what,
+                         const char* stored) {
   if (dt != DType::kF16 || n == 0) return;  // float32 and bfloat16 hold every finite float32 input
   for (int64_t b = 0; b < store.B(); ++b)
     for (int64_t h = 0; h < store.H(); ++h) {
       const int64_t at = find_nonfinite(store.row(plane, b, h, start), dt, n * row_elems);
       if (at < 0) continue;
-      for (size_t p = 0; p < row_bytes.size(); ++p)
-        for (int64_t bb = 0; bb < store.B(); ++bb)
+      for (size_t p = 0; p < shapes.size(); ++p)
+        for (int64_t bb = 0; bb < store.B() && shapes[p].per == 1; ++bb)
           for (int64_t hh = 0; hh < store.H(); ++hh)
-            std::memset(store.row(p, bb, hh, start), 0, static_cast<size_t>(n * row_bytes[p]));
+            std::memset(store.row(p, bb, hh, start), 0, static_cast<size_t>(n * shapes[p].row_bytes));
       fail(ErrorCode::kOutOfRange, op, what, " at [", b, ", ", h, ", ", at / row_elems,
            "] (batch, head, position of the append) need a float16 ", stored,
            " beyond its range of 65504 (values too large after rotation); got infinity: use a bfloat16 or float32 ",
@@ -172,6 +207,7 @@ KVSpec KVCacheMeta::spec() const {
   k.rotation = rotation;
   k.scale_dtype = scale_dtype;
   k.plain_dtype = dtype;
+  k.key_layout = quantized ? key_layout : KeyLayout::kToken;
   return k;
 }
 
@@ -183,6 +219,7 @@ KVSpec QuantizedKVCacheConfig::spec() const {
   k.group_size = group_size;
   k.rotation = rotation;
   k.scale_dtype = scale_dtype;
+  k.key_layout = key_layout;
   return k;
 }
 
@@ -203,11 +240,11 @@ KVCacheSnapshot::KVCacheSnapshot(const KVCacheMeta& meta, std::vector<Buffer> pl
     check(planes.empty(), ErrorCode::kInvalidArgument, op, "a snapshot without dims holds no planes; got ",
           planes.size());
   } else {
-    const std::vector<int64_t> rb = plane_row_bytes(meta);
-    check(planes.size() == rb.size(), ErrorCode::kInvalidArgument, op, "expected ", rb.size(), " planes; got ",
-          planes.size());
-    for (size_t p = 0; p < rb.size(); ++p) {
-      const int64_t want = meta.B * meta.H * meta.length * rb[p];
+    const std::vector<detail::PlaneShape> shapes = plane_shapes(meta);
+    check(planes.size() == shapes.size(), ErrorCode::kInvalidArgument, op, "expected ", shapes.size(),
+          " planes; got ", planes.size());
+    for (size_t p = 0; p < shapes.size(); ++p) {
+      const int64_t want = meta.B * meta.H * shapes[p].rows(meta.length) * shapes[p].row_bytes;
       check(static_cast<int64_t>(planes[p].nbytes()) == want, ErrorCode::kCorrupt, op, "plane ", p, " must hold ", want,
             " bytes; got ", planes[p].nbytes());
     }
@@ -239,24 +276,24 @@ kernels::KVTensorView KVCacheSnapshot::values() const {
 
 namespace detail {
 
-void KVStore::reset(int64_t B, int64_t H, std::vector<int64_t> row_bytes) {
+void KVStore::reset(int64_t B, int64_t H, std::vector<PlaneShape> shapes) {
   B_ = B;
   H_ = H;
   offset_ = 0;
   capacity_ = 0;
-  row_bytes_ = std::move(row_bytes);
+  shapes_ = std::move(shapes);
   planes_.clear();
-  planes_.resize(row_bytes_.size());
+  planes_.resize(shapes_.size());
 }
 
 void KVStore::clear() {
   B_ = H_ = offset_ = capacity_ = 0;
-  row_bytes_.clear();
+  shapes_.clear();
   planes_.clear();
 }
 
 uint8_t* KVStore::row(size_t p, int64_t b, int64_t h, int64_t t) const {
-  return planes_[p].as<uint8_t>() + ((b * H_ + h) * capacity_ + t) * row_bytes_[p];
+  return planes_[p].as<uint8_t>() + ((b * H_ + h) * shapes_[p].rows(capacity_) + t) * shapes_[p].row_bytes;
 }
 
 std::vector<const void*> KVStore::plane_pointers() const {
@@ -267,9 +304,19 @@ std::vector<const void*> KVStore::plane_pointers() const {
 
 int64_t KVStore::nbytes() const {
   int64_t n = 0;
-  for (int64_t rb : row_bytes_) n += B_ * H_ * capacity_ * rb;
+  for (const PlaneShape& s : shapes_) n += B_ * H_ * s.rows(capacity_) * s.row_bytes;
   return n;
 }
+
+namespace {
+// Copies the first `rows` rows of each (b, h) from a plane of src_rows rows per head to one of dst_rows.
+void copy_head_rows(uint8_t* dst, int64_t dst_rows, const uint8_t* src, int64_t src_rows, int64_t rows,
+                    int64_t row_bytes, int64_t heads) {
+  if (rows <= 0) return;
+  for (int64_t bh = 0; bh < heads; ++bh)
+    std::memcpy(dst + bh * dst_rows * row_bytes, src + bh * src_rows * row_bytes, static_cast<size_t>(rows * row_bytes));
+}
+}  // namespace
 
 // Grows every plane to round_up(offset + n, kStep) positions, copying the valid rows [0, offset) of each (b, h);
 // the new buffers are allocated before anything changes, so a failed allocation leaves the cache as it was.
@@ -279,12 +326,10 @@ void KVStore::reserve_append(int64_t n) {
   std::vector<Buffer> grown;
   grown.reserve(planes_.size());
   for (size_t p = 0; p < planes_.size(); ++p) {
-    const int64_t rb = row_bytes_[p];
-    Buffer nb(static_cast<size_t>(B_ * H_ * new_cap * rb));
-    for (int64_t bh = 0; bh < B_ * H_; ++bh)
-      if (offset_ > 0)
-        std::memcpy(nb.as<uint8_t>() + bh * new_cap * rb, planes_[p].as<uint8_t>() + bh * capacity_ * rb,
-                    static_cast<size_t>(offset_ * rb));
+    const PlaneShape& s = shapes_[p];
+    Buffer nb(static_cast<size_t>(B_ * H_ * s.rows(new_cap) * s.row_bytes));
+    copy_head_rows(nb.as<uint8_t>(), s.rows(new_cap), planes_[p].as<uint8_t>(), s.rows(capacity_), s.rows(offset_),
+                   s.row_bytes, B_ * H_);
     grown.push_back(std::move(nb));
   }
   planes_ = std::move(grown);
@@ -294,12 +339,10 @@ void KVStore::reserve_append(int64_t n) {
 std::vector<Buffer> KVStore::copy_valid() const {
   std::vector<Buffer> out;
   for (size_t p = 0; p < planes_.size(); ++p) {
-    const int64_t rb = row_bytes_[p];
-    Buffer b(static_cast<size_t>(B_ * H_ * offset_ * rb));
-    for (int64_t bh = 0; bh < B_ * H_; ++bh)
-      if (offset_ > 0)
-        std::memcpy(b.as<uint8_t>() + bh * offset_ * rb, planes_[p].as<uint8_t>() + bh * capacity_ * rb,
-                    static_cast<size_t>(offset_ * rb));
+    const PlaneShape& s = shapes_[p];
+    Buffer b(static_cast<size_t>(B_ * H_ * s.rows(offset_) * s.row_bytes));
+    copy_head_rows(b.as<uint8_t>(), s.rows(offset_), planes_[p].as<uint8_t>(), s.rows(capacity_), s.rows(offset_),
+                   s.row_bytes, B_ * H_);
     out.push_back(std::move(b));
   }
   return out;
@@ -308,13 +351,11 @@ std::vector<Buffer> KVStore::copy_valid() const {
 void KVStore::load(const std::vector<const void*>& planes, int64_t length) {
   const int64_t cap = round_up(length, KVCache::kStep);
   std::vector<Buffer> fresh;
-  for (size_t p = 0; p < row_bytes_.size(); ++p) {
-    const int64_t rb = row_bytes_[p];
-    Buffer nb(static_cast<size_t>(B_ * H_ * cap * rb));
-    for (int64_t bh = 0; bh < B_ * H_; ++bh)
-      if (length > 0)
-        std::memcpy(nb.as<uint8_t>() + bh * cap * rb, static_cast<const uint8_t*>(planes[p]) + bh * length * rb,
-                    static_cast<size_t>(length * rb));
+  for (size_t p = 0; p < shapes_.size(); ++p) {
+    const PlaneShape& s = shapes_[p];
+    Buffer nb(static_cast<size_t>(B_ * H_ * s.rows(cap) * s.row_bytes));
+    copy_head_rows(nb.as<uint8_t>(), s.rows(cap), static_cast<const uint8_t*>(planes[p]), s.rows(length),
+                   s.rows(length), s.row_bytes, B_ * H_);
     fresh.push_back(std::move(nb));
   }
   planes_ = std::move(fresh);
@@ -345,7 +386,7 @@ detail::KVStore store_from_snapshot(const KVCacheSnapshot& s) {
   detail::KVStore store;
   const KVCacheMeta& m = s.meta();
   if (!m.has_dims) return store;
-  store.reset(m.B, m.H, plane_row_bytes(m));
+  store.reset(m.B, m.H, plane_shapes(m));
   std::vector<const void*> src;
   for (size_t p = 0; p < s.num_planes(); ++p) src.push_back(s.plane(p).data());
   store.load(src, m.length);
@@ -355,7 +396,7 @@ detail::KVStore store_from_snapshot(const KVCacheSnapshot& s) {
 // The rotations a cache with these dims uses (identity placeholders before the dims are known).
 std::pair<Rotation, Rotation> make_rotations(const KVCacheMeta& m) {
   if (!m.has_dims) return {};
-  return {Rotation(m.Dk, m.rotation, m.seed), Rotation(m.Dv, m.rotation, m.seed)};
+  return {Rotation(m.Dk, m.spec().key_rotation(), m.seed), Rotation(m.Dv, m.rotation, m.seed)};
 }
 
 }  // namespace
@@ -381,6 +422,7 @@ KVCacheMeta QuantizedKVCache::meta() const {
   m.Dk = Dk_;
   m.Dv = Dv_;
   m.length = store_.offset();
+  m.key_layout = config_.key_layout;
   return m;
 }
 
@@ -409,33 +451,89 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     m.Dv = values.dim(3);
     m.spec().validate_head_dims(m.Dk, m.Dv, op);
     auto rots = make_rotations(m);
-    store_.reset(m.B, m.H, plane_row_bytes(m));
+    store_.reset(m.B, m.H, plane_shapes(m));
     Dk_ = m.Dk;
     Dv_ = m.Dv;
     key_rot_ = std::move(rots.first);
     value_rot_ = std::move(rots.second);
   }
   const int64_t n = keys.dim(2), start = store_.offset();
-  store_.reserve_append(n);
   const int gs = config_.group_size;
   const DType sd = config_.scale_dtype;
+  const bool channel = config_.key_layout == KeyLayout::kChannel;
+  if (channel && sd == DType::kF16) check_f16_range(keys, op);  // block scales are written later: check now
+  store_.reserve_append(n);
   for (int64_t b = 0; b < store_.B() && n > 0; ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       // Planes 0..2: key codes, scales, biases; 3..5: the same for values (see KVCacheSnapshot).
-      append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), store_.row(1, b, h, start),
-                  store_.row(2, b, h, start), sd, config_.k_bits, gs);
+      if (!channel)
+        append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), store_.row(1, b, h, start),
+                    store_.row(2, b, h, start), sd, config_.k_bits, gs);
       append_rows(values, b, h, value_rot_, store_.row(3, b, h, start), store_.row(4, b, h, start),
                   store_.row(5, b, h, start), sd, config_.v_bits, gs);
     }
-  const std::vector<int64_t> rb = plane_row_bytes(meta());
+  const std::vector<detail::PlaneShape> shapes = plane_shapes(meta());
   for (size_t p : {1, 2, 4, 5})
-    check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, rb, op, p < 3 ? "keys" : "values",
-                        p % 3 == 1 ? "scale" : "bias");
+    if (p > 3 || !channel)
+      check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, shapes, op, p < 3 ? "keys" : "values",
+                          p % 3 == 1 ? "scale" : "bias");
+  if (channel) append_channel_keys(keys, start);  // nothing can fail from here on
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
 }
 
-int64_t QuantizedKVCache::trim(int64_t n) { return trim_store(store_, n); }
+// Per-channel keys: positions [start, start + n) go to the residual window in runs that end where a block fills;
+// each filled block is quantized per channel into its codes and its scale/bias row.
+void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start) {
+  const int64_t gs = config_.group_size, n = keys.dim(2);
+  for (int64_t done = 0; done < n;) {
+    const int64_t pos = start + done, r = pos % gs, run = std::min(n - done, gs - r);
+    TensorView part = keys;  // positions [done, done + run) of the append
+    part.data = static_cast<uint8_t*>(keys.data) + done * keys.stride_of(2) * dtype_size(keys.dtype);
+    part.shape[2] = run;
+    for (int64_t b = 0; b < store_.B(); ++b)
+      for (int64_t h = 0; h < store_.H(); ++h) {
+        append_rows(part, b, h, key_rot_, store_.row(kResidualPlane, b, h, r), nullptr, nullptr, DType::kBF16, 0, 0);
+        if (r + run == gs) quantize_block(b, h, pos / gs);
+      }
+    done += run;
+  }
+}
+
+void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
+  const int64_t gs = config_.group_size;
+  std::vector<float> rows(static_cast<size_t>(gs * Dk_));
+  const auto* res = reinterpret_cast<const uint16_t*>(store_.row(kResidualPlane, b, h, 0));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = bf16_to_f32(res[i]);
+  quant::affine_quantize_columns(rows.data(), Dk_, gs, Dk_, config_.k_bits,
+                                 reinterpret_cast<uint32_t*>(store_.row(0, b, h, block * gs)),
+                                 quant::packed_words(Dk_, config_.k_bits), store_.row(1, b, h, block),
+                                 store_.row(2, b, h, block), config_.scale_dtype);
+}
+
+int64_t QuantizedKVCache::trim(int64_t n) {
+  const int64_t old = store_.offset(), removed = trim_store(store_, n);
+  if (config_.key_layout != KeyLayout::kChannel || removed == 0) return removed;
+  // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
+  const int64_t gs = config_.group_size, now = old - removed, block = now / gs, kept = now % gs;
+  if (block == old / gs || kept == 0) return removed;
+  for (int64_t b = 0; b < store_.B(); ++b)
+    for (int64_t h = 0; h < store_.H(); ++h) {
+      const void* sc = store_.row(1, b, h, block);
+      const void* bi = store_.row(2, b, h, block);
+      auto* res = reinterpret_cast<uint16_t*>(store_.row(kResidualPlane, b, h, 0));
+      for (int64_t t = 0; t < kept; ++t) {
+        const auto* codes = reinterpret_cast<const uint32_t*>(store_.row(0, b, h, block * gs + t));
+        for (int64_t d = 0; d < Dk_; ++d) {
+          const float v = quant::affine_dequantize_value(quant::unpack_code(codes, d, config_.k_bits),
+                                                         load_float(sc, config_.scale_dtype, d),
+                                                         load_float(bi, config_.scale_dtype, d), config_.scale_dtype);
+          res[t * Dk_ + d] = f32_to_bf16(v);
+        }
+      }
+    }
+  return removed;
+}
 
 KVCacheSnapshot QuantizedKVCache::snapshot() const { return snapshot_store(meta(), store_); }
 
@@ -453,6 +551,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.scale_dtype = m.scale_dtype;
   config_.rotation = m.rotation;
   config_.seed = m.seed;
+  config_.key_layout = m.key_layout;
   Dk_ = m.Dk;
   Dv_ = m.Dv;
   key_rot_ = std::move(rots.first);
@@ -505,7 +604,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
     m.Dv = values.dim(3);
     m.spec().validate_head_dims(m.Dk, m.Dv, op);
     auto rots = make_rotations(m);
-    store_.reset(m.B, m.H, plane_row_bytes(m));
+    store_.reset(m.B, m.H, plane_shapes(m));
     Dk_ = m.Dk;
     Dv_ = m.Dv;
     key_rot_ = std::move(rots.first);
@@ -519,9 +618,9 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
       append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), nullptr, nullptr, dt, 0, 0);
       append_rows(values, b, h, value_rot_, store_.row(1, b, h, start), nullptr, nullptr, dt, 0, 0);
     }
-  const std::vector<int64_t> rb = plane_row_bytes(meta());
-  check_stored_finite(store_, 0, Dk_, dt, start, n, rb, op, "keys", "value");
-  check_stored_finite(store_, 1, Dv_, dt, start, n, rb, op, "values", "value");
+  const std::vector<detail::PlaneShape> shapes = plane_shapes(meta());
+  check_stored_finite(store_, 0, Dk_, dt, start, n, shapes, op, "keys", "value");
+  check_stored_finite(store_, 1, Dv_, dt, start, n, shapes, op, "values", "value");
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
 }

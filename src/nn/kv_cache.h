@@ -44,14 +44,19 @@ struct KVCacheMeta {
   bool has_dims = false;
   int64_t B = 0, H = 0, Dk = 0, Dv = 0;
   int64_t length = 0;  // valid positions
+  KeyLayout key_layout = KeyLayout::kToken;  // quantized caches: keys per position or per channel (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
 };
 
 // An owned, immutable copy of a cache's valid state. Copies share the same read-only data.
-// planes (all [B, H, length, ·] row-major, little-endian):
+// planes (row-major, little-endian; [B, H, length, ·] unless stated):
 //   quantized: 0 key codes (uint32, Dk·k_bits/32), 1 key scales, 2 key biases (scale_dtype, Dk/gs),
 //              3 value codes (uint32, Dv·v_bits/32), 4 value scales, 5 value biases (scale_dtype, Dv/gs)
+//   quantized, per-channel keys: planes 1 and 2 are [B, H, ceil(length/gs), Dk] (one row per block of gs
+//              positions; the last, incomplete block's row is not meaningful), and plane 6 is the residual window,
+//              bfloat16 [B, H, gs, Dk] (rows [0, length mod gs) hold positions [length − length mod gs, length);
+//              empty when length is 0)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -104,13 +109,26 @@ class KVCache {
 
 namespace detail {
 
-// The storage shared by both caches: a fixed list of planes, plane p holding [B, H, capacity, row_bytes[p]] bytes,
-// plus the growth / trim / snapshot mechanics, which do not depend on what a row contains.
+// One plane of a store: rows of row_bytes bytes; one row per `per` positions (1: per position, gs: per block of
+// positions, the last row covering an incomplete block), or per == 0: `fixed` rows whatever the capacity (none
+// while the capacity or the length is 0).
+struct PlaneShape {
+  int64_t row_bytes = 0;
+  int64_t per = 1;
+  int64_t fixed = 0;
+  int64_t rows(int64_t positions) const {
+    if (per == 0) return positions > 0 ? fixed : 0;
+    return (positions + per - 1) / per;
+  }
+};
+
+// The storage shared by both caches: a fixed list of planes, plane p holding [B, H, rows(capacity), row_bytes]
+// bytes, plus the growth / trim / snapshot mechanics, which do not depend on what a row contains.
 class KVStore {
  public:
-  void reset(int64_t B, int64_t H, std::vector<int64_t> row_bytes);  // dims fixed, capacity 0
+  void reset(int64_t B, int64_t H, std::vector<PlaneShape> shapes);  // dims fixed, capacity 0
   void clear();                                                      // back to no dims
-  bool has_dims() const { return !row_bytes_.empty(); }
+  bool has_dims() const { return !shapes_.empty(); }
   int64_t B() const { return B_; }
   int64_t H() const { return H_; }
   int64_t offset() const { return offset_; }
@@ -118,19 +136,20 @@ class KVStore {
   void set_offset(int64_t offset) { offset_ = offset; }
   // Makes room for positions [offset, offset + n): reallocates to round_up(offset + n, kStep) if needed.
   void reserve_append(int64_t n);
-  // Start of row t of (b, h) in plane p.
+  // Start of row t of (b, h) in plane p (a position for per-position planes, a block or fixed row otherwise).
   uint8_t* row(size_t p, int64_t b, int64_t h, int64_t t) const;
+  int64_t rows_per_head(size_t p) const { return shapes_[p].rows(capacity_); }
   std::vector<const void*> plane_pointers() const;  // one per plane; empty without dims
   int64_t nbytes() const;
-  // Copies [0, offset) of every plane into contiguous [B, H, offset, row] buffers.
+  // Copies the rows(offset) rows of every plane into contiguous [B, H, rows(offset), row] buffers.
   std::vector<Buffer> copy_valid() const;
-  // Replaces the storage by copies of the given contiguous [B, H, length, row] planes (one pointer per plane);
-  // capacity becomes round_up(length, kStep).
+  // Replaces the storage by copies of the given contiguous [B, H, rows(length), row] planes (one pointer per
+  // plane); capacity becomes round_up(length, kStep).
   void load(const std::vector<const void*>& planes, int64_t length);
 
  private:
   int64_t B_ = 0, H_ = 0, offset_ = 0, capacity_ = 0;
-  std::vector<int64_t> row_bytes_;
+  std::vector<PlaneShape> shapes_;
   std::vector<Buffer> planes_;
 };
 
@@ -144,6 +163,7 @@ struct QuantizedKVCacheConfig {
   RotationKind rotation = RotationKind::kHadamard;  // applied to keys and values before quantizing
   uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
+  KeyLayout key_layout = KeyLayout::kToken;        // keys per position (the seeds') or per channel (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
 };
@@ -151,6 +171,11 @@ struct QuantizedKVCacheConfig {
 // Keys and values rotated, then affine-quantized per row in groups (MLX's format, docs/formats.md):
 //   key codes   [B, H, capacity, Dk·k_bits/32] uint32, key scales/biases   [B, H, capacity, Dk/gs] scale_dtype
 //   value codes [B, H, capacity, Dv·v_bits/32] uint32, value scales/biases [B, H, capacity, Dv/gs] scale_dtype
+// Per-channel keys (KeyLayout::kChannel): keys are not rotated; each append writes them as bfloat16 rows into the
+// residual window [B, H, gs, Dk]; when the window holds gs positions it is quantized per channel
+// (quant::affine_quantize_columns) into the codes of those positions and one scale/bias row [Dk] of the block.
+// trim() back into a quantized block dequantizes its kept positions into the residual window (bfloat16), so they
+// are quantized again, with the block's new rows, when it fills: at most one extra rounding on those positions.
 class QuantizedKVCache final : public KVCache {
  public:
   explicit QuantizedKVCache(const QuantizedKVCacheConfig& config = {});  // validates the config
@@ -174,6 +199,9 @@ class QuantizedKVCache final : public KVCache {
   const QuantizedKVCacheConfig& config() const { return config_; }
 
  private:
+  void append_channel_keys(const TensorView& keys, int64_t start);
+  void quantize_block(int64_t b, int64_t h, int64_t block);
+
   QuantizedKVCacheConfig config_;
   int64_t Dk_ = 0, Dv_ = 0;
   Rotation key_rot_, value_rot_;

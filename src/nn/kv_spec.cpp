@@ -23,6 +23,18 @@ void KVSpec::validate(const char* op) const {
   }
   check(is_rotation_kind(rotation), ErrorCode::kInvalidArgument, op,
         "rotation must be none, so4-fast, so4-full or hadamard; got ", static_cast<int>(rotation));
+  check(key_layout == KeyLayout::kToken || key_layout == KeyLayout::kChannel, ErrorCode::kInvalidArgument, op,
+        "key_layout must be token or channel; got ", static_cast<int>(key_layout));
+  check(quantized || key_layout == KeyLayout::kToken, ErrorCode::kInvalidArgument, op,
+        "the channel key layout is a quantized layout; a plain cache (", dtype_name(plain_dtype),
+        ") stores keys per position (key_layout token)");
+}
+
+double KVSpec::bits_per_value() const {
+  if (!quantized) return 8.0 * static_cast<double>(dtype_size(plain_dtype));
+  // f16/bf16 scale + bias per group: 32 bits per group_size values (64 for f32), for keys in either layout.
+  const double side = 2.0 * 8.0 * static_cast<double>(dtype_size(scale_dtype)) / group_size;
+  return (k_bits + v_bits) / 2.0 + side;
 }
 
 void KVSpec::validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const {
@@ -60,6 +72,7 @@ std::string KVSpec::name() const {
   s += rotation_name(rotation);
   s += "/g";
   s += std::to_string(group_size);
+  if (key_layout == KeyLayout::kChannel) s += "/kchan";
   return s;
 }
 
@@ -97,6 +110,16 @@ RotationKind parse_rotation(std::string_view s) {
     if (s == r.name) return r.kind;
   fail(ErrorCode::kInvalidArgument, "parse_kv_rotation",
        "kv rotation must be so4-full, so4-fast, hadamard or none; got \"", s, "\"");
+}
+
+KeyLayout parse_key_layout(std::string_view s) {
+  if (s == "token") return KeyLayout::kToken;
+  if (s == "channel") return KeyLayout::kChannel;
+  fail(ErrorCode::kInvalidArgument, "parse_kv_layout", "kv layout must be token or channel; got \"", s, "\"");
+}
+
+const char* key_layout_name(KeyLayout layout) {
+  return layout == KeyLayout::kChannel ? "channel" : layout == KeyLayout::kToken ? "token" : "unknown";
 }
 
 const char* rotation_name(RotationKind kind) {

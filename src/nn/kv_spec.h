@@ -15,6 +15,15 @@
 
 namespace cider::nn {
 
+// How keys are grouped for quantization (values are always per token, in groups of group_size along the head):
+//   kToken:   per position, groups of group_size values along the head dim (the seeds' layout).
+//   kChannel: per channel, over blocks of group_size consecutive positions (KIVI-style): each channel of a block
+//             gets its own scale and bias, so a few large channels (outliers) no longer set the step of the others.
+//             The newest, incomplete block is kept unquantized in bfloat16 (the residual window) and quantized when
+//             it fills. Keys are not rotated in this layout: per-channel steps already isolate the outlier channels
+//             that a rotation would spread over all of them (docs/quality.md measures both). Values are rotated.
+enum class KeyLayout : int { kToken = 0, kChannel = 1 };
+
 struct KVSpec {
   bool quantized = true;
   int k_bits = 8;                                   // quantized: 2, 3, 4, 5, 6 or 8
@@ -23,13 +32,21 @@ struct KVSpec {
   RotationKind rotation = RotationKind::kHadamard;  // none, so4 fast/full (head dims a multiple of 4), hadamard
   DType scale_dtype = DType::kF16;                  // quantized: scales and biases (float16, bfloat16, float32)
   DType plain_dtype = DType::kBF16;                 // plain: elements (float16, bfloat16, float32)
+  KeyLayout key_layout = KeyLayout::kToken;         // quantized only (plain caches: kToken)
 
   // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.
   void validate(const char* op) const;
   // The rules against the head dims (kShapeMismatch): positive; quantized: multiples of group_size; SO(4): of 4.
   void validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const;
-  // "k4v3/so4-full/g64", "bf16" (plain, unrotated), "f32/hadamard" (plain, rotated).
+  // "k4v3/so4-full/g64", "k4v4/hadamard/g64/kchan" (per-channel keys), "bf16" (plain, unrotated), "f32/hadamard".
   std::string name() const;
+  // The rotation applied to keys (and so to queries): `rotation`, except none for per-channel keys.
+  RotationKind key_rotation() const {
+    return key_layout == KeyLayout::kChannel ? RotationKind::kNone : rotation;
+  }
+  // Stored bits per cached value, keys and values averaged, scales and biases counted (the residual window not):
+  // token layout (k + v)/2 + 8·ss/group_size; per-channel keys take their scale and bias per block of positions.
+  double bits_per_value() const;
 };
 
 bool is_kv_bits(int bits);              // 2, 3, 4, 5, 6, 8
@@ -39,5 +56,8 @@ KVSpec parse_kv_spec(std::string_view format);
 // "so4-full", "so4-fast", "hadamard", "none"; the names rotation_name gives back.
 RotationKind parse_rotation(std::string_view name);
 const char* rotation_name(RotationKind kind);
+// "token", "channel"; the names key_layout_name gives back.
+KeyLayout parse_key_layout(std::string_view name);
+const char* key_layout_name(KeyLayout layout);
 
 }  // namespace cider::nn

@@ -82,6 +82,22 @@ void affine_quantize_row(const float* w, int64_t K, int group_size, int bits, ui
   }
 }
 
+void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_t dim, int bits, uint32_t* packed,
+                             int64_t packed_stride, void* scales, void* biases, DType scale_dtype) {
+  std::vector<uint8_t> codes(static_cast<size_t>(n * dim));  // [n, dim]
+  std::vector<float> column(static_cast<size_t>(n));
+  std::vector<uint8_t> ccodes(static_cast<size_t>(n));
+  for (int64_t d = 0; d < dim; ++d) {
+    for (int64_t t = 0; t < n; ++t) column[static_cast<size_t>(t)] = x[t * x_stride + d];
+    float s, b;
+    affine_quantize_group(column.data(), static_cast<int>(n), bits, ccodes.data(), &s, &b);
+    for (int64_t t = 0; t < n; ++t) codes[static_cast<size_t>(t * dim + d)] = ccodes[static_cast<size_t>(t)];
+    store_float(scales, scale_dtype, d, s);
+    store_float(biases, scale_dtype, d, b);
+  }
+  for (int64_t t = 0; t < n; ++t) pack_codes(codes.data() + t * dim, dim, bits, packed + t * packed_stride);
+}
+
 namespace {
 
 void check_packed_triple(const char* op, const TensorView& packed, const TensorView& scales,

@@ -47,6 +47,13 @@ void affine_quantize_group(const float* w, int group_size, int bits, uint8_t* co
 void affine_quantize_row(const float* w, int64_t K, int group_size, int bits, uint32_t* packed, void* scales,
                          void* biases, DType scale_dtype);
 
+// Quantizes a block of n rows × dim columns per column (the KV cache's per-channel keys): column d of rows
+// x[t·x_stride + d], t < n, is one group of n values (affine_quantize_group's arithmetic; n in 32, 64, 128), its
+// scale and bias stored at scales[d], biases[d] in scale_dtype. Row t's codes are packed as a row of dim codes into
+// packed + t·packed_stride words (dim·bits a multiple of 32).
+void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_t dim, int bits, uint32_t* packed,
+                             int64_t packed_stride, void* scales, void* biases, DType scale_dtype);
+
 // Dequantizes one value as MLX does: q·scale, rounded to scale_dtype, plus bias, rounded again (no FMA).
 inline float affine_dequantize_value(uint32_t q, float scale, float bias, DType scale_dtype) {
   float prod = round_to(scale_dtype, static_cast<float>(q) * scale);

@@ -6,6 +6,8 @@
 //
 //   quantized keys:  score[r, j] = scale · Σ_g ( s_jg · Σ_{k∈g} q_rk·c_jk  +  b_jg · Σ_{k∈g} q_rk )
 //   plain keys:      score[r, j] = scale · Σ_k q_rk·k_jk
+//   per-channel keys (layout 1): k_jk = c_jk·s_bk + b_bk (b = j's block; the row is expanded to float32, one row
+//                    at a time), or the bfloat16 residual row for positions past the last complete block
 //
 // with c the codes, s/b the stored scale/bias of group g — i.e. exactly q·(c·s + b), computed on the codes; the cache
 // is never dequantized into a float copy (only one row of codes is unpacked at a time). Masks then drop or offset
@@ -41,6 +43,25 @@ class RowReader {
 
   void load(int64_t b, int64_t g, int64_t j) {
     const int64_t row = (b * v_.H + g) * v_.capacity + j;
+    as_floats_ = v_.bits == 0;
+    if (v_.layout == 1) {  // per-channel keys: expanded to float32
+      as_floats_ = true;
+      const int64_t gs = v_.group_size, nq = v_.length / gs * gs;
+      if (j >= nq) {
+        const int64_t rrow = (b * v_.H + g) * gs + (j - nq);
+        for (int64_t d = 0; d < v_.dim; ++d)
+          floats_[static_cast<size_t>(d)] = load_float(v_.residual, DType::kBF16, rrow * v_.dim + d);
+        return;
+      }
+      const uint32_t* words = static_cast<const uint32_t*>(v_.data) + row * quant::packed_words(v_.dim, v_.bits);
+      const int64_t srow = (b * v_.H + g) * v_.blocks + j / gs;
+      for (int64_t d = 0; d < v_.dim; ++d)
+        floats_[static_cast<size_t>(d)] =
+            static_cast<float>(quant::unpack_code(words, d, v_.bits)) *
+                load_float(v_.scales, v_.scale_dtype, srow * v_.dim + d) +
+            load_float(v_.biases, v_.scale_dtype, srow * v_.dim + d);
+      return;
+    }
     if (v_.bits == 0) {
       for (int64_t d = 0; d < v_.dim; ++d)
         floats_[static_cast<size_t>(d)] = load_float(v_.data, v_.dtype, row * v_.dim + d);
@@ -54,7 +75,7 @@ class RowReader {
     }
   }
 
-  bool quantized() const { return v_.bits != 0; }
+  bool quantized() const { return !as_floats_; }  // codes with per-group scales (else floats())
   int64_t groups() const { return groups_; }
   int group_size() const { return v_.group_size; }
   const uint8_t* codes() const { return codes_.data(); }
@@ -64,6 +85,7 @@ class RowReader {
 
  private:
   const KVTensorView& v_;
+  bool as_floats_ = false;
   int64_t groups_;
   std::vector<uint8_t> codes_;  // [dim]
   std::vector<float> floats_;   // [dim]
@@ -78,7 +100,7 @@ void attention(const AttentionArgs& a) {
   const KVTensorView& V = a.values;
   const int64_t Hkv = K.H, rep = a.Hq / Hkv, L = a.L, kL = K.length, Dk = K.dim, Dv = V.dim;
   const int64_t R = rep * L;  // query rows sharing one KV head: r = rr·L + i  <->  query head g·rep + rr, row i
-  const int64_t kGroups = K.bits ? Dk / K.group_size : 0;
+  const int64_t kGroups = K.bits && K.layout == 0 ? Dk / K.group_size : 0;
 
   RowReader key(K), value(V);
   std::vector<float> scores(static_cast<size_t>(R * kL));     // [R, kL], then the unnormalised p

@@ -42,6 +42,9 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
+  check(kv.key_layout == nn::KeyLayout::kToken, ErrorCode::kUnsupported, kOp,
+        "--device cuda has no attention kernels for per-channel keys yet (--kv-layout channel); use --kv-layout "
+        "token there; got ", kv.name());
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
