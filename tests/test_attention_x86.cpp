@@ -448,6 +448,220 @@ TEST(AttentionX86, PrefillBlocksCausal) {
   }
 }
 
+// ---- per-channel keys (layout 1) ------------------------------------------------------------------------------
+// The fast kernels fold a block's key scales into the query, q' = float32(q ⊙ s_blk), quantize q' per group of gs
+// dims exactly as above (q̃' = step·Q, replicated here by quantize_queries) and add the block's bias term q·b_blk;
+// residual positions are scored in float32 with exact queries. So, as for per-token keys, two checks:
+//  1. TIGHT, against float64 attention with those scores (Σ_k q̃'_k·c_jk + Σ_k q_k·b_k; residual: q·k): only float32
+//     rounding separates them, |Δscore| ≤ scale·(Dk + 2·Gk + 8)·u·(Σ_k |q̃'_k·c_jk| + Σ_k |q_k·b_k|) (residual:
+//     scale·(Dk + 4)·u·Σ_k |q_k·k_jk|), and outputs as in check 1 above.
+//  2. BOUNDED, against the reference kernel (exact queries, a float32 row k = c·s + b then a dot, tolerance
+//     scale·(Dk + 8)·u·Σ_k |q_k|·(|c_jk·s_k| + |b_k|)): plus the query quantization's effect (e^{2δ} − 1)·max_j|v̂_jd|,
+//     δ = max_j scale·|Σ_k (q'_k − q̃'_k)·c_jk| computed here in float64.
+struct ChannelCase {
+  Shape s;
+  QuantizedKVCacheConfig cfg;
+  Mask mask;
+  int kv_splits = 0;
+  bool snapshot = false;
+};
+
+void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
+  const Shape& s = p.s;
+  char what[200];
+  std::snprintf(what, sizeof what, "kchan B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d mask%d splits%d",
+                static_cast<long long>(s.B), static_cast<long long>(s.Hkv), static_cast<long long>(s.rep),
+                static_cast<long long>(s.L), static_cast<long long>(s.kL), static_cast<long long>(s.Dk),
+                static_cast<long long>(s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
+                static_cast<int>(p.mask.kind), p.kv_splits);
+  QuantizedKVCache cache(p.cfg);
+  fill(cache, s, rng);
+  nn::KVCacheSnapshot snap;
+  KVTensorView kv = cache.keys(), vv = cache.values();
+  if (p.snapshot) {
+    snap = cache.snapshot();
+    kv = snap.keys();
+    vv = snap.values();
+  }
+  ASSERT_EQ(kv.layout, 1);
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
+  AttentionArgs args{};
+  args.q = q.data();
+  args.B = s.B;
+  args.Hq = s.Hq();
+  args.L = s.L;
+  args.keys = kv;
+  args.values = vv;
+  args.scale = scale;
+  args.mask_kind = p.mask.kind;
+  args.window = p.mask.window;
+  args.mask = p.mask.bytes.empty() ? nullptr : p.mask.bytes.data();
+  args.mask_dtype = p.mask.dtype;
+  for (int i = 0; i < 4; ++i) args.mask_stride[i] = p.mask.stride[i];
+  args.kv_splits = p.kv_splits;
+  const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
+  const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
+  ASSERT_TRUE(test::no_nan(ref.data(), n)) << what;
+
+  // The keys as float64: value, and per element |c·s| and |b| (quantized) or the residual value.
+  const int64_t gs = kv.group_size, nq = kv.length / gs * gs, Gk = s.Dk / gs;
+  const size_t nk = static_cast<size_t>(s.B * s.Hkv * s.kL * s.Dk);
+  std::vector<double> kval(nk), kcode(nk), ks(nk), kb(nk);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hkv; ++h)
+      for (int64_t j = 0; j < s.kL; ++j)
+        for (int64_t d = 0; d < s.Dk; ++d) {
+          const size_t o = static_cast<size_t>(((b * s.Hkv + h) * s.kL + j) * s.Dk + d);
+          if (j >= nq) {
+            kval[o] = load_float(kv.residual, DType::kBF16, ((b * kv.H + h) * gs + j - nq) * s.Dk + d);
+            continue;
+          }
+          const uint32_t* words = static_cast<const uint32_t*>(kv.data) +
+                                  ((b * kv.H + h) * kv.capacity + j) * quant::packed_words(s.Dk, kv.bits);
+          const int64_t sr = ((b * kv.H + h) * kv.blocks + j / gs) * s.Dk + d;
+          kcode[o] = quant::unpack_code(words, d, kv.bits);
+          ks[o] = load_float(kv.scales, kv.scale_dtype, sr);
+          kb[o] = load_float(kv.biases, kv.scale_dtype, sr);
+          kval[o] = kcode[o] * ks[o] + kb[o];
+        }
+  const Deq V = dequantize(vv);
+  // want_e: exact queries (for the reference), want_f: the fast kernels' scores.
+  std::vector<double> want_e(n, 0.0), want_f(n, 0.0), tol_fast(n, 0.0), tol_ref(n, 0.0), qdelta(n, 0.0);
+  std::vector<double> sce(static_cast<size_t>(s.kL)), scf(static_cast<size_t>(s.kL));
+  std::vector<char> vis(static_cast<size_t>(s.kL));
+  std::vector<float> qp(static_cast<size_t>(s.Dk));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t hq = 0; hq < s.Hq(); ++hq)
+      for (int64_t i = 0; i < s.L; ++i) {
+        const int64_t g = hq / s.rep, pos = s.kL - s.L + i;
+        const float* qr = q.data() + ((b * s.Hq() + hq) * s.L + i) * s.Dk;
+        double me = -kInf, mf = -kInf, eps_fast = 0.0, eps_ref = 0.0, delta = 0.0;
+        QuantQ qq;
+        int64_t qq_block = -1;
+        for (int64_t j = 0; j < s.kL; ++j) {
+          double add;
+          vis[static_cast<size_t>(j)] = p.mask.visible(b, hq, i, j, pos, &add);
+          if (!vis[static_cast<size_t>(j)]) continue;
+          const size_t ko = static_cast<size_t>(((b * s.Hkv + g) * s.kL + j) * s.Dk);
+          double de = 0.0, df = 0.0, ef = 0.0, er = 0.0;
+          if (j >= nq) {
+            for (int64_t d = 0; d < s.Dk; ++d) {
+              de += qr[d] * kval[ko + static_cast<size_t>(d)];
+              er += std::fabs(qr[d] * kval[ko + static_cast<size_t>(d)]);
+            }
+            df = de;
+            ef = static_cast<double>(s.Dk + 4) * kU * er;
+            er *= static_cast<double>(s.Dk + 4) * kU;
+          } else {
+            if (j / gs != qq_block) {  // the kernel's q' and its quantization for this block
+              qq_block = j / gs;
+              for (int64_t d = 0; d < s.Dk; ++d)
+                qp[static_cast<size_t>(d)] = qr[d] * static_cast<float>(ks[ko + static_cast<size_t>(d)]);
+              qq = quantize_queries(qp, s.Dk, static_cast<int>(gs));
+            }
+            double magf = 0.0, mage = 0.0, dq = 0.0;
+            for (int64_t d = 0; d < s.Dk; ++d) {
+              const size_t o = ko + static_cast<size_t>(d);
+              de += qr[d] * kval[o];
+              df += qq.qt[static_cast<size_t>(d)] * kcode[o] + qr[d] * kb[o];
+              dq += (qp[static_cast<size_t>(d)] - qq.qt[static_cast<size_t>(d)]) * kcode[o];
+              magf += std::fabs(qq.qt[static_cast<size_t>(d)] * kcode[o]) + std::fabs(qr[d] * kb[o]);
+              mage += std::fabs(qr[d] * ks[o] * kcode[o]) + std::fabs(qr[d] * kb[o]);
+            }
+            ef = static_cast<double>(s.Dk + 2 * Gk + 8) * kU * magf;
+            er = static_cast<double>(s.Dk + 8) * kU * mage;
+            delta = std::max(delta, scale * std::fabs(dq));
+          }
+          sce[static_cast<size_t>(j)] = scale * de + add;
+          scf[static_cast<size_t>(j)] = scale * df + add;
+          me = std::max(me, sce[static_cast<size_t>(j)]);
+          mf = std::max(mf, scf[static_cast<size_t>(j)]);
+          eps_fast = std::max(eps_fast, scale * ef);
+          eps_ref = std::max(eps_ref, scale * er);
+        }
+        if (me == -kInf) continue;
+        double dene = 0.0, denf = 0.0;
+        const size_t oo = static_cast<size_t>(((b * s.Hq() + hq) * s.L + i) * s.Dv);
+        std::vector<double> vmax(static_cast<size_t>(s.Dv), 0.0), m1(static_cast<size_t>(s.Dv), 0.0);
+        for (int64_t j = 0; j < s.kL; ++j) {
+          if (!vis[static_cast<size_t>(j)]) continue;
+          const double pe = std::exp(sce[static_cast<size_t>(j)] - me), pf = std::exp(scf[static_cast<size_t>(j)] - mf);
+          dene += pe;
+          denf += pf;
+          const size_t vo = V.at(b, g, j);
+          for (int64_t d = 0; d < s.Dv; ++d) {
+            const size_t vi = vo * static_cast<size_t>(s.Dv) + static_cast<size_t>(d);
+            const size_t gi = vo * static_cast<size_t>(V.G) + static_cast<size_t>(d / V.gs);
+            want_e[oo + static_cast<size_t>(d)] += pe * V.val[vi];
+            want_f[oo + static_cast<size_t>(d)] += pf * V.val[vi];
+            vmax[static_cast<size_t>(d)] = std::max(vmax[static_cast<size_t>(d)], std::fabs(V.val[vi]));
+            m1[static_cast<size_t>(d)] =
+                std::max(m1[static_cast<size_t>(d)], std::fabs(V.s[gi] * V.code[vi]) + std::fabs(V.b[gi]));
+          }
+        }
+        const double chain = (static_cast<double>(s.kL) + 64.0) * kU;
+        for (int64_t d = 0; d < s.Dv; ++d) {
+          const size_t o = oo + static_cast<size_t>(d);
+          want_e[o] /= dene;
+          want_f[o] /= denf;
+          tol_fast[o] = chain * m1[static_cast<size_t>(d)] +
+                        std::expm1(2.0 * (eps_fast + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
+          tol_ref[o] = chain * m1[static_cast<size_t>(d)] +
+                       std::expm1(2.0 * (eps_ref + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
+          qdelta[o] = std::expm1(2.0 * delta) * vmax[static_cast<size_t>(d)];
+        }
+      }
+  for (size_t k = 0; k < n; ++k)
+    ASSERT_LE(std::fabs(ref[k] - want_e[k]), tol_ref[k]) << "reference " << what << " element " << k;
+  for (IsaLevel level : fast_levels()) {
+    const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+    const std::vector<float> got = run(t.attention, args, n);
+    for (size_t k = 0; k < n; ++k) {
+      ASSERT_FALSE(std::isnan(got[k])) << t.name << " " << what << " element " << k;
+      ASSERT_LE(std::fabs(got[k] - want_f[k]), tol_fast[k])
+          << t.name << " (tight, vs float64 with q̃') " << what << " element " << k << " got " << got[k] << " want "
+          << want_f[k];
+      ASSERT_LE(std::fabs(got[k] - ref[k]), tol_fast[k] + tol_ref[k] + qdelta[k])
+          << t.name << " (vs the reference kernel) " << what << " element " << k;
+    }
+  }
+}
+
+TEST(AttentionX86, PerChannelKeysEveryLevelMatchesReference) {
+  auto rng = test::make_rng(410);
+  const int64_t Ls[] = {1, 3, 20};
+  const int64_t kLs[] = {1, 31, 64, 100, 300, 1100};
+  const int64_t Ds[] = {64, 128, 256};
+  const int64_t reps[] = {1, 2, 4, 8};
+  const MaskKind kinds[] = {MaskKind::kNone, MaskKind::kCausal, MaskKind::kBool, MaskKind::kAdditive};
+  const QuantizedKVCacheConfig cfgs[] = {
+      {4, 4, 64, RotationKind::kHadamard, 0, DType::kF16, nn::KeyLayout::kChannel},
+      {4, 3, 32, RotationKind::kNone, 0, DType::kBF16, nn::KeyLayout::kChannel},
+      {8, 4, 128, RotationKind::kHadamard, 0, DType::kF32, nn::KeyLayout::kChannel},
+      {3, 2, 64, RotationKind::kSO4Full, 0, DType::kF16, nn::KeyLayout::kChannel},
+      {2, 8, 32, RotationKind::kNone, 0, DType::kF16, nn::KeyLayout::kChannel},
+  };
+  int idx = 0;
+  for (int64_t kL : kLs)
+    for (int64_t L : Ls) {
+      if (L > kL) continue;
+      for (int variant = 0; variant < 2; ++variant, ++idx) {
+        ChannelCase p;
+        const int64_t Dk = Ds[(idx + variant) % 3], Dv = Ds[(idx / 3 + 2 * variant) % 3];
+        p.s = Shape{1 + idx % 2, 1 + (idx / 2) % 2, reps[idx % 4], L, kL, Dk, Dv};
+        p.cfg = cfgs[static_cast<size_t>(idx) % std::size(cfgs)];
+        p.cfg.seed = rng();
+        p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(Dk, Dv)));
+        p.mask = make_mask(rng, kinds[idx % 4], p.s.B, p.s.Hq(), L, kL, DType::kF32);
+        p.kv_splits = idx % 3 == 2 ? 1 + static_cast<int>(rng() % 5) : 0;
+        p.snapshot = idx % 4 == 1;
+        check_channel_case(p, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
 // The float32-score variant of the AVX-512 kernel (CIDER_ATTN_SCORES=f32, kept for the measurement in
 // docs/benchmarks.md): the reference's score algebra with exact queries, over formats and shapes.
 TEST(AttentionX86, Avx512FloatScoreVariant) {

@@ -33,7 +33,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 bool fast_path_supported(const AttentionArgs& a) {
   // Value rows of at least 16 bytes (the code unpack reads 16-byte windows inside a row): all but Dv = 32 with
   // 2- or 3-bit values.
-  return a.keys.bits > 0 && a.values.bits > 0 && a.keys.layout == 0 && a.keys.dim % a.keys.group_size == 0 &&
+  return a.keys.bits > 0 && a.values.bits > 0 && a.keys.dim % a.keys.group_size == 0 &&
          a.values.dim % a.values.group_size == 0 && a.keys.group_size % 32 == 0 && a.values.group_size % 32 == 0 &&
          a.values.dim * a.values.bits >= 128;
 }

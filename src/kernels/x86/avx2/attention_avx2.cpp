@@ -29,6 +29,12 @@ constexpr int kT = kBlockRows;
 
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t scale_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+static inline float bf16_value(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 CIDER_INLINE __m256i lane_mask(int64_t n) {  // lanes < n all ones
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < 0 ? 0 : n > 8 ? 8 : n)),
@@ -128,6 +134,8 @@ struct Ctx {
   int mode;          // key columns: 0 nibbles of 4-bit codes, 1 bytes (codes < 64), 2 nibbles of 8-bit codes
   int64_t Wd;        // 32-bit columns per key row (packed 4-bit, or bytes)
   int64_t cols_per_group;
+  bool kchan;        // per-channel keys (layout 1): scores per block of gk positions, then the bf16 residual
+  int64_t nq;        // kchan: positions [0, nq) quantized, [nq, length) in the residual window
 };
 
 struct Scratch {
@@ -159,6 +167,8 @@ struct Scratch {
   float* bvcol;
   uint8_t* vshuf;    // [Dv/8][32]
   int32_t* voff;     // [Dv/8]
+  float* qch;        // kchan: [Dk] q ⊙ s of the current block
+  float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -199,6 +209,8 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->bvcol = reinterpret_cast<float*>(take(Gv * T * 4));
   s->vshuf = take(Dv / 8 * 32);
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 8 * 4));
+  s->qch = reinterpret_cast<float*>(take(Dk * 4));
+  s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
   return off;
 }
 
@@ -423,43 +435,98 @@ CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, 
   return pad;
 }
 
+// The query image of row r (its int8 planes in the column order of the key tiles, and the per-group factors of the
+// score) for query values q [Dk]: against per-token key groups, coef = scale·step and bcoef = scale·step·ΣQ (the
+// bias term). Per-channel keys pass q ⊙ s_block and put the block's bias term, scale·Σ q·b_block, in bcoef[r, 0]
+// (the key "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
+CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
+  const AttentionArgs& a = *c.a;
+  const int64_t Rmax = c.Rmax, Gk = c.Gk;
+  attn::quantize_query_groups(q, c.Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
+  for (int64_t k = 0; k < c.Wd; ++k) {
+    if (c.mode == 0) {
+      for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
+        const int8_t* qp = pl == 0 ? s.qh : s.ql;
+        uint32_t lo = 0, hi = 0;
+        for (int t = 0; t < 4; ++t) {
+          lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
+          hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
+        }
+        s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
+        s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
+      }
+    } else {
+      for (int pl = 0; pl < 2; ++pl) {
+        const int8_t* qp = pl == 0 ? s.qh : s.ql;
+        uint32_t w = 0;
+        for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
+        s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
+      }
+    }
+  }
+  for (int64_t g = 0; g < Gk; ++g) {
+    s.coef[r * Gk + g] = a.scale * s.sq[g];
+    s.bcoef[r * Gk + g] = kchan ? (g == 0 ? a.scale * bias_term : 0.0f)
+                                : a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
+  }
+}
+
+CIDER_AVX2 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
+  const AttentionArgs& a = *c.a;
+  const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
+  return a.q + ((it.b * a.Hq + hq) * a.L + i) * c.Dk;
+}
+
+// Per-channel keys: the query images of all R rows against block `blk` (q ⊙ s_blk and the bias term q·b_blk).
+CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
+  const KVTensorView& K = c.a->keys;
+  const int64_t Dk = c.Dk, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  for (int64_t r = 0; r < it.R; ++r) {
+    const float* q = query_row(c, it, r);
+    __m256 bt = _mm256_setzero_ps();
+    for (int64_t d = 0; d < Dk; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      _mm256_storeu_ps(s.qch + d, _mm256_mul_ps(qv, load8(K.scales, K.scale_dtype, srow + d)));
+      bt = _mm256_fmadd_ps(qv, load8(K.biases, K.scale_dtype, srow + d), bt);
+    }
+    prepare_query_row(c, s, r, s.qch, true, hsum8(bt));
+  }
+}
+
+// Per-channel keys: the scores of a 16-position tile of the bfloat16 residual window, in float32 (exact queries).
+CIDER_AVX2 void residual_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0, int64_t jt) {
+  const AttentionArgs& a = *c.a;
+  const KVTensorView& K = a.keys;
+  const int64_t Dk = c.Dk;
+  const uint16_t* res = static_cast<const uint16_t*>(K.residual) + ((it.b * K.H + it.g) * K.group_size + (j0 - c.nq)) * Dk;
+  for (int64_t j = 0; j < kTileRows; ++j)  // rows j0 - nq + j < group_size: always inside the window
+    for (int64_t d = 0; d < Dk; ++d) s.kres[d * 16 + j] = bf16_value(res[j * Dk + d]);
+  const __m256 sv = _mm256_set1_ps(a.scale);
+  for (int h = 0; h < 2; ++h)
+    for (int64_t r = 0; r < it.R; ++r) {
+      const float* q = query_row(c, it, r);
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      int64_t d = 0;
+      for (; d + 2 <= Dk; d += 2) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_load_ps(s.kres + d * 16 + 8 * h), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[d + 1]), _mm256_load_ps(s.kres + (d + 1) * 16 + 8 * h), acc1);
+      }
+      for (; d < Dk; ++d) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_load_ps(s.kres + d * 16 + 8 * h), acc0);
+      __m256 sc[1] = {_mm256_mul_ps(_mm256_add_ps(acc0, acc1), sv)};
+      store_scores8<1>(c, s, it, r, j0 + 8 * h, jt + 8 * h, sc);
+    }
+}
+
 CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
   const AttentionArgs& a = *c.a;
   const Item it = attn::item_of(a, *c.p, index);
   const KVTensorView& K = a.keys;
   const KVTensorView& V = a.values;
-  const int64_t R = it.R, Rmax = c.Rmax, Dk = c.Dk, Dv = c.Dv, Gk = c.Gk, Gv = c.Gv;
+  const int64_t R = it.R, Dk = c.Dk, Dv = c.Dv, Gk = c.Gk, Gv = c.Gv, Rmax = c.Rmax;
   const float neg_inf = -__builtin_inff();
 
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
-    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * Dk;
-    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
-    for (int64_t k = 0; k < c.Wd; ++k) {
-      if (c.mode == 0) {
-        for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
-          const int8_t* qp = pl == 0 ? s.qh : s.ql;
-          uint32_t lo = 0, hi = 0;
-          for (int t = 0; t < 4; ++t) {
-            lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
-            hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
-          }
-          s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
-          s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
-        }
-      } else {
-        for (int pl = 0; pl < 2; ++pl) {
-          const int8_t* qp = pl == 0 ? s.qh : s.ql;
-          uint32_t w = 0;
-          for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
-          s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
-        }
-      }
-    }
-    for (int64_t g = 0; g < Gk; ++g) {
-      s.coef[r * Gk + g] = a.scale * s.sq[g];
-      s.bcoef[r * Gk + g] = a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
-    }
+    if (!c.kchan) prepare_query_row(c, s, r, query_row(c, it, r), false, 0.0f);
     int64_t lo, hi;
     attn::row_range(a, it, r, &lo, &hi);
     s.lo[r] = static_cast<int32_t>(lo);
@@ -472,11 +539,27 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
 
   const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
   const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
+  int64_t cur_block = -1;  // kchan: the block the query images were prepared for
+  if (c.kchan)
+    for (int64_t g = 0; g < Gk; ++g) {  // unit key "scales", and the bias term added once (group 0)
+      _mm256_store_ps(s.skcol + g * 8, _mm256_set1_ps(1.0f));
+      _mm256_store_ps(s.bkcol + g * 8, _mm256_set1_ps(g == 0 ? 1.0f : 0.0f));
+    }
 
   for (int64_t jb = it.klo / kTileRows * kTileRows; it.khi > it.klo && jb < it.khi; jb += kT) {
     const int64_t je = imin(jb + kT, it.khi), ntiles = (je - jb + kTileRows - 1) / kTileRows;
     for (int64_t t = 0; t < ntiles; ++t) {
       const int64_t j0 = jb + t * kTileRows;
+      if (c.kchan) {
+        if (j0 >= c.nq) {
+          residual_tile(c, s, it, j0, t * kTileRows);
+          continue;
+        }
+        if (j0 / c.gk != cur_block) {
+          cur_block = j0 / c.gk;
+          prepare_block(c, s, it, cur_block);
+        }
+      }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
       if (j0 + kTileRows > K.capacity) {
         std::memset(s.kpad, 0, static_cast<size_t>(kTileRows * c.krow_bytes));
@@ -489,13 +572,15 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         rows = s.kbytes;
         row_bytes = Dk;
       }
-      const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
-      const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
+      const uint8_t* ks = c.kchan ? nullptr : tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
+      const uint8_t* kbi = c.kchan ? nullptr : tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
       const int64_t kes = scale_bytes(K.scale_dtype) * Gk;
       for (int h = 0; h < 2; ++h) {  // two halves of 8 rows
         key_columns8(rows + 8 * h * row_bytes, row_bytes, c.Wd, c.mode, s.colbuf);
-        scale_columns8(ks + 8 * h * kes, K.scale_dtype, Gk, s.skcol, 8);
-        scale_columns8(kbi + 8 * h * kes, K.scale_dtype, Gk, s.bkcol, 8);
+        if (!c.kchan) {
+          scale_columns8(ks + 8 * h * kes, K.scale_dtype, Gk, s.skcol, 8);
+          scale_columns8(kbi + 8 * h * kes, K.scale_dtype, Gk, s.bkcol, 8);
+        }
         for_row_blocks(R, ScoreRows{c, s, it, j0 + 8 * h, t * kTileRows + 8 * h});
       }
     }
@@ -622,6 +707,8 @@ void attention(const AttentionArgs& a) {
   c.mode = c.kb == 4 ? 0 : c.kb == 8 ? 2 : 1;
   c.Wd = c.kb == 4 ? c.Dk / 8 : c.Dk / 4;
   c.cols_per_group = c.kb == 4 ? c.gk / 8 : c.gk / 4;
+  c.kchan = a.keys.layout == 1;
+  c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
   Scratch probe;
   job.scratch_bytes = carve(c, &probe, nullptr);
   c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));

@@ -737,6 +737,10 @@ void attention(const AttentionArgs& a) {
     ref::attention(a);  // plain caches: the reference (documented in attention_x86.h)
     return;
   }
+  if (a.keys.layout == 1) {  // per-channel keys: the AVX2 kernel's (documented in attention_x86.h)
+    avx2::attention(a);
+    return;
+  }
   Job job{};
   Ctx& c = job.c;
   c.a = &a;
