@@ -1,7 +1,8 @@
 // attention_bench: decode attention over a packed KV cache, timed per ISA level (issue 4).
 //
 // Cases: Hq query heads sharing Hkv KV heads (default Hq 32, Hkv 8), head dim D, kL cached keys, one query row (B = 1,
-// L = 1, decode), K4/V3 group 64 f16 scales (or --kbits/--vbits/--group). The kernel entry is called directly
+// L = 1, decode), K4/V3 group 64 f16 scales (or --kbits/--vbits/--group; --kv-layout channel: per-channel keys,
+// scales per block of group positions, a bf16 residual window of group rows, read only past the last full block). The kernel entry is called directly
 // (kernels_for_isa(level).attention) on storage laid out as the cache stores it (docs/kv_cache.md); codes, scales
 // and biases are random bytes of the right ranges — the kernel's time does not depend on their values.
 //   hot:    one cache, every call reads it again (what llama.cpp's test-backend-ops perf mode does: its K/V stay in
@@ -56,6 +57,7 @@ struct Options {
   std::vector<int64_t> dims = {128, 256};
   int64_t hq = 32, hkv = 8, L = 1;
   int kbits = 4, vbits = 3, group = 64;
+  bool kchan = false;  // --kv-layout channel: per-channel keys (scales [blocks, D], a bf16 residual window)
   int reps = 20;
   int threads = 0;
   int64_t pool_mb = 1024;
@@ -83,7 +85,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void usage(const char* prog) {
   std::printf(
       "usage: %s [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
-      "         [--group 64] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "         [--group 64] [--kv-layout token|channel] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
       "         [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
       "decode attention (B 1, L query rows) over a packed K/V cache, timed per ISA level; table or --json lines\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n",
@@ -125,7 +127,7 @@ class Plane {
 
 // One copy of a cache's key and value planes: [1, Hkv, cap, ·] each, random contents of the right ranges.
 struct Planes {
-  Plane kc, ks, kb, vc, vs, vb;
+  Plane kc, ks, kb, vc, vs, vb, kr;
   KVTensorView keys{}, values{};
 };
 
@@ -156,6 +158,12 @@ Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng
   fill_scales(p.kb, 1.5f, 3.0f, true);
   fill_scales(p.vs, 0.6f, 1.2f, true);
   fill_scales(p.vb, 1.5f, 3.0f, true);
+  if (o.kchan) {  // the residual window (positions past the last full block), bf16 values of unit scale
+    p.kr = Plane(static_cast<size_t>(o.hkv * o.group * D * 2));
+    uint16_t* h = p.kr.as<uint16_t>();
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t i = 0; i < p.kr.nbytes() / 2; ++i) h[i] = cider::f32_to_bf16(nd(rng));
+  }
   auto view = [&](const Plane& c, const Plane& s, const Plane& b, int bits) {
     KVTensorView v{};
     v.data = c.data();
@@ -174,6 +182,11 @@ Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng
   };
   p.keys = view(p.kc, p.ks, p.kb, o.kbits);
   p.values = view(p.vc, p.vs, p.vb, o.vbits);
+  if (o.kchan) {  // key scales/biases read as [Hkv, cap/group, D]: the same bytes as [Hkv, cap, D/group]
+    p.keys.layout = 1;
+    p.keys.blocks = cap / o.group;
+    p.keys.residual = p.kr.data();
+  }
   return p;
 }
 
@@ -286,9 +299,10 @@ int run(const Options& o) {
       }
       if (!nn_done) {  // the public op, once: query rotation + kernel + inverse rotation + output store
         nn_done = true;
-        cider::nn::QuantizedKVCache cache(cider::nn::QuantizedKVCacheConfig{o.kbits, o.vbits, o.group,
-                                                                            cider::nn::RotationKind::kSO4Full, 7,
-                                                                            DType::kF16});
+        cider::nn::QuantizedKVCache cache(cider::nn::QuantizedKVCacheConfig{
+                                                  o.kbits, o.vbits, o.group, cider::nn::RotationKind::kSO4Full, 7,
+                                                  DType::kF16,
+                                                  o.kchan ? cider::nn::KeyLayout::kChannel : cider::nn::KeyLayout::kToken});
         const int64_t chunk = 1024;
         std::vector<float> kv(static_cast<size_t>(o.hkv * chunk * D));
         for (int64_t t0 = 0; t0 < kL; t0 += chunk) {
@@ -393,6 +407,7 @@ int main_with_args(int argc, char** argv) {
       else if (arg == "--hkv") o.hkv = std::stoll(next());
       else if (arg == "--L") o.L = std::stoll(next());
       else if (arg == "--kbits") o.kbits = std::stoi(next());
+      else if (arg == "--kv-layout") o.kchan = next() == std::string("channel");
       else if (arg == "--vbits") o.vbits = std::stoi(next());
       else if (arg == "--group") o.group = std::stoi(next());
       else if (arg == "--reps") o.reps = std::stoi(next());

@@ -36,7 +36,7 @@ def read_cider(d):
     top-1 are averages over pieces (SE combined as sqrt(Σ se²)/n), perplexities are exp of the mean NLL."""
     per = {}
     for f in sorted(glob.glob(os.path.join(d, "*.txt"))):
-        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full|hadamard)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
+        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full|hadamard(?:\+kchan)?|none\+kchan)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
         if not m:
             continue
         t = open(f).read()

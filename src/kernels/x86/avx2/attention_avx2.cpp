@@ -435,6 +435,53 @@ CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, 
   return pad;
 }
 
+// attn::quantize_query_groups (attention_x86.h), the same float32 operations on 8 lanes: a true division, round to
+// nearest even, the product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
+CIDER_INLINE __m256i pack_bytes32(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), 0xD8);
+  const __m256i cd = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(c), _mm256_cvtps_epi32(d)), 0xD8);
+  return _mm256_permute4x64_epi64(_mm256_packs_epi16(ab, cd), 0xD8);
+}
+
+CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
+                                       int32_t* qsum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  for (int64_t g = 0; g < dim / gs; ++g) {
+    const float* x = q + g * gs;
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t k = 0; k < gs; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    const float amax = hmax8(mx), s = amax / 127.0f, s2 = s / 256.0f;
+    step[g] = s2;
+    if (!(s > 0.0f)) {
+      std::memset(qh + g * gs, 0, static_cast<size_t>(gs));
+      std::memset(ql + g * gs, 0, static_cast<size_t>(gs));
+      qsum[g] = 0;
+      continue;
+    }
+    const __m256 sv = _mm256_set1_ps(s), s2v = _mm256_set1_ps(s2);
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t k = 0; k < gs; k += 32) {
+      __m256 h[4], l[4];
+      for (int u = 0; u < 4; ++u) {
+        const __m256 xv = _mm256_loadu_ps(x + k + 8 * u);
+        h[u] = _mm256_round_ps(_mm256_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        h[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, h[u]));
+        const __m256 r = _mm256_sub_ps(xv, _mm256_mul_ps(sv, h[u]));
+        l[u] = _mm256_round_ps(_mm256_div_ps(r, s2v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        l[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, l[u]));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtps_epi32(h[u]), 8),
+                                                     _mm256_cvtps_epi32(l[u])));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + g * gs + k), pack_bytes32(h[0], h[1], h[2], h[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ql + g * gs + k), pack_bytes32(l[0], l[1], l[2], l[3]));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    qsum[g] = _mm_cvtsi128_si32(t);
+  }
+}
+
 // The query image of row r (its int8 planes in the column order of the key tiles, and the per-group factors of the
 // score) for query values q [Dk]: against per-token key groups, coef = scale·step and bcoef = scale·step·ΣQ (the
 // bias term). Per-channel keys pass q ⊙ s_block and put the block's bias term, scale·Σ q·b_block, in bcoef[r, 0]
@@ -442,25 +489,25 @@ CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, 
 CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
   const AttentionArgs& a = *c.a;
   const int64_t Rmax = c.Rmax, Gk = c.Gk;
-  attn::quantize_query_groups(q, c.Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
-  for (int64_t k = 0; k < c.Wd; ++k) {
+  quantize_query_groups8(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
+  for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
+    const int8_t* qp = pl == 0 ? s.qh : s.ql;
     if (c.mode == 0) {
-      for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
-        const int8_t* qp = pl == 0 ? s.qh : s.ql;
-        uint32_t lo = 0, hi = 0;
-        for (int t = 0; t < 4; ++t) {
-          lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
-          hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
-        }
-        s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
-        s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
+      // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (the low nibbles), word 2k + 1 the odd
+      // dims; one byte shuffle per 32 dims puts the 8 words in order.
+      const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1,
+                                                  3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+      for (int64_t d = 0; d < c.Dk; d += 32) {
+        alignas(32) int32_t w[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(w),
+                           _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + d)), evens_odds));
+        for (int64_t i = 0; i < 8; ++i) s.qimg[((d / 4 + i) * 2 + pl) * Rmax + r] = w[i];
       }
     } else {
-      for (int pl = 0; pl < 2; ++pl) {
-        const int8_t* qp = pl == 0 ? s.qh : s.ql;
-        uint32_t w = 0;
-        for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
-        s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
+      for (int64_t k = 0; k < c.Wd; ++k) {  // bytes: word k holds dims 4k .. 4k + 3
+        int32_t w;
+        std::memcpy(&w, qp + 4 * k, 4);
+        s.qimg[(k * 2 + pl) * Rmax + r] = w;
       }
     }
   }
