@@ -679,5 +679,217 @@ TEST(KVCache, RejectsSnapshotWithWrongPlaneSize) {
   expect_error([&] { KVCacheSnapshot s(m, std::move(planes)); }, ErrorCode::kCorrupt, "kv_cache_snapshot", "got 31");
 }
 
+
+// ---- per-channel keys (KeyLayout::kChannel) ------------------------------------------------------------------------
+
+QuantizedKVCacheConfig channel_config(uint64_t seed, int kb = 4, int vb = 4, int gs = 64, DType sd = DType::kF16) {
+  return QuantizedKVCacheConfig{kb, vb, gs, RotationKind::kHadamard, seed, sd, nn::KeyLayout::kChannel};
+}
+
+// The keys of a per-channel view, valid positions only, in a layout-independent form: codes and (block) scale and
+// bias per quantized element, the bf16 bits per residual element.
+struct ChannelKeys {
+  std::vector<uint32_t> codes;      // [B, H, nq, D]
+  std::vector<float> scales, biases;  // [B, H, nq/gs, D]
+  std::vector<uint16_t> residual;   // [B, H, length - nq, D]
+  bool operator==(const ChannelKeys& o) const {
+    return codes == o.codes && scales == o.scales && biases == o.biases && residual == o.residual;
+  }
+};
+ChannelKeys channel_keys(const KVTensorView& v) {
+  ChannelKeys out;
+  const int64_t gs = v.group_size, nq = v.length / gs * gs, D = v.dim;
+  EXPECT_EQ(v.layout, 1);
+  for (int64_t b = 0; b < v.B; ++b)
+    for (int64_t h = 0; h < v.H; ++h) {
+      for (int64_t t = 0; t < nq; ++t) {
+        const uint32_t* w =
+            static_cast<const uint32_t*>(v.data) + ((b * v.H + h) * v.capacity + t) * quant::packed_words(D, v.bits);
+        for (int64_t d = 0; d < D; ++d) out.codes.push_back(quant::unpack_code(w, d, v.bits));
+      }
+      for (int64_t blk = 0; blk < nq / gs; ++blk)
+        for (int64_t d = 0; d < D; ++d) {
+          out.scales.push_back(load_float(v.scales, v.scale_dtype, ((b * v.H + h) * v.blocks + blk) * D + d));
+          out.biases.push_back(load_float(v.biases, v.scale_dtype, ((b * v.H + h) * v.blocks + blk) * D + d));
+        }
+      for (int64_t t = nq; t < v.length; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          out.residual.push_back(static_cast<const uint16_t*>(v.residual)[((b * v.H + h) * gs + t - nq) * D + d]);
+    }
+  return out;
+}
+
+// Positions [t0, t0 + n) of x as a new input of the same dtype.
+Input positions(const Input& x, int64_t t0, int64_t n) {
+  Input y{x.dtype, {x.shape[0], x.shape[1], n, x.shape[3]}, {}, {}};
+  const int64_t D = x.shape[3], es = esize(x.dtype);
+  for (int64_t bh = 0; bh < x.shape[0] * x.shape[1]; ++bh) {
+    const uint8_t* src = x.bytes.data() + ((bh * x.shape[2] + t0) * D) * es;
+    y.bytes.insert(y.bytes.end(), src, src + n * D * es);
+    const float* fs = x.f.data() + (bh * x.shape[2] + t0) * D;
+    y.f.insert(y.f.end(), fs, fs + n * D);
+  }
+  return y;
+}
+
+// Keys go unrotated into the bf16 residual window and, per full block, are quantized per channel: each channel's
+// gs values by affine_quantize_group (MLX's arithmetic), the codes packed per position. Values as in token layout.
+TEST(KVCacheChannel, StoresBlocksPerChannelAndTheRestInTheResidualWindow) {
+  auto rng = test::make_rng(40);
+  for (DType sd : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const int gs = sd == DType::kF32 ? 32 : 64, kb = sd == DType::kBF16 ? 3 : 4;
+    QuantizedKVCache c(channel_config(rng(), kb, 4, gs, sd));
+    const int64_t B = 2, H = 3, D = 64, n = 150;
+    Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
+    for (auto [t0, m] : {std::pair<int64_t, int64_t>{0, 37}, {37, 90}, {127, 23}})
+      c.update_and_fetch(positions(k, t0, m).view(), positions(v, t0, m).view());
+    const KVTensorView kv = c.keys();
+    ASSERT_EQ(kv.layout, 1);
+    EXPECT_EQ(kv.blocks, c.capacity() / gs);
+    EXPECT_EQ(c.key_rotation().kind(), RotationKind::kNone);
+    EXPECT_EQ(c.value_rotation().kind(), RotationKind::kHadamard);
+    const ChannelKeys got = channel_keys(kv);
+    ChannelKeys want;
+    const int64_t nq = n / gs * gs;
+    std::vector<float> col(static_cast<size_t>(gs));
+    std::vector<uint8_t> codes(static_cast<size_t>(gs));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<uint32_t> block_codes(static_cast<size_t>(nq * D));
+        for (int64_t blk = 0; blk < nq / gs; ++blk)
+          for (int64_t d = 0; d < D; ++d) {
+            for (int64_t t = 0; t < gs; ++t)
+              col[static_cast<size_t>(t)] = round_to(DType::kBF16, k.row(b, h, blk * gs + t)[d]);  // via the window
+            float sc, bi;
+            quant::affine_quantize_group(col.data(), gs, kb, codes.data(), &sc, &bi);
+            for (int64_t t = 0; t < gs; ++t) block_codes[static_cast<size_t>((blk * gs + t) * D + d)] = codes[static_cast<size_t>(t)];
+            want.scales.push_back(round_to(sd, sc));
+            want.biases.push_back(round_to(sd, bi));
+          }
+        want.codes.insert(want.codes.end(), block_codes.begin(), block_codes.end());
+        for (int64_t t = nq; t < n; ++t)
+          for (int64_t d = 0; d < D; ++d) want.residual.push_back(f32_to_bf16(k.row(b, h, t)[d]));
+      }
+    // Scales and biases are emitted block by block per (b, h): reorder want's to [B, H, blocks, D] (already so).
+    EXPECT_EQ(got.codes, want.codes) << dtype_name(sd);
+    EXPECT_EQ(got.scales, want.scales) << dtype_name(sd);
+    EXPECT_EQ(got.biases, want.biases) << dtype_name(sd);
+    EXPECT_EQ(got.residual, want.residual) << dtype_name(sd);
+    // Values: per token, rotated, exactly as a token-layout cache stores them.
+    QuantizedKVCacheConfig tok = c.config();
+    tok.key_layout = nn::KeyLayout::kToken;
+    QuantizedKVCache t(tok);
+    t.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(valid_bytes(c.values()), valid_bytes(t.values())) << dtype_name(sd);
+  }
+}
+
+// trim inside the residual window keeps everything else; trim back into a quantized block puts its kept positions
+// into the window as bf16 of their dequantized values, so the cache equals one built by appending exactly those
+// values (then appends continue identically).
+TEST(KVCacheChannel, TrimIntoTheWindowAndAcrossABlockBoundary) {
+  auto rng = test::make_rng(41);
+  const int64_t B = 1, H = 2, D = 128;  // group 64
+  const QuantizedKVCacheConfig cfg = channel_config(rng());
+  QuantizedKVCache c(cfg);
+  Input k = make_input(rng, DType::kF32, B, H, 150, D), v = make_input(rng, DType::kF32, B, H, 150, D);
+  c.update_and_fetch(k.view(), v.view());
+  const ChannelKeys before = channel_keys(c.keys());
+  EXPECT_EQ(c.trim(10), 10);  // 140: still blocks 0, 1 and 12 residual positions
+  ChannelKeys after = channel_keys(c.keys());
+  EXPECT_EQ(after.codes, before.codes);
+  EXPECT_EQ(after.scales, before.scales);
+  EXPECT_EQ(std::vector<uint16_t>(before.residual.begin(), before.residual.begin() + 12 * D),
+            std::vector<uint16_t>(after.residual.begin(), after.residual.begin() + 12 * D));  // head 0
+  EXPECT_EQ(c.trim(20), 20);  // 120: block 1 (64..127) reopens with 56 positions
+  const KVTensorView kv = c.keys();
+  EXPECT_EQ(kv.length, 120);
+  // The reference: positions 0..63 as given, 64..119 the dequantized block-1 values (bf16), then the same appends.
+  Input k2 = k;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 64; t < 120; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t bi = static_cast<size_t>((h * 2 + 1) * D + d);  // block 1 of head h in before.scales
+        const float deq = quant::affine_dequantize_value(before.codes[static_cast<size_t>((h * 128 + t) * D + d)],
+                                                         before.scales[bi], before.biases[bi], cfg.scale_dtype);
+        k2.f[static_cast<size_t>((h * 150 + t) * D + d)] = round_to(DType::kBF16, deq);
+      }
+  k2.bytes = test::to_dtype_bytes(k2.f, DType::kF32);
+  QuantizedKVCache fresh(cfg);
+  fresh.update_and_fetch(positions(k2, 0, 120).view(), positions(v, 0, 120).view());
+  EXPECT_TRUE(channel_keys(kv) == channel_keys(fresh.keys()));
+  Input k3 = make_input(rng, DType::kF32, B, H, 40, D), v3 = make_input(rng, DType::kF32, B, H, 40, D);
+  c.update_and_fetch(k3.view(), v3.view());
+  fresh.update_and_fetch(k3.view(), v3.view());
+  EXPECT_EQ(c.offset(), 160);
+  EXPECT_TRUE(channel_keys(c.keys()) == channel_keys(fresh.keys()));
+  EXPECT_EQ(valid_bytes(c.values()), valid_bytes(fresh.values()));
+  // Trimming everything, then appending, starts a new first block.
+  EXPECT_EQ(c.trim(1000), 160);
+  c.update_and_fetch(positions(k, 0, 70).view(), positions(v, 0, 70).view());
+  QuantizedKVCache fresh2(cfg);
+  fresh2.update_and_fetch(positions(k, 0, 70).view(), positions(v, 0, 70).view());
+  EXPECT_TRUE(channel_keys(c.keys()) == channel_keys(fresh2.keys()));
+}
+
+// Snapshots hold the block rows and the residual window; restoring (into a token-layout cache) takes the layout, and
+// both caches continue identically.
+TEST(KVCacheChannel, SnapshotRestoresLayoutBlocksAndWindow) {
+  auto rng = test::make_rng(42);
+  const QuantizedKVCacheConfig cfg = channel_config(rng(), 4, 3, 32, DType::kBF16);
+  QuantizedKVCache c(cfg);
+  Input k = make_input(rng, DType::kF16, 2, 1, 301, 64), v = make_input(rng, DType::kF16, 2, 1, 301, 64);
+  c.update_and_fetch(k.view(), v.view());
+  const KVCacheSnapshot snap = c.snapshot();
+  EXPECT_EQ(snap.meta().key_layout, nn::KeyLayout::kChannel);
+  EXPECT_EQ(snap.num_planes(), 7u);
+  EXPECT_EQ(snap.plane(1).nbytes(), static_cast<size_t>(2 * 10 * 64 * 2));  // ceil(301/32) block rows of [64] bf16
+  EXPECT_EQ(snap.plane(6).nbytes(), static_cast<size_t>(2 * 32 * 64 * 2));  // the window, gs rows
+  EXPECT_TRUE(channel_keys(snap.keys()) == channel_keys(c.keys()));
+  EXPECT_EQ(valid_bytes(snap.values()), valid_bytes(c.values()));
+  QuantizedKVCache r;  // token layout, k8v4
+  r.restore(snap);
+  EXPECT_EQ(r.config().key_layout, nn::KeyLayout::kChannel);
+  EXPECT_EQ(r.offset(), 301);
+  EXPECT_TRUE(channel_keys(r.keys()) == channel_keys(c.keys()));
+  Input k2 = make_input(rng, DType::kF16, 2, 1, 50, 64), v2 = make_input(rng, DType::kF16, 2, 1, 50, 64);
+  c.update_and_fetch(k2.view(), v2.view());
+  r.update_and_fetch(k2.view(), v2.view());
+  EXPECT_TRUE(channel_keys(r.keys()) == channel_keys(c.keys()));
+  EXPECT_TRUE(channel_keys(snap.keys()) != channel_keys(c.keys()));  // the snapshot did not move
+  EXPECT_EQ(snap.length(), 301);
+}
+
+TEST(KVCacheChannel, NbytesCountsBlockRowsAndTheWindow) {
+  auto rng = test::make_rng(43);
+  QuantizedKVCache c(channel_config(rng()));
+  Input k = make_input(rng, DType::kF32, 1, 8, 300, 128), v = make_input(rng, DType::kF32, 1, 8, 300, 128);
+  c.update_and_fetch(k.view(), v.view());
+  // capacity 512: key codes 512·64 B, key scales + biases 8 blocks · 128 · 2 B · 2, values 512·(64 + 2·2·2) B,
+  // window 64·128·2 B; per KV head.
+  EXPECT_EQ(c.nbytes(), 8 * (512 * 64 + 8 * 128 * 2 * 2 + 512 * (64 + 8) + 64 * 128 * 2));
+  EXPECT_DOUBLE_EQ(c.config().spec().bits_per_value(), 4.5);
+}
+
+TEST(KVCacheChannel, Rejections) {
+  auto rng = test::make_rng(44);
+  nn::KVSpec plain = nn::parse_kv_spec("bf16");
+  plain.key_layout = nn::KeyLayout::kChannel;
+  expect_error([&] { plain.validate("op"); }, ErrorCode::kInvalidArgument, "op", "channel key layout");
+  expect_error([] { nn::parse_key_layout("rows"); }, ErrorCode::kInvalidArgument, "parse_kv_layout", "\"rows\"");
+  // float16 scales cannot hold a bias beyond 65504: refused before anything is written.
+  QuantizedKVCache c(channel_config(rng()));
+  Input k = make_input(rng, DType::kF32, 1, 1, 3, 64), v = make_input(rng, DType::kF32, 1, 1, 3, 64);
+  c.update_and_fetch(k.view(), v.view());
+  const ChannelKeys before = channel_keys(c.keys());
+  Input big = make_input(rng, DType::kF32, 1, 1, 2, 64);
+  big.f[5] = 70000.0f;
+  big.bytes = test::to_dtype_bytes(big.f, DType::kF32);
+  expect_error([&] { c.update_and_fetch(big.view(), positions(v, 0, 2).view()); }, ErrorCode::kOutOfRange,
+               "kv_cache_update", "65504");
+  EXPECT_EQ(c.offset(), 3);
+  EXPECT_TRUE(channel_keys(c.keys()) == before);
+}
+
 }  // namespace
 }  // namespace cider

@@ -171,6 +171,8 @@ struct Ctx {
   int64_t ncolimg;                 // query images: 2·Wd (nibbles) or Wd (bytes)
   int64_t cols_per_group;
   bool float_scores;               // CIDER_ATTN_SCORES=f32: float32 FMA scores on unpacked codes (measurement)
+  bool kchan;                      // per-channel keys (layout 1): scores per block of gk positions, then residual
+  int64_t nq;                      // kchan: positions [0, nq) quantized, [nq, length) in the bf16 residual window
 };
 
 struct Scratch {
@@ -203,6 +205,8 @@ struct Scratch {
   uint8_t* vshuf;    // [Dv/16][64] byte shuffles for the value code unpack
   int32_t* voff;     // [Dv/16] byte offset of each 16-code chunk's 16-byte window in a row
   float* qf;         // [Rmax][Dk] the float32 query rows (float-score variant)
+  float* qch;        // kchan: [Dk] q ⊙ s of the current block
+  float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -243,6 +247,8 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->vshuf = take(Dv / 16 * 64);
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 16 * 4));
   s->qf = reinterpret_cast<float*>(take(R * Dk * 4));
+  s->qch = reinterpret_cast<float*>(take(Dk * 4));
+  s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
   return off;
 }
 
@@ -541,6 +547,123 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
 
+// attn::quantize_query_groups (attention_x86.h), the same float32 operations on 16 lanes: a true division, round to
+// nearest even, the product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
+CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
+                                          int32_t* qsum) {
+  const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  for (int64_t g = 0; g < dim / gs; ++g) {
+    const float* x = q + g * gs;
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < gs; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    const float amax = _mm512_reduce_max_ps(mx), s = amax / 127.0f, s2 = s / 256.0f;
+    step[g] = s2;
+    if (!(s > 0.0f)) {
+      std::memset(qh + g * gs, 0, static_cast<size_t>(gs));
+      std::memset(ql + g * gs, 0, static_cast<size_t>(gs));
+      qsum[g] = 0;
+      continue;
+    }
+    const __m512 sv = _mm512_set1_ps(s), s2v = _mm512_set1_ps(s2);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < gs; k += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + k);
+      __m512 h = _mm512_roundscale_ps(_mm512_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      h = _mm512_min_ps(hi, _mm512_max_ps(lo, h));
+      const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(sv, h));
+      __m512 l = _mm512_roundscale_ps(_mm512_div_ps(r, s2v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      l = _mm512_min_ps(hi, _mm512_max_ps(lo, l));
+      const __m512i hi32 = _mm512_cvtps_epi32(h), lo32 = _mm512_cvtps_epi32(l);
+      sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(hi32, 8), lo32));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qh + g * gs + k), _mm512_cvtsepi32_epi8(hi32));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + g * gs + k), _mm512_cvtsepi32_epi8(lo32));
+    }
+    qsum[g] = _mm512_reduce_add_epi32(sum);
+  }
+}
+
+// The query image of row r (int8 planes in the column order of the key tiles, and the per-group factors of the
+// score) for query values q [Dk]: against per-token key groups, coef = scale·step and bcoef = scale·step·ΣQ (the bias
+// term). Per-channel keys pass q ⊙ s_block and put the block's bias term, scale·Σ q·b_block, in bcoef[r, 0] (the key
+// "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
+CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
+  const AttentionArgs& a = *c.a;
+  const int64_t Rmax = c.Rmax, Gk = c.Gk;
+  quantize_query_groups16(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
+  for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
+    const int8_t* qp = pl == 0 ? s.qh : s.ql;
+    if (c.nib) {
+      // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (low nibbles), word 2k + 1 the odd dims.
+      const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+      for (int64_t d = 0; d < c.Dk; d += 16) {
+        alignas(16) int32_t w[4];
+        _mm_store_si128(reinterpret_cast<__m128i*>(w),
+                        _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qp + d)), evens_odds));
+        for (int64_t i = 0; i < 4; ++i) s.qimg[((d / 4 + i) * 2 + pl) * Rmax + r] = w[i];
+      }
+    } else {
+      for (int64_t k = 0; k < c.Wd; ++k) {  // bytes: word k holds dims 4k .. 4k + 3
+        int32_t w;
+        std::memcpy(&w, qp + 4 * k, 4);
+        s.qimg[(k * 2 + pl) * Rmax + r] = w;
+      }
+    }
+  }
+  for (int64_t g = 0; g < Gk; ++g) {
+    s.coef[r * Gk + g] = a.scale * s.sq[g];
+    s.bcoef[r * Gk + g] = kchan ? (g == 0 ? a.scale * bias_term : 0.0f)
+                                : a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
+  }
+}
+
+CIDER_AVX512 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
+  const AttentionArgs& a = *c.a;
+  const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
+  return a.q + ((it.b * a.Hq + hq) * a.L + i) * c.Dk;
+}
+
+// Per-channel keys: the query images of all R rows against block `blk` (q ⊙ s_blk and the bias term q·b_blk).
+CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
+  const KVTensorView& K = c.a->keys;
+  const int64_t Dk = c.Dk, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  for (int64_t r = 0; r < it.R; ++r) {
+    const float* q = query_row(c, it, r);
+    __m512 bt = _mm512_setzero_ps();
+    for (int64_t d = 0; d < Dk; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+      _mm512_storeu_ps(s.qch + d, _mm512_mul_ps(qv, load16(K.scales, K.scale_dtype, srow + d, 0xffff)));
+      bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
+    }
+    prepare_query_row(c, s, r, s.qch, true, _mm512_reduce_add_ps(bt));
+  }
+}
+
+// Per-channel keys: the scores of a 16-position tile of the bfloat16 residual window, in float32 (exact queries).
+CIDER_AVX512 void residual_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0, int64_t jt) {
+  const AttentionArgs& a = *c.a;
+  const KVTensorView& K = a.keys;
+  const int64_t Dk = c.Dk;
+  const uint16_t* res =
+      static_cast<const uint16_t*>(K.residual) + ((it.b * K.H + it.g) * K.group_size + (j0 - c.nq)) * Dk;
+  for (int64_t j = 0; j < kTileRows; ++j)  // rows j0 - nq + j < group_size: always inside the window
+    for (int64_t d = 0; d < Dk; ++d) {
+      const uint32_t u = static_cast<uint32_t>(res[j * Dk + d]) << 16;
+      std::memcpy(s.kres + d * 16 + j, &u, 4);
+    }
+  for (int64_t r = 0; r < it.R; ++r) {
+    const float* q = query_row(c, it, r);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 2 <= Dk; d += 2) {
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_load_ps(s.kres + d * 16), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), _mm512_load_ps(s.kres + (d + 1) * 16), acc1);
+    }
+    for (; d < Dk; ++d) acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_load_ps(s.kres + d * 16), acc0);
+    __m512 sc[1] = {_mm512_mul_ps(_mm512_add_ps(acc0, acc1), _mm512_set1_ps(a.scale))};
+    store_scores<1>(c, s, it, r, j0, jt, sc);
+  }
+}
+
 CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
   const AttentionArgs& a = *c.a;
   const Item it = attn::item_of(a, *c.p, index);
@@ -551,34 +674,8 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
 
   // ---- queries: int8 per key group, word images, coefficients, visible ranges ----
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t hq = it.g * c.p->rep + r / it.nl, i = it.i0 + r % it.nl;
-    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * Dk;
-    attn::quantize_query_groups(q, Dk, static_cast<int>(c.gk), s.qh, s.ql, s.sq, s.qsum);
-    for (int64_t k = 0; k < c.Wd; ++k) {
-      if (c.nib) {
-        for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
-          const int8_t* qp = pl == 0 ? s.qh : s.ql;
-          uint32_t lo = 0, hi = 0;
-          for (int t = 0; t < 4; ++t) {
-            lo |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t])) << (8 * t);
-            hi |= static_cast<uint32_t>(static_cast<uint8_t>(qp[8 * k + 2 * t + 1])) << (8 * t);
-          }
-          s.qimg[((2 * k) * 2 + pl) * Rmax + r] = static_cast<int32_t>(lo);
-          s.qimg[((2 * k + 1) * 2 + pl) * Rmax + r] = static_cast<int32_t>(hi);
-        }
-      } else {
-        for (int pl = 0; pl < 2; ++pl) {
-          const int8_t* qp = pl == 0 ? s.qh : s.ql;
-          uint32_t w = 0;
-          for (int t = 0; t < 4; ++t) w |= static_cast<uint32_t>(static_cast<uint8_t>(qp[4 * k + t])) << (8 * t);
-          s.qimg[(k * 2 + pl) * Rmax + r] = static_cast<int32_t>(w);
-        }
-      }
-    }
-    for (int64_t g = 0; g < Gk; ++g) {
-      s.coef[r * Gk + g] = a.scale * s.sq[g];
-      s.bcoef[r * Gk + g] = a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
-    }
+    const float* q = query_row(c, it, r);
+    if (!c.kchan) prepare_query_row(c, s, r, q, false, 0.0f);
     if (c.float_scores) {
       for (int64_t g = 0; g < Gk; ++g) {
         float sum = 0.0f;
@@ -600,6 +697,12 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
 
   const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
   const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
+  int64_t cur_block = -1;  // kchan: the block the query images were prepared for
+  if (c.kchan)
+    for (int64_t g = 0; g < Gk; ++g) {  // unit key "scales", and the bias term added once (group 0)
+      _mm512_store_ps(s.skcol + g * 16, _mm512_set1_ps(1.0f));
+      _mm512_store_ps(s.bkcol + g * 16, _mm512_set1_ps(g == 0 ? 1.0f : 0.0f));
+    }
 
   for (int64_t jb = it.klo / kTileRows * kTileRows; it.khi > it.klo && jb < it.khi; jb += kT) {
     const int64_t je = imin(jb + kT, it.khi), ntiles = (je - jb + kTileRows - 1) / kTileRows;
@@ -611,6 +714,16 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
       // 4 blocks = 512 rows ahead was best of 0, 1, 2, 4, 8).
       if (j0 + kPrefetchBlocks * kT + kTileRows <= imin(it.khi + kTileRows, K.capacity))
         prefetch_tile(c, it, j0 + kPrefetchBlocks * kT);
+      if (c.kchan) {
+        if (j0 >= c.nq) {
+          residual_tile(c, s, it, j0, t * kTileRows);
+          continue;
+        }
+        if (j0 / c.gk != cur_block) {
+          cur_block = j0 / c.gk;
+          prepare_block(c, s, it, cur_block);
+        }
+      }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
       if (j0 + kTileRows > K.capacity) {
         const int64_t n = K.capacity - j0;
@@ -625,10 +738,12 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         row_bytes = Dk;
       }
       key_columns(rows, row_bytes, c.Wd, c.nib, s.colbuf);
-      const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
-      const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
-      scale_columns(ks, K.scale_dtype, Gk, s.skcol, 16);
-      scale_columns(kbi, K.scale_dtype, Gk, s.bkcol, 16);
+      if (!c.kchan) {
+        const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
+        const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
+        scale_columns(ks, K.scale_dtype, Gk, s.skcol, 16);
+        scale_columns(kbi, K.scale_dtype, Gk, s.bkcol, 16);
+      }
       for_row_blocks(R, ScoreRows{c, s, it, j0, t * kTileRows});
     }
     // ---- online softmax: new maxima, rescale, p = exp(s − m) ----
@@ -737,10 +852,6 @@ void attention(const AttentionArgs& a) {
     ref::attention(a);  // plain caches: the reference (documented in attention_x86.h)
     return;
   }
-  if (a.keys.layout == 1) {  // per-channel keys: the AVX2 kernel's (documented in attention_x86.h)
-    avx2::attention(a);
-    return;
-  }
   Job job{};
   Ctx& c = job.c;
   c.a = &a;
@@ -761,7 +872,9 @@ void attention(const AttentionArgs& a) {
   c.Wd = c.nib ? c.Dk / 8 : c.Dk / 4;
   c.ncolimg = c.nib ? 2 * c.Wd : c.Wd;
   c.cols_per_group = c.nib ? c.gk / 8 : c.gk / 4;
-  c.float_scores = attn::float_scores_requested();
+  c.kchan = a.keys.layout == 1;
+  c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
+  c.float_scores = attn::float_scores_requested() && !c.kchan;  // the variant exists for per-token keys only
   Scratch probe;
   job.scratch_bytes = carve(c, &probe, nullptr);
   c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));
