@@ -1445,14 +1445,22 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
       Normalizer n;
       n.kind = Normalizer::kNFC;  // Qwen2's tokenizer.json normalizes to NFC
       t->normalizer = n;
-    } else if (pre == "default" || pre == "gpt-2" || pre == "gpt2") {
+    } else if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "smollm") {
       split.pattern.regex = std::make_shared<Regex>(kGpt2Regex, kOpGguf);
     } else {
       fail(ErrorCode::kUnsupported, kOpGguf,
-           "tokenizer.ggml.pre must be one of llama-bpe, llama3, qwen2, deepseek-r1-qwen, default, gpt-2; got ", pre);
+           "tokenizer.ggml.pre must be one of llama-bpe, llama3, qwen2, deepseek-r1-qwen, default, gpt-2, smollm; got ",
+           pre);
     }
     PreTokenizer seq;
     seq.kind = PreTokenizer::kSequence;
+    if (pre == "smollm") {  // SmolLM/SmolLM2: every digit its own piece first (tokenizers' Digits(individual_digits))
+      PreTokenizer digits;
+      digits.kind = PreTokenizer::kSplit;
+      digits.behavior = SplitBehavior::kIsolated;
+      digits.pattern.regex = std::make_shared<Regex>(R"(\p{N})", kOpGguf);
+      seq.children.push_back(std::move(digits));
+    }
     seq.children.push_back(std::move(split));
     seq.children.push_back(std::move(bytes));
     t->pre_tokenizer = std::move(seq);

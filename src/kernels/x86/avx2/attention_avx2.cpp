@@ -216,13 +216,37 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 
 // ---- keys --------------------------------------------------------------------------------------------------------
 
-// A key row of a width other than 4 and 8 unpacked to one byte per dim (scalar: a rare format).
+// A key row of a width other than 4 and 8 (2, 3, 5, 6 bits) unpacked to one byte per dim: 8 codes (`bits` bytes) at a
+// time, each code's 16-bit window picked by a byte shuffle, shifted by its bit offset and masked.
 CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
-  for (int64_t k = 0; k < Dk; ++k) {
-    const int64_t bit = k * bits;
-    uint32_t two = row[bit >> 3];
-    if ((bit & 7) + bits > 8) two |= static_cast<uint32_t>(row[(bit >> 3) + 1]) << 8;
-    dst[k] = static_cast<uint8_t>((two >> (bit & 7)) & ((1u << bits) - 1u));
+  alignas(32) uint8_t win[32];  // per lane l of 8: bytes (l·bits)/8 and +1 of the chunk, then two zero bytes
+  for (int l = 0; l < 8; ++l) {
+    const int byte = static_cast<int>(l * bits / 8);
+    for (int lane = 0; lane < 2; ++lane) {  // the 128-bit halves hold lanes 0-3 and 4-7
+      if ((l < 4) != (lane == 0)) continue;
+      uint8_t* d = win + lane * 16 + (l % 4) * 4;
+      d[0] = static_cast<uint8_t>(byte);
+      d[1] = static_cast<uint8_t>(byte + 1);
+      d[2] = d[3] = 0x80;
+    }
+  }
+  const __m256i shuf = _mm256_load_si256(reinterpret_cast<const __m256i*>(win));
+  const __m256i shift = _mm256_and_si256(
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(bits))),
+      _mm256_set1_epi32(7));
+  const __m256i lowmask = _mm256_set1_epi32((1 << bits) - 1);
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1,
+                                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const int64_t row_bytes = Dk * bits / 8;
+  for (int64_t c = 0; c < Dk; c += 8) {
+    const int64_t at = c * bits / 8;
+    uint64_t chunk = 0;  // the chunk's `bits` bytes (8 loaded when the row has them: the rest is never used)
+    if (at + 8 <= row_bytes) std::memcpy(&chunk, row + at, 8);
+    else std::memcpy(&chunk, row + at, static_cast<size_t>(bits));
+    const __m256i w = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(static_cast<long long>(chunk)));
+    const __m256i x = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(w, shuf), shift), lowmask);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, pick), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + c), _mm256_castsi256_si128(b));
   }
 }
 
