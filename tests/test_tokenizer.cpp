@@ -98,7 +98,7 @@ TEST_P(HfFixture, EncodesAndDecodesExactlyLikeHuggingFace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, HfFixture,
-                         ::testing::Values("gpt2", "bytelevel_prefix", "llama3", "qwen2", "llama2",
+                         ::testing::Values("gpt2", "bytelevel_prefix", "smollm", "llama3", "qwen2", "llama2",
                                            "mistral_metaspace", "gemma", "metaspace_split", "qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& param) { return param.param; });
 
@@ -269,6 +269,7 @@ INSTANTIATE_TEST_SUITE_P(Vocabularies, GgufFixture,
                          ::testing::Values(GgufTwin{"llama3_vocab.gguf", "llama3"},
                                            GgufTwin{"qwen2_vocab.gguf", "qwen2"},
                                            GgufTwin{"gpt2_vocab.gguf", "gpt2"},
+                                           GgufTwin{"smollm_vocab.gguf", "smollm"},
                                            GgufTwin{"llama2_vocab.gguf", "llama2"},
                                            GgufTwin{"gemma_vocab.gguf", "gemma"}),
                          [](const ::testing::TestParamInfo<GgufTwin>& param) {
@@ -342,8 +343,8 @@ TEST(TokenizerRejects, UnsupportedComponents) {
                     ErrorCode::kUnsupported, {"normalizer type", "NFKC"});
   expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, ErrorCode::kUnsupported,
                     {"pre_tokenizer type", "Whitespace"});
-  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", true}}; },
-                    ErrorCode::kUnsupported, {"pre_tokenizer type", "Digits"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Punctuation"}}; }, ErrorCode::kUnsupported,
+                    {"pre_tokenizer type", "Punctuation"});
   expect_json_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, ErrorCode::kUnsupported,
                     {"decoder type", "WordPiece"});
   expect_json_error([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, ErrorCode::kUnsupported,

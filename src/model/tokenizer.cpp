@@ -489,6 +489,11 @@ PreTokenizer parse_pre_tokenizer(const json& obj) {
            b);
     }
     p.invert = opt_bool(obj, "invert", "pre_tokenizer(Split)", false);
+  } else if (type == "Digits") {  // numeric characters (\p{N}) split off: one by one, or as runs
+    p.kind = PreTokenizer::kSplit;
+    p.behavior = SplitBehavior::kIsolated;
+    const bool individual = opt_bool(obj, "individual_digits", "pre_tokenizer(Digits)", false);
+    p.pattern.regex = std::make_shared<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", kOpJson);
   } else if (type == "Metaspace") {
     p.kind = PreTokenizer::kMetaspace;
     p.replacement = opt_string(obj, "replacement", "pre_tokenizer(Metaspace)", "\xE2\x96\x81");
@@ -497,7 +502,7 @@ PreTokenizer parse_pre_tokenizer(const json& obj) {
     p.split = opt_bool(obj, "split", "pre_tokenizer(Metaspace)", true);
   } else {
     fail(ErrorCode::kUnsupported, kOpJson,
-         "pre_tokenizer type must be one of ByteLevel, Split, Metaspace, Sequence; got ", type);
+         "pre_tokenizer type must be one of ByteLevel, Split, Digits, Metaspace, Sequence; got ", type);
   }
   return p;
 }
