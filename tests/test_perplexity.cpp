@@ -157,6 +157,36 @@ TEST(Perplexity, KlDivergenceInClosedFormAndItsDirection) {
     EXPECT_NE(rep.find(part), std::string::npos) << rep;
 }
 
+// KL by position: rows predicting tokens at positions >= 700 differ from the baseline (the KL of the closed-form case
+// above), earlier rows do not; the ranges [1, 512), [512, 1024), [1024, 2048) of a 1500-token window show exactly that.
+TEST(Perplexity, KlByPositionRanges) {
+  const float base[2] = {0.0f, 0.0f};
+  const float tst[2] = {std::log(3.0f), 0.0f};
+  const double want = kl_divergence(base, tst, 2);
+  const int64_t ctx = 1500;
+  const auto tokens = iota_tokens(ctx, 2);
+  auto late_differs = [&](const int32_t*, int64_t n, float* l) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = i + 1 >= 700 ? tst : base;  // row i predicts position i + 1
+      l[2 * i] = r[0], l[2 * i + 1] = r[1];
+    }
+  };
+  auto same = [&](const int32_t*, int64_t n, float* l) {
+    for (int64_t i = 0; i < 2 * n; ++i) l[i] = 0.0f;
+  };
+  const PerplexityResult r = evaluate_perplexity(tokens, 2, {.ctx = ctx}, late_differs, same);
+  ASSERT_EQ(r.kl_range_starts, (std::vector<int64_t>{1, 512, 1024}));
+  EXPECT_EQ(r.kl_range_tokens, (std::vector<int64_t>{511, 512, 476}));
+  EXPECT_EQ(r.kl_by_range[0].mean, 0.0);
+  EXPECT_NEAR(r.kl_by_range[1].mean, want * (1024 - 700) / 512.0, 1e-12);
+  EXPECT_NEAR(r.kl_by_range[2].mean, want, 1e-12);
+  EXPECT_NE(r.report().find("KL by position: [1, 512) 0.000000"), std::string::npos) << r.report();
+  EXPECT_NE(r.report().find("[1024, 1500)"), std::string::npos) << r.report();
+  // A 512-token window has one range: no line.
+  const PerplexityResult short_run = evaluate_perplexity(iota_tokens(512, 2), 2, {.ctx = 512}, late_differs, same);
+  EXPECT_EQ(short_run.report().find("KL by position"), std::string::npos);
+}
+
 TEST(Perplexity, ProgressCountsWindows) {
   const auto tokens = iota_tokens(50, 10);
   std::vector<std::pair<int64_t, int64_t>> seen;

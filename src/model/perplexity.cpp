@@ -84,6 +84,10 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
   std::vector<double> lp(row), lb(row);
 
   Accumulator nll, base_nll, kl, top1;
+  std::vector<int64_t> starts = {1};
+  for (int64_t b = 512; b < ctx; b *= 2) starts.push_back(b);
+  if (starts.size() > 5) starts.resize(5);  // [1, 512), [512, 1024), [1024, 2048), [2048, 4096), [4096, ctx)
+  std::vector<Accumulator> kl_ranges(starts.size());
   for (int64_t w = 0; w < n_windows; ++w) {
     const int32_t* win = tokens.data() + w * stride;
     test(win, ctx, logits.data());
@@ -104,6 +108,9 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
       double k = 0.0;
       for (size_t v = 0; v < row; ++v) k += std::exp(lb[v]) * (lb[v] - lp[v]);
       kl.add(k);
+      size_t range = 0;
+      while (range + 1 < starts.size() && t >= starts[range + 1]) ++range;
+      kl_ranges[range].add(k);
       top1.add(argmax(lp.data(), vocab) == argmax(lb.data(), vocab) ? 1.0 : 0.0);
     }
     if (progress) progress(w + 1, n_windows);
@@ -122,7 +129,13 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
     r.base_ppl_stderr = r.base_ppl * r.base_nll.se;
     r.kl = kl.stats();
     r.top1 = top1.stats();
+    r.kl_range_starts = starts;
+    for (const Accumulator& a : kl_ranges) {
+      r.kl_by_range.push_back(a.stats());
+      r.kl_range_tokens.push_back(a.n);
+    }
   }
+  r.ctx = ctx;
   return r;
 }
 
@@ -139,6 +152,17 @@ std::string PerplexityResult::report() const {
     s += buf;
     std::snprintf(buf, sizeof buf, "top-1 agreement: %.2f%% ± %.2f%%\n", 100.0 * top1.mean, 100.0 * top1.se);
     s += buf;
+    if (kl_range_starts.size() > 1) {
+      s += "KL by position:";
+      for (size_t i = 0; i < kl_range_starts.size(); ++i) {
+        const int64_t end = i + 1 < kl_range_starts.size() ? kl_range_starts[i + 1] : ctx;
+        std::snprintf(buf, sizeof buf, "%s [%lld, %lld) %.6f ± %.6f (%lld)", i ? " |" : "",
+                      static_cast<long long>(kl_range_starts[i]), static_cast<long long>(end), kl_by_range[i].mean,
+                      kl_by_range[i].se, static_cast<long long>(kl_range_tokens[i]));
+        s += buf;
+      }
+      s += "\n";
+    }
   }
   return s;
 }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace cider::model {
 
@@ -47,6 +48,12 @@ struct PerplexityResult {
   double base_ppl = 0.0, base_ppl_stderr = 0.0;
   PerplexityStats kl;         // KL(P_base ‖ P_test), nats/token
   PerplexityStats top1;       // agreement as a fraction in [0, 1]
+  // KL by position of the predicted token in its window: [1, 512), [512, 1024), [1024, 2048), [2048, 4096),
+  // [4096, ctx) (ranges the windows reach; reported when ctx > 512) — a cache whose error grows with length shows.
+  std::vector<int64_t> kl_range_starts;  // each range is [start, next start or ctx)
+  std::vector<PerplexityStats> kl_by_range;
+  std::vector<int64_t> kl_range_tokens;
+  int64_t ctx = 0;
   std::string report() const;  // the lines `cider perplexity` prints
 };
 

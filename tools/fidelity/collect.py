@@ -285,7 +285,7 @@ def main():
     cs = [(s.split("=", 1)[0], read_cider(s.split("=", 1)[1])) for s in a.cider]
     ls = [(s.split("=", 1)[0], read_llama(s.split("=", 1)[1])) for s in a.llama]
     order = {"bf16": 0, "k8v8": 1, "k8v4": 1.5, "k4v4": 2, "k4v3": 3, "k3v3": 4, "k3v2": 5, "k2v2": 6}
-    rk = {"-": 0, "none": 1, "so4-fast": 2, "so4-full": 3, "hadamard": 4}
+    rk = {"-": 0, "none": 1, "so4-fast": 2, "so4-full": 3, "hadamard": 4, "none+kchan": 5, "hadamard+kchan": 6}
     for label, rows in cs:
         rows.sort(key=lambda r: (r["weights"] != "bf16", r["weights"], order.get(r["kv"], 9), r["group"] or 0, rk[r["rot"]]))
         print(cider_table(rows, f"cider — {label}"), "\n")
