@@ -155,6 +155,12 @@ TEST(Api, ErrorsAreCiderErrorsNamingTheOperation) {
   spec = {};
   spec.rotation = "spin";
   expect_error([&] { cider::KVCache c(spec); }, cider::ErrorCode::kInvalidArgument, "cider::KVCache", "spin");
+  spec = {};
+  spec.key_layout = "rows";
+  expect_error([&] { cider::KVCache c(spec); }, cider::ErrorCode::kInvalidArgument, "cider::KVCache", "rows");
+  spec.format = "bf16";
+  spec.key_layout = "channel";
+  expect_error([&] { cider::KVCache c(spec); }, cider::ErrorCode::kInvalidArgument, "cider::KVCache", "key_layout");
   // The one error type: the engine's own errors are cider::Error too.
   EXPECT_THROW(s.detokenize(std::vector<int32_t>{99999}), cider::Error);
   EXPECT_STREQ(cider::error_code_name(cider::ErrorCode::kOutOfRange), "out of range");
@@ -186,10 +192,12 @@ TEST(Api, KVCacheAndAttentionEqualTheNnClasses) {
   const int64_t B = 1, Hq = 4, Hkv = 2, D = 64, T = 70, L = 2;
   std::vector<float> k = cider::test::randn(rng, B * Hkv * T * D), v = cider::test::randn(rng, B * Hkv * T * D),
                      q = cider::test::randn(rng, B * Hq * L * D);
-  for (const char* format : {"k8v4", "k4v3", "bf16"}) {
+  for (const char* format : {"k8v4", "k4v3", "k4v4c", "bf16"}) {  // k4v4c: k4v4 with key_layout "channel"
     SCOPED_TRACE(format);
+    const bool kchan = std::string(format) == "k4v4c";
     cider::KVSpec spec;
-    spec.format = format;
+    spec.format = kchan ? "k4v4" : format;
+    if (kchan) spec.key_layout = "channel";
     cider::KVCache cache(spec);
     cache.append({k.data(), {B, Hkv, T, D}}, {v.data(), {B, Hkv, T, D}});
     EXPECT_EQ(cache.offset(), T);
@@ -200,6 +208,7 @@ TEST(Api, KVCacheAndAttentionEqualTheNnClasses) {
       cider::nn::QuantizedKVCacheConfig qc;
       qc.k_bits = format[1] - '0';
       qc.v_bits = format[3] - '0';
+      if (kchan) qc.key_layout = cider::nn::KeyLayout::kChannel;
       ref = std::make_unique<cider::nn::QuantizedKVCache>(qc);
     } else {
       cider::nn::PlainKVCacheConfig pc;

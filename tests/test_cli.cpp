@@ -121,6 +121,7 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
       {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast, hadamard or none; got \"so5\""},
       {"generate " + m + "-p x --kv-group-size 48", "[options] --kv-group-size must be one of 32, 64, 128; got 48"},
+      {"generate " + m + "-p x --kv-layout rows", "kv layout must be token or channel; got \"rows\""},
       {"generate " + m + "-p x --threads 0", "[options] --threads must be in [1, "},
       {"generate " + m + "-p x --threads 2147483647", "per CPU this process may use"},
       {"generate -m '' -p x", "[options] -m must name a model directory or .gguf file; got \"\""},
@@ -330,6 +331,17 @@ TEST_F(Cli, HadamardKvRotationIsAccepted) {
                             "--max-tokens 4 -p hello");
   ASSERT_EQ(g.status, 0) << g.err;
   EXPECT_NE(g.err.find("kv k4v4/hadamard/g64"), std::string::npos) << g.err;
+  // Per-channel keys: an 80-token window (two quantized blocks of 32 positions, 16 in the bf16 window), and
+  // generation names the layout.
+  const CliResult c = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
+                            " --ctx 80 --kv k4v4 --kv-layout channel --kv-group-size 32 --baseline-kv bf16");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_GT(number_after(c.out, "mean KL(baseline || tested): "), 0.0) << c.out;
+  EXPECT_LT(number_after(c.out, "mean KL(baseline || tested): "), 0.05) << c.out;
+  const CliResult gc = cider("generate -m " + quote(kTiny) + " --kv k4v4 --kv-layout channel --temperature 0 "
+                             "--max-tokens 4 -p hello");
+  ASSERT_EQ(gc.status, 0) << gc.err;
+  EXPECT_NE(gc.err.find("kv k4v4/hadamard/g64/kchan"), std::string::npos) << gc.err;
 }
 
 TEST_F(Cli, ChatKeepsTheConversationAndResetStartsOver) {

@@ -51,6 +51,9 @@ struct KVSpec {
   // Quantized caches: 32, 64 or 128. 0 = 64; in a model, the largest of 128/64/32 dividing the head size when 64
   // does not.
   int group_size = 0;
+  // Quantized caches: "token" (keys per position, groups along the head: the seeds' layout) or "channel" (keys per
+  // channel over blocks of group_size positions, the newest block in bf16; docs/kv_cache.md §2b). "" = "token".
+  std::string key_layout;
   // Standalone caches only (a model seeds its own): the rotation's seed and the stored scales' dtype
   // (DType::kF16, kBF16 or kF32).
   uint64_t seed = 0;

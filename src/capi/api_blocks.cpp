@@ -63,8 +63,13 @@ std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
     c.rotation = rotation;
     c.seed = spec.seed;
     c.scale_dtype = spec.scale_dtype;
+    if (!spec.key_layout.empty())
+      c.key_layout = api::named(op, "key_layout", [&] { return nn::parse_key_layout(spec.key_layout); });
     return std::make_unique<nn::QuantizedKVCache>(c);
   }
+  check(spec.key_layout.empty() || spec.key_layout == "token", ErrorCode::kInvalidArgument, op,
+        "a plain KV cache (format \"", spec.format, "\") stores keys per position: key_layout must be \"\" or "
+        "\"token\"; got \"", spec.key_layout, "\"");
   nn::PlainKVCacheConfig c;
   c.dtype = kv.plain_dtype;
   c.rotation = rotation;

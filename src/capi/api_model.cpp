@@ -37,6 +37,13 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
             "a plain KV cache (kv.format \"", options.kv.format,
             "\") is not rotated: kv.rotation must be \"\" or \"none\"; got \"", options.kv.rotation, "\"");
   }
+  if (!options.kv.key_layout.empty()) {
+    const nn::KeyLayout l = named(op, "kv.key_layout", [&] { return nn::parse_key_layout(options.kv.key_layout); });
+    check(o.kv.quantized || l == nn::KeyLayout::kToken, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"",
+          options.kv.format, "\") stores keys per position: kv.key_layout must be \"\" or \"token\"; got \"",
+          options.kv.key_layout, "\"");
+    o.kv.key_layout = l;
+  }
   if (o.kv.quantized) {
     o.kv.group_size = gs == 0 ? 64 : gs;
     o.kv.group_size_auto = gs == 0;

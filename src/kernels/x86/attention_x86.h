@@ -25,6 +25,13 @@
 // converted exactly to float (3-bit and other widths unpacked from the bit stream with a byte shuffle + variable
 // shift), weights p·s per (row, group), the bias part Σ p·b kept per group — the same algebra as the reference.
 // Splits of the key range are merged with log-sum-exp. Plain (unquantized) caches go to the reference kernel.
+// Per-channel keys (KVTensorView layout 1, docs/kv_cache.md §2b): the codes are read exactly as above, but each block
+// of group_size positions has a scale and bias per channel, so the score of position j in block β is
+// scale·(Σ_d (q_d·s_βd)·c_jd + Σ_d q_d·b_βd). At the first tile of each block every query row is refolded:
+// q' = float32(q ⊙ s_β) goes through the same query quantization (the key "scale" columns are then 1 and the "bias"
+// columns 1 for group 0 only, with bcoef[r, 0] = scale·q·b_β); tiles of the bfloat16 residual window (positions past
+// the last complete block; tiles never straddle it, blocks being multiples of 16) are scored in float32 with the
+// exact queries. The value path is unchanged.
 #pragma once
 
 #include <cstddef>
