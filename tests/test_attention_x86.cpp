@@ -98,9 +98,9 @@ Deq dequantize(const KVTensorView& v) {
   return d;
 }
 
-// The query quantization of attention_x86.h, from its text: per group of gs, s = max|q|/127 (float32),
-// qh = clamp(rint(q/s), −127, 127), r = q − s·qh (float32), ql = clamp(rint(r/(s/256)), −127, 127); the kernels use
-// the integers Q = 256·qh + ql and the step s/256, i.e. q̃ = (s/256)·Q.
+// The query quantization of attention_x86.h, from its text: per group of gs, s = max|q|/127, inv = 1/s (float32),
+// qh = clamp(rint(q·inv), −127, 127), r = q − s·qh (float32), ql = clamp(rint(r·(256·inv)), −127, 127); the kernels
+// use the integers Q = 256·qh + ql and the step s/256, i.e. q̃ = (s/256)·Q.
 struct QuantQ {
   std::vector<double> qt;   // q̃
   std::vector<int> qi;      // Q
@@ -111,13 +111,14 @@ QuantQ quantize_queries(const std::vector<float>& q, int64_t D, int gs) {
   for (size_t g = 0; g < q.size() / static_cast<size_t>(gs); ++g) {
     float amax = 0.0f;
     for (int k = 0; k < gs; ++k) amax = std::max(amax, std::fabs(q[g * static_cast<size_t>(gs) + static_cast<size_t>(k)]));
-    const float s = amax / 127.0f, s2 = s / 256.0f;
+    const float s = amax / 127.0f, s2 = s / 256.0f, inv = s > 0.0f ? 1.0f / s : 0.0f, inv2 = 256.0f * inv;
     o.sq[g] = s2;
     for (int k = 0; k < gs; ++k) {
       const size_t i = g * static_cast<size_t>(gs) + static_cast<size_t>(k);
-      const float h = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] / s))) : 0.0f;
-      const float r = q[i] - s * h;
-      const float l = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(r / s2))) : 0.0f;
+      const float h = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] * inv))) : 0.0f;
+      const float sh = s * h;  // rounded before the subtraction, as the kernels do
+      const float r = q[i] - sh;
+      const float l = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(r * inv2))) : 0.0f;
       o.qi[i] = 256 * static_cast<int>(h) + static_cast<int>(l);
       o.qt[i] = static_cast<double>(s2) * o.qi[i];
     }

@@ -110,30 +110,6 @@ void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, i
   }
 }
 
-void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* qh, int8_t* ql, float* step,
-                           int32_t* qsum) {
-  for (int64_t g = 0; g < dim / group_size; ++g) {
-    const float* x = q + g * group_size;
-    float amax = 0.0f;
-    for (int k = 0; k < group_size; ++k) amax = std::max(amax, std::fabs(x[k]));
-    const float s = amax / 127.0f;  // step of the high plane
-    const float s2 = s / 256.0f;    // step of the low plane (exact: a power of two)
-    int32_t sum = 0;
-    for (int k = 0; k < group_size; ++k) {
-      float h = s > 0.0f ? std::rint(x[k] / s) : 0.0f;
-      h = std::min(127.0f, std::max(-127.0f, h));
-      const float r = x[k] - s * h;  // what the high plane leaves
-      float l = s > 0.0f ? std::rint(r / s2) : 0.0f;
-      l = std::min(127.0f, std::max(-127.0f, l));
-      qh[g * group_size + k] = static_cast<int8_t>(h);
-      ql[g * group_size + k] = static_cast<int8_t>(l);
-      sum += 256 * static_cast<int32_t>(h) + static_cast<int32_t>(l);
-    }
-    step[g] = s2;
-    qsum[g] = sum;
-  }
-}
-
 void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials) {
   const int64_t Dv = a.values.dim, Hkv = a.keys.H;
   std::vector<float> o(static_cast<size_t>(Dv));

@@ -91,13 +91,11 @@ void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, i
 // the mask value (additive). Not called for other mask kinds.
 void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, int n, float* out);
 
-// The documented query quantization: 16-bit precision in two int8 planes, per group of `group_size` values of
-// q[0, dim): s = max|q| / 127 (float32), qh = clamp(rint(q / s), −127, 127), r = q − s·qh (float32),
-// ql = clamp(rint(r / (s/256)), −127, 127) (both 0 for an all-zero group). Then q̃ = step·Q with step = s/256 and
-// the integer Q = 256·qh + ql, |q − q̃| <= step/2 (up to one step where the low plane clamps). Outputs: qh[dim],
-// ql[dim], step[dim/group_size], qsum[dim/group_size] = Σ Q over the group.
-void quantize_query_groups(const float* q, int64_t dim, int group_size, int8_t* qh, int8_t* ql, float* step,
-                           int32_t* qsum);
+// The query quantization (each ISA file implements it on its vectors): 16-bit precision in two int8 planes, per group
+// of `group_size` values of q[0, dim): s = max|q| / 127 (float32), inv = 1/s (float32), qh = clamp(rint(q·inv), −127,
+// 127), r = q − s·qh (float32, the product rounded first), ql = clamp(rint(r·(256·inv)), −127, 127) (both 0 for an
+// all-zero group). Then q̃ = step·Q with step = s/256 and the integer Q = 256·qh + ql, |q − q̃| <= step/2 (up to one
+// step where a rounding of the reciprocal or the low plane's clamp moves it). Per group also ΣQ.
 
 // Partial result of item `index`, at partials + index·p.partial_floats: for each of its R rows, [m, l, o[Dv]] with
 // m the score maximum seen (−inf if none), l = Σ exp(s − m), o = Σ exp(s − m)·v (bias part included). Merges the

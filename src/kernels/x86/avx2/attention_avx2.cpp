@@ -459,8 +459,8 @@ CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, 
   return pad;
 }
 
-// attn::quantize_query_groups (attention_x86.h), the same float32 operations on 8 lanes: a true division, round to
-// nearest even, the product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
+// The query quantization of attention_x86.h on 8 lanes: products by the reciprocals, round to nearest even, the
+// product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
 CIDER_INLINE __m256i pack_bytes32(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), 0xD8);
   const __m256i cd = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(c), _mm256_cvtps_epi32(d)), 0xD8);
@@ -482,16 +482,17 @@ CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, 
       qsum[g] = 0;
       continue;
     }
-    const __m256 sv = _mm256_set1_ps(s), s2v = _mm256_set1_ps(s2);
+    const float inv = 1.0f / s;
+    const __m256 sv = _mm256_set1_ps(s), iv = _mm256_set1_ps(inv), iv2 = _mm256_set1_ps(256.0f * inv);
     __m256i sum = _mm256_setzero_si256();
     for (int64_t k = 0; k < gs; k += 32) {
       __m256 h[4], l[4];
       for (int u = 0; u < 4; ++u) {
         const __m256 xv = _mm256_loadu_ps(x + k + 8 * u);
-        h[u] = _mm256_round_ps(_mm256_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        h[u] = _mm256_round_ps(_mm256_mul_ps(xv, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         h[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, h[u]));
         const __m256 r = _mm256_sub_ps(xv, _mm256_mul_ps(sv, h[u]));
-        l[u] = _mm256_round_ps(_mm256_div_ps(r, s2v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        l[u] = _mm256_round_ps(_mm256_mul_ps(r, iv2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         l[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, l[u]));
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtps_epi32(h[u]), 8),
                                                      _mm256_cvtps_epi32(l[u])));

@@ -547,8 +547,8 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
 
-// attn::quantize_query_groups (attention_x86.h), the same float32 operations on 16 lanes: a true division, round to
-// nearest even, the product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
+// The query quantization of attention_x86.h on 16 lanes: products by the reciprocals, round to nearest even, the
+// product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
 CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
                                           int32_t* qsum) {
   const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
@@ -564,14 +564,15 @@ CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t g
       qsum[g] = 0;
       continue;
     }
-    const __m512 sv = _mm512_set1_ps(s), s2v = _mm512_set1_ps(s2);
+    const float inv = 1.0f / s;
+    const __m512 sv = _mm512_set1_ps(s), iv = _mm512_set1_ps(inv), iv2 = _mm512_set1_ps(256.0f * inv);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = 0; k < gs; k += 16) {
       const __m512 xv = _mm512_loadu_ps(x + k);
-      __m512 h = _mm512_roundscale_ps(_mm512_div_ps(xv, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(xv, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       h = _mm512_min_ps(hi, _mm512_max_ps(lo, h));
       const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(sv, h));
-      __m512 l = _mm512_roundscale_ps(_mm512_div_ps(r, s2v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(r, iv2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       l = _mm512_min_ps(hi, _mm512_max_ps(lo, l));
       const __m512i hi32 = _mm512_cvtps_epi32(h), lo32 = _mm512_cvtps_epi32(l);
       sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(hi32, 8), lo32));
