@@ -116,16 +116,22 @@ std::string describe(const model::ModelOptions& o) {
 model::ModelOptions model_options(const ModelArgs& a) {
   model::ModelOptions o;
   o.weights = model::parse_weight_format(a.weights);
-  o.kv = model::parse_kv_format(a.kv);
-  const nn::RotationKind rotation = model::parse_kv_rotation(a.kv_rotation);
-  const nn::KeyLayout layout = nn::parse_key_layout(a.kv_layout);
+  o.device = model::parse_device(a.device);
+  // No --kv: the engine's default for the device; an explicit --kv takes KVSpec's defaults (hadamard, token).
+  o.kv = a.kv.empty() ? model::default_kv(o.device) : model::parse_kv_format(a.kv);
   check(nn::is_kv_group_size(a.kv_group_size), ErrorCode::kInvalidArgument,
         "options", "--kv-group-size must be one of 32, 64, 128; got ", a.kv_group_size);
   if (o.kv.quantized) {  // a plain cache is neither rotated nor grouped
-    o.kv.rotation = rotation;
-    o.kv.key_layout = layout;
+    if (!a.kv_rotation.empty()) o.kv.rotation = model::parse_kv_rotation(a.kv_rotation);
+    if (!a.kv_layout.empty()) o.kv.key_layout = nn::parse_key_layout(a.kv_layout);
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
+  } else {
+    if (!a.kv_rotation.empty()) (void)model::parse_kv_rotation(a.kv_rotation);  // still a valid name
+    if (!a.kv_layout.empty())
+      check(nn::parse_key_layout(a.kv_layout) == nn::KeyLayout::kToken, ErrorCode::kInvalidArgument, "options",
+            "a plain KV cache (--kv ", a.kv, ") stores keys per position: --kv-layout must be token; got ",
+            a.kv_layout);
   }
   check(a.ctx >= 0, ErrorCode::kInvalidArgument, "options", "--ctx must be >= 0 (0 = the model's maximum); got ",
         a.ctx);
@@ -137,7 +143,6 @@ model::ModelOptions model_options(const ModelArgs& a) {
     set_num_threads(a.threads);
   }
   o.ctx = a.ctx;
-  o.device = model::parse_device(a.device);
   return o;
 }
 
@@ -364,7 +369,11 @@ int run_perplexity(PerplexityArgs a) {
     ModelArgs b = a.m;
     b.threads_given = false;
     if (!a.baseline_weights.empty()) b.weights = a.baseline_weights;
-    if (!a.baseline_kv.empty()) b.kv = a.baseline_kv;
+    if (!a.baseline_kv.empty()) {  // its own cache: the tested cache's layout and rotation do not carry over
+      b.kv = a.baseline_kv;
+      b.kv_layout.clear();
+      b.kv_rotation.clear();
+    }
     base_opts = model_options(b);
   }
   const std::string text = read_text_input(a.file, "perplexity");

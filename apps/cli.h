@@ -19,9 +19,9 @@ struct ModelArgs {
   std::string model;               // -m; empty = the embedded default model
   bool model_given = false;        // -m was on the command line (then it must not be empty)
   std::string weights = "bf16";    // --weights
-  std::string kv = "k8v4";         // --kv (the defaults are model::KVOptions', docs/quality.md)
-  std::string kv_rotation = "hadamard";
-  std::string kv_layout = "token";  // --kv-layout: keys per position (token) or per channel
+  std::string kv;                  // --kv; "" = model::default_kv(device) (docs/quality.md)
+  std::string kv_rotation;         // "" = the default's (hadamard; an explicit --kv: hadamard)
+  std::string kv_layout;           // "" = the default's (an explicit --kv: token)
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
   int threads = 0;                 // --threads (applied only when threads_given)

@@ -36,14 +36,16 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                                        "embedded cider-tiny");
   c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names()))
       ->capture_default_str();
-  c->add_option("--kv", m.kv, "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k4v4, k4v3, k3v2, ...)")
-      ->capture_default_str();
-  c->add_option("--kv-rotation", m.kv_rotation, "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none")
-      ->capture_default_str();
+  c->add_option("--kv", m.kv,
+                "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v5, k4v4, k4v3, ...); default: k5v5 with "
+                "per-channel keys on cpu, k8v4 on cuda (docs/quality.md)");
+  c->add_option("--kv-rotation", m.kv_rotation,
+                "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none (default hadamard; with "
+                "per-channel keys it rotates the values)");
   c->add_option("--kv-layout", m.kv_layout,
                 "key layout of a quantized KV cache: token (groups along the head) or channel (per channel over "
-                "blocks of group-size positions, the newest block kept in bf16)")
-      ->capture_default_str();
+                "blocks of group-size positions, the newest block kept in bf16); default: the default cache's, "
+                "token with an explicit --kv");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

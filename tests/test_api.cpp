@@ -80,7 +80,9 @@ TEST(Api, GreedyGenerationEqualsTransformersOnCiderTiny) {
 // the tokens of one generate() call (the session's history feeds the repetition penalty the same way).
 TEST(Api, DecodeEqualsForwardAndGenerateEqualsTheManualLoop) {
   const cider::Model model = cider::Model::load(kTiny);
-  const auto ref = cider::model::Model::load(kTiny, {});
+  cider::model::ModelOptions mo;
+  mo.kv = cider::model::default_kv(cider::model::Device::kCPU);  // what the facade's default KVSpec means
+  const auto ref = cider::model::Model::load(kTiny, mo);
   cider::Session s = model.new_session();
   auto rs = ref->new_session();
   const std::vector<int32_t> prompt = s.tokenize("Once upon a time");

@@ -78,10 +78,10 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   EXPECT_STREQ(info.kv, "f32");
   EXPECT_STREQ(info.device, "cpu");
 
-  ModelHandle d;  // the defaults: bf16 weights, k8v4 cache
+  ModelHandle d;  // the defaults: bf16 weights, on the CPU a k5v5 cache with per-channel keys
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
-  EXPECT_EQ(std::string(info.kv).rfind("k8v4", 0), 0u) << info.kv;
+  EXPECT_STREQ(info.kv, "k5v5/hadamard/g64/kchan");
   EXPECT_EQ(info.context_length, 1024);  // the model's maximum
 }
 
@@ -97,6 +97,7 @@ TEST(CApiModel, DecodeEqualsModelForwardBitForBit) {
 
     cider::model::ModelOptions mo;
     mo.weights = cider::model::parse_weight_format(weights);
+    mo.kv = cider::model::default_kv(cider::model::Device::kCPU);  // what the C API's default means
     const auto ref = cider::model::Model::load(kTiny, mo);
     auto rs = ref->new_session();
     const int64_t V = ref->config().vocab_size;

@@ -373,7 +373,7 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   const CliResult i = cider("inspect -m " + quote(kTiny));
   ASSERT_EQ(i.status, 0) << i.err;
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
-                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k8v4/hadamard/g64"})
+                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k5v5/hadamard/g64/kchan"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
 }
 
@@ -499,7 +499,7 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   // 10. inspect on head_dim 32 (the default group 64 does not divide it): the cache gets group 32.
   const CliResult i = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3"));
   ASSERT_EQ(i.status, 0) << i.err;
-  EXPECT_NE(i.out.find("kv cache: k8v4/hadamard/g32"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("kv cache: k5v5/hadamard/g32/kchan"), std::string::npos) << i.out;
   const CliResult g64 = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3") + " --kv-group-size 64");
   EXPECT_EQ(g64.status, 2);
   EXPECT_NE(g64.err.find("the key head dim must be a multiple of group_size 64; got 32"), std::string::npos)

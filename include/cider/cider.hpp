@@ -44,7 +44,10 @@ int max_threads();  // 4 per CPU this process may run on
 // ---- the KV cache specification ------------------------------------------------------------------------------
 // One description for a model's caches (ModelOptions::kv) and for a standalone KVCache.
 struct KVSpec {
-  std::string format = "k8v4";  // "k<bits>v<bits>" (affine-quantized, rotated) or "bf16", "f16", "f32" (plain)
+  // "k<bits>v<bits>" (affine-quantized, rotated) or "bf16", "f16", "f32" (plain). "" = the default: for a model, the
+  // engine's for its device (k5v5 with per-channel keys on cpu, k8v4 on cuda: docs/quality.md); for a standalone
+  // KVCache, "k8v4".
+  std::string format;
   // "" = the default: "hadamard" for quantized caches, "none" for plain ones. A model's plain caches are never
   // rotated (the rotation must then be "" or "none").
   std::string rotation;

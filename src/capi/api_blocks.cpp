@@ -46,7 +46,8 @@ struct KVCache::Impl {
 namespace {
 
 std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
-  const model::KVOptions kv = api::named(op, "format", [&] { return model::parse_kv_format(spec.format); });
+  const std::string format = spec.format.empty() ? "k8v4" : spec.format;  // a standalone cache's default
+  const model::KVOptions kv = api::named(op, "format", [&] { return model::parse_kv_format(format); });
   nn::RotationKind rotation = kv.quantized ? nn::RotationKind::kHadamard : nn::RotationKind::kNone;
   if (!spec.rotation.empty())
     rotation = api::named(op, "rotation", [&] { return model::parse_kv_rotation(spec.rotation); });

@@ -24,7 +24,9 @@ void check_threads(int n, const char* op) {
 model::ModelOptions engine_options(const ModelOptions& options, const char* op) {
   model::ModelOptions o;
   o.weights = named(op, "weights", [&] { return model::parse_weight_format(options.weights); });
-  o.kv = named(op, "kv.format", [&] { return model::parse_kv_format(options.kv.format); });
+  o.device = named(op, "device", [&] { return model::parse_device(options.device); });
+  o.kv = options.kv.format.empty() ? model::default_kv(o.device)
+                                   : named(op, "kv.format", [&] { return model::parse_kv_format(options.kv.format); });
   const int gs = options.kv.group_size;
   check(gs == 0 || gs == 32 || gs == 64 || gs == 128, ErrorCode::kInvalidArgument, op,
         "kv.group_size must be 0 (automatic), 32, 64 or 128; got ", gs);
@@ -51,7 +53,6 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",
         options.ctx);
   o.ctx = options.ctx;
-  o.device = named(op, "device", [&] { return model::parse_device(options.device); });
   check(options.threads >= 0, ErrorCode::kInvalidArgument, op, "threads must be >= 0 (0 = unchanged); got ",
         options.threads);
   if (options.threads > 0) {

@@ -43,6 +43,15 @@ KVOptions parse_kv_format(std::string_view s) {
 
 nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotation(s); }
 
+KVOptions default_kv(Device device) {
+  KVOptions kv = parse_kv_format(device == Device::kCUDA ? "k8v4" : "k5v5");
+  kv.rotation = nn::RotationKind::kHadamard;
+  kv.key_layout = device == Device::kCUDA ? nn::KeyLayout::kToken : nn::KeyLayout::kChannel;
+  kv.group_size = 64;
+  kv.group_size_auto = true;
+  return kv;
+}
+
 Device parse_device(std::string_view s) {
   if (s == "cpu") return Device::kCPU;
   if (s == "cuda") return Device::kCUDA;
