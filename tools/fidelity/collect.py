@@ -190,7 +190,7 @@ def llama_table(rows, title):
 
 
 MIXED_KV = ("k8v5", "k6v4")
-MAIN_KV = ("k8v8", "k8v4", "k4v4", "k4v3", "k3v3", "k3v2", "k2v2")  # the K/V pairs drawn as lines (diagnostics only in tables)
+MAIN_KV = ("k8v8", "k8v4", "k5v5", "k5v4", "k4v4", "k4v3", "k3v3", "k3v2", "k2v2")  # the K/V pairs drawn as lines (diagnostics only in tables)
 
 
 def plot(cider_sets, llama_sets, path, title, sim_sets=()):
@@ -204,8 +204,10 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
         if label not in labels:
             labels.append(label)
     fig, axes = plt.subplots(1, len(labels), figsize=(7.5 * len(labels), 6.8), squeeze=False)
-    markers = {"none": "o", "so4-fast": "s", "so4-full": "^", "hadamard": "h"}
-    colors = {"none": "tab:gray", "so4-fast": "tab:blue", "so4-full": "tab:red", "hadamard": "tab:orange"}
+    markers = {"none": "o", "so4-fast": "s", "so4-full": "^", "hadamard": "h", "hadamard+kchan": "*"}
+    colors = {"none": "tab:gray", "so4-fast": "tab:blue", "so4-full": "tab:red", "hadamard": "tab:orange",
+              "hadamard+kchan": "tab:purple"}
+    names = {"hadamard+kchan": "per-channel keys, Hadamard values"}
     sim_style = {"kchan": ("*", "tab:purple", "keys per channel (KIVI-style)"),
                  "kchan+had": ("P", "tab:purple", "keys per channel + Hadamard-256 values"),
                  "had": ("X", "tab:brown", "Hadamard-256 on K and V")}
@@ -214,15 +216,17 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
             if label != panel:
                 continue
             q = [r for r in rows if r["weights"] == "bf16" and r["kv"] in MAIN_KV and r["kl"] is not None]
-            for rot in ("none", "so4-fast", "so4-full", "hadamard"):
+            for rot in ("none", "so4-fast", "so4-full", "hadamard", "hadamard+kchan"):
                 pts = sorted((r["bits"], max(r["kl"], 1e-6), r["kv"]) for r in q if r["rot"] == rot and r["group"] == 64)
                 if pts:
                     # The line breaks (NaN) at K/V pairs measured for some rotation but not this one.
                     xs = sorted({r["bits"] for r in q if r["group"] == 64})
                     ys = {p[0]: p[1] for p in pts}
+                    xs = [x for x in xs if x in ys] if rot == "hadamard+kchan" else xs
                     ax.plot(xs, [ys.get(x, float("nan")) for x in xs], marker=markers[rot], color=colors[rot],
-                            label=f"cider, rotation {rot}, group 64")
-                    if rot == "none":
+                            markersize=10 if rot == "hadamard+kchan" else 6,
+                            label=f"cider, {names.get(rot, 'rotation ' + rot)}, group 64")
+                    if rot in ("none", "hadamard+kchan"):
                         for b, k, kv in pts:
                             ax.annotate(kv, (b, k), textcoords="offset points", xytext=(5, 5), fontsize=7)
                 pts = sorted((r["bits"], max(r["kl"], 1e-6)) for r in q if r["rot"] == rot and r["group"] != 64)
@@ -261,8 +265,8 @@ def plot(cider_sets, llama_sets, path, title, sim_sets=()):
                                label=f"SIMULATED (kv_sim.py, window 0): {desc}")
                     for b, k, kv in pts:
                         ax.annotate(kv, (b, k), textcoords="offset points", xytext=(-24, -3), fontsize=6, color=col)
-        ax.axhline(0.01, color="black", linestyle=":", linewidth=1)
-        ax.text(2.4, 0.0107, "target: 0.01 nats/token", fontsize=7)
+        ax.axhline(0.02, color="black", linestyle=":", linewidth=1)
+        ax.text(2.4, 0.0214, "issue 21 target: KL 0.02 nats/token", fontsize=7)
         ax.set_yscale("log")
         ax.set_xlim(2.2, 9.0)
         ax.set_xlabel("bits per cached value (K and V averaged, f16 scales/biases included)")
