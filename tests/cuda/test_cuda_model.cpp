@@ -206,6 +206,18 @@ TEST(CudaModel, UnsupportedOptionsFail) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
   }
+  // Per-channel keys have no CUDA kernels yet: refused by name, never run on another path.
+  cm::ModelOptions o = options("bf16", "k4v4", cm::Device::kCUDA, "hadamard");
+  o.kv.key_layout = cider::nn::KeyLayout::kChannel;
+  try {
+    cm::Model::load(kTiny, o);
+    ADD_FAILURE() << "per-channel keys accepted on the GPU";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("per-channel keys"), std::string::npos) << e.what();
+  }
+  // The default cache for --device cuda is one the GPU runs.
+  EXPECT_EQ(cm::default_kv(cm::Device::kCUDA).key_layout, cider::nn::KeyLayout::kToken);
 }
 
 // ---- against the CPU ---------------------------------------------------------------------------------------------
