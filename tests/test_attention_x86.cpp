@@ -301,6 +301,26 @@ std::string describe(const Problem& p) {
   return buf;
 }
 
+// The kernel arguments of a case (out is set by run()).
+AttentionArgs attention_args(const Shape& s, const std::vector<float>& q, const KVTensorView& kv,
+                             const KVTensorView& vv, float scale, const Mask& mask, int kv_splits) {
+  AttentionArgs args{};
+  args.q = q.data();
+  args.B = s.B;
+  args.Hq = s.Hq();
+  args.L = s.L;
+  args.keys = kv;
+  args.values = vv;
+  args.scale = scale;
+  args.mask_kind = mask.kind;
+  args.window = mask.window;
+  args.mask = mask.bytes.empty() ? nullptr : mask.bytes.data();
+  args.mask_dtype = mask.dtype;
+  for (int i = 0; i < 4; ++i) args.mask_stride[i] = mask.stride[i];
+  args.kv_splits = kv_splits;
+  return args;
+}
+
 // Runs `fn` into a NaN-filled, canary-guarded buffer and returns the output.
 std::vector<float> run(void (*fn)(const AttentionArgs&), AttentionArgs args, size_t n) {
   test::GuardedBuffer buf(n * sizeof(float));
@@ -338,20 +358,7 @@ void check_problem(const Problem& p, std::mt19937_64& rng) {
   }
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
-  AttentionArgs args{};
-  args.q = q.data();
-  args.B = s.B;
-  args.Hq = s.Hq();
-  args.L = s.L;
-  args.keys = kv;
-  args.values = vv;
-  args.scale = scale;
-  args.mask_kind = p.mask.kind;
-  args.window = p.mask.window;
-  args.mask = p.mask.bytes.empty() ? nullptr : p.mask.bytes.data();
-  args.mask_dtype = p.mask.dtype;
-  for (int i = 0; i < 4; ++i) args.mask_stride[i] = p.mask.stride[i];
-  args.kv_splits = p.kv_splits;
+  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits);
   const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
 
   const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
@@ -487,20 +494,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
   ASSERT_EQ(kv.layout, 1);
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
-  AttentionArgs args{};
-  args.q = q.data();
-  args.B = s.B;
-  args.Hq = s.Hq();
-  args.L = s.L;
-  args.keys = kv;
-  args.values = vv;
-  args.scale = scale;
-  args.mask_kind = p.mask.kind;
-  args.window = p.mask.window;
-  args.mask = p.mask.bytes.empty() ? nullptr : p.mask.bytes.data();
-  args.mask_dtype = p.mask.dtype;
-  for (int i = 0; i < 4; ++i) args.mask_stride[i] = p.mask.stride[i];
-  args.kv_splits = p.kv_splits;
+  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits);
   const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
   const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
   ASSERT_TRUE(test::no_nan(ref.data(), n)) << what;

@@ -105,32 +105,34 @@ void check_append_inputs(const TensorView& keys, const TensorView& values, const
   if (values.numel() > 0) check_not_null(values, op, "values");
 }
 
-// The quantizer needs finite values (a NaN would become code 0 under a garbage scale): checked before any write.
-void check_finite(const TensorView& x, const char* op, const char* what) {
+// Calls fn(value, b, h, t, d) for every element of a [B, H, n, D] input (any strides, any float dtype).
+template <typename F>
+void for_each_input(const TensorView& x, const F& fn) {
   for (int64_t b = 0; b < x.dim(0); ++b)
     for (int64_t h = 0; h < x.dim(1); ++h)
       for (int64_t t = 0; t < x.dim(2); ++t)
-        for (int64_t d = 0; d < x.dim(3); ++d) {
-          const float v = load_float(x.data, x.dtype,
-                                     b * x.stride_of(0) + h * x.stride_of(1) + t * x.stride_of(2) + d * x.stride_of(3));
-          check(std::isfinite(v), ErrorCode::kInvalidArgument, op, what, " must be finite; got ", v, " at [", b, ", ",
-                h, ", ", t, ", ", d, "]");
-        }
+        for (int64_t d = 0; d < x.dim(3); ++d)
+          fn(load_float(x.data, x.dtype,
+                        b * x.stride_of(0) + h * x.stride_of(1) + t * x.stride_of(2) + d * x.stride_of(3)),
+             b, h, t, d);
+}
+
+// The quantizer needs finite values (a NaN would become code 0 under a garbage scale): checked before any write.
+void check_finite(const TensorView& x, const char* op, const char* what) {
+  for_each_input(x, [&](float v, int64_t b, int64_t h, int64_t t, int64_t d) {
+    check(std::isfinite(v), ErrorCode::kInvalidArgument, op, what, " must be finite; got ", v, " at [", b, ", ", h,
+          ", ", t, ", ", d, "]");
+  });
 }
 
 // Per-channel keys with float16 scales: a block's bias is one of its values and its scale at most the range over
 // 2^bits − 1, so every key within ±65504 keeps them finite; checked before anything is written.
 void check_f16_range(const TensorView& x, const char* op) {
-  for (int64_t b = 0; b < x.dim(0); ++b)
-    for (int64_t h = 0; h < x.dim(1); ++h)
-      for (int64_t t = 0; t < x.dim(2); ++t)
-        for (int64_t d = 0; d < x.dim(3); ++d) {
-          const float v = load_float(x.data, x.dtype,
-                                     b * x.stride_of(0) + h * x.stride_of(1) + t * x.stride_of(2) + d * x.stride_of(3));
-          check(std::fabs(v) <= 65504.0f, ErrorCode::kOutOfRange, op, "keys at [", b, ", ", h, ", ", t, ", ", d,
-                "] need a float16 scale or bias beyond its range of 65504 (per-channel keys); got ", v,
-                ": use a bfloat16 or float32 scale dtype for such values");
-        }
+  for_each_input(x, [&](float v, int64_t b, int64_t h, int64_t t, int64_t d) {
+    check(std::fabs(v) <= 65504.0f, ErrorCode::kOutOfRange, op, "keys at [", b, ", ", h, ", ", t, ", ", d,
+          "] need a float16 scale or bias beyond its range of 65504 (per-channel keys); got ", v,
+          ": use a bfloat16 or float32 scale dtype for such values");
+  });
 }
 
 // After an append, before the offset moves: rows [start, start + n) of plane p must be finite. A float16 scale or
