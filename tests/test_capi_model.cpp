@@ -78,6 +78,13 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   EXPECT_STREQ(info.kv, "f32");
   EXPECT_STREQ(info.device, "cpu");
 
+  cider_model_options tok = cider_model_options_default();
+  tok.kv = "k4v4";
+  tok.kv_layout = "token";
+  ModelHandle t(&tok);
+  ASSERT_EQ(cider_model_info_get(t.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64");
+
   ModelHandle d;  // the defaults: bf16 weights, on the CPU a k5v5 cache with per-channel keys
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
@@ -227,6 +234,14 @@ TEST(CApiModel, LoadErrorsNameTheFunctionAndTheValue) {
   o.kv_rotation = "hadamard";
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
                  "hadamard");
+  o = cider_model_options_default();
+  o.kv_layout = "rows";
+  expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load", "rows");
+  o = cider_model_options_default();
+  o.kv = "bf16";
+  o.kv_layout = "channel";
+  expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
+                 "key_layout");
   o = cider_model_options_default();
   o.kv_group_size = 48;
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load", "got 48");

@@ -151,19 +151,20 @@ cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* 
  * A model is loaded once (cider_model_load) and read by any number of sessions; a session is one token sequence
  * (its KV caches and position). Formats are named by strings as on the command line (docs/api.md): weights "bf16",
  * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8"; kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
- * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; device "cpu", "cuda". */
+ * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; kv_layout "token", "channel"; device "cpu", "cuda". */
 typedef struct cider_model cider_model;
 typedef struct cider_session cider_session;
 typedef struct cider_sampler cider_sampler;
 
 typedef struct cider_model_options {
   const char* weights;     /* NULL = "bf16" */
-  const char* kv;          /* NULL = "k8v4" */
+  const char* kv;          /* NULL = the device's default: k5v5 with per-channel keys on cpu, k8v4 on cuda */
   const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
   int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */
   int64_t ctx;             /* context length; 0 = the model's maximum, capped at 8192 */
   const char* device;      /* NULL = "cpu" */
   int threads;             /* > 0: worker threads of the process-wide pool (process-wide); 0 = unchanged */
+  const char* kv_layout;   /* "token" or "channel" (keys per channel); NULL or "" = the default's (token with kv) */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -40,7 +40,7 @@ cider::Session::Impl& session_of(const cider_session* s, const char* op) {
 extern "C" {
 
 cider_model_options cider_model_options_default(void) {
-  cider_model_options o{};
+  cider_model_options o{};  /* every field NULL/0: the defaults */
   return o;
 }
 
@@ -55,6 +55,7 @@ cider_status cider_model_load(const char* path, const cider_model_options* optio
       if (options->weights) o.weights = options->weights;
       if (options->kv) o.kv.format = options->kv;
       if (options->kv_rotation) o.kv.rotation = options->kv_rotation;
+      if (options->kv_layout) o.kv.key_layout = options->kv_layout;
       o.kv.group_size = options->kv_group_size;
       o.ctx = options->ctx;
       if (options->device) o.device = options->device;
