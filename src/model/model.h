@@ -65,9 +65,10 @@ Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwi
 const char* device_name(Device d);
 
 // The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): on the CPU,
-// k5v5 with per-channel keys (5.5 bits per value: lower KL than k8v4/hadamard on every real model measured, at 15%
-// less memory, and 3x faster on AVX-512); on CUDA, whose kernels do not read per-channel keys yet, k8v4/hadamard
-// (6.5 bits). Group 64, or the largest of 128/64/32 dividing the head size.
+// k5v5 with per-channel keys (5.5 bits per value, the fewest measured within KL 0.02 and +1% perplexity on every real
+// model; about the KL of k8v4/hadamard with 15% less memory, and 1.9-3.3x faster on AVX-512); on CUDA, whose kernels
+// do not read per-channel keys yet, k8v4/hadamard (6.5 bits). Group 64, or the largest of 128/64/32 dividing the head
+// size.
 KVOptions default_kv(Device device);
 
 struct ModelOptions {
