@@ -155,7 +155,8 @@ class KVStore {
 
 }  // namespace detail
 
-// Defaults: K8/V4, group 64, Hadamard rotation — the engine's default (model::KVOptions, docs/quality.md).
+// Defaults: K8/V4, group 64, Hadamard rotation, keys per token (a standalone cache's; a model's cache comes from
+// model::default_kv, docs/quality.md).
 struct QuantizedKVCacheConfig {
   int k_bits = 8;                                   // 2, 3, 4, 5, 6 or 8
   int v_bits = 4;                                   // 2, 3, 4, 5, 6 or 8
