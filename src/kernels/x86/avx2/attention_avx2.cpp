@@ -216,21 +216,23 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 
 // ---- keys --------------------------------------------------------------------------------------------------------
 
+// The byte shuffle of unpack_row_bytes for a width: lane l of 8 gets bytes (l·bits)/8 and +1 of the chunk, then two
+// zero bytes (the 128-bit halves hold lanes 0-3 and 4-7). Built once per item.
+CIDER_INLINE __m256i key_unpack_shuffle(int64_t bits) {
+  alignas(32) uint8_t win[32];
+  for (int l = 0; l < 8; ++l) {
+    uint8_t* d = win + (l / 4) * 16 + (l % 4) * 4;
+    d[0] = static_cast<uint8_t>(l * bits / 8);
+    d[1] = static_cast<uint8_t>(l * bits / 8 + 1);
+    d[2] = d[3] = 0x80;
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(win));
+}
+
 // A key row of a width other than 4 and 8 (2, 3, 5, 6 bits) unpacked to one byte per dim: 8 codes (`bits` bytes) at a
 // time, each code's 16-bit window picked by a byte shuffle, shifted by its bit offset and masked.
-CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
-  alignas(32) uint8_t win[32];  // per lane l of 8: bytes (l·bits)/8 and +1 of the chunk, then two zero bytes
-  for (int l = 0; l < 8; ++l) {
-    const int byte = static_cast<int>(l * bits / 8);
-    for (int lane = 0; lane < 2; ++lane) {  // the 128-bit halves hold lanes 0-3 and 4-7
-      if ((l < 4) != (lane == 0)) continue;
-      uint8_t* d = win + lane * 16 + (l % 4) * 4;
-      d[0] = static_cast<uint8_t>(byte);
-      d[1] = static_cast<uint8_t>(byte + 1);
-      d[2] = d[3] = 0x80;
-    }
-  }
-  const __m256i shuf = _mm256_load_si256(reinterpret_cast<const __m256i*>(win));
+// `shuf` = key_unpack_shuffle(bits).
+CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, __m256i shuf, uint8_t* dst) {
   const __m256i shift = _mm256_and_si256(
       _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(bits))),
       _mm256_set1_epi32(7));
@@ -611,6 +613,7 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
 
   const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
   const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
+  const __m256i kunpack = key_unpack_shuffle(c.kb);  // used for key widths other than 4 and 8
   int64_t cur_block = -1;  // kchan: the block the query images were prepared for
   if (c.kchan)
     for (int64_t g = 0; g < Gk; ++g) {  // unit key "scales", and the bias term added once (group 0)
@@ -640,7 +643,8 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
       }
       int64_t row_bytes = c.krow_bytes;
       if (c.kb != 4 && c.kb != 8) {
-        for (int j = 0; j < kTileRows; ++j) unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, s.kbytes + j * Dk);
+        for (int j = 0; j < kTileRows; ++j)
+          unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, kunpack, s.kbytes + j * Dk);
         rows = s.kbytes;
         row_bytes = Dk;
       }
