@@ -175,6 +175,113 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   return r;
 }
 
+// Per-channel keys (layout 1, docs/kv_cache.md §2b): key codes per position, key scales/biases per block of 64
+// positions [blocks, D] f16, the last L % 64 positions in the bf16 residual window; values per token g64 f16.
+// L queries rows (1: decode; > 1: causal prefill over the last L of kL keys).
+BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t kL, int64_t L, int kbits, int vbits) {
+  std::mt19937_64 rng(2468);
+  const int64_t rows = B * Hkv * kL, blocks = kL / 64;
+  const size_t k_bytes = static_cast<size_t>(rows * D * kbits / 8), v_bytes = static_cast<size_t>(rows * D * vbits / 8);
+  const size_t ksb_n = static_cast<size_t>(B * Hkv * blocks * D), vsb_n = static_cast<size_t>(rows * D / 64);
+  const size_t res_n = static_cast<size_t>(B * Hkv * 64 * D);
+  const size_t per_copy = k_bytes + v_bytes + 4 * ksb_n + 4 * vsb_n + 2 * res_n;
+  const int copies = L > 1 ? 1 : static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, (240u << 20) / per_copy + 1)));
+  std::vector<CacheCopy> cache(static_cast<size_t>(copies));
+  std::vector<DeviceBuffer> residual(static_cast<size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    CacheCopy& c = cache[static_cast<size_t>(i)];
+    auto kb = random_bytes(rng, k_bytes), vb = random_bytes(rng, v_bytes);
+    c.k = cuda::to_device(kb.data(), kb.size());
+    c.v = cuda::to_device(vb.data(), vb.size());
+    auto s1 = random_half(rng, ksb_n, DType::kF16, 0.05f), s2 = random_half(rng, ksb_n, DType::kF16, 1.0f);
+    auto s3 = random_half(rng, vsb_n, DType::kF16, 0.05f), s4 = random_half(rng, vsb_n, DType::kF16, 1.0f);
+    c.ks = cuda::to_device(s1.data(), s1.size());
+    c.kb = cuda::to_device(s2.data(), s2.size());
+    c.vs = cuda::to_device(s3.data(), s3.size());
+    c.vb = cuda::to_device(s4.data(), s4.size());
+    auto r = random_half(rng, res_n, DType::kBF16, 1.0f);
+    residual[static_cast<size_t>(i)] = cuda::to_device(r.data(), r.size());
+  }
+  std::vector<float> qh(static_cast<size_t>(B * Hq * L * D));
+  std::normal_distribution<float> n01;
+  for (float& x : qh) x = n01(rng);
+  DeviceBuffer q = cuda::to_device(qh.data(), qh.size() * sizeof(float));
+  DeviceBuffer out(qh.size() * sizeof(float));
+  auto args_for = [&](int i) {
+    const CacheCopy& c = cache[static_cast<size_t>(i)];
+    kernels::AttentionArgs a{};
+    a.q = q.as<float>();
+    a.out = out.as<float>();
+    a.B = B;
+    a.Hq = Hq;
+    a.L = L;
+    kernels::KVTensorView kv{};
+    kv.B = B;
+    kv.H = Hkv;
+    kv.length = kL;
+    kv.capacity = kL;
+    kv.dim = D;
+    kv.dtype = DType::kU32;
+    kv.scale_dtype = DType::kF16;
+    kv.group_size = 64;
+    a.keys = kv;
+    a.values = kv;
+    a.keys.bits = kbits;
+    a.values.bits = vbits;
+    a.keys.data = c.k.data();
+    a.keys.scales = c.ks.data();
+    a.keys.biases = c.kb.data();
+    a.keys.layout = 1;
+    a.keys.blocks = blocks;
+    a.keys.residual = residual[static_cast<size_t>(i)].data();
+    a.values.data = c.v.data();
+    a.values.scales = c.vs.data();
+    a.values.biases = c.vb.data();
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.mask_kind = kernels::MaskKind::kCausal;
+    return a;
+  };
+  const size_t ws_bytes = cuda::attention_workspace_bytes(args_for(0));
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 256));
+  cuda::Stream stream;
+  int next = 0;
+  auto fn = [&](void* st) {
+    const kernels::AttentionArgs a = args_for(next);
+    next = (next + 1) % copies;
+    cuda::attention(a, nullptr, cuda::Exec{st, ws.data(), ws_bytes});
+  };
+  BenchResult r;
+  r.seconds = L > 1 ? bench_graph(fn, stream.handle(), 20, 15) : bench_graph(fn, stream.handle());
+  r.bytes = static_cast<double>(per_copy);
+  const double pairs = L == 1 ? static_cast<double>(kL)
+                              : static_cast<double>(L) * static_cast<double>(L + 1) / 2.0 +
+                                    static_cast<double>(L) * static_cast<double>(kL - L);
+  r.flops = 4.0 * static_cast<double>(B * Hq * D) * pairs;
+  std::string kind = "K";
+  kind += std::to_string(kbits);
+  kind += "V";
+  kind += std::to_string(vbits);
+  kind += " per-channel keys (blocks of 64, bf16 window) g64 f16 scales, CUDA-core kernel";
+  r.note = kind;
+  return r;
+}
+
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(1, 32, 8, 128, 32768, 1, 4, 4);
+}
+CIDER_CUDA_BENCH("attention decode K5V5-kchan B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(1, 32, 8, 128, 32768, 1, 5, 5);
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(8, 32, 8, 128, 32768, 1, 4, 4);
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return channel_case(1, 16, 2, 256, 65536, 1, 4, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return channel_case(1, 32, 8, 128, 4096, 4096, 4, 4);
+}
+
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768", "attention") {
   return decode_case(1, 32, 8, 128, 32768, 4, 3);
 }

@@ -21,6 +21,7 @@
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/kernel_table.h"
+#include "nn/kv_cache.h"
 #include "nn/rotation.h"
 #include "quant/affine.h"
 #include "support/scoped_env.h"
@@ -1078,6 +1079,310 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
     Exec small{nullptr, buf.data(), 16};
     ASSERT_GT(attention_workspace_bytes(a), size_t{16});
     expect_error([&] { attention(a, nullptr, small); }, "cuda.attention");
+  }
+}
+
+// ---- per-channel keys (nn::KeyLayout::kChannel) ------------------------------------------------------------------
+// The CPU cache (nn::QuantizedKVCache) is the oracle: the device append must write its bytes, the device refill its
+// window after a trim, and the attention kernel must match the reference attention over the same bytes.
+
+// A view's planes copied to the device (codes/values, scales, biases, and the residual window of per-channel keys).
+struct DeviceView {
+  DeviceBuffer data, scales, biases, residual;
+  KVTensorView view{};
+};
+
+size_t plane_bytes(const KVTensorView& v, int which) {  // 0 data, 1 scales/biases, 2 residual
+  const size_t bh = static_cast<size_t>(v.B * v.H);
+  if (which == 0)
+    return bh * static_cast<size_t>(v.capacity) *
+           (v.bits ? static_cast<size_t>(v.dim * v.bits / 8) : static_cast<size_t>(v.dim * dtype_size(v.dtype)));
+  const size_t ss = dtype_size(v.scale_dtype);
+  if (which == 1)
+    return v.layout == 1 ? bh * static_cast<size_t>(v.blocks * v.dim) * ss
+                         : bh * static_cast<size_t>(v.capacity * (v.dim / v.group_size)) * ss;
+  return v.layout == 1 ? bh * static_cast<size_t>(v.group_size * v.dim) * 2 : 0;
+}
+
+DeviceView upload_view(const KVTensorView& v) {
+  DeviceView d;
+  d.view = v;
+  d.data = to_device(v.data, plane_bytes(v, 0));
+  d.view.data = d.data.data();
+  if (v.bits) {
+    d.scales = to_device(v.scales, plane_bytes(v, 1));
+    d.biases = to_device(v.biases, plane_bytes(v, 1));
+    d.view.scales = d.scales.data();
+    d.view.biases = d.biases.data();
+  }
+  if (v.layout == 1) {
+    d.residual = to_device(v.residual, plane_bytes(v, 2));
+    d.view.residual = d.residual.data();
+  }
+  return d;
+}
+
+nn::QuantizedKVCacheConfig channel_cache_config(int kb, int vb, int gs, DType sd, uint64_t seed) {
+  nn::QuantizedKVCacheConfig cfg;
+  cfg.k_bits = kb;
+  cfg.v_bits = vb;
+  cfg.group_size = gs;
+  cfg.rotation = nn::RotationKind::kHadamard;
+  cfg.seed = seed;
+  cfg.scale_dtype = sd;
+  cfg.key_layout = nn::KeyLayout::kChannel;
+  return cfg;
+}
+
+std::vector<uint8_t> download_bytes(const DeviceBuffer& b, size_t n) {
+  std::vector<uint8_t> h(n);
+  b.download(h.data(), n);
+  return h;
+}
+
+// Bytes [0, n) of each (b, h) slab of `per` bytes equal in both (the valid prefix of every head's plane).
+::testing::AssertionResult slabs_equal(const std::vector<uint8_t>& got, const uint8_t* want, int64_t BH, size_t per,
+                                       size_t n, const char* what) {
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (size_t i = 0; i < n; ++i)
+      if (got[static_cast<size_t>(bh) * per + i] != want[static_cast<size_t>(bh) * per + i])
+        return ::testing::AssertionFailure() << what << ": head slab " << bh << " byte " << i << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
+  CIDER_REQUIRE_GPU();
+  struct Case {
+    int kb, gs;
+    DType sd;
+    int64_t D;
+  };
+  const Case cases[] = {{4, 64, DType::kF16, 128}, {5, 64, DType::kF16, 128}, {3, 32, DType::kBF16, 64},
+                        {2, 128, DType::kF32, 256}, {6, 32, DType::kF16, 64},  {8, 64, DType::kBF16, 128}};
+  uint64_t salt = 7100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "k" << c.kb << " g" << c.gs << " " << dtype_name(c.sd) << " D " << c.D);
+    auto rng = test::make_rng(++salt);
+    const int64_t B = 2, H = 3, N = 420;
+    std::vector<float> keys = test::randn(rng, static_cast<size_t>(B * H * N * c.D), 1.5f);
+    for (size_t i = 0; i < keys.size(); i += 61) keys[i] *= 9.0f;  // outlier channels' kind of values
+    std::vector<float> vals = test::randn(rng, keys.size());
+    nn::QuantizedKVCache cpu(channel_cache_config(c.kb, 4, c.gs, c.sd, salt));
+    DeviceBuffer d_src = to_device(keys.data(), keys.size() * sizeof(float));
+    // The device planes are sized by the CPU cache's capacity once it holds everything (it grows in steps).
+    std::vector<std::pair<int64_t, int64_t>> runs = {{0, 37}, {37, 90}, {127, 1}, {128, 1}, {129, 66}, {195, 120}};
+    int64_t capacity = 0, blocks = 0;
+    {
+      nn::QuantizedKVCache probe(channel_cache_config(c.kb, 4, c.gs, c.sd, salt));
+      std::vector<float> z(static_cast<size_t>(B * H * N * c.D), 0.0f);
+      probe.update_and_fetch(TensorView(z.data(), DType::kF32, {B, H, N, c.D}),
+                             TensorView(z.data(), DType::kF32, {B, H, N, c.D}));
+      capacity = probe.capacity();
+      blocks = probe.keys().blocks;
+    }
+    const size_t wpr_bytes = static_cast<size_t>(c.D * c.kb / 8), ss = dtype_size(c.sd);
+    DeviceBuffer d_codes(static_cast<size_t>(B * H * capacity) * wpr_bytes);
+    DeviceBuffer d_sc(static_cast<size_t>(B * H * blocks * c.D) * ss), d_bi(d_sc.bytes());
+    DeviceBuffer d_res(static_cast<size_t>(B * H * c.gs * c.D) * 2);
+    for (DeviceBuffer* b : {&d_codes, &d_sc, &d_bi, &d_res}) b->fill(kPoison);
+    KVChannelKeysArgs a{};
+    a.src_dtype = DType::kF32;
+    a.B = B;
+    a.H = H;
+    a.dim = c.D;
+    a.src_stride_b = H * N * c.D;
+    a.src_stride_h = N * c.D;
+    a.src_stride_t = c.D;
+    a.codes = d_codes.as<uint32_t>();
+    a.scales = d_sc.data();
+    a.biases = d_bi.data();
+    a.residual = d_res.as<uint16_t>();
+    a.scale_dtype = c.sd;
+    a.bits = c.kb;
+    a.group_size = c.gs;
+    a.capacity = capacity;
+    a.blocks = blocks;
+    Stream stream;
+    const Exec exec{stream.handle(), nullptr, 0};
+    DeviceBuffer d_off(sizeof(int32_t));
+    // Slices [t0, t0 + m) of keys/values as CPU tensors (copied: the cache reads [B, H, m, D] contiguous).
+    auto slice = [&](const std::vector<float>& x, int64_t t0, int64_t m) {
+      std::vector<float> out(static_cast<size_t>(B * H * m * c.D));
+      for (int64_t bh = 0; bh < B * H; ++bh)
+        std::memcpy(out.data() + bh * m * c.D, x.data() + (bh * N + t0) * c.D, static_cast<size_t>(m * c.D) * 4);
+      return out;
+    };
+    auto append_both = [&](int64_t t0, int64_t m, int64_t at, bool device_offset) {
+      std::vector<float> ks = slice(keys, t0, m), vs = slice(vals, t0, m);
+      cpu.update_and_fetch(TensorView(ks.data(), DType::kF32, {B, H, m, c.D}),
+                           TensorView(vs.data(), DType::kF32, {B, H, m, c.D}));
+      KVChannelKeysArgs k = a;
+      k.src = d_src.as<float>() + t0 * c.D;
+      k.n = m;
+      k.offset = device_offset ? 999999 : at;
+      const int32_t at32 = static_cast<int32_t>(at);
+      d_off.upload(&at32, sizeof(at32));
+      kv_append_channel_keys(k, device_offset ? d_off.as<int32_t>() : nullptr, exec);
+      stream.synchronize();
+    };
+    auto compare = [&](const char* when) {
+      SCOPED_TRACE(when);
+      const KVTensorView v = cpu.keys();
+      ASSERT_EQ(v.layout, 1);
+      ASSERT_EQ(v.capacity, capacity);
+      ASSERT_EQ(v.blocks, blocks);
+      const int64_t len = v.length, nq = len / c.gs;
+      const std::vector<uint8_t> codes = download_bytes(d_codes, d_codes.bytes());
+      const std::vector<uint8_t> sc = download_bytes(d_sc, d_sc.bytes()), bi = download_bytes(d_bi, d_bi.bytes());
+      const std::vector<uint8_t> res = download_bytes(d_res, d_res.bytes());
+      EXPECT_TRUE(slabs_equal(codes, static_cast<const uint8_t*>(v.data), B * H, capacity * wpr_bytes,
+                              static_cast<size_t>(nq * c.gs) * wpr_bytes, "codes"));
+      EXPECT_TRUE(slabs_equal(sc, static_cast<const uint8_t*>(v.scales), B * H, blocks * c.D * ss,
+                              static_cast<size_t>(nq * c.D) * ss, "block scales"));
+      EXPECT_TRUE(slabs_equal(bi, static_cast<const uint8_t*>(v.biases), B * H, blocks * c.D * ss,
+                              static_cast<size_t>(nq * c.D) * ss, "block biases"));
+      EXPECT_TRUE(slabs_equal(res, static_cast<const uint8_t*>(v.residual), B * H, c.gs * c.D * 2,
+                              static_cast<size_t>((len % c.gs) * c.D) * 2, "residual window"));
+    };
+    for (auto [t0, m] : runs) append_both(t0, m, t0, m == 1 && t0 == 127);
+    ASSERT_NO_FATAL_FAILURE(compare("after the appends"));
+    // Trim inside the window (nothing to refill: the device side only moves its length), then back into a
+    // quantized block (refill), then append again.
+    const int64_t len0 = cpu.offset();
+    cpu.trim(3);
+    ASSERT_NO_FATAL_FAILURE(compare("after a trim inside the window"));
+    const int64_t back = (len0 - 3) % c.gs + c.gs / 2 + 1;  // into the previous, quantized block
+    cpu.trim(back);
+    kv_channel_refill(a, len0 - 3 - back, exec);
+    stream.synchronize();
+    ASSERT_NO_FATAL_FAILURE(compare("after a trim back into a quantized block"));
+    const int64_t at = cpu.offset();
+    append_both(300, std::min<int64_t>(N - 300, capacity - at), at, false);
+    ASSERT_NO_FATAL_FAILURE(compare("after appending past the refilled block"));
+  }
+}
+
+TEST(CudaKvChannel, RejectsBadArguments) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 16);
+  KVChannelKeysArgs a{};
+  a.src = buf.data();
+  a.src_dtype = DType::kF32;
+  a.B = 1;
+  a.H = 1;
+  a.n = 1;
+  a.dim = 64;
+  a.codes = buf.as<uint32_t>();
+  a.scales = buf.data();
+  a.biases = buf.data();
+  a.residual = buf.as<uint16_t>();
+  a.scale_dtype = DType::kF16;
+  a.bits = 4;
+  a.group_size = 64;
+  a.capacity = 128;
+  a.blocks = 2;
+  Stream stream;
+  const Exec exec{stream.handle(), nullptr, 0};
+  kv_append_channel_keys(a, nullptr, exec);  // valid
+  stream.synchronize();
+  auto bad = [&](auto edit, const char* why) {
+    SCOPED_TRACE(why);
+    KVChannelKeysArgs b = a;
+    edit(b);
+    expect_error([&] { kv_append_channel_keys(b, nullptr, exec); }, "cuda.kv_append_channel_keys");
+  };
+  bad([](KVChannelKeysArgs& b) { b.bits = 7; }, "bits 7");
+  bad([](KVChannelKeysArgs& b) { b.group_size = 48; }, "group 48");
+  bad([](KVChannelKeysArgs& b) { b.blocks = 1; }, "too few blocks");
+  bad([](KVChannelKeysArgs& b) { b.offset = 128; }, "past the capacity");
+  bad([](KVChannelKeysArgs& b) { b.residual = nullptr; }, "no window");
+  bad([](KVChannelKeysArgs& b) { b.dim = 512; }, "dim 512");
+  expect_error([&] { kv_channel_refill(a, 129, exec); }, "cuda.kv_channel_refill");
+}
+
+// Attention over per-channel keys (quantized blocks, then the bf16 window) against the reference on the same bytes.
+TEST(CudaAttention, PerChannelKeysMatchReference) {
+  CIDER_REQUIRE_GPU();
+  struct Case {
+    int64_t D, rep, kL, L;
+    MaskKind mask;
+    int64_t window;
+    int kb, vb, gs;
+    DType sd;
+    int kv_splits;
+    bool device_length;
+  };
+  const Case cases[] = {
+      {128, 4, 1000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},
+      {128, 4, 1000, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, true},
+      {128, 8, 4097, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},
+      {128, 1, 37, 1, MaskKind::kNone, 0, 4, 3, 64, DType::kF16, 0, false},       // window only
+      {128, 4, 64, 3, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},     // one full block, empty window
+      {64, 2, 333, 17, MaskKind::kCausal, 50, 3, 3, 32, DType::kBF16, 3, false},  // sliding window, 3 splits
+      {256, 2, 700, 5, MaskKind::kCausal, 0, 5, 4, 128, DType::kF32, 0, false},
+      {256, 4, 900, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 7, false},
+      {128, 2, 1500, 67, MaskKind::kCausal, 0, 2, 2, 64, DType::kF16, 0, false},  // prefill-sized L
+      {64, 1, 129, 16, MaskKind::kNone, 0, 8, 4, 64, DType::kBF16, 2, false},
+  };
+  uint64_t salt = 7300;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " k"
+                                      << c.kb << "v" << c.vb << " g" << c.gs << " " << dtype_name(c.sd) << " splits "
+                                      << c.kv_splits << (c.device_length ? " device length" : ""));
+    auto rng = test::make_rng(++salt);
+    const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
+    nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt));
+    std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
+    for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
+    std::vector<float> vf = test::randn(rng, kf.size());
+    cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
+                           TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
+    std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
+    AttentionArgs ref{};
+    ref.q = q.data();
+    std::vector<float> want(static_cast<size_t>(B * Hq * c.L * c.D));
+    ref.out = want.data();
+    ref.B = B;
+    ref.Hq = Hq;
+    ref.L = c.L;
+    ref.keys = cache.keys();
+    ref.values = cache.values();
+    ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    ref.mask_kind = c.mask;
+    ref.window = c.window;
+    ref.mask_dtype = DType::kBool;
+    kernels::ref_kernels().attention(ref);
+    float vmax = 0.0f;
+    for (float x : want) vmax = std::max(vmax, std::fabs(x));
+
+    DeviceView dk = upload_view(cache.keys()), dv = upload_view(cache.values());
+    DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+    const size_t out_n = want.size(), guard = 64;
+    DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+    d_out.fill(0xFF);
+    AttentionArgs a = ref;
+    a.q = d_q.as<float>();
+    a.out = d_out.as<float>() + guard;
+    a.keys = dk.view;
+    a.values = dv.view;
+    a.kv_splits = c.kv_splits;
+    const int32_t len32 = static_cast<int32_t>(c.kL);
+    DeviceBuffer d_len = to_device(&len32, sizeof(len32));
+    if (c.device_length) {  // a graph's bound above the real length
+      a.keys.length = a.values.length = std::min(a.keys.capacity, c.kL + 100);
+    }
+    const size_t ws = attention_workspace_bytes(a);
+    DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+    Stream& stream = attention_stream();
+    const Exec exec{stream.handle(), d_ws.data(), ws};
+    attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
+    stream.synchronize();
+    std::vector<float> got(out_n + 2 * guard);
+    d_out.download(got.data(), got.size() * sizeof(float));
+    ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
+    // Float32 sums over kL keys and D dims on both sides (the kernel folds each block's scales into the query).
+    const double tol = 1e-5 * std::sqrt(static_cast<double>(c.kL) + 1.0) * (vmax + 1.0);
+    EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
   }
 }
 

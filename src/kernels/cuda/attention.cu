@@ -65,6 +65,9 @@ struct KvSide {
   int wpr;     // uint32 words per packed row
   int groups;  // dim / gs (quantized)
   int64_t capacity;
+  int layout;                // keys: 0 per token, 1 per channel (blocks of gs positions, docs/kv_cache.md §2b)
+  int64_t blocks;            // layout 1: scale/bias rows per (b, h)
+  const uint16_t* residual;  // layout 1: bfloat16 window [B, H, gs, dim]
 };
 
 struct Params {
@@ -239,6 +242,86 @@ __device__ __forceinline__ void key_dots_plain(const Params& p, int64_t row, con
   }
 }
 
+// Per-channel keys, a row of a quantized block: dot[r] = β_r + Σ_k qs_rk·c_k, where qs (shared [Dk][QR]) holds the
+// queries with the block's per-channel scales folded in (q_rk·s_k) and β_r = Σ_k q_rk·b_k.
+template <int KB, int DK, int QR>
+__device__ __forceinline__ void key_dots_channel(const Params& p, int64_t row, const float* qs, const float* beta,
+                                                 float dot[QR]) {
+#pragma unroll
+  for (int r = 0; r < QR; ++r) dot[r] = beta[r];
+  auto fma_code = [&](int k, uint32_t c) {
+    const float cf = code_to_float(c);
+    const float4* q4 = reinterpret_cast<const float4*>(qs + k * QR);
+#pragma unroll
+    for (int r4 = 0; r4 < QR / 4; ++r4) {
+      const float4 qv = q4[r4];
+      dot[4 * r4] = fmaf(qv.x, cf, dot[4 * r4]);
+      dot[4 * r4 + 1] = fmaf(qv.y, cf, dot[4 * r4 + 1]);
+      dot[4 * r4 + 2] = fmaf(qv.z, cf, dot[4 * r4 + 2]);
+      dot[4 * r4 + 3] = fmaf(qv.w, cf, dot[4 * r4 + 3]);
+    }
+  };
+  if constexpr (KB > 0 && DK > 0) {
+    // The row's words in registers (uint4 loads), codes extracted with constant shifts.
+    constexpr int kWpr = DK * KB / 32;
+    constexpr uint32_t kMask = (1u << KB) - 1u;
+    static_assert(kWpr % 4 == 0, "whole uint4 rows");
+    uint32_t w[kWpr];
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.k.data) + row * kWpr);
+#pragma unroll
+    for (int i = 0; i < kWpr / 4; ++i) {
+      const uint4 u = __ldg(src + i);
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
+    }
+#pragma unroll
+    for (int k = 0; k < DK; ++k) {
+      const int bit = k * KB, wi = bit >> 5, sh = bit & 31;
+      uint32_t c = w[wi] >> sh;
+      if (sh + KB > 32) c |= w[wi + 1] << (32 - sh);
+      fma_code(k, c & kMask);
+    }
+  } else {
+    const int bits = p.k.bits, D = p.k.dim, wpr = p.k.wpr;
+    const uint32_t mask = (1u << bits) - 1u;
+    const uint32_t* src = static_cast<const uint32_t*>(p.k.data) + row * wpr;
+    for (int k = 0; k < D; ++k) {
+      const int bit = k * bits, wi = bit >> 5, sh = bit & 31;
+      uint32_t c = __ldg(src + wi) >> sh;
+      if (sh + bits > 32) c |= __ldg(src + wi + 1) << (32 - sh);
+      fma_code(k, c & mask);
+    }
+  }
+}
+
+// Per-channel keys, a row of the residual window (bfloat16, slot `slot` of (b, g)'s window): dot[r] = Σ_k q_rk·k_k.
+template <int DK, int QR>
+__device__ __forceinline__ void key_dots_window(const Params& p, int64_t bg, int64_t slot, const float* qT,
+                                                float dot[QR]) {
+#pragma unroll
+  for (int r = 0; r < QR; ++r) dot[r] = 0.0f;
+  const int D = DK > 0 ? DK : p.k.dim;
+  const uint4* src = reinterpret_cast<const uint4*>(p.k.residual + (bg * p.k.gs + slot) * D);
+  for (int c = 0; c < D / 8; ++c) {
+    float f[8];
+    unpack8<-2>(__ldg(src + c), f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float4* q4 = reinterpret_cast<const float4*>(qT + (c * 8 + e) * QR);
+#pragma unroll
+      for (int r4 = 0; r4 < QR / 4; ++r4) {
+        const float4 qv = q4[r4];
+        dot[4 * r4] = fmaf(qv.x, f[e], dot[4 * r4]);
+        dot[4 * r4 + 1] = fmaf(qv.y, f[e], dot[4 * r4 + 1]);
+        dot[4 * r4 + 2] = fmaf(qv.z, f[e], dot[4 * r4 + 2]);
+        dot[4 * r4 + 3] = fmaf(qv.w, f[e], dot[4 * r4 + 3]);
+      }
+    }
+  }
+}
+
 template <int KK, int VK, int GS, int DK, int DV, int QR, bool STAGE_V>
 __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
   extern __shared__ float4 smem4[];
@@ -258,6 +341,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
   float* row_l = row_m + QR;               // [QR]
   float* row_alpha = row_l + QR;           // [QR]
   float* tail = row_alpha + 2 * QR;        // staged values during the loop; [warps][QR][Dv] partial sums after it
+  const bool kchan = p.k.layout == 1;
+  float* qs = tail + kWarps * QR * Dv;     // per-channel keys: [2][Dk][QR] queries · the tile's two block scales
+  float* beta = qs + 2 * Dk * QR;          // per-channel keys: [2][QR] Σ_k q_rk·b_k of the tile's two blocks
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int bg = blockIdx.z, b = bg / p.Hkv, g = bg % p.Hkv;
@@ -306,7 +392,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
     row_alpha[tid] = 1.0f;
   }
   __syncthreads();
-  if (kquant) {
+  if (kquant && !kchan) {
     const int kgs = GS > 0 ? GS : p.k.gs;
     const int G = Dk / kgs;
     for (int idx = tid; idx < QR * G; idx += kThreads) {
@@ -333,8 +419,35 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
   const int vgroup = vquant ? d0 / vgs : 0;
   const int vG = vquant ? Dv / vgs : 0;
 
-  for (int64_t t0 = c0; t0 < c1; t0 += tile) {
-    const int n_here = static_cast<int>(min(static_cast<int64_t>(tile), c1 - t0));
+  // Per-channel keys: complete blocks [0, full_blocks) are quantized, later positions sit in the residual window; a
+  // tile covers at most two blocks (the plan's tile is ≤ 2·gs), whose scales are folded into two query copies.
+  const int64_t kgs_c = kchan ? p.k.gs : 1;
+  const int64_t full_blocks = kchan ? kL / kgs_c : 0;
+  int n_here = 0;
+  int64_t first_block = 0;  // per-channel keys: the block of the tile's first key
+  for (int64_t t0 = c0; t0 < c1; t0 += n_here) {
+    n_here = static_cast<int>(min(static_cast<int64_t>(tile), c1 - t0));
+    if (kchan) {
+      first_block = t0 / kgs_c;
+      n_here = static_cast<int>(min(static_cast<int64_t>(n_here), (first_block + 2) * kgs_c - t0));
+      const int nb = static_cast<int>(min(static_cast<int64_t>(2), (t0 + n_here - 1) / kgs_c - first_block + 1));
+      for (int bi = 0; bi < nb; ++bi) {
+        const int64_t block = first_block + bi;
+        if (block >= full_blocks) break;  // window rows: scored with the plain queries
+        const int64_t srow = (static_cast<int64_t>(bg) * p.k.blocks + block) * Dk;
+        float* qsb = qs + bi * Dk * QR;
+        for (int idx = tid; idx < Dk * QR; idx += kThreads)
+          qsb[idx] = qT[idx] * load_elem(p.k.scales, p.k.sdt, srow + idx / QR);
+        for (int r = warp; r < QR; r += kWarps) {
+          float acc_b = 0.0f;
+          for (int k = lane; k < Dk; k += 32) acc_b = fmaf(qT[k * QR + r], load_elem(p.k.biases, p.k.sdt, srow + k), acc_b);
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) acc_b += __shfl_xor_sync(0xffffffffu, acc_b, o);
+          if (lane == 0) beta[bi * QR + r] = acc_b;
+        }
+      }
+      __syncthreads();
+    }
     // ---- 1. scores (and the value rows staged next to the key rows) ----
     if (tid < tile) {
       float dot[QR];
@@ -366,10 +479,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
 #pragma unroll
           for (int i = 0; i < 2 * kVG; ++i) sb[i] = vsb[i];
         } else {
-          if (kquant)
+          if (kchan) {
+            const int64_t block = j / kgs_c;
+            const int bi = static_cast<int>(block - first_block);
+            if (block < full_blocks)
+              key_dots_channel<KK, DK, QR>(p, kv_row0 + j, qs + bi * Dk * QR, beta + bi * QR, dot);
+            else
+              key_dots_window<DK, QR>(p, bg, j % kgs_c, qT, dot);
+          } else if (kquant) {
             key_dots_quant<KK, GS, DK, QR>(p, kv_row0 + j, qT, qsum, dot);
-          else
+          } else {
             key_dots_plain<KK, DK, QR>(p, kv_row0 + j, qT, dot);
+          }
         }
 #pragma unroll
         for (int r = 0; r < QR; ++r) {
@@ -714,6 +835,8 @@ enum KernelId : int {
   kBf16D128 = 3,
   kBf16D256 = 4,
   kF16D128 = 5,
+  kK4V4G64D128Chan = 6,  // per-channel keys
+  kK5V5G64D128Chan = 7,
 };
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -771,6 +894,15 @@ void validate(const char* op, const kernels::AttentionArgs& a) {
         "length must not exceed capacity; got ", K.length, " > ", K.capacity, " or ", V.capacity);
   validate_side(op, "keys", K);
   validate_side(op, "values", V);
+  check(V.layout == 0 && (K.layout == 0 || K.layout == 1), ErrorCode::kInvalidArgument, op,
+        "key layout must be 0 (per token) or 1 (per channel) and value layout 0; got ", K.layout, " and ", V.layout);
+  if (K.layout == 1) {
+    check(K.bits > 0, ErrorCode::kInvalidArgument, op, "per-channel keys must be quantized; got bits 0");
+    check(K.residual != nullptr && (reinterpret_cast<uintptr_t>(K.residual) & 15u) == 0, ErrorCode::kInvalidArgument,
+          op, "per-channel keys need a 16-byte aligned residual window");
+    check(K.blocks >= K.length / K.group_size, ErrorCode::kShapeMismatch, op, "per-channel keys need ",
+          K.length / K.group_size, " blocks of scales for length ", K.length, "; got ", K.blocks);
+  }
   check(a.kv_splits >= 0, ErrorCode::kInvalidArgument, op, "kv_splits must be >= 0; got ", a.kv_splits);
   check(a.B * K.H <= 65535, ErrorCode::kOutOfRange, op, "B·Hkv must be <= 65535; got ", a.B * K.H);
 }
@@ -814,7 +946,15 @@ Plan make_plan(const kernels::AttentionArgs& a) {
     return pl;
   }
   const int64_t Dk = a.keys.dim, Dv = a.values.dim, rep = a.Hq / a.keys.H, R = rep * a.L;
-  if (is_k4v3g64(a, 128))
+  const bool kchan = a.keys.layout == 1;
+  const bool chan_g64_d128 = kchan && a.keys.group_size == 64 && a.values.group_size == 64 && Dk == 128 && Dv == 128;
+  if (chan_g64_d128 && a.keys.bits == 4 && a.values.bits == 4)
+    pl.kernel = kK4V4G64D128Chan;
+  else if (chan_g64_d128 && a.keys.bits == 5 && a.values.bits == 5)
+    pl.kernel = kK5V5G64D128Chan;
+  else if (kchan)
+    pl.kernel = kRuntime;
+  else if (is_k4v3g64(a, 128))
     pl.kernel = kK4V3G64D128;
   else if (is_k4v3g64(a, 256))
     pl.kernel = kK4V3G64D256;
@@ -826,8 +966,8 @@ Plan make_plan(const kernels::AttentionArgs& a) {
     pl.kernel = kF16D128;
   else
     pl.kernel = kRuntime;
-  pl.QR = (pl.kernel != kRuntime && R <= 4) ? 4 : 8;
-  pl.tile = 128;
+  pl.QR = (pl.kernel != kRuntime && R <= 4) || (kchan && Dk + Dv > 256) ? 4 : 8;  // kchan: 48 KB of smem
+  pl.tile = kchan ? std::min(128, 2 * a.keys.group_size) : 128;  // a tile covers at most two key blocks
   pl.qblocks = static_cast<int>((R + pl.QR - 1) / pl.QR);
   const int64_t kL = a.keys.length;
   int64_t splits;
@@ -845,6 +985,7 @@ Plan make_plan(const kernels::AttentionArgs& a) {
     const size_t staged = static_cast<size_t>(pl.tile) * (Dv * 3 / 32 + 2 * Dv / 64);
     tail = std::max(tail, staged);
   }
+  if (kchan) tail += 2 * (static_cast<size_t>(Dk) * pl.QR + pl.QR);  // two blocks' folded queries and β
   pl.smem = (static_cast<size_t>(Dk) * pl.QR + pl.QR * kMaxGroups + static_cast<size_t>(pl.QR) * pl.tile +
              4 * pl.QR + tail) * sizeof(float);
   if (pl.splits > 1) pl.workspace = partial_bytes(a, pl.splits);
@@ -864,6 +1005,9 @@ KvSide side_of(const kernels::KVTensorView& v) {
   s.wpr = v.bits ? static_cast<int>(v.dim * v.bits / 32) : 0;
   s.groups = v.bits ? static_cast<int>(v.dim / v.group_size) : 0;
   s.capacity = v.capacity;
+  s.layout = v.layout;
+  s.blocks = v.blocks;
+  s.residual = static_cast<const uint16_t*>(v.residual);
   return s;
 }
 
@@ -948,6 +1092,8 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
     case kBf16D128: launch_qr<-2, -2, 0, 128, 128, false>(pl, p, grid, stream); break;
     case kBf16D256: launch_qr<-2, -2, 0, 256, 256, false>(pl, p, grid, stream); break;
     case kF16D128: launch_qr<-1, -1, 0, 128, 128, false>(pl, p, grid, stream); break;
+    case kK4V4G64D128Chan: launch_qr<4, 4, 64, 128, 128, false>(pl, p, grid, stream); break;
+    case kK5V5G64D128Chan: launch_qr<5, 5, 64, 128, 128, false>(pl, p, grid, stream); break;
     default: launch_qr<0, 0, 0, 0, 0, false>(pl, p, grid, stream); break;
   }
   check_last_launch(op);

@@ -571,7 +571,7 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
   const auto& V = a.values;
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
-  if (!k4v3 && !k8v4) return false;
+  if ((!k4v3 && !k8v4) || K.layout != 0 || V.layout != 0) return false;
   const int64_t rep = a.Hq / K.H;
   return K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
          K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&

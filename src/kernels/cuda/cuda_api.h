@@ -144,6 +144,34 @@ void kv_append(const KVAppendBatchArgs& args, const int32_t* d_offset, const Exe
 void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& values, const int32_t* d_offset,
                     const Exec& exec);
 
+// Per-channel keys (nn::KeyLayout::kChannel, docs/kv_cache.md §2b), the same bytes as nn::QuantizedKVCache: positions
+// [offset, offset + n) of every (b, h) go, unrotated and rounded to bfloat16, to the residual window [B, H, gs, dim]
+// (slot = position mod gs); each block of gs positions that fills is quantized per channel (column d of the window is
+// one group of gs values, quant::affine_quantize_columns' arithmetic) into its codes [B, H, capacity, dim·bits/32]
+// and its scale/bias row [B, H, blocks, dim] (scale_dtype). One CTA per (b, h) walks the append in runs that end
+// where a block fills (a prefill of n positions fills n/gs blocks in order). d_offset as for kv_append.
+struct KVChannelKeysArgs {
+  const void* src;
+  DType src_dtype;
+  int64_t B, H, n, dim;
+  int64_t src_stride_b, src_stride_h, src_stride_t;  // elements
+  uint32_t* codes;
+  void* scales;
+  void* biases;
+  uint16_t* residual;  // bfloat16
+  DType scale_dtype;   // f16, bf16 or f32
+  int bits;            // 2, 3, 4, 5, 6, 8
+  int group_size;      // block length: 32, 64, 128
+  int64_t capacity, blocks;
+  int64_t offset;
+};
+void kv_append_channel_keys(const KVChannelKeysArgs& args, const int32_t* d_offset, const Exec& exec);
+// A trim back into block position / gs: its kept positions [block·gs, position) return to the residual window,
+// dequantized as quant::affine_dequantize_value does and rounded to bfloat16 (the CPU cache's trim). Only for a block
+// that was quantized (the cache had reached (block + 1)·gs): inside the window there is nothing to refill, and the
+// block's codes would be stale. args' src, n and offset are unused.
+void kv_channel_refill(const KVChannelKeysArgs& args, int64_t position, const Exec& exec);
+
 // ---- attention over the cache (kernels/cuda/attention.cu) --------------------------------------------------------
 // kernels::AttentionArgs with device pointers (q and out float32, keys/values quantized or plain f16/bf16/f32).
 // Decode (L ≤ 16) splits the key sequence over blocks (online softmax, log-sum-exp merge); prefill runs in tiles.

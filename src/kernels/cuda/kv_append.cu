@@ -49,6 +49,8 @@ __device__ __forceinline__ void store_elem(void* p, DType t, int64_t i, float v)
   }
 }
 
+__device__ __forceinline__ int64_t dtype_size_dev(DType t) { return t == DType::kF32 ? 4 : 2; }
+
 // quant::affine_quantize_group for one group of `gs` values at w (shared memory), run by one warp: lane ℓ owns
 // values ℓ, ℓ + 32, … Same bytes as the reference's sequential loop: its min/max (keep the first of equals) differ
 // from fminf/fmaxf only in the sign of a zero, which no output depends on (|lo|, |hi|, hi − lo, and a ±0 edge gives
@@ -161,6 +163,125 @@ __global__ void rotate_rows_kernel(float* x, int64_t rows, int64_t dim, int rota
   for (int k = 0; k < 4; ++k) v4[k] = v[k];
 }
 
+// ---- per-channel keys --------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+
+// round_to(dtype, x) of core/dtype.h.
+__device__ __forceinline__ float round_to_dtype(DType t, float x) {
+  switch (t) {
+    case DType::kF16: return __half2float(__float2half_rn(x));
+    case DType::kBF16: return __bfloat162float(__float2bfloat16_rn(x));
+    default: return x;
+  }
+}
+
+// quantize_group_warp's arithmetic for column d of the window (gs rows of `dim` bfloat16 values): the codes go to
+// codes[t·dim + d] (shared memory), the scale and bias to element d of the block's rows.
+__device__ void quantize_column_warp(const uint16_t* window, int64_t dim, int gs, int bits, int64_t d,
+                                     uint8_t* codes, void* scales, void* biases, DType sdt, int lane) {
+  const float n_bins = static_cast<float>((1 << bits) - 1);
+  const float eps = 1e-7f;
+  const float w0 = bf16_bits_to_float(window[d]);
+  float lo = bf16_bits_to_float(window[lane * dim + d]), hi = lo;
+  for (int i = lane + 32; i < gs; i += 32) {
+    const float w = bf16_bits_to_float(window[i * dim + d]);
+    lo = fminf(lo, w);
+    hi = fmaxf(hi, w);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  if (isnan(w0)) lo = hi = w0;
+  const bool neg = fabsf(lo) > fabsf(hi);
+  float scale = __fdiv_rn(__fsub_rn(hi, lo), n_bins);
+  scale = (scale < eps) ? eps : scale;
+  scale = neg ? scale : -scale;
+  const float edge = neg ? lo : hi;
+  const float q0 = rintf(__fdiv_rn(edge, scale));
+  float bias = 0.0f;
+  if (q0 != 0.0f) {
+    scale = __fdiv_rn(edge, q0);
+    bias = edge;
+  }
+  for (int i = lane; i < gs; i += 32) {
+    const float q = rintf(__fdiv_rn(__fsub_rn(bf16_bits_to_float(window[i * dim + d]), bias), scale));
+    codes[i * dim + d] = static_cast<uint8_t>(q >= 0.0f ? fminf(q, n_bins) : 0.0f);
+  }
+  if (lane == 0) {
+    store_elem(scales, sdt, d, scale);
+    store_elem(biases, sdt, d, bias);
+  }
+}
+
+// One CTA per (b, h): the append's runs in order; a filled block is quantized column by column (one warp per column),
+// then its rows packed (quant::pack_codes: code d at bit d·bits of the row, little-endian words).
+__global__ void __launch_bounds__(kAppendThreads) kv_channel_keys_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  extern __shared__ uint8_t block_codes[];  // [gs, dim]
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  if (offset < 0 || offset + a.n > a.capacity) return;  // a device offset past the storage: write nothing
+  const int64_t D = a.dim, gs = a.group_size, wpr = D * a.bits / 32;
+  uint16_t* window = a.residual + bh * gs * D;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h;
+  for (int64_t done = 0; done < a.n;) {
+    const int64_t pos = offset + done, r = pos % gs, run = min(a.n - done, gs - r);
+    for (int64_t i = threadIdx.x; i < run * D; i += blockDim.x) {
+      const int64_t t = i / D, d = i % D;
+      const float v = load_elem(a.src, a.src_dtype, src0 + (done + t) * a.src_stride_t + d);
+      window[(r + t) * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+    __syncthreads();
+    if (r + run == gs) {
+      const int64_t block = pos / gs;
+      void* sc = static_cast<uint8_t*>(a.scales) + (bh * a.blocks + block) * D * dtype_size_dev(a.scale_dtype);
+      void* bi = static_cast<uint8_t*>(a.biases) + (bh * a.blocks + block) * D * dtype_size_dev(a.scale_dtype);
+      for (int64_t d = warp; d < D; d += kAppendThreads / 32)
+        quantize_column_warp(window, D, static_cast<int>(gs), a.bits, d, block_codes, sc, bi, a.scale_dtype, lane);
+      __syncthreads();
+      uint32_t* codes = a.codes + (bh * a.capacity + block * gs) * wpr;
+      for (int64_t i = threadIdx.x; i < gs * wpr; i += blockDim.x) {
+        const int64_t t = i / wpr, wd = i % wpr;
+        const int first = static_cast<int>((32 * wd) / a.bits), last = static_cast<int>((32 * wd + 31) / a.bits);
+        uint32_t word = 0;
+        for (int k = first; k <= last && k < D; ++k) {
+          const int sh = k * a.bits - 32 * static_cast<int>(wd);
+          const uint32_t c = block_codes[t * D + k];
+          word |= sh >= 0 ? (c << sh) : (c >> (-sh));
+        }
+        codes[i] = word;
+      }
+      __syncthreads();  // the window and block_codes are rewritten by the next run
+    }
+    done += run;
+  }
+}
+
+// Rows [0, kept) of block `block` dequantized back into the window (quant::affine_dequantize_value, then bfloat16).
+__global__ void kv_channel_refill_kernel(KVChannelKeysArgs a, int64_t block, int64_t kept) {
+  const int64_t bh = blockIdx.x, D = a.dim, gs = a.group_size, wpr = D * a.bits / 32;
+  uint16_t* window = a.residual + bh * gs * D;
+  const uint32_t* codes = a.codes + (bh * a.capacity + block * gs) * wpr;
+  const int64_t srow = (bh * a.blocks + block) * D;
+  const uint32_t mask = (1u << a.bits) - 1u;
+  for (int64_t i = threadIdx.x; i < kept * D; i += blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    const int64_t bit = d * a.bits, wi = bit >> 5;
+    const int sh = static_cast<int>(bit & 31);
+    uint64_t two = codes[t * wpr + wi];
+    if (sh + a.bits > 32) two |= static_cast<uint64_t>(codes[t * wpr + wi + 1]) << 32;
+    const float q = static_cast<float>(static_cast<uint32_t>(two >> sh) & mask);
+    const float prod = round_to_dtype(a.scale_dtype, __fmul_rn(q, load_elem(a.scales, a.scale_dtype, srow + d)));
+    const float v = round_to_dtype(a.scale_dtype, __fadd_rn(prod, load_elem(a.biases, a.scale_dtype, srow + d)));
+    window[t * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 void check_rotation(const char* op, int rotation, int64_t dim, const float* qL, const float* qR) {
@@ -228,6 +349,56 @@ void kv_append_pair(const KVAppendBatchArgs& keys, const KVAppendBatchArgs& valu
   CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_append_kernel, dim3(static_cast<unsigned>(std::max(rows_k, rows_v)), 2),
                                         dim3(kAppendThreads), smem, static_cast<cudaStream_t>(exec.stream), keys,
                                         values, d_offset));
+  check_last_launch(op);
+}
+
+namespace {
+void check_channel_keys(const KVChannelKeysArgs& a, const char* op) {
+  check(a.B >= 0 && a.H >= 0 && a.n >= 0, ErrorCode::kShapeMismatch, op, "B, H, n must be >= 0; got ", a.B, ", ",
+        a.H, ", ", a.n);
+  check(a.bits == 2 || a.bits == 3 || a.bits == 4 || a.bits == 5 || a.bits == 6 || a.bits == 8,
+        ErrorCode::kInvalidArgument, op, "per-channel key bits must be 2, 3, 4, 5, 6 or 8; got ", a.bits);
+  check(a.group_size == 32 || a.group_size == 64 || a.group_size == 128, ErrorCode::kInvalidArgument, op,
+        "group_size (block length) must be 32, 64 or 128; got ", a.group_size);
+  check(a.dim > 0 && a.dim <= 256 && (a.dim * a.bits) % 32 == 0, ErrorCode::kShapeMismatch, op,
+        "dim must be in [1, 256] with dim·bits a multiple of 32; got dim ", a.dim, ", bits ", a.bits);
+  check(is_float(a.scale_dtype), ErrorCode::kInvalidArgument, op, "scale_dtype must be f32, f16 or bf16; got ",
+        dtype_name(a.scale_dtype));
+  check(a.capacity > 0 && a.blocks >= a.capacity / a.group_size, ErrorCode::kShapeMismatch, op,
+        "blocks must cover capacity / group_size = ", a.capacity / a.group_size, "; got ", a.blocks);
+  check(a.codes != nullptr && a.scales != nullptr && a.biases != nullptr && a.residual != nullptr,
+        ErrorCode::kInvalidArgument, op, "codes, scales, biases and residual must not be null");
+  check(a.B * a.H <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "B·H must fit a grid; got ", a.B * a.H);
+}
+}  // namespace
+
+void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset, const Exec& exec) {
+  const char* op = "cuda.kv_append_channel_keys";
+  check_channel_keys(a, op);
+  check(is_float(a.src_dtype), ErrorCode::kInvalidArgument, op, "src_dtype must be f32, f16 or bf16; got ",
+        dtype_name(a.src_dtype));
+  if (!d_offset)
+    check(a.offset >= 0 && a.offset + a.n <= a.capacity, ErrorCode::kOutOfRange, op,
+          "positions [offset, offset + n) must lie in [0, capacity ", a.capacity, "); got offset ", a.offset,
+          ", n ", a.n);
+  if (a.B * a.H == 0 || a.n == 0) return;
+  check(a.src != nullptr, ErrorCode::kInvalidArgument, op, "src must not be null");
+  const size_t smem = static_cast<size_t>(a.group_size * a.dim);
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
+                                        dim3(kAppendThreads), smem, static_cast<cudaStream_t>(exec.stream), a,
+                                        d_offset));
+  check_last_launch(op);
+}
+
+void kv_channel_refill(const KVChannelKeysArgs& a, int64_t position, const Exec& exec) {
+  const char* op = "cuda.kv_channel_refill";
+  check_channel_keys(a, op);
+  check(position >= 0 && position <= a.capacity, ErrorCode::kOutOfRange, op, "position must lie in [0, capacity ",
+        a.capacity, "]; got ", position);
+  const int64_t kept = position % a.group_size;
+  if (a.B * a.H == 0 || kept == 0) return;
+  kv_channel_refill_kernel<<<static_cast<unsigned>(a.B * a.H), kAppendThreads, 0,
+                             static_cast<cudaStream_t>(exec.stream)>>>(a, position / a.group_size, kept);
   check_last_launch(op);
 }
 

@@ -93,9 +93,9 @@ __global__ void __launch_bounds__(kHeadWarps * 32) prepare_heads_kernel(HeadPrep
     }
     __syncwarp();
   }
-  if (a.rotation == 3) {
+  if (a.rotation == 3 && (a.rotate_qk || !(is_q || is_k))) {
     cuda::warp_hadamard(row, a.qL, D, false, lane);
-  } else if (a.rotation != 0 && is_q) {
+  } else if (a.rotation != 0 && is_q && a.rotate_qk) {
     warp_so4(row, D, a.rotation, a.qL, a.qR, false, lane);
   }
   __syncwarp();
@@ -240,10 +240,10 @@ __global__ void __launch_bounds__(kHeadWarps * 32) prepare_heads_regs_kernel(Hea
       v[k + kHalf] = __fadd_rn(__fmul_rn(x2, c[k]), __fmul_rn(x1, s[k]));
     }
   }
-  if (a.rotation == 3) {
+  if (a.rotation == 3 && (a.rotate_qk || !(is_q || is_k))) {
     sign_scale_regs<V>(v, a.qL, lane);
     fwht_regs<V>(v, lane);
-  } else if (a.rotation != 0 && is_q) {
+  } else if (a.rotation != 0 && is_q && a.rotate_qk) {
     so4_regs<V>(v, so4_rows[warp], a.rotation, a.qL, a.qR, false, lane);
   }
   if (is_q) {

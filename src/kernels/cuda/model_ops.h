@@ -40,6 +40,8 @@ struct HeadPrepArgs {
   const float* qR;  // rotation 2
   float* q_out;
   bool q_head_major;
+  // false for per-channel keys (stored unrotated): q and k heads are left unrotated, only v heads take rotation 3.
+  bool rotate_qk = true;
 };
 // Head dims 64, 128 and 256 run a kernel that keeps each row in registers (lane ℓ owns elements ℓ + 32k); others a
 // kernel that stages rows in shared memory. Both give the same bits. Launched with PDL (kernels/cuda/pdl.cuh).

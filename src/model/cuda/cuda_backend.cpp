@@ -42,9 +42,6 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
-  check(kv.key_layout == nn::KeyLayout::kToken, ErrorCode::kUnsupported, kOp,
-        "--device cuda has no attention kernels for per-channel keys yet (--kv-layout channel); use --kv-layout "
-        "token there; got ", kv.name());
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
@@ -431,8 +428,12 @@ namespace {
 
 // One layer's cache: keys then values in one allocation per kind, [2, Hkv, ctx, ·] when keys and values have the same
 // row size (one kv_append with B = 2 writes both), else keys [Hkv, ctx, ·] followed by values [Hkv, ctx, ·].
+// Per-channel keys (nn::KeyLayout::kChannel): key codes [Hkv, ctx, D·bits/32], key scales/biases per block
+// [Hkv, blocks, D] (the first part of scales/biases, values' [Hkv, ctx, D/gs] after it), and the bfloat16 residual
+// window [Hkv, gs, D] in `residual`.
 struct LayerCache {
   cuda::DeviceBuffer data, scales, biases;  // quantized: codes u32 [.., D·bits/32], scales/biases [.., D/gs]; plain: [.., D]
+  cuda::DeviceBuffer residual;
   void* k = nullptr;
   void* v = nullptr;
   void* k_scales = nullptr;
@@ -490,6 +491,10 @@ struct GpuSession::Impl final : public PassBackend {
                                         int64_t kv_length) const;
   // Appends n positions of keys and values read from qkv-shaped rows: key head h of token t at
   // k_src + t·row_stride + h·D, its value Hkv·D further (already rotated when the rotation is Hadamard).
+  bool kchan() const { return m.kv.quantized && m.kv.key_layout == nn::KeyLayout::kChannel; }
+  int64_t key_blocks() const { return (m.ctx + m.kv.group_size - 1) / m.kv.group_size; }
+  cuda::KVChannelKeysArgs channel_keys_args(int64_t layer) const;
+  int64_t kv_end = 0;  // positions [0, kv_end) were written (a trim back into a quantized block refills the window)
   void append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
                  const int32_t* d_offset, const cuda::Exec& e) const;
   // The head over rows [first, first + rows) of h (already final-normed) into out (rows, vocab), with the softcap.
@@ -554,10 +559,24 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   const KVOptions& kv = m.kv;
   const DType sd = m.kv_store_dtype();
   const size_t rows = sz(Hkv) * sz(ctx);
-  kv_same_rows = !kv.quantized || kv.k_bits == kv.v_bits;
+  kv_same_rows = !kv.quantized || (kv.k_bits == kv.v_bits && !kchan());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerCache& lc = caches.emplace_back();
-    if (kv.quantized) {
+    if (kchan()) {
+      const size_t k_group = sz(Hkv) * sz(key_blocks()) * sz(D) * dtype_size(sd);
+      const size_t v_group = rows * sz(D / kv.group_size) * dtype_size(sd);
+      const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
+      lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
+      lc.scales = cuda::DeviceBuffer(k_group + v_group);
+      lc.biases = cuda::DeviceBuffer(k_group + v_group);
+      lc.residual = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D) * sizeof(uint16_t));
+      lc.k = lc.data.data();
+      lc.v = at_byte(lc.data, k_bytes);
+      lc.k_scales = lc.scales.data();
+      lc.v_scales = at_byte(lc.scales, k_group);
+      lc.k_biases = lc.biases.data();
+      lc.v_biases = at_byte(lc.biases, k_group);
+    } else if (kv.quantized) {
       const size_t group_bytes = rows * sz(D / kv.group_size) * dtype_size(sd);
       const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
       lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
@@ -577,7 +596,8 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
     }
     // Zeros rather than whatever the allocator left: positions past the length are never meant to be read, but a
     // finite value there keeps a masked-out read from turning into 0·NaN.
-    for (cuda::DeviceBuffer* b : {&lc.data, &lc.scales, &lc.biases}) b->fill(0);
+    for (cuda::DeviceBuffer* b : {&lc.data, &lc.scales, &lc.biases, &lc.residual})
+      if (b->bytes() > 0) b->fill(0);
   }
 
   // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
@@ -644,6 +664,11 @@ kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t l
     t.scale_dtype = m.kv_store_dtype();
     t.bits = keys ? kv.k_bits : kv.v_bits;
     t.group_size = kv.group_size;
+    if (keys && kchan()) {
+      t.layout = 1;
+      t.blocks = key_blocks();
+      t.residual = lc.residual.data();
+    }
   } else {
     t.dtype = kv.plain_dtype;
     t.scale_dtype = kv.plain_dtype;
@@ -706,12 +731,45 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
     p.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
     return p;
   };
+  if (kchan()) {  // values as a batch of one; keys to the window and, as blocks fill, per channel
+    cuda::KVAppendBatchArgs v = plane(false);
+    v.B = 1;
+    cuda::kv_append(v, d_offset, e);
+    cuda::KVChannelKeysArgs k = channel_keys_args(layer);
+    k.src = k_src;
+    k.src_dtype = DType::kF32;
+    k.n = n;
+    k.src_stride_b = 0;
+    k.src_stride_h = D;
+    k.src_stride_t = row_stride;
+    k.offset = offset;
+    cuda::kv_append_channel_keys(k, d_offset, e);
+    return;
+  }
   // One launch either way: equal rows as a batch of two planes, different bits (k8v4) as a pair.
   if (kv_same_rows) {
     cuda::kv_append(plane(true), d_offset, e);
   } else {
     cuda::kv_append_pair(plane(true), plane(false), d_offset, e);
   }
+}
+
+cuda::KVChannelKeysArgs GpuSession::Impl::channel_keys_args(int64_t layer) const {
+  const LayerCache& lc = caches[sz(layer)];
+  cuda::KVChannelKeysArgs k{};
+  k.B = 1;
+  k.H = m.config.num_kv_heads;
+  k.dim = m.config.head_dim;
+  k.codes = static_cast<uint32_t*>(lc.k);
+  k.scales = lc.k_scales;
+  k.biases = lc.k_biases;
+  k.residual = lc.residual.as<uint16_t>();
+  k.scale_dtype = m.kv_store_dtype();
+  k.bits = m.kv.k_bits;
+  k.group_size = m.kv.group_size;
+  k.capacity = m.ctx;
+  k.blocks = key_blocks();
+  return k;
 }
 
 const float* GpuSession::Impl::norm(int64_t layer, NormSlot slot) const {
@@ -797,6 +855,7 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment&
   p.pos0 = g.pos0;
   p.d_pos = d_pos_;
   p.rotation = rot;
+  p.rotate_qk = !kchan();  // per-channel keys are stored unrotated: q and k stay as they are
   p.qL = rot ? L.rot_left.as<float>() : nullptr;
   p.qR = rot == 1 || rot == 2 ? L.rot_right.as<float>() : nullptr;
   p.q_out = q.as<float>() + g.row0 * c.num_heads * c.head_dim;
@@ -1000,6 +1059,19 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
     const SequenceStep step{tokens, n, start, logits, all_logits};
     run_forward(model_->config, *impl_, std::span<const SequenceStep>(&step, 1));
   }
+  impl_->kv_end = start + n;
+}
+
+void GpuSession::truncate(int64_t position) {
+  Impl& im = *impl_;
+  const int64_t gs = model_->kv.group_size;
+  // Per-channel keys: a position inside a block that was quantized brings that block's kept rows back into the
+  // residual window (the CPU cache's trim); inside the window itself nothing moves.
+  if (im.kchan() && position < im.kv_end && position % gs != 0 && position / gs < im.kv_end / gs) {
+    const cuda::Exec e = im.exec(im.stream.handle());
+    for (int64_t l = 0; l < model_->config.num_layers; ++l) cuda::kv_channel_refill(im.channel_keys_args(l), position, e);
+  }
+  im.kv_end = std::min(im.kv_end, position);
 }
 
 void GpuSession::candidates(const CandidateRequest& request, Candidates& out) { impl_->candidates(request, out); }
@@ -1027,11 +1099,13 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
     throw;
   }
   lead.batch_.assign(1, &lead);
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->impl_->kv_end = steps[i].start + steps[i].n;
 }
 
 size_t GpuSession::kv_bytes() const {
   size_t b = 0;
-  for (const LayerCache& lc : impl_->caches) b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes();
+  for (const LayerCache& lc : impl_->caches)
+    b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes() + lc.residual.bytes();
   return b;
 }
 
@@ -1056,6 +1130,7 @@ void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
       impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, done, nullptr, e);
     }
   impl_->stream.synchronize();
+  impl_->kv_end = length;
 }
 
 void GpuSession::set_decode_input(int32_t token, int64_t position) {
@@ -1093,8 +1168,8 @@ class CudaSession final : public BackendSession {
  public:
   explicit CudaSession(std::shared_ptr<const GpuModel> m) : gpu(std::move(m)) {}
   size_t kv_bytes() const override { return gpu.kv_bytes(); }
-  // Positions past the session's are simply overwritten later: nothing to undo.
-  void truncate(int64_t) override {}
+  // Positions past the session's are simply overwritten later; per-channel keys may refill their window.
+  void truncate(int64_t position) override { gpu.truncate(position); }
   GpuSession gpu;
 };
 

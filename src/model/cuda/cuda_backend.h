@@ -134,6 +134,9 @@ class GpuSession {
 
   size_t kv_bytes() const;
   const GpuModel& model() const { return *model_; }
+  // Forget positions >= position (Session::trim): per-channel keys bring a quantized block's kept rows back into
+  // their residual window; other caches need nothing (later positions are overwritten).
+  void truncate(int64_t position);
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
   bool use_graphs = true;
