@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +26,8 @@
 #include "model/npy.h"
 #include "model/perplexity.h"
 #include "model/safetensors.h"
+#include "model/transformer.h"
+#include "nn/kv_cache.h"
 
 namespace cider::apps {
 
@@ -217,7 +223,9 @@ int run_generate(GenerateArgs a) {
     check(!s.empty(), ErrorCode::kInvalidArgument, "options", "--stop strings must not be empty; got \"\"");
   if (!a.seed_given) a.sampling.seed = fresh_seed();
   const std::string path = resolve_model_path(a.m);
-  auto model = load_model(a.m, opts, path);
+  const auto t_load = std::chrono::steady_clock::now();
+  auto model = load_model(a.m, opts, path);  // read, and convert to --weights
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   const model::Tokenizer& tok = model->tokenizer();
   const std::vector<int32_t> prompt = tok.encode(a.prompt, /*add_special=*/true);
 
@@ -237,8 +245,10 @@ int run_generate(GenerateArgs a) {
   const model::GenerationResult r = model::generate(source, text, sampler, history, prompt, go, stream);
   if (a.no_stream) write_out(r.text);
   write_out("\n");
-  std::string line =
-      r.stats.line() + " | " + describe(model->options()) + " | stop: " + model::stop_reason_name(r.reason);
+  char load[48];
+  std::snprintf(load, sizeof load, "load %.2f s | ", load_seconds);
+  std::string line = load + r.stats.line() + " | " + describe(model->options()) + " | stop: " +
+                     model::stop_reason_name(r.reason);
   if (a.sampling.temperature > 0) line += " | seed " + std::to_string(a.sampling.seed);
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
@@ -323,9 +333,17 @@ int run_chat(ChatArgs a) {
 }
 
 int run_tokenize(const TokenizeArgs& a) {
+  check(a.text_given != !a.file.empty(), ErrorCode::kInvalidArgument, "options",
+        "tokenize needs exactly one of --text and -f/--file; got ",
+        a.text_given ? "both" : "neither");
+  const std::string text = a.text_given ? a.text : read_text_input(a.file, "tokenize");
   const std::string path = resolve_model_path(a.m);
   const model::Tokenizer tok = load_tokenizer(path);
-  const std::vector<int32_t> ids = tok.encode(a.text, /*add_special=*/!a.no_special);
+  const std::vector<int32_t> ids = tok.encode(text, /*add_special=*/!a.no_special);
+  if (a.count) {
+    write_out(std::to_string(ids.size()) + "\n");
+    return 0;
+  }
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i) out += ',';
@@ -381,7 +399,14 @@ int run_perplexity(PerplexityArgs a) {
   auto model = load_model(a.m, opts, path);
   std::unique_ptr<model::Model> base;
   if (with_baseline) base = load_model(a.m, base_opts, path);
-  const std::vector<int32_t> tokens = model->tokenizer().encode(text, /*add_special=*/true);
+  // A model whose tokenizer starts a text with BOS gets BOS at the start of every window (as llama.cpp's perplexity
+  // does), so no window but the first is scored without it; the text tokens go in without it.
+  const model::Tokenizer& tok = model->tokenizer();
+  std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/true);
+  const std::vector<int32_t> plain = tok.encode(text, /*add_special=*/false);
+  const bool bos_per_window = tok.bos_id() >= 0 && !tokens.empty() && tokens[0] == tok.bos_id() &&
+                              (plain.empty() || plain[0] != tok.bos_id() || plain.size() < tokens.size());
+  if (bos_per_window) tokens = plain;
 
   auto evaluator = [](const model::Model& m) {
     return [&m](const int32_t* t, int64_t n, float* logits) {
@@ -392,16 +417,20 @@ int run_perplexity(PerplexityArgs a) {
   ProgressBar bar(progress_enabled(a.m));
   model::PerplexityOptions po;
   po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
-  check(a.stride <= po.ctx, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, --ctx = ", po.ctx,
-        "] (0 = --ctx); got ", a.stride);
+  po.bos = bos_per_window ? tok.bos_id() : -1;
+  const int64_t max_stride = bos_per_window ? po.ctx - 1 : po.ctx;
+  check(a.stride <= max_stride, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, ", max_stride,
+        bos_per_window ? "] text tokens (--ctx - 1: every window starts with BOS); got " : "] (0 = --ctx); got ",
+        a.stride);
   po.stride = a.stride;
   const model::PerplexityResult r = model::evaluate_perplexity(
       tokens, model->config().vocab_size, po, evaluator(*model),
       with_baseline ? model::WindowEvaluator(evaluator(*base)) : model::WindowEvaluator{},
       [&](int64_t d, int64_t t) { bar.update("perplexity", d, t); });
   bar.finish();
-  std::string head = "model " + path + " | " + std::to_string(tokens.size()) + " tokens | ctx " +
-                     std::to_string(po.ctx) + " stride " + std::to_string(a.stride ? a.stride : po.ctx) +
+  std::string head = "model " + path + " | " + std::to_string(tokens.size()) +
+                     (bos_per_window ? " text tokens" : " tokens") + " | ctx " + std::to_string(po.ctx) + " stride " +
+                     std::to_string(r.stride) +
                      " | tested: " + describe(opts);
   if (with_baseline) head += " | baseline: " + describe(base_opts);
   write_out(head + "\n" + r.report());
@@ -463,6 +492,138 @@ int run_inspect(const InspectArgs& a) {
     << model::format_bytes(static_cast<double>(model->weight_bytes())) << "\n"
     << "kv cache: " << model::kv_format_name(model->options().kv) << "\n"
     << "context: " << model->context_length() << " tokens\n";
+  write_out(o.str());
+  return 0;
+}
+
+int64_t parse_byte_count(const std::string& s, const char* what) {
+  size_t used = 0;
+  double v = -1.0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  const std::map<std::string, double> units = {
+      {"", 1.0},           {"B", 1.0},          {"K", 1024.0},         {"KiB", 1024.0},       {"KB", 1e3},
+      {"M", 1048576.0},    {"MiB", 1048576.0},  {"MB", 1e6},           {"G", 1073741824.0},   {"GiB", 1073741824.0},
+      {"GB", 1e9},         {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  const auto u = units.find(unit);
+  const bool ok = used > 0 && std::isfinite(v) && v > 0.0 && u != units.end() && v * u->second < 9.0e18 &&
+                  s.find_first_of("eExXpP") == std::string::npos && s[0] != '+' && !std::isspace(static_cast<unsigned char>(s[0]));
+  check(ok, ErrorCode::kInvalidArgument, "options", what,
+        " must be a positive byte count such as 8G, 512MiB, 4000MB or 3000000000; got \"", s, "\"");
+  return static_cast<int64_t>(v * u->second);
+}
+
+namespace {
+
+// Resident memory of this process now (VmRSS), or -1.
+int64_t current_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    std::istringstream in(line.substr(6));
+    int64_t kib = -1;
+    std::string unit;
+    if (in >> kib >> unit && unit == "kB") return kib * 1024;
+    return -1;
+  }
+  return -1;
+}
+
+// The float32 activations of one CPU pass of `rows` rows (model/cpu_backend.cpp Scratch: x, h, tmp; q, att; k, v;
+// gate, up; four rope tables of D/2) plus one row of logits (generation keeps the last row).
+int64_t cpu_activation_bytes(const model::ModelConfig& c, int64_t rows) {
+  const int64_t per_row = 3 * c.hidden_size + 2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim +
+                          2 * c.intermediate_size + 2 * c.head_dim;
+  return static_cast<int64_t>(sizeof(float)) * (rows * per_row + c.vocab_size);
+}
+
+}  // namespace
+
+int run_fit(const FitArgs& a) {
+  const model::ModelOptions opts = model_options(a.m);
+  check(opts.device == model::Device::kCPU, ErrorCode::kUnsupported, "fit",
+        "fit sizes CPU runs (host memory); --device cuda is not covered yet; got --device ", a.m.device);
+  const int64_t budget = a.memory.empty() ? 0 : parse_byte_count(a.memory, "--memory");
+  const std::string path = resolve_model_path(a.m);
+  auto model = load_model(a.m, opts, path);
+  const int64_t loaded = current_rss_bytes();  // the model as a run holds it: weights, tokenizer, runtime
+  check(loaded > 0, ErrorCode::kUnsupported, "fit", "needs /proc/self/status (VmRSS) to measure the loaded model");
+  const model::ModelConfig& c = model->config();
+  const int64_t max_ctx = c.max_position;  // the model's own limit (--ctx only picks the context to size)
+  const int64_t ctx = a.m.ctx > 0 ? a.m.ctx : max_ctx;
+  const int64_t act = cpu_activation_bytes(c, std::min<int64_t>(model::kMaxChunk, ctx));
+  const model::KVOptions chosen = model->options().kv;
+  // The formats side by side: the one asked for (or the default), the seeds' cache and the common ones.
+  struct Row {
+    std::string name;
+    model::KVOptions kv;
+  };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& format, const char* layout, const char* rotation) {
+    model::KVOptions kv = model::parse_kv_format(format);
+    if (kv.quantized) {
+      kv.group_size = chosen.quantized ? chosen.group_size : (c.head_dim % 64 == 0 ? 64 : 32);
+      if (layout != nullptr) kv.key_layout = nn::parse_key_layout(layout);
+      if (rotation != nullptr) kv.rotation = model::parse_kv_rotation(rotation);
+    }
+    const std::string name = model::kv_format_name(kv);
+    for (const Row& r : rows)
+      if (r.name == name) return;
+    rows.push_back({name, kv});
+  };
+  rows.push_back({model::kv_format_name(chosen), chosen});
+  add("bf16", nullptr, nullptr);
+  add("k8v8", "token", "hadamard");
+  add("k8v4", "token", "hadamard");
+  add("k5v5", "channel", "hadamard");
+  add("k4v4", "channel", "hadamard");
+  add("k4v3", "token", "so4-full");
+  auto kv_total = [&](const model::KVOptions& kv, int64_t positions) {
+    return c.num_layers * nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions);
+  };
+  std::ostringstream o;
+  o << "model: " << path << " | " << model::architecture_name(c.arch) << ", " << c.num_layers << " layers, "
+    << c.num_kv_heads << " KV heads x head_dim " << c.head_dim << ", context up to " << max_ctx << "\n"
+    << "loaded (weights " << model::weight_format_name(opts.weights) << " "
+    << model::format_bytes(static_cast<double>(model->weight_bytes())) << ", tokenizer, runtime): "
+    << model::format_bytes(static_cast<double>(loaded)) << " resident, measured\n"
+    << "activations: " << model::format_bytes(static_cast<double>(act)) << " (passes of "
+    << std::min<int64_t>(model::kMaxChunk, ctx) << " rows, float32, and a row of logits)\n";
+  if (budget > 0) o << "memory budget: " << model::format_bytes(static_cast<double>(budget)) << "\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-28s %9s %12s %14s %14s%s\n", "KV cache", "bits/val", "per position",
+                ("KV at " + std::to_string(ctx)).c_str(), "total", budget > 0 ? "   largest context in budget" : "");
+  o << buf;
+  for (const Row& r : rows) {
+    const int64_t kv = kv_total(r.kv, ctx), total = loaded + act + kv;
+    const double per_pos = static_cast<double>(kv_total(r.kv, 1 << 20)) / static_cast<double>(1 << 20);
+    std::string fits;
+    if (budget > 0) {
+      // The largest n <= max_ctx with loaded + act(n) + kv(n) <= budget (monotone in n: binary search).
+      auto need = [&](int64_t n) {
+        return loaded + cpu_activation_bytes(c, std::min<int64_t>(model::kMaxChunk, n)) + kv_total(r.kv, n);
+      };
+      int64_t lo = 0, hi = max_ctx;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (need(mid) <= budget) lo = mid; else hi = mid - 1;
+      }
+      fits = lo == 0 ? "   does not fit" : "   " + std::to_string(lo) + (lo == max_ctx ? " (the model's maximum)" : "");
+    }
+    const double bits = r.kv.quantized ? r.kv.bits_per_value() : 8.0 * static_cast<double>(dtype_size(r.kv.plain_dtype));
+    std::snprintf(buf, sizeof buf, "%-28s %9.2f %12s %14s %14s%s\n",
+                  (r.name + (&r == &rows[0] ? " *" : "")).c_str(), bits,
+                  model::format_bytes(per_pos).c_str(), model::format_bytes(static_cast<double>(kv)).c_str(),
+                  model::format_bytes(static_cast<double>(total)).c_str(), fits.c_str());
+    o << buf;
+  }
+  o << "* the cache this run would use (--kv, or the default). KV grows as positions are used (256 at a time); "
+       "\"total\" is what a run holds once --ctx positions are used.\n";
   write_out(o.str());
   return 0;
 }

@@ -69,8 +69,11 @@ int run_chat(ChatArgs a);
 
 struct TokenizeArgs {
   ModelArgs m;
-  std::string text;
+  std::string text;  // exactly one of text and file
+  std::string file;
+  bool text_given = false;
   bool no_special = false;
+  bool count = false;  // print the number of tokens only
 };
 int run_tokenize(const TokenizeArgs& a);
 
@@ -100,5 +103,16 @@ struct InspectArgs {
   ModelArgs m;
 };
 int run_inspect(const InspectArgs& a);
+
+struct FitArgs {
+  ModelArgs m;
+  std::string memory;  // a byte count ("8G", "512MiB", "3000000000"); empty: no budget
+};
+// `cider fit`: the memory of a CPU run — the loaded model (measured), the activations of a pass and the KV cache at
+// --ctx for every cache format side by side, and with --memory the largest context each format fits in it.
+int run_fit(const FitArgs& a);
+// "8G", "8GiB", "512M", "1.5G", "3000000000", "4000MB": K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB
+// powers of 1000; cider::Error (kInvalidArgument, op "options") naming `what` otherwise.
+int64_t parse_byte_count(const std::string& s, const char* what);
 
 }  // namespace cider::apps

@@ -1,4 +1,4 @@
-// cider — the command-line tool: generate, chat, tokenize, logits, perplexity, convert, inspect (apps/cli.h), the
+// cider — the command-line tool: generate, chat, tokenize, logits, perplexity, convert, inspect, fit (apps/cli.h), the
 // kernel benchmark (apps/bench.h) and the KV-cache demo. CLI11 parses; usage errors keep CLI11's exit codes, every other error is printed as
 // "cider: error: <message>" with exit status 2.
 #include <CLI/CLI.hpp>
@@ -136,8 +136,10 @@ int main(int argc, char** argv) {
   CLI::App* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text (comma-separated)");
   CLI::Option* tok_model =
       tok_cmd->add_option("-m,--model", tokz.m.model, "model directory or .gguf file (default: the embedded model)");
-  tok_cmd->add_option("--text", tokz.text, "the text")->required();
+  CLI::Option* tok_text = tok_cmd->add_option("--text", tokz.text, "the text");
+  tok_cmd->add_option("-f,--file", tokz.file, "a text file (instead of --text)");
   tok_cmd->add_flag("--no-special", tokz.no_special, "do not add special tokens (BOS)");
+  tok_cmd->add_flag("--count", tokz.count, "print only the number of tokens");
 
   cider::apps::LogitsArgs logits;
   CLI::App* logits_cmd = app.add_subcommand("logits", "write the logits of every position as a float32 .npy file");
@@ -150,7 +152,9 @@ int main(int argc, char** argv) {
       "perplexity", "perplexity of a text file; with a baseline configuration also mean KL and top-1 agreement");
   const ModelOptionHandles ppl_threads = add_model_options(ppl_cmd, ppl.m);
   ppl_cmd->add_option("-f,--file", ppl.file, "text file")->required();
-  ppl_cmd->add_option("--stride", ppl.stride, "window stride in tokens (default: --ctx, non-overlapping)");
+  ppl_cmd->add_option("--stride", ppl.stride,
+                      "window stride in tokens (default: non-overlapping windows; counted in text tokens, at most "
+                      "--ctx - 1, when every window starts with BOS)");
   ppl_cmd->add_option("--baseline-weights", ppl.baseline_weights, "weights of the baseline configuration");
   ppl_cmd->add_option("--baseline-kv", ppl.baseline_kv, "KV cache of the baseline configuration");
 
@@ -162,6 +166,13 @@ int main(int argc, char** argv) {
   cider::apps::InspectArgs insp;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");
   const ModelOptionHandles insp_threads = add_model_options(insp_cmd, insp.m);
+
+  cider::apps::FitArgs fit;
+  CLI::App* fit_cmd = app.add_subcommand(
+      "fit", "memory of a CPU run: the loaded model, activations and the KV cache at --ctx for every cache format; "
+             "with --memory the largest context each fits");
+  const ModelOptionHandles fit_threads = add_model_options(fit_cmd, fit.m);
+  fit_cmd->add_option("--memory", fit.memory, "a memory budget: 8G, 512MiB, 4000MB or bytes");
 
   cider::apps::BenchOptions bench;
   CLI::App* bench_cmd = cider::apps::add_bench_command(app, bench);
@@ -182,6 +193,7 @@ int main(int argc, char** argv) {
     }
     if (*tok_cmd) {
       tokz.m.model_given = tok_model->count() > 0;
+      tokz.text_given = tok_text->count() > 0;
       return cider::apps::run_tokenize(tokz);
     }
     if (*logits_cmd) {
@@ -195,6 +207,10 @@ int main(int argc, char** argv) {
     if (*conv_cmd) {
       conv_threads.apply(conv.m);
       return cider::apps::run_convert(conv);
+    }
+    if (*fit_cmd) {
+      fit_threads.apply(fit.m);
+      return cider::apps::run_fit(fit);
     }
     if (*insp_cmd) {
       insp_threads.apply(insp.m);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -223,8 +224,8 @@ TEST_F(Cli, GreedyGenerationEqualsTransformers) {
                               std::to_string(n_new) + " -p " + quote(prompt) + extra);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, want + "\n");
-    for (const char* part : {"prompt 4 tokens", "generated 24 tokens", "tok/s", "peak RSS", "KV ", "weights f32, kv f32",
-                             "stop: max tokens"})
+    for (const char* part : {"load ", "prompt 4 tokens", "generated 24 tokens", "tok/s", "peak RSS", "KV ",
+                             "weights f32, kv f32", "stop: max tokens"})
       EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
   }
   // A stop string: the text up to its first occurrence, without it.
@@ -293,9 +294,93 @@ TEST_F(Cli, PerplexityEqualsTheOneOfTransformersLogits) {
 
   const CliResult shorter = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 64");
   EXPECT_EQ(shorter.status, 2);
-  EXPECT_NE(shorter.err.find("the text must have at least ctx = 64 tokens; got " + std::to_string(n) + " tokens"),
+  EXPECT_NE(shorter.err.find("the text must have at least ctx - 1 = 63 tokens after BOS; got " +
+                             std::to_string(n - 1) + " tokens"),
             std::string::npos)
       << shorter.err;
+}
+
+// cider-tiny's tokenizer adds BOS, so every window is BOS + ctx − 1 text tokens (llama.cpp's perplexity does the same):
+// a text of at least 3·31 text tokens at --ctx 32 gives 3+ windows of 31 scored tokens each, and the output says so.
+TEST_F(Cli, PerplexityStartsEveryWindowWithBos) {
+  const std::string file = (scratch_dir() / "bos_windows.txt").string();
+  std::ofstream(file) << slurp(kTiny + "/README.md").substr(0, 700);
+  const CliResult count = cider("tokenize -m " + quote(kTiny) + " -f " + quote(file) + " --no-special --count");
+  ASSERT_EQ(count.status, 0) << count.err;
+  const long text_tokens = std::strtol(count.out.c_str(), nullptr, 10);
+  ASSERT_GE(text_tokens, 3 * 31) << count.out;
+  const long windows = text_tokens / 31;
+  const CliResult r = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("windows: " + std::to_string(windows) +
+                       " of 32 tokens, each BOS + 31 text tokens, advancing 31 text tokens"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(" + std::to_string(windows * 31) + " tokens scored in " + std::to_string(windows) +
+                       " windows"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(std::to_string(text_tokens) + " text tokens | ctx 32 stride 31"), std::string::npos) << r.out;
+  // A stride counts text tokens, at most ctx − 1.
+  const CliResult bad = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 32 --stride 32");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--stride must be in [1, 31] text tokens"), std::string::npos) << bad.err;
+}
+
+// cider fit: the KV column is what a real run reports once it has used that many positions (the same plane rule),
+// the cache the run would use is starred, a budget too small fits nothing, and bad budgets are named.
+TEST_F(Cli, FitSizesTheKvCacheAsARunAllocatesIt) {
+  const std::string prompt = slurp(kTiny + "/README.md").substr(0, 2500);
+  const CliResult count = cider("tokenize -m " + quote(kTiny) + " --text " + quote(prompt) + " --count");
+  ASSERT_EQ(count.status, 0) << count.err;
+  const long positions = std::strtol(count.out.c_str(), nullptr, 10) + 7;  // prompt + 7 of 8 new tokens fed back
+  const CliResult g = cider("generate -m " + quote(kTiny) + " --kv k8v4 --temperature 0 --max-tokens 8 -p " +
+                            quote(prompt));
+  ASSERT_EQ(g.status, 0) << g.err;
+  const size_t at = g.err.find("| KV ");
+  ASSERT_NE(at, std::string::npos) << g.err;
+  const std::string kv = g.err.substr(at + 5, g.err.find(" |", at + 5) - at - 5);
+  const CliResult f = cider("fit -m " + quote(kTiny) + " --kv k8v4 --ctx " + std::to_string(positions));
+  ASSERT_EQ(f.status, 0) << f.err;
+  const size_t row = f.out.find("k8v4/hadamard/g64 *");
+  ASSERT_NE(row, std::string::npos) << f.out;
+  const std::string line = f.out.substr(row, f.out.find('\n', row) - row);
+  EXPECT_NE(line.find(" " + kv + " "), std::string::npos) << "generate: KV " << kv << "\nfit: " << line;
+  for (const char* other : {"bf16 ", "k5v5/hadamard/g64/kchan", "k4v4/hadamard/g64/kchan", "k4v3/so4-full/g64"})
+    EXPECT_NE(f.out.find(other), std::string::npos) << other << "\n" << f.out;
+  const CliResult small = cider("fit -m " + quote(kTiny) + " --memory 1M");
+  ASSERT_EQ(small.status, 0) << small.err;
+  EXPECT_NE(small.out.find("does not fit"), std::string::npos) << small.out;
+  const CliResult big = cider("fit -m " + quote(kTiny) + " --memory 1GiB");
+  ASSERT_EQ(big.status, 0) << big.err;
+  EXPECT_NE(big.out.find("(the model's maximum)"), std::string::npos) << big.out;
+  const CliResult bad = cider("fit -m " + quote(kTiny) + " --memory 8X");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--memory must be a positive byte count such as 8G, 512MiB, 4000MB or 3000000000; got \"8X\""),
+            std::string::npos)
+      << bad.err;
+}
+
+// tokenize -f FILE equals --text with the file's contents; --count prints how many; exactly one input.
+TEST_F(Cli, TokenizeReadsAFileAndCounts) {
+  const std::string text = slurp(kTiny + "/README.md").substr(0, 400);
+  const std::string file = (scratch_dir() / "tokenize_me.txt").string();
+  std::ofstream(file) << text;
+  const CliResult a = cider("tokenize -m " + quote(kTiny) + " -f " + quote(file));
+  const CliResult b = cider("tokenize -m " + quote(kTiny) + " --text " + quote(text));
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  const CliResult c = cider("tokenize -m " + quote(kTiny) + " -f " + quote(file) + " --count");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(c.out, std::to_string(std::count(a.out.begin(), a.out.end(), ',') + 1) + "\n");
+  const CliResult both = cider("tokenize -m " + quote(kTiny) + " -f " + quote(file) + " --text x");
+  EXPECT_EQ(both.status, 2);
+  EXPECT_NE(both.err.find("tokenize needs exactly one of --text and -f/--file; got both"), std::string::npos)
+      << both.err;
+  const CliResult neither = cider("tokenize -m " + quote(kTiny));
+  EXPECT_EQ(neither.status, 2);
+  EXPECT_NE(neither.err.find("got neither"), std::string::npos) << neither.err;
 }
 
 TEST_F(Cli, PerplexityAgainstABaselineReportsKlAndTopOne) {
@@ -491,10 +576,10 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   std::ofstream(file) << slurp(kTiny + "/README.md") << slurp(kTiny + "/README.md") << slurp(kTiny + "/README.md");
   const CliResult p = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 0");
   if (p.status == 2) {
-    EXPECT_NE(p.err.find("the text must have at least ctx = 1024 tokens"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("the text must have at least ctx - 1 = 1023 tokens after BOS"), std::string::npos) << p.err;
   } else {
     EXPECT_EQ(p.status, 0) << p.err;
-    EXPECT_NE(p.out.find("ctx 1024 stride 1024"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("ctx 1024 stride 1023"), std::string::npos) << p.out;
   }
   // 10. inspect on head_dim 32 (the default group 64 does not divide it): the cache gets group 32.
   const CliResult i = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3"));

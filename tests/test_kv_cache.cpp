@@ -23,6 +23,8 @@ using nn::QuantizedKVCache;
 using nn::QuantizedKVCacheConfig;
 using nn::Rotation;
 using nn::RotationKind;
+using nn::KeyLayout;
+using nn::KVSpec;
 using nn::SO4Rotation;
 
 // A random [B, H, n, D] input in a float dtype; `f` holds the values as stored (rounded to the dtype).
@@ -834,6 +836,33 @@ TEST(KVCacheChannel, TrimIntoTheWindowAndAcrossABlockBoundary) {
 
 // Snapshots hold the block rows and the residual window; restoring (into a token-layout cache) takes the layout, and
 // both caches continue identically.
+// kv_cache_bytes (what `cider fit` sizes with) equals nbytes() of real caches filled to the same positions: token
+// and channel layouts, every scale dtype, plain caches, across the 256-position growth steps; bad specs are refused.
+TEST(KVCacheBytes, EqualsNbytesOfFilledCaches) {
+  auto rng = test::make_rng(44);
+  const int64_t B = 1, H = 2, D = 64;
+  for (int64_t n : {int64_t{1}, int64_t{63}, int64_t{64}, int64_t{255}, int64_t{256}, int64_t{257}, int64_t{700}}) {
+    SCOPED_TRACE(::testing::Message() << "positions " << n);
+    Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
+    for (DType sd : {DType::kF16, DType::kBF16, DType::kF32})
+      for (KeyLayout layout : {KeyLayout::kToken, KeyLayout::kChannel}) {
+        QuantizedKVCacheConfig cfg{5, 3, 32, RotationKind::kHadamard, 1, sd, layout};
+        QuantizedKVCache c(cfg);
+        c.update_and_fetch(k.view(), v.view());
+        EXPECT_EQ(nn::kv_cache_bytes(cfg.spec(), B, H, D, D, n), c.nbytes()) << cfg.spec().name();
+      }
+    PlainKVCache p(PlainKVCacheConfig{DType::kBF16, RotationKind::kNone, 0});
+    p.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(nn::kv_cache_bytes(PlainKVCacheConfig{DType::kBF16, RotationKind::kNone, 0}.spec(), B, H, D, D, n),
+              p.nbytes());
+  }
+  EXPECT_EQ(nn::kv_cache_bytes(QuantizedKVCacheConfig{}.spec(), 1, 8, 128, 128, 0), 0);
+  KVSpec bad = QuantizedKVCacheConfig{}.spec();
+  bad.group_size = 48;
+  EXPECT_THROW(nn::kv_cache_bytes(bad, 1, 8, 128, 128, 10), Error);
+  EXPECT_THROW(nn::kv_cache_bytes(QuantizedKVCacheConfig{}.spec(), 1, 8, 100, 128, 10), Error);  // 100 % 64
+}
+
 TEST(KVCacheChannel, SnapshotRestoresLayoutBlocksAndWindow) {
   auto rng = test::make_rng(42);
   const QuantizedKVCacheConfig cfg = channel_config(rng(), 4, 3, 32, DType::kBF16);

@@ -1,7 +1,9 @@
 // Perplexity and KL against fake models: analytic cases (uniform logits give perplexity = vocab; two-token KL in
 // closed form), a direct float64 recomputation of the mean NLL, which tokens the windows score, and rejections.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -120,6 +122,54 @@ TEST(Perplexity, WindowsScoreEveryTokenOnceWithAStrideAndAllButTheFirstWithout) 
   }
 }
 
+// BOS per window: every window is BOS + ctx − 1 text tokens; with the default stride every text token is scored
+// exactly once (the first of a window predicted from BOS alone), with a stride only the ones no window scored before.
+TEST(Perplexity, BosPerWindowStartsEveryWindowWithBosAndScoresEveryTextTokenOnce) {
+  const int64_t V = 130, n = 100, ctx = 20;
+  const int32_t bos = 120;  // outside the text's ids 0..99: the Revealing model scores targets by id
+  const auto tokens = iota_tokens(n, V);
+  for (int64_t stride : {int64_t{0}, int64_t{19}, int64_t{7}, int64_t{1}}) {
+    SCOPED_TRACE(::testing::Message() << "stride " << stride);
+    Revealing model{V, {}};
+    std::vector<std::vector<int32_t>> seen;
+    const PerplexityResult r = evaluate_perplexity(tokens, V, {.ctx = ctx, .stride = stride, .bos = bos},
+                                                   [&](const int32_t* t, int64_t m, float* l) {
+                                                     seen.emplace_back(t, t + m);
+                                                     model(t, m, l);
+                                                   });
+    const int64_t s = stride == 0 ? ctx - 1 : stride;
+    // Text index (= id) scored → whether it was predicted from the BOS row (window offset 1) or from its predecessor.
+    std::map<int64_t, bool> want;
+    int64_t windows = 0;
+    for (int64_t start = 0; start + ctx - 1 <= n; start += s, ++windows) {
+      ASSERT_LT(static_cast<size_t>(windows), seen.size());
+      const std::vector<int32_t>& w = seen[static_cast<size_t>(windows)];
+      ASSERT_EQ(static_cast<int64_t>(w.size()), ctx);
+      EXPECT_EQ(w[0], bos);
+      for (int64_t j = 1; j < ctx; ++j) EXPECT_EQ(w[static_cast<size_t>(j)], start + j - 1);
+      const int64_t first = windows == 0 ? 1 : std::max<int64_t>(1, ctx - s);
+      for (int64_t off = first; off < ctx; ++off) EXPECT_TRUE(want.emplace(start + off - 1, off == 1).second);
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), windows);
+    // Every text token from 0 to the end of the last window, once.
+    EXPECT_EQ(static_cast<int64_t>(want.size()), (windows - 1) * s + ctx - 1);
+    EXPECT_EQ(want.begin()->first, 0);
+    EXPECT_EQ(want.rbegin()->first, (windows - 1) * s + ctx - 2);
+    double sum = 0.0;
+    const double from_bos = std::log(static_cast<double>(V - 1) + std::exp(static_cast<double>(static_cast<float>(
+                                         Revealing::a(bos + 1)))));  // the BOS row hints bos + 1, never a target
+    for (const auto& [t, bos_row] : want) sum += bos_row ? from_bos : model.nll(t);
+    EXPECT_EQ(r.windows, windows);
+    EXPECT_EQ(r.tokens_scored, static_cast<int64_t>(want.size()));
+    EXPECT_NEAR(r.nll.mean, sum / static_cast<double>(want.size()), 1e-12);
+    EXPECT_TRUE(r.bos_per_window);
+    EXPECT_EQ(r.stride, s);
+    EXPECT_NE(r.report().find("each BOS + 19 text tokens, advancing " + std::to_string(s) + " text tokens"),
+              std::string::npos)
+        << r.report();
+  }
+}
+
 TEST(Perplexity, KlDivergenceInClosedFormAndItsDirection) {
   // base p = (1/2, 1/2), test q = (3/4, 1/4): KL(p‖q) = ½ln(½/¾) + ½ln(½/¼) = ½ln(4/3); KL(q‖p) = ¾ln(3/2) + ¼ln(1/2).
   const float base[2] = {0.0f, 0.0f};
@@ -220,6 +270,10 @@ TEST(Perplexity, RejectsBadWindowsShortTextsBadIdsAndNonFiniteLogits) {
     l[3 * 10 + 4] = std::numeric_limits<float>::quiet_NaN();
   }, "position 3");
   rejects(tokens, {.ctx = 8}, WindowEvaluator{}, "need a model");
+  // BOS per window: the stride counts text tokens (at most ctx − 1), a window needs ctx − 1 of them, bos < vocab.
+  rejects(tokens, {.ctx = 8, .stride = 8, .bos = 0}, zeros, "ctx - 1 = 7] text tokens");
+  rejects(tokens, {.ctx = 22, .bos = 0}, zeros, "at least ctx - 1 = 21 tokens after BOS; got 20");
+  rejects(tokens, {.ctx = 8, .bos = 10}, zeros, "bos must be in [0, 10); got 10");
 }
 
 }  // namespace

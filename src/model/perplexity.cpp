@@ -1,5 +1,6 @@
 #include "model/perplexity.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -66,19 +67,34 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
                                      const WindowEvaluator& test, const WindowEvaluator& baseline,
                                      const PerplexityProgress& progress) {
   check(o.ctx >= 2, ErrorCode::kInvalidArgument, "perplexity", "ctx must be >= 2 tokens; got ", o.ctx);
-  check(o.stride >= 0 && o.stride <= o.ctx, ErrorCode::kInvalidArgument, "perplexity",
-        "stride must be in [1, ctx = ", o.ctx, "] (0 = ctx); got ", o.stride);
+  const bool with_bos = o.bos >= 0;
+  const int64_t per_window = with_bos ? o.ctx - 1 : o.ctx;  // tokens of `tokens` in one window
+  if (with_bos) {
+    check(o.stride >= 0 && o.stride <= per_window, ErrorCode::kInvalidArgument, "perplexity",
+          "stride must be in [1, ctx - 1 = ", per_window, "] text tokens with BOS per window (0 = ctx - 1); got ",
+          o.stride);
+  } else {
+    check(o.stride >= 0 && o.stride <= o.ctx, ErrorCode::kInvalidArgument, "perplexity",
+          "stride must be in [1, ctx = ", o.ctx, "] (0 = ctx); got ", o.stride);
+  }
   check(vocab > 0, ErrorCode::kInvalidArgument, "perplexity", "vocab must be > 0; got ", vocab);
+  check(o.bos < vocab, ErrorCode::kInvalidArgument, "perplexity", "bos must be in [0, ", vocab, "); got ", o.bos);
   const int64_t n_tokens = static_cast<int64_t>(tokens.size());
-  check(n_tokens >= o.ctx, ErrorCode::kInvalidArgument, "perplexity", "the text must have at least ctx = ", o.ctx,
-        " tokens; got ", n_tokens, " tokens");
+  if (with_bos) {
+    check(n_tokens >= per_window, ErrorCode::kInvalidArgument, "perplexity", "the text must have at least ctx - 1 = ",
+          per_window, " tokens after BOS; got ", n_tokens, " tokens");
+  } else {
+    check(n_tokens >= o.ctx, ErrorCode::kInvalidArgument, "perplexity", "the text must have at least ctx = ", o.ctx,
+          " tokens; got ", n_tokens, " tokens");
+  }
   for (int64_t i = 0; i < n_tokens; ++i)
     check(tokens[static_cast<size_t>(i)] >= 0 && tokens[static_cast<size_t>(i)] < vocab, ErrorCode::kInvalidArgument,
           "perplexity", "token ids must be in [0, ", vocab, "); got ", tokens[static_cast<size_t>(i)], " at ", i);
   check(static_cast<bool>(test), ErrorCode::kInvalidArgument, "perplexity", "need a model to evaluate; got none");
 
-  const int64_t ctx = o.ctx, stride = o.stride == 0 ? o.ctx : o.stride;
-  const int64_t n_windows = (n_tokens - ctx) / stride + 1;
+  const int64_t ctx = o.ctx, stride = o.stride == 0 ? per_window : o.stride;
+  const int64_t n_windows = (n_tokens - per_window) / stride + 1;
+  std::vector<int32_t> bos_window(with_bos ? static_cast<size_t>(ctx) : 0);  // BOS + the window's text tokens
   const size_t row = static_cast<size_t>(vocab);
   std::vector<float> logits(static_cast<size_t>(ctx) * row), base_logits(baseline ? logits.size() : 0);
   std::vector<double> lp(row), lb(row);
@@ -90,6 +106,11 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
   std::vector<Accumulator> kl_ranges(starts.size());
   for (int64_t w = 0; w < n_windows; ++w) {
     const int32_t* win = tokens.data() + w * stride;
+    if (with_bos) {
+      bos_window[0] = o.bos;
+      std::copy(win, win + per_window, bos_window.begin() + 1);
+      win = bos_window.data();
+    }
     test(win, ctx, logits.data());
     if (baseline) baseline(win, ctx, base_logits.data());
     // Row j predicts token j + 1; score only tokens no earlier window scored.
@@ -136,12 +157,31 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
     }
   }
   r.ctx = ctx;
+  r.stride = stride;
+  r.bos_per_window = with_bos;
   return r;
+}
+
+std::string PerplexityResult::windows_line() const {
+  char buf[320];
+  if (bos_per_window) {
+    std::snprintf(buf, sizeof buf,
+                  "windows: %lld of %lld tokens, each BOS + %lld text tokens, advancing %lld text tokens; every "
+                  "window starts from an empty cache\n",
+                  static_cast<long long>(windows), static_cast<long long>(ctx), static_cast<long long>(ctx - 1),
+                  static_cast<long long>(stride));
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "windows: %lld of %lld tokens cut from the token stream (no BOS added), advancing "
+                  "%lld tokens; every window starts from an empty cache\n",
+                  static_cast<long long>(windows), static_cast<long long>(ctx), static_cast<long long>(stride));
+  }
+  return buf;
 }
 
 std::string PerplexityResult::report() const {
   char buf[512];
-  std::string s;
+  std::string s = windows_line();
   std::snprintf(buf, sizeof buf, "perplexity: %.4f ± %.4f (%lld tokens scored in %lld windows; mean NLL %.5f nats)\n",
                 ppl, ppl_stderr, static_cast<long long>(tokens_scored), static_cast<long long>(windows), nll.mean);
   s += buf;

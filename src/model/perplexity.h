@@ -1,12 +1,19 @@
 // cider/model/perplexity.h — perplexity of a token stream, and the divergence of one model configuration from a
 // baseline configuration (the fidelity measure of low-bit weights and KV caches).
 //
-// Windows: the tokens are cut into windows of `ctx` tokens starting at 0, stride, 2·stride, … (only whole windows;
-// stride = ctx by default, i.e. non-overlapping). Each window is evaluated from an empty context. Logit row j of a
-// window predicts its token j + 1. Scored: in the first window the tokens 1 … ctx−1; in each later window only the
-// tokens no earlier window scored, i.e. offsets max(1, ctx − stride) … ctx−1. So with stride = ctx every token but
-// the first of each window is scored once; with stride < ctx every token from 1 to the end of the last window is
-// scored once, each with at least ctx − stride tokens of context.
+// Windows, two forms (each window is evaluated from an empty context; logit row j of a window predicts its token j + 1):
+//   * BOS per window (options.bos >= 0; what `cider perplexity` does for a model whose tokenizer adds BOS, as
+//     llama.cpp's perplexity does): `tokens` is the text without BOS; window w is BOS followed by the text tokens
+//     [w·stride, w·stride + ctx − 1), stride counted in text tokens (default ctx − 1, at most ctx − 1). Scored: in the
+//     first window offsets 1 … ctx−1 (every text token, the first one predicted from BOS alone); in later windows the
+//     text tokens no earlier window scored, offsets max(1, ctx − stride) … ctx−1. With the default stride every text
+//     token of the whole windows is scored exactly once.
+//   * plain (options.bos < 0: a model without BOS): the tokens are cut into windows of `ctx` tokens starting at 0,
+//     stride, 2·stride, … (stride = ctx by default, i.e. non-overlapping). Scored: in the first window the tokens
+//     1 … ctx−1; in each later window only the tokens no earlier window scored, i.e. offsets max(1, ctx − stride) …
+//     ctx−1. So with stride = ctx every token but the first of each window is scored once; with stride < ctx every
+//     token from 1 to the end of the last window is scored once, each with at least ctx − stride tokens of context.
+// Only whole windows are evaluated.
 //
 // Per scored token, in float64 from log-softmax of the float32 logits:
 //   NLL      −log p_test(target)
@@ -27,7 +34,8 @@ namespace cider::model {
 
 struct PerplexityOptions {
   int64_t ctx = 512;   // >= 2: tokens per window
-  int64_t stride = 0;  // 0 = ctx; else 1 <= stride <= ctx
+  int64_t stride = 0;  // 0 = the default (ctx, or ctx − 1 with BOS per window); else 1 <= stride <= that default
+  int32_t bos = -1;    // >= 0: every window starts with this token (see above)
 };
 
 // Evaluates one window from an empty context: tokens[0, n) → logits[n, vocab] (float32, row-major).
@@ -54,11 +62,15 @@ struct PerplexityResult {
   std::vector<PerplexityStats> kl_by_range;
   std::vector<int64_t> kl_range_tokens;
   int64_t ctx = 0;
+  int64_t stride = 0;          // the stride used (text tokens with BOS per window)
+  bool bos_per_window = false;
+  std::string windows_line() const;  // how the windows were formed, one line
   std::string report() const;  // the lines `cider perplexity` prints
 };
 
-// Throws cider::Error (kInvalidArgument, op "perplexity") for ctx < 2, a stride outside [0, ctx], fewer than ctx
-// tokens, a token id outside [0, vocab), or a non-finite logit (naming the window and row).
+// Throws cider::Error (kInvalidArgument, op "perplexity") for ctx < 2, a stride outside [0, the default], fewer tokens
+// than one window needs (ctx, or ctx − 1 after BOS), a token id (or bos) outside [0, vocab), or a non-finite logit
+// (naming the window and row).
 PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vocab, const PerplexityOptions& options,
                                      const WindowEvaluator& test, const WindowEvaluator& baseline = {},
                                      const PerplexityProgress& progress = {});

@@ -200,6 +200,29 @@ void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot,
 
 }  // namespace
 
+int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions) {
+  const char* op = "kv_cache_bytes";
+  spec.validate(op);
+  spec.validate_head_dims(Dk, Dv, op);
+  check(B >= 1 && H >= 1 && positions >= 0, ErrorCode::kInvalidArgument, op,
+        "B, H must be >= 1 and positions >= 0; got ", B, ", ", H, ", ", positions);
+  if (positions == 0) return 0;
+  KVCacheMeta m;
+  m.quantized = spec.quantized;
+  m.k_bits = spec.k_bits;
+  m.v_bits = spec.v_bits;
+  m.group_size = spec.group_size;
+  m.scale_dtype = spec.scale_dtype;
+  m.dtype = spec.plain_dtype;
+  m.key_layout = spec.key_layout;
+  m.Dk = Dk;
+  m.Dv = Dv;
+  const int64_t capacity = round_up(positions, KVCache::kStep);
+  int64_t n = 0;
+  for (const detail::PlaneShape& s : plane_shapes(m)) n += B * H * s.rows(capacity) * s.row_bytes;
+  return n;
+}
+
 KVSpec KVCacheMeta::spec() const {
   KVSpec k;
   k.quantized = quantized;

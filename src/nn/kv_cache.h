@@ -78,6 +78,11 @@ class KVCacheSnapshot {
   std::shared_ptr<const std::vector<Buffer>> planes_;
 };
 
+// Bytes a cache of format `spec` holds for B·H heads of dims Dk/Dv once `positions` positions were appended (its
+// capacity grown to a multiple of KVCache::kStep): what nbytes() then reports, from the same plane shapes. Used by
+// `cider fit` to size a context without allocating it. The spec must be valid (spec.validate).
+int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions);
+
 // The interface attention and the model code use; the two implementations below.
 class KVCache {
  public:
