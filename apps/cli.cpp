@@ -552,7 +552,11 @@ int run_fit(const FitArgs& a) {
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const int64_t loaded = current_rss_bytes();  // the model as a run holds it: weights, tokenizer, runtime
-  check(loaded > 0, ErrorCode::kUnsupported, "fit", "needs /proc/self/status (VmRSS) to measure the loaded model");
+  // Loading can pass through more than it keeps (a GGUF file's blocks and their converted copies): the run's peak is at
+  // least this process's peak so far.
+  const int64_t load_peak = model::peak_rss_bytes();
+  check(loaded > 0 && load_peak > 0, ErrorCode::kUnsupported, "fit",
+        "needs /proc/self/status (VmRSS, VmHWM) to measure the loaded model");
   const model::ModelConfig& c = model->config();
   const int64_t max_ctx = c.max_position;  // the model's own limit (--ctx only picks the context to size)
   const int64_t ctx = a.m.ctx > 0 ? a.m.ctx : max_ctx;
@@ -591,7 +595,8 @@ int run_fit(const FitArgs& a) {
     << c.num_kv_heads << " KV heads x head_dim " << c.head_dim << ", context up to " << max_ctx << "\n"
     << "loaded (weights " << model::weight_format_name(opts.weights) << " "
     << model::format_bytes(static_cast<double>(model->weight_bytes())) << ", tokenizer, runtime): "
-    << model::format_bytes(static_cast<double>(loaded)) << " resident, measured\n"
+    << model::format_bytes(static_cast<double>(loaded)) << " resident after loading, "
+    << model::format_bytes(static_cast<double>(load_peak)) << " at the peak of loading (measured)\n"
     << "activations: " << model::format_bytes(static_cast<double>(act)) << " (passes of "
     << std::min<int64_t>(model::kMaxChunk, ctx) << " rows, float32, and a row of logits)\n";
   if (budget > 0) o << "memory budget: " << model::format_bytes(static_cast<double>(budget)) << "\n";
@@ -600,13 +605,14 @@ int run_fit(const FitArgs& a) {
                 ("KV at " + std::to_string(ctx)).c_str(), "total", budget > 0 ? "   largest context in budget" : "");
   o << buf;
   for (const Row& r : rows) {
-    const int64_t kv = kv_total(r.kv, ctx), total = loaded + act + kv;
+    const int64_t kv = kv_total(r.kv, ctx), total = std::max(load_peak, loaded + act + kv);
     const double per_pos = static_cast<double>(kv_total(r.kv, 1 << 20)) / static_cast<double>(1 << 20);
     std::string fits;
     if (budget > 0) {
       // The largest n <= max_ctx with loaded + act(n) + kv(n) <= budget (monotone in n: binary search).
       auto need = [&](int64_t n) {
-        return loaded + cpu_activation_bytes(c, std::min<int64_t>(model::kMaxChunk, n)) + kv_total(r.kv, n);
+        return std::max(load_peak,
+                        loaded + cpu_activation_bytes(c, std::min<int64_t>(model::kMaxChunk, n)) + kv_total(r.kv, n));
       };
       int64_t lo = 0, hi = max_ctx;
       while (lo < hi) {
@@ -623,7 +629,8 @@ int run_fit(const FitArgs& a) {
     o << buf;
   }
   o << "* the cache this run would use (--kv, or the default). KV grows as positions are used (256 at a time); "
-       "\"total\" is what a run holds once --ctx positions are used.\n";
+       "\"total\" is the run's peak: the larger of the loading peak and what it holds once --ctx positions are "
+       "used.\n";
   write_out(o.str());
   return 0;
 }

@@ -108,8 +108,9 @@ struct FitArgs {
   ModelArgs m;
   std::string memory;  // a byte count ("8G", "512MiB", "3000000000"); empty: no budget
 };
-// `cider fit`: the memory of a CPU run — the loaded model (measured), the activations of a pass and the KV cache at
-// --ctx for every cache format side by side, and with --memory the largest context each format fits in it.
+// `cider fit`: the memory of a CPU run — the loaded model (measured: resident after loading and the peak of loading),
+// the activations of a pass and the KV cache at --ctx for every cache format side by side, the run's peak (the larger
+// of the loading peak and loaded + activations + KV), and with --memory the largest context each format fits in it.
 int run_fit(const FitArgs& a);
 // "8G", "8GiB", "512M", "1.5G", "3000000000", "4000MB": K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB
 // powers of 1000; cider::Error (kInvalidArgument, op "options") naming `what` otherwise.
