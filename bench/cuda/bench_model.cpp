@@ -43,7 +43,8 @@ constexpr int64_t kCtx = 32768;
 
 // The model of the last case, kept while the next case uses the same weights and cache format (building 16 GB of
 // random weights is quick, but not free); released before a different one is built.
-// kv: "bf16" or k<b>v<b>; rotation: the quantized cache's rotation, named (never KVOptions' default).
+// kv: "bf16" or k<b>v<b>, "-kchan" appended for per-channel keys; rotation: the quantized cache's rotation, named
+// (never KVOptions' default).
 std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, const std::string& kv,
                                                    const std::string& rotation) {
   static std::shared_ptr<const cm::gpu::GpuModel> model;
@@ -51,8 +52,10 @@ std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, c
   const std::string want = weights + "/" + kv + "/" + rotation;
   if (model && key == want) return model;
   model.reset();
-  cm::KVOptions kvo = cm::parse_kv_format(kv);
+  const bool kchan = kv.size() > 6 && kv.substr(kv.size() - 6) == "-kchan";
+  cm::KVOptions kvo = cm::parse_kv_format(kchan ? kv.substr(0, kv.size() - 6) : kv);
   if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation(rotation);
+  if (kchan) kvo.key_layout = cider::nn::KeyLayout::kChannel;
   model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, kCtx, 8);
   key = want;
   return model;
@@ -86,6 +89,7 @@ cider::bench::BenchResult decode(const std::string& weights, const std::string& 
   r.note = std::to_string(static_cast<int>(1.0 / s)) + " tokens/s; byte floor at 4.3 TB/s " +
            std::to_string(r.bytes / 4.3e12 * 1e3).substr(0, 5) + " ms; graphs of " + std::to_string(c.num_layers) +
            " layers" + (model->kv.quantized ? std::string("; ") + cider::nn::rotation_kind_name(model->kv.rotation) : "") +
+           (model->kv.key_layout == cider::nn::KeyLayout::kChannel ? "; per-channel keys" : "") +
            (skip & cm::gpu::GpuSession::kSkipLinear ? "; WITHOUT linear layers" : "") +
            (skip & cm::gpu::GpuSession::kSkipAttention ? "; WITHOUT attention" : "") +
            (skip & cm::gpu::GpuSession::kSkipAppend ? "; WITHOUT kv_append" : "") +
@@ -108,6 +112,14 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768", "model") { return de
 // Between two buckets: the decode graph for 20000 keys is captured for a bound of 32768 (kv_bound), so attention
 // reads the real length on the device; compare with L32768 (the same grid, all of it busy).
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L20000", "model") { return decode("w8a8", "k8v4", 20000); }
+// Per-channel keys (the CUDA-core attention kernel): the CPU default k5v5, and k4v4.
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L1024", "model") { return decode("w8a8", "k5v5-kchan", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L32768", "model") {
+  return decode("w8a8", "k5v5-kchan", 32768);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v4-kchan L32768", "model") {
+  return decode("w8a8", "k4v4-kchan", 32768);
+}
 CIDER_CUDA_BENCH("model decode llama3-8b w4a8 k4v3 L20000", "model") { return decode("w4a8", "k4v3", 20000); }
 CIDER_CUDA_BENCH("model decode llama3-8b bf16 kv-bf16 L20000", "model") { return decode("bf16", "bf16", 20000); }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k4v3 so4-full L1024", "model") {
@@ -244,6 +256,7 @@ CIDER_CUDA_BENCH("model generate llama3-8b w8a8 k8v4 L1024 sampling on host", "m
 
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512", "model") { return prefill("w8a8", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096", "model") { return prefill("w8a8", "k8v4", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v5-kchan n4096", "model") { return prefill("w8a8", "k5v5-kchan", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n512", "model") { return prefill("bf16", "bf16", 512); }
 
 // A/B rows of this session's defaults: the GEMV's warps per tile back at the whole block ($CIDER_GEMV_SPLIT=16, the
