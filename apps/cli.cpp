@@ -519,21 +519,6 @@ int64_t parse_byte_count(const std::string& s, const char* what) {
 
 namespace {
 
-// Resident memory of this process now (VmRSS), or -1.
-int64_t current_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) != 0) continue;
-    std::istringstream in(line.substr(6));
-    int64_t kib = -1;
-    std::string unit;
-    if (in >> kib >> unit && unit == "kB") return kib * 1024;
-    return -1;
-  }
-  return -1;
-}
-
 // The float32 activations of one CPU pass of `rows` rows (model/cpu_backend.cpp Scratch: x, h, tmp; q, att; k, v;
 // gate, up; four rope tables of D/2) plus one row of logits (generation keeps the last row).
 int64_t cpu_activation_bytes(const model::ModelConfig& c, int64_t rows) {
@@ -551,7 +536,7 @@ int run_fit(const FitArgs& a) {
   const int64_t budget = a.memory.empty() ? 0 : parse_byte_count(a.memory, "--memory");
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
-  const int64_t loaded = current_rss_bytes();  // the model as a run holds it: weights, tokenizer, runtime
+  const int64_t loaded = model::resident_bytes();  // the model as a run holds it: weights, tokenizer, runtime
   // Loading can pass through more than it keeps (a GGUF file's blocks and their converted copies): the run's peak is at
   // least this process's peak so far.
   const int64_t load_peak = model::peak_rss_bytes();

@@ -108,12 +108,14 @@ std::string GenerationStats::line() const {
   return s;
 }
 
-int64_t peak_rss_bytes() {
+namespace {
+// A "Key:  N kB" line of /proc/self/status in bytes, or -1.
+int64_t proc_status_bytes(const std::string& key) {
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) != 0) continue;
-    std::istringstream in(line.substr(6));
+    if (line.rfind(key, 0) != 0) continue;
+    std::istringstream in(line.substr(key.size()));
     int64_t kib = -1;
     std::string unit;
     if (in >> kib >> unit && unit == "kB") return kib * 1024;
@@ -121,6 +123,10 @@ int64_t peak_rss_bytes() {
   }
   return -1;
 }
+}  // namespace
+
+int64_t peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
+int64_t resident_bytes() { return proc_status_bytes("VmRSS:"); }
 
 GenerationResult generate(LogitsSource& source, TextStream& text, Sampler& sampler, std::vector<int32_t>& history,
                           std::span<const int32_t> prompt, const GenerateOptions& options,

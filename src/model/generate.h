@@ -100,6 +100,7 @@ GenerationResult generate(LogitsSource& source, TextStream& text, Sampler& sampl
 
 // Peak resident set size of this process (VmHWM of /proc/self/status), in bytes; -1 if unavailable.
 int64_t peak_rss_bytes();
+int64_t resident_bytes();  // resident set size now (VmRSS), in bytes; -1 if unavailable
 
 // Human-readable bytes: "512 B", "1.5 KiB", "250.0 MiB", "3.21 GiB".
 std::string format_bytes(double bytes);

@@ -55,23 +55,27 @@ __device__ __forceinline__ int64_t dtype_size_dev(DType t) { return t == DType::
 // values ℓ, ℓ + 32, … Same bytes as the reference's sequential loop: its min/max (keep the first of equals) differ
 // from fminf/fmaxf only in the sign of a zero, which no output depends on (|lo|, |hi|, hi − lo, and a ±0 edge gives
 // q0 = ±0 → bias 0), and in NaN handling, reproduced: a NaN first value stays the min and max, later NaNs are skipped.
-// True divisions, rintf (round half to even), the NaN-safe clamp of the reference. The codes go through shared
-// memory (`codes`, gs bytes) and lanes < gs·bits/32 assemble the packed words.
-__device__ void quantize_group_warp(const float* w, int gs, int bits, uint32_t* words, void* scales, void* biases,
-                                    DType sdt, int64_t gi, uint8_t* codes, int lane) {
+// True divisions, rintf (round half to even), the NaN-safe clamp of the reference. The group's values are read through
+// value(i), i < gs, its codes written through put(i, code); the (unrounded) scale and bias are returned. Used for
+// groups along a row (quantize_group_warp) and for the per-channel keys' columns (quantize_column_warp) alike.
+template <class Value, class Put>
+__device__ __forceinline__ void affine_group_warp(Value value, int gs, int bits, Put put, int lane, float& scale_out,
+                                                  float& bias_out) {
   const float n_bins = static_cast<float>((1 << bits) - 1);
   const float eps = 1e-7f;
-  float lo = w[lane], hi = w[lane];
+  const float w0 = value(0);
+  float lo = value(lane), hi = lo;
   for (int i = lane + 32; i < gs; i += 32) {
-    lo = fminf(lo, w[i]);
-    hi = fmaxf(hi, w[i]);
+    const float w = value(i);
+    lo = fminf(lo, w);
+    hi = fmaxf(hi, w);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
     hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
   }
-  if (isnan(w[0])) lo = hi = w[0];
+  if (isnan(w0)) lo = hi = w0;
   const bool neg = fabsf(lo) > fabsf(hi);
   float scale = __fdiv_rn(__fsub_rn(hi, lo), n_bins);
   scale = (scale < eps) ? eps : scale;
@@ -84,9 +88,19 @@ __device__ void quantize_group_warp(const float* w, int gs, int bits, uint32_t* 
     bias = edge;
   }
   for (int i = lane; i < gs; i += 32) {
-    const float q = rintf(__fdiv_rn(__fsub_rn(w[i], bias), scale));
-    codes[i] = static_cast<uint8_t>(q >= 0.0f ? fminf(q, n_bins) : 0.0f);
+    const float q = rintf(__fdiv_rn(__fsub_rn(value(i), bias), scale));
+    put(i, static_cast<uint8_t>(q >= 0.0f ? fminf(q, n_bins) : 0.0f));
   }
+  scale_out = scale;
+  bias_out = bias;
+}
+
+// One group of a row in shared memory: the codes go through shared memory (`codes`, gs bytes) and lanes
+// < gs·bits/32 assemble the packed words.
+__device__ void quantize_group_warp(const float* w, int gs, int bits, uint32_t* words, void* scales, void* biases,
+                                    DType sdt, int64_t gi, uint8_t* codes, int lane) {
+  float scale, bias;
+  affine_group_warp([&](int i) { return w[i]; }, gs, bits, [&](int i, uint8_t c) { codes[i] = c; }, lane, scale, bias);
   __syncwarp();
   const int n_words = gs * bits / 32;  // groups start on word boundaries: gs·bits is a multiple of 32
   if (lane < n_words) {
@@ -176,40 +190,13 @@ __device__ __forceinline__ float round_to_dtype(DType t, float x) {
   }
 }
 
-// quantize_group_warp's arithmetic for column d of the window (gs rows of `dim` bfloat16 values): the codes go to
-// codes[t·dim + d] (shared memory), the scale and bias to element d of the block's rows.
+// Column d of the window (gs rows of `dim` bfloat16 values): the codes go to codes[t·dim + d] (shared memory), the
+// scale and bias to element d of the block's rows.
 __device__ void quantize_column_warp(const uint16_t* window, int64_t dim, int gs, int bits, int64_t d,
                                      uint8_t* codes, void* scales, void* biases, DType sdt, int lane) {
-  const float n_bins = static_cast<float>((1 << bits) - 1);
-  const float eps = 1e-7f;
-  const float w0 = bf16_bits_to_float(window[d]);
-  float lo = bf16_bits_to_float(window[lane * dim + d]), hi = lo;
-  for (int i = lane + 32; i < gs; i += 32) {
-    const float w = bf16_bits_to_float(window[i * dim + d]);
-    lo = fminf(lo, w);
-    hi = fmaxf(hi, w);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  }
-  if (isnan(w0)) lo = hi = w0;
-  const bool neg = fabsf(lo) > fabsf(hi);
-  float scale = __fdiv_rn(__fsub_rn(hi, lo), n_bins);
-  scale = (scale < eps) ? eps : scale;
-  scale = neg ? scale : -scale;
-  const float edge = neg ? lo : hi;
-  const float q0 = rintf(__fdiv_rn(edge, scale));
-  float bias = 0.0f;
-  if (q0 != 0.0f) {
-    scale = __fdiv_rn(edge, q0);
-    bias = edge;
-  }
-  for (int i = lane; i < gs; i += 32) {
-    const float q = rintf(__fdiv_rn(__fsub_rn(bf16_bits_to_float(window[i * dim + d]), bias), scale));
-    codes[i * dim + d] = static_cast<uint8_t>(q >= 0.0f ? fminf(q, n_bins) : 0.0f);
-  }
+  float scale, bias;
+  affine_group_warp([&](int i) { return bf16_bits_to_float(window[i * dim + d]); }, gs, bits,
+                    [&](int i, uint8_t c) { codes[i * dim + d] = c; }, lane, scale, bias);
   if (lane == 0) {
     store_elem(scales, sdt, d, scale);
     store_elem(biases, sdt, d, bias);
