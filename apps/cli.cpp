@@ -400,13 +400,13 @@ int run_perplexity(PerplexityArgs a) {
   std::unique_ptr<model::Model> base;
   if (with_baseline) base = load_model(a.m, base_opts, path);
   // A model whose tokenizer starts a text with BOS gets BOS at the start of every window (as llama.cpp's perplexity
-  // does), so no window but the first is scored without it; the text tokens go in without it.
+  // does), so no window but the first is scored without it; the text tokens go in without it. Whether it adds BOS is
+  // asked of a one-letter text, so the file is tokenized once.
   const model::Tokenizer& tok = model->tokenizer();
-  std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/true);
-  const std::vector<int32_t> plain = tok.encode(text, /*add_special=*/false);
-  const bool bos_per_window = tok.bos_id() >= 0 && !tokens.empty() && tokens[0] == tok.bos_id() &&
-                              (plain.empty() || plain[0] != tok.bos_id() || plain.size() < tokens.size());
-  if (bos_per_window) tokens = plain;
+  const std::vector<int32_t> probe = tok.encode("a", /*add_special=*/true);
+  const bool bos_per_window = tok.bos_id() >= 0 && !probe.empty() && probe[0] == tok.bos_id() &&
+                              probe.size() > tok.encode("a", /*add_special=*/false).size();
+  const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
 
   auto evaluator = [](const model::Model& m) {
     return [&m](const int32_t* t, int64_t n, float* logits) {

@@ -217,10 +217,7 @@ int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int
   m.key_layout = spec.key_layout;
   m.Dk = Dk;
   m.Dv = Dv;
-  const int64_t capacity = round_up(positions, KVCache::kStep);
-  int64_t n = 0;
-  for (const detail::PlaneShape& s : plane_shapes(m)) n += B * H * s.rows(capacity) * s.row_bytes;
-  return n;
+  return detail::planes_bytes(plane_shapes(m), B, H, round_up(positions, KVCache::kStep));
 }
 
 KVSpec KVCacheMeta::spec() const {
@@ -327,11 +324,13 @@ std::vector<const void*> KVStore::plane_pointers() const {
   return ptrs;
 }
 
-int64_t KVStore::nbytes() const {
+int64_t planes_bytes(const std::vector<PlaneShape>& shapes, int64_t B, int64_t H, int64_t capacity) {
   int64_t n = 0;
-  for (const PlaneShape& s : shapes_) n += B_ * H_ * s.rows(capacity_) * s.row_bytes;
+  for (const PlaneShape& s : shapes) n += B * H * s.rows(capacity) * s.row_bytes;
   return n;
 }
+
+int64_t KVStore::nbytes() const { return planes_bytes(shapes_, B_, H_, capacity_); }
 
 namespace {
 // Copies the first `rows` rows of each (b, h) from a plane of src_rows rows per head to one of dst_rows.

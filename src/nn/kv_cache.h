@@ -127,6 +127,9 @@ struct PlaneShape {
   }
 };
 
+// Bytes of planes of these shapes for B·H heads at `capacity` positions (KVStore::nbytes, kv_cache_bytes).
+int64_t planes_bytes(const std::vector<PlaneShape>& shapes, int64_t B, int64_t H, int64_t capacity);
+
 // The storage shared by both caches: a fixed list of planes, plane p holding [B, H, rows(capacity), row_bytes]
 // bytes, plus the growth / trim / snapshot mechanics, which do not depend on what a row contains.
 class KVStore {
