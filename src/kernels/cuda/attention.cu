@@ -123,50 +123,6 @@ __device__ __forceinline__ void unpack8(const uint4& u, float f[8]) {
   }
 }
 
-// dot[r] += q[r]·x for the QR query rows of one dim (q: a [QR] column of the transposed queries in shared memory).
-template <int QR>
-__device__ __forceinline__ void fma_rows(const float* q, float x, float dot[QR]) {
-  const float4* q4 = reinterpret_cast<const float4*>(q);
-#pragma unroll
-  for (int r4 = 0; r4 < QR / 4; ++r4) {
-    const float4 qv = q4[r4];
-    dot[4 * r4] = fmaf(qv.x, x, dot[4 * r4]);
-    dot[4 * r4 + 1] = fmaf(qv.y, x, dot[4 * r4 + 1]);
-    dot[4 * r4 + 2] = fmaf(qv.z, x, dot[4 * r4 + 2]);
-    dot[4 * r4 + 3] = fmaf(qv.w, x, dot[4 * r4 + 3]);
-  }
-}
-
-// dot[r] += Σ_k q_rk·x_k over a row of D f16 / bf16 values (KIND −1 / −2) read as uint4s.
-template <int KIND, int QR>
-__device__ __forceinline__ void fma_half_row(const uint4* src, int D, const float* qT, float dot[QR]) {
-#pragma unroll 4
-  for (int c = 0; c < D / 8; ++c) {
-    float f[8];
-    unpack8<KIND>(__ldg(src + c), f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) fma_rows<QR>(qT + (c * 8 + e) * QR, f[e], dot);
-  }
-}
-
-// The kWpr packed words of a code row into registers (uint4 loads when kWpr is a multiple of 4).
-template <int kWpr>
-__device__ __forceinline__ void load_code_row(const uint32_t* src, uint32_t (&w)[kWpr]) {
-  if constexpr (kWpr % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kWpr / 4; ++i) {
-      const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
-      w[4 * i] = u.x;
-      w[4 * i + 1] = u.y;
-      w[4 * i + 2] = u.z;
-      w[4 * i + 3] = u.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWpr; ++i) w[i] = __ldg(src + i);
-  }
-}
-
 // dot[r] = Σ_g s_g·Σ_{k∈g} q_rk·c_k + b_g·qsum_rg for key row `row` (quantized keys).
 template <int KB, int GS, int DK, int QR>
 __device__ __forceinline__ void key_dots_quant(const Params& p, int64_t row, const float* qT, const float* qsum,
@@ -177,7 +133,20 @@ __device__ __forceinline__ void key_dots_quant(const Params& p, int64_t row, con
     constexpr int kWpr = DK * KB / 32, kG = DK / GS;
     constexpr uint32_t kMask = (1u << KB) - 1u;
     uint32_t w[kWpr];
-    load_code_row<kWpr>(static_cast<const uint32_t*>(p.k.data) + row * kWpr, w);
+    const uint32_t* src = static_cast<const uint32_t*>(p.k.data) + row * kWpr;
+    if constexpr (kWpr % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWpr / 4; ++i) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(src) + i);
+        w[4 * i] = u.x;
+        w[4 * i + 1] = u.y;
+        w[4 * i + 2] = u.z;
+        w[4 * i + 3] = u.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWpr; ++i) w[i] = __ldg(src + i);
+    }
     float s[kG], b[kG];
 #pragma unroll
     for (int gi = 0; gi < kG; ++gi) {
@@ -195,7 +164,16 @@ __device__ __forceinline__ void key_dots_quant(const Params& p, int64_t row, con
         const int bit = k * KB, wi = bit >> 5, sh = bit & 31;
         uint32_t c = w[wi] >> sh;
         if (sh + KB > 32) c |= w[wi + 1] << (32 - sh);
-        fma_rows<QR>(qT + k * QR, code_to_float(c & kMask), qc);
+        const float cf = code_to_float(c & kMask);
+        const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+        for (int r4 = 0; r4 < QR / 4; ++r4) {
+          const float4 qv = q4[r4];
+          qc[4 * r4] = fmaf(qv.x, cf, qc[4 * r4]);
+          qc[4 * r4 + 1] = fmaf(qv.y, cf, qc[4 * r4 + 1]);
+          qc[4 * r4 + 2] = fmaf(qv.z, cf, qc[4 * r4 + 2]);
+          qc[4 * r4 + 3] = fmaf(qv.w, cf, qc[4 * r4 + 3]);
+        }
       }
 #pragma unroll
       for (int r = 0; r < QR; ++r) dot[r] += s[gi] * qc[r] + b[gi] * qsum[r * kMaxGroups + gi];
@@ -213,7 +191,16 @@ __device__ __forceinline__ void key_dots_quant(const Params& p, int64_t row, con
         const int bit = k * bits, wi = bit >> 5, sh = bit & 31;
         uint32_t c = __ldg(src + wi) >> sh;
         if (sh + bits > 32) c |= __ldg(src + wi + 1) << (32 - sh);
-        fma_rows<QR>(qT + k * QR, code_to_float(c & mask), qc);
+        const float cf = code_to_float(c & mask);
+        const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+        for (int r4 = 0; r4 < QR / 4; ++r4) {
+          const float4 qv = q4[r4];
+          qc[4 * r4] = fmaf(qv.x, cf, qc[4 * r4]);
+          qc[4 * r4 + 1] = fmaf(qv.y, cf, qc[4 * r4 + 1]);
+          qc[4 * r4 + 2] = fmaf(qv.z, cf, qc[4 * r4 + 2]);
+          qc[4 * r4 + 3] = fmaf(qv.w, cf, qc[4 * r4 + 3]);
+        }
       }
       const float s = load_elem(p.k.scales, p.k.sdt, row * G + gi);
       const float b = load_elem(p.k.biases, p.k.sdt, row * G + gi);
@@ -228,12 +215,30 @@ template <int KK, int DK, int QR>
 __device__ __forceinline__ void key_dots_plain(const Params& p, int64_t row, const float* qT, float dot[QR]) {
 #pragma unroll
   for (int r = 0; r < QR; ++r) dot[r] = 0.0f;
+  auto fma_elem = [&](int k, float kv) {
+    const float4* q4 = reinterpret_cast<const float4*>(qT + k * QR);
+#pragma unroll
+    for (int r4 = 0; r4 < QR / 4; ++r4) {
+      const float4 qv = q4[r4];
+      dot[4 * r4] = fmaf(qv.x, kv, dot[4 * r4]);
+      dot[4 * r4 + 1] = fmaf(qv.y, kv, dot[4 * r4 + 1]);
+      dot[4 * r4 + 2] = fmaf(qv.z, kv, dot[4 * r4 + 2]);
+      dot[4 * r4 + 3] = fmaf(qv.w, kv, dot[4 * r4 + 3]);
+    }
+  };
   if constexpr ((KK == -1 || KK == -2) && DK > 0) {
-    fma_half_row<KK, QR>(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k.data) + row * DK), DK, qT, dot);
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k.data) + row * DK);
+#pragma unroll 4
+    for (int c = 0; c < DK / 8; ++c) {
+      float f[8];
+      unpack8<KK>(__ldg(src + c), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) fma_elem(c * 8 + e, f[e]);
+    }
   } else {
     const DType dt = plain_dtype<KK>(p.k.dtype);
     const int D = DK > 0 ? DK : p.k.dim;
-    for (int k = 0; k < D; ++k) fma_rows<QR>(qT + k * QR, load_elem(p.k.data, dt, row * D + k), dot);
+    for (int k = 0; k < D; ++k) fma_elem(k, load_elem(p.k.data, dt, row * D + k));
   }
 }
 
@@ -244,13 +249,33 @@ __device__ __forceinline__ void key_dots_channel(const Params& p, int64_t row, c
                                                  float dot[QR]) {
 #pragma unroll
   for (int r = 0; r < QR; ++r) dot[r] = beta[r];
-  auto fma_code = [&](int k, uint32_t c) { fma_rows<QR>(qs + k * QR, code_to_float(c), dot); };
+  auto fma_code = [&](int k, uint32_t c) {
+    const float cf = code_to_float(c);
+    const float4* q4 = reinterpret_cast<const float4*>(qs + k * QR);
+#pragma unroll
+    for (int r4 = 0; r4 < QR / 4; ++r4) {
+      const float4 qv = q4[r4];
+      dot[4 * r4] = fmaf(qv.x, cf, dot[4 * r4]);
+      dot[4 * r4 + 1] = fmaf(qv.y, cf, dot[4 * r4 + 1]);
+      dot[4 * r4 + 2] = fmaf(qv.z, cf, dot[4 * r4 + 2]);
+      dot[4 * r4 + 3] = fmaf(qv.w, cf, dot[4 * r4 + 3]);
+    }
+  };
   if constexpr (KB > 0 && DK > 0) {
-    // The row's words in registers, codes extracted with constant shifts.
+    // The row's words in registers (uint4 loads), codes extracted with constant shifts.
     constexpr int kWpr = DK * KB / 32;
     constexpr uint32_t kMask = (1u << KB) - 1u;
+    static_assert(kWpr % 4 == 0, "whole uint4 rows");
     uint32_t w[kWpr];
-    load_code_row<kWpr>(static_cast<const uint32_t*>(p.k.data) + row * kWpr, w);
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(p.k.data) + row * kWpr);
+#pragma unroll
+    for (int i = 0; i < kWpr / 4; ++i) {
+      const uint4 u = __ldg(src + i);
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
+    }
 #pragma unroll
     for (int k = 0; k < DK; ++k) {
       const int bit = k * KB, wi = bit >> 5, sh = bit & 31;
@@ -278,7 +303,23 @@ __device__ __forceinline__ void key_dots_window(const Params& p, int64_t bg, int
 #pragma unroll
   for (int r = 0; r < QR; ++r) dot[r] = 0.0f;
   const int D = DK > 0 ? DK : p.k.dim;
-  fma_half_row<-2, QR>(reinterpret_cast<const uint4*>(p.k.residual + (bg * p.k.gs + slot) * D), D, qT, dot);
+  const uint4* src = reinterpret_cast<const uint4*>(p.k.residual + (bg * p.k.gs + slot) * D);
+  for (int c = 0; c < D / 8; ++c) {
+    float f[8];
+    unpack8<-2>(__ldg(src + c), f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float4* q4 = reinterpret_cast<const float4*>(qT + (c * 8 + e) * QR);
+#pragma unroll
+      for (int r4 = 0; r4 < QR / 4; ++r4) {
+        const float4 qv = q4[r4];
+        dot[4 * r4] = fmaf(qv.x, f[e], dot[4 * r4]);
+        dot[4 * r4 + 1] = fmaf(qv.y, f[e], dot[4 * r4 + 1]);
+        dot[4 * r4 + 2] = fmaf(qv.z, f[e], dot[4 * r4 + 2]);
+        dot[4 * r4 + 3] = fmaf(qv.w, f[e], dot[4 * r4 + 3]);
+      }
+    }
+  }
 }
 
 template <int KK, int VK, int GS, int DK, int DV, int QR, bool STAGE_V>
@@ -935,10 +976,12 @@ Plan make_plan(const kernels::AttentionArgs& a) {
   } else {
     // Per-channel keys: splits down to one tile (2 blocks) each, so short caches spread over more CTAs: the kernel is
     // latency-bound (ncu, 2026-12-02, K4V4 B1 D128 32k: 24% achieved occupancy, L1TEX waits half the stall cycles).
-    // Llama-3-8B shapes, w8a8 k5v5: 165 → 193 tokens/s at 1k, 116 at 32k either way (twice kTargetCtas: 109 at 32k).
+    // Llama-3-8B shapes, w8a8 k5v5: 165 → 193 tokens/s at 1k, 116 at 32k either way; twice the target CTAs on top
+    // gave 109 at 32k, so the target stays.
+    const int64_t target = kTargetCtas;
     const int64_t min_chunk = kchan ? pl.tile : kMinChunk;
     const int64_t base = a.B * a.keys.H * pl.qblocks;
-    splits = std::max<int64_t>(1, (kTargetCtas + base - 1) / base);
+    splits = std::max<int64_t>(1, (target + base - 1) / base);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, (kL + min_chunk - 1) / min_chunk));
   }
   pl.chunk = (kL + splits - 1) / splits;

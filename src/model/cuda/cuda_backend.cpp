@@ -562,22 +562,32 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   kv_same_rows = !kv.quantized || (kv.k_bits == kv.v_bits && !kchan());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerCache& lc = caches.emplace_back();
-    if (kv.quantized) {
-      // Value scales/biases per position and group; key ones the same, or per block of gs positions [Hkv, blocks, D]
-      // for per-channel keys (which also keep the bf16 window).
+    if (kchan()) {
+      const size_t k_group = sz(Hkv) * sz(key_blocks()) * sz(D) * dtype_size(sd);
       const size_t v_group = rows * sz(D / kv.group_size) * dtype_size(sd);
-      const size_t k_group = kchan() ? sz(Hkv) * sz(key_blocks()) * sz(D) * dtype_size(sd) : v_group;
       const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
       lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
       lc.scales = cuda::DeviceBuffer(k_group + v_group);
       lc.biases = cuda::DeviceBuffer(k_group + v_group);
-      if (kchan()) lc.residual = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D) * sizeof(uint16_t));
+      lc.residual = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D) * sizeof(uint16_t));
       lc.k = lc.data.data();
       lc.v = at_byte(lc.data, k_bytes);
       lc.k_scales = lc.scales.data();
       lc.v_scales = at_byte(lc.scales, k_group);
       lc.k_biases = lc.biases.data();
       lc.v_biases = at_byte(lc.biases, k_group);
+    } else if (kv.quantized) {
+      const size_t group_bytes = rows * sz(D / kv.group_size) * dtype_size(sd);
+      const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
+      lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
+      lc.scales = cuda::DeviceBuffer(2 * group_bytes);
+      lc.biases = cuda::DeviceBuffer(2 * group_bytes);
+      lc.k = lc.data.data();
+      lc.v = at_byte(lc.data, k_bytes);
+      lc.k_scales = lc.scales.data();
+      lc.v_scales = at_byte(lc.scales, group_bytes);
+      lc.k_biases = lc.biases.data();
+      lc.v_biases = at_byte(lc.biases, group_bytes);
     } else {
       const size_t plane = rows * sz(D) * dtype_size(sd);
       lc.data = cuda::DeviceBuffer(2 * plane);
@@ -721,8 +731,10 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
     p.bits = m.kv.quantized ? (keys ? m.kv.k_bits : m.kv.v_bits) : 0;
     return p;
   };
-  if (kchan()) {  // values as they are; keys to the window and, as blocks fill, per channel
-    cuda::kv_append(plane(false), d_offset, e);
+  if (kchan()) {  // values as a batch of one; keys to the window and, as blocks fill, per channel
+    cuda::KVAppendBatchArgs v = plane(false);
+    v.B = 1;
+    cuda::kv_append(v, d_offset, e);
     cuda::KVChannelKeysArgs k = channel_keys_args(layer);
     k.src = k_src;
     k.src_dtype = DType::kF32;
