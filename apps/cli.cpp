@@ -399,13 +399,9 @@ int run_perplexity(PerplexityArgs a) {
   auto model = load_model(a.m, opts, path);
   std::unique_ptr<model::Model> base;
   if (with_baseline) base = load_model(a.m, base_opts, path);
-  // A model whose tokenizer starts a text with BOS gets BOS at the start of every window (as llama.cpp's perplexity
-  // does), so no window but the first is scored without it; the text tokens go in without it. Whether it adds BOS is
-  // asked of a one-letter text, so the file is tokenized once.
   const model::Tokenizer& tok = model->tokenizer();
-  const std::vector<int32_t> probe = tok.encode("a", /*add_special=*/true);
-  const bool bos_per_window = tok.bos_id() >= 0 && !probe.empty() && probe[0] == tok.bos_id() &&
-                              probe.size() > tok.encode("a", /*add_special=*/false).size();
+  const int32_t bos = model::bos_per_window(tok);  // BOS opens every window (model/perplexity.h)
+  const bool bos_per_window = bos >= 0;
   const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
 
   auto evaluator = [](const model::Model& m) {
@@ -417,7 +413,7 @@ int run_perplexity(PerplexityArgs a) {
   ProgressBar bar(progress_enabled(a.m));
   model::PerplexityOptions po;
   po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
-  po.bos = bos_per_window ? tok.bos_id() : -1;
+  po.bos = bos;
   const int64_t max_stride = bos_per_window ? po.ctx - 1 : po.ctx;
   check(a.stride <= max_stride, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, ", max_stride,
         bos_per_window ? "] text tokens (--ctx - 1: every window starts with BOS); got " : "] (0 = --ctx); got ",

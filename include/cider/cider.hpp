@@ -88,6 +88,14 @@ struct ModelInfo {
 };
 
 class Session;
+struct PerplexityConfig;
+struct PerplexityReport;
+
+// One message of a conversation (Model::chat_prompt).
+struct ChatMessage {
+  std::string role;  // "system" (first only), "user", "assistant"
+  std::string content;
+};
 
 // A loaded model: weights, configuration and tokenizer. Move-only; Sessions keep what they need alive, so a Model
 // may be destroyed before its sessions.
@@ -108,6 +116,14 @@ class Model {
   // skip_special: leave out special/control tokens.
   std::string detokenize(std::span<const int32_t> ids, bool skip_special = false) const;
 
+  // The prompt text of a conversation in the model's chat format (chat_format()): an optional system message, then
+  // user and assistant alternating, starting and ending with user; the text ends with the assistant's header (the
+  // generation prompt). Generate from it as from any prompt (BOS is added by the tokenizer), with
+  // GenerateConfig::stop_tokens = chat_end_tokens().
+  std::string chat_prompt(const std::vector<ChatMessage>& messages) const;
+  std::string chat_format() const;               // "chatml", "llama3", "gemma", "mistral", "llama2" or "raw"
+  std::vector<int32_t> chat_end_tokens() const;  // ids that end an assistant reply in that format (may be empty)
+
   // A new, empty token sequence (its own KV caches).
   Session new_session() const;
 
@@ -117,6 +133,7 @@ class Model {
   explicit Model(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
   friend class Session;
+  friend PerplexityReport perplexity(const Model&, std::string_view, const PerplexityConfig&, const Model*);
 };
 
 // ---- sampling ------------------------------------------------------------------------------------------------
@@ -155,6 +172,7 @@ class Sampler {
 struct GenerateConfig {
   int64_t max_tokens = 256;       // >= 0: tokens to sample at most
   std::vector<std::string> stop;  // stop strings (non-empty each): generation ends before one would be emitted
+  std::vector<int32_t> stop_tokens;  // token ids that end generation as the model's EOS ids do (e.g. end of turn)
   SamplerConfig sampler;
   int64_t prefill_chunk = 2048;   // >= 1: the prompt goes through the model in pieces of at most this many tokens
 };
@@ -217,6 +235,30 @@ class Session {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---- perplexity ----------------------------------------------------------------------------------------------
+// Perplexity of a text, and its divergence from a baseline model (the same weights with another KV cache or weight
+// format), over windows each evaluated from an empty context, as `cider perplexity` does (docs/quality.md): a model
+// whose tokenizer adds BOS gets it at the start of every window.
+struct PerplexityConfig {
+  int64_t ctx = 512;   // >= 2: tokens per window (BOS included)
+  int64_t stride = 0;  // 0 = non-overlapping windows; else 1 <= stride <= ctx (ctx − 1 with BOS per window)
+};
+
+struct PerplexityReport {
+  int64_t windows = 0, tokens_scored = 0;
+  double ppl = 0.0, ppl_stderr = 0.0;  // exp(mean NLL) and its standard error
+  double nll = 0.0;                    // mean NLL, nats/token
+  bool has_baseline = false;
+  double base_ppl = 0.0, base_ppl_stderr = 0.0;
+  double kl = 0.0, kl_stderr = 0.0;  // mean KL(P_baseline ‖ P_model), nats/token
+  double top1 = 0.0;                 // fraction of tokens whose argmax agrees with the baseline's
+  std::string report;                // the lines `cider perplexity` prints
+};
+
+// baseline: null, or a model with the same vocabulary.
+PerplexityReport perplexity(const Model& model, std::string_view text, const PerplexityConfig& config = {},
+                            const Model* baseline = nullptr);
+
 // ---- building blocks: tensors, the KV cache, attention, linear layers -----------------------------------------
 // A caller-owned, contiguous, row-major tensor (at most 8 dimensions).
 struct TensorRef {
@@ -228,6 +270,18 @@ struct TensorRef {
   TensorRef(const void* d, DType t, std::vector<int64_t> s) : data(const_cast<void*>(d)), dtype(t), shape(std::move(s)) {}
   TensorRef(const float* d, std::vector<int64_t> s) : TensorRef(d, DType::kF32, std::move(s)) {}
 };
+
+// MLX-compatible affine quantization, bit for bit (mx.quantize / mx.dequantize / mx.quantized_matmul;
+// docs/formats.md): w [..., K] f32/f16/bf16 ->
+// packed u32 [..., K·bits/32], scales and biases [..., K/group_size] (the dtype of w). bits 2, 3, 4, 5, 6 or 8;
+// group_size 32, 64 or 128.
+void affine_quantize(const TensorRef& w, int group_size, int bits, const TensorRef& packed, const TensorRef& scales,
+                     const TensorRef& biases);
+void affine_dequantize(const TensorRef& packed, const TensorRef& scales, const TensorRef& biases, int group_size,
+                       int bits, const TensorRef& out);
+// x [..., K] with w [N, K·bits/32] (transpose) -> out [..., N]; without transpose w is [K, N·bits/32] -> [..., N].
+void quantized_matmul(const TensorRef& x, const TensorRef& w, const TensorRef& scales, const TensorRef& biases,
+                      bool transpose, int group_size, int bits, const TensorRef& out);
 
 // The mask of attention(): none, causal (optionally windowed), or a boolean / additive tensor.
 enum class MaskKind { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
@@ -245,6 +299,19 @@ class KVSnapshot {
   KVSnapshot& operator=(const KVSnapshot&);
   ~KVSnapshot();
   int64_t length() const;
+  // The configuration (format, rotation, group size, key layout, seed, scale dtype: never empty strings) and the data
+  // as arrays (the seeds' `state`; docs/kv_cache.md has the layout): quantized
+  //   0 key codes u32 [B, H, length, Dk·k_bits/32], 1 key scales, 2 key biases [B, H, length, Dk/gs] (scale dtype),
+  //   3 value codes u32 [B, H, length, Dv·v_bits/32], 4 value scales, 5 value biases [B, H, length, Dv/gs];
+  //   per-channel keys: 1 and 2 are [B, H, ceil(length/gs), Dk] and 6 is the bf16 residual window [B, H, gs, Dk];
+  // plain: 0 keys [B, H, length, Dk], 1 values [B, H, length, Dv]. None before the first append. The views are
+  // read-only and live as long as this snapshot (or a copy of it).
+  KVSpec spec() const;
+  size_t num_planes() const;
+  TensorRef plane(size_t i) const;
+  // The inverse: a snapshot of `spec` holding copies of these arrays (shapes and dtypes as above; the dimensions
+  // and the length are read from them). Throws cider::Error naming the array and the rule it breaks.
+  static KVSnapshot from_state(const KVSpec& spec, const std::vector<TensorRef>& planes);
   struct Impl;
 
  private:
@@ -267,6 +334,7 @@ class KVCache {
   int64_t trim(int64_t n);  // drops the last min(n, offset) positions; returns how many
   size_t nbytes() const;    // bytes of storage allocated
   bool quantized() const;
+  KVSpec spec() const;  // the configuration, defaults filled in
   KVSnapshot snapshot() const;
   void restore(const KVSnapshot& snapshot);  // state and configuration
 

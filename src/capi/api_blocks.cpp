@@ -2,6 +2,8 @@
 // (nn::QuantizedKVCache / nn::PlainKVCache, nn::attention) and the W8A8 / W4A8 linear layers (nn::Int8Linear /
 // nn::Int4Linear), as the C API wraps them (capi_kv.cpp, capi_linear.cpp).
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <variant>
 
 #include "capi/api_internal.h"
@@ -10,6 +12,8 @@
 #include "nn/attention.h"
 #include "nn/kv_cache.h"
 #include "nn/linear.h"
+#include "nn/quantized_matmul.h"
+#include "quant/affine.h"
 
 namespace cider {
 
@@ -24,10 +28,94 @@ TensorView api::to_view(const TensorRef& t, const char* op, const char* what, bo
   return input ? capi::to_input_view(&c, op, what, allow_neg_inf) : capi::to_view(&c, op, what);
 }
 
+// ---- MLX-compatible affine quantization ----
+void affine_quantize(const TensorRef& w, int group_size, int bits, const TensorRef& packed, const TensorRef& scales,
+                     const TensorRef& biases) {
+  constexpr const char* op = "cider::affine_quantize";
+  quant::affine_quantize(api::to_view(w, op, "w", true), group_size, bits, api::to_view(packed, op, "packed"),
+                         api::to_view(scales, op, "scales"), api::to_view(biases, op, "biases"));
+}
+
+void affine_dequantize(const TensorRef& packed, const TensorRef& scales, const TensorRef& biases, int group_size,
+                       int bits, const TensorRef& out) {
+  constexpr const char* op = "cider::affine_dequantize";
+  quant::affine_dequantize(api::to_view(packed, op, "packed"), api::to_view(scales, op, "scales", true),
+                           api::to_view(biases, op, "biases", true), group_size, bits, api::to_view(out, op, "out"));
+}
+
+void quantized_matmul(const TensorRef& x, const TensorRef& w, const TensorRef& scales, const TensorRef& biases,
+                      bool transpose, int group_size, int bits, const TensorRef& out) {
+  constexpr const char* op = "cider::quantized_matmul";
+  nn::quantized_matmul(api::to_view(x, op, "x", true), api::to_view(w, op, "w"),
+                       api::to_view(scales, op, "scales", true), api::to_view(biases, op, "biases", true), transpose,
+                       group_size, bits, api::to_view(out, op, "out"));
+}
+
 // ---- KVSnapshot ----
 struct KVSnapshot::Impl {
   nn::KVCacheSnapshot snapshot;
 };
+
+namespace {
+
+const char* plain_format(DType t) {
+  switch (t) {
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    default: return "f32";
+  }
+}
+
+KVSpec public_spec(const nn::KVCacheMeta& m) {
+  KVSpec s;
+  if (m.quantized) {
+    s.format = "k";  // appended piece by piece: GCC 12 warns (-Wrestrict) about "k" + std::to_string(...)
+    s.format += std::to_string(m.k_bits);
+    s.format += 'v';
+    s.format += std::to_string(m.v_bits);
+  } else {
+    s.format = plain_format(m.dtype);
+  }
+  s.rotation = nn::rotation_name(m.rotation);
+  s.group_size = m.quantized ? m.group_size : 0;
+  s.key_layout = nn::key_layout_name(m.key_layout);
+  s.seed = m.seed;
+  s.scale_dtype = m.scale_dtype;
+  return s;
+}
+
+// The arrays of a cache state with these dims (KVSnapshot::plane documents them), in plane order.
+struct PlaneLayout {
+  const char* name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
+  if (!m.has_dims) return {};
+  const int64_t B = m.B, H = m.H, L = m.length;
+  if (!m.quantized) return {{"keys", m.dtype, {B, H, L, m.Dk}}, {"values", m.dtype, {B, H, L, m.Dv}}};
+  const int64_t gs = m.group_size;
+  std::vector<PlaneLayout> p = {{"key codes", DType::kU32, {B, H, L, m.Dk * m.k_bits / 32}},
+                                {"key scales", m.scale_dtype, {B, H, L, m.Dk / gs}},
+                                {"key biases", m.scale_dtype, {B, H, L, m.Dk / gs}},
+                                {"value codes", DType::kU32, {B, H, L, m.Dv * m.v_bits / 32}},
+                                {"value scales", m.scale_dtype, {B, H, L, m.Dv / gs}},
+                                {"value biases", m.scale_dtype, {B, H, L, m.Dv / gs}}};
+  if (m.key_layout == nn::KeyLayout::kChannel) {
+    p[1].shape = p[2].shape = {B, H, (L + gs - 1) / gs, m.Dk};
+    p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
+  }
+  return p;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
+}
+
+}  // namespace
 
 KVSnapshot::KVSnapshot() : impl_(std::make_unique<Impl>()) {}
 KVSnapshot::KVSnapshot(const KVSnapshot& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
@@ -37,6 +125,15 @@ KVSnapshot& KVSnapshot::operator=(const KVSnapshot& o) {
 }
 KVSnapshot::~KVSnapshot() = default;
 int64_t KVSnapshot::length() const { return impl_->snapshot.length(); }
+KVSpec KVSnapshot::spec() const { return public_spec(impl_->snapshot.meta()); }
+size_t KVSnapshot::num_planes() const { return impl_->snapshot.num_planes(); }
+TensorRef KVSnapshot::plane(size_t i) const {
+  const nn::KVCacheSnapshot& s = impl_->snapshot;
+  check(i < s.num_planes(), ErrorCode::kOutOfRange, "cider::KVSnapshot::plane", "i must be below num_planes() = ",
+        s.num_planes(), "; got ", i);
+  PlaneLayout l = plane_layouts(s.meta())[i];
+  return TensorRef(s.plane(i).data(), l.dtype, std::move(l.shape));
+}
 
 // ---- KVCache ----
 struct KVCache::Impl {
@@ -113,6 +210,56 @@ void KVCache::restore(const KVSnapshot& snapshot) {
   constexpr const char* op = "cider::KVCache::restore";
   nn::KVCache& c = cache_of(impl_, op);
   c.restore(snapshot.impl_->snapshot);
+}
+
+KVSpec KVCache::spec() const { return public_spec(cache_of(impl_, "cider::KVCache::spec").meta()); }
+
+KVSnapshot KVSnapshot::from_state(const KVSpec& spec, const std::vector<TensorRef>& planes) {
+  constexpr const char* op = "cider::KVSnapshot::from_state";
+  nn::KVCacheMeta meta = make_cache(spec, op)->meta();  // the configuration, validated; no dims yet
+  KVSnapshot out;
+  if (planes.empty()) {
+    out.impl_->snapshot = nn::KVCacheSnapshot(meta, {});
+    return out;
+  }
+  const size_t want = !meta.quantized ? 2 : meta.key_layout == nn::KeyLayout::kChannel ? 7 : 6;
+  check(planes.size() == want, ErrorCode::kInvalidArgument, op, "a ", spec.format.empty() ? "k8v4" : spec.format,
+        meta.key_layout == nn::KeyLayout::kChannel ? " cache with per-channel keys" : " cache", " has ", want,
+        " arrays (or none: empty); got ", planes.size());
+  for (size_t i = 0; i < planes.size(); ++i)
+    check(planes[i].shape.size() == 4, ErrorCode::kShapeMismatch, op, "array ", i, " must have 4 dimensions; got ",
+          shape_text(planes[i].shape));
+  // Dimensions and length from the arrays; every array is then checked against the layout they imply.
+  const auto& s0 = planes[0].shape;
+  meta.has_dims = true;
+  meta.B = s0[0];
+  meta.H = s0[1];
+  meta.length = s0[2];
+  if (!meta.quantized) {
+    meta.Dk = s0[3];
+    meta.Dv = planes[1].shape[3];
+  } else {
+    meta.Dk = meta.key_layout == nn::KeyLayout::kChannel ? planes[1].shape[3] : planes[1].shape[3] * meta.group_size;
+    meta.Dv = planes[4].shape[3] * meta.group_size;
+  }
+  check(meta.B > 0 && meta.H > 0 && meta.length >= 0, ErrorCode::kShapeMismatch, op,
+        "array 0 must be [B, H, length, ·] with B, H > 0; got ", shape_text(s0));
+  meta.spec().validate_head_dims(meta.Dk, meta.Dv, op);
+  const std::vector<PlaneLayout> layouts = plane_layouts(meta);
+  std::vector<Buffer> buffers;
+  for (size_t i = 0; i < planes.size(); ++i) {
+    const PlaneLayout& l = layouts[i];
+    check(planes[i].dtype == l.dtype && planes[i].shape == l.shape, ErrorCode::kShapeMismatch, op, "array ", i, " (",
+          l.name, ") must be ", dtype_name(l.dtype), " ", shape_text(l.shape), " for B = ", meta.B, ", H = ", meta.H,
+          ", length = ", meta.length, ", key dim ", meta.Dk, ", value dim ", meta.Dv, "; got ",
+          dtype_name(planes[i].dtype), " ", shape_text(planes[i].shape));
+    const TensorView v = api::to_view(planes[i], op, l.name);
+    Buffer b(static_cast<size_t>(v.numel() * dtype_size(v.dtype)));
+    if (b.nbytes() > 0) std::memcpy(b.data(), v.data, b.nbytes());
+    buffers.push_back(std::move(b));
+  }
+  out.impl_->snapshot = nn::KVCacheSnapshot(meta, std::move(buffers));
+  return out;
 }
 
 void attention(const TensorRef& queries, const KVCache& cache, float scale, const AttentionMask& mask,

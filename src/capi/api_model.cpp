@@ -5,7 +5,9 @@
 
 #include "capi/api_internal.h"
 #include "core/thread_pool.h"
+#include "model/chat_format.h"
 #include "model/generate.h"
+#include "model/perplexity.h"
 #include "model/tokenizer.h"
 
 namespace cider {
@@ -179,6 +181,12 @@ Generation run_generate(Session::Impl& s, std::span<const int32_t> prompt, const
   go.max_tokens = config.max_tokens;
   go.stop = config.stop;
   go.eos_ids = s.model->eos_ids;
+  for (size_t i = 0; i < config.stop_tokens.size(); ++i) {
+    const int32_t id = config.stop_tokens[i];
+    check(id >= 0 && id < m.config().vocab_size, ErrorCode::kOutOfRange, op, "stop_tokens ids must be in [0, ",
+          m.config().vocab_size, "); got ", id, " at index ", i);
+    go.eos_ids.push_back(id);
+  }
   go.prefill_chunk = config.prefill_chunk;
   model::ModelLogitsSource source(m, *s.session);
   model::TokenizerTextStream text(m.tokenizer(), prompt.back());
@@ -246,6 +254,76 @@ std::vector<int32_t> Model::tokenize(std::string_view text, bool add_special) co
 std::string Model::detokenize(std::span<const int32_t> ids, bool skip_special) const {
   return api::detokenize(checked(impl_, "cider::Model::detokenize"), ids, skip_special, "cider::Model::detokenize");
 }
+namespace {
+model::ChatFormat chat_format_of(const Model::Impl& m) {
+  const model::Tokenizer& tok = m.model->tokenizer();
+  return model::default_chat_format(m.model->config().arch,
+                                    [&](std::string_view t) { return tok.token_to_id(t) >= 0; });
+}
+}  // namespace
+
+std::string Model::chat_prompt(const std::vector<ChatMessage>& messages) const {
+  const Impl& m = checked(impl_, "cider::Model::chat_prompt");
+  std::vector<model::ChatMessage> ms;
+  ms.reserve(messages.size());
+  for (const auto& x : messages) ms.push_back({x.role, x.content});
+  return api::named("cider::Model::chat_prompt", "messages", [&] { return model::render_chat(chat_format_of(m), ms); });
+}
+std::string Model::chat_format() const {
+  return model::chat_format_name(chat_format_of(checked(impl_, "cider::Model::chat_format")));
+}
+std::vector<int32_t> Model::chat_end_tokens() const {
+  const Impl& m = checked(impl_, "cider::Model::chat_end_tokens");
+  std::vector<int32_t> ids;
+  for (const auto& t : model::chat_end_tokens(chat_format_of(m)))
+    if (const int32_t id = m.model->tokenizer().token_to_id(t); id >= 0) ids.push_back(id);
+  return ids;
+}
+
+PerplexityReport perplexity(const Model& model, std::string_view text, const PerplexityConfig& config,
+                            const Model* baseline) {
+  constexpr const char* op = "cider::perplexity";
+  const model::Model& m = *checked(model.impl_, op).model;
+  const model::Model* base = baseline != nullptr ? checked(baseline->impl_, op).model.get() : nullptr;
+  check(base == nullptr || base->config().vocab_size == m.config().vocab_size, ErrorCode::kInvalidArgument, op,
+        "the baseline must have the model's vocabulary of ", m.config().vocab_size, " tokens; got ",
+        base != nullptr ? base->config().vocab_size : 0);
+  check(config.ctx >= 2 && config.ctx <= m.context_length(), ErrorCode::kInvalidArgument, op,
+        "ctx must be in [2, the model's context length ", m.context_length(), "]; got ", config.ctx);
+  check(base == nullptr || config.ctx <= base->context_length(), ErrorCode::kInvalidArgument, op,
+        "ctx must fit the baseline's context length ", base != nullptr ? base->context_length() : 0, "; got ",
+        config.ctx);
+  const model::Tokenizer& tok = m.tokenizer();
+  model::PerplexityOptions po;
+  po.ctx = config.ctx;
+  po.stride = config.stride;
+  po.bos = model::bos_per_window(tok);
+  const std::vector<int32_t> tokens =
+      api::named(op, "tokenize", [&] { return tok.encode(text, /*add_special=*/po.bos < 0); });
+  auto evaluator = [](const model::Model& mm) {
+    return [&mm](const int32_t* t, int64_t n, float* logits) {
+      auto s = mm.new_session();
+      mm.forward(*s, t, n, logits, /*all_logits=*/true);
+    };
+  };
+  const model::PerplexityResult r = model::evaluate_perplexity(
+      tokens, m.config().vocab_size, po, evaluator(m), base ? model::WindowEvaluator(evaluator(*base)) : nullptr);
+  PerplexityReport out;
+  out.windows = r.windows;
+  out.tokens_scored = r.tokens_scored;
+  out.ppl = r.ppl;
+  out.ppl_stderr = r.ppl_stderr;
+  out.nll = r.nll.mean;
+  out.has_baseline = r.has_baseline;
+  out.base_ppl = r.base_ppl;
+  out.base_ppl_stderr = r.base_ppl_stderr;
+  out.kl = r.kl.mean;
+  out.kl_stderr = r.kl.se;
+  out.top1 = r.top1.mean;
+  out.report = r.report();
+  return out;
+}
+
 Session Model::new_session() const {
   checked(impl_, "cider::Model::new_session");
   return Session(api::new_session(impl_));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/tokenizer.h"
 
 namespace cider::model {
 
@@ -205,6 +206,13 @@ std::string PerplexityResult::report() const {
     }
   }
   return s;
+}
+
+int32_t bos_per_window(const Tokenizer& tok) {
+  if (tok.bos_id() < 0) return -1;
+  const std::vector<int32_t> with = tok.encode("a", /*add_special=*/true);
+  const bool adds = !with.empty() && with[0] == tok.bos_id() && with.size() > tok.encode("a", false).size();
+  return adds ? tok.bos_id() : -1;
 }
 
 }  // namespace cider::model

@@ -75,6 +75,14 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
                                      const WindowEvaluator& test, const WindowEvaluator& baseline = {},
                                      const PerplexityProgress& progress = {});
 
+class Tokenizer;
+
+// The BOS rule of `cider perplexity` and cider::perplexity: a tokenizer that starts a text with BOS gets BOS at the
+// start of every window (as llama.cpp's perplexity does), the text tokens going in without it. Returns the BOS id to
+// put in PerplexityOptions::bos, or -1 (then the text is tokenized with its special tokens). Whether it adds BOS is
+// asked of a one-letter text.
+int32_t bos_per_window(const Tokenizer& tokenizer);
+
 // log-softmax in float64: out[i] = x[i] − log Σ exp(x).
 void log_softmax(const float* logits, int64_t n, double* out);
 // KL(P_base ‖ P_test) in nats from two rows of logits.
