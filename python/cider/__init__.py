@@ -233,14 +233,13 @@ class KVCache:
 
     step = 256
 
-    def __init__(self, k_bits: int = 4, v_bits: int = 3, group_size: int = 64, rotation: Optional[str] = "hadamard",
-                 layout: Optional[str] = "token", seed: int = 0, scale_dtype: str = "float16",
+    def __init__(self, k_bits: int = 4, v_bits: int = 3, group_size: int = 64, rotation: Optional[str] = None,
+                 layout: Optional[str] = None, seed: int = 0, scale_dtype: str = "float16",
                  format: Optional[str] = None, head_dim: Optional[int] = None):
+        # rotation None: "hadamard" for a quantized cache, "none" for a plain one; layout None: "token".
         fmt = format if format is not None else f"k{int(k_bits)}v{int(v_bits)}"
-        plain = fmt in _PLAIN
         self._head_dim = head_dim
-        self._init(_spec(fmt, None if plain and rotation == "hadamard" else rotation, 0 if plain else group_size,
-                         None if plain and layout == "token" else layout, seed, scale_dtype))
+        self._init(_spec(fmt, rotation, 0 if fmt in _PLAIN else group_size, layout, seed, scale_dtype))
 
     def _init(self, spec):
         self._cache = _cider.KVCache(spec)
