@@ -707,7 +707,10 @@ class Model:
         a baseline (another Model, or load options for this model's file, e.g. {"kv": "bf16"}) the KL divergence
         from it and the top-1 agreement: `cider perplexity`'s numbers."""
         if isinstance(baseline, dict):
-            baseline = load(self.path, **{**self._load_kwargs, **baseline})
+            kw = dict(self._load_kwargs)
+            if "kv" in baseline:  # its own cache: the tested cache's layout, rotation and groups do not carry over
+                kw.update(kv_rotation=None, kv_layout=None, kv_group_size=0)
+            baseline = load(self.path, **{**kw, **baseline})
         r = self._m.perplexity(text, int(ctx), int(stride), None if baseline is None else baseline._m)
         has = r["has_baseline"]
         return Perplexity(windows=r["windows"], tokens_scored=r["tokens_scored"], ppl=r["ppl"],

@@ -521,3 +521,16 @@ def test_load_errors():
         cider.load(os.path.join(ROOT, "no-such-model"))
     with pytest.raises(cider.Error, match="device"):
         cider.load(TINY, device="tpu")
+
+
+def test_the_readme_examples_run():
+    # examples/python: the two examples of the README's Python section, run as a user would (from the repository).
+    import sys
+    for name, expect in (("model_level.py", r"\(3, 4096\) ppl [0-9.]+ \(baseline [0-9.]+\), KL 0\.[0-9]+, top-1"),
+                         ("seeds_level.py", r"\(1, 8, 300, 16\) \(1, 8, 300, 12\) \(1, 32, 1, 128\) 256 "
+                                            r"\('64', '4', '3'\) 524288 Int8Linear")):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "python", name)], cwd=ROOT,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        import re
+        assert re.search(expect, r.stdout), r.stdout
