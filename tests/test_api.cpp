@@ -3,6 +3,7 @@
 // model classes bit for bit, and errors are cider::Error naming the operation.
 #include "cider/cider.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "nn/attention.h"
 #include "nn/kv_cache.h"
 #include "nn/linear.h"
+#include "quant/affine.h"
 #include "support/test_support.h"
 
 namespace {
@@ -282,3 +284,157 @@ TEST(Api, LinearEqualsTheNnLayers) {
 }
 
 }  // namespace
+
+// The state as arrays (the seeds' `state`): the snapshot's planes are the nn snapshot's bytes with the documented
+// dtypes and shapes, from_state rebuilds a cache that attends identically, and every wrong array is named.
+TEST(Api, KVSnapshotPlanesAndFromStateRoundTrip) {
+  auto rng = cider::test::make_rng(903);
+  const int64_t B = 2, Hq = 4, Hkv = 2, Dk = 64, Dv = 32, T = 77, L = 3;
+  std::vector<float> k = cider::test::randn(rng, B * Hkv * T * Dk), v = cider::test::randn(rng, B * Hkv * T * Dv),
+                     q = cider::test::randn(rng, B * Hq * L * Dk);
+  for (const char* layout : {"token", "channel", ""}) {
+    SCOPED_TRACE(layout);
+    cider::KVSpec spec;
+    spec.format = *layout ? "k4v3" : "f16";
+    spec.key_layout = layout;
+    spec.group_size = *layout ? 32 : 0;
+    spec.scale_dtype = cider::DType::kBF16;
+    spec.seed = 5;
+    cider::KVCache cache(spec);
+    const cider::KVSpec filled = cache.spec();
+    EXPECT_EQ(filled.format, spec.format);
+    EXPECT_EQ(filled.rotation, *layout ? "hadamard" : "none");
+    EXPECT_EQ(filled.key_layout, *layout ? layout : "token");
+    EXPECT_EQ(filled.seed, 5u);
+    cache.append({k.data(), {B, Hkv, T, Dk}}, {v.data(), {B, Hkv, T, Dv}});
+    const cider::KVSnapshot snap = cache.snapshot();
+    const size_t planes = std::string(layout) == "channel" ? 7 : *layout ? 6 : 2;
+    ASSERT_EQ(snap.num_planes(), planes);
+    std::vector<cider::TensorRef> refs;
+    for (size_t i = 0; i < planes; ++i) refs.push_back(snap.plane(i));
+    if (*layout) {
+      EXPECT_EQ(refs[0].dtype, cider::DType::kU32);
+      EXPECT_EQ(refs[0].shape, (std::vector<int64_t>{B, Hkv, T, Dk * 4 / 32}));
+      EXPECT_EQ(refs[3].shape, (std::vector<int64_t>{B, Hkv, T, Dv * 3 / 32}));
+      EXPECT_EQ(refs[4].dtype, cider::DType::kBF16);
+      EXPECT_EQ(refs[4].shape, (std::vector<int64_t>{B, Hkv, T, Dv / 32}));
+      if (planes == 7) {
+        EXPECT_EQ(refs[1].shape, (std::vector<int64_t>{B, Hkv, 3, Dk}));  // ceil(77 / 32) blocks
+        EXPECT_EQ(refs[6].shape, (std::vector<int64_t>{B, Hkv, 32, Dk}));
+      } else {
+        EXPECT_EQ(refs[1].shape, (std::vector<int64_t>{B, Hkv, T, Dk / 32}));
+      }
+    } else {
+      EXPECT_EQ(refs[1].dtype, cider::DType::kF16);
+      EXPECT_EQ(refs[1].shape, (std::vector<int64_t>{B, Hkv, T, Dv}));
+    }
+    const cider::KVSnapshot back = cider::KVSnapshot::from_state(snap.spec(), refs);
+    cider::KVCache other(snap.spec());
+    other.restore(back);
+    EXPECT_EQ(other.offset(), T);
+    std::vector<float> a(B * Hq * L * Dv), b(a.size());
+    cider::attention({q.data(), {B, Hq, L, Dk}}, cache, 0.125f, {}, {a.data(), {B, Hq, L, Dv}});
+    cider::attention({q.data(), {B, Hq, L, Dk}}, other, 0.125f, {}, {b.data(), {B, Hq, L, Dv}});
+    EXPECT_EQ(a, b);
+    for (size_t i = 0; i < planes; ++i) {
+      const cider::TensorRef p = back.plane(i);
+      size_t n = 1;
+      for (int64_t d : p.shape) n *= static_cast<size_t>(d);
+      n *= (p.dtype == cider::DType::kU32 ? 4 : 2);
+      EXPECT_EQ(0, std::memcmp(p.data, refs[i].data, n)) << "plane " << i;
+    }
+    // Every array is checked against the layout the others imply.
+    std::vector<cider::TensorRef> bad = refs;
+    bad.back().shape[1] += 1;  // its heads disagree with array 0's
+    expect_error([&] { (void)cider::KVSnapshot::from_state(snap.spec(), bad); }, cider::ErrorCode::kShapeMismatch,
+                 "cider::KVSnapshot::from_state", "got");
+    bad = refs;
+    bad[0].dtype = cider::DType::kF32;
+    expect_error([&] { (void)cider::KVSnapshot::from_state(snap.spec(), bad); }, cider::ErrorCode::kShapeMismatch,
+                 "cider::KVSnapshot::from_state", "array 0");
+    bad.pop_back();
+    expect_error([&] { (void)cider::KVSnapshot::from_state(snap.spec(), bad); }, cider::ErrorCode::kInvalidArgument,
+                 "cider::KVSnapshot::from_state", std::to_string(planes - 1));
+    expect_error([&] { (void)snap.plane(planes); }, cider::ErrorCode::kOutOfRange, "cider::KVSnapshot::plane",
+                 std::to_string(planes));
+  }
+  EXPECT_EQ(cider::KVSnapshot::from_state(cider::KVSpec{}, {}).length(), 0);  // an empty state
+}
+
+// The facade's affine quantization is quant::affine_quantize's, and quantized_matmul nn's, bit for bit.
+TEST(Api, AffineQuantizationEqualsTheQuantLayer) {
+  auto rng = cider::test::make_rng(904);
+  const int64_t N = 5, K = 192;
+  std::vector<float> w = cider::test::randn(rng, N * K), x = cider::test::randn(rng, 3 * K);
+  std::vector<uint32_t> packed(N * K * 4 / 32);
+  std::vector<float> scales(N * K / 64), biases(scales.size()), deq(N * K), y(3 * N);
+  cider::affine_quantize({w.data(), {N, K}}, 64, 4, {packed.data(), cider::DType::kU32, {N, K * 4 / 32}},
+                         {scales.data(), {N, K / 64}}, {biases.data(), {N, K / 64}});
+  const cider::Tensor ref = cider::quant::affine_quantize(cider::TensorView(w.data(), cider::DType::kF32, {N, K}), 64, 4)
+                                .packed;
+  EXPECT_EQ(0, std::memcmp(packed.data(), ref.buffer.data(), packed.size() * 4));
+  cider::affine_dequantize({packed.data(), cider::DType::kU32, {N, K * 4 / 32}}, {scales.data(), {N, K / 64}},
+                           {biases.data(), {N, K / 64}}, 64, 4, {deq.data(), {N, K}});
+  const cider::Tensor ref_deq = cider::quant::affine_dequantize(
+      cider::TensorView(packed.data(), cider::DType::kU32, {N, K * 4 / 32}),
+      cider::TensorView(scales.data(), cider::DType::kF32, {N, K / 64}),
+      cider::TensorView(biases.data(), cider::DType::kF32, {N, K / 64}), 64, 4, cider::DType::kF32);
+  EXPECT_EQ(0, std::memcmp(deq.data(), ref_deq.buffer.data(), deq.size() * 4));
+  cider::quantized_matmul({x.data(), {3, K}}, {packed.data(), cider::DType::kU32, {N, K * 4 / 32}},
+                          {scales.data(), {N, K / 64}}, {biases.data(), {N, K / 64}}, true, 64, 4, {y.data(), {3, N}});
+  for (int64_t m = 0; m < 3; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0.0, mag = 0.0;
+      for (int64_t kk = 0; kk < K; ++kk) {
+        want += static_cast<double>(x[m * K + kk]) * deq[n * K + kk];
+        mag += std::fabs(static_cast<double>(x[m * K + kk]) * deq[n * K + kk]);
+      }
+      EXPECT_LE(std::fabs(y[m * N + n] - want), (K + 2) * 1.2e-7 * mag * 2);  // float32 sums of q·s + b
+    }
+  expect_error([&] { cider::affine_quantize({w.data(), {N, K}}, 48, 4, {packed.data(), cider::DType::kU32, {N, 24}},
+                                            {scales.data(), {N, 4}}, {biases.data(), {N, 4}}); },
+               cider::ErrorCode::kInvalidArgument, "affine_quantize", "48");
+}
+
+// Chat prompts in the model's format, stop tokens that end generation as EOS does, and perplexity through the facade.
+TEST(Api, ChatPromptStopTokensAndPerplexity) {
+  const cider::Model model = cider::Model::load(kTiny);
+  EXPECT_EQ(model.chat_format(), "raw");  // cider-tiny is a base model
+  EXPECT_TRUE(model.chat_end_tokens().empty());
+  const std::string prompt = model.chat_prompt({{"system", "Be brief."}, {"user", "Hello"}});
+  EXPECT_NE(prompt.find("Hello"), std::string::npos);
+  expect_error([&] { (void)model.chat_prompt({{"assistant", "x"}}); }, cider::ErrorCode::kInvalidArgument,
+               "cider::Model::chat_prompt", "assistant");
+  cider::GenerateConfig g;
+  g.sampler.temperature = 0.0;
+  g.max_tokens = 8;
+  cider::Session s = model.new_session();
+  const cider::Generation free_run = s.generate("The Python interpreter", g);
+  ASSERT_GE(free_run.tokens.size(), 3u);
+  g.stop_tokens = {free_run.tokens[2]};
+  cider::Session s2 = model.new_session();
+  const cider::Generation stopped = s2.generate("The Python interpreter", g);
+  EXPECT_EQ(stopped.reason, cider::StopReason::kEos);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + 3));
+  g.stop_tokens = {99999};
+  expect_error([&] { (void)model.new_session().generate("x", g); }, cider::ErrorCode::kOutOfRange,
+               "cider::Session::generate", "99999");
+
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "The Python interpreter reads a program and runs it line by line. ";
+  cider::ModelOptions bo;
+  bo.kv.format = "bf16";
+  const cider::Model base = cider::Model::load(kTiny, bo);
+  const cider::PerplexityReport r = cider::perplexity(model, text, {.ctx = 64}, &base);
+  EXPECT_TRUE(r.has_baseline);
+  EXPECT_GE(r.windows, 5);
+  EXPECT_GT(r.ppl, 1.0);
+  EXPECT_GE(r.kl, 0.0);
+  EXPECT_GT(r.top1, 0.5);
+  EXPECT_NE(r.report.find("KL"), std::string::npos);
+  const cider::PerplexityReport alone = cider::perplexity(model, text, {.ctx = 64});
+  EXPECT_FALSE(alone.has_baseline);
+  EXPECT_EQ(alone.ppl, r.ppl);  // the tested model's windows are the same with or without a baseline
+  expect_error([&] { (void)cider::perplexity(model, text, {.ctx = 1}); }, cider::ErrorCode::kInvalidArgument,
+               "cider::perplexity", "ctx");
+}
