@@ -534,3 +534,69 @@ def test_the_readme_examples_run():
         assert r.returncode == 0, r.stderr
         import re
         assert re.search(expect, r.stdout), r.stdout
+
+
+def test_hostile_inputs_raise_and_never_crash(tiny):
+    # Wrong ranks, shapes, dtypes, sizes and values to every entry point: each raises (cider.Error, TypeError or
+    # ValueError) and the process goes on.
+    f = np.ones((4, 64), np.float32)
+    q, s, b = cider.quantize(f)
+    cache = cider.KVCache()
+    cache.update_and_fetch(np.ones((1, 2, 3, 64), np.float32), np.ones((1, 2, 3, 64), np.float32))
+    layer = cider.Int8Linear.from_float(f)
+    calls = [
+        lambda: cider.quantize(np.float32(1.0)),
+        lambda: cider.quantize(np.ones((0, 64), np.float32), 64, 0),
+        lambda: cider.quantize(f, 0, 4),
+        lambda: cider.quantize(f, -64, 4),
+        lambda: cider.quantize(np.array(["a"])),
+        lambda: cider.quantize([[1.0] * 64]),  # float64 from a list
+        lambda: cider.dequantize(q, s, b, 64, 0),
+        lambda: cider.dequantize(q, s[:, :0], b[:, :0]),
+        lambda: cider.dequantize(q, s.astype(np.float16), b),
+        lambda: cider.quantized_matmul(f, q, s, b, bits=3),
+        lambda: cider.quantized_matmul(f[0], q[0], s, b),
+        lambda: cider.quantized_matmul(np.ones((2, 3, 64), np.float32), np.stack([q] * 4), np.stack([s] * 4),
+                                       np.stack([b] * 4)),
+        lambda: cache.update_and_fetch(np.ones((3, 64), np.float32), np.ones((3, 64), np.float32)),
+        lambda: cache.update_and_fetch(np.ones((2, 2, 3, 64), np.float32), np.ones((2, 2, 3, 64), np.float32)),
+        lambda: cache.update_and_fetch(np.ones((1, 2, 3, 64), np.float32), np.ones((1, 2, 4, 64), np.float32)),
+        lambda: cider.attention(np.ones((1, 2, 4, 64), np.float32), cache, 1.0),  # L > offset
+        lambda: cider.attention(np.ones((1, 2, 1, 32), np.float32), cache, 1.0),
+        lambda: cider.attention(np.ones((1, 2, 1, 64), np.float32), cache, float("nan")),
+        lambda: cider.attention(np.ones((1, 2, 1, 64), np.float32), cache, 1.0, np.ones((5, 7), bool)),
+        lambda: cider.attention(np.ones((1, 2, 1, 64), np.float32), cache, 1.0, np.full((1, 1, 1, 3), np.nan,
+                                                                                         np.float32)),
+        lambda: cider.attention(np.ones((1, 2, 1, 64), np.float32), cache, 1.0, "causal", -3),
+        lambda: cider.KVCache.from_state(((q,), (q,)), cache.meta_state),
+        lambda: cider.KVCache.from_state(cache.state, ("64", "4")),
+        lambda: cider.KVCache.from_state(cache.state, ("x", "4", "3")),
+        lambda: setattr(cider.KVCache(), "meta_state", ("64", "9", "3")),
+        lambda: cache.trim(-1),
+        lambda: layer(np.ones((2, 63), np.float32)),
+        lambda: layer(np.float32(3.0)),
+        lambda: cider.Int8Linear.from_float(np.ones(64, np.float32)),
+        lambda: cider.Int8Linear.from_float(f, bias=np.ones(3, np.float32)),
+        lambda: cider.W4A8Linear.from_mlx(q, s, b, bits=4, group_size=32),
+        lambda: cider.W4A8Linear.from_mlx(q.astype(np.int32), s, b),
+        lambda: cider.set_threads(0),
+        lambda: cider.set_threads(10 ** 6),
+        lambda: tiny.logits([]),
+        lambda: tiny.logits([-1]),
+        lambda: tiny.logits(list(range(2000))),  # past the context
+        lambda: tiny.session().decode([5000]),
+        lambda: tiny.session().trim(-2),
+        lambda: tiny.generate("x", max_tokens=-1),
+        lambda: tiny.generate("x", max_tokens=3, top_p=0),
+        lambda: tiny.generate("x", max_tokens=3, stop=[""]),
+        lambda: tiny.generate([{"role": "user"}]),
+        lambda: tiny.tokenizer.decode([4096]),
+        lambda: tiny.perplexity("short", ctx=512),
+        lambda: cider.load(TINY, ctx=-5),
+        lambda: cider.load(TINY, kv="k9v9"),
+        lambda: cider.load(TINY, kv="bf16", kv_layout="channel"),
+    ]
+    for i, call in enumerate(calls):
+        with pytest.raises((cider.Error, TypeError, ValueError, KeyError)):
+            call()
+    assert cache.offset == 3 and tiny.generate("x", max_tokens=2, temperature=0).generation_tokens == 2
