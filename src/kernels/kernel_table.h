@@ -60,6 +60,22 @@ struct DenseGemmArgs {
   int64_t M, N, K;
 };
 
+// ---- native GGUF weights (quant/ggml_blocks.h) ------------------------------------------------------------------
+// out[M, N] = x[M, K] @ wᵀ (+ bias) with w [N, K] kept in a ggml block format: row n is K / block_size blocks at
+// w + n·row_bytes (e.g. a memory-mapped GGUF tensor used in place). x and out float32.
+// Reference (kernels/ref): each row dequantized by the format's decoder, the dot product summed in float64.
+// Fast kernels quantize x to int8 per 32 elements (step max|x|/127 of the piece, as ggml's Q8 activations do) and
+// multiply the integer form exactly in int32: |out − ref| <= Σ_pieces (step/2)·Σ|w| plus float32 rounding.
+struct GgmlLinearArgs {
+  const float* x;        // [M, K]
+  const void* w;         // N rows of row_bytes bytes
+  uint32_t ggml_type;    // a quant::GgmlType with an integer form
+  int64_t row_bytes;
+  const float* bias;     // [N] or nullptr
+  float* out;            // [M, N]
+  int64_t M, N, K;       // K a multiple of the block size
+};
+
 // ---- attention over a KV cache -------------------------------------------------------------------------------
 // One of keys or values of a cache, valid positions [0, length) of storage with room for `capacity` positions.
 // Quantized: packed [B, H, capacity, dim*bits/32] uint32 and scales/biases [B, H, capacity, dim/group_size] in
@@ -144,6 +160,7 @@ struct KernelTable {
   void (*attention)(const AttentionArgs&);
   void (*dense_gemm)(const DenseGemmArgs&);  // M >= 1
   void (*kv_append)(const KVAppendArgs&);    // rotate + quantize + store new KV rows (n >= 1)
+  void (*ggml_linear)(const GgmlLinearArgs&);  // native GGUF weights, M >= 1
 };
 
 // The reference table: always present.

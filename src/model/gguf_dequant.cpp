@@ -1,10 +1,5 @@
-// Dequantization of GGUF tensors to float32 — the reference implementation (plain scalar C++, one block at a time).
-//
-// A tensor is numel / block_size blocks stored back to back (rows of ne[0] elements, ne[0] a multiple of the block
-// size, so blocks never straddle rows). All scales are IEEE f16 (little-endian) converted exactly to float32; every
-// formula below is evaluated in float32 in the order written, one rounding per operation (the build uses
-// -ffp-contract=off, so nothing is fused): this is the order gguf-py's numpy reference uses, and our results
-// match it bit for bit. Block layouts (byte offsets within one block) are tabulated in docs/checkpoint_formats.md.
+// Dequantization of GGUF tensors to float32: plain types converted here, block types by their decoders
+// (quant/ggml_blocks.h, the reference: one block at a time, bit for bit gguf-py's numpy reference).
 #include <cstring>
 #include <limits>
 
@@ -13,6 +8,7 @@
 #include "core/tensor.h"
 #include "model/gguf.h"
 #include "model/gguf_types.h"
+#include "quant/ggml_blocks.h"
 
 namespace cider::model {
 
@@ -24,195 +20,14 @@ inline float f16_at(const uint8_t* p) {
   return f16_to_f32(static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8)));
 }
 
-// --- 32-element blocks -------------------------------------------------------------------------------------------
-
-// Q8_0, 34 bytes: d f16 | 32 x int8 q.   y = q * d
-void deq_q8_0(const uint8_t* b, float* y) {
-  const float d = f16_at(b);
-  for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(static_cast<int8_t>(b[2 + i])) * d;
-}
-
-// Element i < 16 sits in the low nibble of byte i of the 16 code bytes, element i + 16 in its high nibble.
-inline int nibble32(const uint8_t* qs, int i) { return i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4); }
-
-// Q4_0, 18 bytes: d f16 | 16 code bytes.   y = d * (q - 8)
-void deq_q4_0(const uint8_t* b, float* y) {
-  const float d = f16_at(b);
-  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(nibble32(b + 2, i) - 8);
-}
-
-// Q4_1, 20 bytes: d f16 | m f16 | 16 code bytes.   y = d * q + m
-void deq_q4_1(const uint8_t* b, float* y) {
-  const float d = f16_at(b), m = f16_at(b + 2);
-  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(nibble32(b + 4, i)) + m;
-}
-
-inline uint32_t u32_at(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
-         (static_cast<uint32_t>(p[3]) << 24);
-}
-
-// Q5_0, 22 bytes: d f16 | qh u32 (bit i = bit 4 of element i) | 16 code bytes (low 4 bits, as Q4_0).
-// y = d * (q - 16)
-void deq_q5_0(const uint8_t* b, float* y) {
-  const float d = f16_at(b);
-  const uint32_t qh = u32_at(b + 2);
-  for (int i = 0; i < 32; ++i) {
-    const int q = nibble32(b + 6, i) | static_cast<int>(((qh >> i) & 1u) << 4);
-    y[i] = d * static_cast<float>(q - 16);
-  }
-}
-
-// Q5_1, 24 bytes: d f16 | m f16 | qh u32 | 16 code bytes.   y = d * q + m
-void deq_q5_1(const uint8_t* b, float* y) {
-  const float d = f16_at(b), m = f16_at(b + 2);
-  const uint32_t qh = u32_at(b + 4);
-  for (int i = 0; i < 32; ++i) {
-    const int q = nibble32(b + 8, i) | static_cast<int>(((qh >> i) & 1u) << 4);
-    y[i] = d * static_cast<float>(q) + m;
-  }
-}
-
-// --- 256-element super-blocks (K-quants) -------------------------------------------------------------------------
-
-// The 2-bit code of element e in Q2_K / Q3_K: the 256 elements form two halves of 128; in half h, element
-// 32*s + l (s = 0..3, l = 0..31) is bits [2s, 2s+2) of code byte 32*h + l.
-inline int code2(const uint8_t* qs, int e) {
-  const int h = e / 128, r = e % 128;
-  return (qs[32 * h + r % 32] >> (2 * (r / 32))) & 3;
-}
-
-// Q2_K, 84 bytes: scales[16] (byte j: low nibble = scale, high nibble = min of sub-block j of 16 elements)
-// | qs[64] | d f16 | dmin f16.   y = (d * scale_j) * q - (dmin * min_j)
-void deq_q2_k(const uint8_t* b, float* y) {
-  const uint8_t* sc = b;
-  const uint8_t* qs = b + 16;
-  const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-  for (int j = 0; j < 16; ++j) {
-    const float dl = d * static_cast<float>(sc[j] & 0x0F);
-    const float ml = dmin * static_cast<float>(sc[j] >> 4);
-    for (int i = 16 * j; i < 16 * j + 16; ++i) y[i] = dl * static_cast<float>(code2(qs, i)) - ml;
-  }
-}
-
-// Q3_K, 110 bytes: hmask[32] | qs[64] | scales[12] | d f16.
-// 16 six-bit scales (one per 16 elements), stored as: low 4 bits of scale j in byte j (j < 8, low nibble) or byte
-// j - 8 (j >= 8, high nibble); high 2 bits in byte 8 + j % 4, bits [2*(j/4), 2*(j/4)+2). Signed: s = raw - 32.
-// Element e: 2-bit low part as Q2_K; bit e/32 of hmask[e % 32] set means "no offset", clear means subtract 4.
-// y = (d * s_j) * q
-void deq_q3_k(const uint8_t* b, float* y) {
-  const uint8_t* hm = b;
-  const uint8_t* qs = b + 32;
-  const uint8_t* sc = b + 96;
-  const float d = f16_at(b + 108);
-  for (int j = 0; j < 16; ++j) {
-    const int lo = j < 8 ? (sc[j] & 0x0F) : (sc[j - 8] >> 4);
-    const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-    const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
-    for (int e = 16 * j; e < 16 * j + 16; ++e) {
-      const int high = (hm[e % 32] >> (e / 32)) & 1;
-      const int q = code2(qs, e) - (high ? 0 : 4);
-      y[e] = dl * static_cast<float>(q);
-    }
-  }
-}
-
-// Scale and min of sub-block j (0..7, 32 elements each) of Q4_K / Q5_K from their 12 packed bytes: six bits each;
-// j < 4: scale = bits 0-5 of byte j, min = bits 0-5 of byte j + 4; j >= 4: the low four bits come from byte j + 4
-// (scale: low nibble, min: high nibble) and the high two bits from bits 6-7 of byte j - 4 (scale) / byte j (min).
-inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// The 4-bit code of element e in Q4_K / Q5_K: chunk c = e / 64 uses code bytes [32c, 32c + 32); its first 32
-// elements are the low nibbles, the next 32 the high nibbles.
-inline int code4(const uint8_t* qs, int e) {
-  const int c = e / 64, r = e % 64;
-  return (qs[32 * c + r % 32] >> (4 * (r / 32))) & 0x0F;
-}
-
-// Q4_K, 144 bytes: d f16 | dmin f16 | scales[12] | qs[128].   y = (d * sc_j) * q - (dmin * m_j), j = e / 32
-void deq_q4_k(const uint8_t* b, float* y) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
-  const uint8_t* s = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    scale_min_k4(s, j, &sc, &mn);
-    const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
-    for (int e = 32 * j; e < 32 * j + 32; ++e) y[e] = dl * static_cast<float>(code4(qs, e)) - ml;
-  }
-}
-
-// Q5_K, 176 bytes: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]. Bit 4 of element e is bit e/32 of qh[e % 32].
-// y = (d * sc_j) * q - (dmin * m_j)
-void deq_q5_k(const uint8_t* b, float* y) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
-  const uint8_t* s = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    scale_min_k4(s, j, &sc, &mn);
-    const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
-    for (int e = 32 * j; e < 32 * j + 32; ++e) {
-      const int q = code4(qs, e) | (((qh[e % 32] >> (e / 32)) & 1) << 4);
-      y[e] = dl * static_cast<float>(q) - ml;
-    }
-  }
-}
-
-// Q6_K, 210 bytes: ql[128] | qh[64] | scales[16] int8 | d f16. Two halves of 128 elements; in half h, element r:
-// low 4 bits = nibble r / 64 (low, high) of ql[64h + r % 64]; high 2 bits = bits [2*(r/32), +2) of qh[32h + r % 32].
-// y = (d * scale_{e/16}) * (q - 32)
-void deq_q6_k(const uint8_t* b, float* y) {
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const uint8_t* sc = b + 192;
-  const float d = f16_at(b + 208);
-  for (int j = 0; j < 16; ++j) {
-    const float dl = d * static_cast<float>(static_cast<int8_t>(sc[j]));
-    for (int e = 16 * j; e < 16 * j + 16; ++e) {
-      const int h = e / 128, r = e % 128;
-      const int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
-      const int hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
-      y[e] = dl * static_cast<float>((lo | (hi << 4)) - 32);
-    }
-  }
-}
-
-using BlockFn = void (*)(const uint8_t*, float*);
-
-BlockFn block_fn(uint32_t type) {
-  switch (static_cast<GGMLType>(type)) {
-    case GGMLType::kQ8_0: return deq_q8_0;
-    case GGMLType::kQ4_0: return deq_q4_0;
-    case GGMLType::kQ4_1: return deq_q4_1;
-    case GGMLType::kQ5_0: return deq_q5_0;
-    case GGMLType::kQ5_1: return deq_q5_1;
-    case GGMLType::kQ2_K: return deq_q2_k;
-    case GGMLType::kQ3_K: return deq_q3_k;
-    case GGMLType::kQ4_K: return deq_q4_k;
-    case GGMLType::kQ5_K: return deq_q5_k;
-    case GGMLType::kQ6_K: return deq_q6_k;
-    default: return nullptr;
-  }
-}
-
 }  // namespace
 
 void dequantize_gguf_tensor(const GGUFTensor& t, float* out) {
   const auto* tt = gguf_detail::ggml_type_traits(t.type);
   const auto type = static_cast<GGMLType>(t.type);
   const bool plain = type == GGMLType::kF32 || type == GGMLType::kF16 || type == GGMLType::kBF16;
-  const BlockFn fn = block_fn(t.type);
-  check(tt != nullptr && (plain || fn != nullptr), ErrorCode::kUnsupported, kOp, "tensor '", t.name,
+  const quant::GgmlBlockFormat* bf = quant::ggml_block_format(t.type);
+  check(tt != nullptr && (plain || bf != nullptr), ErrorCode::kUnsupported, kOp, "tensor '", t.name,
         "' type must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; got ",
         ggml_type_name(t.type));
 
@@ -254,7 +69,7 @@ void dequantize_gguf_tensor(const GGUFTensor& t, float* out) {
       break;
   }
   const size_t tsize = static_cast<size_t>(tt->type_size);
-  for (uint64_t blk = 0; blk < nblocks; ++blk) fn(p + blk * tsize, out + blk * bs);
+  for (uint64_t blk = 0; blk < nblocks; ++blk) bf->decode(p + blk * tsize, out + blk * bs);
 }
 
 }  // namespace cider::model

@@ -36,6 +36,8 @@ void* scratch(int slot, size_t bytes);
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
+// Native GGUF weights (avx2/ggml_linear.cpp); the avx512 table uses it too (no AVX-512 version yet).
+void ggml_linear(const GgmlLinearArgs& a);
 }  // namespace avx2
 namespace avx512 {
 CIDER_X86_DECLARE_KERNELS

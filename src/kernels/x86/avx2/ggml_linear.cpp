@@ -1,0 +1,237 @@
+// Linear layer over native GGUF weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), AVX2. Contract:
+// GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp (float64 over the dequantized rows).
+//
+// Activations: each row of x is quantized once per 32 elements ("piece") to int8 with step dx = max|x|/127 of the
+// piece (rint, as the W8A8 kernels do); the sums of its codes over each half-piece of 16 are kept, times dx.
+// Weights: each piece of a block is read in its integer form (quant/ggml_blocks.h): w_i = a_h·c_i + b_h with int8
+// codes c and one (a, b) per half-piece h. One piece's dot product is then exact in integers,
+//   vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15: no saturation), vpmaddwd by 1 → int32 lanes 0..3 for
+//   the first 16 elements, 4..7 for the last 16,
+// and y = Σ_pieces dx·(Σ_h a_h·S_h + b_h·X_h) + bias in float32 (S_h the integer dots, X_h the activation code sums).
+// Codes are unpacked with byte shuffles and masks for every format but Q5_K, whose pieces come from
+// quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
+// piece serves 4 activation rows.
+#include <cstring>
+
+#include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/avx2/simd.h"
+#include "kernels/x86/x86_kernels.h"
+#include "quant/ggml_blocks.h"
+
+namespace cider::kernels::x86::avx2 {
+
+namespace {
+
+constexpr int kTile = 4;       // activation rows per pass over a weight row
+constexpr int64_t kRowsPerChunk = 8;
+
+static inline float f16_load(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One unpacked piece: 32 int8 codes and the float (a, b) of each half.
+struct Piece {
+  __m256i c;
+  float a0, a1, b0, b1;
+};
+
+// 32 codes of a 16-byte nibble array: element i < 16 is the low nibble of byte i, element i + 16 its high nibble.
+static inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// 0x10 in byte i where bit i of qh is set.
+static inline __m256i bits32(uint32_t qh) {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(qh));
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i bytes = _mm256_shuffle_epi8(v, pick);  // lanes hold the same 4 bytes: byte i/8 of qh
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+static inline uint32_t u32_load(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block (the packing of quant/ggml_blocks.cpp).
+static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// All pieces of one block into p[] (1 for the 32-element formats, 8 for the K-quants).
+static inline void unpack_block(quant::GgmlType t, const uint8_t* b, Piece* p) {
+  using quant::GgmlType;
+  switch (t) {
+    case GgmlType::kQ8_0:
+      p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      p[0].a0 = p[0].a1 = f16_load(b);
+      p[0].b0 = p[0].b1 = 0.0f;
+      return;
+    case GgmlType::kQ4_0:
+      p[0].c = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+      p[0].a0 = p[0].a1 = f16_load(b);
+      p[0].b0 = p[0].b1 = 0.0f;
+      return;
+    case GgmlType::kQ4_1:
+      p[0].c = nibbles32(b + 4);
+      p[0].a0 = p[0].a1 = f16_load(b);
+      p[0].b0 = p[0].b1 = f16_load(b + 2);
+      return;
+    case GgmlType::kQ5_0:
+      p[0].c = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2))), _mm256_set1_epi8(16));
+      p[0].a0 = p[0].a1 = f16_load(b);
+      p[0].b0 = p[0].b1 = 0.0f;
+      return;
+    case GgmlType::kQ5_1:
+      p[0].c = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
+      p[0].a0 = p[0].a1 = f16_load(b);
+      p[0].b0 = p[0].b1 = f16_load(b + 2);
+      return;
+    case GgmlType::kQ4_K: {
+      const float d = f16_load(b), dmin = f16_load(b + 2);
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+        p[2 * c].c = _mm256_and_si256(q, m4);
+        p[2 * c + 1].c = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        scale_min(b + 4, j, &sc, &mn);
+        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
+        p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const float d = f16_load(b + 208);
+      const uint8_t* sc = b + 192;
+      const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        for (int j = 0; j < 4; ++j) {
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
+          p[4 * h + j].c = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4)), off);
+        }
+      }
+      for (int j = 0; j < 8; ++j) {
+        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
+        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
+        p[j].b0 = p[j].b1 = 0.0f;
+      }
+      return;
+    }
+    default: {  // Q5_K: the scalar integer form
+      alignas(32) int8_t c[32];
+      float a[2], o[2];
+      for (int j = 0; j < 8; ++j) {
+        quant::ggml_piece(t, b, j, c, a, o);
+        p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+        p[j].a0 = a[0];
+        p[j].a1 = a[1];
+        p[j].b0 = o[0];
+        p[j].b1 = o[1];
+      }
+      return;
+    }
+  }
+}
+
+struct Ctx {
+  const GgmlLinearArgs* a;
+  quant::GgmlType type;
+  int block_size, block_bytes, pieces;  // pieces per block
+  const int8_t* xq;   // [M, K] codes
+  const float* dx;    // [M, K/32] steps
+  const float* xs;    // [M, K/32, 2] dx · (sum of the codes of each half-piece)
+};
+
+void rows(void* vctx, int64_t c0, int64_t c1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t P = a.K / 32, blocks = a.K / c.block_size;
+  const __m256i ones = _mm256_set1_epi16(1);
+  Piece pc[8];
+  for (int64_t n = c0 * kRowsPerChunk; n < imin(c1 * kRowsPerChunk, a.N); ++n) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * a.row_bytes;
+    for (int64_t m0 = 0; m0 < a.M; m0 += kTile) {
+      const int mt = static_cast<int>(imin(kTile, a.M - m0));
+      __m256 acc[kTile];
+      float accb[kTile];
+      for (int t = 0; t < kTile; ++t) {
+        acc[t] = _mm256_setzero_ps();
+        accb[t] = 0.0f;
+      }
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        unpack_block(c.type, w + blk * c.block_bytes, pc);
+        for (int j = 0; j < c.pieces; ++j) {
+          const int64_t piece = blk * c.pieces + j;
+          const __m256i ac = _mm256_sign_epi8(pc[j].c, pc[j].c);  // |c|
+          const __m256 av = _mm256_set_m128(_mm_set1_ps(pc[j].a1), _mm_set1_ps(pc[j].a0));
+          for (int t = 0; t < mt; ++t) {
+            const int64_t m = m0 + t;
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + m * a.K + piece * 32));
+            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), ones);
+            const __m256 scale = _mm256_mul_ps(av, _mm256_set1_ps(c.dx[m * P + piece]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[t]);
+            const float* xs = c.xs + (m * P + piece) * 2;
+            accb[t] += pc[j].b0 * xs[0] + pc[j].b1 * xs[1];
+          }
+        }
+      }
+      for (int t = 0; t < mt; ++t)
+        a.out[(m0 + t) * a.N + n] = hsum_ps(acc[t]) + accb[t] + (a.bias ? a.bias[n] : 0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+void ggml_linear(const GgmlLinearArgs& a) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
+  if (f == nullptr || !f->integer_form || a.K == 0 || a.N == 0 || a.M == 0 || a.K % f->block_size != 0 ||
+      a.row_bytes != quant::ggml_row_bytes(*f, a.K))
+    return ref::ggml_linear(a);  // no integer form, empty, or a shape the reference reports
+  const int64_t P = a.K / 32;
+  int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
+  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));
+  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(a.M * P * 2) * sizeof(float)));
+  for (int64_t m = 0; m < a.M; ++m) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float* x = a.x + m * a.K + p * 32;
+      int8_t* q = xq + m * a.K + p * 32;
+      const float step = quantize_row(x, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
+      int s0 = 0, s1 = 0;
+      for (int i = 0; i < 16; ++i) {
+        s0 += q[i];
+        s1 += q[16 + i];
+      }
+      dx[m * P + p] = step;
+      xs[(m * P + p) * 2] = step * static_cast<float>(s0);
+      xs[(m * P + p) * 2 + 1] = step * static_cast<float>(s1);
+    }
+  }
+  Ctx c{&a, f->type, f->block_size, f->block_bytes, f->block_size / 32, xq, dx, xs};
+  parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
+}
+
+}  // namespace cider::kernels::x86::avx2

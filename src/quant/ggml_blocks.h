@@ -1,0 +1,49 @@
+// cider/quant/ggml_blocks.h — the quantized block formats of GGUF files (ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the
+// K-quants Q2_K … Q6_K): their geometry, their dequantization (the reference: plain scalar C++, one block at a time,
+// one float32 rounding per operation in the order written, bit for bit gguf-py's numpy reference), and the integer
+// form the native-weight kernels multiply (kernels/kernel_table.h, GgmlLinearArgs).
+//
+// Integer form: a block is read as pieces of 32 consecutive elements; in piece p, element i (0..31) is
+//   w_i = a[i / 16] · c_i + b[i / 16],   c_i an int8 (|c_i| <= 128), a and b float32,
+// so a kernel can dot the codes with int8 activations exactly in integers and apply a and b per half-piece:
+// Σ_i w_i·x_i = Σ_h a_h·Σ_{i∈h} c_i·x_i + b_h·Σ_{i∈h} x_i.
+//   Q8_0  c = q,         a = d,              b = 0
+//   Q4_0  c = q − 8,     a = d,              b = 0          Q4_1  c = q, a = d, b = m
+//   Q5_0  c = q − 16,    a = d,              b = 0          Q5_1  c = q, a = d, b = m
+//   Q4_K  c = q,         a = d·sc_j,         b = −dmin·m_j  (j = the piece: one scale/min per 32 elements)
+//   Q5_K  as Q4_K with 5-bit q
+//   Q6_K  c = q − 32,    a = d·sc_{16-group}, b = 0        (a scale per 16 elements: both halves differ)
+// Q2_K and Q3_K have no integer form here (their kernels are not written): ggml_piece refuses them.
+// Block layouts (byte offsets) are tabulated in docs/checkpoint_formats.md.
+#pragma once
+
+#include <cstdint>
+
+namespace cider::quant {
+
+// ggml type ids of the block formats (the values in GGUF files).
+enum class GgmlType : uint32_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+};
+
+using GgmlBlockDecoder = void (*)(const uint8_t* block, float* out);  // block_size floats
+
+struct GgmlBlockFormat {
+  GgmlType type;
+  const char* name;     // "Q4_K"
+  int block_size;       // elements per block: 32, or 256 for the K-quants
+  int block_bytes;
+  GgmlBlockDecoder decode;
+  bool integer_form;    // ggml_piece supports it (the native kernels can multiply it)
+};
+
+// nullptr for a type id that is not one of the block formats above (F32/F16/BF16 included).
+const GgmlBlockFormat* ggml_block_format(uint32_t type);
+
+// Piece p (0 .. block_size/32 − 1) of one block in integer form (see above). The type must have integer_form.
+void ggml_piece(GgmlType type, const uint8_t* block, int piece, int8_t c[32], float a[2], float b[2]);
+
+// Bytes of one row of k elements (k a multiple of the block size).
+inline int64_t ggml_row_bytes(const GgmlBlockFormat& f, int64_t k) { return k / f.block_size * f.block_bytes; }
+
+}  // namespace cider::quant

@@ -1,0 +1,205 @@
+// Native GGUF weights: the integer form of every block format against its decoder (quant/ggml_blocks.h), the
+// reference kernel against an independent float64 computation, and every ISA level's kernel against the reference
+// with the bound of int8 activations (GgmlLinearArgs), on fresh random blocks, shapes with tails, M = 1 and M > 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/kernel_table.h"
+#include "quant/ggml_blocks.h"
+#include "support/test_support.h"
+
+namespace cider {
+namespace {
+
+using quant::GgmlType;
+
+template <typename Fn>
+::testing::AssertionResult throws_code(Fn fn, ErrorCode code, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (e.code() != code) return ::testing::AssertionFailure() << "wrong code: " << e.what();
+    if (std::string(e.what()).find(needle) == std::string::npos)
+      return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << needle << "'";
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+const GgmlType kIntegerTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                  GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random bytes with every f16 scale field replaced by a finite value of a realistic size (random bytes would give
+// infinities and NaNs, which real files do not hold).
+std::vector<uint8_t> random_blocks(std::mt19937_64& rng, GgmlType t, int64_t blocks) {
+  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+  std::vector<uint8_t> out(static_cast<size_t>(blocks * f.block_bytes));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> d(0.001f, 0.05f), m(-0.05f, 0.05f);
+  for (auto& b : out) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* b = out.data() + i * f.block_bytes;
+    switch (t) {
+      case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ5_0: put_f16(b, d(rng)); break;
+      case GgmlType::kQ4_1: case GgmlType::kQ5_1: put_f16(b, d(rng)); put_f16(b + 2, m(rng)); break;
+      case GgmlType::kQ4_K: case GgmlType::kQ5_K: put_f16(b, d(rng) / 16); put_f16(b + 2, d(rng) / 16); break;
+      case GgmlType::kQ6_K: put_f16(b + 208, d(rng) / 64); break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+TEST(GgmlBlocks, IntegerFormEqualsTheDecoder) {
+  auto rng = test::make_rng(1101);
+  for (GgmlType t : kIntegerTypes) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    SCOPED_TRACE(f.name);
+    ASSERT_TRUE(f.integer_form);
+    const std::vector<uint8_t> blocks = random_blocks(rng, t, 20);
+    std::vector<float> y(static_cast<size_t>(f.block_size));
+    for (int i = 0; i < 20; ++i) {
+      const uint8_t* b = blocks.data() + i * f.block_bytes;
+      f.decode(b, y.data());
+      for (int p = 0; p < f.block_size / 32; ++p) {
+        int8_t c[32];
+        float a[2], o[2];
+        quant::ggml_piece(t, b, p, c, a, o);
+        for (int e = 0; e < 32; ++e) {
+          const double w = static_cast<double>(a[e / 16]) * c[e] + o[e / 16];
+          // The decoder rounds its (at most two) float32 operations; the integer form is exact in float64.
+          const double tol = 2.0 * 0x1p-24 * (std::fabs(static_cast<double>(a[e / 16]) * c[e]) + std::fabs(o[e / 16]));
+          ASSERT_LE(std::fabs(w - y[static_cast<size_t>(32 * p + e)]), tol) << "piece " << p << " element " << e;
+        }
+      }
+    }
+  }
+  int8_t c[32];
+  float a[2], o[2];
+  const std::vector<uint8_t> q2(84, 0);
+  EXPECT_TRUE(throws_code([&] { quant::ggml_piece(GgmlType::kQ2_K, q2.data(), 0, c, a, o); },
+                                ErrorCode::kUnsupported, "integer form"));
+  EXPECT_EQ(quant::ggml_block_format(1), nullptr);  // F16 is not a block format
+}
+
+struct Case {
+  GgmlType type;
+  int64_t M, N, K;
+  bool bias;
+};
+
+// The reference's output and the float64 pieces of the bound, computed independently of the kernels.
+void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kernels::KernelTable*>& tables) {
+  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(cs.type));
+  const int64_t row_bytes = quant::ggml_row_bytes(f, cs.K);
+  const std::vector<uint8_t> w = random_blocks(rng, cs.type, cs.N * cs.K / f.block_size);
+  std::vector<float> x = test::randn(rng, static_cast<size_t>(cs.M * cs.K));
+  for (size_t i = 0; i < x.size(); i += 37) x[i] *= 8.0f;  // a few large activations per piece
+  std::vector<float> bias = test::randn(rng, static_cast<size_t>(cs.N));
+  std::vector<float> wf(static_cast<size_t>(cs.N * cs.K));
+  for (int64_t b = 0; b < cs.N * cs.K / f.block_size; ++b) f.decode(w.data() + b * f.block_bytes, wf.data() + b * f.block_size);
+
+  kernels::GgmlLinearArgs a{};
+  a.x = x.data();
+  a.w = w.data();
+  a.ggml_type = static_cast<uint32_t>(cs.type);
+  a.row_bytes = row_bytes;
+  a.bias = cs.bias ? bias.data() : nullptr;
+  a.M = cs.M;
+  a.N = cs.N;
+  a.K = cs.K;
+  std::vector<float> ref(static_cast<size_t>(cs.M * cs.N));
+  a.out = ref.data();
+  kernels::ref_kernels().ggml_linear(a);
+  for (int64_t m = 0; m < cs.M; ++m)
+    for (int64_t n = 0; n < cs.N; ++n) {
+      double want = cs.bias ? bias[static_cast<size_t>(n)] : 0.0;
+      for (int64_t k = 0; k < cs.K; ++k) want += static_cast<double>(x[static_cast<size_t>(m * cs.K + k)]) * wf[static_cast<size_t>(n * cs.K + k)];
+      ASSERT_EQ(ref[static_cast<size_t>(m * cs.N + n)], static_cast<float>(want));
+    }
+
+  for (const kernels::KernelTable* t : tables) {
+    SCOPED_TRACE(t->name);
+    std::vector<float> got(ref.size(), std::nanf(""));
+    a.out = got.data();
+    t->ggml_linear(a);
+    for (int64_t m = 0; m < cs.M; ++m)
+      for (int64_t n = 0; n < cs.N; ++n) {
+        // Int8 activations: each x moves by at most half its piece's step max|x_piece|/127, so the output moves by
+        // Σ_k |w_k|·step/2; float32 sums of K/32 pieces (each a product of a rounded scale and an exact integer dot,
+        // plus the b term) add (P + 16)·2⁻²³·Σ_k |w_k|·(|x_k| + step); the bias is added once.
+        double quant_err = 0.0, mag = 0.0;
+        for (int64_t p = 0; p < cs.K / 32; ++p) {
+          double amax = 0.0, wsum = 0.0, mag_p = 0.0;
+          for (int64_t e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(m * cs.K + p * 32 + e)])));
+          const double step = amax / 127.0;
+          for (int64_t e = 0; e < 32; ++e) {
+            const double wk = std::fabs(static_cast<double>(wf[static_cast<size_t>(n * cs.K + p * 32 + e)]));
+            wsum += wk;
+            mag_p += wk * (std::fabs(static_cast<double>(x[static_cast<size_t>(m * cs.K + p * 32 + e)])) + step);
+          }
+          quant_err += wsum * step / 2.0;
+          mag += mag_p;
+        }
+        const double tol = quant_err + (static_cast<double>(cs.K / 32) + 16.0) * 0x1p-23 * mag +
+                           0x1p-23 * (cs.bias ? std::fabs(bias[static_cast<size_t>(n)]) : 0.0);
+        const float g = got[static_cast<size_t>(m * cs.N + n)];
+        ASSERT_FALSE(std::isnan(g)) << "m " << m << " n " << n;
+        ASSERT_LE(std::fabs(static_cast<double>(g) - ref[static_cast<size_t>(m * cs.N + n)]), tol)
+            << "m " << m << " n " << n << " type " << f.name;
+      }
+  }
+}
+
+std::vector<const kernels::KernelTable*> all_tables() {
+  std::vector<const kernels::KernelTable*> out;
+  for (IsaLevel l : supported_isas()) out.push_back(&kernels::kernels_for_isa(l));
+  return out;
+}
+
+TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
+  auto rng = test::make_rng(1102);
+  const auto tables = all_tables();
+  for (GgmlType t : kIntegerTypes) {
+    const int64_t bs = quant::ggml_block_format(static_cast<uint32_t>(t))->block_size;
+    SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
+    for (const Case& c : {Case{t, 1, 13, bs, true}, Case{t, 1, 37, 3 * bs, false}, Case{t, 3, 9, 2 * bs, true},
+                          Case{t, 6, 17, bs, false}, Case{t, 1, 1, 4 * bs, true}})
+      run_case(rng, c, tables);
+  }
+}
+
+TEST(GgmlLinear, ShapesThatBreakTheFormatAreErrors) {
+  std::vector<uint8_t> w(144);
+  std::vector<float> x(128), out(1);
+  kernels::GgmlLinearArgs a{};
+  a.x = x.data();
+  a.w = w.data();
+  a.ggml_type = static_cast<uint32_t>(GgmlType::kQ4_K);
+  a.row_bytes = 144;
+  a.out = out.data();
+  a.M = 1;
+  a.N = 1;
+  a.K = 128;  // not a multiple of 256
+  for (const kernels::KernelTable* t : all_tables())
+    EXPECT_TRUE(throws_code([&] { t->ggml_linear(a); }, ErrorCode::kShapeMismatch, "multiple")) << t->name;
+  a.K = 256;
+  a.ggml_type = 1;  // F16: not a block format
+  EXPECT_TRUE(throws_code([&] { kernels::ref_kernels().ggml_linear(a); }, ErrorCode::kUnsupported, "block"));
+}
+
+}  // namespace
+}  // namespace cider
