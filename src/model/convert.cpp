@@ -23,6 +23,7 @@ namespace {
 constexpr const char* kOp = "convert";
 
 void add_linear(SafetensorsWriter& w, const Linear& L) {
+  check(L.kind != Linear::Kind::kGgml, ErrorCode::kUnsupported, kOp, L.name, ": native GGUF blocks cannot be written");
   if (L.kind == Linear::Kind::kDense) {
     w.add(L.name + ".weight", L.w_dtype, {L.N, L.K}, L.w);
   } else {
@@ -103,6 +104,8 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   check(!out_dir.empty(), ErrorCode::kInvalidArgument, kOp, "the output directory must be named");
   check(!fs::exists(out_dir, ec), ErrorCode::kInvalidArgument, kOp, "the output directory must not exist yet; got '",
         out_dir, "'");
+  check(format != WeightFormat::kNative, ErrorCode::kUnsupported, kOp, "--weights native is not written to cider's "
+        "format yet (a GGUF file already is native: load it directly); convert to bf16, f32, w8a8* or w4a8");
   ModelOptions opts;
   opts.weights = format;
   opts.kv = parse_kv_format("bf16");  // no cache is built; a plain one puts no constraint on head_dim

@@ -11,6 +11,7 @@
 #include "model/transformer.h"
 #include "nn/attention.h"
 #include "nn/kv_cache.h"
+#include "quant/ggml_blocks.h"
 
 namespace cider::model {
 
@@ -138,6 +139,16 @@ class CpuBackend final : public PassBackend {
   void embed() override {
     const int64_t H = c_.hidden_size;
     float* x = s_.x.data();
+    if (m_.w.embed_ggml_type != 0) {  // native GGUF blocks: decode the token's row, then scale
+      const quant::GgmlBlockFormat& f = *quant::ggml_block_format(m_.w.embed_ggml_type);
+      const int64_t rb = quant::ggml_row_bytes(f, H);
+      for (int64_t t = 0; t < rows_; ++t) {
+        const uint8_t* src = static_cast<const uint8_t*>(m_.w.embed) + tokens_[t] * rb;
+        for (int64_t b = 0; b < H / f.block_size; ++b) f.decode(src + b * f.block_bytes, x + t * H + b * f.block_size);
+        for (int64_t i = 0; i < H; ++i) x[t * H + i] *= c_.embed_scale;
+      }
+      return;
+    }
     for (int64_t t = 0; t < rows_; ++t) {
       const int64_t row = tokens_[t];
       for (int64_t i = 0; i < H; ++i) x[t * H + i] = load_float(m_.w.embed, m_.w.embed_dtype, row * H + i) * c_.embed_scale;

@@ -16,6 +16,7 @@
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "quant/affine.h"
+#include "quant/ggml_blocks.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -281,12 +282,70 @@ class Builder {
     used_.insert(sn);
   }
 
+  // --weights native: the GGUF tensor `hf` (N, K) kept in its block format when the format has kernels; nullptr
+  // when it has none (the caller then takes the bf16 path). Every block is decoded once here to check that the
+  // weights are finite. q/k of interleaved-head GGUF files get their rows un-permuted into owned memory.
+  const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
+    const std::string gn = gguf_tensor_name(arch_, hf);
+    const GGUFTensor* t = gguf_->find(gn);
+    if (!t) missing(hf);
+    const quant::GgmlBlockFormat* f = quant::ggml_block_format(t->type);
+    if (f == nullptr || !f->integer_form) return nullptr;
+    check_shape(gn, t->shape, {N, K});
+    const int64_t rb = quant::ggml_row_bytes(*f, K);
+    check(K % f->block_size == 0 && static_cast<int64_t>(t->nbytes) == N * rb, ErrorCode::kCorrupt, kOp, where_,
+          ": tensor '", gn, "' must hold ", N * rb, " bytes of ", f->name, " blocks; got ", t->nbytes);
+    used_.insert(gn);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t b = 0; b < K / f->block_size; ++b)
+        f->decode(t->data + n * rb + b * f->block_bytes, row.data() + b * f->block_size);
+      const int64_t bad = find_nonfinite(row.data(), DType::kF32, K);
+      check(bad < 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' must hold finite values; got ",
+            bad < 0 ? 0.0f : row[static_cast<size_t>(bad)], " at row ", n, " column ", bad);
+    }
+    *type = t->type;
+    const bool permuted = arch_.gguf_qk_interleaved && (hf.find("self_attn.q_proj.") != std::string::npos ||
+                                                        hf.find("self_attn.k_proj.") != std::string::npos);
+    if (!permuted) return t->data;
+    // The row order unpermute_gguf_heads gives, read off a column of row indices.
+    const int64_t heads = hf.find("q_proj") != std::string::npos ? c_.num_heads : c_.num_kv_heads;
+    std::vector<float> src(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) src[static_cast<size_t>(n)] = static_cast<float>(n);
+    unpermute_gguf_heads(src.data(), heads, c_.head_dim, 1);
+    Tensor& copy = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{N * rb});
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(copy.ptr<uint8_t>() + n * rb, t->data + static_cast<int64_t>(src[static_cast<size_t>(n)]) * rb,
+                  static_cast<size_t>(rb));
+    return copy.ptr<uint8_t>();
+  }
+
+  void count(const std::string& what) { ++w_->format_counts[what]; }
+
   Linear linear(const std::string& prefix, int64_t N, int64_t K, bool has_bias) {
     Linear L;
     L.name = prefix;
     L.N = N;
     L.K = K;
     const Linear::Kind kindw = weight_format_info(format_).kind;
+    if (format_ == WeightFormat::kNative) {
+      uint32_t type = 0;
+      if (const uint8_t* blocks = native_blocks(prefix + ".weight", N, K, &type)) {
+        L.kind = Linear::Kind::kGgml;
+        L.w = blocks;
+        L.w_dtype = DType::kU8;
+        L.ggml_type = type;
+        count(quant::ggml_block_format(type)->name);
+      } else {  // a type without kernels (F32/F16/BF16, Q2_K, Q3_K): bf16, said in the load summary
+        FloatRef r = fetch_float(prefix + ".weight", {N, K});
+        L.kind = Linear::Kind::kDense;
+        L.w_dtype = DType::kBF16;
+        L.w = keep_as(r, DType::kBF16);
+        count("bf16");
+      }
+      if (has_bias) L.bias = bias(prefix + ".bias", N);
+      return L;
+    }
     if (kind_ == SourceKind::kCider && st(prefix + ".qweight")) {
       cider_int(L);
     } else if (kindw != Linear::Kind::kDense && is_mlx_quantized(prefix)) {
@@ -340,11 +399,24 @@ class Builder {
     // Embedding: kept float. Dense formats hold it in their dtype; int formats keep the checkpoint's float dtype
     // (in place) — it is only read one row per token.
     const std::string en = "model.embed_tokens.weight";
-    named(en, [&] {
+    if (format_ == WeightFormat::kNative) {
+      // Native: the embedding stays in its block format too (a row is decoded per token); a format with kernels
+      // also serves as the tied LM head.
+      uint32_t type = 0;
+      const uint8_t* blocks = named(en, [&] { return native_blocks(en, c.vocab_size, H, &type); });
+      if (blocks != nullptr) {
+        w.embed_name = en;
+        w.embed = blocks;
+        w.embed_dtype = DType::kU8;
+        w.embed_ggml_type = type;
+      }
+    }
+    if (w.embed == nullptr) named(en, [&] {
       FloatRef e = fetch_float(en, {c.vocab_size, H});
       DType dt = e.view.dtype;
       if (weight_format_info(format_).kind == WeightKind::kDense) dt = weight_format_info(format_).dtype;
-      else if (e.temp && dt == DType::kF32) dt = DType::kBF16;  // dequantized GGUF: bf16 is plenty for a lookup table
+      else if (e.temp && dt == DType::kF32) dt = DType::kBF16;
+      else if (format_ == WeightFormat::kNative) dt = DType::kBF16;  // dequantized GGUF: bf16 is plenty for a lookup table
       w.embed_name = en;
       w.embed_dtype = dt;
       w.embed = keep_as(e, dt);
@@ -385,7 +457,25 @@ class Builder {
 
     // LM head.
     const Linear::Kind kindw = weight_format_info(format_).kind;
-    if (!c.tie_word_embeddings) {
+    if (format_ == WeightFormat::kNative && c.tie_word_embeddings) {
+      w.lm_head.name = "lm_head";
+      w.lm_head.N = c.vocab_size;
+      w.lm_head.K = H;
+      if (w.embed_ggml_type != 0) {  // the embedding's blocks, read in place
+        w.lm_head.kind = Linear::Kind::kGgml;
+        w.lm_head.w = w.embed;
+        w.lm_head.w_dtype = DType::kU8;
+        w.lm_head.ggml_type = w.embed_ggml_type;
+        w.head_is_embedding = true;
+        count(quant::ggml_block_format(w.embed_ggml_type)->name);
+      } else {  // a float embedding (bf16 here): the head reads it as is
+        w.lm_head.kind = Linear::Kind::kDense;
+        w.lm_head.w = w.embed;
+        w.lm_head.w_dtype = w.embed_dtype;
+        w.head_is_embedding = true;
+        count("bf16");
+      }
+    } else if (!c.tie_word_embeddings) {
       w.lm_head = named("lm_head", [&] { return linear("lm_head", c.vocab_size, H, false); });
     } else if (kindw == Linear::Kind::kDense) {
       // Tied, dense: the head reads the embedding matrix itself (same dtype), no copy.
@@ -428,7 +518,10 @@ class Builder {
     }
 
     // Bytes of every weight the model uses.
-    size_t bytes = static_cast<size_t>(c.vocab_size * H * dtype_size(w.embed_dtype));
+    size_t bytes = w.embed_ggml_type != 0
+                       ? static_cast<size_t>(c.vocab_size * quant::ggml_row_bytes(
+                                                                *quant::ggml_block_format(w.embed_ggml_type), H))
+                       : static_cast<size_t>(c.vocab_size * H * dtype_size(w.embed_dtype));
     auto add = [&](const Linear& L) { bytes += L.nbytes(); };
     auto addn = [&](const NormWeight& n) { bytes += static_cast<size_t>(n.dim) * sizeof(float); };
     for (const LayerWeights& L : w.layers) {
@@ -468,6 +561,8 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
   std::error_code ec;
   check(fs::exists(path, ec), ErrorCode::kIo, kOp, "model path '", path, "' does not exist");
   if (fs::is_directory(path, ec)) {
+    check(format != WeightFormat::kNative, ErrorCode::kInvalidArgument, kOp, "--weights native keeps a GGUF file's "
+          "blocks as they are; '", path, "' is a directory (use bf16, f32, w8a8, w8a8-g64/128/256 or w4a8)");
     auto set = std::make_shared<const SafetensorsSet>(SafetensorsSet::open_dir(path));
     const auto& meta = set->metadata();
     const auto fmt_it = meta.find("format");

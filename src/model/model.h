@@ -28,7 +28,7 @@ const char* architecture_name(Architecture a);
 
 // --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
 // (model/weight_format.cpp): adding a format is one enum value and one table row, plus its kernels.
-enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8 };
+enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8, kNative };
 using nn::WeightKind;  // what a linear layer holds: float, int8 codes, packed int4 codes (nn/linear_weights.h)
 struct WeightFormatInfo {
   WeightFormat id;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,14 +57,17 @@ struct LayerWeights {
 
 struct Weights {
   std::string embed_name;
-  const void* embed = nullptr;  // (vocab, hidden) in embed_dtype (f32, f16 or bf16), kept float
+  const void* embed = nullptr;  // (vocab, hidden) in embed_dtype (f32, f16 or bf16), kept float; or, with
+                                // embed_ggml_type (--weights native), vocab rows of that GGUF block format
   DType embed_dtype = DType::kF32;
+  uint32_t embed_ggml_type = 0;  // 0: a float embedding
   std::vector<LayerWeights> layers;  // (layer)
   NormWeight final_norm;             // (hidden)
   Linear lm_head;                    // (vocab, hidden); with tied embeddings: the embedding itself (dense formats)
                                      // or a quantized copy of it (int formats)
   bool head_is_embedding = false;    // lm_head.w == embed (nothing separate to store)
 
+  std::map<std::string, int> format_counts;              // --weights native: linear layers per format kept
   std::vector<std::shared_ptr<const void>> keep_alive;  // memory maps the pointers above point into
   std::deque<Tensor> owned;                             // converted / dequantized tensors
   size_t nbytes = 0;                                    // every weight byte the model uses (mapped or owned)

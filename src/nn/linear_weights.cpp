@@ -1,6 +1,9 @@
 // Linear-layer weight descriptors (nn/linear_weights.h).
 #include "nn/linear_weights.h"
 
+#include "core/error.h"
+#include "quant/ggml_blocks.h"
+
 namespace cider::nn {
 
 size_t LinearWeights::nbytes() const {
@@ -9,8 +12,13 @@ size_t LinearWeights::nbytes() const {
     case WeightKind::kDense: n = static_cast<size_t>(N * K * dtype_size(w_dtype)); break;
     case WeightKind::kInt8: n = static_cast<size_t>(N * K); break;
     case WeightKind::kInt4: n = static_cast<size_t>(N * K / 2); break;
+    case WeightKind::kGgml: {
+      const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
+      n = f ? static_cast<size_t>(N * quant::ggml_row_bytes(*f, K)) : 0;
+      break;
+    }
   }
-  if (kind != WeightKind::kDense) n += static_cast<size_t>(group_size == 0 ? N : (K / group_size) * N) * sizeof(float);
+  if (kind == WeightKind::kInt8 || kind == WeightKind::kInt4) n += static_cast<size_t>(group_size == 0 ? N : (K / group_size) * N) * sizeof(float);
   if (bias) n += static_cast<size_t>(N) * sizeof(float);
   return n;
 }
@@ -44,6 +52,23 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
     a.N = N;
     a.K = K;
     kt.dense_gemm(a);
+    return;
+  }
+  if (kind == WeightKind::kGgml) {
+    const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
+    check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, "linear", "native weights need a GGUF block "
+          "format with kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", ggml_type);
+    kernels::GgmlLinearArgs g{};
+    g.x = x;
+    g.w = w;
+    g.ggml_type = ggml_type;
+    g.row_bytes = quant::ggml_row_bytes(*f, K);
+    g.bias = bias;
+    g.out = out;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    kt.ggml_linear(g);
     return;
   }
   const kernels::IntLinearArgs a = int_args(x, M, out);

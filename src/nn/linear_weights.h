@@ -12,13 +12,16 @@
 
 namespace cider::nn {
 
-enum class WeightKind { kDense, kInt8, kInt4 };  // float weights, int8 codes, packed int4 codes
+// float weights, int8 codes, packed int4 codes, a GGUF block format kept as in the file (quant/ggml_blocks.h)
+enum class WeightKind { kDense, kInt8, kInt4, kGgml };
 
 struct LinearWeights {
   WeightKind kind = WeightKind::kDense;
   int64_t N = 0, K = 0;
-  const void* w = nullptr;        // dense: (N, K) in w_dtype; int8: int8 (N, K); int4: uint8 (N, K/2), q + 8 nibbles
-  DType w_dtype = DType::kF32;    // dense: f32, f16 or bf16; int8: kI8; int4: kU8
+  const void* w = nullptr;        // dense: (N, K) in w_dtype; int8: int8 (N, K); int4: uint8 (N, K/2), q + 8 nibbles;
+                                  // ggml: N rows of K / block_size blocks
+  DType w_dtype = DType::kF32;    // dense: f32, f16 or bf16; int8: kI8; int4 and ggml: kU8
+  uint32_t ggml_type = 0;         // ggml: the quant::GgmlType (one with an integer form)
   const float* scales = nullptr;  // int8/int4: (N) per channel or (K/group_size, N) per group
   int group_size = 0;             // int8/int4: 0 = per output channel
   const float* bias = nullptr;    // (N) or nullptr

@@ -110,8 +110,10 @@ GpuLinear upload_linear(const Linear& L) {
       g.w_dtype = DType::kU8;
       g.w_buf = cuda::to_device(L.w, nk / 2);
       break;
+    case Linear::Kind::kGgml:  // refused at load (the format table: no CUDA kernels for native GGUF weights yet)
+      fail(ErrorCode::kUnsupported, "cuda_backend", L.name, ": native GGUF weights have no CUDA kernels yet");
   }
-  if (L.kind != Linear::Kind::kDense) {
+  if (L.kind == Linear::Kind::kInt8 || L.kind == Linear::Kind::kInt4) {
     const int64_t n_scales = L.group_size == 0 ? L.N : (L.K / L.group_size) * L.N;
     g.scales_buf = upload_floats(L.scales, n_scales);
   }
