@@ -946,6 +946,38 @@ TEST(ModelGguf, Q8_0TensorsDequantizeThenConvert) {
   EXPECT_TRUE(cider::test::all_close(b.data(), a.data(), a.size(), 0.0));
 }
 
+// --weights native keeps the Q8_0 blocks of the linear layers (q/k rows un-permuted block row by block row), falls
+// back to bf16 for the F16 embedding, and computes the reference's logits up to int8 activations per 32 (a relative
+// error per matmul of about 2⁻⁸, hence the 0.03 RMS bound over a few layers, as the w8a8 test bounds its own).
+TEST(ModelGguf, NativeKeepsQ8_0BlocksAndMatchesTheReference) {
+  Spec spec;
+  TensorMap m = f16_exact(random_weights(spec, 87));
+  for (auto& [name, t] : m)
+    if (t.first.size() == 2 && name != "model.embed_tokens.weight") t.second = GgufWriter::q8_0_roundtrip(t.second);
+  const std::string path = write_gguf(spec, m, "llama", /*q8=*/true);
+  const auto tok = random_tokens(24, spec.V, 88);
+  const Vec ref = reference_logits(spec, m, tok);
+  auto native = cm::Model::load(path, opts("native", "f32"));
+  const cm::Weights& w = native->impl().w;
+  EXPECT_EQ(w.layers[0].q.kind, cm::Linear::Kind::kGgml);
+  EXPECT_EQ(w.layers[0].q.ggml_type, 8u);  // Q8_0
+  EXPECT_EQ(w.embed_ggml_type, 0u);        // F16 in the file: no integer form, kept as bf16
+  EXPECT_EQ(w.format_counts.at("Q8_0"), 7 * spec.L + (spec.tie ? 0 : 1));
+  const std::vector<float> got = run(*native, tok);
+  EXPECT_LT(rel_rms(got, ref), 0.03);
+  // The q/k row order is right: the same file through f32 (dequantized, un-permuted as floats) agrees as closely.
+  const std::vector<float> f32 = run(*cm::Model::load(path, opts("f32", "f32")), tok);
+  EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), 0.03);
+  // A directory has no blocks to keep.
+  try {
+    cm::Model::load(std::string(CIDER_SOURCE_DIR) + "/models/cider-tiny", opts("native", "f32"));
+    ADD_FAILURE() << "native from a directory loaded";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("GGUF"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelGguf, Gemma3NormsAndLayerPattern) {
   Spec spec = arch_specs()[4].second;
   // llama.cpp's Gemma 3: every layer sliding except each 6th, local base 10000, q scale head_dim^-1/2, no softcap
