@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+#include "quant/ggml_blocks.h"
 
 // `cider bench attention …` runs bench/attention_bench.cpp's program (same options, table, --json): the file is
 // compiled into this one without its main(), so the two stay one implementation.
@@ -251,6 +252,31 @@ Result affine(const BenchOptions& o, const kernels::KernelTable& t, int bits, in
   return r;
 }
 
+// Native GGUF weights: random blocks (the kernels' speed does not depend on the values), int8 activations per 32.
+Result ggml(const BenchOptions& o, const kernels::KernelTable& t, quant::GgmlType type, int64_t M, int64_t N,
+            int64_t K) {
+  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(type));
+  const int64_t rb = quant::ggml_row_bytes(f, K);
+  const size_t wbytes = static_cast<size_t>(N * rb);
+  const Pool pool = Pool::make(wbytes, M == 1 ? o.pool_mb : 0, 41, false);
+  const std::vector<float> x = random_floats(static_cast<size_t>(M * K), -1.0f, 1.0f, 42);
+  std::vector<float> out(static_cast<size_t>(M * N));
+  kernels::GgmlLinearArgs a{x.data(), nullptr, static_cast<uint32_t>(type), rb, nullptr, out.data(), M, N, K};
+  Result r;
+  r.kernel = std::string("ggml_linear ") + f.name + (M == 1 ? " (gemv)" : "");
+  r.M = M;
+  r.N = N;
+  r.K = K;
+  r.bytes = static_cast<double>(wbytes);
+  r.ops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  r.note = std::to_string(pool.copies.size()) + " weight copies, " + std::to_string(pool.bytes() >> 20) + " MiB";
+  r.ms = time_calls(M == 1 ? o.reps : std::max(3, o.reps / 4), [&](int i) {
+    a.w = pool.copies[static_cast<size_t>(i) % pool.copies.size()].data();
+    t.ggml_linear(a);
+  });
+  return r;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> c;
   auto add = [&](std::string name, std::function<Result(const BenchOptions&, const kernels::KernelTable&)> fn) {
@@ -290,6 +316,18 @@ std::vector<Case> all_cases() {
   });
   add("w4a8_gemm_m512_k4096_n4096_pc", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return int_linear(o, t, true, 512, 4096, 4096, 0);
+  });
+  // Native GGUF weights: the decode shape for the formats of Q4_K_M / Q8_0 files, and a prefill.
+  for (auto [type, name] : {std::pair<quant::GgmlType, const char*>{quant::GgmlType::kQ8_0, "q8_0"},
+                            {quant::GgmlType::kQ4_K, "q4_k"}, {quant::GgmlType::kQ6_K, "q6_k"},
+                            {quant::GgmlType::kQ5_0, "q5_0"}, {quant::GgmlType::kQ4_0, "q4_0"}}) {
+    const quant::GgmlType ty = type;
+    add(std::string("ggml_") + name + "_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
+      return ggml(o, t, ty, 1, 14336, 4096);
+    });
+  }
+  add("ggml_q4_k_gemm_m512_k4096_n4096", [](const BenchOptions& o, const kernels::KernelTable& t) {
+    return ggml(o, t, quant::GgmlType::kQ4_K, 512, 4096, 4096);
   });
   // Dense and MLX-format weights.
   for (DType wt : {DType::kBF16, DType::kF32}) {

@@ -10,7 +10,7 @@
 // and y = Σ_pieces dx·(Σ_h a_h·S_h + b_h·X_h) + bias in float32 (S_h the integer dots, X_h the activation code sums).
 // Codes are unpacked with byte shuffles and masks for every format but Q5_K, whose pieces come from
 // quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
-// piece serves 4 activation rows.
+// piece serves 4 activation rows; 8 weight rows are read together for one activation row (memory-level parallelism).
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
@@ -72,9 +72,12 @@ static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   }
 }
 
-// All pieces of one block into p[] (1 for the 32-element formats, 8 for the K-quants).
-static inline void unpack_block(quant::GgmlType t, const uint8_t* b, Piece* p) {
+// All pieces of one block into p[] (1 for the 32-element formats, 8 for the K-quants); a template on the format,
+// so each kernel instantiation keeps its pieces in registers.
+template <quant::GgmlType kType>
+static inline void unpack_block(const uint8_t* b, Piece* p) {
   using quant::GgmlType;
+  constexpr quant::GgmlType t = kType;
   switch (t) {
     case GgmlType::kQ8_0:
       p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
@@ -156,6 +159,15 @@ static inline void unpack_block(quant::GgmlType t, const uint8_t* b, Piece* p) {
   }
 }
 
+// Pieces per block, and whether any format piece has a nonzero b (Q4_1, Q5_1, Q4_K, Q5_K).
+constexpr int pieces_of(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K || t == quant::GgmlType::kQ6_K ? 8 : 1;
+}
+constexpr bool has_b(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K ||
+         t == quant::GgmlType::kQ5_K;
+}
+
 struct Ctx {
   const GgmlLinearArgs* a;
   quant::GgmlType type;
@@ -165,42 +177,79 @@ struct Ctx {
   const float* xs;    // [M, K/32, 2] dx · (sum of the codes of each half-piece)
 };
 
-void rows(void* vctx, int64_t c0, int64_t c1) {
-  const Ctx& c = *static_cast<const Ctx*>(vctx);
+// R weight rows × T activation rows from (n0, m0): R concurrent weight streams (memory-level parallelism for the
+// GEMV, as the W8A8 kernels read 8 rows together), T activation rows sharing each unpacked piece (the GEMM).
+template <quant::GgmlType kType, int R, int T>
+void tile(const Ctx& c, int64_t n0, int nr, int64_t m0, int mt) {
+  constexpr int kPieces = pieces_of(kType);
   const GgmlLinearArgs& a = *c.a;
   const int64_t P = a.K / 32, blocks = a.K / c.block_size;
   const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* w[R];
+  for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
+  __m256 acc[R][T];
+  float accb[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      accb[r][t] = 0.0f;
+    }
   Piece pc[8];
-  for (int64_t n = c0 * kRowsPerChunk; n < imin(c1 * kRowsPerChunk, a.N); ++n) {
-    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * a.row_bytes;
-    for (int64_t m0 = 0; m0 < a.M; m0 += kTile) {
-      const int mt = static_cast<int>(imin(kTile, a.M - m0));
-      __m256 acc[kTile];
-      float accb[kTile];
-      for (int t = 0; t < kTile; ++t) {
-        acc[t] = _mm256_setzero_ps();
-        accb[t] = 0.0f;
-      }
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        unpack_block(c.type, w + blk * c.block_bytes, pc);
-        for (int j = 0; j < c.pieces; ++j) {
-          const int64_t piece = blk * c.pieces + j;
-          const __m256i ac = _mm256_sign_epi8(pc[j].c, pc[j].c);  // |c|
-          const __m256 av = _mm256_set_m128(_mm_set1_ps(pc[j].a1), _mm_set1_ps(pc[j].a0));
-          for (int t = 0; t < mt; ++t) {
-            const int64_t m = m0 + t;
-            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + m * a.K + piece * 32));
-            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), ones);
-            const __m256 scale = _mm256_mul_ps(av, _mm256_set1_ps(c.dx[m * P + piece]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[t]);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    for (int r = 0; r < R; ++r) {
+      unpack_block<kType>(w[r] + blk * c.block_bytes, pc);
+      for (int j = 0; j < kPieces; ++j) {
+        const int64_t piece = blk * kPieces + j;
+        const __m256i ac = _mm256_abs_epi8(pc[j].c);
+        const __m256 av = _mm256_set_m128(_mm_set1_ps(pc[j].a1), _mm_set1_ps(pc[j].a0));
+        for (int t = 0; t < T; ++t) {
+          if (t >= mt) break;
+          const int64_t m = m0 + t;
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + m * a.K + piece * 32));
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), ones);
+          const __m256 scale = _mm256_mul_ps(av, _mm256_set1_ps(c.dx[m * P + piece]));
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][t]);
+          if constexpr (has_b(kType)) {
             const float* xs = c.xs + (m * P + piece) * 2;
-            accb[t] += pc[j].b0 * xs[0] + pc[j].b1 * xs[1];
+            accb[r][t] += pc[j].b0 * xs[0] + pc[j].b1 * xs[1];
           }
         }
       }
-      for (int t = 0; t < mt; ++t)
-        a.out[(m0 + t) * a.N + n] = hsum_ps(acc[t]) + accb[t] + (a.bias ? a.bias[n] : 0.0f);
     }
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int t = 0; t < mt; ++t)
+      a.out[(m0 + t) * a.N + n0 + r] = hsum_ps(acc[r][t]) + accb[r][t] + (a.bias ? a.bias[n0 + r] : 0.0f);
+}
+
+// Chunks of kRowsPerChunk weight rows: 8 rows at a time for one activation row, 2 × 4 otherwise.
+template <quant::GgmlType kType>
+void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t n_end = imin(c1 * kRowsPerChunk, a.N);
+  if (a.M == 1) {
+    for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 8)
+      tile<kType, 8, 1>(c, n0, static_cast<int>(imin(8, n_end - n0)), 0, 1);
+    return;
+  }
+  for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 2)
+    for (int64_t m0 = 0; m0 < a.M; m0 += kTile)
+      tile<kType, 2, kTile>(c, n0, static_cast<int>(imin(2, n_end - n0)), m0, static_cast<int>(imin(kTile, a.M - m0)));
+}
+
+void rows(void* vctx, int64_t c0, int64_t c1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  using quant::GgmlType;
+  switch (c.type) {
+    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
+    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
+    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
+    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
+    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
+    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
+    default: return;  // ggml_linear sends only these
   }
 }
 
