@@ -121,8 +121,13 @@ std::string describe(const model::ModelOptions& o) {
 
 model::ModelOptions model_options(const ModelArgs& a) {
   model::ModelOptions o;
-  o.weights = model::parse_weight_format(a.weights);
   o.device = model::parse_device(a.device);
+  if (a.weights.empty()) {  // from the path as given (no existence check here: the options are checked first)
+    const char* env = std::getenv("CIDER_DEFAULT_MODEL");
+    o.weights = model::default_weights(!a.model.empty() ? a.model : env != nullptr ? env : "", o.device);
+  } else {
+    o.weights = model::parse_weight_format(a.weights);
+  }
   // No --kv: the engine's default for the device; an explicit --kv takes KVSpec's defaults (hadamard, token).
   o.kv = a.kv.empty() ? model::default_kv(o.device) : model::parse_kv_format(a.kv);
   check(nn::is_kv_group_size(a.kv_group_size), ErrorCode::kInvalidArgument,
@@ -434,7 +439,8 @@ int run_perplexity(PerplexityArgs a) {
 }
 
 int run_convert(const ConvertArgs& a) {
-  const model::WeightFormat format = model::parse_weight_format(a.m.weights);
+  // convert writes a converted format: without --weights, bf16 (native blocks are not written yet).
+  const model::WeightFormat format = model::parse_weight_format(a.m.weights.empty() ? "bf16" : a.m.weights);
   check(!a.out.empty(), ErrorCode::kInvalidArgument, "options", "-o must name the output directory; got \"\"");
   check(!fs::exists(a.out), ErrorCode::kInvalidArgument, "convert", "the output directory must not exist yet; got \"",
         a.out, "\"");
@@ -485,7 +491,17 @@ int run_inspect(const InspectArgs& a) {
   }
   o << ")\n"
     << "weights in memory: " << model::weight_format_name(opts.weights) << ", "
-    << model::format_bytes(static_cast<double>(model->weight_bytes())) << "\n"
+    << model::format_bytes(static_cast<double>(model->weight_bytes()));
+  if (!model->impl().w.format_counts.empty()) {  // --weights native: the linear layers per format kept
+    o << " (linear layers:";
+    bool f = true;
+    for (const auto& [fmt, n] : model->impl().w.format_counts) {
+      o << (f ? " " : ", ") << fmt << " x" << n;
+      f = false;
+    }
+    o << (model->impl().w.embed_ggml_type != 0 ? "; embedding in its blocks)" : "; embedding bf16)");
+  }
+  o << "\n"
     << "kv cache: " << model::kv_format_name(model->options().kv) << "\n"
     << "context: " << model->context_length() << " tokens\n";
   write_out(o.str());

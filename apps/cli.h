@@ -18,7 +18,7 @@ namespace cider::apps {
 struct ModelArgs {
   std::string model;               // -m; empty = the embedded default model
   bool model_given = false;        // -m was on the command line (then it must not be empty)
-  std::string weights = "bf16";    // --weights
+  std::string weights;             // --weights ("": model::default_weights)
   std::string kv;                  // --kv; "" = model::default_kv(device) (docs/quality.md)
   std::string kv_rotation;         // "" = the default's (hadamard; an explicit --kv: hadamard)
   std::string kv_layout;           // "" = the default's (an explicit --kv: token)

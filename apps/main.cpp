@@ -34,8 +34,8 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   ModelOptionHandles h;
   h.model = c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
                                        "embedded cider-tiny");
-  c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names()))
-      ->capture_default_str();
+  c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names())
+                                             .append("; default: native for a .gguf file on the CPU, else bf16"));
   c->add_option("--kv", m.kv,
                 "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v5, k4v4, k4v3, ...); default: k5v5 with "
                 "per-channel keys on cpu, k8v4 on cuda (docs/quality.md)");

@@ -150,14 +150,14 @@ cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* 
 /* ---- models, sessions, sampling ------------------------------------------------------------------------------
  * A model is loaded once (cider_model_load) and read by any number of sessions; a session is one token sequence
  * (its KV caches and position). Formats are named by strings as on the command line (docs/api.md): weights "bf16",
- * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8"; kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
+ * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8", "native" (a GGUF file's blocks); kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
  * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; kv_layout "token", "channel"; device "cpu", "cuda". */
 typedef struct cider_model cider_model;
 typedef struct cider_session cider_session;
 typedef struct cider_sampler cider_sampler;
 
 typedef struct cider_model_options {
-  const char* weights;     /* NULL = "bf16" */
+  const char* weights;     /* NULL = native for a .gguf file on cpu, else "bf16" */
   const char* kv;          /* NULL = the device's default: k5v5 with per-channel keys on cpu, k8v4 on cuda */
   const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
   int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */

@@ -65,7 +65,8 @@ struct KVSpec {
 
 // ---- models --------------------------------------------------------------------------------------------------
 struct ModelOptions {
-  std::string weights = "bf16";  // how linear weights are held in memory (see the conventions above)
+  std::string weights;           // how linear weights are held in memory (see the conventions above); "": native for
+                                 // a .gguf file on the CPU, else bf16
   KVSpec kv;
   int64_t ctx = 0;               // context length in tokens; 0 = the model's maximum, capped at 8192
   std::string device = "cpu";    // "cuda" needs a CUDA build and an sm_90 GPU (never a silent CPU fallback)

@@ -724,11 +724,12 @@ class Model:
                 f"device={i['device']}, ctx={i['context_length']})")
 
 
-def load(path: str, weights: str = "bf16", kv: Optional[str] = None, kv_rotation: Optional[str] = None,
+def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_rotation: Optional[str] = None,
          kv_group_size: int = 0, kv_layout: Optional[str] = None, ctx: int = 0, device: str = "cpu",
          threads: int = 0) -> Model:
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
-    "w8a8", "w8a8-g64/128/256", "w4a8"; kv: "k5v5", "k8v4", "k4v3", ... or "bf16"/"f16"/"f32" (None: the device's
+    "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
+    on the CPU, else bf16); kv: "k5v5", "k8v4", "k4v3", ... or "bf16"/"f16"/"f32" (None: the device's
     default); ctx: context length (0 = the model's, capped at 8192); device: "cpu" or "cuda"."""
     kw = dict(weights=weights, kv=kv, kv_rotation=kv_rotation, kv_group_size=kv_group_size, kv_layout=kv_layout,
               ctx=ctx, device=device, threads=threads)
@@ -737,4 +738,4 @@ def load(path: str, weights: str = "bf16", kv: Optional[str] = None, kv_rotation
     spec.rotation = kv_rotation or ""
     spec.group_size = int(kv_group_size)
     spec.key_layout = kv_layout or ""
-    return Model(str(path), _cider.Model.load(str(path), weights, spec, int(ctx), device, int(threads)), kw)
+    return Model(str(path), _cider.Model.load(str(path), weights or "", spec, int(ctx), device, int(threads)), kw)

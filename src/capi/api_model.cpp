@@ -25,7 +25,8 @@ void check_threads(int n, const char* op) {
 
 model::ModelOptions engine_options(const ModelOptions& options, const char* op) {
   model::ModelOptions o;
-  o.weights = named(op, "weights", [&] { return model::parse_weight_format(options.weights); });
+  o.weights = options.weights.empty() ? model::WeightFormat::kBF16  // load_model applies model::default_weights
+                                      : named(op, "weights", [&] { return model::parse_weight_format(options.weights); });
   o.device = named(op, "device", [&] { return model::parse_device(options.device); });
   o.kv = options.kv.format.empty() ? model::default_kv(o.device)
                                    : named(op, "kv.format", [&] { return model::parse_kv_format(options.kv.format); });
@@ -66,7 +67,8 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
 
 std::shared_ptr<Model::Impl> load_model(const std::string& path, const ModelOptions& options, const char* op) {
   check(!path.empty(), ErrorCode::kInvalidArgument, op, "path must name a model directory or .gguf file; got \"\"");
-  const model::ModelOptions o = engine_options(options, op);
+  model::ModelOptions o = engine_options(options, op);
+  if (options.weights.empty()) o.weights = model::default_weights(path, o.device);
   auto m = std::make_shared<Model::Impl>();
   m->model = model::Model::load(path, o);
   m->eos_ids = model::model_eos_ids(*m->model);

@@ -557,6 +557,12 @@ void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
 
 }  // namespace
 
+WeightFormat default_weights(const std::string& path, Device device) {
+  std::error_code ec;
+  const bool gguf = !fs::is_directory(path, ec) && is_gguf_file(path);
+  return gguf && device == Device::kCPU ? WeightFormat::kNative : WeightFormat::kBF16;
+}
+
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {
   std::error_code ec;
   check(fs::exists(path, ec), ErrorCode::kIo, kOp, "model path '", path, "' does not exist");

@@ -71,6 +71,10 @@ const char* device_name(Device d);
 // size.
 KVOptions default_kv(Device device);
 
+// The weight format a model gets when none is asked for: native for a GGUF file on the CPU (its blocks multiplied as
+// they are, the file's own fidelity: docs/quality.md), else bf16 (which CUDA also runs).
+WeightFormat default_weights(const std::string& path, Device device);
+
 struct ModelOptions {
   WeightFormat weights = WeightFormat::kBF16;
   KVOptions kv;
