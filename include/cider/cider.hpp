@@ -8,7 +8,8 @@
 // - Every failure throws cider::Error (cider/error.hpp): a code and a message "[operation] rule; got value".
 //   Out of memory is std::bad_alloc.
 // - Formats are named by strings, as on the command line: weights "bf16", "f32", "w8a8", "w8a8-g64", "w8a8-g128",
-//   "w8a8-g256", "w4a8"; KV caches "k8v4" (default), "k4v3", ... (bits 2,3,4,5,6,8), or "bf16", "f16", "f32" (plain);
+//   "w8a8-g256", "w4a8", "native" (a GGUF file's blocks as they are); KV caches "k8v4" (default), "k4v3", ...
+//   (bits 2,3,4,5,6,8), or "bf16", "f16", "f32" (plain);
 //   KV rotations "hadamard", "so4-full", "so4-fast", "none"; devices "cpu", "cuda".
 // - Tensors (TensorRef) are caller-owned, contiguous, row-major.
 // - Threads: the kernels run on one process-wide worker pool (set_threads), which serves one caller at a time: run
