@@ -3,6 +3,7 @@
 // with the bound of int8 activations (GgmlLinearArgs), on fresh random blocks, shapes with tails, M = 1 and M > 1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/kernel_table.h"
+#include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
 #include "support/test_support.h"
 
@@ -199,6 +201,63 @@ TEST(GgmlLinear, ShapesThatBreakTheFormatAreErrors) {
   a.K = 256;
   a.ggml_type = 1;  // F16: not a block format
   EXPECT_TRUE(throws_code([&] { kernels::ref_kernels().ggml_linear(a); }, ErrorCode::kUnsupported, "block"));
+}
+
+}  // namespace
+}  // namespace cider
+
+namespace cider {
+namespace {
+
+// The layer: LinearWeights with native blocks. One activation row takes the int8 block kernel; 16 or more take the
+// float32 path (rows decoded, dense GEMM), bounded by float32 rounding alone: (K + 2)·2⁻²⁴·Σ|x·w| per output.
+TEST(GgmlLinear, LayerForwardMatchesTheReferenceOnBothPaths) {
+  auto rng = test::make_rng(1103);
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kQ5_0}) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    SCOPED_TRACE(f.name);
+    const int64_t N = 300, K = 2 * f.block_size;  // N > the 256-row chunk of the float path: a tail chunk too
+    const std::vector<uint8_t> w = random_blocks(rng, t, N * K / f.block_size);
+    std::vector<float> wf(static_cast<size_t>(N * K));
+    for (int64_t b = 0; b < N * K / f.block_size; ++b) f.decode(w.data() + b * f.block_bytes, wf.data() + b * f.block_size);
+    const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
+    nn::LinearWeights L;
+    L.kind = nn::WeightKind::kGgml;
+    L.N = N;
+    L.K = K;
+    L.w = w.data();
+    L.w_dtype = DType::kU8;
+    L.ggml_type = static_cast<uint32_t>(t);
+    L.bias = bias.data();
+    EXPECT_EQ(L.nbytes(), static_cast<size_t>(N * quant::ggml_row_bytes(f, K) + N * 4));
+    for (int64_t M : {1, 16, 37}) {
+      const std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+      std::vector<float> got(static_cast<size_t>(M * N), std::nanf(""));
+      L.forward(x.data(), M, got.data());
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double want = bias[static_cast<size_t>(n)], mag = std::fabs(bias[static_cast<size_t>(n)]), qerr = 0.0;
+          for (int64_t p = 0; p < K / 32; ++p) {
+            double amax = 0.0, wsum = 0.0;
+            for (int64_t e = 0; e < 32; ++e)
+              amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(m * K + p * 32 + e)])));
+            for (int64_t e = 0; e < 32; ++e) {
+              const int64_t k = p * 32 + e;
+              const double xv = x[static_cast<size_t>(m * K + k)], wv = wf[static_cast<size_t>(n * K + k)];
+              want += xv * wv;
+              mag += std::fabs(xv * wv) + std::fabs(wv) * amax / 127.0;
+              wsum += std::fabs(wv);
+            }
+            qerr += wsum * amax / 127.0 / 2.0;
+          }
+          // M = 1: int8 activations (the kernel test's bound); M >= 16: float32 only.
+          const double tol = (M == 1 ? qerr : 0.0) + (static_cast<double>(K) + 32.0) * 0x1p-23 * mag;
+          const float g = got[static_cast<size_t>(m * N + n)];
+          ASSERT_FALSE(std::isnan(g));
+          ASSERT_LE(std::fabs(g - want), tol) << "M " << M << " m " << m << " n " << n;
+        }
+    }
+  }
 }
 
 }  // namespace

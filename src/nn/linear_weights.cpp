@@ -1,7 +1,12 @@
 // Linear-layer weight descriptors (nn/linear_weights.h).
 #include "nn/linear_weights.h"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "quant/ggml_blocks.h"
 
 namespace cider::nn {
@@ -39,6 +44,48 @@ kernels::IntLinearArgs LinearWeights::int_args(const float* x, int64_t M, float*
   return a;
 }
 
+namespace {
+
+// Native GGUF weights with many activation rows (prefill): the weight rows are decoded to float32, kRows at a time
+// (in parallel), and multiplied by the dense GEMM entry, which is several times faster there than the int8 block
+// kernel (measured: 268 vs 60 GOP/s on the 512 × 4096 × 4096 case, AVX-512) — and closer to the reference, the
+// activations staying float32. The decode is the blocks' own decoder, so the weights are exactly the file's.
+constexpr int64_t kDenseFromM = 16;
+constexpr int64_t kRows = 256;
+
+void ggml_forward_dense(const LinearWeights& L, const quant::GgmlBlockFormat& f, const float* x, int64_t M,
+                        float* out) {
+  const int64_t rb = quant::ggml_row_bytes(f, L.K), blocks = L.K / f.block_size;
+  thread_local std::vector<float> wf, tmp;
+  wf.resize(static_cast<size_t>(kRows * L.K));
+  tmp.resize(static_cast<size_t>(M * kRows));
+  float* const w32 = wf.data();  // the caller's buffer (a worker naming `wf` would get its own thread_local)
+  const kernels::KernelTable& kt = kernels::active_kernels();
+  for (int64_t n0 = 0; n0 < L.N; n0 += kRows) {
+    const int64_t rows = std::min(kRows, L.N - n0);
+    default_thread_pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* src = static_cast<const uint8_t*>(L.w) + (n0 + r) * rb;
+        for (int64_t b = 0; b < blocks; ++b) f.decode(src + b * f.block_bytes, w32 + r * L.K + b * f.block_size);
+      }
+    });
+    kernels::DenseGemmArgs a{};
+    a.x = x;
+    a.w = w32;
+    a.w_dtype = DType::kF32;
+    a.bias = L.bias ? L.bias + n0 : nullptr;
+    a.out = tmp.data();
+    a.M = M;
+    a.N = rows;
+    a.K = L.K;
+    kt.dense_gemm(a);
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(out + m * L.N + n0, tmp.data() + m * rows, static_cast<size_t>(rows) * sizeof(float));
+  }
+}
+
+}  // namespace
+
 void LinearWeights::forward(const float* x, int64_t M, float* out) const {
   const kernels::KernelTable& kt = kernels::active_kernels();
   if (kind == WeightKind::kDense) {
@@ -58,6 +105,7 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
     check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, "linear", "native weights need a GGUF block "
           "format with kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", ggml_type);
+    if (M >= kDenseFromM) return ggml_forward_dense(*this, *f, x, M, out);
     kernels::GgmlLinearArgs g{};
     g.x = x;
     g.w = w;
