@@ -23,8 +23,8 @@ namespace cider::kernels::x86::avx2 {
 namespace {
 
 constexpr int kTile = 4;       // activation rows per pass over a weight row
-constexpr int64_t kRowsPerChunk = 8;
-constexpr int kPrefetch = 768;  // bytes ahead in each weight row
+constexpr int64_t kRowsPerChunk = 16;
+constexpr int kPrefetch = 384;  // bytes ahead in each weight row
 
 static inline float f16_load(const uint8_t* p) {
   uint16_t h;
@@ -32,11 +32,20 @@ static inline float f16_load(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// One unpacked piece: 32 int8 codes and the float (a, b) of each half.
+// One unpacked piece: 32 int8 codes, the int16 multipliers of vpmaddwd (1, or a K-quant's integer sub-block scale:
+// lanes 0-7 for the first half, 8-15 for the second), the float scale av (lanes 0-3 / 4-7 the halves) and the
+// offsets b of the halves: w_i = av·mul·c_i + b.
 struct Piece {
-  __m256i c;
-  float a0, a1, b0, b1;
+  __m256i c, mul;
+  __m256 av;
+  float b0, b1;
 };
+
+static inline void set_plain(Piece& p, float a, float b) {
+  p.mul = _mm256_set1_epi16(1);
+  p.av = _mm256_set1_ps(a);
+  p.b0 = p.b1 = b;
+}
 
 // 32 codes of a 16-byte nibble array: element i < 16 is the low nibble of byte i, element i + 16 its high nibble.
 static inline __m256i nibbles32(const uint8_t* qs) {
@@ -82,28 +91,23 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
   switch (t) {
     case GgmlType::kQ8_0:
       p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-      p[0].a0 = p[0].a1 = f16_load(b);
-      p[0].b0 = p[0].b1 = 0.0f;
+      set_plain(p[0], f16_load(b), 0.0f);
       return;
     case GgmlType::kQ4_0:
       p[0].c = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
-      p[0].a0 = p[0].a1 = f16_load(b);
-      p[0].b0 = p[0].b1 = 0.0f;
+      set_plain(p[0], f16_load(b), 0.0f);
       return;
     case GgmlType::kQ4_1:
       p[0].c = nibbles32(b + 4);
-      p[0].a0 = p[0].a1 = f16_load(b);
-      p[0].b0 = p[0].b1 = f16_load(b + 2);
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
       return;
     case GgmlType::kQ5_0:
       p[0].c = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2))), _mm256_set1_epi8(16));
-      p[0].a0 = p[0].a1 = f16_load(b);
-      p[0].b0 = p[0].b1 = 0.0f;
+      set_plain(p[0], f16_load(b), 0.0f);
       return;
     case GgmlType::kQ5_1:
       p[0].c = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
-      p[0].a0 = p[0].a1 = f16_load(b);
-      p[0].b0 = p[0].b1 = f16_load(b + 2);
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
       return;
     case GgmlType::kQ4_K: {
       const float d = f16_load(b), dmin = f16_load(b + 2);
@@ -113,10 +117,12 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
         p[2 * c].c = _mm256_and_si256(q, m4);
         p[2 * c + 1].c = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       }
-      for (int j = 0; j < 8; ++j) {
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int j = 0; j < 8; ++j) {  // the 6-bit scale goes into vpmaddwd, d into av
         int sc, mn;
         scale_min(b + 4, j, &sc, &mn);
-        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
+        p[j].mul = _mm256_set1_epi16(static_cast<int16_t>(sc));
+        p[j].av = dv;
         p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
       }
       return;
@@ -137,9 +143,11 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
           p[4 * h + j].c = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4)), off);
         }
       }
-      for (int j = 0; j < 8; ++j) {
-        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
-        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int j = 0; j < 8; ++j) {  // the int8 scale of each 16 goes into vpmaddwd, d into av
+        p[j].mul = _mm256_set_m128i(_mm_set1_epi16(static_cast<int8_t>(sc[2 * j + 1])),
+                                    _mm_set1_epi16(static_cast<int8_t>(sc[2 * j])));
+        p[j].av = dv;
         p[j].b0 = p[j].b1 = 0.0f;
       }
       return;
@@ -150,8 +158,8 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
       for (int j = 0; j < 8; ++j) {
         quant::ggml_piece(t, b, j, c, a, o);
         p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
-        p[j].a0 = a[0];
-        p[j].a1 = a[1];
+        p[j].mul = _mm256_set1_epi16(1);
+        p[j].av = _mm256_set_m128(_mm_set1_ps(a[1]), _mm_set1_ps(a[0]));
         p[j].b0 = o[0];
         p[j].b1 = o[1];
       }
@@ -185,7 +193,6 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0, int mt) {
   constexpr int kPieces = pieces_of(kType);
   const GgmlLinearArgs& a = *c.a;
   const int64_t P = a.K / 32, blocks = a.K / c.block_size;
-  const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* w[R];
   for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
   __m256 acc[R][T];
@@ -206,13 +213,12 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0, int mt) {
       for (int j = 0; j < kPieces; ++j) {
         const int64_t piece = blk * kPieces + j;
         const __m256i ac = _mm256_abs_epi8(pc[j].c);
-        const __m256 av = _mm256_set_m128(_mm_set1_ps(pc[j].a1), _mm_set1_ps(pc[j].a0));
         for (int t = 0; t < T; ++t) {
           if (t >= mt) break;
           const int64_t m = m0 + t;
           const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + m * a.K + piece * 32));
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), ones);
-          const __m256 scale = _mm256_mul_ps(av, _mm256_set1_ps(c.dx[m * P + piece]));
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), pc[j].mul);
+          const __m256 scale = _mm256_mul_ps(pc[j].av, _mm256_set1_ps(c.dx[m * P + piece]));
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][t]);
           if constexpr (has_b(kType)) {
             const float* xs = c.xs + (m * P + piece) * 2;
@@ -233,8 +239,8 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   const GgmlLinearArgs& a = *c.a;
   const int64_t n_end = imin(c1 * kRowsPerChunk, a.N);
   if (a.M == 1) {
-    for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 8)
-      tile<kType, 8, 1>(c, n0, static_cast<int>(imin(8, n_end - n0)), 0, 1);
+    for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 16)
+      tile<kType, 16, 1>(c, n0, static_cast<int>(imin(16, n_end - n0)), 0, 1);
     return;
   }
   for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 2)
