@@ -326,6 +326,10 @@ std::vector<Case> all_cases() {
       return ggml(o, t, ty, 1, 14336, 4096);
     });
   }
+  // Gemma 3 270M's output layer (Q8_0, 640 × 262144: short rows, the largest matmul of its decode step).
+  add("ggml_q8_0_gemv_k640_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
+    return ggml(o, t, quant::GgmlType::kQ8_0, 1, 262144, 640);
+  });
   add("ggml_q4_k_gemm_m512_k4096_n4096", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return ggml(o, t, quant::GgmlType::kQ4_K, 512, 4096, 4096);
   });
