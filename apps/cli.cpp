@@ -406,7 +406,9 @@ int run_perplexity(PerplexityArgs a) {
   if (with_baseline) base = load_model(a.m, base_opts, path);
   const model::Tokenizer& tok = model->tokenizer();
   const int32_t bos = model::bos_per_window(tok);  // BOS opens every window (model/perplexity.h)
-  const bool bos_per_window = bos >= 0;
+  const bool bos_per_window = bos >= 0 && !a.llama_windows;
+  check(!a.llama_windows || a.stride == 0, ErrorCode::kInvalidArgument, "options",
+        "--llama-windows cuts non-overlapping windows: --stride must be 0; got ", a.stride);
   const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
 
   auto evaluator = [](const model::Model& m) {
@@ -419,6 +421,7 @@ int run_perplexity(PerplexityArgs a) {
   model::PerplexityOptions po;
   po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
   po.bos = bos;
+  po.llama_windows = a.llama_windows;
   const int64_t max_stride = bos_per_window ? po.ctx - 1 : po.ctx;
   check(a.stride <= max_stride, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, ", max_stride,
         bos_per_window ? "] text tokens (--ctx - 1: every window starts with BOS); got " : "] (0 = --ctx); got ",

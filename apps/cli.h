@@ -89,6 +89,7 @@ struct PerplexityArgs {
   ModelArgs m;  // m.ctx is the window length
   std::string file;
   int64_t stride = 0;
+  bool llama_windows = false;  // --llama-windows: llama-perplexity's windows (model/perplexity.h)
   std::string baseline_weights, baseline_kv;  // either given → a baseline (the other defaults to the tested one)
 };
 int run_perplexity(PerplexityArgs a);

@@ -152,6 +152,9 @@ int main(int argc, char** argv) {
       "perplexity", "perplexity of a text file; with a baseline configuration also mean KL and top-1 agreement");
   const ModelOptionHandles ppl_threads = add_model_options(ppl_cmd, ppl.m);
   ppl_cmd->add_option("-f,--file", ppl.file, "text file")->required();
+  ppl_cmd->add_flag("--llama-windows", ppl.llama_windows,
+                    "cut the windows as llama.cpp's llama-perplexity does (non-overlapping, BOS replacing the first "
+                    "token, the second half scored): numbers comparable with its Final estimate");
   ppl_cmd->add_option("--stride", ppl.stride,
                       "window stride in tokens (default: non-overlapping windows; counted in text tokens, at most "
                       "--ctx - 1, when every window starts with BOS)");

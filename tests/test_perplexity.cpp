@@ -170,6 +170,38 @@ TEST(Perplexity, BosPerWindowStartsEveryWindowWithBosAndScoresEveryTextTokenOnce
   }
 }
 
+// llama-perplexity's windows: non-overlapping chunks of ctx tokens of the stream (BOS first), the first token of
+// each replaced by BOS, offsets ctx/2 + 1 … ctx − 1 scored (llama.cpp's tools/perplexity: first = n_ctx/2, rows
+// first … n_ctx − 2 predicting the next token).
+TEST(Perplexity, LlamaWindowsCutAndScoreAsLlamaPerplexity) {
+  const int64_t V = 130, n = 107, ctx = 20;
+  const int32_t bos = 120;
+  const auto tokens = iota_tokens(n, V);
+  Revealing model{V, {}};
+  std::vector<std::vector<int32_t>> seen;
+  const PerplexityResult r = evaluate_perplexity(tokens, V, {.ctx = ctx, .bos = bos, .llama_windows = true},
+                                                 [&](const int32_t* t, int64_t m, float* l) {
+                                                   seen.emplace_back(t, t + m);
+                                                   model(t, m, l);
+                                                 });
+  ASSERT_EQ(seen.size(), 5u);  // 107 / 20
+  double sum = 0.0;
+  for (int64_t w = 0; w < 5; ++w) {
+    const auto& win = seen[static_cast<size_t>(w)];
+    EXPECT_EQ(win[0], bos);
+    for (int64_t j = 1; j < ctx; ++j) EXPECT_EQ(win[static_cast<size_t>(j)], w * ctx + j);
+    for (int64_t off = ctx / 2 + 1; off < ctx; ++off) sum += model.nll(w * ctx + off);
+  }
+  EXPECT_EQ(r.windows, 5);
+  EXPECT_EQ(r.tokens_scored, 5 * (ctx - ctx / 2 - 1));
+  EXPECT_NEAR(r.nll.mean, sum / static_cast<double>(r.tokens_scored), 1e-12);
+  EXPECT_TRUE(r.llama_windows);
+  EXPECT_NE(r.report().find("as llama-perplexity cuts them"), std::string::npos) << r.report();
+  auto zeros = [](const int32_t*, int64_t m, float* l) { std::fill(l, l + m * V, 0.0f); };
+  EXPECT_THROW(evaluate_perplexity(tokens, V, {.ctx = ctx, .stride = 5, .bos = bos, .llama_windows = true}, zeros),
+               cider::Error);
+}
+
 TEST(Perplexity, KlDivergenceInClosedFormAndItsDirection) {
   // base p = (1/2, 1/2), test q = (3/4, 1/4): KL(p‖q) = ½ln(½/¾) + ½ln(½/¼) = ½ln(4/3); KL(q‖p) = ¾ln(3/2) + ¼ln(1/2).
   const float base[2] = {0.0f, 0.0f};

@@ -68,9 +68,13 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
                                      const WindowEvaluator& test, const WindowEvaluator& baseline,
                                      const PerplexityProgress& progress) {
   check(o.ctx >= 2, ErrorCode::kInvalidArgument, "perplexity", "ctx must be >= 2 tokens; got ", o.ctx);
-  const bool with_bos = o.bos >= 0;
+  const bool llama = o.llama_windows;
+  const bool with_bos = o.bos >= 0 && !llama;
   const int64_t per_window = with_bos ? o.ctx - 1 : o.ctx;  // tokens of `tokens` in one window
-  if (with_bos) {
+  if (llama) {
+    check(o.stride == 0, ErrorCode::kInvalidArgument, "perplexity",
+          "llama.cpp's windows do not overlap: stride must be 0 (= ctx); got ", o.stride);
+  } else if (with_bos) {
     check(o.stride >= 0 && o.stride <= per_window, ErrorCode::kInvalidArgument, "perplexity",
           "stride must be in [1, ctx - 1 = ", per_window, "] text tokens with BOS per window (0 = ctx - 1); got ",
           o.stride);
@@ -94,7 +98,8 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
   check(static_cast<bool>(test), ErrorCode::kInvalidArgument, "perplexity", "need a model to evaluate; got none");
 
   const int64_t ctx = o.ctx, stride = o.stride == 0 ? per_window : o.stride;
-  const int64_t n_windows = (n_tokens - per_window) / stride + 1;
+  const int64_t n_windows = llama ? n_tokens / ctx : (n_tokens - per_window) / stride + 1;
+  std::vector<int32_t> llama_window(llama ? static_cast<size_t>(ctx) : 0);  // the window with BOS first
   std::vector<int32_t> bos_window(with_bos ? static_cast<size_t>(ctx) : 0);  // BOS + the window's text tokens
   const size_t row = static_cast<size_t>(vocab);
   std::vector<float> logits(static_cast<size_t>(ctx) * row), base_logits(baseline ? logits.size() : 0);
@@ -111,11 +116,15 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
       bos_window[0] = o.bos;
       std::copy(win, win + per_window, bos_window.begin() + 1);
       win = bos_window.data();
+    } else if (llama) {
+      std::copy(win, win + ctx, llama_window.begin());
+      if (o.bos >= 0) llama_window[0] = o.bos;
+      win = llama_window.data();
     }
     test(win, ctx, logits.data());
     if (baseline) baseline(win, ctx, base_logits.data());
     // Row j predicts token j + 1; score only tokens no earlier window scored.
-    const int64_t first = w == 0 ? 1 : std::max<int64_t>(1, ctx - stride);
+    const int64_t first = llama ? ctx / 2 + 1 : w == 0 ? 1 : std::max<int64_t>(1, ctx - stride);
     for (int64_t t = first; t < ctx; ++t) {
       const float* r = logits.data() + static_cast<size_t>(t - 1) * row;
       check_finite(r, vocab, w, t - 1, "tested");
@@ -160,12 +169,19 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
   r.ctx = ctx;
   r.stride = stride;
   r.bos_per_window = with_bos;
+  r.llama_windows = llama;
   return r;
 }
 
 std::string PerplexityResult::windows_line() const {
   char buf[320];
-  if (bos_per_window) {
+  if (llama_windows) {
+    std::snprintf(buf, sizeof buf,
+                  "windows: %lld of %lld tokens as llama-perplexity cuts them (non-overlapping, the first token "
+                  "replaced by BOS), offsets %lld to %lld scored; every window starts from an empty cache\n",
+                  static_cast<long long>(windows), static_cast<long long>(ctx), static_cast<long long>(ctx / 2 + 1),
+                  static_cast<long long>(ctx - 1));
+  } else if (bos_per_window) {
     std::snprintf(buf, sizeof buf,
                   "windows: %lld of %lld tokens, each BOS + %lld text tokens, advancing %lld text tokens; every "
                   "window starts from an empty cache\n",

@@ -36,6 +36,11 @@ struct PerplexityOptions {
   int64_t ctx = 512;   // >= 2: tokens per window
   int64_t stride = 0;  // 0 = the default (ctx, or ctx − 1 with BOS per window); else 1 <= stride <= that default
   int32_t bos = -1;    // >= 0: every window starts with this token (see above)
+  // llama.cpp's windows instead (llama-perplexity's, for numbers comparable with its "Final estimate"): `tokens` is
+  // the text tokenized with its special tokens (BOS first), cut into non-overlapping windows of ctx tokens; the first
+  // token of each window is replaced by `bos` (when >= 0) and only offsets ctx/2 + 1 … ctx − 1 are scored (row j
+  // predicts token j + 1 for j in [ctx/2, ctx − 1)). stride must be 0.
+  bool llama_windows = false;
 };
 
 // Evaluates one window from an empty context: tokens[0, n) → logits[n, vocab] (float32, row-major).
@@ -64,6 +69,7 @@ struct PerplexityResult {
   int64_t ctx = 0;
   int64_t stride = 0;          // the stride used (text tokens with BOS per window)
   bool bos_per_window = false;
+  bool llama_windows = false;
   std::string windows_line() const;  // how the windows were formed, one line
   std::string report() const;  // the lines `cider perplexity` prints
 };
