@@ -30,9 +30,19 @@ ggml_backend_buffer_type_t find_buft(ggml_backend_t backend, const char* name) {
 void fill_weights(std::vector<uint8_t>& host, ggml_type type, uint64_t seed) {
   peers::fill_random(host.data(), host.size(), seed);
   const uint16_t d = 0x1400;  // f16 ≈ 0.00098
-  if (type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0) {
+  if (type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0) {
     const size_t bs = ggml_type_size(type);
     for (size_t i = 0; i + bs <= host.size(); i += bs) std::memcpy(host.data() + i, &d, 2);
+  } else if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {  // d (and dmin) finite: at 0/2, or 208 for Q6_K
+    const size_t bs = ggml_type_size(type);
+    for (size_t i = 0; i + bs <= host.size(); i += bs) {
+      if (type == GGML_TYPE_Q4_K) {
+        std::memcpy(host.data() + i, &d, 2);
+        std::memcpy(host.data() + i + 2, &d, 2);
+      } else {
+        std::memcpy(host.data() + i + 208, &d, 2);
+      }
+    }
   } else if (type == GGML_TYPE_BF16) {
     for (size_t i = 0; i + 2 <= host.size(); i += 2) host[i + 1] = static_cast<uint8_t>(0x3c | (host[i + 1] & 0x80));
   } else if (type == GGML_TYPE_F32) {
@@ -96,6 +106,14 @@ int main(int argc, char** argv) {
   for (long N : {4096L, 14336L})
     run(o, backend, "w8a8_gemm_m512_k4096_n" + std::to_string(N) + "_pc", GGML_TYPE_Q8_0, "CPU", 512, N, 4096);
   run(o, backend, "w4a8_gemm_m512_k4096_n4096_pc", GGML_TYPE_Q4_0, "CPU_REPACK", 512, 4096, 4096);
+  // Native GGUF weights: the same formats multiplied as they are (cider's ggml_linear cases).
+  run(o, backend, "ggml_q8_0_gemv_k4096_n14336", GGML_TYPE_Q8_0, "CPU", 1, 14336, 4096);
+  run(o, backend, "ggml_q4_k_gemv_k4096_n14336", GGML_TYPE_Q4_K, "CPU", 1, 14336, 4096);
+  run(o, backend, "ggml_q6_k_gemv_k4096_n14336", GGML_TYPE_Q6_K, "CPU", 1, 14336, 4096);
+  run(o, backend, "ggml_q5_0_gemv_k4096_n14336", GGML_TYPE_Q5_0, "CPU", 1, 14336, 4096);
+  run(o, backend, "ggml_q4_0_gemv_k4096_n14336", GGML_TYPE_Q4_0, "CPU", 1, 14336, 4096);
+  run(o, backend, "ggml_q8_0_gemv_k640_n262144", GGML_TYPE_Q8_0, "CPU", 1, 262144, 640);
+  run(o, backend, "ggml_q4_k_gemm_m512_k4096_n4096", GGML_TYPE_Q4_K, "CPU", 512, 4096, 4096);
   run(o, backend, "dense_bfloat16_gemv_k4096_n14336", GGML_TYPE_BF16, "CPU", 1, 14336, 4096);
   run(o, backend, "dense_bfloat16_gemm_m512_k4096_n4096", GGML_TYPE_BF16, "CPU", 512, 4096, 4096);
   ggml_backend_free(backend);
