@@ -89,6 +89,25 @@ TEST(GgmlBlocks, IntegerFormEqualsTheDecoder) {
       }
     }
   }
+  // A block's values are finite exactly when its float16 fields are (the loader's check of native weights).
+  for (GgmlType t : kIntegerTypes) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    std::vector<uint8_t> b = random_blocks(rng, t, 1);
+    EXPECT_TRUE(quant::ggml_block_finite(f, b.data())) << f.name;
+    for (int field : f.f16_fields) {
+      if (field < 0) continue;
+      for (uint16_t bad : {uint16_t{0x7C00}, uint16_t{0xFE00}}) {  // +inf, a NaN
+        std::vector<uint8_t> c = b;
+        std::memcpy(c.data() + field, &bad, 2);
+        EXPECT_FALSE(quant::ggml_block_finite(f, c.data())) << f.name << " field " << field;
+        std::vector<float> y(static_cast<size_t>(f.block_size));
+        f.decode(c.data(), y.data());
+        bool any = false;
+        for (float v : y) any = any || !std::isfinite(v);
+        EXPECT_TRUE(any) << f.name;  // and the decoder indeed yields a non-finite value
+      }
+    }
+  }
   int8_t c[32];
   float a[2], o[2];
   const std::vector<uint8_t> q2(84, 0);

@@ -283,8 +283,7 @@ class Builder {
   }
 
   // --weights native: the GGUF tensor `hf` (N, K) kept in its block format when the format has kernels; nullptr
-  // when it has none (the caller then takes the bf16 path). Every block is decoded once here to check that the
-  // weights are finite. q/k of interleaved-head GGUF files get their rows un-permuted into owned memory.
+  // when it has none (the caller then takes the bf16 path). Every block's float16 scales are checked to be finite. q/k of interleaved-head GGUF files get their rows un-permuted into owned memory.
   const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
     const std::string gn = gguf_tensor_name(arch_, hf);
     const GGUFTensor* t = gguf_->find(gn);
@@ -296,13 +295,16 @@ class Builder {
     check(K % f->block_size == 0 && static_cast<int64_t>(t->nbytes) == N * rb, ErrorCode::kCorrupt, kOp, where_,
           ": tensor '", gn, "' must hold ", N * rb, " bytes of ", f->name, " blocks; got ", t->nbytes);
     used_.insert(gn);
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t b = 0; b < K / f->block_size; ++b)
-        f->decode(t->data + n * rb + b * f->block_bytes, row.data() + b * f->block_size);
-      const int64_t bad = find_nonfinite(row.data(), DType::kF32, K);
-      check(bad < 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' must hold finite values; got ",
-            bad < 0 ? 0.0f : row[static_cast<size_t>(bad)], " at row ", n, " column ", bad);
+    // Finite weights: a block's codes are integers, so its values are finite exactly when its float16 scales are.
+    const int64_t per_row = K / f->block_size;
+    for (int64_t b = 0; b < N * per_row; ++b) {
+      if (quant::ggml_block_finite(*f, t->data + b * f->block_bytes)) continue;
+      std::vector<float> vals(static_cast<size_t>(f->block_size));
+      f->decode(t->data + b * f->block_bytes, vals.data());
+      const int64_t bad = find_nonfinite(vals.data(), DType::kF32, f->block_size);
+      fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' must hold finite values; got ",
+           vals[static_cast<size_t>(bad < 0 ? 0 : bad)], " at row ", b / per_row, " column ",
+           (b % per_row) * f->block_size + (bad < 0 ? 0 : bad), " (a non-finite ", f->name, " scale)");
     }
     *type = t->type;
     const bool permuted = arch_.gguf_qk_interleaved && (hf.find("self_attn.q_proj.") != std::string::npos ||

@@ -262,16 +262,16 @@ struct Entry {
 };
 
 constexpr Entry kFormats[] = {
-    {{GgmlType::kQ4_0, "Q4_0", 32, 18, deq_q4_0, true}, piece_q4_0},
-    {{GgmlType::kQ4_1, "Q4_1", 32, 20, deq_q4_1, true}, piece_q4_1},
-    {{GgmlType::kQ5_0, "Q5_0", 32, 22, deq_q5_0, true}, piece_q5_0},
-    {{GgmlType::kQ5_1, "Q5_1", 32, 24, deq_q5_1, true}, piece_q5_1},
-    {{GgmlType::kQ8_0, "Q8_0", 32, 34, deq_q8_0, true}, piece_q8_0},
-    {{GgmlType::kQ2_K, "Q2_K", 256, 84, deq_q2_k, false}, nullptr},
-    {{GgmlType::kQ3_K, "Q3_K", 256, 110, deq_q3_k, false}, nullptr},
-    {{GgmlType::kQ4_K, "Q4_K", 256, 144, deq_q4_k, true}, piece_q4_k},
-    {{GgmlType::kQ5_K, "Q5_K", 256, 176, deq_q5_k, true}, piece_q5_k},
-    {{GgmlType::kQ6_K, "Q6_K", 256, 210, deq_q6_k, true}, piece_q6_k},
+    {{GgmlType::kQ4_0, "Q4_0", 32, 18, deq_q4_0, true, {0, -1}}, piece_q4_0},
+    {{GgmlType::kQ4_1, "Q4_1", 32, 20, deq_q4_1, true, {0, 2}}, piece_q4_1},
+    {{GgmlType::kQ5_0, "Q5_0", 32, 22, deq_q5_0, true, {0, -1}}, piece_q5_0},
+    {{GgmlType::kQ5_1, "Q5_1", 32, 24, deq_q5_1, true, {0, 2}}, piece_q5_1},
+    {{GgmlType::kQ8_0, "Q8_0", 32, 34, deq_q8_0, true, {0, -1}}, piece_q8_0},
+    {{GgmlType::kQ2_K, "Q2_K", 256, 84, deq_q2_k, false, {80, 82}}, nullptr},
+    {{GgmlType::kQ3_K, "Q3_K", 256, 110, deq_q3_k, false, {108, -1}}, nullptr},
+    {{GgmlType::kQ4_K, "Q4_K", 256, 144, deq_q4_k, true, {0, 2}}, piece_q4_k},
+    {{GgmlType::kQ5_K, "Q5_K", 256, 176, deq_q5_k, true, {0, 2}}, piece_q5_k},
+    {{GgmlType::kQ6_K, "Q6_K", 256, 210, deq_q6_k, true, {208, -1}}, piece_q6_k},
 };
 
 const Entry* entry(uint32_t type) {
@@ -285,6 +285,15 @@ const Entry* entry(uint32_t type) {
 const GgmlBlockFormat* ggml_block_format(uint32_t type) {
   const Entry* e = entry(type);
   return e ? &e->format : nullptr;
+}
+
+bool ggml_block_finite(const GgmlBlockFormat& f, const uint8_t* block) {
+  for (int off : f.f16_fields) {
+    if (off < 0) continue;
+    const uint16_t h = static_cast<uint16_t>(block[off] | (block[off + 1] << 8));
+    if ((h & 0x7C00u) == 0x7C00u) return false;  // exponent all ones: infinity or NaN
+  }
+  return true;
 }
 
 void ggml_piece(GgmlType type, const uint8_t* block, int piece, int8_t c[32], float a[2], float b[2]) {

@@ -35,7 +35,13 @@ struct GgmlBlockFormat {
   int block_bytes;
   GgmlBlockDecoder decode;
   bool integer_form;    // ggml_piece supports it (the native kernels can multiply it)
+  // Byte offsets of the block's float16 fields (scales d, dmin, m; -1 = none). Every other field is an integer code
+  // or scale, so a block's values are finite exactly when these are (ggml_block_finite).
+  int f16_fields[2];
 };
+
+// Whether every float16 field of the block is finite (so every value it decodes to is).
+bool ggml_block_finite(const GgmlBlockFormat& f, const uint8_t* block);
 
 // nullptr for a type id that is not one of the block formats above (F32/F16/BF16 included).
 const GgmlBlockFormat* ggml_block_format(uint32_t type);

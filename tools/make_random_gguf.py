@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Writes a random-weight GGUF with a real model's shapes and llama.cpp's Q4_K_M type mix, for speed and memory runs
+of sizes no complete real checkpoint in the package lists has (issue 22's 7B moonshot). The weights are random
+blocks with realistic scales (|w| about 0.02): the numbers it computes mean nothing, the bytes it streams and the
+memory it takes are a real 7B's. Its tokenizer is the small Qwen2-style fixture of tests/data/tokenizers (2002
+tokens), padded with control tokens up to the model's vocabulary.
+
+Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b] [--ctx 131072] [--seed 0]
+Needs gguf-py and NumPy (PyPI: pip install gguf numpy). Writes about 4.7 GB for qwen2-7b; not for the repository.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import gguf
+
+SHAPES = {
+    # Qwen2-7B (config.json of Qwen/Qwen2-7B): hidden 3584, 28 layers, 28 heads, 4 KV heads, FFN 18944, vocab 152064.
+    "qwen2-7b": dict(arch="qwen2", hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064,
+                     rope_base=1000000.0, eps=1e-6),
+}
+
+Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
+
+
+def f16_bytes(v: float) -> np.ndarray:
+    return np.frombuffer(np.float16(v).tobytes(), dtype=np.uint8)
+
+
+def random_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
+    """rows × (cols / 256) super-blocks of random codes and scales, the f16 fields set to finite sizes."""
+    nb = cols // 256
+    b = rng.integers(0, 256, size=(rows * nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    if qtype == Q4_K:  # w = d·sc·q − dmin·m, sc and m 6-bit, q 4-bit: d ≈ 0.02 / (32 · 8)
+        b[:, 0:2] = f16_bytes(8e-5)
+        b[:, 2:4] = f16_bytes(8e-5)
+    else:  # Q6_K: w = d·sc·(q − 32), sc int8: d ≈ 0.02 / (64 · 16)
+        b[:, 208:210] = f16_bytes(2e-5)
+    return b.reshape(rows, nb * BLOCK_BYTES[qtype])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--shape", default="qwen2-7b", choices=sorted(SHAPES))
+    ap.add_argument("--ctx", type=int, default=131072)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    s = SHAPES[a.shape]
+    rng = np.random.default_rng(a.seed)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tok = gguf.GGUFReader(os.path.join(root, "tests", "data", "tokenizers", "qwen2_vocab.gguf"))
+
+    def field(name):
+        f = tok.fields[name]
+        return [f.parts[i] for i in f.data]
+
+    tokens = [bytes(t).decode("utf-8") for t in field("tokenizer.ggml.tokens")]
+    types = [int(t[0]) for t in field("tokenizer.ggml.token_type")]
+    merges = [bytes(m).decode("utf-8") for m in field("tokenizer.ggml.merges")]
+    eos = int(tok.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
+    pad = s["vocab"] - len(tokens)
+    tokens += [f"<|pad_{i}|>" for i in range(pad)]
+    types += [int(gguf.TokenType.CONTROL)] * pad
+
+    arch, H, L, nh, nkv, I, V = s["arch"], s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["ffn"], s["vocab"]
+    D = H // nh
+    w = gguf.GGUFWriter(a.out, arch)
+    w.add_name(f"random {a.shape} (cider tools/make_random_gguf.py, seed {a.seed})")
+    w.add_context_length(a.ctx)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(I)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_rope_freq_base(s["rope_base"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+    # (name, qtype or None for F32, rows, cols): llama.cpp's Q4_K_M keeps attn_v and ffn_down in Q6_K on part of the
+    # layers (here every other one) and the output layer in Q6_K.
+    plan = [("token_embd.weight", Q4_K, V, H)]
+    for l in range(L):
+        p = f"blk.{l}."
+        more = l % 2 == 0
+        plan += [(p + "attn_norm.weight", None, 1, H), (p + "ffn_norm.weight", None, 1, H),
+                 (p + "attn_q.weight", Q4_K, nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
+                 (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H), (p + "attn_output.weight", Q4_K, H, nh * D),
+                 (p + "attn_q.bias", None, 1, nh * D), (p + "attn_k.bias", None, 1, nkv * D),
+                 (p + "attn_v.bias", None, 1, nkv * D),
+                 (p + "ffn_gate.weight", Q4_K, I, H), (p + "ffn_up.weight", Q4_K, I, H),
+                 (p + "ffn_down.weight", Q6_K if more else Q4_K, H, I)]
+    plan += [("output_norm.weight", None, 1, H), ("output.weight", Q6_K, V, H)]
+    for name, qt, rows, cols in plan:
+        if qt is None:
+            w.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+        else:
+            nbytes = rows * (cols // 256) * BLOCK_BYTES[qt]
+            w.add_tensor_info(name, [rows, nbytes // rows], np.dtype(np.uint8), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    total = 0
+    for name, qt, rows, cols in plan:
+        if qt is None:
+            t = (np.ones(cols, np.float32) if name.endswith("norm.weight")
+                 else rng.normal(0.0, 0.02, cols).astype(np.float32))
+        else:
+            t = random_blocks(rng, qt, rows, cols)
+        w.write_tensor_data(t)
+        total += t.nbytes
+    w.close()
+    print(f"wrote {a.out}: {a.shape}, {len(plan)} tensors, {total / 2**30:.2f} GiB of tensor data", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
