@@ -23,18 +23,7 @@ namespace {
 
 using quant::GgmlType;
 
-template <typename Fn>
-::testing::AssertionResult throws_code(Fn fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (e.code() != code) return ::testing::AssertionFailure() << "wrong code: " << e.what();
-    if (std::string(e.what()).find(needle) == std::string::npos)
-      return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << needle << "'";
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
+using test::throws_code;
 
 const GgmlType kIntegerTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                                   GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};

@@ -348,18 +348,7 @@ TEST(KernelsX86, AffineQmmEveryLevelMatchesReference) {
 
 // ---- ISA selection ---------------------------------------------------------------------------------------------
 
-template <typename Fn>
-::testing::AssertionResult throws_code(Fn fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    if (e.code() != code) return ::testing::AssertionFailure() << "wrong code: " << e.what();
-    if (std::string(e.what()).find(needle) == std::string::npos)
-      return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << needle << "'";
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
-}
+using test::throws_code;
 
 TEST(CpuFeatures, ResolveIsaHonoursLowerRequestsAndRejectsHigherOnes) {
   EXPECT_EQ(resolve_isa(nullptr, IsaLevel::kAvx512), IsaLevel::kAvx512);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/sampler.h"
 
@@ -83,5 +84,19 @@ inline const std::vector<int64_t>& tail_sizes() {
 // tokens' raw logits; of the others, the finite ones by (logit desc, id asc), the first k, padded with -1 / -inf; the
 // first NaN/+inf index.
 model::Candidates reference_candidates(const std::vector<float>& logits, const model::CandidateRequest& request);
+
+// Success when fn() throws cider::Error with this code and a message containing `needle`.
+template <typename Fn>
+::testing::AssertionResult throws_code(Fn fn, ErrorCode code, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (e.code() != code) return ::testing::AssertionFailure() << "wrong code: " << e.what();
+    if (std::string(e.what()).find(needle) == std::string::npos)
+      return ::testing::AssertionFailure() << "message '" << e.what() << "' lacks '" << needle << "'";
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
 
 }  // namespace cider::test
