@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "fuzz_common.h"
+#include "kernels/kernel_table.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "quant/ggml_blocks.h"
 
 namespace {
 
@@ -57,6 +59,18 @@ void exercise_file(const GGUFFile& g) {
       (void)t.numel();
       std::vector<float> out(static_cast<size_t>(numel) + 1);
       cider::fuzz::expect_errors([&] { cider::model::dequantize_gguf_tensor(t, out.data()); });
+      // --weights native: a 2-D tensor of a block format with kernels, multiplied as it is (M = 1: the int8 block
+      // kernel of the active level) when its geometry is whole blocks.
+      const cider::quant::GgmlBlockFormat* f = cider::quant::ggml_block_format(t.type);
+      if (f != nullptr && f->integer_form && t.shape.size() == 2 && t.shape[1] > 0 &&
+          t.shape[1] % f->block_size == 0 &&
+          t.nbytes == static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(cider::quant::ggml_row_bytes(*f, t.shape[1]))) {
+        std::vector<float> x(static_cast<size_t>(t.shape[1]), 0.5f), y(static_cast<size_t>(t.shape[0]));
+        cider::kernels::GgmlLinearArgs a{x.data(), t.data, t.type, cider::quant::ggml_row_bytes(*f, t.shape[1]),
+                                         nullptr, y.data(), 1, t.shape[0], t.shape[1]};
+        cider::kernels::active_kernels().ggml_linear(a);
+        for (float v : y) g_sink = static_cast<uint8_t>(g_sink ^ static_cast<uint8_t>(v != v));
+      }
     }
   }
 }
