@@ -192,6 +192,25 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
   }
 }
 
+// The rows as float32 (the layers' prefill path): every level equals the block decoder bit for bit.
+TEST(GgmlLinear, DequantizeEqualsTheDecoderBitForBit) {
+  auto rng = test::make_rng(1104);
+  for (GgmlType t : kIntegerTypes) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    SCOPED_TRACE(f.name);
+    const int64_t rows = 7, K = 3 * f.block_size, rb = quant::ggml_row_bytes(f, K);
+    const std::vector<uint8_t> w = random_blocks(rng, t, rows * K / f.block_size);
+    std::vector<float> want(static_cast<size_t>(rows * K));
+    for (int64_t b = 0; b < rows * K / f.block_size; ++b) f.decode(w.data() + b * f.block_bytes, want.data() + b * f.block_size);
+    for (const kernels::KernelTable* tb : all_tables()) {
+      std::vector<float> got(want.size(), std::nanf(""));
+      kernels::GgmlDequantArgs a{w.data(), static_cast<uint32_t>(t), rb, rows, K, got.data()};
+      tb->ggml_dequantize(a);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float))) << tb->name;
+    }
+  }
+}
+
 TEST(GgmlLinear, ShapesThatBreakTheFormatAreErrors) {
   std::vector<uint8_t> w(144);
   std::vector<float> x(128), out(1);

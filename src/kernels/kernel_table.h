@@ -76,6 +76,16 @@ struct GgmlLinearArgs {
   int64_t M, N, K;       // K a multiple of the block size
 };
 
+// The rows of such a weight as float32 (what the layers' prefill path multiplies): out[r, k] = the file's value,
+// bit for bit the block format's decoder (quant/ggml_blocks.h). Single-threaded (the caller splits the rows).
+struct GgmlDequantArgs {
+  const void* w;       // rows of row_bytes bytes
+  uint32_t ggml_type;  // a quant::GgmlType with an integer form
+  int64_t row_bytes;
+  int64_t rows, K;     // K a multiple of the block size
+  float* out;          // [rows, K]
+};
+
 // ---- attention over a KV cache -------------------------------------------------------------------------------
 // One of keys or values of a cache, valid positions [0, length) of storage with room for `capacity` positions.
 // Quantized: packed [B, H, capacity, dim*bits/32] uint32 and scales/biases [B, H, capacity, dim/group_size] in
@@ -161,6 +171,7 @@ struct KernelTable {
   void (*dense_gemm)(const DenseGemmArgs&);  // M >= 1
   void (*kv_append)(const KVAppendArgs&);    // rotate + quantize + store new KV rows (n >= 1)
   void (*ggml_linear)(const GgmlLinearArgs&);  // native GGUF weights, M >= 1
+  void (*ggml_dequantize)(const GgmlDequantArgs&);  // native GGUF weight rows → float32
 };
 
 // The reference table: always present.

@@ -55,7 +55,7 @@ constexpr int64_t kRows = 256;
 
 void ggml_forward_dense(const LinearWeights& L, const quant::GgmlBlockFormat& f, const float* x, int64_t M,
                         float* out) {
-  const int64_t rb = quant::ggml_row_bytes(f, L.K), blocks = L.K / f.block_size;
+  const int64_t rb = quant::ggml_row_bytes(f, L.K);
   thread_local std::vector<float> wf, tmp;
   wf.resize(static_cast<size_t>(kRows * L.K));
   tmp.resize(static_cast<size_t>(M * kRows));
@@ -64,10 +64,9 @@ void ggml_forward_dense(const LinearWeights& L, const quant::GgmlBlockFormat& f,
   for (int64_t n0 = 0; n0 < L.N; n0 += kRows) {
     const int64_t rows = std::min(kRows, L.N - n0);
     default_thread_pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* src = static_cast<const uint8_t*>(L.w) + (n0 + r) * rb;
-        for (int64_t b = 0; b < blocks; ++b) f.decode(src + b * f.block_bytes, w32 + r * L.K + b * f.block_size);
-      }
+      kernels::GgmlDequantArgs d{static_cast<const uint8_t*>(L.w) + (n0 + r0) * rb, L.ggml_type, rb, r1 - r0, L.K,
+                                 w32 + r0 * L.K};
+      kt.ggml_dequantize(d);  // the decoder's values bit for bit
     });
     kernels::DenseGemmArgs a{};
     a.x = x;

@@ -30,4 +30,18 @@ void ggml_linear(const GgmlLinearArgs& a) {
   }
 }
 
+void ggml_dequantize(const GgmlDequantArgs& a) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
+  check(f != nullptr, ErrorCode::kUnsupported, "ggml_dequantize", "the weight type must be a ggml block format; got id ",
+        a.ggml_type);
+  check(a.K % f->block_size == 0 && a.row_bytes == quant::ggml_row_bytes(*f, a.K), ErrorCode::kShapeMismatch,
+        "ggml_dequantize", "K must be a multiple of the ", f->name, " block size ", f->block_size, " and rows ",
+        quant::ggml_row_bytes(*f, a.K), " bytes; got K = ", a.K, ", ", a.row_bytes, " bytes");
+  const int64_t blocks = a.K / f->block_size;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;
+    for (int64_t b = 0; b < blocks; ++b) f->decode(w + b * f->block_bytes, a.out + r * a.K + b * f->block_size);
+  }
+}
+
 }  // namespace cider::kernels::ref

@@ -38,6 +38,7 @@ namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
 // Native GGUF weights (avx2/ggml_linear.cpp); the avx512 table uses it too (no AVX-512 version yet).
 void ggml_linear(const GgmlLinearArgs& a);
+void ggml_dequantize(const GgmlDequantArgs& a);
 }  // namespace avx2
 namespace avx512 {
 CIDER_X86_DECLARE_KERNELS

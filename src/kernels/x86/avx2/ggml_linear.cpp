@@ -34,15 +34,18 @@ static inline float f16_load(const uint8_t* p) {
 // One unpacked piece: 32 int8 codes, the int16 multipliers of vpmaddwd (1, or a K-quant's integer sub-block scale:
 // lanes 0-7 for the first half, 8-15 for the second), the float scale av (lanes 0-3 / 4-7 the halves) and the
 // offsets b of the halves: w_i = av·mul·c_i + b.
+// a0, a1: the halves' whole float scales (av·mul, rounded as the decoder rounds it), for ggml_dequantize; the GEMV
+// and GEMM instantiations do not read them, so the compiler drops them there.
 struct Piece {
   __m256i c, mul;
   __m256 av;
-  float b0, b1;
+  float a0, a1, b0, b1;
 };
 
 static inline void set_plain(Piece& p, float a, float b) {
   p.mul = _mm256_set1_epi16(1);
   p.av = _mm256_set1_ps(a);
+  p.a0 = p.a1 = a;
   p.b0 = p.b1 = b;
 }
 
@@ -122,6 +125,7 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
         scale_min(b + 4, j, &sc, &mn);
         p[j].mul = _mm256_set1_epi16(static_cast<int16_t>(sc));
         p[j].av = dv;
+        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
         p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
       }
       return;
@@ -147,6 +151,8 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
         p[j].mul = _mm256_set_m128i(_mm_set1_epi16(static_cast<int8_t>(sc[2 * j + 1])),
                                     _mm_set1_epi16(static_cast<int8_t>(sc[2 * j])));
         p[j].av = dv;
+        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
+        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
         p[j].b0 = p[j].b1 = 0.0f;
       }
       return;
@@ -159,6 +165,8 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
         p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
         p[j].mul = _mm256_set1_epi16(1);
         p[j].av = _mm256_set_m128(_mm_set1_ps(a[1]), _mm_set1_ps(a[0]));
+        p[j].a0 = a[0];
+        p[j].a1 = a[1];
         p[j].b0 = o[0];
         p[j].b1 = o[1];
       }
@@ -266,7 +274,61 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
   }
 }
 
+// Rows to float32 from the integer form: w = a_h·c (+ b_h where the format has offsets), the decoder's roundings
+// in the decoder's order, so the result is the reference's bit for bit.
+template <quant::GgmlType kType>
+void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) {
+  constexpr int kPieces = pieces_of(kType);
+  const int64_t blocks = a.K / block_size;
+  Piece pc[8];
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;
+    float* out = a.out + r * a.K;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      unpack_block<kType>(w + blk * block_bytes, pc);
+      for (int j = 0; j < kPieces; ++j) {
+        float* o = out + (blk * kPieces + j) * 32;
+        const __m128i c[2] = {_mm256_castsi256_si128(pc[j].c), _mm256_extracti128_si256(pc[j].c, 1)};
+        for (int h = 0; h < 2; ++h) {
+          const __m256i c16 = _mm256_cvtepi8_epi16(c[h]);
+          const __m256 av = _mm256_set1_ps(h == 0 ? pc[j].a0 : pc[j].a1);
+          const __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(c16));
+          const __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(c16, 1));
+          __m256 y0 = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), av), y1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), av);
+          if constexpr (has_b(kType)) {
+            const __m256 bv = _mm256_set1_ps(h == 0 ? pc[j].b0 : pc[j].b1);
+            y0 = _mm256_add_ps(y0, bv);
+            y1 = _mm256_add_ps(y1, bv);
+          }
+          _mm256_storeu_ps(o + 16 * h, y0);
+          _mm256_storeu_ps(o + 16 * h + 8, y1);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void ggml_dequantize(const GgmlDequantArgs& a) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
+  if (f == nullptr || !f->integer_form || a.rows == 0 || a.K == 0 || a.K % f->block_size != 0 ||
+      a.row_bytes != quant::ggml_row_bytes(*f, a.K))
+    return ref::ggml_dequantize(a);
+  using quant::GgmlType;
+  const int bs = f->block_size, bb = f->block_bytes;
+  switch (f->type) {
+    case GgmlType::kQ8_0: return dequantize_rows<GgmlType::kQ8_0>(a, bs, bb);
+    case GgmlType::kQ4_0: return dequantize_rows<GgmlType::kQ4_0>(a, bs, bb);
+    case GgmlType::kQ4_1: return dequantize_rows<GgmlType::kQ4_1>(a, bs, bb);
+    case GgmlType::kQ5_0: return dequantize_rows<GgmlType::kQ5_0>(a, bs, bb);
+    case GgmlType::kQ5_1: return dequantize_rows<GgmlType::kQ5_1>(a, bs, bb);
+    case GgmlType::kQ4_K: return dequantize_rows<GgmlType::kQ4_K>(a, bs, bb);
+    case GgmlType::kQ5_K: return dequantize_rows<GgmlType::kQ5_K>(a, bs, bb);
+    case GgmlType::kQ6_K: return dequantize_rows<GgmlType::kQ6_K>(a, bs, bb);
+    default: return ref::ggml_dequantize(a);
+  }
+}
 
 void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
