@@ -47,9 +47,10 @@ kernels::IntLinearArgs LinearWeights::int_args(const float* x, int64_t M, float*
 namespace {
 
 // Native GGUF weights with many activation rows (prefill): the weight rows are decoded to float32, kRows at a time
-// (in parallel), and multiplied by the dense GEMM entry, which is several times faster there than the int8 block
-// kernel (measured: 268 vs 60 GOP/s on the 512 × 4096 × 4096 case, AVX-512) — and closer to the reference, the
-// activations staying float32. The decode is the blocks' own decoder, so the weights are exactly the file's.
+// (in parallel, the ggml_dequantize entry: bit for bit the blocks' decoder, so the weights are exactly the file's),
+// and multiplied by the dense GEMM entry, which is several times faster there than the int8 block kernel (measured:
+// 268 vs 60 GOP/s on the 512 × 4096 × 4096 case, AVX-512) — and closer to the reference, the activations staying
+// float32.
 constexpr int64_t kDenseFromM = 16;
 constexpr int64_t kRows = 256;
 
