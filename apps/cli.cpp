@@ -411,12 +411,6 @@ int run_perplexity(PerplexityArgs a) {
         "--llama-windows cuts non-overlapping windows: --stride must be 0; got ", a.stride);
   const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
 
-  auto evaluator = [](const model::Model& m) {
-    return [&m](const int32_t* t, int64_t n, float* logits) {
-      auto s = m.new_session();
-      m.forward(*s, t, n, logits, /*all_logits=*/true);
-    };
-  };
   ProgressBar bar(progress_enabled(a.m));
   model::PerplexityOptions po;
   po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
@@ -428,8 +422,8 @@ int run_perplexity(PerplexityArgs a) {
         a.stride);
   po.stride = a.stride;
   const model::PerplexityResult r = model::evaluate_perplexity(
-      tokens, model->config().vocab_size, po, evaluator(*model),
-      with_baseline ? model::WindowEvaluator(evaluator(*base)) : model::WindowEvaluator{},
+      tokens, model->config().vocab_size, po, model::window_evaluator(*model),
+      with_baseline ? model::window_evaluator(*base) : model::WindowEvaluator{},
       [&](int64_t d, int64_t t) { bar.update("perplexity", d, t); });
   bar.finish();
   std::string head = "model " + path + " | " + std::to_string(tokens.size()) +

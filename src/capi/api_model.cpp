@@ -302,14 +302,8 @@ PerplexityReport perplexity(const Model& model, std::string_view text, const Per
   po.bos = model::bos_per_window(tok);
   const std::vector<int32_t> tokens =
       api::named(op, "tokenize", [&] { return tok.encode(text, /*add_special=*/po.bos < 0); });
-  auto evaluator = [](const model::Model& mm) {
-    return [&mm](const int32_t* t, int64_t n, float* logits) {
-      auto s = mm.new_session();
-      mm.forward(*s, t, n, logits, /*all_logits=*/true);
-    };
-  };
   const model::PerplexityResult r = model::evaluate_perplexity(
-      tokens, m.config().vocab_size, po, evaluator(m), base ? model::WindowEvaluator(evaluator(*base)) : nullptr);
+      tokens, m.config().vocab_size, po, model::window_evaluator(m), base ? model::window_evaluator(*base) : nullptr);
   PerplexityReport out;
   out.windows = r.windows;
   out.tokens_scored = r.tokens_scored;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 namespace cider::model {
@@ -229,6 +230,13 @@ int32_t bos_per_window(const Tokenizer& tok) {
   const std::vector<int32_t> with = tok.encode("a", /*add_special=*/true);
   const bool adds = !with.empty() && with[0] == tok.bos_id() && with.size() > tok.encode("a", false).size();
   return adds ? tok.bos_id() : -1;
+}
+
+WindowEvaluator window_evaluator(const Model& model) {
+  return [&model](const int32_t* tokens, int64_t n, float* logits) {
+    auto s = model.new_session();
+    model.forward(*s, tokens, n, logits, /*all_logits=*/true);
+  };
 }
 
 }  // namespace cider::model

@@ -82,6 +82,10 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
                                      const PerplexityProgress& progress = {});
 
 class Tokenizer;
+class Model;
+
+// Evaluates a window with `model` from a fresh session, every row's logits (what cider perplexity measures).
+WindowEvaluator window_evaluator(const Model& model);
 
 // The BOS rule of `cider perplexity` and cider::perplexity: a tokenizer that starts a text with BOS gets BOS at the
 // start of every window (as llama.cpp's perplexity does), the text tokens going in without it. Returns the BOS id to

@@ -8,13 +8,22 @@
 
 namespace cider::kernels::ref {
 
+namespace {
+
+// The block format of a weight whose rows are K wide and row_bytes long; cider::Error naming `op` otherwise.
+const quant::GgmlBlockFormat* checked_format(uint32_t type, int64_t K, int64_t row_bytes, const char* op) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
+  check(f != nullptr, ErrorCode::kUnsupported, op, "the weight type must be a ggml block format; got id ", type);
+  check(K % f->block_size == 0 && row_bytes == quant::ggml_row_bytes(*f, K), ErrorCode::kShapeMismatch, op,
+        "K must be a multiple of the ", f->name, " block size ", f->block_size, " and rows ",
+        quant::ggml_row_bytes(*f, K), " bytes; got K = ", K, ", ", row_bytes, " bytes");
+  return f;
+}
+
+}  // namespace
+
 void ggml_linear(const GgmlLinearArgs& a) {
-  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
-  check(f != nullptr, ErrorCode::kUnsupported, "ggml_linear", "the weight type must be a ggml block format; got id ",
-        a.ggml_type);
-  check(a.K % f->block_size == 0 && a.row_bytes == quant::ggml_row_bytes(*f, a.K), ErrorCode::kShapeMismatch,
-        "ggml_linear", "K must be a multiple of the ", f->name, " block size ", f->block_size, " and rows ",
-        quant::ggml_row_bytes(*f, a.K), " bytes; got K = ", a.K, ", ", a.row_bytes, " bytes");
+  const quant::GgmlBlockFormat* f = checked_format(a.ggml_type, a.K, a.row_bytes, "ggml_linear");
   std::vector<float> row(static_cast<size_t>(a.K));
   const int64_t blocks = a.K / f->block_size;
   for (int64_t n = 0; n < a.N; ++n) {
@@ -31,12 +40,7 @@ void ggml_linear(const GgmlLinearArgs& a) {
 }
 
 void ggml_dequantize(const GgmlDequantArgs& a) {
-  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
-  check(f != nullptr, ErrorCode::kUnsupported, "ggml_dequantize", "the weight type must be a ggml block format; got id ",
-        a.ggml_type);
-  check(a.K % f->block_size == 0 && a.row_bytes == quant::ggml_row_bytes(*f, a.K), ErrorCode::kShapeMismatch,
-        "ggml_dequantize", "K must be a multiple of the ", f->name, " block size ", f->block_size, " and rows ",
-        quant::ggml_row_bytes(*f, a.K), " bytes; got K = ", a.K, ", ", a.row_bytes, " bytes");
+  const quant::GgmlBlockFormat* f = checked_format(a.ggml_type, a.K, a.row_bytes, "ggml_dequantize");
   const int64_t blocks = a.K / f->block_size;
   for (int64_t r = 0; r < a.rows; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;

@@ -187,7 +187,7 @@ constexpr bool has_b(quant::GgmlType t) {
 struct Ctx {
   const GgmlLinearArgs* a;
   quant::GgmlType type;
-  int block_size, block_bytes, pieces;  // pieces per block
+  int block_size, block_bytes;
   const int8_t* xq;   // [M, K] codes
   const float* dx;    // [M, K/32] steps
   const float* xs;    // [M, K/32, 2] dx · (sum of the codes of each half-piece)
@@ -274,6 +274,12 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
   }
 }
 
+// A format with an integer form and rows of whole blocks; anything else (an empty K included) goes to the
+// reference, which reports the shapes it cannot take.
+static inline bool fast_case(const quant::GgmlBlockFormat* f, int64_t K, int64_t row_bytes) {
+  return f != nullptr && f->integer_form && K > 0 && K % f->block_size == 0 && row_bytes == quant::ggml_row_bytes(*f, K);
+}
+
 // Rows to float32 from the integer form: w = a_h·c (+ b_h where the format has offsets), the decoder's roundings
 // in the decoder's order, so the result is the reference's bit for bit.
 template <quant::GgmlType kType>
@@ -312,9 +318,7 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
 
 void ggml_dequantize(const GgmlDequantArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
-  if (f == nullptr || !f->integer_form || a.rows == 0 || a.K == 0 || a.K % f->block_size != 0 ||
-      a.row_bytes != quant::ggml_row_bytes(*f, a.K))
-    return ref::ggml_dequantize(a);
+  if (!fast_case(f, a.K, a.row_bytes) || a.rows == 0) return ref::ggml_dequantize(a);
   using quant::GgmlType;
   const int bs = f->block_size, bb = f->block_bytes;
   switch (f->type) {
@@ -332,9 +336,7 @@ void ggml_dequantize(const GgmlDequantArgs& a) {
 
 void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
-  if (f == nullptr || !f->integer_form || a.K == 0 || a.N == 0 || a.M == 0 || a.K % f->block_size != 0 ||
-      a.row_bytes != quant::ggml_row_bytes(*f, a.K))
-    return ref::ggml_linear(a);  // no integer form, empty, or a shape the reference reports
+  if (!fast_case(f, a.K, a.row_bytes) || a.N == 0 || a.M == 0) return ref::ggml_linear(a);
   const int64_t P = a.K / 32;
   int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
   float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));
@@ -354,7 +356,7 @@ void ggml_linear(const GgmlLinearArgs& a) {
       xs[(m * P + p) * 2 + 1] = step * static_cast<float>(s1);
     }
   }
-  Ctx c{&a, f->type, f->block_size, f->block_bytes, f->block_size / 32, xq, dx, xs};
+  Ctx c{&a, f->type, f->block_size, f->block_bytes, xq, dx, xs};
   parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
 }
 
