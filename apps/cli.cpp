@@ -72,11 +72,15 @@ class ProgressBar {
 
 bool progress_enabled(const ModelArgs& a) { return a.progress || isatty(STDERR_FILENO) == 1; }
 
+}  // namespace
+
 std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path) {
   ProgressBar bar(progress_enabled(a));
   auto m = model::Model::load(path, o, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); });
   return m;
 }
+
+namespace {
 
 void check_prefill_chunk(int64_t chunk) {
   check(chunk >= 1, ErrorCode::kInvalidArgument, "options", "--prefill-chunk must be >= 1; got ", chunk);
@@ -110,14 +114,14 @@ model::Tokenizer load_tokenizer(const std::string& path) {
   return model::Tokenizer::from_gguf(*model::GGUFFile::open(path));
 }
 
+}  // namespace
+
 std::string describe(const model::ModelOptions& o) {
   std::string d = std::string("weights ") + model::weight_format_name(o.weights);
   d += ", kv " + model::kv_format_name(o.kv);
   if (o.device != model::Device::kCPU) d += std::string(", device ") + model::device_name(o.device);
   return d;
 }
-
-}  // namespace
 
 model::ModelOptions model_options(const ModelArgs& a) {
   model::ModelOptions o;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct ModelArgs {
 // Checks every value and turns them into engine options (cider::Error naming the option otherwise); applies
 // --threads.
 model::ModelOptions model_options(const ModelArgs& a);
+
+// Loads the model at `path` with a progress bar on stderr (when a terminal or --progress).
+std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path);
+// "weights bf16, kv k5v5/hadamard/g64/channel[, device cuda]".
+std::string describe(const model::ModelOptions& o);
 
 // The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/
 // cider-tiny, else <source dir>/models/cider-tiny; a cider::Error (kIo) listing where it looked if none exists.

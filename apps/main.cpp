@@ -10,6 +10,7 @@
 #include "apps/bench.h"
 #include "apps/cli.h"
 #include "apps/demo.h"
+#include "apps/serve.h"
 #include "cider/cider.h"
 #include "core/error.h"
 
@@ -177,6 +178,33 @@ int main(int argc, char** argv) {
   const ModelOptionHandles fit_threads = add_model_options(fit_cmd, fit.m);
   fit_cmd->add_option("--memory", fit.memory, "a memory budget: 8G, 512MiB, 4000MB or bytes");
 
+  cider::apps::ServeArgs serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "an OpenAI-compatible HTTP server with continuous batching and a prefix cache (docs/serve.md)");
+  const ModelOptionHandles serve_threads = add_model_options(serve_cmd, serve.m);
+  serve_cmd->add_option("--host", serve.host, "address to listen on")->capture_default_str();
+  serve_cmd->add_option("--port", serve.port, "port (0: any free port, printed)")->capture_default_str();
+  serve_cmd->add_option("--max-batch", serve.max_batch, "sequences decoded together at most")->capture_default_str();
+  serve_cmd->add_option("--kv-memory", serve.kv_memory,
+                        "KV cache bytes for running and prefix-cached sequences (8G, 512MiB, ...); admission reserves "
+                        "each request's prompt + max_tokens; default: max-batch full contexts");
+  serve_cmd->add_option("--max-waiting", serve.max_waiting, "requests queued beyond the batch; more get 429")
+      ->capture_default_str();
+  serve_cmd->add_option("--prefix-cache", serve.prefix_cache,
+                        "finished sequences whose KV is kept for requests sharing a prefix (0: off)")
+      ->capture_default_str();
+  serve_cmd->add_option("--step-tokens", serve.step_tokens,
+                        "rows per batched forward: decode rows first, then prompt chunks")
+      ->capture_default_str();
+  serve_cmd->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on /v1/ (or $CIDER_API_KEY)");
+  serve_cmd->add_option("--chat-format", serve.chat_format,
+                        "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
+  serve_cmd->add_option("--model-name", serve.model_name, "the model id the API reports (default: the file name)");
+  serve_cmd->add_option("--max-body", serve.max_body, "request body limit in bytes (413 above)")->capture_default_str();
+  serve_cmd->add_option("--drain-seconds", serve.drain_seconds,
+                        "on SIGINT/SIGTERM, how long running requests may finish")
+      ->capture_default_str();
+
   cider::apps::BenchOptions bench;
   CLI::App* bench_cmd = cider::apps::add_bench_command(app, bench);
 
@@ -214,6 +242,10 @@ int main(int argc, char** argv) {
     if (*fit_cmd) {
       fit_threads.apply(fit.m);
       return cider::apps::run_fit(fit);
+    }
+    if (*serve_cmd) {
+      serve_threads.apply(serve.m);
+      return cider::apps::run_serve(serve);
     }
     if (*insp_cmd) {
       insp_threads.apply(insp.m);

@@ -17,53 +17,41 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Emits decoded text while keeping back whatever could still become a stop string.
-class StopFilter {
- public:
-  StopFilter(const std::vector<std::string>& stops, const TextCallback& out, std::string& all)
-      : stops_(stops), out_(out), all_(all) {}
-
-  // Adds text; returns true when a stop string has appeared (the text before it has then been emitted).
-  bool add(const std::string& piece) {
-    pending_ += piece;
-    size_t first = std::string::npos;
-    for (const auto& s : stops_) first = std::min(first, pending_.find(s));
-    if (first != std::string::npos) {
-      emit(pending_.substr(0, first));
-      pending_.clear();
-      return true;
-    }
-    // Hold the longest tail of pending_ that is a proper prefix of some stop string. A stop string begins with a
-    // UTF-8 lead byte, so the split never cuts a character.
-    size_t hold = 0;
-    for (const auto& s : stops_)
-      for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
-        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-          hold = k;
-          break;
-        }
-    emit(pending_.substr(0, pending_.size() - hold));
-    pending_.erase(0, pending_.size() - hold);
-    return false;
-  }
-  void finish() {
-    emit(pending_);
-    pending_.clear();
-  }
-
- private:
-  void emit(const std::string& s) {
-    if (s.empty()) return;
-    all_ += s;
-    if (out_) out_(s);
-  }
-  const std::vector<std::string>& stops_;
-  const TextCallback& out_;
-  std::string& all_;
-  std::string pending_;
-};
-
 }  // namespace
+
+bool StopFilter::add(const std::string& piece) {
+  pending_ += piece;
+  size_t first = std::string::npos;
+  for (const auto& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    emit(pending_.substr(0, first));
+    pending_.clear();
+    return true;
+  }
+  // Hold the longest tail of pending_ that is a proper prefix of some stop string. A stop string begins with a
+  // UTF-8 lead byte, so the split never cuts a character.
+  size_t hold = 0;
+  for (const auto& s : stops_)
+    for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
+      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  emit(pending_.substr(0, pending_.size() - hold));
+  pending_.erase(0, pending_.size() - hold);
+  return false;
+}
+
+void StopFilter::finish() {
+  emit(pending_);
+  pending_.clear();
+}
+
+void StopFilter::emit(const std::string& s) {
+  if (s.empty()) return;
+  all_ += s;
+  if (out_) out_(s);
+}
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {

@@ -90,6 +90,25 @@ struct GenerationResult {
 
 using TextCallback = std::function<void(std::string_view piece)>;
 
+// Emits decoded text while keeping back whatever could still become a stop string (the rule of the header comment;
+// generate() and the server's scheduler both use it). `stops`, `out` and `all` must outlive the filter.
+class StopFilter {
+ public:
+  StopFilter(const std::vector<std::string>& stops, const TextCallback& out, std::string& all)
+      : stops_(stops), out_(out), all_(all) {}
+  // Adds text; returns true when a stop string has appeared (the text before it has then been emitted, the rest is
+  // dropped).
+  bool add(const std::string& piece);
+  void finish();  // emits what is held back
+
+ private:
+  void emit(const std::string& s);
+  const std::vector<std::string>& stops_;
+  const TextCallback& out_;
+  std::string& all_;
+  std::string pending_;
+};
+
 // Appends `prompt` (at least one token) to `source`, then samples up to options.max_tokens tokens. `history` holds
 // the tokens already in the source (for the repetition penalty) and is extended with the prompt and every sampled
 // token. Throws cider::Error before touching the source if the prompt is empty or does not fit the context

@@ -1,0 +1,558 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "nn/kv_cache.h"
+
+namespace cider::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kOp = "serve";
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Histogram make_histogram(std::vector<double> bounds) {
+  Histogram h;
+  h.bounds = std::move(bounds);
+  h.counts.assign(h.bounds.size() + 1, 0);
+  return h;
+}
+
+// log-softmax of one row of logits in float64: (max, log Σ exp(z − max)).
+std::pair<double, double> log_normalizer(const float* z, int64_t n) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(z[i]));
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(z[i]) - mx);
+  return {mx, std::log(s)};
+}
+
+}  // namespace
+
+int64_t kv_bytes_at(const model::Model& m, int64_t positions) {
+  const model::ModelConfig& c = m.config();
+  return c.num_layers * nn::kv_cache_bytes(m.options().kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions);
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: break;
+  }
+  return "none";
+}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+RequestUpdate Request::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return has_news_; });
+  RequestUpdate out;
+  if (!has_news_) {
+    out.prompt_tokens = pending_.prompt_tokens;
+    out.completion_tokens = pending_.completion_tokens;
+    out.cached_tokens = pending_.cached_tokens;
+    return out;
+  }
+  out = std::move(pending_);
+  pending_ = RequestUpdate{};
+  pending_.prompt_tokens = out.prompt_tokens;
+  pending_.completion_tokens = out.completion_tokens;
+  pending_.cached_tokens = out.cached_tokens;
+  pending_.finished = out.finished;
+  pending_.reason = out.reason;
+  has_news_ = false;
+  return out;
+}
+
+struct Engine::Sequence {
+  std::shared_ptr<Request> req;
+  RequestOptions opt;
+  std::unique_ptr<model::Session> session;
+  int64_t reserve = 0;            // KV bytes reserved while running
+  int64_t prefilled = 0;          // prompt tokens in the session
+  int64_t cached = 0;             // of which reused from the pool
+  std::vector<int32_t> history;   // prompt + sampled tokens (the repetition penalty's window)
+  std::unordered_map<int32_t, int64_t> counts;  // sampled tokens (presence / frequency penalties)
+  std::unique_ptr<model::Sampler> sampler;
+  std::unique_ptr<model::TokenizerTextStream> text;
+  std::string emitted;            // text released by the stop filter since the last publish
+  std::string all_text;
+  model::TextCallback on_text;
+  std::unique_ptr<model::StopFilter> filter;
+  std::vector<TokenLogprob> logprobs;  // since the last publish
+  int64_t generated = 0;
+  int32_t pending_token = -1;     // sampled, not yet in the session
+  Clock::time_point submitted, last_token;
+  bool done = false;
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct Engine::Pooled {
+  std::unique_ptr<model::Session> session;
+  std::vector<int32_t> tokens;  // what the session holds, position by position
+  uint64_t last_used = 0;
+};
+
+Engine::Engine(const model::Model& model, const EngineOptions& options)
+    : model_(model), options_(options), tok_(model.tokenizer()), vocab_(model.config().vocab_size) {
+  check(options_.max_batch >= 1 && options_.max_batch <= 1024, ErrorCode::kInvalidArgument, kOp,
+        "max_batch must be in [1, 1024]; got ", options_.max_batch);
+  check(options_.max_waiting >= 0, ErrorCode::kInvalidArgument, kOp, "max_waiting must be >= 0; got ",
+        options_.max_waiting);
+  check(options_.step_tokens >= 1, ErrorCode::kInvalidArgument, kOp, "step_tokens must be >= 1; got ",
+        options_.step_tokens);
+  check(options_.prefix_cache_entries >= 0, ErrorCode::kInvalidArgument, kOp,
+        "prefix_cache_entries must be >= 0; got ", options_.prefix_cache_entries);
+  check(options_.kv_memory >= 0, ErrorCode::kInvalidArgument, kOp, "kv_memory must be >= 0; got ",
+        options_.kv_memory);
+  if (options_.kv_memory == 0) options_.kv_memory = options_.max_batch * kv_bytes_at(model_, model_.context_length());
+  stats_.kv_memory = options_.kv_memory;
+  stats_.ttft = make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  stats_.itl = make_histogram({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  stats_.batch_size = make_histogram({1, 2, 4, 8, 16, 32, 64, 128});
+  worker_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
+  const int64_t ctx = model_.context_length();
+  const int64_t n = static_cast<int64_t>(o.prompt.size());
+  check(n >= 1, ErrorCode::kInvalidArgument, kOp, "the prompt must have at least one token; got 0");
+  for (int32_t id : o.prompt)
+    check(id >= 0 && id < vocab_, ErrorCode::kInvalidArgument, kOp, "prompt token ids must be in [0, ", vocab_,
+          "); got ", id);
+  check(n < ctx, ErrorCode::kOutOfRange, kOp, "the prompt must leave room for a reply in the context of ", ctx,
+        " tokens; got ", n, " prompt tokens");
+  check(o.max_tokens >= 1, ErrorCode::kInvalidArgument, kOp, "max_tokens must be >= 1; got ", o.max_tokens);
+  for (const auto& s : o.stop)
+    check(!s.empty(), ErrorCode::kInvalidArgument, kOp, "stop strings must not be empty; got \"\"");
+  check(o.presence_penalty >= -2.0 && o.presence_penalty <= 2.0, ErrorCode::kInvalidArgument, kOp,
+        "presence_penalty must be in [-2, 2]; got ", o.presence_penalty);
+  check(o.frequency_penalty >= -2.0 && o.frequency_penalty <= 2.0, ErrorCode::kInvalidArgument, kOp,
+        "frequency_penalty must be in [-2, 2]; got ", o.frequency_penalty);
+  for (const auto& [id, bias] : o.logit_bias)
+    check(id >= 0 && id < vocab_ && std::isfinite(bias), ErrorCode::kInvalidArgument, kOp,
+          "logit_bias needs token ids in [0, ", vocab_, ") and finite biases; got ", id, ": ", bias);
+  check(o.top_logprobs >= -1 && o.top_logprobs <= 20, ErrorCode::kInvalidArgument, kOp,
+        "top_logprobs must be in [0, 20]; got ", o.top_logprobs);
+  model::validate_sampler_params(o.sampling);
+  const int64_t positions = std::min(ctx, n + o.max_tokens);
+  const int64_t reserve = kv_bytes_at(model_, positions);
+  check(reserve <= options_.kv_memory, ErrorCode::kOutOfRange, kOp, "the prompt (", n, " tokens) and max_tokens (",
+        o.max_tokens, ") need ", reserve, " bytes of KV cache, more than the server's KV memory of ",
+        options_.kv_memory, " bytes; send a shorter prompt or a smaller max_tokens");
+
+  auto s = std::make_unique<Sequence>();
+  s->req = std::make_shared<Request>();
+  s->reserve = reserve;
+  s->submitted = Clock::now();
+  s->sampler = std::make_unique<model::Sampler>(o.sampling);
+  s->text = std::make_unique<model::TokenizerTextStream>(tok_, o.context_token >= 0 ? o.context_token : o.prompt.back());
+  s->history = o.prompt;
+  s->opt = std::move(o);
+  Sequence* sp = s.get();
+  s->on_text = [sp](std::string_view piece) { sp->emitted.append(piece); };
+  s->filter = std::make_unique<model::StopFilter>(sp->opt.stop, sp->on_text, sp->all_text);
+  s->req->pending_.prompt_tokens = n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_ || stop_) return Submit::kDraining;
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting &&
+        running_count_ + static_cast<int64_t>(waiting_.size()) >= options_.max_batch) {
+      ++stats_.requests_refused;
+      return Submit::kBusy;
+    }
+    out = s->req;
+    waiting_.push_back(std::move(s));
+  }
+  cv_.notify_all();
+  return Submit::kAccepted;
+}
+
+bool Engine::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  return cv_.wait_for(lock, timeout, [&] { return waiting_.empty() && running_count_ == 0; });
+}
+
+int64_t Engine::pool_bytes_locked() const {
+  int64_t b = 0;
+  for (const auto& p : pool_) b += static_cast<int64_t>(p->session->kv_bytes());
+  return b;
+}
+
+void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
+  while (!waiting_.empty() && running_count_ + static_cast<int64_t>(admitted.size()) < options_.max_batch) {
+    Sequence& s = *waiting_.front();
+    if (s.req->cancelled()) {
+      admitted.push_back(std::move(waiting_.front()));  // finished as cancelled by the worker
+      waiting_.pop_front();
+      continue;
+    }
+    // The pooled session sharing the longest prefix with the prompt (not counting the prompt's last token, which is
+    // always recomputed for its logits).
+    const auto& prompt = s.opt.prompt;
+    size_t best = pool_.size();
+    int64_t best_len = 0;
+    for (size_t i = 0; i < pool_.size(); ++i) {
+      const auto& t = pool_[i]->tokens;
+      const size_t lim = std::min(t.size(), prompt.size() - 1);
+      size_t k = 0;
+      while (k < lim && t[k] == prompt[k]) ++k;
+      if (static_cast<int64_t>(k) > best_len) {
+        best_len = static_cast<int64_t>(k);
+        best = i;
+      }
+    }
+    std::unique_ptr<Pooled> reuse;
+    if (best < pool_.size()) {
+      reuse = std::move(pool_[best]);
+      pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+    // Room under the KV bound: evict pooled sessions, least recently used first.
+    int64_t pool_bytes = pool_bytes_locked();
+    while (reserved_ + s.reserve + pool_bytes > options_.kv_memory && !pool_.empty()) {
+      auto lru = std::min_element(pool_.begin(), pool_.end(),
+                                  [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
+      pool_bytes -= static_cast<int64_t>((*lru)->session->kv_bytes());
+      pool_.erase(lru);
+    }
+    if (reserved_ + s.reserve + pool_bytes > options_.kv_memory) {
+      if (reuse) pool_.push_back(std::move(reuse));  // not now: wait for a running sequence to finish
+      break;
+    }
+    if (reuse) {
+      reuse->session->trim(reuse->session->position() - best_len);
+      s.session = std::move(reuse->session);
+      s.prefilled = s.cached = best_len;
+    } else {
+      s.session = model_.new_session();
+    }
+    reserved_ += s.reserve;
+    admitted.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void Engine::run() {
+  while (true) {
+    {
+      std::vector<std::unique_ptr<Sequence>> admitted;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !running_.empty() || !waiting_.empty(); });
+      if (stop_) break;
+      admit_locked(admitted);
+      for (auto& s : admitted) {
+        if (s->req->cancelled() && !s->session) {  // cancelled while waiting
+          ++stats_.requests_cancelled;
+          std::lock_guard<std::mutex> rl(s->req->mu_);
+          s->req->pending_.finished = true;
+          s->req->pending_.reason = FinishReason::kCancelled;
+          s->req->has_news_ = true;
+          s->req->cv_.notify_all();
+          continue;
+        }
+        running_.push_back(std::move(s));
+      }
+      running_count_ = static_cast<int64_t>(running_.size());
+      if (running_.empty()) {
+        cv_.notify_all();  // drain() waits for this
+        if (!waiting_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(5));  // blocked by the KV bound
+        continue;
+      }
+    }
+    step();
+  }
+  // Stopped: everything unfinished ends as cancelled.
+  for (auto& s : running_) finish(*s, FinishReason::kCancelled, "");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : waiting_) {
+    std::lock_guard<std::mutex> rl(s->req->mu_);
+    s->req->pending_.finished = true;
+    s->req->pending_.reason = FinishReason::kCancelled;
+    s->req->has_news_ = true;
+    s->req->cv_.notify_all();
+  }
+  waiting_.clear();
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) {
+  if (s.done) return;
+  s.done = true;
+  s.reason = reason;
+  if (reason == FinishReason::kStop || reason == FinishReason::kLength) s.filter->finish();
+  {
+    std::lock_guard<std::mutex> rl(s.req->mu_);
+    RequestUpdate& u = s.req->pending_;
+    u.text += s.emitted;
+    for (auto& l : s.logprobs) u.logprobs.push_back(std::move(l));
+    u.finished = true;
+    u.reason = reason;
+    u.error = error;
+    u.completion_tokens = s.generated;
+    u.cached_tokens = s.cached;
+    s.req->has_news_ = true;
+  }
+  s.req->cv_.notify_all();
+  s.emitted.clear();
+  s.logprobs.clear();
+}
+
+// Penalties, logprobs and the draw for a sequence whose forward row was its last; the sampled token is streamed and
+// the sequence finished when it ends it.
+void Engine::sample(Sequence& s, const float* logits, Clock::time_point now) {
+  const float* z = logits;
+  std::vector<float> penalised;
+  if (!s.opt.logit_bias.empty() ||
+      ((s.opt.presence_penalty != 0.0 || s.opt.frequency_penalty != 0.0) && !s.counts.empty())) {
+    penalised.assign(logits, logits + vocab_);
+    for (const auto& [id, bias] : s.opt.logit_bias) penalised[static_cast<size_t>(id)] += bias;
+    for (const auto& [id, count] : s.counts)
+      penalised[static_cast<size_t>(id)] -= static_cast<float>(s.opt.presence_penalty +
+                                                               s.opt.frequency_penalty * static_cast<double>(count));
+    z = penalised.data();
+  }
+  int32_t token = 0;
+  try {
+    token = s.sampler->sample(z, vocab_, s.history);
+  } catch (const std::exception& e) {
+    finish(s, FinishReason::kError, e.what());
+    return;
+  }
+  if (s.opt.top_logprobs >= 0) {
+    // The model's distribution (after the OpenAI penalties, before temperature and truncation), as OpenAI reports.
+    const auto [mx, lse] = log_normalizer(z, vocab_);
+    TokenLogprob lp;
+    lp.id = token;
+    lp.logprob = static_cast<double>(z[token]) - mx - lse;
+    std::vector<int32_t> ids(static_cast<size_t>(vocab_));
+    for (int32_t i = 0; i < static_cast<int32_t>(vocab_); ++i) ids[static_cast<size_t>(i)] = i;
+    const auto k = static_cast<std::ptrdiff_t>(std::min<int64_t>(s.opt.top_logprobs, vocab_));
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+    for (std::ptrdiff_t i = 0; i < k; ++i)
+      lp.top.emplace_back(ids[static_cast<size_t>(i)], static_cast<double>(z[ids[static_cast<size_t>(i)]]) - mx - lse);
+    s.logprobs.push_back(std::move(lp));
+  }
+  ++s.generated;
+  s.history.push_back(token);
+  ++s.counts[token];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s.generated == 1)
+      stats_.ttft.observe(seconds_between(s.submitted, now));
+    else
+      stats_.itl.observe(seconds_between(s.last_token, now));
+  }
+  s.last_token = now;
+
+  const auto end = [&](FinishReason reason, bool by_string) {
+    if (!by_string && s.filter->add(s.text->flush())) reason = FinishReason::kStop;
+    finish(s, reason, "");
+  };
+  if (std::find(s.opt.end_tokens.begin(), s.opt.end_tokens.end(), token) != s.opt.end_tokens.end())
+    return end(FinishReason::kStop, false);
+  if (s.filter->add(s.text->push(token))) return end(FinishReason::kStop, true);
+  if (s.generated >= s.opt.max_tokens || s.session->position() >= model_.context_length())
+    return end(FinishReason::kLength, false);
+  s.pending_token = token;
+}
+
+void Engine::step() {
+  const Clock::time_point t0 = Clock::now();
+  // Rows of this step: decode rows first, then prompt chunks in admission order.
+  struct Item {
+    Sequence* s;
+    const int32_t* tokens;
+    int64_t n;
+    bool last;  // its logits feed a draw
+  };
+  std::vector<Item> items;
+  int64_t decode_rows = 0;
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.req->cancelled()) continue;
+    if (s.prefilled == static_cast<int64_t>(s.opt.prompt.size())) {
+      items.push_back({&s, &s.pending_token, 1, true});
+      ++decode_rows;
+    }
+  }
+  int64_t budget = std::max(options_.step_tokens - decode_rows, std::max<int64_t>(1, options_.step_tokens / 4));
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    const int64_t rest = static_cast<int64_t>(s.opt.prompt.size()) - s.prefilled;
+    if (s.req->cancelled() || rest == 0 || budget == 0) continue;
+    const int64_t n = std::min(rest, budget);
+    budget -= n;
+    items.push_back({&s, s.opt.prompt.data() + s.prefilled, n, n == rest});
+  }
+  std::vector<std::vector<float>> logits(items.size());
+  std::vector<model::Model::BatchItem> batch;
+  for (size_t i = 0; i < items.size(); ++i) {
+    logits[i].resize(static_cast<size_t>(vocab_));
+    batch.push_back({items[i].s->session.get(), items[i].tokens, items[i].n, logits[i].data(), false});
+  }
+  std::string error;
+  if (!batch.empty()) {
+    try {
+      model_.forward_batch(batch);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const Clock::time_point t1 = Clock::now();
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& s = *items[i].s;
+    if (!error.empty()) {
+      finish(s, FinishReason::kError, error);
+      continue;
+    }
+    if (items[i].tokens != &s.pending_token) s.prefilled += items[i].n;
+    if (items[i].last) sample(s, logits[i].data(), t1);
+  }
+  for (auto& sp : running_)
+    if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
+
+  // Publish, release the finished ones (into the prefix pool), update the statistics.
+  std::vector<std::unique_ptr<Sequence>> done;
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (!s.done && (!s.emitted.empty() || !s.logprobs.empty() || items.size() > 0)) {
+      std::lock_guard<std::mutex> rl(s.req->mu_);
+      RequestUpdate& u = s.req->pending_;
+      u.text += s.emitted;
+      for (auto& l : s.logprobs) u.logprobs.push_back(std::move(l));
+      u.completion_tokens = s.generated;
+      u.cached_tokens = s.cached;
+      if (!s.emitted.empty() || !u.logprobs.empty()) {
+        s.req->has_news_ = true;
+        s.req->cv_.notify_all();
+      }
+      s.emitted.clear();
+      s.logprobs.clear();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.last_batch = static_cast<int64_t>(items.size());
+  if (!items.empty()) stats_.batch_size.observe(static_cast<double>(items.size()));
+  (void)t0;
+  running_bytes_ = 0;
+  for (auto it = running_.begin(); it != running_.end();) {
+    Sequence& s = **it;
+    if (!s.done) {
+      running_bytes_ += static_cast<int64_t>(s.session->kv_bytes());
+      ++it;
+      continue;
+    }
+    reserved_ -= s.reserve;
+    switch (s.reason) {
+      case FinishReason::kCancelled: ++stats_.requests_cancelled; break;
+      case FinishReason::kError: ++stats_.requests_failed; break;
+      default: ++stats_.requests_finished; break;
+    }
+    stats_.prompt_tokens += s.opt.prompt.size();
+    stats_.cached_prompt_tokens += static_cast<uint64_t>(s.cached);
+    stats_.generated_tokens += static_cast<uint64_t>(s.generated);
+    // Into the prefix pool: the tokens the session holds (the prompt, then the sampled tokens that went in).
+    if (options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
+        s.session->position() > 0) {
+      auto p = std::make_unique<Pooled>();
+      p->tokens = s.history;
+      p->tokens.resize(static_cast<size_t>(s.session->position()));
+      p->session = std::move(s.session);
+      p->last_used = ++pool_clock_;
+      pool_.push_back(std::move(p));
+      while (static_cast<int64_t>(pool_.size()) > options_.prefix_cache_entries) {
+        auto lru = std::min_element(pool_.begin(), pool_.end(),
+                                    [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
+        pool_.erase(lru);
+      }
+    }
+    it = running_.erase(it);
+  }
+  running_count_ = static_cast<int64_t>(running_.size());
+  if (running_.empty()) cv_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats st = stats_;
+  st.running = running_count_;
+  st.waiting = static_cast<int64_t>(waiting_.size());
+  st.pooled = static_cast<int64_t>(pool_.size());
+  const int64_t pooled = pool_bytes_locked();
+  st.kv_bytes_in_use = running_bytes_ + pooled;
+  st.kv_bytes_reserved = reserved_ + pooled;
+  return st;
+}
+
+std::string Engine::metrics_text() const {
+  const EngineStats st = stats();
+  std::ostringstream o;
+  const auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    o << "# HELP cider_" << name << ' ' << help << "\n# TYPE cider_" << name << ' ' << type << "\ncider_" << name << ' '
+      << value << '\n';
+  };
+  const auto histogram = [&](const char* name, const char* help, const Histogram& h) {
+    o << "# HELP cider_" << name << ' ' << help << "\n# TYPE cider_" << name << " histogram\n";
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cum += h.counts[i];
+      o << "cider_" << name << "_bucket{le=\"" << h.bounds[i] << "\"} " << cum << '\n';
+    }
+    o << "cider_" << name << "_bucket{le=\"+Inf\"} " << h.count << '\n';
+    o << "cider_" << name << "_sum " << h.sum << "\ncider_" << name << "_count " << h.count << '\n';
+  };
+  o << "# HELP cider_requests_total Requests by outcome.\n# TYPE cider_requests_total counter\n";
+  o << "cider_requests_total{outcome=\"finished\"} " << st.requests_finished << '\n';
+  o << "cider_requests_total{outcome=\"cancelled\"} " << st.requests_cancelled << '\n';
+  o << "cider_requests_total{outcome=\"failed\"} " << st.requests_failed << '\n';
+  o << "cider_requests_total{outcome=\"refused\"} " << st.requests_refused << '\n';
+  metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", st.prompt_tokens);
+  metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache.", st.cached_prompt_tokens);
+  metric("generation_tokens_total", "counter", "Tokens sampled.", st.generated_tokens);
+  metric("steps_total", "counter", "Batched forward steps.", st.steps);
+  metric("requests_running", "gauge", "Sequences in the batch.", st.running);
+  metric("requests_waiting", "gauge", "Requests queued for admission.", st.waiting);
+  metric("batch_size", "gauge", "Sequences in the last step.", st.last_batch);
+  metric("prefix_cache_entries", "gauge", "Finished sequences kept for prefix reuse.", st.pooled);
+  metric("kv_bytes_in_use", "gauge", "KV cache bytes allocated by running and pooled sequences.", st.kv_bytes_in_use);
+  metric("kv_bytes_reserved", "gauge", "KV bytes reserved by running sequences plus those of pooled ones.",
+         st.kv_bytes_reserved);
+  metric("kv_memory_bytes", "gauge", "The KV memory bound (--kv-memory).", st.kv_memory);
+  histogram("time_to_first_token_seconds", "From submission to the first sampled token.", st.ttft);
+  histogram("inter_token_latency_seconds", "Between consecutive sampled tokens of a sequence.", st.itl);
+  histogram("step_batch_size", "Sequences per batched forward step.", st.batch_size);
+  return o.str();
+}
+
+}  // namespace cider::runtime

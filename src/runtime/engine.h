@@ -1,0 +1,175 @@
+// cider/runtime/engine.h — the server's scheduler: continuous batching over one model, a KV-memory bound, and a cache
+// of finished sequences' KV for requests that share a prefix.
+//
+// One worker thread runs steps. A step:
+//   1. admits waiting requests (first come, first served) while the batch has room (max_batch) and the KV memory
+//      bound allows: each running sequence reserves the cache bytes of min(prompt + max_tokens, context) positions
+//      (model::kv_bytes_at), so the running set never outgrows --kv-memory and nothing has to be preempted; a smaller
+//      cache format reserves proportionally less and admits proportionally more sequences;
+//   2. builds one batched forward (Model::forward_batch): every decoding sequence contributes its last sampled token
+//      (one row), and the remaining row budget of the step (step_tokens) goes to prompt chunks of the sequences still
+//      in prefill, oldest first — prefill is interleaved with decode instead of stalling it;
+//   3. samples each sequence whose row was its last (penalties, logprobs), streams its text through the stop filter
+//      and finishes it on an end token, a stop string, max_tokens, the context's end, or a cancel (a client that went
+//      away): its KV is released at once.
+// Prefix cache: a finished sequence's session goes into a pool keyed by the tokens it holds. A new request takes the
+// pooled session with the longest common prefix with its prompt, trims it to that prefix (Session::trim: every cache
+// format, quantized included) and prefills only the rest; at least the prompt's last token is always recomputed (its
+// logits are needed). Pooled sessions count against the KV bound with their real bytes and are evicted least recently
+// used first when a reservation needs the room, or beyond prefix_cache_entries.
+//
+// Requests are consumed from any thread: Request::wait() returns what the engine produced since the last call.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace cider::runtime {
+
+// KV bytes of one sequence of `positions` positions with this model's cache format (all layers).
+int64_t kv_bytes_at(const model::Model& m, int64_t positions);
+
+struct RequestOptions {
+  std::vector<int32_t> prompt;  // at least one token, all in the vocabulary, fitting the context
+  model::SamplerParams sampling;
+  int64_t max_tokens = 16;             // >= 1: tokens to sample at most (the context's end stops earlier)
+  std::vector<std::string> stop;       // stop strings (non-empty each)
+  std::vector<int32_t> end_tokens;     // tokens that end the sequence (EOS, end of turn); never emitted as text
+  double presence_penalty = 0.0;       // OpenAI: logit −= presence·[count > 0] − frequency·count over the
+  double frequency_penalty = 0.0;      // tokens sampled so far; each in [−2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logits of these ids before sampling
+  int top_logprobs = -1;               // −1: no logprobs; 0…20: the sampled token's and this many alternatives
+  int32_t context_token = -1;          // decoded before the first sampled token (a SentencePiece "▁word" keeps its
+                                       // space); by default the prompt's last token
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // OpenAI's: "stop", "length"; "cancelled", "error"
+
+struct TokenLogprob {
+  int32_t id = 0;
+  double logprob = 0.0;
+  std::vector<std::pair<int32_t, double>> top;  // the most probable tokens, descending (ties: lower id)
+};
+
+// What a request produced since the previous wait().
+struct RequestUpdate {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;  // one per sampled token (when asked for), the end token included
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  std::string error;              // kError: the message
+  int64_t prompt_tokens = 0;      // set on every update
+  int64_t completion_tokens = 0;  // tokens sampled so far (an end token included, as OpenAI counts it)
+  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache
+};
+
+class Engine;
+
+class Request {
+ public:
+  // Blocks until there is something new (or `timeout` passes: then an empty update with finished = false).
+  RequestUpdate wait(std::chrono::milliseconds timeout);
+  // The client went away: the engine drops the sequence at its next step and frees its KV.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Engine;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  RequestUpdate pending_;
+  bool has_news_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineOptions {
+  int64_t max_batch = 8;             // sequences decoded together at most
+  int64_t kv_memory = 0;             // bytes of KV for running and pooled sequences; 0: max_batch full contexts
+  int64_t max_waiting = 64;          // requests queued beyond the batch; more are refused (Submit::kBusy)
+  int64_t step_tokens = 256;         // rows of one batched forward (decode rows first, then prompt chunks)
+  int64_t prefix_cache_entries = 16; // finished sequences kept for prefix reuse; 0: no prefix cache
+};
+
+// Counters and gauges for /metrics (Prometheus text: Engine::metrics_text).
+struct Histogram {
+  std::vector<double> bounds;     // upper bounds, ascending (+Inf implicit)
+  std::vector<uint64_t> counts;   // per bound, not cumulative; counts[bounds.size()] = above the last
+  double sum = 0.0;
+  uint64_t count = 0;
+  void observe(double v);
+};
+
+struct EngineStats {
+  uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0, requests_refused = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0, steps = 0;
+  int64_t running = 0, waiting = 0, last_batch = 0, pooled = 0;
+  int64_t kv_bytes_in_use = 0;    // allocated by running and pooled sessions
+  int64_t kv_bytes_reserved = 0;  // reserved by running sequences + held by pooled ones (the bound's left side)
+  int64_t kv_memory = 0;
+  Histogram ttft, itl, batch_size;
+};
+
+class Engine {
+ public:
+  Engine(const model::Model& model, const EngineOptions& options);
+  ~Engine();  // stops the worker; unfinished requests end with FinishReason::kCancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  enum class Submit { kAccepted, kBusy, kDraining };
+  // Validates (cider::Error: kInvalidArgument for a bad option, kOutOfRange for a prompt + reservation that can never
+  // fit the context or the KV bound, naming the numbers), then queues. kBusy: max_waiting requests already wait;
+  // kDraining: drain() was called. `out` is set only when accepted.
+  Submit submit(RequestOptions options, std::shared_ptr<Request>& out);
+  // Stops accepting and waits until nothing runs or waits (or `timeout` passes); returns true when idle.
+  bool drain(std::chrono::milliseconds timeout);
+
+  const model::Model& model() const { return model_; }
+  const EngineOptions& options() const { return options_; }
+  EngineStats stats() const;
+  std::string metrics_text() const;  // Prometheus exposition format, names prefixed "cider_"
+
+ private:
+  struct Sequence;
+  struct Pooled;
+  void run();
+  void admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted);
+  void step();
+  void finish(Sequence& s, FinishReason reason, const std::string& error);
+  void sample(Sequence& s, const float* logits, std::chrono::steady_clock::time_point now);
+  int64_t pool_bytes_locked() const;
+
+  const model::Model& model_;
+  EngineOptions options_;
+  const model::Tokenizer& tok_;
+  int64_t vocab_ = 0;
+
+  mutable std::mutex mu_;  // waiting_, pool_, stats_, draining_, stop_, reserved_
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // the worker's only
+  std::vector<std::unique_ptr<Pooled>> pool_;
+  int64_t reserved_ = 0;  // reservations of running sequences
+  int64_t running_count_ = 0;
+  int64_t running_bytes_ = 0;
+  uint64_t pool_clock_ = 0;
+  bool draining_ = false;
+  bool stop_ = false;
+  EngineStats stats_;
+  std::thread worker_;
+};
+
+}  // namespace cider::runtime

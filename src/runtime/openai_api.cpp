@@ -1,0 +1,391 @@
+#include "runtime/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/generate.h"
+
+namespace cider::runtime {
+
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, "invalid_request_error", message, param);
+}
+
+std::string brief(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// Optional typed fields: absent or null → the default.
+bool present(const json& b, const char* k) { return b.contains(k) && !b.at(k).is_null(); }
+
+double number(const json& b, const char* k, double def, double lo, double hi, bool lo_open = false) {
+  if (!present(b, k)) return def;
+  const json& v = b.at(k);
+  if (!v.is_number()) bad(k, std::string("'") + k + "' must be a number; got " + brief(v));
+  const double x = v.get<double>();
+  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi) || !std::isfinite(x)) {
+    std::string range = (lo_open ? "(" : "[") + brief(json(lo)) + ", " + brief(json(hi)) + "]";
+    bad(k, std::string("'") + k + "' must be in " + range + "; got " + brief(v));
+  }
+  return x;
+}
+
+int64_t integer(const json& b, const char* k, int64_t def, int64_t lo, int64_t hi) {
+  if (!present(b, k)) return def;
+  const json& v = b.at(k);
+  if (!v.is_number_integer()) bad(k, std::string("'") + k + "' must be an integer; got " + brief(v));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    bad(k, std::string("'") + k + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got " +
+               brief(v));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    bad(k, std::string("'") + k + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got " +
+               brief(v));
+  return x;
+}
+
+bool boolean(const json& b, const char* k, bool def) {
+  if (!present(b, k)) return def;
+  if (!b.at(k).is_boolean()) bad(k, std::string("'") + k + "' must be a boolean; got " + brief(b.at(k)));
+  return b.at(k).get<bool>();
+}
+
+std::string content_text(const json& c, size_t i) {
+  const std::string where = "messages[" + std::to_string(i) + "].content";
+  if (c.is_null()) return "";
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad(where, "'" + where + "' must be a string or a list of text parts; got " + brief(c));
+  std::string s;
+  for (const json& part : c) {
+    if (!part.is_object() || !part.contains("type") || part.at("type") != "text" || !part.contains("text") ||
+        !part.at("text").is_string())
+      bad(where, "'" + where + "' parts must be {\"type\": \"text\", \"text\": string} (cider serves text models); got " +
+                     brief(part));
+    s += part.at("text").get<std::string>();
+  }
+  return s;
+}
+
+std::string token_text(const model::Tokenizer& tok, int32_t id) { return tok.decode({id}, false); }
+
+json bytes_of(const std::string& s) {
+  json a = json::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+json usage_json(const RequestUpdate& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+const char* finish_name(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";  // cancelled/error never reach a client as a reason
+}
+
+}  // namespace
+
+std::string ApiError::body() const {
+  json e{{"error",
+          {{"message", what()},
+           {"type", type_},
+           {"param", param_.empty() ? json(nullptr) : json(param_)},
+           {"code", json(nullptr)}}}};
+  return e.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+OpenAIApi::OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format)
+    : model_(model), name_(std::move(model_name)), format_(chat_format) {
+  eos_ids_ = model::model_eos_ids(model_);
+  chat_end_ids_ = eos_ids_;
+  for (const auto& t : model::chat_end_tokens(format_))
+    if (const int32_t id = model_.tokenizer().token_to_id(t); id >= 0) chat_end_ids_.push_back(id);
+}
+
+ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
+  json b;
+  try {
+    b = json::parse(body.begin(), body.end(), nullptr, true, false);
+  } catch (const json::exception& e) {
+    bad("", std::string("the request body must be JSON: ") + e.what());
+  }
+  if (!b.is_object()) bad("", "the request body must be a JSON object; got " + brief(b));
+  const model::Tokenizer& tok = model_.tokenizer();
+  const int64_t ctx = model_.context_length();
+  const int64_t vocab = model_.config().vocab_size;
+  ApiRequest r;
+  r.endpoint = endpoint;
+  r.model = present(b, "model") && b.at("model").is_string() ? b.at("model").get<std::string>() : name_;
+
+  if (integer(b, "n", 1, 1, 1024) != 1) bad("n", "'n' must be 1 (cider samples one choice per request); got " + brief(b.at("n")));
+  if (integer(b, "best_of", 1, 1, 1024) != 1) bad("best_of", "'best_of' must be 1; got " + brief(b.at("best_of")));
+  if (present(b, "tools") && !(b.at("tools").is_array() && b.at("tools").empty()))
+    bad("tools", "'tools' is not supported by cider serve yet (no tool-call parsing); send the request without it");
+  if (present(b, "suffix")) bad("suffix", "'suffix' (insertion) is not supported");
+  if (present(b, "response_format")) {
+    const json& f = b.at("response_format");
+    if (!f.is_object() || !f.contains("type") || f.at("type") != "text")
+      bad("response_format", "'response_format' must be {\"type\": \"text\"} (no constrained decoding yet); got " +
+                                 brief(f));
+  }
+
+  RequestOptions& o = r.options;
+  // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), the penalty over the whole history.
+  o.sampling.temperature = number(b, "temperature", 1.0, 0.0, 2.0);
+  o.sampling.top_p = number(b, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
+  const int64_t top_k = integer(b, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
+  o.sampling.top_k = top_k < 0 ? 0 : top_k;
+  o.sampling.min_p = number(b, "min_p", 0.0, 0.0, 1.0);
+  o.sampling.repeat_penalty = number(b, "repetition_penalty", 1.0, 0.0, 100.0, /*lo_open=*/true);
+  o.sampling.repeat_window = 0;
+  if (present(b, "seed")) {
+    const json& v = b.at("seed");
+    if (!v.is_number_integer()) bad("seed", "'seed' must be an integer; got " + brief(v));
+    o.sampling.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+  } else {
+    std::random_device rd;
+    o.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  o.presence_penalty = number(b, "presence_penalty", 0.0, -2.0, 2.0);
+  o.frequency_penalty = number(b, "frequency_penalty", 0.0, -2.0, 2.0);
+  if (present(b, "logit_bias")) {
+    const json& lb = b.at("logit_bias");
+    if (!lb.is_object()) bad("logit_bias", "'logit_bias' must be an object {token id: bias}; got " + brief(lb));
+    for (const auto& [key, v] : lb.items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id >= vocab)
+        bad("logit_bias", "'logit_bias' keys must be token ids in [0, " + std::to_string(vocab) + "); got \"" + key + "\"");
+      if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]; got " + brief(v));
+      o.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<float>());
+    }
+  }
+  if (present(b, "stop")) {
+    const json& s = b.at("stop");
+    if (s.is_string()) {
+      o.stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 16) {
+      for (const json& x : s) {
+        if (!x.is_string()) bad("stop", "'stop' must be a string or a list of at most 16 strings; got " + brief(s));
+        o.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or a list of at most 16 strings; got " + brief(s));
+    }
+    for (const auto& x : o.stop)
+      if (x.empty()) bad("stop", "'stop' strings must not be empty");
+  }
+  r.stream = boolean(b, "stream", false);
+  if (present(b, "stream_options")) {
+    const json& so = b.at("stream_options");
+    if (!so.is_object()) bad("stream_options", "'stream_options' must be an object; got " + brief(so));
+    r.include_usage = boolean(so, "include_usage", false);
+  }
+
+  // The prompt.
+  std::string prompt_text;
+  if (endpoint == Endpoint::kChat) {
+    if (!present(b, "messages") || !b.at("messages").is_array() || b.at("messages").empty())
+      bad("messages", "'messages' must be a non-empty list of {role, content}");
+    std::vector<model::ChatMessage> msgs;
+    const json& m = b.at("messages");
+    for (size_t i = 0; i < m.size(); ++i) {
+      const json& x = m[i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!x.is_object() || !x.contains("role") || !x.at("role").is_string())
+        bad(where, "'" + where + "' must be an object with a string 'role'; got " + brief(x));
+      std::string role = x.at("role").get<std::string>();
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant")
+        bad(where + ".role", "'" + where + ".role' must be system, developer, user or assistant; got \"" + role + "\"");
+      msgs.push_back({role, content_text(x.contains("content") ? x.at("content") : json(nullptr), i)});
+    }
+    try {
+      prompt_text = model::render_chat(format_, msgs);
+    } catch (const Error& e) {
+      bad("messages", e.what());
+    }
+    o.prompt = tok.encode(prompt_text, /*add_special=*/true);
+    o.end_tokens = chat_end_ids_;
+    const bool lp = boolean(b, "logprobs", false);
+    const int64_t top = integer(b, "top_logprobs", 0, 0, 20);
+    if (present(b, "top_logprobs") && !lp) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.logprobs = lp;
+    o.top_logprobs = lp ? static_cast<int>(top) : -1;
+  } else {
+    if (!present(b, "prompt")) bad("prompt", "'prompt' is required: a string, a list of token ids or a list of one string");
+    const json& p = b.at("prompt");
+    if (p.is_string()) {
+      prompt_text = p.get<std::string>();
+      o.prompt = tok.encode(prompt_text, true);
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      prompt_text = p[0].get<std::string>();
+      o.prompt = tok.encode(prompt_text, true);
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      for (const json& x : p) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)
+          bad("prompt", "'prompt' token ids must be integers in [0, " + std::to_string(vocab) + "); got " + brief(x));
+        o.prompt.push_back(x.get<int32_t>());
+      }
+      prompt_text = tok.decode(o.prompt, false);
+    } else {
+      bad("prompt", "'prompt' must be a string, a list of token ids or a list of one string (n = 1); got " + brief(p));
+    }
+    o.end_tokens = eos_ids_;
+    if (present(b, "logprobs")) {
+      const json& v = b.at("logprobs");
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 20)
+        bad("logprobs", "'logprobs' must be an integer in [0, 20]; got " + brief(v));
+      r.logprobs = true;
+      o.top_logprobs = v.get<int>();
+    }
+    if (boolean(b, "echo", false)) r.echo_text = prompt_text;
+  }
+  if (o.prompt.empty()) bad(endpoint == Endpoint::kChat ? "messages" : "prompt", "the prompt encodes to no tokens");
+  const int64_t n = static_cast<int64_t>(o.prompt.size());
+  if (n >= ctx)
+    bad(endpoint == Endpoint::kChat ? "messages" : "prompt",
+        "the prompt has " + std::to_string(n) + " tokens; the context is " + std::to_string(ctx) +
+            " tokens, so a prompt may have at most " + std::to_string(ctx - 1));
+  // max_tokens: the newer name wins when both are given.
+  const int64_t def = endpoint == Endpoint::kChat ? ctx - n : 16;
+  const char* mk = present(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  o.max_tokens = std::min(integer(b, mk, def, 1, std::numeric_limits<int32_t>::max()), ctx - n);
+  return r;
+}
+
+std::string OpenAIApi::response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& text,
+                                const std::vector<TokenLogprob>& logprobs, const RequestUpdate& last) const {
+  const model::Tokenizer& tok = model_.tokenizer();
+  json choice{{"index", 0}, {"finish_reason", finish_name(last.reason)}};
+  json lp = nullptr;
+  if (r.endpoint == Endpoint::kChat) {
+    if (r.logprobs) {
+      json content = json::array();
+      for (const auto& t : logprobs) {
+        json top = json::array();
+        for (const auto& [tid, l] : t.top) {
+          const std::string s = token_text(tok, tid);
+          top.push_back({{"token", s}, {"logprob", l}, {"bytes", bytes_of(s)}});
+        }
+        const std::string s = token_text(tok, t.id);
+        content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+      }
+      lp = json{{"content", content}};
+    }
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    choice["logprobs"] = lp;
+  } else {
+    if (r.logprobs) {
+      json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+      int64_t offset = static_cast<int64_t>(r.echo_text.size());
+      for (const auto& t : logprobs) {
+        const std::string s = token_text(tok, t.id);
+        tokens.push_back(s);
+        token_lps.push_back(t.logprob);
+        json top = json::object();
+        for (const auto& [tid, l] : t.top) top[token_text(tok, tid)] = l;
+        tops.push_back(top);
+        offsets.push_back(offset);
+        offset += static_cast<int64_t>(s.size());
+      }
+      lp = json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+    }
+    choice["text"] = r.echo_text + text;
+    choice["logprobs"] = lp;
+  }
+  json out{{"id", id},
+           {"object", r.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+           {"created", created},
+           {"model", r.model},
+           {"choices", json::array({choice})},
+           {"usage", usage_json(last)}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string OpenAIApi::stream_events(const ApiRequest& r, const std::string& id, int64_t created,
+                                     const RequestUpdate& u, bool first) const {
+  const model::Tokenizer& tok = model_.tokenizer();
+  const bool chat = r.endpoint == Endpoint::kChat;
+  std::string out;
+  const auto event = [&](const json& choices, const json& usage) {
+    json c{{"id", id},
+           {"object", chat ? "chat.completion.chunk" : "text_completion"},
+           {"created", created},
+           {"model", r.model},
+           {"choices", choices}};
+    if (r.include_usage) c["usage"] = usage;
+    out += "data: " + c.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  };
+  std::string text = u.text;
+  if (first && !chat) text = r.echo_text + text;
+  const bool has_content = !text.empty() || !u.logprobs.empty();
+  if (first && chat) event(json::array({{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr}, {"finish_reason", nullptr}}}),
+                           nullptr);
+  if (has_content || u.finished) {
+    json choice{{"index", 0}, {"finish_reason", u.finished ? json(finish_name(u.reason)) : json(nullptr)}};
+    json lp = nullptr;
+    if (r.logprobs && !u.logprobs.empty()) {
+      if (chat) {
+        json content = json::array();
+        for (const auto& t : u.logprobs) {
+          json top = json::array();
+          for (const auto& [tid, l] : t.top) {
+            const std::string s = token_text(tok, tid);
+            top.push_back({{"token", s}, {"logprob", l}, {"bytes", bytes_of(s)}});
+          }
+          const std::string s = token_text(tok, t.id);
+          content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+        }
+        lp = json{{"content", content}};
+      } else {
+        json tokens = json::array(), token_lps = json::array(), tops = json::array();
+        for (const auto& t : u.logprobs) {
+          tokens.push_back(token_text(tok, t.id));
+          token_lps.push_back(t.logprob);
+          json top = json::object();
+          for (const auto& [tid, l] : t.top) top[token_text(tok, tid)] = l;
+          tops.push_back(top);
+        }
+        lp = json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
+      }
+    }
+    if (chat)
+      choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
+    else
+      choice["text"] = text;
+    choice["logprobs"] = lp;
+    event(json::array({choice}), nullptr);
+  }
+  if (u.finished) {
+    if (r.include_usage) event(json::array(), usage_json(u));
+    out += "data: [DONE]\n\n";
+  }
+  return out;
+}
+
+std::string OpenAIApi::models_json(int64_t created) const {
+  json m{{"object", "list"},
+         {"data", json::array({{{"id", name_},
+                                {"object", "model"},
+                                {"created", created},
+                                {"owned_by", "cider"},
+                                {"max_model_len", model_.context_length()}}})}};
+  return m.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace cider::runtime

@@ -1,0 +1,83 @@
+// cider/runtime/openai_api.h — the OpenAI-compatible protocol of `cider serve`: request bodies of /v1/completions and
+// /v1/chat/completions turned into engine requests (runtime/engine.h), and the engine's updates turned into response
+// bodies and server-sent-event chunks. No HTTP here (apps/serve.cpp holds the server).
+//
+// Request fields: model (echoed back, not checked), prompt (completions: a string, a list of token ids, or a list of
+// one string), messages (chat: role system/user/assistant, content a string or a list of {"type": "text"} parts),
+// max_tokens / max_completion_tokens (default: completions 16, as OpenAI; chat: to the end of the context), temperature
+// [0, 2] (default 1), top_p (0, 1] (1), top_k (0 or -1: off), min_p [0, 1] (0), seed (default: a fresh one),
+// stop (a string or a list of strings), presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, over
+// the whole history), logit_bias ({token id: bias in [-100, 100]}), logprobs (chat: bool, with top_logprobs 0…20;
+// completions: an integer 0…20), echo (completions), stream, stream_options.include_usage, n (1 only).
+// Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
+// field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1, tools,
+// a response_format other than text, best_of > 1, suffix) are refused with 400 rather than ignored.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/chat_format.h"
+#include "runtime/engine.h"
+
+namespace cider::runtime {
+
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, const std::string& message, std::string param = "")
+      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }
+  std::string body() const;  // {"error": {"message", "type", "param", "code"}}
+
+ private:
+  int status_;
+  std::string type_;
+  std::string param_;
+};
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;            // as sent (or the server's name)
+  RequestOptions options;       // for the engine
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+  bool logprobs = false;
+  std::string echo_text;        // completions with echo: the prompt text, sent before the completion
+};
+
+class OpenAIApi {
+ public:
+  OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format);
+
+  // The body of a POST; throws ApiError (400) for anything malformed.
+  ApiRequest parse(std::string_view body, Endpoint endpoint) const;
+
+  // The whole response of a finished non-streaming request: `text` and `logprobs` concatenated from its updates,
+  // `last` its final update (reason, usage).
+  std::string response(const ApiRequest& r, const std::string& id, int64_t created, const std::string& text,
+                       const std::vector<TokenLogprob>& logprobs, const RequestUpdate& last) const;
+  // Server-sent events for one update of a streaming request ("data: {...}\n\n" lines; the first update of a chat
+  // also carries the assistant role; the final one the finish reason, the usage chunk when asked, and [DONE]).
+  std::string stream_events(const ApiRequest& r, const std::string& id, int64_t created, const RequestUpdate& u,
+                            bool first) const;
+
+  std::string models_json(int64_t created) const;  // GET /v1/models
+  const std::string& model_name() const { return name_; }
+  model::ChatFormat chat_format() const { return format_; }
+
+ private:
+  const model::Model& model_;
+  std::string name_;
+  model::ChatFormat format_;
+  std::vector<int32_t> eos_ids_;       // the model's
+  std::vector<int32_t> chat_end_ids_;  // the model's plus the chat format's end-of-turn tokens
+};
+
+}  // namespace cider::runtime
