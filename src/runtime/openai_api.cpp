@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -34,8 +35,9 @@ double number(const json& b, const char* k, double def, double lo, double hi, bo
   if (!v.is_number()) bad(k, std::string("'") + k + "' must be a number; got " + brief(v));
   const double x = v.get<double>();
   if (!(lo_open ? x > lo : x >= lo) || !(x <= hi) || !std::isfinite(x)) {
-    std::string range = (lo_open ? "(" : "[") + brief(json(lo)) + ", " + brief(json(hi)) + "]";
-    bad(k, std::string("'") + k + "' must be in " + range + "; got " + brief(v));
+    std::ostringstream range;
+    range << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+    bad(k, std::string("'") + k + "' must be in " + range.str() + "; got " + brief(v));
   }
   return x;
 }

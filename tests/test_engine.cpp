@@ -1,0 +1,343 @@
+// The server's scheduler (runtime/engine.h) and protocol (runtime/openai_api.h) on the embedded model cider-tiny:
+// a request's tokens equal model::generate's (the `cider generate` loop) alone and inside a batch of 8; prefix-cache
+// hits give the tokens of misses; the KV bound limits the running set; a full queue refuses; a cancel frees the
+// sequence; stop strings, end tokens and logprobs; the protocol's errors name the field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/generate.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/openai_api.h"
+#include "support/test_support.h"
+
+namespace {
+
+namespace cm = cider::model;
+namespace rt = cider::runtime;
+using namespace std::chrono_literals;
+
+const cm::Model& tiny() {
+  static std::unique_ptr<cm::Model> m = [] {
+    cm::ModelOptions o;
+    o.kv = cm::default_kv(cm::Device::kCPU);
+    return cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
+  }();
+  return *m;
+}
+
+struct Outcome {
+  std::string text;
+  std::vector<int32_t> tokens;  // from the logprobs (asked with top_logprobs 0)
+  rt::RequestUpdate last;
+};
+
+Outcome collect(rt::Request& r) {
+  Outcome o;
+  for (int i = 0; i < 600; ++i) {  // at most a minute
+    rt::RequestUpdate u = r.wait(100ms);
+    o.text += u.text;
+    for (const auto& l : u.logprobs) o.tokens.push_back(l.id);
+    if (u.finished) {
+      o.last = u;
+      return o;
+    }
+  }
+  ADD_FAILURE() << "the request did not finish within a minute";
+  return o;
+}
+
+rt::RequestOptions request(const std::string& prompt, int64_t max_tokens, double temperature = 0.0, uint64_t seed = 1) {
+  rt::RequestOptions o;
+  o.prompt = tiny().tokenizer().encode(prompt, true);
+  o.max_tokens = max_tokens;
+  o.sampling.temperature = temperature;
+  o.sampling.top_k = 0;
+  o.sampling.top_p = 1.0;
+  o.sampling.min_p = 0.0;
+  o.sampling.seed = seed;
+  o.end_tokens = cm::model_eos_ids(tiny());
+  o.top_logprobs = 0;
+  return o;
+}
+
+std::shared_ptr<rt::Request> submit(rt::Engine& e, rt::RequestOptions o) {
+  std::shared_ptr<rt::Request> r;
+  EXPECT_EQ(e.submit(std::move(o), r), rt::Engine::Submit::kAccepted);
+  return r;
+}
+
+// What `cider generate` produces for the same request: model::generate on a fresh session.
+std::vector<int32_t> generate_tokens(const rt::RequestOptions& o) {
+  auto s = tiny().new_session();
+  cm::ModelLogitsSource src(tiny(), *s);
+  cm::TokenizerTextStream text(tiny().tokenizer(), o.prompt.back());
+  cm::Sampler sampler(o.sampling);
+  std::vector<int32_t> history;
+  cm::GenerateOptions go;
+  go.max_tokens = o.max_tokens;
+  go.eos_ids = o.end_tokens;
+  go.stop = o.stop;
+  return cm::generate(src, text, sampler, history, o.prompt, go).tokens;
+}
+
+const std::vector<std::string> kPrompts = {
+    "def fibonacci(n):", "import os\nimport sys\n", "The quick brown fox", "class Stack:\n    def __init__(self):",
+    "for i in range(10):", "# Read the file\nwith open(", "Once upon a time", "return x +"};
+
+TEST(Engine, GreedyTokensEqualGenerateAloneAndInABatchOf8) {
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : kPrompts) want.push_back(generate_tokens(request(p, 40)));
+  rt::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.prefix_cache_entries = 0;
+  rt::Engine engine(tiny(), eo);
+  // Alone.
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    const Outcome o = collect(*submit(engine, request(kPrompts[i], 40)));
+    EXPECT_EQ(o.tokens, want[i]) << kPrompts[i];
+  }
+  // All eight at once: one batched forward per step.
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (const auto& p : kPrompts) rs.push_back(submit(engine, request(p, 40)));
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(collect(*rs[i]).tokens, want[i]) << kPrompts[i];
+  for (int i = 0; i < 1000 && engine.stats().running != 0; ++i) std::this_thread::sleep_for(1ms);
+  const rt::EngineStats st = engine.stats();
+  EXPECT_GT(st.batch_size.count, 0u);
+  EXPECT_EQ(st.running, 0);
+  // The batch held several sequences at once in some step.
+  uint64_t multi = 0;
+  for (size_t b = 1; b < st.batch_size.counts.size(); ++b) multi += st.batch_size.counts[b];
+  EXPECT_GT(multi, 0u);
+}
+
+TEST(Engine, SampledTokensDependOnTheSeedOnlyNotOnTheBatch) {
+  rt::EngineOptions eo;
+  eo.prefix_cache_entries = 0;
+  rt::Engine engine(tiny(), eo);
+  const Outcome alone = collect(*submit(engine, request("def parse(text):", 32, 0.9, 77)));
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (int i = 0; i < 6; ++i) rs.push_back(submit(engine, request(kPrompts[static_cast<size_t>(i)], 32, 0.9, 5)));
+  auto again = submit(engine, request("def parse(text):", 32, 0.9, 77));
+  for (auto& r : rs) (void)collect(*r);
+  EXPECT_EQ(collect(*again).tokens, alone.tokens);
+  EXPECT_EQ(alone.tokens, generate_tokens(request("def parse(text):", 32, 0.9, 77)));
+}
+
+TEST(Engine, PrefixCacheHitsGiveTheTokensOfMisses) {
+  const std::string p = "import numpy as np\n\ndef normalize(x):\n    \"\"\"Scale x to unit norm.\"\"\"\n";
+  rt::EngineOptions eo;
+  rt::Engine engine(tiny(), eo);
+  const Outcome miss = collect(*submit(engine, request(p, 24)));
+  EXPECT_EQ(miss.last.cached_tokens, 0);
+  const Outcome hit = collect(*submit(engine, request(p, 24)));
+  const auto n = static_cast<int64_t>(request(p, 1).prompt.size());
+  EXPECT_EQ(hit.last.cached_tokens, n - 1);  // all but the last prompt token
+  EXPECT_EQ(hit.tokens, miss.tokens);
+  // The prompt extended (a conversation going on): the shared part is reused, the tokens are those of a fresh run.
+  const std::string longer = p + "    return x / np.linalg.norm(x)\n\ndef";
+  const Outcome ext = collect(*submit(engine, request(longer, 24)));
+  EXPECT_GT(ext.last.cached_tokens, n / 2);
+  EXPECT_EQ(ext.tokens, generate_tokens(request(longer, 24)));
+  // A prompt that diverges early trims the pooled session back (inside a quantized block): still a fresh run's tokens.
+  const std::string other = "import numpy as np\n\nclass Normalizer:";
+  const Outcome div = collect(*submit(engine, request(other, 24)));
+  EXPECT_GT(div.last.cached_tokens, 0);
+  EXPECT_EQ(div.tokens, generate_tokens(request(other, 24)));
+  EXPECT_GT(engine.stats().cached_prompt_tokens, 0u);
+}
+
+TEST(Engine, TheKvBoundLimitsTheRunningSequences) {
+  const int64_t per = rt::kv_bytes_at(tiny(), static_cast<int64_t>(request(kPrompts[0], 1).prompt.size()) + 200);
+  rt::EngineOptions eo;
+  eo.max_batch = 8;
+  eo.kv_memory = 2 * per + per / 2;  // room for two reservations
+  eo.prefix_cache_entries = 0;
+  rt::Engine engine(tiny(), eo);
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (int i = 0; i < 7; ++i) rs.push_back(submit(engine, request(kPrompts[0], 200)));
+  int64_t most = 0;
+  bool all_done = false;
+  for (int i = 0; i < 6000 && !all_done; ++i) {
+    const rt::EngineStats st = engine.stats();
+    most = std::max(most, st.running);
+    EXPECT_LE(st.kv_bytes_reserved, eo.kv_memory);
+    all_done = st.running == 0 && st.waiting == 0;
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(all_done);
+  EXPECT_EQ(most, 2);
+  for (auto& r : rs) EXPECT_EQ(collect(*r).last.reason, rt::FinishReason::kLength);
+  // A request whose reservation alone exceeds the bound is refused at once, naming the numbers.
+  std::shared_ptr<rt::Request> r;
+  try {
+    (void)engine.submit(request(kPrompts[0], 1000), r);
+    ADD_FAILURE() << "no error";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), cider::ErrorCode::kOutOfRange);
+    EXPECT_NE(std::string(e.what()).find("KV memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Engine, AFullQueueRefusesAndACancelFreesTheSequence) {
+  rt::EngineOptions eo;
+  eo.max_batch = 1;
+  eo.max_waiting = 0;
+  eo.prefix_cache_entries = 0;
+  rt::Engine engine(tiny(), eo);
+  auto a = submit(engine, request(kPrompts[1], 900));
+  // Wait until a runs, then b is refused: no room in the batch, none in the queue.
+  for (int i = 0; i < 1000 && engine.stats().running == 0; ++i) std::this_thread::sleep_for(1ms);
+  std::shared_ptr<rt::Request> b;
+  EXPECT_EQ(engine.submit(request(kPrompts[2], 4), b), rt::Engine::Submit::kBusy);
+  EXPECT_EQ(b, nullptr);
+  a->cancel();
+  const Outcome o = collect(*a);
+  EXPECT_EQ(o.last.reason, rt::FinishReason::kCancelled);
+  EXPECT_LT(o.last.completion_tokens, 900);
+  for (int i = 0; i < 1000 && engine.stats().running != 0; ++i) std::this_thread::sleep_for(1ms);
+  const rt::EngineStats st = engine.stats();
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_bytes_in_use, 0);  // no prefix cache: nothing kept
+  EXPECT_EQ(st.requests_cancelled, 1u);
+  EXPECT_EQ(st.requests_refused, 1u);
+  // drain(): refuses new requests afterwards.
+  EXPECT_TRUE(engine.drain(1s));
+  EXPECT_EQ(engine.submit(request(kPrompts[2], 4), b), rt::Engine::Submit::kDraining);
+}
+
+TEST(Engine, StopStringsEndTokensAndLogprobs) {
+  rt::Engine engine(tiny(), rt::EngineOptions{});
+  const Outcome full = collect(*submit(engine, request(kPrompts[0], 40)));
+  ASSERT_GT(full.text.size(), 12u);
+  // A stop string from the middle of the greedy text: the text ends right before it.
+  const std::string stop = full.text.substr(full.text.size() / 2, 4);
+  auto o = request(kPrompts[0], 40);
+  o.stop = {stop};
+  const Outcome cut = collect(*submit(engine, o));
+  EXPECT_EQ(cut.last.reason, rt::FinishReason::kStop);
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  // The third greedy token as an end token: two tokens of text, then stop (the end token counted, not emitted).
+  ASSERT_GE(full.tokens.size(), 3u);
+  o = request(kPrompts[0], 40);
+  o.end_tokens = {full.tokens[2]};
+  if (full.tokens[0] != full.tokens[2] && full.tokens[1] != full.tokens[2]) {
+    const Outcome e = collect(*submit(engine, o));
+    EXPECT_EQ(e.last.reason, rt::FinishReason::kStop);
+    EXPECT_EQ(e.last.completion_tokens, 3);
+    EXPECT_EQ(e.text, tiny().tokenizer().decode({full.tokens[0], full.tokens[1]}, true));
+  }
+  // Logprobs: greedy picks the most probable token, log-probabilities are <= 0 and descending.
+  o = request(kPrompts[3], 12);
+  o.top_logprobs = 5;
+  auto r = submit(engine, o);
+  std::vector<rt::TokenLogprob> lps;
+  for (int i = 0; i < 600; ++i) {
+    auto u = r->wait(100ms);
+    for (auto& l : u.logprobs) lps.push_back(l);
+    if (u.finished) break;
+  }
+  ASSERT_EQ(lps.size(), 12u);
+  for (const auto& l : lps) {
+    ASSERT_EQ(l.top.size(), 5u);
+    EXPECT_EQ(l.top[0].first, l.id);
+    EXPECT_DOUBLE_EQ(l.top[0].second, l.logprob);
+    EXPECT_LE(l.logprob, 0.0);
+    for (size_t k = 1; k < 5; ++k) EXPECT_LE(l.top[k].second, l.top[k - 1].second);
+    double mass = 0.0;
+    for (const auto& t : l.top) mass += std::exp(t.second);
+    EXPECT_LE(mass, 1.0 + 1e-9);
+  }
+  const std::string m = engine.metrics_text();
+  for (const char* name : {"cider_requests_total{outcome=\"finished\"}", "cider_generation_tokens_total",
+                           "cider_time_to_first_token_seconds_bucket{le=\"+Inf\"}",
+                           "cider_inter_token_latency_seconds_count", "cider_kv_bytes_in_use"})
+    EXPECT_NE(m.find(name), std::string::npos) << name;
+}
+
+TEST(Engine, SubmitRefusesBadRequestsNamingTheValue) {
+  rt::Engine engine(tiny(), rt::EngineOptions{});
+  std::shared_ptr<rt::Request> r;
+  const auto refused = [&](rt::RequestOptions o, const std::string& needle) {
+    try {
+      (void)engine.submit(std::move(o), r);
+      ADD_FAILURE() << "no error; expected one naming " << needle;
+    } catch (const cider::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto o = request("x", 4);
+  o.max_tokens = 0;
+  refused(o, "max_tokens must be >= 1; got 0");
+  o = request("x", 4);
+  o.prompt.assign(static_cast<size_t>(tiny().context_length()), 5);
+  refused(o, "got 1024 prompt tokens");
+  o = request("x", 4);
+  o.prompt.push_back(static_cast<int32_t>(tiny().config().vocab_size));
+  refused(o, "prompt token ids must be in");
+  o = request("x", 4);
+  o.presence_penalty = 3.0;
+  refused(o, "presence_penalty must be in [-2, 2]; got 3");
+  o = request("x", 4);
+  o.stop = {""};
+  refused(o, "stop strings must not be empty");
+}
+
+TEST(OpenAIApi, ParsesRequestsAndNamesTheBadField) {
+  const rt::OpenAIApi api(tiny(), "cider-tiny", cm::ChatFormat::kRaw);
+  const rt::ApiRequest c = api.parse(R"({"prompt": "def f(x):", "max_tokens": 7, "temperature": 0, "stop": "\n",
+                                         "seed": 3, "unknown_field": [1, 2]})",
+                                     rt::Endpoint::kCompletions);
+  EXPECT_EQ(c.options.max_tokens, 7);
+  EXPECT_EQ(c.options.sampling.temperature, 0.0);
+  EXPECT_EQ(c.options.sampling.seed, 3u);
+  EXPECT_EQ(c.options.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(c.options.prompt, tiny().tokenizer().encode("def f(x):", true));
+  const rt::ApiRequest d = api.parse(R"({"prompt": [5, 6, 7]})", rt::Endpoint::kCompletions);
+  EXPECT_EQ(d.options.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(d.options.max_tokens, 16);  // OpenAI's default for completions
+  const rt::ApiRequest ch = api.parse(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                                          "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true}})",
+                                      rt::Endpoint::kChat);
+  EXPECT_EQ(ch.options.top_logprobs, 2);
+  EXPECT_TRUE(ch.stream && ch.include_usage);
+  EXPECT_EQ(ch.options.max_tokens, tiny().context_length() - static_cast<int64_t>(ch.options.prompt.size()));
+
+  const auto bad = [&](const std::string& body, rt::Endpoint ep, const std::string& needle) {
+    try {
+      (void)api.parse(body, ep);
+      ADD_FAILURE() << "no error for " << body;
+    } catch (const rt::ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(e.body().find("invalid_request_error"), std::string::npos);
+    }
+  };
+  const auto C = rt::Endpoint::kCompletions;
+  bad("{not json", C, "must be JSON");
+  bad("[1, 2]", C, "must be a JSON object");
+  bad(R"({"prompt": "x", "temperature": "hot"})", C, "'temperature' must be a number; got \"hot\"");
+  bad(R"({"prompt": "x", "temperature": 3})", C, "'temperature' must be in [0, 2]; got 3");
+  bad(R"({"prompt": "x", "max_tokens": -1})", C, "'max_tokens' must be in [1,");
+  bad(R"({"prompt": "x", "stop": 5})", C, "'stop' must be a string or a list");
+  bad(R"({"prompt": "x", "n": 2})", C, "'n' must be 1");
+  bad(R"({"prompt": "x", "logit_bias": {"abc": 1}})", C, "'logit_bias' keys must be token ids");
+  bad(R"({"prompt": {"a": 1}})", C, "'prompt' must be a string");
+  bad(R"({"max_tokens": 3})", C, "'prompt' is required");
+  bad(R"({"messages": []})", rt::Endpoint::kChat, "'messages' must be a non-empty list");
+  bad(R"({"messages": [{"role": "robot", "content": "x"}]})", rt::Endpoint::kChat, "'messages[0].role' must be");
+  bad(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", rt::Endpoint::kChat,
+      "'tools' is not supported");
+  std::string long_prompt;
+  for (int i = 0; i < 3000; ++i) long_prompt += "word ";
+  bad(R"({"prompt": ")" + long_prompt + "\"}", C, "the context is 1024 tokens");
+}
+
+}  // namespace
