@@ -5,7 +5,7 @@ blocks with realistic scales (|w| about 0.02): the numbers it computes mean noth
 memory it takes are a real 7B's. Its tokenizer is the small Qwen2-style fixture of tests/data/tokenizers (2002
 tokens), padded with control tokens up to the model's vocabulary.
 
-Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b] [--ctx 131072] [--seed 0]
+Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b] [--ctx 131072] [--seed 0]
 Needs gguf-py and NumPy (PyPI: pip install gguf numpy). Writes about 4.7 GB for qwen2-7b; not for the repository.
 """
 import argparse
@@ -18,7 +18,11 @@ import gguf
 SHAPES = {
     # Qwen2-7B (config.json of Qwen/Qwen2-7B): hidden 3584, 28 layers, 28 heads, 4 KV heads, FFN 18944, vocab 152064.
     "qwen2-7b": dict(arch="qwen2", hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064,
-                     rope_base=1000000.0, eps=1e-6),
+                     rope_base=1000000.0, eps=1e-6, qkv_bias=True),
+    # Llama-3-8B (config.json of meta-llama/Meta-Llama-3-8B): hidden 4096, 32 layers, 32 heads, 8 KV heads, FFN 14336,
+    # vocab 128256, no biases: the CUDA serving benchmark's model (docs/benchmarks.md).
+    "llama3-8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,
+                      rope_base=500000.0, eps=1e-5, qkv_bias=False),
 }
 
 Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
@@ -95,10 +99,11 @@ def main() -> None:
         plan += [(p + "attn_norm.weight", None, 1, H), (p + "ffn_norm.weight", None, 1, H),
                  (p + "attn_q.weight", Q4_K, nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
                  (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H), (p + "attn_output.weight", Q4_K, H, nh * D),
-                 (p + "attn_q.bias", None, 1, nh * D), (p + "attn_k.bias", None, 1, nkv * D),
-                 (p + "attn_v.bias", None, 1, nkv * D),
                  (p + "ffn_gate.weight", Q4_K, I, H), (p + "ffn_up.weight", Q4_K, I, H),
                  (p + "ffn_down.weight", Q6_K if more else Q4_K, H, I)]
+        if s["qkv_bias"]:
+            plan += [(p + "attn_q.bias", None, 1, nh * D), (p + "attn_k.bias", None, 1, nkv * D),
+                     (p + "attn_v.bias", None, 1, nkv * D)]
     plan += [("output_norm.weight", None, 1, H), ("output.weight", Q6_K, V, H)]
     for name, qt, rows, cols in plan:
         if qt is None:

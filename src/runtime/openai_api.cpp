@@ -256,6 +256,7 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     }
     if (boolean(b, "echo", false)) r.echo_text = prompt_text;
   }
+  if (boolean(b, "ignore_eos", false)) o.end_tokens.clear();  // vLLM's and llama-server's extension (benchmarks)
   if (o.prompt.empty()) bad(endpoint == Endpoint::kChat ? "messages" : "prompt", "the prompt encodes to no tokens");
   const int64_t n = static_cast<int64_t>(o.prompt.size());
   if (n >= ctx)

@@ -8,7 +8,8 @@
 // [0, 2] (default 1), top_p (0, 1] (1), top_k (0 or -1: off), min_p [0, 1] (0), seed (default: a fresh one),
 // stop (a string or a list of strings), presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, over
 // the whole history), logit_bias ({token id: bias in [-100, 100]}), logprobs (chat: bool, with top_logprobs 0…20;
-// completions: an integer 0…20), echo (completions), stream, stream_options.include_usage, n (1 only).
+// completions: an integer 0…20), echo (completions), ignore_eos (vLLM's and llama-server's: end tokens do not stop),
+// stream, stream_options.include_usage, n (1 only).
 // Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
 // field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1, tools,
 // a response_format other than text, best_of > 1, suffix) are refused with 400 rather than ignored.

@@ -17,11 +17,15 @@ for t in "${targets[@]}"; do
   cp "$exe" .gpu/bin/
 done
 cp -r models/cider-tiny .gpu/models/
+# `cider serve` links Debian's cpp-httplib (and its brotli / OpenSSL), which the GPU host lacks: carried in lib/
+# (LD_LIBRARY_PATH=.gpu/lib on the host).
+mkdir -p .gpu/lib
+for lib in $(ldd "$BUILD_DIR/cider" | awk '/httplib|brotli|libssl|libcrypto/ {print $3}'); do cp -L "$lib" .gpu/lib/; done
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- 2>/dev/null || rev="$rev+uncommitted changes"
 echo "$rev, packed $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)" > .gpu/REVISION
 # The device tool carries at most 64 MiB with the working tree: strip and compress the programs.
 strip .gpu/bin/*
 # xz -9e: its 64 MiB dictionary sees the code the binaries share (41 MB at the default level, 12 MB so).
-XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models && rm -rf .gpu/bin .gpu/models
+XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models lib && rm -rf .gpu/bin .gpu/models .gpu/lib
 du -sh .gpu

@@ -33,7 +33,7 @@ OUT=$(cd "$OUT" && pwd)
 W=$OUT/gpu-job   # the staging folder; archived and removed at exit
 rm -rf "$W" && mkdir -p "$W"
 DEADLINE=${GPU_JOB_DEADLINE:-570}
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}
 ALL_PHASES=(tests sanitize bench variants model model-variants peers)
 KERNEL_AREAS=attention,gemm,linear,ops
 
