@@ -229,6 +229,40 @@ TEST(Sampler, SameSeedSameTokensDifferentSeedDifferentTokens) {
   EXPECT_NE(run(p.seed), run(p.seed + 1));
 }
 
+// With top-k off, sample() sorts only as far as its walk goes (chunks of 256, doubling); the token must be the one a
+// draw over the fully sorted distribution() picks with the same uniform number, also when the walk passes several
+// chunks (a flat row of 5000 tokens) and with min-p, top-p and a penalty.
+TEST(Sampler, LazyDrawEqualsTheDrawOverTheFullDistribution) {
+  auto rng = test::make_rng(11);
+  const int64_t V = 5000;
+  const std::vector<int32_t> history = {4, 8, 15, 16, 23, 42};
+  struct Case { double t, top_p, min_p, pen; float sigma; };
+  for (const Case& c : {Case{1.0, 1.0, 0.0, 1.0, 0.05f}, Case{1.0, 1.0, 0.0, 1.0, 3.0f}, Case{0.8, 0.95, 0.0, 1.2, 0.5f},
+                        Case{1.3, 1.0, 0.01, 1.0, 1.0f}, Case{2.0, 0.5, 0.0, 1.0, 0.05f}}) {
+    SamplerParams p;
+    p.temperature = c.t, p.top_k = 0, p.top_p = c.top_p, p.min_p = c.min_p, p.repeat_penalty = c.pen;
+    p.seed = rng();
+    Sampler lazy(p), full(p);
+    SamplerRng u_rng(p.seed);
+    for (int step = 0; step < 200; ++step) {
+      std::vector<float> logits = test::randn(rng, static_cast<size_t>(V), c.sigma);
+      logits[static_cast<size_t>(step % V)] = -std::numeric_limits<float>::infinity();
+      const std::vector<TokenProb> dist = full.distribution(logits.data(), V, history);
+      const double u = u_rng.uniform();
+      int32_t want = dist.back().id;
+      double cum = 0.0;
+      for (const auto& t : dist) {
+        cum += t.p;
+        if (u < cum) {
+          want = t.id;
+          break;
+        }
+      }
+      ASSERT_EQ(lazy.sample(logits.data(), V, history), want) << "case t=" << c.t << " top_p=" << c.top_p << " step " << step;
+    }
+  }
+}
+
 TEST(Sampler, UniformDrawsLieInTheUnitIntervalAndAreEvenlySpread) {
   SamplerRng r(test::test_seed());
   const int n = 100000;

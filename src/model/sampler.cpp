@@ -68,14 +68,11 @@ Sampler::Sampler(const SamplerParams& params) : params_(params), rng_(params.see
   validate_sampler_params(params);
 }
 
-std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
-                                             std::span<const int32_t> history) const {
+// A non-empty row whose every logit is finite or -inf: a branch-free scan on the bits (NaN: |bits| above +inf's;
+// +inf itself), which the compiler vectorizes, then the first offender for the message.
+void Sampler::distribution_check(const float* logits, int64_t vocab) {
   check(vocab > 0 && logits != nullptr, ErrorCode::kInvalidArgument, "sample",
         "need a non-empty row of logits; got vocab ", vocab);
-  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  // Every logit must be finite or -inf: a branch-free scan on the bits (NaN: |bits| above +inf's; +inf itself), which
-  // the compiler vectorizes, then the first offender for the message.
   uint32_t bad = 0;
   for (int64_t i = 0; i < vocab; ++i) {
     const uint32_t b = std::bit_cast<uint32_t>(logits[i]);
@@ -83,8 +80,14 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   }
   if (bad != 0)
     for (int64_t i = 0; i < vocab; ++i)
-      check(!std::isnan(logits[i]) && logits[i] != kInf, ErrorCode::kInvalidArgument, "sample",
-            "logits must be finite or -inf; got ", logits[i], " at token ", i);
+      check(!std::isnan(logits[i]) && logits[i] != std::numeric_limits<float>::infinity(),
+            ErrorCode::kInvalidArgument, "sample", "logits must be finite or -inf; got ", logits[i], " at token ", i);
+}
+
+std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
+                                             std::span<const int32_t> history) const {
+  distribution_check(logits, vocab);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
 
   if (params_.temperature == 0.0 && (params_.repeat_penalty == 1.0 || history.empty())) {
     // Plain greedy: the first of the equal maxima among the finite logits.
@@ -141,11 +144,27 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
     return distribution_from_candidates(request, c, vocab);
   }
 
-  // Top-k off: the softmax of step 3 over every possible token, on a double copy (z) with the penalties applied.
+  // Top-k off: every possible token (Sampler::nucleus), sorted in full.
+  Nucleus n = nucleus(logits, vocab, history);
+  if (n.sorted < n.keep)
+    std::sort(n.cand.begin() + static_cast<std::ptrdiff_t>(n.sorted),
+              n.cand.begin() + static_cast<std::ptrdiff_t>(n.keep), MoreProbable{});
+  n.cand.resize(n.keep);
+  for (auto& c : n.cand) c.p /= n.sum;
+  return n.cand;
+}
+
+// Steps 1 and 3, 5, 6 with top-k off: the softmax over every possible token (a double copy with the penalties), the
+// min-p cut, and top-p's prefix found by sorting lazily (the nucleus is usually a few dozen tokens out of 10^5).
+// cand[0, sorted) is in descending order; the survivors are cand[0, keep) (keep <= sorted when top-p cut, else all);
+// sum: their probability mass, summed in index order (before any sorting) when all survive, in descending order
+// over the prefix when top-p cut — the same value for distribution() and the lazy draw of sample().
+Sampler::Nucleus Sampler::nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history) const {
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<double> z(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) z[static_cast<size_t>(i)] = logits[i];
   bool any_finite = false;
-  for (int64_t i = 0; i < vocab && !any_finite; ++i) any_finite = logits[i] != -kInf;
+  for (int64_t i = 0; i < vocab && !any_finite; ++i) any_finite = logits[i] != -std::numeric_limits<float>::infinity();
   check(any_finite, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
         vocab, " tokens");
   if (params_.repeat_penalty != 1.0 && !history.empty())
@@ -155,7 +174,8 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
     }
 
   // Softmax of logits / temperature over the possible tokens.
-  std::vector<TokenProb> cand;
+  Nucleus n;
+  std::vector<TokenProb>& cand = n.cand;
   cand.reserve(static_cast<size_t>(vocab));
   double zmax = kNegInf;
   for (int64_t i = 0; i < vocab; ++i) {
@@ -178,29 +198,30 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
     std::erase_if(cand, [&](const TokenProb& c) { return c.p < threshold; });
   }
 
-  // Sort lazily: the nucleus is usually a few dozen tokens out of a vocabulary of 10^5.
-  size_t sorted = 0, keep = cand.size();
-  double cum = 0.0;
+  n.keep = cand.size();
   if (params_.top_p < 1.0) {
-    keep = 0;
-    while (keep < cand.size()) {
-      if (keep == sorted) {
-        const size_t next = std::min(cand.size(), std::max<size_t>(256, 2 * sorted));
-        std::partial_sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted),
-                          cand.begin() + static_cast<std::ptrdiff_t>(next), cand.end(), MoreProbable{});
-        sorted = next;
-      }
-      cum += cand[keep++].p;
+    double cum = 0.0;
+    n.keep = 0;
+    while (n.keep < cand.size()) {
+      if (n.keep == n.sorted) n.sorted = sort_more(cand, n.sorted, cand.size());
+      cum += cand[n.keep++].p;
       if (cum >= params_.top_p) break;
     }
+    n.sum = 0.0;
+    for (size_t i = 0; i < n.keep; ++i) n.sum += cand[i].p;
+  } else {
+    n.sum = 0.0;
+    for (const auto& c : cand) n.sum += c.p;
   }
-  if (sorted < keep)
-    std::sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted), cand.end(), MoreProbable{});
-  cand.resize(keep);
-  sum = 0.0;
-  for (const auto& c : cand) sum += c.p;
-  for (auto& c : cand) c.p /= sum;
-  return cand;
+  return n;
+}
+
+// Sorts the next chunk of cand[sorted, end) into place (at least 256, doubling); returns the new sorted length.
+size_t Sampler::sort_more(std::vector<TokenProb>& cand, size_t sorted, size_t end) {
+  const size_t next = std::min(end, std::max<size_t>(256, 2 * sorted));
+  std::partial_sort(cand.begin() + static_cast<std::ptrdiff_t>(sorted), cand.begin() + static_cast<std::ptrdiff_t>(next),
+                    cand.begin() + static_cast<std::ptrdiff_t>(end), MoreProbable{});
+  return next;
 }
 
 std::vector<TokenProb> Sampler::finish_top_k(const std::vector<Scored>& top) const {
@@ -307,7 +328,21 @@ int32_t Sampler::draw(const std::vector<TokenProb>& dist) {
 }
 
 int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> history) {
-  return draw(distribution(logits, vocab, history));
+  if (params_.temperature == 0.0 || params_.top_k > 0) return draw(distribution(logits, vocab, history));
+  // Top-k off: the draw walks the survivors in descending probability, sorting only as far as it walks (usually the
+  // first chunk) instead of the whole vocabulary: the same order, the same sums, so the same token as
+  // draw(distribution(...)). distribution() checks the logits first.
+  distribution_check(logits, vocab);
+  Nucleus n = nucleus(logits, vocab, history);
+  const double u = rng_.uniform();
+  double cum = 0.0;
+  for (size_t i = 0; i < n.keep; ++i) {
+    if (i == n.sorted) n.sorted = sort_more(n.cand, n.sorted, n.keep);
+    cum += n.cand[i].p / n.sum;
+    if (u < cum) return n.cand[i].id;
+  }
+  // u within rounding of 1: the last survivor in descending order.
+  return std::max_element(n.cand.begin(), n.cand.begin() + static_cast<std::ptrdiff_t>(n.keep), MoreProbable{})->id;
 }
 
 int32_t Sampler::sample_candidates(const CandidateRequest& request, const Candidates& candidates, int64_t vocab) {

@@ -113,6 +113,17 @@ class Sampler {
   // distribution() itself ranks on the full row for greedy-with-penalty and top-k.
   CandidateRequest candidate_request_unbounded(int64_t vocab, std::span<const int32_t> history) const;
   int32_t draw(const std::vector<TokenProb>& dist);
+  static void distribution_check(const float* logits, int64_t vocab);
+  // Top-k off: the candidates after min-p and top-p (sampler.cpp); cand[0, sorted) in descending order, the survivors
+  // cand[0, keep), their mass `sum` (not yet renormalised).
+  struct Nucleus {
+    std::vector<TokenProb> cand;
+    size_t sorted = 0;
+    size_t keep = 0;
+    double sum = 1.0;
+  };
+  Nucleus nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history) const;
+  static size_t sort_more(std::vector<TokenProb>& cand, size_t sorted, size_t end);
 
   SamplerParams params_;
   SamplerRng rng_;
