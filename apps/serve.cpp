@@ -107,7 +107,13 @@ int run_serve(ServeArgs a) {
   const size_t threads = static_cast<size_t>(a.max_batch + a.max_waiting + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(static_cast<size_t>(a.max_body));
-  svr.set_keep_alive_timeout(5);
+  svr.set_keep_alive_timeout(2);
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port binds too and
+  // the kernel splits the connections between the two.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
 
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (a.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
@@ -151,12 +157,24 @@ int run_serve(ServeArgs a) {
   });
   svr.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kChatPage, "text/html; charset=utf-8"); });
 
+  // The body is read through a content reader: whatever its Content-Type, it is the JSON text (httplib would
+  // otherwise parse a form-encoded body itself, with a limit of its own). --max-body still applies (413).
   const auto completion = [&](Endpoint ep) {
-    return [&, ep](const httplib::Request& req, httplib::Response& res) {
+    return [&, ep](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      const bool read = reader([&](const char* data, size_t n) {
+        if (body.size() + n > static_cast<size_t>(a.max_body)) return false;
+        body.append(data, n);
+        return true;
+      });
+      if (!read)
+        return send_error(res, ApiError(413, "invalid_request_error",
+                                        "the request body is larger than the server's limit (--max-body " +
+                                            std::to_string(a.max_body) + " bytes)"));
       runtime::ApiRequest r;
       std::shared_ptr<runtime::Request> h;
       try {
-        r = api.parse(req.body, ep);
+        r = api.parse(body, ep);
         const auto st = engine.submit(r.options, h);
         if (st == runtime::Engine::Submit::kBusy) {
           res.set_header("Retry-After", "1");
@@ -262,6 +280,13 @@ int run_serve(ServeArgs a) {
   std::fprintf(stderr, "cider serve: signal %d: finishing running requests (up to %.0f s), refusing new ones\n",
                g_signal.load(), a.drain_seconds);
   const bool idle = engine.drain(std::chrono::milliseconds(static_cast<int64_t>(a.drain_seconds * 1000.0)));
+  if (!idle) {
+    // Out of time: the running requests end as cancelled, and their streams get an error event and [DONE] before
+    // the sockets close.
+    engine.cancel_all();
+    (void)engine.drain(std::chrono::milliseconds(2000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
   svr.stop();
   listener.join();
   std::fprintf(stderr, "cider serve: stopped%s\n", idle ? "" : " (requests still running were cancelled)");

@@ -131,27 +131,55 @@ TEST(Engine, SampledTokensDependOnTheSeedOnlyNotOnTheBatch) {
   EXPECT_EQ(alone.tokens, generate_tokens(request("def parse(text):", 32, 0.9, 77)));
 }
 
+// A prompt of several key blocks: a repeat and an extension reuse the pooled prefix (down to a block boundary for the
+// default per-channel keys: trimming into a quantized block would round its keys again) and produce the tokens of a
+// fresh run, bit for bit: the reused blocks were completed by a prompt chunk, as a fresh run completes them.
 TEST(Engine, PrefixCacheHitsGiveTheTokensOfMisses) {
-  const std::string p = "import numpy as np\n\ndef normalize(x):\n    \"\"\"Scale x to unit norm.\"\"\"\n";
+  std::string p = "import numpy as np\n\n";
+  for (int i = 0; i < 12; ++i) p += "def f" + std::to_string(i) + "(x):\n    return np.sum(x * " + std::to_string(i) + ")\n\n";
+  const auto n = static_cast<int64_t>(request(p, 1).prompt.size());
+  ASSERT_GT(n, 150);
+  const int64_t block = tiny().options().kv.group_size;
+  ASSERT_EQ(tiny().options().kv.key_layout, cider::nn::KeyLayout::kChannel);
   rt::EngineOptions eo;
   rt::Engine engine(tiny(), eo);
   const Outcome miss = collect(*submit(engine, request(p, 24)));
   EXPECT_EQ(miss.last.cached_tokens, 0);
+  EXPECT_EQ(miss.tokens, generate_tokens(request(p, 24)));
   const Outcome hit = collect(*submit(engine, request(p, 24)));
-  const auto n = static_cast<int64_t>(request(p, 1).prompt.size());
-  EXPECT_EQ(hit.last.cached_tokens, n - 1);  // all but the last prompt token
+  EXPECT_EQ(hit.last.cached_tokens, (n - 1) / block * block);
   EXPECT_EQ(hit.tokens, miss.tokens);
-  // The prompt extended (a conversation going on): the shared part is reused, the tokens are those of a fresh run.
-  const std::string longer = p + "    return x / np.linalg.norm(x)\n\ndef";
+  // The prompt extended: the shared blocks are reused, the tokens are those of a fresh run.
+  const std::string longer = p + "def total(xs):\n    return sum(f0(x) for x in xs)\n";
   const Outcome ext = collect(*submit(engine, request(longer, 24)));
-  EXPECT_GT(ext.last.cached_tokens, n / 2);
+  EXPECT_GE(ext.last.cached_tokens, block);
+  EXPECT_EQ(ext.last.cached_tokens % block, 0);
   EXPECT_EQ(ext.tokens, generate_tokens(request(longer, 24)));
-  // A prompt that diverges early trims the pooled session back (inside a quantized block): still a fresh run's tokens.
-  const std::string other = "import numpy as np\n\nclass Normalizer:";
-  const Outcome div = collect(*submit(engine, request(other, 24)));
-  EXPECT_GT(div.last.cached_tokens, 0);
-  EXPECT_EQ(div.tokens, generate_tokens(request(other, 24)));
+  // A short common prefix (the BOS and a few tokens) does not take the pooled session away.
+  const Outcome other = collect(*submit(engine, request("import os", 8)));
+  EXPECT_EQ(other.last.cached_tokens, 0);
+  const Outcome again = collect(*submit(engine, request(p, 24)));
+  EXPECT_GT(again.last.cached_tokens, 0);
+  EXPECT_EQ(again.tokens, miss.tokens);
   EXPECT_GT(engine.stats().cached_prompt_tokens, 0u);
+}
+
+// With a per-token cache any prefix is reusable (no blocks): a hit trims the pooled session to the common prefix.
+TEST(Engine, PrefixCacheWithPerTokenKeysReusesAnyPrefix) {
+  cm::ModelOptions o;
+  o.kv = cm::parse_kv_format("k8v4");
+  auto model = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
+  rt::Engine engine(*model, rt::EngineOptions{});
+  const std::string p = "import numpy as np\n\ndef normalize(x):\n    \"\"\"Scale x to unit norm.\"\"\"\n";
+  auto r = request(p, 16);
+  const auto n = static_cast<int64_t>(r.prompt.size());
+  std::shared_ptr<rt::Request> h;
+  ASSERT_EQ(engine.submit(r, h), rt::Engine::Submit::kAccepted);
+  const Outcome miss = collect(*h);
+  ASSERT_EQ(engine.submit(r, h), rt::Engine::Submit::kAccepted);
+  const Outcome hit = collect(*h);
+  EXPECT_EQ(hit.last.cached_tokens, n - 1);
+  EXPECT_EQ(hit.tokens, miss.tokens);
 }
 
 TEST(Engine, TheKvBoundLimitsTheRunningSequences) {

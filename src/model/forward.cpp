@@ -1,6 +1,7 @@
 // The forward pass, written once for every architecture and device (model/backend.h; the computation in
 // model/transformer.h).
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -38,6 +39,7 @@ void run_forward(const ModelConfig& c, PassBackend& b, std::span<const SequenceS
   const int64_t V = c.vocab_size;
   std::vector<PassSegment> segments;
   std::vector<int32_t> tokens;
+  std::vector<float> staged;  // logits of several sequences' last rows
   // Greedy: each pass takes the next rows of the sequences in order until it holds `cap` rows.
   size_t seq = 0;
   int64_t done_in_seq = 0;
@@ -71,15 +73,42 @@ void run_forward(const ModelConfig& c, PassBackend& b, std::span<const SequenceS
     b.begin_pass(segments, pass_tokens);
     b.embed();
     run_layers(c, b);
-    // ---- head: every row of a sequence that wants them all, else only a sequence's last row ----
-    for (const PassSegment& g : segments) {
+    // ---- head: every row of a sequence that wants them all, else only a sequence's last row. Last rows that sit
+    // next to each other in the pass (a decode batch: one row per sequence) go through the head in one call — one
+    // pass over W_head for all of them instead of one per sequence — staged, then copied to each sequence's output.
+    for (size_t i = 0; i < segments.size();) {
+      const PassSegment& g = segments[i];
       const SequenceStep& st = steps[static_cast<size_t>(g.seq)];
       const int64_t offset = g.pos0 - st.start;  // rows of this sequence before this segment
       if (st.all_logits) {
         b.logits(g.row0, g.n, st.logits + offset * V);
-      } else if (offset + g.n == st.n) {
-        b.logits(g.row0 + g.n - 1, 1, st.logits);
+        ++i;
+        continue;
       }
+      if (offset + g.n != st.n) {  // the sequence goes on in the next pass
+        ++i;
+        continue;
+      }
+      const int64_t row = g.row0 + g.n - 1;
+      size_t j = i + 1;
+      while (st.logits != nullptr && j < segments.size()) {
+        const PassSegment& h = segments[j];
+        const SequenceStep& sh = steps[static_cast<size_t>(h.seq)];
+        const bool last_row_next = !sh.all_logits && sh.logits != nullptr && h.pos0 - sh.start + h.n == sh.n &&
+                                   h.row0 + h.n - 1 == row + static_cast<int64_t>(j - i);
+        if (!last_row_next) break;
+        ++j;
+      }
+      if (j - i == 1) {
+        b.logits(row, 1, st.logits);
+      } else {
+        staged.resize((j - i) * static_cast<size_t>(V));
+        b.logits(row, static_cast<int64_t>(j - i), staged.data());
+        for (size_t k = i; k < j; ++k)
+          std::memcpy(steps[static_cast<size_t>(segments[k].seq)].logits, staged.data() + (k - i) * static_cast<size_t>(V),
+                      static_cast<size_t>(V) * sizeof(float));
+      }
+      i = j;
     }
     seq = s;
     done_in_seq = d;

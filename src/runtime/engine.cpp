@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "model/transformer.h"
 #include "nn/kv_cache.h"
 
 namespace cider::runtime {
@@ -38,6 +39,12 @@ std::pair<double, double> log_normalizer(const float* z, int64_t n) {
 }
 
 }  // namespace
+
+int64_t Engine::reusable_prefix(int64_t common, int64_t prompt_len) const {
+  int64_t n = std::min(common, prompt_len - 1);
+  n -= n % chunk_align_;
+  return std::max<int64_t>(n, 0);
+}
 
 int64_t kv_bytes_at(const model::Model& m, int64_t positions) {
   const model::ModelConfig& c = m.config();
@@ -127,6 +134,8 @@ Engine::Engine(const model::Model& model, const EngineOptions& options)
         options_.kv_memory);
   if (options_.kv_memory == 0) options_.kv_memory = options_.max_batch * kv_bytes_at(model_, model_.context_length());
   stats_.kv_memory = options_.kv_memory;
+  const nn::KVSpec& kv = model_.options().kv;
+  chunk_align_ = kv.quantized && kv.key_layout == nn::KeyLayout::kChannel ? kv.group_size : 1;
   stats_.ttft = make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   stats_.itl = make_histogram({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   stats_.batch_size = make_histogram({1, 2, 4, 8, 16, 32, 64, 128});
@@ -197,6 +206,16 @@ Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
   return Submit::kAccepted;
 }
 
+void Engine::cancel_all() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+    cancel_all_ = true;
+    for (auto& w : waiting_) w->req->cancel();
+  }
+  cv_.notify_all();
+}
+
 bool Engine::drain(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   draining_ = true;
@@ -217,18 +236,20 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
       waiting_.pop_front();
       continue;
     }
-    // The pooled session sharing the longest prefix with the prompt (not counting the prompt's last token, which is
-    // always recomputed for its logits).
+    // The pooled session sharing the longest reusable prefix with the prompt (reusable_prefix: short of the prompt's
+    // last token, on a block boundary for per-channel keys); a match shorter than kMinReuse is not worth taking a
+    // pooled session away from the requests that may share more of it (every prompt shares its BOS).
     const auto& prompt = s.opt.prompt;
     size_t best = pool_.size();
     int64_t best_len = 0;
     for (size_t i = 0; i < pool_.size(); ++i) {
       const auto& t = pool_[i]->tokens;
-      const size_t lim = std::min(t.size(), prompt.size() - 1);
+      const size_t lim = std::min(t.size(), prompt.size());
       size_t k = 0;
       while (k < lim && t[k] == prompt[k]) ++k;
-      if (static_cast<int64_t>(k) > best_len) {
-        best_len = static_cast<int64_t>(k);
+      const int64_t len = reusable_prefix(static_cast<int64_t>(k), static_cast<int64_t>(prompt.size()));
+      if (len >= kMinReuse && len > best_len) {
+        best_len = len;
         best = i;
       }
     }
@@ -283,6 +304,8 @@ void Engine::run() {
         running_.push_back(std::move(s));
       }
       running_count_ = static_cast<int64_t>(running_.size());
+      if (cancel_all_)
+        for (auto& r : running_) r->req->cancel();
       if (running_.empty()) {
         cv_.notify_all();  // drain() waits for this
         if (!waiting_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(5));  // blocked by the KV bound
@@ -353,13 +376,17 @@ void Engine::sample(Sequence& s, const float* logits, Clock::time_point now) {
     TokenLogprob lp;
     lp.id = token;
     lp.logprob = static_cast<double>(z[token]) - mx - lse;
-    std::vector<int32_t> ids(static_cast<size_t>(vocab_));
-    for (int32_t i = 0; i < static_cast<int32_t>(vocab_); ++i) ids[static_cast<size_t>(i)] = i;
-    const auto k = static_cast<std::ptrdiff_t>(std::min<int64_t>(s.opt.top_logprobs, vocab_));
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                      [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-    for (std::ptrdiff_t i = 0; i < k; ++i)
-      lp.top.emplace_back(ids[static_cast<size_t>(i)], static_cast<double>(z[ids[static_cast<size_t>(i)]]) - mx - lse);
+    // The top k (logit desc, id asc) in one pass with a small sorted list (k <= 20).
+    const size_t k = static_cast<size_t>(std::min<int64_t>(s.opt.top_logprobs, vocab_));
+    std::vector<int32_t> top;
+    top.reserve(k + 1);
+    const auto before = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
+    for (int32_t i = 0; i < static_cast<int32_t>(vocab_) && k > 0; ++i) {
+      if (top.size() == k && !before(i, top.back())) continue;
+      top.insert(std::upper_bound(top.begin(), top.end(), i, before), i);
+      if (top.size() > k) top.pop_back();
+    }
+    for (int32_t id : top) lp.top.emplace_back(id, static_cast<double>(z[id]) - mx - lse);
     s.logprobs.push_back(std::move(lp));
   }
   ++s.generated;
@@ -405,16 +432,26 @@ void Engine::step() {
       ++decode_rows;
     }
   }
-  int64_t budget = std::max(options_.step_tokens - decode_rows, std::max<int64_t>(1, options_.step_tokens / 4));
+  // Prompt chunks end on multiples of chunk_align_ (absolute positions) or at the prompt's end: a cache with
+  // per-channel key blocks then sees every block completed inside one chunk, as a request alone would. And the step
+  // stays within one pass of the model (model::kMaxChunk rows), so no chunk is split between passes. Together: a
+  // sequence's numbers do not depend on what else runs. (With more than kMaxChunk - chunk_align_ sequences decoding,
+  // prompts wait for rows.)
+  int64_t budget = std::min(options_.step_tokens, model::kMaxChunk) - decode_rows;
   for (auto& sp : running_) {
     Sequence& s = *sp;
-    const int64_t rest = static_cast<int64_t>(s.opt.prompt.size()) - s.prefilled;
-    if (s.req->cancelled() || rest == 0 || budget == 0) continue;
-    const int64_t n = std::min(rest, budget);
+    const int64_t len = static_cast<int64_t>(s.opt.prompt.size());
+    const int64_t rest = len - s.prefilled;
+    if (s.req->cancelled() || rest == 0 || budget <= 0) continue;
+    int64_t end = s.prefilled + std::min(rest, budget);
+    if (end < len) end -= end % chunk_align_;
+    if (end <= s.prefilled) continue;  // less than one block of room left in this step
+    const int64_t n = end - s.prefilled;
     budget -= n;
-    items.push_back({&s, s.opt.prompt.data() + s.prefilled, n, n == rest});
+    items.push_back({&s, s.opt.prompt.data() + s.prefilled, n, end == len});
   }
-  std::vector<std::vector<float>> logits(items.size());
+  std::vector<std::vector<float>>& logits = logits_;  // one row per item, kept across steps
+  if (logits.size() < items.size()) logits.resize(items.size());
   std::vector<model::Model::BatchItem> batch;
   for (size_t i = 0; i < items.size(); ++i) {
     logits[i].resize(static_cast<size_t>(vocab_));

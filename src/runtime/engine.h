@@ -136,6 +136,8 @@ class Engine {
   Submit submit(RequestOptions options, std::shared_ptr<Request>& out);
   // Stops accepting and waits until nothing runs or waits (or `timeout` passes); returns true when idle.
   bool drain(std::chrono::milliseconds timeout);
+  // Cancels every running and waiting request (they finish with FinishReason::kCancelled at the next step).
+  void cancel_all();
 
   const model::Model& model() const { return model_; }
   const EngineOptions& options() const { return options_; }
@@ -151,6 +153,12 @@ class Engine {
   void finish(Sequence& s, FinishReason reason, const std::string& error);
   void sample(Sequence& s, const float* logits, std::chrono::steady_clock::time_point now);
   int64_t pool_bytes_locked() const;
+  // Positions of a pooled session a prompt can reuse given their common prefix: short of the prompt's last token, and
+  // down to a multiple of chunk_align_ (per-channel keys: trimming into a quantized block would round its keys again).
+  // chunk_align_: the per-channel key block (the cache's group size), else 1.
+  int64_t reusable_prefix(int64_t common, int64_t prompt_len) const;
+
+  static constexpr int64_t kMinReuse = 16;  // shorter common prefixes do not take a pooled session
 
   const model::Model& model_;
   EngineOptions options_;
@@ -167,8 +175,11 @@ class Engine {
   int64_t running_bytes_ = 0;
   uint64_t pool_clock_ = 0;
   bool draining_ = false;
+  bool cancel_all_ = false;
   bool stop_ = false;
   EngineStats stats_;
+  int64_t chunk_align_ = 1;
+  std::vector<std::vector<float>> logits_;  // the worker's logits rows, kept across steps
   std::thread worker_;
 };
 

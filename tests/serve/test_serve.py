@@ -1,0 +1,1134 @@
+"""End-to-end tests of `cider serve` (the OpenAI-compatible HTTP server) over real sockets, with the official `openai`
+client and with raw HTTP.
+
+The binary is $CIDER_BIN (default build/cider, relative to the repository root); every server runs the embedded
+cider-tiny on an ephemeral port (--port 0, the port parsed from the "listening on" line of its stderr). Servers:
+  * `server`: the session's server with the default options (prefix cache on): the protocol, errors, logprobs,
+    metrics, disconnects and the load test;
+  * `nocache_server`: --prefix-cache 0, for the checks that compare two generations (greedy text against
+    `cider generate`, seeded sampling on repeat, a request alone against the same request inside a batch, stop
+    strings): they test the engine and the protocol without the prefix cache in the way;
+  * `cache_server`: a fresh default server whose prefix cache is exercised by one deterministic sequence of requests;
+  * short-lived servers for --api-key, --max-batch 1 --max-waiting 0 (429), --max-body (413) and SIGTERM.
+Every server must exit 0 on SIGTERM.
+
+Run: bash scripts/test_serve.sh (a venv with openai and pytest), or pytest -q tests/serve with those installed.
+$CIDER_SERVE_LOAD_SECONDS sets the load test's duration (default 20).
+"""
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CIDER_BIN = Path(os.environ.get("CIDER_BIN", "build/cider"))
+if not CIDER_BIN.is_absolute():
+    CIDER_BIN = ROOT / CIDER_BIN
+TIMEOUT = 60.0  # seconds: any single HTTP exchange, server start or exit
+LOAD_SECONDS = float(os.environ.get("CIDER_SERVE_LOAD_SECONDS", "20"))
+MODEL = "cider-tiny"
+CONTEXT = 1024
+
+LISTENING = re.compile(r"listening on (http://[^\s:]+:(\d+))\s*$")
+
+
+# ---- servers -------------------------------------------------------------------------------------------------------
+class Server:
+    """One `cider serve --port 0 ARGS` process; stderr is collected by a thread (self.log())."""
+
+    def __init__(self, *args, env=None):
+        if not os.access(CIDER_BIN, os.X_OK):
+            pytest.fail(f"no cider binary at {CIDER_BIN} (build it, or set CIDER_BIN)")
+        e = {k: v for k, v in os.environ.items() if k != "CIDER_API_KEY"}
+        e.update(env or {})
+        self.args = ["serve", "--port", "0", *args]
+        self.proc = subprocess.Popen([str(CIDER_BIN), *self.args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e)
+        self.pid = self.proc.pid
+        self._lines = []
+        self._ready = threading.Event()
+        self.url = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + TIMEOUT
+        while not self._ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                self._reader.join(5)
+                pytest.fail(f"cider {' '.join(self.args)} did not start (exit {self.proc.returncode}):\n{self.log()}")
+        u = urlsplit(self.url)
+        self.host, self.port = u.hostname, u.port
+        while True:  # listening is printed once bound; /health answers once the listener thread runs
+            try:
+                if get(self.url, "/health", timeout=5).status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop(signal.SIGKILL)
+                pytest.fail(f"cider {' '.join(self.args)}: /health never answered:\n{self.log()}")
+            time.sleep(0.02)
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self._lines.append(line)
+            m = LISTENING.search(line)
+            if m and self.url is None:
+                self.url = m.group(1)
+                self._ready.set()
+
+    def log(self):
+        return "".join(self._lines)
+
+    def wait_log(self, text, timeout=TIMEOUT):
+        wait_until(lambda: text in self.log(), f"{text!r} on the server's stderr", timeout)
+
+    def stop(self, sig=signal.SIGTERM, timeout=TIMEOUT):
+        """Signals the server and returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"cider serve did not exit within {timeout} s of signal {sig}:\n{self.log()}")
+        self._reader.join(5)
+        return rc
+
+    def rss_bytes(self):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+
+def stop_cleanly(s: Server):
+    rc = s.stop()
+    assert rc == 0, f"cider {' '.join(s.args)} exited {rc} on SIGTERM:\n{s.log()}"
+    assert "cider serve: stopped" in s.log(), s.log()
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server()
+    yield s
+    stop_cleanly(s)
+
+
+@pytest.fixture(scope="session")
+def nocache_server():
+    s = Server("--prefix-cache", "0")
+    yield s
+    stop_cleanly(s)
+
+
+@pytest.fixture(scope="session")
+def cache_server():
+    s = Server()
+    yield s
+    stop_cleanly(s)
+
+
+@pytest.fixture
+def client(server):
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def eos_ids():
+    out = subprocess.run([str(CIDER_BIN), "inspect"], capture_output=True, text=True, timeout=TIMEOUT, check=True).stdout
+    m = re.search(r"\beos \[([\d, ]+)\]", out)
+    assert m, f"no eos ids in `cider inspect`:\n{out}"
+    return [int(x) for x in m.group(1).split(",")]
+
+
+def no_eos(eos_ids):
+    """logit_bias that keeps a sampled continuation going to max_tokens."""
+    return {str(i): -100 for i in eos_ids}
+
+
+# ---- HTTP helpers --------------------------------------------------------------------------------------------------
+class Response:
+    def __init__(self, status, headers, body):
+        self.status, self.headers, self.body = status, headers, body
+
+    @property
+    def text(self):
+        return self.body.decode("utf-8")
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def send(url, method, path, body=None, headers=None, timeout=TIMEOUT):
+    """One request on a fresh connection. body: bytes/str sent as is, anything else as JSON."""
+    u = urlsplit(url)
+    h = dict(headers or {})
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+        h.setdefault("Content-Type", "application/json")
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=h)
+        r = conn.getresponse()
+        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
+def get(url, path, **kw):
+    return send(url, "GET", path, **kw)
+
+
+def post(url, path, body, **kw):
+    return send(url, "POST", path, body, **kw)
+
+
+def complete(url, **fields):
+    """POST /v1/completions, asserting 200; returns the parsed body."""
+    r = post(url, "/v1/completions", {"model": MODEL, **fields})
+    assert r.status == 200, (r.status, r.text)
+    return r.json()
+
+
+def chat(url, **fields):
+    r = post(url, "/v1/chat/completions", {"model": MODEL, **fields})
+    assert r.status == 200, (r.status, r.text)
+    return r.json()
+
+
+def sse_payloads(raw: str):
+    """The data payloads of a whole SSE body, checking the framing: events separated by a blank line, each one line
+    "data: ...", the last "[DONE]"."""
+    assert raw.endswith("\n\n"), repr(raw[-200:])
+    events = raw[:-2].split("\n\n")
+    payloads = []
+    for ev in events:
+        assert ev.startswith("data: ") and "\n" not in ev, f"not one 'data: ' line: {ev!r}"
+        payloads.append(ev[len("data: "):])
+    assert payloads[-1] == "[DONE]", payloads[-1]
+    assert "[DONE]" not in payloads[:-1]
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+def stream_text(chunks, chat_endpoint):
+    if chat_endpoint:
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+class Stream:
+    """A streaming request read event by event over its own connection."""
+
+    def __init__(self, url, path, body, timeout=TIMEOUT):
+        u = urlsplit(url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+        self.conn.request("POST", path, body=json.dumps({"model": MODEL, "stream": True, **body}),
+                          headers={"Content-Type": "application/json"})
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200, (self.resp.status, self.resp.read())
+        assert self.resp.getheader("Content-Type", "").startswith("text/event-stream")
+
+    def event(self):
+        """The next event's payload (str), or None at the end of the body."""
+        line = self.resp.readline().decode("utf-8")
+        if not line:
+            return None
+        assert line.startswith("data: ") and line.endswith("\n"), repr(line)
+        assert self.resp.readline() == b"\n"
+        return line[len("data: "):-1]
+
+    def rest(self):
+        """All remaining payloads up to and including [DONE] (asserting it is last)."""
+        out = []
+        while (p := self.event()) is not None:
+            out.append(p)
+        assert out and out[-1] == "[DONE]", out[-3:]
+        return [json.loads(p) for p in out[:-1]]
+
+    def close(self):
+        self.conn.close()
+
+
+def metrics(url):
+    """GET /metrics as {'name{labels}': value} (HELP/TYPE comments dropped)."""
+    r = get(url, "/metrics")
+    assert r.status == 200, r.status
+    assert r.headers["content-type"].startswith("text/plain"), r.headers
+    out = {}
+    for line in r.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def wait_until(predicate, what, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def idle(url):
+    h = get(url, "/health").json()
+    return h["running"] == 0 and h["waiting"] == 0
+
+
+def generate(prompt, max_tokens):
+    """The greedy continuation printed by `cider generate` (it ends its output with one newline)."""
+    r = subprocess.run([str(CIDER_BIN), "generate", "-p", prompt, "--max-tokens", str(max_tokens), "--temperature", "0"],
+                       capture_output=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    out = r.stdout.decode("utf-8")
+    assert out.endswith("\n"), repr(out[-50:])
+    return out[:-1]
+
+
+def check_usage(u, completion_tokens=None, cached=None):
+    u = u if isinstance(u, dict) else u.model_dump()
+    assert u["prompt_tokens"] >= 1
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+    assert 0 <= u["prompt_tokens_details"]["cached_tokens"] < u["prompt_tokens"], u
+    if completion_tokens is not None:
+        assert u["completion_tokens"] == completion_tokens, u
+    if cached is not None:
+        assert u["prompt_tokens_details"]["cached_tokens"] == cached, u
+    return u
+
+
+def assert_api_error(r: Response, status, *words, param=None, type_="invalid_request_error"):
+    """An OpenAI error body: {"error": {"message", "type", "param", "code"}}, the message naming `words`."""
+    assert r.status == status, (r.status, r.text)
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}, err
+    assert err["type"] == type_, err
+    assert isinstance(err["message"], str) and err["message"], err
+    for w in words:
+        assert w in err["message"], f"{w!r} not in the message {err['message']!r}"
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+PROMPTS = ["def fibonacci(n):", "#include <stdio.h>\nint main(void) {"]
+CODE = ("import numpy as np\n\ndef moving_average(values, window):\n"
+        "    \"\"\"Return the moving average of values over a window.\"\"\"\n") * 3
+
+
+# ---- the openai client ---------------------------------------------------------------------------------------------
+def test_models(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    raw = get(server.url, "/v1/models").json()
+    assert raw["object"] == "list" and raw["data"][0]["max_model_len"] == CONTEXT
+
+
+def test_completion(client, eos_ids):
+    r = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=12, temperature=0,
+                                  logit_bias=no_eos(eos_ids))
+    assert r.object == "text_completion" and r.id.startswith("cmpl-") and r.model == MODEL
+    assert len(r.choices) == 1
+    c = r.choices[0]
+    assert c.finish_reason == "length" and c.text and c.logprobs is None
+    check_usage(r.usage, completion_tokens=12)
+
+
+def test_completion_prompt_forms(nocache_server):
+    """A string, a list of one string and the token ids of the same text give the same greedy text."""
+    ids = subprocess.run([str(CIDER_BIN), "tokenize", "--text", "class Stack:"], capture_output=True, text=True,
+                         timeout=TIMEOUT, check=True).stdout
+    ids = [int(x) for x in re.findall(r"\d+", ids)]
+    outs = []
+    for prompt in ("class Stack:", ["class Stack:"], ids):
+        r = complete(nocache_server.url, prompt=prompt, max_tokens=6, temperature=0)
+        check_usage(r["usage"], completion_tokens=6)
+        assert r["usage"]["prompt_tokens"] == len(ids)
+        outs.append(r["choices"][0]["text"])
+    assert len(set(outs)) == 1, outs
+    echo = complete(nocache_server.url, prompt="class Stack:", max_tokens=6, temperature=0, echo=True)
+    assert echo["choices"][0]["text"] == "class Stack:" + outs[0]
+
+
+def test_completion_stream_with_logprobs(client, eos_ids):
+    chunks = list(client.completions.create(model=MODEL, prompt="for i in range(10):", max_tokens=20, temperature=0.7,
+                                            seed=3, logprobs=1, stream=True, stream_options={"include_usage": True},
+                                            logit_bias=no_eos(eos_ids)))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    body = [c for c in chunks if c.choices]
+    assert all(c.usage is None for c in chunks[:-1])
+    assert [c.choices[0].finish_reason for c in body].count("length") == 1 and body[-1].choices[0].finish_reason == "length"
+    tokens = [t for c in body if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    u = check_usage(chunks[-1].usage, completion_tokens=20)
+    assert len(tokens) == u["completion_tokens"]
+    assert "".join(tokens) == "".join(c.choices[0].text for c in body)
+
+
+def test_chat(client, eos_ids):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "You write Python."},
+                                                              {"role": "user", "content": "Sort a list."}],
+                                       max_tokens=10, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    c = r.choices[0]
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    u = check_usage(r.usage)
+    assert c.finish_reason in ("length", "stop") and 1 <= u["completion_tokens"] <= 10
+    if c.finish_reason == "length":
+        assert u["completion_tokens"] == 10
+    # max_completion_tokens, the newer name, wins over max_tokens.
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                       max_completion_tokens=3, max_tokens=50, temperature=0, logit_bias=no_eos(eos_ids))
+    assert r.choices[0].finish_reason == "length"
+    check_usage(r.usage, completion_tokens=3)
+
+
+def test_chat_stream_with_logprobs(client, eos_ids):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a haiku about compilers."}], max_tokens=16,
+        temperature=0.9, seed=11, logprobs=True, top_logprobs=2, stream=True, stream_options={"include_usage": True},
+        logit_bias=no_eos(eos_ids)))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    body = [c for c in chunks if c.choices]
+    assert body[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in body[:-1])
+    entries = [e for c in body if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    u = check_usage(chunks[-1].usage, completion_tokens=16)
+    assert len(entries) == u["completion_tokens"]
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat_stream_without_usage(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=4, temperature=0, stream=True))
+    assert all(c.usage is None and len(c.choices) == 1 for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+# ---- determinism (no prefix cache) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_completion_equals_cider_generate(nocache_server, prompt):
+    r = complete(nocache_server.url, prompt=prompt, max_tokens=48, temperature=0)
+    assert r["choices"][0]["text"] == generate(prompt, 48)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_same_seed_same_sample(nocache_server, endpoint):
+    def once(seed):
+        if endpoint == "chat":
+            r = chat(nocache_server.url, messages=[{"role": "user", "content": "Tell me about lists."}], max_tokens=40,
+                     temperature=0.8, seed=seed)
+            return r["choices"][0]["message"]["content"]
+        r = complete(nocache_server.url, prompt="def parse(line):", max_tokens=40, temperature=0.8, seed=seed)
+        return r["choices"][0]["text"]
+
+    first = once(1234)
+    assert once(1234) == first
+    assert once(1234) == first
+    # The seed is used: four seeds do not all give one text.
+    assert len({first, once(1), once(2), once(3)}) > 1
+
+
+# A batched forward step (rows of several sequences together) is not bit-for-bit the one-row step: logprobs move by
+# up to ~0.006 (measured), so two tokens whose logprobs are closer than that may swap. A greedy text is compared up to
+# its first such near tie (in practice: whole), and its logprobs within NEAR_TIE.
+NEAR_TIE = 0.05
+
+
+def greedy_agreement(ref, other):
+    """ref, other: completion choices of one greedy request with logprobs >= 2. Asserts `other` continues as `ref`
+    up to ref's first near tie and returns how many tokens were compared."""
+    lp = ref["logprobs"]
+    n = len(lp["tokens"])
+    for j, top in enumerate(lp["top_logprobs"]):
+        v = sorted(top.values(), reverse=True)  # two ids that decode alike share a key: count it as a tie
+        if len(v) < 2 or v[0] - v[1] < NEAR_TIE:
+            n = j
+            break
+    prefix = "".join(lp["tokens"][:n])
+    assert other["text"].startswith(prefix), (n, prefix, other["text"])
+    got = other["logprobs"]["token_logprobs"][:n]
+    worst = max((abs(a - b) for a, b in zip(got, lp["token_logprobs"][:n])), default=0.0)
+    assert worst < NEAR_TIE, f"logprobs differ by {worst} over the first {n} tokens"
+    if n == len(lp["tokens"]):
+        assert other["text"] == ref["text"]
+    return n
+
+
+def test_alone_equals_batched(nocache_server):
+    """The same greedy requests alone and inside 8 concurrent requests of other lengths and settings."""
+    url = nocache_server.url
+    short = dict(prompt="class Stack:\n    def __init__(self):", max_tokens=40, temperature=0, logprobs=2)
+    long_ = dict(prompt="".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(12)), max_tokens=40,
+                 temperature=0, logprobs=2)
+    alone = {k: complete(url, **r)["choices"][0] for k, r in (("short", short), ("long", long_))}
+    others = [dict(prompt=f"# module {i}\n" * (5 + 17 * i), max_tokens=30 + i, temperature=0.5, seed=i) for i in range(4)]
+    jobs = [("long", long_), ("short", short), (None, others[0]), ("long", long_), (None, others[1]),
+            ("short", short), (None, others[2]), (None, others[3])]
+    compared = []
+    for _ in range(2):
+        with cf.ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(lambda j: complete(url, **j[1]), jobs))
+        assert max(r["usage"]["prompt_tokens"] for r in results) > 256  # a prompt prefilled over several steps
+        for (k, _), r in zip(jobs, results):
+            if k:
+                compared.append(greedy_agreement(alone[k], r["choices"][0]))
+    assert min(compared) >= 10, compared  # the prompts are chosen for few near ties
+
+
+def test_stop_strings(nocache_server, eos_ids):
+    url = nocache_server.url
+    prompt = PROMPTS[1]
+    bias = no_eos(eos_ids)
+    full = complete(url, prompt=prompt, max_tokens=40, temperature=0, logit_bias=bias)["choices"][0]["text"]
+    assert len(full) >= 12, repr(full)
+    k = len(full) // 2
+    stop = full[k:k + 3]
+    cut = full.find(stop)
+    expected = full[:cut]
+    for stops in (stop, ["\x00never\x00", stop]):
+        r = complete(url, prompt=prompt, max_tokens=40, temperature=0, stop=stops, logit_bias=bias)
+        c = r["choices"][0]
+        assert c["text"] == expected, (stop, full)
+        assert c["finish_reason"] == "stop"
+        assert r["usage"]["completion_tokens"] < 40
+        s = Stream(url, "/v1/completions", dict(prompt=prompt, max_tokens=40, temperature=0, stop=stops, logit_bias=bias))
+        chunks = s.rest()
+        s.close()
+        assert stream_text(chunks, False) == expected
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # Chat: the same through the other endpoint.
+    msgs = [{"role": "user", "content": "Explain pointers."}]
+    full = chat(url, messages=msgs, max_tokens=40, temperature=0, logit_bias=bias)["choices"][0]["message"]["content"]
+    assert len(full) >= 4, repr(full)
+    k = len(full) // 2
+    stop = full[k:k + 3]
+    expected = full[:full.find(stop)]
+    r = chat(url, messages=msgs, max_tokens=40, temperature=0, stop=[stop], logit_bias=bias)
+    assert r["choices"][0]["message"]["content"] == expected and r["choices"][0]["finish_reason"] == "stop"
+    s = Stream(url, "/v1/chat/completions", dict(messages=msgs, max_tokens=40, temperature=0, stop=[stop],
+                                                                logit_bias=bias))
+    chunks = s.rest()
+    s.close()
+    assert stream_text(chunks, True) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+# ---- prefix cache --------------------------------------------------------------------------------------------------
+LONGER = CODE + "    result = []\n"
+# The default CPU cache keeps keys per channel in blocks of 64 positions (cider-tiny: k5v5/hadamard/g64/kchan): a prefix
+# is reused down to a block boundary (trimming into a quantized block would round its keys again).
+BLOCK = 64
+
+
+@pytest.fixture(scope="session")
+def cache_run(cache_server, nocache_server, eos_ids):
+    """One deterministic sequence on a fresh server: a long-ish prompt (a miss), the same prompt again, the prompt
+    plus more text, then a seeded sample twice; and the longer prompt on the server without a prefix cache."""
+    url = cache_server.url
+    before = metrics(url)
+    greedy = dict(max_tokens=48, temperature=0, logprobs=2)
+    out = {"miss": complete(url, prompt=CODE, **greedy),
+           "again": complete(url, prompt=CODE, **greedy),
+           "longer": complete(url, prompt=LONGER, **greedy)}
+    seeded = dict(prompt=CODE + "def tokenize(text):", max_tokens=64, temperature=0.8, seed=5, logit_bias=no_eos(eos_ids))
+    out["seeded1"] = complete(url, **seeded)
+    out["seeded2"] = complete(url, **seeded)
+    wait_until(lambda: idle(url), "an idle server")  # the counters are updated when a request is released
+    out["metrics"] = (before, metrics(url))
+    out["longer_fresh"] = complete(nocache_server.url, prompt=LONGER, **greedy)
+    return out
+
+
+def divergence(ref, hit):
+    """Where two greedy choices (with logprobs) part, for the assertion message."""
+    a, b = ref["logprobs"], hit["logprobs"]
+    k = 0
+    while k < min(len(a["tokens"]), len(b["tokens"])) and a["tokens"][k] == b["tokens"][k]:
+        k += 1
+    worst = max(abs(x - y) for x, y in zip(a["token_logprobs"][:k + 1], b["token_logprobs"][:k + 1]))
+    return (f"the texts part at token {k} of {len(a['tokens'])} ({''.join(a['tokens'][:k])!r} + "
+            f"{a['tokens'][k:k + 1]} vs {b['tokens'][k:k + 1]}); the largest logprob difference up to there is "
+            f"{worst:.4f} (batching alone moves them by < 0.01)")
+
+
+def test_prefix_cache_hits(cache_run):
+    check_usage(cache_run["miss"]["usage"], cached=0)
+    n = cache_run["miss"]["usage"]["prompt_tokens"]
+    assert n > 100
+    again = check_usage(cache_run["again"]["usage"])
+    # all but the last prompt token, down to a key block boundary
+    assert again["prompt_tokens_details"]["cached_tokens"] == (n - 1) // BLOCK * BLOCK
+    longer = check_usage(cache_run["longer"]["usage"])["prompt_tokens_details"]["cached_tokens"]
+    assert longer >= (n - 1) // BLOCK * BLOCK and longer % BLOCK == 0
+    before, after = cache_run["metrics"]
+    cached = sum(cache_run[k]["usage"]["prompt_tokens_details"]["cached_tokens"]
+                 for k in ("miss", "again", "longer", "seeded1", "seeded2"))
+    assert after["cider_prompt_tokens_cached_total"] - before["cider_prompt_tokens_cached_total"] == cached
+    assert after["cider_prefix_cache_entries"] >= 1
+
+
+def test_prefix_cache_miss_equals_cider_generate(cache_run):
+    assert cache_run["miss"]["choices"][0]["text"] == generate(CODE, 48)
+    assert cache_run["longer_fresh"]["choices"][0]["text"] == generate(LONGER, 48)
+
+
+def test_prefix_cache_hit_same_text_as_miss(cache_run):
+    miss, hit = cache_run["miss"]["choices"][0], cache_run["again"]["choices"][0]
+    assert hit["text"] == miss["text"], divergence(miss, hit)
+
+
+def test_prefix_cache_hit_on_longer_prompt_same_text_as_miss(cache_run):
+    """The prompt + more text, served mostly from the cache, continues as a fresh run of that prompt does."""
+    fresh, hit = cache_run["longer_fresh"]["choices"][0], cache_run["longer"]["choices"][0]
+    assert cache_run["longer"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert hit["text"] == fresh["text"], divergence(fresh, hit)
+
+
+def test_prefix_cache_same_seed_same_sample(cache_run):
+    assert cache_run["seeded2"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert cache_run["seeded2"]["choices"][0]["text"] == cache_run["seeded1"]["choices"][0]["text"]
+
+
+def test_prefix_cache_survives_unrelated_request(cache_run, cache_server):
+    """The cache keeps up to --prefix-cache (16) finished sequences: one request whose prompt shares nothing but the
+    first (BOS) token must not take away the cached prefix of another."""
+    url = cache_server.url
+    a = dict(prompt=CODE + "def merge_sort(items):\n    if len(items) <= 1:\n        return items\n", max_tokens=8,
+             temperature=0)
+    n = complete(url, **a)["usage"]["prompt_tokens"]
+    complete(url, prompt="SELECT name FROM users WHERE id = 7;", max_tokens=8, temperature=0)
+    again = complete(url, **a)["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == (n - 1) // BLOCK * BLOCK, (
+        again, metrics(url)["cider_prefix_cache_entries"])
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------------------
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Print hello world in C."}],
+                                       max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    u = check_usage(r.usage)
+    assert len(content) == u["completion_tokens"] >= 1
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        tops = [t.logprob for t in e.top_logprobs]
+        assert all(t <= 0 for t in tops) and tops == sorted(tops, reverse=True)
+        assert e.logprob == pytest.approx(tops[0], abs=1e-9)  # greedy: the sampled token is the most probable
+        assert e.token == e.top_logprobs[0].token
+        assert e.bytes == list(e.token.encode("utf-8"))
+    text = r.choices[0].message.content
+    if r.choices[0].finish_reason == "length" and text.isascii():
+        assert "".join(e.token for e in content) == text
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                       temperature=0)
+    assert r.choices[0].logprobs is None
+
+
+def test_completion_logprobs(client, eos_ids):
+    r = client.completions.create(model=MODEL, prompt="def quicksort(xs):", max_tokens=12, temperature=0, logprobs=2,
+                                  logit_bias=no_eos(eos_ids))
+    lp = r.choices[0].logprobs
+    n = check_usage(r.usage, completion_tokens=12)["completion_tokens"]
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    ascii_text = r.choices[0].text.isascii()  # a token that splits a UTF-8 character decodes to U+FFFD alone
+    if ascii_text:
+        assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for tok, l, top, off in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+        assert l <= 0
+        assert 1 <= len(top) <= 2 and all(v <= 0 for v in top.values())
+        assert max(top.values()) == pytest.approx(l, abs=1e-9)  # greedy
+        assert top.get(tok) == pytest.approx(l, abs=1e-9)
+        if ascii_text:
+            assert r.choices[0].text[off:off + len(tok)] == tok
+    # Sampled at a temperature: the sampled token is never more probable than the most probable one.
+    r = client.completions.create(model=MODEL, prompt="x =", max_tokens=16, temperature=1.2, seed=7, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == r.usage.completion_tokens
+    for l, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert l <= 0 and len(top) == 1 and l <= max(top.values()) + 1e-9
+    r = client.completions.create(model=MODEL, prompt="x =", max_tokens=4, logprobs=0)
+    assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+    assert all(t == {} for t in r.choices[0].logprobs.top_logprobs)
+
+
+# ---- malformed requests --------------------------------------------------------------------------------------------
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    ("non-JSON", C, "this is not json", ["JSON"], None),
+    ("truncated JSON", C, '{"prompt": "a", ', ["JSON"], None),
+    ("JSON array", C, "[1, 2, 3]", ["JSON object"], None),
+    ("JSON string", CH, '"hello"', ["JSON object"], None),
+    ("temperature string", C, {"prompt": "a", "temperature": "hot"}, ["temperature"], "temperature"),
+    ("temperature range", CH, {"messages": MSG, "temperature": 3}, ["temperature"], "temperature"),
+    ("max_tokens -1", C, {"prompt": "a", "max_tokens": -1}, ["max_tokens"], "max_tokens"),
+    ("max_tokens float", CH, {"messages": MSG, "max_tokens": 2.5}, ["max_tokens"], "max_tokens"),
+    ("top_p 0", C, {"prompt": "a", "top_p": 0}, ["top_p"], "top_p"),
+    ("stop number", C, {"prompt": "a", "stop": 5}, ["stop"], "stop"),
+    ("stop list of numbers", CH, {"messages": MSG, "stop": ["a", 1]}, ["stop"], "stop"),
+    ("stop empty string", C, {"prompt": "a", "stop": [""]}, ["stop"], "stop"),
+    ("stream string", C, {"prompt": "a", "stream": "yes"}, ["stream"], "stream"),
+    ("seed string", C, {"prompt": "a", "seed": "x"}, ["seed"], "seed"),
+    ("logit_bias key", C, {"prompt": "a", "logit_bias": {"abc": 1}}, ["logit_bias"], "logit_bias"),
+    ("completion logprobs bool", C, {"prompt": "a", "logprobs": True}, ["logprobs"], "logprobs"),
+    ("top_logprobs alone", CH, {"messages": MSG, "top_logprobs": 3}, ["top_logprobs"], "top_logprobs"),
+    ("top_logprobs 21", CH, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, ["top_logprobs"], "top_logprobs"),
+    ("prompt missing", C, {"max_tokens": 3}, ["prompt"], "prompt"),
+    ("prompt object", C, {"prompt": {"text": "a"}}, ["prompt"], "prompt"),
+    ("prompt token out of range", C, {"prompt": [1, 999999]}, ["prompt"], "prompt"),
+    ("messages missing", CH, {"max_tokens": 3}, ["messages"], "messages"),
+    ("messages empty", CH, {"messages": []}, ["messages"], "messages"),
+    ("messages string", CH, {"messages": "hi"}, ["messages"], "messages"),
+    ("bad role", CH, {"messages": [{"role": "wizard", "content": "x"}]}, ["role", "wizard"], "messages[0].role"),
+    ("role missing", CH, {"messages": [{"content": "x"}]}, ["role"], "messages[0]"),
+    ("image content", CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     ["content"], "messages[0].content"),
+    ("n 2", C, {"prompt": "a", "n": 2}, ["'n'"], "n"),
+    ("n 2 chat", CH, {"messages": MSG, "n": 2}, ["'n'"], "n"),
+    ("tools", CH, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     ["tools"], "tools"),
+    ("response_format json", CH, {"messages": MSG, "response_format": {"type": "json_object"}}, ["response_format"],
+     "response_format"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,words,param", BAD, ids=[b[0] for b in BAD])
+def test_malformed_request_400(server, name, path, body, words, param):
+    assert_api_error(post(server.url, path, body, headers={"Content-Type": "application/json"}), 400, *words,
+                     param=param)
+
+
+@pytest.mark.parametrize("path", [C, CH])
+def test_over_long_prompt_400(server, path):
+    words = " ".join(f"word{i}" for i in range(3000))
+    body = {"prompt": words} if path == C else {"messages": [{"role": "user", "content": words}]}
+    err = assert_api_error(post(server.url, path, body), 400, str(CONTEXT), str(CONTEXT - 1))
+    n = int(re.search(r"has (\d+) tokens", err["message"]).group(1))
+    assert n > CONTEXT, err
+    assert err["param"] == ("prompt" if path == C else "messages")
+    # At the limit: a prompt of context - 1 token ids is served (one token of room).
+    r = complete(server.url, prompt=[5] * (CONTEXT - 1), max_tokens=50, temperature=0)
+    assert r["usage"]["completion_tokens"] == 1 and r["choices"][0]["finish_reason"] in ("length", "stop")
+    assert_api_error(post(server.url, C, {"prompt": [5] * CONTEXT}), 400, str(CONTEXT))
+
+
+def test_malformed_through_openai_client(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", n=2)
+    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=-1)
+    assert "temperature" in e.value.body["message"]
+
+
+def test_unknown_fields_ignored(server, client):
+    r = post(server.url, C, {"prompt": "a", "max_tokens": 2, "frobnicate": {"x": [1, 2]}, "user": "me",
+                             "logit_bias": {}, "tools": [], "response_format": {"type": "text"}})
+    assert r.status == 200, r.text
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "developer", "content": "Be brief."},
+                                                              {"role": "user", "content": "hi"}],
+                                       max_tokens=2, extra_body={"frobnicate": True, "metadata": {"a": "b"}})
+    assert r.choices[0].message.role == "assistant"
+
+
+def test_unknown_route_404(server):
+    for method, path in (("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/v1/completions"), ("DELETE", "/v1/models")):
+        assert_api_error(send(server.url, method, path), 404, path)
+
+
+# ---- raw HTTP ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [C, CH])
+def test_sse_framing(server, path, eos_ids):
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "logit_bias": no_eos(eos_ids)}
+    body.update({"prompt": "while True:"} if path == C else {"messages": MSG})
+    r = post(server.url, path, body)
+    assert r.status == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers.get("transfer-encoding") == "chunked"
+    chunks = sse_payloads(r.text)
+    kind = "chat.completion.chunk" if path == CH else "text_completion"
+    assert all(c["object"] == kind and c["model"] == MODEL for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == "length"
+    assert chunks[-1]["usage"]["total_tokens"] == chunks[-1]["usage"]["prompt_tokens"] + 8
+
+
+def test_get_pages(server):
+    r = get(server.url, "/")
+    assert r.status == 200 and r.headers["content-type"].startswith("text/html")
+    assert "<html" in r.text.lower() and "cider" in r.text.lower()
+    h = get(server.url, "/health")
+    assert h.status == 200 and h.json()["status"] == "ok"
+
+
+def test_disconnect_cancels(server, eos_ids):
+    url = server.url
+    wait_until(lambda: idle(url), "an idle server")
+    before = metrics(url)
+    body = json.dumps({"model": MODEL, "prompt": "def main():", "max_tokens": 1000, "stream": True, "temperature": 0.8,
+                       "logit_bias": no_eos(eos_ids)}).encode()
+    s = socket.create_connection((server.host, server.port), timeout=TIMEOUT)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while b"data: " not in got:  # the headers and the first event
+        piece = s.recv(65536)
+        assert piece, got
+        got += piece
+    assert got.startswith(b"HTTP/1.1 200")
+    s.close()
+
+    def cancelled():
+        m = metrics(url)
+        return m if (m['cider_requests_total{outcome="cancelled"}'] > before['cider_requests_total{outcome="cancelled"}']
+                     and m["cider_requests_running"] == 0) else None
+
+    after = wait_until(cancelled, "the dropped stream to be cancelled")
+    assert after['cider_requests_total{outcome="cancelled"}'] == before['cider_requests_total{outcome="cancelled"}'] + 1
+    assert after['cider_requests_total{outcome="finished"}'] == before['cider_requests_total{outcome="finished"}']
+    assert after["cider_generation_tokens_total"] - before["cider_generation_tokens_total"] < 1000
+    assert complete(url, prompt="ok", max_tokens=2)["usage"]["completion_tokens"] >= 1
+
+
+def test_metrics(server, eos_ids):
+    url = server.url
+    wait_until(lambda: idle(url), "an idle server")
+    before = metrics(url)
+    r1 = complete(url, prompt="import os", max_tokens=5, temperature=0, logit_bias=no_eos(eos_ids))
+    s = Stream(url, C, dict(prompt="import sys", max_tokens=7, temperature=0, logit_bias=no_eos(eos_ids),
+                            stream_options={"include_usage": True}))
+    u2 = s.rest()[-1]["usage"]
+    s.close()
+    wait_until(lambda: idle(url), "an idle server")  # the counters are updated when a request is released
+    after = metrics(url)
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    assert d['cider_requests_total{outcome="finished"}'] == 2
+    assert d["cider_generation_tokens_total"] == 12
+    assert d["cider_prompt_tokens_total"] == r1["usage"]["prompt_tokens"] + u2["prompt_tokens"]
+    assert d["cider_prompt_tokens_cached_total"] == (r1["usage"]["prompt_tokens_details"]["cached_tokens"]
+                                                     + u2["prompt_tokens_details"]["cached_tokens"])
+    assert d["cider_time_to_first_token_seconds_count"] == 2
+    assert d["cider_inter_token_latency_seconds_count"] == 10
+    assert d["cider_steps_total"] > 0
+    for k in ("cider_requests_running", "cider_requests_waiting", "cider_kv_bytes_in_use", "cider_kv_memory_bytes",
+              "cider_prompt_tokens_cached_total", 'cider_requests_total{outcome="refused"}'):
+        assert k in after, k
+    assert after["cider_requests_running"] == 0 and after["cider_kv_memory_bytes"] > 0
+    for h in ("cider_time_to_first_token_seconds", "cider_inter_token_latency_seconds"):
+        buckets = [(k, v) for k, v in after.items() if k.startswith(h + "_bucket{")]
+        assert len(buckets) >= 2 and buckets[-1][0] == h + '_bucket{le="+Inf"}', buckets
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts), buckets  # cumulative
+        assert buckets[-1][1] == after[h + "_count"] and after[h + "_sum"] > 0
+    text = get(url, "/metrics").text
+    assert "# TYPE cider_requests_total counter" in text
+    assert "# TYPE cider_time_to_first_token_seconds histogram" in text
+
+
+# ---- short-lived servers -------------------------------------------------------------------------------------------
+def test_api_key():
+    s = Server("--api-key", "sekret", "--model-name", "my-model")
+    try:
+        url = s.url
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            assert_api_error(get(url, "/v1/models", headers=headers), 401, "API key")
+            assert_api_error(post(url, C, {"prompt": "a", "max_tokens": 1}, headers=headers), 401)
+        good = {"Authorization": "Bearer sekret"}
+        r = get(url, "/v1/models", headers=good)
+        assert r.status == 200 and r.json()["data"][0]["id"] == "my-model"
+        assert post(url, C, {"prompt": "a", "max_tokens": 1}, headers=good).status == 200
+        for path in ("/health", "/metrics", "/"):
+            assert get(url, path).status == 200, path
+        with openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0, timeout=TIMEOUT) as c:
+            with pytest.raises(openai.AuthenticationError):
+                c.models.list()
+        with openai.OpenAI(base_url=url + "/v1", api_key="sekret", max_retries=0, timeout=TIMEOUT) as c:
+            r = c.chat.completions.create(model="my-model", messages=MSG, max_tokens=2)
+            assert r.model == "my-model" and r.choices[0].message.role == "assistant"
+    finally:
+        stop_cleanly(s)
+
+
+def test_api_key_from_environment():
+    s = Server(env={"CIDER_API_KEY": "from-env"})
+    try:
+        assert_api_error(get(s.url, "/v1/models"), 401)
+        assert get(s.url, "/v1/models", headers={"Authorization": "Bearer from-env"}).status == 200
+    finally:
+        stop_cleanly(s)
+
+
+def hold_then(url, eos_ids, probe, attempts=5):
+    """Runs probe() while a long streaming request runs (its first event read), until probe returns something other
+    than None (the long request can finish first on a fast machine: then it is tried again). Returns (probe's result,
+    the long stream's events after the first)."""
+    for _ in range(attempts):
+        s = Stream(url, C, dict(prompt="def hold():", max_tokens=1000, temperature=0.8, seed=1,
+                                logit_bias=no_eos(eos_ids)))
+        try:
+            assert s.event() is not None
+            result = probe()
+            rest = s.rest()
+        finally:
+            s.close()
+        if result is not None:
+            return result, rest
+    pytest.fail(f"the probe never ran while the long request did ({attempts} attempts)")
+
+
+def test_queue_full_429(eos_ids):
+    s = Server("--max-batch", "1", "--max-waiting", "0")
+    try:
+        url = s.url
+
+        def probe():
+            r = post(url, C, {"prompt": "x", "max_tokens": 2})
+            if r.status == 200:
+                return None  # the long request had already finished
+            return r
+
+        r, rest = hold_then(url, eos_ids, probe)
+        err = assert_api_error(r, 429, type_="rate_limit_error")
+        assert "capacity" in err["message"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert rest[-1]["choices"][0]["finish_reason"] == "length"  # the running request was not disturbed
+
+        def probe_client():
+            with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT) as c:
+                try:
+                    c.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
+                    return None
+                except openai.RateLimitError as e:
+                    return e
+
+        e, _ = hold_then(url, eos_ids, probe_client)
+        assert e.status_code == 429 and e.response.headers.get("retry-after")
+        # Capacity comes back once the long request is done.
+        wait_until(lambda: idle(url), "an idle server")
+        assert post(url, C, {"prompt": "x", "max_tokens": 2}).status == 200
+        assert metrics(url)['cider_requests_total{outcome="refused"}'] >= 2
+    finally:
+        stop_cleanly(s)
+
+
+def test_body_limit_413():
+    s = Server("--max-body", "2048")
+    try:
+        big = json.dumps({"model": MODEL, "prompt": "x" * 10000, "max_tokens": 1})
+        assert len(big) > 10000
+        assert_api_error(post(s.url, C, big, headers={"Content-Type": "application/json"}), 413, "max-body")
+        small = '{"prompt": "hi", "max_tokens": 1' + " " * 1900 + "}"  # JSON allows the whitespace
+        assert 1900 < len(small) < 2048
+        assert post(s.url, C, small, headers={"Content-Type": "application/json"}).status == 200
+        with openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT) as c:
+            with pytest.raises(openai.APIStatusError) as e:
+                c.completions.create(model=MODEL, prompt="z" * 10000, max_tokens=1)
+            assert e.value.status_code == 413
+        assert get(s.url, "/health").status == 200
+    finally:
+        stop_cleanly(s)
+
+
+def test_body_limit_ignores_content_type(server):
+    """`curl -d` sends Content-Type: application/x-www-form-urlencoded; a 9 kB JSON body is far below the default
+    --max-body (1 MiB) whatever its content type."""
+    body = '{"prompt": "hello", "max_tokens": 2' + " " * 9000 + "}"
+    assert post(server.url, C, body, headers={"Content-Type": "application/json"}).status == 200
+    r = post(server.url, C, body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status == 200, (r.status, r.text)
+
+
+def test_port_in_use(server):
+    """A second server on a port that is already listening must fail to start, not share the port (SO_REUSEPORT would
+    let the kernel split the connections between the two)."""
+    other = subprocess.Popen([str(CIDER_BIN), "serve", "--port", str(server.port)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        err = ""
+        for line in other.stderr:  # until it exits (EOF) or says it listens
+            err += line
+            if LISTENING.search(line):
+                break
+        started = other.poll() is None
+    finally:
+        if other.poll() is None:
+            other.send_signal(signal.SIGTERM)
+        other.wait(TIMEOUT)
+        other.stderr.close()
+    assert not started, f"a second cider serve listens on port {server.port} too:\n{err}"
+    assert other.returncode != 0 and "could not bind" in err, err
+
+
+def kill_if_running(s: Server):
+    if s.proc.poll() is None:
+        s.stop(signal.SIGKILL)
+
+
+def test_graceful_shutdown(eos_ids):
+    s = Server()
+    try:
+        graceful_shutdown(s, eos_ids)
+    finally:
+        kill_if_running(s)
+
+
+def graceful_shutdown(s, eos_ids):
+    st = Stream(s.url, C, dict(prompt="def serve():", max_tokens=1000, temperature=0.8, seed=2,
+                               logit_bias=no_eos(eos_ids), stream_options={"include_usage": True}))
+    try:
+        assert st.event() is not None
+        s.proc.send_signal(signal.SIGTERM)
+        s.wait_log("signal 15: finishing running requests")
+        # While draining, new requests are refused (503); once stopped, not accepted at all.
+        try:
+            r = post(s.url, C, {"prompt": "x", "max_tokens": 2}, timeout=10)
+            assert_api_error(r, 503, "shutting down", type_="server_error")
+            assert r.headers.get("retry-after")
+        except (ConnectionError, http.client.HTTPException, socket.timeout):
+            pass  # too late: the long request had already finished and the server stopped listening
+        chunks = st.rest()  # ends with [DONE]
+    finally:
+        st.close()
+    assert chunks[-1]["usage"]["completion_tokens"] == 1000
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert all("error" not in c for c in chunks)
+    rc = s.stop()
+    assert rc == 0, s.log()
+    assert "signal 15" in s.log() and "cider serve: stopped\n" in s.log(), s.log()
+
+
+def test_drain_timeout_cancels(eos_ids):
+    """--drain-seconds 0: SIGTERM does not wait for the running request; the process exits 0 at once, and the stream
+    is ended properly (an error event, then [DONE]: the client can tell a shutdown from a crash), not cut off."""
+    s = Server("--drain-seconds", "0")
+    try:
+        drain_timeout(s, eos_ids)
+    finally:
+        kill_if_running(s)
+
+
+def drain_timeout(s, eos_ids):
+    st = Stream(s.url, C, dict(prompt="def loop():", max_tokens=1000, temperature=0.8, seed=4,
+                               logit_bias=no_eos(eos_ids), stream_options={"include_usage": True}))
+    try:
+        assert st.event() is not None
+        t0 = time.monotonic()
+        rc = s.stop()
+        assert rc == 0, s.log()
+        assert time.monotonic() - t0 < 10
+        assert "requests still running were cancelled" in s.log(), s.log()
+        events = []
+        try:
+            while (p := st.event()) is not None:
+                events.append(p)
+        except (http.client.HTTPException, ConnectionError) as e:
+            events.append(f"<{type(e).__name__}>")
+    finally:
+        st.close()
+    assert not any('"finish_reason":"length"' in e for e in events)  # it did not run to the end
+    assert events[-2:] and events[-1] == "[DONE]", f"the stream was cut off after {len(events)} events: {events[-2:]}"
+    assert json.loads(events[-2])["error"]["type"] == "server_error", events[-2]
+
+
+# ---- load (last: it leaves many sessions in the prefix cache) ------------------------------------------------------
+def test_load_streaming_chat(server):
+    url = server.url
+    c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
+
+    def one(i):
+        stream = c.chat.completions.create(
+            model=MODEL, messages=[{"role": "system", "content": "You are a terse assistant."},
+                                   {"role": "user", "content": f"Write function number {i} in Python."}],
+            max_tokens=32, temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True})
+        role, text, finish, usage = None, "", None, None
+        with stream:
+            for ch in stream:
+                if ch.usage is not None:
+                    usage = ch.usage
+                for choice in ch.choices:
+                    role = role or choice.delta.role
+                    text += choice.delta.content or ""
+                    finish = choice.finish_reason or finish
+        assert role == "assistant" and finish in ("length", "stop"), (role, finish)
+        u = check_usage(usage)
+        assert 1 <= u["completion_tokens"] <= 32 and (finish == "stop" or u["completion_tokens"] == 32), (u, finish)
+        return u["completion_tokens"]
+
+    try:
+        with cf.ThreadPoolExecutor(32) as ex:  # warm-up round
+            assert all(ex.map(one, range(32)))
+        wait_until(lambda: idle(url), "an idle server after the warm-up", timeout=TIMEOUT)
+        time.sleep(1.0)
+        rss_warm = server.rss_bytes()
+        before = metrics(url)
+
+        deadline = time.monotonic() + LOAD_SECONDS
+        errors, done = [], []
+
+        def worker(w):
+            i = 1000 * (w + 1)
+            while time.monotonic() < deadline:
+                try:
+                    done.append(one(i))
+                except Exception as e:  # noqa: BLE001 - every failure is counted and reported
+                    errors.append(f"{type(e).__name__}: {e}")
+                i += 1
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(LOAD_SECONDS + 2 * TIMEOUT)
+        assert not any(t.is_alive() for t in threads), "load workers hung"
+        assert not errors, f"{len(errors)} errors of {len(errors) + len(done)} requests; first: {errors[:3]}"
+        assert len(done) >= 64, len(done)
+
+        wait_until(lambda: idle(url), "an idle server after the load", timeout=TIMEOUT)
+        time.sleep(1.0)
+        rss_after = server.rss_bytes()
+        after = metrics(url)
+        assert after['cider_requests_total{outcome="finished"}'] - before['cider_requests_total{outcome="finished"}'] == len(done)
+        assert after["cider_generation_tokens_total"] - before["cider_generation_tokens_total"] == sum(done)
+        for k in ('cider_requests_total{outcome="failed"}', 'cider_requests_total{outcome="refused"}',
+                  'cider_requests_total{outcome="cancelled"}'):
+            assert after[k] == before[k], k
+        assert after["cider_requests_running"] == 0
+        assert get(url, "/health").json()["status"] == "ok"
+        assert complete(url, prompt="still alive?", max_tokens=3)["usage"]["completion_tokens"] >= 1
+        mib = 1 << 20
+        assert rss_after - rss_warm <= 64 * mib, (
+            f"VmRSS after warm-up {rss_warm / mib:.1f} MiB, after {len(done)} requests in {LOAD_SECONDS:.0f} s "
+            f"{rss_after / mib:.1f} MiB (+{(rss_after - rss_warm) / mib:.1f} MiB; at most 64 MiB allowed)")
+        print(f"\nload: {len(done)} streaming chat requests in {LOAD_SECONDS:.0f} s; VmRSS after warm-up "
+              f"{rss_warm / mib:.1f} MiB, after the load {rss_after / mib:.1f} MiB")
+    finally:
+        c.close()
