@@ -4,6 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -145,45 +147,45 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
   }
 
   // Top-k off: every possible token (Sampler::nucleus), sorted in full.
-  Nucleus n = nucleus(logits, vocab, history);
+  Nucleus n;
+  nucleus(logits, vocab, history, n);
   if (n.sorted < n.keep)
     std::sort(n.cand.begin() + static_cast<std::ptrdiff_t>(n.sorted),
               n.cand.begin() + static_cast<std::ptrdiff_t>(n.keep), MoreProbable{});
   n.cand.resize(n.keep);
   for (auto& c : n.cand) c.p /= n.sum;
-  return n.cand;
+  return std::move(n.cand);
 }
 
-// Steps 1 and 3, 5, 6 with top-k off: the softmax over every possible token (a double copy with the penalties), the
+// Steps 1 and 3, 5, 6 with top-k off: the softmax over every possible token (float64, the penalties applied), the
 // min-p cut, and top-p's prefix found by sorting lazily (the nucleus is usually a few dozen tokens out of 10^5).
 // cand[0, sorted) is in descending order; the survivors are cand[0, keep) (keep <= sorted when top-p cut, else all);
 // sum: their probability mass, summed in index order (before any sorting) when all survive, in descending order
 // over the prefix when top-p cut — the same value for distribution() and the lazy draw of sample().
-Sampler::Nucleus Sampler::nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history) const {
+void Sampler::nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history, Nucleus& n) const {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-  std::vector<double> z(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) z[static_cast<size_t>(i)] = logits[i];
-  bool any_finite = false;
-  for (int64_t i = 0; i < vocab && !any_finite; ++i) any_finite = logits[i] != -std::numeric_limits<float>::infinity();
-  check(any_finite, ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
-        vocab, " tokens");
+  // The penalised ids (sorted), met in index order below: penalty then temperature, in float64.
+  std::vector<int32_t> penalised_ids;
   if (params_.repeat_penalty != 1.0 && !history.empty())
-    for (int32_t id : candidate_request_unbounded(vocab, history).excluded) {
-      double& v = z[static_cast<size_t>(id)];
-      v = penalised(v);
-    }
-
-  // Softmax of logits / temperature over the possible tokens.
-  Nucleus n;
+    penalised_ids = candidate_request_unbounded(vocab, history).excluded;
+  n.cand.clear();  // the caller's buffer: its capacity is kept from call to call
+  n.sorted = 0;
   std::vector<TokenProb>& cand = n.cand;
   cand.reserve(static_cast<size_t>(vocab));
   double zmax = kNegInf;
+  size_t next = 0;
   for (int64_t i = 0; i < vocab; ++i) {
-    const double s = z[static_cast<size_t>(i)];
+    double s = logits[i];
+    if (next < penalised_ids.size() && penalised_ids[next] == i) {
+      s = penalised(s);
+      ++next;
+    }
     if (s == kNegInf) continue;
     cand.push_back({static_cast<int32_t>(i), s / params_.temperature});
     zmax = std::max(zmax, s / params_.temperature);
   }
+  check(!cand.empty(), ErrorCode::kInvalidArgument, "sample", "at least one logit must be finite; got all -inf over ",
+        vocab, " tokens");
   double sum = 0.0;
   for (auto& c : cand) sum += (c.p = std::exp(c.p - zmax));
   for (auto& c : cand) c.p /= sum;
@@ -213,7 +215,6 @@ Sampler::Nucleus Sampler::nucleus(const float* logits, int64_t vocab, std::span<
     n.sum = 0.0;
     for (const auto& c : cand) n.sum += c.p;
   }
-  return n;
 }
 
 // Sorts the next chunk of cand[sorted, end) into place (at least 256, doubling); returns the new sorted length.
@@ -333,7 +334,8 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
   // first chunk) instead of the whole vocabulary: the same order, the same sums, so the same token as
   // draw(distribution(...)). distribution() checks the logits first.
   distribution_check(logits, vocab);
-  Nucleus n = nucleus(logits, vocab, history);
+  thread_local Nucleus n;  // a vocabulary-sized buffer, reused from token to token
+  nucleus(logits, vocab, history, n);
   const double u = rng_.uniform();
   double cum = 0.0;
   for (size_t i = 0; i < n.keep; ++i) {

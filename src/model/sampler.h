@@ -122,7 +122,7 @@ class Sampler {
     size_t keep = 0;
     double sum = 1.0;
   };
-  Nucleus nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history) const;
+  void nucleus(const float* logits, int64_t vocab, std::span<const int32_t> history, Nucleus& out) const;
   static size_t sort_more(std::vector<TokenProb>& cand, size_t sorted, size_t end);
 
   SamplerParams params_;
