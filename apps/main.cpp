@@ -198,7 +198,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on /v1/ (or $CIDER_API_KEY)");
   serve_cmd->add_option("--chat-format", serve.chat_format,
-                        "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
+                        "a built-in chat format instead of the model's template: chatml, llama3, gemma, mistral, llama2 "
+                        "or raw");
+  serve_cmd->add_option("--chat-template", serve.chat_template,
+                        "a Jinja chat template file to render chat prompts with (default: the model's own)");
   serve_cmd->add_option("--model-name", serve.model_name, "the model id the API reports (default: the file name)");
   serve_cmd->add_option("--max-body", serve.max_body, "request body limit in bytes (413 above)")->capture_default_str();
   serve_cmd->add_option("--drain-seconds", serve.drain_seconds,

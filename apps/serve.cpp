@@ -9,10 +9,13 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "model/chat_template.h"
 #include "model/chat_format.h"
 #include "runtime/engine.h"
 #include "runtime/openai_api.h"
@@ -85,6 +88,22 @@ int run_serve(ServeArgs a) {
       a.chat_format.empty()
           ? model::default_chat_format(model->config().arch, [&](std::string_view t) { return tok.token_to_id(t) >= 0; })
           : model::parse_chat_format(a.chat_format);
+  // The chat prompt: --chat-format (built-in) wins, then --chat-template FILE, then the model's own template (one this
+  // renderer cannot parse falls back to the built-in format, with a warning), then the built-in format.
+  std::optional<model::ChatTemplate> chat_template;
+  std::string template_origin = "built-in " + std::string(model::chat_format_name(format));
+  if (a.chat_format.empty() && !a.chat_template.empty()) {
+    chat_template.emplace(read_text_input(a.chat_template, op, int64_t{16} << 20));
+    template_origin = "template " + a.chat_template;
+  } else if (a.chat_format.empty() && !model->chat_template().empty()) {
+    try {
+      chat_template.emplace(model->chat_template());
+      template_origin = "the model's chat template";
+    } catch (const Error& e) {
+      std::fprintf(stderr, "cider serve: warning: the model's chat template cannot be used (%s); chat prompts use the "
+                   "built-in %s format\n", e.what(), model::chat_format_name(format));
+    }
+  }
   std::string name = a.model_name;
   if (name.empty()) {
     fs::path p(path);
@@ -99,7 +118,7 @@ int run_serve(ServeArgs a) {
   eo.step_tokens = a.step_tokens;
   eo.prefix_cache_entries = a.prefix_cache;
   runtime::Engine engine(*model, eo);
-  const runtime::OpenAIApi api(*model, name, format);
+  const runtime::OpenAIApi api(*model, name, format, std::move(chat_template));
   const int64_t started = static_cast<int64_t>(std::time(nullptr));
 
   httplib::Server svr;
@@ -265,8 +284,8 @@ int run_serve(ServeArgs a) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::thread listener([&] { svr.listen_after_bind(); });
-  std::fprintf(stderr, "cider serve: %s (%s), batch %lld, KV memory %s, listening on http://%s:%d\n", name.c_str(),
-               describe(opts).c_str(), static_cast<long long>(a.max_batch),
+  std::fprintf(stderr, "cider serve: %s (%s; chat: %s), batch %lld, KV memory %s, listening on http://%s:%d\n",
+               name.c_str(), describe(opts).c_str(), template_origin.c_str(), static_cast<long long>(a.max_batch),
                model::format_bytes(static_cast<double>(engine.stats().kv_memory)).c_str(), a.host.c_str(), port);
   std::fflush(stderr);
   while (g_signal.load() == 0 && (svr.is_running() || listener.joinable())) {

@@ -19,7 +19,8 @@ struct ServeArgs {
   int64_t prefix_cache = 16;       // finished sequences kept for prefix reuse (0: off)
   int64_t step_tokens = 256;       // rows per batched forward (decode rows first, then prompt chunks)
   std::string api_key;             // "": no key (also $CIDER_API_KEY)
-  std::string chat_format;         // "": from the model
+  std::string chat_format;         // a built-in format; "": the model's template, else the model's built-in format
+  std::string chat_template;       // a Jinja template file, instead of the model's own
   std::string model_name;          // "": the model file or directory name
   int64_t max_body = 1 << 20;      // request body limit in bytes (413 above)
   double drain_seconds = 30.0;     // on SIGINT/SIGTERM: how long running requests may finish

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -366,6 +368,49 @@ TEST(OpenAIApi, ParsesRequestsAndNamesTheBadField) {
   std::string long_prompt;
   for (int i = 0; i < 3000; ++i) long_prompt += "word ";
   bad(R"({"prompt": ")" + long_prompt + "\"}", C, "the context is 1024 tokens");
+}
+
+// The model's own chat template: read from tokenizer_config.json by the loader, rendered by the protocol layer as
+// transformers renders it (the prompt encoded without adding special tokens: the template writes them), with the
+// request's chat_template_kwargs; a template that raises is a 400 carrying its message.
+TEST(OpenAIApi, ChatPromptsFromTheModelsTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path src = cider::test::repo_file("models/cider-tiny");
+  const fs::path dir = fs::temp_directory_path() / ("cider_tiny_template_" + std::to_string(cider::test::test_seed()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"})
+    fs::copy_file(src / f, dir / f);
+  const std::string tmpl =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+      "You are helpful.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|end_of_text|>"}, "chat_template": ")" << tmpl << "\"}";
+  auto model = cm::Model::load(dir.string(), cm::ModelOptions{});
+  fs::remove_all(dir);
+  ASSERT_FALSE(model->chat_template().empty());
+  EXPECT_EQ(model->eos_token(), "<|end_of_text|>");
+  EXPECT_EQ(model->bos_token(), "<|begin_of_text|>");
+  const rt::OpenAIApi api(*model, "t", cm::ChatFormat::kRaw, cm::ChatTemplate(model->chat_template()));
+  const rt::ApiRequest r = api.parse(R"({"messages": [{"role": "user", "content": "Hi"}]})", rt::Endpoint::kChat);
+  EXPECT_EQ(r.options.prompt, model->tokenizer().encode("<|im_start|>system\nYou are helpful.<|im_end|>\n"
+                                                        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                                                        false));
+  const rt::OpenAIApi kw(*model, "t", cm::ChatFormat::kRaw,
+                         cm::ChatTemplate("{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}"));
+  EXPECT_EQ(kw.parse(R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"greeting": "Hello "}})",
+                     rt::Endpoint::kChat)
+                .options.prompt,
+            model->tokenizer().encode("Hello hi", false));
+  const rt::OpenAIApi raising(*model, "t", cm::ChatFormat::kRaw,
+                              cm::ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}"));
+  try {
+    (void)raising.parse(R"({"messages": [{"role": "user", "content": "hi"}]})", rt::Endpoint::kChat);
+    ADD_FAILURE() << "no error";
+  } catch (const rt::ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("Conversation roles must alternate"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/arch/arch.h"
@@ -545,6 +547,44 @@ bool is_gguf_file(const std::string& path) {
   return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
+// tokenizer_config.json and chat_template.jinja are read whole; real ones are below 1 MiB (templates of a few KiB,
+// added-token tables of a few hundred).
+constexpr int64_t kMaxTemplateBytes = int64_t{64} << 20;
+
+// A special token of tokenizer_config.json: a string, or an AddedToken object {"content": ...}.
+std::string token_string(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v.at("content").is_string()) return v.at("content").get<std::string>();
+  return "";
+}
+
+// The chat template of a Hugging Face directory: chat_template.jinja, else tokenizer_config.json's chat_template (a
+// string, or a list of {name, template} of which "default" is taken), with its bos_token / eos_token strings.
+void load_chat_template(const std::string& dir, Model::Impl& impl) {
+  const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja)) impl.chat_template = read_text_input(jinja.string(), "load_chat_template", kMaxTemplateBytes);
+  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  if (!fs::exists(tc)) return;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_input(tc.string(), "load_chat_template", kMaxTemplateBytes));
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorCode::kCorrupt, kOp, tc.string(), " must be JSON: ", e.what());
+  }
+  if (!j.is_object()) return;
+  if (j.contains("bos_token")) impl.bos_token = token_string(j.at("bos_token"));
+  if (j.contains("eos_token")) impl.eos_token = token_string(j.at("eos_token"));
+  if (!impl.chat_template.empty() || !j.contains("chat_template")) return;
+  const nlohmann::json& t = j.at("chat_template");
+  if (t.is_string()) {
+    impl.chat_template = t.get<std::string>();
+  } else if (t.is_array()) {
+    for (const auto& e : t)
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e.at("template").is_string())
+        impl.chat_template = e.at("template").get<std::string>();
+  }
+}
+
 void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
   const std::string tj = dir + "/tokenizer.json";
   const std::string tg = dir + "/tokenizer.gguf";
@@ -612,6 +652,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     impl.w.keep_alive.push_back(set);
     b.build(impl.w, progress);
     load_tokenizer_json(path, impl);
+    load_chat_template(path, impl);
     return;
   }
   check(is_gguf_file(path), ErrorCode::kUnsupported, kOp, "model path '", path,
@@ -644,6 +685,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     if (g->has("tokenizer.ggml.tokens")) throw;
     impl.tokenizer_error = path + " has no tokenizer metadata (" + e.what() + ")";
   }
+  if (g->has("tokenizer.chat_template")) impl.chat_template = g->get_string("tokenizer.chat_template");
   if (impl.tokenizer)
     check(impl.tokenizer->vocab_size() >= impl.config.vocab_size, ErrorCode::kCorrupt, kOp, path,
           ": tokenizer.ggml.tokens must name every token the model can produce (vocab_size ", impl.config.vocab_size,

@@ -111,6 +111,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
   impl->inv_freq = rope_inv_freq(c.rope, c.head_dim);
   impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim);
+  if (impl->tokenizer) {
+    const Tokenizer& tok = *impl->tokenizer;
+    if (impl->bos_token.empty() && tok.bos_id() >= 0) impl->bos_token = tok.id_to_token(tok.bos_id());
+    if (impl->eos_token.empty() && !tok.eos_ids().empty()) impl->eos_token = tok.id_to_token(tok.eos_ids().front());
+  }
   impl->backend = make_backend(*impl);
   return std::unique_ptr<Model>(new Model(std::move(impl)));
 }
@@ -124,6 +129,9 @@ const Tokenizer& Model::tokenizer() const {
 }
 int64_t Model::context_length() const { return impl_->ctx; }
 size_t Model::weight_bytes() const { return impl_->w.nbytes; }
+const std::string& Model::chat_template() const { return impl_->chat_template; }
+const std::string& Model::bos_token() const { return impl_->bos_token; }
+const std::string& Model::eos_token() const { return impl_->eos_token; }
 
 std::unique_ptr<Session> Model::new_session() const {
   auto s = std::make_unique<Session::Impl>();

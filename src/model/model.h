@@ -171,6 +171,11 @@ class Model {
   const Tokenizer& tokenizer() const;
   int64_t context_length() const;  // the effective ctx
   size_t weight_bytes() const;     // bytes of weights held in memory (mapped bf16 tensors count as held)
+  // The model's own chat template (Jinja source; model/chat_template.h renders it), empty when it has none; and the
+  // BOS / EOS strings a template sees.
+  const std::string& chat_template() const;
+  const std::string& bos_token() const;
+  const std::string& eos_token() const;
 
   std::unique_ptr<Session> new_session() const;
   // Processes tokens[0, n) at positions [s.position(), s.position() + n) and writes logits (float32): all n rows

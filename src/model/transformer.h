@@ -78,6 +78,10 @@ struct Model::Impl {
   ModelOptions options;
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_error;  // why there is none
+  // The model's own prompt template (Jinja): chat_template of tokenizer_config.json or chat_template.jinja beside it,
+  // or the GGUF key tokenizer.chat_template; empty when the model has none. bos_token / eos_token: the strings the
+  // template sees (tokenizer_config.json's, else the tokenizer's BOS and first EOS).
+  std::string chat_template, bos_token, eos_token;
   std::string source;           // "hf", "mlx", "gguf", "cider"
   int64_t ctx = 0;
   Weights w;

@@ -108,8 +108,9 @@ std::string ApiError::body() const {
   return e.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-OpenAIApi::OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format)
-    : model_(model), name_(std::move(model_name)), format_(chat_format) {
+OpenAIApi::OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format,
+                     std::optional<model::ChatTemplate> chat_template)
+    : model_(model), name_(std::move(model_name)), format_(chat_format), template_(std::move(chat_template)) {
   eos_ids_ = model::model_eos_ids(model_);
   chat_end_ids_ = eos_ids_;
   for (const auto& t : model::chat_end_tokens(format_))
@@ -215,12 +216,36 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
         bad(where + ".role", "'" + where + ".role' must be system, developer, user or assistant; got \"" + role + "\"");
       msgs.push_back({role, content_text(x.contains("content") ? x.at("content") : json(nullptr), i)});
     }
-    try {
-      prompt_text = model::render_chat(format_, msgs);
-    } catch (const Error& e) {
-      bad("messages", e.what());
+    if (template_) {
+      // The messages as sent (key order kept: a template may write them out with tojson).
+      const nlohmann::ordered_json ob = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false, false);
+      nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+      vars["messages"] = ob.at("messages");
+      vars["add_generation_prompt"] = true;
+      vars["bos_token"] = model_.bos_token();
+      vars["eos_token"] = model_.eos_token();
+      vars["tools"] = nullptr;
+      if (ob.contains("chat_template_kwargs")) {
+        const auto& kw = ob.at("chat_template_kwargs");
+        if (!kw.is_object())
+          bad("chat_template_kwargs",
+              "'chat_template_kwargs' must be an object; got " + brief(b.at("chat_template_kwargs")));
+        for (const auto& [k, v] : kw.items()) vars[k] = v;
+      }
+      try {
+        prompt_text = template_->render(vars);
+      } catch (const Error& e) {
+        bad("messages", std::string("the model's chat template refused the conversation: ") + e.what());
+      }
+      o.prompt = tok.encode(prompt_text, /*add_special=*/false);
+    } else {
+      try {
+        prompt_text = model::render_chat(format_, msgs);
+      } catch (const Error& e) {
+        bad("messages", e.what());
+      }
+      o.prompt = tok.encode(prompt_text, /*add_special=*/true);
     }
-    o.prompt = tok.encode(prompt_text, /*add_special=*/true);
     o.end_tokens = chat_end_ids_;
     const bool lp = boolean(b, "logprobs", false);
     const int64_t top = integer(b, "top_logprobs", 0, 0, 20);

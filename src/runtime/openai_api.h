@@ -21,7 +21,10 @@
 #include <string_view>
 #include <vector>
 
+#include <optional>
+
 #include "model/chat_format.h"
+#include "model/chat_template.h"
 #include "runtime/engine.h"
 
 namespace cider::runtime {
@@ -55,7 +58,13 @@ struct ApiRequest {
 
 class OpenAIApi {
  public:
-  OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format);
+  // Chat prompts: rendered by `chat_template` when given (the model's own Jinja template, or one the server was
+  // told to use), as transformers' apply_chat_template does — variables messages (as sent), add_generation_prompt
+  // true, bos_token, eos_token, tools null, plus the request's chat_template_kwargs — and encoded without adding
+  // special tokens (the template writes them); else in the built-in `chat_format`. The format's end-of-turn tokens
+  // end a reply either way.
+  OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format,
+            std::optional<model::ChatTemplate> chat_template = std::nullopt);
 
   // The body of a POST; throws ApiError (400) for anything malformed.
   ApiRequest parse(std::string_view body, Endpoint endpoint) const;
@@ -72,11 +81,13 @@ class OpenAIApi {
   std::string models_json(int64_t created) const;  // GET /v1/models
   const std::string& model_name() const { return name_; }
   model::ChatFormat chat_format() const { return format_; }
+  bool has_chat_template() const { return template_.has_value(); }
 
  private:
   const model::Model& model_;
   std::string name_;
   model::ChatFormat format_;
+  std::optional<model::ChatTemplate> template_;
   std::vector<int32_t> eos_ids_;       // the model's
   std::vector<int32_t> chat_end_ids_;  // the model's plus the chat format's end-of-turn tokens
 };
