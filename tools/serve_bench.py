@@ -8,7 +8,8 @@ Prints one Markdown table row per concurrency:
   | label | streams | completion tokens | wall s | aggregate tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |
 Inter-token latency: the gaps between a stream's successive SSE events, each split evenly over the tokens the event
 carries (counted from its logprobs: both servers send one entry per token), so a server that coalesces tokens is not
-credited with short gaps.
+credited with short gaps. Sampling: temperature 0.7, top_k 40, logprobs 1 (for the token counts), the same for every
+server.
 """
 import argparse
 import asyncio
@@ -24,7 +25,9 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
 
 
 async def one_stream(host, port, path, idx, max_tokens, headers):
-    body = json.dumps({"prompt": f"{idx} {TEXT}", "max_tokens": max_tokens, "temperature": 0.7, "seed": idx,
+    # top_k 40 sent explicitly: llama-server applies it by default, an OpenAI-style server (cider) samples from the
+    # whole vocabulary unless told; so both do the same sampling work.
+    body = json.dumps({"prompt": f"{idx} {TEXT}", "max_tokens": max_tokens, "temperature": 0.7, "top_k": 40, "seed": idx,
                        "stream": True, "ignore_eos": True, "logprobs": 1}).encode()
     reader, writer = await asyncio.open_connection(host, port)
     req = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"

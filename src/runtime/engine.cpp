@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/transformer.h"
 #include "nn/kv_cache.h"
 
@@ -349,9 +350,9 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   s.logprobs.clear();
 }
 
-// Penalties, logprobs and the draw for a sequence whose forward row was its last; the sampled token is streamed and
-// the sequence finished when it ends it.
-void Engine::sample(Sequence& s, const float* logits, Clock::time_point now) {
+// Penalties, logprobs and the draw for a sequence whose forward row was its last: the sequence's own state only
+// (its sampler, history and counts), so that the sequences of a step draw in parallel.
+void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
   const float* z = logits;
   std::vector<float> penalised;
   if (!s.opt.logit_bias.empty() ||
@@ -363,19 +364,19 @@ void Engine::sample(Sequence& s, const float* logits, Clock::time_point now) {
                                                                s.opt.frequency_penalty * static_cast<double>(count));
     z = penalised.data();
   }
-  int32_t token = 0;
   try {
-    token = s.sampler->sample(z, vocab_, s.history);
+    out.token = s.sampler->sample(z, vocab_, s.history);
   } catch (const std::exception& e) {
-    finish(s, FinishReason::kError, e.what());
+    out.error = e.what();
     return;
   }
-  if (s.opt.top_logprobs >= 0) {
+  out.has_logprob = s.opt.top_logprobs >= 0;
+  if (out.has_logprob) {
     // The model's distribution (after the OpenAI penalties, before temperature and truncation), as OpenAI reports.
     const auto [mx, lse] = log_normalizer(z, vocab_);
-    TokenLogprob lp;
-    lp.id = token;
-    lp.logprob = static_cast<double>(z[token]) - mx - lse;
+    TokenLogprob& lp = out.logprob;
+    lp.id = out.token;
+    lp.logprob = static_cast<double>(z[out.token]) - mx - lse;
     // The top k (logit desc, id asc) in one pass with a small sorted list (k <= 20).
     const size_t k = static_cast<size_t>(std::min<int64_t>(s.opt.top_logprobs, vocab_));
     std::vector<int32_t> top;
@@ -387,8 +388,14 @@ void Engine::sample(Sequence& s, const float* logits, Clock::time_point now) {
       if (top.size() > k) top.pop_back();
     }
     for (int32_t id : top) lp.top.emplace_back(id, static_cast<double>(z[id]) - mx - lse);
-    s.logprobs.push_back(std::move(lp));
   }
+}
+
+// The drawn token into the sequence: streamed through the stop filter, or the end of the sequence.
+void Engine::accept(Sequence& s, Draw& d, Clock::time_point now) {
+  if (!d.error.empty()) return finish(s, FinishReason::kError, d.error);
+  const int32_t token = d.token;
+  if (d.has_logprob) s.logprobs.push_back(std::move(d.logprob));
   ++s.generated;
   s.history.push_back(token);
   ++s.counts[token];
@@ -466,6 +473,9 @@ void Engine::step() {
     }
   }
   const Clock::time_point t1 = Clock::now();
+  // The draws of the step's sequences in parallel (each touches its own sequence only; a vocabulary-wide softmax per
+  // sequence is most of a decode step's host work), then their effects in order.
+  std::vector<size_t> drawing;
   for (size_t i = 0; i < items.size(); ++i) {
     Sequence& s = *items[i].s;
     if (!error.empty()) {
@@ -473,8 +483,15 @@ void Engine::step() {
       continue;
     }
     if (items[i].tokens != &s.pending_token) s.prefilled += items[i].n;
-    if (items[i].last) sample(s, logits[i].data(), t1);
+    if (items[i].last) drawing.push_back(i);
   }
+  std::vector<Draw> draws(drawing.size());
+  default_thread_pool().parallel_for(static_cast<int64_t>(drawing.size()), [&](int64_t b, int64_t e, int) {
+    for (int64_t j = b; j < e; ++j)
+      draw(*items[drawing[static_cast<size_t>(j)]].s, logits[drawing[static_cast<size_t>(j)]].data(),
+           draws[static_cast<size_t>(j)]);
+  });
+  for (size_t j = 0; j < drawing.size(); ++j) accept(*items[drawing[j]].s, draws[j], t1);
   for (auto& sp : running_)
     if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
 

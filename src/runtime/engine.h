@@ -151,7 +151,14 @@ class Engine {
   void admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted);
   void step();
   void finish(Sequence& s, FinishReason reason, const std::string& error);
-  void sample(Sequence& s, const float* logits, std::chrono::steady_clock::time_point now);
+  struct Draw {
+    int32_t token = -1;
+    std::string error;  // the sampler refused the row (NaN logits)
+    bool has_logprob = false;
+    TokenLogprob logprob;
+  };
+  void draw(Sequence& s, const float* logits, Draw& out) const;
+  void accept(Sequence& s, Draw& d, std::chrono::steady_clock::time_point now);
   int64_t pool_bytes_locked() const;
   // Positions of a pooled session a prompt can reuse given their common prefix: short of the prompt's last token, and
   // down to a multiple of chunk_align_ (per-channel keys: trimming into a quantized block would round its keys again).
