@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <iterator>
@@ -53,11 +54,54 @@ struct JinjaError {
 [[noreturn]] void value_error(std::string message) { throw_error("ValueError", std::move(message)); }
 
 // ------------------------------------------------------------------------------------------------------------------
+// The running render's counters, for the helpers below that build text (repr, JSON), decode strings or walk values
+// (comparisons) outside the Renderer: the Renderer installs its budget on its thread for the length of the render
+// (outside a render, while parsing, there is none and nothing is counted).
+
+struct Budget {
+  const ChatTemplateLimits* lim = nullptr;
+  int64_t iterations = 0;  // loop iterations and sequence items (iterated or compared), over the whole render
+  size_t work = 0;         // bytes of strings built or decoded, over the whole render
+
+  void tick(size_t n) {
+    iterations += static_cast<int64_t>(n);
+    if (iterations > lim->max_loop_iterations)
+      throw_error("limit", "more than " + std::to_string(lim->max_loop_iterations) +
+                               " loop iterations and sequence items in one render");
+  }
+  void add_work(size_t n) {
+    work += n;
+    if (work > lim->max_string_work_bytes)
+      throw_error("limit",
+                  "more than " + std::to_string(lim->max_string_work_bytes) + " bytes of strings built in one render");
+  }
+  // A string being built has reached `size` bytes: no string may exceed max_output_bytes.
+  void check_size(size_t size) const {
+    if (size > lim->max_output_bytes)
+      throw_error("limit", "a string of " + std::to_string(size) + " bytes exceeds the limit of " +
+                               std::to_string(lim->max_output_bytes));
+  }
+};
+
+thread_local Budget* t_budget = nullptr;
+
+void budget_tick(size_t n) {
+  if (t_budget) t_budget->tick(n);
+}
+void budget_work(size_t n) {
+  if (t_budget) t_budget->add_work(n);
+}
+void check_built(size_t size) {
+  if (t_budget) t_budget->check_size(size);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
 // Unicode pieces: Python's str works on code points.
 
 bool py_isspace(char32_t c) { return unicode::is_whitespace(c) || (c >= 0x1C && c <= 0x1F); }
 
 std::u32string to_u32(std::string_view s) {
+  budget_work(s.size());
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -88,10 +132,29 @@ bool is_ascii(std::string_view s) {
 }
 
 int64_t cp_length(std::string_view s) {
+  budget_work(s.size());
   int64_t n = 0;
   for (char c : s)
     if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;
   return n;
+}
+
+// Substring search in linear time (glibc's memmem, the two-way algorithm; std::string::find can take
+// |haystack| x |needle| steps): the byte offset of the first `needle` in `hay` at or after `from`, or npos.
+size_t find_bytes(std::string_view hay, std::string_view needle, size_t from = 0) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  const void* p = ::memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return p ? static_cast<size_t>(static_cast<const char*>(p) - hay.data()) : std::string_view::npos;
+}
+
+// The byte offset of the last `needle` in `hay`, or npos (a forward search over both reversed).
+size_t rfind_bytes(std::string_view hay, std::string_view needle) {
+  if (needle.empty()) return hay.size();
+  if (needle.size() > hay.size()) return std::string_view::npos;
+  const std::string rh(hay.rbegin(), hay.rend()), rn(needle.rbegin(), needle.rend());
+  const size_t q = find_bytes(rh, rn);
+  return q == std::string_view::npos ? q : hay.size() - q - needle.size();
 }
 
 // Simple case mappings for ASCII, Latin-1, Latin Extended-A, Latin Extended Additional, Greek, Cyrillic, Armenian
@@ -692,24 +755,24 @@ std::string py_str_repr(std::string_view s) {
 
 std::string py_str(const Value& v, int depth = 0);
 
-std::string py_repr(const Value& v, int depth) {
-  check_depth(depth);
+// The repr of a container: each item is checked against the longest string a render may build (items can repeat
+// one shared value, so the text can grow exponentially with the nesting), and the whole is counted as string work.
+std::string py_repr_container(const Value& v, int depth) {
+  std::string out;
   switch (v.t) {
-    case VT::kStr: return v.is_markup() ? "Markup(" + py_str_repr(v.str_ref()) + ")" : py_str_repr(v.str_ref());
-    case VT::kUndefined: return "Undefined";
     case VT::kList: {
-      if (v.is_gen()) return "<generator object>";
-      std::string out = v.is_view() ? type_name(v) + "([" : (v.is_tuple() ? "(" : "[");
+      out = v.is_view() ? type_name(v) + "([" : (v.is_tuple() ? "(" : "[");
       for (size_t k = 0; k < v.l->size(); ++k) {
         if (k) out += ", ";
         out += py_repr((*v.l)[k], depth + 1);
+        check_built(out.size());
       }
       if (v.is_tuple() && v.l->size() == 1) out += ",";
       out += v.is_view() ? "])" : (v.is_tuple() ? ")" : "]");
-      return out;
+      break;
     }
     case VT::kDict: {
-      std::string out = "{";
+      out = "{";
       bool first = true;
       for (const auto& kv : v.d->items) {
         if (!first) out += ", ";
@@ -717,19 +780,37 @@ std::string py_repr(const Value& v, int depth) {
         out += py_repr(kv.first, depth + 1);
         out += ": ";
         out += py_repr(kv.second, depth + 1);
+        check_built(out.size());
       }
-      return out + "}";
+      out += "}";
+      break;
     }
-    case VT::kNamespace: {
-      std::string out = "<Namespace {";
+    default: {  // kNamespace
+      out = "<Namespace {";
       bool first = true;
       for (const auto& kv : v.ns->attrs) {
         if (!first) out += ", ";
         first = false;
         out += py_str_repr(kv.first) + ": " + py_repr(kv.second, depth + 1);
+        check_built(out.size());
       }
-      return out + "}>";
+      out += "}>";
     }
+  }
+  if (depth == 0) budget_work(out.size());
+  return out;
+}
+
+std::string py_repr(const Value& v, int depth) {
+  check_depth(depth);
+  switch (v.t) {
+    case VT::kStr: return v.is_markup() ? "Markup(" + py_str_repr(v.str_ref()) + ")" : py_str_repr(v.str_ref());
+    case VT::kUndefined: return "Undefined";
+    case VT::kList:
+      if (v.is_gen()) return "<generator object>";
+      return py_repr_container(v, depth);
+    case VT::kDict:
+    case VT::kNamespace: return py_repr_container(v, depth);
     default: return py_str(v, depth);
   }
 }
@@ -769,6 +850,7 @@ bool py_eq(const Value& a, const Value& b, int depth) {
       if (!a.is_seq() || !b.is_seq()) return a.l == b.l && a.flags == b.flags;
       if (a.is_tuple() != b.is_tuple() || a.l->size() != b.l->size()) return false;
       if (a.l == b.l) return true;
+      budget_tick(a.l->size());  // (values can share items: without a count, comparing grows exponentially)
       for (size_t k = 0; k < a.l->size(); ++k)
         if (!py_eq((*a.l)[k], (*b.l)[k], depth + 1)) return false;
       return true;
@@ -776,6 +858,7 @@ bool py_eq(const Value& a, const Value& b, int depth) {
     case VT::kDict: {
       if (a.d == b.d) return true;
       if (a.d->items.size() != b.d->items.size()) return false;
+      budget_tick(a.d->items.size());
       for (const auto& kv : a.d->items) {
         const Value* other = b.d->find(kv.first);
         if (!other || !py_eq(kv.second, *other, depth + 1)) return false;
@@ -811,6 +894,7 @@ int py_cmp(const Value& a, const Value& b, const char* op, int depth = 0) {
   }
   if (a.is_seq() && b.is_seq() && a.is_tuple() == b.is_tuple()) {
     const size_t n = std::min(a.l->size(), b.l->size());
+    budget_tick(n);
     for (size_t k = 0; k < n; ++k)
       if (!py_eq((*a.l)[k], (*b.l)[k], depth + 1)) return py_cmp((*a.l)[k], (*b.l)[k], op, depth + 1);
     return a.l->size() < b.l->size() ? -1 : (a.l->size() > b.l->size() ? 1 : 0);
@@ -915,6 +999,7 @@ std::string json_key(const Value& k) {
 }
 
 void json_newline(std::string& out, const JsonStyle& st, int level) {
+  check_built(out.size() + 1 + static_cast<size_t>(level) * st.indent.size());
   out += '\n';
   for (int k = 0; k < level; ++k) out += st.indent;
 }
@@ -945,6 +1030,7 @@ void json_dump(std::string& out, const Value& v, const JsonStyle& st, int level)
         if (k) out += st.item_sep;
         if (st.pretty) json_newline(out, st, level + 1);
         json_dump(out, (*v.l)[k], st, level + 1);
+        check_built(out.size());
       }
       if (st.pretty) json_newline(out, st, level);
       out += ']';
@@ -969,6 +1055,7 @@ void json_dump(std::string& out, const Value& v, const JsonStyle& st, int level)
         json_escape(out, json_key(kv->first), st.ensure_ascii);
         out += st.key_sep;
         json_dump(out, kv->second, st, level + 1);
+        check_built(out.size());
       }
       if (st.pretty) json_newline(out, st, level);
       out += '}';
@@ -2787,8 +2874,9 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
   if (!ws) {
     if (!chars->is_str()) type_error("strip arg must be None or str");
     set = to_u32(chars->str_ref());
+    std::sort(set.begin(), set.end());  // (looked up once per character stripped)
   }
-  auto strip_it = [&](char32_t c) { return ws ? py_isspace(c) : set.find(c) != std::u32string::npos; };
+  auto strip_it = [&](char32_t c) { return ws ? py_isspace(c) : std::binary_search(set.begin(), set.end(), c); };
   size_t b = 0, e = u.size();
   if (left)
     while (b < e && strip_it(u[b])) ++b;
@@ -2988,12 +3076,16 @@ class Renderer {
       : lim_(limits), body_(body), vars_(vars) {
     char probe = 0;
     stack_base_ = reinterpret_cast<uintptr_t>(&probe);
+    budget_.lim = &limits;
+    saved_budget_ = t_budget;
+    t_budget = &budget_;
   }
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
   // A namespace can hold itself or a chain of others (`set ns.me = ns`): emptying each one, one at a time, frees
   // such cycles and chains without recursion.
   ~Renderer() {
+    t_budget = saved_budget_;
     for (auto& ns : namespaces_) {
       std::vector<std::pair<std::string, Value>> attrs;
       attrs.swap(ns->attrs);
@@ -3015,8 +3107,8 @@ class Renderer {
   Scope* cur_ = nullptr;
   std::string main_out_;
   std::string* out_ = nullptr;
-  int64_t iterations_ = 0;
-  size_t work_ = 0;
+  Budget budget_;  // iterations and string work, shared with the free helpers (t_budget)
+  Budget* saved_budget_ = nullptr;
   int calls_ = 0;
   uintptr_t stack_base_ = 0;
   std::vector<std::shared_ptr<Namespace>> namespaces_;
@@ -3038,21 +3130,11 @@ class Renderer {
     if (used > lim_.max_stack_bytes) throw_error("limit", "the template recurses too deeply (stack budget exceeded)");
   }
 
-  void tick(size_t n) {
-    iterations_ += static_cast<int64_t>(n);
-    if (iterations_ > lim_.max_loop_iterations)
-      throw_error("limit", "more than " + std::to_string(lim_.max_loop_iterations) +
-                               " loop iterations and sequence items in one render");
-  }
+  void tick(size_t n) { budget_.tick(n); }
 
   void work(size_t n) {
-    if (n > lim_.max_output_bytes)
-      throw_error("limit", "a string of " + std::to_string(n) + " bytes exceeds the limit of " +
-                               std::to_string(lim_.max_output_bytes));
-    work_ += n;
-    if (work_ > lim_.max_string_work_bytes)
-      throw_error("limit",
-                  "more than " + std::to_string(lim_.max_string_work_bytes) + " bytes of strings built in one render");
+    budget_.check_size(n);
+    budget_.add_work(n);
   }
 
   Value mk_str(std::string s) {
@@ -3151,8 +3233,10 @@ class Renderer {
       case VT::kUndefined: return false;
       case VT::kStr:
         if (!item.is_str()) type_error("'in <string>' requires string as left operand, not " + type_name(item));
-        return container.str_ref().find(item.str_ref()) != std::string::npos;
+        budget_work(container.str_ref().size());
+        return find_bytes(container.str_ref(), item.str_ref()) != std::string::npos;
       case VT::kList:
+        tick(container.l->size());
         for (const auto& x : *container.l)
           if (py_eq(x, item)) return true;
         return false;
@@ -3299,11 +3383,11 @@ class Renderer {
       return x;
     };
     const int64_t b = adjust(start, true), e = adjust(stop, false);
-    std::vector<int64_t> out;
+    std::vector<int64_t> out;  // (k in 128 bits: k + step can pass INT64_MAX, e.g. s[2::9223372036854775807])
     if (step > 0)
-      for (int64_t k = b; k < e; k += step) out.push_back(k);
+      for (i128 k = b; k < e; k += step) out.push_back(static_cast<int64_t>(k));
     else
-      for (int64_t k = b; k > e; k += step) out.push_back(k);
+      for (i128 k = b; k > e; k += step) out.push_back(static_cast<int64_t>(k));
     return out;
   }
 
@@ -3508,6 +3592,11 @@ class Renderer {
           if (v.undef()) fail_undefined(v);
           if (!v.is_number())
             type_error(std::string("%") + c + " format: a real number is required, not " + type_name(v));
+          if (v.t == VT::kFloat) {
+            if (std::isnan(v.f)) value_error("cannot convert float NaN to integer");
+            if (!(std::fabs(v.f) < 9223372036854775808.0))
+              throw_error("OverflowError", "integer beyond 64 bits (this renderer's ints)");
+          }
           out += std::to_string(v.t == VT::kFloat ? static_cast<int64_t>(v.f) : v.as_int());
           break;
         case 'f': {
@@ -3519,6 +3608,7 @@ class Renderer {
         }
         default: value_error(std::string("unsupported format character '") + c + "' in this renderer");
       }
+      check_built(out.size());
     }
     // Python checks for unused arguments unless the argument is a mapping (for it: anything with __getitem__ but str)
     if (next_arg < args.size() && args_value.is_tuple())
@@ -3645,7 +3735,10 @@ class Renderer {
       }
       case EK::kConcat: {
         std::string s;
-        for (const auto& it : e.items) s += py_str(eval(*it));
+        for (const auto& it : e.items) {
+          s += py_str(eval(*it));
+          check_built(s.size());
+        }
         return mk_str(std::move(s));
       }
       case EK::kCompare: {
@@ -3877,6 +3970,7 @@ class Renderer {
           }
           size_t b = k;
           while (k < u.size() && !py_isspace(u[k])) ++k;
+          budget_tick(1);
           words.emplace_back(b, k);
         }
       } else {
@@ -3890,6 +3984,7 @@ class Renderer {
           }
           size_t e = k;
           while (k > 0 && !py_isspace(u[k - 1])) --k;
+          budget_tick(1);
           words.emplace_back(k, e);
         }
         std::reverse(words.begin(), words.end());
@@ -3900,34 +3995,31 @@ class Renderer {
     }
     const std::string& d = need_str(sep, "split()");
     if (d.empty()) value_error("empty separator");
-    std::vector<std::string> parts;
-    if (!from_right) {
+    // Each part counts as a sequence item as it is made; rsplit is split of the reversed text at the reversed
+    // separator (the same non-overlapping matches, found from the right), its parts reversed back.
+    auto split_fwd = [&](const std::string& text, const std::string& sp) {
+      std::vector<std::string> parts;
       size_t b = 0;
       int64_t n = 0;
       while (true) {
-        size_t q = (maxsplit < 0 || n < maxsplit) ? s.find(d, b) : std::string::npos;
+        budget_tick(1);
+        const size_t q = (maxsplit < 0 || n < maxsplit) ? find_bytes(text, sp, b) : std::string::npos;
         if (q == std::string::npos) {
-          parts.push_back(s.substr(b));
+          parts.push_back(text.substr(b));
           break;
         }
-        parts.push_back(s.substr(b, q - b));
-        b = q + d.size();
+        parts.push_back(text.substr(b, q - b));
+        b = q + sp.size();
         ++n;
       }
+      return parts;
+    };
+    std::vector<std::string> parts;
+    if (!from_right) {
+      parts = split_fwd(s, d);
     } else {
-      size_t e = s.size();
-      int64_t n = 0;
-      while (true) {
-        size_t q = std::string::npos;
-        if ((maxsplit < 0 || n < maxsplit) && e >= d.size()) q = s.rfind(d, e - d.size());
-        if (q == std::string::npos) {
-          parts.push_back(s.substr(0, e));
-          break;
-        }
-        parts.push_back(s.substr(q + d.size(), e - q - d.size()));
-        e = q;
-        ++n;
-      }
+      parts = split_fwd(std::string(s.rbegin(), s.rend()), std::string(d.rbegin(), d.rend()));
+      for (auto& p : parts) std::reverse(p.begin(), p.end());
       std::reverse(parts.begin(), parts.end());
     }
     for (auto& p : parts) out.push_back(Value::str(std::move(p)));
@@ -3945,16 +4037,14 @@ class Renderer {
     return {get(first, 0), get(first + 1, n)};
   }
 
-  static int64_t cp_index(const std::u32string& hay, const std::u32string& needle, int64_t b, int64_t e, bool rev) {
-    if (b > e || static_cast<int64_t>(needle.size()) > e - b) return -1;
-    if (!rev) {
-      for (int64_t k = b; k + static_cast<int64_t>(needle.size()) <= e; ++k)
-        if (hay.compare(static_cast<size_t>(k), needle.size(), needle) == 0) return k;
-    } else {
-      for (int64_t k = e - static_cast<int64_t>(needle.size()); k >= b; --k)
-        if (hay.compare(static_cast<size_t>(k), needle.size(), needle) == 0) return k;
+  // The byte offset `n` code points after byte offset `from` in s (at most s.size()).
+  static size_t cp_offset(const std::string& s, size_t from, int64_t n) {
+    size_t i = from;
+    for (int64_t k = 0; k < n && i < s.size(); ++k) {
+      ++i;
+      while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
     }
-    return -1;
+    return i;
   }
 
   static std::string pad(const std::string& s, int64_t width, const Value* fill, int mode) {
@@ -3966,6 +4056,7 @@ class Renderer {
     const int64_t n = cp_length(s);
     if (width <= n) return s;
     if (width > (int64_t{1} << 26)) throw_error("limit", "padding too wide");
+    check_built(static_cast<size_t>(width));
     const int64_t marg = width - n;
     int64_t left = 0;
     if (mode == 0) left = marg / 2 + (marg & width & 1);  // center
@@ -4039,8 +4130,7 @@ class Renderer {
       check_arity(a, 2, name.c_str());
       const Value* mx = arg_at(a, 1, "maxsplit");
       List parts = py_split(s, arg_at(a, 0, "sep"), mx ? need_int(mx, "maxsplit") : -1, name == "rsplit");
-      tick(parts.size());
-      return Value::list(std::move(parts));
+      return Value::list(std::move(parts));  // (py_split counted the parts)
     }
     if (name == "splitlines") {
       const Value* ke = arg_at(a, 0, "keepends");
@@ -4090,23 +4180,25 @@ class Renderer {
       return mk_str(py_replace(s, old, neu, cnt ? need_int(cnt, "count") : -1));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
-      std::u32string u = to_u32(s), x = to_u32(need_str(arg_at(a, 0, ""), name.c_str()));
-      auto [b, e] = span_args(a, 1, static_cast<int64_t>(u.size()));
+      // Searched as bytes in linear time (a UTF-8 match starts on a code point), offsets given and returned in code
+      // points.
+      const std::string& x = need_str(arg_at(a, 0, ""), name.c_str());
+      auto [b, e] = span_args(a, 1, cp_length(s));
+      const int64_t xn = cp_length(x);
+      const size_t hb = cp_offset(s, 0, b);
+      const std::string_view hay = std::string_view(s).substr(hb, cp_offset(s, hb, e - b) - hb);
       if (name == "count") {
         if (b > e) return Value::integer(0);
         if (x.empty()) return Value::integer(e - b + 1);
         int64_t n = 0;
-        for (int64_t k = b; k + static_cast<int64_t>(x.size()) <= e;) {
-          if (u.compare(static_cast<size_t>(k), x.size(), x) == 0) {
-            ++n;
-            k += static_cast<int64_t>(x.size());
-          } else {
-            ++k;
-          }
-        }
+        for (size_t q = find_bytes(hay, x); q != std::string_view::npos; q = find_bytes(hay, x, q + x.size())) ++n;
         return Value::integer(n);
       }
-      const int64_t r = cp_index(u, x, b, e, name[0] == 'r');
+      int64_t r = -1;
+      if (b <= e && xn <= e - b) {
+        const size_t q = name[0] == 'r' ? rfind_bytes(hay, x) : find_bytes(hay, x);
+        if (q != std::string_view::npos) r = b + cp_length(hay.substr(0, q));
+      }
       if (r < 0 && (name == "index" || name == "rindex")) value_error("substring not found");
       return Value::integer(r);
     }
@@ -4119,6 +4211,7 @@ class Renderer {
       const int64_t n = cp_length(s);
       if (w <= n) return self;
       if (w > (int64_t{1} << 26)) throw_error("limit", "padding too wide");
+      check_built(static_cast<size_t>(w));
       std::string out = s;
       size_t at = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
       out.insert(at, static_cast<size_t>(w - n), '0');
@@ -4134,13 +4227,14 @@ class Renderer {
           type_error("sequence item " + std::to_string(k) + ": expected str instance, " + type_name(item) + " found");
         if (k++) out += s;
         out += item.str_ref();
+        check_built(out.size());
       }
       return mk_str(std::move(out));
     }
     if (name == "partition" || name == "rpartition") {
       const std::string& sep = need_str(arg_at(a, 0, ""), name.c_str());
       if (sep.empty()) value_error("empty separator");
-      const size_t q = name == "partition" ? s.find(sep) : s.rfind(sep);
+      const size_t q = name == "partition" ? find_bytes(s, sep) : rfind_bytes(s, sep);
       if (q == std::string::npos) {
         if (name == "partition") return Value::list({self, Value::str(""), Value::str("")}, kFlagTuple);
         return Value::list({Value::str(""), Value::str(""), self}, kFlagTuple);
@@ -4229,6 +4323,7 @@ class Renderer {
         if (count < 0 || n < count) {
           out += neu;
           ++n;
+          check_built(out.size());
         }
         if (k < u.size()) unicode::append_utf8(out, u[k]);
       }
@@ -4237,10 +4332,11 @@ class Renderer {
     size_t b = 0;
     int64_t n = 0;
     while (true) {
-      size_t q = (count < 0 || n < count) ? s.find(old, b) : std::string::npos;
+      size_t q = (count < 0 || n < count) ? find_bytes(s, old, b) : std::string::npos;
       if (q == std::string::npos) break;
       out.append(s, b, q - b);
       out += neu;
+      check_built(out.size());
       b = q + old.size();
       ++n;
     }
@@ -4318,6 +4414,7 @@ class Renderer {
         }
       }
       out += conv == 'r' ? py_repr(v) : py_str(v);
+      check_built(out.size());
     }
     return out;
   }
@@ -4558,6 +4655,7 @@ class Renderer {
           for (size_t k = 0; k < lines.size(); ++k) {
             if (k) rv += "\n" + indention;
             rv += lines[k];
+            check_built(rv.size());
           }
         } else {
           rv = lines.empty() ? "" : lines[0];
@@ -4567,6 +4665,7 @@ class Renderer {
               if (k > 1) rv += "\n";
               if (!lines[k].empty()) rv += indention;
               rv += lines[k];
+              check_built(rv.size());
             }
           }
         }
@@ -4704,6 +4803,8 @@ class Renderer {
           if (v.is_int_like()) {
             if (precision >= 0) return Value::integer(v.as_int());
             const double r = py_round(static_cast<double>(v.as_int()), precision);
+            if (!(std::fabs(r) < 9223372036854775808.0))  // round(2**63 - 1, -1) is 2**63 + 2
+              throw_error("OverflowError", "integer beyond 64 bits (this renderer's ints)");
             return Value::integer(static_cast<int64_t>(r));
           }
           return Value::real(py_round(v.f, precision));
