@@ -116,6 +116,12 @@ model::Tokenizer load_tokenizer(const std::string& path) {
 
 }  // namespace
 
+model::ChatFormat chat_format_for(const model::Model& m, const std::string& name) {
+  if (!name.empty()) return model::parse_chat_format(name);
+  const model::Tokenizer& tok = m.tokenizer();
+  return model::default_chat_format(m.config().arch, [&](std::string_view t) { return tok.token_to_id(t) >= 0; });
+}
+
 std::string describe(const model::ModelOptions& o) {
   std::string d = std::string("weights ") + model::weight_format_name(o.weights);
   d += ", kv " + model::kv_format_name(o.kv);
@@ -272,10 +278,7 @@ int run_chat(ChatArgs a) {
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const model::Tokenizer& tok = model->tokenizer();
-  const model::ChatFormat format =
-      a.chat_format.empty()
-          ? model::default_chat_format(model->config().arch, [&](std::string_view t) { return tok.token_to_id(t) >= 0; })
-          : model::parse_chat_format(a.chat_format);
+  const model::ChatFormat format = chat_format_for(*model, a.chat_format);
 
   model::GenerateOptions go;
   go.max_tokens = a.max_tokens;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/chat_format.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -38,6 +39,8 @@ model::ModelOptions model_options(const ModelArgs& a);
 
 // Loads the model at `path` with a progress bar on stderr (when a terminal or --progress).
 std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path);
+// The chat format: `name` when given (cider::Error for an unknown one), else the model family's.
+model::ChatFormat chat_format_for(const model::Model& m, const std::string& name);
 // "weights bf16, kv k5v5/hadamard/g64/channel[, device cuda]".
 std::string describe(const model::ModelOptions& o);
 

@@ -83,11 +83,7 @@ int run_serve(ServeArgs a) {
   const model::ModelOptions opts = model_options(a.m);
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
-  const model::Tokenizer& tok = model->tokenizer();
-  const model::ChatFormat format =
-      a.chat_format.empty()
-          ? model::default_chat_format(model->config().arch, [&](std::string_view t) { return tok.token_to_id(t) >= 0; })
-          : model::parse_chat_format(a.chat_format);
+  const model::ChatFormat format = chat_format_for(*model, a.chat_format);
   // The chat prompt: --chat-format (built-in) wins, then --chat-template FILE, then the model's own template (one this
   // renderer cannot parse falls back to the built-in format, with a warning), then the built-in format.
   std::optional<model::ChatTemplate> chat_template;

@@ -332,6 +332,12 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   if (s.done) return;
   s.done = true;
   s.reason = reason;
+  {
+    // No longer counted as running before the client hears of the end: a client that sends its next request the
+    // moment its stream ends finds the room (the sequence leaves running_ at the end of the step).
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_count_;
+  }
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) s.filter->finish();
   {
     std::lock_guard<std::mutex> rl(s.req->mu_);

@@ -86,6 +86,41 @@ json bytes_of(const std::string& s) {
   return a;
 }
 
+// logprobs of a chat choice: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs(const model::Tokenizer& tok, const std::vector<TokenLogprob>& logprobs) {
+  json content = json::array();
+  for (const auto& t : logprobs) {
+    json top = json::array();
+    for (const auto& [tid, l] : t.top) {
+      const std::string s = token_text(tok, tid);
+      top.push_back({{"token", s}, {"logprob", l}, {"bytes", bytes_of(s)}});
+    }
+    const std::string s = token_text(tok, t.id);
+    content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+  }
+  return json{{"content", content}};
+}
+
+// logprobs of a completion choice: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset (when
+// `offset` >= 0: the offset of the first token's text)}.
+json completion_logprobs(const model::Tokenizer& tok, const std::vector<TokenLogprob>& logprobs, int64_t offset) {
+  const bool with_offsets = offset >= 0;
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : logprobs) {
+    const std::string s = token_text(tok, t.id);
+    tokens.push_back(s);
+    token_lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [tid, l] : t.top) top[token_text(tok, tid)] = l;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(s.size());
+  }
+  json out{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
+  if (with_offsets) out["text_offset"] = offsets;
+  return out;
+}
+
 json usage_json(const RequestUpdate& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
@@ -299,41 +334,13 @@ std::string OpenAIApi::response(const ApiRequest& r, const std::string& id, int6
                                 const std::vector<TokenLogprob>& logprobs, const RequestUpdate& last) const {
   const model::Tokenizer& tok = model_.tokenizer();
   json choice{{"index", 0}, {"finish_reason", finish_name(last.reason)}};
-  json lp = nullptr;
   if (r.endpoint == Endpoint::kChat) {
-    if (r.logprobs) {
-      json content = json::array();
-      for (const auto& t : logprobs) {
-        json top = json::array();
-        for (const auto& [tid, l] : t.top) {
-          const std::string s = token_text(tok, tid);
-          top.push_back({{"token", s}, {"logprob", l}, {"bytes", bytes_of(s)}});
-        }
-        const std::string s = token_text(tok, t.id);
-        content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
-      }
-      lp = json{{"content", content}};
-    }
     choice["message"] = {{"role", "assistant"}, {"content", text}};
-    choice["logprobs"] = lp;
+    choice["logprobs"] = r.logprobs ? chat_logprobs(tok, logprobs) : json(nullptr);
   } else {
-    if (r.logprobs) {
-      json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
-      int64_t offset = static_cast<int64_t>(r.echo_text.size());
-      for (const auto& t : logprobs) {
-        const std::string s = token_text(tok, t.id);
-        tokens.push_back(s);
-        token_lps.push_back(t.logprob);
-        json top = json::object();
-        for (const auto& [tid, l] : t.top) top[token_text(tok, tid)] = l;
-        tops.push_back(top);
-        offsets.push_back(offset);
-        offset += static_cast<int64_t>(s.size());
-      }
-      lp = json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-    }
     choice["text"] = r.echo_text + text;
-    choice["logprobs"] = lp;
+    choice["logprobs"] =
+        r.logprobs ? completion_logprobs(tok, logprobs, static_cast<int64_t>(r.echo_text.size())) : json(nullptr);
   }
   json out{{"id", id},
            {"object", r.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
@@ -367,31 +374,8 @@ std::string OpenAIApi::stream_events(const ApiRequest& r, const std::string& id,
   if (has_content || u.finished) {
     json choice{{"index", 0}, {"finish_reason", u.finished ? json(finish_name(u.reason)) : json(nullptr)}};
     json lp = nullptr;
-    if (r.logprobs && !u.logprobs.empty()) {
-      if (chat) {
-        json content = json::array();
-        for (const auto& t : u.logprobs) {
-          json top = json::array();
-          for (const auto& [tid, l] : t.top) {
-            const std::string s = token_text(tok, tid);
-            top.push_back({{"token", s}, {"logprob", l}, {"bytes", bytes_of(s)}});
-          }
-          const std::string s = token_text(tok, t.id);
-          content.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
-        }
-        lp = json{{"content", content}};
-      } else {
-        json tokens = json::array(), token_lps = json::array(), tops = json::array();
-        for (const auto& t : u.logprobs) {
-          tokens.push_back(token_text(tok, t.id));
-          token_lps.push_back(t.logprob);
-          json top = json::object();
-          for (const auto& [tid, l] : t.top) top[token_text(tok, tid)] = l;
-          tops.push_back(top);
-        }
-        lp = json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
-      }
-    }
+    if (r.logprobs && !u.logprobs.empty())
+      lp = chat ? chat_logprobs(tok, u.logprobs) : completion_logprobs(tok, u.logprobs, /*offset=*/-1);
     if (chat)
       choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
     else

@@ -978,7 +978,7 @@ def test_port_in_use(server):
             err += line
             if LISTENING.search(line):
                 break
-        started = other.poll() is None
+        started = LISTENING.search(err) is not None  # EOF without the line: it exited (its status is checked below)
     finally:
         if other.poll() is None:
             other.send_signal(signal.SIGTERM)
