@@ -333,10 +333,19 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   s.done = true;
   s.reason = reason;
   {
-    // No longer counted as running before the client hears of the end: a client that sends its next request the
-    // moment its stream ends finds the room (the sequence leaves running_ at the end of the step).
+    // No longer counted as running, and counted as finished, before the client hears of the end: a client that sends
+    // its next request (or reads /metrics) the moment its stream ends sees the room and the counts (the sequence
+    // leaves running_, and its session goes to the prefix pool, at the end of the step).
     std::lock_guard<std::mutex> lock(mu_);
     --running_count_;
+    switch (reason) {
+      case FinishReason::kCancelled: ++stats_.requests_cancelled; break;
+      case FinishReason::kError: ++stats_.requests_failed; break;
+      default: ++stats_.requests_finished; break;
+    }
+    stats_.prompt_tokens += s.opt.prompt.size();
+    stats_.cached_prompt_tokens += static_cast<uint64_t>(s.cached);
+    stats_.generated_tokens += static_cast<uint64_t>(s.generated);
   }
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) s.filter->finish();
   {
@@ -534,14 +543,6 @@ void Engine::step() {
       continue;
     }
     reserved_ -= s.reserve;
-    switch (s.reason) {
-      case FinishReason::kCancelled: ++stats_.requests_cancelled; break;
-      case FinishReason::kError: ++stats_.requests_failed; break;
-      default: ++stats_.requests_finished; break;
-    }
-    stats_.prompt_tokens += s.opt.prompt.size();
-    stats_.cached_prompt_tokens += static_cast<uint64_t>(s.cached);
-    stats_.generated_tokens += static_cast<uint64_t>(s.generated);
     // Into the prefix pool: the tokens the session holds (the prompt, then the sampled tokens that went in).
     if (options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
         s.session->position() > 0) {

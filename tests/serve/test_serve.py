@@ -560,6 +560,8 @@ def cache_run(cache_server, nocache_server, eos_ids):
     out["seeded1"] = complete(url, **seeded)
     out["seeded2"] = complete(url, **seeded)
     wait_until(lambda: idle(url), "an idle server")  # the counters are updated when a request is released
+    # (a finished session joins the prefix pool at the end of the engine's step, just after its request is released)
+    wait_until(lambda: metrics(url)["cider_prefix_cache_entries"] >= 1, "a pooled prefix")
     out["metrics"] = (before, metrics(url))
     out["longer_fresh"] = complete(nocache_server.url, prompt=LONGER, **greedy)
     return out
