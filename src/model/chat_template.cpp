@@ -755,64 +755,66 @@ std::string py_str_repr(std::string_view s) {
 
 std::string py_str(const Value& v, int depth = 0);
 
-// The repr of a container: each item is checked against the longest string a render may build (items can repeat
-// one shared value, so the text can grow exponentially with the nesting), and the whole is counted as string work.
-std::string py_repr_container(const Value& v, int depth) {
-  std::string out;
+// repr(v) appended to `out`, one buffer for the whole value: each item is checked against the longest string a render
+// may build (items can repeat one shared value, so the text can grow exponentially with the nesting).
+void repr_into(std::string& out, const Value& v, int depth) {
+  check_depth(depth);
   switch (v.t) {
+    case VT::kStr:
+      out += v.is_markup() ? "Markup(" + py_str_repr(v.str_ref()) + ")" : py_str_repr(v.str_ref());
+      return;
+    case VT::kUndefined: out += "Undefined"; return;
     case VT::kList: {
-      out = v.is_view() ? type_name(v) + "([" : (v.is_tuple() ? "(" : "[");
+      if (v.is_gen()) {
+        out += "<generator object>";
+        return;
+      }
+      out += v.is_view() ? type_name(v) + "([" : (v.is_tuple() ? "(" : "[");
       for (size_t k = 0; k < v.l->size(); ++k) {
         if (k) out += ", ";
-        out += py_repr((*v.l)[k], depth + 1);
+        repr_into(out, (*v.l)[k], depth + 1);
         check_built(out.size());
       }
       if (v.is_tuple() && v.l->size() == 1) out += ",";
       out += v.is_view() ? "])" : (v.is_tuple() ? ")" : "]");
-      break;
+      return;
     }
     case VT::kDict: {
-      out = "{";
+      out += "{";
       bool first = true;
       for (const auto& kv : v.d->items) {
         if (!first) out += ", ";
         first = false;
-        out += py_repr(kv.first, depth + 1);
+        repr_into(out, kv.first, depth + 1);
         out += ": ";
-        out += py_repr(kv.second, depth + 1);
+        repr_into(out, kv.second, depth + 1);
         check_built(out.size());
       }
       out += "}";
-      break;
+      return;
     }
-    default: {  // kNamespace
-      out = "<Namespace {";
+    case VT::kNamespace: {
+      out += "<Namespace {";
       bool first = true;
       for (const auto& kv : v.ns->attrs) {
         if (!first) out += ", ";
         first = false;
-        out += py_str_repr(kv.first) + ": " + py_repr(kv.second, depth + 1);
+        out += py_str_repr(kv.first) + ": ";
+        repr_into(out, kv.second, depth + 1);
         check_built(out.size());
       }
       out += "}>";
+      return;
     }
+    default: out += py_str(v, depth);
   }
-  if (depth == 0) budget_work(out.size());
-  return out;
 }
 
 std::string py_repr(const Value& v, int depth) {
-  check_depth(depth);
-  switch (v.t) {
-    case VT::kStr: return v.is_markup() ? "Markup(" + py_str_repr(v.str_ref()) + ")" : py_str_repr(v.str_ref());
-    case VT::kUndefined: return "Undefined";
-    case VT::kList:
-      if (v.is_gen()) return "<generator object>";
-      return py_repr_container(v, depth);
-    case VT::kDict:
-    case VT::kNamespace: return py_repr_container(v, depth);
-    default: return py_str(v, depth);
-  }
+  std::string out;
+  repr_into(out, v, depth);
+  if (depth == 0 && (v.t == VT::kList || v.t == VT::kDict || v.t == VT::kNamespace)) budget_work(out.size());
+  return out;
 }
 
 std::string py_str(const Value& v, int depth) {
@@ -2875,6 +2877,7 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
     if (!chars->is_str()) type_error("strip arg must be None or str");
     set = to_u32(chars->str_ref());
     std::sort(set.begin(), set.end());  // (looked up once per character stripped)
+    set.erase(std::unique(set.begin(), set.end()), set.end());
   }
   auto strip_it = [&](char32_t c) { return ws ? py_isspace(c) : std::binary_search(set.begin(), set.end(), c); };
   size_t b = 0, e = u.size();
@@ -2885,8 +2888,8 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
   return to_utf8(std::u32string_view(u).substr(b, e - b));
 }
 
-// Python's str.splitlines().
-std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
+// Python's str.splitlines(); `count_items`: each line counts as a sequence item, before it is made.
+std::vector<std::string> py_splitlines(std::string_view s, bool keepends, bool count_items = false) {
   std::u32string u = to_u32(s);
   std::vector<std::string> out;
   size_t start = 0, k = 0;
@@ -2898,13 +2901,17 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
     if (is_break(u[k])) {
       size_t eol = k + 1;
       if (u[k] == '\r' && k + 1 < u.size() && u[k + 1] == '\n') eol = k + 2;
+      if (count_items) budget_tick(1);
       out.push_back(to_utf8(std::u32string_view(u).substr(start, (keepends ? eol : k) - start)));
       start = k = eol;
     } else {
       ++k;
     }
   }
-  if (start < u.size()) out.push_back(to_utf8(std::u32string_view(u).substr(start)));
+  if (start < u.size()) {
+    if (count_items) budget_tick(1);
+    out.push_back(to_utf8(std::u32string_view(u).substr(start)));
+  }
   return out;
 }
 
@@ -3190,10 +3197,10 @@ class Renderer {
           char32_t cp = 0;
           size_t n = unicode::decode_utf8(s, i, cp);
           if (n == 0) n = 1;
+          tick(1);  // (each character counted before it is made: a long string fails fast)
           out.push_back(Value::str(s.substr(i, n)));
           i += n;
         }
-        tick(out.size());
         return out;
       }
       default: type_error("'" + type_name(v) + "' object is not iterable");
@@ -3965,6 +3972,7 @@ class Renderer {
           while (k < u.size() && py_isspace(u[k])) ++k;
           if (k >= u.size()) break;
           if (maxsplit >= 0 && static_cast<int64_t>(words.size()) == maxsplit) {
+            budget_tick(1);
             words.emplace_back(k, u.size());
             break;
           }
@@ -3979,6 +3987,7 @@ class Renderer {
           while (k > 0 && py_isspace(u[k - 1])) --k;
           if (k == 0) break;
           if (maxsplit >= 0 && static_cast<int64_t>(words.size()) == maxsplit) {
+            budget_tick(1);
             words.emplace_back(0, k);
             break;
           }
@@ -4135,9 +4144,8 @@ class Renderer {
     if (name == "splitlines") {
       const Value* ke = arg_at(a, 0, "keepends");
       List out;
-      for (auto& line : py_splitlines(s, ke && truthy(*ke))) out.push_back(Value::str(std::move(line)));
-      tick(out.size());
-      return Value::list(std::move(out));
+      for (auto& line : py_splitlines(s, ke && truthy(*ke), true)) out.push_back(Value::str(std::move(line)));
+      return Value::list(std::move(out));  // (py_splitlines counted the lines)
     }
     if (name == "startswith" || name == "endswith") {
       const Value* p = arg_at(a, 0, "");

@@ -59,9 +59,11 @@ namespace cider::model {
 // stack or time.
 struct ChatTemplateLimits {
   size_t max_output_bytes = size_t{16} << 20;      // the rendered text, and any one string built while rendering
-  int64_t max_loop_iterations = 100000;            // items iterated over the whole render (loops, filters, ranges)
+  int64_t max_loop_iterations = 100000;            // items iterated over the whole render (loops, filters, ranges,
+                                                   // the items of lists and dicts compared by ==, <, `in`)
   int max_call_depth = 64;                         // nested macro calls (recursion)
-  size_t max_string_work_bytes = size_t{1} << 30;  // bytes of all strings built while rendering, added up
+  size_t max_string_work_bytes = size_t{1} << 30;  // bytes of all strings built (or decoded, indexed, searched)
+                                                   // while rendering, added up
   int max_nesting = 64;                            // nested statements and nested expression brackets (parsing)
   size_t max_stack_bytes = size_t{1} << 20;        // the evaluator's own stack use (deep macro recursion over
                                                    // deep statements), checked as it descends

@@ -6,8 +6,8 @@
 // extra object's members merged over it; a second part that is JSON but not an object is passed to render() as it
 // is (only an object or null is accepted), one that is not JSON is ignored.
 //
-// Constructs a ChatTemplate with limits well below the defaults (1 MiB of output, 20000 loop iterations, 32 MiB of
-// strings built, 32 nested macro calls), so that one execution stays fast, then renders with nlohmann::json (keys
+// Constructs a ChatTemplate with limits well below the defaults (1 MiB of output, 20000 loop iterations, 4 MiB of
+// string work, 32 nested macro calls), so that one execution stays fast, then renders with nlohmann::json (keys
 // sorted) and nlohmann::ordered_json (keys in input order). Checks: only cider::Error escapes, never with
 // ErrorCode::kInternal (a std::exception the renderer caught: a bug) nor kOutOfMemory (the limits bound memory), its
 // message starts with "[chat_template]"; the rendered text never exceeds max_output_bytes; a second render gives the
@@ -37,7 +37,7 @@ ChatTemplateLimits fuzz_limits() {
   lim.max_output_bytes = size_t{1} << 20;
   lim.max_loop_iterations = 20000;
   lim.max_call_depth = 32;
-  lim.max_string_work_bytes = size_t{32} << 20;
+  lim.max_string_work_bytes = size_t{4} << 20;
   return lim;
 }
 
