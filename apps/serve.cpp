@@ -279,18 +279,20 @@ int run_serve(ServeArgs a) {
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  std::thread listener([&] { svr.listen_after_bind(); });
+  std::atomic<bool> listen_returned{false};
+  std::thread listener([&] {
+    svr.listen_after_bind();
+    listen_returned.store(true);
+  });
   std::fprintf(stderr, "cider serve: %s (%s; chat: %s), batch %lld, KV memory %s, listening on http://%s:%d\n",
                name.c_str(), describe(opts).c_str(), template_origin.c_str(), static_cast<long long>(a.max_batch),
                model::format_bytes(static_cast<double>(engine.stats().kv_memory)).c_str(), a.host.c_str(), port);
   std::fflush(stderr);
-  while (g_signal.load() == 0 && (svr.is_running() || listener.joinable())) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!svr.is_running() && g_signal.load() == 0) {
-      // listen_after_bind returned by itself: an error of the listening socket.
-      listener.join();
-      fail(ErrorCode::kIo, op, "the server stopped listening on ", a.host, ":", port);
-    }
+  while (g_signal.load() == 0 && !listen_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (g_signal.load() == 0) {
+    // listen_after_bind returned by itself: an error of the listening socket.
+    listener.join();
+    fail(ErrorCode::kIo, op, "the server stopped listening on ", a.host, ":", port);
   }
   std::fprintf(stderr, "cider serve: signal %d: finishing running requests (up to %.0f s), refusing new ones\n",
                g_signal.load(), a.drain_seconds);

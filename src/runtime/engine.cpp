@@ -284,6 +284,29 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
   }
 }
 
+// A request that never ran ends as cancelled.
+void Engine::end_unstarted(Request& r) {
+  std::lock_guard<std::mutex> rl(r.mu_);
+  r.pending_.finished = true;
+  r.pending_.reason = FinishReason::kCancelled;
+  r.has_news_ = true;
+  r.cv_.notify_all();
+}
+
+// Moves what the sequence produced since the last publish into its request's pending update (the request's mutex
+// held); returns whether there was anything.
+bool Engine::publish_locked(Sequence& s) {
+  RequestUpdate& u = s.req->pending_;
+  const bool news = !s.emitted.empty() || !s.logprobs.empty();
+  u.text += s.emitted;
+  for (auto& l : s.logprobs) u.logprobs.push_back(std::move(l));
+  u.completion_tokens = s.generated;
+  u.cached_tokens = s.cached;
+  s.emitted.clear();
+  s.logprobs.clear();
+  return news;
+}
+
 void Engine::run() {
   while (true) {
     {
@@ -295,11 +318,7 @@ void Engine::run() {
       for (auto& s : admitted) {
         if (s->req->cancelled() && !s->session) {  // cancelled while waiting
           ++stats_.requests_cancelled;
-          std::lock_guard<std::mutex> rl(s->req->mu_);
-          s->req->pending_.finished = true;
-          s->req->pending_.reason = FinishReason::kCancelled;
-          s->req->has_news_ = true;
-          s->req->cv_.notify_all();
+          end_unstarted(*s->req);
           continue;
         }
         running_.push_back(std::move(s));
@@ -318,13 +337,7 @@ void Engine::run() {
   // Stopped: everything unfinished ends as cancelled.
   for (auto& s : running_) finish(*s, FinishReason::kCancelled, "");
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& s : waiting_) {
-    std::lock_guard<std::mutex> rl(s->req->mu_);
-    s->req->pending_.finished = true;
-    s->req->pending_.reason = FinishReason::kCancelled;
-    s->req->has_news_ = true;
-    s->req->cv_.notify_all();
-  }
+  for (auto& s : waiting_) end_unstarted(*s->req);
   waiting_.clear();
 }
 
@@ -350,19 +363,14 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) s.filter->finish();
   {
     std::lock_guard<std::mutex> rl(s.req->mu_);
+    (void)publish_locked(s);
     RequestUpdate& u = s.req->pending_;
-    u.text += s.emitted;
-    for (auto& l : s.logprobs) u.logprobs.push_back(std::move(l));
     u.finished = true;
     u.reason = reason;
     u.error = error;
-    u.completion_tokens = s.generated;
-    u.cached_tokens = s.cached;
     s.req->has_news_ = true;
   }
   s.req->cv_.notify_all();
-  s.emitted.clear();
-  s.logprobs.clear();
 }
 
 // Penalties, logprobs and the draw for a sequence whose forward row was its last: the sequence's own state only
@@ -436,7 +444,6 @@ void Engine::accept(Sequence& s, Draw& d, Clock::time_point now) {
 }
 
 void Engine::step() {
-  const Clock::time_point t0 = Clock::now();
   // Rows of this step: decode rows first, then prompt chunks in admission order.
   struct Item {
     Sequence* s;
@@ -511,29 +518,19 @@ void Engine::step() {
     if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
 
   // Publish, release the finished ones (into the prefix pool), update the statistics.
-  std::vector<std::unique_ptr<Sequence>> done;
   for (auto& sp : running_) {
     Sequence& s = *sp;
-    if (!s.done && (!s.emitted.empty() || !s.logprobs.empty() || items.size() > 0)) {
-      std::lock_guard<std::mutex> rl(s.req->mu_);
-      RequestUpdate& u = s.req->pending_;
-      u.text += s.emitted;
-      for (auto& l : s.logprobs) u.logprobs.push_back(std::move(l));
-      u.completion_tokens = s.generated;
-      u.cached_tokens = s.cached;
-      if (!s.emitted.empty() || !u.logprobs.empty()) {
-        s.req->has_news_ = true;
-        s.req->cv_.notify_all();
-      }
-      s.emitted.clear();
-      s.logprobs.clear();
+    if (s.done) continue;  // finish() published it
+    std::lock_guard<std::mutex> rl(s.req->mu_);
+    if (publish_locked(s)) {
+      s.req->has_news_ = true;
+      s.req->cv_.notify_all();
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.last_batch = static_cast<int64_t>(items.size());
   if (!items.empty()) stats_.batch_size.observe(static_cast<double>(items.size()));
-  (void)t0;
   running_bytes_ = 0;
   for (auto it = running_.begin(); it != running_.end();) {
     Sequence& s = **it;

@@ -151,6 +151,8 @@ class Engine {
   void admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted);
   void step();
   void finish(Sequence& s, FinishReason reason, const std::string& error);
+  static void end_unstarted(Request& r);
+  static bool publish_locked(Sequence& s);
   struct Draw {
     int32_t token = -1;
     std::string error;  // the sampler refused the row (NaN logits)
