@@ -164,6 +164,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
     set_num_threads(a.threads);
   }
   o.ctx = a.ctx;
+  o.kv_full_sliding = a.kv_full_sliding;
   return o;
 }
 
@@ -589,7 +590,7 @@ int run_fit(const FitArgs& a) {
   add("k4v4", "channel", "hadamard");
   add("k4v3", "token", "so4-full");
   auto kv_total = [&](const model::KVOptions& kv, int64_t positions) {
-    return c.num_layers * nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions);
+    return model::kv_cache_bytes(c, kv, positions, opts.kv_full_sliding);
   };
   std::ostringstream o;
   o << "model: " << path << " | " << model::architecture_name(c.arch) << ", " << c.num_layers << " layers, "

@@ -26,6 +26,7 @@ struct ModelArgs {
   std::string kv_layout;           // "" = the default's (an explicit --kv: token)
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
+  bool kv_full_sliding = false;    // --kv-full-sliding: sliding-window layers keep every position
   int threads = 0;                 // --threads (applied only when threads_given)
   bool threads_given = false;
   int64_t ctx = 0;                 // --ctx; 0 = the model's maximum (capped by the engine)

@@ -50,6 +50,8 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");
+  c->add_flag("--kv-full-sliding", m.kv_full_sliding,
+              "sliding-window layers keep every position in the KV cache (default: only their window)");
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
   const ModelOptionHandles chat_threads = add_model_options(chat_cmd, chat.m);
   const SamplingOptions chat_sampling = add_sampling_options(chat_cmd, chat.sampling, chat.max_tokens);
   chat_cmd->add_option("--chat-format", chat.chat_format,
-                       "chatml, llama3, gemma, mistral, llama2 or raw (default: from the model)");
+                       "chatml, llama3, gemma, mistral, llama2, phi3 or raw (default: from the model)");
   chat_cmd->add_option("--system", chat.system, "system message");
   chat_cmd->add_flag("--stats", chat.stats, "print the statistics line after each reply");
   chat_cmd->add_option("--prefill-chunk", chat.prefill_chunk,
@@ -198,8 +200,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on /v1/ (or $CIDER_API_KEY)");
   serve_cmd->add_option("--chat-format", serve.chat_format,
-                        "a built-in chat format instead of the model's template: chatml, llama3, gemma, mistral, llama2 "
-                        "or raw");
+                        "a built-in chat format instead of the model's template: chatml, llama3, gemma, mistral, llama2, "
+                        "phi3 or raw");
   serve_cmd->add_option("--chat-template", serve.chat_template,
                         "a Jinja chat template file to render chat prompts with (default: the model's own)");
   serve_cmd->add_option("--model-name", serve.model_name, "the model id the API reports (default: the file name)");

@@ -56,7 +56,7 @@ TEST(ArchRegistry, EveryEntryHasItsRequiredFields) {
     EXPECT_STREQ(architecture_name(a->id), a->name);
   }
   for (Architecture id : {Architecture::kLlama, Architecture::kMistral, Architecture::kQwen2, Architecture::kQwen3,
-                          Architecture::kGemma3})
+                          Architecture::kGemma3, Architecture::kGemma2})
     EXPECT_EQ(ids.count(id), 1u) << static_cast<int>(id);
 }
 
@@ -95,20 +95,34 @@ TEST(ArchRegistry, KnownNames) {
   EXPECT_EQ(arch_by_gguf_name("qwen3", "g").id, Architecture::kQwen3);
   EXPECT_EQ(arch_by_gguf_name("gemma3", "g").id, Architecture::kGemma3);
   EXPECT_EQ(arch_by_name("gemma3", "meta").id, Architecture::kGemma3);
+  EXPECT_EQ(arch_by_hf_class("Gemma2ForCausalLM", "c").id, Architecture::kGemma2);
+  EXPECT_EQ(arch_by_model_type("gemma2", "c").id, Architecture::kGemma2);
+  EXPECT_EQ(arch_by_gguf_name("gemma2", "g").id, Architecture::kGemma2);
+  EXPECT_EQ(arch_by_name("gemma2", "meta").id, Architecture::kGemma2);
+  // Gemma 2's GGUF layer names are Gemma 3's (post_attention_norm; pre_feedforward_layernorm is ffn_norm).
+  const ArchSpec& gemma2 = arch_spec(Architecture::kGemma2);
+  EXPECT_EQ(gguf_tensor_name(gemma2, "model.layers.1.post_attention_layernorm.weight"),
+            "blk.1.post_attention_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(gemma2, "model.layers.1.pre_feedforward_layernorm.weight"), "blk.1.ffn_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(gemma2, "model.layers.1.post_feedforward_layernorm.weight"),
+            "blk.1.post_ffw_norm.weight");
+  EXPECT_FALSE(gemma2.gguf_qk_interleaved);
+  EXPECT_FALSE(gemma2.separate_local_rope);
+  EXPECT_EQ(arch_chat_format(gemma2, [](std::string_view) { return false; }), ChatFormat::kGemma);
 }
 
 TEST(ArchRegistry, UnknownNamesAreClearErrors) {
   EXPECT_EQ(find_arch_by_hf_class("GPT2LMHeadModel"), nullptr);
   EXPECT_EQ(find_arch_by_model_type("gpt2"), nullptr);
-  EXPECT_EQ(find_arch_by_gguf_name("phi3"), nullptr);
+  EXPECT_EQ(find_arch_by_gguf_name("phi2"), nullptr);
   EXPECT_EQ(find_arch_by_name("LlamaForCausalLM"), nullptr);  // names of one kind only
   expect_unsupported([] { arch_by_hf_class("GPT2LMHeadModel", "dir/config.json"); },
                      {"dir/config.json", "architecture \"GPT2LMHeadModel\" is not supported", "supported: ",
                       "LlamaForCausalLM", "Gemma3ForCausalLM"});
   expect_unsupported([] { arch_by_model_type("gpt2", "config.json"); },
                      {"model_type \"gpt2\" is not supported", "gemma3_text"});
-  expect_unsupported([] { arch_by_gguf_name("phi3", "m.gguf"); },
-                     {"m.gguf", "GGUF architecture \"phi3\" is not supported", "llama, qwen2, qwen3, gemma3"});
+  expect_unsupported([] { arch_by_gguf_name("phi2", "m.gguf"); },
+                     {"m.gguf", "GGUF architecture \"phi2\" is not supported", "llama, qwen2, qwen3, gemma3"});
   expect_unsupported([] { arch_by_name("gpt2", "meta"); },
                      {"architecture \"gpt2\" is not supported", "llama, mistral, qwen2, qwen3, gemma3"});
   expect_unsupported([] { arch_by_name("", "meta"); }, {"architecture \"\" is not supported"});
@@ -143,6 +157,25 @@ TEST(ArchRegistry, GgufTensorNames) {
   EXPECT_TRUE(llama.gguf_qk_interleaved);
   for (Architecture a : {Architecture::kQwen2, Architecture::kQwen3, Architecture::kGemma3})
     EXPECT_FALSE(arch_spec(a).gguf_qk_interleaved) << architecture_name(a);
+}
+
+TEST(ArchRegistry, Phi3FusedProjectionsAndNames) {
+  EXPECT_EQ(arch_by_hf_class("Phi3ForCausalLM", "c").id, Architecture::kPhi3);
+  EXPECT_EQ(arch_by_model_type("phi3", "c").id, Architecture::kPhi3);
+  EXPECT_EQ(arch_by_gguf_name("phi3", "g").id, Architecture::kPhi3);
+  const ArchSpec& phi3 = arch_spec(Architecture::kPhi3);
+  EXPECT_FALSE(phi3.gguf_qk_interleaved);  // rotate_half RoPE: llama.cpp keeps the HF row order
+  EXPECT_EQ(gguf_tensor_name(phi3, "model.layers.2.self_attn.qkv_proj.weight"), "blk.2.attn_qkv.weight");
+  EXPECT_EQ(gguf_tensor_name(phi3, "model.layers.2.mlp.gate_up_proj.weight"), "blk.2.ffn_up.weight");
+  ASSERT_EQ(phi3.fused_linears.size(), 2u);
+  EXPECT_STREQ(phi3.fused_linears[0].fused, "self_attn.qkv_proj");
+  ASSERT_EQ(phi3.fused_linears[0].parts.size(), 3u);
+  EXPECT_STREQ(phi3.fused_linears[0].parts[0], "self_attn.q_proj");
+  EXPECT_STREQ(phi3.fused_linears[0].parts[2], "self_attn.v_proj");
+  EXPECT_STREQ(phi3.fused_linears[1].parts[0], "mlp.gate_proj");  // gate rows first, as Phi3MLP's chunk(2)
+  EXPECT_EQ(arch_chat_format(phi3, [](std::string_view) { return false; }), ChatFormat::kPhi3);
+  for (const ArchSpec* a : all_archs())
+    EXPECT_TRUE(a->id == Architecture::kPhi3 || a->fused_linears.empty()) << a->name;
 }
 
 TEST(ArchRegistry, ChatFormats) {

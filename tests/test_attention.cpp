@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,10 @@ MaskSpec additive_mask(std::mt19937_64& rng, std::vector<int64_t> shape, DType d
 }
 
 // Float64 attention: q [B, Hq, L, Dk], k [B, Hkv, kL, Dk], v [B, Hkv, kL, Dv] -> [B, Hq, L, Dv].
+// softcap > 0: scores cap·tanh(s/cap) before the mask (Gemma 2).
 std::vector<double> ref_attention(const Dims& d, const std::vector<double>& q, const std::vector<double>& k,
-                                  const std::vector<double>& v, double scale, const MaskSpec& mask) {
+                                  const std::vector<double>& v, double scale, const MaskSpec& mask,
+                                  double softcap = 0.0) {
   std::vector<double> out(static_cast<size_t>(d.B * d.Hq() * d.L * d.Dv), 0.0);
   std::vector<double> s(static_cast<size_t>(d.kL));
   for (int64_t b = 0; b < d.B; ++b)
@@ -115,6 +118,7 @@ std::vector<double> ref_attention(const Dims& d, const std::vector<double>& q, c
             x = 0.0;
             for (int64_t c = 0; c < d.Dk; ++c) x += qr[c] * kr[c];
             x *= scale;
+            if (softcap > 0.0) x = softcap * std::tanh(x / softcap);
             if (mask.kind == MaskKind::kAdditive) x += mask.at(b, h, i, j);
           }
           s[static_cast<size_t>(j)] = x;
@@ -198,12 +202,12 @@ void fill_cache(KVCache& cache, const Dims& d, const std::vector<float>& k, cons
 
 // Runs nn::attention into a canary-guarded float32 output (pre-filled with NaN bytes so an unwritten element fails).
 std::vector<float> run_attention(const Dims& d, const std::vector<float>& q, const KVCache& cache, float scale,
-                                 const MaskSpec& mask) {
+                                 const MaskSpec& mask, float softcap = 0.0f) {
   const size_t n = static_cast<size_t>(d.B * d.Hq() * d.L * d.Dv);
   test::GuardedBuffer buf(n * sizeof(float));
   buf.fill_inside(0xFF);
   nn::attention(TensorView(q.data(), DType::kF32, {d.B, d.Hq(), d.L, d.Dk}), cache, scale, mask.view(),
-                TensorView(buf.data(), DType::kF32, {d.B, d.Hq(), d.L, d.Dv}));
+                TensorView(buf.data(), DType::kF32, {d.B, d.Hq(), d.L, d.Dv}), softcap);
   EXPECT_TRUE(buf.canaries_intact());
   EXPECT_TRUE(test::no_nan(buf.as<float>(), n));
   return std::vector<float>(buf.as<float>(), buf.as<float>() + n);
@@ -399,6 +403,56 @@ TEST(Attention, AdditiveMasksInEveryFloatDtype) {
     cfg.seed = rng();
     check_case(d, cfg, additive_mask(rng, {d.L, d.kL}, dt), rng);
   }
+}
+
+// Attention logit softcapping (Gemma 2) through nn::attention, whichever kernel table is active: float64 attention
+// with s -> cap·tanh(s/cap) before the mask over the stored (dequantized) cache, for a plain float32 cache, the default
+// K8/V4 Hadamard cache and per-channel keys, with caps that bite hard (0.5), moderately (3) and barely (50), causal
+// (windowed) and additive masks (an additive −inf still hides a key: the mask comes after the cap). The cap is
+// 1-Lipschitz and evaluated within a few float32 ulp of cap, so the tight 1e-4·max|v| of check_case holds; without
+// the cap the outputs differ by far more (asserted, so the comparison is not vacuous).
+TEST(Attention, SoftcapMatchesFloat64) {
+  auto rng = test::make_rng(108);
+  const Dims d{2, 2, 2, 7, 300, 64, 64};
+  const std::vector<float> k = test::randn(rng, static_cast<size_t>(d.B * d.Hkv * d.kL * d.Dk));
+  const std::vector<float> v = test::randn(rng, static_cast<size_t>(d.B * d.Hkv * d.kL * d.Dv));
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(d.B * d.Hq() * d.L * d.Dk), 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.Dk));
+  std::vector<std::unique_ptr<KVCache>> caches;
+  caches.push_back(std::make_unique<PlainKVCache>(PlainKVCacheConfig{DType::kF32, RotationKind::kSO4Full, rng()}));
+  QuantizedKVCacheConfig tok;
+  tok.seed = rng();
+  caches.push_back(std::make_unique<QuantizedKVCache>(tok));
+  QuantizedKVCacheConfig chan{4, 4, 64, RotationKind::kHadamard, rng(), DType::kF16, nn::KeyLayout::kChannel};
+  caches.push_back(std::make_unique<QuantizedKVCache>(chan));
+  MaskSpec causal;
+  causal.kind = MaskKind::kCausal;
+  causal.window = 100;
+  const MaskSpec additive = additive_mask(rng, {1, d.Hq(), d.L, d.kL}, DType::kF32);
+  for (const auto& cache : caches) {
+    fill_cache(*cache, d, k, v);
+    const std::vector<double> kq = dequantized(cache->keys(), cache->key_rotation());
+    const std::vector<double> vq = dequantized(cache->values(), cache->value_rotation());
+    for (const MaskSpec* mask : std::initializer_list<const MaskSpec*>{&causal, &additive})
+      for (float cap : {0.5f, 3.0f, 50.0f}) {
+        const std::string what = "cache layout " + std::to_string(cache->keys().layout) + " bits " +
+                                 std::to_string(cache->keys().bits) + " mask " +
+                                 std::to_string(static_cast<int>(mask->kind)) + " cap " + std::to_string(cap);
+        const std::vector<float> got = run_attention(d, q, *cache, scale, *mask, cap);
+        const std::vector<double> want = ref_attention(d, to_double(q), kq, vq, scale, *mask, cap);
+        EXPECT_TRUE(test::all_close(got.data(), want.data(), got.size(), 1e-4 * max_abs(vq))) << what;
+        if (cap < 1.0f) {
+          const std::vector<double> uncapped = ref_attention(d, to_double(q), kq, vq, scale, *mask);
+          double diff = 0.0;
+          for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(got[i] - uncapped[i]));
+          EXPECT_GT(diff, 0.1 * max_abs(vq)) << what;
+        }
+      }
+  }
+  // softcap 0 is exactly the uncapped call.
+  const std::vector<float> a = run_attention(d, q, *caches[1], scale, causal);
+  const std::vector<float> b = run_attention(d, q, *caches[1], scale, causal, 0.0f);
+  EXPECT_EQ(a, b);
 }
 
 // Rows that see no key (bool mask all false, additive mask all −inf) are zeros; the other rows are unaffected.
@@ -689,6 +743,16 @@ TEST(Attention, RejectsNonFiniteScale) {
         nn::attention(f.qv({1, 2, 1, 64}), f.cache, std::nanf(""), {}, f.ov({1, 2, 1, 64}));
       },
       ErrorCode::kInvalidArgument, "scale must be finite; got nan");
+}
+
+TEST(Attention, RejectsNegativeOrNonFiniteSoftcap) {
+  Fixture f;
+  for (float cap : {-1.0f, std::nanf(""), std::numeric_limits<float>::infinity()})
+    expect_attention_error(
+        [&] {
+          nn::attention(f.qv({1, 2, 1, 64}), f.cache, 1.0f, {}, f.ov({1, 2, 1, 64}), cap);
+        },
+        ErrorCode::kInvalidArgument, "softcap must be finite and >= 0 (0 = none); got ");
 }
 
 TEST(Attention, RejectsNegativeWindow) {

@@ -187,6 +187,13 @@ Mask make_mask(std::mt19937_64& rng, MaskKind kind, int64_t B, int64_t Hq, int64
 
 // ---- float64 attention and the tolerances ------------------------------------------------------------------
 
+// The softcap (AttentionArgs::softcap > 0): s -> cap·tanh(s/cap), before the mask. It is 1-Lipschitz, so a score
+// error passes through unchanged; evaluating it in float32 adds at most (3|s| + 16·cap)·u: the argument s·(1/cap)
+// or s/cap (two roundings, relative), tanh within a few ulp (the kernels' vector tanh: at most 2.6·u·|tanh|
+// measured against float64 over [−30, 30] in steps of 1e-6; std::tanh about 1 ulp), and the product by cap.
+double capped(double s, double cap) { return cap > 0.0 ? cap * std::tanh(s / cap) : s; }
+double cap_error(double s, double cap) { return cap > 0.0 ? (3.0 * std::fabs(s) + 16.0 * cap) * kU : 0.0; }
+
 struct Shape {
   int64_t B, Hkv, rep, L, kL, Dk, Dv;
   int64_t Hq() const { return Hkv * rep; }
@@ -202,7 +209,7 @@ struct F64Result {
 };
 
 F64Result f64_attention(const Shape& s, const std::vector<float>& q, const QuantQ& qq, const Deq& K, const Deq& V,
-                        double scale, const Mask& mask) {
+                        double scale, const Mask& mask, double softcap) {
   const int64_t Hq = s.Hq();
   const size_t n_out = static_cast<size_t>(s.B * Hq * s.L * s.Dv);
   F64Result r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
@@ -238,12 +245,14 @@ F64Result f64_attention(const Shape& s, const std::vector<float>& q, const Quant
                  (std::fabs(sg * I) + std::fabs(bg * qs));
             Aref += std::fabs(sg) * acs + std::fabs(bg) * aq;
           }
-          double x = scale * dot + add;
+          const double raw = scale * dot;
+          double x = capped(raw, softcap) + add;
           sc[static_cast<size_t>(j)] = x;
           m = std::max(m, x);
-          eps_fast = std::max(eps_fast, (2.0 * static_cast<double>(K.G) + 8.0) * kU * scale * A);
+          const double ecap = cap_error(raw, softcap);
+          eps_fast = std::max(eps_fast, (2.0 * static_cast<double>(K.G) + 8.0) * kU * scale * A + ecap);
           // The reference sums gs products per group, then G group terms: (gs + G + 4)·u of the magnitudes.
-          eps_ref = std::max(eps_ref, (static_cast<double>(K.gs + K.G) + 6.0) * kU * scale * Aref);
+          eps_ref = std::max(eps_ref, (static_cast<double>(K.gs + K.G) + 6.0) * kU * scale * Aref + ecap);
           delta = std::max(delta, scale * std::fabs(dq));
         }
         if (m == -kInf) continue;  // sees nothing: zeros, tolerance 0
@@ -287,23 +296,25 @@ struct Problem {
   int kv_splits = 0;
   bool snapshot = false;
   bool float_scores = false;  // the AVX-512 float32-score variant (CIDER_ATTN_SCORES=f32): exact queries
+  float softcap = 0.0f;       // > 0: scores capped to softcap·tanh(s/softcap) before the mask
 };
 
 std::string describe(const Problem& p) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d %s mask%d win%lld splits%d snap%d",
+                "B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d %s mask%d win%lld splits%d snap%d cap%g",
                 static_cast<long long>(p.s.B), static_cast<long long>(p.s.Hkv), static_cast<long long>(p.s.rep),
                 static_cast<long long>(p.s.L), static_cast<long long>(p.s.kL), static_cast<long long>(p.s.Dk),
                 static_cast<long long>(p.s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
                 dtype_name(p.cfg.scale_dtype), static_cast<int>(p.mask.kind), static_cast<long long>(p.mask.window),
-                p.kv_splits, p.snapshot ? 1 : 0);
+                p.kv_splits, p.snapshot ? 1 : 0, static_cast<double>(p.softcap));
   return buf;
 }
 
 // The kernel arguments of a case (out is set by run()).
 AttentionArgs attention_args(const Shape& s, const std::vector<float>& q, const KVTensorView& kv,
-                             const KVTensorView& vv, float scale, const Mask& mask, int kv_splits) {
+                             const KVTensorView& vv, float scale, const Mask& mask, int kv_splits,
+                             float softcap = 0.0f) {
   AttentionArgs args{};
   args.q = q.data();
   args.B = s.B;
@@ -312,6 +323,7 @@ AttentionArgs attention_args(const Shape& s, const std::vector<float>& q, const 
   args.keys = kv;
   args.values = vv;
   args.scale = scale;
+  args.softcap = softcap;
   args.mask_kind = mask.kind;
   args.window = mask.window;
   args.mask = mask.bytes.empty() ? nullptr : mask.bytes.data();
@@ -358,7 +370,7 @@ void check_problem(const Problem& p, std::mt19937_64& rng) {
   }
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
-  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits);
+  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits, p.softcap);
   const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
 
   const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
@@ -366,7 +378,7 @@ void check_problem(const Problem& p, std::mt19937_64& rng) {
   const Deq K = dequantize(kv), V = dequantize(vv);
   QuantQ qq = quantize_queries(q, s.Dk, p.cfg.group_size);
   if (p.float_scores) qq.qt.assign(q.begin(), q.end());  // exact queries: the tight check uses them
-  const F64Result want = f64_attention(s, q, qq, K, V, scale, p.mask);
+  const F64Result want = f64_attention(s, q, qq, K, V, scale, p.mask, p.softcap);
   for (IsaLevel level : fast_levels()) {
     if (p.float_scores && level != IsaLevel::kAvx512) continue;
     const kernels::KernelTable& t = kernels::kernels_for_isa(level);
@@ -472,16 +484,18 @@ struct ChannelCase {
   Mask mask;
   int kv_splits = 0;
   bool snapshot = false;
+  float softcap = 0.0f;
 };
 
 void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
   const Shape& s = p.s;
-  char what[200];
-  std::snprintf(what, sizeof what, "kchan B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d mask%d splits%d",
+  char what[220];
+  std::snprintf(what, sizeof what,
+                "kchan B%lld Hkv%lld rep%lld L%lld kL%lld Dk%lld Dv%lld K%d V%d g%d mask%d splits%d cap%g",
                 static_cast<long long>(s.B), static_cast<long long>(s.Hkv), static_cast<long long>(s.rep),
                 static_cast<long long>(s.L), static_cast<long long>(s.kL), static_cast<long long>(s.Dk),
                 static_cast<long long>(s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
-                static_cast<int>(p.mask.kind), p.kv_splits);
+                static_cast<int>(p.mask.kind), p.kv_splits, static_cast<double>(p.softcap));
   QuantizedKVCache cache(p.cfg);
   fill(cache, s, rng);
   nn::KVCacheSnapshot snap;
@@ -494,7 +508,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
   ASSERT_EQ(kv.layout, 1);
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
-  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits);
+  const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits, p.softcap);
   const size_t n = static_cast<size_t>(s.B * s.Hq() * s.L * s.Dv);
   const std::vector<float> ref = run(kernels::ref_kernels().attention, args, n);
   ASSERT_TRUE(test::no_nan(ref.data(), n)) << what;
@@ -568,12 +582,12 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
             er = static_cast<double>(s.Dk + 8) * kU * mage;
             delta = std::max(delta, scale * std::fabs(dq));
           }
-          sce[static_cast<size_t>(j)] = scale * de + add;
-          scf[static_cast<size_t>(j)] = scale * df + add;
+          sce[static_cast<size_t>(j)] = capped(scale * de, p.softcap) + add;
+          scf[static_cast<size_t>(j)] = capped(scale * df, p.softcap) + add;
           me = std::max(me, sce[static_cast<size_t>(j)]);
           mf = std::max(mf, scf[static_cast<size_t>(j)]);
-          eps_fast = std::max(eps_fast, scale * ef);
-          eps_ref = std::max(eps_ref, scale * er);
+          eps_fast = std::max(eps_fast, scale * ef + cap_error(scale * df, p.softcap));
+          eps_ref = std::max(eps_ref, scale * er + cap_error(scale * de, p.softcap));
         }
         if (me == -kInf) continue;
         double dene = 0.0, denf = 0.0;
@@ -680,6 +694,95 @@ TEST(AttentionX86, Avx512FloatScoreVariant) {
     ++idx;
     if (HasFatalFailure()) break;
   }
+}
+
+// Attention logit softcapping (Gemma 2: s -> cap·tanh(s/cap) before the mask): every level against float64 and the
+// reference (both checks of check_problem / check_channel_case, the cap in the float64 scores and its evaluation error
+// in the tolerances), over caps that bite hard (0.5: most scores, N(0, 1) here, are squeezed), moderately (2) and
+// barely (50); every mask kind, formats, forced splits, snapshots, decode and prefill shapes, per-channel keys and
+// the AVX-512 float-score variant.
+TEST(AttentionX86, SoftcapEveryLevelMatchesReference) {
+  auto rng = test::make_rng(407);
+  const MaskKind kinds[] = {MaskKind::kNone, MaskKind::kCausal, MaskKind::kBool, MaskKind::kAdditive};
+  int idx = 0;
+  for (float cap : {0.5f, 2.0f, 50.0f})
+    for (int64_t kL : {7, 300, 1100})
+      for (int variant = 0; variant < 3; ++variant, ++idx) {
+        Problem p;
+        const int64_t L = variant == 0 ? 1 : variant == 1 ? std::min<int64_t>(kL, 7) : std::min<int64_t>(kL, 130);
+        const int64_t Dk = idx % 2 ? 128 : 64, Dv = idx % 3 ? 128 : 256;
+        p.s = Shape{1 + idx % 2, 2, int64_t{1} << (L > 7 ? idx % 3 : idx % 4), L, kL, Dk, Dv};
+        p.cfg = kConfigs[static_cast<size_t>(idx) % std::size(kConfigs)];
+        p.cfg.seed = rng();
+        p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(Dk, Dv)));
+        p.mask = make_mask(rng, kinds[idx % 4], p.s.B, p.s.Hq(), L, kL, idx % 2 ? DType::kF16 : DType::kF32);
+        p.kv_splits = idx % 3 == 1 ? 3 : 0;
+        p.snapshot = idx % 5 == 3;
+        p.softcap = cap;
+        check_problem(p, rng);
+        if (HasFatalFailure()) return;
+      }
+  const QuantizedKVCacheConfig chan[] = {
+      {4, 4, 64, RotationKind::kHadamard, 0, DType::kF16, nn::KeyLayout::kChannel},
+      {8, 4, 32, RotationKind::kNone, 0, DType::kBF16, nn::KeyLayout::kChannel},
+  };
+  for (float cap : {0.5f, 2.0f, 50.0f})
+    for (int64_t kL : {31, 300}) {
+      ChannelCase p;
+      p.s = Shape{1, 2, 4, kL == 31 ? 3 : 20, kL, 128, 128};
+      p.cfg = chan[static_cast<size_t>(idx++) % std::size(chan)];
+      p.cfg.seed = rng();
+      p.mask = make_mask(rng, idx % 2 ? MaskKind::kCausal : MaskKind::kAdditive, 1, p.s.Hq(), p.s.L, kL, DType::kF32);
+      p.kv_splits = idx % 3;
+      p.softcap = cap;
+      check_channel_case(p, rng);
+      if (HasFatalFailure()) return;
+    }
+  bool has512 = false;
+  for (IsaLevel l : fast_levels()) has512 = has512 || l == IsaLevel::kAvx512;
+  if (!has512) return;
+  const test::ScopedEnv f32_scores("CIDER_ATTN_SCORES", "f32");
+  for (float cap : {0.5f, 50.0f}) {
+    Problem p;
+    p.s = Shape{1, 2, 4, 7, 333, 128, 128};
+    p.cfg = kConfigs[0];
+    p.cfg.seed = rng();
+    p.mask = make_mask(rng, MaskKind::kCausal, 1, p.s.Hq(), p.s.L, p.s.kL, DType::kF32);
+    p.float_scores = true;
+    p.softcap = cap;
+    check_problem(p, rng);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The softcap changes the result (so the test above tests something): with cap 0.5 the reference's output differs
+// from the uncapped one by far more than the tolerances, and cap·tanh(s/cap) with cap = 1e30 (the identity to
+// float32 precision at these scores) reproduces the uncapped output within rounding.
+TEST(AttentionX86, SoftcapChangesScoresAsDefined) {
+  auto rng = test::make_rng(408);
+  const Shape s{1, 1, 2, 3, 50, 64, 64};
+  QuantizedKVCacheConfig cfg;
+  cfg.seed = rng();
+  QuantizedKVCache cache(cfg);
+  fill(cache, s, rng);
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.Hq() * s.L * s.Dk), 3.0f);
+  const size_t n = static_cast<size_t>(s.Hq() * s.L * s.Dv);
+  const float scale = 0.125f;
+  Mask causal;
+  causal.kind = MaskKind::kCausal;
+  const std::vector<float> plain =
+      run(kernels::ref_kernels().attention, attention_args(s, q, cache.keys(), cache.values(), scale, causal, 0), n);
+  const std::vector<float> huge = run(kernels::ref_kernels().attention,
+                                      attention_args(s, q, cache.keys(), cache.values(), scale, causal, 0, 1e30f), n);
+  const std::vector<float> tight = run(kernels::ref_kernels().attention,
+                                       attention_args(s, q, cache.keys(), cache.values(), scale, causal, 0, 0.5f), n);
+  double diff_huge = 0.0, diff_tight = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    diff_huge = std::max(diff_huge, static_cast<double>(std::fabs(huge[i] - plain[i])));
+    diff_tight = std::max(diff_tight, static_cast<double>(std::fabs(tight[i] - plain[i])));
+  }
+  EXPECT_LT(diff_huge, 1e-5);
+  EXPECT_GT(diff_tight, 0.05);
 }
 
 // Rows that see no key are zeros; a row that sees one key returns that key's value.

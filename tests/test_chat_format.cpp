@@ -72,10 +72,23 @@ TEST(ChatFormat, NoSystemMessageMeansNoSystemBlock) {
   EXPECT_EQ(render_chat(ChatFormat::kRaw, m), "Hi\n");
 }
 
+TEST(ChatFormat, Phi3AsMicrosoftWritesIt) {
+  // Phi-3.5-mini-instruct: {% if message['role'] == 'system' and message['content'] %}'<|system|>\n' + content +
+  // '<|end|>\n'; user / assistant alike with '<|user|>\n' / '<|assistant|>\n' (contents untouched); generation
+  // prompt '<|assistant|>\n'.
+  EXPECT_EQ(render_chat(ChatFormat::kPhi3, kConversation),
+            "<|system|>\nBe brief.<|end|>\n"
+            "<|user|>\n  Hi there \n<|end|>\n"
+            "<|assistant|>\n Hello! <|end|>\n"
+            "<|user|>\n2+2?<|end|>\n"
+            "<|assistant|>\n");
+  EXPECT_EQ(render_chat(ChatFormat::kPhi3, {{"system", ""}, {"user", "Hi"}}), "<|user|>\nHi<|end|>\n<|assistant|>\n");
+}
+
 TEST(ChatFormat, TurnByTurnPiecesConcatenateToTheWholeConversation) {
   // What `cider chat` appends: first user turn (with the system text), the reply as generated, the reply end, the
   // next user turn. For formats that keep replies untouched this is exactly render_chat's text.
-  for (ChatFormat f : {ChatFormat::kChatML, ChatFormat::kMistral, ChatFormat::kRaw}) {
+  for (ChatFormat f : {ChatFormat::kChatML, ChatFormat::kMistral, ChatFormat::kRaw, ChatFormat::kPhi3}) {
     const std::string pieces = chat_user_turn(f, kConversation[1].content, kConversation[0].content, true) +
                                kConversation[2].content + chat_reply_end(f) +
                                chat_user_turn(f, kConversation[3].content, kConversation[0].content, false);
@@ -91,7 +104,8 @@ TEST(ChatFormat, TurnByTurnPiecesConcatenateToTheWholeConversation) {
 }
 
 TEST(ChatFormat, EndTokensAreTheFirstTokenOfTheReplyEnd) {
-  for (ChatFormat f : {ChatFormat::kChatML, ChatFormat::kLlama3, ChatFormat::kGemma, ChatFormat::kMistral}) {
+  for (ChatFormat f :
+       {ChatFormat::kChatML, ChatFormat::kLlama3, ChatFormat::kGemma, ChatFormat::kMistral, ChatFormat::kPhi3}) {
     const auto ends = chat_end_tokens(f);
     ASSERT_EQ(ends.size(), 1u);
     EXPECT_EQ(chat_reply_end(f).rfind(ends[0], 0), 0u) << chat_format_name(f);
@@ -117,7 +131,7 @@ TEST(ChatFormat, ChosenFromTheArchitectureAndTheVocabulary) {
 
 TEST(ChatFormat, NamesRoundTripAndUnknownNamesAreRejected) {
   for (ChatFormat f : {ChatFormat::kChatML, ChatFormat::kLlama3, ChatFormat::kGemma, ChatFormat::kMistral,
-                       ChatFormat::kLlama2, ChatFormat::kRaw})
+                       ChatFormat::kLlama2, ChatFormat::kRaw, ChatFormat::kPhi3})
     EXPECT_EQ(parse_chat_format(chat_format_name(f)), f);
   try {
     parse_chat_format("jinja");

@@ -127,7 +127,7 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --threads 2147483647", "per CPU this process may use"},
       {"generate -m '' -p x", "[options] -m must name a model directory or .gguf file; got \"\""},
       {"generate " + m + "-p x --ctx -5", "[options] --ctx must be >= 0 (0 = the model's maximum); got -5"},
-      {"chat " + m + "--chat-format jinja", "[chat_format] the chat format must be one of chatml, llama3, gemma, mistral, llama2, raw; got \"jinja\""},
+      {"chat " + m + "--chat-format jinja", "[chat_format] the chat format must be one of chatml, llama3, gemma, mistral, llama2, raw, phi3; got \"jinja\""},
       {"chat " + m + "--temperature -1", "temperature must be"},
       {"logits " + m + "--tokens 1,x,3 --out o.npy", "--tokens must be comma-separated non-negative integer ids (e.g. 1,2,3); got \"1,x,3\""},
       {"logits " + m + "--tokens 1,,3 --out o.npy", "got \"1,,3\""},

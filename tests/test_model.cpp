@@ -71,6 +71,7 @@ struct Spec {
   std::vector<int> sliding;          // per layer (Gemma)
   double qpas = 0;                   // Gemma query_pre_attn_scalar (0 = head_dim)
   double softcap = 0;                // Gemma final_logit_softcapping
+  double attn_softcap = 0;           // Gemma 2 attn_logit_softcapping (scores cap·tanh(s/cap) before the mask)
   double eps = 1e-6;
   DType dtype = DType::kF32;
 };
@@ -151,6 +152,7 @@ json hf_config(const Spec& s) {
     c["layer_types"] = lt;
     c["query_pre_attn_scalar"] = s.qpas > 0 ? s.qpas : static_cast<double>(s.D);
     c["final_logit_softcapping"] = s.softcap > 0 ? json(s.softcap) : json();
+    c["attn_logit_softcapping"] = s.attn_softcap > 0 ? json(s.attn_softcap) : json();
   } else {
     c["hidden_act"] = "silu";
   }
@@ -285,6 +287,7 @@ Vec reference_logits(const Spec& s, const TensorMap& m, const std::vector<int32_
           for (int64_t e = 0; e < D; ++e)
             d += q[static_cast<size_t>((i * s.Hq + hh) * D + e)] * k[static_cast<size_t>((j * s.Hkv + kvh) * D + e)];
           sc[static_cast<size_t>(j)] = d * scale;
+          if (s.attn_softcap > 0) sc[static_cast<size_t>(j)] = s.attn_softcap * std::tanh(d * scale / s.attn_softcap);
           mx = std::max(mx, sc[static_cast<size_t>(j)]);
         }
         double z = 0;
@@ -410,6 +413,19 @@ std::vector<std::pair<std::string, Spec>> arch_specs() {
   gemma.softcap = 6;
   gemma.rope_scaling = {{"rope_type", "linear"}, {"factor", 2.0}};
   v.emplace_back("gemma3", gemma);
+  Spec gemma2;  // Gemma 3 without q/k norms, one RoPE, softcapped attention scores (appended: indices above stay)
+  gemma2.cls = "Gemma2ForCausalLM";
+  gemma2.gemma = gemma2.tie = true;
+  gemma2.L = 3;
+  gemma2.Hq = 4;
+  gemma2.Hkv = 2;
+  gemma2.D = 32;
+  gemma2.window = 4;
+  gemma2.sliding = {1, 0, 1};
+  gemma2.qpas = 20;
+  gemma2.softcap = 6;
+  gemma2.attn_softcap = 1.5;  // scores of these weights reach several units: it bites
+  v.emplace_back("gemma2", gemma2);
   return v;
 }
 
@@ -859,6 +875,8 @@ std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arc
   g.set_f32(p + "attention.layer_norm_rms_epsilon", static_cast<float>(s.eps));
   g.set_f32(p + "rope.freq_base", static_cast<float>(s.theta));
   if (s.gemma) g.set_u32(p + "attention.sliding_window", static_cast<uint32_t>(s.window));
+  if (arch == "gemma2" && s.attn_softcap > 0) g.set_f32(p + "attn_logit_softcapping", static_cast<float>(s.attn_softcap));
+  if (arch == "gemma2" && s.softcap > 0) g.set_f32(p + "final_logit_softcapping", static_cast<float>(s.softcap));
   auto put = [&](const std::string& gname, const std::string& hf, bool f16 = false) {
     if (!m.count(hf)) return;  // lets a test leave a tensor out
     auto t = m.at(hf);
@@ -1001,16 +1019,39 @@ TEST(ModelGguf, Gemma3NormsAndLayerPattern) {
   EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
 }
 
+TEST(ModelGguf, Gemma2SoftcapsAndLayerPattern) {
+  Spec spec;
+  for (const auto& [name, sp] : arch_specs())
+    if (name == "gemma2") spec = sp;
+  // llama.cpp's Gemma 2: even layers sliding (pattern 2), q scale head_dim^-1/2, norms stored as 1 + w, both softcaps
+  // read from the metadata.
+  spec.qpas = 0;
+  const TensorMap m = f16_exact(random_weights(spec, 95));
+  const std::string path = write_gguf(spec, m, "gemma2");
+  const auto tok = random_tokens(20, spec.V, 96);
+  auto model = cm::Model::load(path, opts("f32", "f32"));
+  EXPECT_EQ(model->config().arch, cm::Architecture::kGemma2);
+  EXPECT_EQ(model->config().layer_sliding, (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(model->config().attn_logit_softcap, 1.5f);
+  EXPECT_EQ(model->config().final_logit_softcap, 6.0f);
+  EXPECT_TRUE(close_rel(run(*model, tok), reference_logits(spec, m, tok), 1e-4));
+  // Without the metadata keys: llama.cpp's defaults, 50 and 30.
+  spec.attn_softcap = spec.softcap = 0;
+  auto defaults = cm::Model::load(write_gguf(spec, m, "gemma2"), opts("f32", "f32"));
+  EXPECT_EQ(defaults->config().attn_logit_softcap, 50.0f);
+  EXPECT_EQ(defaults->config().final_logit_softcap, 30.0f);
+}
+
 TEST(ModelGguf, RejectsUnsupportedArchitectureAndMissingTensor) {
   Spec spec;
   const TensorMap m = f16_exact(random_weights(spec, 93));
-  const std::string p1 = write_gguf(spec, m, "phi3");
+  const std::string p1 = write_gguf(spec, m, "phi2");
   try {
     cm::Model::load(p1, opts());
     ADD_FAILURE();
   } catch (const cider::Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("phi3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("phi2"), std::string::npos) << e.what();
   }
   TensorMap less = m;
   less.erase("model.layers.1.mlp.up_proj.weight");

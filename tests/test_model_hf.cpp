@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,15 +23,20 @@
 
 #include "core/file_io.h"
 #include "model/config.h"
+#include "core/error.h"
+#include "model/convert.h"
 #include "model/model.h"
 #include "model/npy.h"
+#include "model/transformer.h"
+#include "model/safetensors.h"
+#include "model/transformer.h"
 
 namespace cm = cider::model;
 
 namespace {
 
 const std::string kFixtures = std::string(CIDER_SOURCE_DIR) + "/tests/data/hf_fixtures/";
-const char* kNames[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3"};
+const char* kNames[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe", "phi3", "yarn"};
 
 struct Fixture {
   std::string dir;
@@ -72,7 +78,9 @@ TEST_P(HFFixture, F32MatchesTransformersAndGreedyIsIdentical) {
   ASSERT_EQ(f.logits.shape, (std::vector<int64_t>{static_cast<int64_t>(f.prompt.size() + f.greedy.size()), V}));
   float max_ref = 0;
   for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
-  const double tol = 1e-3 * max_ref;
+  // The first five fixtures (40-token prompts) were made with a 1e-3 bound; the later ones (300-token prompts) hold
+  // the 1e-4 of the largest |logit|.
+  const double tol = (f.prompt.size() >= 300 ? 1e-4 : 1e-3) * max_ref;
 
   auto s = model->new_session();
   const auto P = static_cast<int64_t>(f.prompt.size());
@@ -176,12 +184,18 @@ TEST(HFFixtureApprox, QuantizedWeightsStayClose) {
       {"w4a8", "f32", 0.7, 0.35},
   };
   for (const char* name : kNames)
-    for (const Approx& a : kinds) measure(name, a, 64);
+    for (Approx a : kinds) {
+      // phi3: LongRoPE's attention factor √1.5 sharpens every softmax of this random model, so w4a8 keeps fewer
+      // argmaxes (0.29 measured; relative RMS 0.59, inside the common bound). Its split is exact in every format
+      // (HFFixturePhi3.FusedProjectionsSplitExactlyInEveryFormat), so this is the model's sensitivity, not the load.
+      if (std::string(name) == "phi3" && std::string(a.weights) == "w4a8") a.min_top1 = 0.22;
+      measure(name, a, 64);
+    }
 }
 
 TEST(HFFixtureApprox, QuantizedCacheStaysClose) {
   // Only the fixtures whose head_dim (32) a cache group (32) divides; Llama/Mistral/Qwen2 use head_dim 16.
-  for (const char* name : {"qwen3", "gemma3"}) {
+  for (const char* name : {"qwen3", "gemma3", "gemma2"}) {
     measure(name, {"f32", "k4v3", 0.4, 0.6}, 32);
     measure(name, {"f32", "k8v8", 0.03, 0.85}, 32);
     measure(name, {"f32", "bf16", 0.02, 0.9}, 32);
@@ -204,6 +218,375 @@ TEST(HFFixtureConfig, OldAndNewStyleConfigsReadAsWritten) {
   const cm::ModelConfig mistral = cm::load_hf_config(kFixtures + "mistral");
   EXPECT_EQ(mistral.dtype, cider::DType::kF16);
   EXPECT_EQ(mistral.sliding_window, 16);
+  const cm::ModelConfig gemma2 = cm::load_hf_config(kFixtures + "gemma2");
+  EXPECT_EQ(gemma2.arch, cm::Architecture::kGemma2);
+  EXPECT_EQ(gemma2.layer_sliding, (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(gemma2.sliding_window, 8);
+  EXPECT_EQ(gemma2.attn_logit_softcap, 5.0f);
+  EXPECT_EQ(gemma2.final_logit_softcap, 8.0f);
+  EXPECT_EQ(gemma2.attn_scale, static_cast<float>(1.0 / std::sqrt(24.0)));
+  EXPECT_EQ(gemma2.embed_scale, 8.0f);
+  EXPECT_FALSE(gemma2.qk_norm);
+  EXPECT_TRUE(gemma2.sandwich_norms && gemma2.tie_word_embeddings);
+}
+
+// Gemma 2 through `cider convert`: the converted file keeps both softcaps (attn_logit_softcap in the stored config)
+// and computes exactly what the in-memory conversion does.
+TEST(HFFixtureConfig, Gemma2ConvertedFileKeepsTheSoftcaps) {
+  const Fixture f = load_fixture("gemma2");
+  const std::string out = (std::filesystem::temp_directory_path() / "cider_gemma2_convert_w8a8").string();
+  std::filesystem::remove_all(out);
+  cm::convert_model(f.dir, out, cm::parse_weight_format("w8a8"));
+  auto a = cm::Model::load(f.dir, opts("w8a8", "f32"));
+  auto b = cm::Model::load(out, opts("w8a8", "f32"));
+  EXPECT_EQ(b->config().attn_logit_softcap, 5.0f);
+  EXPECT_EQ(b->config().final_logit_softcap, 8.0f);
+  const int64_t V = a->config().vocab_size;
+  const auto n = static_cast<int64_t>(f.prompt.size());
+  std::vector<float> la(static_cast<size_t>(n * V)), lb(la.size());
+  auto sa = a->new_session();
+  auto sb = b->new_session();
+  a->forward(*sa, f.prompt.data(), n, la.data(), true);
+  b->forward(*sb, f.prompt.data(), n, lb.data(), true);
+  size_t differ = 0;
+  for (size_t i = 0; i < la.size(); ++i) differ += !(la[i] == lb[i]);  // NaN never equal
+  EXPECT_EQ(differ, 0u);
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace
+
+// Mixture-of-experts models through `cider convert`: the converted file (router and every expert written under the
+// checkpoint's names, the config's expert keys kept) computes exactly what the in-memory conversion does.
+TEST(HFFixtureMoe, ConvertedFileComputesWhatTheLoadedModelComputes) {
+  for (const char* name : {"mixtral", "qwen3_moe"})
+    for (const char* fmt : {"w8a8", "w4a8", "bf16"}) {
+      const Fixture f = load_fixture(name);
+      const std::string out =
+          (std::filesystem::temp_directory_path() / ("cider_moe_convert_" + std::string(name) + "_" + fmt)).string();
+      std::filesystem::remove_all(out);
+      cm::convert_model(f.dir, out, cm::parse_weight_format(fmt));
+      auto a = cm::Model::load(f.dir, opts(fmt, "f32"));
+      auto b = cm::Model::load(out, opts(fmt, "f32"));
+      EXPECT_EQ(b->config().num_experts, a->config().num_experts);
+      EXPECT_EQ(b->config().layer_moe, a->config().layer_moe);
+      const int64_t V = a->config().vocab_size;
+      const auto n = static_cast<int64_t>(f.prompt.size());
+      std::vector<float> la(static_cast<size_t>(n * V)), lb(la.size());
+      auto sa = a->new_session();
+      auto sb = b->new_session();
+      a->forward(*sa, f.prompt.data(), n, la.data(), true);
+      b->forward(*sb, f.prompt.data(), n, lb.data(), true);
+      size_t differ = 0;
+      for (size_t i = 0; i < la.size(); ++i) differ += !(la[i] == lb[i]);  // NaN never equal
+      EXPECT_EQ(differ, 0u) << name << " " << fmt;
+      std::filesystem::remove_all(out);
+    }
+}
+
+TEST(HFFixtureMoe, ExpertConfigIsValidated) {
+  const cm::ModelConfig m = cm::load_hf_config(kFixtures + "qwen3_moe");
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.experts_per_token, 3);
+  EXPECT_TRUE(m.norm_topk_prob);
+  EXPECT_EQ(m.layer_moe, (std::vector<uint8_t>{0, 1, 0}));
+  auto text = cider::read_text_input(kFixtures + "mixtral/config.json", "test");
+  auto j = nlohmann::json::parse(text);
+  j["num_experts_per_tok"] = 5;  // more than the 4 experts
+  try {
+    cm::parse_hf_config(j.dump(), "mixtral.json");
+    ADD_FAILURE() << "top-5 of 4 experts was accepted";
+  } catch (const cider::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_experts_per_tok must be in [1, the number of experts = 4]; got 5"),
+              std::string::npos)
+        << e.what();
+  }
+  j["num_experts_per_tok"] = 2;
+  j["num_local_experts"] = 1 << 20;
+  EXPECT_THROW(cm::parse_hf_config(j.dump(), "mixtral.json"), cider::Error);
+}
+
+// Phi-3's fused projections are split at load into views of whole rows: a twin checkpoint that stores q / k / v and
+// gate / up as separate tensors (the same rows, as cider-converted files do) computes bit-identical logits in every
+// weight format, so the split halves behave exactly like ordinary tensors (quantized per row or per row group).
+TEST(HFFixturePhi3, FusedProjectionsSplitExactlyInEveryFormat) {
+  const Fixture f = load_fixture("phi3");
+  const std::string twin = (std::filesystem::temp_directory_path() / "cider_phi3_split_twin").string();
+  std::filesystem::remove_all(twin);
+  std::filesystem::create_directories(twin);
+  std::filesystem::copy_file(f.dir + "/config.json", twin + "/config.json");
+  const cm::ModelConfig c = cm::load_hf_config(f.dir);
+  const cm::SafetensorsSet set = cm::SafetensorsSet::open_dir(f.dir);
+  cm::SafetensorsWriter w;
+  int fused = 0;
+  for (const std::string& name : set.names()) {
+    const cm::StTensor* t = set.find(name);
+    auto split = [&](const std::string& from, std::vector<std::pair<std::string, int64_t>> parts) {
+      const std::string stem = name.substr(0, name.size() - from.size());
+      const size_t row_bytes = t->nbytes / static_cast<size_t>(t->shape[0]);
+      int64_t row = 0;
+      for (const auto& [part, rows] : parts) {
+        w.add(stem + part, t->dtype, {rows, t->shape[1]}, t->data + static_cast<size_t>(row) * row_bytes);
+        row += rows;
+      }
+      ASSERT_EQ(row, t->shape[0]) << name;
+      ++fused;
+    };
+    auto ends = [&](const std::string& s) { return name.size() > s.size() && name.rfind(s) == name.size() - s.size(); };
+    const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim, I = c.intermediate_size;
+    if (ends("self_attn.qkv_proj.weight")) {
+      split("self_attn.qkv_proj.weight",
+            {{"self_attn.q_proj.weight", q}, {"self_attn.k_proj.weight", kv}, {"self_attn.v_proj.weight", kv}});
+    } else if (ends("mlp.gate_up_proj.weight")) {
+      split("mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", I}, {"mlp.up_proj.weight", I}});
+    } else {
+      w.add(name, t->dtype, t->shape, t->data);
+    }
+  }
+  EXPECT_EQ(fused, 2 * c.num_layers);
+  w.write(twin + "/model.safetensors");
+
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  for (const char* fmt : {"f32", "bf16", "w8a8", "w8a8-g64", "w4a8"}) {
+    auto a = cm::Model::load(f.dir, opts(fmt, "f32"));
+    auto b = cm::Model::load(twin, opts(fmt, "f32"));
+    const int64_t V = a->config().vocab_size;
+    std::vector<float> la(static_cast<size_t>(n * V)), lb(la.size());
+    auto sa = a->new_session();
+    auto sb = b->new_session();
+    a->forward(*sa, seq.data(), n, la.data(), true);
+    b->forward(*sb, seq.data(), n, lb.data(), true);
+    size_t differ = 0;
+    for (size_t i = 0; i < la.size(); ++i) differ += !(la[i] == lb[i]);  // NaN never equal
+    EXPECT_EQ(differ, 0u) << fmt;
+  }
+  std::filesystem::remove_all(twin);
+}
+
+// The long/short LongRoPE choice follows the model's context: loaded with a context of the pre-training length (64)
+// the phi3 fixture uses the short factors, and its first 64 logits then differ from transformers' (long factors over
+// the whole 316-token sequence) by far more than the bound the default context (512 > 64: long factors) meets.
+TEST(HFFixturePhi3, ShortFactorsWithinTheOriginalContext) {
+  const Fixture f = load_fixture("phi3");
+  cm::ModelOptions o = opts("f32", "f32");
+  o.ctx = 64;
+  auto model = cm::Model::load(f.dir, o);
+  EXPECT_EQ(model->config().rope.original_max_position, 64);
+  const int64_t V = model->config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(64 * V));
+  auto s = model->new_session();
+  model->forward(*s, f.prompt.data(), 64, logits.data(), true);
+  float max_ref = 0;
+  for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
+  double worst = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(logits[i]) - f.logits.data[i]));
+  EXPECT_GT(worst, 1e-2 * max_ref);
+}
+
+// The phi3 fixture converted by llama.cpp's own converter (tools/make_llamacpp_gguf.py; a placeholder vocabulary, the
+// fixture has no tokenizer): fused attn_qkv / ffn_up, rope_factors_long / rope_factors_short, rope.scaling.attn_factor
+// and original_context_length, attention.sliding_window. The bf16 file holds the checkpoint's values exactly, so it
+// meets the transformers bound itself; the Q8_0 file run natively (blocks of the fused tensors used in place) stays
+// close to the same file dequantized.
+TEST(HFFixturePhi3, LlamaCppGgufTwin) {
+  const Fixture f = load_fixture("phi3");
+  const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_phi3/";
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  auto run = [&](const cm::Model& m) {
+    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
+    auto s = m.new_session();
+    m.forward(*s, seq.data(), n, out.data(), true);
+    return out;
+  };
+  auto bf16 = cm::Model::load(dir + "phi3_bf16.gguf", opts("f32", "f32"));
+  const cm::ModelConfig& c = bf16->config();
+  EXPECT_EQ(c.arch, cm::Architecture::kPhi3);
+  EXPECT_EQ(c.rope.scaling, cm::RopeScaling::kLongRope);
+  EXPECT_EQ(c.rope.original_max_position, 64);
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(1.5), 1e-7);
+  EXPECT_EQ(c.rope.long_factor, cm::load_hf_config(f.dir).rope.long_factor);
+  EXPECT_EQ(c.sliding_window, 200);
+  EXPECT_EQ(c.layer_sliding, std::vector<uint8_t>(static_cast<size_t>(c.num_layers), 1));
+  float max_ref = 0;
+  for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
+  const std::vector<float> got = run(*bf16);
+  ASSERT_EQ(got.size(), f.logits.data.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - f.logits.data[i]));  // NaN fails below
+  EXPECT_LE(worst, 1e-4 * max_ref);
+  std::printf("phi3 GGUF (bf16, llama.cpp converter): max |dlogit| %.3g (bound %.3g)\n", worst, 1e-4 * max_ref);
+
+  auto q8 = cm::Model::load(dir + "phi3_q8_0.gguf", opts("native", "f32"));
+  // Every linear layer kept as Q8_0 blocks (q, k, v, gate, up as rows of the fused tensors): 7 per layer + the head.
+  const auto& counts = q8->impl().w.format_counts;
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 7 * q8->config().num_layers + 1);
+  const std::vector<float> deq = run(*cm::Model::load(dir + "phi3_q8_0.gguf", opts("f32", "f32")));
+  const std::vector<float> native = run(*q8);
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < deq.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(native[i]));
+    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
+    r2 += static_cast<double>(deq[i]) * deq[i];
+  }
+  std::printf("phi3 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
+  EXPECT_LE(std::sqrt(d2 / r2), 0.08);  // the w8a8 bound above: int8 activations against Q8_0 blocks
+}
+
+// The gemma2 fixture converted by llama.cpp's own converter (tools/make_llamacpp_gguf.py; a placeholder vocabulary):
+// attn_logit_softcapping, final_logit_softcapping and attention.sliding_window as the converter writes them, the norms
+// as 1 + w in float32, the default layer pattern (even layers sliding). llama.cpp scales queries by head_dim^−½ (32
+// here) where transformers uses query_pre_attn_scalar^−½ (24 in the fixture): the GGUF carries no such key, so the
+// file is held to cider's run of the same checkpoint with query_pre_attn_scalar set to 32 (itself held to
+// transformers above). Same bf16 weights, same float32 arithmetic: the difference is float32 rounding (the file's
+// rms epsilon is the float32 of 1e-6), far below 1e-5 of the largest logit.
+TEST(HFFixtureGemma2, LlamaCppGgufTwin) {
+  const Fixture f = load_fixture("gemma2");
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  auto run = [&](const cm::Model& m) {
+    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
+    auto s = m.new_session();
+    m.forward(*s, seq.data(), n, out.data(), true);
+    return out;
+  };
+  auto gguf = cm::Model::load(std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_gemma2/gemma2_bf16.gguf",
+                              opts("f32", "f32"));
+  const cm::ModelConfig& c = gguf->config();
+  EXPECT_EQ(c.arch, cm::Architecture::kGemma2);
+  EXPECT_EQ(c.attn_logit_softcap, 5.0f);
+  EXPECT_EQ(c.final_logit_softcap, 8.0f);
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_EQ(c.layer_sliding, (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(c.norm_weight_offset, 0.0f);
+  EXPECT_EQ(c.attn_scale, static_cast<float>(1.0 / std::sqrt(32.0)));
+
+  const std::string dir = (std::filesystem::temp_directory_path() / "cider_gemma2_qpas32").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* file : {"model.safetensors", "generation_config.json"})
+    std::filesystem::copy_file(f.dir + "/" + file, dir + "/" + file);
+  auto cfg = nlohmann::json::parse(cider::read_text_input(f.dir + "/config.json", "test"));
+  cfg["query_pre_attn_scalar"] = 32;
+  {
+    std::FILE* out = std::fopen((dir + "/config.json").c_str(), "wb");
+    ASSERT_NE(out, nullptr);
+    const std::string text = cfg.dump(1);
+    ASSERT_EQ(std::fwrite(text.data(), 1, text.size(), out), text.size());
+    std::fclose(out);
+  }
+  const std::vector<float> want = run(*cm::Model::load(dir, opts("f32", "f32")));
+  const std::vector<float> got = run(*gguf);
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0, max_ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << i;
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  std::printf("gemma2 GGUF (bf16, llama.cpp converter) vs the checkpoint at query_pre_attn_scalar 32: max |dlogit| "
+              "%.3g (bound %.3g)\n", worst, 1e-5 * max_ref);
+  EXPECT_LE(worst, 1e-5 * max_ref);
+  std::filesystem::remove_all(dir);
+}
+
+// GGUF twins of the MoE fixtures in llama.cpp's layout (tools/make_moe_gguf.py: Mixtral as "llama" with permuted q/k,
+// Qwen3-MoE as "qwen3moe", experts as 3-D ffn_*_exps tensors). model-bf16.gguf holds exactly the checkpoint's values:
+// its f32 logits meet transformers' reference as the safetensors checkpoint does (1e-4 of the largest), prefill and
+// decode, and the greedy continuation is the same.
+TEST(HFFixtureMoe, GgufTwinMatchesTransformers) {
+  for (const char* name : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    const Fixture f = load_fixture(name);
+    auto model = cm::Model::load(f.dir + "/model-bf16.gguf", opts("f32", "f32"));
+    EXPECT_EQ(model->config().layer_moe, cm::load_hf_config(f.dir).layer_moe);
+    const int64_t V = model->config().vocab_size;
+    float max_ref = 0;
+    for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
+    const double tol = 1e-4 * max_ref;
+    const auto P = static_cast<int64_t>(f.prompt.size());
+    std::vector<float> logits(static_cast<size_t>(P * V));
+    auto s = model->new_session();
+    model->forward(*s, f.prompt.data(), P, logits.data(), true);
+    double worst = 0;
+    for (int64_t i = 0; i < P * V; ++i) {
+      ASSERT_FALSE(std::isnan(logits[static_cast<size_t>(i)]));
+      worst = std::max(worst, std::fabs(static_cast<double>(logits[static_cast<size_t>(i)]) - f.logits.data[static_cast<size_t>(i)]));
+    }
+    std::vector<float> last(logits.end() - V, logits.end());
+    std::vector<int32_t> ours;
+    for (size_t step = 0; step < f.greedy.size(); ++step) {
+      ours.push_back(static_cast<int32_t>(argmax(last.data(), V)));
+      model->forward(*s, &ours.back(), 1, last.data(), false);
+      const float* ref = f.logits.data.data() + (P + static_cast<int64_t>(step)) * V;
+      for (int64_t i = 0; i < V; ++i) worst = std::max(worst, std::fabs(static_cast<double>(last[static_cast<size_t>(i)]) - ref[i]));
+    }
+    EXPECT_LE(worst, tol);
+    EXPECT_EQ(ours, f.greedy);
+    std::printf("%s GGUF twin: max |dlogit| %.3g (bound %.3g)\n", name, worst, tol);
+  }
+}
+
+// --weights native keeps the Q8_0 expert tensors in their blocks (each expert's rows of the 3-D tensor, in place) and
+// computes what the dequantized (f32) load computes up to int8 activations per 32 values: a relative error per
+// matmul of about 2⁻⁸, bounded at 0.03 RMS over the logits as the dense native test bounds its own.
+TEST(HFFixtureMoe, GgufNativeQ8ExpertsMatchTheDequantizedModel) {
+  for (const char* name : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    const Fixture f = load_fixture(name);
+    const std::string path = f.dir + "/model-q8_0-experts.gguf";
+    auto native = cm::Model::load(path, opts("native", "f32"));
+    auto deq = cm::Model::load(path, opts("f32", "f32"));
+    const auto& fc = native->impl().w.format_counts;
+    const auto q8 = fc.find("Q8_0");
+    int64_t moe_layers = 0;
+    for (uint8_t m : native->config().layer_moe) moe_layers += m;
+    ASSERT_NE(q8, fc.end());
+    EXPECT_EQ(q8->second, 3 * native->config().num_experts * moe_layers);
+    const int64_t V = native->config().vocab_size;
+    const auto n = static_cast<int64_t>(f.prompt.size());
+    std::vector<float> a(static_cast<size_t>(n * V)), b(a.size());
+    auto sa = native->new_session();
+    auto sb = deq->new_session();
+    native->forward(*sa, f.prompt.data(), n, a.data(), true);
+    deq->forward(*sb, f.prompt.data(), n, b.data(), true);
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_FALSE(std::isnan(a[i]));
+      d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      r2 += static_cast<double>(b[i]) * b[i];
+    }
+    const double rel = std::sqrt(d2 / r2);
+    std::printf("%s native Q8_0 experts vs dequantized: relative RMS %.2e\n", name, rel);
+    EXPECT_LE(rel, 0.03);
+  }
+}
+
+// The routing rule (model/transformer.h route_experts): softmax, top K by probability with ties to the lower index,
+// renormalised only when asked — computed here independently in double on a hand-made case.
+TEST(HFFixtureMoe, RoutingKeepsTheMostProbableExperts) {
+  const float logits[2][5] = {{0.0f, 2.0f, 1.0f, 2.0f, -1.0f}, {3.0f, 0.5f, 0.5f, 0.5f, 1.0f}};
+  for (bool norm : {false, true}) {
+    int32_t chosen[2][3];
+    float weight[2][3];
+    cm::route_experts(&logits[0][0], 2, 5, 3, norm, &chosen[0][0], &weight[0][0]);
+    EXPECT_EQ((std::vector<int32_t>{chosen[0][0], chosen[0][1], chosen[0][2]}), (std::vector<int32_t>{1, 3, 2}));
+    EXPECT_EQ((std::vector<int32_t>{chosen[1][0], chosen[1][1], chosen[1][2]}), (std::vector<int32_t>{0, 4, 1}));
+    for (int r = 0; r < 2; ++r) {
+      double z = 0, kept = 0;
+      for (float v : logits[r]) z += std::exp(static_cast<double>(v));
+      for (int k = 0; k < 3; ++k) kept += std::exp(static_cast<double>(logits[r][chosen[r][k]])) / z;
+      for (int k = 0; k < 3; ++k) {
+        const double p = std::exp(static_cast<double>(logits[r][chosen[r][k]])) / z;
+        EXPECT_NEAR(weight[r][k], norm ? p / kept : p, 1e-6) << "row " << r << " k " << k << " norm " << norm;
+      }
+    }
+  }
+}

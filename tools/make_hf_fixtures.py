@@ -10,7 +10,7 @@ For each fixture <name> it writes into <out>/<name>/:
   config.json (+ generation_config.json)   as saved by transformers (one rewritten to the older config style, see
                                            below), model.safetensors or shards + model.safetensors.index.json
   reference.json                           {"prompt": [40 ids], "greedy": [16 ids], "min_top2_margin": …, versions}
-  logits.npy                               float32 [56, vocab]: logits at every position of prompt + greedy, computed
+  logits.npy                               float32 [P + 16, vocab]: logits at every position of prompt + greedy, computed
                                            by transformers in float64 from exactly the saved weights (eager attention)
 The greedy tokens come from argmax over those float64 logits, one full forward per step.
 
@@ -22,6 +22,18 @@ Fixtures (hidden 64, vocab 512, tiny so the whole set stays well under 8 MB):
   qwen3    Qwen3, q/k RMSNorm, head_dim 32 != hidden/heads 16
   gemma3   Gemma 3 text, layers [sliding, sliding, full], sliding_window 8, query_pre_attn_scalar 24,
            final_logit_softcapping 8, (1 + w) norms, sandwich norms, GeGLU, √hidden embedding scale
+  mixtral  Mixtral, 4 experts, top 2 (renormalised), GQA 4:2, 300-token prompt, bfloat16 checkpoint
+  qwen3_moe Qwen3-MoE, 3 layers with experts on layer 1 only (decoder_sparse_step 2: layers 0 and 2 dense), 8
+           experts, top 3, norm_topk_prob true (as released), q/k norms, 300-token prompt, bfloat16 checkpoint
+  phi3     Phi-3: fused qkv_proj / gate_up_proj, LongRoPE (original context 64, max 512: the long factors; random
+           short/long factors in [1, 4]), sliding_window 200 on every layer, 300-token prompt, GQA 4:2, bfloat16
+           checkpoint
+  yarn     Qwen3 with YaRN rope scaling (factor 8 over an original context of 64, beta_fast 16, beta_slow 0.5,
+           truncate false; attention factor 0.1·ln 8 + 1), 300-token prompt, bfloat16 checkpoint
+  gemma2   Gemma 2, layers [sliding, full, sliding] (sliding_window 8), attn_logit_softcapping 5 and
+           final_logit_softcapping 8 (both bite: scores and logits of these weights reach well past them),
+           query_pre_attn_scalar 24, head_dim 32 != hidden/heads, GQA 4:2, (1 + w) and sandwich norms, GeGLU,
+           √hidden embedding scale, 300-token prompt, bfloat16 checkpoint
 No tokenizer is written: the tests feed token ids.
 """
 import argparse
@@ -33,11 +45,17 @@ import numpy as np
 import torch
 import transformers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import Phi3Config, Phi3ForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM
 
 VOCAB = 512
 PROMPT_LEN = 40
 GREEDY = 16
+# Fixtures added later use prompts of 300 tokens (sequences of 316): long enough for windows, scaled RoPE and routing
+# to matter. The first five keep 40 (their files must not change).
+PROMPT_LEN_OF = {"gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300}
 TV_MAJOR = int(transformers.__version__.split(".")[0])
 
 
@@ -57,7 +75,7 @@ def rope_kwargs(theta, scaling=None):
 def common(**kw):
     base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
-                attn_implementation="eager")
+                attn_implementation="eager", experts_implementation="eager")
     base.update(kw)
     return base
 
@@ -111,6 +129,44 @@ def make(name):
             kw.update(rope_theta=1e6, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear",
                                                                                  "factor": 2.0})
         return Gemma3TextConfig(**kw), Gemma3ForCausalLM, torch.float32, True
+    if name == "gemma2":
+        kw = common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=512, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=8.0,
+                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2,
+                    eos_token_id=1, pad_token_id=0, **rope_kwargs(10000.0))
+        return Gemma2Config(**kw), Gemma2ForCausalLM, torch.bfloat16, True
+    if name == "mixtral":
+        cfg = MixtralConfig(**common(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False,
+                                     **rope_kwargs(1000000.0)))
+        return cfg, MixtralForCausalLM, torch.bfloat16, False
+    if name == "qwen3_moe":
+        cfg = Qwen3MoeConfig(**common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,
+                                      decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True,
+                                      max_position_embeddings=512,
+                                      tie_word_embeddings=False, use_sliding_window=False, **rope_kwargs(1000000.0)))
+        return cfg, Qwen3MoeForCausalLM, torch.bfloat16, False
+    if name == "phi3":
+        # LongRoPE over a 64-token pre-training context stretched to 512: the 316-token sequences use the long
+        # factors (HF switches on the sequence length, cider on its context, 512 here: both pick long).
+        g = np.random.default_rng(90)
+        half = 64 // 4 // 2
+        rope = {"rope_type": "longrope", "short_factor": [float(x) for x in g.uniform(1.0, 4.0, half)],
+                "long_factor": [float(x) for x in g.uniform(1.0, 4.0, half)]}
+        cfg = Phi3Config(**common(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                  original_max_position_embeddings=64, sliding_window=200, pad_token_id=0,
+                                  tie_word_embeddings=False, **rope_kwargs(10000.0, rope)))
+        return cfg, Phi3ForCausalLM, torch.bfloat16, False
+    if name == "yarn":
+        cfg = Qwen3Config(**common(num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                                   tie_word_embeddings=False, use_sliding_window=False,
+                                   **rope_kwargs(10000.0, {"rope_type": "yarn", "factor": 8.0,
+                                                           "original_max_position_embeddings": 64, "beta_fast": 16.0,
+                                                           "beta_slow": 0.5, "truncate": False})))
+        return cfg, Qwen3ForCausalLM, torch.bfloat16, False
     raise ValueError(name)
 
 
@@ -153,8 +209,10 @@ def build(name, out_root):
     if name == "llama":
         to_old_style(os.path.join(out, "config.json"))
 
-    rng = np.random.default_rng({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "gemma3": 5}[name])
-    prompt = [int(t) for t in rng.integers(3, VOCAB, PROMPT_LEN)]
+    rng = np.random.default_rng({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "gemma3": 5, "mixtral": 6,
+                                 "phi3": 9, "yarn": 10, "gemma2": 12,
+                                 "qwen3_moe": 8}[name])
+    prompt = [int(t) for t in rng.integers(3, VOCAB, PROMPT_LEN_OF.get(name, PROMPT_LEN))]
     ids = list(prompt)
     margins = []
     with torch.no_grad():
@@ -165,7 +223,7 @@ def build(name, out_root):
             ids.append(int(torch.argmax(logits)))
         full = model(torch.tensor([ids])).logits[0].to(torch.float32).numpy()
     np.save(os.path.join(out, "logits.npy"), np.ascontiguousarray(full, dtype="<f4"))
-    ref = {"prompt": prompt, "greedy": ids[PROMPT_LEN:], "min_top2_margin": min(margins),
+    ref = {"prompt": prompt, "greedy": ids[len(prompt):], "min_top2_margin": min(margins),
            "max_abs_logit": float(np.abs(full).max()), "transformers": transformers.__version__,
            "torch": torch.__version__, "checkpoint_dtype": str(save_dtype).replace("torch.", "")}
     with open(os.path.join(out, "reference.json"), "w") as f:

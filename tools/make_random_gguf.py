@@ -5,7 +5,8 @@ blocks with realistic scales (|w| about 0.02): the numbers it computes mean noth
 memory it takes are a real 7B's. Its tokenizer is the small Qwen2-style fixture of tests/data/tokenizers (2002
 tokens), padded with control tokens up to the model's vocabulary.
 
-Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b] [--ctx 131072] [--seed 0]
+Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b|mixtral-8x7b] [--layers N] [--ctx 131072]
+       [--seed 0]   (--layers: fewer layers of the same shape, for per-layer speed runs that fit a device budget)
 Needs gguf-py and NumPy (PyPI: pip install gguf numpy). Writes about 4.7 GB for qwen2-7b; not for the repository.
 """
 import argparse
@@ -23,6 +24,10 @@ SHAPES = {
     # vocab 128256, no biases: the CUDA serving benchmark's model (docs/benchmarks.md).
     "llama3-8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,
                       rope_base=500000.0, eps=1e-5, qkv_bias=False),
+    # Mixtral-8x7B (config.json of mistralai/Mixtral-8x7B-v0.1): hidden 4096, 32 layers, 32 heads, 8 KV heads, 8 experts
+    # of FFN 14336, 2 per token, vocab 32000; llama.cpp stores it as "llama" with experts (3-D ffn_*_exps tensors).
+    "mixtral-8x7b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                         rope_base=1000000.0, eps=1e-5, qkv_bias=False, experts=8, experts_used=2),
 }
 
 Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
@@ -51,8 +56,11 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen2-7b", choices=sorted(SHAPES))
     ap.add_argument("--ctx", type=int, default=131072)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="layers (default: the model's)")
     a = ap.parse_args()
-    s = SHAPES[a.shape]
+    s = dict(SHAPES[a.shape])
+    if a.layers > 0:
+        s["layers"] = a.layers
     rng = np.random.default_rng(a.seed)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tok = gguf.GGUFReader(os.path.join(root, "tests", "data", "tokenizers", "qwen2_vocab.gguf"))
@@ -82,6 +90,10 @@ def main() -> None:
     w.add_rope_freq_base(s["rope_base"])
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    E = s.get("experts", 0)
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(s["experts_used"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -99,18 +111,31 @@ def main() -> None:
         plan += [(p + "attn_norm.weight", None, 1, H), (p + "ffn_norm.weight", None, 1, H),
                  (p + "attn_q.weight", Q4_K, nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
                  (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H), (p + "attn_output.weight", Q4_K, H, nh * D),
-                 (p + "ffn_gate.weight", Q4_K, I, H), (p + "ffn_up.weight", Q4_K, I, H),
-                 (p + "ffn_down.weight", Q6_K if more else Q4_K, H, I)]
+                 ]
+        if E:  # router F32 (E, H); experts (E, I, H) and (E, H, I), numpy order (GGUF ne reversed)
+            plan += [(p + "ffn_gate_inp.weight", None, E, H), (p + "ffn_gate_exps.weight", Q4_K, (E, I), H),
+                     (p + "ffn_up_exps.weight", Q4_K, (E, I), H),
+                     (p + "ffn_down_exps.weight", Q6_K if more else Q4_K, (E, H), I)]
+        else:
+            plan += [(p + "ffn_gate.weight", Q4_K, I, H), (p + "ffn_up.weight", Q4_K, I, H),
+                     (p + "ffn_down.weight", Q6_K if more else Q4_K, H, I)]
         if s["qkv_bias"]:
             plan += [(p + "attn_q.bias", None, 1, nh * D), (p + "attn_k.bias", None, 1, nkv * D),
                      (p + "attn_v.bias", None, 1, nkv * D)]
     plan += [("output_norm.weight", None, 1, H), ("output.weight", Q6_K, V, H)]
+    def lead(rows):  # rows: a count, or the leading dims of a 3-D tensor
+        return list(rows) if isinstance(rows, tuple) else [rows]
+
+    def count(rows):
+        return int(np.prod(rows)) if isinstance(rows, tuple) else rows
+
     for name, qt, rows, cols in plan:
         if qt is None:
-            w.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+            shape = [cols] if rows == 1 else [rows, cols]
+            w.add_tensor_info(name, shape, np.dtype(np.float32), count(rows) * cols * 4)
         else:
-            nbytes = rows * (cols // 256) * BLOCK_BYTES[qt]
-            w.add_tensor_info(name, [rows, nbytes // rows], np.dtype(np.uint8), nbytes, raw_dtype=qt)
+            nbytes = count(rows) * (cols // 256) * BLOCK_BYTES[qt]
+            w.add_tensor_info(name, lead(rows) + [nbytes // count(rows)], np.dtype(np.uint8), nbytes, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -118,9 +143,9 @@ def main() -> None:
     for name, qt, rows, cols in plan:
         if qt is None:
             t = (np.ones(cols, np.float32) if name.endswith("norm.weight")
-                 else rng.normal(0.0, 0.02, cols).astype(np.float32))
+                 else rng.normal(0.0, 0.02, count(rows) * cols).astype(np.float32))
         else:
-            t = random_blocks(rng, qt, rows, cols)
+            t = random_blocks(rng, qt, count(rows), cols)
         w.write_tensor_data(t)
         total += t.nbytes
     w.close()

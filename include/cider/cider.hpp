@@ -123,7 +123,7 @@ class Model {
   // generation prompt). Generate from it as from any prompt (BOS is added by the tokenizer), with
   // GenerateConfig::stop_tokens = chat_end_tokens().
   std::string chat_prompt(const std::vector<ChatMessage>& messages) const;
-  std::string chat_format() const;               // "chatml", "llama3", "gemma", "mistral", "llama2" or "raw"
+  std::string chat_format() const;               // "chatml", "llama3", "gemma", "mistral", "llama2", "raw" or "phi3"
   std::vector<int32_t> chat_end_tokens() const;  // ids that end an assistant reply in that format (may be empty)
 
   // A new, empty token sequence (its own KV caches).

@@ -18,6 +18,8 @@ namespace cider::limits {
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 // Transformer layers: 1024 (the largest released models have 126–128). Per-layer state is allocated from it.
 constexpr int64_t kMaxLayers = 1024;
+// Experts of a mixture-of-experts layer (the largest released models have 256–512).
+constexpr int64_t kMaxExperts = 4096;
 // Attention heads per layer (query or key/value): 4096; head dimension: 4096 (real models: 64–256).
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxHeadDim = 4096;

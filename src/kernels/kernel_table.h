@@ -116,6 +116,9 @@ enum class MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
 // kBool: visible iff mask[b, h, i, j] != 0.   kAdditive: score += mask[b, h, i, j].
 // The mask is read through element strides (0 broadcasts a dimension) in mask_dtype (kBool or a float dtype).
 // A query row that sees no key gets an output of zeros.
+// softcap > 0 (Gemma 2's attention logit softcapping): each score s = scale·q·k becomes softcap·tanh(s / softcap)
+// before the mask is applied (HF: scores / cap, tanh, · cap, then + mask); 0 = none. Finite and >= 0 (nn::attention
+// and cuda::attention check it).
 struct AttentionArgs {
   const float* q;  // [B, Hq, L, Dk] float32, contiguous, already in the cache's rotated space
   float* out;      // [B, Hq, L, Dv] float32, contiguous, still in the rotated value space
@@ -123,6 +126,7 @@ struct AttentionArgs {
   KVTensorView keys;    // H = Hkv, dim = Dk
   KVTensorView values;  // H = Hkv, dim = Dv
   float scale;          // multiplies q·k before the softmax
+  float softcap;        // > 0: score = softcap·tanh(score / softcap) before the mask; 0 = none
   MaskKind mask_kind;
   int64_t window;
   const void* mask;

@@ -13,6 +13,9 @@
 //   attention      q over each sequence's cache (causal; a sliding layer also windowed), in the rotated space
 //   finish_heads   the attention output back from the rotated space, as (rows, Hq·D)
 //   glu            act(gate)·up (SiLU or GELU-tanh)
+//   moe            a mixture-of-experts layer's MLP, h → t: router logits h·W_rᵀ (rows, E), softmax (float32), the
+//                  top experts_per_token (ties: the lower expert index), renormalised when norm_topk_prob; each
+//                  expert's down(act(gate(h))·up(h)) over the rows routed to it, weighted and summed in expert order
 //   logits         rows of h (already final-normed) · W_headᵀ, with the final softcap, to the sequence's output
 // Rotation: the CPU backend's caches (nn::KVCache, the seeds' classes) take unrotated rows and rotate on append, and
 // nn::attention rotates the queries and the output; the CUDA backend rotates q (and k, v for Hadamard) in
@@ -53,6 +56,7 @@ class Backend {
   virtual void attention(int64_t layer) = 0;
   virtual void finish_heads(int64_t layer) = 0;
   virtual void glu() = 0;
+  virtual void moe(int64_t layer) = 0;
 };
 
 // The one layer loop: from x (embedded) through every layer, leaving h = final_norm(x).
@@ -88,8 +92,10 @@ class BackendSession {
  public:
   virtual ~BackendSession() = default;
   virtual size_t kv_bytes() const = 0;
-  // Forget positions >= position (a trim, or undoing a failed forward).
+  // Forget positions >= position (a trim, or undoing a failed forward). Only where can_truncate(position): sliding-
+  // window caches that dropped old positions cannot go back before their window (position 0, a reset, always can).
   virtual void truncate(int64_t position) = 0;
+  virtual bool can_truncate(int64_t position) const = 0;
 };
 
 // A model's weights on one device and the forward there.

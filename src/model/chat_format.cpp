@@ -41,8 +41,9 @@ ChatFormat parse_chat_format(std::string_view name) {
   if (name == "mistral") return ChatFormat::kMistral;
   if (name == "llama2") return ChatFormat::kLlama2;
   if (name == "raw") return ChatFormat::kRaw;
+  if (name == "phi3") return ChatFormat::kPhi3;
   fail(ErrorCode::kInvalidArgument, "chat_format", "the chat format must be one of chatml, llama3, gemma, mistral, "
-       "llama2, raw; got \"", name, "\"");
+       "llama2, raw, phi3; got \"", name, "\"");
 }
 
 const char* chat_format_name(ChatFormat f) {
@@ -53,6 +54,7 @@ const char* chat_format_name(ChatFormat f) {
     case ChatFormat::kMistral: return "mistral";
     case ChatFormat::kLlama2: return "llama2";
     case ChatFormat::kRaw: return "raw";
+    case ChatFormat::kPhi3: return "phi3";
   }
   return "?";
 }
@@ -82,6 +84,9 @@ std::string chat_user_turn(ChatFormat f, std::string_view user, std::string_view
                   trim(cat({sys ? cat({"<<SYS>>\n", system, "\n<</SYS>>\n\n"}) : "", user})), " [/INST]"});
     case ChatFormat::kRaw:
       return cat({sys ? cat({system, "\n"}) : "", user, "\n"});
+    case ChatFormat::kPhi3:
+      return cat({sys ? cat({"<|system|>\n", system, "<|end|>\n"}) : "", "<|user|>\n", user,
+                  "<|end|>\n<|assistant|>\n"});
   }
   return "";
 }
@@ -94,6 +99,7 @@ std::string chat_reply_end(ChatFormat f) {
     case ChatFormat::kMistral: return "</s>";
     case ChatFormat::kLlama2: return " </s>";
     case ChatFormat::kRaw: return "\n";
+    case ChatFormat::kPhi3: return "<|end|>\n";
   }
   return "";
 }
@@ -106,6 +112,7 @@ std::vector<std::string> chat_end_tokens(ChatFormat f) {
     case ChatFormat::kMistral:
     case ChatFormat::kLlama2: return {"</s>"};
     case ChatFormat::kRaw: return {};
+    case ChatFormat::kPhi3: return {"<|end|>"};
   }
   return {};
 }

@@ -11,6 +11,7 @@
 //   mistral (Mistral)        [INST] {S}\n\n{U} [/INST]{A}</s>[INST] {U2} [/INST] ...
 //   llama2  (Llama 2)        [INST] <<SYS>>\n{S}\n<</SYS>>\n\n{U} [/INST] {A} </s><s>[INST] {U2} [/INST] ...
 //   raw     (base models)    {U}\n{A}\n{U2}\n ...   (plain continuation, no markers)
+//   phi3    (Phi-3, 3.5)     <|system|>\n{S}<|end|>\n<|user|>\n{U}<|end|>\n<|assistant|>\n{A}<|end|>\n ...
 // The BOS token is not part of the text: the caller encodes the first piece with add_special = true (which prepends
 // BOS where the tokenizer's post-processor does) and later pieces without. Special-token strings in the text
 // ("<|im_end|>", "</s>") are matched as special tokens by the tokenizer.
@@ -29,7 +30,7 @@
 
 namespace cider::model {
 
-enum class ChatFormat { kChatML, kLlama3, kGemma, kMistral, kLlama2, kRaw };
+enum class ChatFormat { kChatML, kLlama3, kGemma, kMistral, kLlama2, kRaw, kPhi3 };
 
 ChatFormat parse_chat_format(std::string_view name);  // the names above; cider::Error (kInvalidArgument) otherwise
 const char* chat_format_name(ChatFormat f);

@@ -105,15 +105,58 @@ DType parse_dtype_name(const std::string& s, const std::string& source) {
   fail(ErrorCode::kUnsupported, kOp, source, ": dtype must be bfloat16, float16 or float32; got \"", s, "\"");
 }
 
+// What a rope entry's defaults depend on beyond the entry: the config's max_position_embeddings, its top-level
+// original_max_position_embeddings (0 = none; transformers lets it override the entry's for llama3/yarn/longrope), and
+// whether the architecture reads "su" and "yarn" as longrope (Phi3Config does).
+struct RopeContext {
+  int64_t max_position = 0;
+  int64_t original_max_position = 0;
+  bool longrope_aliases = false;
+};
+
+// A longrope factor list: head_dim/2 positive finite numbers (the length is checked by validate_config).
+std::vector<float> factor_list(const json& r, const char* key, const std::string& source) {
+  check(has(r, key) && r.at(key).is_array(), ErrorCode::kCorrupt, kOp, source, ": longrope rope scaling needs \"",
+        key, "\" as a list of numbers; got ", brief(at_or_null(r, key)));
+  std::vector<float> out;
+  for (const json& v : r.at(key)) {
+    check(v.is_number() && v.get<double>() > 0 && std::isfinite(v.get<double>()), ErrorCode::kCorrupt, kOp, source,
+          ": longrope \"", key, "\" entries must be positive finite numbers; got ", brief(v));
+    out.push_back(static_cast<float>(v.get<double>()));
+  }
+  return out;
+}
+
+// YaRN's attention factor (transformers' get_mscale): 0.1·mscale·ln(scale) + 1, or 1 for scale <= 1.
+double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
 // One rope entry: {rope_type|type, rope_theta?, factor, low_freq_factor, high_freq_factor,
-// original_max_position_embeddings}. `theta` is the base when the entry does not carry rope_theta.
-RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
+// original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate,
+// short_factor, long_factor}, read as transformers' _compute_*_parameters read them. `theta` is the base when the
+// entry does not carry rope_theta.
+RopeConfig parse_rope(const json& r, double theta, const RopeContext& rc, const std::string& source) {
   RopeConfig rope;
   rope.theta = theta;
   if (r.is_null()) return rope;
   check(r.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope parameters must be an object; got ", brief(r));
   rope.theta = get_num_or(r, "rope_theta", theta, source);
   std::string type = get_str_or(r, "rope_type", get_str_or(r, "type", "default", source), source);
+  if (type == "su" || (rc.longrope_aliases && type == "yarn")) type = "longrope";
+  // llama3 / yarn / longrope: the pre-training context (the config's top-level value first, as transformers'
+  // standardize_rope_params has it, then the entry's, then max_position_embeddings).
+  auto original_max = [&] {
+    const int64_t v = rc.original_max_position > 0
+                          ? rc.original_max_position
+                          : get_int_or(r, "original_max_position_embeddings", rc.max_position, source);
+    check(v > 0, ErrorCode::kCorrupt, kOp, source, ": ", type,
+          " rope scaling needs original_max_position_embeddings > 0; got ", v);
+    return v;
+  };
+  // factor, or max_position_embeddings / original_max_position_embeddings when absent or null (yarn, longrope).
+  auto factor_or_ratio = [&] {
+    return has(r, "factor") ? get_num(r, "factor", source)
+                            : static_cast<double>(rc.max_position) / static_cast<double>(rope.original_max_position);
+  };
   if (type == "default") {
     rope.scaling = RopeScaling::kNone;
   } else if (type == "linear") {
@@ -124,15 +167,55 @@ RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
     rope.factor = get_num(r, "factor", source);
     rope.low_freq_factor = get_num(r, "low_freq_factor", source);
     rope.high_freq_factor = get_num(r, "high_freq_factor", source);
-    rope.original_max_position = get_int(r, "original_max_position_embeddings", source);
-    check(rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0 &&
-              rope.original_max_position > 0,
-          ErrorCode::kCorrupt, kOp, source,
-          ": llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings "
-          "> 0; got ",
-          brief(r));
+    rope.original_max_position = original_max();
+    check(rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0, ErrorCode::kCorrupt, kOp, source,
+          ": llama3 rope scaling needs high_freq_factor > low_freq_factor > 0; got ", brief(r));
+  } else if (type == "yarn") {
+    rope.scaling = RopeScaling::kYarn;
+    rope.original_max_position = original_max();
+    rope.factor = factor_or_ratio();
+    check(rope.factor > 0 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
+          ": yarn rope factor must be positive; got ", rope.factor);
+    // beta_fast / beta_slow: 32 / 1 when absent or 0 (transformers: `get("beta_fast") or 32`).
+    const double bf = get_num_or(r, "beta_fast", 0.0, source), bs = get_num_or(r, "beta_slow", 0.0, source);
+    rope.beta_fast = bf != 0.0 ? bf : 32.0;
+    rope.beta_slow = bs != 0.0 ? bs : 1.0;
+    check(rope.beta_fast > 0 && rope.beta_slow > 0 && std::isfinite(rope.beta_fast) && std::isfinite(rope.beta_slow),
+          ErrorCode::kCorrupt, kOp, source, ": yarn beta_fast and beta_slow must be positive; got ", rope.beta_fast,
+          " and ", rope.beta_slow);
+    rope.truncate = get_bool_or(r, "truncate", true, source);
+    if (has(r, "attention_factor")) {
+      rope.attention_factor = get_num(r, "attention_factor", source);
+    } else {
+      const double mscale = get_num_or(r, "mscale", 0.0, source);
+      const double mscale_all_dim = get_num_or(r, "mscale_all_dim", 0.0, source);
+      rope.attention_factor = mscale != 0.0 && mscale_all_dim != 0.0
+                                  ? yarn_mscale(rope.factor, mscale) / yarn_mscale(rope.factor, mscale_all_dim)
+                                  : yarn_mscale(rope.factor, 1.0);
+    }
+  } else if (type == "longrope") {
+    rope.scaling = RopeScaling::kLongRope;
+    rope.original_max_position = original_max();
+    rope.short_factor = factor_list(r, "short_factor", source);
+    rope.long_factor = factor_list(r, "long_factor", source);
+    rope.factor = factor_or_ratio();
+    check(rope.factor > 0 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
+          ": longrope rope factor must be positive; got ", rope.factor);
+    rope.attention_factor =
+        has(r, "attention_factor")
+            ? get_num(r, "attention_factor", source)
+            : (rope.factor <= 1.0 ? 1.0
+                                  : std::sqrt(1.0 + std::log(rope.factor) /
+                                                        std::log(static_cast<double>(rope.original_max_position))));
+  } else if (type == "dynamic") {
+    rope.scaling = RopeScaling::kDynamic;
+    rope.factor = get_num(r, "factor", source);
+    rope.original_max_position = rc.max_position;
+    check(rope.factor >= 1 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
+          ": dynamic rope factor must be >= 1; got ", rope.factor);
   } else {
-    fail(ErrorCode::kUnsupported, kOp, source, ": rope type must be default, linear or llama3; got \"", type, "\"");
+    fail(ErrorCode::kUnsupported, kOp, source,
+         ": rope type must be default, linear, llama3, yarn, longrope (su) or dynamic; got \"", type, "\"");
   }
   if (has(r, "partial_rotary_factor")) {
     const double p = get_num(r, "partial_rotary_factor", source);
@@ -140,6 +223,8 @@ RopeConfig parse_rope(const json& r, double theta, const std::string& source) {
   }
   check(rope.factor > 0 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
         ": rope factor must be positive; got ", rope.factor);
+  check(rope.attention_factor > 0 && std::isfinite(rope.attention_factor), ErrorCode::kCorrupt, kOp, source,
+        ": rope attention_factor must be positive; got ", rope.attention_factor);
   check(rope.theta > 0 && std::isfinite(rope.theta), ErrorCode::kCorrupt, kOp, source,
         ": rope_theta must be positive; got ", rope.theta);
   return rope;
@@ -158,6 +243,7 @@ class JsonSource final : public ConfigSource {
     return model::get_bool_or(j_, key, false, source_);
   }
   std::string brief(const char* key) const override { return detail::concat(model::brief(at_or_null(j_, key))); }
+  bool present(const char* key) const override { return j_.is_object() && j_.contains(key); }
 
  private:
   const json& j_;
@@ -216,16 +302,47 @@ std::string fmt_double(double v) {
 
 }  // namespace
 
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx) {
   const int64_t half = head_dim / 2;
+  const auto dim = static_cast<double>(head_dim);
   std::vector<float> inv(static_cast<size_t>(half));
   constexpr double kTwoPi = 6.283185307179586476925286766559;
+  double base = rope.theta;
+  if (rope.scaling == RopeScaling::kDynamic && ctx > rope.original_max_position) {
+    // transformers' _compute_dynamic_ntk_parameters at seq_len = ctx.
+    const double max_pos = static_cast<double>(rope.original_max_position);
+    base *= std::pow(rope.factor * static_cast<double>(ctx) / max_pos - (rope.factor - 1.0), dim / (dim - 2.0));
+  }
+  // YaRN's correction band [low, high] in dimensions (transformers' find_correction_range).
+  double yarn_low = 0, yarn_high = 0;
+  if (rope.scaling == RopeScaling::kYarn) {
+    const double orig = static_cast<double>(rope.original_max_position);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(orig / (rotations * kTwoPi)) / (2.0 * std::log(rope.theta));
+    };
+    yarn_low = correction_dim(rope.beta_fast);
+    yarn_high = correction_dim(rope.beta_slow);
+    if (rope.truncate) {
+      yarn_low = std::floor(yarn_low);
+      yarn_high = std::ceil(yarn_high);
+    }
+    yarn_low = std::max(yarn_low, 0.0);
+    yarn_high = std::min(yarn_high, dim - 1.0);
+    if (yarn_low == yarn_high) yarn_high += 0.001;  // transformers: prevents a division by zero
+  }
+  const std::vector<float>* ext = nullptr;  // longrope's divisors for this context
+  if (rope.scaling == RopeScaling::kLongRope)
+    ext = ctx > rope.original_max_position ? &rope.long_factor : &rope.short_factor;
+  if (ext != nullptr)
+    check(static_cast<int64_t>(ext->size()) == half, ErrorCode::kInvalidArgument, "rope_inv_freq",
+          "longrope factors must have head_dim/2 = ", half, " entries; got ", ext->size());
   for (int64_t i = 0; i < half; ++i) {
     // HF: 1 / theta^(2i / head_dim), in float32.
-    double f = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    double f = 1.0 / std::pow(base, static_cast<double>(2 * i) / dim);
     f = static_cast<float>(f);
     switch (rope.scaling) {
-      case RopeScaling::kNone: break;
+      case RopeScaling::kNone:
+      case RopeScaling::kDynamic: break;
       case RopeScaling::kLinear: f = f / rope.factor; break;
       case RopeScaling::kLlama3: {
         // Wavelengths longer than the pre-training context / low_freq_factor are slowed down by `factor`, shorter
@@ -243,6 +360,15 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
         }
         break;
       }
+      case RopeScaling::kYarn: {
+        // Dimensions below the band keep their frequency (extrapolation), above it are divided by `factor`
+        // (interpolation), a linear ramp between.
+        const double ramp = std::clamp((static_cast<double>(i) - yarn_low) / (yarn_high - yarn_low), 0.0, 1.0);
+        const double keep = 1.0 - ramp;
+        f = (f / rope.factor) * (1.0 - keep) + f * keep;
+        break;
+      }
+      case RopeScaling::kLongRope: f = f / static_cast<double>((*ext)[static_cast<size_t>(i)]); break;
     }
     if (!rope.freq_factors.empty()) f = f / static_cast<double>(rope.freq_factors[static_cast<size_t>(i)]);
     inv[static_cast<size_t>(i)] = static_cast<float>(f);
@@ -328,6 +454,28 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
     for (float f : r->freq_factors)
       check(f > 0 && std::isfinite(f), ErrorCode::kCorrupt, kOp, source,
             ": rope frequency factors must be positive and finite; got ", f);
+    check(r->attention_factor > 0 && std::isfinite(r->attention_factor), ErrorCode::kCorrupt, kOp, source,
+          ": the rope attention factor", which, " must be positive and finite; got ", r->attention_factor);
+    if (r->scaling == RopeScaling::kYarn || r->scaling == RopeScaling::kLongRope ||
+        r->scaling == RopeScaling::kDynamic)
+      check(r->original_max_position > 0, ErrorCode::kCorrupt, kOp, source,
+            ": yarn, longrope and dynamic rope scaling need original_max_position_embeddings > 0; got ",
+            r->original_max_position);
+    if (r->scaling == RopeScaling::kYarn)
+      check(r->beta_fast > 0 && r->beta_slow > 0 && std::isfinite(r->beta_fast) && std::isfinite(r->beta_slow),
+            ErrorCode::kCorrupt, kOp, source, ": yarn beta_fast and beta_slow must be positive and finite; got ",
+            r->beta_fast, " and ", r->beta_slow);
+    if (r->scaling == RopeScaling::kDynamic)
+      check(r->factor >= 1, ErrorCode::kCorrupt, kOp, source, ": dynamic rope factor must be >= 1; got ", r->factor);
+    if (r->scaling == RopeScaling::kLongRope)
+      for (const std::vector<float>* list : {&r->short_factor, &r->long_factor}) {
+        check(static_cast<int64_t>(list->size()) == c.head_dim / 2, ErrorCode::kCorrupt, kOp, source,
+              ": longrope ", list == &r->short_factor ? "short_factor" : "long_factor", " must have head_dim/2 = ",
+              c.head_dim / 2, " entries; got ", list->size());
+        for (float f : *list)
+          check(f > 0 && std::isfinite(f), ErrorCode::kCorrupt, kOp, source,
+                ": longrope factors must be positive and finite; got ", f);
+      }
   }
   check(std::isfinite(c.embed_scale) && c.embed_scale > 0, ErrorCode::kCorrupt, kOp, source,
         ": the embedding scale must be positive and finite; got ", c.embed_scale);
@@ -339,10 +487,25 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
   for (uint8_t s : c.layer_sliding) any_sliding |= s != 0;
   check(!any_sliding || c.sliding_window > 0, ErrorCode::kCorrupt, kOp, source,
         ": sliding-window layers need a positive sliding_window; got ", c.sliding_window);
+  check(c.layer_moe.empty() || static_cast<int64_t>(c.layer_moe.size()) == c.num_layers, ErrorCode::kCorrupt, kOp,
+        source, ": the mixture-of-experts layer table must list one entry per layer (", c.num_layers, "); got ",
+        c.layer_moe.size());
+  if (!c.layer_moe.empty()) {
+    check(c.num_experts >= 1 && c.num_experts <= limits::kMaxExperts, ErrorCode::kCorrupt, kOp, source,
+          ": the number of experts must be in [1, ", limits::kMaxExperts, "]; got ", c.num_experts);
+    check(c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts, ErrorCode::kCorrupt, kOp, source,
+          ": num_experts_per_tok must be in [1, the number of experts = ", c.num_experts, "]; got ",
+          c.experts_per_token);
+    check(c.expert_intermediate_size >= 1 && c.expert_intermediate_size <= limits::kMaxDim, ErrorCode::kCorrupt, kOp,
+          source, ": the experts' intermediate size must be in [1, ", limits::kMaxDim, "]; got ",
+          c.expert_intermediate_size);
+  }
   check(std::isfinite(c.attn_scale) && c.attn_scale > 0, ErrorCode::kCorrupt, kOp, source,
         ": the attention scale must be positive and finite; got ", c.attn_scale);
   check(std::isfinite(c.final_logit_softcap) && c.final_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
         ": final_logit_softcapping must be positive and finite, or absent; got ", c.final_logit_softcap);
+  check(std::isfinite(c.attn_logit_softcap) && c.attn_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
+        ": attn_logit_softcapping must be positive and finite, or absent; got ", c.attn_logit_softcap);
   for (const RopeConfig* r : {&c.rope, &c.rope_local})
     check(r->freq_factors.empty() || static_cast<int64_t>(r->freq_factors.size()) == c.head_dim / 2,
           ErrorCode::kCorrupt, kOp, source, ": rope frequency factors must have head_dim/2 = ", c.head_dim / 2,
@@ -400,23 +563,32 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
 
   // RoPE. New style: rope_parameters (flat, or per layer type). Old style: rope_theta + rope_scaling (+ the sliding
   // layers' own base for architectures that have one).
+  RopeContext rc;
+  rc.max_position = c.max_position;
+  rc.original_max_position = get_int_or(j, "original_max_position_embeddings", rules.original_max_position, source);
+  rc.longrope_aliases = rules.longrope_aliases;
   auto local_rope = [&] {
     return arch.separate_local_rope
-               ? parse_rope(json(), get_num_or(j, rules.local_rope_theta_key, arch.local_rope_theta, source), source)
+               ? parse_rope(json(), get_num_or(j, rules.local_rope_theta_key, arch.local_rope_theta, source), rc,
+                            source)
                : c.rope;
   };
   if (has(j, "rope_parameters")) {
     const json& rp = j.at("rope_parameters");
     check(rp.is_object(), ErrorCode::kCorrupt, kOp, source, ": rope_parameters must be an object; got ", brief(rp));
     if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
-      c.rope = parse_rope(rp.value("full_attention", json()), rules.rope_theta, source);
-      c.rope_local = parse_rope(rp.value("sliding_attention", json()), 10000.0, source);
+      // Per layer type, transformers ignores the top-level original_max_position_embeddings.
+      RopeContext nested = rc;
+      nested.original_max_position = 0;
+      c.rope = parse_rope(rp.value("full_attention", json()), rules.rope_theta, nested, source);
+      c.rope_local = parse_rope(rp.value("sliding_attention", json()), 10000.0, nested, source);
     } else {
-      c.rope = parse_rope(rp, get_num_or(j, "rope_theta", rules.rope_theta, source), source);
+      c.rope = parse_rope(rp, get_num_or(j, "rope_theta", rules.rope_theta, source), rc, source);
       c.rope_local = local_rope();
     }
   } else {
-    c.rope = parse_rope(j.value("rope_scaling", json()), get_num_or(j, "rope_theta", rules.rope_theta, source), source);
+    c.rope = parse_rope(j.value("rope_scaling", json()), get_num_or(j, "rope_theta", rules.rope_theta, source), rc,
+                        source);
     c.rope_local = local_rope();
   }
   if (has(j, "partial_rotary_factor")) {
@@ -478,10 +650,18 @@ ModelConfig load_hf_config(const std::string& dir) {
 ModelConfig config_from_gguf(const GGUFFile& g) {
   const std::string source = g.path();
   const std::string arch = g.get_string("general.architecture");
-  const ArchSpec& spec = arch_by_gguf_name(arch, source);
+  const std::string p = arch + ".";
+  const int64_t experts = g.has(p + "expert_count") ? g.get_int(p + "expert_count") : 0;
+  const ArchSpec* specp = find_arch_by_gguf_name(arch);
+  if (experts > 0)  // an architecture whose MoE variant llama.cpp stores under another's name (Mixtral as llama)
+    for (const ArchSpec* a : all_archs())
+      for (const char* n : a->gguf_moe_names)
+        if (arch == n) specp = a;
+  const ArchSpec& spec = specp ? *specp : arch_by_gguf_name(arch, source);
+  check(experts == 0 || spec.moe.router != nullptr, ErrorCode::kUnsupported, kOp, source, ": ", p,
+        "expert_count = ", experts, ": mixture-of-experts ", arch, " GGUF files are not supported");
   ModelConfig c;
   c.arch = spec.id;
-  const std::string p = arch + ".";
   const GgufSource src(g, p, source);
   auto geti = [&](const std::string& k) { return g.get_int(p + k); };
   auto geti_or = [&](const std::string& k, int64_t d) { return g.has(p + k) ? g.get_int(p + k) : d; };
@@ -531,13 +711,37 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
           ": partial rotary embeddings are not supported: rope.dimension_count must equal head_dim ", c.head_dim,
           "; got ", rd);
   }
+  // llama.cpp's rope keys: the pre-training context (yarn; Phi-3's longrope, whose factor tensors the loader reads)
+  // and an attention factor multiplying cos/sin for every scaling type.
+  c.rope.original_max_position = geti_or("rope.scaling.original_context_length", c.max_position);
+  const double attn_factor = getf_or("rope.scaling.attn_factor", 1.0);
+  c.rope.attention_factor = attn_factor;
   if (g.has(p + "rope.scaling.type")) {
     const std::string t = g.get_string(p + "rope.scaling.type");
     if (t == "linear") {
       c.rope.scaling = RopeScaling::kLinear;
       c.rope.factor = g.get_float(p + "rope.scaling.factor");
+    } else if (t == "yarn") {
+      // The converter writes HF's factor, original_max_position_embeddings and (when set) beta_fast, beta_slow and
+      // attention_factor; yarn_log_multiplier is mscale_all_dim (llama.cpp's rule, mscale 1).
+      c.rope.scaling = RopeScaling::kYarn;
+      c.rope.factor = g.get_float(p + "rope.scaling.factor");
+      check(c.rope.factor > 0 && std::isfinite(c.rope.factor), ErrorCode::kCorrupt, kOp, source, ": ", p,
+            "rope.scaling.factor must be positive and finite; got ", c.rope.factor);
+      c.rope.beta_fast = getf_or("rope.scaling.yarn_beta_fast", 32.0);
+      c.rope.beta_slow = getf_or("rope.scaling.yarn_beta_slow", 1.0);
+      const double log_mul = getf_or("rope.scaling.yarn_log_multiplier", 0.0);
+      const double yarn_factor =
+          g.has(p + "rope.scaling.yarn_attn_factor")
+              ? g.get_float(p + "rope.scaling.yarn_attn_factor")
+              : (log_mul != 0.0 ? yarn_mscale(c.rope.factor, 1.0) / yarn_mscale(c.rope.factor, log_mul)
+                                : yarn_mscale(c.rope.factor, 1.0));
+      c.rope.attention_factor = yarn_factor * attn_factor;
+    } else if (t == "longrope") {
+      c.rope.scaling = RopeScaling::kLongRope;  // the loader fills the factors from rope_factors_long/short
     } else if (t != "none") {
-      fail(ErrorCode::kUnsupported, kOp, source, ": rope scaling type must be none or linear; got \"", t, "\"");
+      fail(ErrorCode::kUnsupported, kOp, source, ": rope scaling type must be none, linear, yarn or longrope; got \"",
+           t, "\"");
     }
   }
   c.rope_local = c.rope;
@@ -549,6 +753,17 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
   check_config_sizes(c, source, keys);  // before the per-layer table below is allocated from block_count
   c.layer_sliding.assign(static_cast<size_t>(c.num_layers), 0);
   c.attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  if (experts > 0) {  // llama.cpp's MoE: the kept probabilities renormalised (its norm_w = true for these)
+    c.num_experts = experts;
+    c.experts_per_token = geti("expert_used_count");
+    c.expert_intermediate_size = geti_or("expert_feed_forward_length", c.intermediate_size);
+    c.norm_topk_prob = true;
+    // A layer has experts when it has a router (a file may keep dense layers between, as Qwen3-MoE's
+    // decoder_sparse_step makes them).
+    c.layer_moe.assign(static_cast<size_t>(c.num_layers), 0);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.layer_moe[static_cast<size_t>(l)] = g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
+  }
   if (spec.gguf.config) spec.gguf.config(src, c);
   validate_config(c, source, keys);
   return c;
@@ -565,9 +780,19 @@ json rope_to_json(const RopeConfig& r) {
   j["low_freq_factor"] = fmt_double(r.low_freq_factor);
   j["high_freq_factor"] = fmt_double(r.high_freq_factor);
   j["original_max_position"] = r.original_max_position;
-  json ff = json::array();
-  for (float f : r.freq_factors) ff.push_back(fmt_double(f));
-  j["freq_factors"] = ff;
+  auto list = [](const std::vector<float>& v) {
+    json a = json::array();
+    for (float f : v) a.push_back(fmt_double(f));
+    return a;
+  };
+  j["freq_factors"] = list(r.freq_factors);
+  // Written by every cider since yarn/longrope/dynamic were added; optional when read (older files lack them).
+  j["attention_factor"] = fmt_double(r.attention_factor);
+  j["beta_fast"] = fmt_double(r.beta_fast);
+  j["beta_slow"] = fmt_double(r.beta_slow);
+  j["truncate"] = r.truncate;
+  j["short_factor"] = list(r.short_factor);
+  j["long_factor"] = list(r.long_factor);
   return j;
 }
 double num_from_str(const json& j, const char* key, const std::string& source) {
@@ -585,7 +810,8 @@ RopeConfig rope_from_json(const json& j, const std::string& source) {
   RopeConfig r;
   r.theta = num_from_str(j, "theta", source);
   const int64_t s = get_int(j, "scaling", source);
-  check(s >= 0 && s <= 2, ErrorCode::kCorrupt, kOp, source, ": rope scaling must be 0, 1 or 2; got ", s);
+  check(s >= 0 && s <= static_cast<int64_t>(RopeScaling::kDynamic), ErrorCode::kCorrupt, kOp, source,
+        ": rope scaling must be in [0, ", static_cast<int>(RopeScaling::kDynamic), "]; got ", s);
   r.scaling = static_cast<RopeScaling>(s);
   r.factor = num_from_str(j, "factor", source);
   r.low_freq_factor = num_from_str(j, "low_freq_factor", source);
@@ -593,10 +819,20 @@ RopeConfig rope_from_json(const json& j, const std::string& source) {
   r.original_max_position = get_int(j, "original_max_position", source);
   check(j.contains("freq_factors") && j.at("freq_factors").is_array(), ErrorCode::kCorrupt, kOp, source,
         ": rope freq_factors must be a list");
-  for (const json& f : j.at("freq_factors")) {
-    json one = {{"v", f}};
-    r.freq_factors.push_back(static_cast<float>(num_from_str(one, "v", source)));
-  }
+  auto read_list = [&](const char* key, std::vector<float>& out) {
+    check(j.at(key).is_array(), ErrorCode::kCorrupt, kOp, source, ": rope ", key, " must be a list");
+    for (const json& f : j.at(key)) {
+      json one = {{"v", f}};
+      out.push_back(static_cast<float>(num_from_str(one, "v", source)));
+    }
+  };
+  read_list("freq_factors", r.freq_factors);
+  if (j.contains("attention_factor")) r.attention_factor = num_from_str(j, "attention_factor", source);
+  if (j.contains("beta_fast")) r.beta_fast = num_from_str(j, "beta_fast", source);
+  if (j.contains("beta_slow")) r.beta_slow = num_from_str(j, "beta_slow", source);
+  r.truncate = get_bool_or(j, "truncate", true, source);
+  if (j.contains("short_factor")) read_list("short_factor", r.short_factor);
+  if (j.contains("long_factor")) read_list("long_factor", r.long_factor);
   return r;
 }
 }  // namespace
@@ -625,6 +861,7 @@ std::string config_to_json(const ModelConfig& c) {
   j["attn_scale"] = fmt_double(c.attn_scale);
   j["embed_scale"] = fmt_double(c.embed_scale);
   j["final_logit_softcap"] = fmt_double(c.final_logit_softcap);
+  if (c.attn_logit_softcap > 0) j["attn_logit_softcap"] = fmt_double(c.attn_logit_softcap);  // absent: 0
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["rope"] = rope_to_json(c.rope);
   j["rope_local"] = rope_to_json(c.rope_local);
@@ -632,6 +869,13 @@ std::string config_to_json(const ModelConfig& c) {
   std::vector<int> ls(c.layer_sliding.begin(), c.layer_sliding.end());
   j["layer_sliding"] = ls;
   j["dtype"] = dtype_name(c.dtype);
+  if (!c.layer_moe.empty()) {
+    j["num_experts"] = c.num_experts;
+    j["experts_per_token"] = c.experts_per_token;
+    j["expert_intermediate_size"] = c.expert_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["layer_moe"] = std::vector<int>(c.layer_moe.begin(), c.layer_moe.end());
+  }
   return j.dump(1);
 }
 
@@ -665,6 +909,8 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
   c.attn_scale = static_cast<float>(num_from_str(j, "attn_scale", source));
   c.embed_scale = static_cast<float>(num_from_str(j, "embed_scale", source));
   c.final_logit_softcap = static_cast<float>(num_from_str(j, "final_logit_softcap", source));
+  if (j.contains("attn_logit_softcap"))
+    c.attn_logit_softcap = static_cast<float>(num_from_str(j, "attn_logit_softcap", source));
   c.tie_word_embeddings = get_bool_or(j, "tie_word_embeddings", false, source);
   check(j.contains("rope") && j.contains("rope_local"), ErrorCode::kCorrupt, kOp, source,
         " must define rope and rope_local");
@@ -683,6 +929,18 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
   else if (dt == "float16") c.dtype = DType::kF16;
   else if (dt == "bfloat16") c.dtype = DType::kBF16;
   else fail(ErrorCode::kCorrupt, kOp, source, ": dtype must be float32, float16 or bfloat16; got \"", dt, "\"");
+  if (has(j, "layer_moe")) {
+    check(j.at("layer_moe").is_array() && static_cast<int64_t>(j.at("layer_moe").size()) == c.num_layers,
+          ErrorCode::kCorrupt, kOp, source, ": layer_moe must list num_layers = ", c.num_layers, " entries");
+    for (const json& s : j.at("layer_moe")) {
+      check(s.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": layer_moe entries must be 0 or 1");
+      c.layer_moe.push_back(s.get<int>() != 0);
+    }
+    c.num_experts = get_int(j, "num_experts", source);
+    c.experts_per_token = get_int(j, "experts_per_token", source);
+    c.expert_intermediate_size = get_int(j, "expert_intermediate_size", source);
+    c.norm_topk_prob = get_bool_or(j, "norm_topk_prob", true, source);
+  }
   validate_config(c, source, kCiderConfigKeys);
   return c;
 }

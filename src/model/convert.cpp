@@ -123,7 +123,13 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
     add_norm(w, L.post_attn_norm);
     add_norm(w, L.mlp_norm);
     add_norm(w, L.post_mlp_norm);
-    for (const Linear* x : {&L.gate, &L.up, &L.down}) add_linear(w, *x);
+    if (L.experts.empty()) {
+      for (const Linear* x : {&L.gate, &L.up, &L.down}) add_linear(w, *x);
+    } else {  // a mixture-of-experts layer: the float32 router and every expert, under the checkpoint's names
+      add_linear(w, L.router);
+      for (const LayerWeights::Expert& e : L.experts)
+        for (const Linear* x : {&e.gate, &e.up, &e.down}) add_linear(w, *x);
+    }
   }
   add_norm(w, W.final_norm);
   if (!W.head_is_embedding) add_linear(w, W.lm_head);

@@ -19,15 +19,16 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
-// cos/sin of position·inv_freq for the n positions [pos0, pos0 + n): (n, D/2) each. The angle is the float32
-// product, as HF computes it, so long positions round the same way.
-void rope_tables(const std::vector<float>& inv_freq, int64_t pos0, int64_t n, float* cs, float* sn) {
+// cos/sin of position·inv_freq for the n positions [pos0, pos0 + n): (n, D/2) each, times the rope's attention factor
+// (YaRN, LongRoPE; 1 otherwise). The angle is the float32 product, as HF computes it, so long positions round the same
+// way; cos·factor and sin·factor are evaluated in double and rounded once.
+void rope_tables(const std::vector<float>& inv_freq, double factor, int64_t pos0, int64_t n, float* cs, float* sn) {
   const auto half = static_cast<int64_t>(inv_freq.size());
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(pos0 + t) * inv_freq[sz(i)];
-      cs[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sn[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      cs[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)) * factor);
+      sn[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)) * factor);
     }
 }
 
@@ -76,6 +77,9 @@ struct Scratch {
   std::vector<float> tmp;        // (rows, hidden) block output
   std::vector<float> gate, up;   // (rows, I)
   std::vector<float> cos_g, sin_g, cos_l, sin_l;  // (rows, D/2) rope tables of the pass (global, local)
+  // Mixture-of-experts layers (grown on first use): router logits (rows, E); one expert's rows gathered (m, hidden),
+  // its gate/up (m, Ie) and output (m, hidden).
+  std::vector<float> router, moe_in, moe_gate, moe_up, moe_out;
 
   void reserve(const ModelConfig& c, int64_t n_rows) {
     if (n_rows <= rows) return;
@@ -96,7 +100,7 @@ struct Scratch {
 
 class CpuSession final : public BackendSession {
  public:
-  CpuSession(const Model::Impl& m) {
+  CpuSession(const Model::Impl& m) : model(m) {
     for (int64_t l = 0; l < m.config.num_layers; ++l) caches.push_back(m.make_cache(l));
   }
   size_t kv_bytes() const override {
@@ -104,11 +108,27 @@ class CpuSession final : public BackendSession {
     for (const auto& c : caches) b += static_cast<size_t>(c->nbytes());
     return b;
   }
+  // Sliding-window caches that dropped positions go back only while the new end's window is still stored; position
+  // 0 starts the caches over.
+  bool can_truncate(int64_t position) const override {
+    if (position <= 0) return true;
+    for (const auto& c : caches)
+      if (c->end() > position && !c->can_trim(c->end() - position)) return false;
+    return true;
+  }
   void truncate(int64_t position) override {
+    if (position <= 0) {  // a cache that dropped positions starts over; the others keep their storage
+      for (size_t l = 0; l < caches.size(); ++l)
+        if (caches[l]->start() > 0) caches[l] = model.make_cache(static_cast<int64_t>(l));
+      position = 0;
+    }
+    check(can_truncate(position), ErrorCode::kOutOfRange, "session_truncate",
+          "sliding-window caches dropped positions needed after going back to position ", position);
     for (auto& c : caches)
-      if (c->offset() > position) c->trim(c->offset() - position);
+      if (c->end() > position) c->trim(c->end() - position);
   }
 
+  const Model::Impl& model;
   std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
   Scratch scratch;                                    // used when this session leads a pass
 };
@@ -131,8 +151,10 @@ class CpuBackend final : public PassBackend {
     s_.reserve(c_, rows_);
     const int64_t half = c_.head_dim / 2;
     for (const PassSegment& g : segments) {
-      rope_tables(m_.inv_freq, g.pos0, g.n, s_.cos_g.data() + g.row0 * half, s_.sin_g.data() + g.row0 * half);
-      rope_tables(m_.inv_freq_local, g.pos0, g.n, s_.cos_l.data() + g.row0 * half, s_.sin_l.data() + g.row0 * half);
+      rope_tables(m_.inv_freq, c_.rope.attention_factor, g.pos0, g.n, s_.cos_g.data() + g.row0 * half,
+                  s_.sin_g.data() + g.row0 * half);
+      rope_tables(m_.inv_freq_local, c_.rope_local.attention_factor, g.pos0, g.n, s_.cos_l.data() + g.row0 * half,
+                  s_.sin_l.data() + g.row0 * half);
     }
   }
 
@@ -213,15 +235,55 @@ class CpuBackend final : public PassBackend {
     mask.window = c_.layer_sliding[sz(layer)] != 0 ? c_.sliding_window : 0;
     for (const PassSegment& g : segments_)
       nn::attention(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D), cache(g.seq, layer), c_.attn_scale, mask,
-                    heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D));
+                    heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D), c_.attn_logit_softcap);
   }
 
   void finish_heads(int64_t) override {}  // nn::attention wrote (rows, Hq, D), rotated back
 
-  void glu() override {
-    const int64_t count = rows_ * c_.intermediate_size;
-    float* g = s_.gate.data();
-    const float* u = s_.up.data();
+  void glu() override { glu_rows(s_.gate.data(), s_.up.data(), rows_ * c_.intermediate_size); }
+
+  void moe(int64_t layer) override {
+    const LayerWeights& L = m_.w.layers[sz(layer)];
+    const int64_t n = rows_, H = c_.hidden_size, E = c_.num_experts, K = c_.experts_per_token;
+    const int64_t Ie = c_.expert_intermediate_size;
+    // ---- router: logits (n, E) → softmax in float32 → top K per row (ties: the lower index) ----
+    s_.router.resize(sz(n * E));
+    L.router.forward(s_.h.data(), n, s_.router.data());
+    std::vector<int32_t> chosen(sz(n * K));
+    std::vector<float> weight(sz(n * K));
+    route_experts(s_.router.data(), n, E, K, c_.norm_topk_prob, chosen.data(), weight.data());
+    std::vector<std::vector<int64_t>> rows_of(sz(E));  // (expert) → slots r·K + k routed to it, rows ascending
+    for (int64_t i = 0; i < n * K; ++i) rows_of[sz(chosen[sz(i)])].push_back(i);
+    // ---- experts in index order, each over the rows routed to it (a decode row: K small GEMVs; a prefill chunk:
+    // one GEMM per expert over its gathered rows) ----
+    float* t = s_.tmp.data();
+    std::fill(t, t + n * H, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<int64_t>& slots = rows_of[sz(e)];
+      if (slots.empty()) continue;
+      const auto m = static_cast<int64_t>(slots.size());
+      s_.moe_in.resize(sz(m * H));
+      s_.moe_gate.resize(sz(m * Ie));
+      s_.moe_up.resize(sz(m * Ie));
+      s_.moe_out.resize(sz(m * H));
+      for (int64_t i = 0; i < m; ++i)
+        std::copy_n(s_.h.data() + (slots[sz(i)] / K) * H, H, s_.moe_in.data() + i * H);
+      const LayerWeights::Expert& x = L.experts[sz(e)];
+      x.gate.forward(s_.moe_in.data(), m, s_.moe_gate.data());
+      x.up.forward(s_.moe_in.data(), m, s_.moe_up.data());
+      glu_rows(s_.moe_gate.data(), s_.moe_up.data(), m * Ie);
+      x.down.forward(s_.moe_gate.data(), m, s_.moe_out.data());
+      for (int64_t i = 0; i < m; ++i) {
+        const float wgt = weight[sz(slots[sz(i)])];
+        float* dst = t + (slots[sz(i)] / K) * H;
+        const float* src = s_.moe_out.data() + i * H;
+        for (int64_t d = 0; d < H; ++d) dst[d] += src[d] * wgt;
+      }
+    }
+  }
+
+  // g[i] = act(g[i])·u[i] for i < count.
+  void glu_rows(float* g, const float* u, int64_t count) const {
     // Element-wise, so split over the pool when large (a prefill chunk: rows·I of 10⁶ and more; the scalar tanh/exp
     // on one thread was ≈ 31% of a 2-thread prefill, docs/benchmarks.md); the same function per element either way.
     const bool silu_act = c_.activation == Activation::kSiLU;

@@ -22,10 +22,14 @@ void run_layers(const ModelConfig& c, Backend& b) {
     b.finish_heads(l);
     b.linear(l, LinearSlot::kO);
     b.residual_norm(/*add=*/true, l, post_attn, l, NormSlot::kMlp);
-    // ---- MLP block ----
-    b.linear(l, LinearSlot::kGateUp);
-    b.glu();
-    b.linear(l, LinearSlot::kDown);
+    // ---- MLP block (or the experts of a mixture-of-experts layer) ----
+    if (c.is_moe_layer(l)) {
+      b.moe(l);
+    } else {
+      b.linear(l, LinearSlot::kGateUp);
+      b.glu();
+      b.linear(l, LinearSlot::kDown);
+    }
     const bool last = l + 1 == c.num_layers;
     b.residual_norm(/*add=*/true, l, post_mlp, last ? l : l + 1, last ? NormSlot::kFinal : NormSlot::kAttn);
   }

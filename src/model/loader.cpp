@@ -92,9 +92,92 @@ class Builder {
           shape_str(want), " for this config; got ", shape_str(got));
   }
 
-  // An MLX-quantized module (prefix.scales present)?
+  // ---- fused projections (ArchSpec::fused_linears) ----
+  // Output rows of one of the engine's per-layer linear modules.
+  int64_t module_rows(std::string_view m) const {
+    auto ends = [&](std::string_view suffix) {
+      return m.size() >= suffix.size() && m.substr(m.size() - suffix.size()) == suffix;
+    };
+    if (ends("q_proj")) return c_.num_heads * c_.head_dim;
+    if (ends("k_proj") || ends("v_proj")) return c_.num_kv_heads * c_.head_dim;
+    if (ends("gate_proj") || ends("up_proj")) return c_.intermediate_size;
+    fail(ErrorCode::kInternal, kOp, "a fused projection's part must be q/k/v_proj or gate/up_proj; got ", m);
+  }
+  // Rows [row0, row0 + rows) of the fused tensor `hf` (total rows in all).
+  struct FusedSlice {
+    std::string hf;
+    int64_t row0 = 0, rows = 0, total = 0;
+    std::vector<int64_t> file_shape;  // the file's shape when it is not (total, K): GGUF experts' (E, N, K)
+  };
+  // GGUF mixture-of-experts files hold each kind of expert matrix of a layer as one 3-D tensor (E, N, K)
+  // ("blk.L.ffn_gate_exps.weight"): expert e's "model.layers.L.<experts>e.<part>.weight" is its rows [e·N, (e+1)·N).
+  std::optional<FusedSlice> expert_slice(const std::string& hf) const {
+    const MoeNames& n = arch_.moe;
+    const std::string pre = "model.layers.";
+    if (kind_ != SourceKind::kGGUF || n.router == nullptr || hf.rfind(pre, 0) != 0) return std::nullopt;
+    const size_t dot = hf.find('.', pre.size());
+    if (dot == std::string::npos) return std::nullopt;
+    const std::string layer = hf.substr(0, dot + 1), rest = hf.substr(dot + 1), ex = n.experts;
+    if (rest.rfind(ex, 0) != 0) return std::nullopt;
+    const size_t edot = rest.find('.', ex.size());
+    if (edot == std::string::npos) return std::nullopt;
+    const int64_t e = std::stoll(rest.substr(ex.size(), edot - ex.size()));
+    const std::string part = rest.substr(edot + 1);  // "<gate|up|down>.weight"
+    const bool down = part.rfind(std::string(n.down) + ".", 0) == 0;
+    const int64_t N = down ? c_.hidden_size : c_.expert_intermediate_size;
+    const int64_t K = down ? c_.expert_intermediate_size : c_.hidden_size;
+    FusedSlice fs;
+    fs.hf = layer + ex + part;  // "model.layers.L.mlp.experts.gate_proj.weight" → gguf_tensor_name
+    fs.row0 = e * N;
+    fs.rows = N;
+    fs.total = c_.num_experts * N;
+    fs.file_shape = {c_.num_experts, N, K};
+    return fs;
+  }
+  // `hf` (a part's tensor "model.layers.3.self_attn.k_proj.weight", or module "model.layers.3.self_attn.k_proj") as
+  // rows of the fused tensor the file holds in its place; nullopt when the file has no such fused projection (the part
+  // is then read under its own name, as cider-converted files and some GGUF files store it).
+  std::optional<FusedSlice> fused_slice(const std::string& hf) const {
+    if (std::optional<FusedSlice> es = expert_slice(hf)) return es;
+    const std::string pre = "model.layers.";
+    if (arch_.fused_linears.empty() || hf.rfind(pre, 0) != 0) return std::nullopt;
+    const size_t dot = hf.find('.', pre.size());
+    if (dot == std::string::npos) return std::nullopt;
+    const std::string layer = hf.substr(0, dot + 1), rest = hf.substr(dot + 1);
+    for (const FusedLinear& f : arch_.fused_linears) {
+      FusedSlice fs;
+      std::string suffix;
+      bool found = false;
+      for (const char* part : f.parts) {
+        const std::string_view ps = part;
+        if (!found && rest.rfind(ps, 0) == 0 && (rest.size() == ps.size() || rest[ps.size()] == '.')) {
+          found = true;
+          suffix = rest.substr(ps.size());
+          fs.row0 = fs.total;
+          fs.rows = module_rows(ps);
+        }
+        fs.total += module_rows(ps);
+      }
+      if (!found) continue;
+      if (!exists(layer + f.fused + ".weight")) return std::nullopt;
+      fs.hf = layer + f.fused + suffix;
+      return fs;
+    }
+    return std::nullopt;
+  }
+  // Rows [row0, row0 + n) of a contiguous row-major view.
+  static TensorView view_rows(const TensorView& v, int64_t row0, int64_t n) {
+    std::vector<int64_t> shape = v.shape_vector();
+    const int64_t row_elems = v.numel() / shape[0];
+    shape[0] = n;
+    return TensorView(static_cast<const uint8_t*>(v.data) + row0 * row_elems * static_cast<int64_t>(dtype_size(v.dtype)),
+                      v.dtype, shape);
+  }
+
+  // An MLX-quantized module (prefix.scales present, or its fused projection's)?
   bool is_mlx_quantized(const std::string& prefix) const {
-    return kind_ == SourceKind::kMLX && st(prefix + ".scales") != nullptr;
+    const std::optional<FusedSlice> fs = fused_slice(prefix);
+    return kind_ == SourceKind::kMLX && st((fs ? fs->hf : prefix) + ".scales") != nullptr;
   }
 
   struct MlxTriple {
@@ -102,6 +185,11 @@ class Builder {
     MlxQuantParams p;
   };
   MlxTriple mlx_triple(const std::string& prefix, int64_t N, int64_t K) {
+    if (const std::optional<FusedSlice> fs = fused_slice(prefix)) {
+      MlxTriple m = mlx_triple(fs->hf, fs->total, K);
+      for (TensorView* v : {&m.packed, &m.scales, &m.biases}) *v = view_rows(*v, fs->row0, fs->rows);
+      return m;
+    }
     const std::string wn = prefix + ".weight", sn = prefix + ".scales", bn = prefix + ".biases";
     const StTensor* w = st(wn);
     const StTensor* s = st(sn);
@@ -151,12 +239,25 @@ class Builder {
   }
 
   FloatRef fetch_float_any(const std::string& hf, const std::vector<int64_t>& shape) {
+    const std::optional<FusedSlice> fs = fused_slice(hf);
+    std::vector<int64_t> file_shape = shape;  // a fused tensor: all its parts' rows
+    if (fs) file_shape[0] = fs->total;
+    if (fs && !fs->file_shape.empty()) file_shape = fs->file_shape;
     if (kind_ == SourceKind::kGGUF) {
-      const std::string gn = gguf_tensor_name(arch_, hf);
+      const std::string gn = gguf_tensor_name(arch_, fs ? fs->hf : hf);
       const GGUFTensor* t = gguf_->find(gn);
       if (!t) missing(hf);
-      check_shape(gn, t->shape, shape);
+      check_shape(gn, t->shape, file_shape);
       used_.insert(gn);
+      GGUFTensor part;  // a fused tensor's rows: whole rows of whole blocks, decoded like any tensor
+      if (fs) {
+        part = *t;
+        const size_t row_bytes = t->nbytes / static_cast<size_t>(fs->total);
+        part.shape = {fs->rows, shape.back()};
+        part.data += static_cast<size_t>(fs->row0) * row_bytes;
+        part.nbytes = static_cast<size_t>(fs->rows) * row_bytes;
+        t = &part;
+      }
       const bool permuted = arch_.gguf_qk_interleaved &&
                             (hf.find("self_attn.q_proj.") != std::string::npos ||
                              hf.find("self_attn.k_proj.") != std::string::npos);
@@ -188,13 +289,15 @@ class Builder {
       r.view = r.temp->view();
       return r;
     }
-    const StTensor* t = st(hf);
+    const std::string name = fs ? fs->hf : hf;
+    const StTensor* t = st(name);
     if (!t) missing(hf);
-    check(is_float_dtype(t->dtype), ErrorCode::kCorrupt, kOp, where_, ": tensor '", hf,
+    check(is_float_dtype(t->dtype), ErrorCode::kCorrupt, kOp, where_, ": tensor '", name,
           "' must be F32, F16 or BF16; got ", safetensors_dtype_name(t->dtype));
-    check_shape(hf, t->shape, shape);
-    used_.insert(hf);
-    return {aligned_view(*t), std::nullopt};
+    check_shape(name, t->shape, file_shape);
+    used_.insert(name);
+    const TensorView v = aligned_view(*t);
+    return {fs ? view_rows(v, fs->row0, fs->rows) : v, std::nullopt};
   }
 
   // Keeps `r` as dtype `dt`: in place (moving a temporary into the owned store) or converted once.
@@ -287,31 +390,35 @@ class Builder {
   // --weights native: the GGUF tensor `hf` (N, K) kept in its block format when the format has kernels; nullptr
   // when it has none (the caller then takes the bf16 path). Every block's float16 scales are checked to be finite. q/k of interleaved-head GGUF files get their rows un-permuted into owned memory.
   const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
-    const std::string gn = gguf_tensor_name(arch_, hf);
+    // A part of a fused tensor is its rows: whole rows of whole blocks, used in place.
+    const std::optional<FusedSlice> fs = fused_slice(hf);
+    const int64_t rows = fs ? fs->total : N;
+    const std::string gn = gguf_tensor_name(arch_, fs ? fs->hf : hf);
     const GGUFTensor* t = gguf_->find(gn);
     if (!t) missing(hf);
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(t->type);
     if (f == nullptr || !f->integer_form) return nullptr;
-    check_shape(gn, t->shape, {N, K});
+    check_shape(gn, t->shape, fs && !fs->file_shape.empty() ? fs->file_shape : std::vector<int64_t>{rows, K});
     const int64_t rb = quant::ggml_row_bytes(*f, K);
-    check(K % f->block_size == 0 && static_cast<int64_t>(t->nbytes) == N * rb, ErrorCode::kCorrupt, kOp, where_,
-          ": tensor '", gn, "' must hold ", N * rb, " bytes of ", f->name, " blocks; got ", t->nbytes);
+    check(K % f->block_size == 0 && static_cast<int64_t>(t->nbytes) == rows * rb, ErrorCode::kCorrupt, kOp, where_,
+          ": tensor '", gn, "' must hold ", rows * rb, " bytes of ", f->name, " blocks; got ", t->nbytes);
     used_.insert(gn);
+    const uint8_t* data = t->data + (fs ? fs->row0 * rb : 0);
     // Finite weights: a block's codes are integers, so its values are finite exactly when its float16 scales are.
     const int64_t per_row = K / f->block_size;
     for (int64_t b = 0; b < N * per_row; ++b) {
-      if (quant::ggml_block_finite(*f, t->data + b * f->block_bytes)) continue;
+      if (quant::ggml_block_finite(*f, data + b * f->block_bytes)) continue;
       std::vector<float> vals(static_cast<size_t>(f->block_size));
-      f->decode(t->data + b * f->block_bytes, vals.data());
+      f->decode(data + b * f->block_bytes, vals.data());
       const int64_t bad = find_nonfinite(vals.data(), DType::kF32, f->block_size);
       fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' must hold finite values; got ",
-           vals[static_cast<size_t>(bad < 0 ? 0 : bad)], " at row ", b / per_row, " column ",
+           vals[static_cast<size_t>(bad < 0 ? 0 : bad)], " at row ", b / per_row + (fs ? fs->row0 : 0), " column ",
            (b % per_row) * f->block_size + (bad < 0 ? 0 : bad), " (a non-finite ", f->name, " scale)");
     }
     *type = t->type;
     const bool permuted = arch_.gguf_qk_interleaved && (hf.find("self_attn.q_proj.") != std::string::npos ||
                                                         hf.find("self_attn.k_proj.") != std::string::npos);
-    if (!permuted) return t->data;
+    if (!permuted) return data;
     // The row order unpermute_gguf_heads gives, read off a column of row indices.
     const int64_t heads = hf.find("q_proj") != std::string::npos ? c_.num_heads : c_.num_kv_heads;
     std::vector<float> src(static_cast<size_t>(N));
@@ -319,7 +426,7 @@ class Builder {
     unpermute_gguf_heads(src.data(), heads, c_.head_dim, 1);
     Tensor& copy = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{N * rb});
     for (int64_t n = 0; n < N; ++n)
-      std::memcpy(copy.ptr<uint8_t>() + n * rb, t->data + static_cast<int64_t>(src[static_cast<size_t>(n)]) * rb,
+      std::memcpy(copy.ptr<uint8_t>() + n * rb, data + static_cast<int64_t>(src[static_cast<size_t>(n)]) * rb,
                   static_cast<size_t>(rb));
     return copy.ptr<uint8_t>();
   }
@@ -388,6 +495,36 @@ class Builder {
     }
   }
 
+  // A mixture-of-experts layer (ModelConfig::is_moe_layer): the router kept float32 (routing decides which experts
+  // run: it is not quantized), every expert's gate/up/down in the weight format like any linear layer. Names from
+  // the architecture (ArchSpec::moe).
+  void moe_layer(const std::string& p, int64_t l, LayerWeights& L) {
+    const ModelConfig& c = c_;
+    const MoeNames& n = arch_.moe;
+    check(n.router != nullptr, ErrorCode::kInternal, kOp, where_, ": architecture ", arch_.name,
+          " has mixture-of-experts layers but no expert tensor names");
+    const int64_t H = c.hidden_size, Ie = c.expert_intermediate_size, E = c.num_experts;
+    const std::string rn = p + n.router;
+    named(rn, [&] {
+      FloatRef r = fetch_float(rn + ".weight", {E, H});
+      L.router.name = rn;
+      L.router.kind = Linear::Kind::kDense;
+      L.router.N = E;
+      L.router.K = H;
+      L.router.w_dtype = DType::kF32;
+      L.router.w = keep_as(r, DType::kF32);
+    });
+    L.experts.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = p + n.experts + std::to_string(e) + ".";
+      LayerWeights::Expert& x = L.experts[static_cast<size_t>(e)];
+      x.gate = named(ep + n.gate, [&] { return linear(ep + n.gate, Ie, H, false); });
+      x.up = named(ep + n.up, [&] { return linear(ep + n.up, Ie, H, false); });
+      x.down = named(ep + n.down, [&] { return linear(ep + n.down, H, Ie, false); });
+    }
+    (void)l;
+  }
+
   void build(Weights& w, const ProgressFn& progress) {
     w_ = &w;
     const ModelConfig& c = c_;
@@ -450,6 +587,12 @@ class Builder {
         L.post_mlp_norm = nm(p + "post_feedforward_layernorm.weight", H); tick();
       } else {
         L.mlp_norm = nm(p + "post_attention_layernorm.weight", H); tick();
+      }
+      if (c.is_moe_layer(l)) {
+        moe_layer(p, l, L);
+        tick(); tick(); tick();
+        w.layers.push_back(std::move(L));
+        continue;
       }
       L.gate = lin(p + "mlp.gate_proj", I, H, c.mlp_bias); tick();
       L.up = lin(p + "mlp.up_proj", I, H, c.mlp_bias); tick();
@@ -516,7 +659,9 @@ class Builder {
     }
     for (const std::string& n : names) {
       if (used_.count(n)) continue;
-      if (n.find("rotary_emb.inv_freq") != std::string::npos || n == "rope_freqs.weight") continue;
+      if (n.find("rotary_emb.inv_freq") != std::string::npos || n == "rope_freqs.weight" ||
+          n == "rope_factors_long.weight" || n == "rope_factors_short.weight")
+        continue;
       fail(ErrorCode::kCorrupt, kOp, where_, ": unexpected tensor '", n, "' (not part of a ",
            arch_.name, " model with this config: check attention_bias / mlp_bias / architecture)");
     }
@@ -530,6 +675,9 @@ class Builder {
     auto addn = [&](const NormWeight& n) { bytes += static_cast<size_t>(n.dim) * sizeof(float); };
     for (const LayerWeights& L : w.layers) {
       for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*x);
+      if (!L.experts.empty()) add(L.router);
+      for (const LayerWeights::Expert& x : L.experts)
+        for (const Linear* y : {&x.gate, &x.up, &x.down}) add(*y);
       for (const NormWeight* n : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.mlp_norm,
                                   &L.post_mlp_norm})
         addn(*n);
@@ -671,6 +819,30 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
             v);
     impl.config.rope.freq_factors = f;
     if (!arch_spec(impl.config.arch).separate_local_rope) impl.config.rope_local.freq_factors = f;
+  }
+  const GGUFTensor* rope_long = g->find("rope_factors_long.weight");
+  const GGUFTensor* rope_short = g->find("rope_factors_short.weight");
+  if (rope_long || rope_short || impl.config.rope.scaling == RopeScaling::kLongRope) {
+    // LongRoPE (Phi-3): llama.cpp's converter stores long_factor / short_factor as these two tensors, and the
+    // attention factor and pre-training context as rope.scaling.attn_factor / original_context_length (config.cpp).
+    check(rope_long && rope_short, ErrorCode::kCorrupt, kOp, path,
+          ": LongRoPE scaling needs both tensors 'rope_factors_long.weight' and 'rope_factors_short.weight'; got ",
+          rope_long ? "only the long one" : (rope_short ? "only the short one" : "neither"));
+    auto factors = [&](const GGUFTensor& t) {
+      check(t.shape == std::vector<int64_t>{impl.config.head_dim / 2}, ErrorCode::kShapeMismatch, kOp, path,
+            ": tensor '", t.name, "' must have shape ", shape_str({impl.config.head_dim / 2}), "; got ",
+            shape_str(t.shape));
+      std::vector<float> f(static_cast<size_t>(t.numel()));
+      dequantize_gguf_tensor(t, f.data());
+      for (float v : f)
+        check(v > 0 && std::isfinite(v), ErrorCode::kCorrupt, kOp, path, ": tensor '", t.name,
+              "' must hold positive finite factors; got ", v);
+      return f;
+    };
+    impl.config.rope.scaling = RopeScaling::kLongRope;
+    impl.config.rope.long_factor = factors(*rope_long);
+    impl.config.rope.short_factor = factors(*rope_short);
+    if (!arch_spec(impl.config.arch).separate_local_rope) impl.config.rope_local = impl.config.rope;
   }
   impl.source = "gguf";
   Builder b(SourceKind::kGGUF, impl.config, format, path);

@@ -27,7 +27,12 @@ void run_steps(const BackendModel& backend, std::span<Session::Impl* const> sess
   try {
     backend.forward(bs, steps);
   } catch (...) {
-    for (Session::Impl* si : sessions) si->backend->truncate(si->position);
+    // Back to where each session was; a session whose sliding-window caches dropped positions its start needs
+    // (the failed call appended more than the window's slack) starts over, empty (docs/engine.md).
+    for (Session::Impl* si : sessions) {
+      if (!si->backend->can_truncate(si->position)) si->position = 0;
+      si->backend->truncate(si->position);
+    }
     throw;
   }
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->position += steps[i].n;
@@ -72,9 +77,28 @@ int64_t Session::position() const { return impl_->position; }
 int64_t Session::trim(int64_t n) {
   check(n >= 0, ErrorCode::kInvalidArgument, "session_trim", "n must be >= 0; got ", n);
   const int64_t m = std::min(n, impl_->position);
+  const ModelConfig& c = impl_->model->config;
+  check(impl_->backend->can_truncate(impl_->position - m), ErrorCode::kOutOfRange, "session_trim",
+        "the sliding-window layers (window ", c.sliding_window, ") dropped positions older than their window; going "
+        "back ", m, " of ", impl_->position, " positions would need some of them (a session can go back to where the "
+        "window still reaches, or to 0; ModelOptions::kv_full_sliding keeps every position)");
   impl_->position -= m;
   impl_->backend->truncate(impl_->position);
   return m;
+}
+
+bool Session::can_truncate(int64_t position) const {
+  return position >= 0 && position <= impl_->position && impl_->backend->can_truncate(position);
+}
+
+int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding) {
+  int64_t b = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const bool sliding = !full_sliding && static_cast<size_t>(l) < c.layer_sliding.size() &&
+                         c.layer_sliding[static_cast<size_t>(l)] != 0;
+    b += nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions, sliding ? c.sliding_window : 0);
+  }
+  return b;
 }
 
 size_t Session::kv_bytes() const { return impl_->backend->kv_bytes(); }
@@ -106,11 +130,16 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
       }
   }
   impl->options.kv.validate_head_dims(c.head_dim, c.head_dim, op);
-  check(options.ctx <= c.max_position, ErrorCode::kOutOfRange, op, "ctx must be <= the model's maximum context ",
-        c.max_position, "; got ", options.ctx);
+  // Dynamic NTK scaling exists to run past max_position_embeddings: its maximum is max_position × factor.
+  int64_t max_ctx = c.max_position;
+  if (c.rope.scaling == RopeScaling::kDynamic)
+    max_ctx = static_cast<int64_t>(std::min(static_cast<double>(c.max_position) * c.rope.factor, 2147483647.0));
+  check(options.ctx <= max_ctx, ErrorCode::kOutOfRange, op, "ctx must be <= the model's maximum context ", max_ctx,
+        "; got ", options.ctx);
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
-  impl->inv_freq = rope_inv_freq(c.rope, c.head_dim);
-  impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim);
+  // The context decides longrope's long/short factors and dynamic NTK's base (model.h, RopeConfig).
+  impl->inv_freq = rope_inv_freq(c.rope, c.head_dim, impl->ctx);
+  impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim, impl->ctx);
   if (impl->tokenizer) {
     const Tokenizer& tok = *impl->tokenizer;
     if (impl->bos_token.empty() && tok.bos_id() >= 0) impl->bos_token = tok.id_to_token(tok.bos_id());

@@ -23,7 +23,7 @@
 
 namespace cider::model {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3 };
+enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kGemma2, kMixtral, kQwen3Moe, kPhi3 };
 const char* architecture_name(Architecture a);
 
 // --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
@@ -80,25 +80,48 @@ struct ModelOptions {
   KVOptions kv;
   int64_t ctx = 0;  // context length in tokens; 0 = the model's maximum (capped at 8192 when that is larger)
   Device device = Device::kCPU;
+  // Sliding-window layers keep only their window in the KV cache (drop older positions, nn/kv_cache.h) unless this
+  // is set: then they keep every position and attention masks them (more memory; trims to any position).
+  bool kv_full_sliding = false;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).
 // Rotary position embedding of one kind of layer, HF's convention: pairs (i, i + head_dim/2) of each head are rotated
 // by the angle position·inv_freq[i] (rotate_half), inv_freq[i] = theta^(−2i/head_dim) adjusted by the scaling below.
-enum class RopeScaling { kNone, kLinear, kLlama3 };
+// Scalings (HF's rope_type; transformers' modeling_rope_utils is the reference; docs/engine.md "RoPE scaling"):
+//   linear    inv_freq / factor
+//   llama3    the low frequencies / factor, the high ones kept, a smooth band between (original_max_position)
+//   yarn      YaRN: frequencies below the beta_slow..beta_fast correction band interpolated (/ factor), above it
+//             kept, a linear ramp between; cos/sin × attention_factor (0.1·ln(factor) + 1 by default)
+//   longrope  LongRoPE (Phi-3): inv_freq / long_factor[i] when the context exceeds original_max_position, else
+//             / short_factor[i]; cos/sin × attention_factor (√(1 + ln(factor)/ln(original_max_position)))
+//   dynamic   dynamic NTK: theta·((factor·ctx/original_max_position) − (factor − 1))^(D/(D−2)) when the context
+//             exceeds original_max_position (= max_position_embeddings), else unscaled
+// The long/short choice and the dynamic base depend on the context: one static choice at load time from the model's
+// context (Model::context_length()), as llama.cpp does; transformers switches per forward on the sequence length,
+// which gives the same numbers when the sequence fills the context.
+enum class RopeScaling { kNone, kLinear, kLlama3, kYarn, kLongRope, kDynamic };
 struct RopeConfig {
   double theta = 10000.0;
   RopeScaling scaling = RopeScaling::kNone;
-  double factor = 1.0;                    // linear, llama3: inv_freq / factor (llama3: for the low frequencies)
+  double factor = 1.0;                    // linear, llama3, yarn, dynamic (longrope: for its attention factor)
   double low_freq_factor = 1.0;           // llama3
   double high_freq_factor = 4.0;          // llama3
-  int64_t original_max_position = 8192;   // llama3: the context the model was pre-trained on
+  // llama3, yarn, longrope: the context the model was pre-trained on; dynamic: max_position_embeddings.
+  int64_t original_max_position = 8192;
+  double beta_fast = 32.0;                // yarn: correction band, in rotations over original_max_position
+  double beta_slow = 1.0;
+  bool truncate = true;                   // yarn: the band's ends rounded outwards to whole dimensions
+  // Multiplies cos and sin (yarn, longrope; 1 otherwise), resolved when the config is read.
+  double attention_factor = 1.0;
+  std::vector<float> short_factor, long_factor;  // longrope: [head_dim/2] frequency divisors
   // GGUF files of llama3-scaled models carry the scaling as per-frequency divisors instead (tensor rope_freqs,
   // [head_dim/2]): inv_freq[i] = theta^(−2i/head_dim) / freq_factors[i]. Empty when unused.
   std::vector<float> freq_factors;
 };
-// inv_freq [head_dim/2] in float32, computed as HF does (in double, rounded once).
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim);
+// inv_freq [head_dim/2] in float32, computed as HF does (in double, rounded once). `ctx` is the model's context length
+// (longrope's long/short choice, dynamic NTK's base); the other scalings ignore it.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx);
 
 enum class Activation { kSiLU, kGeluTanh };  // MLP gate: SwiGLU (silu) or GeGLU (gelu, tanh approximation)
 
@@ -129,13 +152,31 @@ struct ModelConfig {
   float attn_scale = 0.0f;      // multiplies q·k: head_dim^−1/2, Gemma 3 query_pre_attn_scalar^−1/2
   float embed_scale = 1.0f;     // Gemma: √hidden (rounded to the checkpoint dtype, as HF does)
   float final_logit_softcap = 0.0f;  // > 0: logits = cap·tanh(logits/cap) (Gemma); 0 = none
+  float attn_logit_softcap = 0.0f;   // > 0: attention scores s = cap·tanh(s/cap) before the mask (Gemma 2); 0 = none
   bool tie_word_embeddings = false;  // LM head = the embedding matrix
   RopeConfig rope;        // full-attention layers
   RopeConfig rope_local;  // sliding-window layers (Gemma 3 uses its own base there)
   int64_t sliding_window = 0;         // > 0: a sliding layer's query at p sees keys p − window < j ≤ p
   std::vector<uint8_t> layer_sliding;  // [num_layers]: 1 = sliding-window layer
   DType dtype = DType::kBF16;          // the checkpoint's float dtype (config torch_dtype / dtype)
+  // Mixture of experts (Mixtral, Qwen3-MoE): a layer with layer_moe[l] = 1 replaces its MLP by a router (hidden →
+  // num_experts logits, softmax in float32, the experts_per_token largest kept, renormalised to sum 1 when
+  // norm_topk_prob) and num_experts GLU MLPs of expert_intermediate_size; the output is the weighted sum of the
+  // chosen experts' outputs. layer_moe is empty (or all 0) for dense models.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  std::vector<uint8_t> layer_moe;  // [num_layers] or empty
+  bool is_moe_layer(int64_t layer) const {
+    return !layer_moe.empty() && layer_moe[static_cast<size_t>(layer)] != 0;
+  }
 };
+
+// Bytes of KV cache a CPU session of a model of config c holds after `positions` positions, every layer in format kv:
+// what Session::kv_bytes then reports (nn::kv_cache_bytes per layer; sliding-window layers bounded by their window
+// unless full_sliding).
+int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding = false);
 
 // (stage, done, total): called while loading/converting so the CLI can draw a progress bar.
 using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t total)>;
@@ -147,7 +188,11 @@ class Session {
  public:
   ~Session();
   int64_t position() const;     // tokens processed so far
-  int64_t trim(int64_t n);      // forget the last min(n, position) tokens (speculative rollback); returns how many
+  // Forget the last min(n, position) tokens (speculative rollback); returns how many. A session whose sliding-window
+  // layers dropped old positions can go back only as far as their window still reaches (can_truncate): trimming
+  // further throws cider::Error (kOutOfRange) and changes nothing. Trimming to position 0 always works.
+  int64_t trim(int64_t n);
+  bool can_truncate(int64_t position) const;  // whether trim(this->position() − position) would succeed
   size_t kv_bytes() const;      // bytes of KV storage allocated, all layers
   struct Impl;
   Impl& impl() { return *impl_; }

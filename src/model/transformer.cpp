@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/kernel_table.h"
@@ -23,10 +24,40 @@ void rms_norm(const float* x, const float* w, float offset, int64_t rows, int64_
   }
 }
 
+void route_experts(const float* logits, int64_t n, int64_t E, int64_t K, bool normalize, int32_t* chosen,
+                   float* weight) {
+  std::vector<float> p(static_cast<size_t>(E));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* z = logits + r * E;
+    float zmax = z[0];
+    for (int64_t e = 1; e < E; ++e) zmax = std::max(zmax, z[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += p[static_cast<size_t>(e)] = std::exp(z[e] - zmax);
+    for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] /= sum;
+    int32_t* ch = chosen + r * K;
+    float* w = weight + r * K;
+    float kept = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        if (std::find(ch, ch + k, static_cast<int32_t>(e)) != ch + k) continue;
+        if (best < 0 || p[static_cast<size_t>(e)] > p[static_cast<size_t>(best)]) best = e;
+      }
+      ch[k] = static_cast<int32_t>(best);
+      w[k] = p[static_cast<size_t>(best)];
+      kept += w[k];
+    }
+    if (normalize)
+      for (int64_t k = 0; k < K; ++k) w[k] /= kept;
+  }
+}
+
 std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
   const KVOptions& kv = options.kv;
   // Each layer gets its own rotation seed (the layer index), so layers do not share quantization error patterns.
   const auto seed = static_cast<uint64_t>(layer);
+  // Sliding-window layers keep only their window (nn/kv_cache.h), unless the options keep every position.
+  const int64_t window = sliding_cache_window(layer);
   if (kv.quantized) {
     nn::QuantizedKVCacheConfig qc;
     qc.k_bits = kv.k_bits;
@@ -36,13 +67,21 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.scale_dtype = kv.scale_dtype;
     qc.key_layout = kv.key_layout;
     qc.seed = seed;
+    qc.window = window;
     return std::make_unique<nn::QuantizedKVCache>(qc);
   }
   nn::PlainKVCacheConfig pc;
   pc.dtype = kv.plain_dtype;
   pc.rotation = nn::RotationKind::kNone;
   pc.seed = seed;
+  pc.window = window;
   return std::make_unique<nn::PlainKVCache>(pc);
+}
+
+int64_t Model::Impl::sliding_cache_window(int64_t layer) const {
+  const bool sliding = static_cast<size_t>(layer) < config.layer_sliding.size() &&
+                       config.layer_sliding[static_cast<size_t>(layer)] != 0;
+  return sliding && !options.kv_full_sliding ? config.sliding_window : 0;
 }
 
 Session::Impl::~Impl() = default;

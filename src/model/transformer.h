@@ -53,6 +53,13 @@ struct LayerWeights {
   NormWeight mlp_norm;         // (hidden)  Llama's post_attention_layernorm / Gemma's pre_feedforward_layernorm
   NormWeight post_mlp_norm;    // (hidden)  Gemma 3 only: post_feedforward_layernorm
   Linear gate, up, down;       // gate and up (I, hidden), down (hidden, I)
+  // Mixture-of-experts layers (ModelConfig::is_moe_layer) instead of gate/up/down: the router (num_experts, hidden),
+  // held float32, and each expert's gate and up (Ie, hidden), down (hidden, Ie), Ie = expert_intermediate_size.
+  Linear router;
+  struct Expert {
+    Linear gate, up, down;
+  };
+  std::vector<Expert> experts;
 };
 
 struct Weights {
@@ -89,13 +96,18 @@ struct Model::Impl {
   std::vector<float> inv_freq_local;  // (D/2) sliding-window layers
   std::shared_ptr<const BackendModel> backend;  // options.device's: where Model::forward runs (make_backend)
 
-  // Layer `layer`'s CPU cache in the configured format, its rotation seeded with the layer index.
+  // Layer `layer`'s CPU cache in the configured format, its rotation seeded with the layer index; a sliding-window
+  // cache (window sliding_cache_window(layer)) on sliding layers.
   std::unique_ptr<nn::KVCache> make_cache(int64_t layer) const;
+  // The window a layer's cache keeps: sliding_window on sliding layers, 0 (every position) on the others or with
+  // options.kv_full_sliding.
+  int64_t sliding_cache_window(int64_t layer) const;
 };
 
 // The CPU backend's rows per pass: a prefill longer than kMaxChunk is processed chunk by chunk (the causal cache makes
 // that exact).
 constexpr int64_t kMaxChunk = 256;
+static_assert(kMaxChunk <= nn::KVCache::kWindowSlack, "a pass must fit a sliding-window cache's slack (nn/kv_cache.h)");
 
 struct Session::Impl {
   const Model::Impl* model = nullptr;
@@ -104,6 +116,12 @@ struct Session::Impl {
   int64_t position = 0;
   ~Impl();
 };
+
+// Mixture-of-experts routing of n rows (both backends): logits (n, E) → softmax in float32 → the K most probable
+// experts of each row (ties: the lower index), their probabilities renormalised to sum 1 when `normalize`.
+// chosen/weight (n, K): row r's k-th expert and its weight, experts in decreasing probability.
+void route_experts(const float* logits, int64_t n, int64_t E, int64_t K, bool normalize, int32_t* chosen,
+                   float* weight);
 
 // Applies RMSNorm to `rows` rows of `dim` values: out = x / sqrt(mean(x²) + eps) · (offset + w), in float32 with
 // the mean accumulated in double. out may equal x.

@@ -78,7 +78,7 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
 }  // namespace
 
 void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
-               const TensorView& out) {
+               const TensorView& out, float softcap) {
   // ---- validation ----
   check_rank(queries, 4, kOp, "queries");
   check_float_dtype(queries, kOp, "queries");
@@ -94,7 +94,17 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
   check(Dk == keys.dim, ErrorCode::kShapeMismatch, kOp, "queries head dim must match the cache's Dk = ", keys.dim,
         "; got ", Dk);
   check(L <= kL, ErrorCode::kOutOfRange, kOp, "query length must be <= the cache length ", kL, "; got ", L);
+  // A sliding-window cache that dropped positions serves only queries that cannot see them: a causal mask whose window
+  // is at most the cache's, over queries whose window starts within the storage.
+  check(cache.start() == 0 || (mask.kind == kernels::MaskKind::kCausal && mask.window > 0 &&
+                               mask.window <= cache.window() && kL - L >= mask.window - 1),
+        ErrorCode::kInvalidArgument, kOp, "a sliding-window cache (window ", cache.window(), ", positions [0, ",
+        cache.start(), ") dropped) needs a causal mask with a window of at most ", cache.window(),
+        " over queries whose window it still holds; got mask kind ", static_cast<int>(mask.kind), ", window ",
+        mask.window, ", ", L, " queries over ", kL, " stored positions");
   check(std::isfinite(scale), ErrorCode::kInvalidArgument, kOp, "scale must be finite; got ", scale);
+  check(std::isfinite(softcap) && softcap >= 0.0f, ErrorCode::kInvalidArgument, kOp,
+        "softcap must be finite and >= 0 (0 = none); got ", softcap);
   const int64_t target[4] = {B, Hq, L, kL};
   int64_t mstride[4];
   mask_strides(mask, target, mstride);
@@ -128,6 +138,7 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
   args.keys = keys;
   args.values = values;
   args.scale = scale;
+  args.softcap = softcap;
   args.mask_kind = mask.kind;
   args.window = mask.window;
   args.mask = mask.mask.data;

@@ -1,6 +1,7 @@
 // cider/nn/attention.h — scaled dot-product attention of queries over a KV cache (quantized or plain).
 //
-//   out[b, h, i, :] = Σ_j softmax_j(scale · q[b, h, i, :]·k[b, h/(Hq/Hkv), j, :] + mask) · v[b, h/(Hq/Hkv), j, :]
+//   out[b, h, i, :] = Σ_j softmax_j(cap(scale · q[b, h, i, :]·k[b, h/(Hq/Hkv), j, :]) + mask) · v[b, h/(Hq/Hkv), j, :]
+//   (cap(s) = s, or softcap·tanh(s / softcap) when a softcap is given)
 //
 // The cache stores rotated keys R_k·k and values R_v·v (nn/rotation.h). Since R_k is orthogonal, q·k = (R_k q)·(R_k k),
 // so the queries are rotated with the cache's key rotation; the weighted sum of rotated values is R_v·(Σ p·v), so the
@@ -26,9 +27,12 @@ struct AttentionMask {
 };
 
 // queries [B, Hq, L, Dk] float32/float16/bfloat16 (any strides), Hq a multiple of the cache's Hkv, L <= cache length
-// (query row i sits at absolute position kL − L + i, kL = cache.offset()); out [B, Hq, L, Dv] float32/float16/
-// bfloat16 (any strides), written in full. Accumulation and softmax in float32. Throws cider::Error on bad arguments.
+// (query row i sits at stored position kL − L + i, kL = cache.offset(); a sliding-window cache that dropped positions
+// needs a causal mask with a window of at most its own, nn/kv_cache.h); out [B, Hq, L, Dv] float32/float16/
+// bfloat16 (any strides), written in full. Accumulation and softmax in float32. softcap > 0 caps the scores before
+// the mask (Gemma 2's attention logit softcapping): s = scale·q·k becomes softcap·tanh(s / softcap); 0 = none; it
+// must be finite and >= 0. Throws cider::Error on bad arguments.
 void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
-               const TensorView& out);
+               const TensorView& out, float softcap = 0.0f);
 
 }  // namespace cider::nn

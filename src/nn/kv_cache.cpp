@@ -50,6 +50,15 @@ void check_meta(const KVCacheMeta& m, const char* op) {
   check(m.B > 0 && m.H > 0, ErrorCode::kShapeMismatch, op, "B and H must be positive; got (", m.B, ", ", m.H, ")");
   m.spec().validate_head_dims(m.Dk, m.Dv, op);
   check(m.length >= 0, ErrorCode::kInvalidArgument, op, "length must be >= 0; got ", m.length);
+  check(m.window >= 0 && m.start >= 0 && (m.window > 0 || m.start == 0), ErrorCode::kInvalidArgument, op,
+        "window and start must be >= 0, and start 0 without a window; got window ", m.window, ", start ", m.start);
+  check(m.start % window_align(m.spec()) == 0, ErrorCode::kInvalidArgument, op,
+        "a sliding-window cache drops positions in multiples of ", window_align(m.spec()), " (", KVCache::kWindowAlign,
+        ", or the group size for per-channel keys); got start ", m.start);
+}
+
+void check_window(int64_t window, const char* op) {
+  check(window >= 0, ErrorCode::kInvalidArgument, op, "window must be >= 0 (0: keep every position); got ", window);
 }
 
 // The keys or the values view of storage whose planes follow the KVCacheSnapshot order.
@@ -200,12 +209,24 @@ void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot,
 
 }  // namespace
 
-int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions) {
+int64_t window_align(const KVSpec& spec) {
+  const int64_t a = KVCache::kWindowAlign;
+  return spec.quantized && spec.key_layout == KeyLayout::kChannel ? std::max<int64_t>(a, spec.group_size) : a;
+}
+
+int64_t window_capacity(int64_t window, int64_t align, int64_t max_append) {
+  check(window >= 1 && align >= 1 && max_append >= 1, ErrorCode::kInvalidArgument, "window_capacity",
+        "window, align and max_append must be >= 1; got ", window, ", ", align, ", ", max_append);
+  return round_up(window - 1 + align - 1 + max_append, KVCache::kStep);
+}
+
+int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions,
+                       int64_t window) {
   const char* op = "kv_cache_bytes";
   spec.validate(op);
   spec.validate_head_dims(Dk, Dv, op);
-  check(B >= 1 && H >= 1 && positions >= 0, ErrorCode::kInvalidArgument, op,
-        "B, H must be >= 1 and positions >= 0; got ", B, ", ", H, ", ", positions);
+  check(B >= 1 && H >= 1 && positions >= 0 && window >= 0, ErrorCode::kInvalidArgument, op,
+        "B, H must be >= 1 and positions, window >= 0; got ", B, ", ", H, ", ", positions, ", ", window);
   if (positions == 0) return 0;
   KVCacheMeta m;
   m.quantized = spec.quantized;
@@ -217,7 +238,9 @@ int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int
   m.key_layout = spec.key_layout;
   m.Dk = Dk;
   m.Dv = Dv;
-  return detail::planes_bytes(plane_shapes(m), B, H, round_up(positions, KVCache::kStep));
+  int64_t cap = round_up(positions, KVCache::kStep);
+  if (window > 0) cap = std::min(cap, window_capacity(window, window_align(spec), KVCache::kWindowSlack));
+  return detail::planes_bytes(plane_shapes(m), B, H, cap);
 }
 
 KVSpec KVCacheMeta::spec() const {
@@ -346,7 +369,11 @@ void copy_head_rows(uint8_t* dst, int64_t dst_rows, const uint8_t* src, int64_t 
 // the new buffers are allocated before anything changes, so a failed allocation leaves the cache as it was.
 void KVStore::reserve_append(int64_t n) {
   if (offset_ + n <= capacity_) return;
-  const int64_t new_cap = round_up(offset_ + n, KVCache::kStep);
+  reserve(round_up(offset_ + n, KVCache::kStep));
+}
+
+void KVStore::reserve(int64_t new_cap) {
+  if (new_cap <= capacity_) return;
   std::vector<Buffer> grown;
   grown.reserve(planes_.size());
   for (size_t p = 0; p < planes_.size(); ++p) {
@@ -358,6 +385,21 @@ void KVStore::reserve_append(int64_t n) {
   }
   planes_ = std::move(grown);
   capacity_ = new_cap;
+}
+
+void KVStore::drop_front(int64_t d) {
+  if (d <= 0) return;
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const PlaneShape& s = shapes_[p];
+    if (s.per == 0) continue;  // fixed rows (the residual window): not per position
+    const int64_t skip = d / s.per, keep = s.rows(offset_) - skip, rows = s.rows(capacity_);
+    if (keep <= 0) continue;
+    for (int64_t bh = 0; bh < B_ * H_; ++bh) {
+      uint8_t* head = planes_[p].as<uint8_t>() + bh * rows * s.row_bytes;
+      std::memmove(head, head + skip * s.row_bytes, static_cast<size_t>(keep * s.row_bytes));
+    }
+  }
+  offset_ -= d;
 }
 
 std::vector<Buffer> KVStore::copy_valid() const {
@@ -393,8 +435,12 @@ void KVStore::load(const std::vector<const void*>& planes, int64_t length) {
 
 namespace {
 
-int64_t trim_store(detail::KVStore& store, int64_t n) {
+int64_t trim_store(const KVCache& cache, detail::KVStore& store, int64_t n) {
   check(n >= 0, ErrorCode::kInvalidArgument, "kv_cache_trim", "n must be >= 0; got ", n);
+  check(cache.can_trim(n), ErrorCode::kOutOfRange, "kv_cache_trim", "a sliding-window cache (window ",
+        cache.window(), ") that dropped positions [0, ", cache.start(), ") keeps the ", cache.window() - 1,
+        " positions before its end for the next query; trimming ", n, " of its positions [", cache.start(), ", ",
+        cache.end(), ") would need position ", cache.end() - n - cache.window() + 1, ", already dropped");
   const int64_t removed = n < store.offset() ? n : store.offset();
   store.set_offset(store.offset() - removed);
   return removed;
@@ -403,6 +449,21 @@ int64_t trim_store(detail::KVStore& store, int64_t n) {
 KVCacheSnapshot snapshot_store(const KVCacheMeta& meta, const detail::KVStore& store) {
   if (!store.has_dims()) return KVCacheSnapshot(meta, {});
   return KVCacheSnapshot(meta, store.copy_valid());
+}
+
+// Sliding-window caches, before an append of n positions that does not fit the storage: when growing would pass the
+// bound (window_capacity), drops the positions the next query no longer sees (all but the last W − 1, in multiples
+// of align) and sets the storage to the bound; an append larger than the slack grows it further (reserve_append).
+// Returns the positions dropped.
+int64_t make_room(detail::KVStore& store, int64_t window, int64_t align, int64_t n) {
+  if (window <= 0 || store.offset() + n <= store.capacity()) return 0;
+  const int64_t bound = window_capacity(window, align, KVCache::kWindowSlack);
+  if (round_up(store.offset() + n, KVCache::kStep) <= bound) return 0;  // the usual growth stays within the bound
+  int64_t d = std::max<int64_t>(0, store.offset() - (window - 1));
+  d -= d % align;
+  store.reserve(bound);  // allocated before anything moves: a failure leaves the cache as it was
+  store.drop_front(d);
+  return d;
 }
 
 // Builds the storage a snapshot describes (into a fresh store, so a failure leaves the cache untouched).
@@ -429,6 +490,7 @@ std::pair<Rotation, Rotation> make_rotations(const KVCacheMeta& m) {
 
 QuantizedKVCache::QuantizedKVCache(const QuantizedKVCacheConfig& config) : config_(config) {
   config.spec().validate("quantized_kv_cache");
+  check_window(config.window, "quantized_kv_cache");
 }
 
 KVCacheMeta QuantizedKVCache::meta() const {
@@ -447,6 +509,8 @@ KVCacheMeta QuantizedKVCache::meta() const {
   m.Dv = Dv_;
   m.length = store_.offset();
   m.key_layout = config_.key_layout;
+  m.window = config_.window;
+  m.start = start_;
   return m;
 }
 
@@ -481,11 +545,13 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     key_rot_ = std::move(rots.first);
     value_rot_ = std::move(rots.second);
   }
-  const int64_t n = keys.dim(2), start = store_.offset();
+  const int64_t n = keys.dim(2);
   const int gs = config_.group_size;
   const DType sd = config_.scale_dtype;
   const bool channel = config_.key_layout == KeyLayout::kChannel;
   if (channel && sd == DType::kF16) check_f16_range(keys, op);  // block scales are written later: check now
+  start_ += make_room(store_, config_.window, window_align(config_.spec()), n);
+  const int64_t start = store_.offset();
   store_.reserve_append(n);
   for (int64_t b = 0; b < store_.B() && n > 0; ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
@@ -536,7 +602,7 @@ void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
 }
 
 int64_t QuantizedKVCache::trim(int64_t n) {
-  const int64_t old = store_.offset(), removed = trim_store(store_, n);
+  const int64_t old = store_.offset(), removed = trim_store(*this, store_, n);
   if (config_.key_layout != KeyLayout::kChannel || removed == 0) return removed;
   // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
   const int64_t gs = config_.group_size, now = old - removed, block = now / gs, kept = now % gs;
@@ -576,6 +642,8 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.rotation = m.rotation;
   config_.seed = m.seed;
   config_.key_layout = m.key_layout;
+  config_.window = m.window;
+  start_ = m.start;
   Dk_ = m.Dk;
   Dv_ = m.Dv;
   key_rot_ = std::move(rots.first);
@@ -587,6 +655,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
 
 PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
   config.spec().validate("plain_kv_cache");
+  check_window(config.window, "plain_kv_cache");
 }
 
 KVCacheMeta PlainKVCache::meta() const {
@@ -601,6 +670,8 @@ KVCacheMeta PlainKVCache::meta() const {
   m.Dk = Dk_;
   m.Dv = Dv_;
   m.length = store_.offset();
+  m.window = config_.window;
+  m.start = start_;
   return m;
 }
 
@@ -634,6 +705,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
     key_rot_ = std::move(rots.first);
     value_rot_ = std::move(rots.second);
   }
+  start_ += make_room(store_, config_.window, window_align(config_.spec()), keys.dim(2));
   const int64_t n = keys.dim(2), start = store_.offset();
   store_.reserve_append(n);
   const DType dt = config_.dtype;
@@ -649,7 +721,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> PlainKVCache::update_and
   return {this->keys(), this->values()};
 }
 
-int64_t PlainKVCache::trim(int64_t n) { return trim_store(store_, n); }
+int64_t PlainKVCache::trim(int64_t n) { return trim_store(*this, store_, n); }
 
 KVCacheSnapshot PlainKVCache::snapshot() const { return snapshot_store(meta(), store_); }
 
@@ -664,6 +736,8 @@ void PlainKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.dtype = m.dtype;
   config_.rotation = m.rotation;
   config_.seed = m.seed;
+  config_.window = m.window;
+  start_ = m.start;
   Dk_ = m.Dk;
   Dv_ = m.Dv;
   key_rot_ = std::move(rots.first);

@@ -16,6 +16,17 @@
 //     with offset = snapshot length and capacity round_up(length, 256); appends then continue as usual.
 //   * nbytes() = bytes of allocated storage (all capacity, valid or not), as mlx-lm reports.
 //   * empty() = no dimensions yet (nothing appended since construction, or restored from a snapshot of such a cache).
+//   * Sliding-window caches (config window W > 0; the model gives one to each sliding layer) keep only what queries
+//     with a window of W can still see: before an append that would grow the storage past window_capacity(W, align,
+//     kWindowSlack) positions, the positions older than the last W − 1 are dropped in bulk (the newest rows move
+//     down to storage row 0: one memmove per (b, h) and plane; in multiples of align = window_align(spec): 16, or
+//     whole blocks of group_size for per-channel keys) and the storage is set to that bound. start() counts the dropped positions:
+//     storage row 0 holds absolute position start(), and offset() is the number of stored positions, so attention
+//     (query i of L at stored position offset() − L + i, relative window mask) reads the cache as before; its mask
+//     must be causal with a window of at most W (nn::attention checks). Appends of up to kWindowSlack positions never
+//     grow the storage past the bound; a larger one grows it as far as it needs. trim(n) refuses (cider::Error,
+//     nothing changed) to go back to where the next query would need a dropped position (can_trim); snapshots
+//     carry window and start, and restore takes both.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +54,11 @@ struct KVCacheMeta {
   // Dimensions: all 0 until the first append (has_dims false).
   bool has_dims = false;
   int64_t B = 0, H = 0, Dk = 0, Dv = 0;
-  int64_t length = 0;  // valid positions
+  int64_t length = 0;  // valid positions (stored)
+  // Sliding-window caches: window > 0 (0: every position is kept) and start = positions dropped before storage row 0
+  // (a multiple of group_size for per-channel keys; 0 when window is 0).
+  int64_t window = 0;
+  int64_t start = 0;
   KeyLayout key_layout = KeyLayout::kToken;  // quantized caches: keys per position or per channel (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
@@ -81,12 +96,28 @@ class KVCacheSnapshot {
 // Bytes a cache of format `spec` holds for B·H heads of dims Dk/Dv once `positions` positions were appended (its
 // capacity grown to a multiple of KVCache::kStep): what nbytes() then reports, from the same plane shapes. Used by
 // `cider fit` to size a context without allocating it. The spec must be valid (spec.validate).
-int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions);
+// window > 0: a sliding-window cache of that window fed appends of at most KVCache::kWindowSlack positions, whose
+// storage stops at window_capacity(window, window_align(spec), kWindowSlack).
+int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions,
+                       int64_t window = 0);
+
+// The positions a sliding-window cache drops in multiples of: KVCache::kWindowAlign, or the group size for per-channel
+// keys when larger (whole blocks).
+int64_t window_align(const KVSpec& spec);
+// The storage (positions) of a sliding-window cache of window W that drops in multiples of `align` and takes appends
+// of up to max_append positions: the W − 1 positions the next query sees, up to align − 1 more that share a block
+// with them, and the append; rounded up to KVCache::kStep. W, align, max_append >= 1.
+int64_t window_capacity(int64_t window, int64_t align, int64_t max_append);
 
 // The interface attention and the model code use; the two implementations below.
 class KVCache {
  public:
   static constexpr int64_t kStep = 256;  // storage grows in multiples of this many positions
+  // Sliding-window caches: appends of up to this many positions fit in their bound (window_capacity).
+  static constexpr int64_t kWindowSlack = 256;
+  // Sliding-window caches drop positions in multiples of this (and of the group size for per-channel keys): the x86
+  // attention kernels tile keys in 16s from storage row 0, so the kept keys keep their tiles and their sums.
+  static constexpr int64_t kWindowAlign = 16;
 
   virtual ~KVCache() = default;
 
@@ -97,9 +128,16 @@ class KVCache {
   virtual kernels::KVTensorView keys() const = 0;
   virtual kernels::KVTensorView values() const = 0;
 
-  virtual int64_t offset() const = 0;
+  virtual int64_t offset() const = 0;  // stored positions (the views' length)
   virtual int64_t capacity() const = 0;
-  virtual int64_t trim(int64_t n) = 0;  // n >= 0; returns min(n, offset)
+  virtual int64_t trim(int64_t n) = 0;  // n >= 0; returns min(n, offset); cider::Error where !can_trim(n)
+  // Sliding-window caches: the window (0: none) and the positions dropped before storage row 0 (0 without window).
+  virtual int64_t window() const = 0;
+  virtual int64_t start() const = 0;
+  int64_t end() const { return start() + offset(); }  // positions appended (absolute), less those trimmed
+  // Whether trim(n) keeps what the next query needs: always without dropped positions; else the W − 1 positions
+  // before the new end must still be stored (n <= offset − (W − 1)).
+  bool can_trim(int64_t n) const { return start() == 0 || n <= offset() - (window() - 1); }
   virtual bool empty() const = 0;
   virtual int64_t nbytes() const = 0;
   virtual KVCacheSnapshot snapshot() const = 0;
@@ -146,6 +184,11 @@ class KVStore {
   void reserve_append(int64_t n);
   // Start of row t of (b, h) in plane p (a position for per-position planes, a block or fixed row otherwise).
   uint8_t* row(size_t p, int64_t b, int64_t h, int64_t t) const;
+  // Grows every plane to `capacity` positions (a multiple of kStep) if it is smaller, copying the valid rows.
+  void reserve(int64_t capacity);
+  // Drops positions [0, d): rows [d, offset) of each (b, h) move to [0, offset − d) (block planes by d / per rows,
+  // d a multiple of every block plane's per; fixed planes stay); offset −= d.
+  void drop_front(int64_t d);
   int64_t rows_per_head(size_t p) const { return shapes_[p].rows(capacity_); }
   std::vector<const void*> plane_pointers() const;  // one per plane; empty without dims
   int64_t nbytes() const;
@@ -173,6 +216,7 @@ struct QuantizedKVCacheConfig {
   uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
   KeyLayout key_layout = KeyLayout::kToken;        // keys per position (the seeds') or per channel (nn/kv_spec.h)
+  int64_t window = 0;                              // > 0: a sliding-window cache (see the contract above)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
 };
@@ -196,6 +240,8 @@ class QuantizedKVCache final : public KVCache {
   int64_t offset() const override { return store_.offset(); }
   int64_t capacity() const override { return store_.capacity(); }
   int64_t trim(int64_t n) override;
+  int64_t window() const override { return config_.window; }
+  int64_t start() const override { return start_; }
   bool empty() const override { return !store_.has_dims(); }
   int64_t nbytes() const override { return store_.nbytes(); }
   KVCacheSnapshot snapshot() const override;
@@ -215,12 +261,14 @@ class QuantizedKVCache final : public KVCache {
   int64_t Dk_ = 0, Dv_ = 0;
   Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (quantized)
+  int64_t start_ = 0;      // positions dropped (sliding-window caches)
 };
 
 struct PlainKVCacheConfig {
   DType dtype = DType::kF16;                    // storage dtype: float16, bfloat16 or float32
   RotationKind rotation = RotationKind::kNone;  // optional (for comparing rotation without quantization)
   uint64_t seed = 0;
+  int64_t window = 0;                           // > 0: a sliding-window cache (see the contract above)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
 };
@@ -237,6 +285,8 @@ class PlainKVCache final : public KVCache {
   int64_t offset() const override { return store_.offset(); }
   int64_t capacity() const override { return store_.capacity(); }
   int64_t trim(int64_t n) override;
+  int64_t window() const override { return config_.window; }
+  int64_t start() const override { return start_; }
   bool empty() const override { return !store_.has_dims(); }
   int64_t nbytes() const override { return store_.nbytes(); }
   KVCacheSnapshot snapshot() const override;
@@ -253,6 +303,7 @@ class PlainKVCache final : public KVCache {
   int64_t Dk_ = 0, Dv_ = 0;
   Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (plain)
+  int64_t start_ = 0;      // positions dropped (sliding-window caches)
 };
 
 }  // namespace cider::nn

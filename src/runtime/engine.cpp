@@ -48,8 +48,7 @@ int64_t Engine::reusable_prefix(int64_t common, int64_t prompt_len) const {
 }
 
 int64_t kv_bytes_at(const model::Model& m, int64_t positions) {
-  const model::ModelConfig& c = m.config();
-  return c.num_layers * nn::kv_cache_bytes(m.options().kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions);
+  return model::kv_cache_bytes(m.config(), m.options().kv, positions, m.options().kv_full_sliding);
 }
 
 const char* finish_reason_name(FinishReason r) {
@@ -249,7 +248,8 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
       size_t k = 0;
       while (k < lim && t[k] == prompt[k]) ++k;
       const int64_t len = reusable_prefix(static_cast<int64_t>(k), static_cast<int64_t>(prompt.size()));
-      if (len >= kMinReuse && len > best_len) {
+      // A session whose sliding-window layers dropped what going back to len needs is a miss.
+      if (len >= kMinReuse && len > best_len && pool_[i]->session->can_truncate(len)) {
         best_len = len;
         best = i;
       }

@@ -14,7 +14,8 @@
 //      away): its KV is released at once.
 // Prefix cache: a finished sequence's session goes into a pool keyed by the tokens it holds. A new request takes the
 // pooled session with the longest common prefix with its prompt, trims it to that prefix (Session::trim: every cache
-// format, quantized included) and prefills only the rest; at least the prompt's last token is always recomputed (its
+// format, quantized included; a session whose sliding-window layers dropped what that trim needs, can_truncate
+// false, is a miss) and prefills only the rest; at least the prompt's last token is always recomputed (its
 // logits are needed). Pooled sessions count against the KV bound with their real bytes and are evicted least recently
 // used first when a reservation needs the room, or beyond prefix_cache_entries.
 //
@@ -38,7 +39,8 @@
 
 namespace cider::runtime {
 
-// KV bytes of one sequence of `positions` positions with this model's cache format (all layers).
+// KV bytes of one sequence of `positions` positions with this model's cache format (all layers; sliding-window layers
+// bounded by their window: model::kv_cache_bytes).
 int64_t kv_bytes_at(const model::Model& m, int64_t positions);
 
 struct RequestOptions {

@@ -376,9 +376,11 @@ struct F16Emulation {
   std::vector<float> out;
   std::vector<double> tight, loose;  // per output row
 };
+// softcap > 0: the scores are capped, cap·tanh(s/cap), before the softmax (1-Lipschitz: the score bounds carry over;
+// the kernel's tanhf in log2 units adds at most (3|s| + 16·cap)·2^-24 per score).
 F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, const Side& V, int64_t B, int64_t Hq,
                                  int64_t Hkv, int64_t L, int64_t kLr, int64_t cap, int64_t D, float scale,
-                                 MaskKind mask, int64_t window) {
+                                 MaskKind mask, int64_t window, double softcap) {
   F16Emulation em;
   em.out.assign(static_cast<size_t>(B * Hq * L * D), 0.0f);
   em.tight.assign(static_cast<size_t>(B * Hq * L), 0.0);
@@ -422,6 +424,7 @@ F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, con
               aabs += std::fabs(t);
             }
             s[static_cast<size_t>(j)] = std::ldexp(acc, -Eq) * scale;
+            if (softcap > 0) s[static_cast<size_t>(j)] = softcap * std::tanh(s[static_cast<size_t>(j)] / softcap);
             sabs_max = std::max(sabs_max, std::ldexp(aabs, -Eq) * scale);
             smax = std::max(smax, s[static_cast<size_t>(j)]);
           }
@@ -434,7 +437,8 @@ F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, con
           }
           for (int64_t d = 0; d < D; ++d) em.out[static_cast<size_t>(orow * D + d)] = static_cast<float>(o[static_cast<size_t>(d)] / l);
           const double n = static_cast<double>(hi - lo);
-          const double dt = sabs_max * static_cast<double>(D + 8) * std::ldexp(1.0, -22);
+          const double dt = sabs_max * static_cast<double>(D + 8) * std::ldexp(1.0, -22) +
+                            (softcap > 0 ? (3.0 * sabs_max + 16.0 * softcap) * std::ldexp(1.0, -24) : 0.0);
           const double sums = (2.0 * n + 64.0) * std::ldexp(1.0, -22) + std::ldexp(1.0, -20);
           em.tight[static_cast<size_t>(orow)] = vmax * (std::expm1(2.0 * dt) + u + sums) + 1e-6;
           const double dl = dt + 3.0 * u * sabs_max;
@@ -479,6 +483,7 @@ struct AttnCase {
   // it unless misaligned, then $CIDER_ATTN_PREFILL_TC=0 (the general kernel must). with_f16 = false skips the f16 run.
   bool both_prefill_paths = false;
   bool with_f16 = true;
+  float softcap = 0.0f;  // > 0: attention logit softcapping (Gemma 2)
 };
 
 void run_attention_case(const AttnCase& c, uint64_t salt) {
@@ -487,7 +492,8 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
                                     << c.vbits << " g" << c.gs << " " << dtype_name(c.dt) << " splits "
                                     << c.kv_splits << " d_length " << c.d_length
                                     << (c.misalign ? " misaligned q/out" : "")
-                                    << (c.both_prefill_paths ? " both prefill paths" : ""));
+                                    << (c.both_prefill_paths ? " both prefill paths" : "") << " softcap "
+                                    << c.softcap);
   auto rng = test::make_rng(salt);
   const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep, cap = c.kL + 3;
   const int64_t kLr = c.d_length > 0 ? c.d_length : c.kL;  // the real length
@@ -510,6 +516,7 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
   ref.keys = K.view(false, B, Hkv, kLr, cap, c.D);
   ref.values = V.view(false, B, Hkv, kLr, cap, c.D);
   ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  ref.softcap = c.softcap;
   ref.mask_kind = c.mask;
   ref.window = c.window;
   ref.mask_dtype = DType::kBool;
@@ -564,7 +571,7 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
     ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
     if (f16_path) {
       if (em.out.empty())
-        em = emulate_f16_prefill(q, K, V, B, Hq, Hkv, c.L, kLr, cap, c.D, ref.scale, c.mask, c.window);
+        em = emulate_f16_prefill(q, K, V, B, Hq, Hkv, c.L, kLr, cap, c.D, ref.scale, c.mask, c.window, c.softcap);
       EXPECT_TRUE(within_row_bounds(got.data() + guard, em.out.data(), em.tight, c.D)) << "f16 kernel vs its emulation";
       EXPECT_TRUE(within_row_bounds(got.data() + guard, want.data(), em.loose, c.D)) << "f16 kernel vs the exact reference";
       continue;
@@ -600,6 +607,51 @@ TEST(CudaAttention, MatchesReferenceDecodeAndPrefill) {
         ++k;
         run_attention_case({D, rep, kL, L, mask, window, cc.kbits, cc.vbits, cc.gs, cc.dt}, ++salt);
       }
+}
+
+// Attention logit softcapping (Gemma 2: s -> cap·tanh(s/cap) before the mask) on every kernel of cuda::attention,
+// against the reference kernel with the same softcap: the general CUDA-core kernel (plain bf16 / f16 / f32, the
+// run-time quantized instantiation, the staged K4V3 g64 kernel with bf16 scales), the tensor-core decode path (K4V3
+// and K8V4, D128 / D256, packed rows R ≤ 4 and three-chain rows 5..8), the tensor-core prefill path's f16 and exact
+// kernels and the general kernel on the same shapes (both_prefill_paths), with windows, forced splits and device
+// lengths. Caps 0.5 (most scores squeezed) and 5 (the tails).
+TEST(CudaAttention, SoftcapMatchesReferenceOnEveryPath) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 17000;
+  const MaskKind C = MaskKind::kCausal, N = MaskKind::kNone;
+  for (float cap : {0.5f, 5.0f}) {
+    std::vector<AttnCase> cases = {
+        // general kernel
+        {128, 4, 1000, 1, C, 0, 0, 0, 0, DType::kBF16},
+        {128, 2, 129, 17, C, 40, 0, 0, 0, DType::kF16, 3},
+        {64, 1, 300, 7, N, 0, 0, 0, 0, DType::kF32},
+        {64, 4, 777, 3, C, 0, 3, 5, 32, DType::kF16, 0, 700},
+        {128, 4, 2000, 1, C, 0, 4, 3, 64, DType::kBF16, 5},
+        {256, 2, 500, 16, C, 100, 4, 3, 64, DType::kBF16},
+        // tensor-core decode (f16 scales, R = rep·L ≤ 8): packed (R ≤ 4) and three-chain layouts
+        {128, 4, 4097, 1, C, 0, 4, 3, 64, DType::kF16},
+        {256, 2, 3000, 2, C, 700, 4, 3, 64, DType::kF16, 17},
+        {128, 8, 2000, 1, C, 0, 8, 4, 64, DType::kF16, 0, 1500},
+        {256, 3, 129, 2, N, 0, 8, 4, 64, DType::kF16},
+    };
+    for (AttnCase c : cases) {
+      c.softcap = cap;
+      run_attention_case(c, ++salt);
+    }
+    // tensor-core prefill (rep·L > 8): f16 kernel, exact kernel, then the general kernel
+    const AttnCase prefill[] = {
+        {128, 4, 16 + 5, 16, C, 0, 4, 3, 64, DType::kF16},
+        {128, 1, 300 + 1000, 300, C, 37, 4, 3, 64, DType::kF16},
+        {256, 8, 33, 33, C, 0, 8, 4, 64, DType::kF16, 3},
+        {128, 4, 129 + 5, 129, N, 0, 8, 4, 64, DType::kF16, 0, 100},
+        {256, 1, 1030, 1030, C, 300, 4, 3, 64, DType::kF16},
+    };
+    for (AttnCase c : prefill) {
+      c.softcap = cap;
+      c.both_prefill_paths = true;
+      run_attention_case(c, ++salt);
+    }
+  }
 }
 
 // split_range (attention_tc.h, host and device): the pieces of [lo, hi) are disjoint, in order, cover it exactly,
@@ -1311,6 +1363,7 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
     DType sd;
     int kv_splits;
     bool device_length;
+    float softcap = 0.0f;  // > 0: attention logit softcapping (Gemma 2)
   };
   const Case cases[] = {
       {128, 4, 1000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},
@@ -1323,12 +1376,16 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
       {256, 4, 900, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 7, false},
       {128, 2, 1500, 67, MaskKind::kCausal, 0, 2, 2, 64, DType::kF16, 0, false},  // prefill-sized L
       {64, 1, 129, 16, MaskKind::kNone, 0, 8, 4, 64, DType::kBF16, 2, false},
+      {128, 4, 1000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, true, 0.5f},     // softcapped: K4V4 kernel
+      {128, 2, 700, 5, MaskKind::kCausal, 60, 5, 5, 64, DType::kF16, 3, false, 2.0f},   // K5V5 kernel
+      {64, 2, 333, 17, MaskKind::kCausal, 50, 3, 3, 32, DType::kBF16, 0, false, 0.5f},  // run-time kernel
   };
   uint64_t salt = 7300;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " k"
                                       << c.kb << "v" << c.vb << " g" << c.gs << " " << dtype_name(c.sd) << " splits "
-                                      << c.kv_splits << (c.device_length ? " device length" : ""));
+                                      << c.kv_splits << (c.device_length ? " device length" : "") << " softcap "
+                                      << c.softcap);
     auto rng = test::make_rng(++salt);
     const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
     nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt));
@@ -1348,6 +1405,7 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
     ref.keys = cache.keys();
     ref.values = cache.values();
     ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    ref.softcap = c.softcap;
     ref.mask_kind = c.mask;
     ref.window = c.window;
     ref.mask_dtype = DType::kBool;
@@ -1405,6 +1463,9 @@ TEST(CudaAttention, RejectsBadArguments) {
   bad([](AttentionArgs& a) { a.values.length = 9; });
   bad([](AttentionArgs& a) { a.keys.length = 17; });
   bad([](AttentionArgs& a) { a.keys.bits = 0; a.keys.dtype = DType::kI8; });
+  bad([](AttentionArgs& a) { a.softcap = -1.0f; });
+  bad([](AttentionArgs& a) { a.softcap = std::nanf(""); });
+  bad([](AttentionArgs& a) { a.softcap = INFINITY; });
   {  // a cache of 2^31 keys: the split arithmetic is 32-bit, so it is refused before any plan or launch
     AttentionArgs a = good;
     a.keys.length = a.values.length = a.keys.capacity = a.values.capacity = int64_t{1} << 31;

@@ -23,11 +23,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "cuda/cuda_test_support.h"
 #include "kernels/cuda/hadamard.h"
 #include "kernels/kernel_table.h"
@@ -142,7 +144,8 @@ std::vector<int32_t> greedy(const cm::Model& model, const std::vector<int32_t>& 
 
 // Switches cider-tiny (loaded, before any session) into a Gemma-3-like variant so every branch of the forward runs:
 // (1 + w) norms, q/k norms (the first D values of the layer's attention norm), sandwich norms (its norms reused),
-// GeGLU, √hidden embedding scale, sliding-window layers (odd layers, window 24, the local rope table), final soft-cap.
+// GeGLU, √hidden embedding scale, sliding-window layers (odd layers, window 24, the local rope table), final soft-cap,
+// and Gemma 2's attention logit softcap (scores cap·tanh(s/cap) in every attention kernel the run takes).
 // Legal: the model object is not const, only the accessor is. The GPU model must be uploaded afterwards.
 void make_variant(cm::Model& model) {
   auto& impl = const_cast<cm::Model::Impl&>(model.impl());
@@ -155,9 +158,10 @@ void make_variant(cm::Model& model) {
   c.sliding_window = 24;
   for (size_t l = 0; l < c.layer_sliding.size(); ++l) c.layer_sliding[l] = l % 2 == 1 ? 1 : 0;
   c.final_logit_softcap = 30.0f;
+  c.attn_logit_softcap = 4.0f;
   cm::RopeConfig local;
   local.theta = 1000.0;  // a different local base
-  impl.inv_freq_local = cm::rope_inv_freq(local, c.head_dim);
+  impl.inv_freq_local = cm::rope_inv_freq(local, c.head_dim, impl.ctx);
   for (cm::LayerWeights& L : impl.w.layers) {
     L.q_norm = {"q_norm", L.attn_norm.w, c.head_dim};
     L.k_norm = {"k_norm", L.mlp_norm.w, c.head_dim};
@@ -319,6 +323,127 @@ TEST(CudaModel, GemmaLikeVariantMatchesCpu) {
   EXPECT_TRUE(d3.finite);
   EXPECT_LE(d3.max_abs, dh.max_abs) << str(d3) << "; quantization error " << str(dh);
   EXPECT_LE(d3.mean_abs, 0.75 * dh.mean_abs) << str(d3) << "; quantization error " << str(dh);
+}
+
+// Sliding layers keep only their window on both engines (nn's sliding-window caches on the CPU, GpuModel::
+// slide_capacity rows on the GPU, here 256 with 64-row prefill chunks and window 24): over 1000 positions — a prompt
+// of 300 in chunks, then 700 decode steps through the graphs of every KV bucket — the GPU's logits stay within the
+// tolerances above of the CPU's, and of the GPU keeping every position (kv_full_sliding). The bounded session holds
+// fewer bytes; a short trim re-decodes to the same logits, a trim past the window is refused and changes nothing.
+TEST(CudaSliding, BoundedWindowMatchesCpuOverManyWindows) {
+  CIDER_REQUIRE_GPU();
+  const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
+  auto cpu = load("bf16", "bf16", cm::Device::kCPU);
+  auto cpu32 = load("bf16", "f32", cm::Device::kCPU);
+  auto gpu = load("bf16", "bf16", cm::Device::kCUDA);
+  cm::ModelOptions full_opts = options("bf16", "bf16", cm::Device::kCUDA);
+  full_opts.kv_full_sliding = true;
+  auto gpu_full = cm::Model::load(kTiny, full_opts);
+  for (cm::Model* m : {cpu.get(), cpu32.get(), gpu.get(), gpu_full.get()}) make_variant(*m);
+  const std::vector<int32_t> tokens = text_tokens(*cpu, 1000);
+  const std::vector<float> ref = logits_of(*cpu, tokens, 300);
+  const double tol = bf16_tolerance(ref, logits_of(*cpu32, tokens, 300));
+  const Diff d = diff(logits_of(*gpu, tokens, 300), ref);
+  RecordProperty("sliding_bf16_gpu_vs_cpu", str(d));
+  EXPECT_TRUE(d.finite);
+  EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+  const Diff df = diff(logits_of(*gpu, tokens, 300), logits_of(*gpu_full, tokens, 300));
+  RecordProperty("sliding_bf16_gpu_bounded_vs_full", str(df));
+  EXPECT_LE(df.max_abs, tol) << str(df) << "; tolerance " << tol;
+
+  // Bytes: the 4 sliding layers of 8 hold 256 positions instead of the context.
+  const cm::ModelConfig& c = gpu->config();
+  auto s = gpu->new_session(), sf = gpu_full->new_session();
+  const auto row = static_cast<size_t>(2 * c.head_dim * 2 * c.num_kv_heads);  // bf16 keys + values per position
+  const auto ctx = static_cast<size_t>(gpu->context_length());
+  EXPECT_EQ(sf->kv_bytes(), 8 * ctx * row);
+  EXPECT_EQ(s->kv_bytes(), 4 * ctx * row + 4 * 256 * row);
+
+  // Trims on the bounded GPU session: 3 back and the same logits again; 500 back refused.
+  const auto V = static_cast<size_t>(c.vocab_size);
+  std::vector<float> first(3 * V), again(3 * V), scratch(300 * V);
+  gpu->forward(*s, tokens.data(), 300, scratch.data(), false);
+  for (size_t i = 300; i < 697; ++i) gpu->forward(*s, &tokens[i], 1, scratch.data(), false);
+  for (size_t i = 697; i < 700; ++i) gpu->forward(*s, &tokens[i], 1, first.data() + (i - 697) * V, false);
+  EXPECT_TRUE(s->can_truncate(697));
+  EXPECT_EQ(s->trim(3), 3);
+  for (size_t i = 697; i < 700; ++i) gpu->forward(*s, &tokens[i], 1, again.data() + (i - 697) * V, false);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0) << str(diff(again, first));
+  EXPECT_FALSE(s->can_truncate(200));
+  try {
+    s->trim(500);
+    ADD_FAILURE() << "a trim past the window must throw";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
+  }
+  EXPECT_EQ(s->position(), 700);
+  gpu->forward(*s, &tokens[700], 1, scratch.data(), false);  // still decodes
+  EXPECT_EQ(s->trim(s->position()), 701);                      // back to 0: starts over
+  std::vector<float> restart(300 * V);
+  gpu->forward(*s, tokens.data(), 300, restart.data(), true);
+  const Diff dr = diff(restart, std::vector<float>(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(300 * V)));
+  EXPECT_LE(dr.max_abs, tol) << "after the reset: " << str(dr);
+
+  // Quantized caches (the CUDA default k8v4/hadamard; per-channel keys, whose key scale rows move by whole blocks),
+  // against the CPU's quantization error as in QuantizedLogitsMatchCpu.
+  for (const char* rot : {"hadamard", "so4-full/kchan"}) {
+    SCOPED_TRACE(rot);
+    const char* kv = std::string(rot) == "hadamard" ? "k8v4" : "k4v4";
+    auto cq = load("w8a8", kv, cm::Device::kCPU, rot);
+    auto gq = load("w8a8", kv, cm::Device::kCUDA, rot);
+    for (cm::Model* m : {cq.get(), gq.get()}) make_variant(*m);
+    const std::vector<float> ref_q = logits_of(*cq, tokens, 300);
+    const Diff dq = diff(ref_q, ref);
+    const Diff d2 = diff(logits_of(*gq, tokens, 300), ref_q);
+    RecordProperty(std::string("sliding_w8a8_") + kv + "_" + rot + "_gpu_vs_cpu", str(d2));
+    EXPECT_TRUE(d2.finite);
+    EXPECT_LE(d2.max_abs, dq.max_abs) << str(d2) << "; quantization error " << str(dq);
+    EXPECT_LE(d2.mean_abs, 0.75 * dq.mean_abs) << str(d2) << "; quantization error " << str(dq);
+  }
+}
+
+// Batched decoding (Model::forward_batch) of bounded sliding sessions at different positions: each session's drop
+// happens at its own step, in the lead session's pass; the logits equal each session run alone within the bf16
+// tolerance.
+TEST(CudaSliding, BatchedBoundedSessionsMatchCpu) {
+  CIDER_REQUIRE_GPU();
+  const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
+  auto cpu = load("bf16", "bf16", cm::Device::kCPU);
+  auto cpu32 = load("bf16", "f32", cm::Device::kCPU);
+  auto gpu = load("bf16", "bf16", cm::Device::kCUDA);
+  for (cm::Model* m : {cpu.get(), cpu32.get(), gpu.get()}) make_variant(*m);
+  const std::vector<int32_t> all = text_tokens(*cpu, 900);
+  const auto V = static_cast<size_t>(gpu->config().vocab_size);
+  // Session i: a prompt of 100 + 70·i tokens, then batched steps of one token each until 900 − 40·i tokens.
+  const int n = 3;
+  std::vector<std::unique_ptr<cm::Session>> ss;
+  std::vector<std::vector<float>> got(n);
+  std::vector<size_t> len(n), stop(n);
+  for (int i = 0; i < n; ++i) {
+    ss.push_back(gpu->new_session());
+    len[static_cast<size_t>(i)] = 100 + 70 * static_cast<size_t>(i);
+    stop[static_cast<size_t>(i)] = 900 - 40 * static_cast<size_t>(i);
+    got[static_cast<size_t>(i)].assign(stop[static_cast<size_t>(i)] * V, std::nanf(""));
+    gpu->forward(*ss.back(), all.data(), static_cast<int64_t>(len[static_cast<size_t>(i)]),
+                 got[static_cast<size_t>(i)].data(), true);
+  }
+  for (;;) {
+    std::vector<cm::Model::BatchItem> items;
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i)
+      if (len[i] < stop[i]) items.push_back({ss[i].get(), &all[len[i]], 1, got[i].data() + len[i] * V, true});
+    if (items.empty()) break;
+    gpu->forward_batch(items);
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i)
+      if (len[i] < stop[i]) ++len[i];
+  }
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    const std::vector<int32_t> toks(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(stop[i]));
+    const std::vector<float> want = logits_of(*cpu, toks, 100 + 70 * i);
+    const double tol = bf16_tolerance(want, logits_of(*cpu32, toks, 100 + 70 * i));
+    const Diff d = diff(got[i], want);
+    EXPECT_TRUE(d.finite);
+    EXPECT_LE(d.max_abs, tol) << "session " << i << ": " << str(d) << "; tolerance " << tol;
+  }
 }
 
 // ---- GPU-internal consistency ------------------------------------------------------------------------------------
@@ -961,7 +1086,7 @@ TEST(CudaModelKernels, PrepareHeadsRopeTableEqualsDoubleFormula) {
   for (int64_t D : {64, 96, 128, 256}) {
     cider::model::RopeConfig rc;
     rc.theta = 500000.0;
-    const std::vector<float> inv_freq = cider::model::rope_inv_freq(rc, D);
+    const std::vector<float> inv_freq = cider::model::rope_inv_freq(rc, D, positions);
     const std::vector<float> table = mg::rope_table(inv_freq, positions);
     ASSERT_EQ(table.size(), static_cast<size_t>(positions * D));
     cc::DeviceBuffer d_table = cc::to_device(table.data(), table.size() * sizeof(float));
@@ -1144,3 +1269,43 @@ TEST(CudaModel, PdlOnAndOffGiveTheSameLogits) {
   EXPECT_TRUE(same_bits(on, on_direct)) << str(diff(on, on_direct));
 }
 
+
+// ---- every architecture on the GPU ------------------------------------------------------------------------------
+// The tiny transformers-made checkpoint of each family (tests/data/hf_fixtures, tools/make_hf_fixtures.py) with bf16
+// weights and a bf16 cache: the GPU's logits at every position — the prompt as one prefill, then the rest one token
+// at a time (the decode path) — against the CPU's, within the bf16 tolerance above measured on the same tokens.
+namespace {
+// phi3: LongRoPE (long factors, attention factor √1.5) and fused projections; yarn: YaRN (attention factor
+// 0.1·ln 8 + 1) — the GPU's rope table carries the same frequencies and attention factor as the CPU's.
+// gemma2: attention logit softcapping (5) on every layer, sandwich norms without q/k norms.
+const char* const kFamilies[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe",
+                                 "phi3", "yarn"};
+}  // namespace
+
+TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
+  CIDER_REQUIRE_GPU();
+  for (const char* name : kFamilies) {
+    SCOPED_TRACE(name);
+    const std::string dir = cider::test::repo_file(std::string("tests/data/hf_fixtures/") + name);
+    const auto ref = nlohmann::json::parse(cider::read_text_input(dir + "/reference.json", "test"));
+    std::vector<int32_t> seq = ref.at("prompt").get<std::vector<int32_t>>();
+    const size_t prompt = seq.size();
+    for (int32_t t : ref.at("greedy").get<std::vector<int32_t>>()) seq.push_back(t);
+    auto opts = [](const char* kv, cm::Device d) {
+      cm::ModelOptions o;
+      o.weights = cm::parse_weight_format("bf16");
+      o.kv = cm::parse_kv_format(kv);
+      o.device = d;
+      return o;
+    };
+    auto cpu = cm::Model::load(dir, opts("bf16", cm::Device::kCPU));
+    auto cpu32 = cm::Model::load(dir, opts("f32", cm::Device::kCPU));
+    auto gpu = cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
+    const std::vector<float> want = logits_of(*cpu, seq, prompt);
+    const double tol = bf16_tolerance(want, logits_of(*cpu32, seq, prompt));
+    const Diff d = diff(logits_of(*gpu, seq, prompt), want);
+    RecordProperty(std::string("family_") + name, str(d));
+    EXPECT_TRUE(d.finite);
+    EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+  }
+}

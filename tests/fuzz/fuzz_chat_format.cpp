@@ -48,7 +48,8 @@ const Tokenizer& family_tokenizer(ChatFormat f) {
     case ChatFormat::kLlama3: return llama3;
     case ChatFormat::kGemma: return gemma;
     case ChatFormat::kMistral: return mistral;
-    case ChatFormat::kLlama2: return llama2;
+    case ChatFormat::kLlama2:
+    case ChatFormat::kPhi3: return llama2;  // Phi-3's vocabulary is Llama 2's SentencePiece one
     case ChatFormat::kRaw: break;
   }
   return tiny_tokenizer();

@@ -17,6 +17,8 @@ for t in "${targets[@]}"; do
   cp "$exe" .gpu/bin/
 done
 cp -r models/cider-tiny .gpu/models/
+# The Hugging Face fixtures of every architecture (tests/data/hf_fixtures), for CudaFamilies in test_cuda_model.
+mkdir -p .gpu/tests/data && cp -r tests/data/hf_fixtures .gpu/tests/data/
 # `cider serve` links Debian's cpp-httplib (and its brotli / OpenSSL), which the GPU host lacks: carried in lib/
 # (LD_LIBRARY_PATH=.gpu/lib on the host).
 mkdir -p .gpu/lib
@@ -27,5 +29,5 @@ echo "$rev, packed $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)" > .gpu/REVISIO
 # The device tool carries at most 64 MiB with the working tree: strip and compress the programs.
 strip .gpu/bin/*
 # xz -9e: its 64 MiB dictionary sees the code the binaries share (41 MB at the default level, 12 MB so).
-XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models lib && rm -rf .gpu/bin .gpu/models .gpu/lib
+XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models lib tests && rm -rf .gpu/bin .gpu/models .gpu/lib .gpu/tests
 du -sh .gpu

@@ -11,7 +11,8 @@
 //   1. scores: thread t takes key t0 + t, reads its packed row once (codes unpacked in registers, exactly converted to
 //      float) and computes all QR dot products against the queries held transposed in shared memory [Dk][QR]:
 //        score_r = scale · Σ_g ( s_g · Σ_{k∈g} q_rk·c_k + b_g · Σ_{k∈g} q_rk )      (plain: scale · Σ_k q_rk·k_k)
-//      masked entries (causal, window, past the length) are −inf.
+//      then capped when a softcap is set (score = cap·tanh(score/cap), tanhf), masked entries (causal, window, past
+//      the length) are −inf.
 //   2. online softmax (float32): one warp per query row updates (m, l), rescales by α = e^{m_old − m_new}, p = e^{s − m}.
 //   3. values: warp w takes a quarter of the tile's keys, lane ℓ owns dims [ℓ·Dv/32, (ℓ+1)·Dv/32) (all in one
 //      quantization group): acc_rd += (p_r·s_g)·c_d, bias_r += p_r·b_g (plain: acc_rd += p_r·v_d).
@@ -29,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -81,6 +83,7 @@ struct Params {
   const int32_t* d_length;
   KvSide k, v;
   float scale;
+  float softcap, inv_softcap;  // softcap > 0: score = softcap·tanh(score·inv_softcap) before the mask; 0 = none
   int causal;
   int64_t window;
 };
@@ -499,7 +502,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Params p) {
             const int64_t pos = kL - p.L + (rg0 + r) / p.rep;
             visible = visible && j <= pos && (p.window == 0 || j > pos - p.window);
           }
-          sc[r * tile + tid] = visible ? p.scale * dot[r] : kNegInf;
+          float s = p.scale * dot[r];
+          if (p.softcap > 0.0f) s = p.softcap * tanhf(s * p.inv_softcap);
+          sc[r * tile + tid] = visible ? s : kNegInf;
         }
       } else {
 #pragma unroll
@@ -881,6 +886,8 @@ void validate(const char* op, const kernels::AttentionArgs& a) {
         ErrorCode::kUnsupported, op, "mask kind must be none or causal (bool and additive masks are not implemented "
         "on the GPU); got ", static_cast<int>(a.mask_kind));
   check(a.window >= 0, ErrorCode::kInvalidArgument, op, "window must be >= 0; got ", a.window);
+  check(std::isfinite(a.softcap) && a.softcap >= 0.0f, ErrorCode::kInvalidArgument, op,
+        "softcap must be finite and >= 0 (0 = none); got ", a.softcap);
   const kernels::KVTensorView& K = a.keys;
   const kernels::KVTensorView& V = a.values;
   check(K.B == a.B && V.B == a.B, ErrorCode::kShapeMismatch, op, "keys and values must have batch ", a.B, "; got ",
@@ -1069,6 +1076,8 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   p.k = side_of(a.keys);
   p.v = side_of(a.values);
   p.scale = a.scale;
+  p.softcap = a.softcap;
+  p.inv_softcap = a.softcap > 0.0f ? 1.0f / a.softcap : 0.0f;
   p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
   p.window = a.window;
 

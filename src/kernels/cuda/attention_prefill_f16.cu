@@ -8,7 +8,8 @@
 // Numeric contract (what the tests check against a CPU emulation, tests/cuda/test_cuda_attention.cpp):
 //   q̃ = fl16(q·2^Eq) per row, Eq chosen so max|q̃| ∈ [2^14, 2^15) (a power of two: no rounding but the f16 one);
 //   k̃ = fl16(s·c + b), ṽ = fl16(s·c + b) (one rounding: hfma2 of the exact f16 code with the f16 scale and bias);
-//   score (log2 units) = (Σ_d q̃_d·k̃_d)·(scale·log2e·2^-Eq) with f32 accumulation; p = ex2(score − m) in f32,
+//   score (log2 units) = (Σ_d q̃_d·k̃_d)·(scale·log2e·2^-Eq) with f32 accumulation (then, with a softcap,
+//   c2·tanhf(score/c2), c2 = cap·log2e); p = ex2(score − m) in f32,
 //   rounded to f16 for the P·V product (l sums the f32 p); out = Σ p̃·ṽ / l.
 // So the result is the exact attention of the f16-rounded q, k, v up to the f32 sums and p's f16 rounding
 // (≤ 2^-11·max|ṽ|); against the exact-score kernel the difference is the f16 rounding of q and k (2^-11 relative:
@@ -333,6 +334,17 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
         mma_f16(sc[np + 1], a, bk[2], bk[3]);
       }
     }
+    // The softcap acts on the scores in log2 units (raw·zmul), before the mask; the softmax then takes them as they
+    // are (factor 1).
+    float zm[2] = {zmul[0], zmul[1]};
+    if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sc[nt][e] = capped_score(sc[nt][e] * zmul[e >> 1], p.softcap_log2, p.inv_softcap_log2);
+      zm[0] = zm[1] = 1.0f;
+    }
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -343,7 +355,7 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
         }
     }
 
-    // ---- online softmax in log2 units: score = raw·zmul (zmul > 0, so the row maximum scales too) ----
+    // ---- online softmax in log2 units: score = raw·zm (zm > 0, so the row maximum scales too) ----
     float mnew[2], alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -352,7 +364,7 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
       for (int nt = 0; nt < NT; ++nt) tmax = fmaxf(tmax, fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
       tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      const float mn = fmaxf(m_run[h], tmax * zmul[h]);
+      const float mn = fmaxf(m_run[h], tmax * zm[h]);
       const float mu = mn == kNegInf ? 0.0f : mn;
       alpha[h] = ex2(m_run[h] - mu);
       m_run[h] = mn;
@@ -372,7 +384,7 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[nt][e] = ex2(fmaf(sc[nt][e], zmul[e >> 1], -mnew[e >> 1]));
+      for (int e = 0; e < 4; ++e) sc[nt][e] = ex2(fmaf(sc[nt][e], zm[e >> 1], -mnew[e >> 1]));
       l_run[0] += sc[nt][0] + sc[nt][1];
       l_run[1] += sc[nt][2] + sc[nt][3];
     }

@@ -25,6 +25,7 @@
 // registers (48), D256 rebuilds them from shared memory per use (its 128 accumulator registers leave no room).
 // Softmax in base 2 per row (rows gid and gid + 8 of the lane's C fragment: max over the quad by two shuffles),
 // ex2.approx, online (FA2): the rescale is skipped when no row's maximum moved.
+// A softcap maps each score (log2 units) to c2·tanhf(score/c2), c2 = cap·log2e, before the mask.
 // Values: out[d] = Σ_t p_t·s_t·c_td + Σ_t p_t·b_t per value group. The score C fragments of two 8-key n-tiles are the
 // A fragment (16 rows × 16 keys) of the f16 mma without any data movement; A = W_g = p·s_g (value scale of the key)
 // split into f16 hi + lo (≈ 22-bit weights; |W| ≤ |s| ≤ 65504), B = the f16 value codes (16 keys × 8 dims) by
@@ -411,6 +412,12 @@ __global__ void __launch_bounds__(kPfThreads, 2)
         sc[nt][2] += s0 * (zmul[1] * zf[2]) + k0 * bq[gi][1];
         sc[nt][3] += s1 * (zmul[1] * zf[3]) + k1 * bq[gi][1];
       }
+    }
+    if (p.softcap_log2 > 0.0f) {  // the softcap, before the mask
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = capped_score(sc[nt][e], p.softcap_log2, p.inv_softcap_log2);
     }
     if (need_mask) {
 #pragma unroll

@@ -26,6 +26,7 @@
 // (one word = the 8 dims 64gv + 8gid + e of a key) convert per byte pair of two keys with magics 1024 (low nibble) and
 // 64 (high nibble); value rows are chunk-swizzled in shared memory.
 // Softmax in base 2 (scores pre-multiplied by log2 e, ex2.approx); m/l per thread for its rows 2·tig, 2·tig+1.
+// A softcap maps each score (log2 units) to c2·tanhf(score/c2), c2 = cap·log2e, before the mask (attention_tc.h).
 // R ≤ 4 rows (one token at GQA rep ≤ 4) take the packed layout instead (kPacked, session 4): 4 rows × (hi, lo) in the
 // 8 mma columns, two score chains, one value mma per 16 dims, one row per lane; see the comment at the kernel.
 //
@@ -569,6 +570,10 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
           sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
           sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
         }
+      }
+      if (p.softcap_log2 > 0.0f) {  // before the mask; slots of invisible keys are overwritten below
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mt][e] = capped_score(sc[mt][e], p.softcap_log2, p.inv_softcap_log2);
       }
       const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
       sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;

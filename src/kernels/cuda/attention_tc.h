@@ -81,6 +81,9 @@ struct TcCallParams {
   int64_t chunk, kL_bound, cap_k, cap_v;
   const int32_t* d_length;
   float scale_log2;  // scale · log2(e)
+  // Softcap in the kernels' log2 units: cap·tanh(s/cap)·log2e = c2·tanh(s2/c2) with s2 = s·log2e, c2 = cap·log2e.
+  float softcap_log2;      // cap · log2(e); 0 = none
+  float inv_softcap_log2;  // 1 / softcap_log2 (0 when none)
   int causal;
   int64_t window;
 };
@@ -109,6 +112,8 @@ inline void fill_tc_params(TcCallParams& p, const kernels::AttentionArgs& a, con
   p.cap_v = a.values.capacity;
   p.d_length = d_length;
   p.scale_log2 = a.scale * 1.4426950408889634f;  // · log2(e): the kernels' softmax is in base 2
+  p.softcap_log2 = a.softcap > 0.0f ? a.softcap * 1.4426950408889634f : 0.0f;
+  p.inv_softcap_log2 = a.softcap > 0.0f ? 1.0f / p.softcap_log2 : 0.0f;
   p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
   p.window = a.window;
 }

@@ -30,6 +30,12 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// The attention logit softcap in the kernels' log2 units (TcCallParams::softcap_log2 = cap·log2e, inv = its
+// reciprocal): s2 → cap2·tanh(s2·inv), tanhf (a few ulp; the fast tanh.approx would cost 2^-11 relative).
+__device__ __forceinline__ float capped_score(float s2, float cap2, float inv_cap2) {
+  return cap2 * tanhf(s2 * inv_cap2);
+}
+
 // 2^e as a float, −126 ≤ e ≤ 127 (normal): the exponent field directly.
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float(static_cast<uint32_t>(e + 127) << 23); }
 // x·2^e with the result of ldexpf(x, e) for −252 ≤ e ≤ 254: the multiplications by powers of two that cannot round

@@ -416,6 +416,25 @@ __global__ void glu_rows_kernel(const float* __restrict__ gu, int64_t n, int64_t
   }
 }
 
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ idx, int64_t m,
+                                   int64_t H, float* __restrict__ dst) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < m * H; k += stride) {
+    const int64_t i = k / H, d = k % H;
+    dst[k] = src[static_cast<int64_t>(idx[i]) * H + d];
+  }
+}
+
+__global__ void scatter_add_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ idx,
+                                        const float* __restrict__ w, int64_t m, int64_t H, float* __restrict__ dst) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < m * H; k += stride) {
+    const int64_t i = k / H, d = k % H;
+    float* o = dst + static_cast<int64_t>(idx[i]) * H + d;
+    *o = __fadd_rn(*o, __fmul_rn(src[k], w[i]));  // the CPU's dst += src·w, unfused
+  }
+}
+
 // SplitMix64 finalizer of (seed, index): independent 64-bit values per element, reproducible from the seed.
 __device__ uint64_t hash64(uint64_t seed, uint64_t i) {
   uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
@@ -539,6 +558,24 @@ void residual_norm(float* x, const float* t, const float* post_w, const float* w
   else if (H <= 8 * kResidualThreads) run(residual_norm_regs_kernel<8>);
   else if (H <= 16 * kResidualThreads) run(residual_norm_regs_kernel<16>);
   else run(residual_norm_kernel);
+  cuda::check_last_launch(op);
+}
+
+void gather_rows(const float* src, const int32_t* idx, int64_t m, int64_t H, float* dst, void* stream) {
+  constexpr const char* op = "cuda.gather_rows";
+  check(m >= 0 && H >= 1, ErrorCode::kShapeMismatch, op, "m >= 0, H >= 1; got ", m, ", ", H);
+  if (m == 0) return;
+  gather_rows_kernel<<<grid_for(m * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, idx, m, H, dst);
+  cuda::check_last_launch(op);
+}
+
+void scatter_add_rows(const float* src, const int32_t* idx, const float* w, int64_t m, int64_t H, float* dst,
+                      void* stream) {
+  constexpr const char* op = "cuda.scatter_add_rows";
+  check(m >= 0 && H >= 1, ErrorCode::kShapeMismatch, op, "m >= 0, H >= 1; got ", m, ", ", H);
+  if (m == 0) return;
+  scatter_add_rows_kernel<<<grid_for(m * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, idx, w, m, H,
+                                                                                               dst);
   cuda::check_last_launch(op);
 }
 

@@ -66,6 +66,13 @@ void residual_norm(float* x, const float* t, const float* post_w, const float* w
 // out [n, I] = act(gu[t, i]) · gu[t, I + i] over the fused gate|up output gu [n, 2·I]; act 0 SiLU, 1 GELU (tanh).
 void glu_rows(const float* gu, int64_t n, int64_t I, int act, float* out, void* stream);
 
+// Mixture-of-experts row movement (float32 rows of H values): gather_rows dst[i, :] = src[idx[i], :] for i < m;
+// scatter_add_rows dst[idx[i], :] += w[i]·src[i, :] for i < m (the idx of one call distinct, so no two threads add
+// to one element). idx and w on the device. Plain launches (no PDL).
+void gather_rows(const float* src, const int32_t* idx, int64_t m, int64_t H, float* dst, void* stream);
+void scatter_add_rows(const float* src, const int32_t* idx, const float* w, int64_t m, int64_t H, float* dst,
+                      void* stream);
+
 // count values uniform in [lo, hi) from a counter hash of (seed, index), stored as dtype (f32 or bf16).
 void fill_uniform(void* out, DType dtype, int64_t count, uint64_t seed, float lo, float hi, void* stream);
 // count bytes: int8 codes uniform in [-127, 127] (as_int8) or any byte (packed int4 pairs).

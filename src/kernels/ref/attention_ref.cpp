@@ -10,8 +10,9 @@
 //                    at a time), or the bfloat16 residual row for positions past the last complete block
 //
 // with c the codes, s/b the stored scale/bias of group g — i.e. exactly q·(c·s + b), computed on the codes; the cache
-// is never dequantized into a float copy (only one row of codes is unpacked at a time). Masks then drop or offset
-// scores, and the softmax is done in float32 with the row maximum subtracted:
+// is never dequantized into a float copy (only one row of codes is unpacked at a time). A softcap > 0 then maps each
+// score to softcap·tanh(score / softcap) (before the mask, as HF's Gemma 2). Masks then drop or offset scores, and
+// the softmax is done in float32 with the row maximum subtracted:
 //   p[r, j] = exp(score[r, j] − max_j score[r, j]),   out[r, :] = Σ_j p[r, j]·v_j / Σ_j p[r, j]
 // where, for quantized values, Σ_j p·v_jd = Σ_j (p·s_jg)·c_jd + Σ_j p·b_jg  (g the group of d), accumulated per group.
 // A row that sees no key (all masked, or every score −inf) is written as zeros.
@@ -154,6 +155,7 @@ void attention(const AttentionArgs& a) {
             for (int64_t k = 0; k < Dk; ++k) dot += q[k] * kv[k];
           }
           float s = a.scale * dot;
+          if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
           if (a.mask_kind == MaskKind::kAdditive) s += load_float(a.mask, a.mask_dtype, moff);
           out_score = s;
         }

@@ -21,6 +21,9 @@
 // so the score is exactly scale·q̃·k̂ with q̃ = step·Q (relative precision about 2^-16 of the group's max |q|),
 // up to float32 rounding. (One int8 plane alone — half the dot products — errs by up to max|q|/254 per element:
 // measured in docs/benchmarks.md, too coarse for the reference comparison the tests hold the kernels to.)
+// A softcap (AttentionArgs::softcap > 0) maps each score to cap·tanh(score·(1/cap)) as the tile's scores are stored,
+// before the mask, with a vector tanh within a few ulp (Taylor polynomial below |x| = 0.625, (1 − e^{−2|x|})/(1 +
+// e^{−2|x|}) above), so a capped score is within about (2|s| + 8·cap)·2^-24 of cap·tanh(s/cap).
 // Softmax: online, per block of kBlockRows keys (max, rescale, exp in float32). Values: float32 FMAs on codes
 // converted exactly to float (3-bit and other widths unpacked from the bit stream with a byte shuffle + variable
 // shift), weights p·s per (row, group), the bias part Σ p·b kept per group — the same algebra as the reference.

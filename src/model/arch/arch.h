@@ -38,6 +38,9 @@ class ConfigSource {
   virtual double get_num(const char* key) const = 0;    // required; any number
   virtual bool get_bool(const char* key) const = 0;     // required
   virtual std::string brief(const char* key) const = 0;  // the value as an error message quotes it ("null" if absent)
+  // Written in the source at all, null included (config.json: a key set to null is present but not has(); HF config
+  // classes give an absent key its default and a null one None). GGUF metadata has no null: as has().
+  virtual bool present(const char* key) const { return has(key); }
   int64_t get_int_or(const char* key, int64_t fallback) const { return has(key) ? get_int(key) : fallback; }
   double get_num_or(const char* key, double fallback) const { return has(key) ? get_num(key) : fallback; }
   bool get_bool_or(const char* key, bool fallback) const { return has(key) ? get_bool(key) : fallback; }
@@ -62,6 +65,10 @@ struct HfRules {
   double rope_theta = 10000.0;
   // ArchSpec::separate_local_rope: the key of the sliding layers' RoPE base (default ArchSpec::local_rope_theta).
   const char* local_rope_theta_key = nullptr;
+  // original_max_position_embeddings when config.json has none at the top level (Phi3Config: 4096); 0 = none. A
+  // top-level value overrides the rope entry's for llama3 / yarn / longrope, as transformers does.
+  int64_t original_max_position = 0;
+  bool longrope_aliases = false;  // rope types "su" and "yarn" mean longrope (Phi3Config)
   ConfigHook config = nullptr;
   SlidingLayersHook sliding_layers = nullptr;  // nullptr: no sliding layers without layer_types
 };
@@ -77,6 +84,28 @@ struct GgufRules {
 struct TensorName {
   const char* hf;
   const char* gguf;
+};
+
+// Mixture-of-experts tensor names under "model.layers.N.": the router "<router>.weight" and expert e's
+// "<experts><e>.<gate|up|down>.weight" (nullptr router: a dense architecture).
+struct MoeNames {
+  const char* router = nullptr;
+  const char* experts = nullptr;
+  const char* gate = nullptr;
+  const char* up = nullptr;
+  const char* down = nullptr;
+};
+
+// config.json keys of a mixture-of-experts architecture, read by moe_config (registry.cpp) into ModelConfig.
+void moe_config(const ConfigSource& src, const char* experts_key, const char* intermediate_key, ModelConfig& c);
+
+// A checkpoint projection holding several of the engine's linear layers stacked by output rows (Phi-3's
+// "self_attn.qkv_proj" = q | k | v, "mlp.gate_up_proj" = gate | up): the loader splits it into views of whole rows, so
+// every weight format (float, MLX, GGUF blocks) splits without re-encoding. Module names under "model.layers.N.";
+// a file that stores the parts themselves (cider-converted, some GGUF files) is read as it is.
+struct FusedLinear {
+  const char* fused;
+  std::span<const char* const> parts;  // the engine's modules in row order ("self_attn.q_proj", ...)
 };
 
 struct ArchSpec {
@@ -96,6 +125,11 @@ struct ArchSpec {
   // llama.cpp's converter interleaved each head's halves in the rows of attn_q / attn_k (for its adjacent-pair
   // RoPE); the loader undoes it.
   bool gguf_qk_interleaved = false;
+  std::span<const FusedLinear> fused_linears = {};
+  MoeNames moe = {};
+  // general.architecture values read as this architecture when the GGUF file has experts (<arch>.expert_count > 0):
+  // llama.cpp stores Mixtral as "llama".
+  std::span<const char* const> gguf_moe_names = {};
   // The default chat format; when unset, chat_format_by_vocab decides from the tokenizer's vocabulary.
   std::optional<ChatFormat> chat_format = std::nullopt;
   ChatFormat (*chat_format_by_vocab)(const HasTokenFn& has_token) = nullptr;

@@ -33,8 +33,11 @@ void hf_config(const ConfigSource& src, ModelConfig& c) {
   sandwich_layout(c);
   c.norm_weight_offset = 1.0f;
   c.embed_scale = round_to(c.dtype, static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size))));
+  // Gemma 3 configs carry null; Gemma3Attention (and llama.cpp's Gemma 3) never applies a value, so one is refused as
+  // ambiguous rather than applied or ignored (cider's attention does cap scores: Gemma 2, ModelConfig).
   check(!src.has("attn_logit_softcapping"), ErrorCode::kUnsupported, kConfigOp, src.source(),
-        ": attn_logit_softcapping is not supported by cider's attention; got ", src.brief("attn_logit_softcapping"));
+        ": attn_logit_softcapping must be null for Gemma 3 (its attention does not apply it); got ",
+        src.brief("attn_logit_softcapping"));
   c.final_logit_softcap = static_cast<float>(src.get_num_or("final_logit_softcapping", 0.0));
   const double qpas = src.get_num_or("query_pre_attn_scalar", 256.0);
   check(qpas > 0, ErrorCode::kCorrupt, kConfigOp, src.source(), ": query_pre_attn_scalar must be positive; got ",
@@ -57,7 +60,8 @@ void gguf_config(const ConfigSource& src, ModelConfig& c) {
   sliding_pattern(src.get_int_or("attention.sliding_window_pattern", 6), src, c);
   c.final_logit_softcap = static_cast<float>(src.get_num_or("final_logit_softcapping", 0.0));
   check(!src.has("attn_logit_softcapping"), ErrorCode::kUnsupported, kConfigOp, src.source(),
-        ": attn_logit_softcapping is not supported by cider's attention");
+        ": attn_logit_softcapping is not used by Gemma 3 (llama.cpp ignores it); got ",
+        src.brief("attn_logit_softcapping"));
   // Queries are scaled by query_pre_attn_scalar^−½: head_dim for every size but 27B, where it is hidden/heads
   // (llama.cpp hard-codes the same rule, keyed on the 62-layer 27B model).
   double qscale_dim = static_cast<double>(c.head_dim);

@@ -8,10 +8,14 @@ namespace cider::model {
 
 // One line per architecture (each defined in its own file in this folder).
 extern const ArchSpec kLlamaArch, kMistralArch, kQwen2Arch, kQwen3Arch, kGemma3Arch;
+extern const ArchSpec kGemma2Arch;
+extern const ArchSpec kMixtralArch, kQwen3MoeArch;
+extern const ArchSpec kPhi3Arch;
 
 namespace {
 
-constexpr const ArchSpec* kArchs[] = {&kLlamaArch, &kMistralArch, &kQwen2Arch, &kQwen3Arch, &kGemma3Arch};
+constexpr const ArchSpec* kArchs[] = {&kLlamaArch, &kMistralArch, &kQwen2Arch, &kQwen3Arch, &kGemma3Arch,
+                                       &kGemma2Arch, &kMixtralArch, &kQwen3MoeArch, &kPhi3Arch};
 
 constexpr TensorName kCommonLayerTensors[] = {
     {"input_layernorm.weight", "attn_norm.weight"},
@@ -24,6 +28,15 @@ constexpr TensorName kCommonLayerTensors[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},        {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
     {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+    // Mixture of experts: the router and the 3-D expert tensors (loader.cpp expert_slice names them so).
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},
+    {"mlp.experts.gate_proj.weight", "ffn_gate_exps.weight"},
+    {"mlp.experts.up_proj.weight", "ffn_up_exps.weight"},
+    {"mlp.experts.down_proj.weight", "ffn_down_exps.weight"},
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+    {"block_sparse_moe.experts.w1.weight", "ffn_gate_exps.weight"},
+    {"block_sparse_moe.experts.w3.weight", "ffn_up_exps.weight"},
+    {"block_sparse_moe.experts.w2.weight", "ffn_down_exps.weight"},
 };
 
 using Names = std::span<const char* const>;

@@ -62,19 +62,21 @@ void upload_rotation(GpuLayer& L, const GpuModel& m, int64_t layer) {
   L.rot_right = cuda::to_device(rot.right().data(), rot.right().size() * sizeof(float));
 }
 
-// The model's RoPE tables for its whole context (m.ctx positions; config and ctx already set).
+// The model's RoPE tables for its whole context (m.ctx positions; config and ctx already set), cos/sin times each
+// rope's attention factor (config.rope / rope_local).
 void upload_rope_tables(GpuModel& m, const std::vector<float>& inv, const std::vector<float>& inv_local) {
   const int64_t half = m.config.head_dim / 2;
   check(static_cast<int64_t>(inv.size()) == half, ErrorCode::kShapeMismatch, kOp, "inv_freq must have head_dim/2 = ",
         half, " entries; got ", inv.size());
-  const std::vector<float> table = rope_table(inv, m.ctx);
+  const double factor = m.config.rope.attention_factor, factor_local = m.config.rope_local.attention_factor;
+  const std::vector<float> table = rope_table(inv, m.ctx, factor);
   m.rope_global = upload_floats(table.data(), static_cast<int64_t>(table.size()));
   const bool any_sliding =
       std::any_of(m.config.layer_sliding.begin(), m.config.layer_sliding.end(), [](auto v) { return v != 0; });
-  if (any_sliding && inv_local != inv) {
+  if (any_sliding && (inv_local != inv || factor_local != factor)) {
     check(static_cast<int64_t>(inv_local.size()) == half, ErrorCode::kShapeMismatch, kOp,
           "the local inv_freq must have head_dim/2 = ", half, " entries; got ", inv_local.size());
-    const std::vector<float> local = rope_table(inv_local, m.ctx);
+    const std::vector<float> local = rope_table(inv_local, m.ctx, factor_local);
     m.rope_local = upload_floats(local.data(), static_cast<int64_t>(local.size()));
   }
 }
@@ -203,7 +205,9 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
 size_t layer_bytes(const GpuLayer& L) {
   size_t b = L.attn_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() +
              L.mlp_norm.bytes() + L.post_mlp_norm.bytes() + L.rot_left.bytes() + L.rot_right.bytes();
-  return b + L.qkv.nbytes() + L.o.owned_bytes() + L.gate_up.nbytes() + L.down.owned_bytes();
+  b += L.qkv.nbytes() + L.o.owned_bytes() + L.gate_up.nbytes() + L.down.owned_bytes();
+  for (const GpuExpert& x : L.experts) b += x.gate_up.nbytes() + x.down.owned_bytes();
+  return b;
 }
 
 // ---- random models (benchmarks) ---------------------------------------------------------------------------------
@@ -301,15 +305,15 @@ void GpuFusedLinear::forward(const float* x, int64_t M, float* out, float* scrat
   }
 }
 
-std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions) {
+std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions, double attention_factor) {
   const auto half = static_cast<int64_t>(inv_freq.size());
   std::vector<float> table(sz(positions) * sz(2 * half));
   for (int64_t p = 0; p < positions; ++p) {
     float* row = table.data() + sz(p) * sz(2 * half);
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(p) * inv_freq[sz(i)];
-      row[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      row[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      row[i] = static_cast<float>(std::cos(static_cast<double>(angle)) * attention_factor);
+      row[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)) * attention_factor);
     }
   }
   return table;
@@ -320,6 +324,13 @@ const float* GpuModel::rope_for(bool sliding) const {
 }
 
 int GpuModel::rotation() const { return kv.quantized ? static_cast<int>(kv.rotation) : 0; }
+
+int64_t GpuModel::slide_capacity(int64_t chunk) const {
+  const bool any = std::any_of(config.layer_sliding.begin(), config.layer_sliding.end(), [](auto v) { return v != 0; });
+  if (!any || kv_full_sliding || config.sliding_window <= 0) return 0;
+  const int64_t cap = nn::window_capacity(config.sliding_window, nn::window_align(kv), chunk);
+  return cap < ctx ? cap : 0;
+}
 
 DType GpuModel::kv_store_dtype() const {
   return kv.quantized ? kv.scale_dtype : kv.plain_dtype;
@@ -333,6 +344,7 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
   m->config = c;
   m->kv = cpu.options.kv;
   m->ctx = cpu.ctx;
+  m->kv_full_sliding = cpu.options.kv_full_sliding;
   m->weights = cpu.options.weights;
   const Weights& W = cpu.w;
 
@@ -353,8 +365,20 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
     }
     g.qkv = upload_fused({&L.q, &L.k, &L.v});
     g.o = upload_linear(L.o);
-    g.gate_up = upload_fused({&L.gate, &L.up});
-    g.down = upload_linear(L.down);
+    if (c.is_moe_layer(l)) {
+      check(L.router.kind == WeightKind::kDense && L.router.w_dtype == DType::kF32, ErrorCode::kInternal, kOp,
+            "the router of layer ", l, " must be float32");
+      const auto* r = static_cast<const float*>(L.router.w);
+      g.router.assign(r, r + c.num_experts * c.hidden_size);
+      for (const LayerWeights::Expert& x : L.experts) {
+        GpuExpert& ge = g.experts.emplace_back();
+        ge.gate_up = upload_fused({&x.gate, &x.up});
+        ge.down = upload_linear(x.down);
+      }
+    } else {
+      g.gate_up = upload_fused({&L.gate, &L.up});
+      g.down = upload_linear(L.down);
+    }
     upload_rotation(g, *m, l);
   }
   m->final_norm = upload_floats(W.final_norm.w, c.hidden_size);
@@ -417,7 +441,7 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   }
   m->final_norm = ones(H, s);
   m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
-  upload_rope_tables(*m, rope_inv_freq(c.rope, D), rope_inv_freq(c.rope_local, D));
+  upload_rope_tables(*m, rope_inv_freq(c.rope, D, ctx), rope_inv_freq(c.rope_local, D, ctx));
   stream.synchronize();
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
@@ -428,8 +452,9 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
 
 namespace {
 
-// One layer's cache: keys then values in one allocation per kind, [2, Hkv, ctx, ·] when keys and values have the same
-// row size (one kv_append with B = 2 writes both), else keys [Hkv, ctx, ·] followed by values [Hkv, ctx, ·].
+// One layer's cache: keys then values in one allocation per kind, [2, Hkv, cap, ·] when keys and values have the same
+// row size (one kv_append with B = 2 writes both), else keys [Hkv, cap, ·] followed by values [Hkv, cap, ·]; cap is
+// ctx, or GpuModel::slide_capacity on a bounded sliding layer (storage row 0 = position Impl::slide_base).
 // Per-channel keys (nn::KeyLayout::kChannel): key codes [Hkv, ctx, D·bits/32], key scales/biases per block
 // [Hkv, blocks, D] (the first part of scales/biases, values' [Hkv, ctx, D/gs] after it), and the bfloat16 residual
 // window [Hkv, gs, D] in `residual`.
@@ -442,6 +467,8 @@ struct LayerCache {
   void* v_scales = nullptr;
   void* k_biases = nullptr;
   void* v_biases = nullptr;
+  int64_t cap = 0;       // positions of storage
+  bool bounded = false;  // a sliding layer that keeps only its window
 };
 
 void* at_byte(const cuda::DeviceBuffer& b, size_t offset) { return static_cast<uint8_t*>(b.data()) + offset; }
@@ -463,8 +490,11 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::DeviceBuffer x, h, tmp, qkv, q, ao, att, gu, ffn, scratch, logits_last, logits_all;
   int64_t chunk = 0;          // prefill rows per pass (GpuSession::prefill_chunk)
   cuda::DeviceBuffer tokens;  // int32 [ctx]: the tokens of one forward call
-  cuda::DeviceBuffer step;    // int32 [4]: the decode step's token, position, KV length (read by the graph)
-  int32_t* step_host = nullptr;   // pinned [4], copied into `step` by the first node of a decode step
+  // int32 [kStepWords]: the decode step's token, position, KV length, and the bounded sliding layers' storage
+  // offset and length (position − slide_base, + 1); read by the graph.
+  static constexpr int kStepWords = 8;
+  cuda::DeviceBuffer step;
+  int32_t* step_host = nullptr;   // pinned [kStepWords], copied into `step` by the first node of a decode step
   float* logits_host = nullptr;   // pinned [vocab], written by the last node of a decode step
   int64_t decode_position = -1;   // the host mirror of step_host[1]
   bool copy_logits = true;        // whether the decode step ends with the copy of the logits to logits_host
@@ -494,7 +524,19 @@ struct GpuSession::Impl final : public PassBackend {
   // Appends n positions of keys and values read from qkv-shaped rows: key head h of token t at
   // k_src + t·row_stride + h·D, its value Hkv·D further (already rotated when the rotation is Hadamard).
   bool kchan() const { return m.kv.quantized && m.kv.key_layout == nn::KeyLayout::kChannel; }
-  int64_t key_blocks() const { return (m.ctx + m.kv.group_size - 1) / m.kv.group_size; }
+  int64_t key_blocks(int64_t layer) const {
+    return (caches[sz(layer)].cap + m.kv.group_size - 1) / m.kv.group_size;
+  }
+  // Bounded sliding layers (GpuModel::slide_capacity): storage row 0 holds position slide_base, a multiple of
+  // nn::window_align; make_room drops what the next n positions from pos0 cannot see (as nn's sliding-window caches:
+  // all but the last window − 1 positions, in multiples of the alignment), moving the kept rows down on stream e.
+  int64_t slide_cap = 0;
+  int64_t slide_base = 0;
+  void make_room(int64_t pos0, int64_t n, const cuda::Exec& e);
+  bool can_truncate(int64_t position) const;
+  int64_t store_pos(int64_t layer, int64_t position) const {
+    return caches[sz(layer)].bounded ? position - slide_base : position;
+  }
   cuda::KVChannelKeysArgs channel_keys_args(int64_t layer) const;
   int64_t kv_end = 0;  // positions [0, kv_end) were written (a trim back into a quantized block refills the window)
   void append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
@@ -511,6 +553,8 @@ struct GpuSession::Impl final : public PassBackend {
   const int32_t* d_tok_ = nullptr;  // the rows' token ids (device)
   const int32_t* d_pos_ = nullptr;  // decode: *d_pos_ is the position (device), else null
   const int32_t* d_len_ = nullptr;  // decode: *d_len_ is the KV length after the append (device), else null
+  const int32_t* d_slide_off_ = nullptr;  // decode: the same two for the bounded sliding layers (storage rows)
+  const int32_t* d_slide_len_ = nullptr;
   int64_t kv_length_ = 0;           // decode: the graph's bound on the KV length after the append
   const float* o_in_ = nullptr;     // the o projection's input (finish_heads' output, or attention's)
   std::vector<PassSegment> segs_;   // the pass's sequences (one, unless GpuSession::forward_batch)
@@ -528,6 +572,13 @@ struct GpuSession::Impl final : public PassBackend {
   void attention(int64_t layer) override;
   void finish_heads(int64_t layer) override;
   void glu() override;
+  // Mixture-of-experts layer: h is copied to the host, routed there (route_experts, the CPU's rule, with the router
+  // in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them weighted into tmp. The
+  // copy synchronises the stream, so decode steps of MoE models run without CUDA graphs.
+  void moe(int64_t layer) override;
+  std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
+  std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
+  cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
   void logits(int64_t first, int64_t rows, float* dst) override;
   void end_forward() override { stream.synchronize(); }
   const float* norm(int64_t layer, NormSlot slot) const;
@@ -555,17 +606,20 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   if (part_n > 0) scratch = f32(R * part_n);
   logits_last = f32(c.vocab_size);
   tokens = cuda::DeviceBuffer(sz(ctx) * sizeof(int32_t));
-  step = cuda::DeviceBuffer(4 * sizeof(int32_t));
+  step = cuda::DeviceBuffer(kStepWords * sizeof(int32_t));
 
-  // KV planes for the whole context, allocated once.
+  // KV planes for the whole context (bounded sliding layers: for their window and a chunk), allocated once.
   const KVOptions& kv = m.kv;
   const DType sd = m.kv_store_dtype();
-  const size_t rows = sz(Hkv) * sz(ctx);
+  slide_cap = m.slide_capacity(chunk);
   kv_same_rows = !kv.quantized || (kv.k_bits == kv.v_bits && !kchan());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerCache& lc = caches.emplace_back();
+    lc.bounded = slide_cap > 0 && c.layer_sliding[sz(l)] != 0;
+    lc.cap = lc.bounded ? slide_cap : ctx;
+    const size_t rows = sz(Hkv) * sz(lc.cap);
     if (kchan()) {
-      const size_t k_group = sz(Hkv) * sz(key_blocks()) * sz(D) * dtype_size(sd);
+      const size_t k_group = sz(Hkv) * sz(key_blocks(l)) * sz(D) * dtype_size(sd);
       const size_t v_group = rows * sz(D / kv.group_size) * dtype_size(sd);
       const size_t k_bytes = rows * sz(D * kv.k_bits / 32) * 4, v_bytes = rows * sz(D * kv.v_bits / 32) * 4;
       lc.data = cuda::DeviceBuffer(k_bytes + v_bytes);
@@ -623,6 +677,8 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
       break;
     }
   auto probe = [&](int64_t layer, int64_t L, int64_t len) {
+    len = std::min(len, caches[sz(layer)].cap);  // a bounded sliding layer never holds more
+    if (L > len) return;
     ws = std::max(ws, cuda::attention_workspace_bytes(attention_args(layer, q.as<float>(), ao.as<float>(), L, len)));
   };
   for (int64_t layer : probe_layers) {
@@ -636,10 +692,11 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   }
   workspace = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
 
-  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), 4 * sizeof(int32_t), cudaHostAllocDefault));
+  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), kStepWords * sizeof(int32_t),
+                                      cudaHostAllocDefault));
   CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&logits_host), sz(c.vocab_size) * sizeof(float),
                                       cudaHostAllocDefault));
-  std::memset(step_host, 0, 4 * sizeof(int32_t));
+  std::memset(step_host, 0, kStepWords * sizeof(int32_t));
 }
 
 GpuSession::Impl::~Impl() {
@@ -656,7 +713,7 @@ kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t l
   t.B = 1;
   t.H = m.config.num_kv_heads;
   t.length = length;
-  t.capacity = m.ctx;
+  t.capacity = lc.cap;
   t.dim = m.config.head_dim;
   t.data = keys ? lc.k : lc.v;
   if (kv.quantized) {
@@ -668,7 +725,7 @@ kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t l
     t.group_size = kv.group_size;
     if (keys && kchan()) {
       t.layout = 1;
-      t.blocks = key_blocks();
+      t.blocks = key_blocks(layer);
       t.residual = lc.residual.data();
     }
   } else {
@@ -692,6 +749,7 @@ kernels::AttentionArgs GpuSession::Impl::attention_args(int64_t layer, const flo
   a.keys = view(layer, true, kv_length);
   a.values = view(layer, false, kv_length);
   a.scale = c.attn_scale;
+  a.softcap = c.attn_logit_softcap;  // Gemma 2: scores capped before the mask (0 = none)
   a.mask_kind = kernels::MaskKind::kCausal;  // + the window on sliding layers, as the CPU forward masks
   a.window = c.layer_sliding[sz(layer)] != 0 ? c.sliding_window : 0;
   a.mask = nullptr;
@@ -721,7 +779,7 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
   a.qR = a.rotation == 2 ? L.rot_right.as<float>() : nullptr;
   a.dst_dtype = m.kv_store_dtype();
   a.group_size = m.kv.group_size;
-  a.capacity = m.ctx;
+  a.capacity = lc.cap;
   a.offset = offset;
   auto plane = [&](bool keys) {
     cuda::KVAppendBatchArgs p = a;
@@ -769,8 +827,8 @@ cuda::KVChannelKeysArgs GpuSession::Impl::channel_keys_args(int64_t layer) const
   k.scale_dtype = m.kv_store_dtype();
   k.bits = m.kv.k_bits;
   k.group_size = m.kv.group_size;
-  k.capacity = m.ctx;
-  k.blocks = key_blocks();
+  k.capacity = lc.cap;
+  k.blocks = key_blocks(layer);
   return k;
 }
 
@@ -793,11 +851,68 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
   e_ = exec(stream.handle());
   n_ = 0;
   for (const PassSegment& g : segments) n_ += g.n;
-  d_pos_ = d_len_ = nullptr;
+  d_pos_ = d_len_ = d_slide_off_ = d_slide_len_ = nullptr;
   int32_t* d = tokens.as<int32_t>();
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(n_) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                         as_stream(e_.stream)));
   d_tok_ = d;
+  for (const PassSegment& g : segments) batch_[sz(g.seq)]->make_room(g.pos0, g.n, e_);
+}
+
+void GpuSession::Impl::make_room(int64_t pos0, int64_t n, const cuda::Exec& e) {
+  if (slide_cap == 0) return;
+  check(pos0 >= slide_base, ErrorCode::kOutOfRange, kOp, "the bounded sliding layers hold positions from ",
+        slide_base, " (older ones were dropped); got a step at position ", pos0);
+  const int64_t stored = pos0 - slide_base;
+  if (stored + n <= slide_cap) return;
+  const int64_t W = m.config.sliding_window, align = nn::window_align(m.kv);
+  int64_t d = std::max<int64_t>(0, stored - (W - 1));
+  d -= d % align;
+  const int64_t kept = stored - d;
+  check(kept + n <= slide_cap, ErrorCode::kInternal, kOp, "a pass of ", n, " rows does not fit the sliding layers' ",
+        slide_cap, " rows after keeping ", kept);
+  const int64_t Hkv = m.config.num_kv_heads, D = m.config.head_dim, gs = m.kv.group_size;
+  const int64_t es = static_cast<int64_t>(dtype_size(m.kv_store_dtype()));
+  const cudaStream_t st = as_stream(e.stream);
+  // Rows [drop, drop + keep) of each head's rows_per_head move to [0, keep), in pieces of at most `drop` rows so that
+  // no copy overlaps itself (the pieces run in stream order, front first).
+  auto shift = [&](void* base, int64_t row_bytes, int64_t rows_per_head, int64_t drop, int64_t keep) {
+    if (base == nullptr || drop <= 0 || keep <= 0) return;
+    auto* p = static_cast<uint8_t*>(base);
+    const size_t pitch = sz(rows_per_head * row_bytes);
+    for (int64_t done = 0; done < keep; done += drop) {
+      const int64_t len = std::min(drop, keep - done);
+      CIDER_CUDA_CHECK(kOp, cudaMemcpy2DAsync(p + done * row_bytes, pitch, p + (drop + done) * row_bytes, pitch,
+                                              sz(len * row_bytes), sz(Hkv), cudaMemcpyDeviceToDevice, st));
+    }
+  };
+  for (size_t l = 0; l < caches.size(); ++l) {
+    const LayerCache& lc = caches[l];
+    if (!lc.bounded) continue;
+    if (!m.kv.quantized) {
+      shift(lc.k, D * es, lc.cap, d, kept);
+      shift(lc.v, D * es, lc.cap, d, kept);
+      continue;
+    }
+    shift(lc.k, D * m.kv.k_bits / 32 * 4, lc.cap, d, kept);
+    shift(lc.v, D * m.kv.v_bits / 32 * 4, lc.cap, d, kept);
+    shift(lc.v_scales, D / gs * es, lc.cap, d, kept);
+    shift(lc.v_biases, D / gs * es, lc.cap, d, kept);
+    if (kchan()) {  // one [D] row per block of gs positions (d is a multiple of gs); the residual window stays
+      const int64_t blocks = key_blocks(static_cast<int64_t>(l));
+      shift(lc.k_scales, D * es, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
+      shift(lc.k_biases, D * es, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
+    } else {
+      shift(lc.k_scales, D / gs * es, lc.cap, d, kept);
+      shift(lc.k_biases, D / gs * es, lc.cap, d, kept);
+    }
+  }
+  slide_base += d;
+}
+
+bool GpuSession::Impl::can_truncate(int64_t position) const {
+  if (slide_cap == 0 || slide_base == 0 || position <= 0 || position >= kv_end) return true;
+  return position - slide_base >= m.config.sliding_window - 1;
 }
 
 void GpuSession::Impl::begin_decode(void* s) {
@@ -807,6 +922,8 @@ void GpuSession::Impl::begin_decode(void* s) {
   d_tok_ = d_step;
   d_pos_ = d_step + 1;
   d_len_ = d_step + 2;
+  d_slide_off_ = d_step + 3;
+  d_slide_len_ = d_step + 4;
   kv_length_ = kv_bound(decode_position + 1, m.ctx);
   segs_.assign(1, PassSegment{0, 0, 1, decode_position});
 }
@@ -874,18 +991,27 @@ void GpuSession::Impl::kv_append(int64_t layer) {
   if ((skip & GpuSession::kSkipAppend) != 0) return;
   const ModelConfig& c = m.config;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, stride = (Hq + 2 * Hkv) * D;
-  for (const PassSegment& g : segs_)
-    batch_[sz(g.seq)]->append_kv(layer, qkv.as<float>() + g.row0 * stride + Hq * D, stride, g.n, g.pos0, d_pos_, e_);
+  // A bounded sliding layer writes at position − slide_base (decode: step word 3).
+  const bool bounded = caches[sz(layer)].bounded;
+  const int32_t* d_off = d_pos_ != nullptr && bounded ? d_slide_off_ : d_pos_;
+  for (const PassSegment& g : segs_) {
+    Impl& s = *batch_[sz(g.seq)];
+    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + Hq * D, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_);
+  }
 }
 
 void GpuSession::Impl::attention(int64_t layer) {
   if ((skip & GpuSession::kSkipAttention) != 0) return;
   const int64_t HqD = m.config.num_heads * m.config.head_dim;
+  const LayerCache& lc = caches[sz(layer)];
+  // A bounded sliding layer holds positions [slide_base, end): its length is end − slide_base (decode: step word 4,
+  // under the graph's bound capped at the storage).
+  const int32_t* d_len = d_len_ != nullptr && lc.bounded ? d_slide_len_ : d_len_;
   for (const PassSegment& g : segs_) {
-    const int64_t length = d_len_ ? kv_length_ : g.pos0 + g.n;  // decode: the graph's bound, *d_len_ the real one
-    cuda::attention(batch_[sz(g.seq)]->attention_args(layer, q.as<float>() + g.row0 * HqD,
-                                                      ao.as<float>() + g.row0 * HqD, g.n, length),
-                    d_len_, e_);
+    Impl& s = *batch_[sz(g.seq)];
+    const int64_t length = d_len_ ? std::min(kv_length_, lc.cap) : s.store_pos(layer, g.pos0 + g.n);
+    cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, g.n, length),
+                    d_len, e_);
   }
 }
 
@@ -911,6 +1037,73 @@ void GpuSession::Impl::glu() {
   const ModelConfig& c = m.config;
   cuda::glu_rows(gu.as<float>(), n_, c.intermediate_size, c.activation == Activation::kSiLU ? 0 : 1, ffn.as<float>(),
                  e_.stream);
+}
+
+void GpuSession::Impl::moe(int64_t layer) {
+  const ModelConfig& c = m.config;
+  const GpuLayer& L = m.layers[sz(layer)];
+  const int64_t n = n_, H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
+  const int64_t Ie = c.expert_intermediate_size;
+  const cudaStream_t st = as_stream(e_.stream);
+  if (moe_in.bytes() == 0) {  // sized for a whole pass routed to one expert
+    auto f32 = [](int64_t count) { return cuda::DeviceBuffer(sz(count) * sizeof(float)); };
+    moe_in = f32(chunk * H);
+    moe_gu = f32(chunk * 2 * Ie);
+    moe_ffn = f32(chunk * Ie);
+    moe_out = f32(chunk * H);
+    moe_scratch = f32(chunk * Ie);
+    moe_idx = cuda::DeviceBuffer(sz(chunk * K) * sizeof(int32_t));
+    moe_wdev = f32(chunk * K);
+  }
+  // ---- routing on the host ----
+  moe_h.resize(sz(n * H));
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_h.data(), h.data(), sz(n * H) * sizeof(float), cudaMemcpyDeviceToHost, st));
+  stream.synchronize();
+  moe_logits.resize(sz(n * E));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t e = 0; e < E; ++e) {
+      const float* a = moe_h.data() + r * H;
+      const float* w = L.router.data() + e * H;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < H; ++i) acc += a[i] * w[i];
+      moe_logits[sz(r * E + e)] = acc;
+    }
+  moe_chosen.resize(sz(n * K));
+  std::vector<float> weight(sz(n * K));
+  route_experts(moe_logits.data(), n, E, K, c.norm_topk_prob, moe_chosen.data(), weight.data());
+  // Slots grouped by expert (rows ascending within an expert): their rows and weights, uploaded once.
+  std::vector<int64_t> count(sz(E) + 1, 0);
+  for (int32_t e : moe_chosen) ++count[sz(e) + 1];
+  for (int64_t e = 0; e < E; ++e) count[sz(e) + 1] += count[sz(e)];
+  moe_rows.assign(sz(n * K), 0);
+  moe_w.assign(sz(n * K), 0.0f);
+  std::vector<int64_t> fill(count.begin(), count.end() - 1);
+  for (int64_t i = 0; i < n * K; ++i) {
+    const int64_t at = fill[sz(moe_chosen[sz(i)])]++;
+    moe_rows[sz(at)] = static_cast<int32_t>(i / K);
+    moe_w[sz(at)] = weight[sz(i)];
+  }
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_idx.data(), moe_rows.data(), sz(n * K) * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, st));
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_wdev.data(), moe_w.data(), sz(n * K) * sizeof(float),
+                                        cudaMemcpyHostToDevice, st));
+  // ---- the experts, in index order ----
+  CIDER_CUDA_CHECK(kOp, cudaMemsetAsync(tmp.data(), 0, sz(n * H) * sizeof(float), st));
+  const int act = c.activation == Activation::kSiLU ? 0 : 1;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t rows = count[sz(e) + 1] - count[sz(e)];
+    if (rows == 0) continue;
+    const int32_t* idx = moe_idx.as<int32_t>() + count[sz(e)];
+    const GpuExpert& ex = L.experts[sz(e)];
+    cuda::gather_rows(h.as<float>(), idx, rows, H, moe_in.as<float>(), e_.stream);
+    ex.gate_up.forward(moe_in.as<float>(), rows, moe_gu.as<float>(), moe_scratch.as<float>(), e_);
+    cuda::glu_rows(moe_gu.as<float>(), rows, Ie, act, moe_ffn.as<float>(), e_.stream);
+    ex.down.forward(moe_ffn.as<float>(), rows, moe_out.as<float>(), e_);
+    cuda::scatter_add_rows(moe_out.as<float>(), idx, moe_wdev.as<float>() + count[sz(e)], rows, H, tmp.as<float>(),
+                           e_.stream);
+  }
+  // The host buffers above were read by the copies, which completed before the next synchronize at the latest; keep
+  // them alive until then (members, reused by the next layer only after its own synchronize).
 }
 
 void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
@@ -940,7 +1133,8 @@ void GpuSession::Impl::enqueue_decode(void* s) {
   check(decode_position >= 0 && decode_position < m.ctx, ErrorCode::kOutOfRange, kOp,
         "the decode position must be in [0, ctx = ", m.ctx, "); got ", decode_position);
   const cudaStream_t st = as_stream(s);
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(step.as<int32_t>(), step_host, 4 * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(step.as<int32_t>(), step_host, kStepWords * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, st));
   begin_decode(s);
   embed();
   run_layers(c, *this);
@@ -953,9 +1147,12 @@ void GpuSession::Impl::enqueue_decode(void* s) {
 void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bool use_graphs) {
   if (pending) stream.synchronize();  // the previous step's graph may not have read step_host yet
   pending = false;
+  make_room(position, 1, exec(stream.handle()));  // on the stream, before the step reads the cache
   step_host[0] = token;
   step_host[1] = static_cast<int32_t>(position);
   step_host[2] = static_cast<int32_t>(position + 1);
+  step_host[3] = static_cast<int32_t>(position - slide_base);
+  step_host[4] = static_cast<int32_t>(position - slide_base + 1);
   decode_position = position;
   copy_logits = logits != nullptr;
   void* s = stream.handle();
@@ -1056,7 +1253,9 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
         "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
   check(logits != nullptr || !all_logits, ErrorCode::kInvalidArgument, kOp, "all_logits needs a logits buffer");
   if (n == 1) {
-    impl_->decode(tokens[0], start, logits, use_graphs);
+    // MoE layers synchronise inside the step (routing on the host): no graph can hold them.
+    const bool moe = !model_->config.layer_moe.empty();
+    impl_->decode(tokens[0], start, logits, use_graphs && !moe);
   } else {
     const SequenceStep step{tokens, n, start, logits, all_logits};
     run_forward(model_->config, *impl_, std::span<const SequenceStep>(&step, 1));
@@ -1064,14 +1263,24 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
   impl_->kv_end = start + n;
 }
 
+bool GpuSession::can_truncate(int64_t position) const { return impl_->can_truncate(position); }
+
 void GpuSession::truncate(int64_t position) {
   Impl& im = *impl_;
+  check(im.can_truncate(position), ErrorCode::kOutOfRange, "session_truncate", "the bounded sliding layers dropped "
+        "positions before ", im.slide_base, "; going back to position ", position, " would need some of them");
+  if (position <= 0) {
+    position = 0;
+    im.slide_base = 0;  // start over
+  }
   const int64_t gs = model_->kv.group_size;
   // Per-channel keys: a position inside a block that was quantized brings that block's kept rows back into the
-  // residual window (the CPU cache's trim); inside the window itself nothing moves.
+  // residual window (the CPU cache's trim); inside the window itself nothing moves. Bounded sliding layers count in
+  // storage rows (slide_base is a multiple of gs).
   if (im.kchan() && position < im.kv_end && position % gs != 0 && position / gs < im.kv_end / gs) {
     const cuda::Exec e = im.exec(im.stream.handle());
-    for (int64_t l = 0; l < model_->config.num_layers; ++l) cuda::kv_channel_refill(im.channel_keys_args(l), position, e);
+    for (int64_t l = 0; l < model_->config.num_layers; ++l)
+      cuda::kv_channel_refill(im.channel_keys_args(l), im.store_pos(l, position), e);
   }
   im.kv_end = std::min(im.kv_end, position);
 }
@@ -1126,10 +1335,17 @@ void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int64_t chunk = impl_->chunk;
   cuda::fill_uniform(impl_->qkv.data(), DType::kF32, chunk * row, seed, -2.0f, 2.0f, s);
+  // Bounded sliding layers hold the last window − 1 positions (from a multiple of the alignment), as after a run.
+  impl_->slide_base = 0;
+  if (impl_->slide_cap > 0) {
+    const int64_t align = nn::window_align(model_->kv);
+    impl_->slide_base = std::max<int64_t>(0, length - (c.sliding_window - 1)) / align * align;
+  }
   for (int64_t l = 0; l < c.num_layers; ++l)
-    for (int64_t done = 0; done < length; done += chunk) {
+    for (int64_t done = impl_->caches[sz(l)].bounded ? impl_->slide_base : 0; done < length; done += chunk) {
       const int64_t n = std::min(chunk, length - done);
-      impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, done, nullptr, e);
+      impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, impl_->store_pos(l, done),
+                       nullptr, e);
     }
   impl_->stream.synchronize();
   impl_->kv_end = length;
@@ -1140,9 +1356,15 @@ void GpuSession::set_decode_input(int32_t token, int64_t position) {
         model_->ctx, "); got ", position);
   check(token >= 0 && token < model_->config.vocab_size, ErrorCode::kOutOfRange, kOp, "token must be in [0, ",
         model_->config.vocab_size, "); got ", token);
+  check(impl_->slide_cap == 0 ||
+            (position >= impl_->slide_base && position - impl_->slide_base < impl_->slide_cap),
+        ErrorCode::kOutOfRange, kOp, "the bounded sliding layers hold positions from ", impl_->slide_base,
+        " in ", impl_->slide_cap, " rows: a decode input at position ", position, " does not fit");
   impl_->step_host[0] = token;
   impl_->step_host[1] = static_cast<int32_t>(position);
   impl_->step_host[2] = static_cast<int32_t>(position + 1);
+  impl_->step_host[3] = static_cast<int32_t>(position - impl_->slide_base);
+  impl_->step_host[4] = static_cast<int32_t>(position - impl_->slide_base + 1);
   impl_->decode_position = position;
 }
 
@@ -1172,6 +1394,7 @@ class CudaSession final : public BackendSession {
   size_t kv_bytes() const override { return gpu.kv_bytes(); }
   // Positions past the session's are simply overwritten later; per-channel keys may refill their window.
   void truncate(int64_t position) override { gpu.truncate(position); }
+  bool can_truncate(int64_t position) const override { return gpu.can_truncate(position); }
   GpuSession gpu;
 };
 

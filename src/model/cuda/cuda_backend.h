@@ -62,12 +62,22 @@ struct GpuFusedLinear {
   void forward(const float* x, int64_t M, float* out, float* scratch, const cuda::Exec& exec) const;
 };
 
+// One expert of a mixture-of-experts layer: gate|up fused [Ie | Ie, hidden] and down [hidden, Ie].
+struct GpuExpert {
+  GpuFusedLinear gate_up;
+  GpuLinear down;
+};
+
 struct GpuLayer {
   cuda::DeviceBuffer attn_norm, q_norm, k_norm, post_attn_norm, mlp_norm, post_mlp_norm;  // float32 [dim]
   GpuFusedLinear qkv;      // [Hq·D | Hkv·D | Hkv·D, hidden]
   GpuLinear o;
   GpuFusedLinear gate_up;  // [I | I, hidden]
   GpuLinear down;
+  // Mixture-of-experts layers (ModelConfig::is_moe_layer) instead of gate_up/down: the router float32 [E, hidden]
+  // kept on the host (the routing runs there: GpuSession::Impl::moe) and the experts on the device.
+  std::vector<float> router;
+  std::vector<GpuExpert> experts;
   // The KV cache rotation of this layer (seed = layer): SO(4) quaternions rot_left/rot_right float32 [D/4, 4], or the
   // Hadamard signs in rot_left [D].
   cuda::DeviceBuffer rot_left, rot_right;
@@ -76,7 +86,8 @@ struct GpuLayer {
 struct GpuModel {
   ModelConfig config;
   KVOptions kv;       // as the CPU model uses them (plain caches: rotation none)
-  int64_t ctx = 0;    // KV capacity of every session, in positions
+  int64_t ctx = 0;    // KV capacity of every session, in positions (sliding layers: slide_capacity())
+  bool kv_full_sliding = false;  // ModelOptions::kv_full_sliding: sliding layers keep every position
   WeightFormat weights = WeightFormat::kBF16;
   cuda::DeviceBuffer embed;  // [vocab, hidden] in embed_dtype
   DType embed_dtype = DType::kBF16;
@@ -92,13 +103,18 @@ struct GpuModel {
 
   const float* rope_for(bool sliding) const;
   int rotation() const;        // 0, 1, 2, 3 (kernels' numbering: none, so4 fast, so4 full, hadamard) of the KV caches
+  // Sliding-window layers keep only their window (as nn's sliding-window caches, nn/kv_cache.h): positions
+  // [base, end) in storage of slide_capacity(chunk) rows; 0 when they keep every position (kv_full_sliding, no
+  // sliding layer, or a context that fits the bound anyway). A layer is bounded when layer_sliding and this is > 0.
+  int64_t slide_capacity(int64_t chunk) const;
   DType kv_store_dtype() const;  // quantized: the scale/bias dtype; plain: the element dtype
 };
 
-// The RoPE table of `positions` positions for inv_freq [D/2]: row p = cos(θ) for the D/2 frequencies, then sin(θ), with
-// θ = fl(p·inv_freq[i]) the float32 product and cos/sin evaluated in double and rounded once — the CPU forward's
-// rope_tables (model/cpu_backend.cpp) value for value.
-std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions);
+// The RoPE table of `positions` positions for inv_freq [D/2]: row p = cos(θ)·attention_factor for the D/2 frequencies,
+// then sin(θ)·attention_factor, with θ = fl(p·inv_freq[i]) the float32 product and the products evaluated in double
+// and rounded once — the CPU forward's rope_tables (model/cpu_backend.cpp) value for value. attention_factor: the
+// rope's (YaRN, LongRoPE; model.h RopeConfig), 1 otherwise.
+std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positions, double attention_factor = 1.0);
 
 // Checks that the model can run on the GPU (a device, a weight format the GPU has kernels for, a KV rotation the GPU
 // kernels know) and uploads it. cider::Error (kUnsupported) otherwise: never a silent CPU fallback.
@@ -135,8 +151,11 @@ class GpuSession {
   size_t kv_bytes() const;
   const GpuModel& model() const { return *model_; }
   // Forget positions >= position (Session::trim): per-channel keys bring a quantized block's kept rows back into
-  // their residual window; other caches need nothing (later positions are overwritten).
+  // their residual window; other caches need nothing (later positions are overwritten). Bounded sliding layers
+  // (GpuModel::slide_capacity) go back only while the new end's window is still held (can_truncate; cider::Error
+  // otherwise); position 0 starts them over.
   void truncate(int64_t position);
+  bool can_truncate(int64_t position) const;
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
   bool use_graphs = true;

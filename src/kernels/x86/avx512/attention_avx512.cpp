@@ -60,6 +60,31 @@ CIDER_INLINE __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
 }
 
+// tanh(x) within a few ulp (relative): for |x| < 0.625 the odd Taylor polynomial to x^19 (terms shrink by ≈ x²·4/π²,
+// so the truncation is below 2^-24 relative there), above it (1 − e)/(1 + e) with e = exp(−2|x|) (exp16; no
+// cancellation, 1 − e >= 0.71); the sign of x restored. Large |x| gives e = 0, i.e. exactly ±1.
+CIDER_INLINE __m512 tanh16(__m512 x) {
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512 x2 = _mm512_mul_ps(ax, ax);
+  __m512 p = _mm512_set1_ps(-443861162.0f / 1856156927625.0f);
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6404582.0f / 10854718875.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-929569.0f / 638512875.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(21844.0f / 6081075.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1382.0f / 155925.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(62.0f / 2835.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-17.0f / 315.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(ax, x2), p, ax);
+  const __m512 e = exp16(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 large = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
+  const __m512 t = _mm512_mask_mov_ps(large, is_small, small);
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+}
+
 // In-register transpose of a 16×16 matrix of 32-bit words: v[j] = row j on entry, v[k] = column k on exit.
 CIDER_INLINE void transpose16(__m512i* v) {
   __m512i t[16], u[16];
@@ -368,17 +393,21 @@ CIDER_INLINE void tile_scores_f32(const Ctx& c, const Scratch& s, int64_t r0, __
   }
 }
 
-// Applies the visible range / masks of rows r0.. to the 16 scores of tile j0 and stores them at sc[r][jt..].
+// Applies the softcap (a.softcap > 0), then the visible range / masks of rows r0.. to the 16 scores of tile j0 and
+// stores them at sc[r][jt..].
 template <int NR>
 CIDER_INLINE void store_scores(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt,
                                __m512* sc) {
   const AttentionArgs& a = *c.a;
   const __m512i jv = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                       _mm512_set1_epi32(static_cast<int>(j0)));
+  const bool capped = a.softcap > 0.0f;
+  const __m512 cap = _mm512_set1_ps(a.softcap), inv_cap = _mm512_set1_ps(capped ? 1.0f / a.softcap : 0.0f);
   for (int r = 0; r < NR; ++r) {
     const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, _mm512_set1_epi32(s.lo[r0 + r])) &
                           _mm512_cmplt_epi32_mask(jv, _mm512_set1_epi32(s.hi[r0 + r]));
     __m512 v = sc[r];
+    if (capped) v = _mm512_mul_ps(cap, tanh16(_mm512_mul_ps(v, inv_cap)));  // softcap, before the mask
     if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && vis) {
       alignas(64) float mv[16] = {};
       const int n = static_cast<int>(imin(16, a.keys.length - j0));
