@@ -1058,7 +1058,7 @@ void GpuSession::Impl::moe(int64_t layer) {
   // ---- routing on the host ----
   moe_h.resize(sz(n * H));
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_h.data(), h.data(), sz(n * H) * sizeof(float), cudaMemcpyDeviceToHost, st));
-  stream.synchronize();
+  CIDER_CUDA_CHECK(kOp, cudaStreamSynchronize(st));
   moe_logits.resize(sz(n * E));
   for (int64_t r = 0; r < n; ++r)
     for (int64_t e = 0; e < E; ++e) {
