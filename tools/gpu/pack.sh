@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA backend here (nvcc 13, sm_90a, C++ runtime linked statically) and packs what a GPU job needs into
-# .gpu/pack.tar.xz: the CUDA test programs, cuda_bench and the cider CLI (bin/), the test data they read
-# (models/cider-tiny, found relative to the programs: tests/support/test_support.h), and .gpu/REVISION. .gpu/ is not
+# .gpu/pack.tar.xz: the CUDA test programs, cuda_bench and the cider CLI (bin/), and .gpu/REVISION (the test data
+# comes with the working tree). .gpu/ is not
 # tracked; the device tool carries it with the working tree (name it in `carry` where it is ignored). Then, on the GPU
 # host: tools/gpu/run_gpu_job.sh PHASE... (docs/cuda/gpu_job.md).
 set -euo pipefail
@@ -11,14 +11,13 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCIDER_CUDA=ON -DCIDER_PO
 targets=(cuda_bench cider_cli)
 for t in tests/cuda/test_cuda_*.cpp; do targets+=("$(basename "${t%.cpp}")"); done
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
-rm -rf .gpu && mkdir -p .gpu/bin .gpu/models
+rm -rf .gpu && mkdir -p .gpu/bin
 for t in "${targets[@]}"; do
   exe=$BUILD_DIR/$t; [ "$t" = cider_cli ] && exe=$BUILD_DIR/cider
   cp "$exe" .gpu/bin/
 done
-cp -r models/cider-tiny .gpu/models/
-# The Hugging Face fixtures of every architecture (tests/data/hf_fixtures), for CudaFamilies in test_cuda_model.
-mkdir -p .gpu/tests/data && cp -r tests/data/hf_fixtures .gpu/tests/data/
+# The test data (models/cider-tiny, tests/data/hf_fixtures) is not packed: the device tool carries the working tree,
+# and the test programs find it by walking up from .gpu/bin to the repository root (tests/support/test_support.h).
 # `cider serve` links Debian's cpp-httplib (and its brotli / OpenSSL), which the GPU host lacks: carried in lib/
 # (LD_LIBRARY_PATH=.gpu/lib on the host).
 mkdir -p .gpu/lib
@@ -29,5 +28,5 @@ echo "$rev, packed $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)" > .gpu/REVISIO
 # The device tool carries at most 64 MiB with the working tree: strip and compress the programs.
 strip .gpu/bin/*
 # xz -9e: its 64 MiB dictionary sees the code the binaries share (41 MB at the default level, 12 MB so).
-XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin models lib tests && rm -rf .gpu/bin .gpu/models .gpu/lib .gpu/tests
+XZ_OPT="-9e -T0" tar -C .gpu -cJf .gpu/pack.tar.xz bin lib && rm -rf .gpu/bin .gpu/lib
 du -sh .gpu

@@ -22,7 +22,7 @@
 # so that the archive is written even when a phase runs long. The exit status is 0 only when every phase passed.
 #
 # The programs come from .gpu/ (tools/gpu/pack.sh: the lent H200 has no gtest/CLI11 packages, so they are built
-# elsewhere and carried); their test data (models/cider-tiny) is packed beside them and found relative to the
+# elsewhere and carried); their test data (models/cider-tiny, tests/data) comes with the working tree, found by walking up from the
 # executables (tests/support/test_support.h; $CIDER_TEST_ROOT overrides).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
