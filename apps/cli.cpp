@@ -485,8 +485,15 @@ int run_inspect(const InspectArgs& a) {
     << "architecture: " << model::architecture_name(c.arch) << "\n"
     << "vocab " << c.vocab_size << ", hidden " << c.hidden_size << ", intermediate " << c.intermediate_size
     << ", layers " << c.num_layers << ", heads " << c.num_heads << ", kv heads " << c.num_kv_heads << ", head_dim "
-    << c.head_dim << ", max position " << c.max_position << "\n"
-    << "bos " << c.bos_token_id << ", eos [";
+    << c.head_dim << ", max position " << c.max_position << "\n";
+  if (!c.layer_moe.empty()) {
+    int64_t moe_layers = 0;
+    for (uint8_t m : c.layer_moe) moe_layers += m;
+    o << "experts: " << c.num_experts << " of intermediate " << c.expert_intermediate_size << ", "
+      << c.experts_per_token << " per token" << (c.norm_topk_prob ? " (weights renormalised)" : "") << ", on "
+      << moe_layers << " of " << c.num_layers << " layers\n";
+  }
+  o << "bos " << c.bos_token_id << ", eos [";
   for (size_t i = 0; i < c.eos_token_ids.size(); ++i) o << (i ? ", " : "") << c.eos_token_ids[i];
   o << "]\n" << "tensors in the files: " << n_tensors << " (";
   bool first = true;
