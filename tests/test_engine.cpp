@@ -8,11 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "model/generate.h"
 #include "model/model.h"
@@ -416,3 +419,70 @@ TEST(OpenAIApi, ChatPromptsFromTheModelsTemplate) {
 }
 
 }  // namespace
+
+// A model whose sliding-window layers keep only their window (tests/data/hf_fixtures/gemma3: window 8 on two of three
+// layers; copied with a 4096-token context and cider-tiny's tokenizer, whose 4096 tokens cover its 512): a pooled
+// session that dropped the positions a shorter shared prefix needs is a miss (its tokens those of a fresh run), one
+// extended by the new prompt is a hit.
+TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("cider_engine_window_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(cider::test::repo_file("tests/data/hf_fixtures/gemma3")))
+    fs::copy(e.path(), dir / e.path().filename());
+  fs::copy(cider::test::repo_file("models/cider-tiny/tokenizer.json"), dir / "tokenizer.json");
+  {
+    std::ifstream in(dir / "config.json");
+    std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string key = "\"max_position_embeddings\": ";
+    const size_t at = cfg.find(key);
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at + key.size(), cfg.find_first_of(",\n}", at + key.size()) - (at + key.size()), "4096");
+    std::ofstream(dir / "config.json") << cfg;
+  }
+  cm::ModelOptions mo;
+  mo.weights = cm::WeightFormat::kF32;
+  mo.kv = cm::parse_kv_format("f32");
+  auto model = cm::Model::load(dir.string(), mo);
+  fs::remove_all(dir);
+  ASSERT_EQ(model->config().sliding_window, 8);
+  auto req = [](std::vector<int32_t> prompt) {
+    rt::RequestOptions o;
+    o.prompt = std::move(prompt);
+    o.max_tokens = 4;
+    o.sampling.temperature = 0.0;
+    o.top_logprobs = 0;
+    return o;
+  };
+  auto fresh = [&](const rt::RequestOptions& o) {
+    auto s = model->new_session();
+    const int64_t V = model->config().vocab_size;
+    std::vector<float> logits(static_cast<size_t>(V));
+    model->forward(*s, o.prompt.data(), static_cast<int64_t>(o.prompt.size()), logits.data(), false);
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < o.max_tokens; ++i) {
+      out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      model->forward(*s, &out.back(), 1, logits.data(), false);
+    }
+    return out;
+  };
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 700; ++i) long_prompt.push_back(3 + (i * 37) % 500);
+  rt::EngineOptions eo;
+  rt::Engine engine(*model, eo);
+  const Outcome first = collect(*submit(engine, req(long_prompt)));
+  EXPECT_EQ(first.tokens, fresh(req(long_prompt)));
+  // Shares 100 tokens, but the pooled session's sliding layers kept only the last few hundred positions: a miss.
+  std::vector<int32_t> diverging(long_prompt.begin(), long_prompt.begin() + 100);
+  for (int i = 0; i < 50; ++i) diverging.push_back(3 + (i * 11) % 500);
+  const Outcome miss = collect(*submit(engine, req(diverging)));
+  EXPECT_EQ(miss.last.cached_tokens, 0);
+  EXPECT_EQ(miss.tokens, fresh(req(diverging)));
+  // The long prompt extended: its whole prompt is reusable (a trim of the few generated positions at most).
+  std::vector<int32_t> extended = long_prompt;
+  for (int i = 0; i < 20; ++i) extended.push_back(3 + (i * 13) % 500);
+  const Outcome hit = collect(*submit(engine, req(extended)));
+  EXPECT_GE(hit.last.cached_tokens, 690);
+  EXPECT_EQ(hit.tokens, fresh(req(extended)));
+}
