@@ -201,6 +201,16 @@ CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
 CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096", "gemm") {
   return run_linear(512, 14336, 4096, false, 0, What::kFull, "");
 }
+// Mixture of experts: a Mixtral-8x7B expert's fused gate|up (K4096 N28672) over its share of a 512-token prefill
+// (top 2 of 8 experts: 128 rows), against the same GEMM over all 512 rows (a dense layer of that shape). Issue 24's
+// target: the expert GEMM at >= 60 % of the dense one's throughput.
+CIDER_CUDA_BENCH("w4a8 gemm moe-expert M128 K4096 N28672", "gemm") {
+  return run_linear(128, 4096, 28672, true, 0, What::kFull, "");
+}
+CIDER_CUDA_BENCH("w4a8 gemm moe-dense M512 K4096 N28672", "gemm") {
+  return run_linear(512, 4096, 28672, true, 0, What::kFull, "");
+}
+
 CIDER_CUDA_BENCH("quantize_rows_int8 bf16 M2048 K4096", "gemm") {
   return run_linear(2048, 4096, 256, false, 0, What::kQuantizeOnly, "");
 }

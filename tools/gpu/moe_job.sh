@@ -39,6 +39,9 @@ prompt=$(python3 -c "import sys; print(' '.join(['the quick brown fox jumps over
       --max-tokens "$GEN" --no-stream -p "$prompt" 2>&1 | tail -1
   done
 } > "$OUT/moe_bench.txt" 2>&1
+echo "## cuda_bench: an expert's gate|up GEMM (its 128 rows of a 512-token prefill) against the dense one (512 rows)" \
+  >> "$OUT/moe_bench.txt"
+.gpu/bin/cuda_bench --filter "moe-" >> "$OUT/moe_bench.txt" 2>&1
 wait $build
 echo "## llama-bench (CUDA, -ngl 99 -fa 1, Q4_K_M as it is, f16 KV)" >> "$OUT/moe_bench.txt"
 if [ -x "$W/llama/build/bin/llama-bench" ]; then
