@@ -55,7 +55,7 @@ PROMPT_LEN = 40
 GREEDY = 16
 # Fixtures added later use prompts of 300 tokens (sequences of 316): long enough for windows, scaled RoPE and routing
 # to matter. The first five keep 40 (their files must not change).
-PROMPT_LEN_OF = {"gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300}
+PROMPT_LEN_OF = {"gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300, "phi4_mini": 300}
 TV_MAJOR = int(transformers.__version__.split(".")[0])
 
 
@@ -160,6 +160,17 @@ def make(name):
                                   original_max_position_embeddings=64, sliding_window=200, pad_token_id=0,
                                   tie_word_embeddings=False, **rope_kwargs(10000.0, rope)))
         return cfg, Phi3ForCausalLM, torch.bfloat16, False
+    if name == "phi4_mini":
+        # Phi-4-mini's layout: Phi-3 with partial_rotary_factor (0.75 there; 0.5 here: 16 of 32 head dims rotate,
+        # pairs (i, i + 8)), LongRoPE lists of one entry per rotary pair, q/k/v fused, head_dim 32.
+        g = np.random.default_rng(91)
+        half = 32 // 2 // 2
+        rope = {"rope_type": "longrope", "short_factor": [float(x) for x in g.uniform(1.0, 4.0, half)],
+                "long_factor": [float(x) for x in g.uniform(1.0, 4.0, half)]}
+        cfg = Phi3Config(**common(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                                  original_max_position_embeddings=64, partial_rotary_factor=0.5, pad_token_id=0,
+                                  tie_word_embeddings=True, **rope_kwargs(10000.0, rope)))
+        return cfg, Phi3ForCausalLM, torch.bfloat16, False
     if name == "yarn":
         cfg = Qwen3Config(**common(num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                                    tie_word_embeddings=False, use_sliding_window=False,
@@ -210,7 +221,7 @@ def build(name, out_root):
         to_old_style(os.path.join(out, "config.json"))
 
     rng = np.random.default_rng({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "gemma3": 5, "mixtral": 6,
-                                 "phi3": 9, "yarn": 10, "gemma2": 12,
+                                 "phi3": 9, "yarn": 10, "gemma2": 12, "phi4_mini": 13,
                                  "qwen3_moe": 8}[name])
     prompt = [int(t) for t in rng.integers(3, VOCAB, PROMPT_LEN_OF.get(name, PROMPT_LEN))]
     ids = list(prompt)

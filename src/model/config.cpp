@@ -217,10 +217,7 @@ RopeConfig parse_rope(const json& r, double theta, const RopeContext& rc, const 
     fail(ErrorCode::kUnsupported, kOp, source,
          ": rope type must be default, linear, llama3, yarn, longrope (su) or dynamic; got \"", type, "\"");
   }
-  if (has(r, "partial_rotary_factor")) {
-    const double p = get_num(r, "partial_rotary_factor", source);
-    check(p == 1.0, ErrorCode::kUnsupported, kOp, source, ": partial_rotary_factor must be 1; got ", p);
-  }
+  // partial_rotary_factor (here or at the top level): read by parse_hf_config.
   check(rope.factor > 0 && std::isfinite(rope.factor), ErrorCode::kCorrupt, kOp, source,
         ": rope factor must be positive; got ", rope.factor);
   check(rope.attention_factor > 0 && std::isfinite(rope.attention_factor), ErrorCode::kCorrupt, kOp, source,
@@ -302,7 +299,12 @@ std::string fmt_double(double v) {
 
 }  // namespace
 
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx) {
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx, int64_t rotary_dim) {
+  if (rotary_dim > 0 && rotary_dim < head_dim) {  // partial: the rotary dims' frequencies, then 0 (not rotated)
+    std::vector<float> inv = rope_inv_freq(rope, rotary_dim, ctx);
+    inv.resize(static_cast<size_t>(head_dim / 2), 0.0f);
+    return inv;
+  }
   const int64_t half = head_dim / 2;
   const auto dim = static_cast<double>(head_dim);
   std::vector<float> inv(static_cast<size_t>(half));
@@ -469,14 +471,17 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
       check(r->factor >= 1, ErrorCode::kCorrupt, kOp, source, ": dynamic rope factor must be >= 1; got ", r->factor);
     if (r->scaling == RopeScaling::kLongRope)
       for (const std::vector<float>* list : {&r->short_factor, &r->long_factor}) {
-        check(static_cast<int64_t>(list->size()) == c.head_dim / 2, ErrorCode::kCorrupt, kOp, source,
-              ": longrope ", list == &r->short_factor ? "short_factor" : "long_factor", " must have head_dim/2 = ",
-              c.head_dim / 2, " entries; got ", list->size());
+        check(static_cast<int64_t>(list->size()) == c.rope_dim() / 2, ErrorCode::kCorrupt, kOp, source,
+              ": longrope ", list == &r->short_factor ? "short_factor" : "long_factor",
+              " must have one entry per rotary pair (", c.rope_dim() / 2, "); got ", list->size());
         for (float f : *list)
           check(f > 0 && std::isfinite(f), ErrorCode::kCorrupt, kOp, source,
                 ": longrope factors must be positive and finite; got ", f);
       }
   }
+  check(c.rotary_dim == 0 || (c.rotary_dim >= 2 && c.rotary_dim % 2 == 0 && c.rotary_dim < c.head_dim),
+        ErrorCode::kCorrupt, kOp, source, ": the rotary dims must be even and in [2, head_dim = ", c.head_dim,
+        "), or all of head_dim; got ", c.rotary_dim);
   check(std::isfinite(c.embed_scale) && c.embed_scale > 0, ErrorCode::kCorrupt, kOp, source,
         ": the embedding scale must be positive and finite; got ", c.embed_scale);
   check(std::isfinite(c.norm_weight_offset), ErrorCode::kCorrupt, kOp, source,
@@ -591,9 +596,19 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
                         source);
     c.rope_local = local_rope();
   }
-  if (has(j, "partial_rotary_factor")) {
-    const double p = get_num(j, "partial_rotary_factor", source);
-    check(p == 1.0, ErrorCode::kUnsupported, kOp, source, ": partial_rotary_factor must be 1; got ", p);
+  // Partial rotary: at the top level (old style, Phi3Config) or inside rope_parameters (new style).
+  const json* prf_src = has(j, "partial_rotary_factor") ? &j : nullptr;
+  if (!prf_src && has(j, "rope_parameters") && j.at("rope_parameters").is_object() &&
+      has(j.at("rope_parameters"), "partial_rotary_factor"))
+    prf_src = &j.at("rope_parameters");
+  if (prf_src) {
+    const double p = get_num(*prf_src, "partial_rotary_factor", source);
+    check(p > 0 && p <= 1, ErrorCode::kCorrupt, kOp, source, ": partial_rotary_factor must be in (0, 1]; got ", p);
+    const auto r = static_cast<int64_t>(static_cast<double>(c.head_dim) * p);  // transformers: int(head_dim · p)
+    check(r >= 2 && r % 2 == 0, ErrorCode::kUnsupported, kOp, source,
+          ": partial_rotary_factor × head_dim must give an even number of rotary dims >= 2; got ", p, " × ",
+          c.head_dim, " = ", r);
+    c.rotary_dim = r == c.head_dim ? 0 : r;
   }
 
   // Which layers use a sliding window (the table is allocated from num_hidden_layers: checked first).
@@ -869,6 +884,7 @@ std::string config_to_json(const ModelConfig& c) {
   std::vector<int> ls(c.layer_sliding.begin(), c.layer_sliding.end());
   j["layer_sliding"] = ls;
   j["dtype"] = dtype_name(c.dtype);
+  if (c.rotary_dim > 0) j["rotary_dim"] = c.rotary_dim;
   if (!c.layer_moe.empty()) {
     j["num_experts"] = c.num_experts;
     j["experts_per_token"] = c.experts_per_token;
@@ -929,6 +945,7 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
   else if (dt == "float16") c.dtype = DType::kF16;
   else if (dt == "bfloat16") c.dtype = DType::kBF16;
   else fail(ErrorCode::kCorrupt, kOp, source, ": dtype must be float32, float16 or bfloat16; got \"", dt, "\"");
+  c.rotary_dim = get_int_or(j, "rotary_dim", 0, source);
   if (has(j, "layer_moe")) {
     check(j.at("layer_moe").is_array() && static_cast<int64_t>(j.at("layer_moe").size()) == c.num_layers,
           ErrorCode::kCorrupt, kOp, source, ": layer_moe must list num_layers = ", c.num_layers, " entries");

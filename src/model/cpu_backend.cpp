@@ -26,6 +26,11 @@ void rope_tables(const std::vector<float>& inv_freq, double factor, int64_t pos0
   const auto half = static_cast<int64_t>(inv_freq.size());
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < half; ++i) {
+      if (inv_freq[sz(i)] == 0.0f) {  // a pair that does not rotate (partial rotary: model.h rotary_dim)
+        cs[t * half + i] = 1.0f;
+        sn[t * half + i] = 0.0f;
+        continue;
+      }
       const float angle = static_cast<float>(pos0 + t) * inv_freq[sz(i)];
       cs[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)) * factor);
       sn[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)) * factor);

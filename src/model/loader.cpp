@@ -229,7 +229,49 @@ class Builder {
   FloatRef fetch_float(const std::string& hf, const std::vector<int64_t>& shape) {
     FloatRef r = fetch_float_any(hf, shape);
     check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(hf));
+    if (rotary_reordered(hf)) r = reorder_rotary(r);
     return r;
+  }
+
+  // ---- partial rotary (ModelConfig::rotary_dim) ----
+  // The q/k head dims in the engine's order: the checkpoint's dim order[p] at position p — rotary pairs
+  // (i, i + R/2) moved to (i, i + D/2), the unrotated dims after each half. q·k is the same in any one order of both.
+  std::vector<int64_t> rotary_order() const {
+    const int64_t D = c_.head_dim, R = c_.rope_dim(), rest = D / 2 - R / 2;
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < R / 2; ++i) order.push_back(i);
+    for (int64_t i = 0; i < rest; ++i) order.push_back(R + i);
+    for (int64_t i = R / 2; i < R; ++i) order.push_back(i);
+    for (int64_t i = 0; i < rest; ++i) order.push_back(R + rest + i);
+    return order;
+  }
+  // Tensors laid out per q/k head dim: reordered when only part of each head rotates, except in cider-converted files
+  // (stored in the engine's order already).
+  bool rotary_reordered(const std::string& hf) const {
+    if (c_.rope_dim() == c_.head_dim || kind_ == SourceKind::kCider) return false;
+    for (const char* s : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_proj.bias",
+                          "self_attn.k_proj.bias", "self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
+      const std::string_view suffix = s;
+      if (hf.size() >= suffix.size() && hf.compare(hf.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+    }
+    return false;
+  }
+  // Rows of D values (a head's dims; a weight's rows are head-major) reordered by rotary_order(), as float32.
+  FloatRef reorder_rotary(const FloatRef& r) {
+    const int64_t D = c_.head_dim, n = r.view.numel();
+    const int64_t per = r.view.rank == 2 ? r.view.dim(1) : 1;  // values per head dim (a weight row: K)
+    const int64_t heads = n / per / D;
+    const std::vector<int64_t> order = rotary_order();
+    Tensor out(DType::kF32, r.view.shape_vector());
+    float* o = out.ptr<float>();
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t p = 0; p < D; ++p)
+        for (int64_t k = 0; k < per; ++k)
+          o[(h * D + p) * per + k] = load_float(r.view.data, r.view.dtype, (h * D + order[static_cast<size_t>(p)]) * per + k);
+    FloatRef f;
+    f.temp = std::move(out);
+    f.view = f.temp->view();
+    return f;
   }
 
   void check_finite_weights(const void* data, DType dtype, int64_t n, const std::string& name) const {
@@ -460,6 +502,9 @@ class Builder {
     if (kind_ == SourceKind::kCider && st(prefix + ".qweight")) {
       cider_int(L);
     } else if (kindw != Linear::Kind::kDense && is_mlx_quantized(prefix)) {
+      check(!rotary_reordered(prefix + ".weight"), ErrorCode::kUnsupported, kOp, where_, ": ", prefix,
+            ": MLX-quantized q/k projections of a partial-rotary model (rotary dims ", c_.rope_dim(), " of ",
+            c_.head_dim, ") are not supported; use --weights bf16 or a float checkpoint");
       // MLX → int: dequantize in the scales' dtype (exact MLX arithmetic), requantize symmetrically. W4A8 keeps an
       // MLX group finer than ours.
       MlxTriple m = mlx_triple(prefix, N, K);

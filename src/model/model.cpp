@@ -138,8 +138,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
         "; got ", options.ctx);
   impl->ctx = options.ctx > 0 ? options.ctx : std::min(c.max_position, kDefaultCtxCap);
   // The context decides longrope's long/short factors and dynamic NTK's base (model.h, RopeConfig).
-  impl->inv_freq = rope_inv_freq(c.rope, c.head_dim, impl->ctx);
-  impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim, impl->ctx);
+  impl->inv_freq = rope_inv_freq(c.rope, c.head_dim, impl->ctx, c.rotary_dim);
+  impl->inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim, impl->ctx, c.rotary_dim);
   if (impl->tokenizer) {
     const Tokenizer& tok = *impl->tokenizer;
     if (impl->bos_token.empty() && tok.bos_id() >= 0) impl->bos_token = tok.id_to_token(tok.bos_id());

@@ -120,8 +120,10 @@ struct RopeConfig {
   std::vector<float> freq_factors;
 };
 // inv_freq [head_dim/2] in float32, computed as HF does (in double, rounded once). `ctx` is the model's context length
-// (longrope's long/short choice, dynamic NTK's base); the other scalings ignore it.
-std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx);
+// (longrope's long/short choice, dynamic NTK's base); the other scalings ignore it. With 0 < rotary_dim < head_dim
+// (partial rotary): the frequencies of rotary_dim (as HF computes them over the rotary dims), then zeros up to
+// head_dim/2 — pairs that do not rotate (the rope tables give them cos 1, sin 0, without the attention factor).
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int64_t head_dim, int64_t ctx, int64_t rotary_dim = 0);
 
 enum class Activation { kSiLU, kGeluTanh };  // MLP gate: SwiGLU (silu) or GeGLU (gelu, tanh approximation)
 
@@ -156,6 +158,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;  // LM head = the embedding matrix
   RopeConfig rope;        // full-attention layers
   RopeConfig rope_local;  // sliding-window layers (Gemma 3 uses its own base there)
+  // Partial rotary embeddings (partial_rotary_factor < 1: Phi-4-mini, Qwen3-Next): only the first rotary_dim dims
+  // of each head rotate (pairs (i, i + rotary_dim/2)); 0 = all of head_dim. The loader reorders every q/k head so
+  // that the rotated pairs sit at (i, i + head_dim/2) and the rest stay in place of rotation (q·k is unchanged by
+  // one reordering of both), so the forward and the kernels only ever rotate (i, i + head_dim/2) pairs; the rope
+  // tables hold cos 1, sin 0 for the unrotated pairs (inv_freq 0: rope_inv_freq).
+  int64_t rotary_dim = 0;
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   int64_t sliding_window = 0;         // > 0: a sliding layer's query at p sees keys p − window < j ≤ p
   std::vector<uint8_t> layer_sliding;  // [num_layers]: 1 = sliding-window layer
   DType dtype = DType::kBF16;          // the checkpoint's float dtype (config torch_dtype / dtype)

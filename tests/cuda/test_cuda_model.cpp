@@ -1279,7 +1279,7 @@ namespace {
 // 0.1·ln 8 + 1) — the GPU's rope table carries the same frequencies and attention factor as the CPU's.
 // gemma2: attention logit softcapping (5) on every layer, sandwich norms without q/k norms.
 const char* const kFamilies[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe",
-                                 "phi3", "yarn"};
+                                 "phi3", "yarn", "phi4_mini"};
 }  // namespace
 
 TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {

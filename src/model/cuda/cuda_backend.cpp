@@ -311,6 +311,11 @@ std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positi
   for (int64_t p = 0; p < positions; ++p) {
     float* row = table.data() + sz(p) * sz(2 * half);
     for (int64_t i = 0; i < half; ++i) {
+      if (inv_freq[sz(i)] == 0.0f) {  // a pair that does not rotate (partial rotary: model.h rotary_dim)
+        row[i] = 1.0f;
+        row[half + i] = 0.0f;
+        continue;
+      }
       const float angle = static_cast<float>(p) * inv_freq[sz(i)];
       row[i] = static_cast<float>(std::cos(static_cast<double>(angle)) * attention_factor);
       row[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)) * attention_factor);
@@ -441,7 +446,7 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   }
   m->final_norm = ones(H, s);
   m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
-  upload_rope_tables(*m, rope_inv_freq(c.rope, D, ctx), rope_inv_freq(c.rope_local, D, ctx));
+  upload_rope_tables(*m, rope_inv_freq(c.rope, D, ctx, c.rotary_dim), rope_inv_freq(c.rope_local, D, ctx, c.rotary_dim));
   stream.synchronize();
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
