@@ -37,7 +37,7 @@ namespace {
 
 const std::string kFixtures = std::string(CIDER_SOURCE_DIR) + "/tests/data/hf_fixtures/";
 const char* kNames[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe", "phi3", "yarn",
-                         "phi4_mini"};
+                         "phi4_mini", "qwen3_next", "qwen3_5"};
 
 struct Fixture {
   std::string dir;
@@ -190,6 +190,20 @@ TEST(HFFixtureApprox, QuantizedWeightsStayClose) {
       // argmaxes (0.29 measured; relative RMS 0.59, inside the common bound). Its split is exact in every format
       // (HFFixturePhi3.FusedProjectionsSplitExactlyInEveryFormat), so this is the model's sensitivity, not the load.
       if (std::string(name) == "phi3" && std::string(a.weights) == "w4a8") a.min_top1 = 0.22;
+      // The hybrid fixtures: the gated DeltaNet's recurrent state accumulates its projections' rounding over the
+      // sequence (keeping just its q|k|v, z and out projections float32 takes qwen3_next's w8a8 error from 0.18 to
+      // 0.066), so int weights move these random models more: measured w8a8 relative RMS 0.18 / 0.095 (qwen3_next /
+      // qwen3_5), top-1 0.84 / 0.87; w4a8 0.73 / 0.61, top-1 0.26 / 0.40. Bounds with a margin over those.
+      const std::string n = name;
+      if (n == "qwen3_next" || n == "qwen3_5") {
+        if (std::string(a.weights) == "w4a8") {
+          a.max_rel_rms = 0.85;
+          a.min_top1 = 0.2;
+        } else if (std::string(a.weights) != "bf16") {
+          a.max_rel_rms = 0.25;
+          a.min_top1 = 0.78;
+        }
+      }
       measure(name, a, 64);
     }
 }
@@ -607,4 +621,128 @@ TEST(HFFixturePartialRotary, ConvertedFileKeepsTheEngineOrder) {
     EXPECT_NE(std::string(e.what()).find("even number of rotary dims >= 2; got 0.03125 × 32 = 1"), std::string::npos)
         << e.what();
   }
+}
+
+// ---- hybrid models (Qwen3-Next, Qwen3.5): gated DeltaNet layers beside gated attention ----
+
+// The hybrid layout as read: which layers are linear, the DeltaNet geometry, gated attention, the shared expert and
+// the dense layer mlp_only_layers names.
+TEST(HFFixtureHybrid, ConfigReadsTheLayout) {
+  const cm::ModelConfig n = cm::load_hf_config(kFixtures + "qwen3_next");
+  EXPECT_EQ(n.layer_linear, (std::vector<uint8_t>{1, 0, 1, 0}));
+  EXPECT_EQ(n.linear_attn.num_k_heads, 2);
+  EXPECT_EQ(n.linear_attn.num_v_heads, 4);
+  EXPECT_EQ(n.linear_attn.conv_dim(), 2 * 2 * 16 + 4 * 16);
+  EXPECT_TRUE(n.attn_output_gate);
+  EXPECT_EQ(n.rotary_dim, 8);  // partial_rotary_factor 0.25 of 32
+  EXPECT_EQ(n.norm_weight_offset, 1.0f);
+  EXPECT_EQ(n.shared_expert_intermediate_size, 64);
+  EXPECT_EQ(n.layer_moe, (std::vector<uint8_t>{1, 1, 0, 1}));  // mlp_only_layers [2]
+  const cm::ModelConfig t = cm::load_hf_config(kFixtures + "qwen3_5");
+  EXPECT_EQ(t.layer_linear, (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_TRUE(t.layer_moe.empty());
+  // A linear-attention layer in an architecture without the DeltaNet geometry is refused, naming what is missing.
+  auto j = nlohmann::json::parse(cider::read_text_input(kFixtures + "qwen3/config.json", "test"));
+  j["layer_types"] = {"linear_attention", "full_attention"};
+  try {
+    cm::parse_hf_config(j.dump(), "qwen3.json");
+    ADD_FAILURE() << "a linear_attention layer without its geometry was accepted";
+  } catch (const cider::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("need the gated DeltaNet geometry"), std::string::npos) << e.what();
+  }
+  // Value heads that do not split evenly over the key heads: refused with both numbers.
+  auto k = nlohmann::json::parse(cider::read_text_input(kFixtures + "qwen3_next/config.json", "test"));
+  k["linear_num_value_heads"] = 3;
+  try {
+    cm::parse_hf_config(k.dump(), "next.json");
+    ADD_FAILURE() << "3 value heads over 2 key heads were accepted";
+  } catch (const cider::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of linear_num_key_heads"), std::string::npos) << e.what();
+  }
+}
+
+// Through `cider convert`: the engine's layout (regrouped projections, queries then gates) is written and read back
+// as it is, computing bit for bit what the in-memory conversion computes.
+TEST(HFFixtureHybrid, ConvertedFileComputesWhatTheLoadedModelComputes) {
+  for (const char* name : {"qwen3_next", "qwen3_5"})
+    for (const char* fmt : {"w8a8", "bf16"}) {
+      const cm::ModelConfig c = expect_convert_exact(name, fmt);
+      EXPECT_EQ(c.layer_linear, cm::load_hf_config(kFixtures + name).layer_linear);
+      EXPECT_TRUE(c.attn_output_gate);
+    }
+}
+
+// Largest |a − b| over the largest |b|.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    m = std::max(m, std::fabs(static_cast<double>(b[i])));
+  }
+  return d / m;
+}
+
+// The recurrent state carries across calls: the prompt fed in uneven chunks (1, 7, 64, the rest), and inside a batch
+// beside another sequence, gives the logits of one pass. The recurrence and the convolution are the same operations
+// in the same order; only the linear layers' kernels change with the row count (float32 sums in another order), so
+// the bound is float32 rounding, 1e-5 of the largest logit (a state carried wrongly moves logits by O(1)).
+TEST(HFFixtureHybrid, ChunksAndBatchesMatchOnePass) {
+  const Fixture f = load_fixture("qwen3_next");
+  auto model = cm::Model::load(f.dir, opts("f32", "f32"));
+  const int64_t V = model->config().vocab_size;
+  const auto P = static_cast<int64_t>(f.prompt.size());
+  auto whole = model->new_session();
+  std::vector<float> one(static_cast<size_t>(V));
+  model->forward(*whole, f.prompt.data(), P, one.data(), false);
+
+  auto chunked = model->new_session();
+  std::vector<float> last(static_cast<size_t>(V));
+  int64_t done = 0;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{64}, P - 72}) {
+    model->forward(*chunked, f.prompt.data() + done, n, last.data(), false);
+    done += n;
+  }
+  EXPECT_LE(rel_diff(last, one), 1e-5);
+
+  auto a = model->new_session();
+  auto b = model->new_session();
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+  const std::vector<int32_t> other(f.prompt.rbegin(), f.prompt.rbegin() + 50);
+  const cm::Model::BatchItem items[] = {{b.get(), other.data(), 50, lb.data(), false},
+                                        {a.get(), f.prompt.data(), P, la.data(), false}};
+  model->forward_batch(items);
+  EXPECT_LE(rel_diff(la, one), 1e-5);
+  auto alone = model->new_session();
+  std::vector<float> lo(static_cast<size_t>(V));
+  model->forward(*alone, other.data(), 50, lo.data(), false);
+  EXPECT_LE(rel_diff(lb, lo), 1e-5);
+}
+
+// A recurrent state holds only its latest position: trimming part of the sequence is refused (kOutOfRange, the
+// session unchanged), trimming all of it starts over and recomputes the same logits.
+TEST(HFFixtureHybrid, TrimGoesBackOnlyToTheStart) {
+  const Fixture f = load_fixture("qwen3_5");
+  auto model = cm::Model::load(f.dir, opts("f32", "k8v8", 32));
+  const int64_t V = model->config().vocab_size;
+  auto s = model->new_session();
+  std::vector<float> first(static_cast<size_t>(V)), again(static_cast<size_t>(V));
+  model->forward(*s, f.prompt.data(), 20, first.data(), false);
+  EXPECT_FALSE(s->can_truncate(19));
+  EXPECT_TRUE(s->can_truncate(0));
+  try {
+    s->trim(1);
+    ADD_FAILURE() << "a partial trim of a recurrent state was accepted";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), cider::ErrorCode::kOutOfRange);
+    EXPECT_NE(std::string(e.what()).find("linear-attention"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s->position(), 20);
+  EXPECT_EQ(s->trim(20), 20);
+  model->forward(*s, f.prompt.data(), 20, again.data(), false);
+  EXPECT_EQ(again, first);
+  // The session's memory counts the states: two linear layers' recurrent state and conv window, plus the cache.
+  const cm::ModelConfig& c = model->config();
+  EXPECT_EQ(static_cast<int64_t>(s->kv_bytes()), cm::kv_cache_bytes(c, model->options().kv, 20));
+  EXPECT_GE(static_cast<int64_t>(s->kv_bytes()), 2 * c.linear_attn.state_bytes());
 }

@@ -14,7 +14,8 @@ For each fixture <name> it writes into <out>/<name>/:
                                            by transformers in float64 from exactly the saved weights (eager attention)
 The greedy tokens come from argmax over those float64 logits, one full forward per step.
 
-Fixtures (hidden 64, vocab 512, tiny so the whole set stays well under 8 MB):
+Fixtures (hidden 64, vocab 512, tiny so the whole set stays well under 8 MB; heads of 32 dims or more except the
+first three, so that the CUDA backend runs them):
   llama    Llama, GQA 4:2, llama3 rope scaling (original context 32 < sequence), 2 shards + index, OLD-style config
            (rope_theta + rope_scaling + torch_dtype), untied head
   mistral  Mistral, GQA 4:1, sliding_window 16 on every layer, float16 checkpoint
@@ -22,18 +23,27 @@ Fixtures (hidden 64, vocab 512, tiny so the whole set stays well under 8 MB):
   qwen3    Qwen3, q/k RMSNorm, head_dim 32 != hidden/heads 16
   gemma3   Gemma 3 text, layers [sliding, sliding, full], sliding_window 8, query_pre_attn_scalar 24,
            final_logit_softcapping 8, (1 + w) norms, sandwich norms, GeGLU, √hidden embedding scale
-  mixtral  Mixtral, 4 experts, top 2 (renormalised), GQA 4:2, 300-token prompt, bfloat16 checkpoint
+  mixtral  Mixtral, 4 experts, top 2 (renormalised), GQA 4:2, head_dim 32, 300-token prompt, bfloat16 checkpoint
   qwen3_moe Qwen3-MoE, 3 layers with experts on layer 1 only (decoder_sparse_step 2: layers 0 and 2 dense), 8
-           experts, top 3, norm_topk_prob true (as released), q/k norms, 300-token prompt, bfloat16 checkpoint
-  phi3     Phi-3: fused qkv_proj / gate_up_proj, LongRoPE (original context 64, max 512: the long factors; random
-           short/long factors in [1, 4]), sliding_window 200 on every layer, 300-token prompt, GQA 4:2, bfloat16
+           experts, top 3, norm_topk_prob true (as released), q/k norms, head_dim 32, 300-token prompt, bfloat16
            checkpoint
+  phi3     Phi-3: fused qkv_proj / gate_up_proj, LongRoPE (original context 64, max 512: the long factors; random
+           short/long factors in [1, 4]), sliding_window 200 on every layer, 300-token prompt, GQA 2:1 (head_dim
+           32), bfloat16 checkpoint
   yarn     Qwen3 with YaRN rope scaling (factor 8 over an original context of 64, beta_fast 16, beta_slow 0.5,
            truncate false; attention factor 0.1·ln 8 + 1), 300-token prompt, bfloat16 checkpoint
   gemma2   Gemma 2, layers [sliding, full, sliding] (sliding_window 8), attn_logit_softcapping 5 and
            final_logit_softcapping 8 (both bite: scores and logits of these weights reach well past them),
            query_pre_attn_scalar 24, head_dim 32 != hidden/heads, GQA 4:2, (1 + w) and sandwich norms, GeGLU,
            √hidden embedding scale, 300-token prompt, bfloat16 checkpoint
+  qwen3_next Qwen3-Next hybrid: layers [linear, full, linear, full] — gated DeltaNet (2 key heads of 16, 4 value
+           heads of 16: each key head serves two value heads; conv kernel 4; fused in_proj_qkvz / in_proj_ba in the
+           per-key-head order) beside gated full attention (q_proj = query | gate per head, head_dim 32, partial
+           rotary 0.25, q/k norms); (1 + w) norms, the DeltaNet output norm plain w; MoE on layers 0, 1, 3 (8
+           experts, top 2, renormalised, a shared expert of 64 behind a sigmoid gate), a dense MLP on layer 2
+           (mlp_only_layers); 300-token prompt, bfloat16 checkpoint
+  qwen3_5  Qwen3.5 text (Qwen3_5ForCausalLM): the same hybrid with separate in_proj_qkv / in_proj_z / in_proj_b /
+           in_proj_a, dense MLPs, layers [linear, linear, full], 300-token prompt, bfloat16 checkpoint
 No tokenizer is written: the tests feed token ids.
 """
 import argparse
@@ -55,7 +65,7 @@ PROMPT_LEN = 40
 GREEDY = 16
 # Fixtures added later use prompts of 300 tokens (sequences of 316): long enough for windows, scaled RoPE and routing
 # to matter. The first five keep 40 (their files must not change).
-PROMPT_LEN_OF = {"gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300, "phi4_mini": 300}
+PROMPT_LEN_OF = {"qwen3_next": 300, "qwen3_5": 300, "gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300, "phi4_mini": 300}
 TV_MAJOR = int(transformers.__version__.split(".")[0])
 
 
@@ -85,7 +95,15 @@ def randomize(model, gemma):
     g = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("linear_attn.norm.weight"):  # the DeltaNet output norm multiplies by w (not 1 + w)
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):  # decay rates A = exp(A_log) in [0.5, 4]
+                p.copy_(torch.log(0.5 + 3.5 * torch.rand(p.shape, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("conv1d.weight"):  # (channels, 1, kernel)
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1] ** 0.5))
+            elif name.endswith("norm.weight"):
                 centre = 0.0 if gemma else 1.0   # Gemma's norms multiply by (1 + w)
                 p.copy_(centre + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
@@ -138,12 +156,12 @@ def make(name):
                     eos_token_id=1, pad_token_id=0, **rope_kwargs(10000.0))
         return Gemma2Config(**kw), Gemma2ForCausalLM, torch.bfloat16, True
     if name == "mixtral":
-        cfg = MixtralConfig(**common(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        cfg = MixtralConfig(**common(num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
                                      num_experts_per_tok=2, max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False,
                                      **rope_kwargs(1000000.0)))
         return cfg, MixtralForCausalLM, torch.bfloat16, False
     if name == "qwen3_moe":
-        cfg = Qwen3MoeConfig(**common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        cfg = Qwen3MoeConfig(**common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                       num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,
                                       decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=True,
                                       max_position_embeddings=512,
@@ -153,10 +171,10 @@ def make(name):
         # LongRoPE over a 64-token pre-training context stretched to 512: the 316-token sequences use the long
         # factors (HF switches on the sequence length, cider on its context, 512 here: both pick long).
         g = np.random.default_rng(90)
-        half = 64 // 4 // 2
+        half = 64 // 2 // 2
         rope = {"rope_type": "longrope", "short_factor": [float(x) for x in g.uniform(1.0, 4.0, half)],
                 "long_factor": [float(x) for x in g.uniform(1.0, 4.0, half)]}
-        cfg = Phi3Config(**common(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        cfg = Phi3Config(**common(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                                   original_max_position_embeddings=64, sliding_window=200, pad_token_id=0,
                                   tie_word_embeddings=False, **rope_kwargs(10000.0, rope)))
         return cfg, Phi3ForCausalLM, torch.bfloat16, False
@@ -178,6 +196,28 @@ def make(name):
                                                            "original_max_position_embeddings": 64, "beta_fast": 16.0,
                                                            "beta_slow": 0.5, "truncate": False})))
         return cfg, Qwen3ForCausalLM, torch.bfloat16, False
+    if name == "qwen3_next":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+        cfg = Qwen3NextConfig(**common(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                       layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                    "full_attention"],
+                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                       linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8,
+                                       num_experts_per_tok=2, moe_intermediate_size=64,
+                                       shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[2],
+                                       norm_topk_prob=True, max_position_embeddings=512, tie_word_embeddings=False,
+                                       partial_rotary_factor=0.25, **rope_kwargs(10000.0)))
+        return cfg, Qwen3NextForCausalLM, torch.bfloat16, True
+    if name == "qwen3_5":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+        cfg = Qwen3_5TextConfig(**common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=32, layer_types=["linear_attention", "linear_attention",
+                                                                   "full_attention"],
+                                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+                                         linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                                         max_position_embeddings=512, tie_word_embeddings=True,
+                                         partial_rotary_factor=0.25, **rope_kwargs(10000.0)))
+        return cfg, Qwen3_5ForCausalLM, torch.bfloat16, True
     raise ValueError(name)
 
 
@@ -221,7 +261,7 @@ def build(name, out_root):
         to_old_style(os.path.join(out, "config.json"))
 
     rng = np.random.default_rng({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "gemma3": 5, "mixtral": 6,
-                                 "phi3": 9, "yarn": 10, "gemma2": 12, "phi4_mini": 13,
+                                 "phi3": 9, "yarn": 10, "gemma2": 12, "phi4_mini": 13, "qwen3_next": 14, "qwen3_5": 15,
                                  "qwen3_moe": 8}[name])
     prompt = [int(t) for t in rng.integers(3, VOCAB, PROMPT_LEN_OF.get(name, PROMPT_LEN))]
     ids = list(prompt)

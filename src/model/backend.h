@@ -5,7 +5,8 @@
 // the layer loop passes no pointers and each device keeps the layouts its kernels want:
 //   embed          x = embedding(tokens)·embed_scale                                      x: (rows, hidden)
 //   residual_norm  t' = post ? rms_norm(t, post) : t;  x += t' (when add);  h = rms_norm(x, next)
-//   linear         qkv: h → q|k|v (rows, (Hq + 2·Hkv)·D);  o: attention output → t;  gate_up: h → gate|up (rows, 2·I);
+//   linear         qkv: h → q|k|v (rows, (Hq + 2·Hkv)·D) (gated attention: and each head's gate, (rows, Hq·D));
+//                  o: attention output (· sigmoid(gate) when gated) → t;  gate_up: h → gate|up (rows, 2·I);
 //                  down: glu output → t
 //   prepare_heads  q and k: rms_norm per head (qk_norm), RoPE at each row's position (the layer's kind: global or
 //                  sliding); plus the KV rotation where the device's cache expects rotated rows
@@ -15,7 +16,11 @@
 //   glu            act(gate)·up (SiLU or GELU-tanh)
 //   moe            a mixture-of-experts layer's MLP, h → t: router logits h·W_rᵀ (rows, E), softmax (float32), the
 //                  top experts_per_token (ties: the lower expert index), renormalised when norm_topk_prob; each
-//                  expert's down(act(gate(h))·up(h)) over the rows routed to it, weighted and summed in expert order
+//                  expert's down(act(gate(h))·up(h)) over the rows routed to it, weighted and summed in expert order;
+//                  plus, with a shared expert, sigmoid(h·w_sg) · shared(h)
+//   linear_attention  a gated DeltaNet layer's token mixing (hybrid models), h → t: q|k|v, z, b, a projections, the
+//                  causal conv (+SiLU) over q|k|v with the sequence's conv window, the gated delta rule over its
+//                  recurrent state (nn/gated_delta.h), RMSNorm(o)·w·silu(z) per value head, out_proj
 //   logits         rows of h (already final-normed) · W_headᵀ, with the final softcap, to the sequence's output
 // Rotation: the CPU backend's caches (nn::KVCache, the seeds' classes) take unrotated rows and rotate on append, and
 // nn::attention rotates the queries and the output; the CUDA backend rotates q (and k, v for Hadamard) in
@@ -57,6 +62,7 @@ class Backend {
   virtual void finish_heads(int64_t layer) = 0;
   virtual void glu() = 0;
   virtual void moe(int64_t layer) = 0;
+  virtual void linear_attention(int64_t layer) = 0;
 };
 
 // The one layer loop: from x (embedded) through every layer, leaving h = final_norm(x).

@@ -241,6 +241,17 @@ class JsonSource final : public ConfigSource {
   }
   std::string brief(const char* key) const override { return detail::concat(model::brief(at_or_null(j_, key))); }
   bool present(const char* key) const override { return j_.is_object() && j_.contains(key); }
+  std::vector<int64_t> get_int_list(const char* key) const override {
+    const json& v = at_or_null(j_, key);
+    check(v.is_array(), ErrorCode::kCorrupt, kOp, source_, ": ", key, " must be a list of integers; got ", model::brief(v));
+    std::vector<int64_t> out;
+    for (const json& e : v) {
+      check(e.is_number_integer(), ErrorCode::kCorrupt, kOp, source_, ": ", key, " must be a list of integers; got ",
+            model::brief(v));
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
 
  private:
   const json& j_;
@@ -505,6 +516,26 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
           source, ": the experts' intermediate size must be in [1, ", limits::kMaxDim, "]; got ",
           c.expert_intermediate_size);
   }
+  check(c.layer_linear.empty() || static_cast<int64_t>(c.layer_linear.size()) == c.num_layers, ErrorCode::kCorrupt,
+        kOp, source, ": the linear-attention layer table must list one entry per layer (", c.num_layers, "); got ",
+        c.layer_linear.size());
+  if (c.has_linear_layers()) {
+    const ModelConfig::LinearAttention& la = c.linear_attn;
+    check(la.num_k_heads > 0 && la.num_v_heads > 0 && la.k_head_dim > 0 && la.v_head_dim > 0 && la.conv_kernel > 0,
+          ErrorCode::kUnsupported, kOp, source, ": linear_attention layers need the gated DeltaNet geometry "
+          "(linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, "
+          "linear_conv_kernel_dim), which this architecture does not read");
+    check(la.num_k_heads <= limits::kMaxHeads && la.num_v_heads <= limits::kMaxHeads &&
+              la.k_head_dim <= limits::kMaxHeadDim && la.v_head_dim <= limits::kMaxHeadDim && la.conv_kernel <= 64,
+          ErrorCode::kCorrupt, kOp, source, ": the linear-attention geometry must stay within ", limits::kMaxHeads,
+          " heads of ", limits::kMaxHeadDim, " dims and a kernel of 64; got ", la.num_k_heads, "/", la.num_v_heads,
+          " heads of ", la.k_head_dim, "/", la.v_head_dim, ", kernel ", la.conv_kernel);
+    check(la.num_v_heads % la.num_k_heads == 0, ErrorCode::kCorrupt, kOp, source,
+          ": the value heads of the linear-attention layers must be a multiple of their key heads; got ",
+          la.num_v_heads, " and ", la.num_k_heads);
+  }
+  check(c.shared_expert_intermediate_size == 0 || !c.layer_moe.empty(), ErrorCode::kCorrupt, kOp, source,
+        ": a shared expert needs mixture-of-experts layers");
   check(std::isfinite(c.attn_scale) && c.attn_scale > 0, ErrorCode::kCorrupt, kOp, source,
         ": the attention scale must be positive and finite; got ", c.attn_scale);
   check(std::isfinite(c.final_logit_softcap) && c.final_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
@@ -601,8 +632,8 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
   if (!prf_src && has(j, "rope_parameters") && j.at("rope_parameters").is_object() &&
       has(j.at("rope_parameters"), "partial_rotary_factor"))
     prf_src = &j.at("rope_parameters");
-  if (prf_src) {
-    const double p = get_num(*prf_src, "partial_rotary_factor", source);
+  if (prf_src || rules.partial_rotary_factor != 1.0) {
+    const double p = prf_src ? get_num(*prf_src, "partial_rotary_factor", source) : rules.partial_rotary_factor;
     check(p > 0 && p <= 1, ErrorCode::kCorrupt, kOp, source, ": partial_rotary_factor must be in (0, 1]; got ", p);
     const auto r = static_cast<int64_t>(static_cast<double>(c.head_dim) * p);  // transformers: int(head_dim · p)
     check(r >= 2 && r % 2 == 0, ErrorCode::kUnsupported, kOp, source,
@@ -622,9 +653,14 @@ ModelConfig parse_hf_config(std::string_view json_text, const std::string& sourc
           ": layer_types must be a list of num_hidden_layers = ", c.num_layers, " entries; got ", brief(lt));
     for (size_t i = 0; i < lt.size(); ++i) {
       const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : detail::concat(brief(lt[i]));
-      check(t == "full_attention" || t == "sliding_attention", ErrorCode::kUnsupported, kOp, source,
-            ": layer_types entries must be full_attention or sliding_attention; got \"", t, "\" at layer ", i);
+      check(t == "full_attention" || t == "sliding_attention" || t == "linear_attention", ErrorCode::kUnsupported,
+            kOp, source, ": layer_types entries must be full_attention, sliding_attention or linear_attention; got \"",
+            t, "\" at layer ", i);
       c.layer_sliding[i] = t == "sliding_attention";
+      if (t == "linear_attention") {
+        c.layer_linear.resize(lt.size(), 0);
+        c.layer_linear[i] = 1;
+      }
     }
   } else if (rules.sliding_layers) {
     rules.sliding_layers(src, window, c);
@@ -885,6 +921,15 @@ std::string config_to_json(const ModelConfig& c) {
   j["layer_sliding"] = ls;
   j["dtype"] = dtype_name(c.dtype);
   if (c.rotary_dim > 0) j["rotary_dim"] = c.rotary_dim;
+  if (c.attn_output_gate) j["attn_output_gate"] = true;
+  if (c.has_linear_layers()) {
+    const ModelConfig::LinearAttention& la = c.linear_attn;
+    j["linear_attention"] = {{"num_k_heads", la.num_k_heads}, {"num_v_heads", la.num_v_heads},
+                             {"k_head_dim", la.k_head_dim},   {"v_head_dim", la.v_head_dim},
+                             {"conv_kernel", la.conv_kernel}};
+    j["layer_linear"] = std::vector<int>(c.layer_linear.begin(), c.layer_linear.end());
+  }
+  if (c.shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   if (!c.layer_moe.empty()) {
     j["num_experts"] = c.num_experts;
     j["experts_per_token"] = c.experts_per_token;
@@ -957,6 +1002,24 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
     c.experts_per_token = get_int(j, "experts_per_token", source);
     c.expert_intermediate_size = get_int(j, "expert_intermediate_size", source);
     c.norm_topk_prob = get_bool_or(j, "norm_topk_prob", true, source);
+  }
+  c.attn_output_gate = get_bool_or(j, "attn_output_gate", false, source);
+  c.shared_expert_intermediate_size = get_int_or(j, "shared_expert_intermediate_size", 0, source);
+  if (has(j, "layer_linear")) {
+    check(j.at("layer_linear").is_array() && static_cast<int64_t>(j.at("layer_linear").size()) == c.num_layers,
+          ErrorCode::kCorrupt, kOp, source, ": layer_linear must list num_layers = ", c.num_layers, " entries");
+    for (const json& s : j.at("layer_linear")) {
+      check(s.is_number_integer(), ErrorCode::kCorrupt, kOp, source, ": layer_linear entries must be 0 or 1");
+      c.layer_linear.push_back(s.get<int>() != 0);
+    }
+    check(has(j, "linear_attention") && j.at("linear_attention").is_object(), ErrorCode::kCorrupt, kOp, source,
+          " must define linear_attention (an object) with layer_linear");
+    const json& la = j.at("linear_attention");
+    c.linear_attn.num_k_heads = get_int(la, "num_k_heads", source);
+    c.linear_attn.num_v_heads = get_int(la, "num_v_heads", source);
+    c.linear_attn.k_head_dim = get_int(la, "k_head_dim", source);
+    c.linear_attn.v_head_dim = get_int(la, "v_head_dim", source);
+    c.linear_attn.conv_kernel = get_int(la, "conv_kernel", source);
   }
   validate_config(c, source, kCiderConfigKeys);
   return c;

@@ -117,7 +117,17 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   w.add(W.embed_name, W.embed_dtype, {m.config.vocab_size, m.config.hidden_size}, W.embed);
   for (const LayerWeights& L : W.layers) {
     add_norm(w, L.attn_norm);
-    for (const Linear* x : {&L.q, &L.k, &L.v, &L.o}) add_linear(w, *x);
+    if (L.conv_w != nullptr) {  // a gated DeltaNet layer, in the engine's layout (Qwen3.5's names)
+      const ModelConfig::LinearAttention& la = m.config.linear_attn;
+      const std::string p = L.lin_qkv.name.substr(0, L.lin_qkv.name.rfind("in_proj_qkv"));
+      for (const Linear* x : {&L.lin_qkv, &L.lin_z, &L.lin_b, &L.lin_a, &L.lin_out}) add_linear(w, *x);
+      w.add(p + "conv1d.weight", DType::kF32, {la.conv_dim(), 1, la.conv_kernel}, L.conv_w);
+      w.add(p + "A_log", DType::kF32, {la.num_v_heads}, L.A_log);
+      w.add(p + "dt_bias", DType::kF32, {la.num_v_heads}, L.dt_bias);
+      add_norm(w, L.lin_norm);
+    } else {
+      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o}) add_linear(w, *x);
+    }
     add_norm(w, L.q_norm);
     add_norm(w, L.k_norm);
     add_norm(w, L.post_attn_norm);
@@ -129,6 +139,8 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
       add_linear(w, L.router);
       for (const LayerWeights::Expert& e : L.experts)
         for (const Linear* x : {&e.gate, &e.up, &e.down}) add_linear(w, *x);
+      if (L.shared_gate.w != nullptr)
+        for (const Linear* x : {&L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate}) add_linear(w, *x);
     }
   }
   add_norm(w, W.final_norm);

@@ -10,6 +10,7 @@
 #include "model/backend.h"
 #include "model/transformer.h"
 #include "nn/attention.h"
+#include "nn/gated_delta.h"
 #include "nn/kv_cache.h"
 #include "quant/ggml_blocks.h"
 
@@ -54,6 +55,9 @@ void apply_rope(float* v, int64_t n, int64_t H, int64_t D, const float* cs, cons
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// PyTorch's softplus (beta 1, threshold 20): log(1 + eˣ), x itself above 20.
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 // GELU, tanh approximation (PyTorch's approximate="tanh").
 float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -85,6 +89,9 @@ struct Scratch {
   // Mixture-of-experts layers (grown on first use): router logits (rows, E); one expert's rows gathered (m, hidden),
   // its gate/up (m, Ie) and output (m, hidden).
   std::vector<float> router, moe_in, moe_gate, moe_up, moe_out;
+  // Gated attention: q_proj's output (rows, 2·Hq·D), split into q and the gates (rows, Hq·D). Linear-attention layers:
+  // q|k|v (rows, C) and its convolution, z and the output (rows, Hv·Dv), b/β and a/g (rows, Hv). Grown on first use.
+  std::vector<float> qg, attn_gate, la_qkv, la_conv, la_z, la_o, la_b, la_a;
 
   void reserve(const ModelConfig& c, int64_t n_rows) {
     if (n_rows <= rows) return;
@@ -103,38 +110,58 @@ struct Scratch {
   }
 };
 
+// A linear-attention layer's state for one sequence (ModelConfig::LinearAttention): the recurrent state (Hv, Dk, Dv)
+// and the conv window (K − 1, C) of the last raw q|k|v rows, after `pos` positions. Allocated on first use.
+struct LinearState {
+  std::vector<float> S, conv;
+  int64_t pos = 0;
+  void reset() {
+    std::fill(S.begin(), S.end(), 0.0f);
+    std::fill(conv.begin(), conv.end(), 0.0f);
+    pos = 0;
+  }
+};
+
 class CpuSession final : public BackendSession {
  public:
   CpuSession(const Model::Impl& m) : model(m) {
+    // Linear-attention layers keep a state instead of a cache (their cache stays empty).
     for (int64_t l = 0; l < m.config.num_layers; ++l) caches.push_back(m.make_cache(l));
+    linear.resize(static_cast<size_t>(m.config.num_layers));
   }
-  size_t kv_bytes() const override {
+  size_t kv_bytes() const override {  // the caches and the linear-attention states: a session's memory
     size_t b = 0;
     for (const auto& c : caches) b += static_cast<size_t>(c->nbytes());
+    for (const LinearState& st : linear) b += (st.S.size() + st.conv.size()) * sizeof(float);
     return b;
   }
-  // Sliding-window caches that dropped positions go back only while the new end's window is still stored; position
-  // 0 starts the caches over.
+  // Sliding-window caches that dropped positions go back only while the new end's window is still stored; a
+  // recurrent state only to where it is (it holds no earlier states); position 0 starts everything over.
   bool can_truncate(int64_t position) const override {
     if (position <= 0) return true;
     for (const auto& c : caches)
       if (c->end() > position && !c->can_trim(c->end() - position)) return false;
+    for (size_t l = 0; l < linear.size(); ++l)
+      if (model.config.is_linear_layer(static_cast<int64_t>(l)) && linear[l].pos != position) return false;
     return true;
   }
   void truncate(int64_t position) override {
     if (position <= 0) {  // a cache that dropped positions starts over; the others keep their storage
       for (size_t l = 0; l < caches.size(); ++l)
         if (caches[l]->start() > 0) caches[l] = model.make_cache(static_cast<int64_t>(l));
+      for (LinearState& st : linear) st.reset();
       position = 0;
     }
     check(can_truncate(position), ErrorCode::kOutOfRange, "session_truncate",
-          "sliding-window caches dropped positions needed after going back to position ", position);
+          "caches or recurrent states cannot go back to position ", position,
+          " (sliding-window caches dropped positions; a linear-attention state holds only its latest position)");
     for (auto& c : caches)
       if (c->end() > position) c->trim(c->end() - position);
   }
 
   const Model::Impl& model;
   std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
+  std::vector<LinearState> linear;                   // (layer): used by linear-attention layers
   Scratch scratch;                                    // used when this session leads a pass
 };
 
@@ -198,7 +225,18 @@ class CpuBackend final : public PassBackend {
     const int64_t n = rows_;
     switch (slot) {
       case LinearSlot::kQKV:
-        L.q.forward(s_.h.data(), n, s_.q.data());
+        if (c_.attn_output_gate) {  // q_proj: the queries then the gates (loader.cpp row_gather)
+          const int64_t QD = c_.num_heads * c_.head_dim;
+          s_.qg.resize(sz(n * 2 * QD));
+          s_.attn_gate.resize(sz(n * QD));
+          L.q.forward(s_.h.data(), n, s_.qg.data());
+          for (int64_t r = 0; r < n; ++r) {
+            std::copy_n(s_.qg.data() + r * 2 * QD, QD, s_.q.data() + r * QD);
+            std::copy_n(s_.qg.data() + r * 2 * QD + QD, QD, s_.attn_gate.data() + r * QD);
+          }
+        } else {
+          L.q.forward(s_.h.data(), n, s_.q.data());
+        }
         L.k.forward(s_.h.data(), n, s_.k.data());
         L.v.forward(s_.h.data(), n, s_.v.data());
         break;
@@ -243,7 +281,66 @@ class CpuBackend final : public PassBackend {
                     heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D), c_.attn_logit_softcap);
   }
 
-  void finish_heads(int64_t) override {}  // nn::attention wrote (rows, Hq, D), rotated back
+  // nn::attention wrote (rows, Hq, D), rotated back; gated attention multiplies it by sigmoid(gate).
+  void finish_heads(int64_t) override {
+    if (!c_.attn_output_gate) return;
+    const int64_t count = rows_ * c_.num_heads * c_.head_dim;
+    for (int64_t i = 0; i < count; ++i) s_.att[sz(i)] *= sigmoid(s_.attn_gate[sz(i)]);
+  }
+
+  void linear_attention(int64_t layer) override {
+    const LayerWeights& L = m_.w.layers[sz(layer)];
+    const ModelConfig::LinearAttention& la = c_.linear_attn;
+    const int64_t n = rows_, C = la.conv_dim(), V = la.value_dim(), Hv = la.num_v_heads, Dv = la.v_head_dim;
+    const int64_t KD = la.key_dim(), K = la.conv_kernel;
+    for (auto* b : {&s_.la_qkv, &s_.la_conv}) b->resize(sz(n * C));
+    for (auto* b : {&s_.la_z, &s_.la_o}) b->resize(sz(n * V));
+    for (auto* b : {&s_.la_b, &s_.la_a}) b->resize(sz(n * Hv));
+    L.lin_qkv.forward(s_.h.data(), n, s_.la_qkv.data());
+    L.lin_z.forward(s_.h.data(), n, s_.la_z.data());
+    L.lin_b.forward(s_.h.data(), n, s_.la_b.data());
+    L.lin_a.forward(s_.h.data(), n, s_.la_a.data());
+    // β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias), in place.
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t h = 0; h < Hv; ++h) {
+        float& b = s_.la_b[sz(r * Hv + h)];
+        float& a = s_.la_a[sz(r * Hv + h)];
+        b = sigmoid(b);
+        a = -std::exp(L.A_log[h]) * softplus(a + L.dt_bias[h]);
+      }
+    for (const PassSegment& g : segments_) {
+      LinearState& st = static_cast<CpuSession*>(sessions_[sz(g.seq)])->linear[sz(layer)];
+      if (st.S.empty()) {
+        st.S.assign(sz(Hv * la.k_head_dim * Dv), 0.0f);
+        st.conv.assign(sz((K - 1) * C), 0.0f);
+      }
+      check(st.pos == g.pos0, ErrorCode::kInternal, "forward", "layer ", layer, "'s recurrent state is at position ",
+            st.pos, ", the pass at ", g.pos0);
+      float* conv = s_.la_conv.data() + g.row0 * C;
+      nn::causal_conv1d_silu(s_.la_qkv.data() + g.row0 * C, C, g.n, C, L.conv_w, K, st.conv.data(), conv);
+      nn::GatedDeltaArgs a;
+      a.n = g.n;
+      a.Hk = la.num_k_heads;
+      a.Hv = Hv;
+      a.Dk = la.k_head_dim;
+      a.Dv = Dv;
+      a.q = conv;
+      a.k = conv + KD;
+      a.v = conv + 2 * KD;
+      a.row_stride = C;
+      a.g = s_.la_a.data() + g.row0 * Hv;
+      a.beta = s_.la_b.data() + g.row0 * Hv;
+      a.state = st.S.data();
+      a.out = s_.la_o.data() + g.row0 * V;
+      nn::gated_delta_rule(a);
+      st.pos = g.pos0 + g.n;
+    }
+    // RMSNorm of each value head's output times w (no offset), times silu(z); then out_proj.
+    float* o = s_.la_o.data();
+    rms_norm(o, L.lin_norm.w, 0.0f, n * Hv, Dv, c_.rms_norm_eps, o);
+    for (int64_t i = 0; i < n * V; ++i) o[i] *= silu(s_.la_z[sz(i)]);
+    L.lin_out.forward(o, n, s_.tmp.data());
+  }
 
   void glu() override { glu_rows(s_.gate.data(), s_.up.data(), rows_ * c_.intermediate_size); }
 
@@ -283,6 +380,23 @@ class CpuBackend final : public PassBackend {
         float* dst = t + (slots[sz(i)] / K) * H;
         const float* src = s_.moe_out.data() + i * H;
         for (int64_t d = 0; d < H; ++d) dst[d] += src[d] * wgt;
+      }
+    }
+    // ---- the shared expert (Qwen3-Next): every row, times sigmoid(h·w_sg) ----
+    if (c_.shared_expert_intermediate_size > 0) {
+      const int64_t Is = c_.shared_expert_intermediate_size;
+      s_.moe_gate.resize(sz(n * Is));
+      s_.moe_up.resize(sz(n * Is));
+      s_.moe_out.resize(sz(n * H));
+      std::vector<float> sg(sz(n));
+      L.shared_gate.forward(s_.h.data(), n, sg.data());
+      L.shared.gate.forward(s_.h.data(), n, s_.moe_gate.data());
+      L.shared.up.forward(s_.h.data(), n, s_.moe_up.data());
+      glu_rows(s_.moe_gate.data(), s_.moe_up.data(), n * Is);
+      L.shared.down.forward(s_.moe_gate.data(), n, s_.moe_out.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const float gw = sigmoid(sg[sz(r)]);
+        for (int64_t d = 0; d < H; ++d) t[r * H + d] += gw * s_.moe_out[sz(r * H + d)];
       }
     }
   }

@@ -14,13 +14,17 @@ void run_layers(const ModelConfig& c, Backend& b) {
   const NormSlot post_mlp = c.sandwich_norms ? NormSlot::kPostMlp : NormSlot::kNone;
   b.residual_norm(/*add=*/false, 0, NormSlot::kNone, 0, NormSlot::kAttn);  // h = attn_norm(x) of the first layer
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    // ---- attention block ----
-    b.linear(l, LinearSlot::kQKV);
-    b.prepare_heads(l);
-    b.kv_append(l);
-    b.attention(l);
-    b.finish_heads(l);
-    b.linear(l, LinearSlot::kO);
+    // ---- attention block (or a hybrid model's linear-attention layer) ----
+    if (c.is_linear_layer(l)) {
+      b.linear_attention(l);
+    } else {
+      b.linear(l, LinearSlot::kQKV);
+      b.prepare_heads(l);
+      b.kv_append(l);
+      b.attention(l);
+      b.finish_heads(l);
+      b.linear(l, LinearSlot::kO);
+    }
     b.residual_norm(/*add=*/true, l, post_attn, l, NormSlot::kMlp);
     // ---- MLP block (or the experts of a mixture-of-experts layer) ----
     if (c.is_moe_layer(l)) {

@@ -227,10 +227,91 @@ class Builder {
   // A float tensor (f32/f16/bf16) of the given HF name and shape, in place where possible; every value finite (a
   // NaN or infinity in a weight is a corrupt file for every --weights format, never silently wrong logits).
   FloatRef fetch_float(const std::string& hf, const std::vector<int64_t>& shape) {
-    FloatRef r = fetch_float_any(hf, shape);
-    check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(hf));
+    FloatRef r;
+    if (std::optional<RowGather> g = row_gather(hf)) {
+      std::vector<int64_t> whole_shape = shape;
+      whole_shape[0] = g->total;
+      FloatRef whole = fetch_float_any(g->src, whole_shape);
+      check_finite_weights(whole.view.data, whole.view.dtype, whole.view.numel(), file_name(g->src));
+      check(static_cast<int64_t>(g->rows.size()) == shape[0], ErrorCode::kInternal, kOp, where_, ": ", hf,
+            " gathers ", g->rows.size(), " rows for ", shape[0]);
+      r = gather_rows(whole, g->rows);
+    } else {
+      r = fetch_float_any(hf, shape);
+      check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(hf));
+    }
     if (rotary_reordered(hf)) r = reorder_rotary(r);
     return r;
+  }
+
+  // ---- rows regrouped at load (gated attention, Qwen3-Next's DeltaNet projections) ----
+  // The engine's tensor `hf` as rows `rows` of the checkpoint's tensor `src` (total rows).
+  struct RowGather {
+    std::string src;
+    int64_t total = 0;
+    std::vector<int64_t> rows;
+  };
+  std::optional<RowGather> row_gather(const std::string& hf) const {
+    if (kind_ == SourceKind::kCider) return std::nullopt;  // stored in the engine's layout already
+    auto ends = [&](std::string_view suffix) {
+      return hf.size() >= suffix.size() && hf.compare(hf.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    RowGather g;
+    // Gated attention: q_proj holds each head's query then its gate (2·D rows per head) → all queries, then all gates.
+    if (c_.attn_output_gate && (ends("self_attn.q_proj.weight") || ends("self_attn.q_proj.bias"))) {
+      const int64_t D = c_.head_dim, Hq = c_.num_heads;
+      g.src = hf;
+      g.total = 2 * Hq * D;
+      for (int64_t part = 0; part < 2; ++part)
+        for (int64_t h = 0; h < Hq; ++h)
+          for (int64_t d = 0; d < D; ++d) g.rows.push_back(h * 2 * D + part * D + d);
+      return g;
+    }
+    // Qwen3-Next: in_proj_qkvz groups rows per key head h: q_h (Dk), k_h (Dk), then the v (r·Dv) and z (r·Dv) of its
+    // r = Hv/Hk value heads; in_proj_ba: b then a of those value heads (2·r rows per key head).
+    const bool qkv = ends("linear_attn.in_proj_qkv.weight"), z = ends("linear_attn.in_proj_z.weight");
+    const bool b = ends("linear_attn.in_proj_b.weight"), a = ends("linear_attn.in_proj_a.weight");
+    if (!(qkv || z || b || a)) return std::nullopt;
+    const std::string base = hf.substr(0, hf.rfind("in_proj_"));
+    const std::string fused = base + ((qkv || z) ? "in_proj_qkvz.weight" : "in_proj_ba.weight");
+    if (!exists(fused)) return std::nullopt;  // the parts are stored themselves (Qwen3.5)
+    const ModelConfig::LinearAttention& la = c_.linear_attn;
+    const int64_t Hk = la.num_k_heads, Dk = la.k_head_dim, Dv = la.v_head_dim, r = la.num_v_heads / Hk;
+    g.src = fused;
+    if (qkv || z) {
+      const int64_t G = 2 * Dk + 2 * r * Dv;
+      g.total = Hk * G;
+      if (qkv) {
+        for (int64_t part = 0; part < 2; ++part)  // q, k
+          for (int64_t h = 0; h < Hk; ++h)
+            for (int64_t d = 0; d < Dk; ++d) g.rows.push_back(h * G + part * Dk + d);
+        for (int64_t h = 0; h < Hk; ++h)
+          for (int64_t j = 0; j < r * Dv; ++j) g.rows.push_back(h * G + 2 * Dk + j);
+      } else {
+        for (int64_t h = 0; h < Hk; ++h)
+          for (int64_t j = 0; j < r * Dv; ++j) g.rows.push_back(h * G + 2 * Dk + r * Dv + j);
+      }
+    } else {
+      g.total = 2 * la.num_v_heads;
+      for (int64_t h = 0; h < Hk; ++h)
+        for (int64_t i = 0; i < r; ++i) g.rows.push_back(h * 2 * r + (a ? r : 0) + i);
+    }
+    return g;
+  }
+  // Rows `rows` of a float tensor (rank 1 or 2), as float32.
+  static FloatRef gather_rows(const FloatRef& r, const std::vector<int64_t>& rows) {
+    const int64_t per = r.view.rank == 2 ? r.view.dim(1) : 1;
+    std::vector<int64_t> shape = r.view.shape_vector();
+    shape[0] = static_cast<int64_t>(rows.size());
+    Tensor out(DType::kF32, shape);
+    float* o = out.ptr<float>();
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t k = 0; k < per; ++k)
+        o[static_cast<int64_t>(i) * per + k] = load_float(r.view.data, r.view.dtype, rows[i] * per + k);
+    FloatRef f;
+    f.temp = std::move(out);
+    f.view = f.temp->view();
+    return f;
   }
 
   // ---- partial rotary (ModelConfig::rotary_dim) ----
@@ -261,13 +342,16 @@ class Builder {
     const int64_t D = c_.head_dim, n = r.view.numel();
     const int64_t per = r.view.rank == 2 ? r.view.dim(1) : 1;  // values per head dim (a weight row: K)
     const int64_t heads = n / per / D;
+    // A gated q_proj (row_gather: queries, then gates): the gates multiply the attention output, in v's order.
+    const int64_t rotated = c_.attn_output_gate && heads == 2 * c_.num_heads ? c_.num_heads : heads;
     const std::vector<int64_t> order = rotary_order();
     Tensor out(DType::kF32, r.view.shape_vector());
     float* o = out.ptr<float>();
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t p = 0; p < D; ++p)
         for (int64_t k = 0; k < per; ++k)
-          o[(h * D + p) * per + k] = load_float(r.view.data, r.view.dtype, (h * D + order[static_cast<size_t>(p)]) * per + k);
+          o[(h * D + p) * per + k] =
+              load_float(r.view.data, r.view.dtype, (h * D + (h < rotated ? order[static_cast<size_t>(p)] : p)) * per + k);
     FloatRef f;
     f.temp = std::move(out);
     f.view = f.temp->view();
@@ -505,6 +589,9 @@ class Builder {
       check(!rotary_reordered(prefix + ".weight"), ErrorCode::kUnsupported, kOp, where_, ": ", prefix,
             ": MLX-quantized q/k projections of a partial-rotary model (rotary dims ", c_.rope_dim(), " of ",
             c_.head_dim, ") are not supported; use --weights bf16 or a float checkpoint");
+      check(!row_gather(prefix + ".weight"), ErrorCode::kUnsupported, kOp, where_, ": ", prefix,
+            ": MLX-quantized projections whose rows cider regroups (gated attention) are not supported; use "
+            "--weights bf16 or a float checkpoint");
       // MLX → int: dequantize in the scales' dtype (exact MLX arithmetic), requantize symmetrically. W4A8 keeps an
       // MLX group finer than ours.
       MlxTriple m = mlx_triple(prefix, N, K);
@@ -550,15 +637,16 @@ class Builder {
           " has mixture-of-experts layers but no expert tensor names");
     const int64_t H = c.hidden_size, Ie = c.expert_intermediate_size, E = c.num_experts;
     const std::string rn = p + n.router;
-    named(rn, [&] {
-      FloatRef r = fetch_float(rn + ".weight", {E, H});
-      L.router.name = rn;
-      L.router.kind = Linear::Kind::kDense;
-      L.router.N = E;
-      L.router.K = H;
-      L.router.w_dtype = DType::kF32;
-      L.router.w = keep_as(r, DType::kF32);
-    });
+    L.router = named(rn, [&] { return float32_linear(rn, E, H); });
+    if (c.shared_expert_intermediate_size > 0) {  // Qwen3-Next: "mlp.shared_expert.*" and "mlp.shared_expert_gate"
+      const int64_t Is = c.shared_expert_intermediate_size;
+      const std::string sp = p + "mlp.shared_expert.";
+      L.shared.gate = named(sp + "gate_proj", [&] { return linear(sp + "gate_proj", Is, H, false); });
+      L.shared.up = named(sp + "up_proj", [&] { return linear(sp + "up_proj", Is, H, false); });
+      L.shared.down = named(sp + "down_proj", [&] { return linear(sp + "down_proj", H, Is, false); });
+      const std::string gn = p + "mlp.shared_expert_gate";
+      L.shared_gate = named(gn, [&] { return float32_linear(gn, 1, H); });
+    }
     L.experts.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       const std::string ep = p + n.experts + std::to_string(e) + ".";
@@ -568,6 +656,46 @@ class Builder {
       x.down = named(ep + n.down, [&] { return linear(ep + n.down, H, Ie, false); });
     }
     (void)l;
+  }
+
+  // A small layer kept float32 whatever the weight format (routers, gates: they decide, they are not bulk).
+  Linear float32_linear(const std::string& prefix, int64_t N, int64_t K) {
+    FloatRef r = fetch_float(prefix + ".weight", {N, K});
+    Linear L;
+    L.name = prefix;
+    L.kind = Linear::Kind::kDense;
+    L.N = N;
+    L.K = K;
+    L.w_dtype = DType::kF32;
+    L.w = keep_as(r, DType::kF32);
+    return L;
+  }
+
+  // A gated DeltaNet layer (ModelConfig::is_linear_layer) under "<p>linear_attn.": the engine's q | k | v, z, b and a
+  // projections (row_gather regroups Qwen3-Next's fused ones), the depthwise conv kernel, A_log, dt_bias, the output
+  // norm and out_proj.
+  void linear_attention_layer(const std::string& p, LayerWeights& L) {
+    const ModelConfig::LinearAttention& la = c_.linear_attn;
+    const int64_t H = c_.hidden_size, Hv = la.num_v_heads, C = la.conv_dim(), V = la.value_dim();
+    const std::string q = p + "linear_attn.";
+    auto lin = [&](const std::string& mod, int64_t N, int64_t K) {
+      return named(mod, [&] { return linear(mod, N, K, false); });
+    };
+    L.lin_qkv = lin(q + "in_proj_qkv", C, H);
+    L.lin_z = lin(q + "in_proj_z", V, H);
+    L.lin_b = named(q + "in_proj_b", [&] { return float32_linear(q + "in_proj_b", Hv, H); });
+    L.lin_a = named(q + "in_proj_a", [&] { return float32_linear(q + "in_proj_a", Hv, H); });
+    L.lin_out = lin(q + "out_proj", H, V);
+    auto f32 = [&](const std::string& name, std::vector<int64_t> shape) {
+      return named(name, [&] {
+        FloatRef r = fetch_float(name, shape);
+        return static_cast<const float*>(keep_as(r, DType::kF32));
+      });
+    };
+    L.conv_w = f32(q + "conv1d.weight", {C, 1, la.conv_kernel});
+    L.A_log = f32(q + "A_log", {Hv});
+    L.dt_bias = f32(q + "dt_bias", {Hv});
+    L.lin_norm = named(q + "norm.weight", [&] { return norm(q + "norm.weight", la.v_head_dim); });
   }
 
   void build(Weights& w, const ProgressFn& progress) {
@@ -618,13 +746,21 @@ class Builder {
         return named(mod, [&] { return linear(mod, N, K, b); });
       };
       L.attn_norm = nm(p + "input_layernorm.weight", H); tick();
-      L.q = lin(p + "self_attn.q_proj", c.num_heads * D, H, c.qkv_bias); tick();
-      L.k = lin(p + "self_attn.k_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
-      L.v = lin(p + "self_attn.v_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
-      L.o = lin(p + "self_attn.o_proj", H, c.num_heads * D, c.o_bias); tick();
-      if (c.qk_norm) {
-        L.q_norm = nm(p + "self_attn.q_norm.weight", D); tick();
-        L.k_norm = nm(p + "self_attn.k_norm.weight", D); tick();
+      if (c.is_linear_layer(l)) {
+        linear_attention_layer(p, L);
+        tick(); tick(); tick(); tick();
+        if (c.qk_norm) { tick(); tick(); }
+      } else {
+        // Gated attention: q_proj also yields each head's gate (row_gather puts them after the queries).
+        const int64_t qrows = (c.attn_output_gate ? 2 : 1) * c.num_heads * D;
+        L.q = lin(p + "self_attn.q_proj", qrows, H, c.qkv_bias); tick();
+        L.k = lin(p + "self_attn.k_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
+        L.v = lin(p + "self_attn.v_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
+        L.o = lin(p + "self_attn.o_proj", H, c.num_heads * D, c.o_bias); tick();
+        if (c.qk_norm) {
+          L.q_norm = nm(p + "self_attn.q_norm.weight", D); tick();
+          L.k_norm = nm(p + "self_attn.k_norm.weight", D); tick();
+        }
       }
       if (c.sandwich_norms) {
         L.post_attn_norm = nm(p + "post_attention_layernorm.weight", H); tick();
@@ -719,7 +855,14 @@ class Builder {
     auto add = [&](const Linear& L) { bytes += L.nbytes(); };
     auto addn = [&](const NormWeight& n) { bytes += static_cast<size_t>(n.dim) * sizeof(float); };
     for (const LayerWeights& L : w.layers) {
-      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) add(*x);
+      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.lin_qkv, &L.lin_z, &L.lin_b,
+                              &L.lin_a, &L.lin_out, &L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate})
+        if (x->w) add(*x);
+      if (L.conv_w) {
+        const ModelConfig::LinearAttention& la = c.linear_attn;
+        bytes += static_cast<size_t>(la.conv_dim() * la.conv_kernel + 2 * la.num_v_heads) * sizeof(float);
+        addn(L.lin_norm);
+      }
       if (!L.experts.empty()) add(L.router);
       for (const LayerWeights::Expert& x : L.experts)
         for (const Linear* y : {&x.gate, &x.up, &x.down}) add(*y);

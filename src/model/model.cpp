@@ -78,6 +78,10 @@ int64_t Session::trim(int64_t n) {
   check(n >= 0, ErrorCode::kInvalidArgument, "session_trim", "n must be >= 0; got ", n);
   const int64_t m = std::min(n, impl_->position);
   const ModelConfig& c = impl_->model->config;
+  if (c.has_linear_layers())
+    check(m == 0 || m == impl_->position, ErrorCode::kOutOfRange, "session_trim",
+          "a model with linear-attention (recurrent) layers keeps only its latest state: a session can go back to "
+          "position 0, not ", m, " of ", impl_->position, " positions");
   check(impl_->backend->can_truncate(impl_->position - m), ErrorCode::kOutOfRange, "session_trim",
         "the sliding-window layers (window ", c.sliding_window, ") dropped positions older than their window; going "
         "back ", m, " of ", impl_->position, " positions would need some of them (a session can go back to where the "
@@ -94,6 +98,10 @@ bool Session::can_truncate(int64_t position) const {
 int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding) {
   int64_t b = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.is_linear_layer(l)) {  // a recurrent state, the same at any length (allocated at the first token)
+      if (positions > 0) b += c.linear_attn.state_bytes();
+      continue;
+    }
     const bool sliding = !full_sliding && static_cast<size_t>(l) < c.layer_sliding.size() &&
                          c.layer_sliding[static_cast<size_t>(l)] != 0;
     b += nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions, sliding ? c.sliding_window : 0);

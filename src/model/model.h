@@ -23,7 +23,9 @@
 
 namespace cider::model {
 
-enum class Architecture { kLlama, kMistral, kQwen2, kQwen3, kGemma3, kGemma2, kMixtral, kQwen3Moe, kPhi3 };
+enum class Architecture {
+  kLlama, kMistral, kQwen2, kQwen3, kGemma3, kGemma2, kMixtral, kQwen3Moe, kPhi3, kQwen3Next, kQwen35
+};
 const char* architecture_name(Architecture a);
 
 // --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
@@ -179,6 +181,38 @@ struct ModelConfig {
   std::vector<uint8_t> layer_moe;  // [num_layers] or empty
   bool is_moe_layer(int64_t layer) const {
     return !layer_moe.empty() && layer_moe[static_cast<size_t>(layer)] != 0;
+  }
+  // A shared expert beside the routed ones (Qwen3-Next): a GLU MLP of this size on every row of a MoE layer, its
+  // output times sigmoid(h·w_gate) (one gate value per row) added to the experts' sum. 0 = none.
+  int64_t shared_expert_intermediate_size = 0;
+  // Gated attention (Qwen3-Next, Qwen3.5): q_proj yields each head's query and a gate of head_dim values; the
+  // attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
+  // Hybrid models (Qwen3-Next, Qwen3.5): layer_linear[l] = 1 replaces layer l's attention by a gated DeltaNet
+  // (model/transformer.h): a recurrent state of num_v_heads (k_head_dim × v_head_dim) float32 matrices and a causal
+  // depthwise convolution over the last conv_kernel projected rows, instead of a KV cache.
+  struct LinearAttention {
+    int64_t num_k_heads = 0, num_v_heads = 0;  // num_v_heads a multiple of num_k_heads: each key head serves
+                                               // num_v_heads / num_k_heads consecutive value heads
+    int64_t k_head_dim = 0, v_head_dim = 0;
+    int64_t conv_kernel = 0;
+    int64_t key_dim() const { return num_k_heads * k_head_dim; }
+    int64_t value_dim() const { return num_v_heads * v_head_dim; }
+    int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // the convolved channels: q | k | v
+    // Bytes of one sequence's state in one layer: the float32 recurrent state and the conv window.
+    int64_t state_bytes() const {
+      return 4 * (num_v_heads * k_head_dim * v_head_dim + (conv_kernel - 1) * conv_dim());
+    }
+  };
+  LinearAttention linear_attn;
+  std::vector<uint8_t> layer_linear;  // [num_layers] or empty
+  bool is_linear_layer(int64_t layer) const {
+    return !layer_linear.empty() && layer_linear[static_cast<size_t>(layer)] != 0;
+  }
+  bool has_linear_layers() const {
+    for (uint8_t v : layer_linear)
+      if (v != 0) return true;
+    return false;
   }
 };
 

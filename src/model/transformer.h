@@ -60,6 +60,20 @@ struct LayerWeights {
     Linear gate, up, down;
   };
   std::vector<Expert> experts;
+  // A shared expert (ModelConfig::shared_expert_intermediate_size > 0): gate/up (Is, hidden), down (hidden, Is), and
+  // its gate (1, hidden), float32.
+  Expert shared;
+  Linear shared_gate;
+  // Gated DeltaNet layers (ModelConfig::is_linear_layer), instead of q/k/v/o; Hk, Hv heads of Dk, Dv
+  // (ModelConfig::LinearAttention):
+  Linear lin_qkv;             // (2·Hk·Dk + Hv·Dv, hidden): q | k | v, each head-major
+  Linear lin_z;               // (Hv·Dv, hidden): the output gate
+  Linear lin_b, lin_a;        // (Hv, hidden) each, float32: β = sigmoid(h·b), decay g = −exp(A_log)·softplus(h·a + dt_bias)
+  Linear lin_out;             // (hidden, Hv·Dv)
+  const float* conv_w = nullptr;  // (2·Hk·Dk + Hv·Dv, conv_kernel) depthwise causal kernel, float32
+  const float* A_log = nullptr;   // (Hv)
+  const float* dt_bias = nullptr; // (Hv)
+  NormWeight lin_norm;            // (Dv): RMSNorm of each value head's output, times w (no offset), then · silu(z)
 };
 
 struct Weights {

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "model/chat_format.h"
 #include "model/model.h"
@@ -41,6 +42,8 @@ class ConfigSource {
   // Written in the source at all, null included (config.json: a key set to null is present but not has(); HF config
   // classes give an absent key its default and a null one None). GGUF metadata has no null: as has().
   virtual bool present(const char* key) const { return has(key); }
+  // A list of integers (required); sources without lists (GGUF metadata here) fail with kUnsupported.
+  virtual std::vector<int64_t> get_int_list(const char* key) const;
   int64_t get_int_or(const char* key, int64_t fallback) const { return has(key) ? get_int(key) : fallback; }
   double get_num_or(const char* key, double fallback) const { return has(key) ? get_num(key) : fallback; }
   bool get_bool_or(const char* key, bool fallback) const { return has(key) ? get_bool(key) : fallback; }
@@ -69,6 +72,7 @@ struct HfRules {
   // top-level value overrides the rope entry's for llama3 / yarn / longrope, as transformers does.
   int64_t original_max_position = 0;
   bool longrope_aliases = false;  // rope types "su" and "yarn" mean longrope (Phi3Config)
+  double partial_rotary_factor = 1.0;  // when config.json has none (Qwen3NextConfig: 0.25)
   ConfigHook config = nullptr;
   SlidingLayersHook sliding_layers = nullptr;  // nullptr: no sliding layers without layer_types
 };
@@ -165,6 +169,10 @@ std::string gguf_tensor_name(const ArchSpec& spec, const std::string& hf);
 ChatFormat arch_chat_format(const ArchSpec& spec, const HasTokenFn& has_token);
 
 // Rules shared by several architectures, defined in the file of the architecture that introduced them.
+// Qwen3-Next's hybrid layers (Qwen3.5 too): the gated DeltaNet geometry (linear_num_key_heads, linear_num_value_heads,
+// linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim), gated attention, q/k norms and (1 + w) norms.
+// Which layers are linear comes from layer_types (config.cpp).
+void hybrid_config(const ConfigSource& src, ModelConfig& c);
 // Qwen2's sliding layers: use_sliding_window and a positive window make layers max_window_layers.. sliding.
 void qwen2_sliding_layers(const ConfigSource& src, int64_t window, ModelConfig& c);
 

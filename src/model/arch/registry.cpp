@@ -11,11 +11,17 @@ extern const ArchSpec kLlamaArch, kMistralArch, kQwen2Arch, kQwen3Arch, kGemma3A
 extern const ArchSpec kGemma2Arch;
 extern const ArchSpec kMixtralArch, kQwen3MoeArch;
 extern const ArchSpec kPhi3Arch;
+extern const ArchSpec kQwen3NextArch, kQwen35Arch;
+
+std::vector<int64_t> ConfigSource::get_int_list(const char* key) const {
+  fail(ErrorCode::kUnsupported, kConfigOp, source(), ": the list ", key, " cannot be read from this source");
+}
 
 namespace {
 
-constexpr const ArchSpec* kArchs[] = {&kLlamaArch, &kMistralArch, &kQwen2Arch, &kQwen3Arch, &kGemma3Arch,
-                                       &kGemma2Arch, &kMixtralArch, &kQwen3MoeArch, &kPhi3Arch};
+constexpr const ArchSpec* kArchs[] = {&kLlamaArch,    &kMistralArch,   &kQwen2Arch,  &kQwen3Arch,
+                                       &kGemma3Arch,   &kGemma2Arch,    &kMixtralArch, &kQwen3MoeArch,
+                                       &kPhi3Arch,     &kQwen3NextArch, &kQwen35Arch};
 
 constexpr TensorName kCommonLayerTensors[] = {
     {"input_layernorm.weight", "attn_norm.weight"},

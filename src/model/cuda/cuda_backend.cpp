@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hadamard.h"
 #include "kernels/cuda/model_ops.h"
+#include "model/arch/arch.h"
 #include "model/backend.h"
 #include "model/loader.h"
 #include "model/transformer.h"
@@ -45,6 +46,14 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
+  check(!c.has_linear_layers() && !c.attn_output_gate && c.shared_expert_intermediate_size == 0,
+        ErrorCode::kUnsupported, kOp, "--device cuda does not run hybrid models yet (gated DeltaNet layers, gated "
+        "attention, shared experts: ", arch_spec(c.arch).name, "); use --device cpu");
+  // The attention kernels (kernels/cuda/attention.cu) are instantiated for these head dims: said at load, not at the
+  // first forward.
+  check(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, ErrorCode::kUnsupported, kOp,
+        "--device cuda runs attention heads of 32, 64, 128 or 256 dims; this model's head_dim is ", c.head_dim,
+        " (use --device cpu)");
   check(static_cast<int64_t>(c.layer_sliding.size()) == c.num_layers, ErrorCode::kInvalidArgument, kOp,
         "layer_sliding must have one entry per layer (", c.num_layers, "); got ", c.layer_sliding.size());
 }
@@ -581,6 +590,9 @@ struct GpuSession::Impl final : public PassBackend {
   // in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them weighted into tmp. The
   // copy synchronises the stream, so decode steps of MoE models run without CUDA graphs.
   void moe(int64_t layer) override;
+  void linear_attention(int64_t) override {  // refused at load (check_supported)
+    fail(ErrorCode::kInternal, kOp, "linear-attention layers do not run on CUDA");
+  }
   std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
   std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
   cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
