@@ -21,7 +21,7 @@ G=$W/mixtral-${LAYERS}l.gguf
   mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
   cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
   cmake --build "$W/llama/build" -j "$(nproc)" --target llama-bench 2>&1 | tail -3
 ) > "$OUT/llama_build.log" 2>&1 &
 build=$!
