@@ -1279,27 +1279,12 @@ namespace {
 // 0.1·ln 8 + 1) — the GPU's rope table carries the same frequencies and attention factor as the CPU's.
 // gemma2: attention logit softcapping (5) on every layer, sandwich norms without q/k norms. llama, mistral and qwen2
 // have heads of 16 dims, which the CUDA attention kernels do not run: their load must say so (kUnsupported).
-const char* const kFamilies[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe",
-                                 "phi3", "yarn", "phi4_mini"};
+// qwen3_next and qwen3_5: hybrid models — gated DeltaNet layers (kernels/cuda/gated_delta.h) beside gated attention
+// with partial rotary; qwen3_next's MoE layers have a shared expert. Their dense layers run with float32-faithful
+// activations (GpuModel::split_activations), so the same bf16 tolerance applies.
+const char* const kFamilies[] = {"llama", "mistral", "qwen2",     "qwen3",     "gemma3",    "gemma2",    "mixtral",
+                                 "qwen3_moe", "phi3", "yarn", "phi4_mini", "qwen3_next", "qwen3_5"};
 }  // namespace
-
-// The hybrid models (gated DeltaNet layers) run on the CPU only: CUDA refuses them at load, naming why.
-TEST(CudaFamilies, HybridModelsAreRefusedClearly) {
-  CIDER_REQUIRE_GPU();
-  for (const char* name : {"qwen3_next", "qwen3_5"}) {
-    cm::ModelOptions o;
-    o.weights = cm::parse_weight_format("bf16");
-    o.kv = cm::parse_kv_format("bf16");
-    o.device = cm::Device::kCUDA;
-    try {
-      (void)cm::Model::load(cider::test::repo_file(std::string("tests/data/hf_fixtures/") + name), o);
-      ADD_FAILURE() << name << " loaded on CUDA";
-    } catch (const cider::Error& e) {
-      EXPECT_EQ(e.code(), cider::ErrorCode::kUnsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find("does not run hybrid models yet"), std::string::npos) << e.what();
-    }
-  }
-}
 
 TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
   CIDER_REQUIRE_GPU();
@@ -1337,5 +1322,166 @@ TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
     RecordProperty(std::string("family_") + name, str(d));
     EXPECT_TRUE(d.finite);
     EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+  }
+}
+
+// ---- hybrid models on the GPU: state carried across calls, per session, only forward ----------------------------
+
+namespace {
+
+std::string fixture_dir(const char* name) {
+  return cider::test::repo_file(std::string("tests/data/hf_fixtures/") + name);
+}
+
+std::unique_ptr<cm::Model> load_fixture(const char* name, cm::Device device) {
+  cm::ModelOptions o;
+  o.weights = cm::parse_weight_format("bf16");
+  o.kv = cm::parse_kv_format("bf16");
+  o.device = device;
+  return cm::Model::load(fixture_dir(name), o);
+}
+
+std::vector<int32_t> fixture_prompt(const char* name) {
+  const auto ref = nlohmann::json::parse(cider::read_text_input(fixture_dir(name) + "/reference.json", "test"));
+  return ref.at("prompt").get<std::vector<int32_t>>();
+}
+
+}  // namespace
+
+// The recurrent states and conv windows carry across calls and belong to their session: the prompt fed in uneven
+// chunks (1, 7, 64, the rest; every row's logits) and, in a batch beside another sequence in passes of 128 rows (so
+// sequences share passes and the prompt spans three), give the logits of one pass; so does one more decode step of
+// both sequences in one batched pass. The recurrence, the conv and the per-row kernels do the same operations in the
+// same order however the rows are split (tests/cuda/test_cuda_gated_delta.cpp: pieces give the same bits); what
+// changes with the row count is the GEMMs' summation order (cuBLASLt picks its kernel per M) and the attention
+// kernel (decode vs prefill tiles): float32 rounding differences. These random models turn float32-level
+// perturbations into logit changes of about 2e-5 of the largest logit (measured on the CPU forward: one-ulp changes
+// of an eighth of every linear layer's inputs move the last row by 1.3e-5 (qwen3_5) to 1.7e-5 (qwen3_next)), so the
+// bound is 2e-4·max|logit|: ten times that, yet 50 times below a bf16-sized error (which moves them by 1e-2 and
+// more) and far below a state carried wrongly or shared between sessions (O(1)).
+TEST(CudaHybrid, ChunksAndBatchesMatchOnePass) {
+  CIDER_REQUIRE_GPU();
+  for (const char* name : {"qwen3_next", "qwen3_5"}) {
+    SCOPED_TRACE(name);
+    auto gpu = load_fixture(name, cm::Device::kCUDA);
+    const std::vector<int32_t> prompt = fixture_prompt(name);
+    const auto P = static_cast<int64_t>(prompt.size());
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    ASSERT_GT(P, 72);
+    std::vector<float> one(static_cast<size_t>(P) * V, std::nanf(""));
+    {
+      auto s = gpu->new_session();
+      gpu->forward(*s, prompt.data(), P, one.data(), true);
+    }
+    auto bound = [&](const std::vector<float>& ref) { return 2e-4 * diff(ref, ref).max_ref; };
+
+    std::vector<float> chunked(one.size(), std::nanf(""));
+    {
+      auto s = gpu->new_session();
+      int64_t done = 0;
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{64}, P - 72}) {
+        gpu->forward(*s, prompt.data() + done, n, chunked.data() + static_cast<size_t>(done) * V, true);
+        done += n;
+      }
+      EXPECT_EQ(s->position(), P);
+    }
+    const Diff dc = diff(chunked, one);
+    RecordProperty(std::string("hybrid_chunks_") + name, str(dc));
+    EXPECT_TRUE(dc.finite);
+    EXPECT_LE(dc.max_abs, bound(one)) << "chunks: " << str(dc);
+
+    // A batch: another sequence (the prompt's last 50 tokens reversed) beside the prompt, in passes of 128 rows.
+    const std::vector<int32_t> other(prompt.rbegin(), prompt.rbegin() + 50);
+    const int32_t next_a = prompt[5], next_b = prompt[9];
+    std::vector<float> alone_b(51 * V, std::nanf("")), alone_a_next(V, std::nanf(""));
+    {
+      auto s = gpu->new_session();
+      gpu->forward(*s, other.data(), 50, alone_b.data(), true);
+      gpu->forward(*s, &next_b, 1, alone_b.data() + 50 * V, false);
+      auto t = gpu->new_session();
+      std::vector<float> scratch(V);
+      gpu->forward(*t, prompt.data(), P, scratch.data(), false);
+      gpu->forward(*t, &next_a, 1, alone_a_next.data(), false);
+    }
+    const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "128");  // read when a session is made
+    auto a = gpu->new_session();
+    auto b = gpu->new_session();
+    std::vector<float> got_a(one.size() + V, std::nanf("")), got_b(51 * V, std::nanf(""));
+    const cm::Model::BatchItem items[] = {{b.get(), other.data(), 50, got_b.data(), true},
+                                          {a.get(), prompt.data(), P, got_a.data(), true}};
+    gpu->forward_batch(items);
+    const cm::Model::BatchItem steps[] = {{a.get(), &next_a, 1, got_a.data() + one.size(), false},
+                                          {b.get(), &next_b, 1, got_b.data() + 50 * V, false}};
+    gpu->forward_batch(steps);
+    EXPECT_EQ(a->position(), P + 1);
+    EXPECT_EQ(b->position(), 51);
+    std::vector<float> want_a = one;
+    want_a.insert(want_a.end(), alone_a_next.begin(), alone_a_next.end());
+    const Diff da = diff(got_a, want_a), db = diff(got_b, alone_b);
+    RecordProperty(std::string("hybrid_batch_") + name, str(da) + "; " + str(db));
+    EXPECT_TRUE(da.finite);
+    EXPECT_TRUE(db.finite);
+    EXPECT_LE(da.max_abs, bound(want_a)) << "the prompt in a batch: " << str(da);
+    EXPECT_LE(db.max_abs, bound(alone_b)) << "the other sequence in a batch: " << str(db);
+  }
+}
+
+// A recurrent state holds only its latest position: a partial trim is refused (kOutOfRange, by the model and by the
+// GPU session itself, the session unchanged); a trim to 0 zeroes the states and recomputes the same logits bit for
+// bit. Decode steps run without CUDA graphs (the states' positions are host bookkeeping). kv_bytes counts the full
+// layers' caches and every linear layer's state and conv window.
+TEST(CudaHybrid, PartialTrimIsRefusedAndAResetRecomputes) {
+  CIDER_REQUIRE_GPU();
+  for (const char* name : {"qwen3_5", "qwen3_next"}) {
+    SCOPED_TRACE(name);
+    auto gpu = load_fixture(name, cm::Device::kCUDA);
+    const std::vector<int32_t> prompt = fixture_prompt(name);
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    auto run = [&](cm::Session& s) {  // 20 tokens at once, then 4 decode steps: the last row of each call
+      std::vector<float> out(5 * V, std::nanf(""));
+      gpu->forward(s, prompt.data(), 20, out.data(), false);
+      for (size_t i = 0; i < 4; ++i) gpu->forward(s, &prompt[20 + i], 1, out.data() + (i + 1) * V, false);
+      return out;
+    };
+    auto s = gpu->new_session();
+    const std::vector<float> first = run(*s);
+    EXPECT_TRUE(diff(first, first).finite);
+    EXPECT_EQ(cm::gpu::gpu_session(*s)->graphs_captured(), 0);
+    EXPECT_FALSE(s->can_truncate(23));
+    EXPECT_TRUE(s->can_truncate(24));
+    EXPECT_TRUE(s->can_truncate(0));
+    try {
+      s->trim(1);
+      ADD_FAILURE() << "a partial trim of a recurrent state was accepted";
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+      EXPECT_NE(std::string(e.what()).find("linear-attention"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s->position(), 24);
+    cm::gpu::GpuSession* g = cm::gpu::gpu_session(*s);
+    ASSERT_NE(g, nullptr);
+    EXPECT_FALSE(g->can_truncate(10));
+    try {
+      g->truncate(10);
+      ADD_FAILURE() << "the GPU session went back to position 10";
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+      EXPECT_NE(std::string(e.what()).find("linear-attention"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s->trim(24), 24);
+    const std::vector<float> again = run(*s);
+    EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0) << str(diff(again, first));
+    // A fresh session computes the same too (nothing of the first one's states leaks into it).
+    auto fresh = gpu->new_session();
+    const std::vector<float> third = run(*fresh);
+    EXPECT_EQ(std::memcmp(first.data(), third.data(), first.size() * sizeof(float)), 0) << str(diff(third, first));
+    // Bytes: bf16 planes of keys and values for the whole context on the full-attention layers, and per linear layer
+    // the float32 state and conv window (ModelConfig::LinearAttention::state_bytes).
+    const cm::ModelConfig& c = gpu->config();
+    size_t want = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      want += c.is_linear_layer(l) ? static_cast<size_t>(c.linear_attn.state_bytes())
+                                   : static_cast<size_t>(2 * c.num_kv_heads * gpu->context_length() * c.head_dim * 2);
+    EXPECT_EQ(s->kv_bytes(), want);
   }
 }

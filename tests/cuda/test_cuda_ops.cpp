@@ -337,6 +337,88 @@ TEST(CudaOps, DenseBf16BadArgumentsAreErrors) {
   se.stream.synchronize();
 }
 
+// ---- dense bf16 with float32-faithful activations (dense_bf16_split) ---------------------------------------------
+
+// One dense_bf16_split call on fresh, unrounded float32 inputs, against the float64 product of x itself (not of its
+// bf16 rounding) with the bf16 weights. x = hi + lo + r with |r| ≤ 2⁻¹⁶·|x| (lo is the bf16 rounding of x − hi), so
+// the representation costs at most 2⁻¹⁶·Σ|x·w|; the GEMM's float32 sums of hi·w and lo·w at most 2·(K + 2)·u each
+// (as check_dense allows tensor cores), the halves' and the bias's additions an ulp each. piece_rows > 0 sizes the
+// workspace for pieces of that many rows (the launcher then loops over them).
+void check_dense_split(StreamExec& se, const DenseCase& c, bool with_bias, int64_t piece_rows, std::mt19937_64& rng) {
+  SCOPED_TRACE("M " + std::to_string(c.M) + " N " + std::to_string(c.N) + " K " + std::to_string(c.K) + " bias " +
+               std::to_string(with_bias) + " piece rows " + std::to_string(piece_rows));
+  const auto M = static_cast<size_t>(c.M), N = static_cast<size_t>(c.N), K = static_cast<size_t>(c.K);
+  std::vector<float> x = test::randn(rng, M * K);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e-3f;  // small and large values in one row
+  const std::vector<float> wf = test::randn(rng, N * K, 0.05f);
+  const std::vector<float> bias = test::randn(rng, N);
+  std::vector<uint16_t> w(N * K);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+  Guarded<float> d_x(M * K), d_bias(N), d_out(M * N);
+  Guarded<uint16_t> d_w(N * K);
+  d_x.upload(x);
+  d_w.upload(w);
+  d_bias.upload(bias);
+  DeviceBuffer ws(dense_bf16_split_workspace_bytes(piece_rows > 0 ? piece_rows : c.M, c.N, c.K));
+  Exec exec{se.stream.handle(), ws.data(), ws.bytes()};
+  dense_bf16_split(d_x.data(), d_w.data(), with_bias ? d_bias.data() : nullptr, d_out.data(), c.M, c.N, c.K, exec);
+  se.stream.synchronize();
+  const std::vector<float> got = d_out.download();
+  EXPECT_TRUE(d_out.guards_intact());
+  EXPECT_TRUE(d_x.guards_intact());
+  std::vector<double> want(M * N), tol(M * N);
+  for (size_t m = 0; m < M; ++m)
+    for (size_t n = 0; n < N; ++n) {
+      double s = 0.0, s_abs = 0.0;
+      for (size_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * K + k]) * static_cast<double>(bf16_to_f32(w[n * K + k]));
+        s += p;
+        s_abs += std::abs(p);
+      }
+      const double b = with_bias ? static_cast<double>(bias[n]) : 0.0;
+      want[m * N + n] = s + b;
+      tol[m * N + n] = (std::ldexp(1.0, -16) + 2.0 * static_cast<double>(2 * K + 5) * kU) * s_abs +
+                       3.0 * std::abs(s + b) * kU + std::abs(b) * kU + 1e-30;
+    }
+  ASSERT_TRUE(within(got, want, tol));
+}
+
+TEST(CudaOps, DenseBf16SplitMatchesFloat64ProductOfUnroundedInputs) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(110);
+  StreamExec se;
+  const std::vector<DenseCase> cases = {{1, 1, 1}, {1, 64, 64}, {7, 129, 67}, {300, 256, 128}, {33, 1000, 2048},
+                                        {2, 4097, 64}};
+  for (const DenseCase& c : cases)
+    for (bool with_bias : {false, true}) check_dense_split(se, c, with_bias, 0, rng);
+  // Workspaces for pieces of 1 and 3 rows: the rows run in several GEMMs (the last one shorter).
+  check_dense_split(se, {7, 129, 67}, true, 3, rng);
+  check_dense_split(se, {5, 64, 256}, false, 1, rng);
+  check_dense_split(se, {300, 256, 128}, true, 64, rng);
+}
+
+TEST(CudaOps, DenseBf16SplitBadArgumentsAreErrors) {
+  CIDER_REQUIRE_GPU();
+  StreamExec se;
+  DeviceBuffer buf(1 << 20);
+  auto* f = buf.as<float>();
+  DeviceBuffer ws(dense_bf16_split_workspace_bytes(4, 8, 64));
+  const size_t one_row = dense_bf16_split_workspace_bytes(1, 8, 64);
+  const Exec ok{se.stream.handle(), ws.data(), ws.bytes()};
+  const Exec row{se.stream.handle(), ws.data(), one_row};
+  const Exec small{se.stream.handle(), ws.data(), one_row - 1};  // less than one row's worth
+  const Exec odd{se.stream.handle(), static_cast<char*>(ws.data()) + 16, ws.bytes() - 16};
+  expect_error([&] { dense_bf16_split(f, f, nullptr, f, -1, 8, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16_split(f, f, nullptr, f, 4, 0, 64, ok); }, "cuda.dense_bf16");
+  expect_error([&] { dense_bf16_split(nullptr, f, nullptr, f, 4, 8, 64, ok); }, "cuda.dense_bf16_split");
+  expect_error([&] { dense_bf16_split(f, f, nullptr, f, 4, 8, 64, small); }, "cuda.dense_bf16_split");
+  expect_error([&] { dense_bf16_split(f, f, nullptr, f, 4, 8, 64, odd); }, "cuda.dense_bf16_split");
+  EXPECT_NO_THROW(dense_bf16_split(f, f, nullptr, f, 4, 8, 64, ok));
+  EXPECT_NO_THROW(dense_bf16_split(f, f, nullptr, f, 4, 8, 64, row));  // 4 rows in pieces of one
+  EXPECT_NO_THROW(dense_bf16_split(f, f, nullptr, f, 0, 8, 64, small));  // M = 0: nothing to do
+  se.stream.synchronize();
+}
+
 
 // ---- top-k of the logits (topk.cu) -------------------------------------------------------------------------------
 

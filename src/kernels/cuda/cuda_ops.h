@@ -34,4 +34,15 @@ void dense_bf16_prepare(int64_t M, int64_t N, int64_t K);
 void dense_bf16(const float* x, const void* w_bf16, const float* bias, float* out, int64_t M, int64_t N, int64_t K,
                 const Exec& exec);
 
+// The same product with float32-faithful activations (the hybrid models' dense layers, whose gated DeltaNet
+// amplifies bf16-sized input errors): x = hi + lo + r, hi = bf16(x), lo = bf16(x − hi), |r| ≤ 2⁻¹⁶·|x| (bf16 alone: 2⁻⁸), and
+// out = (w·hi + w·lo) + bias — the 2·M rows of hi then lo as one cuBLASLt GEMM (the weights are read once) into a
+// float32 scratch, then a kernel adds the halves. exec.workspace holds pieces of P rows:
+// dense_bf16_split_workspace_bytes(P, N, K) = round_up_256(4·P·K) + round_up_256(8·P·N) + 32 MiB; the rows run in
+// pieces of the largest P that fits (at least one row must: kInvalidArgument otherwise). Plans as dense_bf16's
+// (per 2·P rows; built outside a capture).
+size_t dense_bf16_split_workspace_bytes(int64_t M, int64_t N, int64_t K);
+void dense_bf16_split(const float* x, const void* w_bf16, const float* bias, float* out, int64_t M, int64_t N,
+                      int64_t K, const Exec& exec);
+
 }  // namespace cider::cuda

@@ -11,6 +11,11 @@
 // x → bf16 is a separate bandwidth-bound kernel writing into exec.workspace, rounding to nearest even exactly as
 // core/dtype.h's f32_to_bf16 (so the CPU can reproduce the rounded inputs bit for bit).
 //
+// dense_bf16_split keeps the activations float32-faithful: x = hi + lo + r with hi = bf16(x), lo = bf16(x − hi),
+// |r| ≤ 2⁻⁸·|x − hi| ≤ 2⁻¹⁶·|x| (bf16 keeps 8 significant bits); the rows of hi then lo are one GEMM of 2·rows rows (the weights are read once) into
+// a float32 scratch in the workspace, and a small kernel adds the two halves (and the bias) into out. Rows run in
+// pieces that fit the workspace.
+//
 // Host state: one cuBLASLt handle (created once, thread-safe) and a cache of Plans keyed by (M, N, K, bias epilogue,
 // alignment classes of w and out): descriptors + the heuristic's first algorithm. Building a Plan is host work only
 // (no allocation, no stream work), but it is refused inside a CUDA-graph capture so that nothing unexpected happens
@@ -181,6 +186,30 @@ __global__ void __launch_bounds__(kThreads) to_bf16_kernel(const float* __restri
   for (int64_t i = done + first; i < count; i += stride) dst[i] = static_cast<uint16_t>(bf16_bits(x[i]));
 }
 
+// x [count] f32 → hi [count] = bf16(x), lo [count] = bf16(x − float(hi)) (the subtraction is exact: hi is x rounded).
+__global__ void __launch_bounds__(kThreads) to_bf16_split_kernel(const float* __restrict__ x, int64_t count,
+                                                                 uint16_t* __restrict__ hi,
+                                                                 uint16_t* __restrict__ lo) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const float v = x[i];
+    const uint32_t h = bf16_bits(v);
+    hi[i] = static_cast<uint16_t>(h);
+    lo[i] = static_cast<uint16_t>(bf16_bits(__fsub_rn(v, __uint_as_float(h << 16))));
+  }
+}
+
+// out[m, n] = d[m, n] + d[P + m, n] (+ bias[n]) for m < P: the two halves of a split GEMM's 2·P rows.
+__global__ void __launch_bounds__(kThreads) add_halves_kernel(const float* __restrict__ d, int64_t P, int64_t N,
+                                                              const float* __restrict__ bias,
+                                                              float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < P * N; i += stride) {
+    const float v = __fadd_rn(d[i], d[P * N + i]);
+    out[i] = bias != nullptr ? __fadd_rn(v, bias[i % N]) : v;
+  }
+}
+
 // out[m, n] += bias[n] — only when the bias pointer is not 16-byte aligned (the epilogue handles the rest).
 __global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias,
                                                             int64_t M, int64_t N) {
@@ -212,6 +241,65 @@ void dense_bf16_prepare(int64_t M, int64_t N, int64_t K) {
   if (M == 0) return;
   require_device(kOp);
   for (bool bias_epilogue : {false, true}) find_or_build(PlanKey{M, N, K, bias_epilogue, 16, 16}, true);
+}
+
+size_t dense_bf16_split_workspace_bytes(int64_t M, int64_t N, int64_t K) {
+  check(M >= 0 && N >= 0 && K >= 0, ErrorCode::kInvalidArgument, "cuda.dense_bf16_split_workspace_bytes",
+        "M, N and K must be >= 0; got ", M, ", ", N, ", ", K);
+  const auto m = static_cast<size_t>(M), n = static_cast<size_t>(N), k = static_cast<size_t>(K);
+  return round_up_256(m * k * 4) + round_up_256(m * n * 8) + kLtWorkspaceBytes;
+}
+
+void dense_bf16_split(const float* x, const void* w_bf16, const float* bias, float* out, int64_t M, int64_t N,
+                      int64_t K, const Exec& exec) {
+  constexpr const char* op = "cuda.dense_bf16_split";
+  check_shape(M, N, K);
+  check(M <= INT32_MAX / 2, ErrorCode::kInvalidArgument, op, "M must be below 2^30 (the GEMM runs 2·M rows); got ",
+        M);
+  if (M == 0) return;
+  check(x != nullptr && w_bf16 != nullptr && out != nullptr, ErrorCode::kInvalidArgument, op,
+        "x, w and out must be non-null");
+  const size_t one_row = dense_bf16_split_workspace_bytes(1, N, K);
+  check(exec.workspace != nullptr && exec.workspace_bytes >= one_row, ErrorCode::kInvalidArgument, op,
+        "exec.workspace must hold at least dense_bf16_split_workspace_bytes(1, N, K) = ", one_row, " bytes; got ",
+        exec.workspace_bytes, exec.workspace == nullptr ? " (null)" : "");
+  check(reinterpret_cast<uintptr_t>(exec.workspace) % 256 == 0, ErrorCode::kInvalidArgument, op,
+        "exec.workspace must be 256-byte aligned");
+  check((reinterpret_cast<uintptr_t>(w_bf16) & 1u) == 0 && (reinterpret_cast<uintptr_t>(out) & 3u) == 0 &&
+            (reinterpret_cast<uintptr_t>(x) & 3u) == 0 && (reinterpret_cast<uintptr_t>(bias) & 3u) == 0,
+        ErrorCode::kInvalidArgument, op, "w must be 2-byte aligned, x, out and bias 4-byte aligned");
+  // Rows per piece: the most whose hi|lo rows, 2·P float32 output rows and cuBLASLt's workspace fit.
+  const size_t per_row = static_cast<size_t>(K) * 4 + static_cast<size_t>(N) * 8;
+  // P rows take P·per_row bytes, up to 2·255 of round-ups, and cuBLASLt's; one row always fits (checked above).
+  int64_t P = std::clamp<int64_t>(static_cast<int64_t>((exec.workspace_bytes - kLtWorkspaceBytes) / per_row), 1, M);
+  while (P > 1 && dense_bf16_split_workspace_bytes(P, N, K) > exec.workspace_bytes) --P;
+
+  auto stream = static_cast<cudaStream_t>(exec.stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CIDER_CUDA_CHECK(op, cudaStreamIsCapturing(stream, &capture));
+  for (int64_t m0 = 0; m0 < M; m0 += P) {
+    const int64_t p = std::min(P, M - m0);
+    auto* hi = static_cast<uint16_t*>(exec.workspace);  // [2p, K] bf16: the hi rows, then the lo rows
+    uint16_t* lo = hi + p * K;
+    auto* d = reinterpret_cast<float*>(static_cast<char*>(exec.workspace) +
+                                       round_up_256(static_cast<size_t>(p * K) * 4));  // [2p, N] float32
+    void* lt_workspace = reinterpret_cast<char*>(d) + round_up_256(static_cast<size_t>(p * N) * 8);
+    const PlanKey key{2 * p, N, K, false, alignment_class(w_bf16), alignment_class(d)};
+    Plan* plan = find_or_build(key, capture == cudaStreamCaptureStatusNone);
+    check(plan != nullptr, ErrorCode::kUnsupported, op, "cuBLASLt has no bf16 algorithm for M ", 2 * p, ", N ", N,
+          ", K ", K, " (alignment of w ", key.align_w, ")");
+    to_bf16_split_kernel<<<blocks_for(p * K), kThreads, 0, stream>>>(x + m0 * K, p * K, hi, lo);
+    check_last_launch(op);
+    const float alpha = 1.0f, beta = 0.0f;
+    {
+      std::lock_guard<std::mutex> lock(plan->bias_mutex);
+      lt_check(cublasLtMatmul(lt_handle(), plan->desc, &alpha, w_bf16, plan->a, hi, plan->b, &beta, d, plan->cd, d,
+                              plan->cd, &plan->algo, lt_workspace, kLtWorkspaceBytes, stream),
+               "cublasLtMatmul");
+    }
+    add_halves_kernel<<<blocks_for(p * N), kThreads, 0, stream>>>(d, p, N, bias, out + m0 * N);
+    check_last_launch(op);
+  }
 }
 
 void dense_bf16(const float* x, const void* w_bf16, const float* bias, float* out, int64_t M, int64_t N, int64_t K,

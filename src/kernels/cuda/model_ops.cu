@@ -65,8 +65,9 @@ __global__ void __launch_bounds__(kHeadWarps * 32) prepare_heads_kernel(HeadPrep
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kHeadWarps + warp;
   if (r >= a.n * heads_used) return;  // whole warps leave; only warp-level barriers below
   const int64_t D = a.D, t = r / heads_used, head = r % heads_used;
-  const int64_t row_stride = (a.Hq + 2 * a.Hkv) * D;
-  float* g = a.qkv + t * row_stride + head * D;  // q, k, v heads are consecutive within a token's row
+  const int64_t row_stride = (a.Hq + a.gate_heads + 2 * a.Hkv) * D;
+  // q, k, v heads are consecutive within a token's row, except for gated attention's gate heads between q and k
+  float* g = a.qkv + t * row_stride + (head < a.Hq ? head : head + a.gate_heads) * D;
   float* row = head_rows + static_cast<int64_t>(warp) * D;
   for (int64_t i = lane; i < D; i += 32) row[i] = g[i];
   __syncwarp();
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kHeadWarps * 32) prepare_heads_regs_kernel(Hea
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kHeadWarps + warp;
   if (r >= a.n * heads_used) return;  // whole warps leave; only warp-level sync below
   const int64_t t = r / heads_used, head = r % heads_used;
-  float* g = a.qkv + t * (a.Hq + 2 * a.Hkv) * D + head * D;
+  float* g = a.qkv + t * (a.Hq + a.gate_heads + 2 * a.Hkv) * D + (head < a.Hq ? head : head + a.gate_heads) * D;
   const bool is_q = head < a.Hq, is_k = !is_q && head < a.Hq + a.Hkv;
   float v[V];
   load_row<V>(g, v, lane);
@@ -480,6 +481,8 @@ void prepare_heads(const HeadPrepArgs& a, void* stream) {
   check(a.rotation != 2 || a.qR != nullptr, ErrorCode::kInvalidArgument, op, "rotation 2 needs qR");
   check(a.rotation != 1 && a.rotation != 2 ? true : a.D % 4 == 0, ErrorCode::kShapeMismatch, op,
         "an SO(4) rotation needs head_dim % 4 == 0; got ", a.D);
+  check(a.gate_heads == 0 || a.gate_heads == a.Hq, ErrorCode::kShapeMismatch, op,
+        "gate_heads must be 0 or Hq (one gate per query head); got ", a.gate_heads, " with Hq ", a.Hq);
   check(a.rope_table != nullptr && a.rope_positions >= 1, ErrorCode::kInvalidArgument, op,
         "a rope table of at least one position is needed; got ", a.rope_positions, " positions");
   check(a.d_pos != nullptr || (a.pos0 >= 0 && a.pos0 + a.n <= a.rope_positions), ErrorCode::kOutOfRange, op,

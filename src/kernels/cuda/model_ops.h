@@ -13,7 +13,8 @@
 
 namespace cider::cuda {
 
-// The fused q|k|v projection's output qkv [n, Hq + 2·Hkv, D] float32 (token-major; q heads, then k, then v) is made
+// The fused q|k|v projection's output qkv [n, Hq + 2·Hkv, D] float32 (token-major; q heads, then k, then v; gated
+// attention: the gate heads between q and k, HeadPrepArgs::gate_heads) is made
 // ready for the cache and attention in one launch, one warp per (token, head) row:
 //   q and k heads: [rms_norm with q_norm / k_norm (when not null): (x·inv)·(norm_offset + w)], rope at position
 //                  p = pos0 + t (*d_pos + t when d_pos is not null; rotate_half pairs (i, i + D/2), products and sums
@@ -24,7 +25,7 @@ namespace cider::cuda {
 //                  them with rotation 0);
 //   rotation 1/2 (SO(4), qL/qR [D/4, 4]): q heads rotated forward (kv_append rotates k and v itself).
 // q heads are written to q_out as (n, Hq, D) or, q_head_major, (Hq, n, D) (attention's prefill layout); k and v heads
-// in place in qkv (kv_append reads them with the row stride (Hq + 2·Hkv)·D).
+// in place in qkv (kv_append reads them with the row stride (Hq + gate_heads + 2·Hkv)·D).
 struct HeadPrepArgs {
   float* qkv;
   int64_t n, Hq, Hkv, D;
@@ -42,6 +43,10 @@ struct HeadPrepArgs {
   bool q_head_major;
   // false for per-channel keys (stored unrotated): q and k heads are left unrotated, only v heads take rotation 3.
   bool rotate_qk = true;
+  // Gated attention (ModelConfig::attn_output_gate): 0, or Hq gate heads between the q heads and the k heads of every
+  // row — qkv [n, Hq + gate_heads + 2·Hkv, D] ([q | gates | k | v], the fused projection of q_proj's queries then
+  // gates, k and v); the gates are left as they are (finish's sigmoid_gate_rows reads them).
+  int64_t gate_heads = 0;
 };
 // Head dims 64, 128 and 256 run a kernel that keeps each row in registers (lane ℓ owns elements ℓ + 32k); others a
 // kernel that stages rows in shared memory. Both give the same bits. Launched with PDL (kernels/cuda/pdl.cuh).

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gated_delta.h"
 #include "kernels/cuda/hadamard.h"
 #include "kernels/cuda/model_ops.h"
 #include "model/arch/arch.h"
@@ -46,9 +47,17 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
-  check(!c.has_linear_layers() && !c.attn_output_gate && c.shared_expert_intermediate_size == 0,
-        ErrorCode::kUnsupported, kOp, "--device cuda does not run hybrid models yet (gated DeltaNet layers, gated "
-        "attention, shared experts: ", arch_spec(c.arch).name, "); use --device cpu");
+  // Hybrid models: the recurrence kernel's limits (one thread per state column, the state in shared memory) are
+  // said at load, naming the model's dims.
+  if (c.has_linear_layers()) {
+    const ModelConfig::LinearAttention& la = c.linear_attn;
+    check(la.num_k_heads >= 1 && la.num_v_heads % la.num_k_heads == 0 && la.conv_kernel >= 1 &&
+              la.conv_kernel <= 64,
+          ErrorCode::kInvalidArgument, kOp, "the linear-attention geometry needs value heads a multiple of key heads "
+          "and a conv kernel of 1 to 64 taps; got ", la.num_v_heads, " / ", la.num_k_heads, " heads, kernel ",
+          la.conv_kernel, " (", arch_spec(c.arch).name, ")");
+    cuda::check_gated_delta_shape(la.k_head_dim, la.v_head_dim, kOp);
+  }
   // The attention kernels (kernels/cuda/attention.cu) are instantiated for these head dims: said at load, not at the
   // first forward.
   check(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, ErrorCode::kUnsupported, kOp,
@@ -211,11 +220,68 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
   return f;
 }
 
+// A float32 [N, K] layer kept float32 (routers, gates), as a pointer to its N·K values; cider::Error (kInternal) when
+// the loader held it otherwise.
+const float* float32_weights(const Linear& L, int64_t N, int64_t K, int64_t layer) {
+  check(L.kind == Linear::Kind::kDense && L.w_dtype == DType::kF32 && L.N == N && L.K == K && L.w != nullptr &&
+            L.bias == nullptr,
+        ErrorCode::kInternal, kOp, L.name, " (layer ", layer, ") must be float32 (", N, ", ", K, ") without a bias");
+  return static_cast<const float*>(L.w);
+}
+
+// A gated DeltaNet layer's weights (GpuLayer: lin_qkvz, lin_out, lin_ba, A_log, dt_bias, conv_w, lin_norm).
+void upload_linear_attention(GpuLayer& g, const LayerWeights& L, const ModelConfig& c, int64_t layer) {
+  const ModelConfig::LinearAttention& la = c.linear_attn;
+  const int64_t H = c.hidden_size, Hv = la.num_v_heads, C = la.conv_dim(), V = la.value_dim();
+  check(L.lin_qkv.N == C && L.lin_z.N == V && L.lin_out.N == H && L.lin_out.K == V && L.conv_w != nullptr &&
+            L.A_log != nullptr && L.dt_bias != nullptr && L.lin_norm.w != nullptr,
+        ErrorCode::kInternal, kOp, "linear-attention layer ", layer, " lacks weights of its geometry (q|k|v ", C,
+        ", z ", V, " rows, out (", H, ", ", V, "), conv, A_log, dt_bias, norm)");
+  g.lin_qkvz = upload_fused({&L.lin_qkv, &L.lin_z});
+  g.lin_out = upload_linear(L.lin_out);
+  std::vector<float> ba(sz(2 * Hv * H));
+  std::memcpy(ba.data(), float32_weights(L.lin_b, Hv, H, layer), sz(Hv * H) * sizeof(float));
+  std::memcpy(ba.data() + Hv * H, float32_weights(L.lin_a, Hv, H, layer), sz(Hv * H) * sizeof(float));
+  g.lin_ba = upload_floats(ba.data(), 2 * Hv * H);
+  g.A_log = upload_floats(L.A_log, Hv);
+  g.dt_bias = upload_floats(L.dt_bias, Hv);
+  g.conv_w = upload_floats(L.conv_w, C * la.conv_kernel);
+  g.lin_norm = upload_floats(L.lin_norm.w, la.v_head_dim);
+}
+
+// f(linear) for every linear layer of L that holds weights (a fused layer's one layer, or its parts): Layer is
+// GpuLayer or const GpuLayer.
+template <typename Layer, typename F>
+void for_each_linear(Layer& L, F&& f) {
+  auto one = [&](auto& g) {
+    if (g.N > 0) f(g);
+  };
+  auto fused = [&](auto& fl) {
+    one(fl.fused);
+    for (auto& p : fl.parts) one(p);
+  };
+  fused(L.qkv);
+  one(L.o);
+  fused(L.gate_up);
+  one(L.down);
+  for (auto& x : L.experts) {
+    fused(x.gate_up);
+    one(x.down);
+  }
+  fused(L.shared.gate_up);
+  one(L.shared.down);
+  fused(L.lin_qkvz);
+  one(L.lin_out);
+}
+
 size_t layer_bytes(const GpuLayer& L) {
   size_t b = L.attn_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.post_attn_norm.bytes() +
              L.mlp_norm.bytes() + L.post_mlp_norm.bytes() + L.rot_left.bytes() + L.rot_right.bytes();
   b += L.qkv.nbytes() + L.o.owned_bytes() + L.gate_up.nbytes() + L.down.owned_bytes();
   for (const GpuExpert& x : L.experts) b += x.gate_up.nbytes() + x.down.owned_bytes();
+  b += L.shared.gate_up.nbytes() + L.shared.down.owned_bytes();
+  b += L.lin_qkvz.nbytes() + L.lin_out.owned_bytes() + L.lin_ba.bytes() + L.A_log.bytes() + L.dt_bias.bytes() +
+       L.conv_w.bytes() + L.lin_norm.bytes();
   return b;
 }
 
@@ -277,7 +343,11 @@ size_t GpuLinear::owned_bytes() const { return w_buf.bytes() + scales_buf.bytes(
 
 void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec& exec) const {
   if (kind == WeightKind::kDense) {
-    cuda::dense_bf16(x, w, bias, out, M, N, K, exec);
+    if (split_x) {
+      cuda::dense_bf16_split(x, w, bias, out, M, N, K, exec);
+    } else {
+      cuda::dense_bf16(x, w, bias, out, M, N, K, exec);
+    }
     return;
   }
   cuda::int_linear(int_args(x, M, out), kind == WeightKind::kInt4, exec);
@@ -377,8 +447,16 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
       g.post_attn_norm = upload_floats(L.post_attn_norm.w, c.hidden_size);
       g.post_mlp_norm = upload_floats(L.post_mlp_norm.w, c.hidden_size);
     }
-    g.qkv = upload_fused({&L.q, &L.k, &L.v});
-    g.o = upload_linear(L.o);
+    if (c.is_linear_layer(l)) {  // a gated DeltaNet instead of attention
+      upload_linear_attention(g, L, c, l);
+    } else {
+      // Gated attention: q_proj holds the queries then the gates (loader), so the fused row is [q | gates | k | v].
+      const int64_t q_rows = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
+      check(L.q.N == q_rows, ErrorCode::kInternal, kOp, "q_proj of layer ", l, " must have ", q_rows, " rows",
+            c.attn_output_gate ? " (queries then gates)" : "", "; got ", L.q.N);
+      g.qkv = upload_fused({&L.q, &L.k, &L.v});
+      g.o = upload_linear(L.o);
+    }
     if (c.is_moe_layer(l)) {
       check(L.router.kind == WeightKind::kDense && L.router.w_dtype == DType::kF32, ErrorCode::kInternal, kOp,
             "the router of layer ", l, " must be float32");
@@ -388,6 +466,12 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
         GpuExpert& ge = g.experts.emplace_back();
         ge.gate_up = upload_fused({&x.gate, &x.up});
         ge.down = upload_linear(x.down);
+      }
+      if (c.shared_expert_intermediate_size > 0) {
+        g.shared.gate_up = upload_fused({&L.shared.gate, &L.shared.up});
+        g.shared.down = upload_linear(L.shared.down);
+        const float* sg = float32_weights(L.shared_gate, 1, c.hidden_size, l);
+        g.shared_gate.assign(sg, sg + c.hidden_size);
       }
     } else {
       g.gate_up = upload_fused({&L.gate, &L.up});
@@ -406,6 +490,15 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
     m->lm_head = upload_linear(W.lm_head);
   }
   upload_rope_tables(*m, cpu.inv_freq, cpu.inv_freq_local);
+  if (c.has_linear_layers()) {  // float32-faithful activations for every dense layer (GpuModel::split_activations)
+    auto mark = [&](GpuLinear& g) {
+      if (g.kind != WeightKind::kDense) return;
+      g.split_x = true;
+      m->split_activations = true;
+    };
+    for (GpuLayer& L : m->layers) for_each_linear(L, mark);
+    mark(m->lm_head);
+  }
 
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
@@ -417,6 +510,11 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   cuda::require_device(kOp);
   check_supported(config, weights, kv);
   check(ctx >= 1, ErrorCode::kInvalidArgument, kOp, "ctx must be >= 1; got ", ctx);
+  bool any_moe = false;
+  for (int64_t l = 0; l < config.num_layers; ++l) any_moe = any_moe || config.is_moe_layer(l);
+  check(!config.has_linear_layers() && !config.attn_output_gate && !any_moe, ErrorCode::kUnsupported,
+        kOp, "random benchmark models have dense attention and MLP layers only (no linear-attention, gated-attention "
+        "or mixture-of-experts weights)");
   const ModelConfig& c = config;
   auto m = std::make_shared<GpuModel>();
   m->config = c;
@@ -487,6 +585,15 @@ struct LayerCache {
 
 void* at_byte(const cuda::DeviceBuffer& b, size_t offset) { return static_cast<uint8_t*>(b.data()) + offset; }
 
+// A linear-attention layer's state for one session (ModelConfig::LinearAttention, the CPU session's LinearState):
+// the recurrent state S float32 [Hv, Dk, Dv] and the conv window float32 [K − 1, C] of the last raw q|k|v rows, after
+// `pos` positions (host bookkeeping: the launches that advance it are enqueued by the host, never replayed by a
+// graph). Allocated zeroed with the session.
+struct LinearState {
+  cuda::DeviceBuffer S, conv;
+  int64_t pos = 0;
+};
+
 }  // namespace
 
 // The session's executor: the Backend ops (model/backend.h) as launches on a stream, over the session's activations
@@ -498,10 +605,13 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::DeviceBuffer workspace;
   std::vector<LayerCache> caches;
   bool kv_same_rows = false;  // keys and values have the same row bytes: one kv_append for both
-  // Activations, float32, sized for `chunk` rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D); q, ao, att
-  // (rows, Hq·D); gu (rows, 2·I); ffn (rows, I); scratch (rows, largest unfused part) only for unfused parts;
-  // logits_last (vocab); logits_all (rows, vocab), allocated on first use.
+  // Activations, float32, sized for `chunk` rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D, gated
+  // attention (rows, (2·Hq + 2·Hkv)·D)); q, ao, att (rows, Hq·D); gu (rows, 2·I); ffn (rows, I); scratch (rows, largest
+  // unfused part) only for unfused parts; logits_last (vocab); logits_all (rows, vocab), allocated on first use.
+  // Hybrid models also: la_qkvz (rows, C + V), la_conv (rows, C), la_o (rows, V), la_beta and la_g (rows, Hv).
   cuda::DeviceBuffer x, h, tmp, qkv, q, ao, att, gu, ffn, scratch, logits_last, logits_all;
+  cuda::DeviceBuffer la_qkvz, la_conv, la_o, la_beta, la_g;
+  std::vector<LinearState> lin_states;  // (layer): the linear-attention layers' states, empty elsewhere
   int64_t chunk = 0;          // prefill rows per pass (GpuSession::prefill_chunk)
   cuda::DeviceBuffer tokens;  // int32 [ctx]: the tokens of one forward call
   // int32 [kStepWords]: the decode step's token, position, KV length, and the bounded sliding layers' storage
@@ -589,10 +699,15 @@ struct GpuSession::Impl final : public PassBackend {
   // Mixture-of-experts layer: h is copied to the host, routed there (route_experts, the CPU's rule, with the router
   // in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them weighted into tmp. The
   // copy synchronises the stream, so decode steps of MoE models run without CUDA graphs.
+  // A shared expert (Qwen3-Next) then runs on every row, its output scatter-added with the weights sigmoid(h·w_sg)
+  // computed on the host from the same copy of h (slots n·K … n·K + n − 1 of the index and weight buffers).
   void moe(int64_t layer) override;
-  void linear_attention(int64_t) override {  // refused at load (check_supported)
-    fail(ErrorCode::kInternal, kOp, "linear-attention layers do not run on CUDA");
-  }
+  // A gated DeltaNet layer (kernels/cuda/gated_delta.h), h → tmp: q|k|v|z linear and gdn_gates over all rows, then per
+  // sequence the conv on its window and the recurrence on its state, l2norm_qk and gated_rms_norm over all rows, out.
+  void linear_attention(int64_t layer) override;
+  int64_t row_stride_qkv() const;   // floats per row of qkv: (Hq + gates + 2·Hkv)·D
+  bool linear_states_at(int64_t position) const;  // every linear-attention state is at `position`
+  void reset_linear_states();       // zeros on the stream, positions 0
   std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
   std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
   cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
@@ -612,15 +727,35 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   x = f32(R * H);
   h = f32(R * H);
   tmp = f32(R * H);
-  qkv = f32(R * (Hq + 2 * Hkv) * D);
+  qkv = f32(R * row_stride_qkv());
   q = f32(R * Hq * D);
   ao = f32(R * Hq * D);
   att = f32(R * Hq * D);
   gu = f32(R * 2 * I);
   ffn = f32(R * I);
-  int64_t part_n = 0;
-  for (const GpuLayer& L : m.layers) part_n = std::max({part_n, L.qkv.max_part_N(), L.gate_up.max_part_N()});
+  int64_t part_n = 0;  // (the experts' parts use moe_scratch)
+  for (const GpuLayer& L : m.layers)
+    part_n = std::max({part_n, L.qkv.max_part_N(), L.gate_up.max_part_N(), L.lin_qkvz.max_part_N()});
   if (part_n > 0) scratch = f32(R * part_n);
+  // Hybrid models: the linear-attention activations, and each linear layer's state (zeros: a fresh sequence).
+  const ModelConfig::LinearAttention& la = c.linear_attn;
+  const int64_t la_C = la.conv_dim(), la_V = la.value_dim();
+  if (c.has_linear_layers()) {
+    la_qkvz = f32(R * (la_C + la_V));
+    la_conv = f32(R * la_C);
+    la_o = f32(R * la_V);
+    la_beta = f32(R * la.num_v_heads);
+    la_g = f32(R * la.num_v_heads);
+  }
+  lin_states.resize(sz(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.is_linear_layer(l)) continue;
+    LinearState& st = lin_states[sz(l)];
+    st.S = f32(la.num_v_heads * la.k_head_dim * la.v_head_dim);
+    st.conv = f32((la.conv_kernel - 1) * la_C);
+    st.S.fill(0);
+    st.conv.fill(0);
+  }
   logits_last = f32(c.vocab_size);
   tokens = cuda::DeviceBuffer(sz(ctx) * sizeof(int32_t));
   step = cuda::DeviceBuffer(kStepWords * sizeof(int32_t));
@@ -632,6 +767,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   kv_same_rows = !kv.quantized || (kv.k_bits == kv.v_bits && !kchan());
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerCache& lc = caches.emplace_back();
+    if (c.is_linear_layer(l)) continue;  // a recurrent state instead (linear): no cache, cap 0
     lc.bounded = slide_cap > 0 && c.layer_sliding[sz(l)] != 0;
     lc.cap = lc.bounded ? slide_cap : ctx;
     const size_t rows = sz(Hkv) * sz(lc.cap);
@@ -676,7 +812,9 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   // One workspace for every launcher (they run one after another on the stream): the largest need of the quantized
   // / bf16 linear layers at `chunk` rows, and of attention over every decode bucket and the prefill tile shapes.
   size_t ws = 0;
-  const int64_t max_k = std::max({H, Hq * D, I});
+  // The linear layers' K: hidden (q|k|v, gate|up, lin_qkvz), Hq·D (o), I (down), the experts' and the shared expert's
+  // intermediate sizes (their down), V (out_proj).
+  const int64_t max_k = std::max({H, Hq * D, I, c.expert_intermediate_size, c.shared_expert_intermediate_size, la_V});
   if (m.weights == WeightFormat::kBF16) {
     ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
   } else {
@@ -684,15 +822,25 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   }
   // The head of a bf16-embedding model with int weights is still an int layer (upload_linear), so the above covers
   // it; a tied bf16 head only occurs with bf16 weights.
+  if (m.split_activations) {  // dense_bf16_split: pieces of up to 512 rows of each layer; the head at least a row
+    const int64_t rows = std::min<int64_t>(R, 512);
+    for (const GpuLayer& L : m.layers)
+      for_each_linear(L, [&](const GpuLinear& g) {
+        if (g.split_x) ws = std::max(ws, cuda::dense_bf16_split_workspace_bytes(rows, g.N, g.K));
+      });
+    if (m.lm_head.split_x) ws = std::max(ws, cuda::dense_bf16_split_workspace_bytes(1, m.lm_head.N, m.lm_head.K));
+  }
   std::vector<int64_t> lengths;
   for (int64_t b = 256; b < ctx; b *= 2) lengths.push_back(b);
   lengths.push_back(ctx);
-  std::vector<int64_t> probe_layers{0};  // a full-attention and a sliding layer, where the model has both
-  for (int64_t l = 1; l < c.num_layers; ++l)
-    if (c.layer_sliding[sz(l)] != c.layer_sliding[0]) {
-      probe_layers.push_back(l);
-      break;
-    }
+  // An attention layer of each kind (full-attention and sliding, where the model has both; linear-attention layers
+  // have no cache).
+  std::vector<int64_t> probe_layers;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.is_linear_layer(l)) continue;
+    if (probe_layers.empty() || c.layer_sliding[sz(l)] != c.layer_sliding[sz(probe_layers[0])]) probe_layers.push_back(l);
+    if (probe_layers.size() == 2) break;
+  }
   auto probe = [&](int64_t layer, int64_t L, int64_t len) {
     len = std::min(len, caches[sz(layer)].cap);  // a bounded sliding layer never holds more
     if (L > len) return;
@@ -928,7 +1076,9 @@ void GpuSession::Impl::make_room(int64_t pos0, int64_t n, const cuda::Exec& e) {
 }
 
 bool GpuSession::Impl::can_truncate(int64_t position) const {
-  if (slide_cap == 0 || slide_base == 0 || position <= 0 || position >= kv_end) return true;
+  if (position <= 0) return true;  // a reset
+  if (!linear_states_at(position)) return false;  // a recurrent state holds only its latest position
+  if (slide_cap == 0 || slide_base == 0 || position >= kv_end) return true;
   return position - slide_base >= m.config.sliding_window - 1;
 }
 
@@ -977,7 +1127,8 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment&
   const GpuLayer& L = m.layers[sz(layer)];
   const int rot = m.rotation();
   cuda::HeadPrepArgs p{};
-  p.qkv = qkv.as<float>() + g.row0 * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  p.qkv = qkv.as<float>() + g.row0 * row_stride_qkv();
+  p.gate_heads = c.attn_output_gate ? c.num_heads : 0;
   p.n = g.n;
   p.Hq = c.num_heads;
   p.Hkv = c.num_kv_heads;
@@ -1007,13 +1158,15 @@ void GpuSession::Impl::prepare_heads(int64_t layer) {
 void GpuSession::Impl::kv_append(int64_t layer) {
   if ((skip & GpuSession::kSkipAppend) != 0) return;
   const ModelConfig& c = m.config;
-  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, stride = (Hq + 2 * Hkv) * D;
+  const int64_t stride = row_stride_qkv();
+  // The k heads follow the q heads (and, with gated attention, the gates).
+  const int64_t k_col = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
   // A bounded sliding layer writes at position − slide_base (decode: step word 3).
   const bool bounded = caches[sz(layer)].bounded;
   const int32_t* d_off = d_pos_ != nullptr && bounded ? d_slide_off_ : d_pos_;
   for (const PassSegment& g : segs_) {
     Impl& s = *batch_[sz(g.seq)];
-    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + Hq * D, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_);
+    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_);
   }
 }
 
@@ -1039,14 +1192,22 @@ void GpuSession::Impl::finish_heads(int64_t layer) {
   bool needed = rot != 0 || segs_.size() > 1;
   for (const PassSegment& g : segs_) needed = needed || g.n > 1;
   o_in_ = ao.as<float>();
-  if (!needed || (skip & GpuSession::kSkipSmall) != 0) return;
+  if ((skip & GpuSession::kSkipSmall) != 0) return;
   const int64_t HqD = m.config.num_heads * m.config.head_dim;
-  for (const PassSegment& g : segs_) {
-    const cuda::HeadPrepArgs p = head_prep(layer, g);
-    cuda::finish_heads(ao.as<float>() + g.row0 * HqD, g.n > 1, g.n, p.Hq, p.D, rot, p.qL, p.qR,
-                       att.as<float>() + g.row0 * HqD, e_.stream);
+  float* out = ao.as<float>();
+  if (needed) {
+    for (const PassSegment& g : segs_) {
+      const cuda::HeadPrepArgs p = head_prep(layer, g);
+      cuda::finish_heads(ao.as<float>() + g.row0 * HqD, g.n > 1, g.n, p.Hq, p.D, rot, p.qL, p.qR,
+                         att.as<float>() + g.row0 * HqD, e_.stream);
+    }
+    out = att.as<float>();
   }
-  o_in_ = att.as<float>();
+  o_in_ = out;
+  // Gated attention: the (rows, Hq·D) output times sigmoid of its gates (each qkv row's second Hq·D values), in place
+  // (the buffer is the o projection's input only).
+  if (m.config.attn_output_gate)
+    cuda::sigmoid_gate_rows(out, n_, HqD, qkv.as<float>() + HqD, row_stride_qkv(), e_.stream);
 }
 
 void GpuSession::Impl::glu() {
@@ -1060,17 +1221,20 @@ void GpuSession::Impl::moe(int64_t layer) {
   const ModelConfig& c = m.config;
   const GpuLayer& L = m.layers[sz(layer)];
   const int64_t n = n_, H = c.hidden_size, E = c.num_experts, K = c.experts_per_token;
-  const int64_t Ie = c.expert_intermediate_size;
+  const int64_t Ie = c.expert_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const bool shared = Is > 0;
+  const int64_t slots = n * K + (shared ? n : 0);  // the routed slots, then the shared expert's n rows
   const cudaStream_t st = as_stream(e_.stream);
-  if (moe_in.bytes() == 0) {  // sized for a whole pass routed to one expert
+  if (moe_in.bytes() == 0) {  // sized for a whole pass routed to one expert (or the shared expert, every row)
     auto f32 = [](int64_t count) { return cuda::DeviceBuffer(sz(count) * sizeof(float)); };
+    const int64_t Im = std::max(Ie, Is);
     moe_in = f32(chunk * H);
-    moe_gu = f32(chunk * 2 * Ie);
-    moe_ffn = f32(chunk * Ie);
+    moe_gu = f32(chunk * 2 * Im);
+    moe_ffn = f32(chunk * Im);
     moe_out = f32(chunk * H);
-    moe_scratch = f32(chunk * Ie);
-    moe_idx = cuda::DeviceBuffer(sz(chunk * K) * sizeof(int32_t));
-    moe_wdev = f32(chunk * K);
+    moe_scratch = f32(chunk * Im);
+    moe_idx = cuda::DeviceBuffer(sz(chunk * (K + 1)) * sizeof(int32_t));
+    moe_wdev = f32(chunk * (K + 1));
   }
   // ---- routing on the host ----
   moe_h.resize(sz(n * H));
@@ -1100,9 +1264,20 @@ void GpuSession::Impl::moe(int64_t layer) {
     moe_rows[sz(at)] = static_cast<int32_t>(i / K);
     moe_w[sz(at)] = weight[sz(i)];
   }
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_idx.data(), moe_rows.data(), sz(n * K) * sizeof(int32_t),
+  if (shared) {  // every row r, weighted sigmoid(h_r·w_sg) (the CPU's float32 gate)
+    moe_rows.resize(sz(slots));
+    moe_w.resize(sz(slots));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* a = moe_h.data() + r * H;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < H; ++i) acc += a[i] * L.shared_gate[sz(i)];
+      moe_rows[sz(n * K + r)] = static_cast<int32_t>(r);
+      moe_w[sz(n * K + r)] = 1.0f / (1.0f + std::exp(-acc));
+    }
+  }
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_idx.data(), moe_rows.data(), sz(slots) * sizeof(int32_t),
                                         cudaMemcpyHostToDevice, st));
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_wdev.data(), moe_w.data(), sz(n * K) * sizeof(float),
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(moe_wdev.data(), moe_w.data(), sz(slots) * sizeof(float),
                                         cudaMemcpyHostToDevice, st));
   // ---- the experts, in index order ----
   CIDER_CUDA_CHECK(kOp, cudaMemsetAsync(tmp.data(), 0, sz(n * H) * sizeof(float), st));
@@ -1119,8 +1294,91 @@ void GpuSession::Impl::moe(int64_t layer) {
     cuda::scatter_add_rows(moe_out.as<float>(), idx, moe_wdev.as<float>() + count[sz(e)], rows, H, tmp.as<float>(),
                            e_.stream);
   }
+  // ---- the shared expert, after the routed ones (the CPU's order of the adds): every row of h ----
+  if (shared) {
+    const GpuExpert& ex = L.shared;
+    ex.gate_up.forward(h.as<float>(), n, moe_gu.as<float>(), moe_scratch.as<float>(), e_);
+    cuda::glu_rows(moe_gu.as<float>(), n, Is, act, moe_ffn.as<float>(), e_.stream);
+    ex.down.forward(moe_ffn.as<float>(), n, moe_out.as<float>(), e_);
+    cuda::scatter_add_rows(moe_out.as<float>(), moe_idx.as<int32_t>() + n * K, moe_wdev.as<float>() + n * K, n, H,
+                           tmp.as<float>(), e_.stream);
+  }
   // The host buffers above were read by the copies, which completed before the next synchronize at the latest; keep
   // them alive until then (members, reused by the next layer only after its own synchronize).
+}
+
+int64_t GpuSession::Impl::row_stride_qkv() const {
+  const ModelConfig& c = m.config;
+  return ((c.attn_output_gate ? 2 : 1) * c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+}
+
+void GpuSession::Impl::linear_attention(int64_t layer) {
+  const ModelConfig& c = m.config;
+  const GpuLayer& L = m.layers[sz(layer)];
+  const ModelConfig::LinearAttention& la = c.linear_attn;
+  const int64_t n = n_, H = c.hidden_size, Hk = la.num_k_heads, Hv = la.num_v_heads, Dk = la.k_head_dim;
+  const int64_t Dv = la.v_head_dim, KD = la.key_dim(), C = la.conv_dim(), V = la.value_dim(), W = C + V;
+  // Every sequence's state must be where its rows start (host bookkeeping, checked before anything is enqueued).
+  for (const PassSegment& g : segs_) {
+    const LinearState& st = batch_[sz(g.seq)]->lin_states[sz(layer)];
+    check(st.pos == g.pos0, ErrorCode::kInternal, kOp, "layer ", layer, "'s recurrent state is at position ", st.pos,
+          ", the pass at ", g.pos0);
+  }
+  float* qkvz = la_qkvz.as<float>();  // (n, C + V): q | k | v (the conv's input), then z
+  float* conv = la_conv.as<float>();  // (n, C): the conv's output; q and k normalised in place
+  float* o = la_o.as<float>();        // (n, V)
+  float* beta = la_beta.as<float>();  // (n, Hv)
+  float* g_log = la_g.as<float>();    // (n, Hv): log decay
+  if ((skip & GpuSession::kSkipLinear) == 0)
+    L.lin_qkvz.forward(h.as<float>(), n, qkvz, scratch.bytes() ? scratch.as<float>() : nullptr, e_);
+  const float* ba = L.lin_ba.as<float>();  // b's Hv rows, then a's
+  cuda::gdn_gates(h.as<float>(), n, H, ba, ba + Hv * H, L.A_log.as<float>(), L.dt_bias.as<float>(), Hv, beta, g_log,
+                  e_.stream);
+  for (const PassSegment& g : segs_) {  // each sequence through its own conv window
+    LinearState& st = batch_[sz(g.seq)]->lin_states[sz(layer)];
+    cuda::causal_conv1d_silu(qkvz + g.row0 * W, W, g.n, C, L.conv_w.as<float>(), la.conv_kernel, st.conv.as<float>(),
+                             conv + g.row0 * C, C, e_.stream);
+  }
+  const auto q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));  // nn::gated_delta_rule's
+  cuda::l2norm_qk(conv, n, C, Hk, Dk, q_scale, e_.stream);
+  for (const PassSegment& g : segs_) {  // each sequence's recurrence on its own state
+    LinearState& st = batch_[sz(g.seq)]->lin_states[sz(layer)];
+    const float* rows = conv + g.row0 * C;
+    cuda::GatedDeltaArgs a;
+    a.n = g.n;
+    a.Hk = Hk;
+    a.Hv = Hv;
+    a.Dk = Dk;
+    a.Dv = Dv;
+    a.q = rows;
+    a.k = rows + KD;
+    a.v = rows + 2 * KD;
+    a.row_stride = C;
+    a.g = g_log + g.row0 * Hv;
+    a.beta = beta + g.row0 * Hv;
+    a.state = st.S.as<float>();
+    a.out = o + g.row0 * V;
+    cuda::gated_delta_rule(a, e_.stream);
+    st.pos = g.pos0 + g.n;
+  }
+  cuda::gated_rms_norm(o, n, Hv, Dv, qkvz + C, W, L.lin_norm.as<float>(), static_cast<float>(c.rms_norm_eps),
+                       e_.stream);
+  if ((skip & GpuSession::kSkipLinear) == 0) L.lin_out.forward(o, n, tmp.as<float>(), e_);
+}
+
+bool GpuSession::Impl::linear_states_at(int64_t position) const {
+  for (size_t l = 0; l < lin_states.size(); ++l)
+    if (m.config.is_linear_layer(static_cast<int64_t>(l)) && lin_states[l].pos != position) return false;
+  return true;
+}
+
+void GpuSession::Impl::reset_linear_states() {
+  const cudaStream_t st = as_stream(stream.handle());  // after whatever of this session's work is still queued
+  for (LinearState& ls : lin_states) {
+    if (ls.S.bytes() > 0) CIDER_CUDA_CHECK(kOp, cudaMemsetAsync(ls.S.data(), 0, ls.S.bytes(), st));
+    if (ls.conv.bytes() > 0) CIDER_CUDA_CHECK(kOp, cudaMemsetAsync(ls.conv.data(), 0, ls.conv.bytes(), st));
+    ls.pos = 0;
+  }
 }
 
 void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
@@ -1270,9 +1528,11 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
         "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
   check(logits != nullptr || !all_logits, ErrorCode::kInvalidArgument, kOp, "all_logits needs a logits buffer");
   if (n == 1) {
-    // MoE layers synchronise inside the step (routing on the host): no graph can hold them.
-    const bool moe = !model_->config.layer_moe.empty();
-    impl_->decode(tokens[0], start, logits, use_graphs && !moe);
+    // MoE layers synchronise inside the step (routing on the host), and linear-attention layers advance their states'
+    // positions on the host (a replayed graph would not; capturing a bucket's first step also runs it twice): no
+    // graph can hold either.
+    const bool host_steps = !model_->config.layer_moe.empty() || model_->config.has_linear_layers();
+    impl_->decode(tokens[0], start, logits, use_graphs && !host_steps);
   } else {
     const SequenceStep step{tokens, n, start, logits, all_logits};
     run_forward(model_->config, *impl_, std::span<const SequenceStep>(&step, 1));
@@ -1284,11 +1544,13 @@ bool GpuSession::can_truncate(int64_t position) const { return impl_->can_trunca
 
 void GpuSession::truncate(int64_t position) {
   Impl& im = *impl_;
-  check(im.can_truncate(position), ErrorCode::kOutOfRange, "session_truncate", "the bounded sliding layers dropped "
-        "positions before ", im.slide_base, "; going back to position ", position, " would need some of them");
+  check(im.can_truncate(position), ErrorCode::kOutOfRange, "session_truncate", "cannot go back to position ",
+        position, ": the bounded sliding layers dropped positions before ", im.slide_base,
+        ", and a linear-attention (recurrent) state holds only its latest position (a session can go back to 0)");
   if (position <= 0) {
     position = 0;
     im.slide_base = 0;  // start over
+    im.reset_linear_states();
   }
   const int64_t gs = model_->kv.group_size;
   // Per-channel keys: a position inside a block that was quantized brings that block's kept rows back into the
@@ -1297,7 +1559,7 @@ void GpuSession::truncate(int64_t position) {
   if (im.kchan() && position < im.kv_end && position % gs != 0 && position / gs < im.kv_end / gs) {
     const cuda::Exec e = im.exec(im.stream.handle());
     for (int64_t l = 0; l < model_->config.num_layers; ++l)
-      cuda::kv_channel_refill(im.channel_keys_args(l), im.store_pos(l, position), e);
+      if (!model_->config.is_linear_layer(l)) cuda::kv_channel_refill(im.channel_keys_args(l), im.store_pos(l, position), e);
   }
   im.kv_end = std::min(im.kv_end, position);
 }
@@ -1324,16 +1586,23 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
     run_forward(sessions[0]->model_->config, lead, steps);
   } catch (...) {
     lead.batch_.assign(1, &lead);
+    // What was enqueued may still touch the other sessions' caches and states: let it finish before their
+    // truncate (Model's undo) enqueues on their own streams.
+    try {
+      lead.stream.synchronize();
+    } catch (...) {  // the stream's own error: the one being thrown says enough
+    }
     throw;
   }
   lead.batch_.assign(1, &lead);
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->impl_->kv_end = steps[i].start + steps[i].n;
 }
 
-size_t GpuSession::kv_bytes() const {
+size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention states: the session's memory
   size_t b = 0;
   for (const LayerCache& lc : impl_->caches)
     b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes() + lc.residual.bytes();
+  for (const LinearState& ls : impl_->lin_states) b += ls.S.bytes() + ls.conv.bytes();
   return b;
 }
 
@@ -1359,7 +1628,8 @@ void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
     impl_->slide_base = std::max<int64_t>(0, length - (c.sliding_window - 1)) / align * align;
   }
   for (int64_t l = 0; l < c.num_layers; ++l)
-    for (int64_t done = impl_->caches[sz(l)].bounded ? impl_->slide_base : 0; done < length; done += chunk) {
+    for (int64_t done = impl_->caches[sz(l)].bounded ? impl_->slide_base : 0; done < length && !c.is_linear_layer(l);
+         done += chunk) {
       const int64_t n = std::min(chunk, length - done);
       impl_->append_kv(l, impl_->qkv.as<float>() + c.num_heads * c.head_dim, row, n, impl_->store_pos(l, done),
                        nullptr, e);

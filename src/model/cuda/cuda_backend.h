@@ -19,6 +19,12 @@
 // Per layer (model/forward.cpp run_layers): residual_norm, q|k|v linear, prepare_heads, kv_append (one launch),
 // attention, [finish_heads], o linear, residual_norm, gate|up linear, glu_rows, down linear — the next layer's
 // residual_norm closes it.
+// Hybrid models (Qwen3-Next, Qwen3.5): a linear-attention layer has no KV cache but a recurrent state per session
+// (kernels/cuda/gated_delta.h: S [Hv, Dk, Dv] and the conv window [K − 1, C], float32, allocated with the session,
+// at the position of the session's latest step), and runs q|k|v|z linear, gdn_gates, causal_conv1d_silu (per
+// sequence), l2norm_qk, gated_delta_rule (per sequence), gated_rms_norm, out linear. Gated attention multiplies the
+// attention output by sigmoid(gate) before o (sigmoid_gate_rows); a shared expert runs after the routed ones. Their
+// decode steps run without CUDA graphs (the states' positions are kept on the host, as MoE routing is).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +47,9 @@ namespace cider::model::gpu {
 // y (M, N) float32 = x (M, K) float32 · Wᵀ (+ bias).
 struct GpuLinear : nn::LinearWeights {
   cuda::DeviceBuffer w_buf, scales_buf, bias_buf;
+  // Dense only: x as bf16 hi + lo (cuda::dense_bf16_split: float32-faithful activations) instead of x rounded to
+  // bf16 (GpuModel::split_activations).
+  bool split_x = false;
 
   void attach();               // points w (unless already set elsewhere), scales and bias at the buffers
   size_t owned_bytes() const;  // device bytes this layer owns
@@ -70,7 +79,7 @@ struct GpuExpert {
 
 struct GpuLayer {
   cuda::DeviceBuffer attn_norm, q_norm, k_norm, post_attn_norm, mlp_norm, post_mlp_norm;  // float32 [dim]
-  GpuFusedLinear qkv;      // [Hq·D | Hkv·D | Hkv·D, hidden]
+  GpuFusedLinear qkv;      // [Hq·D | Hkv·D | Hkv·D, hidden]; gated attention: [Hq·D queries | Hq·D gates | Hkv·D | Hkv·D]
   GpuLinear o;
   GpuFusedLinear gate_up;  // [I | I, hidden]
   GpuLinear down;
@@ -78,6 +87,18 @@ struct GpuLayer {
   // kept on the host (the routing runs there: GpuSession::Impl::moe) and the experts on the device.
   std::vector<float> router;
   std::vector<GpuExpert> experts;
+  // A shared expert beside them (ModelConfig::shared_expert_intermediate_size > 0): gate|up [Is | Is, hidden], down
+  // [hidden, Is] on the device, its gate float32 [hidden] on the host (the routing's copy of h meets it there).
+  GpuExpert shared;
+  std::vector<float> shared_gate;
+  // Gated DeltaNet layers (ModelConfig::is_linear_layer) instead of qkv/o, with C = 2·Hk·Dk + Hv·Dv and V = Hv·Dv
+  // (ModelConfig::LinearAttention): the q|k|v and z projections fused [C | V, hidden] and out_proj [hidden, V] in the
+  // weight format; b and a float32 [2·Hv, hidden] (b's rows then a's, kept float32 as the CPU keeps them: the decay
+  // is exponentiated and compounds over the sequence), A_log and dt_bias [Hv], the conv kernel [C, K] and the output
+  // norm's weight [Dv], float32.
+  GpuFusedLinear lin_qkvz;
+  GpuLinear lin_out;
+  cuda::DeviceBuffer lin_ba, A_log, dt_bias, conv_w, lin_norm;
   // The KV cache rotation of this layer (seed = layer): SO(4) quaternions rot_left/rot_right float32 [D/4, 4], or the
   // Hadamard signs in rot_left [D].
   cuda::DeviceBuffer rot_left, rot_right;
@@ -100,6 +121,13 @@ struct GpuModel {
   // otherwise empty and rope_for() gives the global table.
   cuda::DeviceBuffer rope_global, rope_local;
   size_t weight_bytes = 0;
+  // Hybrid models with dense weights: every dense layer (the head too) runs cuda::dense_bf16_split. Their gated
+  // DeltaNet layers amplify small input errors (the RMSNorm of each head's output renormalises a sum that can
+  // cancel), so rounding the activations to bf16 — what dense_bf16 does, harmless elsewhere — moves the tiny
+  // fixtures' logits by O(1) from the CPU's (measured by emulating it on the CPU: 4.0 of max 7.1 on qwen3_next, 1.9
+  // of 37 on qwen3_5); hi + lo brings that to 0.004 (docs/cuda/model.md). The price: 2·M GEMM rows (prefill FLOPs
+  // twice; decode reads the weights once, for two rows).
+  bool split_activations = false;
 
   const float* rope_for(bool sliding) const;
   int rotation() const;        // 0, 1, 2, 3 (kernels' numbering: none, so4 fast, so4 full, hadamard) of the KV caches
@@ -152,12 +180,13 @@ class GpuSession {
   const GpuModel& model() const { return *model_; }
   // Forget positions >= position (Session::trim): per-channel keys bring a quantized block's kept rows back into
   // their residual window; other caches need nothing (later positions are overwritten). Bounded sliding layers
-  // (GpuModel::slide_capacity) go back only while the new end's window is still held (can_truncate; cider::Error
-  // otherwise); position 0 starts them over.
+  // (GpuModel::slide_capacity) go back only while the new end's window is still held, and linear-attention states
+  // only to where they are (can_truncate; cider::Error otherwise); position 0 starts them over (states zeroed).
   void truncate(int64_t position);
   bool can_truncate(int64_t position) const;
 
-  // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two).
+  // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two). Models with
+  // MoE or linear-attention layers always decode directly (their steps need the host between launches).
   bool use_graphs = true;
   // Timing experiments only (the results are garbage): leave out of what enqueue_decode enqueues every linear layer
   // (kSkipLinear), the attention launches (kSkipAttention), the kv_appends (kSkipAppend) and/or the model's small
