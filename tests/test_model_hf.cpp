@@ -637,7 +637,12 @@ TEST(HFFixtureHybrid, ConfigReadsTheLayout) {
   EXPECT_EQ(n.rotary_dim, 8);  // partial_rotary_factor 0.25 of 32
   EXPECT_EQ(n.norm_weight_offset, 1.0f);
   EXPECT_EQ(n.shared_expert_intermediate_size, 64);
-  EXPECT_EQ(n.layer_moe, (std::vector<uint8_t>{1, 1, 0, 1}));  // mlp_only_layers [2]
+  EXPECT_EQ(n.layer_moe, (std::vector<uint8_t>{1, 1, 1, 1}));
+  auto dense2 = nlohmann::json::parse(cider::read_text_input(kFixtures + "qwen3_next/config.json", "test"));
+  dense2["mlp_only_layers"] = {2};  // a dense MLP on layer 2
+  EXPECT_EQ(cm::parse_hf_config(dense2.dump(), "next.json").layer_moe, (std::vector<uint8_t>{1, 1, 0, 1}));
+  dense2["mlp_only_layers"] = {4};
+  EXPECT_THROW(cm::parse_hf_config(dense2.dump(), "next.json"), cider::Error);
   const cm::ModelConfig t = cm::load_hf_config(kFixtures + "qwen3_5");
   EXPECT_EQ(t.layer_linear, (std::vector<uint8_t>{1, 1, 0}));
   EXPECT_TRUE(t.layer_moe.empty());
@@ -745,4 +750,60 @@ TEST(HFFixtureHybrid, TrimGoesBackOnlyToTheStart) {
   const cm::ModelConfig& c = model->config();
   EXPECT_EQ(static_cast<int64_t>(s->kv_bytes()), cm::kv_cache_bytes(c, model->options().kv, 20));
   EXPECT_GE(static_cast<int64_t>(s->kv_bytes()), 2 * c.linear_attn.state_bytes());
+}
+
+// llama.cpp's own converter's GGUF of the qwen3_next fixture (tools/make_llamacpp_gguf.py): the bf16 file computes
+// transformers' logits (the checkpoint is bfloat16: exact), the Q8_0 file runs natively — the gated q_proj rows and
+// the partial-rotary order applied to whole rows of blocks — within the w8a8 bound of its dequantized twin.
+TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
+  const Fixture f = load_fixture("qwen3_next");
+  const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_qwen3_next/";
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  auto run = [&](const cm::Model& m) {
+    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
+    auto s = m.new_session();
+    m.forward(*s, seq.data(), n, out.data(), true);
+    return out;
+  };
+  auto bf16 = cm::Model::load(dir + "qwen3_next_bf16.gguf", opts("f32", "f32"));
+  const cm::ModelConfig& c = bf16->config();
+  const cm::ModelConfig h = cm::load_hf_config(f.dir);
+  EXPECT_EQ(c.arch, cm::Architecture::kQwen3Next);
+  EXPECT_EQ(c.layer_linear, h.layer_linear);
+  EXPECT_EQ(c.layer_moe, h.layer_moe);
+  EXPECT_EQ(c.rotary_dim, h.rotary_dim);
+  EXPECT_EQ(c.shared_expert_intermediate_size, h.shared_expert_intermediate_size);
+  EXPECT_EQ(c.linear_attn.v_head_dim, h.linear_attn.v_head_dim);
+  EXPECT_EQ(c.norm_weight_offset, 0.0f);  // the converter stores 1 + w
+  float max_ref = 0;
+  for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
+  const std::vector<float> got = run(*bf16);
+  ASSERT_EQ(got.size(), f.logits.data.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i]));
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - f.logits.data[i]));
+  }
+  EXPECT_LE(worst, 1e-4 * max_ref);
+  std::printf("qwen3_next GGUF (bf16, llama.cpp converter): max |dlogit| %.3g (bound %.3g)\n", worst, 1e-4 * max_ref);
+
+  auto q8 = cm::Model::load(dir + "qwen3_next_q8_0.gguf", opts("native", "f32"));
+  // Every linear layer kept as Q8_0 blocks: per linear layer q|k|v, z, out (b and a stay float32, as the routers);
+  // per full layer q (queries then gates, rows reordered), k, v, o; per layer 8 experts × 3 and the shared expert's 3;
+  // the head.
+  const auto& counts = q8->impl().w.format_counts;
+  for (const auto& [fmt, k] : counts) std::printf("  native %s: %d layers\n", fmt.c_str(), k);
+  EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 2 * 3 + 2 * 4 + 4 * (8 * 3 + 3) + 1);
+  const std::vector<float> deq = run(*cm::Model::load(dir + "qwen3_next_q8_0.gguf", opts("f32", "f32")));
+  const std::vector<float> native = run(*q8);
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < deq.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(native[i]));
+    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
+    r2 += static_cast<double>(deq[i]) * deq[i];
+  }
+  std::printf("qwen3_next GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
+  EXPECT_LE(std::sqrt(d2 / r2), 0.08);  // int8 activations against Q8_0 blocks (measured 0.011)
 }

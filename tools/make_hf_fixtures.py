@@ -39,9 +39,9 @@ first three, so that the CUDA backend runs them):
   qwen3_next Qwen3-Next hybrid: layers [linear, full, linear, full] — gated DeltaNet (2 key heads of 16, 4 value
            heads of 16: each key head serves two value heads; conv kernel 4; fused in_proj_qkvz / in_proj_ba in the
            per-key-head order) beside gated full attention (q_proj = query | gate per head, head_dim 32, partial
-           rotary 0.25, q/k norms); (1 + w) norms, the DeltaNet output norm plain w; MoE on layers 0, 1, 3 (8
-           experts, top 2, renormalised, a shared expert of 64 behind a sigmoid gate), a dense MLP on layer 2
-           (mlp_only_layers); 300-token prompt, bfloat16 checkpoint
+           rotary 0.25, q/k norms); (1 + w) norms, the DeltaNet output norm plain w; MoE on every layer (8
+           experts, top 2, renormalised, a shared expert of 64 behind a sigmoid gate: llama.cpp's converter takes
+           no dense layer in this architecture, so its GGUF twin exists); 300-token prompt, bfloat16 checkpoint
   qwen3_5  Qwen3.5 text (Qwen3_5ForCausalLM): the same hybrid with separate in_proj_qkv / in_proj_z / in_proj_b /
            in_proj_a, dense MLPs, layers [linear, linear, full], 300-token prompt, bfloat16 checkpoint
 No tokenizer is written: the tests feed token ids.
@@ -204,7 +204,7 @@ def make(name):
                                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                                        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8,
                                        num_experts_per_tok=2, moe_intermediate_size=64,
-                                       shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[2],
+                                       shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],
                                        norm_topk_prob=True, max_position_embeddings=512, tie_word_embeddings=False,
                                        partial_rotary_factor=0.25, **rope_kwargs(10000.0)))
         return cfg, Qwen3NextForCausalLM, torch.bfloat16, True

@@ -3,7 +3,7 @@
 converter, for the GGUF twins in tests/test_model_hf.cpp (HFFixturePhi3.LlamaCppGgufTwin,
 HFFixtureGemma2.LlamaCppGgufTwin).
 
-Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2]      (no name: both)
+Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2] [qwen3_next]      (no name: all)
         LLAMA_CPP_DIR: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/), e.g. the one vendored
         in the llama-cpp-python sdist (pip download llama-cpp-python --no-binary :all: --no-deps). Made with the tree
         of llama-cpp-python 0.3.36. Needs torch, numpy, safetensors.
@@ -15,6 +15,10 @@ class's set_vocab is replaced by a placeholder list of vocab_size tokens. Writes
                                                original_context_length, attention.sliding_window
   tests/data/gguf_gemma2/gemma2_bf16.gguf      the norms stored as 1 + w in float32 (Gemma2Model.modify_tensors),
                                                attn_logit_softcapping, final_logit_softcapping, attention.sliding_window
+  tests/data/gguf_qwen3_next/qwen3_next_{bf16,q8_0}.gguf   (1 + w) norms stored as 1 + w, in_proj_qkvz regrouped into
+                                               attn_qkv / attn_gate, ssm_ba as it is, ssm_a = −exp(A_log), ssm_dt.bias,
+                                               ssm_conv1d (C, K), experts 3-D, shared expert *_shexp, rope.dimension_count
+                                               the rotary dims (converted with --no-mtp)
 (The MoE twins are written by tools/make_moe_gguf.py: the converter's MoE classes need nothing different, but this
 script's placeholder vocabulary would not change that, and the fixtures are bfloat16 checkpoints it reads as is.)
 """
@@ -28,6 +32,7 @@ import sys
 FIXTURES = {
     "phi3": ("conversion.phi", "Phi3MiniModel", ("bf16", "q8_0")),
     "gemma2": ("conversion.gemma", "Gemma2Model", ("bf16",)),
+    "qwen3_next": ("conversion.qwen", "Qwen3NextModel", ("bf16", "q8_0")),
 }
 
 
@@ -61,6 +66,8 @@ def main():
         for outtype in outtypes:
             sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", outtype,
                         "--outfile", os.path.join(out, f"{name}_{outtype}.gguf")]
+            if name == "qwen3_next":
+                sys.argv.append("--no-mtp")  # the fixture has no multi-token-prediction layers
             runpy.run_path(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py"), run_name="__main__")
 
 

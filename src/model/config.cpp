@@ -757,10 +757,13 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
 
   c.rope.theta = getf_or("rope.freq_base", spec.gguf.rope_theta);
   if (g.has(p + "rope.dimension_count")) {
+    // Partial rotary (rotate_half over the first rd dims, as HF): read where llama.cpp's converter keeps the
+    // checkpoint's q/k rows; an architecture whose rows it interleaved for adjacent-pair RoPE is refused.
     const int64_t rd = geti("rope.dimension_count");
-    check(rd == c.head_dim, ErrorCode::kUnsupported, kOp, source,
-          ": partial rotary embeddings are not supported: rope.dimension_count must equal head_dim ", c.head_dim,
-          "; got ", rd);
+    check(rd == c.head_dim || (rd > 0 && rd < c.head_dim && !spec.gguf_qk_interleaved), ErrorCode::kUnsupported, kOp,
+          source, ": partial rotary embeddings are not supported for ", arch,
+          " GGUF files: rope.dimension_count must equal head_dim ", c.head_dim, "; got ", rd);
+    if (rd < c.head_dim) c.rotary_dim = rd;
   }
   // llama.cpp's rope keys: the pre-training context (yarn; Phi-3's longrope, whose factor tensors the loader reads)
   // and an attention factor multiplying cos/sin for every scaling type.
@@ -815,6 +818,12 @@ ModelConfig config_from_gguf(const GGUFFile& g) {
     for (int64_t l = 0; l < c.num_layers; ++l)
       c.layer_moe[static_cast<size_t>(l)] = g.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
   }
+  // Linear-attention (recurrent) layers: those with a state decay tensor (llama.cpp's ssm_a).
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (g.find("blk." + std::to_string(l) + ".ssm_a") != nullptr) {
+      c.layer_linear.resize(static_cast<size_t>(c.num_layers), 0);
+      c.layer_linear[static_cast<size_t>(l)] = 1;
+    }
   if (spec.gguf.config) spec.gguf.config(src, c);
   validate_config(c, source, keys);
   return c;

@@ -298,6 +298,23 @@ class Builder {
     }
     return g;
   }
+  // For each of the engine's N rows of `hf`, the file's row it comes from: row_gather's regrouping, then the partial
+  // rotary order (reorder_rotary) of the query/key heads — what fetch_float does to float data, as indices.
+  std::vector<int64_t> engine_row_order(const std::string& hf, int64_t N) const {
+    std::vector<int64_t> rows(static_cast<size_t>(N));
+    const std::optional<RowGather> g = row_gather(hf);
+    for (int64_t i = 0; i < N; ++i) rows[static_cast<size_t>(i)] = g ? g->rows[static_cast<size_t>(i)] : i;
+    if (!rotary_reordered(hf)) return rows;
+    const int64_t D = c_.head_dim, heads = N / D;
+    const int64_t rotated = c_.attn_output_gate && heads == 2 * c_.num_heads ? c_.num_heads : heads;
+    const std::vector<int64_t> order = rotary_order();
+    std::vector<int64_t> out(rows);
+    for (int64_t h = 0; h < rotated; ++h)
+      for (int64_t p = 0; p < D; ++p)
+        out[static_cast<size_t>(h * D + p)] = rows[static_cast<size_t>(h * D + order[static_cast<size_t>(p)])];
+    return out;
+  }
+
   // Rows `rows` of a float tensor (rank 1 or 2), as float32.
   static FloatRef gather_rows(const FloatRef& r, const std::vector<int64_t>& rows) {
     const int64_t per = r.view.rank == 2 ? r.view.dim(1) : 1;
@@ -542,6 +559,16 @@ class Builder {
            (b % per_row) * f->block_size + (bad < 0 ? 0 : bad), " (a non-finite ", f->name, " scale)");
     }
     *type = t->type;
+    // Rows regrouped (gated q_proj) and/or reordered (partial rotary): whole rows of blocks copied in that order.
+    if (!fs && (row_gather(hf) || rotary_reordered(hf))) {
+      check(!arch_.gguf_qk_interleaved, ErrorCode::kUnsupported, kOp, where_, ": ", gn,
+            ": rows both interleaved by the converter and regrouped are not supported");
+      const std::vector<int64_t> src = engine_row_order(hf, N);
+      Tensor& copy = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{N * rb});
+      for (int64_t n = 0; n < N; ++n)
+        std::memcpy(copy.ptr<uint8_t>() + n * rb, data + src[static_cast<size_t>(n)] * rb, static_cast<size_t>(rb));
+      return copy.ptr<uint8_t>();
+    }
     const bool permuted = arch_.gguf_qk_interleaved && (hf.find("self_attn.q_proj.") != std::string::npos ||
                                                         hf.find("self_attn.k_proj.") != std::string::npos);
     if (!permuted) return data;
@@ -692,8 +719,24 @@ class Builder {
         return static_cast<const float*>(keep_as(r, DType::kF32));
       });
     };
-    L.conv_w = f32(q + "conv1d.weight", {C, 1, la.conv_kernel});
-    L.A_log = f32(q + "A_log", {Hv});
+    // GGUF: the conv kernel squeezed to (C, K), and A = −exp(A_log) stored instead of A_log.
+    L.conv_w = f32(q + "conv1d.weight", kind_ == SourceKind::kGGUF ? std::vector<int64_t>{C, la.conv_kernel}
+                                                                    : std::vector<int64_t>{C, 1, la.conv_kernel});
+    if (kind_ == SourceKind::kGGUF) {
+      L.A_log = named(q + "A_log", [&] {
+        FloatRef r = fetch_float(q + "A_log", {Hv});
+        Tensor& out = w_->owned.emplace_back(DType::kF32, std::vector<int64_t>{Hv});
+        for (int64_t h = 0; h < Hv; ++h) {
+          const float A = load_float(r.view.data, r.view.dtype, h);
+          check(A < 0.0f, ErrorCode::kCorrupt, kOp, where_, ": tensor '", file_name(q + "A_log"),
+                "' holds the decay rates −exp(A_log), which must be negative; got ", A, " at ", h);
+          out.ptr<float>()[h] = std::log(-A);
+        }
+        return static_cast<const float*>(out.ptr<float>());
+      });
+    } else {
+      L.A_log = f32(q + "A_log", {Hv});
+    }
     L.dt_bias = f32(q + "dt_bias", {Hv});
     L.lin_norm = named(q + "norm.weight", [&] { return norm(q + "norm.weight", la.v_head_dim); });
   }

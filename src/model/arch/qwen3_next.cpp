@@ -10,7 +10,11 @@
 //   MLP              layers l with (l + 1) % decoder_sparse_step == 0 that mlp_only_layers does not list: MoE of
 //                    num_experts (top num_experts_per_tok, renormalised when norm_topk_prob) + the shared expert;
 //                    dense MLPs of intermediate_size elsewhere
-// Every other RMSNorm multiplies by (1 + w). ChatML. No GGUF reading yet (llama.cpp's "qwen3next").
+// Every other RMSNorm multiplies by (1 + w). ChatML.
+// GGUF "qwen3next" (llama.cpp's converter): the norms stored as 1 + w (so no offset), in_proj_qkvz already regrouped
+// into attn_qkv (q | k | v) and attn_gate (z), ssm_ba as the checkpoint's in_proj_ba, ssm_a = −exp(A_log) (the
+// loader takes its log back), ssm_dt.bias, ssm_conv1d (C, K), the geometry in ssm.* keys, the rotary dims in
+// rope.dimension_count, experts 3-D and the shared expert as *_shexp; the linear layers are those with ssm_a.
 #include "core/error.h"
 #include "core/limits.h"
 #include "model/arch/arch.h"
@@ -66,6 +70,41 @@ void hf_config(const ConfigSource& src, ModelConfig& c) {
     }
 }
 
+// GGUF metadata (config.cpp has marked the linear layers and read the experts): the geometry from the ssm.* keys.
+void gguf_config(const ConfigSource& src, ModelConfig& c) {
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.norm_weight_offset = 0.0f;  // stored as 1 + w
+  ModelConfig::LinearAttention& la = c.linear_attn;
+  la.num_k_heads = src.get_int("ssm.group_count");
+  la.num_v_heads = src.get_int("ssm.time_step_rank");
+  la.k_head_dim = src.get_int("ssm.state_size");
+  la.conv_kernel = src.get_int("ssm.conv_kernel");
+  const int64_t inner = src.get_int("ssm.inner_size");
+  check(la.num_v_heads > 0 && inner > 0 && inner % la.num_v_heads == 0, ErrorCode::kCorrupt, kConfigOp,
+        src.source(), ": ssm.inner_size must be a positive multiple of ssm.time_step_rank (the value heads); got ",
+        inner, " and ", la.num_v_heads);
+  la.v_head_dim = inner / la.num_v_heads;
+  c.shared_expert_intermediate_size = src.get_int_or("expert_shared_feed_forward_length", 0);
+}
+
+constexpr const char* kGgufNames[] = {"qwen3next"};
+constexpr TensorName kGgufLayerTensors[] = {
+    {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+    {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+    {"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+    {"linear_attn.A_log", "ssm_a"},
+    {"linear_attn.dt_bias", "ssm_dt.bias"},
+    {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
+    {"linear_attn.norm.weight", "ssm_norm.weight"},
+    {"linear_attn.out_proj.weight", "ssm_out.weight"},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+    {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+};
+
 }  // namespace
 
 extern const ArchSpec kQwen3NextArch;
@@ -74,7 +113,10 @@ constinit const ArchSpec kQwen3NextArch{
     .name = "qwen3_next",
     .hf_classes = kHfClasses,
     .hf_model_types = kModelTypes,
+    .gguf_names = kGgufNames,
     .hf = {.max_position = 32768, .partial_rotary_factor = 0.25, .config = hf_config},
+    .gguf = {.config = gguf_config},
+    .gguf_layer_tensors = kGgufLayerTensors,
     .moe = {.router = "mlp.gate", .experts = "mlp.experts.", .gate = "gate_proj", .up = "up_proj",
             .down = "down_proj"},
     .chat_format = ChatFormat::kChatML,
