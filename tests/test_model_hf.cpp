@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ namespace {
 
 const std::string kFixtures = std::string(CIDER_SOURCE_DIR) + "/tests/data/hf_fixtures/";
 const char* kNames[] = {"llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "mixtral", "qwen3_moe", "phi3", "yarn",
-                         "phi4_mini", "qwen3_next", "qwen3_5"};
+                         "phi4_mini", "qwen3_next", "qwen3_5", "olmoe"};
 
 struct Fixture {
   std::string dir;
@@ -286,9 +287,10 @@ TEST(HFFixtureConfig, Gemma2ConvertedFileKeepsTheSoftcaps) {
 // Mixture-of-experts models through `cider convert`: the converted file (router and every expert written under the
 // checkpoint's names, the config's expert keys kept) computes exactly what the in-memory conversion does.
 TEST(HFFixtureMoe, ConvertedFileComputesWhatTheLoadedModelComputes) {
-  for (const char* name : {"mixtral", "qwen3_moe"})
+  for (const char* name : {"mixtral", "qwen3_moe", "olmoe"})
     for (const char* fmt : {"w8a8", "w4a8", "bf16"}) {
       const cm::ModelConfig c = expect_convert_exact(name, fmt);
+      EXPECT_EQ(c.qk_norm_full, std::string(name) == "olmoe");  // and clip_qkv: the logits are bit-identical
       EXPECT_EQ(c.layer_moe, cm::load_hf_config(kFixtures + name).layer_moe);
       EXPECT_GT(c.num_experts, 0);
     }
@@ -806,4 +808,64 @@ TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
   }
   std::printf("qwen3_next GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
   EXPECT_LE(std::sqrt(d2 / r2), 0.08);  // int8 activations against Q8_0 blocks (measured 0.011)
+}
+
+// ---- OLMoE: whole-projection q/k norms, clip_qkv, experts not renormalised ----
+
+// The fixture's clip_qkv (3) changes its logits (without it they move by more than the 1e-4 bound many times over),
+// so the F32 fixture test above checks the clamp; llama.cpp's converter drops clip_qkv (it writes no
+// attention.clamp_kqv), so its GGUF twin is the unclipped model: it computes what the HF checkpoint computes with
+// clip_qkv removed.
+TEST(HFFixtureOlmoe, ClipBitesAndTheLlamaCppGgufIsTheUnclippedModel) {
+  const Fixture f = load_fixture("olmoe");
+  const cm::ModelConfig c = cm::load_hf_config(f.dir);
+  EXPECT_TRUE(c.qk_norm && c.qk_norm_full);
+  EXPECT_EQ(c.clip_qkv, 3.0f);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.layer_moe, (std::vector<uint8_t>{1, 1}));
+  // A copy of the checkpoint without clip_qkv.
+  const std::string tmp = (std::filesystem::temp_directory_path() / "cider_olmoe_noclip").string();
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  std::filesystem::copy_file(f.dir + "/model.safetensors", tmp + "/model.safetensors");
+  auto j = nlohmann::json::parse(cider::read_text_input(f.dir + "/config.json", "test"));
+  j["clip_qkv"] = nullptr;
+  {
+    std::ofstream out(tmp + "/config.json");
+    out << j.dump();
+  }
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  auto run = [&](const std::string& path) {
+    auto m = cm::Model::load(path, opts("f32", "f32"));
+    std::vector<float> out(static_cast<size_t>(n * m->config().vocab_size));
+    auto s = m->new_session();
+    m->forward(*s, seq.data(), n, out.data(), true);
+    return out;
+  };
+  const std::vector<float> noclip = run(tmp);
+  float max_ref = 0;
+  double moved = 0;
+  for (size_t i = 0; i < noclip.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(f.logits.data[i]));
+    moved = std::max(moved, std::fabs(static_cast<double>(noclip[i]) - f.logits.data[i]));
+  }
+  std::printf("olmoe: without clip_qkv the logits move by %.3g (max |logit| %.3g)\n", moved, max_ref);
+  EXPECT_GT(moved, 10 * 1e-4 * max_ref);
+  const std::string gguf = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_olmoe/olmoe_bf16.gguf";
+  const cm::ModelConfig g = cm::Model::load(gguf, opts("f32", "f32"))->config();
+  EXPECT_EQ(g.arch, cm::Architecture::kOlmoe);
+  EXPECT_TRUE(g.qk_norm_full);
+  EXPECT_FALSE(g.norm_topk_prob);
+  EXPECT_EQ(g.clip_qkv, 0.0f);
+  const std::vector<float> twin = run(gguf);
+  double worst = 0;
+  for (size_t i = 0; i < twin.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(twin[i]));
+    worst = std::max(worst, std::fabs(static_cast<double>(twin[i]) - noclip[i]));
+  }
+  std::printf("olmoe GGUF (llama.cpp converter) vs the unclipped checkpoint: max |dlogit| %.3g\n", worst);
+  EXPECT_LE(worst, 1e-5 * max_ref);  // the same bf16 values in float32: only summation order may differ
+  std::filesystem::remove_all(tmp);
 }

@@ -44,6 +44,8 @@ first three, so that the CUDA backend runs them):
            no dense layer in this architecture, so its GGUF twin exists); 300-token prompt, bfloat16 checkpoint
   qwen3_5  Qwen3.5 text (Qwen3_5ForCausalLM): the same hybrid with separate in_proj_qkv / in_proj_z / in_proj_b /
            in_proj_a, dense MLPs, layers [linear, linear, full], 300-token prompt, bfloat16 checkpoint
+  olmoe    OLMoE: q/k norms over the whole projections, clip_qkv 3 (it bites: these q/k/v reach past it), 8 experts
+           top 3 not renormalised (norm_topk_prob false, as released), head_dim 32, 300-token prompt, bfloat16
 No tokenizer is written: the tests feed token ids.
 """
 import argparse
@@ -65,7 +67,7 @@ PROMPT_LEN = 40
 GREEDY = 16
 # Fixtures added later use prompts of 300 tokens (sequences of 316): long enough for windows, scaled RoPE and routing
 # to matter. The first five keep 40 (their files must not change).
-PROMPT_LEN_OF = {"qwen3_next": 300, "qwen3_5": 300, "gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300, "phi4_mini": 300}
+PROMPT_LEN_OF = {"olmoe": 300, "qwen3_next": 300, "qwen3_5": 300, "gemma2": 300, "phi3": 300, "yarn": 300, "mixtral": 300, "qwen3_moe": 300, "phi4_mini": 300}
 TV_MAJOR = int(transformers.__version__.split(".")[0])
 
 
@@ -218,6 +220,13 @@ def make(name):
                                          max_position_embeddings=512, tie_word_embeddings=True,
                                          partial_rotary_factor=0.25, **rope_kwargs(10000.0)))
         return cfg, Qwen3_5ForCausalLM, torch.bfloat16, True
+    if name == "olmoe":
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+        cfg = OlmoeConfig(**common(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, num_experts=8,
+                                   num_experts_per_tok=3, intermediate_size=64, norm_topk_prob=False,
+                                   clip_qkv=3.0, max_position_embeddings=512, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=False, **rope_kwargs(10000.0)))
+        return cfg, OlmoeForCausalLM, torch.bfloat16, False
     raise ValueError(name)
 
 
@@ -261,7 +270,7 @@ def build(name, out_root):
         to_old_style(os.path.join(out, "config.json"))
 
     rng = np.random.default_rng({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "gemma3": 5, "mixtral": 6,
-                                 "phi3": 9, "yarn": 10, "gemma2": 12, "phi4_mini": 13, "qwen3_next": 14, "qwen3_5": 15,
+                                 "phi3": 9, "yarn": 10, "gemma2": 12, "phi4_mini": 13, "qwen3_next": 14, "qwen3_5": 15, "olmoe": 16,
                                  "qwen3_moe": 8}[name])
     prompt = [int(t) for t in rng.integers(3, VOCAB, PROMPT_LEN_OF.get(name, PROMPT_LEN))]
     ids = list(prompt)

@@ -3,7 +3,7 @@
 converter, for the GGUF twins in tests/test_model_hf.cpp (HFFixturePhi3.LlamaCppGgufTwin,
 HFFixtureGemma2.LlamaCppGgufTwin).
 
-Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2] [qwen3_next]      (no name: all)
+Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2] [qwen3_next] [olmoe]   (no name: all)
         LLAMA_CPP_DIR: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/), e.g. the one vendored
         in the llama-cpp-python sdist (pip download llama-cpp-python --no-binary :all: --no-deps). Made with the tree
         of llama-cpp-python 0.3.36. Needs torch, numpy, safetensors.
@@ -19,6 +19,8 @@ class's set_vocab is replaced by a placeholder list of vocab_size tokens. Writes
                                                attn_qkv / attn_gate, ssm_ba as it is, ssm_a = −exp(A_log), ssm_dt.bias,
                                                ssm_conv1d (C, K), experts 3-D, shared expert *_shexp, rope.dimension_count
                                                the rotary dims (converted with --no-mtp)
+  tests/data/gguf_olmoe/olmoe_bf16.gguf        whole-projection attn_q_norm / attn_k_norm, experts 3-D,
+                                               attention.clamp_kqv
 (The MoE twins are written by tools/make_moe_gguf.py: the converter's MoE classes need nothing different, but this
 script's placeholder vocabulary would not change that, and the fixtures are bfloat16 checkpoints it reads as is.)
 """
@@ -33,6 +35,7 @@ FIXTURES = {
     "phi3": ("conversion.phi", "Phi3MiniModel", ("bf16", "q8_0")),
     "gemma2": ("conversion.gemma", "Gemma2Model", ("bf16",)),
     "qwen3_next": ("conversion.qwen", "Qwen3NextModel", ("bf16", "q8_0")),
+    "olmoe": ("conversion.olmo", "OlmoeModel", ("bf16",)),
 }
 
 

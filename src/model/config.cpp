@@ -540,6 +540,9 @@ void validate_config(const ModelConfig& c, const std::string& source, const Conf
         ": the attention scale must be positive and finite; got ", c.attn_scale);
   check(std::isfinite(c.final_logit_softcap) && c.final_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
         ": final_logit_softcapping must be positive and finite, or absent; got ", c.final_logit_softcap);
+  check(std::isfinite(c.clip_qkv) && c.clip_qkv >= 0, ErrorCode::kCorrupt, kOp, source,
+        ": clip_qkv must be positive and finite, or absent; got ", c.clip_qkv);
+  check(!c.qk_norm_full || c.qk_norm, ErrorCode::kInternal, kOp, source, ": whole-row q/k norms need qk_norm");
   check(std::isfinite(c.attn_logit_softcap) && c.attn_logit_softcap >= 0, ErrorCode::kCorrupt, kOp, source,
         ": attn_logit_softcapping must be positive and finite, or absent; got ", c.attn_logit_softcap);
   for (const RopeConfig* r : {&c.rope, &c.rope_local})
@@ -931,6 +934,8 @@ std::string config_to_json(const ModelConfig& c) {
   j["dtype"] = dtype_name(c.dtype);
   if (c.rotary_dim > 0) j["rotary_dim"] = c.rotary_dim;
   if (c.attn_output_gate) j["attn_output_gate"] = true;
+  if (c.qk_norm_full) j["qk_norm_full"] = true;
+  if (c.clip_qkv > 0) j["clip_qkv"] = fmt_double(c.clip_qkv);
   if (c.has_linear_layers()) {
     const ModelConfig::LinearAttention& la = c.linear_attn;
     j["linear_attention"] = {{"num_k_heads", la.num_k_heads}, {"num_v_heads", la.num_v_heads},
@@ -1013,6 +1018,8 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
     c.norm_topk_prob = get_bool_or(j, "norm_topk_prob", true, source);
   }
   c.attn_output_gate = get_bool_or(j, "attn_output_gate", false, source);
+  c.qk_norm_full = get_bool_or(j, "qk_norm_full", false, source);
+  if (j.contains("clip_qkv")) c.clip_qkv = static_cast<float>(num_from_str(j, "clip_qkv", source));
   c.shared_expert_intermediate_size = get_int_or(j, "shared_expert_intermediate_size", 0, source);
   if (has(j, "layer_linear")) {
     check(j.at("layer_linear").is_array() && static_cast<int64_t>(j.at("layer_linear").size()) == c.num_layers,

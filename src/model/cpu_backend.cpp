@@ -252,9 +252,19 @@ class CpuBackend final : public PassBackend {
   void prepare_heads(int64_t layer) override {
     const int64_t D = c_.head_dim, Hq = c_.num_heads, Hkv = c_.num_kv_heads, n = rows_;
     const LayerWeights& L = m_.w.layers[sz(layer)];
-    if (c_.qk_norm) {
+    if (c_.qk_norm && c_.qk_norm_full) {  // OLMoE: one norm over each row's whole q and k
+      rms_norm(s_.q.data(), L.q_norm.w, c_.norm_weight_offset, n, Hq * D, c_.rms_norm_eps, s_.q.data());
+      rms_norm(s_.k.data(), L.k_norm.w, c_.norm_weight_offset, n, Hkv * D, c_.rms_norm_eps, s_.k.data());
+    } else if (c_.qk_norm) {
       rms_norm(s_.q.data(), L.q_norm.w, c_.norm_weight_offset, n * Hq, D, c_.rms_norm_eps, s_.q.data());
       rms_norm(s_.k.data(), L.k_norm.w, c_.norm_weight_offset, n * Hkv, D, c_.rms_norm_eps, s_.k.data());
+    }
+    if (c_.clip_qkv > 0.0f) {
+      const float cl = c_.clip_qkv;
+      for (std::vector<float>* b : {&s_.q, &s_.k, &s_.v}) {
+        const int64_t count = n * (b == &s_.q ? Hq : Hkv) * D;
+        for (int64_t i = 0; i < count; ++i) (*b)[sz(i)] = std::clamp((*b)[sz(i)], -cl, cl);
+      }
     }
     const bool sliding = c_.layer_sliding[sz(layer)] != 0;
     const float* cs = sliding ? s_.cos_l.data() : s_.cos_g.data();

@@ -800,9 +800,9 @@ class Builder {
         L.k = lin(p + "self_attn.k_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
         L.v = lin(p + "self_attn.v_proj", c.num_kv_heads * D, H, c.qkv_bias); tick();
         L.o = lin(p + "self_attn.o_proj", H, c.num_heads * D, c.o_bias); tick();
-        if (c.qk_norm) {
-          L.q_norm = nm(p + "self_attn.q_norm.weight", D); tick();
-          L.k_norm = nm(p + "self_attn.k_norm.weight", D); tick();
+        if (c.qk_norm) {  // per head, or (OLMoE) over the whole projection
+          L.q_norm = nm(p + "self_attn.q_norm.weight", c.qk_norm_full ? c.num_heads * D : D); tick();
+          L.k_norm = nm(p + "self_attn.k_norm.weight", c.qk_norm_full ? c.num_kv_heads * D : D); tick();
         }
       }
       if (c.sandwich_norms) {

@@ -24,7 +24,7 @@
 namespace cider::model {
 
 enum class Architecture {
-  kLlama, kMistral, kQwen2, kQwen3, kGemma3, kGemma2, kMixtral, kQwen3Moe, kPhi3, kQwen3Next, kQwen35
+  kLlama, kMistral, kQwen2, kQwen3, kGemma3, kGemma2, kMixtral, kQwen3Moe, kPhi3, kQwen3Next, kQwen35, kOlmoe
 };
 const char* architecture_name(Architecture a);
 
@@ -151,6 +151,8 @@ struct ModelConfig {
   bool o_bias = false;          // o_proj carries a bias (attention_bias of Llama/Qwen3/Gemma 3)
   bool mlp_bias = false;        // gate/up/down carry biases (Llama mlp_bias)
   bool qk_norm = false;         // RMSNorm over each query/key head before RoPE (Qwen3, Gemma 3)
+  bool qk_norm_full = false;    // with qk_norm: one RMSNorm over the whole q (Hq·D) and k (Hkv·D) row (OLMoE)
+  float clip_qkv = 0.0f;        // > 0: q, k (after their norms) and v clamped to ±clip_qkv (OLMoE's clip_qkv); 0 = none
   bool sandwich_norms = false;  // Gemma 3: post-attention, pre- and post-feedforward norms
   Activation activation = Activation::kSiLU;
   float attn_scale = 0.0f;      // multiplies q·k: head_dim^−1/2, Gemma 3 query_pre_attn_scalar^−1/2

@@ -12,6 +12,7 @@ extern const ArchSpec kGemma2Arch;
 extern const ArchSpec kMixtralArch, kQwen3MoeArch;
 extern const ArchSpec kPhi3Arch;
 extern const ArchSpec kQwen3NextArch, kQwen35Arch;
+extern const ArchSpec kOlmoeArch;
 
 std::vector<int64_t> ConfigSource::get_int_list(const char* key) const {
   fail(ErrorCode::kUnsupported, kConfigOp, source(), ": the list ", key, " cannot be read from this source");
@@ -21,7 +22,7 @@ namespace {
 
 constexpr const ArchSpec* kArchs[] = {&kLlamaArch,    &kMistralArch,   &kQwen2Arch,  &kQwen3Arch,
                                        &kGemma3Arch,   &kGemma2Arch,    &kMixtralArch, &kQwen3MoeArch,
-                                       &kPhi3Arch,     &kQwen3NextArch, &kQwen35Arch};
+                                       &kPhi3Arch,     &kQwen3NextArch, &kQwen35Arch,  &kOlmoeArch};
 
 constexpr TensorName kCommonLayerTensors[] = {
     {"input_layernorm.weight", "attn_norm.weight"},

@@ -58,6 +58,8 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
           la.conv_kernel, " (", arch_spec(c.arch).name, ")");
     cuda::check_gated_delta_shape(la.k_head_dim, la.v_head_dim, kOp);
   }
+  check(!c.qk_norm_full && c.clip_qkv == 0.0f, ErrorCode::kUnsupported, kOp, "--device cuda does not run ",
+        arch_spec(c.arch).name, "'s whole-projection q/k norms or q/k/v clipping yet; use --device cpu");
   // The attention kernels (kernels/cuda/attention.cu) are instantiated for these head dims: said at load, not at the
   // first forward.
   check(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, ErrorCode::kUnsupported, kOp,
