@@ -491,8 +491,20 @@ int run_inspect(const InspectArgs& a) {
     for (uint8_t m : c.layer_moe) moe_layers += m;
     o << "experts: " << c.num_experts << " of intermediate " << c.expert_intermediate_size << ", "
       << c.experts_per_token << " per token" << (c.norm_topk_prob ? " (weights renormalised)" : "") << ", on "
-      << moe_layers << " of " << c.num_layers << " layers\n";
+      << moe_layers << " of " << c.num_layers << " layers";
+    if (c.shared_expert_intermediate_size > 0) o << ", plus a shared expert of " << c.shared_expert_intermediate_size;
+    o << "\n";
   }
+  if (c.has_linear_layers()) {
+    int64_t linear = 0;
+    for (uint8_t v : c.layer_linear) linear += v;
+    const model::ModelConfig::LinearAttention& la = c.linear_attn;
+    o << "linear attention (gated DeltaNet): " << linear << " of " << c.num_layers << " layers, " << la.num_k_heads
+      << " key heads of " << la.k_head_dim << ", " << la.num_v_heads << " value heads of " << la.v_head_dim
+      << ", conv " << la.conv_kernel << "; state " << la.state_bytes() << " bytes per layer and sequence\n";
+  }
+  if (c.attn_output_gate) o << "attention output gated (sigmoid)\n";
+  if (c.rotary_dim > 0) o << "rotary dims " << c.rotary_dim << " of " << c.head_dim << "\n";
   o << "bos " << c.bos_token_id << ", eos [";
   for (size_t i = 0; i < c.eos_token_ids.size(); ++i) o << (i ? ", " : "") << c.eos_token_ids[i];
   o << "]\n" << "tensors in the files: " << n_tensors << " (";

@@ -5,7 +5,8 @@ blocks with realistic scales (|w| about 0.02): the numbers it computes mean noth
 memory it takes are a real 7B's. Its tokenizer is the small Qwen2-style fixture of tests/data/tokenizers (2002
 tokens), padded with control tokens up to the model's vocabulary.
 
-Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b|mixtral-8x7b] [--layers N] [--ctx 131072]
+Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b|mixtral-8x7b|qwen3-next-80b] [--layers N]
+       [--ctx 131072]
        [--seed 0]   (--layers: fewer layers of the same shape, for per-layer speed runs that fit a device budget)
 Needs gguf-py and NumPy (PyPI: pip install gguf numpy). Writes about 4.7 GB for qwen2-7b; not for the repository.
 """
@@ -28,6 +29,14 @@ SHAPES = {
     # of FFN 14336, 2 per token, vocab 32000; llama.cpp stores it as "llama" with experts (3-D ffn_*_exps tensors).
     "mixtral-8x7b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=32000,
                          rope_base=1000000.0, eps=1e-5, qkv_bias=False, experts=8, experts_used=2),
+    # Qwen3-Next-80B-A3B (config.json of Qwen/Qwen3-Next-80B-A3B-Instruct): hidden 2048, 48 layers (three gated
+    # DeltaNet layers to one gated full-attention layer), 16 heads of 256 with 2 KV heads, partial rotary 64, 512
+    # experts of 512 (10 per token) + a shared expert of 512, DeltaNet 16 key heads / 32 value heads of 128, conv 4,
+    # vocab 151936; llama.cpp's "qwen3next" layout (tools/make_llamacpp_gguf.py's converter run).
+    "qwen3-next-80b": dict(arch="qwen3next", hidden=2048, layers=48, heads=16, kv_heads=2, head_dim=256, ffn=5120,
+                           vocab=151936, rope_base=10000000.0, eps=1e-6, qkv_bias=False, experts=512,
+                           experts_used=10, expert_ffn=512, shared_ffn=512, rope_dims=64,
+                           linear=dict(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv=4)),
 }
 
 Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
@@ -78,7 +87,9 @@ def main() -> None:
     types += [int(gguf.TokenType.CONTROL)] * pad
 
     arch, H, L, nh, nkv, I, V = s["arch"], s["hidden"], s["layers"], s["heads"], s["kv_heads"], s["ffn"], s["vocab"]
-    D = H // nh
+    D = s.get("head_dim", H // nh)
+    lin = s.get("linear")  # hybrid: every fourth layer full attention, the others gated DeltaNet
+    Ie = s.get("expert_ffn", I)
     w = gguf.GGUFWriter(a.out, arch)
     w.add_name(f"random {a.shape} (cider tools/make_random_gguf.py, seed {a.seed})")
     w.add_context_length(a.ctx)
@@ -94,6 +105,23 @@ def main() -> None:
     if E:
         w.add_expert_count(E)
         w.add_expert_used_count(s["experts_used"])
+        if "expert_ffn" in s:
+            w.add_expert_feed_forward_length(Ie)
+        if "shared_ffn" in s:
+            w.add_expert_shared_feed_forward_length(s["shared_ffn"])
+    if "head_dim" in s:
+        w.add_key_length(D)
+        w.add_value_length(D)
+    if "rope_dims" in s:
+        w.add_rope_dimension_count(s["rope_dims"])
+    if lin:
+        w.add_ssm_conv_kernel(lin["conv"])
+        w.add_ssm_state_size(lin["k_dim"])
+        w.add_ssm_group_count(lin["k_heads"])
+        w.add_ssm_time_step_rank(lin["v_heads"])
+        w.add_ssm_inner_size(lin["v_dim"] * lin["v_heads"])
+        w.add_full_attention_interval(4)
+        w.add_array(f"{arch}.attention.recurrent_layers", [(l + 1) % 4 != 0 for l in range(L)])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -108,14 +136,32 @@ def main() -> None:
     for l in range(L):
         p = f"blk.{l}."
         more = l % 2 == 0
-        plan += [(p + "attn_norm.weight", None, 1, H), (p + "ffn_norm.weight", None, 1, H),
-                 (p + "attn_q.weight", Q4_K, nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
-                 (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H), (p + "attn_output.weight", Q4_K, H, nh * D),
-                 ]
+        if lin and (l + 1) % 4 != 0:  # gated DeltaNet: q|k|v, z, b|a, A (negative), dt bias, conv (C, K), norm, out
+            kd, vd = lin["k_heads"] * lin["k_dim"], lin["v_heads"] * lin["v_dim"]
+            plan += [(p + "attn_norm.weight", None, 1, H), (p + "post_attention_norm.weight", None, 1, H),
+                     (p + "attn_qkv.weight", Q4_K, 2 * kd + vd, H), (p + "attn_gate.weight", Q4_K, vd, H),
+                     (p + "ssm_ba.weight", None, 2 * lin["v_heads"], H), (p + "ssm_a", None, 1, lin["v_heads"]),
+                     (p + "ssm_dt.bias", None, 1, lin["v_heads"]), (p + "ssm_conv1d.weight", None, 2 * kd + vd, lin["conv"]),
+                     (p + "ssm_norm.weight", None, 1, lin["v_dim"]), (p + "ssm_out.weight", Q4_K, H, vd)]
+        elif lin:  # gated full attention: q_proj holds each head's query and gate; q/k norms per head
+            plan += [(p + "attn_norm.weight", None, 1, H), (p + "post_attention_norm.weight", None, 1, H),
+                     (p + "attn_q.weight", Q4_K, 2 * nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
+                     (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H),
+                     (p + "attn_output.weight", Q4_K, H, nh * D), (p + "attn_q_norm.weight", None, 1, D),
+                     (p + "attn_k_norm.weight", None, 1, D)]
+        else:
+            plan += [(p + "attn_norm.weight", None, 1, H), (p + "ffn_norm.weight", None, 1, H),
+                     (p + "attn_q.weight", Q4_K, nh * D, H), (p + "attn_k.weight", Q4_K, nkv * D, H),
+                     (p + "attn_v.weight", Q6_K if more else Q4_K, nkv * D, H),
+                     (p + "attn_output.weight", Q4_K, H, nh * D)]
         if E:  # router F32 (E, H); experts (E, I, H) and (E, H, I), numpy order (GGUF ne reversed)
-            plan += [(p + "ffn_gate_inp.weight", None, E, H), (p + "ffn_gate_exps.weight", Q4_K, (E, I), H),
-                     (p + "ffn_up_exps.weight", Q4_K, (E, I), H),
-                     (p + "ffn_down_exps.weight", Q6_K if more else Q4_K, (E, H), I)]
+            plan += [(p + "ffn_gate_inp.weight", None, E, H), (p + "ffn_gate_exps.weight", Q4_K, (E, Ie), H),
+                     (p + "ffn_up_exps.weight", Q4_K, (E, Ie), H),
+                     (p + "ffn_down_exps.weight", Q6_K if more else Q4_K, (E, H), Ie)]
+            if "shared_ffn" in s:  # the shared expert and its gate (1, H)
+                Is = s["shared_ffn"]
+                plan += [(p + "ffn_gate_inp_shexp.weight", None, (1,), H), (p + "ffn_gate_shexp.weight", Q4_K, Is, H),
+                         (p + "ffn_up_shexp.weight", Q4_K, Is, H), (p + "ffn_down_shexp.weight", Q6_K, H, Is)]
         else:
             plan += [(p + "ffn_gate.weight", Q4_K, I, H), (p + "ffn_up.weight", Q4_K, I, H),
                      (p + "ffn_down.weight", Q6_K if more else Q4_K, H, I)]
@@ -131,7 +177,7 @@ def main() -> None:
 
     for name, qt, rows, cols in plan:
         if qt is None:
-            shape = [cols] if rows == 1 else [rows, cols]
+            shape = lead(rows) + [cols] if isinstance(rows, tuple) else ([cols] if rows == 1 else [rows, cols])
             w.add_tensor_info(name, shape, np.dtype(np.float32), count(rows) * cols * 4)
         else:
             nbytes = count(rows) * (cols // 256) * BLOCK_BYTES[qt]
@@ -142,8 +188,14 @@ def main() -> None:
     total = 0
     for name, qt, rows, cols in plan:
         if qt is None:
-            t = (np.ones(cols, np.float32) if name.endswith("norm.weight")
-                 else rng.normal(0.0, 0.02, count(rows) * cols).astype(np.float32))
+            if name.endswith("norm.weight"):
+                t = np.ones(cols, np.float32)
+            elif name.endswith("ssm_a"):  # −exp(A_log): decay rates, negative
+                t = -rng.uniform(0.5, 4.0, cols).astype(np.float32)
+            elif name.endswith("ssm_conv1d.weight"):
+                t = rng.normal(0.0, 0.5, count(rows) * cols).astype(np.float32)
+            else:
+                t = rng.normal(0.0, 0.02, count(rows) * cols).astype(np.float32)
         else:
             t = random_blocks(rng, qt, count(rows), cols)
         w.write_tensor_data(t)
