@@ -164,6 +164,23 @@ struct KVAppendArgs {
   int group_size;                   // bits > 0: 32, 64, 128
 };
 
+// ---- gated delta rule (the linear-attention layers of hybrid models, nn/gated_delta.h) ----------------------------
+// Value heads [h0, h1) over n tokens; head h reads key head h / (Hv / Hk). Per token t in order, per head:
+//   S ← S·exp(g[t, h]);  δ = (v[t, h] − Sᵀk[t])·β[t, h];  S ← S + k[t] δᵀ;  out[t, h] = Sᵀq[t]
+// with S (Dk, Dv) float32 updated in place. q and k are already l2-normalised (q also scaled), float32.
+struct GatedDeltaKernelArgs {
+  const float* q;      // (n, Hk, Dk)
+  const float* k;      // (n, Hk, Dk)
+  const float* v;      // row t's head h at v + t·v_stride + h·Dv
+  int64_t v_stride;
+  const float* g;      // (n, Hv) log decay
+  const float* beta;   // (n, Hv)
+  float* state;        // (Hv, Dk, Dv)
+  float* out;          // (n, Hv·Dv)
+  int64_t n, Hk, Hv, Dk, Dv;
+  int64_t h0, h1;      // the value heads this call runs
+};
+
 struct KernelTable {
   const char* name;
   void (*affine_qmm)(const AffineQmmArgs&);
@@ -176,6 +193,7 @@ struct KernelTable {
   void (*kv_append)(const KVAppendArgs&);    // rotate + quantize + store new KV rows (n >= 1)
   void (*ggml_linear)(const GgmlLinearArgs&);  // native GGUF weights, M >= 1
   void (*ggml_dequantize)(const GgmlDequantArgs&);  // native GGUF weight rows → float32
+  void (*gated_delta)(const GatedDeltaKernelArgs&);  // the gated delta rule over value heads [h0, h1)
 };
 
 // The reference table: always present.

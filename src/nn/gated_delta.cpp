@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/kernel_table.h"
 
 namespace cider::nn {
 
@@ -42,7 +43,7 @@ void causal_conv1d_silu(const float* x, int64_t x_stride, int64_t n, int64_t C, 
 }
 
 void gated_delta_rule(const GatedDeltaArgs& a) {
-  const int64_t n = a.n, Hk = a.Hk, Hv = a.Hv, Dk = a.Dk, Dv = a.Dv, r = Hv / Hk;
+  const int64_t n = a.n, Hk = a.Hk, Hv = a.Hv, Dk = a.Dk, Dv = a.Dv;
   const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dk)));
   // Normalised queries and keys of every token and key head: (n, Hk, Dk) each.
   std::vector<float> qn(sz(n * Hk * Dk)), kn(sz(n * Hk * Dk));
@@ -51,37 +52,26 @@ void gated_delta_rule(const GatedDeltaArgs& a) {
       l2norm(a.q + t * a.row_stride + h * Dk, Dk, qscale, qn.data() + (t * Hk + h) * Dk);
       l2norm(a.k + t * a.row_stride + h * Dk, Dk, 1.0f, kn.data() + (t * Hk + h) * Dk);
     }
+  kernels::GatedDeltaKernelArgs ka{};
+  ka.q = qn.data();
+  ka.k = kn.data();
+  ka.v = a.v;
+  ka.v_stride = a.row_stride;
+  ka.g = a.g;
+  ka.beta = a.beta;
+  ka.state = a.state;
+  ka.out = a.out;
+  ka.n = n;
+  ka.Hk = Hk;
+  ka.Hv = Hv;
+  ka.Dk = Dk;
+  ka.Dv = Dv;
+  const kernels::KernelTable& table = kernels::active_kernels();
   auto heads = [&](int64_t h0, int64_t h1) {
-    std::vector<float> delta(sz(Dv));
-    for (int64_t h = h0; h < h1; ++h) {
-      float* S = a.state + h * Dk * Dv;
-      const int64_t kh = h / r;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* q = qn.data() + (t * Hk + kh) * Dk;
-        const float* k = kn.data() + (t * Hk + kh) * Dk;
-        const float* v = a.v + t * a.row_stride + h * Dv;
-        const float decay = std::exp(a.g[t * Hv + h]);
-        const float beta = a.beta[t * Hv + h];
-        for (int64_t i = 0; i < Dk * Dv; ++i) S[i] *= decay;
-        for (int64_t j = 0; j < Dv; ++j) delta[sz(j)] = 0.0f;
-        for (int64_t i = 0; i < Dk; ++i) {  // Sᵀk, row by row of S
-          const float ki = k[i];
-          const float* Si = S + i * Dv;
-          for (int64_t j = 0; j < Dv; ++j) delta[sz(j)] += Si[j] * ki;
-        }
-        for (int64_t j = 0; j < Dv; ++j) delta[sz(j)] = (v[j] - delta[sz(j)]) * beta;
-        float* o = a.out + t * Hv * Dv + h * Dv;
-        for (int64_t j = 0; j < Dv; ++j) o[j] = 0.0f;
-        for (int64_t i = 0; i < Dk; ++i) {  // S += k δᵀ, then o = Sᵀq
-          const float ki = k[i], qi = q[i];
-          float* Si = S + i * Dv;
-          for (int64_t j = 0; j < Dv; ++j) {
-            Si[j] += ki * delta[sz(j)];
-            o[j] += Si[j] * qi;
-          }
-        }
-      }
-    }
+    kernels::GatedDeltaKernelArgs part = ka;
+    part.h0 = h0;
+    part.h1 = h1;
+    table.gated_delta(part);
   };
   // One value head's recurrence is sequential in t; heads are independent.
   if (Hv > 1 && n * Dk * Dv * Hv >= (int64_t{1} << 18)) {

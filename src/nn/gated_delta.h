@@ -33,7 +33,9 @@ struct GatedDeltaArgs {
   float* state = nullptr;            // (Hv, Dk, Dv), updated
   float* out = nullptr;              // (n, Hv·Dv)
 };
-// Runs the recurrence over the n tokens (value heads split over the default thread pool when the work is large).
+// Runs the recurrence over the n tokens: q and k normalised here, then the kernel table's gated_delta (kernels/ref
+// the reference, kernels/x86/avx2 the AVX2/AVX-512 levels), value heads split over the default thread pool when the
+// work is large.
 void gated_delta_rule(const GatedDeltaArgs& a);
 
 }  // namespace cider::nn

@@ -39,6 +39,7 @@ CIDER_X86_DECLARE_KERNELS
 // Native GGUF weights (avx2/ggml_linear.cpp); the avx512 table uses it too (no AVX-512 version yet).
 void ggml_linear(const GgmlLinearArgs& a);
 void ggml_dequantize(const GgmlDequantArgs& a);
+void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp
 }  // namespace avx2
 namespace avx512 {
 CIDER_X86_DECLARE_KERNELS
