@@ -227,20 +227,14 @@ class Builder {
   // A float tensor (f32/f16/bf16) of the given HF name and shape, in place where possible; every value finite (a
   // NaN or infinity in a weight is a corrupt file for every --weights format, never silently wrong logits).
   FloatRef fetch_float(const std::string& hf, const std::vector<int64_t>& shape) {
-    FloatRef r;
-    if (std::optional<RowGather> g = row_gather(hf)) {
-      std::vector<int64_t> whole_shape = shape;
-      whole_shape[0] = g->total;
-      FloatRef whole = fetch_float_any(g->src, whole_shape);
-      check_finite_weights(whole.view.data, whole.view.dtype, whole.view.numel(), file_name(g->src));
-      check(static_cast<int64_t>(g->rows.size()) == shape[0], ErrorCode::kInternal, kOp, where_, ": ", hf,
-            " gathers ", g->rows.size(), " rows for ", shape[0]);
-      r = gather_rows(whole, g->rows);
-    } else {
-      r = fetch_float_any(hf, shape);
-      check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(hf));
-    }
-    if (rotary_reordered(hf)) r = reorder_rotary(r);
+    // Rows regrouped (row_gather) and/or reordered (partial rotary) come from the file's tensor in one gather.
+    const std::optional<RowGather> g = row_gather(hf);
+    std::vector<int64_t> file_shape = shape;
+    if (g) file_shape[0] = g->total;
+    const std::string& name = g ? g->src : hf;
+    FloatRef r = fetch_float_any(name, file_shape);
+    check_finite_weights(r.view.data, r.view.dtype, r.view.numel(), file_name(name));
+    if (g || rotary_reordered(hf)) r = gather_rows(r, engine_row_order(hf, shape[0]));
     return r;
   }
 
@@ -298,11 +292,15 @@ class Builder {
     }
     return g;
   }
-  // For each of the engine's N rows of `hf`, the file's row it comes from: row_gather's regrouping, then the partial
-  // rotary order (reorder_rotary) of the query/key heads — what fetch_float does to float data, as indices.
+  // For each of the engine's N rows of `hf` (a weight's output rows, or a norm's / bias's values), the file's row it
+  // comes from: row_gather's regrouping, then the partial-rotary order of the query/key heads (rotary_order; a gated
+  // q_proj's gates keep theirs: they multiply the attention output, in v's order). fetch_float gathers float data by
+  // it, native_blocks whole rows of blocks.
   std::vector<int64_t> engine_row_order(const std::string& hf, int64_t N) const {
     std::vector<int64_t> rows(static_cast<size_t>(N));
     const std::optional<RowGather> g = row_gather(hf);
+    check(!g || static_cast<int64_t>(g->rows.size()) == N, ErrorCode::kInternal, kOp, where_, ": ", hf, " gathers ",
+          g ? g->rows.size() : 0, " rows for ", N);
     for (int64_t i = 0; i < N; ++i) rows[static_cast<size_t>(i)] = g ? g->rows[static_cast<size_t>(i)] : i;
     if (!rotary_reordered(hf)) return rows;
     const int64_t D = c_.head_dim, heads = N / D;
@@ -354,27 +352,6 @@ class Builder {
     }
     return false;
   }
-  // Rows of D values (a head's dims; a weight's rows are head-major) reordered by rotary_order(), as float32.
-  FloatRef reorder_rotary(const FloatRef& r) {
-    const int64_t D = c_.head_dim, n = r.view.numel();
-    const int64_t per = r.view.rank == 2 ? r.view.dim(1) : 1;  // values per head dim (a weight row: K)
-    const int64_t heads = n / per / D;
-    // A gated q_proj (row_gather: queries, then gates): the gates multiply the attention output, in v's order.
-    const int64_t rotated = c_.attn_output_gate && heads == 2 * c_.num_heads ? c_.num_heads : heads;
-    const std::vector<int64_t> order = rotary_order();
-    Tensor out(DType::kF32, r.view.shape_vector());
-    float* o = out.ptr<float>();
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t p = 0; p < D; ++p)
-        for (int64_t k = 0; k < per; ++k)
-          o[(h * D + p) * per + k] =
-              load_float(r.view.data, r.view.dtype, (h * D + (h < rotated ? order[static_cast<size_t>(p)] : p)) * per + k);
-    FloatRef f;
-    f.temp = std::move(out);
-    f.view = f.temp->view();
-    return f;
-  }
-
   void check_finite_weights(const void* data, DType dtype, int64_t n, const std::string& name) const {
     const int64_t bad = find_nonfinite(data, dtype, n);
     check(bad < 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", name, "' must hold finite values; got ",

@@ -44,10 +44,9 @@ using test::gdn::Shape;
 using test::gdn::shape_name;
 using test::gdn::within;
 
-constexpr double kU = 1.0 / 16777216.0;  // 2⁻²⁴: float32 unit roundoff
-
-size_t sz(int64_t n) { return static_cast<size_t>(n); }
-double dbl(int64_t n) { return static_cast<double>(n); }
+using test::gdn::dbl;
+using test::gdn::kU;
+using test::gdn::sz;
 
 // A device float array of n elements with 64 floats of 0xFF bytes on both sides (data() keeps 256-byte alignment).
 class Guarded {

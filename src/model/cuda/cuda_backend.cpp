@@ -49,15 +49,8 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
         c.head_dim);
   // Hybrid models: the recurrence kernel's limits (one thread per state column, the state in shared memory) are
   // said at load, naming the model's dims.
-  if (c.has_linear_layers()) {
-    const ModelConfig::LinearAttention& la = c.linear_attn;
-    check(la.num_k_heads >= 1 && la.num_v_heads % la.num_k_heads == 0 && la.conv_kernel >= 1 &&
-              la.conv_kernel <= 64,
-          ErrorCode::kInvalidArgument, kOp, "the linear-attention geometry needs value heads a multiple of key heads "
-          "and a conv kernel of 1 to 64 taps; got ", la.num_v_heads, " / ", la.num_k_heads, " heads, kernel ",
-          la.conv_kernel, " (", arch_spec(c.arch).name, ")");
-    cuda::check_gated_delta_shape(la.k_head_dim, la.v_head_dim, kOp);
-  }
+  // (The geometry itself — value heads a multiple of key heads, a kernel of 1 to 64 taps — is validate_config's.)
+  if (c.has_linear_layers()) cuda::check_gated_delta_shape(c.linear_attn.k_head_dim, c.linear_attn.v_head_dim, kOp);
   check(!c.qk_norm_full && c.clip_qkv == 0.0f, ErrorCode::kUnsupported, kOp, "--device cuda does not run ",
         arch_spec(c.arch).name, "'s whole-projection q/k norms or q/k/v clipping yet; use --device cpu");
   // The attention kernels (kernels/cuda/attention.cu) are instantiated for these head dims: said at load, not at the
