@@ -26,6 +26,7 @@
 #include "model/npy.h"
 #include "model/perplexity.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "nn/kv_cache.h"
 
@@ -126,6 +127,7 @@ std::string describe(const model::ModelOptions& o) {
   std::string d = std::string("weights ") + model::weight_format_name(o.weights);
   d += ", kv " + model::kv_format_name(o.kv);
   if (o.device != model::Device::kCPU) d += std::string(", device ") + model::device_name(o.device);
+  if (o.tp > 1) d += ", tp " + std::to_string(o.tp);
   return d;
 }
 
@@ -165,6 +167,11 @@ model::ModelOptions model_options(const ModelArgs& a) {
   }
   o.ctx = a.ctx;
   o.kv_full_sliding = a.kv_full_sliding;
+  check(a.tp >= 1 && a.tp <= model::kMaxTensorParallel, ErrorCode::kInvalidArgument, "options", "--tp must be in [1, ",
+        model::kMaxTensorParallel, "]; got ", a.tp);
+  check(a.tp == 1 || o.device == model::Device::kCUDA, ErrorCode::kInvalidArgument, "options", "--tp ", a.tp,
+        " splits the model over GPUs: it needs --device cuda");
+  o.tp = a.tp;
   return o;
 }
 

@@ -31,6 +31,7 @@ struct ModelArgs {
   bool threads_given = false;
   int64_t ctx = 0;                 // --ctx; 0 = the model's maximum (capped by the engine)
   std::string device = "cpu";      // --device: cpu or cuda
+  int tp = 1;                      // --tp: tensor-parallel GPUs (model/tensor_parallel.h)
   bool progress = false;           // --progress: draw bars even when stderr is not a terminal
 };
 

@@ -55,6 +55,9 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
+  c->add_option("--tp", m.tp,
+                "tensor parallelism: split the model over this many GPUs of the host (--device cuda; NCCL)")
+      ->capture_default_str();
   c->add_flag("--progress", m.progress, "draw progress bars even when stderr is not a terminal");
   h.threads = c->add_option("--threads", m.threads,
                             "worker threads, at most 4 per CPU (default: $CIDER_NUM_THREADS or all CPUs)");

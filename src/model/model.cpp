@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/backend.h"
 #include "model/loader.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "quant/affine.h"
 
@@ -122,6 +123,10 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
         options.ctx);
   options.kv.validate(op);
   require_device(options.device);  // before reading any weights
+  check(options.tp >= 1 && options.tp <= kMaxTensorParallel, ErrorCode::kInvalidArgument, op, "--tp must be in [1, ",
+        kMaxTensorParallel, "]; got ", options.tp);
+  check(options.tp == 1 || options.device == Device::kCUDA, ErrorCode::kUnsupported, op,
+        "--tp ", options.tp, " splits the model over GPUs: it needs --device cuda (the CPU runs --tp 1)");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (!options.kv.quantized) impl->options.kv.rotation = nn::RotationKind::kNone;  // plain caches are not rotated
@@ -153,6 +158,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     if (impl->bos_token.empty() && tok.bos_id() >= 0) impl->bos_token = tok.id_to_token(tok.bos_id());
     if (impl->eos_token.empty() && !tok.eos_ids().empty()) impl->eos_token = tok.id_to_token(tok.eos_ids().front());
   }
+  check_tensor_parallel(c, impl->options.weights, options.tp);
   impl->backend = make_backend(*impl);
   return std::unique_ptr<Model>(new Model(std::move(impl)));
 }

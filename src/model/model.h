@@ -85,6 +85,9 @@ struct ModelOptions {
   // Sliding-window layers keep only their window in the KV cache (drop older positions, nn/kv_cache.h) unless this
   // is set: then they keep every position and attention masks them (more memory; trims to any position).
   bool kv_full_sliding = false;
+  // Tensor-parallel ranks (`--tp`): the model split over this many GPUs of the host, one rank per GPU, all-reduced
+  // through NCCL (model/tensor_parallel.h); 1 = one device. More than 1 needs device kCUDA.
+  int tp = 1;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).

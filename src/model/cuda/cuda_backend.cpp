@@ -19,7 +19,9 @@
 #include "kernels/cuda/model_ops.h"
 #include "model/arch/arch.h"
 #include "model/backend.h"
+#include "model/cuda/tp_backend.h"
 #include "model/loader.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "nn/kv_cache.h"
 #include "nn/rotation.h"
@@ -415,9 +417,12 @@ DType GpuModel::kv_store_dtype() const {
   return kv.quantized ? kv.scale_dtype : kv.plain_dtype;
 }
 
-std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
+std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared_ptr<Collective> comm) {
   cuda::require_device(kOp);
-  const ModelConfig& c = cpu.config;
+  const ModelConfig& full = cpu.config;
+  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  check_tensor_parallel(full, cpu.options.weights, ranks);
+  const ModelConfig c = tp_shard_config(full, ranks);  // this rank's shape (the whole model's with one rank)
   check_supported(c, cpu.options.weights, cpu.options.kv);
   auto m = std::make_shared<GpuModel>();
   m->config = c;
@@ -425,7 +430,20 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
   m->ctx = cpu.ctx;
   m->kv_full_sliding = cpu.options.kv_full_sliding;
   m->weights = cpu.options.weights;
+  m->comm = std::move(comm);
+  CIDER_CUDA_CHECK(kOp, cudaGetDevice(&m->device));
   const Weights& W = cpu.w;
+  // This rank's query heads, KV heads and intermediate rows (model/tensor_parallel.h): the whole ranges with one rank.
+  const int64_t D = c.head_dim;
+  const auto [q0, q1] = tp_range(full.num_heads, rank, ranks);
+  const auto [kv0, kv1] = tp_range(full.num_kv_heads, rank, ranks);
+  auto mlp_shares = [&](const Linear& gate, const Linear& up, const Linear& down, int64_t I, GpuFusedLinear& gu,
+                        GpuLinear& dn) {
+    const auto [i0, i1] = tp_range(I, rank, ranks);
+    const LinearShare g = share_rows(gate, i0, i1), u = share_rows(up, i0, i1);
+    gu = upload_fused({&g.linear, &u.linear});
+    dn = upload_linear(share_cols(down, i0, i1, /*with_bias=*/rank == 0).linear);
+  };
 
   m->embed_dtype = W.embed_dtype;
   m->embed = cuda::to_device(W.embed, sz(c.vocab_size) * sz(c.hidden_size) * dtype_size(W.embed_dtype));
@@ -442,15 +460,18 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
       g.post_attn_norm = upload_floats(L.post_attn_norm.w, c.hidden_size);
       g.post_mlp_norm = upload_floats(L.post_mlp_norm.w, c.hidden_size);
     }
-    if (c.is_linear_layer(l)) {  // a gated DeltaNet instead of attention
+    if (c.is_linear_layer(l)) {  // a gated DeltaNet instead of attention (one rank: check_tensor_parallel)
       upload_linear_attention(g, L, c, l);
     } else {
-      // Gated attention: q_proj holds the queries then the gates (loader), so the fused row is [q | gates | k | v].
-      const int64_t q_rows = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
+      // Gated attention: q_proj holds the queries then the gates (loader), so the fused row is [q | gates | k | v]:
+      // this rank's heads of both parts.
+      const int64_t q_rows = (c.attn_output_gate ? 2 : 1) * full.num_heads * D;
       check(L.q.N == q_rows, ErrorCode::kInternal, kOp, "q_proj of layer ", l, " must have ", q_rows, " rows",
             c.attn_output_gate ? " (queries then gates)" : "", "; got ", L.q.N);
-      g.qkv = upload_fused({&L.q, &L.k, &L.v});
-      g.o = upload_linear(L.o);
+      const LinearShare q = share_rows_of_parts(L.q, full.num_heads * D, q0 * D, q1 * D);
+      const LinearShare k = share_rows(L.k, kv0 * D, kv1 * D), v = share_rows(L.v, kv0 * D, kv1 * D);
+      g.qkv = upload_fused({&q.linear, &k.linear, &v.linear});
+      g.o = upload_linear(share_cols(L.o, q0 * D, q1 * D, /*with_bias=*/rank == 0).linear);
     }
     if (c.is_moe_layer(l)) {
       check(L.router.kind == WeightKind::kDense && L.router.w_dtype == DType::kF32, ErrorCode::kInternal, kOp,
@@ -459,30 +480,30 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
       g.router.assign(r, r + c.num_experts * c.hidden_size);
       for (const LayerWeights::Expert& x : L.experts) {
         GpuExpert& ge = g.experts.emplace_back();
-        ge.gate_up = upload_fused({&x.gate, &x.up});
-        ge.down = upload_linear(x.down);
+        mlp_shares(x.gate, x.up, x.down, full.expert_intermediate_size, ge.gate_up, ge.down);
       }
       if (c.shared_expert_intermediate_size > 0) {
-        g.shared.gate_up = upload_fused({&L.shared.gate, &L.shared.up});
-        g.shared.down = upload_linear(L.shared.down);
+        mlp_shares(L.shared.gate, L.shared.up, L.shared.down, full.shared_expert_intermediate_size, g.shared.gate_up,
+                   g.shared.down);
         const float* sg = float32_weights(L.shared_gate, 1, c.hidden_size, l);
         g.shared_gate.assign(sg, sg + c.hidden_size);
       }
     } else {
-      g.gate_up = upload_fused({&L.gate, &L.up});
-      g.down = upload_linear(L.down);
+      mlp_shares(L.gate, L.up, L.down, full.intermediate_size, g.gate_up, g.down);
     }
     upload_rotation(g, *m, l);
   }
   m->final_norm = upload_floats(W.final_norm.w, c.hidden_size);
+  const auto [v0, v1] = tp_range(c.vocab_size, rank, ranks);  // this rank's rows of the head
+  m->vocab0 = v0;
   if (W.head_is_embedding && W.embed_dtype == DType::kBF16) {
     m->lm_head.kind = WeightKind::kDense;  // the tied head reads the device embedding itself
     m->lm_head.w_dtype = DType::kBF16;
-    m->lm_head.N = c.vocab_size;
+    m->lm_head.N = v1 - v0;
     m->lm_head.K = c.hidden_size;
-    m->lm_head.w = m->embed.data();
+    m->lm_head.w = static_cast<const uint16_t*>(m->embed.data()) + v0 * c.hidden_size;
   } else {
-    m->lm_head = upload_linear(W.lm_head);
+    m->lm_head = upload_linear(share_rows(W.lm_head, v0, v1).linear);
   }
   upload_rope_tables(*m, cpu.inv_freq, cpu.inv_freq_local);
   if (c.has_linear_layers()) {  // float32-faithful activations for every dense layer (GpuModel::split_activations)
@@ -501,8 +522,10 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu) {
 }
 
 std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFormat weights, const KVOptions& kv,
-                                             int64_t ctx, uint64_t seed) {
+                                             int64_t ctx, uint64_t seed, std::shared_ptr<Collective> comm) {
   cuda::require_device(kOp);
+  const int ranks = comm ? comm->size() : 1;
+  check_tensor_parallel(config, weights, ranks);
   check_supported(config, weights, kv);
   check(ctx >= 1, ErrorCode::kInvalidArgument, kOp, "ctx must be >= 1; got ", ctx);
   bool any_moe = false;
@@ -510,9 +533,11 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
   check(!config.has_linear_layers() && !config.attn_output_gate && !any_moe, ErrorCode::kUnsupported,
         kOp, "random benchmark models have dense attention and MLP layers only (no linear-attention, gated-attention "
         "or mixture-of-experts weights)");
-  const ModelConfig& c = config;
+  const ModelConfig c = tp_shard_config(config, ranks);
   auto m = std::make_shared<GpuModel>();
   m->config = c;
+  m->comm = std::move(comm);
+  CIDER_CUDA_CHECK(kOp, cudaGetDevice(&m->device));
   m->kv = kv;
   if (!kv.quantized) m->kv.rotation = nn::RotationKind::kNone;
   m->ctx = ctx;
@@ -547,7 +572,9 @@ std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFo
     upload_rotation(g, *m, l);
   }
   m->final_norm = ones(H, s);
-  m->lm_head = random_linear(c.vocab_size, H, weights, ++salt, s);
+  const auto [v0, v1] = tp_range(c.vocab_size, m->comm ? m->comm->rank() : 0, ranks);
+  m->vocab0 = v0;
+  m->lm_head = random_linear(v1 - v0, H, weights, ++salt, s);
   upload_rope_tables(*m, rope_inv_freq(c.rope, D, ctx, c.rotary_dim), rope_inv_freq(c.rope_local, D, ctx, c.rotary_dim));
   stream.synchronize();
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
@@ -691,6 +718,8 @@ struct GpuSession::Impl final : public PassBackend {
   void attention(int64_t layer) override;
   void finish_heads(int64_t layer) override;
   void glu() override;
+  // Tensor parallelism: tmp (the rows' block output, a partial sum on each rank) ← its sum over the ranks.
+  void all_reduce_block();
   // Mixture-of-experts layer: h is copied to the host, routed there (route_experts, the CPU's rule, with the router
   // in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them weighted into tmp. The
   // copy synchronises the stream, so decode steps of MoE models run without CUDA graphs.
@@ -751,7 +780,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
     st.S.fill(0);
     st.conv.fill(0);
   }
-  logits_last = f32(c.vocab_size);
+  logits_last = f32(m.head_rows());
   tokens = cuda::DeviceBuffer(sz(ctx) * sizeof(int32_t));
   step = cuda::DeviceBuffer(kStepWords * sizeof(int32_t));
 
@@ -854,7 +883,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
 
   CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&step_host), kStepWords * sizeof(int32_t),
                                       cudaHostAllocDefault));
-  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&logits_host), sz(c.vocab_size) * sizeof(float),
+  CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&logits_host), sz(m.head_rows()) * sizeof(float),
                                       cudaHostAllocDefault));
   std::memset(step_host, 0, kStepWords * sizeof(int32_t));
 }
@@ -1115,6 +1144,11 @@ void GpuSession::Impl::linear(int64_t layer, LinearSlot slot) {
     case LinearSlot::kGateUp: L.gate_up.forward(h.as<float>(), n_, gu.as<float>(), scr, e_); break;
     case LinearSlot::kDown: L.down.forward(ffn.as<float>(), n_, tmp.as<float>(), e_); break;
   }
+  if (slot == LinearSlot::kO || slot == LinearSlot::kDown) all_reduce_block();
+}
+
+void GpuSession::Impl::all_reduce_block() {
+  if (m.comm) m.comm->all_reduce_sum(tmp.as<float>(), n_ * m.config.hidden_size, e_.stream);
 }
 
 cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment& g) const {
@@ -1298,6 +1332,7 @@ void GpuSession::Impl::moe(int64_t layer) {
     cuda::scatter_add_rows(moe_out.as<float>(), moe_idx.as<int32_t>() + n * K, moe_wdev.as<float>() + n * K, n, H,
                            tmp.as<float>(), e_.stream);
   }
+  all_reduce_block();
   // The host buffers above were read by the copies, which completed before the next synchronize at the latest; keep
   // them alive until then (members, reused by the next layer only after its own synchronize).
 }
@@ -1377,7 +1412,7 @@ void GpuSession::Impl::reset_linear_states() {
 }
 
 void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
-  const int64_t V = m.config.vocab_size;
+  const int64_t V = m.head_rows();
   const cudaStream_t st = as_stream(e_.stream);
   if (rows == 1) {  // the last row: kept in logits_last (candidates() reads it there)
     enqueue_head(first, 1, logits_last.as<float>(), e_);
@@ -1395,7 +1430,7 @@ void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
 void GpuSession::Impl::enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e) {
   const ModelConfig& c = m.config;
   if ((skip & GpuSession::kSkipLinear) == 0) m.lm_head.forward(h.as<float>() + first * c.hidden_size, rows, out, e);
-  if (c.final_logit_softcap > 0.0f) cuda::softcap(out, rows * c.vocab_size, c.final_logit_softcap, e);
+  if (c.final_logit_softcap > 0.0f) cuda::softcap(out, rows * m.head_rows(), c.final_logit_softcap, e);
 }
 
 void GpuSession::Impl::enqueue_decode(void* s) {
@@ -1410,7 +1445,7 @@ void GpuSession::Impl::enqueue_decode(void* s) {
   run_layers(c, *this);
   enqueue_head(0, 1, logits_last.as<float>(), e_);
   if (copy_logits)
-    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(c.vocab_size) * sizeof(float),
+    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(logits_host, logits_last.data(), sz(m.head_rows()) * sizeof(float),
                                           cudaMemcpyDeviceToHost, st));
 }
 
@@ -1461,10 +1496,12 @@ void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bo
     return;
   }
   stream.synchronize();
-  std::memcpy(logits, logits_host, sz(m.config.vocab_size) * sizeof(float));
+  std::memcpy(logits, logits_host, sz(m.head_rows()) * sizeof(float));
 }
 
 void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& out) {
+  check(m.comm == nullptr, ErrorCode::kInternal, kOp, "a tensor-parallel rank holds a share of the logits: the "
+        "sampler's candidates come from the host");
   const int64_t V = m.config.vocab_size, k = request.k, n_ex = static_cast<int64_t>(request.excluded.size());
   static_assert(kDeviceTopkMax == cuda::kTopkMaxK && kDeviceExcludedMax == cuda::kTopkMaxExcluded,
                 "the sampler asks the device for what cuda::topk_logits can answer");
@@ -1526,7 +1563,8 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
     // MoE layers synchronise inside the step (routing on the host), and linear-attention layers advance their states'
     // positions on the host (a replayed graph would not; capturing a bucket's first step also runs it twice): no
     // graph can hold either.
-    const bool host_steps = !model_->config.layer_moe.empty() || model_->config.has_linear_layers();
+    const bool host_steps = !model_->config.layer_moe.empty() || model_->config.has_linear_layers() ||
+                            (model_->comm && !model_->comm->graph_capturable());
     impl_->decode(tokens[0], start, logits, use_graphs && !host_steps);
   } else {
     const SequenceStep step{tokens, n, start, logits, all_logits};
@@ -1718,7 +1756,16 @@ namespace cider::model {
 void require_cuda_device(const char* op) { cuda::require_device(op); }
 
 std::unique_ptr<BackendModel> make_cuda_backend(const Model::Impl& model) {
-  return std::make_unique<gpu::CudaModel>(gpu::upload_model(model));
+  const int tp = model.options.tp;
+  if (tp <= 1) return std::make_unique<gpu::CudaModel>(gpu::upload_model(model));
+  // --tp N: ranks on devices 0 … N − 1 of this host, NCCL between them.
+  int count = 0;
+  CIDER_CUDA_CHECK("tensor_parallel", cudaGetDeviceCount(&count));
+  check(tp <= count, ErrorCode::kUnsupported, "tensor_parallel", "--tp ", tp, " needs ", tp,
+        " GPUs (one rank each); this host has ", count);
+  std::vector<int> devices;
+  for (int d = 0; d < tp; ++d) devices.push_back(d);
+  return gpu::make_tp_backend(model, devices, gpu::nccl_collectives(devices));
 }
 
 }  // namespace cider::model

@@ -36,6 +36,7 @@
 
 #include "kernels/cuda/cuda_api.h"
 #include "model/backend.h"
+#include "model/cuda/collective.h"
 #include "model/model.h"
 #include "nn/linear_weights.h"
 
@@ -128,6 +129,13 @@ struct GpuModel {
   // of 37 on qwen3_5); hi + lo brings that to 0.004 (docs/cuda/model.md). The price: 2·M GEMM rows (prefill FLOPs
   // twice; decode reads the weights once, for two rows).
   bool split_activations = false;
+  // Tensor parallelism (model/tensor_parallel.h): this rank's share of the model when comm is set — config is the
+  // rank's shape (tp_shard_config), lm_head holds vocabulary rows [vocab0, vocab0 + head_rows()), and the o, down and
+  // MoE outputs are all-reduced through comm. `device`: the CUDA device the buffers live on.
+  std::shared_ptr<Collective> comm;
+  int device = 0;
+  int64_t vocab0 = 0;
+  int64_t head_rows() const { return lm_head.N; }
 
   const float* rope_for(bool sliding) const;
   int rotation() const;        // 0, 1, 2, 3 (kernels' numbering: none, so4 fast, so4 full, hadamard) of the KV caches
@@ -148,12 +156,15 @@ std::vector<float> rope_table(const std::vector<float>& inv_freq, int64_t positi
 // kernels know) and uploads it. cider::Error (kUnsupported) otherwise: never a silent CPU fallback.
 // The tensors come from the loaded CPU model (model/transformer.h): dense bf16 weights as they are (any other float
 // dtype rounded to bf16), int8/int4 codes and float32 scales in cider's layout as they are.
-std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu);
+// With comm: rank comm->rank()'s share of a split over comm->size() ranks (model/tensor_parallel.h; the split checked
+// by check_tensor_parallel), uploaded to the current device.
+std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared_ptr<Collective> comm = nullptr);
 
 // A model of the given shape with random device weights (no checkpoint): for benchmarks. Formats bf16, w8a8 (per
 // channel or per group) and w4a8; weights uniform in ±1/√K (int: random codes, scales 1/(127·√K)), norms 1.
+// With comm: rank comm->rank()'s share of such a model (its shapes; random weights of its own).
 std::shared_ptr<const GpuModel> random_model(const ModelConfig& config, WeightFormat weights, const KVOptions& kv,
-                                             int64_t ctx, uint64_t seed);
+                                             int64_t ctx, uint64_t seed, std::shared_ptr<Collective> comm = nullptr);
 
 class GpuSession {
  public:
