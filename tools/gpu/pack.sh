@@ -10,6 +10,8 @@ BUILD_DIR=${BUILD_DIR:-build-cuda}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCIDER_CUDA=ON -DCIDER_PORTABLE=ON > /dev/null
 targets=(cuda_bench cider_cli)
 for t in tests/cuda/test_cuda_*.cpp; do targets+=("$(basename "${t%.cpp}")"); done
+# PACK_ONLY="test_cuda_model cuda_bench …": only those (the device tool carries at most 64 MiB with the tree).
+if [ -n "${PACK_ONLY:-}" ]; then read -r -a targets <<< "$PACK_ONLY"; fi
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
 rm -rf .gpu && mkdir -p .gpu/bin
 for t in "${targets[@]}"; do

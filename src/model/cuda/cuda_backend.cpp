@@ -17,6 +17,7 @@
 #include "kernels/cuda/gated_delta.h"
 #include "kernels/cuda/hadamard.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/moe.h"
 #include "model/arch/arch.h"
 #include "model/backend.h"
 #include "model/cuda/tp_backend.h"
@@ -417,6 +418,55 @@ DType GpuModel::kv_store_dtype() const {
   return kv.quantized ? kv.scale_dtype : kv.plain_dtype;
 }
 
+namespace {
+
+// Device routing for the MoE layers (GpuModel::moe_on_device): when every expert of every MoE layer is one fused
+// gate|up layer and one down layer of one kind the moe kernels take (kernels/cuda/moe.h), the router, the shared
+// expert's gate and the experts' weight tables go to the device.
+void prepare_device_moe(GpuModel& m) {
+  const ModelConfig& c = m.config;
+  if (c.layer_moe.empty() || c.has_linear_layers()) return;
+  if (env_word("CIDER_CUDA_MOE_ROUTING", "device", {"device", "host"}, kOp) == "host") return;
+  if (c.num_experts > cuda::kMoeMaxExperts || c.experts_per_token > cuda::kMoeMaxTopK) return;
+  auto fits = [&](const GpuLinear& g) {
+    if (g.N == 0 || g.K % 32 != 0 || g.bias != nullptr || g.split_x) return false;
+    if (g.kind == WeightKind::kDense) return g.w_dtype == DType::kBF16;
+    const int V = g.kind == WeightKind::kInt8 ? 16 : 32, gs = g.group_size;
+    return gs == 0 || (gs % V == 0 && gs / V <= 32 && ((gs / V) & (gs / V - 1)) == 0);
+  };
+  const GpuLinear* first = nullptr;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    for (const GpuExpert& x : m.layers[sz(l)].experts) {
+      if (!x.gate_up.parts.empty() || !fits(x.gate_up.fused) || !fits(x.down)) return;
+      if (first == nullptr) first = &x.gate_up.fused;
+      if (x.gate_up.fused.kind != first->kind || x.down.kind != first->kind) return;
+    }
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    GpuLayer& g = m.layers[sz(l)];
+    g.router_dev = upload_floats(g.router.data(), static_cast<int64_t>(g.router.size()));
+    if (!g.shared_gate.empty()) g.shared_gate_dev = upload_floats(g.shared_gate.data(), c.hidden_size);
+    std::vector<cuda::MoeExpertWeights> gu, down;
+    for (const GpuExpert& x : g.experts) {
+      gu.push_back({x.gate_up.fused.w, x.gate_up.fused.scales});
+      down.push_back({x.down.w, x.down.scales});
+    }
+    g.moe_gu_table = cuda::to_device(gu.data(), gu.size() * sizeof(cuda::MoeExpertWeights));
+    g.moe_down_table = cuda::to_device(down.data(), down.size() * sizeof(cuda::MoeExpertWeights));
+  }
+  m.moe_on_device = true;
+}
+
+cuda::MoeWeightKind moe_kind(const GpuLinear& g) {
+  return g.kind == WeightKind::kDense ? cuda::MoeWeightKind::kBF16
+         : g.kind == WeightKind::kInt8 ? cuda::MoeWeightKind::kInt8
+                                       : cuda::MoeWeightKind::kInt4;
+}
+
+}  // namespace
+
 std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared_ptr<Collective> comm) {
   cuda::require_device(kOp);
   const ModelConfig& full = cpu.config;
@@ -515,6 +565,8 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared
     for (GpuLayer& L : m->layers) for_each_linear(L, mark);
     mark(m->lm_head);
   }
+
+  prepare_device_moe(*m);
 
   m->weight_bytes = m->embed.bytes() + m->final_norm.bytes() + m->lm_head.owned_bytes();
   for (const GpuLayer& L : m->layers) m->weight_bytes += layer_bytes(L);
@@ -720,9 +772,11 @@ struct GpuSession::Impl final : public PassBackend {
   void glu() override;
   // Tensor parallelism: tmp (the rows' block output, a partial sum on each rank) ← its sum over the ranks.
   void all_reduce_block();
-  // Mixture-of-experts layer: h is copied to the host, routed there (route_experts, the CPU's rule, with the router
-  // in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them weighted into tmp. The
-  // copy synchronises the stream, so decode steps of MoE models run without CUDA graphs.
+  // Mixture-of-experts layer. Passes of at most GpuModel::kMoeDeviceRows rows with moe_on_device: routed on the
+  // device (kernels/cuda/moe.h: route, the slots' gate|up, GLU, down through the experts' weight tables, combine in
+  // expert order), graph-capturable. Otherwise h is copied to the host, routed there (route_experts, the CPU's rule,
+  // with the router in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them
+  // weighted into tmp; the copy synchronises the stream, so such steps run without CUDA graphs.
   // A shared expert (Qwen3-Next) then runs on every row, its output scatter-added with the weights sigmoid(h·w_sg)
   // computed on the host from the same copy of h (slots n·K … n·K + n − 1 of the index and weight buffers).
   void moe(int64_t layer) override;
@@ -735,6 +789,9 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
   std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
   cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
+  // Device routing (GpuModel::moe_on_device), for kMoeDeviceRows rows: each slot's expert and weight, the rows'
+  // shared-expert weights, int8 activation codes and scales, gate|up (slots, 2·Ie), GLU (slots, Ie), down (slots, H).
+  cuda::DeviceBuffer moe_sel, moe_wk, moe_wsh, moe_xq, moe_sx, moe_y1, moe_y2, moe_y3;
   void logits(int64_t first, int64_t rows, float* dst) override;
   void end_forward() override { stream.synchronize(); }
   const float* norm(int64_t layer, NormSlot slot) const;
@@ -1254,8 +1311,8 @@ void GpuSession::Impl::moe(int64_t layer) {
   const bool shared = Is > 0;
   const int64_t slots = n * K + (shared ? n : 0);  // the routed slots, then the shared expert's n rows
   const cudaStream_t st = as_stream(e_.stream);
+  auto f32 = [](int64_t count) { return cuda::DeviceBuffer(sz(count) * sizeof(float)); };
   if (moe_in.bytes() == 0) {  // sized for a whole pass routed to one expert (or the shared expert, every row)
-    auto f32 = [](int64_t count) { return cuda::DeviceBuffer(sz(count) * sizeof(float)); };
     const int64_t Im = std::max(Ie, Is);
     moe_in = f32(chunk * H);
     moe_gu = f32(chunk * 2 * Im);
@@ -1264,6 +1321,59 @@ void GpuSession::Impl::moe(int64_t layer) {
     moe_scratch = f32(chunk * Im);
     moe_idx = cuda::DeviceBuffer(sz(chunk * (K + 1)) * sizeof(int32_t));
     moe_wdev = f32(chunk * (K + 1));
+  }
+  // ---- decode rows: routed on the device (kernels/cuda/moe.h), no host round trip ----
+  if (m.moe_on_device && n <= GpuModel::kMoeDeviceRows) {
+    const int64_t R = GpuModel::kMoeDeviceRows, routed = n * K;
+    if (moe_sel.bytes() == 0) {
+      moe_sel = cuda::DeviceBuffer(sz(R * K) * sizeof(int32_t));
+      moe_wk = f32(R * K);
+      moe_wsh = f32(R);
+      moe_xq = cuda::DeviceBuffer(sz(R * K * std::max(H, Ie)));
+      moe_sx = f32(R * K);
+      moe_y1 = f32(R * K * 2 * Ie);
+      moe_y2 = f32(R * K * Ie);
+      moe_y3 = f32(R * K * H);
+    }
+    cuda::moe_route(h.as<float>(), n, H, L.router_dev.as<float>(), E, K, c.norm_topk_prob,
+                    shared ? L.shared_gate_dev.as<float>() : nullptr, moe_sel.as<int32_t>(), moe_wk.as<float>(),
+                    shared ? moe_wsh.as<float>() : nullptr, e_.stream);
+    const int act = c.activation == Activation::kSiLU ? 0 : 1;
+    // slot s = (row s / K, its k-th expert in index order): gate|up of the row, GLU, down
+    auto gemv = [&](const cuda::DeviceBuffer& table, const GpuLinear& like, int64_t N, int64_t Kin, const float* in,
+                    int64_t rows, int64_t x_div, float* out) {
+      cuda::MoeGemvArgs a;
+      a.table = static_cast<const cuda::MoeExpertWeights*>(table.data());
+      a.kind = moe_kind(like);
+      a.N = N;
+      a.K = Kin;
+      a.group_size = like.group_size;
+      if (a.kind == cuda::MoeWeightKind::kBF16) {
+        a.x = in;
+      } else {
+        cuda::moe_quantize_rows(in, rows, Kin, moe_xq.as<int8_t>(), moe_sx.as<float>(), e_.stream);
+        a.xq = moe_xq.as<int8_t>();
+        a.sx = moe_sx.as<float>();
+      }
+      a.x_div = x_div;
+      a.sel = moe_sel.as<int32_t>();
+      a.slots = routed;
+      a.out = out;
+      cuda::moe_gemv(a, e_.stream);
+    };
+    gemv(L.moe_gu_table, L.experts[0].gate_up.fused, 2 * Ie, H, h.as<float>(), n, K, moe_y1.as<float>());
+    cuda::glu_rows(moe_y1.as<float>(), routed, Ie, act, moe_y2.as<float>(), e_.stream);
+    gemv(L.moe_down_table, L.experts[0].down, H, Ie, moe_y2.as<float>(), routed, 1, moe_y3.as<float>());
+    if (shared) {  // every row of h through the shared expert (its own layers), weighted in moe_combine
+      const GpuExpert& ex = L.shared;
+      ex.gate_up.forward(h.as<float>(), n, moe_gu.as<float>(), moe_scratch.as<float>(), e_);
+      cuda::glu_rows(moe_gu.as<float>(), n, Is, act, moe_ffn.as<float>(), e_.stream);
+      ex.down.forward(moe_ffn.as<float>(), n, moe_out.as<float>(), e_);
+    }
+    cuda::moe_combine(moe_y3.as<float>(), moe_wk.as<float>(), n, K, H, shared ? moe_out.as<float>() : nullptr,
+                      shared ? moe_wsh.as<float>() : nullptr, tmp.as<float>(), e_.stream);
+    all_reduce_block();
+    return;
   }
   // ---- routing on the host ----
   moe_h.resize(sz(n * H));
@@ -1560,10 +1670,11 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
         "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
   check(logits != nullptr || !all_logits, ErrorCode::kInvalidArgument, kOp, "all_logits needs a logits buffer");
   if (n == 1) {
-    // MoE layers synchronise inside the step (routing on the host), and linear-attention layers advance their states'
+    // MoE layers routed on the host synchronise inside the step, and linear-attention layers advance their states'
     // positions on the host (a replayed graph would not; capturing a bucket's first step also runs it twice): no
-    // graph can hold either.
-    const bool host_steps = !model_->config.layer_moe.empty() || model_->config.has_linear_layers() ||
+    // graph can hold either. MoE layers routed on the device (GpuModel::moe_on_device) can.
+    const bool host_steps = (!model_->config.layer_moe.empty() && !model_->moe_on_device) ||
+                            model_->config.has_linear_layers() ||
                             (model_->comm && !model_->comm->graph_capturable());
     impl_->decode(tokens[0], start, logits, use_graphs && !host_steps);
   } else {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_api.h"
+#include "kernels/cuda/moe.h"
 #include "model/backend.h"
 #include "model/cuda/collective.h"
 #include "model/model.h"
@@ -92,6 +93,9 @@ struct GpuLayer {
   // [hidden, Is] on the device, its gate float32 [hidden] on the host (the routing's copy of h meets it there).
   GpuExpert shared;
   std::vector<float> shared_gate;
+  // Device routing (GpuModel::moe_on_device): the router and the shared expert's gate on the device too (float32
+  // [E, hidden], [hidden]), and the experts' gate|up and down weights as tables of cuda::MoeExpertWeights [E].
+  cuda::DeviceBuffer router_dev, shared_gate_dev, moe_gu_table, moe_down_table;
   // Gated DeltaNet layers (ModelConfig::is_linear_layer) instead of qkv/o, with C = 2·Hk·Dk + Hv·Dv and V = Hv·Dv
   // (ModelConfig::LinearAttention): the q|k|v and z projections fused [C | V, hidden] and out_proj [hidden, V] in the
   // weight format; b and a float32 [2·Hv, hidden] (b's rows then a's, kept float32 as the CPU keeps them: the decay
@@ -129,6 +133,13 @@ struct GpuModel {
   // of 37 on qwen3_5); hi + lo brings that to 0.004 (docs/cuda/model.md). The price: 2·M GEMM rows (prefill FLOPs
   // twice; decode reads the weights once, for two rows).
   bool split_activations = false;
+  // Mixture-of-experts layers route on the device for passes of at most kMoeDeviceRows rows (decode steps and decode
+  // batches: kernels/cuda/moe.h, no host round trip, so MoE decode steps run as CUDA graphs); larger passes (prefill)
+  // route on the host and group rows by expert. Set at upload when every expert's gate|up is one fused layer of one
+  // kind, K a multiple of 32, E ≤ cuda::kMoeMaxExperts, and the model has no linear-attention layers;
+  // $CIDER_CUDA_MOE_ROUTING=host keeps the host routing everywhere (comparisons).
+  bool moe_on_device = false;
+  static constexpr int64_t kMoeDeviceRows = 16;
   // Tensor parallelism (model/tensor_parallel.h): this rank's share of the model when comm is set — config is the
   // rank's shape (tp_shard_config), lm_head holds vocabulary rows [vocab0, vocab0 + head_rows()), and the o, down and
   // MoE outputs are all-reduced through comm. `device`: the CUDA device the buffers live on.
