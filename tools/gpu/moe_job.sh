@@ -34,9 +34,11 @@ prompt=$(python3 -c "import sys; print(' '.join(['the quick brown fox jumps over
 {
   echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $LAYERS of 32 Mixtral-8x7B layers"
   for w in w4a8 w8a8; do
-    echo "## cider --device cuda --weights $w --kv k8v4"
-    .gpu/bin/cider generate -m "$G" --device cuda --weights $w --kv k8v4 --ctx 4096 --temperature 0 \
-      --max-tokens "$GEN" --no-stream -p "$prompt" 2>&1 | tail -1
+    for routing in device host; do  # MoE decode rows routed on the device (graphs) or on the host (the old path)
+      echo "## cider --device cuda --weights $w --kv k8v4, CIDER_CUDA_MOE_ROUTING=$routing"
+      CIDER_CUDA_MOE_ROUTING=$routing .gpu/bin/cider generate -m "$G" --device cuda --weights $w --kv k8v4 --ctx 4096 \
+        --temperature 0 --max-tokens "$GEN" --no-stream -p "$prompt" 2>&1 | tail -1
+    done
   done
 } > "$OUT/moe_bench.txt" 2>&1
 echo "## cuda_bench: an expert's gate|up GEMM (its 128 rows of a 512-token prefill) against the dense one (512 rows)" \
