@@ -192,6 +192,53 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
   }
 }
 
+// Prefill shapes (M >= 16: the AVX-512 level's tiled VNNI kernel; the other levels run their own path): M with
+// tails of the 4-row activation tiles, N with tails of the 4-row weight groups and past a 128-row panel, K with
+// tails of the 512-element K chunk and of 64-element steps (an odd count of 32-element blocks), a NaN activation.
+TEST(GgmlLinear, PrefillShapesMatchTheReferenceWithinTheInt8ActivationBound) {
+  auto rng = test::make_rng(1105);
+  const auto tables = all_tables();
+  for (GgmlType t : kIntegerTypes) {
+    const int64_t bs = quant::ggml_block_format(static_cast<uint32_t>(t))->block_size;
+    SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
+    const int64_t k_tail = bs == 32 ? 17 * 32 : 3 * bs;  // 544 or 768: a second, partial K chunk
+    for (const Case& c : {Case{t, 16, 13, bs, true}, Case{t, 17, 37, k_tail, false}, Case{t, 33, 5, 2 * bs, true},
+                          Case{t, 64, 133, k_tail, true}, Case{t, 17, 4, bs == 32 ? 3 * 32 : bs, false}})
+      run_case(rng, c, tables);
+  }
+}
+
+// A NaN or infinite activation makes its row's outputs non-finite (the reference: NaN or ±inf; the int8 kernels:
+// NaN), never another row's.
+TEST(GgmlLinear, PrefillNonFiniteActivationStaysInItsRow) {
+  auto rng = test::make_rng(1106);
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    const int64_t M = 17, N = 9, K = 2 * f.block_size;
+    const std::vector<uint8_t> w = random_blocks(rng, t, N * K / f.block_size);
+    std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+    x[static_cast<size_t>(5 * K + 40)] = std::nanf("");
+    x[static_cast<size_t>(9 * K + 3)] = INFINITY;
+    kernels::GgmlLinearArgs a{};
+    a.x = x.data();
+    a.w = w.data();
+    a.ggml_type = static_cast<uint32_t>(t);
+    a.row_bytes = quant::ggml_row_bytes(f, K);
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    for (const kernels::KernelTable* tb : all_tables()) {
+      std::vector<float> got(static_cast<size_t>(M * N), 0.0f);
+      a.out = got.data();
+      tb->ggml_linear(a);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          EXPECT_EQ(!std::isfinite(got[static_cast<size_t>(m * N + n)]), m == 5 || m == 9)
+              << tb->name << " " << f.name << " m " << m << " n " << n;
+    }
+  }
+}
+
 // The rows as float32 (the layers' prefill path): every level equals the block decoder bit for bit.
 TEST(GgmlLinear, DequantizeEqualsTheDecoderBitForBit) {
   auto rng = test::make_rng(1104);

@@ -36,13 +36,17 @@ void* scratch(int slot, size_t bytes);
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
-// Native GGUF weights (avx2/ggml_linear.cpp); the avx512 table uses it too (no AVX-512 version yet).
+// Native GGUF weights (avx2/ggml_linear.cpp); the avx512 table's ggml_linear sends M < 16 here, and uses
+// ggml_dequantize as it is.
 void ggml_linear(const GgmlLinearArgs& a);
 void ggml_dequantize(const GgmlDequantArgs& a);
 void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp
 }  // namespace avx2
 namespace avx512 {
 CIDER_X86_DECLARE_KERNELS
+// Native GGUF weights with M >= 16 (avx512/ggml_linear.cpp: weights unpacked once per panel, VNNI tiles); fewer
+// rows: avx2::ggml_linear.
+void ggml_linear(const GgmlLinearArgs& a);
 }  // namespace avx512
 
 #undef CIDER_X86_DECLARE_KERNELS

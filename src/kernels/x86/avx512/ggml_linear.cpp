@@ -1,0 +1,367 @@
+// Linear layer over native GGUF weights, AVX-512 VNNI, for M >= kFromM activation rows (prefill); fewer rows go to
+// the AVX2 kernel (avx2/ggml_linear.cpp). Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
+// ref/ggml_linear_ref.cpp.
+//
+// Activations: as the AVX2 kernel, each row quantized per 32 elements ("piece") to int8 with step dx = max|x|/127 of
+// the piece (quantize_row: bit for bit the AVX2 kernel's codes and steps); kept per row, padded with zeros to Kp
+// (K rounded up to 256): the codes, dx, −128·Σ codes per 16 and per 32, and dx·Σ codes per piece (the offsets' term).
+// Weights: every block unpacked to its integer form w_i = a_h·c_i + b_h (quant/ggml_blocks.h; the AVX2 kernel's
+// unpacking, copied: files of different levels share no code) and packed once per K chunk of kKC and pair of 16-row
+// blocks (32 rows) into the layout [k/4][16 rows][4 bytes] of u = c + 128 (unsigned), with per piece the 16 rows'
+// scales a (per half for Q6_K) and offsets b: the unpacking is paid once per weight, not per activation row.
+// A tile, 32 weight rows (2 × 16 lanes) × kT activation rows: per piece and half, vpdpbusd of the u vectors with the
+// activation's 4 codes broadcast, from the accumulator −128·Σx (so the int32 lane is exactly Σ c·x of its row), then
+// one float step per 16-row vector and activation row, y += float(S)·(a·dx), and for offset formats y += b·(dx·Σx):
+//   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
+// Loops: threads split N in chunks of 32 rows (x86::parallel_chunks); each thread runs K chunks, packs a 32-row pair
+// into its scratch (stays in L1) and sweeps every activation tile over it, adding the 16-lane sums to the output
+// rows (bias with the first chunk).
+#include <cstring>
+
+#include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/avx512/simd.h"
+#include "kernels/x86/x86_kernels.h"
+#include "quant/ggml_blocks.h"
+
+namespace cider::kernels::x86::avx512 {
+
+namespace {
+
+constexpr int64_t kFromM = 16;        // fewer activation rows: the AVX2 kernel (GEMV-shaped)
+constexpr int kT = 4;                  // activation rows per tile (× 32 weight rows)
+constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed 32-row pair stays in L1
+constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
+
+static inline float f16_load(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// ---- the integer form of a block (copied from avx2/ggml_linear.cpp: files of different ISA levels share no code)
+struct Piece {
+  __m256i c;
+  float a0, a1, b0, b1;
+};
+
+static inline void set_plain(Piece& p, float a, float b) {
+  p.a0 = p.a1 = a;
+  p.b0 = p.b1 = b;
+}
+
+static inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+static inline __m256i bits32(uint32_t qh) {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(qh));
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i bytes = _mm256_shuffle_epi8(v, pick);
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+static inline uint32_t u32_load(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// a_h, b_h as the decoder rounds them (bit for bit the AVX2 kernel's a0/a1/b0/b1).
+template <quant::GgmlType kType>
+static inline void unpack_block(const uint8_t* b, Piece* p) {
+  using quant::GgmlType;
+  constexpr quant::GgmlType t = kType;
+  switch (t) {
+    case GgmlType::kQ8_0:
+      p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ4_0:
+      p[0].c = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ4_1:
+      p[0].c = nibbles32(b + 4);
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
+      return;
+    case GgmlType::kQ5_0:
+      p[0].c = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2))), _mm256_set1_epi8(16));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ5_1:
+      p[0].c = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
+      return;
+    case GgmlType::kQ4_K: {
+      const float d = f16_load(b), dmin = f16_load(b + 2);
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+        p[2 * c].c = _mm256_and_si256(q, m4);
+        p[2 * c + 1].c = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        scale_min(b + 4, j, &sc, &mn);
+        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
+        p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const float d = f16_load(b + 208);
+      const uint8_t* sc = b + 192;
+      const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        for (int j = 0; j < 4; ++j) {
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
+          p[4 * h + j].c = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4)), off);
+        }
+      }
+      for (int j = 0; j < 8; ++j) {
+        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
+        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
+        p[j].b0 = p[j].b1 = 0.0f;
+      }
+      return;
+    }
+    default: {  // Q5_K: the scalar integer form
+      alignas(32) int8_t c[32];
+      float a[2], o[2];
+      for (int j = 0; j < 8; ++j) {
+        quant::ggml_piece(t, b, j, c, a, o);
+        p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+        p[j].a0 = a[0];
+        p[j].a1 = a[1];
+        p[j].b0 = o[0];
+        p[j].b1 = o[1];
+      }
+      return;
+    }
+  }
+}
+
+constexpr int pieces_of(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K || t == quant::GgmlType::kQ6_K ? 8 : 1;
+}
+// Formats with offsets b; in all of them both halves of a piece share (a, b) but in Q6_K (a per 16, no b).
+constexpr bool has_b(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K ||
+         t == quant::GgmlType::kQ5_K;
+}
+constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
+// Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b.
+constexpr int64_t piece_bytes(quant::GgmlType t) { return 1024 + 128 * halves_of(t) + (has_b(t) ? 128 : 0); }
+
+struct Ctx {
+  const GgmlLinearArgs* a;
+  int block_size, block_bytes;
+  int64_t Kp, Mp;
+  int8_t* xq;     // [Mp, Kp] codes
+  int32_t* xc16;  // [Mp, Kp/16] −128·Σ of each 16 codes
+  int32_t* xc32;  // [Mp, Kp/32] −128·Σ of each piece's codes
+  float* dx;      // [Mp, Kp/32] steps
+  float* xsum;    // [Mp, Kp/32] dx·Σ of each piece's codes
+};
+
+// Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
+void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t Kp = c.Kp, P = a.K / 32, Pp = Kp / 32;
+  for (int64_t m = m0; m < m1; ++m) {
+    int8_t* q = c.xq + m * Kp;
+    const int64_t valid = m < a.M ? P : 0;
+    for (int64_t p = 0; p < Pp; ++p) {
+      float step = 0.0f;
+      if (p < valid) {
+        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q + p * 32);
+      } else {
+        std::memset(q + p * 32, 0, 32);
+      }
+      int s0 = 0, s1 = 0;
+      for (int i = 0; i < 16; ++i) {
+        s0 += q[p * 32 + i];
+        s1 += q[p * 32 + 16 + i];
+      }
+      c.xc16[m * (Kp / 16) + 2 * p] = -128 * s0;
+      c.xc16[m * (Kp / 16) + 2 * p + 1] = -128 * s1;
+      c.xc32[m * Pp + p] = -128 * (s0 + s1);
+      c.dx[m * Pp + p] = step;
+      c.xsum[m * Pp + p] = step * static_cast<float>(s0 + s1);
+    }
+  }
+}
+
+// Packs weight rows n0 .. n0 + 31 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros).
+template <quant::GgmlType kType>
+void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t* dst) {
+  constexpr int kPieces = pieces_of(kType), kH = halves_of(kType);
+  constexpr int64_t PB = piece_bytes(kType);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t kend = imin(k0 + kc, a.K);
+  const int64_t valid = kend > k0 ? (kend - k0) / 32 : 0;
+  if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
+  Piece pc[8];
+  alignas(32) uint32_t u[8];
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int r = 0; r < 32; ++r) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + (n0 + (r < nv ? r : nv - 1)) * a.row_bytes;
+    const int cb = r / 16, lane = r % 16;
+    for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
+      unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
+      for (int j = 0; j < kPieces; ++j) {
+        uint8_t* pp = dst + (b0 + j) * PB;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(pc[j].c, flip));
+        for (int e = 0; e < 8; ++e) std::memcpy(pp + cb * 512 + e * 64 + lane * 4, &u[e], 4);
+        float* ws = reinterpret_cast<float*>(pp + 1024) + cb * 16 + lane;
+        ws[0] = pc[j].a0;
+        if constexpr (kH == 2) ws[32] = pc[j].a1;
+        if constexpr (has_b(kType)) reinterpret_cast<float*>(pp + 1024 + 128 * kH)[cb * 16 + lane] = pc[j].b0;
+      }
+    }
+  }
+}
+
+// One tile: a packed 32-row pair (rows n0.., nr of them valid) × kT activation rows from m0, over `pieces` pieces
+// from element k0; adds the sums to out (first chunk: writes them plus the bias).
+template <quant::GgmlType kType>
+void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, int64_t n0, int nr, bool first) {
+  constexpr int kH = halves_of(kType), kDw = 8 / kH;
+  constexpr int64_t PB = piece_bytes(kType);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t Kp = c.Kp, Pp = Kp / 32, g0 = k0 / 32;
+  __m512 af[2][kT];
+  for (int t = 0; t < kT; ++t) af[0][t] = af[1][t] = _mm512_setzero_ps();
+  const int8_t* xq = c.xq + m0 * Kp + k0;
+  for (int64_t p = 0; p < pieces; ++p) {
+    const uint8_t* pp = pk + p * PB;
+    const int64_t g = g0 + p;
+    for (int h = 0; h < kH; ++h) {
+      __m512i ai[2][kT];
+      for (int t = 0; t < kT; ++t) {
+        const int32_t init = kH == 2 ? c.xc16[(m0 + t) * (Kp / 16) + 2 * g + h] : c.xc32[(m0 + t) * Pp + g];
+        ai[0][t] = ai[1][t] = _mm512_set1_epi32(init);
+      }
+      for (int e = 0; e < kDw; ++e) {
+        const int dw = h * kDw + e;
+        const __m512i w0 = _mm512_load_si512(reinterpret_cast<const void*>(pp + dw * 64));
+        const __m512i w1 = _mm512_load_si512(reinterpret_cast<const void*>(pp + 512 + dw * 64));
+        for (int t = 0; t < kT; ++t) {
+          int32_t xd;
+          std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+          const __m512i xb = _mm512_set1_epi32(xd);
+          ai[0][t] = _mm512_dpbusd_epi32(ai[0][t], w0, xb);
+          ai[1][t] = _mm512_dpbusd_epi32(ai[1][t], w1, xb);
+        }
+      }
+      const __m512 ws0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + h * 128));
+      const __m512 ws1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + h * 128 + 64));
+      for (int t = 0; t < kT; ++t) {
+        const __m512 d = _mm512_set1_ps(c.dx[(m0 + t) * Pp + g]);
+        af[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[0][t]), _mm512_mul_ps(ws0, d), af[0][t]);
+        af[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[1][t]), _mm512_mul_ps(ws1, d), af[1][t]);
+      }
+    }
+    if constexpr (has_b(kType)) {
+      const __m512 b0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH));
+      const __m512 b1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH + 64));
+      for (int t = 0; t < kT; ++t) {
+        const __m512 X = _mm512_set1_ps(c.xsum[(m0 + t) * Pp + g]);
+        af[0][t] = _mm512_fmadd_ps(b0, X, af[0][t]);
+        af[1][t] = _mm512_fmadd_ps(b1, X, af[1][t]);
+      }
+    }
+  }
+  const int mt = static_cast<int>(imin(kT, a.M - m0));
+  for (int cb = 0; cb < 2; ++cb) {
+    const __mmask16 mk = mask16(nr - cb * 16);
+    if (!mk) continue;
+    const int64_t n = n0 + cb * 16;
+    const __m512 add = first ? (a.bias ? _mm512_maskz_loadu_ps(mk, a.bias + n) : _mm512_setzero_ps()) : _mm512_setzero_ps();
+    for (int t = 0; t < mt; ++t) {
+      float* o = a.out + (m0 + t) * a.N + n;
+      const __m512 prev = first ? add : _mm512_maskz_loadu_ps(mk, o);
+      _mm512_mask_storeu_ps(o, mk, _mm512_add_ps(af[cb][t], prev));
+    }
+  }
+}
+
+template <quant::GgmlType kType>
+void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t n_begin = c0 * kRowsPerChunk, n_end = imin(c1 * kRowsPerChunk, a.N);
+  uint8_t* pk = static_cast<uint8_t*>(scratch(3, static_cast<size_t>(kKC / 32 * piece_bytes(kType))));
+  for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
+    const int64_t kc = imin(kKC, c.Kp - k0);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += 32) {
+      const int nv = static_cast<int>(imin(32, n_end - n0));
+      pack_pair<kType>(c, n0, nv, k0, kc, pk);
+      for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+    }
+  }
+}
+
+void rows(void* vctx, int64_t c0, int64_t c1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  using quant::GgmlType;
+  switch (static_cast<GgmlType>(c.a->ggml_type)) {
+    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
+    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
+    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
+    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
+    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
+    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
+    default: return;  // ggml_linear sends only these
+  }
+}
+
+}  // namespace
+
+void ggml_linear(const GgmlLinearArgs& a) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
+  const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
+                    a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0;
+  if (!fast || a.M < kFromM) return avx2::ggml_linear(a);  // also the errors and empty problems
+  Ctx c{};
+  c.a = &a;
+  c.block_size = f->block_size;
+  c.block_bytes = f->block_bytes;
+  c.Kp = round_up(a.K, 256);
+  c.Mp = round_up(a.M, kT);
+  // The caller's scratch (the workers read it): codes in slot 0, the rest in slot 1; slot 3 is each worker's pack.
+  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * c.Kp)));
+  const int64_t Pp = c.Kp / 32;
+  int32_t* rest = static_cast<int32_t*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 5) * 4));
+  c.xc16 = rest;
+  c.xc32 = rest + c.Mp * Pp * 2;
+  c.dx = reinterpret_cast<float*>(rest + c.Mp * Pp * 3);
+  c.xsum = reinterpret_cast<float*>(rest + c.Mp * Pp * 4);
+  parallel_chunks(c.Mp, &quantize_rows, &c);
+  parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
+}
+
+}  // namespace cider::kernels::x86::avx512
