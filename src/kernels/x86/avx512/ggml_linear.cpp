@@ -229,6 +229,11 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   for (int r = 0; r < 32; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + (n0 + (r < nv ? r : nv - 1)) * a.row_bytes;
     const int cb = r / 16, lane = r % 16;
+    {  // the row's bytes of the next K chunk, fetched while this chunk is multiplied (32 short row streams)
+      const int64_t nb = imin(k0 + 2 * kc, a.K) / c.block_size, b_next = imin(k0 + kc, a.K) / c.block_size;
+      for (int64_t off = b_next * c.block_bytes; off < nb * c.block_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
+    }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
       unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
       for (int j = 0; j < kPieces; ++j) {
