@@ -284,7 +284,8 @@ namespace cider {
 namespace {
 
 // The layer: LinearWeights with native blocks. One activation row takes the int8 block kernel; 16 or more take the
-// float32 path (rows decoded, dense GEMM), bounded by float32 rounding alone: (K + 2)·2⁻²⁴·Σ|x·w| per output.
+// float32 path (rows decoded, dense GEMM), bounded by float32 rounding alone: (K + 2)·2⁻²⁴·Σ|x·w| per output, unless
+// the active level's ggml_linear takes prefill too (KernelTable::ggml_linear_prefill: avx512), then the int8 bound.
 TEST(GgmlLinear, LayerForwardMatchesTheReferenceOnBothPaths) {
   auto rng = test::make_rng(1103);
   for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kQ5_0}) {
@@ -324,8 +325,10 @@ TEST(GgmlLinear, LayerForwardMatchesTheReferenceOnBothPaths) {
             }
             qerr += wsum * amax / 127.0 / 2.0;
           }
-          // M = 1: int8 activations (the kernel test's bound); M >= 16: float32 only.
-          const double tol = (M == 1 ? qerr : 0.0) + (static_cast<double>(K) + 32.0) * 0x1p-23 * mag;
+          // The int8 block kernel (M = 1, and M >= 16 where the active level's ggml_linear takes prefill, avx512):
+          // int8 activations (the kernel test's bound); else (M >= 16, dequantize + dense GEMM) float32 only.
+          const bool int8 = M == 1 || kernels::active_kernels().ggml_linear_prefill;
+          const double tol = (int8 ? qerr : 0.0) + (static_cast<double>(K) + 32.0) * 0x1p-23 * mag;
           const float g = got[static_cast<size_t>(m * N + n)];
           ASSERT_FALSE(std::isnan(g));
           ASSERT_LE(std::fabs(g - want), tol) << "M " << M << " m " << m << " n " << n;

@@ -76,6 +76,7 @@ const KernelTable& avx512_kernels() {
     t.w4a8_gemv = &x86::avx512::w4a8_gemv;
     t.dense_gemm = &x86::avx512::dense_gemm;
     t.ggml_linear = &x86::avx512::ggml_linear;  // M >= 16: VNNI tiles over packed panels; M < 16: the AVX2 kernel
+    t.ggml_linear_prefill = true;  // 1.5-2x dequantize + dense at 512 × {4096², 3584 × 18944}, Q4_K/Q6_K
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;  // AVX2 + FMA over a value row (Dv ≤ a few hundred): no AVX-512 version
     x86::register_attention_avx512(t);  // attention, kv_append (kernels/x86/attention_x86.h)

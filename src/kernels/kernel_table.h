@@ -194,6 +194,9 @@ struct KernelTable {
   void (*ggml_linear)(const GgmlLinearArgs&);  // native GGUF weights, M >= 1
   void (*ggml_dequantize)(const GgmlDequantArgs&);  // native GGUF weight rows → float32
   void (*gated_delta)(const GatedDeltaKernelArgs&);  // the gated delta rule over value heads [h0, h1)
+  // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
+  // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
+  bool ggml_linear_prefill = false;
 };
 
 // The reference table: always present.

@@ -46,12 +46,17 @@ kernels::IntLinearArgs LinearWeights::int_args(const float* x, int64_t M, float*
 
 namespace {
 
-// Native GGUF weights with many activation rows (prefill): the weight rows are decoded to float32, kRows at a time
+// Native GGUF weights with many activation rows (prefill), where the level's int8 block kernel is GEMV-shaped
+// (ref, avx2: KernelTable::ggml_linear_prefill false): the weight rows are decoded to float32, kRows at a time
 // (in parallel, the ggml_dequantize entry: bit for bit the blocks' decoder, so the weights are exactly the file's),
-// and multiplied by the dense GEMM entry, which is several times faster there than the int8 block kernel (measured:
-// 268 vs 60 GOP/s on the 512 × 4096 × 4096 case, AVX-512) — and closer to the reference, the activations staying
-// float32.
+// and multiplied by the dense GEMM entry, several times faster there than that int8 kernel (AVX2 kernel on the
+// AVX-512 VM, 2 threads: 371 vs 80 ms on 512 × 4096 × 4096 Q4_K) — and closer to the reference, the activations
+// staying float32. The avx512 level's ggml_linear is a GEMM over unpacked panels and beats this path (38 vs 80 ms
+// there; 145–216 vs 270–377 ms at 512 × 3584 × 18944 and 512 × 18944 × 3584, Q4_K and Q6_K; 16 rows: 2.7 vs 5.6 ms),
+// so it takes every M. The rule: use_dense_path.
 constexpr int64_t kDenseFromM = 16;
+
+bool use_dense_path(const kernels::KernelTable& kt, int64_t M) { return M >= kDenseFromM && !kt.ggml_linear_prefill; }
 constexpr int64_t kRows = 256;
 
 void ggml_forward_dense(const LinearWeights& L, const quant::GgmlBlockFormat& f, const float* x, int64_t M,
@@ -105,7 +110,7 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
     check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, "linear", "native weights need a GGUF block "
           "format with kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", ggml_type);
-    if (M >= kDenseFromM) return ggml_forward_dense(*this, *f, x, M, out);
+    if (use_dense_path(kt, M)) return ggml_forward_dense(*this, *f, x, M, out);
     kernels::GgmlLinearArgs g{};
     g.x = x;
     g.w = w;
