@@ -6,7 +6,7 @@
 // the piece (quantize_row: bit for bit the AVX2 kernel's codes and steps); kept per row, padded with zeros to Kp
 // (K rounded up to 256): the codes, dx, −128·Σ codes per 16 and per 32, and dx·Σ codes per piece (the offsets' term).
 // Weights: every block unpacked to its integer form w_i = a_h·c_i + b_h (quant/ggml_blocks.h; the AVX2 kernel's
-// unpacking, copied: files of different levels share no code) and packed once per K chunk of kKC and pair of 16-row
+// unpacking: avx2/ggml_pieces.h) and packed once per K chunk of kKC and pair of 16-row
 // blocks (32 rows) into the layout [k/4][16 rows][4 bytes] of u = c + 128 (unsigned), with per piece the 16 rows'
 // scales a (per half for Q6_K) and offsets b: the unpacking is paid once per weight, not per activation row.
 // A tile, 32 weight rows (2 × 16 lanes) × kT activation rows: per piece and half, vpdpbusd of the u vectors with the
@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
@@ -32,144 +33,6 @@ constexpr int kT = 4;                  // activation rows per tile (× 32 weight
 constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed 32-row pair stays in L1
 constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
 
-static inline float f16_load(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-// ---- the integer form of a block (copied from avx2/ggml_linear.cpp: files of different ISA levels share no code)
-struct Piece {
-  __m256i c;
-  float a0, a1, b0, b1;
-};
-
-static inline void set_plain(Piece& p, float a, float b) {
-  p.a0 = p.a1 = a;
-  p.b0 = p.b1 = b;
-}
-
-static inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-}
-
-static inline __m256i bits32(uint32_t qh) {
-  const __m256i v = _mm256_set1_epi32(static_cast<int>(qh));
-  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                        3, 3, 3, 3, 3, 3);
-  const __m256i bytes = _mm256_shuffle_epi8(v, pick);
-  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
-
-static inline uint32_t u32_load(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// a_h, b_h as the decoder rounds them (bit for bit the AVX2 kernel's a0/a1/b0/b1).
-template <quant::GgmlType kType>
-static inline void unpack_block(const uint8_t* b, Piece* p) {
-  using quant::GgmlType;
-  constexpr quant::GgmlType t = kType;
-  switch (t) {
-    case GgmlType::kQ8_0:
-      p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-      set_plain(p[0], f16_load(b), 0.0f);
-      return;
-    case GgmlType::kQ4_0:
-      p[0].c = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
-      set_plain(p[0], f16_load(b), 0.0f);
-      return;
-    case GgmlType::kQ4_1:
-      p[0].c = nibbles32(b + 4);
-      set_plain(p[0], f16_load(b), f16_load(b + 2));
-      return;
-    case GgmlType::kQ5_0:
-      p[0].c = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2))), _mm256_set1_epi8(16));
-      set_plain(p[0], f16_load(b), 0.0f);
-      return;
-    case GgmlType::kQ5_1:
-      p[0].c = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
-      set_plain(p[0], f16_load(b), f16_load(b + 2));
-      return;
-    case GgmlType::kQ4_K: {
-      const float d = f16_load(b), dmin = f16_load(b + 2);
-      const __m256i m4 = _mm256_set1_epi8(0x0F);
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
-        p[2 * c].c = _mm256_and_si256(q, m4);
-        p[2 * c + 1].c = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      }
-      for (int j = 0; j < 8; ++j) {
-        int sc, mn;
-        scale_min(b + 4, j, &sc, &mn);
-        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
-        p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
-      }
-      return;
-    }
-    case GgmlType::kQ6_K: {
-      const float d = f16_load(b + 208);
-      const uint8_t* sc = b + 192;
-      const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-        for (int j = 0; j < 4; ++j) {
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
-          p[4 * h + j].c = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4)), off);
-        }
-      }
-      for (int j = 0; j < 8; ++j) {
-        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
-        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
-        p[j].b0 = p[j].b1 = 0.0f;
-      }
-      return;
-    }
-    default: {  // Q5_K: the scalar integer form
-      alignas(32) int8_t c[32];
-      float a[2], o[2];
-      for (int j = 0; j < 8; ++j) {
-        quant::ggml_piece(t, b, j, c, a, o);
-        p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
-        p[j].a0 = a[0];
-        p[j].a1 = a[1];
-        p[j].b0 = o[0];
-        p[j].b1 = o[1];
-      }
-      return;
-    }
-  }
-}
-
-constexpr int pieces_of(quant::GgmlType t) {
-  return t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K || t == quant::GgmlType::kQ6_K ? 8 : 1;
-}
-// Formats with offsets b; in all of them both halves of a piece share (a, b) but in Q6_K (a per 16, no b).
-constexpr bool has_b(quant::GgmlType t) {
-  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K ||
-         t == quant::GgmlType::kQ5_K;
-}
 constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
 // Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b.
 constexpr int64_t piece_bytes(quant::GgmlType t) { return 1024 + 128 * halves_of(t) + (has_b(t) ? 128 : 0); }

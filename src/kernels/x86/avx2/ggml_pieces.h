@@ -1,0 +1,179 @@
+// cider/kernels/x86/avx2/ggml_pieces.h — the integer form of a GGUF block's pieces (quant/ggml_blocks.h) in AVX2
+// registers, shared by the native-weight kernels of the AVX2 and AVX-512 levels (avx2/ggml_linear.cpp,
+// avx512/ggml_linear.cpp). Everything here is in an anonymous namespace and `static inline`, so each including file
+// compiles its own copy with its own level's flags (docs/x86_kernels.md: no inline function with external linkage
+// may be shared between levels).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "quant/ggml_blocks.h"
+
+namespace cider::kernels::x86 {
+namespace {
+
+static inline float f16_load(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One unpacked piece: 32 int8 codes, the int16 multipliers of vpmaddwd (1, or a K-quant's integer sub-block scale:
+// lanes 0-7 for the first half, 8-15 for the second), the float scale av (lanes 0-3 / 4-7 the halves) and the
+// offsets b of the halves: w_i = av·mul·c_i + b.
+// a0, a1: the halves' whole float scales (av·mul, rounded as the decoder rounds it), for ggml_dequantize; the GEMV
+// and GEMM instantiations do not read them, so the compiler drops them there.
+struct Piece {
+  __m256i c, mul;
+  __m256 av;
+  float a0, a1, b0, b1;
+};
+
+static inline void set_plain(Piece& p, float a, float b) {
+  p.mul = _mm256_set1_epi16(1);
+  p.av = _mm256_set1_ps(a);
+  p.a0 = p.a1 = a;
+  p.b0 = p.b1 = b;
+}
+
+// 32 codes of a 16-byte nibble array: element i < 16 is the low nibble of byte i, element i + 16 its high nibble.
+static inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// 0x10 in byte i where bit i of qh is set.
+static inline __m256i bits32(uint32_t qh) {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(qh));
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i bytes = _mm256_shuffle_epi8(v, pick);  // lanes hold the same 4 bytes: byte i/8 of qh
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+static inline uint32_t u32_load(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block (the packing of quant/ggml_blocks.cpp).
+static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// All pieces of one block into p[] (1 for the 32-element formats, 8 for the K-quants); a template on the format,
+// so each kernel instantiation keeps its pieces in registers.
+template <quant::GgmlType kType>
+static inline void unpack_block(const uint8_t* b, Piece* p) {
+  using quant::GgmlType;
+  constexpr quant::GgmlType t = kType;
+  switch (t) {
+    case GgmlType::kQ8_0:
+      p[0].c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ4_0:
+      p[0].c = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ4_1:
+      p[0].c = nibbles32(b + 4);
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
+      return;
+    case GgmlType::kQ5_0:
+      p[0].c = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2))), _mm256_set1_epi8(16));
+      set_plain(p[0], f16_load(b), 0.0f);
+      return;
+    case GgmlType::kQ5_1:
+      p[0].c = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
+      set_plain(p[0], f16_load(b), f16_load(b + 2));
+      return;
+    case GgmlType::kQ4_K: {
+      const float d = f16_load(b), dmin = f16_load(b + 2);
+      const __m256i m4 = _mm256_set1_epi8(0x0F);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+        p[2 * c].c = _mm256_and_si256(q, m4);
+        p[2 * c + 1].c = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int j = 0; j < 8; ++j) {  // the 6-bit scale goes into vpmaddwd, d into av
+        int sc, mn;
+        scale_min(b + 4, j, &sc, &mn);
+        p[j].mul = _mm256_set1_epi16(static_cast<int16_t>(sc));
+        p[j].av = dv;
+        p[j].a0 = p[j].a1 = d * static_cast<float>(sc);
+        p[j].b0 = p[j].b1 = -(dmin * static_cast<float>(mn));
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const float d = f16_load(b + 208);
+      const uint8_t* sc = b + 192;
+      const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        for (int j = 0; j < 4; ++j) {
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
+          p[4 * h + j].c = _mm256_sub_epi8(_mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4)), off);
+        }
+      }
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int j = 0; j < 8; ++j) {  // the int8 scale of each 16 goes into vpmaddwd, d into av
+        p[j].mul = _mm256_set_m128i(_mm_set1_epi16(static_cast<int8_t>(sc[2 * j + 1])),
+                                    _mm_set1_epi16(static_cast<int8_t>(sc[2 * j])));
+        p[j].av = dv;
+        p[j].a0 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j]));
+        p[j].a1 = d * static_cast<float>(static_cast<int8_t>(sc[2 * j + 1]));
+        p[j].b0 = p[j].b1 = 0.0f;
+      }
+      return;
+    }
+    default: {  // Q5_K: the scalar integer form
+      alignas(32) int8_t c[32];
+      float a[2], o[2];
+      for (int j = 0; j < 8; ++j) {
+        quant::ggml_piece(t, b, j, c, a, o);
+        p[j].c = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+        p[j].mul = _mm256_set1_epi16(1);
+        p[j].av = _mm256_set_m128(_mm_set1_ps(a[1]), _mm_set1_ps(a[0]));
+        p[j].a0 = a[0];
+        p[j].a1 = a[1];
+        p[j].b0 = o[0];
+        p[j].b1 = o[1];
+      }
+      return;
+    }
+  }
+}
+
+// Pieces per block, and whether any format piece has a nonzero b (Q4_1, Q5_1, Q4_K, Q5_K).
+constexpr int pieces_of(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K || t == quant::GgmlType::kQ6_K ? 8 : 1;
+}
+constexpr bool has_b(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K ||
+         t == quant::GgmlType::kQ5_K;
+}
+
+
+}  // namespace
+}  // namespace cider::kernels::x86
