@@ -13,9 +13,11 @@
 // activation's 4 codes broadcast, from the accumulator −128·Σx (so the int32 lane is exactly Σ c·x of its row), then
 // one float step per 16-row vector and activation row, y += float(S)·(a·dx), and for offset formats y += b·(dx·Σx):
 //   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
-// Loops: threads split N in chunks of 32 rows (x86::parallel_chunks); each thread runs K chunks, packs a 32-row pair
-// into its scratch (stays in L1) and sweeps every activation tile over it, adding the 16-lane sums to the output
-// rows (bias with the first chunk).
+// Loops: threads split N in chunks of 32 rows (x86::parallel_chunks); each thread takes its rows in blocks whose
+// M × block outputs fit in L2 (kBlockOut), runs K chunks over a block, packs each 32-row pair of it into its scratch
+// (stays in L1) and sweeps every activation tile over it, adding the 16-lane sums to the output rows (bias with the
+// first chunk). Per output the float sums are the same, in the same order, whatever the blocking.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
@@ -32,6 +34,8 @@ constexpr int64_t kFromM = 16;        // fewer activation rows: the AVX2 kernel 
 constexpr int kT = 4;                  // activation rows per tile (× 32 weight rows)
 constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed 32-row pair stays in L1
 constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
+constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
+constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
 constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
 // Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b.
@@ -181,12 +185,18 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   const GgmlLinearArgs& a = *c.a;
   const int64_t n_begin = c0 * kRowsPerChunk, n_end = imin(c1 * kRowsPerChunk, a.N);
   uint8_t* pk = static_cast<uint8_t*>(scratch(3, static_cast<size_t>(kKC / 32 * piece_bytes(kType))));
-  for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
-    const int64_t kc = imin(kKC, c.Kp - k0);
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += 32) {
-      const int nv = static_cast<int>(imin(32, n_end - n0));
-      pack_pair<kType>(c, n0, nv, k0, kc, pk);
-      for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+  // Blocks of nb rows: the block's M × nb outputs stay in L2 over the K chunks (each K chunk's activations are
+  // read from L3 once per block, then from L2 for the block's other pairs).
+  const int64_t nb = std::max<int64_t>(32, imin(kBlockN, kBlockOut / (a.M * 4) / 32 * 32));
+  for (int64_t b0 = n_begin; b0 < n_end; b0 += nb) {
+    const int64_t b1 = imin(b0 + nb, n_end);
+    for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
+      const int64_t kc = imin(kKC, c.Kp - k0);
+      for (int64_t n0 = b0; n0 < b1; n0 += 32) {
+        const int nv = static_cast<int>(imin(32, n_end - n0));
+        pack_pair<kType>(c, n0, nv, k0, kc, pk);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+      }
     }
   }
 }
