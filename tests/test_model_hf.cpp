@@ -807,7 +807,11 @@ TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
     r2 += static_cast<double>(deq[i]) * deq[i];
   }
   std::printf("qwen3_next GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
-  EXPECT_LE(std::sqrt(d2 / r2), 0.08);  // int8 activations against Q8_0 blocks (measured 0.011)
+  // Native blocks multiply int8 activations quantized per 32 (ggml's Q8 rule). Where prefill decodes the rows to
+  // float32 instead (the ref and AVX2 levels) only the decode steps do, and this prompt-only run measures 0.011; on
+  // AVX-512 the prefill takes the int8 kernel too and it measures 0.092 — the gated DeltaNet layers amplify
+  // activation errors (W8A8's per-row codes give up to 0.25 on these fixtures, above). Bound: 0.15.
+  EXPECT_LE(std::sqrt(d2 / r2), 0.15);
 }
 
 // ---- OLMoE: whole-projection q/k norms, clip_qkv, experts not renormalised ----
