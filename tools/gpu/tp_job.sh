@@ -19,4 +19,4 @@ timeout 120 .gpu/bin/test_cuda_moe --gtest_output=json:$OUT/moe.json 2>&1 | grep
 timeout 200 .gpu/bin/test_cuda_model --gtest_filter='-CudaFamilies.*:CudaHybrid.*' --gtest_output=json:$OUT/model.json 2>&1 \
   | grep -v '^\[ RUN\|^\[       OK' | tail -12
 timeout 60 compute-sanitizer --tool memcheck .gpu/bin/test_cuda_gated_delta 2>&1 | tail -3
-timeout 240 .gpu/bin/cuda_bench --area tp --json $OUT/tp_bench.json 2>&1 | tail -24
+timeout 150 .gpu/bin/cuda_bench --area tp --filter llama3-8b --json $OUT/tp_bench.json 2>&1 | tail -24
