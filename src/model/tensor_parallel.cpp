@@ -105,7 +105,7 @@ LinearShare share_rows(const Linear& L, int64_t r0, int64_t r1) {
     } else {  // [K/gs, N]: columns r0 … r1 of every group row
       const int64_t groups = L.K / L.group_size, n = r1 - r0;
       s.scales.resize(sz(groups * n));
-      for (int64_t g = 0; g < groups; ++g)
+      for (int64_t g = 0; g < groups && n > 0; ++g)  // (an empty share copies nothing: no null memcpy)
         std::memcpy(s.scales.data() + g * n, L.scales + g * L.N + r0, sz(n) * sizeof(float));
       s.linear.scales = s.scales.data();
     }
