@@ -26,6 +26,7 @@
 #include "model/npy.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
+#include "kernels/kernel_table.h"
 #include "quant/affine.h"
 #include "support/test_support.h"
 
@@ -965,8 +966,11 @@ TEST(ModelGguf, Q8_0TensorsDequantizeThenConvert) {
 }
 
 // --weights native keeps the Q8_0 blocks of the linear layers (q/k rows un-permuted block row by block row), falls
-// back to bf16 for the F16 embedding, and computes the reference's logits up to int8 activations per 32 (a relative
-// error per matmul of about 2⁻⁸, hence the 0.03 RMS bound over a few layers, as the w8a8 test bounds its own).
+// back to bf16 for the F16 embedding, and computes the reference's logits. A 24-token prompt is prefill (M >= 16): on a
+// level whose ggml_linear takes prefill (KernelTable::ggml_linear_prefill: avx512) every matmul uses int8 activations
+// per 32 (step max|x|/127: an RMS error of about 0.5 % of each activation piece, which this random 2-layer model amplifies to a
+// logit RMS of 0.022–0.028 over seeds 1–10, hence 0.06); elsewhere the blocks are decoded to float32 rows (0.004–0.007
+// from the f16 embedding and float32 sums, hence 0.015). A wrong q/k row order gives errors of order 1.
 TEST(ModelGguf, NativeKeepsQ8_0BlocksAndMatchesTheReference) {
   Spec spec;
   TensorMap m = f16_exact(random_weights(spec, 87));
@@ -982,10 +986,11 @@ TEST(ModelGguf, NativeKeepsQ8_0BlocksAndMatchesTheReference) {
   EXPECT_EQ(w.embed_ggml_type, 0u);        // F16 in the file: no integer form, kept as bf16
   EXPECT_EQ(w.format_counts.at("Q8_0"), 7 * spec.L + (spec.tie ? 0 : 1));
   const std::vector<float> got = run(*native, tok);
-  EXPECT_LT(rel_rms(got, ref), 0.03);
+  const double bound = cider::kernels::active_kernels().ggml_linear_prefill ? 0.06 : 0.015;
+  EXPECT_LT(rel_rms(got, ref), bound);
   // The q/k row order is right: the same file through f32 (dequantized, un-permuted as floats) agrees as closely.
   const std::vector<float> f32 = run(*cm::Model::load(path, opts("f32", "f32")), tok);
-  EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), 0.03);
+  EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), bound);
   // The default weights: native for a GGUF file on the CPU, bf16 for a directory or on CUDA.
   EXPECT_EQ(cm::default_weights(path, cm::Device::kCPU), cm::WeightFormat::kNative);
   EXPECT_EQ(cm::default_weights(path, cm::Device::kCUDA), cm::WeightFormat::kBF16);
