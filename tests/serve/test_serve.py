@@ -996,7 +996,9 @@ def kill_if_running(s: Server):
 
 
 def test_graceful_shutdown(eos_ids):
-    s = Server()
+    # A drain long enough for the 1000 tokens on a loaded machine (the default 30 s expired once in CI on a loaded
+    # 2-core VM, ending the stream with an error event); the expiry has its own test.
+    s = Server("--drain-seconds", "600")
     try:
         graceful_shutdown(s, eos_ids)
     finally:
