@@ -117,6 +117,46 @@ TEST(Tokenizer, RealLlama3TokenizerWhenAvailable) {
   EXPECT_GE(check_cases(tok, load_cases("llama3_real"), "llama3_real"), 100u);
 }
 
+// llama.cpp's vocabulary test files (models/ggml-vocab-<name>.gguf with .inp texts and .out ids that HF
+// `transformers` produced from each model's own tokenizer, add_special_tokens=False): real vocabularies of
+// Falcon, DeepSeek LLM / Coder, StarCoder, Refact, Command-R, MPT, GPT-2, Llama 3, Qwen2, Qwen 3.5, Llama 2 and
+// Phi-3. They are too large to commit, so the test runs when $CIDER_LLAMACPP_VOCAB_DIR names that models/ folder
+// (e.g. vendor/llama.cpp/models of the llama_cpp_python sdist) and is skipped otherwise.
+TEST(TokenizerGguf, LlamaCppVocabularyFilesWhenAvailable) {
+  const char* dir = std::getenv("CIDER_LLAMACPP_VOCAB_DIR");
+  if (dir == nullptr || !std::ifstream(std::string(dir) + "/ggml-vocab-falcon.gguf").good()) {
+    GTEST_SKIP() << "set CIDER_LLAMACPP_VOCAB_DIR to llama.cpp's models/ folder to check cider against the HF ids "
+                    "recorded there";
+  }
+  size_t checked = 0;
+  for (const char* name : {"falcon", "deepseek-llm", "deepseek-coder", "starcoder", "refact", "command-r", "mpt",
+                           "gpt-2", "llama-bpe", "qwen2", "qwen35", "llama-spm", "phi-3"}) {
+    const std::string base = std::string(dir) + "/ggml-vocab-" + name + ".gguf";
+    if (!std::ifstream(base + ".out").good()) continue;
+    SCOPED_TRACE(name);
+    auto gguf = cider::model::GGUFFile::open(base);
+    const Tokenizer tok = Tokenizer::from_gguf(*gguf);
+    const std::string inp = read_file(base + ".inp");
+    std::istringstream out(read_file(base + ".out"));
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    size_t pos = 0;
+    std::string line;
+    while (pos < inp.size()) {
+      const size_t end = inp.find(sep, pos);
+      ASSERT_NE(end, std::string::npos);
+      const std::string text = inp.substr(pos, end - pos);
+      pos = end + sep.size();
+      ASSERT_TRUE(std::getline(out, line));
+      std::vector<int32_t> want;
+      std::istringstream ids(line);
+      for (int32_t id; ids >> id;) want.push_back(id);
+      EXPECT_EQ(tok.encode(text, false), want) << name << " text " << escaped(text);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 13u * 30u);
+}
+
 // Byte-level BPE without a normalizer loses nothing: any text comes back byte for byte.
 TEST(Tokenizer, ByteLevelRoundTripsEveryText) {
   for (const char* name : {"gpt2", "llama3"}) {
@@ -276,6 +316,50 @@ INSTANTIATE_TEST_SUITE_P(Vocabularies, GgufFixture,
                            return std::string(param.param.json);
                          });
 
+// The byte-level families of llama.cpp's tokenizer.ggml.pre list: for each, a tiny BPE trained and configured by HF
+// `tokenizers` as the family ships it (pre_<family>.json) and its GGUF twin, whose tokenizer.ggml.pre names the
+// family (pre_<family>_vocab.gguf). Both must give HF's ids and strings on every text: the tokenizer.json through
+// cider's tokenizer.json reader, the GGUF through cider's table of families.
+struct PreFamily {
+  const char* name;
+  const char* pre;  // tokenizer.ggml.pre of the twin
+};
+
+class PreTypeFamily : public ::testing::TestWithParam<PreFamily> {};
+
+TEST_P(PreTypeFamily, TokenizerJsonAndGgufTwinMatchHuggingFace) {
+  const std::string name = std::string("pre_") + GetParam().name;
+  const auto cases = load_cases(name);
+  ASSERT_GE(cases.size(), 80u);
+  const Tokenizer json_tok = Tokenizer::from_json_file(data_path(name + ".json"));
+  check_cases(json_tok, cases, name + ".json");
+  auto gguf = cider::model::GGUFFile::open(data_path(name + "_vocab.gguf"));
+  ASSERT_EQ(gguf->get_string("tokenizer.ggml.pre"), GetParam().pre);
+  const Tokenizer gguf_tok = Tokenizer::from_gguf(*gguf);
+  EXPECT_EQ(gguf_tok.bos_id(), json_tok.bos_id());
+  EXPECT_EQ(gguf_tok.vocab_size(), json_tok.vocab_size());
+  check_cases(gguf_tok, cases, name + "_vocab.gguf");
+  // Byte-level BPE without a normalizer gives back every text byte for byte.
+  for (const Case& c : cases) {
+    if (name == "pre_neox" || name == "pre_command_r") break;  // NFC families recompose
+    EXPECT_EQ(gguf_tok.decode(gguf_tok.encode(c.text, false)), c.text) << name << " " << escaped(c.text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LlamaCppPreTypes, PreTypeFamily,
+    ::testing::Values(PreFamily{"neox", "mpt"}, PreFamily{"command_r", "command-r"}, PreFamily{"falcon", "falcon"},
+                      PreFamily{"dbrx", "dbrx"}, PreFamily{"jais2", "jais-2"}, PreFamily{"qwen35", "qwen35"},
+                      PreFamily{"laguna", "laguna"}, PreFamily{"ufakzeka", "ufakzeka"}, PreFamily{"tekken", "tekken"},
+                      PreFamily{"o200k", "gpt-4o"}, PreFamily{"tiny_aya", "tiny_aya"}, PreFamily{"kimi_k2", "kimi-k2"},
+                      PreFamily{"deepseek_llm", "deepseek-llm"}, PreFamily{"deepseek_coder", "deepseek-coder"},
+                      PreFamily{"deepseek_v3", "deepseek-v3"}, PreFamily{"spark2_5", "spark2_5"},
+                      PreFamily{"youtu", "youtu"}, PreFamily{"bailingmoe", "bailingmoe"},
+                      PreFamily{"seed_coder", "seed-coder"}, PreFamily{"exaone_moe", "exaone-moe"},
+                      PreFamily{"minicpm5", "minicpm5"}, PreFamily{"superbpe", "superbpe"},
+                      PreFamily{"bloom", "bloom"}, PreFamily{"viking", "viking"}),
+    [](const ::testing::TestParamInfo<PreFamily>& param) { return std::string(param.param.name); });
+
 TEST(TokenizerGguf, SpecialIds) {
   auto gguf = cider::model::GGUFFile::open(data_path("llama2_vocab.gguf"));
   const Tokenizer tok = Tokenizer::from_gguf(*gguf);
@@ -343,8 +427,10 @@ TEST(TokenizerRejects, UnsupportedComponents) {
                     ErrorCode::kUnsupported, {"normalizer type", "NFKC"});
   expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, ErrorCode::kUnsupported,
                     {"pre_tokenizer type", "Whitespace"});
-  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Punctuation"}}; }, ErrorCode::kUnsupported,
-                    {"pre_tokenizer type", "Punctuation"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}}; }, ErrorCode::kUnsupported,
+                    {"pre_tokenizer type", "BertPreTokenizer"});
+  expect_json_error([](json& j) { j["pre_tokenizer"] = {{"type", "Punctuation"}, {"behavior", "Sideways"}}; },
+                    ErrorCode::kCorrupt, {"pre_tokenizer(Punctuation).behavior", "Sideways"});
   expect_json_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, ErrorCode::kUnsupported,
                     {"decoder type", "WordPiece"});
   expect_json_error([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, ErrorCode::kUnsupported,
@@ -357,6 +443,14 @@ TEST(TokenizerRejects, BadRegexAndSplit) {
         j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
       },
       ErrorCode::kUnsupported, {"regex must compile", "(unclosed"});
+  // Oniguruma classes are parsed (to rewrite nesting and "&&" for PCRE2): a malformed one names the pattern.
+  for (const char* bad : {"a[b[c]", "x[\\p{L&&[^a]]", "[a\\"}) {
+    expect_json_error(
+        [&](json& j) {
+          j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", bad}}}, {"behavior", "Isolated"}};
+        },
+        ErrorCode::kUnsupported, {"regex", bad});
+  }
   expect_json_error(
       [](json& j) {
         j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"behavior", "Sideways"}};
@@ -519,8 +613,12 @@ TEST(TokenizerRejects, BadGgufVocabularies) {
                {"[tokenizer.from_gguf]", "tokenizer.ggml.model"});
   expect_error([] { GgufBuilder().str("tokenizer.ggml.model", "bert").strs("tokenizer.ggml.tokens", {"a"}).load("bert"); },
                ErrorCode::kUnsupported, {"tokenizer.ggml.model", "bert"});
-  expect_error([] { gpt2_vocab("deepseek-llm").strs("tokenizer.ggml.merges", {"a b"}).load("pre"); },
-               ErrorCode::kUnsupported, {"tokenizer.ggml.pre", "deepseek-llm"});
+  // An unknown pre-tokenizer type is named, with the list of the known ones; a known one that cider cannot run
+  // says why.
+  expect_error([] { gpt2_vocab("no-such-family").strs("tokenizer.ggml.merges", {"a b"}).load("pre"); },
+               ErrorCode::kUnsupported, {"tokenizer.ggml.pre", "no-such-family", "llama-bpe", "deepseek-v3", "kimi-k2"});
+  expect_error([] { gpt2_vocab("sarvam-moe").strs("tokenizer.ggml.merges", {"a b"}).load("pre_known"); },
+               ErrorCode::kUnsupported, {"tokenizer.ggml.pre sarvam-moe", "not supported", "raw UTF-8"});
   expect_error([] { gpt2_vocab().strs("tokenizer.ggml.merges", {"a c"}).load("merge"); }, ErrorCode::kCorrupt,
                {"tokenizer.ggml.merges", "a c"});
   expect_error([] { gpt2_vocab().strs("tokenizer.ggml.merges", {"ab"}).load("merge_form"); }, ErrorCode::kCorrupt,

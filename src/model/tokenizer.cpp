@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -45,15 +46,225 @@ constexpr const char* kOpJson = "tokenizer.from_json";
 constexpr const char* kOpGguf = "tokenizer.from_gguf";
 
 // ---------------------------------------------------------------------------------------------------------------
+// Oniguruma character classes in PCRE2 terms.
+//
+// HF `tokenizers` compiles Split patterns with Oniguruma (Ruby syntax), whose bracket classes may nest
+// (BLOOM: ` ?[^(\s|[.,!?…。，、।۔،])]+`) and intersect (Kimi K2: `[\p{Lu}\p{M}&&[^\p{Han}]]`). PCRE2 10.42 has
+// neither, so such a class is rewritten into a group that matches exactly one character of the same set:
+//   a union with nested classes  -> its plain members joined in one class, plus an alternative per nested class
+//                                   that cannot be merged (a negated or intersected one);
+//   A && B                       -> (?:(?=A)B);
+//   [^E] for a compound E         -> (?:(?!E)(?s:.)).
+// Every class without nesting or "&&" is copied unchanged, so the usual patterns reach PCRE2 as written.
+
+namespace onig {
+
+struct ClassExpr;
+
+// One operand of "&&": plain members (ranges, escapes, POSIX brackets, each already safe to paste into any class)
+// and nested classes.
+struct ClassUnion {
+  std::string members;
+  std::vector<ClassExpr> nested;
+};
+
+struct ClassExpr {
+  bool negated = false;
+  std::vector<ClassUnion> operands;  // intersected; one for a class without "&&"
+  bool simple() const { return operands.size() == 1 && operands[0].nested.empty(); }
+};
+
+[[noreturn]] void bad_class(const std::string& pattern, size_t pos, const char* what, const char* op) {
+  fail(ErrorCode::kUnsupported, op, "regex character class must be well formed (", what, " at offset ", pos,
+       "); got ", pattern);
+}
+
+// The UTF-8 character at p[i] (one byte when malformed; PCRE2 reports that later).
+size_t char_len(const std::string& p, size_t i) {
+  char32_t cp;
+  const size_t n = uni::decode_utf8(p, i, cp);
+  return n == 0 ? 1 : n;
+}
+
+// A backslash escape at p[i] inside a class: \p{..}, \P{..}, \x{..}, \xHH, \uHHHH (Ruby; PCRE2 spells it \x{HHHH})
+// or a single escaped character. Returns its PCRE2 text; `single` tells whether it denotes one character (so it
+// may end a range).
+std::string class_escape(const std::string& p, size_t& i, bool& single, const char* op) {
+  if (i + 1 >= p.size()) bad_class(p, i, "a trailing backslash", op);
+  const char c = p[i + 1];
+  if ((c == 'p' || c == 'P' || c == 'x') && i + 2 < p.size() && p[i + 2] == '{') {
+    const size_t close = p.find('}', i + 3);
+    if (close == std::string::npos) bad_class(p, i, "an unclosed \\p{ or \\x{", op);
+    std::string out = p.substr(i, close + 1 - i);
+    single = c == 'x';
+    i = close + 1;
+    return out;
+  }
+  if (c == 'u' && i + 6 <= p.size() &&
+      std::all_of(p.begin() + i + 2, p.begin() + i + 6, [](char h) { return std::isxdigit(static_cast<uint8_t>(h)); })) {
+    std::string out = "\\x{" + p.substr(i + 2, 4) + "}";
+    single = true;
+    i += 6;
+    return out;
+  }
+  const size_t n = char_len(p, i + 1);
+  std::string out = p.substr(i, 1 + n);
+  // Class shorthands (\s, \d, \w, \h and their negations) stand for sets, not one character.
+  single = std::string_view("sSdDwWhH").find(c) == std::string_view::npos;
+  i += 1 + n;
+  return out;
+}
+
+// Parses the class that starts at p[i] == '['; on return i is just past its closing ']'.
+ClassExpr parse_class(const std::string& p, size_t& i, const char* op) {
+  const size_t start = i;
+  ClassExpr cls;
+  ++i;
+  if (i < p.size() && p[i] == '^') {
+    cls.negated = true;
+    ++i;
+  }
+  cls.operands.emplace_back();
+  bool first = true;  // a ']' right after '[' or '[^' is a literal
+  while (true) {
+    if (i >= p.size()) bad_class(p, start, "an unclosed [", op);
+    ClassUnion& u = cls.operands.back();
+    const char c = p[i];
+    if (c == ']' && !first) {
+      ++i;
+      break;
+    }
+    first = false;
+    if (c == '&' && i + 1 < p.size() && p[i + 1] == '&') {
+      cls.operands.emplace_back();
+      i += 2;
+      continue;
+    }
+    if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // POSIX bracket [:alpha:]
+      const size_t close = p.find(":]", i + 2);
+      if (close == std::string::npos) bad_class(p, i, "an unclosed [:", op);
+      u.members += p.substr(i, close + 2 - i);
+      i = close + 2;
+      continue;
+    }
+    if (c == '[') {
+      u.nested.push_back(parse_class(p, i, op));
+      continue;
+    }
+    // One member: a character or escape, perhaps the start of a range a-b.
+    bool single = true;
+    std::string lo;
+    if (c == '\\') {
+      lo = class_escape(p, i, single, op);
+    } else {
+      const size_t n = char_len(p, i);
+      lo = p.substr(i, n);
+      i += n;
+      // Characters special somewhere in a class are escaped, so that members stay valid wherever they are pasted.
+      if (lo == "-" || lo == "^" || lo == "]" || lo == "[") lo = "\\" + lo;
+    }
+    if (single && i + 1 < p.size() && p[i] == '-' && p[i + 1] != ']' && p[i + 1] != '[' &&
+        !(p[i + 1] == '&' && i + 2 < p.size() && p[i + 2] == '&')) {
+      ++i;
+      std::string hi;
+      if (p[i] == '\\') {
+        bool hi_single = true;
+        hi = class_escape(p, i, hi_single, op);
+        if (!hi_single) bad_class(p, i, "a range that ends in a set", op);
+      } else {
+        const size_t n = char_len(p, i);
+        hi = p.substr(i, n);
+        i += n;
+        if (hi == "^" || hi == "-") hi = "\\" + hi;
+      }
+      u.members += lo + "-" + hi;
+    } else {
+      u.members += lo;
+    }
+  }
+  return cls;
+}
+
+std::string emit_class(const ClassExpr& cls);
+
+// One character of the union: plain members and simple non-negated nested classes merged into one class,
+// the other nested classes as alternatives.
+std::string emit_union(const ClassUnion& u) {
+  std::string members = u.members;
+  std::vector<std::string> alts;
+  for (const ClassExpr& n : u.nested) {
+    if (n.simple() && !n.negated) {
+      members += n.operands[0].members;
+    } else {
+      alts.push_back(emit_class(n));
+    }
+  }
+  if (!members.empty()) alts.insert(alts.begin(), "[" + members + "]");
+  if (alts.empty()) return "(?!)";  // an empty class matches nothing
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(?:";
+  for (size_t k = 0; k < alts.size(); ++k) out += (k ? "|" : "") + alts[k];
+  return out + ")";
+}
+
+std::string emit_class(const ClassExpr& cls) {
+  if (cls.simple()) return std::string(cls.negated ? "[^" : "[") + cls.operands[0].members + "]";
+  std::string body;
+  if (cls.operands.size() == 1) {
+    body = emit_union(cls.operands[0]);
+  } else {
+    body = "(?:";
+    for (size_t k = 0; k + 1 < cls.operands.size(); ++k) body += "(?=" + emit_union(cls.operands[k]) + ")";
+    body += emit_union(cls.operands.back()) + ")";
+  }
+  return cls.negated ? "(?:(?!" + body + ")(?s:.))" : body;
+}
+
+bool needs_rewrite(const ClassExpr& cls) { return !cls.simple(); }
+
+}  // namespace onig
+
+// The pattern with every nested or intersected Oniguruma class rewritten for PCRE2 (see above).
+std::string onig_classes_to_pcre2(const std::string& p, const char* op) {
+  std::string out;
+  out.reserve(p.size());
+  size_t i = 0;
+  while (i < p.size()) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size() && p[i + 1] == 'u') {  // Ruby's \uHHHH is PCRE2's \x{HHHH}
+      bool single = true;
+      out += onig::class_escape(p, i, single, op);
+    } else if (c == '\\') {  // an escape outside classes: copied whole (its second character may be '[')
+      const size_t n = i + 1 < p.size() ? 1 + onig::char_len(p, i + 1) : 1;
+      out.append(p, i, n);
+      i += n;
+    } else if (c == '[') {
+      const size_t start = i;
+      const onig::ClassExpr cls = onig::parse_class(p, i, op);
+      if (onig::needs_rewrite(cls)) {
+        out += onig::emit_class(cls);
+      } else {
+        out.append(p, start, i - start);
+      }
+    } else {
+      out.push_back(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // PCRE2 regexes (UTF + UCP so that \p{L}, \s and case-insensitive groups follow Unicode, as Oniguruma does in HF).
 
 class Regex {
  public:
   Regex(const std::string& pattern, const char* op) : pattern_(pattern) {
+    const std::string compiled = onig_classes_to_pcre2(pattern, op);
     int err = 0;
     PCRE2_SIZE off = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                          &off, nullptr);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), PCRE2_UTF | PCRE2_UCP,
+                          &err, &off, nullptr);
     if (code_ == nullptr) {
       PCRE2_UCHAR buf[256];
       pcre2_get_error_message(err, buf, sizeof(buf));
@@ -67,11 +278,16 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
   ~Regex() { pcre2_code_free(code_); }
 
-  // Every non-empty, non-overlapping match of well-formed UTF-8 `s`, left to right, as [begin, end) byte spans.
+  // The non-overlapping matches of well-formed UTF-8 `s`, left to right, as [begin, end) byte spans, found as the
+  // onig crate's find_iter (which HF uses) finds them: empty matches count (a Split cuts there), except one that
+  // a search starting at the previous match's end finds; then the search moves one character on. An empty `s`
+  // has no matches (HF's find_matches never searches it).
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
     std::vector<std::pair<size_t, size_t>> out;
+    if (s.empty()) return out;
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t pos = 0;
+    size_t last_match_end = std::string_view::npos;
     while (pos <= s.size()) {
       int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, PCRE2_NO_UTF_CHECK, md,
                            nullptr);
@@ -91,16 +307,16 @@ class Regex {
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const size_t b = ov[0], e = ov[1];
-      if (e > b) {
-        out.emplace_back(b, e);
-        pos = e;
-      } else {
-        // An empty match makes no piece; step over one character so the scan always advances.
-        if (b >= s.size()) break;
+      if (e == b && pos == last_match_end) {
+        // No empty match right where the previous match ended: step one character on and search again.
+        if (pos >= s.size()) break;
         char32_t cp;
-        const size_t n = uni::decode_utf8(s, b, cp);
-        pos = b + (n == 0 ? 1 : n);
+        const size_t n = uni::decode_utf8(s, pos, cp);
+        pos += n == 0 ? 1 : n;
+        continue;
       }
+      out.emplace_back(b, e);
+      pos = last_match_end = e;
     }
     pcre2_match_data_free(md);
     return out;
@@ -455,6 +671,20 @@ PrependScheme parse_prepend_scheme(const json& obj, const char* where) {
   fail(ErrorCode::kCorrupt, kOpJson, where, ".prepend_scheme must be always, first or never; got ", s);
 }
 
+SplitBehavior parse_behavior(const std::string& b, const char* where) {
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  fail(ErrorCode::kCorrupt, kOpJson, where,
+       ".behavior must be Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous; got ", b);
+}
+
+// HF's Punctuation pre-tokenizer: each character that is ASCII punctuation (Rust's is_ascii_punctuation, which
+// counts $+<=>^`|~ too) or Unicode punctuation (\p{P}) is one match, then the behavior applies.
+const char* const kPunctuationRegex = R"([\p{P}!-/:-@\[-`{-~])";
+
 PreTokenizer parse_pre_tokenizer(const json& obj) {
   const std::string type = type_of(obj, "pre_tokenizer");
   PreTokenizer p;
@@ -471,29 +701,18 @@ PreTokenizer parse_pre_tokenizer(const json& obj) {
   } else if (type == "Split") {
     p.kind = PreTokenizer::kSplit;
     p.pattern = parse_pattern(obj, "pre_tokenizer(Split)");
-    const std::string b = get_string(obj, "behavior", "pre_tokenizer(Split)");
-    if (b == "Removed") {
-      p.behavior = SplitBehavior::kRemoved;
-    } else if (b == "Isolated") {
-      p.behavior = SplitBehavior::kIsolated;
-    } else if (b == "MergedWithPrevious") {
-      p.behavior = SplitBehavior::kMergedWithPrevious;
-    } else if (b == "MergedWithNext") {
-      p.behavior = SplitBehavior::kMergedWithNext;
-    } else if (b == "Contiguous") {
-      p.behavior = SplitBehavior::kContiguous;
-    } else {
-      fail(ErrorCode::kCorrupt, kOpJson,
-           "pre_tokenizer(Split).behavior must be Removed, Isolated, MergedWithPrevious, MergedWithNext or "
-           "Contiguous; got ",
-           b);
-    }
+    p.behavior = parse_behavior(get_string(obj, "behavior", "pre_tokenizer(Split)"), "pre_tokenizer(Split)");
     p.invert = opt_bool(obj, "invert", "pre_tokenizer(Split)", false);
   } else if (type == "Digits") {  // numeric characters (\p{N}) split off: one by one, or as runs
     p.kind = PreTokenizer::kSplit;
     p.behavior = SplitBehavior::kIsolated;
     const bool individual = opt_bool(obj, "individual_digits", "pre_tokenizer(Digits)", false);
     p.pattern.regex = std::make_shared<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", kOpJson);
+  } else if (type == "Punctuation") {
+    p.kind = PreTokenizer::kSplit;
+    p.behavior = parse_behavior(opt_string(obj, "behavior", "pre_tokenizer(Punctuation)", "Isolated"),
+                                "pre_tokenizer(Punctuation)");
+    p.pattern.regex = std::make_shared<Regex>(kPunctuationRegex, kOpJson);
   } else if (type == "Metaspace") {
     p.kind = PreTokenizer::kMetaspace;
     p.replacement = opt_string(obj, "replacement", "pre_tokenizer(Metaspace)", "\xE2\x96\x81");
@@ -502,9 +721,217 @@ PreTokenizer parse_pre_tokenizer(const json& obj) {
     p.split = opt_bool(obj, "split", "pre_tokenizer(Metaspace)", true);
   } else {
     fail(ErrorCode::kUnsupported, kOpJson,
-         "pre_tokenizer type must be one of ByteLevel, Split, Digits, Metaspace, Sequence; got ", type);
+         "pre_tokenizer type must be one of ByteLevel, Split, Digits, Punctuation, Metaspace, Sequence; got ", type);
   }
   return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GGUF "gpt2" (byte-level BPE) vocabularies: tokenizer.ggml.pre names the model family, and with it the
+// normalizer and pre-tokenizer of the family's tokenizer.json. The names are llama.cpp's (its `tokenizer.ggml.pre`
+// list); the patterns below are written as the families' tokenizer.json files (or tiktoken patterns) spell them,
+// in Oniguruma syntax, and each family's pipeline is checked against HF `tokenizers` by a fixture
+// (tests/data/tokenizers/pre_*.json and their GGUF twins, see tools/gen_tokenizer_fixtures.py).
+
+// Llama 3 / cl100k (also DBRX, ChatGLM-4, GLM-4/5, Falcon 3, LFM2, Pixtral, ...).
+const char* const kCl100kRegex = kLlama3Regex;
+// Qwen 3.5: marks join letters.
+const char* const kQwen35Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Mistral's Tekken: case-aware words, single digits.
+const char* const kTekkenRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// o200k (GPT-4o, gpt-oss, Llama 4, MiniMax-M2, Tiny Aya's second stage).
+const char* const kO200kRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Kimi K2 (tiktoken pattern): Han runs apart, letters without Han (class intersection).
+const char* const kKimiRegex =
+    R"([\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Jais 2: Llama 3's pattern with whitespace runs cut in powers of two.
+const char* const kJais2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1})";
+// BLOOM (also Poro, GPT-3 Finnish, Viking): a nested Oniguruma class.
+const char* const kBloomRegex = R"( ?[^(\s|[.,!?…。，、।۔،])]+)";
+// DeepSeek LLM: newlines, Latin/Greek/Cyrillic/... letters, ASCII and full-width punctuation, trailing spaces, CJK.
+const char* const kDeepseekLlmLetters = R"(\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+)";
+const char* const kDeepseekLlmPunct = R"(\s?[!-/:-~！-／：-～‘-‟　-。]+)";
+const char* const kDeepseekCjk = R"([一-龥ࠀ-一가-퟿]+)";
+// DeepSeek V3 (also Hunyuan dense, JoyAI, HY v4) and Spark 2.5.
+const char* const kDeepseekV3Cjk = R"([一-龥぀-ゟ゠-ヿ]+)";
+const char* const kDeepseekV3Regex =
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|"
+    "\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+const char* const kSpark25Regex =
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|"
+    "\\s+(?!\\S)|\\s+";
+// Youtu: Korean / CJK punctuation / Bopomofo / CJK runs, then an o200k-like pattern.
+const char* const kYoutuCjk = R"([가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+)";
+const char* const kYoutuRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Ling / Bailing MoE: possessive quantifiers.
+const char* const kBailingRegex =
+    R"('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
+const char* const kSeedCoderRegex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen2's pattern without the English contractions (Turkish suffixes stay on their word).
+const char* const kUfakzekaRegex =
+    R"([^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// EXAONE MoE: a word may hold single spaces between letters.
+const char* const kExaoneMoeRegex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+)";
+const char* const kMiniCpm5Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// One stage of a family's pre-tokenizer Sequence.
+struct PreStep {
+  enum Kind {
+    kSplit,          // Split(Regex(regex), Isolated)
+    kDigits,         // Digits(individual_digits=true)
+    kDigitRuns,      // Digits(individual_digits=false)
+    kPunctuation,    // Punctuation(Contiguous)
+    kByteLevel,      // ByteLevel(use_regex=false): the byte alphabet only
+    kByteLevelGpt2,  // ByteLevel(use_regex=true): GPT-2's split, then the byte alphabet
+  } kind;
+  const char* regex = nullptr;
+};
+
+struct GgufPreType {
+  std::vector<const char*> names;  // tokenizer.ggml.pre values (llama.cpp's aliases share an entry)
+  std::vector<PreStep> steps;
+  bool nfc = false;            // the family's tokenizer.json normalizes to NFC
+  bool ignore_merges = false;  // its BPE model has ignore_merges (a word in the vocabulary is one token)
+  bool add_bos = false;        // BOS is added when the GGUF has no tokenizer.ggml.add_bos_token
+};
+
+const std::vector<GgufPreType>& gguf_pre_types() {
+  using S = PreStep;
+  static const std::vector<GgufPreType> table = {
+      // GPT-2's ByteLevel pre-tokenizer (GPT-2, Phi-2, Jais, GigaChat, ...). "default" is what an old file without
+      // tokenizer.ggml.pre gets.
+      {{"gpt-2", "gpt2", "default", "phi-2", "jais", "gigachat", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
+        "a.x-4.0", "mellum", "modern-bert", "trillion", "granite-docling", "exaone4"},
+       {{S::kByteLevelGpt2}}},
+      // GPT-NeoX-20B's tokenizer (MPT, OLMo 1): NFC, then GPT-2's ByteLevel.
+      {{"mpt", "olmo"}, {{S::kByteLevelGpt2}}, /*nfc=*/true},
+      // StarCoder-style: every digit apart, then GPT-2's ByteLevel (Refact, SmolLM, CodeShell, EXAONE 3, ...).
+      {{"starcoder", "refact", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"},
+       {{S::kDigits}, {S::kByteLevelGpt2}}},
+      {{"command-r"}, {{S::kDigits}, {S::kByteLevelGpt2}}, /*nfc=*/true},
+      // Falcon: punctuation runs, GPT-2's ByteLevel, digit runs, then digit triples.
+      {{"falcon"},
+       {{S::kPunctuation}, {S::kByteLevelGpt2}, {S::kDigitRuns}, {S::kSplit, "[0-9][0-9][0-9]"}}},
+      {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"},
+       {{S::kSplit, kCl100kRegex}, {S::kByteLevel}}, false, /*ignore_merges=*/true, /*add_bos=*/true},
+      {{"dbrx", "smaug-bpe"}, {{S::kSplit, kCl100kRegex}, {S::kByteLevel}}},
+      {{"chatglm-bpe"}, {{S::kSplit, kCl100kRegex}, {S::kByteLevel}}},
+      {{"glm4", "glm5"}, {{S::kSplit, kCl100kRegex}, {S::kByteLevel}}, false, /*ignore_merges=*/true},
+      {{"jais-2"}, {{S::kSplit, kJais2Regex}, {S::kByteLevel}}},
+      // Qwen2 / Qwen2.5 / Qwen3 (and the R1 distills of Qwen2.5, F2LLM v2 on Qwen3): NFC.
+      {{"qwen2", "deepseek-r1-qwen", "f2llmv2"}, {{S::kSplit, kQwen2Regex}, {S::kByteLevel}}, /*nfc=*/true},
+      // The same pattern in files whose normalizer is not Qwen's (llama.cpp applies none either).
+      {{"stablelm2", "hunyuan", "solar-open", "grok-2", "kormo", "megrez"},
+       {{S::kSplit, kQwen2Regex}, {S::kByteLevel}}},
+      // Qwen 3.5 has no normalizer: HF keeps "e" + U+0301 apart (llama.cpp's recorded ids for it say so).
+      {{"qwen35"}, {{S::kSplit, kQwen35Regex}, {S::kByteLevel}}},
+      {{"laguna"}, {{S::kSplit, "[^\\n]+|[\\n]+"}, {S::kSplit, kQwen2Regex}, {S::kByteLevel}}},
+      {{"ufakzeka"}, {{S::kSplit, kUfakzekaRegex}, {S::kByteLevel}}},
+      {{"tekken"}, {{S::kSplit, kTekkenRegex}, {S::kByteLevel}}, false, true, /*add_bos=*/true},
+      {{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {{S::kSplit, kO200kRegex}, {S::kByteLevel}}},
+      // Tiny Aya / Cohere2 MoE: digits in groups of three counted from the right, then o200k.
+      {{"tiny_aya", "cohere2moe"},
+       {{S::kSplit, R"(\d{1,3}(?=(?:\d{3})*\b))"}, {S::kSplit, kO200kRegex}, {S::kByteLevel}}},
+      {{"kimi-k2"}, {{S::kSplit, kKimiRegex}, {S::kByteLevel}}},
+      {{"deepseek-llm"},
+       {{S::kSplit, "[\r\n]"}, {S::kSplit, kDeepseekLlmLetters}, {S::kSplit, kDeepseekLlmPunct},
+        {S::kSplit, "\\s+$"}, {S::kSplit, kDeepseekCjk}, {S::kDigits}, {S::kByteLevel}}},
+      {{"deepseek-coder"},
+       {{S::kSplit, "[\r\n]"}, {S::kSplit, "\\s?\\p{L}+"}, {S::kSplit, "\\s?\\p{P}+"}, {S::kSplit, kDeepseekCjk},
+        {S::kDigits}, {S::kByteLevel}}},
+      {{"deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"},
+       {{S::kSplit, "\\p{N}{1,3}"}, {S::kSplit, kDeepseekV3Cjk}, {S::kSplit, kDeepseekV3Regex}, {S::kByteLevel}}},
+      {{"spark2_5"},
+       {{S::kSplit, "\\p{N}{1,3}"}, {S::kSplit, kDeepseekV3Cjk}, {S::kSplit, kSpark25Regex}, {S::kDigits},
+        {S::kByteLevel}}},
+      {{"youtu"}, {{S::kSplit, kYoutuCjk}, {S::kSplit, kYoutuRegex}, {S::kByteLevel}}, false, /*ignore_merges=*/true},
+      {{"bailingmoe", "bailingmoe2", "llada-moe"}, {{S::kSplit, kBailingRegex}, {S::kByteLevel}}},
+      {{"seed-coder"}, {{S::kSplit, kSeedCoderRegex}, {S::kByteLevel}}},
+      {{"exaone-moe"}, {{S::kSplit, kExaoneMoeRegex}, {S::kByteLevel}}},
+      {{"minicpm5"}, {{S::kSplit, "\\p{N}{1,3}"}, {S::kSplit, kMiniCpm5Regex}, {S::kByteLevel}}, false,
+       /*ignore_merges=*/true},
+      // SuperBPE: digit runs, cut into groups of three from the right by an empty-matching lookahead; no
+      // whitespace split at all (its tokens span words).
+      {{"superbpe"}, {{S::kSplit, "\\p{N}+"}, {S::kSplit, R"((?=(\d{3})+(?!\d)))"}, {S::kByteLevel}}},
+      {{"bloom", "poro-chat", "gpt3-finnish"}, {{S::kSplit, kBloomRegex}, {S::kByteLevel}}},
+      {{"viking"}, {{S::kSplit, kBloomRegex}, {S::kDigits}, {S::kByteLevel}}},
+  };
+  return table;
+}
+
+// llama.cpp knows these names too, but their vocabularies need what cider's GGUF loader does not do; each is
+// refused with the reason.
+const std::vector<std::pair<const char*, const char*>>& gguf_pre_types_refused() {
+  constexpr const char* kRawUtf8 = "BPE on raw UTF-8 with spaces as \xE2\x96\x81 (SentencePiece style), not byte-level BPE";
+  constexpr const char* kSeparator = "the separator token an embedding model appends";
+  static const std::vector<std::pair<const char*, const char*>> refused = {
+      {"gemma4", kRawUtf8},
+      {"granite-embed-multi-311m", kRawUtf8},
+      {"sarvam-moe", kRawUtf8},
+      {"whitespace", "a whitespace split over raw UTF-8 (an embedding model), not byte-level BPE"},
+      {"jina-v1-en", kSeparator},
+      {"jina-v2-code", kSeparator},
+      {"roberta-bpe", kSeparator},
+      {"granite-embed-multi-97m", "its tokenizer.json pattern, which llama.cpp keeps only as an approximation"},
+      {"afmoe", "its tokenizer.json digit rule, which llama.cpp keeps only as a hand-written splitter"},
+      {"chameleon", "the image and sentinel token patterns of Chameleon (a multimodal model)"},
+  };
+  return refused;
+}
+
+const GgufPreType* find_gguf_pre_type(const std::string& name) {
+  for (const auto& t : gguf_pre_types())
+    for (const char* n : t.names)
+      if (name == n) return &t;
+  return nullptr;
+}
+
+std::string gguf_pre_type_list() {
+  std::string out;
+  for (const auto& t : gguf_pre_types())
+    for (const char* n : t.names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+PreTokenizer build_pre_tokenizer(const GgufPreType& type) {
+  PreTokenizer seq;
+  seq.kind = PreTokenizer::kSequence;
+  for (const PreStep& step : type.steps) {
+    PreTokenizer p;
+    p.kind = PreTokenizer::kSplit;
+    p.behavior = SplitBehavior::kIsolated;
+    switch (step.kind) {
+      case PreStep::kSplit:
+        p.pattern.regex = std::make_shared<Regex>(step.regex, kOpGguf);
+        break;
+      case PreStep::kDigits:
+        p.pattern.regex = std::make_shared<Regex>(R"(\p{N})", kOpGguf);
+        break;
+      case PreStep::kDigitRuns:
+        p.pattern.regex = std::make_shared<Regex>(R"(\p{N}+)", kOpGguf);
+        break;
+      case PreStep::kPunctuation:
+        p.behavior = SplitBehavior::kContiguous;
+        p.pattern.regex = std::make_shared<Regex>(kPunctuationRegex, kOpGguf);
+        break;
+      case PreStep::kByteLevel:
+      case PreStep::kByteLevelGpt2:
+        p.kind = PreTokenizer::kByteLevel;
+        p.add_prefix_space = false;
+        p.use_regex = step.kind == PreStep::kByteLevelGpt2;
+        break;
+    }
+    seq.children.push_back(std::move(p));
+  }
+  return seq;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1425,50 +1852,36 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
     const int32_t id = opt_id(key);
     if (id >= 0 && std::find(t->eos.begin(), t->eos.end(), id) == t->eos.end()) t->eos.push_back(id);
   }
-  // Without an explicit add_bos_token, BOS is added where the model family's tokenizer adds it: SentencePiece
-  // vocabularies and Llama 3 (llama.cpp's defaults too); GPT-2 and Qwen2 add none.
+  // The family of a byte-level vocabulary (tokenizer.ggml.pre) decides its pre-tokenizer, normalizer and merge
+  // rule, and whether BOS is added when the file does not say.
   const std::string pre_name = gguf.has("tokenizer.ggml.pre") ? gguf.get_string("tokenizer.ggml.pre") : "default";
-  const bool bos_default = model == "llama" || pre_name == "llama-bpe" || pre_name == "llama3";
+  const GgufPreType* family = nullptr;
+  if (model == "gpt2") {
+    family = find_gguf_pre_type(pre_name);
+    if (family == nullptr) {
+      for (const auto& [name, reason] : gguf_pre_types_refused()) {
+        check(pre_name != name, ErrorCode::kUnsupported, kOpGguf, "tokenizer.ggml.pre ", name,
+              " is known but not supported: it needs ", reason);
+      }
+      fail(ErrorCode::kUnsupported, kOpGguf, "tokenizer.ggml.pre must be one of ", gguf_pre_type_list(), "; got ",
+           pre_name);
+    }
+  }
+  // Without an explicit add_bos_token, BOS is added where the model family's tokenizer adds it: SentencePiece
+  // vocabularies and the byte-level families whose table entry says so (Llama 3, Tekken); llama.cpp's defaults too.
+  const bool bos_default = model == "llama" || (family != nullptr && family->add_bos);
   if (opt_flag("tokenizer.ggml.add_bos_token", bos_default) && bos >= 0) t->prefix_ids.push_back(bos);
   if (opt_flag("tokenizer.ggml.add_eos_token", false) && eos >= 0) t->suffix_ids.push_back(eos);
   t->has_decoder = true;
 
   if (model == "gpt2") {
-    const std::string& pre = pre_name;
-    PreTokenizer split;
-    split.kind = PreTokenizer::kSplit;
-    split.behavior = SplitBehavior::kIsolated;
-    PreTokenizer bytes;
-    bytes.kind = PreTokenizer::kByteLevel;
-    bytes.add_prefix_space = false;
-    bytes.use_regex = false;
-    if (pre == "llama-bpe" || pre == "llama3") {
-      split.pattern.regex = std::make_shared<Regex>(kLlama3Regex, kOpGguf);
-      t->ignore_merges = true;  // as Llama 3's tokenizer.json sets it
-    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {  // the R1 distills of Qwen2.5: llama.cpp maps both alike
-      split.pattern.regex = std::make_shared<Regex>(kQwen2Regex, kOpGguf);
+    t->pre_tokenizer = build_pre_tokenizer(*family);
+    t->ignore_merges = family->ignore_merges;
+    if (family->nfc) {
       Normalizer n;
-      n.kind = Normalizer::kNFC;  // Qwen2's tokenizer.json normalizes to NFC
+      n.kind = Normalizer::kNFC;
       t->normalizer = n;
-    } else if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "smollm") {
-      split.pattern.regex = std::make_shared<Regex>(kGpt2Regex, kOpGguf);
-    } else {
-      fail(ErrorCode::kUnsupported, kOpGguf,
-           "tokenizer.ggml.pre must be one of llama-bpe, llama3, qwen2, deepseek-r1-qwen, default, gpt-2, smollm; got ",
-           pre);
     }
-    PreTokenizer seq;
-    seq.kind = PreTokenizer::kSequence;
-    if (pre == "smollm") {  // SmolLM/SmolLM2: every digit its own piece first (tokenizers' Digits(individual_digits))
-      PreTokenizer digits;
-      digits.kind = PreTokenizer::kSplit;
-      digits.behavior = SplitBehavior::kIsolated;
-      digits.pattern.regex = std::make_shared<Regex>(R"(\p{N})", kOpGguf);
-      seq.children.push_back(std::move(digits));
-    }
-    seq.children.push_back(std::move(split));
-    seq.children.push_back(std::move(bytes));
-    t->pre_tokenizer = std::move(seq);
     const std::vector<std::string> merges = gguf.get_string_array("tokenizer.ggml.merges");
     int32_t rank = 0;
     for (const auto& s : merges) {
