@@ -608,6 +608,21 @@ TEST(TokenizerGguf, MinimalVocabularies) {
   EXPECT_EQ(spm.decode({1, 7, 3, 8}, true), "ab z");
 }
 
+// Every name of the table loads (its patterns compile), and a vocabulary whose words are single letters tokenizes
+// the same under each family.
+TEST(TokenizerGguf, EveryPreTypeNameLoads) {
+  const auto names = Tokenizer::gguf_pre_types();
+  EXPECT_GE(names.size(), 82u);  // llama.cpp's 81 byte-level names it can run, and cider's "gpt2"
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    GgufBuilder b = gpt2_vocab(name);
+    b.strs("tokenizer.ggml.merges", {"a b"}).u32("tokenizer.ggml.eos_token_id", 3);
+    const Tokenizer tok = b.load("pre_" + name);
+    EXPECT_EQ(tok.encode("abab<eos>", false), (std::vector<int32_t>{2, 2, 3}));
+    EXPECT_EQ(tok.decode({2, 0, 3}, true), "aba");
+  }
+}
+
 TEST(TokenizerRejects, BadGgufVocabularies) {
   expect_error([] { GgufBuilder().strs("tokenizer.ggml.tokens", {"a"}).load("no_model"); }, ErrorCode::kCorrupt,
                {"[tokenizer.from_gguf]", "tokenizer.ggml.model"});

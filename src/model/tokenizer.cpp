@@ -1948,6 +1948,13 @@ Tokenizer Tokenizer::from_gguf(const GGUFFile& gguf) {
   return Tokenizer(std::move(t));
 }
 
+std::vector<std::string> Tokenizer::gguf_pre_types() {
+  std::vector<std::string> out;
+  for (const auto& t : cider::model::gguf_pre_types())
+    for (const char* n : t.names) out.emplace_back(n);
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) const {
   return impl_->encode(text, add_special);
 }

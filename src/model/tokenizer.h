@@ -26,6 +26,8 @@ class Tokenizer {
   static Tokenizer from_json_file(const std::string& path);  // tokenizer.json
   static Tokenizer from_json(std::string_view json_text);
   static Tokenizer from_gguf(const GGUFFile& gguf);          // tokenizer.ggml.* metadata
+  // The tokenizer.ggml.pre values from_gguf accepts for byte-level ("gpt2") vocabularies.
+  static std::vector<std::string> gguf_pre_types();
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
