@@ -444,7 +444,8 @@ TEST(TokenizerRejects, BadRegexAndSplit) {
       },
       ErrorCode::kUnsupported, {"regex must compile", "(unclosed"});
   // Oniguruma classes are parsed (to rewrite nesting and "&&" for PCRE2): a malformed one names the pattern.
-  for (const char* bad : {"a[b[c]", "x[\\p{L&&[^a]]", "[a\\"}) {
+  const std::string deep = std::string(40, '[') + "a" + std::string(40, ']');
+  for (const char* bad : {"a[b[c]", "x[\\p{L&&[^a]]", "[a\\", deep.c_str()}) {
     expect_json_error(
         [&](json& j) {
           j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", bad}}}, {"behavior", "Isolated"}};

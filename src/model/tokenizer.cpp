@@ -115,9 +115,13 @@ std::string class_escape(const std::string& p, size_t& i, bool& single, const ch
   return out;
 }
 
+// Nesting deeper than this is refused (no real pattern comes close; the recursion stays shallow).
+constexpr int kMaxClassDepth = 32;
+
 // Parses the class that starts at p[i] == '['; on return i is just past its closing ']'.
-ClassExpr parse_class(const std::string& p, size_t& i, const char* op) {
+ClassExpr parse_class(const std::string& p, size_t& i, const char* op, int depth = 0) {
   const size_t start = i;
+  if (depth >= kMaxClassDepth) bad_class(p, start, "classes nested too deep", op);
   ClassExpr cls;
   ++i;
   if (i < p.size() && p[i] == '^') {
@@ -148,7 +152,7 @@ ClassExpr parse_class(const std::string& p, size_t& i, const char* op) {
       continue;
     }
     if (c == '[') {
-      u.nested.push_back(parse_class(p, i, op));
+      u.nested.push_back(parse_class(p, i, op, depth + 1));
       continue;
     }
     // One member: a character or escape, perhaps the start of a range a-b.
