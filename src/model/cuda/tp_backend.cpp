@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -56,11 +57,31 @@ class RankThreads {
     wake_.notify_all();
     done_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
-    for (const std::exception_ptr& e : errors_)
-      if (e) std::rethrow_exception(e);
+    rethrow_errors();
   }
 
  private:
+  // One failed rank: its error as it is. Several: one error naming each rank's message (a rank that fails first can
+  // leave the others waiting for its all-reduce until they give up, so the lowest rank's error need not be the cause).
+  void rethrow_errors() {
+    int failed = 0;
+    std::exception_ptr first;
+    std::string all;
+    for (size_t r = 0; r < errors_.size(); ++r) {
+      if (!errors_[r]) continue;
+      if (++failed == 1) first = errors_[r];
+      try {
+        std::rethrow_exception(errors_[r]);
+      } catch (const std::exception& e) {
+        all += "; rank " + std::to_string(r) + ": " + e.what();
+      } catch (...) {
+        all += "; rank " + std::to_string(r) + ": an exception that is not a std::exception";
+      }
+    }
+    if (failed == 1) std::rethrow_exception(first);
+    if (failed > 1) fail(ErrorCode::kInternal, kOp, failed, " ranks failed", all);
+  }
+
   void loop(int rank) {
     uint64_t seen = 0;
     bool device_set = false;
