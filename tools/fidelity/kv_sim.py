@@ -19,6 +19,14 @@ Usage: kv_sim.py CIDER MODEL_DIR PIECE.txt CTX CONFIG...
     kchan      keys quantized per channel over blocks of GROUP tokens (KIVI-style layout; the last, partial block
                too, from its own tokens), values per token as none
     kchan+had  kchan keys; values per token after the whole-head Hadamard
+  kchan and kchan+had take options after the transform, comma-separated (issue 21's study, docs/quality.md):
+    kblock=N   key blocks of N tokens (default GROUP)          vgroup=N   value groups of N along the head (default GROUP)
+    out=N      per (KV head, block) the N channels with the largest score kept at ob bits (ob=16: exact float16),
+               with their own scale/bias; ob=B       sel=range (score = the block's range of the channel, default)
+               or sel=qk (range × the RMS of the channel in the queries of that KV head's group)
+    pre        keys quantized before RoPE (KVQuant), rotated after dequantization
+    vsym       values quantized symmetrically (Q4_0-style: one float16 step per group, no bias)
+  e.g. 4,4,64,kchan+had,out=8,ob=8,sel=qk
 """
 import json
 import struct
@@ -85,6 +93,19 @@ def affine_qdq(x, bits, gs):
     return (q * s16[:, None] + b16[:, None]).reshape(shp).astype(np.float32)
 
 
+def sym_qdq(x, bits, gs):
+    """Q4_0-style symmetric quantization per group (scale f16, no bias): d = edge / -2^(b-1), codes clipped."""
+    shp = x.shape
+    g = x.reshape(-1, gs).astype(np.float32)
+    half = 2 ** (bits - 1)
+    idx = np.abs(g).argmax(1)
+    edge = g[np.arange(g.shape[0]), idx]
+    d = (edge / -half).astype(np.float16).astype(np.float32)
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0)
+    q = np.clip(np.rint(g * inv[:, None]), -half, half - 1)
+    return (q * d[:, None]).reshape(shp).astype(np.float32)
+
+
 def hadamard(n):
     h = np.array([[1.0]])
     while h.shape[0] < n:
@@ -123,9 +144,34 @@ def rotation(kind, d, rng):
     return None
 
 
+def kchan_qdq(k, bits, block, out=0, out_bits=16, sel="range", qw=None):
+    """Keys [Hkv, n, d] quantized per channel over blocks of `block` tokens; per (head, block) the `out` channels with
+    the largest range (sel=range) or range x query weight (sel=qk, qw [Hkv, d]) kept at out_bits (16: exact f16)."""
+    Hkv, n, d = k.shape
+    res = np.empty_like(k)
+    for b0 in range(0, n, block):
+        blk = k[:, b0:b0 + block, :]  # [Hkv, nb, d]
+        kt = np.swapaxes(blk, -1, -2)  # [Hkv, d, nb]
+        deq = np.swapaxes(affine_qdq(np.ascontiguousarray(kt), bits, kt.shape[-1]), -1, -2)
+        if out:
+            rng_ = blk.max(1) - blk.min(1)  # [Hkv, d]
+            score = rng_ * (qw if sel == "qk" and qw is not None else 1.0)
+            idx = np.argsort(-score, axis=-1)[:, :out]
+            for h in range(Hkv):
+                cols = blk[h][:, idx[h]]
+                if out_bits >= 16:
+                    deq[h][:, idx[h]] = cols.astype(np.float16).astype(np.float32)
+                else:
+                    ct = np.ascontiguousarray(cols.T)
+                    deq[h][:, idx[h]] = affine_qdq(ct, out_bits, ct.shape[-1]).T
+        res[:, b0:b0 + block, :] = deq
+    return res
+
+
 class Quantizer:
-    def __init__(self, kb, vb, gs, kind, d, n_layers, kscales, seed=1):
+    def __init__(self, kb, vb, gs, kind, d, n_layers, kscales, seed=1, opts=None):
         self.kb, self.vb, self.gs, self.kind = kb, vb, gs, kind
+        self.o = opts or {}
         rng = np.random.default_rng(seed)
         self.rots = [rotation(kind, d, rng) for _ in range(n_layers)]
         self.kscales = kscales
@@ -136,7 +182,18 @@ class Quantizer:
         if self.kind.startswith("smooth"):
             s = self.kscales[layer]
             k, q = k / s, q * s
-        if self.kind.startswith("kchan"):
+        if self.kind.startswith("kchan") and self.o:
+            qw = None
+            if self.o.get("sel") == "qk":
+                rep = q.shape[0] // k.shape[0]
+                qw = np.sqrt((q.reshape(k.shape[0], rep, q.shape[1], q.shape[2]) ** 2).mean(axis=(1, 2)))
+            if "pre" in self.o:
+                kh = self.rope_fn(kchan_qdq(self.kpre, self.kb, int(self.o.get("kblock", self.gs)), int(self.o.get("out", 0)),
+                                            int(self.o.get("ob", 16)), self.o.get("sel", "range"), qw))
+            else:
+                kh = kchan_qdq(k, self.kb, int(self.o.get("kblock", self.gs)), int(self.o.get("out", 0)),
+                               int(self.o.get("ob", 16)), self.o.get("sel", "range"), qw)
+        elif self.kind.startswith("kchan"):
             kt = np.swapaxes(k, -1, -2)  # [Hkv, d, n]: groups of gs tokens per channel
             n = kt.shape[-1]
             pad = (-n) % self.gs
@@ -146,10 +203,15 @@ class Quantizer:
             kh = affine_qdq(k @ R.T, self.kb, self.gs) @ R
         else:
             kh = affine_qdq(k, self.kb, self.gs)
-        if R is not None:
-            vh = affine_qdq(v @ R.T, self.vb, self.gs) @ R
+        vg = int(self.o.get("vgroup", self.gs))
+        if self.vb >= 16:
+            vh = v
+        elif R is not None and "vsym" in self.o:
+            vh = sym_qdq(v @ R.T, self.vb, vg) @ R
+        elif R is not None:
+            vh = affine_qdq(v @ R.T, self.vb, vg) @ R
         else:
-            vh = affine_qdq(v, self.vb, self.gs)
+            vh = affine_qdq(v, self.vb, vg)
         self.err.append((np.linalg.norm(kh - k) / np.linalg.norm(k), np.linalg.norm(vh - v) / np.linalg.norm(v)))
         return q, kh, vh
 
@@ -174,6 +236,9 @@ def forward(get, c, tokens, quant=None):
         q = rms_norm(q, W("self_attn.q_norm"), eps)
         k = rms_norm(k, W("self_attn.k_norm"), eps)
         cs, sn = (cl, sl) if c["layer_sliding"][i] else (cg, sg)
+        if quant is not None:
+            quant.kpre = k
+            quant.rope_fn = lambda t, cs=cs, sn=sn: rope(t, cs, sn)
         q, k = rope(q, cs, sn), rope(k, cs, sn)
         if quant is not None:
             q, k, v = quant(i, q, k, v)
@@ -225,14 +290,16 @@ def main():
     pb = np.exp(base)
     top_b = base.argmax(1)
     for cfg in configs:
-        kb, vb, gs, kind = cfg.split(",")
-        qz = Quantizer(int(kb), int(vb), int(gs), kind, c["head_dim"], c["num_layers"], kscales)
+        parts = cfg.split(",")
+        kb, vb, gs, kind = parts[:4]
+        opts = dict((p.split("=") + [""])[:2] for p in parts[4:])
+        qz = Quantizer(int(kb), int(vb), int(gs), kind, c["head_dim"], c["num_layers"], kscales, opts=opts)
         lp = log_probs(get, forward(get, c, tokens, qz), rows)
         kl = (pb * (base - lp)).sum(1)
         nll = -lp[rows, tgt]
         top1 = (lp.argmax(1) == top_b).mean()
         ke, ve = np.mean([e[0] for e in qz.err]), np.mean([e[1] for e in qz.err])
-        print(f"k{kb}v{vb} g{gs} {kind:10s}  KL {kl.mean():.5f} ± {kl.std(ddof=1) / np.sqrt(len(kl)):.5f}  "
+        print(f"{cfg:40s}  KL {kl.mean():.5f} ± {kl.std(ddof=1) / np.sqrt(len(kl)):.5f}  "
               f"top-1 {100 * top1:.2f}%  PPL {np.exp(nll.mean()):.4f} ({100 * (np.exp(nll.mean() - nll_b.mean()) - 1):+.2f}%)  "
               f"rel.err K {ke:.4f} V {ve:.4f}", flush=True)
 
