@@ -1,5 +1,7 @@
 // The chat page of `cider serve` (GET /): plain HTML and JavaScript, no framework, no external resources. It keeps the
 // conversation in the page, sends it to /v1/chat/completions with stream: true and appends the streamed text.
+// /?q=TEXT sends TEXT at once; &temperature=T and &max_tokens=N set the two fields first (e.g. temperature=0: greedy).
+// Tested in headless Chromium by tests/serve/test_chat_page.py (the DOM and a screenshot show the API's reply).
 #include "apps/serve.h"
 
 namespace cider::apps {
@@ -35,7 +37,7 @@ temperature <input id="temp" type="number" value="0.7" min="0" max="2" step="0.1
 <span id="stats"></span></small></p>
 <script>
 const log = document.getElementById('log'), input = document.getElementById('input');
-let messages = [];
+let messages = [], busy = false;
 fetch('/v1/models').then(r => r.json()).then(j => {
   document.getElementById('model').textContent = j.data[0].id + ' · context ' + j.data[0].max_model_len;
 }).catch(() => {});
@@ -48,6 +50,8 @@ function add(role, text) {
   return d;
 }
 async function send(text) {
+  busy = true;
+  document.getElementById('send').disabled = true;
   messages.push({role: 'user', content: text});
   add('user', text);
   const out = add('assistant', '');
@@ -56,53 +60,79 @@ async function send(text) {
                 max_tokens: +document.getElementById('max').value,
                 temperature: +document.getElementById('temp').value};
   const t0 = performance.now();
-  let reply = '', usage = null;
+  let reply = '', usage = null, ended = false;
+  // One server-sent event: its "data:" lines joined (the field's one optional space dropped), or null.
+  const eventData = ev => {
+    const data = ev.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(l.startsWith('data: ') ? 6 : 5));
+    return data.length ? data.join('\n') : null;
+  };
+  const handle = ev => {
+    const data = eventData(ev);
+    if (data === null) return;
+    if (data === '[DONE]') { ended = true; return; }
+    const j = JSON.parse(data);
+    if (j.error) throw new Error(j.error.message);
+    if (j.usage) usage = j.usage;
+    for (const c of j.choices || [])
+      if (c.delta && c.delta.content) { reply += c.delta.content; out.textContent = reply; }
+  };
   try {
     const r = await fetch('/v1/chat/completions', {method: 'POST', headers: {'Content-Type': 'application/json'},
                                                    body: JSON.stringify(body)});
-    if (!r.ok) throw new Error((await r.json()).error.message);
+    if (!r.ok) {
+      let m = 'HTTP ' + r.status + ' ' + r.statusText;
+      try { m = (await r.json()).error.message; } catch (_) {}
+      throw new Error(m);
+    }
     const reader = r.body.getReader(), dec = new TextDecoder();
     let buf = '';
     for (;;) {
       const {value, done} = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, {stream: true});
+      buf += dec.decode(value || new Uint8Array(), {stream: !done});
+      // SSE allows CRLF and CR line ends: a CR that ends a read waits for the next one (it may start with the LF).
+      const cr = !done && buf.endsWith('\r') ? '\r' : '';
+      buf = buf.slice(0, buf.length - cr.length).replace(/\r\n?/g, '\n');
       let i;
       while ((i = buf.indexOf('\n\n')) >= 0) {
-        const line = buf.slice(0, i); buf = buf.slice(i + 2);
-        if (!line.startsWith('data: ')) continue;
-        const data = line.slice(6);
-        if (data === '[DONE]') continue;
-        const j = JSON.parse(data);
-        if (j.error) throw new Error(j.error.message);
-        if (j.usage) usage = j.usage;
-        for (const c of j.choices || []) if (c.delta && c.delta.content) { reply += c.delta.content; out.textContent = reply; }
+        const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+        handle(ev);
       }
+      buf += cr;
+      if (done) break;
     }
+    if (buf.trim()) handle(buf);
+    if (!ended) throw new Error('the reply stream ended early (no [DONE])' + (reply ? ': ' + reply : ''));
     messages.push({role: 'assistant', content: reply});
     out.classList.add('done');
     if (usage) {
-      const s = (performance.now() - t0) / 1000;
+      const s = (performance.now() - t0) / 1000, cached = (usage.prompt_tokens_details || {}).cached_tokens;
       document.getElementById('stats').textContent = ' · ' + usage.completion_tokens + ' tokens in ' + s.toFixed(2) +
-        ' s (' + usage.prompt_tokens_details.cached_tokens + ' prompt tokens from the prefix cache)';
+        ' s' + (cached !== undefined ? ' (' + cached + ' prompt tokens from the prefix cache)' : '');
     }
   } catch (e) {
     messages.pop();
     out.className = 'msg error';
     out.textContent = 'error: ' + e.message;
+  } finally {
+    busy = false;
+    document.getElementById('send').disabled = false;
   }
 }
 document.getElementById('form').addEventListener('submit', e => {
   e.preventDefault();
   const t = input.value.trim();
-  if (t) { input.value = ''; send(t); }
+  if (t && !busy) { input.value = ''; send(t); }
 });
 input.addEventListener('keydown', e => {
   if (e.key === 'Enter' && !e.shiftKey) { e.preventDefault(); document.getElementById('form').requestSubmit(); }
 });
-document.getElementById('reset').addEventListener('click', () => { messages = []; log.textContent = ''; });
-const q = new URLSearchParams(location.search).get('q');
-if (q) send(q);
+document.getElementById('reset').addEventListener('click', () => {
+  if (!busy) { messages = []; log.textContent = ''; }
+});
+const params = new URLSearchParams(location.search);
+for (const [k, id] of [['temperature', 'temp'], ['max_tokens', 'max']])
+  if (params.has(k)) document.getElementById(id).value = params.get(k);
+if (params.get('q')) send(params.get('q'));
 </script>
 </body>
 </html>

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 BUILD_DIR=build bash scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
-# `cider serve` end to end: the openai client and raw HTTP against build/cider (scripts/test_serve.sh).
+# `cider serve` end to end: the openai client and raw HTTP against build/cider, the chat page in headless Chromium
+# (scripts/test_serve.sh).
 bash scripts/test_serve.sh
 # The Python package: wheel, fresh venv, pytest (scripts/test_python.sh).
 bash scripts/test_python.sh
