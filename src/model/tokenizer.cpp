@@ -213,6 +213,14 @@ std::string emit_union(const ClassUnion& u) {
 
 std::string emit_class(const ClassExpr& cls) {
   if (cls.simple()) return std::string(cls.negated ? "[^" : "[") + cls.operands[0].members + "]";
+  // A union whose nested classes are all plain flattens into one class (BLOOM's [^(\s|[.,!?])] -> [^(\s|).,!?]).
+  if (cls.operands.size() == 1 &&
+      std::all_of(cls.operands[0].nested.begin(), cls.operands[0].nested.end(),
+                  [](const ClassExpr& n) { return n.simple() && !n.negated; })) {
+    std::string members = cls.operands[0].members;
+    for (const ClassExpr& n : cls.operands[0].nested) members += n.operands[0].members;
+    if (!members.empty()) return std::string(cls.negated ? "[^" : "[") + members + "]";
+  }
   std::string body;
   if (cls.operands.size() == 1) {
     body = emit_union(cls.operands[0]);
