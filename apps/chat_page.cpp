@@ -1,6 +1,8 @@
 // The chat page of `cider serve` (GET /): plain HTML and JavaScript, no framework, no external resources. It keeps the
 // conversation in the page, sends it to /v1/chat/completions with stream: true and appends the streamed text.
 // /?q=TEXT sends TEXT at once; &temperature=T and &max_tokens=N set the two fields first (e.g. temperature=0: greedy).
+// A server started with --api-key: the key typed into the page's key field (kept for the browser tab in
+// sessionStorage, never in the URL) goes with every request as "Authorization: Bearer KEY".
 // Tested in headless Chromium by tests/serve/test_chat_page.py (the DOM and a screenshot show the API's reply).
 #include "apps/serve.h"
 
@@ -34,13 +36,21 @@ const char* const kChatPage = R"HTML(<!doctype html>
 </form>
 <p><small>max tokens <input id="max" type="number" value="256" min="1" style="width:5rem">
 temperature <input id="temp" type="number" value="0.7" min="0" max="2" step="0.1" style="width:4rem">
+API key <input id="key" type="password" autocomplete="off" placeholder="if the server needs one" style="width:9rem">
 <span id="stats"></span></small></p>
 <script>
 const log = document.getElementById('log'), input = document.getElementById('input');
 let messages = [], busy = false;
-fetch('/v1/models').then(r => r.json()).then(j => {
-  document.getElementById('model').textContent = j.data[0].id + ' · context ' + j.data[0].max_model_len;
-}).catch(() => {});
+const keyInput = document.getElementById('key');
+keyInput.value = sessionStorage.getItem('cider-api-key') || '';
+const authHeaders = () => keyInput.value ? {'Authorization': 'Bearer ' + keyInput.value} : {};
+function loadModel() {
+  fetch('/v1/models', {headers: authHeaders()}).then(r => r.json()).then(j => {
+    document.getElementById('model').textContent = j.data[0].id + ' · context ' + j.data[0].max_model_len;
+  }).catch(() => {});
+}
+keyInput.addEventListener('change', () => { sessionStorage.setItem('cider-api-key', keyInput.value); loadModel(); });
+loadModel();
 function add(role, text) {
   const d = document.createElement('div');
   d.className = 'msg ' + role;
@@ -77,7 +87,8 @@ async function send(text) {
       if (c.delta && c.delta.content) { reply += c.delta.content; out.textContent = reply; }
   };
   try {
-    const r = await fetch('/v1/chat/completions', {method: 'POST', headers: {'Content-Type': 'application/json'},
+    const r = await fetch('/v1/chat/completions', {method: 'POST',
+                                                   headers: {'Content-Type': 'application/json', ...authHeaders()},
                                                    body: JSON.stringify(body)});
     if (!r.ok) {
       let m = 'HTTP ' + r.status + ' ' + r.statusText;

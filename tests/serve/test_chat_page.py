@@ -30,7 +30,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from test_serve import ROOT, Server, chat, stop_cleanly
+from test_serve import ROOT, Server, chat, post, stop_cleanly
 
 PROMPT = 'Say <b>hi</b> & "bye" — é ✓'
 MAX_TOKENS = 24
@@ -295,3 +295,38 @@ def test_chat_page_shows_streamed_reply(page_server):
         assert ink(arows, user["rect"]) > 0, "the screenshot does not show the user's message"
     finally:
         browser.close()
+
+
+def test_chat_page_sends_the_api_key():
+    """A server with --api-key: the page's request without a key shows the 401's message; with the key typed into the
+    page's field it gets the API's reply (the key goes in the Authorization header, not the URL)."""
+    exe = chromium_path()
+    s = Server("--api-key", "page-secret")
+    browser = None
+    try:
+        r = post(s.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                                 "max_tokens": MAX_TOKENS, "temperature": 0},
+                 headers={"Authorization": "Bearer page-secret"})
+        assert r.status == 200, (r.status, r.text)
+        expected = r.json()["choices"][0]["message"]["content"]
+        browser = Browser(exe)
+        tab = Tab(browser)
+        finished = "document.querySelector('#log .msg.assistant.done, #log .msg.error') !== null"
+        tab.open(s.url + "/?" + urlencode({"q": PROMPT, "temperature": 0, "max_tokens": MAX_TOKENS}))
+        tab.wait(lambda: tab.eval(finished), "the refused request's error", REPLY_TIMEOUT)
+        err = tab.eval("document.querySelector('#log .msg.error').textContent")
+        assert err.startswith("error: ") and "key" in err.lower(), err
+        # The key typed in (a change event, as a user's typing ends in one), then the same message sent again.
+        tab.eval("(() => { const k = document.getElementById('key'); k.value = 'page-secret';"
+                 " k.dispatchEvent(new Event('change')); document.getElementById('reset').click();"
+                 " document.getElementById('input').value = " + json.dumps(PROMPT) + ";"
+                 " document.getElementById('form').requestSubmit(); })()")
+        tab.wait(lambda: tab.eval(finished), "the reply", REPLY_TIMEOUT)
+        got = tab.eval("[...document.querySelectorAll('#log .msg')].map(e => e.className + '|' + e.textContent)")
+        assert got == ["msg user|> " + PROMPT, "msg assistant done|" + expected], got
+        assert tab.eval("sessionStorage.getItem('cider-api-key')") == "page-secret"
+        assert "page-secret" not in tab.eval("location.href")
+    finally:
+        if browser is not None:
+            browser.close()
+        stop_cleanly(s)
