@@ -149,7 +149,12 @@ model::ModelOptions model_options(const ModelArgs& a) {
     if (!a.kv_layout.empty()) o.kv.key_layout = nn::parse_key_layout(a.kv_layout);
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
+    o.kv.key_outliers = a.kv_outliers;
+    o.kv.validate("options");  // --kv-outliers: a count in range, with per-channel keys
   } else {
+    check(a.kv_outliers == 0, ErrorCode::kInvalidArgument, "options",
+          "--kv-outliers refines per-channel keys of a quantized cache; a plain KV cache (--kv ", a.kv,
+          ") has none: it must be 0; got ", a.kv_outliers);
     if (!a.kv_rotation.empty()) (void)model::parse_kv_rotation(a.kv_rotation);  // still a valid name
     if (!a.kv_layout.empty())
       check(nn::parse_key_layout(a.kv_layout) == nn::KeyLayout::kToken, ErrorCode::kInvalidArgument, "options",
@@ -411,6 +416,7 @@ int run_perplexity(PerplexityArgs a) {
       b.kv = a.baseline_kv;
       b.kv_layout.clear();
       b.kv_rotation.clear();
+      b.kv_outliers = 0;
     }
     base_opts = model_options(b);
   }
@@ -649,7 +655,8 @@ int run_fit(const FitArgs& a) {
       }
       fits = lo == 0 ? "   does not fit" : "   " + std::to_string(lo) + (lo == max_ctx ? " (the model's maximum)" : "");
     }
-    const double bits = r.kv.quantized ? r.kv.bits_per_value() : 8.0 * static_cast<double>(dtype_size(r.kv.plain_dtype));
+    const double bits =
+        r.kv.quantized ? r.kv.bits_per_value(c.head_dim) : 8.0 * static_cast<double>(dtype_size(r.kv.plain_dtype));
     std::snprintf(buf, sizeof buf, "%-28s %9.2f %12s %14s %14s%s\n",
                   (r.name + (&r == &rows[0] ? " *" : "")).c_str(), bits,
                   model::format_bytes(per_pos).c_str(), model::format_bytes(static_cast<double>(kv)).c_str(),

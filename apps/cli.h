@@ -24,6 +24,7 @@ struct ModelArgs {
   std::string kv;                  // --kv; "" = model::default_kv(device) (docs/quality.md)
   std::string kv_rotation;         // "" = the default's (hadamard; an explicit --kv: hadamard)
   std::string kv_layout;           // "" = the default's (an explicit --kv: token)
+  int kv_outliers = 0;             // --kv-outliers: outlier key channels per block (per-channel keys)
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
   bool kv_full_sliding = false;    // --kv-full-sliding: sliding-window layers keep every position

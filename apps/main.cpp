@@ -47,6 +47,10 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "key layout of a quantized KV cache: token (groups along the head) or channel (per channel over "
                 "blocks of group-size positions, the newest block kept in bf16); default: the default cache's, "
                 "token with an explicit --kv");
+  c->add_option("--kv-outliers", m.kv_outliers,
+                "with per-channel keys: this many channels per block and KV head (those the queries weigh most) get "
+                "4 more bits (0 = none; docs/quality.md)")
+      ->capture_default_str();
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

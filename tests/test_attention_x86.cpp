@@ -485,6 +485,7 @@ struct ChannelCase {
   int kv_splits = 0;
   bool snapshot = false;
   float softcap = 0.0f;
+  bool observe = false;  // outlier channels: show the cache random queries first (else chosen by range alone)
 };
 
 void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
@@ -497,6 +498,12 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
                 static_cast<long long>(s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
                 static_cast<int>(p.mask.kind), p.kv_splits, static_cast<double>(p.softcap));
   QuantizedKVCache cache(p.cfg);
+  if (p.observe) {  // queries with a few loud channels, so that the choice differs from the range's
+    std::vector<float> oq = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * 3 * s.Dk));
+    for (size_t i = 0; i < oq.size(); ++i)
+      if ((i % static_cast<size_t>(s.Dk)) % 7 == 3) oq[i] *= 8.0f;
+    cache.observe_queries(TensorView(oq.data(), DType::kF32, {s.B, s.Hq(), 3, s.Dk}));
+  }
   fill(cache, s, rng);
   nn::KVCacheSnapshot snap;
   KVTensorView kv = cache.keys(), vv = cache.values();
@@ -506,6 +513,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
     vv = snap.values();
   }
   ASSERT_EQ(kv.layout, 1);
+  ASSERT_EQ(kv.outliers, p.cfg.key_outliers);
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * s.L * s.Dk));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.Dk));
   const AttentionArgs args = attention_args(s, q, kv, vv, scale, p.mask, p.kv_splits, p.softcap);
@@ -516,7 +524,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
   // The keys as float64: value, and per element |c·s| and |b| (quantized) or the residual value.
   const int64_t gs = kv.group_size, nq = kv.length / gs * gs, Gk = s.Dk / gs;
   const size_t nk = static_cast<size_t>(s.B * s.Hkv * s.kL * s.Dk);
-  std::vector<double> kval(nk), kcode(nk), ks(nk), kb(nk);
+  std::vector<double> kval(nk), kcode(nk), ks(nk), kb(nk), kref(nk, 0.0), kom(nk, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.Hkv; ++h)
       for (int64_t j = 0; j < s.kL; ++j)
@@ -534,6 +542,28 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
           kb[o] = load_float(kv.biases, kv.scale_dtype, sr);
           kval[o] = kcode[o] * ks[o] + kb[o];
         }
+  // Outlier channels: the refinement (|s|/15)·(r − 7.5) of each block's chosen channels (kref), and the magnitude the
+  // fast kernels' float32 sum of it goes through, |s|/15·(r + 7.5) (its −7.5·Σ offset, its Σ code terms: kom).
+  for (int64_t b = 0; b < s.B && kv.outliers > 0; ++b)
+    for (int64_t h = 0; h < s.Hkv; ++h)
+      for (int64_t blk = 0; blk < nq / gs; ++blk) {
+        const int64_t brow = (b * kv.H + h) * kv.blocks + blk, no = kv.outliers;
+        const auto* index = static_cast<const uint16_t*>(kv.outlier_index) + brow * no;
+        const uint8_t* oc = static_cast<const uint8_t*>(kv.outlier_codes) + brow * no * gs / 2;
+        for (int64_t o = 0; o < no; ++o) {
+          const int64_t d = index[o];
+          ASSERT_TRUE(d < s.Dk && (o == 0 || index[o - 1] < d)) << "outlier channels must ascend within Dk";
+          for (int64_t t = 0; t < gs; ++t) {
+            const int64_t j = blk * gs + t;
+            const size_t e = static_cast<size_t>(((b * s.Hkv + h) * s.kL + j) * s.Dk + d);
+            const uint32_t r = (oc[o * gs / 2 + t / 2] >> (4 * (t % 2))) & 15u;
+            const double step = static_cast<double>(quant::outlier_step(static_cast<float>(ks[e])));
+            kref[e] = step * (static_cast<double>(r) - 7.5);
+            kom[e] = step * (static_cast<double>(r) + 7.5);
+            kval[e] += kref[e];
+          }
+        }
+      }
   const Deq V = dequantize(vv);
   // want_e: exact queries (for the reference), want_f: the fast kernels' scores.
   std::vector<double> want_e(n, 0.0), want_f(n, 0.0), tol_fast(n, 0.0), tol_ref(n, 0.0), qdelta(n, 0.0);
@@ -573,12 +603,13 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
             for (int64_t d = 0; d < s.Dk; ++d) {
               const size_t o = ko + static_cast<size_t>(d);
               de += qr[d] * kval[o];
-              df += qq.qt[static_cast<size_t>(d)] * kcode[o] + qr[d] * kb[o];
+              df += qq.qt[static_cast<size_t>(d)] * kcode[o] + qr[d] * kb[o] + qr[d] * kref[o];
               dq += (qp[static_cast<size_t>(d)] - qq.qt[static_cast<size_t>(d)]) * kcode[o];
-              magf += std::fabs(qq.qt[static_cast<size_t>(d)] * kcode[o]) + std::fabs(qr[d] * kb[o]);
-              mage += std::fabs(qr[d] * ks[o] * kcode[o]) + std::fabs(qr[d] * kb[o]);
+              magf += std::fabs(qq.qt[static_cast<size_t>(d)] * kcode[o]) + std::fabs(qr[d] * kb[o]) +
+                      std::fabs(qr[d]) * kom[o];
+              mage += std::fabs(qr[d] * ks[o] * kcode[o]) + std::fabs(qr[d] * kb[o]) + std::fabs(qr[d]) * kom[o];
             }
-            ef = static_cast<double>(s.Dk + 2 * Gk + 8) * kU * magf;
+            ef = static_cast<double>(s.Dk + 2 * Gk + 8 + 2 * p.cfg.key_outliers) * kU * magf;
             er = static_cast<double>(s.Dk + 8) * kU * mage;
             delta = std::max(delta, scale * std::fabs(dq));
           }
@@ -668,6 +699,44 @@ TEST(AttentionX86, PerChannelKeysEveryLevelMatchesReference) {
         check_channel_case(p, rng);
         if (HasFatalFailure()) return;
       }
+    }
+}
+
+// Outlier key channels (QuantizedKVCacheConfig::key_outliers): every level against float64 (the refinement in the
+// keys' values, and in the fast kernels' float32 score term) and the reference, over outlier counts from 1 to 32,
+// chosen by range alone or after queries were observed, block sizes 32/64/128, widths, masks, splits, snapshots,
+// softcaps, lengths inside a block, at its end and in the residual window.
+TEST(AttentionX86, PerChannelKeysWithOutlierChannelsEveryLevelMatchesReference) {
+  auto rng = test::make_rng(411);
+  const int64_t kLs[] = {1, 64, 100, 300, 1100};
+  const int64_t Ls[] = {1, 5, 33};
+  const MaskKind kinds[] = {MaskKind::kCausal, MaskKind::kNone, MaskKind::kAdditive, MaskKind::kBool};
+  const QuantizedKVCacheConfig cfgs[] = {
+      {4, 4, 64, RotationKind::kHadamard, 0, DType::kF16, nn::KeyLayout::kChannel, 8},
+      {4, 3, 32, RotationKind::kNone, 0, DType::kBF16, nn::KeyLayout::kChannel, 1},
+      {3, 4, 128, RotationKind::kHadamard, 0, DType::kF32, nn::KeyLayout::kChannel, 32},
+      {5, 5, 64, RotationKind::kHadamard, 0, DType::kF16, nn::KeyLayout::kChannel, 4},
+      {2, 2, 32, RotationKind::kNone, 0, DType::kF16, nn::KeyLayout::kChannel, 16},
+  };
+  int idx = 0;
+  for (int64_t kL : kLs)
+    for (int64_t L : Ls) {
+      if (L > kL) continue;
+      ChannelCase p;
+      const int64_t Dk = idx % 3 == 0 ? 256 : idx % 3 == 1 ? 64 : 128, Dv = idx % 2 ? 128 : 64;
+      p.s = Shape{1 + idx % 2, 1 + (idx / 2) % 2, int64_t{1} << (idx % 4), L, kL, Dk, Dv};
+      p.cfg = cfgs[static_cast<size_t>(idx) % std::size(cfgs)];
+      p.cfg.seed = rng();
+      p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(Dk, Dv)));
+      p.cfg.key_outliers = static_cast<int>(std::min<int64_t>(p.cfg.key_outliers, Dk / 2));
+      p.mask = make_mask(rng, kinds[idx % 4], p.s.B, p.s.Hq(), L, kL, DType::kF32);
+      p.kv_splits = idx % 3 == 2 ? 1 + static_cast<int>(rng() % 5) : 0;
+      p.snapshot = idx % 4 == 1;
+      p.observe = idx % 2 == 0;
+      p.softcap = idx % 5 == 4 ? 2.0f : 0.0f;
+      check_channel_case(p, rng);
+      if (HasFatalFailure()) return;
+      ++idx;
     }
 }
 

@@ -127,6 +127,9 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --threads 2147483647", "per CPU this process may use"},
       {"generate -m '' -p x", "[options] -m must name a model directory or .gguf file; got \"\""},
       {"generate " + m + "-p x --ctx -5", "[options] --ctx must be >= 0 (0 = the model's maximum); got -5"},
+      {"generate " + m + "-p x --kv k4v4 --kv-outliers 4", "key_outliers needs a quantized cache with key_layout channel"},
+      {"generate " + m + "-p x --kv k4v4 --kv-layout channel --kv-outliers 33", "key_outliers must be in [0, 32]; got 33"},
+      {"generate " + m + "-p x --kv bf16 --kv-outliers 2", "--kv-outliers refines per-channel keys"},
       {"generate " + m + "-p x --tp 0", "[options] --tp must be in [1, 8]; got 0"},
       {"generate " + m + "-p x --tp 9", "[options] --tp must be in [1, 8]; got 9"},
       {"generate " + m + "-p x --tp 2", "[options] --tp 2 splits the model over GPUs: it needs --device cuda"},
@@ -431,6 +434,16 @@ TEST_F(Cli, HadamardKvRotationIsAccepted) {
                              "--max-tokens 4 -p hello");
   ASSERT_EQ(gc.status, 0) << gc.err;
   EXPECT_NE(gc.err.find("kv k4v4/hadamard/g64/kchan"), std::string::npos) << gc.err;
+  // Outlier key channels: the same window with 4 refined channels per block (the queries observed by the model).
+  const CliResult o = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
+                            " --ctx 80 --kv k4v4 --kv-layout channel --kv-group-size 32 --kv-outliers 4 --baseline-kv bf16");
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_GT(number_after(o.out, "mean KL(baseline || tested): "), 0.0) << o.out;
+  EXPECT_LT(number_after(o.out, "mean KL(baseline || tested): "), 0.05) << o.out;
+  const CliResult go = cider("generate -m " + quote(kTiny) + " --kv k4v4 --kv-layout channel --kv-outliers 4 "
+                             "--temperature 0 --max-tokens 4 -p hello");
+  ASSERT_EQ(go.status, 0) << go.err;
+  EXPECT_NE(go.err.find("kv k4v4/hadamard/g64/kchan/o4"), std::string::npos) << go.err;
 }
 
 TEST_F(Cli, ChatKeepsTheConversationAndResetStartsOver) {

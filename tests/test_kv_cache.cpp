@@ -920,5 +920,209 @@ TEST(KVCacheChannel, Rejections) {
   EXPECT_TRUE(channel_keys(c.keys()) == before);
 }
 
+
+// ---- outlier key channels (key_outliers > 0) -------------------------------------------------------------------------
+
+QuantizedKVCacheConfig outlier_config(uint64_t seed, int n, int kb = 4, int gs = 64) {
+  QuantizedKVCacheConfig c = channel_config(seed, kb, 4, gs);
+  c.key_outliers = n;
+  return c;
+}
+
+// Key (b, h, t, d) of a per-channel view with outlier channels, as the contract reads it (float64 of the stored parts):
+// c·s + b (+ (|s|/15)·(r − 7.5) on the block's outlier channels), or the residual's bf16 value.
+double channel_key(const KVTensorView& v, int64_t b, int64_t h, int64_t t, int64_t d, bool* refined = nullptr) {
+  const int64_t gs = v.group_size, nq = v.length / gs * gs, D = v.dim;
+  if (refined) *refined = false;
+  if (t >= nq) return load_float(v.residual, DType::kBF16, ((b * v.H + h) * gs + t - nq) * D + d);
+  const uint32_t* w =
+      static_cast<const uint32_t*>(v.data) + ((b * v.H + h) * v.capacity + t) * quant::packed_words(D, v.bits);
+  const int64_t brow = (b * v.H + h) * v.blocks + t / gs;
+  const double sc = load_float(v.scales, v.scale_dtype, brow * D + d);
+  double k = quant::unpack_code(w, d, v.bits) * sc + load_float(v.biases, v.scale_dtype, brow * D + d);
+  for (int64_t o = 0; o < v.outliers; ++o)
+    if (static_cast<const uint16_t*>(v.outlier_index)[brow * v.outliers + o] == d) {
+      const uint8_t byte = static_cast<const uint8_t*>(v.outlier_codes)[brow * v.outliers * gs / 2 + o * gs / 2 + (t % gs) / 2];
+      k += quant::outlier_refinement((byte >> (4 * (t % 2))) & 15u, static_cast<float>(sc));
+      if (refined) *refined = true;
+    }
+  return k;
+}
+
+// Each block refines the channels with the largest range × query RMS (the queries observed before the block
+// filled: before the first append and after it), ascending; a refined value lies within half a refinement step
+// (|s|/30) of the key, where its coarse residual is within the ±|s|/2 the refinement covers.
+TEST(KVCacheChannel, OutlierChannelsRefineTheChannelsTheQueriesWeigh) {
+  auto rng = test::make_rng(45);
+  const int64_t B = 2, H = 2, rep = 2, D = 64, gs = 64, n = 150, nout = 6;
+  QuantizedKVCache c(outlier_config(rng(), static_cast<int>(nout)));
+  Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
+  for (int64_t i = 0; i < B * H * n; ++i)  // a few wide channels, so that range alone would pick them
+    for (int64_t d : {5, 9, 40}) k.f[static_cast<size_t>(i * D + d)] *= 6.0f;
+  k.bytes = test::to_dtype_bytes(k.f, DType::kF32);
+  // Queries loud on other channels: range × query RMS picks those over the wide ones.
+  std::vector<double> q2(static_cast<size_t>(B * H * D), 0.0);
+  int64_t qcount = 0;
+  auto observe = [&](int64_t m) {
+    std::vector<float> q = test::randn(rng, static_cast<size_t>(B * H * rep * m * D));
+    for (size_t i = 0; i < q.size(); ++i)
+      if (const int64_t d = static_cast<int64_t>(i) % D; d == 3 || d == 17 || d == 33) q[i] *= 20.0f;
+    c.observe_queries(TensorView(q.data(), DType::kF32, {B, H * rep, m, D}));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t hq = 0; hq < H * rep; ++hq)
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t d = 0; d < D; ++d) {
+            const double x = q[static_cast<size_t>(((b * H * rep + hq) * m + t) * D + d)];
+            q2[static_cast<size_t>((b * H + hq / rep) * D + d)] += x * x;
+          }
+    qcount += rep * m;
+  };
+  observe(4);  // before the storage exists
+  c.update_and_fetch(positions(k, 0, 30).view(), positions(v, 0, 30).view());
+  observe(7);  // after: blocks 0 and 1 fill in the next append
+  c.update_and_fetch(positions(k, 30, n - 30).view(), positions(v, 30, n - 30).view());
+  const KVTensorView kv = c.keys();
+  ASSERT_EQ(kv.outliers, nout);
+  int loud_chosen = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t blk = 0; blk < n / gs; ++blk) {
+        std::vector<std::pair<double, int64_t>> score;
+        for (int64_t d = 0; d < D; ++d) {
+          double lo = 1e30, hi = -1e30;
+          for (int64_t t = blk * gs; t < (blk + 1) * gs; ++t) {
+            const double x = bf16_to_f32(f32_to_bf16(k.row(b, h, t)[d]));
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+          }
+          score.emplace_back(-(hi - lo) * std::sqrt(q2[static_cast<size_t>((b * H + h) * D + d)] / static_cast<double>(qcount)), d);
+        }
+        std::sort(score.begin(), score.end());
+        std::vector<int64_t> want;
+        for (int64_t o = 0; o < nout; ++o) want.push_back(score[static_cast<size_t>(o)].second);
+        std::sort(want.begin(), want.end());
+        const auto* index = static_cast<const uint16_t*>(kv.outlier_index) + ((b * H + h) * kv.blocks + blk) * nout;
+        EXPECT_EQ(std::vector<int64_t>(index, index + nout), want) << "b " << b << " h " << h << " block " << blk;
+        for (int64_t o = 0; o < nout; ++o) loud_chosen += index[o] == 3 || index[o] == 17 || index[o] == 33;
+        int refined_count = 0;
+        for (int64_t t = blk * gs; t < (blk + 1) * gs; ++t)
+          for (int64_t d = 0; d < D; ++d) {
+            bool refined = false;
+            const double got = channel_key(kv, b, h, t, d, &refined);
+            if (!refined) continue;
+            ++refined_count;
+            // The coarse value's residual is within ±|s|/2 but where MLX's affine grid (its edge value exact) leaves
+            // the block's far end past it; the 16 refinement levels cover ±|s|/2 in steps of |s|/15.
+            const double x = bf16_to_f32(f32_to_bf16(k.row(b, h, t)[d]));
+            const int64_t brow = (b * H + h) * kv.blocks + blk;
+            const double sc = load_float(kv.scales, kv.scale_dtype, brow * D + d);
+            const uint32_t* w =
+                static_cast<const uint32_t*>(kv.data) + ((b * H + h) * kv.capacity + t) * quant::packed_words(D, kv.bits);
+            const double res = x - (quant::unpack_code(w, d, kv.bits) * sc + load_float(kv.biases, kv.scale_dtype, brow * D + d));
+            const double bound = std::fabs(sc) / 30.0 + std::max(0.0, std::fabs(res) - std::fabs(sc) / 2.0) +
+                                 0x1p-20 * (std::fabs(x) + std::fabs(sc)) + 1e-7;
+            ASSERT_LE(std::fabs(got - x), bound) << "b " << b << " h " << h << " t " << t << " d " << d << " residual "
+                                                 << res << " step " << sc;
+          }
+        EXPECT_EQ(refined_count, nout * gs);
+      }
+  EXPECT_EQ(loud_chosen, 3 * B * H * (n / gs)) << "the loud query channels are refined in every block";
+}
+
+// Trim back into a block puts its kept positions, refined, into the residual window; a snapshot carries the
+// outlier planes and the query statistics, so a restored cache continues byte for byte as the original.
+TEST(KVCacheChannel, OutlierChannelsSurviveTrimSnapshotAndRestore) {
+  auto rng = test::make_rng(46);
+  const int64_t B = 1, H = 2, D = 128, gs = 32, n = 200;
+  QuantizedKVCache a(outlier_config(rng(), 8, 3, static_cast<int>(gs)));
+  Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
+  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * H * 3 * D));
+  const TensorView qv(q.data(), DType::kF32, {B, H, 3, D});
+  a.observe_queries(qv);
+  a.update_and_fetch(positions(k, 0, 100).view(), positions(v, 0, 100).view());
+  // Trim 100 → 70: block 2 (64..95) keeps 6 positions, which return to the window refined.
+  // What trim writes back (bfloat16): an outlier channel's value as attention reads it (float32 c·s + b, refined),
+  // the other channels as the per-channel layout always did (MLX's dequantization, quant::affine_dequantize_value).
+  const KVTensorView before = a.keys();
+  std::vector<double> kept;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 64; t < 70; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        bool refined = false;
+        const double exact = channel_key(before, 0, h, t, d, &refined);
+        const uint32_t* w = static_cast<const uint32_t*>(before.data) +
+                            (h * before.capacity + t) * quant::packed_words(D, before.bits);
+        const int64_t brow = h * before.blocks + t / gs;
+        const float sc = load_float(before.scales, before.scale_dtype, brow * D + d);
+        const float bi = load_float(before.biases, before.scale_dtype, brow * D + d);
+        const uint32_t code = quant::unpack_code(w, d, before.bits);
+        float val = quant::affine_dequantize_value(code, sc, bi, before.scale_dtype);
+        if (refined) {
+          const float coarse = static_cast<float>(code) * sc + bi;
+          val = coarse + static_cast<float>(exact - (static_cast<double>(code) * sc + bi));  // + the refinement
+        }
+        kept.push_back(bf16_to_f32(f32_to_bf16(val)));
+      }
+  a.trim(30);
+  const KVTensorView after = a.keys();
+  size_t i = 0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 64; t < 70; ++t)
+      for (int64_t d = 0; d < D; ++d, ++i)
+        ASSERT_EQ(channel_key(after, 0, h, t, d), kept[i]) << "h " << h << " t " << t << " d " << d;
+  // Snapshot, restore into another cache, and continue both the same way.
+  const nn::KVCacheSnapshot snap = a.snapshot();
+  EXPECT_EQ(snap.num_planes(), 10u);
+  EXPECT_EQ(snap.meta().key_outliers, 8);
+  QuantizedKVCache b(channel_config(rng()));
+  b.restore(snap);
+  EXPECT_EQ(b.config().key_outliers, 8);
+  for (QuantizedKVCache* c : {&a, &b}) {
+    c->observe_queries(qv);
+    c->update_and_fetch(positions(k, 70, n - 70).view(), positions(v, 70, n - 70).view());
+  }
+  const nn::KVCacheSnapshot sa = a.snapshot(), sb = b.snapshot();
+  ASSERT_EQ(sa.num_planes(), sb.num_planes());
+  for (size_t p = 0; p < sa.num_planes(); ++p) {
+    ASSERT_EQ(sa.plane(p).nbytes(), sb.plane(p).nbytes()) << "plane " << p;
+    EXPECT_EQ(std::memcmp(sa.plane(p).data(), sb.plane(p).data(), sa.plane(p).nbytes()), 0) << "plane " << p;
+  }
+  // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics row once).
+  QuantizedKVCache plain_chan(channel_config(rng(), 3, 4, static_cast<int>(gs)));
+  plain_chan.update_and_fetch(k.view(), v.view());
+  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + (D + 1) * 4));
+  EXPECT_EQ(nn::kv_cache_bytes(a.config().spec(), B, H, D, D, n), a.nbytes());
+  EXPECT_NEAR(a.config().spec().bits_per_value(D), (3 + 4) / 2.0 + 32.0 / gs + 8 * (4.0 + 16.0 / gs) / D / 2.0, 1e-12);
+}
+
+TEST(KVCacheChannel, OutlierChannelRejections) {
+  auto rng = test::make_rng(47);
+  nn::KVSpec token = nn::parse_kv_spec("k4v4");
+  token.key_outliers = 4;
+  expect_error([&] { token.validate("op"); }, ErrorCode::kInvalidArgument, "op", "key_layout channel");
+  nn::KVSpec many = outlier_config(0, 33).spec();
+  expect_error([&] { many.validate("op"); }, ErrorCode::kInvalidArgument, "op", "[0, 32]");
+  expect_error([&] { (void)outlier_config(0, 4).spec().bits_per_value(); }, ErrorCode::kInvalidArgument,
+               "kv_bits_per_value", "Dk");
+  // More outlier channels than half the head: refused at the first append, nothing stored.
+  QuantizedKVCache c(outlier_config(rng(), 20, 4, 32));
+  Input k = make_input(rng, DType::kF32, 1, 1, 3, 32), v = make_input(rng, DType::kF32, 1, 1, 3, 32);
+  expect_error([&] { c.update_and_fetch(k.view(), v.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "half of the key head dim");
+  EXPECT_TRUE(c.empty());
+  // Queries that do not fit the keys.
+  QuantizedKVCache d(outlier_config(rng(), 4));
+  std::vector<float> q = test::randn(rng, 3 * 64);
+  d.observe_queries(TensorView(q.data(), DType::kF32, {1, 3, 1, 64}));
+  Input k2 = make_input(rng, DType::kF32, 1, 2, 3, 64), v2 = make_input(rng, DType::kF32, 1, 2, 3, 64);
+  expect_error([&] { d.update_and_fetch(k2.view(), v2.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "observed queries");
+  EXPECT_TRUE(d.empty());
+  QuantizedKVCache e(outlier_config(rng(), 4));
+  e.update_and_fetch(k2.view(), v2.view());
+  expect_error([&] { e.observe_queries(TensorView(q.data(), DType::kF32, {1, 3, 1, 64})); },
+               ErrorCode::kShapeMismatch, "kv_cache_observe_queries", "multiple of its 2 KV heads");
+}
+
 }  // namespace
 }  // namespace cider

@@ -95,6 +95,10 @@ struct GgmlDequantArgs {
 // [B, H, blocks, dim] (block j / group_size of position j), so k[j, d] = c[j, d]·s[blk, d] + b[blk, d]. Positions
 // [nq, length) are the residual window: bfloat16 rows [B, H, group_size, dim] at `residual`, position j in row
 // j − nq. Keys only; values always use layout 0.
+// Outlier channels (outliers = n > 0, layout 1 only): block k's n channel indices at outlier_index (uint16
+// [B, H, blocks, n], ascending) and 4-bit refinement codes at outlier_codes (uint8 [B, H, blocks, n·gs/2]: channel
+// o's codes of the block's positions, two per byte, the even position in the low nibble); for a quantized position j
+// of block k and its channel d = index[o]: k[j, d] += (|s[k, d]|/15)·(r − 7.5) (quant::outlier_refinement).
 struct KVTensorView {
   const void* data;  // packed codes (quantized) or values (plain)
   const void* scales;  // quantized only
@@ -107,6 +111,9 @@ struct KVTensorView {
   int layout = 0;               // 0 per position (groups along dim), 1 per channel (keys; see above)
   int64_t blocks = 0;           // layout 1: rows of scales/biases per (b, h)
   const void* residual = nullptr;  // layout 1: bfloat16 [B, H, group_size, dim]
+  int outliers = 0;                    // layout 1: outlier channels per block (0: none)
+  const void* outlier_codes = nullptr;  // layout 1, outliers > 0: uint8 [B, H, blocks, outliers·group_size/2]
+  const void* outlier_index = nullptr;  // layout 1, outliers > 0: uint16 [B, H, blocks, outliers]
 };
 
 enum class MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };

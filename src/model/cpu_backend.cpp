@@ -275,10 +275,15 @@ class CpuBackend final : public PassBackend {
   }
 
   void kv_append(int64_t layer) override {
-    const int64_t D = c_.head_dim, Hkv = c_.num_kv_heads;
-    for (const PassSegment& g : segments_)
+    const int64_t D = c_.head_dim, Hkv = c_.num_kv_heads, Hq = c_.num_heads;
+    for (const PassSegment& g : segments_) {
+      // Outlier key channels are chosen by the queries that read them: this pass's queries (after RoPE, the keys'
+      // space) are shown to the cache before the append quantizes any block.
+      if (auto* qc = dynamic_cast<nn::QuantizedKVCache*>(&cache(g.seq, layer)); qc && qc->config().key_outliers > 0)
+        qc->observe_queries(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D));
       cache(g.seq, layer).update_and_fetch(heads_view(s_.k.data() + g.row0 * Hkv * D, g.n, Hkv, D),
                                            heads_view(s_.v.data() + g.row0 * Hkv * D, g.n, Hkv, D));
+    }
   }
 
   void attention(int64_t layer) override {

@@ -66,6 +66,7 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.rotation = kv.rotation;
     qc.scale_dtype = kv.scale_dtype;
     qc.key_layout = kv.key_layout;
+    qc.key_outliers = kv.key_outliers;
     qc.seed = seed;
     qc.window = window;
     return std::make_unique<nn::QuantizedKVCache>(qc);

@@ -15,11 +15,19 @@ namespace {
 constexpr size_t kQuantizedPlanes = 6;  // key codes, scales, biases; value codes, scales, biases
 constexpr size_t kChannelPlanes = 7;    // the same, keys per channel, plus the residual window
 constexpr size_t kResidualPlane = 6;
+constexpr size_t kOutlierPlanes = 10;    // per-channel keys with outlier channels: also these three
+constexpr size_t kOutlierCodesPlane = 7;
+constexpr size_t kOutlierIndexPlane = 8;
+constexpr size_t kQueryStatsPlane = 9;
 constexpr size_t kPlainPlanes = 2;      // keys, values
 
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
 bool channel_keys(const KVCacheMeta& m) { return m.quantized && m.key_layout == KeyLayout::kChannel; }
+size_t plane_count(const KVCacheMeta& m) {
+  return !m.quantized ? kPlainPlanes : !channel_keys(m) ? kQuantizedPlanes : m.key_outliers > 0 ? kOutlierPlanes
+                                                                                                  : kChannelPlanes;
+}
 
 // The shape of each plane, in the plane order documented at KVCacheSnapshot.
 std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
@@ -33,6 +41,11 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
     if (channel_keys(m)) {
       p[1] = p[2] = {m.Dk * ss, gs, 0};                               // one [Dk] row per block of gs positions
       p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // residual window, bfloat16
+      if (const int64_t n = m.key_outliers; n > 0) {
+        p.push_back({n * gs / 2, gs, 0});                                  // refinement codes per block
+        p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
+        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(float)), 0, 1});  // Σ q² per channel, count
+      }
     }
     return p;
   }
@@ -65,8 +78,7 @@ void check_window(int64_t window, const char* op) {
 // `planes` is empty (a cache without dims: null pointers) or holds one pointer per plane.
 kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vector<const void*>& planes,
                                 int64_t capacity) {
-  const bool have =
-      planes.size() == (channel_keys(m) ? kChannelPlanes : m.quantized ? kQuantizedPlanes : kPlainPlanes);
+  const bool have = planes.size() == plane_count(m);
   kernels::KVTensorView v{};
   v.B = m.B;
   v.H = m.H;
@@ -86,6 +98,11 @@ kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vect
       v.layout = 1;
       v.blocks = plane_shapes(m)[1].rows(capacity);
       v.residual = have ? planes[kResidualPlane] : nullptr;
+      if (m.key_outliers > 0) {
+        v.outliers = m.key_outliers;
+        v.outlier_codes = have ? planes[kOutlierCodesPlane] : nullptr;
+        v.outlier_index = have ? planes[kOutlierIndexPlane] : nullptr;
+      }
     }
   } else {
     v.data = have ? planes[keys ? 0 : 1] : nullptr;
@@ -236,6 +253,7 @@ int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int
   m.scale_dtype = spec.scale_dtype;
   m.dtype = spec.plain_dtype;
   m.key_layout = spec.key_layout;
+  m.key_outliers = spec.key_outliers;
   m.Dk = Dk;
   m.Dv = Dv;
   int64_t cap = round_up(positions, KVCache::kStep);
@@ -253,6 +271,7 @@ KVSpec KVCacheMeta::spec() const {
   k.scale_dtype = scale_dtype;
   k.plain_dtype = dtype;
   k.key_layout = quantized ? key_layout : KeyLayout::kToken;
+  k.key_outliers = quantized ? key_outliers : 0;
   return k;
 }
 
@@ -265,6 +284,7 @@ KVSpec QuantizedKVCacheConfig::spec() const {
   k.rotation = rotation;
   k.scale_dtype = scale_dtype;
   k.key_layout = key_layout;
+  k.key_outliers = key_outliers;
   return k;
 }
 
@@ -509,6 +529,7 @@ KVCacheMeta QuantizedKVCache::meta() const {
   m.Dv = Dv_;
   m.length = store_.offset();
   m.key_layout = config_.key_layout;
+  m.key_outliers = config_.key_outliers;
   m.window = config_.window;
   m.start = start_;
   return m;
@@ -529,6 +550,10 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   check_append_dims(store_, Dk_, Dv_, keys, values, op);
   check_finite(keys, op, "keys");
   check_finite(values, op, "values");
+  if (!pending_q_.empty())  // queries observed before the storage existed: they must fit these keys' heads
+    check(keys.dim(0) == pending_B_ && pending_Hq_ % keys.dim(1) == 0 && keys.dim(3) == pending_D_,
+          ErrorCode::kShapeMismatch, op, "the observed queries [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_,
+          "] must match the keys ", keys.shape_string(), " (same B and head dim, query heads a multiple of KV heads)");
   if (!store_.has_dims()) {
     // First append: the dims become part of the cache (validated against the format before anything changes).
     KVCacheMeta m = meta();
@@ -567,9 +592,60 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     if (p > 3 || !channel)
       check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, shapes, op, p < 3 ? "keys" : "values",
                           p % 3 == 1 ? "scale" : "bias");
+  if (!pending_q_.empty() && n > 0) {  // the storage has its statistics row now
+    const int64_t rep = pending_Hq_ / store_.H(), D = Dk_;
+    for (int64_t b = 0; b < store_.B(); ++b)
+      for (int64_t hq = 0; hq < pending_Hq_; ++hq) {
+        auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, hq / rep, 0));
+        const double* src = pending_q_.data() + (b * pending_Hq_ + hq) * (D + 1);
+        for (int64_t d = 0; d <= D; ++d) st[d] += static_cast<float>(src[d]);
+      }
+    pending_q_.clear();
+  }
   if (channel) append_channel_keys(keys, start);  // nothing can fail from here on
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
+}
+
+void QuantizedKVCache::observe_queries(const TensorView& q) {
+  const char* op = "kv_cache_observe_queries";
+  if (config_.key_outliers == 0) return;
+  check_rank(q, 4, op, "queries");
+  check_float_dtype(q, op, "queries");
+  check_cpu(q, op, "queries");
+  if (q.numel() == 0) return;
+  check_not_null(q, op, "queries");
+  const int64_t B = q.dim(0), Hq = q.dim(1), D = q.dim(3);
+  const bool direct = store_.has_dims() && store_.capacity() > 0;
+  if (store_.has_dims())
+    check(B == store_.B() && Hq % store_.H() == 0 && D == Dk_, ErrorCode::kShapeMismatch, op,
+          "queries [B, Hq, n, Dk] must have the cache's B ", store_.B(), ", head dim ", Dk_,
+          " and a multiple of its ", store_.H(), " KV heads; got ", q.shape_string());
+  if (!direct) {
+    if (pending_q_.empty()) {
+      pending_B_ = B;
+      pending_Hq_ = Hq;
+      pending_D_ = D;
+      pending_q_.assign(static_cast<size_t>(B * Hq * (D + 1)), 0.0);
+    }
+    check(B == pending_B_ && Hq == pending_Hq_ && D == pending_D_, ErrorCode::kShapeMismatch, op,
+          "queries must keep their shape [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_, "]; got ",
+          q.shape_string());
+  }
+  for_each_input(q, [&](float v, int64_t b, int64_t h, int64_t t, int64_t d) {
+    if (!std::isfinite(v)) return;  // a non-finite query says nothing about the keys' channels
+    const double v2 = static_cast<double>(v) * v;
+    if (direct) {
+      auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h / (Hq / store_.H()), 0));
+      st[d] += static_cast<float>(v2);
+      if (d == 0) st[D] += 1.0f;
+    } else {
+      double* st = pending_q_.data() + (b * Hq + h) * (D + 1);
+      st[d] += v2;
+      if (d == 0) st[D] += 1.0;
+    }
+    (void)t;
+  });
 }
 
 // Per-channel keys: positions [start, start + n) go to the residual window in runs that end where a block fills;
@@ -599,6 +675,49 @@ void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
                                  reinterpret_cast<uint32_t*>(store_.row(0, b, h, block * gs)),
                                  quant::packed_words(Dk_, config_.k_bits), store_.row(1, b, h, block),
                                  store_.row(2, b, h, block), config_.scale_dtype);
+  if (config_.key_outliers > 0) refine_outliers(b, h, block, rows);
+}
+
+// The block's outlier channels: the key_outliers channels with the largest range × query RMS (range alone before
+// any query was observed; ties to the lower channel), in ascending order, each refined by 4 bits.
+void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows) {
+  const int64_t gs = config_.group_size, D = Dk_, n = config_.key_outliers;
+  const DType sd = config_.scale_dtype;
+  const auto* st = reinterpret_cast<const float*>(store_.row(kQueryStatsPlane, b, h, 0));
+  const float count = st[D];
+  std::vector<std::pair<double, int64_t>> score(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) {
+    float lo = rows[static_cast<size_t>(d)], hi = lo;
+    for (int64_t t = 1; t < gs; ++t) {
+      const float v = rows[static_cast<size_t>(t * D + d)];
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    const double w = count > 0.0f ? std::sqrt(static_cast<double>(st[d]) / count) : 1.0;
+    score[static_cast<size_t>(d)] = {-(static_cast<double>(hi) - lo) * w, d};
+  }
+  std::partial_sort(score.begin(), score.begin() + n, score.end());
+  std::vector<int64_t> chosen;
+  for (int64_t o = 0; o < n; ++o) chosen.push_back(score[static_cast<size_t>(o)].second);
+  std::sort(chosen.begin(), chosen.end());
+  auto* index = reinterpret_cast<uint16_t*>(store_.row(kOutlierIndexPlane, b, h, block));
+  uint8_t* codes = store_.row(kOutlierCodesPlane, b, h, block);
+  std::memset(codes, 0, static_cast<size_t>(n * gs / 2));
+  const void* sc = store_.row(1, b, h, block);
+  const void* bi = store_.row(2, b, h, block);
+  for (int64_t o = 0; o < n; ++o) {
+    const int64_t d = chosen[static_cast<size_t>(o)];
+    index[o] = static_cast<uint16_t>(d);
+    const float scale = load_float(sc, sd, d), bias = load_float(bi, sd, d);
+    const float step = quant::outlier_step(scale);
+    for (int64_t t = 0; t < gs; ++t) {
+      const auto* crow = reinterpret_cast<const uint32_t*>(store_.row(0, b, h, block * gs + t));
+      // The coarse value as attention reads it (c·s + b in float32; kernels/kernel_table.h), then the residual.
+      const float base = static_cast<float>(quant::unpack_code(crow, d, config_.k_bits)) * scale + bias;
+      const uint32_t r = quant::outlier_code(rows[static_cast<size_t>(t * D + d)] - base, step);
+      codes[o * gs / 2 + t / 2] |= static_cast<uint8_t>(r << (4 * (t % 2)));
+    }
+  }
 }
 
 int64_t QuantizedKVCache::trim(int64_t n) {
@@ -607,19 +726,31 @@ int64_t QuantizedKVCache::trim(int64_t n) {
   // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
   const int64_t gs = config_.group_size, now = old - removed, block = now / gs, kept = now % gs;
   if (block == old / gs || kept == 0) return removed;
+  const int64_t nout = config_.key_outliers;
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       const void* sc = store_.row(1, b, h, block);
       const void* bi = store_.row(2, b, h, block);
       auto* res = reinterpret_cast<uint16_t*>(store_.row(kResidualPlane, b, h, 0));
+      std::vector<float> row(static_cast<size_t>(Dk_));
       for (int64_t t = 0; t < kept; ++t) {
         const auto* codes = reinterpret_cast<const uint32_t*>(store_.row(0, b, h, block * gs + t));
-        for (int64_t d = 0; d < Dk_; ++d) {
-          const float v = quant::affine_dequantize_value(quant::unpack_code(codes, d, config_.k_bits),
-                                                         load_float(sc, config_.scale_dtype, d),
-                                                         load_float(bi, config_.scale_dtype, d), config_.scale_dtype);
-          res[t * Dk_ + d] = f32_to_bf16(v);
+        for (int64_t d = 0; d < Dk_; ++d)
+          row[static_cast<size_t>(d)] = quant::affine_dequantize_value(
+              quant::unpack_code(codes, d, config_.k_bits), load_float(sc, config_.scale_dtype, d),
+              load_float(bi, config_.scale_dtype, d), config_.scale_dtype);
+        if (nout > 0) {  // the outlier channels' refinement
+          const auto* index = reinterpret_cast<const uint16_t*>(store_.row(kOutlierIndexPlane, b, h, block));
+          const uint8_t* oc = store_.row(kOutlierCodesPlane, b, h, block);
+          for (int64_t o = 0; o < nout; ++o) {  // as attention reads them: c·s + b in float32, refined
+            const int64_t d = index[o];
+            const uint32_t r = (oc[o * gs / 2 + t / 2] >> (4 * (t % 2))) & 15u;
+            const float scale = load_float(sc, config_.scale_dtype, d);
+            row[static_cast<size_t>(d)] = static_cast<float>(quant::unpack_code(codes, d, config_.k_bits)) * scale +
+                                          load_float(bi, config_.scale_dtype, d) + quant::outlier_refinement(r, scale);
+          }
         }
+        for (int64_t d = 0; d < Dk_; ++d) res[t * Dk_ + d] = f32_to_bf16(row[static_cast<size_t>(d)]);
       }
     }
   return removed;
@@ -642,6 +773,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.rotation = m.rotation;
   config_.seed = m.seed;
   config_.key_layout = m.key_layout;
+  config_.key_outliers = m.key_outliers;
   config_.window = m.window;
   start_ = m.start;
   Dk_ = m.Dk;

@@ -60,6 +60,7 @@ struct KVCacheMeta {
   int64_t window = 0;
   int64_t start = 0;
   KeyLayout key_layout = KeyLayout::kToken;  // quantized caches: keys per position or per channel (nn/kv_spec.h)
+  int key_outliers = 0;                      // per-channel keys: outlier channels per block (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
 };
@@ -72,6 +73,10 @@ struct KVCacheMeta {
 //              positions; the last, incomplete block's row is not meaningful), and plane 6 is the residual window,
 //              bfloat16 [B, H, gs, Dk] (rows [0, length mod gs) hold positions [length − length mod gs, length);
 //              empty when length is 0)
+//   quantized, per-channel keys with key_outliers = n > 0, also: plane 7 the refinement codes [B, H, ceil(length/gs),
+//              n·gs/2] (uint8: per outlier channel, gs 4-bit codes, two per byte, even position low), plane 8 the
+//              outlier channel indices [B, H, ceil(length/gs), n] (uint16, ascending), plane 9 the query statistics
+//              [B, H, 1, Dk + 1] (float32: Σ q² per channel over the queries observed for the head, then their count)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -216,6 +221,7 @@ struct QuantizedKVCacheConfig {
   uint64_t seed = 0;                               // rotation seed (keys and values use the same seed)
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
   KeyLayout key_layout = KeyLayout::kToken;        // keys per position (the seeds') or per channel (nn/kv_spec.h)
+  int key_outliers = 0;                            // per-channel keys: outlier channels per block (nn/kv_spec.h)
   int64_t window = 0;                              // > 0: a sliding-window cache (see the contract above)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
@@ -253,15 +259,26 @@ class QuantizedKVCache final : public KVCache {
 
   const QuantizedKVCacheConfig& config() const { return config_; }
 
+  // Outlier key channels (config key_outliers > 0; otherwise a no-op): adds queries q [B, Hq, n, Dk] (the model's,
+  // after RoPE, in the keys' space) to the per-channel statistics the next blocks choose their outlier channels by
+  // (Σ q² and the count, per KV head over its group of query heads; kept in the cache's state and its snapshots).
+  // Call it before the append whose blocks these queries will read. Before the first append the statistics wait for
+  // it (which checks that B, Dk and the head grouping match).
+  void observe_queries(const TensorView& q);
+
  private:
   void append_channel_keys(const TensorView& keys, int64_t start);
   void quantize_block(int64_t b, int64_t h, int64_t block);
+  void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);
 
   QuantizedKVCacheConfig config_;
   int64_t Dk_ = 0, Dv_ = 0;
   Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (quantized)
   int64_t start_ = 0;      // positions dropped (sliding-window caches)
+  // observe_queries before the storage exists: Σ q², count per (b, query head) until the first append.
+  std::vector<double> pending_q_;
+  int64_t pending_B_ = 0, pending_Hq_ = 0, pending_D_ = 0;
 };
 
 struct PlainKVCacheConfig {

@@ -28,13 +28,24 @@ void KVSpec::validate(const char* op) const {
   check(quantized || key_layout == KeyLayout::kToken, ErrorCode::kInvalidArgument, op,
         "the channel key layout is a quantized layout; a plain cache (", dtype_name(plain_dtype),
         ") stores keys per position (key_layout token)");
+  check(key_outliers >= 0 && key_outliers <= kMaxKeyOutliers, ErrorCode::kInvalidArgument, op,
+        "key_outliers must be in [0, ", kMaxKeyOutliers, "]; got ", key_outliers);
+  check(key_outliers == 0 || (quantized && key_layout == KeyLayout::kChannel), ErrorCode::kInvalidArgument, op,
+        "outlier key channels refine per-channel keys: key_outliers needs a quantized cache with key_layout channel; "
+        "got key_outliers ", key_outliers, " with ", quantized ? "key_layout token" : "a plain cache");
 }
 
-double KVSpec::bits_per_value() const {
+double KVSpec::bits_per_value(int64_t Dk) const {
   if (!quantized) return 8.0 * static_cast<double>(dtype_size(plain_dtype));
   // f16/bf16 scale + bias per group: 32 bits per group_size values (64 for f32), for keys in either layout.
   const double side = 2.0 * 8.0 * static_cast<double>(dtype_size(scale_dtype)) / group_size;
-  return (k_bits + v_bits) / 2.0 + side;
+  double bits = (k_bits + v_bits) / 2.0 + side;
+  if (key_outliers > 0) {
+    check(Dk > 0, ErrorCode::kInvalidArgument, "kv_bits_per_value",
+          "outlier key channels cost bits per key head dim: pass Dk (> 0); got ", Dk);
+    bits += key_outliers * (4.0 + 16.0 / group_size) / static_cast<double>(Dk) / 2.0;
+  }
+  return bits;
 }
 
 void KVSpec::validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const {
@@ -46,6 +57,8 @@ void KVSpec::validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const {
     check(Dv % group_size == 0, ErrorCode::kShapeMismatch, op, "the value head dim must be a multiple of group_size ",
           group_size, "; got ", Dv);
   }
+  check(key_outliers <= Dk / 2, ErrorCode::kShapeMismatch, op,
+        "outlier key channels must be at most half of the key head dim ", Dk, "; got ", key_outliers);
   if (rotation == RotationKind::kSO4Fast || rotation == RotationKind::kSO4Full) {
     check(Dk % 4 == 0, ErrorCode::kShapeMismatch, op, "the key head dim must be a multiple of 4 for the ",
           rotation_name(rotation), " rotation; got ", Dk);
@@ -73,6 +86,10 @@ std::string KVSpec::name() const {
   s += "/g";
   s += std::to_string(group_size);
   if (key_layout == KeyLayout::kChannel) s += "/kchan";
+  if (key_outliers > 0) {
+    s += "/o";
+    s += std::to_string(key_outliers);
+  }
   return s;
 }
 

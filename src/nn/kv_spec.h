@@ -24,6 +24,14 @@ namespace cider::nn {
 //             that a rotation would spread over all of them (docs/quality.md measures both). Values are rotated.
 enum class KeyLayout : int { kToken = 0, kChannel = 1 };
 
+// Outlier key channels (per-channel keys only, key_outliers = n > 0): when a block of positions is quantized, the n
+// channels of each KV head with the largest range × query RMS (the RMS of that channel in the queries the cache has
+// been shown, KVCache::observe_queries; the range alone before any) get 4 more bits: a refinement code r in 0..15 per
+// position, k = s·c + b + (|s|/15)·(r − 7.5), i.e. an 8-bit grid over the channel's range (docs/quality.md: the keys'
+// error concentrates in the channels the queries weigh). Stored per block: the n channel indices (uint16) and the
+// codes, [n][group_size/2] bytes (two positions per byte, the even one in the low nibble).
+constexpr int kMaxKeyOutliers = 32;
+
 struct KVSpec {
   bool quantized = true;
   int k_bits = 8;                                   // quantized: 2, 3, 4, 5, 6 or 8
@@ -33,6 +41,7 @@ struct KVSpec {
   DType scale_dtype = DType::kF16;                  // quantized: scales and biases (float16, bfloat16, float32)
   DType plain_dtype = DType::kBF16;                 // plain: elements (float16, bfloat16, float32)
   KeyLayout key_layout = KeyLayout::kToken;         // quantized only (plain caches: kToken)
+  int key_outliers = 0;                             // per-channel keys: outlier channels per block (see above)
 
   // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.
   void validate(const char* op) const;
@@ -45,8 +54,9 @@ struct KVSpec {
     return key_layout == KeyLayout::kChannel ? RotationKind::kNone : rotation;
   }
   // Stored bits per cached value, keys and values averaged, scales and biases counted (the residual window not):
-  // token layout (k + v)/2 + 8·ss/group_size; per-channel keys take their scale and bias per block of positions.
-  double bits_per_value() const;
+  // token layout (k + v)/2 + 8·ss/group_size; per-channel keys take their scale and bias per block of positions;
+  // outlier channels add key_outliers·(4 + 16/group_size)/Dk per key value (Dk: the key head dim, needed then).
+  double bits_per_value(int64_t Dk = 0) const;
 };
 
 bool is_kv_bits(int bits);              // 2, 3, 4, 5, 6, 8

@@ -7,6 +7,8 @@
 // stream bits [k·bits, (k+1)·bits), stream bit j is bit (j mod 32) of uint32 word j/32; a row takes K·bits/32 words.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -58,6 +60,19 @@ void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_
 inline float affine_dequantize_value(uint32_t q, float scale, float bias, DType scale_dtype) {
   float prod = round_to(scale_dtype, static_cast<float>(q) * scale);
   return round_to(scale_dtype, prod + bias);
+}
+
+// Outlier key channels (nn/kv_spec.h): 4 more bits on a channel's affine code c. The residual of a rounded affine
+// code, x − (c·s + b), lies within ±|s|/2; its refinement code r in 0..15 stands for (r − 7.5) steps of |s|/15 (the
+// 16 levels spread over that interval: a refined value is within |s|/30 of x).
+inline float outlier_step(float scale) { return std::fabs(scale) / 15.0f; }
+inline uint32_t outlier_code(float residual, float step) {
+  if (!(step > 0.0f)) return 8u;  // a constant channel: its coarse value is exact (0.5 steps of 0)
+  const float r = std::floor(residual / step + 8.0f);  // the nearest of the levels r − 7.5
+  return static_cast<uint32_t>(std::clamp(r, 0.0f, 15.0f));
+}
+inline float outlier_refinement(uint32_t code, float scale) {
+  return outlier_step(scale) * (static_cast<float>(code) - 7.5f);
 }
 
 // ---- whole tensors (public, validated) ----

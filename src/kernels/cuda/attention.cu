@@ -905,6 +905,8 @@ void validate(const char* op, const kernels::AttentionArgs& a) {
         "key layout must be 0 (per token) or 1 (per channel) and value layout 0; got ", K.layout, " and ", V.layout);
   if (K.layout == 1) {
     check(K.bits > 0, ErrorCode::kInvalidArgument, op, "per-channel keys must be quantized; got bits 0");
+    check(K.outliers == 0, ErrorCode::kUnsupported, op, "the CUDA kernels do not read outlier key channels; got ",
+          K.outliers, " per block");
     check(K.residual != nullptr && (reinterpret_cast<uintptr_t>(K.residual) & 15u) == 0, ErrorCode::kInvalidArgument,
           op, "per-channel keys need a 16-byte aligned residual window");
     check(K.blocks >= K.length / K.group_size, ErrorCode::kShapeMismatch, op, "per-channel keys need ",

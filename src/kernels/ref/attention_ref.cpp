@@ -7,7 +7,8 @@
 //   quantized keys:  score[r, j] = scale · Σ_g ( s_jg · Σ_{k∈g} q_rk·c_jk  +  b_jg · Σ_{k∈g} q_rk )
 //   plain keys:      score[r, j] = scale · Σ_k q_rk·k_jk
 //   per-channel keys (layout 1): k_jk = c_jk·s_bk + b_bk (b = j's block; the row is expanded to float32, one row
-//                    at a time), or the bfloat16 residual row for positions past the last complete block
+//                    at a time), plus (|s_bk|/15)·(r_jk − 7.5) on the block's outlier channels k (refinement codes r),
+//                    or the bfloat16 residual row for positions past the last complete block
 //
 // with c the codes, s/b the stored scale/bias of group g — i.e. exactly q·(c·s + b), computed on the codes; the cache
 // is never dequantized into a float copy (only one row of codes is unpacked at a time). A softcap > 0 then maps each
@@ -61,6 +62,17 @@ class RowReader {
             static_cast<float>(quant::unpack_code(words, d, v_.bits)) *
                 load_float(v_.scales, v_.scale_dtype, srow * v_.dim + d) +
             load_float(v_.biases, v_.scale_dtype, srow * v_.dim + d);
+      if (const int64_t n = v_.outliers; n > 0) {
+        const auto* index = static_cast<const uint16_t*>(v_.outlier_index) + srow * n;
+        const uint8_t* oc = static_cast<const uint8_t*>(v_.outlier_codes) + srow * n * gs / 2;
+        const int64_t t = j % gs;
+        for (int64_t o = 0; o < n; ++o) {
+          const int64_t d = index[o];
+          const uint32_t r = (oc[o * gs / 2 + t / 2] >> (4 * (t % 2))) & 15u;
+          floats_[static_cast<size_t>(d)] +=
+              quant::outlier_refinement(r, load_float(v_.scales, v_.scale_dtype, srow * v_.dim + d));
+        }
+      }
       return;
     }
     if (v_.bits == 0) {

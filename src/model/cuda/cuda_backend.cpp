@@ -47,6 +47,9 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
+  check(kv.key_outliers == 0, ErrorCode::kUnsupported, kOp,
+        "--device cuda does not run outlier key channels yet (--kv-outliers must be 0; got ", kv.key_outliers,
+        "); use --device cpu");
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);

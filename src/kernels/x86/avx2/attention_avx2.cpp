@@ -12,6 +12,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
+#include "quant/affine.h"
 
 #define CIDER_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CIDER_INLINE static inline __attribute__((always_inline)) CIDER_AVX2
@@ -159,6 +160,7 @@ struct Ctx {
   int64_t cols_per_group;
   bool kchan;        // per-channel keys (layout 1): scores per block of gk positions, then the bf16 residual
   int64_t nq;        // kchan: positions [0, nq) quantized, [nq, length) in the residual window
+  int64_t nout;      // kchan: outlier channels per block (0: none)
 };
 
 struct Scratch {
@@ -192,6 +194,11 @@ struct Scratch {
   int32_t* voff;     // [Dv/8]
   float* qch;        // kchan: [Dk] q ⊙ s of the current block
   float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
+  float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
+  float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
+  float* ocv;        // kchan, outliers: [nout][16] the tile's refinement codes as floats (positions in lanes)
+  float* ocorr;      // kchan, outliers: [Rmax][16] the tile's score corrections
+  bool ocorr_on;     // whether store_scores8 adds ocorr (a quantized tile of a cache with outliers)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -234,6 +241,12 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 8 * 4));
   s->qch = reinterpret_cast<float*>(take(Dk * 4));
   s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
+  const size_t no = static_cast<size_t>(c.nout);
+  s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
+  s->ob = reinterpret_cast<float*>(take(R * 4));
+  s->ocv = reinterpret_cast<float*>(take(no * 64 + 4));
+  s->ocorr = reinterpret_cast<float*>(take(R * 64));
+  s->ocorr_on = false;
   return off;
 }
 
@@ -365,6 +378,7 @@ CIDER_INLINE void store_scores8(const Ctx& c, const Scratch& s, const Item& it, 
     const __m256i vis = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(s.lo[r0 + r]), jv),
                                             _mm256_cmpgt_epi32(_mm256_set1_epi32(s.hi[r0 + r]), jv));
     __m256 v = sc[r];
+    if (s.ocorr_on) v = _mm256_add_ps(v, _mm256_load_ps(s.ocorr + (r0 + r) * 16 + (j0 & 15)));  // outlier channels
     if (capped) v = _mm256_mul_ps(cap, tanh8(_mm256_mul_ps(v, inv_cap)));  // softcap, before the mask
     if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && !_mm256_testz_si256(vis, vis)) {
       alignas(32) float mv[8] = {};
@@ -590,7 +604,42 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
       bt = _mm256_fmadd_ps(qv, load8(K.biases, K.scale_dtype, srow + d), bt);
     }
     prepare_query_row(c, s, r, s.qch, true, hsum8(bt));
+    if (c.nout > 0) {  // outlier channels: scale·q[d]·|s[d]|/15 per channel, and the codes' offset −7.5·Σ
+      const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((it.b * K.H + it.g) * K.blocks + blk) * c.nout;
+      float sum = 0.0f;
+      for (int64_t o = 0; o < c.nout; ++o) {
+        const int64_t d = index[o];
+        const float w = c.a->scale * q[d] * quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + d));
+        s.ow[r * c.nout + o] = w;
+        sum += w;
+      }
+      s.ob[r] = -7.5f * sum;
+    }
   }
+}
+
+// Outlier channels: the score corrections of a quantized 16-position tile from j0 (inside one block), for all R
+// rows: ocorr[r] = ob[r] + Σ_o ow[r, o]·code_o (codes of the tile's positions in lanes, two halves of 8).
+CIDER_AVX2 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0) {
+  const KVTensorView& K = c.a->keys;
+  const int64_t gs = c.gk, blk = j0 / gs, p = j0 % gs;
+  const uint8_t* codes = static_cast<const uint8_t*>(K.outlier_codes) +
+                         ((it.b * K.H + it.g) * K.blocks + blk) * c.nout * gs / 2 + p / 2;
+  for (int64_t o = 0; o < c.nout; ++o) {  // 8 bytes = 16 nibbles, even positions low
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + o * gs / 2));
+    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+    const __m128i nib = _mm_unpacklo_epi8(lo, hi);  // 16 codes in position order
+    _mm256_store_ps(s.ocv + o * 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib)));
+    _mm256_store_ps(s.ocv + o * 16 + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8))));
+  }
+  for (int64_t r = 0; r < it.R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc = _mm256_set1_ps(s.ob[r]);
+      for (int64_t o = 0; o < c.nout; ++o)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(s.ow[r * c.nout + o]), _mm256_load_ps(s.ocv + o * 16 + 8 * h), acc);
+      _mm256_store_ps(s.ocorr + r * 16 + 8 * h, acc);
+    }
 }
 
 // Per-channel keys: the scores of a 16-position tile of the bfloat16 residual window, in float32 (exact queries).
@@ -653,12 +702,17 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
       const int64_t j0 = jb + t * kTileRows;
       if (c.kchan) {
         if (j0 >= c.nq) {
+          s.ocorr_on = false;
           residual_tile(c, s, it, j0, t * kTileRows);
           continue;
         }
         if (j0 / c.gk != cur_block) {
           cur_block = j0 / c.gk;
           prepare_block(c, s, it, cur_block);
+        }
+        if (c.nout > 0) {
+          outlier_tile(c, s, it, j0);
+          s.ocorr_on = true;
         }
       }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
@@ -811,6 +865,7 @@ void attention(const AttentionArgs& a) {
   c.cols_per_group = c.kb == 4 ? c.gk / 8 : c.gk / 4;
   c.kchan = a.keys.layout == 1;
   c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
+  c.nout = c.kchan ? a.keys.outliers : 0;
   Scratch probe;
   job.scratch_bytes = carve(c, &probe, nullptr);
   c.partials = attn::partial_buffer(static_cast<size_t>(plan.items * plan.partial_floats));

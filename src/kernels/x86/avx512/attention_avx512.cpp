@@ -8,6 +8,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
+#include "quant/affine.h"
 
 #define CIDER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define CIDER_INLINE static inline __attribute__((always_inline)) CIDER_AVX512
@@ -198,6 +199,7 @@ struct Ctx {
   bool float_scores;               // CIDER_ATTN_SCORES=f32: float32 FMA scores on unpacked codes (measurement)
   bool kchan;                      // per-channel keys (layout 1): scores per block of gk positions, then residual
   int64_t nq;                      // kchan: positions [0, nq) quantized, [nq, length) in the bf16 residual window
+  int64_t nout;                    // kchan: outlier channels per block (0: none)
 };
 
 struct Scratch {
@@ -232,6 +234,11 @@ struct Scratch {
   float* qf;         // [Rmax][Dk] the float32 query rows (float-score variant)
   float* qch;        // kchan: [Dk] q ⊙ s of the current block
   float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
+  float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
+  float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
+  float* ocv;        // kchan, outliers: [nout][16] the tile's refinement codes as floats (positions in lanes)
+  float* ocorr;      // kchan, outliers: [Rmax][16] the tile's score corrections
+  bool ocorr_on;     // whether store_scores adds ocorr (a quantized tile of a cache with outliers)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -274,6 +281,12 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->qf = reinterpret_cast<float*>(take(R * Dk * 4));
   s->qch = reinterpret_cast<float*>(take(Dk * 4));
   s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
+  const size_t no = static_cast<size_t>(c.nout);
+  s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
+  s->ob = reinterpret_cast<float*>(take(R * 4));
+  s->ocv = reinterpret_cast<float*>(take(no * 64 + 4));
+  s->ocorr = reinterpret_cast<float*>(take(R * 64));
+  s->ocorr_on = false;
   return off;
 }
 
@@ -407,6 +420,7 @@ CIDER_INLINE void store_scores(const Ctx& c, const Scratch& s, const Item& it, i
     const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, _mm512_set1_epi32(s.lo[r0 + r])) &
                           _mm512_cmplt_epi32_mask(jv, _mm512_set1_epi32(s.hi[r0 + r]));
     __m512 v = sc[r];
+    if (s.ocorr_on) v = _mm512_add_ps(v, _mm512_load_ps(s.ocorr + (r0 + r) * 16));  // outlier channels
     if (capped) v = _mm512_mul_ps(cap, tanh16(_mm512_mul_ps(v, inv_cap)));  // softcap, before the mask
     if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && vis) {
       alignas(64) float mv[16] = {};
@@ -665,6 +679,38 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
       bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
     }
     prepare_query_row(c, s, r, s.qch, true, _mm512_reduce_add_ps(bt));
+    if (c.nout > 0) {  // outlier channels: scale·q[d]·|s[d]|/15 per channel, and the codes' offset −7.5·Σ
+      const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((it.b * K.H + it.g) * K.blocks + blk) * c.nout;
+      float sum = 0.0f;
+      for (int64_t o = 0; o < c.nout; ++o) {
+        const int64_t d = index[o];
+        const float w = c.a->scale * q[d] * quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + d));
+        s.ow[r * c.nout + o] = w;
+        sum += w;
+      }
+      s.ob[r] = -7.5f * sum;
+    }
+  }
+}
+
+// Outlier channels: the score corrections of a quantized 16-position tile from j0 (inside one block), for all R
+// rows: ocorr[r] = ob[r] + Σ_o ow[r, o]·code_o (codes of the tile's positions in lanes).
+CIDER_AVX512 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0) {
+  const KVTensorView& K = c.a->keys;
+  const int64_t gs = c.gk, blk = j0 / gs, p = j0 % gs;
+  const uint8_t* codes = static_cast<const uint8_t*>(K.outlier_codes) +
+                         ((it.b * K.H + it.g) * K.blocks + blk) * c.nout * gs / 2 + p / 2;
+  for (int64_t o = 0; o < c.nout; ++o) {  // 8 bytes = 16 nibbles, even positions low
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + o * gs / 2));
+    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+    _mm512_store_ps(s.ocv + o * 16, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))));
+  }
+  for (int64_t r = 0; r < it.R; ++r) {
+    __m512 acc = _mm512_set1_ps(s.ob[r]);
+    for (int64_t o = 0; o < c.nout; ++o)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(s.ow[r * c.nout + o]), _mm512_load_ps(s.ocv + o * 16), acc);
+    _mm512_store_ps(s.ocorr + r * 16, acc);
   }
 }
 
@@ -746,12 +792,17 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         prefetch_tile(c, it, j0 + kPrefetchBlocks * kT);
       if (c.kchan) {
         if (j0 >= c.nq) {
+          s.ocorr_on = false;
           residual_tile(c, s, it, j0, t * kTileRows);
           continue;
         }
         if (j0 / c.gk != cur_block) {
           cur_block = j0 / c.gk;
           prepare_block(c, s, it, cur_block);
+        }
+        if (c.nout > 0) {
+          outlier_tile(c, s, it, j0);
+          s.ocorr_on = true;
         }
       }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
@@ -904,6 +955,7 @@ void attention(const AttentionArgs& a) {
   c.cols_per_group = c.nib ? c.gk / 8 : c.gk / 4;
   c.kchan = a.keys.layout == 1;
   c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
+  c.nout = c.kchan ? a.keys.outliers : 0;
   c.float_scores = attn::float_scores_requested() && !c.kchan;  // the variant exists for per-token keys only
   Scratch probe;
   job.scratch_bytes = carve(c, &probe, nullptr);
