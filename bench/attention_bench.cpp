@@ -58,6 +58,7 @@ struct Options {
   int64_t hq = 32, hkv = 8, L = 1;
   int kbits = 4, vbits = 3, group = 64;
   bool kchan = false;  // --kv-layout channel: per-channel keys (scales [blocks, D], a bf16 residual window)
+  int outliers = 0;    // --kv-outliers N (with --kv-layout channel): refined channels per block (random codes)
   int reps = 20;
   int threads = 0;
   int64_t pool_mb = 1024;
@@ -85,7 +86,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void usage(const char* prog) {
   std::printf(
       "usage: %s [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
-      "         [--group 64] [--kv-layout token|channel] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "         [--group 64] [--kv-layout token|channel] [--kv-outliers N] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
       "         [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
       "decode attention (B 1, L query rows) over a packed K/V cache, timed per ISA level; table or --json lines\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n",
@@ -127,7 +128,7 @@ class Plane {
 
 // One copy of a cache's key and value planes: [1, Hkv, cap, ·] each, random contents of the right ranges.
 struct Planes {
-  Plane kc, ks, kb, vc, vs, vb, kr;
+  Plane kc, ks, kb, vc, vs, vb, kr, ko, ki;
   KVTensorView keys{}, values{};
 };
 
@@ -186,6 +187,18 @@ Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng
     p.keys.layout = 1;
     p.keys.blocks = cap / o.group;
     p.keys.residual = p.kr.data();
+    if (o.outliers > 0) {  // random refinement codes; N channels spread over the head, ascending
+      const int64_t n = o.outliers, blocks = cap / o.group;
+      p.ko = Plane(static_cast<size_t>(o.hkv * blocks * n * o.group / 2));
+      fill_random(p.ko);
+      p.ki = Plane(static_cast<size_t>(o.hkv * blocks * n * 2 + 8));
+      uint16_t* idx = p.ki.as<uint16_t>();
+      for (int64_t r = 0; r < o.hkv * blocks; ++r)
+        for (int64_t j = 0; j < n; ++j) idx[r * n + j] = static_cast<uint16_t>(j * D / n);
+      p.keys.outliers = static_cast<int>(n);
+      p.keys.outlier_codes = p.ko.data();
+      p.keys.outlier_index = p.ki.data();
+    }
   }
   return p;
 }
@@ -408,6 +421,7 @@ int main_with_args(int argc, char** argv) {
       else if (arg == "--L") o.L = std::stoll(next());
       else if (arg == "--kbits") o.kbits = std::stoi(next());
       else if (arg == "--kv-layout") o.kchan = next() == std::string("channel");
+      else if (arg == "--kv-outliers") o.outliers = std::stoi(next());
       else if (arg == "--vbits") o.vbits = std::stoi(next());
       else if (arg == "--group") o.group = std::stoi(next());
       else if (arg == "--reps") o.reps = std::stoi(next());
@@ -432,6 +446,11 @@ int main_with_args(int argc, char** argv) {
         usage(prog);
         return 2;
       }
+    }
+    if (o.outliers != 0 && (!o.kchan || o.outliers < 0 || o.nn)) {
+      std::fprintf(stderr, "%s: error: --kv-outliers N (N > 0) times the kernels on per-channel keys: it needs "
+                   "--kv-layout channel and --no-nn; got %d\n", prog, o.outliers);
+      return 2;
     }
     return run(o);
   } catch (const std::exception& e) {
