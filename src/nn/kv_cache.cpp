@@ -632,20 +632,35 @@ void QuantizedKVCache::observe_queries(const TensorView& q) {
           "queries must keep their shape [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_, "]; got ",
           q.shape_string());
   }
-  for_each_input(q, [&](float v, int64_t b, int64_t h, int64_t t, int64_t d) {
-    if (!std::isfinite(v)) return;  // a non-finite query says nothing about the keys' channels
-    const double v2 = static_cast<double>(v) * v;
-    if (direct) {
-      auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h / (Hq / store_.H()), 0));
-      st[d] += static_cast<float>(v2);
-      if (d == 0) st[D] += 1.0f;
-    } else {
-      double* st = pending_q_.data() + (b * Hq + h) * (D + 1);
-      st[d] += v2;
-      if (d == 0) st[D] += 1.0;
+  // Σ q² per (b, query head) over this call's rows in float64, then added to the statistics once (a row with a
+  // non-finite element says nothing about the keys' channels and is skipped).
+  std::vector<double> acc(static_cast<size_t>(D + 1));
+  std::vector<float> row(static_cast<size_t>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t t = 0; t < q.dim(2); ++t) {
+        const int64_t base = b * q.stride_of(0) + h * q.stride_of(1) + t * q.stride_of(2);
+        bool finite = true;
+        if (q.dtype == DType::kF32 && q.stride_of(3) == 1) {
+          std::memcpy(row.data(), static_cast<const float*>(q.data) + base, static_cast<size_t>(D) * sizeof(float));
+        } else {
+          for (int64_t d = 0; d < D; ++d) row[static_cast<size_t>(d)] = load_float(q.data, q.dtype, base + d * q.stride_of(3));
+        }
+        for (float x : row) finite = finite && std::isfinite(x);
+        if (!finite) continue;
+        for (int64_t d = 0; d < D; ++d)
+          acc[static_cast<size_t>(d)] += static_cast<double>(row[static_cast<size_t>(d)]) * row[static_cast<size_t>(d)];
+        acc[static_cast<size_t>(D)] += 1.0;
+      }
+      if (direct) {
+        auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h / (Hq / store_.H()), 0));
+        for (int64_t d = 0; d <= D; ++d) st[d] += static_cast<float>(acc[static_cast<size_t>(d)]);
+      } else {
+        double* st = pending_q_.data() + (b * Hq + h) * (D + 1);
+        for (int64_t d = 0; d <= D; ++d) st[d] += acc[static_cast<size_t>(d)];
+      }
     }
-    (void)t;
-  });
 }
 
 // Per-channel keys: positions [start, start + n) go to the residual window in runs that end where a block fills;
