@@ -85,6 +85,14 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   ASSERT_EQ(cider_model_info_get(t.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.kv, "k4v4/hadamard/g64");
 
+  cider_model_options out = cider_model_options_default();  // per-channel keys with 2 outlier channels per block
+  out.kv = "k4v4";
+  out.kv_layout = "channel";
+  out.kv_outliers = 2;
+  ModelHandle o2(&out);
+  ASSERT_EQ(cider_model_info_get(o2.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/o2");
+
   ModelHandle d;  // the defaults: bf16 weights, on the CPU a k5v5 cache with per-channel keys
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
@@ -242,6 +250,11 @@ TEST(CApiModel, LoadErrorsNameTheFunctionAndTheValue) {
   o.kv_layout = "channel";
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
                  "key_layout");
+  o = cider_model_options_default();
+  o.kv = "k4v4";
+  o.kv_outliers = 4;  // per-token keys: nothing to refine
+  expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
+                 "key_layout channel");
   o = cider_model_options_default();
   o.kv_group_size = 48;
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load", "got 48");

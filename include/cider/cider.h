@@ -165,6 +165,7 @@ typedef struct cider_model_options {
   const char* device;      /* NULL = "cpu" */
   int threads;             /* > 0: worker threads of the process-wide pool (process-wide); 0 = unchanged */
   const char* kv_layout;   /* "token" or "channel" (keys per channel); NULL or "" = the default's (token with kv) */
+  int kv_outliers;         /* with kv_layout "channel": outlier key channels per block, refined by 4 bits; 0 = none */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -58,6 +58,9 @@ struct KVSpec {
   // Quantized caches: "token" (keys per position, groups along the head: the seeds' layout) or "channel" (keys per
   // channel over blocks of group_size positions, the newest block in bf16; docs/kv_cache.md §2b). "" = "token".
   std::string key_layout;
+  // Models with key_layout "channel" only: outlier key channels per block and KV head, refined by 4 bits (0 = none;
+  // docs/kv_cache.md "Outlier key channels"). A standalone KVCache refuses them (it is not shown the queries).
+  int key_outliers = 0;
   // Standalone caches only (a model seeds its own): the rotation's seed and the stored scales' dtype
   // (DType::kF16, kBF16 or kF32).
   uint64_t seed = 0;

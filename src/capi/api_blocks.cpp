@@ -153,6 +153,9 @@ std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
         "group_size must be 0 (64), 32, 64 or 128; got ", gs);
   check(is_float_dtype(spec.scale_dtype), ErrorCode::kInvalidArgument, op,
         "scale_dtype must be DType::kF32, kF16 or kBF16; got ", static_cast<int>(spec.scale_dtype));
+  check(spec.key_outliers == 0, ErrorCode::kInvalidArgument, op,
+        "outlier key channels are chosen by the queries a model shows its caches: a standalone KV cache has none "
+        "(key_outliers must be 0; got ", spec.key_outliers, ")");
   if (kv.quantized) {
     nn::QuantizedKVCacheConfig c;
     c.k_bits = kv.k_bits;

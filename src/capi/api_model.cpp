@@ -49,6 +49,12 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
           options.kv.key_layout, "\"");
     o.kv.key_layout = l;
   }
+  if (options.kv.key_outliers != 0) {
+    check(o.kv.quantized, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
+          "\") has no per-channel keys to refine: kv.key_outliers must be 0; got ", options.kv.key_outliers);
+    o.kv.key_outliers = options.kv.key_outliers;
+    o.kv.validate(op);  // a count in range, with per-channel keys
+  }
   if (o.kv.quantized) {
     o.kv.group_size = gs == 0 ? 64 : gs;
     o.kv.group_size_auto = gs == 0;

@@ -31,7 +31,7 @@ class KVConfig(ctypes.Structure):
 class ModelOptions(ctypes.Structure):
     _fields_ = [("weights", ctypes.c_char_p), ("kv", ctypes.c_char_p), ("kv_rotation", ctypes.c_char_p),
                 ("kv_group_size", ctypes.c_int), ("ctx", ctypes.c_int64), ("device", ctypes.c_char_p),
-                ("threads", ctypes.c_int), ("kv_layout", ctypes.c_char_p)]
+                ("threads", ctypes.c_int), ("kv_layout", ctypes.c_char_p), ("kv_outliers", ctypes.c_int)]
 
 
 MAX_EOS = 16

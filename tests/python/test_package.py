@@ -514,6 +514,20 @@ def test_perplexity_equals_the_cli(tiny, tmp_path):
         tiny.perplexity(text, ctx=1)
 
 
+def test_outlier_key_channels_equal_the_cli(tmp_path):
+    # kv_outliers: per-channel keys with 2 refined channels per block; the same numbers as the CLI's options.
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()[:6000]
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    m = cider.load(TINY, kv="k4v4", kv_layout="channel", kv_outliers=2)
+    assert m.info["kv"] == "k4v4/hadamard/g64/kchan/o2"
+    r = m.perplexity(text, ctx=128, baseline={"kv": "bf16"})
+    assert r.kl is not None and 0 < r.kl < 0.05
+    out = run_cli("perplexity", "-m", TINY, "-f", str(path), "--ctx", "128", "--kv", "k4v4", "--kv-layout", "channel",
+                  "--kv-outliers", "2", "--baseline-kv", "bf16")
+    assert out.split("\n", 1)[1].strip() == r.report.strip()
+
+
 def test_load_errors():
     with pytest.raises(cider.Error, match="weights"):
         cider.load(TINY, weights="w3a3")
@@ -595,6 +609,8 @@ def test_hostile_inputs_raise_and_never_crash(tiny):
         lambda: cider.load(TINY, ctx=-5),
         lambda: cider.load(TINY, kv="k9v9"),
         lambda: cider.load(TINY, kv="bf16", kv_layout="channel"),
+        lambda: cider.load(TINY, kv="k4v4", kv_outliers=2),  # outlier channels refine per-channel keys only
+        lambda: cider.load(TINY, kv="k4v4", kv_layout="channel", kv_outliers=40),
     ]
     for i, call in enumerate(calls):
         with pytest.raises((cider.Error, TypeError, ValueError, KeyError)):
