@@ -11,6 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/x86/attention_x86.h"
+#include "quant/affine.h"
 
 namespace cider::kernels::x86 {
 
@@ -137,6 +138,19 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
     }
   }
   (void)Hkv;
+}
+
+float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow) {
+  const KVTensorView& K = a.keys;
+  const int64_t n = K.outliers, srow = ((b * K.H + g) * K.blocks + blk) * K.dim;
+  const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((b * K.H + g) * K.blocks + blk) * n;
+  float sum = 0.0f;
+  for (int64_t o = 0; o < n; ++o) {
+    const int64_t d = index[o];
+    ow[o] = a.scale * q[d] * quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + d));
+    sum += ow[o];
+  }
+  return -7.5f * sum;
 }
 
 bool float_scores_requested() {

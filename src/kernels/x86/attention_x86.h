@@ -109,6 +109,11 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
 // codes and exact queries (the variant measured against the integer path in docs/benchmarks.md; tested too).
 bool float_scores_requested();
 
+// Outlier key channels (KVTensorView::outliers = n > 0): the weights of block `blk`'s refinement codes for query row
+// q of KV head (b, g): ow[o] = scale·q[d_o]·|s[blk, d_o]|/15 and the codes' offset, returned, −7.5·Σ_o ow[o]; a
+// position's score then gains offset + Σ_o ow[o]·r_o (kernels/kernel_table.h).
+float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow);
+
 // Runs fn(ctx, item) for items 0 .. n−1, thread t of the default pool taking items t, t + T, t + 2T, … (round-robin
 // balances causal blocks whose cost grows with the block index).
 void run_items(int64_t n, void (*fn)(void* ctx, int64_t item), void* ctx);

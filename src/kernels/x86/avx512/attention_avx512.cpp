@@ -679,17 +679,7 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
       bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
     }
     prepare_query_row(c, s, r, s.qch, true, _mm512_reduce_add_ps(bt));
-    if (c.nout > 0) {  // outlier channels: scale·q[d]·|s[d]|/15 per channel, and the codes' offset −7.5·Σ
-      const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((it.b * K.H + it.g) * K.blocks + blk) * c.nout;
-      float sum = 0.0f;
-      for (int64_t o = 0; o < c.nout; ++o) {
-        const int64_t d = index[o];
-        const float w = c.a->scale * q[d] * quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + d));
-        s.ow[r * c.nout + o] = w;
-        sum += w;
-      }
-      s.ob[r] = -7.5f * sum;
-    }
+    if (c.nout > 0) s.ob[r] = attn::outlier_weights(*c.a, it.b, it.g, blk, q, s.ow + r * c.nout);
   }
 }
 
