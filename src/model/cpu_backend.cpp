@@ -279,8 +279,10 @@ class CpuBackend final : public PassBackend {
     for (const PassSegment& g : segments_) {
       // Outlier key channels are chosen by the queries that read them: this pass's queries (after RoPE, the keys'
       // space) are shown to the cache before the append quantizes any block.
-      if (auto* qc = dynamic_cast<nn::QuantizedKVCache*>(&cache(g.seq, layer)); qc && qc->config().key_outliers > 0)
-        qc->observe_queries(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D));
+      // (key_outliers > 0 is a quantized cache's option: KVSpec::validate.)
+      if (m_.options.kv.key_outliers > 0)
+        static_cast<nn::QuantizedKVCache&>(cache(g.seq, layer))
+            .observe_queries(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D));
       cache(g.seq, layer).update_and_fetch(heads_view(s_.k.data() + g.row0 * Hkv * D, g.n, Hkv, D),
                                            heads_view(s_.v.data() + g.row0 * Hkv * D, g.n, Hkv, D));
     }

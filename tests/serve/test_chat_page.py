@@ -30,7 +30,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from test_serve import ROOT, Server, chat, post, stop_cleanly
+from test_serve import ROOT, Server, chat, post, stop_cleanly, wait_until
 
 PROMPT = 'Say <b>hi</b> & "bye" — é ✓'
 MAX_TOKENS = 24
@@ -146,14 +146,7 @@ class Tab:
         self.wait(lambda: self.eval("document.readyState") == "complete", "the page to load", 15)
 
     def wait(self, predicate, what, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = predicate()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(0.1)
+        return wait_until(predicate, what, timeout)
 
     def on_new_document(self, source):
         self.call("Page.enable")
