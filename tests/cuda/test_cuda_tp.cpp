@@ -256,8 +256,9 @@ TEST(CudaTensorParallel, OneNcclRankEqualsThePlainModelBitForBit) {
 
 // Two ranks on one GPU (host-staged all-reduce), bf16 and w8a8 weights, the embedded model and the fixtures of the
 // families with KV heads to split (Gemma 2: softcaps and sliding layers; Mixtral, Qwen3-MoE: experts split).
-// On the H200 (2026-12-03 14:43) this FAILED: rank 0 waited at its 43rd all-reduce while rank 1 had left the forward
-// after 42 (in a decode pass); the rank threads now name every failed rank's error (docs/cuda/tensor_parallel.md).
+// The two ranks share one GPU and launch the same kernels from two threads: each kernel's shared-memory limit is set
+// once to the device's most and never lowered (cuda::allow_dynamic_smem), else one rank's smaller setting between the
+// other's set and launch failed that launch (cudaErrorInvalidValue; found here on the H200, 2026-12-03).
 TEST(CudaTensorParallel, TwoRanksMatchOneRank) {
   CIDER_REQUIRE_GPU();
   struct Case {
@@ -296,11 +297,17 @@ TEST(CudaTensorParallel, TwoRanksMatchOneRank) {
       EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
       for (size_t i = prefill; i < tokens.size(); ++i)
         EXPECT_EQ(argmax_row(two, i, V), argmax_row(one, i, V)) << "row " << i;
-    } else {  // the quantization error itself: TP1(quantized) against TP1 with bf16 weights
+    } else {  // as accurate as one rank: each one's error against TP1 with bf16 weights
       auto ref_model = cm::Model::load(k.dir, options("bf16", "bf16"));
-      const Diff q = diff(one, logits_via(*ref_model->impl().backend, V, tokens, prefill));
-      EXPECT_LE(d.max_abs, q.max_abs) << str(d) << "; quantization error " << str(q);
-      EXPECT_LE(d.mean_abs, 0.75 * q.mean_abs) << str(d) << "; quantization error " << str(q);
+      const std::vector<float> ref = logits_via(*ref_model->impl().backend, V, tokens, prefill);
+      const Diff q1 = diff(one, ref), q2 = diff(two, ref);
+      RecordProperty(std::string("tp2_error_") + k.weights, str(q2));
+      // The weights' codes are the same (the splits fall on group boundaries); a row-parallel rank quantizes its own
+      // slice of the activations, whose range is at most the whole row's: no coarser than one rank. The two errors
+      // are different draws of the same size (|TP2 − TP1| is itself as large as either: 0.42 max, 0.055 mean on the
+      // H200, 2026-12-03), so the bounds allow a draw's spread: mean 10%, max 50%.
+      EXPECT_LE(q2.mean_abs, 1.1 * q1.mean_abs) << "TP2 " << str(q2) << "; TP1 " << str(q1);
+      EXPECT_LE(q2.max_abs, 1.5 * q1.max_abs) << "TP2 " << str(q2) << "; TP1 " << str(q1);
     }
   }
 }

@@ -464,13 +464,14 @@ auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
   return k8 ? f.template operator()<256, 8, 4, 8>() : f.template operator()<256, 4, 3, 8>();
 }
 
-// Sets the shared-memory attribute (once per instantiation) and returns the resident CTAs per SM.
+// Lets the kernel have its shared memory on the current GPU; returns the resident CTAs per SM (the same on every GPU
+// of the host).
 template <int D, int KB, int VB, int W>
 int f16_ctas_per_sm() {
-  static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB, W>);
-    constexpr int smem = F16Cfg<D, KB, VB, W>::kSmem;
-    CIDER_CUDA_CHECK("cuda.attention", cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB, W>);
+  constexpr int smem = F16Cfg<D, KB, VB, W>::kSmem;
+  allow_dynamic_smem(fn, smem, "cuda.attention");
+  static int n = [fn] {
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, 32 * W, smem));
     return std::max(blocks, 1);

@@ -548,13 +548,14 @@ __global__ void __launch_bounds__(kPfThreads, 2)
 
 bool aligned(const void* ptr, uintptr_t n) { return (reinterpret_cast<uintptr_t>(ptr) % n) == 0; }
 
-// Sets the shared-memory attribute (once) and returns the resident CTAs per SM.
+// Lets the kernel have its shared memory on the current GPU; returns the resident CTAs per SM (the same on every GPU
+// of the host).
 template <int D, int KB, int VB>
 int ctas_per_sm() {
-  static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_prefill_tc_kernel<D, KB, VB>);
-    constexpr int smem = PfCfg<D, KB, VB>::kSmem;
-    CIDER_CUDA_CHECK("cuda.attention", cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const void* fn = reinterpret_cast<const void*>(&attention_prefill_tc_kernel<D, KB, VB>);
+  constexpr int smem = PfCfg<D, KB, VB>::kSmem;
+  allow_dynamic_smem(fn, smem, "cuda.attention");
+  static int n = [fn] {
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kPfThreads, smem));
     return std::max(blocks, 1);

@@ -873,12 +873,13 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) % n) == 0; }
 
+// Lets the kernel have its shared memory on the current GPU; returns the resident CTAs per SM (the same on every GPU
+// of the host).
 template <int D, int KB, int VB, bool kPacked>
 int tc_ctas_per_sm() {
-  static int n = [] {
-    const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB, kPacked>);
-    CIDER_CUDA_CHECK("cuda.attention",
-                     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<D, KB, VB>::kSmem));
+  const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB, kPacked>);
+  allow_dynamic_smem(fn, Cfg<D, KB, VB>::kSmem, "cuda.attention");
+  static int n = [fn] {
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention",
                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, Cfg<D, KB, VB>::kSmem));

@@ -39,6 +39,14 @@ struct DeviceInfo {
 void require_device(const char* op);
 const DeviceInfo& device_info();  // of device 0; require_device first
 
+// Lets `kernel` (a __global__ function's address) launch with `bytes` of dynamic shared memory on the current device.
+// CUDA keeps that limit per kernel and device; the first call for a (device, kernel) raises it to everything the
+// device allows beside the kernel's static shared memory, and no call lowers it again. So threads that launch one
+// kernel with different sizes (tensor-parallel ranks sharing a GPU, concurrent sessions) cannot shrink the limit
+// between another thread's set and its launch (cudaErrorInvalidValue), and each GPU of a process gets it set.
+// Throws Error(kUnsupported) naming `op` when `bytes` is more than the device allows.
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op);
+
 // ---- memory ------------------------------------------------------------------------------------------------------
 // Owned device memory (cudaMalloc, 256-byte aligned). Move-only. Throws Error(kOutOfMemory) when cudaMalloc fails.
 class DeviceBuffer {

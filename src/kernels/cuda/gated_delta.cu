@@ -297,8 +297,7 @@ void gated_delta_rule(const GatedDeltaArgs& a, void* stream) {
   check(a.q && a.k && a.v && a.g && a.beta && a.state && a.out, ErrorCode::kInvalidArgument, op,
         "q, k, v, g, beta, state and out must be device pointers, not null");
   const size_t smem = gated_delta_smem_bytes(a.Dk, a.Dv);
-  CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(gated_delta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(&gated_delta_kernel), smem, op);
   const auto threads = static_cast<unsigned>((a.Dv + 31) / 32 * 32);
   gated_delta_kernel<<<static_cast<unsigned>(a.Hv), threads, smem, static_cast<cudaStream_t>(stream)>>>(a);
   check_last_launch(op);

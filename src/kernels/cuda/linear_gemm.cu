@@ -589,9 +589,7 @@ template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, bool kInt4, bool
 void launch_gemm_config(const GemmParams& p, cudaStream_t stream, const char* op) {
   using Cfg = GemmConfig<BM, BN, WARPS_M, WARPS_N, STAGES, kInt4, kGrouped>;
   auto kernel = int8_gemm_kernel<BM, BN, WARPS_M, WARPS_N, STAGES, kInt4, kGrouped, OutT>;
-  // Raising the dynamic shared-memory limit is a per-function attribute; set it every time (cheap, graph-safe).
-  CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(Cfg::kSmemBytes)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Cfg::kSmemBytes), op);
   const int64_t tiles = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN);
   check(tiles <= INT32_MAX, ErrorCode::kOutOfRange, op, "too many output tiles; got ", tiles);
   kernel<<<static_cast<unsigned>(tiles), kThreads, Cfg::kSmemBytes, stream>>>(p);

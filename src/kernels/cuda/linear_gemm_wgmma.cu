@@ -500,8 +500,7 @@ void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cud
   CUtensorMap map_b;
   encode_operand_map(&map_b, w, p.N, p.K, BN, op);
   auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, OutT>;
-  CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(Cfg::kSmemBytes)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Cfg::kSmemBytes), op);
   const int sms = device_info().sm_count;
   const int64_t units = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
   // Persistent: one CTA per SM at most (each takes 192 KB of shared memory), looping over the tiles.

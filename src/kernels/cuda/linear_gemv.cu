@@ -768,8 +768,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
     const KernelFn kernel = kc.fn;
     const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride) + static_cast<size_t>(kc.ring_bytes);
-    CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, op);
     int blocks_per_sm = 0;
     CIDER_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, warps * 32, smem));
     blocks_per_sm = std::max(blocks_per_sm, 1);

@@ -479,7 +479,7 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
     warps = warps_for(0);
     smem = smem_bytes(int4, K);
   }
-  CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<size_t>(smem), op);
   // One block per SM, rows split evenly between the blocks.
   const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
   RowsParams p{};

@@ -1,6 +1,8 @@
 // cider/kernels/cuda/runtime.cu — device discovery, device memory and streams (cuda_api.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -69,6 +71,30 @@ void require_device(const char* op) {
 const DeviceInfo& device_info() {
   require_device("cuda.device_info");
   return probe().info;
+}
+
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> limits;  // (device, kernel) -> the limit set
+  int dev = 0;
+  CIDER_CUDA_CHECK(op, cudaGetDevice(&dev));
+  size_t limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = limits.find({dev, kernel});
+    if (it == limits.end()) {
+      cudaFuncAttributes attr{};
+      CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kernel));
+      int optin = 0;
+      CIDER_CUDA_CHECK(op, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+      const int most = std::max(0, optin - static_cast<int>(attr.sharedSizeBytes));
+      CIDER_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      it = limits.emplace(std::make_pair(dev, kernel), static_cast<size_t>(most)).first;
+    }
+    limit = it->second;
+  }
+  check(bytes <= limit, ErrorCode::kUnsupported, op, "needs ", bytes, " bytes of dynamic shared memory per block; GPU ",
+        dev, " allows ", limit, " beside this kernel's static shared memory");
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {

@@ -61,25 +61,40 @@ class RankThreads {
   }
 
  private:
-  // One failed rank: its error as it is. Several: one error naming each rank's message (a rank that fails first can
-  // leave the others waiting for its all-reduce until they give up, so the lowest rank's error need not be the cause).
+  // One failed rank, or every failed rank with the same message (a check that each rank's share fails alike): that
+  // error as it is. Otherwise one error naming each rank's message (a rank that fails first can leave the others
+  // waiting for its all-reduce until they give up, so the lowest rank's error need not be the cause), with the code of
+  // the lowest rank's cider::Error (kInternal when none is one).
   void rethrow_errors() {
     int failed = 0;
     std::exception_ptr first;
-    std::string all;
+    std::string all, first_message;
+    bool same = true, coded = false;
+    ErrorCode code = ErrorCode::kInternal;
     for (size_t r = 0; r < errors_.size(); ++r) {
       if (!errors_[r]) continue;
-      if (++failed == 1) first = errors_[r];
+      std::string message;
       try {
         std::rethrow_exception(errors_[r]);
+      } catch (const Error& e) {
+        message = e.what();
+        if (!coded) code = e.code();
+        coded = true;
       } catch (const std::exception& e) {
-        all += "; rank " + std::to_string(r) + ": " + e.what();
+        message = e.what();
       } catch (...) {
-        all += "; rank " + std::to_string(r) + ": an exception that is not a std::exception";
+        message = "an exception that is not a std::exception";
       }
+      if (++failed == 1) {
+        first = errors_[r];
+        first_message = message;
+      }
+      same = same && message == first_message;
+      all += "; rank " + std::to_string(r) + ": " + message;
     }
-    if (failed == 1) std::rethrow_exception(first);
-    if (failed > 1) fail(ErrorCode::kInternal, kOp, failed, " ranks failed", all);
+    if (failed == 0) return;
+    if (failed == 1 || same) std::rethrow_exception(first);
+    fail(code, kOp, failed, " ranks failed", all);
   }
 
   void loop(int rank) {
