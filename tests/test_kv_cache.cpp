@@ -949,44 +949,64 @@ double channel_key(const KVTensorView& v, int64_t b, int64_t h, int64_t t, int64
   return k;
 }
 
-// Each block refines the channels with the largest range × query RMS (the queries observed before the block
-// filled: before the first append and after it), ascending; a refined value lies within half a refinement step
-// (|s|/30) of the key, where its coarse residual is within the ±|s|/2 the refinement covers.
+// Queries [B, Hq, n, D] loud on channels 3, 17 and 33 (×20), and a view of positions [t0, t0 + m) of them.
+std::vector<float> loud_queries(std::mt19937_64& rng, int64_t B, int64_t Hq, int64_t n, int64_t D) {
+  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * n * D));
+  for (size_t i = 0; i < q.size(); ++i)
+    if (const int64_t d = static_cast<int64_t>(i) % D; d == 3 || d == 17 || d == 33) q[i] *= 20.0f;
+  return q;
+}
+TensorView query_rows(const std::vector<float>& q, int64_t B, int64_t Hq, int64_t n, int64_t D, int64_t t0, int64_t m) {
+  TensorView v(q.data() + t0 * D, DType::kF32, {B, Hq, m, D});
+  v.stride = {Hq * n * D, n * D, D, 1};
+  return v;
+}
+
+// Every plane of two caches' snapshots byte for byte.
+void expect_same_planes(const nn::KVCacheSnapshot& a, const nn::KVCacheSnapshot& b, const std::string& what) {
+  ASSERT_EQ(a.num_planes(), b.num_planes()) << what;
+  for (size_t p = 0; p < a.num_planes(); ++p) {
+    ASSERT_EQ(a.plane(p).nbytes(), b.plane(p).nbytes()) << what << ", plane " << p;
+    EXPECT_EQ(std::memcmp(a.plane(p).data(), b.plane(p).data(), a.plane(p).nbytes()), 0) << what << ", plane " << p;
+  }
+}
+
+// Each block refines the channels with the largest range × RMS of its own positions' queries (shown before the
+// append, over the KV head's group of query heads), ascending; a refined value lies within half a refinement step
+// (|s|/30) of the key, where its coarse residual is within the ±|s|/2 the refinement covers. The choice does not
+// depend on how the positions were split into appends (and observe_queries calls).
 TEST(KVCacheChannel, OutlierChannelsRefineTheChannelsTheQueriesWeigh) {
   auto rng = test::make_rng(45);
-  const int64_t B = 2, H = 2, rep = 2, D = 64, gs = 64, n = 150, nout = 6;
-  QuantizedKVCache c(outlier_config(rng(), static_cast<int>(nout)));
+  const int64_t B = 2, H = 2, rep = 2, Hq = H * rep, D = 64, gs = 64, n = 150, nout = 6;
+  const QuantizedKVCacheConfig cfg = outlier_config(rng(), static_cast<int>(nout));
+  QuantizedKVCache c(cfg), whole(cfg);
   Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
   for (int64_t i = 0; i < B * H * n; ++i)  // a few wide channels, so that range alone would pick them
     for (int64_t d : {5, 9, 40}) k.f[static_cast<size_t>(i * D + d)] *= 6.0f;
   k.bytes = test::to_dtype_bytes(k.f, DType::kF32);
   // Queries loud on other channels: range × query RMS picks those over the wide ones.
-  std::vector<double> q2(static_cast<size_t>(B * H * D), 0.0);
-  int64_t qcount = 0;
-  auto observe = [&](int64_t m) {
-    std::vector<float> q = test::randn(rng, static_cast<size_t>(B * H * rep * m * D));
-    for (size_t i = 0; i < q.size(); ++i)
-      if (const int64_t d = static_cast<int64_t>(i) % D; d == 3 || d == 17 || d == 33) q[i] *= 20.0f;
-    c.observe_queries(TensorView(q.data(), DType::kF32, {B, H * rep, m, D}));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t hq = 0; hq < H * rep; ++hq)
-        for (int64_t t = 0; t < m; ++t)
-          for (int64_t d = 0; d < D; ++d) {
-            const double x = q[static_cast<size_t>(((b * H * rep + hq) * m + t) * D + d)];
-            q2[static_cast<size_t>((b * H + hq / rep) * D + d)] += x * x;
-          }
-    qcount += rep * m;
-  };
-  observe(4);  // before the storage exists
+  const std::vector<float> q = loud_queries(rng, B, Hq, n, D);
+  c.observe_queries(query_rows(q, B, Hq, n, D, 0, 10));  // two calls for the first append, before the storage exists
+  c.observe_queries(query_rows(q, B, Hq, n, D, 10, 20));
   c.update_and_fetch(positions(k, 0, 30).view(), positions(v, 0, 30).view());
-  observe(7);  // after: blocks 0 and 1 fill in the next append
+  c.observe_queries(query_rows(q, B, Hq, n, D, 30, n - 30));  // blocks 0 and 1 fill in this append
   c.update_and_fetch(positions(k, 30, n - 30).view(), positions(v, 30, n - 30).view());
+  whole.observe_queries(query_rows(q, B, Hq, n, D, 0, n));
+  whole.update_and_fetch(k.view(), v.view());
+  expect_same_planes(c.snapshot(), whole.snapshot(), "appends of 30 + 120 against one of 150");
   const KVTensorView kv = c.keys();
   ASSERT_EQ(kv.outliers, nout);
   int loud_chosen = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t blk = 0; blk < n / gs; ++blk) {
+        std::vector<double> q2(static_cast<size_t>(D), 0.0);  // the block's queries, float64
+        for (int64_t hq = h * rep; hq < (h + 1) * rep; ++hq)
+          for (int64_t t = blk * gs; t < (blk + 1) * gs; ++t)
+            for (int64_t d = 0; d < D; ++d) {
+              const double x = q[static_cast<size_t>(((b * Hq + hq) * n + t) * D + d)];
+              q2[static_cast<size_t>(d)] += x * x;
+            }
         std::vector<std::pair<double, int64_t>> score;
         for (int64_t d = 0; d < D; ++d) {
           double lo = 1e30, hi = -1e30;
@@ -995,7 +1015,7 @@ TEST(KVCacheChannel, OutlierChannelsRefineTheChannelsTheQueriesWeigh) {
             lo = std::min(lo, x);
             hi = std::max(hi, x);
           }
-          score.emplace_back(-(hi - lo) * std::sqrt(q2[static_cast<size_t>((b * H + h) * D + d)] / static_cast<double>(qcount)), d);
+          score.emplace_back(-(hi - lo) * std::sqrt(q2[static_cast<size_t>(d)] / static_cast<double>(rep * gs)), d);
         }
         std::sort(score.begin(), score.end());
         std::vector<int64_t> want;
@@ -1027,19 +1047,32 @@ TEST(KVCacheChannel, OutlierChannelsRefineTheChannelsTheQueriesWeigh) {
         EXPECT_EQ(refined_count, nout * gs);
       }
   EXPECT_EQ(loud_chosen, 3 * B * H * (n / gs)) << "the loud query channels are refined in every block";
+  // Without queries the choice is by range: the wide channels.
+  QuantizedKVCache blind(cfg);
+  blind.update_and_fetch(k.view(), v.view());
+  const auto* index = static_cast<const uint16_t*>(blind.keys().outlier_index);
+  int wide = 0;
+  for (int64_t o = 0; o < nout; ++o) wide += index[o] == 5 || index[o] == 9 || index[o] == 40;
+  EXPECT_EQ(wide, 3);
 }
 
 // Trim back into a block puts its kept positions, refined, into the residual window; a snapshot carries the
-// outlier planes and the query statistics, so a restored cache continues byte for byte as the original.
+// outlier planes and the residual positions' query statistics, so a restored cache continues byte for byte as the
+// original. A trim that keeps whole blocks (within the residual window, or to a block boundary, as the server's
+// prefix cache and speculative decoding do) leaves a cache that continues byte for byte as one that never held the
+// trimmed positions.
 TEST(KVCacheChannel, OutlierChannelsSurviveTrimSnapshotAndRestore) {
   auto rng = test::make_rng(46);
   const int64_t B = 1, H = 2, D = 128, gs = 32, n = 200;
-  QuantizedKVCache a(outlier_config(rng(), 8, 3, static_cast<int>(gs)));
+  const QuantizedKVCacheConfig cfg = outlier_config(rng(), 8, 3, static_cast<int>(gs));
+  QuantizedKVCache a(cfg);
   Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
-  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * H * 3 * D));
-  const TensorView qv(q.data(), DType::kF32, {B, H, 3, D});
-  a.observe_queries(qv);
-  a.update_and_fetch(positions(k, 0, 100).view(), positions(v, 0, 100).view());
+  const std::vector<float> q = loud_queries(rng, B, H, n, D);
+  auto feed = [&](QuantizedKVCache& c, int64_t t0, int64_t m) {
+    c.observe_queries(query_rows(q, B, H, n, D, t0, m));
+    c.update_and_fetch(positions(k, t0, m).view(), positions(v, t0, m).view());
+  };
+  feed(a, 0, 100);
   // Trim 100 → 70: block 2 (64..95) keeps 6 positions, which return to the window refined.
   // What trim writes back (bfloat16): an outlier channel's value as attention reads it (float32 c·s + b, refined),
   // the other channels as the per-channel layout always did (MLX's dequantization, quant::affine_dequantize_value).
@@ -1077,20 +1110,23 @@ TEST(KVCacheChannel, OutlierChannelsSurviveTrimSnapshotAndRestore) {
   QuantizedKVCache b(channel_config(rng()));
   b.restore(snap);
   EXPECT_EQ(b.config().key_outliers, 8);
-  for (QuantizedKVCache* c : {&a, &b}) {
-    c->observe_queries(qv);
-    c->update_and_fetch(positions(k, 70, n - 70).view(), positions(v, 70, n - 70).view());
+  for (QuantizedKVCache* c : {&a, &b}) feed(*c, 70, n - 70);
+  expect_same_planes(a.snapshot(), b.snapshot(), "the original and the restored cache");
+  // Trims that keep whole blocks: to 98 (within the window) and to 64 (a block boundary), then on to n, against
+  // caches that were only ever given those positions.
+  for (const int64_t keep : {98, 64}) {
+    QuantizedKVCache trimmed(cfg), fresh(cfg);
+    feed(trimmed, 0, 100);
+    trimmed.trim(100 - keep);
+    feed(trimmed, keep, n - keep);
+    feed(fresh, 0, keep);
+    feed(fresh, keep, n - keep);
+    expect_same_planes(trimmed.snapshot(), fresh.snapshot(), "trimmed to " + std::to_string(keep) + " and continued");
   }
-  const nn::KVCacheSnapshot sa = a.snapshot(), sb = b.snapshot();
-  ASSERT_EQ(sa.num_planes(), sb.num_planes());
-  for (size_t p = 0; p < sa.num_planes(); ++p) {
-    ASSERT_EQ(sa.plane(p).nbytes(), sb.plane(p).nbytes()) << "plane " << p;
-    EXPECT_EQ(std::memcmp(sa.plane(p).data(), sb.plane(p).data(), sa.plane(p).nbytes()), 0) << "plane " << p;
-  }
-  // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics row once).
+  // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics of gs positions).
   QuantizedKVCache plain_chan(channel_config(rng(), 3, 4, static_cast<int>(gs)));
   plain_chan.update_and_fetch(k.view(), v.view());
-  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + (D + 1) * 4));
+  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + gs * (D + 1) * 4));
   EXPECT_EQ(nn::kv_cache_bytes(a.config().spec(), B, H, D, D, n), a.nbytes());
   EXPECT_NEAR(a.config().spec().bits_per_value(D), (3 + 4) / 2.0 + 32.0 / gs + 8 * (4.0 + 16.0 / gs) / D / 2.0, 1e-12);
 }
@@ -1118,6 +1154,11 @@ TEST(KVCacheChannel, OutlierChannelRejections) {
   expect_error([&] { d.update_and_fetch(k2.view(), v2.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
                "observed queries");
   EXPECT_TRUE(d.empty());
+  QuantizedKVCache f(outlier_config(rng(), 4));  // queries of 2 positions, keys of 3
+  std::vector<float> q2 = test::randn(rng, 2 * 2 * 64);
+  f.observe_queries(TensorView(q2.data(), DType::kF32, {1, 2, 2, 64}));
+  expect_error([&] { f.update_and_fetch(k2.view(), v2.view()); }, ErrorCode::kShapeMismatch, "kv_cache_update",
+               "the observed queries [1, 2, 2, 64] must match the keys (1, 2, 3, 64)");
   QuantizedKVCache e(outlier_config(rng(), 4));
   e.update_and_fetch(k2.view(), v2.view());
   expect_error([&] { e.observe_queries(TensorView(q.data(), DType::kF32, {1, 3, 1, 64})); },

@@ -277,8 +277,8 @@ class CpuBackend final : public PassBackend {
   void kv_append(int64_t layer) override {
     const int64_t D = c_.head_dim, Hkv = c_.num_kv_heads, Hq = c_.num_heads;
     for (const PassSegment& g : segments_) {
-      // Outlier key channels are chosen by the queries that read them: this pass's queries (after RoPE, the keys'
-      // space) are shown to the cache before the append quantizes any block.
+      // Outlier key channels are chosen by the queries of the block's positions: this pass's queries (after RoPE, the
+      // keys' space), those of the positions appended next, are shown to the cache before the append.
       // (key_outliers > 0 is a quantized cache's option: KVSpec::validate.)
       if (m_.options.kv.key_outliers > 0)
         static_cast<nn::QuantizedKVCache&>(cache(g.seq, layer))

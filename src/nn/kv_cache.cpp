@@ -44,7 +44,7 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
       if (const int64_t n = m.key_outliers; n > 0) {
         p.push_back({n * gs / 2, gs, 0});                                  // refinement codes per block
         p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
-        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(float)), 0, 1});  // Σ q² per channel, count
+        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(float)), 0, gs});  // per window position: Σ q², count
       }
     }
     return p;
@@ -550,10 +550,12 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   check_append_dims(store_, Dk_, Dv_, keys, values, op);
   check_finite(keys, op, "keys");
   check_finite(values, op, "values");
-  if (!pending_q_.empty())  // queries observed before the storage existed: they must fit these keys' heads
-    check(keys.dim(0) == pending_B_ && pending_Hq_ % keys.dim(1) == 0 && keys.dim(3) == pending_D_,
-          ErrorCode::kShapeMismatch, op, "the observed queries [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_,
-          "] must match the keys ", keys.shape_string(), " (same B and head dim, query heads a multiple of KV heads)");
+  if (!pending_q_.empty())  // the observed queries: those of these keys' positions
+    check(keys.dim(0) == pending_B_ && pending_Hq_ % keys.dim(1) == 0 && keys.dim(3) == pending_D_ &&
+              keys.dim(2) == pending_rows_,
+          ErrorCode::kShapeMismatch, op, "the observed queries [", pending_B_, ", ", pending_Hq_, ", ", pending_rows_,
+          ", ", pending_D_, "] must match the keys ", keys.shape_string(),
+          " (same B, positions and head dim, query heads a multiple of KV heads)");
   if (!store_.has_dims()) {
     // First append: the dims become part of the cache (validated against the format before anything changes).
     KVCacheMeta m = meta();
@@ -592,17 +594,21 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     if (p > 3 || !channel)
       check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, shapes, op, p < 3 ? "keys" : "values",
                           p % 3 == 1 ? "scale" : "bias");
-  if (!pending_q_.empty() && n > 0) {  // the storage has its statistics row now
-    const int64_t rep = pending_Hq_ / store_.H(), D = Dk_;
+  // The observed queries per KV head and position: [B, H, n, Dk + 1], Σ over the head's group (empty: none shown).
+  std::vector<float> qstats;
+  if (!pending_q_.empty() && n > 0 && config_.key_outliers > 0) {
+    const int64_t rep = pending_Hq_ / store_.H(), W = Dk_ + 1;
+    qstats.assign(static_cast<size_t>(store_.B() * store_.H() * n * W), 0.0f);
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t hq = 0; hq < pending_Hq_; ++hq) {
-        auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, hq / rep, 0));
-        const double* src = pending_q_.data() + (b * pending_Hq_ + hq) * (D + 1);
-        for (int64_t d = 0; d <= D; ++d) st[d] += static_cast<float>(src[d]);
+        const std::vector<float>& src = pending_q_[static_cast<size_t>(b * pending_Hq_ + hq)];
+        float* dst = qstats.data() + (b * store_.H() + hq / rep) * n * W;
+        for (int64_t i = 0; i < n * W; ++i) dst[i] += src[static_cast<size_t>(i)];
       }
-    pending_q_.clear();
   }
-  if (channel) append_channel_keys(keys, start);  // nothing can fail from here on
+  pending_q_.clear();
+  pending_rows_ = 0;
+  if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
   return {this->keys(), this->values()};
 }
@@ -615,58 +621,49 @@ void QuantizedKVCache::observe_queries(const TensorView& q) {
   check_cpu(q, op, "queries");
   if (q.numel() == 0) return;
   check_not_null(q, op, "queries");
-  const int64_t B = q.dim(0), Hq = q.dim(1), D = q.dim(3);
-  const bool direct = store_.has_dims() && store_.capacity() > 0;
+  const int64_t B = q.dim(0), Hq = q.dim(1), m = q.dim(2), D = q.dim(3);
   if (store_.has_dims())
     check(B == store_.B() && Hq % store_.H() == 0 && D == Dk_, ErrorCode::kShapeMismatch, op,
           "queries [B, Hq, n, Dk] must have the cache's B ", store_.B(), ", head dim ", Dk_,
           " and a multiple of its ", store_.H(), " KV heads; got ", q.shape_string());
-  if (!direct) {
-    if (pending_q_.empty()) {
-      pending_B_ = B;
-      pending_Hq_ = Hq;
-      pending_D_ = D;
-      pending_q_.assign(static_cast<size_t>(B * Hq * (D + 1)), 0.0);
-    }
-    check(B == pending_B_ && Hq == pending_Hq_ && D == pending_D_, ErrorCode::kShapeMismatch, op,
-          "queries must keep their shape [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_, "]; got ",
-          q.shape_string());
+  if (pending_q_.empty()) {
+    pending_B_ = B;
+    pending_Hq_ = Hq;
+    pending_D_ = D;
+    pending_rows_ = 0;
+    pending_q_.assign(static_cast<size_t>(B * Hq), {});
   }
-  // Σ q² per (b, query head) over this call's rows in float64, then added to the statistics once (a row with a
-  // non-finite element says nothing about the keys' channels and is skipped).
-  std::vector<double> acc(static_cast<size_t>(D + 1));
+  check(B == pending_B_ && Hq == pending_Hq_ && D == pending_D_, ErrorCode::kShapeMismatch, op,
+        "queries must keep their shape [", pending_B_, ", ", pending_Hq_, ", n, ", pending_D_, "] until the append; got ",
+        q.shape_string());
+  // Per (b, query head) and position: q² per channel, then 1 (a row with a non-finite element says nothing about the
+  // keys' channels: zeros, count 0).
   std::vector<float> row(static_cast<size_t>(D));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t t = 0; t < q.dim(2); ++t) {
+      std::vector<float>& dst = pending_q_[static_cast<size_t>(b * Hq + h)];
+      for (int64_t t = 0; t < m; ++t) {
         const int64_t base = b * q.stride_of(0) + h * q.stride_of(1) + t * q.stride_of(2);
-        bool finite = true;
         if (q.dtype == DType::kF32 && q.stride_of(3) == 1) {
           std::memcpy(row.data(), static_cast<const float*>(q.data) + base, static_cast<size_t>(D) * sizeof(float));
         } else {
           for (int64_t d = 0; d < D; ++d) row[static_cast<size_t>(d)] = load_float(q.data, q.dtype, base + d * q.stride_of(3));
         }
+        bool finite = true;
         for (float x : row) finite = finite && std::isfinite(x);
-        if (!finite) continue;
-        for (int64_t d = 0; d < D; ++d)
-          acc[static_cast<size_t>(d)] += static_cast<double>(row[static_cast<size_t>(d)]) * row[static_cast<size_t>(d)];
-        acc[static_cast<size_t>(D)] += 1.0;
-      }
-      if (direct) {
-        auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h / (Hq / store_.H()), 0));
-        for (int64_t d = 0; d <= D; ++d) st[d] += static_cast<float>(acc[static_cast<size_t>(d)]);
-      } else {
-        double* st = pending_q_.data() + (b * Hq + h) * (D + 1);
-        for (int64_t d = 0; d <= D; ++d) st[d] += acc[static_cast<size_t>(d)];
+        for (float x : row) dst.push_back(finite ? x * x : 0.0f);
+        dst.push_back(finite ? 1.0f : 0.0f);
       }
     }
+  pending_rows_ += m;
 }
 
 // Per-channel keys: positions [start, start + n) go to the residual window in runs that end where a block fills;
 // each filled block is quantized per channel into its codes and its scale/bias row.
-void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start) {
-  const int64_t gs = config_.group_size, n = keys.dim(2);
+// With outlier channels, each position's query statistics (qstats [B, H, n, Dk + 1], or zeros when empty) go to the
+// same row of plane 9.
+void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats) {
+  const int64_t gs = config_.group_size, n = keys.dim(2), W = Dk_ + 1;
   for (int64_t done = 0; done < n;) {
     const int64_t pos = start + done, r = pos % gs, run = std::min(n - done, gs - r);
     TensorView part = keys;  // positions [done, done + run) of the append
@@ -675,6 +672,14 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
         append_rows(part, b, h, key_rot_, store_.row(kResidualPlane, b, h, r), nullptr, nullptr, DType::kBF16, 0, 0);
+        if (config_.key_outliers > 0) {
+          auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h, r));
+          const size_t bytes = static_cast<size_t>(run * W) * sizeof(float);
+          if (qstats.empty())
+            std::memset(st, 0, bytes);
+          else
+            std::memcpy(st, qstats.data() + ((b * store_.H() + h) * n + done) * W, bytes);
+        }
         if (r + run == gs) quantize_block(b, h, pos / gs);
       }
     done += run;
@@ -693,13 +698,17 @@ void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
   if (config_.key_outliers > 0) refine_outliers(b, h, block, rows);
 }
 
-// The block's outlier channels: the key_outliers channels with the largest range × query RMS (range alone before
-// any query was observed; ties to the lower channel), in ascending order, each refined by 4 bits.
+// The block's outlier channels: the key_outliers channels with the largest range × RMS of the block's own queries
+// (range alone when none was shown; ties to the lower channel), in ascending order, each refined by 4 bits.
 void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows) {
   const int64_t gs = config_.group_size, D = Dk_, n = config_.key_outliers;
   const DType sd = config_.scale_dtype;
-  const auto* st = reinterpret_cast<const float*>(store_.row(kQueryStatsPlane, b, h, 0));
-  const float count = st[D];
+  std::vector<double> st(static_cast<size_t>(D + 1), 0.0);  // Σ over the block's positions, in position order
+  for (int64_t t = 0; t < gs; ++t) {
+    const auto* row = reinterpret_cast<const float*>(store_.row(kQueryStatsPlane, b, h, t));
+    for (int64_t d = 0; d <= D; ++d) st[static_cast<size_t>(d)] += row[d];
+  }
+  const double count = st[static_cast<size_t>(D)];
   std::vector<std::pair<double, int64_t>> score(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d) {
     float lo = rows[static_cast<size_t>(d)], hi = lo;
@@ -708,7 +717,7 @@ void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, cons
       lo = std::min(lo, v);
       hi = std::max(hi, v);
     }
-    const double w = count > 0.0f ? std::sqrt(static_cast<double>(st[d]) / count) : 1.0;
+    const double w = count > 0.0 ? std::sqrt(st[static_cast<size_t>(d)] / count) : 1.0;
     score[static_cast<size_t>(d)] = {-(static_cast<double>(hi) - lo) * w, d};
   }
   std::partial_sort(score.begin(), score.begin() + n, score.end());
@@ -767,6 +776,8 @@ int64_t QuantizedKVCache::trim(int64_t n) {
         }
         for (int64_t d = 0; d < Dk_; ++d) res[t * Dk_ + d] = f32_to_bf16(row[static_cast<size_t>(d)]);
       }
+      // Their queries were not kept with the block: none recorded for them.
+      if (nout > 0) std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)) * sizeof(float));
     }
   return removed;
 }

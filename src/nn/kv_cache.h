@@ -76,7 +76,9 @@ struct KVCacheMeta {
 //   quantized, per-channel keys with key_outliers = n > 0, also: plane 7 the refinement codes [B, H, ceil(length/gs),
 //              n·gs/2] (uint8: per outlier channel, gs 4-bit codes, two per byte, even position low), plane 8 the
 //              outlier channel indices [B, H, ceil(length/gs), n] (uint16, ascending), plane 9 the query statistics
-//              [B, H, 1, Dk + 1] (float32: Σ q² per channel over the queries observed for the head, then their count)
+//              of the residual window's positions [B, H, gs, Dk + 1] (float32: per position, Σ q² per channel over the
+//              head's group of query heads, then their count; row i for position ⌊length/gs⌋·gs + i, 0 where the
+//              queries were not shown)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -259,15 +261,18 @@ class QuantizedKVCache final : public KVCache {
 
   const QuantizedKVCacheConfig& config() const { return config_; }
 
-  // Outlier key channels (config key_outliers > 0; otherwise a no-op): adds queries q [B, Hq, n, Dk] (the model's,
-  // after RoPE, in the keys' space) to the per-channel statistics the next blocks choose their outlier channels by
-  // (Σ q² and the count, per KV head over its group of query heads; kept in the cache's state and its snapshots).
-  // Call it before the append whose blocks these queries will read. Before the first append the statistics wait for
-  // it (which checks that B, Dk and the head grouping match).
+  // Outlier key channels (config key_outliers > 0; otherwise a no-op): shows the cache the queries q [B, Hq, n, Dk]
+  // (the model's, after RoPE, in the keys' space) of the n positions the next update_and_fetch appends; a block
+  // chooses its outlier channels by the queries of its own positions (Σ q² per channel over the KV head's group of
+  // query heads). Several calls before one append concatenate their positions. The append checks that B, Dk, the
+  // head grouping and the number of positions match; an append without them records no queries for its positions.
+  // A block's choice thus depends only on its own keys and queries: not on how the positions were split into
+  // appends, nor on positions trimmed away (their statistics go with them; the residual window's are in the cache's
+  // state and its snapshots).
   void observe_queries(const TensorView& q);
 
  private:
-  void append_channel_keys(const TensorView& keys, int64_t start);
+  void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);
   void quantize_block(int64_t b, int64_t h, int64_t block);
   void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);
 
@@ -276,9 +281,10 @@ class QuantizedKVCache final : public KVCache {
   Rotation key_rot_, value_rot_;
   detail::KVStore store_;  // planes as in KVCacheSnapshot (quantized)
   int64_t start_ = 0;      // positions dropped (sliding-window caches)
-  // observe_queries before the storage exists: Σ q², count per (b, query head) until the first append.
-  std::vector<double> pending_q_;
-  int64_t pending_B_ = 0, pending_Hq_ = 0, pending_D_ = 0;
+  // observe_queries until the next append: per (b, query head) and position, Σ q² per channel and the count (0 or 1),
+  // [B·Hq][rows·(Dk + 1)].
+  std::vector<std::vector<float>> pending_q_;
+  int64_t pending_B_ = 0, pending_Hq_ = 0, pending_D_ = 0, pending_rows_ = 0;
 };
 
 struct PlainKVCacheConfig {

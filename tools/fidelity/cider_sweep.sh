@@ -7,7 +7,8 @@
 #
 # Usage: tools/fidelity/cider_sweep.sh CIDER MODEL CTX OUTDIR "PIECE..." CONFIG...
 #   CONFIG = WEIGHTS:KV:ROTATION:GROUP, e.g. bf16:k4v3:so4-full:64; ROTATION+kchan (e.g. hadamard+kchan) adds
-#   --kv-layout channel (per-channel keys); bf16:bf16:none:64 is the baseline alone
+#   --kv-layout channel (per-channel keys), a further +oN (hadamard+kchan+o8) adds --kv-outliers N;
+#   bf16:bf16:none:64 is the baseline alone
 #   (perplexity only). Environment: THREADS (per run, default 1), JOBS (runs at once, default 2),
 #   BASE_MODEL (model path for the baseline; default MODEL) — not used by cider itself: a cider-format model
 #   loads only with its own weights, so weight sweeps give the GGUF as MODEL.
@@ -23,11 +24,13 @@ one() {  # config piece-index piece-file
   local name; name=$(printf '%s_%s_%s_g%s.w%03d' "$W" "$KV" "$ROT" "$G" "$i")
   local f="$OUT/$name.txt"
   if [ -s "$f" ] && grep -q '^perplexity:' "$f"; then echo "skip $name"; return 0; fi
-  local layout=token
+  local layout=token outliers=0
+  if [[ $ROT =~ \+o([0-9]+)$ ]]; then outliers=${BASH_REMATCH[1]}; ROT=${ROT%+o*}; fi  # +oN: --kv-outliers N
   if [[ $ROT == *+kchan ]]; then layout=channel; fi  # ROTATION+kchan: per-channel keys (--kv-layout channel)
   local cmd=("$CIDER" perplexity -m "$MODEL" -f "$piece" --ctx "$CTX" --threads "$THREADS"
              --weights "$W" --kv "$KV" --kv-rotation "${ROT%+kchan}" --kv-group-size "$G")
   if [ "$layout" = channel ]; then cmd+=(--kv-layout channel); fi
+  if [ "$outliers" != 0 ]; then cmd+=(--kv-outliers "$outliers"); fi
   if [ "$W" != bf16 ] || [ "$KV" != bf16 ]; then cmd+=(--baseline-weights bf16 --baseline-kv bf16); fi
   { echo "# command: ${cmd[*]}"
     echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  load: $(cut -d' ' -f1-3 /proc/loadavg)"; } > "$f.tmp"
