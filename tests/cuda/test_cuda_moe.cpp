@@ -367,7 +367,11 @@ TEST(CudaMoe, FixturesDecodeThroughGraphsWithDeviceRouting) {
         o.device = d;
         return o;
       };
-      auto gpu = cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
+      std::unique_ptr<cm::Model> gpu;
+      {
+        cider::test::ScopedEnv env("CIDER_CUDA_MOE_ROUTING", "device");  // not the default (cuda_backend.h)
+        gpu = cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
+      }
       ASSERT_TRUE(cm::gpu::gpu_session(*gpu->new_session()) != nullptr);
       const std::vector<float> with_graphs = all_logits(*gpu, tokens, prefill, true);
       const std::vector<float> direct = all_logits(*gpu, tokens, prefill, false);

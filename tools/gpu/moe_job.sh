@@ -16,6 +16,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}
 LAYERS=${LAYERS:-8}
 PROMPT_TOKENS=${PROMPT_TOKENS:-512}
 GEN=${GEN:-64}
+WEIGHTS=${WEIGHTS:-w4a8 w8a8}  # cider's weight formats to run
 G=$W/mixtral-${LAYERS}l.gguf
 (
   mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
@@ -33,7 +34,7 @@ ls -la "$G"
 prompt=$(python3 -c "import sys; print(' '.join(['the quick brown fox jumps over the lazy dog'] * ($PROMPT_TOKENS // 9)))")
 {
   echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $LAYERS of 32 Mixtral-8x7B layers"
-  for w in w4a8 w8a8; do
+  for w in $WEIGHTS; do
     for routing in device host; do  # MoE decode rows routed on the device (graphs) or on the host (the old path)
       echo "## cider --device cuda --weights $w --kv k8v4, CIDER_CUDA_MOE_ROUTING=$routing"
       CIDER_CUDA_MOE_ROUTING=$routing .gpu/bin/cider generate -m "$G" --device cuda --weights $w --kv k8v4 --ctx 4096 \
@@ -43,7 +44,7 @@ prompt=$(python3 -c "import sys; print(' '.join(['the quick brown fox jumps over
 } > "$OUT/moe_bench.txt" 2>&1
 echo "## cuda_bench: an expert's gate|up GEMM (its 128 rows of a 512-token prefill) against the dense one (512 rows)" \
   >> "$OUT/moe_bench.txt"
-.gpu/bin/cuda_bench --filter "moe-" >> "$OUT/moe_bench.txt" 2>&1
+if [ -x .gpu/bin/cuda_bench ]; then .gpu/bin/cuda_bench --filter "moe-" >> "$OUT/moe_bench.txt" 2>&1; fi
 wait $build
 echo "## llama-bench (CUDA, -ngl 99 -fa 1, Q4_K_M as it is, f16 KV)" >> "$OUT/moe_bench.txt"
 if [ -x "$W/llama/build/bin/llama-bench" ]; then

@@ -423,13 +423,15 @@ DType GpuModel::kv_store_dtype() const {
 
 namespace {
 
-// Device routing for the MoE layers (GpuModel::moe_on_device): when every expert of every MoE layer is one fused
-// gate|up layer and one down layer of one kind the moe kernels take (kernels/cuda/moe.h), the router, the shared
-// expert's gate and the experts' weight tables go to the device.
+// Device routing for the MoE layers (GpuModel::moe_on_device), with $CIDER_CUDA_MOE_ROUTING=device: when every
+// expert of every MoE layer is one fused gate|up layer and one down layer of one kind the moe kernels take
+// (kernels/cuda/moe.h), the router, the shared expert's gate and the experts' weight tables go to the device.
+// Not the default: on the H200 it decoded a Mixtral-shaped model at 0.79× / 0.85× of the host routing in two jobs
+// (953 vs 1206 and 920 vs 1079 tokens/s, W4A8, 2026-12-03; docs/benchmarks.md), graphs and all.
 void prepare_device_moe(GpuModel& m) {
   const ModelConfig& c = m.config;
   if (c.layer_moe.empty() || c.has_linear_layers()) return;
-  if (env_word("CIDER_CUDA_MOE_ROUTING", "device", {"device", "host"}, kOp) == "host") return;
+  if (env_word("CIDER_CUDA_MOE_ROUTING", "host", {"device", "host"}, kOp) == "host") return;
   if (c.num_experts > cuda::kMoeMaxExperts || c.experts_per_token > cuda::kMoeMaxTopK) return;
   auto fits = [&](const GpuLinear& g) {
     if (g.N == 0 || g.K % 32 != 0 || g.bias != nullptr || g.split_x) return false;
