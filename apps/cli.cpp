@@ -131,6 +131,16 @@ std::string describe(const model::ModelOptions& o) {
   return d;
 }
 
+namespace {
+// --kv-outliers N: digits (KVSpec::validate checks the range and the layout).
+int parse_outlier_count(const std::string& s) {
+  const bool digits = !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos;
+  check(digits, ErrorCode::kInvalidArgument, "options", "--kv-outliers must be auto or a count in [0, ",
+        nn::kMaxKeyOutliers, "]; got \"", s, "\"");
+  return std::stoi(s);
+}
+}  // namespace
+
 model::ModelOptions model_options(const ModelArgs& a) {
   model::ModelOptions o;
   o.device = model::parse_device(a.device);
@@ -149,10 +159,18 @@ model::ModelOptions model_options(const ModelArgs& a) {
     if (!a.kv_layout.empty()) o.kv.key_layout = nn::parse_key_layout(a.kv_layout);
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
-    o.kv.key_outliers = a.kv_outliers;
+    if (a.kv_outliers == "auto") {
+      o.kv.key_outliers = 0;
+      o.kv.key_outliers_auto = true;
+    } else if (!a.kv_outliers.empty()) {
+      o.kv.key_outliers = parse_outlier_count(a.kv_outliers);
+      o.kv.key_outliers_auto = false;
+    } else if (!a.kv.empty()) {  // an explicit --kv: none unless asked for
+      o.kv.key_outliers_auto = false;
+    }
     o.kv.validate("options");  // --kv-outliers: a count in range, with per-channel keys
   } else {
-    check(a.kv_outliers == 0, ErrorCode::kInvalidArgument, "options",
+    check(a.kv_outliers.empty() || a.kv_outliers == "0", ErrorCode::kInvalidArgument, "options",
           "--kv-outliers refines per-channel keys of a quantized cache; a plain KV cache (--kv ", a.kv,
           ") has none: it must be 0; got ", a.kv_outliers);
     if (!a.kv_rotation.empty()) (void)model::parse_kv_rotation(a.kv_rotation);  // still a valid name
@@ -416,7 +434,7 @@ int run_perplexity(PerplexityArgs a) {
       b.kv = a.baseline_kv;
       b.kv_layout.clear();
       b.kv_rotation.clear();
-      b.kv_outliers = 0;
+      b.kv_outliers.clear();
     }
     base_opts = model_options(b);
   }

@@ -24,7 +24,7 @@ struct ModelArgs {
   std::string kv;                  // --kv; "" = model::default_kv(device) (docs/quality.md)
   std::string kv_rotation;         // "" = the default's (hadamard; an explicit --kv: hadamard)
   std::string kv_layout;           // "" = the default's (an explicit --kv: token)
-  int kv_outliers = 0;             // --kv-outliers: outlier key channels per block (per-channel keys)
+  std::string kv_outliers;         // --kv-outliers: a count or "auto"; "" = the default's (an explicit --kv: 0)
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
   bool kv_full_sliding = false;    // --kv-full-sliding: sliding-window layers keep every position
@@ -44,7 +44,7 @@ model::ModelOptions model_options(const ModelArgs& a);
 std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path);
 // The chat format: `name` when given (cider::Error for an unknown one), else the model family's.
 model::ChatFormat chat_format_for(const model::Model& m, const std::string& name);
-// "weights bf16, kv k5v5/hadamard/g64/channel[, device cuda]".
+// "weights bf16, kv k5v4/hadamard/g64/kchan/o8[, device cuda]".
 std::string describe(const model::ModelOptions& o);
 
 // The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/

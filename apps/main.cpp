@@ -38,8 +38,8 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names())
                                              .append("; default: native for a .gguf file on the CPU, else bf16"));
   c->add_option("--kv", m.kv,
-                "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v5, k4v4, k4v3, ...); default: k5v5 with "
-                "per-channel keys on cpu, k8v4 on cuda (docs/quality.md)");
+                "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v4, k4v4, k4v3, ...); default: k5v4 with "
+                "per-channel keys and head_dim/32 outlier key channels on cpu, k8v4 on cuda (docs/quality.md)");
   c->add_option("--kv-rotation", m.kv_rotation,
                 "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none (default hadamard; with "
                 "per-channel keys it rotates the values)");
@@ -49,8 +49,8 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "token with an explicit --kv");
   c->add_option("--kv-outliers", m.kv_outliers,
                 "with per-channel keys: this many channels per block and KV head (those the queries weigh most) get "
-                "4 more bits (0 = none; docs/quality.md)")
-      ->capture_default_str();
+                "4 more bits: a count (0 = none) or auto (head_dim/32); default: the default cache's (auto), 0 "
+                "with an explicit --kv (docs/quality.md)");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

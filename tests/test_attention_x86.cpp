@@ -343,12 +343,20 @@ std::vector<float> run(void (*fn)(const AttentionArgs&), AttentionArgs args, siz
   return std::vector<float>(buf.as<float>(), buf.as<float>() + n);
 }
 
-void fill(nn::KVCache& cache, const Shape& s, std::mt19937_64& rng) {
+// observe (outlier key channels): before each append, the queries of its positions, with loud channels (every 7th
+// from 3, ×8) so that the channels chosen differ from the range's.
+void fill(nn::KVCache& cache, const Shape& s, std::mt19937_64& rng, bool observe = false) {
   // Two appends (the second crossing a 256-position step when kL > 256).
   const int64_t first = s.kL > 1 ? s.kL / 3 + 1 : s.kL;
   for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, first}, {first, s.kL - first}}) {
     (void)t0;
     if (n == 0) continue;
+    if (observe) {
+      std::vector<float> oq = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * n * s.Dk));
+      for (size_t i = 0; i < oq.size(); ++i)
+        if ((i % static_cast<size_t>(s.Dk)) % 7 == 3) oq[i] *= 8.0f;
+      static_cast<QuantizedKVCache&>(cache).observe_queries(TensorView(oq.data(), DType::kF32, {s.B, s.Hq(), n, s.Dk}));
+    }
     const std::vector<float> k = test::randn(rng, static_cast<size_t>(s.B * s.Hkv * n * s.Dk));
     const std::vector<float> v = test::randn(rng, static_cast<size_t>(s.B * s.Hkv * n * s.Dv));
     cache.update_and_fetch(TensorView(k.data(), DType::kF32, {s.B, s.Hkv, n, s.Dk}),
@@ -485,7 +493,7 @@ struct ChannelCase {
   int kv_splits = 0;
   bool snapshot = false;
   float softcap = 0.0f;
-  bool observe = false;  // outlier channels: show the cache random queries first (else chosen by range alone)
+  bool observe = false;  // outlier channels: show the cache each append's queries (else chosen by range alone)
 };
 
 void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
@@ -498,13 +506,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
                 static_cast<long long>(s.Dv), p.cfg.k_bits, p.cfg.v_bits, p.cfg.group_size,
                 static_cast<int>(p.mask.kind), p.kv_splits, static_cast<double>(p.softcap));
   QuantizedKVCache cache(p.cfg);
-  if (p.observe) {  // queries with a few loud channels, so that the choice differs from the range's
-    std::vector<float> oq = test::randn(rng, static_cast<size_t>(s.B * s.Hq() * 3 * s.Dk));
-    for (size_t i = 0; i < oq.size(); ++i)
-      if ((i % static_cast<size_t>(s.Dk)) % 7 == 3) oq[i] *= 8.0f;
-    cache.observe_queries(TensorView(oq.data(), DType::kF32, {s.B, s.Hq(), 3, s.Dk}));
-  }
-  fill(cache, s, rng);
+  fill(cache, s, rng, p.observe);
   nn::KVCacheSnapshot snap;
   KVTensorView kv = cache.keys(), vv = cache.values();
   if (p.snapshot) {

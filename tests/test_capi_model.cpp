@@ -93,10 +93,25 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   ASSERT_EQ(cider_model_info_get(o2.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/o2");
 
-  ModelHandle d;  // the defaults: bf16 weights, on the CPU a k5v5 cache with per-channel keys
+  out.kv_outliers = -1;  // automatic: head_dim 64 / 32
+  ModelHandle oa(&out);
+  ASSERT_EQ(cider_model_info_get(oa.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/o2");
+  out.kv_outliers = 0;  // an explicit format: none
+  ModelHandle o0(&out);
+  ASSERT_EQ(cider_model_info_get(o0.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan");
+
+  // The defaults: bf16 weights, on the CPU k5v4 with per-channel keys and head_dim/32 = 2 outlier channels
+  ModelHandle d;
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
-  EXPECT_STREQ(info.kv, "k5v5/hadamard/g64/kchan");
+  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/kchan/o2");
+  cider_model_options token = cider_model_options_default();  // the default cache with per-token keys: no outliers
+  token.kv_layout = "token";
+  ModelHandle dt(&token);
+  ASSERT_EQ(cider_model_info_get(dt.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64");
   EXPECT_EQ(info.context_length, 1024);  // the model's maximum
 }
 
@@ -255,6 +270,10 @@ TEST(CApiModel, LoadErrorsNameTheFunctionAndTheValue) {
   o.kv_outliers = 4;  // per-token keys: nothing to refine
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
                  "key_layout channel");
+  o = cider_model_options_default();
+  o.kv_outliers = -2;
+  expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load",
+                 "kv.key_outliers must be -1 (automatic), 0 (the default's) or a count; got -2");
   o = cider_model_options_default();
   o.kv_group_size = 48;
   expect_failure(cider_model_load(kTiny.c_str(), &o, &m), CIDER_ERR_INVALID_ARGUMENT, "cider_model_load", "got 48");

@@ -130,6 +130,7 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --kv k4v4 --kv-outliers 4", "key_outliers needs a quantized cache with key_layout channel"},
       {"generate " + m + "-p x --kv k4v4 --kv-layout channel --kv-outliers 33", "key_outliers must be in [0, 32]; got 33"},
       {"generate " + m + "-p x --kv bf16 --kv-outliers 2", "--kv-outliers refines per-channel keys"},
+      {"generate " + m + "-p x --kv-outliers many", "--kv-outliers must be auto or a count in [0, 32]; got \"many\""},
       {"generate " + m + "-p x --tp 0", "[options] --tp must be in [1, 8]; got 0"},
       {"generate " + m + "-p x --tp 9", "[options] --tp must be in [1, 8]; got 9"},
       {"generate " + m + "-p x --tp 2", "[options] --tp 2 splits the model over GPUs: it needs --device cuda"},
@@ -425,7 +426,8 @@ TEST_F(Cli, HadamardKvRotationIsAccepted) {
   EXPECT_NE(g.err.find("kv k4v4/hadamard/g64"), std::string::npos) << g.err;
   // Per-channel keys, alone and with 4 outlier channels per block (chosen by the queries the model observes): an
   // 80-token window (two quantized blocks of 32 positions, 16 in the bf16 window), and generation names the layout.
-  for (const auto& [extra, name] : {std::pair<std::string, std::string>{"", "kchan"}, {" --kv-outliers 4", "kchan/o4"}}) {
+  for (const auto& [extra, name] : {std::pair<std::string, std::string>{"", "kchan"}, {" --kv-outliers 4", "kchan/o4"},
+                                    {" --kv-outliers auto", "kchan/o2"}}) {
     const CliResult c = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
                               " --ctx 80 --kv k4v4 --kv-layout channel --kv-group-size 32" + extra + " --baseline-kv bf16");
     ASSERT_EQ(c.status, 0) << c.err;
@@ -467,8 +469,16 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   const CliResult i = cider("inspect -m " + quote(kTiny));
   ASSERT_EQ(i.status, 0) << i.err;
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
-                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k5v5/hadamard/g64/kchan"})
+                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k5v4/hadamard/g64/kchan/o2"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
+  // The default cache with per-token keys has no outlier channels; with per-channel keys, as many as asked.
+  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{" --kv-layout token", "k5v4/hadamard/g64\n"},
+                                  {" --kv-outliers 0", "k5v4/hadamard/g64/kchan\n"},
+                                  {" --kv-outliers 3", "k5v4/hadamard/g64/kchan/o3\n"}}) {
+    const CliResult d = cider("inspect -m " + quote(kTiny) + extra);
+    ASSERT_EQ(d.status, 0) << d.err;
+    EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;
+  }
 }
 
 // ---- Hostile inputs (issue 19): each reproducer of the fuzzing report fails with its rule, exit 2, quickly --------
@@ -593,7 +603,7 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   // 10. inspect on head_dim 32 (the default group 64 does not divide it): the cache gets group 32.
   const CliResult i = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3"));
   ASSERT_EQ(i.status, 0) << i.err;
-  EXPECT_NE(i.out.find("kv cache: k5v5/hadamard/g32/kchan"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("kv cache: k5v4/hadamard/g32/kchan/o1"), std::string::npos) << i.out;  // 32 / 32 outliers
   const CliResult g64 = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3") + " --kv-group-size 64");
   EXPECT_EQ(g64.status, 2);
   EXPECT_NE(g64.err.find("the key head dim must be a multiple of group_size 64; got 32"), std::string::npos)

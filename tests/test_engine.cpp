@@ -188,10 +188,13 @@ TEST(Engine, PrefixCacheWithPerTokenKeysReusesAnyPrefix) {
 }
 
 TEST(Engine, TheKvBoundLimitsTheRunningSequences) {
-  const int64_t per = rt::kv_bytes_at(tiny(), static_cast<int64_t>(request(kPrompts[0], 1).prompt.size()) + 200);
+  const auto prompt = static_cast<int64_t>(request(kPrompts[0], 1).prompt.size());
+  const int64_t per = rt::kv_bytes_at(tiny(), prompt + 200), big = rt::kv_bytes_at(tiny(), prompt + 1000);
+  ASSERT_GT(big, 2 * per);  // a cache's fixed parts (its bf16 window) are less than a reservation's growth
   rt::EngineOptions eo;
   eo.max_batch = 8;
-  eo.kv_memory = 2 * per + per / 2;  // room for two reservations
+  eo.kv_memory = 2 * per + (std::min(3 * per, big) - 2 * per) / 2;  // room for two reservations, not for a third
+                                                                   // nor for one of 1000 tokens
   eo.prefix_cache_entries = 0;
   rt::Engine engine(tiny(), eo);
   std::vector<std::shared_ptr<rt::Request>> rs;

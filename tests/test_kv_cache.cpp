@@ -1000,13 +1000,18 @@ TEST(KVCacheChannel, OutlierChannelsRefineTheChannelsTheQueriesWeigh) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t blk = 0; blk < n / gs; ++blk) {
-        std::vector<double> q2(static_cast<size_t>(D), 0.0);  // the block's queries, float64
-        for (int64_t hq = h * rep; hq < (h + 1) * rep; ++hq)
-          for (int64_t t = blk * gs; t < (blk + 1) * gs; ++t)
-            for (int64_t d = 0; d < D; ++d) {
-              const double x = q[static_cast<size_t>(((b * Hq + hq) * n + t) * D + d)];
-              q2[static_cast<size_t>(d)] += x * x;
+        // The block's queries as the cache keeps them: per position, Σ q² over the group's heads (float32, in head
+        // order) rounded to bfloat16; then summed over the positions.
+        std::vector<double> q2(static_cast<size_t>(D), 0.0);
+        for (int64_t t = blk * gs; t < (blk + 1) * gs; ++t)
+          for (int64_t d = 0; d < D; ++d) {
+            float sum = 0.0f;
+            for (int64_t hq = h * rep; hq < (h + 1) * rep; ++hq) {
+              const float x = q[static_cast<size_t>(((b * Hq + hq) * n + t) * D + d)];
+              sum += x * x;
             }
+            q2[static_cast<size_t>(d)] += bf16_to_f32(f32_to_bf16(sum));
+          }
         std::vector<std::pair<double, int64_t>> score;
         for (int64_t d = 0; d < D; ++d) {
           double lo = 1e30, hi = -1e30;
@@ -1126,7 +1131,7 @@ TEST(KVCacheChannel, OutlierChannelsSurviveTrimSnapshotAndRestore) {
   // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics of gs positions).
   QuantizedKVCache plain_chan(channel_config(rng(), 3, 4, static_cast<int>(gs)));
   plain_chan.update_and_fetch(k.view(), v.view());
-  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + gs * (D + 1) * 4));
+  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + gs * (D + 1) * 2));
   EXPECT_EQ(nn::kv_cache_bytes(a.config().spec(), B, H, D, D, n), a.nbytes());
   EXPECT_NEAR(a.config().spec().bits_per_value(D), (3 + 4) / 2.0 + 32.0 / gs + 8 * (4.0 + 16.0 / gs) / D / 2.0, 1e-12);
 }

@@ -46,8 +46,8 @@ int max_threads();  // 4 per CPU this process may run on
 // One description for a model's caches (ModelOptions::kv) and for a standalone KVCache.
 struct KVSpec {
   // "k<bits>v<bits>" (affine-quantized, rotated) or "bf16", "f16", "f32" (plain). "" = the default: for a model, the
-  // engine's for its device (k5v5 with per-channel keys on cpu, k8v4 on cuda: docs/quality.md); for a standalone
-  // KVCache, "k8v4".
+  // engine's for its device (k5v4 with per-channel keys and head_dim/32 outlier key channels on cpu, k8v4 on cuda:
+  // docs/quality.md); for a standalone KVCache, "k8v4".
   std::string format;
   // "" = the default: "hadamard" for quantized caches, "none" for plain ones. A model's plain caches are never
   // rotated (the rotation must then be "" or "none").
@@ -58,8 +58,10 @@ struct KVSpec {
   // Quantized caches: "token" (keys per position, groups along the head: the seeds' layout) or "channel" (keys per
   // channel over blocks of group_size positions, the newest block in bf16; docs/kv_cache.md §2b). "" = "token".
   std::string key_layout;
-  // Models with key_layout "channel" only: outlier key channels per block and KV head, refined by 4 bits (0 = none;
-  // docs/kv_cache.md "Outlier key channels"). A standalone KVCache refuses them (it is not shown the queries).
+  // Models with key_layout "channel" only: outlier key channels per block and KV head, refined by 4 bits
+  // (docs/kv_cache.md "Outlier key channels"). -1 = automatic (head_dim/32 with per-channel keys, none with per-token
+  // keys); 0 = the default's: automatic for the default cache (format ""), none with an explicit format. A
+  // standalone KVCache refuses them (it is not shown the queries).
   int key_outliers = 0;
   // Standalone caches only (a model seeds its own): the rotation's seed and the stored scales' dtype
   // (DType::kF16, kBF16 or kF32).

@@ -49,11 +49,16 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
           options.kv.key_layout, "\"");
     o.kv.key_layout = l;
   }
+  check(options.kv.key_outliers >= -1, ErrorCode::kInvalidArgument, op,
+        "kv.key_outliers must be -1 (automatic), 0 (the default's) or a count; got ", options.kv.key_outliers);
   if (options.kv.key_outliers != 0) {
     check(o.kv.quantized, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
           "\") has no per-channel keys to refine: kv.key_outliers must be 0; got ", options.kv.key_outliers);
-    o.kv.key_outliers = options.kv.key_outliers;
+    o.kv.key_outliers_auto = options.kv.key_outliers == -1;
+    o.kv.key_outliers = std::max(0, options.kv.key_outliers);
     o.kv.validate(op);  // a count in range, with per-channel keys
+  } else if (!options.kv.format.empty()) {
+    o.kv.key_outliers_auto = false;  // an explicit format: none unless asked for
   }
   if (o.kv.quantized) {
     o.kv.group_size = gs == 0 ? 64 : gs;

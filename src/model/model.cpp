@@ -50,9 +50,10 @@ KVOptions parse_kv_format(std::string_view s) {
 nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotation(s); }
 
 KVOptions default_kv(Device device) {
-  KVOptions kv = parse_kv_format(device == Device::kCUDA ? "k8v4" : "k5v5");
+  KVOptions kv = parse_kv_format(device == Device::kCUDA ? "k8v4" : "k5v4");
   kv.rotation = nn::RotationKind::kHadamard;
   kv.key_layout = device == Device::kCUDA ? nn::KeyLayout::kToken : nn::KeyLayout::kChannel;
+  kv.key_outliers_auto = device == Device::kCPU;
   kv.group_size = 64;
   kv.group_size_auto = true;
   return kv;
@@ -142,6 +143,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
         break;
       }
   }
+  if (options.kv.quantized && options.kv.key_outliers_auto)
+    impl->options.kv.key_outliers =
+        options.kv.key_layout == nn::KeyLayout::kChannel ? nn::auto_key_outliers(c.head_dim) : 0;
   impl->options.kv.validate_head_dims(c.head_dim, c.head_dim, op);
   // Dynamic NTK scaling exists to run past max_position_embeddings: its maximum is max_position × factor.
   int64_t max_ctx = c.max_position;

@@ -54,6 +54,9 @@ struct KVOptions : nn::KVSpec {
   // The group size was not chosen by the user: a head_dim it does not divide gets the largest of 128/64/32 that
   // does (e.g. 32 for head_dim 32) instead of an error.
   bool group_size_auto = false;
+  // The outlier-key-channel count was not chosen (`--kv-outliers auto`, the CPU's default cache): Model::load sets
+  // key_outliers to nn::auto_key_outliers(head_dim) with per-channel keys, 0 with per-token keys.
+  bool key_outliers_auto = false;
 };
 // "bf16", "f16", "f32" (plain) or "k<bits>v<bits>" (quantized, bits in 2,3,4,5,6,8); cider::Error otherwise.
 KVOptions parse_kv_format(std::string_view s);
@@ -67,10 +70,10 @@ Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwi
 const char* device_name(Device d);
 
 // The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): on the CPU,
-// k5v5 with per-channel keys (5.5 bits per value, the fewest measured within KL 0.02 and +1% perplexity on every real
-// model; about the KL of k8v4/hadamard with 15% less memory, and 1.9-3.3x faster on AVX-512); on CUDA, whose kernels
-// do not read per-channel keys yet, k8v4/hadamard (6.5 bits). Group 64, or the largest of 128/64/32 dividing the head
-// size.
+// k5v4 with per-channel keys and head_dim/32 outlier key channels (5.07 bits per value, the fewest measured within KL
+// 0.02 and +1% perplexity on every real model, at ctx 512, 2048 and 4096); on CUDA, whose kernels read neither
+// outlier channels nor per-channel keys on tensor cores yet, k8v4/hadamard (6.5 bits). Group 64, or the largest of
+// 128/64/32 dividing the head size.
 KVOptions default_kv(Device device);
 
 // The weight format a model gets when none is asked for: native for a GGUF file on the CPU (its blocks multiplied as

@@ -44,7 +44,7 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
       if (const int64_t n = m.key_outliers; n > 0) {
         p.push_back({n * gs / 2, gs, 0});                                  // refinement codes per block
         p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
-        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(float)), 0, gs});  // per window position: Σ q², count
+        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // per window position: Σ q², count
       }
     }
     return p;
@@ -672,13 +672,14 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
         append_rows(part, b, h, key_rot_, store_.row(kResidualPlane, b, h, r), nullptr, nullptr, DType::kBF16, 0, 0);
-        if (config_.key_outliers > 0) {
-          auto* st = reinterpret_cast<float*>(store_.row(kQueryStatsPlane, b, h, r));
-          const size_t bytes = static_cast<size_t>(run * W) * sizeof(float);
-          if (qstats.empty())
-            std::memset(st, 0, bytes);
-          else
-            std::memcpy(st, qstats.data() + ((b * store_.H() + h) * n + done) * W, bytes);
+        if (config_.key_outliers > 0) {  // bfloat16: a ranking's weights, half the bytes of float32
+          auto* st = reinterpret_cast<uint16_t*>(store_.row(kQueryStatsPlane, b, h, r));
+          if (qstats.empty()) {
+            std::memset(st, 0, static_cast<size_t>(run * W) * sizeof(uint16_t));
+          } else {
+            const float* src = qstats.data() + ((b * store_.H() + h) * n + done) * W;
+            for (int64_t i = 0; i < run * W; ++i) st[i] = f32_to_bf16(src[i]);
+          }
         }
         if (r + run == gs) quantize_block(b, h, pos / gs);
       }
@@ -705,8 +706,8 @@ void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, cons
   const DType sd = config_.scale_dtype;
   std::vector<double> st(static_cast<size_t>(D + 1), 0.0);  // Σ over the block's positions, in position order
   for (int64_t t = 0; t < gs; ++t) {
-    const auto* row = reinterpret_cast<const float*>(store_.row(kQueryStatsPlane, b, h, t));
-    for (int64_t d = 0; d <= D; ++d) st[static_cast<size_t>(d)] += row[d];
+    const auto* row = reinterpret_cast<const uint16_t*>(store_.row(kQueryStatsPlane, b, h, t));
+    for (int64_t d = 0; d <= D; ++d) st[static_cast<size_t>(d)] += bf16_to_f32(row[d]);
   }
   const double count = st[static_cast<size_t>(D)];
   std::vector<std::pair<double, int64_t>> score(static_cast<size_t>(D));
@@ -777,7 +778,8 @@ int64_t QuantizedKVCache::trim(int64_t n) {
         for (int64_t d = 0; d < Dk_; ++d) res[t * Dk_ + d] = f32_to_bf16(row[static_cast<size_t>(d)]);
       }
       // Their queries were not kept with the block: none recorded for them.
-      if (nout > 0) std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)) * sizeof(float));
+      if (nout > 0)
+        std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)) * sizeof(uint16_t));
     }
   return removed;
 }

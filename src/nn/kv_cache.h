@@ -76,7 +76,7 @@ struct KVCacheMeta {
 //   quantized, per-channel keys with key_outliers = n > 0, also: plane 7 the refinement codes [B, H, ceil(length/gs),
 //              n·gs/2] (uint8: per outlier channel, gs 4-bit codes, two per byte, even position low), plane 8 the
 //              outlier channel indices [B, H, ceil(length/gs), n] (uint16, ascending), plane 9 the query statistics
-//              of the residual window's positions [B, H, gs, Dk + 1] (float32: per position, Σ q² per channel over the
+//              of the residual window's positions [B, H, gs, Dk + 1] (bfloat16: per position, Σ q² per channel over the
 //              head's group of query heads, then their count; row i for position ⌊length/gs⌋·gs + i, 0 where the
 //              queries were not shown)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)

@@ -6,6 +6,10 @@
 
 namespace cider::nn {
 
+int auto_key_outliers(int64_t Dk) {
+  return static_cast<int>(std::clamp<int64_t>(Dk / 32, 1, std::min<int64_t>(kMaxKeyOutliers, std::max<int64_t>(1, Dk / 2))));
+}
+
 bool is_kv_bits(int bits) { return quant::is_affine_bits(bits); }
 bool is_kv_group_size(int group_size) { return quant::is_affine_group_size(group_size); }
 

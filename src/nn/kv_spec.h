@@ -25,12 +25,15 @@ namespace cider::nn {
 enum class KeyLayout : int { kToken = 0, kChannel = 1 };
 
 // Outlier key channels (per-channel keys only, key_outliers = n > 0): when a block of positions is quantized, the n
-// channels of each KV head with the largest range × query RMS (the RMS of that channel in the queries the cache has
-// been shown, KVCache::observe_queries; the range alone before any) get 4 more bits: a refinement code r in 0..15 per
+// channels of each KV head with the largest range × query RMS (the RMS of that channel in the queries of the block's
+// own positions, QuantizedKVCache::observe_queries; the range alone without them) get 4 more bits: a refinement code r in 0..15 per
 // position, k = s·c + b + (|s|/15)·(r − 7.5), i.e. an 8-bit grid over the channel's range (docs/quality.md: the keys'
 // error concentrates in the channels the queries weigh). Stored per block: the n channel indices (uint16) and the
 // codes, [n][group_size/2] bytes (two positions per byte, the even one in the low nibble).
 constexpr int kMaxKeyOutliers = 32;
+// The count when none is chosen (`--kv-outliers auto`, the CPU's default cache): Dk/32 channels (0.07 bits per value
+// at 4 + 16/64 bits each), at least 1 and at most kMaxKeyOutliers — Gemma 3's 256-wide heads 8, 64-wide heads 2.
+int auto_key_outliers(int64_t Dk);
 
 struct KVSpec {
   bool quantized = true;

@@ -526,6 +526,12 @@ def test_outlier_key_channels_equal_the_cli(tmp_path):
     out = run_cli("perplexity", "-m", TINY, "-f", str(path), "--ctx", "128", "--kv", "k4v4", "--kv-layout", "channel",
                   "--kv-outliers", "2", "--baseline-kv", "bf16")
     assert out.split("\n", 1)[1].strip() == r.report.strip()
+    # "auto": head_dim/32; the default cache has them, an explicit kv none unless asked
+    assert cider.load(TINY, kv="k4v4", kv_layout="channel", kv_outliers="auto").info["kv"] == "k4v4/hadamard/g64/kchan/o2"
+    assert cider.load(TINY).info["kv"] == "k5v4/hadamard/g64/kchan/o2"
+    assert cider.load(TINY, kv="k5v4", kv_layout="channel").info["kv"] == "k5v4/hadamard/g64/kchan"
+    with pytest.raises(cider.ArgumentError, match="kv_outliers"):
+        cider.load(TINY, kv_outliers="many")
 
 
 def test_load_errors():

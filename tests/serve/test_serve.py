@@ -484,7 +484,7 @@ def test_alone_equals_batched(nocache_server):
     """The same greedy requests alone and inside 8 concurrent requests of other lengths and settings."""
     url = nocache_server.url
     short = dict(prompt="class Stack:\n    def __init__(self):", max_tokens=40, temperature=0, logprobs=2)
-    long_ = dict(prompt="".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(12)), max_tokens=40,
+    long_ = dict(prompt="".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(13)), max_tokens=40,
                  temperature=0, logprobs=2)
     alone = {k: complete(url, **r)["choices"][0] for k, r in (("short", short), ("long", long_))}
     others = [dict(prompt=f"# module {i}\n" * (5 + 17 * i), max_tokens=30 + i, temperature=0.5, seed=i) for i in range(4)]
@@ -541,7 +541,7 @@ def test_stop_strings(nocache_server, eos_ids):
 
 # ---- prefix cache --------------------------------------------------------------------------------------------------
 LONGER = CODE + "    result = []\n"
-# The default CPU cache keeps keys per channel in blocks of 64 positions (cider-tiny: k5v5/hadamard/g64/kchan): a prefix
+# The default CPU cache keeps keys per channel in blocks of 64 positions (cider-tiny: k5v4/hadamard/g64/kchan/o2): a prefix
 # is reused down to a block boundary (trimming into a quantized block would round its keys again).
 BLOCK = 64
 

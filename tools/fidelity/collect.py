@@ -31,12 +31,24 @@ def cider_bits(kv, group):
     return (k + v) / 2 + 32.0 / group  # f16 scale + f16 bias per group, keys and values alike
 
 
+def outlier_bits(rot, group, head_dim):
+    """Bits per value that +oN outlier key channels add (KVSpec::bits_per_value): N·(4 + 16/group)/Dk per key value,
+    halved over keys and values; Dk from --head-dim (0: not counted)."""
+    m = re.search(r"\+o(\d+)$", rot)
+    if not m or not head_dim:
+        return 0.0
+    return int(m.group(1)) * (4.0 + 16.0 / group) / head_dim / 2.0
+
+
+HEAD_DIM = 0  # --head-dim
+
+
 def read_cider(d):
     """One row per configuration, aggregated over its pieces (one window each, equal token counts): mean KL and
     top-1 are averages over pieces (SE combined as sqrt(Σ se²)/n), perplexities are exp of the mean NLL."""
     per = {}
     for f in sorted(glob.glob(os.path.join(d, "*.txt"))):
-        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full|hadamard(?:\+kchan)?|none\+kchan)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
+        m = re.match(r"(.+?)_(bf16|f16|f32|k\dv\d)_(none|so4-fast|so4-full|hadamard(?:\+kchan(?:\+o\d+)?)?|none\+kchan(?:\+o\d+)?)_g(\d+)(?:\.w(\d+))?\.txt$", os.path.basename(f))
         if not m:
             continue
         t = open(f).read()
@@ -62,7 +74,7 @@ def read_cider(d):
         base_nll = (sum(math.log(p["base_ppl"]) for p in ps) / n) if all(p["base_ppl"] for p in ps) else None
         quant = kv.startswith("k")
         rows.append(dict(weights=w, kv=kv, rot=rot if quant else "-", group=g if quant else None,
-                         bits=cider_bits(kv, g), pieces=sorted(p["piece"] for p in ps), windows=n,
+                         bits=cider_bits(kv, g) + (outlier_bits(rot, g, HEAD_DIM) if quant else 0.0), pieces=sorted(p["piece"] for p in ps), windows=n,
                          tokens=sum(p["tokens"] for p in ps), ppl=math.exp(nll),
                          base_ppl=math.exp(base_nll) if base_nll is not None else None,
                          kl=mean("kl"), kl_se=comb("kl_se"), top1=mean("top1"), top1_se=comb("top1_se"),
@@ -285,13 +297,17 @@ def main():
     ap.add_argument("--sim", action="append", default=[], help="LABEL=FILE (kv_sim.py output)")
     ap.add_argument("--plot")
     ap.add_argument("--title", default="KV-cache fidelity")
+    ap.add_argument("--head-dim", type=int, default=0, help="Dk, for the bits of +oN outlier channels")
     a = ap.parse_args()
+    global HEAD_DIM
+    HEAD_DIM = a.head_dim
     cs = [(s.split("=", 1)[0], read_cider(s.split("=", 1)[1])) for s in a.cider]
     ls = [(s.split("=", 1)[0], read_llama(s.split("=", 1)[1])) for s in a.llama]
     order = {"bf16": 0, "k8v8": 1, "k8v4": 1.5, "k4v4": 2, "k4v3": 3, "k3v3": 4, "k3v2": 5, "k2v2": 6}
     rk = {"-": 0, "none": 1, "so4-fast": 2, "so4-full": 3, "hadamard": 4, "none+kchan": 5, "hadamard+kchan": 6}
+    rank = lambda rot: (rk.get(rot.split("+o")[0], 9), rot)
     for label, rows in cs:
-        rows.sort(key=lambda r: (r["weights"] != "bf16", r["weights"], order.get(r["kv"], 9), r["group"] or 0, rk[r["rot"]]))
+        rows.sort(key=lambda r: (r["weights"] != "bf16", r["weights"], order.get(r["kv"], 9), r["group"] or 0, rank(r["rot"])))
         print(cider_table(rows, f"cider — {label}"), "\n")
         if any(r["rot"] not in ("-", "none") for r in rows):
             print(rotation_table(rows, f"rotation, window by window — {label}"), "\n")
