@@ -642,6 +642,7 @@ void QuantizedKVCache::observe_queries(const TensorView& q) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       std::vector<float>& dst = pending_q_[static_cast<size_t>(b * Hq + h)];
+      dst.reserve(dst.size() + static_cast<size_t>(m * (D + 1)));
       for (int64_t t = 0; t < m; ++t) {
         const int64_t base = b * q.stride_of(0) + h * q.stride_of(1) + t * q.stride_of(2);
         if (q.dtype == DType::kF32 && q.stride_of(3) == 1) {
