@@ -1281,9 +1281,11 @@ namespace {
 // have heads of 16 dims, which the CUDA attention kernels do not run: their load must say so (kUnsupported).
 // qwen3_next and qwen3_5: hybrid models — gated DeltaNet layers (kernels/cuda/gated_delta.h) beside gated attention
 // with partial rotary; qwen3_next's MoE layers have a shared expert. Their dense layers run with float32-faithful
-// activations (GpuModel::split_activations), so the same bf16 tolerance applies.
-const char* const kFamilies[] = {"llama", "mistral", "qwen2",     "qwen3",     "gemma3",    "gemma2",    "mixtral",
-                                 "qwen3_moe", "phi3", "yarn", "phi4_mini", "qwen3_next", "qwen3_5"};
+// activations (GpuModel::split_activations), so the same bf16 tolerance applies. olmoe: one q/k norm over each
+// row's whole projection, q/k/v clamped to ±3 (the fixture's clip_qkv moves its logits), experts not renormalised.
+const char* const kFamilies[] = {"llama", "mistral", "qwen2",     "qwen3",      "gemma3",  "gemma2",
+                                 "mixtral", "qwen3_moe", "olmoe", "phi3", "yarn", "phi4_mini", "qwen3_next",
+                                 "qwen3_5"};
 }  // namespace
 
 TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {

@@ -38,6 +38,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemv_device.cuh"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/pdl.cuh"
 
 namespace cider::cuda::gemv_rows {
@@ -64,6 +65,11 @@ struct RowsParams {
   void* out;
   DType out_dtype;
   int N, K;
+  // Mixture-of-experts slots (launch_experts), else null: block row y (blockIdx.y) is slot y, whose weights and scales
+  // are table[sel[y]] (w / w_scales unused), x its row y / x_div (float32 rows of K) and out its row y (N floats).
+  const MoeExpertWeights* table;
+  const int32_t* sel;
+  int x_div;
 };
 
 // d = c + Σ_4 bytes a (unsigned) · b (signed): W4 nibble codes as stored times activation codes.
@@ -105,8 +111,9 @@ __host__ __device__ constexpr int smem_bytes(bool int4, int K) { return xq_bytes
 // kHeldUnits > 0 (the 16-warp bulk-copy kernels, with 128 registers free here, and whose L1 is mostly shared memory
 // so a second read of x would go to L2): when x has at most kHeldUnits units of 8 per thread, one pass — the thread's
 // units stay in registers between the max and the codes. Otherwise two passes over x.
+// x0: the row's first element in p.x (a slot's row for the experts' launches, else 0).
 template <bool kInt4, int kThreads, int kHeldUnits>
-__device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t* chunk_sums, uint32_t* amax_warp,
+__device__ void quantize_row_to_shared(const RowsParams& p, int64_t x0, int8_t* xq, int32_t* chunk_sums, uint32_t* amax_warp,
                                        float* sx_out) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
@@ -126,14 +133,14 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
         const int u = static_cast<int>(threadIdx.x) + j * kThreads;
 #pragma unroll
         for (int i = 0; i < 8; ++i) xv[j][i] = 0.0f;
-        if (u < units) load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), xv[j]);
+        if (u < units) load_x8(p.x, p.x_dtype, x0 + 8 * static_cast<int64_t>(u), xv[j]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(xv[j][i]) & 0x7fffffffu);
       }
     }
     for (int u = static_cast<int>(threadIdx.x); !held && u < units; u += kThreads) {
       float v[8];
-      load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), v);
+      load_x8(p.x, p.x_dtype, x0 + 8 * static_cast<int64_t>(u), v);
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(v[i]) & 0x7fffffffu);
     }
@@ -158,7 +165,7 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int8_t* xq, int32_t*
             for (int i = 0; i < 8; ++i) v[i] = xv[jj][i];
           }
       } else {
-        load_x8(p.x, p.x_dtype, 8 * static_cast<int64_t>(u), v);
+        load_x8(p.x, p.x_dtype, x0 + 8 * static_cast<int64_t>(u), v);
       }
       uint32_t c[8];
 #pragma unroll
@@ -254,6 +261,18 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
   const int iters = my_tasks * batches;  // warp-uniform
   const int64_t row_bytes = kInt4 ? p.K / 2 : p.K;
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
+  const float* w_scales = p.w_scales;
+  int64_t x0 = 0, out0 = 0;  // this block's activation row and output row (experts' slots)
+  if (p.table != nullptr) {
+    // The slot's expert was chosen by the previous kernel (moe_route): wait for it before the first weight load.
+    cuda::pdl::wait();
+    const int slot = static_cast<int>(blockIdx.y);
+    const MoeExpertWeights e = p.table[p.sel[slot]];
+    w = static_cast<const uint8_t*>(e.w);
+    w_scales = e.scales;
+    x0 = static_cast<int64_t>(slot / p.x_div) * p.K;
+    out0 = static_cast<int64_t>(slot) * p.N;
+  }
   uint8_t* my_slots = reinterpret_cast<uint8_t*>(rows_smem) + warp * kSlots * kBatchBytes;
   uint64_t* my_bars = slot_bar + (kSlots > 0 ? warp * kSlots : 0);
 
@@ -288,12 +307,12 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
         const bool ok = row_ok && c < chunks;
         if constexpr (kSlots == 0) wv[r][u] = ok ? load_stream16(wr + 16 * static_cast<int64_t>(c)) : make_uint4(0, 0, 0, 0);
         if constexpr (kGroup != 0)
-          gscale[ph][r][u] = ok ? __ldg(p.w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
+          gscale[ph][r][u] = ok ? __ldg(w_scales + static_cast<int64_t>(c / kLanesPerGroup) * p.N + row) : 0.0f;
       }
       if (load_b == batches - 1) {
         ep_scale[ph][r] = 0.0f, ep_bias[ph][r] = 0.0f;
         if (row_ok) {
-          if constexpr (kGroup == 0) ep_scale[ph][r] = __ldg(p.w_scales + row);
+          if constexpr (kGroup == 0) ep_scale[ph][r] = __ldg(w_scales + row);
           if (p.bias != nullptr) ep_bias[ph][r] = __ldg(p.bias + row);
         }
       }
@@ -316,7 +335,7 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
     if (ph < iters) issue(ph);
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
-  quantize_row_to_shared<kInt4, kWarps * 32, (kSlots == 3 ? 4 : 0)>(p, xq, chunk_sums, amax_warp, &sx_shared);
+  quantize_row_to_shared<kInt4, kWarps * 32, (kSlots == 3 ? 4 : 0)>(p, x0, xq, chunk_sums, amax_warp, &sx_shared);
   const float sx = sx_shared;
 
   int32_t acc[kR];  // per channel: this lane's exact integer sum per row
@@ -380,7 +399,7 @@ __global__ void __launch_bounds__(warps_for(kSlots) * 32, 1) gemv_rows_kernel(co
           y = __fmul_rn(sx, s);
         }
         if (p.bias != nullptr) y = __fadd_rn(y, ep_bias[ph][r]);
-        if (lane == r && row0 + r < row_end) store_out(p.out, p.out_dtype, row0 + r, y);
+        if (lane == r && row0 + r < row_end) store_out(p.out, p.out_dtype, out0 + row0 + r, y);
         acc[r] = 0, fsum[r] = 0.0f;
       }
     }
@@ -446,11 +465,12 @@ int requested_row_loads(const char* op) {
 
 }  // namespace
 
-void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const float* sx, void* stream,
-            const char* op) {
-  check(supports(a.M, a.K), ErrorCode::kInvalidArgument, op, "the row kernel takes M = 1 and K <= ", kMaxK,
-        "; got M ", a.M, ", K ", a.K);
-  const int K = static_cast<int>(a.K);
+namespace {
+
+// Picks and launches the kernel for p (N, K and the pointers set): grid (grid_x, grid_y) blocks, rows split evenly
+// between the grid_x blocks of a block row (one weight matrix: an expert's for the slots).
+void launch_rows(RowsParams p, bool int4, int group_size, int grid_x, int grid_y, void* stream, const char* op) {
+  const int K = p.K;
   // Rows per warp task: a batch holds kLoadsPerLane chunks per lane, so rows of ≤ 4 chunk steps per lane go two to a
   // task (W8 K ≤ 2048, W4 K ≤ 4096).
   const int lane_chunks = (K / (int4 ? 32 : 16) + 31) / 32;
@@ -462,11 +482,11 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   // 2–8 % faster on the per-channel matrices of 29–235 MB, 0–7 % slower on those of 8–25 MB and 6–13 % slower per
   // group (W4 g64).
   const int loads_asked = requested_row_loads(op);
-  const int64_t weight_bytes = a.N * (int4 ? a.K / 2 : a.K);
+  const int64_t weight_bytes = static_cast<int64_t>(p.N) * (int4 ? K / 2 : K);
   const bool bulk_wanted =
-      loads_asked == kLoadsBulk || (loads_asked == 0 && a.group_size == 0 && weight_bytes >= kBulkMinWeightBytes);
+      loads_asked == kLoadsBulk || (loads_asked == 0 && group_size == 0 && weight_bytes >= kBulkMinWeightBytes);
   const int slots = g_row_loads_knob == 2 ? 2 : 3;  // the bench knob may ask for 24 warps × 2 slots
-  KernelFn kernel = slots == 2 ? pick<2>(int4, a.group_size, rows_per_task) : pick<3>(int4, a.group_size, rows_per_task);
+  KernelFn kernel = slots == 2 ? pick<2>(int4, group_size, rows_per_task) : pick<3>(int4, group_size, rows_per_task);
   int warps = warps_for(slots);
   int smem = warps * slots * kBatchBytes + smem_bytes(int4, K);
   cudaFuncAttributes attr{};
@@ -475,13 +495,24 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
       static_cast<int64_t>(smem) + static_cast<int64_t>(attr.sharedSizeBytes) <= device_info().max_shared_per_block_optin;
   const int loads = (bulk_wanted && bulk_fits) ? kLoadsBulk : kLoadsRegisters;
   if (loads == kLoadsRegisters) {
-    kernel = pick<0>(int4, a.group_size, rows_per_task);
+    kernel = pick<0>(int4, group_size, rows_per_task);
     warps = warps_for(0);
     smem = smem_bytes(int4, K);
   }
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<size_t>(smem), op);
-  // One block per SM, rows split evenly between the blocks.
-  const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)),
+                                        dim3(static_cast<unsigned>(warps * 32)), static_cast<size_t>(smem),
+                                        static_cast<cudaStream_t>(stream), p));
+  check_last_launch(op);
+  g_last_row_loads = loads;
+}
+
+}  // namespace
+
+void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const float* sx, void* stream,
+            const char* op) {
+  check(supports(a.M, a.K), ErrorCode::kInvalidArgument, op, "the row kernel takes M = 1 and K <= ", kMaxK,
+        "; got M ", a.M, ", K ", a.K);
   RowsParams p{};
   p.x = a.x;
   p.x_dtype = a.x_dtype;
@@ -493,11 +524,31 @@ void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const 
   p.out = a.out;
   p.out_dtype = a.out_dtype;
   p.N = static_cast<int>(a.N);
-  p.K = K;
-  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
-                                        static_cast<size_t>(smem), static_cast<cudaStream_t>(stream), p));
-  check_last_launch(op);
-  g_last_row_loads = loads;
+  p.K = static_cast<int>(a.K);
+  // One block per SM, rows split evenly between the blocks.
+  const int grid = static_cast<int>(std::min<int64_t>(device_info().sm_count, a.N));
+  launch_rows(p, int4, a.group_size, grid, 1, stream, op);
+}
+
+void launch_experts(const MoeExpertWeights* table, const int32_t* sel, int64_t slots, int64_t x_div, bool int4,
+                    int group_size, int64_t N, int64_t K, const float* x, float* out, void* stream, const char* op) {
+  check(K <= kMaxK && slots >= 1 && slots <= 65535 && x_div >= 1, ErrorCode::kInvalidArgument, op,
+        "the experts' row kernel takes K <= ", kMaxK, ", slots in [1, 65535] and x_div >= 1; got K ", K, ", ", slots,
+        " slots, x_div ", x_div);
+  RowsParams p{};
+  p.x = x;
+  p.x_dtype = DType::kF32;
+  p.out = out;
+  p.out_dtype = DType::kF32;
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.table = table;
+  p.sel = sel;
+  p.x_div = static_cast<int>(x_div);
+  // About one block per SM in all: the SMs shared between the slots (at least one block per slot).
+  const int64_t per_slot = std::max<int64_t>(1, device_info().sm_count / slots);
+  launch_rows(p, int4, group_size, static_cast<int>(std::min<int64_t>(per_slot, N)), static_cast<int>(slots), stream,
+              op);
 }
 
 }  // namespace cider::cuda::gemv_rows

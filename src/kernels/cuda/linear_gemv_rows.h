@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/moe.h"
 #include "kernels/kernel_table.h"
 
 namespace cider::cuda::gemv_rows {
@@ -19,5 +20,12 @@ inline bool supports(int64_t M, int64_t K) { return M == 1 && K <= kMaxK; }
 // xq/sx: the activation codes and scale already quantized into the workspace, or null to quantize in every block.
 void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const float* sx, void* stream,
             const char* op);
+
+// The same kernel over a mixture-of-experts layer's slots (cuda::moe_gemv, which validates the arguments): slot s in
+// [0, slots) computes out[s] = x[s / x_div] · W_eᵀ with e = sel[s] and W_e = table[e] (int8 [N, K] or int4 [N, K/2],
+// scales [N] or [K/group_size, N]); x (rows, K) and out (slots, N) float32. sel is read after the programmatic-launch
+// wait, so the previous kernel on the stream may write it.
+void launch_experts(const MoeExpertWeights* table, const int32_t* sel, int64_t slots, int64_t x_div, bool int4,
+                    int group_size, int64_t N, int64_t K, const float* x, float* out, void* stream, const char* op);
 
 }  // namespace cider::cuda::gemv_rows

@@ -1,5 +1,6 @@
 // The small fused kernels of the CUDA backend (kernels/cuda/model_ops.h).
 #include <cuda_bf16.h>
+#include <cmath>
 #include <cuda_runtime.h>
 
 #include "core/error.h"
@@ -393,6 +394,33 @@ __global__ void __launch_bounds__(kResidualThreads) residual_norm_regs_kernel(fl
 
 __device__ __forceinline__ float glu_one(float g, float u, int act) { return act::glu(g, u, act); }
 
+// One CTA per row of qkv: the whole-row norms, then the clamps (qkv_norm_clip_rows). Each element is rewritten by
+// the thread that read it, so the norms need no barrier besides the reductions'.
+__global__ void __launch_bounds__(kResidualThreads) qkv_norm_clip_kernel(float* __restrict__ qkv, int64_t stride,
+                                                                          int64_t q_len, int64_t k_col, int64_t k_len,
+                                                                          int64_t v_len, const float* __restrict__ q_norm,
+                                                                          const float* __restrict__ k_norm,
+                                                                          float offset, float eps, float clip) {
+  __shared__ float scratch[32];
+  cuda::pdl::wait();  // qkv comes from the projection
+  cuda::pdl::launch_dependents();
+  float* row = qkv + static_cast<int64_t>(blockIdx.x) * stride;
+  auto norm = [&](float* seg, int64_t len, const float* w) {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) ss = __fmaf_rn(seg[i], seg[i], ss);
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(len) + eps);
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) seg[i] = __fmul_rn(__fmul_rn(seg[i], inv), offset + w[i]);
+  };
+  if (q_norm != nullptr) norm(row, q_len, q_norm);
+  if (k_norm != nullptr) norm(row + k_col, k_len, k_norm);
+  if (clip > 0.0f) {
+    for (int64_t i = threadIdx.x; i < q_len; i += blockDim.x) row[i] = fminf(fmaxf(row[i], -clip), clip);
+    for (int64_t i = threadIdx.x; i < k_len + v_len; i += blockDim.x)
+      row[k_col + i] = fminf(fmaxf(row[k_col + i], -clip), clip);
+  }
+}
+
 // kVec: I % 4 == 0 (rows of float4; the buffers are 256-byte aligned), else scalar. Grid-stride over n·I(/4).
 template <bool kVec>
 __global__ void glu_rows_kernel(const float* __restrict__ gu, int64_t n, int64_t I, int act, float* __restrict__ out) {
@@ -579,6 +607,24 @@ void scatter_add_rows(const float* src, const int32_t* idx, const float* w, int6
   if (m == 0) return;
   scatter_add_rows_kernel<<<grid_for(m * H), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, idx, w, m, H,
                                                                                                dst);
+  cuda::check_last_launch(op);
+}
+
+void qkv_norm_clip_rows(float* qkv, int64_t n, int64_t stride, int64_t q_len, int64_t k_col, int64_t k_len,
+                        int64_t v_len, const float* q_norm, const float* k_norm, float offset, float eps, float clip,
+                        void* stream) {
+  constexpr const char* op = "cuda.qkv_norm_clip_rows";
+  check(n >= 0 && n <= 65535 * 1024 && q_len >= 1 && k_len >= 1 && v_len >= 0 && k_col >= q_len &&
+            k_col + k_len + v_len <= stride,
+        ErrorCode::kShapeMismatch, op, "rows must hold q [0, q_len), then k [k_col, k_col + k_len) and v after it "
+        "within the stride; got n ", n, ", stride ", stride, ", q_len ", q_len, ", k_col ", k_col, ", k_len ", k_len,
+        ", v_len ", v_len);
+  check(std::isfinite(clip) && clip >= 0.0f && std::isfinite(eps) && eps > 0.0f, ErrorCode::kInvalidArgument, op,
+        "clip must be finite and >= 0 and eps finite and > 0; got ", clip, ", ", eps);
+  if (n == 0) return;
+  CIDER_CUDA_CHECK(op, cuda::pdl::launch(qkv_norm_clip_kernel, dim3(static_cast<unsigned>(n)), dim3(kResidualThreads),
+                                        0, static_cast<cudaStream_t>(stream), qkv, stride, q_len, k_col, k_len, v_len,
+                                        q_norm, k_norm, offset, eps, clip));
   cuda::check_last_launch(op);
 }
 

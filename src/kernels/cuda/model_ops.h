@@ -48,6 +48,15 @@ struct HeadPrepArgs {
   // gates, k and v); the gates are left as they are (finish's sigmoid_gate_rows reads them).
   int64_t gate_heads = 0;
 };
+// OLMoE's attention inputs (ModelConfig::qk_norm_full, clip_qkv), before prepare_heads: in each of n rows of qkv
+// (stride floats apart) one RMSNorm over the whole q (q_len values from 0, weights q_norm [q_len]; skipped when null)
+// and over the whole k (k_len values from k_col, weights k_norm), y = x / sqrt(mean x² + eps) · (offset + w); then,
+// when clip > 0, q, k and the v_len values after k clamped to ±clip. Float32 sums in another order than the CPU's
+// rms_norm (reassociation only). PDL launch.
+void qkv_norm_clip_rows(float* qkv, int64_t n, int64_t stride, int64_t q_len, int64_t k_col, int64_t k_len,
+                        int64_t v_len, const float* q_norm, const float* k_norm, float offset, float eps, float clip,
+                        void* stream);
+
 // Head dims 64, 128 and 256 run a kernel that keeps each row in registers (lane ℓ owns elements ℓ + 32k); others a
 // kernel that stages rows in shared memory. Both give the same bits. Launched with PDL (kernels/cuda/pdl.cuh).
 void prepare_heads(const HeadPrepArgs& a, void* stream);

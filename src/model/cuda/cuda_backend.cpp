@@ -57,8 +57,6 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   // said at load, naming the model's dims.
   // (The geometry itself — value heads a multiple of key heads, a kernel of 1 to 64 taps — is validate_config's.)
   if (c.has_linear_layers()) cuda::check_gated_delta_shape(c.linear_attn.k_head_dim, c.linear_attn.v_head_dim, kOp);
-  check(!c.qk_norm_full && c.clip_qkv == 0.0f, ErrorCode::kUnsupported, kOp, "--device cuda does not run ",
-        arch_spec(c.arch).name, "'s whole-projection q/k norms or q/k/v clipping yet; use --device cpu");
   // The attention kernels (kernels/cuda/attention.cu) are instantiated for these head dims: said at load, not at the
   // first forward.
   check(c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, ErrorCode::kUnsupported, kOp,
@@ -423,21 +421,29 @@ DType GpuModel::kv_store_dtype() const {
 
 namespace {
 
-// Device routing for the MoE layers (GpuModel::moe_on_device), with $CIDER_CUDA_MOE_ROUTING=device: when every
-// expert of every MoE layer is one fused gate|up layer and one down layer of one kind the moe kernels take
-// (kernels/cuda/moe.h), the router, the shared expert's gate and the experts' weight tables go to the device.
-// Not the default: on the H200 it decoded a Mixtral-shaped model at 0.79× / 0.85× of the host routing in two jobs
-// (953 vs 1206 and 920 vs 1079 tokens/s, W4A8, 2026-12-03; docs/benchmarks.md), graphs and all.
+// Device routing for the MoE layers (GpuModel::moe_on_device), the default ($CIDER_CUDA_MOE_ROUTING=host turns it
+// off): when every expert of every MoE layer is one fused gate|up layer and one down layer of one kind the moe
+// kernels take (kernels/cuda/moe.h), the router, the shared expert's gate and the experts' weight tables go to the
+// device. On the H200 it decodes a Mixtral-shaped model (W4A8) faster than host routing (docs/benchmarks.md).
+// Rows per pass: each slot (row, chosen expert) streams its expert's matrices, where host routing streams each
+// chosen expert once for all its rows; so the device takes a pass while its slots are at most half the experts
+// (n·K ≤ E/2, and always a single row): Mixtral (E 8, K 2) 2 rows, Qwen3-MoE (E 128, K 8) 8. A choice from the
+// bytes streamed, measured only for one row.
+cuda::MoeWeightKind moe_kind(const GpuLinear& g) {
+  return g.kind == WeightKind::kDense ? cuda::MoeWeightKind::kBF16
+         : g.kind == WeightKind::kInt8 ? cuda::MoeWeightKind::kInt8
+                                       : cuda::MoeWeightKind::kInt4;
+}
+
 void prepare_device_moe(GpuModel& m) {
   const ModelConfig& c = m.config;
   if (c.layer_moe.empty() || c.has_linear_layers()) return;
-  if (env_word("CIDER_CUDA_MOE_ROUTING", "host", {"device", "host"}, kOp) == "host") return;
+  if (env_word("CIDER_CUDA_MOE_ROUTING", "device", {"device", "host"}, kOp) == "host") return;
   if (c.num_experts > cuda::kMoeMaxExperts || c.experts_per_token > cuda::kMoeMaxTopK) return;
   auto fits = [&](const GpuLinear& g) {
-    if (g.N == 0 || g.K % 32 != 0 || g.bias != nullptr || g.split_x) return false;
-    if (g.kind == WeightKind::kDense) return g.w_dtype == DType::kBF16;
-    const int V = g.kind == WeightKind::kInt8 ? 16 : 32, gs = g.group_size;
-    return gs == 0 || (gs % V == 0 && gs / V <= 32 && ((gs / V) & (gs / V - 1)) == 0);
+    if (g.N == 0 || g.bias != nullptr || g.split_x) return false;
+    if (g.kind == WeightKind::kDense && g.w_dtype != DType::kBF16) return false;
+    return cuda::moe_gemv_supports(moe_kind(g), g.K, g.group_size);
   };
   const GpuLinear* first = nullptr;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -462,13 +468,9 @@ void prepare_device_moe(GpuModel& m) {
     g.moe_down_table = cuda::to_device(down.data(), down.size() * sizeof(cuda::MoeExpertWeights));
   }
   m.moe_on_device = true;
+  m.moe_device_rows = std::clamp<int64_t>(c.num_experts / (2 * c.experts_per_token), 1, GpuModel::kMoeDeviceRows);
 }
 
-cuda::MoeWeightKind moe_kind(const GpuLinear& g) {
-  return g.kind == WeightKind::kDense ? cuda::MoeWeightKind::kBF16
-         : g.kind == WeightKind::kInt8 ? cuda::MoeWeightKind::kInt8
-                                       : cuda::MoeWeightKind::kInt4;
-}
 
 }  // namespace
 
@@ -507,9 +509,9 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared
     GpuLayer& g = m->layers.emplace_back();
     g.attn_norm = upload_floats(L.attn_norm.w, c.hidden_size);
     g.mlp_norm = upload_floats(L.mlp_norm.w, c.hidden_size);
-    if (c.qk_norm) {
-      g.q_norm = upload_floats(L.q_norm.w, c.head_dim);
-      g.k_norm = upload_floats(L.k_norm.w, c.head_dim);
+    if (c.qk_norm) {  // per head, or over the whole projection (OLMoE; one rank: check_tensor_parallel)
+      g.q_norm = upload_floats(L.q_norm.w, c.qk_norm_full ? c.num_heads * c.head_dim : c.head_dim);
+      g.k_norm = upload_floats(L.k_norm.w, c.qk_norm_full ? c.num_kv_heads * c.head_dim : c.head_dim);
     }
     if (c.sandwich_norms) {
       g.post_attn_norm = upload_floats(L.post_attn_norm.w, c.hidden_size);
@@ -777,7 +779,7 @@ struct GpuSession::Impl final : public PassBackend {
   void glu() override;
   // Tensor parallelism: tmp (the rows' block output, a partial sum on each rank) ← its sum over the ranks.
   void all_reduce_block();
-  // Mixture-of-experts layer. Passes of at most GpuModel::kMoeDeviceRows rows with moe_on_device: routed on the
+  // Mixture-of-experts layer. Passes of at most GpuModel::moe_device_rows rows with moe_on_device: routed on the
   // device (kernels/cuda/moe.h: route, the slots' gate|up, GLU, down through the experts' weight tables, combine in
   // expert order), graph-capturable. Otherwise h is copied to the host, routed there (route_experts, the CPU's rule,
   // with the router in float32), then per expert with rows: gather its rows, gate|up, GLU, down, and add them
@@ -794,9 +796,9 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
   std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
   cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
-  // Device routing (GpuModel::moe_on_device), for kMoeDeviceRows rows: each slot's expert and weight, the rows'
-  // shared-expert weights, int8 activation codes and scales, gate|up (slots, 2·Ie), GLU (slots, Ie), down (slots, H).
-  cuda::DeviceBuffer moe_sel, moe_wk, moe_wsh, moe_xq, moe_sx, moe_y1, moe_y2, moe_y3;
+  // Device routing (GpuModel::moe_on_device), for up to kMoeDeviceRows rows: each slot's expert and weight, the rows'
+  // shared-expert weights, gate|up (slots, 2·Ie), GLU (slots, Ie), down (slots, H).
+  cuda::DeviceBuffer moe_sel, moe_wk, moe_wsh, moe_y1, moe_y2, moe_y3;
   void logits(int64_t first, int64_t rows, float* dst) override;
   void end_forward() override { stream.synchronize(); }
   const float* norm(int64_t layer, NormSlot slot) const;
@@ -1224,8 +1226,9 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment&
   p.Hq = c.num_heads;
   p.Hkv = c.num_kv_heads;
   p.D = c.head_dim;
-  p.q_norm = c.qk_norm ? L.q_norm.as<float>() : nullptr;
-  p.k_norm = c.qk_norm ? L.k_norm.as<float>() : nullptr;
+  const bool per_head = c.qk_norm && !c.qk_norm_full;  // whole-row norms ran before (prepare_heads)
+  p.q_norm = per_head ? L.q_norm.as<float>() : nullptr;
+  p.k_norm = per_head ? L.k_norm.as<float>() : nullptr;
   p.norm_offset = c.norm_weight_offset;
   p.eps = static_cast<float>(c.rms_norm_eps);
   p.rope_table = m.rope_for(c.layer_sliding[sz(layer)] != 0);
@@ -1243,6 +1246,16 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment&
 
 void GpuSession::Impl::prepare_heads(int64_t layer) {
   if ((skip & GpuSession::kSkipSmall) != 0) return;
+  const ModelConfig& c = m.config;
+  if (c.qk_norm_full || c.clip_qkv > 0.0f) {  // OLMoE: whole-row q/k norms and clamps, before the heads' RoPE
+    const GpuLayer& L = m.layers[sz(layer)];
+    const int64_t D = c.head_dim, q_len = c.num_heads * D, kv_len = c.num_kv_heads * D;
+    const int64_t k_col = (c.attn_output_gate ? 2 : 1) * q_len;
+    const bool full = c.qk_norm && c.qk_norm_full;
+    cuda::qkv_norm_clip_rows(qkv.as<float>(), n_, row_stride_qkv(), q_len, k_col, kv_len, kv_len,
+                             full ? L.q_norm.as<float>() : nullptr, full ? L.k_norm.as<float>() : nullptr,
+                             c.norm_weight_offset, static_cast<float>(c.rms_norm_eps), c.clip_qkv, e_.stream);
+  }
   for (const PassSegment& g : segs_) cuda::prepare_heads(head_prep(layer, g), e_.stream);
 }
 
@@ -1328,14 +1341,12 @@ void GpuSession::Impl::moe(int64_t layer) {
     moe_wdev = f32(chunk * (K + 1));
   }
   // ---- decode rows: routed on the device (kernels/cuda/moe.h), no host round trip ----
-  if (m.moe_on_device && n <= GpuModel::kMoeDeviceRows) {
+  if (m.moe_on_device && n <= m.moe_device_rows) {
     const int64_t R = GpuModel::kMoeDeviceRows, routed = n * K;
     if (moe_sel.bytes() == 0) {
       moe_sel = cuda::DeviceBuffer(sz(R * K) * sizeof(int32_t));
       moe_wk = f32(R * K);
       moe_wsh = f32(R);
-      moe_xq = cuda::DeviceBuffer(sz(R * K * std::max(H, Ie)));
-      moe_sx = f32(R * K);
       moe_y1 = f32(R * K * 2 * Ie);
       moe_y2 = f32(R * K * Ie);
       moe_y3 = f32(R * K * H);
@@ -1346,29 +1357,23 @@ void GpuSession::Impl::moe(int64_t layer) {
     const int act = c.activation == Activation::kSiLU ? 0 : 1;
     // slot s = (row s / K, its k-th expert in index order): gate|up of the row, GLU, down
     auto gemv = [&](const cuda::DeviceBuffer& table, const GpuLinear& like, int64_t N, int64_t Kin, const float* in,
-                    int64_t rows, int64_t x_div, float* out) {
+                    int64_t x_div, float* out) {
       cuda::MoeGemvArgs a;
       a.table = static_cast<const cuda::MoeExpertWeights*>(table.data());
       a.kind = moe_kind(like);
       a.N = N;
       a.K = Kin;
       a.group_size = like.group_size;
-      if (a.kind == cuda::MoeWeightKind::kBF16) {
-        a.x = in;
-      } else {
-        cuda::moe_quantize_rows(in, rows, Kin, moe_xq.as<int8_t>(), moe_sx.as<float>(), e_.stream);
-        a.xq = moe_xq.as<int8_t>();
-        a.sx = moe_sx.as<float>();
-      }
+      a.x = in;
       a.x_div = x_div;
       a.sel = moe_sel.as<int32_t>();
       a.slots = routed;
       a.out = out;
       cuda::moe_gemv(a, e_.stream);
     };
-    gemv(L.moe_gu_table, L.experts[0].gate_up.fused, 2 * Ie, H, h.as<float>(), n, K, moe_y1.as<float>());
+    gemv(L.moe_gu_table, L.experts[0].gate_up.fused, 2 * Ie, H, h.as<float>(), K, moe_y1.as<float>());
     cuda::glu_rows(moe_y1.as<float>(), routed, Ie, act, moe_y2.as<float>(), e_.stream);
-    gemv(L.moe_down_table, L.experts[0].down, H, Ie, moe_y2.as<float>(), routed, 1, moe_y3.as<float>());
+    gemv(L.moe_down_table, L.experts[0].down, H, Ie, moe_y2.as<float>(), 1, moe_y3.as<float>());
     if (shared) {  // every row of h through the shared expert (its own layers), weighted in moe_combine
       const GpuExpert& ex = L.shared;
       ex.gate_up.forward(h.as<float>(), n, moe_gu.as<float>(), moe_scratch.as<float>(), e_);

@@ -133,13 +133,14 @@ struct GpuModel {
   // of 37 on qwen3_5); hi + lo brings that to 0.004 (docs/cuda/model.md). The price: 2·M GEMM rows (prefill FLOPs
   // twice; decode reads the weights once, for two rows).
   bool split_activations = false;
-  // With $CIDER_CUDA_MOE_ROUTING=device, mixture-of-experts layers route on the device for passes of at most
-  // kMoeDeviceRows rows (decode steps and decode batches: kernels/cuda/moe.h, no host round trip, so MoE decode steps
-  // run as CUDA graphs); larger passes (prefill) route on the host and group rows by expert. Set at upload when every
-  // expert's gate|up is one fused layer of one kind, K a multiple of 32, E ≤ cuda::kMoeMaxExperts, and the model has
-  // no linear-attention layers. The default routes every pass on the host (faster on the H200: prepare_device_moe).
+  // Mixture-of-experts layers route on the device for passes of at most moe_device_rows rows (decode steps and small
+  // decode batches: kernels/cuda/moe.h, no host round trip, so MoE decode steps run as CUDA graphs); larger passes
+  // (prefill, larger batches) route on the host and group rows by expert. Set at upload (prepare_device_moe) when
+  // every expert's gate|up is one fused layer and every expert layer passes cuda::moe_gemv_supports, E ≤
+  // cuda::kMoeMaxExperts, and the model has no linear-attention layers; $CIDER_CUDA_MOE_ROUTING=host turns it off.
   bool moe_on_device = false;
-  static constexpr int64_t kMoeDeviceRows = 16;
+  int64_t moe_device_rows = 0;
+  static constexpr int64_t kMoeDeviceRows = 16;  // the most rows moe_device_rows may allow (buffer sizes)
   // Tensor parallelism (model/tensor_parallel.h): this rank's share of the model when comm is set — config is the
   // rank's shape (tp_shard_config), lm_head holds vocabulary rows [vocab0, vocab0 + head_rows()), and the o, down and
   // MoE outputs are all-reduced through comm. `device`: the CUDA device the buffers live on.
