@@ -5,6 +5,7 @@
 // head-range split the thread pool makes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -45,8 +46,9 @@ void normalise(const DeltaCase& d, float q_scale, std::vector<float>& qn, std::v
 // Runs `table`'s gated_delta over value heads [h0, h1) of the case: state (updated) and out as the kernel leaves them.
 void run_kernel(const kernels::KernelTable& table, const DeltaCase& d, const std::vector<float>& qn,
                 const std::vector<float>& kn, int64_t h0, int64_t h1, std::vector<float>& state,
-                std::vector<float>& out) {
+                std::vector<float>& out, bool v_tiled = false) {
   kernels::GatedDeltaKernelArgs a{};
+  a.v_tiled = v_tiled;
   a.q = qn.data();
   a.k = kn.data();
   a.v = d.rows.data() + 2 * d.Hk * d.Dk;
@@ -90,6 +92,55 @@ TEST(GatedDelta, EveryIsaLevelMeetsTheFloat64Bound) {
         EXPECT_EQ(std::memcmp(state.data(), state2.data(), state.size() * 4), 0);
         EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0);
       }
+  }
+}
+
+// Value heads in llama.cpp's tiled order (v_tiled: head j·Hk + i is key head i's j-th, the checkpoints' i·r + j): a
+// case whose value heads (v, g, β, the state) are moved to the tiled places gives, at every ISA level, the grouped
+// run's outputs and states at the same places, bit for bit (every head's arithmetic is the same).
+TEST(GatedDelta, TiledValueHeadsArePermutedGroupedHeads) {
+  auto rng = test::make_rng(412);
+  for (IsaLevel level : supported_isas()) {
+    const kernels::KernelTable& table = kernels::kernels_for_isa(level);
+    for (const test::gdn::Shape& s : {test::gdn::Shape{2, 4, 16, 100}, test::gdn::Shape{3, 6, 8, 12}}) {
+      const int64_t n = 9, r = s.Hv / s.Hk;
+      SCOPED_TRACE(std::string(isa_name(level)) + " " + test::gdn::shape_name(s, n));
+      const DeltaCase d = test::gdn::make_delta_case(rng, s.Hk, s.Hv, s.Dk, s.Dv, n);
+      auto tiled_of = [&](int64_t g) { return (g % r) * s.Hk + g / r; };  // grouped head g = i·r + j → j·Hk + i
+      DeltaCase t = d;
+      for (int64_t g = 0; g < s.Hv; ++g) {
+        const int64_t p = tiled_of(g);
+        for (int64_t tok = 0; tok < n; ++tok) {
+          for (int64_t e = 0; e < s.Dv; ++e)
+            t.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + p * s.Dv + e)] =
+                d.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + g * s.Dv + e)];
+          t.g[sz(tok * s.Hv + p)] = d.g[sz(tok * s.Hv + g)];
+          t.beta[sz(tok * s.Hv + p)] = d.beta[sz(tok * s.Hv + g)];
+        }
+        std::copy_n(d.S0.begin() + g * s.Dk * s.Dv, s.Dk * s.Dv, t.S0.begin() + p * s.Dk * s.Dv);
+      }
+      const float qs = test::gdn::q_scale_of(s.Dk);
+      std::vector<float> qn, kn;
+      normalise(d, qs, qn, kn);  // q and k are the same in both
+      std::vector<float> state = d.S0, out(sz(n * s.Hv * s.Dv), std::nanf(""));
+      run_kernel(table, d, qn, kn, 0, s.Hv, state, out);
+      std::vector<float> state_t = t.S0, out_t(out.size(), std::nanf(""));
+      run_kernel(table, t, qn, kn, 0, s.Hv, state_t, out_t, /*v_tiled=*/true);
+      size_t differ = 0;
+      for (int64_t g = 0; g < s.Hv; ++g) {
+        const int64_t p = tiled_of(g);
+        for (int64_t tok = 0; tok < n; ++tok)
+          for (int64_t e = 0; e < s.Dv; ++e)
+            differ += !(out_t[sz((tok * s.Hv + p) * s.Dv + e)] == out[sz((tok * s.Hv + g) * s.Dv + e)]);
+        for (int64_t e = 0; e < s.Dk * s.Dv; ++e)
+          differ += !(state_t[sz(p * s.Dk * s.Dv + e)] == state[sz(g * s.Dk * s.Dv + e)]);
+      }
+      EXPECT_EQ(differ, 0u);
+      // The same case read in grouped order differs (the mapping is exercised).
+      std::vector<float> state_w = t.S0, out_w(out.size(), std::nanf(""));
+      run_kernel(table, t, qn, kn, 0, s.Hv, state_w, out_w, /*v_tiled=*/false);
+      EXPECT_NE(std::memcmp(out_w.data(), out_t.data(), out.size() * 4), 0);
+    }
   }
 }
 

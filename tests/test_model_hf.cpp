@@ -814,6 +814,85 @@ TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
   EXPECT_LE(std::sqrt(d2 / r2), 0.15);
 }
 
+// llama.cpp's converter's "qwen35" GGUF of the qwen3_5 fixture (2 key heads serving 4 value heads): the converter
+// stores every value-head tensor in its "tiled" order, which the engine runs as stored (LinearAttention::v_tiled).
+// The bf16 file computes transformers' logits; read with the checkpoints' grouped order instead it does not (the
+// order is exercised); `cider convert` keeps the order (bit-identical logits); the Q8_0 file runs natively within the
+// bound of the qwen3_next twin above.
+TEST(HFFixtureQwen35, LlamaCppGgufTwin) {
+  const Fixture f = load_fixture("qwen3_5");
+  const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_qwen3_5/";
+  std::vector<int32_t> seq = f.prompt;
+  seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
+  const auto n = static_cast<int64_t>(seq.size());
+  auto run = [&](const cm::Model& m) {
+    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
+    auto s = m.new_session();
+    m.forward(*s, seq.data(), n, out.data(), true);
+    return out;
+  };
+  float max_ref = 0;
+  for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
+  auto worst_vs_ref = [&](const std::vector<float>& got) {
+    EXPECT_EQ(got.size(), f.logits.data.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size() && i < f.logits.data.size(); ++i) {
+      if (!std::isfinite(got[i])) return static_cast<double>(INFINITY);  // NaN never passes
+      worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - f.logits.data[i]));
+    }
+    return worst;
+  };
+  auto bf16 = cm::Model::load(dir + "qwen3_5_bf16.gguf", opts("f32", "f32"));
+  const cm::ModelConfig& c = bf16->config();
+  const cm::ModelConfig h = cm::load_hf_config(f.dir);
+  EXPECT_EQ(c.arch, cm::Architecture::kQwen35);
+  EXPECT_TRUE(c.linear_attn.v_tiled);
+  EXPECT_FALSE(h.linear_attn.v_tiled);
+  EXPECT_EQ(c.linear_attn.num_v_heads, 2 * c.linear_attn.num_k_heads);
+  EXPECT_EQ(c.layer_linear, h.layer_linear);
+  EXPECT_EQ(c.rotary_dim, h.rotary_dim);
+  EXPECT_EQ(c.linear_attn.v_head_dim, h.linear_attn.v_head_dim);
+  EXPECT_EQ(c.norm_weight_offset, 0.0f);  // the converter stores 1 + w
+  const double worst = worst_vs_ref(run(*bf16));
+  EXPECT_LE(worst, 1e-4 * max_ref);
+  std::printf("qwen3_5 GGUF (bf16, llama.cpp converter): max |dlogit| %.3g (bound %.3g)\n", worst, 1e-4 * max_ref);
+  {  // the same file read in the checkpoints' order: the value heads meet the wrong key heads
+    cm::Model::Impl& im = const_cast<cm::Model::Impl&>(bf16->impl());
+    im.config.linear_attn.v_tiled = false;
+    const double wrong = worst_vs_ref(run(*bf16));
+    im.config.linear_attn.v_tiled = true;
+    std::printf("qwen3_5 GGUF read as grouped: max |dlogit| %.3g\n", wrong);
+    EXPECT_GT(wrong, 100 * 1e-4 * max_ref);
+  }
+  const std::string out = (std::filesystem::temp_directory_path() / "cider_convert_qwen35_gguf").string();
+  std::filesystem::remove_all(out);
+  cm::convert_model(dir + "qwen3_5_bf16.gguf", out, cm::parse_weight_format("bf16"));
+  auto conv = cm::Model::load(out, opts("bf16", "f32"));
+  EXPECT_TRUE(conv->config().linear_attn.v_tiled);
+  const std::vector<float> a = run(*cm::Model::load(dir + "qwen3_5_bf16.gguf", opts("bf16", "f32"))), b = run(*conv);
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i]);
+  EXPECT_EQ(differ, 0u);
+  std::filesystem::remove_all(out);
+
+  auto q8 = cm::Model::load(dir + "qwen3_5_q8_0.gguf", opts("native", "f32"));
+  const auto& counts = q8->impl().w.format_counts;
+  for (const auto& [fmt, k] : counts) std::printf("  native %s: %d layers\n", fmt.c_str(), k);
+  // Q8_0 blocks: per linear layer q|k|v, z, out (b and a stay float32); the full layer's q (queries then gates), k,
+  // v, o; three dense MLPs of 3; the tied head (the embedding's blocks).
+  EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 2 * 3 + 4 + 3 * 3 + 1);
+  const std::vector<float> deq = run(*cm::Model::load(dir + "qwen3_5_q8_0.gguf", opts("f32", "f32")));
+  const std::vector<float> native = run(*q8);
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < deq.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(native[i]));
+    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
+    r2 += static_cast<double>(deq[i]) * deq[i];
+  }
+  std::printf("qwen3_5 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
+  EXPECT_LE(std::sqrt(d2 / r2), 0.15);  // the qwen3_next twin's bound (its comment says why)
+}
+
 // ---- OLMoE: whole-projection q/k norms, clip_qkv, experts not renormalised ----
 
 // The fixture's clip_qkv (3) changes its logits (without it they move by more than the 1e-4 bound many times over),

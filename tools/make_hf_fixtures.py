@@ -43,7 +43,8 @@ first three, so that the CUDA backend runs them):
            experts, top 2, renormalised, a shared expert of 64 behind a sigmoid gate: llama.cpp's converter takes
            no dense layer in this architecture, so its GGUF twin exists); 300-token prompt, bfloat16 checkpoint
   qwen3_5  Qwen3.5 text (Qwen3_5ForCausalLM): the same hybrid with separate in_proj_qkv / in_proj_z / in_proj_b /
-           in_proj_a, dense MLPs, layers [linear, linear, full], 300-token prompt, bfloat16 checkpoint
+           in_proj_a, dense MLPs, layers [linear, linear, full], 2 key heads serving 4 value heads (as the released
+           models: llama.cpp's converter reorders value heads only then), 300-token prompt, bfloat16 checkpoint
   olmoe    OLMoE: q/k norms over the whole projections, clip_qkv 3 (it bites: these q/k/v reach past it), 8 experts
            top 3 not renormalised (norm_topk_prob false, as released), head_dim 32, 300-token prompt, bfloat16
 No tokenizer is written: the tests feed token ids.
@@ -215,7 +216,7 @@ def make(name):
         cfg = Qwen3_5TextConfig(**common(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                                          head_dim=32, layer_types=["linear_attention", "linear_attention",
                                                                    "full_attention"],
-                                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16,
+                                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                                          linear_value_head_dim=32, linear_conv_kernel_dim=4,
                                          max_position_embeddings=512, tie_word_embeddings=True,
                                          partial_rotary_factor=0.25, **rope_kwargs(10000.0)))

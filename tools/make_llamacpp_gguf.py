@@ -3,7 +3,7 @@
 converter, for the GGUF twins in tests/test_model_hf.cpp (HFFixturePhi3.LlamaCppGgufTwin,
 HFFixtureGemma2.LlamaCppGgufTwin).
 
-Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2] [qwen3_next] [olmoe]   (no name: all)
+Usage:  python3 tools/make_llamacpp_gguf.py LLAMA_CPP_DIR [phi3] [gemma2] [qwen3_next] [olmoe] [qwen3_5]   (no name: all)
         LLAMA_CPP_DIR: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/), e.g. the one vendored
         in the llama-cpp-python sdist (pip download llama-cpp-python --no-binary :all: --no-deps). Made with the tree
         of llama-cpp-python 0.3.36. Needs torch, numpy, safetensors.
@@ -21,6 +21,10 @@ class's set_vocab is replaced by a placeholder list of vocab_size tokens. Writes
                                                the rotary dims (converted with --no-mtp)
   tests/data/gguf_olmoe/olmoe_bf16.gguf        whole-projection attn_q_norm / attn_k_norm, experts 3-D,
                                                attention.clamp_kqv
+  tests/data/gguf_qwen3_5/qwen3_5_{bf16,q8_0}.gguf   "qwen35": in_proj_qkv as attn_qkv, in_proj_z as attn_gate,
+                                               in_proj_b / in_proj_a as ssm_beta / ssm_alpha, the value heads of every
+                                               linear-attention tensor in "tiled" order (value head j·Hk + i is key
+                                               head i's j-th), rope.dimension_sections (interleaved MRoPE)
 (The MoE twins are written by tools/make_moe_gguf.py: the converter's MoE classes need nothing different, but this
 script's placeholder vocabulary would not change that, and the fixtures are bfloat16 checkpoints it reads as is.)
 """
@@ -36,6 +40,7 @@ FIXTURES = {
     "gemma2": ("conversion.gemma", "Gemma2Model", ("bf16",)),
     "qwen3_next": ("conversion.qwen", "Qwen3NextModel", ("bf16", "q8_0")),
     "olmoe": ("conversion.olmo", "OlmoeModel", ("bf16",)),
+    "qwen3_5": ("conversion.qwen", "Qwen3_5TextModel", ("bf16", "q8_0")),
 }
 
 
@@ -69,7 +74,7 @@ def main():
         for outtype in outtypes:
             sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", outtype,
                         "--outfile", os.path.join(out, f"{name}_{outtype}.gguf")]
-            if name == "qwen3_next":
+            if name in ("qwen3_next", "qwen3_5"):
                 sys.argv.append("--no-mtp")  # the fixture has no multi-token-prediction layers
             runpy.run_path(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py"), run_name="__main__")
 

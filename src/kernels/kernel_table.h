@@ -172,7 +172,8 @@ struct KVAppendArgs {
 };
 
 // ---- gated delta rule (the linear-attention layers of hybrid models, nn/gated_delta.h) ----------------------------
-// Value heads [h0, h1) over n tokens; head h reads key head h / (Hv / Hk). Per token t in order, per head:
+// Value heads [h0, h1) over n tokens; head h reads key head h / (Hv / Hk), or h % Hk when v_tiled. Per token t in
+// order, per head:
 //   S ← S·exp(g[t, h]);  δ = (v[t, h] − Sᵀk[t])·β[t, h];  S ← S + k[t] δᵀ;  out[t, h] = Sᵀq[t]
 // with S (Dk, Dv) float32 updated in place. q and k are already l2-normalised (q also scaled), float32.
 struct GatedDeltaKernelArgs {
@@ -186,6 +187,7 @@ struct GatedDeltaKernelArgs {
   float* out;          // (n, Hv·Dv)
   int64_t n, Hk, Hv, Dk, Dv;
   int64_t h0, h1;      // the value heads this call runs
+  bool v_tiled;        // ModelConfig::LinearAttention::v_tiled
 };
 
 struct KernelTable {

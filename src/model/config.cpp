@@ -941,6 +941,7 @@ std::string config_to_json(const ModelConfig& c) {
     j["linear_attention"] = {{"num_k_heads", la.num_k_heads}, {"num_v_heads", la.num_v_heads},
                              {"k_head_dim", la.k_head_dim},   {"v_head_dim", la.v_head_dim},
                              {"conv_kernel", la.conv_kernel}};
+    if (la.v_tiled) j["linear_attention"]["v_tiled"] = true;
     j["layer_linear"] = std::vector<int>(c.layer_linear.begin(), c.layer_linear.end());
   }
   if (c.shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
@@ -1036,6 +1037,7 @@ ModelConfig config_from_json(std::string_view json_text, const std::string& sour
     c.linear_attn.k_head_dim = get_int(la, "k_head_dim", source);
     c.linear_attn.v_head_dim = get_int(la, "v_head_dim", source);
     c.linear_attn.conv_kernel = get_int(la, "conv_kernel", source);
+    c.linear_attn.v_tiled = get_bool_or(la, "v_tiled", false, source);
   }
   validate_config(c, source, kCiderConfigKeys);
   return c;

@@ -349,6 +349,7 @@ class CpuBackend final : public PassBackend {
       a.beta = s_.la_b.data() + g.row0 * Hv;
       a.state = st.S.data();
       a.out = s_.la_o.data() + g.row0 * V;
+      a.v_tiled = la.v_tiled;
       nn::gated_delta_rule(a);
       st.pos = g.pos0 + g.n;
     }

@@ -66,6 +66,7 @@ void gated_delta_rule(const GatedDeltaArgs& a) {
   ka.Hv = Hv;
   ka.Dk = Dk;
   ka.Dv = Dv;
+  ka.v_tiled = a.v_tiled;
   const kernels::KernelTable& table = kernels::active_kernels();
   auto heads = [&](int64_t h0, int64_t h1) {
     kernels::GatedDeltaKernelArgs part = ka;

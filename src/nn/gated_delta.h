@@ -1,7 +1,8 @@
 // cider/nn/gated_delta.h — the gated DeltaNet's sequence mixing (Qwen3-Next, Qwen3.5 linear-attention layers), plain
 // float32 code: the reference, and the CPU path.
 //
-// Per value head h (Hv heads of Dv; its key head h / (Hv / Hk) of Hk heads of Dk), per token t in order:
+// Per value head h (Hv heads of Dv; its key head h / (Hv / Hk) of Hk heads of Dk, or h % Hk with v_tiled), per token
+// t in order:
 //   q, k  = l2norm(q_t), l2norm(k_t) (x / √(Σx² + 1e-6)), q /= √Dk
 //   S     = S · exp(g_t[h])                                   S: the state, (Dk, Dv) float32
 //   δ     = (v_t − Sᵀk) · β_t[h]
@@ -32,6 +33,7 @@ struct GatedDeltaArgs {
   const float* beta = nullptr;       // (n, Hv)
   float* state = nullptr;            // (Hv, Dk, Dv), updated
   float* out = nullptr;              // (n, Hv·Dv)
+  bool v_tiled = false;              // ModelConfig::LinearAttention::v_tiled
 };
 // Runs the recurrence over the n tokens: q and k normalised here, then the kernel table's gated_delta (kernels/ref
 // the reference, kernels/x86/avx2 the AVX2/AVX-512 levels), value heads split over the default thread pool when the

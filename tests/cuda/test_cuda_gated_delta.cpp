@@ -393,6 +393,71 @@ TEST(CudaGatedDelta, RecurrenceMatchesFloat64InOneCallAndInPieces) {
     }
 }
 
+// Value heads in llama.cpp's tiled order (GatedDeltaArgs::v_tiled; head j·Hk + i is key head i's j-th): a case whose
+// value heads (v, g, β, the state) sit at the tiled places gives the float64 recurrence of the grouped case at the
+// same places, within its bound.
+TEST(CudaGatedDelta, TiledValueHeadsMatchFloat64) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(405);
+  StreamExec se;
+  for (const Shape& s : {Shape{2, 4, 16, 100}, Shape{3, 6, 8, 12}}) {
+    const int64_t n = 9, r = s.Hv / s.Hk;
+    SCOPED_TRACE(shape_name(s, n));
+    const DeltaCase d = make_delta_case(rng, s.Hk, s.Hv, s.Dk, s.Dv, n);
+    const float q_scale = q_scale_of(s.Dk);
+    const DeltaRef ref = delta_ref(d, q_scale);
+    auto tiled_of = [&](int64_t g) { return (g % r) * s.Hk + g / r; };
+    DeltaCase t = d;
+    for (int64_t g = 0; g < s.Hv; ++g) {
+      const int64_t p = tiled_of(g);
+      for (int64_t tok = 0; tok < n; ++tok) {
+        for (int64_t e = 0; e < s.Dv; ++e)
+          t.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + p * s.Dv + e)] =
+              d.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + g * s.Dv + e)];
+        t.g[sz(tok * s.Hv + p)] = d.g[sz(tok * s.Hv + g)];
+        t.beta[sz(tok * s.Hv + p)] = d.beta[sz(tok * s.Hv + g)];
+      }
+      std::copy_n(d.S0.begin() + g * s.Dk * s.Dv, s.Dk * s.Dv, t.S0.begin() + p * s.Dk * s.Dv);
+    }
+    Guarded d_rows(t.rows.size()), d_g(t.g.size()), d_beta(t.beta.size()), d_S(t.S0.size()), d_out(sz(n * s.Hv * s.Dv));
+    d_rows.upload(t.rows);
+    d_g.upload(t.g);
+    d_beta.upload(t.beta);
+    d_S.upload(t.S0);
+    l2norm_qk(d_rows.data(), n, t.stride, s.Hk, s.Dk, q_scale, se.s());
+    GatedDeltaArgs a;
+    a.n = n;
+    a.Hk = s.Hk;
+    a.Hv = s.Hv;
+    a.Dk = s.Dk;
+    a.Dv = s.Dv;
+    a.q = d_rows.data();
+    a.k = d_rows.data() + s.Hk * s.Dk;
+    a.v = d_rows.data() + 2 * s.Hk * s.Dk;
+    a.row_stride = t.stride;
+    a.g = d_g.data();
+    a.beta = d_beta.data();
+    a.state = d_S.data();
+    a.out = d_out.data();
+    a.v_tiled = true;
+    gated_delta_rule(a, se.s());
+    se.stream.synchronize();
+    const std::vector<float> out_t = d_out.download(), state_t = d_S.download();
+    // Back to the grouped places, then the grouped case's bound.
+    std::vector<float> out(out_t.size()), state(state_t.size());
+    for (int64_t g = 0; g < s.Hv; ++g) {
+      const int64_t p = tiled_of(g);
+      for (int64_t tok = 0; tok < n; ++tok)
+        std::copy_n(out_t.begin() + (tok * s.Hv + p) * s.Dv, s.Dv, out.begin() + (tok * s.Hv + g) * s.Dv);
+      std::copy_n(state_t.begin() + p * s.Dk * s.Dv, s.Dk * s.Dv, state.begin() + g * s.Dk * s.Dv);
+    }
+    EXPECT_TRUE(within(out, ref.out, ref.out_tol, "out"));
+    EXPECT_TRUE(within(state, ref.S, ref.S_tol, "state"));
+    EXPECT_TRUE(d_out.guards_intact());
+    EXPECT_TRUE(d_S.guards_intact());
+  }
+}
+
 // ---- gated_rms_norm, sigmoid_gate_rows ---------------------------------------------------------------------------
 
 TEST(CudaGatedDelta, GatedRmsNormMatchesFloat64) {

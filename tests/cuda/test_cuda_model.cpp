@@ -1327,6 +1327,36 @@ TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
   }
 }
 
+// llama.cpp's "qwen35" GGUF of the qwen3_5 fixture (tests/data/gguf_qwen3_5): its value heads in the converter's
+// tiled order (LinearAttention::v_tiled), which the GPU's recurrence reads as stored: the GPU's logits against the
+// CPU's on the same file, within the bf16 tolerance above.
+TEST(CudaFamilies, Qwen35GgufWithTiledValueHeadsMatchesTheCpu) {
+  CIDER_REQUIRE_GPU();
+  const std::string file = cider::test::repo_file("tests/data/gguf_qwen3_5/qwen3_5_bf16.gguf");
+  const std::string dir = cider::test::repo_file("tests/data/hf_fixtures/qwen3_5");
+  const auto ref = nlohmann::json::parse(cider::read_text_input(dir + "/reference.json", "test"));
+  std::vector<int32_t> seq = ref.at("prompt").get<std::vector<int32_t>>();
+  const size_t prompt = seq.size();
+  for (int32_t t : ref.at("greedy").get<std::vector<int32_t>>()) seq.push_back(t);
+  auto opts = [](const char* kv, cm::Device d) {
+    cm::ModelOptions o;
+    o.weights = cm::parse_weight_format("bf16");
+    o.kv = cm::parse_kv_format(kv);
+    o.device = d;
+    return o;
+  };
+  auto cpu = cm::Model::load(file, opts("bf16", cm::Device::kCPU));
+  ASSERT_TRUE(cpu->config().linear_attn.v_tiled);
+  auto cpu32 = cm::Model::load(file, opts("f32", cm::Device::kCPU));
+  auto gpu = cm::Model::load(file, opts("bf16", cm::Device::kCUDA));
+  const std::vector<float> want = logits_of(*cpu, seq, prompt);
+  const double tol = bf16_tolerance(want, logits_of(*cpu32, seq, prompt));
+  const Diff d = diff(logits_of(*gpu, seq, prompt), want);
+  RecordProperty("qwen35_gguf", str(d));
+  EXPECT_TRUE(d.finite);
+  EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+}
+
 // ---- hybrid models on the GPU: state carried across calls, per session, only forward ----------------------------
 
 namespace {

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kGatedDeltaMaxDv) gated_delta_kernel(GatedDelt
   float* S = gd_smem;                                  // [Dk, Dv]
   float* qs = gd_smem + static_cast<int64_t>(dk) * dv;  // [Dk]
   float* ks = qs + dk;                                 // [Dk]
-  const int64_t h = blockIdx.x, kh = h / (a.Hv / a.Hk);
+  const int64_t h = blockIdx.x, kh = a.v_tiled ? h % a.Hk : h / (a.Hv / a.Hk);
   const int j = static_cast<int>(threadIdx.x);
   const bool owns_column = j < dv;  // the block is rounded up to whole warps
   float* Sg = a.state + h * a.Dk * a.Dv;

@@ -173,6 +173,8 @@ ChatFormat arch_chat_format(const ArchSpec& spec, const HasTokenFn& has_token);
 // linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim), gated attention, q/k norms and (1 + w) norms.
 // Which layers are linear comes from layer_types (config.cpp).
 void hybrid_config(const ConfigSource& src, ModelConfig& c);
+// The same from GGUF metadata (the ssm.* keys; arch/qwen3_next.cpp), for "qwen3next" and "qwen35".
+void hybrid_gguf_config(const ConfigSource& src, ModelConfig& c);
 // Qwen2's sliding layers: use_sliding_window and a positive window make layers max_window_layers.. sliding.
 void qwen2_sliding_layers(const ConfigSource& src, int64_t window, ModelConfig& c);
 

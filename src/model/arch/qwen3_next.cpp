@@ -45,6 +45,23 @@ void hybrid_config(const ConfigSource& src, ModelConfig& c) {
         "heads); got ", la.num_v_heads, " and ", la.num_k_heads);
 }
 
+// GGUF metadata (config.cpp has marked the linear layers and read the experts): the geometry from the ssm.* keys.
+void hybrid_gguf_config(const ConfigSource& src, ModelConfig& c) {
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.norm_weight_offset = 0.0f;  // stored as 1 + w
+  ModelConfig::LinearAttention& la = c.linear_attn;
+  la.num_k_heads = src.get_int("ssm.group_count");
+  la.num_v_heads = src.get_int("ssm.time_step_rank");
+  la.k_head_dim = src.get_int("ssm.state_size");
+  la.conv_kernel = src.get_int("ssm.conv_kernel");
+  const int64_t inner = src.get_int("ssm.inner_size");
+  check(la.num_v_heads > 0 && inner > 0 && inner % la.num_v_heads == 0, ErrorCode::kCorrupt, kConfigOp,
+        src.source(), ": ssm.inner_size must be a positive multiple of ssm.time_step_rank (the value heads); got ",
+        inner, " and ", la.num_v_heads);
+  la.v_head_dim = inner / la.num_v_heads;
+}
+
 namespace {
 
 constexpr const char* kHfClasses[] = {"Qwen3NextForCausalLM"};
@@ -70,21 +87,8 @@ void hf_config(const ConfigSource& src, ModelConfig& c) {
     }
 }
 
-// GGUF metadata (config.cpp has marked the linear layers and read the experts): the geometry from the ssm.* keys.
 void gguf_config(const ConfigSource& src, ModelConfig& c) {
-  c.qk_norm = true;
-  c.attn_output_gate = true;
-  c.norm_weight_offset = 0.0f;  // stored as 1 + w
-  ModelConfig::LinearAttention& la = c.linear_attn;
-  la.num_k_heads = src.get_int("ssm.group_count");
-  la.num_v_heads = src.get_int("ssm.time_step_rank");
-  la.k_head_dim = src.get_int("ssm.state_size");
-  la.conv_kernel = src.get_int("ssm.conv_kernel");
-  const int64_t inner = src.get_int("ssm.inner_size");
-  check(la.num_v_heads > 0 && inner > 0 && inner % la.num_v_heads == 0, ErrorCode::kCorrupt, kConfigOp,
-        src.source(), ": ssm.inner_size must be a positive multiple of ssm.time_step_rank (the value heads); got ",
-        inner, " and ", la.num_v_heads);
-  la.v_head_dim = inner / la.num_v_heads;
+  hybrid_gguf_config(src, c);
   c.shared_expert_intermediate_size = src.get_int_or("expert_shared_feed_forward_length", 0);
 }
 

@@ -1508,6 +1508,7 @@ void GpuSession::Impl::linear_attention(int64_t layer) {
     a.beta = beta + g.row0 * Hv;
     a.state = st.S.as<float>();
     a.out = o + g.row0 * V;
+    a.v_tiled = c.linear_attn.v_tiled;
     cuda::gated_delta_rule(a, e_.stream);
     st.pos = g.pos0 + g.n;
   }

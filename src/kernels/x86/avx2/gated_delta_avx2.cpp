@@ -105,7 +105,7 @@ void gated_delta(const GatedDeltaKernelArgs& a) {
   alignas(32) float kv[kMaxDv], delta[kMaxDv];
   for (int64_t h = a.h0; h < a.h1; ++h) {
     float* S = a.state + h * Dk * Dv;
-    const int64_t kh = h / r;
+    const int64_t kh = a.v_tiled ? h % a.Hk : h / r;
     for (int64_t t = 0; t < a.n; ++t) {
       const float* q = a.q + (t * a.Hk + kh) * Dk;
       const float* k = a.k + (t * a.Hk + kh) * Dk;
