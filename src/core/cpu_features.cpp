@@ -40,6 +40,7 @@ CpuFeatures probe() {
   if (__get_cpuid_max(0, nullptr) >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     f.avx2 = (b >> 5) & 1u;
+    f.bmi2 = (b >> 8) & 1u;
     f.avx512f = (b >> 16) & 1u;
     f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
@@ -66,7 +67,8 @@ const CpuFeatures& cpu_features() {
 IsaLevel detected_isa() {
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.os_avx && f.avx && f.avx2 && f.fma && f.f16c;
-  const bool avx512 = avx2 && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
+  const bool avx512 =
+      avx2 && f.os_avx512 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.bmi2;
   return avx512 ? IsaLevel::kAvx512 : avx2 ? IsaLevel::kAvx2 : IsaLevel::kRef;
 }
 
