@@ -103,22 +103,11 @@ TEST(GatedDelta, TiledValueHeadsArePermutedGroupedHeads) {
   for (IsaLevel level : supported_isas()) {
     const kernels::KernelTable& table = kernels::kernels_for_isa(level);
     for (const test::gdn::Shape& s : {test::gdn::Shape{2, 4, 16, 100}, test::gdn::Shape{3, 6, 8, 12}}) {
-      const int64_t n = 9, r = s.Hv / s.Hk;
+      const int64_t n = 9;
       SCOPED_TRACE(std::string(isa_name(level)) + " " + test::gdn::shape_name(s, n));
       const DeltaCase d = test::gdn::make_delta_case(rng, s.Hk, s.Hv, s.Dk, s.Dv, n);
-      auto tiled_of = [&](int64_t g) { return (g % r) * s.Hk + g / r; };  // grouped head g = i·r + j → j·Hk + i
-      DeltaCase t = d;
-      for (int64_t g = 0; g < s.Hv; ++g) {
-        const int64_t p = tiled_of(g);
-        for (int64_t tok = 0; tok < n; ++tok) {
-          for (int64_t e = 0; e < s.Dv; ++e)
-            t.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + p * s.Dv + e)] =
-                d.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + g * s.Dv + e)];
-          t.g[sz(tok * s.Hv + p)] = d.g[sz(tok * s.Hv + g)];
-          t.beta[sz(tok * s.Hv + p)] = d.beta[sz(tok * s.Hv + g)];
-        }
-        std::copy_n(d.S0.begin() + g * s.Dk * s.Dv, s.Dk * s.Dv, t.S0.begin() + p * s.Dk * s.Dv);
-      }
+      const DeltaCase t = test::gdn::tiled_case(d);
+      auto tiled_of = [&](int64_t g) { return test::gdn::tiled_head(d, g); };
       const float qs = test::gdn::q_scale_of(s.Dk);
       std::vector<float> qn, kn;
       normalise(d, qs, qn, kn);  // q and k are the same in both

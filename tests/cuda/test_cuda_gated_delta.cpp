@@ -42,6 +42,8 @@ using test::gdn::make_delta_case;
 using test::gdn::q_scale_of;
 using test::gdn::Shape;
 using test::gdn::shape_name;
+using test::gdn::tiled_case;
+using test::gdn::tiled_head;
 using test::gdn::within;
 
 using test::gdn::dbl;
@@ -401,24 +403,13 @@ TEST(CudaGatedDelta, TiledValueHeadsMatchFloat64) {
   auto rng = test::make_rng(405);
   StreamExec se;
   for (const Shape& s : {Shape{2, 4, 16, 100}, Shape{3, 6, 8, 12}}) {
-    const int64_t n = 9, r = s.Hv / s.Hk;
+    const int64_t n = 9;
     SCOPED_TRACE(shape_name(s, n));
     const DeltaCase d = make_delta_case(rng, s.Hk, s.Hv, s.Dk, s.Dv, n);
     const float q_scale = q_scale_of(s.Dk);
     const DeltaRef ref = delta_ref(d, q_scale);
-    auto tiled_of = [&](int64_t g) { return (g % r) * s.Hk + g / r; };
-    DeltaCase t = d;
-    for (int64_t g = 0; g < s.Hv; ++g) {
-      const int64_t p = tiled_of(g);
-      for (int64_t tok = 0; tok < n; ++tok) {
-        for (int64_t e = 0; e < s.Dv; ++e)
-          t.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + p * s.Dv + e)] =
-              d.rows[sz(tok * d.stride + 2 * s.Hk * s.Dk + g * s.Dv + e)];
-        t.g[sz(tok * s.Hv + p)] = d.g[sz(tok * s.Hv + g)];
-        t.beta[sz(tok * s.Hv + p)] = d.beta[sz(tok * s.Hv + g)];
-      }
-      std::copy_n(d.S0.begin() + g * s.Dk * s.Dv, s.Dk * s.Dv, t.S0.begin() + p * s.Dk * s.Dv);
-    }
+    const DeltaCase t = tiled_case(d);
+    auto tiled_of = [&](int64_t g) { return tiled_head(d, g); };
     Guarded d_rows(t.rows.size()), d_g(t.g.size()), d_beta(t.beta.size()), d_S(t.S0.size()), d_out(sz(n * s.Hv * s.Dv));
     d_rows.upload(t.rows);
     d_g.upload(t.g);

@@ -60,6 +60,29 @@ inline DeltaCase make_delta_case(std::mt19937_64& rng, int64_t Hk, int64_t Hv, i
   return d;
 }
 
+// llama.cpp's tiled value-head order (LinearAttention::v_tiled): the checkpoints' value head g = i·r + j (key head i,
+// r = Hv / Hk) sits at j·Hk + i.
+inline int64_t tiled_head(const DeltaCase& d, int64_t g) {
+  const int64_t r = d.Hv / d.Hk;
+  return (g % r) * d.Hk + g / r;
+}
+// The case with its value heads (v, g, β, the state) moved to their tiled places; q and k unchanged.
+inline DeltaCase tiled_case(const DeltaCase& d) {
+  DeltaCase t = d;
+  const int64_t v0 = 2 * d.Hk * d.Dk, S = d.Dk * d.Dv;
+  for (int64_t g = 0; g < d.Hv; ++g) {
+    const int64_t p = tiled_head(d, g);
+    for (int64_t tok = 0; tok < d.n; ++tok) {
+      for (int64_t e = 0; e < d.Dv; ++e)
+        t.rows[sz(tok * d.stride + v0 + p * d.Dv + e)] = d.rows[sz(tok * d.stride + v0 + g * d.Dv + e)];
+      t.g[sz(tok * d.Hv + p)] = d.g[sz(tok * d.Hv + g)];
+      t.beta[sz(tok * d.Hv + p)] = d.beta[sz(tok * d.Hv + g)];
+    }
+    for (int64_t e = 0; e < S; ++e) t.S0[sz(p * S + e)] = d.S0[sz(g * S + e)];
+  }
+  return t;
+}
+
 // The float64 reference of nn::gated_delta_rule (l2norm with eps 1e-6 inside the root, q × q_scale, the float32
 // value the kernels are given), with the bound of the file comment per output and per final state element.
 struct DeltaRef {
