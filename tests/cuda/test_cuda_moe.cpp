@@ -357,7 +357,7 @@ TEST(CudaMoe, FixturesDecodeThroughGraphsWithDeviceRouting) {
       };
       std::unique_ptr<cm::Model> gpu;
       {
-        cider::test::ScopedEnv env("CIDER_CUDA_MOE_ROUTING", "device");  // the default, said explicitly (cuda_backend.h)
+        cider::test::ScopedEnv env("CIDER_CUDA_MOE_ROUTING", "device");  // the default, said explicitly
         gpu = cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
       }
       ASSERT_TRUE(cm::gpu::gpu_session(*gpu->new_session()) != nullptr);

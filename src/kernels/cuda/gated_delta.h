@@ -44,7 +44,8 @@ void causal_conv1d_silu(const float* x, int64_t x_stride, int64_t n, int64_t C, 
 void l2norm_qk(float* x, int64_t n, int64_t row_stride, int64_t Hk, int64_t Dk, float q_scale, void* stream);
 
 // The gated delta rule over n tokens of one sequence (nn::gated_delta_rule after its l2norm, which l2norm_qk did):
-// per value head h (key head h / (Hv / Hk), or h % Hk when v_tiled) and token t in order, on S = state + h·Dk·Dv ((Dk, Dv) float32):
+// per value head h (key head h / (Hv / Hk), or h % Hk when v_tiled) and token t in order, on
+// S = state + h·Dk·Dv ((Dk, Dv) float32):
 //   S ·= exp(g[t, h]);  δ = (v_t − Sᵀk_t)·β[t, h];  S += k_t δᵀ;  out[t, h·Dv + j] = (Sᵀq_t)_j
 // q, k: row t's Hk heads of Dk at q + t·row_stride (k likewise); v: row t's Hv heads of Dv at v + t·row_stride;
 // g, beta (n, Hv); out (n, Hv·Dv). One block per value head, one thread per column j of S, S in shared memory

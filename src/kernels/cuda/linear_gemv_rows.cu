@@ -1,7 +1,8 @@
 // cider/kernels/cuda/linear_gemv_rows.cu — decode GEMV for one activation row (M = 1): one warp per weight row (or
 // per 2 rows when K is short), int8 dot products with dp4a, no shared-memory ring and no barrier after the
 // prologue. Reached through cuda::w8a8_gemv / w4a8_gemv (linear_gemv.cu validates and chooses; the tensor-core tile
-// kernel there keeps M = 2 … 16 and serves M = 1 on request: $CIDER_GEMV_KERNEL=tile).
+// kernel there keeps M = 2 … 16 and serves M = 1 on request: $CIDER_GEMV_KERNEL=tile), and through cuda::moe_gemv
+// for a mixture-of-experts layer's slots (launch_experts: a block row per slot, its expert's weights from a table).
 //
 // Why (docs/cuda/gemv.md, round 6): the tile kernel streams 16-row tiles through a cp.async ring and meets its tile
 // group at a barrier per tile; Nsight Compute showed it latency-bound on that per-tile chain (≈ 3 µs per tile per
@@ -113,8 +114,8 @@ __host__ __device__ constexpr int smem_bytes(bool int4, int K) { return xq_bytes
 // units stay in registers between the max and the codes. Otherwise two passes over x.
 // x0: the row's first element in p.x (a slot's row for the experts' launches, else 0).
 template <bool kInt4, int kThreads, int kHeldUnits>
-__device__ void quantize_row_to_shared(const RowsParams& p, int64_t x0, int8_t* xq, int32_t* chunk_sums, uint32_t* amax_warp,
-                                       float* sx_out) {
+__device__ void quantize_row_to_shared(const RowsParams& p, int64_t x0, int8_t* xq, int32_t* chunk_sums,
+                                       uint32_t* amax_warp, float* sx_out) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
   if (p.xq != nullptr) {      // quantized beforehand (quantize_rows_int8): copy, W4 reordered per unit

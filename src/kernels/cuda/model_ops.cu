@@ -396,11 +396,10 @@ __device__ __forceinline__ float glu_one(float g, float u, int act) { return act
 
 // One CTA per row of qkv: the whole-row norms, then the clamps (qkv_norm_clip_rows). Each element is rewritten by
 // the thread that read it, so the norms need no barrier besides the reductions'.
-__global__ void __launch_bounds__(kResidualThreads) qkv_norm_clip_kernel(float* __restrict__ qkv, int64_t stride,
-                                                                          int64_t q_len, int64_t k_col, int64_t k_len,
-                                                                          int64_t v_len, const float* __restrict__ q_norm,
-                                                                          const float* __restrict__ k_norm,
-                                                                          float offset, float eps, float clip) {
+__global__ void __launch_bounds__(kResidualThreads)
+    qkv_norm_clip_kernel(float* __restrict__ qkv, int64_t stride, int64_t q_len, int64_t k_col, int64_t k_len,
+                         int64_t v_len, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float offset,
+                         float eps, float clip) {
   __shared__ float scratch[32];
   cuda::pdl::wait();  // qkv comes from the projection
   cuda::pdl::launch_dependents();

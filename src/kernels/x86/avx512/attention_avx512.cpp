@@ -293,10 +293,10 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 // ---- keys ------------------------------------------------------------------------------------------------------
 
 // Codes of a key row of a width other than 4 and 8, unpacked to one byte per dim (dst[Dk]). Eight codes are `bits`
-// whole bytes of the row's little-endian bit stream; pdep spreads them into the low bits of eight bytes (one 64-bit
-// load, one pdep, one store per eight codes: 1.4–1.6× the speed of a 16-lane permute/shift unpack at Dk 128–256 on
-// this project's 2-core Xeon VM, 2026-12-03). The loads stay inside the row: the groups whose 8-byte load would pass its end shift theirs
-// out of the row's last 8 bytes (rows shorter than 8 bytes are read byte by byte).
+// whole bytes of the row's little-endian bit stream; pdep spreads them into the low bits of eight bytes: one 64-bit
+// load, one pdep and one store per eight codes, 1.4–1.6× the speed of a 16-lane permute/shift unpack at Dk 128–256
+// on this project's 2-core Xeon VM (2026-12-03). The loads stay inside the row: the groups whose 8-byte load would
+// pass its end shift theirs out of the row's last 8 bytes (rows shorter than 8 bytes are read byte by byte).
 CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
   const uint64_t mask = 0x0101010101010101ull * ((uint64_t{1} << bits) - 1u);
   const int64_t groups = Dk / 8, row_bytes = Dk * bits / 8;
