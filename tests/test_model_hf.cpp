@@ -71,6 +71,26 @@ cm::ModelOptions opts(const char* weights, const char* kv, int kv_group = 64) {
   return o;
 }
 
+// The logits of every position of `seq` in one pass (the GGUF twins' comparisons).
+std::vector<float> logits_over(const cm::Model& m, const std::vector<int32_t>& seq) {
+  const auto n = static_cast<int64_t>(seq.size());
+  std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
+  auto s = m.new_session();
+  m.forward(*s, seq.data(), n, out.data(), true);
+  return out;
+}
+
+// ‖got − ref‖ / ‖ref‖ over every element; infinite when `got` holds a NaN or ±inf (which never passes).
+double relative_rms(const std::vector<float>& got, const std::vector<float>& ref) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (i >= got.size() || !std::isfinite(got[i])) return INFINITY;
+    d2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    r2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
 class HFFixture : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HFFixture, F32MatchesTransformersAndGreedyIsIdentical) {
@@ -408,13 +428,7 @@ TEST(HFFixturePhi3, LlamaCppGgufTwin) {
   const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_phi3/";
   std::vector<int32_t> seq = f.prompt;
   seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
-  const auto n = static_cast<int64_t>(seq.size());
-  auto run = [&](const cm::Model& m) {
-    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
-    auto s = m.new_session();
-    m.forward(*s, seq.data(), n, out.data(), true);
-    return out;
-  };
+  auto run = [&](const cm::Model& m) { return logits_over(m, seq); };
   auto bf16 = cm::Model::load(dir + "phi3_bf16.gguf", opts("f32", "f32"));
   const cm::ModelConfig& c = bf16->config();
   EXPECT_EQ(c.arch, cm::Architecture::kPhi3);
@@ -441,14 +455,9 @@ TEST(HFFixturePhi3, LlamaCppGgufTwin) {
   EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 7 * q8->config().num_layers + 1);
   const std::vector<float> deq = run(*cm::Model::load(dir + "phi3_q8_0.gguf", opts("f32", "f32")));
   const std::vector<float> native = run(*q8);
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < deq.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(native[i]));
-    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
-    r2 += static_cast<double>(deq[i]) * deq[i];
-  }
-  std::printf("phi3 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
-  EXPECT_LE(std::sqrt(d2 / r2), 0.08);  // the w8a8 bound above: int8 activations against Q8_0 blocks
+  const double rms = relative_rms(native, deq);
+  std::printf("phi3 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", rms);
+  EXPECT_LE(rms, 0.08);  // the w8a8 bound above: int8 activations against Q8_0 blocks
 }
 
 // The gemma2 fixture converted by llama.cpp's own converter (tools/make_llamacpp_gguf.py; a placeholder vocabulary):
@@ -462,13 +471,7 @@ TEST(HFFixtureGemma2, LlamaCppGgufTwin) {
   const Fixture f = load_fixture("gemma2");
   std::vector<int32_t> seq = f.prompt;
   seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
-  const auto n = static_cast<int64_t>(seq.size());
-  auto run = [&](const cm::Model& m) {
-    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
-    auto s = m.new_session();
-    m.forward(*s, seq.data(), n, out.data(), true);
-    return out;
-  };
+  auto run = [&](const cm::Model& m) { return logits_over(m, seq); };
   auto gguf = cm::Model::load(std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_gemma2/gemma2_bf16.gguf",
                               opts("f32", "f32"));
   const cm::ModelConfig& c = gguf->config();
@@ -762,13 +765,7 @@ TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
   const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_qwen3_next/";
   std::vector<int32_t> seq = f.prompt;
   seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
-  const auto n = static_cast<int64_t>(seq.size());
-  auto run = [&](const cm::Model& m) {
-    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
-    auto s = m.new_session();
-    m.forward(*s, seq.data(), n, out.data(), true);
-    return out;
-  };
+  auto run = [&](const cm::Model& m) { return logits_over(m, seq); };
   auto bf16 = cm::Model::load(dir + "qwen3_next_bf16.gguf", opts("f32", "f32"));
   const cm::ModelConfig& c = bf16->config();
   const cm::ModelConfig h = cm::load_hf_config(f.dir);
@@ -800,18 +797,13 @@ TEST(HFFixtureHybrid, LlamaCppGgufTwin) {
   EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 2 * 3 + 2 * 4 + 4 * (8 * 3 + 3) + 1);
   const std::vector<float> deq = run(*cm::Model::load(dir + "qwen3_next_q8_0.gguf", opts("f32", "f32")));
   const std::vector<float> native = run(*q8);
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < deq.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(native[i]));
-    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
-    r2 += static_cast<double>(deq[i]) * deq[i];
-  }
-  std::printf("qwen3_next GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
+  const double rms = relative_rms(native, deq);
+  std::printf("qwen3_next GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", rms);
   // Native blocks multiply int8 activations quantized per 32 (ggml's Q8 rule). Where prefill decodes the rows to
   // float32 instead (the ref and AVX2 levels) only the decode steps do, and this prompt-only run measures 0.011; on
   // AVX-512 the prefill takes the int8 kernel too and it measures 0.092 — the gated DeltaNet layers amplify
   // activation errors (W8A8's per-row codes give up to 0.25 on these fixtures, above). Bound: 0.15.
-  EXPECT_LE(std::sqrt(d2 / r2), 0.15);
+  EXPECT_LE(rms, 0.15);
 }
 
 // llama.cpp's converter's "qwen35" GGUF of the qwen3_5 fixture (2 key heads serving 4 value heads): the converter
@@ -824,13 +816,7 @@ TEST(HFFixtureQwen35, LlamaCppGgufTwin) {
   const std::string dir = std::string(CIDER_SOURCE_DIR) + "/tests/data/gguf_qwen3_5/";
   std::vector<int32_t> seq = f.prompt;
   seq.insert(seq.end(), f.greedy.begin(), f.greedy.end());
-  const auto n = static_cast<int64_t>(seq.size());
-  auto run = [&](const cm::Model& m) {
-    std::vector<float> out(static_cast<size_t>(n * m.config().vocab_size));
-    auto s = m.new_session();
-    m.forward(*s, seq.data(), n, out.data(), true);
-    return out;
-  };
+  auto run = [&](const cm::Model& m) { return logits_over(m, seq); };
   float max_ref = 0;
   for (float v : f.logits.data) max_ref = std::max(max_ref, std::fabs(v));
   auto worst_vs_ref = [&](const std::vector<float>& got) {
@@ -883,14 +869,9 @@ TEST(HFFixtureQwen35, LlamaCppGgufTwin) {
   EXPECT_EQ(counts.count("Q8_0") ? counts.at("Q8_0") : 0, 2 * 3 + 4 + 3 * 3 + 1);
   const std::vector<float> deq = run(*cm::Model::load(dir + "qwen3_5_q8_0.gguf", opts("f32", "f32")));
   const std::vector<float> native = run(*q8);
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < deq.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(native[i]));
-    d2 += (static_cast<double>(native[i]) - deq[i]) * (static_cast<double>(native[i]) - deq[i]);
-    r2 += static_cast<double>(deq[i]) * deq[i];
-  }
-  std::printf("qwen3_5 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", std::sqrt(d2 / r2));
-  EXPECT_LE(std::sqrt(d2 / r2), 0.15);  // the qwen3_next twin's bound (its comment says why)
+  const double rms = relative_rms(native, deq);
+  std::printf("qwen3_5 GGUF Q8_0 native vs dequantized: relative RMS %.3g\n", rms);
+  EXPECT_LE(rms, 0.15);  // the qwen3_next twin's bound (its comment says why)
 }
 
 // ---- OLMoE: whole-projection q/k norms, clip_qkv, experts not renormalised ----

@@ -207,7 +207,6 @@ struct ModelConfig {
     // Value-head order: false (the checkpoints'): value head h belongs to key head h / (num_v_heads / num_k_heads);
     // true (llama.cpp's "qwen35" GGUF, whose converter reorders every value-head tensor): key head h % num_k_heads.
     bool v_tiled = false;
-    int64_t key_head_of(int64_t h) const { return v_tiled ? h % num_k_heads : h / (num_v_heads / num_k_heads); }
     int64_t key_dim() const { return num_k_heads * k_head_dim; }
     int64_t value_dim() const { return num_v_heads * v_head_dim; }
     int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // the convolved channels: q | k | v

@@ -38,6 +38,7 @@
 #include "model/cuda/cuda_backend.h"
 #include "kernels/cuda/model_ops.h"
 #include "model/generate.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "model/transformer.h"
 #include "nn/rotation.h"
@@ -1288,27 +1289,52 @@ const char* const kFamilies[] = {"llama", "mistral", "qwen2",     "qwen3",      
                                  "qwen3_5"};
 }  // namespace
 
+namespace {
+
+// A fixture's tokens: its prompt, then its greedy continuation; `prompt` gets the prompt's length.
+std::vector<int32_t> fixture_tokens(const std::string& dir, size_t* prompt) {
+  const auto ref = nlohmann::json::parse(cider::read_text_input(dir + "/reference.json", "test"));
+  std::vector<int32_t> seq = ref.at("prompt").get<std::vector<int32_t>>();
+  *prompt = seq.size();
+  for (int32_t t : ref.at("greedy").get<std::vector<int32_t>>()) seq.push_back(t);
+  return seq;
+}
+
+cm::ModelOptions bf16_options(const char* kv, cm::Device d) {
+  cm::ModelOptions o;
+  o.weights = cm::parse_weight_format("bf16");
+  o.kv = cm::parse_kv_format(kv);
+  o.device = d;
+  return o;
+}
+
+// The GPU's logits of `model` (a directory or file) against the CPU's on the same tokens, within the bf16 tolerance.
+void expect_gpu_matches_cpu(const std::string& model, const std::vector<int32_t>& seq, size_t prompt,
+                            const std::string& label) {
+  auto cpu = cm::Model::load(model, bf16_options("bf16", cm::Device::kCPU));
+  auto cpu32 = cm::Model::load(model, bf16_options("f32", cm::Device::kCPU));
+  auto gpu = cm::Model::load(model, bf16_options("bf16", cm::Device::kCUDA));
+  const std::vector<float> want = logits_of(*cpu, seq, prompt);
+  const double tol = bf16_tolerance(want, logits_of(*cpu32, seq, prompt));
+  const Diff d = diff(logits_of(*gpu, seq, prompt), want);
+  ::testing::Test::RecordProperty(label, str(d));
+  EXPECT_TRUE(d.finite);
+  EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+}
+
+}  // namespace
+
 TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
   CIDER_REQUIRE_GPU();
   for (const char* name : kFamilies) {
     SCOPED_TRACE(name);
     const std::string dir = cider::test::repo_file(std::string("tests/data/hf_fixtures/") + name);
-    const auto ref = nlohmann::json::parse(cider::read_text_input(dir + "/reference.json", "test"));
-    std::vector<int32_t> seq = ref.at("prompt").get<std::vector<int32_t>>();
-    const size_t prompt = seq.size();
-    for (int32_t t : ref.at("greedy").get<std::vector<int32_t>>()) seq.push_back(t);
-    auto opts = [](const char* kv, cm::Device d) {
-      cm::ModelOptions o;
-      o.weights = cm::parse_weight_format("bf16");
-      o.kv = cm::parse_kv_format(kv);
-      o.device = d;
-      return o;
-    };
-    auto cpu = cm::Model::load(dir, opts("bf16", cm::Device::kCPU));
-    const int64_t D = cpu->config().head_dim;
+    size_t prompt = 0;
+    const std::vector<int32_t> seq = fixture_tokens(dir, &prompt);
+    const int64_t D = cm::load_hf_config(dir).head_dim;
     if (D != 32 && D != 64 && D != 128 && D != 256) {
       try {
-        (void)cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
+        (void)cm::Model::load(dir, bf16_options("bf16", cm::Device::kCUDA));
         ADD_FAILURE() << "head_dim " << D << " loaded on CUDA";
       } catch (const cider::Error& e) {
         EXPECT_EQ(e.code(), cider::ErrorCode::kUnsupported);
@@ -1316,14 +1342,7 @@ TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
       }
       continue;
     }
-    auto cpu32 = cm::Model::load(dir, opts("f32", cm::Device::kCPU));
-    auto gpu = cm::Model::load(dir, opts("bf16", cm::Device::kCUDA));
-    const std::vector<float> want = logits_of(*cpu, seq, prompt);
-    const double tol = bf16_tolerance(want, logits_of(*cpu32, seq, prompt));
-    const Diff d = diff(logits_of(*gpu, seq, prompt), want);
-    RecordProperty(std::string("family_") + name, str(d));
-    EXPECT_TRUE(d.finite);
-    EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+    expect_gpu_matches_cpu(dir, seq, prompt, std::string("family_") + name);
   }
 }
 
@@ -1333,28 +1352,10 @@ TEST(CudaFamilies, EveryFixtureMatchesTheCpu) {
 TEST(CudaFamilies, Qwen35GgufWithTiledValueHeadsMatchesTheCpu) {
   CIDER_REQUIRE_GPU();
   const std::string file = cider::test::repo_file("tests/data/gguf_qwen3_5/qwen3_5_bf16.gguf");
-  const std::string dir = cider::test::repo_file("tests/data/hf_fixtures/qwen3_5");
-  const auto ref = nlohmann::json::parse(cider::read_text_input(dir + "/reference.json", "test"));
-  std::vector<int32_t> seq = ref.at("prompt").get<std::vector<int32_t>>();
-  const size_t prompt = seq.size();
-  for (int32_t t : ref.at("greedy").get<std::vector<int32_t>>()) seq.push_back(t);
-  auto opts = [](const char* kv, cm::Device d) {
-    cm::ModelOptions o;
-    o.weights = cm::parse_weight_format("bf16");
-    o.kv = cm::parse_kv_format(kv);
-    o.device = d;
-    return o;
-  };
-  auto cpu = cm::Model::load(file, opts("bf16", cm::Device::kCPU));
-  ASSERT_TRUE(cpu->config().linear_attn.v_tiled);
-  auto cpu32 = cm::Model::load(file, opts("f32", cm::Device::kCPU));
-  auto gpu = cm::Model::load(file, opts("bf16", cm::Device::kCUDA));
-  const std::vector<float> want = logits_of(*cpu, seq, prompt);
-  const double tol = bf16_tolerance(want, logits_of(*cpu32, seq, prompt));
-  const Diff d = diff(logits_of(*gpu, seq, prompt), want);
-  RecordProperty("qwen35_gguf", str(d));
-  EXPECT_TRUE(d.finite);
-  EXPECT_LE(d.max_abs, tol) << str(d) << "; tolerance " << tol;
+  size_t prompt = 0;
+  const std::vector<int32_t> seq = fixture_tokens(cider::test::repo_file("tests/data/hf_fixtures/qwen3_5"), &prompt);
+  ASSERT_TRUE(cm::Model::load(file, bf16_options("bf16", cm::Device::kCPU))->config().linear_attn.v_tiled);
+  expect_gpu_matches_cpu(file, seq, prompt, "qwen35_gguf");
 }
 
 // ---- hybrid models on the GPU: state carried across calls, per session, only forward ----------------------------

@@ -8,6 +8,8 @@
 #include "kernels/cuda/linear_gemv_rows.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/pdl.cuh"
+#include "quant/int4.h"
+#include "quant/int8.h"
 
 namespace cider::cuda {
 
@@ -161,12 +163,8 @@ bool moe_gemv_supports(MoeWeightKind kind, int64_t K, int group_size) {
   if (K < 32 || K % 32 != 0) return false;
   switch (kind) {
     case MoeWeightKind::kBF16: return group_size == 0;
-    case MoeWeightKind::kInt8:
-      return (group_size == 0 || group_size == 64 || group_size == 128 || group_size == 256) &&
-             (group_size == 0 || K % group_size == 0);
-    case MoeWeightKind::kInt4:
-      return (group_size == 0 || group_size == 32 || group_size == 64 || group_size == 128 || group_size == 256) &&
-             (group_size == 0 || K % group_size == 0);
+    case MoeWeightKind::kInt8: return quant::is_int8_group_size(group_size) && (group_size == 0 || K % group_size == 0);
+    case MoeWeightKind::kInt4: return quant::is_int4_group_size(group_size) && (group_size == 0 || K % group_size == 0);
   }
   return false;
 }

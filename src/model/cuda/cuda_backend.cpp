@@ -796,7 +796,7 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<float> moe_h, moe_logits, moe_w;      // host: h (n, hidden), router logits (n, E), slot weights
   std::vector<int32_t> moe_chosen, moe_rows;        // host: experts (n, K); slots' rows grouped by expert
   cuda::DeviceBuffer moe_in, moe_gu, moe_ffn, moe_out, moe_scratch, moe_idx, moe_wdev;  // allocated on first use
-  // Device routing (GpuModel::moe_on_device), for up to kMoeDeviceRows rows: each slot's expert and weight, the rows'
+  // Device routing (GpuModel::moe_on_device), for up to moe_device_rows rows: each slot's expert and weight, the rows'
   // shared-expert weights, gate|up (slots, 2·Ie), GLU (slots, Ie), down (slots, H).
   cuda::DeviceBuffer moe_sel, moe_wk, moe_wsh, moe_y1, moe_y2, moe_y3;
   void logits(int64_t first, int64_t rows, float* dst) override;
@@ -1342,7 +1342,7 @@ void GpuSession::Impl::moe(int64_t layer) {
   }
   // ---- decode rows: routed on the device (kernels/cuda/moe.h), no host round trip ----
   if (m.moe_on_device && n <= m.moe_device_rows) {
-    const int64_t R = GpuModel::kMoeDeviceRows, routed = n * K;
+    const int64_t R = m.moe_device_rows, routed = n * K;
     if (moe_sel.bytes() == 0) {
       moe_sel = cuda::DeviceBuffer(sz(R * K) * sizeof(int32_t));
       moe_wk = f32(R * K);

@@ -140,7 +140,7 @@ struct GpuModel {
   // cuda::kMoeMaxExperts, and the model has no linear-attention layers; $CIDER_CUDA_MOE_ROUTING=host turns it off.
   bool moe_on_device = false;
   int64_t moe_device_rows = 0;
-  static constexpr int64_t kMoeDeviceRows = 16;  // the most rows moe_device_rows may allow (buffer sizes)
+  static constexpr int64_t kMoeDeviceRows = 16;  // the most rows moe_device_rows may allow
   // Tensor parallelism (model/tensor_parallel.h): this rank's share of the model when comm is set — config is the
   // rank's shape (tp_shard_config), lm_head holds vocabulary rows [vocab0, vocab0 + head_rows()), and the o, down and
   // MoE outputs are all-reduced through comm. `device`: the CUDA device the buffers live on.
