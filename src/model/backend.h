@@ -102,6 +102,14 @@ class BackendSession {
   // window caches that dropped old positions cannot go back before their window (position 0, a reset, always can).
   virtual void truncate(int64_t position) = 0;
   virtual bool can_truncate(int64_t position) const = 0;
+  // The state on the host (model/session_state.h), for Model::snapshot; false: this device's sessions cannot copy it
+  // there (optional).
+  virtual bool snapshot(SessionState& out) const {
+    (void)out;
+    return false;
+  }
+  // Takes a state Model::restore_session checked against the model (optional: only where snapshot() works).
+  virtual void restore(const SessionState& state);
 };
 
 // A model's weights on one device and the forward there.
@@ -114,6 +122,7 @@ class BackendModel {
   // The sampler's candidates from the last row a forward kept on the device; false when this device has no sampling.
   virtual bool candidates(BackendSession& s, const CandidateRequest& request, Candidates& out) const;
   virtual bool samples_on_device() const { return false; }
+  virtual bool can_snapshot() const { return false; }  // its sessions' snapshot() works (optional)
 };
 
 // The backend for model.options().device: the CPU (model/cpu_backend.cpp) or, in a CUDA build, the GPU

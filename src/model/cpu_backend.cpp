@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
 #include "model/backend.h"
+#include "model/session_state.h"
 #include "model/transformer.h"
 #include "nn/attention.h"
 #include "nn/gated_delta.h"
@@ -157,6 +158,24 @@ class CpuSession final : public BackendSession {
           " (sliding-window caches dropped positions; a linear-attention state holds only its latest position)");
     for (auto& c : caches)
       if (c->end() > position) c->trim(c->end() - position);
+  }
+  bool snapshot(SessionState& out) const override {
+    out.caches.clear();
+    out.linear.clear();
+    for (const auto& c : caches) out.caches.push_back(c->snapshot());
+    for (const LinearState& st : linear) out.linear.push_back({st.S, st.conv, st.pos});
+    return true;
+  }
+  // Model::restore_session checked the state against this model: attention layers' caches take its snapshots (a
+  // layer's cache without dims stays fresh), linear-attention layers its states.
+  void restore(const SessionState& state) override {
+    for (size_t l = 0; l < caches.size(); ++l) {
+      if (state.caches[l].meta().has_dims) caches[l]->restore(state.caches[l]);
+      const LinearStateCopy& st = state.linear[l];
+      linear[l].S = st.S;
+      linear[l].conv = st.conv;
+      linear[l].pos = st.pos;
+    }
   }
 
   const Model::Impl& model;
@@ -478,6 +497,7 @@ class CpuModel final : public BackendModel {
  public:
   explicit CpuModel(const Model::Impl& m) : m_(m) {}
   std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CpuSession>(m_); }
+  bool can_snapshot() const override { return true; }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
     CpuBackend b(m_, sessions, static_cast<CpuSession*>(sessions[0])->scratch);
     run_forward(m_.config, b, steps);

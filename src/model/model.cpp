@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/backend.h"
 #include "model/loader.h"
+#include "model/session_state.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "quant/affine.h"
@@ -238,6 +239,130 @@ bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, con
   run_steps(*impl_->backend, std::span<Session::Impl* const>(&sp, 1), std::span<const SequenceStep>(&step, 1));
   impl_->backend->candidates(*si.backend, request, out);
   return true;
+}
+
+// ---- session states (model/session_state.h) ----------------------------------------------------------------------
+
+void BackendSession::restore(const SessionState&) {
+  fail(ErrorCode::kUnsupported, "session_restore", "this device's sessions cannot be restored from the host");
+}
+
+int64_t SessionState::nbytes() const {
+  int64_t b = 0;
+  for (const auto& c : caches) b += c.nbytes();
+  for (const auto& l : linear) b += static_cast<int64_t>((l.S.size() + l.conv.size()) * sizeof(float));
+  return b;
+}
+
+nn::KVCacheMeta expected_cache_meta(const Model& m, int64_t layer) {
+  const ModelConfig& c = m.config();
+  check(layer >= 0 && layer < c.num_layers, ErrorCode::kInvalidArgument, "expected_cache_meta", "layer must be in [0, ",
+        c.num_layers, "); got ", layer);
+  nn::KVCacheMeta meta = m.impl().make_cache(layer)->meta();
+  if (c.is_linear_layer(layer)) return meta;  // its cache stays empty
+  meta.has_dims = true;
+  meta.B = 1;
+  meta.H = c.num_kv_heads;
+  meta.Dk = meta.Dv = c.head_dim;
+  return meta;
+}
+
+bool Model::can_snapshot() const { return impl_->backend->can_snapshot(); }
+
+SessionState Model::snapshot(const Session& s) const {
+  constexpr const char* op = "session_snapshot";
+  check(can_snapshot(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
+        " device cannot be copied to the host (the cpu device's can)");
+  check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
+        "the session must come from this model's new_session()");
+  SessionState st;
+  st.position = s.impl().position;
+  check(s.impl().backend->snapshot(st), ErrorCode::kUnsupported, op, "this session cannot be copied to the host");
+  return st;
+}
+
+namespace {
+
+std::string describe_meta(const nn::KVCacheMeta& m) {
+  std::string out = m.spec().name() + " seed " + std::to_string(m.seed) + " window " + std::to_string(m.window);
+  if (m.quantized && m.key_outliers > 0) out += " outliers " + std::to_string(m.key_outliers);
+  if (!m.has_dims) return out + " without dims";
+  return out + " dims (" + std::to_string(m.B) + ", " + std::to_string(m.H) + ", " + std::to_string(m.Dk) + ", " +
+         std::to_string(m.Dv) + ")";
+}
+
+bool same_format(const nn::KVCacheMeta& a, const nn::KVCacheMeta& b) {
+  return a.quantized == b.quantized && a.k_bits == b.k_bits && a.v_bits == b.v_bits && a.group_size == b.group_size &&
+         a.scale_dtype == b.scale_dtype && a.dtype == b.dtype && a.rotation == b.rotation && a.seed == b.seed &&
+         a.key_layout == b.key_layout && a.key_outliers == b.key_outliers && a.window == b.window &&
+         a.has_dims == b.has_dims && a.B == b.B && a.H == b.H && a.Dk == b.Dk && a.Dv == b.Dv;
+}
+
+// The outlier channel indices of a per-channel key cache's complete blocks (KVCacheSnapshot plane 8: uint16
+// [B, H, ceil(length/gs), n], ascending, each < Dk): attention reads them as offsets into a row.
+void check_outlier_indices(const nn::KVCacheSnapshot& snap, int64_t layer, const char* op) {
+  const nn::KVCacheMeta& m = snap.meta();
+  if (!m.quantized || m.key_layout != nn::KeyLayout::kChannel || m.key_outliers == 0 || m.length == 0) return;
+  constexpr size_t kOutlierIndexPlane = 8;
+  const int64_t n = m.key_outliers, rows = (m.length + m.group_size - 1) / m.group_size;
+  const int64_t complete = m.length / m.group_size;
+  const auto* idx = static_cast<const uint16_t*>(snap.plane(kOutlierIndexPlane).data());
+  for (int64_t bh = 0; bh < m.B * m.H; ++bh)
+    for (int64_t r = 0; r < complete; ++r) {
+      const uint16_t* row = idx + (bh * rows + r) * n;
+      for (int64_t o = 0; o < n; ++o)
+        check(row[o] < m.Dk && (o == 0 || row[o] > row[o - 1]), ErrorCode::kCorrupt, op, "layer ", layer,
+              ": outlier channel indices must ascend and be < ", m.Dk, "; got ", row[o], " in block ", r);
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Session> Model::restore_session(const SessionState& st) const {
+  constexpr const char* op = "session_restore";
+  check(can_snapshot(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
+        " device cannot be restored from the host (the cpu device's can)");
+  const ModelConfig& c = impl_->config;
+  const auto layers = static_cast<size_t>(c.num_layers);
+  check(st.caches.size() == layers && st.linear.size() == layers, ErrorCode::kCorrupt, op, "a state needs ", layers,
+        " layers (this model's); got ", st.caches.size(), " caches and ", st.linear.size(), " linear states");
+  check(st.position >= 0 && st.position <= impl_->ctx, ErrorCode::kCorrupt, op, "position must be in [0, ",
+        impl_->ctx, "] (the context); got ", st.position);
+  const ModelConfig::LinearAttention& la = c.linear_attn;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const nn::KVCacheSnapshot& snap = st.caches[static_cast<size_t>(l)];
+    const nn::KVCacheMeta& got = snap.meta();
+    const LinearStateCopy& ls = st.linear[static_cast<size_t>(l)];
+    const nn::KVCacheMeta want = expected_cache_meta(*this, l);
+    if (c.is_linear_layer(l)) {
+      check(!got.has_dims, ErrorCode::kCorrupt, op, "layer ", l, " is a linear-attention layer: its cache holds "
+            "nothing; got ", got.length, " positions");
+      const auto S = static_cast<size_t>(la.num_v_heads * la.k_head_dim * la.v_head_dim);
+      const auto conv = static_cast<size_t>((la.conv_kernel - 1) * la.conv_dim());
+      const bool fresh = ls.S.empty() && ls.conv.empty() && ls.pos == 0 && st.position == 0;
+      const bool held = ls.S.size() == S && ls.conv.size() == conv && ls.pos == st.position;
+      check(fresh || held, ErrorCode::kCorrupt, op, "layer ", l, "'s linear-attention state must hold ", S, " + ",
+            conv, " floats at position ", st.position, "; got ", ls.S.size(), " + ", ls.conv.size(), " at ", ls.pos);
+      continue;
+    }
+    check(ls.S.empty() && ls.conv.empty() && ls.pos == 0, ErrorCode::kCorrupt, op, "layer ", l,
+          " is an attention layer: it holds no linear-attention state");
+    if (!got.has_dims) {  // an empty cache: only at position 0
+      check(st.position == 0 && got.length == 0, ErrorCode::kCorrupt, op, "layer ", l,
+            "'s cache is empty but the state holds ", st.position, " positions");
+      continue;
+    }
+    check(same_format(got, want), ErrorCode::kCorrupt, op, "layer ", l, "'s cache must be ", describe_meta(want),
+          " (this model's); got ", describe_meta(got));
+    check(got.length >= 0 && got.start >= 0 && got.start + got.length == st.position, ErrorCode::kCorrupt, op,
+          "layer ", l, "'s cache must end at the state's position ", st.position, "; got start ", got.start,
+          " + length ", got.length);
+    check_outlier_indices(snap, l, op);
+  }
+  auto s = new_session();
+  s->impl().backend->restore(st);
+  s->impl().position = st.position;
+  return s;
 }
 
 }  // namespace cider::model

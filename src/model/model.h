@@ -236,6 +236,7 @@ int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positi
 using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t total)>;
 
 class Model;
+struct SessionState;  // model/session_state.h
 
 // The state of one token sequence: every layer's KV cache and the number of positions processed.
 class Session {
@@ -297,6 +298,15 @@ class Model {
   // the vocabulary. Returns false, having done nothing, when the session runs on the CPU or request.k is 0.
   bool forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
                           Candidates& out) const;
+  // A session's state copied to the host, and a new session holding a copy of one (model/session_state.h): the
+  // server's prefix cache on disk. Only where can_snapshot() (the CPU device; a GPU session's caches stay on the GPU):
+  // elsewhere both throw cider::Error (kUnsupported). restore_session checks everything against this model before
+  // allocating a session (the layer count, each cache's format, seed, window, dims, length and start, the linear-
+  // attention states' sizes and positions, outlier channel indices) and throws cider::Error (kCorrupt) naming what
+  // differs; a state from snapshot() of this model's session always passes.
+  bool can_snapshot() const;
+  SessionState snapshot(const Session& s) const;
+  std::unique_ptr<Session> restore_session(const SessionState& state) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools
