@@ -1,16 +1,20 @@
 // The server's scheduler (runtime/engine.h) and protocol (runtime/openai_api.h) on the embedded model cider-tiny:
 // a request's tokens equal model::generate's (the `cider generate` loop) alone and inside a batch of 8; prefix-cache
 // hits give the tokens of misses; the KV bound limits the running set; a full queue refuses; a cancel frees the
-// sequence; stop strings, end tokens and logprobs; the protocol's errors name the field.
+// sequence; stop strings, end tokens and logprobs; the protocol's errors name the field; the prefix cache on disk
+// (runtime/prompt_cache.h): a restarted engine hits with the tokens of a miss, the files stay within the pool's bound,
+// another cache format's files are ignored, and the reader refuses hostile bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +23,10 @@
 
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/session_state.h"
 #include "runtime/engine.h"
 #include "runtime/openai_api.h"
+#include "runtime/prompt_cache.h"
 #include "support/test_support.h"
 
 namespace {
@@ -423,11 +429,9 @@ TEST(OpenAIApi, ChatPromptsFromTheModelsTemplate) {
 
 }  // namespace
 
-// A model whose sliding-window layers keep only their window (tests/data/hf_fixtures/gemma3: window 8 on two of three
-// layers; copied with a 4096-token context and cider-tiny's tokenizer, whose 4096 tokens cover its 512): a pooled
-// session that dropped the positions a shorter shared prefix needs is a miss (its tokens those of a fresh run), one
-// extended by the new prompt is a hit.
-TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
+// tests/data/hf_fixtures/gemma3 (window 8 on two of three layers) copied with a 4096-token context and cider-tiny's
+// tokenizer (whose 4096 tokens cover its 512), float32 weights and cache.
+static std::unique_ptr<cm::Model> window_model() {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("cider_engine_window_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -440,8 +444,9 @@ TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
     std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const std::string key = "\"max_position_embeddings\": ";
     const size_t at = cfg.find(key);
-    ASSERT_NE(at, std::string::npos);
-    cfg.replace(at + key.size(), cfg.find_first_of(",\n}", at + key.size()) - (at + key.size()), "4096");
+    EXPECT_NE(at, std::string::npos);
+    if (at != std::string::npos)
+      cfg.replace(at + key.size(), cfg.find_first_of(",\n}", at + key.size()) - (at + key.size()), "4096");
     std::ofstream(dir / "config.json") << cfg;
   }
   cm::ModelOptions mo;
@@ -449,6 +454,14 @@ TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
   mo.kv = cm::parse_kv_format("f32");
   auto model = cm::Model::load(dir.string(), mo);
   fs::remove_all(dir);
+  return model;
+}
+
+// A model whose sliding-window layers keep only their window (window_model): a pooled session that dropped the
+// positions a shorter shared prefix needs is a miss (its tokens those of a fresh run), one extended by the new prompt
+// is a hit.
+TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
+  auto model = window_model();
   ASSERT_EQ(model->config().sliding_window, 8);
   auto req = [](std::vector<int32_t> prompt) {
     rt::RequestOptions o;
@@ -488,4 +501,279 @@ TEST(Engine, APooledSessionWhoseWindowDroppedThePrefixIsAMiss) {
   const Outcome hit = collect(*submit(engine, req(extended)));
   EXPECT_GE(hit.last.cached_tokens, 690);
   EXPECT_EQ(hit.tokens, fresh(req(extended)));
+}
+
+// ---- the prefix cache on disk (runtime/prompt_cache.h) ------------------------------------------------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag)
+      : path(fs::temp_directory_path() / ("cider_engine_" + tag + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::vector<std::string> cache_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Warnings collected from any thread (the store's writer thread warns too).
+struct Warnings {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(m);
+    };
+  }
+};
+
+std::string code_prompt() {
+  std::string p = "import numpy as np\n\n";
+  for (int i = 0; i < 12; ++i) p += "def f" + std::to_string(i) + "(x):\n    return np.sum(x * " + std::to_string(i) + ")\n\n";
+  return p;
+}
+
+// Waits until the finished request's session joined the pool (the end of the engine's step), then for its file.
+void settle(rt::Engine& e, int64_t pooled) {
+  for (int i = 0; i < 60000 && (e.stats().pooled < pooled || e.stats().running != 0); ++i)
+    std::this_thread::sleep_for(1ms);
+  e.flush_prompt_cache();
+}
+
+}  // namespace
+
+// Pooled sessions are written as they join the pool; a new engine on the same directory loads them, and a repeated
+// prompt hits them with the tokens of the first engine's miss (bit for bit: the blocks were completed by a prompt
+// chunk). Taking an entry deletes its file; the files never outnumber prefix_cache_entries; a smaller bound at start
+// loads the newest and deletes the rest.
+TEST(EnginePromptCache, ARestartedEngineHitsWithTheTokensOfAMiss) {
+  TempDir dir("prompt_cache");
+  Warnings warnings;
+  const std::string p = code_prompt();
+  const auto n = static_cast<int64_t>(request(p, 1).prompt.size());
+  const int64_t block = tiny().options().kv.group_size;
+  rt::EngineOptions eo;
+  eo.prompt_cache_dir = dir.path.string();
+  eo.warn = warnings.sink();
+  Outcome miss;
+  {
+    rt::Engine engine(tiny(), eo);
+    EXPECT_EQ(engine.stats().prompt_cache_loaded, 0);
+    miss = collect(*submit(engine, request(p, 24)));
+    EXPECT_EQ(miss.last.cached_tokens, 0);
+    settle(engine, 1);
+    EXPECT_EQ(cache_files(dir.path).size(), 1u);
+  }
+  EXPECT_EQ(miss.tokens, generate_tokens(request(p, 24)));
+  std::vector<std::string> before = cache_files(dir.path);
+  {
+    rt::Engine engine(tiny(), eo);
+    EXPECT_EQ(engine.stats().prompt_cache_loaded, 1);
+    EXPECT_EQ(engine.stats().pooled, 1);
+    const Outcome hit = collect(*submit(engine, request(p, 24)));
+    EXPECT_EQ(hit.last.cached_tokens, (n - 1) / block * block);
+    EXPECT_EQ(hit.tokens, miss.tokens);
+    settle(engine, 1);
+    // The entry was taken (its file deleted) and came back longer under a new name.
+    const std::vector<std::string> after = cache_files(dir.path);
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_NE(after, before);
+    // More distinct prompts than entries: the files follow the pool.
+    eo.prefix_cache_entries = 2;
+  }
+  {
+    rt::Engine engine(tiny(), eo);  // prefix_cache_entries 2
+    EXPECT_EQ(engine.stats().prompt_cache_loaded, 1);
+    for (size_t i = 0; i < 4; ++i) (void)collect(*submit(engine, request(kPrompts[i] + p, 4)));
+    settle(engine, 2);
+    EXPECT_EQ(engine.stats().pooled, 2);
+    EXPECT_EQ(cache_files(dir.path).size(), 2u);
+  }
+  eo.prefix_cache_entries = 1;
+  {
+    rt::Engine engine(tiny(), eo);
+    EXPECT_EQ(engine.stats().prompt_cache_loaded, 1);
+    EXPECT_EQ(cache_files(dir.path).size(), 1u);  // the older one deleted
+    // The newest was kPrompts[3]'s.
+    const Outcome again = collect(*submit(engine, request(kPrompts[3] + p, 4)));
+    EXPECT_GT(again.last.cached_tokens, 0);
+  }
+  std::lock_guard<std::mutex> lock(warnings.mu);
+  EXPECT_TRUE(warnings.lines.empty()) << warnings.lines.front();
+}
+
+// Files of another cache format (the identity covers it), junk under an entry's name and leftover temporary files:
+// each ignored file gets one warning naming it and its reason and stays (the temporary one is removed); nothing is
+// loaded from them.
+TEST(EnginePromptCache, FilesOfAnotherFormatOrCorruptAreIgnoredWithAWarning) {
+  TempDir dir("prompt_cache_foreign");
+  Warnings warnings;
+  rt::EngineOptions eo;
+  eo.prompt_cache_dir = dir.path.string();
+  eo.warn = warnings.sink();
+  {
+    rt::Engine engine(tiny(), eo);
+    (void)collect(*submit(engine, request(code_prompt(), 4)));
+    settle(engine, 1);
+  }
+  const std::vector<std::string> written = cache_files(dir.path);
+  ASSERT_EQ(written.size(), 1u);
+  std::ofstream(dir.path / "00000000000000aa.cpc") << "not a cache file at all";
+  std::ofstream(dir.path / "00000000000000ab.cpc.Xy12Zq") << "an interrupted write";
+  cm::ModelOptions o;
+  o.kv = cm::parse_kv_format("k8v4");
+  auto other = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
+  {
+    rt::Engine engine(*other, eo);
+    EXPECT_EQ(engine.stats().prompt_cache_loaded, 0);
+    EXPECT_EQ(engine.stats().pooled, 0);
+    const Outcome r = collect(*submit(engine, request(code_prompt(), 4)));
+    EXPECT_EQ(r.last.cached_tokens, 0);
+  }
+  std::lock_guard<std::mutex> lock(warnings.mu);
+  ASSERT_EQ(warnings.lines.size(), 2u);
+  bool magic = false, model = false;
+  for (const std::string& w : warnings.lines) {
+    magic = magic || (w.find("00000000000000aa.cpc") != std::string::npos && w.find("magic") != std::string::npos);
+    model = model || (w.find(written[0]) != std::string::npos && w.find("another model") != std::string::npos);
+  }
+  EXPECT_TRUE(magic && model) << warnings.lines[0] << "\n" << warnings.lines[1];
+  const std::vector<std::string> left = cache_files(dir.path);
+  EXPECT_EQ(std::count(left.begin(), left.end(), written[0]), 1);  // another model's: kept
+  EXPECT_EQ(std::count(left.begin(), left.end(), "00000000000000ab.cpc.Xy12Zq"), 0);
+}
+
+// The reader on hostile bytes: a good file round-trips (the session continues as the original); every truncation,
+// a flipped byte anywhere, a wrong magic, version or identity, and fields rewritten with a valid checksum (a position
+// past the context, a layer count, a seed, a length, a plane size, a token id, an outlier channel index) are each
+// refused with their reason, without a crash or an allocation of what they claim.
+TEST(EnginePromptCache, TheReaderRefusesHostileBytes) {
+  const cm::Model& m = tiny();
+  const uint64_t id = rt::model_identity(m, "");
+  const std::vector<int32_t> tokens = request(code_prompt(), 1).prompt;
+  const auto n = static_cast<int64_t>(tokens.size());
+  ASSERT_GT(n, 128);  // complete key blocks, with outlier channels
+  ASSERT_GT(m.options().kv.key_outliers, 0);
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(V)), again(static_cast<size_t>(V));
+  auto s = m.new_session();
+  m.forward(*s, tokens.data(), n, logits.data(), false);
+  const std::string good = rt::encode_entry(tokens, m.snapshot(*s), id, 7);
+  ASSERT_LE(static_cast<int64_t>(good.size()), rt::max_file_bytes(m));
+
+  std::vector<int32_t> got;
+  std::unique_ptr<cm::Session> restored;
+  ASSERT_EQ(rt::decode_entry(good, m, id, got, restored), "");
+  EXPECT_EQ(got, tokens);
+  ASSERT_EQ(restored->position(), n);
+  const int32_t next = 42;
+  m.forward(*s, &next, 1, logits.data(), false);
+  m.forward(*restored, &next, 1, again.data(), false);
+  EXPECT_EQ(std::memcmp(logits.data(), again.data(), logits.size() * sizeof(float)), 0);
+
+  const auto refused = [&](const std::string& bytes, const std::string& words, const std::string& what) {
+    got.clear();
+    restored.reset();
+    const std::string r = rt::decode_entry(bytes, m, id, got, restored);
+    EXPECT_NE(r.find(words), std::string::npos) << what << ": " << r;
+    EXPECT_EQ(restored, nullptr) << what;
+  };
+  for (size_t len : {size_t{0}, size_t{5}, size_t{8}, size_t{47}, size_t{48}, size_t{60}, good.size() / 2,
+                     good.size() - 1})
+    refused(good.substr(0, len), len < 8 ? "magic" : "truncated", "truncated to " + std::to_string(len));
+  refused(good + 'x', "trailing", "one byte more");
+  for (size_t at = rt::kHeaderBytes; at < good.size(); at += 997) {
+    std::string b = good;
+    b[at] = static_cast<char>(b[at] ^ 0x10);
+    refused(b, "checksum", "byte " + std::to_string(at) + " flipped");
+  }
+  const auto flipped = [&](size_t at) {
+    std::string b = good;
+    b[at] = static_cast<char>(b[at] ^ 0x01);
+    return b;
+  };
+  refused(flipped(0), "magic", "magic");
+  refused(flipped(8), "version", "version");
+  refused(flipped(16), "another model", "identity");
+  refused(flipped(24), "truncated", "payload size");
+  refused(flipped(32), "checksum", "checksum");
+  EXPECT_NE(rt::decode_entry(good, m, id + 1, got, restored).find("another model"), std::string::npos);
+
+  // Fields rewritten and the checksum recomputed: what a bug or a forger could write.
+  const auto reseal = [](std::string b) {
+    const uint64_t c = rt::fnv1a64(b.data() + rt::kHeaderBytes, b.size() - rt::kHeaderBytes);
+    std::memcpy(b.data() + 32, &c, 8);
+    return b;
+  };
+  const auto set = [&](size_t at, auto v) {
+    std::string b = good;
+    std::memcpy(b.data() + at, &v, sizeof v);
+    return reseal(b);
+  };
+  const auto read64 = [&](size_t at) {
+    int64_t v = 0;
+    std::memcpy(&v, good.data() + at, 8);
+    return v;
+  };
+  // Payload offsets (runtime/prompt_cache.h): position, tokens, layer count, then layer 0's cache.
+  const size_t tokens_at = rt::kHeaderBytes + 8, layers_at = tokens_at + 4 * static_cast<size_t>(n);
+  const size_t layer0 = layers_at + 8, seed_at = layer0 + 2 + 8 * 4, length_at = seed_at + 8 + 4 * 8;
+  const size_t planes_at = seed_at + 8 + 7 * 8, plane0_at = planes_at + 8;
+  ASSERT_EQ(read64(layers_at), m.config().num_layers);
+  ASSERT_EQ(read64(length_at), n);
+  refused(set(rt::kHeaderBytes, int64_t{1} << 40), "position must be in", "position past the context");
+  refused(set(tokens_at, static_cast<int32_t>(V)), "token ids", "token id");
+  refused(set(layers_at, int64_t{3}), "layers", "layer count");
+  refused(set(seed_at, uint64_t{12345}), "format differs", "seed");
+  refused(set(length_at, n - 1), "positions", "length");
+  refused(set(planes_at, int64_t{1000}), "planes", "plane count");
+  refused(set(plane0_at, int64_t{1} << 50), "claims", "plane size");
+  {  // plane 0 four bytes short, its size field agreeing: the snapshot's own check against the metadata
+    std::string b = good;
+    const int64_t size = read64(plane0_at) - 4;
+    std::memcpy(b.data() + plane0_at, &size, 8);
+    b.erase(plane0_at + 8, 4);
+    const uint64_t payload = b.size() - rt::kHeaderBytes;
+    std::memcpy(b.data() + 24, &payload, 8);
+    refused(reseal(b), "plane 0 must hold", "plane 0 short");
+  }
+  // Plane 8, the outlier channel indices (uint16, ascending, < Dk): block 0's first one past the row.
+  size_t at = plane0_at;
+  for (int p = 0; p < 8; ++p) at += 8 + static_cast<size_t>(read64(at));
+  refused(set(at + 8, static_cast<uint16_t>(m.config().head_dim)), "outlier channel", "outlier index");
+}
+
+// A sliding-window session (window_model: its caches dropped old positions) comes back whole: the restored session
+// continues with the original's logits.
+TEST(EnginePromptCache, ASlidingWindowSessionComesBackWhole) {
+  auto model = window_model();
+  const uint64_t id = rt::model_identity(*model, "");
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 700; ++i) tokens.push_back(3 + (i * 37) % 500);
+  const auto V = static_cast<size_t>(model->config().vocab_size);
+  std::vector<float> a(V), b(V);
+  auto s = model->new_session();
+  model->forward(*s, tokens.data(), static_cast<int64_t>(tokens.size()), a.data(), false);
+  const cm::SessionState st = model->snapshot(*s);
+  bool dropped = false;
+  for (const auto& c : st.caches) dropped = dropped || c.meta().start > 0;
+  ASSERT_TRUE(dropped);
+  std::vector<int32_t> got;
+  std::unique_ptr<cm::Session> restored;
+  ASSERT_EQ(rt::decode_entry(rt::encode_entry(tokens, st, id, 1), *model, id, got, restored), "");
+  for (int32_t t : {5, 77, 300, 12}) {
+    model->forward(*s, &t, 1, a.data(), false);
+    model->forward(*restored, &t, 1, b.data(), false);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), V * sizeof(float)), 0) << t;
+  }
 }

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/transformer.h"
+#include "model/session_state.h"
 #include "nn/kv_cache.h"
+#include "runtime/prompt_cache.h"
 
 namespace cider::runtime {
 
@@ -112,12 +114,15 @@ struct Engine::Sequence {
   Clock::time_point submitted, last_token;
   bool done = false;
   FinishReason reason = FinishReason::kNone;
+  bool pool = false;             // finished: its session joins the prefix pool
+  model::SessionState saved;     // with a prompt cache: the session copied to the host, for its file
 };
 
 struct Engine::Pooled {
   std::unique_ptr<model::Session> session;
   std::vector<int32_t> tokens;  // what the session holds, position by position
   uint64_t last_used = 0;
+  std::string file;             // its prompt cache file ("": none)
 };
 
 Engine::Engine(const model::Model& model, const EngineOptions& options)
@@ -139,6 +144,7 @@ Engine::Engine(const model::Model& model, const EngineOptions& options)
   stats_.ttft = make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   stats_.itl = make_histogram({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   stats_.batch_size = make_histogram({1, 2, 4, 8, 16, 32, 64, 128});
+  if (!options_.prompt_cache_dir.empty()) load_prompt_cache();
   worker_ = std::thread([this] { run(); });
 }
 
@@ -149,6 +155,47 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  store_.reset();  // writes what is queued
+}
+
+void Engine::load_prompt_cache() {
+  check(options_.prefix_cache_entries > 0, ErrorCode::kInvalidArgument, kOp,
+        "a prompt cache directory needs a prefix cache (prefix_cache_entries > 0); got ",
+        options_.prefix_cache_entries);
+  check(model_.can_snapshot(), ErrorCode::kUnsupported, kOp, "a prompt cache directory needs sessions the host can "
+        "copy (the cpu device's); the ", model::device_name(model_.options().device), " device keeps them there");
+  if (!options_.warn)
+    options_.warn = [](const std::string& m) { std::fprintf(stderr, "cider: warning: %s\n", m.c_str()); };
+  const uint64_t identity = options_.model_identity != 0 ? options_.model_identity : model_identity(model_, "");
+  store_ = std::make_unique<PromptCacheStore>(model_, options_.prompt_cache_dir, identity, options_.warn);
+  // Newest first, under the live pool's bounds: at most prefix_cache_entries, and their bytes within kv_memory.
+  std::vector<std::unique_ptr<Pooled>> loaded;
+  int64_t bytes = 0;
+  stats_.prompt_cache_loaded = store_->load([&](PromptCacheStore::Loaded& e) {
+    const auto b = static_cast<int64_t>(e.session->kv_bytes());
+    if (static_cast<int64_t>(loaded.size()) >= options_.prefix_cache_entries || bytes + b > options_.kv_memory)
+      return false;
+    auto p = std::make_unique<Pooled>();
+    p->session = std::move(e.session);
+    p->tokens = std::move(e.tokens);
+    p->file = e.name;
+    loaded.push_back(std::move(p));
+    bytes += b;
+    return true;
+  });
+  for (auto it = loaded.rbegin(); it != loaded.rend(); ++it) {  // the oldest is the least recently used
+    (*it)->last_used = ++pool_clock_;
+    pool_.push_back(std::move(*it));
+  }
+}
+
+void Engine::flush_prompt_cache() {
+  if (store_) store_->flush();
+}
+
+void Engine::drop_pooled_locked(std::vector<std::unique_ptr<Pooled>>::iterator it) {
+  if (store_ && !(*it)->file.empty()) store_->remove((*it)->file);
+  pool_.erase(it);
 }
 
 Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
@@ -265,13 +312,15 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
       auto lru = std::min_element(pool_.begin(), pool_.end(),
                                   [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
       pool_bytes -= static_cast<int64_t>((*lru)->session->kv_bytes());
-      pool_.erase(lru);
+      drop_pooled_locked(lru);
     }
     if (reserved_ + s.reserve + pool_bytes > options_.kv_memory) {
       if (reuse) pool_.push_back(std::move(reuse));  // not now: wait for a running sequence to finish
       break;
     }
     if (reuse) {
+      // Taken by the request: out of the pool, so off the disk (it comes back, longer, when the request ends).
+      if (store_ && !reuse->file.empty()) store_->remove(reuse->file);
       reuse->session->trim(reuse->session->position() - best_len);
       s.session = std::move(reuse->session);
       s.prefilled = s.cached = best_len;
@@ -516,6 +565,14 @@ void Engine::step() {
   for (size_t j = 0; j < drawing.size(); ++j) accept(*items[drawing[j]].s, draws[j], t1);
   for (auto& sp : running_)
     if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
+  // The finished sessions that join the prefix pool; with a prompt cache, each copied to the host for its file here,
+  // outside the engine's lock (the writer thread writes it).
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    s.pool = s.done && options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
+             s.session->position() > 0;
+    if (s.pool && store_) s.saved = model_.snapshot(*s.session);
+  }
 
   // Publish, release the finished ones (into the prefix pool), update the statistics.
   for (auto& sp : running_) {
@@ -541,18 +598,18 @@ void Engine::step() {
     }
     reserved_ -= s.reserve;
     // Into the prefix pool: the tokens the session holds (the prompt, then the sampled tokens that went in).
-    if (options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
-        s.session->position() > 0) {
+    if (s.pool) {
       auto p = std::make_unique<Pooled>();
       p->tokens = s.history;
       p->tokens.resize(static_cast<size_t>(s.session->position()));
       p->session = std::move(s.session);
       p->last_used = ++pool_clock_;
+      if (store_) p->file = store_->write(p->tokens, std::move(s.saved));
       pool_.push_back(std::move(p));
       while (static_cast<int64_t>(pool_.size()) > options_.prefix_cache_entries) {
         auto lru = std::min_element(pool_.begin(), pool_.end(),
                                     [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
-        pool_.erase(lru);
+        drop_pooled_locked(lru);
       }
     }
     it = running_.erase(it);

@@ -17,7 +17,9 @@
 // format, quantized included; a session whose sliding-window layers dropped what that trim needs, can_truncate
 // false, is a miss) and prefills only the rest; at least the prompt's last token is always recomputed (its
 // logits are needed). Pooled sessions count against the KV bound with their real bytes and are evicted least recently
-// used first when a reservation needs the room, or beyond prefix_cache_entries.
+// used first when a reservation needs the room, or beyond prefix_cache_entries. With prompt_cache_dir the pool is
+// also kept on disk (runtime/prompt_cache.h): a session's file is written when it joins the pool and deleted when it
+// leaves it, and the files are loaded into the pool at start under the same bounds.
 //
 // Requests are consumed from any thread: Request::wait() returns what the engine produced since the last call.
 #pragma once
@@ -27,6 +29,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,6 +82,7 @@ struct RequestUpdate {
 };
 
 class Engine;
+class PromptCacheStore;  // runtime/prompt_cache.h
 
 class Request {
  public:
@@ -103,6 +107,11 @@ struct EngineOptions {
   int64_t max_waiting = 64;          // requests queued beyond the batch; more are refused (Submit::kBusy)
   int64_t step_tokens = 256;         // rows of one batched forward (decode rows first, then prompt chunks)
   int64_t prefix_cache_entries = 16; // finished sequences kept for prefix reuse; 0: no prefix cache
+  // The prefix cache kept in this directory across restarts (runtime/prompt_cache.h); "": in memory only. Needs
+  // prefix_cache_entries > 0 and a model whose sessions the host can copy (Model::can_snapshot: the CPU device).
+  std::string prompt_cache_dir;
+  uint64_t model_identity = 0;       // what its files must carry (runtime::model_identity); 0: the model's, files left out
+  std::function<void(const std::string&)> warn;  // a file ignored or not written; default: a line on stderr
 };
 
 // Counters and gauges for /metrics (Prometheus text: Engine::metrics_text).
@@ -121,6 +130,7 @@ struct EngineStats {
   int64_t kv_bytes_in_use = 0;    // allocated by running and pooled sessions
   int64_t kv_bytes_reserved = 0;  // reserved by running sequences + held by pooled ones (the bound's left side)
   int64_t kv_memory = 0;
+  int64_t prompt_cache_loaded = 0;  // entries loaded from prompt_cache_dir at start
   Histogram ttft, itl, batch_size;
 };
 
@@ -141,6 +151,9 @@ class Engine {
   // Cancels every running and waiting request (they finish with FinishReason::kCancelled at the next step).
   void cancel_all();
 
+  // Waits until every prompt cache file queued so far is written or deleted (a no-op without prompt_cache_dir).
+  void flush_prompt_cache();
+
   const model::Model& model() const { return model_; }
   const EngineOptions& options() const { return options_; }
   EngineStats stats() const;
@@ -149,6 +162,8 @@ class Engine {
  private:
   struct Sequence;
   struct Pooled;
+  void load_prompt_cache();
+  void drop_pooled_locked(std::vector<std::unique_ptr<Pooled>>::iterator it);  // erases it, deleting its file
   void run();
   void admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted);
   void step();
@@ -191,6 +206,7 @@ class Engine {
   EngineStats stats_;
   int64_t chunk_align_ = 1;
   std::vector<std::vector<float>> logits_;  // the worker's logits rows, kept across steps
+  std::unique_ptr<PromptCacheStore> store_;       // prompt_cache_dir's files; null without
   std::thread worker_;
 };
 
