@@ -202,6 +202,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--prefix-cache", serve.prefix_cache,
                         "finished sequences whose KV is kept for requests sharing a prefix (0: off)")
       ->capture_default_str();
+  serve_cmd->add_option("--prompt-cache", serve.prompt_cache,
+                        "a directory that keeps the prefix cache across restarts: one file per cached sequence, "
+                        "loaded at start (CPU device)");
   serve_cmd->add_option("--step-tokens", serve.step_tokens,
                         "rows per batched forward: decode rows first, then prompt chunks")
       ->capture_default_str();

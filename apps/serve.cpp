@@ -19,6 +19,7 @@
 #include "model/chat_format.h"
 #include "runtime/engine.h"
 #include "runtime/openai_api.h"
+#include "runtime/prompt_cache.h"
 
 namespace cider::apps {
 
@@ -69,6 +70,8 @@ int run_serve(ServeArgs a) {
         "--max-waiting must be in [0, 4096]; got ", a.max_waiting);
   check(a.prefix_cache >= 0 && a.prefix_cache <= 4096, ErrorCode::kInvalidArgument, op,
         "--prefix-cache must be in [0, 4096]; got ", a.prefix_cache);
+  check(a.prompt_cache.empty() || a.prefix_cache > 0, ErrorCode::kInvalidArgument, op,
+        "--prompt-cache keeps the prefix cache on disk: it needs --prefix-cache > 0; got ", a.prefix_cache);
   check(a.step_tokens >= 1 && a.step_tokens <= 65536, ErrorCode::kInvalidArgument, op,
         "--step-tokens must be in [1, 65536]; got ", a.step_tokens);
   check(a.max_body >= 1024, ErrorCode::kInvalidArgument, op, "--max-body must be >= 1024 bytes; got ", a.max_body);
@@ -81,6 +84,9 @@ int run_serve(ServeArgs a) {
     if (const char* k = std::getenv("CIDER_API_KEY")) a.api_key = k;
   if (!a.chat_format.empty()) (void)model::parse_chat_format(a.chat_format);
   const model::ModelOptions opts = model_options(a.m);
+  check(a.prompt_cache.empty() || opts.device == model::Device::kCPU, ErrorCode::kUnsupported, op,
+        "--prompt-cache needs sessions whose KV the host can copy, the cpu device's; --device ",
+        model::device_name(opts.device), " keeps them on the GPU");
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const model::ChatFormat format = chat_format_for(*model, a.chat_format);
@@ -113,7 +119,18 @@ int run_serve(ServeArgs a) {
   eo.max_waiting = a.max_waiting;
   eo.step_tokens = a.step_tokens;
   eo.prefix_cache_entries = a.prefix_cache;
+  if (!a.prompt_cache.empty()) {
+    eo.prompt_cache_dir = a.prompt_cache;
+    eo.model_identity = runtime::model_identity(*model, path);
+    eo.warn = [](const std::string& m) {
+      std::fprintf(stderr, "cider serve: warning: %s\n", m.c_str());
+      std::fflush(stderr);
+    };
+  }
   runtime::Engine engine(*model, eo);
+  if (!a.prompt_cache.empty())
+    std::fprintf(stderr, "cider serve: prompt cache %s: %lld entries loaded\n", a.prompt_cache.c_str(),
+                 static_cast<long long>(engine.stats().prompt_cache_loaded));
   const runtime::OpenAIApi api(*model, name, format, std::move(chat_template));
   const int64_t started = static_cast<int64_t>(std::time(nullptr));
 

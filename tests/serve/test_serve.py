@@ -1063,6 +1063,151 @@ def drain_timeout(s, eos_ids):
     assert json.loads(events[-2])["error"]["type"] == "server_error", events[-2]
 
 
+# ---- the prefix cache on disk (--prompt-cache DIR) ----------------------------------------------------------------
+def cache_files(d: Path):
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".cpc"))
+
+
+def pooled_to_disk(s: Server, d: Path, entries):
+    """Waits until the server is idle with `entries` sessions in its prefix cache and as many files in DIR (a session
+    joins the pool at the end of the engine's step; its file is written by another thread)."""
+    wait_until(lambda: idle(s.url), "an idle server")
+    wait_until(lambda: metrics(s.url)["cider_prefix_cache_entries"] == entries, f"{entries} pooled sessions")
+    wait_until(lambda: len(cache_files(d)) == entries, f"{entries} files in {d}")
+
+
+def warnings_of(s: Server):
+    return [line for line in s.log().splitlines() if "warning" in line]
+
+
+GREEDY = dict(max_tokens=48, temperature=0, logprobs=2)
+
+
+@pytest.fixture(scope="session")
+def fresh_code(nocache_server):
+    """The greedy reply to CODE from a server without a prefix cache."""
+    r = complete(nocache_server.url, prompt=CODE, **GREEDY)
+    check_usage(r["usage"], cached=0)
+    return r
+
+
+def test_prompt_cache_survives_restart(tmp_path, fresh_code):
+    d = tmp_path / "prompts"
+    a = Server("--prompt-cache", str(d))
+    try:
+        assert "prompt cache " + str(d) + ": 0 entries loaded" in a.log()
+        miss = complete(a.url, prompt=CODE, **GREEDY)
+        check_usage(miss["usage"], cached=0)
+        pooled_to_disk(a, d, 1)
+    finally:
+        stop_cleanly(a)
+    assert len(cache_files(d)) == 1
+    b = Server("--prompt-cache", str(d))
+    try:
+        assert "1 entries loaded" in b.log(), b.log()
+        assert metrics(b.url)["cider_prefix_cache_entries"] == 1
+        hit = complete(b.url, prompt=CODE, **GREEDY)
+        n = hit["usage"]["prompt_tokens"]
+        check_usage(hit["usage"], cached=(n - 1) // BLOCK * BLOCK)
+        assert hit["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert hit["choices"][0]["text"] == fresh_code["choices"][0]["text"], divergence(fresh_code, hit)
+        assert hit["choices"][0]["text"] == miss["choices"][0]["text"]
+        assert not warnings_of(b), b.log()
+    finally:
+        stop_cleanly(b)
+
+
+def test_prompt_cache_files_bounded(tmp_path):
+    """At most --prefix-cache files: a session's file goes when it leaves the pool; a restart with a smaller bound
+    keeps the newest."""
+    d = tmp_path / "prompts"
+    s = Server("--prompt-cache", str(d), "--prefix-cache", "2")
+    try:
+        for i in range(5):
+            complete(s.url, prompt=f"# variant {i}\n" + CODE, max_tokens=4, temperature=0)
+            assert len(cache_files(d)) <= 2
+        pooled_to_disk(s, d, 2)
+    finally:
+        stop_cleanly(s)
+    assert len(cache_files(d)) == 2
+    s = Server("--prompt-cache", str(d), "--prefix-cache", "1")
+    try:
+        assert "1 entries loaded" in s.log(), s.log()
+        assert len(cache_files(d)) == 1
+        r = complete(s.url, prompt="# variant 4\n" + CODE, max_tokens=4, temperature=0)  # the newest
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        stop_cleanly(s)
+
+
+def test_prompt_cache_corrupt_files_ignored(tmp_path, fresh_code):
+    """A truncated file, one with a flipped byte and one with a wrong magic: one warning each naming the file and
+    its reason; the server serves normally and takes nothing from them."""
+    d = tmp_path / "prompts"
+    s = Server("--prompt-cache", str(d))
+    try:
+        complete(s.url, prompt=CODE, **GREEDY)
+        pooled_to_disk(s, d, 1)
+    finally:
+        stop_cleanly(s)
+    (good,) = cache_files(d)
+    data = (d / good).read_bytes()
+    (d / good).unlink()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x40
+    magic = bytearray(data)
+    magic[0] ^= 0x01
+    bad = {"0000000000000001.cpc": (data[:len(data) // 2], "truncated"),
+           "0000000000000002.cpc": (bytes(flipped), "checksum"),
+           "0000000000000003.cpc": (bytes(magic), "magic")}
+    for name, (content, _) in bad.items():
+        (d / name).write_bytes(content)
+    s = Server("--prompt-cache", str(d))
+    try:
+        assert "0 entries loaded" in s.log(), s.log()
+        warned = warnings_of(s)
+        assert len(warned) == 3, s.log()
+        for name, (_, reason) in bad.items():
+            assert any(name in w and reason in w for w in warned), (name, reason, warned)
+        assert metrics(s.url)["cider_prefix_cache_entries"] == 0
+        r = complete(s.url, prompt=CODE, **GREEDY)
+        check_usage(r["usage"], cached=0)
+        assert r["choices"][0]["text"] == fresh_code["choices"][0]["text"]
+    finally:
+        stop_cleanly(s)
+
+
+def test_prompt_cache_other_kv_format_ignored(tmp_path):
+    """A file written under another KV cache format (its identity differs) is not read: one warning, nothing cached
+    from it, and it stays for the server it belongs to."""
+    d = tmp_path / "prompts"
+    s = Server("--prompt-cache", str(d), "--kv", "k8v4")
+    try:
+        complete(s.url, prompt=CODE, max_tokens=8, temperature=0)
+        pooled_to_disk(s, d, 1)
+    finally:
+        stop_cleanly(s)
+    (theirs,) = cache_files(d)
+    s = Server("--prompt-cache", str(d))
+    try:
+        warned = warnings_of(s)
+        assert len(warned) == 1 and theirs in warned[0] and "another model" in warned[0], s.log()
+        r = complete(s.url, prompt=CODE, max_tokens=8, temperature=0)
+        check_usage(r["usage"], cached=0)
+        wait_until(lambda: len(cache_files(d)) == 2, "this server's own file beside the other's")
+        assert theirs in cache_files(d)
+    finally:
+        stop_cleanly(s)
+
+
+def test_prompt_cache_needs_a_prefix_cache_and_the_cpu(tmp_path):
+    for args, words in ((["--prefix-cache", "0"], "--prefix-cache > 0"), (["--device", "cuda"], "--device cuda")):
+        r = subprocess.run([str(CIDER_BIN), "serve", "--port", "0", "--prompt-cache", str(tmp_path / "p"), *args],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode != 0 and "--prompt-cache" in r.stderr and words in r.stderr, r.stderr
+        assert not (tmp_path / "p").exists()
+
+
 # ---- load (last: it leaves many sessions in the prefix cache) ------------------------------------------------------
 def test_load_streaming_chat(server):
     url = server.url
