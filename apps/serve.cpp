@@ -1,6 +1,10 @@
 #include "apps/serve.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -47,6 +51,56 @@ std::string new_id(const char* prefix) {
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
   res.set_content(e.body(), "application/json");
+}
+
+// The numeric host and port of a socket address, as httplib writes a request's remote_addr and remote_port.
+bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string& host, int& port) {
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  host = h;
+  port = std::atoi(p);
+  return true;
+}
+
+// The socket of a request's connection, or -1. httplib 0.11 (Debian 12's) gives a handler no way to it (later versions
+// have Request::is_connection_closed), so it is looked up among the process's descriptors by its two addresses: the
+// one socket whose local and peer address and port are the request's. The descriptor stays this connection's while
+// the handler runs (httplib closes it after).
+int connection_socket(const httplib::Request& req) {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+      continue;
+    std::string lh, ph;
+    int lp = 0, pp = 0;
+    if (numeric_address(local, ll, lh, lp) && numeric_address(peer, pl, ph, pp) && pp == req.remote_port &&
+        ph == req.remote_addr && lp == req.local_port && lh == req.local_addr) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+// Whether the client closed its side: a hang-up or error, or a read would return end-of-file (MSG_PEEK leaves the
+// bytes of a pipelined next request to httplib).
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL | POLLRDHUP)) return true;
+  char c;
+  return (p.revents & POLLIN) && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 // The streaming side of one request: the provider is called again and again until it says done.
@@ -192,7 +246,7 @@ int run_serve(ServeArgs a) {
   // The body is read through a content reader: whatever its Content-Type, it is the JSON text (httplib would
   // otherwise parse a form-encoded body itself, with a limit of its own). --max-body still applies (413).
   const auto completion = [&](Endpoint ep) {
-    return [&, ep](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+    return [&, ep](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
       const bool read = reader([&](const char* data, size_t n) {
         if (body.size() + n > static_cast<size_t>(a.max_body)) return false;
@@ -229,12 +283,20 @@ int run_serve(ServeArgs a) {
         std::string text;
         std::vector<runtime::TokenLogprob> lps;
         runtime::RequestUpdate u;
+        // A client that goes away is noticed within one wait: its sequence is cancelled (and its KV released).
+        const int sock = connection_socket(req);
+        bool gone = false;
         while (true) {
-          u = h->wait(std::chrono::milliseconds(1000));
+          u = h->wait(std::chrono::milliseconds(100));
           text += u.text;
           for (auto& l : u.logprobs) lps.push_back(std::move(l));
           if (u.finished) break;
+          if (!gone && sock >= 0 && peer_closed(sock)) {
+            gone = true;
+            h->cancel();
+          }
         }
+        if (gone) return;  // nobody to answer
         if (u.reason == runtime::FinishReason::kError) return send_error(res, ApiError(500, "server_error", u.error));
         if (u.reason == runtime::FinishReason::kCancelled)
           return send_error(res, ApiError(503, "server_error", "the server stopped before the request finished"));

@@ -821,6 +821,33 @@ def test_disconnect_cancels(server, eos_ids):
     assert complete(url, prompt="ok", max_tokens=2)["usage"]["completion_tokens"] >= 1
 
 
+def test_nonstreaming_disconnect_cancels(server, eos_ids):
+    """A non-streaming client that goes away before its reply is noticed while the sequence runs (the server polls
+    the connection): the sequence is cancelled and its KV released long before max_tokens."""
+    url = server.url
+    wait_until(lambda: idle(url), "an idle server")
+    before = metrics(url)
+    body = json.dumps({"model": MODEL, "prompt": "def main():", "max_tokens": 1000, "temperature": 0.8,
+                       "logit_bias": no_eos(eos_ids)}).encode()
+    s = socket.create_connection((server.host, server.port), timeout=TIMEOUT)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    wait_until(lambda: metrics(url)["cider_requests_running"] == 1, "the request to run")
+    s.close()
+
+    def cancelled():
+        m = metrics(url)
+        return m if (m['cider_requests_total{outcome="cancelled"}'] > before['cider_requests_total{outcome="cancelled"}']
+                     and m["cider_requests_running"] == 0) else None
+
+    after = wait_until(cancelled, "the abandoned request to be cancelled")
+    assert after['cider_requests_total{outcome="cancelled"}'] == before['cider_requests_total{outcome="cancelled"}'] + 1
+    assert after['cider_requests_total{outcome="finished"}'] == before['cider_requests_total{outcome="finished"}']
+    assert after["cider_generation_tokens_total"] - before["cider_generation_tokens_total"] < 1000
+    # A client that stays gets its answer as before.
+    assert complete(url, prompt="ok", max_tokens=2)["usage"]["completion_tokens"] >= 1
+
+
 def test_metrics(server, eos_ids):
     url = server.url
     wait_until(lambda: idle(url), "an idle server")
