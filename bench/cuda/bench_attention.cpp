@@ -16,6 +16,7 @@
 #include "tests/support/scoped_env.h"
 #include "core/dtype.h"
 #include "kernels/cuda/attention_prefill_tc.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
 
 namespace cider::bench {
@@ -177,10 +178,14 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
 
 // Per-channel keys (layout 1, docs/kv_cache.md §2b): key codes per position, key scales/biases per block of 64
 // positions [blocks, D] f16, the last L % 64 positions in the bf16 residual window; values per token g64 f16.
-// L queries rows (1: decode; > 1: causal prefill over the last L of kL keys).
-BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t kL, int64_t L, int kbits, int vbits) {
+// L queries rows (1: decode; > 1: causal prefill over the last L of kL keys). kchan_tc: $CIDER_ATTN_TC_KCHAN during
+// the case ("0": the CUDA-core kernel for K4V4 decode too; nullptr: left as it is, default on). kL not a multiple of
+// 64 leaves kL % 64 keys in the window.
+BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t kL, int64_t L, int kbits, int vbits,
+                         const char* kchan_tc = nullptr) {
+  const ScopedEnv env("CIDER_ATTN_TC_KCHAN", kchan_tc);
   std::mt19937_64 rng(2468);
-  const int64_t rows = B * Hkv * kL, blocks = kL / 64;
+  const int64_t rows = B * Hkv * kL, blocks = (kL + 63) / 64;
   const size_t k_bytes = static_cast<size_t>(rows * D * kbits / 8), v_bytes = static_cast<size_t>(rows * D * vbits / 8);
   const size_t ksb_n = static_cast<size_t>(B * Hkv * blocks * D), vsb_n = static_cast<size_t>(rows * D / 64);
   const size_t res_n = static_cast<size_t>(B * Hkv * 64 * D);
@@ -261,7 +266,9 @@ BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t 
   kind += std::to_string(kbits);
   kind += "V";
   kind += std::to_string(vbits);
-  kind += " per-channel keys (blocks of 64, bf16 window) g64 f16 scales, CUDA-core kernel";
+  kind += " per-channel keys (blocks of 64, bf16 window) g64 f16 scales";
+  const bool tc = cuda::detail::tc_eligible(args_for(0));
+  kind += tc ? ", tensor-core path" : ", CUDA-core kernel";
   r.note = kind;
   return r;
 }
@@ -280,6 +287,22 @@ CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq16 Hkv2 D256 L65536", "attent
 }
 CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
   return channel_case(1, 32, 8, 128, 4096, 4096, 4, 4);
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32800", "attention") {  // 32 keys in the window
+  return channel_case(1, 32, 8, 128, 32800, 1, 4, 4);
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L1024", "attention") {
+  return channel_case(1, 32, 8, 128, 1024, 1, 4, 4);
+}
+// A/B: the same decode cases on the CUDA-core kernel.
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
+  return channel_case(1, 32, 8, 128, 32768, 1, 4, 4, "0");
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B8 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
+  return channel_case(8, 32, 8, 128, 32768, 1, 4, 4, "0");
+}
+CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq16 Hkv2 D256 L65536 v:CUDA-core kernel", "attention") {
+  return channel_case(1, 16, 2, 256, 65536, 1, 4, 4, "0");
 }
 
 CIDER_CUDA_BENCH("attention decode K4V3 B1 Hq32 Hkv8 D128 L32768", "attention") {

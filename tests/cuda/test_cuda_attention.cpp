@@ -1352,20 +1352,88 @@ TEST(CudaKvChannel, RejectsBadArguments) {
   expect_error([&] { kv_channel_refill(a, 129, exec); }, "cuda.kv_channel_refill");
 }
 
-// Attention over per-channel keys (quantized blocks, then the bf16 window) against the reference on the same bytes.
+// Attention over per-channel keys (quantized blocks, then the bf16 window) against the reference on the same bytes;
+// returns whether the call took the tensor-core decode path (detail::tc_eligible).
+struct ChannelCase {
+  int64_t D, rep, kL, L;
+  MaskKind mask;
+  int64_t window;
+  int kb, vb, gs;
+  DType sd;
+  int kv_splits;
+  bool device_length;
+  float softcap = 0.0f;  // > 0: attention logit softcapping (Gemma 2)
+};
+bool run_channel_case(const ChannelCase& c, uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " k" << c.kb
+                                    << "v" << c.vb << " g" << c.gs << " " << dtype_name(c.sd) << " mask "
+                                    << static_cast<int>(c.mask) << " window " << c.window << " splits "
+                                    << c.kv_splits << (c.device_length ? " device length" : "") << " softcap "
+                                    << c.softcap);
+  auto rng = test::make_rng(salt);
+  const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
+  nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt));
+  std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
+  for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
+  std::vector<float> vf = test::randn(rng, kf.size());
+  cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
+                         TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
+  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
+  for (size_t i = 0; i < q.size(); i += 7) q[i] *= 6.0f;  // query rows with a wide range (the folds' exponents)
+  AttentionArgs ref{};
+  ref.q = q.data();
+  std::vector<float> want(static_cast<size_t>(B * Hq * c.L * c.D));
+  ref.out = want.data();
+  ref.B = B;
+  ref.Hq = Hq;
+  ref.L = c.L;
+  ref.keys = cache.keys();
+  ref.values = cache.values();
+  ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  ref.softcap = c.softcap;
+  ref.mask_kind = c.mask;
+  ref.window = c.window;
+  ref.mask_dtype = DType::kBool;
+  kernels::ref_kernels().attention(ref);
+  float vmax = 0.0f;
+  for (float x : want) vmax = std::max(vmax, std::fabs(x));
+
+  DeviceView dk = upload_view(cache.keys()), dv = upload_view(cache.values());
+  DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+  const size_t out_n = want.size(), guard = 64;
+  DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+  d_out.fill(0xFF);
+  AttentionArgs a = ref;
+  a.q = d_q.as<float>();
+  a.out = d_out.as<float>() + guard;
+  a.keys = dk.view;
+  a.values = dv.view;
+  a.kv_splits = c.kv_splits;
+  const int32_t len32 = static_cast<int32_t>(c.kL);
+  DeviceBuffer d_len = to_device(&len32, sizeof(len32));
+  if (c.device_length) {  // a graph's bound above the real length
+    a.keys.length = a.values.length = std::min(a.keys.capacity, c.kL + 100);
+  }
+  const bool tc = detail::tc_eligible(a);
+  const size_t ws = attention_workspace_bytes(a);
+  DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+  Stream& stream = attention_stream();
+  const Exec exec{stream.handle(), d_ws.data(), ws};
+  attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
+  stream.synchronize();
+  std::vector<float> got(out_n + 2 * guard);
+  d_out.download(got.data(), got.size() * sizeof(float));
+  EXPECT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
+  // Float32 sums over kL keys and D dims on both sides (the kernels fold each block's scales into the query; the
+  // tensor-core path's scores are exact integers of a 2^-22-rounded query, its value weights 22-bit).
+  const double tol = 1e-5 * std::sqrt(static_cast<double>(c.kL) + 1.0) * (vmax + 1.0);
+  EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
+  return tc;
+}
+
 TEST(CudaAttention, PerChannelKeysMatchReference) {
   CIDER_REQUIRE_GPU();
-  struct Case {
-    int64_t D, rep, kL, L;
-    MaskKind mask;
-    int64_t window;
-    int kb, vb, gs;
-    DType sd;
-    int kv_splits;
-    bool device_length;
-    float softcap = 0.0f;  // > 0: attention logit softcapping (Gemma 2)
-  };
-  const Case cases[] = {
+  const ChannelCase cases[] = {
       {128, 4, 1000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},
       {128, 4, 1000, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, true},
       {128, 8, 4097, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false},
@@ -1380,68 +1448,49 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
       {128, 2, 700, 5, MaskKind::kCausal, 60, 5, 5, 64, DType::kF16, 3, false, 2.0f},   // K5V5 kernel
       {64, 2, 333, 17, MaskKind::kCausal, 50, 3, 3, 32, DType::kBF16, 0, false, 0.5f},  // run-time kernel
   };
+  // The CUDA-core kernels here (the K4V4 g64 f16 decode cases take the tensor cores unless switched off).
+  const ScopedEnv off("CIDER_ATTN_TC_KCHAN", "0");
   uint64_t salt = 7300;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " k"
-                                      << c.kb << "v" << c.vb << " g" << c.gs << " " << dtype_name(c.sd) << " splits "
-                                      << c.kv_splits << (c.device_length ? " device length" : "") << " softcap "
-                                      << c.softcap);
-    auto rng = test::make_rng(++salt);
-    const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
-    nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt));
-    std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
-    for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
-    std::vector<float> vf = test::randn(rng, kf.size());
-    cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
-                           TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
-    std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
-    AttentionArgs ref{};
-    ref.q = q.data();
-    std::vector<float> want(static_cast<size_t>(B * Hq * c.L * c.D));
-    ref.out = want.data();
-    ref.B = B;
-    ref.Hq = Hq;
-    ref.L = c.L;
-    ref.keys = cache.keys();
-    ref.values = cache.values();
-    ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-    ref.softcap = c.softcap;
-    ref.mask_kind = c.mask;
-    ref.window = c.window;
-    ref.mask_dtype = DType::kBool;
-    kernels::ref_kernels().attention(ref);
-    float vmax = 0.0f;
-    for (float x : want) vmax = std::max(vmax, std::fabs(x));
+  for (const ChannelCase& c : cases) EXPECT_FALSE(run_channel_case(c, ++salt));
+}
 
-    DeviceView dk = upload_view(cache.keys()), dv = upload_view(cache.values());
-    DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
-    const size_t out_n = want.size(), guard = 64;
-    DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
-    d_out.fill(0xFF);
-    AttentionArgs a = ref;
-    a.q = d_q.as<float>();
-    a.out = d_out.as<float>() + guard;
-    a.keys = dk.view;
-    a.values = dv.view;
-    a.kv_splits = c.kv_splits;
-    const int32_t len32 = static_cast<int32_t>(c.kL);
-    DeviceBuffer d_len = to_device(&len32, sizeof(len32));
-    if (c.device_length) {  // a graph's bound above the real length
-      a.keys.length = a.values.length = std::min(a.keys.capacity, c.kL + 100);
-    }
-    const size_t ws = attention_workspace_bytes(a);
-    DeviceBuffer d_ws(std::max<size_t>(ws, 256));
-    Stream& stream = attention_stream();
-    const Exec exec{stream.handle(), d_ws.data(), ws};
-    attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
-    stream.synchronize();
-    std::vector<float> got(out_n + 2 * guard);
-    d_out.download(got.data(), got.size() * sizeof(float));
-    ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
-    // Float32 sums over kL keys and D dims on both sides (the kernel folds each block's scales into the query).
-    const double tol = 1e-5 * std::sqrt(static_cast<double>(c.kL) + 1.0) * (vmax + 1.0);
-    EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
-  }
+// The tensor-core decode path for per-channel keys (K4V4, blocks of 64, f16 scales, D 128/256, R = rep·L ≤ 8): each
+// warp folds its blocks' scales into its own query digits; the window block is scored from bf16 on the tensor
+// cores. Rows 1..8 (packed and three-chain layouts), lengths with and without a window tail (1 key, exactly whole
+// blocks, block + 1), masks, sliding windows that start mid-block, forced splits, a device length below the bound,
+// softcap; each case also with $CIDER_ATTN_TC_KCHAN=0 (the CUDA-core kernel), both against the reference.
+TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
+  CIDER_REQUIRE_GPU();
+  struct RL {
+    int64_t rep, L;
+  };
+  const RL rls[] = {{4, 1}, {1, 1}, {8, 1}, {2, 3}, {4, 2}, {3, 1}, {1, 8}, {7, 1}};
+  const int64_t kLs[] = {1, 63, 64, 65, 200, 4097, 20000, 4160};
+  uint64_t salt = 7600;
+  int k = 0;
+  for (int64_t D : {128, 256})
+    for (const RL& rl : rls)
+      for (int64_t kL : {kLs[k % 8], kLs[(k + 3) % 8]}) {
+        ++k;
+        if (rl.L > kL) continue;
+        const MaskKind mask = (k % 3 == 0) ? MaskKind::kNone : MaskKind::kCausal;
+        const int64_t window = (k % 4 == 2 && mask == MaskKind::kCausal) ? std::max<int64_t>(1, kL / 3) : 0;
+        const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : 0);
+        const bool dlen = k % 6 == 5;
+        const float cap = k % 7 == 4 ? 1.5f : 0.0f;
+        const ChannelCase c{D, rl.rep, kL, rl.L, mask, window, 4, 4, 64, DType::kF16, splits, dlen, cap};
+        EXPECT_TRUE(run_channel_case(c, ++salt));
+        const ScopedEnv off("CIDER_ATTN_TC_KCHAN", "0");
+        EXPECT_FALSE(run_channel_case(c, salt));
+      }
+  // Long caches, the model's shapes (Llama-3-8B decode rep 4; Gemma-like D256 rep 8).
+  EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, true}, ++salt));
+  EXPECT_TRUE(run_channel_case({128, 4, 5000, 2, MaskKind::kCausal, 700, 4, 4, 64, DType::kF16, 64, false}, ++salt));
+  // Not this path: bf16 scales, other widths, more than 8 rows.
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kBF16, 0, false}, ++salt));
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 3, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false}, ++salt));
 }
 
 TEST(CudaAttention, RejectsBadArguments) {

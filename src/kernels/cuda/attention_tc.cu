@@ -37,6 +37,7 @@
 // areas in fragment order (float4, one barrier). With splits > 1 each CTA writes its partial, counts itself in on a
 // per-(b, KV head) counter, and the last CTA of the head merges all splits (log-sum-exp, as attention.cu's
 // merge_kernel) and resets the counter — no second kernel (the counters: counter_slabs.h).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -62,13 +63,17 @@ constexpr int kTcWarps = 4;
 constexpr int kStages = 3;
 constexpr int kRows = 8;  // query rows per CTA (the mma N)
 
-// KB/VB: key/value code bits, K4V3 (the original path) or K8V4 (enabled by $CIDER_ATTN_TC_K8V4=1 for now).
-template <int D, int KB, int VB>
+// KB/VB: key/value code bits, K4V3 (the original path), K8V4 or K4V4. kChan: per-channel keys (layout 1,
+// docs/kv_cache.md §2b, blocks of 64 positions), 4-bit codes.
+template <int D, int KB, int VB, bool kChan = false>
 struct Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (KB == 4 && VB == 4), "K4V3, K8V4 or K4V4");
+  static_assert(!kChan || KB == 4, "per-channel keys: 4-bit codes");
   static constexpr int kG = D / 64;                  // quantization groups per row (keys and values)
   static constexpr int kTK = D == 128 ? 32 : 16;     // keys per warp tile
   static constexpr int kMT = kTK / 16;               // 16-key m-tiles per warp tile
+  static constexpr int kBlk = 64;                    // kChan: positions per block of key scales
+  static constexpr int kTPB = kBlk / kTK;            // kChan: tiles per block (a warp takes whole blocks)
   static constexpr int kKRowB = D * KB / 8;          // key code bytes per row
   static constexpr int kKRowW = kKRowB / 4;
   static constexpr int kVRowB = D * VB / 8;          // value code bytes per row
@@ -76,15 +81,20 @@ struct Cfg {
   static constexpr int kSbB = kG * 2;                // f16 scale (or bias) bytes per row
   static constexpr int kKBytes = kTK * kKRowB;
   static constexpr int kVBytes = kTK * kVRowB;
-  static constexpr int kSbBytes = kTK * kSbB;        // one of the four scale/bias planes
-  static constexpr int kStageB = kKBytes + kVBytes + 4 * kSbBytes;
+  static constexpr int kSbBytes = kTK * kSbB;        // one of the per-row scale/bias planes
+  static constexpr int kRowPlanes = kChan ? 2 : 4;   // per-row planes in a stage: key and value (kChan: value) s, b
+  static constexpr int kKBlkB = kChan ? 2 * D * 2 : 0;  // kChan: the block's key scale row and bias row (f16 [D])
+  static constexpr int kStageB = kKBytes + kVBytes + kRowPlanes * kSbBytes + kKBlkB;
   static constexpr int kKSteps = D / 32;             // int8 k-steps of the scores
-  // Shared memory: [warps][stages] tiles, then the query digits and per-row constants.
+  // Shared memory: [warps][stages] tiles, then the query digits (kChan: one set per warp, refolded per block), kChan's
+  // query rows [8][D] float and per-warp block constants (E, β per row), then the per-row constants.
   static constexpr int kTileArea = kTcWarps * kStages * kStageB;
-  static constexpr int kDigitsB = kKSteps * 3 * 32 * 8;  // [kstep][digit][lane] uint2
+  static constexpr int kDigitsB = (kChan ? kTcWarps : 1) * kKSteps * 3 * 32 * 8;  // [(warp)][kstep][digit][lane] uint2
+  static constexpr int kQRowsB = kChan ? kRows * D * 4 : 0;
+  static constexpr int kBlkConstB = kChan ? kTcWarps * kRows * 8 : 0;
   // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, the merge flag (+ padding).
   static constexpr int kRowConstB = kRows * kG * 4 + kRows * 4 + kTcWarps * kRows * 8 + 16;
-  static constexpr int kSmem = kTileArea + kDigitsB + kRowConstB;
+  static constexpr int kSmem = kTileArea + kDigitsB + kQRowsB + kBlkConstB + kRowConstB;
   // Epilogue: each warp's accumulators in fragment order [G·4][32] float4 fit its own tile area.
   static constexpr int kWarpRedB = kG * 4 * 32 * 16;
   static_assert(kWarpRedB <= kStages * kStageB, "a warp's accumulators fit its own tile area");
@@ -92,6 +102,7 @@ struct Cfg {
   static constexpr int kMergeRedB = kTcWarps * kRows * D * 4;
   static constexpr int kMaxFoldWeights = (kTileArea - kMergeRedB) / 4;
   static_assert(kMaxFoldWeights >= 1024, "room for the merge weights");
+  static_assert(kStageB % 16 == 0 && kDigitsB % 16 == 0, "16-byte aligned areas");
 };
 
 struct TcParams : TcCallParams {
@@ -101,6 +112,9 @@ struct TcParams : TcCallParams {
   // 1: *d_length and the first tiles of rows below length − L are read before the PDL wait ($CIDER_ATTN_TC_EARLY=0
   // turns it off for the A/B; read at every call).
   int early_copies;
+  // Per-channel keys (kChan): the bf16 residual window [B·Hkv, 64, D] and the rows of key scales per (b, KV head).
+  const uint16_t* residual;
+  int64_t kblocks;
 };
 
 
@@ -130,6 +144,135 @@ __device__ __forceinline__ int value_row_scale_log2(int e) {
   if constexpr (VB == 4) return (e & 1) ? 20 : 24;  // low nibble at bit 0, high nibble at bit 4
   constexpr int kV3[8] = {24, 21, 18, 24, 21, 17, 22, 19};  // bits 0, 3, 6 (Lw), 0, 3 (L9), 7 (Hw), 2, 5 (H2)
   return kV3[e];
+}
+
+// ---- per-channel keys (kChan) ----
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as three bf16 pairs hi + mid + lo (8 + 8 + 8 significant bits: every float32 exactly, the two
+// subtractions are exact), for the window's bf16 mma.
+__device__ __forceinline__ void split3_bf16(float x0, float x1, uint32_t (&o)[3]) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const float r0 = x0 - hf.x, r1 = x1 - hf.y;
+  const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+  const float2 mf = __bfloat1622float2(m);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - mf.x, r1 - mf.y);
+  memcpy(&o[0], &h, 4);
+  memcpy(&o[1], &m, 4);
+  memcpy(&o[2], &l, 4);
+}
+
+// Scores of a tile of the residual window (the newest, unquantized block: bf16 rows, slot = position mod 64) in the
+// score fragment layout (log2 units): A = key rows as stored (m16n8k16 bf16, 16 keys × 16 dims, read from global
+// memory: the window is one block per head and call), B = the 8 query rows as hi + mid + lo bf16 (three
+// accumulators), float32 accumulation. C's lane (gid, tig) holds keys gid, gid + 8 × rows 2tig, 2tig + 1 — the
+// unpacked layout; the packed layout (row tig) takes its two values from lane (gid, tig / 2). Keys at or past c1
+// read as zeros (their slots are masked anyway).
+template <int D, int MT, bool kPacked>
+__device__ __forceinline__ void window_scores(const uint16_t* win, int64_t t0, int64_t c1, const float* qrows,
+                                              int lane, float scale_log2, float (&sc)[MT][4]) {
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int64_t ja = t0 + mt * 16 + gid, jb = ja + 8;
+    const uint32_t* ka = reinterpret_cast<const uint32_t*>(win + (ja & 63) * D);
+    const uint32_t* kb = reinterpret_cast<const uint32_t*>(win + (jb & 63) * D);
+    const bool oka = ja < c1, okb = jb < c1;
+    float c[3][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint32_t a[4] = {oka ? ka[8 * ks + tig] : 0u, okb ? kb[8 * ks + tig] : 0u,
+                             oka ? ka[8 * ks + 4 + tig] : 0u, okb ? kb[8 * ks + 4 + tig] : 0u};
+      const float2 q0 = *reinterpret_cast<const float2*>(qrows + gid * D + 16 * ks + 2 * tig);
+      const float2 q1 = *reinterpret_cast<const float2*>(qrows + gid * D + 16 * ks + 8 + 2 * tig);
+      uint32_t b0[3], b1[3];
+      split3_bf16(q0.x, q0.y, b0);
+      split3_bf16(q1.x, q1.y, b1);
+#pragma unroll
+      for (int k = 0; k < 3; ++k) mma_bf16(c[k], a, b0[k], b1[k]);
+    }
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = ((c[2][e] + c[1][e]) + c[0][e]) * scale_log2;
+    if constexpr (kPacked) {
+      const int src = (lane & ~3) | (tig >> 1);
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = __shfl_sync(0xffffffffu, s[e], src);
+      sc[mt][0] = (tig & 1) ? v[1] : v[0];
+      sc[mt][2] = (tig & 1) ? v[3] : v[2];
+      sc[mt][1] = sc[mt][3] = 0.0f;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[mt][e] = s[e];
+    }
+  }
+}
+
+// The fold of a quantized block β of per-channel keys, by one warp for its own tiles: for each query row r < R,
+// q'_d = q_d·s_βd (float32), E_r from max |q'| (as the per-token prologue), the digits of Q' = rint(q'·2^E) into
+// the warp's digit table (same fragment order as the prologue's, 4-bit key words), and β_r = Σ_d q_d·b_βd. Rows ≥ R
+// keep the zeros written at the start. s/b: the block's f16 scale and bias rows in the stage. Then score_j =
+// scale·(2^-E·Z_j + β) with Z_j = Σ_d c_jd·Q'_d exact on the integer tensor cores.
+template <int D>
+__device__ __forceinline__ void fold_block(const float* qrows, const __half* sblk, const __half* bblk, int R, int lane,
+                                           uint2* wdig, int* be, float* bb) {
+  constexpr int kQ4 = D / 128;
+  for (int r = 0; r < R; ++r) {
+    float x[kQ4][4];
+    float mx = 0.0f, bs = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kQ4; ++u) {
+      const int lq = lane + 32 * u;
+      const float4 q = reinterpret_cast<const float4*>(qrows + r * D)[lq];
+      const uint2 sw = reinterpret_cast<const uint2*>(sblk)[lq];
+      const uint2 bw = reinterpret_cast<const uint2*>(bblk)[lq];
+      const float2 s01 = __half22float2(bits_h2(sw.x)), s23 = __half22float2(bits_h2(sw.y));
+      const float2 b01 = __half22float2(bits_h2(bw.x)), b23 = __half22float2(bits_h2(bw.y));
+      x[u][0] = q.x * s01.x;
+      x[u][1] = q.y * s01.y;
+      x[u][2] = q.z * s23.x;
+      x[u][3] = q.w * s23.y;
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(x[u][0]), fabsf(x[u][1])), fmaxf(fabsf(x[u][2]), fabsf(x[u][3]))));
+      bs = fmaf(q.x, b01.x, fmaf(q.y, b01.y, fmaf(q.z, b23.x, fmaf(q.w, b23.y, bs))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      bs += __shfl_xor_sync(0xffffffffu, bs, o);
+    }
+    const int E = q_exponent(mx);
+    if (lane == 0) {
+      be[r] = E;
+      bb[r] = bs;
+    }
+#pragma unroll
+    for (int u = 0; u < kQ4; ++u) {
+      const int lq = lane + 32 * u;
+      uint32_t dg[4][3];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q_digits(static_cast<int>(rintf(mul_pow2(x[u][j], E))), dg[j]);
+      const int sh = 16 * (lq & 1);  // the prologue's 4-bit fragment order
+#pragma unroll
+      for (int d = 0; d < 3; ++d) {
+        uint32_t fx = (dg[0][d] | (dg[2][d] << 8)) << sh;
+        uint32_t fy = (dg[1][d] | (dg[3][d] << 8)) << sh;
+        fx |= __shfl_xor_sync(0xffffffffu, fx, 1);
+        fy |= __shfl_xor_sync(0xffffffffu, fy, 1);
+        if ((lq & 1) == 0) {
+          const int w = lq >> 1;
+          wdig[((w >> 2) * 3 + d) * 32 + r * 4 + (w & 3)] = make_uint2(fx, fy);
+        }
+      }
+    }
+  }
+  __syncwarp();
 }
 
 // Swizzled position of 16-byte chunk `ch` of a 4-bit value row r (K8V4; V3 rows are stored unswizzled). One read:
@@ -256,15 +399,25 @@ __device__ __forceinline__ void merge_splits(const TcParams& p, int b, int g, ui
 // Every lane works on one row (tig): half the score, softmax and W conversion work of the unpacked layout, whose lanes
 // 2tig, 2tig + 1 ≥ R hold padding rows. Before the epilogue the packed state is moved by shuffles into the unpacked
 // layout (lane (gid, tig) rows 2tig, 2tig + 1), so the warp combine, the partials and the merge are shared.
-template <int D, int KB, int VB, bool kPacked>
-__global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) attention_tc_kernel(TcParams p) {
-  using C = Cfg<D, KB, VB>;
-  constexpr int G = C::kG, TK = C::kTK, MT = C::kMT;
+//
+// kChan (per-channel keys, blocks of 64 positions, docs/kv_cache.md §2b): a warp takes whole blocks (block w + 4k of
+// the split, its TPB tiles in a row), and at a block's first tile folds the block's key scales into its own copy of
+// the query digits (fold_block: Q' = rint(q ⊙ s_β · 2^E)) and β = Σ q·b_β, so the integer tile scoring is the
+// per-token one with unit scales: score = scale·(2^-E·Z + β). The block of the residual window (positions from
+// 64·⌊length/64⌋ on, bf16) is scored by window_scores. Values as for the per-token caches.
+template <int D, int KB, int VB, bool kPacked, bool kChan>
+__global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB == 8 ? 2 : (D == 128 ? 4 : 3)))
+    attention_tc_kernel(TcParams p) {
+  using C = Cfg<D, KB, VB, kChan>;
+  constexpr int G = C::kG, TK = C::kTK, MT = C::kMT, TPB = C::kTPB;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   extern __shared__ float4 tc_smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(tc_smem4);
-  uint2* qdig = reinterpret_cast<uint2*>(smem + C::kTileArea);              // [kstep][3][32]
-  float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);  // [8][G]
+  uint2* qdig = reinterpret_cast<uint2*>(smem + C::kTileArea);  // [kstep][3][32] (kChan: [warp][kstep][3][32])
+  float* qrows = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);                  // kChan: [8][D]
+  int* blk_e = reinterpret_cast<int*>(smem + C::kTileArea + C::kDigitsB + C::kQRowsB);         // kChan: [warp][8]
+  float* blk_b = reinterpret_cast<float*>(blk_e + (kChan ? kTcWarps * kRows : 0));             // kChan: [warp][8]
+  float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB + C::kQRowsB + C::kBlkConstB);  // [8][G]
   int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                     // [8]
   float2* wml = reinterpret_cast<float2*>(qexp + kRows);                    // [4 warps][8 rows] (m, l)
   int* merge_flag = reinterpret_cast<int*>(wml + kTcWarps * kRows);
@@ -272,6 +425,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int bg = blockIdx.y, b = bg / p.Hkv, g = bg % p.Hkv;
+  uint2* wdig = qdig + (kChan ? warp * C::kKSteps * 3 * 32 : 0);  // this warp's digit table
   const int split = blockIdx.x;
   // PDL: the queries and the cache rows the previous kernel appended are read only after the wait. With
   // p.early_copies (cuda.attention's contract: the kernel just before it in the stream writes neither *d_length nor
@@ -292,13 +446,31 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     hi = min(kL, pos_last + 1);
     if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
   }
+  if constexpr (kChan) lo -= lo % C::kBlk;  // whole blocks (keys before the window are masked per row)
   // The visible interval spread over all splits (split_range: a device length below the planned bound, or a window,
-  // keeps every CTA busy), in whole tiles per warp.
-  const SplitRange sr = split_range(lo, hi, split, p.splits, kTcWarps * TK);
+  // keeps every CTA busy), in whole tiles per warp (kChan: whole blocks).
+  const SplitRange sr = split_range(lo, hi, split, p.splits, kTcWarps * (kChan ? C::kBlk : TK));
   const int64_t c0 = sr.c0, c1 = sr.c1;
   const int64_t n_keys = max(static_cast<int64_t>(0), c1 - c0);
   const int n_tiles = static_cast<int>((n_keys + TK - 1) / TK);
-  const int my_tiles = n_tiles > warp ? (n_tiles - warp + kTcWarps - 1) / kTcWarps : 0;
+  // The warp's i-th tile, as a tile index of the split: tiles w, w + 4, … (kChan: blocks w, w + 4, …, each its TPB
+  // tiles in a row).
+  auto tile_of = [&](int i) -> int {
+    if constexpr (kChan)
+      return ((i / TPB) * kTcWarps + warp) * TPB + i % TPB;
+    else
+      return warp + i * kTcWarps;
+  };
+  int my_tiles;
+  if constexpr (kChan) {
+    const int nb = (n_tiles + TPB - 1) / TPB;  // blocks of the split (the last may be partial)
+    const int mb = nb > warp ? (nb - warp + kTcWarps - 1) / kTcWarps : 0;
+    my_tiles = mb * TPB;
+    if (mb > 0 && (nb - 1) % kTcWarps == warp) my_tiles -= nb * TPB - n_tiles;
+  } else {
+    my_tiles = n_tiles > warp ? (n_tiles - warp + kTcWarps - 1) / kTcWarps : 0;
+  }
+  const int64_t full_blocks = kChan ? kL / C::kBlk : 0;  // kChan: blocks [0, full_blocks) are quantized
 
   const int64_t krow0 = static_cast<int64_t>(bg) * p.cap_k;
   const int64_t vrow0 = static_cast<int64_t>(bg) * p.cap_v;
@@ -313,7 +485,7 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   static_assert(kKChunks % 32 == 0 && kVChunks % 32 == 0 && kSbWords % 32 == 0, "whole copy slots per lane");
   auto issue = [&](int i) {
     if (i < my_tiles) {
-      const int64_t t0 = c0 + static_cast<int64_t>(warp + i * kTcWarps) * TK;
+      const int64_t t0 = c0 + static_cast<int64_t>(tile_of(i)) * TK;
       const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
       uint8_t* st = wbase + (i % kStages) * C::kStageB;
       const uint8_t* kt = p.kc + (krow0 + t0) * C::kKRowB;
@@ -332,24 +504,44 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
         if constexpr (VB == 4) dst = (c / kVRowCh) * C::kVRowB + value4_chunk_pos<D>(c / kVRowCh, c % kVRowCh) * 16;
         cp_async16(st + C::kKBytes + dst, ok ? vt + c * 16 : vt, ok);
       }
+      // Per-row planes: key scales, key biases (per-token keys only), value scales, value biases.
       const uint8_t* const sbt[4] = {p.ks + (krow0 + t0) * C::kSbB, p.kb + (krow0 + t0) * C::kSbB,
                                      p.vs + (vrow0 + t0) * C::kSbB, p.vb + (vrow0 + t0) * C::kSbB};
 #pragma unroll
-      for (int pl = 0; pl < 4; ++pl)
+      for (int pl = 0; pl < C::kRowPlanes; ++pl)
 #pragma unroll
         for (int u = 0; u < kSbWords / 32; ++u) {
           const int wd = lane + 32 * u;
           const bool ok = wd / kSbRowW < nvalid;
-          cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + wd * 4, ok ? sbt[pl] + wd * 4 : sbt[pl], ok);
+          const uint8_t* src = sbt[pl + 4 - C::kRowPlanes];
+          cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + wd * 4, ok ? src + wd * 4 : src, ok);
         }
+      if constexpr (kChan) {
+        // A quantized block's first tile also brings the block's key scale and bias rows (f16 [D] each).
+        const int64_t blk = t0 / C::kBlk;
+        if (i % TPB == 0 && blk < full_blocks) {
+          constexpr int kCh = D * 2 / 16;  // 16-byte chunks per row
+          const int64_t off = (static_cast<int64_t>(bg) * p.kblocks + blk) * D * 2;
+#pragma unroll
+          for (int u = 0; u < 2 * kCh / 32; ++u) {
+            const int c = lane + 32 * u, pl = c / kCh, ch = c % kCh;
+            cp_async16(st + C::kKBytes + C::kVBytes + C::kRowPlanes * C::kSbBytes + pl * D * 2 + ch * 16,
+                       (pl ? p.kb : p.ks) + off + ch * 16, true);
+          }
+        }
+      }
     }
     cp_commit();
   };
 
   // Start the first tiles' copies before the query preparation — before the PDL wait when every row they read is
   // below kL − L (written before the previous kernel ran), else after it.
-  const bool early = p.early_copies != 0 &&
-                     c0 + static_cast<int64_t>(warp + (kStages - 2) * kTcWarps + 1) * TK <= kL - p.L;
+  // kChan: the whole block of those tiles must lie below length − L (the append completing a block writes its
+  // codes and scales).
+  const int64_t early_end =
+      kChan ? c0 + (static_cast<int64_t>(tile_of(kStages - 2)) / TPB + 1) * C::kBlk
+            : c0 + static_cast<int64_t>(tile_of(kStages - 2) + 1) * TK;
+  const bool early = p.early_copies != 0 && early_end <= kL - p.L;
   if (early) {
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
@@ -368,61 +560,79 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
   // lane' = lane + 32u): max |q| and the group sums by shuffles, the exponent E, the integers Q = rint(q·2^E) and
   // their digit fragments, assembled between lane pairs; one CTA barrier publishes them. ----
   constexpr int kQ4 = D / 128;  // float4 per lane per row
-  float4 qv[2][kQ4];
+  if constexpr (kChan) {
+    // Per-channel keys: the rows go to shared memory (zeros past R) for the folds and the window, and the warps'
+    // digit tables start at zero (rows ≥ R stay zero).
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, warp + kTcWarps * h, R, lane, qv[h]);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp + kTcWarps * h;
+      float4 v[kQ4];
+      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, r, R, lane, v);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp + kTcWarps * h;
-    float mx = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kQ4; ++u) {
-      const float4 v = qv[h][u];
-      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-      // Group sums: lanes 0–15 hold group 2u, lanes 16–31 group 2u + 1 (64 dims = 16 lanes × 4).
-      float gs = (v.x + v.y) + (v.z + v.w);
-#pragma unroll
-      for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-      if ((lane & 15) == 0) qsum[r * G + 2 * u + (lane >> 4)] = gs;
+      for (int u = 0; u < kQ4; ++u) reinterpret_cast<float4*>(qrows + r * D)[lane + 32 * u] = v[u];
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const int E = q_exponent(mx);  // max |q|·2^E < 2^21 (as frexpf: mx < 2^(21 − E))
-    if (lane == 0) qexp[r] = E;
-#pragma unroll
-    for (int u = 0; u < kQ4; ++u) {
-      const int lq = lane + 32 * u;  // float4 index in the row: dims 4lq .. 4lq + 3
-      const float4 v = qv[h][u];
-      const float x[4] = {v.x, v.y, v.z, v.w};
-      uint32_t dg[4][3];  // [j][digit] bytes of dims 4lq + j
-#pragma unroll
-      for (int j = 0; j < 4; ++j) q_digits(static_cast<int>(rintf(mul_pow2(x[j], E))), dg[j]);  // |Q| ≤ 2^21
-      if constexpr (KB == 4) {
-        // Key word w = lq >> 1 holds dims 8w..8w+7 (nibble 2i + half = dim 8w + 2i + half): fragment (kstep =
-        // w >> 2, t = w & 3) of row r has byte i of .x (half 0) / .y (half 1). This lane has i = 2(lq & 1) + (j >> 1),
-        // half = j & 1; its partner lq ^ 1 (lane ^ 1) the other two bytes of each.
-        const int sh = 16 * (lq & 1);
-#pragma unroll
-        for (int d = 0; d < 3; ++d) {
-          uint32_t fx = (dg[0][d] | (dg[2][d] << 8)) << sh;
-          uint32_t fy = (dg[1][d] | (dg[3][d] << 8)) << sh;
-          fx |= __shfl_xor_sync(0xffffffffu, fx, 1);
-          fy |= __shfl_xor_sync(0xffffffffu, fy, 1);
-          if ((lq & 1) == 0) {
-            const int w = lq >> 1;
-            qdig[((w >> 2) * 3 + d) * 32 + r * 4 + (w & 3)] = make_uint2(fx, fy);
+    for (int idx = tid; idx < kTcWarps * C::kKSteps * 3 * 32; idx += kTcThreads) qdig[idx] = make_uint2(0u, 0u);
+    if (tid < kTcWarps * kRows) {
+      blk_e[tid] = 0;
+      blk_b[tid] = 0.0f;
+    }
+  } else {
+      float4 qv[2][kQ4];
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, warp + kTcWarps * h, R, lane, qv[h]);
+    }
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp + kTcWarps * h;
+      float mx = 0.0f;
+  #pragma unroll
+      for (int u = 0; u < kQ4; ++u) {
+        const float4 v = qv[h][u];
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        // Group sums: lanes 0–15 hold group 2u, lanes 16–31 group 2u + 1 (64 dims = 16 lanes × 4).
+        float gs = (v.x + v.y) + (v.z + v.w);
+  #pragma unroll
+        for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+        if ((lane & 15) == 0) qsum[r * G + 2 * u + (lane >> 4)] = gs;
+      }
+  #pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const int E = q_exponent(mx);  // max |q|·2^E < 2^21 (as frexpf: mx < 2^(21 − E))
+      if (lane == 0) qexp[r] = E;
+  #pragma unroll
+      for (int u = 0; u < kQ4; ++u) {
+        const int lq = lane + 32 * u;  // float4 index in the row: dims 4lq .. 4lq + 3
+        const float4 v = qv[h][u];
+        const float x[4] = {v.x, v.y, v.z, v.w};
+        uint32_t dg[4][3];  // [j][digit] bytes of dims 4lq + j
+  #pragma unroll
+        for (int j = 0; j < 4; ++j) q_digits(static_cast<int>(rintf(mul_pow2(x[j], E))), dg[j]);  // |Q| ≤ 2^21
+        if constexpr (KB == 4) {
+          // Key word w = lq >> 1 holds dims 8w..8w+7 (nibble 2i + half = dim 8w + 2i + half): fragment (kstep =
+          // w >> 2, t = w & 3) of row r has byte i of .x (half 0) / .y (half 1). This lane has i = 2(lq & 1) + (j >> 1),
+          // half = j & 1; its partner lq ^ 1 (lane ^ 1) the other two bytes of each.
+          const int sh = 16 * (lq & 1);
+  #pragma unroll
+          for (int d = 0; d < 3; ++d) {
+            uint32_t fx = (dg[0][d] | (dg[2][d] << 8)) << sh;
+            uint32_t fy = (dg[1][d] | (dg[3][d] << 8)) << sh;
+            fx |= __shfl_xor_sync(0xffffffffu, fx, 1);
+            fy |= __shfl_xor_sync(0xffffffffu, fy, 1);
+            if ((lq & 1) == 0) {
+              const int w = lq >> 1;
+              qdig[((w >> 2) * 3 + d) * 32 + r * 4 + (w & 3)] = make_uint2(fx, fy);
+            }
           }
-        }
-      } else {
-        // 8-bit keys: dim = 32·kstep + 16·half + 4t + i, so this lane's 4 dims are word (kstep = lq >> 3,
-        // half = (lq >> 2) & 1, t = lq & 3) of row r's fragment, bytes i = j; the partner lane ^ 4 has the other half.
-#pragma unroll
-        for (int d = 0; d < 3; ++d) {
-          const uint32_t mine = dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
-          const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
-          if (((lq >> 2) & 1) == 0) qdig[((lq >> 3) * 3 + d) * 32 + r * 4 + (lq & 3)] = make_uint2(mine, other);
+        } else {
+          // 8-bit keys: dim = 32·kstep + 16·half + 4t + i, so this lane's 4 dims are word (kstep = lq >> 3,
+          // half = (lq >> 2) & 1, t = lq & 3) of row r's fragment, bytes i = j; the partner lane ^ 4 has the other half.
+  #pragma unroll
+          for (int d = 0; d < 3; ++d) {
+            const uint32_t mine = dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
+            const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
+            if (((lq >> 2) & 1) == 0) qdig[((lq >> 3) * 3 + d) * 32 + r * 4 + (lq & 3)] = make_uint2(mine, other);
+          }
         }
       }
     }
@@ -438,9 +648,11 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = crow[h];
-    zmul[h] = mul_pow2(p.scale_log2, -qexp[r]);  // = ldexpf(scale_log2, −E)
+    if constexpr (!kChan) {
+      zmul[h] = mul_pow2(p.scale_log2, -qexp[r]);  // = ldexpf(scale_log2, −E)
 #pragma unroll
-    for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
+      for (int gi = 0; gi < G; ++gi) bq[gi][h] = qsum[r * G + gi] * p.scale_log2;
+    }
     int64_t lo_h = c0, hi_h = c1;
     if (r >= R) {
       hi_h = c0;
@@ -464,15 +676,15 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     if constexpr (kDigitRegs)
       return qreg[kstep][d];
     else
-      return qdig[(kstep * 3 + d) * 32 + lane];
+      return wdig[(kstep * 3 + d) * 32 + lane];
   };
   // Packed B fragments: column n = gid is row gid >> 1, digit 2 (X) / 0 (Y) for even gid, digit 1 (X) / zero (Y) for
   // odd gid; the fragment of row r at lane slot r·4 + tig of the digit table.
   const int pk_lane = (gid >> 1) * 4 + tig, pk_dx = (gid & 1) ? 1 : 2;
   const uint32_t pk_ymask = (gid & 1) ? 0u : 0xffffffffu;
-  auto digits_x = [&](int kstep) -> uint2 { return qdig[(kstep * 3 + pk_dx) * 32 + pk_lane]; };
+  auto digits_x = [&](int kstep) -> uint2 { return wdig[(kstep * 3 + pk_dx) * 32 + pk_lane]; };
   auto digits_y = [&](int kstep) -> uint2 {
-    const uint2 v = qdig[(kstep * 3) * 32 + pk_lane];
+    const uint2 v = wdig[(kstep * 3) * 32 + pk_lane];
     return make_uint2(v.x & pk_ymask, v.y & pk_ymask);
   };
 
@@ -488,6 +700,9 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
       for (int e = 0; e < 4; ++e) acc[gi][j][e] = 0.0f;
   }
 
+  // kChan: the current block's 2^-E·scale and β·scale for the lane's rows (set by each block's fold).
+  float zc[2] = {0.0f, 0.0f}, bc[2] = {0.0f, 0.0f};
+
   for (int i = 0; i < my_tiles; ++i) {
     issue(i + kStages - 1);
     cp_wait<kStages - 1>();
@@ -495,18 +710,37 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
     const uint8_t* st = wbase + (i % kStages) * C::kStageB;
     const uint32_t* sk = reinterpret_cast<const uint32_t*>(st);
     const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + C::kKBytes);
-    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);
-    const __half* skb = sks + TK * G;
-    const __half* svs = skb + TK * G;
+    const __half* sb0 = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);  // the per-row planes
+    const __half* sks = sb0;            // per-token keys only
+    const __half* skb = sb0 + TK * G;   // per-token keys only
+    const __half* svs = sb0 + (C::kRowPlanes - 2) * TK * G;
     const __half* svb = svs + TK * G;
+    const int tl = tile_of(i);
+    const int64_t t0 = c0 + static_cast<int64_t>(tl) * TK;
+    const bool win = kChan && t0 >= full_blocks * C::kBlk;  // kChan: a tile of the residual window
+    if constexpr (kChan) {
+      if (!win && i % TPB == 0) {
+        const __half* sblk = sb0 + C::kRowPlanes * TK * G;  // the block's key scale row, then its bias row
+        fold_block<D>(qrows, sblk, sblk + D, R, lane, wdig, blk_e + warp * kRows, blk_b + warp * kRows);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          zc[h] = mul_pow2(p.scale_log2, -blk_e[warp * kRows + crow[h]]);
+          bc[h] = blk_b[warp * kRows + crow[h]] * p.scale_log2;
+        }
+      }
+    }
 
     // ---- scores: sc[mt][e], e = (key gid, r0), (gid, r1), (gid+8, r0), (gid+8, r1), log2 units ----
     float sc[MT][4];
+    if (win) {
+      window_scores<D, MT, kPacked>(p.residual + static_cast<int64_t>(bg) * C::kBlk * D, t0, c1, qrows, lane,
+                                    p.scale_log2, sc);
+    } else {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int ra = mt * 16 + gid, rb = ra + 8;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[mt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) sc[mt][e] = kChan ? bc[e & 1] : 0.0f;
 #pragma unroll
       for (int gi = 0; gi < G; ++gi) {
         uint32_t A[2][4];
@@ -562,20 +796,34 @@ __global__ void __launch_bounds__(kTcThreads, KB == 8 ? 2 : (D == 128 ? 4 : 3)) 
           else
             return fmaf(static_cast<float>(z[e]), 65536.0f, static_cast<float>(z1[e] * 256 + z0[e]));
         };
-        const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
-        const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
-        sc[mt][0] += sa * (zmul[0] * zf(0)) + ba * bq[gi][0];
-        sc[mt][2] += sb * (zmul[0] * zf(2)) + bb * bq[gi][0];
-        if constexpr (!kPacked) {
-          sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
-          sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
+        if constexpr (kChan) {
+          sc[mt][0] += zc[0] * zf(0);
+          sc[mt][2] += zc[0] * zf(2);
+          if constexpr (!kPacked) {
+            sc[mt][1] += zc[1] * zf(1);
+            sc[mt][3] += zc[1] * zf(3);
+          }
+        } else {
+          const float sa = __half2float(sks[ra * G + gi]), sb = __half2float(sks[rb * G + gi]);
+          const float ba = __half2float(skb[ra * G + gi]), bb = __half2float(skb[rb * G + gi]);
+          sc[mt][0] += sa * (zmul[0] * zf(0)) + ba * bq[gi][0];
+          sc[mt][2] += sb * (zmul[0] * zf(2)) + bb * bq[gi][0];
+          if constexpr (!kPacked) {
+            sc[mt][1] += sa * (zmul[1] * zf(1)) + ba * bq[gi][1];
+            sc[mt][3] += sb * (zmul[1] * zf(3)) + bb * bq[gi][1];
+          }
         }
       }
+    }
+    }  // scores
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int ra = mt * 16 + gid;
       if (p.softcap_log2 > 0.0f) {  // before the mask; slots of invisible keys are overwritten below
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[mt][e] = capped_score(sc[mt][e], p.softcap_log2, p.inv_softcap_log2);
       }
-      const int ja = (warp + i * kTcWarps) * TK + ra, jb = ja + 8;  // key index − c0
+      const int ja = tl * TK + ra, jb = ja + 8;  // key index − c0
       sc[mt][0] = (ja >= vis_lo[0] && ja < vis_hi[0]) ? sc[mt][0] : kNegInf;
       sc[mt][2] = (jb >= vis_lo[0] && jb < vis_hi[0]) ? sc[mt][2] : kNegInf;
       if constexpr (kPacked) {
@@ -875,14 +1123,15 @@ bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p
 
 // Lets the kernel have its shared memory on the current GPU; returns the resident CTAs per SM (the same on every GPU
 // of the host).
-template <int D, int KB, int VB, bool kPacked>
+template <int D, int KB, int VB, bool kPacked, bool kChan>
 int tc_ctas_per_sm() {
-  const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB, kPacked>);
-  allow_dynamic_smem(fn, Cfg<D, KB, VB>::kSmem, "cuda.attention");
+  using C = Cfg<D, KB, VB, kChan>;
+  const void* fn = reinterpret_cast<const void*>(&attention_tc_kernel<D, KB, VB, kPacked, kChan>);
+  allow_dynamic_smem(fn, C::kSmem, "cuda.attention");
   static int n = [fn] {
     int blocks = 0;
     CIDER_CUDA_CHECK("cuda.attention",
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, Cfg<D, KB, VB>::kSmem));
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kTcThreads, C::kSmem));
     return std::max(blocks, 1);
   }();
   return n;
@@ -901,6 +1150,10 @@ bool tc_k8v4_enabled() { return env_flag("CIDER_ATTN_TC_K8V4", true, "cuda.atten
 // The packed layout for R ≤ 4 query rows (attention_tc_kernel's kPacked): on unless $CIDER_ATTN_TC_PACKED=0 (read at
 // every call: tests run both layouts, the bench A/Bs them).
 bool tc_packed_enabled() { return env_flag("CIDER_ATTN_TC_PACKED", true, "cuda.attention"); }
+
+// Per-channel keys (K4V4, blocks of 64) on the tensor cores: on unless $CIDER_ATTN_TC_KCHAN=0 (read at every call:
+// tests and the bench run the CUDA-core kernel beside it).
+bool tc_kchan_enabled() { return env_flag("CIDER_ATTN_TC_KCHAN", true, "cuda.attention"); }
 
 // In-kernel merge ("fold"): only with $CIDER_ATTN_TC_FOLD=1 (read at every call: tests and bench A/B it). Measured on
 // the H200 (2026-11-30, docs/cuda/attention.md): the fold is SLOWER than the separate merge kernel (K4V3 B1 L32768
@@ -932,6 +1185,14 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const int64_t rep = a.Hq / K.H;
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
+  if (K.layout == 1) {
+    // Per-channel keys: 4-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values.
+    return tc_kchan_enabled() && K.bits == 4 && V.bits == 4 && V.layout == 0 && K.outliers == 0 &&
+           K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
+           K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 && rep * a.L <= kRows && aligned(a.q, 16) &&
+           aligned(a.out, 16) && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 16) &&
+           aligned(K.biases, 16) && aligned(V.scales, 4) && aligned(V.biases, 4) && aligned(K.residual, 16);
+  }
   if ((!k4v3 && !k8v4) || K.layout != 0 || V.layout != 0) return false;
   return K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
          (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
@@ -941,12 +1202,13 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
 }
 
 namespace {
-template <int D, int KB, int VB>
+template <int D, int KB, int VB, bool kChan = false>
 void plan_config(bool packed, int& tk, int& per_sm, size_t& smem, int& max_fold_weights) {
-  tk = Cfg<D, KB, VB>::kTK;
-  per_sm = packed ? tc_ctas_per_sm<D, KB, VB, true>() : tc_ctas_per_sm<D, KB, VB, false>();
-  smem = static_cast<size_t>(Cfg<D, KB, VB>::kSmem);
-  max_fold_weights = Cfg<D, KB, VB>::kMaxFoldWeights;
+  using C = Cfg<D, KB, VB, kChan>;
+  tk = kChan ? C::kBlk : C::kTK;  // the split quantum is 4 of these: one tile (kChan: one block) per warp
+  per_sm = packed ? tc_ctas_per_sm<D, KB, VB, true, kChan>() : tc_ctas_per_sm<D, KB, VB, false, kChan>();
+  smem = static_cast<size_t>(C::kSmem);
+  max_fold_weights = C::kMaxFoldWeights;
 }
 }  // namespace
 
@@ -956,7 +1218,10 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   int tk = 0, per_sm = 1, max_w = 0;
   pl.packed = a.Hq / a.keys.H * a.L <= 4 && tc_packed_enabled();
   const bool pk = pl.packed;
-  if (k8)
+  if (a.keys.layout == 1)
+    d128 ? plan_config<128, 4, 4, true>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 4, 4, true>(pk, tk, per_sm, pl.smem, max_w);
+  else if (k8)
     d128 ? plan_config<128, 8, 4>(pk, tk, per_sm, pl.smem, max_w)
          : plan_config<256, 8, 4>(pk, tk, per_sm, pl.smem, max_w);
   else
@@ -992,14 +1257,15 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
 }
 
 namespace {
-template <int D, int KB, int VB>
+template <int D, int KB, int VB, bool kChan = false>
 cudaError_t launch_config(bool packed, dim3 grid, const TcParams& p, cudaStream_t s) {
+  constexpr int smem = Cfg<D, KB, VB, kChan>::kSmem;
   if (packed) {
-    (void)tc_ctas_per_sm<D, KB, VB, true>();
-    return pdl::launch(attention_tc_kernel<D, KB, VB, true>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
+    (void)tc_ctas_per_sm<D, KB, VB, true, kChan>();
+    return pdl::launch(attention_tc_kernel<D, KB, VB, true, kChan>, grid, dim3(kTcThreads), smem, s, p);
   }
-  (void)tc_ctas_per_sm<D, KB, VB, false>();
-  return pdl::launch(attention_tc_kernel<D, KB, VB, false>, grid, dim3(kTcThreads), Cfg<D, KB, VB>::kSmem, s, p);
+  (void)tc_ctas_per_sm<D, KB, VB, false, kChan>();
+  return pdl::launch(attention_tc_kernel<D, KB, VB, false, kChan>, grid, dim3(kTcThreads), smem, s, p);
 }
 }  // namespace
 
@@ -1014,12 +1280,17 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.counters = pl.fold ? counters::counter_slab(counters::Pool::kAttentionMerge, stream) : nullptr;
   p.early_copies = env_flag("CIDER_ATTN_TC_EARLY", true, "cuda.attention") ? 1 : 0;
+  p.residual = static_cast<const uint16_t*>(a.keys.residual);
+  p.kblocks = a.keys.blocks;
   const dim3 grid(static_cast<unsigned>(pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
   cudaError_t err;
   const bool pk = pl.packed;
-  if (a.keys.bits == 8)
+  if (a.keys.layout == 1)
+    err = a.keys.dim == 128 ? launch_config<128, 4, 4, true>(pk, grid, p, s)
+                            : launch_config<256, 4, 4, true>(pk, grid, p, s);
+  else if (a.keys.bits == 8)
     err = a.keys.dim == 128 ? launch_config<128, 8, 4>(pk, grid, p, s) : launch_config<256, 8, 4>(pk, grid, p, s);
   else
     err = a.keys.dim == 128 ? launch_config<128, 4, 3>(pk, grid, p, s) : launch_config<256, 4, 3>(pk, grid, p, s);
