@@ -190,62 +190,138 @@ __device__ __forceinline__ float round_to_dtype(DType t, float x) {
   }
 }
 
-// Column d of the window (gs rows of `dim` bfloat16 values): the codes go to codes[t·dim + d] (shared memory), the
-// scale and bias to element d of the block's rows.
+// Column d of the window (gs rows of `dim` bfloat16 values): the codes go to codes[t·cstride + d] (shared memory),
+// the scale and bias to element d of the block's rows.
 __device__ void quantize_column_warp(const uint16_t* window, int64_t dim, int gs, int bits, int64_t d,
-                                     uint8_t* codes, void* scales, void* biases, DType sdt, int lane) {
+                                     int64_t cstride, uint8_t* codes, void* scales, void* biases, DType sdt,
+                                     int lane) {
   float scale, bias;
   affine_group_warp([&](int i) { return bf16_bits_to_float(window[i * dim + d]); }, gs, bits,
-                    [&](int i, uint8_t c) { codes[i * dim + d] = c; }, lane, scale, bias);
+                    [&](int i, uint8_t c) { codes[i * cstride + d] = c; }, lane, scale, bias);
   if (lane == 0) {
     store_elem(scales, sdt, d, scale);
     store_elem(biases, sdt, d, bias);
   }
 }
 
-// One CTA per (b, h): the append's runs in order; a filled block is quantized column by column (one warp per column),
-// then its rows packed (quant::pack_codes: code d at bit d·bits of the row, little-endian words).
-__global__ void __launch_bounds__(kAppendThreads) kv_channel_keys_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
-  extern __shared__ uint8_t block_codes[];  // [gs, dim]
+// The per-channel key kernels work on column groups of 32 (the last may be narrower): a group of 32 columns holds
+// 32·bits bits, whole words at every width, so a group's codes pack into words no other group touches, and the groups
+// of a head run in parallel (CTA y = group). kChanThreads: 8 warps, a warp per column at a time.
+constexpr int kChanThreads = 256;
+constexpr int kChanCols = 32;
+
+// Packs rows [0, gs) of a block's codes (shared memory [gs][ncols], columns c0 .. c0 + ncols − 1) into their words
+// (quant::pack_codes: code d at bit d·bits of the row, little-endian words).
+__device__ void pack_group(const uint8_t* block_codes, int64_t gs, int64_t ncols, int64_t c0, int bits, int64_t wpr,
+                           uint32_t* codes) {
+  const int64_t w0 = c0 * bits / 32, nw = ncols * bits / 32;
+  for (int64_t i = threadIdx.x; i < gs * nw; i += blockDim.x) {
+    const int64_t t = i / nw, wd = w0 + i % nw;
+    const int first = static_cast<int>((32 * wd) / bits), last = static_cast<int>((32 * wd + 31) / bits);
+    uint32_t word = 0;
+    for (int k = first; k <= last && k < c0 + ncols; ++k) {
+      const int sh = k * bits - 32 * static_cast<int>(wd);
+      const uint32_t c = block_codes[t * ncols + (k - c0)];
+      word |= sh >= 0 ? (c << sh) : (c >> (-sh));
+    }
+    codes[t * wpr + wd] = word;
+  }
+}
+
+// Small appends (n ≤ gs: decode, short chunks). CTA (b·H + h, column group): the append's runs in order, each run's
+// rows of the group's columns to the window; a filled block is quantized column by column (one warp per column) and
+// its group's words packed.
+__global__ void __launch_bounds__(kChanThreads) kv_channel_keys_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  extern __shared__ uint8_t block_codes[];  // [gs, kChanCols]
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
   if (offset < 0 || offset + a.n > a.capacity) return;  // a device offset past the storage: write nothing
   const int64_t D = a.dim, gs = a.group_size, wpr = D * a.bits / 32;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChanCols, ncols = min(static_cast<int64_t>(kChanCols), D - c0);
   uint16_t* window = a.residual + bh * gs * D;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h;
   for (int64_t done = 0; done < a.n;) {
     const int64_t pos = offset + done, r = pos % gs, run = min(a.n - done, gs - r);
-    for (int64_t i = threadIdx.x; i < run * D; i += blockDim.x) {
-      const int64_t t = i / D, d = i % D;
+    for (int64_t i = threadIdx.x; i < run * ncols; i += blockDim.x) {
+      const int64_t t = i / ncols, d = c0 + i % ncols;
       const float v = load_elem(a.src, a.src_dtype, src0 + (done + t) * a.src_stride_t + d);
       window[(r + t) * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
     }
     __syncthreads();
     if (r + run == gs) {
       const int64_t block = pos / gs;
-      void* sc = static_cast<uint8_t*>(a.scales) + (bh * a.blocks + block) * D * dtype_size_dev(a.scale_dtype);
-      void* bi = static_cast<uint8_t*>(a.biases) + (bh * a.blocks + block) * D * dtype_size_dev(a.scale_dtype);
-      for (int64_t d = warp; d < D; d += kAppendThreads / 32)
-        quantize_column_warp(window, D, static_cast<int>(gs), a.bits, d, block_codes, sc, bi, a.scale_dtype, lane);
+      const int64_t ss = dtype_size_dev(a.scale_dtype);
+      void* sc = static_cast<uint8_t*>(a.scales) + ((bh * a.blocks + block) * D + c0) * ss;
+      void* bi = static_cast<uint8_t*>(a.biases) + ((bh * a.blocks + block) * D + c0) * ss;
+      for (int64_t d = warp; d < ncols; d += kChanThreads / 32)
+        quantize_column_warp(window + c0, D, static_cast<int>(gs), a.bits, d, ncols, block_codes, sc, bi,
+                             a.scale_dtype, lane);
       __syncthreads();
-      uint32_t* codes = a.codes + (bh * a.capacity + block * gs) * wpr;
-      for (int64_t i = threadIdx.x; i < gs * wpr; i += blockDim.x) {
-        const int64_t t = i / wpr, wd = i % wpr;
-        const int first = static_cast<int>((32 * wd) / a.bits), last = static_cast<int>((32 * wd + 31) / a.bits);
-        uint32_t word = 0;
-        for (int k = first; k <= last && k < D; ++k) {
-          const int sh = k * a.bits - 32 * static_cast<int>(wd);
-          const uint32_t c = block_codes[t * D + k];
-          word |= sh >= 0 ? (c << sh) : (c >> (-sh));
-        }
-        codes[i] = word;
-      }
+      pack_group(block_codes, gs, ncols, c0, a.bits, wpr, a.codes + (bh * a.capacity + block * gs) * wpr);
       __syncthreads();  // the window and block_codes are rewritten by the next run
     }
     done += run;
+  }
+}
+
+// Large appends (n > gs: prefill chunks), phase 1: CTA (b·H + h, column group, z) quantizes the z-th block this append
+// completes, staging the group's columns in shared memory as bfloat16 — the window's rows for positions before the
+// append (the first block), the source's after — so the blocks run in parallel. Phase 2 (kv_channel_tail_kernel,
+// the next launch: it waits for this grid) writes the rows after the last completed block to the window, after
+// phase 1 has read the window's old rows.
+__global__ void __launch_bounds__(kChanThreads) kv_channel_blocks_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  extern __shared__ uint8_t chan_smem[];  // stage [gs][kChanCols] bf16, then codes [gs][kChanCols]
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  if (offset < 0 || offset + a.n > a.capacity) return;
+  const int64_t D = a.dim, gs = a.group_size, wpr = D * a.bits / 32;
+  const int64_t block = offset / gs + blockIdx.z;
+  if ((block + 1) * gs > offset + a.n) return;  // not completed by this append
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChanCols, ncols = min(static_cast<int64_t>(kChanCols), D - c0);
+  uint16_t* stage = reinterpret_cast<uint16_t*>(chan_smem);
+  uint8_t* block_codes = chan_smem + gs * kChanCols * 2;
+  const uint16_t* window = a.residual + bh * gs * D;
+  const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h;
+  for (int64_t i = threadIdx.x; i < gs * ncols; i += blockDim.x) {
+    const int64_t t = i / ncols, d = c0 + i % ncols, pos = block * gs + t;
+    stage[t * ncols + (d - c0)] =
+        pos < offset ? window[t * D + d]
+                     : __bfloat16_as_ushort(__float2bfloat16_rn(
+                           load_elem(a.src, a.src_dtype, src0 + (pos - offset) * a.src_stride_t + d)));
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t ss = dtype_size_dev(a.scale_dtype);
+  void* sc = static_cast<uint8_t*>(a.scales) + ((bh * a.blocks + block) * D + c0) * ss;
+  void* bi = static_cast<uint8_t*>(a.biases) + ((bh * a.blocks + block) * D + c0) * ss;
+  for (int64_t d = warp; d < ncols; d += kChanThreads / 32)
+    quantize_column_warp(stage, ncols, static_cast<int>(gs), a.bits, d, ncols, block_codes, sc, bi, a.scale_dtype,
+                         lane);
+  __syncthreads();
+  pack_group(block_codes, gs, ncols, c0, a.bits, wpr, a.codes + (bh * a.capacity + block * gs) * wpr);
+}
+
+// Phase 2 of a large append: the rows after the last block it completes (positions from ⌊(offset + n)/gs⌋·gs, or
+// from offset when it completes none) to the window.
+__global__ void __launch_bounds__(kChanThreads) kv_channel_tail_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  if (offset < 0 || offset + a.n > a.capacity) return;
+  const int64_t D = a.dim, gs = a.group_size, end = offset + a.n;
+  const int64_t first = max(offset, end / gs * gs);
+  uint16_t* window = a.residual + bh * gs * D;
+  const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h;
+  for (int64_t i = threadIdx.x; i < (end - first) * D; i += blockDim.x) {
+    const int64_t pos = first + i / D, d = i % D;
+    const float v = load_elem(a.src, a.src_dtype, src0 + (pos - offset) * a.src_stride_t + d);
+    window[(pos % gs) * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
 }
 
@@ -370,10 +446,22 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
           ", n ", a.n);
   if (a.B * a.H == 0 || a.n == 0) return;
   check(a.src != nullptr, ErrorCode::kInvalidArgument, op, "src must not be null");
-  const size_t smem = static_cast<size_t>(a.group_size * a.dim);
-  CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
-                                        dim3(kAppendThreads), smem, static_cast<cudaStream_t>(exec.stream), a,
-                                        d_offset));
+  const unsigned groups = static_cast<unsigned>((a.dim + kChanCols - 1) / kChanCols);
+  const cudaStream_t st = static_cast<cudaStream_t>(exec.stream);
+  if (a.n <= a.group_size) {
+    const size_t smem = static_cast<size_t>(a.group_size * kChanCols);
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel, dim3(static_cast<unsigned>(a.B * a.H), groups),
+                                          dim3(kChanThreads), smem, st, a, d_offset));
+  } else {
+    // Blocks completed: at most ⌈n / gs⌉ (+ 1 when the append starts inside a block).
+    const unsigned zmax = static_cast<unsigned>(a.n / a.group_size + 1);
+    const size_t smem = static_cast<size_t>(a.group_size * kChanCols * 3);
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_blocks_kernel,
+                                          dim3(static_cast<unsigned>(a.B * a.H), groups, zmax), dim3(kChanThreads),
+                                          smem, st, a, d_offset));
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_tail_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
+                                          dim3(kChanThreads), 0, st, a, d_offset));
+  }
   check_last_launch(op);
 }
 
