@@ -288,6 +288,15 @@ CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq16 Hkv2 D256 L65536", "attent
 CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
   return channel_case(1, 32, 8, 128, 4096, 4096, 4, 4);
 }
+CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq32 Hkv8 D128 L512", "attention") {
+  return channel_case(1, 32, 8, 128, 512, 512, 4, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq16 Hkv2 D256 L4096", "attention") {
+  return channel_case(1, 16, 2, 256, 4096, 4096, 4, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K4V4-kchan B1 Hq32 Hkv8 D128 L4096 v:CUDA-core kernel", "attention") {
+  return channel_case(1, 32, 8, 128, 4096, 4096, 4, 4, "0");
+}
 CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32800", "attention") {  // 32 keys in the window
   return channel_case(1, 32, 8, 128, 32800, 1, 4, 4);
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -378,9 +379,11 @@ struct F16Emulation {
 };
 // softcap > 0: the scores are capped, cap·tanh(s/cap), before the softmax (1-Lipschitz: the score bounds carry over;
 // the kernel's tanhf in log2 units adds at most (3|s| + 16·cap)·2^-24 per score).
-F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, const Side& V, int64_t B, int64_t Hq,
-                                 int64_t Hkv, int64_t L, int64_t kLr, int64_t cap, int64_t D, float scale,
-                                 MaskKind mask, int64_t window, double softcap) {
+// key_row / value_row (head bh = b·Hkv + g, position j): the row as the kernel dequantizes it.
+using RowFn = std::function<void(int64_t bh, int64_t j, std::vector<double>& out)>;
+F16Emulation emulate_f16_prefill_rows(const std::vector<float>& q, const RowFn& key_row, const RowFn& value_row,
+                                      int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t kLr, int64_t D,
+                                      float scale, MaskKind mask, int64_t window, double softcap) {
   F16Emulation em;
   em.out.assign(static_cast<size_t>(B * Hq * L * D), 0.0f);
   em.tight.assign(static_cast<size_t>(B * Hq * L), 0.0);
@@ -393,9 +396,8 @@ F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, con
     for (int64_t g = 0; g < Hkv; ++g) {
       double vmax = 0.0;
       for (int64_t j = 0; j < kLr; ++j) {
-        const int64_t row = (b * Hkv + g) * cap + j;
-        dequant_row_f16(K, row, D, kd[static_cast<size_t>(j)]);
-        dequant_row_f16(V, row, D, vd[static_cast<size_t>(j)]);
+        key_row(b * Hkv + g, j, kd[static_cast<size_t>(j)]);
+        value_row(b * Hkv + g, j, vd[static_cast<size_t>(j)]);
         for (double x : vd[static_cast<size_t>(j)]) vmax = std::max(vmax, std::fabs(x));
       }
       for (int64_t rr = 0; rr < rep; ++rr)
@@ -446,6 +448,14 @@ F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, con
         }
     }
   return em;
+}
+F16Emulation emulate_f16_prefill(const std::vector<float>& q, const Side& K, const Side& V, int64_t B, int64_t Hq,
+                                 int64_t Hkv, int64_t L, int64_t kLr, int64_t cap, int64_t D, float scale,
+                                 MaskKind mask, int64_t window, double softcap) {
+  return emulate_f16_prefill_rows(
+      q, [&](int64_t bh, int64_t j, std::vector<double>& out) { dequant_row_f16(K, bh * cap + j, D, out); },
+      [&](int64_t bh, int64_t j, std::vector<double>& out) { dequant_row_f16(V, bh * cap + j, D, out); }, B, Hq, Hkv,
+      L, kLr, D, scale, mask, window, softcap);
 }
 
 // Elements of got within the per-row bound of want (rows of D); NaN never passes. Reports the first few misses.
@@ -1487,10 +1497,143 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
   EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false}, ++salt));
   EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, true}, ++salt));
   EXPECT_TRUE(run_channel_case({128, 4, 5000, 2, MaskKind::kCausal, 700, 4, 4, 64, DType::kF16, 64, false}, ++salt));
-  // Not this path: bf16 scales, other widths, more than 8 rows.
+  // Not this path: bf16 scales, other widths (more than 8 rows take the f16 prefill kernel: PrefillF16PerChannelKeys).
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kBF16, 0, false}, ++salt));
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
-  EXPECT_FALSE(run_channel_case({128, 4, 300, 3, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false}, ++salt));
+}
+
+// The f16 prefill kernel over per-channel keys (K4V4, blocks of 64, f16 scales, D 128/256, more than 8 rows per KV
+// head): quantized blocks dequantized with their per-channel scales, k̃ = fl16(s_d·c + b_d); the window's bf16 rows
+// taken as fl16(k). Against the emulation of that contract (tight) and the exact reference (loose), and the same call
+// on the CUDA-core kernel ($CIDER_ATTN_TC_KCHAN=0) against the reference: chunked and whole prefills, window tails,
+// causal and none, sliding windows starting mid-block, forced splits, a device length, softcap, 8 and 12 warps.
+TEST(CudaAttention, PrefillF16PerChannelKeys) {
+  CIDER_REQUIRE_GPU();
+  struct Case {
+    int64_t D, rep, kL, L;
+    MaskKind mask;
+    int64_t window;
+    int splits;
+    bool device_length;
+    float softcap;
+    const char* warps;
+  };
+  const Case cases[] = {
+      {128, 4, 300, 300, MaskKind::kCausal, 0, 0, false, 0.0f, "auto"},    // whole prefill, window tail 44
+      {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12"},     // a chunk after 488 cached keys
+      {128, 1, 200, 17, MaskKind::kNone, 0, 3, false, 0.0f, "8"},
+      {128, 8, 640, 64, MaskKind::kCausal, 100, 0, true, 0.0f, "auto"},    // sliding window, device length
+      {128, 2, 4097, 129, MaskKind::kCausal, 0, 5, false, 1.5f, "auto"},   // softcap, splits
+      {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 0.0f, "auto"},
+      {256, 8, 129, 33, MaskKind::kCausal, 50, 2, false, 0.0f, "auto"},
+      {256, 4, 64, 64, MaskKind::kCausal, 0, 0, true, 0.0f, "auto"},       // one full block, empty window
+  };
+  uint64_t salt = 8100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
+                                      << static_cast<int>(c.mask) << " window " << c.window << " splits " << c.splits
+                                      << (c.device_length ? " device length" : "") << " softcap " << c.softcap
+                                      << " warps " << c.warps);
+    auto rng = test::make_rng(++salt);
+    const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
+    nn::QuantizedKVCache cache(channel_cache_config(4, 4, 64, DType::kF16, salt));
+    std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
+    for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
+    std::vector<float> vf = test::randn(rng, kf.size());
+    cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
+                           TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
+    std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
+    const KVTensorView K = cache.keys(), V = cache.values();
+    AttentionArgs ref{};
+    ref.q = q.data();
+    std::vector<float> want(static_cast<size_t>(B * Hq * c.L * c.D));
+    ref.out = want.data();
+    ref.B = B;
+    ref.Hq = Hq;
+    ref.L = c.L;
+    ref.keys = K;
+    ref.values = V;
+    ref.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+    ref.softcap = c.softcap;
+    ref.mask_kind = c.mask;
+    ref.window = c.window;
+    ref.mask_dtype = DType::kBool;
+    kernels::ref_kernels().attention(ref);
+    // The kernel's rows: keys from the blocks' per-channel scales or the bf16 window, values per row (f16 planes).
+    const int64_t nq = c.kL / 64 * 64;
+    auto key_row = [&](int64_t bh, int64_t j, std::vector<double>& out) {
+      out.resize(static_cast<size_t>(c.D));
+      for (int64_t d = 0; d < c.D; ++d) {
+        double x;
+        if (j < nq) {
+          const auto* words = static_cast<const uint32_t*>(K.data) + (bh * K.capacity + j) * c.D * 4 / 32;
+          const int64_t srow = (bh * K.blocks + j / 64) * c.D + d;
+          x = round_to_f16(static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.scales)[srow])) *
+                               static_cast<double>(quant::unpack_code(words, d, 4)) +
+                           static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.biases)[srow])));
+        } else {
+          const uint16_t bits = static_cast<const uint16_t*>(K.residual)[(bh * 64 + j % 64) * c.D + d];
+          const uint32_t u = static_cast<uint32_t>(bits) << 16;
+          float f;
+          std::memcpy(&f, &u, 4);
+          x = round_to_f16(f);
+        }
+        out[static_cast<size_t>(d)] = x;
+      }
+    };
+    auto value_row = [&](int64_t bh, int64_t j, std::vector<double>& out) {
+      out.resize(static_cast<size_t>(c.D));
+      const auto* words = static_cast<const uint32_t*>(V.data) + (bh * V.capacity + j) * c.D * 4 / 32;
+      const auto* sc = static_cast<const uint16_t*>(V.scales) + (bh * V.capacity + j) * (c.D / 64);
+      const auto* bi = static_cast<const uint16_t*>(V.biases) + (bh * V.capacity + j) * (c.D / 64);
+      for (int64_t d = 0; d < c.D; ++d)
+        out[static_cast<size_t>(d)] =
+            round_to_f16(static_cast<double>(f16_to_f32(sc[d / 64])) * static_cast<double>(quant::unpack_code(words, d, 4)) +
+                         static_cast<double>(f16_to_f32(bi[d / 64])));
+    };
+    const F16Emulation em = emulate_f16_prefill_rows(q, key_row, value_row, B, Hq, Hkv, c.L, c.kL, c.D, ref.scale,
+                                                     c.mask, c.window, c.softcap);
+
+    DeviceView dk = upload_view(K), dv = upload_view(V);
+    DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+    const size_t out_n = want.size(), guard = 64;
+    const int32_t len32 = static_cast<int32_t>(c.kL);
+    DeviceBuffer d_len = to_device(&len32, sizeof(len32));
+    for (const char* kchan : {"1", "0"}) {
+      SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_TC_KCHAN=" << kchan);
+      const ScopedEnv env("CIDER_ATTN_TC_KCHAN", kchan);
+      const ScopedEnv warps("CIDER_ATTN_PREFILL_F16_WARPS", c.warps);
+      DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+      d_out.fill(0xFF);
+      AttentionArgs a = ref;
+      a.q = d_q.as<float>();
+      a.out = d_out.as<float>() + guard;
+      a.keys = dk.view;
+      a.values = dv.view;
+      a.kv_splits = c.splits;
+      if (c.device_length) a.keys.length = a.values.length = std::min(a.keys.capacity, c.kL + 100);
+      const bool tc = kchan[0] == '1';
+      EXPECT_EQ(detail::prefill_tc_eligible(a), tc);
+      const size_t ws = attention_workspace_bytes(a);
+      DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+      Stream& stream = attention_stream();
+      const Exec exec{stream.handle(), d_ws.data(), ws};
+      attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
+      stream.synchronize();
+      std::vector<float> got(out_n + 2 * guard);
+      d_out.download(got.data(), got.size() * sizeof(float));
+      EXPECT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
+      if (tc) {
+        EXPECT_TRUE(within_row_bounds(got.data() + guard, em.out.data(), em.tight, c.D)) << "vs the emulation";
+        EXPECT_TRUE(within_row_bounds(got.data() + guard, want.data(), em.loose, c.D)) << "vs the reference";
+      } else {
+        float vmax = 0.0f;
+        for (float x : want) vmax = std::max(vmax, std::fabs(x));
+        const double tol = 1e-5 * std::sqrt(static_cast<double>(c.kL) + 1.0) * (vmax + 1.0);
+        EXPECT_TRUE(test::all_close(got.data() + guard, want.data(), out_n, tol, 1e-5));
+      }
+    }
+  }
 }
 
 TEST(CudaAttention, RejectsBadArguments) {

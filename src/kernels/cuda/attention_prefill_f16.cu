@@ -52,9 +52,11 @@ constexpr int kF16Stages = 2;
 
 // W: warps per CTA (16 query rows each). The CTA's threads dequantize each tile together, a thread every kKeyStep-th
 // key of one chunk column; kKeyStep must be a multiple of 8 so that the column's swizzle (by key & 7) stays fixed.
-template <int D, int KB, int VB, int W>
+// kChan: per-channel keys (layout 1, blocks of 64 positions, docs/kv_cache.md §2b), K4V4.
+template <int D, int KB, int VB, int W, bool kChan = false>
 struct F16Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4), "K4V3 or K8V4");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (kChan && KB == 4 && VB == 4),
+                "K4V3 or K8V4, or K4V4 with per-channel keys");
   static_assert(D == 128 || D == 256, "D 128 or 256");
   static constexpr int kThreads = 32 * W;
   static constexpr int kRowsPerWarp = 16;
@@ -75,7 +77,9 @@ struct F16Cfg {
   static constexpr int kKBytes = kTK * kKRowB;
   static constexpr int kVBytes = kTK * kVRowB;
   static constexpr int kSbBytes = kTK * kSbB;
-  static constexpr int kStageB = (kKBytes + kVBytes + 4 * kSbBytes + 15) / 16 * 16;
+  static constexpr int kRowPlanes = kChan ? 2 : 4;        // per-row f16 planes: key (not kChan) and value s, b
+  static constexpr int kKBlkB = kChan ? 2 * D * 2 : 0;    // kChan: the tile's block key scale and bias rows
+  static constexpr int kStageB = (kKBytes + kVBytes + kRowPlanes * kSbBytes + kKBlkB + 15) / 16 * 16;
   static constexpr int kHalfOff = kF16Stages * kStageB;   // f16 tiles: 2 buffers × (keys [TK][D], values [TK][D])
   static constexpr int kTileH = kTK * kRowB;              // bytes of one f16 [TK][D] tile
   static constexpr int kQS = D + 8;                       // q̃ row stride in halves (16-byte pad: ldmatrix conflict-free)
@@ -121,9 +125,13 @@ __device__ __forceinline__ uint4 dequant8_u3(uint32_t x, __half2 s2, __half2 b2)
 }
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
 
-template <int D, int KB, int VB, int W>
+// kChan: tiles lie inside one block of 64 positions (TK divides 64 and every tile starts at a multiple of TK: a
+// window start is rounded down to its block, the rows' masks do the rest); a quantized block's tile is dequantized
+// with the block's per-channel scales, k̃ = fl16(s_d·c + b_d), and the window's tile (positions from 64·⌊length/64⌋)
+// from its bf16 rows, k̃ = fl16(k) (exact within the f16 range).
+template <int D, int KB, int VB, int W, bool kChan>
 __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(PrefillParams p) {
-  using C = F16Cfg<D, KB, VB, W>;
+  using C = F16Cfg<D, KB, VB, W, kChan>;
   constexpr int G = C::kG, TK = C::kTK, NT = C::kNT;
   constexpr int kThreads = C::kThreads, kRowsPerWarp = C::kRowsPerWarp;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -149,6 +157,8 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
     hi = min(kL, pos_last + 1);
     if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
   }
+  if constexpr (kChan) lo -= lo % 64;  // tiles inside blocks
+  const int64_t full_blocks = kChan ? kL / 64 : 0;  // kChan: blocks [0, full_blocks) are quantized
   const int64_t c0 = max(lo, static_cast<int64_t>(split) * p.chunk);
   const int64_t c1 = min(hi, static_cast<int64_t>(split + 1) * p.chunk);
   const int n_keys = static_cast<int>(max(static_cast<int64_t>(0), c1 - c0));
@@ -182,12 +192,25 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
     const uint8_t* const sbt[4] = {p.ks + (krow0 + t0) * C::kSbB, p.kb + (krow0 + t0) * C::kSbB,
                                    p.vs + (vrow0 + t0) * C::kSbB, p.vb + (vrow0 + t0) * C::kSbB};
 #pragma unroll
-    for (int pl = 0; pl < 4; ++pl)
+    for (int pl = 0; pl < C::kRowPlanes; ++pl)
 #pragma unroll
       for (int w = tid; w < C::kSbBytes / 4; w += kThreads) {
         const bool ok = w / kSbRowW < nvalid;
-        cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + w * 4, ok ? sbt[pl] + w * 4 : sbt[pl], ok);
+        const uint8_t* src = sbt[pl + 4 - C::kRowPlanes];
+        cp_async4(st + C::kKBytes + C::kVBytes + pl * C::kSbBytes + w * 4, ok ? src + w * 4 : src, ok);
       }
+    if constexpr (kChan) {
+      // The tile's block: its key scale row and bias row (f16 [D] each), when it is quantized.
+      const int64_t blk = t0 / 64;
+      if (blk < full_blocks) {
+        const int64_t off = (static_cast<int64_t>(bg) * p.kblocks + blk) * D * 2;
+        for (int c = tid; c < D / 4; c += kThreads) {  // 16-byte chunks: D / 8 per row, two rows
+          const int pl = c / (D / 8), ch = c % (D / 8);
+          cp_async16(st + C::kKBytes + C::kVBytes + C::kRowPlanes * C::kSbBytes + pl * D * 2 + ch * 16,
+                     (pl ? p.kb : p.ks) + off + ch * 16, true);
+        }
+      }
+    }
     cp_commit();
   };
   if (n_tiles > 0) {
@@ -257,16 +280,49 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
   const int dq_col = dq_ch ^ (dq_key0 & 7);  // key & 7 is the same for all of the thread's keys (kKeyStep % 8 == 0)
   auto dequant_tile = [&](int t) {
     const uint8_t* st = smem + (t % kF16Stages) * C::kStageB;
-    const __half* sks = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes) + dq_grp;
+    const __half* sb0 = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);
+    const __half* sks = sb0 + dq_grp;
     const __half* skb = sks + TK * G;
-    const __half* svs = skb + TK * G;
+    const __half* svs = sb0 + (C::kRowPlanes - 2) * TK * G + dq_grp;
     const __half* svb = svs + TK * G;
     uint4* kh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH) + dq_col;
     uint4* vh = reinterpret_cast<uint4*>(smem + C::kHalfOff + (t % 2) * 2 * C::kTileH + C::kTileH) + dq_col;
     const uint32_t* kw = reinterpret_cast<const uint32_t*>(st) + dq_ch * (KB == 4 ? 1 : 2);
+    // kChan: this thread's 8 dims' scale and bias pairs of the tile's block, or the window's bf16 rows.
+    const int64_t t0a = c0 + static_cast<int64_t>(t) * TK;
+    const bool win = kChan && t0a >= full_blocks * 64;
+    uint4 cs = make_uint4(0u, 0u, 0u, 0u), cb = cs;
+    if constexpr (kChan) {
+      if (!win) {
+        const uint4* blk = reinterpret_cast<const uint4*>(sb0 + C::kRowPlanes * TK * G);
+        cs = blk[dq_ch];
+        cb = blk[D / 8 + dq_ch];
+      }
+    }
 #pragma unroll
     for (int key = dq_key0; key < TK; key += C::kKeyStep) {
-      {
+      if constexpr (kChan) {
+        const uint32_t* w = kw + key * (C::kKRowB / 4);
+        if (win) {
+          // A window row: 8 bf16 of dims 8ch .. 8ch + 7 from global memory (zeros past c1), to f16.
+          const int64_t j = t0a + key;
+          uint4 x = make_uint4(0u, 0u, 0u, 0u);
+          if (j < c1) x = *reinterpret_cast<const uint4*>(p.residual + (static_cast<int64_t>(bg) * 64 + (j & 63)) * D + 8 * dq_ch);
+          const uint32_t xw[4] = {x.x, x.y, x.z, x.w};
+          uint32_t h[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            h[k] = pack_h2(__uint_as_float(xw[k] << 16), __uint_as_float(xw[k] & 0xffff0000u));
+          kh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
+        } else {
+          const uint32_t x = w[0], xs = x >> 4;
+          const uint32_t sw[4] = {cs.x, cs.y, cs.z, cs.w}, bw[4] = {cb.x, cb.y, cb.z, cb.w};
+          uint32_t h[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) h[k] = dequant_h2(u4_pair(x, xs, k), bits_h2(sw[k]), bits_h2(bw[k]));
+          kh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+      } else {
         const __half2 s2 = __half2half2(sks[key * G]), b2 = __half2half2(skb[key * G]);
         const uint32_t* w = kw + key * (C::kKRowB / 4);
         kh[key * C::kChunks] = KB == 4 ? dequant8_u4(w[0], s2, b2) : dequant8_u8(w[0], w[1], s2, b2);
@@ -456,20 +512,25 @@ int f16_warps_d128(const kernels::AttentionArgs& a) {
 template <typename F>
 auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
+  if (a.keys.layout == 1) {  // per-channel keys: K4V4
+    if (!d128) return f.template operator()<256, 4, 4, 8, true>();
+    return f16_warps_d128(a) == 12 ? f.template operator()<128, 4, 4, 12, true>()
+                                   : f.template operator()<128, 4, 4, 8, true>();
+  }
   if (d128) {
     if (f16_warps_d128(a) == 12)
-      return k8 ? f.template operator()<128, 8, 4, 12>() : f.template operator()<128, 4, 3, 12>();
-    return k8 ? f.template operator()<128, 8, 4, 8>() : f.template operator()<128, 4, 3, 8>();
+      return k8 ? f.template operator()<128, 8, 4, 12, false>() : f.template operator()<128, 4, 3, 12, false>();
+    return k8 ? f.template operator()<128, 8, 4, 8, false>() : f.template operator()<128, 4, 3, 8, false>();
   }
-  return k8 ? f.template operator()<256, 8, 4, 8>() : f.template operator()<256, 4, 3, 8>();
+  return k8 ? f.template operator()<256, 8, 4, 8, false>() : f.template operator()<256, 4, 3, 8, false>();
 }
 
 // Lets the kernel have its shared memory on the current GPU; returns the resident CTAs per SM (the same on every GPU
 // of the host).
-template <int D, int KB, int VB, int W>
+template <int D, int KB, int VB, int W, bool kChan>
 int f16_ctas_per_sm() {
-  const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB, W>);
-  constexpr int smem = F16Cfg<D, KB, VB, W>::kSmem;
+  const void* fn = reinterpret_cast<const void*>(&attention_prefill_f16_kernel<D, KB, VB, W, kChan>);
+  constexpr int smem = F16Cfg<D, KB, VB, W, kChan>::kSmem;
   allow_dynamic_smem(fn, smem, "cuda.attention");
   static int n = [fn] {
     int blocks = 0;
@@ -483,10 +544,10 @@ int f16_ctas_per_sm() {
 
 PrefillF16Shape prefill_f16_shape(const kernels::AttentionArgs& a) {
   PrefillF16Shape s;
-  dispatch_f16(a, [&]<int D, int KB, int VB, int W>() {
-    using C = F16Cfg<D, KB, VB, W>;
+  dispatch_f16(a, [&]<int D, int KB, int VB, int W, bool kChan>() {
+    using C = F16Cfg<D, KB, VB, W, kChan>;
     s.tile_keys = C::kTK;
-    s.ctas_per_sm = f16_ctas_per_sm<D, KB, VB, W>();
+    s.ctas_per_sm = f16_ctas_per_sm<D, KB, VB, W, kChan>();
     s.rows_per_cta = C::kRowsPerCta;
     s.smem = static_cast<size_t>(C::kSmem);
     return 0;
@@ -499,14 +560,16 @@ void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl
   PrefillParams p{};
   fill_tc_params(p, a, d_length, part_o, part_ml, pl.splits, pl.chunk);
   p.qblocks = pl.qblocks;
+  p.residual = static_cast<const uint16_t*>(a.keys.residual);
+  p.kblocks = a.keys.blocks;
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, "cuda.attention",
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
   const dim3 grid(static_cast<unsigned>(pl.qblocks * pl.splits), static_cast<unsigned>(a.B * a.keys.H));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err = dispatch_f16(a, [&]<int D, int KB, int VB, int W>() {
-    (void)f16_ctas_per_sm<D, KB, VB, W>();
-    return pdl::launch(attention_prefill_f16_kernel<D, KB, VB, W>, grid, dim3(32 * W),
-                       static_cast<size_t>(F16Cfg<D, KB, VB, W>::kSmem), s, p);
+  const cudaError_t err = dispatch_f16(a, [&]<int D, int KB, int VB, int W, bool kChan>() {
+    (void)f16_ctas_per_sm<D, KB, VB, W, kChan>();
+    return pdl::launch(attention_prefill_f16_kernel<D, KB, VB, W, kChan>, grid, dim3(32 * W),
+                       static_cast<size_t>(F16Cfg<D, KB, VB, W, kChan>::kSmem), s, p);
   });
   CIDER_CUDA_CHECK("cuda.attention", err);
 }

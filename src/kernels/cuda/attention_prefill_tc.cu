@@ -579,8 +579,19 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
   const auto& V = a.values;
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
-  if ((!k4v3 && !k8v4) || K.layout != 0 || V.layout != 0) return false;
   const int64_t rep = a.Hq / K.H;
+  if (K.layout == 1) {
+    // Per-channel keys (the f16 kernel): K4V4, blocks of 64, f16 scales, no outlier channels; $CIDER_ATTN_TC_KCHAN=0
+    // turns it off with the decode path.
+    return env_flag("CIDER_ATTN_TC_KCHAN", true, "cuda.attention") && K.bits == 4 && V.bits == 4 &&
+           V.layout == 0 && K.outliers == 0 && K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
+           (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
+           (a.mask_kind == kernels::MaskKind::kNone || a.mask_kind == kernels::MaskKind::kCausal) && rep * a.L > 8 &&
+           rep * a.L <= (int64_t{1} << 30) && aligned(a.q, 16) && aligned(a.out, 16) && aligned(K.data, 16) &&
+           aligned(V.data, 16) && aligned(K.scales, 16) && aligned(K.biases, 16) && aligned(V.scales, 4) &&
+           aligned(V.biases, 4) && aligned(K.residual, 16);
+  }
+  if ((!k4v3 && !k8v4) || K.layout != 0 || V.layout != 0) return false;
   return K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
          K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
          (a.mask_kind == kernels::MaskKind::kNone || a.mask_kind == kernels::MaskKind::kCausal) && rep * a.L > 8 &&
@@ -591,6 +602,7 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
 
 bool prefill_math_f16(const kernels::AttentionArgs& a) {
   const std::string m = env_word("CIDER_ATTN_PREFILL_MATH", "auto", {"auto", "f16", "exact"}, "cuda.attention");
+  if (a.keys.layout == 1) return true;  // per-channel keys: the f16 kernel only
   if (m != "auto") return m == "f16";
   return a.Hq / a.keys.H * a.L > 64;
 }

@@ -27,7 +27,8 @@ struct PrefillTcPlan {
 // f16 tiles, an f16 flash-attention core; attention_prefill_f16.cu), exact (scores exact up to the query's 2^-22
 // rounding; attention_prefill_tc.cu) or auto (default): f16 when a KV head has more than 64 query rows (rep·L > 64),
 // else exact (a few rows against a long cache: one 64-row CTA per head and split, faster there, job 47). Anything
-// else is an error naming the variable.
+// else is an error naming the variable. Per-channel keys (K4V4) always take the f16 kernel (the exact-score kernel
+// does not read them).
 bool prefill_math_f16(const kernels::AttentionArgs& a);
 
 // The f16 kernel's tile, occupancy and shared memory for an eligible call (attention_prefill_f16.cu).
@@ -45,6 +46,9 @@ void prefill_f16_launch(const kernels::AttentionArgs& a, const PrefillTcPlan& pl
 // attention_tc.h's fill_tc_params) and the blocks of query rows per (b, KV head).
 struct PrefillParams : TcCallParams {
   int qblocks;
+  // Per-channel keys (the f16 kernel only): the bf16 residual window [B·Hkv, 64, D] and the key scale rows per head.
+  const uint16_t* residual;
+  int64_t kblocks;
 };
 
 // True when the prefill tensor-core path takes these (already validated) arguments.
