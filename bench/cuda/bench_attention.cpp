@@ -303,6 +303,19 @@ CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32800", "attent
 CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L1024", "attention") {
   return channel_case(1, 32, 8, 128, 1024, 1, 4, 4);
 }
+// 5-bit keys (the CPU default's width) with 4-bit values on the tensor cores.
+CIDER_CUDA_BENCH("attention decode K5V4-kchan B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(1, 32, 8, 128, 32768, 1, 5, 4);
+}
+CIDER_CUDA_BENCH("attention decode K5V4-kchan B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(8, 32, 8, 128, 32768, 1, 5, 4);
+}
+CIDER_CUDA_BENCH("attention decode K5V4-kchan B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return channel_case(1, 16, 2, 256, 65536, 1, 5, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K5V4-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return channel_case(1, 32, 8, 128, 4096, 4096, 5, 4);
+}
 // A/B: the same decode cases on the CUDA-core kernel.
 CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
   return channel_case(1, 32, 8, 128, 32768, 1, 4, 4, "0");

@@ -1464,7 +1464,7 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
   for (const ChannelCase& c : cases) EXPECT_FALSE(run_channel_case(c, ++salt));
 }
 
-// The tensor-core decode path for per-channel keys (K4V4, blocks of 64, f16 scales, D 128/256, R = rep·L ≤ 8): each
+// The tensor-core decode path for per-channel keys (K4V4 and K5V4, blocks of 64, f16 scales, D 128/256, R = rep·L ≤ 8): each
 // warp folds its blocks' scales into its own query digits; the window block is scored from bf16 on the tensor
 // cores. Rows 1..8 (packed and three-chain layouts), lengths with and without a window tail (1 key, exactly whole
 // blocks, block + 1), masks, sliding windows that start mid-block, forced splits, a device length below the bound,
@@ -1488,7 +1488,8 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
         const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : 0);
         const bool dlen = k % 6 == 5;
         const float cap = k % 7 == 4 ? 1.5f : 0.0f;
-        const ChannelCase c{D, rl.rep, kL, rl.L, mask, window, 4, 4, 64, DType::kF16, splits, dlen, cap};
+        const int kb = k % 2 == 0 ? 5 : 4;  // 5-bit keys: the CPU default's width
+        const ChannelCase c{D, rl.rep, kL, rl.L, mask, window, kb, 4, 64, DType::kF16, splits, dlen, cap};
         EXPECT_TRUE(run_channel_case(c, ++salt));
         const ScopedEnv off("CIDER_ATTN_TC_KCHAN", "0");
         EXPECT_FALSE(run_channel_case(c, salt));
@@ -1497,12 +1498,15 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
   EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, false}, ++salt));
   EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kF16, 0, true}, ++salt));
   EXPECT_TRUE(run_channel_case({128, 4, 5000, 2, MaskKind::kCausal, 700, 4, 4, 64, DType::kF16, 64, false}, ++salt));
+  EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, true}, ++salt));
   // Not this path: bf16 scales, other widths (more than 8 rows take the f16 prefill kernel: PrefillF16PerChannelKeys).
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kBF16, 0, false}, ++salt));
-  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 6, 4, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, false}, ++salt));
 }
 
-// The f16 prefill kernel over per-channel keys (K4V4, blocks of 64, f16 scales, D 128/256, more than 8 rows per KV
+// The f16 prefill kernel over per-channel keys (K4V4 / K5V4, blocks of 64, f16 scales, D 128/256, more than 8 rows per KV
 // head): quantized blocks dequantized with their per-channel scales, k̃ = fl16(s_d·c + b_d); the window's bf16 rows
 // taken as fl16(k). Against the emulation of that contract (tight) and the exact reference (loose), and the same call
 // on the CUDA-core kernel ($CIDER_ATTN_TC_KCHAN=0) against the reference: chunked and whole prefills, window tails,
@@ -1517,26 +1521,30 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
     bool device_length;
     float softcap;
     const char* warps;
+    int kb;
   };
   const Case cases[] = {
-      {128, 4, 300, 300, MaskKind::kCausal, 0, 0, false, 0.0f, "auto"},    // whole prefill, window tail 44
-      {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12"},     // a chunk after 488 cached keys
-      {128, 1, 200, 17, MaskKind::kNone, 0, 3, false, 0.0f, "8"},
-      {128, 8, 640, 64, MaskKind::kCausal, 100, 0, true, 0.0f, "auto"},    // sliding window, device length
-      {128, 2, 4097, 129, MaskKind::kCausal, 0, 5, false, 1.5f, "auto"},   // softcap, splits
-      {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 0.0f, "auto"},
-      {256, 8, 129, 33, MaskKind::kCausal, 50, 2, false, 0.0f, "auto"},
-      {256, 4, 64, 64, MaskKind::kCausal, 0, 0, true, 0.0f, "auto"},       // one full block, empty window
+      {128, 4, 300, 300, MaskKind::kCausal, 0, 0, false, 0.0f, "auto", 4},    // whole prefill, window tail 44
+      {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12", 4},     // a chunk after 488 cached keys
+      {128, 1, 200, 17, MaskKind::kNone, 0, 3, false, 0.0f, "8", 4},
+      {128, 8, 640, 64, MaskKind::kCausal, 100, 0, true, 0.0f, "auto", 4},    // sliding window, device length
+      {128, 2, 4097, 129, MaskKind::kCausal, 0, 5, false, 1.5f, "auto", 4},   // softcap, splits
+      {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 0.0f, "auto", 4},
+      {256, 8, 129, 33, MaskKind::kCausal, 50, 2, false, 0.0f, "auto", 4},
+      {256, 4, 64, 64, MaskKind::kCausal, 0, 0, true, 0.0f, "auto", 4},       // one full block, empty window
+      {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12", 5},     // 5-bit keys
+      {128, 8, 640, 64, MaskKind::kCausal, 100, 3, true, 0.0f, "8", 5},
+      {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 1.5f, "auto", 5},
   };
   uint64_t salt = 8100;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
                                       << static_cast<int>(c.mask) << " window " << c.window << " splits " << c.splits
                                       << (c.device_length ? " device length" : "") << " softcap " << c.softcap
-                                      << " warps " << c.warps);
+                                      << " warps " << c.warps << " k" << c.kb << "v4");
     auto rng = test::make_rng(++salt);
     const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
-    nn::QuantizedKVCache cache(channel_cache_config(4, 4, 64, DType::kF16, salt));
+    nn::QuantizedKVCache cache(channel_cache_config(c.kb, 4, 64, DType::kF16, salt));
     std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
     for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
     std::vector<float> vf = test::randn(rng, kf.size());
@@ -1566,10 +1574,10 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
       for (int64_t d = 0; d < c.D; ++d) {
         double x;
         if (j < nq) {
-          const auto* words = static_cast<const uint32_t*>(K.data) + (bh * K.capacity + j) * c.D * 4 / 32;
+          const auto* words = static_cast<const uint32_t*>(K.data) + (bh * K.capacity + j) * c.D * c.kb / 32;
           const int64_t srow = (bh * K.blocks + j / 64) * c.D + d;
           x = round_to_f16(static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.scales)[srow])) *
-                               static_cast<double>(quant::unpack_code(words, d, 4)) +
+                               static_cast<double>(quant::unpack_code(words, d, c.kb)) +
                            static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.biases)[srow])));
         } else {
           const uint16_t bits = static_cast<const uint16_t*>(K.residual)[(bh * 64 + j % 64) * c.D + d];

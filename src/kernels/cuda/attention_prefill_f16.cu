@@ -52,11 +52,11 @@ constexpr int kF16Stages = 2;
 
 // W: warps per CTA (16 query rows each). The CTA's threads dequantize each tile together, a thread every kKeyStep-th
 // key of one chunk column; kKeyStep must be a multiple of 8 so that the column's swizzle (by key & 7) stays fixed.
-// kChan: per-channel keys (layout 1, blocks of 64 positions, docs/kv_cache.md §2b), K4V4.
+// kChan: per-channel keys (layout 1, blocks of 64 positions, docs/kv_cache.md §2b), K4V4 or K5V4.
 template <int D, int KB, int VB, int W, bool kChan = false>
 struct F16Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (kChan && KB == 4 && VB == 4),
-                "K4V3 or K8V4, or K4V4 with per-channel keys");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (kChan && (KB == 4 || KB == 5) && VB == 4),
+                "K4V3 or K8V4, or K4V4 / K5V4 with per-channel keys");
   static_assert(D == 128 || D == 256, "D 128 or 256");
   static constexpr int kThreads = 32 * W;
   static constexpr int kRowsPerWarp = 16;
@@ -315,11 +315,24 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
             h[k] = pack_h2(__uint_as_float(xw[k] << 16), __uint_as_float(xw[k] & 0xffff0000u));
           kh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
         } else {
-          const uint32_t x = w[0], xs = x >> 4;
           const uint32_t sw[4] = {cs.x, cs.y, cs.z, cs.w}, bw[4] = {cb.x, cb.y, cb.z, cb.w};
+          uint32_t pair[4];  // codes of dims 8ch + 2k, + 1 as c_lo | c_hi << 16
+          if constexpr (KB == 5) {
+            // 40 bits from byte 5ch of the row (two words; the row's last chunk still reads inside it)
+            const uint32_t* rw = reinterpret_cast<const uint32_t*>(st + key * C::kKRowB);
+            const int byte = 5 * dq_ch, wi = byte >> 2, sh = 8 * (byte & 3);
+            const uint64_t x = ((static_cast<uint64_t>(rw[wi + 1]) << 32) | rw[wi]) >> sh;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              pair[k] = static_cast<uint32_t>((x >> (10 * k)) & 31u) | (static_cast<uint32_t>((x >> (10 * k + 5)) & 31u) << 16);
+          } else {
+            const uint32_t x = w[0], xs = x >> 4;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) pair[k] = u4_pair(x, xs, k);
+          }
           uint32_t h[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) h[k] = dequant_h2(u4_pair(x, xs, k), bits_h2(sw[k]), bits_h2(bw[k]));
+          for (int k = 0; k < 4; ++k) h[k] = dequant_h2(pair[k], bits_h2(sw[k]), bits_h2(bw[k]));
           kh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
         }
       } else {
@@ -512,6 +525,11 @@ int f16_warps_d128(const kernels::AttentionArgs& a) {
 template <typename F>
 auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
+  if (a.keys.layout == 1 && a.keys.bits == 5) {  // per-channel keys: K5V4
+    if (!d128) return f.template operator()<256, 5, 4, 8, true>();
+    return f16_warps_d128(a) == 12 ? f.template operator()<128, 5, 4, 12, true>()
+                                   : f.template operator()<128, 5, 4, 8, true>();
+  }
   if (a.keys.layout == 1) {  // per-channel keys: K4V4
     if (!d128) return f.template operator()<256, 4, 4, 8, true>();
     return f16_warps_d128(a) == 12 ? f.template operator()<128, 4, 4, 12, true>()

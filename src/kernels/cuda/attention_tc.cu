@@ -63,12 +63,15 @@ constexpr int kTcWarps = 4;
 constexpr int kStages = 3;
 constexpr int kRows = 8;  // query rows per CTA (the mma N)
 
-// KB/VB: key/value code bits, K4V3 (the original path), K8V4 or K4V4. kChan: per-channel keys (layout 1,
+// KB/VB: key/value code bits, K4V3 (the original path), K8V4, K4V4 or (per-channel keys) K5V4. kChan: per-channel keys (layout 1,
 // docs/kv_cache.md §2b, blocks of 64 positions), 4-bit codes.
 template <int D, int KB, int VB, bool kChan = false>
 struct Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (KB == 4 && VB == 4), "K4V3, K8V4 or K4V4");
-  static_assert(!kChan || KB == 4, "per-channel keys: 4-bit codes");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (KB == 4 && VB == 4) || (kChan && KB == 5 && VB == 4),
+                "K4V3, K8V4 or K4V4, or K5V4 with per-channel keys");
+  static_assert(!kChan || KB == 4 || KB == 5, "per-channel keys: 4- or 5-bit codes");
+  // Pipeline stages per warp: K5 per-channel tiles take two (three would leave 2 CTAs per SM at D128 instead of 3).
+  static constexpr int kSt = kChan && KB == 5 ? 2 : kStages;
   static constexpr int kG = D / 64;                  // quantization groups per row (keys and values)
   static constexpr int kTK = D == 128 ? 32 : 16;     // keys per warp tile
   static constexpr int kMT = kTK / 16;               // 16-key m-tiles per warp tile
@@ -88,7 +91,7 @@ struct Cfg {
   static constexpr int kKSteps = D / 32;             // int8 k-steps of the scores
   // Shared memory: [warps][stages] tiles, then the query digits (kChan: one set per warp, refolded per block), kChan's
   // query rows [8][D] float and per-warp block constants (E, β per row), then the per-row constants.
-  static constexpr int kTileArea = kTcWarps * kStages * kStageB;
+  static constexpr int kTileArea = kTcWarps * kSt * kStageB;
   static constexpr int kDigitsB = (kChan ? kTcWarps : 1) * kKSteps * 3 * 32 * 8;  // [(warp)][kstep][digit][lane] uint2
   static constexpr int kQRowsB = kChan ? kRows * D * 4 : 0;
   static constexpr int kBlkConstB = kChan ? kTcWarps * kRows * 8 : 0;
@@ -97,7 +100,7 @@ struct Cfg {
   static constexpr int kSmem = kTileArea + kDigitsB + kQRowsB + kBlkConstB + kRowConstB;
   // Epilogue: each warp's accumulators in fragment order [G·4][32] float4 fit its own tile area.
   static constexpr int kWarpRedB = kG * 4 * 32 * 16;
-  static_assert(kWarpRedB <= kStages * kStageB, "a warp's accumulators fit its own tile area");
+  static_assert(kWarpRedB <= kSt * kStageB, "a warp's accumulators fit its own tile area");
   // In-kernel merge (last CTA of a head): [4 warps][8 rows][D] float sums + the weights [R][splits] in the tile area.
   static constexpr int kMergeRedB = kTcWarps * kRows * D * 4;
   static constexpr int kMaxFoldWeights = (kTileArea - kMergeRedB) / 4;
@@ -147,6 +150,17 @@ __device__ __forceinline__ int value_row_scale_log2(int e) {
 }
 
 // ---- per-channel keys (kChan) ----
+
+// The 8 five-bit codes of dims 8w .. 8w + 7 of a key row (row: its 32-bit words; the codes are bits 40w .. 40w + 39,
+// little-endian) as two u8×4 words: even dims (8w, +2, +4, +6) and odd dims (+1, +3, +5, +7). The row's last group
+// still reads inside the row (5w / 4 + 1 < D·5/32 for w < D/8).
+__device__ __forceinline__ void five_split(const uint32_t* row, int w, uint32_t& even, uint32_t& odd) {
+  const int byte = 5 * w, wi = byte >> 2, sh = 8 * (byte & 3);
+  const uint64_t x = ((static_cast<uint64_t>(row[wi + 1]) << 32) | row[wi]) >> sh;
+  const uint32_t lo = static_cast<uint32_t>(x), hi = static_cast<uint32_t>(x >> 32);  // codes: bits 5j .. 5j + 4
+  even = (lo & 0x1Fu) | ((lo >> 2) & 0x1F00u) | ((lo >> 4) & 0x1F0000u) | ((__funnelshift_r(lo, hi, 30) & 0x1Fu) << 24);
+  odd = ((lo >> 5) & 0x1Fu) | ((lo >> 7) & 0x1F00u) | ((lo >> 9) & 0x1F0000u) | (((hi >> 3) & 0x1Fu) << 24);
+}
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -220,7 +234,7 @@ __device__ __forceinline__ void window_scores(const uint16_t* win, int64_t t0, i
 // the warp's digit table (same fragment order as the prologue's, 4-bit key words), and β_r = Σ_d q_d·b_βd. Rows ≥ R
 // keep the zeros written at the start. s/b: the block's f16 scale and bias rows in the stage. Then score_j =
 // scale·(2^-E·Z_j + β) with Z_j = Σ_d c_jd·Q'_d exact on the integer tensor cores.
-template <int D>
+template <int D, int KB>
 __device__ __forceinline__ void fold_block(const float* qrows, const __half* sblk, const __half* bblk, int R, int lane,
                                            uint2* wdig, int* be, float* bb) {
   constexpr int kQ4 = D / 128;
@@ -247,7 +261,7 @@ __device__ __forceinline__ void fold_block(const float* qrows, const __half* sbl
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       bs += __shfl_xor_sync(0xffffffffu, bs, o);
     }
-    const int E = q_exponent(mx);
+    const int E = q_exponent(mx) - (KB == 5 ? 1 : 0);  // |Q'| < 2^21 (4-bit codes), 2^20 (5-bit: 64·31·|Q'| < 2^31)
     if (lane == 0) {
       be[r] = E;
       bb[r] = bs;
@@ -474,9 +488,9 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
 
   const int64_t krow0 = static_cast<int64_t>(bg) * p.cap_k;
   const int64_t vrow0 = static_cast<int64_t>(bg) * p.cap_v;
-  uint8_t* wbase = smem + warp * kStages * C::kStageB;
+  uint8_t* wbase = smem + warp * C::kSt * C::kStageB;
 
-  // Issue the copies of this warp's i-th tile into stage i % kStages (zero-filled past c1), then commit a group.
+  // Issue the copies of this warp's i-th tile into stage i % C::kSt (zero-filled past c1), then commit a group.
   // Every lane copies fixed slots of a tile (16-byte chunks c = lane + 32u of the key and value rows, 4-byte words
   // of the scale/bias planes): per tile only the base pointers and the row bound change.
   constexpr int kKChunks = C::kKBytes / 16, kKRowCh = C::kKRowB / 16;
@@ -487,7 +501,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
     if (i < my_tiles) {
       const int64_t t0 = c0 + static_cast<int64_t>(tile_of(i)) * TK;
       const int nvalid = static_cast<int>(min(static_cast<int64_t>(TK), c1 - t0));
-      uint8_t* st = wbase + (i % kStages) * C::kStageB;
+      uint8_t* st = wbase + (i % C::kSt) * C::kStageB;
       const uint8_t* kt = p.kc + (krow0 + t0) * C::kKRowB;
       const uint8_t* vt = p.vc + (vrow0 + t0) * C::kVRowB;
 #pragma unroll
@@ -539,12 +553,12 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
   // kChan: the whole block of those tiles must lie below length − L (the append completing a block writes its
   // codes and scales).
   const int64_t early_end =
-      kChan ? c0 + (static_cast<int64_t>(tile_of(kStages - 2)) / TPB + 1) * C::kBlk
-            : c0 + static_cast<int64_t>(tile_of(kStages - 2) + 1) * TK;
+      kChan ? c0 + (static_cast<int64_t>(tile_of(C::kSt - 2)) / TPB + 1) * C::kBlk
+            : c0 + static_cast<int64_t>(tile_of(C::kSt - 2) + 1) * TK;
   const bool early = p.early_copies != 0 && early_end <= kL - p.L;
   if (early) {
 #pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int i = 0; i < C::kSt - 1; ++i) issue(i);
   }
   // The next kernel may start its own prologue now (it waits for this grid's completion before touching anything).
   if (p.early_copies != 0) {
@@ -553,7 +567,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
   }
   if (!early) {
 #pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int i = 0; i < C::kSt - 1; ++i) issue(i);
   }
 
   // ---- queries: warp w prepares rows w and w + 4 straight from global memory (float4 per lane: dims 4·lane'..+3,
@@ -704,10 +718,10 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
   float zc[2] = {0.0f, 0.0f}, bc[2] = {0.0f, 0.0f};
 
   for (int i = 0; i < my_tiles; ++i) {
-    issue(i + kStages - 1);
-    cp_wait<kStages - 1>();
+    issue(i + C::kSt - 1);
+    cp_wait<C::kSt - 1>();
     __syncwarp();
-    const uint8_t* st = wbase + (i % kStages) * C::kStageB;
+    const uint8_t* st = wbase + (i % C::kSt) * C::kStageB;
     const uint32_t* sk = reinterpret_cast<const uint32_t*>(st);
     const uint32_t* sv = reinterpret_cast<const uint32_t*>(st + C::kKBytes);
     const __half* sb0 = reinterpret_cast<const __half*>(st + C::kKBytes + C::kVBytes);  // the per-row planes
@@ -721,7 +735,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
     if constexpr (kChan) {
       if (!win && i % TPB == 0) {
         const __half* sblk = sb0 + C::kRowPlanes * TK * G;  // the block's key scale row, then its bias row
-        fold_block<D>(qrows, sblk, sblk + D, R, lane, wdig, blk_e + warp * kRows, blk_b + warp * kRows);
+        fold_block<D, KB>(qrows, sblk, sblk + D, R, lane, wdig, blk_e + warp * kRows, blk_b + warp * kRows);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           zc[h] = mul_pow2(p.scale_log2, -blk_e[warp * kRows + crow[h]]);
@@ -754,6 +768,13 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
             A[ks][1] = wb & 0x0F0F0F0Fu;
             A[ks][2] = (wa >> 4) & 0x0F0F0F0Fu;
             A[ks][3] = (wb >> 4) & 0x0F0F0F0Fu;
+          } else if constexpr (KB == 5) {
+            // 5-bit codes (per-channel keys): the 8 codes of dims 8w .. 8w + 7 (w = 8gi + 4ks + tig, as the 4-bit
+            // path's word) are the 40 bits from byte 5w of the row; even dims → A's k = 4tig.., odd → 16 + 4tig..,
+            // so the digit tables are the 4-bit path's.
+            const int w = 8 * gi + 4 * ks + tig;
+            five_split(sk + ra * C::kKRowW, w, A[ks][0], A[ks][2]);
+            five_split(sk + rb * C::kKRowW, w, A[ks][1], A[ks][3]);
           } else {
             // 8-bit codes are the u8 operand as they are: chunk 4gi + 2ks holds dims 64gi + 32ks + 0..15 (k 4tig..),
             // the next chunk dims + 16..31 (k 16 + 4tig..).
@@ -784,14 +805,14 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
           mma_u8s8(z1, A[1], digits(2 * gi + 1, 1));
           mma_u8s8(z0, A[1], digits(2 * gi + 1, 0));
         }
-        if constexpr (KB == 4) {
+        if constexpr (KB != 8) {  // K5: |Q| < 2^20 (fold_block), so 64·31·|Q| < 2^31 too
 #pragma unroll
           for (int e = 0; e < 4; ++e) z[e] = (z[e] * 256 + z1[e]) * 256 + z0[e];
         }
         // 8-bit codes: |Z| ≤ 64·255·2^21 ≈ 2^35 does not fit an int32, but C1·256 + C0 does (|·| < 64·255·2^15 =
         // 2^29) and C2 alone does; they are combined in float32 (one rounding, 2^-24 relative).
         auto zf = [&](int e) -> float {
-          if constexpr (KB == 4)
+          if constexpr (KB != 8)
             return static_cast<float>(z[e]);
           else
             return fmaf(static_cast<float>(z[e]), 65536.0f, static_cast<float>(z1[e] * 256 + z0[e]));
@@ -1072,7 +1093,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int w = 0; w < kTcWarps; ++w) {
-      const float4 v = reinterpret_cast<const float4*>(smem + w * kStages * C::kStageB)[k4 * 32 + lane];
+      const float4 v = reinterpret_cast<const float4*>(smem + w * C::kSt * C::kStageB)[k4 * 32 + lane];
       o.x += fw[w][0] * v.x;
       o.y += fw[w][1] * v.y;
       o.z += fw[w][0] * v.z;
@@ -1186,8 +1207,8 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
   if (K.layout == 1) {
-    // Per-channel keys: 4-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values.
-    return tc_kchan_enabled() && K.bits == 4 && V.bits == 4 && V.layout == 0 && K.outliers == 0 &&
+    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values.
+    return tc_kchan_enabled() && (K.bits == 4 || K.bits == 5) && V.bits == 4 && V.layout == 0 && K.outliers == 0 &&
            K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
            K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 && rep * a.L <= kRows && aligned(a.q, 16) &&
            aligned(a.out, 16) && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 16) &&
@@ -1218,7 +1239,10 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   int tk = 0, per_sm = 1, max_w = 0;
   pl.packed = a.Hq / a.keys.H * a.L <= 4 && tc_packed_enabled();
   const bool pk = pl.packed;
-  if (a.keys.layout == 1)
+  if (a.keys.layout == 1 && a.keys.bits == 5)
+    d128 ? plan_config<128, 5, 4, true>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 5, 4, true>(pk, tk, per_sm, pl.smem, max_w);
+  else if (a.keys.layout == 1)
     d128 ? plan_config<128, 4, 4, true>(pk, tk, per_sm, pl.smem, max_w)
          : plan_config<256, 4, 4, true>(pk, tk, per_sm, pl.smem, max_w);
   else if (k8)
@@ -1287,7 +1311,10 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
   cudaError_t err;
   const bool pk = pl.packed;
-  if (a.keys.layout == 1)
+  if (a.keys.layout == 1 && a.keys.bits == 5)
+    err = a.keys.dim == 128 ? launch_config<128, 5, 4, true>(pk, grid, p, s)
+                            : launch_config<256, 5, 4, true>(pk, grid, p, s);
+  else if (a.keys.layout == 1)
     err = a.keys.dim == 128 ? launch_config<128, 4, 4, true>(pk, grid, p, s)
                             : launch_config<256, 4, 4, true>(pk, grid, p, s);
   else if (a.keys.bits == 8)

@@ -99,7 +99,9 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
 // 8 rows gid = 0..7 of one read hit 8 different chunk columns of the 32 banks).
 template <int D, int KB>
 __device__ __forceinline__ int key_chunk_pos(int r, int ch) {
-  if constexpr (KB == 4 && D == 128)
+  if constexpr (KB == 5)
+    return ch;  // 80/160-byte rows (5-bit per-channel keys, read as unaligned 40-bit groups): not swizzled
+  else if constexpr (KB == 4 && D == 128)
     return ch ^ ((r >> 1) & 3);  // 64-byte rows: rows r, r+2 share a 128-byte bank line
   else
     return ch ^ (r & 7);         // K4 D256 (128 B), K8 D128 (128 B), K8 D256 (256 B): 8 rows, 8 chunk columns
