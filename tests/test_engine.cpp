@@ -777,3 +777,85 @@ TEST(EnginePromptCache, ASlidingWindowSessionComesBackWhole) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), V * sizeof(float)), 0) << t;
   }
 }
+// ---- the prefix cache shared between running sequences (copy on take) ------------------------------------------
+
+namespace {
+
+// Every layer's cache state, bytes and metadata, and the linear-attention states.
+void expect_same_state(const cm::SessionState& a, const cm::SessionState& b, const std::string& what) {
+  ASSERT_EQ(a.position, b.position) << what;
+  ASSERT_EQ(a.caches.size(), b.caches.size()) << what;
+  for (size_t l = 0; l < a.caches.size(); ++l) {
+    const auto &x = a.caches[l], &y = b.caches[l];
+    EXPECT_EQ(x.meta().length, y.meta().length) << what << " layer " << l;
+    EXPECT_EQ(x.meta().start, y.meta().start) << what << " layer " << l;
+    EXPECT_EQ(x.meta().has_dims, y.meta().has_dims) << what << " layer " << l;
+    ASSERT_EQ(x.num_planes(), y.num_planes()) << what << " layer " << l;
+    for (size_t p = 0; p < x.num_planes(); ++p) {
+      ASSERT_EQ(x.plane(p).nbytes(), y.plane(p).nbytes()) << what << " layer " << l << " plane " << p;
+      EXPECT_EQ(std::memcmp(x.plane(p).data(), y.plane(p).data(), x.plane(p).nbytes()), 0)
+          << what << " layer " << l << " plane " << p;
+    }
+  }
+  EXPECT_EQ(a.linear.size(), b.linear.size()) << what;
+}
+
+// Model::copy_session(s, n) holds what s holds after trim(s.position() − n), bit for bit, and leaves s as it was; the
+// copy and the trimmed session continue with the same logits. Cut inside the residual window, at a block boundary
+// and inside a quantized block (per-channel keys with outlier channels: the cider-tiny default), with per-token keys,
+// and on a model whose sliding-window caches dropped positions.
+void check_copies(const cm::Model& m, const std::vector<int32_t>& tokens, const std::vector<int64_t>& cuts,
+                  const std::string& what) {
+  ASSERT_TRUE(m.can_copy_sessions());
+  const auto V = static_cast<size_t>(m.config().vocab_size);
+  std::vector<float> a(V), b(V);
+  auto s = m.new_session();
+  m.forward(*s, tokens.data(), static_cast<int64_t>(tokens.size()), a.data(), false);
+  const cm::SessionState before = m.snapshot(*s);
+  for (int64_t cut : cuts) {
+    const std::string at = what + " cut " + std::to_string(cut);
+    ASSERT_TRUE(s->can_truncate(cut)) << at;
+    auto copy = m.copy_session(*s, cut);
+    EXPECT_EQ(copy->position(), cut) << at;
+    expect_same_state(m.snapshot(*s), before, at + " (the original)");
+    auto trimmed = m.restore_session(before);
+    trimmed->trim(trimmed->position() - cut);
+    expect_same_state(m.snapshot(*copy), m.snapshot(*trimmed), at);
+    for (int32_t t : {5, 77, 300}) {
+      m.forward(*copy, &t, 1, a.data(), false);
+      m.forward(*trimmed, &t, 1, b.data(), false);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), V * sizeof(float)), 0) << at << " token " << t;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(EngineSessionCopy, ACopyHoldsWhatATrimLeaves) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 300; ++i) tokens.push_back(3 + (i * 37) % 500);
+  const int64_t block = tiny().options().kv.group_size;
+  ASSERT_EQ(tiny().options().kv.key_layout, cider::nn::KeyLayout::kChannel);
+  ASSERT_GT(tiny().options().kv.key_outliers, 0);
+  check_copies(tiny(), tokens, {299, 4 * block, 2 * block, block + 17, 20, 0}, "per-channel keys");
+  cm::ModelOptions o;
+  o.kv = cm::parse_kv_format("k8v4");
+  auto per_token = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
+  check_copies(*per_token, tokens, {299, 150, 1}, "per-token keys");
+  auto window = window_model();
+  std::vector<int32_t> long_tokens;
+  for (int i = 0; i < 700; ++i) long_tokens.push_back(3 + (i * 37) % 500);
+  check_copies(*window, long_tokens, {700, 699, 695}, "sliding window");
+  // Further back than the window reaches: refused, naming the rule and the value.
+  auto s = window->new_session();
+  std::vector<float> logits(static_cast<size_t>(window->config().vocab_size));
+  window->forward(*s, long_tokens.data(), 700, logits.data(), false);
+  ASSERT_FALSE(s->can_truncate(100));
+  try {
+    (void)window->copy_session(*s, 100);
+    ADD_FAILURE() << "no error";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), cider::ErrorCode::kOutOfRange);
+    EXPECT_NE(std::string(e.what()).find("got 100"), std::string::npos) << e.what();
+  }
+}

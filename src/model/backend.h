@@ -110,6 +110,12 @@ class BackendSession {
   }
   // Takes a state Model::restore_session checked against the model (optional: only where snapshot() works).
   virtual void restore(const SessionState& state);
+  // A new session on the same device holding this one's first `position` positions, this one unchanged (Model checked
+  // can_truncate(position)); null: this device's sessions cannot be copied (optional).
+  virtual std::unique_ptr<BackendSession> copy_prefix(int64_t position) const {
+    (void)position;
+    return nullptr;
+  }
 };
 
 // A model's weights on one device and the forward there.
@@ -123,6 +129,7 @@ class BackendModel {
   virtual bool candidates(BackendSession& s, const CandidateRequest& request, Candidates& out) const;
   virtual bool samples_on_device() const { return false; }
   virtual bool can_snapshot() const { return false; }  // its sessions' snapshot() works (optional)
+  virtual bool can_copy_sessions() const { return false; }  // its sessions' copy_prefix() works (optional)
 };
 
 // The backend for model.options().device: the CPU (model/cpu_backend.cpp) or, in a CUDA build, the GPU

@@ -166,6 +166,19 @@ class CpuSession final : public BackendSession {
     for (const LinearState& st : linear) out.linear.push_back({st.S, st.conv, st.pos});
     return true;
   }
+  // The first `position` positions (Model::copy_session checked can_truncate): each cache's kept rows copied once
+  // (nn::KVCache::copy_prefix, a trim's semantics), the recurrent states as they are (they are at `position`).
+  std::unique_ptr<BackendSession> copy_prefix(int64_t position) const override {
+    auto c = std::make_unique<CpuSession>(model);
+    position = std::max<int64_t>(position, 0);
+    for (size_t l = 0; l < caches.size(); ++l)  // as truncate(0), a cache that dropped positions starts over at 0
+      if (!caches[l]->empty() && (position > 0 || caches[l]->start() == 0))
+        c->caches[l] = caches[l]->copy_prefix(std::min(position, caches[l]->end()));
+    c->linear = linear;
+    if (position == 0)
+      for (LinearState& st : c->linear) st.reset();
+    return c;
+  }
   // Model::restore_session checked the state against this model: attention layers' caches take its snapshots (a
   // layer's cache without dims stays fresh), linear-attention layers its states.
   void restore(const SessionState& state) override {
@@ -498,6 +511,7 @@ class CpuModel final : public BackendModel {
   explicit CpuModel(const Model::Impl& m) : m_(m) {}
   std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CpuSession>(m_); }
   bool can_snapshot() const override { return true; }
+  bool can_copy_sessions() const override { return true; }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
     CpuBackend b(m_, sessions, static_cast<CpuSession*>(sessions[0])->scratch);
     run_forward(m_.config, b, steps);

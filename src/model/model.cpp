@@ -281,6 +281,26 @@ SessionState Model::snapshot(const Session& s) const {
   return st;
 }
 
+bool Model::can_copy_sessions() const { return impl_->backend->can_copy_sessions(); }
+
+std::unique_ptr<Session> Model::copy_session(const Session& s, int64_t position) const {
+  constexpr const char* op = "session_copy";
+  check(can_copy_sessions(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
+        " device cannot be copied (the cpu device's can)");
+  check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
+        "the session must come from this model's new_session()");
+  check(s.can_truncate(position), ErrorCode::kOutOfRange, op, "a copy holds a prefix the session can go back to: ",
+        "position must be in [0, ", s.position(), "] and still reachable by its sliding-window caches and recurrent "
+        "states (Session::can_truncate); got ", position);
+  auto copy = std::make_unique<Session::Impl>();
+  copy->model = impl_.get();
+  copy->backend_model = impl_->backend;
+  copy->backend = s.impl().backend->copy_prefix(position);
+  check(copy->backend != nullptr, ErrorCode::kUnsupported, op, "this session cannot be copied");
+  copy->position = position;
+  return std::unique_ptr<Session>(new Session(std::move(copy)));
+}
+
 namespace {
 
 std::string describe_meta(const nn::KVCacheMeta& m) {

@@ -307,6 +307,12 @@ class Model {
   bool can_snapshot() const;
   SessionState snapshot(const Session& s) const;
   std::unique_ptr<Session> restore_session(const SessionState& state) const;
+  // A new session holding a copy of s's first `position` positions — what s would hold after trim(s.position() −
+  // position), s unchanged — copied on the session's device, only the kept positions (the server's prefix cache:
+  // every request sharing a pooled prefix gets its own copy). Only where can_copy_sessions() (the CPU device) and
+  // s.can_truncate(position); else cider::Error (kUnsupported, kOutOfRange) naming the rule.
+  bool can_copy_sessions() const;
+  std::unique_ptr<Session> copy_session(const Session& s, int64_t position) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools

@@ -449,6 +449,25 @@ void KVStore::load(const std::vector<const void*>& planes, int64_t length) {
   offset_ = length;
 }
 
+KVStore KVStore::copy_prefix(int64_t length) const {
+  check(length >= 0 && length <= offset_, ErrorCode::kOutOfRange, "kv_cache_copy", "length must be in [0, ", offset_,
+        "] (the stored positions); got ", length);
+  KVStore out;
+  out.B_ = B_;
+  out.H_ = H_;
+  out.shapes_ = shapes_;
+  out.capacity_ = round_up(length, KVCache::kStep);
+  out.offset_ = length;
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const PlaneShape& s = shapes_[p];
+    Buffer nb(static_cast<size_t>(B_ * H_ * s.rows(out.capacity_) * s.row_bytes));
+    copy_head_rows(nb.as<uint8_t>(), s.rows(out.capacity_), planes_[p].as<uint8_t>(), s.rows(capacity_),
+                   s.rows(length), s.row_bytes, B_ * H_);
+    out.planes_.push_back(std::move(nb));
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // ---- shared cache operations ----------------------------------------------------------------------------------------
@@ -464,6 +483,14 @@ int64_t trim_store(const KVCache& cache, detail::KVStore& store, int64_t n) {
   const int64_t removed = n < store.offset() ? n : store.offset();
   store.set_offset(store.offset() - removed);
   return removed;
+}
+
+// copy_prefix(end)'s rule: the positions a trim back to `end` keeps, and what the next query needs, are stored.
+void check_copy_prefix(const KVCache& cache, int64_t end) {
+  check(end >= cache.start() && end <= cache.end() && cache.can_trim(cache.end() - end), ErrorCode::kOutOfRange,
+        "kv_cache_copy", "a copy ends within the stored positions [", cache.start(), ", ", cache.end(),
+        "], and a sliding-window cache (window ", cache.window(), ") that dropped positions keeps the ",
+        cache.window() - 1, " before the copy's end; got end ", end);
 }
 
 KVCacheSnapshot snapshot_store(const KVCacheMeta& meta, const detail::KVStore& store) {
@@ -812,6 +839,27 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   store_ = std::move(fresh);
 }
 
+// Per-channel keys: the rows up to the end of the block `end` falls in (or all of them), then this cache's trim
+// semantics on the copy — a cut inside a quantized block returns its kept positions to the residual window exactly as
+// trim() does here. The fixed planes (residual window, its query statistics) are copied whole, as trim() keeps them.
+std::unique_ptr<KVCache> QuantizedKVCache::copy_prefix(int64_t end) const {
+  check_copy_prefix(*this, end);
+  auto c = std::make_unique<QuantizedKVCache>(config_);
+  if (!store_.has_dims()) return c;
+  const int64_t kept = end - start_;
+  int64_t rows = kept;
+  if (config_.key_layout == KeyLayout::kChannel)
+    rows = std::min(store_.offset(), round_up(kept, config_.group_size));
+  c->Dk_ = Dk_;
+  c->Dv_ = Dv_;
+  c->key_rot_ = key_rot_;
+  c->value_rot_ = value_rot_;
+  c->start_ = start_;
+  c->store_ = store_.copy_prefix(rows);
+  c->trim(rows - kept);
+  return c;
+}
+
 // ---- PlainKVCache ---------------------------------------------------------------------------------------------------
 
 PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
@@ -904,6 +952,19 @@ void PlainKVCache::restore(const KVCacheSnapshot& snapshot) {
   key_rot_ = std::move(rots.first);
   value_rot_ = std::move(rots.second);
   store_ = std::move(fresh);
+}
+
+std::unique_ptr<KVCache> PlainKVCache::copy_prefix(int64_t end) const {
+  check_copy_prefix(*this, end);
+  auto c = std::make_unique<PlainKVCache>(config_);
+  if (!store_.has_dims()) return c;
+  c->Dk_ = Dk_;
+  c->Dv_ = Dv_;
+  c->key_rot_ = key_rot_;
+  c->value_rot_ = value_rot_;
+  c->start_ = start_;
+  c->store_ = store_.copy_prefix(end - start_);
+  return c;
 }
 
 }  // namespace cider::nn

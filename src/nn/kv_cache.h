@@ -11,6 +11,9 @@
 //   * Writing rotates each row with the cache's rotation (keys: key_rotation() of Dk, values: value_rotation() of
 //     Dv), in float32, then stores it (quantized: quant::affine_quantize_row; plain: rounded to the storage dtype).
 //   * trim(n) drops the last min(n, offset) positions (storage untouched) and returns how many it dropped.
+//   * copy_prefix(end) is a new cache holding what this one would hold after trim(this->end() − end), this one left
+//     as it is: one copy of the kept rows (capacity round_up(kept, 256)); the server's prefix cache gives each request
+//     its own copy of a pooled session's prefix this way. Only where can_trim(this->end() − end) (cider::Error).
 //   * snapshot() copies the valid state [0, offset) and the metadata into an immutable, shareable object;
 //     restore(snapshot) takes the metadata (bits, group size, rotation, seed, dtypes, dims) and the data from it,
 //     with offset = snapshot length and capacity round_up(length, 256); appends then continue as usual.
@@ -149,6 +152,9 @@ class KVCache {
   virtual int64_t nbytes() const = 0;
   virtual KVCacheSnapshot snapshot() const = 0;
   virtual void restore(const KVCacheSnapshot& snapshot) = 0;
+  // A new cache equal to this one trimmed back to absolute position `end` (see the contract above): end in
+  // [start() + window() − 1 (or 0 without dropped positions), end()], else cider::Error (kOutOfRange).
+  virtual std::unique_ptr<KVCache> copy_prefix(int64_t end) const = 0;
   virtual KVCacheMeta meta() const = 0;  // current configuration, dims and length
 
   virtual bool is_quantized() const = 0;
@@ -201,6 +207,9 @@ class KVStore {
   int64_t nbytes() const;
   // Copies the rows(offset) rows of every plane into contiguous [B, H, rows(offset), row] buffers.
   std::vector<Buffer> copy_valid() const;
+  // A store of the same dims and planes holding copies of the rows(length) rows of each plane (length <= offset),
+  // capacity round_up(length, kStep), offset length.
+  KVStore copy_prefix(int64_t length) const;
   // Replaces the storage by copies of the given contiguous [B, H, rows(length), row] planes (one pointer per
   // plane); capacity becomes round_up(length, kStep).
   void load(const std::vector<const void*>& planes, int64_t length);
@@ -254,6 +263,7 @@ class QuantizedKVCache final : public KVCache {
   int64_t nbytes() const override { return store_.nbytes(); }
   KVCacheSnapshot snapshot() const override;
   void restore(const KVCacheSnapshot& snapshot) override;
+  std::unique_ptr<KVCache> copy_prefix(int64_t end) const override;
   KVCacheMeta meta() const override;
   bool is_quantized() const override { return true; }
   const Rotation& key_rotation() const override { return key_rot_; }
@@ -314,6 +324,7 @@ class PlainKVCache final : public KVCache {
   int64_t nbytes() const override { return store_.nbytes(); }
   KVCacheSnapshot snapshot() const override;
   void restore(const KVCacheSnapshot& snapshot) override;
+  std::unique_ptr<KVCache> copy_prefix(int64_t end) const override;
   KVCacheMeta meta() const override;
   bool is_quantized() const override { return false; }
   const Rotation& key_rotation() const override { return key_rot_; }
