@@ -316,6 +316,12 @@ CIDER_CUDA_BENCH("attention decode K5V4-kchan B1 Hq16 Hkv2 D256 L65536", "attent
 CIDER_CUDA_BENCH("attention prefill K5V4-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
   return channel_case(1, 32, 8, 128, 4096, 4096, 5, 4);
 }
+CIDER_CUDA_BENCH("attention prefill K5V5-kchan B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return channel_case(1, 32, 8, 128, 4096, 4096, 5, 5);
+}
+CIDER_CUDA_BENCH("attention decode K5V5-kchan B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(8, 32, 8, 128, 32768, 1, 5, 5);
+}
 // A/B: the same decode cases on the CUDA-core kernel.
 CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
   return channel_case(1, 32, 8, 128, 32768, 1, 4, 4, "0");

@@ -112,7 +112,7 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L32768", "model") { return de
 // Between two buckets: the decode graph for 20000 keys is captured for a bound of 32768 (kv_bound), so attention
 // reads the real length on the device; compare with L32768 (the same grid, all of it busy).
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k8v4 L20000", "model") { return decode("w8a8", "k8v4", 20000); }
-// Per-channel keys: k5v5 (the CUDA-core attention kernel), k4v4 and k5v4 (the tensor-core decode and f16 prefill kernels).
+// Per-channel keys: k4v4, k5v4 and k5v5 (the tensor-core decode and f16 prefill kernels).
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L1024", "model") { return decode("w8a8", "k5v5-kchan", 1024); }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L32768", "model") {
   return decode("w8a8", "k5v5-kchan", 32768);
@@ -271,6 +271,10 @@ CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v4-kchan L32700", "model") {
   return decode("w8a8", "k5v4-kchan", 32700);
 }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v4-kchan n4096", "model") { return prefill("w8a8", "k5v4-kchan", 4096); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L1000", "model") { return decode("w8a8", "k5v5-kchan", 1000); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L32700", "model") {
+  return decode("w8a8", "k5v5-kchan", 32700);
+}
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n512", "model") { return prefill("bf16", "bf16", 512); }
 
 // A/B rows of this session's defaults: the GEMV's warps per tile back at the whole block ($CIDER_GEMV_SPLIT=16, the

@@ -1464,7 +1464,7 @@ TEST(CudaAttention, PerChannelKeysMatchReference) {
   for (const ChannelCase& c : cases) EXPECT_FALSE(run_channel_case(c, ++salt));
 }
 
-// The tensor-core decode path for per-channel keys (K4V4 and K5V4, blocks of 64, f16 scales, D 128/256, R = rep·L ≤ 8): each
+// The tensor-core decode path for per-channel keys (K4V4, K5V4 and K5V5, blocks of 64, f16 scales, D 128/256, R = rep·L ≤ 8): each
 // warp folds its blocks' scales into its own query digits; the window block is scored from bf16 on the tensor
 // cores. Rows 1..8 (packed and three-chain layouts), lengths with and without a window tail (1 key, exactly whole
 // blocks, block + 1), masks, sliding windows that start mid-block, forced splits, a device length below the bound,
@@ -1488,8 +1488,9 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
         const int splits = (k % 5 == 1) ? 3 : (k % 5 == 3 ? 1 : 0);
         const bool dlen = k % 6 == 5;
         const float cap = k % 7 == 4 ? 1.5f : 0.0f;
-        const int kb = k % 2 == 0 ? 5 : 4;  // 5-bit keys: the CPU default's width
-        const ChannelCase c{D, rl.rep, kL, rl.L, mask, window, kb, 4, 64, DType::kF16, splits, dlen, cap};
+        const int kb = k % 2 == 0 ? 5 : 4;      // 5-bit keys: the CPU default's width
+        const int vb = kb == 5 && k % 4 == 0 ? 5 : 4;  // K5V5: the previous CPU default
+        const ChannelCase c{D, rl.rep, kL, rl.L, mask, window, kb, vb, 64, DType::kF16, splits, dlen, cap};
         EXPECT_TRUE(run_channel_case(c, ++salt));
         const ScopedEnv off("CIDER_ATTN_TC_KCHAN", "0");
         EXPECT_FALSE(run_channel_case(c, salt));
@@ -1500,10 +1501,11 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
   EXPECT_TRUE(run_channel_case({128, 4, 5000, 2, MaskKind::kCausal, 700, 4, 4, 64, DType::kF16, 64, false}, ++salt));
   EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
   EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, true}, ++salt));
+  EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, false}, ++salt));
   // Not this path: bf16 scales, other widths (more than 8 rows take the f16 prefill kernel: PrefillF16PerChannelKeys).
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kBF16, 0, false}, ++salt));
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 6, 4, 64, DType::kF16, 0, false}, ++salt));
-  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, false}, ++salt));
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 5, 64, DType::kF16, 0, false}, ++salt));
 }
 
 // The f16 prefill kernel over per-channel keys (K4V4 / K5V4, blocks of 64, f16 scales, D 128/256, more than 8 rows per KV
@@ -1521,7 +1523,7 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
     bool device_length;
     float softcap;
     const char* warps;
-    int kb;
+    int kb, vb = 4;
   };
   const Case cases[] = {
       {128, 4, 300, 300, MaskKind::kCausal, 0, 0, false, 0.0f, "auto", 4},    // whole prefill, window tail 44
@@ -1535,16 +1537,18 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
       {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12", 5},     // 5-bit keys
       {128, 8, 640, 64, MaskKind::kCausal, 100, 3, true, 0.0f, "8", 5},
       {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 1.5f, "auto", 5},
+      {128, 4, 1000, 512, MaskKind::kCausal, 0, 2, false, 0.0f, "auto", 5, 5},  // K5V5
+      {256, 8, 129, 33, MaskKind::kCausal, 50, 0, true, 0.0f, "auto", 5, 5},
   };
   uint64_t salt = 8100;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
                                       << static_cast<int>(c.mask) << " window " << c.window << " splits " << c.splits
                                       << (c.device_length ? " device length" : "") << " softcap " << c.softcap
-                                      << " warps " << c.warps << " k" << c.kb << "v4");
+                                      << " warps " << c.warps << " k" << c.kb << "v" << c.vb);
     auto rng = test::make_rng(++salt);
     const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
-    nn::QuantizedKVCache cache(channel_cache_config(c.kb, 4, 64, DType::kF16, salt));
+    nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, 64, DType::kF16, salt));
     std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
     for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
     std::vector<float> vf = test::randn(rng, kf.size());
@@ -1591,12 +1595,12 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
     };
     auto value_row = [&](int64_t bh, int64_t j, std::vector<double>& out) {
       out.resize(static_cast<size_t>(c.D));
-      const auto* words = static_cast<const uint32_t*>(V.data) + (bh * V.capacity + j) * c.D * 4 / 32;
+      const auto* words = static_cast<const uint32_t*>(V.data) + (bh * V.capacity + j) * c.D * c.vb / 32;
       const auto* sc = static_cast<const uint16_t*>(V.scales) + (bh * V.capacity + j) * (c.D / 64);
       const auto* bi = static_cast<const uint16_t*>(V.biases) + (bh * V.capacity + j) * (c.D / 64);
       for (int64_t d = 0; d < c.D; ++d)
         out[static_cast<size_t>(d)] =
-            round_to_f16(static_cast<double>(f16_to_f32(sc[d / 64])) * static_cast<double>(quant::unpack_code(words, d, 4)) +
+            round_to_f16(static_cast<double>(f16_to_f32(sc[d / 64])) * static_cast<double>(quant::unpack_code(words, d, c.vb)) +
                          static_cast<double>(f16_to_f32(bi[d / 64])));
     };
     const F16Emulation em = emulate_f16_prefill_rows(q, key_row, value_row, B, Hq, Hkv, c.L, c.kL, c.D, ref.scale,

@@ -55,8 +55,9 @@ constexpr int kF16Stages = 2;
 // kChan: per-channel keys (layout 1, blocks of 64 positions, docs/kv_cache.md §2b), K4V4 or K5V4.
 template <int D, int KB, int VB, int W, bool kChan = false>
 struct F16Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (kChan && (KB == 4 || KB == 5) && VB == 4),
-                "K4V3 or K8V4, or K4V4 / K5V4 with per-channel keys");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (kChan && (KB == 4 || KB == 5) && VB == 4) ||
+                    (kChan && KB == 5 && VB == 5),
+                "K4V3 or K8V4, or K4V4 / K5V4 / K5V5 with per-channel keys");
   static_assert(D == 128 || D == 256, "D 128 or 256");
   static constexpr int kThreads = 32 * W;
   static constexpr int kRowsPerWarp = 16;
@@ -343,7 +344,18 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
       {
         const __half2 s2 = __half2half2(svs[key * G]), b2 = __half2half2(svb[key * G]);
         const uint32_t* vw = reinterpret_cast<const uint32_t*>(st + C::kKBytes + key * C::kVRowB);
-        if constexpr (VB == 4) {
+        if constexpr (VB == 5) {
+          // 40 bits from byte 5ch of the row (the row's last chunk still reads inside it)
+          const int byte = 5 * dq_ch, wi = byte >> 2, sh = 8 * (byte & 3);
+          const uint64_t x = ((static_cast<uint64_t>(vw[wi + 1]) << 32) | vw[wi]) >> sh;
+          uint32_t h[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            h[k] = dequant_h2(static_cast<uint32_t>((x >> (10 * k)) & 31u) |
+                                  (static_cast<uint32_t>((x >> (10 * k + 5)) & 31u) << 16),
+                              s2, b2);
+          vh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
+        } else if constexpr (VB == 4) {
           vh[key * C::kChunks] = dequant8_u4(vw[dq_ch], s2, b2);
         } else {
           const int bit = 24 * dq_ch;  // dims 8ch .. 8ch + 7: bits bit .. bit + 23 of the row
@@ -525,6 +537,11 @@ int f16_warps_d128(const kernels::AttentionArgs& a) {
 template <typename F>
 auto dispatch_f16(const kernels::AttentionArgs& a, F&& f) {
   const bool d128 = a.keys.dim == 128, k8 = a.keys.bits == 8;
+  if (a.keys.layout == 1 && a.keys.bits == 5 && a.values.bits == 5) {  // per-channel keys: K5V5
+    if (!d128) return f.template operator()<256, 5, 5, 8, true>();
+    return f16_warps_d128(a) == 12 ? f.template operator()<128, 5, 5, 12, true>()
+                                   : f.template operator()<128, 5, 5, 8, true>();
+  }
   if (a.keys.layout == 1 && a.keys.bits == 5) {  // per-channel keys: K5V4
     if (!d128) return f.template operator()<256, 5, 4, 8, true>();
     return f16_warps_d128(a) == 12 ? f.template operator()<128, 5, 4, 12, true>()

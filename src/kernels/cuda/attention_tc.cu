@@ -67,8 +67,9 @@ constexpr int kRows = 8;  // query rows per CTA (the mma N)
 // docs/kv_cache.md §2b, blocks of 64 positions), 4-bit codes.
 template <int D, int KB, int VB, bool kChan = false>
 struct Cfg {
-  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (KB == 4 && VB == 4) || (kChan && KB == 5 && VB == 4),
-                "K4V3, K8V4 or K4V4, or K5V4 with per-channel keys");
+  static_assert((KB == 4 && VB == 3) || (KB == 8 && VB == 4) || (KB == 4 && VB == 4) ||
+                    (kChan && KB == 5 && (VB == 4 || VB == 5)),
+                "K4V3, K8V4 or K4V4, or K5V4 / K5V5 with per-channel keys");
   static_assert(!kChan || KB == 4 || KB == 5, "per-channel keys: 4- or 5-bit codes");
   // Pipeline stages per warp: K5 per-channel tiles take two (three would leave 2 CTAs per SM at D128 instead of 3).
   static constexpr int kSt = kChan && KB == 5 ? 2 : kStages;
@@ -144,6 +145,7 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t y, uint32_t mask) { retur
 // or gid + 8 (e odd) of m-tile j = e / 2): 24 − the code's bit position in its half (see the P[..] masks below).
 template <int VB>
 __device__ __forceinline__ int value_row_scale_log2(int e) {
+  if constexpr (VB == 5) return 0;  // 5-bit codes enter as exact f16 integers (codes_to_h2), not subnormals
   if constexpr (VB == 4) return (e & 1) ? 20 : 24;  // low nibble at bit 0, high nibble at bit 4
   constexpr int kV3[8] = {24, 21, 18, 24, 21, 17, 22, 19};  // bits 0, 3, 6 (Lw), 0, 3 (L9), 7 (Hw), 2, 5 (H2)
   return kV3[e];
@@ -154,9 +156,12 @@ __device__ __forceinline__ int value_row_scale_log2(int e) {
 // The 8 five-bit codes of dims 8w .. 8w + 7 of a key row (row: its 32-bit words; the codes are bits 40w .. 40w + 39,
 // little-endian) as two u8×4 words: even dims (8w, +2, +4, +6) and odd dims (+1, +3, +5, +7). The row's last group
 // still reads inside the row (5w / 4 + 1 < D·5/32 for w < D/8).
-__device__ __forceinline__ void five_split(const uint32_t* row, int w, uint32_t& even, uint32_t& odd) {
+__device__ __forceinline__ uint64_t five_bits40(const uint32_t* row, int w) {
   const int byte = 5 * w, wi = byte >> 2, sh = 8 * (byte & 3);
-  const uint64_t x = ((static_cast<uint64_t>(row[wi + 1]) << 32) | row[wi]) >> sh;
+  return ((static_cast<uint64_t>(row[wi + 1]) << 32) | row[wi]) >> sh;
+}
+__device__ __forceinline__ void five_split(const uint32_t* row, int w, uint32_t& even, uint32_t& odd) {
+  const uint64_t x = five_bits40(row, w);
   const uint32_t lo = static_cast<uint32_t>(x), hi = static_cast<uint32_t>(x >> 32);  // codes: bits 5j .. 5j + 4
   even = (lo & 0x1Fu) | ((lo >> 2) & 0x1F00u) | ((lo >> 4) & 0x1F0000u) | ((__funnelshift_r(lo, hi, 30) & 0x1Fu) << 24);
   odd = ((lo >> 5) & 0x1Fu) | ((lo >> 7) & 0x1F00u) | ((lo >> 9) & 0x1F0000u) | (((hi >> 3) & 0x1Fu) << 24);
@@ -942,7 +947,20 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
 
         // A: codes of dims 64gv + 8gid + e (e = 0..7) for the four keys, as f16 pairs (key 2tig, 2tig+1) etc.
         uint32_t P[2][8];
-        if constexpr (VB == 4) {
+        if constexpr (VB == 5) {
+          // 5-bit values (per-channel-key caches): the 8 codes of dims 64gv + 8gid + e are the 40 bits from byte
+          // 5·(8gv + gid) of each key's row; code e of keys (a, b) as the exact f16 pair (c_a, c_b).
+          const int w5 = 8 * gv + gid;
+          uint64_t X[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) X[k] = five_bits40(sv + kk[k] * C::kVRowW, w5);
+#pragma unroll
+          for (int pp = 0; pp < 2; ++pp)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              P[pp][e] = codes_to_h2(static_cast<uint32_t>((X[2 * pp] >> (5 * e)) & 31u) |
+                                     (static_cast<uint32_t>((X[2 * pp + 1] >> (5 * e)) & 31u) << 16));
+        } else if constexpr (VB == 4) {
           // 4-bit: the 8 codes are word 8gv + gid of the key's row (nibble e = dim 64gv + 8gid + e). Per byte k of
           // the two keys' words, lanes (key a, key b) = byte k; its low nibble (code 2k) and its high nibble (code
           // 2k+1) as f16 subnormals (code_pair).
@@ -1207,8 +1225,10 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
   if (K.layout == 1) {
-    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values.
-    return tc_kchan_enabled() && (K.bits == 4 || K.bits == 5) && V.bits == 4 && V.layout == 0 && K.outliers == 0 &&
+    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values
+    // (V5 with 5-bit keys).
+    return tc_kchan_enabled() && (K.bits == 4 || K.bits == 5) && (V.bits == 4 || (V.bits == 5 && K.bits == 5)) &&
+           V.layout == 0 && K.outliers == 0 &&
            K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
            K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 && rep * a.L <= kRows && aligned(a.q, 16) &&
            aligned(a.out, 16) && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 16) &&
@@ -1239,7 +1259,10 @@ TcPlan tc_plan(const kernels::AttentionArgs& a) {
   int tk = 0, per_sm = 1, max_w = 0;
   pl.packed = a.Hq / a.keys.H * a.L <= 4 && tc_packed_enabled();
   const bool pk = pl.packed;
-  if (a.keys.layout == 1 && a.keys.bits == 5)
+  if (a.keys.layout == 1 && a.keys.bits == 5 && a.values.bits == 5)
+    d128 ? plan_config<128, 5, 5, true>(pk, tk, per_sm, pl.smem, max_w)
+         : plan_config<256, 5, 5, true>(pk, tk, per_sm, pl.smem, max_w);
+  else if (a.keys.layout == 1 && a.keys.bits == 5)
     d128 ? plan_config<128, 5, 4, true>(pk, tk, per_sm, pl.smem, max_w)
          : plan_config<256, 5, 4, true>(pk, tk, per_sm, pl.smem, max_w);
   else if (a.keys.layout == 1)
@@ -1311,7 +1334,10 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
   // tc_ctas_per_sm sets the shared-memory attribute before the first launch.
   cudaError_t err;
   const bool pk = pl.packed;
-  if (a.keys.layout == 1 && a.keys.bits == 5)
+  if (a.keys.layout == 1 && a.keys.bits == 5 && a.values.bits == 5)
+    err = a.keys.dim == 128 ? launch_config<128, 5, 5, true>(pk, grid, p, s)
+                            : launch_config<256, 5, 5, true>(pk, grid, p, s);
+  else if (a.keys.layout == 1 && a.keys.bits == 5)
     err = a.keys.dim == 128 ? launch_config<128, 5, 4, true>(pk, grid, p, s)
                             : launch_config<256, 5, 4, true>(pk, grid, p, s);
   else if (a.keys.layout == 1)
