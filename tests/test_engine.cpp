@@ -3,7 +3,9 @@
 // hits give the tokens of misses; the KV bound limits the running set; a full queue refuses; a cancel frees the
 // sequence; stop strings, end tokens and logprobs; the protocol's errors name the field; the prefix cache on disk
 // (runtime/prompt_cache.h): a restarted engine hits with the tokens of a miss, the files stay within the pool's bound,
-// another cache format's files are ignored, and the reader refuses hostile bytes.
+// another cache format's files are ignored, and the reader refuses hostile bytes; copy on take: a session copy holds
+// what a trim leaves, requests sent at once all copy a pooled prefix (the entry stays, the memory accounting returns
+// to the pool's bytes), and eviction under a small KV bound keeps the hit's entry or takes it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -543,10 +545,14 @@ std::string code_prompt() {
   return p;
 }
 
-// Waits until the finished request's session joined the pool (the end of the engine's step), then for its file.
+// Waits until the finished requests' sessions joined the pool (the end of the engine's step: their reservations
+// released under the same lock, so nothing is reserved beyond the pool's bytes), then for their files.
 void settle(rt::Engine& e, int64_t pooled) {
-  for (int i = 0; i < 60000 && (e.stats().pooled < pooled || e.stats().running != 0); ++i)
-    std::this_thread::sleep_for(1ms);
+  const auto busy = [&] {
+    const rt::EngineStats st = e.stats();
+    return st.pooled < pooled || st.running != 0 || st.kv_bytes_reserved != st.kv_bytes_pooled;
+  };
+  for (int i = 0; i < 60000 && busy(); ++i) std::this_thread::sleep_for(1ms);
   e.flush_prompt_cache();
 }
 
@@ -554,8 +560,8 @@ void settle(rt::Engine& e, int64_t pooled) {
 
 // Pooled sessions are written as they join the pool; a new engine on the same directory loads them, and a repeated
 // prompt hits them with the tokens of the first engine's miss (bit for bit: the blocks were completed by a prompt
-// chunk). Taking an entry deletes its file; the files never outnumber prefix_cache_entries; a smaller bound at start
-// loads the newest and deletes the rest.
+// chunk). A hit copies the entry, which stays with its file; the files never outnumber prefix_cache_entries; a smaller
+// bound at start loads the newest and deletes the rest.
 TEST(EnginePromptCache, ARestartedEngineHitsWithTheTokensOfAMiss) {
   TempDir dir("prompt_cache");
   Warnings warnings;
@@ -584,10 +590,10 @@ TEST(EnginePromptCache, ARestartedEngineHitsWithTheTokensOfAMiss) {
     EXPECT_EQ(hit.last.cached_tokens, (n - 1) / block * block);
     EXPECT_EQ(hit.tokens, miss.tokens);
     settle(engine, 1);
-    // The entry was taken (its file deleted) and came back longer under a new name.
-    const std::vector<std::string> after = cache_files(dir.path);
-    ASSERT_EQ(after.size(), 1u);
-    EXPECT_NE(after, before);
+    // Copied, not taken: the entry stayed in the pool, so its file stays; the finished request held the same tokens,
+    // so it did not join the pool beside it (one entry per prefix) and wrote no file.
+    EXPECT_EQ(engine.stats().pooled, 1);
+    EXPECT_EQ(cache_files(dir.path), before);
     // More distinct prompts than entries: the files follow the pool.
     eo.prefix_cache_entries = 2;
   }
@@ -777,6 +783,7 @@ TEST(EnginePromptCache, ASlidingWindowSessionComesBackWhole) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), V * sizeof(float)), 0) << t;
   }
 }
+
 // ---- the prefix cache shared between running sequences (copy on take) ------------------------------------------
 
 namespace {
@@ -857,5 +864,159 @@ TEST(EngineSessionCopy, ACopyHoldsWhatATrimLeaves) {
   } catch (const cider::Error& e) {
     EXPECT_EQ(e.code(), cider::ErrorCode::kOutOfRange);
     EXPECT_NE(std::string(e.what()).find("got 100"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+// What a request reuses of a pooled entry holding `pooled` tokens (Engine::reusable_prefix with per-channel keys).
+int64_t expected_reuse(const std::vector<int32_t>& pooled, const std::vector<int32_t>& prompt) {
+  size_t k = 0;
+  while (k < pooled.size() && k < prompt.size() && pooled[k] == prompt[k]) ++k;
+  const int64_t block = tiny().options().kv.group_size;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(k), static_cast<int64_t>(prompt.size()) - 1);
+  return n / block * block;
+}
+
+// The tokens a finished request's session holds: the prompt and the sampled tokens but the last (never fed).
+std::vector<int32_t> held_tokens(const rt::RequestOptions& r, const Outcome& o) {
+  std::vector<int32_t> t = r.prompt;
+  t.insert(t.end(), o.tokens.begin(), o.tokens.end() - 1);
+  return t;
+}
+
+const std::vector<std::string> kSuffixes = {"def g(y):\n    return y\n", "class Point:\n    x = 0\n",
+                                            "for i in range(3):\n    print(i)\n", "# the end\nimport sys\n"};
+
+}  // namespace
+
+// A pooled prompt P, then four requests P + different suffixes submitted at once: each copies the pooled prefix
+// (cached_tokens the reusable prefix), their greedy tokens equal those of an engine without a prefix cache, and the
+// entry stays (five entries afterwards; a take would leave four). Memory: while they run the reservations and the pool
+// stay within the bound and the entry's bytes stay pooled; afterwards nothing is reserved and the pool holds the
+// entry's bytes plus the four finished sessions', each what a session of its length holds.
+TEST(Engine, ConcurrentRequestsSharingAPooledPrefixEachGetACopy) {
+  const std::string p = code_prompt();
+  std::vector<rt::RequestOptions> reqs;
+  for (const auto& x : kSuffixes) reqs.push_back(request(p + x, 12));
+  std::vector<std::vector<int32_t>> want;
+  {
+    rt::EngineOptions off;
+    off.prefix_cache_entries = 0;
+    rt::Engine engine(tiny(), off);
+    std::vector<std::shared_ptr<rt::Request>> rs;
+    for (const auto& r : reqs) rs.push_back(submit(engine, r));
+    for (auto& r : rs) want.push_back(collect(*r).tokens);
+  }
+  rt::EngineOptions eo;
+  eo.max_batch = 8;
+  rt::Engine engine(tiny(), eo);
+  const rt::RequestOptions warm = request(p, 8);
+  const Outcome first = collect(*submit(engine, warm));
+  settle(engine, 1);
+  const rt::EngineStats base = engine.stats();
+  ASSERT_EQ(base.pooled, 1);
+  EXPECT_EQ(base.kv_bytes_reserved, base.kv_bytes_pooled);  // nothing running
+  EXPECT_EQ(base.kv_bytes_pooled, rt::kv_bytes_at(tiny(), static_cast<int64_t>(held_tokens(warm, first).size())));
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (const auto& r : reqs) rs.push_back(submit(engine, r));
+  // Invariants while they run (sampled, no timing asserted).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  for (rt::EngineStats st = engine.stats(); (st.running != 0 || st.waiting != 0) &&
+                                            std::chrono::steady_clock::now() < deadline; st = engine.stats()) {
+    EXPECT_LE(st.kv_bytes_reserved, st.kv_memory);
+    EXPECT_GE(st.kv_bytes_pooled, base.kv_bytes_pooled);  // the entry never left the pool
+    std::this_thread::sleep_for(1ms);
+  }
+  int64_t finished_bytes = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Outcome o = collect(*rs[i]);
+    EXPECT_GT(o.last.cached_tokens, 0) << kSuffixes[i];
+    EXPECT_EQ(o.last.cached_tokens, expected_reuse(held_tokens(warm, first), reqs[i].prompt)) << kSuffixes[i];
+    EXPECT_EQ(o.tokens, want[i]) << kSuffixes[i];
+    finished_bytes += rt::kv_bytes_at(tiny(), static_cast<int64_t>(held_tokens(reqs[i], o).size()));
+  }
+  settle(engine, 5);
+  const rt::EngineStats st = engine.stats();
+  EXPECT_EQ(st.pooled, 5);
+  EXPECT_EQ(st.prefix_cache_hits, 4u);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_bytes_reserved, st.kv_bytes_pooled);  // the reservations returned to the baseline's 0
+  EXPECT_EQ(st.kv_bytes_in_use, st.kv_bytes_pooled);
+  EXPECT_EQ(st.kv_bytes_pooled, base.kv_bytes_pooled + finished_bytes);
+  // The entry is still there: the warm-up prompt again hits it (its whole prompt, to a block boundary) with the
+  // first run's tokens, and joins nothing (the entry holds its tokens).
+  const Outcome again = collect(*submit(engine, warm));
+  EXPECT_EQ(again.last.cached_tokens, expected_reuse(held_tokens(warm, first), warm.prompt));
+  EXPECT_EQ(again.tokens, first.tokens);
+  settle(engine, 5);
+  EXPECT_EQ(engine.stats().pooled, 5);
+  const std::string metrics = engine.metrics_text();
+  EXPECT_NE(metrics.find("cider_prefix_cache_hits_total 5\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("cider_prefix_cache_bytes " + std::to_string(engine.stats().kv_bytes_pooled) + "\n"),
+            std::string::npos);
+}
+
+// Under a small KV bound: an unrelated least recently used entry is evicted to make room for a copy (the hit's entry
+// stays); when only the hit's own entry leaving makes room, the request takes it (today's take: cached_tokens as a
+// copy's, the entry gone, the tokens of a miss). The reservations and the pool never pass the bound.
+TEST(Engine, EvictionUnderASmallKvMemoryKeepsTheHitsEntryOrTakesIt) {
+  const std::string p = code_prompt();
+  std::string other = "Once upon a time there was a parser.\n";
+  for (int i = 0; i < 10; ++i) other += "It read line " + std::to_string(i) + " and wrote it down again.\n";
+  const rt::RequestOptions a = request(other, 8), warm = request(p, 8), r = request(p + kSuffixes[0], 8);
+  ASSERT_GT(a.prompt.size(), 130u);
+  const auto bytes_of = [](const rt::RequestOptions& q, const Outcome& o) {
+    return rt::kv_bytes_at(tiny(), static_cast<int64_t>(held_tokens(q, o).size()));
+  };
+  const int64_t reserve_r = rt::kv_bytes_at(tiny(), static_cast<int64_t>(r.prompt.size()) + r.max_tokens);
+  std::vector<int32_t> want;
+  {
+    rt::EngineOptions off;
+    off.prefix_cache_entries = 0;
+    rt::Engine engine(tiny(), off);
+    want = collect(*submit(engine, r)).tokens;
+  }
+  for (const bool room_for_the_entry : {true, false}) {
+    SCOPED_TRACE(room_for_the_entry ? "evicts the other entry, copies" : "takes the entry");
+    // Sizes from a first run (the sessions' bytes follow their lengths).
+    int64_t bytes_a = 0, bytes_e = 0;
+    {
+      rt::Engine probe(tiny(), rt::EngineOptions{});
+      bytes_a = bytes_of(a, collect(*submit(probe, a)));
+      bytes_e = bytes_of(warm, collect(*submit(probe, warm)));
+    }
+    rt::EngineOptions eo;
+    eo.kv_memory = reserve_r + (room_for_the_entry ? bytes_e : bytes_e - 1);
+    const int64_t reserve_warm = rt::kv_bytes_at(tiny(), static_cast<int64_t>(warm.prompt.size()) + warm.max_tokens);
+    rt::Engine engine(tiny(), eo);
+    (void)collect(*submit(engine, a));
+    settle(engine, 1);
+    const Outcome first = collect(*submit(engine, warm));
+    // The other entry stays while the warm-up's reservation fits beside it.
+    const int64_t both = reserve_warm + bytes_a <= eo.kv_memory ? 2 : 1;
+    settle(engine, both);
+    EXPECT_EQ(engine.stats().pooled, both);
+    if (room_for_the_entry) {
+      EXPECT_EQ(both, 2);  // so that this case evicts it for the copy
+    }
+    const int64_t pooled_before = engine.stats().kv_bytes_pooled;
+    EXPECT_LE(pooled_before, eo.kv_memory);
+    const Outcome hit = collect(*submit(engine, r));
+    EXPECT_EQ(hit.last.cached_tokens, expected_reuse(held_tokens(warm, first), r.prompt));
+    EXPECT_GT(hit.last.cached_tokens, 0);
+    EXPECT_EQ(hit.tokens, want);
+    settle(engine, room_for_the_entry ? 2 : 1);
+    const rt::EngineStats st = engine.stats();
+    EXPECT_LE(st.kv_bytes_reserved, eo.kv_memory);
+    if (room_for_the_entry) {
+      EXPECT_EQ(st.pooled, 2);  // the entry and the finished request's session; the other one evicted
+      EXPECT_EQ(st.kv_bytes_pooled, bytes_e + bytes_of(r, hit));
+    } else {
+      EXPECT_EQ(st.pooled, 1);  // taken: only the finished request's session
+      EXPECT_EQ(st.kv_bytes_pooled, bytes_of(r, hit));
+    }
+    // The other prompt's entry is gone: a miss.
+    EXPECT_EQ(collect(*submit(engine, a)).last.cached_tokens, 0);
   }
 }

@@ -115,6 +115,9 @@ struct Engine::Sequence {
   bool done = false;
   FinishReason reason = FinishReason::kNone;
   bool pool = false;             // finished: its session joins the prefix pool
+  // Admitted with a hit on a device that copies sessions: the pooled entry whose first `cached` positions run()
+  // copies into this sequence's session (outside the engine's lock; the entry stays pooled). Null once copied.
+  const Pooled* source = nullptr;
   model::SessionState saved;     // with a prompt cache: the session copied to the host, for its file
 };
 
@@ -193,9 +196,17 @@ void Engine::flush_prompt_cache() {
   if (store_) store_->flush();
 }
 
-void Engine::drop_pooled_locked(std::vector<std::unique_ptr<Pooled>>::iterator it) {
+Engine::PoolIt Engine::drop_pooled_locked(PoolIt it) {
   if (store_ && !(*it)->file.empty()) store_->remove((*it)->file);
-  pool_.erase(it);
+  return pool_.erase(it);
+}
+
+Engine::Pooled* Engine::covering_locked(const std::vector<int32_t>& tokens, int64_t n) const {
+  for (const auto& p : pool_)
+    if (static_cast<int64_t>(p->tokens.size()) >= n &&
+        std::equal(tokens.begin(), tokens.begin() + n, p->tokens.begin()) && p->session->can_truncate(n))
+      return p.get();
+  return nullptr;
 }
 
 Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
@@ -276,6 +287,11 @@ int64_t Engine::pool_bytes_locked() const {
 }
 
 void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
+  // The pooled entries this round's hits copy (run() copies them after the lock is released, before anything else
+  // changes the pool): not evicted, nor taken, in this round.
+  std::vector<const Pooled*> sources;
+  const auto is_source = [&](const Pooled* p) { return std::find(sources.begin(), sources.end(), p) != sources.end(); };
+  const bool copies = model_.can_copy_sessions();
   while (!waiting_.empty() && running_count_ + static_cast<int64_t>(admitted.size()) < options_.max_batch) {
     Sequence& s = *waiting_.front();
     if (s.req->cancelled()) {
@@ -284,45 +300,54 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
       continue;
     }
     // The pooled session sharing the longest reusable prefix with the prompt (reusable_prefix: short of the prompt's
-    // last token, on a block boundary for per-channel keys); a match shorter than kMinReuse is not worth taking a
-    // pooled session away from the requests that may share more of it (every prompt shares its BOS).
+    // last token, on a block boundary for per-channel keys); a match shorter than kMinReuse is not worth a copy (or,
+    // where sessions cannot be copied, taking a pooled session away from the requests that may share more of it):
+    // every prompt shares its BOS.
     const auto& prompt = s.opt.prompt;
-    size_t best = pool_.size();
+    Pooled* src = nullptr;
     int64_t best_len = 0;
-    for (size_t i = 0; i < pool_.size(); ++i) {
-      const auto& t = pool_[i]->tokens;
+    for (const auto& p : pool_) {
+      const auto& t = p->tokens;
       const size_t lim = std::min(t.size(), prompt.size());
       size_t k = 0;
       while (k < lim && t[k] == prompt[k]) ++k;
       const int64_t len = reusable_prefix(static_cast<int64_t>(k), static_cast<int64_t>(prompt.size()));
       // A session whose sliding-window layers dropped what going back to len needs is a miss.
-      if (len >= kMinReuse && len > best_len && pool_[i]->session->can_truncate(len)) {
+      if (len >= kMinReuse && len > best_len && p->session->can_truncate(len)) {
         best_len = len;
-        best = i;
+        src = p.get();
       }
     }
-    std::unique_ptr<Pooled> reuse;
-    if (best < pool_.size()) {
-      reuse = std::move(pool_[best]);
-      pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(best));
-    }
-    // Room under the KV bound: evict pooled sessions, least recently used first.
+    // Room under the KV bound for the request's reservation (a copy is its session, counted there like any
+    // sequence's): evict pooled sessions, least recently used first, but not the one it hits nor this round's sources.
+    const auto fits = [&](int64_t pooled) { return reserved_ + s.reserve + pooled <= options_.kv_memory; };
     int64_t pool_bytes = pool_bytes_locked();
-    while (reserved_ + s.reserve + pool_bytes > options_.kv_memory && !pool_.empty()) {
-      auto lru = std::min_element(pool_.begin(), pool_.end(),
-                                  [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
+    while (!fits(pool_bytes)) {
+      auto lru = pool_.end();
+      for (auto it = pool_.begin(); it != pool_.end(); ++it)
+        if (it->get() != src && !is_source(it->get()) && (lru == pool_.end() || (*it)->last_used < (*lru)->last_used))
+          lru = it;
+      if (lru == pool_.end()) break;
       pool_bytes -= static_cast<int64_t>((*lru)->session->kv_bytes());
       drop_pooled_locked(lru);
     }
-    if (reserved_ + s.reserve + pool_bytes > options_.kv_memory) {
-      if (reuse) pool_.push_back(std::move(reuse));  // not now: wait for a running sequence to finish
-      break;
-    }
-    if (reuse) {
-      // Taken by the request: out of the pool, so off the disk (it comes back, longer, when the request ends).
-      if (store_ && !reuse->file.empty()) store_->remove(reuse->file);
-      reuse->session->trim(reuse->session->position() - best_len);
-      s.session = std::move(reuse->session);
+    // Take the hit's session out of the pool instead of copying it where sessions cannot be copied (the CUDA device),
+    // or where only its own bytes leaving the pool make room for the request (not when this round copies it).
+    const int64_t src_bytes = src ? static_cast<int64_t>(src->session->kv_bytes()) : 0;
+    const bool take = src && (!copies || !fits(pool_bytes)) && !is_source(src);
+    if (!fits(take ? pool_bytes - src_bytes : pool_bytes)) break;  // not now: wait for a running sequence to finish
+    if (take) {
+      // Out of the pool, so off the disk (it comes back, longer, when the request ends).
+      auto it = std::find_if(pool_.begin(), pool_.end(), [&](const auto& p) { return p.get() == src; });
+      s.session = std::move((*it)->session);
+      drop_pooled_locked(it);
+      s.session->trim(s.session->position() - best_len);
+      s.prefilled = s.cached = best_len;
+    } else if (src) {
+      // Copy on take: the entry stays pooled, most recently used; run() copies its prefix into the new session.
+      src->last_used = ++pool_clock_;
+      sources.push_back(src);
+      s.source = src;
       s.prefilled = s.cached = best_len;
     } else {
       s.session = model_.new_session();
@@ -330,6 +355,23 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
     reserved_ += s.reserve;
     admitted.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+  }
+}
+
+// The admitted hits' copies of their pooled prefixes (Model::copy_session: only the kept positions, on the session's
+// device), outside the engine's lock: nothing changes the pool between admit_locked() and this (the worker alone
+// evicts and pools). A copy that fails (memory) makes the request a miss.
+void Engine::copy_sources() {
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (!s.source) continue;
+    try {
+      s.session = model_.copy_session(*s.source->session, s.cached);
+    } catch (const std::exception&) {
+      s.session = model_.new_session();
+      s.prefilled = s.cached = 0;
+    }
+    s.source = nullptr;
   }
 }
 
@@ -365,7 +407,7 @@ void Engine::run() {
       if (stop_) break;
       admit_locked(admitted);
       for (auto& s : admitted) {
-        if (s->req->cancelled() && !s->session) {  // cancelled while waiting
+        if (s->req->cancelled() && !s->session && !s->source) {  // cancelled while waiting
           ++stats_.requests_cancelled;
           end_unstarted(*s->req);
           continue;
@@ -381,6 +423,7 @@ void Engine::run() {
         continue;
       }
     }
+    copy_sources();
     step();
   }
   // Stopped: everything unfinished ends as cancelled.
@@ -407,6 +450,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
     }
     stats_.prompt_tokens += s.opt.prompt.size();
     stats_.cached_prompt_tokens += static_cast<uint64_t>(s.cached);
+    if (s.cached > 0) ++stats_.prefix_cache_hits;
     stats_.generated_tokens += static_cast<uint64_t>(s.generated);
   }
   if (reason == FinishReason::kStop || reason == FinishReason::kLength) s.filter->finish();
@@ -565,14 +609,24 @@ void Engine::step() {
   for (size_t j = 0; j < drawing.size(); ++j) accept(*items[drawing[j]].s, draws[j], t1);
   for (auto& sp : running_)
     if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
-  // The finished sessions that join the prefix pool; with a prompt cache, each copied to the host for its file here,
-  // outside the engine's lock (the writer thread writes it).
-  for (auto& sp : running_) {
-    Sequence& s = *sp;
-    s.pool = s.done && options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
-             s.session->position() > 0;
-    if (s.pool && store_) s.saved = model_.snapshot(*s.session);
+  // The finished sessions that join the prefix pool: not one whose tokens a pooled entry already holds (that entry,
+  // able to go back to them, becomes the most recently used instead). With a prompt cache each is copied to the host
+  // for its file here, outside the engine's lock (the writer thread writes it).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& sp : running_) {
+      Sequence& s = *sp;
+      s.pool = s.done && options_.prefix_cache_entries > 0 && s.session && s.reason != FinishReason::kError &&
+               s.session->position() > 0;
+      if (!s.pool) continue;
+      if (Pooled* c = covering_locked(s.history, s.session->position())) {
+        c->last_used = ++pool_clock_;
+        s.pool = false;
+      }
+    }
   }
+  for (auto& sp : running_)
+    if (sp->pool && store_) sp->saved = model_.snapshot(*sp->session);
 
   // Publish, release the finished ones (into the prefix pool), update the statistics.
   for (auto& sp : running_) {
@@ -597,11 +651,28 @@ void Engine::step() {
       continue;
     }
     reserved_ -= s.reserve;
-    // Into the prefix pool: the tokens the session holds (the prompt, then the sampled tokens that went in).
+    // Into the prefix pool: the tokens the session holds (the prompt, then the sampled tokens that went in). One
+    // entry per prefix: an entry holding the same tokens or more (another sequence of this step's) keeps them, and
+    // entries holding a prefix of them that the new session can go back to leave (the longer one is kept).
+    const int64_t n = s.session ? s.session->position() : 0;
     if (s.pool) {
+      if (Pooled* c = covering_locked(s.history, n)) {
+        c->last_used = ++pool_clock_;
+        s.pool = false;
+      }
+    }
+    if (s.pool) {
+      for (auto pit = pool_.begin(); pit != pool_.end();) {
+        const auto& t = (*pit)->tokens;
+        if (static_cast<int64_t>(t.size()) < n && std::equal(t.begin(), t.end(), s.history.begin()) &&
+            s.session->can_truncate(static_cast<int64_t>(t.size())))
+          pit = drop_pooled_locked(pit);
+        else
+          ++pit;
+      }
       auto p = std::make_unique<Pooled>();
       p->tokens = s.history;
-      p->tokens.resize(static_cast<size_t>(s.session->position()));
+      p->tokens.resize(static_cast<size_t>(n));
       p->session = std::move(s.session);
       p->last_used = ++pool_clock_;
       if (store_) p->file = store_->write(p->tokens, std::move(s.saved));
@@ -625,6 +696,7 @@ EngineStats Engine::stats() const {
   st.waiting = static_cast<int64_t>(waiting_.size());
   st.pooled = static_cast<int64_t>(pool_.size());
   const int64_t pooled = pool_bytes_locked();
+  st.kv_bytes_pooled = pooled;
   st.kv_bytes_in_use = running_bytes_ + pooled;
   st.kv_bytes_reserved = reserved_ + pooled;
   return st;
@@ -654,12 +726,14 @@ std::string Engine::metrics_text() const {
   o << "cider_requests_total{outcome=\"refused\"} " << st.requests_refused << '\n';
   metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", st.prompt_tokens);
   metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache.", st.cached_prompt_tokens);
+  metric("prefix_cache_hits_total", "counter", "Finished requests that reused a pooled prefix.", st.prefix_cache_hits);
   metric("generation_tokens_total", "counter", "Tokens sampled.", st.generated_tokens);
   metric("steps_total", "counter", "Batched forward steps.", st.steps);
   metric("requests_running", "gauge", "Sequences in the batch.", st.running);
   metric("requests_waiting", "gauge", "Requests queued for admission.", st.waiting);
   metric("batch_size", "gauge", "Sequences in the last step.", st.last_batch);
   metric("prefix_cache_entries", "gauge", "Finished sequences kept for prefix reuse.", st.pooled);
+  metric("prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache's entries.", st.kv_bytes_pooled);
   metric("kv_bytes_in_use", "gauge", "KV cache bytes allocated by running and pooled sequences.", st.kv_bytes_in_use);
   metric("kv_bytes_reserved", "gauge", "KV bytes reserved by running sequences plus those of pooled ones.",
          st.kv_bytes_reserved);

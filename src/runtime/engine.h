@@ -12,14 +12,20 @@
 //   3. samples each sequence whose row was its last (penalties, logprobs), streams its text through the stop filter
 //      and finishes it on an end token, a stop string, max_tokens, the context's end, or a cancel (a client that went
 //      away): its KV is released at once.
-// Prefix cache: a finished sequence's session goes into a pool keyed by the tokens it holds. A new request takes the
-// pooled session with the longest common prefix with its prompt, trims it to that prefix (Session::trim: every cache
-// format, quantized included; a session whose sliding-window layers dropped what that trim needs, can_truncate
-// false, is a miss) and prefills only the rest; at least the prompt's last token is always recomputed (its
-// logits are needed). Pooled sessions count against the KV bound with their real bytes and are evicted least recently
-// used first when a reservation needs the room, or beyond prefix_cache_entries. With prompt_cache_dir the pool is
-// also kept on disk (runtime/prompt_cache.h): a session's file is written when it joins the pool and deleted when it
-// leaves it, and the files are loaded into the pool at start under the same bounds.
+// Prefix cache: a finished sequence's session goes into a pool keyed by the tokens it holds (one entry per prefix: an
+// entry whose tokens a longer finished session also holds leaves for it, and a session whose tokens an entry holds does
+// not join). A new request finds the pooled session with the longest common prefix with its prompt and gets its own
+// copy of that prefix (Model::copy_session: only the kept positions, as Session::trim would leave them; every cache
+// format, quantized included; a session whose sliding-window layers dropped what that needs, can_truncate false, is a
+// miss) — copy on take: the entry stays pooled, most recently used, for the next request — and prefills only the rest;
+// at least the prompt's last token is always recomputed (its logits are needed). The copy is the new sequence's
+// session, inside its reservation. Where sessions cannot be copied (Model::can_copy_sessions false: the CUDA device),
+// or where only the entry's own bytes leaving the pool make room for the request, the request takes the entry out of
+// the pool and trims it instead. Pooled sessions count against the KV bound with their real bytes and are evicted least
+// recently used first when a reservation needs the room (never the entry a request being admitted copies), or beyond
+// prefix_cache_entries. With prompt_cache_dir the pool is also kept on disk (runtime/prompt_cache.h): a session's file
+// is written when it joins the pool and deleted when it leaves it, and the files are loaded into the pool at start
+// under the same bounds.
 //
 // Requests are consumed from any thread: Request::wait() returns what the engine produced since the last call.
 #pragma once
@@ -126,9 +132,11 @@ struct Histogram {
 struct EngineStats {
   uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0, requests_refused = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_prompt_tokens = 0, steps = 0;
+  uint64_t prefix_cache_hits = 0;  // finished requests with cached prompt tokens
   int64_t running = 0, waiting = 0, last_batch = 0, pooled = 0;
   int64_t kv_bytes_in_use = 0;    // allocated by running and pooled sessions
   int64_t kv_bytes_reserved = 0;  // reserved by running sequences + held by pooled ones (the bound's left side)
+  int64_t kv_bytes_pooled = 0;    // held by the prefix pool's entries
   int64_t kv_memory = 0;
   int64_t prompt_cache_loaded = 0;  // entries loaded from prompt_cache_dir at start
   Histogram ttft, itl, batch_size;
@@ -163,7 +171,13 @@ class Engine {
   struct Sequence;
   struct Pooled;
   void load_prompt_cache();
-  void drop_pooled_locked(std::vector<std::unique_ptr<Pooled>>::iterator it);  // erases it, deleting its file
+  // Erases it, deleting its file; returns the next entry.
+  using PoolIt = std::vector<std::unique_ptr<Pooled>>::iterator;
+  PoolIt drop_pooled_locked(PoolIt it);
+  // A pooled entry whose tokens start with tokens[0, n) and whose session can go back to n; null if none.
+  Pooled* covering_locked(const std::vector<int32_t>& tokens, int64_t n) const;
+  // Admitted hits' copies of their entries' prefixes, outside the lock, before the step (a failed copy: a miss).
+  void copy_sources();
   void run();
   void admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted);
   void step();
@@ -184,7 +198,7 @@ class Engine {
   // chunk_align_: the per-channel key block (the cache's group size), else 1.
   int64_t reusable_prefix(int64_t common, int64_t prompt_len) const;
 
-  static constexpr int64_t kMinReuse = 16;  // shorter common prefixes do not take a pooled session
+  static constexpr int64_t kMinReuse = 16;  // shorter reusable prefixes are a miss
 
   const model::Model& model_;
   EngineOptions options_;

@@ -1,6 +1,7 @@
 // cider/runtime/prompt_cache.h — the server's prefix cache on disk (`cider serve --prompt-cache DIR`,
 // EngineOptions::prompt_cache_dir): one file per pooled session, written when the session joins the pool and deleted
-// when it leaves it (taken by a request, or evicted); read back into the pool when the engine starts.
+// when it leaves it (evicted, replaced by a longer entry holding its tokens, or — where sessions cannot be copied —
+// taken by a request); read back into the pool when the engine starts.
 //
 // A file, DIR/<16 hex digits>.cpc (the digits: its sequence), little-endian:
 //   header, kHeaderBytes = 48:

@@ -630,6 +630,47 @@ def test_prefix_cache_survives_unrelated_request(cache_run, cache_server):
         again, metrics(url)["cider_prefix_cache_entries"])
 
 
+SYSTEM = ("You review Python code. Answer with the corrected code only, no prose. Keep the names the user chose, "
+          "keep the behaviour, prefer the standard library, and explain nothing unless asked. ") * 4
+
+
+def test_prefix_cache_shared_by_concurrent_chats(nocache_server):
+    """Copy on take: after one chat pools its session, four chats sharing its system prompt, sent at once, each copy
+    the pooled prefix (cached_tokens > 0, whole key blocks) and reply as a server without a prefix cache does; the
+    warm-up's entry stays pooled beside their four (five entries: a take would leave four)."""
+    s = Server()
+    try:
+        url = s.url
+        greedy = dict(max_tokens=24, temperature=0)
+
+        def messages(user):
+            return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+        warm = chat(url, messages=messages("x = [1, 2, 3]\nprint(len(x))"), **greedy)
+        check_usage(warm["usage"], cached=0)
+        assert warm["usage"]["prompt_tokens"] > 2 * BLOCK
+        wait_until(lambda: metrics(url)["cider_prefix_cache_entries"] == 1, "the warm-up's pooled session")
+        before = metrics(url)
+        users = ["def add(a, b):\n    return a - b", "for i in range(10) print(i)", "import os\nos.getcwd",
+                 "class A:\n    def f(self): return self.x"]
+        with cf.ThreadPoolExecutor(len(users)) as ex:
+            replies = list(ex.map(lambda u: chat(url, messages=messages(u), **greedy), users))
+        for u, r in zip(users, replies):
+            f = chat(nocache_server.url, messages=messages(u), **greedy)
+            cached = check_usage(r["usage"])["prompt_tokens_details"]["cached_tokens"]
+            assert cached > 0 and cached % BLOCK == 0, (u, r["usage"])
+            assert r["choices"][0]["message"]["content"] == f["choices"][0]["message"]["content"], u
+        wait_until(lambda: idle(url), "an idle server")
+        wait_until(lambda: metrics(url)["cider_prefix_cache_entries"] == 1 + len(users),
+                   "the warm-up's entry beside the four new ones")
+        after = metrics(url)
+        assert after["cider_prefix_cache_hits_total"] - before["cider_prefix_cache_hits_total"] == len(users)
+        assert after["cider_prefix_cache_bytes"] > before["cider_prefix_cache_bytes"] > 0
+        assert after["cider_kv_bytes_reserved"] == after["cider_prefix_cache_bytes"]  # nothing running reserves
+    finally:
+        stop_cleanly(s)
+
+
 # ---- logprobs ------------------------------------------------------------------------------------------------------
 def test_chat_logprobs(client):
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Print hello world in C."}],
