@@ -1,4 +1,5 @@
-// cider/kernels/cuda/attention_prefill_f16.cu — prefill attention over a K4/V3 or K8/V4 g64 cache (f16 scales,
+// cider/kernels/cuda/attention_prefill_f16.cu — prefill attention over a K4/V3 or K8/V4 g64 cache, or a per-channel-key
+// K4V4 / K5V4 / K5V5 cache (the kChan variant: see the comment at the kernel) (f16 scales,
 // D 128/256) with the keys and values dequantized to f16 once per CTA tile and an f16 flash-attention core on the
 // tensor cores (mma.sync m16n8k16, f32 accumulation). attention_prefill_tc.cu's prefill path takes it for more than
 // 64 query rows per KV head ($CIDER_ATTN_PREFILL_MATH=auto, the default; f16 / exact force one kernel). Contract and

@@ -1,5 +1,7 @@
 // cider/kernels/cuda/attention_tc.cu — decode attention over a K4/V3 or K8/V4 g64 cache (f16 scales, D 128/256) on
-// the tensor cores (one kernel template on the key/value bit widths; $CIDER_ATTN_TC_K8V4=0 excludes K8V4).
+// the tensor cores (one kernel template on the key/value bit widths; $CIDER_ATTN_TC_K8V4=0 excludes K8V4), and over
+// per-channel-key caches K4V4 / K5V4 / K5V5 (the kChan variant, see the comment at the kernel;
+// $CIDER_ATTN_TC_KCHAN=0 excludes them).
 // Contract: kernels/cuda/cuda_api.h (cuda::attention); chosen by attention.cu (attention_tc.h); design, floors and
 // measurements: docs/cuda/attention.md.
 //

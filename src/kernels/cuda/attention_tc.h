@@ -1,7 +1,8 @@
 // cider/kernels/cuda/attention_tc.h — the tensor-core decode path of cuda::attention (attention_tc.cu), used by
-// attention.cu for K4/V3 and K8/V4 g64 caches ($CIDER_ATTN_TC_K8V4=0 excludes K8V4) with f16 scales, Dk = Dv = 128 or
-// 256, at most 8 query rows per KV head (rep·L ≤ 8: decode) and 16-byte aligned q / out. Everything else runs the
-// general CUDA-core kernel of attention.cu.
+// attention.cu for K4/V3 and K8/V4 g64 caches ($CIDER_ATTN_TC_K8V4=0 excludes K8V4) and for per-channel-key caches
+// K4V4 / K5V4 / K5V5 in blocks of 64 without outlier channels ($CIDER_ATTN_TC_KCHAN=0 excludes them), with f16
+// scales, Dk = Dv = 128 or 256, at most 8 query rows per KV head (rep·L ≤ 8: decode) and 16-byte aligned q / out.
+// Everything else runs the general CUDA-core kernel of attention.cu.
 #pragma once
 
 #include <cstddef>
