@@ -599,42 +599,42 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
     }
   } else {
       float4 qv[2][kQ4];
-  #pragma unroll
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       load_q_row<D>(p.q, b, g, p.Hq, p.L, p.rep, warp + kTcWarps * h, R, lane, qv[h]);
     }
-  #pragma unroll
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp + kTcWarps * h;
       float mx = 0.0f;
-  #pragma unroll
+#pragma unroll
       for (int u = 0; u < kQ4; ++u) {
         const float4 v = qv[h][u];
         mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         // Group sums: lanes 0–15 hold group 2u, lanes 16–31 group 2u + 1 (64 dims = 16 lanes × 4).
         float gs = (v.x + v.y) + (v.z + v.w);
-  #pragma unroll
+#pragma unroll
         for (int o = 1; o < 16; o <<= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
         if ((lane & 15) == 0) qsum[r * G + 2 * u + (lane >> 4)] = gs;
       }
-  #pragma unroll
+#pragma unroll
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const int E = q_exponent(mx);  // max |q|·2^E < 2^21 (as frexpf: mx < 2^(21 − E))
       if (lane == 0) qexp[r] = E;
-  #pragma unroll
+#pragma unroll
       for (int u = 0; u < kQ4; ++u) {
         const int lq = lane + 32 * u;  // float4 index in the row: dims 4lq .. 4lq + 3
         const float4 v = qv[h][u];
         const float x[4] = {v.x, v.y, v.z, v.w};
         uint32_t dg[4][3];  // [j][digit] bytes of dims 4lq + j
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < 4; ++j) q_digits(static_cast<int>(rintf(mul_pow2(x[j], E))), dg[j]);  // |Q| ≤ 2^21
         if constexpr (KB == 4) {
           // Key word w = lq >> 1 holds dims 8w..8w+7 (nibble 2i + half = dim 8w + 2i + half): fragment (kstep =
           // w >> 2, t = w & 3) of row r has byte i of .x (half 0) / .y (half 1). This lane has i = 2(lq & 1) + (j >> 1),
           // half = j & 1; its partner lq ^ 1 (lane ^ 1) the other two bytes of each.
           const int sh = 16 * (lq & 1);
-  #pragma unroll
+#pragma unroll
           for (int d = 0; d < 3; ++d) {
             uint32_t fx = (dg[0][d] | (dg[2][d] << 8)) << sh;
             uint32_t fy = (dg[1][d] | (dg[3][d] << 8)) << sh;
@@ -648,7 +648,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
         } else {
           // 8-bit keys: dim = 32·kstep + 16·half + 4t + i, so this lane's 4 dims are word (kstep = lq >> 3,
           // half = (lq >> 2) & 1, t = lq & 3) of row r's fragment, bytes i = j; the partner lane ^ 4 has the other half.
-  #pragma unroll
+#pragma unroll
           for (int d = 0; d < 3; ++d) {
             const uint32_t mine = dg[0][d] | (dg[1][d] << 8) | (dg[2][d] << 16) | (dg[3][d] << 24);
             const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
