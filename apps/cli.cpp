@@ -169,6 +169,9 @@ model::ModelOptions model_options(const ModelArgs& a) {
       o.kv.key_outliers_auto = false;
     }
     o.kv.validate("options");  // --kv-outliers: a count in range, with per-channel keys
+    // The engine's default only when nothing of the cache was chosen (then Model::load may adapt it to the model).
+    o.kv.device_default = a.kv.empty() && a.kv_rotation.empty() && a.kv_layout.empty() && a.kv_outliers.empty() &&
+                          !a.kv_group_size_given;
   } else {
     check(a.kv_outliers.empty() || a.kv_outliers == "0", ErrorCode::kInvalidArgument, "options",
           "--kv-outliers refines per-channel keys of a quantized cache; a plain KV cache (--kv ", a.kv,

@@ -5,7 +5,8 @@ blocks with realistic scales (|w| about 0.02): the numbers it computes mean noth
 memory it takes are a real 7B's. Its tokenizer is the small Qwen2-style fixture of tests/data/tokenizers (2002
 tokens), padded with control tokens up to the model's vocabulary.
 
-Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b|mixtral-8x7b|qwen3-next-80b] [--layers N]
+Usage: python3 tools/make_random_gguf.py OUT.gguf [--shape qwen2-7b|llama3-8b|mixtral-8x7b|qwen3-next-80b|tiny-d128]
+       [--layers N]
        [--ctx 131072]
        [--seed 0]   (--layers: fewer layers of the same shape, for per-layer speed runs that fit a device budget)
 Needs gguf-py and NumPy (PyPI: pip install gguf numpy). Writes about 4.7 GB for qwen2-7b; not for the repository.
@@ -21,6 +22,11 @@ SHAPES = {
     # Qwen2-7B (config.json of Qwen/Qwen2-7B): hidden 3584, 28 layers, 28 heads, 4 KV heads, FFN 18944, vocab 152064.
     "qwen2-7b": dict(arch="qwen2", hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064,
                      rope_base=1000000.0, eps=1e-6, qkv_bias=True),
+    # A tiny Llama with 128-wide heads (2 of them over 1 KV head), for the tests that need the tensor-core attention
+    # kernels' head size at the model level (tests/cuda/test_cuda_model.cpp: the outlier key channels on the GPU);
+    # tests/data/gguf_d128/model.gguf is this shape with --seed 128 --ctx 1024 (1.5 MB: mostly its tokenizer).
+    "tiny-d128": dict(arch="llama", hidden=256, layers=2, heads=2, kv_heads=1, ffn=512, vocab=2048,
+                      rope_base=10000.0, eps=1e-5, qkv_bias=False),
     # Llama-3-8B (config.json of meta-llama/Meta-Llama-3-8B): hidden 4096, 32 layers, 32 heads, 8 KV heads, FFN 14336,
     # vocab 128256, no biases: the CUDA serving benchmark's model (docs/benchmarks.md).
     "llama3-8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,

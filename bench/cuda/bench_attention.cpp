@@ -5,6 +5,7 @@
 // rotated so the working set of one launch is not served from the 60 MB L2 by the previous one.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -180,19 +181,22 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
 // positions [blocks, D] f16, the last L % 64 positions in the bf16 residual window; values per token g64 f16.
 // L queries rows (1: decode; > 1: causal prefill over the last L of kL keys). kchan_tc: $CIDER_ATTN_TC_KCHAN during
 // the case ("0": the CUDA-core kernel for K4V4 decode too; nullptr: left as it is, default on). kL not a multiple of
-// 64 leaves kL % 64 keys in the window.
+// 64 leaves kL % 64 keys in the window. outliers: outlier key channels per block (random distinct channels in
+// ascending order, random refinement codes).
 BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t kL, int64_t L, int kbits, int vbits,
-                         const char* kchan_tc = nullptr) {
+                         const char* kchan_tc = nullptr, int outliers = 0) {
   const ScopedEnv env("CIDER_ATTN_TC_KCHAN", kchan_tc);
   std::mt19937_64 rng(2468);
   const int64_t rows = B * Hkv * kL, blocks = (kL + 63) / 64;
   const size_t k_bytes = static_cast<size_t>(rows * D * kbits / 8), v_bytes = static_cast<size_t>(rows * D * vbits / 8);
   const size_t ksb_n = static_cast<size_t>(B * Hkv * blocks * D), vsb_n = static_cast<size_t>(rows * D / 64);
   const size_t res_n = static_cast<size_t>(B * Hkv * 64 * D);
-  const size_t per_copy = k_bytes + v_bytes + 4 * ksb_n + 4 * vsb_n + 2 * res_n;
+  const size_t oc_n = static_cast<size_t>(B * Hkv * blocks * outliers);  // outlier channels over all blocks
+  const size_t per_copy = k_bytes + v_bytes + 4 * ksb_n + 4 * vsb_n + 2 * res_n + oc_n * (32 + 2);
   const int copies = L > 1 ? 1 : static_cast<int>(std::max<size_t>(1, std::min<size_t>(8, (240u << 20) / per_copy + 1)));
   std::vector<CacheCopy> cache(static_cast<size_t>(copies));
-  std::vector<DeviceBuffer> residual(static_cast<size_t>(copies));
+  std::vector<DeviceBuffer> residual(static_cast<size_t>(copies)), ocodes(static_cast<size_t>(copies)),
+      oindex(static_cast<size_t>(copies));
   for (int i = 0; i < copies; ++i) {
     CacheCopy& c = cache[static_cast<size_t>(i)];
     auto kb = random_bytes(rng, k_bytes), vb = random_bytes(rng, v_bytes);
@@ -206,6 +210,19 @@ BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t 
     c.vb = cuda::to_device(s4.data(), s4.size());
     auto r = random_half(rng, res_n, DType::kBF16, 1.0f);
     residual[static_cast<size_t>(i)] = cuda::to_device(r.data(), r.size());
+    if (outliers > 0) {
+      auto oc = random_bytes(rng, oc_n * 32);
+      std::vector<uint16_t> oi;
+      std::vector<uint16_t> ch(static_cast<size_t>(D));
+      for (size_t blk = 0; blk < oc_n / static_cast<size_t>(outliers); ++blk) {
+        for (int64_t d = 0; d < D; ++d) ch[static_cast<size_t>(d)] = static_cast<uint16_t>(d);
+        std::shuffle(ch.begin(), ch.end(), rng);
+        std::sort(ch.begin(), ch.begin() + outliers);
+        oi.insert(oi.end(), ch.begin(), ch.begin() + outliers);
+      }
+      ocodes[static_cast<size_t>(i)] = cuda::to_device(oc.data(), oc.size());
+      oindex[static_cast<size_t>(i)] = cuda::to_device(oi.data(), oi.size() * sizeof(uint16_t));
+    }
   }
   std::vector<float> qh(static_cast<size_t>(B * Hq * L * D));
   std::normal_distribution<float> n01;
@@ -239,6 +256,11 @@ BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t 
     a.keys.layout = 1;
     a.keys.blocks = blocks;
     a.keys.residual = residual[static_cast<size_t>(i)].data();
+    if (outliers > 0) {
+      a.keys.outliers = outliers;
+      a.keys.outlier_codes = ocodes[static_cast<size_t>(i)].data();
+      a.keys.outlier_index = oindex[static_cast<size_t>(i)].data();
+    }
     a.values.data = c.v.data();
     a.values.scales = c.vs.data();
     a.values.biases = c.vb.data();
@@ -267,6 +289,7 @@ BenchResult channel_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t 
   kind += "V";
   kind += std::to_string(vbits);
   kind += " per-channel keys (blocks of 64, bf16 window) g64 f16 scales";
+  if (outliers > 0) kind += ", " + std::to_string(outliers) + " outlier channels per block";
   const bool tc = cuda::detail::tc_eligible(args_for(0));
   kind += tc ? ", tensor-core path" : ", CUDA-core kernel";
   r.note = kind;
@@ -321,6 +344,25 @@ CIDER_CUDA_BENCH("attention prefill K5V5-kchan B1 Hq32 Hkv8 D128 L4096", "attent
 }
 CIDER_CUDA_BENCH("attention decode K5V5-kchan B8 Hq32 Hkv8 D128 L32768", "attention") {
   return channel_case(8, 32, 8, 128, 32768, 1, 5, 5);
+}
+// The default cache: K5V4 with Dk/32 outlier key channels (the refinement term per block on top of K5V4).
+CIDER_CUDA_BENCH("attention decode K5V4-kchan-o4 B1 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(1, 32, 8, 128, 32768, 1, 5, 4, nullptr, 4);
+}
+CIDER_CUDA_BENCH("attention decode K5V4-kchan-o4 B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return channel_case(8, 32, 8, 128, 32768, 1, 5, 4, nullptr, 4);
+}
+CIDER_CUDA_BENCH("attention decode K5V4-kchan-o8 B1 Hq16 Hkv2 D256 L65536", "attention") {
+  return channel_case(1, 16, 2, 256, 65536, 1, 5, 4, nullptr, 8);
+}
+CIDER_CUDA_BENCH("attention decode K5V4-kchan-o4 B1 Hq32 Hkv8 D128 L1024", "attention") {
+  return channel_case(1, 32, 8, 128, 1024, 1, 5, 4, nullptr, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K5V4-kchan-o4 B1 Hq32 Hkv8 D128 L4096", "attention") {
+  return channel_case(1, 32, 8, 128, 4096, 4096, 5, 4, nullptr, 4);
+}
+CIDER_CUDA_BENCH("attention prefill K5V4-kchan-o8 B1 Hq16 Hkv2 D256 L4096", "attention") {
+  return channel_case(1, 16, 2, 256, 4096, 4096, 5, 4, nullptr, 8);
 }
 // A/B: the same decode cases on the CUDA-core kernel.
 CIDER_CUDA_BENCH("attention decode K4V4-kchan B1 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {

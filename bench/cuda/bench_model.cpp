@@ -43,8 +43,8 @@ constexpr int64_t kCtx = 32768;
 
 // The model of the last case, kept while the next case uses the same weights and cache format (building 16 GB of
 // random weights is quick, but not free); released before a different one is built.
-// kv: "bf16" or k<b>v<b>, "-kchan" appended for per-channel keys; rotation: the quantized cache's rotation, named
-// (never KVOptions' default).
+// kv: "bf16" or k<b>v<b>, "-kchan" appended for per-channel keys, then "-o<N>" for N outlier key channels; rotation:
+// the quantized cache's rotation, named (never KVOptions' default).
 std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, const std::string& kv,
                                                    const std::string& rotation) {
   static std::shared_ptr<const cm::gpu::GpuModel> model;
@@ -52,10 +52,17 @@ std::shared_ptr<const cm::gpu::GpuModel> model_for(const std::string& weights, c
   const std::string want = weights + "/" + kv + "/" + rotation;
   if (model && key == want) return model;
   model.reset();
-  const bool kchan = kv.size() > 6 && kv.substr(kv.size() - 6) == "-kchan";
-  cm::KVOptions kvo = cm::parse_kv_format(kchan ? kv.substr(0, kv.size() - 6) : kv);
+  std::string fmt = kv;
+  int outliers = 0;
+  if (const size_t o = fmt.rfind("-kchan-o"); o != std::string::npos) {
+    outliers = std::stoi(fmt.substr(o + 8));
+    fmt = fmt.substr(0, o + 6);
+  }
+  const bool kchan = fmt.size() > 6 && fmt.substr(fmt.size() - 6) == "-kchan";
+  cm::KVOptions kvo = cm::parse_kv_format(kchan ? fmt.substr(0, fmt.size() - 6) : fmt);
   if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation(rotation);
   if (kchan) kvo.key_layout = cider::nn::KeyLayout::kChannel;
+  kvo.key_outliers = outliers;
   model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, kCtx, 8);
   key = want;
   return model;
@@ -274,6 +281,19 @@ CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v4-kchan n4096", "model") { ret
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L1000", "model") { return decode("w8a8", "k5v5-kchan", 1000); }
 CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v5-kchan L32700", "model") {
   return decode("w8a8", "k5v5-kchan", 32700);
+}
+// The default cache (k5v4, per-channel keys, head_dim/32 outlier key channels): steps that only write the window
+// (L1000, L32700) and steps that also fill a block and choose its channels (L1024, L32768).
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v4-kchan-o4 L1000", "model") { return decode("w8a8", "k5v4-kchan-o4", 1000); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v4-kchan-o4 L32700", "model") {
+  return decode("w8a8", "k5v4-kchan-o4", 32700);
+}
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v4-kchan-o4 L1024", "model") { return decode("w8a8", "k5v4-kchan-o4", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b w8a8 k5v4-kchan-o4 L32768", "model") {
+  return decode("w8a8", "k5v4-kchan-o4", 32768);
+}
+CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v4-kchan-o4 n4096", "model") {
+  return prefill("w8a8", "k5v4-kchan-o4", 4096);
 }
 CIDER_CUDA_BENCH("model prefill llama3-8b bf16 kv-bf16 n512", "model") { return prefill("bf16", "bf16", 512); }
 

@@ -31,6 +31,9 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   o.kv = options.kv.format.empty() ? model::default_kv(o.device)
                                    : named(op, "kv.format", [&] { return model::parse_kv_format(options.kv.format); });
   const int gs = options.kv.group_size;
+  // The engine's default only when nothing of the cache was chosen (then Model::load may adapt it to the model).
+  o.kv.device_default = options.kv.format.empty() && options.kv.rotation.empty() && options.kv.key_layout.empty() &&
+                        options.kv.key_outliers == 0 && gs == 0;
   check(gs == 0 || gs == 32 || gs == 64 || gs == 128, ErrorCode::kInvalidArgument, op,
         "kv.group_size must be 0 (automatic), 32, 64 or 128; got ", gs);
   if (!options.kv.rotation.empty()) {

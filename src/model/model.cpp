@@ -50,15 +50,29 @@ KVOptions parse_kv_format(std::string_view s) {
 
 nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotation(s); }
 
-KVOptions default_kv(Device device) {
-  KVOptions kv = parse_kv_format(device == Device::kCUDA ? "k8v4" : "k5v4");
+KVOptions default_kv(Device /*device*/) {
+  KVOptions kv = parse_kv_format("k5v4");
   kv.rotation = nn::RotationKind::kHadamard;
-  kv.key_layout = device == Device::kCUDA ? nn::KeyLayout::kToken : nn::KeyLayout::kChannel;
-  kv.key_outliers_auto = device == Device::kCPU;
+  kv.key_layout = nn::KeyLayout::kChannel;
+  kv.key_outliers_auto = true;
   kv.group_size = 64;
   kv.group_size_auto = true;
+  kv.device_default = true;
   return kv;
 }
+
+namespace {
+// default_kv's cache for this model: on CUDA the per-channel layout with outlier channels runs on the tensor-core
+// kernels, which take heads of 128 or 256; other head sizes get the per-position k8v4/hadamard cache.
+KVOptions adapt_default_kv(const KVOptions& kv, Device device, int64_t head_dim) {
+  if (!kv.device_default || device != Device::kCUDA || head_dim == 128 || head_dim == 256) return kv;
+  KVOptions o = parse_kv_format("k8v4");
+  o.rotation = nn::RotationKind::kHadamard;
+  o.group_size = 64;
+  o.group_size_auto = true;
+  return o;
+}
+}  // namespace
 
 Device parse_device(std::string_view s) {
   if (s == "cpu") return Device::kCPU;
@@ -137,16 +151,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   const ModelConfig& c = impl->config;
 
   // The cache configuration must fit the head size: checked now rather than at the first token.
-  if (options.kv.quantized && options.kv.group_size_auto && c.head_dim % options.kv.group_size != 0) {
+  impl->options.kv = adapt_default_kv(impl->options.kv, options.device, c.head_dim);
+  KVOptions& kv = impl->options.kv;
+  if (kv.quantized && kv.group_size_auto && c.head_dim % kv.group_size != 0) {
     for (int g : {64, 32})
-      if (g < options.kv.group_size && c.head_dim % g == 0) {
-        impl->options.kv.group_size = g;
+      if (g < kv.group_size && c.head_dim % g == 0) {
+        kv.group_size = g;
         break;
       }
   }
-  if (options.kv.quantized && options.kv.key_outliers_auto)
-    impl->options.kv.key_outliers =
-        options.kv.key_layout == nn::KeyLayout::kChannel ? nn::auto_key_outliers(c.head_dim) : 0;
+  if (kv.quantized && kv.key_outliers_auto)
+    kv.key_outliers = kv.key_layout == nn::KeyLayout::kChannel ? nn::auto_key_outliers(c.head_dim) : 0;
   impl->options.kv.validate_head_dims(c.head_dim, c.head_dim, op);
   // Dynamic NTK scaling exists to run past max_position_embeddings: its maximum is max_position × factor.
   int64_t max_ctx = c.max_position;

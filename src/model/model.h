@@ -57,6 +57,9 @@ struct KVOptions : nn::KVSpec {
   // The outlier-key-channel count was not chosen (`--kv-outliers auto`, the CPU's default cache): Model::load sets
   // key_outliers to nn::auto_key_outliers(head_dim) with per-channel keys, 0 with per-token keys.
   bool key_outliers_auto = false;
+  // default_kv's cache, untouched by options: Model::load may adapt it to the model (on CUDA, heads other than 128 or
+  // 256 wide — which the tensor-core kernels do not read per channel — get k8v4/hadamard with keys per position).
+  bool device_default = false;
 };
 // "bf16", "f16", "f32" (plain) or "k<bits>v<bits>" (quantized, bits in 2,3,4,5,6,8); cider::Error otherwise.
 KVOptions parse_kv_format(std::string_view s);
@@ -69,11 +72,11 @@ enum class Device { kCPU, kCUDA };
 Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwise
 const char* device_name(Device d);
 
-// The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): on the CPU,
+// The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it), on both devices:
 // k5v4 with per-channel keys and head_dim/32 outlier key channels (5.07 bits per value, the fewest measured within KL
-// 0.02 and +1% perplexity on every real model, at ctx 512, 2048 and 4096); on CUDA, whose kernels read neither
-// outlier channels nor per-channel keys on tensor cores yet, k8v4/hadamard (6.5 bits). Group 64, or the largest of
-// 128/64/32 dividing the head size.
+// 0.02 and +1% perplexity on every real model, at ctx 512, 2048 and 4096), group 64 (or the largest of 128/64/32
+// dividing the head size). On CUDA a model whose heads are not 128 or 256 wide gets k8v4/hadamard with keys per
+// position instead (6.5 bits; KVOptions::device_default).
 KVOptions default_kv(Device device);
 
 // The weight format a model gets when none is asked for: native for a GGUF file on the CPU (its blocks multiplied as

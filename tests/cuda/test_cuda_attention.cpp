@@ -1150,7 +1150,7 @@ TEST(CudaAttention, PrefillPathEligibilityAndBadArguments) {
 
 // A view's planes copied to the device (codes/values, scales, biases, and the residual window of per-channel keys).
 struct DeviceView {
-  DeviceBuffer data, scales, biases, residual;
+  DeviceBuffer data, scales, biases, residual, ocodes, oindex;
   KVTensorView view{};
 };
 
@@ -1180,6 +1180,13 @@ DeviceView upload_view(const KVTensorView& v) {
   if (v.layout == 1) {
     d.residual = to_device(v.residual, plane_bytes(v, 2));
     d.view.residual = d.residual.data();
+  }
+  if (v.layout == 1 && v.outliers > 0) {  // outlier channels: codes [B, H, blocks, N·gs/2], indices [.., N] uint16
+    const size_t rows = static_cast<size_t>(v.B * v.H * v.blocks * v.outliers);
+    d.ocodes = to_device(v.outlier_codes, rows * static_cast<size_t>(v.group_size / 2));
+    d.oindex = to_device(v.outlier_index, rows * sizeof(uint16_t));
+    d.view.outlier_codes = d.ocodes.data();
+    d.view.outlier_index = d.oindex.data();
   }
   return d;
 }
@@ -1214,28 +1221,42 @@ std::vector<uint8_t> download_bytes(const DeviceBuffer& b, size_t n) {
 
 TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
   CIDER_REQUIRE_GPU();
+  // Outlier channels (outliers > 0): the device chooses and refines the same channels from the same queries (rep
+  // query heads per KV head, channel-dependent magnitudes, one non-finite row), or by range alone without queries,
+  // and keeps the window positions' query statistics (plane 9) as the CPU cache does.
   struct Case {
     int kb, gs;
     DType sd;
     int64_t D;
+    int outliers = 0;
+    bool queries = true;
   };
-  const Case cases[] = {{4, 64, DType::kF16, 128}, {5, 64, DType::kF16, 128}, {3, 32, DType::kBF16, 64},
-                        {2, 128, DType::kF32, 256}, {6, 32, DType::kF16, 64},  {8, 64, DType::kBF16, 128}};
+  const Case cases[] = {{4, 64, DType::kF16, 128},       {5, 64, DType::kF16, 128},       {3, 32, DType::kBF16, 64},
+                        {2, 128, DType::kF32, 256},      {6, 32, DType::kF16, 64},        {8, 64, DType::kBF16, 128},
+                        {5, 64, DType::kF16, 128, 4},    {4, 64, DType::kF16, 256, 16},   {5, 64, DType::kF16, 256, 8},
+                        {3, 32, DType::kBF16, 64, 3},    {4, 128, DType::kF32, 128, 32},  {5, 64, DType::kF16, 128, 4, false}};
   uint64_t salt = 7100;
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "k" << c.kb << " g" << c.gs << " " << dtype_name(c.sd) << " D " << c.D);
+    SCOPED_TRACE(::testing::Message() << "k" << c.kb << " g" << c.gs << " " << dtype_name(c.sd) << " D " << c.D
+                                      << " outliers " << c.outliers << (c.queries ? "" : " without queries"));
     auto rng = test::make_rng(++salt);
-    const int64_t B = 2, H = 3, N = 420;
+    const int64_t B = 2, H = 3, N = 420, rep = 2, Hq = H * rep;
     std::vector<float> keys = test::randn(rng, static_cast<size_t>(B * H * N * c.D), 1.5f);
     for (size_t i = 0; i < keys.size(); i += 61) keys[i] *= 9.0f;  // outlier channels' kind of values
     std::vector<float> vals = test::randn(rng, keys.size());
-    nn::QuantizedKVCache cpu(channel_cache_config(c.kb, 4, c.gs, c.sd, salt));
+    std::vector<float> qs = test::randn(rng, static_cast<size_t>(B * Hq * N * c.D));
+    for (size_t i = 0; i < qs.size(); ++i) qs[i] *= 1.0f + static_cast<float>((i % static_cast<size_t>(c.D)) % 7);
+    qs[static_cast<size_t>((1 * Hq + 3) * N + 200) * static_cast<size_t>(c.D) + 5] = std::nanf("");  // a row counts 0
+    const bool use_q = c.outliers > 0 && c.queries;
+    nn::QuantizedKVCacheConfig ccfg = channel_cache_config(c.kb, 4, c.gs, c.sd, salt);
+    ccfg.key_outliers = c.outliers;
+    nn::QuantizedKVCache cpu(ccfg);
     DeviceBuffer d_src = to_device(keys.data(), keys.size() * sizeof(float));
     // The device planes are sized by the CPU cache's capacity once it holds everything (it grows in steps).
     std::vector<std::pair<int64_t, int64_t>> runs = {{0, 37}, {37, 90}, {127, 1}, {128, 1}, {129, 66}, {195, 120}};
     int64_t capacity = 0, blocks = 0;
     {
-      nn::QuantizedKVCache probe(channel_cache_config(c.kb, 4, c.gs, c.sd, salt));
+      nn::QuantizedKVCache probe(ccfg);
       std::vector<float> z(static_cast<size_t>(B * H * N * c.D), 0.0f);
       probe.update_and_fetch(TensorView(z.data(), DType::kF32, {B, H, N, c.D}),
                              TensorView(z.data(), DType::kF32, {B, H, N, c.D}));
@@ -1246,7 +1267,12 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
     DeviceBuffer d_codes(static_cast<size_t>(B * H * capacity) * wpr_bytes);
     DeviceBuffer d_sc(static_cast<size_t>(B * H * blocks * c.D) * ss), d_bi(d_sc.bytes());
     DeviceBuffer d_res(static_cast<size_t>(B * H * c.gs * c.D) * 2);
-    for (DeviceBuffer* b : {&d_codes, &d_sc, &d_bi, &d_res}) b->fill(kPoison);
+    const size_t on = static_cast<size_t>(std::max(c.outliers, 1));
+    DeviceBuffer d_oc(static_cast<size_t>(B * H * blocks) * on * static_cast<size_t>(c.gs / 2));
+    DeviceBuffer d_oi(static_cast<size_t>(B * H * blocks) * on * 2);
+    DeviceBuffer d_qst(static_cast<size_t>(B * H * c.gs * (c.D + 1)) * 2);
+    DeviceBuffer d_q = to_device(qs.data(), qs.size() * sizeof(float));
+    for (DeviceBuffer* b : {&d_codes, &d_sc, &d_bi, &d_res, &d_oc, &d_oi, &d_qst}) b->fill(kPoison);
     KVChannelKeysArgs a{};
     a.src_dtype = DType::kF32;
     a.B = B;
@@ -1264,6 +1290,12 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
     a.group_size = c.gs;
     a.capacity = capacity;
     a.blocks = blocks;
+    a.outliers = c.outliers;
+    if (c.outliers > 0) {
+      a.outlier_codes = d_oc.as<uint8_t>();
+      a.outlier_index = d_oi.as<uint16_t>();
+      a.qstats = d_qst.as<uint16_t>();
+    }
     Stream stream;
     const Exec exec{stream.handle(), nullptr, 0};
     DeviceBuffer d_off(sizeof(int32_t));
@@ -1276,9 +1308,22 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
     };
     auto append_both = [&](int64_t t0, int64_t m, int64_t at, bool device_offset) {
       std::vector<float> ks = slice(keys, t0, m), vs = slice(vals, t0, m);
+      if (use_q) {  // the positions' queries [B, Hq, m, D], shown before the append as the model does
+        std::vector<float> qm(static_cast<size_t>(B * Hq * m * c.D));
+        for (int64_t bh = 0; bh < B * Hq; ++bh)
+          std::memcpy(qm.data() + bh * m * c.D, qs.data() + (bh * N + t0) * c.D, static_cast<size_t>(m * c.D) * 4);
+        cpu.observe_queries(TensorView(qm.data(), DType::kF32, {B, Hq, m, c.D}));
+      }
       cpu.update_and_fetch(TensorView(ks.data(), DType::kF32, {B, H, m, c.D}),
                            TensorView(vs.data(), DType::kF32, {B, H, m, c.D}));
       KVChannelKeysArgs k = a;
+      if (use_q) {
+        k.q = d_q.as<float>() + t0 * c.D;
+        k.Hq = Hq;
+        k.q_stride_b = Hq * N * c.D;
+        k.q_stride_h = N * c.D;
+        k.q_stride_t = c.D;
+      }
       k.src = d_src.as<float>() + t0 * c.D;
       k.n = m;
       k.offset = device_offset ? 999999 : at;
@@ -1305,6 +1350,22 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
                               static_cast<size_t>(nq * c.D) * ss, "block biases"));
       EXPECT_TRUE(slabs_equal(res, static_cast<const uint8_t*>(v.residual), B * H, c.gs * c.D * 2,
                               static_cast<size_t>((len % c.gs) * c.D) * 2, "residual window"));
+      if (c.outliers > 0) {
+        ASSERT_EQ(v.outliers, c.outliers);
+        const size_t oc_row = static_cast<size_t>(c.outliers * c.gs / 2), oi_row = static_cast<size_t>(c.outliers) * 2;
+        EXPECT_TRUE(slabs_equal(download_bytes(d_oc, d_oc.bytes()), static_cast<const uint8_t*>(v.outlier_codes),
+                                B * H, static_cast<size_t>(blocks) * oc_row, static_cast<size_t>(nq) * oc_row,
+                                "outlier codes"));
+        EXPECT_TRUE(slabs_equal(download_bytes(d_oi, d_oi.bytes()), static_cast<const uint8_t*>(v.outlier_index),
+                                B * H, static_cast<size_t>(blocks) * oi_row, static_cast<size_t>(nq) * oi_row,
+                                "outlier channel indices"));
+        const nn::KVCacheSnapshot snap = cpu.snapshot();
+        ASSERT_GE(snap.num_planes(), 10u);
+        const size_t qrow = static_cast<size_t>(c.D + 1) * 2;
+        EXPECT_TRUE(slabs_equal(download_bytes(d_qst, d_qst.bytes()), static_cast<const uint8_t*>(snap.plane(9).data()),
+                                B * H, static_cast<size_t>(c.gs) * qrow, static_cast<size_t>(len % c.gs) * qrow,
+                                "window query statistics"));
+      }
     };
     for (auto [t0, m] : runs) append_both(t0, m, t0, m == 1 && t0 == 127);
     ASSERT_NO_FATAL_FAILURE(compare("after the appends"));
@@ -1373,19 +1434,29 @@ struct ChannelCase {
   int kv_splits;
   bool device_length;
   float softcap = 0.0f;  // > 0: attention logit softcapping (Gemma 2)
+  int outliers = 0;      // outlier key channels per block (chosen from queries shown to the cache)
 };
+// Runs the case on the device against the reference; returns whether the tensor-core decode path took it. Outlier
+// channels off the tensor-core kernels must be refused (kUnsupported, naming them).
 bool run_channel_case(const ChannelCase& c, uint64_t salt) {
   SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " k" << c.kb
                                     << "v" << c.vb << " g" << c.gs << " " << dtype_name(c.sd) << " mask "
                                     << static_cast<int>(c.mask) << " window " << c.window << " splits "
                                     << c.kv_splits << (c.device_length ? " device length" : "") << " softcap "
-                                    << c.softcap);
+                                    << c.softcap << " outliers " << c.outliers);
   auto rng = test::make_rng(salt);
   const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
-  nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt));
+  nn::QuantizedKVCacheConfig cfg = channel_cache_config(c.kb, c.vb, c.gs, c.sd, salt);
+  cfg.key_outliers = c.outliers;
+  nn::QuantizedKVCache cache(cfg);
   std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
   for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
   std::vector<float> vf = test::randn(rng, kf.size());
+  if (c.outliers > 0) {  // the positions' queries, channel magnitudes varying: the choice weighs them
+    std::vector<float> qo = test::randn(rng, static_cast<size_t>(B * Hq * c.kL * c.D));
+    for (size_t i = 0; i < qo.size(); ++i) qo[i] *= 0.5f + static_cast<float>((i * 7) % static_cast<size_t>(c.D) % 5);
+    cache.observe_queries(TensorView(qo.data(), DType::kF32, {B, Hq, c.kL, c.D}));
+  }
   cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
                          TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
   std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
@@ -1429,6 +1500,16 @@ bool run_channel_case(const ChannelCase& c, uint64_t salt) {
   DeviceBuffer d_ws(std::max<size_t>(ws, 256));
   Stream& stream = attention_stream();
   const Exec exec{stream.handle(), d_ws.data(), ws};
+  if (c.outliers > 0 && !tc && !detail::prefill_tc_eligible(a)) {
+    try {
+      attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
+      ADD_FAILURE() << "outlier channels ran off the tensor-core kernels";
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("outlier key channels"), std::string::npos) << e.what();
+    }
+    return false;
+  }
   attention(a, c.device_length ? d_len.as<int32_t>() : nullptr, exec);
   stream.synchronize();
   std::vector<float> got(out_n + 2 * guard);
@@ -1502,6 +1583,34 @@ TEST(CudaAttention, TensorCoreDecodePerChannelKeys) {
   EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false}, ++salt));
   EXPECT_TRUE(run_channel_case({256, 8, 20000, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, true}, ++salt));
   EXPECT_TRUE(run_channel_case({128, 4, 33000, 1, MaskKind::kCausal, 0, 5, 5, 64, DType::kF16, 0, false}, ++salt));
+  // Outlier channels (the CPU default's k5v4 + Dk/32; up to Dk/16 with K4V4 and K5V5): each block's refinement term,
+  // lengths with and without a window tail, packed and three-chain rows, splits, windows, a device length, softcap;
+  // with the tensor cores off (or more than Dk/16 channels) the call is refused.
+  struct OC {
+    int64_t D, rep, kL, L;
+    int kb, vb, n;
+    MaskKind mask;
+    int64_t window;
+    int splits;
+    bool dlen;
+    float cap;
+  };
+  const OC ocs[] = {{128, 4, 1000, 1, 5, 4, 4, MaskKind::kCausal, 0, 0, false, 0.0f},
+                    {128, 1, 65, 1, 5, 4, 4, MaskKind::kCausal, 0, 0, false, 0.0f},
+                    {128, 8, 4160, 1, 4, 4, 8, MaskKind::kCausal, 0, 3, false, 0.0f},
+                    {128, 2, 640, 3, 5, 5, 8, MaskKind::kCausal, 100, 0, true, 0.0f},
+                    {128, 1, 64, 8, 4, 4, 4, MaskKind::kNone, 0, 0, false, 1.5f},
+                    {128, 4, 33000, 1, 5, 4, 4, MaskKind::kCausal, 0, 0, false, 0.0f},
+                    {256, 8, 20000, 1, 5, 4, 8, MaskKind::kCausal, 0, 0, true, 0.0f},
+                    {256, 4, 700, 2, 4, 4, 16, MaskKind::kCausal, 0, 1, false, 0.0f},
+                    {256, 2, 129, 1, 5, 5, 8, MaskKind::kCausal, 50, 0, false, 0.0f}};
+  for (const OC& o : ocs) {
+    const ChannelCase c{o.D, o.rep, o.kL, o.L, o.mask, o.window, o.kb, o.vb, 64, DType::kF16, o.splits, o.dlen, o.cap, o.n};
+    EXPECT_TRUE(run_channel_case(c, ++salt));
+    const ScopedEnv off("CIDER_ATTN_TC_KCHAN", "0");
+    EXPECT_FALSE(run_channel_case(c, salt));
+  }
+  EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 5, 4, 64, DType::kF16, 0, false, 0.0f, 9}, ++salt));
   // Not this path: bf16 scales, other widths (more than 8 rows take the f16 prefill kernel: PrefillF16PerChannelKeys).
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 4, 4, 64, DType::kBF16, 0, false}, ++salt));
   EXPECT_FALSE(run_channel_case({128, 4, 300, 1, MaskKind::kCausal, 0, 6, 4, 64, DType::kF16, 0, false}, ++salt));
@@ -1524,6 +1633,7 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
     float softcap;
     const char* warps;
     int kb, vb = 4;
+    int outliers = 0;
   };
   const Case cases[] = {
       {128, 4, 300, 300, MaskKind::kCausal, 0, 0, false, 0.0f, "auto", 4},    // whole prefill, window tail 44
@@ -1539,19 +1649,32 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
       {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 1.5f, "auto", 5},
       {128, 4, 1000, 512, MaskKind::kCausal, 0, 2, false, 0.0f, "auto", 5, 5},  // K5V5
       {256, 8, 129, 33, MaskKind::kCausal, 50, 0, true, 0.0f, "auto", 5, 5},
+      // outlier key channels: Dk/32 (the CPU default) and Dk/16
+      {128, 4, 1000, 512, MaskKind::kCausal, 0, 0, false, 0.0f, "12", 5, 4, 4},
+      {128, 8, 640, 64, MaskKind::kCausal, 100, 3, true, 0.0f, "8", 4, 4, 8},
+      {256, 2, 700, 200, MaskKind::kCausal, 0, 0, false, 1.5f, "auto", 5, 4, 8},
+      {256, 8, 129, 33, MaskKind::kCausal, 50, 2, true, 0.0f, "auto", 5, 5, 16},
   };
   uint64_t salt = 8100;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "D " << c.D << " rep " << c.rep << " kL " << c.kL << " L " << c.L << " mask "
                                       << static_cast<int>(c.mask) << " window " << c.window << " splits " << c.splits
                                       << (c.device_length ? " device length" : "") << " softcap " << c.softcap
-                                      << " warps " << c.warps << " k" << c.kb << "v" << c.vb);
+                                      << " warps " << c.warps << " k" << c.kb << "v" << c.vb << " outliers "
+                                      << c.outliers);
     auto rng = test::make_rng(++salt);
     const int64_t B = 2, Hkv = 2, Hq = Hkv * c.rep;
-    nn::QuantizedKVCache cache(channel_cache_config(c.kb, c.vb, 64, DType::kF16, salt));
+    nn::QuantizedKVCacheConfig cfg = channel_cache_config(c.kb, c.vb, 64, DType::kF16, salt);
+    cfg.key_outliers = c.outliers;
+    nn::QuantizedKVCache cache(cfg);
     std::vector<float> kf = test::randn(rng, static_cast<size_t>(B * Hkv * c.kL * c.D), 1.0f);
     for (size_t i = 0; i < kf.size(); i += static_cast<size_t>(c.D)) kf[i] *= 8.0f;  // an outlier channel
     std::vector<float> vf = test::randn(rng, kf.size());
+    if (c.outliers > 0) {
+      std::vector<float> qo = test::randn(rng, static_cast<size_t>(B * Hq * c.kL * c.D));
+      for (size_t i = 0; i < qo.size(); ++i) qo[i] *= 0.5f + static_cast<float>((i * 7) % static_cast<size_t>(c.D) % 5);
+      cache.observe_queries(TensorView(qo.data(), DType::kF32, {B, Hq, c.kL, c.D}));
+    }
     cache.update_and_fetch(TensorView(kf.data(), DType::kF32, {B, Hkv, c.kL, c.D}),
                            TensorView(vf.data(), DType::kF32, {B, Hkv, c.kL, c.D}));
     std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * c.L * c.D));
@@ -1583,6 +1706,14 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
           x = round_to_f16(static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.scales)[srow])) *
                                static_cast<double>(quant::unpack_code(words, d, c.kb)) +
                            static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.biases)[srow])));
+          for (int o = 0; o < c.outliers; ++o) {  // an outlier channel: fl16(k̃ + (|s|/15)·(r − 7.5))
+            const int64_t orow = (bh * K.blocks + j / 64) * c.outliers + o;
+            if (static_cast<const uint16_t*>(K.outlier_index)[orow] != d) continue;
+            const uint8_t byte = static_cast<const uint8_t*>(K.outlier_codes)[orow * 32 + (j % 64) / 2];
+            const double r = static_cast<double>((byte >> (4 * (j % 2))) & 15);
+            const double sd = std::fabs(static_cast<double>(f16_to_f32(static_cast<const uint16_t*>(K.scales)[srow])));
+            x = round_to_f16(x + sd / 15.0 * (r - 7.5));
+          }
         } else {
           const uint16_t bits = static_cast<const uint16_t*>(K.residual)[(bh * 64 + j % 64) * c.D + d];
           const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -1613,6 +1744,20 @@ TEST(CudaAttention, PrefillF16PerChannelKeys) {
     DeviceBuffer d_len = to_device(&len32, sizeof(len32));
     for (const char* kchan : {"1", "0"}) {
       SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_TC_KCHAN=" << kchan);
+      if (c.outliers > 0 && kchan[0] == '0') {  // refused off the tensor cores
+        const ScopedEnv env("CIDER_ATTN_TC_KCHAN", kchan);
+        AttentionArgs a = ref;
+        a.q = d_q.as<float>();
+        DeviceBuffer d_out(out_n * sizeof(float));
+        a.out = d_out.as<float>();
+        a.keys = dk.view;
+        a.values = dv.view;
+        const size_t ws = attention_workspace_bytes(a);
+        DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+        const Exec exec{attention_stream().handle(), d_ws.data(), ws};
+        EXPECT_THROW(attention(a, nullptr, exec), cider::Error);
+        continue;
+      }
       const ScopedEnv env("CIDER_ATTN_TC_KCHAN", kchan);
       const ScopedEnv warps("CIDER_ATTN_PREFILL_F16_WARPS", c.warps);
       DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));

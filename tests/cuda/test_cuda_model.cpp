@@ -738,6 +738,100 @@ TEST(CudaModel, PerChannelKeysTrimBackIntoABlockMatchesCpu) {
   EXPECT_EQ(s->kv_bytes(), per_head * static_cast<size_t>(c.num_layers * c.num_kv_heads));
 }
 
+// Outlier key channels on the GPU (per-channel keys k5v4 with head_dim/32 = 4 channels — the default cache — and
+// k4v4 with head_dim/16 = 8): the device's append chooses them from the same queries as the CPU cache (the positions'
+// statistics travel with the append) and the tensor-core kernels read them. A prompt in chunks of 64, decode steps
+// across block boundaries, a trim back into a quantized block, decode again: within the quantized tolerance, as the
+// tests above. tests/data/gguf_d128 (random weights with 128-wide heads: cider-tiny's 64-wide heads do not run on the
+// tensor-core kernels). kv_bytes counts the outlier planes.
+TEST(CudaModel, OutlierKeyChannelsMatchCpu) {
+  CIDER_REQUIRE_GPU();
+  const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
+  const std::string path = cider::test::repo_file("tests/data/gguf_d128/model.gguf");
+  auto opts = [](const char* weights, const char* kv, int outliers, cm::Device d) {
+    cm::ModelOptions o;
+    o.weights = cm::parse_weight_format(weights);
+    o.kv = cm::parse_kv_format(kv);
+    if (o.kv.quantized) {
+      o.kv.rotation = cider::nn::RotationKind::kHadamard;
+      o.kv.key_layout = cider::nn::KeyLayout::kChannel;
+      o.kv.key_outliers = outliers;
+    }
+    o.device = d;
+    return o;
+  };
+  auto base = cm::Model::load(path, opts("bf16", "bf16", 0, cm::Device::kCPU));
+  const std::vector<int32_t> tokens = text_tokens(*base, 260);
+  const auto V = static_cast<size_t>(base->config().vocab_size);
+  // 150 at once, 150..209 one by one (block 128..191 fills at 191), trim 40 (back to 170: that block reopens), then
+  // 170..259 one by one.
+  auto run = [&](const cm::Model& m) {
+    std::vector<float> out(90 * V), scratch(150 * V);
+    auto s = m.new_session();
+    m.forward(*s, tokens.data(), 150, scratch.data(), false);
+    for (size_t i = 150; i < 210; ++i) m.forward(*s, &tokens[i], 1, scratch.data(), false);
+    EXPECT_EQ(s->trim(40), 40);
+    for (size_t i = 170; i < 260; ++i) m.forward(*s, &tokens[i], 1, out.data() + (i - 170) * V, false);
+    return out;
+  };
+  std::vector<float> base_all = logits_of(*base, tokens, 260);
+  const std::vector<float> base_tail(base_all.begin() + 170 * static_cast<std::ptrdiff_t>(V), base_all.end());
+  struct Case {
+    const char* weights;
+    const char* kv;
+    int outliers;
+  };
+  for (const Case& c : {Case{"w8a8", "k5v4", 4}, Case{"w8a8", "k4v4", 8}}) {
+    const std::string name = std::string(c.weights) + "_" + c.kv + "_o" + std::to_string(c.outliers);
+    SCOPED_TRACE(name);
+    auto cpu = cm::Model::load(path, opts(c.weights, c.kv, c.outliers, cm::Device::kCPU));
+    auto gpu = cm::Model::load(path, opts(c.weights, c.kv, c.outliers, cm::Device::kCUDA));
+    const std::vector<float> ref = run(*cpu), got = run(*gpu);
+    const Diff dq = diff(ref, base_tail), d = diff(got, ref);
+    RecordProperty(name + "_gpu_vs_cpu", str(d));
+    RecordProperty(name + "_quantization_error", str(dq));
+    EXPECT_TRUE(d.finite);
+    EXPECT_LE(d.max_abs, dq.max_abs) << "GPU vs CPU " << str(d) << "; CPU quantized vs bf16 " << str(dq);
+    EXPECT_LE(d.mean_abs, 0.75 * dq.mean_abs) << "GPU vs CPU " << str(d) << "; CPU quantized vs bf16 " << str(dq);
+    // Bytes per KV head: codes and value scales/biases per position, key scale/bias rows and outlier codes and
+    // indices per block of 64, the bf16 window and its query statistics.
+    const cm::ModelConfig& mc = gpu->config();
+    const auto D = static_cast<size_t>(mc.head_dim), ctx = static_cast<size_t>(gpu->context_length());
+    const size_t kb = static_cast<size_t>(c.kv[1] - '0'), vb = static_cast<size_t>(c.kv[3] - '0');
+    const size_t N = static_cast<size_t>(c.outliers), blocks = (ctx + 63) / 64;
+    const size_t per_head = ctx * (D * (kb + vb) / 8 + 4 * (D / 64)) + blocks * (D * 4 + N * 32 + N * 2) +
+                            64 * D * 2 + 64 * (D + 1) * 2;
+    auto s = gpu->new_session();
+    EXPECT_EQ(s->kv_bytes(), per_head * static_cast<size_t>(mc.num_layers * mc.num_kv_heads));
+  }
+  // What the tensor-core kernels do not read is refused at load, naming it.
+  try {
+    (void)cm::Model::load(path, opts("w8a8", "k5v4", 9, cm::Device::kCUDA));
+    ADD_FAILURE() << "9 outlier channels at head_dim 128 loaded on CUDA";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("outlier key channels"), std::string::npos) << e.what();
+  }
+}
+
+// The default cache on CUDA is the CPU's (k5v4, per-channel keys, head_dim/32 outlier channels) where the tensor-core
+// kernels read it (heads of 128 or 256), else k8v4/hadamard per position (cider-tiny's 64-wide heads).
+TEST(CudaModel, DefaultCacheFollowsTheHeadSize) {
+  CIDER_REQUIRE_GPU();
+  cm::ModelOptions o;
+  o.weights = cm::parse_weight_format("w8a8");
+  o.device = cm::Device::kCUDA;
+  o.kv = cm::default_kv(o.device);
+  auto d128 = cm::Model::load(cider::test::repo_file("tests/data/gguf_d128/model.gguf"), o);
+  EXPECT_EQ(cm::kv_format_name(d128->options().kv), "k5v4/hadamard/g64/kchan/o4");
+  auto tiny = cm::Model::load(kTiny, o);
+  EXPECT_EQ(cm::kv_format_name(tiny->options().kv), "k8v4/hadamard/g64");
+  o.kv.device_default = false;  // a cache chosen by the user is not adapted: refused where it cannot run
+  o.kv.key_outliers_auto = false;
+  o.kv.key_outliers = 2;
+  EXPECT_THROW((void)cm::Model::load(kTiny, o), cider::Error);
+}
+
 // ---- the Hadamard rotation kernel (kernels/cuda/hadamard.h) --------------------------------------------------------
 
 namespace {

@@ -905,8 +905,10 @@ void validate(const char* op, const kernels::AttentionArgs& a) {
         "key layout must be 0 (per token) or 1 (per channel) and value layout 0; got ", K.layout, " and ", V.layout);
   if (K.layout == 1) {
     check(K.bits > 0, ErrorCode::kInvalidArgument, op, "per-channel keys must be quantized; got bits 0");
-    check(K.outliers == 0, ErrorCode::kUnsupported, op, "the CUDA kernels do not read outlier key channels; got ",
-          K.outliers, " per block");
+    check(K.outliers >= 0 && K.outliers <= std::min<int64_t>(32, K.dim), ErrorCode::kInvalidArgument, op,
+          "outlier channels per block must be in [0, min(32, dim)]; got ", K.outliers);
+    check(K.outliers == 0 || (K.outlier_codes != nullptr && K.outlier_index != nullptr), ErrorCode::kInvalidArgument,
+          op, "outlier channels need outlier_codes and outlier_index");
     check(K.residual != nullptr && (reinterpret_cast<uintptr_t>(K.residual) & 15u) == 0, ErrorCode::kInvalidArgument,
           op, "per-channel keys need a 16-byte aligned residual window");
     check(K.blocks >= K.length / K.group_size, ErrorCode::kShapeMismatch, op, "per-channel keys need ",
@@ -1048,6 +1050,12 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   check(a.keys.length <= 0x7fffffffLL, ErrorCode::kOutOfRange, op,
         "keys.length must be below 2^31 (the kernels' key positions and split shares are 32-bit); got ", a.keys.length);
   const Plan pl = make_plan(a);
+  // Outlier key channels are read by the tensor-core kernels only (attention_tc.h, attention_prefill_tc.h).
+  check(a.keys.outliers == 0 || pl.tc || pl.prefill_tc, ErrorCode::kUnsupported, op,
+        "outlier key channels run on the tensor-core kernels only: K4V4, K5V4 or K5V5 in blocks of 64 with f16 "
+        "scales, Dk = Dv = 128 or 256, at most Dk/16 = ", a.keys.dim / 16, " channels, masks none or causal; got k",
+        a.keys.bits, "v", a.values.bits, ", group ", a.keys.group_size, ", ", dtype_name(a.keys.scale_dtype),
+        " scales, Dk ", a.keys.dim, ", ", a.keys.outliers, " channels ($CIDER_ATTN_TC_KCHAN=0 turns those kernels off)");
   check(exec.workspace_bytes >= pl.workspace && (pl.workspace == 0 || exec.workspace != nullptr),
         ErrorCode::kInvalidArgument, op, "workspace must hold attention_workspace_bytes = ", pl.workspace,
         " bytes; got ", exec.workspace_bytes);

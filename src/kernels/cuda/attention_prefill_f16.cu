@@ -80,7 +80,9 @@ struct F16Cfg {
   static constexpr int kVBytes = kTK * kVRowB;
   static constexpr int kSbBytes = kTK * kSbB;
   static constexpr int kRowPlanes = kChan ? 2 : 4;        // per-row f16 planes: key (not kChan) and value s, b
-  static constexpr int kKBlkB = kChan ? 2 * D * 2 : 0;    // kChan: the tile's block key scale and bias rows
+  static constexpr int kMaxOut = D / 16;                  // kChan: outlier channels per block read (tc_max_outliers)
+  // kChan: the tile's block key scale and bias rows, then its outlier channels' refinement codes [kMaxOut][32].
+  static constexpr int kKBlkB = kChan ? 2 * D * 2 + kMaxOut * 32 : 0;
   static constexpr int kStageB = (kKBytes + kVBytes + kRowPlanes * kSbBytes + kKBlkB + 15) / 16 * 16;
   static constexpr int kHalfOff = kF16Stages * kStageB;   // f16 tiles: 2 buffers × (keys [TK][D], values [TK][D])
   static constexpr int kTileH = kTK * kRowB;              // bytes of one f16 [TK][D] tile
@@ -211,6 +213,10 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
           cp_async16(st + C::kKBytes + C::kVBytes + C::kRowPlanes * C::kSbBytes + pl * D * 2 + ch * 16,
                      (pl ? p.kb : p.ks) + off + ch * 16, true);
         }
+        const int64_t ooff = (static_cast<int64_t>(bg) * p.kblocks + blk) * p.outliers * 32;
+        for (int c = tid; c < p.outliers * 2; c += kThreads)  // outlier codes: 32 bytes per channel
+          cp_async16(st + C::kKBytes + C::kVBytes + C::kRowPlanes * C::kSbBytes + 4 * D + c * 16, p.ocodes + ooff + c * 16,
+                     true);
       }
     }
     cp_commit();
@@ -294,11 +300,27 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
     const int64_t t0a = c0 + static_cast<int64_t>(t) * TK;
     const bool win = kChan && t0a >= full_blocks * 64;
     uint4 cs = make_uint4(0u, 0u, 0u, 0u), cb = cs;
+    // Outlier channels among this thread's 8 dims: bit e of omask for dim 8ch + e, its channel slot o in bits 5e ..
+    // 5e + 4 of oslot; their codes in the stage (ocode: [o][32], position j at byte j/2, nibble j%2).
+    uint32_t omask = 0;
+    uint64_t oslot = 0;
+    const uint8_t* ocode = nullptr;
     if constexpr (kChan) {
       if (!win) {
         const uint4* blk = reinterpret_cast<const uint4*>(sb0 + C::kRowPlanes * TK * G);
         cs = blk[dq_ch];
         cb = blk[D / 8 + dq_ch];
+        if (p.outliers > 0) {
+          const uint16_t* oi = p.oindex + (static_cast<int64_t>(bg) * p.kblocks + t0a / 64) * p.outliers;
+          for (int o = 0; o < p.outliers; ++o) {
+            const int d = __ldg(oi + o);
+            if ((d >> 3) == dq_ch) {
+              omask |= 1u << (d & 7);
+              oslot |= static_cast<uint64_t>(o) << (5 * (d & 7));
+            }
+          }
+          ocode = reinterpret_cast<const uint8_t*>(sb0 + C::kRowPlanes * TK * G) + 4 * D;
+        }
       }
     }
 #pragma unroll
@@ -335,6 +357,21 @@ __global__ void __launch_bounds__(32 * W, 1) attention_prefill_f16_kernel(Prefil
           uint32_t h[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k) h[k] = dequant_h2(pair[k], bits_h2(sw[k]), bits_h2(bw[k]));
+          if (omask != 0) {
+            // An outlier channel: k̃ = fl16(fl16(s·c + b) + (|s|/15)·(r − 7.5)) (quant::outlier_refinement).
+            const int j = static_cast<int>(t0a & 63) + key;  // the key's position in its block
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              if ((omask >> e) & 1u) {
+                const int o = static_cast<int>((oslot >> (5 * e)) & 31u);
+                const float r = static_cast<float>((ocode[o * 32 + j / 2] >> (4 * (j & 1))) & 15u);
+                const float sd = __half2float(__ushort_as_half(static_cast<unsigned short>(sw[e >> 1] >> (16 * (e & 1)))));
+                const float kv = __half2float(__ushort_as_half(static_cast<unsigned short>(h[e >> 1] >> (16 * (e & 1)))));
+                const uint32_t nh = __half_as_ushort(__float2half_rn(kv + (fabsf(sd) / 15.0f) * (r - 7.5f)));
+                h[e >> 1] = (e & 1) ? ((h[e >> 1] & 0xffffu) | (nh << 16)) : ((h[e >> 1] & 0xffff0000u) | nh);
+              }
+            }
+          }
           kh[key * C::kChunks] = make_uint4(h[0], h[1], h[2], h[3]);
         }
       } else {

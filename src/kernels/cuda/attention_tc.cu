@@ -97,7 +97,9 @@ struct Cfg {
   static constexpr int kTileArea = kTcWarps * kSt * kStageB;
   static constexpr int kDigitsB = (kChan ? kTcWarps : 1) * kKSteps * 3 * 32 * 8;  // [(warp)][kstep][digit][lane] uint2
   static constexpr int kQRowsB = kChan ? kRows * D * 4 : 0;
-  static constexpr int kBlkConstB = kChan ? kTcWarps * kRows * 8 : 0;
+  static constexpr int kMaxOut = D / 16;             // kChan: outlier channels per block read (tc_max_outliers)
+  // kChan: per warp and row the block's exponent E and β, then the outlier channels' weights [kMaxOut] (float).
+  static constexpr int kBlkConstB = kChan ? kTcWarps * kRows * (8 + 4 * kMaxOut) : 0;
   // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, the merge flag (+ padding).
   static constexpr int kRowConstB = kRows * kG * 4 + kRows * 4 + kTcWarps * kRows * 8 + 16;
   static constexpr int kSmem = kTileArea + kDigitsB + kQRowsB + kBlkConstB + kRowConstB;
@@ -132,6 +134,7 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], const uint32_t (&a)[4], ui
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
   uint32_t d;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
@@ -241,10 +244,21 @@ __device__ __forceinline__ void window_scores(const uint16_t* win, int64_t t0, i
 // the warp's digit table (same fragment order as the prologue's, 4-bit key words), and β_r = Σ_d q_d·b_βd. Rows ≥ R
 // keep the zeros written at the start. s/b: the block's f16 scale and bias rows in the stage. Then score_j =
 // scale·(2^-E·Z_j + β) with Z_j = Σ_d c_jd·Q'_d exact on the integer tensor cores.
+// Outlier channels (nout > 0; oidx: the block's channel indices in global memory): lane o < nout takes channel
+// d_o, and per row w_ro = q_{d_o}·|s_{d_o}|/15 — a position's refinement code r adds w_ro·(r − 7.5) to its score
+// (quant::outlier_refinement): bw[r·kMaxOut + o] = w_ro·scale_log2 for the tiles, and −7.5·Σ_o w_ro goes into β.
 template <int D, int KB>
 __device__ __forceinline__ void fold_block(const float* qrows, const __half* sblk, const __half* bblk, int R, int lane,
-                                           uint2* wdig, int* be, float* bb) {
+                                           uint2* wdig, int* be, float* bb, int nout, const uint16_t* oidx, float* bw,
+                                           float scale_log2) {
   constexpr int kQ4 = D / 128;
+  constexpr int kMaxOut = D / 16;
+  int od = 0;
+  float ostep = 0.0f;
+  if (lane < nout) {
+    od = __ldg(oidx + lane);
+    ostep = fabsf(__half2float(sblk[od])) / 15.0f;
+  }
   for (int r = 0; r < R; ++r) {
     float x[kQ4][4];
     float mx = 0.0f, bs = 0.0f;
@@ -269,6 +283,14 @@ __device__ __forceinline__ void fold_block(const float* qrows, const __half* sbl
       bs += __shfl_xor_sync(0xffffffffu, bs, o);
     }
     const int E = q_exponent(mx) - (KB == 5 ? 1 : 0);  // |Q'| < 2^21 (4-bit codes), 2^20 (5-bit: 64·31·|Q'| < 2^31)
+    if (nout > 0) {
+      const float w = lane < nout ? qrows[r * D + od] * ostep : 0.0f;
+      if (lane < nout) bw[r * kMaxOut + lane] = w * scale_log2;
+      float ws = w;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
+      bs -= 7.5f * ws;
+    }
     if (lane == 0) {
       be[r] = E;
       bb[r] = bs;
@@ -438,6 +460,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
   float* qrows = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB);                  // kChan: [8][D]
   int* blk_e = reinterpret_cast<int*>(smem + C::kTileArea + C::kDigitsB + C::kQRowsB);         // kChan: [warp][8]
   float* blk_b = reinterpret_cast<float*>(blk_e + (kChan ? kTcWarps * kRows : 0));             // kChan: [warp][8]
+  float* blk_w = blk_b + (kChan ? kTcWarps * kRows : 0);  // kChan: [warp][8][kMaxOut] outlier weights
   float* qsum = reinterpret_cast<float*>(smem + C::kTileArea + C::kDigitsB + C::kQRowsB + C::kBlkConstB);  // [8][G]
   int* qexp = reinterpret_cast<int*>(qsum + kRows * G);                     // [8]
   float2* wml = reinterpret_cast<float2*>(qexp + kRows);                    // [4 warps][8 rows] (m, l)
@@ -549,6 +572,14 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
             cp_async16(st + C::kKBytes + C::kVBytes + C::kRowPlanes * C::kSbBytes + pl * D * 2 + ch * 16,
                        (pl ? p.kb : p.ks) + off + ch * 16, true);
           }
+          // Outlier channels: their codes and indices, read by the block's fold, on their way to L1.
+          if (p.outliers > 0) {
+            const int64_t ob = static_cast<int64_t>(bg) * p.kblocks + blk;
+            if (lane < (p.outliers * 32 + 127) / 128)
+              prefetch_l1(p.ocodes + ob * p.outliers * 32 + 128 * lane);
+            else if (lane == 31)
+              prefetch_l1(p.oindex + ob * p.outliers);
+          }
         }
       }
     }
@@ -597,6 +628,7 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
       blk_e[tid] = 0;
       blk_b[tid] = 0.0f;
     }
+    for (int idx = tid; idx < kTcWarps * kRows * C::kMaxOut; idx += kTcThreads) blk_w[idx] = 0.0f;
   } else {
       float4 qv[2][kQ4];
 #pragma unroll
@@ -721,8 +753,12 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
       for (int e = 0; e < 4; ++e) acc[gi][j][e] = 0.0f;
   }
 
-  // kChan: the current block's 2^-E·scale and β·scale for the lane's rows (set by each block's fold).
+  // kChan: the current block's 2^-E·scale and β·scale for the lane's rows (set by each block's fold), and the
+  // outlier channels' refinement codes of the lane's keys: creg[o] nibble k = position gid + 8k of the block.
   float zc[2] = {0.0f, 0.0f}, bc[2] = {0.0f, 0.0f};
+  uint32_t creg[kChan ? C::kMaxOut : 1];
+#pragma unroll
+  for (int o = 0; o < (kChan ? C::kMaxOut : 1); ++o) creg[o] = 0u;
 
   for (int i = 0; i < my_tiles; ++i) {
     issue(i + C::kSt - 1);
@@ -742,7 +778,26 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
     if constexpr (kChan) {
       if (!win && i % TPB == 0) {
         const __half* sblk = sb0 + C::kRowPlanes * TK * G;  // the block's key scale row, then its bias row
-        fold_block<D, KB>(qrows, sblk, sblk + D, R, lane, wdig, blk_e + warp * kRows, blk_b + warp * kRows);
+        const int64_t ob = static_cast<int64_t>(bg) * p.kblocks + t0 / C::kBlk;
+        fold_block<D, KB>(qrows, sblk, sblk + D, R, lane, wdig, blk_e + warp * kRows, blk_b + warp * kRows,
+                          p.outliers, p.oindex + ob * p.outliers, blk_w + warp * kRows * C::kMaxOut, p.scale_log2);
+        if (p.outliers > 0) {
+          // Code row o (32 bytes, position t at byte t/2, nibble t%2): the lane's positions gid + 8k are byte
+          // (gid >> 1) of word k, nibble gid & 1.
+          const uint4* crow4 = reinterpret_cast<const uint4*>(p.ocodes + ob * p.outliers * 32);
+          const int sh = 8 * (gid >> 1) + 4 * (gid & 1);
+#pragma unroll
+          for (int o = 0; o < C::kMaxOut; ++o) {
+            if (o < p.outliers) {
+              const uint4 w0 = __ldg(crow4 + 2 * o), w1 = __ldg(crow4 + 2 * o + 1);
+              const uint32_t wk[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+              uint32_t v = 0;
+#pragma unroll
+              for (int k = 0; k < 8; ++k) v |= ((wk[k] >> sh) & 15u) << (4 * k);
+              creg[o] = v;
+            }
+          }
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           zc[h] = mul_pow2(p.scale_log2, -blk_e[warp * kRows + crow[h]]);
@@ -843,6 +898,30 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
         }
       }
     }
+      if constexpr (kChan) {
+        if (p.outliers > 0) {  // Σ_o w_ro·r_o(key) (the −7.5 offset is in β)
+          const int kk = (i % TPB) * (TK / 8);
+          const float* w0 = blk_w + (warp * kRows + crow[0]) * C::kMaxOut;
+          const float* w1 = blk_w + (warp * kRows + crow[1]) * C::kMaxOut;
+#pragma unroll
+          for (int o = 0; o < C::kMaxOut; ++o) {
+            if (o < p.outliers) {
+              const float a0 = w0[o], a1 = w1[o];
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                const float ca = static_cast<float>((creg[o] >> (4 * (kk + 2 * mt))) & 15u);
+                const float cb = static_cast<float>((creg[o] >> (4 * (kk + 2 * mt + 1))) & 15u);
+                sc[mt][0] = fmaf(a0, ca, sc[mt][0]);
+                sc[mt][2] = fmaf(a0, cb, sc[mt][2]);
+                if constexpr (!kPacked) {
+                  sc[mt][1] = fmaf(a1, ca, sc[mt][1]);
+                  sc[mt][3] = fmaf(a1, cb, sc[mt][3]);
+                }
+              }
+            }
+          }
+        }
+      }
     }  // scores
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -1227,10 +1306,11 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
   if (K.layout == 1) {
-    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, no outlier channels; V4 values
+    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, at most Dk/16 outlier channels; V4 values
     // (V5 with 5-bit keys).
     return tc_kchan_enabled() && (K.bits == 4 || K.bits == 5) && (V.bits == 4 || (V.bits == 5 && K.bits == 5)) &&
-           V.layout == 0 && K.outliers == 0 &&
+           V.layout == 0 && K.outliers <= tc_max_outliers(K.dim) &&
+           (K.outliers == 0 || (aligned(K.outlier_codes, 16) && K.outlier_index != nullptr)) &&
            K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
            K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 && rep * a.L <= kRows && aligned(a.q, 16) &&
            aligned(a.out, 16) && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 16) &&

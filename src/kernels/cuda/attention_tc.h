@@ -1,6 +1,6 @@
 // cider/kernels/cuda/attention_tc.h — the tensor-core decode path of cuda::attention (attention_tc.cu), used by
 // attention.cu for K4/V3 and K8/V4 g64 caches ($CIDER_ATTN_TC_K8V4=0 excludes K8V4) and for per-channel-key caches
-// K4V4 / K5V4 / K5V5 in blocks of 64 without outlier channels ($CIDER_ATTN_TC_KCHAN=0 excludes them), with f16
+// K4V4 / K5V4 / K5V5 in blocks of 64 with at most Dk/16 outlier channels ($CIDER_ATTN_TC_KCHAN=0 excludes them), with f16
 // scales, Dk = Dv = 128 or 256, at most 8 query rows per KV head (rep·L ≤ 8: decode) and 16-byte aligned q / out.
 // Everything else runs the general CUDA-core kernel of attention.cu.
 #pragma once
@@ -87,6 +87,11 @@ struct TcCallParams {
   float inv_softcap_log2;  // 1 / softcap_log2 (0 when none)
   int causal;
   int64_t window;
+  // Per-channel keys with outlier channels (KVTensorView::outliers > 0): per block, `outliers` channel indices
+  // (uint16, ascending) and their 4-bit refinement codes (uint8 [outliers][32]: blocks of 64 positions).
+  int outliers;
+  const uint8_t* ocodes;
+  const uint16_t* oindex;
 };
 
 inline void fill_tc_params(TcCallParams& p, const kernels::AttentionArgs& a, const int32_t* d_length, float* part_o,
@@ -117,6 +122,12 @@ inline void fill_tc_params(TcCallParams& p, const kernels::AttentionArgs& a, con
   p.inv_softcap_log2 = a.softcap > 0.0f ? 1.0f / p.softcap_log2 : 0.0f;
   p.causal = a.mask_kind == kernels::MaskKind::kCausal ? 1 : 0;
   p.window = a.window;
+  p.outliers = a.keys.layout == 1 ? a.keys.outliers : 0;
+  p.ocodes = static_cast<const uint8_t*>(a.keys.outlier_codes);
+  p.oindex = static_cast<const uint16_t*>(a.keys.outlier_index);
 }
+
+// The most outlier channels per block the tensor-core kernels read: Dk/16 (twice nn::auto_key_outliers' Dk/32).
+inline int64_t tc_max_outliers(int64_t dim) { return dim / 16; }
 
 }  // namespace cider::cuda::detail

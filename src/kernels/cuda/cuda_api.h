@@ -172,12 +172,28 @@ struct KVChannelKeysArgs {
   int group_size;      // block length: 32, 64, 128
   int64_t capacity, blocks;
   int64_t offset;
+  // Outlier key channels (nn::KVSpec::key_outliers, docs/kv_cache.md "Outlier key channels"; 0 = none, at most 32):
+  // when a block fills, its `outliers` channels with the largest range × RMS of the block's own queries get a 4-bit
+  // refinement code per position, as nn::QuantizedKVCache::refine_outliers (same bytes). Planes: outlier_codes
+  // [B, H, blocks, outliers·gs/2] uint8, outlier_index [B, H, blocks, outliers] uint16, and qstats [B, H, gs, dim + 1]
+  // bfloat16, the window positions' query statistics (Σ q² per channel over the KV head's query heads, then the
+  // count of finite query rows). q: the appended positions' queries (float32, after RoPE, in the keys' space: query
+  // head hq of batch b at position t of the append at q + b·q_stride_b + hq·q_stride_h + t·q_stride_t; Hq a
+  // multiple of H, at most 64 per KV head), or null: no statistics (zeros; the choice is then by range alone).
+  int outliers;
+  uint8_t* outlier_codes;
+  uint16_t* outlier_index;
+  uint16_t* qstats;
+  const float* q;
+  int64_t Hq, q_stride_b, q_stride_h, q_stride_t;
 };
 void kv_append_channel_keys(const KVChannelKeysArgs& args, const int32_t* d_offset, const Exec& exec);
 // A trim back into block position / gs: its kept positions [block·gs, position) return to the residual window,
 // dequantized as quant::affine_dequantize_value does and rounded to bfloat16 (the CPU cache's trim). Only for a block
 // that was quantized (the cache had reached (block + 1)·gs): inside the window there is nothing to refill, and the
-// block's codes would be stale. args' src, n and offset are unused.
+// block's codes would be stale. With outlier channels their refined values (c·s + b in float32 plus the refinement,
+// as the CPU cache's trim) and the kept positions' query statistics zeroed (their queries were not kept). args' src,
+// n, offset and q are unused.
 void kv_channel_refill(const KVChannelKeysArgs& args, int64_t position, const Exec& exec);
 
 // ---- attention over the cache (kernels/cuda/attention.cu) --------------------------------------------------------

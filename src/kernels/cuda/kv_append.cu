@@ -228,18 +228,220 @@ __device__ void pack_group(const uint8_t* block_codes, int64_t gs, int64_t ncols
   }
 }
 
+// ---- outlier key channels (KVChannelKeysArgs::outliers > 0; nn::QuantizedKVCache::refine_outliers) ----
+
+constexpr int kMaxQueryRep = 64;  // query heads per KV head whose statistics an append reads
+
+// Channel d of block row t (position pos) as the window holds it when its block fills: positions before the append
+// from the window, the append's from the source rounded to bfloat16.
+__device__ __forceinline__ float chan_key(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t pos,
+                                          int64_t d) {
+  if (pos < offset) return bf16_bits_to_float(a.residual[(bh * a.group_size + pos % a.group_size) * a.dim + d]);
+  const int64_t b = bh / a.H, h = bh % a.H;
+  const float v = load_elem(a.src, a.src_dtype, b * a.src_stride_b + h * a.src_stride_h + (pos - offset) * a.src_stride_t + d);
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// fin[(pos − first)·rep + i] = 1 when query head h·rep + i at append position pos (first ≤ pos < first + count) is
+// finite in every channel (nn::QuantizedKVCache::observe_queries: a row with a non-finite element counts 0). A warp
+// per row.
+__device__ void query_finite_flags(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t first,
+                                   int64_t count, uint8_t* fin) {
+  const int64_t rep = a.Hq / a.H, b = bh / a.H, h = bh % a.H;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t k = warp; k < count * rep; k += blockDim.x / 32) {
+    const float* row = a.q + b * a.q_stride_b + (h * rep + k % rep) * a.q_stride_h + (first + k / rep - offset) * a.q_stride_t;
+    bool ok = true;
+    for (int64_t d = lane; d < a.dim; d += 32) ok = ok && isfinite(row[d]);
+    ok = __all_sync(0xffffffffu, ok);
+    if (lane == 0) fin[k] = ok ? 1 : 0;
+  }
+}
+
+// Plane 9's value for append position pos and column d (d = dim: the count): Σ over the KV head's query heads, in
+// order, of q² (1 for the count), 0 for a non-finite row, in float32, rounded to bfloat16 (as the CPU cache sums and
+// stores them). fin: pos's rep flags.
+__device__ __forceinline__ float query_stat(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t pos,
+                                            int64_t d, const uint8_t* fin) {
+  const int64_t rep = a.Hq / a.H, b = bh / a.H, h = bh % a.H;
+  float s = 0.0f;
+  for (int64_t i = 0; i < rep; ++i) {
+    float x = 0.0f;
+    if (fin[i]) {
+      if (d == a.dim) {
+        x = 1.0f;
+      } else {
+        const float q = a.q[b * a.q_stride_b + (h * rep + i) * a.q_stride_h + (pos - offset) * a.q_stride_t + d];
+        x = __fmul_rn(q, q);
+      }
+    }
+    s = __fadd_rn(s, x);
+  }
+  return __bfloat162float(__float2bfloat16_rn(s));
+}
+
+// Shared memory of outlier_block / write_qstats: the finite flags [gs][rep], the statistics' column sums [dim + 1]
+// and the scores [dim] (double), the ranks [dim] and the chosen channels [32] (int), a code row per warp [8][gs].
+__host__ __device__ inline size_t outlier_smem_bytes(int64_t gs, int64_t rep, int64_t dim) {
+  const size_t fin = (static_cast<size_t>(gs * (rep > 0 ? rep : 1)) + 7) / 8 * 8;
+  return fin + static_cast<size_t>(2 * dim + 1) * 8 + static_cast<size_t>(dim + 32) * 4 + 8 * static_cast<size_t>(gs);
+}
+
+// Block `block` of head bh, filled by this append (positions from `offset` come from the source): its `outliers`
+// channels with the largest range × RMS of its own positions' queries (range alone when none were shown; ties to the
+// lower channel), in ascending order, each refined by 4 bits — nn::QuantizedKVCache::refine_outliers, the same
+// arithmetic: column sums of the bfloat16 statistics in double in position order, score −(hi − lo)·√(Σq²/count) in
+// double, the coarse value c·s + b with the stored (rounded) scale and bias in float32, the code
+// ⌊residual/(|s|/15) + 8⌋ clamped to 0..15. The codes c are recomputed with the quantizer the block's columns went
+// through (affine_group_warp), so they are the packed codes. The whole CTA; rows are read where they are (window or
+// source), nothing is written but the block's outlier planes.
+__device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t block, int64_t offset, uint8_t* smem) {
+  const int64_t D = a.dim, gs = a.group_size, N = a.outliers, p0 = block * gs;
+  const int64_t rep = a.q ? a.Hq / a.H : 0, first = max(p0, offset);
+  uint8_t* fin = smem;
+  double* st = reinterpret_cast<double*>(smem + (static_cast<size_t>(gs * (rep > 0 ? rep : 1)) + 7) / 8 * 8);
+  double* score = st + D + 1;
+  int* rank = reinterpret_cast<int*>(score + D);
+  int* chosen = rank + D;
+  uint8_t* rc = reinterpret_cast<uint8_t*>(chosen + 32);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  if (rep > 0) query_finite_flags(a, bh, offset, first, p0 + gs - first, fin);
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d <= D; d += blockDim.x) {
+    double sum = 0.0;
+    for (int64_t t = 0; t < gs; ++t) {
+      const int64_t pos = p0 + t;
+      float v = 0.0f;
+      if (pos < offset)
+        v = bf16_bits_to_float(a.qstats[(bh * gs + t) * (D + 1) + d]);
+      else if (rep > 0)
+        v = query_stat(a, bh, offset, pos, d, fin + (pos - first) * rep);
+      sum = __dadd_rn(sum, static_cast<double>(v));
+    }
+    st[d] = sum;
+  }
+  __syncthreads();
+  const double count = st[D];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float lo = chan_key(a, bh, offset, p0, d), hi = lo;
+    for (int64_t t = 1; t < gs; ++t) {
+      const float v = chan_key(a, bh, offset, p0 + t, d);
+      lo = fminf(lo, v);
+      hi = fmaxf(hi, v);
+    }
+    const double w = count > 0.0 ? __dsqrt_rn(__ddiv_rn(st[d], count)) : 1.0;
+    score[d] = __dmul_rn(-__dsub_rn(static_cast<double>(hi), static_cast<double>(lo)), w);
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {  // the ordering of (score, channel) pairs
+    const double sd = score[d];
+    int r = 0;
+    for (int64_t e = 0; e < D; ++e) r += (score[e] < sd || (score[e] == sd && e < d)) ? 1 : 0;
+    rank[d] = r;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    if (rank[d] >= N) continue;
+    int o = 0;
+    for (int64_t e = 0; e < d; ++e) o += rank[e] < N ? 1 : 0;
+    chosen[o] = static_cast<int>(d);
+  }
+  __syncthreads();
+  const DType sdt = a.scale_dtype;
+  uint8_t* codes = rc + warp * gs;
+  for (int64_t o = warp; o < N; o += nwarps) {
+    const int64_t d = chosen[o];
+    float scale, bias;
+    affine_group_warp([&](int i) { return chan_key(a, bh, offset, p0 + i, d); }, static_cast<int>(gs), a.bits,
+                      [&](int i, uint8_t c) { codes[i] = c; }, lane, scale, bias);
+    __syncwarp();
+    const float s = round_to_dtype(sdt, scale), bb = round_to_dtype(sdt, bias);
+    const float step = __fdiv_rn(fabsf(s), 15.0f);
+    uint8_t* dst = a.outlier_codes + ((bh * a.blocks + block) * N + o) * (gs / 2);
+    for (int64_t j = lane; j < gs / 2; j += 32) {
+      uint32_t byte = 0;
+      for (int u = 0; u < 2; ++u) {
+        const int64_t t = 2 * j + u;
+        uint32_t r = 8u;  // a constant channel: its coarse value is exact
+        if (step > 0.0f) {
+          const float base = __fadd_rn(__fmul_rn(static_cast<float>(codes[t]), s), bb);
+          const float res = __fsub_rn(chan_key(a, bh, offset, p0 + t, d), base);
+          const float f = floorf(__fadd_rn(__fdiv_rn(res, step), 8.0f));
+          r = static_cast<uint32_t>(fminf(fmaxf(f, 0.0f), 15.0f));
+        }
+        byte |= r << (4 * u);
+      }
+      dst[j] = static_cast<uint8_t>(byte);
+    }
+    if (lane == 0) a.outlier_index[(bh * a.blocks + block) * N + o] = static_cast<uint16_t>(d);
+    __syncwarp();  // codes is reused by this warp's next channel
+  }
+}
+
+// Plane 9 rows of append positions [first, end) (row = position mod gs): their queries' statistics, zeros without
+// queries. The whole CTA; fin as in outlier_block.
+__device__ void write_qstats(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t first, int64_t end,
+                             uint8_t* fin) {
+  if (first >= end) return;
+  const int64_t D = a.dim, gs = a.group_size, rep = a.q ? a.Hq / a.H : 0;
+  if (rep > 0) query_finite_flags(a, bh, offset, first, end - first, fin);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < (end - first) * (D + 1); i += blockDim.x) {
+    const int64_t pos = first + i / (D + 1), d = i % (D + 1);
+    const float v = rep > 0 ? query_stat(a, bh, offset, pos, d, fin + (pos - first) * rep) : 0.0f;
+    a.qstats[(bh * gs + pos % gs) * (D + 1) + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+// Appends of n > 1 positions with outlier channels, before the key kernels (which overwrite window rows this reads):
+// CTA (b·H + h, z) chooses and refines the z-th block the append fills.
+__global__ void __launch_bounds__(kChanThreads) kv_channel_outliers_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  extern __shared__ __align__(16) uint8_t out_smem[];
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  const int64_t bh = blockIdx.x;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  if (offset < 0 || offset + a.n > a.capacity) return;
+  const int64_t block = offset / a.group_size + blockIdx.y;
+  if ((block + 1) * a.group_size > offset + a.n) return;  // not filled by this append
+  outlier_block(a, bh, block, offset, out_smem);
+}
+
+// …and after them: the statistics of the positions left in the window (from the last block the append fills).
+__global__ void __launch_bounds__(kChanThreads) kv_channel_qstats_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
+  extern __shared__ __align__(16) uint8_t out_smem[];
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
+  const int64_t bh = blockIdx.x;
+  const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
+  if (offset < 0 || offset + a.n > a.capacity) return;
+  const int64_t end = offset + a.n;
+  write_qstats(a, bh, offset, max(offset, end / a.group_size * a.group_size), end, out_smem);
+}
+
 // Small appends (n ≤ gs: decode, short chunks). CTA (b·H + h, column group): the append's runs in order, each run's
 // rows of the group's columns to the window; a filled block is quantized column by column (one warp per column) and
 // its group's words packed.
 __global__ void __launch_bounds__(kChanThreads) kv_channel_keys_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
-  extern __shared__ uint8_t block_codes[];  // [gs, kChanCols]
+  extern __shared__ __align__(16) uint8_t block_codes[];  // [gs, kChanCols] (the outlier CTA: outlier_smem_bytes)
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int64_t offset = d_offset ? static_cast<int64_t>(*d_offset) : a.offset;
   if (offset < 0 || offset + a.n > a.capacity) return;  // a device offset past the storage: write nothing
   const int64_t D = a.dim, gs = a.group_size, wpr = D * a.bits / 32;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChanCols, ncols = min(static_cast<int64_t>(kChanCols), D - c0);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChanCols;
+  if (c0 >= D) {
+    // One position (decode) with outlier channels: the CTA after the column groups chooses the channels of the block
+    // it fills (it reads window rows before the position, which no CTA of this launch writes, and the source) and
+    // writes the position's query statistics.
+    if ((offset + 1) % gs == 0) outlier_block(a, bh, offset / gs, offset, block_codes);
+    __syncthreads();
+    write_qstats(a, bh, offset, offset, offset + 1, block_codes);
+    return;
+  }
+  const int64_t ncols = min(static_cast<int64_t>(kChanCols), D - c0);
   uint16_t* window = a.residual + bh * gs * D;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t src0 = b * a.src_stride_b + h * a.src_stride_h;
@@ -339,10 +541,19 @@ __global__ void kv_channel_refill_kernel(KVChannelKeysArgs a, int64_t block, int
     uint64_t two = codes[t * wpr + wi];
     if (sh + a.bits > 32) two |= static_cast<uint64_t>(codes[t * wpr + wi + 1]) << 32;
     const float q = static_cast<float>(static_cast<uint32_t>(two >> sh) & mask);
-    const float prod = round_to_dtype(a.scale_dtype, __fmul_rn(q, load_elem(a.scales, a.scale_dtype, srow + d)));
-    const float v = round_to_dtype(a.scale_dtype, __fadd_rn(prod, load_elem(a.biases, a.scale_dtype, srow + d)));
+    const float s = load_elem(a.scales, a.scale_dtype, srow + d), bias = load_elem(a.biases, a.scale_dtype, srow + d);
+    const float prod = round_to_dtype(a.scale_dtype, __fmul_rn(q, s));
+    float v = round_to_dtype(a.scale_dtype, __fadd_rn(prod, bias));
+    for (int64_t o = 0; o < a.outliers; ++o) {  // an outlier channel: c·s + b in float32, refined
+      if (a.outlier_index[(bh * a.blocks + block) * a.outliers + o] != d) continue;
+      const uint8_t byte = a.outlier_codes[((bh * a.blocks + block) * a.outliers + o) * (gs / 2) + t / 2];
+      const float r = static_cast<float>((byte >> (4 * (t % 2))) & 15u);
+      v = __fadd_rn(__fadd_rn(__fmul_rn(q, s), bias), __fmul_rn(__fdiv_rn(fabsf(s), 15.0f), __fsub_rn(r, 7.5f)));
+    }
     window[t * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
+  if (a.outliers > 0)  // the kept positions' queries were not kept with the block
+    for (int64_t i = threadIdx.x; i < kept * (D + 1); i += blockDim.x) a.qstats[bh * gs * (D + 1) + i] = 0;
 }
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
@@ -432,6 +643,16 @@ void check_channel_keys(const KVChannelKeysArgs& a, const char* op) {
   check(a.codes != nullptr && a.scales != nullptr && a.biases != nullptr && a.residual != nullptr,
         ErrorCode::kInvalidArgument, op, "codes, scales, biases and residual must not be null");
   check(a.B * a.H <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "B·H must fit a grid; got ", a.B * a.H);
+  check(a.outliers >= 0 && a.outliers <= 32 && a.outliers <= a.dim, ErrorCode::kInvalidArgument, op,
+        "outlier channels must be in [0, min(32, dim)]; got ", a.outliers);
+  if (a.outliers > 0) {
+    check(a.outlier_codes != nullptr && a.outlier_index != nullptr && a.qstats != nullptr,
+          ErrorCode::kInvalidArgument, op, "outlier channels need outlier_codes, outlier_index and qstats");
+    if (a.q)
+      check(a.H > 0 && a.Hq >= a.H && a.Hq % a.H == 0 && a.Hq / a.H <= kMaxQueryRep, ErrorCode::kShapeMismatch, op,
+            "the queries' heads Hq must be a multiple of H ", a.H, " with at most ", kMaxQueryRep,
+            " per KV head; got Hq ", a.Hq);
+  }
 }
 }  // namespace
 
@@ -448,9 +669,20 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
   check(a.src != nullptr, ErrorCode::kInvalidArgument, op, "src must not be null");
   const unsigned groups = static_cast<unsigned>((a.dim + kChanCols - 1) / kChanCols);
   const cudaStream_t st = static_cast<cudaStream_t>(exec.stream);
+  const size_t osmem = a.outliers > 0 ? outlier_smem_bytes(a.group_size, a.q ? a.Hq / a.H : 0, a.dim) : 0;
+  // Outlier channels: one position (decode) in the key kernel's extra CTA; more in a launch before the key kernels
+  // (the blocks filled) and one after them (the statistics of the positions left in the window).
+  const bool split_outliers = a.outliers > 0 && a.n > 1;
+  if (split_outliers)
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_outliers_kernel,
+                                          dim3(static_cast<unsigned>(a.B * a.H),
+                                               static_cast<unsigned>(a.n / a.group_size + 1)),
+                                          dim3(kChanThreads), osmem, st, a, d_offset));
   if (a.n <= a.group_size) {
-    const size_t smem = static_cast<size_t>(a.group_size * kChanCols);
-    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel, dim3(static_cast<unsigned>(a.B * a.H), groups),
+    const bool extra = a.outliers > 0 && a.n == 1;
+    const size_t smem = std::max(static_cast<size_t>(a.group_size * kChanCols), extra ? osmem : size_t{0});
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel,
+                                          dim3(static_cast<unsigned>(a.B * a.H), groups + (extra ? 1u : 0u)),
                                           dim3(kChanThreads), smem, st, a, d_offset));
   } else {
     // Blocks completed: at most ⌈n / gs⌉ (+ 1 when the append starts inside a block).
@@ -462,6 +694,9 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_tail_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
                                           dim3(kChanThreads), 0, st, a, d_offset));
   }
+  if (split_outliers)
+    CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_qstats_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
+                                          dim3(kChanThreads), osmem, st, a, d_offset));
   check_last_launch(op);
 }
 

@@ -47,9 +47,17 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
-  check(kv.key_outliers == 0, ErrorCode::kUnsupported, kOp,
-        "--device cuda does not run outlier key channels yet (--kv-outliers must be 0; got ", kv.key_outliers,
-        "); use --device cpu");
+  // Outlier key channels are read by the tensor-core attention kernels only (kernels/cuda/attention_tc.h): said at
+  // load, naming what they take. (An `auto` count is resolved to head_dim/32 before this.)
+  if (kv.key_outliers > 0)
+    check(kv.quantized && kv.key_layout == nn::KeyLayout::kChannel && (kv.k_bits == 4 || kv.k_bits == 5) &&
+              (kv.v_bits == 4 || (kv.v_bits == 5 && kv.k_bits == 5)) && kv.group_size == 64 &&
+              kv.scale_dtype == DType::kF16 && (c.head_dim == 128 || c.head_dim == 256) &&
+              kv.key_outliers <= c.head_dim / 16,
+          ErrorCode::kUnsupported, kOp,
+          "--device cuda runs outlier key channels with per-channel keys k4v4, k5v4 or k5v5, group 64, f16 scales, "
+          "head_dim 128 or 256 and at most head_dim/16 channels; got ", kv_format_name(kv), ", head_dim ", c.head_dim,
+          ", ", kv.key_outliers, " channels (use --device cpu)");
   check(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= cuda::kMaxHadamardDim, ErrorCode::kUnsupported, kOp,
         "--device cuda needs an even head_dim (rotary pairs) of at most ", cuda::kMaxHadamardDim, "; got ",
         c.head_dim);
@@ -654,6 +662,9 @@ namespace {
 struct LayerCache {
   cuda::DeviceBuffer data, scales, biases;  // quantized: codes u32 [.., D·bits/32], scales/biases [.., D/gs]; plain: [.., D]
   cuda::DeviceBuffer residual;
+  // Outlier key channels (per-channel keys): refinement codes [Hkv, blocks, N·gs/2] uint8, channel indices
+  // [Hkv, blocks, N] uint16, the window positions' query statistics [Hkv, gs, D + 1] bfloat16.
+  cuda::DeviceBuffer ocodes, oindex, qstats;
   void* k = nullptr;
   void* v = nullptr;
   void* k_scales = nullptr;
@@ -744,8 +755,9 @@ struct GpuSession::Impl final : public PassBackend {
   }
   cuda::KVChannelKeysArgs channel_keys_args(int64_t layer) const;
   int64_t kv_end = 0;  // positions [0, kv_end) were written (a trim back into a quantized block refills the window)
+  // q_src: the positions' queries [Hq, n, D] (after RoPE), for the outlier key channels' statistics (null: none).
   void append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
-                 const int32_t* d_offset, const cuda::Exec& e) const;
+                 const int32_t* d_offset, const cuda::Exec& e, const float* q_src = nullptr) const;
   // The head over rows [first, first + rows) of h (already final-normed) into out (rows, vocab), with the softcap.
   void enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e);
   void enqueue_decode(void* s);
@@ -867,6 +879,12 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
       lc.scales = cuda::DeviceBuffer(k_group + v_group);
       lc.biases = cuda::DeviceBuffer(k_group + v_group);
       lc.residual = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D) * sizeof(uint16_t));
+      if (kv.key_outliers > 0) {
+        const size_t nb = sz(Hkv) * sz(key_blocks(l));
+        lc.ocodes = cuda::DeviceBuffer(nb * sz(kv.key_outliers) * sz(kv.group_size / 2));
+        lc.oindex = cuda::DeviceBuffer(nb * sz(kv.key_outliers) * sizeof(uint16_t));
+        lc.qstats = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D + 1) * sizeof(uint16_t));
+      }
       lc.k = lc.data.data();
       lc.v = at_byte(lc.data, k_bytes);
       lc.k_scales = lc.scales.data();
@@ -893,7 +911,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
     }
     // Zeros rather than whatever the allocator left: positions past the length are never meant to be read, but a
     // finite value there keeps a masked-out read from turning into 0·NaN.
-    for (cuda::DeviceBuffer* b : {&lc.data, &lc.scales, &lc.biases, &lc.residual})
+    for (cuda::DeviceBuffer* b : {&lc.data, &lc.scales, &lc.biases, &lc.residual, &lc.ocodes, &lc.oindex, &lc.qstats})
       if (b->bytes() > 0) b->fill(0);
   }
 
@@ -980,6 +998,9 @@ kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t l
       t.layout = 1;
       t.blocks = key_blocks(layer);
       t.residual = lc.residual.data();
+      t.outliers = static_cast<int>(kv.key_outliers);
+      t.outlier_codes = lc.ocodes.bytes() ? lc.ocodes.data() : nullptr;
+      t.outlier_index = lc.oindex.bytes() ? lc.oindex.data() : nullptr;
     }
   } else {
     t.dtype = kv.plain_dtype;
@@ -1012,7 +1033,7 @@ kernels::AttentionArgs GpuSession::Impl::attention_args(int64_t layer, const flo
 }
 
 void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_stride, int64_t n, int64_t offset,
-                                 const int32_t* d_offset, const cuda::Exec& e) const {
+                                 const int32_t* d_offset, const cuda::Exec& e, const float* q_src) const {
   const ModelConfig& c = m.config;
   const LayerCache& lc = caches[sz(layer)];
   const GpuLayer& L = m.layers[sz(layer)];
@@ -1056,6 +1077,13 @@ void GpuSession::Impl::append_kv(int64_t layer, const float* k_src, int64_t row_
     k.src_stride_h = D;
     k.src_stride_t = row_stride;
     k.offset = offset;
+    if (k.outliers > 0 && q_src != nullptr) {  // the positions' queries, [Hq, n, D] (attention's layout)
+      k.q = q_src;
+      k.Hq = m.config.num_heads;
+      k.q_stride_b = 0;
+      k.q_stride_h = n * D;
+      k.q_stride_t = D;
+    }
     cuda::kv_append_channel_keys(k, d_offset, e);
     return;
   }
@@ -1082,6 +1110,10 @@ cuda::KVChannelKeysArgs GpuSession::Impl::channel_keys_args(int64_t layer) const
   k.group_size = m.kv.group_size;
   k.capacity = lc.cap;
   k.blocks = key_blocks(layer);
+  k.outliers = static_cast<int>(m.kv.key_outliers);
+  k.outlier_codes = lc.ocodes.bytes() ? lc.ocodes.as<uint8_t>() : nullptr;
+  k.outlier_index = lc.oindex.bytes() ? lc.oindex.as<uint16_t>() : nullptr;
+  k.qstats = lc.qstats.bytes() ? lc.qstats.as<uint16_t>() : nullptr;
   return k;
 }
 
@@ -1155,6 +1187,10 @@ void GpuSession::Impl::make_room(int64_t pos0, int64_t n, const cuda::Exec& e) {
       const int64_t blocks = key_blocks(static_cast<int64_t>(l));
       shift(lc.k_scales, D * es, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
       shift(lc.k_biases, D * es, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
+      if (m.kv.key_outliers > 0) {  // the outlier planes' rows per block likewise
+        shift(lc.ocodes.data(), m.kv.key_outliers * gs / 2, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
+        shift(lc.oindex.data(), m.kv.key_outliers * 2, blocks, d / gs, (stored + gs - 1) / gs - d / gs);
+      }
     } else {
       shift(lc.k_scales, D / gs * es, lc.cap, d, kept);
       shift(lc.k_biases, D / gs * es, lc.cap, d, kept);
@@ -1270,7 +1306,8 @@ void GpuSession::Impl::kv_append(int64_t layer) {
   const int32_t* d_off = d_pos_ != nullptr && bounded ? d_slide_off_ : d_pos_;
   for (const PassSegment& g : segs_) {
     Impl& s = *batch_[sz(g.seq)];
-    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_);
+    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_,
+                q.as<float>() + g.row0 * c.num_heads * c.head_dim);
   }
 }
 
@@ -1756,7 +1793,8 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
 size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention states: the session's memory
   size_t b = 0;
   for (const LayerCache& lc : impl_->caches)
-    b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes() + lc.residual.bytes();
+    b += lc.data.bytes() + lc.scales.bytes() + lc.biases.bytes() + lc.residual.bytes() + lc.ocodes.bytes() +
+         lc.oindex.bytes() + lc.qstats.bytes();
   for (const LinearState& ls : impl_->lin_states) b += ls.S.bytes() + ls.conv.bytes();
   return b;
 }
