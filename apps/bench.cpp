@@ -326,6 +326,26 @@ std::vector<Case> all_cases() {
       return ggml(o, t, ty, 1, 14336, 4096);
     });
   }
+  // A vocabulary row's log-sum-exp (the logprobs of one served token, runtime/engine.cpp): Gemma 3's 262 144 logits.
+  add("log_sum_exp_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
+    constexpr int64_t n = 262144;
+    std::vector<float> z(static_cast<size_t>(n));
+    uint64_t x = 88172645463325252ull;
+    for (float& v : z) {  // xorshift: logits spread over about ±16
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      v = static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t{1} << 23)) * (16.0f / 8388608.0f);
+    }
+    double mx = 0.0, lse = 0.0;
+    Result r;
+    r.kernel = "max, then Σ exp(z − max)";
+    r.N = n;
+    r.bytes = static_cast<double>(n) * 4.0;
+    r.ms = time_calls(o.reps, [&](int) { t.log_sum_exp({z.data(), n, &mx, &lse}); });
+    r.note = "lse " + std::to_string(lse);
+    return r;
+  });
   // Gemma 3 270M's output layer (Q8_0, 640 × 262144: short rows, the largest matmul of its decode step).
   add("ggml_q8_0_gemv_k640_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return ggml(o, t, quant::GgmlType::kQ8_0, 1, 262144, 640);

@@ -28,7 +28,7 @@ namespace cider::kernels {
 const KernelTable& ref_kernels() {
   static const KernelTable table = {
       "ref", &ref::affine_qmm, &ref::w8a8_gemm, &ref::w8a8_gemv, &ref::w4a8_gemm, &ref::w4a8_gemv, &ref::attention, &ref::dense_gemm,
-      &ref::kv_append, &ref::ggml_linear, &ref::ggml_dequantize, &ref::gated_delta,
+      &ref::kv_append, &ref::ggml_linear, &ref::ggml_dequantize, &ref::gated_delta, &ref::log_sum_exp,
   };
   return table;
 }
@@ -51,6 +51,7 @@ const KernelTable& avx2_kernels() {
     t.ggml_linear = &x86::avx2::ggml_linear;
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;
+    t.log_sum_exp = &x86::avx2::log_sum_exp;
     x86::register_attention_avx2(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     return t;
   }();
@@ -79,6 +80,7 @@ const KernelTable& avx512_kernels() {
     t.ggml_linear_prefill = true;  // 1.5-2x dequantize + dense at 512 × {4096², 3584 × 18944}, Q4_K/Q6_K
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;  // AVX2 + FMA over a value row (Dv ≤ a few hundred): no AVX-512 version
+    t.log_sum_exp = &x86::avx512::log_sum_exp;
     x86::register_attention_avx512(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
       t.w8a8_gemm = &x86::amx::w8a8_gemm;

@@ -190,6 +190,18 @@ struct GatedDeltaKernelArgs {
   bool v_tiled;        // ModelConfig::LinearAttention::v_tiled
 };
 
+// ---- log-sum-exp of a row (runtime: the logprobs OpenAI reports; kernels/ref/log_sum_exp_ref.cpp) ---------------
+// max = max_i z[i] and lse = log Σ_i exp(z[i] − max) over z[0, n), n >= 1, reported in float64. Every z[i] = −inf:
+// max = lse = −inf. A NaN anywhere, or a +inf: lse = NaN. The reference sums exp in float64; the fast levels compute
+// exp(z − max) in float32 (a few ulp) and sum in float64, so lse agrees with the reference within
+// 2^-24·max_i |z[i] − max| + 1e-6 (the float32 rounding of z − max and of exp).
+struct LogSumExpArgs {
+  const float* z;
+  int64_t n;
+  double* max;
+  double* lse;
+};
+
 struct KernelTable {
   const char* name;
   void (*affine_qmm)(const AffineQmmArgs&);
@@ -203,6 +215,7 @@ struct KernelTable {
   void (*ggml_linear)(const GgmlLinearArgs&);  // native GGUF weights, M >= 1
   void (*ggml_dequantize)(const GgmlDequantArgs&);  // native GGUF weight rows → float32
   void (*gated_delta)(const GatedDeltaKernelArgs&);  // the gated delta rule over value heads [h0, h1)
+  void (*log_sum_exp)(const LogSumExpArgs&);
   // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
   // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
   bool ggml_linear_prefill = false;

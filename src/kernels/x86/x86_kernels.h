@@ -32,7 +32,8 @@ void* scratch(int slot, size_t bytes);
   void w4a8_gemv(const IntLinearArgs& a);         \
   void w4a8_gemm(const IntLinearArgs& a);         \
   void dense_gemm(const DenseGemmArgs& a);        \
-  void affine_qmm(const AffineQmmArgs& a);
+  void affine_qmm(const AffineQmmArgs& a);        \
+  void log_sum_exp(const LogSumExpArgs& a);  // log_sum_exp_<level>.cpp
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
