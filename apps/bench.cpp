@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <time.h>
@@ -17,6 +18,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+#include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
 
 // `cider bench attention …` runs bench/attention_bench.cpp's program (same options, table, --json): the file is
@@ -326,6 +328,43 @@ std::vector<Case> all_cases() {
       return ggml(o, t, ty, 1, 14336, 4096);
     });
   }
+  // Batched decode on native weights (the server's step, M = active sequences): the layer as the model runs it
+  // (nn::LinearWeights::forward: the level's int8 block kernel, or from kDenseFromM rows on levels without a GEMM-shaped
+  // one the decode-to-float32 + dense GEMM path), against the int8 block kernel alone; Gemma 3's output layer (Q8_0)
+  // and a Q4_K layer of a 7B.
+  for (int64_t M : {4, 16, 64})
+    for (auto [type, tn, N, K] : {std::tuple<quant::GgmlType, const char*, int64_t, int64_t>{quant::GgmlType::kQ8_0, "q8_0", 262144, 640},
+                                  {quant::GgmlType::kQ4_K, "q4_k", 14336, 4096}}) {
+      const quant::GgmlType ty = type;
+      const int64_t n = N, k = K, m = M;
+      const std::string shape = std::string("_m") + std::to_string(M) + "_k" + std::to_string(K) + "_n" + std::to_string(N);
+      add(std::string("ggml_") + tn + "_kernel" + shape, [ty, m, n, k](const BenchOptions& o, const kernels::KernelTable& t) {
+        return ggml(o, t, ty, m, n, k);
+      });
+      add(std::string("ggml_") + tn + "_layer" + shape, [ty, m, n, k](const BenchOptions& o, const kernels::KernelTable&) {
+        const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(ty));
+        const int64_t rb = quant::ggml_row_bytes(f, k);
+        const Pool pool = Pool::make(static_cast<size_t>(n * rb), 0, 41, false);
+        const std::vector<float> x = random_floats(static_cast<size_t>(m * k), -1.0f, 1.0f, 42);
+        std::vector<float> out(static_cast<size_t>(m * n));
+        nn::LinearWeights L;
+        L.kind = nn::WeightKind::kGgml;
+        L.N = n;
+        L.K = k;
+        L.w = pool.copies[0].data();
+        L.w_dtype = DType::kU8;
+        L.ggml_type = static_cast<uint32_t>(ty);
+        Result r;
+        r.kernel = std::string("nn::LinearWeights::forward ") + f.name;
+        r.M = m;
+        r.N = n;
+        r.K = k;
+        r.bytes = static_cast<double>(n * rb);
+        r.ops = 2.0 * static_cast<double>(m * n * k);
+        r.ms = time_calls(std::max(3, o.reps / 4), [&](int) { L.forward(x.data(), m, out.data()); });
+        return r;
+      });
+    }
   // A vocabulary row's log-sum-exp (the logprobs of one served token, runtime/engine.cpp): Gemma 3's 262 144 logits.
   add("log_sum_exp_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
     constexpr int64_t n = 262144;
