@@ -328,11 +328,11 @@ std::vector<Case> all_cases() {
       return ggml(o, t, ty, 1, 14336, 4096);
     });
   }
-  // Batched decode on native weights (the server's step, M = active sequences): the layer as the model runs it
+  // Batched decode and prefill on native weights (the server's step, M = active sequences): the layer as the model runs it
   // (nn::LinearWeights::forward: the level's int8 block kernel, or from kDenseFromM rows on levels without a GEMM-shaped
   // one the decode-to-float32 + dense GEMM path), against the int8 block kernel alone; Gemma 3's output layer (Q8_0)
   // and a Q4_K layer of a 7B.
-  for (int64_t M : {4, 16, 64})
+  for (int64_t M : {4, 16, 64, 256})
     for (auto [type, tn, N, K] : {std::tuple<quant::GgmlType, const char*, int64_t, int64_t>{quant::GgmlType::kQ8_0, "q8_0", 262144, 640},
                                   {quant::GgmlType::kQ4_K, "q4_k", 14336, 4096}}) {
       const quant::GgmlType ty = type;

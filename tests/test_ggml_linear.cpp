@@ -285,7 +285,7 @@ namespace {
 
 // The layer: LinearWeights with native blocks. One activation row takes the int8 block kernel; 16 or more take the
 // float32 path (rows decoded, dense GEMM), bounded by float32 rounding alone: (K + 2)·2⁻²⁴·Σ|x·w| per output, unless
-// the active level's ggml_linear takes prefill too (KernelTable::ggml_linear_prefill: avx512), then the int8 bound.
+// the active level's ggml_linear takes prefill too (KernelTable::ggml_linear_prefill: avx512, avx2), then the int8 bound.
 TEST(GgmlLinear, LayerForwardMatchesTheReferenceOnBothPaths) {
   auto rng = test::make_rng(1103);
   for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kQ5_0}) {

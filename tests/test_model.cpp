@@ -967,7 +967,7 @@ TEST(ModelGguf, Q8_0TensorsDequantizeThenConvert) {
 
 // --weights native keeps the Q8_0 blocks of the linear layers (q/k rows un-permuted block row by block row), falls
 // back to bf16 for the F16 embedding, and computes the reference's logits. A 24-token prompt is prefill (M >= 16): on a
-// level whose ggml_linear takes prefill (KernelTable::ggml_linear_prefill: avx512) every matmul uses int8 activations
+// level whose ggml_linear takes prefill (KernelTable::ggml_linear_prefill: avx512, avx2) every matmul uses int8 activations
 // per 32 (step max|x|/127: an RMS error of about 0.5 % of each activation piece, which this random 2-layer model amplifies to a
 // logit RMS of 0.022–0.028 over seeds 1–10, hence 0.06); elsewhere the blocks are decoded to float32 rows (0.004–0.007
 // from the f16 embedding and float32 sums, hence 0.015). A wrong q/k row order gives errors of order 1.

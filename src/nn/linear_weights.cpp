@@ -46,14 +46,15 @@ kernels::IntLinearArgs LinearWeights::int_args(const float* x, int64_t M, float*
 
 namespace {
 
-// Native GGUF weights with many activation rows (prefill), where the level's int8 block kernel is GEMV-shaped
-// (ref, avx2: KernelTable::ggml_linear_prefill false): the weight rows are decoded to float32, kRows at a time
+// Native GGUF weights with many activation rows (batched decode, prefill), where the level's int8 block kernel is
+// GEMV-shaped (ref: KernelTable::ggml_linear_prefill false): the weight rows are decoded to float32, kRows at a time
 // (in parallel, the ggml_dequantize entry: bit for bit the blocks' decoder, so the weights are exactly the file's),
-// and multiplied by the dense GEMM entry, several times faster there than that int8 kernel (AVX2 kernel on the
-// AVX-512 VM, 2 threads: 371 vs 80 ms on 512 × 4096 × 4096 Q4_K) — and closer to the reference, the activations
-// staying float32. The avx512 level's ggml_linear is a GEMM over unpacked panels and beats this path (38 vs 80 ms
-// there; 145–216 vs 270–377 ms at 512 × 3584 × 18944 and 512 × 18944 × 3584, Q4_K and Q6_K; 16 rows: 2.7 vs 5.6 ms),
-// so it takes every M. The rule: use_dense_path.
+// and multiplied by the dense GEMM entry — faster than a GEMV-shaped int8 kernel (the AVX2 GEMV kernel on the
+// AVX-512 VM, 2 threads: 371 vs 80 ms on 512 × 4096 × 4096 Q4_K) and closer to the reference, the activations staying
+// float32. The avx512 and avx2 levels' ggml_linear are GEMMs over unpacked panels from 16 rows and beat this path
+// (avx512: 38 vs 80 ms there; 145–216 vs 270–377 ms at 512 × 3584 × 18944 and 512 × 18944 × 3584, Q4_K and Q6_K;
+// 16 rows: 2.7 vs 5.6 ms. avx2, the AVX2 VM: 60 vs 169 ms at 16 × 640 × 262144 Q8_0, 55 vs 87 ms at 64 × 4096 ×
+// 14336 Q4_K; docs/benchmarks.md), so they take every M. The rule: use_dense_path.
 constexpr int64_t kDenseFromM = 16;
 
 bool use_dense_path(const kernels::KernelTable& kt, int64_t M) { return M >= kDenseFromM && !kt.ggml_linear_prefill; }

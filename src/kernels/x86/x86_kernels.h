@@ -41,6 +41,9 @@ CIDER_X86_DECLARE_KERNELS
 // ggml_dequantize as it is.
 void ggml_linear(const GgmlLinearArgs& a);
 void ggml_dequantize(const GgmlDequantArgs& a);
+// ggml_linear's path for M >= kGgmlGemmFromM rows (avx2/ggml_linear_gemm.cpp: packed panels), format and shapes checked.
+constexpr int64_t kGgmlGemmFromM = 16;
+void ggml_linear_gemm(const GgmlLinearArgs& a);
 void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp
 }  // namespace avx2
 namespace avx512 {

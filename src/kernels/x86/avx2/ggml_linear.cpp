@@ -179,6 +179,7 @@ void ggml_dequantize(const GgmlDequantArgs& a) {
 void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   if (!fast_case(f, a.K, a.row_bytes) || a.N == 0 || a.M == 0) return ref::ggml_linear(a);
+  if (a.M >= kGgmlGemmFromM) return ggml_linear_gemm(a);  // weights unpacked once per panel, not per 4 rows
   const int64_t P = a.K / 32;
   int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
   float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));

@@ -1,0 +1,225 @@
+// Linear layer over native GGUF weights, AVX2, for M >= kGemmFromM activation rows (batched decode, prefill): the
+// AVX-512 panel kernel's design (avx512/ggml_linear.cpp) with the AVX2 level's integer dot product. Contract:
+// GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
+//
+// Activations: quantized exactly as the AVX2 GEMV path does (avx2/ggml_linear.cpp: per 32 elements, step
+// dx = max|x|/127, codes rint(x/dx)), padded with zeros to Kp (K rounded up to 256), with dx·Σ codes per piece.
+// Weights: every block unpacked to its integer form w_i = a_h·c_i + b (avx2/ggml_pieces.h) once per K chunk of kKC
+// and 16-row pair, packed as signed codes [2 blocks of 8 rows][k/4][8 rows][4 bytes] with per piece the 16 rows'
+// scales a (per half for Q6_K) and offsets b. A tile, 16 weight rows (2 × 8 lanes) × kT activation rows: per piece
+// and half, for each 4 codes vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15: no saturation) and vpmaddwd by
+// 1 into int32 lanes that hold Σ c·x of their row exactly, then y += float(S)·(a·dx) and, with offsets, y += b·(dx·Σx):
+//   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
+// Loops: threads split N in 16-row pairs (x86::parallel_chunks); each thread takes its rows in blocks whose M × block
+// outputs fit in L2, runs K chunks over a block, packs each pair of it into its scratch (stays in L1) and sweeps every
+// activation tile over it. Per output the float sums are the same, in the same order, whatever the blocking.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/x86/avx2/ggml_pieces.h"
+#include "kernels/x86/avx2/simd.h"
+#include "kernels/x86/x86_kernels.h"
+#include "quant/ggml_blocks.h"
+
+namespace cider::kernels::x86::avx2 {
+
+namespace {
+
+constexpr int kT = 2;                  // activation rows per tile (× 16 weight rows): 16 ymm registers
+constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed pair stays in L1
+constexpr int64_t kPairRows = 16;      // thread split of N: whole pairs
+constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
+constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
+
+constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
+// Packed bytes per piece of a pair: the codes of both 8-row blocks [2][8][8][4]; the scales a per half; b.
+constexpr int64_t piece_bytes(quant::GgmlType t) { return 512 + 64 * halves_of(t) + (has_b(t) ? 64 : 0); }
+
+struct Ctx {
+  const GgmlLinearArgs* a;
+  int block_size, block_bytes;
+  int64_t Kp, Mp;
+  int8_t* xq;   // [Mp, Kp] codes
+  float* dx;    // [Mp, Kp/32] steps
+  float* xsum;  // [Mp, Kp/32] dx·Σ of each piece's codes
+};
+
+// Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
+void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t Kp = c.Kp, P = a.K / 32, Pp = Kp / 32;
+  for (int64_t m = m0; m < m1; ++m) {
+    int8_t* q = c.xq + m * Kp;
+    const int64_t valid = m < a.M ? P : 0;
+    for (int64_t p = 0; p < Pp; ++p) {
+      float step = 0.0f;
+      if (p < valid) {
+        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q + p * 32);
+      } else {
+        std::memset(q + p * 32, 0, 32);
+      }
+      int s = 0;
+      for (int i = 0; i < 32; ++i) s += q[p * 32 + i];
+      c.dx[m * Pp + p] = step;
+      c.xsum[m * Pp + p] = step * static_cast<float>(s);
+    }
+  }
+}
+
+// Packs weight rows n0 .. n0 + 15 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros).
+template <quant::GgmlType kType>
+void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t* dst) {
+  constexpr int kPieces = pieces_of(kType), kH = halves_of(kType);
+  constexpr int64_t PB = piece_bytes(kType);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t kend = std::min(k0 + kc, a.K);
+  const int64_t valid = kend > k0 ? (kend - k0) / 32 : 0;
+  if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
+  Piece pc[8];
+  alignas(32) uint32_t u[8];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + (n0 + (r < nv ? r : nv - 1)) * a.row_bytes;
+    const int cb = r / 8, lane = r % 8;
+    {  // the row's bytes of the next K chunk, fetched while this chunk is multiplied
+      const int64_t nb = std::min(k0 + 2 * kc, a.K) / c.block_size, b_next = std::min(k0 + kc, a.K) / c.block_size;
+      for (int64_t off = b_next * c.block_bytes; off < nb * c.block_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
+    }
+    for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
+      unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
+      for (int j = 0; j < kPieces; ++j) {
+        uint8_t* pp = dst + (b0 + j) * PB;
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u), pc[j].c);
+        for (int e = 0; e < 8; ++e) std::memcpy(pp + cb * 256 + e * 32 + lane * 4, &u[e], 4);
+        float* ws = reinterpret_cast<float*>(pp + 512) + cb * 8 + lane;
+        ws[0] = pc[j].a0;
+        if constexpr (kH == 2) ws[16] = pc[j].a1;
+        if constexpr (has_b(kType)) reinterpret_cast<float*>(pp + 512 + 64 * kH)[cb * 8 + lane] = pc[j].b0;
+      }
+    }
+  }
+}
+
+// One tile: a packed pair (rows n0.., nr of them valid) × kT activation rows from m0, over `pieces` pieces from
+// element k0; adds the sums to out (first chunk: writes them plus the bias).
+template <quant::GgmlType kType>
+void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, int64_t n0, int nr, bool first) {
+  constexpr int kH = halves_of(kType), kDw = 8 / kH;
+  constexpr int64_t PB = piece_bytes(kType);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t Kp = c.Kp, Pp = Kp / 32, g0 = k0 / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 af[2][kT];
+  for (int t = 0; t < kT; ++t) af[0][t] = af[1][t] = _mm256_setzero_ps();
+  const int8_t* xq = c.xq + m0 * Kp + k0;
+  for (int64_t p = 0; p < pieces; ++p) {
+    const uint8_t* pp = pk + p * PB;
+    const int64_t g = g0 + p;
+    for (int h = 0; h < kH; ++h) {
+      __m256i ai[2][kT];
+      for (int t = 0; t < kT; ++t) ai[0][t] = ai[1][t] = _mm256_setzero_si256();
+      for (int e = 0; e < kDw; ++e) {
+        const int dw = h * kDw + e;
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + dw * 32));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 256 + dw * 32));
+        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+        for (int t = 0; t < kT; ++t) {
+          int32_t xd;
+          std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+          const __m256i xb = _mm256_set1_epi32(xd);
+          ai[0][t] = _mm256_add_epi32(ai[0][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
+          ai[1][t] = _mm256_add_epi32(ai[1][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
+        }
+      }
+      const __m256 ws0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64));
+      const __m256 ws1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64 + 32));
+      for (int t = 0; t < kT; ++t) {
+        const __m256 d = _mm256_set1_ps(c.dx[(m0 + t) * Pp + g]);
+        af[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[0][t]), _mm256_mul_ps(ws0, d), af[0][t]);
+        af[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[1][t]), _mm256_mul_ps(ws1, d), af[1][t]);
+      }
+    }
+    if constexpr (has_b(kType)) {
+      const __m256 b0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH));
+      const __m256 b1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH + 32));
+      for (int t = 0; t < kT; ++t) {
+        const __m256 X = _mm256_set1_ps(c.xsum[(m0 + t) * Pp + g]);
+        af[0][t] = _mm256_fmadd_ps(b0, X, af[0][t]);
+        af[1][t] = _mm256_fmadd_ps(b1, X, af[1][t]);
+      }
+    }
+  }
+  const int mt = static_cast<int>(std::min<int64_t>(kT, a.M - m0));
+  for (int cb = 0; cb < 2; ++cb) {
+    const int lanes = std::min(8, nr - cb * 8);
+    if (lanes <= 0) continue;
+    const int64_t n = n0 + cb * 8;
+    alignas(32) float v[8];
+    for (int t = 0; t < mt; ++t) {
+      _mm256_store_ps(v, af[cb][t]);
+      float* o = a.out + (m0 + t) * a.N + n;
+      for (int l = 0; l < lanes; ++l) o[l] = v[l] + (first ? (a.bias ? a.bias[n + l] : 0.0f) : o[l]);
+    }
+  }
+}
+
+template <quant::GgmlType kType>
+void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t n_begin = c0 * kPairRows, n_end = std::min(c1 * kPairRows, a.N);
+  uint8_t* pk = static_cast<uint8_t*>(scratch(3, static_cast<size_t>(kKC / 32 * piece_bytes(kType))));
+  // Blocks of nb rows: the block's M × nb outputs stay in L2 over the K chunks.
+  const int64_t nb = std::max<int64_t>(kPairRows, std::min(kBlockN, kBlockOut / (a.M * 4) / kPairRows * kPairRows));
+  for (int64_t b0 = n_begin; b0 < n_end; b0 += nb) {
+    const int64_t b1 = std::min(b0 + nb, n_end);
+    for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
+      const int64_t kc = std::min(kKC, c.Kp - k0);
+      for (int64_t n0 = b0; n0 < b1; n0 += kPairRows) {
+        const int nv = static_cast<int>(std::min(kPairRows, n_end - n0));
+        pack_pair<kType>(c, n0, nv, k0, kc, pk);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+      }
+    }
+  }
+}
+
+void rows(void* vctx, int64_t c0, int64_t c1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  using quant::GgmlType;
+  switch (static_cast<GgmlType>(c.a->ggml_type)) {
+    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
+    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
+    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
+    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
+    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
+    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
+    default: return;  // ggml_linear sends only these
+  }
+}
+
+}  // namespace
+
+// The caller (ggml_linear) has checked the format and the shapes.
+void ggml_linear_gemm(const GgmlLinearArgs& a) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
+  Ctx c{};
+  c.a = &a;
+  c.block_size = f->block_size;
+  c.block_bytes = f->block_bytes;
+  c.Kp = (a.K + 255) / 256 * 256;
+  c.Mp = (a.M + kT - 1) / kT * kT;
+  // The caller's scratch (the workers read it): codes in slot 0, steps and sums in slot 1; slot 3 is each worker's
+  // pack.
+  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * c.Kp)));
+  const int64_t Pp = c.Kp / 32;
+  float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 2) * 4));
+  c.dx = rest;
+  c.xsum = rest + c.Mp * Pp;
+  parallel_chunks(c.Mp, &quantize_rows, &c);
+  parallel_chunks((a.N + kPairRows - 1) / kPairRows, &rows, &c);
+}
+
+}  // namespace cider::kernels::x86::avx2
