@@ -162,7 +162,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   }
   if (kv.quantized && kv.key_outliers_auto)
     kv.key_outliers = kv.key_layout == nn::KeyLayout::kChannel ? nn::auto_key_outliers(c.head_dim) : 0;
-  impl->options.kv.validate_head_dims(c.head_dim, c.head_dim, op);
+  kv.validate_head_dims(c.head_dim, c.head_dim, op);
   // Dynamic NTK scaling exists to run past max_position_embeddings: its maximum is max_position × factor.
   int64_t max_ctx = c.max_position;
   if (c.rope.scaling == RopeScaling::kDynamic)

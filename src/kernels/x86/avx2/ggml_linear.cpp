@@ -102,18 +102,7 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
-  using quant::GgmlType;
-  switch (c.type) {
-    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
-    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
-    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
-    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
-    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
-    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
-    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
-    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
-    default: return;  // ggml_linear sends only these
-  }
+  with_block_format(c.type, [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });  // ggml_linear sends only these
 }
 
 // A format with an integer form and rows of whole blocks; anything else (an empty K included) goes to the
@@ -161,19 +150,8 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
 void ggml_dequantize(const GgmlDequantArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   if (!fast_case(f, a.K, a.row_bytes) || a.rows == 0) return ref::ggml_dequantize(a);
-  using quant::GgmlType;
   const int bs = f->block_size, bb = f->block_bytes;
-  switch (f->type) {
-    case GgmlType::kQ8_0: return dequantize_rows<GgmlType::kQ8_0>(a, bs, bb);
-    case GgmlType::kQ4_0: return dequantize_rows<GgmlType::kQ4_0>(a, bs, bb);
-    case GgmlType::kQ4_1: return dequantize_rows<GgmlType::kQ4_1>(a, bs, bb);
-    case GgmlType::kQ5_0: return dequantize_rows<GgmlType::kQ5_0>(a, bs, bb);
-    case GgmlType::kQ5_1: return dequantize_rows<GgmlType::kQ5_1>(a, bs, bb);
-    case GgmlType::kQ4_K: return dequantize_rows<GgmlType::kQ4_K>(a, bs, bb);
-    case GgmlType::kQ5_K: return dequantize_rows<GgmlType::kQ5_K>(a, bs, bb);
-    case GgmlType::kQ6_K: return dequantize_rows<GgmlType::kQ6_K>(a, bs, bb);
-    default: return ref::ggml_dequantize(a);
-  }
+  if (!with_block_format(f->type, [&]<quant::GgmlType T>() { dequantize_rows<T>(a, bs, bb); })) ref::ggml_dequantize(a);
 }
 
 void ggml_linear(const GgmlLinearArgs& a) {

@@ -101,6 +101,11 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   }
 }
 
+// Σ c·x over each 4 codes into int32 lanes: vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15), vpmaddwd by 1.
+static inline __m256i dot4(__m256i abs_c, __m256i c, __m256i x, __m256i ones) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_c, _mm256_sign_epi8(x, c)), ones);
+}
+
 // One tile: a packed pair (rows n0.., nr of them valid) × kT activation rows from m0, over `pieces` pieces from
 // element k0; adds the sums to out (first chunk: writes them plus the bias).
 template <quant::GgmlType kType>
@@ -128,8 +133,8 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
           int32_t xd;
           std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
           const __m256i xb = _mm256_set1_epi32(xd);
-          ai[0][t] = _mm256_add_epi32(ai[0][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
-          ai[1][t] = _mm256_add_epi32(ai[1][t], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
+          ai[0][t] = _mm256_add_epi32(ai[0][t], dot4(a0, w0, xb, ones));
+          ai[1][t] = _mm256_add_epi32(ai[1][t], dot4(a1, w1, xb, ones));
         }
       }
       const __m256 ws0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64));
@@ -186,18 +191,8 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
-  using quant::GgmlType;
-  switch (static_cast<GgmlType>(c.a->ggml_type)) {
-    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
-    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
-    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
-    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
-    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
-    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
-    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
-    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
-    default: return;  // ggml_linear sends only these
-  }
+  // ggml_linear sends only these formats
+  with_block_format(static_cast<quant::GgmlType>(c.a->ggml_type), [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });
 }
 
 }  // namespace

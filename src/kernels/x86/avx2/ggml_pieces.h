@@ -174,6 +174,24 @@ constexpr bool has_b(quant::GgmlType t) {
          t == quant::GgmlType::kQ5_K;
 }
 
+// The kernels' per-format instantiation: f.template operator()<T>() for the formats unpack_block reads; false (f not
+// called) for any other type.
+template <class F>
+static inline bool with_block_format(quant::GgmlType t, F&& f) {
+  using quant::GgmlType;
+  switch (t) {
+    case GgmlType::kQ8_0: f.template operator()<GgmlType::kQ8_0>(); return true;
+    case GgmlType::kQ4_0: f.template operator()<GgmlType::kQ4_0>(); return true;
+    case GgmlType::kQ4_1: f.template operator()<GgmlType::kQ4_1>(); return true;
+    case GgmlType::kQ5_0: f.template operator()<GgmlType::kQ5_0>(); return true;
+    case GgmlType::kQ5_1: f.template operator()<GgmlType::kQ5_1>(); return true;
+    case GgmlType::kQ4_K: f.template operator()<GgmlType::kQ4_K>(); return true;
+    case GgmlType::kQ5_K: f.template operator()<GgmlType::kQ5_K>(); return true;
+    case GgmlType::kQ6_K: f.template operator()<GgmlType::kQ6_K>(); return true;
+    default: return false;
+  }
+}
+
 
 }  // namespace
 }  // namespace cider::kernels::x86

@@ -203,18 +203,8 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
-  using quant::GgmlType;
-  switch (static_cast<GgmlType>(c.a->ggml_type)) {
-    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
-    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
-    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
-    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
-    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
-    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
-    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
-    case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
-    default: return;  // ggml_linear sends only these
-  }
+  // ggml_linear sends only these formats
+  with_block_format(static_cast<quant::GgmlType>(c.a->ggml_type), [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });
 }
 
 }  // namespace
