@@ -80,7 +80,7 @@ struct F16Cfg {
   static constexpr int kVBytes = kTK * kVRowB;
   static constexpr int kSbBytes = kTK * kSbB;
   static constexpr int kRowPlanes = kChan ? 2 : 4;        // per-row f16 planes: key (not kChan) and value s, b
-  static constexpr int kMaxOut = D / 16;                  // kChan: outlier channels per block read (tc_max_outliers)
+  static constexpr int kMaxOut = D / 16;                  // kChan: outlier channels per block read (cuda::kchan_tc_format)
   // kChan: the tile's block key scale and bias rows, then its outlier channels' refinement codes [kMaxOut][32].
   static constexpr int kKBlkB = kChan ? 2 * D * 2 + kMaxOut * 32 : 0;
   static constexpr int kStageB = (kKBytes + kVBytes + kRowPlanes * kSbBytes + kKBlkB + 15) / 16 * 16;

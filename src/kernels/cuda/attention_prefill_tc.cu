@@ -581,13 +581,9 @@ bool prefill_tc_eligible(const kernels::AttentionArgs& a) {
   const bool k8v4 = K.bits == 8 && V.bits == 4;
   const int64_t rep = a.Hq / K.H;
   if (K.layout == 1) {
-    // Per-channel keys (the f16 kernel): K4V4, K5V4 or K5V5, blocks of 64, f16 scales, at most Dk/16 outlier channels; $CIDER_ATTN_TC_KCHAN=0
-    // turns it off with the decode path.
-    return env_flag("CIDER_ATTN_TC_KCHAN", true, "cuda.attention") && (K.bits == 4 || K.bits == 5) &&
-           (V.bits == 4 || (V.bits == 5 && K.bits == 5)) &&
-           V.layout == 0 && K.outliers <= tc_max_outliers(K.dim) &&
-           (K.outliers == 0 || (aligned(K.outlier_codes, 16) && K.outlier_index != nullptr)) && K.group_size == 64 && V.group_size == 64 && K.dim == V.dim &&
-           (K.dim == 128 || K.dim == 256) && K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 &&
+    // Per-channel keys (the f16 kernel) in a format the tensor-core kernels read (kchan_tc_views);
+    // $CIDER_ATTN_TC_KCHAN=0 turns it off with the decode path.
+    return env_flag("CIDER_ATTN_TC_KCHAN", true, "cuda.attention") && kchan_tc_views(K, V) &&
            (a.mask_kind == kernels::MaskKind::kNone || a.mask_kind == kernels::MaskKind::kCausal) && rep * a.L > 8 &&
            rep * a.L <= (int64_t{1} << 30) && aligned(a.q, 16) && aligned(a.out, 16) && aligned(K.data, 16) &&
            aligned(V.data, 16) && aligned(K.scales, 16) && aligned(K.biases, 16) && aligned(V.scales, 4) &&

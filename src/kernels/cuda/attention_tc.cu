@@ -97,7 +97,7 @@ struct Cfg {
   static constexpr int kTileArea = kTcWarps * kSt * kStageB;
   static constexpr int kDigitsB = (kChan ? kTcWarps : 1) * kKSteps * 3 * 32 * 8;  // [(warp)][kstep][digit][lane] uint2
   static constexpr int kQRowsB = kChan ? kRows * D * 4 : 0;
-  static constexpr int kMaxOut = D / 16;             // kChan: outlier channels per block read (tc_max_outliers)
+  static constexpr int kMaxOut = D / 16;             // kChan: outlier channels per block read (cuda::kchan_tc_format)
   // kChan: per warp and row the block's exponent E and β, then the outlier channels' weights [kMaxOut] (float).
   static constexpr int kBlkConstB = kChan ? kTcWarps * kRows * (8 + 4 * kMaxOut) : 0;
   // qsum [8][G] float, qexp [8] int, the warps' (m, l) [4][8] float2, the merge flag (+ padding).
@@ -1298,6 +1298,12 @@ int sm_count() {
   return n;
 }
 
+bool kchan_tc_views(const kernels::KVTensorView& K, const kernels::KVTensorView& V) {
+  return K.layout == 1 && V.layout == 0 && V.group_size == K.group_size && V.scale_dtype == K.scale_dtype &&
+         V.dim == K.dim && kchan_tc_format(K.bits, V.bits, K.group_size, K.scale_dtype, K.dim, K.outliers) &&
+         (K.outliers == 0 || (aligned(K.outlier_codes, 16) && K.outlier_index != nullptr));
+}
+
 bool tc_eligible(const kernels::AttentionArgs& a) {
   if (!tc_enabled()) return false;
   const auto& K = a.keys;
@@ -1306,13 +1312,8 @@ bool tc_eligible(const kernels::AttentionArgs& a) {
   const bool k4v3 = K.bits == 4 && V.bits == 3;
   const bool k8v4 = K.bits == 8 && V.bits == 4;
   if (K.layout == 1) {
-    // Per-channel keys: 4- or 5-bit codes in blocks of 64 positions, f16 block scales, at most Dk/16 outlier channels; V4 values
-    // (V5 with 5-bit keys).
-    return tc_kchan_enabled() && (K.bits == 4 || K.bits == 5) && (V.bits == 4 || (V.bits == 5 && K.bits == 5)) &&
-           V.layout == 0 && K.outliers <= tc_max_outliers(K.dim) &&
-           (K.outliers == 0 || (aligned(K.outlier_codes, 16) && K.outlier_index != nullptr)) &&
-           K.group_size == 64 && V.group_size == 64 && K.dim == V.dim && (K.dim == 128 || K.dim == 256) &&
-           K.scale_dtype == DType::kF16 && V.scale_dtype == DType::kF16 && rep * a.L <= kRows && aligned(a.q, 16) &&
+    // Per-channel keys in a format the kernel reads (kchan_tc_views), at most 8 query rows.
+    return tc_kchan_enabled() && kchan_tc_views(K, V) && rep * a.L <= kRows && aligned(a.q, 16) &&
            aligned(a.out, 16) && aligned(K.data, 16) && aligned(V.data, 16) && aligned(K.scales, 16) &&
            aligned(K.biases, 16) && aligned(V.scales, 4) && aligned(V.biases, 4) && aligned(K.residual, 16);
   }
@@ -1435,3 +1436,13 @@ bool tc_launch(const kernels::AttentionArgs& a, const TcPlan& pl, const int32_t*
 }
 
 }  // namespace cider::cuda::detail
+
+namespace cider::cuda {
+
+bool kchan_tc_format(int k_bits, int v_bits, int64_t group_size, DType scale_dtype, int64_t head_dim, int64_t outliers) {
+  return (k_bits == 4 || k_bits == 5) && (v_bits == 4 || (v_bits == 5 && k_bits == 5)) && group_size == 64 &&
+         scale_dtype == DType::kF16 && (head_dim == 128 || head_dim == 256) && outliers >= 0 &&
+         outliers <= head_dim / 16;  // the kernels' kMaxOut: twice nn::auto_key_outliers' head_dim/32
+}
+
+}  // namespace cider::cuda

@@ -127,7 +127,8 @@ inline void fill_tc_params(TcCallParams& p, const kernels::AttentionArgs& a, con
   p.oindex = static_cast<const uint16_t*>(a.keys.outlier_index);
 }
 
-// The most outlier channels per block the tensor-core kernels read: Dk/16 (twice nn::auto_key_outliers' Dk/32).
-inline int64_t tc_max_outliers(int64_t dim) { return dim / 16; }
+// Both views of a per-channel-key cache in a format the tensor-core kernels read (cuda::kchan_tc_format), with their
+// outlier planes where it has any: the format part of tc_eligible and prefill_tc_eligible.
+bool kchan_tc_views(const kernels::KVTensorView& K, const kernels::KVTensorView& V);
 
 }  // namespace cider::cuda::detail

@@ -210,6 +210,10 @@ void kv_channel_refill(const KVChannelKeysArgs& args, int64_t position, const Ex
 // writes rows length − L … length − 1, and d_length comes from a copy, which PDL never overlaps.
 // $CIDER_ATTN_TC_EARLY=0 reads nothing before the wait.
 size_t attention_workspace_bytes(const kernels::AttentionArgs& args);
+// The per-channel-key cache formats the tensor-core decode and prefill kernels read (the format part of their
+// eligibility, also what a model's load checks outlier channels against): K4V4, K5V4 or K5V5, blocks of 64, f16
+// scales, head dim 128 or 256, at most head_dim/16 outlier channels.
+bool kchan_tc_format(int k_bits, int v_bits, int64_t group_size, DType scale_dtype, int64_t head_dim, int64_t outliers);
 void attention(const kernels::AttentionArgs& args, const int32_t* d_length, const Exec& exec);
 // In place, rows [rows, dim] float32: x ← R x (inverse = false) or Rᵀ x (inverse = true), R the cache's SO(4)
 // rotation (rotation 1/2, qL/qR device [dim/4, 4]); used for queries before attention and outputs after.

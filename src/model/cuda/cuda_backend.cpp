@@ -47,13 +47,11 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
-  // Outlier key channels are read by the tensor-core attention kernels only (kernels/cuda/attention_tc.h): said at
-  // load, naming what they take. (An `auto` count is resolved to head_dim/32 before this.)
+  // Outlier key channels are read by the tensor-core attention kernels only (cuda::kchan_tc_format): said at load,
+  // naming what they take. (An `auto` count is resolved to head_dim/32 before this.)
   if (kv.key_outliers > 0)
-    check(kv.quantized && kv.key_layout == nn::KeyLayout::kChannel && (kv.k_bits == 4 || kv.k_bits == 5) &&
-              (kv.v_bits == 4 || (kv.v_bits == 5 && kv.k_bits == 5)) && kv.group_size == 64 &&
-              kv.scale_dtype == DType::kF16 && (c.head_dim == 128 || c.head_dim == 256) &&
-              kv.key_outliers <= c.head_dim / 16,
+    check(kv.quantized && kv.key_layout == nn::KeyLayout::kChannel &&
+              cuda::kchan_tc_format(kv.k_bits, kv.v_bits, kv.group_size, kv.scale_dtype, c.head_dim, kv.key_outliers),
           ErrorCode::kUnsupported, kOp,
           "--device cuda runs outlier key channels with per-channel keys k4v4, k5v4 or k5v5, group 64, f16 scales, "
           "head_dim 128 or 256 and at most head_dim/16 channels; got ", kv_format_name(kv), ", head_dim ", c.head_dim,
