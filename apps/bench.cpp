@@ -389,6 +389,16 @@ std::vector<Case> all_cases() {
   add("ggml_q8_0_gemv_k640_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return ggml(o, t, quant::GgmlType::kQ8_0, 1, 262144, 640);
   });
+  // Gemma 3 270M's layer GEMVs (Q4_K_M: Q5_0 where K = 640 is not a multiple of 256); with a small --pool-mb they
+  // stay in the caches and time the kernels' arithmetic.
+  for (auto [type, name, N, K] : {std::tuple<quant::GgmlType, const char*, int64_t, int64_t>{quant::GgmlType::kQ5_0, "q5_0", 2048, 640},
+                                  {quant::GgmlType::kQ8_0, "q8_0", 256, 640}, {quant::GgmlType::kQ4_K, "q4_k", 640, 1024},
+                                  {quant::GgmlType::kQ6_K, "q6_k", 640, 2048}}) {
+    const quant::GgmlType ty = type;
+    const int64_t n = N, k = K;
+    add(std::string("ggml_") + name + "_gemv_k" + std::to_string(K) + "_n" + std::to_string(N),
+        [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 1, n, k); });
+  }
   add("ggml_q4_k_gemm_m512_k4096_n4096", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return ggml(o, t, quant::GgmlType::kQ4_K, 512, 4096, 4096);
   });

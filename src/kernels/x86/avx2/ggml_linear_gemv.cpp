@@ -1,0 +1,227 @@
+// Linear layer over native GGUF weights for one activation row (decode, M = 1), AVX2: Q8_0, Q4_0, Q5_0, Q4_K and
+// Q6_K, the formats of Q4_K_M / Q8_0 files (the other formats take avx2/ggml_linear.cpp's tiles). The AVX-512 table
+// sends M = 1 here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
+//
+// Activations: quantized as every native-weight kernel does (avx2/ggml_linear.cpp): per 32 elements ("piece"),
+// step dx = max|x|/127, codes x = rint(x/dx) in [-127, 127]; kept beside them, per piece dx·Σx (formats with a
+// minimum) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8, Q5_0 16, Q6_K 32).
+// Weights: a block's codes are read unsigned, u = c + off in [0, 2^bits), so one vpmaddubsw(u, x) takes them as they
+// are (pairs <= 2·63·127 < 2^15), and the offset comes off exactly in int16:
+//   Σ c·x = Σ u·x - off·Σ x   (pairs after the subtraction in [-8128, 16002]: no saturation).
+// Per piece the integer dot S (vpmaddwd by 1, or by the K-quant's sub-block scale) is exact; it is scaled in float32:
+//   Q8_0 / Q4_0 / Q5_0: y += float(S)·(d·dx)                                      (Q8_0: |c|, sign(x, c): signed codes)
+//   Q4_K: y += d·Σ_j dx_j·float(sc_j·S_j) - dmin·Σ_j m_j·(dx_j·X_j)                 (j: the block's 8 pieces)
+//   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
+// within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as in the tiles).
+// Work: rows in chunks of kRowsPerChunk over the thread pool; kR rows are read together (memory-level parallelism),
+// with the next kR rows prefetched line by line while these are read (short rows, such as Gemma's 640-wide output
+// layer, are too short for the hardware prefetcher's per-row streams).
+#include <cstring>
+
+#include "kernels/x86/avx2/ggml_pieces.h"
+#include "kernels/x86/avx2/simd.h"
+#include "kernels/x86/x86_kernels.h"
+#include "quant/ggml_blocks.h"
+
+namespace cider::kernels::x86::avx2 {
+
+namespace {
+
+using quant::GgmlType;
+
+constexpr int kR = 4;  // weight rows read together
+constexpr int64_t kRowsPerChunk = 16;
+
+constexpr int offset_shift(GgmlType t) {  // log2 of the constant offset of the unsigned codes; 0: none
+  return t == GgmlType::kQ4_0 ? 3 : t == GgmlType::kQ5_0 ? 4 : t == GgmlType::kQ6_K ? 5 : 0;
+}
+
+constexpr int64_t block_bytes_of(GgmlType t) {
+  return t == GgmlType::kQ8_0 ? 34 : t == GgmlType::kQ4_0 ? 18 : t == GgmlType::kQ5_0 ? 22 : t == GgmlType::kQ4_K ? 144 : 210;
+}
+
+struct Ctx {
+  const GgmlLinearArgs* a;
+  const int8_t* xq;    // [K] codes
+  const float* dx;     // [K/32] steps
+  const float* xs;     // [K/32] dx·Σ codes of the piece (Q4_K)
+  const int16_t* xo;   // [K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
+};
+
+static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// d (an f16 at p) times dx, in all 8 lanes.
+static inline __m256 scale_f16(const uint8_t* p, float dx) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(h))), _mm256_set1_ps(dx));
+}
+
+// Σ u·x - off·Σ x over one piece, as 16 int16 pair sums (u unsigned codes, p the piece).
+static inline __m256i offset_pairs(const Ctx& c, __m256i u, int64_t p) {
+  return _mm256_sub_epi16(_mm256_maddubs_epi16(u, load32(c.xq + p * 32)), load32(c.xo + p * 16));
+}
+
+// vpshufb patterns: kPair[j] repeats int16 j of a 128-bit lane in every int16 (Q4_K's sub-block scales);
+// kHalves[j] repeats int16 2j in the low lane and 2j + 1 in the high lane (Q6_K's scales per 16).
+alignas(32) constexpr int8_t kPair[8][32] = {
+#define CIDER_PAIR(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                        2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                        2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                        2 * j, 2 * j + 1}
+    CIDER_PAIR(0), CIDER_PAIR(1), CIDER_PAIR(2), CIDER_PAIR(3), CIDER_PAIR(4), CIDER_PAIR(5), CIDER_PAIR(6),
+    CIDER_PAIR(7)};
+#undef CIDER_PAIR
+alignas(32) constexpr int8_t kHalves[4][32] = {
+#define CIDER_HALVES(j) {4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, \
+                          4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3, 4 * j + 2,    \
+                          4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2,  \
+                          4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3}
+    CIDER_HALVES(0), CIDER_HALVES(1), CIDER_HALVES(2), CIDER_HALVES(3)};
+#undef CIDER_HALVES
+
+// One block of one row into that row's accumulators (acc: the scaled dots; accm: Q4_K's minimum terms).
+template <GgmlType kType>
+static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, __m256& acc, __m256& accm) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kType == GgmlType::kQ8_0) {
+    const __m256i w = load32(b + 2), x = load32(c.xq + blk * 32);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale_f16(b, c.dx[blk]), acc);
+  } else if constexpr (kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0) {
+    __m256i u;
+    if constexpr (kType == GgmlType::kQ4_0)
+      u = nibbles32(b + 2);
+    else
+      u = _mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2)));
+    const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, blk), ones);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale_f16(b, c.dx[blk]), acc);
+  } else if constexpr (kType == GgmlType::kQ4_K) {
+    // The 6-bit scales and minimums (quant/ggml_blocks.cpp's packing): j < 4 in the low 6 bits of bytes j / j + 4;
+    // j >= 4: 4 low bits from byte j + 4, 2 high bits from the top of byte j - 4 / j.
+    uint32_t w[3];
+    std::memcpy(w, b + 4, 12);
+    const uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+    const __m256i scv = _mm256_set_m128i(sc16, sc16);
+    const __m256 mn = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(mn_hi), static_cast<int>(mn_lo))));
+    const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t p0 = blk * 8;
+    __m256 blockacc = _mm256_setzero_ps();
+    for (int q = 0; q < 4; ++q) {
+      const __m256i v = load32(b + 16 + 32 * q);
+      const __m256i u[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * q + h;
+        const __m256i pairs = _mm256_maddubs_epi16(u[h], load32(c.xq + (p0 + j) * 32));
+        const __m256i s = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(scv, load32(kPair[j])));
+        blockacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[p0 + j]), blockacc);
+      }
+    }
+    acc = _mm256_fmadd_ps(blockacc, _mm256_permute_ps(dm, 0x00), acc);
+    accm = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_permute_ps(dm, 0x55)), _mm256_loadu_ps(c.xs + p0), accm);
+  } else {  // Q6_K: ql [128], qh [64], int8 scales [16], d
+    static_assert(kType == GgmlType::kQ6_K);
+    const uint8_t* sc = b + 192;
+    const __m128i sa = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+    const __m128i sb = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+    const __m256i scv[2] = {_mm256_set_m128i(sa, sa), _mm256_set_m128i(sb, sb)};
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const int64_t p0 = blk * 8;
+    __m256 blockacc = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
+      const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+      for (int j = 0; j < 4; ++j) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
+        const __m256i u = _mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4));
+        const int64_t p = p0 + 4 * h + j;
+        const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, p), _mm256_shuffle_epi8(scv[h], load32(kHalves[j])));
+        blockacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[p]), blockacc);
+      }
+    }
+    uint16_t dh;
+    std::memcpy(&dh, b + 208, 2);
+    acc = _mm256_fmadd_ps(blockacc, _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(dh))), acc);
+  }
+}
+
+// Rows [n0, n0 + nr) (nr <= kR; missing rows repeat the last one and are not stored). The kR rows are contiguous,
+// and so are the next kR: per block step, the next tile's share (kR blocks' bytes) is prefetched line by line.
+template <GgmlType kType>
+void tile(const Ctx& c, int64_t n0, int nr) {
+  constexpr int64_t bb = block_bytes_of(kType), kLines = (kR * bb + 63) / 64 + 1;
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t blocks = a.row_bytes / bb;
+  const uint8_t* w[kR];
+  for (int r = 0; r < kR; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
+  __m256 acc[kR], accm[kR];
+  for (int r = 0; r < kR; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
+  const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + kR) * a.row_bytes;  // never dereferenced
+  for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
+    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+    for (int r = 0; r < kR; ++r) block_dot<kType>(c, w[r] + blk * bb, blk, acc[r], accm[r]);
+  }
+  for (int r = 0; r < nr; ++r)
+    a.out[n0 + r] = hsum_ps(acc[r]) - hsum_ps(accm[r]) + (a.bias ? a.bias[n0 + r] : 0.0f);
+}
+
+template <GgmlType kType>
+void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
+  const int64_t n_end = imin(c1 * kRowsPerChunk, c.a->N);
+  for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += kR) tile<kType>(c, n0, static_cast<int>(imin(kR, n_end - n0)));
+}
+
+void rows(void* vctx, int64_t c0, int64_t c1) {
+  const Ctx& c = *static_cast<const Ctx*>(vctx);
+  switch (static_cast<GgmlType>(c.a->ggml_type)) {
+    case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
+    case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
+    case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    default: return rows_of<GgmlType::kQ6_K>(c, c0, c1);  // ggml_linear_gemv_takes: nothing else
+  }
+}
+
+}  // namespace
+
+bool ggml_linear_gemv_takes(uint32_t ggml_type) {
+  const auto t = static_cast<GgmlType>(ggml_type);
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
+  return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_K ||
+          t == GgmlType::kQ6_K) &&
+         f != nullptr && f->block_bytes == block_bytes_of(t);  // the format table's layout is the one read here
+}
+
+void ggml_linear_gemv(const GgmlLinearArgs& a) {
+  const auto type = static_cast<GgmlType>(a.ggml_type);
+  const int64_t P = a.K / 32;
+  int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.K)));
+  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(P) * sizeof(float)));
+  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(P) * sizeof(float)));
+  int16_t* xo = static_cast<int16_t*>(scratch(3, static_cast<size_t>(a.K / 2) * sizeof(int16_t)));
+  const int shift = offset_shift(type);
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  for (int64_t p = 0; p < P; ++p) {
+    int8_t* q = xq + p * 32;
+    dx[p] = quantize_row(a.x + p * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
+    if (shift > 0) {  // off·(x_2i + x_2i+1)
+      const __m256i pairs = _mm256_maddubs_epi16(ones8, load32(q));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + p * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
+    } else {
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) sum += q[i];
+      xs[p] = dx[p] * static_cast<float>(sum);
+    }
+  }
+  Ctx c{&a, xq, dx, xs, xo};
+  parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
+}
+
+}  // namespace cider::kernels::x86::avx2
