@@ -187,7 +187,7 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
     const int64_t bs = quant::ggml_block_format(static_cast<uint32_t>(t))->block_size;
     SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
     for (const Case& c : {Case{t, 1, 13, bs, true}, Case{t, 1, 37, 3 * bs, false}, Case{t, 3, 9, 2 * bs, true},
-                          Case{t, 6, 17, bs, false}, Case{t, 1, 1, 4 * bs, true}, Case{t, 1, 70, 5 * bs, false}})
+                          Case{t, 6, 17, bs, false}, Case{t, 1, 1, 4 * bs, true}, Case{t, 1, 70, 5 * bs, false}, Case{t, 5, 11, 2 * bs, true}, Case{t, 15, 9, bs, false}})
       run_case(rng, c, tables);
   }
 }

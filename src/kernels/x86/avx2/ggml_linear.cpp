@@ -11,8 +11,8 @@
 // Codes are unpacked with byte shuffles and masks for every format but Q5_K, whose pieces come from
 // quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
 // piece serves 4 activation rows; 16 weight rows are read together for one activation row (memory-level parallelism).
-// One activation row of Q8_0, Q4_0, Q5_0, Q4_K or Q6_K goes to avx2/ggml_linear_gemv.cpp (unsigned codes, about 1.4-1.8×
-// this file's tiles there); 16 rows and more to avx2/ggml_linear_gemm.cpp.
+// Fewer than 16 rows of Q8_0, Q4_0, Q5_0, Q4_K or Q6_K go to avx2/ggml_linear_gemv.cpp (unsigned codes, about 1.4-1.8×
+// this file's tiles at M = 1); 16 rows and more to avx2/ggml_linear_gemm.cpp.
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
@@ -159,8 +159,8 @@ void ggml_dequantize(const GgmlDequantArgs& a) {
 void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   if (!fast_case(f, a.K, a.row_bytes) || a.N == 0 || a.M == 0) return ref::ggml_linear(a);
-  if (a.M == 1 && ggml_linear_gemv_takes(a.ggml_type)) return ggml_linear_gemv(a);
   if (a.M >= kGgmlGemmFromM) return ggml_linear_gemm(a);  // weights unpacked once per panel, not per 4 rows
+  if (ggml_linear_gemv_takes(a.ggml_type)) return ggml_linear_gemv(a);
   const int64_t P = a.K / 32;
   int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
   float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));

@@ -1,6 +1,7 @@
-// Linear layer over native GGUF weights for one activation row (decode, M = 1), AVX2: Q8_0, Q4_0, Q5_0, Q4_K and
-// Q6_K, the formats of Q4_K_M / Q8_0 files (the other formats take avx2/ggml_linear.cpp's tiles). The AVX-512 table
-// sends M = 1 here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
+// Linear layer over native GGUF weights for few activation rows (decode and batched decode, M < kGgmlGemmFromM), AVX2:
+// Q8_0, Q4_0, Q5_0, Q4_K and Q6_K, the formats of Q4_K_M / Q8_0 files (the other formats take avx2/ggml_linear.cpp's
+// tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
+// ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized as every native-weight kernel does (avx2/ggml_linear.cpp): per 32 elements ("piece"),
 // step dx = max|x|/127, codes x = rint(x/dx) in [-127, 127]; kept beside them, per piece dx·Σx (formats with a
@@ -13,8 +14,9 @@
 //   Q4_K: y += d·Σ_j dx_j·float(sc_j·S_j) - dmin·Σ_j m_j·(dx_j·X_j)                 (j: the block's 8 pieces)
 //   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
 // within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as in the tiles).
-// Work: rows in chunks of kRowsPerChunk over the thread pool; kR rows are read together (memory-level parallelism),
-// with the next kR rows prefetched line by line while these are read (short rows, such as Gemma's 640-wide output
+// Work: weight rows in chunks of kRowsPerChunk over the thread pool. One activation row: kR1 weight rows read
+// together (memory-level parallelism); more: 2 weight rows × 4 activation rows, each unpacked block serving all 4.
+// The next tile's rows are prefetched line by line while a tile is read (short rows, such as Gemma's 640-wide output
 // layer, are too short for the hardware prefetcher's per-row streams).
 #include <cstring>
 
@@ -29,7 +31,6 @@ namespace {
 
 using quant::GgmlType;
 
-constexpr int kR = 4;  // weight rows read together
 constexpr int64_t kRowsPerChunk = 16;
 
 constexpr int offset_shift(GgmlType t) {  // log2 of the constant offset of the unsigned codes; 0: none
@@ -42,24 +43,24 @@ constexpr int64_t block_bytes_of(GgmlType t) {
 
 struct Ctx {
   const GgmlLinearArgs* a;
-  const int8_t* xq;    // [K] codes
-  const float* dx;     // [K/32] steps
-  const float* xs;     // [K/32] dx·Σ codes of the piece (Q4_K)
-  const int16_t* xo;   // [K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
+  const int8_t* xq;    // [M, K] codes
+  const float* dx;     // [M, K/32] steps
+  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K)
+  const int16_t* xo;   // [M, K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
 };
 
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// d (an f16 at p) times dx, in all 8 lanes.
-static inline __m256 scale_f16(const uint8_t* p, float dx) {
+static inline __m256 f16_bcast(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(h))), _mm256_set1_ps(dx));
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(h)));
 }
 
-// Σ u·x - off·Σ x over one piece, as 16 int16 pair sums (u unsigned codes, p the piece).
-static inline __m256i offset_pairs(const Ctx& c, __m256i u, int64_t p) {
-  return _mm256_sub_epi16(_mm256_maddubs_epi16(u, load32(c.xq + p * 32)), load32(c.xo + p * 16));
+// Σ u·x - off·Σ x over piece p of activation row m, as 16 int16 pair sums (u unsigned codes).
+static inline __m256i offset_pairs(const Ctx& c, __m256i u, int64_t m, int64_t p) {
+  const int64_t K = c.a->K;
+  return _mm256_sub_epi16(_mm256_maddubs_epi16(u, load32(c.xq + m * K + p * 32)), load32(c.xo + m * (K / 2) + p * 16));
 }
 
 // vpshufb patterns: kPair[j] repeats int16 j of a 128-bit lane in every int16 (Q4_K's sub-block scales);
@@ -80,22 +81,31 @@ alignas(32) constexpr int8_t kHalves[4][32] = {
     CIDER_HALVES(0), CIDER_HALVES(1), CIDER_HALVES(2), CIDER_HALVES(3)};
 #undef CIDER_HALVES
 
-// One block of one row into that row's accumulators (acc: the scaled dots; accm: Q4_K's minimum terms).
-template <GgmlType kType>
-static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, __m256& acc, __m256& accm) {
+// One block of one weight row against kT activation rows from m0, into acc[t].
+template <GgmlType kType, int kT>
+static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (kType == GgmlType::kQ8_0) {
-    const __m256i w = load32(b + 2), x = load32(c.xq + blk * 32);
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale_f16(b, c.dx[blk]), acc);
-  } else if constexpr (kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0) {
-    __m256i u;
-    if constexpr (kType == GgmlType::kQ4_0)
-      u = nibbles32(b + 2);
-    else
-      u = _mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2)));
-    const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, blk), ones);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale_f16(b, c.dx[blk]), acc);
+  const int64_t K = c.a->K, P = K / 32;
+  if constexpr (kType == GgmlType::kQ8_0 || kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0) {
+    const __m256 d = f16_bcast(b);
+    if constexpr (kType == GgmlType::kQ8_0) {
+      const __m256i w = load32(b + 2), aw = _mm256_abs_epi8(w);
+      for (int t = 0; t < kT; ++t) {
+        const __m256i x = load32(c.xq + (m0 + t) * K + blk * 32);
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
+      }
+    } else {
+      __m256i u;
+      if constexpr (kType == GgmlType::kQ4_0)
+        u = nibbles32(b + 2);
+      else
+        u = _mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2)));
+      for (int t = 0; t < kT; ++t) {
+        const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, m0 + t, blk), ones);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
+      }
+    }
   } else if constexpr (kType == GgmlType::kQ4_K) {
     // The 6-bit scales and minimums (quant/ggml_blocks.cpp's packing): j < 4 in the low 6 bits of bytes j / j + 4;
     // j >= 4: 4 low bits from byte j + 4, 2 high bits from the top of byte j - 4 / j.
@@ -109,21 +119,28 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, __m256
     const __m256 mn = _mm256_cvtepi32_ps(
         _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(mn_hi), static_cast<int>(mn_lo))));
     const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
+    const __m256 mins = _mm256_mul_ps(mn, _mm256_permute_ps(dm, 0x55));                // dmin·m_j, lane j
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const int64_t p0 = blk * 8;
-    __m256 blockacc = _mm256_setzero_ps();
+    __m256 blockacc[kT];
+    for (int t = 0; t < kT; ++t) blockacc[t] = _mm256_setzero_ps();
     for (int q = 0; q < 4; ++q) {
       const __m256i v = load32(b + 16 + 32 * q);
       const __m256i u[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * q + h;
-        const __m256i pairs = _mm256_maddubs_epi16(u[h], load32(c.xq + (p0 + j) * 32));
-        const __m256i s = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(scv, load32(kPair[j])));
-        blockacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[p0 + j]), blockacc);
+        const __m256i scj = _mm256_shuffle_epi8(scv, load32(kPair[j]));
+        for (int t = 0; t < kT; ++t) {
+          const int64_t m = m0 + t;
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u[h], load32(c.xq + m * K + (p0 + j) * 32)), scj);
+          blockacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[m * P + p0 + j]), blockacc[t]);
+        }
       }
     }
-    acc = _mm256_fmadd_ps(blockacc, _mm256_permute_ps(dm, 0x00), acc);
-    accm = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_permute_ps(dm, 0x55)), _mm256_loadu_ps(c.xs + p0), accm);
+    for (int t = 0; t < kT; ++t) {  // the minimums' lanes are the block's pieces; the final sum adds the lanes
+      acc[t] = _mm256_fmadd_ps(blockacc[t], _mm256_permute_ps(dm, 0x00), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(c.xs + (m0 + t) * P + p0), acc[t]);
+    }
   } else {  // Q6_K: ql [128], qh [64], int8 scales [16], d
     static_assert(kType == GgmlType::kQ6_K);
     const uint8_t* sc = b + 192;
@@ -132,7 +149,8 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, __m256
     const __m256i scv[2] = {_mm256_set_m128i(sa, sa), _mm256_set_m128i(sb, sb)};
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     const int64_t p0 = blk * 8;
-    __m256 blockacc = _mm256_setzero_ps();
+    __m256 blockacc[kT];
+    for (int t = 0; t < kT; ++t) blockacc[t] = _mm256_setzero_ps();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
       const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
@@ -141,41 +159,65 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, __m256
       for (int j = 0; j < 4; ++j) {
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), m2);
         const __m256i u = _mm256_or_si256(lo[j], _mm256_slli_epi16(hi, 4));
+        const __m256i scj = _mm256_shuffle_epi8(scv[h], load32(kHalves[j]));
         const int64_t p = p0 + 4 * h + j;
-        const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, p), _mm256_shuffle_epi8(scv[h], load32(kHalves[j])));
-        blockacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[p]), blockacc);
+        for (int t = 0; t < kT; ++t) {
+          const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, m0 + t, p), scj);
+          blockacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[(m0 + t) * P + p]), blockacc[t]);
+        }
       }
     }
-    uint16_t dh;
-    std::memcpy(&dh, b + 208, 2);
-    acc = _mm256_fmadd_ps(blockacc, _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(dh))), acc);
+    const __m256 d = f16_bcast(b + 208);
+    for (int t = 0; t < kT; ++t) acc[t] = _mm256_fmadd_ps(blockacc[t], d, acc[t]);
   }
 }
 
-// Rows [n0, n0 + nr) (nr <= kR; missing rows repeat the last one and are not stored). The kR rows are contiguous,
-// and so are the next kR: per block step, the next tile's share (kR blocks' bytes) is prefetched line by line.
-template <GgmlType kType>
-void tile(const Ctx& c, int64_t n0, int nr) {
+// Weight rows [n0, n0 + nr) × activation rows [m0, m0 + kT) (nr <= kR; missing weight rows repeat the last one and
+// are not stored). The kR rows are contiguous, and so are the next kR: per block step, the next tile's share (kR
+// blocks' bytes) is prefetched line by line.
+template <GgmlType kType, int kR, int kT>
+void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   constexpr int64_t bb = block_bytes_of(kType), kLines = (kR * bb + 63) / 64 + 1;
   const GgmlLinearArgs& a = *c.a;
   const int64_t blocks = a.row_bytes / bb;
   const uint8_t* w[kR];
   for (int r = 0; r < kR; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
-  __m256 acc[kR], accm[kR];
-  for (int r = 0; r < kR; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
+  __m256 acc[kR][kT];
+  for (int r = 0; r < kR; ++r)
+    for (int t = 0; t < kT; ++t) acc[r][t] = _mm256_setzero_ps();
   const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + kR) * a.row_bytes;  // never dereferenced
   for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
     for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
-    for (int r = 0; r < kR; ++r) block_dot<kType>(c, w[r] + blk * bb, blk, acc[r], accm[r]);
+    for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, acc[r]);
   }
   for (int r = 0; r < nr; ++r)
-    a.out[n0 + r] = hsum_ps(acc[r]) - hsum_ps(accm[r]) + (a.bias ? a.bias[n0 + r] : 0.0f);
+    for (int t = 0; t < kT; ++t)
+      a.out[(m0 + t) * a.N + n0 + r] = hsum_ps(acc[r][t]) + (a.bias ? a.bias[n0 + r] : 0.0f);
 }
+
+// One activation row: kR1 weight rows together; more: 2 weight rows × up to 4 activation rows.
+constexpr int kR1 = 4;
 
 template <GgmlType kType>
 void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
-  const int64_t n_end = imin(c1 * kRowsPerChunk, c.a->N);
-  for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += kR) tile<kType>(c, n0, static_cast<int>(imin(kR, n_end - n0)));
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t n_end = imin(c1 * kRowsPerChunk, a.N);
+  if (a.M == 1) {
+    for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += kR1)
+      tile<kType, kR1, 1>(c, n0, static_cast<int>(imin(kR1, n_end - n0)), 0);
+    return;
+  }
+  for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 2) {
+    const int nr = static_cast<int>(imin(2, n_end - n0));
+    int64_t m0 = 0;
+    for (; m0 + 4 <= a.M; m0 += 4) tile<kType, 2, 4>(c, n0, nr, m0);
+    switch (a.M - m0) {
+      case 3: tile<kType, 2, 3>(c, n0, nr, m0); break;
+      case 2: tile<kType, 2, 2>(c, n0, nr, m0); break;
+      case 1: tile<kType, 2, 1>(c, n0, nr, m0); break;
+      default: break;
+    }
+  }
 }
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
@@ -201,23 +243,23 @@ bool ggml_linear_gemv_takes(uint32_t ggml_type) {
 
 void ggml_linear_gemv(const GgmlLinearArgs& a) {
   const auto type = static_cast<GgmlType>(a.ggml_type);
-  const int64_t P = a.K / 32;
-  int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.K)));
-  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(P) * sizeof(float)));
-  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(P) * sizeof(float)));
-  int16_t* xo = static_cast<int16_t*>(scratch(3, static_cast<size_t>(a.K / 2) * sizeof(int16_t)));
+  const int64_t P = a.K / 32, MP = a.M * P;
+  int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
+  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(MP) * sizeof(float)));
+  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(MP) * sizeof(float)));
+  int16_t* xo = static_cast<int16_t*>(scratch(3, static_cast<size_t>(MP) * 16 * sizeof(int16_t)));
   const int shift = offset_shift(type);
   const __m256i ones8 = _mm256_set1_epi8(1);
-  for (int64_t p = 0; p < P; ++p) {
-    int8_t* q = xq + p * 32;
-    dx[p] = quantize_row(a.x + p * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
+  for (int64_t mp = 0; mp < MP; ++mp) {  // piece mp: row mp / P (rows of x are K long, as the codes)
+    int8_t* q = xq + mp * 32;
+    dx[mp] = quantize_row(a.x + mp * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
     if (shift > 0) {  // off·(x_2i + x_2i+1)
       const __m256i pairs = _mm256_maddubs_epi16(ones8, load32(q));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + p * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + mp * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
     } else {
       int sum = 0;
       for (int i = 0; i < 32; ++i) sum += q[i];
-      xs[p] = dx[p] * static_cast<float>(sum);
+      xs[mp] = dx[mp] * static_cast<float>(sum);
     }
   }
   Ctx c{&a, xq, dx, xs, xo};
