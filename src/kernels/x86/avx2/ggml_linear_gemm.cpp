@@ -3,12 +3,16 @@
 // GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized exactly as the AVX2 GEMV path does (avx2/ggml_linear.cpp: per 32 elements, step
-// dx = max|x|/127, codes rint(x/dx)), padded with zeros to Kp (K rounded up to 256), with dx·Σ codes per piece.
+// dx = max|x|/127, codes rint(x/dx)), padded with zeros to Kp (K rounded up to 256), with dx·Σ codes per piece and
+// the integer Σ codes per half-piece.
 // Weights: every block unpacked to its integer form w_i = a_h·c_i + b (avx2/ggml_pieces.h) once per K chunk of kKC
-// and 16-row pair, packed as signed codes [2 blocks of 8 rows][k/4][8 rows][4 bytes] with per piece the 16 rows'
-// scales a (per half for Q6_K) and offsets b. A tile, 16 weight rows (2 × 8 lanes) × kT activation rows: per piece
-// and half, for each 4 codes vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15: no saturation) and vpmaddwd by
-// 1 into int32 lanes that hold Σ c·x of their row exactly, then y += float(S)·(a·dx) and, with offsets, y += b·(dx·Σx):
+// and 16-row pair, packed as codes [2 blocks of 8 rows][k/4][8 rows][4 bytes] with per piece the 16 rows' scales a
+// (per half for Q6_K) and offsets b: unsigned u = c + off (Q4_0 8, Q5_0 16, Q6_K 32, the others 0) for every format
+// but Q8_0, whose codes stay signed. A tile, 16 weight rows (2 × 8 lanes) × kT activation rows: per piece and half,
+// for each 4 codes vpmaddubsw(u, x) (pairs <= 2·63·127), summed in int16 over as many groups of 4 as cannot
+// saturate (8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit), vpmaddwd by 1, and off·Σx taken off the int32 sums; Q8_0:
+// vpmaddubsw(|c|, sign(x, c)) + vpmaddwd per 4 codes. The int32 lanes hold Σ c·x of their row exactly; then
+// y += float(S)·(a·dx) and, with offsets, y += b·(dx·Σx):
 //   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
 // Loops: threads split N in 16-row pairs (x86::parallel_chunks); each thread takes its rows in blocks whose M × block
 // outputs fit in L2, runs K chunks over a block, packs each pair of it into its scratch (stays in L1) and sweeps every
@@ -32,6 +36,17 @@ constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
 constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
+// Every format but Q8_0 is packed as unsigned codes u = c + off (off: Q4_0 8, Q5_0 16, Q6_K 32, else 0; u < 2^bits).
+constexpr bool unsigned_codes(quant::GgmlType t) { return t != quant::GgmlType::kQ8_0; }
+constexpr int offset_of(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_0 ? 8 : t == quant::GgmlType::kQ5_0 ? 16 : t == quant::GgmlType::kQ6_K ? 32 : 0;
+}
+// 4-code groups whose vpmaddubsw pairs (|pair| <= 2·umax·127) can be summed in int16 before vpmaddwd: 8 for 4-bit
+// codes (8·3810 < 2^15), 4 for 5-bit (4·7874), 2 for 6-bit (2·16002).
+constexpr int int16_groups(quant::GgmlType t) {
+  using quant::GgmlType;
+  return t == GgmlType::kQ6_K ? 2 : t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K ? 4 : 8;
+}
 // Packed bytes per piece of a pair: the codes of both 8-row blocks [2][8][8][4]; the scales a per half; b.
 constexpr int64_t piece_bytes(quant::GgmlType t) { return 512 + 64 * halves_of(t) + (has_b(t) ? 64 : 0); }
 
@@ -42,6 +57,7 @@ struct Ctx {
   int8_t* xq;   // [Mp, Kp] codes
   float* dx;    // [Mp, Kp/32] steps
   float* xsum;  // [Mp, Kp/32] dx·Σ of each piece's codes
+  int32_t* xh;  // [Mp, Kp/32, 2] Σ of each half-piece's codes
 };
 
 // Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
@@ -59,10 +75,15 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
       } else {
         std::memset(q + p * 32, 0, 32);
       }
-      int s = 0;
-      for (int i = 0; i < 32; ++i) s += q[p * 32 + i];
+      int s0 = 0, s1 = 0;
+      for (int i = 0; i < 16; ++i) {
+        s0 += q[p * 32 + i];
+        s1 += q[p * 32 + 16 + i];
+      }
       c.dx[m * Pp + p] = step;
-      c.xsum[m * Pp + p] = step * static_cast<float>(s);
+      c.xsum[m * Pp + p] = step * static_cast<float>(s0 + s1);
+      c.xh[(m * Pp + p) * 2] = s0;
+      c.xh[(m * Pp + p) * 2 + 1] = s1;
     }
   }
 }
@@ -90,7 +111,8 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
       unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u), pc[j].c);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u),
+                           _mm256_add_epi8(pc[j].c, _mm256_set1_epi8(static_cast<char>(offset_of(kType)))));
         for (int e = 0; e < 8; ++e) std::memcpy(pp + cb * 256 + e * 32 + lane * 4, &u[e], 4);
         float* ws = reinterpret_cast<float*>(pp + 512) + cb * 8 + lane;
         ws[0] = pc[j].a0;
@@ -124,17 +146,50 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
     for (int h = 0; h < kH; ++h) {
       __m256i ai[2][kT];
       for (int t = 0; t < kT; ++t) ai[0][t] = ai[1][t] = _mm256_setzero_si256();
-      for (int e = 0; e < kDw; ++e) {
-        const int dw = h * kDw + e;
-        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + dw * 32));
-        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 256 + dw * 32));
-        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
-        for (int t = 0; t < kT; ++t) {
-          int32_t xd;
-          std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
-          const __m256i xb = _mm256_set1_epi32(xd);
-          ai[0][t] = _mm256_add_epi32(ai[0][t], dot4(a0, w0, xb, ones));
-          ai[1][t] = _mm256_add_epi32(ai[1][t], dot4(a1, w1, xb, ones));
+      if constexpr (unsigned_codes(kType)) {
+        // vpmaddubsw(u, x) on the unsigned codes, kG groups summed in int16, then vpmaddwd by 1; the offset comes
+        // off the int32 sums exactly: Σ c·x = Σ u·x − off·Σ x.
+        constexpr int kG = int16_groups(kType) < kDw ? int16_groups(kType) : kDw;
+        for (int e0 = 0; e0 < kDw; e0 += kG) {
+          __m256i s16[2][kT];
+          for (int t = 0; t < kT; ++t) s16[0][t] = s16[1][t] = _mm256_setzero_si256();
+          for (int e = e0; e < e0 + kG; ++e) {
+            const int dw = h * kDw + e;
+            const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + dw * 32));
+            const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 256 + dw * 32));
+            for (int t = 0; t < kT; ++t) {
+              int32_t xd;
+              std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+              const __m256i xb = _mm256_set1_epi32(xd);
+              s16[0][t] = _mm256_add_epi16(s16[0][t], _mm256_maddubs_epi16(w0, xb));
+              s16[1][t] = _mm256_add_epi16(s16[1][t], _mm256_maddubs_epi16(w1, xb));
+            }
+          }
+          for (int t = 0; t < kT; ++t) {
+            ai[0][t] = _mm256_add_epi32(ai[0][t], _mm256_madd_epi16(s16[0][t], ones));
+            ai[1][t] = _mm256_add_epi32(ai[1][t], _mm256_madd_epi16(s16[1][t], ones));
+          }
+        }
+        if constexpr (offset_of(kType) != 0)
+          for (int t = 0; t < kT; ++t) {
+            const int32_t* xh = c.xh + ((m0 + t) * Pp + g) * 2;
+            const __m256i o = _mm256_set1_epi32(offset_of(kType) * (kH == 2 ? xh[h] : xh[0] + xh[1]));
+            ai[0][t] = _mm256_sub_epi32(ai[0][t], o);
+            ai[1][t] = _mm256_sub_epi32(ai[1][t], o);
+          }
+      } else {
+        for (int e = 0; e < kDw; ++e) {
+          const int dw = h * kDw + e;
+          const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + dw * 32));
+          const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 256 + dw * 32));
+          const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+          for (int t = 0; t < kT; ++t) {
+            int32_t xd;
+            std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+            const __m256i xb = _mm256_set1_epi32(xd);
+            ai[0][t] = _mm256_add_epi32(ai[0][t], dot4(a0, w0, xb, ones));
+            ai[1][t] = _mm256_add_epi32(ai[1][t], dot4(a1, w1, xb, ones));
+          }
         }
       }
       const __m256 ws0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64));
@@ -210,9 +265,10 @@ void ggml_linear_gemm(const GgmlLinearArgs& a) {
   // pack.
   c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * c.Kp)));
   const int64_t Pp = c.Kp / 32;
-  float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 2) * 4));
+  float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 4) * 4));
   c.dx = rest;
   c.xsum = rest + c.Mp * Pp;
+  c.xh = reinterpret_cast<int32_t*>(rest + 2 * c.Mp * Pp);
   parallel_chunks(c.Mp, &quantize_rows, &c);
   parallel_chunks((a.N + kPairRows - 1) / kPairRows, &rows, &c);
 }
