@@ -117,23 +117,28 @@ std::vector<TokenProb> Sampler::distribution(const float* logits, int64_t vocab,
     const auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     };
-    size_t next_excluded = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (next_excluded < request.excluded.size() && request.excluded[next_excluded] == i) {
-        ++next_excluded;
-        continue;
+    // Tokens come in index order, so a token whose logit equals the heap's worst never beats it (the worst has the
+    // lower id): once the heap is full, only logits above its worst get in — one comparison per token for the rest.
+    // Before that, the bar is −inf (skipped, as it must be). distribution_check has refused NaN.
+    float bar = -kInf;
+    int64_t i = 0;
+    for (size_t ex = 0; ex <= request.excluded.size(); ++ex) {
+      const int64_t end = std::min<int64_t>(ex < request.excluded.size() ? request.excluded[ex] : vocab, vocab);  // ascending
+      for (; i < end; ++i) {
+        const float x = logits[i];
+        if (x <= bar) continue;
+        const std::pair<float, int32_t> e{x, static_cast<int32_t>(i)};
+        if (static_cast<int64_t>(heap.size()) < request.k) {
+          heap.push_back(e);
+          std::push_heap(heap.begin(), heap.end(), better);
+        } else {
+          std::pop_heap(heap.begin(), heap.end(), better);
+          heap.back() = e;
+          std::push_heap(heap.begin(), heap.end(), better);
+        }
+        if (static_cast<int64_t>(heap.size()) == request.k) bar = heap.front().first;
       }
-      const float x = logits[i];
-      if (x == -kInf) continue;
-      const std::pair<float, int32_t> e{x, static_cast<int32_t>(i)};
-      if (static_cast<int64_t>(heap.size()) < request.k) {
-        heap.push_back(e);
-        std::push_heap(heap.begin(), heap.end(), better);
-      } else if (better(e, heap.front())) {
-        std::pop_heap(heap.begin(), heap.end(), better);
-        heap.back() = e;
-        std::push_heap(heap.begin(), heap.end(), better);
-      }
+      i = end + 1;  // the excluded token
     }
     std::sort_heap(heap.begin(), heap.end(), better);  // best first
     for (const auto& [x, id] : heap) {
