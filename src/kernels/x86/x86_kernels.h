@@ -45,7 +45,7 @@ void ggml_dequantize(const GgmlDequantArgs& a);
 constexpr int64_t kGgmlGemmFromM = 16;
 void ggml_linear_gemm(const GgmlLinearArgs& a);
 // ggml_linear's path for M < kGgmlGemmFromM (avx2/ggml_linear_gemv.cpp: unsigned codes, offsets off in int16) for the
-// formats it takes (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K); format and shapes checked by ggml_linear.
+// formats it takes (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); format and shapes checked by ggml_linear.
 bool ggml_linear_gemv_takes(uint32_t ggml_type);
 void ggml_linear_gemv(const GgmlLinearArgs& a);
 void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp

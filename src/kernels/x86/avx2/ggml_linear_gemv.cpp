@@ -1,17 +1,17 @@
 // Linear layer over native GGUF weights for few activation rows (decode and batched decode, M < kGgmlGemmFromM), AVX2:
-// Q8_0, Q4_0, Q5_0, Q4_K and Q6_K, the formats of Q4_K_M / Q8_0 files (the other formats take avx2/ggml_linear.cpp's
-// tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
+// Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, the formats of Q4_K_M / Q5_K_M / Q8_0 files (Q4_1 and Q5_1 take
+// avx2/ggml_linear.cpp's tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
 // ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized as every native-weight kernel does (avx2/ggml_linear.cpp): per 32 elements ("piece"),
 // step dx = max|x|/127, codes x = rint(x/dx) in [-127, 127]; kept beside them, per piece dx·Σx (formats with a
-// minimum) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8, Q5_0 16, Q6_K 32).
+// minimum: Q4_K, Q5_K) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8, Q5_0 16, Q6_K 32).
 // Weights: a block's codes are read unsigned, u = c + off in [0, 2^bits), so one vpmaddubsw(u, x) takes them as they
 // are (pairs <= 2·63·127 < 2^15), and the offset comes off exactly in int16:
 //   Σ c·x = Σ u·x - off·Σ x   (pairs after the subtraction in [-8128, 16002]: no saturation).
 // Per piece the integer dot S (vpmaddwd by 1, or by the K-quant's sub-block scale) is exact; it is scaled in float32:
 //   Q8_0 / Q4_0 / Q5_0: y += float(S)·(d·dx)                                      (Q8_0: |c|, sign(x, c): signed codes)
-//   Q4_K: y += d·Σ_j dx_j·float(sc_j·S_j) - dmin·Σ_j m_j·(dx_j·X_j)                 (j: the block's 8 pieces)
+//   Q4_K, Q5_K: y += d·Σ_j dx_j·float(sc_j·S_j) - dmin·Σ_j m_j·(dx_j·X_j)           (j: the block's 8 pieces)
 //   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
 // within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as in the tiles).
 // Work: weight rows in chunks of kRowsPerChunk over the thread pool. One activation row: kR1 weight rows read
@@ -38,7 +38,12 @@ constexpr int offset_shift(GgmlType t) {  // log2 of the constant offset of the 
 }
 
 constexpr int64_t block_bytes_of(GgmlType t) {
-  return t == GgmlType::kQ8_0 ? 34 : t == GgmlType::kQ4_0 ? 18 : t == GgmlType::kQ5_0 ? 22 : t == GgmlType::kQ4_K ? 144 : 210;
+  return t == GgmlType::kQ8_0   ? 34
+         : t == GgmlType::kQ4_0 ? 18
+         : t == GgmlType::kQ5_0 ? 22
+         : t == GgmlType::kQ4_K ? 144
+         : t == GgmlType::kQ5_K ? 176
+                                : 210;
 }
 
 struct Ctx {
@@ -106,7 +111,7 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
       }
     }
-  } else if constexpr (kType == GgmlType::kQ4_K) {
+  } else if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
     // The 6-bit scales and minimums (quant/ggml_blocks.cpp's packing): j < 4 in the low 6 bits of bytes j / j + 4;
     // j >= 4: 4 low bits from byte j + 4, 2 high bits from the top of byte j - 4 / j.
     uint32_t w[3];
@@ -124,9 +129,15 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
     const int64_t p0 = blk * 8;
     __m256 blockacc[kT];
     for (int t = 0; t < kT; ++t) blockacc[t] = _mm256_setzero_ps();
+    constexpr int kQs = kType == GgmlType::kQ4_K ? 16 : 48;  // Q5_K: qh [32] before the nibbles
     for (int q = 0; q < 4; ++q) {
-      const __m256i v = load32(b + 16 + 32 * q);
-      const __m256i u[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+      const __m256i v = load32(b + kQs + 32 * q);
+      __m256i u[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+      if constexpr (kType == GgmlType::kQ5_K) {  // bit 4 of piece j's element i: bit j of qh[i]
+        const __m256i qh = load32(b + 16), one = _mm256_set1_epi8(1);
+        for (int h = 0; h < 2; ++h)
+          u[h] = _mm256_or_si256(u[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * q + h), one), 4));
+      }
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * q + h;
         const __m256i scj = _mm256_shuffle_epi8(scv, load32(kPair[j]));
@@ -227,6 +238,7 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
     case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
     case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
     case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
     default: return rows_of<GgmlType::kQ6_K>(c, c0, c1);  // ggml_linear_gemv_takes: nothing else
   }
 }
@@ -237,7 +249,7 @@ bool ggml_linear_gemv_takes(uint32_t ggml_type) {
   const auto t = static_cast<GgmlType>(ggml_type);
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
   return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_K ||
-          t == GgmlType::kQ6_K) &&
+          t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) &&
          f != nullptr && f->block_bytes == block_bytes_of(t);  // the format table's layout is the one read here
 }
 
