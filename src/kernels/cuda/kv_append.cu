@@ -465,15 +465,8 @@ __device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t bl
   float* col = colv + warp * gs;
   for (int64_t o = warp; o < N; o += nwarps) {
     const int64_t d = chosen[o];
-    {
-      float v[4];  // gs ≤ 128: at most 4 rows per lane, loaded together
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (lane + 32 * k < gs) v[k] = key_at(lane + 32 * k, static_cast<int>(d));
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (lane + 32 * k < gs) col[lane + 32 * k] = v[k];
-    }
+    // (A plain loop: loading a lane's ≤ 4 rows together took the key kernel to 48 bytes of register spills.)
+    for (int t = lane; t < gs; t += 32) col[t] = key_at(t, static_cast<int>(d));
     __syncwarp();
     float scale, bias;
     affine_group_warp([&](int i) { return col[i]; }, static_cast<int>(gs), a.bits,
