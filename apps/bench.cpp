@@ -385,6 +385,38 @@ std::vector<Case> all_cases() {
     r.note = "lse " + std::to_string(lse);
     return r;
   });
+  // The MLP's gated activation g ← act(g)·u (model/cpu_backend.cpp glu_rows) over a prefill chunk: 2048 rows × 512
+  // (one thread: the model splits larger counts over the pool). g is restored from a copy before each call, untimed.
+  for (const auto act : {kernels::GluActivation::kGeluTanh, kernels::GluActivation::kSiLU}) {
+    const bool gelu = act == kernels::GluActivation::kGeluTanh;
+    add(gelu ? "glu_gelu_n1048576" : "glu_silu_n1048576", [act, gelu](const BenchOptions& o, const kernels::KernelTable& t) {
+      constexpr int64_t n = 2048 * 512;
+      std::vector<float> g0(static_cast<size_t>(n)), u(static_cast<size_t>(n)), g;
+      uint64_t x = 88172645463325252ull;
+      auto next = [&x] {  // xorshift: values over ±8
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t{1} << 23)) * (8.0f / 8388608.0f);
+      };
+      for (float& v : g0) v = next();
+      for (float& v : u) v = next() * 0.25f;
+      Result r;
+      r.kernel = gelu ? "0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))·u" : "x·σ(x)·u";
+      r.N = n;
+      r.bytes = static_cast<double>(n) * 12.0;  // g read and written, u read
+      for (int i = 0; i <= o.reps; ++i) {  // the first call warms up
+        g = g0;
+        const double t0 = now_ms();
+        t.glu({g.data(), u.data(), n, act});
+        if (i > 0) r.ms.push_back(now_ms() - t0);
+      }
+      double s = 0.0;
+      for (float v : g) s += v;
+      r.note = "Σ " + std::to_string(s);
+      return r;
+    });
+  }
   // Gemma 3 270M's output layer (Q8_0, 640 × 262144: short rows, the largest matmul of its decode step).
   add("ggml_q8_0_gemv_k640_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return ggml(o, t, quant::GgmlType::kQ8_0, 1, 262144, 640);

@@ -202,6 +202,27 @@ struct LogSumExpArgs {
   double* lse;
 };
 
+// ---- gated activation of the MLP, g ← act(g)·u (model/cpu_backend.cpp glu_rows; kernels/ref/glu_ref.cpp) ----------
+// Element-wise over [0, count), count >= 0, g and u not overlapping (g is read and written in place; below x = g[i] on
+// entry, u = u[i]):
+//   kSiLU      act(x) = x·σ(x) = x / (1 + e^−x)                                   (SwiGLU)
+//   kGeluTanh  act(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))  = x·σ(2y)      (GeGLU; PyTorch approximate="tanh")
+// at infinities the limits, act(+inf) = +inf and act(−inf) = −0 (then times u: +inf·0 and −0·±inf are NaN, as IEEE
+// says; and where act(x) rounds to 0 in float32, ·±inf is NaN on the fast levels, ±inf in the reference's float64);
+// a NaN in g or u gives NaN. The reference evaluates act(x)·u in float64 and rounds once. The fast levels work
+// in float32 with σ from exp of a non-positive argument; against the reference, each element is within
+//   2^-24·(14 + 6·|z|·σ(−z))·|r| + 2^-52·|x·u| + 2^-146·max(1, |u|)
+// with r the reference result, z the sigmoid's argument (x for SiLU, 2y for GELU), the 6·|z| term being the float32
+// rounding of z (GELU only; 0 for SiLU), the 2^-52 term the reference's own float64 cancellation in 1 + tanh and
+// (AVX2) e^−|z| below 2^-126 taken as 0, the last the subnormal range (derivation: tests/test_glu.cpp).
+enum class GluActivation : int { kSiLU = 0, kGeluTanh = 1 };
+struct GluArgs {
+  float* g;        // [count], in: the gate projection, out: act(g)·u
+  const float* u;  // [count], the up projection
+  int64_t count;
+  GluActivation act;
+};
+
 struct KernelTable {
   const char* name;
   void (*affine_qmm)(const AffineQmmArgs&);
@@ -216,6 +237,7 @@ struct KernelTable {
   void (*ggml_dequantize)(const GgmlDequantArgs&);  // native GGUF weight rows → float32
   void (*gated_delta)(const GatedDeltaKernelArgs&);  // the gated delta rule over value heads [h0, h1)
   void (*log_sum_exp)(const LogSumExpArgs&);
+  void (*glu)(const GluArgs&);  // element-wise; callers split large counts over the pool
   // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
   // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
   bool ggml_linear_prefill = false;

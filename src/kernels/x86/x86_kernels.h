@@ -33,7 +33,8 @@ void* scratch(int slot, size_t bytes);
   void w4a8_gemm(const IntLinearArgs& a);         \
   void dense_gemm(const DenseGemmArgs& a);        \
   void affine_qmm(const AffineQmmArgs& a);        \
-  void log_sum_exp(const LogSumExpArgs& a);  // log_sum_exp_<level>.cpp
+  void log_sum_exp(const LogSumExpArgs& a);       \
+  void glu(const GluArgs& a);  // log_sum_exp_<level>.cpp, glu_<level>.cpp
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
