@@ -232,96 +232,59 @@ __device__ void pack_group(const uint8_t* block_codes, int64_t gs, int64_t ncols
 
 constexpr int kMaxQueryRep = 64;  // query heads per KV head whose statistics an append reads
 
+// Channel d of block row t (position pos) as the window holds it when its block fills: positions before the append
+// from the window, the append's from the source rounded to bfloat16.
+__device__ __forceinline__ float chan_key(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t pos,
+                                          int64_t d) {
+  if (pos < offset) return bf16_bits_to_float(a.residual[(bh * a.group_size + pos % a.group_size) * a.dim + d]);
+  const int64_t b = bh / a.H, h = bh % a.H;
+  const float v = load_elem(a.src, a.src_dtype, b * a.src_stride_b + h * a.src_stride_h + (pos - offset) * a.src_stride_t + d);
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
 // fin[(pos − first)·rep + i] = 1 when query head h·rep + i at append position pos (first ≤ pos < first + count) is
 // finite in every channel (nn::QuantizedKVCache::observe_queries: a row with a non-finite element counts 0). A warp
-// per 4 rows, their loads issued together.
+// per row.
 __device__ void query_finite_flags(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t first,
                                    int64_t count, uint8_t* fin) {
-  const int64_t rep = a.Hq / a.H, b = bh / a.H, h = bh % a.H, rows = count * rep;
+  const int64_t rep = a.Hq / a.H, b = bh / a.H, h = bh % a.H;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int nwarps = static_cast<int>(blockDim.x >> 5);
-  for (int64_t k0 = 4 * warp; k0 < rows; k0 += 4 * nwarps) {
-    bool bad[4] = {false, false, false, false};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t k = k0 + j;
-      if (k >= rows) break;
-      const float* row = a.q + b * a.q_stride_b + (h * rep + k % rep) * a.q_stride_h + (first + k / rep - offset) * a.q_stride_t;
-      for (int64_t d = lane; d < a.dim; d += 32) bad[j] |= !isfinite(row[d]);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (k0 + j >= rows) break;  // warp-uniform
-      const bool ok = !__any_sync(0xffffffffu, bad[j]);
-      if (lane == 0) fin[k0 + j] = ok ? 1 : 0;
-    }
+  for (int64_t k = warp; k < count * rep; k += blockDim.x / 32) {
+    const float* row = a.q + b * a.q_stride_b + (h * rep + k % rep) * a.q_stride_h + (first + k / rep - offset) * a.q_stride_t;
+    bool ok = true;
+    for (int64_t d = lane; d < a.dim; d += 32) ok = ok && isfinite(row[d]);
+    ok = __all_sync(0xffffffffu, ok);
+    if (lane == 0) fin[k] = ok ? 1 : 0;
   }
 }
 
 // Plane 9's value for append position pos and column d (d = dim: the count): Σ over the KV head's query heads, in
 // order, of q² (1 for the count), 0 for a non-finite row, in float32, rounded to bfloat16 (as the CPU cache sums and
-// stores them). fin: pos's rep flags. The rows' loads do not wait for their flags (a non-finite row is read, then
-// dropped; the count column reads channel 0).
+// stores them). fin: pos's rep flags.
 __device__ __forceinline__ float query_stat(const KVChannelKeysArgs& a, int64_t bh, int64_t offset, int64_t pos,
                                             int64_t d, const uint8_t* fin) {
   const int64_t rep = a.Hq / a.H, b = bh / a.H, h = bh % a.H;
-  const bool count = d == a.dim;
-  const float* q = a.q + b * a.q_stride_b + h * rep * a.q_stride_h + (pos - offset) * a.q_stride_t + (count ? 0 : d);
   float s = 0.0f;
-#pragma unroll 4
   for (int64_t i = 0; i < rep; ++i) {
-    const float v = q[i * a.q_stride_h];
-    const float x = fin[i] ? (count ? 1.0f : __fmul_rn(v, v)) : 0.0f;
+    float x = 0.0f;
+    if (fin[i]) {
+      if (d == a.dim) {
+        x = 1.0f;
+      } else {
+        const float q = a.q[b * a.q_stride_b + (h * rep + i) * a.q_stride_h + (pos - offset) * a.q_stride_t + d];
+        x = __fmul_rn(q, q);
+      }
+    }
     s = __fadd_rn(s, x);
   }
   return __bfloat162float(__float2bfloat16_rn(s));
 }
 
-// Shared memory of outlier_block (write_qstats uses only the first piece), in 16-byte-aligned pieces: the finite flags
-// [gs][rep]; the statistics' column sums [dim + 1] and the scores [dim] (double); the ranks [dim], the chosen channels
-// [32] and the warps' counts [8] (int); a key column per warp [8][gs] (float) and its codes [8][gs]; the staged rows'
-// keys [rows][dim] and statistics [rows][dim + 1] (bfloat16). rows: gs when the whole block is staged (appends of
-// several positions), 1 for a decode step (only its own row; the window's rows are read where they are, which keeps
-// the key kernel's shared memory small).
-struct OutlierSmem {
-  size_t sums, ranks, cols, codes, keys, stats, total;
-};
-__host__ __device__ inline size_t align16(size_t x) { return (x + 15) / 16 * 16; }
-__host__ __device__ inline size_t outlier_fin_bytes(int64_t gs, int64_t rep) {
-  return align16(static_cast<size_t>(gs * (rep > 0 ? rep : 1)));
-}
-__host__ __device__ inline OutlierSmem outlier_smem(int64_t gs, int64_t rep, int64_t dim, int64_t rows) {
-  OutlierSmem l;
-  l.sums = outlier_fin_bytes(gs, rep);
-  l.ranks = l.sums + align16(static_cast<size_t>(2 * dim + 1) * 8);
-  l.cols = l.ranks + align16(static_cast<size_t>(dim + 40) * 4);
-  l.codes = l.cols + static_cast<size_t>(8 * gs) * 4;
-  l.keys = l.codes + static_cast<size_t>(8 * gs);
-  l.stats = l.keys + align16(static_cast<size_t>(rows * dim) * 2);
-  l.total = l.stats + align16(static_cast<size_t>(rows * (dim + 1)) * 2);
-  return l;
-}
-
-// n 16-bit values from global src to shared dst, by the whole CTA: 16-byte vectors where both allow them, four loads
-// in flight per thread.
-__device__ void copy_u16(uint16_t* dst, const uint16_t* src, int64_t n) {
-  int64_t done = 0;
-  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
-    const int64_t nv = n / 8;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (int64_t i0 = threadIdx.x; i0 < nv; i0 += 4 * blockDim.x) {
-      uint4 v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k * blockDim.x < nv) v[k] = s[i0 + k * blockDim.x];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k * blockDim.x < nv) d[i0 + k * blockDim.x] = v[k];
-    }
-    done = nv * 8;
-  }
-  for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+// Shared memory of outlier_block / write_qstats: the finite flags [gs][rep], the statistics' column sums [dim + 1]
+// and the scores [dim] (double), the ranks [dim] and the chosen channels [32] (int), a code row per warp [8][gs].
+__host__ __device__ inline size_t outlier_smem_bytes(int64_t gs, int64_t rep, int64_t dim) {
+  const size_t fin = (static_cast<size_t>(gs * (rep > 0 ? rep : 1)) + 7) / 8 * 8;
+  return fin + static_cast<size_t>(2 * dim + 1) * 8 + static_cast<size_t>(dim + 32) * 4 + 8 * static_cast<size_t>(gs);
 }
 
 // Block `block` of head bh, filled by this append (positions from `offset` come from the source): its `outliers`
@@ -330,146 +293,67 @@ __device__ void copy_u16(uint16_t* dst, const uint16_t* src, int64_t n) {
 // arithmetic: column sums of the bfloat16 statistics in double in position order, score −(hi − lo)·√(Σq²/count) in
 // double, the coarse value c·s + b with the stored (rounded) scale and bias in float32, the code
 // ⌊residual/(|s|/15) + 8⌋ clamped to 0..15. The codes c are recomputed with the quantizer the block's columns went
-// through (affine_group_warp), so they are the packed codes. The whole CTA (blockDim.x ≥ dim, 8 warps); nothing is
-// written but the block's outlier planes. The block's rows as the window will hold them: those before `offset` from
-// the window and plane 9, the append's rounded from the source and computed from its queries, staged in shared memory
-// first — all gs rows when kStaged, else only the append's (a decode step: one row), the window's then read in place.
-// No step waits on one load at a time: a thread's column is read 32 rows at once, a warp's outlier column into
-// shared memory once.
-template <bool kStaged>
+// through (affine_group_warp), so they are the packed codes. The whole CTA; rows are read where they are (window or
+// source), nothing is written but the block's outlier planes.
 __device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t block, int64_t offset, uint8_t* smem) {
-  const int64_t D = a.dim, W = D + 1, gs = a.group_size, N = a.outliers, p0 = block * gs;
+  const int64_t D = a.dim, gs = a.group_size, N = a.outliers, p0 = block * gs;
   const int64_t rep = a.q ? a.Hq / a.H : 0, first = max(p0, offset);
-  const int64_t kept = first - p0;        // rows from the window
-  const int64_t nG = kStaged ? 0 : kept;  // rows read in place; rows [nG, gs) are staged
-  const OutlierSmem l = outlier_smem(gs, rep, D, kStaged ? gs : gs - kept);
   uint8_t* fin = smem;
-  double* st = reinterpret_cast<double*>(smem + l.sums);
-  double* score = st + W;
-  int* rank = reinterpret_cast<int*>(smem + l.ranks);
+  double* st = reinterpret_cast<double*>(smem + (static_cast<size_t>(gs * (rep > 0 ? rep : 1)) + 7) / 8 * 8);
+  double* score = st + D + 1;
+  int* rank = reinterpret_cast<int*>(score + D);
   int* chosen = rank + D;
-  int* wcount = chosen + 32;
-  float* colv = reinterpret_cast<float*>(smem + l.cols);
-  uint8_t* rc = smem + l.codes;
-  uint16_t* kb = reinterpret_cast<uint16_t*>(smem + l.keys);   // [gs − nG][D]
-  uint16_t* qs = reinterpret_cast<uint16_t*>(smem + l.stats);  // [gs − nG][W]
-  const uint16_t* gk = a.residual + bh * gs * D;               // the window's rows and statistics
-  const uint16_t* gq = a.qstats + bh * gs * W;
+  uint8_t* rc = reinterpret_cast<uint8_t*>(chosen + 32);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int nwarps = static_cast<int>(blockDim.x >> 5);
-  // Stage: the window's rows and statistics (staged), the source's rows, the queries' finite flags.
-  if constexpr (kStaged) {
-    copy_u16(kb, gk, kept * D);
-    copy_u16(qs, gq, kept * W);
-  }
-  {
-    const int64_t b = bh / a.H, h = bh % a.H, src0 = b * a.src_stride_b + h * a.src_stride_h + (first - offset) * a.src_stride_t;
-    const int64_t n = (gs - kept) * D, r0 = (kept - nG) * D;
-    const int bd = static_cast<int>(blockDim.x);
-    for (int64_t i0 = threadIdx.x; i0 < n; i0 += 4 * bd) {
-      float v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int64_t i = i0 + k * bd;
-        if (i < n) v[k] = load_elem(a.src, a.src_dtype, src0 + (i / D) * a.src_stride_t + i % D);
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (i0 + k * bd < n) kb[r0 + i0 + k * bd] = __bfloat16_as_ushort(__float2bfloat16_rn(v[k]));
-    }
-  }
-  if (rep > 0) query_finite_flags(a, bh, offset, first, gs - kept, fin);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) rank[d] = 0;
+  if (rep > 0) query_finite_flags(a, bh, offset, first, p0 + gs - first, fin);
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < (gs - kept) * W; i += blockDim.x) {
-    const int64_t t = i / W, d = i % W;
-    const float v = rep > 0 ? query_stat(a, bh, offset, first + t, d, fin + t * rep) : 0.0f;
-    qs[(kept - nG) * W + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-  __syncthreads();
-  // Row t of the block: staged, or (not kStaged) in place for t < nG. Then both loads are made (every address is
-  // valid: t < gs) and one is kept, so that a batch of rows is one batch of loads.
-  const int iD = static_cast<int>(D), iW = static_cast<int>(W), inG = static_cast<int>(nG);
-  auto key_at = [&](int t, int d) {
-    if constexpr (kStaged) return bf16_bits_to_float(kb[t * iD + d]);
-    const uint16_t g = gk[t * iD + d], s = kb[max(t - inG, 0) * iD + d];
-    return bf16_bits_to_float(t < inG ? g : s);
-  };
-  auto stat_at = [&](int t, int d) {
-    if constexpr (kStaged) return bf16_bits_to_float(qs[t * iW + d]);
-    const uint16_t g = gq[t * iW + d], s = qs[max(t - inG, 0) * iW + d];
-    return bf16_bits_to_float(t < inG ? g : s);
-  };
-  // Column d: the sum of its statistics in position order (double), then its keys' range (kept in score until the
-  // count is known); lo and hi start as NaN, which the first value replaces (fminf/fmaxf), as the reference's start at
-  // it. Rows are read kBatch at a time.
-  constexpr int kBatch = 16;  // gs is a multiple
-  const int igs = static_cast<int>(gs);
-  for (int d = static_cast<int>(threadIdx.x); d <= iD; d += static_cast<int>(blockDim.x)) {
+  for (int64_t d = threadIdx.x; d <= D; d += blockDim.x) {
     double sum = 0.0;
-    for (int t0 = 0; t0 < igs; t0 += kBatch) {
-      float v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) v[j] = stat_at(t0 + j, d);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) sum = __dadd_rn(sum, static_cast<double>(v[j]));
+    for (int64_t t = 0; t < gs; ++t) {
+      const int64_t pos = p0 + t;
+      float v = 0.0f;
+      if (pos < offset)
+        v = bf16_bits_to_float(a.qstats[(bh * gs + t) * (D + 1) + d]);
+      else if (rep > 0)
+        v = query_stat(a, bh, offset, pos, d, fin + (pos - first) * rep);
+      sum = __dadd_rn(sum, static_cast<double>(v));
     }
     st[d] = sum;
-    if (d == iD) continue;
-    float lo = __int_as_float(0x7fc00000), hi = lo;
-    for (int t0 = 0; t0 < igs; t0 += kBatch) {
-      float v[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) v[j] = key_at(t0 + j, d);
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        lo = fminf(lo, v[j]);
-        hi = fmaxf(hi, v[j]);
-      }
-    }
-    score[d] = __dsub_rn(static_cast<double>(hi), static_cast<double>(lo));
   }
   __syncthreads();
   const double count = st[D];
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    const double w = count > 0.0 ? __dsqrt_rn(__ddiv_rn(st[d], count)) : 1.0;
-    score[d] = __dmul_rn(-score[d], w);
-  }
-  __syncthreads();
-  // The ordering of (score, channel) pairs: rank[d] = #{e : (score[e], e) < (score[d], d)}, the e range split over
-  // the threads left (blockDim.x / D parts).
-  {
-    const int64_t parts = max(static_cast<int64_t>(1), static_cast<int64_t>(blockDim.x) / D);
-    for (int64_t i = threadIdx.x; i < parts * D; i += blockDim.x) {
-      const int64_t d = i % D, part = i / D, e0 = part * D / parts, e1 = (part + 1) * D / parts;
-      const double sd = score[d];
-      int r = 0;
-      for (int64_t e = e0; e < e1; ++e) r += (score[e] < sd || (score[e] == sd && e < d)) ? 1 : 0;
-      atomicAdd(&rank[d], r);
+    float lo = chan_key(a, bh, offset, p0, d), hi = lo;
+    for (int64_t t = 1; t < gs; ++t) {
+      const float v = chan_key(a, bh, offset, p0 + t, d);
+      lo = fminf(lo, v);
+      hi = fmaxf(hi, v);
     }
+    const double w = count > 0.0 ? __dsqrt_rn(__ddiv_rn(st[d], count)) : 1.0;
+    score[d] = __dmul_rn(-__dsub_rn(static_cast<double>(hi), static_cast<double>(lo)), w);
   }
   __syncthreads();
-  // The chosen channels in ascending order: slot o of channel d = the channels below d with rank < N.
-  const bool pick = threadIdx.x < D && rank[threadIdx.x] < N;
-  const unsigned ballot = __ballot_sync(0xffffffffu, pick);
-  if (lane == 0) wcount[warp] = __popc(ballot);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {  // the ordering of (score, channel) pairs
+    const double sd = score[d];
+    int r = 0;
+    for (int64_t e = 0; e < D; ++e) r += (score[e] < sd || (score[e] == sd && e < d)) ? 1 : 0;
+    rank[d] = r;
+  }
   __syncthreads();
-  if (pick) {
-    int o = __popc(ballot & ((1u << lane) - 1u));
-    for (int w = 0; w < warp; ++w) o += wcount[w];
-    if (o < 32) chosen[o] = static_cast<int>(threadIdx.x);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    if (rank[d] >= N) continue;
+    int o = 0;
+    for (int64_t e = 0; e < d; ++e) o += rank[e] < N ? 1 : 0;
+    chosen[o] = static_cast<int>(d);
   }
   __syncthreads();
   const DType sdt = a.scale_dtype;
   uint8_t* codes = rc + warp * gs;
-  float* col = colv + warp * gs;
   for (int64_t o = warp; o < N; o += nwarps) {
     const int64_t d = chosen[o];
-    // (A plain loop: loading a lane's ≤ 4 rows together took the key kernel to 48 bytes of register spills.)
-    for (int t = lane; t < gs; t += 32) col[t] = key_at(t, static_cast<int>(d));
-    __syncwarp();
     float scale, bias;
-    affine_group_warp([&](int i) { return col[i]; }, static_cast<int>(gs), a.bits,
+    affine_group_warp([&](int i) { return chan_key(a, bh, offset, p0 + i, d); }, static_cast<int>(gs), a.bits,
                       [&](int i, uint8_t c) { codes[i] = c; }, lane, scale, bias);
     __syncwarp();
     const float s = round_to_dtype(sdt, scale), bb = round_to_dtype(sdt, bias);
@@ -482,7 +366,7 @@ __device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t bl
         uint32_t r = 8u;  // a constant channel: its coarse value is exact
         if (step > 0.0f) {
           const float base = __fadd_rn(__fmul_rn(static_cast<float>(codes[t]), s), bb);
-          const float res = __fsub_rn(col[t], base);
+          const float res = __fsub_rn(chan_key(a, bh, offset, p0 + t, d), base);
           const float f = floorf(__fadd_rn(__fdiv_rn(res, step), 8.0f));
           r = static_cast<uint32_t>(fminf(fmaxf(f, 0.0f), 15.0f));
         }
@@ -491,7 +375,7 @@ __device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t bl
       dst[j] = static_cast<uint8_t>(byte);
     }
     if (lane == 0) a.outlier_index[(bh * a.blocks + block) * N + o] = static_cast<uint16_t>(d);
-    __syncwarp();  // col and codes are reused by this warp's next channel
+    __syncwarp();  // codes is reused by this warp's next channel
   }
 }
 
@@ -521,7 +405,7 @@ __global__ void __launch_bounds__(kChanThreads) kv_channel_outliers_kernel(KVCha
   if (offset < 0 || offset + a.n > a.capacity) return;
   const int64_t block = offset / a.group_size + blockIdx.y;
   if ((block + 1) * a.group_size > offset + a.n) return;  // not filled by this append
-  outlier_block<true>(a, bh, block, offset, out_smem);
+  outlier_block(a, bh, block, offset, out_smem);
 }
 
 // …and after them: the statistics of the positions left in the window (from the last block the append fills).
@@ -540,7 +424,7 @@ __global__ void __launch_bounds__(kChanThreads) kv_channel_qstats_kernel(KVChann
 // rows of the group's columns to the window; a filled block is quantized column by column (one warp per column) and
 // its group's words packed.
 __global__ void __launch_bounds__(kChanThreads) kv_channel_keys_kernel(KVChannelKeysArgs a, const int32_t* d_offset) {
-  extern __shared__ __align__(16) uint8_t block_codes[];  // [gs, kChanCols] (the outlier CTA: outlier_smem)
+  extern __shared__ __align__(16) uint8_t block_codes[];  // [gs, kChanCols] (the outlier CTA: outlier_smem_bytes)
   cuda::pdl::wait();
   cuda::pdl::launch_dependents();
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
@@ -552,7 +436,7 @@ __global__ void __launch_bounds__(kChanThreads) kv_channel_keys_kernel(KVChannel
     // One position (decode) with outlier channels: the CTA after the column groups chooses the channels of the block
     // it fills (it reads window rows before the position, which no CTA of this launch writes, and the source) and
     // writes the position's query statistics.
-    if ((offset + 1) % gs == 0) outlier_block<false>(a, bh, offset / gs, offset, block_codes);
+    if ((offset + 1) % gs == 0) outlier_block(a, bh, offset / gs, offset, block_codes);
     __syncthreads();
     write_qstats(a, bh, offset, offset, offset + 1, block_codes);
     return;
@@ -785,15 +669,10 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
   check(a.src != nullptr, ErrorCode::kInvalidArgument, op, "src must not be null");
   const unsigned groups = static_cast<unsigned>((a.dim + kChanCols - 1) / kChanCols);
   const cudaStream_t st = static_cast<cudaStream_t>(exec.stream);
-  const int64_t rep = a.q ? a.Hq / a.H : 0;
-  // Outlier channels' shared memory: the whole block staged (appends of several positions), or one row (decode).
-  const size_t osmem = a.outliers > 0 ? outlier_smem(a.group_size, rep, a.dim, a.n > 1 ? a.group_size : 1).total : 0;
-  constexpr size_t kDefaultSmem = 48 * 1024;  // beyond it a kernel's dynamic shared memory must be allowed first
+  const size_t osmem = a.outliers > 0 ? outlier_smem_bytes(a.group_size, a.q ? a.Hq / a.H : 0, a.dim) : 0;
   // Outlier channels: one position (decode) in the key kernel's extra CTA; more in a launch before the key kernels
   // (the blocks filled) and one after them (the statistics of the positions left in the window).
   const bool split_outliers = a.outliers > 0 && a.n > 1;
-  if (split_outliers && osmem > kDefaultSmem)
-    allow_dynamic_smem(reinterpret_cast<const void*>(&kv_channel_outliers_kernel), osmem, op);
   if (split_outliers)
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_outliers_kernel,
                                           dim3(static_cast<unsigned>(a.B * a.H),
@@ -802,7 +681,6 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
   if (a.n <= a.group_size) {
     const bool extra = a.outliers > 0 && a.n == 1;
     const size_t smem = std::max(static_cast<size_t>(a.group_size * kChanCols), extra ? osmem : size_t{0});
-    if (smem > kDefaultSmem) allow_dynamic_smem(reinterpret_cast<const void*>(&kv_channel_keys_kernel), smem, op);
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_keys_kernel,
                                           dim3(static_cast<unsigned>(a.B * a.H), groups + (extra ? 1u : 0u)),
                                           dim3(kChanThreads), smem, st, a, d_offset));
@@ -818,8 +696,7 @@ void kv_append_channel_keys(const KVChannelKeysArgs& a, const int32_t* d_offset,
   }
   if (split_outliers)
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kv_channel_qstats_kernel, dim3(static_cast<unsigned>(a.B * a.H)),
-                                          dim3(kChanThreads), outlier_fin_bytes(a.group_size, rep), st, a,
-                                          d_offset));
+                                          dim3(kChanThreads), osmem, st, a, d_offset));
   check_last_launch(op);
 }
 
