@@ -59,12 +59,6 @@ float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // PyTorch's softplus (beta 1, threshold 20): log(1 + eˣ), x itself above 20.
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-// GELU, tanh approximation (PyTorch's approximate="tanh").
-float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCubic = 0.044715f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x)));
-}
 
 // A [1, H, n, D] view of rows stored (n, H, D): strides (n·H·D, D, H·D, 1).
 TensorView heads_view(const float* data, int64_t n, int64_t H, int64_t D) {
@@ -451,22 +445,17 @@ class CpuBackend final : public PassBackend {
     }
   }
 
-  // g[i] = act(g[i])·u[i] for i < count.
+  // g[i] = act(g[i])·u[i] for i < count: the kernel table's glu (x86: vectorized x·σ(z) on float32 exp).
   void glu_rows(float* g, const float* u, int64_t count) const {
-    // Element-wise, so split over the pool when large (a prefill chunk: rows·I of 10⁶ and more; the scalar tanh/exp
-    // on one thread was ≈ 31% of a 2-thread prefill, docs/benchmarks.md); the same function per element either way.
-    const bool silu_act = c_.activation == Activation::kSiLU;
-    auto glu_range = [&](int64_t b, int64_t e) {
-      if (silu_act) {
-        for (int64_t i = b; i < e; ++i) g[i] = silu(g[i]) * u[i];
-      } else {
-        for (int64_t i = b; i < e; ++i) g[i] = gelu_tanh(g[i]) * u[i];
-      }
-    };
+    const kernels::KernelTable& kt = kernels::active_kernels();
+    const kernels::GluActivation act =
+        c_.activation == Activation::kSiLU ? kernels::GluActivation::kSiLU : kernels::GluActivation::kGeluTanh;
+    // Element-wise, so split over the pool when large (a prefill chunk: rows·I of 10⁶ and more); the same function per
+    // element either way.
     if (count >= (int64_t{1} << 16)) {
-      default_thread_pool().parallel_for(count, [&](int64_t b, int64_t e, int) { glu_range(b, e); });
+      default_thread_pool().parallel_for(count, [&](int64_t b, int64_t e, int) { kt.glu({g + b, u + b, e - b, act}); });
     } else {
-      glu_range(0, count);
+      kt.glu({g, u, count, act});
     }
   }
 
