@@ -50,7 +50,7 @@ struct Ctx {
   const GgmlLinearArgs* a;
   const int8_t* xq;    // [M, K] codes
   const float* dx;     // [M, K/32] steps
-  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K)
+  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K, Q5_K)
   const int16_t* xo;   // [M, K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
 };
 
@@ -68,23 +68,23 @@ static inline __m256i offset_pairs(const Ctx& c, __m256i u, int64_t m, int64_t p
   return _mm256_sub_epi16(_mm256_maddubs_epi16(u, load32(c.xq + m * K + p * 32)), load32(c.xo + m * (K / 2) + p * 16));
 }
 
-// vpshufb patterns: kPair[j] repeats int16 j of a 128-bit lane in every int16 (Q4_K's sub-block scales);
+// vpshufb patterns: kPair[j] repeats int16 j of a 128-bit lane in every int16 (Q4_K / Q5_K's sub-block scales);
 // kHalves[j] repeats int16 2j in the low lane and 2j + 1 in the high lane (Q6_K's scales per 16).
-alignas(32) constexpr int8_t kPair[8][32] = {
-#define CIDER_PAIR(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                        2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                        2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                        2 * j, 2 * j + 1}
-    CIDER_PAIR(0), CIDER_PAIR(1), CIDER_PAIR(2), CIDER_PAIR(3), CIDER_PAIR(4), CIDER_PAIR(5), CIDER_PAIR(6),
-    CIDER_PAIR(7)};
-#undef CIDER_PAIR
-alignas(32) constexpr int8_t kHalves[4][32] = {
-#define CIDER_HALVES(j) {4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, \
-                          4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3, 4 * j + 2,    \
-                          4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2,  \
-                          4 * j + 3, 4 * j + 2, 4 * j + 3, 4 * j + 2, 4 * j + 3}
-    CIDER_HALVES(0), CIDER_HALVES(1), CIDER_HALVES(2), CIDER_HALVES(3)};
-#undef CIDER_HALVES
+struct Shuffles {
+  alignas(32) int8_t pair[8][32];
+  alignas(32) int8_t halves[4][32];
+};
+constexpr Shuffles make_shuffles() {
+  Shuffles t{};
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 32; ++i) t.pair[j][i] = static_cast<int8_t>(2 * j + i % 2);
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 32; ++i) t.halves[j][i] = static_cast<int8_t>(4 * j + 2 * (i / 16) + i % 2);
+  return t;
+}
+constexpr Shuffles kShuffles = make_shuffles();
+constexpr const int8_t (&kPair)[8][32] = kShuffles.pair;
+constexpr const int8_t (&kHalves)[4][32] = kShuffles.halves;
 
 // One block of one weight row against kT activation rows from m0, into acc[t].
 template <GgmlType kType, int kT>
@@ -268,7 +268,7 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
     if (shift > 0) {  // off·(x_2i + x_2i+1)
       const __m256i pairs = _mm256_maddubs_epi16(ones8, load32(q));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + mp * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
-    } else {
+    } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {  // the minimums' dx·Σx
       int sum = 0;
       for (int i = 0; i < 32; ++i) sum += q[i];
       xs[mp] = dx[mp] * static_cast<float>(sum);
