@@ -500,16 +500,12 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
     const auto before = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
     // In index order a token equal to the list's last never goes before it: once the list is full, only logits above
     // its last get in (one comparison per token for the rest). NaN never passes the bar, as it never passed before().
-    float bar = -std::numeric_limits<float>::infinity();
-    bool full = false;
+    float bar = -std::numeric_limits<float>::infinity();  // read once the list is full
     for (int32_t i = 0; i < static_cast<int32_t>(vocab_) && k > 0; ++i) {
-      if (full ? !(z[i] > bar) : (top.size() == k && !before(i, top.back()))) continue;
+      if (top.size() == k && !(z[i] > bar)) continue;
       top.insert(std::upper_bound(top.begin(), top.end(), i, before), i);
       if (top.size() > k) top.pop_back();
-      if (top.size() == k) {
-        full = true;
-        bar = z[top.back()];
-      }
+      if (top.size() == k) bar = z[top.back()];
     }
     for (int32_t id : top) lp.top.emplace_back(id, static_cast<double>(z[id]) - mx - lse);
   }

@@ -1,11 +1,12 @@
 // Linear layer over native GGUF weights for few activation rows (decode and batched decode, M < kGgmlGemmFromM), AVX2:
 // Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, the formats of Q4_K_M / Q5_K_M / Q8_0 files (Q4_1 and Q5_1 take
-// avx2/ggml_linear.cpp's tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
-// ref/ggml_linear_ref.cpp.
+// avx2/ggml_linear.cpp's tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs
+// (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized as every native-weight kernel does (avx2/ggml_linear.cpp): per 32 elements ("piece"),
 // step dx = max|x|/127, codes x = rint(x/dx) in [-127, 127]; kept beside them, per piece dx·Σx (formats with a
-// minimum: Q4_K, Q5_K) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8, Q5_0 16, Q6_K 32).
+// minimum: Q4_K, Q5_K) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8,
+// Q5_0 16, Q6_K 32).
 // Weights: a block's codes are read unsigned, u = c + off in [0, 2^bits), so one vpmaddubsw(u, x) takes them as they
 // are (pairs <= 2·63·127 < 2^15), and the offset comes off exactly in int16:
 //   Σ c·x = Σ u·x - off·Σ x   (pairs after the subtraction in [-8128, 16002]: no saturation).
