@@ -431,9 +431,16 @@ std::vector<Case> all_cases() {
     add(std::string("ggml_") + name + "_gemv_k" + std::to_string(K) + "_n" + std::to_string(N),
         [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 1, n, k); });
   }
-  add("ggml_q4_k_gemm_m512_k4096_n4096", [](const BenchOptions& o, const kernels::KernelTable& t) {
-    return ggml(o, t, quant::GgmlType::kQ4_K, 512, 4096, 4096);
-  });
+  // Prefill: 512 rows through a 4096 × 4096 layer in the formats of a Q4_K_M file, and Gemma 3 270M's MLP input
+  // (Q5_0, K 640).
+  for (auto [type, name, N, K] : {std::tuple<quant::GgmlType, const char*, int64_t, int64_t>{quant::GgmlType::kQ4_K, "q4_k", 4096, 4096},
+                                  {quant::GgmlType::kQ6_K, "q6_k", 4096, 4096}, {quant::GgmlType::kQ8_0, "q8_0", 4096, 4096},
+                                  {quant::GgmlType::kQ5_0, "q5_0", 2048, 640}}) {
+    const quant::GgmlType ty = type;
+    const int64_t n = N, k = K;
+    add(std::string("ggml_") + name + "_gemm_m512_k" + std::to_string(K) + "_n" + std::to_string(N),
+        [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 512, n, k); });
+  }
   // Dense and MLX-format weights.
   for (DType wt : {DType::kBF16, DType::kF32}) {
     const std::string d = dtype_name(wt);

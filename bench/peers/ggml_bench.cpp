@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   run(o, backend, "ggml_q4_k_gemv_k1024_n640", GGML_TYPE_Q4_K, "CPU", 1, 640, 1024);
   run(o, backend, "ggml_q6_k_gemv_k2048_n640", GGML_TYPE_Q6_K, "CPU", 1, 640, 2048);
   run(o, backend, "ggml_q4_k_gemm_m512_k4096_n4096", GGML_TYPE_Q4_K, "CPU", 512, 4096, 4096);
+  run(o, backend, "ggml_q6_k_gemm_m512_k4096_n4096", GGML_TYPE_Q6_K, "CPU", 512, 4096, 4096);
+  run(o, backend, "ggml_q8_0_gemm_m512_k4096_n4096", GGML_TYPE_Q8_0, "CPU", 512, 4096, 4096);
+  run(o, backend, "ggml_q5_0_gemm_m512_k640_n2048", GGML_TYPE_Q5_0, "CPU", 512, 2048, 640);  // Gemma 3 270M's MLP
   run(o, backend, "dense_bfloat16_gemv_k4096_n14336", GGML_TYPE_BF16, "CPU", 1, 14336, 4096);
   run(o, backend, "dense_bfloat16_gemm_m512_k4096_n4096", GGML_TYPE_BF16, "CPU", 512, 4096, 4096);
   ggml_backend_free(backend);

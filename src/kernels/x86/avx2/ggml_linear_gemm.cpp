@@ -31,6 +31,7 @@ namespace {
 
 constexpr int kT = 2;                  // activation rows per tile (× 16 weight rows): 16 ymm registers
 constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed pair stays in L1
+constexpr int64_t kPC = kKC / 32;      // pieces per K chunk
 constexpr int64_t kPairRows = 16;      // thread split of N: whole pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
@@ -54,10 +55,11 @@ struct Ctx {
   const GgmlLinearArgs* a;
   int block_size, block_bytes;
   int64_t Kp, Mp;
-  int8_t* xq;   // [Mp, Kp] codes
-  float* dx;    // [Mp, Kp/32] steps
-  float* xsum;  // [Mp, Kp/32] dx·Σ of each piece's codes
-  int32_t* xh;  // [Mp, Kp/32, 2] Σ of each half-piece's codes
+  // Chunk-major, so that what a K chunk's tiles read is contiguous (rows Kp apart would alias in L1 and L2):
+  int8_t* xq;   // [Kp/kKC chunks][Mp][kKC] codes
+  float* dx;    // [chunks][Mp][kPC] steps
+  float* xsum;  // [chunks][Mp][kPC] dx·Σ of each piece's codes
+  int32_t* xh;  // [chunks][Mp][kPC][2] Σ of each half-piece's codes
 };
 
 // Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
@@ -66,24 +68,26 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
   const GgmlLinearArgs& a = *c.a;
   const int64_t Kp = c.Kp, P = a.K / 32, Pp = Kp / 32;
   for (int64_t m = m0; m < m1; ++m) {
-    int8_t* q = c.xq + m * Kp;
+    int8_t* row = c.xq + m * kKC;  // piece p at row + (p·32/kKC)·Mp·kKC + p·32 % kKC
     const int64_t valid = m < a.M ? P : 0;
     for (int64_t p = 0; p < Pp; ++p) {
+      int8_t* q = row + (p * 32 / kKC) * c.Mp * kKC + p * 32 % kKC;
       float step = 0.0f;
       if (p < valid) {
-        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q + p * 32);
+        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q);
       } else {
-        std::memset(q + p * 32, 0, 32);
+        std::memset(q, 0, 32);
       }
       int s0 = 0, s1 = 0;
       for (int i = 0; i < 16; ++i) {
-        s0 += q[p * 32 + i];
-        s1 += q[p * 32 + 16 + i];
+        s0 += q[i];
+        s1 += q[16 + i];
       }
-      c.dx[m * Pp + p] = step;
-      c.xsum[m * Pp + p] = step * static_cast<float>(s0 + s1);
-      c.xh[(m * Pp + p) * 2] = s0;
-      c.xh[(m * Pp + p) * 2 + 1] = s1;
+      const int64_t i = (p / kPC * c.Mp + m) * kPC + p % kPC;
+      c.dx[i] = step;
+      c.xsum[i] = step * static_cast<float>(s0 + s1);
+      c.xh[i * 2] = s0;
+      c.xh[i * 2 + 1] = s1;
     }
   }
 }
@@ -123,26 +127,30 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   }
 }
 
+// An empty asm on an accumulator: the compiler may not reassociate the sums across it. Without it GCC computes every
+// product of a piece first and sums them as a tree, spilling most of them to the stack.
+static inline void keep_order(__m256i& v) { __asm__("" : "+x"(v)); }
+
 // Σ c·x over each 4 codes into int32 lanes: vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15), vpmaddwd by 1.
 static inline __m256i dot4(__m256i abs_c, __m256i c, __m256i x, __m256i ones) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_c, _mm256_sign_epi8(x, c)), ones);
 }
 
-// One tile: a packed pair (rows n0.., nr of them valid) × kT activation rows from m0, over `pieces` pieces from
-// element k0; adds the sums to out (first chunk: writes them plus the bias).
+// One tile: a packed pair × kT activation rows from m0, over `pieces` pieces from element k0; adds the sums to the
+// pair's accumulators acc [M][16] (first chunk: writes them).
 template <quant::GgmlType kType>
-void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, int64_t n0, int nr, bool first) {
+void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, float* acc, bool first) {
   constexpr int kH = halves_of(kType), kDw = 8 / kH;
   constexpr int64_t PB = piece_bytes(kType);
   const GgmlLinearArgs& a = *c.a;
-  const int64_t Kp = c.Kp, Pp = Kp / 32, g0 = k0 / 32;
+  const int64_t s0 = (k0 / kKC * c.Mp + m0) * kPC;  // row m0's piece scalars of this chunk
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 af[2][kT];
   for (int t = 0; t < kT; ++t) af[0][t] = af[1][t] = _mm256_setzero_ps();
-  const int8_t* xq = c.xq + m0 * Kp + k0;
+  const int8_t* xq = c.xq + k0 / kKC * c.Mp * kKC + m0 * kKC;
   for (int64_t p = 0; p < pieces; ++p) {
     const uint8_t* pp = pk + p * PB;
-    const int64_t g = g0 + p;
+    const int64_t g = s0 + p;  // + t·kPC for row m0 + t
     for (int h = 0; h < kH; ++h) {
       __m256i ai[2][kT];
       for (int t = 0; t < kT; ++t) ai[0][t] = ai[1][t] = _mm256_setzero_si256();
@@ -159,10 +167,14 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
             const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pp + 256 + dw * 32));
             for (int t = 0; t < kT; ++t) {
               int32_t xd;
-              std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+              std::memcpy(&xd, xq + t * kKC + p * 32 + dw * 4, 4);
               const __m256i xb = _mm256_set1_epi32(xd);
               s16[0][t] = _mm256_add_epi16(s16[0][t], _mm256_maddubs_epi16(w0, xb));
               s16[1][t] = _mm256_add_epi16(s16[1][t], _mm256_maddubs_epi16(w1, xb));
+              if (e + 1 < e0 + kG) {
+                keep_order(s16[0][t]);
+                keep_order(s16[1][t]);
+              }
             }
           }
           for (int t = 0; t < kT; ++t) {
@@ -172,7 +184,7 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
         }
         if constexpr (offset_of(kType) != 0)
           for (int t = 0; t < kT; ++t) {
-            const int32_t* xh = c.xh + ((m0 + t) * Pp + g) * 2;
+            const int32_t* xh = c.xh + (g + t * kPC) * 2;
             const __m256i o = _mm256_set1_epi32(offset_of(kType) * (kH == 2 ? xh[h] : xh[0] + xh[1]));
             ai[0][t] = _mm256_sub_epi32(ai[0][t], o);
             ai[1][t] = _mm256_sub_epi32(ai[1][t], o);
@@ -185,7 +197,7 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
           const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
           for (int t = 0; t < kT; ++t) {
             int32_t xd;
-            std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+            std::memcpy(&xd, xq + t * kKC + p * 32 + dw * 4, 4);
             const __m256i xb = _mm256_set1_epi32(xd);
             ai[0][t] = _mm256_add_epi32(ai[0][t], dot4(a0, w0, xb, ones));
             ai[1][t] = _mm256_add_epi32(ai[1][t], dot4(a1, w1, xb, ones));
@@ -195,7 +207,7 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
       const __m256 ws0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64));
       const __m256 ws1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + h * 64 + 32));
       for (int t = 0; t < kT; ++t) {
-        const __m256 d = _mm256_set1_ps(c.dx[(m0 + t) * Pp + g]);
+        const __m256 d = _mm256_set1_ps(c.dx[g + t * kPC]);
         af[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[0][t]), _mm256_mul_ps(ws0, d), af[0][t]);
         af[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[1][t]), _mm256_mul_ps(ws1, d), af[1][t]);
       }
@@ -204,24 +216,18 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
       const __m256 b0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH));
       const __m256 b1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH + 32));
       for (int t = 0; t < kT; ++t) {
-        const __m256 X = _mm256_set1_ps(c.xsum[(m0 + t) * Pp + g]);
+        const __m256 X = _mm256_set1_ps(c.xsum[g + t * kPC]);
         af[0][t] = _mm256_fmadd_ps(b0, X, af[0][t]);
         af[1][t] = _mm256_fmadd_ps(b1, X, af[1][t]);
       }
     }
   }
   const int mt = static_cast<int>(std::min<int64_t>(kT, a.M - m0));
-  for (int cb = 0; cb < 2; ++cb) {
-    const int lanes = std::min(8, nr - cb * 8);
-    if (lanes <= 0) continue;
-    const int64_t n = n0 + cb * 8;
-    alignas(32) float v[8];
-    for (int t = 0; t < mt; ++t) {
-      _mm256_store_ps(v, af[cb][t]);
-      float* o = a.out + (m0 + t) * a.N + n;
-      for (int l = 0; l < lanes; ++l) o[l] = v[l] + (first ? (a.bias ? a.bias[n + l] : 0.0f) : o[l]);
+  for (int t = 0; t < mt; ++t)
+    for (int cb = 0; cb < 2; ++cb) {
+      float* o = acc + (m0 + t) * 16 + cb * 8;
+      _mm256_store_ps(o, first ? af[cb][t] : _mm256_add_ps(_mm256_load_ps(o), af[cb][t]));
     }
-  }
 }
 
 template <quant::GgmlType kType>
@@ -229,17 +235,26 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   const GgmlLinearArgs& a = *c.a;
   const int64_t n_begin = c0 * kPairRows, n_end = std::min(c1 * kPairRows, a.N);
   uint8_t* pk = static_cast<uint8_t*>(scratch(3, static_cast<size_t>(kKC / 32 * piece_bytes(kType))));
-  // Blocks of nb rows: the block's M × nb outputs stay in L2 over the K chunks.
+  // Blocks of nb rows: the block's M × nb outputs stay in L2 over the K chunks, in the worker's accumulators
+  // [pair][M][16] (contiguous: output rows N apart would alias in L1 and L2), copied out after the last chunk.
   const int64_t nb = std::max<int64_t>(kPairRows, std::min(kBlockN, kBlockOut / (a.M * 4) / kPairRows * kPairRows));
+  float* acc = static_cast<float*>(scratch(2, static_cast<size_t>(nb * c.Mp) * sizeof(float)));
   for (int64_t b0 = n_begin; b0 < n_end; b0 += nb) {
     const int64_t b1 = std::min(b0 + nb, n_end);
     for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
       const int64_t kc = std::min(kKC, c.Kp - k0);
       for (int64_t n0 = b0; n0 < b1; n0 += kPairRows) {
         const int nv = static_cast<int>(std::min(kPairRows, n_end - n0));
+        float* pa = acc + (n0 - b0) * c.Mp;
         pack_pair<kType>(c, n0, nv, k0, kc, pk);
-        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, pa, k0 == 0);
       }
+    }
+    for (int64_t n0 = b0; n0 < b1; n0 += kPairRows) {
+      const int64_t nv = std::min(kPairRows, n_end - n0);
+      const float* pa = acc + (n0 - b0) * c.Mp;
+      for (int64_t m = 0; m < a.M; ++m)
+        for (int64_t l = 0; l < nv; ++l) a.out[m * a.N + n0 + l] = pa[m * 16 + l] + (a.bias ? a.bias[n0 + l] : 0.0f);
     }
   }
 }
@@ -263,8 +278,8 @@ void ggml_linear_gemm(const GgmlLinearArgs& a) {
   c.Mp = (a.M + kT - 1) / kT * kT;
   // The caller's scratch (the workers read it): codes in slot 0, steps and sums in slot 1; slot 3 is each worker's
   // pack.
-  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * c.Kp)));
-  const int64_t Pp = c.Kp / 32;
+  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * ((c.Kp + kKC - 1) / kKC * kKC))));
+  const int64_t Pp = (c.Kp + kKC - 1) / kKC * kPC;  // pieces, whole chunks
   float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 4) * 4));
   c.dx = rest;
   c.xsum = rest + c.Mp * Pp;
