@@ -3,12 +3,12 @@
 // GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized exactly as the AVX2 GEMV path does (avx2/ggml_linear.cpp: per 32 elements, step
-// dx = max|x|/127, codes rint(x/dx)), padded with zeros to Kp (K rounded up to 256), with dx·Σ codes per piece and
+// dx = max|x|/127, codes rint(x/dx)), padded with zeros to Kp (K rounded up to 32), with dx·Σ codes per piece and
 // the integer Σ codes per half-piece.
 // Weights: every block unpacked to its integer form w_i = a_h·c_i + b (avx2/ggml_pieces.h) once per K chunk of kKC
 // and 16-row pair, packed as codes [2 blocks of 8 rows][k/4][8 rows][4 bytes] with per piece the 16 rows' scales a
 // (per half for Q6_K) and offsets b: unsigned u = c + off (Q4_0 8, Q5_0 16, Q6_K 32, the others 0) for every format
-// but Q8_0, whose codes stay signed. A tile, 16 weight rows (2 × 8 lanes) × kT activation rows: per piece and half,
+// but Q8_0, whose codes stay signed. A tile, 16 weight rows (2 × 8 lanes) × kT (tile_rows) activation rows: per piece and half,
 // for each 4 codes vpmaddubsw(u, x) (pairs <= 2·63·127), summed in int16 over as many groups of 4 as cannot
 // saturate (8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit), vpmaddwd by 1, and off·Σx taken off the int32 sums; Q8_0:
 // vpmaddubsw(|c|, sign(x, c)) + vpmaddwd per 4 codes. The int32 lanes hold Σ c·x of their row exactly; then
@@ -29,7 +29,11 @@ namespace cider::kernels::x86::avx2 {
 
 namespace {
 
-constexpr int kT = 2;                  // activation rows per tile (× 16 weight rows): 16 ymm registers
+// Activation rows per tile (× 16 weight rows): 3 (3 × 2 int16 sums, 3 × 2 float sums, 2 weight and 1 activation
+// registers), 2 for Q4_K (measured: its single int16 stage per piece leaves the float tail the larger share).
+template <quant::GgmlType kType>
+constexpr int tile_rows() { return kType == quant::GgmlType::kQ4_K ? 2 : 3; }
+constexpr int kMRound = 6;  // activation rows are padded to a multiple of every tile_rows()
 constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed pair stays in L1
 constexpr int64_t kPC = kKC / 32;      // pieces per K chunk
 constexpr int64_t kPairRows = 16;      // thread split of N: whole pairs
@@ -140,7 +144,7 @@ static inline __m256i dot4(__m256i abs_c, __m256i c, __m256i x, __m256i ones) {
 // pair's accumulators acc [M][16] (first chunk: writes them).
 template <quant::GgmlType kType>
 void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, float* acc, bool first) {
-  constexpr int kH = halves_of(kType), kDw = 8 / kH;
+  constexpr int kH = halves_of(kType), kDw = 8 / kH, kT = tile_rows<kType>();
   constexpr int64_t PB = piece_bytes(kType);
   const GgmlLinearArgs& a = *c.a;
   const int64_t s0 = (k0 / kKC * c.Mp + m0) * kPC;  // row m0's piece scalars of this chunk
@@ -247,7 +251,7 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
         const int nv = static_cast<int>(std::min(kPairRows, n_end - n0));
         float* pa = acc + (n0 - b0) * c.Mp;
         pack_pair<kType>(c, n0, nv, k0, kc, pk);
-        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, pa, k0 == 0);
+        for (int64_t m0 = 0; m0 < a.M; m0 += tile_rows<kType>()) tile<kType>(c, pk, kc / 32, k0, m0, pa, k0 == 0);
       }
     }
     for (int64_t n0 = b0; n0 < b1; n0 += kPairRows) {
@@ -274,8 +278,8 @@ void ggml_linear_gemm(const GgmlLinearArgs& a) {
   c.a = &a;
   c.block_size = f->block_size;
   c.block_bytes = f->block_bytes;
-  c.Kp = (a.K + 255) / 256 * 256;
-  c.Mp = (a.M + kT - 1) / kT * kT;
+  c.Kp = (a.K + 31) / 32 * 32;  // K is a whole number of blocks (ggml_linear checks it): 32-element formats need no padding
+  c.Mp = (a.M + kMRound - 1) / kMRound * kMRound;
   // The caller's scratch (the workers read it): codes in slot 0, steps and sums in slot 1; slot 3 is each worker's
   // pack.
   c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * ((c.Kp + kKC - 1) / kKC * kKC))));
