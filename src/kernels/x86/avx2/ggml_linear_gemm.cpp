@@ -96,7 +96,27 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
   }
 }
 
-// Packs weight rows n0 .. n0 + 15 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros).
+// The 8 × 8 transpose of 32-bit elements: r[i] holds row i's dwords 0..7; afterwards r[e] holds dword e of rows 0..7.
+static inline void transpose8x8_epi32(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);  // per 128-bit lane: r2i[0] r2i+1[0] r2i[1] r2i+1[1]
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);  // rows 4i..4i+3, dword 0 (lane 0) and 4 (lane 1)
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);      // dwords 1, 5
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);  // dwords 2, 6
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);  // dwords 3, 7
+  }
+  for (int e = 0; e < 4; ++e) {
+    r[e] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x20);
+    r[e + 4] = _mm256_permute2x128_si256(u[e], u[4 + e], 0x31);
+  }
+}
+
+// Packs weight rows n0 .. n0 + 15 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros): each row's
+// pieces unpacked into a row-major buffer, then every 8 rows × 8 dwords of a piece transposed into [8 dwords][8 rows].
 template <quant::GgmlType kType>
 void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t* dst) {
   constexpr int kPieces = pieces_of(kType), kH = halves_of(kType);
@@ -106,7 +126,7 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   const int64_t valid = kend > k0 ? (kend - k0) / 32 : 0;
   if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
   Piece pc[8];
-  alignas(32) uint32_t u[8];
+  alignas(32) uint8_t rows[16][kPC][32];  // u = c + off of each row's pieces
   for (int r = 0; r < 16; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + (n0 + (r < nv ? r : nv - 1)) * a.row_bytes;
     const int cb = r / 8, lane = r % 8;
@@ -119,9 +139,8 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
       unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u),
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r][b0 + j]),
                            _mm256_add_epi8(pc[j].c, _mm256_set1_epi8(static_cast<char>(offset_of(kType)))));
-        for (int e = 0; e < 8; ++e) std::memcpy(pp + cb * 256 + e * 32 + lane * 4, &u[e], 4);
         float* ws = reinterpret_cast<float*>(pp + 512) + cb * 8 + lane;
         ws[0] = pc[j].a0;
         if constexpr (kH == 2) ws[16] = pc[j].a1;
@@ -129,6 +148,13 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
       }
     }
   }
+  for (int64_t p = 0; p < valid; ++p)
+    for (int cb = 0; cb < 2; ++cb) {
+      __m256i v[8];
+      for (int i = 0; i < 8; ++i) v[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(rows[cb * 8 + i][p]));
+      transpose8x8_epi32(v);
+      for (int e = 0; e < 8; ++e) _mm256_store_si256(reinterpret_cast<__m256i*>(dst + p * PB + cb * 256 + e * 32), v[e]);
+    }
 }
 
 // An empty asm on an accumulator: the compiler may not reassociate the sums across it. Without it GCC computes every
@@ -142,8 +168,10 @@ static inline __m256i dot4(__m256i abs_c, __m256i c, __m256i x, __m256i ones) {
 
 // One tile: a packed pair × kT activation rows from m0, over `pieces` pieces from element k0; adds the sums to the
 // pair's accumulators acc [M][16] (first chunk: writes them).
+// Not inlined: inlined into rows_of, GCC's register allocation of the loop varies with the unit's other code (Q4_K
+// measured 10% slower).
 template <quant::GgmlType kType>
-void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, float* acc, bool first) {
+__attribute__((noinline)) void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, float* acc, bool first) {
   constexpr int kH = halves_of(kType), kDw = 8 / kH, kT = tile_rows<kType>();
   constexpr int64_t PB = piece_bytes(kType);
   const GgmlLinearArgs& a = *c.a;
