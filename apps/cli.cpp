@@ -24,6 +24,7 @@
 #include "model/generate.h"
 #include "model/gguf.h"
 #include "model/npy.h"
+#include "model/llama_logits.h"
 #include "model/perplexity.h"
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
@@ -427,6 +428,17 @@ int run_perplexity(PerplexityArgs a) {
         "--ctx (the window length) must be >= 2, or 0 for the model's context length; got ", a.m.ctx);
   check(a.stride >= 0 && (a.m.ctx == 0 || a.stride <= a.m.ctx), ErrorCode::kInvalidArgument, "options",
         "--stride must be in [1, --ctx] (0 = --ctx); got ", a.stride);
+  const bool with_llama = !a.llama_logits.empty();
+  check(!with_llama || (a.baseline_weights.empty() && a.baseline_kv.empty()), ErrorCode::kInvalidArgument, "options",
+        "--llama-logits is the baseline: it excludes --baseline-weights and --baseline-kv");
+  if (with_llama) a.llama_windows = true;
+  std::unique_ptr<model::LlamaLogitsFile> llama;  // read before the model loads: a bad file fails at once
+  if (with_llama) {
+    llama = std::make_unique<model::LlamaLogitsFile>(a.llama_logits);
+    check(a.m.ctx == 0 || a.m.ctx == llama->n_ctx(), ErrorCode::kInvalidArgument, "options", "--ctx must be ",
+          llama->n_ctx(), " (the windows of ", a.llama_logits, ") or 0; got ", a.m.ctx);
+    a.m.ctx = llama->n_ctx();
+  }
   const bool with_baseline = !a.baseline_weights.empty() || !a.baseline_kv.empty();
   model::ModelOptions base_opts = opts;
   if (with_baseline) {
@@ -451,13 +463,30 @@ int run_perplexity(PerplexityArgs a) {
   const bool bos_per_window = bos >= 0 && !a.llama_windows;
   check(!a.llama_windows || a.stride == 0, ErrorCode::kInvalidArgument, "options",
         "--llama-windows cuts non-overlapping windows: --stride must be 0; got ", a.stride);
-  const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
+  std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/!bos_per_window);
+  model::WindowEvaluator llama_baseline;
+  if (with_llama) {  // the same windows: llama.cpp's tokens are cider's, and as many windows as it saved
+    check(llama->n_vocab() == model->config().vocab_size, ErrorCode::kInvalidArgument, "perplexity",
+          "the vocabulary of ", a.llama_logits, " must be the model's ", model->config().vocab_size, "; got ",
+          llama->n_vocab());
+    const std::vector<int32_t>& lt = llama->tokens();
+    check(tokens.size() >= lt.size(), ErrorCode::kInvalidArgument, "perplexity", "the text must give the ",
+          lt.size(), " tokens of ", a.llama_logits, "; got ", tokens.size());
+    for (size_t i = 0; i < lt.size(); ++i)
+      check(tokens[i] == lt[i], ErrorCode::kInvalidArgument, "perplexity", "cider's tokens must be llama.cpp's: token ",
+            i, " is ", tokens[i], " here and ", lt[i], " in ", a.llama_logits);
+    tokens.resize(lt.size());
+    llama_baseline = [&llama, chunk = int64_t{0}](const int32_t*, int64_t, float* logits) mutable {
+      llama->read_chunk(chunk++, logits);
+    };
+  }
 
   ProgressBar bar(progress_enabled(a.m));
   model::PerplexityOptions po;
   po.ctx = a.m.ctx > 0 ? a.m.ctx : model->context_length();  // --ctx 0: the model's context length
   po.bos = bos;
   po.llama_windows = a.llama_windows;
+  po.baseline_log_probs = with_llama;
   const int64_t max_stride = bos_per_window ? po.ctx - 1 : po.ctx;
   check(a.stride <= max_stride, ErrorCode::kInvalidArgument, "options", "--stride must be in [1, ", max_stride,
         bos_per_window ? "] text tokens (--ctx - 1: every window starts with BOS); got " : "] (0 = --ctx); got ",
@@ -465,7 +494,7 @@ int run_perplexity(PerplexityArgs a) {
   po.stride = a.stride;
   const model::PerplexityResult r = model::evaluate_perplexity(
       tokens, model->config().vocab_size, po, model::window_evaluator(*model),
-      with_baseline ? model::window_evaluator(*base) : model::WindowEvaluator{},
+      with_llama ? llama_baseline : with_baseline ? model::window_evaluator(*base) : model::WindowEvaluator{},
       [&](int64_t d, int64_t t) { bar.update("perplexity", d, t); });
   bar.finish();
   std::string head = "model " + path + " | " + std::to_string(tokens.size()) +
@@ -473,6 +502,7 @@ int run_perplexity(PerplexityArgs a) {
                      std::to_string(r.stride) +
                      " | tested: " + describe(opts);
   if (with_baseline) head += " | baseline: " + describe(base_opts);
+  if (with_llama) head += " | baseline: llama.cpp's log-probabilities from " + a.llama_logits;
   write_out(head + "\n" + r.report());
   return 0;
 }

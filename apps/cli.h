@@ -103,6 +103,7 @@ struct PerplexityArgs {
   int64_t stride = 0;
   bool llama_windows = false;  // --llama-windows: llama-perplexity's windows (model/perplexity.h)
   std::string baseline_weights, baseline_kv;  // either given → a baseline (the other defaults to the tested one)
+  std::string llama_logits;  // --llama-logits: llama.cpp's saved log-probabilities as the baseline (llama windows)
 };
 int run_perplexity(PerplexityArgs a);
 

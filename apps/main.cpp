@@ -170,6 +170,10 @@ int main(int argc, char** argv) {
                       "--ctx - 1, when every window starts with BOS)");
   ppl_cmd->add_option("--baseline-weights", ppl.baseline_weights, "weights of the baseline configuration");
   ppl_cmd->add_option("--baseline-kv", ppl.baseline_kv, "KV cache of the baseline configuration");
+  ppl_cmd->add_option("--llama-logits", ppl.llama_logits,
+                      "the baseline is llama.cpp: the file `llama-perplexity --kl-divergence-base FILE` wrote on the "
+                      "same text and model (implies --llama-windows; --ctx 0 takes the file's; its tokens must be "
+                      "cider's)");
 
   cider::apps::ConvertArgs conv;
   CLI::App* conv_cmd = app.add_subcommand("convert", "write the model in cider's format with --weights");

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -333,6 +334,47 @@ TEST_F(Cli, PerplexityStartsEveryWindowWithBos) {
   const CliResult bad = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) + " --ctx 32 --stride 32");
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.err.find("--stride must be in [1, 31] text tokens"), std::string::npos) << bad.err;
+}
+
+// --llama-logits: llama.cpp's saved log-probabilities as the baseline (model/llama_logits.h; reading and the KL are
+// tested in test_perplexity.cpp). Here what the command checks before it evaluates anything: the file, its windows,
+// vocabulary and tokens against cider's, and the options it excludes.
+TEST_F(Cli, PerplexityAgainstLlamaLogitsChecksTheFileAgainstTheModel) {
+  const std::string text = (scratch_dir() / "llama_text.txt").string();
+  std::ofstream(text) << slurp(kTiny + "/README.md").substr(0, 400);
+  // A file of one 8-token window whose tokens are all 5 (cider's start with BOS) and whose rows are flat.
+  auto write = [](const std::string& path, int32_t ctx, int32_t vocab) {
+    std::ofstream out(path, std::ios::binary);
+    out.write("_logits_", 8);
+    const int32_t head[3] = {ctx, vocab, 1};
+    out.write(reinterpret_cast<const char*>(head), sizeof head);
+    const std::vector<int32_t> tokens(static_cast<size_t>(ctx), 5);
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
+    const int32_t rows = ctx - 1 - ctx / 2, nv = 2 * ((vocab + 1) / 2) + 4;
+    std::vector<uint16_t> row(static_cast<size_t>(nv), 0);
+    const float scale = 0.0f, min_log_prob = -std::log(static_cast<float>(vocab));
+    std::memcpy(row.data(), &scale, 4);
+    std::memcpy(row.data() + 2, &min_log_prob, 4);
+    for (int32_t r = 0; r < rows; ++r)
+      out.write(reinterpret_cast<const char*>(row.data()), static_cast<std::streamsize>(row.size() * 2));
+  };
+  const std::string good_vocab = (scratch_dir() / "llama_4096.bin").string(), small = (scratch_dir() / "llama_10.bin").string();
+  write(good_vocab, 8, 4096);
+  write(small, 8, 10);
+  const std::string m = "-m " + quote(kTiny) + " -f " + quote(text) + " ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {m + "--llama-logits /nonexistent/base.bin", "[llama_logits] cannot open \"/nonexistent/base.bin\""},
+      {m + "--llama-logits " + quote(text), "must start with \"_logits_\""},
+      {m + "--llama-logits " + quote(good_vocab) + " --baseline-kv bf16", "--llama-logits is the baseline"},
+      {m + "--llama-logits " + quote(good_vocab) + " --ctx 16", "--ctx must be 8"},
+      {m + "--llama-logits " + quote(small), "must be the model's 4096; got 10"},
+      {m + "--llama-logits " + quote(good_vocab), "cider's tokens must be llama.cpp's: token 0 is "},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliResult r = cider("perplexity " + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << "\nwant: " << want << "\ngot: " << r.err;
+  }
 }
 
 // cider fit: the KV column is what a real run reports once it has used that many positions (the same plane rule),

@@ -1,7 +1,12 @@
 // Perplexity and KL against fake models: analytic cases (uniform logits give perplexity = vocab; two-token KL in
 // closed form), a direct float64 recomputation of the mean NLL, which tokens the windows score, and rejections.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -9,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/llama_logits.h"
 #include "model/perplexity.h"
 #include "support/test_support.h"
 
@@ -200,6 +206,168 @@ TEST(Perplexity, LlamaWindowsCutAndScoreAsLlamaPerplexity) {
   auto zeros = [](const int32_t*, int64_t m, float* l) { std::fill(l, l + m * V, 0.0f); };
   EXPECT_THROW(evaluate_perplexity(tokens, V, {.ctx = ctx, .stride = 5, .bos = bos, .llama_windows = true}, zeros),
                cider::Error);
+}
+
+// llama.cpp's saved log-probabilities (model/llama_logits.h), written here by llama-perplexity's rule: per scored
+// row, max/min logit (min clamped to max − 16), scale = (max − min)/65535, codes round((logit − min)/scale) above min
+// and 0 at or below it, min_log_prob = min − max − log Σ exp(logit − max).
+struct LlamaFile {
+  int64_t ctx, vocab, chunks;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;  // per chunk [ctx, vocab]
+  std::string write(const std::string& name) const {
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              (name + "_" + std::to_string(::getpid()) + ".bin")).string();
+    std::ofstream out(path, std::ios::binary);
+    out.write("_logits_", 8);
+    const int32_t head[3] = {static_cast<int32_t>(ctx), static_cast<int32_t>(vocab), static_cast<int32_t>(chunks)};
+    out.write(reinterpret_cast<const char*>(head), sizeof head);
+    out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
+    const int64_t nv = 2 * ((vocab + 1) / 2) + 4;
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
+        const float* l = logits[static_cast<size_t>(c)].data() + j * vocab;
+        float mx = l[0], mn = l[0];
+        for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, l[v]), mn = std::min(mn, l[v]);
+        mn = std::max(mn, mx - 16.0f);
+        double sum = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
+        const float scale = (mx - mn) / 65535.0f, min_log_prob = mn - mx - static_cast<float>(std::log(sum));
+        std::vector<uint16_t> row(static_cast<size_t>(nv), 0);
+        std::memcpy(row.data(), &scale, 4);
+        std::memcpy(row.data() + 2, &min_log_prob, 4);
+        for (int64_t v = 0; v < vocab; ++v)
+          if (scale > 0.0f && l[v] > mn) row[static_cast<size_t>(4 + v)] = static_cast<uint16_t>(std::lround((l[v] - mn) / scale));
+        out.write(reinterpret_cast<const char*>(row.data()), static_cast<std::streamsize>(row.size() * 2));
+      }
+    return path;
+  }
+};
+
+LlamaFile random_llama_file(int64_t ctx, int64_t vocab, int64_t chunks, uint64_t seed) {
+  auto rng = test::make_rng(seed);
+  LlamaFile f{ctx, vocab, chunks, {}, {}};
+  for (int64_t i = 0; i < ctx * chunks; ++i) f.tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::vector<float> l(static_cast<size_t>(ctx * vocab));
+    for (float& x : l) x = static_cast<float>(static_cast<double>(rng() % 20001) / 1000.0 - 10.0);  // [-10, 10]
+    f.logits.push_back(std::move(l));
+  }
+  return f;
+}
+
+// The decoded rows are the log-softmax of the written logits within half a code step (llama.cpp's resolution; the
+// logits span 20 > 16 nats, so the clamp 16 nats below the top is exercised: entries below it decode to the clamp's
+// log-probability); unsaved rows are 0; the float32 sums allow 1e-5 relative.
+TEST(LlamaLogits, ReadsLlamaPerplexityFilesWithinHalfACodeStep) {
+  const LlamaFile f = random_llama_file(12, 37, 3, 2201);  // odd vocabulary: one padding code per row
+  const std::string path = f.write("cider_llama_logits_read");
+  LlamaLogitsFile file(path);
+  EXPECT_EQ(file.n_ctx(), 12);
+  EXPECT_EQ(file.n_vocab(), 37);
+  EXPECT_EQ(file.n_chunk(), 3);
+  EXPECT_EQ(file.tokens(), f.tokens);
+  std::vector<float> got(12 * 37);
+  std::vector<double> exact(37);
+  for (int64_t c = 0; c < 3; ++c) {
+    file.read_chunk(c, got.data());
+    for (int64_t j = 0; j < 12; ++j) {
+      const float* g = got.data() + j * 37;
+      if (j < 6 || j > 10) {
+        for (int64_t v = 0; v < 37; ++v) EXPECT_EQ(g[v], 0.0f);
+        continue;
+      }
+      const float* l = f.logits[static_cast<size_t>(c)].data() + j * 37;
+      log_softmax(l, 37, exact.data());
+      const float top = *std::max_element(l, l + 37), low = std::max(*std::min_element(l, l + 37), top - 16.0f);
+      const double step = (top - low) / 65535.0, lse = l[0] - exact[0];  // logit − log p
+      for (int64_t v = 0; v < 37; ++v)  // at or below the clamp: the clamp's log-probability
+        EXPECT_NEAR(g[v], std::max(l[v], low) - lse, step / 2 + 1e-5 * (1.0 + std::fabs(lse)))
+            << "chunk " << c << " row " << j << " entry " << v;
+    }
+  }
+  EXPECT_TRUE(test::throws_code([&] { file.read_chunk(3, got.data()); }, ErrorCode::kInvalidArgument, "in order"));
+  LlamaLogitsFile again(path);
+  EXPECT_TRUE(test::throws_code([&] { again.read_chunk(1, got.data()); }, ErrorCode::kInvalidArgument, "in order"));
+  std::filesystem::remove(path);
+}
+
+TEST(LlamaLogits, RejectsBadMagicSizesTokensAndScales) {
+  const LlamaFile f = random_llama_file(8, 10, 2, 2202);
+  const std::string path = f.write("cider_llama_logits_bad");
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto with = [&](const std::string& b) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+  };
+  std::string b = bytes;
+  b[0] = 'x';
+  with(b);
+  EXPECT_TRUE(test::throws_code([&] { LlamaLogitsFile{path}; }, ErrorCode::kCorrupt, "_logits_"));
+  with(bytes.substr(0, bytes.size() - 2));
+  EXPECT_TRUE(test::throws_code([&] { LlamaLogitsFile{path}; }, ErrorCode::kCorrupt, "bytes"));
+  b = bytes;
+  const int32_t huge = 1 << 30;
+  std::memcpy(b.data() + 8, &huge, 4);  // n_ctx
+  with(b);
+  EXPECT_TRUE(test::throws_code([&] { LlamaLogitsFile{path}; }, ErrorCode::kCorrupt, "n_ctx"));
+  b = bytes;
+  const int32_t bad_token = 10;
+  std::memcpy(b.data() + 20 + 4 * 3, &bad_token, 4);
+  with(b);
+  EXPECT_TRUE(test::throws_code([&] { LlamaLogitsFile{path}; }, ErrorCode::kCorrupt, "token ids"));
+  b = bytes;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(b.data() + 20 + 16 * 4, &nan, 4);  // the first saved row's scale
+  with(b);
+  LlamaLogitsFile file(path);
+  std::vector<float> out(8 * 10);
+  EXPECT_TRUE(test::throws_code([&] { file.read_chunk(0, out.data()); }, ErrorCode::kCorrupt, "scale"));
+  std::filesystem::remove(path);
+  EXPECT_TRUE(test::throws_code([&] { LlamaLogitsFile{path}; }, ErrorCode::kIo, "cannot open"));
+}
+
+// A log-probability baseline (PerplexityOptions::baseline_log_probs): rows used as they are, the KL over entries
+// above −16 nats only, the baseline NLL −log p(target); here against a direct float64 computation.
+TEST(Perplexity, LogProbabilityBaselineAsLlamaPerplexityComputesIt) {
+  const int64_t V = 23, ctx = 10, chunks = 3;
+  const LlamaFile f = random_llama_file(ctx, V, chunks, 2203);
+  const std::string path = f.write("cider_llama_logits_kl");
+  LlamaLogitsFile file(path);
+  const LlamaFile t = random_llama_file(ctx, V, chunks, 2204);  // the tested model's logits
+  int64_t tc = 0, bc = 0;
+  const PerplexityResult r = evaluate_perplexity(
+      f.tokens, V, {.ctx = ctx, .bos = -1, .llama_windows = true, .baseline_log_probs = true},
+      [&](const int32_t*, int64_t n, float* l) {
+        const auto& src = t.logits[static_cast<size_t>(tc++)];
+        std::copy(src.begin(), src.begin() + n * V, l);
+      },
+      [&](const int32_t*, int64_t, float* l) { file.read_chunk(bc++, l); });
+  LlamaLogitsFile again(path);
+  std::vector<float> base(static_cast<size_t>(ctx * V));
+  std::vector<double> lp(static_cast<size_t>(V));
+  double kl = 0.0, nll_base = 0.0;
+  int64_t n = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    again.read_chunk(c, base.data());
+    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
+      log_softmax(t.logits[static_cast<size_t>(c)].data() + j * V, V, lp.data());
+      for (int64_t v = 0; v < V; ++v) {
+        const double lb = base[static_cast<size_t>(j * V + v)];
+        if (lb > -16.0) kl += std::exp(lb) * (lb - lp[static_cast<size_t>(v)]);
+      }
+      nll_base -= base[static_cast<size_t>(j * V + f.tokens[static_cast<size_t>(c * ctx + j + 1)])];
+      ++n;
+    }
+  }
+  EXPECT_EQ(r.tokens_scored, n);
+  EXPECT_NEAR(r.kl.mean, kl / static_cast<double>(n), 1e-12);
+  EXPECT_NEAR(r.base_nll.mean, nll_base / static_cast<double>(n), 1e-12);
+  EXPECT_GT(r.kl.mean, 0.0);
+  std::filesystem::remove(path);
 }
 
 TEST(Perplexity, KlDivergenceInClosedFormAndItsDirection) {

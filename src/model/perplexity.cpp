@@ -135,10 +135,15 @@ PerplexityResult evaluate_perplexity(std::span<const int32_t> tokens, int64_t vo
       if (!baseline) continue;
       const float* b = base_logits.data() + static_cast<size_t>(t - 1) * row;
       check_finite(b, vocab, w, t - 1, "baseline");
-      log_softmax(b, vocab, lb.data());
+      if (o.baseline_log_probs) {
+        for (size_t v = 0; v < row; ++v) lb[v] = b[v];
+      } else {
+        log_softmax(b, vocab, lb.data());
+      }
       base_nll.add(-lb[target]);
       double k = 0.0;
-      for (size_t v = 0; v < row; ++v) k += std::exp(lb[v]) * (lb[v] - lp[v]);
+      for (size_t v = 0; v < row; ++v)
+        if (!o.baseline_log_probs || lb[v] > -16.0) k += std::exp(lb[v]) * (lb[v] - lp[v]);
       kl.add(k);
       size_t range = 0;
       while (range + 1 < starts.size() && t >= starts[range + 1]) ++range;

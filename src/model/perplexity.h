@@ -41,6 +41,10 @@ struct PerplexityOptions {
   // token of each window is replaced by `bos` (when >= 0) and only offsets ctx/2 + 1 … ctx − 1 are scored (row j
   // predicts token j + 1 for j in [ctx/2, ctx − 1)). stride must be 0.
   bool llama_windows = false;
+  // The baseline evaluator gives log-probabilities, not logits (llama.cpp's saved ones: model/llama_logits.h): its
+  // rows are used as they are, and the KL sums only the entries above −16 nats, as llama-perplexity's KL does (its
+  // file keeps 16 nats below the top).
+  bool baseline_log_probs = false;
 };
 
 // Evaluates one window from an empty context: tokens[0, n) → logits[n, vocab] (float32, row-major).
