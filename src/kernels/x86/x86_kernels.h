@@ -54,8 +54,11 @@ void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp
 namespace avx512 {
 CIDER_X86_DECLARE_KERNELS
 // Native GGUF weights with M >= 16 (avx512/ggml_linear.cpp: weights unpacked once per panel, VNNI tiles); fewer
-// rows: avx2::ggml_linear.
+// rows: ggml_linear_gemv for the formats it takes (avx512/ggml_linear_gemv.cpp: Q4_K, Q5_K, Q6_K), else
+// avx2::ggml_linear.
 void ggml_linear(const GgmlLinearArgs& a);
+bool ggml_linear_gemv_takes(uint32_t ggml_type);
+void ggml_linear_gemv(const GgmlLinearArgs& a);
 }  // namespace avx512
 
 #undef CIDER_X86_DECLARE_KERNELS

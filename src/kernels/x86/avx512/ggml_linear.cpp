@@ -1,5 +1,5 @@
 // Linear layer over native GGUF weights, AVX-512 VNNI, for M >= kFromM activation rows (prefill); fewer rows go to
-// the AVX2 kernel (avx2/ggml_linear.cpp). Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
+// avx512/ggml_linear_gemv.cpp (Q4_K, Q5_K, Q6_K) or the AVX2 kernel (avx2/ggml_linear.cpp). Contract: GgmlLinearArgs (kernels/kernel_table.h); reference:
 // ref/ggml_linear_ref.cpp.
 //
 // Activations: as the AVX2 kernel, each row quantized per 32 elements ("piece") to int8 with step dx = max|x|/127 of
@@ -213,6 +213,7 @@ void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0;
+  if (fast && a.M > 0 && a.M < kFromM && ggml_linear_gemv_takes(a.ggml_type)) return ggml_linear_gemv(a);
   if (!fast || a.M < kFromM) return avx2::ggml_linear(a);  // also the errors and empty problems
   Ctx c{};
   c.a = &a;
