@@ -3,8 +3,9 @@
 // ref/ggml_linear_ref.cpp.
 //
 // Activations: as the AVX2 kernel, each row quantized per 32 elements ("piece") to int8 with step dx = max|x|/127 of
-// the piece (quantize_row: bit for bit the AVX2 kernel's codes and steps); kept per row, padded with zeros to Kp
-// (K rounded up to 256): the codes, dx, −128·Σ codes per 16 and per 32, and dx·Σ codes per piece (the offsets' term).
+// the piece (quantize_row: bit for bit the AVX2 kernel's codes and steps), padded with zeros to Kp (K rounded up to
+// 32): the codes, dx, −128·Σ codes per 16 and per 32, and dx·Σ codes per piece (the offsets' term), stored chunk-major
+// (a K chunk's rows contiguous: rows Kp apart would alias in L1 and L2).
 // Weights: every block unpacked to its integer form w_i = a_h·c_i + b_h (quant/ggml_blocks.h; the AVX2 kernel's
 // unpacking: avx2/ggml_pieces.h) and packed once per K chunk of kKC and pair of 16-row
 // blocks (32 rows) into the layout [k/4][16 rows][4 bytes] of u = c + 128 (unsigned), with per piece the 16 rows'
@@ -15,8 +16,9 @@
 //   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
 // Loops: threads split N in chunks of 32 rows (x86::parallel_chunks); each thread takes its rows in blocks whose
 // M × block outputs fit in L2 (kBlockOut), runs K chunks over a block, packs each 32-row pair of it into its scratch
-// (stays in L1) and sweeps every activation tile over it, adding the 16-lane sums to the output rows (bias with the
-// first chunk). Per output the float sums are the same, in the same order, whatever the blocking.
+// (stays in L1) and sweeps every activation tile over it, adding the 16-lane sums to the worker's contiguous
+// accumulators [pair][M][32] (output rows N apart would alias), copied out with the bias after the block's last K
+// chunk. Per output the float sums are the same, in the same order, whatever the blocking.
 #include <algorithm>
 #include <cstring>
 
@@ -33,6 +35,7 @@ namespace {
 constexpr int64_t kFromM = 16;        // fewer activation rows: the AVX2 kernel (GEMV-shaped)
 constexpr int kT = 4;                  // activation rows per tile (× 32 weight rows)
 constexpr int64_t kKC = 512;           // K chunk (a multiple of 256): a packed 32-row pair stays in L1
+constexpr int64_t kPC = kKC / 32;      // pieces per K chunk
 constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
@@ -45,38 +48,39 @@ struct Ctx {
   const GgmlLinearArgs* a;
   int block_size, block_bytes;
   int64_t Kp, Mp;
-  int8_t* xq;     // [Mp, Kp] codes
-  int32_t* xc16;  // [Mp, Kp/16] −128·Σ of each 16 codes
-  int32_t* xc32;  // [Mp, Kp/32] −128·Σ of each piece's codes
-  float* dx;      // [Mp, Kp/32] steps
-  float* xsum;    // [Mp, Kp/32] dx·Σ of each piece's codes
+  int8_t* xq;     // [Kp/kKC chunks][Mp][kKC] codes
+  int32_t* xc16;  // [chunks][Mp][kPC][2] −128·Σ of each 16 codes
+  int32_t* xc32;  // [chunks][Mp][kPC] −128·Σ of each piece's codes
+  float* dx;      // [chunks][Mp][kPC] steps
+  float* xsum;    // [chunks][Mp][kPC] dx·Σ of each piece's codes
 };
 
 // Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
 void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
   const GgmlLinearArgs& a = *c.a;
-  const int64_t Kp = c.Kp, P = a.K / 32, Pp = Kp / 32;
+  const int64_t P = a.K / 32, Pp = c.Kp / 32;
   for (int64_t m = m0; m < m1; ++m) {
-    int8_t* q = c.xq + m * Kp;
     const int64_t valid = m < a.M ? P : 0;
     for (int64_t p = 0; p < Pp; ++p) {
+      int8_t* q = c.xq + (p / kPC * c.Mp + m) * kKC + p % kPC * 32;
       float step = 0.0f;
       if (p < valid) {
-        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q + p * 32);
+        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q);
       } else {
-        std::memset(q + p * 32, 0, 32);
+        std::memset(q, 0, 32);
       }
       int s0 = 0, s1 = 0;
       for (int i = 0; i < 16; ++i) {
-        s0 += q[p * 32 + i];
-        s1 += q[p * 32 + 16 + i];
+        s0 += q[i];
+        s1 += q[16 + i];
       }
-      c.xc16[m * (Kp / 16) + 2 * p] = -128 * s0;
-      c.xc16[m * (Kp / 16) + 2 * p + 1] = -128 * s1;
-      c.xc32[m * Pp + p] = -128 * (s0 + s1);
-      c.dx[m * Pp + p] = step;
-      c.xsum[m * Pp + p] = step * static_cast<float>(s0 + s1);
+      const int64_t i = (p / kPC * c.Mp + m) * kPC + p % kPC;
+      c.xc16[i * 2] = -128 * s0;
+      c.xc16[i * 2 + 1] = -128 * s1;
+      c.xc32[i] = -128 * (s0 + s1);
+      c.dx[i] = step;
+      c.xsum[i] = step * static_cast<float>(s0 + s1);
     }
   }
 }
@@ -116,24 +120,24 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   }
 }
 
-// One tile: a packed 32-row pair (rows n0.., nr of them valid) × kT activation rows from m0, over `pieces` pieces
-// from element k0; adds the sums to out (first chunk: writes them plus the bias).
+// One tile: a packed 32-row pair × kT activation rows from m0, over `pieces` pieces from element k0; adds the sums
+// to the pair's accumulators acc [M][32] (first chunk: writes them).
 template <quant::GgmlType kType>
-void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, int64_t n0, int nr, bool first) {
+void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m0, float* acc, bool first) {
   constexpr int kH = halves_of(kType), kDw = 8 / kH;
   constexpr int64_t PB = piece_bytes(kType);
   const GgmlLinearArgs& a = *c.a;
-  const int64_t Kp = c.Kp, Pp = Kp / 32, g0 = k0 / 32;
+  const int64_t s0 = (k0 / kKC * c.Mp + m0) * kPC;  // row m0's piece scalars of this chunk (row m0 + t: + t·kPC)
   __m512 af[2][kT];
   for (int t = 0; t < kT; ++t) af[0][t] = af[1][t] = _mm512_setzero_ps();
-  const int8_t* xq = c.xq + m0 * Kp + k0;
+  const int8_t* xq = c.xq + k0 / kKC * c.Mp * kKC + m0 * kKC;
   for (int64_t p = 0; p < pieces; ++p) {
     const uint8_t* pp = pk + p * PB;
-    const int64_t g = g0 + p;
+    const int64_t g = s0 + p;
     for (int h = 0; h < kH; ++h) {
       __m512i ai[2][kT];
       for (int t = 0; t < kT; ++t) {
-        const int32_t init = kH == 2 ? c.xc16[(m0 + t) * (Kp / 16) + 2 * g + h] : c.xc32[(m0 + t) * Pp + g];
+        const int32_t init = kH == 2 ? c.xc16[(g + t * kPC) * 2 + h] : c.xc32[g + t * kPC];
         ai[0][t] = ai[1][t] = _mm512_set1_epi32(init);
       }
       for (int e = 0; e < kDw; ++e) {
@@ -142,7 +146,7 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
         const __m512i w1 = _mm512_load_si512(reinterpret_cast<const void*>(pp + 512 + dw * 64));
         for (int t = 0; t < kT; ++t) {
           int32_t xd;
-          std::memcpy(&xd, xq + t * Kp + p * 32 + dw * 4, 4);
+          std::memcpy(&xd, xq + t * kKC + p * 32 + dw * 4, 4);
           const __m512i xb = _mm512_set1_epi32(xd);
           ai[0][t] = _mm512_dpbusd_epi32(ai[0][t], w0, xb);
           ai[1][t] = _mm512_dpbusd_epi32(ai[1][t], w1, xb);
@@ -151,7 +155,7 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
       const __m512 ws0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + h * 128));
       const __m512 ws1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + h * 128 + 64));
       for (int t = 0; t < kT; ++t) {
-        const __m512 d = _mm512_set1_ps(c.dx[(m0 + t) * Pp + g]);
+        const __m512 d = _mm512_set1_ps(c.dx[g + t * kPC]);
         af[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[0][t]), _mm512_mul_ps(ws0, d), af[0][t]);
         af[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[1][t]), _mm512_mul_ps(ws1, d), af[1][t]);
       }
@@ -160,24 +164,18 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
       const __m512 b0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH));
       const __m512 b1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH + 64));
       for (int t = 0; t < kT; ++t) {
-        const __m512 X = _mm512_set1_ps(c.xsum[(m0 + t) * Pp + g]);
+        const __m512 X = _mm512_set1_ps(c.xsum[g + t * kPC]);
         af[0][t] = _mm512_fmadd_ps(b0, X, af[0][t]);
         af[1][t] = _mm512_fmadd_ps(b1, X, af[1][t]);
       }
     }
   }
   const int mt = static_cast<int>(imin(kT, a.M - m0));
-  for (int cb = 0; cb < 2; ++cb) {
-    const __mmask16 mk = mask16(nr - cb * 16);
-    if (!mk) continue;
-    const int64_t n = n0 + cb * 16;
-    const __m512 add = first ? (a.bias ? _mm512_maskz_loadu_ps(mk, a.bias + n) : _mm512_setzero_ps()) : _mm512_setzero_ps();
-    for (int t = 0; t < mt; ++t) {
-      float* o = a.out + (m0 + t) * a.N + n;
-      const __m512 prev = first ? add : _mm512_maskz_loadu_ps(mk, o);
-      _mm512_mask_storeu_ps(o, mk, _mm512_add_ps(af[cb][t], prev));
+  for (int t = 0; t < mt; ++t)
+    for (int cb = 0; cb < 2; ++cb) {
+      float* o = acc + (m0 + t) * 32 + cb * 16;
+      _mm512_store_ps(o, first ? af[cb][t] : _mm512_add_ps(_mm512_load_ps(o), af[cb][t]));
     }
-  }
 }
 
 template <quant::GgmlType kType>
@@ -188,6 +186,7 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   // Blocks of nb rows: the block's M × nb outputs stay in L2 over the K chunks (each K chunk's activations are
   // read from L3 once per block, then from L2 for the block's other pairs).
   const int64_t nb = std::max<int64_t>(32, imin(kBlockN, kBlockOut / (a.M * 4) / 32 * 32));
+  float* acc = static_cast<float*>(scratch(2, static_cast<size_t>(nb * c.Mp) * sizeof(float)));
   for (int64_t b0 = n_begin; b0 < n_end; b0 += nb) {
     const int64_t b1 = imin(b0 + nb, n_end);
     for (int64_t k0 = 0; k0 < c.Kp; k0 += kKC) {
@@ -195,7 +194,18 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
       for (int64_t n0 = b0; n0 < b1; n0 += 32) {
         const int nv = static_cast<int>(imin(32, n_end - n0));
         pack_pair<kType>(c, n0, nv, k0, kc, pk);
-        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, n0, nv, k0 == 0);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kT)
+          tile<kType>(c, pk, kc / 32, k0, m0, acc + (n0 - b0) * c.Mp, k0 == 0);
+      }
+    }
+    for (int64_t n0 = b0; n0 < b1; n0 += 32) {
+      const __mmask16 mk[2] = {mask16(n_end - n0), mask16(n_end - n0 - 16)};
+      const float* pa = acc + (n0 - b0) * c.Mp;
+      for (int cb = 0; cb < 2; ++cb) {
+        if (!mk[cb]) continue;
+        const __m512 bias = a.bias ? _mm512_maskz_loadu_ps(mk[cb], a.bias + n0 + cb * 16) : _mm512_setzero_ps();
+        for (int64_t m = 0; m < a.M; ++m)
+          _mm512_mask_storeu_ps(a.out + m * a.N + n0 + cb * 16, mk[cb], _mm512_add_ps(_mm512_load_ps(pa + m * 32 + cb * 16), bias));
       }
     }
   }
@@ -219,11 +229,11 @@ void ggml_linear(const GgmlLinearArgs& a) {
   c.a = &a;
   c.block_size = f->block_size;
   c.block_bytes = f->block_bytes;
-  c.Kp = round_up(a.K, 256);
+  c.Kp = round_up(a.K, 32);  // K is a whole number of blocks (checked above)
   c.Mp = round_up(a.M, kT);
   // The caller's scratch (the workers read it): codes in slot 0, the rest in slot 1; slot 3 is each worker's pack.
-  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * c.Kp)));
-  const int64_t Pp = c.Kp / 32;
+  const int64_t Pp = round_up(c.Kp, kKC) / 32;  // pieces, whole chunks
+  c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * Pp * 32)));
   int32_t* rest = static_cast<int32_t*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 5) * 4));
   c.xc16 = rest;
   c.xc32 = rest + c.Mp * Pp * 2;
