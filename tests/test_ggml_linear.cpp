@@ -208,6 +208,19 @@ TEST(GgmlLinear, PrefillShapesMatchTheReferenceWithinTheInt8ActivationBound) {
   }
 }
 
+// Enough activation rows that a worker's output rows are cut into several blocks (each block's M × rows outputs are
+// kept in L2 over the K chunks: 260 rows give blocks of 224), over two K chunks: each block's accumulators are
+// copied out (with the bias) after its own last chunk, not another block's.
+TEST(GgmlLinear, PrefillSeveralOutputBlocksPerWorkerMatchTheReference) {
+  auto rng = test::make_rng(1107);
+  const auto tables = all_tables();
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0}) {
+    const int64_t bs = quant::ggml_block_format(static_cast<uint32_t>(t))->block_size;
+    SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
+    run_case(rng, Case{t, 260, 520, bs == 32 ? 23 * 32 : 3 * bs, true}, tables);
+  }
+}
+
 // A NaN or infinite activation makes its row's outputs non-finite (the reference: NaN or ±inf; the int8 kernels:
 // NaN), never another row's.
 TEST(GgmlLinear, PrefillNonFiniteActivationStaysInItsRow) {
