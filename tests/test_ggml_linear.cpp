@@ -14,6 +14,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/kernel_table.h"
+#if defined(__x86_64__)
+#include "kernels/x86/x86_kernels.h"
+#endif
 #include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
 #include "support/test_support.h"
@@ -174,9 +177,22 @@ void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kern
   }
 }
 
+// Every level this machine runs; where the avx512 table multiplies on AMX tiles, its VNNI kernel too ("avx512-vnni").
 std::vector<const kernels::KernelTable*> all_tables() {
   std::vector<const kernels::KernelTable*> out;
   for (IsaLevel l : supported_isas()) out.push_back(&kernels::kernels_for_isa(l));
+#if defined(__x86_64__)
+  if (detected_isa() == IsaLevel::kAvx512 &&
+      kernels::kernels_for_isa(IsaLevel::kAvx512).ggml_linear != &kernels::x86::avx512::ggml_linear) {
+    static const kernels::KernelTable vnni = [] {
+      kernels::KernelTable t = kernels::kernels_for_isa(IsaLevel::kAvx512);
+      t.name = "avx512-vnni";
+      t.ggml_linear = &kernels::x86::avx512::ggml_linear;
+      return t;
+    }();
+    out.push_back(&vnni);
+  }
+#endif
   return out;
 }
 

@@ -91,6 +91,7 @@ const KernelTable& avx512_kernels() {
     if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
       t.w8a8_gemm = &x86::amx::w8a8_gemm;
       t.w4a8_gemm = &x86::amx::w4a8_gemm;
+      t.ggml_linear = &x86::avx512::ggml_linear_amx;  // native GGUF prefill: AMX tiles for one-scale-per-32 formats
     }
     return t;
   }();

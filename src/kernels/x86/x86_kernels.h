@@ -57,6 +57,9 @@ CIDER_X86_DECLARE_KERNELS
 // rows: ggml_linear_gemv for the formats it takes (avx512/ggml_linear_gemv.cpp: Q4_K, Q5_K, Q6_K), else
 // avx2::ggml_linear.
 void ggml_linear(const GgmlLinearArgs& a);
+// The same with AMX-INT8 tiles from 16 rows for the formats with one scale per 32 codes (all but Q6_K), bit for bit
+// ggml_linear's outputs; only where the CPU has AMX and the OS grants the tile state (kernels/kernel_table.cpp).
+void ggml_linear_amx(const GgmlLinearArgs& a);
 bool ggml_linear_gemv_takes(uint32_t ggml_type);
 void ggml_linear_gemv(const GgmlLinearArgs& a);
 }  // namespace avx512

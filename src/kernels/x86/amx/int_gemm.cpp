@@ -44,7 +44,9 @@ void load_config() {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  // Not _tile_loadconfig: GCC 12's operand for it covers the first 8 bytes only, so the stores to the rest of cfg
+  // could be dropped as dead (an unconfigured tile then raises SIGILL); this operand is the whole 64 bytes.
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
 struct Gemm {
