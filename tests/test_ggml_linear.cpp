@@ -237,6 +237,41 @@ TEST(GgmlLinear, PrefillSeveralOutputBlocksPerWorkerMatchTheReference) {
   }
 }
 
+#if defined(__x86_64__)
+// Where the avx512 table multiplies on AMX tiles: the same float sums in the same order as its VNNI kernel, so the
+// outputs are equal bit for bit (M with a tail of the 16-row A tiles, K over two chunks, N past a 32-row pair).
+TEST(GgmlLinear, AmxTilesEqualTheVnniKernelBitForBit) {
+  if (detected_isa() != IsaLevel::kAvx512 ||
+      kernels::kernels_for_isa(IsaLevel::kAvx512).ggml_linear == &kernels::x86::avx512::ggml_linear)
+    GTEST_SKIP() << "no AMX tiles here";
+  auto rng = test::make_rng(1108);
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ4_1, GgmlType::kQ5_0}) {
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+    SCOPED_TRACE(f.name);
+    const int64_t M = 37, N = 70, K = f.block_size == 32 ? 23 * 32 : 3 * 256;
+    const std::vector<uint8_t> w = random_blocks(rng, t, N * K / f.block_size);
+    const std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+    const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
+    std::vector<float> amx(static_cast<size_t>(M * N), std::nanf("")), vnni(amx.size(), std::nanf(""));
+    kernels::GgmlLinearArgs a{};
+    a.x = x.data();
+    a.w = w.data();
+    a.ggml_type = static_cast<uint32_t>(t);
+    a.row_bytes = quant::ggml_row_bytes(f, K);
+    a.bias = bias.data();
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.out = amx.data();
+    kernels::x86::avx512::ggml_linear_amx(a);
+    a.out = vnni.data();
+    kernels::x86::avx512::ggml_linear(a);
+    ASSERT_EQ(std::memcmp(amx.data(), vnni.data(), amx.size() * sizeof(float)), 0);
+    for (float v : amx) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+#endif
+
 // A NaN or infinite activation makes its row's outputs non-finite (the reference: NaN or ±inf; the int8 kernels:
 // NaN), never another row's.
 TEST(GgmlLinear, PrefillNonFiniteActivationStaysInItsRow) {
