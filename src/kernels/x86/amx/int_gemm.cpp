@@ -109,6 +109,7 @@ void run_panels(void* ctx, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n0 = p * kNR, cols = imin(kNR, a.N - n0);
     pack_panel(c, n0, packed);
+    __asm__ volatile("" ::: "memory");  // the pack's stores before the tile loads
     std::memset(tile_buf, 0, static_cast<size_t>(c.Mp * kNR * 4));
     for (int64_t m0 = 0; m0 < c.Mp; m0 += kMB) {
       const int8_t* A0 = c.xq + m0 * c.Kp;
@@ -134,6 +135,7 @@ void run_panels(void* ctx, int64_t p0, int64_t p1) {
             _tile_stored(1, tmp[1], 64);
             _tile_stored(2, tmp[2], 64);
             _tile_stored(3, tmp[3], 64);
+            __asm__ volatile("" ::: "memory");  // GCC's tile macros have no memory operands: the stores before the loads
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
@@ -153,6 +155,7 @@ void run_panels(void* ctx, int64_t p0, int64_t p1) {
           _tile_stored(1, ci + 16, kNR * 4);
           _tile_stored(2, ci + 16 * kNR, kNR * 4);
           _tile_stored(3, ci + 16 * kNR + 16, kNR * 4);
+          __asm__ volatile("" ::: "memory");
         }
       }
     }

@@ -234,6 +234,9 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Ctx& c, const u
   const int64_t s0 = (k0 / kKC * c.Mp + m0) * kPC;  // row m0's piece scalars of this chunk (row m0 + r: + r·kPC)
   const int8_t* xq = c.xq + (k0 / kKC * c.Mp + m0) * kKC;
   alignas(64) int32_t t[2][256];
+  // GCC's tile macros are asm without memory operands: an empty asm with a "memory" clobber orders them against the
+  // plain stores (the pack) before the tile loads and the plain loads of a stored tile after it.
+  __asm__ volatile("" ::: "memory");
   for (int cb = 0; cb < 2; ++cb) {
     __m512 af[16];
     for (int r = 0; r < 16; ++r) af[r] = _mm512_setzero_ps();
@@ -249,8 +252,10 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Ctx& c, const u
       _tile_loadd(5, pp + PB + cb * 512, 64);
       _tile_dpbssd(3, 4, 5);
       _tile_stored(0, t[0], 64);
+      __asm__ volatile("" ::: "memory");
       amx_add<kType>(t[0], pp, cb, c.dx + s0 + p, c.xsum + s0 + p, af);
       _tile_stored(3, t[1], 64);
+      __asm__ volatile("" ::: "memory");
       amx_add<kType>(t[1], pp + PB, cb, c.dx + s0 + p + 1, c.xsum + s0 + p + 1, af);
     }
     if (p < pieces) {
@@ -260,6 +265,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Ctx& c, const u
       _tile_loadd(2, pp + cb * 512, 64);
       _tile_dpbssd(0, 1, 2);
       _tile_stored(0, t[0], 64);
+      __asm__ volatile("" ::: "memory");
       amx_add<kType>(t[0], pp, cb, c.dx + s0 + p, c.xsum + s0 + p, af);
     }
     for (int r = 0; r < 16; ++r) {
