@@ -15,6 +15,7 @@
 
 #include <cstring>
 
+#include "kernels/x86/amx/tile_config.h"
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
 
@@ -30,23 +31,13 @@ namespace {
 constexpr int64_t kNR = 64;  // columns per panel
 constexpr int64_t kMB = 32;  // tokens per tile block (two 16-row A tiles)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 void load_config() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {  // tmm0-3: C (16 x 16 int32), tmm4-5: A (16 x 64 B), tmm6-7: B (16 x 64 B)
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  // Not _tile_loadconfig: GCC 12's operand for it covers the first 8 bytes only, so the stores to the rest of cfg
-  // could be dropped as dead (an unconfigured tile then raises SIGILL); this operand is the whole 64 bytes.
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  load_tile_config(cfg);
 }
 
 struct Gemm {

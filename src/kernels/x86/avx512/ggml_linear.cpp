@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/x86/amx/tile_config.h"
 #include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
@@ -189,22 +190,12 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
 // 256 outputs; the tile is stored and each row added in float as the VNNI tile adds it, (ws·dx)·S + b·X, so the
 // outputs are the VNNI kernel's bit for bit. Two C tiles alternate so a piece's product runs while the previous
 // one is added. Tiles: 0, 3 C (16 × 64 B); 1, 4 A (16 × 32 B); 2, 5 B (8 × 64 B).
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-__attribute__((target("amx-tile,amx-int8"))) void amx_load_config() {
-  TileConfig cfg;
+void amx_load_config() {
+  amx::TileConfig cfg;
   for (int t : {0, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   for (int t : {1, 4}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
   for (int t : {2, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
-  // Not _tile_loadconfig: GCC 12's operand for it covers the first 8 bytes only, so the stores to the rest of cfg
-  // could be dropped as dead (an unconfigured tile then raises SIGILL); this operand is the whole 64 bytes.
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  amx::load_tile_config(cfg);
 }
 
 __attribute__((target("amx-tile,amx-int8"))) void amx_release() { _tile_release(); }
