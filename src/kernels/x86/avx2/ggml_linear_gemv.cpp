@@ -113,17 +113,10 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
       }
     }
   } else if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
-    // The 6-bit scales and minimums (quant/ggml_blocks.cpp's packing): j < 4 in the low 6 bits of bytes j / j + 4;
-    // j >= 4: 4 low bits from byte j + 4, 2 high bits from the top of byte j - 4 / j.
-    uint32_t w[3];
-    std::memcpy(w, b + 4, 12);
-    const uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
-    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo)));
+    const __m128i scmn = scales_mins8(b + 4);  // the 6-bit scales (bytes 0-7) and minimums (8-15)
+    const __m128i sc16 = _mm_cvtepu8_epi16(scmn);
     const __m256i scv = _mm256_set_m128i(sc16, sc16);
-    const __m256 mn = _mm256_cvtepi32_ps(
-        _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(mn_hi), static_cast<int>(mn_lo))));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scmn, 8)));
     const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
     const __m256 mins = _mm256_mul_ps(mn, _mm256_permute_ps(dm, 0x55));                // dmin·m_j, lane j
     const __m256i m4 = _mm256_set1_epi8(0x0F);

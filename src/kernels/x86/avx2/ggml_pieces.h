@@ -74,6 +74,19 @@ static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   }
 }
 
+// All 8 scales (bytes 0-7) and minimums (bytes 8-15) of a Q4_K / Q5_K block from its 12 packed bytes s, scale_min's
+// rule for the 8 at once: j < 4 in the low 6 bits of bytes j / j + 4; j >= 4: 4 low bits from byte j + 4, 2 high bits
+// from the top of byte j - 4 / j.
+static inline __m128i scales_mins8(const uint8_t* s) {
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  const uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+  return _mm_set_epi32(static_cast<int>(mn_hi), static_cast<int>(mn_lo), static_cast<int>(sc_hi),
+                       static_cast<int>(sc_lo));
+}
+
 // All pieces of one block into p[] (1 for the 32-element formats, 8 for the K-quants); a template on the format,
 // so each kernel instantiation keeps its pieces in registers.
 template <quant::GgmlType kType>

@@ -18,8 +18,8 @@
 // Work: weight rows in chunks of kRowsPerChunk over the thread pool. One activation row: kR1 weight rows read
 // together (memory-level parallelism); more: 2 weight rows × up to 4 activation rows, each unpacked vector serving
 // all of them. The next tile's rows are prefetched line by line while a tile is read.
-#include <cstring>
 
+#include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
@@ -46,22 +46,7 @@ struct Ctx {
   const float* dxv;    // [M, K/4] the step of each lane's piece (Q6_K)
 };
 
-static inline uint32_t u32_load(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-static inline float f16_load(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 static inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
-static inline float hsum256(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
 
 // vpermps indices: lanes 0-7 take element a, 8-15 element b (Q4_K / Q5_K: the vector's pieces, of a block's 8
 // scales), and lane l takes element 4v + l/4 (Q6_K: vector v's scales per 16 codes, of a block's 16).
@@ -79,17 +64,9 @@ template <GgmlType kType, int kT>
 static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, __m512* acc, __m256* accm) {
   const int64_t P = c.a->K / 32;
   if constexpr (has_mins(kType)) {
-    // The 6-bit scales and minimums (quant/ggml_blocks.cpp's packing): j < 4 in the low 6 bits of bytes j / j + 4;
-    // j >= 4: 4 low bits from byte j + 4, 2 high bits from the top of byte j - 4 / j.
-    uint32_t w[3];
-    std::memcpy(w, b + 4, 12);
-    const uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
-    const __m256 scf = _mm256_cvtepi32_ps(
-        _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo))));
-    const __m256 mnf = _mm256_cvtepi32_ps(
-        _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(mn_hi), static_cast<int>(mn_lo))));
+    const __m128i scmn = scales_mins8(b + 4);  // the 6-bit scales (bytes 0-7) and minimums (8-15)
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scmn));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scmn, 8)));
     const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
     const __m256 scd = _mm256_mul_ps(scf, _mm256_permute_ps(dm, 0x00));                // d·sc_j
     const __m256 mnd = _mm256_mul_ps(mnf, _mm256_permute_ps(dm, 0x55));                // dmin·m_j
@@ -173,7 +150,7 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   for (int r = 0; r < nr; ++r)
     for (int t = 0; t < kT; ++t)
       a.out[(m0 + t) * a.N + n0 + r] =
-          _mm512_reduce_add_ps(acc[r][t]) + (has_mins(kType) ? hsum256(accm[r][t]) : 0.0f) + (a.bias ? a.bias[n0 + r] : 0.0f);
+          _mm512_reduce_add_ps(acc[r][t]) + (has_mins(kType) ? _mm512_reduce_add_ps(_mm512_zextps256_ps512(accm[r][t])) : 0.0f) + (a.bias ? a.bias[n0 + r] : 0.0f);
 }
 
 constexpr int kR1 = 4;    // weight rows read together for one activation row
