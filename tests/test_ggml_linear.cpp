@@ -19,6 +19,7 @@
 #endif
 #include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
+#include "support/ggml_cases.h"
 #include "support/test_support.h"
 
 namespace cider {
@@ -28,34 +29,8 @@ using quant::GgmlType;
 
 using test::throws_code;
 
-const GgmlType kIntegerTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-                                  GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
-
-void put_f16(uint8_t* p, float v) {
-  const uint16_t h = f32_to_f16(v);
-  std::memcpy(p, &h, 2);
-}
-
-// Random bytes with every f16 scale field replaced by a finite value of a realistic size (random bytes would give
-// infinities and NaNs, which real files do not hold).
-std::vector<uint8_t> random_blocks(std::mt19937_64& rng, GgmlType t, int64_t blocks) {
-  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
-  std::vector<uint8_t> out(static_cast<size_t>(blocks * f.block_bytes));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> d(0.001f, 0.05f), m(-0.05f, 0.05f);
-  for (auto& b : out) b = static_cast<uint8_t>(byte(rng));
-  for (int64_t i = 0; i < blocks; ++i) {
-    uint8_t* b = out.data() + i * f.block_bytes;
-    switch (t) {
-      case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ5_0: put_f16(b, d(rng)); break;
-      case GgmlType::kQ4_1: case GgmlType::kQ5_1: put_f16(b, d(rng)); put_f16(b + 2, m(rng)); break;
-      case GgmlType::kQ4_K: case GgmlType::kQ5_K: put_f16(b, d(rng) / 16); put_f16(b + 2, d(rng) / 16); break;
-      case GgmlType::kQ6_K: put_f16(b + 208, d(rng) / 64); break;
-      default: break;
-    }
-  }
-  return out;
-}
+using test::kIntegerTypes;
+using test::random_blocks;
 
 TEST(GgmlBlocks, IntegerFormEqualsTheDecoder) {
   auto rng = test::make_rng(1101);
@@ -151,24 +126,9 @@ void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kern
     t->ggml_linear(a);
     for (int64_t m = 0; m < cs.M; ++m)
       for (int64_t n = 0; n < cs.N; ++n) {
-        // Int8 activations: each x moves by at most half its piece's step max|x_piece|/127, so the output moves by
-        // Σ_k |w_k|·step/2; float32 sums of K/32 pieces (each a product of a rounded scale and an exact integer dot,
-        // plus the b term) add (P + 16)·2⁻²³·Σ_k |w_k|·(|x_k| + step); the bias is added once.
-        double quant_err = 0.0, mag = 0.0;
-        for (int64_t p = 0; p < cs.K / 32; ++p) {
-          double amax = 0.0, wsum = 0.0, mag_p = 0.0;
-          for (int64_t e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(m * cs.K + p * 32 + e)])));
-          const double step = amax / 127.0;
-          for (int64_t e = 0; e < 32; ++e) {
-            const double wk = std::fabs(static_cast<double>(wf[static_cast<size_t>(n * cs.K + p * 32 + e)]));
-            wsum += wk;
-            mag_p += wk * (std::fabs(static_cast<double>(x[static_cast<size_t>(m * cs.K + p * 32 + e)])) + step);
-          }
-          quant_err += wsum * step / 2.0;
-          mag += mag_p;
-        }
-        const double tol = quant_err + (static_cast<double>(cs.K / 32) + 16.0) * 0x1p-23 * mag +
-                           0x1p-23 * (cs.bias ? std::fabs(bias[static_cast<size_t>(n)]) : 0.0);
+        // The int8 activation bound (support/ggml_cases.h: half a step per x, float32 sums of the pieces, bias).
+        const double tol = test::int8_piece_bound(x.data() + m * cs.K, wf.data() + n * cs.K, cs.K,
+                                                  cs.bias ? std::fabs(bias[static_cast<size_t>(n)]) : 0.0);
         const float g = got[static_cast<size_t>(m * cs.N + n)];
         ASSERT_FALSE(std::isnan(g)) << "m " << m << " n " << n;
         ASSERT_LE(std::fabs(static_cast<double>(g) - ref[static_cast<size_t>(m * cs.N + n)]), tol)

@@ -991,9 +991,9 @@ TEST(ModelGguf, NativeKeepsQ8_0BlocksAndMatchesTheReference) {
   // The q/k row order is right: the same file through f32 (dequantized, un-permuted as floats) agrees as closely.
   const std::vector<float> f32 = run(*cm::Model::load(path, opts("f32", "f32")), tok);
   EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), bound);
-  // The default weights: native for a GGUF file on the CPU, bf16 for a directory or on CUDA.
+  // The default weights: native for a GGUF file on either device, bf16 for a directory.
   EXPECT_EQ(cm::default_weights(path, cm::Device::kCPU), cm::WeightFormat::kNative);
-  EXPECT_EQ(cm::default_weights(path, cm::Device::kCUDA), cm::WeightFormat::kBF16);
+  EXPECT_EQ(cm::default_weights(path, cm::Device::kCUDA), cm::WeightFormat::kNative);
   EXPECT_EQ(cm::default_weights(std::string(CIDER_SOURCE_DIR) + "/models/cider-tiny", cm::Device::kCPU),
             cm::WeightFormat::kBF16);
   // A directory has no blocks to keep.

@@ -1,9 +1,12 @@
-// Decode GEMV benchmarks: cuda::w8a8_gemv / cuda::w4a8_gemv against PyTorch's bf16 GEMV (and int8 _int_mm at M32),
-// rows of tools/gpu/peers.py. x float32 (the engine's activations), out float32.
+// Decode GEMV benchmarks: cuda::w8a8_gemv / cuda::w4a8_gemv and the native GGUF cuda::ggml_linear ("ggml-gemv",
+// "ggml-prefill") against PyTorch's bf16 GEMV (and int8 _int_mm at M32), rows of tools/gpu/peers.py. x float32 (the
+// engine's activations), out float32.
 // Weights: fresh random bytes, rotated over enough distinct copies that a replay never finds them in the 60 MB L2.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/kernel_table.h"
+#include "quant/ggml_blocks.h"
 
 namespace cider::cuda::gemv_bench {  // linear_gemv.cu: launch knobs and the load-only roof (benchmarks, tests only)
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
@@ -409,4 +413,125 @@ CIDER_GEMV_LOADS_CASE("w4a8 gemv g64 M1 K14336 N4096", true, 14336, 4096, 64, "b
 CIDER_GEMV_LOADS_CASE("w8a8 gemv M1 K8192 N28672", false, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 1, "register loads")
 CIDER_GEMV_LOADS_CASE("w4a8 gemv M1 K8192 N28672", true, 8192, 28672, 0, "bf16 GEMV K8192 N28672", 1, "register loads")
 #undef CIDER_GEMV_LOADS_CASE
+}  // namespace cider::bench
+
+// ---- native GGUF weights (cuda::ggml_linear, kernels/cuda/linear_ggml.cu) ----------------------------------------
+// Decode (M ≤ kGgmlGemvRows): int8 activations per 32, the blocks' integer form, the weights streamed once for all
+// M rows: TB/s is the weight bytes (plus x, bias, out) per second, beside the bf16 GEMV peer and the "gemv roof read"
+// rows. Prefill (M > kGgmlGemvRows): the weights decoded to bf16 in the workspace, then cuBLASLt: TOP/s.
+// Blocks: fresh random bytes with finite float16 scales of realistic size (random bytes would hold infinities and
+// NaNs, which real files do not), as tests/support/ggml_cases.h makes them (not included: no test headers here).
+namespace cider::bench {
+namespace {
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+std::vector<uint8_t> ggml_random_blocks(std::mt19937_64& rng, quant::GgmlType t, int64_t blocks) {
+  using quant::GgmlType;
+  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+  std::vector<uint8_t> out = random_bytes(rng, static_cast<size_t>(blocks * f.block_bytes));
+  std::uniform_real_distribution<float> d(0.001f, 0.05f), m(-0.05f, 0.05f);
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* b = out.data() + i * f.block_bytes;
+    switch (t) {
+      case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ5_0: put_f16(b, d(rng)); break;
+      case GgmlType::kQ4_1: case GgmlType::kQ5_1: put_f16(b, d(rng)); put_f16(b + 2, m(rng)); break;
+      case GgmlType::kQ4_K: case GgmlType::kQ5_K: put_f16(b, d(rng) / 16); put_f16(b + 2, d(rng) / 16); break;
+      case GgmlType::kQ6_K: put_f16(b + 208, d(rng) / 64); break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+// out[M, N] f32 = x[M, K] f32 · Wᵀ + bias, W [N, K] in ggml format t. Decode shapes rotate ≥ 4 weight copies of
+// ≥ 150 MB in all (as bench_int_gemv); prefill rotates 4 copies of everything when it fits twice the 60 MB L2, else 1.
+BenchResult bench_ggml_linear(quant::GgmlType t, int64_t M, int64_t K, int64_t N, const char* peer) {
+  const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
+  std::mt19937_64 rng(0x66a1u + static_cast<uint64_t>(M * 131 + K * 7 + N) + static_cast<uint64_t>(t) * 1000003u);
+  const int64_t row_bytes = quant::ggml_row_bytes(f, K);
+  const size_t w_bytes = static_cast<size_t>(N * row_bytes);
+  const bool gemv = M <= cuda::kGgmlGemvRows;
+  const size_t act_bytes = 4 * static_cast<size_t>(M * K + N + M * N);
+  const size_t copies = gemv ? std::max<size_t>(4, (150u << 20) / w_bytes + 1)
+                             : (static_cast<double>(w_bytes + act_bytes) < 2 * 60e6 ? 4 : 1);
+  std::vector<cuda::DeviceBuffer> weights;
+  for (size_t c = 0; c < copies; ++c) {
+    const std::vector<uint8_t> w = ggml_random_blocks(rng, t, N * K / f.block_size);
+    weights.push_back(cuda::to_device(w.data(), w.size()));
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N));
+  for (auto& v : x) v = normal(rng);
+  for (auto& v : bias) v = normal(rng);
+  cuda::DeviceBuffer d_x = cuda::to_device(x.data(), x.size() * sizeof(float));
+  cuda::DeviceBuffer d_bias = cuda::to_device(bias.data(), bias.size() * sizeof(float));
+  cuda::DeviceBuffer d_out(static_cast<size_t>(M * N) * sizeof(float));
+  cuda::DeviceBuffer d_ws(cuda::ggml_linear_workspace_bytes(M, N, K));
+
+  cuda::Stream stream;
+  size_t next = 0;
+  auto run = [&](void* s) {
+    kernels::GgmlLinearArgs a{};
+    a.x = d_x.as<float>();
+    a.w = weights[next++ % copies].data();
+    a.ggml_type = static_cast<uint32_t>(t);
+    a.row_bytes = row_bytes;
+    a.bias = d_bias.as<float>();
+    a.out = d_out.as<float>();
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    cuda::ggml_linear(a, cuda::Exec{s, d_ws.data(), d_ws.bytes()});
+  };
+  BenchResult r;
+  r.seconds = bench_graph(run, stream.handle(), 20, 15);  // the warm-up calls plan cuBLASLt outside the capture
+  r.bytes = static_cast<double>(w_bytes + act_bytes);
+  r.flops = 2.0 * static_cast<double>(M * K * N);
+  r.peer = peer;
+  char note[160];
+  std::snprintf(note, sizeof note, "%zu weight cop%s of %.1f MB (%s)%s", copies, copies == 1 ? "y" : "ies",
+                static_cast<double>(w_bytes) / 1e6, f.name,
+                gemv ? ", int8 x per 32" : ", W decoded to bf16 in the workspace, then cuBLASLt");
+  r.note = note;
+  return r;
+}
+
+}  // namespace
+
+#define CIDER_GGML_GEMV_CASE(type, M, K, N, peer)                                                         \
+  CIDER_CUDA_BENCH("ggml-gemv " #type " M" #M " K" #K " N" #N, "linear") {                               \
+    return bench_ggml_linear(quant::GgmlType::k##type, M, K, N, peer);                                   \
+  }
+// Llama-3-8B's gate/up (K4096 N14336) and down (K14336 N4096) projections, one token and a decode batch of 8.
+CIDER_GGML_GEMV_CASE(Q4_K, 1, 4096, 14336, "bf16 GEMV K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q4_K, 1, 14336, 4096, "bf16 GEMV K14336 N4096")
+CIDER_GGML_GEMV_CASE(Q4_K, 8, 4096, 14336, "int8 _int_mm M32 K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q4_K, 8, 14336, 4096, "")
+CIDER_GGML_GEMV_CASE(Q6_K, 1, 4096, 14336, "bf16 GEMV K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q6_K, 1, 14336, 4096, "bf16 GEMV K14336 N4096")
+CIDER_GGML_GEMV_CASE(Q6_K, 8, 4096, 14336, "int8 _int_mm M32 K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q6_K, 8, 14336, 4096, "")
+CIDER_GGML_GEMV_CASE(Q8_0, 1, 4096, 14336, "bf16 GEMV K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q8_0, 1, 14336, 4096, "bf16 GEMV K14336 N4096")
+CIDER_GGML_GEMV_CASE(Q8_0, 8, 4096, 14336, "int8 _int_mm M32 K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q8_0, 8, 14336, 4096, "")
+CIDER_GGML_GEMV_CASE(Q5_0, 1, 4096, 14336, "bf16 GEMV K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q5_0, 1, 14336, 4096, "bf16 GEMV K14336 N4096")
+CIDER_GGML_GEMV_CASE(Q5_0, 8, 4096, 14336, "int8 _int_mm M32 K4096 N14336")
+CIDER_GGML_GEMV_CASE(Q5_0, 8, 14336, 4096, "")
+#undef CIDER_GGML_GEMV_CASE
+
+// Prefill through the bf16 path: the weights decoded to bf16 (33 MB of Q4_K → 117 MB) once per call, then cuBLASLt.
+// M2048 is the peers' "bf16 matmul" shape (which multiplies bf16 weights that are already decoded).
+CIDER_CUDA_BENCH("ggml-prefill Q4_K M512 K4096 N14336", "linear") {
+  return bench_ggml_linear(quant::GgmlType::kQ4_K, 512, 4096, 14336, "");
+}
+CIDER_CUDA_BENCH("ggml-prefill Q4_K M2048 K4096 N14336", "linear") {
+  return bench_ggml_linear(quant::GgmlType::kQ4_K, 2048, 4096, 14336, "bf16 matmul M2048 K4096 N14336");
+}
+
 }  // namespace cider::bench

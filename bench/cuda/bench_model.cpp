@@ -261,6 +261,14 @@ CIDER_CUDA_BENCH("model generate llama3-8b w8a8 k8v4 L1024 sampling on host", "m
   return generate_steps("w8a8", "k8v4", 1024, false);
 }
 
+// Native GGUF weights (random Q4_K blocks, GpuModel random_linear) against W4A8 with the same cache: decode streams
+// the blocks through the dp4a GEMV, prefill decodes them to bf16 for cuBLASLt (kernels/cuda/linear_ggml.cu).
+CIDER_CUDA_BENCH("model decode llama3-8b native k8v4 L1024", "model") { return decode("native", "k8v4", 1024); }
+CIDER_CUDA_BENCH("model decode llama3-8b native k8v4 L32768", "model") { return decode("native", "k8v4", 32768); }
+CIDER_CUDA_BENCH("model decode llama3-8b native-vs w4a8 k8v4 L1024", "model") { return decode("w4a8", "k8v4", 1024); }
+CIDER_CUDA_BENCH("model prefill llama3-8b native k8v4 n512", "model") { return prefill("native", "k8v4", 512); }
+CIDER_CUDA_BENCH("model prefill llama3-8b native k8v4 n4096", "model") { return prefill("native", "k8v4", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b native-vs w4a8 k8v4 n4096", "model") { return prefill("w4a8", "k8v4", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512", "model") { return prefill("w8a8", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096", "model") { return prefill("w8a8", "k8v4", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v5-kchan n4096", "model") { return prefill("w8a8", "k5v5-kchan", 4096); }

@@ -958,7 +958,8 @@ void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
 WeightFormat default_weights(const std::string& path, Device device) {
   std::error_code ec;
   const bool gguf = !fs::is_directory(path, ec) && is_gguf_file(path);
-  return gguf && device == Device::kCPU ? WeightFormat::kNative : WeightFormat::kBF16;
+  (void)device;  // both devices multiply a GGUF file's blocks as they are
+  return gguf ? WeightFormat::kNative : WeightFormat::kBF16;
 }
 
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {

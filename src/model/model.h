@@ -79,8 +79,9 @@ const char* device_name(Device d);
 // position instead (6.5 bits; KVOptions::device_default).
 KVOptions default_kv(Device device);
 
-// The weight format a model gets when none is asked for: native for a GGUF file on the CPU (its blocks multiplied as
-// they are, the file's own fidelity: docs/quality.md), else bf16 (which CUDA also runs).
+// The weight format a model gets when none is asked for: native for a GGUF file on either device (its blocks
+// multiplied as they are, the file's own fidelity: docs/quality.md), else bf16. (The device is kept for formats a
+// device may lack.)
 WeightFormat default_weights(const std::string& path, Device device);
 
 struct ModelOptions {

@@ -25,7 +25,7 @@ constexpr WeightFormatInfo kFormats[] = {
      "symmetric int8 per group of 256 × int8 activations"},
     {WeightFormat::kW4A8, "w4a8", WeightKind::kInt4, DType::kU8, 64, "int8 per token", true,
      "symmetric int4 per group of 64 × int8 activations (MLX sources with a finer group keep it)"},
-    {WeightFormat::kNative, "native", WeightKind::kGgml, DType::kU8, 0, "int8 per 32", false,
+    {WeightFormat::kNative, "native", WeightKind::kGgml, DType::kU8, 0, "int8 per 32", true,
      "a GGUF file's blocks as they are (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K; other tensors bf16) × int8 "
      "activations per 32"},
 };

@@ -814,6 +814,60 @@ TEST(CudaModel, OutlierKeyChannelsMatchCpu) {
   }
 }
 
+// Native GGUF weights on the GPU (tests/data/gguf_d128: Q4_K and Q6_K blocks, kept as they are on both devices; a
+// bf16 cache on both, so the weights' arithmetic is the difference under test).
+//  * Calls of at most 16 rows (a prompt fed 16 tokens at a time, then decode steps): both devices quantize the
+//    activations per piece of 32 to int8 and take exact integer dots with the block codes; only the order of the
+//    float32 sums (and the attention kernels' roundings) differ. So the GPU must sit much closer to the CPU's native
+//    logits than int8 activations sit from float32 ones (the CPU with the file's values as f32 weights): max|Δ| at
+//    most half, mean|Δ| at most a quarter of that distance.
+//  * A prefill of 40 rows at once: the GPU decodes the blocks to bf16 and runs the dense GEMM (bf16 activations,
+//    relative error 2^-9 per operand, well under int8's 1/254 of a piece's largest value), so its logits must sit no
+//    farther from the f32-weight CPU than the CPU's own int8-activation logits do.
+TEST(CudaModel, NativeGgufWeightsMatchCpu) {
+  CIDER_REQUIRE_GPU();
+  const std::string path = cider::test::repo_file("tests/data/gguf_d128/model.gguf");
+  auto opts = [](const char* weights, cm::Device d) {
+    cm::ModelOptions o;
+    o.weights = cm::parse_weight_format(weights);
+    o.kv = cm::parse_kv_format("bf16");
+    o.device = d;
+    return o;
+  };
+  auto cpu = cm::Model::load(path, opts("native", cm::Device::kCPU));
+  auto gpu = cm::Model::load(path, opts("native", cm::Device::kCUDA));
+  auto f32 = cm::Model::load(path, opts("f32", cm::Device::kCPU));
+  EXPECT_EQ(cpu->impl().w.layers[0].q.kind, cm::Linear::Kind::kGgml);
+  const std::vector<int32_t> tokens = text_tokens(*cpu, 72);
+  const auto V = static_cast<size_t>(cpu->config().vocab_size);
+  auto small_calls = [&](const cm::Model& m) {  // 48 tokens in calls of 16, then 24 single steps
+    std::vector<float> out(tokens.size() * V, std::nanf(""));
+    auto s = m.new_session();
+    for (size_t i = 0; i < 48; i += 16) m.forward(*s, &tokens[i], 16, out.data() + i * V, true);
+    for (size_t i = 48; i < tokens.size(); ++i) m.forward(*s, &tokens[i], 1, out.data() + i * V, true);
+    return out;
+  };
+  const std::vector<float> ref = small_calls(*cpu), got = small_calls(*gpu), exact = small_calls(*f32);
+  const Diff dq = diff(ref, exact), d = diff(got, ref);
+  RecordProperty("gpu_vs_cpu_native", str(d));
+  RecordProperty("int8_activations_vs_f32", str(dq));
+  EXPECT_TRUE(d.finite);
+  EXPECT_GT(dq.max_abs, 0.0);
+  EXPECT_LE(d.max_abs, 0.5 * dq.max_abs) << "GPU vs CPU " << str(d) << "; CPU native vs f32 " << str(dq);
+  EXPECT_LE(d.mean_abs, 0.25 * dq.mean_abs) << "GPU vs CPU " << str(d) << "; CPU native vs f32 " << str(dq);
+
+  const size_t n = 40;
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
+  const std::vector<float> gp = logits_of(*gpu, prompt, n), fp = logits_of(*f32, prompt, n);
+  const std::vector<float> cp = logits_of(*cpu, prompt, n);
+  const Diff dg = diff(gp, fp), dc = diff(cp, fp);
+  RecordProperty("gpu_prefill_vs_f32", str(dg));
+  RecordProperty("cpu_native_prefill_vs_f32", str(dc));
+  EXPECT_TRUE(dg.finite);
+  EXPECT_LE(dg.max_abs, dc.max_abs) << "GPU prefill vs f32 " << str(dg) << "; CPU native vs f32 " << str(dc);
+  EXPECT_LE(dg.mean_abs, dc.mean_abs) << "GPU prefill vs f32 " << str(dg) << "; CPU native vs f32 " << str(dc);
+}
+
 // The default cache on CUDA is the CPU's (k5v4, per-channel keys, head_dim/32 outlier channels) where the tensor-core
 // kernels read it (heads of 128 or 256), else k8v4/hadamard per position (cider-tiny's 64-wide heads).
 TEST(CudaModel, DefaultCacheFollowsTheHeadSize) {

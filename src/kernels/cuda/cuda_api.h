@@ -118,6 +118,29 @@ void w4a8_gemm(const kernels::IntLinearArgs& args, const Exec& exec);
 // Picks GEMV (M ≤ 16) or GEMM.
 void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec);
 
+// ---- Native GGUF weights (kernels/cuda/linear_ggml.cu) -----------------------------------------------------------
+// out[M, N] (f32) = x[M, K] (f32) · Wᵀ (+ bias), W the rows of a GGUF block format with an integer form (Q8_0, Q4_0,
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; quant/ggml_blocks.h), as kernels::GgmlLinearArgs with device pointers.
+//   M ≤ kGgmlGemvRows: the CPU kernels' arithmetic — x quantized per piece of 32 to int8 (step max|x|/127, rint, an
+//     all-zero piece step 1, a non-finite one NaN), each half-piece h's integer dot S_h of the block's int8 codes
+//     with those codes (dp4a), X_h = step·Σ_{i∈h} code_i, and y = Σ_pieces step·(a₀·S₀ + a₁·S₁) + b₀·X₀ + b₁·X₁ in
+//     float32 (the weights streamed once for all M rows);
+//   M > kGgmlGemvRows: the weights decoded to bf16 in the workspace (ggml_dequantize_bf16), then dense_bf16
+//     (cuBLASLt, x rounded to bf16): the bytes of a prefill's GEMM are the activations', not the weights'.
+// Workspace (required): ggml_linear_workspace_bytes(M, N, K) — either path; it does not depend on the type. The
+// weights must be 16-byte aligned for Q4_K / Q5_K, 4-byte for Q4_1 / Q5_1, 2-byte otherwise (device allocations and
+// whole rows are).
+constexpr int64_t kGgmlGemvRows = 16;
+size_t ggml_linear_workspace_bytes(int64_t M, int64_t N, int64_t K);
+void ggml_linear(const kernels::GgmlLinearArgs& args, const Exec& exec);
+// rows × K weights → bf16 [rows, K] (out 16-byte aligned): each value the block decoder's float32 value (bit for bit
+// quant::ggml_block_format decode: the same roundings in the same order) rounded to nearest even.
+void ggml_dequantize_bf16(const void* w, uint32_t ggml_type, int64_t rows, int64_t K, uint16_t* out, const Exec& exec);
+// Embedding rows of native blocks: out[i, :] = decoded row tokens[i] (float32, as the decoder) · scale; a token id
+// outside [0, vocab) gives a NaN row (as embed_rows).
+void ggml_embed_rows(const void* w, uint32_t ggml_type, int64_t vocab, int64_t K, const int32_t* tokens, int64_t n,
+                     float scale, float* out, const Exec& exec);
+
 // ---- KV cache: rotate + quantize + append (kernels/cuda/kv_append.cu) --------------------------------------------
 // Appends n positions for every (b, h) in one launch. Row (b, h, t) is read from src at
 // b·src_stride_b + h·src_stride_h + t·src_stride_t (+ d, elements; dims contiguous), in src_dtype (f32/f16/bf16),

@@ -26,6 +26,7 @@
 #include "model/transformer.h"
 #include "nn/kv_cache.h"
 #include "nn/rotation.h"
+#include "quant/ggml_blocks.h"
 
 namespace cider::model::gpu {
 
@@ -104,6 +105,14 @@ void upload_rope_tables(GpuModel& m, const std::vector<float>& inv, const std::v
   }
 }
 
+// Bytes of one weight row of a native GGUF layer (a block format with CUDA kernels: said at load, naming the layer).
+int64_t ggml_row_bytes(const nn::LinearWeights& L) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(L.ggml_type);
+  check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, kOp, "native GGUF weights need a block format with "
+        "kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", L.ggml_type);
+  return quant::ggml_row_bytes(*f, L.K);
+}
+
 GpuLinear upload_linear(const Linear& L) {
   GpuLinear g;
   g.N = L.N;
@@ -135,8 +144,13 @@ GpuLinear upload_linear(const Linear& L) {
       g.w_dtype = DType::kU8;
       g.w_buf = cuda::to_device(L.w, nk / 2);
       break;
-    case Linear::Kind::kGgml:  // refused at load (the format table: no CUDA kernels for native GGUF weights yet)
-      fail(ErrorCode::kUnsupported, "cuda_backend", L.name, ": native GGUF weights have no CUDA kernels yet");
+    case Linear::Kind::kGgml:  // the file's blocks as they are (kernels/cuda/linear_ggml.cu)
+      g.kind = WeightKind::kGgml;
+      g.w_dtype = DType::kU8;
+      g.ggml_type = L.ggml_type;
+      g.group_size = 0;
+      g.w_buf = cuda::to_device(L.w, sz(L.N) * sz(ggml_row_bytes(L)));
+      break;
   }
   if (L.kind == Linear::Kind::kInt8 || L.kind == Linear::Kind::kInt4) {
     const int64_t n_scales = L.group_size == 0 ? L.N : (L.K / L.group_size) * L.N;
@@ -169,7 +183,8 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
   for (const Linear* p : parts) {
     f.N += p->N;
     check(p->K == f.K, ErrorCode::kShapeMismatch, kOp, "fused linear parts must share K; got ", p->K, " and ", f.K);
-    same = same && p->kind == parts[0]->kind && (p->kind == Linear::Kind::kDense || p->group_size == parts[0]->group_size);
+    same = same && p->kind == parts[0]->kind && (p->kind == Linear::Kind::kDense || p->group_size == parts[0]->group_size) &&
+           p->ggml_type == parts[0]->ggml_type;
   }
   if (!same) {
     for (const Linear* p : parts) f.parts.push_back(upload_linear(*p));
@@ -188,10 +203,12 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
     for (const Linear* p : parts) append_bf16_rows(*p, w);
     g.w_buf = cuda::to_device(w.data(), w.size() * 2);
   } else {
-    const bool int8 = first.kind == Linear::Kind::kInt8;
-    g.kind = int8 ? WeightKind::kInt8 : WeightKind::kInt4;
+    // Byte rows (int8 codes, int4 pairs, or GGUF blocks of one format), concatenated.
+    const bool ggml = first.kind == Linear::Kind::kGgml, int8 = first.kind == Linear::Kind::kInt8;
+    g.kind = ggml ? WeightKind::kGgml : int8 ? WeightKind::kInt8 : WeightKind::kInt4;
     g.w_dtype = int8 ? DType::kI8 : DType::kU8;
-    const size_t row_bytes = int8 ? sz(f.K) : sz(f.K) / 2;
+    g.ggml_type = first.ggml_type;
+    const size_t row_bytes = ggml ? sz(ggml_row_bytes(first)) : int8 ? sz(f.K) : sz(f.K) / 2;
     std::vector<uint8_t> w(sz(f.N) * row_bytes);
     size_t at = 0;
     for (const Linear* p : parts) {
@@ -199,6 +216,8 @@ GpuFusedLinear upload_fused(const std::vector<const Linear*>& parts) {
       at += sz(p->N) * row_bytes;
     }
     g.w_buf = cuda::to_device(w.data(), w.size());
+  }
+  if (first.kind == Linear::Kind::kInt8 || first.kind == Linear::Kind::kInt4) {
     const int64_t groups = g.group_size == 0 ? 1 : f.K / g.group_size;  // scale rows: [groups, N]
     std::vector<float> sc(sz(groups) * sz(f.N));
     for (int64_t r = 0; r < groups; ++r) {
@@ -306,6 +325,21 @@ GpuLinear random_linear(int64_t N, int64_t K, WeightFormat f, uint64_t seed, voi
     g.attach();
     return g;
   }
+  if (kind == Linear::Kind::kGgml) {
+    // Native weights: Q4_K blocks (the bulk of a Q4_K_M file) of random codes and 6-bit scales, d and dmin set to
+    // f16 0x0404 = 2^-14·(1 + 4/1024) in every block, so |w| ≤ (63·15 + 63)·6.1e-5 ≈ 0.06.
+    check(K % 256 == 0, ErrorCode::kInvalidArgument, kOp, "random native (Q4_K) weights need K a multiple of 256; got ",
+          K);
+    g.kind = WeightKind::kGgml;
+    g.w_dtype = DType::kU8;
+    g.ggml_type = static_cast<uint32_t>(quant::GgmlType::kQ4_K);
+    const int64_t blocks = N * K / 256, bytes = blocks * 144;
+    g.w_buf = cuda::DeviceBuffer(sz(bytes));
+    cuda::fill_random_bytes(g.w_buf.data(), bytes, seed, /*as_int8=*/false, stream);
+    CIDER_CUDA_CHECK(kOp, cudaMemset2DAsync(g.w_buf.data(), 144, 0x04, 4, sz(blocks), as_stream(stream)));
+    g.attach();
+    return g;
+  }
   g.group_size = weight_format_info(f).group_size;
   const bool int8 = kind == Linear::Kind::kInt8;
   g.kind = int8 ? WeightKind::kInt8 : WeightKind::kInt4;
@@ -353,6 +387,20 @@ void GpuLinear::forward(const float* x, int64_t M, float* out, const cuda::Exec&
     } else {
       cuda::dense_bf16(x, w, bias, out, M, N, K, exec);
     }
+    return;
+  }
+  if (kind == WeightKind::kGgml) {
+    kernels::GgmlLinearArgs a{};
+    a.x = x;
+    a.w = w;
+    a.ggml_type = ggml_type;
+    a.row_bytes = ggml_row_bytes(*this);
+    a.bias = bias;
+    a.out = out;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    cuda::ggml_linear(a, exec);
     return;
   }
   cuda::int_linear(int_args(x, M, out), kind == WeightKind::kInt4, exec);
@@ -447,7 +495,7 @@ void prepare_device_moe(GpuModel& m) {
   if (env_word("CIDER_CUDA_MOE_ROUTING", "device", {"device", "host"}, kOp) == "host") return;
   if (c.num_experts > cuda::kMoeMaxExperts || c.experts_per_token > cuda::kMoeMaxTopK) return;
   auto fits = [&](const GpuLinear& g) {
-    if (g.N == 0 || g.bias != nullptr || g.split_x) return false;
+    if (g.N == 0 || g.bias != nullptr || g.split_x || g.kind == WeightKind::kGgml) return false;
     if (g.kind == WeightKind::kDense && g.w_dtype != DType::kBF16) return false;
     return cuda::moe_gemv_supports(moe_kind(g), g.K, g.group_size);
   };
@@ -509,7 +557,15 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared
   };
 
   m->embed_dtype = W.embed_dtype;
-  m->embed = cuda::to_device(W.embed, sz(c.vocab_size) * sz(c.hidden_size) * dtype_size(W.embed_dtype));
+  m->embed_ggml_type = W.embed_ggml_type;
+  if (W.embed_ggml_type != 0) {  // native blocks (the loader keeps only formats with kernels)
+    nn::LinearWeights rows;
+    rows.K = c.hidden_size;
+    rows.ggml_type = W.embed_ggml_type;
+    m->embed = cuda::to_device(W.embed, sz(c.vocab_size) * sz(ggml_row_bytes(rows)));
+  } else {
+    m->embed = cuda::to_device(W.embed, sz(c.vocab_size) * sz(c.hidden_size) * dtype_size(W.embed_dtype));
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = W.layers[sz(l)];
     GpuLayer& g = m->layers.emplace_back();
@@ -565,6 +621,13 @@ std::shared_ptr<const GpuModel> upload_model(const Model::Impl& cpu, std::shared
     m->lm_head.N = v1 - v0;
     m->lm_head.K = c.hidden_size;
     m->lm_head.w = static_cast<const uint16_t*>(m->embed.data()) + v0 * c.hidden_size;
+  } else if (W.head_is_embedding && W.embed_ggml_type != 0) {  // native blocks: the head reads them in place too
+    m->lm_head.kind = WeightKind::kGgml;
+    m->lm_head.w_dtype = DType::kU8;
+    m->lm_head.ggml_type = W.embed_ggml_type;
+    m->lm_head.N = v1 - v0;
+    m->lm_head.K = c.hidden_size;
+    m->lm_head.w = static_cast<const uint8_t*>(m->embed.data()) + v0 * ggml_row_bytes(m->lm_head);
   } else {
     m->lm_head = upload_linear(share_rows(W.lm_head, v0, v1).linear);
   }
@@ -921,6 +984,18 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
   const int64_t max_k = std::max({H, Hq * D, I, c.expert_intermediate_size, c.shared_expert_intermediate_size, la_V});
   if (m.weights == WeightFormat::kBF16) {
     ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
+  } else if (m.weights == WeightFormat::kNative) {
+    // Native GGUF: tensors of a type without kernels are bf16 (dense_bf16); each block layer needs the GEMV's
+    // activation codes up to kGgmlGemvRows rows and, past them, its rows decoded to bf16 (N·K·2 bytes) plus the dense
+    // GEMM's share.
+    ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
+    auto native = [&](const GpuLinear& g) {
+      if (g.kind != WeightKind::kGgml) return;
+      ws = std::max({ws, cuda::ggml_linear_workspace_bytes(R, g.N, g.K),
+                     cuda::ggml_linear_workspace_bytes(std::min<int64_t>(R, cuda::kGgmlGemvRows), g.N, g.K)});
+    };
+    for (const GpuLayer& L : m.layers) for_each_linear(L, native);
+    native(m.lm_head);
   } else {
     ws = std::max(ws, cuda::int_linear_workspace_bytes(R, max_k));
   }
@@ -1219,6 +1294,11 @@ void GpuSession::Impl::begin_decode(void* s) {
 
 void GpuSession::Impl::embed() {
   const ModelConfig& c = m.config;
+  if (m.embed_ggml_type != 0) {
+    cuda::ggml_embed_rows(m.embed.data(), m.embed_ggml_type, c.vocab_size, c.hidden_size, d_tok_, n_, c.embed_scale,
+                          x.as<float>(), e_);
+    return;
+  }
   cuda::embed_rows(m.embed.data(), m.embed_dtype, c.vocab_size, c.hidden_size, d_tok_, n_, c.embed_scale,
                    x.as<float>(), e_);
 }

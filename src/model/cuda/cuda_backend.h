@@ -115,8 +115,9 @@ struct GpuModel {
   int64_t ctx = 0;    // KV capacity of every session, in positions (sliding layers: slide_capacity())
   bool kv_full_sliding = false;  // ModelOptions::kv_full_sliding: sliding layers keep every position
   WeightFormat weights = WeightFormat::kBF16;
-  cuda::DeviceBuffer embed;  // [vocab, hidden] in embed_dtype
+  cuda::DeviceBuffer embed;  // [vocab, hidden] in embed_dtype, or vocab rows of native GGUF blocks (embed_ggml_type)
   DType embed_dtype = DType::kBF16;
+  uint32_t embed_ggml_type = 0;  // a quant::GgmlType with kernels (the rows are decoded per token), or 0
   std::vector<GpuLayer> layers;
   cuda::DeviceBuffer final_norm;
   GpuLinear lm_head;

@@ -1,0 +1,567 @@
+// cider/kernels/cuda/linear_ggml.cu — linear layers over native GGUF weights (cuda_api.h "Native GGUF weights"):
+// the blocks of a GGUF file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiplied as they are.
+//
+// Every kernel reads a block through its integer form (quant/ggml_blocks.h): a block is pieces of 32 elements, and in
+// piece p element i is w_i = a_h·c_i + b_h (h = i / 16) with an int8 code c_i. `piece<T>` below gives one piece as
+// eight words of four codes (element 4w + k in byte k of word w) and its (a, b) pairs: the device twin of
+// quant::ggml_piece, from the same byte layouts (docs/checkpoint_formats.md).
+//
+// Phases and their kernels:
+//   quantize_pieces  x [M, K] f32 → xq [M, K] int8, dx [M, P] f32, xs [M, P] float2 (P = K/32): one warp per piece,
+//                    dx = max|x|/127 (1 for an all-zero piece, NaN for a non-finite one), xq = rint(x / dx), and
+//                    xs = dx·(Σ codes of each half-piece) — the CPU kernels' activations (avx2/ggml_linear.cpp).
+//   gemv<T, MT>      out [MT, N]: one warp per weight row, its lanes over the row's pieces (each piece's bytes read
+//                    once, for all MT activation rows), per piece and row S_h = Σ_{i∈h} c_i·xq_i by dp4a (exact in
+//                    int32) and acc += dx·(a₀·S₀ + a₁·S₁) + (b₀·X₀ + b₁·X₁) in float32; a warp sum, then + bias.
+//   dequantize_bf16  one thread per piece: a_h·c_i (+ b_h) with one rounding per operation, never fused (the
+//                    decoder's float32 values bit for bit), rounded to bf16; the prefill path (M > kGgmlGemvRows)
+//                    multiplies those rows with dense_bf16 (cuBLASLt).
+//   embed_rows       one CTA per token, one thread per piece: the decoded row times the embedding scale.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/int8_row_quant.cuh"
+#include "quant/ggml_blocks.h"
+
+namespace cider::cuda {
+
+namespace {
+
+using quant::GgmlType;
+
+constexpr int kGemvWarps = 4;      // weight rows per CTA (one per warp)
+constexpr int kMaxTileRows = 8;    // activation rows per pass over the weights
+constexpr int kQuantWarps = 8;     // pieces per CTA of the activation quantization
+constexpr int kPieceThreads = 256; // threads per CTA of the dequantization (one piece each)
+
+size_t round_up_256(size_t v) { return (v + 255) / 256 * 256; }
+
+// ---- loads ---------------------------------------------------------------------------------------------------------
+// Blocks are 2-byte aligned at least (every block size is even and a row starts at a multiple of its size); Q4_1,
+// Q5_1 (20, 24 bytes) are 4-byte aligned and Q4_K, Q5_K (144, 176 bytes) 16-byte aligned where the rows start at a
+// 16-byte boundary (device allocations; rows are whole blocks), which the launcher checks.
+
+__device__ __forceinline__ uint32_t ld32_a2(const uint8_t* p) {
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
+}
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+  return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p))));
+}
+__device__ __forceinline__ void ld128x2(const uint8_t* p, uint32_t (&q)[8]) {
+  const uint4 u0 = __ldg(reinterpret_cast<const uint4*>(p)), u1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+  q[0] = u0.x, q[1] = u0.y, q[2] = u0.z, q[3] = u0.w, q[4] = u1.x, q[5] = u1.y, q[6] = u1.z, q[7] = u1.w;
+}
+
+// Bits 0..3 of b moved to bit 4 of bytes 0..3 (the fifth code bit of four consecutive Q5_0 / Q5_1 elements).
+__device__ __forceinline__ uint32_t spread4(uint32_t b) { return (((b & 0xFu) * 0x00204081u) & 0x01010101u) << 4; }
+
+// ---- the integer form of one piece ---------------------------------------------------------------------------------
+
+struct Piece {
+  uint32_t c[8];  // 32 int8 codes, element 4w + k in byte k of c[w]
+  float a0, a1;   // the steps of elements 0..15 and 16..31
+  float b0, b1;   // their offsets (formats with has_b)
+};
+
+template <GgmlType T>
+struct Fmt;
+
+// Q8_0, 34 bytes: d f16 | 32 int8 codes.
+template <>
+struct Fmt<GgmlType::kQ8_0> {
+  static constexpr int kBlock = 32, kBytes = 34;
+  static constexpr bool kHasB = false;
+  __device__ static void piece(const uint8_t* b, int, Piece& p) {
+    p.a0 = p.a1 = f16_at(b);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) p.c[w] = ld32_a2(b + 2 + 4 * w);
+  }
+};
+
+// Q4_0, 18 bytes: d f16 | 16 bytes (element i < 16 the low nibble of byte i, i + 16 its high nibble); c = q − 8.
+template <>
+struct Fmt<GgmlType::kQ4_0> {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr bool kHasB = false;
+  __device__ static void piece(const uint8_t* b, int, Piece& p) {
+    p.a0 = p.a1 = f16_at(b);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t q = ld32_a2(b + 2 + 4 * w);
+      p.c[w] = __vsub4(q & 0x0F0F0F0Fu, 0x08080808u);
+      p.c[w + 4] = __vsub4((q >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+  }
+};
+
+// Q4_1, 20 bytes: d f16 | m f16 | 16 bytes as Q4_0; c = q, b = m.
+template <>
+struct Fmt<GgmlType::kQ4_1> {
+  static constexpr int kBlock = 32, kBytes = 20;
+  static constexpr bool kHasB = true;
+  __device__ static void piece(const uint8_t* b, int, Piece& p) {
+    p.a0 = p.a1 = f16_at(b);
+    p.b0 = p.b1 = f16_at(b + 2);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t q = ld32(b + 4 + 4 * w);
+      p.c[w] = q & 0x0F0F0F0Fu;
+      p.c[w + 4] = (q >> 4) & 0x0F0F0F0Fu;
+    }
+  }
+};
+
+// Q5_0, 22 bytes: d f16 | qh u32 (bit i = bit 4 of element i) | 16 bytes as Q4_0; c = q − 16.
+template <>
+struct Fmt<GgmlType::kQ5_0> {
+  static constexpr int kBlock = 32, kBytes = 22;
+  static constexpr bool kHasB = false;
+  __device__ static void piece(const uint8_t* b, int, Piece& p) {
+    p.a0 = p.a1 = f16_at(b);
+    const uint32_t qh = ld32_a2(b + 2);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t q = ld32_a2(b + 6 + 4 * w);
+      p.c[w] = __vsub4((q & 0x0F0F0F0Fu) | spread4(qh >> (4 * w)), 0x10101010u);
+      p.c[w + 4] = __vsub4(((q >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (4 * w + 16)), 0x10101010u);
+    }
+  }
+};
+
+// Q5_1, 24 bytes: d f16 | m f16 | qh u32 | 16 bytes; c = q, b = m.
+template <>
+struct Fmt<GgmlType::kQ5_1> {
+  static constexpr int kBlock = 32, kBytes = 24;
+  static constexpr bool kHasB = true;
+  __device__ static void piece(const uint8_t* b, int, Piece& p) {
+    p.a0 = p.a1 = f16_at(b);
+    p.b0 = p.b1 = f16_at(b + 2);
+    const uint32_t qh = ld32(b + 4);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t q = ld32(b + 8 + 4 * w);
+      p.c[w] = (q & 0x0F0F0F0Fu) | spread4(qh >> (4 * w));
+      p.c[w + 4] = ((q >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (4 * w + 16));
+    }
+  }
+};
+
+// The 6-bit scale and min of sub-block j of Q4_K / Q5_K from their 12 bytes s (quant/ggml_blocks.cpp scale_min_k4),
+// read as three words.
+__device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, int& mn) {
+  const uint32_t w0 = ld32(s), w1 = ld32(s + 4), w2 = ld32(s + 8);
+  auto byte = [&](int i) -> int {
+    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return static_cast<int>((w >> (8 * (i % 4))) & 0xFFu);
+  };
+  if (j < 4) {
+    sc = byte(j) & 63;
+    mn = byte(j + 4) & 63;
+  } else {
+    sc = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
+    mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+}
+
+// Piece j's (a, b) of a Q4_K / Q5_K block: a = d·sc_j, b = −(dmin·m_j) (d, dmin the f16 fields at bytes 0 and 2).
+__device__ __forceinline__ void k4_steps(const uint8_t* b, int j, Piece& p) {
+  int sc, mn;
+  scale_min_k4(b + 4, j, sc, mn);
+  p.a0 = p.a1 = __fmul_rn(f16_at(b), static_cast<float>(sc));
+  p.b0 = p.b1 = -__fmul_rn(f16_at(b + 2), static_cast<float>(mn));
+}
+
+// Q4_K, 144 bytes: d f16 | dmin f16 | scales[12] | qs[128]; piece j: bytes [32·(j/2), +32) of qs, nibble j % 2;
+// a = d·sc_j, b = −(dmin·m_j).
+template <>
+struct Fmt<GgmlType::kQ4_K> {
+  static constexpr int kBlock = 256, kBytes = 144;
+  static constexpr bool kHasB = true;
+  __device__ static void piece(const uint8_t* b, int j, Piece& p) {
+    k4_steps(b, j, p);
+    uint32_t q[8];
+    ld128x2(b + 16 + 32 * (j / 2), q);
+    const int s = 4 * (j % 2);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) p.c[w] = (q[w] >> s) & 0x0F0F0F0Fu;
+  }
+};
+
+// Q5_K, 176 bytes: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; as Q4_K, bit 4 of element 32j + i is bit j of
+// qh[i].
+template <>
+struct Fmt<GgmlType::kQ5_K> {
+  static constexpr int kBlock = 256, kBytes = 176;
+  static constexpr bool kHasB = true;
+  __device__ static void piece(const uint8_t* b, int j, Piece& p) {
+    k4_steps(b, j, p);
+    uint32_t q[8], h[8];
+    ld128x2(b + 48 + 32 * (j / 2), q);
+    ld128x2(b + 16, h);
+    const int s = 4 * (j % 2);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) p.c[w] = ((q[w] >> s) & 0x0F0F0F0Fu) | (((h[w] >> j) & 0x01010101u) << 4);
+  }
+};
+
+// Q6_K, 210 bytes: ql[128] | qh[64] | scales[16] int8 | d f16; piece p (half hh = p/4, quarter r = p%4): low bits
+// nibble r/2 of ql[64·hh + 32·(r%2) + i], high bits [2r, 2r+2) of qh[32·hh + i]; c = q − 32, a_h = d·sc[2p + h].
+template <>
+struct Fmt<GgmlType::kQ6_K> {
+  static constexpr int kBlock = 256, kBytes = 210;
+  static constexpr bool kHasB = false;
+  __device__ static void piece(const uint8_t* b, int pc, Piece& p) {
+    const int hh = pc / 4, r = pc % 4;
+    const float d = f16_at(b + 208);
+    const uint32_t sc = __ldg(reinterpret_cast<const unsigned short*>(b + 192 + 2 * pc));
+    p.a0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc & 0xFFu)));
+    p.a1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc >> 8)));
+    const uint8_t* ql = b + 64 * hh + 32 * (r % 2);
+    const uint8_t* qh = b + 128 + 32 * hh;
+    const int sl = 4 * (r / 2), sh = 2 * r;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const uint32_t lo = (ld32_a2(ql + 4 * w) >> sl) & 0x0F0F0F0Fu;
+      const uint32_t hi = ((ld32_a2(qh + 4 * w) >> sh) & 0x03030303u) << 4;
+      p.c[w] = __vsub4(lo | hi, 0x20202020u);
+    }
+  }
+};
+
+template <GgmlType T>
+constexpr int pieces_per_block() {
+  return Fmt<T>::kBlock / 32;
+}
+
+// Element 4w + k of a piece as float32: a_h·c (+ b_h), one rounding each (the decoder's order).
+template <GgmlType T>
+__device__ __forceinline__ float piece_value(const Piece& p, int w, int k) {
+  const float c = static_cast<float>(static_cast<int8_t>((p.c[w] >> (8 * k)) & 0xFFu));
+  const bool first = w < 4;
+  const float v = __fmul_rn(first ? p.a0 : p.a1, c);
+  if constexpr (Fmt<T>::kHasB) return __fadd_rn(v, first ? p.b0 : p.b1);
+  return v;
+}
+
+// ---- kernels -------------------------------------------------------------------------------------------------------
+
+// One warp per piece of 32 activations (lane = element).
+__global__ void __launch_bounds__(kQuantWarps * 32) quantize_pieces_kernel(const float* __restrict__ x, int64_t M,
+                                                                            int64_t K, int8_t* __restrict__ xq,
+                                                                            float* __restrict__ dx,
+                                                                            float2* __restrict__ xs) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t P = K / 32;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kQuantWarps + static_cast<int>(threadIdx.x) / 32;
+  if (g >= M * P) return;  // whole warps
+  const int64_t m = g / P, p = g % P;
+  const float v = x[m * K + p * 32 + lane];
+  const float a = fabsf(v);
+  const bool bad = __any_sync(0xffffffffu, !(a <= 3.402823466e38f));  // NaN or infinity in the piece
+  float amax = a;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float sx = __fdiv_rn(amax, 127.0f);
+  if (sx == 0.0f) sx = 1.0f;
+  if (bad) sx = __int_as_float(0x7fc00000);
+  const int q = bad ? 0 : int8_row_quant::int8_code(v, sx);
+  xq[m * K + p * 32 + lane] = static_cast<int8_t>(q);
+  int s = q;  // sums within each half-warp: the two half-pieces
+#pragma unroll
+  for (int o = 8; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int s1 = __shfl_sync(0xffffffffu, s, 16);
+  if (lane == 0) {
+    dx[g] = sx;
+    xs[g] = make_float2(__fmul_rn(sx, static_cast<float>(s)), __fmul_rn(sx, static_cast<float>(s1)));
+  }
+}
+
+// out[m, n] for MT activation rows (xq, dx, xs and out already at the tile's first row). One warp per weight row.
+template <GgmlType T, int MT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes,
+                                                                int64_t N, int64_t K, const int8_t* __restrict__ xq,
+                                                                const float* __restrict__ dx,
+                                                                const float2* __restrict__ xs,
+                                                                const float* __restrict__ bias,
+                                                                float* __restrict__ out) {
+  constexpr int kPieces = pieces_per_block<T>();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + static_cast<int>(threadIdx.x) / 32;
+  if (n >= N) return;  // whole warps; no barrier below
+  const int64_t P = K / 32;
+  const uint8_t* row = w + n * row_bytes;
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
+#pragma unroll 2
+  for (int64_t p = lane; p < P; p += 32) {
+    Piece pc;
+    Fmt<T>::piece(row + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const auto* xv = reinterpret_cast<const int4*>(xq + m * K + p * 32);
+      const int4 x0 = xv[0], x1 = xv[1];
+      int s0 = __dp4a(static_cast<int>(pc.c[0]), x0.x, 0);
+      s0 = __dp4a(static_cast<int>(pc.c[1]), x0.y, s0);
+      s0 = __dp4a(static_cast<int>(pc.c[2]), x0.z, s0);
+      s0 = __dp4a(static_cast<int>(pc.c[3]), x0.w, s0);
+      int s1 = __dp4a(static_cast<int>(pc.c[4]), x1.x, 0);
+      s1 = __dp4a(static_cast<int>(pc.c[5]), x1.y, s1);
+      s1 = __dp4a(static_cast<int>(pc.c[6]), x1.z, s1);
+      s1 = __dp4a(static_cast<int>(pc.c[7]), x1.w, s1);
+      const float d = dx[m * P + p];
+      acc[m] += d * (pc.a0 * static_cast<float>(s0) + pc.a1 * static_cast<float>(s1));
+      if constexpr (Fmt<T>::kHasB) {
+        const float2 s = xs[m * P + p];
+        acc[m] += pc.b0 * s.x + pc.b1 * s.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[m * N + n] = bias != nullptr ? v + bias[n] : v;
+  }
+}
+
+// One thread per piece of rows × K weights → bf16.
+template <GgmlType T>
+__global__ void __launch_bounds__(kPieceThreads) dequantize_bf16_kernel(const uint8_t* __restrict__ w,
+                                                                         int64_t row_bytes, int64_t rows, int64_t K,
+                                                                         __nv_bfloat16* __restrict__ out) {
+  constexpr int kPieces = pieces_per_block<T>();
+  const int64_t P = K / 32;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kPieceThreads + threadIdx.x;
+  if (g >= rows * P) return;
+  const int64_t r = g / P, p = g % P;
+  Piece pc;
+  Fmt<T>::piece(w + r * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+  auto* o = reinterpret_cast<uint4*>(out + r * K + p * 32);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // 8 values per 16-byte store
+    uint32_t packed[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const int e = 8 * q + 2 * h;
+      const __nv_bfloat16 lo = __float2bfloat16_rn(piece_value<T>(pc, e / 4, e % 4));
+      const __nv_bfloat16 hi = __float2bfloat16_rn(piece_value<T>(pc, (e + 1) / 4, (e + 1) % 4));
+      packed[h] = static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+    }
+    o[q] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+// One CTA per token, one thread per piece of its row.
+template <GgmlType T>
+__global__ void __launch_bounds__(kPieceThreads) embed_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes,
+                                                                    int64_t vocab, int64_t K,
+                                                                    const int32_t* __restrict__ tokens, float scale,
+                                                                    float* __restrict__ out) {
+  constexpr int kPieces = pieces_per_block<T>();
+  const int64_t P = K / 32;
+  const int32_t token = tokens[blockIdx.x];
+  float* o = out + static_cast<int64_t>(blockIdx.x) * K;
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    if (token < 0 || token >= vocab) {
+      for (int e = 0; e < 32; ++e) o[p * 32 + e] = __int_as_float(0x7fc00000);
+      continue;
+    }
+    Piece pc;
+    Fmt<T>::piece(w + token * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[p * 32 + e] = __fmul_rn(piece_value<T>(pc, e / 4, e % 4), scale);
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------------------------
+
+cudaStream_t stream_of(const Exec& e) { return static_cast<cudaStream_t>(e.stream); }
+
+// Calls f(std::integral_constant-like tag) for the format: Tag<T>{}. False for a type without an integer form.
+template <GgmlType T>
+struct Tag {
+  static constexpr GgmlType value = T;
+};
+template <class F>
+bool with_type(uint32_t type, F&& f) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kQ8_0: f(Tag<GgmlType::kQ8_0>{}); return true;
+    case GgmlType::kQ4_0: f(Tag<GgmlType::kQ4_0>{}); return true;
+    case GgmlType::kQ4_1: f(Tag<GgmlType::kQ4_1>{}); return true;
+    case GgmlType::kQ5_0: f(Tag<GgmlType::kQ5_0>{}); return true;
+    case GgmlType::kQ5_1: f(Tag<GgmlType::kQ5_1>{}); return true;
+    case GgmlType::kQ4_K: f(Tag<GgmlType::kQ4_K>{}); return true;
+    case GgmlType::kQ5_K: f(Tag<GgmlType::kQ5_K>{}); return true;
+    case GgmlType::kQ6_K: f(Tag<GgmlType::kQ6_K>{}); return true;
+    default: return false;
+  }
+}
+
+// The block format of `type` with K a multiple of its block size; the row size in bytes.
+int64_t checked_row_bytes(const char* op, uint32_t type, int64_t K) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
+  check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, op,
+        "the weight type must be a GGUF block format with CUDA kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, "
+        "Q6_K); got ", f ? f->name : "type id ", f ? "" : std::to_string(type));
+  check(K >= 0 && K % f->block_size == 0, ErrorCode::kShapeMismatch, op, "K must be a non-negative multiple of the ",
+        f->name, " block size ", f->block_size, "; got ", K);
+  return quant::ggml_row_bytes(*f, K);
+}
+
+// The alignment the piece loads assume (see "loads" above).
+void check_alignment(const char* op, const void* w, uint32_t type) {
+  const auto a = reinterpret_cast<uintptr_t>(w);
+  const GgmlType t = static_cast<GgmlType>(type);
+  const uintptr_t need = (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K) ? 16
+                         : (t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1) ? 4 : 2;
+  check(a % need == 0, ErrorCode::kInvalidArgument, op, "the weights must be ", need, "-byte aligned for ",
+        quant::ggml_block_format(type)->name, "; got address ", a);
+}
+
+unsigned grid_of(const char* op, int64_t items, int64_t per_block) {
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  check(blocks <= 0x7fffffffLL, ErrorCode::kOutOfRange, op, "too many blocks for one grid: ", blocks);
+  return static_cast<unsigned>(blocks);
+}
+
+struct GemvWorkspace {
+  int8_t* xq;
+  float* dx;
+  float2* xs;
+};
+size_t gemv_workspace_bytes(int64_t M, int64_t K) {
+  const size_t mp = static_cast<size_t>(M) * static_cast<size_t>(K / 32);
+  return round_up_256(static_cast<size_t>(M * K)) + round_up_256(mp * sizeof(float)) + round_up_256(mp * sizeof(float2));
+}
+GemvWorkspace gemv_workspace(void* ws, int64_t M, int64_t K) {
+  auto* b = static_cast<uint8_t*>(ws);
+  const size_t mp = static_cast<size_t>(M) * static_cast<size_t>(K / 32);
+  GemvWorkspace g{};
+  g.xq = reinterpret_cast<int8_t*>(b);
+  b += round_up_256(static_cast<size_t>(M * K));
+  g.dx = reinterpret_cast<float*>(b);
+  b += round_up_256(mp * sizeof(float));
+  g.xs = reinterpret_cast<float2*>(b);
+  return g;
+}
+
+template <GgmlType T, int MT>
+void launch_gemv(const kernels::GgmlLinearArgs& a, int64_t m0, const GemvWorkspace& g, cudaStream_t s) {
+  const int64_t P = a.K / 32;
+  gemv_kernel<T, MT><<<grid_of("cuda.ggml_linear", a.N, kGemvWarps), kGemvWarps * 32, 0, s>>>(
+      static_cast<const uint8_t*>(a.w), a.row_bytes, a.N, a.K, g.xq + m0 * a.K, g.dx + m0 * P, g.xs + m0 * P, a.bias,
+      a.out + m0 * a.N);
+}
+
+template <GgmlType T>
+void gemv_tile(const kernels::GgmlLinearArgs& a, int64_t m0, int mt, const GemvWorkspace& g, cudaStream_t s) {
+  switch (mt) {
+    case 1: launch_gemv<T, 1>(a, m0, g, s); break;
+    case 2: launch_gemv<T, 2>(a, m0, g, s); break;
+    case 3: launch_gemv<T, 3>(a, m0, g, s); break;
+    case 4: launch_gemv<T, 4>(a, m0, g, s); break;
+    case 5: launch_gemv<T, 5>(a, m0, g, s); break;
+    case 6: launch_gemv<T, 6>(a, m0, g, s); break;
+    case 7: launch_gemv<T, 7>(a, m0, g, s); break;
+    default: launch_gemv<T, 8>(a, m0, g, s); break;
+  }
+}
+
+}  // namespace
+
+size_t ggml_linear_workspace_bytes(int64_t M, int64_t N, int64_t K) {
+  if (M <= 0 || N <= 0 || K <= 0) return 0;
+  if (M <= kGgmlGemvRows) return gemv_workspace_bytes(M, K);
+  return round_up_256(static_cast<size_t>(N) * static_cast<size_t>(K) * 2) + dense_bf16_workspace_bytes(M, K);
+}
+
+void ggml_linear(const kernels::GgmlLinearArgs& a, const Exec& exec) {
+  constexpr const char* op = "cuda.ggml_linear";
+  const int64_t rb = checked_row_bytes(op, a.ggml_type, a.K);
+  check(a.row_bytes == rb, ErrorCode::kShapeMismatch, op, "row_bytes must be ", rb, " for K = ", a.K, "; got ",
+        a.row_bytes);
+  check(a.M >= 0 && a.N >= 0, ErrorCode::kShapeMismatch, op, "M and N must be >= 0; got M = ", a.M, ", N = ", a.N);
+  if (a.M == 0 || a.N == 0) return;
+  check(a.K > 0, ErrorCode::kShapeMismatch, op, "K must be > 0 when M and N are; got ", a.K);
+  check(a.x != nullptr && a.w != nullptr && a.out != nullptr, ErrorCode::kInvalidArgument, op,
+        "x, w and out must not be null");
+  check_alignment(op, a.w, a.ggml_type);
+  const size_t need = ggml_linear_workspace_bytes(a.M, a.N, a.K);
+  check(exec.workspace != nullptr && exec.workspace_bytes >= need, ErrorCode::kInvalidArgument, op,
+        "the workspace must hold ", need, " bytes for M = ", a.M, ", N = ", a.N, ", K = ", a.K, "; got ",
+        exec.workspace_bytes);
+  const cudaStream_t s = stream_of(exec);
+  if (a.M > kGgmlGemvRows) {  // prefill: decoded to bf16, then the dense GEMM behind the decoded rows
+    auto* wb = static_cast<uint16_t*>(exec.workspace);
+    ggml_dequantize_bf16(a.w, a.ggml_type, a.N, a.K, wb, exec);
+    const size_t used = round_up_256(static_cast<size_t>(a.N) * static_cast<size_t>(a.K) * 2);
+    Exec rest = exec;
+    rest.workspace = static_cast<uint8_t*>(exec.workspace) + used;
+    rest.workspace_bytes = exec.workspace_bytes - used;
+    dense_bf16(a.x, wb, a.bias, a.out, a.M, a.N, a.K, rest);
+    return;
+  }
+  const GemvWorkspace g = gemv_workspace(exec.workspace, a.M, a.K);
+  quantize_pieces_kernel<<<grid_of(op, a.M * (a.K / 32), kQuantWarps), kQuantWarps * 32, 0, s>>>(a.x, a.M, a.K, g.xq,
+                                                                                                    g.dx, g.xs);
+  check_last_launch(op);
+  with_type(a.ggml_type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxTileRows)
+      gemv_tile<T>(a, m0, static_cast<int>(a.M - m0 < kMaxTileRows ? a.M - m0 : kMaxTileRows), g, s);
+  });
+  check_last_launch(op);
+}
+
+void ggml_dequantize_bf16(const void* w, uint32_t ggml_type, int64_t rows, int64_t K, uint16_t* out,
+                          const Exec& exec) {
+  constexpr const char* op = "cuda.ggml_dequantize_bf16";
+  const int64_t rb = checked_row_bytes(op, ggml_type, K);
+  check(rows >= 0, ErrorCode::kShapeMismatch, op, "rows must be >= 0; got ", rows);
+  if (rows == 0 || K == 0) return;
+  check(w != nullptr && out != nullptr, ErrorCode::kInvalidArgument, op, "w and out must not be null");
+  check_alignment(op, w, ggml_type);
+  check(reinterpret_cast<uintptr_t>(out) % 16 == 0, ErrorCode::kInvalidArgument, op,
+        "out must be 16-byte aligned; got address ", reinterpret_cast<uintptr_t>(out));
+  const unsigned grid = grid_of(op, rows * (K / 32), kPieceThreads);
+  with_type(ggml_type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    dequantize_bf16_kernel<T><<<grid, kPieceThreads, 0, stream_of(exec)>>>(
+        static_cast<const uint8_t*>(w), rb, rows, K, reinterpret_cast<__nv_bfloat16*>(out));
+  });
+  check_last_launch(op);
+}
+
+void ggml_embed_rows(const void* w, uint32_t ggml_type, int64_t vocab, int64_t K, const int32_t* tokens, int64_t n,
+                     float scale, float* out, const Exec& exec) {
+  constexpr const char* op = "cuda.ggml_embed_rows";
+  const int64_t rb = checked_row_bytes(op, ggml_type, K);
+  check(vocab >= 1 && vocab <= INT32_MAX, ErrorCode::kInvalidArgument, op, "vocab must be in [1, 2^31); got ", vocab);
+  check(K >= 1, ErrorCode::kShapeMismatch, op, "K must be >= 1; got ", K);
+  check(n >= 0 && n <= INT32_MAX, ErrorCode::kInvalidArgument, op, "n must be in [0, 2^31); got ", n);
+  if (n == 0) return;
+  check(w != nullptr && tokens != nullptr && out != nullptr, ErrorCode::kInvalidArgument, op,
+        "w, tokens and out must not be null");
+  check_alignment(op, w, ggml_type);
+  const int64_t P = K / 32;
+  const int threads = P >= 128 ? 128 : 32;
+  with_type(ggml_type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    embed_rows_kernel<T><<<static_cast<unsigned>(n), threads, 0, stream_of(exec)>>>(
+        static_cast<const uint8_t*>(w), rb, vocab, K, tokens, scale, out);
+  });
+  check_last_launch(op);
+}
+
+}  // namespace cider::cuda

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Native GGUF weights on the GPU host (issue 22): the kernels' tests and speed, and cider beside llama.cpp CUDA on one
+# random-weight Llama-3-8B-shaped Q4_K_M GGUF. Run from the repository root after `tar -C .gpu -xJf .gpu/pack.tar.xz`
+# (tools/gpu/pack.sh), with .gpu/llama-src.tar.xz (llama.cpp's source as shipped in the llama-cpp-python sdist) and
+# .gpu/wheels (gguf-py) carried in; llama.cpp is built in /tmp, outside the repository. Phases (each fits one
+# 10-minute device command):
+#   check   test_cuda_ggml, the native case of test_cuda_model, compute-sanitizer memcheck of test_cuda_ggml, and
+#           cuda_bench's native GEMV / GEMM rows beside the W8A8/W4A8 GEMV rows and the read-roof rows
+#   e2e     builds llama-bench (CUDA, sm_90) while it writes the model (tools/make_random_gguf.py --shape llama3-8b)
+#           and runs cuda_bench's native model rows; then, on an idle host, alternating rounds of
+#           `cider generate --device cuda` (native blocks, the default) and llama-bench (-fa 1, f16 and q8_0 caches)
+# Outputs under $OUT: native_job.txt (every result line), logs.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+W=/tmp/native
+mkdir -p "$W"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}
+B=.gpu/bin
+R=$OUT/native_job.txt
+ROUNDS=${ROUNDS:-2}
+GEN=${GEN:-128}
+PROMPT_TOKENS=${PROMPT_TOKENS:-512}
+G=$W/llama3-8b.gguf
+log() { echo "$*" | tee -a "$R"; }
+
+phase_check() {
+  log "# check $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+  log "## test_cuda_ggml"
+  $B/test_cuda_ggml --gtest_brief=1 > "$OUT/test_cuda_ggml.log" 2>&1
+  log "exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_ggml.log" | tr '\n' ' ')"
+  log "## test_cuda_model (native, and the whole program)"
+  $B/test_cuda_model --gtest_brief=1 --gtest_filter='*Native*' > "$OUT/test_cuda_model_native.log" 2>&1
+  log "native: exit $? $(grep -E 'PASSED|FAILED|gpu_vs|int8_act|prefill_vs' "$OUT/test_cuda_model_native.log" | tr '\n' ' ')"
+  $B/test_cuda_model --gtest_brief=1 > "$OUT/test_cuda_model.log" 2>&1
+  log "all: exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_model.log" | tr '\n' ' ')"
+  log "## memcheck test_cuda_ggml"
+  compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda_ggml --gtest_brief=1 > "$OUT/memcheck_ggml.log" 2>&1
+  log "exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_ggml.log" | tail -1)"
+  log "## cuda_bench (native GEMV/GEMM, W8A8/W4A8 GEMV, copy)"
+  for f in ggml- "gemv roof" "w4a8 gemv" "w8a8 gemv"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
+}
+
+phase_e2e() {
+  log "# e2e $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+  (
+    mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
+    cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
+    cmake --build "$W/llama/build" -j "$(nproc)" --target llama-bench 2>&1 | tail -3
+  ) > "$OUT/llama_build.log" 2>&1 &
+  local build=$!
+  pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
+  PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192 > "$OUT/make_gguf.log" 2>&1 ||
+    log "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
+  log "$(ls -la "$G")"
+  log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
+  $B/cuda_bench --area model --filter "${MODEL_FILTER:-native}" --variants skip >> "$R" 2>&1
+  wait $build
+  log "llama build: $(tail -1 "$OUT/llama_build.log")"
+  local prompt
+  prompt=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog'] * ($PROMPT_TOKENS // 9)))")
+  for r in $(seq "$ROUNDS"); do
+    log "## round $r: cider generate --device cuda (native Q4_K_M blocks, the default), k8v4 and the default cache"
+    for kv in k8v4 default; do
+      local kvarg=()
+      [ "$kv" != default ] && kvarg=(--kv "$kv")
+      $B/cider generate -m "$G" --device cuda "${kvarg[@]}" --ctx 4096 --temperature 0 --max-tokens "$GEN" \
+        --no-stream -p "$prompt" > "$OUT/cider_${r}_${kv}.log" 2>&1
+      log "cider kv=$kv: $(grep -iE 'tok/s|tokens/s' "$OUT/cider_${r}_${kv}.log" | tail -2 | tr '\n' ' ')"
+    done
+    log "## round $r: llama-bench -ngl 99 -fa 1 (f16 and q8_0 caches)"
+    if [ -x "$W/llama/build/bin/llama-bench" ]; then
+      "$W/llama/build/bin/llama-bench" -m "$G" -ngl 99 -fa 1 -ctk f16,q8_0 -ctv f16,q8_0 -p "$PROMPT_TOKENS" \
+        -n "$GEN" -r 3 >> "$R" 2>&1
+    else
+      log "llama-bench did not build: $(tail -5 "$OUT/llama_build.log")"
+    fi
+  done
+}
+
+for p in "${@:-check}"; do
+  case "$p" in
+    check) phase_check ;;
+    e2e) phase_e2e ;;
+    *) echo "native_job.sh: unknown phase $p (check, e2e)"; exit 2 ;;
+  esac
+done
+cat "$R"
