@@ -4,11 +4,13 @@
 # (tools/gpu/pack.sh), with .gpu/llama-src.tar.xz (llama.cpp's source as shipped in the llama-cpp-python sdist) and
 # .gpu/wheels (gguf-py) carried in; llama.cpp is built in /tmp, outside the repository. Phases (each fits one
 # 10-minute device command):
-#   check   test_cuda_ggml, the native case of test_cuda_model, compute-sanitizer memcheck of test_cuda_ggml, and
-#           cuda_bench's native GEMV / GEMM rows beside the W8A8/W4A8 GEMV rows and the read-roof rows
-#   e2e     builds llama-bench (CUDA, sm_90) while it writes the model (tools/make_random_gguf.py --shape llama3-8b)
-#           and runs cuda_bench's native model rows; then, on an idle host, alternating rounds of
+#   check   test_cuda_ggml, the native case of test_cuda_model, compute-sanitizer memcheck of test_cuda_ggml,
+#           cuda_bench's native GEMV / GEMM rows beside the W8A8/W4A8 GEMV rows and the read-roof rows, and its native
+#           model rows (PACK_ONLY="test_cuda_ggml test_cuda_model cuda_bench")
+#   e2e     builds llama-bench (CUDA, sm_90) while it writes the model (tools/make_random_gguf.py --shape llama3-8b);
+#           then, on an idle host, alternating rounds of
 #           `cider generate --device cuda` (native blocks, the default) and llama-bench (-fa 1, f16 and q8_0 caches)
+#           (PACK_ONLY=cider_cli: the device tool carries at most 64 MiB with the tree)
 # Outputs under $OUT: native_job.txt (every result line), logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -41,6 +43,8 @@ phase_check() {
   log "exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_ggml.log" | tail -1)"
   log "## cuda_bench (native GEMV/GEMM, W8A8/W4A8 GEMV, copy)"
   for f in ggml- "gemv roof" "w4a8 gemv" "w8a8 gemv"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
+  log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
+  $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
 }
 
 phase_e2e() {
@@ -57,8 +61,6 @@ phase_e2e() {
   PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192 > "$OUT/make_gguf.log" 2>&1 ||
     log "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
   log "$(ls -la "$G")"
-  log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
-  $B/cuda_bench --area model --filter "${MODEL_FILTER:-native}" --variants skip >> "$R" 2>&1
   wait $build
   log "llama build: $(tail -1 "$OUT/llama_build.log")"
   local prompt

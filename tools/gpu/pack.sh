@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCIDER_CUDA=ON -DCIDER_PORTABLE=ON > /dev/null
+# No -lineinfo (CIDER_CUDA_LINEINFO): a third of the kernels' bytes, so the pack and the tree fit the device tool's 64 MiB.
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCIDER_CUDA=ON -DCIDER_PORTABLE=ON -DCIDER_CUDA_LINEINFO=OFF > /dev/null
 targets=(cuda_bench cider_cli)
 for t in tests/cuda/test_cuda_*.cpp; do targets+=("$(basename "${t%.cpp}")"); done
 # PACK_ONLY="test_cuda_model cuda_bench …": only those (the device tool carries at most 64 MiB with the tree).
