@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Native GGUF weights on the GPU host (issue 22): the kernels' tests and speed, and cider beside llama.cpp CUDA on one
 # random-weight Llama-3-8B-shaped Q4_K_M GGUF. Run from the repository root after `tar -C .gpu -xJf .gpu/pack.tar.xz`
-# (tools/gpu/pack.sh), with .gpu/llama-src.tar.xz (llama.cpp's source as shipped in the llama-cpp-python sdist) and
-# .gpu/wheels (gguf-py) carried in; llama.cpp is built in /tmp, outside the repository. Phases (each fits one
+# (tools/gpu/pack.sh), with .gpu/llama-src.tar.xz (llama.cpp's source as shipped in the llama-cpp-python sdist, trimmed
+# to what llama-bench and llama-server build from: no docs, models, tests, other backends; tools/CMakeLists.txt naming
+# llama-bench, mtmd, ui and server) and .gpu/wheels (gguf-py) carried in; llama.cpp is built in /tmp, outside the
+# repository. Phases (each fits one
 # 10-minute device command):
 #   check   test_cuda_ggml, the native case of test_cuda_model, compute-sanitizer memcheck of test_cuda_ggml,
 #           cuda_bench's native GEMV / GEMM rows beside the W8A8/W4A8 GEMV rows and the read-roof rows, and its native
 #           model rows (PACK_ONLY="test_cuda_ggml test_cuda_model cuda_bench")
 #   e2e     builds llama-bench (CUDA, sm_90) while it writes the model (tools/make_random_gguf.py --shape llama3-8b);
-#           then, on an idle host, alternating rounds of
-#           `cider generate --device cuda` (native blocks, the default) and llama-bench (-fa 1, f16 and q8_0 caches)
-#           (PACK_ONLY=cider_cli: the device tool carries at most 64 MiB with the tree)
+#           `cider generate --device cuda` (native blocks, the default weights; k8v4 and the default cache) while it
+#           builds, then on the idle host llama-bench (-fa 1, f16 and q8_0 caches), cider again, and both servers
+#           (tools/serve_bench.py at $LEVELS streams; cider k8v4, llama-server q8_0 with -np slots) unless more than
+#           $SERVE_DEADLINE s have gone (PACK_ONLY=cider_cli: the device tool carries at most 64 MiB with the tree)
 # Outputs under $OUT: native_job.txt (every result line), logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -22,9 +25,9 @@ mkdir -p "$W"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}
 B=.gpu/bin
 R=$OUT/native_job.txt
-ROUNDS=${ROUNDS:-2}
 GEN=${GEN:-128}
 PROMPT_TOKENS=${PROMPT_TOKENS:-512}
+LEVELS=${LEVELS:-1,4,16,64}
 G=$W/llama3-8b.gguf
 log() { echo "$*" | tee -a "$R"; }
 
@@ -47,41 +50,82 @@ phase_check() {
   $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
 }
 
+wait_health() {  # url pid
+  for _ in $(seq 1 600); do
+    curl -sf "$1/health" > /dev/null 2>&1 && return 0
+    kill -0 "$2" 2> /dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+serve_one() {  # label url pid
+  if wait_health "$2" "$3"; then
+    python3 tools/serve_bench.py --url "$2" --concurrency "$LEVELS" --max-tokens "$GEN" --label "$1" >> "$R" 2>&1
+  else
+    log "$1: did not become healthy"
+  fi
+  kill -TERM "$3" 2> /dev/null
+  wait "$3" 2> /dev/null
+}
+
 phase_e2e() {
+  local t0
+  t0=$(date +%s)
   log "# e2e $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
   (
     mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
     cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+      -DBUILD_SHARED_LIBS=OFF > /dev/null
     cmake --build "$W/llama/build" -j "$(nproc)" --target llama-bench 2>&1 | tail -3
+    cmake --build "$W/llama/build" -j "$(nproc)" --target llama-server 2>&1 | tail -3
   ) > "$OUT/llama_build.log" 2>&1 &
   local build=$!
   pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
   PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192 > "$OUT/make_gguf.log" 2>&1 ||
     log "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
   log "$(ls -la "$G")"
-  wait $build
-  log "llama build: $(tail -1 "$OUT/llama_build.log")"
   local prompt
   prompt=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog'] * ($PROMPT_TOKENS // 9)))")
-  for r in $(seq "$ROUNDS"); do
-    log "## round $r: cider generate --device cuda (native Q4_K_M blocks, the default), k8v4 and the default cache"
+  cider_round() {  # label
     for kv in k8v4 default; do
       local kvarg=()
       [ "$kv" != default ] && kvarg=(--kv "$kv")
       $B/cider generate -m "$G" --device cuda "${kvarg[@]}" --ctx 4096 --temperature 0 --max-tokens "$GEN" \
-        --no-stream -p "$prompt" > "$OUT/cider_${r}_${kv}.log" 2>&1
-      log "cider kv=$kv: $(grep -iE 'tok/s|tokens/s' "$OUT/cider_${r}_${kv}.log" | tail -2 | tr '\n' ' ')"
+        --no-stream -p "$prompt" > "$OUT/cider_$1_$kv.log" 2>&1
+      log "cider $1 kv=$kv: $(tail -1 "$OUT/cider_$1_$kv.log")"
     done
-    log "## round $r: llama-bench -ngl 99 -fa 1 (f16 and q8_0 caches)"
-    if [ -x "$W/llama/build/bin/llama-bench" ]; then
-      "$W/llama/build/bin/llama-bench" -m "$G" -ngl 99 -fa 1 -ctk f16,q8_0 -ctv f16,q8_0 -p "$PROMPT_TOKENS" \
-        -n "$GEN" -r 3 >> "$R" 2>&1
-    else
-      log "llama-bench did not build: $(tail -5 "$OUT/llama_build.log")"
-    fi
-  done
+  }
+  log "## cider generate --device cuda (native Q4_K_M blocks, the default weights), while llama.cpp builds"
+  cider_round during-build
+  wait $build
+  log "llama build ($(( $(date +%s) - t0 )) s from the start): $(tail -1 "$OUT/llama_build.log")"
+  log "## idle host: llama-bench -ngl 99 -fa 1 (f16 and q8_0 caches), then cider again"
+  if [ -x "$W/llama/build/bin/llama-bench" ]; then
+    "$W/llama/build/bin/llama-bench" -m "$G" -ngl 99 -fa 1 -ctk f16,q8_0 -ctv f16,q8_0 -p "$PROMPT_TOKENS" \
+      -n "$GEN" -r 3 >> "$R" 2>&1
+  else
+    log "llama-bench did not build: $(tail -5 "$OUT/llama_build.log")"
+  fi
+  cider_round idle
+  if [ $(( $(date +%s) - t0 )) -gt "${SERVE_DEADLINE:-400}" ]; then
+    log "serving rows skipped: $(( $(date +%s) - t0 )) s gone"
+    return
+  fi
+  local maxb
+  maxb=$(echo "$LEVELS" | tr ',' '\n' | sort -n | tail -1)
+  log "## serving (tools/serve_bench.py, $GEN tokens per stream, streams $LEVELS)"
+  log "| engine | streams | completion tokens | wall s | aggregate tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |"
+  $B/cider serve -m "$G" --device cuda --kv k8v4 --ctx 1024 --max-batch "$maxb" --port 18080 \
+    > "$OUT/cider_serve.log" 2>&1 &
+  serve_one "cider native k8v4" http://127.0.0.1:18080 $!
+  if [ -x "$W/llama/build/bin/llama-server" ]; then
+    "$W/llama/build/bin/llama-server" -m "$G" -ngl 99 -fa on -ctk q8_0 -ctv q8_0 -np "$maxb" -c $((maxb * 1024)) \
+      --port 18081 > "$OUT/llama_server.log" 2>&1 &
+    serve_one "llama-server Q4_K_M q8_0" http://127.0.0.1:18081 $!
+  fi
 }
 
 for p in "${@:-check}"; do
