@@ -508,7 +508,7 @@ int run_perplexity(PerplexityArgs a) {
 }
 
 int run_convert(const ConvertArgs& a) {
-  // convert writes a converted format: without --weights, bf16 (native blocks are not written yet).
+  // convert writes a converted format: without --weights, bf16 (--weights native keeps a GGUF file's blocks).
   const model::WeightFormat format = model::parse_weight_format(a.m.weights.empty() ? "bf16" : a.m.weights);
   check(!a.out.empty(), ErrorCode::kInvalidArgument, "options", "-o must name the output directory; got \"\"");
   check(!fs::exists(a.out), ErrorCode::kInvalidArgument, "convert", "the output directory must not exist yet; got \"",

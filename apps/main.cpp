@@ -36,7 +36,8 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   h.model = c->add_option("-m,--model", m.model, "model directory (Hugging Face, MLX, cider) or .gguf file; default: the "
                                        "embedded cider-tiny");
   c->add_option("--weights", m.weights, std::string("linear weights: ").append(cider::model::weight_format_names())
-                                             .append("; default: native for a .gguf file on the CPU, else bf16"));
+                                             .append("; default: native for a .gguf file or a directory converted with "
+                                                     "--weights native, else bf16"));
   c->add_option("--kv", m.kv,
                 "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v4, k4v4, k4v3, ...); default: k5v4 with "
                 "per-channel keys and head_dim/32 outlier key channels on cpu, k8v4 on cuda (docs/quality.md)");

@@ -523,6 +523,40 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   }
 }
 
+// A GGUF file converted with --weights native keeps its blocks: the directory then defaults to native (as the file
+// does), and logits and greedy text are byte for byte the file's. A directory that is not a native cider model refuses
+// native (a Hugging Face one has no blocks).
+TEST_F(Cli, ConvertNativeKeepsTheGgufBlocksAndTheirLogits) {
+  const std::string gguf = kSource + "/tests/data/gguf_d128/model.gguf";
+  const fs::path out = scratch_dir() / "d128-native";
+  fs::remove_all(out);
+  const CliResult c = cider("convert -m " + quote(gguf) + " -o " + quote(out.string()) + " --weights native");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.err.find("weights native"), std::string::npos) << c.err;
+  const std::string ids = "1,17,400,2000,5,9,33,1024,7,3,250,11,12,13,14,15,16,18,19,20";
+  const std::string a = (scratch_dir() / "d128-gguf.npy").string(), b = (scratch_dir() / "d128-cider.npy").string();
+  const CliResult la = cider("logits -m " + quote(gguf) + " --tokens " + ids + " --out " + quote(a));
+  const CliResult lb = cider("logits -m " + quote(out.string()) + " --tokens " + ids + " --out " + quote(b));
+  ASSERT_EQ(la.status, 0) << la.err;
+  ASSERT_EQ(lb.status, 0) << lb.err;
+  EXPECT_NE(lb.err.find("weights native"), std::string::npos) << "the default for a native directory\n" << lb.err;
+  EXPECT_EQ(slurp(a), slurp(b)) << "logits must be byte for byte equal";
+  const std::string gen = " --temperature 0 --max-tokens 8 -p hello";
+  const CliResult ga = cider("generate -m " + quote(gguf) + gen), gb = cider("generate -m " + quote(out.string()) + gen);
+  ASSERT_EQ(ga.status, 0) << ga.err;
+  ASSERT_EQ(gb.status, 0) << gb.err;
+  EXPECT_EQ(ga.out, gb.out);
+  const CliResult i = cider("inspect -m " + quote(out.string()));
+  ASSERT_EQ(i.status, 0) << i.err;
+  EXPECT_NE(i.out.find("weights in memory: native, 1.4 MiB (linear layers: Q4_K x12, Q6_K x3; embedding in its blocks)"),
+            std::string::npos) << i.out;
+  const CliResult hf = cider("convert -m " + quote(kTiny) + " -o " + quote((scratch_dir() / "tiny-native").string()) +
+                             " --weights native");
+  EXPECT_EQ(hf.status, 2);
+  EXPECT_NE(hf.err.find("not a cider model converted with --weights native"), std::string::npos) << hf.err;
+  EXPECT_FALSE(fs::exists(scratch_dir() / "tiny-native"));
+}
+
 // ---- Hostile inputs (issue 19): each reproducer of the fuzzing report fails with its rule, exit 2, quickly --------
 
 // A copy of cider-tiny whose config.json is `config` (the weights and tokenizer linked, not copied).

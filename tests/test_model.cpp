@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -28,6 +29,7 @@
 #include "model/transformer.h"
 #include "kernels/kernel_table.h"
 #include "quant/affine.h"
+#include "quant/ggml_blocks.h"
 #include "support/test_support.h"
 
 namespace cm = cider::model;
@@ -861,7 +863,9 @@ struct GgufWriter {
 
 // HF → GGUF the way llama.cpp's converter does it, including the llama-arch Q/K row permutation (within each head,
 // HF row h·D/2 + i goes to row 2i + h) and Gemma's 1 + w norms.
-std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch, bool q8 = false) {
+// q8: linear weights as Q8_0 blocks (else F32, attn_v F16); q8_embed: the embedding too (else F16).
+std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch, bool q8 = false,
+                       bool q8_embed = false) {
   GgufWriter g;
   g.set_str("general.architecture", arch);
   const std::string p = arch + ".";
@@ -894,7 +898,7 @@ std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arc
     if (s.gemma && hf.find("norm") != std::string::npos)
       for (float& x : t.second) x += 1.0f;
     const bool linear = t.first.size() == 2 && gname != "token_embd.weight";
-    g.add(gname, t.first, t.second, f16, q8 && linear);
+    g.add(gname, t.first, t.second, f16, (q8 && linear) || (q8_embed && gname == "token_embd.weight"));
   };
   put("token_embd.weight", "model.embed_tokens.weight", true);
   put("output_norm.weight", "model.norm.weight");
@@ -1150,6 +1154,213 @@ TEST(ModelConvert, FailureLeavesNothingAndExistingOutputIsRefused) {
   EXPECT_FALSE(fs::exists(out2));
   for (const auto& e : fs::directory_iterator(temp_root()))
     EXPECT_EQ(e.path().filename().string().find("conv_out_new"), std::string::npos) << e.path();
+}
+
+// ---- convert --weights native -----------------------------------------------------------------------------------
+
+void expect_load_error(const std::string& path, const cm::ModelOptions& o, ErrorCode code,
+                       std::vector<std::string> words);
+
+// Logits of `tok` fed one token at a time (the decode kernels), after a prefill of the first `prefill` tokens.
+std::vector<float> run_steps(const cm::Model& model, const std::vector<int32_t>& tok, size_t prefill) {
+  const auto V = static_cast<size_t>(model.config().vocab_size);
+  std::vector<float> out(tok.size() * V);
+  auto s = model.new_session();
+  model.forward(*s, tok.data(), static_cast<int64_t>(prefill), out.data(), true);
+  for (size_t i = prefill; i < tok.size(); ++i) model.forward(*s, &tok[i], 1, out.data() + i * V, true);
+  return out;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A GGUF file converted with --weights native and loaded back (weights native) holds the same weights as the file
+// loaded natively — every linear layer's kind, block type and bytes, the embedding's, the tied head's, the counts per
+// format — and computes bit for bit the same logits, prefill and decode. Returns the converted directory.
+std::string expect_native_round_trip(const std::string& gguf, const std::string& name, int64_t V) {
+  const std::string out = temp_root().string() + "/" + name;
+  cm::convert_model(gguf, out, cm::WeightFormat::kNative);
+  auto a = cm::Model::load(gguf, opts("native", "f32"));
+  auto b = cm::Model::load(out, opts("native", "f32"));
+  EXPECT_EQ(b->impl().source, "cider");
+  const cm::Weights& A = a->impl().w;
+  const cm::Weights& B = b->impl().w;
+  const int64_t H = a->config().hidden_size;
+  auto same_linear = [&](const cm::Linear& x, const cm::Linear& y) {
+    EXPECT_EQ(x.kind, y.kind) << x.name;
+    EXPECT_EQ(x.ggml_type, y.ggml_type) << x.name;
+    EXPECT_EQ(x.w_dtype, y.w_dtype) << x.name;
+    EXPECT_TRUE(x.kind == cm::Linear::Kind::kGgml || x.kind == cm::Linear::Kind::kDense) << x.name;
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << x.name;
+    const size_t wb = x.nbytes() - (x.bias ? static_cast<size_t>(x.N) * 4 : 0);  // no scales in these kinds
+    EXPECT_TRUE(same_bytes(x.w, y.w, wb)) << x.name;
+  };
+  EXPECT_EQ(A.layers.size(), B.layers.size());
+  for (size_t l = 0; l < std::min(A.layers.size(), B.layers.size()); ++l)
+    for (auto mem : {&cm::LayerWeights::q, &cm::LayerWeights::k, &cm::LayerWeights::v, &cm::LayerWeights::o,
+                     &cm::LayerWeights::gate, &cm::LayerWeights::up, &cm::LayerWeights::down})
+      same_linear(A.layers[l].*mem, B.layers[l].*mem);
+  same_linear(A.lm_head, B.lm_head);
+  EXPECT_EQ(A.head_is_embedding, B.head_is_embedding);
+  if (B.head_is_embedding) {  // the tied head reads the embedding: not stored twice
+    EXPECT_EQ(B.lm_head.w, B.embed);
+  }
+  EXPECT_EQ(A.embed_ggml_type, B.embed_ggml_type);
+  EXPECT_EQ(A.embed_dtype, B.embed_dtype);
+  const size_t eb = A.embed_ggml_type != 0
+                        ? static_cast<size_t>(V * cider::quant::ggml_row_bytes(
+                                                      *cider::quant::ggml_block_format(A.embed_ggml_type), H))
+                        : static_cast<size_t>(V * H * cider::dtype_size(A.embed_dtype));
+  EXPECT_TRUE(same_bytes(A.embed, B.embed, eb));
+  EXPECT_EQ(A.format_counts, B.format_counts);
+  EXPECT_EQ(a->weight_bytes(), b->weight_bytes());
+  EXPECT_EQ(cm::config_to_json(a->config()), cm::config_to_json(b->config()));
+  const auto tok = random_tokens(28, V, 1101);
+  EXPECT_TRUE(same_floats(run(*a, tok), run(*b, tok))) << "prefill logits must be bit for bit equal";
+  EXPECT_TRUE(same_floats(run_steps(*a, tok, 20), run_steps(*b, tok, 20))) << "decode logits must be bit for bit equal";
+  // The metadata names every block tensor's type; the directory defaults to native and loads only as native.
+  const auto st = cm::SafetensorsFile::open(out + "/model.safetensors");
+  EXPECT_EQ(st->metadata().at("weights"), "native");
+  const json types = json::parse(st->metadata().at("ggml_types"));
+  size_t blocks = 0, heads = 0;
+  for (const cm::StTensor& t : st->tensors()) {
+    const bool gb = t.name.size() > 8 && t.name.compare(t.name.size() - 8, 8, ".gblocks") == 0;
+    blocks += gb;
+    if (gb) {
+      EXPECT_TRUE(types.contains(t.name)) << t.name;
+    }
+    heads += t.name.rfind("lm_head.", 0) == 0;
+  }
+  EXPECT_EQ(types.size(), blocks);
+  EXPECT_EQ(heads, A.head_is_embedding ? 0u : 1u);
+  EXPECT_EQ(cm::default_weights(out, cm::Device::kCPU), cm::WeightFormat::kNative);
+  expect_load_error(out, opts("bf16", "f32"), ErrorCode::kInvalidArgument, {"converted to native"});
+  return out;
+}
+
+TEST(ModelConvert, NativeWritesTheBlocksUnchangedAndLoadsThemBitForBit) {
+  {  // Q8_0 linear layers (llama: q/k rows un-permuted at load), an F16 v_proj and embedding kept as bf16
+    SCOPED_TRACE("q8_0");
+    Spec spec;
+    const TensorMap m = f16_exact(random_weights(spec, 1101));
+    const std::string dir = expect_native_round_trip(write_gguf(spec, m, "llama", /*q8=*/true), "native_q8", spec.V);
+    const auto st = cm::SafetensorsFile::open(dir + "/model.safetensors");
+    const json types = json::parse(st->metadata().at("ggml_types"));
+    EXPECT_EQ(types.size(), static_cast<size_t>(7 * spec.L + 1));
+    EXPECT_EQ(types.at("model.layers.0.self_attn.q_proj.gblocks").get<std::string>(), "Q8_0");
+    EXPECT_EQ(types.at("lm_head.gblocks").get<std::string>(), "Q8_0");
+    ASSERT_NE(st->find("model.embed_tokens.weight"), nullptr);  // F16 in the GGUF: bf16, as native loads it
+    EXPECT_EQ(st->find("model.embed_tokens.weight")->dtype, DType::kBF16);
+  }
+  {  // no block types with kernels (F32 and F16 tensors): every layer bf16 ".weight", ggml_types empty
+    SCOPED_TRACE("f32");
+    Spec spec;
+    const TensorMap m = f16_exact(random_weights(spec, 1104));
+    const std::string dir = expect_native_round_trip(write_gguf(spec, m, "llama"), "native_f32", spec.V);
+    EXPECT_EQ(cm::SafetensorsFile::open(dir + "/model.safetensors")->metadata().at("ggml_types"), "{}");
+  }
+  {  // tied, the embedding in Q8_0 blocks: the head reads them, from the GGUF file and from the cider directory
+    SCOPED_TRACE("q8_0 tied");
+    Spec spec;
+    spec.tie = true;
+    const TensorMap m = f16_exact(random_weights(spec, 1102));
+    const std::string gguf = write_gguf(spec, m, "llama", /*q8=*/true, /*q8_embed=*/true);
+    expect_native_round_trip(gguf, "native_q8_tied", spec.V);
+    auto b = cm::Model::load(temp_root().string() + "/native_q8_tied", opts("native", "f32"));
+    EXPECT_EQ(b->impl().w.embed_ggml_type, 8u);
+    EXPECT_EQ(b->impl().w.lm_head.kind, cm::Linear::Kind::kGgml);
+  }
+  {  // the committed K-quant fixture: Q4_K and Q6_K blocks, the embedding in its blocks, an untied head
+    SCOPED_TRACE("gguf_d128");
+    expect_native_round_trip(cider::test::repo_file("tests/data/gguf_d128/model.gguf"), "native_d128", 2048);
+    auto b = cm::Model::load(temp_root().string() + "/native_d128", opts("native", "f32"));
+    EXPECT_EQ(b->impl().w.format_counts.at("Q4_K"), 12);
+    EXPECT_EQ(b->impl().w.format_counts.at("Q6_K"), 3);
+    EXPECT_EQ(b->impl().w.embed_ggml_type, 12u);
+  }
+}
+
+// The contents of a safetensors file, to edit and write again (the corrupt native directories below).
+struct StContents {
+  struct T {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  std::map<std::string, T> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// A fresh directory holding `dir`'s model.safetensors with `edit` applied.
+std::string edited_copy(const std::string& dir, const std::string& name, const std::function<void(StContents&)>& edit) {
+  StContents c;
+  {
+    const auto f = cm::SafetensorsFile::open(dir + "/model.safetensors");
+    for (const cm::StTensor& t : f->tensors())
+      c.tensors[t.name] = {t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)};
+    c.metadata = f->metadata();
+  }
+  edit(c);
+  cm::SafetensorsWriter w;
+  for (const auto& [n, t] : c.tensors) w.add(n, t.dtype, t.shape, t.bytes.data());
+  for (const auto& [k, v] : c.metadata) w.set_metadata(k, v);
+  const std::string out = fresh_dir(name);
+  w.write(out + "/model.safetensors");
+  return out;
+}
+
+TEST(ModelConvert, NativeBlocksWithAWrongTypeOrSizeAreCorrupt) {
+  Spec spec;
+  const TensorMap m = f16_exact(random_weights(spec, 1103));
+  const std::string dir = temp_root().string() + "/native_corrupt_src";
+  cm::convert_model(write_gguf(spec, m, "llama", /*q8=*/true), dir, cm::WeightFormat::kNative);
+  const std::string q = "model.layers.0.self_attn.q_proj.gblocks";  // Q8_0, (64, 68): K = 64 is two blocks a row
+  auto with_types = [&](const std::function<void(json&)>& f) {
+    return [f](StContents& c) {
+      json t = json::parse(c.metadata.at("ggml_types"));
+      f(t);
+      c.metadata["ggml_types"] = t.dump();
+    };
+  };
+  const cm::ModelOptions o = opts("native", "f32");
+  ASSERT_NO_THROW(cm::Model::load(edited_copy(dir, "nc_same", [](StContents&) {}), o));  // the copy itself loads
+  expect_load_error(edited_copy(dir, "nc_missing", with_types([&](json& t) { t.erase(q); })), o, ErrorCode::kCorrupt,
+                    {"nc_missing", q, "ggml_types", "no entry"});
+  expect_load_error(edited_copy(dir, "nc_unknown", with_types([&](json& t) { t[q] = "Q9_9"; })), o,
+                    ErrorCode::kCorrupt, {q, "\"Q9_9\""});
+  expect_load_error(edited_copy(dir, "nc_nokernel", with_types([&](json& t) { t[q] = "Q2_K"; })), o,
+                    ErrorCode::kCorrupt, {q, "\"Q2_K\""});
+  // A type whose rows have another size (Q4_0: 2 × 18 bytes a row), and the tensor's bytes cut by a row.
+  expect_load_error(edited_copy(dir, "nc_size", with_types([&](json& t) { t[q] = "Q4_0"; })), o, ErrorCode::kCorrupt,
+                    {q, "must be U8 of shape (64, 36)", "got U8 of shape (64, 68), 4352 bytes"});
+  expect_load_error(edited_copy(dir, "nc_short",
+                                [&](StContents& c) {
+                                  StContents::T& t = c.tensors.at(q);
+                                  t.shape = {63, 68};
+                                  t.bytes.resize(63 * 68);
+                                }),
+                    o, ErrorCode::kCorrupt, {q, "must be U8 of shape (64, 68)", "got U8 of shape (63, 68), 4284 bytes"});
+  expect_load_error(edited_copy(dir, "nc_dtype", [&](StContents& c) { c.tensors.at(q).dtype = DType::kI8; }), o,
+                    ErrorCode::kCorrupt, {q, "got I8"});
+  // A non-finite block scale (Q8_0's d: the block's first two bytes), as for a GGUF file's blocks.
+  expect_load_error(edited_copy(dir, "nc_nan",
+                                [&](StContents& c) {
+                                  std::string& b = c.tensors.at(q).bytes;
+                                  b[68 * 3 + 34] = '\xff';
+                                  b[68 * 3 + 35] = '\x7f';
+                                }),
+                    o, ErrorCode::kCorrupt, {q, "must hold finite values", "at row 3 column 32"});
+  // ggml_types itself: an object of strings naming tensors of the file.
+  expect_load_error(edited_copy(dir, "nc_notobj", [](StContents& c) { c.metadata["ggml_types"] = "[1, 2]"; }), o,
+                    ErrorCode::kCorrupt, {"ggml_types must be a JSON object"});
+  expect_load_error(edited_copy(dir, "nc_number", with_types([&](json& t) { t[q] = 8; })), o, ErrorCode::kCorrupt,
+                    {q, "must be a block type name", "got 8"});
+  expect_load_error(edited_copy(dir, "nc_extra", with_types([](json& t) { t["model.layers.9.mlp.up_proj.gblocks"] = "Q8_0"; })),
+                    o, ErrorCode::kCorrupt, {"model.layers.9.mlp.up_proj.gblocks", "does not hold"});
+  // A cider directory converted to another format loads only as that, and defaults to bf16.
+  const std::string bf16 = edited_copy(dir, "nc_bf16", [](StContents& c) { c.metadata["weights"] = "bf16"; });
+  expect_load_error(bf16, o, ErrorCode::kInvalidArgument, {"converted to bf16"});
+  EXPECT_EQ(cm::default_weights(bf16, cm::Device::kCPU), cm::WeightFormat::kBF16);
 }
 
 // ---- sessions -----------------------------------------------------------------------------------------------------

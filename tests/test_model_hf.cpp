@@ -13,9 +13,12 @@
 //     0.85 / 0.35 / 0.85 / 0.6.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -932,4 +935,47 @@ TEST(HFFixtureOlmoe, ClipBitesAndTheLlamaCppGgufIsTheUnclippedModel) {
   std::printf("olmoe GGUF (llama.cpp converter) vs the unclipped checkpoint: max |dlogit| %.3g\n", worst);
   EXPECT_LE(worst, 1e-5 * max_ref);  // the same bf16 values in float32: only summation order may differ
   std::filesystem::remove_all(tmp);
+}
+
+// ---- native GGUF blocks written to cider's format ----
+
+// `cider convert --weights native` of llama.cpp-style Q8_0 files whose blocks the loader moves or slices: phi3's fused
+// qkv / gate_up (each part's rows of the fused tensor), qwen3_next's regrouped q_proj (queries then gates) and
+// in_proj_qkvz / ba with partial rotary, qwen3_5's DeltaNet projections, and the 3-D expert tensors of mixtral and
+// qwen3_moe (beside their bf16 routers and F16 layers). The directory holds every part's blocks in the engine's order,
+// so it loads the same layers per format and computes bit for bit the file's logits, prompt and decode steps.
+TEST(HFFixtureGguf, NativeConvertKeepsTheBlocksOfEveryLayout) {
+  const std::string data = std::string(CIDER_SOURCE_DIR) + "/tests/data/";
+  const std::pair<const char*, std::string> files[] = {
+      {"phi3", data + "gguf_phi3/phi3_q8_0.gguf"},
+      {"qwen3_next", data + "gguf_qwen3_next/qwen3_next_q8_0.gguf"},
+      {"qwen3_5", data + "gguf_qwen3_5/qwen3_5_q8_0.gguf"},
+      {"mixtral", kFixtures + "mixtral/model-q8_0-experts.gguf"},
+      {"qwen3_moe", kFixtures + "qwen3_moe/model-q8_0-experts.gguf"},
+  };
+  for (const auto& [name, path] : files) {
+    SCOPED_TRACE(name);
+    const Fixture f = load_fixture(name);
+    const std::string out = (std::filesystem::temp_directory_path() /
+                             ("cider_native_" + std::string(name) + "_" + std::to_string(::getpid()))).string();
+    std::filesystem::remove_all(out);
+    cm::convert_model(path, out, cm::WeightFormat::kNative);
+    auto a = cm::Model::load(path, opts("native", "f32"));
+    auto b = cm::Model::load(out, opts("native", "f32"));
+    EXPECT_EQ(a->impl().w.format_counts, b->impl().w.format_counts);
+    EXPECT_GT(a->impl().w.format_counts.count("Q8_0"), 0u);
+    EXPECT_EQ(a->weight_bytes(), b->weight_bytes());
+    auto steps = [&](const cm::Model& m) {  // the prompt in one pass, then the greedy tokens one at a time
+      const auto V = static_cast<size_t>(m.config().vocab_size), P = f.prompt.size();
+      std::vector<float> o((P + f.greedy.size()) * V);
+      auto s = m.new_session();
+      m.forward(*s, f.prompt.data(), static_cast<int64_t>(P), o.data(), true);
+      for (size_t i = 0; i < f.greedy.size(); ++i) m.forward(*s, &f.greedy[i], 1, o.data() + (P + i) * V, true);
+      return o;
+    };
+    const std::vector<float> la = steps(*a), lb = steps(*b);
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "logits must be bit for bit equal";
+    std::filesystem::remove_all(out);
+  }
 }

@@ -729,11 +729,11 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
          threads: int = 0, kv_outliers: Union[int, str, None] = None) -> Model:
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
     "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
-    on the CPU, else bf16); kv: "k5v4", "k8v4", "k4v3", ... or "bf16"/"f16"/"f32" (None: the device's
-    default, on the CPU k5v4 with per-channel keys and automatic outlier channels); kv_layout "channel": keys per
-    channel, with kv_outliers > 0 (or "auto": head_dim/32) outlier key channels refined by 4 bits (None: the
-    default's, "auto" for the default cache and 0 with an explicit kv; docs/kv_cache.md); ctx: context length (0 =
-    the model's, capped at 8192); device: "cpu" or "cuda"."""
+    or a directory converted with --weights native, else bf16); kv: "k5v4", "k8v4", "k4v3", ... or
+    "bf16"/"f16"/"f32" (None: the device's default, on the CPU k5v4 with per-channel keys and automatic outlier
+    channels); kv_layout "channel": keys per channel, with kv_outliers > 0 (or "auto": head_dim/32) outlier key
+    channels refined by 4 bits (None: the default's, "auto" for the default cache and 0 with an explicit kv;
+    docs/kv_cache.md); ctx: context length (0 = the model's, capped at 8192); device: "cpu" or "cuda"."""
     kw = dict(weights=weights, kv=kv, kv_rotation=kv_rotation, kv_group_size=kv_group_size, kv_layout=kv_layout,
               ctx=ctx, device=device, threads=threads, kv_outliers=kv_outliers)
     spec = _cider.KVSpec()

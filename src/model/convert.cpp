@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
+#include "quant/ggml_blocks.h"
 
 namespace cider::model {
 
@@ -22,9 +25,20 @@ namespace {
 
 constexpr const char* kOp = "convert";
 
-void add_linear(SafetensorsWriter& w, const Linear& L) {
-  check(L.kind != Linear::Kind::kGgml, ErrorCode::kUnsupported, kOp, L.name, ": native GGUF blocks cannot be written");
-  if (L.kind == Linear::Kind::kDense) {
+// Native GGUF blocks (N rows of row-bytes each, in the engine's row order) as the U8 tensor `name` (N, row bytes),
+// their type recorded in `ggml_types` (the metadata entry of that name: {"<tensor>": "Q4_K", ...}).
+void add_blocks(SafetensorsWriter& w, nlohmann::json& ggml_types, const std::string& name, uint32_t type, int64_t N,
+                int64_t K, const void* blocks) {
+  const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
+  check(f != nullptr, ErrorCode::kInternal, kOp, name, ": ggml type ", type, " is not a block format");
+  w.add(name, DType::kU8, {N, quant::ggml_row_bytes(*f, K)}, blocks);
+  ggml_types[name] = f->name;
+}
+
+void add_linear(SafetensorsWriter& w, nlohmann::json& ggml_types, const Linear& L) {
+  if (L.kind == Linear::Kind::kGgml) {
+    add_blocks(w, ggml_types, L.name + ".gblocks", L.ggml_type, L.N, L.K, L.w);
+  } else if (L.kind == Linear::Kind::kDense) {
     w.add(L.name + ".weight", L.w_dtype, {L.N, L.K}, L.w);
   } else {
     const bool int8 = L.kind == Linear::Kind::kInt8;
@@ -104,8 +118,6 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   check(!out_dir.empty(), ErrorCode::kInvalidArgument, kOp, "the output directory must be named");
   check(!fs::exists(out_dir, ec), ErrorCode::kInvalidArgument, kOp, "the output directory must not exist yet; got '",
         out_dir, "'");
-  check(format != WeightFormat::kNative, ErrorCode::kUnsupported, kOp, "--weights native is not written to cider's "
-        "format yet (a GGUF file already is native: load it directly); convert to bf16, f32, w8a8* or w4a8");
   ModelOptions opts;
   opts.weights = format;
   opts.kv = parse_kv_format("bf16");  // no cache is built; a plain one puts no constraint on head_dim
@@ -114,19 +126,25 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   const Weights& W = m.w;
 
   SafetensorsWriter w;
-  w.add(W.embed_name, W.embed_dtype, {m.config.vocab_size, m.config.hidden_size}, W.embed);
+  nlohmann::json ggml_types = nlohmann::json::object();  // --weights native: every ".gblocks" tensor's block type
+  if (W.embed_ggml_type != 0) {  // native: the embedding in its blocks (a tied head reads them: not written again)
+    add_blocks(w, ggml_types, W.embed_name.substr(0, W.embed_name.rfind(".weight")) + ".gblocks", W.embed_ggml_type,
+               m.config.vocab_size, m.config.hidden_size, W.embed);
+  } else {
+    w.add(W.embed_name, W.embed_dtype, {m.config.vocab_size, m.config.hidden_size}, W.embed);
+  }
   for (const LayerWeights& L : W.layers) {
     add_norm(w, L.attn_norm);
     if (L.conv_w != nullptr) {  // a gated DeltaNet layer, in the engine's layout (Qwen3.5's names)
       const ModelConfig::LinearAttention& la = m.config.linear_attn;
       const std::string p = L.lin_qkv.name.substr(0, L.lin_qkv.name.rfind("in_proj_qkv"));
-      for (const Linear* x : {&L.lin_qkv, &L.lin_z, &L.lin_b, &L.lin_a, &L.lin_out}) add_linear(w, *x);
+      for (const Linear* x : {&L.lin_qkv, &L.lin_z, &L.lin_b, &L.lin_a, &L.lin_out}) add_linear(w, ggml_types, *x);
       w.add(p + "conv1d.weight", DType::kF32, {la.conv_dim(), 1, la.conv_kernel}, L.conv_w);
       w.add(p + "A_log", DType::kF32, {la.num_v_heads}, L.A_log);
       w.add(p + "dt_bias", DType::kF32, {la.num_v_heads}, L.dt_bias);
       add_norm(w, L.lin_norm);
     } else {
-      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o}) add_linear(w, *x);
+      for (const Linear* x : {&L.q, &L.k, &L.v, &L.o}) add_linear(w, ggml_types, *x);
     }
     add_norm(w, L.q_norm);
     add_norm(w, L.k_norm);
@@ -134,20 +152,22 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
     add_norm(w, L.mlp_norm);
     add_norm(w, L.post_mlp_norm);
     if (L.experts.empty()) {
-      for (const Linear* x : {&L.gate, &L.up, &L.down}) add_linear(w, *x);
+      for (const Linear* x : {&L.gate, &L.up, &L.down}) add_linear(w, ggml_types, *x);
     } else {  // a mixture-of-experts layer: the float32 router and every expert, under the checkpoint's names
-      add_linear(w, L.router);
+      add_linear(w, ggml_types, L.router);
       for (const LayerWeights::Expert& e : L.experts)
-        for (const Linear* x : {&e.gate, &e.up, &e.down}) add_linear(w, *x);
+        for (const Linear* x : {&e.gate, &e.up, &e.down}) add_linear(w, ggml_types, *x);
       if (L.shared_gate.w != nullptr)
-        for (const Linear* x : {&L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate}) add_linear(w, *x);
+        for (const Linear* x : {&L.shared.gate, &L.shared.up, &L.shared.down, &L.shared_gate})
+          add_linear(w, ggml_types, *x);
     }
   }
   add_norm(w, W.final_norm);
-  if (!W.head_is_embedding) add_linear(w, W.lm_head);
+  if (!W.head_is_embedding) add_linear(w, ggml_types, W.lm_head);
   w.set_metadata("format", "cider");
   w.set_metadata("version", "1");
   w.set_metadata("weights", weight_format_name(format));
+  if (format == WeightFormat::kNative) w.set_metadata("ggml_types", ggml_types.dump());
   w.set_metadata("config", config_to_json(m.config));
   w.set_metadata("source", m.source);
 

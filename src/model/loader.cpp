@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/limits.h"
 #include "model/arch/arch.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -56,6 +58,32 @@ void unpermute_gguf_heads(float* data, int64_t heads, int64_t D, int64_t cols) {
   }
 }
 
+// The block format named `name` ("Q4_K", as quant::GgmlBlockFormat::name spells it); nullptr for any other name.
+const quant::GgmlBlockFormat* ggml_block_format_named(const std::string& name) {
+  for (uint32_t id = 0; id < 64; ++id)  // ggml's type ids are small (the block formats' are below 16)
+    if (const quant::GgmlBlockFormat* f = quant::ggml_block_format(id); f != nullptr && name == f->name) return f;
+  return nullptr;
+}
+
+// A native cider file's metadata entry "ggml_types": a JSON object {"<tensor>.gblocks": "<block type>"}. Each key must
+// name a tensor of the file; the types are checked where the tensors are read (Builder::cider_blocks).
+std::map<std::string, std::string> parse_ggml_types(const std::string& text, const SafetensorsSet& set,
+                                                    const std::string& path) {
+  check_json_nesting(text.data(), text.data() + text.size(), kOp, path + " (metadata ggml_types)");
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  check(!j.is_discarded() && j.is_object(), ErrorCode::kCorrupt, kOp, path,
+        ": metadata ggml_types must be a JSON object {tensor: block type}; got '", text.substr(0, 80), "'");
+  std::map<std::string, std::string> types;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    check(it.value().is_string(), ErrorCode::kCorrupt, kOp, path, ": metadata ggml_types['", it.key(),
+          "'] must be a block type name such as \"Q4_K\"; got ", it.value().dump());
+    check(set.find(it.key()) != nullptr, ErrorCode::kCorrupt, kOp, path, ": metadata ggml_types names tensor '",
+          it.key(), "', which the file does not hold");
+    types[it.key()] = it.value().get<std::string>();
+  }
+  return types;
+}
+
 class Builder {
  public:
   Builder(SourceKind kind, const ModelConfig& config, WeightFormat format, const std::string& where)
@@ -70,6 +98,7 @@ class Builder {
   std::shared_ptr<const GGUFFile> gguf_;
   MlxQuantization mlx_;
   std::string cider_format_;  // the weight format a cider file was converted to
+  std::map<std::string, std::string> ggml_types_;  // a native cider file's "<module>.gblocks" -> "Q4_K" (ggml_types)
   std::set<std::string> used_;
   Weights* w_ = nullptr;
 
@@ -507,9 +536,55 @@ class Builder {
     used_.insert(sn);
   }
 
+  // Finite weights of N rows of K weights in blocks of format f (`row0`: the first row's index in tensor `name`, for
+  // the message): a block's codes are integers, so its values are finite exactly when its float16 scales are.
+  void check_blocks_finite(const quant::GgmlBlockFormat& f, const uint8_t* data, int64_t N, int64_t K, int64_t row0,
+                           const std::string& name) const {
+    const int64_t per_row = K / f.block_size;
+    for (int64_t b = 0; b < N * per_row; ++b) {
+      if (quant::ggml_block_finite(f, data + b * f.block_bytes)) continue;
+      std::vector<float> vals(static_cast<size_t>(f.block_size));
+      f.decode(data + b * f.block_bytes, vals.data());
+      const int64_t bad = find_nonfinite(vals.data(), DType::kF32, f.block_size);
+      fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", name, "' must hold finite values; got ",
+           vals[static_cast<size_t>(bad < 0 ? 0 : bad)], " at row ", b / per_row + row0, " column ",
+           (b % per_row) * f.block_size + (bad < 0 ? 0 : bad), " (a non-finite ", f.name, " scale)");
+    }
+  }
+
+  // A cider file converted with --weights native: module `hf` ("<module>.weight") as "<module>.gblocks", U8
+  // (N, row bytes) of blocks in the engine's row order, its block type named by the metadata's "ggml_types"; nullptr
+  // when the file holds the module as "<module>.weight" (bf16: the source's type had no kernels).
+  const uint8_t* cider_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
+    const std::string gn = hf.substr(0, hf.rfind(".weight")) + ".gblocks";
+    const StTensor* t = st(gn);
+    if (t == nullptr) return nullptr;
+    const auto it = ggml_types_.find(gn);
+    check(it != ggml_types_.end(), ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn,
+          "' must have its block type in the metadata's ggml_types; got no entry");
+    const quant::GgmlBlockFormat* f = ggml_block_format_named(it->second);
+    check(f != nullptr && f->integer_form, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn,
+          "': ggml_types must name a block type with native kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, "
+          "Q6_K); got \"", it->second, "\"");
+    check(K % f->block_size == 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' holds ", f->name,
+          " blocks of ", f->block_size, " weights, which must divide its rows of ", K, "; got ", K % f->block_size,
+          " left over");
+    const int64_t rb = quant::ggml_row_bytes(*f, K);
+    check(t->dtype == DType::kU8 && t->shape == std::vector<int64_t>{N, rb}, ErrorCode::kCorrupt, kOp, where_,
+          ": tensor '", gn, "' must be U8 of shape ", shape_str({N, rb}), " (", N, " rows of ", rb, " bytes of ",
+          f->name, " blocks); got ", safetensors_dtype_name(t->dtype), " of shape ", shape_str(t->shape), ", ",
+          t->nbytes, " bytes");
+    check_blocks_finite(*f, t->data, N, K, 0, gn);
+    used_.insert(gn);
+    *type = static_cast<uint32_t>(f->type);
+    return t->data;  // stored in the engine's row order: no un-permuting, no regrouping
+  }
+
   // --weights native: the GGUF tensor `hf` (N, K) kept in its block format when the format has kernels; nullptr
-  // when it has none (the caller then takes the bf16 path). Every block's float16 scales are checked to be finite. q/k of interleaved-head GGUF files get their rows un-permuted into owned memory.
+  // when it has none (the caller then takes the bf16 path). Every block's float16 scales are checked to be finite. q/k
+  // of interleaved-head GGUF files get their rows un-permuted into owned memory. A cider source: cider_blocks.
   const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
+    if (kind_ == SourceKind::kCider) return cider_blocks(hf, N, K, type);
     // A part of a fused tensor is its rows: whole rows of whole blocks, used in place.
     const std::optional<FusedSlice> fs = fused_slice(hf);
     const int64_t rows = fs ? fs->total : N;
@@ -524,17 +599,7 @@ class Builder {
           ": tensor '", gn, "' must hold ", rows * rb, " bytes of ", f->name, " blocks; got ", t->nbytes);
     used_.insert(gn);
     const uint8_t* data = t->data + (fs ? fs->row0 * rb : 0);
-    // Finite weights: a block's codes are integers, so its values are finite exactly when its float16 scales are.
-    const int64_t per_row = K / f->block_size;
-    for (int64_t b = 0; b < N * per_row; ++b) {
-      if (quant::ggml_block_finite(*f, data + b * f->block_bytes)) continue;
-      std::vector<float> vals(static_cast<size_t>(f->block_size));
-      f->decode(data + b * f->block_bytes, vals.data());
-      const int64_t bad = find_nonfinite(vals.data(), DType::kF32, f->block_size);
-      fail(ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' must hold finite values; got ",
-           vals[static_cast<size_t>(bad < 0 ? 0 : bad)], " at row ", b / per_row + (fs ? fs->row0 : 0), " column ",
-           (b % per_row) * f->block_size + (bad < 0 ? 0 : bad), " (a non-finite ", f->name, " scale)");
-    }
+    check_blocks_finite(*f, data, N, K, fs ? fs->row0 : 0, gn);
     *type = t->type;
     // Rows regrouped (gated q_proj) and/or reordered (partial rotary): whole rows of blocks copied in that order.
     if (!fs && (row_gather(hf) || rotary_reordered(hf))) {
@@ -957,24 +1022,41 @@ void load_tokenizer_json(const std::string& dir, Model::Impl& impl) {
 
 WeightFormat default_weights(const std::string& path, Device device) {
   std::error_code ec;
-  const bool gguf = !fs::is_directory(path, ec) && is_gguf_file(path);
   (void)device;  // both devices multiply a GGUF file's blocks as they are
-  return gguf ? WeightFormat::kNative : WeightFormat::kBF16;
+  if (!fs::is_directory(path, ec)) return is_gguf_file(path) ? WeightFormat::kNative : WeightFormat::kBF16;
+  // A cider directory converted with --weights native: its one model.safetensors (convert writes no shards) says so in
+  // its metadata (the header only is read). Anything else — a directory that does not open included — is bf16 here,
+  // and loading it reports what is wrong.
+  const fs::path single = fs::path(path) / "model.safetensors";
+  if (!fs::exists(single, ec)) return WeightFormat::kBF16;
+  try {
+    const auto file = SafetensorsFile::open(single.string());
+    const auto& meta = file->metadata();
+    const auto fmt = meta.find("format"), wf = meta.find("weights");
+    if (fmt != meta.end() && fmt->second == "cider" && wf != meta.end() && wf->second == "native")
+      return WeightFormat::kNative;
+  } catch (const Error&) {
+  }
+  return WeightFormat::kBF16;
 }
 
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {
   std::error_code ec;
   check(fs::exists(path, ec), ErrorCode::kIo, kOp, "model path '", path, "' does not exist");
   if (fs::is_directory(path, ec)) {
-    check(format != WeightFormat::kNative, ErrorCode::kInvalidArgument, kOp, "--weights native keeps a GGUF file's "
-          "blocks as they are; '", path, "' is a directory (use bf16, f32, w8a8, w8a8-g64/128/256 or w4a8)");
     auto set = std::make_shared<const SafetensorsSet>(SafetensorsSet::open_dir(path));
     const auto& meta = set->metadata();
     const auto fmt_it = meta.find("format");
+    const bool cider = fmt_it != meta.end() && fmt_it->second == "cider";
+    // Native blocks come from a GGUF file, or from a cider directory converted from one (checked below).
+    check(cider || format != WeightFormat::kNative, ErrorCode::kInvalidArgument, kOp, "--weights native keeps a GGUF "
+          "file's blocks as they are; '", path, "' is a directory that is not a cider model converted with --weights "
+          "native (use bf16, f32, w8a8, w8a8-g64/128/256 or w4a8)");
     SourceKind kind;
     std::string where = path;
     std::string cider_weights;
-    if (fmt_it != meta.end() && fmt_it->second == "cider") {
+    std::map<std::string, std::string> ggml_types;
+    if (cider) {
       kind = SourceKind::kCider;
       const auto ver = meta.find("version");
       check(ver != meta.end() && ver->second == "1", ErrorCode::kUnsupported, kOp, path,
@@ -988,6 +1070,8 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       const WeightFormat file_format = parse_weight_format(cider_weights);
       check(file_format == format, ErrorCode::kInvalidArgument, kOp, path, ": this model was converted to ",
             cider_weights, " and loads only as that (no requantization); got --weights ", weight_format_name(format));
+      if (const auto gt = meta.find("ggml_types"); gt != meta.end())
+        ggml_types = parse_ggml_types(gt->second, *set, path);
       impl.source = "cider";
     } else {
       const std::string cfg_path = path + "/config.json";
@@ -999,6 +1083,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     Builder b(kind, impl.config, format, where);
     b.st_ = set;
     b.cider_format_ = cider_weights;
+    b.ggml_types_ = std::move(ggml_types);
     if (kind == SourceKind::kHF) {
       b.mlx_ = parse_mlx_quantization(read_text_input(path + "/config.json", "load_config"), path + "/config.json");
       if (b.mlx_.present) {

@@ -9,7 +9,9 @@
 //     adjacent-pair RoPE); the loader undoes it so HF's rotate_half RoPE applies. Gemma 3 GGUF norms hold 1 + w, so
 //     the config's norm_weight_offset is 0 for them.
 //   * cider-converted directory: model.safetensors with metadata format = "cider" (model/convert.h); int8/int4 codes
-//     and scales are used as stored (in place from the mapping when aligned), never requantized.
+//     and scales are used as stored (in place from the mapping when aligned), never requantized; a directory
+//     converted with --weights native holds a GGUF file's blocks as "<module>.gblocks" (types in the metadata's
+//     "ggml_types"), used in place like the GGUF file's own.
 // Formats (--weights): f32 / bf16 keep linear weights dense (bf16 tensors of the checkpoint used in place from the
 // mapping, others converted once); w8a8[-gN] quantizes symmetric int8 per channel or per group of N; w4a8 quantizes
 // symmetric int4 per group (model/weight_format.cpp; MLX sources with a finer group keep it). Embeddings and norms stay

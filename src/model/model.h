@@ -80,8 +80,8 @@ const char* device_name(Device d);
 KVOptions default_kv(Device device);
 
 // The weight format a model gets when none is asked for: native for a GGUF file on either device (its blocks
-// multiplied as they are, the file's own fidelity: docs/quality.md), else bf16. (The device is kept for formats a
-// device may lack.)
+// multiplied as they are, the file's own fidelity: docs/quality.md) and for a cider directory converted with
+// --weights native (its metadata says so), else bf16. (The device is kept for formats a device may lack.)
 WeightFormat default_weights(const std::string& path, Device device);
 
 struct ModelOptions {
