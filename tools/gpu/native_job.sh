@@ -36,18 +36,19 @@ phase_check() {
   log "## test_cuda_ggml"
   $B/test_cuda_ggml --gtest_brief=1 > "$OUT/test_cuda_ggml.log" 2>&1
   log "exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_ggml.log" | tr '\n' ' ')"
-  log "## test_cuda_model (native, and the whole program)"
+  log "## test_cuda_model, the native case"
   $B/test_cuda_model --gtest_brief=1 --gtest_filter='*Native*' > "$OUT/test_cuda_model_native.log" 2>&1
-  log "native: exit $? $(grep -E 'PASSED|FAILED|gpu_vs|int8_act|prefill_vs' "$OUT/test_cuda_model_native.log" | tr '\n' ' ')"
+  log "exit $? $(grep -E 'PASSED|FAILED|gpu_vs|int8_act|prefill_vs' "$OUT/test_cuda_model_native.log" | tr '\n' ' ')"
+  log "## cuda_bench (native GEMV/GEMM, W8A8/W4A8 GEMV, read roofs)"
+  for f in ggml- "gemv roof" "w4a8 gemv M1" "w8a8 gemv M1"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
+  log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
+  $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
+  log "## test_cuda_model, the whole program"
   $B/test_cuda_model --gtest_brief=1 > "$OUT/test_cuda_model.log" 2>&1
-  log "all: exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_model.log" | tr '\n' ' ')"
+  log "exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_model.log" | tr '\n' ' ')"
   log "## memcheck test_cuda_ggml"
   compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda_ggml --gtest_brief=1 > "$OUT/memcheck_ggml.log" 2>&1
   log "exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_ggml.log" | tail -1)"
-  log "## cuda_bench (native GEMV/GEMM, W8A8/W4A8 GEMV, copy)"
-  for f in ggml- "gemv roof" "w4a8 gemv" "w8a8 gemv"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
-  log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
-  $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
 }
 
 wait_health() {  # url pid
