@@ -327,6 +327,10 @@ TEST(CudaGgml, PrefillBf16PathMatchesTheReference) {
     run_case(rng, t, 129, 67, ks[1], true);
     if (::testing::Test::HasFailure()) return;
   }
+  // More rows than one pass decodes (linear_ggml.cu kDequantBytes, 32 MiB: 4096 rows of K 4096): two passes, the
+  // second of 256 rows, their outputs staged and copied into their columns.
+  run_case(rng, GgmlType::kQ4_K, kGgmlGemvRows + 1, 4352, 4096, true);
+  run_case(rng, GgmlType::kQ6_K, 20, 4352, 4096, false);
 }
 
 // ---- non-finite activations --------------------------------------------------------------------------------------

@@ -126,7 +126,8 @@ void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec)
 //     with those codes (dp4a), X_h = step·Σ_{i∈h} code_i, and y = Σ_pieces step·(a₀·S₀ + a₁·S₁) + b₀·X₀ + b₁·X₁ in
 //     float32 (the weights streamed once for all M rows);
 //   M > kGgmlGemvRows: the weights decoded to bf16 in the workspace (ggml_dequantize_bf16), then dense_bf16
-//     (cuBLASLt, x rounded to bf16): the bytes of a prefill's GEMM are the activations', not the weights'.
+//     (cuBLASLt, x rounded to bf16), in passes of at most 32 MiB of decoded rows (outputs of a partial pass staged in
+//     the workspace and copied into their columns), so the workspace stays bounded for any layer.
 // Workspace (required): ggml_linear_workspace_bytes(M, N, K) — either path; it does not depend on the type. The
 // weights must be 16-byte aligned for Q4_K / Q5_K, 4-byte for Q4_1 / Q5_1, 2-byte otherwise (device allocations and
 // whole rows are).

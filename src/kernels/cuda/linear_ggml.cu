@@ -15,12 +15,13 @@
 //                    int32) and acc += dx·(a₀·S₀ + a₁·S₁) + (b₀·X₀ + b₁·X₁) in float32; a warp sum, then + bias.
 //   dequantize_bf16  one thread per piece: a_h·c_i (+ b_h) with one rounding per operation, never fused (the
 //                    decoder's float32 values bit for bit), rounded to bf16; the prefill path (M > kGgmlGemvRows)
-//                    multiplies those rows with dense_bf16 (cuBLASLt).
+//                    multiplies those rows with dense_bf16 (cuBLASLt), at most kDequantBytes of them per pass.
 //   embed_rows       one CTA per token, one thread per piece: the decoded row times the embedding scale.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -40,6 +41,9 @@ constexpr int kGemvWarps = 4;      // weight rows per CTA (one per warp)
 constexpr int kMaxTileRows = 8;    // activation rows per pass over the weights
 constexpr int kQuantWarps = 8;     // pieces per CTA of the activation quantization
 constexpr int kPieceThreads = 256; // threads per CTA of the dequantization (one piece each)
+// The prefill path decodes at most this many bytes of bf16 rows at a time (a multiple of 256 rows; whole N when it
+// fits), so a session's workspace stays bounded for any layer (Llama-3-8B's head: 128 256 × 4096 would be 1 GiB).
+constexpr size_t kDequantBytes = size_t{32} << 20;
 
 size_t round_up_256(size_t v) { return (v + 255) / 256 * 256; }
 
@@ -480,10 +484,21 @@ void gemv_tile(const kernels::GgmlLinearArgs& a, int64_t m0, int mt, const GemvW
 
 }  // namespace
 
+namespace {
+// Weight rows decoded per pass of the prefill path: all N when N·K·2 ≤ kDequantBytes, else a multiple of 256.
+int64_t dequant_rows(int64_t N, int64_t K) {
+  const auto per_row = static_cast<size_t>(K) * 2;
+  if (static_cast<size_t>(N) * per_row <= kDequantBytes) return N;
+  return std::max<int64_t>(256, static_cast<int64_t>(kDequantBytes / per_row) / 256 * 256);
+}
+}  // namespace
+
 size_t ggml_linear_workspace_bytes(int64_t M, int64_t N, int64_t K) {
   if (M <= 0 || N <= 0 || K <= 0) return 0;
   if (M <= kGgmlGemvRows) return gemv_workspace_bytes(M, K);
-  return round_up_256(static_cast<size_t>(N) * static_cast<size_t>(K) * 2) + dense_bf16_workspace_bytes(M, K);
+  const int64_t rows = dequant_rows(N, K);
+  const size_t staged = rows < N ? round_up_256(static_cast<size_t>(M) * static_cast<size_t>(rows) * sizeof(float)) : 0;
+  return round_up_256(static_cast<size_t>(rows) * static_cast<size_t>(K) * 2) + staged + dense_bf16_workspace_bytes(M, K);
 }
 
 void ggml_linear(const kernels::GgmlLinearArgs& a, const Exec& exec) {
@@ -502,14 +517,35 @@ void ggml_linear(const kernels::GgmlLinearArgs& a, const Exec& exec) {
         "the workspace must hold ", need, " bytes for M = ", a.M, ", N = ", a.N, ", K = ", a.K, "; got ",
         exec.workspace_bytes);
   const cudaStream_t s = stream_of(exec);
-  if (a.M > kGgmlGemvRows) {  // prefill: decoded to bf16, then the dense GEMM behind the decoded rows
-    auto* wb = static_cast<uint16_t*>(exec.workspace);
-    ggml_dequantize_bf16(a.w, a.ggml_type, a.N, a.K, wb, exec);
-    const size_t used = round_up_256(static_cast<size_t>(a.N) * static_cast<size_t>(a.K) * 2);
+  if (a.M > kGgmlGemvRows) {
+    // Prefill: rows decoded to bf16, then the dense GEMM over them; past kDequantBytes in passes of `rows` weight
+    // rows, each pass's [M, rows] outputs staged and copied into their columns of out.
+    const int64_t rows = dequant_rows(a.N, a.K);
+    auto* ws = static_cast<uint8_t*>(exec.workspace);
+    auto* wb = reinterpret_cast<uint16_t*>(ws);
+    size_t used = round_up_256(static_cast<size_t>(rows) * static_cast<size_t>(a.K) * 2);
+    float* staged = nullptr;
+    if (rows < a.N) {
+      staged = reinterpret_cast<float*>(ws + used);
+      used += round_up_256(static_cast<size_t>(a.M) * static_cast<size_t>(rows) * sizeof(float));
+    }
     Exec rest = exec;
-    rest.workspace = static_cast<uint8_t*>(exec.workspace) + used;
+    rest.workspace = ws + used;
     rest.workspace_bytes = exec.workspace_bytes - used;
-    dense_bf16(a.x, wb, a.bias, a.out, a.M, a.N, a.K, rest);
+    for (int64_t n0 = 0; n0 < a.N; n0 += rows) {
+      const int64_t nr = std::min(rows, a.N - n0);
+      ggml_dequantize_bf16(static_cast<const uint8_t*>(a.w) + n0 * a.row_bytes, a.ggml_type, nr, a.K, wb, exec);
+      const float* bias = a.bias != nullptr ? a.bias + n0 : nullptr;
+      if (staged == nullptr) {
+        dense_bf16(a.x, wb, bias, a.out, a.M, nr, a.K, rest);
+        continue;
+      }
+      dense_bf16(a.x, wb, bias, staged, a.M, nr, a.K, rest);
+      CIDER_CUDA_CHECK(op, cudaMemcpy2DAsync(a.out + n0, static_cast<size_t>(a.N) * sizeof(float), staged,
+                                             static_cast<size_t>(nr) * sizeof(float),
+                                             static_cast<size_t>(nr) * sizeof(float), static_cast<size_t>(a.M),
+                                             cudaMemcpyDeviceToDevice, s));
+    }
     return;
   }
   const GemvWorkspace g = gemv_workspace(exec.workspace, a.M, a.K);
