@@ -51,24 +51,7 @@ phase_check() {
   log "exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_ggml.log" | tail -1)"
 }
 
-wait_health() {  # url pid
-  for _ in $(seq 1 600); do
-    curl -sf "$1/health" > /dev/null 2>&1 && return 0
-    kill -0 "$2" 2> /dev/null || return 1
-    sleep 0.5
-  done
-  return 1
-}
-
-serve_one() {  # label url pid
-  if wait_health "$2" "$3"; then
-    python3 tools/serve_bench.py --url "$2" --concurrency "$LEVELS" --max-tokens "$GEN" --label "$1" >> "$R" 2>&1
-  else
-    log "$1: did not become healthy"
-  fi
-  kill -TERM "$3" 2> /dev/null
-  wait "$3" 2> /dev/null
-}
+. tools/gpu/serve_lib.sh  # wait_health, bench_server
 
 phase_e2e() {
   local t0
@@ -121,11 +104,11 @@ phase_e2e() {
   log "| engine | streams | completion tokens | wall s | aggregate tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |"
   $B/cider serve -m "$G" --device cuda --kv k8v4 --ctx 1024 --max-batch "$maxb" --port 18080 \
     > "$OUT/cider_serve.log" 2>&1 &
-  serve_one "cider native k8v4" http://127.0.0.1:18080 $!
+  bench_server "cider native k8v4" http://127.0.0.1:18080 $! "$GEN" "$R"
   if [ -x "$W/llama/build/bin/llama-server" ]; then
     "$W/llama/build/bin/llama-server" -m "$G" -ngl 99 -fa on -ctk q8_0 -ctv q8_0 -np "$maxb" -c $((maxb * 1024)) \
       --port 18081 > "$OUT/llama_server.log" 2>&1 &
-    serve_one "llama-server Q4_K_M q8_0" http://127.0.0.1:18081 $!
+    bench_server "llama-server Q4_K_M q8_0" http://127.0.0.1:18081 $! "$GEN" "$R"
   fi
 }
 

@@ -23,14 +23,7 @@ CIDER_KV=${CIDER_KV:-k8v4}
 LLAMA_KV=${LLAMA_KV:-q8_0}
 SLOT_CTX=${SLOT_CTX:-1024}
 
-wait_health() {  # url pid
-  for _ in $(seq 1 600); do
-    curl -sf "$1/health" > /dev/null 2>&1 && return 0
-    kill -0 "$2" 2> /dev/null || return 1
-    sleep 0.5
-  done
-  return 1
-}
+. tools/gpu/serve_lib.sh  # wait_health, bench_server
 
 phase_setup() {
   (
@@ -74,17 +67,6 @@ phase_setup() {
   ls -la "$W/llama/build/bin/llama-server" 2>&1
 }
 
-bench_one() {  # label url pid
-  if wait_health "$2" "$3"; then
-    python3 tools/serve_bench.py --url "$2" --concurrency "$LEVELS" --max-tokens "$MAX_TOKENS" --label "$1" |
-      tee -a "$OUT/serve_bench.md"
-  else
-    echo "$1: did not become healthy" | tee -a "$OUT/serve_bench.md"
-  fi
-  kill -TERM "$3" 2> /dev/null
-  wait "$3" 2> /dev/null
-}
-
 phase_bench() {
   local maxb
   maxb=$(echo "$LEVELS" | tr ',' '\n' | sort -n | tail -1)
@@ -93,10 +75,10 @@ phase_bench() {
     tee -a "$OUT/serve_bench.md"
   $B/cider serve -m "$W/llama3-8b.gguf" --device cuda --weights "$CIDER_WEIGHTS" --kv "$CIDER_KV" --ctx "$SLOT_CTX" \
     --max-batch "$maxb" --port 18080 > "$OUT/cider_serve.log" 2>&1 &
-  bench_one "cider $CIDER_WEIGHTS $CIDER_KV" http://127.0.0.1:18080 $!
+  bench_server "cider $CIDER_WEIGHTS $CIDER_KV" http://127.0.0.1:18080 $! "$MAX_TOKENS" "$OUT/serve_bench.md"
   "$W/llama/build/bin/llama-server" -m "$W/llama3-8b.gguf" -ngl 99 -fa on -ctk "$LLAMA_KV" -ctv "$LLAMA_KV" \
     -np "$maxb" -c $((maxb * SLOT_CTX)) --port 18081 > "$OUT/llama_server.log" 2>&1 &
-  bench_one "llama-server Q4_K_M $LLAMA_KV" http://127.0.0.1:18081 $!
+  bench_server "llama-server Q4_K_M $LLAMA_KV" http://127.0.0.1:18081 $! "$MAX_TOKENS" "$OUT/serve_bench.md"
 }
 
 for p in "${@:-setup}"; do
