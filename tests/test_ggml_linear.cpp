@@ -89,6 +89,17 @@ struct Case {
   bool bias;
 };
 
+// Whether table t multiplies M activation rows on AMX-BF16 tiles (bfloat16 products, not int8 activations).
+bool takes_bf16_tiles(const kernels::KernelTable& t, int64_t M) {
+#if defined(__x86_64__)
+  return t.ggml_linear == &kernels::x86::amx::ggml_linear_bf16 && M >= 16;
+#else
+  (void)t;
+  (void)M;
+  return false;
+#endif
+}
+
 // The reference's output and the float64 pieces of the bound, computed independently of the kernels.
 void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kernels::KernelTable*>& tables) {
   const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(cs.type));
@@ -124,11 +135,14 @@ void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kern
     std::vector<float> got(ref.size(), std::nanf(""));
     a.out = got.data();
     t->ggml_linear(a);
+    const bool bf16 = takes_bf16_tiles(*t, cs.M);
     for (int64_t m = 0; m < cs.M; ++m)
       for (int64_t n = 0; n < cs.N; ++n) {
-        // The int8 activation bound (support/ggml_cases.h: half a step per x, float32 sums of the pieces, bias).
-        const double tol = test::int8_piece_bound(x.data() + m * cs.K, wf.data() + n * cs.K, cs.K,
-                                                  cs.bias ? std::fabs(bias[static_cast<size_t>(n)]) : 0.0);
+        // The int8 activation bound (support/ggml_cases.h: half a step per x, float32 sums of the pieces, bias), or
+        // for the AMX-BF16 kernel the bound of bfloat16 products summed in float32.
+        const double bias_abs = cs.bias ? std::fabs(bias[static_cast<size_t>(n)]) : 0.0;
+        const double tol = bf16 ? test::bf16_product_bound(x.data() + m * cs.K, wf.data() + n * cs.K, cs.K, bias_abs)
+                                : test::int8_piece_bound(x.data() + m * cs.K, wf.data() + n * cs.K, cs.K, bias_abs);
         const float g = got[static_cast<size_t>(m * cs.N + n)];
         ASSERT_FALSE(std::isnan(g)) << "m " << m << " n " << n;
         ASSERT_LE(std::fabs(static_cast<double>(g) - ref[static_cast<size_t>(m * cs.N + n)]), tol)
@@ -198,36 +212,61 @@ TEST(GgmlLinear, PrefillSeveralOutputBlocksPerWorkerMatchTheReference) {
 }
 
 #if defined(__x86_64__)
-// Where the avx512 table multiplies on AMX tiles: the same float sums in the same order as its VNNI kernel, so the
-// outputs are equal bit for bit (M with a tail of the 16-row A tiles, K over two chunks, N past a 32-row pair).
-TEST(GgmlLinear, AmxTilesEqualTheVnniKernelBitForBit) {
-  if (detected_isa() != IsaLevel::kAvx512 ||
-      kernels::kernels_for_isa(IsaLevel::kAvx512).ggml_linear == &kernels::x86::avx512::ggml_linear)
-    GTEST_SKIP() << "no AMX tiles here";
+// The AMX-BF16 kernel against what it claims to compute: each activation rounded to bfloat16, each weight's integer
+// form a·c + b (one float32 fma, quant::ggml_piece) rounded to bfloat16, the products summed in float32 — so only
+// the order of K float32 additions may differ: (K + 2)·2⁻²⁴·Σ|products| (M with a tail of the 32-row sweep and of the
+// 16-row tiles, K over two chunks, N past a 32-row pair, every format).
+TEST(GgmlLinear, AmxBf16TilesEqualBfloat16ProductsSummedInFloat32) {
+  if (!cpu_features().amx_bf16 || !cpu_features().avx512bf16 ||
+      kernels::kernels_for_isa(IsaLevel::kAvx512).ggml_linear != &kernels::x86::amx::ggml_linear_bf16)
+    GTEST_SKIP() << "no AMX-BF16 tiles here";
   auto rng = test::make_rng(1108);
-  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ8_0, GgmlType::kQ4_1, GgmlType::kQ5_0}) {
+  const auto round_bf16 = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+  for (GgmlType t : kIntegerTypes) {
     const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
     SCOPED_TRACE(f.name);
-    const int64_t M = 37, N = 70, K = f.block_size == 32 ? 23 * 32 : 3 * 256;
-    const std::vector<uint8_t> w = random_blocks(rng, t, N * K / f.block_size);
-    const std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
-    const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
-    std::vector<float> amx(static_cast<size_t>(M * N), std::nanf("")), vnni(amx.size(), std::nanf(""));
-    kernels::GgmlLinearArgs a{};
-    a.x = x.data();
-    a.w = w.data();
-    a.ggml_type = static_cast<uint32_t>(t);
-    a.row_bytes = quant::ggml_row_bytes(f, K);
-    a.bias = bias.data();
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.out = amx.data();
-    kernels::x86::avx512::ggml_linear_amx(a);
-    a.out = vnni.data();
-    kernels::x86::avx512::ggml_linear(a);
-    ASSERT_EQ(std::memcmp(amx.data(), vnni.data(), amx.size() * sizeof(float)), 0);
-    for (float v : amx) ASSERT_TRUE(std::isfinite(v));
+    for (const int64_t M : {37, 16, 64}) {
+      const int64_t N = 70, K = f.block_size == 32 ? 23 * 32 : 3 * 256;
+      const std::vector<uint8_t> w = random_blocks(rng, t, N * K / f.block_size);
+      const std::vector<float> x = test::randn(rng, static_cast<size_t>(M * K));
+      const std::vector<float> bias = test::randn(rng, static_cast<size_t>(N));
+      std::vector<float> wb(static_cast<size_t>(N * K));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t p = 0; p < K / 32; ++p) {
+          const uint8_t* blk = w.data() + (n * K + p * 32) / f.block_size * f.block_bytes;
+          int8_t c[32];
+          float sa[2], so[2];
+          quant::ggml_piece(t, blk, static_cast<int>(p % (f.block_size / 32)), c, sa, so);
+          for (int e = 0; e < 32; ++e)
+            wb[static_cast<size_t>(n * K + p * 32 + e)] = round_bf16(std::fma(static_cast<float>(c[e]), sa[e / 16], so[e / 16]));
+        }
+      std::vector<float> got(static_cast<size_t>(M * N), std::nanf(""));
+      kernels::GgmlLinearArgs a{};
+      a.x = x.data();
+      a.w = w.data();
+      a.ggml_type = static_cast<uint32_t>(t);
+      a.row_bytes = quant::ggml_row_bytes(f, K);
+      a.bias = bias.data();
+      a.M = M;
+      a.N = N;
+      a.K = K;
+      a.out = got.data();
+      kernels::x86::amx::ggml_linear_bf16(a);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double pr = static_cast<double>(round_bf16(x[static_cast<size_t>(m * K + k)])) * wb[static_cast<size_t>(n * K + k)];
+            want += pr;
+            mag += std::fabs(pr);
+          }
+          const double b = bias[static_cast<size_t>(n)];
+          const double tol = static_cast<double>(K + 2) * 0x1p-24 * mag + 0x1p-24 * (std::fabs(want) + std::fabs(b));
+          const float g = got[static_cast<size_t>(m * N + n)];
+          ASSERT_TRUE(std::isfinite(g)) << "m " << m << " n " << n;
+          ASSERT_LE(std::fabs(static_cast<double>(g) - (want + b)), tol) << "m " << m << " n " << n;
+        }
+    }
   }
 }
 #endif

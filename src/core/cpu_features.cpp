@@ -48,6 +48,7 @@ CpuFeatures probe() {
     f.avx512vnni = (c >> 11) & 1u;
     f.amx_tile = (d >> 24) & 1u;
     f.amx_int8 = (d >> 25) & 1u;
+    f.amx_bf16 = (d >> 22) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = (a >> 5) & 1u;
   }

@@ -21,7 +21,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
   bool avx512bf16 = false;
   bool bmi2 = false;  // pdep / pext (the avx512 level's odd-width key unpack)
-  bool amx_tile = false, amx_int8 = false;  // AMX (used by the avx512 level's GEMM when present)
+  bool amx_tile = false, amx_int8 = false, amx_bf16 = false;  // AMX (used by the avx512 level's GEMM when present)
   bool os_avx = false;     // XCR0: XMM and YMM state
   bool os_avx512 = false;  // XCR0: opmask, ZMM_Hi256, Hi16_ZMM state
   bool os_amx = false;     // XCR0: XTILECFG and XTILEDATA state (Linux also needs a per-process permission)

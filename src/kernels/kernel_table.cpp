@@ -12,6 +12,8 @@
 //   attention    VNNI int8 scores, f32 value FMAs, split + LSE   same design, 8-row tiles (plain caches: ref)
 //   kv_append    fused rotate + quantize, bit-identical to ref    same, 8 lanes
 //   glu          x·σ(z), σ from exp16(−|z|), 16 lanes            same with exp8, 8 lanes
+//   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
+//                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
@@ -91,7 +93,8 @@ const KernelTable& avx512_kernels() {
     if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
       t.w8a8_gemm = &x86::amx::w8a8_gemm;
       t.w4a8_gemm = &x86::amx::w4a8_gemm;
-      t.ggml_linear = &x86::avx512::ggml_linear_amx;  // native GGUF prefill: AMX tiles for one-scale-per-32 formats
+      if (cpu_features().amx_bf16 && cpu_features().avx512bf16)  // native GGUF prefill on bfloat16 tiles
+        t.ggml_linear = &x86::amx::ggml_linear_bf16;
     }
     return t;
   }();

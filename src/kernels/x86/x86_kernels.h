@@ -57,9 +57,6 @@ CIDER_X86_DECLARE_KERNELS
 // rows: ggml_linear_gemv for the formats it takes (avx512/ggml_linear_gemv.cpp: Q4_K, Q5_K, Q6_K), else
 // avx2::ggml_linear.
 void ggml_linear(const GgmlLinearArgs& a);
-// The same with AMX-INT8 tiles from 16 rows for the formats with one scale per 32 codes (all but Q6_K), bit for bit
-// ggml_linear's outputs; only where the CPU has AMX and the OS grants the tile state (kernels/kernel_table.cpp).
-void ggml_linear_amx(const GgmlLinearArgs& a);
 bool ggml_linear_gemv_takes(uint32_t ggml_type);
 void ggml_linear_gemv(const GgmlLinearArgs& a);
 }  // namespace avx512
@@ -73,6 +70,10 @@ namespace amx {
 bool request_tile_permission();
 void w8a8_gemm(const IntLinearArgs& a);
 void w4a8_gemm(const IntLinearArgs& a);
+// Native GGUF weights with M >= 16 on AMX-BF16 tiles (amx/ggml_linear_bf16.cpp: weights decoded and rounded to
+// bfloat16 once per call, float32 sums over K); fewer rows and the errors: avx512::ggml_linear. Only where the CPU
+// has AMX-BF16 and AVX512-BF16 and the OS grants the tile state.
+void ggml_linear_bf16(const GgmlLinearArgs& a);
 }  // namespace amx
 
 }  // namespace cider::kernels::x86

@@ -23,7 +23,6 @@
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
-#include "kernels/x86/amx/tile_config.h"
 #include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
@@ -54,10 +53,7 @@ struct Ctx {
   int32_t* xc32;  // [chunks][Mp][kPC] −128·Σ of each piece's codes
   float* dx;      // [chunks][Mp][kPC] steps
   float* xsum;    // [chunks][Mp][kPC] dx·Σ of each piece's codes
-  bool amx;       // AMX tiles for the formats amx_takes (Mp a multiple of 16)
 };
-
-constexpr bool amx_takes(quant::GgmlType t) { return halves_of(t) == 1; }
 
 // Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
 void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
@@ -90,8 +86,7 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
 }
 
 // Packs weight rows n0 .. n0 + 31 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros).
-// kSigned (the AMX tiles): the codes c as signed bytes instead of u = c + 128.
-template <quant::GgmlType kType, bool kSigned>
+template <quant::GgmlType kType>
 void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t* dst) {
   constexpr int kPieces = pieces_of(kType), kH = halves_of(kType);
   constexpr int64_t PB = piece_bytes(kType);
@@ -101,7 +96,7 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
   Piece pc[8];
   alignas(32) uint32_t u[8];
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(kSigned ? 0 : 0x80));
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int r = 0; r < 32; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + (n0 + (r < nv ? r : nv - 1)) * a.row_bytes;
     const int cb = r / 16, lane = r % 16;
@@ -183,89 +178,6 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
     }
 }
 
-// AMX-INT8 tiles (the avx512 table's ggml_linear when the CPU has AMX and the OS grants the tile state:
-// ggml_linear_amx), for the formats with one scale per piece (halves_of 1): per 16 activation rows × 16 weight rows
-// (one of the pair's blocks) and piece, one tdpbssd of a 16 × 32-byte A tile (the codes, K chunk rows kKC apart) by
-// an 8 × 64-byte B tile (the packed signed codes, [k/4][16][4]: the VNNI panel's layout) gives the exact Σ c·x of
-// 256 outputs; the tile is stored and each row added in float as the VNNI tile adds it, (ws·dx)·S + b·X, so the
-// outputs are the VNNI kernel's bit for bit. Two C tiles alternate so a piece's product runs while the previous
-// one is added. Tiles: 0, 3 C (16 × 64 B); 1, 4 A (16 × 32 B); 2, 5 B (8 × 64 B).
-void amx_load_config() {
-  amx::TileConfig cfg;
-  for (int t : {0, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  for (int t : {1, 4}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
-  for (int t : {2, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
-  amx::load_tile_config(cfg);
-}
-
-__attribute__((target("amx-tile,amx-int8"))) void amx_release() { _tile_release(); }
-
-// Adds piece p's 16 × 16 int32 products t (rows 64 B apart) to af: row r += (ws·dx[r])·float(S) + b·X[r].
-template <quant::GgmlType kType>
-static inline void amx_add(const int32_t* t, const uint8_t* pp, int cb, const float* dx, const float* xsum, __m512* af) {
-  const __m512 ws = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + cb * 64));
-  if constexpr (has_b(kType)) {
-    const __m512 b = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 + cb * 64));
-    for (int r = 0; r < 16; ++r) {
-      af[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(t + r * 16)), _mm512_mul_ps(ws, _mm512_set1_ps(dx[r * kPC])), af[r]);
-      af[r] = _mm512_fmadd_ps(b, _mm512_set1_ps(xsum[r * kPC]), af[r]);
-    }
-  } else {
-    for (int r = 0; r < 16; ++r)
-      af[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(t + r * 16)), _mm512_mul_ps(ws, _mm512_set1_ps(dx[r * kPC])), af[r]);
-  }
-}
-
-// A packed 32-row pair × 16 activation rows from m0, over `pieces` pieces from element k0, into acc [M][32] (first
-// chunk: writes them).
-template <quant::GgmlType kType>
-__attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0,
-                                                           int64_t m0, float* acc, bool first) {
-  constexpr int64_t PB = piece_bytes(kType);
-  const int64_t s0 = (k0 / kKC * c.Mp + m0) * kPC;  // row m0's piece scalars of this chunk (row m0 + r: + r·kPC)
-  const int8_t* xq = c.xq + (k0 / kKC * c.Mp + m0) * kKC;
-  alignas(64) int32_t t[2][256];
-  // GCC's tile macros are asm without memory operands: an empty asm with a "memory" clobber orders them against the
-  // plain stores (the pack) before the tile loads and the plain loads of a stored tile after it.
-  __asm__ volatile("" ::: "memory");
-  for (int cb = 0; cb < 2; ++cb) {
-    __m512 af[16];
-    for (int r = 0; r < 16; ++r) af[r] = _mm512_setzero_ps();
-    int64_t p = 0;
-    for (; p + 2 <= pieces; p += 2) {
-      const uint8_t* pp = pk + p * PB;
-      _tile_zero(0);
-      _tile_loadd(1, xq + p * 32, kKC);
-      _tile_loadd(2, pp + cb * 512, 64);
-      _tile_dpbssd(0, 1, 2);
-      _tile_zero(3);
-      _tile_loadd(4, xq + p * 32 + 32, kKC);
-      _tile_loadd(5, pp + PB + cb * 512, 64);
-      _tile_dpbssd(3, 4, 5);
-      _tile_stored(0, t[0], 64);
-      __asm__ volatile("" ::: "memory");
-      amx_add<kType>(t[0], pp, cb, c.dx + s0 + p, c.xsum + s0 + p, af);
-      _tile_stored(3, t[1], 64);
-      __asm__ volatile("" ::: "memory");
-      amx_add<kType>(t[1], pp + PB, cb, c.dx + s0 + p + 1, c.xsum + s0 + p + 1, af);
-    }
-    if (p < pieces) {
-      const uint8_t* pp = pk + p * PB;
-      _tile_zero(0);
-      _tile_loadd(1, xq + p * 32, kKC);
-      _tile_loadd(2, pp + cb * 512, 64);
-      _tile_dpbssd(0, 1, 2);
-      _tile_stored(0, t[0], 64);
-      __asm__ volatile("" ::: "memory");
-      amx_add<kType>(t[0], pp, cb, c.dx + s0 + p, c.xsum + s0 + p, af);
-    }
-    for (int r = 0; r < 16; ++r) {
-      float* o = acc + (m0 + r) * 32 + cb * 16;
-      _mm512_store_ps(o, first ? af[r] : _mm512_add_ps(_mm512_load_ps(o), af[r]));
-    }
-  }
-}
-
 template <quant::GgmlType kType>
 void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   const GgmlLinearArgs& a = *c.a;
@@ -281,14 +193,8 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
       const int64_t kc = imin(kKC, c.Kp - k0);
       for (int64_t n0 = b0; n0 < b1; n0 += 32) {
         const int nv = static_cast<int>(imin(32, n_end - n0));
-        if (amx_takes(kType) && c.amx) {
-          pack_pair<kType, true>(c, n0, nv, k0, kc, pk);
-          for (int64_t m0 = 0; m0 < a.M; m0 += 16) amx_tile<kType>(c, pk, kc / 32, k0, m0, acc + (n0 - b0) * c.Mp, k0 == 0);
-        } else {
-          pack_pair<kType, false>(c, n0, nv, k0, kc, pk);
-          for (int64_t m0 = 0; m0 < a.M; m0 += kT)
-            tile<kType>(c, pk, kc / 32, k0, m0, acc + (n0 - b0) * c.Mp, k0 == 0);
-        }
+        pack_pair<kType>(c, n0, nv, k0, kc, pk);
+        for (int64_t m0 = 0; m0 < a.M; m0 += kT) tile<kType>(c, pk, kc / 32, k0, m0, acc + (n0 - b0) * c.Mp, k0 == 0);
       }
     }
     for (int64_t n0 = b0; n0 < b1; n0 += 32) {
@@ -306,13 +212,13 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
-  if (c.amx) amx_load_config();  // per worker: the tile configuration is thread state
   // ggml_linear sends only these formats
   with_block_format(static_cast<quant::GgmlType>(c.a->ggml_type), [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });
-  if (c.amx) amx_release();
 }
 
-void run(const GgmlLinearArgs& a, bool amx) {
+}  // namespace
+
+void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0;
@@ -323,8 +229,7 @@ void run(const GgmlLinearArgs& a, bool amx) {
   c.block_size = f->block_size;
   c.block_bytes = f->block_bytes;
   c.Kp = round_up(a.K, 32);  // K is a whole number of blocks (checked above)
-  c.amx = amx && amx_takes(static_cast<quant::GgmlType>(f->type));
-  c.Mp = round_up(a.M, c.amx ? 16 : kT);
+  c.Mp = round_up(a.M, kT);
   // The caller's scratch (the workers read it): codes in slot 0, the rest in slot 1; slot 3 is each worker's pack.
   const int64_t Pp = round_up(c.Kp, kKC) / 32;  // pieces, whole chunks
   c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * Pp * 32)));
@@ -337,10 +242,5 @@ void run(const GgmlLinearArgs& a, bool amx) {
   parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
 }
 
-}  // namespace
-
-void ggml_linear(const GgmlLinearArgs& a) { run(a, false); }
-
-void ggml_linear_amx(const GgmlLinearArgs& a) { run(a, true); }
 
 }  // namespace cider::kernels::x86::avx512
