@@ -33,6 +33,7 @@
 #include "core/cpu_features.h"
 #include "kernels/kernel_table.h"
 #include "kernels/x86/attention_x86.h"
+#include "kernels/x86/x86_kernels.h"
 #include "nn/kv_cache.h"
 #include "nn/rotation.h"
 #include "quant/affine.h"
@@ -494,6 +495,7 @@ struct ChannelCase {
   bool snapshot = false;
   float softcap = 0.0f;
   bool observe = false;  // outlier channels: show the cache each append's queries (else chosen by range alone)
+  bool expect_amx = false;  // the AMX-BF16 prefill kernel must take these arguments
 };
 
 void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
@@ -568,7 +570,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
       }
   const Deq V = dequantize(vv);
   // want_e: exact queries (for the reference), want_f: the fast kernels' scores.
-  std::vector<double> want_e(n, 0.0), want_f(n, 0.0), tol_fast(n, 0.0), tol_ref(n, 0.0), qdelta(n, 0.0);
+  std::vector<double> want_e(n, 0.0), want_f(n, 0.0), tol_fast(n, 0.0), tol_ref(n, 0.0), qdelta(n, 0.0), tol_amx(n, 0.0);
   std::vector<double> sce(static_cast<size_t>(s.kL)), scf(static_cast<size_t>(s.kL));
   std::vector<char> vis(static_cast<size_t>(s.kL));
   std::vector<float> qp(static_cast<size_t>(s.Dk));
@@ -577,7 +579,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
       for (int64_t i = 0; i < s.L; ++i) {
         const int64_t g = hq / s.rep, pos = s.kL - s.L + i;
         const float* qr = q.data() + ((b * s.Hq() + hq) * s.L + i) * s.Dk;
-        double me = -kInf, mf = -kInf, eps_fast = 0.0, eps_ref = 0.0, delta = 0.0;
+        double me = -kInf, mf = -kInf, eps_fast = 0.0, eps_ref = 0.0, delta = 0.0, eps_amx = 0.0;
         QuantQ qq;
         int64_t qq_block = -1;
         for (int64_t j = 0; j < s.kL; ++j) {
@@ -592,6 +594,8 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
               er += std::fabs(qr[d] * kval[ko + static_cast<size_t>(d)]);
             }
             df = de;
+            // AMX-BF16 prefill: the query split into two bfloat16 parts (|q − hi − lo| <= 2⁻¹⁶|q|), float32 sums
+            eps_amx = std::max(eps_amx, (0x1p-16 + static_cast<double>(s.Dk + 16) * kU) * er);
             ef = static_cast<double>(s.Dk + 4) * kU * er;
             er *= static_cast<double>(s.Dk + 4) * kU;
           } else {
@@ -612,6 +616,9 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
               mage += std::fabs(qr[d] * ks[o] * kcode[o]) + std::fabs(qr[d] * kb[o]) + std::fabs(qr[d]) * kom[o];
             }
             ef = static_cast<double>(s.Dk + 2 * Gk + 8 + 2 * p.cfg.key_outliers) * kU * magf;
+            // AMX-BF16 prefill: q' = q ⊙ s split into two bfloat16 parts times exact codes, the bias and outlier
+            // terms in float32
+            eps_amx = std::max(eps_amx, (0x1p-16 + static_cast<double>(s.Dk + 2 * Gk + 16 + 2 * p.cfg.key_outliers) * kU) * mage);
             er = static_cast<double>(s.Dk + 8) * kU * mage;
             delta = std::max(delta, scale * std::fabs(dq));
           }
@@ -625,7 +632,8 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
         if (me == -kInf) continue;
         double dene = 0.0, denf = 0.0;
         const size_t oo = static_cast<size_t>(((b * s.Hq() + hq) * s.L + i) * s.Dv);
-        std::vector<double> vmax(static_cast<size_t>(s.Dv), 0.0), m1(static_cast<size_t>(s.Dv), 0.0);
+        std::vector<double> vmax(static_cast<size_t>(s.Dv), 0.0), m1(static_cast<size_t>(s.Dv), 0.0),
+            wabs(static_cast<size_t>(s.Dv), 0.0);
         for (int64_t j = 0; j < s.kL; ++j) {
           if (!vis[static_cast<size_t>(j)]) continue;
           const double pe = std::exp(sce[static_cast<size_t>(j)] - me), pf = std::exp(scf[static_cast<size_t>(j)] - mf);
@@ -640,6 +648,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
             vmax[static_cast<size_t>(d)] = std::max(vmax[static_cast<size_t>(d)], std::fabs(V.val[vi]));
             m1[static_cast<size_t>(d)] =
                 std::max(m1[static_cast<size_t>(d)], std::fabs(V.s[gi] * V.code[vi]) + std::fabs(V.b[gi]));
+            wabs[static_cast<size_t>(d)] += pe * std::fabs(V.s[gi] * V.code[vi]);
           }
         }
         const double chain = (static_cast<double>(s.kL) + 64.0) * kU;
@@ -652,6 +661,10 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
           tol_ref[o] = chain * m1[static_cast<size_t>(d)] +
                        std::expm1(2.0 * (eps_ref + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
           qdelta[o] = std::expm1(2.0 * delta) * vmax[static_cast<size_t>(d)];
+          // the weights p·s in two bfloat16 parts (2⁻¹⁶, after the product's float32 rounding): Σ_j p_j·|s_j·c_jd| / Σ p_j
+          // times that (the softmax weights' own error is the exponential term)
+          tol_amx[o] = chain * m1[static_cast<size_t>(d)] + (0x1p-16 + 4.0 * kU) * wabs[static_cast<size_t>(d)] / dene +
+                       std::expm1(2.0 * (scale * eps_amx + 4.0 * kU)) * vmax[static_cast<size_t>(d)] + 1e-30;
         }
       }
   for (size_t k = 0; k < n; ++k)
@@ -659,6 +672,20 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
   for (IsaLevel level : fast_levels()) {
     const kernels::KernelTable& t = kernels::kernels_for_isa(level);
     const std::vector<float> got = run(t.attention, args, n);
+#if defined(__x86_64__)
+    if (p.expect_amx && t.attention == &kernels::x86::amx::attention_bf16) {
+      ASSERT_TRUE(kernels::x86::amx::attention_bf16_takes(args)) << what;
+    }
+    if (t.attention == &kernels::x86::amx::attention_bf16 && kernels::x86::amx::attention_bf16_takes(args)) {
+      for (size_t k = 0; k < n; ++k) {  // bfloat16 tiles: bounded against float64 with the exact queries
+        ASSERT_FALSE(std::isnan(got[k])) << t.name << " " << what << " element " << k;
+        ASSERT_LE(std::fabs(got[k] - want_e[k]), tol_amx[k])
+            << t.name << " (AMX-BF16, vs float64) " << what << " element " << k << " got " << got[k] << " want "
+            << want_e[k];
+      }
+      continue;
+    }
+#endif
     for (size_t k = 0; k < n; ++k) {
       ASSERT_FALSE(std::isnan(got[k])) << t.name << " " << what << " element " << k;
       ASSERT_LE(std::fabs(got[k] - want_f[k]), tol_fast[k])
@@ -739,6 +766,45 @@ TEST(AttentionX86, PerChannelKeysWithOutlierChannelsEveryLevelMatchesReference) 
       check_channel_case(p, rng);
       if (HasFatalFailure()) return;
       ++idx;
+    }
+}
+
+// Prefill over per-channel keys where the avx512 table runs it on AMX-BF16 tiles (amx/attention_prefill_bf16.cpp):
+// the bound of check_channel_case's tol_amx (two-part bfloat16 queries, bfloat16 value weights) over query rows of
+// one and several items (rep·L past 512 rows), key lengths inside a block, at its end and with a residual window,
+// the default cache (k5v4, 4 outlier channels) and other widths and groups, GQA up to 8, causal masks with and
+// without a window, forced splits, snapshots; every case must take the tiles.
+TEST(AttentionX86, PrefillOnAmxBf16TilesMatchesFloat64) {
+  bool has512 = false;
+  for (IsaLevel l : fast_levels()) has512 = has512 || l == IsaLevel::kAvx512;
+  if (!has512 || kernels::kernels_for_isa(IsaLevel::kAvx512).attention != &kernels::x86::amx::attention_bf16)
+    GTEST_SKIP() << "no AMX-BF16 attention here";
+  auto rng = test::make_rng(412);
+  const QuantizedKVCacheConfig cfgs[] = {
+      {5, 4, 64, RotationKind::kHadamard, 0, DType::kF16, nn::KeyLayout::kChannel, 4},
+      {4, 4, 32, RotationKind::kNone, 0, DType::kBF16, nn::KeyLayout::kChannel, 0},
+      {8, 3, 128, RotationKind::kHadamard, 0, DType::kF32, nn::KeyLayout::kChannel, 2},
+      {3, 8, 64, RotationKind::kNone, 0, DType::kF16, nn::KeyLayout::kChannel, 8},
+  };
+  struct Dims { int64_t L, kL, rep, Dk, Dv; };
+  const Dims dims[] = {{16, 16, 1, 128, 128}, {37, 300, 7, 128, 128}, {20, 64, 2, 256, 256}, {100, 1100, 8, 128, 64},
+                       {33, 97, 4, 64, 128}, {64, 640, 1, 256, 128}, {16, 4097, 4, 128, 128}};
+  int idx = 0;
+  for (const Dims& d : dims)
+    for (int variant = 0; variant < 2; ++variant, ++idx) {
+      ChannelCase p;
+      p.s = Shape{1 + variant, 1 + idx % 2, d.rep, d.L, d.kL, d.Dk, d.Dv};
+      p.cfg = cfgs[static_cast<size_t>(idx) % std::size(cfgs)];
+      p.cfg.seed = rng();
+      p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(d.Dk, d.Dv)));
+      p.mask = make_mask(rng, variant == 0 ? MaskKind::kCausal : MaskKind::kNone, p.s.B, p.s.Hq(), d.L, d.kL,
+                         DType::kF32);
+      p.expect_amx = true;
+      p.kv_splits = idx % 3 == 1 ? 1 + static_cast<int>(rng() % 4) : 0;
+      p.snapshot = idx % 5 == 3;
+      p.observe = idx % 2 == 0;
+      check_channel_case(p, rng);
+      if (HasFatalFailure()) return;
     }
 }
 

@@ -93,8 +93,10 @@ const KernelTable& avx512_kernels() {
     if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
       t.w8a8_gemm = &x86::amx::w8a8_gemm;
       t.w4a8_gemm = &x86::amx::w4a8_gemm;
-      if (cpu_features().amx_bf16 && cpu_features().avx512bf16)  // native GGUF prefill on bfloat16 tiles
+      if (cpu_features().amx_bf16 && cpu_features().avx512bf16) {  // prefill on bfloat16 tiles
         t.ggml_linear = &x86::amx::ggml_linear_bf16;
+        t.attention = &x86::amx::attention_bf16;  // prefill over per-channel keys; the rest: avx512::attention
+      }
     }
     return t;
   }();

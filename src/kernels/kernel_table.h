@@ -66,6 +66,8 @@ struct DenseGemmArgs {
 // Reference (kernels/ref): each row dequantized by the format's decoder, the dot product summed in float64.
 // Fast kernels quantize x to int8 per 32 elements (step max|x|/127 of the piece, as ggml's Q8 activations do) and
 // multiply the integer form exactly in int32: |out − ref| <= Σ_pieces (step/2)·Σ|w| plus float32 rounding.
+// Where the CPU has AMX-BF16, prefill (M >= 16) rounds x and the decoded w to bfloat16 instead and sums in float32:
+// |out − ref| <= Σ|x·w|·(2⁻⁷ + 2⁻¹⁶) plus K float32 roundings (amx/ggml_linear_bf16.cpp).
 struct GgmlLinearArgs {
   const float* x;        // [M, K]
   const void* w;         // N rows of row_bytes bytes

@@ -75,12 +75,13 @@ inline double int8_piece_bound(const float* x_row, const float* w_row, int64_t K
 }
 
 // The tolerance of one output of a kernel that rounds both x and w to bfloat16 (8 significant bits, unit roundoff
-// 2⁻⁹ each) and sums the K products in float32 (amx::ggml_linear_bf16): |bf(x)·bf(w) − x·w| <= |x·w|·(2⁻⁸ + 2⁻¹⁸)
-// per product, K float32 roundings of partial sums bounded by Σ|x·w|·(1 + 2⁻⁸), the bias once.
+// 2⁻⁸ each: 8 significant bits) and sums the K products in float32 (amx::ggml_linear_bf16): |bf(x)·bf(w) − x·w| <=
+// |x·w|·(2⁻⁷ + 2⁻¹⁶)
+// per product, K float32 roundings of partial sums bounded by Σ|x·w|·(1 + 2⁻⁷), the bias once.
 inline double bf16_product_bound(const float* x_row, const float* w_row, int64_t K, double bias_abs) {
   double mag = 0.0;
   for (int64_t k = 0; k < K; ++k) mag += std::fabs(static_cast<double>(x_row[k]) * w_row[k]);
-  return mag * (0x1p-8 + 0x1p-18 + static_cast<double>(K + 2) * 0x1p-24 * (1.0 + 0x1p-8)) + 0x1p-23 * bias_abs;
+  return mag * (0x1p-7 + 0x1p-16 + static_cast<double>(K + 2) * 0x1p-24 * (1.0 + 0x1p-7)) + 0x1p-23 * bias_abs;
 }
 
 }  // namespace cider::test

@@ -74,6 +74,10 @@ void w4a8_gemm(const IntLinearArgs& a);
 // bfloat16 once per call, float32 sums over K); fewer rows and the errors: avx512::ggml_linear. Only where the CPU
 // has AMX-BF16 and AVX512-BF16 and the OS grants the tile state.
 void ggml_linear_bf16(const GgmlLinearArgs& a);
+// Prefill attention (L >= 16) over per-channel keys on AMX-BF16 tiles (amx/attention_prefill_bf16.cpp); anything
+// else: avx512::attention. Same conditions as ggml_linear_bf16.
+void attention_bf16(const AttentionArgs& a);
+bool attention_bf16_takes(const AttentionArgs& a);  // whether attention_bf16 runs these arguments on its tiles
 }  // namespace amx
 
 }  // namespace cider::kernels::x86
