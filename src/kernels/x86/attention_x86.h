@@ -35,6 +35,9 @@
 // columns 1 for group 0 only, with bcoef[r, 0] = scale·q·b_β); tiles of the bfloat16 residual window (positions past
 // the last complete block; tiles never straddle it, blocks being multiples of 16) are scored in float32 with the
 // exact queries. The value path is unchanged.
+// Prefill over per-channel keys on CPUs with AMX-BF16 runs the same algebra on bfloat16 tiles instead
+// (amx/attention_prefill_bf16.cpp, x86_kernels.h: amx::attention_bf16); it uses this file's plan, ranges, outlier
+// weights and merge.
 #pragma once
 
 #include <cstddef>

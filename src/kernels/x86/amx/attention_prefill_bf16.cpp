@@ -30,6 +30,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/amx/tile_config.h"
+#include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/attention_x86.h"
 #include "kernels/x86/avx512/fast_exp.h"
 #include "kernels/x86/x86_kernels.h"
@@ -45,9 +46,9 @@ constexpr int64_t kMaxBlock = 128;   // key block (the per-channel group size) a
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kTile = 1024;
 
-static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+using avx512::imin;
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t rup(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+static inline int64_t rup(int64_t v, int64_t m) { return avx512::round_up(v, m); }
 
 // 16 values of a scale dtype (f32 / f16 / bf16) at p[i..], widened exactly.
 static inline __m512 load16(const void* p, DType t, int64_t i) {
@@ -66,31 +67,6 @@ static inline float load1(const void* p, DType t, int64_t i) {
     return f;
   }
   return static_cast<const float*>(p)[i];
-}
-
-// r[i] (16 dwords) become columns: afterwards r[j][i] = the old r[i][j].
-static inline void transpose16(__m512i* r) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  __m512i o[16];
-  for (int c = 0; c < 4; ++c) {
-    const __m512i a = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), b = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
-    const __m512i e = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), f = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-    o[c] = _mm512_shuffle_i32x4(a, e, 0x88);
-    o[4 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
-    o[8 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
-    o[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) r[i] = o[i];
 }
 
 // The dim codes of a packed row (bits per code, little-endian bit stream) as bytes.
@@ -186,15 +162,6 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   return off;
 }
 
-void load_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  load_tile_config(cfg);
-}
-
 __attribute__((target("amx-tile"))) void release() { _tile_release(); }
 
 static inline const float* query_row(const Ctx& c, const attn::Item& it, int64_t r) {
@@ -223,7 +190,7 @@ void key_tiles(const Ctx& c, Scratch& s, const attn::Item& it, int64_t j0, int64
           r[j] = codes_bf16(s.codes + jj * kMaxDim + st * 32);
         }
       }
-      transpose16(r);  // r[pair]: 16 keys × (dims 2·pair, 2·pair + 1)
+      avx512::transpose16x16(r);  // r[pair]: 16 keys × (dims 2·pair, 2·pair + 1)
       uint16_t* dst = s.kb + (st * (kMaxBlock / 16) + t) * (kTile / 2);
       for (int k = 0; k < 16; ++k) _mm512_store_si512(dst + k * 32, r[k]);
     }
@@ -531,7 +498,7 @@ void item_entry(void* ctx, int64_t index) {
   const Job& job = *static_cast<const Job*>(ctx);
   Scratch s;
   carve(job.c, &s, static_cast<uint8_t*>(attn::thread_scratch(job.scratch_bytes)));
-  load_config();  // the tile configuration is thread state; released after the item
+  load_uniform_config();  // the tile configuration is thread state; released after the item
   __asm__ volatile("" ::: "memory");
   run_item(job.c, s, index);
   __asm__ volatile("" ::: "memory");

@@ -62,41 +62,7 @@ struct Ctx {
   uint8_t* xb;       // [Kp/32][Mp/16] B tiles of the activations
 };
 
-void load_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  load_tile_config(cfg);
-}
-
 __attribute__((target("amx-tile"))) void release() { _tile_release(); }
-
-// r[i] (16 dwords each) becomes column i of the 16 × 16 dword matrix: afterwards r[j][i] = the old r[i][j].
-static inline void transpose16(__m512i* r) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);  // per 128-bit lane L: r[i][4L], r[i+1][4L], r[i][4L+1], r[i+1][4L+1]
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);  // the same for 4L+2, 4L+3
-  }
-  for (int i = 0; i < 16; i += 4) {  // r[i + c], lane L: column 4L + c of rows i .. i + 3
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  __m512i o[16];
-  for (int c = 0; c < 4; ++c) {  // a 4 × 4 transpose of 128-bit lanes over r[c], r[4 + c], r[8 + c], r[12 + c]
-    const __m512i a = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), b = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
-    const __m512i e = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), f = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-    o[c] = _mm512_shuffle_i32x4(a, e, 0x88);       // column c
-    o[4 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);   // column 4 + c
-    o[8 + c] = _mm512_shuffle_i32x4(b, f, 0x88);   // column 8 + c
-    o[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);  // column 12 + c
-  }
-  for (int i = 0; i < 16; ++i) r[i] = o[i];
-}
 
 // Activation rows in blocks [b0, b1) of 16: each step's 16 rows × 32 elements as bf16 pairs, transposed into the
 // B-tile layout (rows past M: zeros).
@@ -117,7 +83,7 @@ void pack_activations(void* vctx, int64_t b0, int64_t b1) {
           r[i] = _mm512_setzero_si512();
         }
       }
-      transpose16(r);
+      avx512::transpose16x16(r);
       uint8_t* dst = xb + (s * blocks + blk) * kTile;
       for (int kk = 0; kk < 16; ++kk) _mm512_store_si512(reinterpret_cast<void*>(dst + kk * 64), r[kk]);
     }
@@ -207,7 +173,7 @@ void store_pair(const Ctx& c, const float* acc, int64_t n0) {
     for (int64_t m0 = 0; m0 < a.M; m0 += 16) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(acc + (cb * 16 + i) * c.Mp + m0);
-      transpose16(r);  // r[j]: activation row m0 + j, weight rows n0 + cb·16 + 0..15
+      avx512::transpose16x16(r);  // r[j]: activation row m0 + j, weight rows n0 + cb·16 + 0..15
       for (int j = 0; j < 16 && m0 + j < a.M; ++j)
         _mm512_mask_storeu_ps(a.out + (m0 + j) * a.N + n0 + cb * 16, mk, _mm512_add_ps(_mm512_castsi512_ps(r[j]), bias));
     }
@@ -243,7 +209,7 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
 
 void rows(void* vctx, int64_t c0, int64_t c1) {
   const Ctx& c = *static_cast<const Ctx*>(vctx);
-  load_config();  // per worker: the tile configuration is thread state
+  load_uniform_config();  // per worker: the tile configuration is thread state
   with_block_format(static_cast<quant::GgmlType>(c.a->ggml_type), [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });
   release();
 }

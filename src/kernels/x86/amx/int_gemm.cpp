@@ -31,15 +31,6 @@ namespace {
 constexpr int64_t kNR = 64;  // columns per panel
 constexpr int64_t kMB = 32;  // tokens per tile block (two 16-row A tiles)
 
-void load_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {  // tmm0-3: C (16 x 16 int32), tmm4-5: A (16 x 64 B), tmm6-7: B (16 x 64 B)
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  load_tile_config(cfg);
-}
-
 struct Gemm {
   const IntLinearArgs* a;
   bool int4;
@@ -93,7 +84,7 @@ void run_panels(void* ctx, int64_t p0, int64_t p1) {
   const Gemm& c = *static_cast<const Gemm*>(ctx);
   const IntLinearArgs& a = *c.a;
   const bool grouped = a.group_size != 0;
-  load_config();
+  load_uniform_config();  // tmm0-3: C (16 x 16 int32), tmm4-5: A (16 x 64 B), tmm6-7: B (16 x 64 B)
   int8_t* packed = static_cast<int8_t*>(scratch(1, static_cast<size_t>(c.Kp * kNR)));
   void* tile_buf = scratch(2, static_cast<size_t>(c.Mp * kNR * 4));
   alignas(64) int32_t tmp[4][16 * 16];
