@@ -39,12 +39,12 @@ bool fast_path_supported(const AttentionArgs& a) {
          a.values.dim * a.values.bits >= 128;
 }
 
-Plan make_plan(const AttentionArgs& a, int threads) {
+Plan make_plan(const AttentionArgs& a, int threads, int64_t max_rows) {
   Plan p{};
   const int64_t Hkv = a.keys.H, kL = a.keys.length;
   p.threads = threads > 0 ? threads : num_threads();
   p.rep = a.Hq / Hkv;
-  p.lb = std::min<int64_t>(a.L, std::max<int64_t>(1, kMaxBlockQueryRows / p.rep));
+  p.lb = std::min<int64_t>(a.L, std::max<int64_t>(1, max_rows / p.rep));
   p.qblocks = (a.L + p.lb - 1) / p.lb;
   const int64_t items0 = a.B * Hkv * p.qblocks;
   if (a.kv_splits > 0) {

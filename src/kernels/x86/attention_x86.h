@@ -87,7 +87,8 @@ struct Item {
   int64_t R;             // rep·nl; row r <-> query head g·rep + r / nl, query row i0 + r % nl
   int64_t klo, khi;      // key positions [klo, khi) of this piece (klo is not rounded; may be empty)
 };
-Plan make_plan(const AttentionArgs& a, int threads);  // threads 0 = the default pool's size
+// threads 0 = the default pool's size; max_rows: R = rep·lb query rows per item at most (at least rep)
+Plan make_plan(const AttentionArgs& a, int threads, int64_t max_rows = kMaxBlockQueryRows);
 Item item_of(const AttentionArgs& a, const Plan& p, int64_t index);
 
 // Per query row r of an item: the key positions it may see inside the item's piece, [lo, hi) (causal and window

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/amx/tile_config.h"
 #include "kernels/x86/avx512/simd.h"
@@ -49,25 +50,6 @@ constexpr int64_t kTile = 1024;
 using avx512::imin;
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t rup(int64_t v, int64_t m) { return avx512::round_up(v, m); }
-
-// 16 values of a scale dtype (f32 / f16 / bf16) at p[i..], widened exactly.
-static inline __m512 load16(const void* p, DType t, int64_t i) {
-  if (t == DType::kF16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
-  if (t == DType::kBF16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i))), 16));
-  return _mm512_loadu_ps(static_cast<const float*>(p) + i);
-}
-static inline float load1(const void* p, DType t, int64_t i) {
-  if (t == DType::kF16) return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
-  if (t == DType::kBF16) {
-    const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  return static_cast<const float*>(p)[i];
-}
 
 // The dim codes of a packed row (bits per code, little-endian bit stream) as bytes.
 __attribute__((target("bmi2"))) static inline void unpack_codes(const uint8_t* row, int64_t dim, int bits, uint8_t* dst) {
@@ -314,8 +296,8 @@ void run_item(const Ctx& c, Scratch& s, int64_t index) {
           if (residual) {
             _mm512_store_ps(qf + d, qv);
           } else {
-            _mm512_store_ps(qf + d, _mm512_mul_ps(qv, load16(K.scales, K.scale_dtype, sbase + d)));
-            bsum = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, sbase + d), bsum);
+            _mm512_store_ps(qf + d, _mm512_mul_ps(qv, avx512::load16(K.scales, K.scale_dtype, sbase + d, 0xFFFF)));
+            bsum = _mm512_fmadd_ps(qv, avx512::load16(K.biases, K.scale_dtype, sbase + d, 0xFFFF), bsum);
           }
         }
         s.qb[r] = residual ? 0.0f : _mm512_reduce_add_ps(bsum);
@@ -414,8 +396,8 @@ void run_item(const Ctx& c, Scratch& s, int64_t index) {
         unpack_codes(vcodes + (j0 + j) * vrow, Dv, V.bits, s.codes + j * kMaxDim);
         const int64_t sr = ((it.b * V.H + it.g) * V.capacity + j0 + j) * Gv;
         for (int64_t g = 0; g < Gv; ++g) {
-          s.vs[g * kMaxBlock + j] = load1(V.scales, V.scale_dtype, sr + g);
-          s.vbias[g * kMaxBlock + j] = load1(V.biases, V.scale_dtype, sr + g);
+          s.vs[g * kMaxBlock + j] = load_float(V.scales, V.scale_dtype, sr + g);
+          s.vbias[g * kMaxBlock + j] = load_float(V.biases, V.scale_dtype, sr + g);
         }
       } else {
         std::memset(s.codes + j * kMaxDim, 0, static_cast<size_t>(Dv));
@@ -522,17 +504,8 @@ void attention_bf16(const AttentionArgs& a) {
   Job job{};
   Ctx& c = job.c;
   c.a = &a;
-  attn::Plan plan = attn::make_plan(a, 0);
-  // Items of up to kMaxRows query rows (every unpacked key and value block serves all of them), split along the keys
-  // until the threads have work.
-  plan.lb = imin(a.L, imax(1, kMaxRows / plan.rep));
-  plan.qblocks = (a.L + plan.lb - 1) / plan.lb;
-  const int64_t items0 = a.B * a.keys.H * plan.qblocks;
-  plan.splits = a.kv_splits > 0 ? a.kv_splits : (items0 >= plan.threads ? 1 : (plan.threads + items0 - 1) / items0);
-  plan.splits = imax(1, imin(plan.splits, (a.keys.length + attn::kTileRows - 1) / attn::kTileRows));
-  plan.items = items0 * plan.splits;
-  plan.max_rows = plan.rep * plan.lb;
-  plan.partial_floats = plan.max_rows * (2 + a.values.dim);
+  // Items of up to kMaxRows query rows: every unpacked key and value block serves all of them.
+  const attn::Plan plan = attn::make_plan(a, 0, kMaxRows);
   c.p = &plan;
   c.Dk = a.keys.dim;
   c.Dv = a.values.dim;
