@@ -126,8 +126,9 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
 }
 
 // Weight rows [n0, n0 + nr) × activation rows [m0, m0 + kT) (nr <= kR; missing weight rows repeat the last one and
-// are not stored). The kR rows are contiguous, and so are the next kR: per step, the next tile's share is prefetched
-// line by line.
+// are not stored). The kR rows are contiguous, and so are the next kR: per step, the share of the tile two ahead is
+// prefetched line by line into L2 (one tile ahead into L1 before: Q4_K K4096 × N14336 1.82–1.97 → 1.53–1.60 ms on the
+// AVX-512 VM, 2 threads, 2026-12-05).
 template <GgmlType kType, int kR, int kT>
 void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   constexpr int64_t bb = block_bytes_of(kType), kLines = (kR * bb + 63) / 64 + 1;
@@ -142,9 +143,9 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
       acc[r][t] = _mm512_setzero_ps();
       accm[r][t] = _mm256_setzero_ps();
     }
-  const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + kR) * a.row_bytes;  // never dereferenced
+  const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + 2 * kR) * a.row_bytes;  // never dereferenced
   for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
-    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+    for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T1);
     for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, acc[r], accm[r]);
   }
   for (int r = 0; r < nr; ++r)
