@@ -25,6 +25,10 @@ void set_gemv_rows_per_task(int rows);  // row kernel: 0 automatic, 1 or 2 weigh
 void set_gemv_row_loads(int loads);  // row kernel: 0 automatic, 1 registers, 2 / 3 bulk-copy slots per warp
 void stream_read(const void* p, size_t bytes, void* sink, void* stream);
 }  // namespace cider::cuda::gemv_bench
+namespace cider::cuda::ggml_bench {  // linear_ggml.cu: the native decode kernel (0 automatic, 1 warp per row, 2 rows)
+void set_ggml_gemv_kernel(int kernel);
+int last_ggml_gemv_kernel();
+}  // namespace cider::cuda::ggml_bench
 
 namespace cider::bench {
 namespace {
@@ -449,7 +453,7 @@ std::vector<uint8_t> ggml_random_blocks(std::mt19937_64& rng, quant::GgmlType t,
 
 // out[M, N] f32 = x[M, K] f32 · Wᵀ + bias, W [N, K] in ggml format t. Decode shapes rotate ≥ 4 weight copies of
 // ≥ 150 MB in all (as bench_int_gemv); prefill rotates 4 copies of everything when it fits twice the 60 MB L2, else 1.
-BenchResult bench_ggml_linear(quant::GgmlType t, int64_t M, int64_t K, int64_t N, const char* peer) {
+BenchResult bench_ggml_linear(quant::GgmlType t, int64_t M, int64_t K, int64_t N, const char* peer, int kernel = 0) {
   const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(t));
   std::mt19937_64 rng(0x66a1u + static_cast<uint64_t>(M * 131 + K * 7 + N) + static_cast<uint64_t>(t) * 1000003u);
   const int64_t row_bytes = quant::ggml_row_bytes(f, K);
@@ -488,14 +492,18 @@ BenchResult bench_ggml_linear(quant::GgmlType t, int64_t M, int64_t K, int64_t N
     cuda::ggml_linear(a, cuda::Exec{s, d_ws.data(), d_ws.bytes()});
   };
   BenchResult r;
+  cuda::ggml_bench::set_ggml_gemv_kernel(kernel);
   r.seconds = bench_graph(run, stream.handle(), 20, 15);  // the warm-up calls plan cuBLASLt outside the capture
+  const int ran = cuda::ggml_bench::last_ggml_gemv_kernel();
+  cuda::ggml_bench::set_ggml_gemv_kernel(0);
   r.bytes = static_cast<double>(w_bytes + act_bytes);
   r.flops = 2.0 * static_cast<double>(M * K * N);
   r.peer = peer;
   char note[160];
   std::snprintf(note, sizeof note, "%zu weight cop%s of %.1f MB (%s)%s", copies, copies == 1 ? "y" : "ies",
                 static_cast<double>(w_bytes) / 1e6, f.name,
-                gemv ? ", int8 x per 32" : ", W decoded to bf16 in the workspace, then cuBLASLt");
+                gemv ? (ran == 2 ? ", int8 x per 32, row kernel" : ", int8 x per 32, warp per row")
+                     : ", W decoded to bf16 in the workspace, then cuBLASLt");
   r.note = note;
   return r;
 }
@@ -504,7 +512,7 @@ BenchResult bench_ggml_linear(quant::GgmlType t, int64_t M, int64_t K, int64_t N
 
 #define CIDER_GGML_GEMV_CASE(type, M, K, N, peer)                                                         \
   CIDER_CUDA_BENCH("ggml-gemv " #type " M" #M " K" #K " N" #N, "linear") {                               \
-    return bench_ggml_linear(quant::GgmlType::k##type, M, K, N, peer);                                   \
+    return bench_ggml_linear(quant::GgmlType::k##type, M, K, N, peer, 2);                                \
   }
 // Llama-3-8B's gate/up (K4096 N14336) and down (K14336 N4096) projections, one token and a decode batch of 8.
 CIDER_GGML_GEMV_CASE(Q4_K, 1, 4096, 14336, "bf16 GEMV K4096 N14336")
@@ -524,6 +532,21 @@ CIDER_GGML_GEMV_CASE(Q5_0, 1, 14336, 4096, "bf16 GEMV K14336 N4096")
 CIDER_GGML_GEMV_CASE(Q5_0, 8, 4096, 14336, "int8 _int_mm M32 K4096 N14336")
 CIDER_GGML_GEMV_CASE(Q5_0, 8, 14336, 4096, "")
 #undef CIDER_GGML_GEMV_CASE
+// The rows above ask for the row kernel (linear_ggml_rows.cu; the note says which kernel ran); these the warp-per-row
+// kernel on the same shapes (the A/B, same job), then the read roof at these sizes.
+#define CIDER_GGML_WARP_CASE(type, M, K, N)                                                              \
+  CIDER_CUDA_BENCH("ggml-gemv " #type " M" #M " K" #K " N" #N " warp per row", "linear") {               \
+    return bench_ggml_linear(quant::GgmlType::k##type, M, K, N, "", 1);                                \
+  }
+CIDER_GGML_WARP_CASE(Q4_K, 1, 4096, 14336)
+CIDER_GGML_WARP_CASE(Q6_K, 1, 4096, 14336)
+CIDER_GGML_WARP_CASE(Q8_0, 1, 4096, 14336)
+CIDER_GGML_WARP_CASE(Q4_K, 8, 4096, 14336)
+#undef CIDER_GGML_WARP_CASE
+CIDER_CUDA_BENCH("gemv roof read 33.0 MB (Q4_K K4096 N14336)", "linear") { return bench_read_roof(14336u * 2304u); }
+CIDER_CUDA_BENCH("gemv roof read 40.4 MB (Q5_0 K4096 N14336)", "linear") { return bench_read_roof(14336u * 2816u); }
+CIDER_CUDA_BENCH("gemv roof read 48.2 MB (Q6_K K4096 N14336)", "linear") { return bench_read_roof(14336u * 3360u); }
+CIDER_CUDA_BENCH("gemv roof read 62.4 MB (Q8_0 K4096 N14336)", "linear") { return bench_read_roof(14336u * 4352u); }
 
 // Prefill through the bf16 path: the weights decoded to bf16 (33 MB of Q4_K → 117 MB) once per call, then cuBLASLt.
 // M2048 is the peers' "bf16 matmul" shape (which multiplies bf16 weights that are already decoded).

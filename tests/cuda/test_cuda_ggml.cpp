@@ -58,6 +58,10 @@
 #include "support/test_support.h"
 
 namespace cider::cuda {
+namespace ggml_bench {  // kernels/cuda/linear_ggml.cu: the decode kernel knob (tests, benchmarks)
+void set_ggml_gemv_kernel(int kernel);  // 0 automatic, 1 warp per row, 2 the row kernel where it takes the call
+int last_ggml_gemv_kernel();            // the kernel of the latest tile: 1 or 2
+}  // namespace ggml_bench
 namespace {
 
 using quant::GgmlType;
@@ -312,6 +316,37 @@ TEST(CudaGgml, GemvWiderShapes) {
       run_case(rng, t, M, 515, K, M == 1);
       if (::testing::Test::HasFailure()) return;
     }
+  }
+}
+
+// The two decode kernels on the same calls: the row kernel (linear_ggml_rows.cu: rows of 16-byte multiples, here every
+// format at these K, each row several segments with a short last one — Q4_0 2, Q8_0 3, Q4_K 2, Q5_K 3, Q6_K 4 —
+// tiles of 1, 2, 4 and 8 rows, M 3, 5, 11 padded, N from one row to more than 16 rows per SM) and the warp-per-row
+// kernel, which the automatic choice now keeps only for other rows; each run checks which kernel ran.
+TEST(CudaGgml, RowKernelAndWarpKernelMatchTheReference) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(1205);
+  struct Shape {
+    int64_t M, N;
+  };
+  const Shape shapes[] = {{1, 1}, {1, 37}, {1, 2200}, {2, 37}, {3, 130}, {5, 37}, {5, 2200}, {8, 130}, {11, 37},
+                          {16, 130}};
+  for (int kernel : {2, 1}) {
+    ggml_bench::set_ggml_gemv_kernel(kernel);
+    for (GgmlType t : kIntegerTypes) {
+      const int64_t K = format_of(t).block_size == 32 ? 8192 : 14336;
+      for (const Shape& sh : shapes) {
+        if (kernel == 1 && sh.N > 130) continue;  // the warp kernel's wide shapes: GemvWiderShapes
+        const Inputs in = make_inputs(rng, t, sh.M, sh.N, K, sh.N % 2 == 1);
+        SCOPED_TRACE(in.describe() + (kernel == 2 ? " row kernel" : " warp per row"));
+        check_outputs(in, run_gpu(in));
+        EXPECT_EQ(ggml_bench::last_ggml_gemv_kernel(), kernel);
+        if (::testing::Test::HasFailure()) break;
+      }
+      if (::testing::Test::HasFailure()) break;
+    }
+    ggml_bench::set_ggml_gemv_kernel(0);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 

@@ -7,8 +7,9 @@
 # repository. Phases (each fits one
 # 10-minute device command):
 #   check   test_cuda_ggml, the native case of test_cuda_model, compute-sanitizer memcheck of test_cuda_ggml,
-#           cuda_bench's native GEMV / GEMM rows beside the W8A8/W4A8 GEMV rows and the read-roof rows, and its native
-#           model rows (PACK_ONLY="test_cuda_ggml test_cuda_model cuda_bench")
+#           cuda_bench's native GEMV / GEMM rows (row kernel and warp per row) beside the W8A8/W4A8 GEMV rows and the
+#           read-roof rows, and its native model rows with each decode kernel (PACK_ONLY="test_cuda_ggml
+#           test_cuda_model cuda_bench")
 #   e2e     builds llama-bench (CUDA, sm_90) while it writes the model (tools/make_random_gguf.py --shape llama3-8b);
 #           `cider generate --device cuda` (native blocks, the default weights; k8v4 and the default cache) while it
 #           builds, then on the idle host llama-bench (-fa 1, f16 and q8_0 caches), cider again, and both servers
@@ -43,6 +44,9 @@ phase_check() {
   for f in ggml- "gemv roof" "w4a8 gemv M1" "w8a8 gemv M1"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
   log "## cuda_bench model rows (random weights in device memory, Llama-3-8B shapes)"
   $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
+  log "## the same with CIDER_GGML_GEMV=rows (the row kernel for decode) and =warp"
+  CIDER_GGML_GEMV=rows $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
+  CIDER_GGML_GEMV=warp $B/cuda_bench --area model --filter native --variants skip >> "$R" 2>&1
   log "## test_cuda_model, the whole program"
   $B/test_cuda_model --gtest_brief=1 > "$OUT/test_cuda_model.log" 2>&1
   log "exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_model.log" | tr '\n' ' ')"

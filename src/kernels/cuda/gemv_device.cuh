@@ -1,6 +1,7 @@
 // cider/kernels/cuda/gemv_device.cuh — device helpers shared by the two decode GEMV kernels (linear_gemv.cu: tiles of
-// 16 weight rows on the tensor cores; linear_gemv_rows.cu: one warp per weight row with dp4a): streaming weight loads,
-// x element loads, the reference's int8 activation code, output stores.
+// 16 weight rows on the tensor cores; linear_gemv_rows.cu: one warp per weight row with dp4a) and the native-weight
+// row kernel (linear_ggml_rows.cu): streaming weight loads, x element loads, the reference's int8 activation code,
+// output stores, bulk copies into shared memory completed on an mbarrier.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -92,5 +93,39 @@ __device__ __forceinline__ uint2 unit_codes_from_k_order(uint2 v) {
   if constexpr (kInt4) return make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
   else return v;
 }
+
+// ---- bulk copies (TMA) into warp-private shared-memory slots, completion counted on an mbarrier per slot ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {  // one arrival per phase: the issuing lane's expect_tx
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {  // the initialised barriers visible to the async (TMA) proxy
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_LOOP:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_LOOP;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned); completes on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// The slot's earlier generic reads (all lanes, ordered by __syncwarp) before the async proxy overwrites it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 }  // namespace cider::cuda::gemv_device

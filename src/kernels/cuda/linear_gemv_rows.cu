@@ -190,41 +190,6 @@ __device__ void quantize_row_to_shared(const RowsParams& p, int64_t x0, int8_t* 
   }
 }
 
-// ---- bulk copies (TMA) into warp-private shared-memory slots, completion counted on an mbarrier per slot ----
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {  // one arrival per phase: the issuing lane's expect_tx
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {  // the initialised barriers visible to the async (TMA) proxy
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_LOOP:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_LOOP;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned); completes on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-// The slot's earlier generic reads (all lanes, ordered by __syncwarp) before the async proxy overwrites it.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-
 // kInt4: W4A8 else W8A8. kGroup: 0 (per channel) or the group size. kR: weight rows per warp task (1 or 2: short
 // rows go two to a task so that a batch still holds kLoadsPerLane chunks per lane). kSlots: where a batch waits —
 // 0: in registers (plain 16-byte loads, one batch in flight per warp); 2: in two warp-private shared-memory slots

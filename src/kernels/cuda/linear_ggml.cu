@@ -1,10 +1,7 @@
 // cider/kernels/cuda/linear_ggml.cu — linear layers over native GGUF weights (cuda_api.h "Native GGUF weights"):
 // the blocks of a GGUF file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiplied as they are.
 //
-// Every kernel reads a block through its integer form (quant/ggml_blocks.h): a block is pieces of 32 elements, and in
-// piece p element i is w_i = a_h·c_i + b_h (h = i / 16) with an int8 code c_i. `piece<T>` below gives one piece as
-// eight words of four codes (element 4w + k in byte k of word w) and its (a, b) pairs: the device twin of
-// quant::ggml_piece, from the same byte layouts (docs/checkpoint_formats.md).
+// Every kernel reads a block through its integer form (ggml_piece.cuh, the device twin of quant::ggml_piece).
 //
 // Phases and their kernels:
 //   quantize_pieces  x [M, K] f32 → xq [M, K] int8, dx [M, P] f32, xs [M, P] float2 (P = K/32): one warp per piece,
@@ -13,6 +10,8 @@
 //   gemv<T, MT>      out [MT, N]: one warp per weight row, its lanes over the row's pieces (each piece's bytes read
 //                    once, for all MT activation rows), per piece and row S_h = Σ_{i∈h} c_i·xq_i by dp4a (exact in
 //                    int32) and acc += dx·(a₀·S₀ + a₁·S₁) + (b₀·X₀ + b₁·X₁) in float32; a warp sum, then + bias.
+//                    The general decode kernel; where the rows are 16-byte multiples and the tile fits shared memory
+//                    the row kernel (linear_ggml_rows.cu) runs instead, with the same terms from shared memory.
 //   dequantize_bf16  one thread per piece: a_h·c_i (+ b_h) with one rounding per operation, never fused (the
 //                    decoder's float32 values bit for bit), rounded to bf16; the prefill path (M > kGgmlGemvRows)
 //                    multiplies those rows with dense_bf16 (cuBLASLt), at most kDequantBytes of them per pass.
@@ -28,6 +27,10 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ggml_piece.cuh"
+#include "kernels/cuda/linear_ggml_rows.h"
+#include "kernels/cuda/pdl.cuh"
+#include "core/env.h"
 #include "kernels/cuda/int8_row_quant.cuh"
 #include "quant/ggml_blocks.h"
 
@@ -36,9 +39,11 @@ namespace cider::cuda {
 namespace {
 
 using quant::GgmlType;
+using namespace ggml_device;
 
 constexpr int kGemvWarps = 4;      // weight rows per CTA (one per warp)
 constexpr int kMaxTileRows = 8;    // activation rows per pass over the weights
+static_assert(kMaxTileRows == ggml_rows::kMaxTile, "the row kernel takes the same tiles");
 constexpr int kQuantWarps = 8;     // pieces per CTA of the activation quantization
 constexpr int kPieceThreads = 256; // threads per CTA of the dequantization (one piece each)
 // The prefill path decodes at most this many bytes of bf16 rows at a time (a multiple of 256 rows; whole N when it
@@ -47,215 +52,6 @@ constexpr size_t kDequantBytes = size_t{32} << 20;
 
 size_t round_up_256(size_t v) { return (v + 255) / 256 * 256; }
 
-// ---- loads ---------------------------------------------------------------------------------------------------------
-// Blocks are 2-byte aligned at least (every block size is even and a row starts at a multiple of its size); Q4_1,
-// Q5_1 (20, 24 bytes) are 4-byte aligned and Q4_K, Q5_K (144, 176 bytes) 16-byte aligned where the rows start at a
-// 16-byte boundary (device allocations; rows are whole blocks), which the launcher checks.
-
-__device__ __forceinline__ uint32_t ld32_a2(const uint8_t* p) {
-  const auto* h = reinterpret_cast<const uint16_t*>(p);
-  return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
-}
-__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
-__device__ __forceinline__ float f16_at(const uint8_t* p) {
-  return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p))));
-}
-__device__ __forceinline__ void ld128x2(const uint8_t* p, uint32_t (&q)[8]) {
-  const uint4 u0 = __ldg(reinterpret_cast<const uint4*>(p)), u1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-  q[0] = u0.x, q[1] = u0.y, q[2] = u0.z, q[3] = u0.w, q[4] = u1.x, q[5] = u1.y, q[6] = u1.z, q[7] = u1.w;
-}
-
-// Bits 0..3 of b moved to bit 4 of bytes 0..3 (the fifth code bit of four consecutive Q5_0 / Q5_1 elements).
-__device__ __forceinline__ uint32_t spread4(uint32_t b) { return (((b & 0xFu) * 0x00204081u) & 0x01010101u) << 4; }
-
-// ---- the integer form of one piece ---------------------------------------------------------------------------------
-
-struct Piece {
-  uint32_t c[8];  // 32 int8 codes, element 4w + k in byte k of c[w]
-  float a0, a1;   // the steps of elements 0..15 and 16..31
-  float b0, b1;   // their offsets (formats with has_b)
-};
-
-template <GgmlType T>
-struct Fmt;
-
-// Q8_0, 34 bytes: d f16 | 32 int8 codes.
-template <>
-struct Fmt<GgmlType::kQ8_0> {
-  static constexpr int kBlock = 32, kBytes = 34;
-  static constexpr bool kHasB = false;
-  __device__ static void piece(const uint8_t* b, int, Piece& p) {
-    p.a0 = p.a1 = f16_at(b);
-#pragma unroll
-    for (int w = 0; w < 8; ++w) p.c[w] = ld32_a2(b + 2 + 4 * w);
-  }
-};
-
-// Q4_0, 18 bytes: d f16 | 16 bytes (element i < 16 the low nibble of byte i, i + 16 its high nibble); c = q − 8.
-template <>
-struct Fmt<GgmlType::kQ4_0> {
-  static constexpr int kBlock = 32, kBytes = 18;
-  static constexpr bool kHasB = false;
-  __device__ static void piece(const uint8_t* b, int, Piece& p) {
-    p.a0 = p.a1 = f16_at(b);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t q = ld32_a2(b + 2 + 4 * w);
-      p.c[w] = __vsub4(q & 0x0F0F0F0Fu, 0x08080808u);
-      p.c[w + 4] = __vsub4((q >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-    }
-  }
-};
-
-// Q4_1, 20 bytes: d f16 | m f16 | 16 bytes as Q4_0; c = q, b = m.
-template <>
-struct Fmt<GgmlType::kQ4_1> {
-  static constexpr int kBlock = 32, kBytes = 20;
-  static constexpr bool kHasB = true;
-  __device__ static void piece(const uint8_t* b, int, Piece& p) {
-    p.a0 = p.a1 = f16_at(b);
-    p.b0 = p.b1 = f16_at(b + 2);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t q = ld32(b + 4 + 4 * w);
-      p.c[w] = q & 0x0F0F0F0Fu;
-      p.c[w + 4] = (q >> 4) & 0x0F0F0F0Fu;
-    }
-  }
-};
-
-// Q5_0, 22 bytes: d f16 | qh u32 (bit i = bit 4 of element i) | 16 bytes as Q4_0; c = q − 16.
-template <>
-struct Fmt<GgmlType::kQ5_0> {
-  static constexpr int kBlock = 32, kBytes = 22;
-  static constexpr bool kHasB = false;
-  __device__ static void piece(const uint8_t* b, int, Piece& p) {
-    p.a0 = p.a1 = f16_at(b);
-    const uint32_t qh = ld32_a2(b + 2);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t q = ld32_a2(b + 6 + 4 * w);
-      p.c[w] = __vsub4((q & 0x0F0F0F0Fu) | spread4(qh >> (4 * w)), 0x10101010u);
-      p.c[w + 4] = __vsub4(((q >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (4 * w + 16)), 0x10101010u);
-    }
-  }
-};
-
-// Q5_1, 24 bytes: d f16 | m f16 | qh u32 | 16 bytes; c = q, b = m.
-template <>
-struct Fmt<GgmlType::kQ5_1> {
-  static constexpr int kBlock = 32, kBytes = 24;
-  static constexpr bool kHasB = true;
-  __device__ static void piece(const uint8_t* b, int, Piece& p) {
-    p.a0 = p.a1 = f16_at(b);
-    p.b0 = p.b1 = f16_at(b + 2);
-    const uint32_t qh = ld32(b + 4);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t q = ld32(b + 8 + 4 * w);
-      p.c[w] = (q & 0x0F0F0F0Fu) | spread4(qh >> (4 * w));
-      p.c[w + 4] = ((q >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (4 * w + 16));
-    }
-  }
-};
-
-// The 6-bit scale and min of sub-block j of Q4_K / Q5_K from their 12 bytes s (quant/ggml_blocks.cpp scale_min_k4),
-// read as three words.
-__device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, int& mn) {
-  const uint32_t w0 = ld32(s), w1 = ld32(s + 4), w2 = ld32(s + 8);
-  auto byte = [&](int i) -> int {
-    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
-    return static_cast<int>((w >> (8 * (i % 4))) & 0xFFu);
-  };
-  if (j < 4) {
-    sc = byte(j) & 63;
-    mn = byte(j + 4) & 63;
-  } else {
-    sc = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
-    mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
-  }
-}
-
-// Piece j's (a, b) of a Q4_K / Q5_K block: a = d·sc_j, b = −(dmin·m_j) (d, dmin the f16 fields at bytes 0 and 2).
-__device__ __forceinline__ void k4_steps(const uint8_t* b, int j, Piece& p) {
-  int sc, mn;
-  scale_min_k4(b + 4, j, sc, mn);
-  p.a0 = p.a1 = __fmul_rn(f16_at(b), static_cast<float>(sc));
-  p.b0 = p.b1 = -__fmul_rn(f16_at(b + 2), static_cast<float>(mn));
-}
-
-// Q4_K, 144 bytes: d f16 | dmin f16 | scales[12] | qs[128]; piece j: bytes [32·(j/2), +32) of qs, nibble j % 2;
-// a = d·sc_j, b = −(dmin·m_j).
-template <>
-struct Fmt<GgmlType::kQ4_K> {
-  static constexpr int kBlock = 256, kBytes = 144;
-  static constexpr bool kHasB = true;
-  __device__ static void piece(const uint8_t* b, int j, Piece& p) {
-    k4_steps(b, j, p);
-    uint32_t q[8];
-    ld128x2(b + 16 + 32 * (j / 2), q);
-    const int s = 4 * (j % 2);
-#pragma unroll
-    for (int w = 0; w < 8; ++w) p.c[w] = (q[w] >> s) & 0x0F0F0F0Fu;
-  }
-};
-
-// Q5_K, 176 bytes: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; as Q4_K, bit 4 of element 32j + i is bit j of
-// qh[i].
-template <>
-struct Fmt<GgmlType::kQ5_K> {
-  static constexpr int kBlock = 256, kBytes = 176;
-  static constexpr bool kHasB = true;
-  __device__ static void piece(const uint8_t* b, int j, Piece& p) {
-    k4_steps(b, j, p);
-    uint32_t q[8], h[8];
-    ld128x2(b + 48 + 32 * (j / 2), q);
-    ld128x2(b + 16, h);
-    const int s = 4 * (j % 2);
-#pragma unroll
-    for (int w = 0; w < 8; ++w) p.c[w] = ((q[w] >> s) & 0x0F0F0F0Fu) | (((h[w] >> j) & 0x01010101u) << 4);
-  }
-};
-
-// Q6_K, 210 bytes: ql[128] | qh[64] | scales[16] int8 | d f16; piece p (half hh = p/4, quarter r = p%4): low bits
-// nibble r/2 of ql[64·hh + 32·(r%2) + i], high bits [2r, 2r+2) of qh[32·hh + i]; c = q − 32, a_h = d·sc[2p + h].
-template <>
-struct Fmt<GgmlType::kQ6_K> {
-  static constexpr int kBlock = 256, kBytes = 210;
-  static constexpr bool kHasB = false;
-  __device__ static void piece(const uint8_t* b, int pc, Piece& p) {
-    const int hh = pc / 4, r = pc % 4;
-    const float d = f16_at(b + 208);
-    const uint32_t sc = __ldg(reinterpret_cast<const unsigned short*>(b + 192 + 2 * pc));
-    p.a0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc & 0xFFu)));
-    p.a1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc >> 8)));
-    const uint8_t* ql = b + 64 * hh + 32 * (r % 2);
-    const uint8_t* qh = b + 128 + 32 * hh;
-    const int sl = 4 * (r / 2), sh = 2 * r;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const uint32_t lo = (ld32_a2(ql + 4 * w) >> sl) & 0x0F0F0F0Fu;
-      const uint32_t hi = ((ld32_a2(qh + 4 * w) >> sh) & 0x03030303u) << 4;
-      p.c[w] = __vsub4(lo | hi, 0x20202020u);
-    }
-  }
-};
-
-template <GgmlType T>
-constexpr int pieces_per_block() {
-  return Fmt<T>::kBlock / 32;
-}
-
-// Element 4w + k of a piece as float32: a_h·c (+ b_h), one rounding each (the decoder's order).
-template <GgmlType T>
-__device__ __forceinline__ float piece_value(const Piece& p, int w, int k) {
-  const float c = static_cast<float>(static_cast<int8_t>((p.c[w] >> (8 * k)) & 0xFFu));
-  const bool first = w < 4;
-  const float v = __fmul_rn(first ? p.a0 : p.a1, c);
-  if constexpr (Fmt<T>::kHasB) return __fadd_rn(v, first ? p.b0 : p.b1);
-  return v;
-}
-
 // ---- kernels -------------------------------------------------------------------------------------------------------
 
 // One warp per piece of 32 activations (lane = element).
@@ -263,6 +59,8 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantize_pieces_kernel(const
                                                                             int64_t K, int8_t* __restrict__ xq,
                                                                             float* __restrict__ dx,
                                                                             float2* __restrict__ xs) {
+  // The row kernel behind may start now (its prologue reads only weights); it waits for this grid before reading xq.
+  cuda::pdl::launch_dependents();
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t P = K / 32;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * kQuantWarps + static_cast<int>(threadIdx.x) / 32;
@@ -309,7 +107,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const uint8_t* __
 #pragma unroll 2
   for (int64_t p = lane; p < P; p += 32) {
     Piece pc;
-    Fmt<T>::piece(row + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+    Fmt<T>::template piece<LdGlobal>(row + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       const auto* xv = reinterpret_cast<const int4*>(xq + m * K + p * 32);
@@ -350,7 +148,7 @@ __global__ void __launch_bounds__(kPieceThreads) dequantize_bf16_kernel(const ui
   if (g >= rows * P) return;
   const int64_t r = g / P, p = g % P;
   Piece pc;
-  Fmt<T>::piece(w + r * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+  Fmt<T>::template piece<LdGlobal>(w + r * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
   auto* o = reinterpret_cast<uint4*>(out + r * K + p * 32);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {  // 8 values per 16-byte store
@@ -382,7 +180,7 @@ __global__ void __launch_bounds__(kPieceThreads) embed_rows_kernel(const uint8_t
       continue;
     }
     Piece pc;
-    Fmt<T>::piece(w + token * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
+    Fmt<T>::template piece<LdGlobal>(w + token * row_bytes + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
 #pragma unroll
     for (int e = 0; e < 32; ++e) o[p * 32 + e] = __fmul_rn(piece_value<T>(pc, e / 4, e % 4), scale);
   }
@@ -458,6 +256,20 @@ GemvWorkspace gemv_workspace(void* ws, int64_t M, int64_t K) {
   b += round_up_256(mp * sizeof(float));
   g.xs = reinterpret_cast<float2*>(b);
   return g;
+}
+
+// The decode kernels: the row kernel (linear_ggml_rows.cu: bulk copies of row segments into shared memory) wherever
+// it takes the call (16-byte rows, the activation tile fits shared memory), else the warp-per-row gemv_kernel above.
+// $CIDER_GGML_GEMV (or the bench/test knob) chooses: `rows` the row kernel where it takes the call, `warp` the
+// warp-per-row kernel everywhere. The default is `warp` until the row kernel has passed its GPU tests (not yet run:
+// no device could be started when it was written, 2026-12-05).
+constexpr int kGemvAuto = 0, kGemvWarpPerRow = 1, kGemvRowKernel = 2;
+int g_gemv_kernel_knob = kGemvAuto;  // ggml_bench::set_ggml_gemv_kernel
+int g_last_gemv_kernel = 0;          // ggml_bench::last_ggml_gemv_kernel: the kernel of the latest tile
+int requested_gemv_kernel(const char* op) {
+  if (g_gemv_kernel_knob != kGemvAuto) return g_gemv_kernel_knob;
+  const std::string v = env_word("CIDER_GGML_GEMV", "warp", {"rows", "warp"}, op);
+  return v == "rows" ? kGemvRowKernel : kGemvWarpPerRow;
 }
 
 template <GgmlType T, int MT>
@@ -552,10 +364,22 @@ void ggml_linear(const kernels::GgmlLinearArgs& a, const Exec& exec) {
   quantize_pieces_kernel<<<grid_of(op, a.M * (a.K / 32), kQuantWarps), kQuantWarps * 32, 0, s>>>(a.x, a.M, a.K, g.xq,
                                                                                                     g.dx, g.xs);
   check_last_launch(op);
+  const int asked = requested_gemv_kernel(op);
   with_type(a.ggml_type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
-    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxTileRows)
-      gemv_tile<T>(a, m0, static_cast<int>(a.M - m0 < kMaxTileRows ? a.M - m0 : kMaxTileRows), g, s);
+    for (int64_t m0 = 0; m0 < a.M;) {
+      int rows = static_cast<int>(a.M - m0 < kMaxTileRows ? a.M - m0 : kMaxTileRows);
+      const int tile = asked == kGemvWarpPerRow ? 0 : ggml_rows::tile_for(a, rows);
+      if (tile > 0) {
+        rows = std::min(rows, tile);  // a tile smaller than the rows where shared memory limits it
+        ggml_rows::launch(a, m0, rows, tile, g.xq, g.dx, g.xs, s, op);
+        g_last_gemv_kernel = kGemvRowKernel;
+      } else {
+        gemv_tile<T>(a, m0, rows, g, s);
+        g_last_gemv_kernel = kGemvWarpPerRow;
+      }
+      m0 += rows;
+    }
   });
   check_last_launch(op);
 }
@@ -601,3 +425,14 @@ void ggml_embed_rows(const void* w, uint32_t ggml_type, int64_t vocab, int64_t K
 }
 
 }  // namespace cider::cuda
+
+namespace cider::cuda::ggml_bench {
+// For bench/cuda/bench_gemv.cpp and tests only: the decode kernel of the following ggml_linear calls (0 automatic,
+// 1 the warp-per-row kernel, 2 the row kernel where it takes the call), and which one ran the latest tile (1 or 2).
+void set_ggml_gemv_kernel(int kernel) {
+  check(kernel >= 0 && kernel <= 2, ErrorCode::kInvalidArgument, "cuda.ggml_bench.set_ggml_gemv_kernel",
+        "the kernel must be 0 (automatic), 1 (warp per row) or 2 (row kernel); got ", kernel);
+  g_gemv_kernel_knob = kernel;
+}
+int last_ggml_gemv_kernel() { return g_last_gemv_kernel; }
+}  // namespace cider::cuda::ggml_bench
