@@ -62,19 +62,24 @@ phase_check() {
 
 . tools/gpu/serve_lib.sh  # wait_health, bench_server
 
+# llama.cpp (CUDA, sm_90) from .gpu/llama-src.tar.xz, built in $W: build_llama SERVER(ON|OFF) TARGET...
+build_llama() {
+  local server=$1
+  shift
+  mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
+  cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER="$server" -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+    -DBUILD_SHARED_LIBS=OFF > /dev/null
+  local t
+  for t in "$@"; do cmake --build "$W/llama/build" -j "$(nproc)" --target "$t" 2>&1 | tail -3; done
+}
+
 phase_e2e() {
   local t0
   t0=$(date +%s)
   log "# e2e $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  (
-    mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
-    cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
-      -DBUILD_SHARED_LIBS=OFF > /dev/null
-    cmake --build "$W/llama/build" -j "$(nproc)" --target llama-bench 2>&1 | tail -3
-    cmake --build "$W/llama/build" -j "$(nproc)" --target llama-server 2>&1 | tail -3
-  ) > "$OUT/llama_build.log" 2>&1 &
+  build_llama ON llama-bench llama-server > "$OUT/llama_build.log" 2>&1 &
   local build=$!
   pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
   PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192 > "$OUT/make_gguf.log" 2>&1 ||
@@ -126,13 +131,7 @@ phase_kernel() {
   local t0
   t0=$(date +%s)
   log "# kernel $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  (
-    mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
-    cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
-    cmake --build "$W/llama/build" -j "$(nproc)" --target llama-bench 2>&1 | tail -3
-  ) > "$OUT/llama_build.log" 2>&1 &
+  build_llama OFF llama-bench > "$OUT/llama_build.log" 2>&1 &
   local build=$!
   log "## test_cuda_ggml (while llama.cpp builds)"
   $B/test_cuda_ggml --gtest_brief=1 > "$OUT/test_cuda_ggml.log" 2>&1

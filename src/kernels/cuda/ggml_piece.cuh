@@ -254,4 +254,27 @@ __device__ __forceinline__ float piece_value(const Piece& p, int w, int k) {
   return v;
 }
 
+// One piece's term for one activation row, as the CPU kernels form it: S_h = Σ_{i∈h} c_i·xq_i (eight dp4a, exact in
+// int32) and dx·(a₀·S₀ + a₁·S₁), plus b₀·X₀ + b₁·X₁ for the formats with an offset (xs = (X₀, X₁), the half-pieces'
+// dx·Σ codes). xq: the piece's 32 activation codes, 16-byte aligned (global or shared memory).
+template <GgmlType T>
+__device__ __forceinline__ float piece_term(const Piece& pc, const int8_t* xq, float dx, const float2* xs) {
+  const auto* xv = reinterpret_cast<const int4*>(xq);
+  const int4 x0 = xv[0], x1 = xv[1];
+  int s0 = __dp4a(static_cast<int>(pc.c[0]), x0.x, 0);
+  s0 = __dp4a(static_cast<int>(pc.c[1]), x0.y, s0);
+  s0 = __dp4a(static_cast<int>(pc.c[2]), x0.z, s0);
+  s0 = __dp4a(static_cast<int>(pc.c[3]), x0.w, s0);
+  int s1 = __dp4a(static_cast<int>(pc.c[4]), x1.x, 0);
+  s1 = __dp4a(static_cast<int>(pc.c[5]), x1.y, s1);
+  s1 = __dp4a(static_cast<int>(pc.c[6]), x1.z, s1);
+  s1 = __dp4a(static_cast<int>(pc.c[7]), x1.w, s1);
+  float t = dx * (pc.a0 * static_cast<float>(s0) + pc.a1 * static_cast<float>(s1));
+  if constexpr (Fmt<T>::kHasB) {
+    const float2 h = *xs;
+    t += pc.b0 * h.x + pc.b1 * h.y;
+  }
+  return t;
+}
+
 }  // namespace cider::cuda::ggml_device

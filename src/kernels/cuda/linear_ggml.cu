@@ -109,24 +109,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const uint8_t* __
     Piece pc;
     Fmt<T>::template piece<LdGlobal>(row + (p / kPieces) * Fmt<T>::kBytes, static_cast<int>(p % kPieces), pc);
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const auto* xv = reinterpret_cast<const int4*>(xq + m * K + p * 32);
-      const int4 x0 = xv[0], x1 = xv[1];
-      int s0 = __dp4a(static_cast<int>(pc.c[0]), x0.x, 0);
-      s0 = __dp4a(static_cast<int>(pc.c[1]), x0.y, s0);
-      s0 = __dp4a(static_cast<int>(pc.c[2]), x0.z, s0);
-      s0 = __dp4a(static_cast<int>(pc.c[3]), x0.w, s0);
-      int s1 = __dp4a(static_cast<int>(pc.c[4]), x1.x, 0);
-      s1 = __dp4a(static_cast<int>(pc.c[5]), x1.y, s1);
-      s1 = __dp4a(static_cast<int>(pc.c[6]), x1.z, s1);
-      s1 = __dp4a(static_cast<int>(pc.c[7]), x1.w, s1);
-      const float d = dx[m * P + p];
-      acc[m] += d * (pc.a0 * static_cast<float>(s0) + pc.a1 * static_cast<float>(s1));
-      if constexpr (Fmt<T>::kHasB) {
-        const float2 s = xs[m * P + p];
-        acc[m] += pc.b0 * s.x + pc.b1 * s.y;
-      }
-    }
+    for (int m = 0; m < MT; ++m) acc[m] += piece_term<T>(pc, xq + m * K + p * 32, dx[m * P + p], xs + m * P + p);
   }
 #pragma unroll
   for (int m = 0; m < MT; ++m) {

@@ -147,23 +147,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ggml_rows_kernel(const Params 
       Fmt<T>::template piece<LdShared>(s + (q / kPieces) * kBytes, q % kPieces, pc);
       const int pg = p0 + q;
 #pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const auto* xv = reinterpret_cast<const int4*>(xq + static_cast<int64_t>(m) * K + pg * 32);
-        const int4 x0 = xv[0], x1 = xv[1];
-        int s0 = __dp4a(static_cast<int>(pc.c[0]), x0.x, 0);
-        s0 = __dp4a(static_cast<int>(pc.c[1]), x0.y, s0);
-        s0 = __dp4a(static_cast<int>(pc.c[2]), x0.z, s0);
-        s0 = __dp4a(static_cast<int>(pc.c[3]), x0.w, s0);
-        int s1 = __dp4a(static_cast<int>(pc.c[4]), x1.x, 0);
-        s1 = __dp4a(static_cast<int>(pc.c[5]), x1.y, s1);
-        s1 = __dp4a(static_cast<int>(pc.c[6]), x1.z, s1);
-        s1 = __dp4a(static_cast<int>(pc.c[7]), x1.w, s1);
-        acc[m] += dx[m * P + pg] * (pc.a0 * static_cast<float>(s0) + pc.a1 * static_cast<float>(s1));
-        if constexpr (Fmt<T>::kHasB) {
-          const float2 h = xs[m * P + pg];
-          acc[m] += pc.b0 * h.x + pc.b1 * h.y;
-        }
-      }
+      for (int m = 0; m < MT; ++m)
+        acc[m] += piece_term<T>(pc, xq + static_cast<int64_t>(m) * K + pg * 32, dx[m * P + pg], xs + m * P + pg);
     }
     __syncwarp();  // every lane is done with the slot before lane 0 refills it
     if (lane == 0 && it + kSlots < iters) issue(it + kSlots);
