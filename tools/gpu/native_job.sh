@@ -15,11 +15,10 @@
 #           builds, then on the idle host llama-bench (-fa 1, f16 and q8_0 caches), cider again, and both servers
 #           (tools/serve_bench.py at $LEVELS streams; cider k8v4, llama-server q8_0 with -np slots) unless more than
 #           $SERVE_DEADLINE s have gone (PACK_ONLY=cider_cli: the device tool carries at most 64 MiB with the tree)
-#   kernel  one command when device calls are scarce: test_cuda_ggml while llama-bench builds and the model is
-#           written, then on the idle host the native GEMV rows (row kernel and warp per row) and read roofs,
-#           llama-bench (f16, q8_0 caches), `cider generate --device cuda` with each decode kernel, and memcheck of
-#           the row-kernel test if time is left (PACK_ONLY="test_cuda_ggml cuda_bench cider_cli"; llama-bench's
-#           source only)
+#   kernel  one command when device calls are scarce: test_cuda_ggml, the native GEMV rows (row kernel and warp per
+#           row) and read roofs, `cider generate --device cuda` with each decode kernel, while llama-bench builds
+#           and the model is written; llama-bench (f16, q8_0 caches) if it built in time, memcheck of the row-kernel
+#           test if time is left (PACK_ONLY="test_cuda_ggml cuda_bench cider_cli"; llama-bench's source only)
 # Outputs under $OUT: native_job.txt (every result line), logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -127,39 +126,47 @@ phase_e2e() {
 }
 
 # One command for a scarce device: the decode kernels' test and A/B, and the model beside llama-bench (no serving).
+# llama.cpp builds and the model is written in the background from the start; the GPU timings run beside the build
+# (the host's CPUs busy; the kernels are timed in CUDA graphs). Steps past $KERNEL_DEADLINE s are skipped.
 phase_kernel() {
-  local t0
+  local t0 deadline=${KERNEL_DEADLINE:-420}
   t0=$(date +%s)
+  left() { [ $(( $(date +%s) - t0 )) -lt "$1" ]; }
   log "# kernel $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
   build_llama OFF llama-bench > "$OUT/llama_build.log" 2>&1 &
   local build=$!
-  log "## test_cuda_ggml (while llama.cpp builds)"
+  (
+    pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
+    PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192
+  ) > "$OUT/make_gguf.log" 2>&1 &
+  local gguf=$!
+  log "## test_cuda_ggml"
   $B/test_cuda_ggml --gtest_brief=1 > "$OUT/test_cuda_ggml.log" 2>&1
   log "exit $? $(grep -E 'PASSED|FAILED' "$OUT/test_cuda_ggml.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
-  pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
-  PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$G" --shape llama3-8b --ctx 8192 > "$OUT/make_gguf.log" 2>&1 ||
-    log "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
-  wait $build
-  log "llama build done ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/llama_build.log")"
-  log "## cuda_bench on the idle host: native GEMV (row kernel / warp per row), read roofs"
+  log "## cuda_bench: native GEMV (row kernel / warp per row), read roofs"
   for f in "ggml-gemv" "gemv roof read"; do $B/cuda_bench --filter "$f" --variants skip >> "$R" 2>&1; done
-  log "## llama-bench -ngl 99 -fa 1 (f16 and q8_0 caches)"
-  if [ -x "$W/llama/build/bin/llama-bench" ]; then
-    "$W/llama/build/bin/llama-bench" -m "$G" -ngl 99 -fa 1 -ctk f16,q8_0 -ctv f16,q8_0 -p "$PROMPT_TOKENS" \
-      -n "$GEN" -r 2 >> "$R" 2>&1
-  else
-    log "llama-bench did not build: $(tail -5 "$OUT/llama_build.log")"
-  fi
+  wait $gguf || log "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
   local prompt
   prompt=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog'] * ($PROMPT_TOKENS // 9)))")
-  for run in rows:k8v4 rows:default warp:k8v4; do
+  for run in rows:k8v4 warp:k8v4 rows:default; do
+    left "$deadline" || { log "cider $run skipped: $(( $(date +%s) - t0 )) s gone"; continue; }
     local kern=${run%%:*} kv=${run##*:} kvarg=()
     [ "$kv" != default ] && kvarg=(--kv "$kv")
     CIDER_GGML_GEMV=$kern $B/cider generate -m "$G" --device cuda "${kvarg[@]}" --ctx 4096 --temperature 0 \
       --max-tokens "$GEN" --no-stream -p "$prompt" > "$OUT/cider_${kern}_$kv.log" 2>&1
-    log "cider CIDER_GGML_GEMV=$kern kv=$kv: $(tail -1 "$OUT/cider_${kern}_$kv.log")"
+    log "cider CIDER_GGML_GEMV=$kern kv=$kv ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/cider_${kern}_$kv.log")"
   done
-  if [ $(( $(date +%s) - t0 )) -lt "${MEMCHECK_DEADLINE:-450}" ]; then
+  if kill -0 "$build" 2> /dev/null; then
+    log "llama.cpp still building at $(( $(date +%s) - t0 )) s: llama-bench not run"
+    kill "$build" 2> /dev/null
+  elif [ -x "$W/llama/build/bin/llama-bench" ] && left "$deadline"; then
+    log "## llama-bench -ngl 99 -fa 1 (f16 and q8_0 caches)"
+    "$W/llama/build/bin/llama-bench" -m "$G" -ngl 99 -fa 1 -ctk f16,q8_0 -ctv f16,q8_0 -p "$PROMPT_TOKENS" \
+      -n "$GEN" -r 2 >> "$R" 2>&1
+  else
+    log "llama-bench not run: $(tail -3 "$OUT/llama_build.log")"
+  fi
+  if left "${MEMCHECK_DEADLINE:-$deadline}"; then
     log "## memcheck of test_cuda_ggml's row-kernel test"
     compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda_ggml --gtest_brief=1 \
       --gtest_filter='*RowKernel*' > "$OUT/memcheck_rows.log" 2>&1
