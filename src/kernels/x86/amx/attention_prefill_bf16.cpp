@@ -178,6 +178,30 @@ void key_tiles(const Ctx& c, Scratch& s, const attn::Item& it, int64_t j0, int64
     }
 }
 
+// C tiles 0 .. kN−1 += A tiles 4 and 5 (the two bfloat16 parts of the left operand) times the kN B tiles at b,
+// b + kTile/2, … (loaded into tiles 6 and 7 in turn): the inner step of qk_tiles and pv_tiles.
+template <int kN>
+__attribute__((target("amx-tile,amx-bf16"), always_inline)) inline void dp_two_parts(const uint16_t* b) {
+  _tile_loadd(6, b, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(0, 5, 6);
+  if constexpr (kN > 1) {
+    _tile_loadd(7, b + kTile / 2, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(1, 5, 7);
+  }
+  if constexpr (kN > 2) {
+    _tile_loadd(6, b + kTile, 64);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+  }
+  if constexpr (kN > 3) {
+    _tile_loadd(7, b + 3 * kTile / 2, 64);
+    _tile_dpbf16ps(3, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 template <int kN>
 __attribute__((target("amx-tile,amx-bf16"))) void qk_tiles(const Ctx& c, Scratch& s, int64_t G, int64_t t0) {
   const int64_t steps = c.Dk / 32;
@@ -188,25 +212,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void qk_tiles(const Ctx& c, Scratch
   for (int64_t st = 0; st < steps; ++st) {
     _tile_loadd(4, s.qhi + (G * steps + st) * (kTile / 2), 64);
     _tile_loadd(5, s.qlo + (G * steps + st) * (kTile / 2), 64);
-    const uint16_t* kb = s.kb + (st * (kMaxBlock / 16) + t0) * (kTile / 2);
-    _tile_loadd(6, kb, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(0, 5, 6);
-    if constexpr (kN > 1) {
-      _tile_loadd(7, kb + kTile / 2, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(1, 5, 7);
-    }
-    if constexpr (kN > 2) {
-      _tile_loadd(6, kb + kTile, 64);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_dpbf16ps(2, 5, 6);
-    }
-    if constexpr (kN > 3) {
-      _tile_loadd(7, kb + 3 * kTile / 2, 64);
-      _tile_dpbf16ps(3, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    dp_two_parts<kN>(s.kb + (st * (kMaxBlock / 16) + t0) * (kTile / 2));
   }
   float* S = s.S + G * 16 * kMaxBlock + t0 * 16;
   _tile_stored(0, S, kMaxBlock * 4);
@@ -230,25 +236,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void pv_tiles(const Ctx& c, Scratch
     const uint16_t* wt = s.w + (((g * Rg + G) * (kMaxBlock / 32) + ks) * 2) * (kTile / 2);
     _tile_loadd(4, wt, 64);
     _tile_loadd(5, wt + kTile / 2, 64);
-    const uint16_t* vb = s.vb + (ks * (Dv / 16) + dt) * (kTile / 2);
-    _tile_loadd(6, vb, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(0, 5, 6);
-    if constexpr (kN > 1) {
-      _tile_loadd(7, vb + kTile / 2, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(1, 5, 7);
-    }
-    if constexpr (kN > 2) {
-      _tile_loadd(6, vb + kTile, 64);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_dpbf16ps(2, 5, 6);
-    }
-    if constexpr (kN > 3) {
-      _tile_loadd(7, vb + 3 * kTile / 2, 64);
-      _tile_dpbf16ps(3, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    dp_two_parts<kN>(s.vb + (ks * (Dv / 16) + dt) * (kTile / 2));
   }
   _tile_stored(0, O, stride);
   if constexpr (kN > 1) _tile_stored(1, O + 16, stride);
