@@ -100,8 +100,8 @@ Deq dequantize(const KVTensorView& v) {
 }
 
 // The query quantization of attention_x86.h, from its text: per group of gs, s = max|q|/127, inv = 1/s (float32),
-// qh = clamp(rint(q·inv), −127, 127), r = q − s·qh (float32), ql = clamp(rint(r·(256·inv)), −127, 127); the kernels
-// use the integers Q = 256·qh + ql and the step s/256, i.e. q̃ = (s/256)·Q.
+// Q = clamp(rint(q·(256·inv)), −32512, 32512) (the product rounded to float32); the kernels use the integers Q (as
+// the planes qh = (Q + 128) >> 8, ql = Q − 256·qh) and the step s/256, i.e. q̃ = (s/256)·Q.
 struct QuantQ {
   std::vector<double> qt;   // q̃
   std::vector<int> qi;      // Q
@@ -116,11 +116,9 @@ QuantQ quantize_queries(const std::vector<float>& q, int64_t D, int gs) {
     o.sq[g] = s2;
     for (int k = 0; k < gs; ++k) {
       const size_t i = g * static_cast<size_t>(gs) + static_cast<size_t>(k);
-      const float h = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(q[i] * inv))) : 0.0f;
-      const float sh = s * h;  // rounded before the subtraction, as the kernels do
-      const float r = q[i] - sh;
-      const float l = s > 0.0f ? std::min(127.0f, std::max(-127.0f, std::rint(r * inv2))) : 0.0f;
-      o.qi[i] = 256 * static_cast<int>(h) + static_cast<int>(l);
+      const float prod = q[i] * inv2;  // rounded to float32 first, as the kernels do
+      const float Q = s > 0.0f ? std::min(32512.0f, std::max(-32512.0f, std::nearbyint(prod))) : 0.0f;
+      o.qi[i] = static_cast<int>(Q);
       o.qt[i] = static_cast<double>(s2) * o.qi[i];
     }
   }

@@ -99,10 +99,13 @@ void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, i
 void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, int n, float* out);
 
 // The query quantization (each ISA file implements it on its vectors): 16-bit precision in two int8 planes, per group
-// of `group_size` values of q[0, dim): s = max|q| / 127 (float32), inv = 1/s (float32), qh = clamp(rint(q·inv), −127,
-// 127), r = q − s·qh (float32, the product rounded first), ql = clamp(rint(r·(256·inv)), −127, 127) (both 0 for an
-// all-zero group). Then q̃ = step·Q with step = s/256 and the integer Q = 256·qh + ql, |q − q̃| <= step/2 (up to one
-// step where a rounding of the reciprocal or the low plane's clamp moves it). Per group also ΣQ.
+// of `group_size` values of q[0, dim): s = max|q| / 127 (float32), inv = 1/s (float32), the integer
+// Q = clamp(rint(q·(256·inv)), −32512, 32512) (the product rounded to float32, then to nearest even), split as
+// qh = (Q + 128) >> 8 in [−127, 127] and ql = Q − 256·qh in [−128, 127] (all 0 for an all-zero group). Then q̃ = step·Q
+// with step = s/256, |q − q̃| <= step/2 up to the float32 roundings of inv and of the product (the clamp never binds:
+// |q·256·inv| <= 32512·(1 + 2^-22)). Per group also ΣQ. (Integer shifts split Q: one float product and one
+// conversion per value, where rounding each plane from floats took five more operations — the per-channel keys'
+// per-block refold quantizes every query row again at each block of positions.)
 
 // Partial result of item `index`, at partials + index·p.partial_floats: for each of its R rows, [m, l, o[Dv]] with
 // m the score maximum seen (−inf if none), l = Σ exp(s − m), o = Σ exp(s − m)·v (bias part included). Merges the

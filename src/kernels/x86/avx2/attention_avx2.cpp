@@ -145,7 +145,7 @@ struct Ctx {
 };
 
 struct Scratch {
-  int32_t* qimg;     // [Wd·2 or Wd][2 planes][Rmax]
+  int32_t* qimg;     // [Rmax][2 planes][Dk/4] query words (4 int8 each): per row, its high plane, then its low
   float* coef;
   float* bcoef;
   int32_t* lo;
@@ -155,7 +155,7 @@ struct Scratch {
   float* sq;
   int32_t* qsum;
   int32_t* colbuf;   // [Wd][2][8] (nibble planes) or [Wd][8]
-  uint8_t* kbytes;   // [16][Dk]
+  uint8_t* kbytes;   // widths other than 4 and 8: 8 packed rows' words, transposed (key_columns8_packed)
   uint8_t* kpad;     // [16][krow_bytes]
   uint8_t* kspad;
   uint8_t* kbpad;
@@ -191,8 +191,7 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   };
   const size_t R = static_cast<size_t>(c.Rmax), Gk = static_cast<size_t>(c.Gk), Gv = static_cast<size_t>(c.Gv);
   const size_t Dk = static_cast<size_t>(c.Dk), Dv = static_cast<size_t>(c.Dv), T = kT;
-  const size_t nimg = static_cast<size_t>(c.mode == 1 ? c.Wd : 2 * c.Wd);
-  s->qimg = reinterpret_cast<int32_t*>(take(nimg * 2 * R * 4));
+  s->qimg = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.Dk) * 2 * R));
   s->coef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->lo = reinterpret_cast<int32_t*>(take(R * 4));
@@ -233,39 +232,39 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 
 // ---- keys --------------------------------------------------------------------------------------------------------
 
-// The byte shuffle of unpack_row_bytes for a width: lane l of 8 gets bytes (l·bits)/8 and +1 of the chunk, then two
-// zero bytes (the 128-bit halves hold lanes 0-3 and 4-7). Built once per item.
-CIDER_INLINE __m256i key_unpack_shuffle(int64_t bits) {
-  alignas(32) uint8_t win[32];
-  for (int l = 0; l < 8; ++l) {
-    uint8_t* d = win + (l / 4) * 16 + (l % 4) * 4;
-    d[0] = static_cast<uint8_t>(l * bits / 8);
-    d[1] = static_cast<uint8_t>(l * bits / 8 + 1);
-    d[2] = d[3] = 0x80;
+// Keys of a width other than 4 and 8 (2, 3, 5 or 6 bits) into the byte columns of key_columns8's mode 1 (colbuf[k·8]:
+// the codes of dims 4k .. 4k + 3 of 8 rows, one per byte): the 8 packed rows are transposed as they are (rows in
+// lanes; Dk·bits/32 words per row), then column word k is cut out of every lane's bit stream — the 4·bits-bit field at
+// bit 4·bits·k, in one word or across two — and spread into four bytes with shifts and masks. (Unpacking each row to
+// bytes first cost about one operation per code, plus transposing the Dk/4 unpacked words.) `words` is scratch for
+// Dk·bits/32 vectors.
+template <int BITS>
+CIDER_INLINE void key_columns8_packed(const uint8_t* rows, int64_t row_bytes, int64_t Dk, __m256i* words,
+                                      int32_t* colbuf) {
+  const int64_t nw = Dk * BITS / 32;
+  for (int64_t cb = 0; cb < nw; cb += 8) {
+    const int64_t nc = imin(8, nw - cb);
+    const __m256i m = lane_mask(nc);
+    __m256i v[8];
+    for (int j = 0; j < 8; ++j)
+      v[j] = _mm256_maskload_epi32(reinterpret_cast<const int*>(rows + j * row_bytes + cb * 4), m);
+    transpose8(v);
+    for (int64_t k = 0; k < nc; ++k) _mm256_store_si256(words + cb + k, v[k]);
   }
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(win));
-}
-
-// A key row of a width other than 4 and 8 (2, 3, 5, 6 bits) unpacked to one byte per dim: 8 codes (`bits` bytes) at a
-// time, each code's 16-bit window picked by a byte shuffle, shifted by its bit offset and masked.
-// `shuf` = key_unpack_shuffle(bits).
-CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, __m256i shuf, uint8_t* dst) {
-  const __m256i shift = _mm256_and_si256(
-      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(bits))),
-      _mm256_set1_epi32(7));
-  const __m256i lowmask = _mm256_set1_epi32((1 << bits) - 1);
-  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1,
-                                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const int64_t row_bytes = Dk * bits / 8;
-  for (int64_t c = 0; c < Dk; c += 8) {
-    const int64_t at = c * bits / 8;
-    uint64_t chunk = 0;  // the chunk's `bits` bytes (8 loaded when the row has them: the rest is never used)
-    if (at + 8 <= row_bytes) std::memcpy(&chunk, row + at, 8);
-    else std::memcpy(&chunk, row + at, static_cast<size_t>(bits));
-    const __m256i w = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128(static_cast<long long>(chunk)));
-    const __m256i x = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(w, shuf), shift), lowmask);
-    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(x, pick), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + c), _mm256_castsi256_si128(b));
+  constexpr int kMask = (1 << BITS) - 1;
+  const __m256i m0 = _mm256_set1_epi32(kMask), m1 = _mm256_set1_epi32(kMask << 8),
+                m2 = _mm256_set1_epi32(kMask << 16), m3 = _mm256_set1_epi32(kMask << 24);
+  for (int64_t k = 0; k < Dk / 4; ++k) {
+    const int64_t bit = 4 * BITS * k, w = bit / 32;
+    const int sh = static_cast<int>(bit % 32);
+    __m256i f = _mm256_srl_epi32(_mm256_load_si256(words + w), _mm_cvtsi32_si128(sh));
+    if (sh + 4 * BITS > 32)
+      f = _mm256_or_si256(f, _mm256_sll_epi32(_mm256_load_si256(words + w + 1), _mm_cvtsi32_si128(32 - sh)));
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(f, m0),  // code 4k + i moves from bit i·BITS to bit 8i
+                                       _mm256_and_si256(_mm256_slli_epi32(f, 8 - BITS), m1));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(f, 16 - 2 * BITS), m2),
+                                       _mm256_and_si256(_mm256_slli_epi32(f, 24 - 3 * BITS), m3));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(colbuf + k * 8), _mm256_or_si256(lo, hi));
   }
 }
 
@@ -295,7 +294,7 @@ CIDER_INLINE void key_columns8(const uint8_t* rows, int64_t row_bytes, int64_t W
 template <int NR>
 CIDER_INLINE void tile_scores8(const Ctx& c, const Scratch& s, int64_t r0, __m256* sc) {
   for (int r = 0; r < NR; ++r) sc[r] = _mm256_setzero_ps();
-  const int64_t R = c.Rmax;
+  const int64_t W = c.Dk / 4;  // query words per plane
   const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   for (int64_t g = 0; g < c.Gk; ++g) {
     __m256i acch[NR], accl[NR];  // high- and low-plane sums
@@ -305,29 +304,29 @@ CIDER_INLINE void tile_scores8(const Ctx& c, const Scratch& s, int64_t r0, __m25
       if (c.mode == 0) {  // 4-bit: even dims in the low nibbles, odd dims in the high nibbles
         const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k) * 8));
         const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k + 1) * 8));
-        const int32_t* q = s.qimg + (2 * k) * 2 * R + r0;  // [lo word: high, low plane][hi word: high, low]
         for (int r = 0; r < NR; ++r) {
-          const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[r])),
-                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[2 * R + r])));
-          const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[R + r])),
-                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[3 * R + r])));
+          const int32_t* q = s.qimg + (r0 + r) * 2 * W + 2 * k;  // the row's high plane; its low plane W words on
+          const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[0])),
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[1])));
+          const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q[W])),
+                                              _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q[W + 1])));
           acch[r] = _mm256_add_epi32(acch[r], _mm256_madd_epi16(ph, ones));
           accl[r] = _mm256_add_epi32(accl[r], _mm256_madd_epi16(pl, ones));
         }
       } else if (c.mode == 1) {  // bytes below 64
         const __m256i cv = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + k * 8));
-        const int32_t* q = s.qimg + k * 2 * R + r0;
         for (int r = 0; r < NR; ++r) {
-          acch[r] = _mm256_add_epi32(acch[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[r])), ones));
+          const int32_t* q = s.qimg + (r0 + r) * 2 * W + k;
+          acch[r] = _mm256_add_epi32(acch[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[0])), ones));
           accl[r] =
-              _mm256_add_epi32(accl[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[R + r])), ones));
+              _mm256_add_epi32(accl[r], _mm256_madd_epi16(_mm256_maddubs_epi16(cv, _mm256_set1_epi32(q[W])), ones));
         }
       } else {  // 8-bit: c = lo + 16·hi, both nibbles against the same query bytes
         const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k) * 8));
         const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.colbuf + (2 * k + 1) * 8));
-        const int32_t* q = s.qimg + k * 2 * R + r0;
         for (int r = 0; r < NR; ++r) {
-          const __m256i qh = _mm256_set1_epi32(q[r]), ql = _mm256_set1_epi32(q[R + r]);
+          const int32_t* q = s.qimg + (r0 + r) * 2 * W + k;
+          const __m256i qh = _mm256_set1_epi32(q[0]), ql = _mm256_set1_epi32(q[W]);
           acch[r] = _mm256_add_epi32(acch[r], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, qh), ones),
                                                                _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qh), sixteen)));
           accl[r] = _mm256_add_epi32(accl[r], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, ql), ones),
@@ -482,17 +481,18 @@ CIDER_AVX2 const uint8_t* tile_scales(const KVTensorView& v, const void* plane, 
   return pad;
 }
 
-// The query quantization of attention_x86.h on 8 lanes: products by the reciprocals, round to nearest even, the
-// product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
-CIDER_INLINE __m256i pack_bytes32(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), 0xD8);
-  const __m256i cd = _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(c), _mm256_cvtps_epi32(d)), 0xD8);
+// The query quantization of attention_x86.h on 8 lanes: Q = rint(q·inv2) (round to nearest even) clamped, then
+// split into its two int8 planes with integer shifts. Groups of 32, 64 or 128.
+CIDER_INLINE __m256i pack_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {  // int32 in [−128, 127] → bytes
+  const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+  const __m256i cd = _mm256_permute4x64_epi64(_mm256_packs_epi32(c, d), 0xD8);
   return _mm256_permute4x64_epi64(_mm256_packs_epi16(ab, cd), 0xD8);
 }
 
 CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
                                        int32_t* qsum) {
-  const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i qmax = _mm256_set1_epi32(32512), qmin = _mm256_set1_epi32(-32512), half = _mm256_set1_epi32(128);
   for (int64_t g = 0; g < dim / gs; ++g) {
     const float* x = q + g * gs;
     __m256 mx = _mm256_setzero_ps();
@@ -506,19 +506,17 @@ CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, 
       continue;
     }
     const float inv = 1.0f / s;
-    const __m256 sv = _mm256_set1_ps(s), iv = _mm256_set1_ps(inv), iv2 = _mm256_set1_ps(256.0f * inv);
+    const __m256 iv2 = _mm256_set1_ps(256.0f * inv);
     __m256i sum = _mm256_setzero_si256();
     for (int64_t k = 0; k < gs; k += 32) {
-      __m256 h[4], l[4];
+      __m256i h[4], l[4];
       for (int u = 0; u < 4; ++u) {
-        const __m256 xv = _mm256_loadu_ps(x + k + 8 * u);
-        h[u] = _mm256_round_ps(_mm256_mul_ps(xv, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        h[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, h[u]));
-        const __m256 r = _mm256_sub_ps(xv, _mm256_mul_ps(sv, h[u]));
-        l[u] = _mm256_round_ps(_mm256_mul_ps(r, iv2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        l[u] = _mm256_min_ps(hi, _mm256_max_ps(lo, l[u]));
-        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtps_epi32(h[u]), 8),
-                                                     _mm256_cvtps_epi32(l[u])));
+        // cvtps rounds to nearest even (the default MXCSR mode the kernels run under)
+        __m256i Q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * u), iv2));
+        Q = _mm256_min_epi32(qmax, _mm256_max_epi32(qmin, Q));
+        h[u] = _mm256_srai_epi32(_mm256_add_epi32(Q, half), 8);
+        l[u] = _mm256_sub_epi32(Q, _mm256_slli_epi32(h[u], 8));
+        sum = _mm256_add_epi32(sum, Q);
       }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + g * gs + k), pack_bytes32(h[0], h[1], h[2], h[3]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(ql + g * gs + k), pack_bytes32(l[0], l[1], l[2], l[3]));
@@ -536,27 +534,21 @@ CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, 
 // (the key "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
 CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
   const AttentionArgs& a = *c.a;
-  const int64_t Rmax = c.Rmax, Gk = c.Gk;
+  const int64_t Gk = c.Gk;
   quantize_query_groups8(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
   for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
     const int8_t* qp = pl == 0 ? s.qh : s.ql;
+    int32_t* img = s.qimg + (r * 2 + pl) * (c.Dk / 4);
     if (c.mode == 0) {
       // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (the low nibbles), word 2k + 1 the odd
       // dims; one byte shuffle per 32 dims puts the 8 words in order.
       const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1,
                                                   3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-      for (int64_t d = 0; d < c.Dk; d += 32) {
-        alignas(32) int32_t w[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(w),
-                           _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + d)), evens_odds));
-        for (int64_t i = 0; i < 8; ++i) s.qimg[((d / 4 + i) * 2 + pl) * Rmax + r] = w[i];
-      }
+      for (int64_t d = 0; d < c.Dk; d += 32)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(img + d / 4),
+                            _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + d)), evens_odds));
     } else {
-      for (int64_t k = 0; k < c.Wd; ++k) {  // bytes: word k holds dims 4k .. 4k + 3
-        int32_t w;
-        std::memcpy(&w, qp + 4 * k, 4);
-        s.qimg[(k * 2 + pl) * Rmax + r] = w;
-      }
+      std::memcpy(img, qp, static_cast<size_t>(c.Dk));  // bytes: word k holds dims 4k .. 4k + 3
     }
   }
   for (int64_t g = 0; g < Gk; ++g) {
@@ -659,7 +651,6 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
 
   const uint8_t* kcodes = static_cast<const uint8_t*>(K.data) + (it.b * K.H + it.g) * K.capacity * c.krow_bytes;
   const uint8_t* vcodes = static_cast<const uint8_t*>(V.data) + (it.b * V.H + it.g) * V.capacity * c.vrow_bytes;
-  const __m256i kunpack = key_unpack_shuffle(c.kb);  // used for key widths other than 4 and 8
   int64_t cur_block = -1;  // kchan: the block the query images were prepared for
   if (c.kchan)
     for (int64_t g = 0; g < Gk; ++g) {  // unit key "scales", and the bias term added once (group 0)
@@ -692,18 +683,20 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         std::memcpy(s.kpad, rows, static_cast<size_t>((K.capacity - j0) * c.krow_bytes));
         rows = s.kpad;
       }
-      int64_t row_bytes = c.krow_bytes;
-      if (c.kb != 4 && c.kb != 8) {
-        for (int j = 0; j < kTileRows; ++j)
-          unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, kunpack, s.kbytes + j * Dk);
-        rows = s.kbytes;
-        row_bytes = Dk;
-      }
+      const int64_t row_bytes = c.krow_bytes;
+      auto* words = reinterpret_cast<__m256i*>(s.kbytes);
       const uint8_t* ks = c.kchan ? nullptr : tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
       const uint8_t* kbi = c.kchan ? nullptr : tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
       const int64_t kes = scale_bytes(K.scale_dtype) * Gk;
       for (int h = 0; h < 2; ++h) {  // two halves of 8 rows
-        key_columns8(rows + 8 * h * row_bytes, row_bytes, c.Wd, c.mode, s.colbuf);
+        const uint8_t* half = rows + 8 * h * row_bytes;
+        switch (c.kb) {
+          case 2: key_columns8_packed<2>(half, row_bytes, Dk, words, s.colbuf); break;
+          case 3: key_columns8_packed<3>(half, row_bytes, Dk, words, s.colbuf); break;
+          case 5: key_columns8_packed<5>(half, row_bytes, Dk, words, s.colbuf); break;
+          case 6: key_columns8_packed<6>(half, row_bytes, Dk, words, s.colbuf); break;
+          default: key_columns8(half, row_bytes, c.Wd, c.mode, s.colbuf);  // 4 and 8 bits
+        }
         if (!c.kchan) {
           scale_columns8(ks + 8 * h * kes, K.scale_dtype, Gk, s.skcol, 8);
           scale_columns8(kbi + 8 * h * kes, K.scale_dtype, Gk, s.bkcol, 8);

@@ -185,7 +185,7 @@ struct Ctx {
 };
 
 struct Scratch {
-  int32_t* qimg;     // [ncolimg][2 planes][Rmax] query words (4 int8 each)
+  int32_t* qimg;     // [Rmax][2 planes][ncolimg] query words (4 int8 each): per row, its high plane, then its low
   float* coef;       // [Rmax][Gk] scale·sq
   float* bcoef;      // [Rmax][Gk] scale·sq·Σqi
   int32_t* lo;       // [Rmax] visible key range of each row
@@ -195,7 +195,7 @@ struct Scratch {
   float* sq;         // [Gk] step of the query integers Q = 256·qh + ql
   int32_t* qsum;     // [Gk]
   int32_t* colbuf;   // [ncolimg][16]
-  uint8_t* kbytes;   // [16][Dk] keys unpacked to bytes (widths other than 4 and 8)
+  uint8_t* kbytes;   // widths other than 4 and 8: the tile's packed words, transposed (key_columns_packed)
   uint8_t* kpad;     // [16][krow_bytes] a tile past the capacity, zero padded
   uint8_t* kspad;    // [16][Gk] scales (4-byte room each)
   uint8_t* kbpad;
@@ -274,32 +274,39 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 
 // ---- keys ------------------------------------------------------------------------------------------------------
 
-// Codes of a key row of a width other than 4 and 8, unpacked to one byte per dim (dst[Dk]). Eight codes are `bits`
-// whole bytes of the row's little-endian bit stream; pdep spreads them into the low bits of eight bytes: one 64-bit
-// load, one pdep and one store per eight codes, 1.4–1.6× the speed of a 16-lane permute/shift unpack at Dk 128–256
-// on this project's 2-core Xeon VM (2026-12-03). The loads stay inside the row: the groups whose 8-byte load would
-// pass its end shift theirs out of the row's last 8 bytes (rows shorter than 8 bytes are read byte by byte).
-CIDER_INLINE void unpack_row_bytes(const uint8_t* row, int64_t Dk, int64_t bits, uint8_t* dst) {
-  const uint64_t mask = 0x0101010101010101ull * ((uint64_t{1} << bits) - 1u);
-  const int64_t groups = Dk / 8, row_bytes = Dk * bits / 8;
-  const int64_t fast = row_bytes >= 8 ? imin(groups, (row_bytes - 8) / bits + 1) : 0;  // i·bits + 8 <= row_bytes
-  for (int64_t i = 0; i < fast; ++i) {
-    uint64_t w;
-    std::memcpy(&w, row + i * bits, 8);
-    const uint64_t v = _pdep_u64(w, mask);
-    std::memcpy(dst + 8 * i, &v, 8);
+// Keys of a width other than 4 and 8 (2, 3, 5 or 6 bits) into the byte layout of key_columns below (colbuf[k]: the
+// codes of dims 4k .. 4k + 3 of every row, one per byte): the tile's packed rows are transposed as they are (rows in
+// lanes; Dk·bits/32 words per row), then column word k is cut out of every lane's bit stream — the 4·bits-bit field at
+// bit 4·bits·k, in one word or across two — and spread into four bytes with three shifts and masks. Where the rows were
+// unpacked to bytes first (one pdep per eight codes), the tile cost 16·Dk/8 pdeps, loads and stores and then twice
+// the transposes: this takes Dk·bits/32 words through the transposes and about nine vector operations per
+// 64 codes. `words` is scratch for Dk·bits/32 vectors.
+template <int BITS>
+CIDER_INLINE void key_columns_packed(const uint8_t* rows, int64_t row_bytes, int64_t Dk, __m512i* words,
+                                     int32_t* colbuf) {
+  const int64_t nw = Dk * BITS / 32;
+  for (int64_t cb = 0; cb < nw; cb += 16) {
+    const int64_t nc = imin(16, nw - cb);
+    const __mmask16 m = mask16(nc);
+    __m512i v[16];
+    for (int j = 0; j < 16; ++j) v[j] = _mm512_maskz_loadu_epi32(m, rows + j * row_bytes + cb * 4);
+    transpose16(v);
+    for (int64_t k = 0; k < nc; ++k) _mm512_store_si512(words + cb + k, v[k]);
   }
-  uint64_t last = 0;
-  if (row_bytes >= 8) std::memcpy(&last, row + row_bytes - 8, 8);
-  for (int64_t i = fast; i < groups; ++i) {
-    uint64_t w = 0;
-    if (row_bytes >= 8) {
-      w = last >> (8 * (i * bits - (row_bytes - 8)));
-    } else {
-      for (int64_t k = 0; k < bits; ++k) w |= static_cast<uint64_t>(row[i * bits + k]) << (8 * k);
-    }
-    const uint64_t v = _pdep_u64(w, mask);
-    std::memcpy(dst + 8 * i, &v, 8);
+  constexpr int kMask = (1 << BITS) - 1;
+  const __m512i m0 = _mm512_set1_epi32(kMask), m1 = _mm512_set1_epi32(kMask << 8),
+                m2 = _mm512_set1_epi32(kMask << 16), m3 = _mm512_set1_epi32(kMask << 24);
+  for (int64_t k = 0; k < Dk / 4; ++k) {
+    const int64_t bit = 4 * BITS * k, w = bit / 32;
+    const int sh = static_cast<int>(bit % 32);
+    __m512i f = _mm512_srl_epi32(_mm512_load_si512(words + w), _mm_cvtsi32_si128(sh));
+    if (sh + 4 * BITS > 32)
+      f = _mm512_or_si512(f, _mm512_sll_epi32(_mm512_load_si512(words + w + 1), _mm_cvtsi32_si128(32 - sh)));
+    __m512i out = _mm512_and_si512(f, m0);  // code 4k + i moves from bit i·BITS to bit 8i: A | (B & C) = 0xF8
+    out = _mm512_ternarylogic_epi32(out, _mm512_slli_epi32(f, 8 - BITS), m1, 0xF8);
+    out = _mm512_ternarylogic_epi32(out, _mm512_slli_epi32(f, 16 - 2 * BITS), m2, 0xF8);
+    out = _mm512_ternarylogic_epi32(out, _mm512_slli_epi32(f, 24 - 3 * BITS), m3, 0xF8);
+    _mm512_store_si512(colbuf + k * 16, out);
   }
 }
 
@@ -328,7 +335,7 @@ CIDER_INLINE void key_columns(const uint8_t* rows, int64_t row_bytes, int64_t Wd
 template <int NR>
 CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512* sc) {
   for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
-  const int64_t R = c.Rmax;
+  const int64_t W = c.ncolimg;
   for (int64_t g = 0; g < c.Gk; ++g) {
     __m512i acch[NR], accl[NR];  // high- and low-plane sums
     for (int r = 0; r < NR; ++r) acch[r] = accl[r] = _mm512_setzero_si512();
@@ -337,21 +344,21 @@ CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512
       for (int64_t k = k0; k < k1; ++k) {
         const __m512i lo = _mm512_load_si512(s.colbuf + (2 * k) * 16);
         const __m512i hi = _mm512_load_si512(s.colbuf + (2 * k + 1) * 16);
-        const int32_t* q = s.qimg + (2 * k) * 2 * R + r0;  // [lo word: high, low plane][hi word: high, low]
         for (int r = 0; r < NR; ++r) {
-          acch[r] = _mm512_dpbusd_epi32(acch[r], lo, _mm512_set1_epi32(q[r]));
-          accl[r] = _mm512_dpbusd_epi32(accl[r], lo, _mm512_set1_epi32(q[R + r]));
-          acch[r] = _mm512_dpbusd_epi32(acch[r], hi, _mm512_set1_epi32(q[2 * R + r]));
-          accl[r] = _mm512_dpbusd_epi32(accl[r], hi, _mm512_set1_epi32(q[3 * R + r]));
+          const int32_t* qh = s.qimg + (r0 + r) * 2 * W + 2 * k;  // the row's high plane; its low plane W words on
+          acch[r] = _mm512_dpbusd_epi32(acch[r], lo, _mm512_set1_epi32(qh[0]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], lo, _mm512_set1_epi32(qh[W]));
+          acch[r] = _mm512_dpbusd_epi32(acch[r], hi, _mm512_set1_epi32(qh[1]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], hi, _mm512_set1_epi32(qh[W + 1]));
         }
       }
     } else {
       for (int64_t k = k0; k < k1; ++k) {
         const __m512i cv = _mm512_load_si512(s.colbuf + k * 16);
-        const int32_t* q = s.qimg + k * 2 * R + r0;
         for (int r = 0; r < NR; ++r) {
-          acch[r] = _mm512_dpbusd_epi32(acch[r], cv, _mm512_set1_epi32(q[r]));
-          accl[r] = _mm512_dpbusd_epi32(accl[r], cv, _mm512_set1_epi32(q[R + r]));
+          const int32_t* qh = s.qimg + (r0 + r) * 2 * W + k;
+          acch[r] = _mm512_dpbusd_epi32(acch[r], cv, _mm512_set1_epi32(qh[0]));
+          accl[r] = _mm512_dpbusd_epi32(accl[r], cv, _mm512_set1_epi32(qh[W]));
         }
       }
     }
@@ -581,11 +588,11 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
 
-// The query quantization of attention_x86.h on 16 lanes: products by the reciprocals, round to nearest even, the
-// product s·h rounded before the subtraction (no fused multiply-add). Groups of 32, 64 or 128.
+// The query quantization of attention_x86.h on 16 lanes: Q = rint(q·inv2) (round to nearest even) clamped, then
+// split into its two int8 planes with integer shifts. Groups of 32, 64 or 128.
 CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
                                           int32_t* qsum) {
-  const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  const __m512i qmax = _mm512_set1_epi32(32512), qmin = _mm512_set1_epi32(-32512), half = _mm512_set1_epi32(128);
   for (int64_t g = 0; g < dim / gs; ++g) {
     const float* x = q + g * gs;
     __m512 mx = _mm512_setzero_ps();
@@ -599,19 +606,17 @@ CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t g
       continue;
     }
     const float inv = 1.0f / s;
-    const __m512 sv = _mm512_set1_ps(s), iv = _mm512_set1_ps(inv), iv2 = _mm512_set1_ps(256.0f * inv);
+    const __m512 iv2 = _mm512_set1_ps(256.0f * inv);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = 0; k < gs; k += 16) {
-      const __m512 xv = _mm512_loadu_ps(x + k);
-      __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(xv, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      h = _mm512_min_ps(hi, _mm512_max_ps(lo, h));
-      const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(sv, h));
-      __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(r, iv2), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      l = _mm512_min_ps(hi, _mm512_max_ps(lo, l));
-      const __m512i hi32 = _mm512_cvtps_epi32(h), lo32 = _mm512_cvtps_epi32(l);
-      sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(hi32, 8), lo32));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qh + g * gs + k), _mm512_cvtsepi32_epi8(hi32));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + g * gs + k), _mm512_cvtsepi32_epi8(lo32));
+      __m512i Q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), iv2),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      Q = _mm512_min_epi32(qmax, _mm512_max_epi32(qmin, Q));
+      const __m512i h = _mm512_srai_epi32(_mm512_add_epi32(Q, half), 8);
+      const __m512i l = _mm512_sub_epi32(Q, _mm512_slli_epi32(h, 8));
+      sum = _mm512_add_epi32(sum, Q);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qh + g * gs + k), _mm512_cvtepi32_epi8(h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + g * gs + k), _mm512_cvtepi32_epi8(l));
     }
     qsum[g] = _mm512_reduce_add_epi32(sum);
   }
@@ -623,25 +628,19 @@ CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t g
 // "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
 CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
   const AttentionArgs& a = *c.a;
-  const int64_t Rmax = c.Rmax, Gk = c.Gk;
+  const int64_t Gk = c.Gk;
   quantize_query_groups16(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
   for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
     const int8_t* qp = pl == 0 ? s.qh : s.ql;
+    int32_t* img = s.qimg + (r * 2 + pl) * c.ncolimg;
     if (c.nib) {
       // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (low nibbles), word 2k + 1 the odd dims.
       const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-      for (int64_t d = 0; d < c.Dk; d += 16) {
-        alignas(16) int32_t w[4];
-        _mm_store_si128(reinterpret_cast<__m128i*>(w),
-                        _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qp + d)), evens_odds));
-        for (int64_t i = 0; i < 4; ++i) s.qimg[((d / 4 + i) * 2 + pl) * Rmax + r] = w[i];
-      }
+      for (int64_t d = 0; d < c.Dk; d += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(img + d / 4),
+                         _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qp + d)), evens_odds));
     } else {
-      for (int64_t k = 0; k < c.Wd; ++k) {  // bytes: word k holds dims 4k .. 4k + 3
-        int32_t w;
-        std::memcpy(&w, qp + 4 * k, 4);
-        s.qimg[(k * 2 + pl) * Rmax + r] = w;
-      }
+      std::memcpy(img, qp, static_cast<size_t>(c.Dk));  // bytes: word k holds dims 4k .. 4k + 3
     }
   }
   for (int64_t g = 0; g < Gk; ++g) {
@@ -793,13 +792,14 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         std::memcpy(s.kpad, rows, static_cast<size_t>(n * c.krow_bytes));
         rows = s.kpad;
       }
-      int64_t row_bytes = c.krow_bytes;
-      if (c.kb != 4 && c.kb != 8) {
-        for (int j = 0; j < kTileRows; ++j) unpack_row_bytes(rows + j * c.krow_bytes, Dk, c.kb, s.kbytes + j * Dk);
-        rows = s.kbytes;
-        row_bytes = Dk;
+      auto* words = reinterpret_cast<__m512i*>(s.kbytes);
+      switch (c.kb) {
+        case 2: key_columns_packed<2>(rows, c.krow_bytes, Dk, words, s.colbuf); break;
+        case 3: key_columns_packed<3>(rows, c.krow_bytes, Dk, words, s.colbuf); break;
+        case 5: key_columns_packed<5>(rows, c.krow_bytes, Dk, words, s.colbuf); break;
+        case 6: key_columns_packed<6>(rows, c.krow_bytes, Dk, words, s.colbuf); break;
+        default: key_columns(rows, c.krow_bytes, c.Wd, c.nib, s.colbuf);  // 4 and 8 bits
       }
-      key_columns(rows, row_bytes, c.Wd, c.nib, s.colbuf);
       if (!c.kchan) {
         const uint8_t* ks = tile_scales(K, K.scales, it.b, it.g, j0, s.kspad);
         const uint8_t* kbi = tile_scales(K, K.biases, it.b, it.g, j0, s.kbpad);
