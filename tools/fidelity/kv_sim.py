@@ -25,6 +25,9 @@ Usage: kv_sim.py CIDER MODEL_DIR PIECE.txt CTX CONFIG...
                with their own scale/bias; ob=B       sel=range (score = the block's range of the channel, default)
                or sel=qk (range × the RMS of the channel in the queries of that KV head's group)
     pre        keys quantized before RoPE (KVQuant), rotated after dequantization
+    bpre       keys turned back by RoPE of their position within the block (t = pos mod kblock), so every key of a
+               block carries the RoPE of the block's first position; quantized so, turned forward by t after
+               dequantization (block-relative pre-RoPE: the same fixed rotation per block, a table of kblock positions)
     vsym       values quantized symmetrically (Q4_0-style: one float16 step per group, no bias)
   e.g. 4,4,64,kchan+had,out=8,ob=8,sel=qk
 """
@@ -187,7 +190,13 @@ class Quantizer:
             if self.o.get("sel") == "qk":
                 rep = q.shape[0] // k.shape[0]
                 qw = np.sqrt((q.reshape(k.shape[0], rep, q.shape[1], q.shape[2]) ** 2).mean(axis=(1, 2)))
-            if "pre" in self.o:
+            if "bpre" in self.o:
+                blk = int(self.o.get("kblock", self.gs))
+                t = np.arange(k.shape[1]) % blk
+                cs, sn = self.tables[0][t], self.tables[1][t]
+                kh = rope(kchan_qdq(rope(k, cs, -sn), self.kb, blk, int(self.o.get("out", 0)),
+                                    int(self.o.get("ob", 16)), self.o.get("sel", "range"), qw), cs, sn)
+            elif "pre" in self.o:
                 kh = self.rope_fn(kchan_qdq(self.kpre, self.kb, int(self.o.get("kblock", self.gs)), int(self.o.get("out", 0)),
                                             int(self.o.get("ob", 16)), self.o.get("sel", "range"), qw))
             else:
@@ -239,6 +248,7 @@ def forward(get, c, tokens, quant=None):
         if quant is not None:
             quant.kpre = k
             quant.rope_fn = lambda t, cs=cs, sn=sn: rope(t, cs, sn)
+            quant.tables = (cs, sn)
         q, k = rope(q, cs, sn), rope(k, cs, sn)
         if quant is not None:
             q, k, v = quant(i, q, k, v)
