@@ -52,6 +52,10 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "with per-channel keys: this many channels per block and KV head (those the queries weigh most) get "
                 "4 more bits: a count (0 = none) or auto (head_dim/32); default: the default cache's (auto), 0 "
                 "with an explicit --kv (docs/quality.md)");
+  c->add_option("--kv-values", m.kv_values,
+                "value codes of a quantized KV cache: affine (a scale and a bias per group) or symmetric (a step per "
+                "group, no bias: 0.25 bits per value less at group 64, llama.cpp's q4_0 kind; cpu only); default: "
+                "the default cache's (affine)");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

@@ -87,7 +87,9 @@ Deq dequantize(const KVTensorView& v) {
         const uint32_t* words = static_cast<const uint32_t*>(v.data) + r * quant::packed_words(v.dim, v.bits);
         for (int64_t g = 0; g < d.G; ++g) {
           d.s[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)] = load_float(v.scales, v.scale_dtype, r * d.G + g);
-          d.b[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)] = load_float(v.biases, v.scale_dtype, r * d.G + g);
+          d.b[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)] =
+              v.symmetric ? -std::ldexp(d.s[o * static_cast<size_t>(d.G) + static_cast<size_t>(g)], v.bits - 1)
+                          : load_float(v.biases, v.scale_dtype, r * d.G + g);
         }
         for (int64_t k = 0; k < v.dim; ++k) {
           const double c = quant::unpack_code(words, k, v.bits);
@@ -448,6 +450,36 @@ TEST(AttentionX86, EveryLevelMatchesReferenceOverSizesMasksAndFormats) {
     }
 }
 
+// Symmetric values (QuantizedKVCacheConfig::v_symmetric: a step per group, bias −2^(bits−1)·step, no bias plane):
+// every level against float64 and the reference, per-token keys, over value widths, group sizes, scale dtypes,
+// masks, splits and snapshots.
+TEST(AttentionX86, SymmetricValuesEveryLevelMatchesReference) {
+  auto rng = test::make_rng(402);
+  const QuantizedKVCacheConfig cfgs[] = {
+      {4, 4, 64, RotationKind::kHadamard, 0, DType::kF16},  {8, 3, 32, RotationKind::kSO4Full, 0, DType::kBF16},
+      {4, 2, 128, RotationKind::kNone, 0, DType::kF32},     {5, 8, 64, RotationKind::kHadamard, 0, DType::kF16},
+      {3, 5, 32, RotationKind::kSO4Fast, 0, DType::kF16},   {6, 6, 64, RotationKind::kHadamard, 0, DType::kBF16},
+  };
+  const MaskKind kinds[] = {MaskKind::kCausal, MaskKind::kNone, MaskKind::kBool, MaskKind::kAdditive};
+  int idx = 0;
+  for (int64_t kL : {1, 67, 300, 1100})
+    for (int64_t L : {1, 3}) {
+      Problem p;
+      const int64_t D = idx % 3 == 0 ? 128 : idx % 3 == 1 ? 64 : 256;
+      p.s = Shape{1 + idx % 2, 1 + idx % 3, int64_t{1} << (idx % 4), L, kL, D, idx % 2 ? D : 128};
+      p.cfg = cfgs[static_cast<size_t>(idx) % std::size(cfgs)];
+      p.cfg.v_symmetric = true;
+      p.cfg.seed = rng();
+      p.cfg.group_size = static_cast<int>(std::min<int64_t>(p.cfg.group_size, std::min(p.s.Dk, p.s.Dv)));
+      p.mask = make_mask(rng, kinds[idx % 4], p.s.B, p.s.Hq(), L, kL, DType::kF32);
+      p.kv_splits = idx % 3 == 2 ? 1 + static_cast<int>(rng() % 4) : 0;
+      p.snapshot = idx % 4 == 1;
+      check_problem(p, rng);
+      if (HasFatalFailure()) return;
+      ++idx;
+    }
+}
+
 // Decode shapes of real models (all query heads of a KV head at once) with splits forced over the range.
 TEST(AttentionX86, DecodeGqaWithSplitsAndWindows) {
   auto rng = test::make_rng(401);
@@ -761,6 +793,7 @@ TEST(AttentionX86, PerChannelKeysWithOutlierChannelsEveryLevelMatchesReference) 
       p.snapshot = idx % 4 == 1;
       p.observe = idx % 2 == 0;
       p.softcap = idx % 5 == 4 ? 2.0f : 0.0f;
+      p.cfg.v_symmetric = idx % 3 == 1;  // symmetric values beside the outlier channels (a 4.4-bit cache)
       check_channel_case(p, rng);
       if (HasFatalFailure()) return;
       ++idx;
@@ -801,6 +834,7 @@ TEST(AttentionX86, PrefillOnAmxBf16TilesMatchesFloat64) {
       p.kv_splits = idx % 3 == 1 ? 1 + static_cast<int>(rng() % 4) : 0;
       p.snapshot = idx % 5 == 3;
       p.observe = idx % 2 == 0;
+      p.cfg.v_symmetric = idx % 4 == 2;
       check_channel_case(p, rng);
       if (HasFatalFailure()) return;
     }
@@ -1016,6 +1050,7 @@ std::vector<float> append_source(std::mt19937_64& rng, int64_t rows, int64_t dim
   return x;
 }
 
+// Symmetric codes (a.symmetric): no biases pointer, and the bytes are codes then steps.
 std::vector<uint8_t> run_append(void (*fn)(const KVAppendArgs&), KVAppendArgs a, size_t code_bytes,
                                 size_t scale_bytes) {
   test::GuardedBuffer codes(code_bytes), scales(scale_bytes ? scale_bytes : 1), biases(scale_bytes ? scale_bytes : 1);
@@ -1024,15 +1059,78 @@ std::vector<uint8_t> run_append(void (*fn)(const KVAppendArgs&), KVAppendArgs a,
   biases.fill_inside(0x5A);
   a.dst = codes.data();
   a.scales = scale_bytes ? scales.data() : nullptr;
-  a.biases = scale_bytes ? biases.data() : nullptr;
+  a.biases = scale_bytes && !a.symmetric ? biases.data() : nullptr;
   fn(a);
   EXPECT_TRUE(codes.canaries_intact() && scales.canaries_intact() && biases.canaries_intact());
   std::vector<uint8_t> out(codes.as<uint8_t>(), codes.as<uint8_t>() + code_bytes);
   if (scale_bytes) {
     out.insert(out.end(), scales.as<uint8_t>(), scales.as<uint8_t>() + scale_bytes);
-    out.insert(out.end(), biases.as<uint8_t>(), biases.as<uint8_t>() + scale_bytes);
+    if (!a.symmetric) out.insert(out.end(), biases.as<uint8_t>(), biases.as<uint8_t>() + scale_bytes);
   }
   return out;
+}
+
+// Symmetric value codes (KVAppendArgs::symmetric): every level gives the reference's bytes, and the reference is the
+// rotation followed by quant::symmetric_quantize_row; over widths, dims, group sizes, rotations (Hadamard included),
+// source and scale dtypes, strided sources and the edge rows of append_source (zeros, constants, 1e-30 and 3e4
+// scales, ties).
+TEST(KVAppendX86, SymmetricEveryLevelIsBitIdenticalToReference) {
+  auto rng = test::make_rng(406);
+  const DType src_types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType scale_types[] = {DType::kF16, DType::kBF16, DType::kF32};
+  int idx = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int64_t dim : {32, 64, 96, 128, 256})
+      for (int rotation : {0, 2, 3}) {
+        if (rotation == 3 && (dim & (dim - 1)) != 0) continue;  // Hadamard: powers of two here
+        ++idx;
+        const int64_t n = idx % 3 == 0 ? 1 : (idx % 3 == 1 ? 6 : 32);
+        int gs = static_cast<int>(std::min<int64_t>(dim, 32 << (idx % 3)));
+        if (dim % gs) gs = 32;
+        const int64_t stride = idx % 4 == 1 ? 3 : 1;
+        const DType sdt = src_types[idx % 3], ddt = scale_types[(idx / 3) % 3];
+        const std::vector<float> x = append_source(rng, n, dim * stride, gs);
+        const std::vector<uint8_t> src = test::to_dtype_bytes(x, sdt);
+        const nn::SO4Rotation so4(dim, rotation == 3 ? RotationKind::kNone : static_cast<RotationKind>(rotation), rng());
+        std::vector<float> signs(static_cast<size_t>(dim));
+        for (float& v : signs) v = rng() % 2 ? 1.0f : -1.0f;
+        KVAppendArgs a{};
+        a.src = src.data();
+        a.src_dtype = sdt;
+        a.src_elem_stride = stride;
+        a.src_row_stride = dim * stride;
+        a.n = n;
+        a.dim = dim;
+        a.rotation = rotation;
+        a.qL = rotation == 3 ? signs.data() : rotation ? so4.left().data() : nullptr;
+        a.qR = rotation == 2 ? so4.right().data() : nullptr;
+        a.dst_dtype = ddt;
+        a.bits = bits;
+        a.group_size = gs;
+        a.symmetric = true;
+        const size_t code_bytes = static_cast<size_t>(n * quant::packed_words(dim, bits) * 4);
+        const size_t scale_bytes = static_cast<size_t>(n * (dim / gs) * dtype_size(ddt));
+        const std::vector<uint8_t> want = run_append(kernels::ref_kernels().kv_append, a, code_bytes, scale_bytes);
+        // The reference: the rows rotated as the plain (bits 0) append rotates them, then symmetric_quantize_row.
+        KVAppendArgs plain = a;
+        plain.bits = 0;
+        plain.symmetric = false;
+        plain.dst_dtype = DType::kF32;
+        const std::vector<uint8_t> rot = run_append(kernels::ref_kernels().kv_append, plain,
+                                                    static_cast<size_t>(n * dim * 4), 0);
+        std::vector<uint8_t> legacy(code_bytes + scale_bytes);
+        for (int64_t r = 0; r < n; ++r)
+          quant::symmetric_quantize_row(reinterpret_cast<const float*>(rot.data()) + r * dim, dim, gs, bits,
+                                        reinterpret_cast<uint32_t*>(legacy.data()) + r * quant::packed_words(dim, bits),
+                                        legacy.data() + code_bytes + r * (dim / gs) * dtype_size(ddt), ddt);
+        ASSERT_EQ(want, legacy) << "reference vs rotation + symmetric_quantize_row: bits " << bits << " dim " << dim;
+        for (IsaLevel level : fast_levels()) {
+          const kernels::KernelTable& t = kernels::kernels_for_isa(level);
+          ASSERT_EQ(run_append(t.kv_append, a, code_bytes, scale_bytes), want)
+              << t.name << " symmetric bits " << bits << " dim " << dim << " gs " << gs << " rotation " << rotation
+              << " n " << n << " src " << dtype_name(sdt) << " dst " << dtype_name(ddt) << " stride " << stride;
+        }
+      }
 }
 
 TEST(KVAppendX86, EveryLevelIsBitIdenticalToReference) {

@@ -132,6 +132,8 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --kv k4v4 --kv-layout channel --kv-outliers 33", "key_outliers must be in [0, 32]; got 33"},
       {"generate " + m + "-p x --kv bf16 --kv-outliers 2", "--kv-outliers refines per-channel keys"},
       {"generate " + m + "-p x --kv-outliers many", "--kv-outliers must be auto or a count in [0, 32]; got \"many\""},
+      {"generate " + m + "-p x --kv-values sym", "kv values must be affine or symmetric; got \"sym\""},
+      {"generate " + m + "-p x --kv bf16 --kv-values symmetric", "--kv-values symmetric chooses a quantized cache's"},
       {"generate " + m + "-p x --tp 0", "[options] --tp must be in [1, 8]; got 0"},
       {"generate " + m + "-p x --tp 9", "[options] --tp must be in [1, 8]; got 9"},
       {"generate " + m + "-p x --tp 2", "[options] --tp 2 splits the model over GPUs: it needs --device cuda"},
@@ -469,7 +471,8 @@ TEST_F(Cli, HadamardKvRotationIsAccepted) {
   // Per-channel keys, alone and with 4 outlier channels per block (chosen by the queries the model observes): an
   // 80-token window (two quantized blocks of 32 positions, 16 in the bf16 window), and generation names the layout.
   for (const auto& [extra, name] : {std::pair<std::string, std::string>{"", "kchan"}, {" --kv-outliers 4", "kchan/o4"},
-                                    {" --kv-outliers auto", "kchan/o2"}}) {
+                                    {" --kv-outliers auto", "kchan/o2"},
+                                    {" --kv-outliers auto --kv-values symmetric", "kchan/o2/vsym"}}) {
     const CliResult c = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
                               " --ctx 80 --kv k4v4 --kv-layout channel --kv-group-size 32" + extra + " --baseline-kv bf16");
     ASSERT_EQ(c.status, 0) << c.err;

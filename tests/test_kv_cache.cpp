@@ -254,6 +254,83 @@ TEST(KVCache, StoresQuantizedRotatedRows) {
   }
 }
 
+// Symmetric values (QuantizedKVCacheConfig::v_symmetric): each value row is symmetric_quantize_row of the rotated row
+// (codes and one step per group, no biases: the view says symmetric and has none), keys as before; nbytes drops the
+// value biases exactly (and equals kv_cache_bytes); the format's name and bits say so; a snapshot carries it, with an
+// empty bias plane, and a restored cache continues byte for byte; with per-channel keys and outlier channels too.
+TEST(KVCache, SymmetricValuesStoreStepsWithoutBiases) {
+  auto rng = test::make_rng(16);
+  for (const bool channel : {false, true}) {
+    QuantizedKVCacheConfig cfg{4, 4, 64, RotationKind::kHadamard, rng(), DType::kF16};
+    cfg.v_symmetric = true;
+    if (channel) {
+      cfg.key_layout = nn::KeyLayout::kChannel;
+      cfg.key_outliers = 2;
+    }
+    const int64_t B = 2, H = 2, n = 70, Dk = 128, Dv = 64;
+    QuantizedKVCache c(cfg);
+    const Input k = make_input(rng, DType::kF32, B, H, n, Dk), v = make_input(rng, DType::kBF16, B, H, n, Dv, 0.5f);
+    c.update_and_fetch(k.view(), v.view());
+    const KVTensorView vv = c.values();
+    EXPECT_TRUE(vv.symmetric);
+    EXPECT_EQ(vv.biases, nullptr);
+    EXPECT_FALSE(c.keys().symmetric);
+    const SO4Rotation vrot(Dv, cfg.rotation, cfg.seed);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<float> r(v.row(b, h, t), v.row(b, h, t) + Dv);
+          vrot.apply(r.data(), 1);
+          std::vector<uint32_t> words(static_cast<size_t>(quant::packed_words(Dv, 4)));
+          std::vector<uint8_t> steps(static_cast<size_t>(Dv / 64 * 2));
+          quant::symmetric_quantize_row(r.data(), Dv, 64, 4, words.data(), steps.data(), DType::kF16);
+          const int64_t row = (b * H + h) * vv.capacity + t;
+          ASSERT_EQ(0, std::memcmp(static_cast<const uint32_t*>(vv.data) + row * quant::packed_words(Dv, 4),
+                                   words.data(), words.size() * 4)) << "codes b " << b << " h " << h << " t " << t;
+          ASSERT_EQ(0, std::memcmp(static_cast<const uint8_t*>(vv.scales) + row * steps.size(), steps.data(),
+                                   steps.size())) << "steps b " << b << " h " << h << " t " << t;
+          // Dequantized through the implied bias: within half a step of the rotated row, or one step where the code
+          // is clamped at the top (a value near −edge: the codes reach 2^(bits−1) − 1 steps above 0, edge itself −8).
+          const float d = load_float(vv.scales, DType::kF16, row);
+          for (int64_t i = 0; i < Dv; ++i) {
+            const uint32_t code = quant::unpack_code(words.data(), i, 4);
+            const float x = static_cast<float>(code) * d + quant::symmetric_bias(d, 4);
+            const float bound = (code == 15 ? 1.0f : 0.5f) * std::fabs(d) * 1.01f + 1e-6f;
+            ASSERT_LE(std::fabs(x - r[static_cast<size_t>(i)]), bound) << i << " code " << code;
+          }
+        }
+    nn::KVSpec spec = cfg.spec();
+    EXPECT_NE(spec.name().find("/vsym"), std::string::npos) << spec.name();
+    QuantizedKVCacheConfig affine = cfg;
+    affine.v_symmetric = false;
+    QuantizedKVCache a(affine);
+    a.update_and_fetch(k.view(), v.view());
+    EXPECT_EQ(a.nbytes() - c.nbytes(), B * H * c.capacity() * (Dv / 64) * 2);
+    EXPECT_EQ(c.nbytes(), nn::kv_cache_bytes(spec, B, H, Dk, Dv, n));
+    EXPECT_DOUBLE_EQ(affine.spec().bits_per_value(Dk) - spec.bits_per_value(Dk), 0.125);
+    const nn::KVCacheSnapshot snap = c.snapshot();
+    EXPECT_TRUE(snap.meta().v_symmetric);
+    EXPECT_EQ(snap.plane(5).nbytes(), 0u);
+    EXPECT_TRUE(snap.values().symmetric);
+    QuantizedKVCache r(QuantizedKVCacheConfig{});
+    r.restore(snap);
+    EXPECT_TRUE(r.config().v_symmetric);
+    const Input k2 = make_input(rng, DType::kF32, B, H, 9, Dk), v2 = make_input(rng, DType::kF32, B, H, 9, Dv);
+    c.update_and_fetch(k2.view(), v2.view());
+    r.update_and_fetch(k2.view(), v2.view());
+    const nn::KVCacheSnapshot sc = c.snapshot(), sr = r.snapshot();
+    ASSERT_EQ(sc.num_planes(), sr.num_planes());
+    for (size_t p = 0; p < sc.num_planes(); ++p)
+      ASSERT_EQ(0, std::memcmp(sc.plane(p).data(), sr.plane(p).data(), sc.plane(p).nbytes())) << "plane " << p;
+  }
+  nn::KVSpec plain = nn::parse_kv_spec("bf16");
+  plain.v_symmetric = true;
+  expect_error([&] { plain.validate("test"); }, ErrorCode::kInvalidArgument, "test", "symmetric values");
+  EXPECT_TRUE(nn::parse_value_codes("symmetric"));
+  EXPECT_FALSE(nn::parse_value_codes("affine"));
+  expect_error([] { nn::parse_value_codes("sym"); }, ErrorCode::kInvalidArgument, "parse_kv_values", "sym");
+}
+
 // Keys and values given as transposed views of [B, n, H, D] projections (non-contiguous strides).
 TEST(KVCache, AcceptsStridedInputs) {
   auto rng = test::make_rng(13);

@@ -116,6 +116,9 @@ struct KVTensorView {
   int outliers = 0;                    // layout 1: outlier channels per block (0: none)
   const void* outlier_codes = nullptr;  // layout 1, outliers > 0: uint8 [B, H, blocks, outliers·group_size/2]
   const void* outlier_index = nullptr;  // layout 1, outliers > 0: uint16 [B, H, blocks, outliers]
+  // Symmetric codes (the values of a cache with symmetric values, nn/kv_spec.h): biases is null and every group's bias
+  // is −2^(bits−1)·scale (quant::symmetric_bias), i.e. a value is scale·(c − 2^(bits−1)).
+  bool symmetric = false;
 };
 
 enum class MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
@@ -167,7 +170,8 @@ struct KVAppendArgs {
   const float* qR;                  // [dim/4, 4]; used by rotation 2 only
   void* dst;                        // bits > 0: uint32 codes [n, dim·bits/32]; bits = 0: [n, dim] in dst_dtype
   void* scales;                     // bits > 0: [n, dim/gs] in dst_dtype (the scale dtype)
-  void* biases;                     // bits > 0: [n, dim/gs] in dst_dtype
+  void* biases;                     // bits > 0, not symmetric: [n, dim/gs] in dst_dtype
+  bool symmetric = false;           // bits > 0: quant::symmetric_quantize_row (no biases) instead of the affine row
   DType dst_dtype;
   int bits;                         // 0 (plain) or 2, 3, 4, 5, 6, 8
   int group_size;                   // bits > 0: 32, 64, 128

@@ -67,6 +67,7 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.scale_dtype = kv.scale_dtype;
     qc.key_layout = kv.key_layout;
     qc.key_outliers = kv.key_outliers;
+    qc.v_symmetric = kv.v_symmetric;
     qc.seed = seed;
     qc.window = window;
     return std::make_unique<nn::QuantizedKVCache>(qc);

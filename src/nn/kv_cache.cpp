@@ -37,7 +37,7 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
     std::vector<PlaneShape> p = {{quant::packed_words(m.Dk, m.k_bits) * 4, 1, 0}, {(m.Dk / gs) * ss, 1, 0},
                                  {(m.Dk / gs) * ss, 1, 0},
                                  {quant::packed_words(m.Dv, m.v_bits) * 4, 1, 0}, {(m.Dv / gs) * ss, 1, 0},
-                                 {(m.Dv / gs) * ss, 1, 0}};
+                                 {m.v_symmetric ? 0 : (m.Dv / gs) * ss, 1, 0}};  // symmetric values: no biases
     if (channel_keys(m)) {
       p[1] = p[2] = {m.Dk * ss, gs, 0};                               // one [Dk] row per block of gs positions
       p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // residual window, bfloat16
@@ -94,6 +94,10 @@ kernels::KVTensorView make_view(const KVCacheMeta& m, bool keys, const std::vect
     v.scale_dtype = m.scale_dtype;
     v.bits = keys ? m.k_bits : m.v_bits;
     v.group_size = m.group_size;
+    if (!keys && m.v_symmetric) {
+      v.biases = nullptr;
+      v.symmetric = true;
+    }
     if (keys && channel_keys(m)) {
       v.layout = 1;
       v.blocks = plane_shapes(m)[1].rows(capacity);
@@ -204,7 +208,7 @@ void check_append_dims(const detail::KVStore& store, int64_t Dk, int64_t Dv, con
 // `dst`, `scales`, `biases` point at row t_dst of the (b, h) planes; bits == 0 stores plain values in `dtype`,
 // otherwise `dtype` is the scale dtype.
 void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot, void* dst, void* scales,
-                 void* biases, DType dtype, int bits, int group_size) {
+                 void* biases, DType dtype, int bits, int group_size, bool symmetric = false) {
   kernels::KVAppendArgs a{};
   a.src = static_cast<const uint8_t*>(x.data) + (b * x.stride_of(0) + h * x.stride_of(1)) * dtype_size(x.dtype);
   a.src_dtype = x.dtype;
@@ -221,6 +225,7 @@ void append_rows(const TensorView& x, int64_t b, int64_t h, const Rotation& rot,
   a.dst_dtype = dtype;
   a.bits = bits;
   a.group_size = group_size;
+  a.symmetric = symmetric;
   kernels::active_kernels().kv_append(a);
 }
 
@@ -254,6 +259,7 @@ int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int
   m.dtype = spec.plain_dtype;
   m.key_layout = spec.key_layout;
   m.key_outliers = spec.key_outliers;
+  m.v_symmetric = spec.v_symmetric;
   m.Dk = Dk;
   m.Dv = Dv;
   int64_t cap = round_up(positions, KVCache::kStep);
@@ -272,6 +278,7 @@ KVSpec KVCacheMeta::spec() const {
   k.plain_dtype = dtype;
   k.key_layout = quantized ? key_layout : KeyLayout::kToken;
   k.key_outliers = quantized ? key_outliers : 0;
+  k.v_symmetric = quantized && v_symmetric;
   return k;
 }
 
@@ -285,6 +292,7 @@ KVSpec QuantizedKVCacheConfig::spec() const {
   k.scale_dtype = scale_dtype;
   k.key_layout = key_layout;
   k.key_outliers = key_outliers;
+  k.v_symmetric = v_symmetric;
   return k;
 }
 
@@ -557,6 +565,7 @@ KVCacheMeta QuantizedKVCache::meta() const {
   m.length = store_.offset();
   m.key_layout = config_.key_layout;
   m.key_outliers = config_.key_outliers;
+  m.v_symmetric = config_.v_symmetric;
   m.window = config_.window;
   m.start = start_;
   return m;
@@ -614,11 +623,12 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
         append_rows(keys, b, h, key_rot_, store_.row(0, b, h, start), store_.row(1, b, h, start),
                     store_.row(2, b, h, start), sd, config_.k_bits, gs);
       append_rows(values, b, h, value_rot_, store_.row(3, b, h, start), store_.row(4, b, h, start),
-                  store_.row(5, b, h, start), sd, config_.v_bits, gs);
+                  config_.v_symmetric ? nullptr : store_.row(5, b, h, start), sd, config_.v_bits, gs,
+                  config_.v_symmetric);
     }
   const std::vector<detail::PlaneShape> shapes = plane_shapes(meta());
   for (size_t p : {1, 2, 4, 5})
-    if (p > 3 || !channel)
+    if ((p > 3 || !channel) && !(p == 5 && config_.v_symmetric))
       check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, shapes, op, p < 3 ? "keys" : "values",
                           p % 3 == 1 ? "scale" : "bias");
   // The observed queries per KV head and position: [B, H, n, Dk + 1], Σ over the head's group (empty: none shown).
@@ -830,6 +840,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.seed = m.seed;
   config_.key_layout = m.key_layout;
   config_.key_outliers = m.key_outliers;
+  config_.v_symmetric = m.v_symmetric;
   config_.window = m.window;
   start_ = m.start;
   Dk_ = m.Dk;

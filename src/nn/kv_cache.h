@@ -64,6 +64,7 @@ struct KVCacheMeta {
   int64_t start = 0;
   KeyLayout key_layout = KeyLayout::kToken;  // quantized caches: keys per position or per channel (nn/kv_spec.h)
   int key_outliers = 0;                      // per-channel keys: outlier channels per block (nn/kv_spec.h)
+  bool v_symmetric = false;                  // quantized caches: symmetric value codes, no value biases (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
 };
@@ -71,7 +72,8 @@ struct KVCacheMeta {
 // An owned, immutable copy of a cache's valid state. Copies share the same read-only data.
 // planes (row-major, little-endian; [B, H, length, ·] unless stated):
 //   quantized: 0 key codes (uint32, Dk·k_bits/32), 1 key scales, 2 key biases (scale_dtype, Dk/gs),
-//              3 value codes (uint32, Dv·v_bits/32), 4 value scales, 5 value biases (scale_dtype, Dv/gs)
+//              3 value codes (uint32, Dv·v_bits/32), 4 value scales, 5 value biases (scale_dtype, Dv/gs; empty rows
+//              with symmetric values: plane 4 then holds their steps)
 //   quantized, per-channel keys: planes 1 and 2 are [B, H, ceil(length/gs), Dk] (one row per block of gs
 //              positions; the last, incomplete block's row is not meaningful), and plane 6 is the residual window,
 //              bfloat16 [B, H, gs, Dk] (rows [0, length mod gs) hold positions [length − length mod gs, length);
@@ -233,6 +235,7 @@ struct QuantizedKVCacheConfig {
   DType scale_dtype = DType::kF16;                 // stored scales and biases: float16, bfloat16 or float32
   KeyLayout key_layout = KeyLayout::kToken;        // keys per position (the seeds') or per channel (nn/kv_spec.h)
   int key_outliers = 0;                            // per-channel keys: outlier channels per block (nn/kv_spec.h)
+  bool v_symmetric = false;                        // symmetric value codes, no value biases (nn/kv_spec.h)
   int64_t window = 0;                              // > 0: a sliding-window cache (see the contract above)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows

@@ -37,6 +37,9 @@ void KVSpec::validate(const char* op) const {
   check(key_outliers == 0 || (quantized && key_layout == KeyLayout::kChannel), ErrorCode::kInvalidArgument, op,
         "outlier key channels refine per-channel keys: key_outliers needs a quantized cache with key_layout channel; "
         "got key_outliers ", key_outliers, " with ", quantized ? "key_layout token" : "a plain cache");
+  check(!v_symmetric || quantized, ErrorCode::kInvalidArgument, op,
+        "symmetric values are a quantized cache's codes; a plain cache (", dtype_name(plain_dtype),
+        ") stores its values as they are");
 }
 
 double KVSpec::bits_per_value(int64_t Dk) const {
@@ -44,6 +47,7 @@ double KVSpec::bits_per_value(int64_t Dk) const {
   // f16/bf16 scale + bias per group: 32 bits per group_size values (64 for f32), for keys in either layout.
   const double side = 2.0 * 8.0 * static_cast<double>(dtype_size(scale_dtype)) / group_size;
   double bits = (k_bits + v_bits) / 2.0 + side;
+  if (v_symmetric) bits -= side / 4.0;  // the value groups' bias: a quarter of the (key + value) side bits
   if (key_outliers > 0) {
     check(Dk > 0, ErrorCode::kInvalidArgument, "kv_bits_per_value",
           "outlier key channels cost bits per key head dim: pass Dk (> 0); got ", Dk);
@@ -94,6 +98,7 @@ std::string KVSpec::name() const {
     s += "/o";
     s += std::to_string(key_outliers);
   }
+  if (v_symmetric) s += "/vsym";
   return s;
 }
 
@@ -132,6 +137,14 @@ RotationKind parse_rotation(std::string_view s) {
   fail(ErrorCode::kInvalidArgument, "parse_kv_rotation",
        "kv rotation must be so4-full, so4-fast, hadamard or none; got \"", s, "\"");
 }
+
+bool parse_value_codes(std::string_view s) {
+  if (s == "affine") return false;
+  if (s == "symmetric") return true;
+  fail(ErrorCode::kInvalidArgument, "parse_kv_values", "kv values must be affine or symmetric; got \"", s, "\"");
+}
+
+const char* value_codes_name(bool symmetric) { return symmetric ? "symmetric" : "affine"; }
 
 KeyLayout parse_key_layout(std::string_view s) {
   if (s == "token") return KeyLayout::kToken;

@@ -45,19 +45,26 @@ struct KVSpec {
   DType plain_dtype = DType::kBF16;                 // plain: elements (float16, bfloat16, float32)
   KeyLayout key_layout = KeyLayout::kToken;         // quantized only (plain caches: kToken)
   int key_outliers = 0;                             // per-channel keys: outlier channels per block (see above)
+  // Symmetric values (quantized only): each value group stores one step d (scale_dtype) and no bias, codes
+  // c = clamp(rint(v/d) + 2^(v_bits−1)) with d = −edge/2^(v_bits−1) for the group's value of largest magnitude
+  // (quant::symmetric_quantize_group, llama.cpp's q4_0 kind): half the side bits of affine values (16/group_size
+  // per value instead of 32 with float16), at a small cost in fidelity (docs/quality.md).
+  bool v_symmetric = false;
 
   // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.
   void validate(const char* op) const;
   // The rules against the head dims (kShapeMismatch): positive; quantized: multiples of group_size; SO(4): of 4.
   void validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const;
-  // "k4v3/so4-full/g64", "k4v4/hadamard/g64/kchan" (per-channel keys), "bf16" (plain, unrotated), "f32/hadamard".
+  // "k4v3/so4-full/g64", "k4v4/hadamard/g64/kchan" (per-channel keys), "…/o8" (outlier channels), "…/vsym"
+  // (symmetric values), "bf16" (plain, unrotated), "f32/hadamard".
   std::string name() const;
   // The rotation applied to keys (and so to queries): `rotation`, except none for per-channel keys.
   RotationKind key_rotation() const {
     return key_layout == KeyLayout::kChannel ? RotationKind::kNone : rotation;
   }
   // Stored bits per cached value, keys and values averaged, scales and biases counted (the residual window not):
-  // token layout (k + v)/2 + 8·ss/group_size; per-channel keys take their scale and bias per block of positions;
+  // token layout (k + v)/2 + 8·ss/group_size (4·ss/group_size less with symmetric values: no value bias); per-channel
+  // keys take their scale and bias per block of positions;
   // outlier channels add key_outliers·(4 + 16/group_size)/Dk per key value (Dk: the key head dim, needed then).
   double bits_per_value(int64_t Dk = 0) const;
 };
@@ -69,6 +76,9 @@ KVSpec parse_kv_spec(std::string_view format);
 // "so4-full", "so4-fast", "hadamard", "none"; the names rotation_name gives back.
 RotationKind parse_rotation(std::string_view name);
 const char* rotation_name(RotationKind kind);
+// "affine", "symmetric" (KVSpec::v_symmetric); the names value_codes_name gives back.
+bool parse_value_codes(std::string_view name);
+const char* value_codes_name(bool symmetric);
 // "token", "channel"; the names key_layout_name gives back.
 KeyLayout parse_key_layout(std::string_view name);
 const char* key_layout_name(KeyLayout layout);

@@ -82,6 +82,32 @@ void affine_quantize_row(const float* w, int64_t K, int group_size, int bits, ui
   }
 }
 
+void symmetric_quantize_group(const float* w, int group_size, int bits, DType scale_dtype, uint8_t* codes,
+                              float* step) {
+  float edge = w[0];
+  for (int i = 1; i < group_size; ++i)
+    if (std::fabs(w[i]) > std::fabs(edge)) edge = w[i];
+  const float half = static_cast<float>(1 << (bits - 1)), top = static_cast<float>((1 << bits) - 1);
+  const float d = round_to(scale_dtype, edge / -half);
+  for (int i = 0; i < group_size; ++i) {
+    const float q = d != 0.0f ? std::rint(w[i] / d) + half : half;
+    codes[i] = static_cast<uint8_t>(q >= 0.0f ? std::min(q, top) : 0.0f);  // NaN (compares false): 0
+  }
+  *step = d;
+}
+
+void symmetric_quantize_row(const float* w, int64_t K, int group_size, int bits, uint32_t* packed, void* scales,
+                            DType scale_dtype) {
+  uint8_t codes[128];
+  const int64_t words_per_group = packed_words(group_size, bits);
+  for (int64_t g = 0; g < K / group_size; ++g) {
+    float d;
+    symmetric_quantize_group(w + g * group_size, group_size, bits, scale_dtype, codes, &d);
+    pack_codes(codes, group_size, bits, packed + g * words_per_group);
+    store_float(scales, scale_dtype, g, d);
+  }
+}
+
 void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_t dim, int bits, uint32_t* packed,
                              int64_t packed_stride, void* scales, void* biases, DType scale_dtype) {
   std::vector<uint8_t> codes(static_cast<size_t>(n * dim));  // [n, dim]

@@ -56,6 +56,19 @@ void affine_quantize_row(const float* w, int64_t K, int group_size, int bits, ui
 void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_t dim, int bits, uint32_t* packed,
                              int64_t packed_stride, void* scales, void* biases, DType scale_dtype);
 
+// Symmetric quantization of one group (Q4_0-style; the KV cache's symmetric values, nn/kv_spec.h): edge = the value of
+// largest magnitude (the first such), the step d = round_to(scale_dtype, edge / −2^(bits−1)) (the edge's code is 0),
+// codes c = clamp(rint(w/d) + 2^(bits−1), 0, 2^bits − 1) in float32 with a true division, round half to even (all
+// 2^(bits−1) when d is 0; a NaN gives 0). Then w ≈ d·(c − 2^(bits−1)) = d·c + b with b = symmetric_bias(d, bits),
+// the affine algebra with a bias that is not stored. Writes the codes and the stored step (already rounded).
+void symmetric_quantize_group(const float* w, int group_size, int bits, DType scale_dtype, uint8_t* codes,
+                              float* step);
+// One row of K values: packed [K·bits/32] words, steps [K/group_size] in scale_dtype.
+void symmetric_quantize_row(const float* w, int64_t K, int group_size, int bits, uint32_t* packed, void* scales,
+                            DType scale_dtype);
+// The bias a symmetric group's codes imply: −2^(bits−1)·d (exact in float32: a power-of-two multiple).
+inline float symmetric_bias(float step, int bits) { return -static_cast<float>(1 << (bits - 1)) * step; }
+
 // Dequantizes one value as MLX does: q·scale, rounded to scale_dtype, plus bias, rounded again (no FMA).
 inline float affine_dequantize_value(uint32_t q, float scale, float bias, DType scale_dtype) {
   float prod = round_to(scale_dtype, static_cast<float>(q) * scale);

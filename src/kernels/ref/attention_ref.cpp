@@ -84,7 +84,8 @@ class RowReader {
     quant::unpack_codes(words, v_.dim, v_.bits, codes_.data());
     for (int64_t gi = 0; gi < groups_; ++gi) {
       scales_[static_cast<size_t>(gi)] = load_float(v_.scales, v_.scale_dtype, row * groups_ + gi);
-      biases_[static_cast<size_t>(gi)] = load_float(v_.biases, v_.scale_dtype, row * groups_ + gi);
+      biases_[static_cast<size_t>(gi)] = v_.symmetric ? quant::symmetric_bias(scales_[static_cast<size_t>(gi)], v_.bits)
+                                                      : load_float(v_.biases, v_.scale_dtype, row * groups_ + gi);
     }
   }
 

@@ -2,7 +2,8 @@
 //
 // Row by row: read as float32, rotate — each 4-d block with the Hamilton products of nn/rotation.cpp (same
 // multiplies, same order of additions, no fused multiply-add: the build uses -ffp-contract=off), or the whole row
-// with the randomized Hadamard transform (hadamard_row below) — then quant::affine_quantize_row (quantized) or round
+// with the randomized Hadamard transform (hadamard_row below) — then quant::affine_quantize_row (quantized; or
+// quant::symmetric_quantize_row for symmetric codes) or round
 // to the storage dtype (plain). This is exactly the arithmetic the KV cache used before the append became a kernel
 // entry; tests/test_kv_cache.cpp pins it against Rotation::apply + affine_quantize_row.
 #include <cmath>
@@ -77,6 +78,9 @@ void kv_append(const KVAppendArgs& a) {
     }
     if (a.bits == 0) {
       for (int64_t d = 0; d < D; ++d) store_float(a.dst, a.dst_dtype, i * D + d, row[static_cast<size_t>(d)]);
+    } else if (a.symmetric) {
+      quant::symmetric_quantize_row(row.data(), D, a.group_size, a.bits, static_cast<uint32_t*>(a.dst) + i * words,
+                                    static_cast<uint8_t*>(a.scales) + i * groups * ss, a.dst_dtype);
     } else {
       quant::affine_quantize_row(row.data(), D, a.group_size, a.bits, static_cast<uint32_t*>(a.dst) + i * words,
                                  static_cast<uint8_t*>(a.scales) + i * groups * ss,

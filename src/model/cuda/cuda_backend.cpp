@@ -48,6 +48,9 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
+  check(!kv.v_symmetric, ErrorCode::kUnsupported, kOp,
+        "--device cuda stores values with a scale and a bias per group (affine); got --kv-values symmetric in ",
+        kv_format_name(kv), " (use --device cpu)");
   // Outlier key channels are read by the tensor-core attention kernels only (cuda::kchan_tc_format): said at load,
   // naming what they take. (An `auto` count is resolved to head_dim/32 before this.)
   if (kv.key_outliers > 0)

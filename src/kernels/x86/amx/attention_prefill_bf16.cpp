@@ -385,7 +385,8 @@ void run_item(const Ctx& c, Scratch& s, int64_t index) {
         const int64_t sr = ((it.b * V.H + it.g) * V.capacity + j0 + j) * Gv;
         for (int64_t g = 0; g < Gv; ++g) {
           s.vs[g * kMaxBlock + j] = load_float(V.scales, V.scale_dtype, sr + g);
-          s.vbias[g * kMaxBlock + j] = load_float(V.biases, V.scale_dtype, sr + g);
+          s.vbias[g * kMaxBlock + j] = V.symmetric ? quant::symmetric_bias(s.vs[g * kMaxBlock + j], V.bits)
+                                                   : load_float(V.biases, V.scale_dtype, sr + g);
         }
       } else {
         std::memset(s.codes + j * kMaxDim, 0, static_cast<size_t>(Dv));

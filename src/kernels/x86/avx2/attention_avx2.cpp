@@ -740,11 +740,18 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
     for (int64_t t = 0; t < ntiles; ++t) {
       const int64_t j0 = jb + t * kTileRows;
       const uint8_t* vs = tile_scales(V, V.scales, it.b, it.g, j0, s.vspad);
-      const uint8_t* vbi = tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad);
+      const uint8_t* vbi = V.symmetric ? nullptr : tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad);
       const int64_t ves = scale_bytes(V.scale_dtype) * Gv;
+      const __m256 nh = _mm256_set1_ps(-static_cast<float>(1 << (V.bits - 1)));
       for (int h = 0; h < 2; ++h) {
         scale_columns8(vs + 8 * h * ves, V.scale_dtype, Gv, s.svcol + t * 16 + 8 * h, kT);
-        scale_columns8(vbi + 8 * h * ves, V.scale_dtype, Gv, s.bvcol + t * 16 + 8 * h, kT);
+        if (vbi == nullptr) {  // symmetric codes: bias −2^(bits−1)·scale (exact)
+          for (int64_t g = 0; g < Gv; ++g)
+            _mm256_store_ps(s.bvcol + g * kT + t * 16 + 8 * h,
+                            _mm256_mul_ps(nh, _mm256_load_ps(s.svcol + g * kT + t * 16 + 8 * h)));
+        } else {
+          scale_columns8(vbi + 8 * h * ves, V.scale_dtype, Gv, s.bvcol + t * 16 + 8 * h, kT);
+        }
       }
     }
     for (int64_t r = 0; r < R; ++r)

@@ -226,6 +226,35 @@ CIDER_INLINE void quantize_group(const float* w, int gs, int bits, uint8_t* code
   *bias_out = bias;
 }
 
+// One group of symmetric codes: quant::symmetric_quantize_group's edge and step (scalar float32: the first value of
+// largest magnitude), codes in SIMD. Returns the stored step (rounded to the scale dtype t).
+CIDER_INLINE float quantize_group_symmetric(const float* w, int gs, int bits, DType t, uint8_t* codes) {
+  float edge = w[0];
+  for (int i = 1; i < gs; ++i)
+    if (__builtin_fabsf(w[i]) > __builtin_fabsf(edge)) edge = w[i];
+  const float half = static_cast<float>(1 << (bits - 1)), top = static_cast<float>((1 << bits) - 1);
+  const float e = edge / -half;
+  const float d = t == DType::kF32 ? e : t == DType::kF16 ? _cvtsh_ss(f32_to_f16_bits(e)) : bf16_bits_to_f32(f32_to_bf16_bits(e));
+  if (d == 0.0f) {
+    std::memset(codes, 1 << (bits - 1), static_cast<size_t>(gs));
+    return d;
+  }
+  const __m256 vd = _mm256_set1_ps(d), vh = _mm256_set1_ps(half), vt = _mm256_set1_ps(top);
+  for (int k = 0; k < gs; k += 32) {
+    __m256i c[4];
+    for (int u = 0; u < 4; ++u) {
+      __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(w + k + 8 * u), vd),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(q, vh), _mm256_setzero_ps()), vt);  // max(NaN, 0) = 0
+      c[u] = _mm256_cvttps_epi32(q);
+    }
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + k),
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  return d;
+}
+
 // MLX's little-endian bit stream, each group of 32 codes filling `bits` whole words.
 CIDER_INLINE void pack(const uint8_t* codes, int n, int bits, uint32_t* words) {
   if (bits == 8) {
@@ -277,10 +306,17 @@ CIDER_AVX2 void append_rows(const KVAppendArgs& a, float* row, const float* ql, 
     }
     uint32_t* dst = static_cast<uint32_t*>(a.dst) + i * words;
     for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* scales = static_cast<uint8_t*>(a.scales) + i * groups * ss;
+      if (a.symmetric) {
+        const float d = quantize_group_symmetric(row + g * a.group_size, a.group_size, a.bits, a.dst_dtype, codes);
+        pack(codes, a.group_size, a.bits, dst + g * a.group_size * a.bits / 32);
+        store_value(scales, a.dst_dtype, g, d);
+        continue;
+      }
       float s, b;
       quantize_group(row + g * a.group_size, a.group_size, a.bits, codes, &s, &b);
       pack(codes, a.group_size, a.bits, dst + g * a.group_size * a.bits / 32);
-      store_value(static_cast<uint8_t*>(a.scales) + i * groups * ss, a.dst_dtype, g, s);
+      store_value(scales, a.dst_dtype, g, s);
       store_value(static_cast<uint8_t*>(a.biases) + i * groups * ss, a.dst_dtype, g, b);
     }
   }

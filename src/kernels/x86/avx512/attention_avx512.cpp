@@ -585,7 +585,7 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   prefetch_range(static_cast<const uint8_t*>(K.scales) + kr * kes, kTileRows * kes);
   prefetch_range(static_cast<const uint8_t*>(K.biases) + kr * kes, kTileRows * kes);
   prefetch_range(static_cast<const uint8_t*>(V.scales) + vr * ves, kTileRows * ves);
-  prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
+  if (V.biases != nullptr) prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
 
 // The query quantization of attention_x86.h on 16 lanes: Q = rint(q·inv2) (round to nearest even) clamped, then
@@ -846,9 +846,14 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
     for (int64_t t = 0; t < ntiles; ++t) {
       const int64_t j0 = jb + t * kTileRows;
       const uint8_t* vs = tile_scales(V, V.scales, it.b, it.g, j0, s.vspad);
-      const uint8_t* vbi = tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad);
       scale_columns(vs, V.scale_dtype, Gv, s.svcol + t * 16, kT);
-      scale_columns(vbi, V.scale_dtype, Gv, s.bvcol + t * 16, kT);
+      if (V.symmetric) {  // symmetric codes: bias −2^(bits−1)·scale (exact)
+        const __m512 nh = _mm512_set1_ps(-static_cast<float>(1 << (V.bits - 1)));
+        for (int64_t g = 0; g < Gv; ++g)
+          _mm512_store_ps(s.bvcol + g * kT + t * 16, _mm512_mul_ps(nh, _mm512_load_ps(s.svcol + g * kT + t * 16)));
+      } else {
+        scale_columns(tile_scales(V, V.biases, it.b, it.g, j0, s.vbpad), V.scale_dtype, Gv, s.bvcol + t * 16, kT);
+      }
     }
     for (int64_t r = 0; r < R; ++r)
       for (int64_t g = 0; g < Gv; ++g) {

@@ -223,6 +223,29 @@ CIDER_INLINE void quantize_group(const float* w, int gs, int bits, uint8_t* code
   *bias_out = bias;
 }
 
+// One group of symmetric codes: quant::symmetric_quantize_group's edge and step (scalar float32: the first value of
+// largest magnitude), codes in SIMD. Returns the stored step (rounded to the scale dtype t).
+CIDER_INLINE float quantize_group_symmetric(const float* w, int gs, int bits, DType t, uint8_t* codes) {
+  float edge = w[0];
+  for (int i = 1; i < gs; ++i)
+    if (__builtin_fabsf(w[i]) > __builtin_fabsf(edge)) edge = w[i];
+  const float half = static_cast<float>(1 << (bits - 1)), top = static_cast<float>((1 << bits) - 1);
+  const float e = edge / -half;
+  const float d = t == DType::kF32 ? e : t == DType::kF16 ? f16_bits_to_f32(f32_to_f16_bits(e)) : bf16_bits_to_f32(f32_to_bf16_bits(e));
+  if (d == 0.0f) {
+    std::memset(codes, 1 << (bits - 1), static_cast<size_t>(gs));
+    return d;
+  }
+  const __m512 vd = _mm512_set1_ps(d), vh = _mm512_set1_ps(half), vt = _mm512_set1_ps(top);
+  for (int k = 0; k < gs; k += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(w + k), vd),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(q, vh), _mm512_setzero_ps()), vt);  // max(NaN, 0) = 0
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+  }
+  return d;
+}
+
 // Packs n codes (n·bits a multiple of 32) into the little-endian bit stream of MLX's format.
 CIDER_INLINE void pack(const uint8_t* codes, int n, int bits, uint32_t* words) {
   if (bits == 8) {
@@ -291,10 +314,17 @@ CIDER_AVX512 void append_rows(const KVAppendArgs& a, float* row, float* ql, floa
     }
     uint32_t* dst = static_cast<uint32_t*>(a.dst) + i * words;
     for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* scales = static_cast<uint8_t*>(a.scales) + i * groups * ss;
+      if (a.symmetric) {
+        const float d = quantize_group_symmetric(row + g * a.group_size, a.group_size, a.bits, a.dst_dtype, codes);
+        pack(codes, a.group_size, a.bits, dst + g * a.group_size * a.bits / 32);
+        store_scale(scales, a.dst_dtype, g, d);
+        continue;
+      }
       float s, b;
       quantize_group(row + g * a.group_size, a.group_size, a.bits, codes, &s, &b);
       pack(codes, a.group_size, a.bits, dst + g * a.group_size * a.bits / 32);
-      store_scale(static_cast<uint8_t*>(a.scales) + i * groups * ss, a.dst_dtype, g, s);
+      store_scale(scales, a.dst_dtype, g, s);
       store_scale(static_cast<uint8_t*>(a.biases) + i * groups * ss, a.dst_dtype, g, b);
     }
   }
