@@ -59,6 +59,7 @@ struct Options {
   int kbits = 4, vbits = 3, group = 64;
   bool kchan = false;  // --kv-layout channel: per-channel keys (scales [blocks, D], a bf16 residual window)
   int outliers = 0;    // --kv-outliers N (with --kv-layout channel): refined channels per block (random codes)
+  bool vsym = false;   // --kv-values symmetric: value steps only, no value biases (KVTensorView::symmetric)
   int reps = 20;
   int threads = 0;
   int64_t pool_mb = 1024;
@@ -86,7 +87,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void usage(const char* prog) {
   std::printf(
       "usage: %s [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
-      "         [--group 64] [--kv-layout token|channel] [--kv-outliers N] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "         [--group 64] [--kv-layout token|channel] [--kv-outliers N] [--kv-values affine|symmetric] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
       "         [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
       "decode attention (B 1, L query rows) over a packed K/V cache, timed per ISA level; table or --json lines\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n",
@@ -183,6 +184,10 @@ Planes make_planes(const Options& o, int64_t D, int64_t kL, std::mt19937_64& rng
   };
   p.keys = view(p.kc, p.ks, p.kb, o.kbits);
   p.values = view(p.vc, p.vs, p.vb, o.vbits);
+  if (o.vsym) {
+    p.values.biases = nullptr;
+    p.values.symmetric = true;
+  }
   if (o.kchan) {  // key scales/biases read as [Hkv, cap/group, D]: the same bytes as [Hkv, cap, D/group]
     p.keys.layout = 1;
     p.keys.blocks = cap / o.group;
@@ -422,6 +427,7 @@ int main_with_args(int argc, char** argv) {
       else if (arg == "--kbits") o.kbits = std::stoi(next());
       else if (arg == "--kv-layout") o.kchan = next() == std::string("channel");
       else if (arg == "--kv-outliers") o.outliers = std::stoi(next());
+      else if (arg == "--kv-values") o.vsym = next() == std::string("symmetric");
       else if (arg == "--vbits") o.vbits = std::stoi(next());
       else if (arg == "--group") o.group = std::stoi(next());
       else if (arg == "--reps") o.reps = std::stoi(next());
@@ -450,6 +456,11 @@ int main_with_args(int argc, char** argv) {
     if (o.outliers != 0 && (!o.kchan || o.outliers < 0 || o.nn)) {
       std::fprintf(stderr, "%s: error: --kv-outliers N (N > 0) times the kernels on per-channel keys: it needs "
                    "--kv-layout channel and --no-nn; got %d\n", prog, o.outliers);
+      return 2;
+    }
+    if (o.vsym && o.nn) {
+      std::fprintf(stderr, "%s: error: --kv-values symmetric times the kernels on symmetric value codes: it needs "
+                   "--no-nn\n", prog);
       return 2;
     }
     return run(o);

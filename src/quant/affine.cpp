@@ -82,13 +82,17 @@ void affine_quantize_row(const float* w, int64_t K, int group_size, int bits, ui
   }
 }
 
-void symmetric_quantize_group(const float* w, int group_size, int bits, DType scale_dtype, uint8_t* codes,
-                              float* step) {
+float symmetric_step(const float* w, int group_size, int bits, DType scale_dtype) {
   float edge = w[0];
   for (int i = 1; i < group_size; ++i)
     if (std::fabs(w[i]) > std::fabs(edge)) edge = w[i];
+  return round_to(scale_dtype, edge / -static_cast<float>(1 << (bits - 1)));
+}
+
+void symmetric_quantize_group(const float* w, int group_size, int bits, DType scale_dtype, uint8_t* codes,
+                              float* step) {
   const float half = static_cast<float>(1 << (bits - 1)), top = static_cast<float>((1 << bits) - 1);
-  const float d = round_to(scale_dtype, edge / -half);
+  const float d = symmetric_step(w, group_size, bits, scale_dtype);
   for (int i = 0; i < group_size; ++i) {
     const float q = d != 0.0f ? std::rint(w[i] / d) + half : half;
     codes[i] = static_cast<uint8_t>(q >= 0.0f ? std::min(q, top) : 0.0f);  // NaN (compares false): 0

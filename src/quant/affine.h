@@ -63,6 +63,8 @@ void affine_quantize_columns(const float* x, int64_t x_stride, int64_t n, int64_
 // the affine algebra with a bias that is not stored. Writes the codes and the stored step (already rounded).
 void symmetric_quantize_group(const float* w, int group_size, int bits, DType scale_dtype, uint8_t* codes,
                               float* step);
+// Its step alone (the SIMD appends compute the codes from it): round_to(scale_dtype, edge / −2^(bits−1)).
+float symmetric_step(const float* w, int group_size, int bits, DType scale_dtype);
 // One row of K values: packed [K·bits/32] words, steps [K/group_size] in scale_dtype.
 void symmetric_quantize_row(const float* w, int64_t K, int group_size, int bits, uint32_t* packed, void* scales,
                             DType scale_dtype);

@@ -19,6 +19,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
+#include "quant/affine.h"
 
 #define CIDER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define CIDER_INLINE static inline __attribute__((always_inline)) CIDER_AVX512
@@ -223,15 +224,10 @@ CIDER_INLINE void quantize_group(const float* w, int gs, int bits, uint8_t* code
   *bias_out = bias;
 }
 
-// One group of symmetric codes: quant::symmetric_quantize_group's edge and step (scalar float32: the first value of
-// largest magnitude), codes in SIMD. Returns the stored step (rounded to the scale dtype t).
+// One group of symmetric codes: quant::symmetric_step (the scalar rule), codes in SIMD. Returns the stored step.
 CIDER_INLINE float quantize_group_symmetric(const float* w, int gs, int bits, DType t, uint8_t* codes) {
-  float edge = w[0];
-  for (int i = 1; i < gs; ++i)
-    if (__builtin_fabsf(w[i]) > __builtin_fabsf(edge)) edge = w[i];
   const float half = static_cast<float>(1 << (bits - 1)), top = static_cast<float>((1 << bits) - 1);
-  const float e = edge / -half;
-  const float d = t == DType::kF32 ? e : t == DType::kF16 ? f16_bits_to_f32(f32_to_f16_bits(e)) : bf16_bits_to_f32(f32_to_bf16_bits(e));
+  const float d = quant::symmetric_step(w, gs, bits, t);
   if (d == 0.0f) {
     std::memset(codes, 1 << (bits - 1), static_cast<size_t>(gs));
     return d;
