@@ -40,7 +40,7 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                                                      "--weights native, else bf16"));
   c->add_option("--kv", m.kv,
                 "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v4, k4v4, k4v3, ...); default: k5v4 with "
-                "per-channel keys and head_dim/32 outlier key channels on cpu, k8v4 on cuda (docs/quality.md)");
+                "per-channel keys and head_dim/32 outlier key channels, and on cpu symmetric values (docs/quality.md)");
   c->add_option("--kv-rotation", m.kv_rotation,
                 "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none (default hadamard; with "
                 "per-channel keys it rotates the values)");
@@ -55,7 +55,7 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_option("--kv-values", m.kv_values,
                 "value codes of a quantized KV cache: affine (a scale and a bias per group) or symmetric (a step per "
                 "group, no bias: 0.25 bits per value less at group 64, llama.cpp's q4_0 kind; cpu only); default: "
-                "the default cache's (affine)");
+                "symmetric for the default cache on cpu, affine otherwise");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

@@ -102,15 +102,31 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   ASSERT_EQ(cider_model_info_get(o0.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan");
 
-  // The defaults: bf16 weights, on the CPU k5v4 with per-channel keys and head_dim/32 = 2 outlier channels
+  out.kv_values = "symmetric";  // symmetric values on an explicit format
+  ModelHandle os(&out);
+  ASSERT_EQ(cider_model_info_get(os.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/vsym");
+  out.kv_values = "sym";
+  cider_model* bad = nullptr;
+  EXPECT_EQ(cider_model_load(kTiny.c_str(), &out, &bad), CIDER_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(cider_last_error()).find("kv values must be affine or symmetric"), std::string::npos)
+      << cider_last_error();
+  out.kv_values = nullptr;
+
+  // The defaults: bf16 weights, on the CPU k5v4 with per-channel keys, head_dim/32 = 2 outlier channels and symmetric
+  // values
   ModelHandle d;
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
-  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/kchan/o2");
+  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/kchan/o2/vsym");
   cider_model_options token = cider_model_options_default();  // the default cache with per-token keys: no outliers
   token.kv_layout = "token";
   ModelHandle dt(&token);
   ASSERT_EQ(cider_model_info_get(dt.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/vsym");
+  token.kv_values = "affine";
+  ModelHandle da(&token);
+  ASSERT_EQ(cider_model_info_get(da.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.kv, "k5v4/hadamard/g64");
   EXPECT_EQ(info.context_length, 1024);  // the model's maximum
 }

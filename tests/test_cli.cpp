@@ -514,12 +514,14 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   const CliResult i = cider("inspect -m " + quote(kTiny));
   ASSERT_EQ(i.status, 0) << i.err;
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
-                           "tensors in the files: ", "BF16", "weights in memory: bf16", "kv cache: k5v4/hadamard/g64/kchan/o2"})
+                           "tensors in the files: ", "BF16", "weights in memory: bf16",
+                           "kv cache: k5v4/hadamard/g64/kchan/o2/vsym"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
   // The default cache with per-token keys has no outlier channels; with per-channel keys, as many as asked.
-  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{" --kv-layout token", "k5v4/hadamard/g64\n"},
-                                  {" --kv-outliers 0", "k5v4/hadamard/g64/kchan\n"},
-                                  {" --kv-outliers 3", "k5v4/hadamard/g64/kchan/o3\n"}}) {
+  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{" --kv-layout token", "k5v4/hadamard/g64/vsym\n"},
+                                  {" --kv-outliers 0", "k5v4/hadamard/g64/kchan/vsym\n"},
+                                  {" --kv-outliers 3", "k5v4/hadamard/g64/kchan/o3/vsym\n"},
+                                  {" --kv-values affine", "k5v4/hadamard/g64/kchan/o2\n"}}) {
     const CliResult d = cider("inspect -m " + quote(kTiny) + extra);
     ASSERT_EQ(d.status, 0) << d.err;
     EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;

@@ -158,7 +158,8 @@ typedef struct cider_sampler cider_sampler;
 
 typedef struct cider_model_options {
   const char* weights;     /* NULL = native for a .gguf file on cpu, else "bf16" */
-  const char* kv;          /* NULL = the device's default: k5v4, per-channel keys, auto outliers on cpu; k8v4 on cuda */
+  const char* kv;          /* NULL = the device's default: k5v4, per-channel keys, auto outliers (and symmetric values
+                              on cpu); on cuda heads other than 128 or 256 wide get k8v4 */
   const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
   int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */
   int64_t ctx;             /* context length; 0 = the model's maximum, capped at 8192 */
@@ -167,6 +168,8 @@ typedef struct cider_model_options {
   const char* kv_layout;   /* "token" or "channel" (keys per channel); NULL or "" = the default's (token with kv) */
   int kv_outliers;         /* with kv_layout "channel": outlier key channels per block, refined by 4 bits; -1 = auto
                               (head_dim/32); 0 = the default's: auto with kv NULL, none with an explicit kv */
+  const char* kv_values;   /* "affine" or "symmetric" value codes (symmetric: a step per group, no bias; cpu only);
+                              NULL or "" = the default's: symmetric with kv NULL on cpu, affine otherwise */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -63,6 +63,10 @@ struct KVSpec {
   // keys); 0 = the default's: automatic for the default cache (format ""), none with an explicit format. A
   // standalone KVCache refuses them (it is not shown the queries).
   int key_outliers = 0;
+  // Quantized caches: value codes "affine" (a scale and a bias per group) or "symmetric" (a step per group and no
+  // bias: 0.125 bits per value less at group 64; CPU only; docs/kv_cache.md). "" = the default's: symmetric for a
+  // model's default cache on the CPU (format ""), affine otherwise.
+  std::string values;
   // Standalone caches only (a model seeds its own): the rotation's seed and the stored scales' dtype
   // (DType::kF16, kBF16 or kF32).
   uint64_t seed = 0;

@@ -79,6 +79,7 @@ KVSpec public_spec(const nn::KVCacheMeta& m) {
   s.rotation = nn::rotation_name(m.rotation);
   s.group_size = m.quantized ? m.group_size : 0;
   s.key_layout = nn::key_layout_name(m.key_layout);
+  s.values = m.quantized ? nn::value_codes_name(m.v_symmetric) : "";
   s.seed = m.seed;
   s.scale_dtype = m.scale_dtype;
   return s;
@@ -101,7 +102,7 @@ std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
                                 {"key biases", m.scale_dtype, {B, H, L, m.Dk / gs}},
                                 {"value codes", DType::kU32, {B, H, L, m.Dv * m.v_bits / 32}},
                                 {"value scales", m.scale_dtype, {B, H, L, m.Dv / gs}},
-                                {"value biases", m.scale_dtype, {B, H, L, m.Dv / gs}}};
+                                {"value biases", m.scale_dtype, {B, H, L, m.v_symmetric ? 0 : m.Dv / gs}}};
   if (m.key_layout == nn::KeyLayout::kChannel) {
     p[1].shape = p[2].shape = {B, H, (L + gs - 1) / gs, m.Dk};
     p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
@@ -166,11 +167,14 @@ std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
     c.scale_dtype = spec.scale_dtype;
     if (!spec.key_layout.empty())
       c.key_layout = api::named(op, "key_layout", [&] { return nn::parse_key_layout(spec.key_layout); });
+    if (!spec.values.empty()) c.v_symmetric = api::named(op, "values", [&] { return nn::parse_value_codes(spec.values); });
     return std::make_unique<nn::QuantizedKVCache>(c);
   }
   check(spec.key_layout.empty() || spec.key_layout == "token", ErrorCode::kInvalidArgument, op,
         "a plain KV cache (format \"", spec.format, "\") stores keys per position: key_layout must be \"\" or "
         "\"token\"; got \"", spec.key_layout, "\"");
+  check(spec.values.empty() || spec.values == "affine", ErrorCode::kInvalidArgument, op, "a plain KV cache (format \"",
+        spec.format, "\") stores its values as they are: values must be \"\" or \"affine\"; got \"", spec.values, "\"");
   nn::PlainKVCacheConfig c;
   c.dtype = kv.plain_dtype;
   c.rotation = rotation;

@@ -33,7 +33,7 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   const int gs = options.kv.group_size;
   // The engine's default only when nothing of the cache was chosen (then Model::load may adapt it to the model).
   o.kv.device_default = options.kv.format.empty() && options.kv.rotation.empty() && options.kv.key_layout.empty() &&
-                        options.kv.key_outliers == 0 && gs == 0;
+                        options.kv.key_outliers == 0 && gs == 0 && options.kv.values.empty();
   check(gs == 0 || gs == 32 || gs == 64 || gs == 128, ErrorCode::kInvalidArgument, op,
         "kv.group_size must be 0 (automatic), 32, 64 or 128; got ", gs);
   if (!options.kv.rotation.empty()) {
@@ -51,6 +51,14 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
           options.kv.format, "\") stores keys per position: kv.key_layout must be \"\" or \"token\"; got \"",
           options.kv.key_layout, "\"");
     o.kv.key_layout = l;
+  }
+  if (!options.kv.values.empty()) {
+    const bool sym = named(op, "kv.values", [&] { return nn::parse_value_codes(options.kv.values); });
+    check(o.kv.quantized || !sym, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
+          "\") stores its values as they are: kv.values must be \"\" or \"affine\"; got \"", options.kv.values, "\"");
+    if (o.kv.quantized) o.kv.v_symmetric = sym;
+  } else if (!options.kv.format.empty()) {
+    o.kv.v_symmetric = false;  // an explicit format: affine values unless asked for
   }
   check(options.kv.key_outliers >= -1, ErrorCode::kInvalidArgument, op,
         "kv.key_outliers must be -1 (automatic), 0 (the default's) or a count; got ", options.kv.key_outliers);
