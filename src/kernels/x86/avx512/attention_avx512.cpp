@@ -582,8 +582,18 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   prefetch_range(static_cast<const uint8_t*>(K.data) + kr * c.krow_bytes, kTileRows * c.krow_bytes);
   prefetch_range(static_cast<const uint8_t*>(V.data) + vr * c.vrow_bytes, kTileRows * c.vrow_bytes);
   const int64_t kes = scale_bytes(K.scale_dtype) * c.Gk, ves = scale_bytes(V.scale_dtype) * c.Gv;
-  prefetch_range(static_cast<const uint8_t*>(K.scales) + kr * kes, kTileRows * kes);
-  prefetch_range(static_cast<const uint8_t*>(K.biases) + kr * kes, kTileRows * kes);
+  if (c.kchan) {  // per-channel keys: the block's scale and bias rows [Dk] and its outlier planes, once per block
+    if (j0 % c.gk == 0 && j0 < c.nq) {
+      const int64_t blk = (it.b * K.H + it.g) * K.blocks + j0 / c.gk, row = scale_bytes(K.scale_dtype) * c.Dk;
+      prefetch_range(static_cast<const uint8_t*>(K.scales) + blk * row, row);
+      prefetch_range(static_cast<const uint8_t*>(K.biases) + blk * row, row);
+      if (c.nout > 0) prefetch_range(static_cast<const uint8_t*>(K.outlier_codes) + blk * c.nout * c.gk / 2,
+                                     c.nout * c.gk / 2);
+    }
+  } else {
+    prefetch_range(static_cast<const uint8_t*>(K.scales) + kr * kes, kTileRows * kes);
+    prefetch_range(static_cast<const uint8_t*>(K.biases) + kr * kes, kTileRows * kes);
+  }
   prefetch_range(static_cast<const uint8_t*>(V.scales) + vr * ves, kTileRows * ves);
   if (V.biases != nullptr) prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
