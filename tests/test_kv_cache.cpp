@@ -318,11 +318,34 @@ TEST(KVCache, SymmetricValuesStoreStepsWithoutBiases) {
     const Input k2 = make_input(rng, DType::kF32, B, H, 9, Dk), v2 = make_input(rng, DType::kF32, B, H, 9, Dv);
     c.update_and_fetch(k2.view(), v2.view());
     r.update_and_fetch(k2.view(), v2.view());
-    const nn::KVCacheSnapshot sc = c.snapshot(), sr = r.snapshot();
+    // Past a 256-position step (the storage grows, copying the empty bias rows too), then a prefix copy and a trim.
+    const Input k3 = make_input(rng, DType::kF32, B, H, 300, Dk), v3 = make_input(rng, DType::kF32, B, H, 300, Dv);
+    c.update_and_fetch(k3.view(), v3.view());
+    r.update_and_fetch(k3.view(), v3.view());
+    const std::unique_ptr<nn::KVCache> prefix = c.copy_prefix(200);
+    c.trim(c.offset() - 200);
+    r.trim(r.offset() - 200);
+    const nn::KVCacheSnapshot sc = c.snapshot(), sr = r.snapshot(), sp = prefix->snapshot();
     ASSERT_EQ(sc.num_planes(), sr.num_planes());
-    for (size_t p = 0; p < sc.num_planes(); ++p)
+    for (size_t p = 0; p < sc.num_planes(); ++p) {
+      ASSERT_EQ(sc.plane(p).nbytes(), sr.plane(p).nbytes()) << "plane " << p;
+      ASSERT_EQ(sc.plane(p).nbytes(), sp.plane(p).nbytes()) << "plane " << p;
+      if (sc.plane(p).nbytes() == 0) continue;  // the value biases: no buffer to compare
       ASSERT_EQ(0, std::memcmp(sc.plane(p).data(), sr.plane(p).data(), sc.plane(p).nbytes())) << "plane " << p;
+      ASSERT_EQ(0, std::memcmp(sc.plane(p).data(), sp.plane(p).data(), sc.plane(p).nbytes())) << "prefix plane " << p;
+    }
   }
+  // A sliding-window cache with symmetric values drops positions in bulk (the empty bias plane included).
+  QuantizedKVCacheConfig wcfg{4, 4, 64, RotationKind::kHadamard, rng(), DType::kF16};
+  wcfg.v_symmetric = true;
+  wcfg.window = 100;
+  QuantizedKVCache w(wcfg);
+  for (int i = 0; i < 6; ++i) {
+    const Input kw = make_input(rng, DType::kF32, 1, 2, 200, 64), vw = make_input(rng, DType::kF32, 1, 2, 200, 64);
+    w.update_and_fetch(kw.view(), vw.view());
+  }
+  EXPECT_GT(w.start(), 0);
+  EXPECT_TRUE(w.values().symmetric);
   nn::KVSpec plain = nn::parse_kv_spec("bf16");
   plain.v_symmetric = true;
   expect_error([&] { plain.validate("test"); }, ErrorCode::kInvalidArgument, "test", "symmetric values");

@@ -179,7 +179,7 @@ void check_stored_finite(detail::KVStore& store, size_t plane, int64_t row_elems
       const int64_t at = find_nonfinite(store.row(plane, b, h, start), dt, n * row_elems);
       if (at < 0) continue;
       for (size_t p = 0; p < shapes.size(); ++p)
-        for (int64_t bb = 0; bb < store.B() && shapes[p].per == 1; ++bb)
+        for (int64_t bb = 0; bb < store.B() && shapes[p].per == 1 && shapes[p].row_bytes > 0; ++bb)
           for (int64_t hh = 0; hh < store.H(); ++hh)
             std::memset(store.row(p, bb, hh, start), 0, static_cast<size_t>(n * shapes[p].row_bytes));
       fail(ErrorCode::kOutOfRange, op, what, " at [", b, ", ", h, ", ", at / row_elems,
@@ -387,7 +387,7 @@ namespace {
 // Copies the first `rows` rows of each (b, h) from a plane of src_rows rows per head to one of dst_rows.
 void copy_head_rows(uint8_t* dst, int64_t dst_rows, const uint8_t* src, int64_t src_rows, int64_t rows,
                     int64_t row_bytes, int64_t heads) {
-  if (rows <= 0) return;
+  if (rows <= 0 || row_bytes == 0) return;  // a plane of empty rows (symmetric values' biases) has no buffer
   for (int64_t bh = 0; bh < heads; ++bh)
     std::memcpy(dst + bh * dst_rows * row_bytes, src + bh * src_rows * row_bytes, static_cast<size_t>(rows * row_bytes));
 }
@@ -419,7 +419,7 @@ void KVStore::drop_front(int64_t d) {
   if (d <= 0) return;
   for (size_t p = 0; p < planes_.size(); ++p) {
     const PlaneShape& s = shapes_[p];
-    if (s.per == 0) continue;  // fixed rows (the residual window): not per position
+    if (s.per == 0 || s.row_bytes == 0) continue;  // fixed rows (the residual window): not per position; empty rows
     const int64_t skip = d / s.per, keep = s.rows(offset_) - skip, rows = s.rows(capacity_);
     if (keep <= 0) continue;
     for (int64_t bh = 0; bh < B_ * H_; ++bh) {
