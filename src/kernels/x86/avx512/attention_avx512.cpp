@@ -274,6 +274,43 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
 
 // ---- keys ------------------------------------------------------------------------------------------------------
 
+// The first nc <= 8 words of the 16 rows of a tile (row j at rows + j·row_bytes) as columns: out[k] = word k of every
+// row (rows in lanes). Each vector holds rows j and j + 8 (a 256-bit half each), so the 8×8 transposes of both halves
+// run side by side: 16 interleaves and 8 two-source permutes, where the 16×16 transpose takes 64 shuffles — the
+// last chunk of a row's words (D 128 at 5 bits: 20 words = 16 + 4; D 64 at 4 bits: 8) is this one.
+CIDER_INLINE void transpose16x8(const uint8_t* rows, int64_t row_bytes, int64_t nc, __m512i* out) {
+  const __mmask8 m = static_cast<__mmask8>((1u << nc) - 1u);
+  __m512i v[8], t[8];
+  for (int j = 0; j < 8; ++j)
+    v[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi32(m, rows + j * row_bytes)),
+                              _mm256_maskz_loadu_epi32(m, rows + (j + 8) * row_bytes), 1);
+  for (int i = 0; i < 8; i += 4) {  // lane q of t[i + c]: word c (q even) or 4 + c (q odd) of 4 rows
+    const __m512i a = _mm512_unpacklo_epi32(v[i], v[i + 1]), b = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    const __m512i c = _mm512_unpacklo_epi32(v[i + 2], v[i + 3]), d = _mm512_unpackhi_epi32(v[i + 2], v[i + 3]);
+    t[i] = _mm512_unpacklo_epi64(a, c);
+    t[i + 1] = _mm512_unpackhi_epi64(a, c);
+    t[i + 2] = _mm512_unpacklo_epi64(b, d);
+    t[i + 3] = _mm512_unpackhi_epi64(b, d);
+  }
+  // word c: lanes 0 of t[c] (rows 0-3) and t[4 + c] (rows 4-7), then lanes 2 (rows 8-11, 12-15); word 4 + c: lanes 1, 3
+  const __m512i even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int c = 0; c < 4; ++c) {
+    out[c] = _mm512_permutex2var_epi64(t[c], even, t[4 + c]);
+    out[4 + c] = _mm512_permutex2var_epi64(t[c], odd, t[4 + c]);
+  }
+}
+
+// Words cb .. cb + nc − 1 (nc <= 16) of the 16 rows of a tile as columns (v[k] = word cb + k of every row).
+CIDER_INLINE void tile_columns(const uint8_t* rows, int64_t row_bytes, int64_t cb, int64_t nc, __m512i* v) {
+  if (nc <= 8) {
+    transpose16x8(rows + cb * 4, row_bytes, nc, v);
+    return;
+  }
+  const __mmask16 m = mask16(nc);
+  for (int j = 0; j < 16; ++j) v[j] = _mm512_maskz_loadu_epi32(m, rows + j * row_bytes + cb * 4);
+  transpose16(v);
+}
+
 // Keys of a width other than 4 and 8 (2, 3, 5 or 6 bits) into the byte layout of key_columns below (colbuf[k]: the
 // codes of dims 4k .. 4k + 3 of every row, one per byte): the tile's packed rows are transposed as they are (rows in
 // lanes; Dk·bits/32 words per row), then column word k is cut out of every lane's bit stream — the 4·bits-bit field at
@@ -287,10 +324,8 @@ CIDER_INLINE void key_columns_packed(const uint8_t* rows, int64_t row_bytes, int
   const int64_t nw = Dk * BITS / 32;
   for (int64_t cb = 0; cb < nw; cb += 16) {
     const int64_t nc = imin(16, nw - cb);
-    const __mmask16 m = mask16(nc);
     __m512i v[16];
-    for (int j = 0; j < 16; ++j) v[j] = _mm512_maskz_loadu_epi32(m, rows + j * row_bytes + cb * 4);
-    transpose16(v);
+    tile_columns(rows, row_bytes, cb, nc, v);
     for (int64_t k = 0; k < nc; ++k) _mm512_store_si512(words + cb + k, v[k]);
   }
   constexpr int kMask = (1 << BITS) - 1;
@@ -316,10 +351,8 @@ CIDER_INLINE void key_columns(const uint8_t* rows, int64_t row_bytes, int64_t Wd
   const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F);
   for (int64_t cb = 0; cb < Wd; cb += 16) {
     const int64_t nc = imin(16, Wd - cb);
-    const __mmask16 m = mask16(nc);
     __m512i v[16];
-    for (int j = 0; j < 16; ++j) v[j] = _mm512_maskz_loadu_epi32(m, rows + j * row_bytes + cb * 4);
-    transpose16(v);
+    tile_columns(rows, row_bytes, cb, nc, v);
     for (int64_t k = 0; k < nc; ++k) {
       if (nib) {
         _mm512_store_si512(colbuf + (2 * (cb + k)) * 16, _mm512_and_si512(v[k], low4));
