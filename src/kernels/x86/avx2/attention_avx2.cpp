@@ -380,7 +380,17 @@ CIDER_INLINE void scores8(const Ctx& c, const Scratch& s, const Item& it, int64_
 
 // ---- values ------------------------------------------------------------------------------------------------------
 
-enum class VKind { kBytes, kLut8, kMaskCvt };
+// kNib4 (4-bit values): each 16 dims from their 8 bytes, the even dims (low nibbles) into the first vector and the odd
+// dims (high nibbles) into the second — one zero-extension, an and, a shift and two conversions per 16 codes, where
+// the per-8 shuffle/shift/mask path takes eight operations — so s.acc holds every 16 dims as [even | odd]
+// (nib4_acc_index; the partial result is written back in dim order).
+enum class VKind { kBytes, kLut8, kMaskCvt, kNib4 };
+
+// Where dim d of a row sits in s.acc with 4-bit values: within its block of 16, the even dims first.
+CIDER_INLINE int64_t nib4_acc_index(int64_t d) {
+  const int64_t i = d & 15;
+  return (d - i) + ((i & 1) ? 8 + i / 2 : i / 2);
+}
 
 template <VKind VK>
 CIDER_INLINE __m256 decode8(const uint8_t* p, __m256i shuf, __m256i shift, __m256 tab, __m256i lowmask) {
@@ -417,7 +427,16 @@ CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows
   for (int64_t j = 0; j < nrows; ++j) {
     const uint8_t* row = rows + j * c.vrow_bytes;
     __m256 cf[NP];
-    for (int q = 0; q < NP; ++q) cf[q] = decode8<VK>(row + off[q], shuf[q], shift, tab, lowmask);
+    if constexpr (VK == VKind::kNib4) {
+      static_assert(NP % 2 == 0, "4-bit values come 16 dims at a time");
+      for (int q = 0; q < NP; q += 2) {  // dims d0 + 8q .. + 15: bytes (d0 + 8q)/2 .. + 7
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + (d0 + 8 * q) / 2)));
+        cf[q] = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));  // even dims
+        cf[q + 1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));                 // odd dims
+      }
+    } else {
+      for (int q = 0; q < NP; ++q) cf[q] = decode8<VK>(row + off[q], shuf[q], shift, tab, lowmask);
+    }
     for (int r = 0; r < NR; ++r)
       for (int q = 0; q < NP; ++q)
         acc[r][q] = _mm256_fmadd_ps(cf[q], _mm256_broadcast_ss(w[q] + r * kT + j), acc[r][q]);
@@ -438,6 +457,7 @@ CIDER_INLINE void value_rows_all_dims(const Ctx& c, const Scratch& s, const uint
 template <int NR>
 CIDER_INLINE void values(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows, int64_t r0) {
   if (c.vb == 8) value_rows_all_dims<NR, VKind::kBytes>(c, s, rows, nrows, r0);
+  else if (c.vb == 4) value_rows_all_dims<NR, VKind::kNib4>(c, s, rows, nrows, r0);
   else if (c.vb <= 3) value_rows_all_dims<NR, VKind::kLut8>(c, s, rows, nrows, r0);
   else value_rows_all_dims<NR, VKind::kMaskCvt>(c, s, rows, nrows, r0);
 }
@@ -774,7 +794,11 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
     o[1] = s.l[r];
     for (int64_t g = 0; g < Gv; ++g) {
       const float bias = hsum8(_mm256_load_ps(s.bacc + (r * Gv + g) * 8));
-      for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+      if (c.vb == 4) {  // s.acc in the [even | odd] order of VKind::kNib4
+        for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + nib4_acc_index(d)] + bias;
+      } else {
+        for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+      }
     }
   }
 }
