@@ -479,7 +479,17 @@ CIDER_INLINE void tile_scores_store(const Ctx& c, const Scratch& s, const Item& 
 // stream with a byte shuffle of a 16-byte load, shift it into place, then look the low bits up in a table of floats
 // (vpermps reads index bits 3:0, vpermt2ps bits 4:0, so codes of up to 4 resp. 5 bits need no mask) or mask and
 // convert (6 bits).
-enum class VKind { kBytes, kLut16, kLut32, kMaskCvt };
+// kNib4 (4-bit values): each 32 dims from their 16 bytes, the even dims (low nibbles) into the first vector and the
+// odd dims (high nibbles) into the second — one zero-extension, an and, a shift and two conversions per 32 codes,
+// where the shuffle/shift/lookup path takes six operations and two broadcast loads — so s.acc holds every 32 dims as
+// [even | odd] (nib4_acc_index; the partial result is written back in dim order).
+enum class VKind { kBytes, kLut16, kLut32, kMaskCvt, kNib4 };
+
+// Where dim d of a row sits in s.acc with 4-bit values: within its block of 32, the even dims first.
+CIDER_INLINE int64_t nib4_acc_index(int64_t d) {
+  const int64_t i = d & 31;
+  return (d - i) + ((i & 1) ? 16 + i / 2 : i / 2);
+}
 
 template <VKind VK>
 CIDER_INLINE __m512 decode16(const uint8_t* p, __m512i shuf, __m512i shift, __m512 tab0, __m512 tab1,
@@ -522,7 +532,17 @@ CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows
   for (int64_t j = 0; j < nrows; ++j) {
     const uint8_t* row = rows + j * rb;
     __m512 cf[NP];
-    for (int q = 0; q < NP; ++q) cf[q] = decode16<VK>(row + off[q], shuf[q], shift, tab0, tab1, lowmask);
+    if constexpr (VK == VKind::kNib4) {
+      static_assert(NP % 2 == 0, "4-bit values come 32 dims at a time");
+      for (int q = 0; q < NP; q += 2) {  // dims d0 + 16q .. + 31: bytes (d0 + 16q)/2 .. + 15
+        const __m512i b =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (d0 + 16 * q) / 2)));
+        cf[q] = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));  // even dims
+        cf[q + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));                 // odd dims
+      }
+    } else {
+      for (int q = 0; q < NP; ++q) cf[q] = decode16<VK>(row + off[q], shuf[q], shift, tab0, tab1, lowmask);
+    }
     for (int r = 0; r < NR; ++r) {
       __m512 wv[NH];
       for (int h = 0; h < NH; ++h) wv[h] = _mm512_set1_ps(w[h][r * kT + j]);
@@ -547,7 +567,8 @@ template <int NR>
 CIDER_INLINE void value_rows_dispatch(const Ctx& c, const Scratch& s, const uint8_t* rows, int64_t nrows,
                                       int64_t r0) {
   if (c.vb == 8) value_rows_all_dims<NR, VKind::kBytes>(c, s, rows, nrows, r0);
-  else if (c.vb <= 4) value_rows_all_dims<NR, VKind::kLut16>(c, s, rows, nrows, r0);
+  else if (c.vb == 4) value_rows_all_dims<NR, VKind::kNib4>(c, s, rows, nrows, r0);
+  else if (c.vb <= 3) value_rows_all_dims<NR, VKind::kLut16>(c, s, rows, nrows, r0);
   else if (c.vb == 5) value_rows_all_dims<NR, VKind::kLut32>(c, s, rows, nrows, r0);
   else value_rows_all_dims<NR, VKind::kMaskCvt>(c, s, rows, nrows, r0);
 }
@@ -921,7 +942,11 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
     o[1] = s.l[r];
     for (int64_t g = 0; g < Gv; ++g) {
       const float bias = _mm512_reduce_add_ps(_mm512_load_ps(s.bacc + (r * Gv + g) * 16));
-      for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+      if (c.vb == 4) {  // s.acc in the [even | odd] order of VKind::kNib4
+        for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + nib4_acc_index(d)] + bias;
+      } else {
+        for (int64_t d = g * c.gv; d < (g + 1) * c.gv; ++d) o[2 + d] = s.acc[r * Dv + d] + bias;
+      }
     }
   }
 }
