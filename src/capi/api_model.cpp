@@ -57,8 +57,6 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
     check(o.kv.quantized || !sym, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
           "\") stores its values as they are: kv.values must be \"\" or \"affine\"; got \"", options.kv.values, "\"");
     if (o.kv.quantized) o.kv.v_symmetric = sym;
-  } else if (!options.kv.format.empty()) {
-    o.kv.v_symmetric = false;  // an explicit format: affine values unless asked for
   }
   check(options.kv.key_outliers >= -1, ErrorCode::kInvalidArgument, op,
         "kv.key_outliers must be -1 (automatic), 0 (the default's) or a count; got ", options.kv.key_outliers);

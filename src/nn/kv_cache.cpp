@@ -173,7 +173,8 @@ void check_f16_range(const TensorView& x, const char* op) {
 void check_stored_finite(detail::KVStore& store, size_t plane, int64_t row_elems, DType dt, int64_t start, int64_t n,
                          const std::vector<detail::PlaneShape>& shapes, const char* op, const char* what,
                          const char* stored) {
-  if (dt != DType::kF16 || n == 0) return;  // float32 and bfloat16 hold every finite float32 input
+  // float32 and bfloat16 hold every finite float32 input; a plane of empty rows (symmetric values' biases) holds none
+  if (dt != DType::kF16 || n == 0 || shapes[plane].row_bytes == 0) return;
   for (int64_t b = 0; b < store.B(); ++b)
     for (int64_t h = 0; h < store.H(); ++h) {
       const int64_t at = find_nonfinite(store.row(plane, b, h, start), dt, n * row_elems);
@@ -628,7 +629,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     }
   const std::vector<detail::PlaneShape> shapes = plane_shapes(meta());
   for (size_t p : {1, 2, 4, 5})
-    if ((p > 3 || !channel) && !(p == 5 && config_.v_symmetric))
+    if (p > 3 || !channel)
       check_stored_finite(store_, p, (p < 3 ? Dk_ : Dv_) / gs, sd, start, n, shapes, op, p < 3 ? "keys" : "values",
                           p % 3 == 1 ? "scale" : "bias");
   // The observed queries per KV head and position: [B, H, n, Dk + 1], Σ over the head's group (empty: none shown).
