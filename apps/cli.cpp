@@ -159,6 +159,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
     if (!a.kv_rotation.empty()) o.kv.rotation = model::parse_kv_rotation(a.kv_rotation);
     if (!a.kv_layout.empty()) o.kv.key_layout = nn::parse_key_layout(a.kv_layout);
     if (!a.kv_values.empty()) o.kv.v_symmetric = nn::parse_value_codes(a.kv_values);
+    if (!a.kv_recent.empty()) o.kv.recent_exact = nn::parse_recent(a.kv_recent);
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
     if (a.kv_outliers == "auto") {
@@ -173,12 +174,15 @@ model::ModelOptions model_options(const ModelArgs& a) {
     o.kv.validate("options");  // --kv-outliers: a count in range, with per-channel keys
     // The engine's default only when nothing of the cache was chosen (then Model::load may adapt it to the model).
     o.kv.device_default = a.kv.empty() && a.kv_rotation.empty() && a.kv_layout.empty() && a.kv_outliers.empty() &&
-                          a.kv_values.empty() &&
+                          a.kv_values.empty() && a.kv_recent.empty() &&
                           !a.kv_group_size_given;
   } else {
     check(a.kv_outliers.empty() || a.kv_outliers == "0", ErrorCode::kInvalidArgument, "options",
           "--kv-outliers refines per-channel keys of a quantized cache; a plain KV cache (--kv ", a.kv,
           ") has none: it must be 0; got ", a.kv_outliers);
+    check(a.kv_recent.empty() || !nn::parse_recent(a.kv_recent), ErrorCode::kInvalidArgument, "options",
+          "--kv-recent exact reads a quantized cache's recent block unquantized; a plain KV cache (--kv ", a.kv,
+          ") is read as it is stored");
     check(a.kv_values.empty() || !nn::parse_value_codes(a.kv_values), ErrorCode::kInvalidArgument, "options",
           "--kv-values symmetric chooses a quantized cache's value codes; a plain KV cache (--kv ", a.kv,
           ") stores its values as they are");
@@ -456,6 +460,7 @@ int run_perplexity(PerplexityArgs a) {
       b.kv_rotation.clear();
       b.kv_outliers.clear();
       b.kv_values.clear();
+      b.kv_recent.clear();
     }
     base_opts = model_options(b);
   }

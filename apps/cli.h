@@ -25,6 +25,7 @@ struct ModelArgs {
   std::string kv_rotation;         // "" = the default's (hadamard; an explicit --kv: hadamard)
   std::string kv_layout;           // "" = the default's (an explicit --kv: token)
   std::string kv_values;           // --kv-values: affine or symmetric; "" = the default's (affine)
+  std::string kv_recent;           // --kv-recent: quantized or exact; "" = the default's
   std::string kv_outliers;         // --kv-outliers: a count or "auto"; "" = the default's (an explicit --kv: 0)
   int kv_group_size = 64;
   bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide

@@ -56,6 +56,10 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "value codes of a quantized KV cache: affine (a scale and a bias per group) or symmetric (a step per "
                 "group, no bias: 0.25 bits per value less at group 64, llama.cpp's q4_0 kind; cpu only); default: "
                 "symmetric for the default cache on cpu, affine otherwise");
+  c->add_option("--kv-recent", m.kv_recent,
+                "with per-channel keys: quantized, or exact (each query reads its own block of group-size positions "
+                "unquantized, keys and values in bfloat16: the same result however a prompt is split into chunks; "
+                "cpu only); default: the default cache's");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
                           "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
                           "64 does not divide)");

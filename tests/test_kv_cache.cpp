@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
+#include "kernels/kernel_table.h"
+#include "nn/attention.h"
 #include "nn/kv_cache.h"
 #include "quant/affine.h"
 #include "support/test_support.h"
@@ -1268,6 +1271,270 @@ TEST(KVCacheChannel, OutlierChannelRejections) {
   e.update_and_fetch(k2.view(), v2.view());
   expect_error([&] { e.observe_queries(TensorView(q.data(), DType::kF32, {1, 3, 1, 64})); },
                ErrorCode::kShapeMismatch, "kv_cache_observe_queries", "multiple of its 2 KV heads");
+}
+
+
+// ---- the recent block read unquantized (KVSpec::recent_exact) --------------------------------------------------------
+
+QuantizedKVCacheConfig recent_config(uint64_t seed, int kb, int vb, int gs, int outliers = 0, bool sym = false) {
+  QuantizedKVCacheConfig c = channel_config(seed, kb, vb, gs);
+  c.key_outliers = outliers;
+  c.v_symmetric = sym;
+  c.recent_exact = true;
+  return c;
+}
+
+// Value (b, h, t, d) of a quantized view as attention reads it (rotated space): c·s + b, or c·d − 2^(bits−1)·d.
+float value_at(const KVTensorView& v, int64_t b, int64_t h, int64_t t, int64_t d) {
+  const int64_t row = (b * v.H + h) * v.capacity + t, G = v.dim / v.group_size;
+  const uint32_t* w = static_cast<const uint32_t*>(v.data) + row * quant::packed_words(v.dim, v.bits);
+  const float step = load_float(v.scales, v.scale_dtype, row * G + d / v.group_size);
+  const float bias = v.symmetric ? quant::symmetric_bias(step, v.bits)
+                                 : load_float(v.biases, v.scale_dtype, row * G + d / v.group_size);
+  return static_cast<float>(quant::unpack_code(w, d, v.bits)) * step + bias;
+}
+
+// The stage's rows against what they must hold: keys and values of positions [lo, lo + n), each either the input's
+// (keys bf16-rounded, values rotated then bf16-rounded: within one bfloat16 step of the float32 rotation) or, for
+// positions taken back from a quantized block (t < quantized_end), the dequantized codes in bfloat16.
+void expect_stage(const QuantizedKVCache& c, const Input& k, const Input& v, int64_t lo, int64_t n,
+                  int64_t quantized_end, const std::string& what) {
+  const auto st = c.exact_stage();
+  ASSERT_EQ(st.block, c.config().group_size) << what;
+  ASSERT_EQ(st.lo, lo) << what;
+  ASSERT_EQ(st.n, n) << what;
+  ASSERT_EQ(st.lo + st.n, c.offset()) << what;
+  const KVTensorView kv = c.keys(), vv = c.values();
+  const int64_t B = k.shape[0], H = k.shape[1], Dk = k.shape[3], Dv = v.shape[3];
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t t = lo + j;
+        const uint16_t* sk = st.keys + ((b * H + h) * n + j) * Dk;
+        const uint16_t* sv = st.values + ((b * H + h) * n + j) * Dv;
+        std::vector<float> rv(v.row(b, h, t), v.row(b, h, t) + Dv);
+        c.value_rotation().apply(rv.data(), 1);
+        for (int64_t d = 0; d < Dk; ++d) {
+          const uint16_t want = t < quantized_end ? f32_to_bf16(static_cast<float>(channel_key(kv, b, h, t, d)))
+                                                  : f32_to_bf16(k.row(b, h, t)[d]);
+          ASSERT_EQ(sk[d], want) << what << " key b" << b << " h" << h << " t" << t << " d" << d;
+        }
+        for (int64_t d = 0; d < Dv; ++d) {
+          if (t < quantized_end) {
+            ASSERT_EQ(sv[d], f32_to_bf16(value_at(vv, b, h, t, d))) << what << " value t" << t << " d" << d;
+          } else {
+            const float got = bf16_to_f32(sv[d]), want = rv[static_cast<size_t>(d)];
+            ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -8) + 1e-6f)
+                << what << " value b" << b << " h" << h << " t" << t << " d" << d;
+          }
+        }
+      }
+}
+
+// The stage follows appends (from the first append's block), and trim / snapshot-restore / copy_prefix leave it at
+// the incomplete block, rebuilt from the residual windows — the values' one a plane of the snapshot.
+TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
+  auto rng = test::make_rng(61);
+  const int64_t B = 2, H = 2, Dk = 64, Dv = 32, gs = 32;
+  QuantizedKVCache c(recent_config(rng(), 4, 3, gs, 2, true));
+  const Input k = make_input(rng, DType::kF32, B, H, 70, Dk), v = make_input(rng, DType::kF32, B, H, 70, Dv);
+  c.update_and_fetch(positions(k, 0, 40).view(), positions(v, 0, 40).view());
+  expect_stage(c, k, v, 0, 40, 0, "after 40");
+  c.update_and_fetch(positions(k, 40, 30).view(), positions(v, 40, 30).view());
+  expect_stage(c, k, v, 32, 38, 0, "after 70");  // [32, 40) from the residual windows, then the new rows
+  const KVCacheSnapshot snap = c.snapshot();
+  ASSERT_EQ(snap.num_planes(), 11u);  // 10 with outlier channels, then the values' residual window
+  EXPECT_EQ(snap.plane(10).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
+  QuantizedKVCache r(recent_config(0, 8, 8, 32));
+  r.restore(snap);
+  expect_stage(r, k, v, 64, 6, 0, "restored");
+  EXPECT_EQ(r.exact_stage().n, 6);
+  c.trim(10);  // back into block [32, 64): its 28 kept positions dequantized into both windows
+  expect_stage(c, k, v, 32, 28, 64, "trimmed to 60");
+  auto p = c.copy_prefix(50);
+  expect_stage(static_cast<QuantizedKVCache&>(*p), k, v, 32, 18, 64, "copy_prefix(50)");
+  // The next append starts the stage at the incomplete block again: the rows trim() wrote to the windows (as they
+  // were: the block quantized again when it fills does not change them), then the new ones.
+  const auto before = c.exact_stage();
+  const std::vector<uint16_t> sk(before.keys, before.keys + B * H * 28 * Dk), sv(before.values, before.values + B * H * 28 * Dv);
+  c.update_and_fetch(positions(k, 60, 10).view(), positions(v, 60, 10).view());
+  const auto st = c.exact_stage();
+  ASSERT_EQ(st.lo, 32);
+  ASSERT_EQ(st.n, 38);
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    ASSERT_TRUE(std::equal(sk.begin() + bh * 28 * Dk, sk.begin() + (bh + 1) * 28 * Dk, st.keys + bh * 38 * Dk));
+    ASSERT_TRUE(std::equal(sv.begin() + bh * 28 * Dv, sv.begin() + (bh + 1) * 28 * Dv, st.values + bh * 38 * Dv));
+    for (int64_t j = 28; j < 38; ++j)
+      for (int64_t d = 0; d < Dk; ++d)
+        ASSERT_EQ(st.keys[(bh * 38 + j) * Dk + d], f32_to_bf16(k.row(bh / H, bh % H, 32 + j)[d]));
+  }
+}
+
+// What a query reads depends on its position only: a prompt appended at once, in chunks or one position at a time
+// gives the same attention output per position (the quantized blocks are the same bytes and the recent block is read
+// from bfloat16 either way), up to the kernels' own arithmetic, which differs between a prefill (several rows, maybe
+// the AMX-BF16 tiles) and a decode step: scores within δ = scale·2⁻¹⁵·Σ_d |q_d|·max_j |k_jd| (the queries' 16-bit
+// rounding or two bfloat16 parts, 2⁻¹⁶ relative, times codes spanning the channel's range, 2·max|k|), so outputs within
+// expm1(2δ)·max|v| plus float32 summation, 4·(kL + 64)·2⁻²⁴·max|v|. Without recent_exact the chunkings differ by
+// more than ten times that (a check that the comparison can fail).
+TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
+  auto rng = test::make_rng(62);
+  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, n = 150;
+  const Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * n * D));
+  std::vector<double> kmax(static_cast<size_t>(D), 0.0);  // max_j |k_jd|
+  for (size_t r = 0; r < k.f.size() / D; ++r)
+    for (int64_t d = 0; d < D; ++d)
+      kmax[static_cast<size_t>(d)] = std::max(kmax[static_cast<size_t>(d)], std::fabs(static_cast<double>(k.f[r * D + d])));
+  double qk = 0.0;  // max over query rows of Σ_d |q_d|·max_j |k_jd|
+  for (size_t r = 0; r < q.size() / D; ++r) {
+    double sum = 0.0;
+    for (int64_t d = 0; d < D; ++d) sum += std::fabs(static_cast<double>(q[r * D + d])) * kmax[static_cast<size_t>(d)];
+    qk = std::max(qk, sum);
+  }
+  const double delta = 0.125 * 0x1p-15 * qk;
+  const std::vector<std::vector<int64_t>> splits = {{150}, {64, 64, 22}, std::vector<int64_t>(75, 2), {7, 100, 43},
+                                                    std::vector<int64_t>(150, 1)};
+  for (int variant = 0; variant < 3; ++variant) {
+    double tol = 0.0;  // from the largest stored value (rotated space), set with the first chunking's cache
+    QuantizedKVCacheConfig cfg = variant == 0 ? recent_config(rng(), 4, 4, 32)
+                                 : variant == 1 ? recent_config(rng(), 3, 3, 64, 2, true)
+                                                : recent_config(rng(), 4, 4, 32);
+    if (variant == 2) cfg.recent_exact = false;  // the control
+    std::vector<std::vector<float>> outs;
+    for (const auto& sp : splits) {
+      QuantizedKVCache c(cfg);
+      std::vector<float> out(static_cast<size_t>(B * Hq * n * D), 0.0f);
+      int64_t t0 = 0;
+      for (int64_t m : sp) {
+        if (cfg.key_outliers > 0) c.observe_queries(query_rows(q, B, Hq, n, D, t0, m));
+        c.update_and_fetch(positions(k, t0, m).view(), positions(v, t0, m).view());
+        std::vector<float> o(static_cast<size_t>(B * Hq * m * D));
+        nn::AttentionMask mask;
+        mask.kind = kernels::MaskKind::kCausal;
+        nn::attention(query_rows(q, B, Hq, n, D, t0, m), c, 0.125f, mask, TensorView(o.data(), DType::kF32, {B, Hq, m, D}));
+        for (int64_t h = 0; h < Hq; ++h)
+          for (int64_t i = 0; i < m; ++i)
+            std::copy_n(o.data() + (h * m + i) * D, D, out.data() + (h * n + t0 + i) * D);
+        t0 += m;
+      }
+      if (tol == 0.0) {
+        const KVTensorView vv = c.values();
+        double vmax = 0.0;
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t d = 0; d < D; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(value_at(vv, 0, h, t, d))));
+        tol = (std::expm1(2.0 * delta) + 4.0 * static_cast<double>(n + 64) * 0x1p-24) * vmax;
+      }
+      outs.push_back(std::move(out));
+    }
+    double worst = 0.0;
+    for (size_t s = 1; s < outs.size(); ++s)
+      for (size_t e = 0; e < outs[0].size(); ++e) {
+        ASSERT_FALSE(std::isnan(outs[s][e]));
+        worst = std::max(worst, static_cast<double>(std::fabs(outs[s][e] - outs[0][e])));
+      }
+    std::printf("[ recent ] variant %d: largest difference %.3g, bound %.3g\n", variant, worst, tol);
+    if (variant < 2) {
+      EXPECT_LE(worst, tol) << "variant " << variant;
+    } else {
+      EXPECT_GT(worst, 10.0 * tol) << "without recent_exact the chunkings must differ";
+    }
+  }
+}
+
+// The kernels' side of it (AttentionArgs::exact_block / exact_lo / lse) at every level: the same output as an
+// equivalent bool mask (visible iff j <= t and j < max(⌊t/block⌋·block, lo)), and the row log-sum-exp against float64
+// on the stored keys: within the scores' error — float32 sums of Dk + 8 products (2⁻²⁴ each, relative to Σ|q·k|),
+// plus, on the integer paths, the queries' 16-bit rounding (|q − q̃| <= max|q|·2⁻¹⁶ per element).
+TEST(KVCacheRecent, KernelsReadOnlyBeforeTheRecentBlockAndReturnTheLogSumExp) {
+  auto rng = test::make_rng(63);
+  const int64_t B = 1, H = 2, rep = 4, Hq = H * rep, Dk = 128, Dv = 64, kL = 300, L = 20, gs = 64;
+  QuantizedKVCache c(recent_config(rng(), 4, 4, gs, 2, true));
+  const Input k = make_input(rng, DType::kF32, B, H, kL, Dk), v = make_input(rng, DType::kF32, B, H, kL, Dv);
+  c.update_and_fetch(k.view(), v.view());
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * L * Dk));
+  const KVTensorView kv = c.keys(), vv = c.values();
+  const float scale = 0.09f;
+  double vmax = 0.0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < kL; ++t)
+      for (int64_t d = 0; d < Dv; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(value_at(vv, 0, h, t, d))));
+  std::vector<const kernels::KernelTable*> tables = {&kernels::ref_kernels()};
+  for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512})
+    if (static_cast<int>(l) <= static_cast<int>(detected_isa())) tables.push_back(&kernels::kernels_for_isa(l));
+  for (int64_t lo : {int64_t{0}, int64_t{256}, int64_t{290}}) {
+    auto e_of = [&](int64_t t) { return std::max(t / gs * gs, lo); };
+    std::vector<uint8_t> vis(static_cast<size_t>(L * kL));
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < kL; ++j) vis[static_cast<size_t>(i * kL + j)] = j <= kL - L + i && j < e_of(kL - L + i);
+    // float64 log-sum-exp and its tolerance per row
+    std::vector<double> want(static_cast<size_t>(Hq * L)), tol(static_cast<size_t>(Hq * L));
+    for (int64_t hq = 0; hq < Hq; ++hq)
+      for (int64_t i = 0; i < L; ++i) {
+        const float* qr = q.data() + (hq * L + i) * Dk;
+        double qmax = 0.0;
+        for (int64_t d = 0; d < Dk; ++d) qmax = std::max(qmax, std::fabs(static_cast<double>(qr[d])));
+        std::vector<double> sc;
+        double err = 0.0;
+        for (int64_t j = 0; j < kL; ++j) {
+          if (!vis[static_cast<size_t>(i * kL + j)]) continue;
+          double dot = 0.0, mag = 0.0, kabs = 0.0;
+          for (int64_t d = 0; d < Dk; ++d) {
+            const double kd = channel_key(kv, 0, hq / rep, j, d);
+            dot += qr[d] * kd;
+            mag += std::fabs(qr[d] * kd);
+            kabs += std::fabs(kd);
+          }
+          sc.push_back(scale * dot);
+          err = std::max(err, scale * (static_cast<double>(Dk + 8) * 0x1p-24 * mag + qmax * 0x1p-16 * kabs));
+        }
+        double m = -INFINITY, sum = 0.0;
+        for (double x : sc) m = std::max(m, x);
+        for (double x : sc) sum += std::exp(x - m);
+        want[static_cast<size_t>(hq * L + i)] = sc.empty() ? -INFINITY : m + std::log(sum);
+        tol[static_cast<size_t>(hq * L + i)] = 2.0 * err + static_cast<double>(kL + 8) * 0x1p-23;
+      }
+    for (const kernels::KernelTable* t : tables) {
+      kernels::AttentionArgs a{};
+      a.q = q.data();
+      a.B = B;
+      a.Hq = Hq;
+      a.L = L;
+      a.keys = kv;
+      a.values = vv;
+      a.scale = scale;
+      a.mask_kind = kernels::MaskKind::kCausal;
+      std::vector<float> o1(static_cast<size_t>(Hq * L * Dv), NAN), o2 = o1, lse(static_cast<size_t>(Hq * L), NAN);
+      a.exact_block = gs;
+      a.exact_lo = lo;
+      a.lse = lse.data();
+      a.out = o1.data();
+      t->attention(a);
+      a.exact_block = 0;
+      a.exact_lo = 0;
+      a.lse = nullptr;
+      a.mask_kind = kernels::MaskKind::kBool;
+      a.mask = vis.data();
+      a.mask_dtype = DType::kBool;
+      a.mask_stride[0] = a.mask_stride[1] = 0;
+      a.mask_stride[2] = kL;
+      a.mask_stride[3] = 1;
+      a.out = o2.data();
+      t->attention(a);
+      for (size_t e = 0; e < o1.size(); ++e) {
+        ASSERT_FALSE(std::isnan(o1[e])) << t->name << " lo " << lo << " element " << e;
+        ASSERT_LE(std::fabs(o1[e] - o2[e]), 4.0 * (kL + 64) * 0x1p-24 * vmax) << t->name << " lo " << lo << " element " << e;
+      }
+      for (size_t r = 0; r < lse.size(); ++r) {
+        if (std::isinf(want[r])) {
+          ASSERT_TRUE(std::isinf(lse[r]) && lse[r] < 0) << t->name << " lo " << lo << " row " << r;
+          continue;
+        }
+        ASSERT_LE(std::fabs(lse[r] - want[r]), tol[r]) << t->name << " lo " << lo << " row " << r;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -147,6 +147,13 @@ struct AttentionArgs {
   // (optional) How many pieces each (b, KV head, query block) splits the key sequence into for threads, merged by
   // log-sum-exp. 0 = the kernel decides; tests set it to exercise the merge. The reference ignores it.
   int kv_splits;
+  // (optional) exact_block > 0: the recent block is read elsewhere (nn::attention, KVCache::exact_stage): query row i
+  // (storage position t = kL − L + i) sees only keys j < max(⌊t/exact_block⌋·exact_block, exact_lo), besides its mask.
+  int64_t exact_block;
+  int64_t exact_lo;
+  // (optional) [B, Hq, L]: per query row, m + log l of its softmax (m the maximum score seen, l = Σ exp(s − m)), −inf
+  // for a row that saw no key; for merging with the recent block's part.
+  float* lse;
 };
 
 // ---- rotate + quantize + append of KV rows, in one pass ------------------------------------------------------

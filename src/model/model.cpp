@@ -332,7 +332,7 @@ std::string describe_meta(const nn::KVCacheMeta& m) {
 bool same_format(const nn::KVCacheMeta& a, const nn::KVCacheMeta& b) {
   return a.quantized == b.quantized && a.k_bits == b.k_bits && a.v_bits == b.v_bits && a.group_size == b.group_size &&
          a.scale_dtype == b.scale_dtype && a.dtype == b.dtype && a.rotation == b.rotation && a.seed == b.seed &&
-         a.key_layout == b.key_layout && a.key_outliers == b.key_outliers && a.v_symmetric == b.v_symmetric &&
+         a.key_layout == b.key_layout && a.key_outliers == b.key_outliers && a.v_symmetric == b.v_symmetric && a.recent_exact == b.recent_exact &&
          a.window == b.window &&
          a.has_dims == b.has_dims && a.B == b.B && a.H == b.H && a.Dk == b.Dk && a.Dv == b.Dv;
 }

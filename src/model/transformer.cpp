@@ -68,6 +68,7 @@ std::unique_ptr<nn::KVCache> Model::Impl::make_cache(int64_t layer) const {
     qc.key_layout = kv.key_layout;
     qc.key_outliers = kv.key_outliers;
     qc.v_symmetric = kv.v_symmetric;
+    qc.recent_exact = kv.recent_exact;
     qc.seed = seed;
     qc.window = window;
     return std::make_unique<nn::QuantizedKVCache>(qc);

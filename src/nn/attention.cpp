@@ -1,6 +1,7 @@
 // Attention over a KV cache: validation, query rotation, the kernel call, inverse value rotation, output store.
 #include "nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -75,6 +76,78 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
   }
 }
 
+// The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
+// max(⌊t/block⌋·block, lo) of the stage in bfloat16 (those the kernel left out, AttentionArgs::exact_block), under the
+// same scale, softcap and mask; merged into the kernel's normalised output o (rotated value space) through its row
+// log-sum-exp lse: o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
+void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
+                      int64_t kL, int64_t Dk, int64_t Dv, float scale, float softcap, const AttentionMask& mask,
+                      const int64_t (&mstride)[4], const float* lse, float* o) {
+  const int64_t n = st.n, rep = Hq / Hkv;
+  if (n == 0) return;
+  // The stage as float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv].
+  std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv));
+  for (int64_t bh = 0; bh < B * Hkv; ++bh)
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t d = 0; d < Dk; ++d)
+        kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(st.keys[(bh * n + j) * Dk + d]);
+      for (int64_t d = 0; d < Dv; ++d)
+        vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(st.values[(bh * n + j) * Dv + d]);
+    }
+  std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t bh = b * Hkv + h / rep;
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t t = kL - L + i;
+        int64_t j0 = std::max(t / st.block * st.block, st.lo) - st.lo, j1 = n;  // stage rows [j0, j1)
+        if (mask.kind == kernels::MaskKind::kCausal) {
+          j1 = std::min(j1, t + 1 - st.lo);
+          if (mask.window > 0) j0 = std::max(j0, t - mask.window + 1 - st.lo);
+        }
+        if (j1 <= j0) continue;
+        const float* qr = q + ((b * Hq + h) * L + i) * Dk;
+        std::fill(sc.begin() + j0, sc.begin() + j1, 0.0f);
+        for (int64_t d = 0; d < Dk; ++d) {
+          const float qd = qr[d];
+          const float* kr = kt.data() + (bh * Dk + d) * n;
+          for (int64_t j = j0; j < j1; ++j) sc[static_cast<size_t>(j)] += qd * kr[j];
+        }
+        const int64_t moff = b * mstride[0] + h * mstride[1] + i * mstride[2];
+        float m = kNegInf;
+        for (int64_t j = j0; j < j1; ++j) {
+          float v = scale * sc[static_cast<size_t>(j)];
+          if (softcap > 0.0f) v = softcap * std::tanh(v / softcap);
+          const int64_t off = moff + (st.lo + j) * mstride[3];
+          if (mask.kind == kernels::MaskKind::kBool) {
+            if (static_cast<const uint8_t*>(mask.mask.data)[off] == 0) v = kNegInf;
+          } else if (mask.kind == kernels::MaskKind::kAdditive) {
+            v += load_float(mask.mask.data, mask.mask.dtype, off);
+          }
+          sc[static_cast<size_t>(j)] = v;
+          m = std::max(m, v);
+        }
+        const float lq = lse[(b * Hq + h) * L + i];
+        const float M = std::max(m, lq);
+        if (M == kNegInf) continue;  // neither part saw a key: the kernel's zeros stay
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float l = 0.0f;
+        for (int64_t j = j0; j < j1; ++j) {
+          const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
+          if (p == 0.0f) continue;
+          l += p;
+          const float* vr = vf.data() + (bh * n + j) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+        }
+        const float wq = lq == kNegInf ? 0.0f : std::exp(lq - M);
+        float* orow = o + ((b * Hq + h) * L + i) * Dv;
+        const float inv = 1.0f / (wq + l);
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = (wq * orow[d] + acc[static_cast<size_t>(d)]) * inv;
+      }
+    }
+}
+
 }  // namespace
 
 void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
@@ -144,7 +217,17 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
   args.mask = mask.mask.data;
   args.mask_dtype = mask.mask.dtype;
   for (int i = 0; i < 4; ++i) args.mask_stride[i] = mstride[i];
+  const KVCache::ExactStage stage = cache.exact_stage();
+  std::vector<float> lse;
+  if (stage.block > 0) {  // the recent block read unquantized: the kernel takes the positions before it
+    args.exact_block = stage.block;
+    args.exact_lo = stage.lo;
+    lse.resize(static_cast<size_t>(B * Hq * L));
+    args.lse = lse.data();
+  }
   kernels::active_kernels().attention(args);
+  if (stage.block > 0)
+    add_recent_block(stage, q.data(), B, Hq, Hkv, L, kL, Dk, Dv, scale, softcap, mask, mstride, lse.data(), o.data());
 
   // ---- back to the original value space, stored in out's dtype ----
   cache.value_rotation().apply_inverse(o.data(), B * Hq * L);

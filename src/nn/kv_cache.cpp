@@ -24,9 +24,12 @@ constexpr size_t kPlainPlanes = 2;      // keys, values
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
 bool channel_keys(const KVCacheMeta& m) { return m.quantized && m.key_layout == KeyLayout::kChannel; }
+// The values' residual window (recent_exact): the plane after the per-channel keys' planes.
+size_t value_residual_plane(const KVCacheMeta& m) { return m.key_outliers > 0 ? kOutlierPlanes : kChannelPlanes; }
 size_t plane_count(const KVCacheMeta& m) {
-  return !m.quantized ? kPlainPlanes : !channel_keys(m) ? kQuantizedPlanes : m.key_outliers > 0 ? kOutlierPlanes
-                                                                                                  : kChannelPlanes;
+  if (!m.quantized) return kPlainPlanes;
+  if (!channel_keys(m)) return kQuantizedPlanes;
+  return value_residual_plane(m) + (m.recent_exact ? 1 : 0);
 }
 
 // The shape of each plane, in the plane order documented at KVCacheSnapshot.
@@ -46,6 +49,8 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
         p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
         p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // per window position: Σ q², count
       }
+      if (m.recent_exact)
+        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // values' residual window, bfloat16
     }
     return p;
   }
@@ -261,6 +266,7 @@ int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int
   m.key_layout = spec.key_layout;
   m.key_outliers = spec.key_outliers;
   m.v_symmetric = spec.v_symmetric;
+  m.recent_exact = spec.recent_exact;
   m.Dk = Dk;
   m.Dv = Dv;
   int64_t cap = round_up(positions, KVCache::kStep);
@@ -280,6 +286,7 @@ KVSpec KVCacheMeta::spec() const {
   k.key_layout = quantized ? key_layout : KeyLayout::kToken;
   k.key_outliers = quantized ? key_outliers : 0;
   k.v_symmetric = quantized && v_symmetric;
+  k.recent_exact = quantized && recent_exact;
   return k;
 }
 
@@ -294,6 +301,7 @@ KVSpec QuantizedKVCacheConfig::spec() const {
   k.key_layout = key_layout;
   k.key_outliers = key_outliers;
   k.v_symmetric = v_symmetric;
+  k.recent_exact = recent_exact;
   return k;
 }
 
@@ -567,6 +575,7 @@ KVCacheMeta QuantizedKVCache::meta() const {
   m.key_layout = config_.key_layout;
   m.key_outliers = config_.key_outliers;
   m.v_symmetric = config_.v_symmetric;
+  m.recent_exact = config_.recent_exact;
   m.window = config_.window;
   m.start = start_;
   return m;
@@ -646,8 +655,18 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   }
   pending_q_.clear();
   pending_rows_ = 0;
+  if (config_.recent_exact) stage_append(keys, values, start);  // before the residual windows change
   if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
+  if (config_.recent_exact) {  // the values' residual window: the stage's rows of the new incomplete block
+    const int64_t end = start + n, nq = end / gs * gs;
+    const size_t vr = value_residual_plane(meta());
+    for (int64_t b = 0; b < store_.B(); ++b)
+      for (int64_t h = 0; h < store_.H(); ++h)
+        if (end > nq)
+          std::memcpy(store_.row(vr, b, h, 0), stage_v_.data() + ((b * store_.H() + h) * stage_n_ + (nq - stage_lo_)) * Dv_,
+                      static_cast<size_t>((end - nq) * Dv_) * sizeof(uint16_t));
+  }
   return {this->keys(), this->values()};
 }
 
@@ -726,6 +745,64 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
   }
 }
 
+// The recent block read unquantized: before the append of positions [start, start + n), the stage becomes positions
+// [⌊start/gs⌋·gs, start + n): the residual windows' rows of the incomplete block, then the new rows (keys as the
+// keys' residual window stores them, values rotated), in bfloat16.
+void QuantizedKVCache::stage_append(const TensorView& keys, const TensorView& values, int64_t start) {
+  const int64_t gs = config_.group_size, n = keys.dim(2), lo = start / gs * gs, keep = start - lo, rows = keep + n;
+  const size_t vr = value_residual_plane(meta());
+  const int64_t BH = store_.B() * store_.H();
+  stage_k_.assign(static_cast<size_t>(BH * rows * Dk_), 0);
+  stage_v_.assign(static_cast<size_t>(BH * rows * Dv_), 0);
+  for (int64_t b = 0; b < store_.B(); ++b)
+    for (int64_t h = 0; h < store_.H(); ++h) {
+      uint16_t* sk = stage_k_.data() + (b * store_.H() + h) * rows * Dk_;
+      uint16_t* sv = stage_v_.data() + (b * store_.H() + h) * rows * Dv_;
+      if (keep > 0) {
+        std::memcpy(sk, store_.row(kResidualPlane, b, h, 0), static_cast<size_t>(keep * Dk_) * sizeof(uint16_t));
+        std::memcpy(sv, store_.row(vr, b, h, 0), static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
+      }
+      if (n > 0) {
+        append_rows(keys, b, h, key_rot_, sk + keep * Dk_, nullptr, nullptr, DType::kBF16, 0, 0);
+        append_rows(values, b, h, value_rot_, sv + keep * Dv_, nullptr, nullptr, DType::kBF16, 0, 0);
+      }
+    }
+  stage_lo_ = lo;
+  stage_n_ = rows;
+}
+
+// After trim, restore or copy_prefix: the stage is the incomplete block, from the residual windows.
+void QuantizedKVCache::stage_from_residual() {
+  stage_k_.clear();
+  stage_v_.clear();
+  stage_lo_ = stage_n_ = 0;
+  if (!config_.recent_exact || !store_.has_dims()) return;
+  const int64_t gs = config_.group_size, len = store_.offset(), lo = len / gs * gs, rows = len - lo;
+  const size_t vr = value_residual_plane(meta());
+  stage_k_.assign(static_cast<size_t>(store_.B() * store_.H() * rows * Dk_), 0);
+  stage_v_.assign(static_cast<size_t>(store_.B() * store_.H() * rows * Dv_), 0);
+  for (int64_t b = 0; b < store_.B() && rows > 0; ++b)
+    for (int64_t h = 0; h < store_.H(); ++h) {
+      std::memcpy(stage_k_.data() + (b * store_.H() + h) * rows * Dk_, store_.row(kResidualPlane, b, h, 0),
+                  static_cast<size_t>(rows * Dk_) * sizeof(uint16_t));
+      std::memcpy(stage_v_.data() + (b * store_.H() + h) * rows * Dv_, store_.row(vr, b, h, 0),
+                  static_cast<size_t>(rows * Dv_) * sizeof(uint16_t));
+    }
+  stage_lo_ = lo;
+  stage_n_ = rows;
+}
+
+KVCache::ExactStage QuantizedKVCache::exact_stage() const {
+  if (!config_.recent_exact || !store_.has_dims()) return {};
+  ExactStage s;
+  s.keys = stage_k_.data();
+  s.values = stage_v_.data();
+  s.lo = stage_lo_;
+  s.n = stage_n_;
+  s.block = config_.group_size;
+  return s;
+}
+
 void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
   const int64_t gs = config_.group_size;
   std::vector<float> rows(static_cast<size_t>(gs * Dk_));
@@ -785,11 +862,35 @@ void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, cons
 }
 
 int64_t QuantizedKVCache::trim(int64_t n) {
+  const int64_t removed = trim_channel(n);
+  stage_from_residual();
+  return removed;
+}
+
+int64_t QuantizedKVCache::trim_channel(int64_t n) {
   const int64_t old = store_.offset(), removed = trim_store(*this, store_, n);
   if (config_.key_layout != KeyLayout::kChannel || removed == 0) return removed;
   // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
   const int64_t gs = config_.group_size, now = old - removed, block = now / gs, kept = now % gs;
   if (block == old / gs || kept == 0) return removed;
+  if (config_.recent_exact) {  // their values too (rotated space), as attention reads the codes: c·s + b
+    const size_t vr = value_residual_plane(meta());
+    for (int64_t b = 0; b < store_.B(); ++b)
+      for (int64_t h = 0; h < store_.H(); ++h) {
+        auto* res = reinterpret_cast<uint16_t*>(store_.row(vr, b, h, 0));
+        for (int64_t t = 0; t < kept; ++t) {
+          const int64_t pos = block * gs + t;
+          const auto* codes = reinterpret_cast<const uint32_t*>(store_.row(3, b, h, pos));
+          const void* sc = store_.row(4, b, h, pos);
+          for (int64_t d = 0; d < Dv_; ++d) {
+            const float step = load_float(sc, config_.scale_dtype, d / gs);
+            const float bias = config_.v_symmetric ? quant::symmetric_bias(step, config_.v_bits)
+                                                   : load_float(store_.row(5, b, h, pos), config_.scale_dtype, d / gs);
+            res[t * Dv_ + d] = f32_to_bf16(static_cast<float>(quant::unpack_code(codes, d, config_.v_bits)) * step + bias);
+          }
+        }
+      }
+  }
   const int64_t nout = config_.key_outliers;
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
@@ -842,6 +943,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   config_.key_layout = m.key_layout;
   config_.key_outliers = m.key_outliers;
   config_.v_symmetric = m.v_symmetric;
+  config_.recent_exact = m.recent_exact;
   config_.window = m.window;
   start_ = m.start;
   Dk_ = m.Dk;
@@ -849,6 +951,7 @@ void QuantizedKVCache::restore(const KVCacheSnapshot& snapshot) {
   key_rot_ = std::move(rots.first);
   value_rot_ = std::move(rots.second);
   store_ = std::move(fresh);
+  stage_from_residual();
 }
 
 // Per-channel keys: the rows up to the end of the block `end` falls in (or all of them), then this cache's trim
@@ -869,6 +972,7 @@ std::unique_ptr<KVCache> QuantizedKVCache::copy_prefix(int64_t end) const {
   c->start_ = start_;
   c->store_ = store_.copy_prefix(rows);
   c->trim(rows - kept);
+  c->stage_from_residual();
   return c;
 }
 

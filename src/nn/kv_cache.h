@@ -65,6 +65,7 @@ struct KVCacheMeta {
   KeyLayout key_layout = KeyLayout::kToken;  // quantized caches: keys per position or per channel (nn/kv_spec.h)
   int key_outliers = 0;                      // per-channel keys: outlier channels per block (nn/kv_spec.h)
   bool v_symmetric = false;                  // quantized caches: symmetric value codes, no value biases (nn/kv_spec.h)
+  bool recent_exact = false;                 // per-channel keys: the recent block read unquantized (nn/kv_spec.h)
 
   KVSpec spec() const;  // the format part (nn/kv_spec.h), whose rules it follows
 };
@@ -84,6 +85,8 @@ struct KVCacheMeta {
 //              of the residual window's positions [B, H, gs, Dk + 1] (bfloat16: per position, Σ q² per channel over the
 //              head's group of query heads, then their count; row i for position ⌊length/gs⌋·gs + i, 0 where the
 //              queries were not shown)
+//   quantized, per-channel keys with recent_exact, also (the last plane): the values' residual window, bfloat16
+//              [B, H, gs, Dv] in the rotated value space (rows as plane 6's)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -158,6 +161,18 @@ class KVCache {
   // [start() + window() − 1 (or 0 without dropped positions), end()], else cider::Error (kOutOfRange).
   virtual std::unique_ptr<KVCache> copy_prefix(int64_t end) const = 0;
   virtual KVCacheMeta meta() const = 0;  // current configuration, dims and length
+
+  // The recent block read unquantized (KVSpec::recent_exact; n == 0 otherwise): storage positions [lo, lo + n) in
+  // bfloat16, keys [B, H, n, Dk] in the key space attention reads and values [B, H, n, Dv] in the rotated value
+  // space; lo is a multiple of block (the group size) and lo + n == offset(). After an append of positions
+  // [p, offset) it starts at p's block; after trim, restore or copy_prefix it is the incomplete block. Attention
+  // reads, for a query at storage position t, the positions from max(⌊t/block⌋·block, lo) on from here (nn/attention.h).
+  struct ExactStage {
+    const uint16_t* keys = nullptr;
+    const uint16_t* values = nullptr;
+    int64_t lo = 0, n = 0, block = 0;
+  };
+  virtual ExactStage exact_stage() const { return {}; }
 
   virtual bool is_quantized() const = 0;
   // Rotations of the stored keys (head_dim Dk) and values (Dv); identity placeholders before the first append.
@@ -236,6 +251,7 @@ struct QuantizedKVCacheConfig {
   KeyLayout key_layout = KeyLayout::kToken;        // keys per position (the seeds') or per channel (nn/kv_spec.h)
   int key_outliers = 0;                            // per-channel keys: outlier channels per block (nn/kv_spec.h)
   bool v_symmetric = false;                        // symmetric value codes, no value biases (nn/kv_spec.h)
+  bool recent_exact = false;                       // per-channel keys: the recent block read unquantized (kv_spec.h)
   int64_t window = 0;                              // > 0: a sliding-window cache (see the contract above)
 
   KVSpec spec() const;  // the format (nn/kv_spec.h), whose rules it follows
@@ -284,7 +300,12 @@ class QuantizedKVCache final : public KVCache {
   // state and its snapshots).
   void observe_queries(const TensorView& q);
 
+  ExactStage exact_stage() const override;
+
  private:
+  int64_t trim_channel(int64_t n);
+  void stage_append(const TensorView& keys, const TensorView& values, int64_t start);
+  void stage_from_residual();
   void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);
   void quantize_block(int64_t b, int64_t h, int64_t block);
   void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);
@@ -298,6 +319,9 @@ class QuantizedKVCache final : public KVCache {
   // [B·Hq][rows·(Dk + 1)].
   std::vector<std::vector<float>> pending_q_;
   int64_t pending_B_ = 0, pending_Hq_ = 0, pending_D_ = 0, pending_rows_ = 0;
+  // recent_exact: the stage (exact_stage), [B·H][stage_n_][Dk] and [B·H][stage_n_][Dv] bfloat16.
+  std::vector<uint16_t> stage_k_, stage_v_;
+  int64_t stage_lo_ = 0, stage_n_ = 0;
 };
 
 struct PlainKVCacheConfig {

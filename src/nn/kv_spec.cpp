@@ -37,6 +37,9 @@ void KVSpec::validate(const char* op) const {
   check(key_outliers == 0 || (quantized && key_layout == KeyLayout::kChannel), ErrorCode::kInvalidArgument, op,
         "outlier key channels refine per-channel keys: key_outliers needs a quantized cache with key_layout channel; "
         "got key_outliers ", key_outliers, " with ", quantized ? "key_layout token" : "a plain cache");
+  check(!recent_exact || (quantized && key_layout == KeyLayout::kChannel), ErrorCode::kInvalidArgument, op,
+        "the recent block read unquantized (recent exact) extends the per-channel keys' residual window: it needs a "
+        "quantized cache with key_layout channel; got ", quantized ? "key_layout token" : "a plain cache");
   check(!v_symmetric || quantized, ErrorCode::kInvalidArgument, op,
         "symmetric values are a quantized cache's codes; a plain cache (", dtype_name(plain_dtype),
         ") stores its values as they are");
@@ -99,6 +102,7 @@ std::string KVSpec::name() const {
     s += std::to_string(key_outliers);
   }
   if (v_symmetric) s += "/vsym";
+  if (recent_exact) s += "/rx";
   return s;
 }
 
@@ -145,6 +149,14 @@ bool parse_value_codes(std::string_view s) {
 }
 
 const char* value_codes_name(bool symmetric) { return symmetric ? "symmetric" : "affine"; }
+
+bool parse_recent(std::string_view s) {
+  if (s == "quantized") return false;
+  if (s == "exact") return true;
+  fail(ErrorCode::kInvalidArgument, "parse_kv_recent", "kv recent must be quantized or exact; got \"", s, "\"");
+}
+
+const char* recent_name(bool exact) { return exact ? "exact" : "quantized"; }
 
 KeyLayout parse_key_layout(std::string_view s) {
   if (s == "token") return KeyLayout::kToken;

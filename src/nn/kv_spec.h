@@ -50,13 +50,21 @@ struct KVSpec {
   // (quant::symmetric_quantize_group, llama.cpp's q4_0 kind): half the side bits of affine values (16/group_size
   // per value instead of 32 with float16), at a small cost in fidelity (docs/quality.md).
   bool v_symmetric = false;
+  // The recent block read unquantized (per-channel keys only): the cache also keeps the values of the newest,
+  // incomplete block in bfloat16 (beside the keys' residual window), and attention reads, for a query at position t,
+  // every stored position from the start of t's own block of group_size positions (never before the first position of
+  // the latest append's block) unquantized — keys and values in bfloat16 — and the positions before it quantized.
+  // What a query reads thus depends on its position only, not on how the positions were split into appends: a
+  // prompt prefilled at once, in chunks or one token at a time reads the same (docs/kv_cache.md). The quantized codes
+  // are the same as without it; it adds group_size·Dv bfloat16 per head (the values' window), not per position.
+  bool recent_exact = false;
 
   // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.
   void validate(const char* op) const;
   // The rules against the head dims (kShapeMismatch): positive; quantized: multiples of group_size; SO(4): of 4.
   void validate_head_dims(int64_t Dk, int64_t Dv, const char* op) const;
   // "k4v3/so4-full/g64", "k4v4/hadamard/g64/kchan" (per-channel keys), "…/o8" (outlier channels), "…/vsym"
-  // (symmetric values), "bf16" (plain, unrotated), "f32/hadamard".
+  // (symmetric values), "…/rx" (the recent block read unquantized), "bf16" (plain, unrotated), "f32/hadamard".
   std::string name() const;
   // The rotation applied to keys (and so to queries): `rotation`, except none for per-channel keys.
   RotationKind key_rotation() const {
@@ -79,6 +87,9 @@ const char* rotation_name(RotationKind kind);
 // "affine", "symmetric" (KVSpec::v_symmetric); the names value_codes_name gives back.
 bool parse_value_codes(std::string_view name);
 const char* value_codes_name(bool symmetric);
+// "quantized", "exact" (KVSpec::recent_exact); the names recent_name gives back.
+bool parse_recent(std::string_view name);
+const char* recent_name(bool exact);
 // "token", "channel"; the names key_layout_name gives back.
 KeyLayout parse_key_layout(std::string_view name);
 const char* key_layout_name(KeyLayout layout);

@@ -28,6 +28,9 @@ Usage: kv_sim.py CIDER MODEL_DIR PIECE.txt CTX CONFIG...
     bpre       keys turned back by RoPE of their position within the block (t = pos mod kblock), so every key of a
                block carries the RoPE of the block's first position; quantized so, turned forward by t after
                dequantization (block-relative pre-RoPE: the same fixed rotation per block, a table of kblock positions)
+    res        keys of the query's own key block (the engine's bfloat16 residual window) exact in the scores
+    vres       values of that window exact too (a value residual window)
+    sink=N     the first N positions' keys and values exact (bfloat16), out of the quantized blocks' ranges
     vsym       values quantized symmetrically (Q4_0-style: one float16 step per group, no bias)
   e.g. 4,4,64,kchan+had,out=8,ob=8,sel=qk
 """
@@ -185,6 +188,11 @@ class Quantizer:
         if self.kind.startswith("smooth"):
             s = self.kscales[layer]
             k, q = k / s, q * s
+        sink = int(self.o.get("sink", 0))
+        if sink:  # the first `sink` positions kept exact (bfloat16), out of the quantized blocks' ranges
+            k_in, v_in = k, v
+            k = np.concatenate([np.repeat(k[:, sink:sink + 1], sink, axis=1), k[:, sink:]], axis=1)
+            v = np.concatenate([np.repeat(v[:, sink:sink + 1], sink, axis=1), v[:, sink:]], axis=1)
         if self.kind.startswith("kchan") and self.o:
             qw = None
             if self.o.get("sel") == "qk":
@@ -221,6 +229,10 @@ class Quantizer:
             vh = affine_qdq(v @ R.T, self.vb, vg) @ R
         else:
             vh = affine_qdq(v, self.vb, vg)
+        if sink:
+            bf = lambda t: ((t.astype(np.float32).view(np.uint32) + 0x8000) & 0xFFFF0000).view(np.float32)
+            kh, vh, k, v = kh.copy(), vh.copy(), k_in, v_in
+            kh[:, :sink], vh[:, :sink] = bf(k[:, :sink]), bf(v[:, :sink])
         self.err.append((np.linalg.norm(kh - k) / np.linalg.norm(k), np.linalg.norm(vh - v) / np.linalg.norm(v)))
         return q, kh, vh
 
@@ -250,13 +262,25 @@ def forward(get, c, tokens, quant=None):
             quant.rope_fn = lambda t, cs=cs, sn=sn: rope(t, cs, sn)
             quant.tables = (cs, sn)
         q, k = rope(q, cs, sn), rope(k, cs, sn)
+        k0, v0 = k, v
         if quant is not None:
             q, k, v = quant(i, q, k, v)
         rep = H // Hkv
         kk, vv = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
         s = (q @ kk.transpose(0, 2, 1)) * scale + mask
+        win = None
+        if quant is not None and ("res" in quant.o or "vres" in quant.o):
+            # the engine's residual window: the positions of the query's own (unfilled) key block stay exact
+            blk = int(quant.o.get("kblock", quant.gs))
+            t = np.arange(n)
+            win = (t[None, :] >= (t[:, None] // blk) * blk) & (t[None, :] <= t[:, None])
+            if "res" in quant.o:
+                s = np.where(win, (q @ np.repeat(k0, rep, axis=0).transpose(0, 2, 1)) * scale + mask, s)
         s = np.exp(s - s.max(-1, keepdims=True))
-        a = (s / s.sum(-1, keepdims=True)) @ vv
+        pa = s / s.sum(-1, keepdims=True)
+        a = pa @ vv
+        if win is not None and "vres" in quant.o:  # values of the window exact too
+            a = a + (pa * win) @ np.repeat(v0 - v, rep, axis=0)
         o = a.transpose(1, 0, 2).reshape(n, H * D) @ W("self_attn.o_proj").T
         x = x + rms_norm(o, W("post_attention_layernorm"), eps)
         h = rms_norm(x, W("pre_feedforward_layernorm"), eps)

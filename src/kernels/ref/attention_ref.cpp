@@ -16,7 +16,8 @@
 // the softmax is done in float32 with the row maximum subtracted:
 //   p[r, j] = exp(score[r, j] − max_j score[r, j]),   out[r, :] = Σ_j p[r, j]·v_j / Σ_j p[r, j]
 // where, for quantized values, Σ_j p·v_jd = Σ_j (p·s_jg)·c_jd + Σ_j p·b_jg  (g the group of d), accumulated per group.
-// A row that sees no key (all masked, or every score −inf) is written as zeros.
+// A row that sees no key (all masked, or every score −inf) is written as zeros. With exact_block > 0 a row sees only
+// the keys before its recent block (AttentionArgs::exact_block); lse, when given, gets each row's m + log Σ.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -141,6 +142,13 @@ void attention(const AttentionArgs& a) {
           float& out_score = scores[static_cast<size_t>(r * kL + j)];
           const int64_t moff =
               b * a.mask_stride[0] + hq * a.mask_stride[1] + i * a.mask_stride[2] + j * a.mask_stride[3];
+          if (a.exact_block > 0) {  // the recent block is read elsewhere (AttentionArgs::exact_block)
+            const int64_t pos = kL - L + i;
+            if (j >= std::max(pos / a.exact_block * a.exact_block, a.exact_lo)) {
+              out_score = kNegInf;
+              continue;
+            }
+          }
           if (a.mask_kind == MaskKind::kCausal) {
             const int64_t pos = kL - L + i;  // absolute position of query row i
             if (j > pos || (a.window > 0 && j <= pos - a.window)) {
@@ -189,6 +197,8 @@ void attention(const AttentionArgs& a) {
           }
         }
         denom[static_cast<size_t>(r)] = sum;
+        if (a.lse != nullptr)
+          a.lse[(b * a.Hq + g * rep + r / L) * L + r % L] = m == kNegInf || sum == 0.0f ? kNegInf : m + std::log(sum);
       }
 
       // ---- weighted value sum, on the codes ----

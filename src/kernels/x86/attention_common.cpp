@@ -61,6 +61,13 @@ Plan make_plan(const AttentionArgs& a, int threads, int64_t max_rows) {
   return p;
 }
 
+namespace {
+// exact_block > 0: the end of the keys a row at storage position `pos` reads here (AttentionArgs::exact_block).
+int64_t exact_end(const AttentionArgs& a, int64_t pos) {
+  return std::max(pos / a.exact_block * a.exact_block, a.exact_lo);
+}
+}  // namespace
+
 Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
   Item it{};
   const int64_t Hkv = a.keys.H, kL = a.keys.length;
@@ -79,6 +86,9 @@ Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
     vhi = kL - a.L + it.i0 + it.nl;  // last row's position + 1
     if (a.window > 0) vlo = std::max<int64_t>(0, kL - a.L + it.i0 - a.window + 1);
   }
+  if (a.exact_block > 0)  // the recent block is read elsewhere: the last row's bound is the largest
+    vhi = std::min(vhi, exact_end(a, kL - a.L + it.i0 + it.nl - 1));
+  if (vhi < vlo) vhi = vlo;
   // Split the tiles of [vlo, vhi) into p.splits near-equal pieces (tile boundaries never shared).
   const int64_t t0 = vlo / kTileRows, t1 = (vhi + kTileRows - 1) / kTileRows, n = t1 - t0;
   const int64_t ta = t0 + s * n / p.splits, tb = t0 + (s + 1) * n / p.splits;
@@ -91,10 +101,12 @@ Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
 void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, int64_t* hi) {
   *lo = it.klo;
   *hi = it.khi;
-  if (a.mask_kind != MaskKind::kCausal) return;
   const int64_t pos = a.keys.length - a.L + it.i0 + r % it.nl;
-  *hi = std::min(*hi, pos + 1);
-  if (a.window > 0) *lo = std::max(*lo, pos - a.window + 1);
+  if (a.exact_block > 0) *hi = std::min(*hi, exact_end(a, pos));
+  if (a.mask_kind == MaskKind::kCausal) {
+    *hi = std::min(*hi, pos + 1);
+    if (a.window > 0) *lo = std::max(*lo, pos - a.window + 1);
+  }
   if (*hi < *lo) *hi = *lo;
 }
 
@@ -121,8 +133,10 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
       float* dst = a.out + ((it.b * a.Hq + hq) * a.L + i) * Dv;
       float m = kNegInf;
       for (int64_t s = 0; s < p.splits; ++s) m = std::max(m, partials[(base + s) * p.partial_floats + r * (2 + Dv)]);
+      float* lse = a.lse != nullptr ? a.lse + (it.b * a.Hq + hq) * a.L + i : nullptr;
       if (m == kNegInf) {
         std::fill(dst, dst + Dv, 0.0f);
+        if (lse != nullptr) *lse = kNegInf;
         continue;
       }
       float l = 0.0f;
@@ -135,6 +149,7 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
         for (int64_t d = 0; d < Dv; ++d) o[static_cast<size_t>(d)] += w * part[2 + d];
       }
       for (int64_t d = 0; d < Dv; ++d) dst[d] = o[static_cast<size_t>(d)] / l;
+      if (lse != nullptr) *lse = m + std::log(l);
     }
   }
   (void)Hkv;

@@ -48,6 +48,9 @@ void check_supported(const ModelConfig& c, WeightFormat weights, const KVOptions
   check(weight_format_info(weights).cuda, ErrorCode::kUnsupported, kOp, "--device cuda runs the weight formats ",
         weight_format_names(/*cuda_only=*/true), "; got --weights ", weight_format_name(weights));
   kv.validate(kOp);
+  check(!kv.recent_exact, ErrorCode::kUnsupported, kOp,
+        "--device cuda reads every position of a complete block quantized; got --kv-recent exact in ",
+        kv_format_name(kv), " (use --device cpu)");
   check(!kv.v_symmetric, ErrorCode::kUnsupported, kOp,
         "--device cuda stores values with a scale and a bias per group (affine); got --kv-values symmetric in ",
         kv_format_name(kv), " (use --device cpu)");
