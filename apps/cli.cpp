@@ -159,7 +159,10 @@ model::ModelOptions model_options(const ModelArgs& a) {
     if (!a.kv_rotation.empty()) o.kv.rotation = model::parse_kv_rotation(a.kv_rotation);
     if (!a.kv_layout.empty()) o.kv.key_layout = nn::parse_key_layout(a.kv_layout);
     if (!a.kv_values.empty()) o.kv.v_symmetric = nn::parse_value_codes(a.kv_values);
-    if (!a.kv_recent.empty()) o.kv.recent_exact = nn::parse_recent(a.kv_recent);
+    if (!a.kv_recent.empty())
+      o.kv.recent_exact = nn::parse_recent(a.kv_recent);
+    else if (o.kv.key_layout != nn::KeyLayout::kChannel)
+      o.kv.recent_exact = false;  // keys per position (the default's turned to token): no residual windows
     o.kv.group_size = a.kv_group_size;
     o.kv.group_size_auto = !a.kv_group_size_given;
     if (a.kv_outliers == "auto") {

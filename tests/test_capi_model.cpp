@@ -112,6 +112,15 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   EXPECT_NE(std::string(cider_last_error()).find("kv values must be affine or symmetric"), std::string::npos)
       << cider_last_error();
   out.kv_values = nullptr;
+  out.kv_recent = "exact";  // the recent block read unquantized, on an explicit per-channel format
+  ModelHandle orx(&out);
+  ASSERT_EQ(cider_model_info_get(orx.m, &info), CIDER_OK) << cider_last_error();
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/rx");
+  out.kv_recent = "always";
+  EXPECT_EQ(cider_model_load(kTiny.c_str(), &out, &bad), CIDER_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(cider_last_error()).find("kv recent must be quantized or exact"), std::string::npos)
+      << cider_last_error();
+  out.kv_recent = nullptr;
 
   // The defaults: bf16 weights, on the CPU k5v4 with per-channel keys, head_dim/32 = 2 outlier channels and symmetric
   // values

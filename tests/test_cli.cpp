@@ -134,6 +134,9 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --kv-outliers many", "--kv-outliers must be auto or a count in [0, 32]; got \"many\""},
       {"generate " + m + "-p x --kv-values sym", "kv values must be affine or symmetric; got \"sym\""},
       {"generate " + m + "-p x --kv bf16 --kv-values symmetric", "--kv-values symmetric chooses a quantized cache's"},
+      {"generate " + m + "-p x --kv-recent bf16", "kv recent must be quantized or exact; got \"bf16\""},
+      {"generate " + m + "-p x --kv bf16 --kv-recent exact", "--kv-recent exact reads a quantized cache's recent block"},
+      {"generate " + m + "-p x --kv k4v4 --kv-recent exact", "recent exact) extends the per-channel keys' residual"},
       {"generate " + m + "-p x --tp 0", "[options] --tp must be in [1, 8]; got 0"},
       {"generate " + m + "-p x --tp 9", "[options] --tp must be in [1, 8]; got 9"},
       {"generate " + m + "-p x --tp 2", "[options] --tp 2 splits the model over GPUs: it needs --device cuda"},
@@ -472,7 +475,8 @@ TEST_F(Cli, HadamardKvRotationIsAccepted) {
   // 80-token window (two quantized blocks of 32 positions, 16 in the bf16 window), and generation names the layout.
   for (const auto& [extra, name] : {std::pair<std::string, std::string>{"", "kchan"}, {" --kv-outliers 4", "kchan/o4"},
                                     {" --kv-outliers auto", "kchan/o2"},
-                                    {" --kv-outliers auto --kv-values symmetric", "kchan/o2/vsym"}}) {
+                                    {" --kv-outliers auto --kv-values symmetric", "kchan/o2/vsym"},
+                                    {" --kv-outliers auto --kv-values symmetric --kv-recent exact", "kchan/o2/vsym/rx"}}) {
     const CliResult c = cider("perplexity -m " + quote(kTiny) + " -f " + quote(file) +
                               " --ctx 80 --kv k4v4 --kv-layout channel --kv-group-size 32" + extra + " --baseline-kv bf16");
     ASSERT_EQ(c.status, 0) << c.err;

@@ -170,6 +170,8 @@ typedef struct cider_model_options {
                               (head_dim/32); 0 = the default's: auto with kv NULL, none with an explicit kv */
   const char* kv_values;   /* "affine" or "symmetric" value codes (symmetric: a step per group, no bias; cpu only);
                               NULL or "" = the default's: symmetric with kv NULL on cpu, affine otherwise */
+  const char* kv_recent;   /* with kv_layout "channel": "exact" (each query reads its own block of group-size positions
+                              unquantized, in bfloat16; cpu only) or "quantized"; NULL or "" = the default's */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -67,6 +67,9 @@ struct KVSpec {
   // bias: 0.125 bits per value less at group 64; CPU only; docs/kv_cache.md). "" = the default's: symmetric for a
   // model's default cache on the CPU (format ""), affine otherwise.
   std::string values;
+  // Per-channel keys: "exact" (each query reads its own block of group_size positions unquantized, keys and values in
+  // bfloat16, whatever the chunking; CPU only; docs/kv_cache.md) or "quantized". "" = the default's.
+  std::string recent;
   // Standalone caches only (a model seeds its own): the rotation's seed and the stored scales' dtype
   // (DType::kF16, kBF16 or kF32).
   uint64_t seed = 0;

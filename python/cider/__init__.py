@@ -709,7 +709,8 @@ class Model:
         if isinstance(baseline, dict):
             kw = dict(self._load_kwargs)
             if "kv" in baseline:  # its own cache: the tested cache's layout, rotation and groups do not carry over
-                kw.update(kv_rotation=None, kv_layout=None, kv_group_size=0, kv_outliers=0, kv_values=None)
+                kw.update(kv_rotation=None, kv_layout=None, kv_group_size=0, kv_outliers=0, kv_values=None,
+                          kv_recent=None)
             baseline = load(self.path, **{**kw, **baseline})
         r = self._m.perplexity(text, int(ctx), int(stride), None if baseline is None else baseline._m)
         has = r["has_baseline"]
@@ -726,7 +727,8 @@ class Model:
 
 def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_rotation: Optional[str] = None,
          kv_group_size: int = 0, kv_layout: Optional[str] = None, ctx: int = 0, device: str = "cpu",
-         threads: int = 0, kv_outliers: Union[int, str, None] = None, kv_values: Optional[str] = None) -> Model:
+         threads: int = 0, kv_outliers: Union[int, str, None] = None, kv_values: Optional[str] = None,
+         kv_recent: Optional[str] = None) -> Model:
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
     "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
     or a directory converted with --weights native, else bf16); kv: "k5v4", "k8v4", "k4v3", ... or
@@ -734,15 +736,18 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
     channels); kv_layout "channel": keys per channel, with kv_outliers > 0 (or "auto": head_dim/32) outlier key
     channels refined by 4 bits (None: the default's, "auto" for the default cache and 0 with an explicit kv;
     docs/kv_cache.md); kv_values "affine" or "symmetric" (a step per value group and no bias, CPU only; None: the
-    default's, symmetric for the default cache on the CPU, else affine); ctx: context length (0 = the model's, capped at 8192); device: "cpu" or "cuda"."""
+    default's, symmetric for the default cache on the CPU, else affine); kv_recent "exact" or "quantized" (per-channel
+    keys: each query reads its own block of group-size positions unquantized, CPU only; None: the default's); ctx: context length (0 = the model's, capped at 8192); device: "cpu" or "cuda"."""
     kw = dict(weights=weights, kv=kv, kv_rotation=kv_rotation, kv_group_size=kv_group_size, kv_layout=kv_layout,
-              ctx=ctx, device=device, threads=threads, kv_outliers=kv_outliers, kv_values=kv_values)
+              ctx=ctx, device=device, threads=threads, kv_outliers=kv_outliers, kv_values=kv_values,
+              kv_recent=kv_recent)
     spec = _cider.KVSpec()
     spec.format = kv or ""
     spec.rotation = kv_rotation or ""
     spec.group_size = int(kv_group_size)
     spec.key_layout = kv_layout or ""
     spec.values = kv_values or ""
+    spec.recent = kv_recent or ""
     if kv_outliers == "auto":
         spec.key_outliers = -1
     elif kv_outliers is None:

@@ -151,6 +151,7 @@ NB_MODULE(_cider, m) {
       .def_rw("key_layout", &cider::KVSpec::key_layout)
       .def_rw("key_outliers", &cider::KVSpec::key_outliers)
       .def_rw("values", &cider::KVSpec::values)
+      .def_rw("recent", &cider::KVSpec::recent)
       .def_rw("seed", &cider::KVSpec::seed)
       .def_prop_rw(
           "scale_dtype", [](const cider::KVSpec& s) { return static_cast<int>(s.scale_dtype); },

@@ -80,6 +80,7 @@ KVSpec public_spec(const nn::KVCacheMeta& m) {
   s.group_size = m.quantized ? m.group_size : 0;
   s.key_layout = nn::key_layout_name(m.key_layout);
   s.values = m.quantized ? nn::value_codes_name(m.v_symmetric) : "";
+  s.recent = m.quantized && m.key_layout == nn::KeyLayout::kChannel ? nn::recent_name(m.recent_exact) : "";
   s.seed = m.seed;
   s.scale_dtype = m.scale_dtype;
   return s;
@@ -106,6 +107,7 @@ std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
   if (m.key_layout == nn::KeyLayout::kChannel) {
     p[1].shape = p[2].shape = {B, H, (L + gs - 1) / gs, m.Dk};
     p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
+    if (m.recent_exact) p.push_back({"value residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
   }
   return p;
 }
@@ -168,11 +170,14 @@ std::unique_ptr<nn::KVCache> make_cache(const KVSpec& spec, const char* op) {
     if (!spec.key_layout.empty())
       c.key_layout = api::named(op, "key_layout", [&] { return nn::parse_key_layout(spec.key_layout); });
     if (!spec.values.empty()) c.v_symmetric = api::named(op, "values", [&] { return nn::parse_value_codes(spec.values); });
+    if (!spec.recent.empty()) c.recent_exact = api::named(op, "recent", [&] { return nn::parse_recent(spec.recent); });
     return std::make_unique<nn::QuantizedKVCache>(c);
   }
   check(spec.key_layout.empty() || spec.key_layout == "token", ErrorCode::kInvalidArgument, op,
         "a plain KV cache (format \"", spec.format, "\") stores keys per position: key_layout must be \"\" or "
         "\"token\"; got \"", spec.key_layout, "\"");
+  check(spec.recent.empty() || spec.recent == "quantized", ErrorCode::kInvalidArgument, op, "a plain KV cache (format \"",
+        spec.format, "\") is read as it is stored: recent must be \"\" or \"quantized\"; got \"", spec.recent, "\"");
   check(spec.values.empty() || spec.values == "affine", ErrorCode::kInvalidArgument, op, "a plain KV cache (format \"",
         spec.format, "\") stores its values as they are: values must be \"\" or \"affine\"; got \"", spec.values, "\"");
   nn::PlainKVCacheConfig c;

@@ -33,7 +33,8 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   const int gs = options.kv.group_size;
   // The engine's default only when nothing of the cache was chosen (then Model::load may adapt it to the model).
   o.kv.device_default = options.kv.format.empty() && options.kv.rotation.empty() && options.kv.key_layout.empty() &&
-                        options.kv.key_outliers == 0 && gs == 0 && options.kv.values.empty();
+                        options.kv.key_outliers == 0 && gs == 0 && options.kv.values.empty() &&
+                        options.kv.recent.empty();
   check(gs == 0 || gs == 32 || gs == 64 || gs == 128, ErrorCode::kInvalidArgument, op,
         "kv.group_size must be 0 (automatic), 32, 64 or 128; got ", gs);
   if (!options.kv.rotation.empty()) {
@@ -57,6 +58,14 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
     check(o.kv.quantized || !sym, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
           "\") stores its values as they are: kv.values must be \"\" or \"affine\"; got \"", options.kv.values, "\"");
     if (o.kv.quantized) o.kv.v_symmetric = sym;
+  }
+  if (!options.kv.recent.empty()) {
+    const bool exact = named(op, "kv.recent", [&] { return nn::parse_recent(options.kv.recent); });
+    check(o.kv.quantized || !exact, ErrorCode::kInvalidArgument, op, "a plain KV cache (kv.format \"", options.kv.format,
+          "\") is read as it is stored: kv.recent must be \"\" or \"quantized\"; got \"", options.kv.recent, "\"");
+    if (o.kv.quantized) o.kv.recent_exact = exact;
+  } else if (o.kv.key_layout != nn::KeyLayout::kChannel) {
+    o.kv.recent_exact = false;  // keys per position (the default's turned to token): no residual windows
   }
   check(options.kv.key_outliers >= -1, ErrorCode::kInvalidArgument, op,
         "kv.key_outliers must be -1 (automatic), 0 (the default's) or a count; got ", options.kv.key_outliers);

@@ -58,6 +58,7 @@ cider_status cider_model_load(const char* path, const cider_model_options* optio
       if (options->kv_layout) o.kv.key_layout = options->kv_layout;
       o.kv.key_outliers = options->kv_outliers;
       if (options->kv_values) o.kv.values = options->kv_values;
+      if (options->kv_recent) o.kv.recent = options->kv_recent;
       o.kv.group_size = options->kv_group_size;
       o.ctx = options->ctx;
       if (options->device) o.device = options->device;

@@ -752,8 +752,7 @@ void QuantizedKVCache::stage_append(const TensorView& keys, const TensorView& va
   const int64_t gs = config_.group_size, n = keys.dim(2), lo = start / gs * gs, keep = start - lo, rows = keep + n;
   const size_t vr = value_residual_plane(meta());
   const int64_t BH = store_.B() * store_.H();
-  stage_k_.assign(static_cast<size_t>(BH * rows * Dk_), 0);
-  stage_v_.assign(static_cast<size_t>(BH * rows * Dv_), 0);
+  resize_stage(static_cast<size_t>(BH * rows));
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       uint16_t* sk = stage_k_.data() + (b * store_.H() + h) * rows * Dk_;
@@ -771,6 +770,16 @@ void QuantizedKVCache::stage_append(const TensorView& keys, const TensorView& va
   stage_n_ = rows;
 }
 
+// The stage's buffers for `rows` rows: a prompt chunk's stage is released when a decode step needs a block's worth (the
+// stage stays until the next append, so a chunk-sized one would otherwise be held for the whole session).
+void QuantizedKVCache::resize_stage(size_t rows) {
+  const size_t nk = rows * static_cast<size_t>(Dk_), nv = rows * static_cast<size_t>(Dv_);
+  if (stage_k_.capacity() > 2 * nk + 4096) std::vector<uint16_t>().swap(stage_k_);
+  if (stage_v_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_v_);
+  stage_k_.assign(nk, 0);
+  stage_v_.assign(nv, 0);
+}
+
 // After trim, restore or copy_prefix: the stage is the incomplete block, from the residual windows.
 void QuantizedKVCache::stage_from_residual() {
   stage_k_.clear();
@@ -779,8 +788,7 @@ void QuantizedKVCache::stage_from_residual() {
   if (!config_.recent_exact || !store_.has_dims()) return;
   const int64_t gs = config_.group_size, len = store_.offset(), lo = len / gs * gs, rows = len - lo;
   const size_t vr = value_residual_plane(meta());
-  stage_k_.assign(static_cast<size_t>(store_.B() * store_.H() * rows * Dk_), 0);
-  stage_v_.assign(static_cast<size_t>(store_.B() * store_.H() * rows * Dv_), 0);
+  resize_stage(static_cast<size_t>(store_.B() * store_.H() * rows));
   for (int64_t b = 0; b < store_.B() && rows > 0; ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       std::memcpy(stage_k_.data() + (b * store_.H() + h) * rows * Dk_, store_.row(kResidualPlane, b, h, 0),

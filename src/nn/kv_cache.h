@@ -306,6 +306,7 @@ class QuantizedKVCache final : public KVCache {
   int64_t trim_channel(int64_t n);
   void stage_append(const TensorView& keys, const TensorView& values, int64_t start);
   void stage_from_residual();
+  void resize_stage(size_t rows);
   void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);
   void quantize_block(int64_t b, int64_t h, int64_t block);
   void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);

@@ -531,6 +531,9 @@ def test_outlier_key_channels_equal_the_cli(tmp_path):
     assert cider.load(TINY).info["kv"] == "k5v4/hadamard/g64/kchan/o2/vsym"
     assert cider.load(TINY, kv="k5v4", kv_layout="channel").info["kv"] == "k5v4/hadamard/g64/kchan"
     assert cider.load(TINY, kv="k4v4", kv_values="symmetric").info["kv"] == "k4v4/hadamard/g64/vsym"
+    assert cider.load(TINY, kv="k4v4", kv_layout="channel", kv_recent="exact").info["kv"] == "k4v4/hadamard/g64/kchan/rx"
+    with pytest.raises(cider.ArgumentError, match="kv recent"):
+        cider.load(TINY, kv="k4v4", kv_layout="channel", kv_recent="sometimes")
     with pytest.raises(cider.ArgumentError, match="kv_outliers"):
         cider.load(TINY, kv_outliers="many")
 
