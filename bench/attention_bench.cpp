@@ -60,6 +60,7 @@ struct Options {
   bool kchan = false;  // --kv-layout channel: per-channel keys (scales [blocks, D], a bf16 residual window)
   int outliers = 0;    // --kv-outliers N (with --kv-layout channel): refined channels per block (random codes)
   bool vsym = false;   // --kv-values symmetric: value steps only, no value biases (KVTensorView::symmetric)
+  bool recent = false; // --kv-recent exact: the "nn" row reads each query's own block from bfloat16 (nn::attention)
   int reps = 20;
   int threads = 0;
   int64_t pool_mb = 1024;
@@ -87,7 +88,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 void usage(const char* prog) {
   std::printf(
       "usage: %s [--ctx 8k,32k] [--dims 128,256] [--hq 32] [--hkv 8] [--L 1] [--kbits 4] [--vbits 3]\n"
-      "         [--group 64] [--kv-layout token|channel] [--kv-outliers N] [--kv-values affine|symmetric] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
+      "         [--group 64] [--kv-layout token|channel] [--kv-outliers N] [--kv-values affine|symmetric] [--kv-recent quantized|exact] [--reps 20] [--threads N] [--pool-mb 1024] [--isa ref|avx2|avx512]\n"
       "         [--mode hot,stream] [--no-nn] [--no-append] [--prefill] [--hugepages] [--json] [--cputime]\n"
       "decode attention (B 1, L query rows) over a packed K/V cache, timed per ISA level; table or --json lines\n"
       "--cputime: time with the process CPU clock (for development on a loaded machine, with --threads 1)\n",
@@ -317,17 +318,22 @@ int run(const Options& o) {
       }
       if (!nn_done) {  // the public op, once: query rotation + kernel + inverse rotation + output store
         nn_done = true;
-        cider::nn::QuantizedKVCache cache(cider::nn::QuantizedKVCacheConfig{
-                                                  o.kbits, o.vbits, o.group, cider::nn::RotationKind::kSO4Full, 7,
-                                                  DType::kF16,
-                                                  o.kchan ? cider::nn::KeyLayout::kChannel : cider::nn::KeyLayout::kToken});
+        cider::nn::QuantizedKVCacheConfig cc{o.kbits, o.vbits, o.group, cider::nn::RotationKind::kSO4Full, 7,
+                                             DType::kF16,
+                                             o.kchan ? cider::nn::KeyLayout::kChannel : cider::nn::KeyLayout::kToken};
+        cc.key_outliers = o.outliers;  // chosen by range (no queries shown)
+        cc.v_symmetric = o.vsym;
+        cc.recent_exact = o.recent;
+        cider::nn::QuantizedKVCache cache(cc);
         const int64_t chunk = 1024;
         std::vector<float> kv(static_cast<size_t>(o.hkv * chunk * D));
-        for (int64_t t0 = 0; t0 < kL; t0 += chunk) {
-          const int64_t n = std::min(chunk, kL - t0);
+        // In chunks, the last position alone: the cache as a decode step leaves it (a recent block's stage).
+        for (int64_t t0 = 0; t0 < kL;) {
+          const int64_t n = t0 + chunk >= kL ? (kL - t0 > 1 ? kL - t0 - 1 : 1) : chunk;
           for (float& x : kv) x = nd(rng);
           cider::TensorView v(kv.data(), DType::kF32, {1, o.hkv, n, D});
           cache.update_and_fetch(v, v);
+          t0 += n;
         }
         cider::TensorView qv(q.data(), DType::kF32, {1, o.hq, o.L, D}), ov(out.data(), DType::kF32, {1, o.hq, o.L, D});
         cider::nn::AttentionMask m;
@@ -428,6 +434,7 @@ int main_with_args(int argc, char** argv) {
       else if (arg == "--kv-layout") o.kchan = next() == std::string("channel");
       else if (arg == "--kv-outliers") o.outliers = std::stoi(next());
       else if (arg == "--kv-values") o.vsym = next() == std::string("symmetric");
+      else if (arg == "--kv-recent") o.recent = next() == std::string("exact");
       else if (arg == "--vbits") o.vbits = std::stoi(next());
       else if (arg == "--group") o.group = std::stoi(next());
       else if (arg == "--reps") o.reps = std::stoi(next());
@@ -453,14 +460,14 @@ int main_with_args(int argc, char** argv) {
         return 2;
       }
     }
-    if (o.outliers != 0 && (!o.kchan || o.outliers < 0 || o.nn)) {
-      std::fprintf(stderr, "%s: error: --kv-outliers N (N > 0) times the kernels on per-channel keys: it needs "
-                   "--kv-layout channel and --no-nn; got %d\n", prog, o.outliers);
+    if (o.outliers != 0 && (!o.kchan || o.outliers < 0)) {
+      std::fprintf(stderr, "%s: error: --kv-outliers N (N > 0) refines per-channel keys: it needs --kv-layout channel; "
+                   "got %d\n", prog, o.outliers);
       return 2;
     }
-    if (o.vsym && o.nn) {
-      std::fprintf(stderr, "%s: error: --kv-values symmetric times the kernels on symmetric value codes: it needs "
-                   "--no-nn\n", prog);
+    if (o.recent && (!o.kchan || !o.nn)) {
+      std::fprintf(stderr, "%s: error: --kv-recent exact is read by nn::attention on per-channel keys: it needs "
+                   "--kv-layout channel and the nn row (no --no-nn)\n", prog);
       return 2;
     }
     return run(o);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace cider::nn {
 
@@ -85,20 +86,22 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
                       const int64_t (&mstride)[4], const float* lse, float* o) {
   const int64_t n = st.n, rep = Hq / Hkv;
   if (n == 0) return;
-  // The stage as float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv].
+  // The stage as float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv];
+  // only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
+  const int64_t first = std::max((kL - L) / st.block * st.block, st.lo) - st.lo;
   std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv));
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first; j < n; ++j) {
       for (int64_t d = 0; d < Dk; ++d)
         kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(st.keys[(bh * n + j) * Dk + d]);
       for (int64_t d = 0; d < Dv; ++d)
         vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(st.values[(bh * n + j) * Dv + d]);
     }
-  std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t bh = b * Hkv + h / rep;
+  default_thread_pool().parallel_for(B * Hq, [&](int64_t begin, int64_t end, int) {
+    std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
       for (int64_t i = 0; i < L; ++i) {
         const int64_t t = kL - L + i;
         int64_t j0 = std::max(t / st.block * st.block, st.lo) - st.lo, j1 = n;  // stage rows [j0, j1)
@@ -146,6 +149,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
         for (int64_t d = 0; d < Dv; ++d) orow[d] = (wq * orow[d] + acc[static_cast<size_t>(d)]) * inv;
       }
     }
+  });
 }
 
 }  // namespace
