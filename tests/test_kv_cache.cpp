@@ -1343,12 +1343,32 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
   c.update_and_fetch(positions(k, 40, 30).view(), positions(v, 40, 30).view());
   expect_stage(c, k, v, 32, 38, 0, "after 70");  // [32, 40) from the residual windows, then the new rows
   const KVCacheSnapshot snap = c.snapshot();
-  ASSERT_EQ(snap.num_planes(), 11u);  // 10 with outlier channels, then the values' residual window
+  ASSERT_EQ(snap.num_planes(), 13u);  // 10 with outlier channels, the values' residual window, the first block's
   EXPECT_EQ(snap.plane(10).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
+  EXPECT_EQ(snap.plane(11).nbytes(), static_cast<size_t>(B * H * gs * Dk * 2));
+  EXPECT_EQ(snap.plane(12).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
+  {  // the first block as appended: keys bf16-rounded, values rotated then rounded
+    const auto st = c.exact_stage();
+    ASSERT_EQ(st.sink, gs);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < gs; ++t) {
+          std::vector<float> rv(v.row(b, h, t), v.row(b, h, t) + Dv);
+          c.value_rotation().apply(rv.data(), 1);
+          for (int64_t d = 0; d < Dk; ++d)
+            ASSERT_EQ(st.sink_keys[((b * H + h) * gs + t) * Dk + d], f32_to_bf16(k.row(b, h, t)[d]));
+          for (int64_t d = 0; d < Dv; ++d) {
+            const float got = bf16_to_f32(st.sink_values[((b * H + h) * gs + t) * Dv + d]), want = rv[static_cast<size_t>(d)];
+            ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -8) + 1e-6f);
+          }
+        }
+  }
   QuantizedKVCache r(recent_config(0, 8, 8, 32));
   r.restore(snap);
   expect_stage(r, k, v, 64, 6, 0, "restored");
   EXPECT_EQ(r.exact_stage().n, 6);
+  EXPECT_EQ(r.exact_stage().sink, gs);
+  EXPECT_TRUE(std::equal(r.exact_stage().sink_keys, r.exact_stage().sink_keys + B * H * gs * Dk, c.exact_stage().sink_keys));
   c.trim(10);  // back into block [32, 64): its 28 kept positions dequantized into both windows
   expect_stage(c, k, v, 32, 28, 64, "trimmed to 60");
   auto p = c.copy_prefix(50);
@@ -1443,8 +1463,8 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
   }
 }
 
-// The kernels' side of it (AttentionArgs::exact_block / exact_lo / lse) at every level: the same output as an
-// equivalent bool mask (visible iff j <= t and j < max(⌊t/block⌋·block, lo)), and the row log-sum-exp against float64
+// The kernels' side of it (AttentionArgs::exact_block / exact_lo / exact_sink / lse) at every level: the same output as
+// an equivalent bool mask (visible iff sink <= j <= t and j < max(⌊t/block⌋·block, lo)), and the row log-sum-exp against float64
 // on the stored keys: within the scores' error — float32 sums of Dk + 8 products (2⁻²⁴ each, relative to Σ|q·k|),
 // plus, on the integer paths, the queries' 16-bit rounding (|q − q̃| <= max|q|·2⁻¹⁶ per element).
 TEST(KVCacheRecent, KernelsReadOnlyBeforeTheRecentBlockAndReturnTheLogSumExp) {
@@ -1463,11 +1483,12 @@ TEST(KVCacheRecent, KernelsReadOnlyBeforeTheRecentBlockAndReturnTheLogSumExp) {
   std::vector<const kernels::KernelTable*> tables = {&kernels::ref_kernels()};
   for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512})
     if (static_cast<int>(l) <= static_cast<int>(detected_isa())) tables.push_back(&kernels::kernels_for_isa(l));
-  for (int64_t lo : {int64_t{0}, int64_t{256}, int64_t{290}}) {
+  for (auto [lo, sink] : {std::pair<int64_t, int64_t>{0, 0}, {256, 0}, {290, 64}, {0, 64}}) {
     auto e_of = [&](int64_t t) { return std::max(t / gs * gs, lo); };
     std::vector<uint8_t> vis(static_cast<size_t>(L * kL));
     for (int64_t i = 0; i < L; ++i)
-      for (int64_t j = 0; j < kL; ++j) vis[static_cast<size_t>(i * kL + j)] = j <= kL - L + i && j < e_of(kL - L + i);
+      for (int64_t j = 0; j < kL; ++j)
+        vis[static_cast<size_t>(i * kL + j)] = j <= kL - L + i && j >= sink && j < e_of(kL - L + i);
     // float64 log-sum-exp and its tolerance per row
     std::vector<double> want(static_cast<size_t>(Hq * L)), tol(static_cast<size_t>(Hq * L));
     for (int64_t hq = 0; hq < Hq; ++hq)
@@ -1508,11 +1529,13 @@ TEST(KVCacheRecent, KernelsReadOnlyBeforeTheRecentBlockAndReturnTheLogSumExp) {
       std::vector<float> o1(static_cast<size_t>(Hq * L * Dv), NAN), o2 = o1, lse(static_cast<size_t>(Hq * L), NAN);
       a.exact_block = gs;
       a.exact_lo = lo;
+      a.exact_sink = sink;
       a.lse = lse.data();
       a.out = o1.data();
       t->attention(a);
       a.exact_block = 0;
       a.exact_lo = 0;
+      a.exact_sink = 0;
       a.lse = nullptr;
       a.mask_kind = kernels::MaskKind::kBool;
       a.mask = vis.data();

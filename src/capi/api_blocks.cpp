@@ -107,7 +107,11 @@ std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
   if (m.key_layout == nn::KeyLayout::kChannel) {
     p[1].shape = p[2].shape = {B, H, (L + gs - 1) / gs, m.Dk};
     p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
-    if (m.recent_exact) p.push_back({"value residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
+    if (m.recent_exact) {
+      p.push_back({"value residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
+      p.push_back({"first block keys", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
+      p.push_back({"first block values", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
+    }
   }
   return p;
 }

@@ -78,24 +78,27 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
 }
 
 // The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
-// max(⌊t/block⌋·block, lo) of the stage in bfloat16 (those the kernel left out, AttentionArgs::exact_block), under the
-// same scale, softcap and mask; merged into the kernel's normalised output o (rotated value space) through its row
-// log-sum-exp lse: o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
+// max(⌊t/block⌋·block, lo) of the stage and the first block's keys j < min(sink, e(t)), in bfloat16 (those the
+// kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask; merged into the
+// kernel's normalised output o (rotated value space) through its row log-sum-exp lse:
+// o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
 void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
                       int64_t kL, int64_t Dk, int64_t Dv, float scale, float softcap, const AttentionMask& mask,
                       const int64_t (&mstride)[4], const float* lse, float* o) {
-  const int64_t n = st.n, rep = Hq / Hkv;
+  const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the first block's, then the stage's
   if (n == 0) return;
-  // The stage as float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv];
-  // only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
-  const int64_t first = std::max((kL - L) / st.block * st.block, st.lo) - st.lo;
+  auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
+  // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
+  // stage only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
+  const int64_t first = ns + std::max((kL - L) / st.block * st.block, st.lo) - st.lo;
   std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv));
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
-    for (int64_t j = first; j < n; ++j) {
-      for (int64_t d = 0; d < Dk; ++d)
-        kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(st.keys[(bh * n + j) * Dk + d]);
-      for (int64_t d = 0; d < Dv; ++d)
-        vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(st.values[(bh * n + j) * Dv + d]);
+    for (int64_t j = 0; j < n; ++j) {
+      if (j >= ns && j < first) continue;
+      const uint16_t* kr = j < ns ? st.sink_keys + (bh * st.block + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
+      const uint16_t* vr = j < ns ? st.sink_values + (bh * st.block + j) * Dv : st.values + (bh * st.n + j - ns) * Dv;
+      for (int64_t d = 0; d < Dk; ++d) kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(kr[d]);
+      for (int64_t d = 0; d < Dv; ++d) vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(vr[d]);
     }
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   default_thread_pool().parallel_for(B * Hq, [&](int64_t begin, int64_t end, int) {
@@ -103,46 +106,52 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
       for (int64_t i = 0; i < L; ++i) {
-        const int64_t t = kL - L + i;
-        int64_t j0 = std::max(t / st.block * st.block, st.lo) - st.lo, j1 = n;  // stage rows [j0, j1)
+        const int64_t t = kL - L + i, e = std::max(t / st.block * st.block, st.lo);
+        // rows [0, std::min(ns, e)) of the first block and [ns + e − lo, n) of the stage, within the causal range
+        int64_t plo = 0, phi = kL;  // visible positions [plo, phi)
         if (mask.kind == kernels::MaskKind::kCausal) {
-          j1 = std::min(j1, t + 1 - st.lo);
-          if (mask.window > 0) j0 = std::max(j0, t - mask.window + 1 - st.lo);
+          phi = t + 1;
+          if (mask.window > 0) plo = std::max<int64_t>(0, t - mask.window + 1);
         }
-        if (j1 <= j0) continue;
+        const int64_t ranges[2][2] = {{std::max<int64_t>(0, plo), std::min({ns, e, phi})},
+                                      {ns + std::max(e, plo) - st.lo, ns + std::min(kL, phi) - st.lo}};
         const float* qr = q + ((b * Hq + h) * L + i) * Dk;
-        std::fill(sc.begin() + j0, sc.begin() + j1, 0.0f);
-        for (int64_t d = 0; d < Dk; ++d) {
-          const float qd = qr[d];
-          const float* kr = kt.data() + (bh * Dk + d) * n;
-          for (int64_t j = j0; j < j1; ++j) sc[static_cast<size_t>(j)] += qd * kr[j];
-        }
         const int64_t moff = b * mstride[0] + h * mstride[1] + i * mstride[2];
         float m = kNegInf;
-        for (int64_t j = j0; j < j1; ++j) {
-          float v = scale * sc[static_cast<size_t>(j)];
-          if (softcap > 0.0f) v = softcap * std::tanh(v / softcap);
-          const int64_t off = moff + (st.lo + j) * mstride[3];
-          if (mask.kind == kernels::MaskKind::kBool) {
-            if (static_cast<const uint8_t*>(mask.mask.data)[off] == 0) v = kNegInf;
-          } else if (mask.kind == kernels::MaskKind::kAdditive) {
-            v += load_float(mask.mask.data, mask.mask.dtype, off);
+        for (const auto& r : ranges) {
+          if (r[1] <= r[0]) continue;
+          std::fill(sc.begin() + r[0], sc.begin() + r[1], 0.0f);
+          for (int64_t d = 0; d < Dk; ++d) {
+            const float qd = qr[d];
+            const float* kr = kt.data() + (bh * Dk + d) * n;
+            for (int64_t j = r[0]; j < r[1]; ++j) sc[static_cast<size_t>(j)] += qd * kr[j];
           }
-          sc[static_cast<size_t>(j)] = v;
-          m = std::max(m, v);
+          for (int64_t j = r[0]; j < r[1]; ++j) {
+            float v = scale * sc[static_cast<size_t>(j)];
+            if (softcap > 0.0f) v = softcap * std::tanh(v / softcap);
+            const int64_t off = moff + pos_of(j) * mstride[3];
+            if (mask.kind == kernels::MaskKind::kBool) {
+              if (static_cast<const uint8_t*>(mask.mask.data)[off] == 0) v = kNegInf;
+            } else if (mask.kind == kernels::MaskKind::kAdditive) {
+              v += load_float(mask.mask.data, mask.mask.dtype, off);
+            }
+            sc[static_cast<size_t>(j)] = v;
+            m = std::max(m, v);
+          }
         }
         const float lq = lse[(b * Hq + h) * L + i];
         const float M = std::max(m, lq);
         if (M == kNegInf) continue;  // neither part saw a key: the kernel's zeros stay
         std::fill(acc.begin(), acc.end(), 0.0f);
         float l = 0.0f;
-        for (int64_t j = j0; j < j1; ++j) {
-          const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
-          if (p == 0.0f) continue;
-          l += p;
-          const float* vr = vf.data() + (bh * n + j) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
-        }
+        for (const auto& r : ranges)
+          for (int64_t j = r[0]; j < r[1]; ++j) {
+            const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
+            if (p == 0.0f) continue;
+            l += p;
+            const float* vr = vf.data() + (bh * n + j) * Dv;
+            for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+          }
         const float wq = lq == kNegInf ? 0.0f : std::exp(lq - M);
         float* orow = o + ((b * Hq + h) * L + i) * Dv;
         const float inv = 1.0f / (wq + l);
@@ -226,6 +235,7 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
   if (stage.block > 0) {  // the recent block read unquantized: the kernel takes the positions before it
     args.exact_block = stage.block;
     args.exact_lo = stage.lo;
+    args.exact_sink = stage.sink;
     lse.resize(static_cast<size_t>(B * Hq * L));
     args.lse = lse.data();
   }

@@ -29,7 +29,7 @@ size_t value_residual_plane(const KVCacheMeta& m) { return m.key_outliers > 0 ? 
 size_t plane_count(const KVCacheMeta& m) {
   if (!m.quantized) return kPlainPlanes;
   if (!channel_keys(m)) return kQuantizedPlanes;
-  return value_residual_plane(m) + (m.recent_exact ? 1 : 0);
+  return value_residual_plane(m) + (m.recent_exact ? 3 : 0);
 }
 
 // The shape of each plane, in the plane order documented at KVCacheSnapshot.
@@ -49,8 +49,11 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
         p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
         p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // per window position: Σ q², count
       }
-      if (m.recent_exact)
+      if (m.recent_exact) {
         p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // values' residual window, bfloat16
+        p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // the first block's keys, bfloat16
+        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // the first block's values, bfloat16
+      }
     }
     return p;
   }
@@ -662,10 +665,19 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
     const int64_t end = start + n, nq = end / gs * gs;
     const size_t vr = value_residual_plane(meta());
     for (int64_t b = 0; b < store_.B(); ++b)
-      for (int64_t h = 0; h < store_.H(); ++h)
+      for (int64_t h = 0; h < store_.H(); ++h) {
+        const int64_t bh = b * store_.H() + h;
         if (end > nq)
-          std::memcpy(store_.row(vr, b, h, 0), stage_v_.data() + ((b * store_.H() + h) * stage_n_ + (nq - stage_lo_)) * Dv_,
+          std::memcpy(store_.row(vr, b, h, 0), stage_v_.data() + (bh * stage_n_ + (nq - stage_lo_)) * Dv_,
                       static_cast<size_t>((end - nq) * Dv_) * sizeof(uint16_t));
+        if (start_ == 0 && start < gs) {  // the first block's positions [start, min(end, gs)): the stage starts at 0
+          const int64_t m = std::min<int64_t>(end, gs) - start;
+          std::memcpy(store_.row(vr + 1, b, h, start), stage_k_.data() + (bh * stage_n_ + start) * Dk_,
+                      static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
+          std::memcpy(store_.row(vr + 2, b, h, start), stage_v_.data() + (bh * stage_n_ + start) * Dv_,
+                      static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
+        }
+      }
   }
   return {this->keys(), this->values()};
 }
@@ -808,6 +820,12 @@ KVCache::ExactStage QuantizedKVCache::exact_stage() const {
   s.lo = stage_lo_;
   s.n = stage_n_;
   s.block = config_.group_size;
+  if (start_ == 0 && store_.offset() > 0) {
+    const size_t vr = value_residual_plane(meta());
+    s.sink_keys = reinterpret_cast<const uint16_t*>(store_.row(vr + 1, 0, 0, 0));
+    s.sink_values = reinterpret_cast<const uint16_t*>(store_.row(vr + 2, 0, 0, 0));
+    s.sink = std::min<int64_t>(config_.group_size, store_.offset());
+  }
   return s;
 }
 

@@ -86,8 +86,10 @@ Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
     vhi = kL - a.L + it.i0 + it.nl;  // last row's position + 1
     if (a.window > 0) vlo = std::max<int64_t>(0, kL - a.L + it.i0 - a.window + 1);
   }
-  if (a.exact_block > 0)  // the recent block is read elsewhere: the last row's bound is the largest
+  if (a.exact_block > 0) {  // the recent block is read elsewhere: the last row's bound is the largest; the first too
     vhi = std::min(vhi, exact_end(a, kL - a.L + it.i0 + it.nl - 1));
+    vlo = std::max(vlo, a.exact_sink);
+  }
   if (vhi < vlo) vhi = vlo;
   // Split the tiles of [vlo, vhi) into p.splits near-equal pieces (tile boundaries never shared).
   const int64_t t0 = vlo / kTileRows, t1 = (vhi + kTileRows - 1) / kTileRows, n = t1 - t0;
@@ -102,7 +104,10 @@ void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, i
   *lo = it.klo;
   *hi = it.khi;
   const int64_t pos = a.keys.length - a.L + it.i0 + r % it.nl;
-  if (a.exact_block > 0) *hi = std::min(*hi, exact_end(a, pos));
+  if (a.exact_block > 0) {
+    *hi = std::min(*hi, exact_end(a, pos));
+    *lo = std::max(*lo, a.exact_sink);
+  }
   if (a.mask_kind == MaskKind::kCausal) {
     *hi = std::min(*hi, pos + 1);
     if (a.window > 0) *lo = std::max(*lo, pos - a.window + 1);
