@@ -1463,6 +1463,90 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
   }
 }
 
+// nn::attention with the recent block against float64 on what the cache holds: for a query at t, the first block's
+// keys and values j < 32 from its bfloat16 copy, [32, e(t)) from the quantized planes (c·s + b), [e(t), t] from the
+// stage; the output rotated back. Within the kernels' score error on the quantized part (as above: δ =
+// scale·2⁻¹⁵·Σ_d |q_d|·max_j |k_jd|), float32 sums and the float32 inverse rotation. Reading the first block from
+// its codes instead must miss that bound (the check can fail).
+TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
+  auto rng = test::make_rng(64);
+  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, gs = 32, n0 = 70, L = 30, kL = n0 + L;
+  QuantizedKVCache c(recent_config(rng(), 4, 4, gs));
+  const Input k = make_input(rng, DType::kF32, B, H, kL, D), v = make_input(rng, DType::kF32, B, H, kL, D);
+  c.update_and_fetch(positions(k, 0, n0).view(), positions(v, 0, n0).view());
+  c.update_and_fetch(positions(k, n0, L).view(), positions(v, n0, L).view());
+  const std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * L * D));
+  std::vector<float> out(static_cast<size_t>(B * Hq * L * D));
+  nn::AttentionMask mask;
+  mask.kind = kernels::MaskKind::kCausal;
+  const float scale = 0.125f;
+  nn::attention(TensorView(q.data(), DType::kF32, {B, Hq, L, D}), c, scale, mask,
+                TensorView(out.data(), DType::kF32, {B, Hq, L, D}));
+  const auto st = c.exact_stage();
+  ASSERT_EQ(st.sink, gs);
+  ASSERT_EQ(st.lo, 64);
+  const KVTensorView kv = c.keys(), vv = c.values();
+  std::vector<double> kmax(static_cast<size_t>(D), 0.0);
+  double vmax = 0.0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < kL; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        kmax[static_cast<size_t>(d)] = std::max(kmax[static_cast<size_t>(d)], std::fabs(static_cast<double>(k.row(0, h, t)[d])) * 1.1);
+        vmax = std::max(vmax, std::fabs(static_cast<double>(v.row(0, h, t)[d])) * std::sqrt(static_cast<double>(D)));
+      }
+  int misses_with_codes = 0;
+  for (int sink_from_codes = 0; sink_from_codes < 2; ++sink_from_codes)
+    for (int64_t hq = 0; hq < Hq; ++hq)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t h = hq / rep, t = n0 + i, e = std::max(t / gs * gs, st.lo);
+        const float* qr = q.data() + (hq * L + i) * D;
+        std::vector<double> sc(static_cast<size_t>(t + 1)), orot(static_cast<size_t>(D), 0.0);
+        std::vector<std::vector<double>> vals(static_cast<size_t>(t + 1), std::vector<double>(static_cast<size_t>(D)));
+        double m = -INFINITY, qk = 0.0;
+        for (int64_t d = 0; d < D; ++d) qk += std::fabs(static_cast<double>(qr[d])) * kmax[static_cast<size_t>(d)];
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < D; ++d) {
+            double kd, vd;
+            if (j < gs && !sink_from_codes) {
+              kd = bf16_to_f32(st.sink_keys[(h * gs + j) * D + d]);
+              vd = bf16_to_f32(st.sink_values[(h * gs + j) * D + d]);
+            } else if (j < e) {
+              kd = channel_key(kv, 0, h, j, d);
+              vd = value_at(vv, 0, h, j, d);
+            } else {
+              kd = bf16_to_f32(st.keys[(h * st.n + j - st.lo) * D + d]);
+              vd = bf16_to_f32(st.values[(h * st.n + j - st.lo) * D + d]);
+            }
+            dot += qr[d] * kd;
+            vals[static_cast<size_t>(j)][static_cast<size_t>(d)] = vd;
+          }
+          sc[static_cast<size_t>(j)] = scale * dot;
+          m = std::max(m, sc[static_cast<size_t>(j)]);
+        }
+        double den = 0.0;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double p = std::exp(sc[static_cast<size_t>(j)] - m);
+          den += p;
+          for (int64_t d = 0; d < D; ++d) orot[static_cast<size_t>(d)] += p * vals[static_cast<size_t>(j)][static_cast<size_t>(d)];
+        }
+        std::vector<float> back(static_cast<size_t>(D));
+        for (int64_t d = 0; d < D; ++d) back[static_cast<size_t>(d)] = static_cast<float>(orot[static_cast<size_t>(d)] / den);
+        c.value_rotation().apply_inverse(back.data(), 1);
+        const double delta = scale * 0x1p-15 * qk + scale * static_cast<double>(D + 8) * 0x1p-24 * qk;
+        const double tol = (std::expm1(2.0 * delta) + 8.0 * static_cast<double>(kL + 64 + D) * 0x1p-24) * vmax;
+        for (int64_t d = 0; d < D; ++d) {
+          const double got = out[static_cast<size_t>((hq * L + i) * D + d)], want = back[static_cast<size_t>(d)];
+          if (!sink_from_codes) {
+            ASSERT_LE(std::fabs(got - want), tol) << "hq " << hq << " t " << t << " d " << d;
+          } else if (std::fabs(got - want) > tol) {
+            ++misses_with_codes;
+          }
+        }
+      }
+  EXPECT_GT(misses_with_codes, 0) << "the first block read from its codes must differ from what attention reads";
+}
+
 // The kernels' side of it (AttentionArgs::exact_block / exact_lo / exact_sink / lse) at every level: the same output as
 // an equivalent bool mask (visible iff sink <= j <= t and j < max(⌊t/block⌋·block, lo)), and the row log-sum-exp against float64
 // on the stored keys: within the scores' error — float32 sums of Dk + 8 products (2⁻²⁴ each, relative to Σ|q·k|),
