@@ -127,16 +127,16 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   ModelHandle d;
   ASSERT_EQ(cider_model_info_get(d.m, &info), CIDER_OK) << cider_last_error();
   EXPECT_STREQ(info.weights, "bf16");
-  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/kchan/o2/vsym");
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/kchan/o2/vsym/rx");
   cider_model_options token = cider_model_options_default();  // the default cache with per-token keys: no outliers
   token.kv_layout = "token";
   ModelHandle dt(&token);
   ASSERT_EQ(cider_model_info_get(dt.m, &info), CIDER_OK) << cider_last_error();
-  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64/vsym");
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64/vsym");
   token.kv_values = "affine";
   ModelHandle da(&token);
   ASSERT_EQ(cider_model_info_get(da.m, &info), CIDER_OK) << cider_last_error();
-  EXPECT_STREQ(info.kv, "k5v4/hadamard/g64");
+  EXPECT_STREQ(info.kv, "k4v4/hadamard/g64");
   EXPECT_EQ(info.context_length, 1024);  // the model's maximum
 }
 

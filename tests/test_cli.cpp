@@ -519,13 +519,14 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   ASSERT_EQ(i.status, 0) << i.err;
   for (const char* part : {"architecture: llama", "vocab 4096", "layers 8", "kv heads 2", "head_dim 64",
                            "tensors in the files: ", "BF16", "weights in memory: bf16",
-                           "kv cache: k5v4/hadamard/g64/kchan/o2/vsym"})
+                           "kv cache: k4v4/hadamard/g64/kchan/o2/vsym/rx"})
     EXPECT_NE(i.out.find(part), std::string::npos) << part << "\n" << i.out;
   // The default cache with per-token keys has no outlier channels; with per-channel keys, as many as asked.
-  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{" --kv-layout token", "k5v4/hadamard/g64/vsym\n"},
-                                  {" --kv-outliers 0", "k5v4/hadamard/g64/kchan/vsym\n"},
-                                  {" --kv-outliers 3", "k5v4/hadamard/g64/kchan/o3/vsym\n"},
-                                  {" --kv-values affine", "k5v4/hadamard/g64/kchan/o2\n"}}) {
+  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{" --kv-layout token", "k4v4/hadamard/g64/vsym\n"},
+                                  {" --kv-outliers 0", "k4v4/hadamard/g64/kchan/vsym/rx\n"},
+                                  {" --kv-outliers 3", "k4v4/hadamard/g64/kchan/o3/vsym/rx\n"},
+                                  {" --kv-values affine", "k4v4/hadamard/g64/kchan/o2/rx\n"},
+                                  {" --kv-recent quantized", "k4v4/hadamard/g64/kchan/o2/vsym\n"}}) {
     const CliResult d = cider("inspect -m " + quote(kTiny) + extra);
     ASSERT_EQ(d.status, 0) << d.err;
     EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;
@@ -688,7 +689,7 @@ TEST_F(Cli, DocumentedDefaultsWorkAndOneBadChatLineDoesNotEndTheChat) {
   // 10. inspect on head_dim 32 (the default group 64 does not divide it): the cache gets group 32.
   const CliResult i = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3"));
   ASSERT_EQ(i.status, 0) << i.err;
-  EXPECT_NE(i.out.find("kv cache: k5v4/hadamard/g32/kchan/o1"), std::string::npos) << i.out;  // 32 / 32 outliers
+  EXPECT_NE(i.out.find("kv cache: k4v4/hadamard/g32/kchan/o1"), std::string::npos) << i.out;  // 32 / 32 outliers
   const CliResult g64 = cider("inspect -m " + quote(kSource + "/tests/data/hf_fixtures/qwen3") + " --kv-group-size 64");
   EXPECT_EQ(g64.status, 2);
   EXPECT_NE(g64.err.find("the key head dim must be a multiple of group_size 64; got 32"), std::string::npos)

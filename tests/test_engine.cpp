@@ -196,15 +196,20 @@ TEST(Engine, PrefixCacheWithPerTokenKeysReusesAnyPrefix) {
 }
 
 TEST(Engine, TheKvBoundLimitsTheRunningSequences) {
+  // A per-token cache (no fixed bf16 windows): at cider-tiny's 1024 positions the default cache's windows (keys,
+  // values, the first block; 40 KiB per layer and head) outweigh what 768 positions add, and the bound is about growth.
+  cm::ModelOptions o;
+  o.kv = cm::parse_kv_format("k8v4");
+  const auto model = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
   const auto prompt = static_cast<int64_t>(request(kPrompts[0], 1).prompt.size());
-  const int64_t per = rt::kv_bytes_at(tiny(), prompt + 200), big = rt::kv_bytes_at(tiny(), prompt + 1000);
-  ASSERT_GT(big, 2 * per);  // a cache's fixed parts (its bf16 window) are less than a reservation's growth
+  const int64_t per = rt::kv_bytes_at(*model, prompt + 200), big = rt::kv_bytes_at(*model, prompt + 1000);
+  ASSERT_GT(big, 2 * per);
   rt::EngineOptions eo;
   eo.max_batch = 8;
   eo.kv_memory = 2 * per + (std::min(3 * per, big) - 2 * per) / 2;  // room for two reservations, not for a third
                                                                    // nor for one of 1000 tokens
   eo.prefix_cache_entries = 0;
-  rt::Engine engine(tiny(), eo);
+  rt::Engine engine(*model, eo);
   std::vector<std::shared_ptr<rt::Request>> rs;
   for (int i = 0; i < 7; ++i) rs.push_back(submit(engine, request(kPrompts[0], 200)));
   int64_t most = 0;

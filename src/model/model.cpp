@@ -51,13 +51,15 @@ KVOptions parse_kv_format(std::string_view s) {
 nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotation(s); }
 
 KVOptions default_kv(Device device) {
-  KVOptions kv = parse_kv_format("k5v4");
+  const bool cpu = device == Device::kCPU;
+  // The CPU: k4v4 with the recent and first blocks read unquantized and symmetric values (4.44 bits per value;
+  // docs/quality.md); CUDA's kernels read neither, and k5v4 with affine values is its fewest within the bounds.
+  KVOptions kv = parse_kv_format(cpu ? "k4v4" : "k5v4");
   kv.rotation = nn::RotationKind::kHadamard;
   kv.key_layout = nn::KeyLayout::kChannel;
   kv.key_outliers_auto = true;
-  // Symmetric values on the CPU (4.94 bits per value instead of 5.07; docs/quality.md); the CUDA kernels read affine
-  // values only.
-  kv.v_symmetric = device == Device::kCPU;
+  kv.v_symmetric = cpu;
+  kv.recent_exact = cpu;
   kv.group_size = 64;
   kv.group_size_auto = true;
   kv.device_default = true;

@@ -72,12 +72,12 @@ enum class Device { kCPU, kCUDA };
 Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwise
 const char* device_name(Device d);
 
-// The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): k5v4 with
-// per-channel keys and head_dim/32 outlier key channels, group 64 (or the largest of 128/64/32 dividing the head size);
-// on the CPU with symmetric values (4.94 bits per value: the fewest measured within KL 0.02 and +1% perplexity on every
-// real model, at ctx 512 and 2048), on CUDA with affine values (5.07 bits; its kernels read no other). On CUDA a model
-// whose heads are not 128 or 256 wide gets k8v4/hadamard with keys per position instead (6.5 bits;
-// KVOptions::device_default).
+// The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): per-channel keys
+// with head_dim/32 outlier key channels, group 64 (or the largest of 128/64/32 dividing the head size). On the CPU
+// k4v4 with symmetric values and the recent and first blocks read unquantized (4.44 bits per value: the fewest
+// measured within KL 0.02 and +1% perplexity on every real model, at ctx 512 and 2048); on CUDA k5v4 with affine
+// values (5.07 bits; its kernels read neither symmetric values nor the recent block). On CUDA a model whose heads are
+// not 128 or 256 wide gets k8v4/hadamard with keys per position instead (6.5 bits; KVOptions::device_default).
 KVOptions default_kv(Device device);
 
 // The weight format a model gets when none is asked for: native for a GGUF file on either device (its blocks

@@ -528,7 +528,7 @@ def test_outlier_key_channels_equal_the_cli(tmp_path):
     assert out.split("\n", 1)[1].strip() == r.report.strip()
     # "auto": head_dim/32; the default cache has them, an explicit kv none unless asked
     assert cider.load(TINY, kv="k4v4", kv_layout="channel", kv_outliers="auto").info["kv"] == "k4v4/hadamard/g64/kchan/o2"
-    assert cider.load(TINY).info["kv"] == "k5v4/hadamard/g64/kchan/o2/vsym"
+    assert cider.load(TINY).info["kv"] == "k4v4/hadamard/g64/kchan/o2/vsym/rx"
     assert cider.load(TINY, kv="k5v4", kv_layout="channel").info["kv"] == "k5v4/hadamard/g64/kchan"
     assert cider.load(TINY, kv="k4v4", kv_values="symmetric").info["kv"] == "k4v4/hadamard/g64/vsym"
     assert cider.load(TINY, kv="k4v4", kv_layout="channel", kv_recent="exact").info["kv"] == "k4v4/hadamard/g64/kchan/rx"
