@@ -39,8 +39,9 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                                              .append("; default: native for a .gguf file or a directory converted with "
                                                      "--weights native, else bf16"));
   c->add_option("--kv", m.kv,
-                "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v4, k4v4, k4v3, ...); default: k5v4 with "
-                "per-channel keys and head_dim/32 outlier key channels, and on cpu symmetric values (docs/quality.md)");
+                "KV cache: bf16, f16, f32 or k<bits>v<bits> (k8v8, k5v4, k4v4, k4v3, ...); default: per-channel keys "
+                "with head_dim/32 outlier key channels, on cpu k4v4 with symmetric values and --kv-recent exact, on "
+                "cuda k5v4 (docs/quality.md)");
   c->add_option("--kv-rotation", m.kv_rotation,
                 "rotation of a quantized KV cache: so4-full, so4-fast, hadamard, none (default hadamard; with "
                 "per-channel keys it rotates the values)");

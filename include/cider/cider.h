@@ -158,8 +158,8 @@ typedef struct cider_sampler cider_sampler;
 
 typedef struct cider_model_options {
   const char* weights;     /* NULL = native for a .gguf file on cpu, else "bf16" */
-  const char* kv;          /* NULL = the device's default: k5v4, per-channel keys, auto outliers (and symmetric values
-                              on cpu); on cuda heads other than 128 or 256 wide get k8v4 */
+  const char* kv;          /* NULL = the device's default: per-channel keys, auto outliers; on cpu k4v4 with symmetric
+                              values and kv_recent "exact", on cuda k5v4 (heads other than 128 or 256 wide: k8v4) */
   const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
   int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */
   int64_t ctx;             /* context length; 0 = the model's maximum, capped at 8192 */

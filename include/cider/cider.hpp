@@ -46,8 +46,8 @@ int max_threads();  // 4 per CPU this process may run on
 // One description for a model's caches (ModelOptions::kv) and for a standalone KVCache.
 struct KVSpec {
   // "k<bits>v<bits>" (affine-quantized, rotated) or "bf16", "f16", "f32" (plain). "" = the default: for a model, the
-  // engine's for its device (k5v4 with per-channel keys and head_dim/32 outlier key channels on cpu, k8v4 on cuda:
-  // docs/quality.md); for a standalone KVCache, "k8v4".
+  // engine's for its device (per-channel keys and head_dim/32 outlier key channels: on cpu k4v4 with symmetric values
+  // and the recent block exact, on cuda k5v4; docs/quality.md); for a standalone KVCache, "k8v4".
   std::string format;
   // "" = the default: "hadamard" for quantized caches, "none" for plain ones. A model's plain caches are never
   // rotated (the rotation must then be "" or "none").

@@ -732,7 +732,7 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
     "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
     or a directory converted with --weights native, else bf16); kv: "k5v4", "k8v4", "k4v3", ... or
-    "bf16"/"f16"/"f32" (None: the device's default, on the CPU k5v4 with per-channel keys and automatic outlier
+    "bf16"/"f16"/"f32" (None: the device's default, on the CPU k4v4 with per-channel keys and automatic outlier
     channels); kv_layout "channel": keys per channel, with kv_outliers > 0 (or "auto": head_dim/32) outlier key
     channels refined by 4 bits (None: the default's, "auto" for the default cache and 0 with an explicit kv;
     docs/kv_cache.md); kv_values "affine" or "symmetric" (a step per value group and no bias, CPU only; None: the
