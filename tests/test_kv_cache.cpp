@@ -1399,7 +1399,7 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
 // more than ten times that (a check that the comparison can fail).
 TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
   auto rng = test::make_rng(62);
-  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, n = 150;
+  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, n = 600;  // past a 48-window cache's storage
   const Input k = make_input(rng, DType::kF32, B, H, n, D), v = make_input(rng, DType::kF32, B, H, n, D);
   const std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * n * D));
   std::vector<double> kmax(static_cast<size_t>(D), 0.0);  // max_j |k_jd|
@@ -1413,14 +1413,18 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
     qk = std::max(qk, sum);
   }
   const double delta = 0.125 * 0x1p-15 * qk;
-  const std::vector<std::vector<int64_t>> splits = {{150}, {64, 64, 22}, std::vector<int64_t>(75, 2), {7, 100, 43},
-                                                    std::vector<int64_t>(150, 1)};
-  for (int variant = 0; variant < 3; ++variant) {
+  std::vector<int64_t> mixed = {7, 100, 43, 150, 150, 150}, blocks(9, 64);
+  blocks.push_back(24);
+  const std::vector<std::vector<int64_t>> splits = {{256, 256, 88}, blocks, std::vector<int64_t>(300, 2), mixed,
+                                                    std::vector<int64_t>(600, 1)};
+  for (int variant = 0; variant < 4; ++variant) {
     double tol = 0.0;  // from the largest stored value (rotated space), set with the first chunking's cache
     QuantizedKVCacheConfig cfg = variant == 0 ? recent_config(rng(), 4, 4, 32)
                                  : variant == 1 ? recent_config(rng(), 3, 3, 64, 2, true)
                                                 : recent_config(rng(), 4, 4, 32);
     if (variant == 2) cfg.recent_exact = false;  // the control
+    if (variant == 3) cfg.window = 48;           // a sliding-window cache: the first block is dropped on the way
+    bool dropped = false;
     std::vector<std::vector<float>> outs;
     for (const auto& sp : splits) {
       QuantizedKVCache c(cfg);
@@ -1429,9 +1433,14 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
       for (int64_t m : sp) {
         if (cfg.key_outliers > 0) c.observe_queries(query_rows(q, B, Hq, n, D, t0, m));
         c.update_and_fetch(positions(k, t0, m).view(), positions(v, t0, m).view());
+        if (c.start() > 0) {
+          dropped = true;
+          EXPECT_EQ(c.exact_stage().sink, 0) << "a window that dropped the first block reads it no more";
+        }
         std::vector<float> o(static_cast<size_t>(B * Hq * m * D));
         nn::AttentionMask mask;
         mask.kind = kernels::MaskKind::kCausal;
+        mask.window = cfg.window;
         nn::attention(query_rows(q, B, Hq, n, D, t0, m), c, 0.125f, mask, TensorView(o.data(), DType::kF32, {B, Hq, m, D}));
         for (int64_t h = 0; h < Hq; ++h)
           for (int64_t i = 0; i < m; ++i)
@@ -1442,7 +1451,7 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
         const KVTensorView vv = c.values();
         double vmax = 0.0;
         for (int64_t h = 0; h < H; ++h)
-          for (int64_t t = 0; t < n; ++t)
+          for (int64_t t = 0; t < vv.length; ++t)
             for (int64_t d = 0; d < D; ++d) vmax = std::max(vmax, std::fabs(static_cast<double>(value_at(vv, 0, h, t, d))));
         tol = (std::expm1(2.0 * delta) + 4.0 * static_cast<double>(n + 64) * 0x1p-24) * vmax;
       }
@@ -1455,7 +1464,8 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
         worst = std::max(worst, static_cast<double>(std::fabs(outs[s][e] - outs[0][e])));
       }
     std::printf("[ recent ] variant %d: largest difference %.3g, bound %.3g\n", variant, worst, tol);
-    if (variant < 2) {
+    EXPECT_EQ(dropped, variant == 3);
+    if (variant != 2) {
       EXPECT_LE(worst, tol) << "variant " << variant;
     } else {
       EXPECT_GT(worst, 10.0 * tol) << "without recent_exact the chunkings must differ";
