@@ -101,7 +101,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
       for (int64_t d = 0; d < Dv; ++d) vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(vr[d]);
     }
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  default_thread_pool().parallel_for(B * Hq, [&](int64_t begin, int64_t end, int) {
+  auto rows = [&](int64_t begin, int64_t end, int) {
     std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
@@ -158,7 +158,12 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
         for (int64_t d = 0; d < Dv; ++d) orow[d] = (wq * orow[d] + acc[static_cast<size_t>(d)]) * inv;
       }
     }
-  });
+  };
+  // A decode step's part (one row per head, up to a block of positions) is too small to hand to the pool.
+  if (L * (n - first) * (Dk + Dv) < (1 << 16))
+    rows(0, B * Hq, 0);
+  else
+    default_thread_pool().parallel_for(B * Hq, rows);
 }
 
 }  // namespace
