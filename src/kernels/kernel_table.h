@@ -6,6 +6,7 @@
 // Every entry is required unless marked (optional); a null optional entry means "use the reference".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -157,6 +158,12 @@ struct AttentionArgs {
   // for a row that saw no key; for merging with the recent block's part.
   float* lse;
 };
+
+// The recent block's rule (AttentionArgs::exact_block, nn::KVCache::exact_stage): a query row at storage position
+// `pos` reads positions from max(⌊pos/block⌋·block, lo) on unquantized.
+inline int64_t recent_block_start(int64_t pos, int64_t block, int64_t lo) {
+  return std::max(pos / block * block, lo);
+}
 
 // ---- rotate + quantize + append of KV rows, in one pass ------------------------------------------------------
 // n consecutive positions of one (b, h). Row i is read from src (element d at src + i·src_row_stride +

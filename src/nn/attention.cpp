@@ -90,7 +90,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
   auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
   // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
   // stage only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
-  const int64_t first = ns + std::max((kL - L) / st.block * st.block, st.lo) - st.lo;
+  const int64_t first = ns + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
   std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv));
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t j = 0; j < n; ++j) {
@@ -106,7 +106,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
       for (int64_t i = 0; i < L; ++i) {
-        const int64_t t = kL - L + i, e = std::max(t / st.block * st.block, st.lo);
+        const int64_t t = kL - L + i, e = kernels::recent_block_start(t, st.block, st.lo);
         // rows [0, std::min(ns, e)) of the first block and [ns + e − lo, n) of the stage, within the causal range
         int64_t plo = 0, phi = kL;  // visible positions [plo, phi)
         if (mask.kind == kernels::MaskKind::kCausal) {

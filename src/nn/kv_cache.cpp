@@ -658,7 +658,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   }
   pending_q_.clear();
   pending_rows_ = 0;
-  if (config_.recent_exact) stage_append(keys, values, start);  // before the residual windows change
+  if (config_.recent_exact) build_stage(start, &keys, &values);  // before the residual windows change
   if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
   if (config_.recent_exact) {  // the values' residual window: the stage's rows of the new incomplete block
@@ -757,14 +757,14 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
   }
 }
 
-// The recent block read unquantized: before the append of positions [start, start + n), the stage becomes positions
-// [⌊start/gs⌋·gs, start + n): the residual windows' rows of the incomplete block, then the new rows (keys as the
+// The recent block read unquantized: the stage becomes positions [⌊end/gs⌋·gs, end + n) — the residual windows' rows
+// of end's block, then the n rows of keys / values when given (an append of positions [end, end + n): keys as the
 // keys' residual window stores them, values rotated), in bfloat16.
-void QuantizedKVCache::stage_append(const TensorView& keys, const TensorView& values, int64_t start) {
-  const int64_t gs = config_.group_size, n = keys.dim(2), lo = start / gs * gs, keep = start - lo, rows = keep + n;
+void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const TensorView* values) {
+  const int64_t gs = config_.group_size, lo = end / gs * gs, keep = end - lo, n = keys ? keys->dim(2) : 0,
+                rows = keep + n;
   const size_t vr = value_residual_plane(meta());
-  const int64_t BH = store_.B() * store_.H();
-  resize_stage(static_cast<size_t>(BH * rows));
+  resize_stage(static_cast<size_t>(store_.B() * store_.H() * rows));
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
       uint16_t* sk = stage_k_.data() + (b * store_.H() + h) * rows * Dk_;
@@ -774,8 +774,8 @@ void QuantizedKVCache::stage_append(const TensorView& keys, const TensorView& va
         std::memcpy(sv, store_.row(vr, b, h, 0), static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
       }
       if (n > 0) {
-        append_rows(keys, b, h, key_rot_, sk + keep * Dk_, nullptr, nullptr, DType::kBF16, 0, 0);
-        append_rows(values, b, h, value_rot_, sv + keep * Dv_, nullptr, nullptr, DType::kBF16, 0, 0);
+        append_rows(*keys, b, h, key_rot_, sk + keep * Dk_, nullptr, nullptr, DType::kBF16, 0, 0);
+        append_rows(*values, b, h, value_rot_, sv + keep * Dv_, nullptr, nullptr, DType::kBF16, 0, 0);
       }
     }
   stage_lo_ = lo;
@@ -797,19 +797,7 @@ void QuantizedKVCache::stage_from_residual() {
   stage_k_.clear();
   stage_v_.clear();
   stage_lo_ = stage_n_ = 0;
-  if (!config_.recent_exact || !store_.has_dims()) return;
-  const int64_t gs = config_.group_size, len = store_.offset(), lo = len / gs * gs, rows = len - lo;
-  const size_t vr = value_residual_plane(meta());
-  resize_stage(static_cast<size_t>(store_.B() * store_.H() * rows));
-  for (int64_t b = 0; b < store_.B() && rows > 0; ++b)
-    for (int64_t h = 0; h < store_.H(); ++h) {
-      std::memcpy(stage_k_.data() + (b * store_.H() + h) * rows * Dk_, store_.row(kResidualPlane, b, h, 0),
-                  static_cast<size_t>(rows * Dk_) * sizeof(uint16_t));
-      std::memcpy(stage_v_.data() + (b * store_.H() + h) * rows * Dv_, store_.row(vr, b, h, 0),
-                  static_cast<size_t>(rows * Dv_) * sizeof(uint16_t));
-    }
-  stage_lo_ = lo;
-  stage_n_ = rows;
+  if (config_.recent_exact && store_.has_dims()) build_stage(store_.offset(), nullptr, nullptr);
 }
 
 KVCache::ExactStage QuantizedKVCache::exact_stage() const {

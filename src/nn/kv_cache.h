@@ -312,7 +312,7 @@ class QuantizedKVCache final : public KVCache {
 
  private:
   int64_t trim_channel(int64_t n);
-  void stage_append(const TensorView& keys, const TensorView& values, int64_t start);
+  void build_stage(int64_t end, const TensorView* keys, const TensorView* values);
   void stage_from_residual();
   void resize_stage(size_t rows);
   void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);

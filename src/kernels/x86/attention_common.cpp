@@ -61,12 +61,6 @@ Plan make_plan(const AttentionArgs& a, int threads, int64_t max_rows) {
   return p;
 }
 
-namespace {
-// exact_block > 0: the end of the keys a row at storage position `pos` reads here (AttentionArgs::exact_block).
-int64_t exact_end(const AttentionArgs& a, int64_t pos) {
-  return std::max(pos / a.exact_block * a.exact_block, a.exact_lo);
-}
-}  // namespace
 
 Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
   Item it{};
@@ -87,7 +81,7 @@ Item item_of(const AttentionArgs& a, const Plan& p, int64_t index) {
     if (a.window > 0) vlo = std::max<int64_t>(0, kL - a.L + it.i0 - a.window + 1);
   }
   if (a.exact_block > 0) {  // the recent block is read elsewhere: the last row's bound is the largest; the first too
-    vhi = std::min(vhi, exact_end(a, kL - a.L + it.i0 + it.nl - 1));
+    vhi = std::min(vhi, recent_block_start(kL - a.L + it.i0 + it.nl - 1, a.exact_block, a.exact_lo));
     vlo = std::max(vlo, a.exact_sink);
   }
   if (vhi < vlo) vhi = vlo;
@@ -105,7 +99,7 @@ void row_range(const AttentionArgs& a, const Item& it, int64_t r, int64_t* lo, i
   *hi = it.khi;
   const int64_t pos = a.keys.length - a.L + it.i0 + r % it.nl;
   if (a.exact_block > 0) {
-    *hi = std::min(*hi, exact_end(a, pos));
+    *hi = std::min(*hi, recent_block_start(pos, a.exact_block, a.exact_lo));
     *lo = std::max(*lo, a.exact_sink);
   }
   if (a.mask_kind == MaskKind::kCausal) {
