@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +32,8 @@ class KVConfig(ctypes.Structure):
 class ModelOptions(ctypes.Structure):
     _fields_ = [("weights", ctypes.c_char_p), ("kv", ctypes.c_char_p), ("kv_rotation", ctypes.c_char_p),
                 ("kv_group_size", ctypes.c_int), ("ctx", ctypes.c_int64), ("device", ctypes.c_char_p),
-                ("threads", ctypes.c_int), ("kv_layout", ctypes.c_char_p), ("kv_outliers", ctypes.c_int)]
+                ("threads", ctypes.c_int), ("kv_layout", ctypes.c_char_p), ("kv_outliers", ctypes.c_int),
+                ("kv_values", ctypes.c_char_p), ("kv_recent", ctypes.c_char_p)]
 
 
 MAX_EOS = 16
@@ -50,6 +52,35 @@ class SamplerParams(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
                 ("min_p", ctypes.c_double), ("repeat_penalty", ctypes.c_double), ("repeat_window", ctypes.c_int64),
                 ("seed", ctypes.c_uint64)]
+
+
+def header_fields():
+    """The field names of each `typedef struct name { ... } name;` in include/cider/cider.h, in order."""
+    with open(os.path.join(ROOT, "include", "cider", "cider.h"), encoding="utf-8") as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    structs = {}
+    for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", text, flags=re.S):
+        fields = []
+        for decl in body.split(";"):
+            decl = re.sub(r"\[[^\]]*\]", "", decl).strip()
+            if decl:
+                first, *rest = [d.strip() for d in decl.split(",")]
+                fields += [re.findall(r"\w+", first)[-1]] + rest
+        structs[name] = fields
+    return structs
+
+
+def check_layouts():
+    """Each ctypes mirror names the header's fields in the header's order: a struct returned by value that is shorter
+    than the C one is overwritten past its end (a crash or a silent corruption), so a new field must fail here."""
+    structs = header_fields()
+    for mirror, c_name in ((Tensor, "cider_tensor"), (KVConfig, "cider_kv_config"),
+                           (ModelOptions, "cider_model_options"), (ModelInfo, "cider_model_info"),
+                           (SamplerParams, "cider_sampler_params")):
+        ours = [f[0] for f in mirror._fields_]
+        assert c_name in structs, f"{c_name} not found in cider.h"
+        assert ours == structs[c_name], f"ctypes {mirror.__name__} {ours} != cider.h {c_name} {structs[c_name]}"
+    return len(structs)
 
 
 def model_round_trip(lib):
@@ -128,6 +159,7 @@ def tensor(buf, dtype, shape):
 
 
 def main(lib_path):
+    print(f"ctypes: the mirrors of the {check_layouts()} structs of cider.h name its fields in order")
     lib = ctypes.CDLL(lib_path)
     lib.cider_last_error.restype = ctypes.c_char_p
     lib.cider_kv_config_default.restype = KVConfig
