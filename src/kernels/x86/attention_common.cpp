@@ -167,6 +167,31 @@ float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk,
   return -7.5f * sum;
 }
 
+void outlier_weights_rows(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob) {
+  const KVTensorView& K = a.keys;
+  const int64_t n = K.outliers, srow = ((it.b * K.H + it.g) * K.blocks + blk) * K.dim;
+  const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((it.b * K.H + it.g) * K.blocks + blk) * n;
+  if (n > 64) {  // more than KVSpec allows (32): one row at a time
+    for (int64_t r = 0; r < it.R; ++r) {
+      const int64_t hq = it.g * p.rep + r / it.nl, i = it.i0 + r % it.nl;
+      ob[r] = outlier_weights(a, it.b, it.g, blk, a.q + ((it.b * a.Hq + hq) * a.L + i) * K.dim, ow + r * n);
+    }
+    return;
+  }
+  float step[64];
+  for (int64_t o = 0; o < n; ++o) step[o] = quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + index[o]));
+  for (int64_t r = 0; r < it.R; ++r) {
+    const int64_t hq = it.g * p.rep + r / it.nl, i = it.i0 + r % it.nl;
+    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * K.dim;
+    float sum = 0.0f;
+    for (int64_t o = 0; o < n; ++o) {  // the expression of outlier_weights, in the same order
+      ow[r * n + o] = a.scale * q[index[o]] * step[o];
+      sum += ow[r * n + o];
+    }
+    ob[r] = -7.5f * sum;
+  }
+}
+
 bool float_scores_requested() {
   const char* v = std::getenv("CIDER_ATTN_SCORES");
   return v != nullptr && std::string(v) == "f32";

@@ -120,6 +120,9 @@ bool float_scores_requested();
 // q of KV head (b, g): ow[o] = scale·q[d_o]·|s[blk, d_o]|/15 and the codes' offset, returned, −7.5·Σ_o ow[o]; a
 // position's score then gains offset + Σ_o ow[o]·r_o (kernels/kernel_table.h).
 float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow);
+// The same for every query row r of item `it` at once (the step of each channel read once): ow[r·n + o] and
+// ob[r] = the offset.
+void outlier_weights_rows(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob);
 
 // Runs fn(ctx, item) for items 0 .. n−1, thread t of the default pool taking items t, t + T, t + 2T, … (round-robin
 // balances causal blocks whose cost grows with the block index).

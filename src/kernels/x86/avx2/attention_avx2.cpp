@@ -150,10 +150,6 @@ struct Scratch {
   float* bcoef;
   int32_t* lo;
   int32_t* hi;
-  int8_t* qh;
-  int8_t* ql;
-  float* sq;
-  int32_t* qsum;
   int32_t* colbuf;   // [Wd][2][8] (nibble planes) or [Wd][8]
   uint8_t* kbytes;   // widths other than 4 and 8: 8 packed rows' words, transposed (key_columns8_packed)
   uint8_t* kpad;     // [16][krow_bytes]
@@ -178,8 +174,7 @@ struct Scratch {
   float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
   float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
   float* ocv;        // kchan, outliers: [nout][16] the tile's refinement codes as floats (positions in lanes)
-  float* ocorr;      // kchan, outliers: [Rmax][16] the tile's score corrections
-  bool ocorr_on;     // whether store_scores8 adds ocorr (a quantized tile of a cache with outliers)
+  bool outliers_on;  // whether scores8 adds the outlier channels' term (a quantized tile of a cache with them)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -196,10 +191,6 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->lo = reinterpret_cast<int32_t*>(take(R * 4));
   s->hi = reinterpret_cast<int32_t*>(take(R * 4));
-  s->qh = reinterpret_cast<int8_t*>(take(Dk));
-  s->ql = reinterpret_cast<int8_t*>(take(Dk));
-  s->sq = reinterpret_cast<float*>(take(Gk * 4));
-  s->qsum = reinterpret_cast<int32_t*>(take(Gk * 4));
   s->colbuf = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.Wd) * 2 * 32));
   s->kbytes = take(16 * Dk + 64);
   s->kpad = take(16 * static_cast<size_t>(c.krow_bytes) + 64);
@@ -225,8 +216,7 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
   s->ob = reinterpret_cast<float*>(take(R * 4));
   s->ocv = reinterpret_cast<float*>(take(no * 64 + 4));
-  s->ocorr = reinterpret_cast<float*>(take(R * 64));
-  s->ocorr_on = false;
+  s->outliers_on = false;
   return off;
 }
 
@@ -358,7 +348,6 @@ CIDER_INLINE void store_scores8(const Ctx& c, const Scratch& s, const Item& it, 
     const __m256i vis = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(s.lo[r0 + r]), jv),
                                             _mm256_cmpgt_epi32(_mm256_set1_epi32(s.hi[r0 + r]), jv));
     __m256 v = sc[r];
-    if (s.ocorr_on) v = _mm256_add_ps(v, _mm256_load_ps(s.ocorr + (r0 + r) * 16 + (j0 & 15)));  // outlier channels
     if (capped) v = _mm256_mul_ps(cap, tanh8(_mm256_mul_ps(v, inv_cap)));  // softcap, before the mask
     if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && !_mm256_testz_si256(vis, vis)) {
       alignas(32) float mv[8] = {};
@@ -375,6 +364,11 @@ template <int NR>
 CIDER_INLINE void scores8(const Ctx& c, const Scratch& s, const Item& it, int64_t r0, int64_t j0, int64_t jt) {
   __m256 sc[NR];
   tile_scores8<NR>(c, s, r0, sc);
+  if (s.outliers_on)  // outlier channels: Σ_o ow[r, o]·code_o (each code vector loaded once for the NR rows)
+    for (int64_t o = 0; o < c.nout; ++o) {
+      const __m256 cv = _mm256_load_ps(s.ocv + o * 16 + (j0 & 15));
+      for (int r = 0; r < NR; ++r) sc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s.ow[(r0 + r) * c.nout + o]), cv, sc[r]);
+    }
   store_scores8<NR>(c, s, it, r0, j0, jt, sc);
 }
 
@@ -509,73 +503,47 @@ CIDER_INLINE __m256i pack_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) { 
   return _mm256_permute4x64_epi64(_mm256_packs_epi16(ab, cd), 0xD8);
 }
 
-CIDER_AVX2 void quantize_query_groups8(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
-                                       int32_t* qsum) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i qmax = _mm256_set1_epi32(32512), qmin = _mm256_set1_epi32(-32512), half = _mm256_set1_epi32(128);
-  for (int64_t g = 0; g < dim / gs; ++g) {
-    const float* x = q + g * gs;
-    __m256 mx = _mm256_setzero_ps();
-    for (int64_t k = 0; k < gs; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
-    const float amax = hmax8(mx), s = amax / 127.0f, s2 = s / 256.0f;
-    step[g] = s2;
-    if (!(s > 0.0f)) {
-      std::memset(qh + g * gs, 0, static_cast<size_t>(gs));
-      std::memset(ql + g * gs, 0, static_cast<size_t>(gs));
-      qsum[g] = 0;
-      continue;
-    }
-    const float inv = 1.0f / s;
-    const __m256 iv2 = _mm256_set1_ps(256.0f * inv);
-    __m256i sum = _mm256_setzero_si256();
-    for (int64_t k = 0; k < gs; k += 32) {
-      __m256i h[4], l[4];
-      for (int u = 0; u < 4; ++u) {
-        // cvtps rounds to nearest even (the default MXCSR mode the kernels run under)
-        __m256i Q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * u), iv2));
-        Q = _mm256_min_epi32(qmax, _mm256_max_epi32(qmin, Q));
-        h[u] = _mm256_srai_epi32(_mm256_add_epi32(Q, half), 8);
-        l[u] = _mm256_sub_epi32(Q, _mm256_slli_epi32(h[u], 8));
-        sum = _mm256_add_epi32(sum, Q);
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qh + g * gs + k), pack_bytes32(h[0], h[1], h[2], h[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ql + g * gs + k), pack_bytes32(l[0], l[1], l[2], l[3]));
-    }
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-    qsum[g] = _mm_cvtsi128_si32(t);
+// The query quantization for one group of gs values x[0, gs) (gs a multiple of 32) whose largest |x| is amax,
+// written straight into the row's two image planes in the key tiles' column order (mode 0, 4-bit keys: word 2k holds
+// the bytes of dims 8k, 8k+2, 8k+4, 8k+6, word 2k + 1 the odd dims; otherwise word k holds dims 4k .. 4k+3). The
+// clamp to ±32512 never binds (attention_x86.h), so none is applied. Sets *step = s/256 and returns ΣQ (all zero for
+// an all-zero group).
+CIDER_AVX2 int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
+                                        int32_t* img_l, float* step) {
+  const float s = amax / 127.0f;
+  *step = s / 256.0f;
+  if (!(s > 0.0f)) {
+    std::memset(img_h, 0, static_cast<size_t>(gs));
+    std::memset(img_l, 0, static_cast<size_t>(gs));
+    return 0;
   }
-}
-
-// The query image of row r (its int8 planes in the column order of the key tiles, and the per-group factors of the
-// score) for query values q [Dk]: against per-token key groups, coef = scale·step and bcoef = scale·step·ΣQ (the
-// bias term). Per-channel keys pass q ⊙ s_block and put the block's bias term, scale·Σ q·b_block, in bcoef[r, 0]
-// (the key "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
-CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
-  const AttentionArgs& a = *c.a;
-  const int64_t Gk = c.Gk;
-  quantize_query_groups8(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
-  for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
-    const int8_t* qp = pl == 0 ? s.qh : s.ql;
-    int32_t* img = s.qimg + (r * 2 + pl) * (c.Dk / 4);
-    if (c.mode == 0) {
-      // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (the low nibbles), word 2k + 1 the odd
-      // dims; one byte shuffle per 32 dims puts the 8 words in order.
-      const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1,
-                                                  3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-      for (int64_t d = 0; d < c.Dk; d += 32)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(img + d / 4),
-                            _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + d)), evens_odds));
-    } else {
-      std::memcpy(img, qp, static_cast<size_t>(c.Dk));  // bytes: word k holds dims 4k .. 4k + 3
+  const float inv = 1.0f / s;
+  const __m256 iv2 = _mm256_set1_ps(256.0f * inv);
+  const __m256i half = _mm256_set1_epi32(128);
+  const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1, 3,
+                                              5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t k = 0; k < gs; k += 32) {
+    __m256i h[4], l[4];
+    for (int u = 0; u < 4; ++u) {
+      // cvtps rounds to nearest even (the default MXCSR mode the kernels run under)
+      const __m256i Q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * u), iv2));
+      h[u] = _mm256_srai_epi32(_mm256_add_epi32(Q, half), 8);
+      l[u] = _mm256_sub_epi32(Q, _mm256_slli_epi32(h[u], 8));
+      sum = _mm256_add_epi32(sum, Q);
     }
+    __m256i hb = pack_bytes32(h[0], h[1], h[2], h[3]), lb = pack_bytes32(l[0], l[1], l[2], l[3]);
+    if (nib) {
+      hb = _mm256_shuffle_epi8(hb, evens_odds);
+      lb = _mm256_shuffle_epi8(lb, evens_odds);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(img_h + k / 4), hb);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(img_l + k / 4), lb);
   }
-  for (int64_t g = 0; g < Gk; ++g) {
-    s.coef[r * Gk + g] = a.scale * s.sq[g];
-    s.bcoef[r * Gk + g] = kchan ? (g == 0 ? a.scale * bias_term : 0.0f)
-                                : a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
-  }
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
 }
 
 CIDER_AVX2 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
@@ -584,25 +552,61 @@ CIDER_AVX2 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
   return a.q + ((it.b * a.Hq + hq) * a.L + i) * c.Dk;
 }
 
-// Per-channel keys: the query images of all R rows against block `blk` (q ⊙ s_blk and the bias term q·b_blk).
-CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
-  const KVTensorView& K = c.a->keys;
-  const int64_t Dk = c.Dk, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
-  for (int64_t r = 0; r < it.R; ++r) {
-    const float* q = query_row(c, it, r);
-    __m256 bt = _mm256_setzero_ps();
-    for (int64_t d = 0; d < Dk; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      _mm256_storeu_ps(s.qch + d, _mm256_mul_ps(qv, load8(K.scales, K.scale_dtype, srow + d)));
-      bt = _mm256_fmadd_ps(qv, load8(K.biases, K.scale_dtype, srow + d), bt);
-    }
-    prepare_query_row(c, s, r, s.qch, true, hsum8(bt));
-    if (c.nout > 0) s.ob[r] = attn::outlier_weights(*c.a, it.b, it.g, blk, q, s.ow + r * c.nout);
+// Per-token keys: the query image of row r (its high plane, then its low plane, Dk/4 words each) and its per-group
+// factors, coef = scale·step and bcoef = scale·step·ΣQ (the bias term).
+CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const float scale = c.a->scale;
+  const int64_t W = c.Dk / 4;
+  int32_t* img = s.qimg + r * 2 * W;
+  for (int64_t g = 0; g < c.Gk; ++g) {
+    const float* x = q + g * c.gk;
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t k = 0; k < c.gk; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    float step;
+    const int32_t qsum =
+        quantize_group_image(x, c.gk, hmax8(mx), c.mode == 0, img + g * c.gk / 4, img + W + g * c.gk / 4, &step);
+    s.coef[r * c.Gk + g] = scale * step;
+    s.bcoef[r * c.Gk + g] = scale * step * static_cast<float>(qsum);
   }
 }
 
-// Outlier channels: the score corrections of a quantized 16-position tile from j0 (inside one block), for all R
-// rows: ocorr[r] = ob[r] + Σ_o ow[r, o]·code_o (codes of the tile's positions in lanes, two halves of 8).
+// Per-channel keys: the query images of all R rows against block `blk`, each in one pass: q' = q ⊙ s_blk (float32)
+// with its largest |q'| per group, the bias term scale·Σ q·b_blk in bcoef[r, 0] (the key "scale" columns are then 1
+// and the "bias" columns 1 for group 0, 0 otherwise), and with outlier channels their weights, whose offset joins the
+// bias term.
+CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
+  const KVTensorView& K = c.a->keys;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const float scale = c.a->scale;
+  const int64_t W = c.Dk / 4, srow = ((it.b * K.H + it.g) * K.blocks + blk) * c.Dk;
+  if (c.nout > 0) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  for (int64_t r = 0; r < it.R; ++r) {
+    const float* q = query_row(c, it, r);
+    int32_t* img = s.qimg + r * 2 * W;
+    __m256 bt = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c.Gk; ++g) {
+      __m256 mx = _mm256_setzero_ps();
+      for (int64_t d = g * c.gk; d < (g + 1) * c.gk; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        const __m256 qs = _mm256_mul_ps(qv, load8(K.scales, K.scale_dtype, srow + d));
+        _mm256_storeu_ps(s.qch + d, qs);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, qs));
+        bt = _mm256_fmadd_ps(qv, load8(K.biases, K.scale_dtype, srow + d), bt);
+      }
+      float step;
+      quantize_group_image(s.qch + g * c.gk, c.gk, hmax8(mx), c.mode == 0, img + g * c.gk / 4,
+                           img + W + g * c.gk / 4, &step);
+      s.coef[r * c.Gk + g] = scale * step;
+      s.bcoef[r * c.Gk + g] = 0.0f;
+    }
+    s.bcoef[r * c.Gk] = scale * hsum8(bt) + (c.nout > 0 ? s.ob[r] : 0.0f);
+  }
+}
+
+// Outlier channels: the refinement codes of a quantized 16-position tile from j0 (inside one block) as floats,
+// ocv[o][16] (positions in lanes); scores8 adds Σ_o ow[r, o]·code_o to each row's scores (the offset is in
+// bcoef[r, 0]).
 CIDER_AVX2 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0) {
   const KVTensorView& K = c.a->keys;
   const int64_t gs = c.gk, blk = j0 / gs, p = j0 % gs;
@@ -616,13 +620,6 @@ CIDER_AVX2 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j
     _mm256_store_ps(s.ocv + o * 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib)));
     _mm256_store_ps(s.ocv + o * 16 + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8))));
   }
-  for (int64_t r = 0; r < it.R; ++r)
-    for (int h = 0; h < 2; ++h) {
-      __m256 acc = _mm256_set1_ps(s.ob[r]);
-      for (int64_t o = 0; o < c.nout; ++o)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(s.ow[r * c.nout + o]), _mm256_load_ps(s.ocv + o * 16 + 8 * h), acc);
-      _mm256_store_ps(s.ocorr + r * 16 + 8 * h, acc);
-    }
 }
 
 // Per-channel keys: the scores of a 16-position tile of the bfloat16 residual window, in float32 (exact queries).
@@ -658,7 +655,7 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
   const float neg_inf = -__builtin_inff();
 
   for (int64_t r = 0; r < R; ++r) {
-    if (!c.kchan) prepare_query_row(c, s, r, query_row(c, it, r), false, 0.0f);
+    if (!c.kchan) prepare_query_row(c, s, r, query_row(c, it, r));
     int64_t lo, hi;
     attn::row_range(a, it, r, &lo, &hi);
     s.lo[r] = static_cast<int32_t>(lo);
@@ -684,7 +681,7 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
       const int64_t j0 = jb + t * kTileRows;
       if (c.kchan) {
         if (j0 >= c.nq) {
-          s.ocorr_on = false;
+          s.outliers_on = false;
           residual_tile(c, s, it, j0, t * kTileRows);
           continue;
         }
@@ -694,7 +691,7 @@ CIDER_AVX2 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         }
         if (c.nout > 0) {
           outlier_tile(c, s, it, j0);
-          s.ocorr_on = true;
+          s.outliers_on = true;
         }
       }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;

@@ -190,10 +190,6 @@ struct Scratch {
   float* bcoef;      // [Rmax][Gk] scale·sq·Σqi
   int32_t* lo;       // [Rmax] visible key range of each row
   int32_t* hi;
-  int8_t* qh;        // [Dk] high plane of the quantized query row
-  int8_t* ql;        // [Dk] low plane
-  float* sq;         // [Gk] step of the query integers Q = 256·qh + ql
-  int32_t* qsum;     // [Gk]
   int32_t* colbuf;   // [ncolimg][16]
   uint8_t* kbytes;   // widths other than 4 and 8: the tile's packed words, transposed (key_columns_packed)
   uint8_t* kpad;     // [16][krow_bytes] a tile past the capacity, zero padded
@@ -219,8 +215,7 @@ struct Scratch {
   float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
   float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
   float* ocv;        // kchan, outliers: [nout][16] the tile's refinement codes as floats (positions in lanes)
-  float* ocorr;      // kchan, outliers: [Rmax][16] the tile's score corrections
-  bool ocorr_on;     // whether store_scores adds ocorr (a quantized tile of a cache with outliers)
+  bool outliers_on;  // whether tile_scores_store adds the outlier channels' term (quantized tiles of such a cache)
 };
 
 size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
@@ -237,10 +232,6 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->bcoef = reinterpret_cast<float*>(take(R * Gk * 4));
   s->lo = reinterpret_cast<int32_t*>(take(R * 4));
   s->hi = reinterpret_cast<int32_t*>(take(R * 4));
-  s->qh = reinterpret_cast<int8_t*>(take(Dk));
-  s->ql = reinterpret_cast<int8_t*>(take(Dk));
-  s->sq = reinterpret_cast<float*>(take(Gk * 4));
-  s->qsum = reinterpret_cast<int32_t*>(take(Gk * 4));
   s->colbuf = reinterpret_cast<int32_t*>(take(static_cast<size_t>(c.ncolimg) * 64));
   s->kbytes = take(16 * Dk + 64);
   s->kpad = take(16 * static_cast<size_t>(c.krow_bytes) + 64);
@@ -267,8 +258,7 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
   s->ob = reinterpret_cast<float*>(take(R * 4));
   s->ocv = reinterpret_cast<float*>(take(no * 64 + 4));
-  s->ocorr = reinterpret_cast<float*>(take(R * 64));
-  s->ocorr_on = false;
+  s->outliers_on = false;
   return off;
 }
 
@@ -451,7 +441,6 @@ CIDER_INLINE void store_scores(const Ctx& c, const Scratch& s, const Item& it, i
     const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, _mm512_set1_epi32(s.lo[r0 + r])) &
                           _mm512_cmplt_epi32_mask(jv, _mm512_set1_epi32(s.hi[r0 + r]));
     __m512 v = sc[r];
-    if (s.ocorr_on) v = _mm512_add_ps(v, _mm512_load_ps(s.ocorr + (r0 + r) * 16));  // outlier channels
     if (capped) v = _mm512_mul_ps(cap, tanh16(_mm512_mul_ps(v, inv_cap)));  // softcap, before the mask
     if ((a.mask_kind == MaskKind::kBool || a.mask_kind == MaskKind::kAdditive) && vis) {
       alignas(64) float mv[16] = {};
@@ -470,6 +459,11 @@ CIDER_INLINE void tile_scores_store(const Ctx& c, const Scratch& s, const Item& 
   __m512 sc[NR];
   if (c.float_scores) tile_scores_f32<NR>(c, s, r0, sc);
   else tile_scores<NR>(c, s, r0, sc);
+  if (s.outliers_on)  // outlier channels: Σ_o ow[r, o]·code_o (each code vector loaded once for the NR rows)
+    for (int64_t o = 0; o < c.nout; ++o) {
+      const __m512 cv = _mm512_load_ps(s.ocv + o * 16);
+      for (int r = 0; r < NR; ++r) sc[r] = _mm512_fmadd_ps(_mm512_set1_ps(s.ow[(r0 + r) * c.nout + o]), cv, sc[r]);
+    }
   store_scores<NR>(c, s, it, r0, j0, jt, sc);
 }
 
@@ -652,66 +646,37 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
   if (V.biases != nullptr) prefetch_range(static_cast<const uint8_t*>(V.biases) + vr * ves, kTileRows * ves);
 }
 
-// The query quantization of attention_x86.h on 16 lanes: Q = rint(q·inv2) (round to nearest even) clamped, then
-// split into its two int8 planes with integer shifts. Groups of 32, 64 or 128.
-CIDER_AVX512 void quantize_query_groups16(const float* q, int64_t dim, int64_t gs, int8_t* qh, int8_t* ql, float* step,
-                                          int32_t* qsum) {
-  const __m512i qmax = _mm512_set1_epi32(32512), qmin = _mm512_set1_epi32(-32512), half = _mm512_set1_epi32(128);
-  for (int64_t g = 0; g < dim / gs; ++g) {
-    const float* x = q + g * gs;
-    __m512 mx = _mm512_setzero_ps();
-    for (int64_t k = 0; k < gs; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-    const float amax = _mm512_reduce_max_ps(mx), s = amax / 127.0f, s2 = s / 256.0f;
-    step[g] = s2;
-    if (!(s > 0.0f)) {
-      std::memset(qh + g * gs, 0, static_cast<size_t>(gs));
-      std::memset(ql + g * gs, 0, static_cast<size_t>(gs));
-      qsum[g] = 0;
-      continue;
-    }
-    const float inv = 1.0f / s;
-    const __m512 iv2 = _mm512_set1_ps(256.0f * inv);
-    __m512i sum = _mm512_setzero_si512();
-    for (int64_t k = 0; k < gs; k += 16) {
-      __m512i Q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), iv2),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      Q = _mm512_min_epi32(qmax, _mm512_max_epi32(qmin, Q));
-      const __m512i h = _mm512_srai_epi32(_mm512_add_epi32(Q, half), 8);
-      const __m512i l = _mm512_sub_epi32(Q, _mm512_slli_epi32(h, 8));
-      sum = _mm512_add_epi32(sum, Q);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qh + g * gs + k), _mm512_cvtepi32_epi8(h));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(ql + g * gs + k), _mm512_cvtepi32_epi8(l));
-    }
-    qsum[g] = _mm512_reduce_add_epi32(sum);
+// The query quantization of attention_x86.h for one group of gs values x[0, gs) (gs a multiple of 16) whose largest
+// |x| is amax, written straight into the row's two image planes in the key tiles' column order (4-bit keys: word 2k
+// holds the bytes of dims 8k, 8k+2, 8k+4, 8k+6, word 2k + 1 the odd dims; 8-bit and other widths: word k holds dims
+// 4k .. 4k+3): Q = rint(x·(256·inv)) split as qh = (Q + 128) >> 8, ql = Q − 256·qh with integer shifts. The clamp to
+// ±32512 never binds (attention_x86.h), so none is applied. Sets *step = s/256 and returns ΣQ (all zero for an
+// all-zero group).
+CIDER_AVX512 int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
+                                          int32_t* img_l, float* step) {
+  const float s = amax / 127.0f;
+  *step = s / 256.0f;
+  if (!(s > 0.0f)) {
+    std::memset(img_h, 0, static_cast<size_t>(gs));
+    std::memset(img_l, 0, static_cast<size_t>(gs));
+    return 0;
   }
-}
-
-// The query image of row r (int8 planes in the column order of the key tiles, and the per-group factors of the
-// score) for query values q [Dk]: against per-token key groups, coef = scale·step and bcoef = scale·step·ΣQ (the bias
-// term). Per-channel keys pass q ⊙ s_block and put the block's bias term, scale·Σ q·b_block, in bcoef[r, 0] (the key
-// "scale" columns are then 1 and the "bias" columns 1 for group 0, 0 otherwise).
-CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q, bool kchan, float bias_term) {
-  const AttentionArgs& a = *c.a;
-  const int64_t Gk = c.Gk;
-  quantize_query_groups16(q, c.Dk, c.gk, s.qh, s.ql, s.sq, s.qsum);
-  for (int pl = 0; pl < 2; ++pl) {  // plane: 0 high, 1 low
-    const int8_t* qp = pl == 0 ? s.qh : s.ql;
-    int32_t* img = s.qimg + (r * 2 + pl) * c.ncolimg;
-    if (c.nib) {
-      // 4-bit keys: word 2k holds the query bytes of dims 8k, 8k+2, 8k+4, 8k+6 (low nibbles), word 2k + 1 the odd dims.
-      const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-      for (int64_t d = 0; d < c.Dk; d += 16)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(img + d / 4),
-                         _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qp + d)), evens_odds));
-    } else {
-      std::memcpy(img, qp, static_cast<size_t>(c.Dk));  // bytes: word k holds dims 4k .. 4k + 3
-    }
+  const float inv = 1.0f / s;
+  const __m512 iv2 = _mm512_set1_ps(256.0f * inv);
+  const __m512i half = _mm512_set1_epi32(128);
+  const __m128i order = nib ? _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15)
+                            : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i sum = _mm512_setzero_si512();
+  for (int64_t k = 0; k < gs; k += 16) {
+    const __m512i Q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), iv2),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i h = _mm512_srai_epi32(_mm512_add_epi32(Q, half), 8);
+    const __m512i l = _mm512_sub_epi32(Q, _mm512_slli_epi32(h, 8));
+    sum = _mm512_add_epi32(sum, Q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(img_h + k / 4), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(h), order));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(img_l + k / 4), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(l), order));
   }
-  for (int64_t g = 0; g < Gk; ++g) {
-    s.coef[r * Gk + g] = a.scale * s.sq[g];
-    s.bcoef[r * Gk + g] = kchan ? (g == 0 ? a.scale * bias_term : 0.0f)
-                                : a.scale * s.sq[g] * static_cast<float>(s.qsum[g]);
-  }
+  return _mm512_reduce_add_epi32(sum);
 }
 
 CIDER_AVX512 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
@@ -720,25 +685,58 @@ CIDER_AVX512 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
   return a.q + ((it.b * a.Hq + hq) * a.L + i) * c.Dk;
 }
 
-// Per-channel keys: the query images of all R rows against block `blk` (q ⊙ s_blk and the bias term q·b_blk).
-CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
-  const KVTensorView& K = c.a->keys;
-  const int64_t Dk = c.Dk, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
-  for (int64_t r = 0; r < it.R; ++r) {
-    const float* q = query_row(c, it, r);
-    __m512 bt = _mm512_setzero_ps();
-    for (int64_t d = 0; d < Dk; d += 16) {
-      const __m512 qv = _mm512_loadu_ps(q + d);
-      _mm512_storeu_ps(s.qch + d, _mm512_mul_ps(qv, load16(K.scales, K.scale_dtype, srow + d, 0xffff)));
-      bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
-    }
-    prepare_query_row(c, s, r, s.qch, true, _mm512_reduce_add_ps(bt));
-    if (c.nout > 0) s.ob[r] = attn::outlier_weights(*c.a, it.b, it.g, blk, q, s.ow + r * c.nout);
+// Per-token keys: the query image of row r and its per-group factors, coef = scale·step and bcoef = scale·step·ΣQ
+// (the bias term).
+CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q) {
+  const float scale = c.a->scale;
+  int32_t* img = s.qimg + r * 2 * c.ncolimg;  // its high plane, then its low plane
+  for (int64_t g = 0; g < c.Gk; ++g) {
+    const float* x = q + g * c.gk;
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < c.gk; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    float step;
+    const int32_t qsum = quantize_group_image(x, c.gk, _mm512_reduce_max_ps(mx), c.nib, img + g * c.gk / 4,
+                                              img + c.ncolimg + g * c.gk / 4, &step);
+    s.coef[r * c.Gk + g] = scale * step;
+    s.bcoef[r * c.Gk + g] = scale * step * static_cast<float>(qsum);
   }
 }
 
-// Outlier channels: the score corrections of a quantized 16-position tile from j0 (inside one block), for all R
-// rows: ocorr[r] = ob[r] + Σ_o ow[r, o]·code_o (codes of the tile's positions in lanes).
+// Per-channel keys: the query images of all R rows against block `blk`, each in one pass: q' = q ⊙ s_blk (float32)
+// with its largest |q'| per group, the bias term scale·Σ q·b_blk in bcoef[r, 0] (the key "scale" columns are then 1
+// and the "bias" columns 1 for group 0, 0 otherwise), and with outlier channels their weights, whose offset joins the
+// bias term.
+CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
+  const KVTensorView& K = c.a->keys;
+  const float scale = c.a->scale;
+  const int64_t srow = ((it.b * K.H + it.g) * K.blocks + blk) * c.Dk;
+  if (c.nout > 0) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  for (int64_t r = 0; r < it.R; ++r) {
+    const float* q = query_row(c, it, r);
+    int32_t* img = s.qimg + r * 2 * c.ncolimg;
+    __m512 bt = _mm512_setzero_ps();
+    for (int64_t g = 0; g < c.Gk; ++g) {
+      __m512 mx = _mm512_setzero_ps();
+      for (int64_t d = g * c.gk; d < (g + 1) * c.gk; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        const __m512 qs = _mm512_mul_ps(qv, load16(K.scales, K.scale_dtype, srow + d, 0xffff));
+        _mm512_storeu_ps(s.qch + d, qs);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(qs));
+        bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
+      }
+      float step;
+      quantize_group_image(s.qch + g * c.gk, c.gk, _mm512_reduce_max_ps(mx), c.nib, img + g * c.gk / 4,
+                           img + c.ncolimg + g * c.gk / 4, &step);
+      s.coef[r * c.Gk + g] = scale * step;
+      s.bcoef[r * c.Gk + g] = 0.0f;
+    }
+    s.bcoef[r * c.Gk] = scale * _mm512_reduce_add_ps(bt) + (c.nout > 0 ? s.ob[r] : 0.0f);
+  }
+}
+
+// Outlier channels: the refinement codes of a quantized 16-position tile from j0 (inside one block) as floats,
+// ocv[o][16] (positions in lanes); tile_scores_store adds Σ_o ow[r, o]·code_o to each row's scores (the offset is in
+// bcoef[r, 0]).
 CIDER_AVX512 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t j0) {
   const KVTensorView& K = c.a->keys;
   const int64_t gs = c.gk, blk = j0 / gs, p = j0 % gs;
@@ -749,12 +747,6 @@ CIDER_AVX512 void outlier_tile(const Ctx& c, Scratch& s, const Item& it, int64_t
     const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
     _mm512_store_ps(s.ocv + o * 16, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))));
-  }
-  for (int64_t r = 0; r < it.R; ++r) {
-    __m512 acc = _mm512_set1_ps(s.ob[r]);
-    for (int64_t o = 0; o < c.nout; ++o)
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(s.ow[r * c.nout + o]), _mm512_load_ps(s.ocv + o * 16), acc);
-    _mm512_store_ps(s.ocorr + r * 16, acc);
   }
 }
 
@@ -795,7 +787,7 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
   // ---- queries: int8 per key group, word images, coefficients, visible ranges ----
   for (int64_t r = 0; r < R; ++r) {
     const float* q = query_row(c, it, r);
-    if (!c.kchan) prepare_query_row(c, s, r, q, false, 0.0f);
+    if (!c.kchan) prepare_query_row(c, s, r, q);
     if (c.float_scores) {
       for (int64_t g = 0; g < Gk; ++g) {
         float sum = 0.0f;
@@ -836,7 +828,7 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         prefetch_tile(c, it, j0 + kPrefetchBlocks * kT);
       if (c.kchan) {
         if (j0 >= c.nq) {
-          s.ocorr_on = false;
+          s.outliers_on = false;
           residual_tile(c, s, it, j0, t * kTileRows);
           continue;
         }
@@ -846,7 +838,7 @@ CIDER_AVX512 void run_item(const Ctx& c, Scratch& s, int64_t index) {
         }
         if (c.nout > 0) {
           outlier_tile(c, s, it, j0);
-          s.ocorr_on = true;
+          s.outliers_on = true;
         }
       }
       const uint8_t* rows = kcodes + j0 * c.krow_bytes;
