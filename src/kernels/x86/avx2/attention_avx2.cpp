@@ -170,6 +170,8 @@ struct Scratch {
   uint8_t* vshuf;    // [Dv/8][32]
   int32_t* voff;     // [Dv/8]
   float* qch;        // kchan: [Dk] q ⊙ s of the current block
+  float* kscf;       // kchan: [Dk] the current block's key scales as float32
+  float* kbif;       // kchan: [Dk] its key biases
   float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
   float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
   float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
@@ -211,6 +213,8 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->vshuf = take(Dv / 8 * 32);
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 8 * 4));
   s->qch = reinterpret_cast<float*>(take(Dk * 4));
+  s->kscf = reinterpret_cast<float*>(take(Dk * 4));
+  s->kbif = reinterpret_cast<float*>(take(Dk * 4));
   s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
   const size_t no = static_cast<size_t>(c.nout);
   s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
@@ -508,8 +512,8 @@ CIDER_INLINE __m256i pack_bytes32(__m256i a, __m256i b, __m256i c, __m256i d) { 
 // the bytes of dims 8k, 8k+2, 8k+4, 8k+6, word 2k + 1 the odd dims; otherwise word k holds dims 4k .. 4k+3). The
 // clamp to ±32512 never binds (attention_x86.h), so none is applied. Sets *step = s/256 and returns ΣQ (all zero for
 // an all-zero group).
-CIDER_AVX2 int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
-                                        int32_t* img_l, float* step) {
+CIDER_INLINE int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
+                                          int32_t* img_l, float* step) {
   const float s = amax / 127.0f;
   *step = s / 256.0f;
   if (!(s > 0.0f)) {
@@ -579,28 +583,38 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
   const KVTensorView& K = c.a->keys;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const float scale = c.a->scale;
-  const int64_t W = c.Dk / 4, srow = ((it.b * K.H + it.g) * K.blocks + blk) * c.Dk;
-  if (c.nout > 0) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  // Locals: the stores below go through may_alias vector types, which would make every field be read again.
+  const int64_t Dk = c.Dk, Gk = c.Gk, gk = c.gk, W = Dk / 4, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  const bool nib = c.mode == 0, outliers = c.nout > 0;
+  float* const qch = s.qch;
+  float* const kscf = s.kscf;
+  float* const kbif = s.kbif;
+  if (outliers) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  for (int64_t d = 0; d < Dk; d += 8) {  // the block's scales and biases widened once for the R rows
+    _mm256_store_ps(kscf + d, load8(K.scales, K.scale_dtype, srow + d));
+    _mm256_store_ps(kbif + d, load8(K.biases, K.scale_dtype, srow + d));
+  }
   for (int64_t r = 0; r < it.R; ++r) {
     const float* q = query_row(c, it, r);
     int32_t* img = s.qimg + r * 2 * W;
+    float* coef = s.coef + r * Gk;
+    float* bcoef = s.bcoef + r * Gk;
     __m256 bt = _mm256_setzero_ps();
-    for (int64_t g = 0; g < c.Gk; ++g) {
+    for (int64_t g = 0; g < Gk; ++g) {
       __m256 mx = _mm256_setzero_ps();
-      for (int64_t d = g * c.gk; d < (g + 1) * c.gk; d += 8) {
+      for (int64_t d = g * gk; d < (g + 1) * gk; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
-        const __m256 qs = _mm256_mul_ps(qv, load8(K.scales, K.scale_dtype, srow + d));
-        _mm256_storeu_ps(s.qch + d, qs);
+        const __m256 qs = _mm256_mul_ps(qv, _mm256_load_ps(kscf + d));
+        _mm256_store_ps(qch + d, qs);
         mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, qs));
-        bt = _mm256_fmadd_ps(qv, load8(K.biases, K.scale_dtype, srow + d), bt);
+        bt = _mm256_fmadd_ps(qv, _mm256_load_ps(kbif + d), bt);
       }
       float step;
-      quantize_group_image(s.qch + g * c.gk, c.gk, hmax8(mx), c.mode == 0, img + g * c.gk / 4,
-                           img + W + g * c.gk / 4, &step);
-      s.coef[r * c.Gk + g] = scale * step;
-      s.bcoef[r * c.Gk + g] = 0.0f;
+      quantize_group_image(qch + g * gk, gk, hmax8(mx), nib, img + g * gk / 4, img + W + g * gk / 4, &step);
+      coef[g] = scale * step;
+      bcoef[g] = 0.0f;
     }
-    s.bcoef[r * c.Gk] = scale * hsum8(bt) + (c.nout > 0 ? s.ob[r] : 0.0f);
+    bcoef[0] = scale * hsum8(bt) + (outliers ? s.ob[r] : 0.0f);
   }
 }
 

@@ -211,6 +211,8 @@ struct Scratch {
   int32_t* voff;     // [Dv/16] byte offset of each 16-code chunk's 16-byte window in a row
   float* qf;         // [Rmax][Dk] the float32 query rows (float-score variant)
   float* qch;        // kchan: [Dk] q ⊙ s of the current block
+  float* kscf;       // kchan: [Dk] the current block's key scales as float32
+  float* kbif;       // kchan: [Dk] its key biases
   float* kres;       // kchan: [Dk][16] a residual tile, transposed (dims in rows, positions in lanes)
   float* ow;         // kchan, outliers: [Rmax][nout] scale·q[d_o]·step_o of the current block
   float* ob;         // kchan, outliers: [Rmax] −7.5·Σ_o ow (the codes' offset)
@@ -253,6 +255,8 @@ size_t carve(const Ctx& c, Scratch* s, uint8_t* base) {
   s->voff = reinterpret_cast<int32_t*>(take(Dv / 16 * 4));
   s->qf = reinterpret_cast<float*>(take(R * Dk * 4));
   s->qch = reinterpret_cast<float*>(take(Dk * 4));
+  s->kscf = reinterpret_cast<float*>(take(Dk * 4));
+  s->kbif = reinterpret_cast<float*>(take(Dk * 4));
   s->kres = reinterpret_cast<float*>(take(Dk * 16 * 4));
   const size_t no = static_cast<size_t>(c.nout);
   s->ow = reinterpret_cast<float*>(take(R * no * 4 + 4));
@@ -652,7 +656,7 @@ CIDER_AVX512 void prefetch_tile(const Ctx& c, const Item& it, int64_t j0) {
 // 4k .. 4k+3): Q = rint(x·(256·inv)) split as qh = (Q + 128) >> 8, ql = Q − 256·qh with integer shifts. The clamp to
 // ±32512 never binds (attention_x86.h), so none is applied. Sets *step = s/256 and returns ΣQ (all zero for an
 // all-zero group).
-CIDER_AVX512 int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
+CIDER_INLINE int32_t quantize_group_image(const float* x, int64_t gs, float amax, bool nib, int32_t* img_h,
                                           int32_t* img_l, float* step) {
   const float s = amax / 127.0f;
   *step = s / 256.0f;
@@ -709,28 +713,39 @@ CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const f
 CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t blk) {
   const KVTensorView& K = c.a->keys;
   const float scale = c.a->scale;
-  const int64_t srow = ((it.b * K.H + it.g) * K.blocks + blk) * c.Dk;
-  if (c.nout > 0) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  // Locals: the stores below go through may_alias vector types, which would make every field be read again.
+  const int64_t Dk = c.Dk, Gk = c.Gk, gk = c.gk, W = c.ncolimg, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  const bool nib = c.nib, outliers = c.nout > 0;
+  float* const qch = s.qch;
+  float* const kscf = s.kscf;
+  float* const kbif = s.kbif;
+  if (outliers) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  for (int64_t d = 0; d < Dk; d += 16) {  // the block's scales and biases widened once for the R rows
+    _mm512_store_ps(kscf + d, load16(K.scales, K.scale_dtype, srow + d, 0xffff));
+    _mm512_store_ps(kbif + d, load16(K.biases, K.scale_dtype, srow + d, 0xffff));
+  }
   for (int64_t r = 0; r < it.R; ++r) {
     const float* q = query_row(c, it, r);
-    int32_t* img = s.qimg + r * 2 * c.ncolimg;
+    int32_t* img = s.qimg + r * 2 * W;
+    float* coef = s.coef + r * Gk;
+    float* bcoef = s.bcoef + r * Gk;
     __m512 bt = _mm512_setzero_ps();
-    for (int64_t g = 0; g < c.Gk; ++g) {
+    for (int64_t g = 0; g < Gk; ++g) {
       __m512 mx = _mm512_setzero_ps();
-      for (int64_t d = g * c.gk; d < (g + 1) * c.gk; d += 16) {
+      for (int64_t d = g * gk; d < (g + 1) * gk; d += 16) {
         const __m512 qv = _mm512_loadu_ps(q + d);
-        const __m512 qs = _mm512_mul_ps(qv, load16(K.scales, K.scale_dtype, srow + d, 0xffff));
-        _mm512_storeu_ps(s.qch + d, qs);
+        const __m512 qs = _mm512_mul_ps(qv, _mm512_load_ps(kscf + d));
+        _mm512_store_ps(qch + d, qs);
         mx = _mm512_max_ps(mx, _mm512_abs_ps(qs));
-        bt = _mm512_fmadd_ps(qv, load16(K.biases, K.scale_dtype, srow + d, 0xffff), bt);
+        bt = _mm512_fmadd_ps(qv, _mm512_load_ps(kbif + d), bt);
       }
       float step;
-      quantize_group_image(s.qch + g * c.gk, c.gk, _mm512_reduce_max_ps(mx), c.nib, img + g * c.gk / 4,
-                           img + c.ncolimg + g * c.gk / 4, &step);
-      s.coef[r * c.Gk + g] = scale * step;
-      s.bcoef[r * c.Gk + g] = 0.0f;
+      quantize_group_image(qch + g * gk, gk, _mm512_reduce_max_ps(mx), nib, img + g * gk / 4, img + W + g * gk / 4,
+                           &step);
+      coef[g] = scale * step;
+      bcoef[g] = 0.0f;
     }
-    s.bcoef[r * c.Gk] = scale * _mm512_reduce_add_ps(bt) + (c.nout > 0 ? s.ob[r] : 0.0f);
+    bcoef[0] = scale * _mm512_reduce_add_ps(bt) + (outliers ? s.ob[r] : 0.0f);
   }
 }
 
