@@ -508,11 +508,11 @@ TEST(AttentionX86, PrefillBlocksCausal) {
 }
 
 // ---- per-channel keys (layout 1) ------------------------------------------------------------------------------
-// The fast kernels fold a block's key scales into the query, q' = float32(q ⊙ s_blk), quantize q' per group of gs
-// dims exactly as above (q̃' = step·Q, replicated here by quantize_queries) and add the block's bias term q·b_blk;
+// The fast kernels fold a block's key scales into the query, q' = float32(q ⊙ s_blk), quantize q' as one group of
+// the whole head (Dk <= 256; else per group of gs dims) exactly as above (q̃' = step·Q, replicated here by quantize_queries) and add the block's bias term q·b_blk;
 // residual positions are scored in float32 with exact queries. So, as for per-token keys, two checks:
 //  1. TIGHT, against float64 attention with those scores (Σ_k q̃'_k·c_jk + Σ_k q_k·b_k; residual: q·k): only float32
-//     rounding separates them, |Δscore| ≤ scale·(Dk + 2·Gk + 8)·u·(Σ_k |q̃'_k·c_jk| + Σ_k |q_k·b_k|) (residual:
+//     rounding separates them, |Δscore| ≤ scale·(Dk + 2·Gq + 8)·u·(Σ_k |q̃'_k·c_jk| + Σ_k |q_k·b_k|) (residual:
 //     scale·(Dk + 4)·u·Σ_k |q_k·k_jk|), and outputs as in check 1 above.
 //  2. BOUNDED, against the reference kernel (exact queries, a float32 row k = c·s + b then a dot, tolerance
 //     scale·(Dk + 8)·u·Σ_k |q_k|·(|c_jk·s_k| + |b_k|)): plus the query quantization's effect (e^{2δ} − 1)·max_j|v̂_jd|,
@@ -557,6 +557,8 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
 
   // The keys as float64: value, and per element |c·s| and |b| (quantized) or the residual value.
   const int64_t gs = kv.group_size, nq = kv.length / gs * gs, Gk = s.Dk / gs;
+  // the query groups of attention_x86.h: the whole head (Dk <= 256), else gs
+  const int64_t gq = s.Dk <= 256 ? s.Dk : gs, Gq = s.Dk / gq;
   const size_t nk = static_cast<size_t>(s.B * s.Hkv * s.kL * s.Dk);
   std::vector<double> kval(nk), kcode(nk), ks(nk), kb(nk), kref(nk, 0.0), kom(nk, 0.0);
   for (int64_t b = 0; b < s.B; ++b)
@@ -633,7 +635,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
               qq_block = j / gs;
               for (int64_t d = 0; d < s.Dk; ++d)
                 qp[static_cast<size_t>(d)] = qr[d] * static_cast<float>(ks[ko + static_cast<size_t>(d)]);
-              qq = quantize_queries(qp, s.Dk, static_cast<int>(gs));
+              qq = quantize_queries(qp, s.Dk, static_cast<int>(gq));
             }
             double magf = 0.0, mage = 0.0, dq = 0.0;
             for (int64_t d = 0; d < s.Dk; ++d) {
@@ -645,7 +647,7 @@ void check_channel_case(const ChannelCase& p, std::mt19937_64& rng) {
                       std::fabs(qr[d]) * kom[o];
               mage += std::fabs(qr[d] * ks[o] * kcode[o]) + std::fabs(qr[d] * kb[o]) + std::fabs(qr[d]) * kom[o];
             }
-            ef = static_cast<double>(s.Dk + 2 * Gk + 8 + 2 * p.cfg.key_outliers) * kU * magf;
+            ef = static_cast<double>(s.Dk + 2 * Gq + 8 + 2 * p.cfg.key_outliers) * kU * magf;
             // AMX-BF16 prefill: q' = q ⊙ s split into two bfloat16 parts times exact codes, the bias and outlier
             // terms in float32
             eps_amx = std::max(eps_amx, (0x1p-16 + static_cast<double>(s.Dk + 2 * Gk + 16 + 2 * p.cfg.key_outliers) * kU) * mage);

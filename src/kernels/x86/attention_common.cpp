@@ -154,6 +154,10 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
   (void)Hkv;
 }
 
+int64_t query_group_size(const AttentionArgs& a) {
+  return a.keys.layout == 1 && a.keys.dim <= 256 ? a.keys.dim : a.keys.group_size;
+}
+
 float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow) {
   const KVTensorView& K = a.keys;
   const int64_t n = K.outliers, srow = ((b * K.H + g) * K.blocks + blk) * K.dim;

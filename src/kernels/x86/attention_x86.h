@@ -107,6 +107,12 @@ void fetch_mask(const AttentionArgs& a, const Item& it, int64_t r, int64_t j0, i
 // conversion per value, where rounding each plane from floats took five more operations — the per-channel keys'
 // per-block refold quantizes every query row again at each block of positions.)
 
+// The query's quantization groups (dims per group): per-token keys quantize it per key group (group_size); per-channel
+// keys quantize each block's q' = q ⊙ s_blk as one group of the whole head when Dk <= 256 (the key "scale" columns
+// are all 1 there, so groups only cost reductions and score terms; with at most 256 dims the int32 sums stay exact:
+// 32512·255·256 < 2^31), else per group_size.
+int64_t query_group_size(const AttentionArgs& a);
+
 // Partial result of item `index`, at partials + index·p.partial_floats: for each of its R rows, [m, l, o[Dv]] with
 // m the score maximum seen (−inf if none), l = Σ exp(s − m), o = Σ exp(s − m)·v (bias part included). Merges the
 // splits of every (b, g, query block) by log-sum-exp and writes a.out (zeros for rows that saw no key).

@@ -138,7 +138,8 @@ struct Ctx {
   int64_t krow_bytes, vrow_bytes;
   int mode;          // key columns: 0 nibbles of 4-bit codes, 1 bytes (codes < 64), 2 nibbles of 8-bit codes
   int64_t Wd;        // 32-bit columns per key row (packed 4-bit, or bytes)
-  int64_t cols_per_group;
+  int64_t gq, Gq;    // the query's quantization groups (attn::query_group_size): dims, count
+  int64_t cols_per_group;  // image words per query group
   bool kchan;        // per-channel keys (layout 1): scores per block of gk positions, then the bf16 residual
   int64_t nq;        // kchan: positions [0, nq) quantized, [nq, length) in the residual window
   int64_t nout;      // kchan: outlier channels per block (0: none)
@@ -290,7 +291,7 @@ CIDER_INLINE void tile_scores8(const Ctx& c, const Scratch& s, int64_t r0, __m25
   for (int r = 0; r < NR; ++r) sc[r] = _mm256_setzero_ps();
   const int64_t W = c.Dk / 4;  // query words per plane
   const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
-  for (int64_t g = 0; g < c.Gk; ++g) {
+  for (int64_t g = 0; g < c.Gq; ++g) {
     __m256i acch[NR], accl[NR];  // high- and low-plane sums
     for (int r = 0; r < NR; ++r) acch[r] = accl[r] = _mm256_setzero_si256();
     const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
@@ -333,8 +334,8 @@ CIDER_INLINE void tile_scores8(const Ctx& c, const Scratch& s, int64_t r0, __m25
     const __m256 S = _mm256_load_ps(s.skcol + g * 8), B = _mm256_load_ps(s.bkcol + g * 8);
     for (int r = 0; r < NR; ++r) {
       const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), S);
-      sc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
-      sc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(s.coef[(r0 + r) * c.Gq + g]), sc[r]);
+      sc[r] = _mm256_fmadd_ps(B, _mm256_set1_ps(s.bcoef[(r0 + r) * c.Gq + g]), sc[r]);
     }
   }
 }
@@ -563,15 +564,15 @@ CIDER_AVX2 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const flo
   const float scale = c.a->scale;
   const int64_t W = c.Dk / 4;
   int32_t* img = s.qimg + r * 2 * W;
-  for (int64_t g = 0; g < c.Gk; ++g) {
-    const float* x = q + g * c.gk;
+  for (int64_t g = 0; g < c.Gq; ++g) {
+    const float* x = q + g * c.gq;
     __m256 mx = _mm256_setzero_ps();
-    for (int64_t k = 0; k < c.gk; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    for (int64_t k = 0; k < c.gq; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
     float step;
     const int32_t qsum =
-        quantize_group_image(x, c.gk, hmax8(mx), c.mode == 0, img + g * c.gk / 4, img + W + g * c.gk / 4, &step);
-    s.coef[r * c.Gk + g] = scale * step;
-    s.bcoef[r * c.Gk + g] = scale * step * static_cast<float>(qsum);
+        quantize_group_image(x, c.gq, hmax8(mx), c.mode == 0, img + g * c.gq / 4, img + W + g * c.gq / 4, &step);
+    s.coef[r * c.Gq + g] = scale * step;
+    s.bcoef[r * c.Gq + g] = scale * step * static_cast<float>(qsum);
   }
 }
 
@@ -584,7 +585,7 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const float scale = c.a->scale;
   // Locals: the stores below go through may_alias vector types, which would make every field be read again.
-  const int64_t Dk = c.Dk, Gk = c.Gk, gk = c.gk, W = Dk / 4, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  const int64_t Dk = c.Dk, Gq = c.Gq, gq = c.gq, W = Dk / 4, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
   const bool nib = c.mode == 0, outliers = c.nout > 0;
   float* const qch = s.qch;
   float* const kscf = s.kscf;
@@ -597,12 +598,12 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
   for (int64_t r = 0; r < it.R; ++r) {
     const float* q = query_row(c, it, r);
     int32_t* img = s.qimg + r * 2 * W;
-    float* coef = s.coef + r * Gk;
-    float* bcoef = s.bcoef + r * Gk;
+    float* coef = s.coef + r * Gq;
+    float* bcoef = s.bcoef + r * Gq;
     __m256 bt = _mm256_setzero_ps();
-    for (int64_t g = 0; g < Gk; ++g) {
+    for (int64_t g = 0; g < Gq; ++g) {
       __m256 mx = _mm256_setzero_ps();
-      for (int64_t d = g * gk; d < (g + 1) * gk; d += 8) {
+      for (int64_t d = g * gq; d < (g + 1) * gq; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
         const __m256 qs = _mm256_mul_ps(qv, _mm256_load_ps(kscf + d));
         _mm256_store_ps(qch + d, qs);
@@ -610,7 +611,7 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
         bt = _mm256_fmadd_ps(qv, _mm256_load_ps(kbif + d), bt);
       }
       float step;
-      quantize_group_image(qch + g * gk, gk, hmax8(mx), nib, img + g * gk / 4, img + W + g * gk / 4, &step);
+      quantize_group_image(qch + g * gq, gq, hmax8(mx), nib, img + g * gq / 4, img + W + g * gq / 4, &step);
       coef[g] = scale * step;
       bcoef[g] = 0.0f;
     }
@@ -868,7 +869,9 @@ void attention(const AttentionArgs& a) {
   c.vrow_bytes = c.Dv * c.vb / 8;
   c.mode = c.kb == 4 ? 0 : c.kb == 8 ? 2 : 1;
   c.Wd = c.kb == 4 ? c.Dk / 8 : c.Dk / 4;
-  c.cols_per_group = c.kb == 4 ? c.gk / 8 : c.gk / 4;
+  c.gq = attn::query_group_size(a);
+  c.Gq = c.Dk / c.gq;
+  c.cols_per_group = c.kb == 4 ? c.gq / 8 : c.gq / 4;
   c.kchan = a.keys.layout == 1;
   c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
   c.nout = c.kchan ? a.keys.outliers : 0;

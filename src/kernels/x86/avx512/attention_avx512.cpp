@@ -177,7 +177,8 @@ struct Ctx {
   bool nib;                        // 4-bit keys: nibble columns
   int64_t Wd;                      // 32-bit columns per key row in the tile representation
   int64_t ncolimg;                 // query images: 2·Wd (nibbles) or Wd (bytes)
-  int64_t cols_per_group;
+  int64_t gq, Gq;                  // the query's quantization groups (attn::query_group_size): dims, count
+  int64_t cols_per_group;          // image words per query group
   bool float_scores;               // CIDER_ATTN_SCORES=f32: float32 FMA scores on unpacked codes (measurement)
   bool kchan;                      // per-channel keys (layout 1): scores per block of gk positions, then residual
   int64_t nq;                      // kchan: positions [0, nq) quantized, [nq, length) in the bf16 residual window
@@ -363,7 +364,7 @@ template <int NR>
 CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512* sc) {
   for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
   const int64_t W = c.ncolimg;
-  for (int64_t g = 0; g < c.Gk; ++g) {
+  for (int64_t g = 0; g < c.Gq; ++g) {
     __m512i acch[NR], accl[NR];  // high- and low-plane sums
     for (int r = 0; r < NR; ++r) acch[r] = accl[r] = _mm512_setzero_si512();
     const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
@@ -394,8 +395,8 @@ CIDER_INLINE void tile_scores(const Ctx& c, const Scratch& s, int64_t r0, __m512
     const __m512 S = _mm512_load_ps(s.skcol + g * 16), B = _mm512_load_ps(s.bkcol + g * 16);
     for (int r = 0; r < NR; ++r) {
       const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), S);
-      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
-      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gq + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gq + g]), sc[r]);
     }
   }
 }
@@ -407,7 +408,7 @@ template <int NR>
 CIDER_INLINE void tile_scores_f32(const Ctx& c, const Scratch& s, int64_t r0, __m512* sc) {
   for (int r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
   const __m512i byte = _mm512_set1_epi32(0xFF);
-  for (int64_t g = 0; g < c.Gk; ++g) {
+  for (int64_t g = 0; g < c.Gq; ++g) {
     __m512 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
     const int64_t k0 = g * c.cols_per_group, k1 = k0 + c.cols_per_group;
@@ -425,8 +426,8 @@ CIDER_INLINE void tile_scores_f32(const Ctx& c, const Scratch& s, int64_t r0, __
     const __m512 S = _mm512_load_ps(s.skcol + g * 16), B = _mm512_load_ps(s.bkcol + g * 16);
     for (int r = 0; r < NR; ++r) {
       const __m512 t = _mm512_mul_ps(acc[r], S);
-      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gk + g]), sc[r]);
-      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gk + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.coef[(r0 + r) * c.Gq + g]), sc[r]);
+      sc[r] = _mm512_fmadd_ps(B, _mm512_set1_ps(s.bcoef[(r0 + r) * c.Gq + g]), sc[r]);
     }
   }
 }
@@ -694,15 +695,15 @@ CIDER_AVX512 const float* query_row(const Ctx& c, const Item& it, int64_t r) {
 CIDER_AVX512 void prepare_query_row(const Ctx& c, Scratch& s, int64_t r, const float* q) {
   const float scale = c.a->scale;
   int32_t* img = s.qimg + r * 2 * c.ncolimg;  // its high plane, then its low plane
-  for (int64_t g = 0; g < c.Gk; ++g) {
-    const float* x = q + g * c.gk;
+  for (int64_t g = 0; g < c.Gq; ++g) {
+    const float* x = q + g * c.gq;
     __m512 mx = _mm512_setzero_ps();
-    for (int64_t k = 0; k < c.gk; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    for (int64_t k = 0; k < c.gq; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
     float step;
-    const int32_t qsum = quantize_group_image(x, c.gk, _mm512_reduce_max_ps(mx), c.nib, img + g * c.gk / 4,
-                                              img + c.ncolimg + g * c.gk / 4, &step);
-    s.coef[r * c.Gk + g] = scale * step;
-    s.bcoef[r * c.Gk + g] = scale * step * static_cast<float>(qsum);
+    const int32_t qsum = quantize_group_image(x, c.gq, _mm512_reduce_max_ps(mx), c.nib, img + g * c.gq / 4,
+                                              img + c.ncolimg + g * c.gq / 4, &step);
+    s.coef[r * c.Gq + g] = scale * step;
+    s.bcoef[r * c.Gq + g] = scale * step * static_cast<float>(qsum);
   }
 }
 
@@ -714,7 +715,7 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
   const KVTensorView& K = c.a->keys;
   const float scale = c.a->scale;
   // Locals: the stores below go through may_alias vector types, which would make every field be read again.
-  const int64_t Dk = c.Dk, Gk = c.Gk, gk = c.gk, W = c.ncolimg, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
+  const int64_t Dk = c.Dk, Gq = c.Gq, gq = c.gq, W = c.ncolimg, srow = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;
   const bool nib = c.nib, outliers = c.nout > 0;
   float* const qch = s.qch;
   float* const kscf = s.kscf;
@@ -727,12 +728,12 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
   for (int64_t r = 0; r < it.R; ++r) {
     const float* q = query_row(c, it, r);
     int32_t* img = s.qimg + r * 2 * W;
-    float* coef = s.coef + r * Gk;
-    float* bcoef = s.bcoef + r * Gk;
+    float* coef = s.coef + r * Gq;
+    float* bcoef = s.bcoef + r * Gq;
     __m512 bt = _mm512_setzero_ps();
-    for (int64_t g = 0; g < Gk; ++g) {
+    for (int64_t g = 0; g < Gq; ++g) {
       __m512 mx = _mm512_setzero_ps();
-      for (int64_t d = g * gk; d < (g + 1) * gk; d += 16) {
+      for (int64_t d = g * gq; d < (g + 1) * gq; d += 16) {
         const __m512 qv = _mm512_loadu_ps(q + d);
         const __m512 qs = _mm512_mul_ps(qv, _mm512_load_ps(kscf + d));
         _mm512_store_ps(qch + d, qs);
@@ -740,7 +741,7 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
         bt = _mm512_fmadd_ps(qv, _mm512_load_ps(kbif + d), bt);
       }
       float step;
-      quantize_group_image(qch + g * gk, gk, _mm512_reduce_max_ps(mx), nib, img + g * gk / 4, img + W + g * gk / 4,
+      quantize_group_image(qch + g * gq, gq, _mm512_reduce_max_ps(mx), nib, img + g * gq / 4, img + W + g * gq / 4,
                            &step);
       coef[g] = scale * step;
       bcoef[g] = 0.0f;
@@ -1013,7 +1014,9 @@ void attention(const AttentionArgs& a) {
   c.nib = c.kb == 4;
   c.Wd = c.nib ? c.Dk / 8 : c.Dk / 4;
   c.ncolimg = c.nib ? 2 * c.Wd : c.Wd;
-  c.cols_per_group = c.nib ? c.gk / 8 : c.gk / 4;
+  c.gq = attn::query_group_size(a);
+  c.Gq = c.Dk / c.gq;
+  c.cols_per_group = c.nib ? c.gq / 8 : c.gq / 4;
   c.kchan = a.keys.layout == 1;
   c.nq = c.kchan ? a.keys.length / c.gk * c.gk : 0;
   c.nout = c.kchan ? a.keys.outliers : 0;
