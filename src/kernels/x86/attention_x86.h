@@ -31,8 +31,9 @@
 // Per-channel keys (KVTensorView layout 1, docs/kv_cache.md §2b): the codes are read exactly as above, but each block
 // of group_size positions has a scale and bias per channel, so the score of position j in block β is
 // scale·(Σ_d (q_d·s_βd)·c_jd + Σ_d q_d·b_βd). At the first tile of each block every query row is refolded:
-// q' = float32(q ⊙ s_β) goes through the same query quantization (the key "scale" columns are then 1 and the "bias"
-// columns 1 for group 0 only, with bcoef[r, 0] = scale·q·b_β); tiles of the bfloat16 residual window (positions past
+// q' = float32(q ⊙ s_β) goes through the same query quantization, as one group of the whole head (query_group_size
+// below; the key "scale" columns are then 1 and the "bias" column 1, with bcoef[r, 0] = scale·q·b_β plus the outlier
+// channels' offset), in one pass per row: q', its max, the integers and the image words; tiles of the bfloat16 residual window (positions past
 // the last complete block; tiles never straddle it, blocks being multiples of 16) are scored in float32 with the
 // exact queries. The value path is unchanged.
 // Prefill over per-channel keys on CPUs with AMX-BF16 runs the same algebra on bfloat16 tiles instead
