@@ -419,8 +419,8 @@ CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows
     off[q] = VK == VKind::kBytes ? ci * 8 : s.voff[ci];
   }
   __m256 acc[NR][NP];
-  const float* w[NP];
-  for (int q = 0; q < NP; ++q) w[q] = s.W + (((d0 + 8 * q) / c.gv) * c.Rmax + r0) * kT;
+  // The part's 8·NP dims (16 or 32, from a multiple of 8·NP) lie in one value group (gv >= 32): one weight per row.
+  const float* w = s.W + ((d0 / c.gv) * c.Rmax + r0) * kT;
   for (int r = 0; r < NR; ++r)
     for (int q = 0; q < NP; ++q) acc[r][q] = _mm256_load_ps(s.acc + (r0 + r) * c.Dv + d0 + 8 * q);
   for (int64_t j = 0; j < nrows; ++j) {
@@ -436,9 +436,10 @@ CIDER_INLINE void value_rows(const Ctx& c, const Scratch& s, const uint8_t* rows
     } else {
       for (int q = 0; q < NP; ++q) cf[q] = decode8<VK>(row + off[q], shuf[q], shift, tab, lowmask);
     }
-    for (int r = 0; r < NR; ++r)
-      for (int q = 0; q < NP; ++q)
-        acc[r][q] = _mm256_fmadd_ps(cf[q], _mm256_broadcast_ss(w[q] + r * kT + j), acc[r][q]);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = _mm256_broadcast_ss(w + r * kT + j);
+      for (int q = 0; q < NP; ++q) acc[r][q] = _mm256_fmadd_ps(cf[q], wv, acc[r][q]);
+    }
   }
   for (int r = 0; r < NR; ++r)
     for (int q = 0; q < NP; ++q) _mm256_store_ps(s.acc + (r0 + r) * c.Dv + d0 + 8 * q, acc[r][q]);
