@@ -163,7 +163,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
       o.kv.recent_exact = nn::parse_recent(a.kv_recent);
     else if (o.kv.key_layout != nn::KeyLayout::kChannel)
       o.kv.recent_exact = false;  // keys per position (the default's turned to token): no residual windows
-    o.kv.group_size = a.kv_group_size;
+    if (a.kv_group_size_given || !a.kv.empty()) o.kv.group_size = a.kv_group_size;  // else the default cache's
     o.kv.group_size_auto = !a.kv_group_size_given;
     if (a.kv_outliers == "auto") {
       o.kv.key_outliers = 0;

@@ -62,8 +62,9 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "unquantized, keys and values in bfloat16: the same result however a prompt is split into chunks; "
                 "cpu only); default: the default cache's");
   h.group = c->add_option("--kv-group-size", m.kv_group_size,
-                          "quantization group of a quantized KV cache: 32, 64, 128 (default 64; 32 for a head_dim "
-                          "64 does not divide)");
+                          "quantization group of a quantized KV cache: 32, 64, 128 (per-channel keys: blocks of "
+                          "that many positions); default: 128 for the cpu's default cache, else 64 (the largest of "
+                          "128/64/32 dividing head_dim where the default does not)");
   c->add_flag("--kv-full-sliding", m.kv_full_sliding,
               "sliding-window layers keep every position in the KV cache (default: only their window)");
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");

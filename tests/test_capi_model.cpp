@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/model.h"
@@ -77,6 +78,25 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   EXPECT_STREQ(info.weights, "f32");
   EXPECT_STREQ(info.kv, "f32");
   EXPECT_STREQ(info.device, "cpu");
+
+  // Heads of 128: the default cache takes blocks of 128 positions; kv_group_size 64 or an explicit kv, their own.
+  {
+    const std::string d128 = cider::test::repo_file("tests/data/gguf_d128/model.gguf");
+    using Case = std::tuple<int, const char*, const char*>;
+    for (const auto& [gs, kv, want] : {Case{0, nullptr, "k4v4/hadamard/g128/kchan/o4/vsym/rx"},
+                                       Case{64, nullptr, "k4v4/hadamard/g64/kchan/o4/vsym/rx"},
+                                       Case{0, "k4v4", "k4v4/hadamard/g64"}}) {
+      cider_model_options d = cider_model_options_default();
+      d.kv_group_size = gs;
+      d.kv = kv;
+      cider_model* m = nullptr;
+      ASSERT_EQ(cider_model_load(d128.c_str(), &d, &m), CIDER_OK) << cider_last_error();
+      cider_model_info i;
+      ASSERT_EQ(cider_model_info_get(m, &i), CIDER_OK) << cider_last_error();
+      EXPECT_STREQ(i.kv, want) << gs;
+      cider_model_free(m);
+    }
+  }
 
   cider_model_options tok = cider_model_options_default();
   tok.kv = "k4v4";

@@ -531,6 +531,17 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
     ASSERT_EQ(d.status, 0) << d.err;
     EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;
   }
+  // Heads of 128: the default cache's blocks of 128 positions (64 is what 128 falls back to for cider-tiny's 64); an
+  // explicit --kv or --kv-group-size takes its own.
+  const std::string d128 = kSource + "/tests/data/gguf_d128/model.gguf";
+  for (const auto& [extra, kv] : {std::pair<std::string, std::string>{"", "k4v4/hadamard/g128/kchan/o4/vsym/rx\n"},
+                                  {" --kv-group-size 64", "k4v4/hadamard/g64/kchan/o4/vsym/rx\n"},
+                                  {" --kv-layout token", "k4v4/hadamard/g128/vsym\n"},
+                                  {" --kv k4v4", "k4v4/hadamard/g64\n"}}) {
+    const CliResult d = cider("inspect -m " + quote(d128) + extra);
+    ASSERT_EQ(d.status, 0) << d.err;
+    EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;
+  }
 }
 
 // A GGUF file converted with --weights native keeps its blocks: the directory then defaults to native (as the file

@@ -161,7 +161,8 @@ typedef struct cider_model_options {
   const char* kv;          /* NULL = the device's default: per-channel keys, auto outliers; on cpu k4v4 with symmetric
                               values and kv_recent "exact", on cuda k5v4 (heads other than 128 or 256 wide: k8v4) */
   const char* kv_rotation; /* NULL or "" = the default (hadamard for quantized caches; plain caches are not rotated) */
-  int kv_group_size;       /* 32, 64, 128; 0 = 64, or the largest of 128/64/32 dividing the head size */
+  int kv_group_size;       /* 32, 64, 128; 0 = the default cache's on cpu (128), else 64; the largest of 128/64/32
+                              dividing the head size where that does not */
   int64_t ctx;             /* context length; 0 = the model's maximum, capped at 8192 */
   const char* device;      /* NULL = "cpu" */
   int threads;             /* > 0: worker threads of the process-wide pool (process-wide); 0 = unchanged */

@@ -79,7 +79,7 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
     o.kv.key_outliers_auto = false;  // an explicit format: none unless asked for
   }
   if (o.kv.quantized) {
-    o.kv.group_size = gs == 0 ? 64 : gs;
+    if (gs != 0) o.kv.group_size = gs;  // else the format's (64) or the default cache's
     o.kv.group_size_auto = gs == 0;
   }
   check(options.ctx >= 0, ErrorCode::kInvalidArgument, op, "ctx must be >= 0 (0 = the model's maximum); got ",

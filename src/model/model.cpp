@@ -52,15 +52,16 @@ nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotati
 
 KVOptions default_kv(Device device) {
   const bool cpu = device == Device::kCPU;
-  // The CPU: k4v4 with the recent and first blocks read unquantized and symmetric values (4.44 bits per value;
-  // docs/quality.md); CUDA's kernels read neither, and k5v4 with affine values is its fewest within the bounds.
+  // The CPU: k4v4 with the recent and first blocks read unquantized, symmetric values and blocks of 128 (4.25 bits
+  // per value; docs/quality.md); CUDA's kernels read neither, and k5v4 with affine values is its fewest within the
+  // bounds.
   KVOptions kv = parse_kv_format(cpu ? "k4v4" : "k5v4");
   kv.rotation = nn::RotationKind::kHadamard;
   kv.key_layout = nn::KeyLayout::kChannel;
   kv.key_outliers_auto = true;
   kv.v_symmetric = cpu;
   kv.recent_exact = cpu;
-  kv.group_size = 64;
+  kv.group_size = cpu ? 128 : 64;  // the CPU: blocks of 128 positions (64 or 32 where 128 does not divide the head)
   kv.group_size_auto = true;
   kv.device_default = true;
   return kv;
