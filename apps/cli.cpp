@@ -672,7 +672,9 @@ int run_fit(const FitArgs& a) {
                  bool symmetric = false) {
     model::KVOptions kv = model::parse_kv_format(format);
     if (kv.quantized) {
-      kv.group_size = chosen.quantized ? chosen.group_size : (c.head_dim % 64 == 0 ? 64 : 32);
+      // each row as its --kv gives it: the group asked for, else the explicit formats' 64 (32 where 64 does not
+      // divide the head)
+      kv.group_size = chosen.quantized && a.m.kv_group_size_given ? chosen.group_size : (c.head_dim % 64 == 0 ? 64 : 32);
       if (layout != nullptr) kv.key_layout = nn::parse_key_layout(layout);
       if (rotation != nullptr) kv.rotation = model::parse_kv_rotation(rotation);
       if (outliers) kv.key_outliers = nn::auto_key_outliers(c.head_dim);
@@ -705,7 +707,9 @@ int run_fit(const FitArgs& a) {
     << std::min<int64_t>(model::kMaxChunk, ctx) << " rows, float32, and a row of logits)\n";
   if (budget > 0) o << "memory budget: " << model::format_bytes(static_cast<double>(budget)) << "\n";
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-34s %9s %12s %14s %14s%s\n", "KV cache", "bits/val", "per position",
+  int name_width = 34;  // the longest name (and the chosen row's " *") sets the first column
+  for (const Row& r : rows) name_width = std::max(name_width, static_cast<int>(r.name.size()) + 2);
+  std::snprintf(buf, sizeof buf, "%-*s %9s %12s %14s %14s%s\n", name_width, "KV cache", "bits/val", "per position",
                 ("KV at " + std::to_string(ctx)).c_str(), "total", budget > 0 ? "   largest context in budget" : "");
   o << buf;
   for (const Row& r : rows) {
@@ -727,7 +731,7 @@ int run_fit(const FitArgs& a) {
     }
     const double bits =
         r.kv.quantized ? r.kv.bits_per_value(c.head_dim) : 8.0 * static_cast<double>(dtype_size(r.kv.plain_dtype));
-    std::snprintf(buf, sizeof buf, "%-34s %9.2f %12s %14s %14s%s\n",
+    std::snprintf(buf, sizeof buf, "%-*s %9.2f %12s %14s %14s%s\n", name_width,
                   (r.name + (&r == &rows[0] ? " *" : "")).c_str(), bits,
                   model::format_bytes(per_pos).c_str(), model::format_bytes(static_cast<double>(kv)).c_str(),
                   model::format_bytes(static_cast<double>(total)).c_str(), fits.c_str());

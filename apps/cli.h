@@ -28,7 +28,8 @@ struct ModelArgs {
   std::string kv_recent;           // --kv-recent: quantized or exact; "" = the default's
   std::string kv_outliers;         // --kv-outliers: a count or "auto"; "" = the default's (an explicit --kv: 0)
   int kv_group_size = 64;
-  bool kv_group_size_given = false;  // else 64, or 32 for a head_dim 64 does not divide
+  bool kv_group_size_given = false;  // else the default cache's (128 on the cpu) or, with --kv, 64 (32 where 64
+                                     // does not divide head_dim)
   bool kv_full_sliding = false;    // --kv-full-sliding: sliding-window layers keep every position
   int threads = 0;                 // --threads (applied only when threads_given)
   bool threads_given = false;

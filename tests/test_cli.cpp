@@ -542,6 +542,15 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
     ASSERT_EQ(d.status, 0) << d.err;
     EXPECT_NE(d.out.find("kv cache: " + kv), std::string::npos) << extra << "\n" << d.out;
   }
+  // `fit` shows each other format as its --kv gives it (group 64), the chosen one as chosen; with --kv-group-size all
+  // at that group.
+  const CliResult f = cider("fit -m " + quote(d128));
+  ASSERT_EQ(f.status, 0) << f.err;
+  for (const char* row : {"k4v4/hadamard/g128/kchan/o4/vsym/rx *", "k4v3/so4-full/g64 ", "k8v4/hadamard/g64 "})
+    EXPECT_NE(f.out.find(row), std::string::npos) << row << "\n" << f.out;
+  const CliResult f128 = cider("fit -m " + quote(d128) + " --kv-group-size 128");
+  ASSERT_EQ(f128.status, 0) << f128.err;
+  EXPECT_NE(f128.out.find("k4v3/so4-full/g128 "), std::string::npos) << f128.out;
 }
 
 // A GGUF file converted with --weights native keeps its blocks: the directory then defaults to native (as the file
