@@ -158,42 +158,26 @@ int64_t query_group_size(const AttentionArgs& a) {
   return a.keys.layout == 1 && a.keys.dim <= 256 ? a.keys.dim : a.keys.group_size;
 }
 
-float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow) {
-  const KVTensorView& K = a.keys;
-  const int64_t n = K.outliers, srow = ((b * K.H + g) * K.blocks + blk) * K.dim;
-  const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((b * K.H + g) * K.blocks + blk) * n;
-  float sum = 0.0f;
-  for (int64_t o = 0; o < n; ++o) {
-    const int64_t d = index[o];
-    ow[o] = a.scale * q[d] * quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + d));
-    sum += ow[o];
-  }
-  return -7.5f * sum;
-}
-
-void outlier_weights_rows(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob) {
+void outlier_weights(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob) {
   const KVTensorView& K = a.keys;
   const int64_t n = K.outliers, srow = ((it.b * K.H + it.g) * K.blocks + blk) * K.dim;
   const auto* index = static_cast<const uint16_t*>(K.outlier_index) + ((it.b * K.H + it.g) * K.blocks + blk) * n;
-  if (n > 64) {  // more than KVSpec allows (32): one row at a time
+  for (int64_t r = 0; r < it.R; ++r) ob[r] = 0.0f;  // Σ_o ow[r, o] first, in channel order
+  float step[32];  // the channels' steps, read once per block for every row (chunks of 32 channels)
+  for (int64_t o0 = 0; o0 < n; o0 += 32) {
+    const int64_t m = std::min<int64_t>(32, n - o0);
+    for (int64_t o = 0; o < m; ++o)
+      step[o] = quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + index[o0 + o]));
     for (int64_t r = 0; r < it.R; ++r) {
       const int64_t hq = it.g * p.rep + r / it.nl, i = it.i0 + r % it.nl;
-      ob[r] = outlier_weights(a, it.b, it.g, blk, a.q + ((it.b * a.Hq + hq) * a.L + i) * K.dim, ow + r * n);
+      const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * K.dim;
+      for (int64_t o = 0; o < m; ++o) {
+        ow[r * n + o0 + o] = a.scale * q[index[o0 + o]] * step[o];
+        ob[r] += ow[r * n + o0 + o];
+      }
     }
-    return;
   }
-  float step[64];
-  for (int64_t o = 0; o < n; ++o) step[o] = quant::outlier_step(load_float(K.scales, K.scale_dtype, srow + index[o]));
-  for (int64_t r = 0; r < it.R; ++r) {
-    const int64_t hq = it.g * p.rep + r / it.nl, i = it.i0 + r % it.nl;
-    const float* q = a.q + ((it.b * a.Hq + hq) * a.L + i) * K.dim;
-    float sum = 0.0f;
-    for (int64_t o = 0; o < n; ++o) {  // the expression of outlier_weights, in the same order
-      ow[r * n + o] = a.scale * q[index[o]] * step[o];
-      sum += ow[r * n + o];
-    }
-    ob[r] = -7.5f * sum;
-  }
+  for (int64_t r = 0; r < it.R; ++r) ob[r] *= -7.5f;
 }
 
 bool float_scores_requested() {

@@ -33,9 +33,9 @@
 // scale·(Σ_d (q_d·s_βd)·c_jd + Σ_d q_d·b_βd). At the first tile of each block every query row is refolded:
 // q' = float32(q ⊙ s_β) goes through the same query quantization, as one group of the whole head (query_group_size
 // below; the key "scale" columns are then 1 and the "bias" column 1, with bcoef[r, 0] = scale·q·b_β plus the outlier
-// channels' offset), in one pass per row: q', its max, the integers and the image words; tiles of the bfloat16 residual window (positions past
-// the last complete block; tiles never straddle it, blocks being multiples of 16) are scored in float32 with the
-// exact queries. The value path is unchanged.
+// channels' offset), in one pass per row: q', its max, the integers and the image words; tiles of the bfloat16
+// residual window (positions past the last complete block; tiles never straddle it, blocks being multiples of 16) are
+// scored in float32 with the exact queries. The value path is unchanged.
 // Prefill over per-channel keys on CPUs with AMX-BF16 runs the same algebra on bfloat16 tiles instead
 // (amx/attention_prefill_bf16.cpp, x86_kernels.h: amx::attention_bf16); it uses this file's plan, ranges, outlier
 // weights and merge.
@@ -123,13 +123,11 @@ void merge_partials(const AttentionArgs& a, const Plan& p, const float* partials
 // codes and exact queries (the variant measured against the integer path in docs/benchmarks.md; tested too).
 bool float_scores_requested();
 
-// Outlier key channels (KVTensorView::outliers = n > 0): the weights of block `blk`'s refinement codes for query row
-// q of KV head (b, g): ow[o] = scale·q[d_o]·|s[blk, d_o]|/15 and the codes' offset, returned, −7.5·Σ_o ow[o]; a
-// position's score then gains offset + Σ_o ow[o]·r_o (kernels/kernel_table.h).
-float outlier_weights(const AttentionArgs& a, int64_t b, int64_t g, int64_t blk, const float* q, float* ow);
-// The same for every query row r of item `it` at once (the step of each channel read once): ow[r·n + o] and
-// ob[r] = the offset.
-void outlier_weights_rows(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob);
+// Outlier key channels (KVTensorView::outliers = n > 0): the weights of block `blk`'s refinement codes for every query
+// row r of item `it` (each channel's step read once): ow[r·n + o] = scale·q_r[d_o]·|s[blk, d_o]|/15 and the codes'
+// offset ob[r] = −7.5·Σ_o ow[r·n + o]; a position's score then gains ob[r] + Σ_o ow[r·n + o]·r_o
+// (kernels/kernel_table.h).
+void outlier_weights(const AttentionArgs& a, const Plan& p, const Item& it, int64_t blk, float* ow, float* ob);
 
 // Runs fn(ctx, item) for items 0 .. n−1, thread t of the default pool taking items t, t + T, t + 2T, … (round-robin
 // balances causal blocks whose cost grows with the block index).

@@ -274,6 +274,7 @@ void run_item(const Ctx& c, Scratch& s, int64_t index) {
       for (int64_t j = 0; j < nk; ++j) unpack_codes(kcodes + (j0 + j) * kcap_row, Dk, K.bits, s.codes + j * kMaxDim);
     key_tiles(c, s, it, j0, nk, residual);
     const int64_t sbase = ((it.b * K.H + it.g) * K.blocks + blk) * Dk;  // the block's scale / bias rows
+    if (!residual && c.nout > 0) attn::outlier_weights(a, *c.p, it, blk, s.ow, s.owo);
     for (int64_t r = 0; r < Rp; ++r) {
       float* qf = s.qf;
       if (r < R) {
@@ -289,7 +290,6 @@ void run_item(const Ctx& c, Scratch& s, int64_t index) {
           }
         }
         s.qb[r] = residual ? 0.0f : _mm512_reduce_add_ps(bsum);
-        if (!residual && c.nout > 0) s.owo[r] = attn::outlier_weights(a, it.b, it.g, blk, q, s.ow + r * c.nout);
       } else {
         std::memset(qf, 0, static_cast<size_t>(Dk) * 4);
         s.qb[r] = 0.0f;

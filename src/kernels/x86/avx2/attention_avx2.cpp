@@ -591,7 +591,7 @@ CIDER_AVX2 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_t 
   float* const qch = s.qch;
   float* const kscf = s.kscf;
   float* const kbif = s.kbif;
-  if (outliers) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  if (outliers) attn::outlier_weights(*c.a, *c.p, it, blk, s.ow, s.ob);
   for (int64_t d = 0; d < Dk; d += 8) {  // the block's scales and biases widened once for the R rows
     _mm256_store_ps(kscf + d, load8(K.scales, K.scale_dtype, srow + d));
     _mm256_store_ps(kbif + d, load8(K.biases, K.scale_dtype, srow + d));

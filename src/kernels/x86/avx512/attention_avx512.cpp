@@ -720,7 +720,7 @@ CIDER_AVX512 void prepare_block(const Ctx& c, Scratch& s, const Item& it, int64_
   float* const qch = s.qch;
   float* const kscf = s.kscf;
   float* const kbif = s.kbif;
-  if (outliers) attn::outlier_weights_rows(*c.a, *c.p, it, blk, s.ow, s.ob);
+  if (outliers) attn::outlier_weights(*c.a, *c.p, it, blk, s.ow, s.ob);
   for (int64_t d = 0; d < Dk; d += 16) {  // the block's scales and biases widened once for the R rows
     _mm512_store_ps(kscf + d, load16(K.scales, K.scale_dtype, srow + d, 0xffff));
     _mm512_store_ps(kbif + d, load16(K.biases, K.scale_dtype, srow + d, 0xffff));
