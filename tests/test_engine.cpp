@@ -196,8 +196,9 @@ TEST(Engine, PrefixCacheWithPerTokenKeysReusesAnyPrefix) {
 }
 
 TEST(Engine, TheKvBoundLimitsTheRunningSequences) {
-  // A per-token cache (no fixed bf16 windows): at cider-tiny's 1024 positions the default cache's windows (keys,
-  // values, the first block; 40 KiB per layer and head) outweigh what 768 positions add, and the bound is about growth.
+  // A per-token cache (no fixed bf16 windows): at cider-tiny's 1024 positions the default cache's windows (the keys'
+  // and values' residual blocks, the sink; per layer and head) outweigh what 768 positions add, and the bound is about
+  // growth.
   cm::ModelOptions o;
   o.kv = cm::parse_kv_format("k8v4");
   const auto model = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);

@@ -1298,7 +1298,7 @@ float value_at(const KVTensorView& v, int64_t b, int64_t h, int64_t t, int64_t d
 // (keys bf16-rounded, values rotated then bf16-rounded: within one bfloat16 step of the float32 rotation) or, for
 // positions taken back from a quantized block (t < quantized_end), the dequantized codes in bfloat16.
 void expect_stage(const QuantizedKVCache& c, const Input& k, const Input& v, int64_t lo, int64_t n,
-                  int64_t quantized_end, const std::string& what) {
+                  int64_t quantized_end, const std::string& what, int64_t sink = 0) {
   const auto st = c.exact_stage();
   ASSERT_EQ(st.block, c.config().group_size) << what;
   ASSERT_EQ(st.lo, lo) << what;
@@ -1310,17 +1310,18 @@ void expect_stage(const QuantizedKVCache& c, const Input& k, const Input& v, int
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < n; ++j) {
         const int64_t t = lo + j;
+        const bool dequantized = t < quantized_end && t >= sink;  // a sink position comes back as appended
         const uint16_t* sk = st.keys + ((b * H + h) * n + j) * Dk;
         const uint16_t* sv = st.values + ((b * H + h) * n + j) * Dv;
         std::vector<float> rv(v.row(b, h, t), v.row(b, h, t) + Dv);
         c.value_rotation().apply(rv.data(), 1);
         for (int64_t d = 0; d < Dk; ++d) {
-          const uint16_t want = t < quantized_end ? f32_to_bf16(static_cast<float>(channel_key(kv, b, h, t, d)))
+          const uint16_t want = dequantized ? f32_to_bf16(static_cast<float>(channel_key(kv, b, h, t, d)))
                                                   : f32_to_bf16(k.row(b, h, t)[d]);
           ASSERT_EQ(sk[d], want) << what << " key b" << b << " h" << h << " t" << t << " d" << d;
         }
         for (int64_t d = 0; d < Dv; ++d) {
-          if (t < quantized_end) {
+          if (dequantized) {
             ASSERT_EQ(sv[d], f32_to_bf16(value_at(vv, b, h, t, d))) << what << " value t" << t << " d" << d;
           } else {
             const float got = bf16_to_f32(sv[d]), want = rv[static_cast<size_t>(d)];
@@ -1343,22 +1344,25 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
   c.update_and_fetch(positions(k, 40, 30).view(), positions(v, 40, 30).view());
   expect_stage(c, k, v, 32, 38, 0, "after 70");  // [32, 40) from the residual windows, then the new rows
   const KVCacheSnapshot snap = c.snapshot();
-  ASSERT_EQ(snap.num_planes(), 13u);  // 10 with outlier channels, the values' residual window, the first block's
+  const int64_t ns = nn::sink_rows(gs);
+  ASSERT_LT(ns, gs);
+  ASSERT_EQ(snap.num_planes(), 13u);  // 10 with outlier channels, the values' residual window, the sink's keys, values
   EXPECT_EQ(snap.plane(10).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
-  EXPECT_EQ(snap.plane(11).nbytes(), static_cast<size_t>(B * H * gs * Dk * 2));
-  EXPECT_EQ(snap.plane(12).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
-  {  // the first block as appended: keys bf16-rounded, values rotated then rounded
+  EXPECT_EQ(snap.plane(11).nbytes(), static_cast<size_t>(B * H * ns * Dk * 2));
+  EXPECT_EQ(snap.plane(12).nbytes(), static_cast<size_t>(B * H * ns * Dv * 2));
+  {  // the sink as appended: keys bf16-rounded, values rotated then rounded
     const auto st = c.exact_stage();
-    ASSERT_EQ(st.sink, gs);
+    ASSERT_EQ(st.sink, ns);
+    ASSERT_EQ(st.sink_rows, ns);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < gs; ++t) {
+        for (int64_t t = 0; t < ns; ++t) {
           std::vector<float> rv(v.row(b, h, t), v.row(b, h, t) + Dv);
           c.value_rotation().apply(rv.data(), 1);
           for (int64_t d = 0; d < Dk; ++d)
-            ASSERT_EQ(st.sink_keys[((b * H + h) * gs + t) * Dk + d], f32_to_bf16(k.row(b, h, t)[d]));
+            ASSERT_EQ(st.sink_keys[((b * H + h) * ns + t) * Dk + d], f32_to_bf16(k.row(b, h, t)[d]));
           for (int64_t d = 0; d < Dv; ++d) {
-            const float got = bf16_to_f32(st.sink_values[((b * H + h) * gs + t) * Dv + d]), want = rv[static_cast<size_t>(d)];
+            const float got = bf16_to_f32(st.sink_values[((b * H + h) * ns + t) * Dv + d]), want = rv[static_cast<size_t>(d)];
             ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -8) + 1e-6f);
           }
         }
@@ -1367,12 +1371,19 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
   r.restore(snap);
   expect_stage(r, k, v, 64, 6, 0, "restored");
   EXPECT_EQ(r.exact_stage().n, 6);
-  EXPECT_EQ(r.exact_stage().sink, gs);
-  EXPECT_TRUE(std::equal(r.exact_stage().sink_keys, r.exact_stage().sink_keys + B * H * gs * Dk, c.exact_stage().sink_keys));
+  EXPECT_EQ(r.exact_stage().sink, ns);
+  EXPECT_TRUE(std::equal(r.exact_stage().sink_keys, r.exact_stage().sink_keys + B * H * ns * Dk, c.exact_stage().sink_keys));
   c.trim(10);  // back into block [32, 64): its 28 kept positions dequantized into both windows
   expect_stage(c, k, v, 32, 28, 64, "trimmed to 60");
   auto p = c.copy_prefix(50);
   expect_stage(static_cast<QuantizedKVCache&>(*p), k, v, 32, 18, 64, "copy_prefix(50)");
+  // Back into the first block: the sink's positions return as appended (their codes are stand-ins), the rest dequantized.
+  auto first = c.copy_prefix(ns + 5);
+  expect_stage(static_cast<QuantizedKVCache&>(*first), k, v, 0, ns + 5, gs, "copy_prefix(ns + 5)", ns);
+  EXPECT_EQ(static_cast<QuantizedKVCache&>(*first).exact_stage().sink, ns);
+  auto inside = c.copy_prefix(ns - 3);
+  expect_stage(static_cast<QuantizedKVCache&>(*inside), k, v, 0, ns - 3, gs, "copy_prefix(ns - 3)", ns);
+  EXPECT_EQ(static_cast<QuantizedKVCache&>(*inside).exact_stage().sink, ns - 3);
   // The next append starts the stage at the incomplete block again: the rows trim() wrote to the windows (as they
   // were: the block quantized again when it fills does not change them), then the new ones.
   const auto before = c.exact_stage();
@@ -1387,6 +1398,38 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
     for (int64_t j = 28; j < 38; ++j)
       for (int64_t d = 0; d < Dk; ++d)
         ASSERT_EQ(st.keys[(bh * 38 + j) * Dk + d], f32_to_bf16(k.row(bh / H, bh % H, 32 + j)[d]));
+  }
+}
+
+// The first block's channel ranges leave the sink out: its positions are read from bfloat16, so a first key far outside
+// the others' range (as a BOS key often is) must not widen the steps of the block's other positions. Each channel's
+// stored step is that of its positions [ns, gs): (hi − lo)/15, widened by at most 7.5/7 where the quantizer puts zero
+// on the grid (quant/affine.cpp), and float16 rounding (with the sink in the range it would be ≈ 80/15, about 14× as
+// large); those positions come back within one step (half a step, a whole one at a clamped end) plus the bias's
+// float16 rounding (2⁻¹¹·max(|lo|, |hi|)).
+TEST(KVCacheRecent, FirstBlockRangesLeaveTheSinkOut) {
+  auto rng = test::make_rng(65);
+  const int64_t D = 64, gs = 32, ns = nn::sink_rows(gs), n = 40;
+  ASSERT_LT(ns, gs);
+  QuantizedKVCache c(recent_config(rng(), 4, 4, gs));
+  Input k = make_input(rng, DType::kF32, 1, 1, n, D), v = make_input(rng, DType::kF32, 1, 1, n, D);
+  for (int64_t d = 0; d < D; ++d) k.f[static_cast<size_t>(d)] = d % 2 ? 40.0f : -40.0f;  // position 0: far outside
+  k.bytes = test::to_dtype_bytes(k.f, DType::kF32);
+  c.update_and_fetch(k.view(), v.view());
+  const KVTensorView kv = c.keys();
+  for (int64_t d = 0; d < D; ++d) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t t = ns; t < gs; ++t) {
+      const double x = bf16_to_f32(f32_to_bf16(k.row(0, 0, t)[d]));
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    const double step = std::fabs(load_float(kv.scales, kv.scale_dtype, d));  // block 0's row
+    ASSERT_LE(step, (hi - lo) / 15.0 * (7.5 / 7.0) * (1.0 + 0x1p-10)) << "d " << d;
+    const double tol = step * (1.0 + 0x1p-10) + std::max(std::fabs(lo), std::fabs(hi)) * 0x1p-11;
+    for (int64_t t = ns; t < gs; ++t)
+      ASSERT_LE(std::fabs(channel_key(kv, 0, 0, t, d) - bf16_to_f32(f32_to_bf16(k.row(0, 0, t)[d]))), tol)
+          << "t " << t << " d " << d;
   }
 }
 
@@ -1473,11 +1516,11 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
   }
 }
 
-// nn::attention with the recent block against float64 on what the cache holds: for a query at t, the first block's
-// keys and values j < 32 from its bfloat16 copy, [32, e(t)) from the quantized planes (c·s + b), [e(t), t] from the
-// stage; the output rotated back. Within the kernels' score error on the quantized part (as above: δ =
-// scale·2⁻¹⁵·Σ_d |q_d|·max_j |k_jd|), float32 sums and the float32 inverse rotation. Reading the first block from
-// its codes instead must miss that bound (the check can fail).
+// nn::attention with the recent block against float64 on what the cache holds: for a query at t, the sink's keys and
+// values j < ns from its bfloat16 copy, [ns, e(t)) from the quantized planes (c·s + b), [e(t), t] from the stage; the
+// output rotated back. Within the kernels' score error on the quantized part (as above: δ =
+// scale·2⁻¹⁵·Σ_d |q_d|·max_j |k_jd|), float32 sums and the float32 inverse rotation. Reading the sink from its codes
+// instead must miss that bound (the check can fail).
 TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
   auto rng = test::make_rng(64);
   const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, gs = 32, n0 = 70, L = 30, kL = n0 + L;
@@ -1493,7 +1536,8 @@ TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
   nn::attention(TensorView(q.data(), DType::kF32, {B, Hq, L, D}), c, scale, mask,
                 TensorView(out.data(), DType::kF32, {B, Hq, L, D}));
   const auto st = c.exact_stage();
-  ASSERT_EQ(st.sink, gs);
+  const int64_t ns = nn::sink_rows(gs);
+  ASSERT_EQ(st.sink, ns);
   ASSERT_EQ(st.lo, 64);
   const KVTensorView kv = c.keys(), vv = c.values();
   std::vector<double> kmax(static_cast<size_t>(D), 0.0);
@@ -1518,9 +1562,9 @@ TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) {
             double kd, vd;
-            if (j < gs && !sink_from_codes) {
-              kd = bf16_to_f32(st.sink_keys[(h * gs + j) * D + d]);
-              vd = bf16_to_f32(st.sink_values[(h * gs + j) * D + d]);
+            if (j < ns && !sink_from_codes) {
+              kd = bf16_to_f32(st.sink_keys[(h * ns + j) * D + d]);
+              vd = bf16_to_f32(st.sink_values[(h * ns + j) * D + d]);
             } else if (j < e) {
               kd = channel_key(kv, 0, h, j, d);
               vd = value_at(vv, 0, h, j, d);
@@ -1554,7 +1598,7 @@ TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
           }
         }
       }
-  EXPECT_GT(misses_with_codes, 0) << "the first block read from its codes must differ from what attention reads";
+  EXPECT_GT(misses_with_codes, 0) << "the sink read from its codes must differ from what attention reads";
 }
 
 // The kernels' side of it (AttentionArgs::exact_block / exact_lo / exact_sink / lse) at every level: the same output as
@@ -1577,7 +1621,7 @@ TEST(KVCacheRecent, KernelsReadOnlyBeforeTheRecentBlockAndReturnTheLogSumExp) {
   std::vector<const kernels::KernelTable*> tables = {&kernels::ref_kernels()};
   for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512})
     if (static_cast<int>(l) <= static_cast<int>(detected_isa())) tables.push_back(&kernels::kernels_for_isa(l));
-  for (auto [lo, sink] : {std::pair<int64_t, int64_t>{0, 0}, {256, 0}, {290, 64}, {0, 64}}) {
+  for (auto [lo, sink] : {std::pair<int64_t, int64_t>{0, 0}, {256, 0}, {290, 64}, {0, 64}, {290, 16}, {0, 5}}) {
     auto e_of = [&](int64_t t) { return std::max(t / gs * gs, lo); };
     std::vector<uint8_t> vis(static_cast<size_t>(L * kL));
     for (int64_t i = 0; i < L; ++i)

@@ -109,8 +109,9 @@ std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
     p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
     if (m.recent_exact) {
       p.push_back({"value residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
-      p.push_back({"first block keys", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
-      p.push_back({"first block values", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
+      const int64_t ns = nn::sink_rows(gs);
+      p.push_back({"sink keys", DType::kBF16, {B, H, L > 0 ? ns : 0, m.Dk}});
+      p.push_back({"sink values", DType::kBF16, {B, H, L > 0 ? ns : 0, m.Dv}});
     }
   }
   return p;

@@ -152,7 +152,7 @@ struct AttentionArgs {
   // (storage position t = kL − L + i) sees only keys j < max(⌊t/exact_block⌋·exact_block, exact_lo), besides its mask.
   int64_t exact_block;
   int64_t exact_lo;
-  // (optional) keys j < exact_sink are read elsewhere too (the first block, KVCache::exact_stage): rows see j >= it.
+  // (optional) keys j < exact_sink are read elsewhere too (the sink, KVCache::exact_stage): rows see j >= it.
   int64_t exact_sink;
   // (optional) [B, Hq, L]: per query row, m + log l of its softmax (m the maximum score seen, l = Σ exp(s − m)), −inf
   // for a row that saw no key; for merging with the recent block's part.

@@ -78,14 +78,14 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
 }
 
 // The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
-// max(⌊t/block⌋·block, lo) of the stage and the first block's keys j < min(sink, e(t)), in bfloat16 (those the
+// max(⌊t/block⌋·block, lo) of the stage and the sink's keys j < min(sink, e(t)), in bfloat16 (those the
 // kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask; merged into the
 // kernel's normalised output o (rotated value space) through its row log-sum-exp lse:
 // o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
 void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
                       int64_t kL, int64_t Dk, int64_t Dv, float scale, float softcap, const AttentionMask& mask,
                       const int64_t (&mstride)[4], const float* lse, float* o) {
-  const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the first block's, then the stage's
+  const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the sink's, then the stage's
   if (n == 0) return;
   auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
   // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
@@ -95,8 +95,8 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t j = 0; j < n; ++j) {
       if (j >= ns && j < first) continue;
-      const uint16_t* kr = j < ns ? st.sink_keys + (bh * st.block + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
-      const uint16_t* vr = j < ns ? st.sink_values + (bh * st.block + j) * Dv : st.values + (bh * st.n + j - ns) * Dv;
+      const uint16_t* kr = j < ns ? st.sink_keys + (bh * st.sink_rows + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
+      const uint16_t* vr = j < ns ? st.sink_values + (bh * st.sink_rows + j) * Dv : st.values + (bh * st.n + j - ns) * Dv;
       for (int64_t d = 0; d < Dk; ++d) kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(kr[d]);
       for (int64_t d = 0; d < Dv; ++d) vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(vr[d]);
     }
@@ -107,7 +107,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
       const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
       for (int64_t i = 0; i < L; ++i) {
         const int64_t t = kL - L + i, e = kernels::recent_block_start(t, st.block, st.lo);
-        // rows [0, std::min(ns, e)) of the first block and [ns + e − lo, n) of the stage, within the causal range
+        // rows [0, std::min(ns, e)) of the sink and [ns + e − lo, n) of the stage, within the causal range
         int64_t plo = 0, phi = kL;  // visible positions [plo, phi)
         if (mask.kind == kernels::MaskKind::kCausal) {
           phi = t + 1;

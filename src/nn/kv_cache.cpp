@@ -51,8 +51,9 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
       }
       if (m.recent_exact) {
         p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // values' residual window, bfloat16
-        p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // the first block's keys, bfloat16
-        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // the first block's values, bfloat16
+        const int64_t ns = sink_rows(m.group_size);
+        p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, ns});  // the sink positions' keys, bfloat16
+        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, ns});  // the sink positions' values, bfloat16
       }
     }
     return p;
@@ -662,7 +663,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
   if (config_.recent_exact) {  // the values' residual window: the stage's rows of the new incomplete block
-    const int64_t end = start + n, nq = end / gs * gs;
+    const int64_t end = start + n, nq = end / gs * gs, ns = sink_rows(gs);
     const size_t vr = value_residual_plane(meta());
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
@@ -670,8 +671,8 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
         if (end > nq)
           std::memcpy(store_.row(vr, b, h, 0), stage_v_.data() + (bh * stage_n_ + (nq - stage_lo_)) * Dv_,
                       static_cast<size_t>((end - nq) * Dv_) * sizeof(uint16_t));
-        if (start_ == 0 && start < gs) {  // the first block's positions [start, min(end, gs)): the stage starts at 0
-          const int64_t m = std::min<int64_t>(end, gs) - start;
+        if (start_ == 0 && start < ns) {  // the sink positions [start, min(end, ns)): the stage starts at 0
+          const int64_t m = std::min<int64_t>(end, ns) - start;
           std::memcpy(store_.row(vr + 1, b, h, start), stage_k_.data() + (bh * stage_n_ + start) * Dk_,
                       static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
           std::memcpy(store_.row(vr + 2, b, h, start), stage_v_.data() + (bh * stage_n_ + start) * Dv_,
@@ -812,7 +813,8 @@ KVCache::ExactStage QuantizedKVCache::exact_stage() const {
     const size_t vr = value_residual_plane(meta());
     s.sink_keys = reinterpret_cast<const uint16_t*>(store_.row(vr + 1, 0, 0, 0));
     s.sink_values = reinterpret_cast<const uint16_t*>(store_.row(vr + 2, 0, 0, 0));
-    s.sink = std::min<int64_t>(config_.group_size, store_.offset());
+    s.sink_rows = sink_rows(config_.group_size);
+    s.sink = std::min<int64_t>(s.sink_rows, store_.offset());
   }
   return s;
 }
@@ -822,6 +824,14 @@ void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
   std::vector<float> rows(static_cast<size_t>(gs * Dk_));
   const auto* res = reinterpret_cast<const uint16_t*>(store_.row(kResidualPlane, b, h, 0));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = bf16_to_f32(res[i]);
+  if (config_.recent_exact && start_ == 0 && block == 0 && sink_rows(gs) < gs) {
+    // The sink positions are read from their own bfloat16 rows, never from these codes: their keys (the first
+    // position's often far outside the others' range) must not set the block's channel ranges. They are quantized as
+    // copies of the first position after them.
+    const int64_t ns = sink_rows(gs);
+    for (int64_t t = 0; t < ns; ++t)
+      std::copy_n(rows.begin() + ns * Dk_, Dk_, rows.begin() + t * Dk_);
+  }
   quant::affine_quantize_columns(rows.data(), Dk_, gs, Dk_, config_.k_bits,
                                  reinterpret_cast<uint32_t*>(store_.row(0, b, h, block * gs)),
                                  quant::packed_words(Dk_, config_.k_bits), store_.row(1, b, h, block),
@@ -935,6 +945,16 @@ int64_t QuantizedKVCache::trim_channel(int64_t n) {
       if (nout > 0)
         std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)) * sizeof(uint16_t));
     }
+  if (config_.recent_exact && start_ == 0 && block == 0) {  // the sink's codes are stand-ins: its rows are exact
+    const size_t vr = value_residual_plane(meta());
+    const int64_t m = std::min(kept, sink_rows(gs));
+    for (int64_t b = 0; b < store_.B(); ++b)
+      for (int64_t h = 0; h < store_.H(); ++h) {
+        std::memcpy(store_.row(kResidualPlane, b, h, 0), store_.row(vr + 1, b, h, 0),
+                    static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
+        std::memcpy(store_.row(vr, b, h, 0), store_.row(vr + 2, b, h, 0), static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
+      }
+  }
   return removed;
 }
 

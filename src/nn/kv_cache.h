@@ -86,9 +86,9 @@ struct KVCacheMeta {
 //              head's group of query heads, then their count; row i for position ⌊length/gs⌋·gs + i, 0 where the
 //              queries were not shown)
 //   quantized, per-channel keys with recent_exact, also (the last three planes): the values' residual window,
-//              bfloat16 [B, H, gs, Dv] in the rotated value space (rows as plane 6's); the first block's keys
-//              [B, H, gs, Dk] and values [B, H, gs, Dv] in bfloat16 as appended (rows [0, min(gs, end)) meaningful
-//              while no sliding window dropped positions)
+//              bfloat16 [B, H, gs, Dv] in the rotated value space (rows as plane 6's); the sink's keys
+//              [B, H, ns, Dk] and values [B, H, ns, Dv] in bfloat16 as appended (ns = sink_rows(gs), nn/kv_spec.h;
+//              rows [0, min(ns, end)) meaningful while no sliding window dropped positions)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -169,16 +169,17 @@ class KVCache {
   // space; lo is a multiple of block (the group size) and lo + n == offset(). After an append of positions
   // [p, offset) it starts at p's block; after trim, restore or copy_prefix it is the incomplete block. Attention
   // reads, for a query at storage position t, the positions from max(⌊t/block⌋·block, lo) on from here, and those
-  // before min(sink, that) from the first block (nn/attention.h).
+  // before min(sink, that) from the sink (nn/attention.h).
   struct ExactStage {
     const uint16_t* keys = nullptr;
     const uint16_t* values = nullptr;
     int64_t lo = 0, n = 0, block = 0;
-    // The first block (positions [0, sink), sink = min(block, offset()), 0 once a sliding window dropped positions):
-    // keys [B, H, block, Dk] and values [B, H, block, Dv] in bfloat16, read unquantized by every later query too.
+    // The sink (positions [0, sink), sink = min(sink_rows, offset()), 0 once a sliding window dropped positions;
+    // nn/kv_spec.h): keys [B, H, sink_rows, Dk] and values [B, H, sink_rows, Dv] in bfloat16, read unquantized by every
+    // later query too.
     const uint16_t* sink_keys = nullptr;
     const uint16_t* sink_values = nullptr;
-    int64_t sink = 0;
+    int64_t sink = 0, sink_rows = 0;
   };
   virtual ExactStage exact_stage() const { return {}; }
 

@@ -1,6 +1,8 @@
 // The KV cache format and its rules (nn/kv_spec.h).
 #include "nn/kv_spec.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "quant/affine.h"
 
@@ -173,5 +175,7 @@ const char* rotation_name(RotationKind kind) {
     if (kind == r.kind) return r.name;
   return "unknown";
 }
+
+int64_t sink_rows(int64_t group_size) { return std::min<int64_t>(kSinkPositions, group_size); }
 
 }  // namespace cider::nn

@@ -35,6 +35,12 @@ constexpr int kMaxKeyOutliers = 32;
 // at 4 + 16/64 bits each), at least 1 and at most kMaxKeyOutliers — Gemma 3's 256-wide heads 8, 64-wide heads 2.
 int auto_key_outliers(int64_t Dk);
 
+// The sink (recent_exact only): the first kSinkPositions positions of a sequence (at most a block) are also kept in
+// bfloat16 and every query reads them from there, while no sliding window dropped them; the rest of the first block is
+// quantized over its own range, the sink's keys (the first position's often far outside the others') left out of it.
+constexpr int64_t kSinkPositions = 16;
+int64_t sink_rows(int64_t group_size);  // min(kSinkPositions, group_size)
+
 struct KVSpec {
   bool quantized = true;
   int k_bits = 8;                                   // quantized: 2, 3, 4, 5, 6 or 8

@@ -142,7 +142,7 @@ void attention(const AttentionArgs& a) {
           float& out_score = scores[static_cast<size_t>(r * kL + j)];
           const int64_t moff =
               b * a.mask_stride[0] + hq * a.mask_stride[1] + i * a.mask_stride[2] + j * a.mask_stride[3];
-          if (a.exact_block > 0) {  // the recent and first blocks are read elsewhere (AttentionArgs::exact_block)
+          if (a.exact_block > 0) {  // the recent block and the sink are read elsewhere (AttentionArgs::exact_block)
             const int64_t pos = kL - L + i;
             if (j < a.exact_sink || j >= recent_block_start(pos, a.exact_block, a.exact_lo)) {
               out_score = kNegInf;
