@@ -13,6 +13,7 @@
 #include "nn/attention.h"
 #include "nn/kv_cache.h"
 #include "quant/affine.h"
+#include "quant/kv_stats.h"
 #include "support/test_support.h"
 
 namespace cider {
@@ -1231,12 +1232,39 @@ TEST(KVCacheChannel, OutlierChannelsSurviveTrimSnapshotAndRestore) {
     feed(fresh, keep, n - keep);
     expect_same_planes(trimmed.snapshot(), fresh.snapshot(), "trimmed to " + std::to_string(keep) + " and continued");
   }
-  // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics of gs positions).
+  // nbytes: the outlier planes counted (codes n·gs/2 and indices 2n bytes per block, the statistics of gs positions,
+  // a byte per channel and the count).
   QuantizedKVCache plain_chan(channel_config(rng(), 3, 4, static_cast<int>(gs)));
   plain_chan.update_and_fetch(k.view(), v.view());
-  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + gs * (D + 1) * 2));
+  EXPECT_EQ(a.nbytes() - plain_chan.nbytes(), B * H * ((a.capacity() / gs) * (8 * gs / 2 + 8 * 2) + gs * (D + 1)));
   EXPECT_EQ(nn::kv_cache_bytes(a.config().spec(), B, H, D, D, n), a.nbytes());
   EXPECT_NEAR(a.config().spec().bits_per_value(D), (3 + 4) / 2.0 + 32.0 / gs + 8 * (4.0 + 16.0 / gs) / D / 2.0, 1e-12);
+}
+
+// The statistics' one-byte code (quant/kv_stats.h): 0 for 0, non-finite-free; every positive float32 in the grid's
+// range decodes within 2^(1/8) of itself (the grid's half step in log2, measured in float64 against log2), codes are
+// monotone in s, each grid point encodes to itself, and the ends clamp (below 2^-32: 0; from 2^31.875: 255).
+TEST(KVCacheChannel, QueryStatisticCodeIsAQuarterOctaveGrid) {
+  auto rng = test::make_rng(48);
+  EXPECT_EQ(quant::kv_stat_encode(0.0f), 0);
+  EXPECT_EQ(quant::kv_stat_decode(0), 0.0f);
+  EXPECT_EQ(quant::kv_stat_encode(0x1p-40f), 0);
+  EXPECT_EQ(quant::kv_stat_encode(0x1p40f), 255);
+  EXPECT_EQ(quant::kv_stat_encode(INFINITY), 255);
+  for (int c = 1; c < 256; ++c) {
+    const float g = quant::kv_stat_decode(static_cast<uint8_t>(c));
+    ASSERT_NEAR(std::log2(static_cast<double>(g)), (c - 128) / 4.0, 1e-6) << c;
+    ASSERT_EQ(quant::kv_stat_encode(g), c) << c;
+  }
+  std::uniform_real_distribution<double> e(-31.8, 31.8);
+  for (int i = 0; i < 200000; ++i) {
+    const float s = static_cast<float>(std::exp2(e(rng)));
+    const float back = quant::kv_stat_decode(quant::kv_stat_encode(s));
+    const double err = std::fabs(std::log2(static_cast<double>(back)) - std::log2(static_cast<double>(s)));
+    ASSERT_LE(err, 0.125 + 1e-6) << s;
+    const float t = std::nextafter(s, INFINITY);
+    ASSERT_LE(quant::kv_stat_encode(s), quant::kv_stat_encode(t)) << s;
+  }
 }
 
 TEST(KVCacheChannel, OutlierChannelRejections) {
@@ -1294,60 +1322,73 @@ float value_at(const KVTensorView& v, int64_t b, int64_t h, int64_t t, int64_t d
   return static_cast<float>(quant::unpack_code(w, d, v.bits)) * step + bias;
 }
 
-// The stage's rows against what they must hold: keys and values of positions [lo, lo + n), each either the input's
-// (keys bf16-rounded, values rotated then bf16-rounded: within one bfloat16 step of the float32 rotation) or, for
-// positions taken back from a quantized block (t < quantized_end), the dequantized codes in bfloat16.
+// The stage's rows against what they must hold, for positions [lo, lo + n): keys the input's, bf16-rounded, or, for
+// positions taken back from a quantized block (t < quantized_end), its dequantized codes in bfloat16; values as their
+// codes read (c·s + b), bf16-rounded; values_exact, from xlo = ⌊first/V⌋·V on (first: the first position appended
+// last, or the length after a trim, restore or copy), the input's (rotated then bf16-rounded: within one bfloat16 step
+// of the float32 rotation), or for positions taken back from an earlier run of V (t < quantized_end) their codes. The
+// sink's positions (t < sink) hold both as appended.
 void expect_stage(const QuantizedKVCache& c, const Input& k, const Input& v, int64_t lo, int64_t n,
-                  int64_t quantized_end, const std::string& what, int64_t sink = 0) {
+                  int64_t quantized_end, const std::string& what, int64_t sink, int64_t first) {
   const auto st = c.exact_stage();
   ASSERT_EQ(st.block, c.config().group_size) << what;
   ASSERT_EQ(st.lo, lo) << what;
   ASSERT_EQ(st.n, n) << what;
   ASSERT_EQ(st.lo + st.n, c.offset()) << what;
+  ASSERT_EQ(st.vwin, nn::value_window_rows(st.block)) << what;
+  ASSERT_EQ(st.xlo, first / st.vwin * st.vwin) << what;
   const KVTensorView kv = c.keys(), vv = c.values();
   const int64_t B = k.shape[0], H = k.shape[1], Dk = k.shape[3], Dv = v.shape[3];
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < n; ++j) {
         const int64_t t = lo + j;
-        const bool dequantized = t < quantized_end && t >= sink;  // a sink position comes back as appended
+        const bool in_sink = t < sink, dequantized = t < quantized_end && !in_sink;
         const uint16_t* sk = st.keys + ((b * H + h) * n + j) * Dk;
         const uint16_t* sv = st.values + ((b * H + h) * n + j) * Dv;
+        const uint16_t* sx = st.values_exact + ((b * H + h) * n + j) * Dv;
         std::vector<float> rv(v.row(b, h, t), v.row(b, h, t) + Dv);
         c.value_rotation().apply(rv.data(), 1);
         for (int64_t d = 0; d < Dk; ++d) {
           const uint16_t want = dequantized ? f32_to_bf16(static_cast<float>(channel_key(kv, b, h, t, d)))
-                                                  : f32_to_bf16(k.row(b, h, t)[d]);
+                                            : f32_to_bf16(k.row(b, h, t)[d]);
           ASSERT_EQ(sk[d], want) << what << " key b" << b << " h" << h << " t" << t << " d" << d;
         }
         for (int64_t d = 0; d < Dv; ++d) {
-          if (dequantized) {
-            ASSERT_EQ(sv[d], f32_to_bf16(value_at(vv, b, h, t, d))) << what << " value t" << t << " d" << d;
+          const uint16_t coded = f32_to_bf16(value_at(vv, b, h, t, d));
+          const float want = rv[static_cast<size_t>(d)], tol = std::ldexp(std::fabs(want), -8) + 1e-6f;
+          if (in_sink) {
+            ASSERT_LE(std::fabs(bf16_to_f32(sv[d]) - want), tol) << what << " sink value t" << t << " d" << d;
           } else {
-            const float got = bf16_to_f32(sv[d]), want = rv[static_cast<size_t>(d)];
-            ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -8) + 1e-6f)
-                << what << " value b" << b << " h" << h << " t" << t << " d" << d;
+            ASSERT_EQ(sv[d], coded) << what << " value t" << t << " d" << d;
+          }
+          if (t < st.xlo) continue;
+          if (dequantized) {
+            ASSERT_EQ(sx[d], coded) << what << " window value t" << t << " d" << d;
+          } else {
+            ASSERT_LE(std::fabs(bf16_to_f32(sx[d]) - want), tol)
+                << what << " window value b" << b << " h" << h << " t" << t << " d" << d;
           }
         }
       }
 }
 
 // The stage follows appends (from the first append's block), and trim / snapshot-restore / copy_prefix leave it at
-// the incomplete block, rebuilt from the residual windows — the values' one a plane of the snapshot.
+// the incomplete block, rebuilt from the keys' residual window, the value codes, the values' window and the sink.
 TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
   auto rng = test::make_rng(61);
   const int64_t B = 2, H = 2, Dk = 64, Dv = 32, gs = 32;
   QuantizedKVCache c(recent_config(rng(), 4, 3, gs, 2, true));
   const Input k = make_input(rng, DType::kF32, B, H, 70, Dk), v = make_input(rng, DType::kF32, B, H, 70, Dv);
   c.update_and_fetch(positions(k, 0, 40).view(), positions(v, 0, 40).view());
-  expect_stage(c, k, v, 0, 40, 0, "after 40");
-  c.update_and_fetch(positions(k, 40, 30).view(), positions(v, 40, 30).view());
-  expect_stage(c, k, v, 32, 38, 0, "after 70");  // [32, 40) from the residual windows, then the new rows
-  const KVCacheSnapshot snap = c.snapshot();
   const int64_t ns = nn::sink_rows(gs);
   ASSERT_LT(ns, gs);
-  ASSERT_EQ(snap.num_planes(), 13u);  // 10 with outlier channels, the values' residual window, the sink's keys, values
-  EXPECT_EQ(snap.plane(10).nbytes(), static_cast<size_t>(B * H * gs * Dv * 2));
+  expect_stage(c, k, v, 0, 40, 0, "after 40", ns, 0);
+  c.update_and_fetch(positions(k, 40, 30).view(), positions(v, 40, 30).view());
+  expect_stage(c, k, v, 32, 38, 0, "after 70", ns, 40);  // [32, 40) from the windows, then the new rows
+  const KVCacheSnapshot snap = c.snapshot();
+  ASSERT_EQ(snap.num_planes(), 13u);  // 10 with outlier channels, the values' window, the sink's keys and values
+  EXPECT_EQ(snap.plane(10).nbytes(), static_cast<size_t>(B * H * nn::value_window_rows(gs) * Dv * 2));
   EXPECT_EQ(snap.plane(11).nbytes(), static_cast<size_t>(B * H * ns * Dk * 2));
   EXPECT_EQ(snap.plane(12).nbytes(), static_cast<size_t>(B * H * ns * Dv * 2));
   {  // the sink as appended: keys bf16-rounded, values rotated then rounded
@@ -1369,20 +1410,20 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
   }
   QuantizedKVCache r(recent_config(0, 8, 8, 32));
   r.restore(snap);
-  expect_stage(r, k, v, 64, 6, 0, "restored");
+  expect_stage(r, k, v, 64, 6, 0, "restored", ns, 70);
   EXPECT_EQ(r.exact_stage().n, 6);
   EXPECT_EQ(r.exact_stage().sink, ns);
   EXPECT_TRUE(std::equal(r.exact_stage().sink_keys, r.exact_stage().sink_keys + B * H * ns * Dk, c.exact_stage().sink_keys));
   c.trim(10);  // back into block [32, 64): its 28 kept positions dequantized into both windows
-  expect_stage(c, k, v, 32, 28, 64, "trimmed to 60");
+  expect_stage(c, k, v, 32, 28, 64, "trimmed to 60", ns, 60);
   auto p = c.copy_prefix(50);
-  expect_stage(static_cast<QuantizedKVCache&>(*p), k, v, 32, 18, 64, "copy_prefix(50)");
+  expect_stage(static_cast<QuantizedKVCache&>(*p), k, v, 32, 18, 64, "copy_prefix(50)", ns, 50);
   // Back into the first block: the sink's positions return as appended (their codes are stand-ins), the rest dequantized.
   auto first = c.copy_prefix(ns + 5);
-  expect_stage(static_cast<QuantizedKVCache&>(*first), k, v, 0, ns + 5, gs, "copy_prefix(ns + 5)", ns);
+  expect_stage(static_cast<QuantizedKVCache&>(*first), k, v, 0, ns + 5, gs, "copy_prefix(ns + 5)", ns, ns + 5);
   EXPECT_EQ(static_cast<QuantizedKVCache&>(*first).exact_stage().sink, ns);
   auto inside = c.copy_prefix(ns - 3);
-  expect_stage(static_cast<QuantizedKVCache&>(*inside), k, v, 0, ns - 3, gs, "copy_prefix(ns - 3)", ns);
+  expect_stage(static_cast<QuantizedKVCache&>(*inside), k, v, 0, ns - 3, gs, "copy_prefix(ns - 3)", ns, ns - 3);
   EXPECT_EQ(static_cast<QuantizedKVCache&>(*inside).exact_stage().sink, ns - 3);
   // The next append starts the stage at the incomplete block again: the rows trim() wrote to the windows (as they
   // were: the block quantized again when it fills does not change them), then the new ones.
@@ -1399,6 +1440,22 @@ TEST(KVCacheRecent, StageFollowsAppendsTrimRestoreAndCopies) {
       for (int64_t d = 0; d < Dk; ++d)
         ASSERT_EQ(st.keys[(bh * 38 + j) * Dk + d], f32_to_bf16(k.row(bh / H, bh % H, 32 + j)[d]));
   }
+  // Blocks of 64 (values' runs of 32 inside them), one position at a time: each decode step takes the coded values
+  // the step before staged, and must hold the same rows as a stage built afresh; then a trim back into an earlier run
+  // of the same block returns its kept values from their codes.
+  const int64_t g2 = 64, D2 = 64, n2 = 150;
+  ASSERT_LT(nn::value_window_rows(g2), g2);
+  const Input k2 = make_input(rng, DType::kF32, B, H, n2, D2), v2 = make_input(rng, DType::kF32, B, H, n2, D2);
+  QuantizedKVCache d(recent_config(rng(), 4, 4, static_cast<int>(g2), 2, true));
+  d.update_and_fetch(positions(k2, 0, 5).view(), positions(v2, 0, 5).view());
+  for (int64_t t = 5; t < n2; ++t) {
+    d.update_and_fetch(positions(k2, t, 1).view(), positions(v2, t, 1).view());
+    expect_stage(d, k2, v2, t / g2 * g2, t + 1 - t / g2 * g2, 0, "decode step " + std::to_string(t), ns, t);
+  }
+  d.trim(n2 - 100);  // from [128, 150) back to 100: keys of [64, 100) and the values of [96, 100) from codes
+  expect_stage(d, k2, v2, 64, 36, 128, "decode, trimmed to 100", ns, 100);
+  d.trim(100 - 90);  // back within the run [64, 96): the values' window refilled from codes again
+  expect_stage(d, k2, v2, 64, 26, 128, "decode, trimmed to 90", ns, 90);
 }
 
 // The first block's channel ranges leave the sink out: its positions are read from bfloat16, so a first key far outside
@@ -1517,14 +1574,16 @@ TEST(KVCacheRecent, AttentionIsTheSameHoweverThePromptIsSplit) {
 }
 
 // nn::attention with the recent block against float64 on what the cache holds: for a query at t, the sink's keys and
-// values j < ns from its bfloat16 copy, [ns, e(t)) from the quantized planes (c·s + b), [e(t), t] from the stage; the
-// output rotated back. Within the kernels' score error on the quantized part (as above: δ =
+// values j < ns from its bfloat16 copy, [ns, e(t)) from the quantized planes (c·s + b), [e(t), t] from the stage (its
+// values as appended from ⌊t/V⌋·V on, as coded before); the output rotated back. Within the kernels' score error on the quantized part (as above: δ =
 // scale·2⁻¹⁵·Σ_d |q_d|·max_j |k_jd|), float32 sums and the float32 inverse rotation. Reading the sink from its codes
 // instead must miss that bound (the check can fail).
 TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
   auto rng = test::make_rng(64);
-  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, gs = 32, n0 = 70, L = 30, kL = n0 + L;
-  QuantizedKVCache c(recent_config(rng(), 4, 4, gs));
+  const int64_t B = 1, H = 2, rep = 2, Hq = H * rep, D = 64, gs = 64, n0 = 70, L = 30, kL = n0 + L;
+  QuantizedKVCache c(recent_config(rng(), 4, 2, gs));  // 2-bit values: their codes far from the values as appended
+  const int64_t V = nn::value_window_rows(gs);  // 32: queries from 96 on read [64, 96) from codes, [96, t] as appended
+  ASSERT_LT(V, gs);
   const Input k = make_input(rng, DType::kF32, B, H, kL, D), v = make_input(rng, DType::kF32, B, H, kL, D);
   c.update_and_fetch(positions(k, 0, n0).view(), positions(v, 0, n0).view());
   c.update_and_fetch(positions(k, n0, L).view(), positions(v, n0, L).view());
@@ -1570,7 +1629,7 @@ TEST(KVCacheRecent, AttentionEqualsFloat64OnTheStoredParts) {
               vd = value_at(vv, 0, h, j, d);
             } else {
               kd = bf16_to_f32(st.keys[(h * st.n + j - st.lo) * D + d]);
-              vd = bf16_to_f32(st.values[(h * st.n + j - st.lo) * D + d]);
+              vd = bf16_to_f32((j >= std::max(t / V * V, st.xlo) ? st.values_exact : st.values)[(h * st.n + j - st.lo) * D + d]);
             }
             dot += qr[d] * kd;
             vals[static_cast<size_t>(j)][static_cast<size_t>(d)] = vd;

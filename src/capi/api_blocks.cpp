@@ -108,7 +108,7 @@ std::vector<PlaneLayout> plane_layouts(const nn::KVCacheMeta& m) {
     p[1].shape = p[2].shape = {B, H, (L + gs - 1) / gs, m.Dk};
     p.push_back({"residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dk}});
     if (m.recent_exact) {
-      p.push_back({"value residual window", DType::kBF16, {B, H, L > 0 ? gs : 0, m.Dv}});
+      p.push_back({"values' window", DType::kBF16, {B, H, L > 0 ? nn::value_window_rows(gs) : 0, m.Dv}});
       const int64_t ns = nn::sink_rows(gs);
       p.push_back({"sink keys", DType::kBF16, {B, H, L > 0 ? ns : 0, m.Dk}});
       p.push_back({"sink values", DType::kBF16, {B, H, L > 0 ? ns : 0, m.Dv}});

@@ -52,7 +52,7 @@ nn::RotationKind parse_kv_rotation(std::string_view s) { return nn::parse_rotati
 
 KVOptions default_kv(Device device) {
   const bool cpu = device == Device::kCPU;
-  // The CPU: k4v4 with the recent and first blocks read unquantized, symmetric values and blocks of 128 (4.25 bits
+  // The CPU: k4v4 with the recent block and the sink read unquantized, symmetric values and blocks of 128 (4.25 bits
   // per value; docs/quality.md); CUDA's kernels read neither, and k5v4 with affine values is its fewest within the
   // bounds.
   KVOptions kv = parse_kv_format(cpu ? "k4v4" : "k5v4");

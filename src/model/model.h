@@ -73,7 +73,7 @@ Device parse_device(std::string_view s);  // "cpu", "cuda"; cider::Error otherwi
 const char* device_name(Device d);
 
 // The KV cache a model gets when none is asked for (docs/quality.md has the measurements behind it): per-channel keys
-// with head_dim/32 outlier key channels. On the CPU k4v4 with symmetric values, the recent and first blocks read
+// with head_dim/32 outlier key channels. On the CPU k4v4 with symmetric values, the recent block and the sink read
 // unquantized and blocks (and value groups) of 128 (4.25 bits per value; the largest of 64/32 dividing a head 128
 // does not: 4.44 bits at 64; the fewest measured within KL 0.02 and +1% perplexity on every real model, at ctx 512
 // and 2048); on CUDA group 64 (or the largest of 32 dividing the head) and k5v4 with affine

@@ -79,7 +79,8 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
 
 // The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
 // max(⌊t/block⌋·block, lo) of the stage and the sink's keys j < min(sink, e(t)), in bfloat16 (those the
-// kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask; merged into the
+// kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask — the stage's
+// values as appended for j >= ⌊t/vwin⌋·vwin, as their codes read before that; merged into the
 // kernel's normalised output o (rotated value space) through its row log-sum-exp lse:
 // o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
 void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
@@ -91,7 +92,8 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
   // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
   // stage only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
   const int64_t first = ns + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
-  std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv));
+  std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv)),
+      vx(static_cast<size_t>(B * Hkv * n * Dv));  // vx: the stage's values as appended (rows from st.xlo on)
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t j = 0; j < n; ++j) {
       if (j >= ns && j < first) continue;
@@ -99,6 +101,10 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
       const uint16_t* vr = j < ns ? st.sink_values + (bh * st.sink_rows + j) * Dv : st.values + (bh * st.n + j - ns) * Dv;
       for (int64_t d = 0; d < Dk; ++d) kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(kr[d]);
       for (int64_t d = 0; d < Dv; ++d) vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(vr[d]);
+      if (j >= ns && pos_of(j) >= st.xlo) {
+        const uint16_t* xr = st.values_exact + (bh * st.n + j - ns) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) vx[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(xr[d]);
+      }
     }
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   auto rows = [&](int64_t begin, int64_t end, int) {
@@ -107,6 +113,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
       const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
       for (int64_t i = 0; i < L; ++i) {
         const int64_t t = kL - L + i, e = kernels::recent_block_start(t, st.block, st.lo);
+        const int64_t w = std::max(t / st.vwin * st.vwin, st.xlo);  // values as appended from w on
         // rows [0, std::min(ns, e)) of the sink and [ns + e − lo, n) of the stage, within the causal range
         int64_t plo = 0, phi = kL;  // visible positions [plo, phi)
         if (mask.kind == kernels::MaskKind::kCausal) {
@@ -149,7 +156,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
             const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
             if (p == 0.0f) continue;
             l += p;
-            const float* vr = vf.data() + (bh * n + j) * Dv;
+            const float* vr = (j >= ns && pos_of(j) >= w ? vx.data() : vf.data()) + (bh * n + j) * Dv;
             for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
           }
         const float wq = lq == kNegInf ? 0.0f : std::exp(lq - M);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "quant/affine.h"
+#include "quant/kv_stats.h"
 
 namespace cider::nn {
 
@@ -24,12 +25,12 @@ constexpr size_t kPlainPlanes = 2;      // keys, values
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
 bool channel_keys(const KVCacheMeta& m) { return m.quantized && m.key_layout == KeyLayout::kChannel; }
-// The values' residual window (recent_exact): the plane after the per-channel keys' planes.
-size_t value_residual_plane(const KVCacheMeta& m) { return m.key_outliers > 0 ? kOutlierPlanes : kChannelPlanes; }
+// The values' window (recent_exact): the plane after the per-channel keys' planes; then the sink's keys and values.
+size_t value_window_plane(const KVCacheMeta& m) { return m.key_outliers > 0 ? kOutlierPlanes : kChannelPlanes; }
 size_t plane_count(const KVCacheMeta& m) {
   if (!m.quantized) return kPlainPlanes;
   if (!channel_keys(m)) return kQuantizedPlanes;
-  return value_residual_plane(m) + (m.recent_exact ? 3 : 0);
+  return value_window_plane(m) + (m.recent_exact ? 3 : 0);
 }
 
 // The shape of each plane, in the plane order documented at KVCacheSnapshot.
@@ -47,10 +48,10 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
       if (const int64_t n = m.key_outliers; n > 0) {
         p.push_back({n * gs / 2, gs, 0});                                  // refinement codes per block
         p.push_back({n * static_cast<int64_t>(sizeof(uint16_t)), gs, 0});  // outlier channel indices per block
-        p.push_back({(m.Dk + 1) * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // per window position: Σ q², count
+        p.push_back({m.Dk + 1, 0, gs});  // per window position: Σ q² per channel (quant/kv_stats.h), count
       }
       if (m.recent_exact) {
-        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, gs});  // values' residual window, bfloat16
+        p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, value_window_rows(gs)});  // values' window
         const int64_t ns = sink_rows(m.group_size);
         p.push_back({m.Dk * static_cast<int64_t>(sizeof(uint16_t)), 0, ns});  // the sink positions' keys, bfloat16
         p.push_back({m.Dv * static_cast<int64_t>(sizeof(uint16_t)), 0, ns});  // the sink positions' values, bfloat16
@@ -606,6 +607,9 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
           ErrorCode::kShapeMismatch, op, "the observed queries [", pending_B_, ", ", pending_Hq_, ", ", pending_rows_,
           ", ", pending_D_, "] must match the keys ", keys.shape_string(),
           " (same B, positions and head dim, query heads a multiple of KV heads)");
+  if (!pending_q_.empty())  // the statistics count them in one byte (quant/kv_stats.h)
+    check(pending_Hq_ / keys.dim(1) <= 255, ErrorCode::kShapeMismatch, op,
+          "outlier channels take at most 255 query heads per KV head; got ", pending_Hq_, " over ", keys.dim(1));
   if (!store_.has_dims()) {
     // First append: the dims become part of the cache (validated against the format before anything changes).
     KVCacheMeta m = meta();
@@ -662,20 +666,20 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   if (config_.recent_exact) build_stage(start, &keys, &values);  // before the residual windows change
   if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
-  if (config_.recent_exact) {  // the values' residual window: the stage's rows of the new incomplete block
-    const int64_t end = start + n, nq = end / gs * gs, ns = sink_rows(gs);
-    const size_t vr = value_residual_plane(meta());
+  if (config_.recent_exact) {  // from the stage's appended rows: the values' window and the sink
+    const int64_t end = start + n, V = value_window_rows(gs), nw = end / V * V, ns = sink_rows(gs);
+    const size_t vw = value_window_plane(meta());
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
         const int64_t bh = b * store_.H() + h;
-        if (end > nq)
-          std::memcpy(store_.row(vr, b, h, 0), stage_v_.data() + (bh * stage_n_ + (nq - stage_lo_)) * Dv_,
-                      static_cast<size_t>((end - nq) * Dv_) * sizeof(uint16_t));
+        if (end > nw)  // the run of end's window, as appended (the stage's exact rows start at or before nw)
+          std::memcpy(store_.row(vw, b, h, 0), stage_x_.data() + (bh * stage_n_ + (nw - stage_lo_)) * Dv_,
+                      static_cast<size_t>((end - nw) * Dv_) * sizeof(uint16_t));
         if (start_ == 0 && start < ns) {  // the sink positions [start, min(end, ns)): the stage starts at 0
           const int64_t m = std::min<int64_t>(end, ns) - start;
-          std::memcpy(store_.row(vr + 1, b, h, start), stage_k_.data() + (bh * stage_n_ + start) * Dk_,
+          std::memcpy(store_.row(vw + 1, b, h, start), stage_k_.data() + (bh * stage_n_ + start) * Dk_,
                       static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
-          std::memcpy(store_.row(vr + 2, b, h, start), stage_v_.data() + (bh * stage_n_ + start) * Dv_,
+          std::memcpy(store_.row(vw + 2, b, h, start), stage_x_.data() + (bh * stage_n_ + start) * Dv_,
                       static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
         }
       }
@@ -743,13 +747,14 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
         append_rows(part, b, h, key_rot_, store_.row(kResidualPlane, b, h, r), nullptr, nullptr, DType::kBF16, 0, 0);
-        if (config_.key_outliers > 0) {  // bfloat16: a ranking's weights, half the bytes of float32
-          auto* st = reinterpret_cast<uint16_t*>(store_.row(kQueryStatsPlane, b, h, r));
+        if (config_.key_outliers > 0) {  // one byte per channel (a ranking's weights), the count as it is
+          uint8_t* st = store_.row(kQueryStatsPlane, b, h, r);
           if (qstats.empty()) {
-            std::memset(st, 0, static_cast<size_t>(run * W) * sizeof(uint16_t));
+            std::memset(st, 0, static_cast<size_t>(run * W));
           } else {
             const float* src = qstats.data() + ((b * store_.H() + h) * n + done) * W;
-            for (int64_t i = 0; i < run * W; ++i) st[i] = f32_to_bf16(src[i]);
+            for (int64_t i = 0; i < run * W; ++i)
+              st[i] = i % W < Dk_ ? quant::kv_stat_encode(src[i]) : static_cast<uint8_t>(src[i]);
           }
         }
         if (r + run == gs) quantize_block(b, h, pos / gs);
@@ -758,29 +763,70 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
   }
 }
 
-// The recent block read unquantized: the stage becomes positions [⌊end/gs⌋·gs, end + n) — the residual windows' rows
-// of end's block, then the n rows of keys / values when given (an append of positions [end, end + n): keys as the
-// keys' residual window stores them, values rotated), in bfloat16.
+// The recent block read unquantized: the stage becomes positions [lo, end + n), lo = ⌊end/gs⌋·gs — end's block, then
+// the n rows of keys / values when given (an append of positions [end, end + n)), in bfloat16: keys as the keys'
+// residual window stores them; values (rotated) twice: as their codes read (c·s + b; the sink's as appended), and, from
+// xlo = ⌊end/V⌋·V on (every window a query of this append can read), as appended — the values' window's rows, then
+// the new ones. The coded values the stage held for [lo, end) are taken again when it still has them (a decode step
+// reads its block again).
 void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const TensorView* values) {
-  const int64_t gs = config_.group_size, lo = end / gs * gs, keep = end - lo, n = keys ? keys->dim(2) : 0,
-                rows = keep + n;
-  const size_t vr = value_residual_plane(meta());
+  const int64_t gs = config_.group_size, V = value_window_rows(gs), lo = end / gs * gs, xlo = end / V * V,
+                keep = end - lo, n = keys ? keys->dim(2) : 0, rows = keep + n, ns = start_ == 0 ? sink_rows(gs) : 0;
+  const size_t vw = value_window_plane(meta());
+  const int64_t reuse_from =
+      stage_n_ > 0 && stage_start_ == start_ && stage_lo_ <= lo && stage_lo_ + stage_n_ == end ? lo - stage_lo_ : -1;
+  std::vector<uint16_t> old_v;
+  const int64_t old_n = stage_n_;
+  if (reuse_from >= 0 && keep > 0) old_v.swap(stage_v_);
   resize_stage(static_cast<size_t>(store_.B() * store_.H() * rows));
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
-      uint16_t* sk = stage_k_.data() + (b * store_.H() + h) * rows * Dk_;
-      uint16_t* sv = stage_v_.data() + (b * store_.H() + h) * rows * Dv_;
+      const int64_t bh = b * store_.H() + h;
+      uint16_t* sk = stage_k_.data() + bh * rows * Dk_;
+      uint16_t* sv = stage_v_.data() + bh * rows * Dv_;
+      uint16_t* sx = stage_x_.data() + bh * rows * Dv_;
       if (keep > 0) {
         std::memcpy(sk, store_.row(kResidualPlane, b, h, 0), static_cast<size_t>(keep * Dk_) * sizeof(uint16_t));
-        std::memcpy(sv, store_.row(vr, b, h, 0), static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
+        if (!old_v.empty()) {
+          std::memcpy(sv, old_v.data() + (bh * old_n + reuse_from) * Dv_, static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
+        } else {
+          const int64_t m = std::clamp<int64_t>(ns - lo, 0, keep);  // kept sink rows
+          if (m > 0) std::memcpy(sv, store_.row(vw + 2, b, h, lo), static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
+          dequantize_values(b, h, lo + m, keep - m, sv + m * Dv_);
+        }
+        if (end > xlo)
+          std::memcpy(sx + (xlo - lo) * Dv_, store_.row(vw, b, h, 0), static_cast<size_t>((end - xlo) * Dv_) * sizeof(uint16_t));
       }
       if (n > 0) {
         append_rows(*keys, b, h, key_rot_, sk + keep * Dk_, nullptr, nullptr, DType::kBF16, 0, 0);
-        append_rows(*values, b, h, value_rot_, sv + keep * Dv_, nullptr, nullptr, DType::kBF16, 0, 0);
+        append_rows(*values, b, h, value_rot_, sx + keep * Dv_, nullptr, nullptr, DType::kBF16, 0, 0);
+        const int64_t m = std::clamp<int64_t>(ns - end, 0, n);  // new sink rows: as appended
+        if (m > 0) std::memcpy(sv + keep * Dv_, sx + keep * Dv_, static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
+        dequantize_values(b, h, end + m, n - m, sv + (keep + m) * Dv_);
       }
     }
   stage_lo_ = lo;
   stage_n_ = rows;
+  stage_start_ = start_;
+  stage_xlo_ = xlo;
+}
+
+// count rows of values from storage position pos, as attention reads their codes (rotated space, c·s + b, or
+// c·d − 2^(bits−1)·d when symmetric), rounded to bfloat16.
+void QuantizedKVCache::dequantize_values(int64_t b, int64_t h, int64_t pos, int64_t count, uint16_t* out) const {
+  const int64_t gs = config_.group_size;
+  const int bits = config_.v_bits;
+  for (int64_t t = 0; t < count; ++t) {
+    const auto* codes = reinterpret_cast<const uint32_t*>(store_.row(3, b, h, pos + t));
+    const void* sc = store_.row(4, b, h, pos + t);
+    const void* bi = config_.v_symmetric ? nullptr : store_.row(5, b, h, pos + t);
+    for (int64_t g = 0; g < Dv_ / gs; ++g) {
+      const float step = load_float(sc, config_.scale_dtype, g);
+      const float bias = bi ? load_float(bi, config_.scale_dtype, g) : quant::symmetric_bias(step, bits);
+      for (int64_t d = g * gs; d < (g + 1) * gs; ++d)
+        out[t * Dv_ + d] = f32_to_bf16(static_cast<float>(quant::unpack_code(codes, d, bits)) * step + bias);
+    }
+  }
 }
 
 // The stage's buffers for `rows` rows: a prompt chunk's stage is released when a decode step needs a block's worth (the
@@ -789,15 +835,18 @@ void QuantizedKVCache::resize_stage(size_t rows) {
   const size_t nk = rows * static_cast<size_t>(Dk_), nv = rows * static_cast<size_t>(Dv_);
   if (stage_k_.capacity() > 2 * nk + 4096) std::vector<uint16_t>().swap(stage_k_);
   if (stage_v_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_v_);
+  if (stage_x_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_x_);
   stage_k_.assign(nk, 0);
   stage_v_.assign(nv, 0);
+  stage_x_.assign(nv, 0);
 }
 
 // After trim, restore or copy_prefix: the stage is the incomplete block, from the residual windows.
 void QuantizedKVCache::stage_from_residual() {
   stage_k_.clear();
   stage_v_.clear();
-  stage_lo_ = stage_n_ = 0;
+  stage_x_.clear();
+  stage_lo_ = stage_n_ = stage_start_ = stage_xlo_ = 0;
   if (config_.recent_exact && store_.has_dims()) build_stage(store_.offset(), nullptr, nullptr);
 }
 
@@ -806,11 +855,14 @@ KVCache::ExactStage QuantizedKVCache::exact_stage() const {
   ExactStage s;
   s.keys = stage_k_.data();
   s.values = stage_v_.data();
+  s.values_exact = stage_x_.data();
+  s.xlo = stage_xlo_;
+  s.vwin = value_window_rows(config_.group_size);
   s.lo = stage_lo_;
   s.n = stage_n_;
   s.block = config_.group_size;
   if (start_ == 0 && store_.offset() > 0) {
-    const size_t vr = value_residual_plane(meta());
+    const size_t vr = value_window_plane(meta());
     s.sink_keys = reinterpret_cast<const uint16_t*>(store_.row(vr + 1, 0, 0, 0));
     s.sink_values = reinterpret_cast<const uint16_t*>(store_.row(vr + 2, 0, 0, 0));
     s.sink_rows = sink_rows(config_.group_size);
@@ -846,8 +898,9 @@ void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, cons
   const DType sd = config_.scale_dtype;
   std::vector<double> st(static_cast<size_t>(D + 1), 0.0);  // Σ over the block's positions, in position order
   for (int64_t t = 0; t < gs; ++t) {
-    const auto* row = reinterpret_cast<const uint16_t*>(store_.row(kQueryStatsPlane, b, h, t));
-    for (int64_t d = 0; d <= D; ++d) st[static_cast<size_t>(d)] += bf16_to_f32(row[d]);
+    const uint8_t* row = store_.row(kQueryStatsPlane, b, h, t);
+    for (int64_t d = 0; d < D; ++d) st[static_cast<size_t>(d)] += quant::kv_stat_decode(row[d]);
+    st[static_cast<size_t>(D)] += row[D];
   }
   const double count = st[static_cast<size_t>(D)];
   std::vector<std::pair<double, int64_t>> score(static_cast<size_t>(D));
@@ -894,27 +947,24 @@ int64_t QuantizedKVCache::trim(int64_t n) {
 int64_t QuantizedKVCache::trim_channel(int64_t n) {
   const int64_t old = store_.offset(), removed = trim_store(*this, store_, n);
   if (config_.key_layout != KeyLayout::kChannel || removed == 0) return removed;
-  // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
-  const int64_t gs = config_.group_size, now = old - removed, block = now / gs, kept = now % gs;
-  if (block == old / gs || kept == 0) return removed;
-  if (config_.recent_exact) {  // their values too (rotated space), as attention reads the codes: c·s + b
-    const size_t vr = value_residual_plane(meta());
-    for (int64_t b = 0; b < store_.B(); ++b)
-      for (int64_t h = 0; h < store_.H(); ++h) {
-        auto* res = reinterpret_cast<uint16_t*>(store_.row(vr, b, h, 0));
-        for (int64_t t = 0; t < kept; ++t) {
-          const int64_t pos = block * gs + t;
-          const auto* codes = reinterpret_cast<const uint32_t*>(store_.row(3, b, h, pos));
-          const void* sc = store_.row(4, b, h, pos);
-          for (int64_t d = 0; d < Dv_; ++d) {
-            const float step = load_float(sc, config_.scale_dtype, d / gs);
-            const float bias = config_.v_symmetric ? quant::symmetric_bias(step, config_.v_bits)
-                                                   : load_float(store_.row(5, b, h, pos), config_.scale_dtype, d / gs);
-            res[t * Dv_ + d] = f32_to_bf16(static_cast<float>(quant::unpack_code(codes, d, config_.v_bits)) * step + bias);
-          }
+  const int64_t gs = config_.group_size, now = old - removed;
+  if (config_.recent_exact) {
+    // Back into an earlier run of the values' window: its kept positions return to it as their codes read (the
+    // sink's as appended).
+    const int64_t V = value_window_rows(gs), nw = now / V * V, ns = start_ == 0 ? sink_rows(gs) : 0;
+    const size_t vw = value_window_plane(meta());
+    if (nw != old / V * V && now > nw)
+      for (int64_t b = 0; b < store_.B(); ++b)
+        for (int64_t h = 0; h < store_.H(); ++h) {
+          auto* win = reinterpret_cast<uint16_t*>(store_.row(vw, b, h, 0));
+          const int64_t m = std::clamp<int64_t>(ns - nw, 0, now - nw);
+          if (m > 0) std::memcpy(win, store_.row(vw + 2, b, h, nw), static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
+          dequantize_values(b, h, nw + m, now - nw - m, win + m * Dv_);
         }
-      }
   }
+  // Back into a quantized block: its kept positions return to the residual window, dequantized (bfloat16).
+  const int64_t block = now / gs, kept = now % gs;
+  if (block == old / gs || kept == 0) return removed;
   const int64_t nout = config_.key_outliers;
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
@@ -943,17 +993,14 @@ int64_t QuantizedKVCache::trim_channel(int64_t n) {
       }
       // Their queries were not kept with the block: none recorded for them.
       if (nout > 0)
-        std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)) * sizeof(uint16_t));
+        std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)));
     }
-  if (config_.recent_exact && start_ == 0 && block == 0) {  // the sink's codes are stand-ins: its rows are exact
-    const size_t vr = value_residual_plane(meta());
+  if (config_.recent_exact && start_ == 0 && block == 0) {  // the sink's key codes are stand-ins: its keys as appended
     const int64_t m = std::min(kept, sink_rows(gs));
     for (int64_t b = 0; b < store_.B(); ++b)
-      for (int64_t h = 0; h < store_.H(); ++h) {
-        std::memcpy(store_.row(kResidualPlane, b, h, 0), store_.row(vr + 1, b, h, 0),
+      for (int64_t h = 0; h < store_.H(); ++h)
+        std::memcpy(store_.row(kResidualPlane, b, h, 0), store_.row(value_window_plane(meta()) + 1, b, h, 0),
                     static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
-        std::memcpy(store_.row(vr, b, h, 0), store_.row(vr + 2, b, h, 0), static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
-      }
   }
   return removed;
 }

@@ -82,13 +82,14 @@ struct KVCacheMeta {
 //   quantized, per-channel keys with key_outliers = n > 0, also: plane 7 the refinement codes [B, H, ceil(length/gs),
 //              n·gs/2] (uint8: per outlier channel, gs 4-bit codes, two per byte, even position low), plane 8 the
 //              outlier channel indices [B, H, ceil(length/gs), n] (uint16, ascending), plane 9 the query statistics
-//              of the residual window's positions [B, H, gs, Dk + 1] (bfloat16: per position, Σ q² per channel over the
-//              head's group of query heads, then their count; row i for position ⌊length/gs⌋·gs + i, 0 where the
-//              queries were not shown)
-//   quantized, per-channel keys with recent_exact, also (the last three planes): the values' residual window,
-//              bfloat16 [B, H, gs, Dv] in the rotated value space (rows as plane 6's); the sink's keys
-//              [B, H, ns, Dk] and values [B, H, ns, Dv] in bfloat16 as appended (ns = sink_rows(gs), nn/kv_spec.h;
-//              rows [0, min(ns, end)) meaningful while no sliding window dropped positions)
+//              of the residual window's positions [B, H, gs, Dk + 1] (uint8: per position, Σ q² per channel over the
+//              head's group of query heads in quant/kv_stats.h's one-byte code, then their count; row i for position
+//              ⌊length/gs⌋·gs + i, 0 where the queries were not shown)
+//   quantized, per-channel keys with recent_exact, also (the last three planes): the values' window, bfloat16
+//              [B, H, V, Dv] in the rotated value space as appended (V = value_window_rows(gs), nn/kv_spec.h; rows
+//              [0, length mod V) hold positions [length − length mod V, length)); the sink's keys [B, H, ns, Dk] and
+//              values [B, H, ns, Dv] in bfloat16 as appended (ns = sink_rows(gs); rows [0, min(ns, end)) meaningful
+//              while no sliding window dropped positions)
 //   plain:     0 keys (dtype, Dk), 1 values (dtype, Dv)
 class KVCacheSnapshot {
  public:
@@ -165,15 +166,18 @@ class KVCache {
   virtual KVCacheMeta meta() const = 0;  // current configuration, dims and length
 
   // The recent block read unquantized (KVSpec::recent_exact; n == 0 otherwise): storage positions [lo, lo + n) in
-  // bfloat16, keys [B, H, n, Dk] in the key space attention reads and values [B, H, n, Dv] in the rotated value
-  // space; lo is a multiple of block (the group size) and lo + n == offset(). After an append of positions
-  // [p, offset) it starts at p's block; after trim, restore or copy_prefix it is the incomplete block. Attention
-  // reads, for a query at storage position t, the positions from max(⌊t/block⌋·block, lo) on from here, and those
-  // before min(sink, that) from the sink (nn/attention.h).
+  // bfloat16 — keys [B, H, n, Dk] in the key space attention reads, values [B, H, n, Dv] in the rotated value space
+  // as their codes read (the sink's as appended), and values_exact [B, H, n, Dv] as appended, meaningful from
+  // position xlo (a multiple of vwin) on; lo is a multiple of block (the group size) and lo + n == offset(). After an
+  // append of positions [p, offset) it starts at p's block and xlo = ⌊p/vwin⌋·vwin; after trim, restore or
+  // copy_prefix it is the incomplete block. Attention reads, for a query at storage position t, the positions from
+  // e(t) = max(⌊t/block⌋·block, lo) on from here — values from values_exact where j ≥ ⌊t/vwin⌋·vwin — and those
+  // before min(sink, e(t)) from the sink (nn/attention.h).
   struct ExactStage {
     const uint16_t* keys = nullptr;
     const uint16_t* values = nullptr;
-    int64_t lo = 0, n = 0, block = 0;
+    const uint16_t* values_exact = nullptr;
+    int64_t lo = 0, n = 0, block = 0, xlo = 0, vwin = 0;
     // The sink (positions [0, sink), sink = min(sink_rows, offset()), 0 once a sliding window dropped positions;
     // nn/kv_spec.h): keys [B, H, sink_rows, Dk] and values [B, H, sink_rows, Dv] in bfloat16, read unquantized by every
     // later query too.
@@ -316,6 +320,7 @@ class QuantizedKVCache final : public KVCache {
   void build_stage(int64_t end, const TensorView* keys, const TensorView* values);
   void stage_from_residual();
   void resize_stage(size_t rows);
+  void dequantize_values(int64_t b, int64_t h, int64_t pos, int64_t count, uint16_t* out) const;
   void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);
   void quantize_block(int64_t b, int64_t h, int64_t block);
   void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);
@@ -331,7 +336,8 @@ class QuantizedKVCache final : public KVCache {
   int64_t pending_B_ = 0, pending_Hq_ = 0, pending_D_ = 0, pending_rows_ = 0;
   // recent_exact: the stage (exact_stage), [B·H][stage_n_][Dk] and [B·H][stage_n_][Dv] bfloat16.
   std::vector<uint16_t> stage_k_, stage_v_;
-  int64_t stage_lo_ = 0, stage_n_ = 0;
+  std::vector<uint16_t> stage_x_;  // the stage's values as appended, [B·H][stage_n_][Dv], from stage_xlo_ on
+  int64_t stage_lo_ = 0, stage_n_ = 0, stage_start_ = 0, stage_xlo_ = 0;  // stage_start_: start_ when built
 };
 
 struct PlainKVCacheConfig {

@@ -177,5 +177,8 @@ const char* rotation_name(RotationKind kind) {
 }
 
 int64_t sink_rows(int64_t group_size) { return std::min<int64_t>(kSinkPositions, group_size); }
+int64_t value_window_rows(int64_t group_size) { return std::min<int64_t>(kValueWindowPositions, group_size); }
+static_assert(kSinkPositions <= kValueWindowPositions && kValueWindowPositions <= 32,
+              "the sink fits in the values' window, which divides every block (32, 64 or 128)");
 
 }  // namespace cider::nn

@@ -40,6 +40,11 @@ int auto_key_outliers(int64_t Dk);
 // quantized over its own range, the sink's keys (the first position's often far outside the others') left out of it.
 constexpr int64_t kSinkPositions = 16;
 int64_t sink_rows(int64_t group_size);  // min(kSinkPositions, group_size)
+// The values' window (recent_exact only): a query at position t reads the values of its own run of
+// kValueWindowPositions positions, [⌊t/V⌋·V, t], as appended (bfloat16, rotated), the rest of its block from their
+// codes — the keys of its whole block unquantized. V divides the block and is at least the sink.
+constexpr int64_t kValueWindowPositions = 32;
+int64_t value_window_rows(int64_t group_size);  // min(kValueWindowPositions, group_size)
 
 struct KVSpec {
   bool quantized = true;
@@ -56,13 +61,14 @@ struct KVSpec {
   // (quant::symmetric_quantize_group, llama.cpp's q4_0 kind): half the side bits of affine values (16/group_size
   // per value instead of 32 with float16), at a small cost in fidelity (docs/quality.md).
   bool v_symmetric = false;
-  // The recent block read unquantized (per-channel keys only): the cache also keeps the values of the newest,
-  // incomplete block in bfloat16 (beside the keys' residual window), and attention reads, for a query at position t,
-  // every stored position from the start of t's own block of group_size positions (never before the first position of
-  // the latest append's block) unquantized — keys and values in bfloat16 — and the positions before it quantized.
-  // What a query reads thus depends on its position only, not on how the positions were split into appends: a
-  // prompt prefilled at once, in chunks or one token at a time reads the same (docs/kv_cache.md). The quantized codes
-  // are the same as without it; it adds group_size·Dv bfloat16 per head (the values' window), not per position.
+  // The recent block read unquantized (per-channel keys only): attention reads, for a query at position t, the keys
+  // of every stored position from the start of t's own block of group_size positions (never before the first position
+  // of the latest append's block) unquantized from the keys' residual window, and the values of t's own run of
+  // value_window_rows positions in bfloat16 (the rest of the block's from their codes); the sink's keys and values
+  // (above) too; every other position quantized. What a query reads thus depends on its position only, not on how the
+  // positions were split into appends: a prompt prefilled at once, in chunks or one token at a time reads the same
+  // (docs/kv_cache.md). The quantized codes are the same as without it (but the first block's keys, whose ranges
+  // leave the sink out); it adds, per KV head, the values' window and the sink, bfloat16, not per position.
   bool recent_exact = false;
 
   // The rules of the fields alone; cider::Error (kInvalidArgument) naming `op`, the rule and the value.

@@ -1270,7 +1270,7 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
     const size_t on = static_cast<size_t>(std::max(c.outliers, 1));
     DeviceBuffer d_oc(static_cast<size_t>(B * H * blocks) * on * static_cast<size_t>(c.gs / 2));
     DeviceBuffer d_oi(static_cast<size_t>(B * H * blocks) * on * 2);
-    DeviceBuffer d_qst(static_cast<size_t>(B * H * c.gs * (c.D + 1)) * 2);
+    DeviceBuffer d_qst(static_cast<size_t>(B * H * c.gs * (c.D + 1)));
     DeviceBuffer d_q = to_device(qs.data(), qs.size() * sizeof(float));
     for (DeviceBuffer* b : {&d_codes, &d_sc, &d_bi, &d_res, &d_oc, &d_oi, &d_qst}) b->fill(kPoison);
     KVChannelKeysArgs a{};
@@ -1294,7 +1294,7 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
     if (c.outliers > 0) {
       a.outlier_codes = d_oc.as<uint8_t>();
       a.outlier_index = d_oi.as<uint16_t>();
-      a.qstats = d_qst.as<uint16_t>();
+      a.qstats = d_qst.as<uint8_t>();
     }
     Stream stream;
     const Exec exec{stream.handle(), nullptr, 0};

@@ -30,6 +30,7 @@ Usage: kv_sim.py CIDER MODEL_DIR PIECE.txt CTX CONFIG...
                dequantization (block-relative pre-RoPE: the same fixed rotation per block, a table of kblock positions)
     res        keys of the query's own key block (the engine's bfloat16 residual window) exact in the scores
     vres       values of that window exact too (a value residual window)
+    vwin=N     with vres: only the values of the query's own block of N positions exact (N < the key block)
     sink=N     the first N positions' keys and values exact (bfloat16), out of the quantized blocks' ranges
     vsym       values quantized symmetrically (Q4_0-style: one float16 step per group, no bias)
   e.g. 4,4,64,kchan+had,out=8,ob=8,sel=qk
@@ -279,8 +280,12 @@ def forward(get, c, tokens, quant=None):
         s = np.exp(s - s.max(-1, keepdims=True))
         pa = s / s.sum(-1, keepdims=True)
         a = pa @ vv
-        if win is not None and "vres" in quant.o:  # values of the window exact too
-            a = a + (pa * win) @ np.repeat(v0 - v, rep, axis=0)
+        if win is not None and "vres" in quant.o:  # values of the window exact too (or of the last vwin-block)
+            vw = win
+            if "vwin" in quant.o:
+                vb = int(quant.o["vwin"])
+                vw = (t[None, :] >= (t[:, None] // vb) * vb) & (t[None, :] <= t[:, None])
+            a = a + (pa * vw) @ np.repeat(v0 - v, rep, axis=0)
         o = a.transpose(1, 0, 2).reshape(n, H * D) @ W("self_attn.o_proj").T
         x = x + rms_norm(o, W("post_attention_layernorm"), eps)
         h = rms_norm(x, W("pre_feedforward_layernorm"), eps)

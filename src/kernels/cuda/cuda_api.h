@@ -200,14 +200,14 @@ struct KVChannelKeysArgs {
   // when a block fills, its `outliers` channels with the largest range × RMS of the block's own queries get a 4-bit
   // refinement code per position, as nn::QuantizedKVCache::refine_outliers (same bytes). Planes: outlier_codes
   // [B, H, blocks, outliers·gs/2] uint8, outlier_index [B, H, blocks, outliers] uint16, and qstats [B, H, gs, dim + 1]
-  // bfloat16, the window positions' query statistics (Σ q² per channel over the KV head's query heads, then the
-  // count of finite query rows). q: the appended positions' queries (float32, after RoPE, in the keys' space: query
+  // uint8, the window positions' query statistics (Σ q² per channel over the KV head's query heads in
+  // quant/kv_stats.h's one-byte code, then the count of finite query rows). q: the appended positions' queries (float32, after RoPE, in the keys' space: query
   // head hq of batch b at position t of the append at q + b·q_stride_b + hq·q_stride_h + t·q_stride_t; Hq a
   // multiple of H, at most 64 per KV head), or null: no statistics (zeros; the choice is then by range alone).
   int outliers;
   uint8_t* outlier_codes;
   uint16_t* outlier_index;
-  uint16_t* qstats;
+  uint8_t* qstats;
   const float* q;
   int64_t Hq, q_stride_b, q_stride_h, q_stride_t;
 };

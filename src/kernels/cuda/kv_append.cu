@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/so4_rotation.cuh"
+#include "quant/kv_stats.h"
 
 namespace cider::cuda {
 
@@ -277,7 +278,7 @@ __device__ __forceinline__ float query_stat(const KVChannelKeysArgs& a, int64_t 
     }
     s = __fadd_rn(s, x);
   }
-  return __bfloat162float(__float2bfloat16_rn(s));
+  return d == a.dim ? s : quant::kv_stat_decode(quant::kv_stat_encode(s));  // as stored: the count exact
 }
 
 // Shared memory of outlier_block / write_qstats: the finite flags [gs][rep], the statistics' column sums [dim + 1]
@@ -290,7 +291,7 @@ __host__ __device__ inline size_t outlier_smem_bytes(int64_t gs, int64_t rep, in
 // Block `block` of head bh, filled by this append (positions from `offset` come from the source): its `outliers`
 // channels with the largest range × RMS of its own positions' queries (range alone when none were shown; ties to the
 // lower channel), in ascending order, each refined by 4 bits — nn::QuantizedKVCache::refine_outliers, the same
-// arithmetic: column sums of the bfloat16 statistics in double in position order, score −(hi − lo)·√(Σq²/count) in
+// arithmetic: column sums of the stored statistics (quant/kv_stats.h) in double in position order, score −(hi − lo)·√(Σq²/count) in
 // double, the coarse value c·s + b with the stored (rounded) scale and bias in float32, the code
 // ⌊residual/(|s|/15) + 8⌋ clamped to 0..15. The codes c are recomputed with the quantizer the block's columns went
 // through (affine_group_warp), so they are the packed codes. The whole CTA; rows are read where they are (window or
@@ -314,7 +315,8 @@ __device__ void outlier_block(const KVChannelKeysArgs& a, int64_t bh, int64_t bl
       const int64_t pos = p0 + t;
       float v = 0.0f;
       if (pos < offset)
-        v = bf16_bits_to_float(a.qstats[(bh * gs + t) * (D + 1) + d]);
+        v = d == D ? static_cast<float>(a.qstats[(bh * gs + t) * (D + 1) + d])
+                   : quant::kv_stat_decode(a.qstats[(bh * gs + t) * (D + 1) + d]);
       else if (rep > 0)
         v = query_stat(a, bh, offset, pos, d, fin + (pos - first) * rep);
       sum = __dadd_rn(sum, static_cast<double>(v));
@@ -390,7 +392,7 @@ __device__ void write_qstats(const KVChannelKeysArgs& a, int64_t bh, int64_t off
   for (int64_t i = threadIdx.x; i < (end - first) * (D + 1); i += blockDim.x) {
     const int64_t pos = first + i / (D + 1), d = i % (D + 1);
     const float v = rep > 0 ? query_stat(a, bh, offset, pos, d, fin + (pos - first) * rep) : 0.0f;
-    a.qstats[(bh * gs + pos % gs) * (D + 1) + d] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    a.qstats[(bh * gs + pos % gs) * (D + 1) + d] = d == D ? static_cast<uint8_t>(v) : quant::kv_stat_encode(v);
   }
 }
 

@@ -950,7 +950,7 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
         const size_t nb = sz(Hkv) * sz(key_blocks(l));
         lc.ocodes = cuda::DeviceBuffer(nb * sz(kv.key_outliers) * sz(kv.group_size / 2));
         lc.oindex = cuda::DeviceBuffer(nb * sz(kv.key_outliers) * sizeof(uint16_t));
-        lc.qstats = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D + 1) * sizeof(uint16_t));
+        lc.qstats = cuda::DeviceBuffer(sz(Hkv) * sz(kv.group_size) * sz(D + 1));  // one byte each (quant/kv_stats.h)
       }
       lc.k = lc.data.data();
       lc.v = at_byte(lc.data, k_bytes);
@@ -1192,7 +1192,7 @@ cuda::KVChannelKeysArgs GpuSession::Impl::channel_keys_args(int64_t layer) const
   k.outliers = static_cast<int>(m.kv.key_outliers);
   k.outlier_codes = lc.ocodes.bytes() ? lc.ocodes.as<uint8_t>() : nullptr;
   k.outlier_index = lc.oindex.bytes() ? lc.oindex.as<uint16_t>() : nullptr;
-  k.qstats = lc.qstats.bytes() ? lc.qstats.as<uint16_t>() : nullptr;
+  k.qstats = lc.qstats.bytes() ? lc.qstats.as<uint8_t>() : nullptr;
   return k;
 }
 
