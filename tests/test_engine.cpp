@@ -196,9 +196,9 @@ TEST(Engine, PrefixCacheWithPerTokenKeysReusesAnyPrefix) {
 }
 
 TEST(Engine, TheKvBoundLimitsTheRunningSequences) {
-  // A per-token cache (no fixed bf16 windows): at cider-tiny's 1024 positions the default cache's windows (the keys'
-  // and values' residual blocks, the sink; per layer and head) outweigh what 768 positions add, and the bound is about
-  // growth.
+  // A per-token cache (no fixed bf16 windows): the default cache's windows (the keys' residual block, the values'
+  // window and the sink, per layer and head) are a large share of cider-tiny's cache at these lengths, and the bound
+  // is about growth.
   cm::ModelOptions o;
   o.kv = cm::parse_kv_format("k8v4");
   const auto model = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
