@@ -92,8 +92,16 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
   // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
   // stage only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
   const int64_t first = ns + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
-  std::vector<float> kt(static_cast<size_t>(B * Hkv * Dk * n)), vf(static_cast<size_t>(B * Hkv * n * Dv)),
-      vx(static_cast<size_t>(B * Hkv * n * Dv));  // vx: the stage's values as appended (rows from st.xlo on)
+  // Per thread, kept across calls (a decode step runs this per layer: no allocation, no page faults, no zero fill);
+  // only the rows filled below are read.
+  // (References: the pool's threads below must read this thread's buffers, not their own thread_local ones.)
+  thread_local std::vector<float> kt_buf, vf_buf, vx_buf;
+  std::vector<float>& kt = kt_buf;
+  std::vector<float>& vf = vf_buf;
+  std::vector<float>& vx = vx_buf;  // the stage's values as appended (rows from st.xlo on)
+  kt.resize(static_cast<size_t>(B * Hkv * Dk * n));
+  vf.resize(static_cast<size_t>(B * Hkv * n * Dv));
+  vx.resize(static_cast<size_t>(B * Hkv * n * Dv));
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t j = 0; j < n; ++j) {
       if (j >= ns && j < first) continue;

@@ -775,9 +775,9 @@ void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const Te
   const size_t vw = value_window_plane(meta());
   const int64_t reuse_from =
       stage_n_ > 0 && stage_start_ == start_ && stage_lo_ <= lo && stage_lo_ + stage_n_ == end ? lo - stage_lo_ : -1;
-  std::vector<uint16_t> old_v;
   const int64_t old_n = stage_n_;
-  if (reuse_from >= 0 && keep > 0) old_v.swap(stage_v_);
+  const bool reuse = reuse_from >= 0 && keep > 0;
+  if (reuse) stage_v_.swap(stage_v_prev_);  // the old rows stay in stage_v_prev_ while stage_v_ is refilled
   resize_stage(static_cast<size_t>(store_.B() * store_.H() * rows));
   for (int64_t b = 0; b < store_.B(); ++b)
     for (int64_t h = 0; h < store_.H(); ++h) {
@@ -787,8 +787,9 @@ void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const Te
       uint16_t* sx = stage_x_.data() + bh * rows * Dv_;
       if (keep > 0) {
         std::memcpy(sk, store_.row(kResidualPlane, b, h, 0), static_cast<size_t>(keep * Dk_) * sizeof(uint16_t));
-        if (!old_v.empty()) {
-          std::memcpy(sv, old_v.data() + (bh * old_n + reuse_from) * Dv_, static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
+        if (reuse) {
+          std::memcpy(sv, stage_v_prev_.data() + (bh * old_n + reuse_from) * Dv_,
+                      static_cast<size_t>(keep * Dv_) * sizeof(uint16_t));
         } else {
           const int64_t m = std::clamp<int64_t>(ns - lo, 0, keep);  // kept sink rows
           if (m > 0) std::memcpy(sv, store_.row(vw + 2, b, h, lo), static_cast<size_t>(m * Dv_) * sizeof(uint16_t));
@@ -809,6 +810,8 @@ void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const Te
   stage_n_ = rows;
   stage_start_ = start_;
   stage_xlo_ = xlo;
+  const size_t nv = stage_v_.size();
+  if (stage_v_prev_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_v_prev_);  // a prompt chunk's
 }
 
 // count rows of values from storage position pos, as attention reads their codes (rotated space, c·s + b, or
@@ -836,9 +839,10 @@ void QuantizedKVCache::resize_stage(size_t rows) {
   if (stage_k_.capacity() > 2 * nk + 4096) std::vector<uint16_t>().swap(stage_k_);
   if (stage_v_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_v_);
   if (stage_x_.capacity() > 2 * nv + 4096) std::vector<uint16_t>().swap(stage_x_);
-  stage_k_.assign(nk, 0);
-  stage_v_.assign(nv, 0);
-  stage_x_.assign(nv, 0);
+  // Every row attention reads is written by build_stage (of stage_x_, those from stage_xlo_ on): no zero fill.
+  stage_k_.resize(nk);
+  stage_v_.resize(nv);
+  stage_x_.resize(nv);
 }
 
 // After trim, restore or copy_prefix: the stage is the incomplete block, from the residual windows.

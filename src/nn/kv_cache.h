@@ -337,6 +337,7 @@ class QuantizedKVCache final : public KVCache {
   // recent_exact: the stage (exact_stage), [B·H][stage_n_][Dk] and [B·H][stage_n_][Dv] bfloat16.
   std::vector<uint16_t> stage_k_, stage_v_;
   std::vector<uint16_t> stage_x_;  // the stage's values as appended, [B·H][stage_n_][Dv], from stage_xlo_ on
+  std::vector<uint16_t> stage_v_prev_;  // the previous stage's coded values while build_stage takes them again
   int64_t stage_lo_ = 0, stage_n_ = 0, stage_start_ = 0, stage_xlo_ = 0;  // stage_start_: start_ when built
 };
 
