@@ -667,7 +667,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
   if (channel) append_channel_keys(keys, start, qstats);  // nothing can fail from here on
   store_.set_offset(start + n);
   if (config_.recent_exact) {  // from the stage's appended rows: the values' window and the sink
-    const int64_t end = start + n, V = value_window_rows(gs), nw = end / V * V, ns = sink_rows(gs);
+    const int64_t end = start + n, V = value_window_rows(gs), nw = end / V * V, ns = sink_held();
     const size_t vw = value_window_plane(meta());
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h) {
@@ -675,7 +675,7 @@ std::pair<kernels::KVTensorView, kernels::KVTensorView> QuantizedKVCache::update
         if (end > nw)  // the run of end's window, as appended (the stage's exact rows start at or before nw)
           std::memcpy(store_.row(vw, b, h, 0), stage_x_.data() + (bh * stage_n_ + (nw - stage_lo_)) * Dv_,
                       static_cast<size_t>((end - nw) * Dv_) * sizeof(uint16_t));
-        if (start_ == 0 && start < ns) {  // the sink positions [start, min(end, ns)): the stage starts at 0
+        if (start < ns) {  // the sink positions [start, min(end, ns)): the stage starts at 0
           const int64_t m = std::min<int64_t>(end, ns) - start;
           std::memcpy(store_.row(vw + 1, b, h, start), stage_k_.data() + (bh * stage_n_ + start) * Dk_,
                       static_cast<size_t>(m * Dk_) * sizeof(uint16_t));
@@ -771,7 +771,7 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
 // reads its block again).
 void QuantizedKVCache::build_stage(int64_t end, const TensorView* keys, const TensorView* values) {
   const int64_t gs = config_.group_size, V = value_window_rows(gs), lo = end / gs * gs, xlo = end / V * V,
-                keep = end - lo, n = keys ? keys->dim(2) : 0, rows = keep + n, ns = start_ == 0 ? sink_rows(gs) : 0;
+                keep = end - lo, n = keys ? keys->dim(2) : 0, rows = keep + n, ns = sink_held();
   const size_t vw = value_window_plane(meta());
   const int64_t reuse_from =
       stage_n_ > 0 && stage_start_ == start_ && stage_lo_ <= lo && stage_lo_ + stage_n_ == end ? lo - stage_lo_ : -1;
@@ -865,7 +865,7 @@ KVCache::ExactStage QuantizedKVCache::exact_stage() const {
   s.lo = stage_lo_;
   s.n = stage_n_;
   s.block = config_.group_size;
-  if (start_ == 0 && store_.offset() > 0) {
+  if (sink_held() > 0 && store_.offset() > 0) {
     const size_t vr = value_window_plane(meta());
     s.sink_keys = reinterpret_cast<const uint16_t*>(store_.row(vr + 1, 0, 0, 0));
     s.sink_values = reinterpret_cast<const uint16_t*>(store_.row(vr + 2, 0, 0, 0));
@@ -875,16 +875,19 @@ KVCache::ExactStage QuantizedKVCache::exact_stage() const {
   return s;
 }
 
+int64_t QuantizedKVCache::sink_held() const {
+  return config_.recent_exact && start_ == 0 ? sink_rows(config_.group_size) : 0;
+}
+
 void QuantizedKVCache::quantize_block(int64_t b, int64_t h, int64_t block) {
   const int64_t gs = config_.group_size;
   std::vector<float> rows(static_cast<size_t>(gs * Dk_));
   const auto* res = reinterpret_cast<const uint16_t*>(store_.row(kResidualPlane, b, h, 0));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = bf16_to_f32(res[i]);
-  if (config_.recent_exact && start_ == 0 && block == 0 && sink_rows(gs) < gs) {
+  if (const int64_t ns = sink_held(); block == 0 && ns > 0 && ns < gs) {
     // The sink positions are read from their own bfloat16 rows, never from these codes: their keys (the first
     // position's often far outside the others' range) must not set the block's channel ranges. They are quantized as
     // copies of the first position after them.
-    const int64_t ns = sink_rows(gs);
     for (int64_t t = 0; t < ns; ++t)
       std::copy_n(rows.begin() + ns * Dk_, Dk_, rows.begin() + t * Dk_);
   }
@@ -955,7 +958,7 @@ int64_t QuantizedKVCache::trim_channel(int64_t n) {
   if (config_.recent_exact) {
     // Back into an earlier run of the values' window: its kept positions return to it as their codes read (the
     // sink's as appended).
-    const int64_t V = value_window_rows(gs), nw = now / V * V, ns = start_ == 0 ? sink_rows(gs) : 0;
+    const int64_t V = value_window_rows(gs), nw = now / V * V, ns = sink_held();
     const size_t vw = value_window_plane(meta());
     if (nw != old / V * V && now > nw)
       for (int64_t b = 0; b < store_.B(); ++b)
@@ -999,8 +1002,8 @@ int64_t QuantizedKVCache::trim_channel(int64_t n) {
       if (nout > 0)
         std::memset(store_.row(kQueryStatsPlane, b, h, 0), 0, static_cast<size_t>(kept * (Dk_ + 1)));
     }
-  if (config_.recent_exact && start_ == 0 && block == 0) {  // the sink's key codes are stand-ins: its keys as appended
-    const int64_t m = std::min(kept, sink_rows(gs));
+  if (block == 0 && sink_held() > 0) {  // the sink's key codes are stand-ins: its keys as appended
+    const int64_t m = std::min(kept, sink_held());
     for (int64_t b = 0; b < store_.B(); ++b)
       for (int64_t h = 0; h < store_.H(); ++h)
         std::memcpy(store_.row(kResidualPlane, b, h, 0), store_.row(value_window_plane(meta()) + 1, b, h, 0),

@@ -321,6 +321,9 @@ class QuantizedKVCache final : public KVCache {
   void stage_from_residual();
   void resize_stage(size_t rows);
   void dequantize_values(int64_t b, int64_t h, int64_t pos, int64_t count, uint16_t* out) const;
+  // The positions [0, n) the sink holds: sink_rows(group size) with recent_exact while no sliding window dropped
+  // positions, else 0.
+  int64_t sink_held() const;
   void append_channel_keys(const TensorView& keys, int64_t start, const std::vector<float>& qstats);
   void quantize_block(int64_t b, int64_t h, int64_t block);
   void refine_outliers(int64_t b, int64_t h, int64_t block, const std::vector<float>& rows);
