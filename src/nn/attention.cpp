@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -77,6 +78,27 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
   }
 }
 
+// bfloat16 bits → float32 (exact: the bits are the float's upper half).
+inline float bf16_bits_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Σ_d q_d·k_d over bfloat16 k, in 16 running float32 sums (k's 16-element runs; lanes the compiler vectorises),
+// added in a fixed order at the end; the tail after the last full run goes to the lanes it reaches.
+float dot_bf16(const float* q, const uint16_t* k, int64_t n) {
+  float acc[16] = {};
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += q[d + l] * bf16_bits_to_f32(k[d + l]);
+  for (int l = 0; d + l < n; ++l) acc[l] += q[d + l] * bf16_bits_to_f32(k[d + l]);
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
 // The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
 // max(⌊t/block⌋·block, lo) of the stage and the sink's keys j < min(sink, e(t)), in bfloat16 (those the
 // kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask — the stage's
@@ -89,31 +111,17 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
   const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the sink's, then the stage's
   if (n == 0) return;
   auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
-  // As float32: keys transposed [B, Hkv, Dk, n] (the score loop runs along positions), values [B, Hkv, n, Dv]; of the
-  // stage only rows from the first query's block on (a decode step reads one block of a chunk-sized stage).
+  // The rows are read where they are, in bfloat16 (a decode step reads each once per query head of its KV head: a
+  // float copy of the block per call cost more than the sums): row j's key and its two value rows (as their codes
+  // read: the sink's or the stage's; as appended: the stage's from xlo on).
+  auto key_row = [&](int64_t bh, int64_t j) {
+    return j < ns ? st.sink_keys + (bh * st.sink_rows + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
+  };
+  auto value_row = [&](int64_t bh, int64_t j, bool exact) {
+    if (j < ns) return st.sink_values + (bh * st.sink_rows + j) * Dv;
+    return (exact ? st.values_exact : st.values) + (bh * st.n + j - ns) * Dv;
+  };
   const int64_t first = ns + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
-  // Per thread, kept across calls (a decode step runs this per layer: no allocation, no page faults, no zero fill);
-  // only the rows filled below are read.
-  // (References: the pool's threads below must read this thread's buffers, not their own thread_local ones.)
-  thread_local std::vector<float> kt_buf, vf_buf, vx_buf;
-  std::vector<float>& kt = kt_buf;
-  std::vector<float>& vf = vf_buf;
-  std::vector<float>& vx = vx_buf;  // the stage's values as appended (rows from st.xlo on)
-  kt.resize(static_cast<size_t>(B * Hkv * Dk * n));
-  vf.resize(static_cast<size_t>(B * Hkv * n * Dv));
-  vx.resize(static_cast<size_t>(B * Hkv * n * Dv));
-  for (int64_t bh = 0; bh < B * Hkv; ++bh)
-    for (int64_t j = 0; j < n; ++j) {
-      if (j >= ns && j < first) continue;
-      const uint16_t* kr = j < ns ? st.sink_keys + (bh * st.sink_rows + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
-      const uint16_t* vr = j < ns ? st.sink_values + (bh * st.sink_rows + j) * Dv : st.values + (bh * st.n + j - ns) * Dv;
-      for (int64_t d = 0; d < Dk; ++d) kt[static_cast<size_t>((bh * Dk + d) * n + j)] = bf16_to_f32(kr[d]);
-      for (int64_t d = 0; d < Dv; ++d) vf[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(vr[d]);
-      if (j >= ns && pos_of(j) >= st.xlo) {
-        const uint16_t* xr = st.values_exact + (bh * st.n + j - ns) * Dv;
-        for (int64_t d = 0; d < Dv; ++d) vx[static_cast<size_t>((bh * n + j) * Dv + d)] = bf16_to_f32(xr[d]);
-      }
-    }
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   auto rows = [&](int64_t begin, int64_t end, int) {
     std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
@@ -135,14 +143,8 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
         float m = kNegInf;
         for (const auto& r : ranges) {
           if (r[1] <= r[0]) continue;
-          std::fill(sc.begin() + r[0], sc.begin() + r[1], 0.0f);
-          for (int64_t d = 0; d < Dk; ++d) {
-            const float qd = qr[d];
-            const float* kr = kt.data() + (bh * Dk + d) * n;
-            for (int64_t j = r[0]; j < r[1]; ++j) sc[static_cast<size_t>(j)] += qd * kr[j];
-          }
           for (int64_t j = r[0]; j < r[1]; ++j) {
-            float v = scale * sc[static_cast<size_t>(j)];
+            float v = scale * dot_bf16(qr, key_row(bh, j), Dk);
             if (softcap > 0.0f) v = softcap * std::tanh(v / softcap);
             const int64_t off = moff + pos_of(j) * mstride[3];
             if (mask.kind == kernels::MaskKind::kBool) {
@@ -164,8 +166,8 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
             const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
             if (p == 0.0f) continue;
             l += p;
-            const float* vr = (j >= ns && pos_of(j) >= w ? vx.data() : vf.data()) + (bh * n + j) * Dv;
-            for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * vr[d];
+            const uint16_t* vr = value_row(bh, j, j >= ns && pos_of(j) >= w);
+            for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * bf16_bits_to_f32(vr[d]);
           }
         const float wq = lq == kNegInf ? 0.0f : std::exp(lq - M);
         float* orow = o + ((b * Hq + h) * L + i) * Dv;
