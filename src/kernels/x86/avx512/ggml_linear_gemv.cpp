@@ -9,7 +9,7 @@
 // weight codes holds two pieces, 16 int32 lanes of vpdpbusd (u unsigned codes × x signed codes, 4 products a lane),
 // lanes 0-7 the first piece, 8-15 the second; the activation codes are stored in the order the weight vectors hold
 // the pieces (Q4_K, Q5_K: a block's pieces 0,2 | 1,3 | 4,6 | 5,7, the low and high nibbles of two 32-byte groups;
-// Q6_K: in order). Kept beside the codes, per row: dx per piece; dx·Σx per piece (Q4_K, Q5_K's minimums);
+// Q6_K: in order). Kept beside the codes, per row: per block, dx of each piece then dx·Σx of each (Q4_K, Q5_K);
 // −32·Σ of every 4 codes, the accumulator's start, and dx of each lane (Q6_K: u = c + 32).
 // Per vector the integer sums S (exact) are scaled per lane in float32:
 //   Q4_K, Q5_K: y += Σ_lanes float(S)·(d·sc_j·dx_j) − Σ_j (dmin·m_j)·(dx_j·X_j)   (j: the lane's piece)
@@ -40,8 +40,7 @@ constexpr bool has_mins(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlTy
 struct Ctx {
   const GgmlLinearArgs* a;
   const int8_t* xq;    // [M, K] codes, in the weight vectors' piece order
-  const float* dx;     // [M, K/32] steps, pieces in order
-  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K, Q5_K)
+  const float* dxs;    // [M, K/256, 16] per block: dx of its 8 pieces, then dx·Σ codes of each (Q4_K, Q5_K)
   const int32_t* xo;   // [M, K/4] −32·Σ of each 4 codes (Q6_K)
   const float* dxv;    // [M, K/4] the step of each lane's piece (Q6_K)
 };
@@ -58,18 +57,42 @@ static inline __m512i quarter_index(int v) {
                           _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
 }
 
-// One block of one weight row against kT activation rows from m0: acc[t] the per-lane float sums, accm[t] the
-// minimums' per-piece terms (Q4_K, Q5_K).
+// The scales of kR weight rows' blocks (Q4_K, Q5_K) unpacked together, one 128-bit lane per row: S[r] = [d·sc_0 …
+// d·sc_7 | dmin·m_0 … dmin·m_7] of the block at b[r] (the 6-bit fields of bytes 4-15, as scales_mins8 reads them;
+// the same float32 products as scaling each row alone).
+template <int kR>
+static inline void block_scales(const uint8_t* const* b, __m512* S) {
+  static_assert(kR >= 1 && kR <= 4);
+  __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0] + 4)));
+  if constexpr (kR > 1) v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1] + 4)), 1);
+  if constexpr (kR > 2) v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[2] + 4)), 2);
+  if constexpr (kR > 3) v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[3] + 4)), 3);
+  // dwords of a lane: w0 w1 w2 (bytes 4-15 of the block); wanted: sc_lo = w0 & 0x3f…, sc_hi = (w2 & 0x0f…) |
+  // ((w0 >> 6) & 0x03…) << 4, mn_lo = w1 & 0x3f…, mn_hi = ((w2 >> 4) & 0x0f…) | ((w1 >> 6) & 0x03…) << 4
+  const __m512i w0 = _mm512_shuffle_epi32(v, _MM_PERM_AAAA), w1 = _mm512_shuffle_epi32(v, _MM_PERM_BBBB),
+                w2 = _mm512_shuffle_epi32(v, _MM_PERM_CCCC);
+  const __m512i a = _mm512_mask_blend_epi32(0xCCCC, w0, w1);  // dwords 0, 1: w0; 2, 3: w1
+  const __m512i lo = _mm512_and_si512(a, _mm512_set1_epi8(0x3f));
+  const __m512i top = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a, 6), _mm512_set1_epi8(0x03)), 4);
+  const __m512i low4 =
+      _mm512_and_si512(_mm512_mask_blend_epi32(0x8888, w2, _mm512_srli_epi32(w2, 4)), _mm512_set1_epi8(0x0f));
+  const __m512i sm = _mm512_mask_blend_epi32(0xAAAA, lo, _mm512_or_si512(low4, top));
+  alignas(64) uint8_t bytes[64];
+  _mm512_store_si512(bytes, sm);
+  const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int r = 0; r < kR; ++r) {
+    const __m512 dm = _mm512_permutexvar_ps(half, _mm512_cvtph_ps(_mm256_set1_epi32(static_cast<int>(u32_load(b[r])))));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 16 * r))));
+    S[r] = _mm512_mul_ps(f, dm);  // d·sc_j | dmin·m_j
+  }
+}
+
+// One block of one weight row against kT activation rows from m0: acc[t] the per-lane float sums, accm[t] (lanes
+// 8-15) the minimums' per-piece terms (Q4_K, Q5_K: S the block's scales, block_scales).
 template <GgmlType kType, int kT>
-static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, __m512* acc, __m256* accm) {
-  const int64_t P = c.a->K / 32;
+static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, __m512 S, __m512* acc,
+                             __m512* accm) {
   if constexpr (has_mins(kType)) {
-    const __m128i scmn = scales_mins8(b + 4);  // the 6-bit scales (bytes 0-7) and minimums (8-15)
-    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scmn));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scmn, 8)));
-    const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
-    const __m256 scd = _mm256_mul_ps(scf, _mm256_permute_ps(dm, 0x00));                // d·sc_j
-    const __m256 mnd = _mm256_mul_ps(mnf, _mm256_permute_ps(dm, 0x55));                // dmin·m_j
     constexpr int kQs = kType == GgmlType::kQ4_K ? 16 : 48;  // Q5_K: qh [32] before the nibbles
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i q0 = load64(b + kQs), q1 = load64(b + kQs + 64);
@@ -87,15 +110,17 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
       u[3] = _mm512_ternarylogic_epi32(u[3], _mm512_srli_epi16(qh2, 1), b4, 0xF8);
     }
     const __m512i idx[4] = {pair_index(0, 2), pair_index(1, 3), pair_index(4, 6), pair_index(5, 7)};
+    const int64_t blocks = c.a->K / 256;
     for (int t = 0; t < kT; ++t) {
       const int64_t m = m0 + t;
-      const __m512 sdx = _mm512_castps256_ps512(_mm256_mul_ps(scd, _mm256_loadu_ps(c.dx + m * P + blk * 8)));
+      const __m512 dxs = _mm512_loadu_ps(c.dxs + (m * blocks + blk) * 16);  // dx_j | dx_j·X_j
+      const __m512 sdx = _mm512_mul_ps(S, dxs);                              // lanes 0-7: d·sc_j·dx_j
       const int8_t* x = c.xq + m * c.a->K + blk * 256;
       for (int v = 0; v < 4; ++v) {
         const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[v], load64(x + 64 * v));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(idx[v], sdx), acc[t]);
       }
-      accm[t] = _mm256_fnmadd_ps(mnd, _mm256_loadu_ps(c.xs + m * P + blk * 8), accm[t]);
+      accm[t] = _mm512_mask3_fnmadd_ps(S, dxs, accm[t], 0xFF00);  // lanes 8-15: −= (dmin·m_j)·(dx_j·X_j)
     }
   } else {  // Q6_K: ql [128], qh [64], int8 scales [16], d
     static_assert(kType == GgmlType::kQ6_K);
@@ -136,22 +161,29 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   const int64_t blocks = a.row_bytes / bb;
   const uint8_t* w[kR];
   for (int r = 0; r < kR; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
-  __m512 acc[kR][kT];
-  __m256 accm[kR][kT];
+  __m512 acc[kR][kT], accm[kR][kT];
   for (int r = 0; r < kR; ++r)
     for (int t = 0; t < kT; ++t) {
       acc[r][t] = _mm512_setzero_ps();
-      accm[r][t] = _mm256_setzero_ps();
+      accm[r][t] = _mm512_setzero_ps();
     }
   const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + 2 * kR) * a.row_bytes;  // never dereferenced
   for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
     for (int64_t l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T1);
-    for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, acc[r], accm[r]);
+    __m512 S[kR];
+    if constexpr (has_mins(kType)) {
+      const uint8_t* b[kR];
+      for (int r = 0; r < kR; ++r) b[r] = w[r] + blk * bb;
+      block_scales<kR>(b, S);
+    } else {
+      for (int r = 0; r < kR; ++r) S[r] = _mm512_setzero_ps();
+    }
+    for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, S[r], acc[r], accm[r]);
   }
   for (int r = 0; r < nr; ++r)
     for (int t = 0; t < kT; ++t)
       a.out[(m0 + t) * a.N + n0 + r] =
-          _mm512_reduce_add_ps(acc[r][t]) + (has_mins(kType) ? _mm512_reduce_add_ps(_mm512_zextps256_ps512(accm[r][t])) : 0.0f) + (a.bias ? a.bias[n0 + r] : 0.0f);
+          _mm512_reduce_add_ps(acc[r][t]) + (has_mins(kType) ? _mm512_reduce_add_ps(accm[r][t]) : 0.0f) + (a.bias ? a.bias[n0 + r] : 0.0f);
 }
 
 constexpr int kR1 = 4;    // weight rows read together for one activation row
@@ -200,8 +232,7 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
   const auto type = static_cast<GgmlType>(a.ggml_type);
   const int64_t P = a.K / 32;  // K: whole blocks of 256
   int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
-  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));
-  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(a.M * P) * sizeof(float)));
+  float* dxs = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P * 2) * sizeof(float)));  // [M·P/8][16]
   int32_t* xo = static_cast<int32_t*>(scratch(3, static_cast<size_t>(a.M * a.K / 4) * 8));  // then dxv, as long
   float* dxv = reinterpret_cast<float*>(xo + a.M * a.K / 4);
   const bool mins = has_mins(type);
@@ -210,11 +241,11 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
     const int64_t j = mp % 8, slot = mins ? mp - j + (j == 1 ? 2 : j == 2 ? 1 : j == 5 ? 6 : j == 6 ? 5 : j) : mp;
     int8_t* q = xq + slot * 32;
     const float step = quantize_row(a.x + mp * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
-    dx[mp] = step;
-    if (mins) {
+    if (mins) {  // block mp / 8 (P is a multiple of 8): dx of its pieces, then dx·Σ codes
       int sum = 0;
       for (int i = 0; i < 32; ++i) sum += q[i];
-      xs[mp] = step * static_cast<float>(sum);
+      dxs[(mp / 8) * 16 + mp % 8] = step;
+      dxs[(mp / 8) * 16 + 8 + mp % 8] = step * static_cast<float>(sum);
     } else {
       for (int l = 0; l < 8; ++l) {
         xo[slot * 8 + l] = -32 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
@@ -222,7 +253,7 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
       }
     }
   }
-  Ctx c{&a, xq, dx, xs, xo, dxv};
+  Ctx c{&a, xq, dxs, xo, dxv};
   parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
 }
 
