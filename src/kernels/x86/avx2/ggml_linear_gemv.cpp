@@ -10,9 +10,9 @@
 // Weights: a block's codes are read unsigned, u = c + off in [0, 2^bits), so one vpmaddubsw(u, x) takes them as they
 // are (pairs <= 2·63·127 < 2^15), and the offset comes off exactly in int16:
 //   Σ c·x = Σ u·x - off·Σ x   (pairs after the subtraction in [-8128, 16002]: no saturation).
-// Per piece the integer dot S (vpmaddwd by 1, or by the K-quant's sub-block scale) is exact; it is scaled in float32:
+// Per piece the integer dot S (vpmaddwd by 1, or by Q6_K's sub-block scale) is exact; it is scaled in float32:
 //   Q8_0 / Q4_0 / Q5_0: y += float(S)·(d·dx)                                      (Q8_0: |c|, sign(x, c): signed codes)
-//   Q4_K, Q5_K: y += d·Σ_j dx_j·float(sc_j·S_j) - dmin·Σ_j m_j·(dx_j·X_j)           (j: the block's 8 pieces)
+//   Q4_K, Q5_K: y += Σ_j float(S_j)·((d·sc_j)·dx_j) - Σ_j (dmin·m_j)·(dx_j·X_j)     (j: the block's 8 pieces)
 //   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
 // within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as in the tiles).
 // Work: weight rows in chunks of kRowsPerChunk over the thread pool. One activation row: kR1 weight rows read
@@ -69,27 +69,55 @@ static inline __m256i offset_pairs(const Ctx& c, __m256i u, int64_t m, int64_t p
   return _mm256_sub_epi16(_mm256_maddubs_epi16(u, load32(c.xq + m * K + p * 32)), load32(c.xo + m * (K / 2) + p * 16));
 }
 
-// vpshufb patterns: kPair[j] repeats int16 j of a 128-bit lane in every int16 (Q4_K / Q5_K's sub-block scales);
-// kHalves[j] repeats int16 2j in the low lane and 2j + 1 in the high lane (Q6_K's scales per 16).
+// vpshufb patterns: kHalves[j] repeats int16 2j in the low lane and 2j + 1 in the high lane (Q6_K's scales per 16).
 struct Shuffles {
-  alignas(32) int8_t pair[8][32];
   alignas(32) int8_t halves[4][32];
 };
 constexpr Shuffles make_shuffles() {
   Shuffles t{};
-  for (int j = 0; j < 8; ++j)
-    for (int i = 0; i < 32; ++i) t.pair[j][i] = static_cast<int8_t>(2 * j + i % 2);
   for (int j = 0; j < 4; ++j)
     for (int i = 0; i < 32; ++i) t.halves[j][i] = static_cast<int8_t>(4 * j + 2 * (i / 16) + i % 2);
   return t;
 }
 constexpr Shuffles kShuffles = make_shuffles();
-constexpr const int8_t (&kPair)[8][32] = kShuffles.pair;
 constexpr const int8_t (&kHalves)[4][32] = kShuffles.halves;
 
-// One block of one weight row against kT activation rows from m0, into acc[t].
+// A K-quant block's scales as floats (Q4_K, Q5_K), lane j for piece j: d·sc_j and dmin·m_j.
+struct BlockScales {
+  __m256 scale, mins;
+};
+
+// The 6-bit scales and minimums (bytes 4-15, as scales_mins8 reads them) of kR weight rows' blocks b[r], decoded two
+// rows to a register (a 128-bit lane per row), then widened and multiplied by each block's d and dmin.
+template <int kR>
+static inline void block_scales(const uint8_t* const* b, BlockScales* out) {
+  alignas(32) uint8_t bytes[kR + kR % 2][16];
+  for (int r = 0; r < kR; r += 2) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 4));
+    const __m128i hi = r + 1 < kR ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r + 1] + 4)) : lo;
+    const __m256i v = _mm256_set_m128i(hi, lo);
+    // dwords of a lane: w0 w1 w2; wanted: sc_lo = w0 & 0x3f…, sc_hi = (w2 & 0x0f…) | ((w0 >> 6) & 0x03…) << 4,
+    // mn_lo = w1 & 0x3f…, mn_hi = ((w2 >> 4) & 0x0f…) | ((w1 >> 6) & 0x03…) << 4
+    const __m256i w0 = _mm256_shuffle_epi32(v, 0x00), w1 = _mm256_shuffle_epi32(v, 0x55), w2 = _mm256_shuffle_epi32(v, 0xAA);
+    const __m256i a = _mm256_blend_epi32(w0, w1, 0xCC);  // dwords 0, 1: w0; 2, 3: w1
+    const __m256i low6 = _mm256_and_si256(a, _mm256_set1_epi8(0x3f));
+    const __m256i top = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a, 6), _mm256_set1_epi8(0x03)), 4);
+    const __m256i low4 = _mm256_and_si256(_mm256_blend_epi32(w2, _mm256_srli_epi32(w2, 4), 0x88), _mm256_set1_epi8(0x0f));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes[r]), _mm256_blend_epi32(low6, _mm256_or_si256(low4, top), 0xAA));
+  }
+  for (int r = 0; r < kR; ++r) {
+    const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b[r]))));  // d, dmin, d, dmin, ...
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes[r]))));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes[r] + 8))));
+    out[r].scale = _mm256_mul_ps(scf, _mm256_permute_ps(dm, 0x00));
+    out[r].mins = _mm256_mul_ps(mnf, _mm256_permute_ps(dm, 0x55));
+  }
+}
+
+// One block of one weight row against kT activation rows from m0, into acc[t] (bs: the block's scales, Q4_K / Q5_K).
 template <GgmlType kType, int kT>
-static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, __m256* acc) {
+static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_t m0, const BlockScales& bs,
+                             __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   const int64_t K = c.a->K, P = K / 32;
   if constexpr (kType == GgmlType::kQ8_0 || kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0) {
@@ -113,16 +141,12 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
       }
     }
   } else if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
-    const __m128i scmn = scales_mins8(b + 4);  // the 6-bit scales (bytes 0-7) and minimums (8-15)
-    const __m128i sc16 = _mm_cvtepu8_epi16(scmn);
-    const __m256i scv = _mm256_set_m128i(sc16, sc16);
-    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scmn, 8)));
-    const __m256 dm = _mm256_cvtph_ps(_mm_set1_epi32(static_cast<int>(u32_load(b))));  // d, dmin, d, dmin, ...
-    const __m256 mins = _mm256_mul_ps(mn, _mm256_permute_ps(dm, 0x55));                // dmin·m_j, lane j
+    // bs: d·sc_j and dmin·m_j of this block (block_scales, lane j: piece j)
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const int64_t p0 = blk * 8;
-    __m256 blockacc[kT];
-    for (int t = 0; t < kT; ++t) blockacc[t] = _mm256_setzero_ps();
+    alignas(32) float f[kT][8];  // per activation row: d·sc_j·dx_j, broadcast per piece
+    for (int t = 0; t < kT; ++t)
+      _mm256_store_ps(f[t], _mm256_mul_ps(bs.scale, _mm256_loadu_ps(c.dx + (m0 + t) * P + p0)));
     constexpr int kQs = kType == GgmlType::kQ4_K ? 16 : 48;  // Q5_K: qh [32] before the nibbles
     for (int q = 0; q < 4; ++q) {
       const __m256i v = load32(b + kQs + 32 * q);
@@ -134,18 +158,15 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
       }
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * q + h;
-        const __m256i scj = _mm256_shuffle_epi8(scv, load32(kPair[j]));
         for (int t = 0; t < kT; ++t) {
           const int64_t m = m0 + t;
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u[h], load32(c.xq + m * K + (p0 + j) * 32)), scj);
-          blockacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[m * P + p0 + j]), blockacc[t]);
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u[h], load32(c.xq + m * K + (p0 + j) * 32)), ones);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&f[t][j]), acc[t]);
         }
       }
     }
-    for (int t = 0; t < kT; ++t) {  // the minimums' lanes are the block's pieces; the final sum adds the lanes
-      acc[t] = _mm256_fmadd_ps(blockacc[t], _mm256_permute_ps(dm, 0x00), acc[t]);
-      acc[t] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(c.xs + (m0 + t) * P + p0), acc[t]);
-    }
+    for (int t = 0; t < kT; ++t)  // the minimums' lanes are the block's pieces; the final sum adds the lanes
+      acc[t] = _mm256_fnmadd_ps(bs.mins, _mm256_loadu_ps(c.xs + (m0 + t) * P + p0), acc[t]);
   } else {  // Q6_K: ql [128], qh [64], int8 scales [16], d
     static_assert(kType == GgmlType::kQ6_K);
     const uint8_t* sc = b + 192;
@@ -197,7 +218,13 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
     for (int64_t l = 0; l < kLines; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), kQuantK ? _MM_HINT_T1 : _MM_HINT_T0);
-    for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, acc[r]);
+    BlockScales sc[kR];
+    if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
+      const uint8_t* b[kR];
+      for (int r = 0; r < kR; ++r) b[r] = w[r] + blk * bb;
+      block_scales<kR>(b, sc);
+    }
+    for (int r = 0; r < kR; ++r) block_dot<kType, kT>(c, w[r] + blk * bb, blk, m0, sc[r], acc[r]);
   }
   for (int r = 0; r < nr; ++r)
     for (int t = 0; t < kT; ++t)
