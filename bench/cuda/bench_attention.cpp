@@ -165,7 +165,10 @@ BenchResult decode_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L
   kind += "V";
   kind += std::to_string(vbits);
   kind += " g64 f16 scales";
-  r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel") : "plain bf16 cache";
+  const char* plain = std::getenv("CIDER_ATTN_TC_PLAIN");
+  const bool plain_on = !(tc && tc[0] == '0') && !(plain && plain[0] == '0');  // default on
+  r.note = quant ? kind + (tc_on ? ", tensor-core path" : ", CUDA-core kernel")
+                 : std::string(plain_on ? "plain bf16 cache, tensor-core path" : "plain bf16 cache, CUDA-core kernel");
   if (fold && fold[0] == '1') r.note += ", merge folded into the kernel";
   if (packed && packed[0] == '0') r.note += ", three-chain layout";
   if (kL > L) {
@@ -487,11 +490,29 @@ CIDER_CUDA_BENCH("attention decode K8V4 B1 Hq16 Hkv2 D256 L65536", "attention") 
 CIDER_CUDA_BENCH("attention decode K8V4 CUDA-core B1 Hq32 Hkv8 D128 L32768", "attention") {
   return decode_case(1, 32, 8, 128, 32768, 8, 4, "0");
 }
+// Plain bf16 caches: the tensor-core decode kernel (attention_decode_plain_tc.cu, default), and the general CUDA-core
+// kernel for the A/B ($CIDER_ATTN_TC_PLAIN=0, "v:CUDA-core kernel").
+BenchResult plain_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t L, const char* plain_tc) {
+  const ScopedEnv env("CIDER_ATTN_TC_PLAIN", plain_tc);
+  return decode_case(B, Hq, Hkv, D, L, 0, 0);
+}
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768", "attention") {
-  return decode_case(1, 32, 8, 128, 32768, 0, 0);
+  return plain_case(1, 32, 8, 128, 32768, nullptr);
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B8 Hq32 Hkv8 D128 L32768", "attention") {
+  return plain_case(8, 32, 8, 128, 32768, nullptr);
 }
 CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536", "attention") {
-  return decode_case(1, 16, 2, 256, 65536, 0, 0);
+  return plain_case(1, 16, 2, 256, 65536, nullptr);
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
+  return plain_case(1, 32, 8, 128, 32768, "0");
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B8 Hq32 Hkv8 D128 L32768 v:CUDA-core kernel", "attention") {
+  return plain_case(8, 32, 8, 128, 32768, "0");
+}
+CIDER_CUDA_BENCH("attention decode plain-bf16 B1 Hq16 Hkv2 D256 L65536 v:CUDA-core kernel", "attention") {
+  return plain_case(1, 16, 2, 256, 65536, "0");
 }
 
 // Prefill attention: L new query rows against kL = past + L keys (causal), B1; quantized g64 f16 K4V3 / K8V4.

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_test_support.h"
+#include "kernels/cuda/attention_decode_plain_tc.h"
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/kernel_table.h"
@@ -557,6 +558,9 @@ void run_attention_case(const AttnCase& c, uint64_t salt) {
                                       << " CIDER_ATTN_PREFILL_MATH=" << (modes[mode].math ? modes[mode].math : "(as set)"));
     const ScopedEnv prefill_env("CIDER_ATTN_PREFILL_TC", env);
     const ScopedEnv math_env("CIDER_ATTN_PREFILL_MATH", modes[mode].math);
+    // Plain caches: the general kernel's float32 bound here; the tensor-core decode path that would take rep·L ≤ 8
+    // rows of them (q and p rounded to the cache's type) has its own test and bound (PlainTensorCoreDecode).
+    const ScopedEnv plain_env("CIDER_ATTN_TC_PLAIN", "0");
     DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
     d_out.fill(0xFF);
     AttentionArgs a = ref;
@@ -832,6 +836,291 @@ TEST(CudaAttention, TensorCoreDecodePackedAndUnpackedLayouts) {
                                                     << rl.L;
         }
   }
+}
+
+// ---- plain bf16 / f16 caches on the tensor cores (attention_decode_plain_tc.cu) ----------------------------------
+//
+// Tolerance (derived, per output element (row, d); every element is checked and a NaN fails every comparison):
+// the kernel (1) rounds each query row ONCE to the cache's type — bf16(q) (unit roundoff u_q = 2^-8), or for f16
+// caches 2^-E·f16(q·2^E) with max|q|·2^E ∈ [2^13, 2^14) (u_q = 2^-11, no subnormals for the row's large elements) —
+// (2) forms the scores of q̃ and the stored keys with float32 accumulation, (3) rounds each softmax weight p ≤ 1 to the
+// cache's type before P·V (u_p = 2^-8 bf16, 2^-11 f16; f16 p below 2^-14 are subnormal: absolute error ≤ 2^-25) and
+// sums the ROUNDED p into l. The test evaluates q̃ exactly as the kernel does and computes in double:
+//   emul = softmax(scale·q̃·K [capped]) · V over the row's visible keys (weights w̃_j),
+//   exact = the same with q (weights w_j; also the CPU reference, ref_kernels().attention, in float).
+// (a) kernel vs emul: p̃_j = p_j·(1 + ε_j), |ε_j| ≤ u := u_p + 2^-20 (ex2.approx and the float32 rescales), so the
+//     normalized weights satisfy |w'_j/w̃_j − 1| ≤ 2u/(1 − u), and since Σ w' = Σ w̃ = 1,
+//     |out − emul|_d = |Σ_j (w'_j − w̃_j)(v_jd − emul_d)| ≤ 2u/(1 − u) · Σ_j w̃_j·|v_jd − emul_d|
+//     (+ f16: n·2^-25·max_j |v_jd − emul_d| for the subnormal p; + the float32 accumulation term of the other tests,
+//     1e-5·√(n + 1)·(max|v| + 1)).
+// (b) kernel vs exact: the scores differ by δ_j = scale·Σ_d (q̃_d − q_d)·k_jd (a softcap has slope ≤ 1), |δ_j| ≤ β_j :=
+//     scale·Σ_d |q̃_d − q_d|·|k_jd| ≤ scale·u_q·Σ_d |q_d||k_jd|; with Δ = max_j β_j, w̃_j = w_j·e^{δ_j}/Z, Z ∈ [e^-Δ, e^Δ]:
+//     |emul − exact|_d ≤ Σ_j w_j·(e^{β_j + Δ} − 1)·|v_jd − exact_d|; the bound is that plus (a)'s.
+// Plain caches of these shapes must take the path with $CIDER_ATTN_TC_PLAIN=1 (default) and never with 0, where the
+// general kernel meets the reference within the float32 tolerance of run_attention_case.
+struct PlainCase {
+  int64_t B, Hq, Hkv, D, kL, L;
+  MaskKind mask;
+  int64_t window;
+  DType dt;
+  float softcap = 0.0f;
+  int kv_splits = 0;
+  int64_t d_length = 0;  // > 0: the device length (≤ kL, the bound)
+};
+
+// The kernel's query rounding of one row (see above).
+std::vector<double> plain_tc_query(const float* q, int64_t D, DType dt) {
+  std::vector<double> out(static_cast<size_t>(D));
+  if (dt == DType::kBF16) {
+    for (int64_t d = 0; d < D; ++d) out[static_cast<size_t>(d)] = bf16_to_f32(f32_to_bf16(q[d]));
+    return out;
+  }
+  float mx = 0.0f;
+  for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::fabs(q[d]));
+  int E = -7;  // the kernel's q_exponent(0) − 7
+  if (mx > 0.0f) {
+    int k = 0;
+    (void)std::frexp(mx, &k);  // mx = f·2^k, f ∈ [0.5, 1): max|q|·2^(14 − k) ∈ [2^13, 2^14)
+    E = 14 - k;
+  }
+  for (int64_t d = 0; d < D; ++d)
+    out[static_cast<size_t>(d)] = std::ldexp(round_to_f16(std::ldexp(static_cast<double>(q[d]), E)), -E);
+  return out;
+}
+
+void run_plain_tc_case(const PlainCase& c, uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "plain " << dtype_name(c.dt) << " B " << c.B << " Hq " << c.Hq << " Hkv "
+                                    << c.Hkv << " D " << c.D << " kL " << c.kL << " L " << c.L << " mask "
+                                    << static_cast<int>(c.mask) << " window " << c.window << " softcap " << c.softcap
+                                    << " splits " << c.kv_splits << " d_length " << c.d_length);
+  auto rng = test::make_rng(salt);
+  const int64_t B = c.B, Hq = c.Hq, Hkv = c.Hkv, D = c.D, L = c.L, rep = Hq / Hkv, cap = c.kL + 3;
+  const int64_t kLr = c.d_length > 0 ? c.d_length : c.kL;
+  Side K, V;
+  K.bits = V.bits = 0;
+  K.dtype = V.dtype = c.dt;
+  K.build(rng, B, Hkv, c.kL, cap, D, salt);
+  V.build(rng, B, Hkv, c.kL, cap, D, salt + 1);
+  std::vector<float> q = test::randn(rng, static_cast<size_t>(B * Hq * L * D));
+
+  AttentionArgs ref{};
+  ref.q = q.data();
+  std::vector<float> want(q.size());
+  ref.out = want.data();
+  ref.B = B;
+  ref.Hq = Hq;
+  ref.L = L;
+  ref.keys = K.view(false, B, Hkv, kLr, cap, D);
+  ref.values = V.view(false, B, Hkv, kLr, cap, D);
+  ref.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ref.softcap = c.softcap;
+  ref.mask_kind = c.mask;
+  ref.window = c.window;
+  ref.mask_dtype = DType::kBool;
+  kernels::ref_kernels().attention(ref);
+
+  // The emulation and both bounds, in double (see above).
+  const bool f16 = c.dt == DType::kF16;
+  auto val = [&](const Side& sd, int64_t row, int64_t d) -> double {
+    uint16_t h;
+    std::memcpy(&h, sd.data.data() + (row * D + d) * 2, 2);
+    return f16 ? f16_to_f32(h) : bf16_to_f32(h);
+  };
+  const double u = std::ldexp(1.0, f16 ? -11 : -8) + std::ldexp(1.0, -20);
+  const double base = 1e-5 * std::sqrt(static_cast<double>(kLr) + 1.0) * (V.vmax + 1.0);
+  std::vector<double> emul(q.size()), tol_emul(q.size()), tol_exact(q.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hq = 0; hq < Hq; ++hq)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t orow = (b * Hq + hq) * L + i, row0 = (b * Hkv + hq / rep) * cap, pos = kLr - L + i;
+        const float* qr = q.data() + orow * D;
+        const std::vector<double> qt = plain_tc_query(qr, D, c.dt);
+        std::vector<int64_t> vis;
+        std::vector<double> s, se, beta;
+        for (int64_t j = 0; j < kLr; ++j) {
+          if (c.mask == MaskKind::kCausal && (j > pos || (c.window > 0 && j <= pos - c.window))) continue;
+          double s0 = 0.0, s1 = 0.0, bt = 0.0;
+          for (int64_t d = 0; d < D; ++d) {
+            const double k = val(K, row0 + j, d);
+            s0 += static_cast<double>(qr[d]) * k;
+            s1 += qt[static_cast<size_t>(d)] * k;
+            bt += std::fabs(qt[static_cast<size_t>(d)] - static_cast<double>(qr[d])) * std::fabs(k);
+          }
+          s0 *= ref.scale;
+          s1 *= ref.scale;
+          if (c.softcap > 0.0f) {
+            s0 = c.softcap * std::tanh(s0 / c.softcap);
+            s1 = c.softcap * std::tanh(s1 / c.softcap);
+          }
+          vis.push_back(j);
+          s.push_back(s0);
+          se.push_back(s1);
+          beta.push_back(bt * ref.scale);
+        }
+        const size_t n = vis.size();
+        if (n == 0) continue;  // zeros everywhere, tolerance 0
+        const double m0 = *std::max_element(s.begin(), s.end()), m1 = *std::max_element(se.begin(), se.end());
+        const double delta = *std::max_element(beta.begin(), beta.end());
+        double z0 = 0.0, z1 = 0.0;
+        for (size_t t = 0; t < n; ++t) {
+          s[t] = std::exp(s[t] - m0);
+          se[t] = std::exp(se[t] - m1);
+          z0 += s[t];
+          z1 += se[t];
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          double o0 = 0.0, o1 = 0.0;
+          for (size_t t = 0; t < n; ++t) {
+            const double v = val(V, row0 + vis[t], d);
+            o0 += s[t] / z0 * v;
+            o1 += se[t] / z1 * v;
+          }
+          double dev1 = 0.0, dev0 = 0.0, maxdev = 0.0;
+          for (size_t t = 0; t < n; ++t) {
+            const double v = val(V, row0 + vis[t], d);
+            dev1 += se[t] / z1 * std::fabs(v - o1);
+            dev0 += s[t] / z0 * std::expm1(beta[t] + delta) * std::fabs(v - o0);
+            maxdev = std::max(maxdev, std::fabs(v - o1));
+          }
+          const size_t k = static_cast<size_t>(orow * D + d);
+          emul[k] = o1;
+          tol_emul[k] = 2.0 * u / (1.0 - u) * dev1 + (f16 ? static_cast<double>(n) * std::ldexp(1.0, -25) * maxdev : 0.0) +
+                        base;
+          tol_exact[k] = tol_emul[k] + dev0;
+        }
+      }
+
+  const int32_t len32 = static_cast<int32_t>(kLr);
+  DeviceBuffer d_len = to_device(&len32, sizeof(len32));
+  DeviceBuffer d_q = to_device(q.data(), q.size() * sizeof(float));
+  const size_t out_n = q.size(), guard = 64;
+  for (const char* on : {"1", "0"}) {
+    SCOPED_TRACE(::testing::Message() << "CIDER_ATTN_TC_PLAIN=" << on);
+    const ScopedEnv env("CIDER_ATTN_TC_PLAIN", on);
+    DeviceBuffer d_out((out_n + 2 * guard) * sizeof(float));
+    d_out.fill(0xFF);
+    AttentionArgs a = ref;
+    a.q = d_q.as<float>();
+    a.out = d_out.as<float>() + guard;
+    a.keys = K.view(true, B, Hkv, c.kL, cap, D);
+    a.values = V.view(true, B, Hkv, c.kL, cap, D);
+    a.kv_splits = c.kv_splits;
+    const bool tc = on[0] == '1';
+    ASSERT_EQ(detail::plain_tc_eligible(a), tc) << "the path taken";
+    const size_t ws = attention_workspace_bytes(a);
+    DeviceBuffer d_ws(std::max<size_t>(ws, 256));
+    d_ws.fill(0xFF);
+    Stream& stream = attention_stream();
+    attention(a, c.d_length > 0 ? d_len.as<int32_t>() : nullptr, Exec{stream.handle(), d_ws.data(), ws});
+    stream.synchronize();
+    std::vector<float> got(out_n + 2 * guard);
+    d_out.download(got.data(), got.size() * sizeof(float));
+    ASSERT_NO_FATAL_FAILURE(expect_guards_untouched(got, out_n, guard));
+    const float* o = got.data() + guard;
+    if (!tc) {
+      EXPECT_TRUE(test::all_close(o, want.data(), out_n, base, 1e-5)) << "general kernel vs the reference";
+      continue;
+    }
+    size_t bad = 0;
+    for (size_t k = 0; k < out_n; ++k) {
+      const double e1 = std::fabs(static_cast<double>(o[k]) - emul[k]);
+      const double e0 = std::fabs(static_cast<double>(o[k]) - static_cast<double>(want[k]));
+      // !(e <= tol): a NaN fails.
+      if (!(e1 <= tol_emul[k]) || !(e0 <= tol_exact[k] + 1e-6 * std::fabs(static_cast<double>(want[k])))) {
+        if (++bad <= 8)
+          ADD_FAILURE() << "element " << k << ": got " << o[k] << ", emulation " << emul[k] << " (tol "
+                        << tol_emul[k] << "), reference " << want[k] << " (tol " << tol_exact[k] << ")";
+      }
+    }
+    EXPECT_EQ(bad, size_t{0}) << "elements outside the bounds";
+  }
+}
+
+// The plain-cache tensor-core decode path: bf16 and f16, B 1/2, Hq/Hkv 32/8, 16/2, 8/8, D 128/256, key lengths with
+// tails of the 16-key tile and the 64-key split quantum (1, 63, 65, 1000, 4097), 1 and 2 query positions with causal
+// masks, windows, softcaps 0.5 / 5, device lengths below the bound, forced and automatic splits; then long caches
+// (accumulation over 20 000+ keys, 200 splits). Each case also runs the general kernel ($CIDER_ATTN_TC_PLAIN=0).
+TEST(CudaAttention, PlainTensorCoreDecode) {
+  CIDER_REQUIRE_GPU();
+  uint64_t salt = 21000;
+  struct Heads {
+    int64_t Hq, Hkv;
+  };
+  const Heads heads[] = {{32, 8}, {16, 2}, {8, 8}};
+  const int64_t kLs[] = {1, 63, 65, 1000, 4097};
+  int k = 0;
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t D : {128, 256})
+      for (const Heads& h : heads)
+        for (int64_t kL : kLs) {
+          PlainCase c{};
+          c.B = (k % 2) ? 2 : 1;
+          c.Hq = h.Hq;
+          c.Hkv = h.Hkv;
+          c.D = D;
+          c.kL = kL;
+          c.L = (k % 3 == 1 && kL > 1) ? 2 : 1;
+          c.mask = (k % 4 != 0) ? MaskKind::kCausal : MaskKind::kNone;
+          c.window = (k % 5 == 2) ? std::max<int64_t>(1, kL / 3) : 0;
+          c.dt = dt;
+          c.softcap = (k % 7 == 3) ? 5.0f : ((k % 11 == 5) ? 0.5f : 0.0f);
+          c.kv_splits = (k % 5 == 1) ? 3 : ((k % 9 == 4) ? 1 : 0);
+          c.d_length = (k % 6 == 5 && kL > 2) ? kL - kL / 3 : 0;
+          ++k;
+          if (h.Hq / h.Hkv * c.L > 8) c.L = 1;  // at most 8 query rows per KV head (rep 8: one position)
+          run_plain_tc_case(c, ++salt);
+        }
+  const MaskKind C = MaskKind::kCausal;
+  run_plain_tc_case({1, 32, 8, 128, 33000, 1, C, 0, DType::kBF16, 0.0f, 0, 20000}, ++salt);
+  run_plain_tc_case({2, 8, 2, 256, 20000, 2, C, 700, DType::kBF16, 0.0f, 64}, ++salt);  // rep·L = 8
+  run_plain_tc_case({1, 16, 2, 128, 20000, 1, C, 0, DType::kF16, 5.0f, 200, 12345}, ++salt);
+  run_plain_tc_case({2, 8, 2, 256, 9000, 2, C, 300, DType::kF16, 0.0f, 0, 8999}, ++salt);
+  run_plain_tc_case({1, 8, 8, 128, 4097, 1, MaskKind::kNone, 0, DType::kBF16, 0.5f, 0, 700}, ++salt);
+}
+
+// Calls outside the path's scope keep the general kernel: D 64, f32 caches, mixed bf16/f16 sides, 9 query rows per KV
+// head, a misaligned q; $CIDER_ATTN_TC=0 is read once per process and is not toggled here.
+TEST(CudaAttention, PlainTensorCoreDecodeEligibility) {
+  CIDER_REQUIRE_GPU();
+  DeviceBuffer buf(1 << 16);
+  AttentionArgs a{};
+  a.q = buf.as<float>();
+  a.out = buf.as<float>() + 1024;
+  a.B = 1;
+  a.Hq = 8;
+  a.L = 1;
+  KVTensorView kv{};
+  kv.data = buf.data();
+  kv.dtype = DType::kBF16;
+  kv.B = 1;
+  kv.H = 2;
+  kv.length = 10;
+  kv.capacity = 16;
+  kv.dim = 128;
+  a.keys = kv;
+  a.values = kv;
+  a.scale = 0.1f;
+  a.mask_kind = MaskKind::kCausal;
+  EXPECT_TRUE(detail::plain_tc_eligible(a));
+  {
+    const ScopedEnv off("CIDER_ATTN_TC_PLAIN", "0");
+    EXPECT_FALSE(detail::plain_tc_eligible(a));
+  }
+  {
+    const ScopedEnv bogus("CIDER_ATTN_TC_PLAIN", "2");
+    expect_error([&] { (void)detail::plain_tc_eligible(a); }, "cuda.attention");
+  }
+  auto not_taken = [&](auto mutate) {
+    AttentionArgs b = a;
+    mutate(b);
+    EXPECT_FALSE(detail::plain_tc_eligible(b));
+  };
+  not_taken([](AttentionArgs& b) { b.keys.dim = b.values.dim = 64; });
+  not_taken([](AttentionArgs& b) { b.keys.dtype = b.values.dtype = DType::kF32; });
+  not_taken([](AttentionArgs& b) { b.values.dtype = DType::kF16; });
+  not_taken([](AttentionArgs& b) { b.L = 3; });  // rep 4 × 3 rows = 12 > 8
+  not_taken([](AttentionArgs& b) { b.q = b.q + 1; });
+  not_taken([](AttentionArgs& b) { b.values.dim = 256; });
 }
 
 // The split merge: the one-round-trip merge4_kernel meets the reference over head dims 64/128/256 (one or two column
@@ -1361,7 +1650,7 @@ TEST(CudaKvChannel, AppendAndRefillWriteTheCpuCacheBytes) {
                                 "outlier channel indices"));
         const nn::KVCacheSnapshot snap = cpu.snapshot();
         ASSERT_GE(snap.num_planes(), 10u);
-        const size_t qrow = static_cast<size_t>(c.D + 1) * 2;
+        const size_t qrow = static_cast<size_t>(c.D + 1);  // one byte per statistic (quant/kv_stats.h)
         EXPECT_TRUE(slabs_equal(download_bytes(d_qst, d_qst.bytes()), static_cast<const uint8_t*>(snap.plane(9).data()),
                                 B * H, static_cast<size_t>(c.gs) * qrow, static_cast<size_t>(len % c.gs) * qrow,
                                 "window query statistics"));

@@ -800,7 +800,7 @@ TEST(CudaModel, OutlierKeyChannelsMatchCpu) {
     const size_t kb = static_cast<size_t>(c.kv[1] - '0'), vb = static_cast<size_t>(c.kv[3] - '0');
     const size_t N = static_cast<size_t>(c.outliers), blocks = (ctx + 63) / 64;
     const size_t per_head = ctx * (D * (kb + vb) / 8 + 4 * (D / 64)) + blocks * (D * 4 + N * 32 + N * 2) +
-                            64 * D * 2 + 64 * (D + 1) * 2;
+                            64 * D * 2 + 64 * (D + 1);  // the statistics: one byte each (quant/kv_stats.h)
     auto s = gpu->new_session();
     EXPECT_EQ(s->kv_bytes(), per_head * static_cast<size_t>(mc.num_layers * mc.num_kv_heads));
   }

@@ -2,7 +2,8 @@
 // Contract: kernels/cuda/cuda_api.h and kernels::AttentionArgs (kernel_table.h); design and floors: docs/cuda/attention.md.
 //
 // K4V3 / K8V4 g64 f16 caches with D 128/256 take the tensor-core paths instead: attention_tc.cu (decode, rep·L ≤ 8)
-// and attention_prefill_tc.cu (prefill, rep·L > 8); make_plan() decides.
+// and attention_prefill_tc.cu (prefill, rep·L > 8); plain bf16 / f16 caches with D 128/256 decode (rep·L ≤ 8) on
+// attention_decode_plain_tc.cu ($CIDER_ATTN_TC_PLAIN=0: here); make_plan() decides.
 // One kernel serves decode and prefill. Work item (one CTA of 128 threads = 4 warps):
 //   (b, KV head g) × block of QR query rows × one piece ("split") of the key range.
 // The R = rep·L query rows that share KV head g are ordered r = i·rep + rr (i the query position, rr the head within
@@ -36,6 +37,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "kernels/cuda/attention_decode_plain_tc.h"
 #include "kernels/cuda/attention_prefill_tc.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/cuda_api.h"
@@ -823,6 +825,8 @@ void launch_merge(const float* part_o, const float* part_ml, float* out, int64_t
 struct Plan {
   bool tc = false;  // the tensor-core decode path (attention_tc.cu) runs it
   detail::TcPlan tcp;
+  bool plain_tc = false;  // the plain bf16/f16 tensor-core decode path (attention_decode_plain_tc.cu) runs it
+  detail::PlainTcPlan ptp;
   bool prefill_tc = false;  // the tensor-core prefill path (attention_prefill_tc.cu) runs it
   detail::PrefillTcPlan pfp;
   int QR = 8;
@@ -947,6 +951,14 @@ Plan make_plan(const kernels::AttentionArgs& a) {
     pl.workspace = pl.splits > 1 ? partial_bytes(a, pl.splits) : 0;
     return pl;
   }
+  if (detail::plain_tc_eligible(a)) {
+    pl.plain_tc = true;
+    pl.ptp = detail::plain_tc_plan(a);
+    pl.splits = pl.ptp.splits;
+    pl.chunk = pl.ptp.chunk;
+    pl.workspace = pl.splits > 1 ? partial_bytes(a, pl.splits) : 0;
+    return pl;
+  }
   if (detail::prefill_tc_eligible(a)) {
     pl.prefill_tc = true;
     pl.pfp = detail::prefill_tc_plan(a);
@@ -1059,7 +1071,7 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
   check(exec.workspace_bytes >= pl.workspace && (pl.workspace == 0 || exec.workspace != nullptr),
         ErrorCode::kInvalidArgument, op, "workspace must hold attention_workspace_bytes = ", pl.workspace,
         " bytes; got ", exec.workspace_bytes);
-  check(pl.tc || pl.prefill_tc || pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
+  check(pl.tc || pl.plain_tc || pl.prefill_tc || pl.smem <= 48 * 1024, ErrorCode::kInternal, op, "shared memory plan exceeds 48 KB: ", pl.smem);
   check(static_cast<int64_t>(pl.qblocks) * pl.splits <= 0x7fffffffLL, ErrorCode::kOutOfRange, op,
         "too many query blocks × splits: ", static_cast<int64_t>(pl.qblocks) * pl.splits);
 
@@ -1096,6 +1108,15 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
     const bool merge = detail::tc_launch(a, pl.tcp, d_length, p.part_o, p.part_ml, exec.stream);
     check_last_launch(op);
     if (merge) {
+      launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
+      check_last_launch(op);
+    }
+    return;
+  }
+  if (pl.plain_tc) {
+    detail::plain_tc_launch(a, pl.ptp, d_length, p.part_o, p.part_ml, exec.stream);
+    check_last_launch(op);
+    if (pl.splits > 1) {
       launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
       check_last_launch(op);
     }

@@ -95,12 +95,6 @@ struct F16Cfg {
   static_assert(kSmem <= 227 * 1024, "one CTA fits an SM");
 };
 
-// ldmatrix (not transposed) at a shared-memory address; the transposed one is in attention_tc_device.cuh.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // Two codes c_lo | c_hi << 16 (each < 1024) dequantized: fl16(s·c + b) for both (the exact f16 codes, then one fused
 // multiply-add, one rounding).
 __device__ __forceinline__ uint32_t dequant_h2(uint32_t two_codes, __half2 s2, __half2 b2) {

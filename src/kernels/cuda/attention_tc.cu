@@ -135,11 +135,6 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
-__device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
-  uint32_t d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
-  return d;
-}
 // Y & mask as f16 pairs: two codes c at bit position `pos` of each half's mantissa (bits 0–9, exponent field 0), i.e.
 // the f16 subnormals c·2^(pos − 24), exact; the tensor cores multiply f16 subnormals exactly, so the value mma yields
 // 2^(pos − 24)·Σ W·c for the dims stored at that position, and the loop's end scales those accumulator rows by
@@ -172,12 +167,6 @@ __device__ __forceinline__ void five_split(const uint32_t* row, int w, uint32_t&
   odd = ((lo >> 5) & 0x1Fu) | ((lo >> 7) & 0x1F00u) | ((lo >> 9) & 0x1F0000u) | (((hi >> 3) & 0x1Fu) << 24);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Two floats as three bf16 pairs hi + mid + lo (8 + 8 + 8 significant bits: every float32 exactly, the two
 // subtractions are exact), for the window's bf16 mma.
 __device__ __forceinline__ void split3_bf16(float x0, float x1, uint32_t (&o)[3]) {

@@ -1,8 +1,8 @@
 // cider/kernels/cuda/attention_tc_device.cuh — device helpers shared by the tensor-core attention kernels
 // (attention_tc.cu: decode, attention_prefill_tc.cu / attention_prefill_f16.cu: prefill): cp.async with zero-fill,
-// the exact power-of-two arithmetic and signed 8-bit digits of the integer query form, ex2, the f16 mma, f16x2 bit
-// casts and the key-tile swizzle; for the prefill kernels ldmatrix, code unpacking and the key intervals of a row and
-// of a warp. All inline; the kernels' designs are in their files' top comments and docs/cuda/attention.md.
+// the exact power-of-two arithmetic and signed 8-bit digits of the integer query form, ex2, the f16 and bf16 mma,
+// movmatrix, f16x2 bit casts and the key-tile swizzle; for the prefill kernels and the plain-cache decode kernel
+// (attention_decode_plain_tc.cu) ldmatrix, code unpacking and the key intervals of a row and of a warp. All inline; the kernels' designs are in their files' top comments and docs/cuda/attention.md.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -84,6 +84,20 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The bf16 mma (attention_tc.cu's residual-window scores, attention_decode_plain_tc.cu) and the 8×8 b16 transpose
+// between lanes (the score fragment → the value mma's B operand).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) {
   uint32_t u;
   memcpy(&u, &h, 4);
@@ -123,8 +137,15 @@ __device__ __forceinline__ void load_q_row(const float* q, int b, int g, int Hq,
   }
 }
 
-// ---- shared by the two prefill kernels (attention_prefill_tc.cu, attention_prefill_f16.cu) ----
+// ---- shared by the two prefill kernels (attention_prefill_tc.cu, attention_prefill_f16.cu) and the plain-cache
+// decode kernel (attention_decode_plain_tc.cu: ldmatrix) ----
 
+// ldmatrix at a shared-memory address, not transposed and transposed.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
