@@ -696,6 +696,36 @@ TEST(CudaAttentionSplits, SplitRangeCoversTheVisibleInterval) {
         }
 }
 
+// visible_keys (attention_tc.h, host and device): the union over rows rf … rl of each row's own visible keys — row r at
+// position kL − L + r / rep sees [max(0, pos − window + 1), pos + 1) causally (window 0: from 0), all of [0, kL)
+// otherwise; no GPU needed.
+TEST(CudaAttentionSplits, VisibleKeysAreTheUnionOfTheRowsRanges) {
+  for (int64_t kL : {1, 2, 9, 64, 300})
+    for (int64_t L : {1, 2, 5})
+      for (int rep : {1, 2, 4})
+        for (int64_t window : {0, 1, 3, 100})
+          for (bool causal : {false, true}) {
+            if (L > kL) continue;
+            const int R = static_cast<int>(L) * rep;
+            for (int rf = 0; rf < R; ++rf)
+              for (int rl = rf; rl < R; ++rl) {
+                SCOPED_TRACE(::testing::Message() << "kL " << kL << " L " << L << " rep " << rep << " window " << window
+                                                  << " causal " << causal << " rows " << rf << ".." << rl);
+                int64_t lo = kL, hi = 0;
+                for (int r = rf; r <= rl; ++r) {
+                  const int64_t pos = kL - L + r / rep;
+                  const int64_t a = causal && window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+                  const int64_t b = causal ? pos + 1 : kL;
+                  lo = std::min(lo, a);
+                  hi = std::max(hi, b);
+                }
+                const detail::KeyInterval v = detail::visible_keys(kL, L, rep, rf, rl, causal, window);
+                EXPECT_EQ(v.lo, lo);
+                EXPECT_EQ(v.hi, hi);
+              }
+          }
+}
+
 TEST(CudaAttention, SplitsMergeAndDeviceLength) {
   CIDER_REQUIRE_GPU();
   uint64_t salt = 7000;

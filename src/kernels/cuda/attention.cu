@@ -1113,17 +1113,11 @@ void attention(const kernels::AttentionArgs& a, const int32_t* d_length, const E
     }
     return;
   }
-  if (pl.plain_tc) {
-    detail::plain_tc_launch(a, pl.ptp, d_length, p.part_o, p.part_ml, exec.stream);
-    check_last_launch(op);
-    if (pl.splits > 1) {
-      launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);
-      check_last_launch(op);
-    }
-    return;
-  }
-  if (pl.prefill_tc) {
-    detail::prefill_tc_launch(a, pl.pfp, d_length, p.part_o, p.part_ml, exec.stream);
+  if (pl.plain_tc || pl.prefill_tc) {
+    if (pl.plain_tc)
+      detail::plain_tc_launch(a, pl.ptp, d_length, p.part_o, p.part_ml, exec.stream);
+    else
+      detail::prefill_tc_launch(a, pl.pfp, d_length, p.part_o, p.part_ml, exec.stream);
     check_last_launch(op);
     if (pl.splits > 1) {
       launch_merge(p.part_o, p.part_ml, a.out, out_rows, pl.splits, static_cast<int>(a.values.dim), stream);

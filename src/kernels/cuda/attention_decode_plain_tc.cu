@@ -145,13 +145,8 @@ __global__ void __launch_bounds__(kPtThreads, D == 128 ? 2 : 1) attention_plain_
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
   const int R = p.R;
   // Visible key interval of the block (union over its rows) and of this split.
-  int64_t lo = 0, hi = kL;
-  if (p.causal) {
-    const int64_t pos_first = kL - p.L, pos_last = kL - p.L + (R - 1) / p.rep;
-    hi = min(kL, pos_last + 1);
-    if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
-  }
-  const SplitRange sr = split_range(lo, hi, split, p.splits, kPtWarps * TK);
+  const KeyInterval vis = visible_keys(kL, p.L, p.rep, 0, R - 1, p.causal != 0, p.window);
+  const SplitRange sr = split_range(vis.lo, vis.hi, split, p.splits, kPtWarps * TK);
   const int64_t c0 = sr.c0, c1 = sr.c1;
   const int64_t n_keys = max(static_cast<int64_t>(0), c1 - c0);
   const int n_tiles = static_cast<int>((n_keys + TK - 1) / TK);

@@ -473,12 +473,9 @@ __global__ void __launch_bounds__(kTcThreads, kChan ? (D == 128 ? 3 : 2) : (KB =
   if (p.d_length) kL = max(static_cast<int64_t>(0), min(static_cast<int64_t>(*p.d_length), p.kL_bound));
   const int R = p.R;
   // Visible key interval of the block (union over its rows) and of this split.
-  int64_t lo = 0, hi = kL;
-  if (p.causal) {
-    const int64_t pos_first = kL - p.L, pos_last = kL - p.L + (R - 1) / p.rep;
-    hi = min(kL, pos_last + 1);
-    if (p.window > 0) lo = max(static_cast<int64_t>(0), pos_first - p.window + 1);
-  }
+  const KeyInterval vis = visible_keys(kL, p.L, p.rep, 0, R - 1, p.causal != 0, p.window);
+  int64_t lo = vis.lo;
+  const int64_t hi = vis.hi;
   if constexpr (kChan) lo -= lo % C::kBlk;  // whole blocks (keys before the window are masked per row)
   // The visible interval spread over all splits (split_range: a device length below the planned bound, or a window,
   // keeps every CTA busy), in whole tiles per warp (kChan: whole blocks).

@@ -64,6 +64,20 @@ CIDER_HOST_DEVICE inline SplitRange split_range(int64_t lo, int64_t hi, int spli
   return {c0, c1 > c0 ? c1 : c0};
 }
 
+// The keys [lo, hi) that the query rows rf … rl of one (b, KV head) can see, row r at position kL − L + r / rep:
+// with a causal mask keys up to the last row's position, from `window` (> 0) keys before the first row's on; without
+// one all of [0, kL). The union over the rows; each row's own limits are applied to the scores.
+struct KeyInterval {
+  int64_t lo, hi;
+};
+CIDER_HOST_DEVICE inline KeyInterval visible_keys(int64_t kL, int64_t L, int rep, int rf, int rl, bool causal,
+                                                  int64_t window) {
+  if (!causal) return {0, kL};
+  const int64_t first = kL - L + rf / rep, last = kL - L + rl / rep;
+  const int64_t lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+  return {lo, last + 1 < kL ? last + 1 : kL};
+}
+
 // The fields every tensor-core attention kernel's parameter block shares (attention_tc.cu's TcParams,
 // attention_prefill_tc.h's PrefillParams derive from it): pointers into the cache, head counts, the split, bounds and
 // the mask.
