@@ -107,7 +107,7 @@ float dot_bf16(const float* q, const uint16_t* k, int64_t n) {
 // o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
 void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
                       int64_t kL, int64_t Dk, int64_t Dv, float scale, float softcap, const AttentionMask& mask,
-                      const int64_t (&mstride)[4], const float* lse, float* o) {
+                      const int64_t (&mstride)[4], float* lse, float* o) {
   const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the sink's, then the stage's
   if (n == 0) return;
   auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
@@ -173,6 +173,7 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
         float* orow = o + ((b * Hq + h) * L + i) * Dv;
         const float inv = 1.0f / (wq + l);
         for (int64_t d = 0; d < Dv; ++d) orow[d] = (wq * orow[d] + acc[static_cast<size_t>(d)]) * inv;
+        lse[(b * Hq + h) * L + i] = M + std::log(wq + l);  // the merged row's, for a later merge (segments)
       }
     }
   };
@@ -183,10 +184,71 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
     default_thread_pool().parallel_for(B * Hq, rows);
 }
 
+// o, lse [B·Hq, L, ·] ← the softmax-weighted merge of (o, lse) and (oc, lc) over rows [i0, i0 + Lc) of each
+// (b, h): two normalised parts of one softmax over disjoint keys, each with its log-sum-exp (−inf: saw no key).
+void merge_part(float* o, float* lse, const float* oc, const float* lc, int64_t BH, int64_t L, int64_t i0, int64_t Lc,
+                int64_t Dv) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < BH; ++r)
+    for (int64_t i = 0; i < Lc; ++i) {
+      const float l1 = lse[r * L + i0 + i], l2 = lc[r * Lc + i];
+      const float M = std::max(l1, l2);
+      if (M == kNegInf) continue;
+      const float w1 = l1 == kNegInf ? 0.0f : std::exp(l1 - M), w2 = l2 == kNegInf ? 0.0f : std::exp(l2 - M);
+      const float inv = 1.0f / (w1 + w2);
+      float* orow = o + (r * L + i0 + i) * Dv;
+      const float* crow = oc + (r * Lc + i) * Dv;
+      for (int64_t d = 0; d < Dv; ++d) orow[d] = (w1 * orow[d] + w2 * crow[d]) * inv;
+      lse[r * L + i0 + i] = M + std::log(w1 + w2);
+    }
+}
+
+// The queries' attention over one shared segment (every position visible: the queries come after it), merged into
+// (o, lse): the kernel over the segment's codes (its sink, at position 0, left to add_recent_block), in chunks of at
+// most the segment's length of query rows (the kernels' rows sit at positions they hold).
+void add_segment(const KVSegment& g, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t Dk,
+                 int64_t Dv, float scale, float softcap, float* o, float* lse) {
+  const kernels::KVTensorView keys = g.keys(), values = g.values();
+  const KVCache::ExactStage sink = g.sink();
+  const AttentionMask none;
+  const int64_t no_stride[4] = {0, 0, 0, 0};
+  const int64_t BH = B * Hq;
+  for (int64_t i0 = 0; i0 < L; i0 += g.length) {
+    const int64_t Lc = std::min(g.length, L - i0);
+    std::vector<float> qc(static_cast<size_t>(BH * Lc * Dk)), oc(static_cast<size_t>(BH * Lc * Dv)),
+        lc(static_cast<size_t>(BH * Lc));
+    for (int64_t r = 0; r < BH; ++r)
+      std::memcpy(qc.data() + r * Lc * Dk, q + (r * L + i0) * Dk, static_cast<size_t>(Lc * Dk) * sizeof(float));
+    kernels::AttentionArgs args{};
+    args.q = qc.data();
+    args.out = oc.data();
+    args.B = B;
+    args.Hq = Hq;
+    args.L = Lc;
+    args.keys = keys;
+    args.values = values;
+    args.scale = scale;
+    args.softcap = softcap;
+    args.mask_kind = kernels::MaskKind::kNone;
+    args.mask_dtype = DType::kF32;
+    args.lse = lc.data();
+    if (sink.block > 0) {  // the sink's positions read unquantized: the kernel takes [sink, length)
+      args.exact_block = sink.block;
+      args.exact_lo = sink.lo;
+      args.exact_sink = sink.sink;
+    }
+    kernels::active_kernels().attention(args);
+    if (sink.block > 0)
+      add_recent_block(sink, qc.data(), B, Hq, Hkv, Lc, g.length, Dk, Dv, scale, softcap, none, no_stride, lc.data(),
+                       oc.data());
+    merge_part(o, lse, oc.data(), lc.data(), BH, L, i0, Lc, Dv);
+  }
+}
+
 }  // namespace
 
 void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
-               const TensorView& out, float softcap) {
+               const TensorView& out, float softcap, const std::vector<KVSegment>& segments) {
   // ---- validation ----
   check_rank(queries, 4, kOp, "queries");
   check_float_dtype(queries, kOp, "queries");
@@ -202,10 +264,20 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
   check(Dk == keys.dim, ErrorCode::kShapeMismatch, kOp, "queries head dim must match the cache's Dk = ", keys.dim,
         "; got ", Dk);
   check(L <= kL, ErrorCode::kOutOfRange, kOp, "query length must be <= the cache length ", kL, "; got ", L);
+  // A cache that continues shared segments (its start() > 0 without a window) is read with them, under a causal mask
+  // without a window (or none): the queries come after the segments and see all of them.
+  const bool shared = !segments.empty() || (cache.start() > 0 && cache.window() == 0);
+  if (shared) {
+    check_segments(segments, cache, kOp);
+    check((mask.kind == kernels::MaskKind::kCausal && mask.window == 0) || mask.kind == kernels::MaskKind::kNone,
+          ErrorCode::kInvalidArgument, kOp,
+          "attention over shared segments takes a causal mask without a window, or none; got mask kind ",
+          mask_kind_name(mask.kind), ", window ", mask.window);
+  }
   // A sliding-window cache that dropped positions serves only queries that cannot see them: a causal mask whose window
   // is at most the cache's, over queries whose window starts within the storage.
-  check(cache.start() == 0 || (mask.kind == kernels::MaskKind::kCausal && mask.window > 0 &&
-                               mask.window <= cache.window() && kL - L >= mask.window - 1),
+  check(shared || cache.start() == 0 || (mask.kind == kernels::MaskKind::kCausal && mask.window > 0 &&
+                                         mask.window <= cache.window() && kL - L >= mask.window - 1),
         ErrorCode::kInvalidArgument, kOp, "a sliding-window cache (window ", cache.window(), ", positions [0, ",
         cache.start(), ") dropped) needs a causal mask with a window of at most ", cache.window(),
         " over queries whose window it still holds; got mask kind ", static_cast<int>(mask.kind), ", window ",
@@ -258,12 +330,16 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
     args.exact_block = stage.block;
     args.exact_lo = stage.lo;
     args.exact_sink = stage.sink;
+  }
+  if (stage.block > 0 || !segments.empty()) {
     lse.resize(static_cast<size_t>(B * Hq * L));
     args.lse = lse.data();
   }
   kernels::active_kernels().attention(args);
   if (stage.block > 0)
     add_recent_block(stage, q.data(), B, Hq, Hkv, L, kL, Dk, Dv, scale, softcap, mask, mstride, lse.data(), o.data());
+  for (const KVSegment& g : segments)  // the shared prefix's parts, merged by their log-sum-exp
+    add_segment(g, q.data(), B, Hq, Hkv, L, Dk, Dv, scale, softcap, o.data(), lse.data());
 
   // ---- back to the original value space, stored in out's dtype ----
   cache.value_rotation().apply_inverse(o.data(), B * Hq * L);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/kernel_table.h"
@@ -32,7 +33,13 @@ struct AttentionMask {
 // bfloat16 (any strides), written in full. Accumulation and softmax in float32. softcap > 0 caps the scores before
 // the mask (Gemma 2's attention logit softcapping): s = scale·q·k becomes softcap·tanh(s / softcap); 0 = none; it
 // must be finite and >= 0. Throws cider::Error on bad arguments.
+//
+// segments: a shared prefix (nn::KVSegment), positions [0, cache.start()) of a cache that split_front moved them out
+// of (contiguous, the cache's format: check_segments); the queries, after them, see every segment position, so the
+// mask must be causal without a window (or none; kBool/kAdditive masks cover the cache's positions only). Each
+// segment's part is merged with the cache's by their log-sum-exp: the result is attention over the whole sequence
+// (the float32 sums in another order). A cache with start() > 0 and no window needs its segments.
 void attention(const TensorView& queries, const KVCache& cache, float scale, const AttentionMask& mask,
-               const TensorView& out, float softcap = 0.0f);
+               const TensorView& out, float softcap = 0.0f, const std::vector<KVSegment>& segments = {});
 
 }  // namespace cider::nn

@@ -63,6 +63,9 @@ std::vector<detail::PlaneShape> plane_shapes(const KVCacheMeta& m) {
   return {{m.Dk * es, 1, 0}, {m.Dv * es, 1, 0}};
 }
 
+// KVCache::split_align of a cache of this metadata.
+int64_t split_unit(const KVCacheMeta& m) { return channel_keys(m) ? m.group_size : 1; }
+
 // Everything a snapshot or restore must hold for the metadata to describe a cache.
 void check_meta(const KVCacheMeta& m, const char* op) {
   m.spec().validate(op);
@@ -73,11 +76,17 @@ void check_meta(const KVCacheMeta& m, const char* op) {
   check(m.B > 0 && m.H > 0, ErrorCode::kShapeMismatch, op, "B and H must be positive; got (", m.B, ", ", m.H, ")");
   m.spec().validate_head_dims(m.Dk, m.Dv, op);
   check(m.length >= 0, ErrorCode::kInvalidArgument, op, "length must be >= 0; got ", m.length);
-  check(m.window >= 0 && m.start >= 0 && (m.window > 0 || m.start == 0), ErrorCode::kInvalidArgument, op,
-        "window and start must be >= 0, and start 0 without a window; got window ", m.window, ", start ", m.start);
-  check(m.start % window_align(m.spec()) == 0, ErrorCode::kInvalidArgument, op,
-        "a sliding-window cache drops positions in multiples of ", window_align(m.spec()), " (", KVCache::kWindowAlign,
-        ", or the group size for per-channel keys); got start ", m.start);
+  check(m.window >= 0 && m.start >= 0, ErrorCode::kInvalidArgument, op, "window and start must be >= 0; got window ",
+        m.window, ", start ", m.start);
+  if (m.window > 0) {
+    check(m.start % window_align(m.spec()) == 0, ErrorCode::kInvalidArgument, op,
+          "a sliding-window cache drops positions in multiples of ", window_align(m.spec()), " (",
+          KVCache::kWindowAlign, ", or the group size for per-channel keys); got start ", m.start);
+  } else {  // the rest of a cache split into shared segments (KVCache::split_front)
+    check(m.start % split_unit(m) == 0, ErrorCode::kInvalidArgument, op,
+          "a cache split into shared segments starts at a multiple of ", split_unit(m),
+          " (the group size for per-channel keys); got start ", m.start);
+  }
 }
 
 void check_window(int64_t window, const char* op) {
@@ -357,6 +366,111 @@ kernels::KVTensorView KVCacheSnapshot::keys() const {
 
 kernels::KVTensorView KVCacheSnapshot::values() const {
   return make_view(meta_, false, snapshot_pointers(*this), meta_.length);
+}
+
+// ---- KVSegment and shared prefixes ----------------------------------------------------------------------------------
+
+int64_t KVCache::split_align() const { return split_unit(meta()); }
+
+kernels::KVTensorView KVSegment::keys() const {
+  kernels::KVTensorView v = snapshot.keys();
+  v.length = length;
+  return v;
+}
+
+kernels::KVTensorView KVSegment::values() const {
+  kernels::KVTensorView v = snapshot.values();
+  v.length = length;
+  return v;
+}
+
+KVCache::ExactStage KVSegment::sink() const {
+  KVCache::ExactStage s;
+  const KVCacheMeta& m = snapshot.meta();
+  if (begin != 0 || length == 0 || !channel_keys(m) || !m.recent_exact) return s;
+  const size_t vw = value_window_plane(m);
+  s.sink_keys = snapshot.plane(vw + 1).as<uint16_t>();
+  s.sink_values = snapshot.plane(vw + 2).as<uint16_t>();
+  s.sink_rows = sink_rows(m.group_size);
+  s.sink = std::min<int64_t>(s.sink_rows, length);
+  s.block = s.lo = s.xlo = length;  // no recent block: n 0, and no value read as appended
+  s.vwin = value_window_rows(m.group_size);
+  return s;
+}
+
+const void* KVSegment::id() const { return snapshot.data_id(); }
+
+KVSegment KVSegment::cut(int64_t n) const {
+  const int64_t unit = split_unit(snapshot.meta());
+  check(n >= 0 && n <= length && n % unit == 0, ErrorCode::kOutOfRange, "kv_segment_cut",
+        "a segment of ", length, " positions is cut at a multiple of ", unit,
+        " (the group size for per-channel keys) within it; got ", n);
+  return {snapshot, begin, n};
+}
+
+namespace {
+// The format and dims a segment and the cache it continues must share (attention reads them with one rotation).
+void check_same_format(const KVCacheMeta& a, const KVCacheMeta& b, const char* op) {
+  check(a.spec().name() == b.spec().name() && a.seed == b.seed && a.B == b.B && a.H == b.H && a.Dk == b.Dk &&
+            a.Dv == b.Dv,
+        ErrorCode::kInvalidArgument, op, "a shared segment must have its cache's format and dims: segment ",
+        a.spec().name(), " seed ", a.seed, " [", a.B, ", ", a.H, "] Dk ", a.Dk, " Dv ", a.Dv, ", cache ",
+        b.spec().name(), " seed ", b.seed, " [", b.B, ", ", b.H, "] Dk ", b.Dk, " Dv ", b.Dv);
+}
+}  // namespace
+
+void check_segments(const std::vector<KVSegment>& segments, const KVCache& rest, const char* op) {
+  const KVCacheMeta rm = rest.meta();
+  check(rm.has_dims && rm.window == 0, ErrorCode::kInvalidArgument, op,
+        "shared segments continue a cache with dims and no sliding window; got ", rm.has_dims ? "window " : "no dims",
+        rm.has_dims ? rm.window : 0);
+  int64_t pos = 0;
+  for (const KVSegment& g : segments) {
+    check(g.begin == pos && g.length > 0 && g.length <= g.snapshot.length(), ErrorCode::kInvalidArgument, op,
+          "segments must be contiguous from position 0, each within its snapshot: expected one at ", pos,
+          "; got [", g.begin, ", ", g.begin + g.length, ") of a snapshot of ", g.snapshot.length());
+    check_same_format(g.snapshot.meta(), rm, op);
+    pos += g.length;
+  }
+  check(pos == rm.start, ErrorCode::kInvalidArgument, op, "the segments end at ", pos,
+        "; the cache they continue starts at ", rm.start);
+}
+
+KVCacheSnapshot join_snapshot(const std::vector<KVSegment>& segments, const KVCache& rest) {
+  const char* op = "kv_cache_join";
+  check_segments(segments, rest, op);
+  const KVCacheSnapshot tail = rest.snapshot();
+  KVCacheMeta m = tail.meta();
+  m.start = 0;
+  m.length = tail.length() + rest.start();
+  const std::vector<detail::PlaneShape> shapes = plane_shapes(m);
+  const bool sink = channel_keys(m) && m.recent_exact && !segments.empty();
+  const size_t first_sink = sink ? value_window_plane(m) + 1 : shapes.size();
+  std::vector<Buffer> planes;
+  const int64_t heads = m.B * m.H;
+  for (size_t p = 0; p < shapes.size(); ++p) {
+    const detail::PlaneShape& s = shapes[p];
+    Buffer out(static_cast<size_t>(heads * s.rows(m.length) * s.row_bytes));
+    uint8_t* dst = out.as<uint8_t>();
+    if (s.row_bytes > 0 && s.per == 0) {  // fixed rows: the sink's from the first segment, the rest the cache's
+      const KVCacheSnapshot& from = p >= first_sink ? segments.front().snapshot : tail;
+      if (from.length() > 0) std::memcpy(dst, from.plane(p).data(), out.nbytes());
+    } else if (s.row_bytes > 0) {
+      const int64_t drows = s.rows(m.length);
+      int64_t at = 0;  // rows written per head
+      auto append = [&](const KVCacheSnapshot& src, int64_t positions) {
+        const int64_t rows = s.rows(positions), srows = s.rows(src.length());
+        for (int64_t bh = 0; bh < heads; ++bh)
+          std::memcpy(dst + (bh * drows + at) * s.row_bytes, src.plane(p).as<uint8_t>() + bh * srows * s.row_bytes,
+                      static_cast<size_t>(rows * s.row_bytes));
+        at += rows;
+      };
+      for (const KVSegment& g : segments) append(g.snapshot, g.length);
+      append(tail, tail.length());
+    }
+    planes.push_back(std::move(out));
+  }
+  return KVCacheSnapshot(m, std::move(planes));
 }
 
 // ---- KVStore ------------------------------------------------------------------------------------------------------
@@ -1064,6 +1178,50 @@ std::unique_ptr<KVCache> QuantizedKVCache::copy_prefix(int64_t end) const {
   return c;
 }
 
+namespace {
+void check_split(const KVCache& c, int64_t n, const char* op) {
+  check(!c.empty(), ErrorCode::kInvalidArgument, op, "the cache has no dims yet (nothing appended)");
+  check(c.window() == 0, ErrorCode::kUnsupported, op,
+        "a sliding-window cache (window ", c.window(), ") is not split into shared segments");
+  check(n >= 0 && n <= c.offset() && n % c.split_align() == 0, ErrorCode::kOutOfRange, op,
+        "n must be a multiple of ", c.split_align(), " (the group size for per-channel keys) in [0, ", c.offset(),
+        "] (the stored positions); got ", n);
+}
+void check_empty_at(const KVCache& c, int64_t position, const char* op) {
+  check(!c.empty(), ErrorCode::kInvalidArgument, op, "the cache has no dims yet (nothing appended)");
+  check(c.window() == 0, ErrorCode::kUnsupported, op,
+        "a sliding-window cache (window ", c.window(), ") does not start past position 0");
+  check(position >= 0 && position % c.split_align() == 0, ErrorCode::kOutOfRange, op,
+        "the position must be a multiple of ", c.split_align(), " (the group size for per-channel keys) and >= 0; got ",
+        position);
+}
+}  // namespace
+
+KVCacheSnapshot QuantizedKVCache::split_front(int64_t n) {
+  check_split(*this, n, "kv_cache_split");
+  KVCacheMeta m = meta();
+  m.length = n;
+  m.start = 0;
+  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());  // before anything changes here
+  store_.drop_front(n);
+  start_ += n;
+  stage_from_residual();
+  return snap;
+}
+
+std::unique_ptr<KVCache> QuantizedKVCache::empty_at(int64_t position) const {
+  check_empty_at(*this, position, "kv_cache_empty_at");
+  auto c = std::make_unique<QuantizedKVCache>(config_);
+  c->Dk_ = Dk_;
+  c->Dv_ = Dv_;
+  c->key_rot_ = key_rot_;
+  c->value_rot_ = value_rot_;
+  c->store_ = store_.copy_prefix(0);
+  c->start_ = position;
+  c->stage_from_residual();
+  return c;
+}
+
 // ---- PlainKVCache ---------------------------------------------------------------------------------------------------
 
 PlainKVCache::PlainKVCache(const PlainKVCacheConfig& config) : config_(config) {
@@ -1168,6 +1326,29 @@ std::unique_ptr<KVCache> PlainKVCache::copy_prefix(int64_t end) const {
   c->value_rot_ = value_rot_;
   c->start_ = start_;
   c->store_ = store_.copy_prefix(end - start_);
+  return c;
+}
+
+KVCacheSnapshot PlainKVCache::split_front(int64_t n) {
+  check_split(*this, n, "kv_cache_split");
+  KVCacheMeta m = meta();
+  m.length = n;
+  m.start = 0;
+  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());
+  store_.drop_front(n);
+  start_ += n;
+  return snap;
+}
+
+std::unique_ptr<KVCache> PlainKVCache::empty_at(int64_t position) const {
+  check_empty_at(*this, position, "kv_cache_empty_at");
+  auto c = std::make_unique<PlainKVCache>(config_);
+  c->Dk_ = Dk_;
+  c->Dv_ = Dv_;
+  c->key_rot_ = key_rot_;
+  c->value_rot_ = value_rot_;
+  c->store_ = store_.copy_prefix(0);
+  c->start_ = position;
   return c;
 }
 

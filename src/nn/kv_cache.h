@@ -102,6 +102,7 @@ class KVCacheSnapshot {
   size_t num_planes() const { return planes_ ? planes_->size() : 0; }
   const Buffer& plane(size_t i) const { return (*planes_)[i]; }
   int64_t nbytes() const;  // bytes of the copied data
+  const void* data_id() const { return planes_.get(); }  // equal for copies of one snapshot (null: none)
   // Views of the snapshot's data, ready for attention (capacity == length).
   kernels::KVTensorView keys() const;
   kernels::KVTensorView values() const;
@@ -165,6 +166,19 @@ class KVCache {
   virtual std::unique_ptr<KVCache> copy_prefix(int64_t end) const = 0;
   virtual KVCacheMeta meta() const = 0;  // current configuration, dims and length
 
+  // Shared prefixes (nn::KVSegment). split_front(n) moves the first n stored positions out of this cache into a
+  // snapshot of a cache holding just them (its start 0, its length n; a per-channel cache's sink, when start() is
+  // 0, with them): this cache then holds positions [start() + n, end()) and start() grows by n, so that attention
+  // over the segment and this cache, merged (nn::attention's segments), reads what it read over this cache alone.
+  // Only without a sliding window (window() == 0), 0 <= n <= offset(), n a multiple of split_align(). Positions
+  // before start() are then held elsewhere: a cache with start() > 0 keeps no sink of its own.
+  // empty_at(p): a cache of this one's format and dims holding no positions, starting at absolute position p
+  // (start() == end() == p): p >= 0, a multiple of split_align(), window() == 0, and this cache has dims.
+  virtual KVCacheSnapshot split_front(int64_t n) = 0;
+  virtual std::unique_ptr<KVCache> empty_at(int64_t position) const = 0;
+  // The positions split_front and empty_at cut at multiples of: the group size for per-channel keys, else 1.
+  int64_t split_align() const;
+
   // The recent block read unquantized (KVSpec::recent_exact; n == 0 otherwise): storage positions [lo, lo + n) in
   // bfloat16 — keys [B, H, n, Dk] in the key space attention reads, values [B, H, n, Dv] in the rotated value space
   // as their codes read (the sink's as appended), and values_exact [B, H, n, Dv] as appended, meaningful from
@@ -192,6 +206,37 @@ class KVCache {
   virtual const Rotation& key_rotation() const = 0;
   virtual const Rotation& value_rotation() const = 0;
 };
+
+// A shared, read-only run of a session's positions [begin, begin + length): positions [0, length) of `snapshot` (a
+// cache's split_front, or a shorter cut of one: length <= snapshot.length(), a multiple of the group size for per-
+// channel keys). Attention reads it in place (nn::attention's segments) for every session that holds a copy; copies
+// share the data (KVCacheSnapshot), freed with the last one. The sink (per-channel keys read recent_exact) is the
+// segment's at begin 0.
+struct KVSegment {
+  KVCacheSnapshot snapshot;
+  int64_t begin = 0;
+  int64_t length = 0;
+
+  kernels::KVTensorView keys() const;    // length positions, storage of the snapshot's length
+  kernels::KVTensorView values() const;
+  // The sink's rows (begin 0 and recent_exact: KVCache::ExactStage's sink fields, block = lo = xlo = length, n = 0);
+  // else block 0 (none).
+  KVCache::ExactStage sink() const;
+  const void* id() const;  // the shared data's identity: equal for copies of one split
+  int64_t nbytes() const { return snapshot.nbytes(); }  // all of the snapshot's bytes (a cut keeps them alive)
+  KVSegment cut(int64_t n) const;  // the first n positions (n <= length; the alignment rule above)
+};
+
+// One snapshot of a cache's whole state from its segments (contiguous from position 0) and the cache holding the
+// rest (start() == the segments' end, window 0): the snapshot split_front never made (start 0, length end()). Each
+// segment's rows, then the cache's; the fixed planes (residual window, its statistics, the values' window) the
+// cache's, the sink the first segment's. What restore() of it then holds reads, under attention, as the segments and
+// the cache did.
+KVCacheSnapshot join_snapshot(const std::vector<KVSegment>& segments, const KVCache& rest);
+// The rules segments and the cache that continues them follow (cider::Error naming `op`): the cache has dims and no
+// sliding window; the segments are contiguous from position 0 to the cache's start(), each non-empty and within its
+// snapshot, of the cache's format (KVSpec, seed) and dims.
+void check_segments(const std::vector<KVSegment>& segments, const KVCache& rest, const char* op);
 
 namespace detail {
 
@@ -297,6 +342,8 @@ class QuantizedKVCache final : public KVCache {
   void restore(const KVCacheSnapshot& snapshot) override;
   std::unique_ptr<KVCache> copy_prefix(int64_t end) const override;
   KVCacheMeta meta() const override;
+  KVCacheSnapshot split_front(int64_t n) override;
+  std::unique_ptr<KVCache> empty_at(int64_t position) const override;
   bool is_quantized() const override { return true; }
   const Rotation& key_rotation() const override { return key_rot_; }
   const Rotation& value_rotation() const override { return value_rot_; }
@@ -373,6 +420,8 @@ class PlainKVCache final : public KVCache {
   void restore(const KVCacheSnapshot& snapshot) override;
   std::unique_ptr<KVCache> copy_prefix(int64_t end) const override;
   KVCacheMeta meta() const override;
+  KVCacheSnapshot split_front(int64_t n) override;
+  std::unique_ptr<KVCache> empty_at(int64_t position) const override;
   bool is_quantized() const override { return false; }
   const Rotation& key_rotation() const override { return key_rot_; }
   const Rotation& value_rotation() const override { return value_rot_; }
