@@ -876,6 +876,104 @@ TEST(EngineSessionCopy, ACopyHoldsWhatATrimLeaves) {
 
 namespace {
 
+size_t shared_bytes(const cm::Session& s) {
+  std::vector<cm::SharedKvBlock> blocks;
+  s.shared_kv(blocks);
+  size_t b = 0;
+  for (const auto& k : blocks) b += k.bytes;
+  return b;
+}
+
+// max |a − b| over the logits as a fraction of a's spread (max − min). Shared and unshared sessions read the same
+// codes; only attention's float32 sums run in another order (relative ~1e-7 per layer), which the layers carry to the
+// logits: measured at most 3.5e-5 of the spread on cider-tiny (2026-12-06), bounded here at 2e-4 — a segment read
+// wrongly (or missed) moves the logits by a sizeable part of it.
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0.0f, lo = a[0], hi = a[0];
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::fabs(a[i] - b[i]));  // NaN: the comparison below fails
+    if (std::isnan(b[i])) return b[i];
+    lo = std::min(lo, a[i]);
+    hi = std::max(hi, a[i]);
+  }
+  return d / (hi - lo);
+}
+
+// Model::share_session(s) then copy_session(s, n): the copy shares s's complete blocks (held once: the same blocks,
+// its own bytes only what follows them and its sliding layers) and continues as a plain copy of the trimmed session
+// does — the same codes, attention's float32 sums in another order, so the logits agree (max_diff) and the greedy
+// token is the same; s continues as before; a copy's snapshot (joined) restores a session that continues
+// like it.
+void check_shared_copies(const cm::Model& m, const std::vector<int32_t>& tokens, const std::vector<int64_t>& cuts,
+                         const std::string& what) {
+  const auto V = static_cast<size_t>(m.config().vocab_size);
+  std::vector<float> a(V), b(V), c(V);
+  auto s = m.new_session();
+  m.forward(*s, tokens.data(), static_cast<int64_t>(tokens.size()), a.data(), false);
+  const cm::SessionState before = m.snapshot(*s);
+  const size_t unshared = s->kv_bytes();
+  m.share_session(*s);
+  EXPECT_GT(shared_bytes(*s), 0u) << what;
+  auto again = m.restore_session(before);
+  for (int32_t t : {9, 41}) {  // s reads what it read before sharing
+    m.forward(*s, &t, 1, a.data(), false);
+    m.forward(*again, &t, 1, b.data(), false);
+    EXPECT_LE(max_diff(a, b), 2e-4f) << what << " (the shared session)";
+    EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin());
+  }
+  s = m.restore_session(before);
+  m.share_session(*s);
+  for (int64_t cut : cuts) {
+    const std::string at = what + " cut " + std::to_string(cut);
+    auto copy = m.copy_session(*s, cut);
+    EXPECT_EQ(copy->position(), cut) << at;
+    auto trimmed = m.restore_session(before);
+    trimmed->trim(trimmed->position() - cut);
+    // Held once: the copy's shared blocks are s's, and its own bytes are a fraction of a plain copy's.
+    std::vector<cm::SharedKvBlock> mine, theirs;
+    copy->shared_kv(mine);
+    s->shared_kv(theirs);
+    for (const auto& k : mine)
+      EXPECT_TRUE(std::any_of(theirs.begin(), theirs.end(), [&](const auto& t) { return t.id == k.id; })) << at;
+    if (cut >= 256) {
+      EXPECT_GT(shared_bytes(*copy), 0u) << at;
+      EXPECT_LT(copy->kv_bytes() - shared_bytes(*copy), trimmed->kv_bytes()) << at;
+    }
+    for (int32_t t : {5, 77, 300}) {
+      m.forward(*copy, &t, 1, a.data(), false);
+      m.forward(*trimmed, &t, 1, b.data(), false);
+      EXPECT_LE(max_diff(a, b), 2e-4f) << at << " token " << t;
+      EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(), std::max_element(b.begin(), b.end()) - b.begin())
+          << at;
+    }
+    auto restored = m.restore_session(m.snapshot(*copy));
+    EXPECT_EQ(restored->position(), copy->position()) << at;
+    EXPECT_EQ(shared_bytes(*restored), 0u) << at;
+    const int32_t t = 123;
+    m.forward(*copy, &t, 1, a.data(), false);
+    m.forward(*restored, &t, 1, c.data(), false);
+    EXPECT_LE(max_diff(a, c), 2e-4f) << at << " (restored from the joined snapshot)";
+  }
+  EXPECT_GE(unshared, 1u);
+}
+
+}  // namespace
+
+TEST(EngineSessionCopy, SharedPrefixIsHeldOnceAndReadsLikeACopy) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 700; ++i) tokens.push_back(3 + (i * 37) % 500);
+  const int64_t block = tiny().options().kv.group_size;
+  check_shared_copies(tiny(), tokens, {699, 4 * block, 2 * block, block + 17, 20, 0}, "per-channel keys");
+  cm::ModelOptions o;
+  o.kv = cm::parse_kv_format("k8v4");
+  auto per_token = cm::Model::load(cider::test::repo_file("models/cider-tiny"), o);
+  check_shared_copies(*per_token, tokens, {699, 300, 1}, "per-token keys");
+  auto window = window_model();  // its sliding layers are copied, its global ones shared
+  check_shared_copies(*window, tokens, {700, 699, 695}, "sliding window");
+}
+
+namespace {
+
 // What a request reuses of a pooled entry holding `pooled` tokens (Engine::reusable_prefix with per-channel keys).
 int64_t expected_reuse(const std::vector<int32_t>& pooled, const std::vector<int32_t>& prompt) {
   size_t k = 0;

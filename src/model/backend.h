@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "model/model.h"
 
@@ -116,6 +117,11 @@ class BackendSession {
     (void)position;
     return nullptr;
   }
+  // Shared prefixes (Model::share_session; optional, where copy_prefix works): moves the complete blocks of every
+  // layer cache that can be shared into read-only segments that copy_prefix then shares instead of copying.
+  virtual void share() {}
+  // The shared segments this session holds (their bytes are also in kv_bytes()).
+  virtual void shared_kv(std::vector<SharedKvBlock>& out) const { (void)out; }
 };
 
 // A model's weights on one device and the forward there.

@@ -123,61 +123,107 @@ class CpuSession final : public BackendSession {
     // Linear-attention layers keep a state instead of a cache (their cache stays empty).
     for (int64_t l = 0; l < m.config.num_layers; ++l) caches.push_back(m.make_cache(l));
     linear.resize(static_cast<size_t>(m.config.num_layers));
+    segs.resize(static_cast<size_t>(m.config.num_layers));
   }
-  size_t kv_bytes() const override {  // the caches and the linear-attention states: a session's memory
+  // The caches, their shared segments and the linear-attention states: what this session keeps alive.
+  size_t kv_bytes() const override {
     size_t b = 0;
     for (const auto& c : caches) b += static_cast<size_t>(c->nbytes());
+    for (const auto& layer : segs)
+      for (const nn::KVSegment& g : layer) b += static_cast<size_t>(g.nbytes());
     for (const LinearState& st : linear) b += (st.S.size() + st.conv.size()) * sizeof(float);
     return b;
   }
+  void shared_kv(std::vector<SharedKvBlock>& out) const override {
+    for (const auto& layer : segs)
+      for (const nn::KVSegment& g : layer) {
+        if (std::none_of(out.begin(), out.end(), [&](const SharedKvBlock& b) { return b.id == g.id(); }))
+          out.push_back({g.id(), static_cast<size_t>(g.nbytes())});
+      }
+  }
   // Sliding-window caches that dropped positions go back only while the new end's window is still stored; a
-  // recurrent state only to where it is (it holds no earlier states); position 0 starts everything over.
+  // recurrent state only to where it is (it holds no earlier states); position 0 starts everything over. Layers with
+  // shared segments go back anywhere (truncate cuts the segments or joins them).
   bool can_truncate(int64_t position) const override {
     if (position <= 0) return true;
-    for (const auto& c : caches)
-      if (c->end() > position && !c->can_trim(c->end() - position)) return false;
+    for (size_t l = 0; l < caches.size(); ++l)
+      if (segs[l].empty() && caches[l]->end() > position && !caches[l]->can_trim(caches[l]->end() - position))
+        return false;
     for (size_t l = 0; l < linear.size(); ++l)
       if (model.config.is_linear_layer(static_cast<int64_t>(l)) && linear[l].pos != position) return false;
     return true;
   }
   void truncate(int64_t position) override {
-    if (position <= 0) {  // a cache that dropped positions starts over; the others keep their storage
+    if (position <= 0) {  // a cache that dropped or shared positions starts over; the others keep their storage
       for (size_t l = 0; l < caches.size(); ++l)
         if (caches[l]->start() > 0) caches[l] = model.make_cache(static_cast<int64_t>(l));
+      for (auto& layer : segs) layer.clear();
       for (LinearState& st : linear) st.reset();
       position = 0;
     }
     check(can_truncate(position), ErrorCode::kOutOfRange, "session_truncate",
           "caches or recurrent states cannot go back to position ", position,
           " (sliding-window caches dropped positions; a linear-attention state holds only its latest position)");
-    for (auto& c : caches)
-      if (c->end() > position) c->trim(c->end() - position);
+    for (size_t l = 0; l < caches.size(); ++l) {
+      if (position < caches[l]->start() && !segs[l].empty()) {
+        back_into_segments(l, position);
+        continue;
+      }
+      if (caches[l]->end() > position) caches[l]->trim(caches[l]->end() - position);
+    }
   }
+  // Joined: what the caches hold with their segments (nn::join_snapshot), as if never shared.
   bool snapshot(SessionState& out) const override {
     out.caches.clear();
     out.linear.clear();
-    for (const auto& c : caches) out.caches.push_back(c->snapshot());
+    for (size_t l = 0; l < caches.size(); ++l)
+      out.caches.push_back(segs[l].empty() ? caches[l]->snapshot() : nn::join_snapshot(segs[l], *caches[l]));
     for (const LinearState& st : linear) out.linear.push_back({st.S, st.conv, st.pos});
     return true;
   }
-  // The first `position` positions (Model::copy_session checked can_truncate): each cache's kept rows copied once
-  // (nn::KVCache::copy_prefix, a trim's semantics), the recurrent states as they are (they are at `position`).
+  // The first `position` positions (Model::copy_session checked can_truncate): the shared segments up to position
+  // (the copy holds them too, not a copy of them), and each cache's kept rows after them copied once
+  // (nn::KVCache::copy_prefix, a trim's semantics); the recurrent states as they are (they are at `position`).
   std::unique_ptr<BackendSession> copy_prefix(int64_t position) const override {
     auto c = std::make_unique<CpuSession>(model);
     position = std::max<int64_t>(position, 0);
-    for (size_t l = 0; l < caches.size(); ++l)  // as truncate(0), a cache that dropped positions starts over at 0
-      if (!caches[l]->empty() && (position > 0 || caches[l]->start() == 0))
-        c->caches[l] = caches[l]->copy_prefix(std::min(position, caches[l]->end()));
+    for (size_t l = 0; l < caches.size(); ++l) {
+      const nn::KVCache& own = *caches[l];
+      if (!segs[l].empty() && position >= own.start()) {
+        c->segs[l] = segs[l];
+        c->caches[l] = own.copy_prefix(std::min(position, own.end()));
+      } else if (!segs[l].empty()) {  // within the segments: a cut of them, or their positions joined and copied
+        c->segs[l] = segs[l];
+        c->caches[l] = own.copy_prefix(own.start());
+        c->back_into_segments(l, position);
+      } else if (!own.empty() && (position > 0 || own.start() == 0)) {
+        // as truncate(0), a cache that dropped positions starts over at 0
+        c->caches[l] = own.copy_prefix(std::min(position, own.end()));
+      }
+    }
     c->linear = linear;
     if (position == 0)
       for (LinearState& st : c->linear) st.reset();
     return c;
   }
+  // Every layer whose cache has no sliding window: its stored positions up to the last complete block (of
+  // split_align) move into a new shared segment.
+  void share() override {
+    for (size_t l = 0; l < caches.size(); ++l) {
+      nn::KVCache& c = *caches[l];
+      if (c.empty() || c.window() != 0) continue;
+      const int64_t n = c.offset() / c.split_align() * c.split_align(), begin = c.start();
+      if (n > 0) segs[l].push_back({c.split_front(n), begin, n});
+    }
+  }
   // Model::restore_session checked the state against this model: attention layers' caches take its snapshots (a
   // layer's cache without dims stays fresh), linear-attention layers its states.
   void restore(const SessionState& state) override {
     for (size_t l = 0; l < caches.size(); ++l) {
-      if (state.caches[l].meta().has_dims) caches[l]->restore(state.caches[l]);
+      if (state.caches[l].meta().has_dims) {
+        segs[l].clear();
+        caches[l]->restore(state.caches[l]);
+      }
       const LinearStateCopy& st = state.linear[l];
       linear[l].S = st.S;
       linear[l].conv = st.conv;
@@ -187,8 +233,30 @@ class CpuSession final : public BackendSession {
 
   const Model::Impl& model;
   std::vector<std::unique_ptr<nn::KVCache>> caches;  // (layer)
+  std::vector<std::vector<nn::KVSegment>> segs;      // (layer): shared positions [0, caches[l]->start())
   std::vector<LinearState> linear;                   // (layer): used by linear-attention layers
   Scratch scratch;                                    // used when this session leads a pass
+
+ private:
+  // Layer l back to `position` < its cache's start: the segments cut there and an empty cache at it where position
+  // is a multiple of the blocks; else everything joined into one cache again, trimmed to it.
+  void back_into_segments(size_t l, int64_t position) {
+    nn::KVCache& own = *caches[l];
+    if (position % own.split_align() == 0) {
+      std::vector<nn::KVSegment> kept;
+      for (const nn::KVSegment& g : segs[l])
+        if (g.begin < position) kept.push_back(g.cut(std::min(g.length, position - g.begin)));
+      caches[l] = own.empty_at(position);
+      segs[l] = std::move(kept);
+      return;
+    }
+    const nn::KVCacheSnapshot joined = nn::join_snapshot(segs[l], own);
+    auto fresh = model.make_cache(static_cast<int64_t>(l));
+    fresh->restore(joined);
+    fresh->trim(fresh->end() - position);
+    caches[l] = std::move(fresh);
+    segs[l].clear();
+  }
 };
 
 // A pass's rows of at most kMaxChunk: a prefill longer than that runs chunk by chunk.
@@ -321,7 +389,8 @@ class CpuBackend final : public PassBackend {
     mask.window = c_.layer_sliding[sz(layer)] != 0 ? c_.sliding_window : 0;
     for (const PassSegment& g : segments_)
       nn::attention(heads_view(s_.q.data() + g.row0 * Hq * D, g.n, Hq, D), cache(g.seq, layer), c_.attn_scale, mask,
-                    heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D), c_.attn_logit_softcap);
+                    heads_view(s_.att.data() + g.row0 * Hq * D, g.n, Hq, D), c_.attn_logit_softcap,
+                    static_cast<CpuSession*>(sessions_[sz(g.seq)])->segs[sz(layer)]);
   }
 
   // nn::attention wrote (rows, Hq, D), rotated back; gated attention multiplies it by sigmoid(gate).

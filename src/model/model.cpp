@@ -118,7 +118,8 @@ bool Session::can_truncate(int64_t position) const {
   return position >= 0 && position <= impl_->position && impl_->backend->can_truncate(position);
 }
 
-int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding) {
+int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding,
+                       int64_t shared) {
   int64_t b = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (c.is_linear_layer(l)) {  // a recurrent state, the same at any length (allocated at the first token)
@@ -127,12 +128,14 @@ int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positi
     }
     const bool sliding = !full_sliding && static_cast<size_t>(l) < c.layer_sliding.size() &&
                          c.layer_sliding[static_cast<size_t>(l)] != 0;
-    b += nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim, positions, sliding ? c.sliding_window : 0);
+    b += nn::kv_cache_bytes(kv, 1, c.num_kv_heads, c.head_dim, c.head_dim,
+                            sliding ? positions : std::max<int64_t>(0, positions - shared), sliding ? c.sliding_window : 0);
   }
   return b;
 }
 
 size_t Session::kv_bytes() const { return impl_->backend->kv_bytes(); }
+void Session::shared_kv(std::vector<SharedKvBlock>& out) const { impl_->backend->shared_kv(out); }
 
 // ---- Model ------------------------------------------------------------------------------------------------------
 
@@ -320,6 +323,15 @@ std::unique_ptr<Session> Model::copy_session(const Session& s, int64_t position)
   check(copy->backend != nullptr, ErrorCode::kUnsupported, op, "this session cannot be copied");
   copy->position = position;
   return std::unique_ptr<Session>(new Session(std::move(copy)));
+}
+
+void Model::share_session(Session& s) const {
+  constexpr const char* op = "session_share";
+  check(can_copy_sessions(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
+        " device cannot share their prefixes (the cpu device's can)");
+  check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
+        "the session must come from this model's new_session()");
+  s.impl().backend->share();
 }
 
 namespace {

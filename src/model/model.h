@@ -236,7 +236,16 @@ struct ModelConfig {
 // Bytes of KV cache a CPU session of a model of config c holds after `positions` positions, every layer in format kv:
 // what Session::kv_bytes then reports (nn::kv_cache_bytes per layer; sliding-window layers bounded by their window
 // unless full_sliding).
-int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding = false);
+// shared: positions [0, shared) of the layers without a sliding window are held in segments shared with other
+// sessions (Model::share_session) and not counted: those layers count positions − shared.
+int64_t kv_cache_bytes(const ModelConfig& c, const KVOptions& kv, int64_t positions, bool full_sliding = false,
+                       int64_t shared = 0);
+
+// A block of KV bytes shared by sessions (Model::share_session): its identity, equal in every session holding it.
+struct SharedKvBlock {
+  const void* id = nullptr;
+  size_t bytes = 0;
+};
 
 // (stage, done, total): called while loading/converting so the CLI can draw a progress bar.
 using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t total)>;
@@ -254,7 +263,9 @@ class Session {
   // further throws cider::Error (kOutOfRange) and changes nothing. Trimming to position 0 always works.
   int64_t trim(int64_t n);
   bool can_truncate(int64_t position) const;  // whether trim(this->position() − position) would succeed
-  size_t kv_bytes() const;      // bytes of KV storage allocated, all layers
+  size_t kv_bytes() const;      // bytes of KV storage allocated, all layers (shared segments included)
+  // The shared segments it holds (Model::share_session), each once: count a block once however many sessions hold it.
+  void shared_kv(std::vector<SharedKvBlock>& out) const;
   struct Impl;
   Impl& impl() { return *impl_; }
   const Impl& impl() const { return *impl_; }
@@ -319,6 +330,13 @@ class Model {
   // s.can_truncate(position); else cider::Error (kUnsupported, kOutOfRange) naming the rule.
   bool can_copy_sessions() const;
   std::unique_ptr<Session> copy_session(const Session& s, int64_t position) const;
+  // Shared prefixes (where can_copy_sessions): moves s's complete blocks (of the group size for per-channel keys,
+  // every position otherwise) in the layers without a sliding window into read-only segments, one copy of them, so
+  // that copy_session then shares them instead of copying: N sessions copied from s hold its prefix once (reference
+  // counted, freed with the last holder), each only its own positions after it. s reads the same afterwards (its
+  // attention sums the segments' and its own parts: the same codes, float32 sums in another order); snapshot() joins
+  // them back. Sliding-window layers and recurrent states are still copied (bounded by their window).
+  void share_session(Session& s) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools
