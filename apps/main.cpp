@@ -217,6 +217,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--prefix-cache", serve.prefix_cache,
                         "finished sequences whose KV is kept for requests sharing a prefix (0: off)")
       ->capture_default_str();
+  serve_cmd->add_flag("--no-prefix-sharing", serve.no_prefix_sharing,
+                      "copy a reused prefix into each request instead of sharing its blocks (memory comparisons)");
   serve_cmd->add_option("--prompt-cache", serve.prompt_cache,
                         "a directory that keeps the prefix cache across restarts: one file per cached sequence, "
                         "loaded at start (CPU device)");

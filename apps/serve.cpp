@@ -173,6 +173,7 @@ int run_serve(ServeArgs a) {
   eo.max_waiting = a.max_waiting;
   eo.step_tokens = a.step_tokens;
   eo.prefix_cache_entries = a.prefix_cache;
+  eo.share_prefixes = !a.no_prefix_sharing;
   if (!a.prompt_cache.empty()) {
     eo.prompt_cache_dir = a.prompt_cache;
     eo.model_identity = runtime::model_identity(*model, path);

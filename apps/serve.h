@@ -17,6 +17,7 @@ struct ServeArgs {
   std::string kv_memory;           // a byte count; "": max_batch full contexts
   int64_t max_waiting = 64;        // queued requests beyond the batch; more get 429
   int64_t prefix_cache = 16;       // finished sequences kept for prefix reuse (0: off)
+  bool no_prefix_sharing = false;  // copy reused prefixes instead of sharing their blocks
   std::string prompt_cache;        // a directory keeping the prefix cache across restarts; "": in memory only
   int64_t step_tokens = 256;       // rows per batched forward (decode rows first, then prompt chunks)
   std::string api_key;             // "": no key (also $CIDER_API_KEY)

@@ -1062,6 +1062,61 @@ TEST(Engine, ConcurrentRequestsSharingAPooledPrefixEachGetACopy) {
             std::string::npos);
 }
 
+// A pooled prefix longer than a storage step, then four requests that extend it, submitted at once: each shares the
+// entry's blocks (Model::share_session: held once) instead of copying them — cached_tokens the reusable prefix,
+// greedy tokens those of an engine without a prefix cache — and the pool afterwards holds less than the four copies
+// would: the entry's blocks once, each finished session its own positions (kv_bytes_at_shared) — by at least half
+// of what the four shares save by that formula (the entry's split costs its segments' fixed planes and a storage
+// step of its own: on cider-tiny's small heads these are a large part).
+TEST(Engine, ConcurrentRequestsShareALongPooledPrefixOnce) {
+  std::string p = "import numpy as np\n\n";
+  for (int i = 0; i < 40; ++i) p += "def g" + std::to_string(i) + "(x):\n    return np.mean(x - " + std::to_string(i) + ")\n\n";
+  std::vector<rt::RequestOptions> reqs;
+  for (const auto& x : kSuffixes) reqs.push_back(request(p + x, 12));
+  std::vector<std::vector<int32_t>> want;
+  {
+    rt::EngineOptions off;
+    off.prefix_cache_entries = 0;
+    rt::Engine engine(tiny(), off);
+    std::vector<std::shared_ptr<rt::Request>> rs;
+    for (const auto& r : reqs) rs.push_back(submit(engine, r));
+    for (auto& r : rs) want.push_back(collect(*r).tokens);
+  }
+  rt::EngineOptions eo;
+  eo.max_batch = 8;
+  rt::Engine engine(tiny(), eo);
+  const rt::RequestOptions warm = request(p, 8);
+  ASSERT_GE(warm.prompt.size(), 2u * static_cast<size_t>(cider::nn::KVCache::kStep));
+  const Outcome first = collect(*submit(engine, warm));
+  settle(engine, 1);
+  const rt::EngineStats base = engine.stats();
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (const auto& r : reqs) rs.push_back(submit(engine, r));
+  int64_t copies_bytes = base.kv_bytes_pooled, saved = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Outcome o = collect(*rs[i]);
+    const int64_t reuse = expected_reuse(held_tokens(warm, first), reqs[i].prompt);
+    EXPECT_EQ(o.last.cached_tokens, reuse) << kSuffixes[i];
+    EXPECT_GE(reuse, cider::nn::KVCache::kStep);
+    EXPECT_EQ(o.tokens, want[i]) << kSuffixes[i];
+    const auto held = static_cast<int64_t>(held_tokens(reqs[i], o).size());
+    copies_bytes += rt::kv_bytes_at(tiny(), held);
+    saved += rt::kv_bytes_at(tiny(), held) - rt::kv_bytes_at_shared(tiny(), held, reuse);
+  }
+  settle(engine, 5);
+  const rt::EngineStats st = engine.stats();
+  EXPECT_EQ(st.pooled, 5);
+  EXPECT_EQ(st.prefix_cache_hits, 4u);
+  EXPECT_GT(saved, copies_bytes / 4);
+  EXPECT_LE(st.kv_bytes_pooled, copies_bytes - saved / 2) << "copies would hold " << copies_bytes << ", the shares save "
+                                                          << saved << " by the formula";
+  EXPECT_EQ(st.kv_bytes_in_use, st.kv_bytes_pooled);
+  EXPECT_GT(st.kv_bytes_shared, 0);
+  EXPECT_LT(st.kv_bytes_shared, st.kv_bytes_pooled);
+  EXPECT_NE(engine.metrics_text().find("cider_kv_shared_bytes " + std::to_string(st.kv_bytes_shared) + "\n"),
+            std::string::npos);
+}
+
 // Under a small KV bound: an unrelated least recently used entry is evicted to make room for a copy (the hit's entry
 // stays); when only the hit's own entry leaving makes room, the request takes it (today's take: cached_tokens as a
 // copy's, the entry gone, the tokens of a miss). The reservations and the pool never pass the bound.

@@ -53,6 +53,10 @@ int64_t kv_bytes_at(const model::Model& m, int64_t positions) {
   return model::kv_cache_bytes(m.config(), m.options().kv, positions, m.options().kv_full_sliding);
 }
 
+int64_t kv_bytes_at_shared(const model::Model& m, int64_t positions, int64_t shared) {
+  return model::kv_cache_bytes(m.config(), m.options().kv, positions, m.options().kv_full_sliding, shared);
+}
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -98,6 +102,7 @@ struct Engine::Sequence {
   RequestOptions opt;
   std::unique_ptr<model::Session> session;
   int64_t reserve = 0;            // KV bytes reserved while running
+  int64_t positions = 0;          // the most it can hold: prompt + max_tokens, within the context
   int64_t prefilled = 0;          // prompt tokens in the session
   int64_t cached = 0;             // of which reused from the pool
   std::vector<int32_t> history;   // prompt + sampled tokens (the repetition penalty's window)
@@ -240,6 +245,7 @@ Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
   auto s = std::make_unique<Sequence>();
   s->req = std::make_shared<Request>();
   s->reserve = reserve;
+  s->positions = positions;
   s->submitted = Clock::now();
   s->sampler = std::make_unique<model::Sampler>(o.sampling);
   s->text = std::make_unique<model::TokenizerTextStream>(tok_, o.context_token >= 0 ? o.context_token : o.prompt.back());
@@ -280,10 +286,25 @@ bool Engine::drain(std::chrono::milliseconds timeout) {
   return cv_.wait_for(lock, timeout, [&] { return waiting_.empty() && running_count_ == 0; });
 }
 
-int64_t Engine::pool_bytes_locked() const {
+int64_t Engine::pool_bytes_locked(const Pooled* except, int64_t* shared_bytes) const {
+  std::vector<model::SharedKvBlock> shared = running_shared_, mine;
   int64_t b = 0;
-  for (const auto& p : pool_) b += static_cast<int64_t>(p->session->kv_bytes());
-  return b;
+  for (const auto& p : pool_) {
+    if (p.get() == except) continue;
+    mine.clear();
+    p->session->shared_kv(mine);
+    b += static_cast<int64_t>(p->session->kv_bytes());
+    for (const model::SharedKvBlock& k : mine) {
+      b -= static_cast<int64_t>(k.bytes);
+      shared.push_back(k);
+    }
+  }
+  std::sort(shared.begin(), shared.end(), [](const auto& x, const auto& y) { return x.id < y.id; });
+  int64_t sb = 0;
+  for (size_t i = 0; i < shared.size(); ++i)
+    if (i == 0 || shared[i].id != shared[i - 1].id) sb += static_cast<int64_t>(shared[i].bytes);
+  if (shared_bytes) *shared_bytes = sb;
+  return b + sb;
 }
 
 void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
@@ -319,8 +340,17 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
       }
     }
     // Room under the KV bound for the request's reservation (a copy is its session, counted there like any
-    // sequence's): evict pooled sessions, least recently used first, but not the one it hits nor this round's sources.
-    const auto fits = [&](int64_t pooled) { return reserved_ + s.reserve + pooled <= options_.kv_memory; };
+    // sequence's; a copy shares the pooled session's blocks of the layers without a sliding window — counted once,
+    // with the pool — so it reserves only the positions after them there): evict pooled sessions, least recently
+    // used first, but not the one it hits nor this round's sources.
+    // A hit of at least one storage step (KVCache::kStep positions; a shorter prefix shared saves no storage: a
+    // cache's storage grows by that step) shares the entry's complete blocks: they become shared segments when it is
+    // first copied so (Model::share_session: one copy of them, then none per request), and the request reserves
+    // only the positions after them in those layers. An entry never hit so keeps its one cache.
+    const bool shares = src && copies && options_.share_prefixes && best_len >= nn::KVCache::kStep;
+    if (shares) model_.share_session(*src->session);
+    const int64_t reserve = shares ? kv_bytes_at_shared(model_, s.positions, best_len) : s.reserve;
+    const auto fits = [&](int64_t pooled) { return reserved_ + reserve + pooled <= options_.kv_memory; };
     int64_t pool_bytes = pool_bytes_locked();
     while (!fits(pool_bytes)) {
       auto lru = pool_.end();
@@ -328,14 +358,20 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
         if (it->get() != src && !is_source(it->get()) && (lru == pool_.end() || (*it)->last_used < (*lru)->last_used))
           lru = it;
       if (lru == pool_.end()) break;
-      pool_bytes -= static_cast<int64_t>((*lru)->session->kv_bytes());
       drop_pooled_locked(lru);
+      pool_bytes = pool_bytes_locked();
     }
     // Take the hit's session out of the pool instead of copying it where sessions cannot be copied (the CUDA device),
     // or where only its own bytes leaving the pool make room for the request (not when this round copies it).
-    const int64_t src_bytes = src ? static_cast<int64_t>(src->session->kv_bytes()) : 0;
     const bool take = src && (!copies || !fits(pool_bytes)) && !is_source(src);
-    if (!fits(take ? pool_bytes - src_bytes : pool_bytes)) break;  // not now: wait for a running sequence to finish
+    // A taken session keeps its whole reservation (its shared blocks, also counted with the pool while others hold
+    // them, are within it: counted twice at worst, never missed).
+    if (take) {
+      if (s.reserve + reserved_ + pool_bytes_locked(src) > options_.kv_memory) break;  // not now: wait for one to end
+    } else if (!fits(pool_bytes)) {
+      break;  // not now: wait for a running sequence to finish
+    }
+    if (!take) s.reserve = reserve;
     if (take) {
       // Out of the pool, so off the disk (it comes back, longer, when the request ends).
       auto it = std::find_if(pool_.begin(), pool_.end(), [&](const auto& p) { return p.get() == src; });
@@ -647,10 +683,15 @@ void Engine::step() {
   stats_.last_batch = static_cast<int64_t>(items.size());
   if (!items.empty()) stats_.batch_size.observe(static_cast<double>(items.size()));
   running_bytes_ = 0;
+  running_shared_.clear();
   for (auto it = running_.begin(); it != running_.end();) {
     Sequence& s = **it;
     if (!s.done) {
+      std::vector<model::SharedKvBlock> mine;
+      s.session->shared_kv(mine);
       running_bytes_ += static_cast<int64_t>(s.session->kv_bytes());
+      for (const model::SharedKvBlock& k : mine) running_bytes_ -= static_cast<int64_t>(k.bytes);
+      running_shared_.insert(running_shared_.end(), mine.begin(), mine.end());
       ++it;
       continue;
     }
@@ -699,7 +740,7 @@ EngineStats Engine::stats() const {
   st.running = running_count_;
   st.waiting = static_cast<int64_t>(waiting_.size());
   st.pooled = static_cast<int64_t>(pool_.size());
-  const int64_t pooled = pool_bytes_locked();
+  const int64_t pooled = pool_bytes_locked(nullptr, &st.kv_bytes_shared);
   st.kv_bytes_pooled = pooled;
   st.kv_bytes_in_use = running_bytes_ + pooled;
   st.kv_bytes_reserved = reserved_ + pooled;
@@ -738,6 +779,9 @@ std::string Engine::metrics_text() const {
   metric("batch_size", "gauge", "Sequences in the last step.", st.last_batch);
   metric("prefix_cache_entries", "gauge", "Finished sequences kept for prefix reuse.", st.pooled);
   metric("prefix_cache_bytes", "gauge", "KV bytes held by the prefix cache's entries.", st.kv_bytes_pooled);
+  metric("kv_shared_bytes", "gauge",
+         "KV bytes of shared prefix blocks, held once by the pooled and running sequences that share them.",
+         st.kv_bytes_shared);
   metric("kv_bytes_in_use", "gauge", "KV cache bytes allocated by running and pooled sequences.", st.kv_bytes_in_use);
   metric("kv_bytes_reserved", "gauge", "KV bytes reserved by running sequences plus those of pooled ones.",
          st.kv_bytes_reserved);

@@ -51,6 +51,9 @@ namespace cider::runtime {
 // KV bytes of one sequence of `positions` positions with this model's cache format (all layers; sliding-window layers
 // bounded by their window: model::kv_cache_bytes).
 int64_t kv_bytes_at(const model::Model& m, int64_t positions);
+// What a session that shares positions [0, shared) of its layers without a sliding window (Model::share_session)
+// holds of its own at `positions`: a request that shares a pooled prefix reserves this.
+int64_t kv_bytes_at_shared(const model::Model& m, int64_t positions, int64_t shared);
 
 struct RequestOptions {
   std::vector<int32_t> prompt;  // at least one token, all in the vocabulary, fitting the context
@@ -113,6 +116,9 @@ struct EngineOptions {
   int64_t max_waiting = 64;          // requests queued beyond the batch; more are refused (Submit::kBusy)
   int64_t step_tokens = 256;         // rows of one batched forward (decode rows first, then prompt chunks)
   int64_t prefix_cache_entries = 16; // finished sequences kept for prefix reuse; 0: no prefix cache
+  // Hits of at least KVCache::kStep positions share the entry's blocks (Model::share_session) instead of copying
+  // them; false: every hit copies (for comparisons).
+  bool share_prefixes = true;
   // The prefix cache kept in this directory across restarts (runtime/prompt_cache.h); "": in memory only. Needs
   // prefix_cache_entries > 0 and a model whose sessions the host can copy (Model::can_snapshot: the CPU device).
   std::string prompt_cache_dir;
@@ -136,7 +142,8 @@ struct EngineStats {
   int64_t running = 0, waiting = 0, last_batch = 0, pooled = 0;
   int64_t kv_bytes_in_use = 0;    // allocated by running and pooled sessions
   int64_t kv_bytes_reserved = 0;  // reserved by running sequences + held by pooled ones (the bound's left side)
-  int64_t kv_bytes_pooled = 0;    // held by the prefix pool's entries
+  int64_t kv_bytes_pooled = 0;    // held by the prefix pool's entries (shared blocks held by running sequences too)
+  int64_t kv_bytes_shared = 0;    // of which shared prefix blocks (Model::share_session), each counted once
   int64_t kv_memory = 0;
   int64_t prompt_cache_loaded = 0;  // entries loaded from prompt_cache_dir at start
   Histogram ttft, itl, batch_size;
@@ -192,7 +199,10 @@ class Engine {
   };
   void draw(Sequence& s, const float* logits, Draw& out) const;
   void accept(Sequence& s, Draw& d, std::chrono::steady_clock::time_point now);
-  int64_t pool_bytes_locked() const;
+  // Bytes the prefix pool holds alive: each pooled session's own, and once each, the shared blocks (Model::
+  // share_session) that pooled or running sessions hold — without `except`'s share (what its leaving frees).
+  // shared_bytes: those shared blocks' bytes.
+  int64_t pool_bytes_locked(const Pooled* except = nullptr, int64_t* shared_bytes = nullptr) const;
   // Positions of a pooled session a prompt can reuse given their common prefix: short of the prompt's last token, and
   // down to a multiple of chunk_align_ (per-channel keys: trimming into a quantized block would round its keys again).
   // chunk_align_: the per-channel key block (the cache's group size), else 1.
@@ -212,7 +222,8 @@ class Engine {
   std::vector<std::unique_ptr<Pooled>> pool_;
   int64_t reserved_ = 0;  // reservations of running sequences
   int64_t running_count_ = 0;
-  int64_t running_bytes_ = 0;
+  int64_t running_bytes_ = 0;  // the running sessions' own bytes (their shared blocks: running_shared_)
+  std::vector<model::SharedKvBlock> running_shared_;
   uint64_t pool_clock_ = 0;
   bool draining_ = false;
   bool cancel_all_ = false;
