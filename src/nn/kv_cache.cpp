@@ -1187,6 +1187,13 @@ void check_split(const KVCache& c, int64_t n, const char* op) {
         "n must be a multiple of ", c.split_align(), " (the group size for per-channel keys) in [0, ", c.offset(),
         "] (the stored positions); got ", n);
 }
+// A store holding rows [n, offset) of `store` (and its fixed planes) in storage of round_up(offset − n, kStep)
+// positions: the part of a cache that split_front leaves.
+detail::KVStore rest_after_split(const detail::KVStore& store, int64_t n) {
+  detail::KVStore rest = store.copy_prefix(store.offset());
+  rest.drop_front(n);
+  return rest.copy_prefix(rest.offset());
+}
 void check_empty_at(const KVCache& c, int64_t position, const char* op) {
   check(!c.empty(), ErrorCode::kInvalidArgument, op, "the cache has no dims yet (nothing appended)");
   check(c.window() == 0, ErrorCode::kUnsupported, op,
@@ -1202,8 +1209,8 @@ KVCacheSnapshot QuantizedKVCache::split_front(int64_t n) {
   KVCacheMeta m = meta();
   m.length = n;
   m.start = 0;
-  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());  // before anything changes here
-  store_.drop_front(n);
+  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());  // allocations first: a failure changes nothing
+  store_ = rest_after_split(store_, n);
   start_ += n;
   stage_from_residual();
   return snap;
@@ -1335,7 +1342,7 @@ KVCacheSnapshot PlainKVCache::split_front(int64_t n) {
   m.length = n;
   m.start = 0;
   KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());
-  store_.drop_front(n);
+  store_ = rest_after_split(store_, n);
   start_ += n;
   return snap;
 }

@@ -168,7 +168,8 @@ class KVCache {
 
   // Shared prefixes (nn::KVSegment). split_front(n) moves the first n stored positions out of this cache into a
   // snapshot of a cache holding just them (its start 0, its length n; a per-channel cache's sink, when start() is
-  // 0, with them): this cache then holds positions [start() + n, end()) and start() grows by n, so that attention
+  // 0, with them): this cache then holds positions [start() + n, end()) (its storage cut to them: capacity
+  // round_up(offset(), kStep)) and start() grows by n, so that attention
   // over the segment and this cache, merged (nn::attention's segments), reads what it read over this cache alone.
   // Only without a sliding window (window() == 0), 0 <= n <= offset(), n a multiple of split_align(). Positions
   // before start() are then held elsewhere: a cache with start() > 0 keeps no sink of its own.

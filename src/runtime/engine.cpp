@@ -347,8 +347,14 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
     // cache's storage grows by that step) shares the entry's complete blocks: they become shared segments when it is
     // first copied so (Model::share_session: one copy of them, then none per request), and the request reserves
     // only the positions after them in those layers. An entry never hit so keeps its one cache.
-    const bool shares = src && copies && options_.share_prefixes && best_len >= nn::KVCache::kStep;
-    if (shares) model_.share_session(*src->session);
+    bool shares = src && copies && options_.share_prefixes && best_len >= nn::KVCache::kStep;
+    if (shares) {
+      try {
+        model_.share_session(*src->session);
+      } catch (const std::exception&) {  // (memory) the entry stays as it was, whole: this hit copies
+        shares = false;
+      }
+    }
     const int64_t reserve = shares ? kv_bytes_at_shared(model_, s.positions, best_len) : s.reserve;
     const auto fits = [&](int64_t pooled) { return reserved_ + reserve + pooled <= options_.kv_memory; };
     int64_t pool_bytes = pool_bytes_locked();
