@@ -816,8 +816,9 @@ TEST(CudaModel, OutlierKeyChannelsMatchCpu) {
 
 // Native GGUF weights on the GPU (tests/data/gguf_d128: Q4_K and Q6_K blocks, kept as they are on both devices; a
 // bf16 cache on both, so the weights' arithmetic is the difference under test).
-//  * Calls of at most 16 rows (a prompt fed 16 tokens at a time, then decode steps): both devices quantize the
-//    activations per piece of 32 to int8 and take exact integer dots with the block codes; only the order of the
+//  * Calls of fewer than 16 rows (a prompt fed 8 tokens at a time, then decode steps): both devices quantize the
+//    activations per piece of 32 to int8 and take exact integer dots with the block codes (from 16 rows a CPU with
+//    AMX-BF16 multiplies in bfloat16 instead: amx/ggml_linear_bf16.cpp); only the order of the
 //    float32 sums (and the attention kernels' roundings) differ. So the GPU must sit much closer to the CPU's native
 //    logits than int8 activations sit from float32 ones (the CPU with the file's values as f32 weights): max|Δ| at
 //    most half, mean|Δ| at most a quarter of that distance.
@@ -840,10 +841,10 @@ TEST(CudaModel, NativeGgufWeightsMatchCpu) {
   EXPECT_EQ(cpu->impl().w.layers[0].q.kind, cm::Linear::Kind::kGgml);
   const std::vector<int32_t> tokens = text_tokens(*cpu, 72);
   const auto V = static_cast<size_t>(cpu->config().vocab_size);
-  auto small_calls = [&](const cm::Model& m) {  // 48 tokens in calls of 16, then 24 single steps
+  auto small_calls = [&](const cm::Model& m) {  // 48 tokens in calls of 8, then 24 single steps
     std::vector<float> out(tokens.size() * V, std::nanf(""));
     auto s = m.new_session();
-    for (size_t i = 0; i < 48; i += 16) m.forward(*s, &tokens[i], 16, out.data() + i * V, true);
+    for (size_t i = 0; i < 48; i += 8) m.forward(*s, &tokens[i], 8, out.data() + i * V, true);
     for (size_t i = 48; i < tokens.size(); ++i) m.forward(*s, &tokens[i], 1, out.data() + i * V, true);
     return out;
   };
