@@ -386,7 +386,7 @@ TEST(OpenAIApi, ParsesRequestsAndNamesTheBadField) {
   bad(R"({"messages": []})", rt::Endpoint::kChat, "'messages' must be a non-empty list");
   bad(R"({"messages": [{"role": "robot", "content": "x"}]})", rt::Endpoint::kChat, "'messages[0].role' must be");
   bad(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", rt::Endpoint::kChat,
-      "'tools' is not supported");
+      "'tools[0]' must be {\"type\": \"function\"");
   std::string long_prompt;
   for (int i = 0; i < 3000; ++i) long_prompt += "word ";
   bad(R"({"prompt": ")" + long_prompt + "\"}", C, "the context is 1024 tokens");

@@ -132,6 +132,19 @@ const char* finish_name(FinishReason r) {
   return r == FinishReason::kLength ? "length" : "stop";  // cancelled/error never reach a client as a reason
 }
 
+// message.tool_calls (with_index: a streamed delta's, each call with its index): ids call_<response id>_<i>.
+json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& id, bool with_index) {
+  json a = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c{{"id", "call_" + id + "_" + std::to_string(i)},
+           {"type", "function"},
+           {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    a.push_back(std::move(c));
+  }
+  return a;
+}
+
 }  // namespace
 
 std::string ApiError::body() const {
@@ -146,6 +159,7 @@ std::string ApiError::body() const {
 OpenAIApi::OpenAIApi(const model::Model& model, std::string model_name, model::ChatFormat chat_format,
                      std::optional<model::ChatTemplate> chat_template)
     : model_(model), name_(std::move(model_name)), format_(chat_format), template_(std::move(chat_template)) {
+  if (template_) tool_format_ = detect_tool_call_format(template_->source());
   eos_ids_ = model::model_eos_ids(model_);
   chat_end_ids_ = eos_ids_;
   for (const auto& t : model::chat_end_tokens(format_))
@@ -169,8 +183,46 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
 
   if (integer(b, "n", 1, 1, 1024) != 1) bad("n", "'n' must be 1 (cider samples one choice per request); got " + brief(b.at("n")));
   if (integer(b, "best_of", 1, 1, 1024) != 1) bad("best_of", "'best_of' must be 1; got " + brief(b.at("best_of")));
-  if (present(b, "tools") && !(b.at("tools").is_array() && b.at("tools").empty()))
-    bad("tools", "'tools' is not supported by cider serve yet (no tool-call parsing); send the request without it");
+  // Tools: checked here, passed to the template below, the reply split in response() / stream_events().
+  const bool tools = present(b, "tools") && !(b.at("tools").is_array() && b.at("tools").empty());
+  if (tools) {
+    const json& t = b.at("tools");
+    if (!t.is_array() || t.size() > 128) bad("tools", "'tools' must be a list of at most 128 tools; got " + brief(t));
+    for (size_t i = 0; i < t.size(); ++i) {
+      const json& x = t[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!x.is_object() || !x.contains("type") || x.at("type") != "function" || !x.contains("function") ||
+          !x.at("function").is_object() || !x.at("function").contains("name") ||
+          !x.at("function").at("name").is_string() || x.at("function").at("name").get<std::string>().empty())
+        bad(where, "'" + where + "' must be {\"type\": \"function\", \"function\": {\"name\": string, ...}}; got " +
+                       brief(x));
+      if (x.at("function").contains("parameters") && !x.at("function").at("parameters").is_object())
+        bad(where + ".function.parameters",
+            "'" + where + ".function.parameters' must be a JSON Schema object; got " + brief(x.at("function").at("parameters")));
+    }
+    if (endpoint != Endpoint::kChat) bad("tools", "'tools' belongs to /v1/chat/completions");
+    if (!template_)
+      bad("tools", std::string("'tools' needs the model's chat template (this server renders chats in the built-in ") +
+                       model::chat_format_name(format_) + " format, which has no tools)");
+    if (tool_format_ == ToolCallFormat::kNone)
+      bad("tools", "'tools' was sent, but this model's chat template does not take tools");
+    if (tool_format_ == ToolCallFormat::kUnknown)
+      bad("tools", "this model's chat template takes tools, but writes calls in a format cider does not parse (it "
+                   "parses hermes <tool_call>, mistral [TOOL_CALLS] and llama 3 JSON calls)");
+  }
+  bool parse_calls = tools;
+  if (present(b, "tool_choice")) {
+    const json& c = b.at("tool_choice");
+    if (c == "none") {
+      parse_calls = false;
+    } else if (c == "required" || c.is_object()) {
+      bad("tool_choice", "'tool_choice' " + brief(c) +
+                             " needs constrained decoding, which cider does not do yet; use \"auto\" or \"none\"");
+    } else if (c != "auto") {
+      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}; got " +
+                             brief(c));
+    }
+  }
   if (present(b, "suffix")) bad("suffix", "'suffix' (insertion) is not supported");
   if (present(b, "response_format")) {
     const json& f = b.at("response_format");
@@ -247,8 +299,12 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
         bad(where, "'" + where + "' must be an object with a string 'role'; got " + brief(x));
       std::string role = x.at("role").get<std::string>();
       if (role == "developer") role = "system";
-      if (role != "system" && role != "user" && role != "assistant")
-        bad(where + ".role", "'" + where + ".role' must be system, developer, user or assistant; got \"" + role + "\"");
+      const bool tool_role = role == "tool" && template_.has_value();  // a tool's result: the template renders it
+      if (role != "system" && role != "user" && role != "assistant" && !tool_role)
+        bad(where + ".role", "'" + where + ".role' must be system, developer, user or assistant" +
+                                 (template_ ? ", or tool" : " (tool needs a chat template)") + "; got \"" + role + "\"");
+      if (x.contains("tool_calls") && !template_)
+        bad(where + ".tool_calls", "'" + where + ".tool_calls' needs a chat template (the built-in formats have none)");
       msgs.push_back({role, content_text(x.contains("content") ? x.at("content") : json(nullptr), i)});
     }
     if (template_) {
@@ -259,7 +315,7 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
       vars["add_generation_prompt"] = true;
       vars["bos_token"] = model_.bos_token();
       vars["eos_token"] = model_.eos_token();
-      vars["tools"] = nullptr;
+      vars["tools"] = tools ? ob.at("tools") : nlohmann::ordered_json(nullptr);
       if (ob.contains("chat_template_kwargs")) {
         const auto& kw = ob.at("chat_template_kwargs");
         if (!kw.is_object())
@@ -316,6 +372,10 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     }
     if (boolean(b, "echo", false)) r.echo_text = prompt_text;
   }
+  if (parse_calls) {
+    r.tool_calls = tool_format_;
+    if (r.stream) r.tool_stream = std::make_shared<ToolCallStream>(tool_format_);
+  }
   if (boolean(b, "ignore_eos", false)) o.end_tokens.clear();  // vLLM's and llama-server's extension (benchmarks)
   if (o.prompt.empty()) bad(endpoint == Endpoint::kChat ? "messages" : "prompt", "the prompt encodes to no tokens");
   const int64_t n = static_cast<int64_t>(o.prompt.size());
@@ -336,6 +396,14 @@ std::string OpenAIApi::response(const ApiRequest& r, const std::string& id, int6
   json choice{{"index", 0}, {"finish_reason", finish_name(last.reason)}};
   if (r.endpoint == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (r.tool_calls != ToolCallFormat::kNone) {
+      const ParsedReply p = parse_tool_calls(r.tool_calls, text);
+      if (!p.calls.empty()) {
+        choice["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
+        choice["message"]["tool_calls"] = tool_calls_json(p.calls, id, /*with_index=*/false);
+        choice["finish_reason"] = "tool_calls";
+      }
+    }
     choice["logprobs"] = r.logprobs ? chat_logprobs(tok, logprobs) : json(nullptr);
   } else {
     choice["text"] = r.echo_text + text;
@@ -367,11 +435,29 @@ std::string OpenAIApi::stream_events(const ApiRequest& r, const std::string& id,
   };
   std::string text = u.text;
   if (first && !chat) text = r.echo_text + text;
+  ParsedReply tail;  // with tool calls: what the split held back, at the end
+  if (r.tool_stream) {
+    text = r.tool_stream->feed(text);
+    if (u.finished) {
+      tail = r.tool_stream->finish();
+      text += tail.content;
+    }
+  }
   const bool has_content = !text.empty() || !u.logprobs.empty();
   if (first && chat) event(json::array({{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                                          {"logprobs", nullptr}, {"finish_reason", nullptr}}}),
                            nullptr);
-  if (has_content || u.finished) {
+  if (!tail.calls.empty() && (has_content || u.finished)) {  // the content first, then the calls with the finish
+    if (has_content) {
+      json lp = r.logprobs && !u.logprobs.empty() ? chat_logprobs(tok, u.logprobs) : json(nullptr);
+      event(json::array({{{"index", 0}, {"delta", text.empty() ? json::object() : json{{"content", text}}},
+                          {"logprobs", lp}, {"finish_reason", nullptr}}}),
+            nullptr);
+    }
+    event(json::array({{{"index", 0}, {"delta", {{"tool_calls", tool_calls_json(tail.calls, id, true)}}},
+                        {"logprobs", nullptr}, {"finish_reason", "tool_calls"}}}),
+          nullptr);
+  } else if (has_content || u.finished) {
     json choice{{"index", 0}, {"finish_reason", u.finished ? json(finish_name(u.reason)) : json(nullptr)}};
     json lp = nullptr;
     if (r.logprobs && !u.logprobs.empty())

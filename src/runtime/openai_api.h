@@ -3,16 +3,25 @@
 // bodies and server-sent-event chunks. No HTTP here (apps/serve.cpp holds the server).
 //
 // Request fields: model (echoed back, not checked), prompt (completions: a string, a list of token ids, or a list of
-// one string), messages (chat: role system/user/assistant, content a string or a list of {"type": "text"} parts),
+// one string), messages (chat: role system/user/assistant — and tool with a chat template —, content a string or a
+// list of {"type": "text"} parts), tools and tool_choice (below),
 // max_tokens / max_completion_tokens (default: completions 16, as OpenAI; chat: to the end of the context), temperature
 // [0, 2] (default 1), top_p (0, 1] (1), top_k (0 or -1: off), min_p [0, 1] (0), seed (default: a fresh one),
 // stop (a string or a list of strings), presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, over
 // the whole history), logit_bias ({token id: bias in [-100, 100]}), logprobs (chat: bool, with top_logprobs 0…20;
 // completions: an integer 0…20), echo (completions), ignore_eos (vLLM's and llama-server's: end tokens do not stop),
 // stream, stream_options.include_usage, n (1 only).
+// Tools (chat, with a chat template whose tool-call format runtime/tool_calls.h parses: Hermes, Mistral, Llama 3
+// JSON): tools (a list of {"type": "function", "function": {"name", "description", "parameters"}}) is passed to the
+// template as `tools`; tool_choice "auto" (the default) splits the reply into content and message.tool_calls
+// ({id, type "function", function {name, arguments: a JSON string}}, finish_reason "tool_calls"; streamed as one
+// tool_calls delta at the end, the content before the first call streamed as it comes), "none" renders the tools but
+// leaves the reply as text. Messages may then carry role "tool" and assistant tool_calls (the template renders them).
 // Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
-// field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1, tools,
-// a response_format other than text, best_of > 1, suffix) are refused with 400 rather than ignored.
+// field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1,
+// tool_choice "required" or a named function — constrained decoding —, tools with a template that takes none or
+// writes calls in another format, a response_format other than text, best_of > 1, suffix) are refused with 400 rather
+// than ignored.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +32,12 @@
 
 #include <optional>
 
+#include <memory>
+
 #include "model/chat_format.h"
 #include "model/chat_template.h"
 #include "runtime/engine.h"
+#include "runtime/tool_calls.h"
 
 namespace cider::runtime {
 
@@ -54,6 +66,9 @@ struct ApiRequest {
   bool include_usage = false;   // stream_options.include_usage
   bool logprobs = false;
   std::string echo_text;        // completions with echo: the prompt text, sent before the completion
+  // Tool calls parsed from the reply (tools sent, tool_choice "auto"): the template's format, else kNone.
+  ToolCallFormat tool_calls = ToolCallFormat::kNone;
+  std::shared_ptr<ToolCallStream> tool_stream;  // streaming with tool_calls: the reply's split as it arrives
 };
 
 class OpenAIApi {
@@ -82,12 +97,14 @@ class OpenAIApi {
   const std::string& model_name() const { return name_; }
   model::ChatFormat chat_format() const { return format_; }
   bool has_chat_template() const { return template_.has_value(); }
+  ToolCallFormat tool_call_format() const { return tool_format_; }  // the template's (kNone without one)
 
  private:
   const model::Model& model_;
   std::string name_;
   model::ChatFormat format_;
   std::optional<model::ChatTemplate> template_;
+  ToolCallFormat tool_format_ = ToolCallFormat::kNone;
   std::vector<int32_t> eos_ids_;       // the model's
   std::vector<int32_t> chat_end_ids_;  // the model's plus the chat format's end-of-turn tokens
 };

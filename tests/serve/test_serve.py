@@ -1374,3 +1374,55 @@ def test_load_streaming_chat(server):
               f"{rss_warm / mib:.1f} MiB, after the load {rss_after / mib:.1f} MiB")
     finally:
         c.close()
+
+
+# ---- tools ---------------------------------------------------------------------------------------------------------
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="session")
+def tools_server():
+    """cider-tiny with Qwen2.5's chat template (a Hermes <tool_call> template) in place of its built-in format."""
+    s = Server("--chat-template", str(ROOT / "tests/data/chat_templates/templates/qwen2.5-instruct.jinja"))
+    yield s
+    stop_cleanly(s)
+
+
+def test_tools_through_the_openai_client(tools_server):
+    """The official client sends tools and a tool result; the template renders them (more prompt tokens), the reply
+    comes back as a chat completion (cider-tiny writes no calls: the parsing of calls is tested in
+    tests/test_tool_calls.cpp), streaming too; tool_choice "required" is refused with a 400 naming why."""
+    c = openai.OpenAI(base_url=tools_server.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
+    try:
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+        plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+        with_tools = c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER_TOOL], max_tokens=4,
+                                               temperature=0)
+        assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+        assert with_tools.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        history = msgs + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+        after = c.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER_TOOL], max_tokens=4,
+                                          temperature=0)
+        assert after.usage.prompt_tokens > with_tools.usage.prompt_tokens
+        chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER_TOOL], max_tokens=4,
+                                                temperature=0, stream=True))
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER_TOOL], tool_choice="required",
+                                      max_tokens=4)
+        assert "constrained decoding" in str(e.value)
+    finally:
+        c.close()
+
+
+def test_tools_refused_without_a_template_that_takes_them(client):
+    """cider-tiny's built-in chat format has no tools: refused, naming the rule (not answered as if there were none)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       tools=[WEATHER_TOOL], max_tokens=4)
+    assert "chat template" in str(e.value)
