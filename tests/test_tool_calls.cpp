@@ -91,6 +91,10 @@ TEST(ToolCalls, RepliesSplitIntoContentAndCalls) {
       {F::kLlama3, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": [1, 2]}}",
        "", {{"a", json::object()}, {"b", {{"k", {1, 2}}}}}},
       {F::kLlama3, "The weather is {mild}.", "The weather is {mild}.", {}},
+      {F::kHermes, "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(200, '[') + std::string(200, ']') +
+                       "}</tool_call>",
+       "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(200, '[') + std::string(200, ']') + "}</tool_call>",
+       {}},  // nested deeper than input JSON may: not a call
       {F::kLlama3, "{\"name\": \"a\", \"parameters\": {}} and then text", "{\"name\": \"a\", \"parameters\": {}} and then text", {}},
   };
   for (size_t k = 0; k < cases.size(); ++k) {

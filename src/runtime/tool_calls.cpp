@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/limits.h"
+
 namespace cider::runtime {
 
 namespace {
@@ -61,7 +63,10 @@ bool to_call(const json& v, ToolCall& out) {
   return true;
 }
 
+// The model's text as JSON; false for text that is not, or that nests deeper than input JSON may
+// (limits::kMaxJsonDepth: the arguments are written back out by a recursive dump).
 bool parse_json(std::string_view s, json& out) {
+  if (json_nesting_depth(s.data(), s.data() + s.size(), limits::kMaxJsonDepth) > limits::kMaxJsonDepth) return false;
   out = json::parse(s.begin(), s.end(), nullptr, /*allow_exceptions=*/false);
   return !out.is_discarded();
 }
