@@ -1115,6 +1115,17 @@ TEST(Engine, ConcurrentRequestsShareALongPooledPrefixOnce) {
   EXPECT_LT(st.kv_bytes_shared, st.kv_bytes_pooled);
   EXPECT_NE(engine.metrics_text().find("cider_kv_shared_bytes " + std::to_string(st.kv_bytes_shared) + "\n"),
             std::string::npos);
+  // share_prefixes off (--no-prefix-sharing): the hit copies, nothing is shared, the same tokens.
+  rt::EngineOptions copies = eo;
+  copies.share_prefixes = false;
+  rt::Engine copying(tiny(), copies);
+  (void)collect(*submit(copying, warm));
+  settle(copying, 1);
+  const Outcome o = collect(*submit(copying, reqs[0]));
+  EXPECT_GT(o.last.cached_tokens, 0);
+  EXPECT_EQ(o.tokens, want[0]);
+  settle(copying, 2);
+  EXPECT_EQ(copying.stats().kv_bytes_shared, 0);
 }
 
 // Under a small KV bound: an unrelated least recently used entry is evicted to make room for a copy (the hit's entry
