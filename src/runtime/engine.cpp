@@ -412,6 +412,11 @@ void Engine::copy_sources() {
     } catch (const std::exception&) {
       s.session = model_.new_session();
       s.prefilled = s.cached = 0;
+      // A miss holds its whole prefix: back to the full reservation (a shared hit reserved only its own positions).
+      const int64_t full = kv_bytes_at(model_, s.positions);
+      std::lock_guard<std::mutex> lock(mu_);
+      reserved_ += full - s.reserve;
+      s.reserve = full;
     }
     s.source = nullptr;
   }
