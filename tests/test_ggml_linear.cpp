@@ -32,6 +32,32 @@ using test::throws_code;
 using test::kIntegerTypes;
 using test::random_blocks;
 
+// Q3_K re-encoded as Q6_K (quant::repack_q3_k_as_q6_k, the loader's path for Q3_K tensors): every value of every
+// block decodes bit for bit the same, over random blocks (every scale, code and high bit) and the extremes.
+TEST(GgmlBlocks, Q3_KRepackedAsQ6_KDecodesBitForBit) {
+  auto rng = test::make_rng(1109);
+  const quant::GgmlBlockFormat& q3 = *quant::ggml_block_format(static_cast<uint32_t>(GgmlType::kQ3_K));
+  const quant::GgmlBlockFormat& q6 = *quant::ggml_block_format(static_cast<uint32_t>(GgmlType::kQ6_K));
+  std::vector<uint8_t> blocks = random_blocks(rng, GgmlType::kQ3_K, 400);
+  for (uint8_t fill : {uint8_t{0x00}, uint8_t{0xFF}}) {  // every scale raw 0 or 63, every code −4 or 3
+    std::vector<uint8_t> b(static_cast<size_t>(q3.block_bytes), fill);
+    b[108] = 0x00;
+    b[109] = 0x3C;  // d = 1.0
+    blocks.insert(blocks.end(), b.begin(), b.end());
+  }
+  const int64_t n = static_cast<int64_t>(blocks.size()) / q3.block_bytes;
+  std::vector<uint8_t> six(static_cast<size_t>(q6.block_bytes));
+  std::vector<float> a(256), b(256);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = blocks.data() + i * q3.block_bytes;
+    quant::repack_q3_k_as_q6_k(src, six.data());
+    q3.decode(src, a.data());
+    q6.decode(six.data(), b.data());
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * 256), 0) << "block " << i;
+    EXPECT_EQ(quant::ggml_block_finite(q6, six.data()), quant::ggml_block_finite(q3, src));
+  }
+}
+
 TEST(GgmlBlocks, IntegerFormEqualsTheDecoder) {
   auto rng = test::make_rng(1101);
   for (GgmlType t : kIntegerTypes) {

@@ -30,6 +30,7 @@
 #include "kernels/kernel_table.h"
 #include "quant/affine.h"
 #include "quant/ggml_blocks.h"
+#include "support/ggml_cases.h"
 #include "support/test_support.h"
 
 namespace cm = cider::model;
@@ -864,8 +865,11 @@ struct GgufWriter {
 // HF → GGUF the way llama.cpp's converter does it, including the llama-arch Q/K row permutation (within each head,
 // HF row h·D/2 + i goes to row 2i + h) and Gemma's 1 + w norms.
 // q8: linear weights as Q8_0 blocks (else F32, attn_v F16); q8_embed: the embedding too (else F16).
+// raw: the linear weights' bytes instead (raw(rows, cols): blocks of ggml type raw_type), m giving only their shapes.
 std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arch, bool q8 = false,
-                       bool q8_embed = false) {
+                       bool q8_embed = false,
+                       const std::function<std::string(const std::string&, int64_t, int64_t)>& raw = {},
+                       uint32_t raw_type = 0) {
   GgufWriter g;
   g.set_str("general.architecture", arch);
   const std::string p = arch + ".";
@@ -885,6 +889,10 @@ std::string write_gguf(const Spec& s, const TensorMap& m, const std::string& arc
   auto put = [&](const std::string& gname, const std::string& hf, bool f16 = false) {
     if (!m.count(hf)) return;  // lets a test leave a tensor out
     auto t = m.at(hf);
+    if (raw && t.first.size() == 2 && gname != "token_embd.weight") {
+      g.tensors.push_back({gname, t.first, raw_type, raw(gname, t.first[0], t.first[1])});
+      return;
+    }
     if (arch == "llama" && (hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos)) {
       const int64_t heads = hf.find("q_proj") != std::string::npos ? s.Hq : s.Hkv, K = t.first[1];
       std::vector<float> out(t.second.size());
@@ -967,6 +975,48 @@ TEST(ModelGguf, Q8_0TensorsDequantizeThenConvert) {
   const auto a = run(*cm::Model::load(path, opts("w8a8", "f32")), tok);
   const auto b = run(*cm::Model::load(out, opts("w8a8", "f32")), tok);
   EXPECT_TRUE(cider::test::all_close(b.data(), a.data(), a.size(), 0.0));
+}
+
+// Q3_K linear weights (random blocks) under --weights native: re-encoded as Q6_K blocks at load
+// (quant::repack_q3_k_as_q6_k, bit for bit the same values: test_ggml_linear.cpp), so the model computes exactly what
+// the same file with those Q6_K blocks computes, and what its Q3_K blocks dequantized to float32 compute within the
+// int8-activation bound of the native test below; `cider inspect`'s counts say "Q3_K as Q6_K".
+TEST(ModelGguf, NativeRunsQ3_KAsQ6_KBitForBit) {
+  Spec spec;
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = f16_exact(random_weights(spec, 91));
+  std::map<std::string, std::string> q3;  // per tensor, its random Q3_K blocks
+  auto rng = cider::test::make_rng(92);
+  const auto q3_blocks = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const std::vector<uint8_t> b = cider::test::random_blocks(rng, cider::quant::GgmlType::kQ3_K, rows * cols / 256);
+    return q3[name] = std::string(b.begin(), b.end());
+  };
+  const auto q6_blocks = [&](const std::string& name, int64_t, int64_t) {
+    const std::string& src = q3.at(name);
+    std::string out(src.size() / 110 * 210, '\0');
+    for (size_t i = 0; i < src.size() / 110; ++i)
+      cider::quant::repack_q3_k_as_q6_k(reinterpret_cast<const uint8_t*>(src.data()) + i * 110,
+                                        reinterpret_cast<uint8_t*>(out.data()) + i * 210);
+    return out;
+  };
+  const std::string a = write_gguf(spec, m, "llama", false, false, q3_blocks, 11u);  // Q3_K
+  const std::string b = write_gguf(spec, m, "llama", false, false, q6_blocks, 14u);  // the same as Q6_K
+  const auto tok = random_tokens(24, spec.V, 93);
+  auto native = cm::Model::load(a, opts("native", "f32"));
+  const cm::Weights& w = native->impl().w;
+  EXPECT_EQ(w.layers[0].q.kind, cm::Linear::Kind::kGgml);
+  EXPECT_EQ(w.layers[0].q.ggml_type, 14u);  // Q6_K
+  EXPECT_EQ(w.format_counts.at("Q3_K as Q6_K"), 7 * spec.L + (spec.tie ? 0 : 1));
+  const std::vector<float> got = run(*native, tok);
+  const std::vector<float> same = run(*cm::Model::load(b, opts("native", "f32")), tok);
+  ASSERT_EQ(got.size(), same.size());
+  EXPECT_EQ(std::memcmp(got.data(), same.data(), got.size() * sizeof(float)), 0);
+  const std::vector<float> f32 = run(*cm::Model::load(a, opts("f32", "f32")), tok);
+  const double bound = cider::kernels::active_kernels().ggml_linear_prefill ? 0.06 : 0.015;
+  EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), bound);
+  for (float x : got) ASSERT_TRUE(std::isfinite(x));
 }
 
 // --weights native keeps the Q8_0 blocks of the linear layers (q/k rows un-permuted block row by block row), falls

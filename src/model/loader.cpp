@@ -583,7 +583,24 @@ class Builder {
   // --weights native: the GGUF tensor `hf` (N, K) kept in its block format when the format has kernels; nullptr
   // when it has none (the caller then takes the bf16 path). Every block's float16 scales are checked to be finite. q/k
   // of interleaved-head GGUF files get their rows un-permuted into owned memory. A cider source: cider_blocks.
-  const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
+  // Q3_K tensors come back re-encoded as Q6_K blocks (quant::repack_q3_k_as_q6_k: the same values bit for bit, run by
+  // the Q6_K kernels), in owned memory; *repacked says so.
+  const uint8_t* native_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type, bool* repacked = nullptr) {
+    if (repacked) *repacked = false;
+    const uint8_t* blocks = stored_blocks(hf, N, K, type);
+    if (blocks == nullptr || *type != static_cast<uint32_t>(quant::GgmlType::kQ3_K)) return blocks;
+    const quant::GgmlBlockFormat& q3 = *quant::ggml_block_format(*type);
+    const quant::GgmlBlockFormat& q6 = *quant::ggml_block_format(static_cast<uint32_t>(quant::GgmlType::kQ6_K));
+    const int64_t nblocks = N * (K / q3.block_size);
+    Tensor& copy = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{nblocks * q6.block_bytes});
+    for (int64_t b = 0; b < nblocks; ++b)
+      quant::repack_q3_k_as_q6_k(blocks + b * q3.block_bytes, copy.ptr<uint8_t>() + b * q6.block_bytes);
+    *type = static_cast<uint32_t>(quant::GgmlType::kQ6_K);
+    if (repacked) *repacked = true;
+    return copy.ptr<uint8_t>();
+  }
+  // The blocks as the file stores them (types with kernels, and Q3_K), q/k rows un-permuted and regrouped.
+  const uint8_t* stored_blocks(const std::string& hf, int64_t N, int64_t K, uint32_t* type) {
     if (kind_ == SourceKind::kCider) return cider_blocks(hf, N, K, type);
     // A part of a fused tensor is its rows: whole rows of whole blocks, used in place.
     const std::optional<FusedSlice> fs = fused_slice(hf);
@@ -592,7 +609,7 @@ class Builder {
     const GGUFTensor* t = gguf_->find(gn);
     if (!t) missing(hf);
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(t->type);
-    if (f == nullptr || !f->integer_form) return nullptr;
+    if (f == nullptr || (!f->integer_form && f->type != quant::GgmlType::kQ3_K)) return nullptr;
     check_shape(gn, t->shape, fs && !fs->file_shape.empty() ? fs->file_shape : std::vector<int64_t>{rows, K});
     const int64_t rb = quant::ggml_row_bytes(*f, K);
     check(K % f->block_size == 0 && static_cast<int64_t>(t->nbytes) == rows * rb, ErrorCode::kCorrupt, kOp, where_,
@@ -636,13 +653,14 @@ class Builder {
     const Linear::Kind kindw = weight_format_info(format_).kind;
     if (format_ == WeightFormat::kNative) {
       uint32_t type = 0;
-      if (const uint8_t* blocks = native_blocks(prefix + ".weight", N, K, &type)) {
+      bool repacked = false;
+      if (const uint8_t* blocks = native_blocks(prefix + ".weight", N, K, &type, &repacked)) {
         L.kind = Linear::Kind::kGgml;
         L.w = blocks;
         L.w_dtype = DType::kU8;
         L.ggml_type = type;
-        count(quant::ggml_block_format(type)->name);
-      } else {  // a type without kernels (F32/F16/BF16, Q2_K, Q3_K): bf16, said in the load summary
+        count(repacked ? "Q3_K as Q6_K" : quant::ggml_block_format(type)->name);
+      } else {  // a type without kernels (F32/F16/BF16, Q2_K): bf16, said in the load summary
         FloatRef r = fetch_float(prefix + ".weight", {N, K});
         L.kind = Linear::Kind::kDense;
         L.w_dtype = DType::kBF16;

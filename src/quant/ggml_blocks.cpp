@@ -7,6 +7,8 @@
 // match it bit for bit.
 #include "quant/ggml_blocks.h"
 
+#include <cstring>
+
 #include <string>
 
 #include "core/dtype.h"
@@ -281,6 +283,29 @@ const Entry* entry(uint32_t type) {
 }
 
 }  // namespace
+
+void repack_q3_k_as_q6_k(const uint8_t* q3, uint8_t* q6) {
+  const uint8_t* hm = q3;
+  const uint8_t* qs = q3 + 32;
+  const uint8_t* sc = q3 + 96;
+  uint8_t* ql = q6;
+  uint8_t* qh = q6 + 128;
+  uint8_t* s6 = q6 + 192;
+  std::memset(q6, 0, 192);
+  for (int j = 0; j < 16; ++j) {  // deq_q3_k's scale, then deq_q6_k's layout (see both above)
+    const int lo = j < 8 ? (sc[j] & 0x0F) : (sc[j - 8] >> 4);
+    const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    s6[j] = static_cast<uint8_t>(static_cast<int8_t>((lo | (hi << 4)) - 32));
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int high = (hm[e % 32] >> (e / 32)) & 1;
+    const int q = code2(qs, e) - (high ? 0 : 4) + 32;  // in [28, 35]
+    const int h = e / 128, r = e % 128;
+    ql[64 * h + r % 64] |= static_cast<uint8_t>((q & 0x0F) << (4 * (r / 64)));
+    qh[32 * h + r % 32] |= static_cast<uint8_t>((q >> 4) << (2 * (r / 32)));
+  }
+  std::memcpy(q6 + 208, q3 + 108, 2);  // d (float16)
+}
 
 const GgmlBlockFormat* ggml_block_format(uint32_t type) {
   const Entry* e = entry(type);

@@ -13,7 +13,8 @@
 //   Q4_K  c = q,         a = d·sc_j,         b = −dmin·m_j  (j = the piece: one scale/min per 32 elements)
 //   Q5_K  as Q4_K with 5-bit q
 //   Q6_K  c = q − 32,    a = d·sc_{16-group}, b = 0        (a scale per 16 elements: both halves differ)
-// Q2_K and Q3_K have no integer form here (their kernels are not written): ggml_piece refuses them.
+// Q2_K and Q3_K have no integer form here (their kernels are not written): ggml_piece refuses them. Q3_K blocks are
+// re-encoded exactly as Q6_K blocks (repack_q3_k_as_q6_k) by the loader.
 // Block layouts (byte offsets) are tabulated in docs/checkpoint_formats.md.
 #pragma once
 
@@ -48,6 +49,13 @@ const GgmlBlockFormat* ggml_block_format(uint32_t type);
 
 // Piece p (0 .. block_size/32 − 1) of one block in integer form (see above). The type must have integer_form.
 void ggml_piece(GgmlType type, const uint8_t* block, int piece, int8_t c[32], float a[2], float b[2]);
+
+// One Q3_K block (110 bytes) re-encoded as a Q6_K block (210 bytes), value for value: both decode element e of
+// sub-block j as (d·s_j)·q in float32, Q3_K with its signed 6-bit scale s_j = raw − 32 ∈ [−32, 31] and 3-bit code
+// q ∈ [−4, 3], Q6_K with an int8 scale and a 6-bit code minus 32 — so d is copied, s_j becomes the int8 scale and
+// q + 32 the 6-bit code, and every value (and every piece's integer form) is bit for bit the same. Q3_K weights
+// thereby run on the Q6_K kernels (1.9× their bytes; bf16 would be 4.7×).
+void repack_q3_k_as_q6_k(const uint8_t* q3, uint8_t* q6);
 
 // Bytes of one row of k elements (k a multiple of the block size).
 inline int64_t ggml_row_bytes(const GgmlBlockFormat& f, int64_t k) { return k / f.block_size * f.block_bytes; }

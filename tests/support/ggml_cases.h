@@ -42,6 +42,7 @@ inline std::vector<uint8_t> random_blocks(std::mt19937_64& rng, quant::GgmlType 
       case GgmlType::kQ4_1: case GgmlType::kQ5_1: put_f16(b, d(rng)); put_f16(b + 2, m(rng)); break;
       case GgmlType::kQ4_K: case GgmlType::kQ5_K: put_f16(b, d(rng) / 16); put_f16(b + 2, d(rng) / 16); break;
       case GgmlType::kQ6_K: put_f16(b + 208, d(rng) / 64); break;
+      case GgmlType::kQ3_K: put_f16(b + 108, d(rng) / 64); break;
       default: break;
     }
   }
