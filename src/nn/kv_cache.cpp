@@ -460,6 +460,7 @@ KVCacheSnapshot join_snapshot(const std::vector<KVSegment>& segments, const KVCa
       int64_t at = 0;  // rows written per head
       auto append = [&](const KVCacheSnapshot& src, int64_t positions) {
         const int64_t rows = s.rows(positions), srows = s.rows(src.length());
+        if (rows == 0) return;  // an empty part (a cache with no positions past its start) has no buffer
         for (int64_t bh = 0; bh < heads; ++bh)
           std::memcpy(dst + (bh * drows + at) * s.row_bytes, src.plane(p).as<uint8_t>() + bh * srows * s.row_bytes,
                       static_cast<size_t>(rows * s.row_bytes));
