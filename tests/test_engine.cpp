@@ -990,6 +990,18 @@ std::vector<int32_t> held_tokens(const rt::RequestOptions& r, const Outcome& o) 
   return t;
 }
 
+// The requests' tokens from an engine without a prefix cache, submitted at once.
+std::vector<std::vector<int32_t>> tokens_without_prefix_cache(const std::vector<rt::RequestOptions>& reqs) {
+  rt::EngineOptions off;
+  off.prefix_cache_entries = 0;
+  rt::Engine engine(tiny(), off);
+  std::vector<std::shared_ptr<rt::Request>> rs;
+  for (const auto& r : reqs) rs.push_back(submit(engine, r));
+  std::vector<std::vector<int32_t>> want;
+  for (auto& r : rs) want.push_back(collect(*r).tokens);
+  return want;
+}
+
 const std::vector<std::string> kSuffixes = {"def g(y):\n    return y\n", "class Point:\n    x = 0\n",
                                             "for i in range(3):\n    print(i)\n", "# the end\nimport sys\n"};
 
@@ -1004,15 +1016,7 @@ TEST(Engine, ConcurrentRequestsSharingAPooledPrefixEachGetACopy) {
   const std::string p = code_prompt();
   std::vector<rt::RequestOptions> reqs;
   for (const auto& x : kSuffixes) reqs.push_back(request(p + x, 12));
-  std::vector<std::vector<int32_t>> want;
-  {
-    rt::EngineOptions off;
-    off.prefix_cache_entries = 0;
-    rt::Engine engine(tiny(), off);
-    std::vector<std::shared_ptr<rt::Request>> rs;
-    for (const auto& r : reqs) rs.push_back(submit(engine, r));
-    for (auto& r : rs) want.push_back(collect(*r).tokens);
-  }
+  const std::vector<std::vector<int32_t>> want = tokens_without_prefix_cache(reqs);
   rt::EngineOptions eo;
   eo.max_batch = 8;
   rt::Engine engine(tiny(), eo);
@@ -1073,15 +1077,7 @@ TEST(Engine, ConcurrentRequestsShareALongPooledPrefixOnce) {
   for (int i = 0; i < 40; ++i) p += "def g" + std::to_string(i) + "(x):\n    return np.mean(x - " + std::to_string(i) + ")\n\n";
   std::vector<rt::RequestOptions> reqs;
   for (const auto& x : kSuffixes) reqs.push_back(request(p + x, 12));
-  std::vector<std::vector<int32_t>> want;
-  {
-    rt::EngineOptions off;
-    off.prefix_cache_entries = 0;
-    rt::Engine engine(tiny(), off);
-    std::vector<std::shared_ptr<rt::Request>> rs;
-    for (const auto& r : reqs) rs.push_back(submit(engine, r));
-    for (auto& r : rs) want.push_back(collect(*r).tokens);
-  }
+  const std::vector<std::vector<int32_t>> want = tokens_without_prefix_cache(reqs);
   rt::EngineOptions eo;
   eo.max_batch = 8;
   rt::Engine engine(tiny(), eo);

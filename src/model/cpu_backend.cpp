@@ -134,12 +134,10 @@ class CpuSession final : public BackendSession {
     for (const LinearState& st : linear) b += (st.S.size() + st.conv.size()) * sizeof(float);
     return b;
   }
+  // Each segment once: every split makes its own snapshot (copies of a session share them, not its layers).
   void shared_kv(std::vector<SharedKvBlock>& out) const override {
     for (const auto& layer : segs)
-      for (const nn::KVSegment& g : layer) {
-        if (std::none_of(out.begin(), out.end(), [&](const SharedKvBlock& b) { return b.id == g.id(); }))
-          out.push_back({g.id(), static_cast<size_t>(g.nbytes())});
-      }
+      for (const nn::KVSegment& g : layer) out.push_back({g.id(), static_cast<size_t>(g.nbytes())});
   }
   // Sliding-window caches that dropped positions go back only while the new end's window is still stored; a
   // recurrent state only to where it is (it holds no earlier states); position 0 starts everything over. Layers with

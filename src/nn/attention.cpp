@@ -184,6 +184,31 @@ void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, 
     default_thread_pool().parallel_for(B * Hq, rows);
 }
 
+// The kernel's arguments shared by the cache's part and a segment's: queries q [B, Hq, L, Dk] (rotated), out
+// [B, Hq, L, Dv], and the positions read elsewhere (the recent block, the sink) when stage.block > 0. No mask.
+kernels::AttentionArgs kernel_args(const float* q, float* out, int64_t B, int64_t Hq, int64_t L,
+                                   const kernels::KVTensorView& keys, const kernels::KVTensorView& values, float scale,
+                                   float softcap, const KVCache::ExactStage& stage) {
+  kernels::AttentionArgs args{};
+  args.q = q;
+  args.out = out;
+  args.B = B;
+  args.Hq = Hq;
+  args.L = L;
+  args.keys = keys;
+  args.values = values;
+  args.scale = scale;
+  args.softcap = softcap;
+  args.mask_kind = kernels::MaskKind::kNone;
+  args.mask_dtype = DType::kF32;
+  if (stage.block > 0) {  // the kernel takes the positions before the recent block and from the sink on
+    args.exact_block = stage.block;
+    args.exact_lo = stage.lo;
+    args.exact_sink = stage.sink;
+  }
+  return args;
+}
+
 // o, lse [B·Hq, L, ·] ← the softmax-weighted merge of (o, lse) and (oc, lc) over rows [i0, i0 + Lc) of each
 // (b, h): two normalised parts of one softmax over disjoint keys, each with its log-sum-exp (−inf: saw no key).
 void merge_part(float* o, float* lse, const float* oc, const float* lc, int64_t BH, int64_t L, int64_t i0, int64_t Lc,
@@ -215,31 +240,18 @@ void add_segment(const KVSegment& g, const float* q, int64_t B, int64_t Hq, int6
   const int64_t BH = B * Hq;
   for (int64_t i0 = 0; i0 < L; i0 += g.length) {
     const int64_t Lc = std::min(g.length, L - i0);
-    std::vector<float> qc(static_cast<size_t>(BH * Lc * Dk)), oc(static_cast<size_t>(BH * Lc * Dv)),
-        lc(static_cast<size_t>(BH * Lc));
-    for (int64_t r = 0; r < BH; ++r)
-      std::memcpy(qc.data() + r * Lc * Dk, q + (r * L + i0) * Dk, static_cast<size_t>(Lc * Dk) * sizeof(float));
-    kernels::AttentionArgs args{};
-    args.q = qc.data();
-    args.out = oc.data();
-    args.B = B;
-    args.Hq = Hq;
-    args.L = Lc;
-    args.keys = keys;
-    args.values = values;
-    args.scale = scale;
-    args.softcap = softcap;
-    args.mask_kind = kernels::MaskKind::kNone;
-    args.mask_dtype = DType::kF32;
-    args.lse = lc.data();
-    if (sink.block > 0) {  // the sink's positions read unquantized: the kernel takes [sink, length)
-      args.exact_block = sink.block;
-      args.exact_lo = sink.lo;
-      args.exact_sink = sink.sink;
+    std::vector<float> qc, oc(static_cast<size_t>(BH * Lc * Dv)), lc(static_cast<size_t>(BH * Lc));
+    if (Lc < L) {  // a chunk of the rows: its queries contiguous (a decode step's one chunk is all of them)
+      qc.resize(static_cast<size_t>(BH * Lc * Dk));
+      for (int64_t r = 0; r < BH; ++r)
+        std::memcpy(qc.data() + r * Lc * Dk, q + (r * L + i0) * Dk, static_cast<size_t>(Lc * Dk) * sizeof(float));
     }
+    const float* qp = Lc < L ? qc.data() : q;
+    kernels::AttentionArgs args = kernel_args(qp, oc.data(), B, Hq, Lc, keys, values, scale, softcap, sink);
+    args.lse = lc.data();
     kernels::active_kernels().attention(args);
     if (sink.block > 0)
-      add_recent_block(sink, qc.data(), B, Hq, Hkv, Lc, g.length, Dk, Dv, scale, softcap, none, no_stride, lc.data(),
+      add_recent_block(sink, qp, B, Hq, Hkv, Lc, g.length, Dk, Dv, scale, softcap, none, no_stride, lc.data(),
                        oc.data());
     merge_part(o, lse, oc.data(), lc.data(), BH, L, i0, Lc, Dv);
   }
@@ -309,28 +321,15 @@ void attention(const TensorView& queries, const KVCache& cache, float scale, con
 
   // ---- the kernel: float32 [B, Hq, L, Dv] in the rotated value space ----
   std::vector<float> o(static_cast<size_t>(B * Hq * L * Dv));
-  kernels::AttentionArgs args{};
-  args.q = q.data();
-  args.out = o.data();
-  args.B = B;
-  args.Hq = Hq;
-  args.L = L;
-  args.keys = keys;
-  args.values = values;
-  args.scale = scale;
-  args.softcap = softcap;
+  // (the recent block read unquantized: the kernel takes the positions before it)
+  const KVCache::ExactStage stage = cache.exact_stage();
+  kernels::AttentionArgs args = kernel_args(q.data(), o.data(), B, Hq, L, keys, values, scale, softcap, stage);
   args.mask_kind = mask.kind;
   args.window = mask.window;
   args.mask = mask.mask.data;
   args.mask_dtype = mask.mask.dtype;
   for (int i = 0; i < 4; ++i) args.mask_stride[i] = mstride[i];
-  const KVCache::ExactStage stage = cache.exact_stage();
   std::vector<float> lse;
-  if (stage.block > 0) {  // the recent block read unquantized: the kernel takes the positions before it
-    args.exact_block = stage.block;
-    args.exact_lo = stage.lo;
-    args.exact_sink = stage.sink;
-  }
   if (stage.block > 0 || !segments.empty()) {
     lse.resize(static_cast<size_t>(B * Hq * L));
     args.lse = lse.data();

@@ -559,14 +559,34 @@ void KVStore::drop_front(int64_t d) {
   offset_ -= d;
 }
 
-std::vector<Buffer> KVStore::copy_valid() const {
+std::vector<Buffer> KVStore::copy_valid(int64_t length) const {
+  if (length < 0) length = offset_;
   std::vector<Buffer> out;
   for (size_t p = 0; p < planes_.size(); ++p) {
     const PlaneShape& s = shapes_[p];
-    Buffer b(static_cast<size_t>(B_ * H_ * s.rows(offset_) * s.row_bytes));
-    copy_head_rows(b.as<uint8_t>(), s.rows(offset_), planes_[p].as<uint8_t>(), s.rows(capacity_), s.rows(offset_),
+    Buffer b(static_cast<size_t>(B_ * H_ * s.rows(length) * s.row_bytes));
+    copy_head_rows(b.as<uint8_t>(), s.rows(length), planes_[p].as<uint8_t>(), s.rows(capacity_), s.rows(length),
                    s.row_bytes, B_ * H_);
     out.push_back(std::move(b));
+  }
+  return out;
+}
+
+KVStore KVStore::copy_suffix(int64_t from) const {
+  KVStore out;
+  out.B_ = B_;
+  out.H_ = H_;
+  out.shapes_ = shapes_;
+  out.offset_ = offset_ - from;
+  out.capacity_ = round_up(out.offset_, KVCache::kStep);
+  for (size_t p = 0; p < planes_.size(); ++p) {
+    const PlaneShape& s = shapes_[p];
+    const int64_t skip = s.per == 0 ? 0 : from / s.per;  // fixed rows stay whole
+    Buffer nb(static_cast<size_t>(B_ * H_ * s.rows(out.capacity_) * s.row_bytes));
+    copy_head_rows(nb.as<uint8_t>(), s.rows(out.capacity_), planes_[p].as<uint8_t>() + skip * s.row_bytes,
+                   s.rows(capacity_), s.per == 0 ? s.rows(out.offset_) : s.rows(offset_) - skip, s.row_bytes,
+                   B_ * H_);
+    out.planes_.push_back(std::move(nb));
   }
   return out;
 }
@@ -1188,12 +1208,14 @@ void check_split(const KVCache& c, int64_t n, const char* op) {
         "n must be a multiple of ", c.split_align(), " (the group size for per-channel keys) in [0, ", c.offset(),
         "] (the stored positions); got ", n);
 }
-// A store holding rows [n, offset) of `store` (and its fixed planes) in storage of round_up(offset − n, kStep)
-// positions: the part of a cache that split_front leaves.
-detail::KVStore rest_after_split(const detail::KVStore& store, int64_t n) {
-  detail::KVStore rest = store.copy_prefix(store.offset());
-  rest.drop_front(n);
-  return rest.copy_prefix(rest.offset());
+// split_front's common part: the snapshot of positions [0, n) (start 0) and the store of the rest, both copied before
+// anything changes (a failed allocation leaves the cache as it was).
+KVCacheSnapshot split_store(KVCacheMeta m, detail::KVStore& store, int64_t n) {
+  m.length = n;
+  m.start = 0;
+  KVCacheSnapshot snap(m, store.copy_valid(n));
+  store = store.copy_suffix(n);
+  return snap;
 }
 void check_empty_at(const KVCache& c, int64_t position, const char* op) {
   check(!c.empty(), ErrorCode::kInvalidArgument, op, "the cache has no dims yet (nothing appended)");
@@ -1207,26 +1229,17 @@ void check_empty_at(const KVCache& c, int64_t position, const char* op) {
 
 KVCacheSnapshot QuantizedKVCache::split_front(int64_t n) {
   check_split(*this, n, "kv_cache_split");
-  KVCacheMeta m = meta();
-  m.length = n;
-  m.start = 0;
-  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());  // allocations first: a failure changes nothing
-  store_ = rest_after_split(store_, n);
+  KVCacheSnapshot snap = split_store(meta(), store_, n);
   start_ += n;
   stage_from_residual();
   return snap;
 }
 
+// A copy holding nothing (copy_prefix at its start), moved to `position`.
 std::unique_ptr<KVCache> QuantizedKVCache::empty_at(int64_t position) const {
   check_empty_at(*this, position, "kv_cache_empty_at");
-  auto c = std::make_unique<QuantizedKVCache>(config_);
-  c->Dk_ = Dk_;
-  c->Dv_ = Dv_;
-  c->key_rot_ = key_rot_;
-  c->value_rot_ = value_rot_;
-  c->store_ = store_.copy_prefix(0);
-  c->start_ = position;
-  c->stage_from_residual();
+  auto c = copy_prefix(start_);
+  static_cast<QuantizedKVCache&>(*c).start_ = position;
   return c;
 }
 
@@ -1339,24 +1352,15 @@ std::unique_ptr<KVCache> PlainKVCache::copy_prefix(int64_t end) const {
 
 KVCacheSnapshot PlainKVCache::split_front(int64_t n) {
   check_split(*this, n, "kv_cache_split");
-  KVCacheMeta m = meta();
-  m.length = n;
-  m.start = 0;
-  KVCacheSnapshot snap(m, store_.copy_prefix(n).copy_valid());
-  store_ = rest_after_split(store_, n);
+  KVCacheSnapshot snap = split_store(meta(), store_, n);
   start_ += n;
   return snap;
 }
 
 std::unique_ptr<KVCache> PlainKVCache::empty_at(int64_t position) const {
   check_empty_at(*this, position, "kv_cache_empty_at");
-  auto c = std::make_unique<PlainKVCache>(config_);
-  c->Dk_ = Dk_;
-  c->Dv_ = Dv_;
-  c->key_rot_ = key_rot_;
-  c->value_rot_ = value_rot_;
-  c->store_ = store_.copy_prefix(0);
-  c->start_ = position;
+  auto c = copy_prefix(start_);
+  static_cast<PlainKVCache&>(*c).start_ = position;
   return c;
 }
 

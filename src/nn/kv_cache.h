@@ -281,8 +281,12 @@ class KVStore {
   int64_t rows_per_head(size_t p) const { return shapes_[p].rows(capacity_); }
   std::vector<const void*> plane_pointers() const;  // one per plane; empty without dims
   int64_t nbytes() const;
-  // Copies the rows(offset) rows of every plane into contiguous [B, H, rows(offset), row] buffers.
-  std::vector<Buffer> copy_valid() const;
+  // Copies the rows(length) rows of every plane (length <= offset; −1: offset) into contiguous [B, H, rows(length),
+  // row] buffers.
+  std::vector<Buffer> copy_valid(int64_t length = -1) const;
+  // A store holding rows [from, offset) of every per-position or per-block plane (from a multiple of every block
+  // plane's per) and the fixed planes whole, capacity round_up(offset − from, kStep), offset offset − from.
+  KVStore copy_suffix(int64_t from) const;
   // A store of the same dims and planes holding copies of the rows(length) rows of each plane (length <= offset),
   // capacity round_up(length, kStep), offset length.
   KVStore copy_prefix(int64_t length) const;

@@ -188,7 +188,7 @@ std::string ToolCallStream::feed(std::string_view piece) {
       out = held_.substr(0, held_.size() - keep);
       held_.erase(0, held_.size() - keep);
     }
-  } else if (format_ == ToolCallFormat::kLlama3 && sent_.empty()) {
+  } else if (format_ == ToolCallFormat::kLlama3 && !sent_any_) {
     // A call only if the reply starts with one: held while it is blank or a prefix of <|python_tag|>.
     size_t i = 0;
     while (i < held_.size() && is_space(held_[i])) ++i;
@@ -203,7 +203,7 @@ std::string ToolCallStream::feed(std::string_view piece) {
   } else {
     out.swap(held_);
   }
-  sent_ += out;
+  sent_any_ = sent_any_ || !out.empty();
   return out;
 }
 

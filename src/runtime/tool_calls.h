@@ -51,9 +51,9 @@ class ToolCallStream {
 
  private:
   ToolCallFormat format_;
-  std::string held_;      // not yet sent
-  std::string sent_;      // sent as content (a Llama 3 reply is a call only if it starts with one)
-  bool in_call_ = false;  // held_ starts at a call's marker: nothing more is sent until finish()
+  std::string held_;         // not yet sent
+  bool sent_any_ = false;    // some content was sent (a Llama 3 reply is a call only if it starts with one)
+  bool in_call_ = false;     // held_ starts at a call's marker: nothing more is sent until finish()
 };
 
 }  // namespace cider::runtime
