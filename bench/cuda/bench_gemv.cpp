@@ -198,6 +198,15 @@ CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N14336", "linear") {
 CIDER_CUDA_BENCH("w4a8 gemv M16 K4096 N14336", "linear") {
   return bench_int_gemv(true, 16, 4096, 14336, 0, "int8 _int_mm M32 K4096 N14336");
 }
+// The engine's W4A8 (g64) and the down projection in decode batches of 4, 8 and 16 (a serving step).
+CIDER_CUDA_BENCH("w4a8 gemv g64 M4 K4096 N14336", "linear") { return bench_int_gemv(true, 4, 4096, 14336, 64, ""); }
+CIDER_CUDA_BENCH("w4a8 gemv g64 M8 K4096 N14336", "linear") { return bench_int_gemv(true, 8, 4096, 14336, 64, ""); }
+CIDER_CUDA_BENCH("w4a8 gemv g64 M16 K4096 N14336", "linear") { return bench_int_gemv(true, 16, 4096, 14336, 64, ""); }
+CIDER_CUDA_BENCH("w4a8 gemv g64 M8 K14336 N4096", "linear") { return bench_int_gemv(true, 8, 14336, 4096, 64, ""); }
+CIDER_CUDA_BENCH("w4a8 gemv g64 M16 K14336 N4096", "linear") { return bench_int_gemv(true, 16, 14336, 4096, 64, ""); }
+CIDER_CUDA_BENCH("w8a8 gemv M16 K14336 N4096", "linear") { return bench_int_gemv(false, 16, 14336, 4096, 0, ""); }
+CIDER_CUDA_BENCH("w8a8 gemv M16 K4096 N128256", "linear") { return bench_int_gemv(false, 16, 4096, 128256, 0, ""); }
+CIDER_CUDA_BENCH("w8a8 gemv M1 K4096 N128256", "linear") { return bench_int_gemv(false, 1, 4096, 128256, 0, ""); }
 
 
 // ---- variants (what limits each case): load-only roofs, warps per block, blocks per SM, where x is quantized ----

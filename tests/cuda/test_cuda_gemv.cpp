@@ -35,6 +35,8 @@ namespace gemv_bench {
 void set_gemv_tuning(int warps, int blocks_per_sm, int quantize, int ring, int epilogue_prefetch, int split);
 void set_gemv_kernel(int kernel);  // 0 automatic, 1 tile, 2 rows (M = 1)
 int last_gemv_kernel();            // the kernel of the latest launch
+void set_gemv_k_split(int mode);   // 0 automatic, 1 never (rows that do not fit shared memory go in passes)
+int last_gemv_k_slices();          // slices of K of the latest tile-kernel call
 // linear_gemv_rows.cu: the row kernel's weight loads (0 automatic, 1 registers, 2 / 3 / 6 bulk-copy slots per
 // warp) and which ran last (1 registers, 2 bulk copies)
 void set_gemv_row_loads(int loads);
@@ -94,6 +96,8 @@ int weight_code(const Case& c, const uint8_t* w, int64_t n, int64_t k) {
   return static_cast<int8_t>(w[n * c.K + k]);
 }
 
+int g_last_ws_slices = 1;  // slices of K of run_case's latest workspace call
+
 // Runs one case on the GPU and the reference with the same inputs and checks every output element and the guards.
 // x_override: M·K float values to use instead of random ones (special rows).
 void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_override = nullptr) {
@@ -147,9 +151,15 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
   if (M == 1 && g_kernel == kRowKernel)
     variants = {{kRowKernel, 0}, {kRowKernel, kLoadsRegisters}, {kRowKernel, kLoadsBulk2Slots},
                 {kRowKernel, kLoadsBulk3Slots}};
+  // Modes: the codes fused in every block, computed once into the workspace, and — where the workspace call sliced K
+  // (rows that do not fit shared memory) — the workspace with the rows in several passes instead.
+  int ws_slices = 1;
+  size_t ws_index = 0, passes_index = 0;
   for (const auto& [kernel, loads] : variants)
-  for (int use_workspace = 0; use_workspace < 2; ++use_workspace) {
-    const std::string label = std::string(use_workspace ? "workspace" : "fused") +
+  for (int mode = 0; mode < 3; ++mode) {
+    const int use_workspace = mode > 0 ? 1 : 0;
+    if (mode == 2 && ws_slices == 1) continue;
+    const std::string label = std::string(mode == 2 ? "workspace, rows in passes" : use_workspace ? "workspace" : "fused") +
                               (kernel == kTileKernel ? ", tile kernel" : kernel == kRowKernel ? ", row kernel" : "") +
                               (loads == kLoadsRegisters ? ", register loads"
                                : loads >= kLoadsBulk2Slots ? ", bulk loads " + std::to_string(loads) + " slots" : "");
@@ -164,11 +174,21 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     gemv_bench::set_gemv_tuning(g_warps, g_blocks_per_sm, use_workspace ? 2 : 0, g_ring, g_prefetch, g_split);
     gemv_bench::set_gemv_kernel(kernel);
     gemv_bench::set_gemv_row_loads(loads);
+    gemv_bench::set_gemv_k_split(mode == 2 ? 1 : 0);
     if (c.int4) w4a8_gemv(dev, exec);
     else w8a8_gemv(dev, exec);
     gemv_bench::set_gemv_tuning(0, 0, 0, 0, 0, 0);
     gemv_bench::set_gemv_kernel(0);
     gemv_bench::set_gemv_row_loads(0);
+    gemv_bench::set_gemv_k_split(0);
+    if (mode == 1) {
+      ws_slices = gemv_bench::last_gemv_k_slices();
+      ws_index = gots.size();
+    }
+    if (mode == 2) {
+      EXPECT_EQ(gemv_bench::last_gemv_k_slices(), 1) << label;
+      passes_index = gots.size();
+    }
     // Which kernel ran: the row kernel serves M = 1 (K ≤ 65536) unless the tile kernel or its knobs were asked for.
     const int want_kernel = (M == 1 && K <= 65536 && kernel != kTileKernel && (kernel == kRowKernel || !tile_knobs))
                                 ? kRowKernel : kTileKernel;
@@ -195,6 +215,12 @@ void run_case(const Case& c, std::mt19937_64& rng, const std::vector<float>* x_o
     labels.push_back(label);
   }
   const std::vector<float> want = test::from_dtype_bytes(want_bytes.data(), c.out_dtype, static_cast<size_t>(M * N));
+  g_last_ws_slices = ws_slices;
+  // Per channel the slices' int32 partial sums add exactly: the same bits as the rows in passes.
+  if (ws_slices > 1 && c.group_size == 0) {
+    EXPECT_EQ(std::memcmp(gots[ws_index].data(), gots[passes_index].data(), gots[ws_index].size() * sizeof(float)), 0)
+        << "K in " << ws_slices << " slices against the rows in passes";
+  }
 
   // Per element: the bound above, from the exact codes (quant::quantize_int8_row, as the reference quantizes).
   const size_t x_row_bytes = static_cast<size_t>(K) * static_cast<size_t>(dtype_size(c.x_dtype));
@@ -327,13 +353,31 @@ TEST(CudaGemv, SpecialActivationRows) {
       for (DType xd : float_dtypes()) run_case(Case{int4, M, N, K, gs, xd, DType::kF32, true}, rng, &x);
 }
 
-// K large enough that 16 quantized rows do not fit shared memory: the launcher runs the rows in several passes.
+// K large enough that 16 quantized rows do not fit shared memory: the launcher runs the rows in several passes (the
+// fused codes; with the workspace and a float32 output it slices K instead, as KInSlices checks).
 TEST(CudaGemv, RowsInSeveralPasses) {
   CIDER_REQUIRE_GPU();
   auto rng = test::make_rng(506);
   for (bool int4 : {false, true})
     for (int gs : {0, 128}) run_case(Case{int4, 16, 33, 8192, gs, DType::kBF16, DType::kF32, true}, rng);
   run_case(Case{false, 9, 7, 24576, 0, DType::kF32, DType::kBF16, false}, rng);
+}
+
+// The down projection's K (14 336) at 8 and 16 rows: the codes of all rows do not fit shared memory, so with the
+// workspace K goes in slices (partial sums carried in the float32 output) — every scale mode against the reference,
+// per channel bit for bit the rows-in-passes result (run_case); a bf16 output runs the rows in passes.
+TEST(CudaGemv, KInSlices) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(510);
+  for (bool int4 : {false, true})
+    for (int gs : int4 ? std::vector<int>{0, 32, 64, 256} : std::vector<int>{0, 64, 256}) {
+      run_case(Case{int4, 16, 97, 14336, gs, DType::kF32, DType::kF32, true}, rng);
+      EXPECT_GT(g_last_ws_slices, 1) << (int4 ? "w4a8" : "w8a8") << " gs " << gs;
+    }
+  run_case(Case{true, 8, 4097, 14336, 64, DType::kBF16, DType::kF32, false}, rng);
+  EXPECT_GT(g_last_ws_slices, 1);
+  run_case(Case{false, 16, 33, 14336, 0, DType::kF32, DType::kBF16, true}, rng);
+  EXPECT_EQ(g_last_ws_slices, 1);
 }
 
 // The launch variants the benchmarks compare (8 warps per block with per-channel scales, one block per SM, the

@@ -152,6 +152,15 @@ struct GemvParams {
   int group_size;   // 0 = per channel
   int xq_stride;    // bytes between xq rows in shared memory
   int prefetch_epilogue;  // 1: load w_scales[n] / bias[n] one tile ahead (see the kernel)
+  // A slice of K (the launcher's K split, when 16 rows of xq do not fit shared memory): K is the slice's length, w,
+  // w_scales and xq point at its start, w_row_bytes / xq_row are the whole rows' (0: those of K). The partial sums
+  // of the slices before come in through part_in, those up to this one go out through part_out ([M, N] int32 per
+  // channel, float32 per group, in the float32 output buffer itself: each element read and written by one thread);
+  // only the last slice (part_out null) writes the output.
+  int64_t w_row_bytes;
+  int64_t xq_row;
+  const void* part_in;
+  void* part_out;
 };
 
 // kInt4: W4A8 (packed nibbles) else W8A8. kLoadBytes: bytes of one weight row a thread loads per chunk (16, or 8/4
@@ -233,7 +242,7 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
   constexpr int kThreads = kWarps * 32;
   const int units = p.K / 8;
   for (int m = 0; m < p.M; ++m) {
-    const int8_t* row = p.xq + static_cast<int64_t>(m) * p.K;
+    const int8_t* row = p.xq + static_cast<int64_t>(m) * (p.xq_row > 0 ? p.xq_row : p.K);
 #pragma unroll 4
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       const uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
@@ -320,7 +329,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   const int grid = static_cast<int>(gridDim.x), block = static_cast<int>(blockIdx.x);
   const int tgrid = grid * kGroups, tfirst = group * grid + block;  // my group's tiles: tfirst + it · tgrid
   const int my_tiles = tfirst < tiles ? (tiles - tfirst + tgrid - 1) / tgrid : 0;
-  const int64_t w_row_bytes = kInt4 ? p.K / 2 : p.K;
+  const int64_t w_row_bytes = p.w_row_bytes > 0 ? p.w_row_bytes : (kInt4 ? p.K / 2 : p.K);
 
   // Work split of one tile between the group's warps: units round-robin (unit u → warp u % kSplit), chunks per unit.
   const int chunks_per_unit = kPerGroup ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
@@ -536,22 +545,31 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               const int e = (r >= 8 ? 2 : 0) + col % 2;
               const int src_lane = (r % 8) * 4 + col / 2;
               float y;
+              const int64_t at = static_cast<int64_t>(m) * p.N + n;
               if constexpr (kPerGroup) {
-                float s = 0.0f;
+                float s = p.part_in ? static_cast<const float*>(p.part_in)[at] : 0.0f;  // the slices before
 #pragma unroll
                 for (int w = 0; w < kSplit; ++w)
                   s = __fadd_rn(s, __uint_as_float(partial[parity][w0 + w][cb][e][src_lane]));
+                if (p.part_out) {
+                  static_cast<float*>(p.part_out)[at] = s;
+                  continue;
+                }
                 y = __fmul_rn(sx[m], s);
               } else {
-                int32_t a = 0;
+                int32_t a = p.part_in ? static_cast<const int32_t*>(p.part_in)[at] : 0;  // exact: int32 sums
 #pragma unroll
                 for (int w = 0; w < kSplit; ++w) a += static_cast<int32_t>(partial[parity][w0 + w][cb][e][src_lane]);
                 if constexpr (kUnsignedNibbles) a -= 8 * xsum[m];  // Σ (c − 8)·x, exactly the reference's sum
+                if (p.part_out) {
+                  static_cast<int32_t*>(p.part_out)[at] = a;
+                  continue;
+                }
                 const float scale = p.prefetch_epilogue ? ep_scale[j] : p.w_scales[n];
                 y = __fmul_rn(sx[m], __fmul_rn(scale, __int2float_rn(a)));
               }
               if (p.bias) y = __fadd_rn(y, p.prefetch_epilogue ? ep_bias[j] : p.bias[n]);
-              store_out(p.out, p.out_dtype, static_cast<int64_t>(m) * p.N + n, y);
+              store_out(p.out, p.out_dtype, at, y);
             }
           }
           // No second barrier: the next tile writes the other parity; this one is rewritten two tiles later, after
@@ -609,9 +627,11 @@ struct GemvTuning {
   int epilogue_prefetch = 0;  // 0 (automatic) / 1: load the epilogue's scale/bias one tile ahead; 2: after the barrier
   int split = 0;          // warps per tile with 16 warps and the cp.async ring: 1, 2, 4 or 16 (0: automatic)
   int kernel = 0;         // 1: the tile kernel, 2: the row kernel (M = 1 only); 0: automatic
+  int k_split = 0;        // 1: never split K (rows that do not fit go in several passes); 0: automatic
 };
 GemvTuning g_tuning;
 int g_last_kernel = 0;  // the kernel of the latest launch (1 tile, 2 rows): gemv_bench::last_gemv_kernel
+int g_last_k_slices = 1;  // slices of K of the latest tile-kernel call: gemv_bench::last_gemv_k_slices
 
 // One instantiation and the shared memory it needs beyond the xq rows (its cp.async ring).
 struct KernelChoice {
@@ -756,18 +776,47 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(budget, kMaxXqBytes) / stride));
   };
   int rows_per_launch = static_cast<int>(std::min<int64_t>(a.M, kMaxRows));
-  if (xq_rows_that_fit(rows_per_launch) < rows_per_launch) rows_per_launch = std::min(8, xq_rows_that_fit(8));
+  // When the rows' codes do not fit shared memory (the down projection: K 14 336 holds 6 rows), K goes in slices
+  // that let every row fit (each slice streams its part of the weights once) — with the codes in the workspace (whole
+  // rows quantized once) and a float32 output to carry the partial sums; else the rows go in several passes.
+  int64_t k_slice = a.K;
+  int xq_stride = stride;
+  if (xq_rows_that_fit(rows_per_launch) < rows_per_launch && rows_per_launch > 1 && use_workspace &&
+      a.out_dtype == DType::kF32 && tuning.k_split != 1) {
+    const int64_t unit = std::max<int64_t>(256, a.group_size);  // whole chunks and groups (group sizes divide 256)
+    for (int parts = 2; parts <= 16; ++parts) {
+      const int64_t k = (a.K + parts - 1) / parts;
+      const int64_t kp = (k + unit - 1) / unit * unit;
+      const int st = xq_stride_bytes(int4, load_bytes, kp);
+      const KernelChoice kc = select_kernel(int4, load_bytes, rows_per_launch, a.group_size > 0, warps, async_ring, split);
+      cudaFuncAttributes attr{};
+      CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
+      const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
+                             static_cast<int64_t>(attr.sharedSizeBytes) - kc.ring_bytes;
+      if (kp < a.K && std::min<int64_t>(budget, kMaxXqBytes) / st >= rows_per_launch) {
+        k_slice = kp;
+        xq_stride = st;
+        break;
+      }
+    }
+  }
+  if (k_slice == a.K && xq_rows_that_fit(rows_per_launch) < rows_per_launch)
+    rows_per_launch = std::min(8, xq_rows_that_fit(8));
   check(rows_per_launch >= 1, ErrorCode::kUnsupported, op,
         "K is too large for one quantized activation row in shared memory beside the load ring; got ", a.K);
   g_last_kernel = kKernelTile;
+  g_last_k_slices = static_cast<int>((a.K + k_slice - 1) / k_slice);
   const int tiles = static_cast<int>((a.N + kTileRows - 1) / kTileRows);
   const int64_t out_row_bytes = a.N * dtype_size(a.out_dtype);
 
-  for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch) {
+  for (int64_t m0 = 0; m0 < a.M; m0 += rows_per_launch)
+  for (int64_t k0 = 0; k0 < a.K; k0 += k_slice) {
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
+    const int64_t klen = std::min(k_slice, a.K - k0);
+    const bool first = k0 == 0, last = k0 + klen == a.K;
     const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
     const KernelFn kernel = kc.fn;
-    const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(stride) + static_cast<size_t>(kc.ring_bytes);
+    const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(xq_stride) + static_cast<size_t>(kc.ring_bytes);
     allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, op);
     int blocks_per_sm = 0;
     CIDER_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, warps * 32, smem));
@@ -780,18 +829,22 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     GemvParams p{};
     p.x = static_cast<const uint8_t*>(a.x) + m0 * x_row_bytes;
     p.x_dtype = a.x_dtype;
-    p.xq = use_workspace ? ws_xq + m0 * a.K : nullptr;
+    p.xq = use_workspace ? ws_xq + m0 * a.K + k0 : nullptr;
     p.sx = use_workspace ? ws_sx + m0 : nullptr;
-    p.w = a.w;
-    p.w_scales = a.w_scales;
+    p.w = static_cast<const uint8_t*>(a.w) + (int4 ? k0 / 2 : k0);
+    p.w_scales = a.group_size > 0 ? a.w_scales + (k0 / a.group_size) * a.N : a.w_scales;
     p.bias = a.bias;
     p.out = static_cast<uint8_t*>(a.out) + m0 * out_row_bytes;
     p.out_dtype = a.out_dtype;
     p.M = rows;
     p.N = static_cast<int>(a.N);
-    p.K = static_cast<int>(a.K);
+    p.K = static_cast<int>(klen);
     p.group_size = a.group_size;
-    p.xq_stride = stride;
+    p.xq_stride = xq_stride;
+    p.w_row_bytes = int4 ? a.K / 2 : a.K;
+    p.xq_row = a.K;
+    p.part_in = first ? nullptr : p.out;
+    p.part_out = last ? nullptr : p.out;
     p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
                                           smem, stream, p));
@@ -832,6 +885,13 @@ void set_gemv_kernel(int kernel) {
   g_tuning.kernel = kernel;
 }
 int last_gemv_kernel() { return g_last_kernel; }
+// K in slices when the rows' codes do not fit shared memory: 0 automatic, 1 never (the rows in several passes).
+void set_gemv_k_split(int mode) {
+  check(mode == 0 || mode == 1, ErrorCode::kInvalidArgument, "cuda.gemv_bench.set_gemv_k_split",
+        "mode must be 0 (automatic) or 1 (never); got ", mode);
+  g_tuning.k_split = mode;
+}
+int last_gemv_k_slices() { return g_last_k_slices; }
 // Reads `bytes` (a multiple of 16, 16-byte aligned) with the GEMV's streaming loads and nothing else: the
 // achievable read roof for a weight matrix of that size. sink: one device uint32 (written almost never).
 void stream_read(const void* p, size_t bytes, void* sink, void* stream) {
