@@ -254,6 +254,111 @@ cider::bench::BenchResult generate_steps(const std::string& weights, const std::
   return r;
 }
 }  // namespace
+
+// A decode batch as `cider serve` runs it: B sessions of a 1024-position model (prefill chunk 64, as a server's
+// sessions are sized), each with `length` − 1 random cache rows, one token each per GpuSession::forward_batch call —
+// a graph replay when the batch repeats (graphs), else the same launches enqueued directly — the logits of every row
+// copied to the host. Wall time per call (host side included), best of 3 runs of 10 calls.
+namespace {
+cider::bench::BenchResult batch_decode(const std::string& weights, const std::string& kv, int64_t B, int64_t length,
+                                       bool graphs, int skip = 0) {
+  static std::shared_ptr<const cm::gpu::GpuModel> model;
+  static std::string key;
+  if (!model || key != weights + "/" + kv) {
+    model.reset();
+    cm::KVOptions kvo = cm::parse_kv_format(kv);
+    if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation("hadamard");
+    model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, 1024, 8);
+    key = weights + "/" + kv;
+  }
+  const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
+  const auto V = static_cast<size_t>(model->head_rows());
+  std::vector<std::unique_ptr<cm::gpu::GpuSession>> owned;
+  std::vector<cm::gpu::GpuSession*> ss;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(B), std::vector<float>(V));
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  std::vector<cm::SequenceStep> steps;
+  for (int64_t b = 0; b < B; ++b) {
+    owned.push_back(std::make_unique<cm::gpu::GpuSession>(model));
+    owned.back()->fill_cache_random(length - 1, 99 + static_cast<uint64_t>(b));
+    owned.back()->use_graphs = graphs;
+    owned.back()->bench_skip = skip;
+    ss.push_back(owned.back().get());
+    tokens[static_cast<size_t>(b)] = static_cast<int32_t>(17 + b);
+    steps.push_back(cm::SequenceStep{&tokens[static_cast<size_t>(b)], 1, length - 1,
+                                     logits[static_cast<size_t>(b)].data(), false});
+  }
+  constexpr int kCalls = 10;
+  double best = 1e30;
+  for (int run = 0; run < 4; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) cm::gpu::GpuSession::forward_batch(ss, steps);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kCalls;
+    if (run > 0) best = std::min(best, s);  // run 0 captures the graph
+  }
+  cider::bench::BenchResult r;
+  r.seconds = best;
+  r.peer = "";
+  r.note = std::to_string(static_cast<int>(static_cast<double>(B) / best)) + " tokens/s aggregate, " +
+           std::to_string(B) + " sequences at " + std::to_string(length) + " positions" +
+           (graphs ? "; batch graph replay" : "; launched directly") + "; " +
+           std::to_string(ss[0]->batch_graphs_captured()) + " batch graphs captured" +
+           (skip & cm::gpu::GpuSession::kSkipLinear ? "; WITHOUT linear layers" : "") +
+           (skip & cm::gpu::GpuSession::kSkipAttention ? "; WITHOUT attention" : "") +
+           (skip & cm::gpu::GpuSession::kSkipAppend ? "; WITHOUT kv_append" : "") +
+           (skip & cm::gpu::GpuSession::kSkipSmall ? "; WITHOUT the model's small kernels" : "");
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B1", "model") {
+  return batch_decode("w4a8", "k8v4", 1, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B4", "model") {
+  return batch_decode("w4a8", "k8v4", 4, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B64", "model") {
+  return batch_decode("w4a8", "k8v4", 64, 512, true);
+}
+// Where a batch's time goes (the same graphs with parts left out; results garbage), and the int8 weights.
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16 no-linear", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, true, cm::gpu::GpuSession::kSkipLinear);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16 no-attention", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, true, cm::gpu::GpuSession::kSkipAttention);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16 linear only", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, true,
+                      cm::gpu::GpuSession::kSkipAttention | cm::gpu::GpuSession::kSkipAppend |
+                          cm::gpu::GpuSession::kSkipSmall);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16 nothing", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, true,
+                      cm::gpu::GpuSession::kSkipAttention | cm::gpu::GpuSession::kSkipAppend |
+                          cm::gpu::GpuSession::kSkipSmall | cm::gpu::GpuSession::kSkipLinear);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B1 linear only", "model") {
+  return batch_decode("w4a8", "k8v4", 1, 512, true,
+                      cm::gpu::GpuSession::kSkipAttention | cm::gpu::GpuSession::kSkipAppend |
+                          cm::gpu::GpuSession::kSkipSmall);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w8a8 k8v4 L512 B16", "model") {
+  return batch_decode("w8a8", "k8v4", 16, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w8a8 k8v4 L512 B1", "model") {
+  return batch_decode("w8a8", "k8v4", 1, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B8", "model") {
+  return batch_decode("w4a8", "k8v4", 8, 512, true);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B16 v:no graphs", "model") {
+  return batch_decode("w4a8", "k8v4", 16, 512, false);
+}
+CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B64 v:no graphs", "model") {
+  return batch_decode("w4a8", "k8v4", 64, 512, false);
+}
 CIDER_CUDA_BENCH("model generate llama3-8b w8a8 k8v4 L1024 sampling on device", "model") {
   return generate_steps("w8a8", "k8v4", 1024, true);
 }

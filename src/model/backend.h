@@ -136,6 +136,7 @@ class BackendModel {
   virtual bool samples_on_device() const { return false; }
   virtual bool can_snapshot() const { return false; }  // its sessions' snapshot() works (optional)
   virtual bool can_copy_sessions() const { return false; }  // its sessions' copy_prefix() works (optional)
+  virtual bool can_share_sessions() const { return false; }  // its sessions' share() makes shared segments (optional)
 };
 
 // The backend for model.options().device: the CPU (model/cpu_backend.cpp) or, in a CUDA build, the GPU

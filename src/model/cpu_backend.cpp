@@ -568,6 +568,7 @@ class CpuModel final : public BackendModel {
   std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CpuSession>(m_); }
   bool can_snapshot() const override { return true; }
   bool can_copy_sessions() const override { return true; }
+  bool can_share_sessions() const override { return true; }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
     CpuBackend b(m_, sessions, static_cast<CpuSession*>(sessions[0])->scratch);
     run_forward(m_.config, b, steps);

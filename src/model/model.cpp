@@ -307,10 +307,12 @@ SessionState Model::snapshot(const Session& s) const {
 
 bool Model::can_copy_sessions() const { return impl_->backend->can_copy_sessions(); }
 
+bool Model::can_share_sessions() const { return impl_->backend->can_share_sessions(); }
+
 std::unique_ptr<Session> Model::copy_session(const Session& s, int64_t position) const {
   constexpr const char* op = "session_copy";
   check(can_copy_sessions(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
-        " device cannot be copied (the cpu device's can)");
+        " device cannot be copied (the cpu and cuda devices' can)");
   check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
         "the session must come from this model's new_session()");
   check(s.can_truncate(position), ErrorCode::kOutOfRange, op, "a copy holds a prefix the session can go back to: ",
@@ -327,7 +329,7 @@ std::unique_ptr<Session> Model::copy_session(const Session& s, int64_t position)
 
 void Model::share_session(Session& s) const {
   constexpr const char* op = "session_share";
-  check(can_copy_sessions(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
+  check(can_share_sessions(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
         " device cannot share their prefixes (the cpu device's can)");
   check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
         "the session must come from this model's new_session()");

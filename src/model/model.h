@@ -326,17 +326,19 @@ class Model {
   std::unique_ptr<Session> restore_session(const SessionState& state) const;
   // A new session holding a copy of s's first `position` positions — what s would hold after trim(s.position() −
   // position), s unchanged — copied on the session's device, only the kept positions (the server's prefix cache:
-  // every request sharing a pooled prefix gets its own copy). Only where can_copy_sessions() (the CPU device) and
-  // s.can_truncate(position); else cider::Error (kUnsupported, kOutOfRange) naming the rule.
+  // every request sharing a pooled prefix gets its own copy). Only where can_copy_sessions() (CPU: the kept positions;
+  // CUDA: every buffer, device to device) and s.can_truncate(position); else cider::Error (kUnsupported, kOutOfRange)
+  // naming the rule.
   bool can_copy_sessions() const;
   std::unique_ptr<Session> copy_session(const Session& s, int64_t position) const;
-  // Shared prefixes (where can_copy_sessions): moves s's complete blocks (of the group size for per-channel keys,
+  // Shared prefixes (where can_share_sessions: the CPU device): moves s's complete blocks (of the group size for per-channel keys,
   // every position otherwise) in the layers without a sliding window into read-only segments, one copy of them, so
   // that copy_session then shares them instead of copying: N sessions copied from s hold its prefix once (reference
   // counted, freed with the last holder), each only its own positions after it. s reads the same afterwards (its
   // attention sums the segments' and its own parts: the same codes, float32 sums in another order); snapshot() joins
   // them back. Sliding-window layers and recurrent states are still copied (bounded by their window).
   void share_session(Session& s) const;
+  bool can_share_sessions() const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }  // the engine's internals (model/transformer.h), for tests and tools

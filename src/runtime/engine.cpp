@@ -347,7 +347,8 @@ void Engine::admit_locked(std::vector<std::unique_ptr<Sequence>>& admitted) {
     // cache's storage grows by that step) shares the entry's complete blocks: they become shared segments when it is
     // first copied so (Model::share_session: one copy of them, then none per request), and the request reserves
     // only the positions after them in those layers. An entry never hit so keeps its one cache.
-    bool shares = src && copies && options_.share_prefixes && best_len >= nn::KVCache::kStep;
+    bool shares = src && copies && model_.can_share_sessions() && options_.share_prefixes &&
+                  best_len >= nn::KVCache::kStep;
     if (shares) {
       try {
         model_.share_session(*src->session);

@@ -597,6 +597,94 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
   }
 }
 
+// Batched decode steps (one token per session, GpuSession::forward_batch's graphs) against the same launches enqueued
+// directly: bit for bit. Sessions at positions 200 … 263 cross the 256-position bound inside the batch (new keys), one
+// leaves the batch and comes back, and the batch grows past its first buffers (8 sequences) to 10.
+TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
+  CIDER_REQUIRE_GPU();
+  for (const char* kv : {"bf16", "k8v4"}) {
+    SCOPED_TRACE(kv);
+    auto gpu = load("w8a8", kv, cm::Device::kCUDA, "hadamard");
+    const std::vector<int32_t> tokens = text_tokens(*gpu, 320);
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    constexpr size_t kSessions = 10, kSteps = 40;
+    auto run = [&](bool graphs, int64_t* captured) {
+      std::vector<std::unique_ptr<cm::Session>> ss;
+      std::vector<size_t> pos(kSessions);
+      std::vector<float> scratch(V);
+      for (size_t i = 0; i < kSessions; ++i) {
+        ss.push_back(gpu->new_session());
+        cm::gpu::gpu_session(*ss.back())->use_graphs = graphs;
+        pos[i] = 200 + 7 * i;
+        gpu->forward(*ss.back(), tokens.data(), static_cast<int64_t>(pos[i]), scratch.data(), false);
+      }
+      std::vector<float> out;
+      for (size_t step = 0; step < kSteps; ++step) {
+        std::vector<size_t> active = {0, 1, 2, 3};
+        if (step >= 15 && step < 25) active = {0, 2, 3};
+        if (step >= 25) active = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+        std::vector<std::vector<float>> rows(active.size(), std::vector<float>(V, std::nanf("")));
+        std::vector<cm::Model::BatchItem> items;
+        for (size_t j = 0; j < active.size(); ++j) {
+          const size_t i = active[j];
+          items.push_back({ss[i].get(), &tokens[pos[i]], 1, rows[j].data(), false});
+        }
+        gpu->forward_batch(items);
+        for (size_t j = 0; j < active.size(); ++j) {
+          out.insert(out.end(), rows[j].begin(), rows[j].end());
+          EXPECT_EQ(ss[active[j]]->position(), static_cast<int64_t>(pos[active[j]] + 1));
+          ++pos[active[j]];
+        }
+      }
+      *captured = cm::gpu::gpu_session(*ss[0])->batch_graphs_captured();
+      return out;
+    };
+    int64_t with = 0, without = 0;
+    const std::vector<float> a = run(true, &with), b = run(false, &without);
+    EXPECT_GT(with, 2);  // at least the three compositions
+    EXPECT_EQ(without, 0);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(diff(a, b).finite);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(a, b));
+  }
+}
+
+// Model::copy_session on the GPU (device-to-device copies): a copy of a 250-position prefix of a 300-position session
+// continues exactly as the source trimmed to 250 — bit for bit: the same cache bytes read by the same kernels — for a
+// plain cache, a per-token quantized one and per-channel keys cut inside a key block (the copy's window refilled from
+// the quantized block, as the trim's).
+TEST(CudaModel, SessionCopiesContinueLikeTrims) {
+  CIDER_REQUIRE_GPU();
+  struct Case {
+    const char *w, *kv, *rotation;
+  };
+  for (const Case& k : {Case{"bf16", "bf16", "so4-full"}, Case{"w8a8", "k8v4", "hadamard"},
+                        Case{"w8a8", "k4v4", "hadamard/kchan"}}) {
+    SCOPED_TRACE(std::string(k.w) + " " + k.kv + " " + k.rotation);
+    auto gpu = load(k.w, k.kv, cm::Device::kCUDA, k.rotation);
+    ASSERT_TRUE(gpu->can_copy_sessions());
+    const std::vector<int32_t> tokens = text_tokens(*gpu, 320);
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    std::vector<float> scratch(V);
+    auto s = gpu->new_session();
+    gpu->forward(*s, tokens.data(), 300, scratch.data(), false);
+    auto c = gpu->copy_session(*s, 250);
+    EXPECT_EQ(c->position(), 250);
+    EXPECT_EQ(s->position(), 300);
+    auto go_on = [&](cm::Session& x) {
+      std::vector<float> out(70 * V, std::nanf(""));
+      for (size_t i = 250; i < 320; ++i) gpu->forward(x, &tokens[i], 1, out.data() + (i - 250) * V, false);
+      return out;
+    };
+    const std::vector<float> a = go_on(*c);
+    EXPECT_EQ(s->trim(50), 50);
+    const std::vector<float> b = go_on(*s);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(diff(a, b).finite);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(a, b));
+  }
+}
+
 // Sampling on the device (GpuSession::candidates: cuda::topk_logits, k tokens back) draws the tokens that the full row
 // of logits from the same GPU session draws — greedy, the default sampler, repetition penalties over a window and
 // over the whole history — through the real generation loop; and it replaces every draw's copy of the logits.

@@ -7,6 +7,7 @@
 #           (tools/make_random_gguf.py --shape llama3-8b, gguf-py from .gpu/wheels) to /tmp/serve/llama3-8b.gguf;
 #           then a smoke test of `cider serve --device cuda` on the embedded model (greedy text == cider generate)
 #   bench   both servers, one after the other, at concurrency $LEVELS (default 1,4,16,64), $MAX_TOKENS per stream
+# SKIP_LLAMA=1: cider only (no llama-server build or run).
 # Outputs under $OUT: serve_bench.md (the table rows), logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -27,7 +28,7 @@ SLOT_CTX=${SLOT_CTX:-1024}
 
 phase_setup() {
   (
-    if [ ! -x "$W/llama/build/bin/llama-server" ]; then
+    if [ -z "${SKIP_LLAMA:-}" ] && [ ! -x "$W/llama/build/bin/llama-server" ]; then
       mkdir -p "$W/llama" && tar -C "$W/llama" -xJf .gpu/llama-src.tar.xz
       cmake -S "$W/llama/llama.cpp" -B "$W/llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
@@ -37,7 +38,8 @@ phase_setup() {
   ) > "$OUT/llama_build.log" 2>&1 &
   local build=$!
   if [ ! -s "$W/llama3-8b.gguf" ]; then
-    pip install -q --target "$W/py" --no-deps .gpu/wheels/*.whl > /dev/null 2>&1
+    # One by one: the wheels of several Python versions (pyyaml) install only where they match.
+    for whl in .gpu/wheels/*.whl; do pip install -q --target "$W/py" --no-deps "$whl" > /dev/null 2>&1; done
     PYTHONPATH=$W/py python3 tools/make_random_gguf.py "$W/llama3-8b.gguf" --shape llama3-8b --ctx 8192 \
       > "$OUT/make_gguf.log" 2>&1 || echo "make_random_gguf failed: $(tail -3 "$OUT/make_gguf.log")"
   fi
@@ -76,6 +78,7 @@ phase_bench() {
   $B/cider serve -m "$W/llama3-8b.gguf" --device cuda --weights "$CIDER_WEIGHTS" --kv "$CIDER_KV" --ctx "$SLOT_CTX" \
     --max-batch "$maxb" --port 18080 > "$OUT/cider_serve.log" 2>&1 &
   bench_server "cider $CIDER_WEIGHTS $CIDER_KV" http://127.0.0.1:18080 $! "$MAX_TOKENS" "$OUT/serve_bench.md"
+  [ -n "${SKIP_LLAMA:-}" ] && return
   "$W/llama/build/bin/llama-server" -m "$W/llama3-8b.gguf" -ngl 99 -fa on -ctk "$LLAMA_KV" -ctv "$LLAMA_KV" \
     -np "$maxb" -c $((maxb * SLOT_CTX)) --port 18081 > "$OUT/llama_server.log" 2>&1 &
   bench_server "llama-server Q4_K_M $LLAMA_KV" http://127.0.0.1:18081 $! "$MAX_TOKENS" "$OUT/serve_bench.md"

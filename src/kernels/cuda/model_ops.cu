@@ -49,10 +49,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// cos/sin of row (t, ·) of a head: table row pos0 + t (or *d_pos + t), or null when that position is outside the table.
+// cos/sin of row (t, ·) of a head: table row pos0 + t (or *d_pos + t, or d_pos[t·d_pos_stride]), or null when that
+// position is outside the table.
 __device__ __forceinline__ const float* rope_row(const HeadPrepArgs& a, int64_t t) {
-  const int64_t start = a.d_pos != nullptr ? static_cast<int64_t>(*a.d_pos) : a.pos0;
-  const int64_t pos = start + t;
+  const int64_t pos = a.d_pos == nullptr      ? a.pos0 + t
+                      : a.d_pos_stride > 0 ? static_cast<int64_t>(a.d_pos[t * a.d_pos_stride])
+                                           : static_cast<int64_t>(*a.d_pos) + t;
   return pos >= 0 && pos < a.rope_positions ? a.rope_table + pos * a.D : nullptr;
 }
 

@@ -35,6 +35,8 @@ struct HeadPrepArgs {
   const float* rope_table;  // [rope_positions, D]: row p = cos [D/2] then sin [D/2]
   int64_t rope_positions;
   int64_t pos0;
+  // Positions on the device: row t at *d_pos + t (one sequence), or, with d_pos_stride > 0, at d_pos[t·d_pos_stride]
+  // (a decode batch: each row a sequence of its own). Null: pos0 + t.
   const int32_t* d_pos;
   int rotation;     // 0 none, 1 so4 fast, 2 so4 full, 3 hadamard
   const float* qL;  // rotation 1/2: quaternions; rotation 3: the signs [D]
@@ -47,6 +49,7 @@ struct HeadPrepArgs {
   // row — qkv [n, Hq + gate_heads + 2·Hkv, D] ([q | gates | k | v], the fused projection of q_proj's queries then
   // gates, k and v); the gates are left as they are (finish's sigmoid_gate_rows reads them).
   int64_t gate_heads = 0;
+  int64_t d_pos_stride = 0;
 };
 // OLMoE's attention inputs (ModelConfig::qk_norm_full, clip_qkv), before prepare_heads: in each of n rows of qkv
 // (stride floats apart) one RMSNorm over the whole q (q_len values from 0, weights q_norm [q_len]; skipped when null)

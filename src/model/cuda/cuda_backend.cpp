@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gated_delta.h"
@@ -835,15 +837,58 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::Exec e_{};
   int64_t n_ = 0;                   // rows
   const int32_t* d_tok_ = nullptr;  // the rows' token ids (device)
-  const int32_t* d_pos_ = nullptr;  // decode: *d_pos_ is the position (device), else null
-  const int32_t* d_len_ = nullptr;  // decode: *d_len_ is the KV length after the append (device), else null
-  const int32_t* d_slide_off_ = nullptr;  // decode: the same two for the bounded sliding layers (storage rows)
-  const int32_t* d_slide_len_ = nullptr;
-  int64_t kv_length_ = 0;           // decode: the graph's bound on the KV length after the append
   const float* o_in_ = nullptr;     // the o projection's input (finish_heads' output, or attention's)
   std::vector<PassSegment> segs_;   // the pass's sequences (one, unless GpuSession::forward_batch)
   std::vector<Impl*> batch_{this};  // segs_[i].seq's session: whose caches its kv_append and attention use
+  // Decode passes (one row per sequence, positions on the device): sequence i's step words (device int32: position,
+  // KV length after the append, and the same two in the bounded sliding layers' storage rows) and the graph's bound on
+  // its KV length. Empty for a pass at host positions (begin_pass).
+  std::vector<const int32_t*> seq_words_;
+  std::vector<int64_t> seq_bound_;
+  bool batch_rows_ = false;  // a batched decode pass: row i is sequence i's one token, its words kBatchWords apart
+  const int32_t* words(const PassSegment& g) const {
+    return sz(g.seq) < seq_words_.size() ? seq_words_[sz(g.seq)] : nullptr;
+  }
   void begin_decode(void* s);
+
+  // ---- batched decode (GpuSession::forward_batch with one token per session), on the lead session ----
+  // bstep: int32 [B tokens | B × kBatchWords words], copied in from bstep_host (pinned) by a step's first node;
+  // blogits: the head's rows [B, head_rows], copied out to blogits_host (pinned) by its last. Sized for batch_cap
+  // sequences; the graphs hold their addresses (a larger batch frees both and the graphs).
+  static constexpr int64_t kBatchWords = 4;
+  int64_t batch_cap = 0;
+  cuda::DeviceBuffer bstep, blogits;
+  int32_t* bstep_host = nullptr;
+  float* blogits_host = nullptr;
+  // Graphs of batched decode steps, keyed by [B, the batch's KV bound (the largest of its sequences' buckets), each
+  // sequence's session id]: a batch whose sequences and order repeat (a steady decode) replays its graph. A key is
+  // captured the second step in a row it is seen (the first runs directly: a batch that changes at every step, as
+  // requests arrive, captures nothing). At most kBatchGraphs kept; a new one updates the least recently used in place
+  // when the topology allows (cudaGraphExecUpdate), else replaces it.
+  struct BatchGraph {
+    std::vector<int64_t> key;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t used = 0;
+  };
+  static constexpr size_t kBatchGraphs = 4;
+  // A decode batch's kv_append + attention of sequence i run on branch stream i % kBranches, forked from the pass's
+  // stream and joined back in every layer (in a graph: parallel branches), each with its own attention workspace
+  // (branch_ws_bytes, enough for one row at any KV length): one sequence's attention fills a few SMs, several fill
+  // the GPU. Made on a session's first batch.
+  static constexpr int kBranches = 8;
+  std::vector<std::unique_ptr<cuda::Stream>> branch_streams;
+  std::vector<cudaEvent_t> branch_events;  // [0] the fork, [1 + p] branch p's join
+  cuda::DeviceBuffer branch_ws;
+  size_t branch_ws_bytes = 0;
+  void make_branches();
+  std::vector<BatchGraph> batch_graphs;
+  uint64_t batch_clock = 0;
+  int64_t batch_captures = 0;
+  std::vector<int64_t> last_batch_key;  // the previous batched step's key when it ran directly
+  const int64_t id;  // unique among the process's sessions (a batch graph's key names sessions by it)
+  void decode_batch(std::span<Impl* const> seqs, std::span<const SequenceStep> steps, bool use_graphs);
+  void enqueue_decode_batch(std::span<const int64_t> positions);
+  void drop_batch_graphs();
 
   // ---- Backend (model/backend.h) ----
   int64_t max_pass_rows() const override { return chunk; }
@@ -884,7 +929,9 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::HeadPrepArgs head_prep(int64_t layer, const PassSegment& g) const;
 };
 
-GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
+std::atomic<int64_t> g_next_session_id{1};
+
+GpuSession::Impl::Impl(const GpuModel& model) : m(model), id(g_next_session_id.fetch_add(1)) {
   const ModelConfig& c = m.config;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
   chunk = std::min<int64_t>(env_int("CIDER_PREFILL_CHUNK", static_cast<int>(kDefaultPrefillChunk), 1, 65536, kOp),
@@ -1051,6 +1098,10 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model) {
 
 GpuSession::Impl::~Impl() {
   for (auto& [bound, g] : graphs) cudaGraphExecDestroy(g);
+  drop_batch_graphs();
+  for (cudaEvent_t ev : branch_events) cudaEventDestroy(ev);
+  if (bstep_host) cudaFreeHost(bstep_host);
+  if (blogits_host) cudaFreeHost(blogits_host);
   if (step_host) cudaFreeHost(step_host);
   if (logits_host) cudaFreeHost(logits_host);
   if (topk_host) cudaFreeHost(topk_host);
@@ -1215,7 +1266,9 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
   e_ = exec(stream.handle());
   n_ = 0;
   for (const PassSegment& g : segments) n_ += g.n;
-  d_pos_ = d_len_ = d_slide_off_ = d_slide_len_ = nullptr;
+  seq_words_.clear();
+  seq_bound_.clear();
+  batch_rows_ = false;
   int32_t* d = tokens.as<int32_t>();
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(n_) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                         as_stream(e_.stream)));
@@ -1290,11 +1343,9 @@ void GpuSession::Impl::begin_decode(void* s) {
   n_ = 1;
   int32_t* d_step = step.as<int32_t>();
   d_tok_ = d_step;
-  d_pos_ = d_step + 1;
-  d_len_ = d_step + 2;
-  d_slide_off_ = d_step + 3;
-  d_slide_len_ = d_step + 4;
-  kv_length_ = kv_bound(decode_position + 1, m.ctx);
+  seq_words_.assign(1, d_step + 1);
+  seq_bound_.assign(1, kv_bound(decode_position + 1, m.ctx));
+  batch_rows_ = false;
   segs_.assign(1, PassSegment{0, 0, 1, decode_position});
 }
 
@@ -1354,7 +1405,7 @@ cuda::HeadPrepArgs GpuSession::Impl::head_prep(int64_t layer, const PassSegment&
   p.rope_table = m.rope_for(c.layer_sliding[sz(layer)] != 0);
   p.rope_positions = m.ctx;
   p.pos0 = g.pos0;
-  p.d_pos = d_pos_;
+  p.d_pos = words(g);
   p.rotation = rot;
   p.rotate_qk = !kchan();  // per-channel keys are stored unrotated: q and k stay as they are
   p.qL = rot ? L.rot_left.as<float>() : nullptr;
@@ -1376,35 +1427,75 @@ void GpuSession::Impl::prepare_heads(int64_t layer) {
                              full ? L.q_norm.as<float>() : nullptr, full ? L.k_norm.as<float>() : nullptr,
                              c.norm_weight_offset, static_cast<float>(c.rms_norm_eps), c.clip_qkv, e_.stream);
   }
+  if (batch_rows_) {  // one launch: row i at sequence i's position (its first word; the words kBatchWords apart)
+    cuda::HeadPrepArgs p = head_prep(layer, PassSegment{0, 0, n_, segs_[0].pos0});
+    p.d_pos_stride = kBatchWords;
+    p.q_head_major = false;  // one row per sequence: (n, Hq, D) is each sequence's [Hq, 1, D]
+    cuda::prepare_heads(p, e_.stream);
+    return;
+  }
   for (const PassSegment& g : segs_) cuda::prepare_heads(head_prep(layer, g), e_.stream);
 }
 
 void GpuSession::Impl::kv_append(int64_t layer) {
-  if ((skip & GpuSession::kSkipAppend) != 0) return;
+  if ((skip & GpuSession::kSkipAppend) != 0 || batch_rows_) return;  // a decode batch appends in attention()'s branches
   const ModelConfig& c = m.config;
   const int64_t stride = row_stride_qkv();
   // The k heads follow the q heads (and, with gated attention, the gates).
   const int64_t k_col = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
   // A bounded sliding layer writes at position − slide_base (decode: step word 3).
   const bool bounded = caches[sz(layer)].bounded;
-  const int32_t* d_off = d_pos_ != nullptr && bounded ? d_slide_off_ : d_pos_;
   for (const PassSegment& g : segs_) {
     Impl& s = *batch_[sz(g.seq)];
+    const int32_t* w = words(g);
+    const int32_t* d_off = w == nullptr ? nullptr : bounded ? w + 2 : w;
     s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_,
                 q.as<float>() + g.row0 * c.num_heads * c.head_dim);
   }
 }
 
 void GpuSession::Impl::attention(int64_t layer) {
-  if ((skip & GpuSession::kSkipAttention) != 0) return;
   const int64_t HqD = m.config.num_heads * m.config.head_dim;
   const LayerCache& lc = caches[sz(layer)];
+  if (batch_rows_) {  // each sequence's append then attention on its branch (make_branches)
+    const ModelConfig& c = m.config;
+    const int64_t stride = row_stride_qkv();
+    const int64_t k_col = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
+    const cudaStream_t st = as_stream(e_.stream);
+    const int branches = static_cast<int>(std::min<int64_t>(kBranches, static_cast<int64_t>(segs_.size())));
+    CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[0], st));
+    for (int p = 0; p < branches; ++p)
+      CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(as_stream(branch_streams[sz(p)]->handle()), branch_events[0], 0));
+    for (const PassSegment& g : segs_) {
+      Impl& s = *batch_[sz(g.seq)];
+      const int32_t* w = words(g);
+      const int p = static_cast<int>(g.seq % branches);
+      cuda::Exec be;
+      be.stream = branch_streams[sz(p)]->handle();
+      be.workspace = static_cast<uint8_t*>(branch_ws.data()) + sz(p) * branch_ws_bytes;
+      be.workspace_bytes = branch_ws_bytes;
+      if ((skip & GpuSession::kSkipAppend) == 0)
+        s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, 1, s.store_pos(layer, g.pos0),
+                    lc.bounded ? w + 2 : w, be, q.as<float>() + g.row0 * c.num_heads * c.head_dim);
+      if ((skip & GpuSession::kSkipAttention) == 0)
+        cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, 1,
+                                         std::min(seq_bound_[sz(g.seq)], lc.cap)),
+                        lc.bounded ? w + 3 : w + 1, be);
+    }
+    for (int p = 0; p < branches; ++p) {
+      CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[sz(1 + p)], as_stream(branch_streams[sz(p)]->handle())));
+      CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(st, branch_events[sz(1 + p)], 0));
+    }
+    return;
+  }
+  if ((skip & GpuSession::kSkipAttention) != 0) return;
   // A bounded sliding layer holds positions [slide_base, end): its length is end − slide_base (decode: step word 4,
   // under the graph's bound capped at the storage).
-  const int32_t* d_len = d_len_ != nullptr && lc.bounded ? d_slide_len_ : d_len_;
   for (const PassSegment& g : segs_) {
     Impl& s = *batch_[sz(g.seq)];
-    const int64_t length = d_len_ ? std::min(kv_length_, lc.cap) : s.store_pos(layer, g.pos0 + g.n);
+    const int32_t* w = words(g);
+    const int32_t* d_len = w == nullptr ? nullptr : lc.bounded ? w + 3 : w + 1;
+    const int64_t length = w ? std::min(seq_bound_[sz(g.seq)], lc.cap) : s.store_pos(layer, g.pos0 + g.n);
     cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, g.n, length),
                     d_len, e_);
   }
@@ -1414,13 +1505,17 @@ void GpuSession::Impl::finish_heads(int64_t layer) {
   // Outputs back from the rotated value space, and (Hq, n, D) → (n, Hq, D) for a sequence of several rows; with
   // several sequences every segment is written to att (rotation 0 and one row: a copy).
   const int rot = m.rotation();
-  bool needed = rot != 0 || segs_.size() > 1;
+  bool needed = rot != 0 || (segs_.size() > 1 && !batch_rows_);
   for (const PassSegment& g : segs_) needed = needed || g.n > 1;
   o_in_ = ao.as<float>();
   if ((skip & GpuSession::kSkipSmall) != 0) return;
   const int64_t HqD = m.config.num_heads * m.config.head_dim;
   float* out = ao.as<float>();
-  if (needed) {
+  if (needed && batch_rows_) {  // one row per sequence: one launch over (n, Hq, D)
+    const cuda::HeadPrepArgs p = head_prep(layer, segs_[0]);
+    cuda::finish_heads(ao.as<float>(), false, n_, p.Hq, p.D, rot, p.qL, p.qR, att.as<float>(), e_.stream);
+    out = att.as<float>();
+  } else if (needed) {
     for (const PassSegment& g : segs_) {
       const cuda::HeadPrepArgs p = head_prep(layer, g);
       cuda::finish_heads(ao.as<float>() + g.row0 * HqD, g.n > 1, g.n, p.Hq, p.D, rot, p.qL, p.qR,
@@ -1741,6 +1836,150 @@ void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bo
   std::memcpy(logits, logits_host, sz(m.head_rows()) * sizeof(float));
 }
 
+void GpuSession::Impl::drop_batch_graphs() {
+  for (BatchGraph& g : batch_graphs) cudaGraphExecDestroy(g.exec);
+  batch_graphs.clear();
+}
+
+void GpuSession::Impl::make_branches() {
+  if (!branch_streams.empty()) return;
+  // One row's attention workspace at the longest KV length of any layer (a call's split count only grows with it).
+  size_t ws = 256;
+  for (int64_t l = 0; l < m.config.num_layers; ++l)
+    if (!m.config.is_linear_layer(l))
+      ws = std::max(ws, cuda::attention_workspace_bytes(
+                            attention_args(l, q.as<float>(), ao.as<float>(), 1, caches[sz(l)].cap)));
+  branch_ws_bytes = (ws + 255) / 256 * 256;
+  branch_ws = cuda::DeviceBuffer(sz(kBranches) * branch_ws_bytes);
+  for (int p = 0; p < kBranches; ++p) branch_streams.push_back(std::make_unique<cuda::Stream>());
+  for (int p = 0; p < 1 + kBranches; ++p) {
+    cudaEvent_t ev = nullptr;
+    CIDER_CUDA_CHECK(kOp, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    branch_events.push_back(ev);
+  }
+}
+
+void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions) {
+  const auto B = static_cast<int64_t>(positions.size());
+  const int64_t V = m.head_rows();
+  const cudaStream_t st = as_stream(stream.handle());
+  int32_t* d = bstep.as<int32_t>();
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, bstep_host, sz(B + B * kBatchWords) * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, st));
+  e_ = exec(stream.handle());
+  n_ = B;
+  d_tok_ = d;
+  segs_.clear();
+  seq_words_.clear();
+  seq_bound_.clear();
+  int64_t bound = 0;  // one bound for the batch: its key changes only when the longest sequence's bucket does
+  for (int64_t i = 0; i < B; ++i) bound = std::max(bound, kv_bound(positions[sz(i)] + 1, m.ctx));
+  for (int64_t i = 0; i < B; ++i) {
+    segs_.push_back(PassSegment{i, i, 1, positions[sz(i)]});
+    seq_words_.push_back(d + B + i * kBatchWords);
+    seq_bound_.push_back(bound);
+  }
+  batch_rows_ = B > 1;
+  embed();
+  run_layers(m.config, *this);
+  enqueue_head(0, B, blogits.as<float>(), e_);
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(blogits_host, blogits.data(), sz(B * V) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, st));
+  batch_rows_ = false;
+}
+
+void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const SequenceStep> steps,
+                                    bool use_graphs) {
+  const auto B = static_cast<int64_t>(seqs.size());
+  const int64_t V = m.head_rows();
+  const cudaStream_t st = as_stream(stream.handle());
+  if (B > batch_cap) {  // the graphs hold the old buffers' addresses
+    drop_batch_graphs();
+    if (bstep_host) cudaFreeHost(bstep_host);
+    if (blogits_host) cudaFreeHost(blogits_host);
+    bstep_host = nullptr;
+    blogits_host = nullptr;
+    batch_cap = std::min(chunk, std::max<int64_t>({B, 2 * batch_cap, 8}));
+    bstep = cuda::DeviceBuffer(sz(batch_cap * (1 + kBatchWords)) * sizeof(int32_t));
+    blogits = cuda::DeviceBuffer(sz(batch_cap * V) * sizeof(float));
+    CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&bstep_host),
+                                        sz(batch_cap * (1 + kBatchWords)) * sizeof(int32_t), cudaHostAllocDefault));
+    CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&blogits_host), sz(batch_cap * V) * sizeof(float),
+                                        cudaHostAllocDefault));
+  }
+  // Each sequence's inputs: its token, then its words (make_room first: it moves the sliding base on the stream).
+  std::vector<int64_t> positions(sz(B)), key{B, 0};
+  int32_t* words = bstep_host + B;
+  for (int64_t i = 0; i < B; ++i) {
+    Impl& s = *seqs[sz(i)];
+    const int64_t pos = steps[sz(i)].start;
+    s.make_room(pos, 1, exec(stream.handle()));
+    bstep_host[i] = steps[sz(i)].tokens[0];
+    int32_t* w = words + i * kBatchWords;
+    w[0] = static_cast<int32_t>(pos);
+    w[1] = static_cast<int32_t>(pos + 1);
+    w[2] = static_cast<int32_t>(pos - s.slide_base);
+    w[3] = static_cast<int32_t>(pos - s.slide_base + 1);
+    s.decode_position = pos;
+    positions[sz(i)] = pos;
+    key.push_back(s.id);
+    key[1] = std::max(key[1], kv_bound(pos + 1, m.ctx));
+  }
+  batch_.assign(seqs.begin(), seqs.end());
+  make_branches();
+  if (!use_graphs) {
+    enqueue_decode_batch(positions);
+  } else {
+    auto it = std::find_if(batch_graphs.begin(), batch_graphs.end(), [&](const BatchGraph& g) { return g.key == key; });
+    if (it == batch_graphs.end() && key != last_batch_key) {
+      // First seen: directly (which also sets up the launchers' state outside any capture, as decode()'s first run).
+      enqueue_decode_batch(positions);
+      last_batch_key = key;
+    } else if (it == batch_graphs.end()) {
+      last_batch_key.clear();
+      cudaGraph_t graph = nullptr;
+      CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue_decode_batch(positions);
+      } catch (...) {
+        cudaStreamEndCapture(st, &graph);  // leave the stream usable
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      CIDER_CUDA_CHECK(kOp, cudaStreamEndCapture(st, &graph));
+      cudaGraphExec_t ge = nullptr;
+      if (batch_graphs.size() >= kBatchGraphs) {  // the least recently used one: updated in place, else replaced
+        auto lru = std::min_element(batch_graphs.begin(), batch_graphs.end(),
+                                    [](const BatchGraph& a, const BatchGraph& b) { return a.used < b.used; });
+        cudaGraphExecUpdateResultInfo info{};
+        if (cudaGraphExecUpdate(lru->exec, graph, &info) == cudaSuccess) {
+          ge = lru->exec;
+        } else {
+          (void)cudaGetLastError();  // a failed update leaves no sticky error
+          cudaGraphExecDestroy(lru->exec);
+        }
+        batch_graphs.erase(lru);
+      }
+      cudaError_t err = cudaSuccess;
+      if (ge == nullptr) err = cudaGraphInstantiate(&ge, graph, 0);
+      cudaGraphDestroy(graph);
+      CIDER_CUDA_CHECK(kOp, err);
+      batch_graphs.push_back(BatchGraph{key, ge, 0});
+      it = batch_graphs.end() - 1;
+      ++batch_captures;
+    }
+    if (it != batch_graphs.end()) {
+      it->used = ++batch_clock;
+      CIDER_CUDA_CHECK(kOp, cudaGraphLaunch(it->exec, st));
+    }
+  }
+  stream.synchronize();
+  // The rows to the callers' buffers (pageable), several at once: 0.5 MB a row for a 128k vocabulary.
+  default_thread_pool().parallel_for(B, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) std::memcpy(steps[sz(i)].logits, blogits_host + i * V, sz(V) * sizeof(float));
+  });
+}
+
 void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& out) {
   check(m.comm == nullptr, ErrorCode::kInternal, kOp, "a tensor-parallel rank holds a share of the logits: the "
         "sampler's candidates come from the host");
@@ -1790,6 +2029,18 @@ void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& o
 
 // ---- GpuSession ---------------------------------------------------------------------------------------------------
 
+namespace {
+
+// MoE layers routed on the host synchronise inside the step, and linear-attention layers advance their states'
+// positions on the host (a replayed graph would not; capturing a bucket's first step also runs it twice): no graph
+// can hold either. MoE layers routed on the device (GpuModel::moe_on_device) can.
+bool host_steps(const GpuModel& m) {
+  return (!m.config.layer_moe.empty() && !m.moe_on_device) || m.config.has_linear_layers() ||
+         (m.comm && !m.comm->graph_capturable());
+}
+
+}  // namespace
+
 GpuSession::GpuSession(std::shared_ptr<const GpuModel> model) : model_(std::move(model)) {
   check(model_ != nullptr, ErrorCode::kInvalidArgument, kOp, "a session needs a model");
   impl_ = std::make_unique<Impl>(*model_);
@@ -1802,13 +2053,7 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
         "positions must stay within the context length ", model_->ctx, "; got ", start, " + ", n, " tokens");
   check(logits != nullptr || !all_logits, ErrorCode::kInvalidArgument, kOp, "all_logits needs a logits buffer");
   if (n == 1) {
-    // MoE layers routed on the host synchronise inside the step, and linear-attention layers advance their states'
-    // positions on the host (a replayed graph would not; capturing a bucket's first step also runs it twice): no
-    // graph can hold either. MoE layers routed on the device (GpuModel::moe_on_device) can.
-    const bool host_steps = (!model_->config.layer_moe.empty() && !model_->moe_on_device) ||
-                            model_->config.has_linear_layers() ||
-                            (model_->comm && !model_->comm->graph_capturable());
-    impl_->decode(tokens[0], start, logits, use_graphs && !host_steps);
+    impl_->decode(tokens[0], start, logits, use_graphs && !host_steps(*model_));
   } else {
     const SequenceStep step{tokens, n, start, logits, all_logits};
     run_forward(model_->config, *impl_, std::span<const SequenceStep>(&step, 1));
@@ -1817,6 +2062,42 @@ void GpuSession::forward(const int32_t* tokens, int64_t n, int64_t start, float*
 }
 
 bool GpuSession::can_truncate(int64_t position) const { return impl_->can_truncate(position); }
+
+void GpuSession::copy_prefix_from(const GpuSession& src, int64_t position) {
+  check(src.model_ == model_, ErrorCode::kInvalidArgument, "session_copy", "a copy needs a session of the same model");
+  check(src.impl_->can_truncate(position), ErrorCode::kOutOfRange, "session_copy", "cannot copy a prefix of ",
+        position, " positions: the source cannot go back to it (GpuSession::can_truncate)");
+  Impl& d = *impl_;
+  const Impl& s = *src.impl_;
+  s.stream.synchronize();  // what the source still has queued writes the bytes copied here
+  const cudaStream_t st = as_stream(d.stream.handle());
+  auto copy = [&](cuda::DeviceBuffer& to, const cuda::DeviceBuffer& from) {
+    check(to.bytes() == from.bytes(), ErrorCode::kInternal, "session_copy", "buffers of one model's sessions differ: ",
+          to.bytes(), " and ", from.bytes(), " bytes");
+    if (from.bytes() > 0)
+      CIDER_CUDA_CHECK("session_copy", cudaMemcpyAsync(to.data(), from.data(), from.bytes(), cudaMemcpyDeviceToDevice, st));
+  };
+  // Whole buffers (their layouts differ by cache kind; positions past the prefix are overwritten or refilled later).
+  for (size_t l = 0; l < s.caches.size(); ++l) {
+    LayerCache& to = d.caches[l];
+    const LayerCache& from = s.caches[l];
+    copy(to.data, from.data);
+    copy(to.scales, from.scales);
+    copy(to.biases, from.biases);
+    copy(to.residual, from.residual);
+    copy(to.ocodes, from.ocodes);
+    copy(to.oindex, from.oindex);
+    copy(to.qstats, from.qstats);
+  }
+  for (size_t l = 0; l < s.lin_states.size(); ++l) {
+    copy(d.lin_states[l].S, s.lin_states[l].S);
+    copy(d.lin_states[l].conv, s.lin_states[l].conv);
+    d.lin_states[l].pos = s.lin_states[l].pos;
+  }
+  d.slide_base = s.slide_base;
+  d.kv_end = s.kv_end;
+  truncate(position);  // per-channel keys: a block cut inside comes back into the copy's window
+}
 
 void GpuSession::truncate(int64_t position) {
   Impl& im = *impl_;
@@ -1858,10 +2139,23 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
   }
   lead.batch_.clear();
   for (GpuSession* s : sessions) lead.batch_.push_back(s->impl_.get());
+  // One token per sequence (a decode batch): one pass at device positions, replayed from a graph when the batch
+  // repeats (decode_batch). Tensor-parallel ranks and models that step on the host run the general pass.
+  const GpuModel& m = *sessions[0]->model_;
+  bool one_row_each = static_cast<int64_t>(sessions.size()) <= lead.chunk && !host_steps(m) && m.comm == nullptr;
+  for (const SequenceStep& st : steps) one_row_each = one_row_each && st.n == 1;
   try {
-    run_forward(sessions[0]->model_->config, lead, steps);
+    if (one_row_each) {
+      const std::vector<Impl*> seqs = lead.batch_;
+      lead.skip = sessions[0]->bench_skip;
+      lead.decode_batch(seqs, steps, sessions[0]->use_graphs);
+      lead.skip = 0;
+    } else {
+      run_forward(m.config, lead, steps);
+    }
   } catch (...) {
     lead.batch_.assign(1, &lead);
+    lead.skip = 0;
     // What was enqueued may still touch the other sessions' caches and states: let it finish before their
     // truncate (Model's undo) enqueues on their own streams.
     try {
@@ -1871,6 +2165,8 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
     throw;
   }
   lead.batch_.assign(1, &lead);
+  lead.seq_words_.clear();
+  lead.seq_bound_.clear();
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->impl_->kv_end = steps[i].start + steps[i].n;
 }
 
@@ -1886,6 +2182,8 @@ size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention st
 int64_t GpuSession::prefill_chunk() const { return impl_->chunk; }
 
 int64_t GpuSession::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+int64_t GpuSession::batch_graphs_captured() const { return impl_->batch_captures; }
 
 void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const ModelConfig& c = model_->config;
@@ -1954,11 +2252,18 @@ namespace {
 
 class CudaSession final : public BackendSession {
  public:
-  explicit CudaSession(std::shared_ptr<const GpuModel> m) : gpu(std::move(m)) {}
+  explicit CudaSession(std::shared_ptr<const GpuModel> m) : model(m), gpu(std::move(m)) {}
   size_t kv_bytes() const override { return gpu.kv_bytes(); }
   // Positions past the session's are simply overwritten later; per-channel keys may refill their window.
   void truncate(int64_t position) override { gpu.truncate(position); }
   bool can_truncate(int64_t position) const override { return gpu.can_truncate(position); }
+  std::unique_ptr<BackendSession> copy_prefix(int64_t position) const override {
+    auto c = std::make_unique<CudaSession>(model);
+    c->gpu.use_graphs = gpu.use_graphs;
+    c->gpu.copy_prefix_from(gpu, position);
+    return c;
+  }
+  std::shared_ptr<const GpuModel> model;
   GpuSession gpu;
 };
 
@@ -1981,6 +2286,7 @@ class CudaModel final : public BackendModel {
     return true;
   }
   bool samples_on_device() const override { return true; }
+  bool can_copy_sessions() const override { return true; }  // device-to-device copies (GpuSession::copy_prefix_from)
 
  private:
   std::shared_ptr<const GpuModel> m_;

@@ -194,7 +194,10 @@ class GpuSession {
   void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
   // Several sessions of one model in one forward (Model::forward_batch): steps[i] on sessions[i], every row of the
   // batch through each linear layer at once, kv_append and attention per session; on sessions[0]'s stream and
-  // activations, without graphs. Logits to the host (a null logits pointer is an error here).
+  // activations. Logits to the host (a null logits pointer is an error here). A step of one token per session (a
+  // decode batch) runs at device positions through a CUDA graph of sessions[0]'s, keyed by the sessions and their KV
+  // bounds (recaptured when they change; use_graphs of sessions[0] false: the same launches directly); other steps
+  // (prompt chunks) run directly.
   static void forward_batch(std::span<GpuSession* const> sessions, std::span<const SequenceStep> steps);
   // The sampler's candidates (model/sampler.h) from the last row of logits of the latest forward():
   // cuda::topk_logits on the device, then k ids and logits (and the excluded tokens' logits) to the host.
@@ -208,6 +211,9 @@ class GpuSession {
   // only to where they are (can_truncate; cider::Error otherwise); position 0 starts them over (states zeroed).
   void truncate(int64_t position);
   bool can_truncate(int64_t position) const;
+  // This (new) session becomes src's first `position` positions (src unchanged, src.can_truncate(position)): every
+  // cache and recurrent state copied on the device, then truncated (Model::copy_session on the CUDA device).
+  void copy_prefix_from(const GpuSession& src, int64_t position);
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two). Models with
   // MoE or linear-attention layers always decode directly (their steps need the host between launches).
@@ -215,9 +221,11 @@ class GpuSession {
   // Timing experiments only (the results are garbage): leave out of what enqueue_decode enqueues every linear layer
   // (kSkipLinear), the attention launches (kSkipAttention), the kv_appends (kSkipAppend) and/or the model's small
   // kernels (kSkipSmall: residual_norm, prepare_heads, finish_heads, glu_rows), to split a graph's time into parts.
+  // A decode batch (forward_batch) takes its lead session's.
   static constexpr int kSkipLinear = 1, kSkipAttention = 2, kSkipAppend = 4, kSkipSmall = 8;
   int bench_skip = 0;
   int64_t graphs_captured() const;
+  int64_t batch_graphs_captured() const;  // batched decode graphs captured while this session led a batch
 
   // ---- benchmark hooks ----
   // Writes positions [0, length) of every layer's cache with random rows (through kv_append, so the bytes are valid).
