@@ -19,8 +19,8 @@
 // format, quantized included; a session whose sliding-window layers dropped what that needs, can_truncate false, is a
 // miss) — copy on take: the entry stays pooled, most recently used, for the next request — and prefills only the rest;
 // at least the prompt's last token is always recomputed (its logits are needed). The copy is the new sequence's
-// session, inside its reservation. Where sessions cannot be copied (Model::can_copy_sessions false: the CUDA device),
-// or where only the entry's own bytes leaving the pool make room for the request, the request takes the entry out of
+// session, inside its reservation (on CUDA a device-to-device copy of the session's buffers). Where sessions cannot be
+// copied (Model::can_copy_sessions false: a tensor-parallel model), or where only the entry's own bytes leaving the pool make room for the request, the request takes the entry out of
 // the pool and trims it instead. Pooled sessions count against the KV bound with their real bytes and are evicted least
 // recently used first when a reservation needs the room (never the entry a request being admitted copies), or beyond
 // prefix_cache_entries. With prompt_cache_dir the pool is also kept on disk (runtime/prompt_cache.h): a session's file
