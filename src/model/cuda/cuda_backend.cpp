@@ -369,6 +369,23 @@ cuda::DeviceBuffer ones(int64_t n, void* stream) {
   return b;
 }
 
+// What enqueue() enqueues on st, captured into a graph (the caller destroys it); on an exception the capture ends
+// (leaving the stream usable) and the exception goes on.
+template <typename Enqueue>
+cudaGraph_t capture_graph(cudaStream_t st, const Enqueue& enqueue) {
+  cudaGraph_t graph = nullptr;
+  CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(st, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  CIDER_CUDA_CHECK(kOp, cudaStreamEndCapture(st, &graph));
+  return graph;
+}
+
 // Capacity buckets of the decode graphs: the attention grid is sized for a bound on the KV length.
 int64_t kv_bound(int64_t length, int64_t ctx) {
   int64_t b = 256;
@@ -1810,16 +1827,7 @@ void GpuSession::Impl::decode(int32_t token, int64_t position, float* logits, bo
       // plans, kernel attributes) do it outside the capture. The graph then recomputes the same step: it writes the
       // same KV rows at this position and the same logits.
       enqueue_decode(s);
-      cudaGraph_t graph = nullptr;
-      CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      try {
-        enqueue_decode(s);
-      } catch (...) {
-        cudaStreamEndCapture(st, &graph);  // leave the stream usable
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      CIDER_CUDA_CHECK(kOp, cudaStreamEndCapture(st, &graph));
+      cudaGraph_t graph = capture_graph(st, [&] { enqueue_decode(s); });
       cudaGraphExec_t ge = nullptr;
       const cudaError_t err = cudaGraphInstantiate(&ge, graph, 0);
       cudaGraphDestroy(graph);
@@ -1937,16 +1945,7 @@ void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const
       last_batch_key = key;
     } else if (it == batch_graphs.end()) {
       last_batch_key.clear();
-      cudaGraph_t graph = nullptr;
-      CIDER_CUDA_CHECK(kOp, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      try {
-        enqueue_decode_batch(positions);
-      } catch (...) {
-        cudaStreamEndCapture(st, &graph);  // leave the stream usable
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      CIDER_CUDA_CHECK(kOp, cudaStreamEndCapture(st, &graph));
+      cudaGraph_t graph = capture_graph(st, [&] { enqueue_decode_batch(positions); });
       cudaGraphExec_t ge = nullptr;
       if (batch_graphs.size() >= kBatchGraphs) {  // the least recently used one: updated in place, else replaced
         auto lru = std::min_element(batch_graphs.begin(), batch_graphs.end(),
