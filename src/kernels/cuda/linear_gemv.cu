@@ -153,7 +153,7 @@ struct GemvParams {
   int xq_stride;    // bytes between xq rows in shared memory
   int prefetch_epilogue;  // 1: load w_scales[n] / bias[n] one tile ahead (see the kernel)
   // A slice of K (the launcher's K split, when 16 rows of xq do not fit shared memory): K is the slice's length, w,
-  // w_scales and xq point at its start, w_row_bytes / xq_row are the whole rows' (0: those of K). The partial sums
+  // w_scales and xq point at its start, w_row_bytes / xq_row are the whole rows' (K's without a split). The partial sums
   // of the slices before come in through part_in, those up to this one go out through part_out ([M, N] int32 per
   // channel, float32 per group, in the float32 output buffer itself: each element read and written by one thread);
   // only the last slice (part_out null) writes the output.
@@ -242,7 +242,7 @@ __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
   constexpr int kThreads = kWarps * 32;
   const int units = p.K / 8;
   for (int m = 0; m < p.M; ++m) {
-    const int8_t* row = p.xq + static_cast<int64_t>(m) * (p.xq_row > 0 ? p.xq_row : p.K);
+    const int8_t* row = p.xq + static_cast<int64_t>(m) * p.xq_row;
 #pragma unroll 4
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       const uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   const int grid = static_cast<int>(gridDim.x), block = static_cast<int>(blockIdx.x);
   const int tgrid = grid * kGroups, tfirst = group * grid + block;  // my group's tiles: tfirst + it · tgrid
   const int my_tiles = tfirst < tiles ? (tiles - tfirst + tgrid - 1) / tgrid : 0;
-  const int64_t w_row_bytes = p.w_row_bytes > 0 ? p.w_row_bytes : (kInt4 ? p.K / 2 : p.K);
+  const int64_t w_row_bytes = p.w_row_bytes;
 
   // Work split of one tile between the group's warps: units round-robin (unit u → warp u % kSplit), chunks per unit.
   const int chunks_per_unit = kPerGroup ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
@@ -767,13 +767,13 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   const int split = warps == 16 && async_ring ? choose_split(tuning.split, op) : warps;
   // Rows per launch: as many as shared memory holds beside the static arrays and the ring (all 16 for K up to ~5k,
   // else the rows go in several passes of at most 8).
-  auto xq_rows_that_fit = [&](int rows) {
+  auto xq_rows_that_fit = [&](int rows, int row_stride) {
     const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
     cudaFuncAttributes attr{};
     CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
     const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
                            static_cast<int64_t>(attr.sharedSizeBytes) - kc.ring_bytes;
-    return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(budget, kMaxXqBytes) / stride));
+    return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(budget, kMaxXqBytes) / row_stride));
   };
   int rows_per_launch = static_cast<int>(std::min<int64_t>(a.M, kMaxRows));
   // When the rows' codes do not fit shared memory (the down projection: K 14 336 holds 6 rows), K goes in slices
@@ -781,27 +781,21 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   // rows quantized once) and a float32 output to carry the partial sums; else the rows go in several passes.
   int64_t k_slice = a.K;
   int xq_stride = stride;
-  if (xq_rows_that_fit(rows_per_launch) < rows_per_launch && rows_per_launch > 1 && use_workspace &&
+  if (xq_rows_that_fit(rows_per_launch, stride) < rows_per_launch && rows_per_launch > 1 && use_workspace &&
       a.out_dtype == DType::kF32 && tuning.k_split != 1) {
     const int64_t unit = std::max<int64_t>(256, a.group_size);  // whole chunks and groups (group sizes divide 256)
     for (int parts = 2; parts <= 16; ++parts) {
-      const int64_t k = (a.K + parts - 1) / parts;
-      const int64_t kp = (k + unit - 1) / unit * unit;
+      const int64_t kp = ((a.K + parts - 1) / parts + unit - 1) / unit * unit;
       const int st = xq_stride_bytes(int4, load_bytes, kp);
-      const KernelChoice kc = select_kernel(int4, load_bytes, rows_per_launch, a.group_size > 0, warps, async_ring, split);
-      cudaFuncAttributes attr{};
-      CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
-      const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
-                             static_cast<int64_t>(attr.sharedSizeBytes) - kc.ring_bytes;
-      if (kp < a.K && std::min<int64_t>(budget, kMaxXqBytes) / st >= rows_per_launch) {
+      if (kp < a.K && xq_rows_that_fit(rows_per_launch, st) >= rows_per_launch) {
         k_slice = kp;
         xq_stride = st;
         break;
       }
     }
   }
-  if (k_slice == a.K && xq_rows_that_fit(rows_per_launch) < rows_per_launch)
-    rows_per_launch = std::min(8, xq_rows_that_fit(8));
+  if (k_slice == a.K && xq_rows_that_fit(rows_per_launch, stride) < rows_per_launch)
+    rows_per_launch = std::min(8, xq_rows_that_fit(8, stride));
   check(rows_per_launch >= 1, ErrorCode::kUnsupported, op,
         "K is too large for one quantized activation row in shared memory beside the load ring; got ", a.K);
   g_last_kernel = kKernelTile;

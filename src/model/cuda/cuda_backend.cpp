@@ -858,14 +858,15 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<PassSegment> segs_;   // the pass's sequences (one, unless GpuSession::forward_batch)
   std::vector<Impl*> batch_{this};  // segs_[i].seq's session: whose caches its kv_append and attention use
   // Decode passes (one row per sequence, positions on the device): sequence i's step words (device int32: position,
-  // KV length after the append, and the same two in the bounded sliding layers' storage rows) and the graph's bound on
-  // its KV length. Empty for a pass at host positions (begin_pass).
-  std::vector<const int32_t*> seq_words_;
-  std::vector<int64_t> seq_bound_;
-  bool batch_rows_ = false;  // a batched decode pass: row i is sequence i's one token, its words kBatchWords apart
-  const int32_t* words(const PassSegment& g) const {
-    return sz(g.seq) < seq_words_.size() ? seq_words_[sz(g.seq)] : nullptr;
-  }
+  // KV length after the append, and the same two in the bounded sliding layers' storage rows) at words_ + i·kBatchWords,
+  // and the graph's bound on every sequence's KV length. words_ null for a pass at host positions (begin_pass).
+  const int32_t* words_ = nullptr;
+  int64_t bound_ = 0;
+  bool batch_rows_ = false;  // a batched decode pass: row i is sequence i's one token
+  const int32_t* words(const PassSegment& g) const { return words_ ? words_ + g.seq * kBatchWords : nullptr; }
+  // Segment g's kv_append / attention (its session's cache and positions) on e.
+  void append_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e);
+  void attend_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e);
   void begin_decode(void* s);
 
   // ---- batched decode (GpuSession::forward_batch with one token per session), on the lead session ----
@@ -904,7 +905,8 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<int64_t> last_batch_key;  // the previous batched step's key when it ran directly
   const int64_t id;  // unique among the process's sessions (a batch graph's key names sessions by it)
   void decode_batch(std::span<Impl* const> seqs, std::span<const SequenceStep> steps, bool use_graphs);
-  void enqueue_decode_batch(std::span<const int64_t> positions);
+  // bound: the batch's KV bound, the largest of its sequences' buckets (its key changes only when that one does).
+  void enqueue_decode_batch(std::span<const int64_t> positions, int64_t bound);
   void drop_batch_graphs();
 
   // ---- Backend (model/backend.h) ----
@@ -1283,8 +1285,7 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
   e_ = exec(stream.handle());
   n_ = 0;
   for (const PassSegment& g : segments) n_ += g.n;
-  seq_words_.clear();
-  seq_bound_.clear();
+  words_ = nullptr;
   batch_rows_ = false;
   int32_t* d = tokens.as<int32_t>();
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(d, host_tokens, sz(n_) * sizeof(int32_t), cudaMemcpyHostToDevice,
@@ -1360,8 +1361,8 @@ void GpuSession::Impl::begin_decode(void* s) {
   n_ = 1;
   int32_t* d_step = step.as<int32_t>();
   d_tok_ = d_step;
-  seq_words_.assign(1, d_step + 1);
-  seq_bound_.assign(1, kv_bound(decode_position + 1, m.ctx));
+  words_ = d_step + 1;
+  bound_ = kv_bound(decode_position + 1, m.ctx);
   batch_rows_ = false;
   segs_.assign(1, PassSegment{0, 0, 1, decode_position});
 }
@@ -1454,50 +1455,52 @@ void GpuSession::Impl::prepare_heads(int64_t layer) {
   for (const PassSegment& g : segs_) cuda::prepare_heads(head_prep(layer, g), e_.stream);
 }
 
-void GpuSession::Impl::kv_append(int64_t layer) {
-  if ((skip & GpuSession::kSkipAppend) != 0 || batch_rows_) return;  // a decode batch appends in attention()'s branches
+void GpuSession::Impl::append_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e) {
   const ModelConfig& c = m.config;
   const int64_t stride = row_stride_qkv();
   // The k heads follow the q heads (and, with gated attention, the gates).
   const int64_t k_col = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
   // A bounded sliding layer writes at position − slide_base (decode: step word 3).
-  const bool bounded = caches[sz(layer)].bounded;
-  for (const PassSegment& g : segs_) {
-    Impl& s = *batch_[sz(g.seq)];
-    const int32_t* w = words(g);
-    const int32_t* d_off = w == nullptr ? nullptr : bounded ? w + 2 : w;
-    s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e_,
-                q.as<float>() + g.row0 * c.num_heads * c.head_dim);
-  }
+  const int32_t* w = words(g);
+  const int32_t* d_off = w == nullptr ? nullptr : caches[sz(layer)].bounded ? w + 2 : w;
+  Impl& s = *batch_[sz(g.seq)];
+  s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, g.n, s.store_pos(layer, g.pos0), d_off, e,
+              q.as<float>() + g.row0 * c.num_heads * c.head_dim);
+}
+
+void GpuSession::Impl::attend_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e) {
+  const int64_t HqD = m.config.num_heads * m.config.head_dim;
+  const LayerCache& lc = caches[sz(layer)];
+  // A bounded sliding layer holds positions [slide_base, end): its length is end − slide_base (decode: step word 4,
+  // under the graph's bound capped at the storage).
+  const int32_t* w = words(g);
+  const int32_t* d_len = w == nullptr ? nullptr : lc.bounded ? w + 3 : w + 1;
+  Impl& s = *batch_[sz(g.seq)];
+  const int64_t length = w ? std::min(bound_, lc.cap) : s.store_pos(layer, g.pos0 + g.n);
+  cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, g.n, length),
+                  d_len, e);
+}
+
+void GpuSession::Impl::kv_append(int64_t layer) {
+  if ((skip & GpuSession::kSkipAppend) != 0 || batch_rows_) return;  // a decode batch appends in attention()'s branches
+  for (const PassSegment& g : segs_) append_segment(layer, g, e_);
 }
 
 void GpuSession::Impl::attention(int64_t layer) {
-  const int64_t HqD = m.config.num_heads * m.config.head_dim;
-  const LayerCache& lc = caches[sz(layer)];
   if (batch_rows_) {  // each sequence's append then attention on its branch (make_branches)
-    const ModelConfig& c = m.config;
-    const int64_t stride = row_stride_qkv();
-    const int64_t k_col = (c.attn_output_gate ? 2 : 1) * c.num_heads * c.head_dim;
     const cudaStream_t st = as_stream(e_.stream);
     const int branches = static_cast<int>(std::min<int64_t>(kBranches, static_cast<int64_t>(segs_.size())));
     CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[0], st));
     for (int p = 0; p < branches; ++p)
       CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(as_stream(branch_streams[sz(p)]->handle()), branch_events[0], 0));
     for (const PassSegment& g : segs_) {
-      Impl& s = *batch_[sz(g.seq)];
-      const int32_t* w = words(g);
       const int p = static_cast<int>(g.seq % branches);
       cuda::Exec be;
       be.stream = branch_streams[sz(p)]->handle();
       be.workspace = static_cast<uint8_t*>(branch_ws.data()) + sz(p) * branch_ws_bytes;
       be.workspace_bytes = branch_ws_bytes;
-      if ((skip & GpuSession::kSkipAppend) == 0)
-        s.append_kv(layer, qkv.as<float>() + g.row0 * stride + k_col, stride, 1, s.store_pos(layer, g.pos0),
-                    lc.bounded ? w + 2 : w, be, q.as<float>() + g.row0 * c.num_heads * c.head_dim);
-      if ((skip & GpuSession::kSkipAttention) == 0)
-        cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, 1,
-                                         std::min(seq_bound_[sz(g.seq)], lc.cap)),
-                        lc.bounded ? w + 3 : w + 1, be);
+      if ((skip & GpuSession::kSkipAppend) == 0) append_segment(layer, g, be);
+      if ((skip & GpuSession::kSkipAttention) == 0) attend_segment(layer, g, be);
     }
     for (int p = 0; p < branches; ++p) {
       CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[sz(1 + p)], as_stream(branch_streams[sz(p)]->handle())));
@@ -1506,16 +1509,7 @@ void GpuSession::Impl::attention(int64_t layer) {
     return;
   }
   if ((skip & GpuSession::kSkipAttention) != 0) return;
-  // A bounded sliding layer holds positions [slide_base, end): its length is end − slide_base (decode: step word 4,
-  // under the graph's bound capped at the storage).
-  for (const PassSegment& g : segs_) {
-    Impl& s = *batch_[sz(g.seq)];
-    const int32_t* w = words(g);
-    const int32_t* d_len = w == nullptr ? nullptr : lc.bounded ? w + 3 : w + 1;
-    const int64_t length = w ? std::min(seq_bound_[sz(g.seq)], lc.cap) : s.store_pos(layer, g.pos0 + g.n);
-    cuda::attention(s.attention_args(layer, q.as<float>() + g.row0 * HqD, ao.as<float>() + g.row0 * HqD, g.n, length),
-                    d_len, e_);
-  }
+  for (const PassSegment& g : segs_) attend_segment(layer, g, e_);
 }
 
 void GpuSession::Impl::finish_heads(int64_t layer) {
@@ -1867,7 +1861,7 @@ void GpuSession::Impl::make_branches() {
   }
 }
 
-void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions) {
+void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions, int64_t bound) {
   const auto B = static_cast<int64_t>(positions.size());
   const int64_t V = m.head_rows();
   const cudaStream_t st = as_stream(stream.handle());
@@ -1878,15 +1872,9 @@ void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions) 
   n_ = B;
   d_tok_ = d;
   segs_.clear();
-  seq_words_.clear();
-  seq_bound_.clear();
-  int64_t bound = 0;  // one bound for the batch: its key changes only when the longest sequence's bucket does
-  for (int64_t i = 0; i < B; ++i) bound = std::max(bound, kv_bound(positions[sz(i)] + 1, m.ctx));
-  for (int64_t i = 0; i < B; ++i) {
-    segs_.push_back(PassSegment{i, i, 1, positions[sz(i)]});
-    seq_words_.push_back(d + B + i * kBatchWords);
-    seq_bound_.push_back(bound);
-  }
+  for (int64_t i = 0; i < B; ++i) segs_.push_back(PassSegment{i, i, 1, positions[sz(i)]});
+  words_ = d + B;
+  bound_ = bound;
   batch_rows_ = B > 1;
   embed();
   run_layers(m.config, *this);
@@ -1936,16 +1924,16 @@ void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const
   batch_.assign(seqs.begin(), seqs.end());
   make_branches();
   if (!use_graphs) {
-    enqueue_decode_batch(positions);
+    enqueue_decode_batch(positions, key[1]);
   } else {
     auto it = std::find_if(batch_graphs.begin(), batch_graphs.end(), [&](const BatchGraph& g) { return g.key == key; });
     if (it == batch_graphs.end() && key != last_batch_key) {
       // First seen: directly (which also sets up the launchers' state outside any capture, as decode()'s first run).
-      enqueue_decode_batch(positions);
+      enqueue_decode_batch(positions, key[1]);
       last_batch_key = key;
     } else if (it == batch_graphs.end()) {
       last_batch_key.clear();
-      cudaGraph_t graph = capture_graph(st, [&] { enqueue_decode_batch(positions); });
+      cudaGraph_t graph = capture_graph(st, [&] { enqueue_decode_batch(positions, key[1]); });
       cudaGraphExec_t ge = nullptr;
       if (batch_graphs.size() >= kBatchGraphs) {  // the least recently used one: updated in place, else replaced
         auto lru = std::min_element(batch_graphs.begin(), batch_graphs.end(),
@@ -2164,8 +2152,7 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
     throw;
   }
   lead.batch_.assign(1, &lead);
-  lead.seq_words_.clear();
-  lead.seq_bound_.clear();
+  lead.words_ = nullptr;
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->impl_->kv_end = steps[i].start + steps[i].n;
 }
 
