@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 import urllib.parse
 
@@ -92,6 +93,27 @@ async def run_level(url, n, max_tokens, headers):
     return tokens, wall, statistics.median(ttft) * 1000, pct(itl, 0.5), pct(itl, 0.99)
 
 
+def step_metrics(url, headers):
+    """cider's per-step sums from /metrics (steps, forward seconds, host seconds, batch rows), or None elsewhere."""
+    u = urllib.parse.urlparse(url)
+    try:
+        import http.client
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        c.request("GET", u.path.rstrip("/") + "/metrics",
+                  headers=dict([headers.strip().split(": ", 1)]) if headers else {})
+        text = c.getresponse().read().decode()
+    except OSError:
+        return None
+    want = {"cider_step_forward_seconds_sum": 0, "cider_step_forward_seconds_count": 1,
+            "cider_step_host_seconds_sum": 2, "cider_step_batch_size_sum": 3}
+    v = [None] * 4
+    for line in text.splitlines():
+        name, _, val = line.partition(" ")
+        if name in want:
+            v[want[name]] = float(val)
+    return None if None in v else v
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
@@ -103,9 +125,15 @@ def main():
     headers = f"Authorization: Bearer {a.api_key}\r\n" if a.api_key else ""
     asyncio.run(run_level(a.url, 1, 8, headers))  # warm-up
     for n in [int(x) for x in a.concurrency.split(",")]:
+        before = step_metrics(a.url, headers)
         tokens, wall, ttft, p50, p99 = asyncio.run(run_level(a.url, n, a.max_tokens, headers))
         print(f"| {a.label} | {n} | {tokens} | {wall:.1f} | {tokens / wall:.1f} | {ttft:.0f} | {p50:.1f} | {p99:.1f} |",
               flush=True)
+        after = step_metrics(a.url, headers)
+        if before and after and after[1] > before[1]:
+            d = [x - y for x, y in zip(after, before)]
+            print(f"  {a.label} {n} streams: {d[1]:.0f} steps, forward {1000 * d[0] / d[1]:.2f} ms and host "
+                  f"{1000 * d[2] / d[1]:.2f} ms per step, {d[3] / d[1]:.1f} sequences per step", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

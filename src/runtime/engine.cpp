@@ -152,6 +152,8 @@ Engine::Engine(const model::Model& model, const EngineOptions& options)
   stats_.ttft = make_histogram({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   stats_.itl = make_histogram({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1});
   stats_.batch_size = make_histogram({1, 2, 4, 8, 16, 32, 64, 128});
+  stats_.step_forward = make_histogram({0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1});
+  stats_.step_host = make_histogram({0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
   if (!options_.prompt_cache_dir.empty()) load_prompt_cache();
   worker_ = std::thread([this] { run(); });
 }
@@ -632,6 +634,7 @@ void Engine::step() {
     batch.push_back({items[i].s->session.get(), items[i].tokens, items[i].n, logits[i].data(), false});
   }
   std::string error;
+  const Clock::time_point t0 = Clock::now();
   if (!batch.empty()) {
     try {
       model_.forward_batch(batch);
@@ -693,7 +696,11 @@ void Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.last_batch = static_cast<int64_t>(items.size());
-  if (!items.empty()) stats_.batch_size.observe(static_cast<double>(items.size()));
+  if (!items.empty()) {
+    stats_.batch_size.observe(static_cast<double>(items.size()));
+    stats_.step_forward.observe(seconds_between(t0, t1));
+    stats_.step_host.observe(seconds_between(t1, Clock::now()));
+  }
   running_bytes_ = 0;
   running_shared_.clear();
   for (auto it = running_.begin(); it != running_.end();) {
@@ -801,6 +808,8 @@ std::string Engine::metrics_text() const {
   histogram("time_to_first_token_seconds", "From submission to the first sampled token.", st.ttft);
   histogram("inter_token_latency_seconds", "Between consecutive sampled tokens of a sequence.", st.itl);
   histogram("step_batch_size", "Sequences per batched forward step.", st.batch_size);
+  histogram("step_forward_seconds", "A step's batched model forward (logits on the host).", st.step_forward);
+  histogram("step_host_seconds", "A step's host work after the forward: draws, stop strings, publishing.", st.step_host);
   return o.str();
 }
 

@@ -147,6 +147,7 @@ struct EngineStats {
   int64_t kv_memory = 0;
   int64_t prompt_cache_loaded = 0;  // entries loaded from prompt_cache_dir at start
   Histogram ttft, itl, batch_size;
+  Histogram step_forward, step_host;  // a step's model forward, and the rest of it (draws, stop strings, publishing)
 };
 
 class Engine {

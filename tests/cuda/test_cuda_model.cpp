@@ -602,9 +602,13 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
 // leaves the batch and comes back, and the batch grows past its first buffers (8 sequences) to 10.
 TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
   CIDER_REQUIRE_GPU();
-  for (const char* kv : {"bf16", "k8v4"}) {
-    SCOPED_TRACE(kv);
-    auto gpu = load("w8a8", kv, cm::Device::kCUDA, "hadamard");
+  struct Case {
+    const char *kv, *rotation;
+  };
+  // Per-channel keys: each session's residual window folds into a key block inside the batch steps (positions 200+).
+  for (const Case& k : {Case{"bf16", "hadamard"}, Case{"k8v4", "hadamard"}, Case{"k4v4", "hadamard/kchan"}}) {
+    SCOPED_TRACE(std::string(k.kv) + " " + k.rotation);
+    auto gpu = load("w8a8", k.kv, cm::Device::kCUDA, k.rotation);
     const std::vector<int32_t> tokens = text_tokens(*gpu, 320);
     const auto V = static_cast<size_t>(gpu->config().vocab_size);
     constexpr size_t kSessions = 10, kSteps = 40;
