@@ -380,6 +380,32 @@ TEST(CudaGemv, KInSlices) {
   EXPECT_EQ(g_last_ws_slices, 1);
 }
 
+// W4 groups of 64 through the tile kernel: with the cp.async ring two groups per chunk of 128 k (16-byte loads, one
+// mma per group), with the register ring one group per chunk (8-byte loads). K with a half chunk at the end (64,
+// 4160 = 32.5 chunks), whole chunks, the down projection's K in slices, M across both column blocks, N tails, every
+// dtype.
+TEST(CudaGemv, W4Groups64BothRings) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(511);
+  for (int ring : {0, 1}) {
+    SCOPED_TRACE(ring == 0 ? "cp.async ring, two groups per chunk" : "register ring, a group per chunk");
+    TuningScope scope(0, 0, ring, 0);
+    int i = 0;
+    for (int64_t M : {1, 4, 8, 9, 16})
+      for (int64_t K : {64, 192, 4096, 4160})
+        for (int64_t N : {67, 4129}) {
+          run_case(Case{true, M, N, K, 64, float_dtypes()[static_cast<size_t>(i) % 3],
+                        float_dtypes()[static_cast<size_t>(i / 3) % 3], i % 2 == 0}, rng);
+          ++i;
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+    if (ring == 0) {
+      run_case(Case{true, 16, 97, 14336, 64, DType::kBF16, DType::kF32, true}, rng);
+      EXPECT_GT(g_last_ws_slices, 1);
+    }
+  }
+}
+
 // The launch variants the benchmarks compare (8 warps per block with per-channel scales, one block per SM, the
 // register ring, no epilogue prefetch) compute the same results: a few shapes with tails through each.
 TEST(CudaGemv, LaunchVariants) {

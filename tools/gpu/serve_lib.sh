@@ -15,6 +15,8 @@ wait_health() {  # url pid
 bench_server() {  # label url pid max_tokens file
   if wait_health "$2" "$3"; then
     python3 tools/serve_bench.py --url "$2" --concurrency "$LEVELS" --max-tokens "$4" --label "$1" | tee -a "$5"
+    # The server's own counters after the run (cider's step-time histograms; llama-server answers 501 unless --metrics).
+    curl -s "$2/metrics" > "$(dirname "$5")/metrics_$(echo "$1" | tr -c 'A-Za-z0-9_\n' '_').txt" 2> /dev/null
   else
     echo "$1: did not become healthy" | tee -a "$5"
   fi

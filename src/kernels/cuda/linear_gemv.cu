@@ -165,7 +165,10 @@ struct GemvParams {
 
 // kInt4: W4A8 (packed nibbles) else W8A8. kLoadBytes: bytes of one weight row a thread loads per chunk (16, or 8/4
 // for W4 groups of 64/32). kColBlocks: n8 blocks of activation rows (1: M ≤ 8, 2: M ≤ 16). kPerGroup: group scales.
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup>
+// kGpc: scale groups per chunk — 1, or 2 for W4 groups of 64 with 16-byte loads ("wide" loads: a chunk of 128 k
+// holds two groups, threads tig 0–1 in the first, 2–3 in the second; each mma step runs once per group with the B
+// words of the other group's threads zeroed, so every int32 sum stays within one group).
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kGpc = 1>
 struct GemvConfig {
   static constexpr int kLoadWords = kLoadBytes / 4;
   // k values a thread covers per chunk and row, and k values of a chunk (4 threads of a quad side by side).
@@ -177,16 +180,17 @@ struct GemvConfig {
   // 2 rows × 112 bytes in flight per thread; narrower loads (W4 groups of 64 / 32) take more slots. Two column
   // blocks (M > 8) take fewer, so that 16 rows of xq + the ring fit the 227 KB of shared memory (cp.async ring) and
   // the register ring its 128 registers.
-  static constexpr int kRing = kLoadBytes == 16 ? (kColBlocks == 2 ? 6 : 8) : (kLoadBytes == 8 ? (kColBlocks == 2 ? 8 : 12)
-                                                                                                : (kColBlocks == 2 ? 12 : 16));
+  static constexpr int kRing = kGpc > 1 ? (kColBlocks == 2 ? 4 : 6)
+                               : kLoadBytes == 16 ? (kColBlocks == 2 ? 6 : 8)
+                               : (kLoadBytes == 8 ? (kColBlocks == 2 ? 8 : 12) : (kColBlocks == 2 ? 12 : 16));
 };
 
 // Shared-memory bytes of the cp.async ring (weights [kRing][2 rows][threads] × kLoadBytes, then group scales
 // [kRing][2][threads] floats), behind the xq rows.
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps>
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, int kGpc = 1>
 constexpr int ring_smem_bytes() {
-  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
-  return C::kRing * 2 * kWarps * 32 * (kLoadBytes + (kPerGroup ? 4 : 0));
+  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup, kGpc>;
+  return C::kRing * 2 * kWarps * 32 * (kLoadBytes + (kPerGroup ? 4 * kGpc : 0));
 }
 
 // Quantizes rows [0, M) of x into xq (shared, row stride p.xq_stride; W4 units of 8 stored as [evens | odds]) and
@@ -304,10 +308,12 @@ __device__ __forceinline__ void tile_group_sync(int group) {
   }
 }
 
-template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, bool kAsync, int kSplit>
+template <bool kInt4, int kLoadBytes, int kColBlocks, bool kPerGroup, int kWarps, bool kAsync, int kSplit, int kGpc = 1>
 __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(const GemvParams p) {
-  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup>;
+  using C = GemvConfig<kInt4, kLoadBytes, kColBlocks, kPerGroup, kGpc>;
   static_assert(kWarps % kSplit == 0 && (kSplit == 1 || kWarps / kSplit <= 15), "tile groups: named barriers 1..15");
+  static_assert(kGpc == 1 || (kInt4 && kPerGroup && kLoadBytes == 16 && kAsync && 4 % kGpc == 0),
+                "groups per chunk: W4 groups with 16-byte loads through the cp.async ring");
   constexpr int kThreads = kWarps * 32;
   constexpr int kGroups = kWarps / kSplit;
   constexpr int kGroupThreads = kSplit * 32;
@@ -332,9 +338,11 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   const int64_t w_row_bytes = p.w_row_bytes;
 
   // Work split of one tile between the group's warps: units round-robin (unit u → warp u % kSplit), chunks per unit.
-  const int chunks_per_unit = kPerGroup ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
+  // A unit is one scale group (kGpc 1), or one chunk of kGpc groups; per channel one chunk.
+  const int chunks_per_unit = kPerGroup && kGpc == 1 ? p.group_size / C::kChunkK : 1;  // 1, 2, 4 or 8
   const int cpu_shift = __ffs(chunks_per_unit) - 1;
-  const int units = kPerGroup ? p.K / p.group_size : (p.K + C::kChunkK - 1) / C::kChunkK;
+  const int units = kPerGroup && kGpc == 1 ? p.K / p.group_size : (p.K + C::kChunkK - 1) / C::kChunkK;
+  const int n_groups = kPerGroup ? p.K / p.group_size : 0;
   const int my_units = wig < units ? (units - wig + kSplit - 1) / kSplit : 0;
   const int my_chunks = my_units * chunks_per_unit;
   const int max_chunks = ((units + kSplit - 1) / kSplit) * chunks_per_unit;  // same in every warp: uniform loops
@@ -350,8 +358,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
   auto w_slot = [&](int b, int row) {
     return ring_w + static_cast<uint32_t>(((b * 2 + row) * kThreads + static_cast<int>(threadIdx.x)) * kLoadBytes);
   };
-  auto s_slot = [&](int b, int row) {
-    return ring_s + static_cast<uint32_t>(((b * 2 + row) * kThreads + static_cast<int>(threadIdx.x)) * 4);
+  auto s_slot = [&](int b, int row, int j) {  // j: the chunk's group (kGpc > 1)
+    return ring_s + static_cast<uint32_t>((((b * 2 + row) * kGpc + j) * kThreads + static_cast<int>(threadIdx.x)) * 4);
   };
 
   // Load cursor (tile iteration, chunk index q) and consume cursor.
@@ -376,9 +384,14 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
       cp_async<kLoadBytes>(w_slot(b, 0), k_ok && row_lo_ok ? w_lo : p.w, k_ok && row_lo_ok);
       cp_async<kLoadBytes>(w_slot(b, 1), k_ok && row_hi_ok ? w_lo + 8 * w_row_bytes : p.w, k_ok && row_hi_ok);
       if constexpr (kPerGroup) {
-        const float* s = p.w_scales + static_cast<int64_t>(unit) * p.N + row0 + g;
-        cp_async<4>(s_slot(b, 0), closes_group && row_lo_ok ? s : p.w_scales, closes_group && row_lo_ok);
-        cp_async<4>(s_slot(b, 1), closes_group && row_hi_ok ? s + 8 : p.w_scales, closes_group && row_hi_ok);
+#pragma unroll
+        for (int j = 0; j < kGpc; ++j) {
+          const int grp = unit * kGpc + j;  // kGpc 1: the unit is the group
+          const bool ok = closes_group && grp < n_groups;
+          const float* s = p.w_scales + static_cast<int64_t>(grp) * p.N + row0 + g;
+          cp_async<4>(s_slot(b, 0, j), ok && row_lo_ok ? s : p.w_scales, ok && row_lo_ok);
+          cp_async<4>(s_slot(b, 1, j), ok && row_hi_ok ? s + 8 : p.w_scales, ok && row_hi_ok);
+        }
       }
       cp_async_commit();  // one group per step, empty or not: wait_group counts steps
     } else {
@@ -398,7 +411,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
     if (++load_q == max_chunks) load_q = 0, ++load_it;
   };
 
-  int32_t acc[kColBlocks][4] = {};   // integer sums of the current group (per channel: of all my chunks of the tile)
+  int32_t acc[kGpc][kColBlocks][4] = {};  // integer sums of the current group(s) (per channel: of all my chunks of the tile)
   float fsum[kColBlocks][4] = {};    // per group: Σ over my groups of fl(sw · float(acc))
   int parity = 0;
 
@@ -443,21 +456,25 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
         const int q = use_q;
         // This step's slot: wait for its cp.async group (the kRing − 1 younger ones may still fly), read it back.
         uint32_t slot_w[2][C::kLoadWords];
-        float slot_s[2] = {0.0f, 0.0f};
+        float slot_s[2][kGpc] = {};
         if constexpr (kAsync) {
           cp_async_wait<C::kRing - 1>();
 #pragma unroll
           for (int row = 0; row < 2; ++row) {
             const int8_t* wp = xq + (w_slot(b, row) - smem_u32(xq));
             load_shared_words<C::kLoadWords>(wp, slot_w[row]);
-            if constexpr (kPerGroup) slot_s[row] = *reinterpret_cast<const float*>(xq + (s_slot(b, row) - smem_u32(xq)));
+            if constexpr (kPerGroup) {
+#pragma unroll
+              for (int j = 0; j < kGpc; ++j)
+                slot_s[row][j] = *reinterpret_cast<const float*>(xq + (s_slot(b, row, j) - smem_u32(xq)));
+            }
           }
         } else {
 #pragma unroll
           for (int row = 0; row < 2; ++row) {
 #pragma unroll
             for (int i = 0; i < C::kLoadWords; ++i) slot_w[row][i] = wr[b][row][i];
-            if constexpr (kPerGroup) slot_s[row] = sw[b][row];
+            if constexpr (kPerGroup) slot_s[row][0] = sw[b][row];
           }
         }
         if (q < my_chunks) {  // warp-uniform: mma.sync runs warp-wide, only the data is predicated
@@ -497,10 +514,19 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
             }
 #pragma unroll
             for (int s = 0; s < C::kSteps; ++s) {
-              if constexpr (kUnsignedNibbles)
-                mma_u8s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
-              else
-                mma_s8(acc[cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+              if constexpr (kUnsignedNibbles) {
+                mma_u8s8(acc[0][cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s],
+                         xw[2 * s + 1]);
+              } else if constexpr (kGpc == 1) {
+                mma_s8(acc[0][cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], xw[2 * s], xw[2 * s + 1]);
+              } else {
+#pragma unroll
+                for (int j = 0; j < kGpc; ++j) {  // group j: the k of threads tig / (4 / kGpc) == j only
+                  const bool mine = tig / (4 / kGpc) == j;
+                  mma_s8(acc[j][cb], a_lo[2 * s], a_hi[2 * s], a_lo[2 * s + 1], a_hi[2 * s + 1], mine ? xw[2 * s] : 0u,
+                         mine ? xw[2 * s + 1] : 0u);
+                }
+              }
             }
           }
           if constexpr (kPerGroup) {
@@ -509,9 +535,12 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
               for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  const float scale = slot_s[e / 2];  // fragment elements 0, 1: row g; 2, 3: row g + 8
-                  fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[cb][e])));
-                  acc[cb][e] = 0;
+#pragma unroll
+                  for (int j = 0; j < kGpc; ++j) {  // the chunk's groups in k order
+                    const float scale = slot_s[e / 2][j];  // fragment elements 0, 1: row g; 2, 3: row g + 8
+                    fsum[cb][e] = __fadd_rn(fsum[cb][e], __fmul_rn(scale, __int2float_rn(acc[j][cb][e])));
+                    acc[j][cb][e] = 0;
+                  }
                 }
               }
             }
@@ -526,8 +555,9 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) int_gemv_kernel(cons
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               partial[parity][warp][cb][e][lane] =
-                  kPerGroup ? __float_as_uint(fsum[cb][e]) : static_cast<uint32_t>(acc[cb][e]);
-              acc[cb][e] = 0;
+                  kPerGroup ? __float_as_uint(fsum[cb][e]) : static_cast<uint32_t>(acc[0][cb][e]);
+#pragma unroll
+              for (int j = 0; j < kGpc; ++j) acc[j][cb][e] = 0;
               fsum[cb][e] = 0.0f;
             }
           }
@@ -639,42 +669,48 @@ struct KernelChoice {
   int ring_bytes;
 };
 
-template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps, bool kAsync, int kSplit>
+template <bool kInt4, int kLoadBytes, bool kPerGroup, int kWarps, bool kAsync, int kSplit, int kGpc = 1>
 KernelChoice pick_rows(int M) {
   if (M <= 8)
-    return {int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kAsync, kSplit>,
-            kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 1, kPerGroup, kWarps>() : 0};
-  return {int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kAsync, kSplit>,
-          kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 2, kPerGroup, kWarps>() : 0};
+    return {int_gemv_kernel<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kAsync, kSplit, kGpc>,
+            kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 1, kPerGroup, kWarps, kGpc>() : 0};
+  return {int_gemv_kernel<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kAsync, kSplit, kGpc>,
+          kAsync ? ring_smem_bytes<kInt4, kLoadBytes, 2, kPerGroup, kWarps, kGpc>() : 0};
 }
 
 // 16 warps per block: tile groups of 1, 2, 4 or 16 warps with the cp.async ring; the register ring keeps 16.
-template <bool kAsync, bool kInt4, int kLoadBytes, bool kPerGroup>
+template <bool kAsync, bool kInt4, int kLoadBytes, bool kPerGroup, int kGpc = 1>
 KernelChoice pick16(int M, int split) {
   if constexpr (kAsync) {
-    if (split == 1) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 1>(M);
-    if (split == 2) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 2>(M);
-    if (split == 4) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 4>(M);
+    if (split == 1) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 1, kGpc>(M);
+    if (split == 2) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 2, kGpc>(M);
+    if (split == 4) return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, true, 4, kGpc>(M);
   }
-  return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, kAsync, 16>(M);
+  return pick_rows<kInt4, kLoadBytes, kPerGroup, 16, kAsync, 16, kGpc>(M);
 }
 
+// gpc: scale groups per chunk (2: W4 groups of 64 with 16-byte loads; the cp.async ring only).
 template <bool kAsync>
-KernelChoice select_ring(bool int4, int load_bytes, int M, bool per_group, int warps, int split) {
+KernelChoice select_ring(bool int4, int load_bytes, int M, bool per_group, int warps, int split, int gpc) {
   if (!per_group && warps == 8)
     return int4 ? pick_rows<true, 16, false, 8, kAsync, 8>(M) : pick_rows<false, 16, false, 8, kAsync, 8>(M);
   if (!int4) return per_group ? pick16<kAsync, false, 16, true>(M, split) : pick16<kAsync, false, 16, false>(M, split);
   if (!per_group) return pick16<kAsync, true, 16, false>(M, split);
+  if constexpr (kAsync) {  // groups of 64 always two per chunk here
+    if (gpc == 2) return pick16<true, true, 16, true, 2>(M, split);
+  } else {
+    if (load_bytes == 8) return pick16<false, true, 8, true>(M, split);
+  }
   if (load_bytes == 16) return pick16<kAsync, true, 16, true>(M, split);
-  if (load_bytes == 8) return pick16<kAsync, true, 8, true>(M, split);
   return pick16<kAsync, true, 4, true>(M, split);
 }
 
-// The instantiation for (int4, load width, M, per group, warps, ring kind, warps per tile); 8 warps exist for
-// per-channel scales only and always share a tile; so do 16 warps with the register ring.
-KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps, bool async_ring, int split) {
-  return async_ring ? select_ring<true>(int4, load_bytes, M, per_group, warps, split)
-                    : select_ring<false>(int4, load_bytes, M, per_group, warps, split);
+// The instantiation for (int4, load width, M, per group, warps, ring kind, warps per tile, groups per chunk); 8 warps
+// exist for per-channel scales only and always share a tile; so do 16 warps with the register ring.
+KernelChoice select_kernel(bool int4, int load_bytes, int M, bool per_group, int warps, bool async_ring, int split,
+                           int gpc) {
+  return async_ring ? select_ring<true>(int4, load_bytes, M, per_group, warps, split, gpc)
+                    : select_ring<false>(int4, load_bytes, M, per_group, warps, split, gpc);
 }
 
 // Warps per tile for a 16-warp block (docs/cuda/gemv.md, round 4): the bench/test knob, else $CIDER_GEMV_SPLIT
@@ -723,15 +759,19 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
   check(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0,
         ErrorCode::kInvalidArgument, op, "x and w must be 16-byte aligned (vector loads)");
 
-  // Weight bytes each thread loads per row and chunk: a chunk (4 threads side by side) must not cross a group.
-  int load_bytes = 16;
+  // Weight bytes each thread loads per row and chunk: a chunk (4 threads side by side) holds one group, or (W4
+  // groups of 64 with the cp.async ring) two groups, each thread's 16 bytes inside one of them: 16-byte loads
+  // instead of 8 (H100, 2026-12-06: W4A8 g64 K4096 N14336 M16 29.0 → 26.3 µs, M8 27.3 → 23.1, M4 25.2 → 21.5).
+  const GemvTuning tuning = g_tuning;
+  const bool async_ring = tuning.ring != 1;
+  int load_bytes = 16, gpc = 1;
   if (int4 && a.group_size > 0 && a.group_size < 128) load_bytes = a.group_size / 8;  // 64 → 8, 32 → 4
+  if (int4 && a.group_size == 64 && async_ring) load_bytes = 16, gpc = 2;
   const int stride = xq_stride_bytes(int4, load_bytes, a.K);
   check(stride <= kMaxXqBytes, ErrorCode::kUnsupported, op, "K must be <= ", kMaxXqBytes - 128,
         " (one quantized activation row in shared memory); got ", a.K);
   require_device(op);
   const DeviceInfo& dev = device_info();
-  const GemvTuning tuning = g_tuning;
   // Activation codes: every block derives them itself (fused; nothing extra to launch), or, when x is large (every
   // block would re-read and re-divide all of it) and the caller gave a workspace, one quantize_rows_int8 launch
   // writes them once and every block copies them from L2.
@@ -761,14 +801,13 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     return;
   }
 
-  const bool async_ring = tuning.ring != 1;
   const int warps = (tuning.warps == 8 && a.group_size == 0) ? 8 : 16;
   // Warps per tile (16-warp blocks with the cp.async ring; others: the whole block).
   const int split = warps == 16 && async_ring ? choose_split(tuning.split, op) : warps;
   // Rows per launch: as many as shared memory holds beside the static arrays and the ring (all 16 for K up to ~5k,
   // else the rows go in several passes of at most 8).
   auto xq_rows_that_fit = [&](int rows, int row_stride) {
-    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split, gpc);
     cudaFuncAttributes attr{};
     CIDER_CUDA_CHECK(op, cudaFuncGetAttributes(&attr, kc.fn));
     const int64_t budget = static_cast<int64_t>(dev.max_shared_per_block_optin) -
@@ -808,7 +847,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     const int rows = static_cast<int>(std::min<int64_t>(rows_per_launch, a.M - m0));
     const int64_t klen = std::min(k_slice, a.K - k0);
     const bool first = k0 == 0, last = k0 + klen == a.K;
-    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split);
+    const KernelChoice kc = select_kernel(int4, load_bytes, rows, a.group_size > 0, warps, async_ring, split, gpc);
     const KernelFn kernel = kc.fn;
     const size_t smem = static_cast<size_t>(rows) * static_cast<size_t>(xq_stride) + static_cast<size_t>(kc.ring_bytes);
     allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, op);
