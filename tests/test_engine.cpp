@@ -310,7 +310,8 @@ TEST(Engine, StopStringsEndTokensAndLogprobs) {
   const std::string m = engine.metrics_text();
   for (const char* name : {"cider_requests_total{outcome=\"finished\"}", "cider_generation_tokens_total",
                            "cider_time_to_first_token_seconds_bucket{le=\"+Inf\"}",
-                           "cider_inter_token_latency_seconds_count", "cider_kv_bytes_in_use"})
+                           "cider_inter_token_latency_seconds_count", "cider_kv_bytes_in_use",
+                           "cider_step_forward_seconds_bucket{le=\"+Inf\"}", "cider_step_host_seconds_count"})
     EXPECT_NE(m.find(name), std::string::npos) << name;
 }
 

@@ -934,11 +934,16 @@ def test_metrics(server, eos_ids):
     assert d["cider_time_to_first_token_seconds_count"] == 2
     assert d["cider_inter_token_latency_seconds_count"] == 10
     assert d["cider_steps_total"] > 0
+    # Every step that ran a forward is timed: its forward and its host part (the 12 draws took at least 7 steps).
+    for h in ("cider_step_forward_seconds", "cider_step_host_seconds"):
+        assert 7 <= d[h + "_count"] <= d["cider_steps_total"], (h, d[h + "_count"], d["cider_steps_total"])
+        assert d[h + "_sum"] > 0
     for k in ("cider_requests_running", "cider_requests_waiting", "cider_kv_bytes_in_use", "cider_kv_memory_bytes",
               "cider_prompt_tokens_cached_total", 'cider_requests_total{outcome="refused"}'):
         assert k in after, k
     assert after["cider_requests_running"] == 0 and after["cider_kv_memory_bytes"] > 0
-    for h in ("cider_time_to_first_token_seconds", "cider_inter_token_latency_seconds"):
+    for h in ("cider_time_to_first_token_seconds", "cider_inter_token_latency_seconds", "cider_step_forward_seconds",
+              "cider_step_host_seconds"):
         buckets = [(k, v) for k, v in after.items() if k.startswith(h + "_bucket{")]
         assert len(buckets) >= 2 and buckets[-1][0] == h + '_bucket{le="+Inf"}', buckets
         counts = [v for _, v in buckets]
