@@ -23,7 +23,10 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "model/generate.h"
+#include "model/json_prefix.h"
 #include "model/model.h"
 #include "model/session_state.h"
 #include "runtime/engine.h"
@@ -313,6 +316,51 @@ TEST(Engine, StopStringsEndTokensAndLogprobs) {
                            "cider_inter_token_latency_seconds_count", "cider_kv_bytes_in_use",
                            "cider_step_forward_seconds_bucket{le=\"+Inf\"}", "cider_step_host_seconds_count"})
     EXPECT_NE(m.find(name), std::string::npos) << name;
+}
+
+// response_format json_object (RequestOptions::json_object): every reply is a prefix of a JSON object text, whole and
+// parsed by nlohmann when it ends with "stop"; the sequence ends the moment the object closes (a bias toward '{' and
+// '}' makes that "{}" in two tokens); the logprobs stay the model's own (the sampled token's logprob is finite).
+TEST(Engine, JsonObjectRepliesAreJsonObjects) {
+  rt::Engine engine(tiny(), rt::EngineOptions{});
+  const cm::Tokenizer& tok = tiny().tokenizer();
+  int stopped = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    auto o = request(kPrompts[seed % kPrompts.size()], 48, 0.9, seed);
+    o.json_object = true;
+    const Outcome r = collect(*submit(engine, o));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": " + r.text);
+    cm::JsonPrefix p;
+    EXPECT_TRUE(p.feed(r.text));
+    if (r.last.reason == rt::FinishReason::kStop) {
+      ++stopped;
+      EXPECT_TRUE(p.complete());
+      ASSERT_TRUE(nlohmann::json::accept(r.text));
+      EXPECT_TRUE(nlohmann::json::parse(r.text).is_object());
+    } else {
+      EXPECT_EQ(r.last.reason, rt::FinishReason::kLength);
+      EXPECT_FALSE(p.complete());
+      EXPECT_EQ(r.last.completion_tokens, 48);
+    }
+  }
+  // Closed as soon as possible: '{' and '}' favoured, the whole reply is the empty object in two tokens.
+  const std::vector<int32_t> open = tok.encode("{", false), close = tok.encode("}", false);
+  ASSERT_EQ(open.size(), 1u);
+  ASSERT_EQ(close.size(), 1u);
+  auto o = request(kPrompts[0], 40, 0.0);
+  o.json_object = true;
+  o.logit_bias = {{open[0], 60.0f}, {close[0], 50.0f}};
+  const Outcome r = collect(*submit(engine, o));
+  EXPECT_EQ(r.text, "{}");
+  EXPECT_EQ(r.last.reason, rt::FinishReason::kStop);
+  EXPECT_EQ(r.last.completion_tokens, 2);
+  ASSERT_EQ(r.tokens.size(), 2u);
+  EXPECT_EQ(r.tokens[0], open[0]);
+  // Without the constraint the same bias gives '{' then '{' again (the larger bias), so the constraint decided.
+  o.json_object = false;
+  o.max_tokens = 2;
+  EXPECT_EQ(collect(*submit(engine, o)).text, "{{");
+  RecordProperty("json_replies_completed", stopped);
 }
 
 TEST(Engine, SubmitRefusesBadRequestsNamingTheValue) {

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+#include "model/json_prefix.h"
 #include "model/transformer.h"
 #include "model/session_state.h"
 #include "nn/kv_cache.h"
@@ -42,6 +44,31 @@ std::pair<double, double> log_normalizer(const float* z, int64_t n) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& Engine::token_bytes() {
+  std::call_once(token_bytes_once_, [&] {
+    std::vector<std::string> t(static_cast<size_t>(vocab_));
+    // Each token decoded after a plain one, that one's text cut off: the bytes the token adds mid-reply (a
+    // SentencePiece "▁word" keeps its space). Special tokens (and ids the tokenizer lacks) stay empty: never allowed.
+    std::vector<int32_t> ids = tok_.encode("a", false);
+    const std::string base = tok_.decode(ids, true);
+    ids.push_back(0);
+    const int64_t n = std::min<int64_t>(vocab_, tok_.vocab_size());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto id = static_cast<int32_t>(i);
+      if (tok_.is_special(id)) continue;
+      ids.back() = id;
+      try {
+        const std::string full = tok_.decode(ids, true);
+        t[static_cast<size_t>(i)] =
+            full.compare(0, base.size(), base) == 0 ? full.substr(base.size()) : tok_.decode({id}, true);
+      } catch (const Error&) {  // an id the vocabulary does not use
+      }
+    }
+    token_bytes_ = std::move(t);
+  });
+  return token_bytes_;
+}
 
 int64_t Engine::reusable_prefix(int64_t common, int64_t prompt_len) const {
   int64_t n = std::min(common, prompt_len - 1);
@@ -108,6 +135,7 @@ struct Engine::Sequence {
   std::vector<int32_t> history;   // prompt + sampled tokens (the repetition penalty's window)
   std::unordered_map<int32_t, int64_t> counts;  // sampled tokens (presence / frequency penalties)
   std::unique_ptr<model::Sampler> sampler;
+  std::optional<model::JsonPrefix> json;  // RequestOptions::json_object: the reply so far
   std::unique_ptr<model::TokenizerTextStream> text;
   std::string emitted;            // text released by the stop filter since the last publish
   std::string all_text;
@@ -250,6 +278,10 @@ Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
   s->positions = positions;
   s->submitted = Clock::now();
   s->sampler = std::make_unique<model::Sampler>(o.sampling);
+  if (o.json_object) {
+    (void)token_bytes();  // built once, before any draw reads it
+    s->json.emplace();
+  }
   s->text = std::make_unique<model::TokenizerTextStream>(tok_, o.context_token >= 0 ? o.context_token : o.prompt.back());
   s->history = o.prompt;
   s->opt = std::move(o);
@@ -530,8 +562,31 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
                                                                s.opt.frequency_penalty * static_cast<double>(count));
     z = penalised.data();
   }
+  // JSON constrained decoding: every token whose bytes cannot continue the reply as a JSON object, the special and
+  // end tokens among them, gets −inf for the draw (the logprobs below stay the model's own distribution).
+  std::vector<float> allowed;
+  if (s.json) {
+    allowed.assign(z, z + vocab_);
+    bool first_ok[256];
+    for (int b = 0; b < 256; ++b) {
+      model::JsonPrefix p = *s.json;
+      first_ok[b] = p.feed(static_cast<uint8_t>(b));
+    }
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const std::string* t = i < static_cast<int64_t>(token_bytes_.size()) ? &token_bytes_[static_cast<size_t>(i)] : nullptr;
+      if (t == nullptr || t->empty() || !first_ok[static_cast<uint8_t>((*t)[0])]) {
+        allowed[static_cast<size_t>(i)] = kNegInf;
+        continue;
+      }
+      model::JsonPrefix p = *s.json;
+      if (!p.feed(*t)) allowed[static_cast<size_t>(i)] = kNegInf;
+    }
+    for (int32_t id : s.opt.end_tokens)
+      if (id >= 0 && id < vocab_) allowed[static_cast<size_t>(id)] = kNegInf;
+  }
   try {
-    out.token = s.sampler->sample(z, vocab_, s.history);
+    out.token = s.sampler->sample(s.json ? allowed.data() : z, vocab_, s.history);
   } catch (const std::exception& e) {
     out.error = e.what();
     return;
@@ -585,6 +640,10 @@ void Engine::accept(Sequence& s, Draw& d, Clock::time_point now) {
   if (std::find(s.opt.end_tokens.begin(), s.opt.end_tokens.end(), token) != s.opt.end_tokens.end())
     return end(FinishReason::kStop, false);
   if (s.filter->add(s.text->push(token))) return end(FinishReason::kStop, true);
+  if (s.json) {  // the draw allowed only tokens that continue the object
+    (void)s.json->feed(token_bytes_[static_cast<size_t>(token)]);
+    if (s.json->complete()) return end(FinishReason::kStop, false);
+  }
   if (s.generated >= s.opt.max_tokens || s.session->position() >= model_.context_length())
     return end(FinishReason::kLength, false);
   s.pending_token = token;

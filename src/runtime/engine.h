@@ -67,6 +67,8 @@ struct RequestOptions {
   int top_logprobs = -1;               // −1: no logprobs; 0…20: the sampled token's and this many alternatives
   int32_t context_token = -1;          // decoded before the first sampled token (a SentencePiece "▁word" keeps its
                                        // space); by default the prompt's last token
+  bool json_object = false;            // constrained decoding: the reply is one JSON object (model/json_prefix.h),
+                                       // ending (kStop) when it closes; special tokens are never sampled
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -215,6 +217,11 @@ class Engine {
   EngineOptions options_;
   const model::Tokenizer& tok_;
   int64_t vocab_ = 0;
+  // Constrained decoding (RequestOptions::json_object): the bytes each token adds to a reply (decoded after a plain
+  // context token), the special tokens empty; built once, at the first such request.
+  std::once_flag token_bytes_once_;
+  std::vector<std::string> token_bytes_;
+  const std::vector<std::string>& token_bytes();
 
   mutable std::mutex mu_;  // waiting_, pool_, stats_, draining_, stop_, reserved_
   std::condition_variable cv_;

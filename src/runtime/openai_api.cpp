@@ -224,14 +224,21 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     }
   }
   if (present(b, "suffix")) bad("suffix", "'suffix' (insertion) is not supported");
+  bool json_object = false;
   if (present(b, "response_format")) {
     const json& f = b.at("response_format");
-    if (!f.is_object() || !f.contains("type") || f.at("type") != "text")
-      bad("response_format", "'response_format' must be {\"type\": \"text\"} (no constrained decoding yet); got " +
+    const bool typed = f.is_object() && f.contains("type") && f.at("type").is_string();
+    if (typed && f.at("type") == "json_schema")
+      bad("response_format", "'response_format' {\"type\": \"json_schema\"} is not supported yet (schemas are not "
+                             "enforced); use {\"type\": \"json_object\"} or {\"type\": \"text\"}");
+    if (!typed || (f.at("type") != "text" && f.at("type") != "json_object"))
+      bad("response_format", "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}; got " +
                                  brief(f));
+    json_object = f.at("type") == "json_object";
   }
 
   RequestOptions& o = r.options;
+  o.json_object = json_object;
   // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), the penalty over the whole history.
   o.sampling.temperature = number(b, "temperature", 1.0, 0.0, 2.0);
   o.sampling.top_p = number(b, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);

@@ -782,9 +782,37 @@ BAD = [
     ("n 2 chat", CH, {"messages": MSG, "n": 2}, ["'n'"], "n"),
     ("tools", CH, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      ["tools"], "tools"),
-    ("response_format json", CH, {"messages": MSG, "response_format": {"type": "json_object"}}, ["response_format"],
+    ("response_format json_schema", CH, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}}, ["response_format", "json_schema"], "response_format"),
+    ("response_format type", CH, {"messages": MSG, "response_format": {"type": "yaml"}}, ["response_format", "yaml"],
+     "response_format"),
+    ("response_format string", CH, {"messages": MSG, "response_format": "json_object"}, ["response_format"],
      "response_format"),
 ]
+
+
+def test_json_object_replies(client):
+    """response_format json_object through the openai client: each reply that stops is one JSON object (parsed by
+    Python's json), streamed or not; one that runs out of tokens says "length"."""
+    stopped = 0
+    for seed in range(1, 7):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A JSON object, please."}],
+                                           response_format={"type": "json_object"}, max_tokens=60, seed=seed,
+                                           temperature=0.9)
+        choice = r.choices[0]
+        if choice.finish_reason == "stop":
+            stopped += 1
+            assert isinstance(json.loads(choice.message.content), dict), choice.message.content
+        else:
+            assert choice.finish_reason == "length" and r.usage.completion_tokens == 60
+    assert stopped >= 1  # the embedded model closes its objects within 60 tokens at these seeds
+    text, reason = "", None
+    for chunk in client.completions.create(model=MODEL, prompt="{", max_tokens=60, seed=3, stream=True,
+                                           extra_body={"response_format": {"type": "json_object"}}):
+        text += chunk.choices[0].text or ""
+        reason = chunk.choices[0].finish_reason or reason
+    if reason == "stop":
+        assert isinstance(json.loads(text), dict), text
 
 
 @pytest.mark.parametrize("name,path,body,words,param", BAD, ids=[b[0] for b in BAD])
