@@ -318,7 +318,7 @@ TEST(Engine, StopStringsEndTokensAndLogprobs) {
     EXPECT_NE(m.find(name), std::string::npos) << name;
 }
 
-// response_format json_object (RequestOptions::json_object): every reply is a prefix of a JSON object text, whole and
+// response_format json_object (RequestOptions::json = JsonSchema::any_object()): every reply is a prefix of a JSON object text, whole and
 // parsed by nlohmann when it ends with "stop"; the sequence ends the moment the object closes (a bias toward '{' and
 // '}' makes that "{}" in two tokens); the logprobs stay the model's own (the sampled token's logprob is finite).
 TEST(Engine, JsonObjectRepliesAreJsonObjects) {
@@ -327,7 +327,7 @@ TEST(Engine, JsonObjectRepliesAreJsonObjects) {
   int stopped = 0;
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     auto o = request(kPrompts[seed % kPrompts.size()], 48, 0.9, seed);
-    o.json_object = true;
+    o.json = cm::JsonSchema::any_object();
     const Outcome r = collect(*submit(engine, o));
     SCOPED_TRACE("seed " + std::to_string(seed) + ": " + r.text);
     cm::JsonPrefix p;
@@ -348,7 +348,7 @@ TEST(Engine, JsonObjectRepliesAreJsonObjects) {
   ASSERT_EQ(open.size(), 1u);
   ASSERT_EQ(close.size(), 1u);
   auto o = request(kPrompts[0], 40, 0.0);
-  o.json_object = true;
+  o.json = cm::JsonSchema::any_object();
   o.logit_bias = {{open[0], 60.0f}, {close[0], 50.0f}};
   const Outcome r = collect(*submit(engine, o));
   EXPECT_EQ(r.text, "{}");
@@ -357,10 +357,31 @@ TEST(Engine, JsonObjectRepliesAreJsonObjects) {
   ASSERT_EQ(r.tokens.size(), 2u);
   EXPECT_EQ(r.tokens[0], open[0]);
   // Without the constraint the same bias gives '{' then '{' again (the larger bias), so the constraint decided.
-  o.json_object = false;
+  o.json = nullptr;
   o.max_tokens = 2;
   EXPECT_EQ(collect(*submit(engine, o)).text, "{{");
   RecordProperty("json_replies_completed", stopped);
+  // A schema (response_format json_schema): the replies that close are objects with exactly its required keys' types.
+  const auto schema = cm::JsonSchema::compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"], "additionalProperties": false})"));
+  int closed = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    auto q = request(kPrompts[seed % kPrompts.size()], 48, 0.9, seed);
+    q.json = schema;
+    const Outcome a = collect(*submit(engine, q));
+    SCOPED_TRACE("schema, seed " + std::to_string(seed) + ": " + a.text);
+    cm::JsonPrefix p(schema.get());
+    EXPECT_TRUE(p.feed(a.text));
+    if (a.last.reason != rt::FinishReason::kStop) continue;
+    ++closed;
+    const nlohmann::json v = nlohmann::json::parse(a.text);
+    ASSERT_TRUE(v.is_object());
+    EXPECT_EQ(v.size(), 2u);
+    EXPECT_TRUE(v.at("ok").is_boolean());
+    EXPECT_TRUE(v.at("n").is_number_integer());
+  }
+  EXPECT_GT(closed, 0);
 }
 
 TEST(Engine, SubmitRefusesBadRequestsNamingTheValue) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -68,12 +69,9 @@ bool complete_object(const std::string& s) {
   return p.feed(s) && p.complete();
 }
 
-// Whether the parser takes s as one object whose whitespace runs stay within the recognizer's bound.
-bool parser_object(const std::string& s) {
-  // The grammar, not double's range: nlohmann refuses 1E999 (an overflow), JSON's grammar does not. Exponent digits
-  // become one 0 for the parser (inside strings the change is harmless: any digits are valid there).
-  // And the recognizer takes nothing after the object, not even whitespace (the reply ends there).
-  if (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) return false;
+// s with every exponent's digits replaced by one 0 (outside strings): nlohmann refuses 1E999 (an overflow), JSON's
+// grammar does not, and the recognizer follows the grammar.
+std::string small_exponents(const std::string& s) {
   std::string t;
   bool quoted = false, escaped = false;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -93,6 +91,14 @@ bool parser_object(const std::string& s) {
     if (j > digits) t += '0';
     i = j - 1;
   }
+  return t;
+}
+
+// Whether the parser takes s as one object whose whitespace runs stay within the recognizer's bound.
+bool parser_object(const std::string& s) {
+  // The recognizer takes nothing after the object, not even whitespace (the reply ends there).
+  if (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) return false;
+  const std::string t = small_exponents(s);
   if (!json::accept(t)) return false;
   if (!json::parse(t).is_object()) return false;
   int run = 0;
@@ -182,6 +188,230 @@ TEST(JsonPrefix, BoundsDepthAndWhitespace) {
   EXPECT_FALSE(ws.feed(' '));
   cm::JsonPrefix in_string;  // whitespace inside strings is content, not bounded
   EXPECT_TRUE(in_string.feed("{\"" + std::string(200, ' ')));
+}
+
+}  // namespace
+
+// ---- schemas ---------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// A test-side validator of the supported keywords (independent of the recognizer): type, properties, required,
+// additionalProperties, items, enum, const.
+bool valid(const json& v, const json& s) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("const") && v != s.at("const")) return false;
+  if (s.contains("enum")) {
+    bool any = false;
+    for (const auto& e : s.at("enum")) any = any || v == e;
+    if (!any) return false;
+  }
+  if (s.contains("type")) {
+    const json t = s.at("type").is_array() ? s.at("type") : json::array({s.at("type")});
+    bool ok = false;
+    for (const auto& name : t) {
+      const std::string n = name.get<std::string>();
+      ok = ok || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) || (n == "string" && v.is_string()) ||
+           (n == "number" && v.is_number()) ||
+           (n == "integer" && (v.is_number_integer() ||  // a big one is parsed as a double; still an integer
+                               (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                std::trunc(v.get<double>()) == v.get<double>()))) ||
+           (n == "boolean" && v.is_boolean()) || (n == "null" && v.is_null());
+    }
+    if (!ok) return false;
+  }
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    for (const auto& [k, x] : v.items()) {
+      if (props.contains(k)) {
+        if (!valid(x, props.at(k))) return false;
+      } else if (s.value("additionalProperties", true) == false) {
+        return false;
+      }
+    }
+    for (const auto& r : s.value("required", json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+  }
+  if (v.is_array() && s.contains("items"))
+    for (const auto& x : v)
+      if (!valid(x, s.at("items"))) return false;
+  return true;
+}
+
+// A random schema of the supported keywords, objects and arrays up to `depth` deep.
+json random_schema(std::mt19937_64& rng, int depth, bool object = false) {
+  const int kind = object ? 0 : static_cast<int>(rng() % (depth > 0 ? 9 : 7));
+  switch (kind) {
+    case 0: {
+      json s = {{"type", "object"}, {"properties", json::object()}};
+      const int n = 1 + static_cast<int>(rng() % 4);
+      json req = json::array();
+      static const char* names[] = {"id", "name", "names", "n", "value", "tags", "é", "a b"};
+      for (int i = 0; i < n; ++i) {
+        const std::string k = names[rng() % 8];
+        if (s["properties"].contains(k)) continue;
+        s["properties"][k] = random_schema(rng, depth - 1);
+        if (rng() % 2 == 0) req.push_back(k);
+      }
+      if (!req.empty()) s["required"] = req;
+      if (rng() % 2 == 0) s["additionalProperties"] = false;
+      if (rng() % 3 == 0) s["description"] = "annotations are ignored";
+      return s;
+    }
+    case 1: return {{"type", "string"}};
+    case 2: return {{"type", "integer"}};
+    case 3: return {{"type", "number"}};
+    case 4: return {{"type", "boolean"}};
+    case 5: return {{"enum", json::array({"red", "green", "gr", 1, 12, nullptr, true})}};
+    case 6: return {{"type", json::array({"string", "null"})}};
+    case 7: return {{"type", "array"}, {"items", random_schema(rng, depth - 1)}};
+    default: return {{"const", json{{"k", json::array({1, "x"})}}}};
+  }
+}
+
+// A random walk through the recognizer: bytes it accepts, drawn with a pull toward closing, until complete(); it
+// never meets a dead end (a prefix no byte continues).
+std::string random_walk(const cm::JsonSchema& schema, std::mt19937_64& rng, bool* done) {
+  cm::JsonPrefix p(&schema);
+  std::string out;
+  for (int step = 0; step < 600 && !p.complete(); ++step) {
+    std::vector<uint8_t> ok, closing;
+    for (int b = 0x20; b < 0x100; ++b) {  // UTF-8 too: a key may start with é
+      cm::JsonPrefix q = p;
+      if (q.feed(static_cast<uint8_t>(b))) {
+        ok.push_back(static_cast<uint8_t>(b));
+        if (b == '}' || b == ']' || b == '"' || b == ',' || b == ':' || (b >= '0' && b <= '9') || b == 'n' || b == 'u' ||
+            b == 'l' || b == 't' || b == 'r' || b == 'e' || b == 'f' || b == 'a' || b == 's')
+          closing.push_back(static_cast<uint8_t>(b));
+      }
+    }
+    if (ok.empty()) {  // every accepted prefix must have an accepted continuation (else a draw has no token)
+      ADD_FAILURE() << "dead end after " << out;
+      break;
+    }
+    const bool pull = !closing.empty() && (out.size() > 30 || rng() % 3 == 0);
+    const std::vector<uint8_t>& from = pull ? closing : ok;
+    const uint8_t c = from[rng() % from.size()];
+    EXPECT_TRUE(p.feed(c));
+    out += static_cast<char>(c);
+  }
+  *done = p.complete();
+  return out;
+}
+
+TEST(JsonSchemaPrefix, EveryCompletedWalkIsValidAgainstTheSchema) {
+  auto rng = cider::test::make_rng(73);
+  int completed = 0;
+  for (int t = 0; t < 300; ++t) {
+    const json schema = random_schema(rng, 3, /*object=*/true);
+    const auto compiled = cm::JsonSchema::compile(schema);
+    for (int w = 0; w < 6; ++w) {
+      bool done = false;
+      const std::string text = random_walk(*compiled, rng, &done);
+      if (!done) continue;
+      ++completed;
+      const std::string parsed = small_exponents(text);
+      ASSERT_TRUE(json::accept(parsed)) << text << "\nschema " << schema.dump();
+      ASSERT_TRUE(valid(json::parse(parsed), schema)) << text << "\nschema " << schema.dump();
+    }
+  }
+  EXPECT_GT(completed, 600);
+}
+
+// Documents in the recognizer's form (declared keys, required ones present) for random schemas: every prefix is
+// accepted, complete() exactly at the end.
+json random_instance(const json& s, std::mt19937_64& rng) {
+  if (s.contains("const")) return s.at("const");
+  if (s.contains("enum")) return s.at("enum")[rng() % s.at("enum").size()];
+  const json t = s.at("type");
+  const std::string type = t.is_array() ? t[rng() % t.size()].get<std::string>() : t.get<std::string>();
+  if (type == "object") {
+    json o = json::object();
+    const json req = s.value("required", json::array());
+    for (const auto& [k, sub] : s.at("properties").items()) {
+      bool required = false;
+      for (const auto& r : req) required = required || r == k;
+      if (required || rng() % 2 == 0) o[k] = random_instance(sub, rng);
+    }
+    return o;
+  }
+  if (type == "array") {
+    json a = json::array();
+    for (int i = static_cast<int>(rng() % 3); i > 0; --i) a.push_back(random_instance(s.at("items"), rng));
+    return a;
+  }
+  if (type == "string") return std::string(rng() % 2 ? "x\"y\\\n" : "plain");
+  if (type == "integer") return static_cast<int64_t>(rng() % 2001) - 1000;
+  if (type == "number") return -12.5e-3;
+  if (type == "boolean") return rng() % 2 == 0;
+  return nullptr;
+}
+
+TEST(JsonSchemaPrefix, EveryPrefixOfAValidDocumentIsAccepted) {
+  auto rng = cider::test::make_rng(74);
+  for (int t = 0; t < 300; ++t) {
+    const json schema = random_schema(rng, 3, /*object=*/true);
+    const auto compiled = cm::JsonSchema::compile(schema);
+    const json doc = random_instance(schema, rng);
+    ASSERT_TRUE(valid(doc, schema)) << doc.dump();
+    const std::string text = doc.dump();  // compact: enum and const values are matched as dump() writes them
+    cm::JsonPrefix p(compiled.get());
+    for (size_t i = 0; i < text.size(); ++i) {
+      ASSERT_TRUE(p.feed(static_cast<uint8_t>(text[i]))) << "byte " << i << " of " << text << "\nschema " << schema.dump();
+      ASSERT_EQ(p.complete(), i + 1 == text.size()) << text;
+    }
+  }
+}
+
+TEST(JsonSchemaPrefix, HoldsTheSchemasRules) {
+  const auto s = cm::JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
+      "id": {"type": "integer"}, "tag": {"enum": ["a", "ab"]}, "ok": {"type": "boolean"}},
+      "required": ["id"], "additionalProperties": false})"));
+  auto accepts = [&](const std::string& text) {
+    cm::JsonPrefix p(s.get());
+    return p.feed(text);
+  };
+  auto whole = [&](const std::string& text) {
+    cm::JsonPrefix p(s.get());
+    return p.feed(text) && p.complete();
+  };
+  EXPECT_TRUE(whole(R"({"id": 3})"));
+  EXPECT_TRUE(whole(R"({"tag":"ab","id":-7,"ok":false})"));
+  EXPECT_FALSE(accepts(R"({})"));                 // id is required
+  EXPECT_FALSE(accepts(R"({"tag":"a"})"));        // … before the object closes
+  EXPECT_FALSE(accepts(R"({"id": 1.5)"));         // an integer
+  EXPECT_FALSE(accepts(R"({"idx")"));             // undeclared key
+  EXPECT_FALSE(accepts(R"({"id":1,"id")"));       // a key twice
+  EXPECT_FALSE(accepts(R"({"tag":"b")"));         // not in the enum
+  EXPECT_FALSE(accepts(R"({"ok":1)"));            // a boolean
+  EXPECT_FALSE(accepts(R"({"id":1,"ok":true,"tag":"a",)"));  // no key left for a comma
+  EXPECT_TRUE(accepts(R"({"tag":"a)"));
+}
+
+TEST(JsonSchemaPrefix, RefusesWhatItCannotEnforceNamingIt) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}})", "pattern"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}})", "anyOf"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}})", "$ref"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 2}}})", "minLength"},
+      {R"({"type": "string"})", "root"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "required"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}]}}})", "items"},
+      {R"({"type": "object", "additionalProperties": {"type": "string"}})", "additionalProperties"},
+      {R"({"type": "object", "properties": {"a": {"type": "strnig"}}})", "strnig"},
+  };
+  for (const auto& [schema, word] : bad) {
+    try {
+      (void)cm::JsonSchema::compile(json::parse(schema));
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const cider::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  }
+  std::string deep = R"({"type": "object", "properties": {"a": )";
+  for (int i = 0; i < 40; ++i) deep += R"({"type": "array", "items": )";
+  deep += "{}" + std::string(40, '}') + "}}";
+  EXPECT_THROW((void)cm::JsonSchema::compile(json::parse(deep)), cider::Error);
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
-#include "model/json_prefix.h"
 #include "model/transformer.h"
 #include "model/session_state.h"
 #include "nn/kv_cache.h"
@@ -64,6 +63,12 @@ const std::vector<std::string>& Engine::token_bytes() {
             full.compare(0, base.size(), base) == 0 ? full.substr(base.size()) : tok_.decode({id}, true);
       } catch (const Error&) {  // an id the vocabulary does not use
       }
+    }
+    token_plain_.assign(t.size(), 0);
+    for (size_t i = 0; i < t.size(); ++i) {
+      bool plain = !t[i].empty();
+      for (char c : t[i]) plain = plain && c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
+      token_plain_[i] = plain ? 1 : 0;
     }
     token_bytes_ = std::move(t);
   });
@@ -135,7 +140,7 @@ struct Engine::Sequence {
   std::vector<int32_t> history;   // prompt + sampled tokens (the repetition penalty's window)
   std::unordered_map<int32_t, int64_t> counts;  // sampled tokens (presence / frequency penalties)
   std::unique_ptr<model::Sampler> sampler;
-  std::optional<model::JsonPrefix> json;  // RequestOptions::json_object: the reply so far
+  std::optional<model::JsonPrefix> json;  // RequestOptions::json: the reply so far
   std::unique_ptr<model::TokenizerTextStream> text;
   std::string emitted;            // text released by the stop filter since the last publish
   std::string all_text;
@@ -278,9 +283,9 @@ Engine::Submit Engine::submit(RequestOptions o, std::shared_ptr<Request>& out) {
   s->positions = positions;
   s->submitted = Clock::now();
   s->sampler = std::make_unique<model::Sampler>(o.sampling);
-  if (o.json_object) {
-    (void)token_bytes();  // built once, before any draw reads it
-    s->json.emplace();
+  if (o.json) {
+    (void)token_bytes();         // built once, before any draw reads it
+    s->json.emplace(o.json.get());  // the schema stays with the sequence's options (moved below, not copied)
   }
   s->text = std::make_unique<model::TokenizerTextStream>(tok_, o.context_token >= 0 ? o.context_token : o.prompt.back());
   s->history = o.prompt;
@@ -573,12 +578,14 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
       first_ok[b] = p.feed(static_cast<uint8_t>(b));
     }
     const float kNegInf = -std::numeric_limits<float>::infinity();
+    const bool free_string = s.json->in_free_string();  // plain text tokens stay inside it: no copy to test them
     for (int64_t i = 0; i < vocab_; ++i) {
       const std::string* t = i < static_cast<int64_t>(token_bytes_.size()) ? &token_bytes_[static_cast<size_t>(i)] : nullptr;
       if (t == nullptr || t->empty() || !first_ok[static_cast<uint8_t>((*t)[0])]) {
         allowed[static_cast<size_t>(i)] = kNegInf;
         continue;
       }
+      if (free_string && token_plain_[static_cast<size_t>(i)]) continue;
       model::JsonPrefix p = *s.json;
       if (!p.feed(*t)) allowed[static_cast<size_t>(i)] = kNegInf;
     }

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "model/generate.h"
+#include "model/json_prefix.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -67,8 +68,9 @@ struct RequestOptions {
   int top_logprobs = -1;               // −1: no logprobs; 0…20: the sampled token's and this many alternatives
   int32_t context_token = -1;          // decoded before the first sampled token (a SentencePiece "▁word" keeps its
                                        // space); by default the prompt's last token
-  bool json_object = false;            // constrained decoding: the reply is one JSON object (model/json_prefix.h),
-                                       // ending (kStop) when it closes; special tokens are never sampled
+  // Constrained decoding (model/json_prefix.h): the reply is one JSON object (JsonSchema::any_object()) or one that
+  // the schema allows, ending (kStop) when it closes; special tokens are never sampled. Null: free text.
+  std::shared_ptr<const model::JsonSchema> json;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
@@ -217,10 +219,12 @@ class Engine {
   EngineOptions options_;
   const model::Tokenizer& tok_;
   int64_t vocab_ = 0;
-  // Constrained decoding (RequestOptions::json_object): the bytes each token adds to a reply (decoded after a plain
-  // context token), the special tokens empty; built once, at the first such request.
+  // Constrained decoding (RequestOptions::json): the bytes each token adds to a reply (decoded after a plain context
+  // token), the special tokens empty, and whether they are plain string content (printable ASCII without '"' and
+  // '\\'); built once, at the first such request.
   std::once_flag token_bytes_once_;
   std::vector<std::string> token_bytes_;
+  std::vector<uint8_t> token_plain_;
   const std::vector<std::string>& token_bytes();
 
   mutable std::mutex mu_;  // waiting_, pool_, stats_, draining_, stop_, reserved_

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/generate.h"
+#include "model/json_prefix.h"
 
 namespace cider::runtime {
 
@@ -224,21 +225,27 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     }
   }
   if (present(b, "suffix")) bad("suffix", "'suffix' (insertion) is not supported");
-  bool json_object = false;
+  std::shared_ptr<const model::JsonSchema> json_constraint;
   if (present(b, "response_format")) {
     const json& f = b.at("response_format");
     const bool typed = f.is_object() && f.contains("type") && f.at("type").is_string();
-    if (typed && f.at("type") == "json_schema")
-      bad("response_format", "'response_format' {\"type\": \"json_schema\"} is not supported yet (schemas are not "
-                             "enforced); use {\"type\": \"json_object\"} or {\"type\": \"text\"}");
-    if (!typed || (f.at("type") != "text" && f.at("type") != "json_object"))
-      bad("response_format", "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}; got " +
-                                 brief(f));
-    json_object = f.at("type") == "json_object";
+    if (!typed || (f.at("type") != "text" && f.at("type") != "json_object" && f.at("type") != "json_schema"))
+      bad("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}; got " + brief(f));
+    if (f.at("type") == "json_object") json_constraint = model::JsonSchema::any_object();
+    if (f.at("type") == "json_schema") {
+      if (!f.contains("json_schema") || !f.at("json_schema").is_object() || !f.at("json_schema").contains("schema"))
+        bad("response_format", "'response_format' of type json_schema needs json_schema.schema; got " + brief(f));
+      try {
+        json_constraint = model::JsonSchema::compile(f.at("json_schema").at("schema"));
+      } catch (const Error& e) {
+        bad("response_format", std::string("'response_format' json_schema.schema: ") + e.what());
+      }
+    }
   }
 
   RequestOptions& o = r.options;
-  o.json_object = json_object;
+  o.json = json_constraint;
   // Sampling: OpenAI's defaults (temperature 1, top_p 1, nothing else), the penalty over the whole history.
   o.sampling.temperature = number(b, "temperature", 1.0, 0.0, 2.0);
   o.sampling.top_p = number(b, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);

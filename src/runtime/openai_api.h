@@ -10,9 +10,10 @@
 // stop (a string or a list of strings), presence_penalty / frequency_penalty [-2, 2], repetition_penalty (> 0, over
 // the whole history), logit_bias ({token id: bias in [-100, 100]}), logprobs (chat: bool, with top_logprobs 0…20;
 // completions: an integer 0…20), echo (completions), ignore_eos (vLLM's and llama-server's: end tokens do not stop),
-// stream, stream_options.include_usage, n (1 only), response_format ({"type": "text"}, or {"type": "json_object"}:
-// constrained decoding — the reply is one JSON object, model/json_prefix.h — that ends, finish_reason "stop", when the
-// object closes; "length" if max_tokens comes first).
+// stream, stream_options.include_usage, n (1 only), response_format ({"type": "text"}; {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"schema"}}: constrained decoding — the reply is one JSON object, or one the
+// schema allows, model/json_prefix.h — that ends, finish_reason "stop", when the object closes; "length" if
+// max_tokens comes first; a schema keyword that cannot be enforced is a 400 naming it).
 // Tools (chat, with a chat template whose tool-call format runtime/tool_calls.h parses: Hermes, Mistral, Llama 3
 // JSON): tools (a list of {"type": "function", "function": {"name", "description", "parameters"}}) is passed to the
 // template as `tools`; tool_choice "auto" (the default) splits the reply into content and message.tool_calls
@@ -22,8 +23,7 @@
 // Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
 // field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1,
 // tool_choice "required" or a named function, tools with a template that takes none or writes calls in another
-// format, response_format json_schema (schemas not enforced yet), best_of > 1, suffix) are refused with 400 rather
-// than ignored.
+// format, best_of > 1, suffix) are refused with 400 rather than ignored.
 #pragma once
 
 #include <cstdint>

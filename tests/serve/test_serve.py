@@ -782,8 +782,13 @@ BAD = [
     ("n 2 chat", CH, {"messages": MSG, "n": 2}, ["'n'"], "n"),
     ("tools", CH, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      ["tools"], "tools"),
-    ("response_format json_schema", CH, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object"}}}}, ["response_format", "json_schema"], "response_format"),
+    ("response_format json_schema pattern", CH, {"messages": MSG, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string",
+                                                                                     "pattern": "x+"}}}}}},
+     ["response_format", "pattern"], "response_format"),
+    ("response_format json_schema without schema", CH, {"messages": MSG, "response_format": {"type": "json_schema",
+                                                                                             "json_schema": {}}},
+     ["response_format", "schema"], "response_format"),
     ("response_format type", CH, {"messages": MSG, "response_format": {"type": "yaml"}}, ["response_format", "yaml"],
      "response_format"),
     ("response_format string", CH, {"messages": MSG, "response_format": "json_object"}, ["response_format"],
@@ -792,8 +797,9 @@ BAD = [
 
 
 def test_json_object_replies(client):
-    """response_format json_object through the openai client: each reply that stops is one JSON object (parsed by
-    Python's json), streamed or not; one that runs out of tokens says "length"."""
+    """response_format json_object / json_schema through the openai client: each reply that stops is one JSON object
+    (parsed by Python's json; with a schema, its keys and types), streamed or not; one that runs out of tokens says
+    "length"."""
     stopped = 0
     for seed in range(1, 7):
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A JSON object, please."}],
@@ -813,6 +819,24 @@ def test_json_object_replies(client):
         reason = chunk.choices[0].finish_reason or reason
     if reason == "stop":
         assert isinstance(json.loads(text), dict), text
+    # A schema: the replies that close hold its keys with their types.
+    schema = {"type": "object", "properties": {"indoor": {"type": "boolean"},
+                                               "color": {"enum": ["black", "white", "orange"]}},
+              "required": ["indoor", "color"], "additionalProperties": False}
+    closed = 0
+    for seed in range(1, 7):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a cat."}],
+                                           response_format={"type": "json_schema",
+                                                            "json_schema": {"name": "cat", "schema": schema}},
+                                           max_tokens=80, seed=seed, temperature=0.9)
+        choice = r.choices[0]
+        if choice.finish_reason != "stop":
+            continue
+        closed += 1
+        v = json.loads(choice.message.content)
+        assert set(v) == {"indoor", "color"}, v
+        assert isinstance(v["indoor"], bool) and v["color"] in schema["properties"]["color"]["enum"], v
+    assert closed >= 1
 
 
 @pytest.mark.parametrize("name,path,body,words,param", BAD, ids=[b[0] for b in BAD])
