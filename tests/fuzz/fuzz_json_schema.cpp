@@ -1,0 +1,88 @@
+// Fuzz harness: constrained decoding's JSON Schema compiler and recognizer (model/json_prefix.h) — the schema comes
+// from a request body, the reply bytes from a model a prompt can steer.
+//
+// Input: the schema's JSON text, a 0 byte, then the reply bytes (no 0 byte: any object, the whole input is the
+// reply). The schema is parsed (nlohmann: its exceptions end the run) and compiled (cider::Error ends it: refused);
+// the reply is fed byte by byte. Checks the relations constrained decoding relies on: every accepted prefix that is
+// not complete has some byte that continues it (no dead end: a draw always has a token); nothing continues a complete
+// one; a complete text is one JSON object by nlohmann's parser (exponents shortened: nlohmann refuses overflowing
+// numbers, the grammar does not).
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "fuzz_common.h"
+#include "model/json_prefix.h"
+
+using cider::fuzz::require;
+using cider::model::JsonPrefix;
+using cider::model::JsonSchema;
+
+namespace {
+
+std::string small_exponents(const std::string& s) {  // every exponent's digits → one 0, outside strings
+  std::string t;
+  bool quoted = false, escaped = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    t += s[i];
+    if (quoted) {
+      if (escaped) escaped = false;
+      else if (s[i] == '\\') escaped = true;
+      else if (s[i] == '"') quoted = false;
+      continue;
+    }
+    if (s[i] == '"') quoted = true;
+    if ((s[i] != 'e' && s[i] != 'E') || i == 0 || s[i - 1] < '0' || s[i - 1] > '9') continue;
+    size_t j = i + 1;
+    if (j < s.size() && (s[j] == '+' || s[j] == '-')) t += s[j++];
+    const size_t digits = j;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+    if (j > digits) t += '0';
+    i = j - 1;
+  }
+  return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto* zero = static_cast<const uint8_t*>(std::memchr(data, 0, size));
+  std::shared_ptr<const JsonSchema> schema = JsonSchema::any_object();
+  const uint8_t* reply = data;
+  if (zero != nullptr) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(data, zero);
+    } catch (const nlohmann::json::exception&) {
+      return 0;
+    }
+    try {
+      schema = JsonSchema::compile(j);
+    } catch (const cider::Error&) {
+      return 0;  // refused, by name
+    }
+    reply = zero + 1;
+  }
+  const size_t n = static_cast<size_t>(data + size - reply);
+  JsonPrefix p(schema.get());
+  std::string text;
+  for (size_t i = 0; i < n; ++i) {
+    if (!p.feed(reply[i])) break;
+    text += static_cast<char>(reply[i]);
+    bool continues = false;
+    for (int b = 0; b < 256 && !continues; ++b) {
+      JsonPrefix q = p;
+      continues = q.feed(static_cast<uint8_t>(b));
+    }
+    require(continues != p.complete(), "an incomplete prefix continues; a complete text does not");
+  }
+  if (p.complete()) {
+    const std::string t = small_exponents(text);
+    require(nlohmann::json::accept(t), "a complete text parses");
+    require(nlohmann::json::parse(t).is_object(), "a complete text is an object");
+  }
+  return 0;
+}
