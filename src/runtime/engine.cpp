@@ -64,11 +64,17 @@ const std::vector<std::string>& Engine::token_bytes() {
       } catch (const Error&) {  // an id the vocabulary does not use
       }
     }
+    // Plain string content: inside any free string value (the recognizer between characters) the token leaves it
+    // there — whole UTF-8 characters, no quote, backslash or control character. Decided by the recognizer itself.
+    model::JsonPrefix in_string;
+    (void)in_string.feed("{\"a\":\"");
     token_plain_.assign(t.size(), 0);
+    by_first_byte_.assign(256, {});
     for (size_t i = 0; i < t.size(); ++i) {
-      bool plain = !t[i].empty();
-      for (char c : t[i]) plain = plain && c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
-      token_plain_[i] = plain ? 1 : 0;
+      if (t[i].empty()) continue;
+      model::JsonPrefix p = in_string;
+      token_plain_[i] = p.feed(t[i]) && p.in_free_string() ? 1 : 0;
+      by_first_byte_[static_cast<uint8_t>(t[i][0])].push_back(static_cast<int32_t>(i));
     }
     token_bytes_ = std::move(t);
   });
@@ -569,25 +575,24 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
   }
   // JSON constrained decoding: every token whose bytes cannot continue the reply as a JSON object, the special and
   // end tokens among them, gets −inf for the draw (the logprobs below stay the model's own distribution).
+  // Only the tokens whose first byte the recognizer takes are looked at (few outside strings); inside a free string
+  // plain text tokens pass without a copy of the state.
   std::vector<float> allowed;
   if (s.json) {
-    allowed.assign(z, z + vocab_);
-    bool first_ok[256];
-    for (int b = 0; b < 256; ++b) {
-      model::JsonPrefix p = *s.json;
-      first_ok[b] = p.feed(static_cast<uint8_t>(b));
-    }
     const float kNegInf = -std::numeric_limits<float>::infinity();
-    const bool free_string = s.json->in_free_string();  // plain text tokens stay inside it: no copy to test them
-    for (int64_t i = 0; i < vocab_; ++i) {
-      const std::string* t = i < static_cast<int64_t>(token_bytes_.size()) ? &token_bytes_[static_cast<size_t>(i)] : nullptr;
-      if (t == nullptr || t->empty() || !first_ok[static_cast<uint8_t>((*t)[0])]) {
-        allowed[static_cast<size_t>(i)] = kNegInf;
-        continue;
+    allowed.assign(static_cast<size_t>(vocab_), kNegInf);
+    const bool free_string = s.json->in_free_string();
+    for (int b = 0; b < 256; ++b) {
+      model::JsonPrefix first = *s.json;
+      if (!first.feed(static_cast<uint8_t>(b))) continue;
+      for (int32_t id : by_first_byte_[static_cast<size_t>(b)]) {
+        const auto i = static_cast<size_t>(id);
+        if (!(free_string && token_plain_[i])) {
+          model::JsonPrefix p = *s.json;
+          if (!p.feed(token_bytes_[i])) continue;
+        }
+        allowed[i] = z[i];
       }
-      if (free_string && token_plain_[static_cast<size_t>(i)]) continue;
-      model::JsonPrefix p = *s.json;
-      if (!p.feed(*t)) allowed[static_cast<size_t>(i)] = kNegInf;
     }
     for (int32_t id : s.opt.end_tokens)
       if (id >= 0 && id < vocab_) allowed[static_cast<size_t>(id)] = kNegInf;

@@ -220,11 +220,12 @@ class Engine {
   const model::Tokenizer& tok_;
   int64_t vocab_ = 0;
   // Constrained decoding (RequestOptions::json): the bytes each token adds to a reply (decoded after a plain context
-  // token), the special tokens empty, and whether they are plain string content (printable ASCII without '"' and
-  // '\\'); built once, at the first such request.
+  // token), the special tokens empty, and whether they are plain string content (whole UTF-8 characters without
+  // '"', '\\' or control characters); built once, at the first such request.
   std::once_flag token_bytes_once_;
   std::vector<std::string> token_bytes_;
   std::vector<uint8_t> token_plain_;
+  std::vector<std::vector<int32_t>> by_first_byte_;  // the tokens with bytes, by their first byte
   const std::vector<std::string>& token_bytes();
 
   mutable std::mutex mu_;  // waiting_, pool_, stats_, draining_, stop_, reserved_
