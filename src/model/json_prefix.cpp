@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "core/error.h"
+#include "model/unicode.h"
 
 namespace cider::model {
 
@@ -327,20 +328,10 @@ bool JsonPrefix::feed(uint8_t c) {
         return true;
       }
       if (c < 0x80) return c >= 0x20;  // control characters must be escaped
-      // The lead byte of a UTF-8 sequence (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
-      lo_ = 0x80, hi_ = 0xBF;
-      if (c >= 0xC2 && c <= 0xDF) {
-        utf8_left_ = 1;
-      } else if (c >= 0xE0 && c <= 0xEF) {
-        utf8_left_ = 2;
-        if (c == 0xE0) lo_ = 0xA0;
-        if (c == 0xED) hi_ = 0x9F;
-      } else if (c >= 0xF0 && c <= 0xF4) {
-        utf8_left_ = 3;
-        if (c == 0xF0) lo_ = 0x90;
-        if (c == 0xF4) hi_ = 0x8F;
-      } else {
-        return false;
+      {  // the lead byte of a UTF-8 sequence (no overlong forms, no surrogates, nothing past U+10FFFF)
+        const int len = unicode::utf8_sequence_length(c, lo_, hi_);
+        if (len < 2) return false;
+        utf8_left_ = static_cast<uint8_t>(len - 1);
       }
       mode_ = Mode::kUtf8;
       return true;

@@ -148,26 +148,30 @@ size_t find_invalid_utf8(std::string_view s) {
   return std::string_view::npos;
 }
 
+int utf8_sequence_length(uint8_t b0, uint8_t& lo, uint8_t& hi) {
+  lo = 0x80, hi = 0xBF;
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xC2 && b0 <= 0xDF) return 2;
+  if (b0 >= 0xE0 && b0 <= 0xEF) {
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+    return 3;
+  }
+  if (b0 >= 0xF0 && b0 <= 0xF4) {
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+    return 4;
+  }
+  return 0;
+}
+
 namespace {
 // Length of the maximal subpart of an ill-formed sequence at pos: the longest prefix of a well-formed sequence
 // (at least 1 byte). The second-byte ranges follow Table 3-7 of the Unicode standard.
 size_t maximal_subpart(std::string_view s, size_t pos) {
-  const uint8_t b0 = static_cast<uint8_t>(s[pos]);
-  size_t len;
   uint8_t lo = 0x80, hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 1;
-  }
+  const auto len = static_cast<size_t>(utf8_sequence_length(static_cast<uint8_t>(s[pos]), lo, hi));
+  if (len < 2) return 1;
   size_t i = 1;
   for (; i < len && pos + i < s.size(); ++i) {
     const uint8_t b = static_cast<uint8_t>(s[pos + i]);

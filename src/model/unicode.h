@@ -18,6 +18,11 @@ size_t decode_utf8(std::string_view s, size_t pos, char32_t& cp);
 
 void append_utf8(std::string& out, char32_t cp);
 
+// The bytes of a well-formed UTF-8 sequence that b0 leads (Table 3-7 of the Unicode standard): 1 for ASCII, 2..4 for
+// a lead byte, with the range [lo, hi] its second byte must fall in (later bytes: 0x80..0xBF); 0 for a byte that
+// starts no sequence (a continuation byte, 0xC0, 0xC1, 0xF5 and above).
+int utf8_sequence_length(uint8_t b0, uint8_t& lo, uint8_t& hi);
+
 // Offset of the first byte that is not part of well-formed UTF-8, or std::string_view::npos.
 size_t find_invalid_utf8(std::string_view s);
 

@@ -15,38 +15,13 @@
 
 #include "core/error.h"
 #include "fuzz_common.h"
+#include "json_text.h"
 #include "model/json_prefix.h"
 
 using cider::fuzz::require;
+using cider::fuzz::small_exponents;
 using cider::model::JsonPrefix;
 using cider::model::JsonSchema;
-
-namespace {
-
-std::string small_exponents(const std::string& s) {  // every exponent's digits → one 0, outside strings
-  std::string t;
-  bool quoted = false, escaped = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    t += s[i];
-    if (quoted) {
-      if (escaped) escaped = false;
-      else if (s[i] == '\\') escaped = true;
-      else if (s[i] == '"') quoted = false;
-      continue;
-    }
-    if (s[i] == '"') quoted = true;
-    if ((s[i] != 'e' && s[i] != 'E') || i == 0 || s[i - 1] < '0' || s[i - 1] > '9') continue;
-    size_t j = i + 1;
-    if (j < s.size() && (s[j] == '+' || s[j] == '-')) t += s[j++];
-    const size_t digits = j;
-    while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
-    if (j > digits) t += '0';
-    i = j - 1;
-  }
-  return t;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto* zero = static_cast<const uint8_t*>(std::memchr(data, 0, size));
