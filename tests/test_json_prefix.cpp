@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -363,6 +364,122 @@ TEST(JsonSchemaPrefix, HoldsTheSchemasRules) {
   EXPECT_FALSE(accepts(R"({"ok":1)"));            // a boolean
   EXPECT_FALSE(accepts(R"({"id":1,"ok":true,"tag":"a",)"));  // no key left for a comma
   EXPECT_TRUE(accepts(R"({"tag":"a)"));
+}
+
+// ---- tool calls (JsonSchema::tool_call) -------------------------------------------------------------------------
+
+// Random tools: 1 to 4 names (some prefixes of others) with random object schemas; the call's keys as a format
+// writes them.
+struct RandomTools {
+  std::vector<std::string> names;
+  std::vector<json> params;
+  std::string name_key, args_key;
+  std::shared_ptr<const cm::JsonSchema> compiled;
+};
+
+RandomTools random_tools(std::mt19937_64& rng) {
+  static const char* pool[] = {"get", "get_weather", "get_time", "f", "search", "a b", "é"};
+  RandomTools t;
+  const int n = 1 + static_cast<int>(rng() % 4);
+  std::vector<std::shared_ptr<const cm::JsonSchema>> schemas;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = pool[rng() % 7];
+    if (std::find(t.names.begin(), t.names.end(), name) != t.names.end()) continue;
+    t.names.push_back(name);
+    t.params.push_back(random_schema(rng, 3, /*object=*/true));
+    schemas.push_back(cm::JsonSchema::compile(t.params.back()));
+  }
+  t.name_key = "name";
+  t.args_key = rng() % 2 == 0 ? "arguments" : "parameters";
+  t.compiled = cm::JsonSchema::tool_call(t.names, schemas, t.name_key, t.args_key);
+  return t;
+}
+
+// Whether v is one call of t: exactly the two keys, a name among the tools, arguments the named tool's schema allows.
+bool valid_call(const json& v, const RandomTools& t) {
+  if (!v.is_object() || v.size() != 2 || !v.contains(t.name_key) || !v.contains(t.args_key)) return false;
+  const json& name = v.at(t.name_key);
+  for (size_t i = 0; i < t.names.size(); ++i)
+    if (name == t.names[i]) return valid(v.at(t.args_key), t.params[i]);
+  return false;
+}
+
+TEST(JsonSchemaToolCall, EveryCompletedWalkIsOneCallWithArgumentsValidForItsName) {
+  auto rng = cider::test::make_rng(75);
+  int completed = 0;
+  std::vector<int> picked(4, 0);  // the walks reach every tool of a set, not only the first
+  for (int t = 0; t < 300; ++t) {
+    const RandomTools tools = random_tools(rng);
+    for (int w = 0; w < 6; ++w) {
+      bool done = false;
+      const std::string text = random_walk(*tools.compiled, rng, &done);
+      if (!done) continue;
+      ++completed;
+      const std::string parsed = small_exponents(text);
+      ASSERT_TRUE(json::accept(parsed)) << text;
+      const json v = json::parse(parsed);
+      ASSERT_TRUE(valid_call(v, tools)) << text << "\ntools " << json(tools.names).dump() << " "
+                                        << json(tools.params).dump();
+      for (size_t i = 0; i < tools.names.size(); ++i)
+        if (v.at(tools.name_key) == tools.names[i]) ++picked[i];
+    }
+  }
+  EXPECT_GT(completed, 600);
+  EXPECT_GT(picked[1], 50);
+}
+
+TEST(JsonSchemaToolCall, EveryPrefixOfAValidCallIsAccepted) {
+  auto rng = cider::test::make_rng(76);
+  for (int t = 0; t < 300; ++t) {
+    const RandomTools tools = random_tools(rng);
+    const size_t i = rng() % tools.names.size();
+    const json args = random_instance(tools.params[i], rng);
+    // The name first, as the recognizer takes it (json's own dump would sort the keys).
+    const std::string text = std::string(rng() % 2 ? " " : "") + "{\"" + tools.name_key + "\": " +
+                             json(tools.names[i]).dump() + (rng() % 2 ? ",\n " : ",") + "\"" + tools.args_key +
+                             "\":" + args.dump() + "}";
+    ASSERT_TRUE(valid_call(json::parse(text), tools)) << text;
+    cm::JsonPrefix p(tools.compiled.get());
+    for (size_t k = 0; k < text.size(); ++k) {
+      ASSERT_TRUE(p.feed(static_cast<uint8_t>(text[k]))) << "byte " << k << " of " << text << "\nparams "
+                                                          << tools.params[i].dump();
+      ASSERT_EQ(p.complete(), k + 1 == text.size()) << text;
+    }
+  }
+}
+
+TEST(JsonSchemaToolCall, HoldsTheCallsRules) {
+  const auto weather = cm::JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
+      "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})"));
+  const auto time = cm::JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
+      "tz": {"enum": ["CET", "UTC"]}}, "required": ["tz"], "additionalProperties": false})"));
+  const auto s = cm::JsonSchema::tool_call({"get", "get_weather", "get_time"}, {time, weather, time}, "name", "arguments");
+  auto accepts = [&](const std::string& text) {
+    cm::JsonPrefix p(s.get());
+    return p.feed(text);
+  };
+  auto whole = [&](const std::string& text) {
+    cm::JsonPrefix p(s.get());
+    return p.feed(text) && p.complete();
+  };
+  EXPECT_TRUE(whole(R"({"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}})"));
+  EXPECT_TRUE(whole(R"({"name":"get","arguments":{"tz":"UTC"}})"));
+  EXPECT_TRUE(whole(R"({"name":"get_time","arguments":{"tz":"CET"}})"));
+  EXPECT_FALSE(accepts(R"({"arguments")"));                               // the name first
+  EXPECT_FALSE(accepts(R"({"name":"get_date")"));                         // not a tool
+  EXPECT_FALSE(accepts(R"({"name":"get"})"));                             // arguments are required
+  EXPECT_FALSE(accepts(R"({"name":"get","name")"));                       // no key twice
+  EXPECT_FALSE(accepts(R"({"name":"get","extra")"));                      // no other key
+  EXPECT_FALSE(accepts(R"({"name":"get","arguments":{"city")"));          // get's parameters, not get_weather's
+  EXPECT_FALSE(accepts(R"({"name":"get_weather","arguments":{"tz")"));    // … and the other way round
+  EXPECT_FALSE(accepts(R"({"name":"get_weather","arguments":{}})"));      // city is required
+  EXPECT_FALSE(accepts(R"({"name":"get_weather","arguments":[)"));        // arguments are an object
+  EXPECT_FALSE(accepts(R"({"name":"get","arguments":{"tz":"UTC"},)"));    // nothing after the arguments
+  EXPECT_TRUE(accepts(R"({"name":"get_weather","arguments":{"city":"O)"));
+  // A name given twice, no names, or counts that differ are refused.
+  EXPECT_THROW((void)cm::JsonSchema::tool_call({"a", "a"}, {time, time}, "name", "arguments"), cider::Error);
+  EXPECT_THROW((void)cm::JsonSchema::tool_call({}, {}, "name", "arguments"), cider::Error);
+  EXPECT_THROW((void)cm::JsonSchema::tool_call({"a"}, {time, time}, "name", "arguments"), cider::Error);
 }
 
 TEST(JsonSchemaPrefix, RefusesWhatItCannotEnforceNamingIt) {

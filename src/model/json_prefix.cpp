@@ -134,6 +134,64 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const nlohmann::json& sche
   return out;
 }
 
+std::shared_ptr<const JsonSchema> JsonSchema::tool_call(const std::vector<std::string>& names,
+                                                        const std::vector<std::shared_ptr<const JsonSchema>>& parameters,
+                                                        const std::string& name_key, const std::string& args_key) {
+  constexpr const char* kOp = "json_schema";
+  check(!names.empty() && names.size() <= static_cast<size_t>(kMaxEnum) && names.size() == parameters.size(),
+        ErrorCode::kInvalidArgument, kOp, "a tool call takes 1 to ", kMaxEnum, " tools, each with its parameters; got ",
+        names.size(), " names and ", parameters.size(), " schemas");
+  for (const std::string& k : {name_key, args_key})
+    for (unsigned char c : k)
+      check(c >= 0x20 && c != '"' && c != '\\', ErrorCode::kInvalidArgument, kOp, "tool call keys are plain text");
+  check(name_key != args_key, ErrorCode::kInvalidArgument, kOp, "a tool call's two keys must differ");
+  auto out = std::make_shared<JsonSchema>();
+  out->nodes.resize(3);  // 0: any value, 1: the call before its name ({name_key} only), 2: the name, one of names
+  Node& root = out->nodes[1];
+  root.types = kObject;
+  root.declared = true;
+  root.keys = {name_key};
+  root.key_nodes = {2};
+  root.required = 1;
+  out->nodes[2].types = kString;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string text = nlohmann::json(names[i]).dump();
+    for (const std::string& t : out->nodes[2].enum_texts)
+      check(t != text, ErrorCode::kInvalidArgument, kOp, "the tool name ", text, " is given twice");
+    out->nodes[2].enum_texts.push_back(text);
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    const JsonSchema& p = *parameters[i];
+    check(p.nodes.size() >= 2 && p.nodes[1].types == kObject && p.nodes[1].enum_texts.empty(),
+          ErrorCode::kInvalidArgument, kOp, "the parameters of ", out->nodes[2].enum_texts[i], " must describe an object");
+    check(out->nodes.size() + p.nodes.size() + 1 < 60000, ErrorCode::kInvalidArgument, kOp,
+          "the tools' schemas have too many parts");
+    // The parameters' nodes, renumbered: node 0 (any value) stays 0, node k > 0 becomes base + k - 1.
+    const size_t base = out->nodes.size();
+    const auto at = [&](uint16_t k) { return k == 0 ? uint16_t{0} : static_cast<uint16_t>(base + k - 1); };
+    for (size_t k = 1; k < p.nodes.size(); ++k) {
+      Node n = p.nodes[k];
+      for (uint16_t& x : n.key_nodes) x = at(x);
+      n.items = at(n.items);
+      for (uint16_t& x : n.select) x = at(x);
+      out->nodes.push_back(std::move(n));
+    }
+    Node name;  // the name once written (the variant's first key)
+    name.types = kString;
+    name.enum_texts = {out->nodes[2].enum_texts[i]};
+    out->nodes.push_back(std::move(name));
+    Node call;  // the call once its name is read: both keys, both required, the name already seen
+    call.types = kObject;
+    call.declared = true;
+    call.keys = {name_key, args_key};
+    call.key_nodes = {static_cast<uint16_t>(out->nodes.size() - 1), at(1)};
+    call.required = 3;
+    out->nodes.push_back(std::move(call));
+    out->nodes[2].select.push_back(static_cast<uint16_t>(out->nodes.size() - 1));
+  }
+  return out;
+}
+
 // ---- JsonPrefix ----------------------------------------------------------------------------------------------------
 
 JsonPrefix::JsonPrefix(const JsonSchema* schema) : schema_(schema ? schema : JsonSchema::any_object().get()) {}
@@ -438,6 +496,14 @@ bool JsonPrefix::feed(uint8_t c) {
         return true;
       }
       if (!whole) return false;
+      if (enum_node_ != 0 && !node(enum_node_).select.empty() && stack_[depth_ - 1] == '{') {
+        // A name that picks its object's schema (JsonSchema::tool_call): the object goes on as the variant of the
+        // candidate that is whole (texts of distinct JSON strings: one at most).
+        for (uint64_t m = cand_; m != 0; m &= m - 1) {
+          const auto i = static_cast<size_t>(__builtin_ctzll(m));
+          if (texts[i].size() == text_pos_) nodes_[depth_ - 1] = node(enum_node_).select[i];
+        }
+      }
       end_value();  // never the top-level value
       return feed(c);
     }

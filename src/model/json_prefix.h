@@ -9,7 +9,7 @@
 // model could otherwise run into forever, both refused: at most kMaxDepth nested objects and arrays, and at most
 // kMaxWhitespace whitespace bytes in a row outside strings (llama.cpp's JSON grammar bounds whitespace the same way).
 //
-// With a schema (JsonSchema::compile) it accepts a subset of the texts the schema allows — every text it accepts is
+// With a schema (JsonSchema::compile, or JsonSchema::tool_call for one tool call) it accepts a subset of the texts the schema allows — every text it accepts is
 // valid against the schema, not every valid text is accepted: objects hold only declared properties (each at most
 // once, any order; `required` ones before the object may close), keys are written without escapes, `enum` / `const`
 // values exactly as nlohmann::json::dump() writes them. Supported keywords: type (a name or a list of names),
@@ -47,6 +47,10 @@ class JsonSchema {
     std::vector<uint16_t> key_nodes;          // their value nodes
     uint64_t required = 0;                    // bit i: keys[i] must appear
     uint16_t items = 0;                       // array elements' node
+    // Non-empty (tool_call() only, an enum of strings): when enum value i has been read as a property's value, the
+    // enclosing object goes on as node select[i] (its keys seen so far kept) — the name of a call picks the schema of
+    // its arguments.
+    std::vector<uint16_t> select;
   };
   // Node 0: any value. Node 1: the root, an object.
   std::vector<Node> nodes;
@@ -56,6 +60,14 @@ class JsonSchema {
   // The schema, whose root must describe an object; throws cider::Error (kInvalidArgument, op "json_schema") naming
   // the unsupported keyword or bad value and its JSON pointer.
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  // One tool call (the server's tool_choice "required" or a named function): an object with exactly two keys,
+  // `name_key` first — its value one of `names` — then `args_key`, whose value the schema of the tool named allows
+  // (`parameters[i]`, a compile() result, for names[i]). Not anyOf: the name, written first, decides the arguments'
+  // schema deterministically (Node::select), so the recognizer keeps one state, and no dead ends. Throws cider::Error
+  // (kInvalidArgument, op "json_schema") for no names or more than kMaxEnum, a name twice, or sizes that differ.
+  static std::shared_ptr<const JsonSchema> tool_call(const std::vector<std::string>& names,
+                                                     const std::vector<std::shared_ptr<const JsonSchema>>& parameters,
+                                                     const std::string& name_key, const std::string& args_key);
 };
 
 class JsonPrefix {
