@@ -12,6 +12,7 @@
 #include <string>
 
 #include "fuzz/json_text.h"
+#include "support/json_schema_check.h"
 #include "support/test_support.h"
 
 namespace cm = cider::model;
@@ -174,47 +175,8 @@ TEST(JsonPrefix, BoundsDepthAndWhitespace) {
 
 namespace {
 
-// A test-side validator of the supported keywords (independent of the recognizer): type, properties, required,
-// additionalProperties, items, enum, const.
-bool valid(const json& v, const json& s) {
-  if (s.is_boolean()) return s.get<bool>();
-  if (s.contains("const") && v != s.at("const")) return false;
-  if (s.contains("enum")) {
-    bool any = false;
-    for (const auto& e : s.at("enum")) any = any || v == e;
-    if (!any) return false;
-  }
-  if (s.contains("type")) {
-    const json t = s.at("type").is_array() ? s.at("type") : json::array({s.at("type")});
-    bool ok = false;
-    for (const auto& name : t) {
-      const std::string n = name.get<std::string>();
-      ok = ok || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) || (n == "string" && v.is_string()) ||
-           (n == "number" && v.is_number()) ||
-           (n == "integer" && (v.is_number_integer() ||  // a big one is parsed as a double; still an integer
-                               (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                                std::trunc(v.get<double>()) == v.get<double>()))) ||
-           (n == "boolean" && v.is_boolean()) || (n == "null" && v.is_null());
-    }
-    if (!ok) return false;
-  }
-  if (v.is_object()) {
-    const json props = s.value("properties", json::object());
-    for (const auto& [k, x] : v.items()) {
-      if (props.contains(k)) {
-        if (!valid(x, props.at(k))) return false;
-      } else if (s.value("additionalProperties", true) == false) {
-        return false;
-      }
-    }
-    for (const auto& r : s.value("required", json::array()))
-      if (!v.contains(r.get<std::string>())) return false;
-  }
-  if (v.is_array() && s.contains("items"))
-    for (const auto& x : v)
-      if (!valid(x, s.at("items"))) return false;
-  return true;
-}
+// A test-side validator of the supported keywords, independent of the recognizer (support/json_schema_check.h).
+bool valid(const json& v, const json& s) { return cider::test::json_schema_valid(v, s); }
 
 // A random schema of the supported keywords, objects and arrays up to `depth` deep.
 json random_schema(std::mt19937_64& rng, int depth, bool object = false) {

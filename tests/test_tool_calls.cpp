@@ -2,7 +2,9 @@
 // template asks for, the reply split into content and calls in each format (whole and streamed in pieces that cut
 // the markers anywhere), and the API: tools rendered by the template, the calls in message.tool_calls and in a
 // streamed delta, the refusals naming the rule.
+#include <chrono>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,8 +13,10 @@
 
 #include "model/chat_template.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 #include "runtime/openai_api.h"
 #include "runtime/tool_calls.h"
+#include "support/json_schema_check.h"
 #include "support/test_support.h"
 
 namespace rt = cider::runtime;
@@ -222,9 +226,30 @@ TEST(ToolCalls, RefusalsNameTheRule) {
     }
   };
   const rt::OpenAIApi qwen(tiny(), "t", cm::ChatFormat::kRaw, cm::ChatTemplate(read_template("qwen2.5-instruct")));
-  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required"})", "constrained decoding");
-  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})",
-             "constrained decoding");
+  // tool_choice "required" / a named function: what cannot be honoured is refused, naming why.
+  const std::string named_g = R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}})";
+  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + named_g, "\"g\", which is not among 'tools'");
+  expect_400(qwen, "{" + msg + named_g, "needs 'tools'");
+  expect_400(qwen, "{" + msg + R"(, "tool_choice": "required"})", "needs 'tools'");
+  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": {"type": "function"}})", "must be");
+  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "always"})", "must be");
+  expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}], "tool_choice": "required"})",
+             "'tools[0].function.parameters'");
+  expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"s": {"anyOf": [{"type": "string"}]}}}}}], "tool_choice": "required"})",
+             "anyOf");
+  expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "string"}}}], "tool_choice": "required"})", "must be an object type");
+  expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f"}},
+      {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})", "given twice");
+  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required",
+      "response_format": {"type": "json_object"}})", "both constrain the reply");
+  expect_400(qwen, "{" + msg + R"(, "n": 2, "tools": )" + tools + R"(, "tool_choice": "required"})", "'n' must be 1");
+  // … while "auto" does not compile the parameters (a keyword the recognizer lacks is fine there).
+  EXPECT_EQ(qwen.parse("{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}]})", rt::Endpoint::kChat).tool_calls,
+            rt::ToolCallFormat::kHermes);
   expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {}}]})", "tools[0]");
   expect_400(qwen, "{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})",
              "JSON Schema object");
@@ -234,9 +259,177 @@ TEST(ToolCalls, RefusalsNameTheRule) {
   expect_400(raw, R"({"messages": [{"role": "tool", "content": "x"}]})", "tool needs a chat template");
   const rt::OpenAIApi gemma(tiny(), "t", cm::ChatFormat::kRaw, cm::ChatTemplate(read_template("gemma3-it")));
   expect_400(gemma, "{" + msg + R"(, "tools": )" + tools + "}", "does not take tools");
+  expect_400(gemma, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required"})", "does not take tools");
+  expect_400(raw, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required"})", "needs the model's chat template");
   const rt::OpenAIApi functionary(tiny(), "t", cm::ChatFormat::kRaw,
                                   cm::ChatTemplate(read_template("functionary-medium-v3.1")));
   expect_400(functionary, "{" + msg + R"(, "tools": )" + tools + "}", "does not parse");
+  expect_400(functionary, "{" + msg + R"(, "tools": )" + tools + named_g.substr(0, named_g.size() - 1) + "}",
+             "does not parse");
   // An empty tools list is no tools.
   EXPECT_EQ(raw.parse("{" + msg + R"(, "tools": []})", rt::Endpoint::kChat).tool_calls, rt::ToolCallFormat::kNone);
+}
+
+namespace {
+
+// The tools of the forced-call tests: arguments with a string, an enum, an integer; an enum only; none at all.
+const json kForcedTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                  "days": {"type": "integer"}}, "required": ["city", "unit"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+   "parameters": {"type": "object", "properties": {"tz": {"enum": ["CET", "UTC", "JST"]}}, "required": ["tz"]}}},
+  {"type": "function", "function": {"name": "ping"}}])");
+
+// The parameters schema of the tool named `name` in kForcedTools (none: an empty parameter list, OpenAI's reading).
+json forced_params(const std::string& name) {
+  const json empty = {{"type", "object"}, {"additionalProperties", false}};
+  for (const json& t : kForcedTools)
+    if (t.at("function").at("name") == name) return t.at("function").value("parameters", empty);
+  return nullptr;
+}
+
+struct ForcedReply {
+  json message;        // the response's choices[0] (non-streaming)
+  json stream_calls;   // the streamed tool_calls delta (null when none)
+  std::string stream_content, stream_finish;
+  int tool_call_deltas = 0;
+};
+
+// A chat request through the API and the engine, as `cider serve` runs it: the response, then the same request
+// streamed (seeded: the same tokens) through stream_events.
+ForcedReply forced_reply(rt::Engine& engine, const rt::OpenAIApi& api, const std::string& body) {
+  ForcedReply out;
+  for (bool stream : {false, true}) {
+    const rt::ApiRequest r =
+        api.parse(stream ? body.substr(0, body.size() - 1) + R"(, "stream": true})" : body, rt::Endpoint::kChat);
+    std::shared_ptr<rt::Request> h;
+    EXPECT_EQ(engine.submit(r.options, h), rt::Engine::Submit::kAccepted);
+    std::string text, events;
+    rt::RequestUpdate last;
+    bool first = true;
+    for (int i = 0; i < 1800 && !last.finished; ++i) {
+      rt::RequestUpdate u = h->wait(std::chrono::milliseconds(100));
+      if (u.text.empty() && !u.finished) continue;
+      text += u.text;
+      if (stream) events += api.stream_events(r, "abc", 1, u, first);
+      first = false;
+      if (u.finished) last = u;
+    }
+    EXPECT_TRUE(last.finished);
+    if (!stream) {
+      out.message = json::parse(api.response(r, "abc", 1, text, {}, last)).at("choices").at(0);
+      continue;
+    }
+    std::istringstream lines(events);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      const json& ch = chunk.at("choices").at(0);
+      if (ch.at("delta").contains("content")) out.stream_content += ch.at("delta").at("content").get<std::string>();
+      if (ch.at("delta").contains("tool_calls")) {
+        out.stream_calls = ch.at("delta").at("tool_calls");
+        ++out.tool_call_deltas;
+      }
+      if (!ch.at("finish_reason").is_null()) out.stream_finish = ch.at("finish_reason").get<std::string>();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// tool_choice "required" and a named function, in each format, through the engine with the embedded model: a reply
+// that finishes is exactly one call, of the named tool (or one of the tools), whose arguments parse as JSON valid
+// against that tool's parameters; one cut by max_tokens is content with finish_reason "length" and no calls; the
+// stream carries the same call in one tool_calls delta.
+TEST(ToolCalls, ForcedCallsAreCallsOfTheRequestedToolWithValidArguments) {
+  rt::Engine engine(tiny(), rt::EngineOptions{});
+  const std::vector<std::pair<std::string, rt::ToolCallFormat>> templates = {
+      {"qwen2.5-instruct", rt::ToolCallFormat::kHermes},
+      {"mistral-7b-instruct-v0.3", rt::ToolCallFormat::kMistral},
+      {"llama3.1-instruct", rt::ToolCallFormat::kLlama3}};
+  const std::vector<std::string> choices = {
+      R"({"type": "function", "function": {"name": "get_weather"}})",
+      R"({"type": "function", "function": {"name": "get_time"}})",
+      R"({"type": "function", "function": {"name": "ping"}})", R"("required")"};
+  // cider-tiny, trained on Python's documentation, pads JSON with runs of whitespace (each run within the
+  // recognizer's bound, but they eat max_tokens): the whitespace-only tokens get a logit_bias of -100, so that the
+  // replies reach the values; the constraint still decides every byte.
+  json bias = json::object();
+  const cm::Tokenizer& tok = tiny().tokenizer();
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_special(id)) continue;
+    const std::string t = tok.decode({id}, false);
+    if (!t.empty() && t.find_first_not_of(" \t\n\r") == std::string::npos) bias[std::to_string(id)] = -100;
+  }
+  ASSERT_GT(bias.size(), 0u);
+  for (const auto& [stem, format] : templates) {
+    const rt::OpenAIApi api(tiny(), "t", cm::ChatFormat::kRaw, cm::ChatTemplate(read_template(stem)));
+    ASSERT_EQ(api.tool_call_format(), format);
+    const rt::ToolCallText around = rt::forced_call_text(format);
+    int calls = 0, cut = 0;
+    std::set<std::string> names;
+    for (const std::string& choice : choices) {
+      const json c = json::parse(choice);
+      for (uint64_t seed = 1; seed <= 3; ++seed) {
+        const std::string body = R"({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "max_tokens": 160, "temperature": 0.8, "logit_bias": )" + bias.dump() + R"(, "seed": )" + std::to_string(seed) +
+                                 R"(, "tools": )" + kForcedTools.dump() + R"(, "tool_choice": )" + choice + "}";
+        SCOPED_TRACE(stem + ", tool_choice " + choice + ", seed " + std::to_string(seed));
+        // The prompt ends with the format's opening, its special tokens encoded as the template's are.
+        const rt::ApiRequest r = api.parse(body, rt::Endpoint::kChat);
+        ASSERT_TRUE(r.options.json);
+        const std::string prompt = tiny().tokenizer().decode(r.options.prompt, false);
+        EXPECT_EQ(prompt.substr(prompt.size() - around.open.size()), around.open);
+        const ForcedReply f = forced_reply(engine, api, body);
+        const json& m = f.message.at("message");
+        SCOPED_TRACE("reply " + f.message.dump());
+        if (f.message.at("finish_reason") == "length") {  // cut by max_tokens: the text as it came, no calls
+          ++cut;
+          EXPECT_FALSE(m.contains("tool_calls"));
+          EXPECT_EQ(m.at("content").get<std::string>().substr(0, around.open.size()), around.open);
+          EXPECT_EQ(f.stream_finish, "length");
+          EXPECT_EQ(f.tool_call_deltas, 0);
+          EXPECT_EQ(f.stream_content, m.at("content").get<std::string>());
+          continue;
+        }
+        ++calls;
+        ASSERT_EQ(f.message.at("finish_reason"), "tool_calls");
+        EXPECT_TRUE(m.at("content").is_null());
+        ASSERT_EQ(m.at("tool_calls").size(), 1u);
+        const json& fn = m.at("tool_calls").at(0).at("function");
+        const std::string name = fn.at("name").get<std::string>();
+        if (c.is_object()) {
+          EXPECT_EQ(name, c.at("function").at("name"));
+        }
+        const json params = forced_params(name);
+        ASSERT_FALSE(params.is_null()) << "not one of the tools: " << name;
+        const json args = json::parse(fn.at("arguments").get<std::string>());
+        EXPECT_TRUE(args.is_object());
+        EXPECT_TRUE(cider::test::json_schema_valid(args, params)) << args.dump() << " against " << params.dump();
+        names.insert(name);
+        // Streamed: no content, one tool_calls delta with the same call, finish_reason tool_calls.
+        EXPECT_EQ(f.stream_content, "");
+        EXPECT_EQ(f.tool_call_deltas, 1);
+        EXPECT_EQ(f.stream_finish, "tool_calls");
+        ASSERT_EQ(f.stream_calls.size(), 1u);
+        EXPECT_EQ(f.stream_calls.at(0).at("function"), fn);
+      }
+    }
+    // max_tokens before the object closes: finish_reason "length", the text as it came (after the opening), no calls.
+    const ForcedReply f = forced_reply(engine, api, R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "seed": 5,
+        "tools": )" + kForcedTools.dump() + R"(, "tool_choice": "required"})");
+    EXPECT_EQ(f.message.at("finish_reason"), "length") << f.message.dump();
+    EXPECT_FALSE(f.message.at("message").contains("tool_calls"));
+    const std::string content = f.message.at("message").at("content").get<std::string>();
+    EXPECT_EQ(content.substr(0, around.open.size()), around.open);
+    EXPECT_GT(content.size(), around.open.size());
+    EXPECT_EQ(f.stream_finish, "length");
+    EXPECT_EQ(f.tool_call_deltas, 0);
+    EXPECT_EQ(f.stream_content, content);
+    RecordProperty(stem + "_calls", calls);
+    EXPECT_GE(calls, 6) << stem << ": " << calls << " calls, " << cut << " cut by max_tokens";
+    EXPECT_GE(names.size(), 2u) << stem;
+  }
 }

@@ -146,6 +146,13 @@ json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& id, 
   return a;
 }
 
+// A forced call's reply (ApiRequest::call_schema) is a whole object: the engine ended it when it closed (not cut by
+// max_tokens or a stop string).
+bool call_closed(const ApiRequest& r, const std::string& reply) {
+  model::JsonPrefix p(r.call_schema.get());
+  return p.feed(reply) && p.complete();
+}
+
 }  // namespace
 
 std::string ApiError::body() const {
@@ -212,20 +219,70 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
                    "parses hermes <tool_call>, mistral [TOOL_CALLS] and llama 3 JSON calls)");
   }
   bool parse_calls = tools;
+  // tool_choice "required" / a named function: the tools the call may name (all, or the one named).
+  std::vector<size_t> forced;
   if (present(b, "tool_choice")) {
     const json& c = b.at("tool_choice");
+    const bool named = c.is_object() && c.contains("type") && c.at("type") == "function" &&
+                       c.contains("function") && c.at("function").is_object() && c.at("function").contains("name") &&
+                       c.at("function").at("name").is_string();
     if (c == "none") {
       parse_calls = false;
-    } else if (c == "required" || c.is_object()) {
-      bad("tool_choice", "'tool_choice' " + brief(c) +
-                             " needs constrained decoding, which cider does not do yet; use \"auto\" or \"none\"");
+    } else if (c == "required" || named) {
+      if (!tools) bad("tool_choice", "'tool_choice' " + brief(c) + " needs 'tools' (it asks for a call of one of them)");
+      const json& t = b.at("tools");
+      for (size_t i = 0; i < t.size(); ++i)
+        if (!named || t[i].at("function").at("name") == c.at("function").at("name")) forced.push_back(i);
+      if (named && forced.empty())
+        bad("tool_choice", "'tool_choice' names the function " + brief(c.at("function").at("name")) +
+                               ", which is not among 'tools'");
+      if (forced.size() > static_cast<size_t>(model::JsonSchema::kMaxEnum))
+        bad("tool_choice", "'tool_choice' \"required\" takes at most " +
+                               std::to_string(model::JsonSchema::kMaxEnum) + " tools; got " +
+                               std::to_string(forced.size()));
     } else if (c != "auto") {
-      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", ...}; got " +
-                             brief(c));
+      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": string}}; got " + brief(c));
     }
   }
   if (present(b, "suffix")) bad("suffix", "'suffix' (insertion) is not supported");
   std::shared_ptr<const model::JsonSchema> json_constraint;
+  if (!forced.empty()) {
+    // Constrained decoding of one call: {"name": N, "arguments"|"parameters": A}, N one of the forced tools' names
+    // and A what that tool's parameters allow (model::JsonSchema::tool_call); the format's opening text goes at the
+    // end of the prompt and its closing text after the object (ApiRequest::call_open / call_close).
+    const json& t = b.at("tools");
+    std::vector<std::string> names;
+    std::vector<std::shared_ptr<const model::JsonSchema>> params;
+    for (size_t i : forced) {
+      const json& f = t[i].at("function");
+      const std::string where = "tools[" + std::to_string(i) + "].function.parameters";
+      names.push_back(f.at("name").get<std::string>());
+      // Absent: an empty parameter list, as OpenAI reads it (the arguments are {}); without "type", an object
+      // (OpenAI's parameters always describe one).
+      json p = present(f, "parameters") ? f.at("parameters") : json{{"type", "object"}, {"properties", json::object()}};
+      if (!p.contains("type")) p["type"] = "object";
+      try {
+        params.push_back(model::JsonSchema::compile(p));
+      } catch (const Error& e) {
+        bad(where, "'" + where + "' (tool_choice " + brief(b.at("tool_choice")) + " constrains the arguments to it): " +
+                       e.what());
+      }
+    }
+    try {
+      json_constraint = model::JsonSchema::tool_call(names, params, "name",
+                                                     tool_format_ == ToolCallFormat::kLlama3 ? "parameters" : "arguments");
+    } catch (const Error& e) {
+      bad("tools", std::string("'tools' with tool_choice ") + brief(b.at("tool_choice")) + ": " + e.what());
+    }
+    const ToolCallText text = forced_call_text(tool_format_);
+    r.call_open = text.open;
+    r.call_close = text.close;
+    r.call_schema = json_constraint;
+    if (present(b, "response_format") && b.at("response_format").value("type", "") != "text")
+      bad("response_format", "'response_format' " + brief(b.at("response_format")) + " and 'tool_choice' " +
+                                 brief(b.at("tool_choice")) + " both constrain the reply; send one of them");
+  }
   if (present(b, "response_format")) {
     const json& f = b.at("response_format");
     const bool typed = f.is_object() && f.contains("type") && f.at("type").is_string();
@@ -342,6 +399,9 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
       } catch (const Error& e) {
         bad("messages", std::string("the model's chat template refused the conversation: ") + e.what());
       }
+      // A forced call's opening (Hermes "<tool_call>\n", Mistral "[TOOL_CALLS]["), encoded with the rest, so that a
+      // special token in it is recognized as in the template's own text.
+      prompt_text += r.call_open;
       o.prompt = tok.encode(prompt_text, /*add_special=*/false);
     } else {
       try {
@@ -389,6 +449,7 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
   if (parse_calls) {
     r.tool_calls = tool_format_;
     if (r.stream) r.tool_stream = std::make_shared<ToolCallStream>(tool_format_);
+    if (r.stream && r.call_schema) r.call_reply = std::make_shared<std::string>();
   }
   if (boolean(b, "ignore_eos", false)) o.end_tokens.clear();  // vLLM's and llama-server's extension (benchmarks)
   if (o.prompt.empty()) bad(endpoint == Endpoint::kChat ? "messages" : "prompt", "the prompt encodes to no tokens");
@@ -409,9 +470,12 @@ std::string OpenAIApi::response(const ApiRequest& r, const std::string& id, int6
   const model::Tokenizer& tok = model_.tokenizer();
   json choice{{"index", 0}, {"finish_reason", finish_name(last.reason)}};
   if (r.endpoint == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    // A forced call: the reply is its JSON object; the whole call (opening, object, closing once it closed) is
+    // parsed as the format's text, and an unfinished one (max_tokens) is content, with its opening, as under "auto".
+    const std::string whole = r.call_schema ? r.call_open + text + (call_closed(r, text) ? r.call_close : "") : text;
+    choice["message"] = {{"role", "assistant"}, {"content", whole}};
     if (r.tool_calls != ToolCallFormat::kNone) {
-      const ParsedReply p = parse_tool_calls(r.tool_calls, text);
+      const ParsedReply p = parse_tool_calls(r.tool_calls, whole);
       if (!p.calls.empty()) {
         choice["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
         choice["message"]["tool_calls"] = tool_calls_json(p.calls, id, /*with_index=*/false);
@@ -451,6 +515,11 @@ std::string OpenAIApi::stream_events(const ApiRequest& r, const std::string& id,
   if (first && !chat) text = r.echo_text + text;
   ParsedReply tail;  // with tool calls: what the split held back, at the end
   if (r.tool_stream) {
+    if (r.call_reply) {  // a forced call: the opening first, the closing once the object closed
+      *r.call_reply += text;
+      if (first) text = r.call_open + text;
+      if (u.finished && call_closed(r, *r.call_reply)) text += r.call_close;
+    }
     text = r.tool_stream->feed(text);
     if (u.finished) {
       tail = r.tool_stream->finish();

@@ -71,6 +71,12 @@ struct ApiRequest {
   // Tool calls parsed from the reply (tools sent, tool_choice "auto"): the template's format, else kNone.
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
   std::shared_ptr<ToolCallStream> tool_stream;  // streaming with tool_calls: the reply's split as it arrives
+  // tool_choice "required" or a named function: options.json is call_schema (one call's JSON object), the prompt
+  // ends with call_open, and the reply is taken as call_open + reply + call_close (the closing only once the object
+  // closed) — the format's whole text, split by parse_tool_calls as under "auto".
+  std::shared_ptr<const model::JsonSchema> call_schema;
+  std::string call_open, call_close;
+  std::shared_ptr<std::string> call_reply;  // streaming a forced call: the reply so far
 };
 
 class OpenAIApi {

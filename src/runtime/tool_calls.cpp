@@ -163,6 +163,14 @@ const char* tool_call_format_name(ToolCallFormat f) {
   return "unknown";
 }
 
+ToolCallText forced_call_text(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return {std::string(kHermesOpen) + "\n", "\n" + std::string(kHermesClose)};
+    case ToolCallFormat::kMistral: return {std::string(kMistralMarker) + "[", "]"};
+    default: return {};
+  }
+}
+
 ParsedReply parse_tool_calls(ToolCallFormat format, std::string_view text) {
   switch (format) {
     case ToolCallFormat::kHermes: return parse_hermes(text);

@@ -39,6 +39,14 @@ struct ParsedReply {
 // one, cut by max_tokens) leaves the whole reply as content, with no calls.
 ParsedReply parse_tool_calls(ToolCallFormat format, std::string_view text);
 
+// A call written by constrained decoding (the server's tool_choice "required" or a named function): the text before
+// its JSON object — the end of the prompt — and after it. Hermes "<tool_call>\n" … "\n</tool_call>", Mistral
+// "[TOOL_CALLS][" … "]", Llama 3 JSON nothing (the bare object is the call); parse_tool_calls splits the whole.
+struct ToolCallText {
+  std::string open, close;
+};
+ToolCallText forced_call_text(ToolCallFormat format);
+
 // Streaming: text arrives in pieces; what can be sent as content at once is released, the rest held until the end
 // (a call's text from its opening marker on, and a possible marker's first characters at the end of a piece).
 class ToolCallStream {
