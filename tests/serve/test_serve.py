@@ -1450,7 +1450,7 @@ def tools_server():
 def test_tools_through_the_openai_client(tools_server):
     """The official client sends tools and a tool result; the template renders them (more prompt tokens), the reply
     comes back as a chat completion (cider-tiny writes no calls: the parsing of calls is tested in
-    tests/test_tool_calls.cpp), streaming too; tool_choice "required" is refused with a 400 naming why."""
+    tests/test_tool_calls.cpp), streaming too."""
     c = openai.OpenAI(base_url=tools_server.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
     try:
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -1469,10 +1469,105 @@ def test_tools_through_the_openai_client(tools_server):
         chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER_TOOL], max_tokens=4,
                                                 temperature=0, stream=True))
         assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        c.close()
+
+
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone",
+    "parameters": {"type": "object", "properties": {"tz": {"enum": ["CET", "UTC", "JST"]},
+                                                    "precise": {"type": "boolean"}},
+                   "required": ["tz"], "additionalProperties": False}}}
+
+
+def schema_valid(v, s):
+    """The JSON Schema keywords constrained decoding takes (type, properties, required, additionalProperties, items,
+    enum, const), checked here independently of the server."""
+    if "const" in s and v != s["const"]:
+        return False
+    if "enum" in s and v not in s["enum"]:
+        return False
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    if "type" in s:
+        types = s["type"] if isinstance(s["type"], list) else [s["type"]]
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not any((t in kinds and isinstance(v, kinds[t])) or (t == "number" and number) or
+                   (t == "integer" and number and float(v).is_integer()) for t in types):
+            return False
+    if isinstance(v, dict):
+        props = s.get("properties", {})
+        if any(k not in props and s.get("additionalProperties", True) is False for k in v):
+            return False
+        if not all(schema_valid(x, props[k]) for k, x in v.items() if k in props):
+            return False
+        if not all(k in v for k in s.get("required", [])):
+            return False
+    if isinstance(v, list) and "items" in s:
+        return all(schema_valid(x, s["items"]) for x in v)
+    return True
+
+
+def test_tool_choice_required_and_named_through_the_openai_client(tools_server):
+    """tool_choice "required" and a named function (constrained decoding, Qwen2.5's Hermes template): the official
+    client gets message.tool_calls with one call of the named tool (or one of the tools), its arguments a JSON object
+    valid against that tool's parameters, finish_reason "tool_calls"; streamed, the same call in one tool_calls delta;
+    cut by max_tokens, finish_reason "length" and no calls; an unknown name or a schema keyword the recognizer cannot
+    enforce is a 400 naming it."""
+    # cider-tiny pads JSON with whitespace runs that eat max_tokens: its whitespace-only tokens (byte-level BPE:
+    # Ġ Ċ ĉ č) get a logit_bias of -100, so that replies reach the values; the constraint still decides every byte.
+    vocab = json.loads((ROOT / "models/cider-tiny/tokenizer.json").read_text())["model"]["vocab"]
+    bias = {str(i): -100 for t, i in vocab.items() if t and set(t) <= set("ĠĊĉč")}
+    assert bias
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    c = openai.OpenAI(base_url=tools_server.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
+    try:
+        calls = 0
+        for choice in ({"type": "function", "function": {"name": "get_weather"}},
+                       {"type": "function", "function": {"name": "get_time"}}, "required"):
+            for seed in (1, 2, 3):
+                kw = dict(model=MODEL, messages=msgs, tools=tools, tool_choice=choice, max_tokens=160,
+                          temperature=0.8, seed=seed, logit_bias=bias)
+                r = c.chat.completions.create(**kw)
+                ch = r.choices[0]
+                if ch.finish_reason == "length":  # cut before the object closed: text, no calls
+                    assert not ch.message.tool_calls and ch.message.content.startswith("<tool_call>")
+                    continue
+                assert ch.finish_reason == "tool_calls", (choice, seed, ch)
+                assert ch.message.content is None
+                assert len(ch.message.tool_calls) == 1
+                call = ch.message.tool_calls[0]
+                assert call.type == "function" and call.id
+                if isinstance(choice, dict):
+                    assert call.function.name == choice["function"]["name"]
+                assert call.function.name in params
+                args = json.loads(call.function.arguments)
+                assert isinstance(args, dict) and schema_valid(args, params[call.function.name]), (call, seed)
+                calls += 1
+                # Streamed (same seed, same tokens): no content, the same call in one delta, then the finish.
+                chunks = list(c.chat.completions.create(**kw, stream=True))
+                deltas = [k.choices[0].delta.tool_calls for k in chunks if k.choices and k.choices[0].delta.tool_calls]
+                assert len(deltas) == 1 and len(deltas[0]) == 1
+                assert deltas[0][0].function.name == call.function.name
+                assert json.loads(deltas[0][0].function.arguments) == args
+                assert "".join(k.choices[0].delta.content or "" for k in chunks if k.choices) == ""
+                assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert calls >= 6, calls
+        cut = c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice="required", max_tokens=2,
+                                        seed=1)
+        assert cut.choices[0].finish_reason == "length" and not cut.choices[0].message.tool_calls
+        assert cut.choices[0].message.content.startswith("<tool_call>")
         with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER_TOOL], tool_choice="required",
+            c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=4,
+                                      tool_choice={"type": "function", "function": {"name": "get_date"}})
+        assert "get_date" in str(e.value) and "not among 'tools'" in str(e.value)
+        pattern_tool = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=msgs, tools=[pattern_tool], tool_choice="required",
                                       max_tokens=4)
-        assert "constrained decoding" in str(e.value)
+        assert "pattern" in str(e.value) and "tools[0].function.parameters" in str(e.value)
     finally:
         c.close()
 
