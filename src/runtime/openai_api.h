@@ -20,10 +20,16 @@
 // ({id, type "function", function {name, arguments: a JSON string}}, finish_reason "tool_calls"; streamed as one
 // tool_calls delta at the end, the content before the first call streamed as it comes), "none" renders the tools but
 // leaves the reply as text. Messages may then carry role "tool" and assistant tool_calls (the template renders them).
+// tool_choice "required" or {"type": "function", "function": {"name"}} forces one call by constrained decoding: the
+// format's opening (tool_calls.h forced_call_text) ends the prompt, the reply is held to {"name": N, "arguments" (Llama
+// 3: "parameters"): A} with N the named tool (or one of the tools) and A what its parameters schema allows
+// (model::JsonSchema::tool_call; a keyword it cannot enforce is a 400 naming tools[i].function.parameters), and the
+// closed object, wrapped in the format's text, is split as under "auto" (finish_reason "tool_calls"; cut by max_tokens:
+// content and "length"). Refused: no tools, a name not among them, response_format json beside it.
 // Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
-// field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1,
-// tool_choice "required" or a named function, tools with a template that takes none or writes calls in another
-// format, best_of > 1, suffix) are refused with 400 rather than ignored.
+// field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1, tools
+// with a template that takes none or writes calls in another format, best_of > 1, suffix) are refused with 400 rather
+// than ignored.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +74,8 @@ struct ApiRequest {
   bool include_usage = false;   // stream_options.include_usage
   bool logprobs = false;
   std::string echo_text;        // completions with echo: the prompt text, sent before the completion
-  // Tool calls parsed from the reply (tools sent, tool_choice "auto"): the template's format, else kNone.
+  // Tool calls parsed from the reply (tools sent, tool_choice "auto", "required" or named): the template's format,
+  // else kNone.
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
   std::shared_ptr<ToolCallStream> tool_stream;  // streaming with tool_calls: the reply's split as it arrives
   // tool_choice "required" or a named function: options.json is call_schema (one call's JSON object), the prompt
