@@ -245,6 +245,10 @@ TEST(ToolCalls, RefusalsNameTheRule) {
       {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})", "given twice");
   expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required",
       "response_format": {"type": "json_object"}})", "both constrain the reply");
+  expect_400(qwen, "{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required", "response_format": "json"})",
+             "both constrain the reply");
+  EXPECT_TRUE(qwen.parse("{" + msg + R"(, "tools": )" + tools + R"(, "tool_choice": "required",
+      "response_format": {"type": "text"}})", rt::Endpoint::kChat).call_schema);
   expect_400(qwen, "{" + msg + R"(, "n": 2, "tools": )" + tools + R"(, "tool_choice": "required"})", "'n' must be 1");
   // … while "auto" does not compile the parameters (a keyword the recognizer lacks is fine there).
   EXPECT_EQ(qwen.parse("{" + msg + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters":

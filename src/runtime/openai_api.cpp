@@ -279,7 +279,9 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     r.call_open = text.open;
     r.call_close = text.close;
     r.call_schema = json_constraint;
-    if (present(b, "response_format") && b.at("response_format").value("type", "") != "text")
+    if (present(b, "response_format") && !(b.at("response_format").is_object() &&
+                                           b.at("response_format").contains("type") &&
+                                           b.at("response_format").at("type") == "text"))
       bad("response_format", "'response_format' " + brief(b.at("response_format")) + " and 'tool_choice' " +
                                  brief(b.at("tool_choice")) + " both constrain the reply; send one of them");
   }
