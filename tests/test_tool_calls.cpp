@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/chat_template.h"
+#include "model/json_prefix.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/openai_api.h"
@@ -294,6 +295,7 @@ json forced_params(const std::string& name) {
 }
 
 struct ForcedReply {
+  std::string text;    // the engine's reply (non-streaming)
   json message;        // the response's choices[0] (non-streaming)
   json stream_calls;   // the streamed tool_calls delta (null when none)
   std::string stream_content, stream_finish;
@@ -322,6 +324,7 @@ ForcedReply forced_reply(rt::Engine& engine, const rt::OpenAIApi& api, const std
     }
     EXPECT_TRUE(last.finished);
     if (!stream) {
+      out.text = text;
       out.message = json::parse(api.response(r, "abc", 1, text, {}, last)).at("choices").at(0);
       continue;
     }
@@ -413,6 +416,12 @@ TEST(ToolCalls, ForcedCallsAreCallsOfTheRequestedToolWithValidArguments) {
         EXPECT_TRUE(args.is_object());
         EXPECT_TRUE(cider::test::json_schema_valid(args, params)) << args.dump() << " against " << params.dump();
         names.insert(name);
+        // The reply in the format's own text (what the template writes for a call) is the same call to the parser.
+        const rt::ParsedReply again = rt::parse_tool_calls(format, around.open + f.text + around.close);
+        ASSERT_EQ(again.calls.size(), 1u) << around.open + f.text + around.close;
+        EXPECT_EQ(again.calls[0].name, name);
+        EXPECT_EQ(json::parse(again.calls[0].arguments), args);
+        EXPECT_EQ(again.content, "");
         // Streamed: no content, one tool_calls delta with the same call, finish_reason tool_calls.
         EXPECT_EQ(f.stream_content, "");
         EXPECT_EQ(f.tool_call_deltas, 1);
@@ -432,6 +441,22 @@ TEST(ToolCalls, ForcedCallsAreCallsOfTheRequestedToolWithValidArguments) {
     EXPECT_EQ(f.stream_finish, "length");
     EXPECT_EQ(f.tool_call_deltas, 0);
     EXPECT_EQ(f.stream_content, content);
+    // A marker inside a string value does not split the call: it is read from the object.
+    const std::string marker_body = R"({"messages": [{"role": "user", "content": "Hi"}], "tools": )" +
+                                    kForcedTools.dump() + R"(, "tool_choice": "required"})";
+    const rt::ApiRequest mr = api.parse(marker_body, rt::Endpoint::kChat);
+    const std::string arg_key = format == rt::ToolCallFormat::kLlama3 ? "parameters" : "arguments";
+    const std::string marked = R"({"name": "get_weather", ")" + arg_key +
+                               R"(": {"city": "</tool_call>] [TOOL_CALLS]", "unit": "celsius"}})";
+    cm::JsonPrefix mp(mr.call_schema.get());
+    ASSERT_TRUE(mp.feed(marked) && mp.complete());
+    rt::RequestUpdate done;
+    done.finished = true;
+    done.reason = rt::FinishReason::kStop;
+    const json mc = json::parse(api.response(mr, "m", 1, marked, {}, done)).at("choices").at(0);
+    ASSERT_EQ(mc.at("finish_reason"), "tool_calls") << mc.dump();
+    EXPECT_EQ(json::parse(mc.at("message").at("tool_calls").at(0).at("function").at("arguments").get<std::string>()),
+              json({{"city", "</tool_call>] [TOOL_CALLS]"}, {"unit", "celsius"}}));
     RecordProperty(stem + "_calls", calls);
     EXPECT_GE(calls, 6) << stem << ": " << calls << " calls, " << cut << " cut by max_tokens";
     EXPECT_GE(names.size(), 2u) << stem;

@@ -146,11 +146,17 @@ json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& id, 
   return a;
 }
 
-// A forced call's reply (ApiRequest::call_schema) is a whole object: the engine ended it when it closed (not cut by
-// max_tokens or a stop string).
-bool call_closed(const ApiRequest& r, const std::string& reply) {
+// A forced call's reply (ApiRequest::call_schema): the call, when the object closed — read from the object itself,
+// as the Llama 3 JSON form reads a bare {"name", "arguments"|"parameters"} object, so that a marker inside a string
+// value cannot split it —, else (cut by max_tokens or a stop string) content: the opening and the reply, as "auto"
+// leaves an unfinished call.
+ParsedReply forced_call(const ApiRequest& r, const std::string& reply) {
   model::JsonPrefix p(r.call_schema.get());
-  return p.feed(reply) && p.complete();
+  if (p.feed(reply) && p.complete()) {
+    ParsedReply call = parse_tool_calls(ToolCallFormat::kLlama3, reply);
+    if (call.calls.size() == 1) return call;
+  }
+  return {r.call_open + reply, {}};
 }
 
 }  // namespace
@@ -450,8 +456,8 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
   }
   if (parse_calls) {
     r.tool_calls = tool_format_;
-    if (r.stream) r.tool_stream = std::make_shared<ToolCallStream>(tool_format_);
     if (r.stream && r.call_schema) r.call_reply = std::make_shared<std::string>();
+    else if (r.stream) r.tool_stream = std::make_shared<ToolCallStream>(tool_format_);
   }
   if (boolean(b, "ignore_eos", false)) o.end_tokens.clear();  // vLLM's and llama-server's extension (benchmarks)
   if (o.prompt.empty()) bad(endpoint == Endpoint::kChat ? "messages" : "prompt", "the prompt encodes to no tokens");
@@ -472,12 +478,10 @@ std::string OpenAIApi::response(const ApiRequest& r, const std::string& id, int6
   const model::Tokenizer& tok = model_.tokenizer();
   json choice{{"index", 0}, {"finish_reason", finish_name(last.reason)}};
   if (r.endpoint == Endpoint::kChat) {
-    // A forced call: the reply is its JSON object; the whole call (opening, object, closing once it closed) is
-    // parsed as the format's text, and an unfinished one (max_tokens) is content, with its opening, as under "auto".
-    const std::string whole = r.call_schema ? r.call_open + text + (call_closed(r, text) ? r.call_close : "") : text;
-    choice["message"] = {{"role", "assistant"}, {"content", whole}};
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
     if (r.tool_calls != ToolCallFormat::kNone) {
-      const ParsedReply p = parse_tool_calls(r.tool_calls, whole);
+      const ParsedReply p = r.call_schema ? forced_call(r, text) : parse_tool_calls(r.tool_calls, text);
+      if (r.call_schema) choice["message"]["content"] = p.content;
       if (!p.calls.empty()) {
         choice["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
         choice["message"]["tool_calls"] = tool_calls_json(p.calls, id, /*with_index=*/false);
@@ -516,12 +520,14 @@ std::string OpenAIApi::stream_events(const ApiRequest& r, const std::string& id,
   std::string text = u.text;
   if (first && !chat) text = r.echo_text + text;
   ParsedReply tail;  // with tool calls: what the split held back, at the end
-  if (r.tool_stream) {
-    if (r.call_reply) {  // a forced call: the opening first, the closing once the object closed
-      *r.call_reply += text;
-      if (first) text = r.call_open + text;
-      if (u.finished && call_closed(r, *r.call_reply)) text += r.call_close;
+  if (r.call_reply) {  // a forced call: held to the end, then the call (or the content of an unfinished one)
+    *r.call_reply += text;
+    text.clear();
+    if (u.finished) {
+      tail = forced_call(r, *r.call_reply);
+      text = tail.content;
     }
+  } else if (r.tool_stream) {
     text = r.tool_stream->feed(text);
     if (u.finished) {
       tail = r.tool_stream->finish();

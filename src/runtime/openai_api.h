@@ -23,9 +23,9 @@
 // tool_choice "required" or {"type": "function", "function": {"name"}} forces one call by constrained decoding: the
 // format's opening (tool_calls.h forced_call_text) ends the prompt, the reply is held to {"name": N, "arguments" (Llama
 // 3: "parameters"): A} with N the named tool (or one of the tools) and A what its parameters schema allows
-// (model::JsonSchema::tool_call; a keyword it cannot enforce is a 400 naming tools[i].function.parameters), and the
-// closed object, wrapped in the format's text, is split as under "auto" (finish_reason "tool_calls"; cut by max_tokens:
-// content and "length"). Refused: no tools, a name not among them, response_format json beside it.
+// (model::JsonSchema::tool_call; a keyword it cannot enforce is a 400 naming tools[i].function.parameters); the
+// closed object is the call (finish_reason "tool_calls", streamed as one delta); cut by max_tokens, the opening and the
+// text are content ("length"). Refused: no tools, a name not among them, response_format json beside it.
 // Unknown fields are ignored, as OpenAI does. Wrong types or values: ApiError 400 (invalid_request_error) naming the
 // field, the rule and the value. Fields that would change the answer and that cider does not implement (n > 1, tools
 // with a template that takes none or writes calls in another format, best_of > 1, suffix) are refused with 400 rather
@@ -78,12 +78,12 @@ struct ApiRequest {
   // else kNone.
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
   std::shared_ptr<ToolCallStream> tool_stream;  // streaming with tool_calls: the reply's split as it arrives
-  // tool_choice "required" or a named function: options.json is call_schema (one call's JSON object), the prompt
-  // ends with call_open, and the reply is taken as call_open + reply + call_close (the closing only once the object
-  // closed) — the format's whole text, split by parse_tool_calls as under "auto".
+  // tool_choice "required" or a named function: options.json is call_schema (one call's JSON object) and the prompt
+  // ends with call_open (the format's opening; call_close is its closing, which the reply never needs to write). A
+  // reply whose object closed is the call, read from the object; an unfinished one is content: call_open + reply.
   std::shared_ptr<const model::JsonSchema> call_schema;
   std::string call_open, call_close;
-  std::shared_ptr<std::string> call_reply;  // streaming a forced call: the reply so far
+  std::shared_ptr<std::string> call_reply;  // streaming a forced call (no tool_stream): the reply so far
 };
 
 class OpenAIApi {
