@@ -9,10 +9,10 @@
 // model could otherwise run into forever, both refused: at most kMaxDepth nested objects and arrays, and at most
 // kMaxWhitespace whitespace bytes in a row outside strings (llama.cpp's JSON grammar bounds whitespace the same way).
 //
-// With a schema (JsonSchema::compile, or JsonSchema::tool_call for one tool call) it accepts a subset of the texts the schema allows — every text it accepts is
-// valid against the schema, not every valid text is accepted: objects hold only declared properties (each at most
-// once, any order; `required` ones before the object may close), keys are written without escapes, `enum` / `const`
-// values exactly as nlohmann::json::dump() writes them. Supported keywords: type (a name or a list of names),
+// With a schema (JsonSchema::compile, or JsonSchema::tool_call for one tool call) it accepts a subset of the texts
+// the schema allows — every text it accepts is valid against the schema, not every valid text is accepted: objects
+// hold only declared properties (each at most once, any order; `required` ones before the object may close), keys
+// are written without escapes, `enum` / `const` values exactly as nlohmann::json::dump() writes them. Supported keywords: type (a name or a list of names),
 // properties, required, additionalProperties (false, true or absent: declared properties only either way), items,
 // enum, const; annotations (title, description, default, examples, $schema, $id, $comment) are ignored. Any other
 // keyword (pattern, minLength, minimum, anyOf, $ref, …) would constrain values this recognizer does not check, so
