@@ -181,6 +181,25 @@ CIDER_CUDA_BENCH("w8a8 gemm only M512 K4096 N4096", "gemm") {
 CIDER_CUDA_BENCH("w4a8 gemm M512 K4096 N4096", "gemm") {
   return run_linear(512, 4096, 4096, true, 0, What::kFull, kPeerSmall);
 }
+// W4A8 in groups of 64 (the served models' format) and 128, and the mma.sync kernel on the W4A8 shapes.
+CIDER_CUDA_BENCH("w4a8 gemm g64 M2048 K4096 N14336", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 64, What::kFull, kPeerBig);
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M512 K4096 N4096", "gemm") {
+  return run_linear(512, 4096, 4096, true, 64, What::kFull, kPeerSmall);
+}
+CIDER_CUDA_BENCH("w4a8 gemm M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 0, What::kFull, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 64, What::kFull, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w4a8 gemm g128 M2048 K4096 N14336 mma.sync", "gemm") {
+  return run_linear(2048, 4096, 14336, true, 128, What::kFull, kPeerBig, 1);
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M512 K4096 N4096 mma.sync", "gemm") {
+  return run_linear(512, 4096, 4096, true, 64, What::kFull, kPeerSmall, 1);
+}
 // The mma.sync kernel on the same shapes (the fallback and comparison point of the default wgmma kernel).
 CIDER_CUDA_BENCH("w8a8 gemm M2048 K4096 N14336 mma.sync", "gemm") {
   return run_linear(2048, 4096, 14336, false, 0, What::kFull, kPeerBig, 1);

@@ -374,6 +374,7 @@ CIDER_CUDA_BENCH("model decode llama3-8b native-vs w4a8 k8v4 L1024", "model") { 
 CIDER_CUDA_BENCH("model prefill llama3-8b native k8v4 n512", "model") { return prefill("native", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b native k8v4 n4096", "model") { return prefill("native", "k8v4", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b native-vs w4a8 k8v4 n4096", "model") { return prefill("w4a8", "k8v4", 4096); }
+CIDER_CUDA_BENCH("model prefill llama3-8b w4a8 k8v4 n512", "model") { return prefill("w4a8", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n512", "model") { return prefill("w8a8", "k8v4", 512); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k8v4 n4096", "model") { return prefill("w8a8", "k8v4", 4096); }
 CIDER_CUDA_BENCH("model prefill llama3-8b w8a8 k5v5-kchan n4096", "model") { return prefill("w8a8", "k5v5-kchan", 4096); }

@@ -50,9 +50,11 @@ class ForceGemmKernel {
   int saved_;
 };
 
-// The kernel a forced launch must have used: wgmma exists only for sm_90 devices and int8 weights.
-int expected_kernel(int forced, bool int4) {
-  if (forced == kMmaSync || int4 || device_info().cc_major != 9) return kMmaSync;
+// The kernel a forced launch must have used: wgmma exists only for sm_90 devices, and W4A8 takes it with K % 32 == 0
+// and groups other than 32 (the shapes here keep the other conditions: K % 16 == 0, aligned buffers).
+int expected_kernel(int forced, bool int4, int group_size, int64_t K) {
+  if (forced == kMmaSync || device_info().cc_major != 9) return kMmaSync;
+  if (int4 && (group_size == 32 || K % 32 != 0)) return kMmaSync;
   return forced;
 }
 
@@ -151,7 +153,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   else w8a8_gemm(da, exec);
   device_synchronize("test_cuda_gemm");
   if (c.forced != 0) {
-    ASSERT_EQ(gemm_bench::last_gemm_kernel(), expected_kernel(c.forced, c.int4)) << "kernel used";
+    ASSERT_EQ(gemm_bench::last_gemm_kernel(), expected_kernel(c.forced, c.int4, c.group_size, c.K)) << "kernel used";
   }
   std::vector<uint8_t> got_bytes(dout.bytes());
   dout.download(got_bytes.data(), got_bytes.size());
@@ -307,6 +309,11 @@ TEST(CudaGemm, WgmmaShapeSweep) {
   CIDER_REQUIRE_GPU();
   shape_sweep(false, kWgmma);
 }
+// W4A8 on the wgmma kernel: the packed tile unpacked in shared memory by the producer warpgroup's warps 1-3.
+TEST(CudaGemm, WgmmaW4ShapeSweep) {
+  CIDER_REQUIRE_GPU();
+  shape_sweep(true, kWgmma);
+}
 
 // Every scale mode × x dtype × out dtype on tiles with tails (129 crosses the 128-row/column tile; K not a whole
 // number of 128-k pipeline stages where the group size allows it).
@@ -357,6 +364,11 @@ TEST(CudaGemm, W4A8ScaleModesAndDtypes) {
 TEST(CudaGemm, WgmmaScaleModesAndDtypes) {
   CIDER_REQUIRE_GPU();
   mode_sweep(false, kWgmma);
+}
+// W4A8 likewise (groups of 32 fall back to mma.sync, which the kernel check after each launch confirms).
+TEST(CudaGemm, WgmmaW4ScaleModesAndDtypes) {
+  CIDER_REQUIRE_GPU();
+  mode_sweep(true, kWgmma);
 }
 
 // A grid of exactly 3·SMs 128×256 tiles (6·SMs 128×128 ones): the launcher then takes the wide per-channel
@@ -415,15 +427,16 @@ TEST(CudaGemm, WgmmaWideTileConfiguration) {
 // Interior tiles: the wgmma epilogue has a branch-free path for tiles wholly inside M and N when N is even (paired
 // stores), which the sweeps above (odd N) never take. M 256 / 300 (a full 128-row tile, then a tail), N even in 128-
 // and 256-column tiles (N = 132·256 takes the wide tile), every scale mode × out dtype, bias on and off.
-void interior_sweep(int forced) {
+void interior_sweep(int forced, bool int4) {
   const ForceGemmKernel force(forced);
   const int64_t sms = device_info().sm_count;
-  uint64_t salt = 7000 + 100 * static_cast<uint64_t>(forced - kWgmma);
+  uint64_t salt = (int4 ? 7300 : 7000) + 100 * static_cast<uint64_t>(forced - kWgmma);
   for (int gs : {0, 64, 128, 256})
     for (DType od : {DType::kF32, DType::kF16, DType::kBF16})
       for (bool bias : {false, true}) {
         GemmCase c;
         c.forced = forced;
+        c.int4 = int4;
         c.M = bias ? 300 : 256;
         c.N = gs == 0 && od == DType::kBF16 ? sms * 256 : 1024;
         c.K = gs == 0 ? 192 : 2 * gs;
@@ -437,7 +450,32 @@ void interior_sweep(int forced) {
 }
 TEST(CudaGemm, WgmmaInteriorTiles) {
   CIDER_REQUIRE_GPU();
-  interior_sweep(kWgmma);
+  interior_sweep(kWgmma, false);
+  if (!HasFailure()) interior_sweep(kWgmma, true);
+}
+
+// Grouped scales with several tiles per CTA (the persistent grid: 3 row tiles × 2·SMs + 1 column tiles of 128): the
+// ring, the consumer warpgroups' turn-taking and W4A8's unpacking warps run on across tiles. K = 3 groups (with
+// groups of 64 the last k-tile's second half lies past K), W8A8 and W4A8, interior tiles (N even) and a tail.
+TEST(CudaGemm, WgmmaGroupsManyTilesPerCta) {
+  CIDER_REQUIRE_GPU();
+  const ForceGemmKernel force(kWgmma);
+  const int64_t sms = device_info().sm_count;
+  uint64_t salt = 7600;
+  for (bool int4 : {false, true})
+    for (int gs : {0, 64, 128, 256}) {
+      GemmCase c;
+      c.forced = kWgmma;
+      c.int4 = int4;
+      c.M = 300;
+      c.N = sms * 256 + (gs == 128 ? 6 : 5);
+      c.K = gs == 0 ? 352 : 3 * gs;
+      c.group_size = gs;
+      c.out_dtype = DType::kBF16;
+      c.nan_row = 257;
+      run_gemm_case(c, ++salt);
+      if (HasFailure()) return;
+    }
 }
 
 // ---- errors ---------------------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@
 //       per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                      (+ bias: fl(y + bias[n]))
 //       per group:   s = 0; for g in order: s = fl(s + fl(sw[g, n] · float(acc_g)));  y = fl(sx · s)  (+ bias)
 //     The per-group int32 partial is flushed after the k-step that ends each group (groups are multiples of 32).
-//   W8A8 runs by default on the wgmma kernel of linear_gemm_wgmma.cu (launch_int_gemm picks; this mma.sync kernel
-//   stays the fallback — W4A8, unsupported shapes — and the comparison point: CIDER_GEMM_KERNEL=mma).
+//   W8A8 and W4A8 run by default on the wgmma kernel of linear_gemm_wgmma.cu (launch_int_gemm picks; this mma.sync
+//   kernel stays the fallback — W4A8 groups of 32, unsupported shapes — and the comparison point:
+//   CIDER_GEMM_KERNEL=mma).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,6 +35,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
 #include "kernels/cuda/int8_row_quant.cuh"
+#include "kernels/cuda/w4_unpack.cuh"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -41,14 +43,15 @@ namespace cider::cuda {
 
 namespace gemm_wgmma {  // linear_gemm_wgmma.cu
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq);
-void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream, const char* op);
+void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const float* sx, cudaStream_t stream,
+            const char* op);
 int last_grid();
 }  // namespace gemm_wgmma
 
 namespace {
 
-// Which GEMM kernel runs: kAuto picks wgmma (sm_90a, TMA) where gemm_wgmma::supported() holds — W8A8 with
-// K % 16 == 0 and 16-byte aligned operands — and mma.sync otherwise (W4A8, other devices). The environment
+// Which GEMM kernel runs: kAuto picks wgmma (sm_90a, TMA) where gemm_wgmma::supported() holds — K % 16 == 0
+// (W4A8: 32), 16-byte aligned operands, not W4A8's groups of 32 — and mma.sync otherwise (other devices). The environment
 // variable CIDER_GEMM_KERNEL = mma | wgmma | auto sets the initial choice (read once);
 // gemm_bench::set_gemm_kernel overrides it (tests, benchmarks). Forcing wgmma where it is not supported still falls
 // back to mma.sync.
@@ -479,11 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) int8_gemm_kernel(const GemmParams
         const uint32_t words[4] = {src.x, src.y, src.z, src.w};
         uint32_t q[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t lo = words[j] & 0x0f0f0f0fu, hi = (words[j] >> 4) & 0x0f0f0f0fu;
-          q[2 * j] = __vsub4(__byte_perm(lo, hi, 0x5140), 0x08080808u);      // k 8j+0..3
-          q[2 * j + 1] = __vsub4(__byte_perm(lo, hi, 0x7362), 0x08080808u);  // k 8j+4..7
-        }
+        for (int j = 0; j < 4; ++j) unpack_w4_word(words[j], q[2 * j], q[2 * j + 1]);  // k 8j+0..3, 8j+4..7
         *reinterpret_cast<uint4*>(b_unpacked + swz(row, 2 * chunk)) = make_uint4(q[0], q[1], q[2], q[3]);
         *reinterpret_cast<uint4*>(b_unpacked + swz(row, 2 * chunk + 1)) = make_uint4(q[4], q[5], q[6], q[7]);
       }
@@ -661,7 +660,7 @@ void launch_int_gemm(const kernels::IntLinearArgs& a, const int8_t* xq, const fl
   const int choice = gemm_choice().load(std::memory_order_relaxed);
   const bool want_wgmma = choice == kGemmWgmma || (choice == kGemmAuto && kWgmmaByDefault);
   if (want_wgmma && gemm_wgmma::supported(a, int4, xq)) {
-    gemm_wgmma::launch(a, xq, sx, stream, op);
+    gemm_wgmma::launch(a, int4, xq, sx, stream, op);
     g_last_gemm_kernel.store(kGemmWgmma, std::memory_order_relaxed);
     return;
   }

@@ -1,5 +1,6 @@
-// cider/kernels/cuda/linear_gemm_wgmma.cu — the W8A8 prefill GEMM on Hopper's warpgroup tensor-core instructions
-// (sm_90a wgmma.mma_async m64nNk32 s8·s8→s32), fed by the bulk tensor copy engine (TMA) through an mbarrier ring.
+// cider/kernels/cuda/linear_gemm_wgmma.cu — the W8A8 and W4A8 prefill GEMMs on Hopper's warpgroup tensor-core
+// instructions (sm_90a wgmma.mma_async m64nNk32 s8·s8→s32), fed by the bulk tensor copy engine (TMA) through an
+// mbarrier ring.
 // Called by linear_gemm.cu (launch_int_gemm), which keeps the mma.sync kernel as the fallback and comparison point.
 // Design, floors and predictions: docs/cuda/gemm.md ("version 2: wgmma").
 //
@@ -13,12 +14,16 @@
 //   canonical K-major SW128 layout the wgmma matrix descriptors describe: 8-row core groups 1024 bytes apart
 //   (stride byte offset), the k32 step = +32 bytes on the start address.
 //   Pipeline: full[s] (TMA transaction bytes) and empty[s] (one arrival per consumer warp, 8) mbarriers per stage.
+//   W4A8: TMA brings the packed weight tile [BN, 64 bytes] (no swizzle) into a third part of the stage and completes
+//   loaded[s]; warps 1-3 of the producer warpgroup unpack it into the stage's swizzled int8 B tile (w4_unpack.cuh),
+//   fence it for the async proxy and arrive on full[s] (which also counts A's bytes): 5 stages of 40 KB.
 //   Tails: TMA fills rows past M/N and k past K with zeros (they add nothing to the exact integer sums); k32 steps
 //   wholly past K are skipped; the epilogue masks rows/columns.
 //   Epilogue: the reference's order, every step rounded (as linear_gemm.cu):
 //     per channel: y = fl(sx · fl(0 + fl(sw[n] · float(acc))))                              (+ bias)
 //     per group:   each group's wgmma chain starts with scale-d = 0 (acc = A·B), and after the group's last k32
 //                  step the warpgroup waits for its wgmmas and flushes s = fl(s + fl(sw[g, n] · float(acc_g))).
+//                  A thread's group scales come one group ahead, in 8-byte loads of its column pairs.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,6 +38,7 @@
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
+#include "kernels/cuda/w4_unpack.cuh"
 
 namespace cider::cuda::gemm_wgmma {
 
@@ -46,22 +52,25 @@ constexpr int kThreads = 384;        // 3 warpgroups
 constexpr int kConsumerWarps = 8;    // arrivals per empty barrier
 constexpr int kProducerRegs = 40;    // setmaxnreg: 128·40 + 256·232 ≤ 65536
 constexpr int kConsumerRegs = 232;
+constexpr int kUnpackWarps = 3;      // W4A8: warps 1-3 of the producer warpgroup
 
-template <int BN>
+template <int BN, bool kInt4>
 struct TileConfig {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
-  static constexpr int kAStage = kBM * kBK;  // 16 KB
-  static constexpr int kBStage = BN * kBK;   // 32 or 16 KB
-  static constexpr int kStageBytes = kAStage + kBStage;
+  static constexpr int kStages = kInt4 ? 5 : BN == 256 ? 4 : 6;
+  static constexpr int kAStage = kBM * kBK;                 // 16 KB
+  static constexpr int kBStage = BN * kBK;                  // 32 or 16 KB
+  static constexpr int kPStage = kInt4 ? BN * kBK / 2 : 0;  // W4A8: the packed tile TMA brings, [BN, 64 bytes]
+  static constexpr int kStageBytes = kAStage + kBStage + kPStage;
   // Epilogue constants of a tile, staged by the consumers with cp.async while the tile's mainloop runs (so the
   // epilogue reads shared memory instead of waiting on global loads): sw [BN] (per channel), bias [BN], sx [kBM]
   // floats; two buffers, by tile parity.
   static constexpr int kEpiFloats = 2 * BN + kBM;
   static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
-  // Stages, then 2·kStages mbarriers (in 128 bytes), then the epilogue buffers; + 1024 bytes so the base can be
-  // rounded up to the swizzle atom.
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 128 + kEpiBytes + 1024;
-  static_assert(2 * kStages * 8 <= 128, "barriers fit their 128 bytes");
+  // Stages, then 3·kStages mbarriers (full, empty, loaded; in kBarBytes), then the epilogue buffers; + 1024 bytes
+  // so the base can be rounded up to the swizzle atom.
+  static constexpr int kBarBytes = 256;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + kBarBytes + kEpiBytes + 1024;
+  static_assert(3 * kStages * 8 <= kBarBytes, "barriers fit their bytes");
   static_assert(kStageBytes % 1024 == 0, "stage bases stay 1024-byte aligned");
 };
 
@@ -109,6 +118,7 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, uint32
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Barrier 1 over the two consumer warpgroups only (the producer warpgroup never reaches it).
 __device__ __forceinline__ void consumer_bar_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
 
 // ---- wgmma -----------------------------------------------------------------------------------------------------------
 
@@ -199,14 +209,16 @@ struct Params {
   int64_t M, N, K;
   int group_steps;    // per group: group_size / 32 (a power of two); 0 = per channel
   int paired_store;   // N even and out aligned to two elements
+  int paired_scales;  // per group: N even and sw aligned to 8 bytes (a thread's two adjacent scales in one load)
 };
 
-// kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256).
-template <int BN, int kGroupSteps, typename OutT>
+// kGroupSteps: 0 per channel, else group_size / 32 (2, 4 or 8: groups of 64, 128, 256). kInt4: map_b describes
+// the packed W4 weights [N, K/2] (box [BN rows, 64 bytes], no swizzle), unpacked in shared memory.
+template <int BN, int kGroupSteps, bool kInt4, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_int8_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const Params p) {
-  using Cfg = TileConfig<BN>;
+  using Cfg = TileConfig<BN, kInt4>;
   constexpr bool kGrouped = kGroupSteps > 0;
   static_assert(kGroupSteps == 0 || kGroupSteps == 2 || kGroupSteps == 4 || kGroupSteps == 8, "group steps");
   constexpr int kStages = Cfg::kStages;
@@ -216,9 +228,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // stage s: A at base + s·kStageBytes, then B
   const uint32_t bars = base + static_cast<uint32_t>(kStages * Cfg::kStageBytes);
   // Epilogue buffer b (tile parity): sw [BN], bias [BN], sx [kBM] floats.
-  float* const epi_base = reinterpret_cast<float*>(smem_raw + (bars + 128u - smem_addr(smem_raw)));
+  float* const epi_base = reinterpret_cast<float*>(smem_raw + (bars + Cfg::kBarBytes - smem_addr(smem_raw)));
   auto full_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(s); };
   auto empty_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(kStages + s); };
+  auto loaded_bar = [&](int s) { return bars + 8u * static_cast<uint32_t>(2 * kStages + s); };  // W4A8
 
   const int64_t M = p.M, N = p.N, K = p.K;
   // Persistent grid: CTA b takes tiles b, b + gridDim.x, ... In tile order 16 M-tiles run down each column of
@@ -241,11 +254,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
   const int k_steps_total = static_cast<int>(K / kStepK);
+  // k-tiles this CTA runs over all its tiles (the ring positions 0 … my_k_tiles − 1).
+  const int64_t my_k_tiles =
+      (first_unit < units ? (units - first_unit + unit_stride - 1) / unit_stride : 0) * static_cast<int64_t>(k_tiles);
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar(s), 1);
+      // W4A8: full[s] also waits for the unpacking warps' arrivals (A's bytes still complete on it).
+      mbar_init(full_bar(s), kInt4 ? 1 + kUnpackWarps : 1);
       mbar_init(empty_bar(s), kConsumerWarps);
+      if (kInt4) mbar_init(loaded_bar(s), 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -271,10 +289,43 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t a_dst = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
           // Reuse of stage s waits for the consumers' release of k-tile it − kStages (completion it/kStages − 1).
           if (it >= kStages) mbar_wait(empty_bar(s), static_cast<uint32_t>((it / kStages + 1) & 1));
-          mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
-          tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
-          tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+          if constexpr (kInt4) {
+            mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kAStage));
+            tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
+            mbar_arrive_expect_tx(loaded_bar(s), static_cast<uint32_t>(Cfg::kPStage));
+            tma_load_2d(a_dst + Cfg::kAStage + Cfg::kBStage, &map_b, kt * (kBK / 2), static_cast<int>(n0),
+                        loaded_bar(s));
+          } else {
+            mbar_arrive_expect_tx(full_bar(s), static_cast<uint32_t>(Cfg::kStageBytes));
+            tma_load_2d(a_dst, &map_a, kt * kBK, static_cast<int>(m0), full_bar(s));
+            tma_load_2d(a_dst + Cfg::kAStage, &map_b, kt * kBK, static_cast<int>(n0), full_bar(s));
+          }
         }
+      }
+    } else if (kInt4 && warp >= 1 && warp <= kUnpackWarps) {
+      // Unpacking warps: packed [BN, 64 bytes] of stage s → the stage's int8 B tile [BN, 128 bytes] in the 128-byte
+      // swizzle TMA would have written (16-byte chunk c of row r at chunk c ^ (r % 8)). Item i: row i / 8, packed
+      // bytes 8·(i % 8) … + 7 → k 16·(i % 8) … + 15 = chunk i % 8. The stage's B part is free: TMA refilled the
+      // packed part only after the consumers released the stage.
+      const int ut = tid - 32;  // 0 … 32·kUnpackWarps − 1
+      uint8_t* const smem_base = smem_raw + (base - smem_addr(smem_raw));
+      for (int64_t it = 0; it < my_k_tiles; ++it) {
+        const int s = static_cast<int>(it % kStages);
+        mbar_wait(loaded_bar(s), static_cast<uint32_t>((it / kStages) & 1));
+        uint8_t* const b_tile = smem_base + s * Cfg::kStageBytes + Cfg::kAStage;
+        const uint8_t* const packed = b_tile + Cfg::kBStage;
+        for (int i = ut; i < BN * 8; i += 32 * kUnpackWarps) {
+          const int row = i >> 3, chunk = i & 7;
+          const uint2 w = *reinterpret_cast<const uint2*>(packed + row * (kBK / 2) + chunk * 8);
+          uint4 q;
+          unpack_w4_word(w.x, q.x, q.y);
+          unpack_w4_word(w.y, q.z, q.w);
+          *reinterpret_cast<uint4*>(b_tile + row * kBK + ((chunk ^ (row & 7)) << 4)) = q;
+        }
+        // The generic-proxy writes become visible to wgmma (async proxy) before the consumers are told.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(full_bar(s));
       }
     }
   } else {
@@ -321,14 +372,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t col0 = n0 + 2 * (lane & 3);
       // Per group: the scales of the group being accumulated (this thread's kCols columns), loaded one group ahead.
       float sw_cur[kGrouped ? kCols : 1];
+      // A tile inside N with paired_scales takes each column pair (8j + 2·(lane % 4) + {0, 1}, even) in one
+      // 8-byte load.
+      const bool pair_loads = p.paired_scales && n0 + BN <= N;
       auto load_group_scales = [&](int64_t g) {
+        const float* const row = p.sw + g * N;
+        if (pair_loads) {
 #pragma unroll
-        for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t n = col0 + 8 * j + e;
-            sw_cur[2 * j + e] = n < N ? __ldg(p.sw + g * N + n) : 0.0f;
+          for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j) {
+            const float2 v = __ldg(reinterpret_cast<const float2*>(row + col0 + 8 * j));
+            sw_cur[2 * j] = v.x;
+            sw_cur[2 * j + 1] = v.y;
           }
+        } else {
+#pragma unroll
+          for (int j = 0; j < (kGrouped ? BN / 8 : 0); ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int64_t n = col0 + 8 * j + e;
+              sw_cur[2 * j + e] = n < N ? __ldg(row + n) : 0.0f;
+            }
+        }
       };
       if constexpr (kGrouped) load_group_scales(0);
 
@@ -346,50 +410,59 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
 
       stage_constants();
+      // k32 step ks of the stage: +32 bytes on both start addresses (+2 in the descriptors' 16-byte units).
+      auto issue_step = [&](uint64_t desc_a, uint64_t desc_b, int ks, int scale_d) {
+        const uint64_t da = desc_a + static_cast<uint64_t>(2 * ks), db = desc_b + static_cast<uint64_t>(2 * ks);
+        if constexpr (BN == 256) wgmma_m64n256k32(acc, da, db, scale_d);
+        else wgmma_m64n128k32(acc, da, db, scale_d);
+      };
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = static_cast<int>(it % kStages);
         mbar_wait(full_bar(s), static_cast<uint32_t>((it / kStages) & 1));
         const uint32_t stage = base + static_cast<uint32_t>(s * Cfg::kStageBytes);
         const uint64_t desc_a = sw128_desc(stage + a_rows), desc_b = sw128_desc(stage + Cfg::kAStage);
-        wgmma_fence();
-        // All 4 k32 steps run without a branch between the chained wgmmas (a branch makes ptxas serialize them):
-        // k past K reads TMA's zeros. Group boundaries are static (kGroupSteps 2: after steps 1 and 3; 4: after
-        // step 3; 8: after step 3 of odd k-tiles), so only scale-d varies at run time.
+        // All k32 steps of a block run without a branch between the chained wgmmas (a branch makes ptxas serialize
+        // them): k past K reads TMA's zeros. Group boundaries are static, so only scale-d varies at run time.
+        if constexpr (kGroupSteps == 2) {
+          // Two groups per k-tile: steps 0-1 and 2-3, each a block. The first lies inside K (the k-tile started
+          // inside K and K % 64 == 0); the second may lie past it (then its zeros are not flushed).
 #pragma unroll
-        for (int ks = 0; ks < kStepsPerTile; ++ks) {
-          // k32 step ks: +32 bytes on both start addresses (+2 in the descriptors' 16-byte units).
-          const uint64_t da = desc_a + static_cast<uint64_t>(2 * ks), db = desc_b + static_cast<uint64_t>(2 * ks);
-          // Per group: the first step of a group starts a fresh partial (scale-d 0: acc = A·B).
-          int scale_d = 1;
-          if constexpr (kGrouped) {
-            if (ks % kGroupSteps == 0) scale_d = (kGroupSteps == 8 && (kt & 1) != 0) ? 1 : 0;
-          }
-          if constexpr (BN == 256) wgmma_m64n256k32(acc, da, db, scale_d);
-          else wgmma_m64n128k32(acc, da, db, scale_d);
-          if constexpr (kGroupSteps == 2) {
-            if (ks == 1) {
-              // Group of steps 0-1 ends (the k-tile started inside K and K % 64 == 0, so it is a real group).
-              wgmma_commit();
-              wgmma_wait<0>();
-              fence_registers(acc);
-              flush_group((static_cast<int64_t>(kt) * kStepsPerTile + 1) / kGroupSteps);
-              fence_registers(acc);
-              wgmma_fence();
+          for (int half = 0; half < 2; ++half) {
+            wgmma_fence();
+            issue_step(desc_a, desc_b, 2 * half, 0);
+            issue_step(desc_a, desc_b, 2 * half + 1, 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_registers(acc);
+            if (half == 1) {
+              __syncwarp();
+              if (lane == 0) release_stage(s);
             }
+            const int last_step = kt * kStepsPerTile + 2 * half + 1;
+            if (last_step < k_steps_total) flush_group(last_step / kGroupSteps);
+            fence_registers(acc);
           }
-        }
-        wgmma_commit();
-        if constexpr (kGrouped) {
+        } else if constexpr (kGrouped) {
+          // Groups of 128 (one per k-tile) or 256 (the odd k-tile of a pair continues the even one's sums).
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < kStepsPerTile; ++ks)
+            issue_step(desc_a, desc_b, ks, ks == 0 && (kGroupSteps == 4 || (kt & 1) == 0) ? 0 : 1);
+          wgmma_commit();
           wgmma_wait<0>();
           fence_registers(acc);
           // Release stage s (its wgmmas are done), then flush a group that ends with step 3 of this k-tile and
-          // lies inside K (with group 64 the k-tile's second half may be past K).
+          // lies inside K.
           __syncwarp();
           if (lane == 0) release_stage(s);
           const int last_step = kt * kStepsPerTile + 3;
           if ((kGroupSteps != 8 || (kt & 1) != 0) && last_step < k_steps_total) flush_group(last_step / kGroupSteps);
           fence_registers(acc);
         } else {
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < kStepsPerTile; ++ks) issue_step(desc_a, desc_b, ks, 1);
+          wgmma_commit();
           // Keep this k-tile's wgmmas in flight; the previous k-tile's have finished reading their stage.
           wgmma_wait<1>();
           __syncwarp();
@@ -481,25 +554,29 @@ EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// [rows, K] int8, K-contiguous, box [box_rows, 128 bytes] with the 128-byte swizzle; out-of-bounds reads are zeros.
-void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t K, int box_rows, const char* op) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+// [rows, row_bytes] bytes, row-contiguous, box [box_rows, box_bytes]; out-of-bounds reads are zeros. int8 operands:
+// box_bytes 128 with the 128-byte swizzle; packed W4: 64 bytes, no swizzle (unpacked in shared memory).
+void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t row_bytes, int box_rows,
+                        int box_bytes, bool swizzle, const char* op) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_bytes), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
-                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check(r == CUDA_SUCCESS, ErrorCode::kInternal, op, "cuTensorMapEncodeTiled failed with CUresult ",
-        static_cast<int>(r), " (rows ", rows, ", K ", K, ")");
+        static_cast<int>(r), " (rows ", rows, ", row bytes ", row_bytes, ")");
 }
 
-template <int BN, int kGroupSteps, typename OutT>
+template <int BN, int kGroupSteps, bool kInt4, typename OutT>
 void launch_config(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
-  using Cfg = TileConfig<BN>;
+  using Cfg = TileConfig<BN, kInt4>;
   CUtensorMap map_b;
-  encode_operand_map(&map_b, w, p.N, p.K, BN, op);
-  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, OutT>;
+  if (kInt4) encode_operand_map(&map_b, w, p.N, p.K / 2, BN, kBK / 2, false, op);
+  else encode_operand_map(&map_b, w, p.N, p.K, BN, kBK, true, op);
+  auto kernel = wgmma_int8_gemm_kernel<BN, kGroupSteps, kInt4, OutT>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Cfg::kSmemBytes), op);
   const int sms = device_info().sm_count;
   const int64_t units = ((p.M + kBM - 1) / kBM) * ((p.N + BN - 1) / BN);
@@ -516,11 +593,20 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 template <typename OutT>
-void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaStream_t stream, const char* op) {
+void launch_out(const CUtensorMap& map_a, const void* w, bool int4, const Params& p, cudaStream_t stream,
+                const char* op) {
+  if (int4) {  // 128-column tiles only (a wide tile's int8 and packed parts would leave 3 stages)
+    switch (p.group_steps) {
+      case 2: launch_config<128, 2, true, OutT>(map_a, w, p, stream, op); return;
+      case 4: launch_config<128, 4, true, OutT>(map_a, w, p, stream, op); return;
+      case 8: launch_config<128, 8, true, OutT>(map_a, w, p, stream, op); return;
+      default: launch_config<128, 0, true, OutT>(map_a, w, p, stream, op); return;
+    }
+  }
   switch (p.group_steps) {  // groups of 64, 128, 256 (the validated int8 group sizes)
-    case 2: launch_config<128, 2, OutT>(map_a, w, p, stream, op); return;
-    case 4: launch_config<128, 4, OutT>(map_a, w, p, stream, op); return;
-    case 8: launch_config<128, 8, OutT>(map_a, w, p, stream, op); return;
+    case 2: launch_config<128, 2, false, OutT>(map_a, w, p, stream, op); return;
+    case 4: launch_config<128, 4, false, OutT>(map_a, w, p, stream, op); return;
+    case 8: launch_config<128, 8, false, OutT>(map_a, w, p, stream, op); return;
     default: break;
   }
   // 128 × 256 tiles do the work of two 128 × 128 ones with half the A traffic per MAC; take them unless the grid
@@ -529,28 +615,27 @@ void launch_out(const CUtensorMap& map_a, const void* w, const Params& p, cudaSt
   const int64_t m_tiles = (p.M + kBM - 1) / kBM;
   const int64_t wide = m_tiles * ((p.N + 255) / 256), narrow = m_tiles * ((p.N + 127) / 128);
   const bool use_wide = 1.15 * wave_efficiency(wide, sms) >= wave_efficiency(narrow, sms);
-  if (use_wide) launch_config<256, 0, OutT>(map_a, w, p, stream, op);
-  else launch_config<128, 0, OutT>(map_a, w, p, stream, op);
+  if (use_wide) launch_config<256, 0, false, OutT>(map_a, w, p, stream, op);
+  else launch_config<128, 0, false, OutT>(map_a, w, p, stream, op);
 }
 
 }  // namespace
 
 int last_grid() { return g_last_grid.load(std::memory_order_relaxed); }
 
-// Whether the wgmma kernel can run this GEMM: int8 weights (W4A8 stays on mma.sync), an sm_90 device, the driver's
-// tensor-map encoder, per channel or groups of 64/128/256, K a multiple of 16 (TMA row strides), 16-byte aligned
-// operands.
+// Whether the wgmma kernel can run this GEMM: an sm_90 device, the driver's tensor-map encoder, per channel or
+// groups of 64/128/256 (W4A8's groups of 32 stay on mma.sync), K a multiple of 16 (TMA row strides; W4A8: 32, the
+// packed rows' 16 bytes), 16-byte aligned operands.
 bool supported(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq) {
-  if (int4) return false;
   if (device_info().cc_major != 9) return false;
   if (encode_tiled() == nullptr) return false;
   const bool groups_ok = a.group_size == 0 || a.group_size == 64 || a.group_size == 128 || a.group_size == 256;
-  return groups_ok && a.N <= INT32_MAX && a.K % 16 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
+  return groups_ok && a.N <= INT32_MAX && a.K % (int4 ? 32 : 16) == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(xq) % 16 == 0;
 }
 
 // out = epilogue(xq · wᵀ) with the wgmma kernel; arguments validated by the caller and supported() true.
-void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, cudaStream_t stream,
+void launch(const kernels::IntLinearArgs& a, bool int4, const int8_t* xq, const float* sx, cudaStream_t stream,
             const char* op) {
   Params p{};
   p.sx = sx;
@@ -563,12 +648,14 @@ void launch(const kernels::IntLinearArgs& a, const int8_t* xq, const float* sx, 
   p.group_steps = a.group_size / kStepK;
   const size_t out_elem = static_cast<size_t>(dtype_size(a.out_dtype));
   p.paired_store = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.out) % (2 * out_elem) == 0) ? 1 : 0;
+  p.paired_scales = (a.N % 2 == 0 && reinterpret_cast<uintptr_t>(a.w_scales) % 8 == 0) ? 1 : 0;
+
   CUtensorMap map_a;
-  encode_operand_map(&map_a, xq, a.M, a.K, kBM, op);
+  encode_operand_map(&map_a, xq, a.M, a.K, kBM, kBK, true, op);
   switch (a.out_dtype) {
-    case DType::kF32: launch_out<float>(map_a, a.w, p, stream, op); break;
-    case DType::kF16: launch_out<__half>(map_a, a.w, p, stream, op); break;
-    default: launch_out<__nv_bfloat16>(map_a, a.w, p, stream, op); break;
+    case DType::kF32: launch_out<float>(map_a, a.w, int4, p, stream, op); break;
+    case DType::kF16: launch_out<__half>(map_a, a.w, int4, p, stream, op); break;
+    default: launch_out<__nv_bfloat16>(map_a, a.w, int4, p, stream, op); break;
   }
 }
 
