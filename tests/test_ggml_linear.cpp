@@ -103,8 +103,8 @@ TEST(GgmlBlocks, IntegerFormEqualsTheDecoder) {
   }
   int8_t c[32];
   float a[2], o[2];
-  const std::vector<uint8_t> q2(84, 0);
-  EXPECT_TRUE(throws_code([&] { quant::ggml_piece(GgmlType::kQ2_K, q2.data(), 0, c, a, o); },
+  const std::vector<uint8_t> q3(110, 0);  // Q3_K: re-encoded as Q6_K by the loader, no integer form of its own
+  EXPECT_TRUE(throws_code([&] { quant::ggml_piece(GgmlType::kQ3_K, q3.data(), 0, c, a, o); },
                                 ErrorCode::kUnsupported, "integer form"));
   EXPECT_EQ(quant::ggml_block_format(1), nullptr);  // F16 is not a block format
 }

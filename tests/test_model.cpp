@@ -1019,6 +1019,40 @@ TEST(ModelGguf, NativeRunsQ3_KAsQ6_KBitForBit) {
   for (float x : got) ASSERT_TRUE(std::isfinite(x));
 }
 
+// Q2_K linear weights (random blocks) under --weights native: kept as Q2_K blocks (a scale and a min per 16 weights,
+// quant/ggml_blocks.h's integer form), and the model computes what the blocks dequantized to float32 compute within
+// the int8-activation bound of the Q3_K test above; `cider inspect`'s counts say "Q2_K".
+TEST(ModelGguf, NativeKeepsQ2_KBlocks) {
+  Spec spec;
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = f16_exact(random_weights(spec, 94));
+  auto rng = cider::test::make_rng(95);
+  const auto q2_blocks = [&](const std::string&, int64_t rows, int64_t cols) {
+    const std::vector<uint8_t> b = cider::test::random_blocks(rng, cider::quant::GgmlType::kQ2_K, rows * cols / 256);
+    return std::string(b.begin(), b.end());
+  };
+  const std::string path = write_gguf(spec, m, "llama", false, false, q2_blocks, 10u);  // Q2_K
+  const auto tok = random_tokens(24, spec.V, 96);
+  auto native = cm::Model::load(path, opts("native", "f32"));
+  const cm::Weights& w = native->impl().w;
+  EXPECT_EQ(w.layers[0].q.kind, cm::Linear::Kind::kGgml);
+  EXPECT_EQ(w.layers[0].q.ggml_type, 10u);
+  EXPECT_EQ(w.format_counts.at("Q2_K"), 7 * spec.L + (spec.tie ? 0 : 1));
+  const std::vector<float> got = run(*native, tok);
+  const std::vector<float> f32 = run(*cm::Model::load(path, opts("f32", "f32")), tok);
+  const double bound = cider::kernels::active_kernels().ggml_linear_prefill ? 0.06 : 0.015;
+  EXPECT_LT(rel_rms(got, Vec(f32.begin(), f32.end())), bound);
+  for (float x : got) ASSERT_TRUE(std::isfinite(x));
+  // One token at a time (the GEMV path): the same bound against the float32 model's last row.
+  auto s = native->new_session();
+  std::vector<float> row(static_cast<size_t>(spec.V));
+  for (size_t i = 0; i < tok.size(); ++i) native->forward(*s, &tok[i], 1, row.data(), false);
+  const Vec last(f32.end() - spec.V, f32.end());
+  EXPECT_LT(rel_rms(std::vector<float>(row.begin(), row.end()), last), bound);
+}
+
 // --weights native keeps the Q8_0 blocks of the linear layers (q/k rows un-permuted block row by block row), falls
 // back to bf16 for the F16 embedding, and computes the reference's logits. A 24-token prompt is prefill (M >= 16): on a
 // level whose ggml_linear takes prefill (KernelTable::ggml_linear_prefill: avx512, avx2) every matmul uses int8 activations
@@ -1378,8 +1412,8 @@ TEST(ModelConvert, NativeBlocksWithAWrongTypeOrSizeAreCorrupt) {
                     {"nc_missing", q, "ggml_types", "no entry"});
   expect_load_error(edited_copy(dir, "nc_unknown", with_types([&](json& t) { t[q] = "Q9_9"; })), o,
                     ErrorCode::kCorrupt, {q, "\"Q9_9\""});
-  expect_load_error(edited_copy(dir, "nc_nokernel", with_types([&](json& t) { t[q] = "Q2_K"; })), o,
-                    ErrorCode::kCorrupt, {q, "\"Q2_K\""});
+  expect_load_error(edited_copy(dir, "nc_nokernel", with_types([&](json& t) { t[q] = "Q3_K"; })), o,
+                    ErrorCode::kCorrupt, {q, "\"Q3_K\""});
   // A type whose rows have another size (Q4_0: 2 × 18 bytes a row), and the tensor's bytes cut by a row.
   expect_load_error(edited_copy(dir, "nc_size", with_types([&](json& t) { t[q] = "Q4_0"; })), o, ErrorCode::kCorrupt,
                     {q, "must be U8 of shape (64, 36)", "got U8 of shape (64, 68), 4352 bytes"});

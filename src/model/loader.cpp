@@ -564,7 +564,7 @@ class Builder {
           "' must have its block type in the metadata's ggml_types; got no entry");
     const quant::GgmlBlockFormat* f = ggml_block_format_named(it->second);
     check(f != nullptr && f->integer_form, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn,
-          "': ggml_types must name a block type with native kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, "
+          "': ggml_types must name a block type with native kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, "
           "Q6_K); got \"", it->second, "\"");
     check(K % f->block_size == 0, ErrorCode::kCorrupt, kOp, where_, ": tensor '", gn, "' holds ", f->name,
           " blocks of ", f->block_size, " weights, which must divide its rows of ", K, "; got ", K % f->block_size,
@@ -660,7 +660,7 @@ class Builder {
         L.w_dtype = DType::kU8;
         L.ggml_type = type;
         count(repacked ? "Q3_K as Q6_K" : quant::ggml_block_format(type)->name);
-      } else {  // a type without kernels (F32/F16/BF16, Q2_K): bf16, said in the load summary
+      } else {  // a type without kernels (F32/F16/BF16): bf16, said in the load summary
         FloatRef r = fetch_float(prefix + ".weight", {N, K});
         L.kind = Linear::Kind::kDense;
         L.w_dtype = DType::kBF16;

@@ -110,7 +110,7 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
   if (kind == WeightKind::kGgml) {
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
     check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, "linear", "native weights need a GGUF block "
-          "format with kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", ggml_type);
+          "format with kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K); got type id ", ggml_type);
     if (use_dense_path(kt, M)) return ggml_forward_dense(*this, *f, x, M, out);
     kernels::GgmlLinearArgs g{};
     g.x = x;

@@ -241,6 +241,17 @@ void piece_q5_k(const uint8_t* b, int j, int8_t* c, float* a, float* o) {
   }
 }
 
+// Q2_K piece p: sub-blocks 2p and 2p + 1 (a scale and a min per 16 elements), codes q in [0, 3].
+void piece_q2_k(const uint8_t* b, int p, int8_t* c, float* a, float* o) {
+  const uint8_t* sc = b;
+  const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+  for (int h = 0; h < 2; ++h) {
+    a[h] = d * static_cast<float>(sc[2 * p + h] & 0x0F);
+    o[h] = -(dmin * static_cast<float>(sc[2 * p + h] >> 4));
+  }
+  for (int i = 0; i < 32; ++i) c[i] = static_cast<int8_t>(code2(b + 16, 32 * p + i));
+}
+
 void piece_q6_k(const uint8_t* b, int p, int8_t* c, float* a, float* o) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
@@ -269,7 +280,7 @@ constexpr Entry kFormats[] = {
     {{GgmlType::kQ5_0, "Q5_0", 32, 22, deq_q5_0, true, {0, -1}}, piece_q5_0},
     {{GgmlType::kQ5_1, "Q5_1", 32, 24, deq_q5_1, true, {0, 2}}, piece_q5_1},
     {{GgmlType::kQ8_0, "Q8_0", 32, 34, deq_q8_0, true, {0, -1}}, piece_q8_0},
-    {{GgmlType::kQ2_K, "Q2_K", 256, 84, deq_q2_k, false, {80, 82}}, nullptr},
+    {{GgmlType::kQ2_K, "Q2_K", 256, 84, deq_q2_k, true, {80, 82}}, piece_q2_k},
     {{GgmlType::kQ3_K, "Q3_K", 256, 110, deq_q3_k, false, {108, -1}}, nullptr},
     {{GgmlType::kQ4_K, "Q4_K", 256, 144, deq_q4_k, true, {0, 2}}, piece_q4_k},
     {{GgmlType::kQ5_K, "Q5_K", 256, 176, deq_q5_k, true, {0, 2}}, piece_q5_k},
@@ -324,7 +335,7 @@ bool ggml_block_finite(const GgmlBlockFormat& f, const uint8_t* block) {
 void ggml_piece(GgmlType type, const uint8_t* block, int piece, int8_t c[32], float a[2], float b[2]) {
   const Entry* e = entry(static_cast<uint32_t>(type));
   check(e != nullptr && e->piece != nullptr, ErrorCode::kUnsupported, "ggml_piece",
-        "the type must have an integer form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); got ",
+        "the type must have an integer form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K); got ",
         e ? e->format.name : "an unknown type id ", e ? "" : std::to_string(static_cast<uint32_t>(type)));
   check(piece >= 0 && piece < e->format.block_size / 32, ErrorCode::kOutOfRange, "ggml_piece", "piece must be in [0, ",
         e->format.block_size / 32, "); got ", piece);

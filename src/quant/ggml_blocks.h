@@ -13,8 +13,8 @@
 //   Q4_K  c = q,         a = d·sc_j,         b = −dmin·m_j  (j = the piece: one scale/min per 32 elements)
 //   Q5_K  as Q4_K with 5-bit q
 //   Q6_K  c = q − 32,    a = d·sc_{16-group}, b = 0        (a scale per 16 elements: both halves differ)
-// Q2_K and Q3_K have no integer form here (their kernels are not written): ggml_piece refuses them. Q3_K blocks are
-// re-encoded exactly as Q6_K blocks (repack_q3_k_as_q6_k) by the loader.
+//   Q2_K  c = q (2 bits), a = d·sc_{16-group}, b = −dmin·m_{16-group}  (a scale and a min per 16 elements)
+// Q3_K has no integer form here: its blocks are re-encoded exactly as Q6_K blocks (repack_q3_k_as_q6_k) by the loader.
 // Block layouts (byte offsets) are tabulated in docs/checkpoint_formats.md.
 #pragma once
 

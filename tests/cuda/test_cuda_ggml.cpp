@@ -542,7 +542,7 @@ TEST(CudaGgml, BadArgumentsAreErrorsNamingTheOp) {
           edit(a);
         };
       };
-      bad(with_m([](auto& a) { a.ggml_type = 10; }), {"10", "Q2_K"}, "Q2_K (no integer form)", exec);
+      bad(with_m([](auto& a) { a.ggml_type = 11; }), {"11", "Q3_K"}, "Q3_K (no integer form)", exec);
       bad(with_m([](auto& a) { a.ggml_type = 1; }), {"1"}, "F16 (not a block format)", exec);
       bad(with_m([](auto& a) { a.K = 128; a.row_bytes = 72; }), {"128"}, "K not a multiple of 256 (Q4_K)", exec);
       bad(with_m([](auto& a) {
@@ -577,7 +577,7 @@ TEST(CudaGgml, BadArgumentsAreErrorsNamingTheOp) {
     const uint32_t q4k = static_cast<uint32_t>(GgmlType::kQ4_K);
     EXPECT_NO_THROW(ggml_dequantize_bf16(buf.data(), q4k, 4, 256, o, no_ws));
     stream.synchronize();
-    expect_error([&] { ggml_dequantize_bf16(buf.data(), 10, 4, 256, o, no_ws); }, op, {"10", "Q2_K"}, "Q2_K");
+    expect_error([&] { ggml_dequantize_bf16(buf.data(), 11, 4, 256, o, no_ws); }, op, {"11", "Q3_K"}, "Q3_K");
     expect_error([&] { ggml_dequantize_bf16(buf.data(), 1, 4, 256, o, no_ws); }, op, {"1"}, "F16");
     expect_error([&] { ggml_dequantize_bf16(buf.data(), q4k, 4, 128, o, no_ws); }, op, {"128"}, "K not a multiple");
     expect_error([&] { ggml_dequantize_bf16(buf.data(), q4k, -1, 256, o, no_ws); }, op, {"-1"}, "rows < 0");
@@ -596,7 +596,7 @@ TEST(CudaGgml, BadArgumentsAreErrorsNamingTheOp) {
     float* o = f + 65536;
     EXPECT_NO_THROW(ggml_embed_rows(buf.data(), q80, 8, 64, ids, 2, 1.0f, o, no_ws));
     stream.synchronize();
-    expect_error([&] { ggml_embed_rows(buf.data(), 10, 8, 256, ids, 2, 1.0f, o, no_ws); }, op, {"10", "Q2_K"}, "Q2_K");
+    expect_error([&] { ggml_embed_rows(buf.data(), 11, 8, 256, ids, 2, 1.0f, o, no_ws); }, op, {"11", "Q3_K"}, "Q3_K");
     expect_error([&] { ggml_embed_rows(buf.data(), 1, 8, 64, ids, 2, 1.0f, o, no_ws); }, op, {"1"}, "F16");
     expect_error([&] { ggml_embed_rows(buf.data(), q4k, 8, 128, ids, 2, 1.0f, o, no_ws); }, op, {"128"},
                  "K not a multiple of 256 (Q4_K)");

@@ -18,8 +18,9 @@ namespace cider::test {
 // The block formats the native kernels multiply (quant::GgmlBlockFormat::integer_form).
 inline const quant::GgmlType kIntegerTypes[] = {quant::GgmlType::kQ8_0, quant::GgmlType::kQ4_0,
                                                 quant::GgmlType::kQ4_1, quant::GgmlType::kQ5_0,
-                                                quant::GgmlType::kQ5_1, quant::GgmlType::kQ4_K,
-                                                quant::GgmlType::kQ5_K, quant::GgmlType::kQ6_K};
+                                                quant::GgmlType::kQ5_1, quant::GgmlType::kQ2_K,
+                                                quant::GgmlType::kQ4_K, quant::GgmlType::kQ5_K,
+                                                quant::GgmlType::kQ6_K};
 
 inline void put_f16(uint8_t* p, float v) {
   const uint16_t h = f32_to_f16(v);
@@ -42,6 +43,7 @@ inline std::vector<uint8_t> random_blocks(std::mt19937_64& rng, quant::GgmlType 
       case GgmlType::kQ4_1: case GgmlType::kQ5_1: put_f16(b, d(rng)); put_f16(b + 2, m(rng)); break;
       case GgmlType::kQ4_K: case GgmlType::kQ5_K: put_f16(b, d(rng) / 16); put_f16(b + 2, d(rng) / 16); break;
       case GgmlType::kQ6_K: put_f16(b + 208, d(rng) / 64); break;
+      case GgmlType::kQ2_K: put_f16(b + 80, d(rng) / 8); put_f16(b + 82, d(rng) / 8); break;
       case GgmlType::kQ3_K: put_f16(b + 108, d(rng) / 64); break;
       default: break;
     }

@@ -120,7 +120,7 @@ void int_linear(const kernels::IntLinearArgs& args, bool int4, const Exec& exec)
 
 // ---- Native GGUF weights (kernels/cuda/linear_ggml.cu) -----------------------------------------------------------
 // out[M, N] (f32) = x[M, K] (f32) · Wᵀ (+ bias), W the rows of a GGUF block format with an integer form (Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; quant/ggml_blocks.h), as kernels::GgmlLinearArgs with device pointers.
+// Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K; quant/ggml_blocks.h), as kernels::GgmlLinearArgs with device pointers.
 //   M ≤ kGgmlGemvRows: the CPU kernels' arithmetic — x quantized per piece of 32 to int8 (step max|x|/127, rint, an
 //     all-zero piece step 1, a non-finite one NaN), each half-piece h's integer dot S_h of the block's int8 codes
 //     with those codes (dp4a), X_h = step·Σ_{i∈h} code_i, and y = Σ_pieces step·(a₀·S₀ + a₁·S₁) + b₀·X₀ + b₁·X₁ in

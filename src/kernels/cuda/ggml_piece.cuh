@@ -239,6 +239,28 @@ struct Fmt<GgmlType::kQ6_K> {
   }
 };
 
+// Q2_K, 84 bytes: scales[16] (low nibble: the scale, high nibble: the min of each 16 elements) | qs[64] | d f16 |
+// dmin f16; piece p (half hh = p/4, s = p%4): bits [2s, 2s+2) of qs[32·hh + i]; c = q, a_h = d·(sc[2p+h] & 15),
+// b_h = −(dmin·(sc[2p+h] >> 4)). 2-byte loads only (84-byte blocks).
+template <>
+struct Fmt<GgmlType::kQ2_K> {
+  static constexpr int kBlock = 256, kBytes = 84;
+  static constexpr bool kHasB = true;
+  template <class L>
+  __device__ static void piece(const uint8_t* b, int pc, Piece& p) {
+    const float d = f16_at<L>(b + 80), dmin = f16_at<L>(b + 82);
+    const uint32_t sc = L::u16(b + 2 * pc);  // scales byte 2p (low), 2p + 1 (high)
+    p.a0 = __fmul_rn(d, static_cast<float>(sc & 0x0Fu));
+    p.a1 = __fmul_rn(d, static_cast<float>((sc >> 8) & 0x0Fu));
+    p.b0 = -__fmul_rn(dmin, static_cast<float>((sc >> 4) & 0x0Fu));
+    p.b1 = -__fmul_rn(dmin, static_cast<float>((sc >> 12) & 0x0Fu));
+    const uint8_t* qs = b + 16 + 32 * (pc / 4);
+    const int sh = 2 * (pc % 4);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) p.c[w] = (ld32_a2<L>(qs + 4 * w) >> sh) & 0x03030303u;
+  }
+};
+
 template <GgmlType T>
 constexpr int pieces_per_block() {
   return Fmt<T>::kBlock / 32;

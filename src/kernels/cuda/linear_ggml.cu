@@ -1,5 +1,5 @@
 // cider/kernels/cuda/linear_ggml.cu — linear layers over native GGUF weights (cuda_api.h "Native GGUF weights"):
-// the blocks of a GGUF file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) multiplied as they are.
+// the blocks of a GGUF file (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K) multiplied as they are.
 //
 // Every kernel reads a block through its integer form (ggml_piece.cuh, the device twin of quant::ggml_piece).
 //
@@ -186,6 +186,7 @@ bool with_type(uint32_t type, F&& f) {
     case GgmlType::kQ4_1: f(Tag<GgmlType::kQ4_1>{}); return true;
     case GgmlType::kQ5_0: f(Tag<GgmlType::kQ5_0>{}); return true;
     case GgmlType::kQ5_1: f(Tag<GgmlType::kQ5_1>{}); return true;
+    case GgmlType::kQ2_K: f(Tag<GgmlType::kQ2_K>{}); return true;
     case GgmlType::kQ4_K: f(Tag<GgmlType::kQ4_K>{}); return true;
     case GgmlType::kQ5_K: f(Tag<GgmlType::kQ5_K>{}); return true;
     case GgmlType::kQ6_K: f(Tag<GgmlType::kQ6_K>{}); return true;
@@ -197,7 +198,7 @@ bool with_type(uint32_t type, F&& f) {
 int64_t checked_row_bytes(const char* op, uint32_t type, int64_t K) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
   check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, op,
-        "the weight type must be a GGUF block format with CUDA kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, "
+        "the weight type must be a GGUF block format with CUDA kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, "
         "Q6_K); got ", f ? f->name : "type id ", f ? "" : std::to_string(type));
   check(K >= 0 && K % f->block_size == 0, ErrorCode::kShapeMismatch, op, "K must be a non-negative multiple of the ",
         f->name, " block size ", f->block_size, "; got ", K);

@@ -185,6 +185,7 @@ KernelFn pick(uint32_t type, int tile) {
     case GgmlType::kQ4_1: return pick_tile<GgmlType::kQ4_1>(tile);
     case GgmlType::kQ5_0: return pick_tile<GgmlType::kQ5_0>(tile);
     case GgmlType::kQ5_1: return pick_tile<GgmlType::kQ5_1>(tile);
+    case GgmlType::kQ2_K: return pick_tile<GgmlType::kQ2_K>(tile);
     case GgmlType::kQ4_K: return pick_tile<GgmlType::kQ4_K>(tile);
     case GgmlType::kQ5_K: return pick_tile<GgmlType::kQ5_K>(tile);
     case GgmlType::kQ6_K: return pick_tile<GgmlType::kQ6_K>(tile);

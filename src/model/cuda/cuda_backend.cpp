@@ -117,7 +117,7 @@ void upload_rope_tables(GpuModel& m, const std::vector<float>& inv, const std::v
 int64_t ggml_row_bytes(const nn::LinearWeights& L) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(L.ggml_type);
   check(f != nullptr && f->integer_form, ErrorCode::kUnsupported, kOp, "native GGUF weights need a block format with "
-        "kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); got type id ", L.ggml_type);
+        "kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K); got type id ", L.ggml_type);
   return quant::ggml_row_bytes(*f, L.K);
 }
 

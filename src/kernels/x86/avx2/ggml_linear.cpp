@@ -1,4 +1,4 @@
-// Linear layer over native GGUF weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), AVX2. Contract:
+// Linear layer over native GGUF weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K), AVX2. Contract:
 // GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp (float64 over the dequantized rows).
 //
 // Activations: each row of x is quantized once per 32 elements ("piece") to int8 with step dx = max|x|/127 of the

@@ -40,7 +40,8 @@ constexpr int64_t kPairRows = 16;      // thread split of N: whole pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
-constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
+constexpr int halves_of(quant::GgmlType t) { return a_per_half(t) ? 2 : 1; }
+constexpr int b_halves_of(quant::GgmlType t) { return has_b(t) ? (b_per_half(t) ? 2 : 1) : 0; }
 // Every format but Q8_0 is packed as unsigned codes u = c + off (off: Q4_0 8, Q5_0 16, Q6_K 32, else 0; u < 2^bits).
 constexpr bool unsigned_codes(quant::GgmlType t) { return t != quant::GgmlType::kQ8_0; }
 constexpr int offset_of(quant::GgmlType t) {
@@ -52,8 +53,9 @@ constexpr int int16_groups(quant::GgmlType t) {
   using quant::GgmlType;
   return t == GgmlType::kQ6_K ? 2 : t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K ? 4 : 8;
 }
-// Packed bytes per piece of a pair: the codes of both 8-row blocks [2][8][8][4]; the scales a per half; b.
-constexpr int64_t piece_bytes(quant::GgmlType t) { return 512 + 64 * halves_of(t) + (has_b(t) ? 64 : 0); }
+// Packed bytes per piece of a pair: the codes of both 8-row blocks [2][8][8][4]; the scales a per half; b (per half
+// for Q2_K).
+constexpr int64_t piece_bytes(quant::GgmlType t) { return 512 + 64 * halves_of(t) + 64 * b_halves_of(t); }
 
 struct Ctx {
   const GgmlLinearArgs* a;
@@ -63,6 +65,7 @@ struct Ctx {
   int8_t* xq;   // [Kp/kKC chunks][Mp][kKC] codes
   float* dx;    // [chunks][Mp][kPC] steps
   float* xsum;  // [chunks][Mp][kPC] dx·Σ of each piece's codes
+  float* xsum16;  // [chunks][Mp][kPC][2] dx·Σ of each 16 codes (offsets per half: Q2_K)
   int32_t* xh;  // [chunks][Mp][kPC][2] Σ of each half-piece's codes
 };
 
@@ -90,6 +93,8 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
       const int64_t i = (p / kPC * c.Mp + m) * kPC + p % kPC;
       c.dx[i] = step;
       c.xsum[i] = step * static_cast<float>(s0 + s1);
+      c.xsum16[i * 2] = step * static_cast<float>(s0);
+      c.xsum16[i * 2 + 1] = step * static_cast<float>(s1);
       c.xh[i * 2] = s0;
       c.xh[i * 2 + 1] = s1;
     }
@@ -144,7 +149,11 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         float* ws = reinterpret_cast<float*>(pp + 512) + cb * 8 + lane;
         ws[0] = pc[j].a0;
         if constexpr (kH == 2) ws[16] = pc[j].a1;
-        if constexpr (has_b(kType)) reinterpret_cast<float*>(pp + 512 + 64 * kH)[cb * 8 + lane] = pc[j].b0;
+        if constexpr (has_b(kType)) {
+          float* bs = reinterpret_cast<float*>(pp + 512 + 64 * kH) + cb * 8 + lane;
+          bs[0] = pc[j].b0;
+          if constexpr (b_per_half(kType)) bs[16] = pc[j].b1;
+        }
       }
     }
   }
@@ -244,11 +253,12 @@ __attribute__((noinline)) void tile(const Ctx& c, const uint8_t* pk, int64_t pie
         af[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[1][t]), _mm256_mul_ps(ws1, d), af[1][t]);
       }
     }
-    if constexpr (has_b(kType)) {
-      const __m256 b0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH));
-      const __m256 b1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH + 32));
+    // b·Σx: b of rows 0-7 (b0) and 8-15 (b1), per piece, or per half with Q2_K (X then each 16 codes' sum).
+    for (int h = 0; h < b_halves_of(kType); ++h) {
+      const __m256 b0 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH + 64 * h));
+      const __m256 b1 = _mm256_load_ps(reinterpret_cast<const float*>(pp + 512 + 64 * kH + 64 * h + 32));
       for (int t = 0; t < kT; ++t) {
-        const __m256 X = _mm256_set1_ps(c.xsum[g + t * kPC]);
+        const __m256 X = _mm256_set1_ps(b_per_half(kType) ? c.xsum16[(g + t * kPC) * 2 + h] : c.xsum[g + t * kPC]);
         af[0][t] = _mm256_fmadd_ps(b0, X, af[0][t]);
         af[1][t] = _mm256_fmadd_ps(b1, X, af[1][t]);
       }
@@ -312,10 +322,11 @@ void ggml_linear_gemm(const GgmlLinearArgs& a) {
   // pack.
   c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * ((c.Kp + kKC - 1) / kKC * kKC))));
   const int64_t Pp = (c.Kp + kKC - 1) / kKC * kPC;  // pieces, whole chunks
-  float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 4) * 4));
+  float* rest = static_cast<float*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 6) * 4));
   c.dx = rest;
   c.xsum = rest + c.Mp * Pp;
   c.xh = reinterpret_cast<int32_t*>(rest + 2 * c.Mp * Pp);
+  c.xsum16 = rest + 4 * c.Mp * Pp;
   parallel_chunks(c.Mp, &quantize_rows, &c);
   parallel_chunks((a.N + kPairRows - 1) / kPairRows, &rows, &c);
 }

@@ -133,6 +133,27 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
       }
       return;
     }
+    case GgmlType::kQ2_K: {
+      // scales[16] (low nibble: scale, high: min of each 16) | qs[64] | d | dmin; piece 4h + s: bits [2s, 2s + 2)
+      // of qs[32h + i].
+      const float d = f16_load(b + 80), dmin = f16_load(b + 82);
+      const __m256i m2 = _mm256_set1_epi8(3);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * h));
+        for (int s = 0; s < 4; ++s) p[4 * h + s].c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m2);
+      }
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int j = 0; j < 8; ++j) {  // the 4-bit scale of each 16 goes into vpmaddwd, d into av
+        const int s0 = b[2 * j] & 0x0F, s1 = b[2 * j + 1] & 0x0F;
+        p[j].mul = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(s1)), _mm_set1_epi16(static_cast<int16_t>(s0)));
+        p[j].av = dv;
+        p[j].a0 = d * static_cast<float>(s0);
+        p[j].a1 = d * static_cast<float>(s1);
+        p[j].b0 = -(dmin * static_cast<float>(b[2 * j] >> 4));
+        p[j].b1 = -(dmin * static_cast<float>(b[2 * j + 1] >> 4));
+      }
+      return;
+    }
     case GgmlType::kQ6_K: {
       const float d = f16_load(b + 208);
       const uint8_t* sc = b + 192;
@@ -178,14 +199,20 @@ static inline void unpack_block(const uint8_t* b, Piece* p) {
   }
 }
 
-// Pieces per block, and whether any format piece has a nonzero b (Q4_1, Q5_1, Q4_K, Q5_K).
+// Pieces per block, and whether any format piece has a nonzero b (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K).
 constexpr int pieces_of(quant::GgmlType t) {
-  return t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K || t == quant::GgmlType::kQ6_K ? 8 : 1;
+  return t == quant::GgmlType::kQ2_K || t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K ||
+                 t == quant::GgmlType::kQ6_K
+             ? 8
+             : 1;
 }
 constexpr bool has_b(quant::GgmlType t) {
-  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K ||
-         t == quant::GgmlType::kQ5_K;
+  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ2_K ||
+         t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K;
 }
+// Whether a piece's two halves have scales of their own (a0 ≠ a1: Q2_K, Q6_K) and offsets of their own (Q2_K).
+constexpr bool a_per_half(quant::GgmlType t) { return t == quant::GgmlType::kQ2_K || t == quant::GgmlType::kQ6_K; }
+constexpr bool b_per_half(quant::GgmlType t) { return t == quant::GgmlType::kQ2_K; }
 
 // The kernels' per-format instantiation: f.template operator()<T>() for the formats unpack_block reads; false (f not
 // called) for any other type.
@@ -198,6 +225,7 @@ static inline bool with_block_format(quant::GgmlType t, F&& f) {
     case GgmlType::kQ4_1: f.template operator()<GgmlType::kQ4_1>(); return true;
     case GgmlType::kQ5_0: f.template operator()<GgmlType::kQ5_0>(); return true;
     case GgmlType::kQ5_1: f.template operator()<GgmlType::kQ5_1>(); return true;
+    case GgmlType::kQ2_K: f.template operator()<GgmlType::kQ2_K>(); return true;
     case GgmlType::kQ4_K: f.template operator()<GgmlType::kQ4_K>(); return true;
     case GgmlType::kQ5_K: f.template operator()<GgmlType::kQ5_K>(); return true;
     case GgmlType::kQ6_K: f.template operator()<GgmlType::kQ6_K>(); return true;

@@ -40,9 +40,11 @@ constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
-constexpr int halves_of(quant::GgmlType t) { return t == quant::GgmlType::kQ6_K ? 2 : 1; }
-// Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b.
-constexpr int64_t piece_bytes(quant::GgmlType t) { return 1024 + 128 * halves_of(t) + (has_b(t) ? 128 : 0); }
+constexpr int halves_of(quant::GgmlType t) { return a_per_half(t) ? 2 : 1; }
+constexpr int b_halves_of(quant::GgmlType t) { return has_b(t) ? (b_per_half(t) ? 2 : 1) : 0; }
+// Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b (per
+// half for Q2_K).
+constexpr int64_t piece_bytes(quant::GgmlType t) { return 1024 + 128 * halves_of(t) + 128 * b_halves_of(t); }
 
 struct Ctx {
   const GgmlLinearArgs* a;
@@ -53,6 +55,7 @@ struct Ctx {
   int32_t* xc32;  // [chunks][Mp][kPC] −128·Σ of each piece's codes
   float* dx;      // [chunks][Mp][kPC] steps
   float* xsum;    // [chunks][Mp][kPC] dx·Σ of each piece's codes
+  float* xsum16;  // [chunks][Mp][kPC][2] dx·Σ of each 16 codes (offsets per half: Q2_K)
 };
 
 // Activation rows [m0, m1): codes, steps and sums (rows past M and elements past K: zeros).
@@ -81,6 +84,8 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
       c.xc32[i] = -128 * (s0 + s1);
       c.dx[i] = step;
       c.xsum[i] = step * static_cast<float>(s0 + s1);
+      c.xsum16[i * 2] = step * static_cast<float>(s0);
+      c.xsum16[i * 2 + 1] = step * static_cast<float>(s1);
     }
   }
 }
@@ -114,7 +119,11 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         float* ws = reinterpret_cast<float*>(pp + 1024) + cb * 16 + lane;
         ws[0] = pc[j].a0;
         if constexpr (kH == 2) ws[32] = pc[j].a1;
-        if constexpr (has_b(kType)) reinterpret_cast<float*>(pp + 1024 + 128 * kH)[cb * 16 + lane] = pc[j].b0;
+        if constexpr (has_b(kType)) {
+          float* bs = reinterpret_cast<float*>(pp + 1024 + 128 * kH) + cb * 16 + lane;
+          bs[0] = pc[j].b0;
+          if constexpr (b_per_half(kType)) bs[32] = pc[j].b1;
+        }
       }
     }
   }
@@ -160,11 +169,12 @@ void tile(const Ctx& c, const uint8_t* pk, int64_t pieces, int64_t k0, int64_t m
         af[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[1][t]), _mm512_mul_ps(ws1, d), af[1][t]);
       }
     }
-    if constexpr (has_b(kType)) {
-      const __m512 b0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH));
-      const __m512 b1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH + 64));
+    // b·Σx: b of rows 0-15 (b0) and 16-31 (b1), per piece, or per half with Q2_K (X then each 16 codes' sum).
+    for (int h = 0; h < b_halves_of(kType); ++h) {
+      const __m512 b0 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH + 128 * h));
+      const __m512 b1 = _mm512_load_ps(reinterpret_cast<const float*>(pp + 1024 + 128 * kH + 128 * h + 64));
       for (int t = 0; t < kT; ++t) {
-        const __m512 X = _mm512_set1_ps(c.xsum[g + t * kPC]);
+        const __m512 X = _mm512_set1_ps(b_per_half(kType) ? c.xsum16[(g + t * kPC) * 2 + h] : c.xsum[g + t * kPC]);
         af[0][t] = _mm512_fmadd_ps(b0, X, af[0][t]);
         af[1][t] = _mm512_fmadd_ps(b1, X, af[1][t]);
       }
@@ -233,11 +243,12 @@ void ggml_linear(const GgmlLinearArgs& a) {
   // The caller's scratch (the workers read it): codes in slot 0, the rest in slot 1; slot 3 is each worker's pack.
   const int64_t Pp = round_up(c.Kp, kKC) / 32;  // pieces, whole chunks
   c.xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(c.Mp * Pp * 32)));
-  int32_t* rest = static_cast<int32_t*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 5) * 4));
+  int32_t* rest = static_cast<int32_t*>(scratch(1, static_cast<size_t>(c.Mp * Pp * 7) * 4));
   c.xc16 = rest;
   c.xc32 = rest + c.Mp * Pp * 2;
   c.dx = reinterpret_cast<float*>(rest + c.Mp * Pp * 3);
   c.xsum = reinterpret_cast<float*>(rest + c.Mp * Pp * 4);
+  c.xsum16 = reinterpret_cast<float*>(rest + c.Mp * Pp * 5);
   parallel_chunks(c.Mp, &quantize_rows, &c);
   parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
 }
