@@ -319,10 +319,11 @@ std::vector<Case> all_cases() {
   add("w4a8_gemm_m512_k4096_n4096_pc", [](const BenchOptions& o, const kernels::KernelTable& t) {
     return int_linear(o, t, true, 512, 4096, 4096, 0);
   });
-  // Native GGUF weights: the decode shape for the formats of Q4_K_M / Q8_0 files, and a prefill.
+  // Native GGUF weights: the decode shape for the formats of Q4_K_M / Q8_0 / Q2_K files, and a prefill.
   for (auto [type, name] : {std::pair<quant::GgmlType, const char*>{quant::GgmlType::kQ8_0, "q8_0"},
                             {quant::GgmlType::kQ4_K, "q4_k"}, {quant::GgmlType::kQ6_K, "q6_k"},
-                            {quant::GgmlType::kQ5_0, "q5_0"}, {quant::GgmlType::kQ4_0, "q4_0"}}) {
+                            {quant::GgmlType::kQ5_0, "q5_0"}, {quant::GgmlType::kQ4_0, "q4_0"},
+                            {quant::GgmlType::kQ2_K, "q2_k"}}) {
     const quant::GgmlType ty = type;
     add(std::string("ggml_") + name + "_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
       return ggml(o, t, ty, 1, 14336, 4096);

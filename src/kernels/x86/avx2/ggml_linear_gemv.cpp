@@ -1,5 +1,5 @@
 // Linear layer over native GGUF weights for few activation rows (decode and batched decode, M < kGgmlGemmFromM), AVX2:
-// Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, the formats of Q4_K_M / Q5_K_M / Q8_0 files (Q4_1 and Q5_1 take
+// Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K and Q6_K, the formats of Q4_K_M / Q5_K_M / Q8_0 / Q2_K files (Q4_1 and Q5_1 take
 // avx2/ggml_linear.cpp's tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs
 // (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
@@ -14,6 +14,8 @@
 //   Q8_0 / Q4_0 / Q5_0: y += float(S)·(d·dx)                                      (Q8_0: |c|, sign(x, c): signed codes)
 //   Q4_K, Q5_K: y += Σ_j float(S_j)·((d·sc_j)·dx_j) - Σ_j (dmin·m_j)·(dx_j·X_j)     (j: the block's 8 pieces)
 //   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
+//   Q2_K: as Q6_K (codes 0-3, no offset, 4-bit scales), then - Σ_g (dmin·m_g)·(dx·X_g)  (g: the block's 16 groups of
+//         16, X_g the sum of a group's codes)
 // within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as in the tiles).
 // Work: weight rows in chunks of kRowsPerChunk over the thread pool. One activation row: kR1 weight rows read
 // together (memory-level parallelism); more: 2 weight rows × 4 activation rows, each unpacked block serving all 4.
@@ -44,6 +46,7 @@ constexpr int64_t block_bytes_of(GgmlType t) {
          : t == GgmlType::kQ5_0 ? 22
          : t == GgmlType::kQ4_K ? 144
          : t == GgmlType::kQ5_K ? 176
+         : t == GgmlType::kQ2_K ? 84
                                 : 210;
 }
 
@@ -51,7 +54,7 @@ struct Ctx {
   const GgmlLinearArgs* a;
   const int8_t* xq;    // [M, K] codes
   const float* dx;     // [M, K/32] steps
-  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K, Q5_K)
+  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K, Q5_K); Q2_K: [M, K/16], of each 16 codes
   const int16_t* xo;   // [M, K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
 };
 
@@ -167,6 +170,37 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
     }
     for (int t = 0; t < kT; ++t)  // the minimums' lanes are the block's pieces; the final sum adds the lanes
       acc[t] = _mm256_fnmadd_ps(bs.mins, _mm256_loadu_ps(c.xs + (m0 + t) * P + p0), acc[t]);
+  } else if constexpr (kType == GgmlType::kQ2_K) {  // scales [16] (low nibble scale, high min), qs [64], d, dmin
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i lo4 = _mm_and_si128(sc, _mm_set1_epi8(0x0F));
+    const __m128i sa = _mm_cvtepu8_epi16(lo4), sb = _mm_cvtepu8_epi16(_mm_srli_si128(lo4, 8));
+    const __m256i scv[2] = {_mm256_set_m128i(sa, sa), _mm256_set_m128i(sb, sb)};
+    const __m256i m2 = _mm256_set1_epi8(3);
+    const int64_t p0 = blk * 8;
+    __m256 blockacc[kT];
+    for (int t = 0; t < kT; ++t) blockacc[t] = _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = load32(b + 16 + 32 * h);
+      for (int j = 0; j < 4; ++j) {  // piece 4h + j: bits [2j, 2j + 2) of qs[32h + i]; groups 8h + 2j, 8h + 2j + 1
+        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m2);
+        const __m256i scj = _mm256_shuffle_epi8(scv[h], load32(kHalves[j]));
+        const int64_t p = p0 + 4 * h + j;
+        for (int t = 0; t < kT; ++t) {
+          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(c.xq + (m0 + t) * K + p * 32)), scj);
+          blockacc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.dx[(m0 + t) * P + p]), blockacc[t]);
+        }
+      }
+    }
+    const __m256 d = f16_bcast(b + 80), dmin = f16_bcast(b + 82);
+    const __m128i mn = _mm_srli_epi16(_mm_andnot_si128(_mm_set1_epi8(0x0F), sc), 4);  // the 16 minimums
+    const __m256 mins0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), dmin);
+    const __m256 mins1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8))), dmin);
+    for (int t = 0; t < kT; ++t) {
+      const float* xs = c.xs + (m0 + t) * 2 * P + blk * 16;
+      acc[t] = _mm256_fmadd_ps(blockacc[t], d, acc[t]);
+      acc[t] = _mm256_fnmadd_ps(mins0, _mm256_loadu_ps(xs), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(mins1, _mm256_loadu_ps(xs + 8), acc[t]);
+    }
   } else {  // Q6_K: ql [128], qh [64], int8 scales [16], d
     static_assert(kType == GgmlType::kQ6_K);
     const uint8_t* sc = b + 192;
@@ -213,7 +247,7 @@ void tile(const Ctx& c, int64_t n0, int nr, int64_t m0) {
   __m256 acc[kR][kT];
   for (int r = 0; r < kR; ++r)
     for (int t = 0; t < kT; ++t) acc[r][t] = _mm256_setzero_ps();
-  constexpr bool kQuantK = bb >= 144;  // Q4_K, Q5_K, Q6_K
+  constexpr bool kQuantK = bb >= 144 || kType == GgmlType::kQ2_K;  // the K-quants
   const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + (kQuantK ? 2 : 1) * kR) * a.row_bytes;  // never read
   for (int64_t blk = 0; blk < blocks; ++blk, pf += kR * bb) {
     for (int64_t l = 0; l < kLines; ++l)
@@ -262,6 +296,7 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
     case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
     case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
     case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ2_K: return rows_of<GgmlType::kQ2_K>(c, c0, c1);
     case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
     case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
     default: return rows_of<GgmlType::kQ6_K>(c, c0, c1);  // ggml_linear_gemv_takes: nothing else
@@ -273,8 +308,8 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
 bool ggml_linear_gemv_takes(uint32_t ggml_type) {
   const auto t = static_cast<GgmlType>(ggml_type);
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
-  return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_K ||
-          t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) &&
+  return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ2_K ||
+          t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) &&
          f != nullptr && f->block_bytes == block_bytes_of(t);  // the format table's layout is the one read here
 }
 
@@ -283,7 +318,7 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
   const int64_t P = a.K / 32, MP = a.M * P;
   int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
   float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(MP) * sizeof(float)));
-  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(MP) * sizeof(float)));
+  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(2 * MP) * sizeof(float)));
   int16_t* xo = static_cast<int16_t*>(scratch(3, static_cast<size_t>(MP) * 16 * sizeof(int16_t)));
   const int shift = offset_shift(type);
   const __m256i ones8 = _mm256_set1_epi8(1);
@@ -297,6 +332,14 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
       int sum = 0;
       for (int i = 0; i < 32; ++i) sum += q[i];
       xs[mp] = dx[mp] * static_cast<float>(sum);
+    } else if (type == GgmlType::kQ2_K) {  // the minimums' dx·Σx per 16
+      int s0 = 0, s1 = 0;
+      for (int i = 0; i < 16; ++i) {
+        s0 += q[i];
+        s1 += q[16 + i];
+      }
+      xs[2 * mp] = dx[mp] * static_cast<float>(s0);
+      xs[2 * mp + 1] = dx[mp] * static_cast<float>(s1);
     }
   }
   Ctx c{&a, xq, dx, xs, xo};
