@@ -303,18 +303,22 @@ TEST(JsonSchemaPrefix, EveryPrefixOfAValidDocumentIsAccepted) {
   }
 }
 
+// Whether the schema's recognizer takes the text (a prefix of an allowed document), and whether the text is whole.
+bool schema_accepts(const cm::JsonSchema& schema, const std::string& text) {
+  cm::JsonPrefix p(&schema);
+  return p.feed(text);
+}
+bool schema_completes(const cm::JsonSchema& schema, const std::string& text) {
+  cm::JsonPrefix p(&schema);
+  return p.feed(text) && p.complete();
+}
+
 TEST(JsonSchemaPrefix, HoldsTheSchemasRules) {
   const auto s = cm::JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
       "id": {"type": "integer"}, "tag": {"enum": ["a", "ab"]}, "ok": {"type": "boolean"}},
       "required": ["id"], "additionalProperties": false})"));
-  auto accepts = [&](const std::string& text) {
-    cm::JsonPrefix p(s.get());
-    return p.feed(text);
-  };
-  auto whole = [&](const std::string& text) {
-    cm::JsonPrefix p(s.get());
-    return p.feed(text) && p.complete();
-  };
+  const auto accepts = [&](const std::string& text) { return schema_accepts(*s, text); };
+  const auto whole = [&](const std::string& text) { return schema_completes(*s, text); };
   EXPECT_TRUE(whole(R"({"id": 3})"));
   EXPECT_TRUE(whole(R"({"tag":"ab","id":-7,"ok":false})"));
   EXPECT_FALSE(accepts(R"({})"));                 // id is required
@@ -416,14 +420,8 @@ TEST(JsonSchemaToolCall, HoldsTheCallsRules) {
   const auto time = cm::JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
       "tz": {"enum": ["CET", "UTC"]}}, "required": ["tz"], "additionalProperties": false})"));
   const auto s = cm::JsonSchema::tool_call({"get", "get_weather", "get_time"}, {time, weather, time}, "name", "arguments");
-  auto accepts = [&](const std::string& text) {
-    cm::JsonPrefix p(s.get());
-    return p.feed(text);
-  };
-  auto whole = [&](const std::string& text) {
-    cm::JsonPrefix p(s.get());
-    return p.feed(text) && p.complete();
-  };
+  const auto accepts = [&](const std::string& text) { return schema_accepts(*s, text); };
+  const auto whole = [&](const std::string& text) { return schema_completes(*s, text); };
   EXPECT_TRUE(whole(R"({"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}})"));
   EXPECT_TRUE(whole(R"({"name":"get","arguments":{"tz":"UTC"}})"));
   EXPECT_TRUE(whole(R"({"name":"get_time","arguments":{"tz":"CET"}})"));

@@ -256,7 +256,7 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
   if (!forced.empty()) {
     // Constrained decoding of one call: {"name": N, "arguments"|"parameters": A}, N one of the forced tools' names
     // and A what that tool's parameters allow (model::JsonSchema::tool_call); the format's opening text goes at the
-    // end of the prompt and its closing text after the object (ApiRequest::call_open / call_close).
+    // end of the prompt (ApiRequest::call_open).
     const json& t = b.at("tools");
     std::vector<std::string> names;
     std::vector<std::shared_ptr<const model::JsonSchema>> params;
@@ -281,9 +281,7 @@ ApiRequest OpenAIApi::parse(std::string_view body, Endpoint endpoint) const {
     } catch (const Error& e) {
       bad("tools", std::string("'tools' with tool_choice ") + brief(b.at("tool_choice")) + ": " + e.what());
     }
-    const ToolCallText text = forced_call_text(tool_format_);
-    r.call_open = text.open;
-    r.call_close = text.close;
+    r.call_open = forced_call_text(tool_format_).open;
     r.call_schema = json_constraint;
     if (present(b, "response_format") && !(b.at("response_format").is_object() &&
                                            b.at("response_format").contains("type") &&

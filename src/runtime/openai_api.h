@@ -79,10 +79,10 @@ struct ApiRequest {
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
   std::shared_ptr<ToolCallStream> tool_stream;  // streaming with tool_calls: the reply's split as it arrives
   // tool_choice "required" or a named function: options.json is call_schema (one call's JSON object) and the prompt
-  // ends with call_open (the format's opening; call_close is its closing, which the reply never needs to write). A
-  // reply whose object closed is the call, read from the object; an unfinished one is content: call_open + reply.
+  // ends with call_open (the format's opening). A reply whose object closed is the call, read from the object; an
+  // unfinished one is content: call_open + reply.
   std::shared_ptr<const model::JsonSchema> call_schema;
-  std::string call_open, call_close;
+  std::string call_open;
   std::shared_ptr<std::string> call_reply;  // streaming a forced call (no tool_stream): the reply so far
 };
 

@@ -40,8 +40,6 @@ constexpr int64_t kPairRows = 16;      // thread split of N: whole pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
-constexpr int halves_of(quant::GgmlType t) { return a_per_half(t) ? 2 : 1; }
-constexpr int b_halves_of(quant::GgmlType t) { return has_b(t) ? (b_per_half(t) ? 2 : 1) : 0; }
 // Every format but Q8_0 is packed as unsigned codes u = c + off (off: Q4_0 8, Q5_0 16, Q6_K 32, else 0; u < 2^bits).
 constexpr bool unsigned_codes(quant::GgmlType t) { return t != quant::GgmlType::kQ8_0; }
 constexpr int offset_of(quant::GgmlType t) {

@@ -210,9 +210,13 @@ constexpr bool has_b(quant::GgmlType t) {
   return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ2_K ||
          t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K;
 }
-// Whether a piece's two halves have scales of their own (a0 ≠ a1: Q2_K, Q6_K) and offsets of their own (Q2_K).
+// Whether a piece's two halves have scales of their own (a0 ≠ a1: Q2_K, Q6_K) and offsets of their own (Q2_K); the
+// packed GEMMs (avx2/ggml_linear_gemm.cpp, avx512/ggml_linear.cpp) keep halves_of(t) scales and b_halves_of(t)
+// offsets per piece.
 constexpr bool a_per_half(quant::GgmlType t) { return t == quant::GgmlType::kQ2_K || t == quant::GgmlType::kQ6_K; }
 constexpr bool b_per_half(quant::GgmlType t) { return t == quant::GgmlType::kQ2_K; }
+constexpr int halves_of(quant::GgmlType t) { return a_per_half(t) ? 2 : 1; }
+constexpr int b_halves_of(quant::GgmlType t) { return has_b(t) ? (b_per_half(t) ? 2 : 1) : 0; }
 
 // The kernels' per-format instantiation: f.template operator()<T>() for the formats unpack_block reads; false (f not
 // called) for any other type.

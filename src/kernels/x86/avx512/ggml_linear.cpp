@@ -40,8 +40,6 @@ constexpr int64_t kRowsPerChunk = 32;  // thread split of N: whole 32-row pairs
 constexpr int64_t kBlockOut = 256 << 10;  // bytes of output rows a thread keeps in L2 over the K chunks (M × block)
 constexpr int64_t kBlockN = 1024;         // at most this many N rows per block
 
-constexpr int halves_of(quant::GgmlType t) { return a_per_half(t) ? 2 : 1; }
-constexpr int b_halves_of(quant::GgmlType t) { return has_b(t) ? (b_per_half(t) ? 2 : 1) : 0; }
 // Packed bytes per piece of a 32-row pair: u of both 16-row blocks, [k/4][16][4]; the scales a per half; b (per
 // half for Q2_K).
 constexpr int64_t piece_bytes(quant::GgmlType t) { return 1024 + 128 * halves_of(t) + 128 * b_halves_of(t); }
