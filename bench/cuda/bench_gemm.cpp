@@ -220,6 +220,20 @@ CIDER_CUDA_BENCH("w8a8 gemm g64 M2048 K4096 N14336", "gemm") {
 CIDER_CUDA_BENCH("w8a8 gemm M512 K14336 N4096", "gemm") {
   return run_linear(512, 14336, 4096, false, 0, What::kFull, "");
 }
+// A server step carrying prompt chunks: about 128 rows (runtime/engine.cpp, 256 at most) through each of the
+// Llama-3-8B-shaped layer's W4A8 g64 projections, the weights streamed once for few rows.
+CIDER_CUDA_BENCH("w4a8 gemm g64 M128 K4096 N6144 (qkv)", "gemm") {
+  return run_linear(128, 4096, 6144, true, 64, What::kFull, "");
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M128 K4096 N4096 (o)", "gemm") {
+  return run_linear(128, 4096, 4096, true, 64, What::kFull, "");
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M128 K4096 N28672 (gate|up)", "gemm") {
+  return run_linear(128, 4096, 28672, true, 64, What::kFull, "");
+}
+CIDER_CUDA_BENCH("w4a8 gemm g64 M128 K14336 N4096 (down)", "gemm") {
+  return run_linear(128, 14336, 4096, true, 64, What::kFull, "");
+}
 // Mixture of experts: a Mixtral-8x7B expert's fused gate|up (K4096 N28672) over its share of a 512-token prefill
 // (top 2 of 8 experts: 128 rows), against the same GEMM over all 512 rows (a dense layer of that shape). Issue 24's
 // target: the expert GEMM at >= 60 % of the dense one's throughput.

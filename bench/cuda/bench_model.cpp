@@ -310,6 +310,75 @@ cider::bench::BenchResult batch_decode(const std::string& weights, const std::st
   return r;
 }
 }  // namespace
+// A server step that carries prompt chunks (runtime/engine.cpp: decode rows first, then chunks): B sessions decoding
+// at `length` beside P sessions whose prompts of `prompt` tokens go in whole (each truncated back to 0 before the
+// call), one GpuSession::forward_batch call — a pass at host positions, launched directly. Sessions as a server
+// makes them (a 1024-position model: prefill chunk 1024); the last row of every sequence copied to the host.
+namespace {
+cider::bench::BenchResult mixed_step(const std::string& weights, const std::string& kv, int64_t B, int64_t P,
+                                     int64_t prompt, int64_t length) {
+  static std::shared_ptr<const cm::gpu::GpuModel> model;
+  static std::string key;
+  if (!model || key != weights + "/" + kv) {
+    model.reset();
+    cm::KVOptions kvo = cm::parse_kv_format(kv);
+    if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation("hadamard");
+    model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, 1024, 8);
+    key = weights + "/" + kv;
+  }
+  const auto V = static_cast<size_t>(model->head_rows());
+  std::vector<std::unique_ptr<cm::gpu::GpuSession>> owned;
+  std::vector<cm::gpu::GpuSession*> ss;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(B + P), std::vector<float>(V));
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(P));
+  std::vector<cm::SequenceStep> steps;
+  for (int64_t b = 0; b < B + P; ++b) {
+    owned.push_back(std::make_unique<cm::gpu::GpuSession>(model));
+    ss.push_back(owned.back().get());
+    if (b < B) {
+      owned.back()->fill_cache_random(length - 1, 99 + static_cast<uint64_t>(b));
+      tokens[static_cast<size_t>(b)] = static_cast<int32_t>(17 + b);
+      steps.push_back(cm::SequenceStep{&tokens[static_cast<size_t>(b)], 1, length - 1,
+                                       logits[static_cast<size_t>(b)].data(), false});
+    } else {
+      std::vector<int32_t>& p = prompts[static_cast<size_t>(b - B)];
+      for (int64_t t = 0; t < prompt; ++t) p.push_back(static_cast<int32_t>((b * 7919 + t * 104729) % 128000));
+      steps.push_back(cm::SequenceStep{p.data(), prompt, 0, logits[static_cast<size_t>(b)].data(), false});
+    }
+  }
+  constexpr int kCalls = 10;
+  double best = 1e30, cold = 0;
+  for (int run = 0; run < 4; ++run) {
+    double s = 0;
+    for (int i = 0; i < kCalls; ++i) {
+      for (int64_t b = B; b < B + P; ++b) ss[static_cast<size_t>(b)]->truncate(0);
+      const auto t0 = std::chrono::steady_clock::now();
+      cm::gpu::GpuSession::forward_batch(ss, steps);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (run == 0 && i == 0) cold = t;
+      s += t / kCalls;
+    }
+    if (run > 0) best = std::min(best, s);
+  }
+  cider::bench::BenchResult r;
+  r.seconds = best;
+  r.peer = "";
+  r.note = std::to_string(B) + " decode rows at " + std::to_string(length) + " positions + " + std::to_string(P) +
+           " prompts of " + std::to_string(prompt) + " tokens in one call; the sessions' first call " +
+           std::to_string(static_cast<int>(cold * 1e6)) + " us";
+  return r;
+}
+}  // namespace
+CIDER_CUDA_BENCH("model mixed step llama3-8b w4a8 k8v4 B15 + 1x75", "model") {
+  return mixed_step("w4a8", "k8v4", 15, 1, 75, 512);
+}
+CIDER_CUDA_BENCH("model mixed step llama3-8b w4a8 k8v4 B13 + 3x75", "model") {
+  return mixed_step("w4a8", "k8v4", 13, 3, 75, 512);
+}
+CIDER_CUDA_BENCH("model mixed step llama3-8b w4a8 k8v4 B0 + 3x75", "model") {
+  return mixed_step("w4a8", "k8v4", 0, 3, 75, 512);
+}
 CIDER_CUDA_BENCH("model batch decode llama3-8b w4a8 k8v4 L512 B1", "model") {
   return batch_decode("w4a8", "k8v4", 1, 512, true);
 }

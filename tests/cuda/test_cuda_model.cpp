@@ -566,6 +566,93 @@ TEST(CudaModel, BatchedSessionsMatchEachSessionAlone) {
   }
 }
 
+// Decode rows beside prompt chunks in one call (the server's mixed steps: begin_pass prepares and finishes the leading
+// one-row segments' heads in one launch each and runs their appends and attention on the branch streams): three
+// sessions decode while a fourth's prompt of 300 tokens goes in (passes of 128 rows, the first holding the three
+// decode rows), twice, then all four decode together. Each session's logits against the same tokens run alone on the
+// GPU, within the configuration's own error on the CPU (as BatchedSessionsMatchEachSessionAlone); the sliding variant
+// (window 24, bounded layers: each session's drop in the lead's pass) against the CPU within the bf16 tolerance.
+TEST(CudaModel, DecodeRowsBesidePromptChunksMatchEachSessionAlone) {
+  CIDER_REQUIRE_GPU();
+  struct Case {
+    const char* w;
+    const char* kv;
+    const char* rotation;
+    bool sliding;
+  };
+  for (const Case& k : {Case{"bf16", "bf16", "hadamard", false}, Case{"w8a8", "k4v3", "hadamard", false},
+                        Case{"bf16", "bf16", "hadamard", true}}) {
+    SCOPED_TRACE(std::string(k.w) + " " + k.kv + (k.sliding ? " sliding" : ""));
+    const cider::test::ScopedEnv env("CIDER_PREFILL_CHUNK", "128");
+    auto cpu_bf16 = load("bf16", "bf16", cm::Device::kCPU);
+    auto cpu_f32kv = load("bf16", "f32", cm::Device::kCPU);
+    auto cpu_q = load(k.w, k.kv, cm::Device::kCPU, k.rotation);
+    auto gpu = load(k.w, k.kv, cm::Device::kCUDA, k.rotation);
+    if (k.sliding)
+      for (cm::Model* m : {cpu_bf16.get(), cpu_f32kv.get(), cpu_q.get(), gpu.get()}) make_variant(*m);
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    const std::vector<int32_t> text = text_tokens(*cpu_bf16, 700);
+    // Session i's tokens: prompts of 40, 7 and 90 tokens (i < 3) then one token per call; session 3: 300 then one.
+    const std::vector<size_t> first = {0, 50, 100, 300}, prompt = {40, 7, 90, 300};
+    std::vector<std::vector<int32_t>> seq(4);
+    for (size_t i = 0; i < 4; ++i)
+      seq[i].assign(text.begin() + static_cast<std::ptrdiff_t>(first[i]),
+                    text.begin() + static_cast<std::ptrdiff_t>(first[i] + prompt[i] + 3));
+    std::vector<std::unique_ptr<cm::Session>> ss;
+    std::vector<std::vector<float>> got(4);
+    std::vector<size_t> len(4, 0);
+    for (size_t i = 0; i < 4; ++i) {
+      ss.push_back(gpu->new_session());
+      got[i].assign(seq[i].size() * V, std::nanf(""));
+    }
+    for (size_t i = 0; i < 3; ++i) {  // the three prompts, one call
+      gpu->forward(*ss[i], seq[i].data(), static_cast<int64_t>(prompt[i]), got[i].data(), true);
+      len[i] = prompt[i];
+    }
+    // Calls 1-2: the three decode beside session 3's prompt (150 + 150 tokens); call 3: all four decode.
+    for (int call = 0; call < 3; ++call) {
+      std::vector<cm::Model::BatchItem> items;
+      for (size_t i = 0; i < 3; ++i) items.push_back({ss[i].get(), &seq[i][len[i]], 1, got[i].data() + len[i] * V, true});
+      const size_t n3 = call < 2 ? 150 : 1;
+      items.push_back({ss[3].get(), &seq[3][len[3]], static_cast<int64_t>(n3), got[3].data() + len[3] * V, true});
+      gpu->forward_batch(items);
+      for (size_t i = 0; i < 3; ++i) ++len[i];
+      len[3] += n3;
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(ss[i]->position(), static_cast<int64_t>(len[i]));
+      const std::vector<int32_t> toks(seq[i].begin(), seq[i].begin() + static_cast<std::ptrdiff_t>(len[i]));
+      got[i].resize(len[i] * V);
+      const size_t pre = i < 3 ? prompt[i] : 150;
+      const std::vector<float> ref_bf16 = logits_of(*cpu_bf16, toks, pre);
+      double tol = 0;
+      std::vector<float> want;
+      if (k.sliding) {  // against the CPU itself
+        want = ref_bf16;
+        tol = bf16_tolerance(ref_bf16, logits_of(*cpu_f32kv, toks, pre));
+      } else {
+        want = logits_of(*gpu, toks, pre);
+        tol = std::string(k.w) == "bf16" ? bf16_tolerance(ref_bf16, logits_of(*cpu_f32kv, toks, pre))
+                                         : diff(logits_of(*cpu_q, toks, pre), ref_bf16).max_abs;
+      }
+      // Rows the calls wrote: the last prompt row (sessions 0-2: every prompt row) and every decode row.
+      std::vector<float> g, w;
+      for (size_t r = 0; r < len[i]; ++r) {
+        if (std::isnan(got[i][r * V])) continue;
+        g.insert(g.end(), got[i].begin() + static_cast<std::ptrdiff_t>(r * V),
+                 got[i].begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+        w.insert(w.end(), want.begin() + static_cast<std::ptrdiff_t>(r * V),
+                 want.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+      }
+      EXPECT_GE(g.size(), 3 * V) << "session " << i;
+      const Diff d = diff(g, w);
+      EXPECT_TRUE(d.finite) << "session " << i;
+      EXPECT_GT(tol, 0.0);
+      EXPECT_LE(d.max_abs, tol) << "session " << i << ": " << str(d) << "; tolerance " << tol;
+    }
+  }
+}
+
 // Decode by graph replay against the same launches enqueued directly: the same kernels with the same arguments, so
 // the logits must be identical bit for bit (a kernel whose result depends on scheduling would show here).
 TEST(CudaModel, GraphReplayEqualsDirectLaunches) {

@@ -863,6 +863,11 @@ struct GpuSession::Impl final : public PassBackend {
   const int32_t* words_ = nullptr;
   int64_t bound_ = 0;
   bool batch_rows_ = false;  // a batched decode pass: row i is sequence i's one token
+  // A pass at host positions whose first dec_ segments are one row each (the server's decode rows beside prompt
+  // chunks, GpuSession::forward_batch): their heads are prepared and finished in one launch each (positions from
+  // dec_pos, int32 [chunk]), their appends and attention run on the branch streams as a decode batch's do. 0: none.
+  int64_t dec_ = 0;
+  cuda::DeviceBuffer dec_pos;
   const int32_t* words(const PassSegment& g) const { return words_ ? words_ + g.seq * kBatchWords : nullptr; }
   // Segment g's kv_append / attention (its session's cache and positions) on e.
   void append_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e);
@@ -1292,6 +1297,18 @@ void GpuSession::Impl::begin_pass(std::span<const PassSegment> segments, const i
                                         as_stream(e_.stream)));
   d_tok_ = d;
   for (const PassSegment& g : segments) batch_[sz(g.seq)]->make_room(g.pos0, g.n, e_);
+  dec_ = 0;
+  while (dec_ < static_cast<int64_t>(segs_.size()) && segs_[sz(dec_)].n == 1) ++dec_;
+  if (dec_ < 2) {
+    dec_ = 0;
+    return;
+  }
+  std::vector<int32_t> pos(sz(dec_));  // pageable: staged by the copy call, so the next pass may reuse it at once
+  for (int64_t i = 0; i < dec_; ++i) pos[sz(i)] = static_cast<int32_t>(segs_[sz(i)].pos0);
+  if (dec_pos.bytes() == 0) dec_pos = cuda::DeviceBuffer(sz(chunk) * sizeof(int32_t));
+  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(dec_pos.data(), pos.data(), sz(dec_) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                        as_stream(e_.stream)));
+  make_branches();
 }
 
 void GpuSession::Impl::make_room(int64_t pos0, int64_t n, const cuda::Exec& e) {
@@ -1364,6 +1381,7 @@ void GpuSession::Impl::begin_decode(void* s) {
   words_ = d_step + 1;
   bound_ = kv_bound(decode_position + 1, m.ctx);
   batch_rows_ = false;
+  dec_ = 0;
   segs_.assign(1, PassSegment{0, 0, 1, decode_position});
 }
 
@@ -1452,7 +1470,16 @@ void GpuSession::Impl::prepare_heads(int64_t layer) {
     cuda::prepare_heads(p, e_.stream);
     return;
   }
-  for (const PassSegment& g : segs_) cuda::prepare_heads(head_prep(layer, g), e_.stream);
+  size_t first = 0;
+  if (dec_ > 1) {  // the leading one-row segments: one launch, row i at dec_pos[i]
+    cuda::HeadPrepArgs p = head_prep(layer, PassSegment{0, 0, dec_, segs_[0].pos0});
+    p.d_pos = dec_pos.as<int32_t>();
+    p.d_pos_stride = 1;
+    p.q_head_major = false;
+    cuda::prepare_heads(p, e_.stream);
+    first = sz(dec_);
+  }
+  for (size_t i = first; i < segs_.size(); ++i) cuda::prepare_heads(head_prep(layer, segs_[i]), e_.stream);
 }
 
 void GpuSession::Impl::append_segment(int64_t layer, const PassSegment& g, const cuda::Exec& e) {
@@ -1483,33 +1510,36 @@ void GpuSession::Impl::attend_segment(int64_t layer, const PassSegment& g, const
 
 void GpuSession::Impl::kv_append(int64_t layer) {
   if ((skip & GpuSession::kSkipAppend) != 0 || batch_rows_) return;  // a decode batch appends in attention()'s branches
-  for (const PassSegment& g : segs_) append_segment(layer, g, e_);
+  for (size_t i = sz(dec_); i < segs_.size(); ++i) append_segment(layer, segs_[i], e_);  // (dec_ rows: likewise)
 }
 
 void GpuSession::Impl::attention(int64_t layer) {
-  if (batch_rows_) {  // each sequence's append then attention on its branch (make_branches)
-    const cudaStream_t st = as_stream(e_.stream);
-    const int branches = static_cast<int>(std::min<int64_t>(kBranches, static_cast<int64_t>(segs_.size())));
+  // A decode batch's sequences, or a pass's leading one-row segments: each one's append then attention on branch
+  // stream (its index mod kBranches; make_branches), forked from the pass's stream and joined back; the pass's other
+  // segments attend on its stream meanwhile.
+  const size_t branched = batch_rows_ ? segs_.size() : sz(dec_);
+  const cudaStream_t st = as_stream(e_.stream);
+  const int branches = static_cast<int>(std::min<int64_t>(kBranches, static_cast<int64_t>(branched)));
+  if (branches > 0) {
     CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[0], st));
     for (int p = 0; p < branches; ++p)
       CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(as_stream(branch_streams[sz(p)]->handle()), branch_events[0], 0));
-    for (const PassSegment& g : segs_) {
-      const int p = static_cast<int>(g.seq % branches);
+    for (size_t i = 0; i < branched; ++i) {
+      const int p = static_cast<int>(i % sz(branches));
       cuda::Exec be;
       be.stream = branch_streams[sz(p)]->handle();
       be.workspace = static_cast<uint8_t*>(branch_ws.data()) + sz(p) * branch_ws_bytes;
       be.workspace_bytes = branch_ws_bytes;
-      if ((skip & GpuSession::kSkipAppend) == 0) append_segment(layer, g, be);
-      if ((skip & GpuSession::kSkipAttention) == 0) attend_segment(layer, g, be);
+      if ((skip & GpuSession::kSkipAppend) == 0) append_segment(layer, segs_[i], be);
+      if ((skip & GpuSession::kSkipAttention) == 0) attend_segment(layer, segs_[i], be);
     }
-    for (int p = 0; p < branches; ++p) {
-      CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[sz(1 + p)], as_stream(branch_streams[sz(p)]->handle())));
-      CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(st, branch_events[sz(1 + p)], 0));
-    }
-    return;
   }
-  if ((skip & GpuSession::kSkipAttention) != 0) return;
-  for (const PassSegment& g : segs_) attend_segment(layer, g, e_);
+  if ((skip & GpuSession::kSkipAttention) == 0)
+    for (size_t i = branched; i < segs_.size(); ++i) attend_segment(layer, segs_[i], e_);
+  for (int p = 0; p < branches; ++p) {
+    CIDER_CUDA_CHECK(kOp, cudaEventRecord(branch_events[sz(1 + p)], as_stream(branch_streams[sz(p)]->handle())));
+    CIDER_CUDA_CHECK(kOp, cudaStreamWaitEvent(st, branch_events[sz(1 + p)], 0));
+  }
 }
 
 void GpuSession::Impl::finish_heads(int64_t layer) {
@@ -1527,7 +1557,14 @@ void GpuSession::Impl::finish_heads(int64_t layer) {
     cuda::finish_heads(ao.as<float>(), false, n_, p.Hq, p.D, rot, p.qL, p.qR, att.as<float>(), e_.stream);
     out = att.as<float>();
   } else if (needed) {
-    for (const PassSegment& g : segs_) {
+    size_t first = 0;
+    if (dec_ > 1) {  // the leading one-row segments: one launch over their (dec_, Hq, D)
+      const cuda::HeadPrepArgs p = head_prep(layer, segs_[0]);
+      cuda::finish_heads(ao.as<float>(), false, dec_, p.Hq, p.D, rot, p.qL, p.qR, att.as<float>(), e_.stream);
+      first = sz(dec_);
+    }
+    for (size_t i = first; i < segs_.size(); ++i) {
+      const PassSegment& g = segs_[i];
       const cuda::HeadPrepArgs p = head_prep(layer, g);
       cuda::finish_heads(ao.as<float>() + g.row0 * HqD, g.n > 1, g.n, p.Hq, p.D, rot, p.qL, p.qR,
                          att.as<float>() + g.row0 * HqD, e_.stream);
@@ -1876,6 +1913,7 @@ void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions, 
   words_ = d + B;
   bound_ = bound;
   batch_rows_ = B > 1;
+  dec_ = 0;
   embed();
   run_layers(m.config, *this);
   enqueue_head(0, B, blogits.as<float>(), e_);
