@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
                         "a directory that keeps the prefix cache across restarts: one file per cached sequence, "
                         "loaded at start (CPU device)");
   serve_cmd->add_option("--step-tokens", serve.step_tokens,
-                        "rows per batched forward: decode rows first, then prompt chunks")
+                        "rows per batched forward: decode rows first, then prompt chunks (at most one pass of the "
+                        "model; 0: one pass: 256 rows on the CPU, the prefill chunk on CUDA, 2048)")
       ->capture_default_str();
   serve_cmd->add_option("--api-key", serve.api_key, "require 'Authorization: Bearer KEY' on /v1/ (or $CIDER_API_KEY)");
   serve_cmd->add_option("--chat-format", serve.chat_format,

@@ -126,8 +126,8 @@ int run_serve(ServeArgs a) {
         "--prefix-cache must be in [0, 4096]; got ", a.prefix_cache);
   check(a.prompt_cache.empty() || a.prefix_cache > 0, ErrorCode::kInvalidArgument, op,
         "--prompt-cache keeps the prefix cache on disk: it needs --prefix-cache > 0; got ", a.prefix_cache);
-  check(a.step_tokens >= 1 && a.step_tokens <= 65536, ErrorCode::kInvalidArgument, op,
-        "--step-tokens must be in [1, 65536]; got ", a.step_tokens);
+  check(a.step_tokens >= 0 && a.step_tokens <= 65536, ErrorCode::kInvalidArgument, op,
+        "--step-tokens must be in [0, 65536] (0: one pass of the model); got ", a.step_tokens);
   check(a.max_body >= 1024, ErrorCode::kInvalidArgument, op, "--max-body must be >= 1024 bytes; got ", a.max_body);
   check(a.drain_seconds >= 0.0 && a.drain_seconds <= 3600.0, ErrorCode::kInvalidArgument, op,
         "--drain-seconds must be in [0, 3600]; got ", a.drain_seconds);

@@ -19,7 +19,7 @@ struct ServeArgs {
   int64_t prefix_cache = 16;       // finished sequences kept for prefix reuse (0: off)
   bool no_prefix_sharing = false;  // copy reused prefixes instead of sharing their blocks
   std::string prompt_cache;        // a directory keeping the prefix cache across restarts; "": in memory only
-  int64_t step_tokens = 256;       // rows per batched forward (decode rows first, then prompt chunks)
+  int64_t step_tokens = 0;         // rows per batched forward (decode rows, then prompt chunks); 0: one pass
   std::string api_key;             // "": no key (also $CIDER_API_KEY)
   std::string chat_format;         // a built-in format; "": the model's template, else the model's built-in format
   std::string chat_template;       // a Jinja template file, instead of the model's own

@@ -517,12 +517,16 @@ TEST(ModelBatch, BatchedSequencesMatchTheirOwnForward) {
       const auto V = static_cast<size_t>(spec.V);
       const std::vector<std::vector<int32_t>> prompts = {random_tokens(30, spec.V, ++salt),
                                                          random_tokens(7, spec.V, ++salt),
+                                                         random_tokens(12, spec.V, ++salt),
                                                          random_tokens(cm::kMaxChunk + 20, spec.V, ++salt)};
-      const std::vector<bool> all = {true, false, true};
+      // Prompts 1 and 2 end in the first pass with only their last rows wanted, apart (rows 36 and 48): the head
+      // takes them in one call after gathering them (Backend gather_rows).
+      const std::vector<bool> all = {true, false, false, true};
+      constexpr size_t kSeqs = 4;
       // Alone: each prompt, then one more token.
-      std::vector<std::vector<float>> want(3), want_next(3);
-      const std::vector<int32_t> next = {1, 2, 3};
-      for (size_t i = 0; i < 3; ++i) {
+      std::vector<std::vector<float>> want(kSeqs), want_next(kSeqs);
+      const std::vector<int32_t> next = {1, 2, 3, 4};
+      for (size_t i = 0; i < kSeqs; ++i) {
         auto s = model->new_session();
         want[i].resize((all[i] ? prompts[i].size() : 1) * V);
         model->forward(*s, prompts[i].data(), static_cast<int64_t>(prompts[i].size()), want[i].data(), all[i]);
@@ -532,24 +536,24 @@ TEST(ModelBatch, BatchedSequencesMatchTheirOwnForward) {
       if (std::string(w) == "f32") {
         EXPECT_TRUE(close_rel(want[0], reference_logits(spec, m, prompts[0]), 1e-4)) << name;
       }
-      // Batched: the three prompts in one call, then the three next tokens in one call (a decode batch).
+      // Batched: the prompts in one call, then the next tokens in one call (a decode batch).
       std::vector<std::unique_ptr<cm::Session>> ss;
-      for (int i = 0; i < 3; ++i) ss.push_back(model->new_session());
-      std::vector<std::vector<float>> got(3), got_next(3);
+      for (size_t i = 0; i < kSeqs; ++i) ss.push_back(model->new_session());
+      std::vector<std::vector<float>> got(kSeqs), got_next(kSeqs);
       std::vector<cm::Model::BatchItem> items;
-      for (size_t i = 0; i < 3; ++i) {
+      for (size_t i = 0; i < kSeqs; ++i) {
         got[i].resize(want[i].size());
         items.push_back({ss[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), got[i].data(), all[i]});
       }
       model->forward_batch(items);
       items.clear();
-      for (size_t i = 0; i < 3; ++i) {
+      for (size_t i = 0; i < kSeqs; ++i) {
         EXPECT_EQ(ss[i]->position(), static_cast<int64_t>(prompts[i].size()));
         got_next[i].resize(V);
         items.push_back({ss[i].get(), &next[i], 1, got_next[i].data(), false});
       }
       model->forward_batch(items);
-      for (size_t i = 0; i < 3; ++i) {
+      for (size_t i = 0; i < kSeqs; ++i) {
         if (std::string(w) == "f32") {  // float32 sums in another order: relative to the largest logit
           EXPECT_TRUE(close_rel(got[i], Vec(want[i].begin(), want[i].end()), 1e-5)) << name << " prompt " << i;
           EXPECT_TRUE(close_rel(got_next[i], Vec(want_next[i].begin(), want_next[i].end()), 1e-5))

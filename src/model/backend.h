@@ -35,6 +35,7 @@
 #include <span>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model.h"
 
 namespace cider::model {
@@ -87,6 +88,9 @@ class PassBackend : public Backend {
   virtual void begin_pass(std::span<const PassSegment> segments, const int32_t* tokens) = 0;
   // logits of `rows` rows of h starting at row `first` → dst (host, [rows, vocab]; null: keep on the device).
   virtual void logits(int64_t first, int64_t rows, float* dst) = 0;
+  // Rows rows[i] of h → row i (rows ascending, rows[i] >= i; in place, in order), so that one logits() call takes
+  // the last rows of several sequences that are not side by side in the pass.
+  virtual void gather_rows(std::span<const int64_t> rows) = 0;
   virtual void end_forward() = 0;  // wait for the device
 };
 
@@ -134,9 +138,25 @@ class BackendModel {
   // The sampler's candidates from the last row a forward kept on the device; false when this device has no sampling.
   virtual bool candidates(BackendSession& s, const CandidateRequest& request, Candidates& out) const;
   virtual bool samples_on_device() const { return false; }
+  // Whether forward_candidates_batch can run a decode batch of n sessions (optional).
+  virtual bool samples_batches_on_device(int64_t n) const {
+    (void)n;
+    return false;
+  }
+  // One token per session (steps[i].n == 1, logits null) whose rows stay on the device, which answers requests[i]
+  // with its candidates and the row's log normalizer (Candidates::row_max / row_log_sum); only where
+  // samples_batches_on_device(sessions.size()).
+  virtual void forward_candidates_batch(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps,
+                                        std::span<const CandidateRequest> requests, std::span<Candidates> out) const {
+    (void)sessions, (void)steps, (void)requests, (void)out;
+    fail(ErrorCode::kInternal, "forward", "this device does not sample batches");
+  }
   virtual bool can_snapshot() const { return false; }  // its sessions' snapshot() works (optional)
   virtual bool can_copy_sessions() const { return false; }  // its sessions' copy_prefix() works (optional)
   virtual bool can_share_sessions() const { return false; }  // its sessions' share() makes shared segments (optional)
+  // Rows of one forward pass of its sessions (a longer step is split into passes): the most rows a server step
+  // should hold, so that no prompt chunk is split between passes.
+  virtual int64_t pass_rows() const = 0;
 };
 
 // The backend for model.options().device: the CPU (model/cpu_backend.cpp) or, in a CUDA build, the GPU

@@ -2,6 +2,7 @@
 // attention; weights used where the loader left them (model/transformer.h).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -526,6 +527,12 @@ class CpuBackend final : public PassBackend {
     }
   }
 
+  void gather_rows(std::span<const int64_t> rows) override {
+    const auto H = static_cast<size_t>(c_.hidden_size);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] != static_cast<int64_t>(i))
+        std::memcpy(s_.h.data() + i * H, s_.h.data() + static_cast<size_t>(rows[i]) * H, H * sizeof(float));
+  }
   void logits(int64_t first, int64_t rows, float* dst) override {
     check(dst != nullptr, ErrorCode::kInternal, "forward", "the CPU backend writes logits to the host");
     m_.w.lm_head.forward(s_.h.data() + first * c_.hidden_size, rows, dst);
@@ -569,6 +576,7 @@ class CpuModel final : public BackendModel {
   bool can_snapshot() const override { return true; }
   bool can_copy_sessions() const override { return true; }
   bool can_share_sessions() const override { return true; }
+  int64_t pass_rows() const override { return kCpuPassRows; }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
     CpuBackend b(m_, sessions, static_cast<CpuSession*>(sessions[0])->scratch);
     run_forward(m_.config, b, steps);

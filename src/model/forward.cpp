@@ -48,6 +48,8 @@ void run_forward(const ModelConfig& c, PassBackend& b, std::span<const SequenceS
   std::vector<PassSegment> segments;
   std::vector<int32_t> tokens;
   std::vector<float> staged;  // logits of several sequences' last rows
+  std::vector<int64_t> last_rows;
+  std::vector<float*> last_dst;
   // Greedy: each pass takes the next rows of the sequences in order until it holds `cap` rows.
   size_t seq = 0;
   int64_t done_in_seq = 0;
@@ -81,42 +83,38 @@ void run_forward(const ModelConfig& c, PassBackend& b, std::span<const SequenceS
     b.begin_pass(segments, pass_tokens);
     b.embed();
     run_layers(c, b);
-    // ---- head: every row of a sequence that wants them all, else only a sequence's last row. Last rows that sit
-    // next to each other in the pass (a decode batch: one row per sequence) go through the head in one call — one
-    // pass over W_head for all of them instead of one per sequence — staged, then copied to each sequence's output.
-    for (size_t i = 0; i < segments.size();) {
-      const PassSegment& g = segments[i];
+    // ---- head: every row of a sequence that wants them all, else only a sequence's last row. The last rows of
+    // several sequences (a decode batch's, or prompts ending in this pass) go through the head in one call — one pass
+    // over W_head for all of them instead of one per sequence — gathered side by side (after the all-rows sequences
+    // have read theirs), staged, then copied to each sequence's output. A last row kept on the device (logits null:
+    // one sequence) goes alone.
+    last_rows.clear();
+    last_dst.clear();
+    for (const PassSegment& g : segments) {
       const SequenceStep& st = steps[static_cast<size_t>(g.seq)];
       const int64_t offset = g.pos0 - st.start;  // rows of this sequence before this segment
       if (st.all_logits) {
         b.logits(g.row0, g.n, st.logits + offset * V);
-        ++i;
-        continue;
+      } else if (offset + g.n == st.n) {  // else the sequence goes on in the next pass
+        last_rows.push_back(g.row0 + g.n - 1);
+        last_dst.push_back(st.logits);
       }
-      if (offset + g.n != st.n) {  // the sequence goes on in the next pass
-        ++i;
-        continue;
+    }
+    const bool on_device = std::find(last_dst.begin(), last_dst.end(), nullptr) != last_dst.end();
+    if (last_rows.size() == 1 || on_device) {
+      for (size_t k = 0; k < last_rows.size(); ++k) b.logits(last_rows[k], 1, last_dst[k]);
+    } else if (last_rows.size() > 1) {
+      bool side_by_side = true;
+      for (size_t k = 1; k < last_rows.size(); ++k) side_by_side = side_by_side && last_rows[k] == last_rows[0] + static_cast<int64_t>(k);
+      int64_t row0 = last_rows[0];
+      if (!side_by_side) {
+        b.gather_rows(last_rows);
+        row0 = 0;
       }
-      const int64_t row = g.row0 + g.n - 1;
-      size_t j = i + 1;
-      while (st.logits != nullptr && j < segments.size()) {
-        const PassSegment& h = segments[j];
-        const SequenceStep& sh = steps[static_cast<size_t>(h.seq)];
-        const bool last_row_next = !sh.all_logits && sh.logits != nullptr && h.pos0 - sh.start + h.n == sh.n &&
-                                   h.row0 + h.n - 1 == row + static_cast<int64_t>(j - i);
-        if (!last_row_next) break;
-        ++j;
-      }
-      if (j - i == 1) {
-        b.logits(row, 1, st.logits);
-      } else {
-        staged.resize((j - i) * static_cast<size_t>(V));
-        b.logits(row, static_cast<int64_t>(j - i), staged.data());
-        for (size_t k = i; k < j; ++k)
-          std::memcpy(steps[static_cast<size_t>(segments[k].seq)].logits, staged.data() + (k - i) * static_cast<size_t>(V),
-                      static_cast<size_t>(V) * sizeof(float));
-      }
-      i = j;
+      staged.resize(last_rows.size() * static_cast<size_t>(V));
+      b.logits(row0, static_cast<int64_t>(last_rows.size()), staged.data());
+      for (size_t k = 0; k < last_rows.size(); ++k)
+        std::memcpy(last_dst[k], staged.data() + k * static_cast<size_t>(V), static_cast<size_t>(V) * sizeof(float));
     }
     seq = s;
     done_in_seq = d;

@@ -22,12 +22,12 @@ constexpr int64_t kDefaultCtxCap = 8192;
 
 // Runs steps[i] on sessions[i] (already checked) and advances each session's position; on an error every session is
 // left as it was (whatever part of the tokens reached its caches is dropped) and the error goes on.
-void run_steps(const BackendModel& backend, std::span<Session::Impl* const> sessions,
-               std::span<const SequenceStep> steps) {
+template <typename Forward>
+void run_steps_with(std::span<Session::Impl* const> sessions, std::span<const SequenceStep> steps, Forward&& forward) {
   std::vector<BackendSession*> bs;
   for (Session::Impl* si : sessions) bs.push_back(si->backend.get());
   try {
-    backend.forward(bs, steps);
+    forward(std::span<BackendSession* const>(bs));
   } catch (...) {
     // Back to where each session was; a session whose sliding-window caches dropped positions its start needs
     // (the failed call appended more than the window's slack) starts over, empty (docs/engine.md).
@@ -38,6 +38,11 @@ void run_steps(const BackendModel& backend, std::span<Session::Impl* const> sess
     throw;
   }
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->position += steps[i].n;
+}
+
+void run_steps(const BackendModel& backend, std::span<Session::Impl* const> sessions,
+               std::span<const SequenceStep> steps) {
+  run_steps_with(sessions, steps, [&](std::span<BackendSession* const> bs) { backend.forward(bs, steps); });
 }
 
 }  // namespace
@@ -200,6 +205,7 @@ const Tokenizer& Model::tokenizer() const {
   return *impl_->tokenizer;
 }
 int64_t Model::context_length() const { return impl_->ctx; }
+int64_t Model::pass_rows() const { return impl_->backend->pass_rows(); }
 size_t Model::weight_bytes() const { return impl_->w.nbytes; }
 const std::string& Model::chat_template() const { return impl_->chat_template; }
 const std::string& Model::bos_token() const { return impl_->bos_token; }
@@ -262,6 +268,37 @@ bool Model::forward_candidates(Session& s, const int32_t* tokens, int64_t n, con
   Session::Impl* sp = &si;
   run_steps(*impl_->backend, std::span<Session::Impl* const>(&sp, 1), std::span<const SequenceStep>(&step, 1));
   impl_->backend->candidates(*si.backend, request, out);
+  return true;
+}
+
+bool Model::samples_on_device() const { return impl_->backend->samples_on_device(); }
+
+bool Model::forward_batch_candidates(std::span<const BatchItem> items, std::span<const CandidateRequest> requests,
+                                     std::span<Candidates> out) const {
+  constexpr const char* op = "model.forward_batch_candidates";
+  if (items.empty() || !impl_->backend->samples_batches_on_device(static_cast<int64_t>(items.size()))) return false;
+  check(requests.size() == items.size() && out.size() == items.size(), ErrorCode::kInvalidArgument, op,
+        "one request and one output per item; got ", items.size(), " items, ", requests.size(), " requests, ",
+        out.size(), " outputs");
+  for (const CandidateRequest& r : requests)
+    if (r.k < 1) return false;
+  std::vector<Session::Impl*> sessions;
+  std::vector<SequenceStep> steps;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    check(it.session != nullptr && it.n == 1, ErrorCode::kInvalidArgument, op, "batch item ", i,
+          " needs a session and one token; got n ", it.n);
+    Session::Impl& si = it.session->impl();
+    check_forward_args(si, it.tokens, it.n, /*has_logits=*/true, op);
+    for (size_t j = 0; j < i; ++j)
+      check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
+            "a session may appear once in a batch; items ", j, " and ", i, " share one");
+    sessions.push_back(&si);
+    steps.push_back({it.tokens, 1, si.position, /*logits=*/nullptr, /*all_logits=*/false});
+  }
+  run_steps_with(sessions, steps, [&](std::span<BackendSession* const> bs) {
+    impl_->backend->forward_candidates_batch(bs, steps, requests, out);
+  });
   return true;
 }
 

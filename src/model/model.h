@@ -287,6 +287,9 @@ class Model {
   const ModelOptions& options() const;
   const Tokenizer& tokenizer() const;
   int64_t context_length() const;  // the effective ctx
+  // Rows of one forward pass on this model's device (CPU: kMaxChunk; CUDA: the prefill chunk, $CIDER_PREFILL_CHUNK or
+  // 2048, at most the context): a longer forward runs in passes of this many rows.
+  int64_t pass_rows() const;
   size_t weight_bytes() const;     // bytes of weights held in memory (mapped bf16 tensors count as held)
   // The model's own chat template (Jinja source; model/chat_template.h renders it), empty when it has none; and the
   // BOS / EOS strings a template sees.
@@ -315,6 +318,14 @@ class Model {
   // the vocabulary. Returns false, having done nothing, when the session runs on the CPU or request.k is 0.
   bool forward_candidates(Session& s, const int32_t* tokens, int64_t n, const CandidateRequest& request,
                           Candidates& out) const;
+  // The same for a decode batch (the server's step): one token per item (n == 1; logits and all_logits ignored), each
+  // row answered on the device with requests[i]'s candidates and the row's log normalizer (Candidates::row_max,
+  // row_log_sum: logprobs without copying the row). Returns false, having done nothing, where the device cannot
+  // (the CPU; a tensor-parallel model; a model whose decode steps need the host) or a request has k 0. On error no
+  // session changes.
+  bool forward_batch_candidates(std::span<const BatchItem> items, std::span<const CandidateRequest> requests,
+                                std::span<Candidates> out) const;
+  bool samples_on_device() const;  // forward_candidates can answer (a GPU device)
   // A session's state copied to the host, and a new session holding a copy of one (model/session_state.h): the
   // server's prefix cache on disk. Only where can_snapshot() (the CPU device; a GPU session's caches stay on the GPU):
   // elsewhere both throw cider::Error (kUnsupported). restore_session checks everything against this model before

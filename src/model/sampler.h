@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -73,6 +74,10 @@ struct Candidates {
   std::vector<float> logits;           // [k]: their logits
   std::vector<float> excluded_logits;  // [request.excluded.size()]: the raw logits of the excluded tokens
   int64_t bad_index = -1;              // the first token whose logit is NaN or +inf, or -1
+  // The row's log-softmax normalizer where the device sent it (Model::forward_batch_candidates; NaN otherwise):
+  // log p(t) = logit(t) − row_max − row_log_sum over the raw logits.
+  float row_max = std::numeric_limits<float>::quiet_NaN();
+  float row_log_sum = std::numeric_limits<float>::quiet_NaN();
 };
 
 class Sampler {

@@ -178,7 +178,7 @@ Engine::Engine(const model::Model& model, const EngineOptions& options)
         "max_batch must be in [1, 1024]; got ", options_.max_batch);
   check(options_.max_waiting >= 0, ErrorCode::kInvalidArgument, kOp, "max_waiting must be >= 0; got ",
         options_.max_waiting);
-  check(options_.step_tokens >= 1, ErrorCode::kInvalidArgument, kOp, "step_tokens must be >= 1; got ",
+  check(options_.step_tokens >= 0, ErrorCode::kInvalidArgument, kOp, "step_tokens must be >= 0 (0: one pass); got ",
         options_.step_tokens);
   check(options_.prefix_cache_entries >= 0, ErrorCode::kInvalidArgument, kOp,
         "prefix_cache_entries must be >= 0; got ", options_.prefix_cache_entries);
@@ -628,6 +628,52 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
   }
 }
 
+model::CandidateRequest Engine::device_request(const Sequence& s) const {
+  if (s.json || !s.opt.logit_bias.empty() ||
+      ((s.opt.presence_penalty != 0.0 || s.opt.frequency_penalty != 0.0) && !s.counts.empty()))
+    return {};
+  model::CandidateRequest r = s.sampler->candidate_request(vocab_, s.history);
+  if (r.k < 1) return {};
+  r.k = std::max<int64_t>(r.k, s.opt.top_logprobs);
+  if (r.k > std::min<int64_t>(model::kDeviceTopkMax, vocab_)) return {};
+  return r;
+}
+
+void Engine::draw_candidates(Sequence& s, const model::CandidateRequest& request, const model::Candidates& c,
+                             Draw& out) const {
+  // The sampler's own request asks for its k (top_k, or 1 when greedy): the device's first k answer it exactly.
+  model::CandidateRequest mine = request;
+  mine.k = s.sampler->candidate_request(vocab_, s.history).k;
+  model::Candidates first = c;
+  first.ids.resize(static_cast<size_t>(mine.k));
+  first.logits.resize(static_cast<size_t>(mine.k));
+  try {
+    out.token = s.sampler->sample_candidates(mine, first, vocab_);
+  } catch (const std::exception& e) {
+    out.error = e.what();
+    return;
+  }
+  out.has_logprob = s.opt.top_logprobs >= 0;
+  if (!out.has_logprob) return;
+  // The raw row's distribution (no OpenAI penalties or bias here): the candidates and the excluded tokens' own
+  // logits are its best tokens (logit desc, id asc) — the top_logprobs first of them — and hold the drawn one.
+  std::vector<std::pair<float, int32_t>> best;
+  for (size_t i = 0; i < c.ids.size(); ++i)
+    if (c.ids[i] >= 0) best.emplace_back(c.logits[i], c.ids[i]);
+  for (size_t i = 0; i < request.excluded.size(); ++i) best.emplace_back(c.excluded_logits[i], request.excluded[i]);
+  std::sort(best.begin(), best.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  const double mx = c.row_max, lse = c.row_log_sum;
+  TokenLogprob& lp = out.logprob;
+  lp.id = out.token;
+  lp.logprob = -std::numeric_limits<double>::infinity();
+  for (const auto& [z, id] : best)
+    if (id == out.token) lp.logprob = static_cast<double>(z) - mx - lse;
+  const size_t k = std::min<size_t>(static_cast<size_t>(s.opt.top_logprobs), best.size());
+  for (size_t i = 0; i < k; ++i) lp.top.emplace_back(best[i].second, static_cast<double>(best[i].first) - mx - lse);
+}
+
 // The drawn token into the sequence: streamed through the stop filter, or the end of the sequence.
 void Engine::accept(Sequence& s, Draw& d, Clock::time_point now) {
   if (!d.error.empty()) return finish(s, FinishReason::kError, d.error);
@@ -681,10 +727,11 @@ void Engine::step() {
   }
   // Prompt chunks end on multiples of chunk_align_ (absolute positions) or at the prompt's end: a cache with
   // per-channel key blocks then sees every block completed inside one chunk, as a request alone would. And the step
-  // stays within one pass of the model (model::kMaxChunk rows), so no chunk is split between passes. Together: a
-  // sequence's numbers do not depend on what else runs. (With more than kMaxChunk - chunk_align_ sequences decoding,
+  // stays within one pass of the model (Model::pass_rows()), so no chunk is split between passes. Together: a
+  // sequence's numbers do not depend on what else runs. (With more than pass_rows - chunk_align_ sequences decoding,
   // prompts wait for rows.)
-  int64_t budget = std::min(options_.step_tokens, model::kMaxChunk) - decode_rows;
+  const int64_t pass = model_.pass_rows();
+  int64_t budget = (options_.step_tokens > 0 ? std::min(options_.step_tokens, pass) : pass) - decode_rows;
   for (auto& sp : running_) {
     Sequence& s = *sp;
     const int64_t len = static_cast<int64_t>(s.opt.prompt.size());
@@ -704,11 +751,26 @@ void Engine::step() {
     logits[i].resize(static_cast<size_t>(vocab_));
     batch.push_back({items[i].s->session.get(), items[i].tokens, items[i].n, logits[i].data(), false});
   }
+  // A step of decode rows only samples on the device where every sequence's settings allow it (device_request):
+  // k candidates and the row's normalizer cross to the host instead of the vocabulary.
+  std::vector<model::CandidateRequest> requests;
+  if (!items.empty() && decode_rows == static_cast<int64_t>(items.size()) && model_.samples_on_device()) {
+    for (const Item& it : items) {
+      requests.push_back(device_request(*it.s));
+      if (requests.back().k < 1) {
+        requests.clear();
+        break;
+      }
+    }
+  }
+  std::vector<model::Candidates> answers(requests.size());
+  bool on_device = false;
   std::string error;
   const Clock::time_point t0 = Clock::now();
   if (!batch.empty()) {
     try {
-      model_.forward_batch(batch);
+      on_device = !requests.empty() && model_.forward_batch_candidates(batch, requests, answers);
+      if (!on_device) model_.forward_batch(batch);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -728,9 +790,13 @@ void Engine::step() {
   }
   std::vector<Draw> draws(drawing.size());
   default_thread_pool().parallel_for(static_cast<int64_t>(drawing.size()), [&](int64_t b, int64_t e, int) {
-    for (int64_t j = b; j < e; ++j)
-      draw(*items[drawing[static_cast<size_t>(j)]].s, logits[drawing[static_cast<size_t>(j)]].data(),
-           draws[static_cast<size_t>(j)]);
+    for (int64_t j = b; j < e; ++j) {
+      const size_t i = drawing[static_cast<size_t>(j)];
+      if (on_device)
+        draw_candidates(*items[i].s, requests[i], answers[i], draws[static_cast<size_t>(j)]);
+      else
+        draw(*items[i].s, logits[i].data(), draws[static_cast<size_t>(j)]);
+    }
   });
   for (size_t j = 0; j < drawing.size(); ++j) accept(*items[drawing[j]].s, draws[j], t1);
   for (auto& sp : running_)

@@ -118,7 +118,8 @@ struct EngineOptions {
   int64_t max_batch = 8;             // sequences decoded together at most
   int64_t kv_memory = 0;             // bytes of KV for running and pooled sequences; 0: max_batch full contexts
   int64_t max_waiting = 64;          // requests queued beyond the batch; more are refused (Submit::kBusy)
-  int64_t step_tokens = 256;         // rows of one batched forward (decode rows first, then prompt chunks)
+  int64_t step_tokens = 0;           // rows of one batched forward (decode rows first, then prompt chunks), at most
+                                     // Model::pass_rows(); 0: Model::pass_rows()
   int64_t prefix_cache_entries = 16; // finished sequences kept for prefix reuse; 0: no prefix cache
   // Hits of at least KVCache::kStep positions share the entry's blocks (Model::share_session) instead of copying
   // them; false: every hit copies (for comparisons).
@@ -203,6 +204,13 @@ class Engine {
     TokenLogprob logprob;
   };
   void draw(Sequence& s, const float* logits, Draw& out) const;
+  // Sampling on the device (Model::forward_batch_candidates): the request a sequence would send — its sampler's
+  // candidate request, k raised to top_logprobs so the reported alternatives are among the candidates — or k 0 when
+  // its settings need the whole row (logit_bias, presence/frequency penalties once it has tokens, a JSON format, a
+  // sampler without top_k). draw_candidates is draw() from the device's answer: the same token and logprobs.
+  model::CandidateRequest device_request(const Sequence& s) const;
+  void draw_candidates(Sequence& s, const model::CandidateRequest& request, const model::Candidates& c,
+                       Draw& out) const;
   void accept(Sequence& s, Draw& d, std::chrono::steady_clock::time_point now);
   // Bytes the prefix pool holds alive: each pooled session's own, and once each, the shared blocks (Model::
   // share_session) that pooled or running sessions hold — without `except`'s share (what its leaving frees).

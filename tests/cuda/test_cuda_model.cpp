@@ -24,6 +24,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -568,7 +569,8 @@ TEST(CudaModel, BatchedSessionsMatchEachSessionAlone) {
 
 // Decode rows beside prompt chunks in one call (the server's mixed steps: begin_pass prepares and finishes the leading
 // one-row segments' heads in one launch each and runs their appends and attention on the branch streams): three
-// sessions decode while a fourth's prompt of 300 tokens goes in (passes of 128 rows, the first holding the three
+// sessions' prompts in one call (two wanting only their last rows, which are apart: gathered for one head call), then
+// the three decode while a fourth's prompt of 300 tokens goes in (passes of 128 rows, the first holding the three
 // decode rows), twice, then all four decode together. Each session's logits against the same tokens run alone on the
 // GPU, within the configuration's own error on the CPU (as BatchedSessionsMatchEachSessionAlone); the sliding variant
 // (window 24, bounded layers: each session's drop in the lead's pass) against the CPU within the bf16 tolerance.
@@ -592,8 +594,8 @@ TEST(CudaModel, DecodeRowsBesidePromptChunksMatchEachSessionAlone) {
       for (cm::Model* m : {cpu_bf16.get(), cpu_f32kv.get(), cpu_q.get(), gpu.get()}) make_variant(*m);
     const auto V = static_cast<size_t>(gpu->config().vocab_size);
     const std::vector<int32_t> text = text_tokens(*cpu_bf16, 700);
-    // Session i's tokens: prompts of 40, 7 and 90 tokens (i < 3) then one token per call; session 3: 300 then one.
-    const std::vector<size_t> first = {0, 50, 100, 300}, prompt = {40, 7, 90, 300};
+    // Session i's tokens: prompts of 40, 7 and 20 tokens (i < 3) then one token per call; session 3: 300 then one.
+    const std::vector<size_t> first = {0, 50, 100, 300}, prompt = {40, 7, 20, 300};
     std::vector<std::vector<int32_t>> seq(4);
     for (size_t i = 0; i < 4; ++i)
       seq[i].assign(text.begin() + static_cast<std::ptrdiff_t>(first[i]),
@@ -605,9 +607,14 @@ TEST(CudaModel, DecodeRowsBesidePromptChunksMatchEachSessionAlone) {
       ss.push_back(gpu->new_session());
       got[i].assign(seq[i].size() * V, std::nanf(""));
     }
-    for (size_t i = 0; i < 3; ++i) {  // the three prompts, one call
-      gpu->forward(*ss[i], seq[i].data(), static_cast<int64_t>(prompt[i]), got[i].data(), true);
-      len[i] = prompt[i];
+    {  // the three prompts in one call, sessions 1 and 2 only their last rows (46 and 66: gathered for the head)
+      std::vector<cm::Model::BatchItem> items;
+      for (size_t i = 0; i < 3; ++i) {
+        items.push_back({ss[i].get(), seq[i].data(), static_cast<int64_t>(prompt[i]),
+                         got[i].data() + (i == 0 ? 0 : (prompt[i] - 1) * V), i == 0});
+        len[i] = prompt[i];
+      }
+      gpu->forward_batch(items);
     }
     // Calls 1-2: the three decode beside session 3's prompt (150 + 150 tokens); call 3: all four decode.
     for (int call = 0; call < 3; ++call) {
@@ -635,7 +642,7 @@ TEST(CudaModel, DecodeRowsBesidePromptChunksMatchEachSessionAlone) {
         tol = std::string(k.w) == "bf16" ? bf16_tolerance(ref_bf16, logits_of(*cpu_f32kv, toks, pre))
                                          : diff(logits_of(*cpu_q, toks, pre), ref_bf16).max_abs;
       }
-      // Rows the calls wrote: the last prompt row (sessions 0-2: every prompt row) and every decode row.
+      // Rows the calls wrote: session 0 every prompt row, the others the last prompt row, and every decode row.
       std::vector<float> g, w;
       for (size_t r = 0; r < len[i]; ++r) {
         if (std::isnan(got[i][r * V])) continue;
@@ -846,6 +853,83 @@ TEST(CudaModel, DeviceSamplingGivesTheTokensOfTheLogitsPath) {
   }
   ASSERT_EQ(c.excluded_logits.size(), 3u);
   EXPECT_EQ(c.excluded_logits[1], row[5]);
+}
+
+// Model::forward_batch_candidates (the server's decode steps sampling on the device): five sessions one token each,
+// three steps in a row (the first launched directly, the second captured, the third a replay), against the same
+// sessions' twins stepped by forward_batch with the rows copied out: every candidate id and logit, the excluded
+// tokens' logits and bad_index equal the host's ranking of the copied row bit for bit (the same launches); the row's
+// max exactly, its log-sum within 2e-6 of float64 (cuda.log_normalizers' bound, tests/cuda/test_cuda_ops.cpp).
+TEST(CudaModel, BatchCandidatesEqualTheCopiedRows) {
+  CIDER_REQUIRE_GPU();
+  auto gpu = load("w8a8", "k4v3", cm::Device::kCUDA, "hadamard");
+  const auto V = static_cast<size_t>(gpu->config().vocab_size);
+  const std::vector<int32_t> text = text_tokens(*gpu, 400);
+  constexpr size_t kN = 5;
+  std::vector<std::unique_ptr<cm::Session>> dev, host;
+  std::vector<float> scratch(V);
+  for (size_t i = 0; i < kN; ++i) {
+    for (auto* set : {&dev, &host}) {
+      set->push_back(gpu->new_session());
+      gpu->forward(*set->back(), text.data() + 30 * i, static_cast<int64_t>(20 + 7 * i), scratch.data(), false);
+    }
+  }
+  std::vector<cm::CandidateRequest> requests(kN);
+  const std::vector<int64_t> ks = {1, 40, 256, 20, 5};
+  for (size_t i = 0; i < kN; ++i) requests[i].k = ks[i];
+  requests[1].excluded = {0, 5, 17};
+  std::vector<std::vector<float>> rows(kN, std::vector<float>(V));
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<int32_t> tok(kN);
+    for (size_t i = 0; i < kN; ++i) tok[i] = text[30 * i + 20 + 7 * i + static_cast<size_t>(step)];
+    // Sequence 3's excluded: its row's best three tokens (so the candidates must skip them) and token 1.
+    std::vector<cm::Model::BatchItem> a, b;
+    for (size_t i = 0; i < kN; ++i) {
+      a.push_back({host[i].get(), &tok[i], 1, rows[i].data(), false});
+      b.push_back({dev[i].get(), &tok[i], 1, nullptr, false});
+    }
+    gpu->forward_batch(a);
+    {
+      std::vector<int32_t> order(V);
+      std::iota(order.begin(), order.end(), 0);
+      const std::vector<float>& r = rows[3];
+      std::partial_sort(order.begin(), order.begin() + 3, order.end(), [&](int32_t x, int32_t y) {
+        return r[static_cast<size_t>(x)] != r[static_cast<size_t>(y)] ? r[static_cast<size_t>(x)] > r[static_cast<size_t>(y)] : x < y;
+      });
+      requests[3].excluded = {1, order[0], order[1], order[2]};
+      std::sort(requests[3].excluded.begin(), requests[3].excluded.end());
+      requests[3].excluded.erase(std::unique(requests[3].excluded.begin(), requests[3].excluded.end()),
+                                 requests[3].excluded.end());
+    }
+    std::vector<cm::Candidates> got(kN);
+    ASSERT_TRUE(gpu->forward_batch_candidates(b, requests, got));
+    for (size_t i = 0; i < kN; ++i) {
+      SCOPED_TRACE("sequence " + std::to_string(i));
+      EXPECT_EQ(dev[i]->position(), host[i]->position());
+      const std::vector<float>& r = rows[i];
+      const std::vector<int32_t>& ex = requests[i].excluded;
+      std::vector<int32_t> order;
+      for (int32_t id = 0; id < static_cast<int32_t>(V); ++id)
+        if (!std::binary_search(ex.begin(), ex.end(), id)) order.push_back(id);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+        return r[static_cast<size_t>(x)] > r[static_cast<size_t>(y)];
+      });
+      ASSERT_EQ(got[i].ids.size(), static_cast<size_t>(ks[i]));
+      EXPECT_EQ(got[i].bad_index, -1);
+      for (size_t j = 0; j < static_cast<size_t>(ks[i]); ++j) {
+        EXPECT_EQ(got[i].ids[j], order[j]) << j;
+        EXPECT_EQ(got[i].logits[j], r[static_cast<size_t>(order[j])]) << j;
+      }
+      ASSERT_EQ(got[i].excluded_logits.size(), ex.size());
+      for (size_t j = 0; j < ex.size(); ++j) EXPECT_EQ(got[i].excluded_logits[j], r[static_cast<size_t>(ex[j])]);
+      const float mx = *std::max_element(r.begin(), r.end());
+      double sum = 0.0;
+      for (float z : r) sum += std::exp(static_cast<double>(z) - mx);
+      EXPECT_EQ(got[i].row_max, mx);
+      EXPECT_NEAR(got[i].row_log_sum, std::log(sum), 2e-6);
+    }
+  }
 }
 
 // A trimmed session continues exactly like the untrimmed one did (the device cache rows are overwritten in place),

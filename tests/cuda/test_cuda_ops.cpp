@@ -850,5 +850,59 @@ TEST(CudaOps, TopkInACudaGraphReplaysWithFreshInputs) {
   }
 }
 
+// ---- log normalizers (topk.cu) ----------------------------------------------------------------------------------
+
+// log_normalizers against float64 on the host: the max exactly; log Σ exp(z − max) within 2e-6 — each term is
+// expf(fl(z − max)), whose rounding (the subtraction's 2^-24·|z − max| and expf's ≤ 2 ulp) perturbs the sum by at most
+// ~4e-7 relative where the terms that matter are (|z − max| ≤ 16), and the float32 result adds ≤ 0.5 ulp of a value
+// below 16 (4.8e-7). Rows of several vocabularies with tails, −inf entries, one row of NaN and one of +inf (NaN out),
+// one all −inf (max −inf, sum NaN).
+TEST(CudaOps, LogNormalizersMatchFloat64) {
+  CIDER_REQUIRE_GPU();
+  auto rng = test::make_rng(117);
+  StreamExec se;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t vocab : {1, 7, 513, 4097, 128256}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const int64_t n = 6;
+    std::vector<float> rows = test::randn(rng, static_cast<size_t>(n * vocab), 5.0f);
+    for (int64_t i = 0; i < vocab; i += 3) rows[static_cast<size_t>(i)] = ninf;  // row 0: a third −inf
+    rows[static_cast<size_t>(2 * vocab + vocab / 2)] = std::numeric_limits<float>::quiet_NaN();  // row 2
+    rows[static_cast<size_t>(3 * vocab + vocab - 1)] = std::numeric_limits<float>::infinity();   // row 3
+    for (int64_t i = 0; i < vocab; ++i) rows[static_cast<size_t>(4 * vocab + i)] = ninf;        // row 4
+    Guarded<float> d_rows(rows.size()), d_out(static_cast<size_t>(2 * n));
+    d_rows.upload(rows);
+    d_out.poison();
+    log_normalizers(d_rows.data(), n, vocab, d_out.data(), se.exec);
+    se.stream.synchronize();
+    EXPECT_TRUE(d_out.guards_intact());
+    const std::vector<float> out = d_out.download();
+    for (int64_t r = 0; r < n; ++r) {
+      const float* z = rows.data() + r * vocab;
+      float mx = ninf;
+      bool bad = false;
+      for (int64_t i = 0; i < vocab; ++i) {
+        bad = bad || std::isnan(z[i]) || z[i] == std::numeric_limits<float>::infinity();
+        mx = std::max(mx, z[i]);
+      }
+      const float got_max = out[static_cast<size_t>(2 * r)], got_lse = out[static_cast<size_t>(2 * r + 1)];
+      if (bad) {
+        EXPECT_TRUE(std::isnan(got_max) && std::isnan(got_lse)) << "row " << r;
+        continue;
+      }
+      EXPECT_EQ(got_max, mx) << "row " << r;
+      if (mx == ninf) {
+        EXPECT_TRUE(std::isnan(got_lse)) << "row " << r;
+        continue;
+      }
+      double sum = 0.0;
+      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(z[i]) - mx);
+      EXPECT_NEAR(got_lse, std::log(sum), 2e-6) << "row " << r;
+      EXPECT_FALSE(std::isnan(got_lse)) << "row " << r;
+    }
+  }
+  expect_error([&] { log_normalizers(nullptr, 1, 4, nullptr, se.exec); }, "cuda.log_normalizers");
+}
+
 }  // namespace
 }  // namespace cider::cuda

@@ -259,5 +259,11 @@ constexpr int64_t kTopkMaxExcluded = 1024;
 size_t topk_workspace_bytes(int64_t vocab, int64_t k);
 void topk_logits(const float* logits, int64_t vocab, const int32_t* excluded, int64_t n_excluded, int64_t k,
                  int32_t* ids, float* vals, float* excluded_vals, int32_t* status, const Exec& exec);
+// The log-softmax normalizer of each of n rows of logits (device, row r at logits + r·vocab), for logprobs beside the
+// candidates: out[2r] = max of the row, out[2r + 1] = log Σ exp(z − max) — expf of each float32 term, summed in
+// float64, the log in float64, stored as float32 (the host's log_sum_exp sums the same terms in float64). A row with
+// NaN or +inf gives NaN (topk_logits' status names the token); a row of −inf only gives max −inf, sum NaN.
+// One 512-thread CTA per row, no workspace. 1 ≤ n, 1 ≤ vocab ≤ 2^31 − 1 (kInvalidArgument otherwise).
+void log_normalizers(const float* logits, int64_t n, int64_t vocab, float* out, const Exec& exec);
 
 }  // namespace cider::cuda

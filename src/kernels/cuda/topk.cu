@@ -387,7 +387,53 @@ void check_sizes(int64_t vocab, int64_t k, const char* op) {
         vocab);
 }
 
+// One CTA per row: max, then Σ expf(z − max) in float64 (a thread's terms, then the warps', then the block's).
+__global__ void __launch_bounds__(kThreads) log_normalizers_kernel(const float* logits, int64_t vocab, float* out) {
+  const float* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  __shared__ float wmax[kWarps];
+  __shared__ double wsum[kWarps];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  pdl::wait();  // the logits come from earlier work on the stream
+  float m = -INFINITY;
+  bool bad = false;  // NaN or +inf
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = z[i];
+    bad = bad || v != v || v == INFINITY;
+    m = fmaxf(m, v);
+  }
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const bool any_bad = __syncthreads_or(bad) != 0;
+  if (lane == 0) wmax[warp] = m;
+  __syncthreads();
+  m = wmax[0];
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, wmax[w]);
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) s += static_cast<double>(expf(z[i] - m));
+  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) wsum[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0.0;
+    for (int w = 0; w < kWarps; ++w) t += wsum[w];
+    out[2 * blockIdx.x] = any_bad ? NAN : m;
+    out[2 * blockIdx.x + 1] = any_bad || m == -INFINITY ? NAN : static_cast<float>(log(t));
+  }
+}
+
 }  // namespace
+
+void log_normalizers(const float* logits, int64_t n, int64_t vocab, float* out, const Exec& exec) {
+  constexpr const char* kOp = "cuda.log_normalizers";
+  require_device(kOp);
+  check(n >= 1 && n <= INT_MAX, ErrorCode::kInvalidArgument, kOp, "n must be in [1, 2^31 - 1]; got ", n);
+  check(vocab >= 1 && vocab <= INT_MAX, ErrorCode::kInvalidArgument, kOp, "vocab must be in [1, 2^31 - 1]; got ",
+        vocab);
+  check(logits != nullptr && out != nullptr, ErrorCode::kInvalidArgument, kOp,
+        "logits and out must be device pointers, not null");
+  CIDER_CUDA_CHECK(kOp, pdl::launch(log_normalizers_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0,
+                                    static_cast<cudaStream_t>(exec.stream), logits, vocab, out));
+  check_last_launch(kOp);
+}
 
 size_t topk_workspace_bytes(int64_t vocab, int64_t k) {
   check_sizes(vocab, k, "cuda.topk_workspace_bytes");

@@ -785,7 +785,7 @@ struct GpuSession::Impl final : public PassBackend {
   bool kv_same_rows = false;  // keys and values have the same row bytes: one kv_append for both
   // Activations, float32, sized for `chunk` rows: x, h, tmp (rows, hidden); qkv (rows, (Hq + 2·Hkv)·D, gated
   // attention (rows, (2·Hq + 2·Hkv)·D)); q, ao, att (rows, Hq·D); gu (rows, 2·I); ffn (rows, I); scratch (rows, largest
-  // unfused part) only for unfused parts; logits_last (vocab); logits_all (rows, vocab), allocated on first use.
+  // unfused part) only for unfused parts; logits_last (vocab); logits_all (rows, vocab), grown as multi-row heads ask.
   // Hybrid models also: la_qkvz (rows, C + V), la_conv (rows, C), la_o (rows, V), la_beta and la_g (rows, Hv).
   cuda::DeviceBuffer x, h, tmp, qkv, q, ao, att, gu, ffn, scratch, logits_last, logits_all;
   cuda::DeviceBuffer la_qkvz, la_conv, la_o, la_beta, la_g;
@@ -908,6 +908,15 @@ struct GpuSession::Impl final : public PassBackend {
   uint64_t batch_clock = 0;
   int64_t batch_captures = 0;
   std::vector<int64_t> last_batch_key;  // the previous batched step's key when it ran directly
+  bool batch_copy_ = true;  // the decode batch being enqueued copies its rows of logits to blogits_host
+  // batch_candidates: per row kBatchCandWords int32 words — excluded [kTopkMaxExcluded] | ids [kTopkMaxK] |
+  // vals [kTopkMaxK] | excluded_vals [kTopkMaxExcluded] | status | max | log-sum — on the device (bcand) and pinned
+  // (bcand_host), sized for batch_cap rows; the normalizers also land in bstats [2 · rows] first. Topk workspace once.
+  static constexpr int64_t kBatchCandWords = 2 * cuda::kTopkMaxExcluded + 2 * cuda::kTopkMaxK + 3;
+  cuda::DeviceBuffer bcand, bstats, bcand_ws;
+  int32_t* bcand_host = nullptr;
+  int64_t bcand_cap = 0;
+  void batch_candidates(const std::vector<const CandidateRequest*>& requests, std::span<Candidates> out);
   const int64_t id;  // unique among the process's sessions (a batch graph's key names sessions by it)
   void decode_batch(std::span<Impl* const> seqs, std::span<const SequenceStep> steps, bool use_graphs);
   // bound: the batch's KV bound, the largest of its sequences' buckets (its key changes only when that one does).
@@ -948,6 +957,7 @@ struct GpuSession::Impl final : public PassBackend {
   // shared-expert weights, gate|up (slots, 2·Ie), GLU (slots, Ie), down (slots, H).
   cuda::DeviceBuffer moe_sel, moe_wk, moe_wsh, moe_y1, moe_y2, moe_y3;
   void logits(int64_t first, int64_t rows, float* dst) override;
+  void gather_rows(std::span<const int64_t> rows) override;
   void end_forward() override { stream.synchronize(); }
   const float* norm(int64_t layer, NormSlot slot) const;
   cuda::HeadPrepArgs head_prep(int64_t layer, const PassSegment& g) const;
@@ -958,8 +968,7 @@ std::atomic<int64_t> g_next_session_id{1};
 GpuSession::Impl::Impl(const GpuModel& model) : m(model), id(g_next_session_id.fetch_add(1)) {
   const ModelConfig& c = m.config;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size;
-  chunk = std::min<int64_t>(env_int("CIDER_PREFILL_CHUNK", static_cast<int>(kDefaultPrefillChunk), 1, 65536, kOp),
-                            m.ctx);
+  chunk = GpuSession::prefill_chunk_for(m.ctx);
   const int64_t R = chunk, ctx = m.ctx;
   auto f32 = [](int64_t n) { return cuda::DeviceBuffer(sz(n) * sizeof(float)); };
   x = f32(R * H);
@@ -1129,6 +1138,7 @@ GpuSession::Impl::~Impl() {
   if (step_host) cudaFreeHost(step_host);
   if (logits_host) cudaFreeHost(logits_host);
   if (topk_host) cudaFreeHost(topk_host);
+  if (bcand_host) cudaFreeHost(bcand_host);
 }
 
 kernels::KVTensorView GpuSession::Impl::view(int64_t layer, bool keys, int64_t length) const {
@@ -1806,10 +1816,22 @@ void GpuSession::Impl::logits(int64_t first, int64_t rows, float* dst) {
     return;
   }
   check(dst != nullptr, ErrorCode::kInternal, kOp, "logits of several rows go to the host");
-  if (logits_all.bytes() == 0) logits_all = cuda::DeviceBuffer(sz(chunk) * sz(V) * sizeof(float));
+  if (logits_all.bytes() < sz(rows) * sz(V) * sizeof(float)) {  // grown as asked (a decode batch's rows, a chunk's)
+    logits_all = cuda::DeviceBuffer();
+    logits_all = cuda::DeviceBuffer(sz(std::min(chunk, (rows + 63) / 64 * 64)) * sz(V) * sizeof(float));
+  }
   enqueue_head(first, rows, logits_all.as<float>(), e_);
   CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(dst, logits_all.data(), sz(rows) * sz(V) * sizeof(float),
                                         cudaMemcpyDeviceToHost, st));
+}
+
+void GpuSession::Impl::gather_rows(std::span<const int64_t> rows) {
+  const int64_t H = m.config.hidden_size;
+  float* hp = h.as<float>();
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] != static_cast<int64_t>(i))
+      CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(hp + static_cast<int64_t>(i) * H, hp + rows[i] * H, sz(H) * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, as_stream(e_.stream)));
 }
 
 void GpuSession::Impl::enqueue_head(int64_t first, int64_t rows, float* out, const cuda::Exec& e) {
@@ -1917,8 +1939,9 @@ void GpuSession::Impl::enqueue_decode_batch(std::span<const int64_t> positions, 
   embed();
   run_layers(m.config, *this);
   enqueue_head(0, B, blogits.as<float>(), e_);
-  CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(blogits_host, blogits.data(), sz(B * V) * sizeof(float),
-                                        cudaMemcpyDeviceToHost, st));
+  if (batch_copy_)
+    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(blogits_host, blogits.data(), sz(B * V) * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st));
   batch_rows_ = false;
 }
 
@@ -1942,7 +1965,9 @@ void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const
                                         cudaHostAllocDefault));
   }
   // Each sequence's inputs: its token, then its words (make_room first: it moves the sliding base on the stream).
-  std::vector<int64_t> positions(sz(B)), key{B, 0};
+  // The rows go to the host unless every step keeps them on the device (batch_candidates).
+  batch_copy_ = steps[0].logits != nullptr;
+  std::vector<int64_t> positions(sz(B)), key{B, 0, batch_copy_ ? 1 : 0};
   int32_t* words = bstep_host + B;
   for (int64_t i = 0; i < B; ++i) {
     Impl& s = *seqs[sz(i)];
@@ -1999,6 +2024,7 @@ void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const
     }
   }
   stream.synchronize();
+  if (!batch_copy_) return;
   // The rows to the callers' buffers (pageable), several at once: 0.5 MB a row for a 128k vocabulary.
   default_thread_pool().parallel_for(B, [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) std::memcpy(steps[sz(i)].logits, blogits_host + i * V, sz(V) * sizeof(float));
@@ -2050,6 +2076,78 @@ void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& o
   out.excluded_logits.assign(h_exvals, h_exvals + n_ex);
   out.bad_index = topk_host[2 * kEx + 2 * kK];
   pending = false;
+}
+
+void GpuSession::Impl::batch_candidates(const std::vector<const CandidateRequest*>& requests, std::span<Candidates> out) {
+  const auto B = static_cast<int64_t>(requests.size());
+  const int64_t V = m.config.vocab_size, HV = m.head_rows();
+  check(m.comm == nullptr, ErrorCode::kInternal, kOp, "a tensor-parallel rank holds a share of the logits");
+  constexpr int64_t kEx = cuda::kTopkMaxExcluded, kK = cuda::kTopkMaxK, W = kBatchCandWords;
+  static_assert(kDeviceTopkMax == kK && kDeviceExcludedMax == kEx, "the sampler asks what topk_logits answers");
+  for (int64_t i = 0; i < B; ++i) {
+    const CandidateRequest& r = *requests[sz(i)];
+    const auto n_ex = static_cast<int64_t>(r.excluded.size());
+    check(r.k >= 1 && r.k <= kK && n_ex <= kEx, ErrorCode::kInvalidArgument, kOp, "candidates need 1 <= k <= ", kK,
+          " and at most ", kEx, " excluded tokens; got k ", r.k, ", ", n_ex, " excluded (row ", i, ")");
+  }
+  if (B > bcand_cap) {
+    if (bcand_host) cudaFreeHost(bcand_host);
+    bcand_host = nullptr;
+    bcand_cap = std::max(B, batch_cap);
+    bcand = cuda::DeviceBuffer(sz(bcand_cap * W) * 4);
+    bstats = cuda::DeviceBuffer(sz(bcand_cap * 2) * 4);
+    CIDER_CUDA_CHECK(kOp, cudaHostAlloc(reinterpret_cast<void**>(&bcand_host), sz(bcand_cap * W) * 4,
+                                        cudaHostAllocDefault));
+  }
+  const size_t ws = cuda::topk_workspace_bytes(V, kK);
+  if (bcand_ws.bytes() < ws) bcand_ws = cuda::DeviceBuffer(std::max<size_t>(ws, 256));
+  const cudaStream_t st = as_stream(stream.handle());
+  // The excluded lists in, one copy (each row's block starts with its list).
+  int64_t last_ex = -1;
+  for (int64_t i = 0; i < B; ++i) {
+    const CandidateRequest& r = *requests[sz(i)];
+    if (!r.excluded.empty()) {
+      std::memcpy(bcand_host + i * W, r.excluded.data(), r.excluded.size() * sizeof(int32_t));
+      last_ex = i;
+    }
+  }
+  int32_t* dev = bcand.as<int32_t>();
+  if (last_ex >= 0)
+    CIDER_CUDA_CHECK(kOp, cudaMemcpyAsync(dev, bcand_host, sz(last_ex * W + kEx) * 4, cudaMemcpyHostToDevice, st));
+  cuda::Exec e;
+  e.stream = stream.handle();
+  e.workspace = bcand_ws.data();
+  e.workspace_bytes = bcand_ws.bytes();
+  const float* rows = blogits.as<float>();
+  for (int64_t i = 0; i < B; ++i) {
+    const CandidateRequest& r = *requests[sz(i)];
+    int32_t* b = dev + i * W;
+    cuda::topk_logits(rows + i * HV, V, b, static_cast<int64_t>(r.excluded.size()), r.k, b + kEx,
+                      reinterpret_cast<float*>(b + kEx + kK), reinterpret_cast<float*>(b + kEx + 2 * kK),
+                      b + 2 * kEx + 2 * kK, e);
+  }
+  // The normalizers (rows B apart by head_rows; V = head_rows on one device), then into each row's last two words.
+  cuda::log_normalizers(rows, B, V, bstats.as<float>(), e);
+  CIDER_CUDA_CHECK(kOp, cudaMemcpy2DAsync(dev + 2 * kEx + 2 * kK + 1, sz(W) * 4, bstats.data(), 8, 8, sz(B),
+                                          cudaMemcpyDeviceToDevice, st));
+  // ids | vals | excluded_vals | status | max | log-sum of every row back in one copy.
+  CIDER_CUDA_CHECK(kOp, cudaMemcpy2DAsync(bcand_host + kEx, sz(W) * 4, dev + kEx, sz(W) * 4, sz(W - kEx) * 4, sz(B),
+                                          cudaMemcpyDeviceToHost, st));
+  stream.synchronize();
+  for (int64_t i = 0; i < B; ++i) {
+    const CandidateRequest& r = *requests[sz(i)];
+    const int32_t* words = bcand_host + i * W;
+    const int32_t* ids = words + kEx;
+    const auto* vals = reinterpret_cast<const float*>(words + kEx + kK);
+    const auto* exvals = reinterpret_cast<const float*>(words + kEx + 2 * kK);
+    Candidates& c = out[sz(i)];
+    c.ids.assign(ids, ids + r.k);
+    c.logits.assign(vals, vals + r.k);
+    c.excluded_logits.assign(exvals, exvals + r.excluded.size());
+    c.bad_index = words[2 * kEx + 2 * kK];
+    c.row_max = reinterpret_cast<const float*>(words)[2 * kEx + 2 * kK + 1];
+    c.row_log_sum = reinterpret_cast<const float*>(words)[2 * kEx + 2 * kK + 2];
+  }
 }
 
 // ---- GpuSession ---------------------------------------------------------------------------------------------------
@@ -2156,9 +2254,14 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
     const SequenceStep& st = steps[i];
     check(sessions[i]->model_ == sessions[0]->model_, ErrorCode::kInvalidArgument, kOp,
           "the sessions of a batch must share one model; session ", i, " does not");
-    check(st.n >= 1 && st.start >= 0 && st.start + st.n <= sessions[0]->model_->ctx && st.logits != nullptr,
-          ErrorCode::kInvalidArgument, kOp, "batch step ", i, " must have n >= 1 tokens within the context ",
-          sessions[0]->model_->ctx, " and a logits buffer; got start ", st.start, ", n ", st.n);
+    check(st.n >= 1 && st.start >= 0 && st.start + st.n <= sessions[0]->model_->ctx, ErrorCode::kInvalidArgument,
+          kOp, "batch step ", i, " must have n >= 1 tokens within the context ", sessions[0]->model_->ctx,
+          "; got start ", st.start, ", n ", st.n);
+    check(st.logits != nullptr || (st.n == 1 && !st.all_logits && steps[0].logits == nullptr),
+          ErrorCode::kInvalidArgument, kOp, "batch step ", i, " needs a logits buffer (only a decode batch may keep "
+          "every row on the device)");
+    check(st.logits == nullptr || steps[0].logits != nullptr, ErrorCode::kInvalidArgument, kOp,
+          "a decode batch keeps every row on the device or none; step ", i, " has a logits buffer and step 0 none");
     sessions[i]->impl_->stream.synchronize();  // nothing of a session's own stream may still be running
     sessions[i]->impl_->pending = false;
   }
@@ -2169,6 +2272,9 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
   const GpuModel& m = *sessions[0]->model_;
   bool one_row_each = static_cast<int64_t>(sessions.size()) <= lead.chunk && !host_steps(m) && m.comm == nullptr;
   for (const SequenceStep& st : steps) one_row_each = one_row_each && st.n == 1;
+  check(one_row_each || steps[0].logits != nullptr, ErrorCode::kUnsupported, kOp, "rows kept on the device need a "
+        "decode batch that runs as one pass (at most ", lead.chunk, " sessions; no MoE routed on the host, linear "
+        "attention or tensor parallelism)");
   try {
     if (one_row_each) {
       const std::vector<Impl*> seqs = lead.batch_;
@@ -2194,6 +2300,19 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->impl_->kv_end = steps[i].start + steps[i].n;
 }
 
+void GpuSession::batch_candidates(std::span<GpuSession* const> sessions, std::span<const CandidateRequest> requests,
+                                  std::span<Candidates> out) {
+  check(!sessions.empty() && sessions.size() == requests.size() && sessions.size() == out.size(),
+        ErrorCode::kInvalidArgument, kOp, "batch candidates need one request and one output per session; got ",
+        sessions.size(), " sessions, ", requests.size(), " requests, ", out.size(), " outputs");
+  Impl& lead = *sessions[0]->impl_;
+  check(static_cast<int64_t>(sessions.size()) <= lead.batch_cap && !lead.batch_copy_, ErrorCode::kInvalidArgument,
+        kOp, "batch candidates answer the latest decode batch of these sessions that kept its rows on the device");
+  std::vector<const CandidateRequest*> rs;
+  for (const CandidateRequest& r : requests) rs.push_back(&r);
+  lead.batch_candidates(rs, out);
+}
+
 size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention states: the session's memory
   size_t b = 0;
   for (const LayerCache& lc : impl_->caches)
@@ -2204,6 +2323,10 @@ size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention st
 }
 
 int64_t GpuSession::prefill_chunk() const { return impl_->chunk; }
+
+int64_t GpuSession::prefill_chunk_for(int64_t ctx) {
+  return std::min<int64_t>(env_int("CIDER_PREFILL_CHUNK", static_cast<int>(kDefaultPrefillChunk), 1, 65536, kOp), ctx);
+}
 
 int64_t GpuSession::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
@@ -2310,7 +2433,19 @@ class CudaModel final : public BackendModel {
     return true;
   }
   bool samples_on_device() const override { return true; }
+  // A decode batch that runs as one pass at device positions (GpuSession::forward_batch's one_row_each).
+  bool samples_batches_on_device(int64_t n) const override {
+    return n >= 1 && n <= GpuSession::prefill_chunk_for(m_->ctx) && !host_steps(*m_) && m_->comm == nullptr;
+  }
+  void forward_candidates_batch(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps,
+                                std::span<const CandidateRequest> requests, std::span<Candidates> out) const override {
+    std::vector<GpuSession*> gs;
+    for (BackendSession* b : sessions) gs.push_back(&static_cast<CudaSession*>(b)->gpu);
+    GpuSession::forward_batch(gs, steps);  // rows kept on the device (every logits pointer null)
+    GpuSession::batch_candidates(gs, requests, out);
+  }
   bool can_copy_sessions() const override { return true; }  // device-to-device copies (GpuSession::copy_prefix_from)
+  int64_t pass_rows() const override { return GpuSession::prefill_chunk_for(m_->ctx); }
 
  private:
   std::shared_ptr<const GpuModel> m_;

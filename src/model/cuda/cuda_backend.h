@@ -194,11 +194,18 @@ class GpuSession {
   void forward(const int32_t* tokens, int64_t n, int64_t start, float* logits, bool all_logits);
   // Several sessions of one model in one forward (Model::forward_batch): steps[i] on sessions[i], every row of the
   // batch through each linear layer at once, kv_append and attention per session; on sessions[0]'s stream and
-  // activations. Logits to the host (a null logits pointer is an error here). A step of one token per session (a
-  // decode batch) runs at device positions through a CUDA graph of sessions[0]'s, keyed by the sessions and their KV
-  // bounds (recaptured when they change; use_graphs of sessions[0] false: the same launches directly); other steps
-  // (prompt chunks) run directly.
+  // activations. Logits to the host. A step of one token per session (a decode batch) runs at device positions
+  // through a CUDA graph of sessions[0]'s, keyed by the sessions, their KV bounds and whether the rows are copied out
+  // (recaptured when they change; use_graphs of sessions[0] false: the same launches directly); other steps (prompt
+  // chunks) run directly. A decode batch may leave every logits pointer null: its rows then stay on the device for
+  // batch_candidates (a null pointer is an error anywhere else).
   static void forward_batch(std::span<GpuSession* const> sessions, std::span<const SequenceStep> steps);
+  // After forward_batch of a decode batch that kept its rows on the device (the same sessions, in order): each row's
+  // candidates for requests[i] (cuda::topk_logits, one after another on the lead's stream) and its log normalizer
+  // (cuda::log_normalizers over all rows), then everything to the host in one copy. requests[i].k in
+  // [1, kDeviceTopkMax], at most kDeviceExcludedMax excluded tokens each.
+  static void batch_candidates(std::span<GpuSession* const> sessions, std::span<const CandidateRequest> requests,
+                               std::span<Candidates> out);
   // The sampler's candidates (model/sampler.h) from the last row of logits of the latest forward():
   // cuda::topk_logits on the device, then k ids and logits (and the excluded tokens' logits) to the host.
   void candidates(const CandidateRequest& request, Candidates& out);
@@ -242,6 +249,8 @@ class GpuSession {
   // at most the context length. Larger chunks run the linear layers as larger GEMMs (docs/cuda/model.md).
   static constexpr int64_t kDefaultPrefillChunk = 2048;
   int64_t prefill_chunk() const;
+  // What prefill_chunk() of a session made now for a model of ctx positions is.
+  static int64_t prefill_chunk_for(int64_t ctx);
 
  private:
   struct Impl;

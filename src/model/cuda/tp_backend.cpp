@@ -188,6 +188,7 @@ class TpModel final : public BackendModel {
   std::unique_ptr<BackendSession> new_session() const override {
     return std::make_unique<TpSession>(threads_, ranks_);
   }
+  int64_t pass_rows() const override { return GpuSession::prefill_chunk_for(ranks_[0]->ctx); }
 
   // Every rank runs the steps on its share, its logits (rows, its vocabulary rows) into a host buffer of its own;
   // then the host lays them side by side into each step's logits.
