@@ -693,7 +693,8 @@ TEST(CudaModel, GraphReplayEqualsDirectLaunches) {
 
 // Batched decode steps (one token per session, GpuSession::forward_batch's graphs) against the same launches enqueued
 // directly: bit for bit. Sessions at positions 200 … 263 cross the 256-position bound inside the batch (new keys), one
-// leaves the batch and comes back, and the batch grows past its first buffers (8 sequences) to 10.
+// is replaced by another (the same size and bound: its graph updated in place), one leaves the batch and comes back,
+// and the batch grows past its first buffers (8 sequences) to 10.
 TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
   CIDER_REQUIRE_GPU();
   struct Case {
@@ -706,7 +707,7 @@ TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
     const std::vector<int32_t> tokens = text_tokens(*gpu, 320);
     const auto V = static_cast<size_t>(gpu->config().vocab_size);
     constexpr size_t kSessions = 10, kSteps = 40;
-    auto run = [&](bool graphs, int64_t* captured) {
+    auto run = [&](bool graphs, int64_t* captured, int64_t* updated) {
       std::vector<std::unique_ptr<cm::Session>> ss;
       std::vector<size_t> pos(kSessions);
       std::vector<float> scratch(V);
@@ -719,6 +720,7 @@ TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
       std::vector<float> out;
       for (size_t step = 0; step < kSteps; ++step) {
         std::vector<size_t> active = {0, 1, 2, 3};
+        if (step >= 10 && step < 15) active = {0, 1, 2, 4};
         if (step >= 15 && step < 25) active = {0, 2, 3};
         if (step >= 25) active = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
         std::vector<std::vector<float>> rows(active.size(), std::vector<float>(V, std::nanf("")));
@@ -735,12 +737,15 @@ TEST(CudaModel, BatchedDecodeGraphsEqualDirectLaunches) {
         }
       }
       *captured = cm::gpu::gpu_session(*ss[0])->batch_graphs_captured();
+      *updated = cm::gpu::gpu_session(*ss[0])->batch_graphs_updated();
       return out;
     };
-    int64_t with = 0, without = 0;
-    const std::vector<float> a = run(true, &with), b = run(false, &without);
-    EXPECT_GT(with, 2);  // at least the three compositions
+    int64_t with = 0, without = 0, updated = 0, updated_without = 0;
+    const std::vector<float> a = run(true, &with, &updated), b = run(false, &without, &updated_without);
+    EXPECT_GT(with, 2);  // at least three of the compositions
+    EXPECT_GE(updated, 1);  // {0, 1, 2, 4} in place of {0, 1, 2, 3}
     EXPECT_EQ(without, 0);
+    EXPECT_EQ(updated_without, 0);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_TRUE(diff(a, b).finite);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(a, b));

@@ -883,11 +883,13 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::DeviceBuffer bstep, blogits;
   int32_t* bstep_host = nullptr;
   float* blogits_host = nullptr;
-  // Graphs of batched decode steps, keyed by [B, the batch's KV bound (the largest of its sequences' buckets), each
-  // sequence's session id]: a batch whose sequences and order repeat (a steady decode) replays its graph. A key is
-  // captured the second step in a row it is seen (the first runs directly: a batch that changes at every step, as
-  // requests arrive, captures nothing). At most kBatchGraphs kept; a new one updates the least recently used in place
-  // when the topology allows (cudaGraphExecUpdate), else replaces it.
+  // Graphs of batched decode steps, keyed by [B, the batch's KV bound (the largest of its sequences' buckets), whether
+  // the rows are copied out, each sequence's session id]: a batch whose sequences and order repeat (a steady decode)
+  // replays its graph. A key that differs from a held graph's only in its sessions is captured at once and that graph
+  // updated in place (cudaGraphExecUpdate: the same kernels, other cache pointers). Another new key is captured the
+  // second step in a row it is seen (the first runs directly, which also sets up the launchers' state outside any
+  // capture; a batch that changes size at every step, as requests arrive, captures nothing). At most kBatchGraphs
+  // kept; a new one updates the least recently used in place when the topology allows, else replaces it.
   struct BatchGraph {
     std::vector<int64_t> key;
     cudaGraphExec_t exec = nullptr;
@@ -907,6 +909,7 @@ struct GpuSession::Impl final : public PassBackend {
   std::vector<BatchGraph> batch_graphs;
   uint64_t batch_clock = 0;
   int64_t batch_captures = 0;
+  int64_t batch_updates = 0;  // graphs of another composition updated in place for a new one
   std::vector<int64_t> last_batch_key;  // the previous batched step's key when it ran directly
   bool batch_copy_ = true;  // the decode batch being enqueued copies its rows of logits to blogits_host
   // batch_candidates: per row kBatchCandWords int32 words — excluded [kTopkMaxExcluded] | ids [kTopkMaxK] |
@@ -1990,6 +1993,28 @@ void GpuSession::Impl::decode_batch(std::span<Impl* const> seqs, std::span<const
     enqueue_decode_batch(positions, key[1]);
   } else {
     auto it = std::find_if(batch_graphs.begin(), batch_graphs.end(), [&](const BatchGraph& g) { return g.key == key; });
+    // A graph of this lead's with the same size, KV bound and copy, only other sessions (a request finished and
+    // another took its place): the same kernels with other cache pointers, so the step is captured at once and that
+    // graph, the most recently used such, updated in place (no direct run first, no instantiation).
+    auto same = batch_graphs.end();
+    for (auto g = batch_graphs.begin(); g != batch_graphs.end() && it == batch_graphs.end(); ++g)
+      if (std::equal(key.begin(), key.begin() + 3, g->key.begin(), g->key.begin() + 3) &&
+          (same == batch_graphs.end() || g->used > same->used))
+        same = g;
+    if (same != batch_graphs.end()) {
+      cudaGraph_t graph = capture_graph(st, [&] { enqueue_decode_batch(positions, key[1]); });
+      cudaGraphExecUpdateResultInfo info{};
+      const bool updated = cudaGraphExecUpdate(same->exec, graph, &info) == cudaSuccess;
+      cudaGraphDestroy(graph);
+      if (updated) {
+        same->key = key;
+        it = same;
+        ++batch_updates;
+        ++batch_captures;
+      } else {  // another topology after all: a failed update leaves no sticky error; the steps below as for a new key
+        (void)cudaGetLastError();
+      }
+    }
     if (it == batch_graphs.end() && key != last_batch_key) {
       // First seen: directly (which also sets up the launchers' state outside any capture, as decode()'s first run).
       enqueue_decode_batch(positions, key[1]);
@@ -2331,6 +2356,7 @@ int64_t GpuSession::prefill_chunk_for(int64_t ctx) {
 int64_t GpuSession::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
 int64_t GpuSession::batch_graphs_captured() const { return impl_->batch_captures; }
+int64_t GpuSession::batch_graphs_updated() const { return impl_->batch_updates; }
 
 void GpuSession::fill_cache_random(int64_t length, uint64_t seed) {
   const ModelConfig& c = model_->config;

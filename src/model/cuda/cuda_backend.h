@@ -233,6 +233,7 @@ class GpuSession {
   int bench_skip = 0;
   int64_t graphs_captured() const;
   int64_t batch_graphs_captured() const;  // batched decode graphs captured while this session led a batch
+  int64_t batch_graphs_updated() const;   // of them, graphs of another composition updated in place
 
   // ---- benchmark hooks ----
   // Writes positions [0, length) of every layer's cache with random rows (through kv_append, so the bytes are valid).
