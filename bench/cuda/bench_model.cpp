@@ -255,13 +255,10 @@ cider::bench::BenchResult generate_steps(const std::string& weights, const std::
 }
 }  // namespace
 
-// A decode batch as `cider serve` runs it: B sessions of a 1024-position model (prefill chunk 64, as a server's
-// sessions are sized), each with `length` − 1 random cache rows, one token each per GpuSession::forward_batch call —
-// a graph replay when the batch repeats (graphs), else the same launches enqueued directly — the logits of every row
-// copied to the host. Wall time per call (host side included), best of 3 runs of 10 calls.
 namespace {
-cider::bench::BenchResult batch_decode(const std::string& weights, const std::string& kv, int64_t B, int64_t length,
-                                       bool graphs, int skip = 0) {
+// The Llama-3-8B-shaped model as the server's benchmarks load it (random weights, a Hadamard-rotated quantized cache,
+// 1024 positions), kept between the cases that ask for the same formats.
+std::shared_ptr<const cm::gpu::GpuModel> served_model(const std::string& weights, const std::string& kv) {
   static std::shared_ptr<const cm::gpu::GpuModel> model;
   static std::string key;
   if (!model || key != weights + "/" + kv) {
@@ -271,6 +268,18 @@ cider::bench::BenchResult batch_decode(const std::string& weights, const std::st
     model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, 1024, 8);
     key = weights + "/" + kv;
   }
+  return model;
+}
+}  // namespace
+
+// A decode batch as `cider serve` runs it: B sessions of a 1024-position model (prefill chunk 64, as a server's
+// sessions are sized), each with `length` − 1 random cache rows, one token each per GpuSession::forward_batch call —
+// a graph replay when the batch repeats (graphs), else the same launches enqueued directly — the logits of every row
+// copied to the host. Wall time per call (host side included), best of 3 runs of 10 calls.
+namespace {
+cider::bench::BenchResult batch_decode(const std::string& weights, const std::string& kv, int64_t B, int64_t length,
+                                       bool graphs, int skip = 0) {
+  const std::shared_ptr<const cm::gpu::GpuModel> model = served_model(weights, kv);
   const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
   const auto V = static_cast<size_t>(model->head_rows());
   std::vector<std::unique_ptr<cm::gpu::GpuSession>> owned;
@@ -317,15 +326,7 @@ cider::bench::BenchResult batch_decode(const std::string& weights, const std::st
 namespace {
 cider::bench::BenchResult mixed_step(const std::string& weights, const std::string& kv, int64_t B, int64_t P,
                                      int64_t prompt, int64_t length) {
-  static std::shared_ptr<const cm::gpu::GpuModel> model;
-  static std::string key;
-  if (!model || key != weights + "/" + kv) {
-    model.reset();
-    cm::KVOptions kvo = cm::parse_kv_format(kv);
-    if (kvo.quantized) kvo.rotation = cm::parse_kv_rotation("hadamard");
-    model = cm::gpu::random_model(llama3_8b(), cm::parse_weight_format(weights), kvo, 1024, 8);
-    key = weights + "/" + kv;
-  }
+  const std::shared_ptr<const cm::gpu::GpuModel> model = served_model(weights, kv);
   const auto V = static_cast<size_t>(model->head_rows());
   std::vector<std::unique_ptr<cm::gpu::GpuSession>> owned;
   std::vector<cm::gpu::GpuSession*> ss;

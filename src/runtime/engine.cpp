@@ -789,15 +789,16 @@ void Engine::step() {
     if (items[i].last) drawing.push_back(i);
   }
   std::vector<Draw> draws(drawing.size());
-  default_thread_pool().parallel_for(static_cast<int64_t>(drawing.size()), [&](int64_t b, int64_t e, int) {
-    for (int64_t j = b; j < e; ++j) {
-      const size_t i = drawing[static_cast<size_t>(j)];
-      if (on_device)
-        draw_candidates(*items[i].s, requests[i], answers[i], draws[static_cast<size_t>(j)]);
-      else
-        draw(*items[i].s, logits[i].data(), draws[static_cast<size_t>(j)]);
-    }
-  });
+  if (on_device) {  // a few dozen candidates each: cheaper here than waking the pool
+    for (size_t j = 0; j < drawing.size(); ++j)
+      draw_candidates(*items[drawing[j]].s, requests[drawing[j]], answers[drawing[j]], draws[j]);
+  } else {
+    default_thread_pool().parallel_for(static_cast<int64_t>(drawing.size()), [&](int64_t b, int64_t e, int) {
+      for (int64_t j = b; j < e; ++j)
+        draw(*items[drawing[static_cast<size_t>(j)]].s, logits[drawing[static_cast<size_t>(j)]].data(),
+             draws[static_cast<size_t>(j)]);
+    });
+  }
   for (size_t j = 0; j < drawing.size(); ++j) accept(*items[drawing[j]].s, draws[j], t1);
   for (auto& sp : running_)
     if (sp->req->cancelled()) finish(*sp, FinishReason::kCancelled, "");
