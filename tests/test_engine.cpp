@@ -14,9 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +110,74 @@ std::vector<int32_t> generate_tokens(const rt::RequestOptions& o) {
 const std::vector<std::string> kPrompts = {
     "def fibonacci(n):", "import os\nimport sys\n", "The quick brown fox", "class Stack:\n    def __init__(self):",
     "for i in range(10):", "# Read the file\nwith open(", "Once upon a time", "return x +"};
+
+// Logprobs of a decode step that sampled on the device (logprob_from_candidates) against the whole row, as draw()
+// computes them: the candidates a device sends (the best k outside the excluded tokens by (logit desc, id asc), -1 /
+// -inf past the finite ones; the excluded tokens' raw logits; the row's max and log-sum rounded to float32). The ids
+// of the n best exactly; logprobs within the float32 rounding of the log-sum (0.5 ulp <= 6e-8 of its size; the max is
+// a logit, exact). Rows with ties, -inf entries, excluded tokens among the best, and a row with fewer finite logits
+// than k.
+TEST(Engine, LogprobsFromDeviceCandidatesEqualTheWholeRows) {
+  auto rng = cider::test::make_rng(23);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 40; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int64_t V = trial % 4 == 3 ? 30 : 1000;
+    std::vector<float> z(static_cast<size_t>(V));
+    for (float& v : z) v = normal(rng);
+    for (int64_t i = 0; i < V; i += 7) z[static_cast<size_t>(i)] = ninf;
+    if (trial % 4 == 3)  // fewer finite logits than k
+      for (int64_t i = 0; i < V; ++i)
+        if (i % 2 == 1) z[static_cast<size_t>(i)] = ninf;
+    const auto uV = static_cast<uint64_t>(V);
+    for (int t = 0; t < 6; ++t) z[static_cast<size_t>(rng() % uV)] = z[static_cast<size_t>(rng() % uV)];  // ties
+    const auto at = [&](int32_t id) { return z[static_cast<size_t>(id)]; };
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return at(a) > at(b); });
+    cm::CandidateRequest r;
+    r.k = 40;
+    r.excluded = {order[0], order[3], order[static_cast<size_t>(V / 2)], 1};
+    std::sort(r.excluded.begin(), r.excluded.end());
+    r.excluded.erase(std::unique(r.excluded.begin(), r.excluded.end()), r.excluded.end());
+    cm::Candidates c;
+    for (int32_t id : order)
+      if (static_cast<int64_t>(c.ids.size()) < r.k && std::isfinite(at(id)) &&
+          !std::binary_search(r.excluded.begin(), r.excluded.end(), id)) {
+        c.ids.push_back(id);
+        c.logits.push_back(at(id));
+      }
+    while (static_cast<int64_t>(c.ids.size()) < r.k) c.ids.push_back(-1), c.logits.push_back(ninf);
+    for (int32_t id : r.excluded) c.excluded_logits.push_back(at(id));
+    const float mx = *std::max_element(z.begin(), z.end());
+    double sum = 0.0;
+    for (float v : z) sum += std::exp(static_cast<double>(v) - mx);
+    const double lse = std::log(sum);
+    c.row_max = mx;
+    c.row_log_sum = static_cast<float>(lse);
+    const double tol = 1e-7 * std::max(1.0, std::abs(lse));
+    const int64_t n = 20;
+    for (int32_t token : {order[0], order[1], order[5], c.ids[2], r.excluded.back()}) {
+      const rt::TokenLogprob lp = rt::logprob_from_candidates(r, c, token, n);
+      EXPECT_EQ(lp.id, token);
+      const double want = static_cast<double>(at(token)) - mx - lse;
+      if (std::isinf(want)) {
+        EXPECT_TRUE(std::isinf(lp.logprob) && lp.logprob < 0) << lp.logprob;
+      } else {
+        EXPECT_NEAR(lp.logprob, want, tol) << "token " << token;
+      }
+      const size_t finite = static_cast<size_t>(std::count_if(z.begin(), z.end(), [](float v) { return std::isfinite(v); }));
+      // The whole row's n best: its finite ones, or as many of the -inf ones as the candidates hold.
+      ASSERT_GE(lp.top.size(), std::min<size_t>(static_cast<size_t>(n), finite));
+      for (size_t j = 0; j < lp.top.size(); ++j) {
+        if (!std::isfinite(at(order[j]))) break;
+        EXPECT_EQ(lp.top[j].first, order[j]) << j;
+        EXPECT_NEAR(lp.top[j].second, static_cast<double>(at(order[j])) - mx - lse, tol) << j;
+      }
+    }
+  }
+}
 
 TEST(Engine, GreedyTokensEqualGenerateAloneAndInABatchOf8) {
   std::vector<std::vector<int32_t>> want;

@@ -654,9 +654,13 @@ void Engine::draw_candidates(Sequence& s, const model::CandidateRequest& request
     return;
   }
   out.has_logprob = s.opt.top_logprobs >= 0;
-  if (!out.has_logprob) return;
-  // The raw row's distribution (no OpenAI penalties or bias here): the candidates and the excluded tokens' own
-  // logits are its best tokens (logit desc, id asc) — the top_logprobs first of them — and hold the drawn one.
+  // The raw row's distribution: no OpenAI penalties or bias on this path (device_request).
+  if (out.has_logprob) out.logprob = logprob_from_candidates(request, c, out.token, s.opt.top_logprobs);
+}
+
+TokenLogprob logprob_from_candidates(const model::CandidateRequest& request, const model::Candidates& c, int32_t token,
+                                     int64_t n) {
+  // The candidates and the excluded tokens by (logit desc, id asc): the row's best tokens, the first n of them.
   std::vector<std::pair<float, int32_t>> best;
   for (size_t i = 0; i < c.ids.size(); ++i)
     if (c.ids[i] >= 0) best.emplace_back(c.logits[i], c.ids[i]);
@@ -665,13 +669,14 @@ void Engine::draw_candidates(Sequence& s, const model::CandidateRequest& request
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   const double mx = c.row_max, lse = c.row_log_sum;
-  TokenLogprob& lp = out.logprob;
-  lp.id = out.token;
+  TokenLogprob lp;
+  lp.id = token;
   lp.logprob = -std::numeric_limits<double>::infinity();
   for (const auto& [z, id] : best)
-    if (id == out.token) lp.logprob = static_cast<double>(z) - mx - lse;
-  const size_t k = std::min<size_t>(static_cast<size_t>(s.opt.top_logprobs), best.size());
+    if (id == token) lp.logprob = static_cast<double>(z) - mx - lse;
+  const size_t k = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(n, 0)), best.size());
   for (size_t i = 0; i < k; ++i) lp.top.emplace_back(best[i].second, static_cast<double>(best[i].first) - mx - lse);
+  return lp;
 }
 
 // The drawn token into the sequence: streamed through the stop filter, or the end of the sequence.

@@ -82,6 +82,13 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, double>> top;  // the most probable tokens, descending (ties: lower id)
 };
 
+// A drawn token's logprob and the n most probable tokens of a row that the device answered with candidates
+// (Model::forward_batch_candidates: the best request.k tokens outside request.excluded, the excluded tokens' own
+// logits, the row's normalizer): what the whole row gives, provided request.k >= n — the excluded tokens and the
+// candidates together hold the row's n best and the drawn token.
+TokenLogprob logprob_from_candidates(const model::CandidateRequest& request, const model::Candidates& c, int32_t token,
+                                     int64_t n);
+
 // What a request produced since the previous wait().
 struct RequestUpdate {
   std::string text;
