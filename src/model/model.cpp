@@ -239,22 +239,32 @@ void Model::forward(Session& s, const int32_t* tokens, int64_t n, float* logits,
   forward_batch(std::span<const BatchItem>(&item, 1));
 }
 
+void Model::batch_steps(std::span<const BatchItem> items, bool rows_on_device, const char* op,
+                        std::vector<Session::Impl*>& sessions, std::vector<SequenceStep>& steps) const {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    check(it.session != nullptr, ErrorCode::kInvalidArgument, op, "batch item ", i, " has no session");
+    check(!rows_on_device || it.n == 1, ErrorCode::kInvalidArgument, op, "batch item ", i,
+          " must be one token when the rows stay on the device; got n ", it.n);
+    Session::Impl& si = it.session->impl();
+    check_forward_args(si, it.tokens, it.n, rows_on_device || it.logits != nullptr, op);
+    for (size_t j = 0; j < i; ++j)
+      check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
+            "a session may appear once in a batch; items ", j, " and ", i, " share one");
+    sessions.push_back(&si);
+    if (rows_on_device)
+      steps.push_back({it.tokens, 1, si.position, /*logits=*/nullptr, /*all_logits=*/false});
+    else
+      steps.push_back({it.tokens, it.n, si.position, it.logits, it.all_logits});
+  }
+}
+
 void Model::forward_batch(std::span<const BatchItem> items) const {
   constexpr const char* op = "forward";
   check(!items.empty(), ErrorCode::kInvalidArgument, op, "a batch needs at least one sequence");
   std::vector<Session::Impl*> sessions;
   std::vector<SequenceStep> steps;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const BatchItem& it = items[i];
-    check(it.session != nullptr, ErrorCode::kInvalidArgument, op, "batch item ", i, " has no session");
-    Session::Impl& si = it.session->impl();
-    check_forward_args(si, it.tokens, it.n, it.logits != nullptr, op);
-    for (size_t j = 0; j < i; ++j)
-      check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
-            "a session may appear once in a batch; items ", j, " and ", i, " share one");
-    sessions.push_back(&si);
-    steps.push_back({it.tokens, it.n, si.position, it.logits, it.all_logits});
-  }
+  batch_steps(items, /*rows_on_device=*/false, op, sessions, steps);
   run_steps(*impl_->backend, sessions, steps);
 }
 
@@ -284,18 +294,7 @@ bool Model::forward_batch_candidates(std::span<const BatchItem> items, std::span
     if (r.k < 1) return false;
   std::vector<Session::Impl*> sessions;
   std::vector<SequenceStep> steps;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const BatchItem& it = items[i];
-    check(it.session != nullptr && it.n == 1, ErrorCode::kInvalidArgument, op, "batch item ", i,
-          " needs a session and one token; got n ", it.n);
-    Session::Impl& si = it.session->impl();
-    check_forward_args(si, it.tokens, it.n, /*has_logits=*/true, op);
-    for (size_t j = 0; j < i; ++j)
-      check(items[j].session != it.session, ErrorCode::kInvalidArgument, op,
-            "a session may appear once in a batch; items ", j, " and ", i, " share one");
-    sessions.push_back(&si);
-    steps.push_back({it.tokens, 1, si.position, /*logits=*/nullptr, /*all_logits=*/false});
-  }
+  batch_steps(items, /*rows_on_device=*/true, op, sessions, steps);
   run_steps_with(sessions, steps, [&](std::span<BackendSession* const> bs) {
     impl_->backend->forward_candidates_batch(bs, steps, requests, out);
   });

@@ -252,6 +252,7 @@ using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t t
 
 class Model;
 struct SessionState;  // model/session_state.h
+struct SequenceStep;  // model/backend.h
 
 // The state of one token sequence: every layer's KV cache and the number of positions processed.
 class Session {
@@ -357,6 +358,10 @@ class Model {
  private:
   void check_forward_args(const Session::Impl& si, const int32_t* tokens, int64_t n, bool has_logits,
                           const char* op) const;
+  // The checks of a batch's items (each as check_forward_args, a session at most once) and their steps; rows_on_device:
+  // the items' logits pointers are ignored and the steps keep their rows on the device.
+  void batch_steps(std::span<const BatchItem> items, bool rows_on_device, const char* op,
+                   std::vector<Session::Impl*>& sessions, std::vector<SequenceStep>& steps) const;
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -628,22 +628,23 @@ void Engine::draw(Sequence& s, const float* logits, Draw& out) const {
   }
 }
 
-model::CandidateRequest Engine::device_request(const Sequence& s) const {
+model::CandidateRequest Engine::device_request(const Sequence& s, int64_t* sampler_k) const {
   if (s.json || !s.opt.logit_bias.empty() ||
       ((s.opt.presence_penalty != 0.0 || s.opt.frequency_penalty != 0.0) && !s.counts.empty()))
     return {};
   model::CandidateRequest r = s.sampler->candidate_request(vocab_, s.history);
   if (r.k < 1) return {};
+  *sampler_k = r.k;
   r.k = std::max<int64_t>(r.k, s.opt.top_logprobs);
   if (r.k > std::min<int64_t>(model::kDeviceTopkMax, vocab_)) return {};
   return r;
 }
 
-void Engine::draw_candidates(Sequence& s, const model::CandidateRequest& request, const model::Candidates& c,
-                             Draw& out) const {
+void Engine::draw_candidates(Sequence& s, const model::CandidateRequest& request, int64_t sampler_k,
+                             const model::Candidates& c, Draw& out) const {
   // The sampler's own request asks for its k (top_k, or 1 when greedy): the device's first k answer it exactly.
   model::CandidateRequest mine = request;
-  mine.k = s.sampler->candidate_request(vocab_, s.history).k;
+  mine.k = sampler_k;
   model::Candidates first = c;
   first.ids.resize(static_cast<size_t>(mine.k));
   first.logits.resize(static_cast<size_t>(mine.k));
@@ -759,9 +760,10 @@ void Engine::step() {
   // A step of decode rows only samples on the device where every sequence's settings allow it (device_request):
   // k candidates and the row's normalizer cross to the host instead of the vocabulary.
   std::vector<model::CandidateRequest> requests;
+  std::vector<int64_t> sampler_k(items.size());
   if (!items.empty() && decode_rows == static_cast<int64_t>(items.size()) && model_.samples_on_device()) {
     for (const Item& it : items) {
-      requests.push_back(device_request(*it.s));
+      requests.push_back(device_request(*it.s, &sampler_k[requests.size()]));
       if (requests.back().k < 1) {
         requests.clear();
         break;
@@ -796,7 +798,7 @@ void Engine::step() {
   std::vector<Draw> draws(drawing.size());
   if (on_device) {  // a few dozen candidates each: cheaper here than waking the pool
     for (size_t j = 0; j < drawing.size(); ++j)
-      draw_candidates(*items[drawing[j]].s, requests[drawing[j]], answers[drawing[j]], draws[j]);
+      draw_candidates(*items[drawing[j]].s, requests[drawing[j]], sampler_k[drawing[j]], answers[drawing[j]], draws[j]);
   } else {
     default_thread_pool().parallel_for(static_cast<int64_t>(drawing.size()), [&](int64_t b, int64_t e, int) {
       for (int64_t j = b; j < e; ++j)

@@ -214,10 +214,11 @@ class Engine {
   // Sampling on the device (Model::forward_batch_candidates): the request a sequence would send — its sampler's
   // candidate request, k raised to top_logprobs so the reported alternatives are among the candidates — or k 0 when
   // its settings need the whole row (logit_bias, presence/frequency penalties once it has tokens, a JSON format, a
-  // sampler without top_k). draw_candidates is draw() from the device's answer: the same token and logprobs.
-  model::CandidateRequest device_request(const Sequence& s) const;
-  void draw_candidates(Sequence& s, const model::CandidateRequest& request, const model::Candidates& c,
-                       Draw& out) const;
+  // sampler without top_k); *sampler_k: the sampler's own k. draw_candidates is draw() from the device's answer:
+  // the same token and logprobs.
+  model::CandidateRequest device_request(const Sequence& s, int64_t* sampler_k) const;
+  void draw_candidates(Sequence& s, const model::CandidateRequest& request, int64_t sampler_k,
+                       const model::Candidates& c, Draw& out) const;
   void accept(Sequence& s, Draw& d, std::chrono::steady_clock::time_point now);
   // Bytes the prefix pool holds alive: each pooled session's own, and once each, the shared blocks (Model::
   // share_session) that pooled or running sessions hold — without `except`'s share (what its leaving frees).

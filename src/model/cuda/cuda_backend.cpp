@@ -919,7 +919,7 @@ struct GpuSession::Impl final : public PassBackend {
   cuda::DeviceBuffer bcand, bstats, bcand_ws;
   int32_t* bcand_host = nullptr;
   int64_t bcand_cap = 0;
-  void batch_candidates(const std::vector<const CandidateRequest*>& requests, std::span<Candidates> out);
+  void batch_candidates(std::span<const CandidateRequest> requests, std::span<Candidates> out);
   const int64_t id;  // unique among the process's sessions (a batch graph's key names sessions by it)
   void decode_batch(std::span<Impl* const> seqs, std::span<const SequenceStep> steps, bool use_graphs);
   // bound: the batch's KV bound, the largest of its sequences' buckets (its key changes only when that one does).
@@ -2103,14 +2103,14 @@ void GpuSession::Impl::candidates(const CandidateRequest& request, Candidates& o
   pending = false;
 }
 
-void GpuSession::Impl::batch_candidates(const std::vector<const CandidateRequest*>& requests, std::span<Candidates> out) {
+void GpuSession::Impl::batch_candidates(std::span<const CandidateRequest> requests, std::span<Candidates> out) {
   const auto B = static_cast<int64_t>(requests.size());
   const int64_t V = m.config.vocab_size, HV = m.head_rows();
   check(m.comm == nullptr, ErrorCode::kInternal, kOp, "a tensor-parallel rank holds a share of the logits");
   constexpr int64_t kEx = cuda::kTopkMaxExcluded, kK = cuda::kTopkMaxK, W = kBatchCandWords;
   static_assert(kDeviceTopkMax == kK && kDeviceExcludedMax == kEx, "the sampler asks what topk_logits answers");
   for (int64_t i = 0; i < B; ++i) {
-    const CandidateRequest& r = *requests[sz(i)];
+    const CandidateRequest& r = requests[sz(i)];
     const auto n_ex = static_cast<int64_t>(r.excluded.size());
     check(r.k >= 1 && r.k <= kK && n_ex <= kEx, ErrorCode::kInvalidArgument, kOp, "candidates need 1 <= k <= ", kK,
           " and at most ", kEx, " excluded tokens; got k ", r.k, ", ", n_ex, " excluded (row ", i, ")");
@@ -2130,7 +2130,7 @@ void GpuSession::Impl::batch_candidates(const std::vector<const CandidateRequest
   // The excluded lists in, one copy (each row's block starts with its list).
   int64_t last_ex = -1;
   for (int64_t i = 0; i < B; ++i) {
-    const CandidateRequest& r = *requests[sz(i)];
+    const CandidateRequest& r = requests[sz(i)];
     if (!r.excluded.empty()) {
       std::memcpy(bcand_host + i * W, r.excluded.data(), r.excluded.size() * sizeof(int32_t));
       last_ex = i;
@@ -2145,7 +2145,7 @@ void GpuSession::Impl::batch_candidates(const std::vector<const CandidateRequest
   e.workspace_bytes = bcand_ws.bytes();
   const float* rows = blogits.as<float>();
   for (int64_t i = 0; i < B; ++i) {
-    const CandidateRequest& r = *requests[sz(i)];
+    const CandidateRequest& r = requests[sz(i)];
     int32_t* b = dev + i * W;
     cuda::topk_logits(rows + i * HV, V, b, static_cast<int64_t>(r.excluded.size()), r.k, b + kEx,
                       reinterpret_cast<float*>(b + kEx + kK), reinterpret_cast<float*>(b + kEx + 2 * kK),
@@ -2160,7 +2160,7 @@ void GpuSession::Impl::batch_candidates(const std::vector<const CandidateRequest
                                           cudaMemcpyDeviceToHost, st));
   stream.synchronize();
   for (int64_t i = 0; i < B; ++i) {
-    const CandidateRequest& r = *requests[sz(i)];
+    const CandidateRequest& r = requests[sz(i)];
     const int32_t* words = bcand_host + i * W;
     const int32_t* ids = words + kEx;
     const auto* vals = reinterpret_cast<const float*>(words + kEx + kK);
@@ -2185,6 +2185,12 @@ namespace {
 bool host_steps(const GpuModel& m) {
   return (!m.config.layer_moe.empty() && !m.moe_on_device) || m.config.has_linear_layers() ||
          (m.comm && !m.comm->graph_capturable());
+}
+
+// A step of one token for each of n sessions (of prefill chunk `chunk`) runs as one decode pass at device positions
+// (GpuSession::Impl::decode_batch): its rows may stay on the device.
+bool one_decode_pass(const GpuModel& m, int64_t n, int64_t chunk) {
+  return n >= 1 && n <= chunk && !host_steps(m) && m.comm == nullptr;
 }
 
 }  // namespace
@@ -2295,7 +2301,7 @@ void GpuSession::forward_batch(std::span<GpuSession* const> sessions, std::span<
   // One token per sequence (a decode batch): one pass at device positions, replayed from a graph when the batch
   // repeats (decode_batch). Tensor-parallel ranks and models that step on the host run the general pass.
   const GpuModel& m = *sessions[0]->model_;
-  bool one_row_each = static_cast<int64_t>(sessions.size()) <= lead.chunk && !host_steps(m) && m.comm == nullptr;
+  bool one_row_each = one_decode_pass(m, static_cast<int64_t>(sessions.size()), lead.chunk);
   for (const SequenceStep& st : steps) one_row_each = one_row_each && st.n == 1;
   check(one_row_each || steps[0].logits != nullptr, ErrorCode::kUnsupported, kOp, "rows kept on the device need a "
         "decode batch that runs as one pass (at most ", lead.chunk, " sessions; no MoE routed on the host, linear "
@@ -2333,9 +2339,7 @@ void GpuSession::batch_candidates(std::span<GpuSession* const> sessions, std::sp
   Impl& lead = *sessions[0]->impl_;
   check(static_cast<int64_t>(sessions.size()) <= lead.batch_cap && !lead.batch_copy_, ErrorCode::kInvalidArgument,
         kOp, "batch candidates answer the latest decode batch of these sessions that kept its rows on the device");
-  std::vector<const CandidateRequest*> rs;
-  for (const CandidateRequest& r : requests) rs.push_back(&r);
-  lead.batch_candidates(rs, out);
+  lead.batch_candidates(requests, out);
 }
 
 size_t GpuSession::kv_bytes() const {  // the caches and the linear-attention states: the session's memory
@@ -2461,7 +2465,7 @@ class CudaModel final : public BackendModel {
   bool samples_on_device() const override { return true; }
   // A decode batch that runs as one pass at device positions (GpuSession::forward_batch's one_row_each).
   bool samples_batches_on_device(int64_t n) const override {
-    return n >= 1 && n <= GpuSession::prefill_chunk_for(m_->ctx) && !host_steps(*m_) && m_->comm == nullptr;
+    return one_decode_pass(*m_, n, GpuSession::prefill_chunk_for(m_->ctx));
   }
   void forward_candidates_batch(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps,
                                 std::span<const CandidateRequest> requests, std::span<Candidates> out) const override {
