@@ -165,6 +165,44 @@ inline int64_t recent_block_start(int64_t pos, int64_t block, int64_t lo) {
   return std::max(pos / block * block, lo);
 }
 
+// ---- the recent block's exact part of attention, merged (nn::attention, KVCache::exact_stage) -------------------
+// Rows r in [row_begin, row_end) of the B·Hq query heads (b = r / Hq, h = r % Hq, KV head h / (Hq / Hkv)); for each
+// query row i of L at storage position t = kL − L + i: the keys j >= e(t) = recent_block_start(t, block, lo) of the
+// stage and the sink's keys j < min(sink, e(t)) — those the attention kernel left out (AttentionArgs::exact_block /
+// exact_sink) — read in bfloat16, under the same scale, softcap (as AttentionArgs) and mask (mask_kind, window, mask,
+// mask_dtype, mask_stride as AttentionArgs; bool and additive masks read at [b, h, i, position]); each key's value row
+// is the stage's as appended (values_exact) from position w(t) = max(⌊t/vwin⌋·vwin, xlo) on, else as its codes read
+// (values; the sink's: sink_values). That part's softmax is merged into the kernel's normalised output o (rotated
+// value space) through its row log-sum-exp lse (−inf: saw no key):
+//   o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)),  lse ← M + log(e^(lse−M) + Σ_j e^(s_j−M))
+// with M the larger of lse and the part's maximum score; a row where both saw nothing is left as it is.
+// The reference (kernels/ref/recent_block_ref.cpp) sums in float32 in a fixed order with std::exp; the fast levels
+// differ only in the order of the float32 sums (dot products and value sums), so each score is within
+// 2·γ_Dk·scale·Σ_d|q_d·k_d| of the reference's (γ_n = n·2⁻²⁴/(1 − n·2⁻²⁴)) and the merged output within the
+// weighted-average bound derived in tests/test_recent_block.cpp. Bool and additive masks: the reference.
+struct RecentBlockArgs {
+  const float* q;  // [B, Hq, L, Dk] float32, in the cache's rotated key space
+  float* out;      // [B, Hq, L, Dv], in: the kernel's part, out: merged
+  float* lse;      // [B, Hq, L], in and out
+  int64_t B, Hq, Hkv, L, kL, Dk, Dv;
+  float scale, softcap;
+  MaskKind mask_kind;
+  int64_t window;
+  const void* mask;
+  DType mask_dtype;
+  int64_t mask_stride[4];
+  // The stage: positions [lo, lo + n) at keys / values / values_exact, bfloat16 [B, Hkv, n, D]; the sink's rows
+  // [0, sink) at sink_keys / sink_values, bfloat16 [B, Hkv, sink_rows, D].
+  const uint16_t* keys;
+  const uint16_t* values;
+  const uint16_t* values_exact;
+  int64_t lo, n, block, xlo, vwin;
+  const uint16_t* sink_keys;
+  const uint16_t* sink_values;
+  int64_t sink, sink_rows;
+  int64_t row_begin, row_end;  // the query heads this call merges (callers split B·Hq over the pool)
+};
+
 // ---- rotate + quantize + append of KV rows, in one pass ------------------------------------------------------
 // n consecutive positions of one (b, h). Row i is read from src (element d at src + i·src_row_stride +
 // d·src_elem_stride, in src_dtype f32/f16/bf16), read as float32, rotated in float32 by the SO(4) block rotation
@@ -260,6 +298,7 @@ struct KernelTable {
   void (*gated_delta)(const GatedDeltaKernelArgs&);  // the gated delta rule over value heads [h0, h1)
   void (*log_sum_exp)(const LogSumExpArgs&);
   void (*glu)(const GluArgs&);  // element-wise; callers split large counts over the pool
+  void (*recent_block)(const RecentBlockArgs&);  // callers split the query heads over the pool
   // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
   // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
   bool ggml_linear_prefill = false;

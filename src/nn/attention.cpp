@@ -78,110 +78,59 @@ void mask_strides(const AttentionMask& mask, const int64_t (&target)[4], int64_t
   }
 }
 
-// bfloat16 bits → float32 (exact: the bits are the float's upper half).
-inline float bf16_bits_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Σ_d q_d·k_d over bfloat16 k, in 16 running float32 sums (k's 16-element runs; lanes the compiler vectorises),
-// added in a fixed order at the end; the tail after the last full run goes to the lanes it reaches.
-float dot_bf16(const float* q, const uint16_t* k, int64_t n) {
-  float acc[16] = {};
-  int64_t d = 0;
-  for (; d + 16 <= n; d += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += q[d + l] * bf16_bits_to_f32(k[d + l]);
-  for (int l = 0; d + l < n; ++l) acc[l] += q[d + l] * bf16_bits_to_f32(k[d + l]);
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
-}
-
-// The recent block (KVCache::exact_stage): for each query row at storage position t, the keys j >= e(t) =
-// max(⌊t/block⌋·block, lo) of the stage and the sink's keys j < min(sink, e(t)), in bfloat16 (those the
-// kernel left out, AttentionArgs::exact_block / exact_sink), under the same scale, softcap and mask — the stage's
-// values as appended for j >= ⌊t/vwin⌋·vwin, as their codes read before that; merged into the
-// kernel's normalised output o (rotated value space) through its row log-sum-exp lse:
-// o ← (e^(lse−M)·o + Σ_j e^(s_j−M)·v_j) / (e^(lse−M) + Σ_j e^(s_j−M)), M the larger maximum.
+// The recent block (KVCache::exact_stage): the keys the attention kernel left out (AttentionArgs::exact_block /
+// exact_sink), read in bfloat16 and merged into the kernel's output o through its row log-sum-exp lse — the
+// kernel table's recent_block (kernel_table.h RecentBlockArgs), over the query heads split across the pool.
 void add_recent_block(const KVCache::ExactStage& st, const float* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
                       int64_t kL, int64_t Dk, int64_t Dv, float scale, float softcap, const AttentionMask& mask,
                       const int64_t (&mstride)[4], float* lse, float* o) {
-  const int64_t rep = Hq / Hkv, ns = st.sink, n = ns + st.n;  // rows: the sink's, then the stage's
+  const int64_t n = st.sink + st.n;
   if (n == 0) return;
-  auto pos_of = [&](int64_t j) { return j < ns ? j : st.lo + (j - ns); };
-  // The rows are read where they are, in bfloat16 (a decode step reads each once per query head of its KV head: a
-  // float copy of the block per call cost more than the sums): row j's key and its two value rows (as their codes
-  // read: the sink's or the stage's; as appended: the stage's from xlo on).
-  auto key_row = [&](int64_t bh, int64_t j) {
-    return j < ns ? st.sink_keys + (bh * st.sink_rows + j) * Dk : st.keys + (bh * st.n + j - ns) * Dk;
-  };
-  auto value_row = [&](int64_t bh, int64_t j, bool exact) {
-    if (j < ns) return st.sink_values + (bh * st.sink_rows + j) * Dv;
-    return (exact ? st.values_exact : st.values) + (bh * st.n + j - ns) * Dv;
-  };
-  const int64_t first = ns + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  auto rows = [&](int64_t begin, int64_t end, int) {
-    std::vector<float> sc(static_cast<size_t>(n)), acc(static_cast<size_t>(Dv));
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / Hq, h = row % Hq, bh = b * Hkv + h / rep;
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t t = kL - L + i, e = kernels::recent_block_start(t, st.block, st.lo);
-        const int64_t w = std::max(t / st.vwin * st.vwin, st.xlo);  // values as appended from w on
-        // rows [0, std::min(ns, e)) of the sink and [ns + e − lo, n) of the stage, within the causal range
-        int64_t plo = 0, phi = kL;  // visible positions [plo, phi)
-        if (mask.kind == kernels::MaskKind::kCausal) {
-          phi = t + 1;
-          if (mask.window > 0) plo = std::max<int64_t>(0, t - mask.window + 1);
-        }
-        const int64_t ranges[2][2] = {{std::max<int64_t>(0, plo), std::min({ns, e, phi})},
-                                      {ns + std::max(e, plo) - st.lo, ns + std::min(kL, phi) - st.lo}};
-        const float* qr = q + ((b * Hq + h) * L + i) * Dk;
-        const int64_t moff = b * mstride[0] + h * mstride[1] + i * mstride[2];
-        float m = kNegInf;
-        for (const auto& r : ranges) {
-          if (r[1] <= r[0]) continue;
-          for (int64_t j = r[0]; j < r[1]; ++j) {
-            float v = scale * dot_bf16(qr, key_row(bh, j), Dk);
-            if (softcap > 0.0f) v = softcap * std::tanh(v / softcap);
-            const int64_t off = moff + pos_of(j) * mstride[3];
-            if (mask.kind == kernels::MaskKind::kBool) {
-              if (static_cast<const uint8_t*>(mask.mask.data)[off] == 0) v = kNegInf;
-            } else if (mask.kind == kernels::MaskKind::kAdditive) {
-              v += load_float(mask.mask.data, mask.mask.dtype, off);
-            }
-            sc[static_cast<size_t>(j)] = v;
-            m = std::max(m, v);
-          }
-        }
-        const float lq = lse[(b * Hq + h) * L + i];
-        const float M = std::max(m, lq);
-        if (M == kNegInf) continue;  // neither part saw a key: the kernel's zeros stay
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float l = 0.0f;
-        for (const auto& r : ranges)
-          for (int64_t j = r[0]; j < r[1]; ++j) {
-            const float p = std::exp(sc[static_cast<size_t>(j)] - M);  // exp(−inf) = 0: masked
-            if (p == 0.0f) continue;
-            l += p;
-            const uint16_t* vr = value_row(bh, j, j >= ns && pos_of(j) >= w);
-            for (int64_t d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * bf16_bits_to_f32(vr[d]);
-          }
-        const float wq = lq == kNegInf ? 0.0f : std::exp(lq - M);
-        float* orow = o + ((b * Hq + h) * L + i) * Dv;
-        const float inv = 1.0f / (wq + l);
-        for (int64_t d = 0; d < Dv; ++d) orow[d] = (wq * orow[d] + acc[static_cast<size_t>(d)]) * inv;
-        lse[(b * Hq + h) * L + i] = M + std::log(wq + l);  // the merged row's, for a later merge (segments)
-      }
-    }
-  };
+  kernels::RecentBlockArgs a{};
+  a.q = q;
+  a.out = o;
+  a.lse = lse;
+  a.B = B;
+  a.Hq = Hq;
+  a.Hkv = Hkv;
+  a.L = L;
+  a.kL = kL;
+  a.Dk = Dk;
+  a.Dv = Dv;
+  a.scale = scale;
+  a.softcap = softcap;
+  a.mask_kind = mask.kind;
+  a.window = mask.window;
+  a.mask = mask.mask.data;
+  a.mask_dtype = mask.mask.dtype;
+  for (int i = 0; i < 4; ++i) a.mask_stride[i] = mstride[i];
+  a.keys = st.keys;
+  a.values = st.values;
+  a.values_exact = st.values_exact;
+  a.lo = st.lo;
+  a.n = st.n;
+  a.block = st.block;
+  a.xlo = st.xlo;
+  a.vwin = st.vwin;
+  a.sink_keys = st.sink_keys;
+  a.sink_values = st.sink_values;
+  a.sink = st.sink;
+  a.sink_rows = st.sink_rows;
+  const auto fn = kernels::active_kernels().recent_block;
+  const int64_t first = st.sink + kernels::recent_block_start(kL - L, st.block, st.lo) - st.lo;
   // A decode step's part (one row per head, up to a block of positions) is too small to hand to the pool.
-  if (L * (n - first) * (Dk + Dv) < (1 << 16))
-    rows(0, B * Hq, 0);
-  else
-    default_thread_pool().parallel_for(B * Hq, rows);
+  if (L * (n - first) * (Dk + Dv) < (1 << 16)) {
+    a.row_begin = 0;
+    a.row_end = B * Hq;
+    fn(a);
+    return;
+  }
+  default_thread_pool().parallel_for(B * Hq, [&](int64_t begin, int64_t end, int) {
+    kernels::RecentBlockArgs part = a;
+    part.row_begin = begin;
+    part.row_end = end;
+    fn(part);
+  });
 }
 
 // The kernel's arguments shared by the cache's part and a segment's: queries q [B, Hq, L, Dk] (rotated), out

@@ -19,6 +19,7 @@ void ggml_dequantize(const GgmlDequantArgs& a);  // ggml_linear_ref.cpp
 void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_ref.cpp
 void log_sum_exp(const LogSumExpArgs& a);          // log_sum_exp_ref.cpp
 void glu(const GluArgs& a);                        // glu_ref.cpp
+void recent_block(const RecentBlockArgs& a);       // recent_block_ref.cpp
 
 // The randomized Hadamard rotation of nn/rotation.h (kind 3) on one row of D float32 values in place, signs [D]
 // values ±1: forward x ← H·diag(s)·x/√P, inverse x ← diag(s)·H·x/√P, H block-diagonal with blocks of

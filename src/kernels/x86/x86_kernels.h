@@ -34,7 +34,8 @@ void* scratch(int slot, size_t bytes);
   void dense_gemm(const DenseGemmArgs& a);        \
   void affine_qmm(const AffineQmmArgs& a);        \
   void log_sum_exp(const LogSumExpArgs& a);       \
-  void glu(const GluArgs& a);  // log_sum_exp_<level>.cpp, glu_<level>.cpp
+  void glu(const GluArgs& a);                     \
+  void recent_block(const RecentBlockArgs& a);  // log_sum_exp_<level>.cpp, glu_<level>.cpp, recent_block_<level>.cpp
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS
