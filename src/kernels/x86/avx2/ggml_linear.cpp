@@ -169,12 +169,8 @@ void ggml_linear(const GgmlLinearArgs& a) {
     for (int64_t p = 0; p < P; ++p) {
       const float* x = a.x + m * a.K + p * 32;
       int8_t* q = xq + m * a.K + p * 32;
-      const float step = quantize_row(x, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
       int s0 = 0, s1 = 0;
-      for (int i = 0; i < 16; ++i) {
-        s0 += q[i];
-        s1 += q[16 + i];
-      }
+      const float step = quantize_piece32(x, q, &s0, &s1);  // max|x|/127; codes rint(x/step)
       dx[m * P + p] = step;
       xs[(m * P + p) * 2] = step * static_cast<float>(s0);
       xs[(m * P + p) * 2 + 1] = step * static_cast<float>(s1);

@@ -78,15 +78,11 @@ void quantize_rows(void* vctx, int64_t m0, int64_t m1) {
     for (int64_t p = 0; p < Pp; ++p) {
       int8_t* q = row + (p * 32 / kKC) * c.Mp * kKC + p * 32 % kKC;
       float step = 0.0f;
+      int s0 = 0, s1 = 0;
       if (p < valid) {
-        step = quantize_row(a.x + m * a.K + p * 32, DType::kF32, 32, 32, q);
+        step = quantize_piece32(a.x + m * a.K + p * 32, q, &s0, &s1);
       } else {
         std::memset(q, 0, 32);
-      }
-      int s0 = 0, s1 = 0;
-      for (int i = 0; i < 16; ++i) {
-        s0 += q[i];
-        s1 += q[16 + i];
       }
       const int64_t i = (p / kPC * c.Mp + m) * kPC + p % kPC;
       c.dx[i] = step;

@@ -324,20 +324,14 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
   const __m256i ones8 = _mm256_set1_epi8(1);
   for (int64_t mp = 0; mp < MP; ++mp) {  // piece mp: row mp / P (rows of x are K long, as the codes)
     int8_t* q = xq + mp * 32;
-    dx[mp] = quantize_row(a.x + mp * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
+    int s0 = 0, s1 = 0;
+    dx[mp] = quantize_piece32(a.x + mp * 32, q, &s0, &s1);  // max|x|/127; codes rint(x/step)
     if (shift > 0) {  // off·(x_2i + x_2i+1)
       const __m256i pairs = _mm256_maddubs_epi16(ones8, load32(q));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + mp * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
     } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {  // the minimums' dx·Σx
-      int sum = 0;
-      for (int i = 0; i < 32; ++i) sum += q[i];
-      xs[mp] = dx[mp] * static_cast<float>(sum);
+      xs[mp] = dx[mp] * static_cast<float>(s0 + s1);
     } else if (type == GgmlType::kQ2_K) {  // the minimums' dx·Σx per 16
-      int s0 = 0, s1 = 0;
-      for (int i = 0; i < 16; ++i) {
-        s0 += q[i];
-        s1 += q[16 + i];
-      }
       xs[2 * mp] = dx[mp] * static_cast<float>(s0);
       xs[2 * mp + 1] = dx[mp] * static_cast<float>(s1);
     }

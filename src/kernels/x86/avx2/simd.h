@@ -96,6 +96,53 @@ static inline float quantize_row(const void* x, DType t, int64_t K, int64_t Kp, 
   return sx;
 }
 
+// One piece of 32 float32 values: quantize_row(x, kF32, 32, 32, q) bit for bit (codes q[0..32), the step returned),
+// and the sums of its two halves' codes *s0 (q[0..16)) and *s1 (q[16..32)) taken from the registers (reading the
+// codes back right after the narrowing stores stalls on store forwarding; avx512/simd.h).
+static inline float quantize_piece32(const float* x, int8_t* q, int* s0, int* s1) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 xv[4], amax = _mm256_setzero_ps();
+  int bad = 0;
+  for (int k = 0; k < 4; ++k) {
+    xv[k] = _mm256_loadu_ps(x + 8 * k);
+    const __m256 a = _mm256_and_ps(xv[k], abs_mask);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+    amax = _mm256_max_ps(amax, a);
+  }
+  if (bad) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_setzero_si256());
+    *s0 = *s1 = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, amax);
+  float mx = 0.0f;
+  for (float v : m8) mx = v > mx ? v : mx;
+  float sx = mx / kInt8QMax;
+  if (sx == 0.0f) sx = 1.0f;
+  const __m256 vs = _mm256_set1_ps(sx), lo = _mm256_set1_ps(-kInt8QMax), hi = _mm256_set1_ps(kInt8QMax);
+  __m256i c[4];
+  for (int k = 0; k < 4; ++k) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(xv[k], vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+  }
+  // int32 → int16 → int8 with saturation (exact: |c| <= 127); packs interleave 128-bit lanes, the permute restores
+  // the order.
+  const __m256i w01 = _mm256_packs_epi32(c[0], c[1]), w23 = _mm256_packs_epi32(c[2], c[3]);
+  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), b);
+  auto hsum = [](__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+  };
+  *s0 = hsum(_mm256_add_epi32(c[0], c[1]));
+  *s1 = hsum(_mm256_add_epi32(c[2], c[3]));
+  return sx;
+}
+
 static inline int64_t sum_i8(const int8_t* q, int64_t n) {
   int64_t s = 0;
   for (int64_t k = 0; k < n; ++k) s += q[k];

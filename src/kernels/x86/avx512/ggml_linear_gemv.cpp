@@ -240,12 +240,11 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
     // Q4_K / Q5_K: piece j of a block sits at slot j with 1 <-> 2 and 5 <-> 6 swapped (the vectors' pieces).
     const int64_t j = mp % 8, slot = mins ? mp - j + (j == 1 ? 2 : j == 2 ? 1 : j == 5 ? 6 : j == 6 ? 5 : j) : mp;
     int8_t* q = xq + slot * 32;
-    const float step = quantize_row(a.x + mp * 32, DType::kF32, 32, 32, q);  // max|x|/127; codes rint(x/step)
+    int s0 = 0, s1 = 0;
+    const float step = quantize_piece32(a.x + mp * 32, q, &s0, &s1);  // max|x|/127; codes rint(x/step)
     if (mins) {  // block mp / 8 (P is a multiple of 8): dx of its pieces, then dx·Σ codes
-      int sum = 0;
-      for (int i = 0; i < 32; ++i) sum += q[i];
       dxs[(mp / 8) * 16 + mp % 8] = step;
-      dxs[(mp / 8) * 16 + 8 + mp % 8] = step * static_cast<float>(sum);
+      dxs[(mp / 8) * 16 + 8 + mp % 8] = step * static_cast<float>(s0 + s1);
     } else {
       for (int l = 0; l < 8; ++l) {
         xo[slot * 8 + l] = -32 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
