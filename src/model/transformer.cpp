@@ -17,8 +17,14 @@ void rms_norm(const float* x, const float* w, float offset, int64_t rows, int64_
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* o = out + r * dim;
-    double ss = 0.0;
-    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    // Σ x² in float64, in 8 running sums (independent lanes the compiler vectorises; one chain of dependent adds cost
+    // 4 % of a Gemma 3 270M prefill), added in a fixed order.
+    double acc[8] = {};
+    int64_t i0 = 0;
+    for (; i0 + 8 <= dim; i0 += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(xr[i0 + l]) * xr[i0 + l];
+    for (int l = 0; i0 + l < dim; ++l) acc[l] += static_cast<double>(xr[i0 + l]) * xr[i0 + l];
+    const double ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
     for (int64_t i = 0; i < dim; ++i) o[i] = (xr[i] * inv) * (offset + w[i]);
   }
