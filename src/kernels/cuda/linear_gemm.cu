@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/gemm_epilogue.cuh"
 #include "kernels/cuda/int8_row_quant.cuh"
 #include "kernels/cuda/w4_unpack.cuh"
@@ -163,6 +164,9 @@ template <typename T, int kHeld>
 __global__ void __launch_bounds__(kQuantThreads, (held_min_blocks<T, kHeld>()))
     quantize_rows_held_kernel(const T* __restrict__ x, int64_t K, int8_t* __restrict__ xq,
                               float* __restrict__ sx_out) {
+  // x is the previous kernel's output: wait for it (pdl.cuh), then let the GEMV behind start its weight prologue.
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
   const int64_t m = blockIdx.x;
   const T* row = x + m * K;
   int8_t* qrow = xq + m * K;
@@ -214,6 +218,8 @@ template <typename T, bool kVec8>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const T* __restrict__ x, int64_t K,
                                                                        int8_t* __restrict__ xq,
                                                                        float* __restrict__ sx_out) {
+  cuda::pdl::wait();
+  cuda::pdl::launch_dependents();
   const int64_t m = blockIdx.x;
   const T* row = x + m * K;
   int8_t* qrow = xq + m * K;
@@ -267,15 +273,15 @@ void launch_quantize(const void* x, int64_t M, int64_t K, int8_t* xq, float* sx,
   const auto* xt = static_cast<const T*>(x);
   constexpr int64_t kChunk = 8 * kQuantThreads;  // values per held register set
   if (vec8 && K <= kChunk)
-    quantize_rows_held_kernel<T, 1><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    (void)cuda::pdl::launch(quantize_rows_held_kernel<T, 1>, grid, dim3(kQuantThreads), 0, stream, xt, K, xq, sx);
   else if (vec8 && K <= 2 * kChunk)
-    quantize_rows_held_kernel<T, 2><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    (void)cuda::pdl::launch(quantize_rows_held_kernel<T, 2>, grid, dim3(kQuantThreads), 0, stream, xt, K, xq, sx);
   else if (vec8 && K <= 4 * kChunk)
-    quantize_rows_held_kernel<T, 4><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    (void)cuda::pdl::launch(quantize_rows_held_kernel<T, 4>, grid, dim3(kQuantThreads), 0, stream, xt, K, xq, sx);
   else if (vec8)
-    quantize_rows_kernel<T, true><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    (void)cuda::pdl::launch(quantize_rows_kernel<T, true>, grid, dim3(kQuantThreads), 0, stream, xt, K, xq, sx);
   else
-    quantize_rows_kernel<T, false><<<grid, kQuantThreads, 0, stream>>>(xt, K, xq, sx);
+    (void)cuda::pdl::launch(quantize_rows_kernel<T, false>, grid, dim3(kQuantThreads), 0, stream, xt, K, xq, sx);
 }
 
 void quantize_rows_unchecked(const void* x, DType x_dtype, int64_t M, int64_t K, int8_t* xq, float* sx,
