@@ -888,8 +888,10 @@ void QuantizedKVCache::append_channel_keys(const TensorView& keys, int64_t start
             std::memset(st, 0, static_cast<size_t>(run * W));
           } else {
             const float* src = qstats.data() + ((b * store_.H() + h) * n + done) * W;
-            for (int64_t i = 0; i < run * W; ++i)
-              st[i] = i % W < Dk_ ? quant::kv_stat_encode(src[i]) : static_cast<uint8_t>(src[i]);
+            for (int64_t t = 0; t < run; ++t, src += W, st += W) {  // Dk_ channel statistics, then the count
+              for (int64_t d = 0; d < Dk_; ++d) st[d] = quant::kv_stat_encode(src[d]);
+              st[Dk_] = static_cast<uint8_t>(src[Dk_]);
+            }
           }
         }
         if (r + run == gs) quantize_block(b, h, pos / gs);

@@ -45,13 +45,16 @@ CIDER_KV_STATS_HD inline uint8_t kv_stat_encode(float s) {
   if (!(s > 0.0f)) return 0;
   const uint32_t u = kv_stat_bits(s);
   const int e = static_cast<int>((u >> 23) & 0xFFu) - 127;  // s in [2^e, 2^(e+1)) (normal numbers; tiny ones: code 0)
-  if (e < -33) return 0;
-  if (e > 32) return 255;
-  // The mantissa as 1.m, against the midpoints 2^(1/8), 2^(3/8), 2^(5/8), 2^(7/8) of the quarter-octave grid.
+  // The mantissa as 1.m, against the midpoints 2^(1/8), 2^(3/8), 2^(5/8), 2^(7/8) of the quarter-octave grid: q = how
+  // many it reaches (no branches: a prefill encodes every key channel of every position). Exponents outside
+  // [−33, 32] fall to 0 / 255 through the clamp.
   const float m = kv_stat_float((u & 0x7FFFFFu) | 0x3F800000u);
-  const int q = m < 1.09050773f ? 0 : m < 1.29683955f ? 1 : m < 1.54221083f ? 2 : m < 1.83400808f ? 3 : 4;
-  const int c = 4 * e + q + 128;
-  return static_cast<uint8_t>(c < 1 ? 0 : c > 255 ? 255 : c);
+  const int q = static_cast<int>(m >= 1.09050773f) + static_cast<int>(m >= 1.29683955f) +
+                static_cast<int>(m >= 1.54221083f) + static_cast<int>(m >= 1.83400808f);
+  int c = 4 * e + q + 128;
+  c = c < 0 ? 0 : c;
+  c = c > 255 ? 255 : c;
+  return static_cast<uint8_t>(c);
 }
 
 // The grid point of a code (exact: 2^k times one of 1, 2^(1/4), 2^(1/2), 2^(3/4) rounded to float32).
