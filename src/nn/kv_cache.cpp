@@ -860,9 +860,12 @@ void QuantizedKVCache::observe_queries(const TensorView& q) {
           for (int64_t d = 0; d < D; ++d) row[static_cast<size_t>(d)] = load_float(q.data, q.dtype, base + d * q.stride_of(3));
         }
         bool finite = true;
-        for (float x : row) finite = finite && std::isfinite(x);
-        for (float x : row) dst.push_back(finite ? x * x : 0.0f);
-        dst.push_back(finite ? 1.0f : 0.0f);
+        for (float x : row) finite &= std::isfinite(x);
+        const size_t at = dst.size();
+        dst.resize(at + static_cast<size_t>(D) + 1);
+        float* o = dst.data() + at;
+        for (int64_t d = 0; d < D; ++d) o[d] = finite ? row[static_cast<size_t>(d)] * row[static_cast<size_t>(d)] : 0.0f;
+        o[D] = finite ? 1.0f : 0.0f;
       }
     }
   pending_rows_ += m;
@@ -1047,16 +1050,21 @@ void QuantizedKVCache::refine_outliers(int64_t b, int64_t h, int64_t block, cons
     st[static_cast<size_t>(D)] += row[D];
   }
   const double count = st[static_cast<size_t>(D)];
+  // Each channel's range over the block's positions, position by position (rows are [gs, D]: the row order reads
+  // them contiguously; per channel the same sequence of min / max as a column walk).
+  std::vector<float> lo(rows.begin(), rows.begin() + D), hi = lo;
+  for (int64_t t = 1; t < gs; ++t) {
+    const float* r = rows.data() + t * D;
+    for (int64_t d = 0; d < D; ++d) {
+      lo[static_cast<size_t>(d)] = std::min(lo[static_cast<size_t>(d)], r[d]);
+      hi[static_cast<size_t>(d)] = std::max(hi[static_cast<size_t>(d)], r[d]);
+    }
+  }
   std::vector<std::pair<double, int64_t>> score(static_cast<size_t>(D));
   for (int64_t d = 0; d < D; ++d) {
-    float lo = rows[static_cast<size_t>(d)], hi = lo;
-    for (int64_t t = 1; t < gs; ++t) {
-      const float v = rows[static_cast<size_t>(t * D + d)];
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
     const double w = count > 0.0 ? std::sqrt(st[static_cast<size_t>(d)] / count) : 1.0;
-    score[static_cast<size_t>(d)] = {-(static_cast<double>(hi) - lo) * w, d};
+    score[static_cast<size_t>(d)] = {
+        -(static_cast<double>(hi[static_cast<size_t>(d)]) - lo[static_cast<size_t>(d)]) * w, d};
   }
   std::partial_sort(score.begin(), score.begin() + n, score.end());
   std::vector<int64_t> chosen;
