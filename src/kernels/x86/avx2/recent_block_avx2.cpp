@@ -41,6 +41,9 @@ inline float reduce16(__m256 lo, __m256 hi) {
 
 inline int64_t imax(int64_t x, int64_t y) { return x > y ? x : y; }
 inline int64_t imin(int64_t x, int64_t y) { return x < y ? x : y; }
+// kernel_table.h's recent_block_start, defined here: an inline function of a shared header compiled with this file's
+// ISA flags could be the copy the linker keeps for baseline code too (x86_kernels.h).
+inline int64_t block_start(int64_t pos, int64_t block, int64_t lo) { return imax(pos / block * block, lo); }
 
 // Scores of keys [j0, j1) (key rows at kp(j)) against q into s[j]: scale·q·k, softcapped. full = Dk rounded down to
 // 16; qt = q's tail (Dk − full values) zero-padded to 16.
@@ -115,7 +118,7 @@ void recent_block(const RecentBlockArgs& a) {
     const uint16_t* stage_v = a.values + bh * a.n * Dv;
     const uint16_t* stage_vx = a.values_exact + bh * a.n * Dv;
     for (int64_t i = 0; i < L; ++i) {
-      const int64_t t = kL - L + i, e = recent_block_start(t, a.block, a.lo);
+      const int64_t t = kL - L + i, e = block_start(t, a.block, a.lo);
       const int64_t w = imax(t / a.vwin * a.vwin, a.xlo);  // values as appended from w on
       int64_t plo = 0, phi = kL;
       if (a.mask_kind == MaskKind::kCausal) {

@@ -38,6 +38,9 @@ inline float reduce16(__m512 v) {
 
 inline int64_t imax(int64_t x, int64_t y) { return x > y ? x : y; }
 inline int64_t imin(int64_t x, int64_t y) { return x < y ? x : y; }
+// kernel_table.h's recent_block_start, defined here: an inline function of a shared header compiled with this file's
+// ISA flags could be the copy the linker keeps for baseline code too (x86_kernels.h).
+inline int64_t block_start(int64_t pos, int64_t block, int64_t lo) { return imax(pos / block * block, lo); }
 
 // Up to kRows consecutive query rows of one query head, merged together: each key and value row is read and widened
 // once for all of them. Per row r: its visible sink rows [s0, s1) and stage rows [r0, r1) (joint index j: the sink's
@@ -210,7 +213,7 @@ void recent_block(const RecentBlockArgs& a) {
       const int R = static_cast<int>(imin(kRows, L - i0));
       RowPlan rp[kRows];
       for (int r = 0; r < R; ++r) {
-        const int64_t i = i0 + r, t = kL - L + i, e = recent_block_start(t, a.block, a.lo);
+        const int64_t i = i0 + r, t = kL - L + i, e = block_start(t, a.block, a.lo);
         const int64_t w = imax(t / a.vwin * a.vwin, a.xlo);  // values as appended from w on
         int64_t plo = 0, phi = kL;
         if (a.mask_kind == MaskKind::kCausal) {
