@@ -62,6 +62,16 @@ static inline void store8(void* p, DType t, int64_t i, __m256 v, int64_t n) {
   if (n < 8 && n > 0) std::memcpy(dst, tmp, static_cast<size_t>(n * esize(t)));
 }
 
+// The int8 step of values whose |x| lanes' maximum is amax (finite): max/127, 1 when it is 0 (quant::quantize_int8_row).
+static inline float int8_step(__m256 amax) {
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, amax);
+  float mx = 0.0f;
+  for (float v : m8) mx = v > mx ? v : mx;
+  const float sx = mx / kInt8QMax;
+  return sx == 0.0f ? 1.0f : sx;
+}
+
 // Per-token INT8 quantization, bit for bit quant::quantize_int8_row (see avx512/simd.h); zeros in q[K..Kp), Kp a
 // multiple of 8.
 static inline float quantize_row(const void* x, DType t, int64_t K, int64_t Kp, int8_t* q) {
@@ -78,12 +88,7 @@ static inline float quantize_row(const void* x, DType t, int64_t K, int64_t Kp, 
     std::memset(q, 0, static_cast<size_t>(Kp));
     return std::numeric_limits<float>::quiet_NaN();
   }
-  alignas(32) float m8[8];
-  _mm256_store_ps(m8, amax);
-  float mx = 0.0f;
-  for (float v : m8) mx = v > mx ? v : mx;
-  float sx = mx / kInt8QMax;
-  if (sx == 0.0f) sx = 1.0f;
+  const float sx = int8_step(amax);
   const __m256 vs = _mm256_set1_ps(sx), lo = _mm256_set1_ps(-kInt8QMax), hi = _mm256_set1_ps(kInt8QMax);
   for (int64_t k = 0; k < Kp; k += 8) {
     __m256 v = _mm256_div_ps(load8(x, t, k, K - k), vs);
@@ -115,12 +120,7 @@ static inline float quantize_piece32(const float* x, int8_t* q, int* s0, int* s1
     *s0 = *s1 = 0;
     return std::numeric_limits<float>::quiet_NaN();
   }
-  alignas(32) float m8[8];
-  _mm256_store_ps(m8, amax);
-  float mx = 0.0f;
-  for (float v : m8) mx = v > mx ? v : mx;
-  float sx = mx / kInt8QMax;
-  if (sx == 0.0f) sx = 1.0f;
+  const float sx = int8_step(amax);
   const __m256 vs = _mm256_set1_ps(sx), lo = _mm256_set1_ps(-kInt8QMax), hi = _mm256_set1_ps(kInt8QMax);
   __m256i c[4];
   for (int k = 0; k < 4; ++k) {
