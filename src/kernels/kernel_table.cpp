@@ -14,6 +14,7 @@
 //   glu          x·σ(z), σ from exp16(−|z|), 16 lanes            same with exp8, 8 lanes
 //   recent_block bf16 rows widened exactly, f32 FMAs, value sums  same, 8 lanes
 //                in 8 registers (bool/additive masks: ref)
+//   hadamard_rows butterflies h < 16 in a register, bit-identical  same, h < 8 (rows of P < 8: ref)
 //   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
@@ -34,7 +35,7 @@ const KernelTable& ref_kernels() {
   static const KernelTable table = {
       "ref", &ref::affine_qmm, &ref::w8a8_gemm, &ref::w8a8_gemv, &ref::w4a8_gemm, &ref::w4a8_gemv, &ref::attention, &ref::dense_gemm,
       &ref::kv_append, &ref::ggml_linear, &ref::ggml_dequantize, &ref::gated_delta, &ref::log_sum_exp,
-      &ref::glu, &ref::recent_block,
+      &ref::glu, &ref::recent_block, &ref::hadamard_rows,
   };
   return table;
 }
@@ -62,6 +63,7 @@ const KernelTable& avx2_kernels() {
     t.log_sum_exp = &x86::avx2::log_sum_exp;
     t.glu = &x86::avx2::glu;
     t.recent_block = &x86::avx2::recent_block;
+    t.hadamard_rows = &x86::avx2::hadamard_rows;
     x86::register_attention_avx2(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     return t;
   }();
@@ -93,6 +95,7 @@ const KernelTable& avx512_kernels() {
     t.log_sum_exp = &x86::avx512::log_sum_exp;
     t.glu = &x86::avx512::glu;
     t.recent_block = &x86::avx512::recent_block;
+    t.hadamard_rows = &x86::avx512::hadamard_rows;
     x86::register_attention_avx512(t);  // attention, kv_append (kernels/x86/attention_x86.h)
     if (amx_usable()) {  // AMX tiles for prefill GEMM; M = 1 and int4 group 32 stay on VNNI inside the entry
       t.w8a8_gemm = &x86::amx::w8a8_gemm;

@@ -203,6 +203,17 @@ struct RecentBlockArgs {
   int64_t row_begin, row_end;  // the query heads this call merges (callers split B·Hq over the pool)
 };
 
+// ---- the randomized Hadamard rotation of rows (nn::Rotation kind 3: queries in, attention outputs back) -------
+// rows [n, dim] float32 in place, each as kernels::ref::hadamard_row(row, signs, dim, inverse): forward
+// H·diag(s)·x/√P, inverse diag(s)·H·x/√P, H block-diagonal with blocks of P = the largest power of two dividing dim.
+// Every level gives the reference's bits (the same multiplies and butterfly adds in the same order per element).
+struct HadamardRowsArgs {
+  float* rows;
+  int64_t n, dim;
+  const float* signs;  // [dim], ±1.0f
+  bool inverse;
+};
+
 // ---- rotate + quantize + append of KV rows, in one pass ------------------------------------------------------
 // n consecutive positions of one (b, h). Row i is read from src (element d at src + i·src_row_stride +
 // d·src_elem_stride, in src_dtype f32/f16/bf16), read as float32, rotated in float32 by the SO(4) block rotation
@@ -299,6 +310,7 @@ struct KernelTable {
   void (*log_sum_exp)(const LogSumExpArgs&);
   void (*glu)(const GluArgs&);  // element-wise; callers split large counts over the pool
   void (*recent_block)(const RecentBlockArgs&);  // callers split the query heads over the pool
+  void (*hadamard_rows)(const HadamardRowsArgs&);  // one thread; bit-identical at every level
   // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
   // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
   bool ggml_linear_prefill = false;

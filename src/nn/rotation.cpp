@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/kernel_table.h"
 #include "kernels/ref/ref_kernels.h"
 
 namespace cider::nn {
@@ -139,7 +140,7 @@ const float* Rotation::kernel_qR() const { return is_so4() ? qR_.data() : nullpt
 void Rotation::apply(float* rows, int64_t n_rows) const {
   if (kind_ == RotationKind::kNone) return;
   if (kind_ == RotationKind::kHadamard) {
-    for (int64_t r = 0; r < n_rows; ++r) kernels::ref::hadamard_row(rows + r * head_dim_, signs_.data(), head_dim_, false);
+    kernels::active_kernels().hadamard_rows({rows, n_rows, head_dim_, signs_.data(), false});
     return;
   }
   const int64_t blocks = head_dim_ / 4;
@@ -163,7 +164,7 @@ void Rotation::apply(float* rows, int64_t n_rows) const {
 void Rotation::apply_inverse(float* rows, int64_t n_rows) const {
   if (kind_ == RotationKind::kNone) return;
   if (kind_ == RotationKind::kHadamard) {
-    for (int64_t r = 0; r < n_rows; ++r) kernels::ref::hadamard_row(rows + r * head_dim_, signs_.data(), head_dim_, true);
+    kernels::active_kernels().hadamard_rows({rows, n_rows, head_dim_, signs_.data(), true});
     return;
   }
   const int64_t blocks = head_dim_ / 4;

@@ -51,6 +51,10 @@ void hadamard_row(float* x, const float* signs, int64_t D, bool inverse) {
     for (int64_t b = 0; b < D; b += P) fwht(x + b, P);
 }
 
+void hadamard_rows(const HadamardRowsArgs& a) {
+  for (int64_t r = 0; r < a.n; ++r) hadamard_row(a.rows + r * a.dim, a.signs, a.dim, a.inverse);
+}
+
 void kv_append(const KVAppendArgs& a) {
   const int64_t D = a.dim;
   std::vector<float> row(static_cast<size_t>(D));

@@ -20,6 +20,7 @@ void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_ref.cpp
 void log_sum_exp(const LogSumExpArgs& a);          // log_sum_exp_ref.cpp
 void glu(const GluArgs& a);                        // glu_ref.cpp
 void recent_block(const RecentBlockArgs& a);       // recent_block_ref.cpp
+void hadamard_rows(const HadamardRowsArgs& a);     // kv_append_ref.cpp: hadamard_row per row
 
 // The randomized Hadamard rotation of nn/rotation.h (kind 3) on one row of D float32 values in place, signs [D]
 // values ±1: forward x ← H·diag(s)·x/√P, inverse x ← diag(s)·H·x/√P, H block-diagonal with blocks of

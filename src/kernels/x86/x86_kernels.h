@@ -35,7 +35,9 @@ void* scratch(int slot, size_t bytes);
   void affine_qmm(const AffineQmmArgs& a);        \
   void log_sum_exp(const LogSumExpArgs& a);       \
   void glu(const GluArgs& a);                     \
-  void recent_block(const RecentBlockArgs& a);  // log_sum_exp_<level>.cpp, glu_<level>.cpp, recent_block_<level>.cpp
+  void recent_block(const RecentBlockArgs& a);    \
+  void hadamard_rows(const HadamardRowsArgs& a);  // log_sum_exp_<level>.cpp, glu_<level>.cpp, recent_block_<level>.cpp,
+                                                  // hadamard_rows_<level>.cpp
 
 namespace avx2 {
 CIDER_X86_DECLARE_KERNELS

@@ -11,6 +11,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
+#include "kernels/x86/avx2/hadamard.h"
 #include "quant/affine.h"
 
 #define CIDER_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -127,38 +128,6 @@ CIDER_INLINE void rotate_row(const KVAppendArgs& a, const float* ql, const float
       store_blocks(t, nb, row + d0);
     }
   }
-}
-
-// One butterfly stage inside a vector: p holds each lane's partner x[j ^ h]; lanes set in `upper` (j & h) get
-// p − v = x[j − h] − x[j], the others v + p = x[j] + x[j + h] — the reference's a − b and a + b.
-template <int upper>
-CIDER_INLINE __m256 butterfly8(__m256 v, __m256 p) {
-  return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), upper);
-}
-
-// row[0, D) ← H·diag(s)·row/√P in place, blocks of P = ref::hadamard_block(D) (blocks shorter than a vector take
-// the reference).
-CIDER_INLINE void hadamard_row(const float* signs, int64_t D, float* row) {
-  const int64_t P = ref::hadamard_block(D);
-  if (P < 8) {
-    ref::hadamard_row(row, signs, D, false);
-    return;
-  }
-  const __m256 c = _mm256_set1_ps(static_cast<float>(1.0 / std::sqrt(static_cast<double>(P))));
-  for (int64_t d = 0; d < D; d += 8) {
-    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(row + d), _mm256_mul_ps(_mm256_loadu_ps(signs + d), c));
-    v = butterfly8<0xAA>(v, _mm256_permute_ps(v, 0xB1));          // h = 1: lanes 1,0,3,2 in each 128 bits
-    v = butterfly8<0xCC>(v, _mm256_permute_ps(v, 0x4E));          // h = 2: lanes 2,3,0,1
-    v = butterfly8<0xF0>(v, _mm256_permute2f128_ps(v, v, 0x01));  // h = 4: the two 128-bit halves swapped
-    _mm256_storeu_ps(row + d, v);
-  }
-  for (int64_t h = 8; h < P; h *= 2)
-    for (int64_t i = 0; i < D; i += 2 * h)  // blocks of 2h tile the blocks of P
-      for (int64_t j = i; j < i + h; j += 8) {
-        const __m256 a = _mm256_loadu_ps(row + j), b = _mm256_loadu_ps(row + j + h);
-        _mm256_storeu_ps(row + j, _mm256_add_ps(a, b));
-        _mm256_storeu_ps(row + j + h, _mm256_sub_ps(a, b));
-      }
 }
 
 CIDER_INLINE void prepare_quaternions(const KVAppendArgs& a, float* ql, float* qr) {
@@ -286,7 +255,7 @@ CIDER_AVX2 void append_rows(const KVAppendArgs& a, float* row, const float* ql, 
   alignas(32) uint8_t codes[128];
   for (int64_t i = 0; i < a.n; ++i) {
     load_row(a, i, row);
-    if (a.rotation == 3) hadamard_row(a.qL, D, row);  // qL = the signs
+    if (a.rotation == 3) hadamard_row(a.qL, D, row, false);  // qL = the signs (avx2/hadamard.h)
     else if (a.rotation != 0) rotate_row(a, ql, qr, row);
     if (a.bits == 0) {
       int64_t d = 0;

@@ -19,6 +19,7 @@
 
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/attention_x86.h"
+#include "kernels/x86/avx512/hadamard.h"
 #include "quant/affine.h"
 
 #define CIDER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -144,38 +145,6 @@ CIDER_INLINE void rotate_row(const KVAppendArgs& a, const float* ql, const float
   }
 }
 
-// One butterfly stage inside a vector: p holds each lane's partner x[j ^ h]; lanes in `upper` (j & h set) get
-// x[j − h] − x[j] = p − v, the others x[j] + x[j + h] = v + p — the reference's a + b and a − b.
-CIDER_INLINE __m512 butterfly16(__m512 v, __m512 p, __mmask16 upper) {
-  return _mm512_mask_blend_ps(upper, _mm512_add_ps(v, p), _mm512_sub_ps(p, v));
-}
-
-// row[0, D) ← H·diag(s)·row/√P in place, blocks of P = ref::hadamard_block(D) (blocks shorter than a vector take
-// the reference).
-CIDER_INLINE void hadamard_row(const float* signs, int64_t D, float* row) {
-  const int64_t P = ref::hadamard_block(D);
-  if (P < 16) {
-    ref::hadamard_row(row, signs, D, false);
-    return;
-  }
-  const __m512 c = _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(static_cast<double>(P))));
-  for (int64_t d = 0; d < D; d += 16) {
-    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(row + d), _mm512_mul_ps(_mm512_loadu_ps(signs + d), c));
-    v = butterfly16(v, _mm512_permute_ps(v, 0xB1), 0xAAAA);          // h = 1: lanes 1,0,3,2 in each 128 bits
-    v = butterfly16(v, _mm512_permute_ps(v, 0x4E), 0xCCCC);          // h = 2: lanes 2,3,0,1
-    v = butterfly16(v, _mm512_shuffle_f32x4(v, v, 0xB1), 0xF0F0);    // h = 4: 128-bit lanes 1,0,3,2
-    v = butterfly16(v, _mm512_shuffle_f32x4(v, v, 0x4E), 0xFF00);    // h = 8: 128-bit lanes 2,3,0,1
-    _mm512_storeu_ps(row + d, v);
-  }
-  for (int64_t h = 16; h < P; h *= 2)
-    for (int64_t i = 0; i < D; i += 2 * h)  // blocks of 2h tile the blocks of P
-      for (int64_t j = i; j < i + h; j += 16) {
-        const __m512 a = _mm512_loadu_ps(row + j), b = _mm512_loadu_ps(row + j + h);
-        _mm512_storeu_ps(row + j, _mm512_add_ps(a, b));
-        _mm512_storeu_ps(row + j + h, _mm512_sub_ps(a, b));
-      }
-}
-
 // The quaternions of the call, deinterleaved once; conj(qR) = (r0, −r1, −r2, −r3) by exact negation.
 CIDER_INLINE void prepare_quaternions(const KVAppendArgs& a, float* ql, float* qr) {
   for (int64_t d0 = 0, ch = 0; d0 < a.dim; d0 += 64, ++ch) {
@@ -290,7 +259,7 @@ CIDER_AVX512 void append_rows(const KVAppendArgs& a, float* row, float* ql, floa
   alignas(64) uint8_t codes[128];
   for (int64_t i = 0; i < a.n; ++i) {
     load_row(a, i, row);
-    if (a.rotation == 3) hadamard_row(a.qL, D, row);  // qL = the signs
+    if (a.rotation == 3) hadamard_row(a.qL, D, row, false);  // qL = the signs (avx512/hadamard.h)
     else if (a.rotation != 0) rotate_row(a, ql, qr, row);
     if (a.bits == 0) {
       for (int64_t d = 0; d < D; d += 16) {
