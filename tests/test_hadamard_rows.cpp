@@ -3,7 +3,8 @@
 // inverse — the fast levels do the reference's multiplies x·(s·c) and butterfly adds/subtracts in the same order per
 // element, so no rounding differs (and a NaN travels to the same places with the same bits). Fresh random rows over
 // head sizes whose Hadamard block P (the largest power of two dividing D) is below, at and above a vector (4 … 1024,
-// tails such as 80 = 5·16 and 96 = 3·32), magnitudes from 2^-10 to 2^10 times N(0, 1), and a NaN and an infinity in one row.
+// tails such as 80 = 5·16 and 96 = 3·32), magnitudes from 2^-10 to 2^10 times N(0, 1), and a NaN and an infinity
+// in one row.
 // The reference itself is checked against float64 in tests/test_rotation.cpp.
 #include <gtest/gtest.h>
 

@@ -14,7 +14,8 @@
 //   glu          x·σ(z), σ from exp16(−|z|), 16 lanes            same with exp8, 8 lanes
 //   recent_block bf16 rows widened exactly, f32 FMAs, value sums  same, 8 lanes
 //                in 8 registers (bool/additive masks: ref)
-//   hadamard_rows butterflies h < 16 in a register, bit-identical  same, h < 8 (rows of P < 8: ref)
+//   hadamard_rows butterflies h < 16 in a register, bit-identical  same, h < 8 in a register
+//                (rows whose block P is below a vector: ref)
 //   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
