@@ -1,0 +1,298 @@
+// cider's encoder into the GGUF block formats (quant/ggml_quantize.h). Byte layouts: the decoders in ggml_blocks.cpp
+// (each writer below is the inverse of the decoder of its type).
+#include "quant/ggml_quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace cider::quant {
+
+namespace {
+
+constexpr const char* kOp = "ggml_quantize_row";
+
+inline float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+inline void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  p[0] = static_cast<uint8_t>(h & 0xff);
+  p[1] = static_cast<uint8_t>(h >> 8);
+}
+
+inline void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+inline int clamp_code(float v, int lo, int hi) {
+  const float r = std::rint(v);
+  return r < static_cast<float>(lo) ? lo : (r > static_cast<float>(hi) ? hi : static_cast<int>(r));
+}
+
+// How a fitted scale is stored: f16 (the 32-blocks), or not rounded here (a K-quant sub-block: coded later).
+enum class ScaleRounding { kF16, kNone };
+
+inline float store_rounded(float v, ScaleRounding r) { return r == ScaleRounding::kF16 ? round_f16(v) : v; }
+
+// Symmetric fit y = d·q, q ∈ [lo, hi], of x[0 .. n): writes the codes, returns d (0 for an all-zero group).
+float fit_symmetric(const float* x, int n, int lo, int hi, ScaleRounding rounding, int* q) {
+  float ext = 0.0f;  // the value of largest magnitude, signed
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > std::fabs(ext)) ext = x[i];
+  if (ext == 0.0f) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return 0.0f;
+  }
+  int cand[256];
+  double best_err = std::numeric_limits<double>::infinity();
+  float best_d = 0.0f;
+  for (int end = 0; end < 2; ++end) {  // the extreme value at code lo (end 0) or hi (end 1)
+    const float code_end = static_cast<float>(end == 0 ? lo : hi);
+    for (int k = 0; k <= 20; ++k) {  // stretch: the extreme at code_end − 1.5 … + 0.5 codes, the plain rule first
+      const int step = k <= 10 ? (k % 2 ? -(k + 1) / 2 : k / 2) : -(k - 5);  // 0, -1, 1, -2, 2, …, 5, -6 … -15
+      const float target = code_end + (code_end < 0 ? -0.1f : 0.1f) * static_cast<float>(step);
+      if (target == 0.0f || (target < 0) != (code_end < 0)) continue;
+      float d = ext / target;
+      double sxq = 0.0, sqq = 0.0;
+      for (int i = 0; i < n; ++i) {
+        cand[i] = clamp_code(x[i] / d, lo, hi);
+        sxq += static_cast<double>(x[i]) * cand[i];
+        sqq += static_cast<double>(cand[i]) * cand[i];
+      }
+      if (sqq > 0.0) d = static_cast<float>(sxq / sqq);  // least squares for these codes
+      d = store_rounded(d, rounding);
+      if (d == 0.0f || !std::isfinite(d)) continue;
+      double err = 0.0;
+      for (int i = 0; i < n; ++i) {
+        cand[i] = clamp_code(x[i] / d, lo, hi);
+        const double e = static_cast<double>(x[i]) - static_cast<double>(d * static_cast<float>(cand[i]));
+        err += e * e;
+      }
+      if (err < best_err) {
+        best_err = err;
+        best_d = d;
+        std::memcpy(q, cand, sizeof(int) * static_cast<size_t>(n));
+      }
+    }
+  }
+  if (best_d == 0.0f)
+    for (int i = 0; i < n; ++i) q[i] = 0;
+  return best_d;
+}
+
+// Affine fit y = d·q + m, q ∈ [0, qmax], of x[0 .. n); m ≤ 0 when min_le_zero. Writes the codes, d and m (both
+// rounded to f16 when `rounding` says so).
+void fit_affine(const float* x, int n, int qmax, bool min_le_zero, ScaleRounding rounding, int* q, float* d_out,
+                float* m_out) {
+  float mn = x[0], mx = x[0];
+  for (int i = 1; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  if (min_le_zero) mn = std::min(mn, 0.0f);
+  if (mx == mn) {  // constant (or, with m ≤ 0, all zero): d = 0, m = the value
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    *d_out = 0.0f;
+    *m_out = store_rounded(mn, rounding);
+    return;
+  }
+  int cand[256];
+  double best_err = std::numeric_limits<double>::infinity();
+  *d_out = 0.0f;
+  *m_out = store_rounded(mn, rounding);
+  for (int i = 0; i < n; ++i) q[i] = 0;
+  const float range = mx - mn;
+  for (int start = -2; start <= 2; ++start) {
+    float d = range / (static_cast<float>(qmax) + 0.5f * static_cast<float>(start));
+    float m = mn;
+    for (int iter = 0; iter < 4; ++iter) {
+      const float ds = store_rounded(d, rounding), ms = store_rounded(m, rounding);
+      if (!(ds > 0.0f) || !std::isfinite(ds) || !std::isfinite(ms)) break;
+      double err = 0.0, sq = 0.0, sqq = 0.0, sx = 0.0, sxq = 0.0;
+      for (int i = 0; i < n; ++i) {
+        cand[i] = clamp_code((x[i] - ms) / ds, 0, qmax);
+        const double c = cand[i];
+        const double e = static_cast<double>(x[i]) - static_cast<double>(ds * static_cast<float>(cand[i]) + ms);
+        err += e * e;
+        sq += c;
+        sqq += c * c;
+        sx += x[i];
+        sxq += static_cast<double>(x[i]) * c;
+      }
+      if (err < best_err) {
+        best_err = err;
+        *d_out = ds;
+        *m_out = ms;
+        std::memcpy(q, cand, sizeof(int) * static_cast<size_t>(n));
+      }
+      // Least squares (d, m) for these codes; with m ≤ 0 required and violated, m = 0 and d alone.
+      const double det = n * sqq - sq * sq;
+      if (det <= 0.0) break;
+      double dn = (n * sxq - sx * sq) / det;
+      double mnew = (sx - dn * sq) / n;
+      if (min_le_zero && mnew > 0.0) {
+        mnew = 0.0;
+        dn = sqq > 0.0 ? sxq / sqq : 0.0;
+      }
+      d = static_cast<float>(dn);
+      m = static_cast<float>(mnew);
+    }
+  }
+}
+
+// Element i < 16 in the low nibble of byte i, element i + 16 in its high nibble (ggml_blocks.cpp nibble32).
+void put_nibbles32(const int* q, uint8_t* qs) {
+  for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>((q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4));
+}
+
+void enc_q8_0(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = round_f16(amax / 127.0f);
+  put_f16(b, d);
+  for (int i = 0; i < 32; ++i)
+    b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(d == 0.0f ? 0 : clamp_code(x[i] / d, -128, 127)));
+}
+
+void enc_q4_0(const float* x, uint8_t* b) {
+  int q[32];
+  const float d = fit_symmetric(x, 32, -8, 7, ScaleRounding::kF16, q);
+  put_f16(b, d);
+  for (int& v : q) v += 8;
+  put_nibbles32(q, b + 2);
+}
+
+void enc_q5_0(const float* x, uint8_t* b) {
+  int q[32];
+  const float d = fit_symmetric(x, 32, -16, 15, ScaleRounding::kF16, q);
+  put_f16(b, d);
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) {
+    q[i] += 16;
+    qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
+  }
+  put_u32(b + 2, qh);
+  put_nibbles32(q, b + 6);
+}
+
+void enc_q4_1(const float* x, uint8_t* b) {
+  int q[32];
+  float d, m;
+  fit_affine(x, 32, 15, false, ScaleRounding::kF16, q, &d, &m);
+  put_f16(b, d);
+  put_f16(b + 2, m);
+  put_nibbles32(q, b + 4);
+}
+
+void enc_q5_1(const float* x, uint8_t* b) {
+  int q[32];
+  float d, m;
+  fit_affine(x, 32, 31, false, ScaleRounding::kF16, q, &d, &m);
+  put_f16(b, d);
+  put_f16(b + 2, m);
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
+  put_u32(b + 4, qh);
+  put_nibbles32(q, b + 8);
+}
+
+// Q4_K: 8 sub-blocks of 32, y = (d·sc_j)·q − (dmin·mn_j), sc_j, mn_j ∈ [0, 63], q ∈ [0, 15].
+void enc_q4_k(const float* x, uint8_t* b) {
+  float s[8], mneg[8];
+  int q[256];
+  for (int j = 0; j < 8; ++j) {
+    float d, m;
+    fit_affine(x + 32 * j, 32, 15, true, ScaleRounding::kNone, q + 32 * j, &d, &m);
+    s[j] = std::max(d, 0.0f);
+    mneg[j] = std::max(-m, 0.0f);
+  }
+  const float smax = *std::max_element(s, s + 8), mmax = *std::max_element(mneg, mneg + 8);
+  const float d = round_f16(smax / 63.0f), dmin = round_f16(mmax / 63.0f);
+  int sc[8], mc[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0.0f ? clamp_code(s[j] / d, 0, 63) : 0;
+    mc[j] = dmin > 0.0f ? clamp_code(mneg[j] / dmin, 0, 63) : 0;
+    const float dl = d * static_cast<float>(sc[j]), ml = dmin * static_cast<float>(mc[j]);  // as the decoder
+    for (int e = 32 * j; e < 32 * j + 32; ++e) q[e] = dl > 0.0f ? clamp_code((x[e] + ml) / dl, 0, 15) : 0;
+  }
+  put_f16(b, d);
+  put_f16(b + 2, dmin);
+  uint8_t* sp = b + 4;  // the inverse of scale_min_k4
+  for (int j = 0; j < 4; ++j) {
+    sp[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    sp[j + 4] = static_cast<uint8_t>((mc[j] & 63) | ((mc[j + 4] >> 4) << 6));
+    sp[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mc[j + 4] & 0x0F) << 4));
+  }
+  uint8_t* qs = b + 16;  // chunk c of 64: bytes [32c, 32c + 32), low nibbles the first 32 elements
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l)
+      qs[32 * c + l] = static_cast<uint8_t>((q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4));
+}
+
+// Q6_K: 16 sub-blocks of 16, y = (d·sc_j)·(q − 32), sc_j int8, q − 32 ∈ [−32, 31].
+void enc_q6_k(const float* x, uint8_t* b) {
+  float s[16];
+  int q[256];
+  float smax = 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    s[j] = fit_symmetric(x + 16 * j, 16, -32, 31, ScaleRounding::kNone, q + 16 * j);
+    smax = std::max(smax, std::fabs(s[j]));
+  }
+  const float d = round_f16(smax / 127.0f);
+  int sc[16];
+  for (int j = 0; j < 16; ++j) {
+    sc[j] = d > 0.0f ? clamp_code(s[j] / d, -128, 127) : 0;
+    const float dl = d * static_cast<float>(sc[j]);
+    for (int e = 16 * j; e < 16 * j + 16; ++e) q[e] = dl != 0.0f ? clamp_code(x[e] / dl, -32, 31) + 32 : 32;
+  }
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  std::memset(b, 0, 192);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, r = e % 128;
+    ql[64 * h + r % 64] = static_cast<uint8_t>(ql[64 * h + r % 64] | ((q[e] & 0x0F) << (4 * (r / 64))));
+    qh[32 * h + r % 32] = static_cast<uint8_t>(qh[32 * h + r % 32] | (((q[e] >> 4) & 3) << (2 * (r / 32))));
+  }
+  for (int j = 0; j < 16; ++j) b[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sc[j]));
+  put_f16(b + 208, d);
+}
+
+using Encoder = void (*)(const float*, uint8_t*);
+
+Encoder encoder(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ8_0: return enc_q8_0;
+    case GgmlType::kQ4_0: return enc_q4_0;
+    case GgmlType::kQ4_1: return enc_q4_1;
+    case GgmlType::kQ5_0: return enc_q5_0;
+    case GgmlType::kQ5_1: return enc_q5_1;
+    case GgmlType::kQ4_K: return enc_q4_k;
+    case GgmlType::kQ6_K: return enc_q6_k;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool ggml_can_quantize(GgmlType t) { return encoder(t) != nullptr; }
+
+void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out) {
+  const GgmlBlockFormat* f = ggml_block_format(static_cast<uint32_t>(t));
+  const Encoder enc = encoder(t);
+  check(f != nullptr && enc != nullptr, ErrorCode::kUnsupported, kOp, "no encoder for ggml type id ",
+        static_cast<uint32_t>(t));
+  check(n % f->block_size == 0, ErrorCode::kShapeMismatch, kOp, f->name, " needs a row length that is a multiple of ",
+        f->block_size, "; got ", n);
+  // The f16 scale must hold max|x| / (largest code): |x| up to 65504 · 7 for Q4_0, say; a tighter common bound.
+  constexpr float kLimit = 65504.0f * 7.0f;
+  for (int64_t i = 0; i < n; ++i)
+    check(std::isfinite(x[i]) && std::fabs(x[i]) < kLimit, ErrorCode::kInvalidArgument, kOp, f->name,
+          ": value ", i, " is ", x[i], "; every value must be finite and below ", kLimit, " in magnitude");
+  for (int64_t blk = 0; blk < n / f->block_size; ++blk) enc(x + blk * f->block_size, out + blk * f->block_bytes);
+}
+
+}  // namespace cider::quant

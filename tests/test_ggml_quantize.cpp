@@ -1,0 +1,231 @@
+// cider's encoder into the GGUF block formats (quant/ggml_quantize.h), checked through the formats' own decoders:
+// values already on a block's grid come back bit for bit (so requantizing a GGUF tensor into its own type is
+// lossless), the least-squares fit is never worse in total than the plain rule of scaling by the largest value
+// (written here independently, without any block bytes), and bad input is refused by name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/ggml_blocks.h"
+#include "quant/ggml_quantize.h"
+#include "support/test_support.h"
+
+namespace cider {
+namespace {
+
+using quant::GgmlType;
+using test::throws_code;
+
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                               GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K};
+
+const quant::GgmlBlockFormat& fmt(GgmlType t) { return *quant::ggml_block_format(static_cast<uint32_t>(t)); }
+
+// Quantizes x with cider's encoder and decodes it with the format's decoder.
+std::vector<float> round_trip(GgmlType t, const std::vector<float>& x) {
+  const quant::GgmlBlockFormat& f = fmt(t);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> blocks(static_cast<size_t>(quant::ggml_row_bytes(f, n)));
+  quant::ggml_quantize_row(t, x.data(), n, blocks.data());
+  std::vector<float> y(x.size());
+  for (int64_t b = 0; b < n / f.block_size; ++b)
+    f.decode(blocks.data() + b * f.block_bytes, y.data() + b * f.block_size);
+  return y;
+}
+
+float f16r(float v) { return f16_to_f32(f32_to_f16(v)); }
+float clampr(float v, float lo, float hi) { return std::min(hi, std::max(lo, std::rint(v))); }
+
+// The plain rule (no search), value by value, for comparison: symmetric types scale the largest-magnitude value to
+// the negative end code (ggml's reference rule), affine types span [min, max], K-quant sub-scales are coded against
+// the largest one. Returns the decoded values.
+std::vector<float> max_rule(GgmlType t, const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  auto sym = [](const float* v, int n, float lo, float* s_out) {  // d = ext / lo, unrounded
+    float ext = 0.0f;
+    for (int i = 0; i < n; ++i)
+      if (std::fabs(v[i]) > std::fabs(ext)) ext = v[i];
+    *s_out = ext / lo;
+  };
+  const int bs = fmt(t).block_size;
+  for (size_t b0 = 0; b0 < x.size(); b0 += static_cast<size_t>(bs)) {
+    const float* v = x.data() + b0;
+    float* o = y.data() + b0;
+    switch (t) {
+      case GgmlType::kQ8_0: case GgmlType::kQ4_0: case GgmlType::kQ5_0: {
+        const float lo = t == GgmlType::kQ8_0 ? -127.0f : (t == GgmlType::kQ4_0 ? -8.0f : -16.0f);
+        const float hi = t == GgmlType::kQ8_0 ? 127.0f : -lo - 1.0f;
+        float d;
+        sym(v, 32, lo, &d);
+        d = f16r(d);
+        for (int i = 0; i < 32; ++i) o[i] = d == 0.0f ? 0.0f : d * clampr(v[i] / d, lo, hi);
+        break;
+      }
+      case GgmlType::kQ4_1: case GgmlType::kQ5_1: {
+        const float qmax = t == GgmlType::kQ4_1 ? 15.0f : 31.0f;
+        const float mn = *std::min_element(v, v + 32), mx = *std::max_element(v, v + 32);
+        const float d = f16r((mx - mn) / qmax), m = f16r(mn);
+        for (int i = 0; i < 32; ++i) o[i] = d == 0.0f ? m : d * clampr((v[i] - m) / d, 0.0f, qmax) + m;
+        break;
+      }
+      case GgmlType::kQ4_K: {
+        float s[8], mm[8];
+        for (int j = 0; j < 8; ++j) {
+          const float mn = std::min(0.0f, *std::min_element(v + 32 * j, v + 32 * j + 32));
+          const float mx = *std::max_element(v + 32 * j, v + 32 * j + 32);
+          s[j] = std::max(0.0f, (mx - mn) / 15.0f);
+          mm[j] = -mn;
+        }
+        const float d = f16r(*std::max_element(s, s + 8) / 63.0f), dm = f16r(*std::max_element(mm, mm + 8) / 63.0f);
+        for (int j = 0; j < 8; ++j) {
+          const float dl = d * (d > 0 ? clampr(s[j] / d, 0, 63) : 0.0f);
+          const float ml = dm * (dm > 0 ? clampr(mm[j] / dm, 0, 63) : 0.0f);
+          for (int i = 32 * j; i < 32 * j + 32; ++i)
+            o[i] = dl * (dl > 0 ? clampr((v[i] + ml) / dl, 0, 15) : 0.0f) - ml;
+        }
+        break;
+      }
+      case GgmlType::kQ6_K: {
+        float s[16], smax = 0.0f;
+        for (int j = 0; j < 16; ++j) {
+          sym(v + 16 * j, 16, -32.0f, &s[j]);
+          smax = std::max(smax, std::fabs(s[j]));
+        }
+        const float d = f16r(smax / 127.0f);
+        for (int j = 0; j < 16; ++j) {
+          const float dl = d * (d > 0 ? clampr(s[j] / d, -128, 127) : 0.0f);
+          for (int i = 16 * j; i < 16 * j + 16; ++i) o[i] = dl * (dl != 0 ? clampr(v[i] / dl, -32, 31) : 0.0f);
+        }
+        break;
+      }
+      default: ADD_FAILURE() << "no rule";
+    }
+  }
+  return y;
+}
+
+double sse(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = static_cast<double>(a[i]) - b[i];
+    s += e * e;
+  }
+  return s;
+}
+
+// Weight-like rows: normal, heavy-tailed (a few values 8× larger), uniform, tiny and large scales, all-zero and
+// constant stretches, one value alone in its block.
+std::vector<float> weight_row(std::mt19937_64& rng, int64_t n, int kind) {
+  std::vector<float> x = test::randn(rng, static_cast<size_t>(n), kind == 3 ? 1e-3f : (kind == 4 ? 50.0f : 0.02f));
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  std::uniform_int_distribution<int64_t> pos(0, n - 1);
+  switch (kind) {
+    case 1: for (int i = 0; i < 8; ++i) x[static_cast<size_t>(pos(rng))] *= 8.0f; break;
+    case 2: for (float& v : x) v = u(rng); break;
+    case 5:
+      std::fill(x.begin(), x.begin() + n / 2, 0.0f);
+      std::fill(x.begin() + n / 2, x.begin() + 3 * n / 4, 0.0123f);
+      break;
+    case 6: std::fill(x.begin(), x.end(), 0.0f); x[static_cast<size_t>(pos(rng))] = -0.7f; break;
+    default: break;
+  }
+  return x;
+}
+
+TEST(GgmlQuantize, NoWorseInTotalThanTheMaxRule) {
+  auto rng = test::make_rng(2027);
+  for (GgmlType t : kTypes) {
+    for (int kind = 0; kind < 7; ++kind) {
+      const int64_t n = 256 * 24;
+      const std::vector<float> x = weight_row(rng, n, kind);
+      const std::vector<float> ours = round_trip(t, x), plain = max_rule(t, x);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(std::isfinite(ours[i])) << fmt(t).name << " value " << i;
+      const double e_ours = sse(x, ours), e_plain = sse(x, plain);
+      EXPECT_LE(e_ours, e_plain) << fmt(t).name << " kind " << kind;
+      // A grid of b bits over the data's range cannot be worse than one step per value: a garbled byte layout is.
+      double ss = 0.0;
+      for (float v : x) ss += static_cast<double>(v) * v;
+      EXPECT_LE(e_ours, ss) << fmt(t).name << " kind " << kind;
+      if (kind == 0) {
+        const double rel = std::sqrt(e_ours / ss);
+        const double bound = t == GgmlType::kQ8_0 ? 0.01 : (t == GgmlType::kQ6_K ? 0.03 : (
+                             t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 ? 0.06 : 0.12));
+        EXPECT_LT(rel, bound) << fmt(t).name << ": relative RMS error " << rel;  // normal data: ≈ step / √12
+        std::printf("%s normal rows: relative RMS error %.4f (max rule %.4f)\n", fmt(t).name, rel,
+                    std::sqrt(e_plain / ss));
+      }
+    }
+  }
+}
+
+// Values on a 32-block grid whose block uses an end code: re-encoded to the same values, bit for bit.
+TEST(GgmlQuantize, ValuesOnTheGridComeBackBitForBit) {
+  auto rng = test::make_rng(2028);
+  std::uniform_real_distribution<float> scale(1e-4f, 0.1f);
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const bool affine = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
+    const int lo = t == GgmlType::kQ8_0 ? -127 : (t == GgmlType::kQ4_0 ? -8 : (t == GgmlType::kQ5_0 ? -16 : 0));
+    const int hi = t == GgmlType::kQ8_0 ? 127 : (t == GgmlType::kQ4_1 ? 15 : (t == GgmlType::kQ5_1 ? 31 : -lo - 1));
+    std::uniform_int_distribution<int> code(lo, hi);
+    std::vector<float> x(32 * 64);
+    for (int b = 0; b < 64; ++b) {
+      const float d = f16r(scale(rng)), m = f16r(affine ? -scale(rng) * 5.0f : 0.0f);
+      int q[32];
+      for (int& c : q) c = code(rng);
+      q[b % 32] = affine || b % 2 ? lo : hi;  // an end code in use (both ends for the affine grids)
+      if (affine) q[(b + 7) % 32] = hi;
+      for (int i = 0; i < 32; ++i)
+        x[static_cast<size_t>(32 * b + i)] = affine ? d * static_cast<float>(q[i]) + m : d * static_cast<float>(q[i]);
+    }
+    const std::vector<float> y = round_trip(t, x);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(y[i], x[i]) << fmt(t).name << " value " << i << ": " << y[i] << " vs " << x[i];
+  }
+}
+
+// A GGUF tensor requantized into its own K-quant type: decoding, re-encoding and decoding again reproduces the
+// values of blocks whose largest sub-scale (and min) is coded 63 / ±127 and whose sub-blocks use their end codes —
+// built here through the encoder itself from data on such a grid, then checked to be a fixed point.
+TEST(GgmlQuantize, KQuantBlocksAreAFixedPoint) {
+  auto rng = test::make_rng(2029);
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const std::vector<float> x = weight_row(rng, 256 * 32, 0);
+    const std::vector<float> once = round_trip(t, x);
+    const std::vector<float> twice = round_trip(t, once);
+    // Not every block is exactly reproducible (a sub-block whose codes miss both ends is refitted), but the second
+    // pass can only move a value within its own grid step: its error against the first is below the first's.
+    EXPECT_LE(sse(once, twice), sse(x, once)) << fmt(t).name;
+    int64_t same = 0;
+    for (size_t i = 0; i < once.size(); ++i) same += f32_bits(once[i]) == f32_bits(twice[i]);
+    EXPECT_GT(static_cast<double>(same), 0.9 * static_cast<double>(once.size())) << fmt(t).name;
+  }
+}
+
+TEST(GgmlQuantize, RefusesBadInputByName) {
+  std::vector<float> x(64, 0.5f);
+  std::vector<uint8_t> out(4096);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ4_0, x.data(), 64, out.data()); },
+                          ErrorCode::kInvalidArgument, "value 5 is nan"));
+  x[5] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ8_0, x.data(), 64, out.data()); },
+                          ErrorCode::kInvalidArgument, "finite"));
+  x[5] = 0.5f;
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ4_K, x.data(), 64, out.data()); },
+                          ErrorCode::kShapeMismatch, "multiple of 256"));
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ3_K, x.data(), 64, out.data()); },
+                          ErrorCode::kUnsupported, "no encoder"));
+  EXPECT_FALSE(quant::ggml_can_quantize(GgmlType::kQ2_K));
+  for (GgmlType t : kTypes) EXPECT_TRUE(quant::ggml_can_quantize(t)) << fmt(t).name;
+}
+
+}  // namespace
+}  // namespace cider
