@@ -119,7 +119,7 @@ TEST_F(Cli, EveryInvalidOptionValueIsAnErrorWithItsRuleAndExitTwo) {
       {"generate " + m + "-p x --prefill-chunk 0", "[options] --prefill-chunk must be >= 1; got 0"},
       {"chat " + m + "--prefill-chunk -4", "[options] --prefill-chunk must be >= 1; got -4"},
       {"generate " + m + "-p x --stop ''", "--stop strings must not be empty"},
-      {"generate " + m + "-p x --weights w3a8", "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8, native; got \"w3a8\""},
+      {"generate " + m + "-p x --weights w3a8", "weights must be one of f32, bf16, w8a8, w8a8-g64, w8a8-g128, w8a8-g256, w4a8, native, q8_0, q6_k, q5_1, q5_0, q4_k_m, q4_k, q4_1, q4_0; got \"w3a8\""},
       {"generate " + m + "-p x --kv k9v9", "got \"k9v9\""},
       {"generate " + m + "-p x --kv-rotation so5", "kv rotation must be so4-full, so4-fast, hadamard or none; got \"so5\""},
       {"generate " + m + "-p x --kv-group-size 48", "[options] --kv-group-size must be one of 32, 64, 128; got 48"},

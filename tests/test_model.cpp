@@ -659,6 +659,69 @@ TEST(ModelReference, IntWeightsComputeWithTheirOwnDequantizedWeights) {
   }
 }
 
+// The block formats cider requantizes into (--weights q8_0, q6_k, q5_1, q4_k_m, q4_k, q4_0): every linear layer holds
+// the format's GGUF type (the K-quants where K is a multiple of 256, else the format's fallback; a mix's v/down
+// projections their own; the head Q8_0), and the
+// model computes with exactly those blocks: the reference on the blocks' decoded weights differs only by the int8
+// activations per 32 of the native kernels (where the level multiplies prefill in int8: 0.007-0.031 measured on
+// AVX-512, the same amplification as the per-token case above; bound 0.06), where a wrong type, byte order or row
+// would be O(1); the model stays near the float one (bounds as w8a8 / w4a8 above).
+TEST(ModelReference, BlockFormatsComputeWithTheirOwnDecodedWeights) {
+  auto decoded = [](const cm::Linear& L) {
+    const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(L.ggml_type);
+    std::vector<float> w(static_cast<size_t>(L.N * L.K));
+    const uint8_t* b = static_cast<const uint8_t*>(L.w);
+    for (int64_t i = 0; i < L.N * L.K / f.block_size; ++i) f.decode(b + i * f.block_bytes, w.data() + i * f.block_size);
+    return w;
+  };
+  std::vector<std::pair<std::string, Spec>> specs = {arch_specs()[0], arch_specs()[4]};
+  Spec wide = arch_specs()[0].second;  // K = 256 and 512: the K-quants themselves
+  wide.H = 256;
+  wide.I = 512;
+  wide.D = 64;
+  specs.emplace_back("llama_k256", wide);
+  for (const auto& [name, spec] : specs) {
+    const TensorMap m = random_weights(spec, 57);
+    const std::string dir = write_model(spec, m, "blocks_" + name);
+    const auto tok = random_tokens(19, spec.V, 58);
+    for (const char* fmt : {"q8_0", "q6_k", "q5_1", "q4_k_m", "q4_k", "q4_0"}) {
+      SCOPED_TRACE(name + " " + fmt);
+      const cm::WeightFormatInfo& info = cm::weight_format_info(cm::parse_weight_format(fmt));
+      auto model = cm::Model::load(dir, opts(fmt, "f32"));
+      const cm::Weights& W = model->impl().w;
+      TensorMap dq = m;
+      for (const cm::LayerWeights& L : W.layers)
+        for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+          ASSERT_EQ(x->kind, cm::Linear::Kind::kGgml) << x->name;
+          const bool sens = info.ggml_sensitive != 0 && cm::is_sensitive_layer(x->name);
+          EXPECT_EQ(x->ggml_type, x->K % 256 == 0 ? (sens ? info.ggml_sensitive : info.ggml_body)
+                                                  : (sens ? info.ggml_sensitive_fallback : info.ggml_fallback))
+              << x->name;
+          dq[x->name + ".weight"].second = decoded(*x);
+        }
+      ASSERT_EQ(W.lm_head.kind, cm::Linear::Kind::kGgml);
+      EXPECT_EQ(W.lm_head.ggml_type, static_cast<uint32_t>(cider::quant::GgmlType::kQ8_0));
+      dq["lm_head.weight"] = {{spec.V, spec.H}, decoded(W.lm_head)};
+      const std::vector<float> got = run(*model, tok);
+      EXPECT_LT(rel_rms(got, reference_logits(spec, dq, tok)), 0.06) << "against the decoded blocks";
+      EXPECT_LT(rel_rms(got, reference_logits(spec, m, tok)), std::string(fmt) == "q8_0" ? 0.1 : 0.8);
+    }
+  }
+  // K must be a multiple of 32 (every block type's size): refused by name.
+  Spec odd = arch_specs()[0].second;
+  odd.H = 48;
+  odd.D = 12;
+  const std::string odd_dir = write_model(odd, random_weights(odd, 59), "blocks_odd");
+  try {
+    cm::Model::load(odd_dir, opts("q4_0", "f32"));
+    ADD_FAILURE() << "loaded K = 48 as q4_0";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("not a multiple of the 32 weights of a Q4_0 block"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ModelReference, QuantizedKvCacheStaysClose) {
   Spec spec = arch_specs()[3].second;  // Qwen3, head_dim 32
   const TensorMap m = random_weights(spec, 61);
@@ -1185,7 +1248,7 @@ TEST(ModelConvert, RoundTripLoadsBitwiseIdenticalWeightsWithoutRequantizing) {
     const TensorMap m = random_weights(spec, ++salt);
     const std::string dir = write_model(spec, m, "conv_" + name);
     const auto tok = random_tokens(13, spec.V, ++salt);
-    for (const char* fmt : {"f32", "bf16", "w8a8", "w8a8-g64", "w4a8"}) {
+    for (const char* fmt : {"f32", "bf16", "w8a8", "w8a8-g64", "w4a8", "q4_k"}) {
       SCOPED_TRACE(name + " " + fmt);
       const std::string out = temp_root().string() + "/converted_" + name + "_" + fmt;
       std::vector<int64_t> seen;
@@ -1200,9 +1263,12 @@ TEST(ModelConvert, RoundTripLoadsBitwiseIdenticalWeightsWithoutRequantizing) {
       auto same_linear = [&](const cm::Linear& x, const cm::Linear& y) {
         EXPECT_EQ(x.kind, y.kind) << x.name;
         EXPECT_EQ(x.group_size, y.group_size) << x.name;
+        EXPECT_EQ(x.ggml_type, y.ggml_type) << x.name;
         const size_t wb = x.kind == cm::Linear::Kind::kDense ? static_cast<size_t>(x.N * x.K * cider::dtype_size(x.w_dtype))
                           : x.kind == cm::Linear::Kind::kInt8 ? static_cast<size_t>(x.N * x.K)
-                                                              : static_cast<size_t>(x.N * x.K / 2);
+                          : x.kind == cm::Linear::Kind::kGgml
+                              ? static_cast<size_t>(x.N * cider::quant::ggml_row_bytes(*cider::quant::ggml_block_format(x.ggml_type), x.K))
+                              : static_cast<size_t>(x.N * x.K / 2);
         EXPECT_TRUE(same_bytes(x.w, y.w, wb)) << x.name;
         if (x.scales) {
           const size_t ns = static_cast<size_t>(x.group_size == 0 ? x.N : x.K / x.group_size * x.N);

@@ -150,7 +150,8 @@ cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* 
 /* ---- models, sessions, sampling ------------------------------------------------------------------------------
  * A model is loaded once (cider_model_load) and read by any number of sessions; a session is one token sequence
  * (its KV caches and position). Formats are named by strings as on the command line (docs/api.md): weights "bf16",
- * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8", "native" (a GGUF file's blocks); kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
+ * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8", "native" (a GGUF file's blocks), "q8_0", "q6_k",
+ * "q5_1", "q5_0", "q4_k", "q4_1", "q4_0" (requantized into GGUF blocks); kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
  * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; kv_layout "token", "channel"; device "cpu", "cuda". */
 typedef struct cider_model cider_model;
 typedef struct cider_session cider_session;

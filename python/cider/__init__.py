@@ -731,7 +731,8 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
          kv_recent: Optional[str] = None) -> Model:
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
     "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
-    or a directory converted with --weights native, else bf16); kv: "k5v4", "k8v4", "k4v3", ... or
+    or a directory converted with --weights native or a block format, else bf16), or a GGUF block format cider
+    requantizes into: "q8_0", "q6_k", "q5_1", "q5_0", "q4_k", "q4_1", "q4_0" (LM head Q8_0); kv: "k5v4", "k8v4", "k4v3", ... or
     "bf16"/"f16"/"f32" (None: the device's default, on the CPU k4v4 with per-channel keys and automatic outlier
     channels); kv_layout "channel": keys per channel, with kv_outliers > 0 (or "auto": head_dim/32) outlier key
     channels refined by 4 bits (None: the default's, "auto" for the default cache and 0 with an explicit kv;

@@ -167,7 +167,7 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   w.set_metadata("format", "cider");
   w.set_metadata("version", "1");
   w.set_metadata("weights", weight_format_name(format));
-  if (format == WeightFormat::kNative) w.set_metadata("ggml_types", ggml_types.dump());
+  if (weight_format_info(format).kind == WeightKind::kGgml) w.set_metadata("ggml_types", ggml_types.dump());
   w.set_metadata("config", config_to_json(m.config));
   w.set_metadata("source", m.source);
 

@@ -3,11 +3,13 @@
 #include "model/loader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -15,12 +17,14 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/limits.h"
+#include "core/thread_pool.h"
 #include "model/arch/arch.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "quant/affine.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_quantize.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -477,6 +481,8 @@ class Builder {
 
   // Quantizes a float (N, K) view into the format's int kind.
   void quantize_into(Linear& L, const TensorView& wv, int group_size) {
+    const WeightFormatInfo& info = weight_format_info(format_);
+    if (info.kind == Linear::Kind::kGgml) return encode_blocks(L, wv, info);
     check(group_size == 0 || L.K % group_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name,
           " has K = ", L.K, ", not a multiple of the ", weight_format_name(format_), " group size ", group_size);
     if (weight_format_info(format_).kind == Linear::Kind::kInt8) {
@@ -498,6 +504,44 @@ class Builder {
       L.scales = w_->owned.emplace_back(std::move(q.scales)).ptr<float>();
       L.group_size = group_size;
     }
+  }
+
+  // A requantizing format (q8_0, q4_k, …): the float (N, K) view encoded into the format's GGUF block type by
+  // cider's encoder, rows in parallel; the LM head takes the format's head type, a K that the body type's blocks do not
+  // divide its fallback type; a mix's sensitive layers (is_sensitive_layer) their own type.
+  void encode_blocks(Linear& L, const TensorView& wv, const WeightFormatInfo& info) {
+    const bool sensitive = info.ggml_sensitive != 0 && is_sensitive_layer(L.name);
+    uint32_t type = L.name == "lm_head" ? info.ggml_head : (sensitive ? info.ggml_sensitive : info.ggml_body);
+    const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
+    if (L.K % f->block_size != 0)
+      f = quant::ggml_block_format(type = sensitive ? info.ggml_sensitive_fallback : info.ggml_fallback);
+    check(L.K % f->block_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name, " has K = ", L.K,
+          ", not a multiple of the ", f->block_size, " weights of a ", f->name, " block (--weights ", info.name, ")");
+    const int64_t rb = quant::ggml_row_bytes(*f, L.K);
+    Tensor& out = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{L.N * rb});
+    uint8_t* dst = out.ptr<uint8_t>();
+    std::atomic<bool> failed{false};
+    std::string error;
+    std::mutex error_mu;
+    default_thread_pool().parallel_for(L.N, [&](int64_t n0, int64_t n1, int) {
+      std::vector<float> row(static_cast<size_t>(L.K));
+      try {
+        for (int64_t n = n0; n < n1 && !failed.load(); ++n) {
+          for (int64_t k = 0; k < L.K; ++k) row[static_cast<size_t>(k)] = load_float(wv.data, wv.dtype, n * L.K + k);
+          quant::ggml_quantize_row(static_cast<quant::GgmlType>(type), row.data(), L.K, dst + n * rb);
+        }
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!failed.exchange(true)) error = e.what();
+      }
+    });
+    check(!failed.load(), ErrorCode::kInvalidArgument, kOp, where_, ": ", L.name, ": ", error);
+    L.kind = Linear::Kind::kGgml;
+    L.w = dst;
+    L.w_dtype = DType::kU8;
+    L.ggml_type = type;
+    L.group_size = 0;
+    count(f->name);
   }
 
   // A cider-converted int layer: prefix.qweight (int8 (N, K) or uint8 (N, K/2)) + prefix.wscales.
@@ -651,7 +695,9 @@ class Builder {
     L.N = N;
     L.K = K;
     const Linear::Kind kindw = weight_format_info(format_).kind;
-    if (format_ == WeightFormat::kNative) {
+    const bool converted_blocks = kindw == Linear::Kind::kGgml && kind_ == SourceKind::kCider &&
+                                  st(prefix + ".gblocks") != nullptr;  // cider convert --weights q4_k, …
+    if (format_ == WeightFormat::kNative || converted_blocks) {
       uint32_t type = 0;
       bool repacked = false;
       if (const uint8_t* blocks = native_blocks(prefix + ".weight", N, K, &type, &repacked)) {
@@ -1042,8 +1088,8 @@ WeightFormat default_weights(const std::string& path, Device device) {
   std::error_code ec;
   (void)device;  // both devices multiply a GGUF file's blocks as they are
   if (!fs::is_directory(path, ec)) return is_gguf_file(path) ? WeightFormat::kNative : WeightFormat::kBF16;
-  // A cider directory converted with --weights native: its one model.safetensors (convert writes no shards) says so in
-  // its metadata (the header only is read). Anything else — a directory that does not open included — is bf16 here,
+  // A cider directory converted with --weights native (or a block format: q8_0, q4_k, …): its one model.safetensors
+  // (convert writes no shards) says so in its metadata (the header only is read). Anything else — a directory that does not open included — is bf16 here,
   // and loading it reports what is wrong.
   const fs::path single = fs::path(path) / "model.safetensors";
   if (!fs::exists(single, ec)) return WeightFormat::kBF16;
@@ -1051,8 +1097,10 @@ WeightFormat default_weights(const std::string& path, Device device) {
     const auto file = SafetensorsFile::open(single.string());
     const auto& meta = file->metadata();
     const auto fmt = meta.find("format"), wf = meta.find("weights");
-    if (fmt != meta.end() && fmt->second == "cider" && wf != meta.end() && wf->second == "native")
-      return WeightFormat::kNative;
+    if (fmt != meta.end() && fmt->second == "cider" && wf != meta.end()) {
+      const WeightFormat f = parse_weight_format(wf->second);
+      if (weight_format_info(f).kind == WeightKind::kGgml) return f;  // native, or requantized into blocks (q4_k, …)
+    }
   } catch (const Error&) {
   }
   return WeightFormat::kBF16;

@@ -30,7 +30,10 @@ const char* architecture_name(Architecture a);
 
 // --weights: how linear-layer weights are held in memory. One row per format in weight_format_info's table
 // (model/weight_format.cpp): adding a format is one enum value and one table row, plus its kernels.
-enum class WeightFormat { kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8, kNative };
+enum class WeightFormat {
+  kF32, kBF16, kW8A8, kW8A8G64, kW8A8G128, kW8A8G256, kW4A8, kNative, kQ8_0, kQ6_K, kQ5_1, kQ5_0, kQ4_K_M, kQ4_K, kQ4_1,
+  kQ4_0
+};
 using nn::WeightKind;  // what a linear layer holds: float, int8 codes, packed int4 codes (nn/linear_weights.h)
 struct WeightFormatInfo {
   WeightFormat id;
@@ -41,8 +44,17 @@ struct WeightFormatInfo {
   const char* activations;  // what the kernels multiply the weights with
   bool cuda;                // --device cuda has kernels for it
   const char* summary;
+  // Formats that requantize every linear layer into a GGUF block type with cider's encoder (quant/ggml_quantize.h;
+  // kind kGgml, run by the native-weight kernels): the body's ggml type id, the type taken where a layer's K is not a
+  // multiple of the body type's block (the K-quants' 256), and the LM head's type; a mix also names the type of the
+  // layers that quantization hurts most (v_proj and down_proj: is_sensitive_layer) and its fallback. 0 for every other
+  // format.
+  uint32_t ggml_body = 0, ggml_fallback = 0, ggml_head = 0, ggml_sensitive = 0, ggml_sensitive_fallback = 0;
 };
 const WeightFormatInfo& weight_format_info(WeightFormat f);
+// Whether a linear layer (its checkpoint name) takes a mix's ggml_sensitive type: the value and down projections,
+// the layers that 4-bit weights hurt most on Gemma 3 270M (docs/quality.md) and that llama.cpp's Q4_K_M raises too.
+bool is_sensitive_layer(std::string_view name);
 std::span<const WeightFormatInfo> weight_formats();
 WeightFormat parse_weight_format(std::string_view s);  // "bf16", "w8a8-g128", ...; cider::Error otherwise
 const char* weight_format_name(WeightFormat f);

@@ -1073,8 +1073,8 @@ GpuSession::Impl::Impl(const GpuModel& model) : m(model), id(g_next_session_id.f
   const int64_t max_k = std::max({H, Hq * D, I, c.expert_intermediate_size, c.shared_expert_intermediate_size, la_V});
   if (m.weights == WeightFormat::kBF16) {
     ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
-  } else if (m.weights == WeightFormat::kNative) {
-    // Native GGUF: tensors of a type without kernels are bf16 (dense_bf16); each block layer needs the GEMV's
+  } else if (weight_format_info(m.weights).kind == WeightKind::kGgml) {
+    // Native GGUF (or requantized into blocks: q4_k, …): tensors of a type without kernels are bf16 (dense_bf16); each block layer needs the GEMV's
     // activation codes up to kGgmlGemvRows rows and, past them, its rows decoded to bf16 (N·K·2 bytes) plus the dense
     // GEMM's share.
     ws = std::max(ws, cuda::dense_bf16_workspace_bytes(R, max_k));
