@@ -138,9 +138,11 @@ int run_serve(ServeArgs a) {
     if (const char* k = std::getenv("CIDER_API_KEY")) a.api_key = k;
   if (!a.chat_format.empty()) (void)model::parse_chat_format(a.chat_format);
   const model::ModelOptions opts = model_options(a.m);
-  check(a.prompt_cache.empty() || opts.device == model::Device::kCPU, ErrorCode::kUnsupported, op,
-        "--prompt-cache needs sessions whose KV the host can copy, the cpu device's; --device ",
-        model::device_name(opts.device), " keeps them on the GPU");
+  // Before the load (the engine checks Model::can_snapshot again): a tensor-parallel model's sessions are split over
+  // its GPUs and are not copied to the host.
+  check(a.prompt_cache.empty() || opts.tp <= 1, ErrorCode::kUnsupported, op,
+        "--prompt-cache needs sessions whose KV the host can copy (the cpu's, or one GPU's); --tp ", opts.tp,
+        " splits them over the GPUs");
   const std::string path = resolve_model_path(a.m);
   auto model = load_model(a.m, opts, path);
   const model::ChatFormat format = chat_format_for(*model, a.chat_format);

@@ -314,11 +314,13 @@ int64_t SessionState::nbytes() const {
   return b;
 }
 
-nn::KVCacheMeta expected_cache_meta(const Model& m, int64_t layer) {
-  const ModelConfig& c = m.config();
+nn::KVCacheMeta expected_cache_meta(const Model& m, int64_t layer) { return expected_cache_meta(m.impl(), layer); }
+
+nn::KVCacheMeta expected_cache_meta(const Model::Impl& m, int64_t layer) {
+  const ModelConfig& c = m.config;
   check(layer >= 0 && layer < c.num_layers, ErrorCode::kInvalidArgument, "expected_cache_meta", "layer must be in [0, ",
         c.num_layers, "); got ", layer);
-  nn::KVCacheMeta meta = m.impl().make_cache(layer)->meta();
+  nn::KVCacheMeta meta = m.make_cache(layer)->meta();
   if (c.is_linear_layer(layer)) return meta;  // its cache stays empty
   meta.has_dims = true;
   meta.B = 1;
@@ -332,7 +334,7 @@ bool Model::can_snapshot() const { return impl_->backend->can_snapshot(); }
 SessionState Model::snapshot(const Session& s) const {
   constexpr const char* op = "session_snapshot";
   check(can_snapshot(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
-        " device cannot be copied to the host (the cpu device's can)");
+        " device cannot be copied to the host here (the cpu's and one GPU's can)");
   check(s.impl().model == impl_.get(), ErrorCode::kInvalidArgument, op,
         "the session must come from this model's new_session()");
   SessionState st;
@@ -413,7 +415,7 @@ void check_outlier_indices(const nn::KVCacheSnapshot& snap, int64_t layer, const
 std::unique_ptr<Session> Model::restore_session(const SessionState& st) const {
   constexpr const char* op = "session_restore";
   check(can_snapshot(), ErrorCode::kUnsupported, op, "sessions on the ", device_name(impl_->options.device),
-        " device cannot be restored from the host (the cpu device's can)");
+        " device cannot be restored from the host here (the cpu's and one GPU's can)");
   const ModelConfig& c = impl_->config;
   const auto layers = static_cast<size_t>(c.num_layers);
   check(st.caches.size() == layers && st.linear.size() == layers, ErrorCode::kCorrupt, op, "a state needs ", layers,

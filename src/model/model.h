@@ -340,7 +340,7 @@ class Model {
                                 std::span<Candidates> out) const;
   bool samples_on_device() const;  // forward_candidates can answer (a GPU device)
   // A session's state copied to the host, and a new session holding a copy of one (model/session_state.h): the
-  // server's prefix cache on disk. Only where can_snapshot() (the CPU device; a GPU session's caches stay on the GPU):
+  // server's prefix cache on disk. Only where can_snapshot() (the CPU device, and one GPU: its caches copied in the CPU cache's planes):
   // elsewhere both throw cider::Error (kUnsupported). restore_session checks everything against this model before
   // allocating a session (the layer count, each cache's format, seed, window, dims, length and start, the linear-
   // attention states' sizes and positions, outlier channel indices) and throws cider::Error (kCorrupt) naming what

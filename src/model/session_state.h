@@ -28,5 +28,6 @@ struct SessionState {
 // restore_session requires a snapshot to carry exactly this apart from its length and start. A linear-attention
 // layer's cache has no dims (has_dims false).
 nn::KVCacheMeta expected_cache_meta(const Model& m, int64_t layer);
+nn::KVCacheMeta expected_cache_meta(const Model::Impl& m, int64_t layer);  // the same, for a backend being made
 
 }  // namespace cider::model

@@ -327,6 +327,14 @@ KVSpec PlainKVCacheConfig::spec() const {
   return k;
 }
 
+std::vector<KVPlaneRows> kv_snapshot_planes(const KVCacheMeta& meta, int64_t positions) {
+  check(positions >= 0, ErrorCode::kInvalidArgument, "kv_snapshot_planes", "positions must be >= 0; got ", positions);
+  std::vector<KVPlaneRows> out;
+  if (!meta.has_dims) return out;
+  for (const detail::PlaneShape& s : plane_shapes(meta)) out.push_back({s.row_bytes, s.rows(positions)});
+  return out;
+}
+
 // ---- KVCacheSnapshot ----------------------------------------------------------------------------------------------
 
 KVCacheSnapshot::KVCacheSnapshot(const KVCacheMeta& meta, std::vector<Buffer> planes) : meta_(meta) {

@@ -120,6 +120,17 @@ class KVCacheSnapshot {
 int64_t kv_cache_bytes(const KVSpec& spec, int64_t B, int64_t H, int64_t Dk, int64_t Dv, int64_t positions,
                        int64_t window = 0);
 
+// The planes of a snapshot of this metadata, in the KVCacheSnapshot order: the bytes of one row and the rows per head
+// that `positions` stored positions take (one per position, one per block of group_size positions, or a fixed count;
+// 0 rows for a plane the format leaves empty). For a device that keeps a cache in its own memory in these planes
+// (model/cuda/cuda_backend.cpp): its snapshot copies rows(length) rows per head out of rows(capacity). Empty without
+// dims.
+struct KVPlaneRows {
+  int64_t row_bytes = 0;
+  int64_t rows = 0;
+};
+std::vector<KVPlaneRows> kv_snapshot_planes(const KVCacheMeta& meta, int64_t positions);
+
 // The positions a sliding-window cache drops in multiples of: KVCache::kWindowAlign, or the group size for per-channel
 // keys when larger (whole blocks).
 int64_t window_align(const KVSpec& spec);

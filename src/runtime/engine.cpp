@@ -212,7 +212,7 @@ void Engine::load_prompt_cache() {
         "a prompt cache directory needs a prefix cache (prefix_cache_entries > 0); got ",
         options_.prefix_cache_entries);
   check(model_.can_snapshot(), ErrorCode::kUnsupported, kOp, "a prompt cache directory needs sessions the host can "
-        "copy (the cpu device's); the ", model::device_name(model_.options().device), " device keeps them there");
+        "copy (the cpu's, or one GPU's); these on the ", model::device_name(model_.options().device), " device cannot be");
   if (!options_.warn)
     options_.warn = [](const std::string& m) { std::fprintf(stderr, "cider: warning: %s\n", m.c_str()); };
   const uint64_t identity = options_.model_identity != 0 ? options_.model_identity : model_identity(model_, "");

@@ -132,7 +132,7 @@ struct EngineOptions {
   // them; false: every hit copies (for comparisons).
   bool share_prefixes = true;
   // The prefix cache kept in this directory across restarts (runtime/prompt_cache.h); "": in memory only. Needs
-  // prefix_cache_entries > 0 and a model whose sessions the host can copy (Model::can_snapshot: the CPU device).
+  // prefix_cache_entries > 0 and a model whose sessions the host can copy (Model::can_snapshot: the CPU, or one GPU).
   std::string prompt_cache_dir;
   uint64_t model_identity = 0;       // what its files must carry (runtime::model_identity); 0: the model's, files left out
   std::function<void(const std::string&)> warn;  // a file ignored or not written; default: a line on stderr

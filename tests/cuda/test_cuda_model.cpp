@@ -27,6 +27,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -41,6 +42,7 @@
 #include "model/generate.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/session_state.h"
 #include "model/transformer.h"
 #include "nn/rotation.h"
 #include "support/scoped_env.h"
@@ -171,6 +173,31 @@ void make_variant(cm::Model& model) {
     L.post_mlp_norm = L.attn_norm;
   }
   impl.backend = cm::make_backend(impl);  // re-uploaded with the variant's weights and flags
+}
+
+// Two session states hold the same positions and bytes, plane by plane.
+void expect_same_state(const cm::SessionState& a, const cm::SessionState& b, const std::string& what) {
+  ASSERT_EQ(a.position, b.position) << what;
+  ASSERT_EQ(a.caches.size(), b.caches.size()) << what;
+  for (size_t l = 0; l < a.caches.size(); ++l) {
+    const auto &x = a.caches[l], &y = b.caches[l];
+    EXPECT_EQ(x.meta().length, y.meta().length) << what << " layer " << l;
+    EXPECT_EQ(x.meta().start, y.meta().start) << what << " layer " << l;
+    EXPECT_EQ(x.meta().has_dims, y.meta().has_dims) << what << " layer " << l;
+    ASSERT_EQ(x.num_planes(), y.num_planes()) << what << " layer " << l;
+    for (size_t p = 0; p < x.num_planes(); ++p) {
+      ASSERT_EQ(x.plane(p).nbytes(), y.plane(p).nbytes()) << what << " layer " << l << " plane " << p;
+      if (x.plane(p).nbytes() == 0) continue;
+      EXPECT_EQ(std::memcmp(x.plane(p).data(), y.plane(p).data(), x.plane(p).nbytes()), 0)
+          << what << " layer " << l << " plane " << p;
+    }
+  }
+  ASSERT_EQ(a.linear.size(), b.linear.size()) << what;
+  for (size_t l = 0; l < a.linear.size(); ++l) {
+    EXPECT_EQ(a.linear[l].pos, b.linear[l].pos) << what << " layer " << l;
+    EXPECT_EQ(a.linear[l].S, b.linear[l].S) << what << " layer " << l;
+    EXPECT_EQ(a.linear[l].conv, b.linear[l].conv) << what << " layer " << l;
+  }
 }
 
 }  // namespace
@@ -785,6 +812,102 @@ TEST(CudaModel, SessionCopiesContinueLikeTrims) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_TRUE(diff(a, b).finite);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(a, b));
+  }
+}
+
+// Session states on the host (Model::snapshot / restore_session: the server's prompt cache on disk). A GPU session's
+// snapshot holds the CPU cache's planes: restored on the GPU it continues bit for bit like the session it came from
+// (and snapshots again to the same bytes); restored on the CPU it continues within the GPU-vs-CPU tolerance of the
+// tests above, and a CPU session's snapshot restored on the GPU likewise — a plane laid out differently on one side
+// would be garbage there. Plain bf16, per-token k8v4, per-channel k4v4 (a state cut inside a block), the Gemma-like
+// variant with sliding-window layers (its states start at 0 on both devices: no dropped positions are covered
+// here), and per-channel keys with outlier channels on 128-wide heads.
+TEST(CudaModel, SnapshotsRestoreOnEitherDevice) {
+  CIDER_REQUIRE_GPU();
+  const cider::test::ScopedEnv chunk("CIDER_PREFILL_CHUNK", "64");
+  struct Case {
+    const char *w, *kv, *rotation;
+    bool variant;
+    int outliers;  // > 0: tests/data/gguf_d128 with per-channel keys and this many outlier channels
+  };
+  const std::string d128 = cider::test::repo_file("tests/data/gguf_d128/model.gguf");
+  auto load_case = [&](const Case& k, const char* w, const char* kv, cm::Device d) {
+    if (k.outliers == 0) {
+      auto m = load(w, kv, d, std::string(kv) == "bf16" || std::string(kv) == "f32" ? "so4-full" : k.rotation);
+      if (k.variant) make_variant(*m);
+      return m;
+    }
+    cm::ModelOptions o;
+    o.weights = cm::parse_weight_format(w);
+    o.kv = cm::parse_kv_format(kv);
+    if (o.kv.quantized) {
+      o.kv.rotation = cider::nn::RotationKind::kHadamard;
+      o.kv.key_layout = cider::nn::KeyLayout::kChannel;
+      o.kv.key_outliers = k.outliers;
+    }
+    o.device = d;
+    return cm::Model::load(d128, o);
+  };
+  for (const Case& k : {Case{"bf16", "bf16", "so4-full", false, 0}, Case{"w8a8", "k8v4", "hadamard", false, 0},
+                        Case{"w8a8", "k4v4", "hadamard/kchan", false, 0}, Case{"w8a8", "k8v4", "hadamard", true, 0},
+                        Case{"w8a8", "k5v4", "", false, 4}}) {
+    const std::string name = std::string(k.w) + "_" + k.kv + "_" + k.rotation + (k.variant ? "_sliding" : "") +
+                             (k.outliers ? "_d128_o4" : "");
+    SCOPED_TRACE(name);
+    auto gpu = load_case(k, k.w, k.kv, cm::Device::kCUDA);
+    auto cpu = load_case(k, k.w, k.kv, cm::Device::kCPU);
+    // The quantization error the GPU-vs-CPU bound is measured against (as in the tests above): a bf16 cache against
+    // f32, or the quantized configuration against bf16 weights and cache.
+    const bool plain = std::string(k.kv) == "bf16";
+    auto base = plain ? load_case(k, "bf16", "f32", cm::Device::kCPU) : load_case(k, "bf16", "bf16", cm::Device::kCPU);
+    ASSERT_TRUE(gpu->can_snapshot());
+    const std::vector<int32_t> tokens = text_tokens(*gpu, 240);
+    const auto V = static_cast<size_t>(gpu->config().vocab_size);
+    constexpr size_t kCut = 170;  // 150 in chunks of 64, then 20 one by one
+    std::vector<float> scratch(150 * V);
+    auto run_to_cut = [&](const cm::Model& m) {
+      auto s = m.new_session();
+      m.forward(*s, tokens.data(), 150, scratch.data(), false);
+      for (size_t i = 150; i < kCut; ++i) m.forward(*s, &tokens[i], 1, scratch.data(), false);
+      return s;
+    };
+    auto go_on = [&](const cm::Model& m, cm::Session& x) {
+      std::vector<float> out((tokens.size() - kCut) * V, std::nanf(""));
+      for (size_t i = kCut; i < tokens.size(); ++i) m.forward(x, &tokens[i], 1, out.data() + (i - kCut) * V, false);
+      return out;
+    };
+    auto g = run_to_cut(*gpu);
+    const cm::SessionState gs = gpu->snapshot(*g);
+    EXPECT_EQ(gs.position, static_cast<int64_t>(kCut));
+    // GPU → GPU: the same bytes, the same logits.
+    auto g2 = gpu->restore_session(gs);
+    EXPECT_EQ(g2->position(), static_cast<int64_t>(kCut));
+    expect_same_state(gpu->snapshot(*g2), gs, name + " (restored on the GPU)");
+    const std::vector<float> a = go_on(*gpu, *g), b = go_on(*gpu, *g2);
+    EXPECT_TRUE(diff(a, b).finite);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(b, a));
+    // Across devices: GPU state → CPU session, and CPU state → GPU session, against each device's own run.
+    auto c = run_to_cut(*cpu);
+    const cm::SessionState cs = cpu->snapshot(*c);
+    auto c_from_g = cpu->restore_session(gs);
+    auto g_from_c = gpu->restore_session(cs);
+    const std::vector<float> c_own = go_on(*cpu, *c), c_g = go_on(*cpu, *c_from_g), g_c = go_on(*gpu, *g_from_c);
+    auto b_s = run_to_cut(*base);
+    const std::vector<float> ref = go_on(*base, *b_s);
+    const Diff dq = diff(c_own, ref);
+    for (const auto& [what, got, want] : {std::tuple{"the GPU's state on the CPU", &c_g, &c_own},
+                                         std::tuple{"the CPU's state on the GPU", &g_c, &a}}) {
+      const Diff d = diff(*got, *want);
+      RecordProperty(name + " " + what, str(d));
+      EXPECT_TRUE(d.finite) << what;
+      if (plain) {
+        const double tol = 8.0 * dq.max_abs + 1e-4 * dq.max_ref;
+        EXPECT_LE(d.max_abs, tol) << what << ": " << str(d) << "; bf16 vs f32 cache " << str(dq);
+      } else {
+        EXPECT_LE(d.max_abs, dq.max_abs) << what << ": " << str(d) << "; quantization error " << str(dq);
+        EXPECT_LE(d.mean_abs, 0.75 * dq.mean_abs) << what << ": " << str(d) << "; quantization error " << str(dq);
+      }
+    }
   }
 }
 

@@ -1350,8 +1350,8 @@ def test_prompt_cache_other_kv_format_ignored(tmp_path):
         stop_cleanly(s)
 
 
-def test_prompt_cache_needs_a_prefix_cache_and_the_cpu(tmp_path):
-    for args, words in ((["--prefix-cache", "0"], "--prefix-cache > 0"), (["--device", "cuda"], "--device cuda")):
+def test_prompt_cache_needs_a_prefix_cache_and_one_device(tmp_path):
+    for args, words in ((["--prefix-cache", "0"], "--prefix-cache > 0"), (["--device", "cuda", "--tp", "2"], "--tp 2")):
         r = subprocess.run([str(CIDER_BIN), "serve", "--port", "0", "--prompt-cache", str(tmp_path / "p"), *args],
                            capture_output=True, text=True, timeout=TIMEOUT)
         assert r.returncode != 0 and "--prompt-cache" in r.stderr and words in r.stderr, r.stderr

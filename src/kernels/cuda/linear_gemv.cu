@@ -194,26 +194,37 @@ constexpr int ring_smem_bytes() {
 }
 
 // Quantizes rows [0, M) of x into xq (shared, row stride p.xq_stride; W4 units of 8 stored as [evens | odds]) and
-// sx (shared). Whole block; ends with __syncthreads.
+// sx (shared). Whole block; ends with __syncthreads. Rows go four at a time, their loads issued together: each pass
+// costs one round trip to L2 per four rows (row by row took one per row: 17% slower at M 16, K 14336 on the H100,
+// docs/cuda/gemv.md).
 template <bool kInt4, int kWarps>
 __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx, uint32_t (*amax_partial)[kWarps]) {
   constexpr int kThreads = kWarps * 32;
+  constexpr int kRowsAtOnce = 4;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
   const int64_t x_row_elems = p.K;
+  constexpr int at_once = kRowsAtOnce;
   // Pass 1: max |x| per row, as the bits of |x| (non-negative floats order like their bits; NaN/inf are ≥ 0x7f800000).
-  for (int m = 0; m < p.M; ++m) {
-    uint32_t amax_bits = 0;
-#pragma unroll 4
+  for (int m0 = 0; m0 < p.M; m0 += at_once) {
+    uint32_t amax_bits[kRowsAtOnce] = {};
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
-      float v[8];
-      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
+      float v[kRowsAtOnce][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax_bits = max(amax_bits, __float_as_uint(v[i]) & 0x7fffffffu);
+      for (int r = 0; r < kRowsAtOnce; ++r)
+        if (r < at_once && m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
+#pragma unroll
+      for (int r = 0; r < kRowsAtOnce; ++r)
+        if (r < at_once && m0 + r < p.M) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) amax_bits[r] = max(amax_bits[r], __float_as_uint(v[r][i]) & 0x7fffffffu);
+        }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
-    if (lane == 0) amax_partial[m][warp] = amax_bits;
+    for (int r = 0; r < kRowsAtOnce; ++r) {
+      const uint32_t a = __reduce_max_sync(0xffffffffu, amax_bits[r]);
+      if (lane == 0 && r < at_once && m0 + r < p.M) amax_partial[m0 + r][warp] = a;
+    }
   }
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < p.M) {
@@ -223,17 +234,22 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   }
   __syncthreads();
   // Pass 2: codes (x is read again, from L1/L2).
-  for (int m = 0; m < p.M; ++m) {
-    const float s = sx[m];
-    const bool finite = !isnan(s);
-#pragma unroll 4
+  for (int m0 = 0; m0 < p.M; m0 += at_once) {
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
-      float v[8];
-      load_x8(p.x, p.x_dtype, m * x_row_elems + 8 * u, v);
-      uint32_t c[8];
+      float v[kRowsAtOnce][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[i], s) : 0u;
-      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = pack_unit_codes<kInt4>(c);
+      for (int r = 0; r < kRowsAtOnce; ++r)
+        if (r < at_once && m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
+#pragma unroll
+      for (int r = 0; r < kRowsAtOnce; ++r) {
+        if (r >= at_once || m0 + r >= p.M) continue;
+        const float s = sx[m0 + r];
+        const bool finite = !isnan(s);
+        uint32_t c[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c[i] = finite ? int8_code(v[r][i], s) : 0u;
+        *reinterpret_cast<uint2*>(xq + (m0 + r) * p.xq_stride + 8 * u) = pack_unit_codes<kInt4>(c);
+      }
     }
   }
   __syncthreads();
@@ -241,16 +257,34 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
 
 // Copies activations quantized beforehand (quantize_rows_int8 into the workspace: xq [M, K] plain k order, sx [M])
 // into shared memory in the kernel's layout (W4: each unit of 8 as [evens | odds]). Whole block; ends with a barrier.
+// The rows' pieces of 16 codes go as one flat list, four 16-byte loads in flight per thread (a decode batch of 16 rows
+// of K 4096 in two round trips to L2; row by row it took 16). Workspace rows (xq_row = K) and
+// slices (k0 a multiple of 256) start 16-byte aligned; xq_stride is a multiple of 16 (xq_stride_bytes).
 template <bool kInt4, int kWarps>
 __device__ void copy_xq_to_shared(const GemvParams& p, int8_t* xq, float* sx) {
   constexpr int kThreads = kWarps * 32;
-  const int units = p.K / 8;
-  for (int m = 0; m < p.M; ++m) {
-    const int8_t* row = p.xq + static_cast<int64_t>(m) * p.xq_row;
-#pragma unroll 4
-    for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
-      const uint2 v = *reinterpret_cast<const uint2*>(row + 8 * u);  // K is a multiple of 16: 8-byte aligned
-      *reinterpret_cast<uint2*>(xq + m * p.xq_stride + 8 * u) = unit_codes_from_k_order<kInt4>(v);
+  constexpr int kInFlight = 4;
+  const int pieces = p.K / 16;  // K is a multiple of 16
+  const int total = p.M * pieces;
+  for (int base = static_cast<int>(threadIdx.x); base < total; base += kThreads * kInFlight) {
+    uint4 v[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int i = base + j * kThreads;
+      if (i < total) {
+        const int m = i / pieces, q = i - m * pieces;
+        v[j] = *reinterpret_cast<const uint4*>(p.xq + static_cast<int64_t>(m) * p.xq_row + 16 * q);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const int i = base + j * kThreads;
+      if (i < total) {
+        const int m = i / pieces, q = i - m * pieces;
+        const uint2 lo = unit_codes_from_k_order<kInt4>(make_uint2(v[j].x, v[j].y));
+        const uint2 hi = unit_codes_from_k_order<kInt4>(make_uint2(v[j].z, v[j].w));
+        *reinterpret_cast<uint4*>(xq + m * p.xq_stride + 16 * q) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
     }
   }
   if (static_cast<int>(threadIdx.x) < p.M) sx[threadIdx.x] = p.sx[threadIdx.x];
@@ -878,7 +912,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.xq_row = a.K;
     p.part_in = first ? nullptr : p.out;
     p.part_out = last ? nullptr : p.out;
-    p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
+    p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
                                           smem, stream, p));
     check_last_launch(op);

@@ -749,7 +749,8 @@ struct LayerCache {
   cuda::DeviceBuffer data, scales, biases;  // quantized: codes u32 [.., D·bits/32], scales/biases [.., D/gs]; plain: [.., D]
   cuda::DeviceBuffer residual;
   // Outlier key channels (per-channel keys): refinement codes [Hkv, blocks, N·gs/2] uint8, channel indices
-  // [Hkv, blocks, N] uint16, the window positions' query statistics [Hkv, gs, D + 1] bfloat16.
+  // [Hkv, blocks, N] uint16, the window positions' query statistics [Hkv, gs, D + 1] uint8 (quant/kv_stats.h's
+  // one-byte code per channel, then the count: the CPU cache's bytes).
   cuda::DeviceBuffer ocodes, oindex, qstats;
   void* k = nullptr;
   void* v = nullptr;
@@ -2253,6 +2254,136 @@ void GpuSession::copy_prefix_from(const GpuSession& src, int64_t position) {
   truncate(position);  // per-channel keys: a block cut inside comes back into the copy's window
 }
 
+namespace {
+
+// Layer cache lc's device planes in the nn::KVCacheSnapshot order (what nn::kv_snapshot_planes sizes). The device
+// takes neither symmetric values nor the exact recent block (refused at load), so their planes never appear here.
+std::vector<void*> device_planes(const LayerCache& lc, const nn::KVCacheMeta& meta, const char* op) {
+  check(!meta.v_symmetric && !meta.recent_exact, ErrorCode::kInternal, op,
+        "a device cache with symmetric values or an exact recent block");
+  if (!meta.quantized) return {lc.k, lc.v};
+  std::vector<void*> p = {lc.k, lc.k_scales, lc.k_biases, lc.v, lc.v_scales, lc.v_biases};
+  if (meta.key_layout == nn::KeyLayout::kChannel) {
+    p.push_back(lc.residual.data());
+    if (meta.key_outliers > 0) p.insert(p.end(), {lc.ocodes.data(), lc.oindex.data(), lc.qstats.data()});
+  }
+  return p;
+}
+
+}  // namespace
+
+void GpuSession::snapshot(std::span<const nn::KVCacheMeta> metas, SessionState& out) const {
+  constexpr const char* op = "session_snapshot";
+  const Impl& im = *impl_;
+  const ModelConfig& c = model_->config;
+  check(static_cast<int64_t>(metas.size()) == c.num_layers, ErrorCode::kInternal, op, "one cache format per layer: ",
+        c.num_layers, "; got ", metas.size());
+  im.stream.synchronize();  // what is still queued writes the bytes copied here
+  const cudaStream_t st = as_stream(im.stream.handle());
+  out.caches.clear();
+  out.linear.assign(sz(c.num_layers), LinearStateCopy{});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    nn::KVCacheMeta meta = metas[sz(l)];
+    if (c.is_linear_layer(l)) {
+      out.caches.emplace_back(meta, std::vector<Buffer>{});
+      const LinearState& ls = im.lin_states[sz(l)];
+      if (ls.pos > 0) {  // a fresh state is empty, as the CPU session's
+        LinearStateCopy& to = out.linear[sz(l)];
+        to.S.resize(ls.S.bytes() / sizeof(float));
+        to.conv.resize(ls.conv.bytes() / sizeof(float));
+        ls.S.download(to.S.data(), ls.S.bytes());
+        ls.conv.download(to.conv.data(), ls.conv.bytes());
+        to.pos = ls.pos;
+      }
+      continue;
+    }
+    if (im.kv_end == 0) {  // nothing appended yet: a cache without dims, as the CPU's
+      meta.has_dims = false;
+      meta.B = meta.H = meta.Dk = meta.Dv = 0;
+      out.caches.emplace_back(meta, std::vector<Buffer>{});
+      continue;
+    }
+    const LayerCache& lc = im.caches[sz(l)];
+    meta.start = lc.bounded ? im.slide_base : 0;
+    meta.length = im.kv_end - meta.start;
+    const std::vector<nn::KVPlaneRows> want = nn::kv_snapshot_planes(meta, meta.length);
+    const std::vector<nn::KVPlaneRows> held = nn::kv_snapshot_planes(meta, lc.cap);
+    const std::vector<void*> dev = device_planes(lc, meta, op);
+    check(dev.size() == want.size(), ErrorCode::kInternal, op, "layer ", l, ": ", dev.size(), " device planes for ",
+          want.size(), " snapshot planes");
+    std::vector<Buffer> planes;
+    for (size_t p = 0; p < want.size(); ++p) {
+      const size_t row = sz(want[p].row_bytes), width = sz(want[p].rows) * row;
+      Buffer b(sz(meta.H) * width);
+      if (width > 0)
+        CIDER_CUDA_CHECK(op, cudaMemcpy2DAsync(b.data(), width, dev[p], sz(held[p].rows) * row, width, sz(meta.H),
+                                               cudaMemcpyDeviceToHost, st));
+      planes.push_back(std::move(b));
+    }
+    CIDER_CUDA_CHECK(op, cudaStreamSynchronize(st));
+    out.caches.emplace_back(meta, std::move(planes));
+  }
+}
+
+void GpuSession::restore(std::span<const nn::KVCacheMeta> metas, const SessionState& state) {
+  constexpr const char* op = "session_restore";
+  Impl& im = *impl_;
+  const ModelConfig& c = model_->config;
+  check(static_cast<int64_t>(metas.size()) == c.num_layers && state.caches.size() == metas.size() &&
+            state.linear.size() == metas.size(),
+        ErrorCode::kInternal, op, "one cache and one linear state per layer (", c.num_layers, ")");
+  // What only this device requires, checked before anything is written.
+  int64_t base = -1;  // the bounded sliding layers' common start
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const nn::KVCacheMeta& m = state.caches[sz(l)].meta();
+    if (c.is_linear_layer(l) || !m.has_dims) continue;
+    const LayerCache& lc = im.caches[sz(l)];
+    check(m.length <= lc.cap, ErrorCode::kUnsupported, op, "layer ", l, " holds ", m.length, " positions; this ",
+          "device's cache for it stores ", lc.cap);
+    if (lc.bounded) {
+      check(base < 0 || m.start == base, ErrorCode::kUnsupported, op, "the bounded sliding layers must start at one ",
+            "position on this device; layer ", l, " starts at ", m.start, ", an earlier one at ", base);
+      base = m.start;
+    } else {
+      check(m.start == 0, ErrorCode::kUnsupported, op, "layer ", l, " keeps every position on this device: its cache ",
+            "must start at 0; got ", m.start);
+    }
+  }
+  const cudaStream_t st = as_stream(im.stream.handle());
+  im.reset_linear_states();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.is_linear_layer(l)) {
+      const LinearStateCopy& from = state.linear[sz(l)];
+      LinearState& to = im.lin_states[sz(l)];
+      if (!from.S.empty()) {  // Model::restore_session checked the sizes
+        CIDER_CUDA_CHECK(op, cudaMemcpyAsync(to.S.data(), from.S.data(), to.S.bytes(), cudaMemcpyHostToDevice, st));
+        CIDER_CUDA_CHECK(op, cudaMemcpyAsync(to.conv.data(), from.conv.data(), to.conv.bytes(), cudaMemcpyHostToDevice,
+                                             st));
+        to.pos = from.pos;
+      }
+      continue;
+    }
+    const nn::KVCacheSnapshot& snap = state.caches[sz(l)];
+    const nn::KVCacheMeta& m = snap.meta();
+    if (!m.has_dims) continue;
+    const LayerCache& lc = im.caches[sz(l)];
+    const std::vector<nn::KVPlaneRows> want = nn::kv_snapshot_planes(m, m.length);
+    const std::vector<nn::KVPlaneRows> held = nn::kv_snapshot_planes(metas[sz(l)], lc.cap);
+    const std::vector<void*> dev = device_planes(lc, m, op);
+    check(dev.size() == want.size() && snap.num_planes() == want.size(), ErrorCode::kInternal, op, "layer ", l,
+          ": planes differ (device ", dev.size(), ", snapshot ", snap.num_planes(), ")");
+    for (size_t p = 0; p < want.size(); ++p) {
+      const size_t row = sz(want[p].row_bytes), width = sz(want[p].rows) * row;
+      if (width > 0)
+        CIDER_CUDA_CHECK(op, cudaMemcpy2DAsync(dev[p], sz(held[p].rows) * row, snap.plane(p).data(), width, width,
+                                               sz(m.H), cudaMemcpyHostToDevice, st));
+    }
+  }
+  CIDER_CUDA_CHECK(op, cudaStreamSynchronize(st));
+  im.slide_base = std::max<int64_t>(base, 0);
+  im.kv_end = state.position;
+}
+
 void GpuSession::truncate(int64_t position) {
   Impl& im = *impl_;
   check(im.can_truncate(position), ErrorCode::kOutOfRange, "session_truncate", "cannot go back to position ",
@@ -2429,25 +2560,33 @@ namespace {
 
 class CudaSession final : public BackendSession {
  public:
-  explicit CudaSession(std::shared_ptr<const GpuModel> m) : model(m), gpu(std::move(m)) {}
+  CudaSession(std::shared_ptr<const GpuModel> m, std::shared_ptr<const std::vector<nn::KVCacheMeta>> formats)
+      : model(m), metas(std::move(formats)), gpu(std::move(m)) {}
   size_t kv_bytes() const override { return gpu.kv_bytes(); }
   // Positions past the session's are simply overwritten later; per-channel keys may refill their window.
   void truncate(int64_t position) override { gpu.truncate(position); }
   bool can_truncate(int64_t position) const override { return gpu.can_truncate(position); }
   std::unique_ptr<BackendSession> copy_prefix(int64_t position) const override {
-    auto c = std::make_unique<CudaSession>(model);
+    auto c = std::make_unique<CudaSession>(model, metas);
     c->gpu.use_graphs = gpu.use_graphs;
     c->gpu.copy_prefix_from(gpu, position);
     return c;
   }
+  bool snapshot(SessionState& out) const override {
+    gpu.snapshot(*metas, out);
+    return true;
+  }
+  void restore(const SessionState& state) override { gpu.restore(*metas, state); }
   std::shared_ptr<const GpuModel> model;
+  std::shared_ptr<const std::vector<nn::KVCacheMeta>> metas;  // each layer's cache format (expected_cache_meta)
   GpuSession gpu;
 };
 
 class CudaModel final : public BackendModel {
  public:
-  explicit CudaModel(std::shared_ptr<const GpuModel> m) : m_(std::move(m)) {}
-  std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CudaSession>(m_); }
+  CudaModel(std::shared_ptr<const GpuModel> m, std::vector<nn::KVCacheMeta> metas)
+      : m_(std::move(m)), metas_(std::make_shared<const std::vector<nn::KVCacheMeta>>(std::move(metas))) {}
+  std::unique_ptr<BackendSession> new_session() const override { return std::make_unique<CudaSession>(m_, metas_); }
   void forward(std::span<BackendSession* const> sessions, std::span<const SequenceStep> steps) const override {
     if (sessions.size() == 1) {  // one sequence: decode steps through the graphs
       const SequenceStep& st = steps[0];
@@ -2475,10 +2614,12 @@ class CudaModel final : public BackendModel {
     GpuSession::batch_candidates(gs, requests, out);
   }
   bool can_copy_sessions() const override { return true; }  // device-to-device copies (GpuSession::copy_prefix_from)
+  bool can_snapshot() const override { return true; }       // GpuSession::snapshot / restore, the CPU cache's planes
   int64_t pass_rows() const override { return GpuSession::prefill_chunk_for(m_->ctx); }
 
  private:
   std::shared_ptr<const GpuModel> m_;
+  std::shared_ptr<const std::vector<nn::KVCacheMeta>> metas_;
 };
 
 }  // namespace
@@ -2496,7 +2637,11 @@ void require_cuda_device(const char* op) { cuda::require_device(op); }
 
 std::unique_ptr<BackendModel> make_cuda_backend(const Model::Impl& model) {
   const int tp = model.options.tp;
-  if (tp <= 1) return std::make_unique<gpu::CudaModel>(gpu::upload_model(model));
+  if (tp <= 1) {
+    std::vector<nn::KVCacheMeta> metas;
+    for (int64_t l = 0; l < model.config.num_layers; ++l) metas.push_back(expected_cache_meta(model, l));
+    return std::make_unique<gpu::CudaModel>(gpu::upload_model(model), std::move(metas));
+  }
   // --tp N: ranks on devices 0 … N − 1 of this host, NCCL between them.
   int count = 0;
   CIDER_CUDA_CHECK("tensor_parallel", cudaGetDeviceCount(&count));

@@ -39,6 +39,7 @@
 #include "model/backend.h"
 #include "model/cuda/collective.h"
 #include "model/model.h"
+#include "model/session_state.h"
 #include "nn/linear_weights.h"
 
 namespace cider::model::gpu {
@@ -221,6 +222,16 @@ class GpuSession {
   // This (new) session becomes src's first `position` positions (src unchanged, src.can_truncate(position)): every
   // cache and recurrent state copied on the device, then truncated (Model::copy_session on the CUDA device).
   void copy_prefix_from(const GpuSession& src, int64_t position);
+
+  // The session's state on the host (Model::snapshot, the server's prompt cache on disk): every attention layer's
+  // cache in the CPU cache's planes (nn::KVCacheSnapshot; the device keeps the same planes, [Hkv, rows, ·] each, so
+  // a CPU session can restore it and this device a CPU session's), metas[l] the layer's format with its dims (model/
+  // session_state.h expected_cache_meta: length and start are the session's), and the linear-attention states.
+  void snapshot(std::span<const nn::KVCacheMeta> metas, SessionState& out) const;
+  // This (new) session takes a state Model::restore_session checked against the model. What only this device
+  // requires, else cider::Error (kUnsupported) naming it: a bounded sliding layer's positions fit its storage and
+  // every bounded layer starts at the same position; other layers start at 0.
+  void restore(std::span<const nn::KVCacheMeta> metas, const SessionState& st);
 
   // Decode through CUDA graphs (default) or the same launches enqueued directly (tests compare the two). Models with
   // MoE or linear-attention layers always decode directly (their steps need the host between launches).
