@@ -509,7 +509,7 @@ class Builder {
   // A requantizing format (q8_0, q4_k, …): the float (N, K) view encoded into the format's GGUF block type by
   // cider's encoder, rows in parallel; the LM head takes the format's head type, a K that the body type's blocks do not
   // divide its fallback type; a mix's sensitive layers (is_sensitive_layer) their own type.
-  void encode_blocks(Linear& L, const TensorView& wv, const WeightFormatInfo& info) {
+  void encode_blocks(Linear& L, const TensorView& wv, const WeightFormatInfo& info, bool counted = true) {
     const bool sensitive = info.ggml_sensitive != 0 && is_sensitive_layer(L.name);
     uint32_t type = L.name == "lm_head" ? info.ggml_head : (sensitive ? info.ggml_sensitive : info.ggml_body);
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
@@ -541,7 +541,7 @@ class Builder {
     L.w_dtype = DType::kU8;
     L.ggml_type = type;
     L.group_size = 0;
-    count(f->name);
+    if (counted) count(f->name);
   }
 
   // A cider-converted int layer: prefix.qweight (int8 (N, K) or uint8 (N, K/2)) + prefix.wscales.
@@ -862,7 +862,10 @@ class Builder {
     // Embedding: kept float. Dense formats hold it in their dtype; int formats keep the checkpoint's float dtype
     // (in place) — it is only read one row per token.
     const std::string en = "model.embed_tokens.weight";
-    if (format_ == WeightFormat::kNative) {
+    const WeightFormatInfo& finfo = weight_format_info(format_);
+    const bool requant = finfo.ggml_body != 0;  // q8_0, q4_k, …
+    if (format_ == WeightFormat::kNative ||
+        (requant && kind_ == SourceKind::kCider && st("model.embed_tokens.gblocks") != nullptr)) {
       // Native: the embedding stays in its block format too (a row is decoded per token); a format with kernels
       // also serves as the tied LM head.
       uint32_t type = 0;
@@ -873,6 +876,23 @@ class Builder {
         w.embed_dtype = DType::kU8;
         w.embed_ggml_type = type;
       }
+    }
+    if (w.embed == nullptr && requant && c.tie_word_embeddings && kind_ != SourceKind::kCider) {
+      // A requantizing format with a tied head: the embedding is encoded once in the head's type and serves both, as
+      // a GGUF file's does (a row decoded per looked-up token), instead of a float copy beside a block copy.
+      named(en, [&] {
+        FloatRef e = fetch_float(en, {c.vocab_size, H});
+        Linear head;
+        head.name = "lm_head";
+        head.N = c.vocab_size;
+        head.K = H;
+        encode_blocks(head, e.view, finfo, /*counted=*/false);
+        w.embed_name = en;
+        w.embed = static_cast<const uint8_t*>(head.w);
+        w.embed_dtype = DType::kU8;
+        w.embed_ggml_type = head.ggml_type;
+        return 0;
+      });
     }
     if (w.embed == nullptr) named(en, [&] {
       FloatRef e = fetch_float(en, {c.vocab_size, H});
@@ -934,7 +954,7 @@ class Builder {
 
     // LM head.
     const Linear::Kind kindw = weight_format_info(format_).kind;
-    if (format_ == WeightFormat::kNative && c.tie_word_embeddings) {
+    if (c.tie_word_embeddings && (format_ == WeightFormat::kNative || (requant && w.embed_ggml_type != 0))) {
       w.lm_head.name = "lm_head";
       w.lm_head.N = c.vocab_size;
       w.lm_head.K = H;
