@@ -935,26 +935,6 @@ TEST(EnginePromptCache, ASlidingWindowSessionComesBackWhole) {
 
 namespace {
 
-// Every layer's cache state, bytes and metadata, and the linear-attention states.
-void expect_same_state(const cm::SessionState& a, const cm::SessionState& b, const std::string& what) {
-  ASSERT_EQ(a.position, b.position) << what;
-  ASSERT_EQ(a.caches.size(), b.caches.size()) << what;
-  for (size_t l = 0; l < a.caches.size(); ++l) {
-    const auto &x = a.caches[l], &y = b.caches[l];
-    EXPECT_EQ(x.meta().length, y.meta().length) << what << " layer " << l;
-    EXPECT_EQ(x.meta().start, y.meta().start) << what << " layer " << l;
-    EXPECT_EQ(x.meta().has_dims, y.meta().has_dims) << what << " layer " << l;
-    ASSERT_EQ(x.num_planes(), y.num_planes()) << what << " layer " << l;
-    for (size_t p = 0; p < x.num_planes(); ++p) {
-      ASSERT_EQ(x.plane(p).nbytes(), y.plane(p).nbytes()) << what << " layer " << l << " plane " << p;
-      if (x.plane(p).nbytes() == 0) continue;  // an empty plane may have no storage (memcmp needs pointers)
-      EXPECT_EQ(std::memcmp(x.plane(p).data(), y.plane(p).data(), x.plane(p).nbytes()), 0)
-          << what << " layer " << l << " plane " << p;
-    }
-  }
-  EXPECT_EQ(a.linear.size(), b.linear.size()) << what;
-}
-
 // Model::copy_session(s, n) holds what s holds after trim(s.position() − n), bit for bit, and leaves s as it was; the
 // copy and the trimmed session continue with the same logits. Cut inside the residual window, at a block boundary
 // and inside a quantized block (per-channel keys with outlier channels: the cider-tiny default), with per-token keys,
@@ -972,10 +952,10 @@ void check_copies(const cm::Model& m, const std::vector<int32_t>& tokens, const 
     ASSERT_TRUE(s->can_truncate(cut)) << at;
     auto copy = m.copy_session(*s, cut);
     EXPECT_EQ(copy->position(), cut) << at;
-    expect_same_state(m.snapshot(*s), before, at + " (the original)");
+    cider::test::expect_same_state(m.snapshot(*s), before, at + " (the original)", /*linear_contents=*/false);
     auto trimmed = m.restore_session(before);
     trimmed->trim(trimmed->position() - cut);
-    expect_same_state(m.snapshot(*copy), m.snapshot(*trimmed), at);
+    cider::test::expect_same_state(m.snapshot(*copy), m.snapshot(*trimmed), at, /*linear_contents=*/false);
     for (int32_t t : {5, 77, 300}) {
       m.forward(*copy, &t, 1, a.data(), false);
       m.forward(*trimmed, &t, 1, b.data(), false);

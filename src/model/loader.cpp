@@ -3,13 +3,11 @@
 #include "model/loader.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -520,22 +518,17 @@ class Builder {
     const int64_t rb = quant::ggml_row_bytes(*f, L.K);
     Tensor& out = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{L.N * rb});
     uint8_t* dst = out.ptr<uint8_t>();
-    std::atomic<bool> failed{false};
-    std::string error;
-    std::mutex error_mu;
-    default_thread_pool().parallel_for(L.N, [&](int64_t n0, int64_t n1, int) {
-      std::vector<float> row(static_cast<size_t>(L.K));
-      try {
-        for (int64_t n = n0; n < n1 && !failed.load(); ++n) {
+    try {  // the pool rethrows a chunk's first error once every chunk is done
+      default_thread_pool().parallel_for(L.N, [&](int64_t n0, int64_t n1, int) {
+        std::vector<float> row(static_cast<size_t>(L.K));
+        for (int64_t n = n0; n < n1; ++n) {
           for (int64_t k = 0; k < L.K; ++k) row[static_cast<size_t>(k)] = load_float(wv.data, wv.dtype, n * L.K + k);
           quant::ggml_quantize_row(static_cast<quant::GgmlType>(type), row.data(), L.K, dst + n * rb);
         }
-      } catch (const Error& e) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!failed.exchange(true)) error = e.what();
-      }
-    });
-    check(!failed.load(), ErrorCode::kInvalidArgument, kOp, where_, ": ", L.name, ": ", error);
+      });
+    } catch (const Error& e) {
+      fail(ErrorCode::kInvalidArgument, kOp, where_, ": ", L.name, ": ", e.what());
+    }
     L.kind = Linear::Kind::kGgml;
     L.w = dst;
     L.w_dtype = DType::kU8;

@@ -175,30 +175,6 @@ void make_variant(cm::Model& model) {
   impl.backend = cm::make_backend(impl);  // re-uploaded with the variant's weights and flags
 }
 
-// Two session states hold the same positions and bytes, plane by plane.
-void expect_same_state(const cm::SessionState& a, const cm::SessionState& b, const std::string& what) {
-  ASSERT_EQ(a.position, b.position) << what;
-  ASSERT_EQ(a.caches.size(), b.caches.size()) << what;
-  for (size_t l = 0; l < a.caches.size(); ++l) {
-    const auto &x = a.caches[l], &y = b.caches[l];
-    EXPECT_EQ(x.meta().length, y.meta().length) << what << " layer " << l;
-    EXPECT_EQ(x.meta().start, y.meta().start) << what << " layer " << l;
-    EXPECT_EQ(x.meta().has_dims, y.meta().has_dims) << what << " layer " << l;
-    ASSERT_EQ(x.num_planes(), y.num_planes()) << what << " layer " << l;
-    for (size_t p = 0; p < x.num_planes(); ++p) {
-      ASSERT_EQ(x.plane(p).nbytes(), y.plane(p).nbytes()) << what << " layer " << l << " plane " << p;
-      if (x.plane(p).nbytes() == 0) continue;
-      EXPECT_EQ(std::memcmp(x.plane(p).data(), y.plane(p).data(), x.plane(p).nbytes()), 0)
-          << what << " layer " << l << " plane " << p;
-    }
-  }
-  ASSERT_EQ(a.linear.size(), b.linear.size()) << what;
-  for (size_t l = 0; l < a.linear.size(); ++l) {
-    EXPECT_EQ(a.linear[l].pos, b.linear[l].pos) << what << " layer " << l;
-    EXPECT_EQ(a.linear[l].S, b.linear[l].S) << what << " layer " << l;
-    EXPECT_EQ(a.linear[l].conv, b.linear[l].conv) << what << " layer " << l;
-  }
-}
 
 }  // namespace
 
@@ -882,7 +858,7 @@ TEST(CudaModel, SnapshotsRestoreOnEitherDevice) {
     // GPU → GPU: the same bytes, the same logits.
     auto g2 = gpu->restore_session(gs);
     EXPECT_EQ(g2->position(), static_cast<int64_t>(kCut));
-    expect_same_state(gpu->snapshot(*g2), gs, name + " (restored on the GPU)");
+    cider::test::expect_same_state(gpu->snapshot(*g2), gs, name + " (restored on the GPU)", /*linear_contents=*/true);
     const std::vector<float> a = go_on(*gpu, *g), b = go_on(*gpu, *g2);
     EXPECT_TRUE(diff(a, b).finite);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << str(diff(b, a));

@@ -4,6 +4,7 @@
 #include <limits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -144,6 +145,35 @@ model::Candidates reference_candidates(const std::vector<float>& logits, const m
   }
   for (int32_t id : request.excluded) c.excluded_logits.push_back(logits[static_cast<size_t>(id)]);
   return c;
+}
+
+void expect_same_state(const model::SessionState& a, const model::SessionState& b, const std::string& what,
+                       bool linear_contents) {
+  ASSERT_EQ(a.position, b.position) << what;
+  ASSERT_EQ(a.caches.size(), b.caches.size()) << what;
+  for (size_t l = 0; l < a.caches.size(); ++l) {
+    const auto &x = a.caches[l], &y = b.caches[l];
+    EXPECT_EQ(x.meta().length, y.meta().length) << what << " layer " << l;
+    EXPECT_EQ(x.meta().start, y.meta().start) << what << " layer " << l;
+    EXPECT_EQ(x.meta().has_dims, y.meta().has_dims) << what << " layer " << l;
+    ASSERT_EQ(x.num_planes(), y.num_planes()) << what << " layer " << l;
+    for (size_t p = 0; p < x.num_planes(); ++p) {
+      ASSERT_EQ(x.plane(p).nbytes(), y.plane(p).nbytes()) << what << " layer " << l << " plane " << p;
+      if (x.plane(p).nbytes() == 0) continue;  // an empty plane may have no storage (memcmp needs pointers)
+      EXPECT_EQ(std::memcmp(x.plane(p).data(), y.plane(p).data(), x.plane(p).nbytes()), 0)
+          << what << " layer " << l << " plane " << p;
+    }
+  }
+  if (!linear_contents) {
+    EXPECT_EQ(a.linear.size(), b.linear.size()) << what;
+    return;
+  }
+  ASSERT_EQ(a.linear.size(), b.linear.size()) << what;
+  for (size_t l = 0; l < a.linear.size(); ++l) {
+    EXPECT_EQ(a.linear[l].pos, b.linear[l].pos) << what << " layer " << l;
+    EXPECT_EQ(a.linear[l].S, b.linear[l].S) << what << " layer " << l;
+    EXPECT_EQ(a.linear[l].conv, b.linear[l].conv) << what << " layer " << l;
+  }
 }
 
 }  // namespace cider::test

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/sampler.h"
+#include "model/session_state.h"
 
 namespace cider::test {
 
@@ -98,5 +99,10 @@ template <typename Fn>
   }
   return ::testing::AssertionFailure() << "did not throw";
 }
+
+// Two session states hold the same positions and bytes, layer by layer and plane by plane (metadata length, start,
+// dims); the linear-attention states' count, and with linear_contents their positions and values too.
+void expect_same_state(const model::SessionState& a, const model::SessionState& b, const std::string& what,
+                       bool linear_contents);
 
 }  // namespace cider::test

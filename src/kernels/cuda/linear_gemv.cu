@@ -204,18 +204,17 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int units = p.K / 8;  // K is a multiple of 16
   const int64_t x_row_elems = p.K;
-  constexpr int at_once = kRowsAtOnce;
   // Pass 1: max |x| per row, as the bits of |x| (non-negative floats order like their bits; NaN/inf are ≥ 0x7f800000).
-  for (int m0 = 0; m0 < p.M; m0 += at_once) {
+  for (int m0 = 0; m0 < p.M; m0 += kRowsAtOnce) {
     uint32_t amax_bits[kRowsAtOnce] = {};
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       float v[kRowsAtOnce][8];
 #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r)
-        if (r < at_once && m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
+        if (m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
 #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r)
-        if (r < at_once && m0 + r < p.M) {
+        if (m0 + r < p.M) {
 #pragma unroll
           for (int i = 0; i < 8; ++i) amax_bits[r] = max(amax_bits[r], __float_as_uint(v[r][i]) & 0x7fffffffu);
         }
@@ -223,7 +222,7 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
 #pragma unroll
     for (int r = 0; r < kRowsAtOnce; ++r) {
       const uint32_t a = __reduce_max_sync(0xffffffffu, amax_bits[r]);
-      if (lane == 0 && r < at_once && m0 + r < p.M) amax_partial[m0 + r][warp] = a;
+      if (lane == 0 && m0 + r < p.M) amax_partial[m0 + r][warp] = a;
     }
   }
   __syncthreads();
@@ -234,15 +233,15 @@ __device__ void quantize_x_to_shared(const GemvParams& p, int8_t* xq, float* sx,
   }
   __syncthreads();
   // Pass 2: codes (x is read again, from L1/L2).
-  for (int m0 = 0; m0 < p.M; m0 += at_once) {
+  for (int m0 = 0; m0 < p.M; m0 += kRowsAtOnce) {
     for (int u = static_cast<int>(threadIdx.x); u < units; u += kThreads) {
       float v[kRowsAtOnce][8];
 #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r)
-        if (r < at_once && m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
+        if (m0 + r < p.M) load_x8(p.x, p.x_dtype, (m0 + r) * x_row_elems + 8 * u, v[r]);
 #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r) {
-        if (r >= at_once || m0 + r >= p.M) continue;
+        if (m0 + r >= p.M) continue;
         const float s = sx[m0 + r];
         const bool finite = !isnan(s);
         uint32_t c[8];
@@ -912,7 +911,7 @@ void launch_int_gemv(const kernels::IntLinearArgs& a, bool int4, const Exec& exe
     p.xq_row = a.K;
     p.part_in = first ? nullptr : p.out;
     p.part_out = last ? nullptr : p.out;
-    p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;
+    p.prefetch_epilogue = tuning.epilogue_prefetch == 2 ? 0 : 1;  // prefetch measured faster everywhere (docs/cuda/gemv.md)
     CIDER_CUDA_CHECK(op, cuda::pdl::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(warps * 32)),
                                           smem, stream, p));
     check_last_launch(op);
