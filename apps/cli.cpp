@@ -19,6 +19,7 @@
 #include "core/file_io.h"
 #include "core/limits.h"
 #include "core/thread_pool.h"
+#include "model/activation_stats.h"
 #include "model/chat_format.h"
 #include "model/convert.h"
 #include "model/generate.h"
@@ -206,6 +207,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
   }
   o.ctx = a.ctx;
   o.kv_full_sliding = a.kv_full_sliding;
+  o.imatrix = a.imatrix;
   check(a.tp >= 1 && a.tp <= model::kMaxTensorParallel, ErrorCode::kInvalidArgument, "options", "--tp must be in [1, ",
         model::kMaxTensorParallel, "]; got ", a.tp);
   check(a.tp == 1 || o.device == model::Device::kCUDA, ErrorCode::kInvalidArgument, "options", "--tp ", a.tp,
@@ -456,7 +458,10 @@ int run_perplexity(PerplexityArgs a) {
   if (with_baseline) {
     ModelArgs b = a.m;
     b.threads_given = false;
-    if (!a.baseline_weights.empty()) b.weights = a.baseline_weights;
+    if (!a.baseline_weights.empty()) {  // its own weights: --imatrix is the tested format's
+      b.weights = a.baseline_weights;
+      b.imatrix.clear();
+    }
     if (!a.baseline_kv.empty()) {  // its own cache: the tested cache's layout and rotation do not carry over
       b.kv = a.baseline_kv;
       b.kv_layout.clear();
@@ -521,6 +526,51 @@ int run_perplexity(PerplexityArgs a) {
   return 0;
 }
 
+int run_imatrix(ImatrixArgs a) {
+  if (a.m.ctx == 0) a.m.ctx = 512;
+  check(a.m.ctx >= 2, ErrorCode::kInvalidArgument, "options", "--ctx (the window length) must be >= 2; got ", a.m.ctx);
+  check(a.chunks >= 0, ErrorCode::kInvalidArgument, "options", "--chunks must be >= 0 (0: every whole window); got ",
+        a.chunks);
+  check(a.m.device == "cpu", ErrorCode::kInvalidArgument, "options",
+        "cider imatrix records activations on the CPU: --device must be cpu; got ", a.m.device);
+  const model::ModelOptions opts = model_options(a.m);
+  const std::string path = resolve_model_path(a.m);
+  check_output_path(a.out, {path, a.file}, "imatrix", "-o");  // before the model loads: a bad path fails at once
+  const std::string text = read_text_input(a.file, "imatrix");
+  auto model = load_model(a.m, opts, path);
+  const model::Tokenizer& tok = model->tokenizer();
+  const int32_t bos = model::bos_per_window(tok);  // as perplexity's windows: BOS, then ctx − 1 text tokens
+  const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/bos < 0);
+  const int64_t per = bos >= 0 ? a.m.ctx - 1 : a.m.ctx;
+  int64_t windows = static_cast<int64_t>(tokens.size()) / per;
+  if (a.chunks > 0) windows = std::min(windows, a.chunks);
+  check(windows >= 1, ErrorCode::kInvalidArgument, "imatrix", "the text must give at least one window of ", per,
+        " tokens (--ctx ", a.m.ctx, bos >= 0 ? ", BOS first" : "", "); got ", tokens.size(), " tokens");
+  model::ActivationStats stats;
+  model->record_activations(&stats);
+  ProgressBar bar(progress_enabled(a.m));
+  std::vector<float> logits(static_cast<size_t>(model->config().vocab_size));
+  std::vector<int32_t> window;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t w = 0; w < windows; ++w) {
+    window.clear();
+    if (bos >= 0) window.push_back(bos);
+    window.insert(window.end(), tokens.begin() + w * per, tokens.begin() + (w + 1) * per);
+    auto session = model->new_session();
+    model->forward(*session, window.data(), static_cast<int64_t>(window.size()), logits.data(), false);
+    bar.update("imatrix", w + 1, windows);
+  }
+  bar.finish();
+  model->record_activations(nullptr);
+  const int64_t n_tokens = windows * a.m.ctx;
+  stats.write(a.out, n_tokens, fs::path(a.file).filename().string());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "wrote %s: %zu linear layers, %lld windows of %lld tokens (%lld tokens, %.1f s) from %s\n",
+               a.out.c_str(), stats.layers().size(), static_cast<long long>(windows),
+               static_cast<long long>(a.m.ctx), static_cast<long long>(n_tokens), secs, a.file.c_str());
+  return 0;
+}
+
 int run_convert(const ConvertArgs& a) {
   // convert writes a converted format: without --weights, bf16 (--weights native keeps a GGUF file's blocks).
   const model::WeightFormat format = model::parse_weight_format(a.m.weights.empty() ? "bf16" : a.m.weights);
@@ -530,7 +580,8 @@ int run_convert(const ConvertArgs& a) {
   if (a.m.threads_given) (void)model_options(a.m);
   const std::string path = resolve_model_path(a.m);
   ProgressBar bar(progress_enabled(a.m));
-  model::convert_model(path, a.out, format, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); });
+  model::convert_model(path, a.out, format, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); },
+                       a.m.imatrix);
   bar.finish();
   std::fprintf(stderr, "wrote %s (weights %s, from %s)\n", a.out.c_str(), model::weight_format_name(format), path.c_str());
   return 0;

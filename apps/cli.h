@@ -37,6 +37,7 @@ struct ModelArgs {
   std::string device = "cpu";      // --device: cpu or cuda
   int tp = 1;                      // --tp: tensor-parallel GPUs (model/tensor_parallel.h)
   bool progress = false;           // --progress: draw bars even when stderr is not a terminal
+  std::string imatrix;             // --imatrix: an importance file (`cider imatrix`) for a requantizing --weights
 };
 
 // Checks every value and turns them into engine options (cider::Error naming the option otherwise); applies
@@ -109,6 +110,16 @@ struct PerplexityArgs {
   std::string llama_logits;  // --llama-logits: llama.cpp's saved log-probabilities as the baseline (llama windows)
 };
 int run_perplexity(PerplexityArgs a);
+
+// `cider imatrix`: each linear layer's mean squared input per channel over the windows of a calibration text
+// (model/activation_stats.h), written to `out` for `--imatrix`.
+struct ImatrixArgs {
+  ModelArgs m;  // m.ctx: the window length (default 512)
+  std::string file;
+  std::string out;
+  int64_t chunks = 0;  // windows at most; 0 = every whole window of the text
+};
+int run_imatrix(ImatrixArgs a);
 
 struct ConvertArgs {
   ModelArgs m;

@@ -68,6 +68,9 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_flag("--kv-full-sliding", m.kv_full_sliding,
               "sliding-window layers keep every position in the KV cache (default: only their window)");
   c->add_option("--ctx", m.ctx, "context length in tokens (0 = the model's maximum)");
+  c->add_option("--imatrix", m.imatrix,
+                "an importance file from `cider imatrix`: a requantizing --weights (q4_k_m, q4_0, ...) fits each "
+                "block to the error weighted by its inputs' mean squares");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
   c->add_option("--tp", m.tp,
@@ -191,6 +194,16 @@ int main(int argc, char** argv) {
   const ModelOptionHandles conv_threads = add_model_options(conv_cmd, conv.m);
   conv_cmd->add_option("-o,--out", conv.out, "output directory (must not exist)")->required();
 
+  cider::apps::ImatrixArgs imx;
+  CLI::App* imx_cmd = app.add_subcommand(
+      "imatrix", "activation statistics of a calibration text: each linear layer's mean squared input per channel, "
+                 "for --imatrix (activation-aware block fits)");
+  const ModelOptionHandles imx_threads = add_model_options(imx_cmd, imx.m);
+  imx_cmd->add_option("-f,--file", imx.file, "calibration text (not the text you will evaluate on)")->required();
+  imx_cmd->add_option("-o,--out", imx.out, "output file (safetensors)")->required();
+  imx_cmd->add_option("--chunks", imx.chunks, "windows of --ctx tokens at most (0: every whole window)")
+      ->capture_default_str();
+
   cider::apps::InspectArgs insp;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");
   const ModelOptionHandles insp_threads = add_model_options(insp_cmd, insp.m);
@@ -271,6 +284,10 @@ int main(int argc, char** argv) {
     if (*conv_cmd) {
       conv_threads.apply(conv.m);
       return cider::apps::run_convert(conv);
+    }
+    if (*imx_cmd) {
+      imx_threads.apply(imx.m);
+      return cider::apps::run_imatrix(imx);
     }
     if (*fit_cmd) {
       fit_threads.apply(fit.m);

@@ -553,6 +553,46 @@ TEST_F(Cli, ConvertThenGenerateFromTheConvertedModelAndInspectIt) {
   EXPECT_NE(f128.out.find("k4v3/so4-full/g128 "), std::string::npos) << f128.out;
 }
 
+// `cider imatrix` writes activation statistics of a calibration text; `--imatrix` fits a requantizing format with
+// them, when loading and when converting (the converted directory then computes as the direct load does); misuse is
+// refused by name.
+TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
+  const std::string text = kSource + "/docs/kv_cache.md";
+  const fs::path imx = scratch_dir() / "tiny-imatrix.safetensors";
+  fs::remove(imx);
+  const CliResult c = cider("imatrix -m " + quote(kTiny) + " -f " + quote(text) + " -o " + quote(imx.string()) +
+                            " --ctx 64 --chunks 3");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.err.find("56 linear layers, 3 windows of 64 tokens (192 tokens"), std::string::npos) << c.err;
+  const std::string gen = " --temperature 0 --max-tokens 12 -p " + quote("The cache");
+  const std::string with_imx = " --imatrix " + quote(imx.string());
+  const CliResult direct = cider("generate -m " + quote(kTiny) + " --weights q4_k" + with_imx + gen);
+  ASSERT_EQ(direct.status, 0) << direct.err;
+  EXPECT_FALSE(direct.out.empty());
+  const fs::path conv = scratch_dir() / "tiny-q4k-imatrix";
+  fs::remove_all(conv);
+  const CliResult cv = cider("convert -m " + quote(kTiny) + " -o " + quote(conv.string()) + " --weights q4_k" + with_imx);
+  ASSERT_EQ(cv.status, 0) << cv.err;
+  const CliResult from_dir = cider("generate -m " + quote(conv.string()) + gen);
+  ASSERT_EQ(from_dir.status, 0) << from_dir.err;
+  EXPECT_EQ(from_dir.out, direct.out);
+  const CliResult dense = cider("generate -m " + quote(kTiny) + " --weights bf16" + with_imx + gen);
+  EXPECT_EQ(dense.status, 2);
+  EXPECT_NE(dense.err.find("--imatrix weights the fits of a requantizing block format"), std::string::npos) << dense.err;
+  const CliResult stored = cider("generate -m " + quote(conv.string()) + with_imx + gen);
+  EXPECT_EQ(stored.status, 2);
+  EXPECT_NE(stored.err.find("--imatrix applies when converting"), std::string::npos) << stored.err;
+  const CliResult over = cider("imatrix -m " + quote(kTiny) + " -f " + quote(text) + " -o " + quote(text));
+  EXPECT_EQ(over.status, 2);
+  EXPECT_NE(over.err.find("[imatrix]"), std::string::npos) << over.err;
+  const fs::path short_text = scratch_dir() / "short.txt";
+  std::ofstream(short_text) << "A few words only.";
+  const CliResult small = cider("imatrix -m " + quote(kTiny) + " -f " + quote(short_text.string()) + " -o " +
+                                quote(imx.string()) + " --ctx 64");
+  EXPECT_EQ(small.status, 2);
+  EXPECT_NE(small.err.find("at least one window of"), std::string::npos) << small.err;
+}
+
 // A GGUF file converted with --weights native keeps its blocks: the directory then defaults to native (as the file
 // does), and logits and greedy text are byte for byte the file's. A directory that is not a native cider model refuses
 // native (a Hugging Face one has no blocks).

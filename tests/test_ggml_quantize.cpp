@@ -1,7 +1,8 @@
 // cider's encoder into the GGUF block formats (quant/ggml_quantize.h), checked through the formats' own decoders:
 // values already on a block's grid come back bit for bit (so requantizing a GGUF tensor into its own type is
 // lossless), the least-squares fit is never worse in total than the plain rule of scaling by the largest value
-// (written here independently, without any block bytes), and bad input is refused by name.
+// (written here independently, without any block bytes), importance weights lower the weighted error, and bad input
+// is refused by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,12 +30,19 @@ constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1
 
 const quant::GgmlBlockFormat& fmt(GgmlType t) { return *quant::ggml_block_format(static_cast<uint32_t>(t)); }
 
+// x quantized by cider's encoder (with the importance weights, when given), as bytes.
+std::vector<uint8_t> encode(GgmlType t, const std::vector<float>& x, const float* importance = nullptr) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> blocks(static_cast<size_t>(quant::ggml_row_bytes(fmt(t), n)));
+  quant::ggml_quantize_row(t, x.data(), n, blocks.data(), importance);
+  return blocks;
+}
+
 // Quantizes x with cider's encoder and decodes it with the format's decoder.
-std::vector<float> round_trip(GgmlType t, const std::vector<float>& x) {
+std::vector<float> round_trip(GgmlType t, const std::vector<float>& x, const float* importance = nullptr) {
   const quant::GgmlBlockFormat& f = fmt(t);
   const int64_t n = static_cast<int64_t>(x.size());
-  std::vector<uint8_t> blocks(static_cast<size_t>(quant::ggml_row_bytes(f, n)));
-  quant::ggml_quantize_row(t, x.data(), n, blocks.data());
+  const std::vector<uint8_t> blocks = encode(t, x, importance);
   std::vector<float> y(x.size());
   for (int64_t b = 0; b < n / f.block_size; ++b)
     f.decode(blocks.data() + b * f.block_bytes, y.data() + b * f.block_size);
@@ -209,6 +217,60 @@ TEST(GgmlQuantize, KQuantBlocksAreAFixedPoint) {
   }
 }
 
+// Importance weights (the mean squared activation of each input channel, heavy-tailed as real ones are): the fits
+// minimise the weighted error, so in total over many rows it is below the plain fit's weighted error.
+TEST(GgmlQuantize, ImportanceLowersTheWeightedError) {
+  auto rng = test::make_rng(2031);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int64_t K = 256 * 4, rows = 48;
+  std::vector<float> imp(static_cast<size_t>(K));
+  for (float& v : imp) v = std::exp(2.0f * g(rng));
+  for (GgmlType t : kTypes) {
+    if (t == GgmlType::kQ8_0) continue;  // its plain rule always (checked below)
+    double e_w = 0.0, e_plain = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<float> x = weight_row(rng, K, static_cast<int>(r % 7));
+      const std::vector<float> yw = round_trip(t, x, imp.data()), yp = round_trip(t, x);
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(yw[i])) << fmt(t).name << " value " << i;
+        const double dw = static_cast<double>(x[i]) - yw[i], dp = static_cast<double>(x[i]) - yp[i];
+        e_w += imp[i] * dw * dw;
+        e_plain += imp[i] * dp * dp;
+      }
+    }
+    EXPECT_LT(e_w, e_plain) << fmt(t).name;
+    std::printf("%s: weighted error with importance %.3f of the plain fit's\n", fmt(t).name, e_w / e_plain);
+  }
+}
+
+// Importance 1 everywhere is the plain fit, bit for bit, for the 32-blocks (the K-quants then also search their
+// sub-scale codes: no worse); Q8_0 ignores importance; a block whose importances are all 0 gets its plain fit.
+TEST(GgmlQuantize, ImportanceEdgeCasesAreThePlainFit) {
+  auto rng = test::make_rng(2032);
+  std::uniform_real_distribution<float> u(0.1f, 10.0f);
+  const int64_t K = 256 * 2;
+  const std::vector<float> ones(static_cast<size_t>(K), 1.0f);
+  std::vector<float> imp(static_cast<size_t>(K));
+  for (float& v : imp) v = u(rng);
+  for (GgmlType t : kTypes) {
+    const quant::GgmlBlockFormat& f = fmt(t);
+    const std::vector<float> x = weight_row(rng, K, 1);
+    const std::vector<uint8_t> plain = encode(t, x);
+    if (f.block_size == 32) {
+      EXPECT_EQ(encode(t, x, ones.data()), plain) << f.name;
+    } else {  // a K-quant with weights also searches its sub-scale codes' neighbours: never worse than the nearest
+      EXPECT_LE(sse(x, round_trip(t, x, ones.data())), sse(x, round_trip(t, x))) << f.name;
+    }
+    if (t == GgmlType::kQ8_0) {
+      EXPECT_EQ(encode(t, x, imp.data()), plain) << f.name;
+    }
+    std::vector<float> zero_first = imp;  // the first block's importances all 0
+    std::fill(zero_first.begin(), zero_first.begin() + f.block_size, 0.0f);
+    const std::vector<uint8_t> z = encode(t, x, zero_first.data());
+    EXPECT_TRUE(std::equal(z.begin(), z.begin() + f.block_bytes, plain.begin())) << f.name;
+  }
+}
+
 TEST(GgmlQuantize, RefusesBadInputByName) {
   std::vector<float> x(64, 0.5f);
   std::vector<uint8_t> out(4096);
@@ -223,6 +285,13 @@ TEST(GgmlQuantize, RefusesBadInputByName) {
                           ErrorCode::kShapeMismatch, "multiple of 256"));
   EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ3_K, x.data(), 64, out.data()); },
                           ErrorCode::kUnsupported, "no encoder"));
+  std::vector<float> imp(64, 1.0f);
+  imp[9] = -1.0f;
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ4_0, x.data(), 64, out.data(), imp.data()); },
+                          ErrorCode::kInvalidArgument, "importance 9 is -1"));
+  imp[9] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row(GgmlType::kQ4_1, x.data(), 64, out.data(), imp.data()); },
+                          ErrorCode::kInvalidArgument, "finite and >= 0"));
   EXPECT_FALSE(quant::ggml_can_quantize(GgmlType::kQ2_K));
   for (GgmlType t : kTypes) EXPECT_TRUE(quant::ggml_can_quantize(t)) << fmt(t).name;
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "model/activation_stats.h"
 #include "model/config.h"
 #include "model/convert.h"
 #include "model/loader.h"
@@ -719,6 +720,141 @@ TEST(ModelReference, BlockFormatsComputeWithTheirOwnDecodedWeights) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("not a multiple of the 32 weights of a Q4_0 block"), std::string::npos)
         << e.what();
+  }
+}
+
+// `cider imatrix`'s statistics and `--imatrix`: recorded inputs are each linear layer's (layer 0's q/k/v input the
+// reference's normed embedding rows), the file round-trips, and a requantizing format fitted with them has a lower
+// importance-weighted error than the plain fit; a file of another model, or with a format that fits nothing, is
+// refused by name.
+TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
+  Spec spec = arch_specs()[0].second;  // K = 256 and 512: the K-quants themselves
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = random_weights(spec, 71);
+  const std::string dir = write_model(spec, m, "imatrix");
+  const auto tok = random_tokens(23, spec.V, 72);
+  const auto T = static_cast<int64_t>(tok.size());
+  cm::ActivationStats stats;
+  {
+    auto model = cm::Model::load(dir, opts("f32", "f32"));
+    model->record_activations(&stats);
+    (void)run(*model, tok);
+    model->record_activations(nullptr);
+    (void)run(*model, tok);  // not recorded
+  }
+  const std::string q0 = "model.layers.0.self_attn.q_proj";
+  for (int64_t l = 0; l < spec.L; ++l)
+    for (const char* mod : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      EXPECT_EQ(stats.rows("model.layers." + std::to_string(l) + "." + mod), T) << l << " " << mod;
+  {  // layer 0's q input: rmsnorm(embedding rows), mean square per channel
+    Vec h(static_cast<size_t>(T * spec.H));
+    const auto& emb = m.at("model.embed_tokens.weight").second;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < spec.H; ++i)
+        h[static_cast<size_t>(t * spec.H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * spec.H + i)];
+    rms_ref(h, T, spec.H, m.at("model.layers.0.input_layernorm.weight").second, 0.0, spec.eps);
+    const std::vector<float> got = stats.mean_square(q0);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), spec.H);
+    for (int64_t i = 0; i < spec.H; ++i) {
+      double want = 0.0;
+      for (int64_t t = 0; t < T; ++t) want += h[static_cast<size_t>(t * spec.H + i)] * h[static_cast<size_t>(t * spec.H + i)];
+      want /= static_cast<double>(T);
+      EXPECT_NEAR(got[static_cast<size_t>(i)], want, 1e-4 * want + 1e-12) << "channel " << i;  // float32 norm
+    }
+    EXPECT_EQ(stats.mean_square("model.layers.0.self_attn.k_proj"), got);  // q, k, v: the same input
+  }
+  const std::string file = fresh_dir("imatrix_file") + "/imatrix.safetensors";
+  stats.write(file, T, "tokens");
+  const cm::Importance imp = cm::read_importance(file);
+  ASSERT_EQ(imp.size(), stats.layers().size());
+  for (const auto& [name, v] : imp) EXPECT_EQ(v, stats.mean_square(name)) << name;
+
+  // q4_k with the file: each layer's importance-weighted error below the plain fit's, summed over the layers.
+  auto weighted_error = [&](const cm::Model& model) {
+    double e = 0.0;
+    for (const cm::LayerWeights& L : model.impl().w.layers)
+      for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+        const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(x->ggml_type);
+        std::vector<float> w(static_cast<size_t>(x->N * x->K));
+        for (int64_t i = 0; i < x->N * x->K / f.block_size; ++i)
+          f.decode(static_cast<const uint8_t*>(x->w) + i * f.block_bytes, w.data() + i * f.block_size);
+        const std::vector<float>& ms = imp.at(x->name);
+        const auto& orig = m.at(x->name + ".weight").second;
+        for (int64_t n = 0; n < x->N; ++n)
+          for (int64_t k = 0; k < x->K; ++k) {
+            const double d = orig[static_cast<size_t>(n * x->K + k)] - w[static_cast<size_t>(n * x->K + k)];
+            e += ms[static_cast<size_t>(k)] * d * d;
+          }
+      }
+    return e;
+  };
+  cm::ModelOptions o = opts("q4_k", "f32");
+  const double plain = weighted_error(*cm::Model::load(dir, o));
+  o.imatrix = file;
+  auto fitted = cm::Model::load(dir, o);
+  const double with = weighted_error(*fitted);
+  EXPECT_LT(with, plain);
+  std::printf("q4_k importance-weighted error with --imatrix: %.3f of the plain fit's\n", with / plain);
+  EXPECT_LT(rel_rms(run(*fitted, tok), reference_logits(spec, m, tok)), 0.8);
+
+  auto refused = [&](const cm::ModelOptions& bad, ErrorCode code, const std::string& what) {
+    try {
+      cm::Model::load(dir, bad);
+      ADD_FAILURE() << "loaded with " << bad.imatrix;
+    } catch (const cider::Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  cm::ActivationStats other;  // another model's q_proj: other input channels
+  std::vector<float> row(static_cast<size_t>(spec.H / 2), 1.0f);
+  other.add(q0, row.data(), 1, spec.H / 2);
+  const std::string other_file = fresh_dir("imatrix_other") + "/other.safetensors";
+  other.write(other_file, 1, "x");
+  cm::ModelOptions bad = opts("q4_k_m", "f32");
+  bad.imatrix = other_file;
+  refused(bad, ErrorCode::kShapeMismatch, "holds 128 input channels for " + q0 + ", which has K = 256");
+  cm::ActivationStats elsewhere;  // no layer of this model
+  elsewhere.add("encoder.block.0.proj", row.data(), 1, spec.H / 2);
+  const std::string elsewhere_file = fresh_dir("imatrix_elsewhere") + "/e.safetensors";
+  elsewhere.write(elsewhere_file, 1, "x");
+  bad.imatrix = elsewhere_file;
+  refused(bad, ErrorCode::kInvalidArgument, "names none of the linear layers");
+  cm::ModelOptions dense = opts("bf16", "f32");
+  dense.imatrix = file;
+  refused(dense, ErrorCode::kInvalidArgument, "--imatrix weights the fits of a requantizing block format");
+  // Not an importance file; a negative mean square.
+  const std::string not_imx = fresh_dir("imatrix_bad") + "/bad.safetensors";
+  {
+    cm::SafetensorsWriter w;
+    const float v[2] = {1.0f, -2.0f};
+    w.add(q0 + ".act_sq", cider::DType::kF32, {2}, v);
+    w.set_metadata("format", "cider");
+    w.write(not_imx);
+  }
+  try {
+    (void)cm::read_importance(not_imx);
+    ADD_FAILURE() << "read a cider model as an importance file";
+  } catch (const cider::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("format = \"cider-imatrix\""), std::string::npos) << e.what();
+  }
+  {
+    cm::SafetensorsWriter w;
+    const float v[2] = {1.0f, -2.0f};
+    w.add(q0 + ".act_sq", cider::DType::kF32, {2}, v);
+    w.set_metadata("format", "cider-imatrix");
+    w.set_metadata("version", "1");
+    w.write(not_imx);
+  }
+  try {
+    (void)cm::read_importance(not_imx);
+    ADD_FAILURE() << "read a negative mean square";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("got -2 at channel 1"), std::string::npos) << e.what();
   }
 }
 

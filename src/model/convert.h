@@ -29,7 +29,8 @@
 
 namespace cider::model {
 
+// imatrix: an importance file (`cider imatrix`) weighting a requantizing format's fits (ModelOptions::imatrix).
 void convert_model(const std::string& in, const std::string& out_dir, WeightFormat format,
-                   const ProgressFn& progress = {});
+                   const ProgressFn& progress = {}, const std::string& imatrix = {});
 
 }  // namespace cider::model

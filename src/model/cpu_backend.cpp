@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/kernel_table.h"
+#include "model/activation_stats.h"
 #include "model/backend.h"
 #include "model/session_state.h"
 #include "model/transformer.h"
@@ -322,23 +323,23 @@ class CpuBackend final : public PassBackend {
           const int64_t QD = c_.num_heads * c_.head_dim;
           s_.qg.resize(sz(n * 2 * QD));
           s_.attn_gate.resize(sz(n * QD));
-          L.q.forward(s_.h.data(), n, s_.qg.data());
+          run(L.q, s_.h.data(), n, s_.qg.data());
           for (int64_t r = 0; r < n; ++r) {
             std::copy_n(s_.qg.data() + r * 2 * QD, QD, s_.q.data() + r * QD);
             std::copy_n(s_.qg.data() + r * 2 * QD + QD, QD, s_.attn_gate.data() + r * QD);
           }
         } else {
-          L.q.forward(s_.h.data(), n, s_.q.data());
+          run(L.q, s_.h.data(), n, s_.q.data());
         }
-        L.k.forward(s_.h.data(), n, s_.k.data());
-        L.v.forward(s_.h.data(), n, s_.v.data());
+        run(L.k, s_.h.data(), n, s_.k.data());
+        run(L.v, s_.h.data(), n, s_.v.data());
         break;
-      case LinearSlot::kO: L.o.forward(s_.att.data(), n, s_.tmp.data()); break;
+      case LinearSlot::kO: run(L.o, s_.att.data(), n, s_.tmp.data()); break;
       case LinearSlot::kGateUp:
-        L.gate.forward(s_.h.data(), n, s_.gate.data());
-        L.up.forward(s_.h.data(), n, s_.up.data());
+        run(L.gate, s_.h.data(), n, s_.gate.data());
+        run(L.up, s_.h.data(), n, s_.up.data());
         break;
-      case LinearSlot::kDown: L.down.forward(s_.gate.data(), n, s_.tmp.data()); break;
+      case LinearSlot::kDown: run(L.down, s_.gate.data(), n, s_.tmp.data()); break;
     }
   }
 
@@ -407,10 +408,10 @@ class CpuBackend final : public PassBackend {
     for (auto* b : {&s_.la_qkv, &s_.la_conv}) b->resize(sz(n * C));
     for (auto* b : {&s_.la_z, &s_.la_o}) b->resize(sz(n * V));
     for (auto* b : {&s_.la_b, &s_.la_a}) b->resize(sz(n * Hv));
-    L.lin_qkv.forward(s_.h.data(), n, s_.la_qkv.data());
-    L.lin_z.forward(s_.h.data(), n, s_.la_z.data());
-    L.lin_b.forward(s_.h.data(), n, s_.la_b.data());
-    L.lin_a.forward(s_.h.data(), n, s_.la_a.data());
+    run(L.lin_qkv, s_.h.data(), n, s_.la_qkv.data());
+    run(L.lin_z, s_.h.data(), n, s_.la_z.data());
+    run(L.lin_b, s_.h.data(), n, s_.la_b.data());
+    run(L.lin_a, s_.h.data(), n, s_.la_a.data());
     // β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias), in place.
     for (int64_t r = 0; r < n; ++r)
       for (int64_t h = 0; h < Hv; ++h) {
@@ -451,7 +452,7 @@ class CpuBackend final : public PassBackend {
     float* o = s_.la_o.data();
     rms_norm(o, L.lin_norm.w, 0.0f, n * Hv, Dv, c_.rms_norm_eps, o);
     for (int64_t i = 0; i < n * V; ++i) o[i] *= silu(s_.la_z[sz(i)]);
-    L.lin_out.forward(o, n, s_.tmp.data());
+    run(L.lin_out, o, n, s_.tmp.data());
   }
 
   void glu() override { glu_rows(s_.gate.data(), s_.up.data(), rows_ * c_.intermediate_size); }
@@ -462,7 +463,7 @@ class CpuBackend final : public PassBackend {
     const int64_t Ie = c_.expert_intermediate_size;
     // ---- router: logits (n, E) → softmax in float32 → top K per row (ties: the lower index) ----
     s_.router.resize(sz(n * E));
-    L.router.forward(s_.h.data(), n, s_.router.data());
+    run(L.router, s_.h.data(), n, s_.router.data());
     std::vector<int32_t> chosen(sz(n * K));
     std::vector<float> weight(sz(n * K));
     route_experts(s_.router.data(), n, E, K, c_.norm_topk_prob, chosen.data(), weight.data());
@@ -483,10 +484,10 @@ class CpuBackend final : public PassBackend {
       for (int64_t i = 0; i < m; ++i)
         std::copy_n(s_.h.data() + (slots[sz(i)] / K) * H, H, s_.moe_in.data() + i * H);
       const LayerWeights::Expert& x = L.experts[sz(e)];
-      x.gate.forward(s_.moe_in.data(), m, s_.moe_gate.data());
-      x.up.forward(s_.moe_in.data(), m, s_.moe_up.data());
+      run(x.gate, s_.moe_in.data(), m, s_.moe_gate.data());
+      run(x.up, s_.moe_in.data(), m, s_.moe_up.data());
       glu_rows(s_.moe_gate.data(), s_.moe_up.data(), m * Ie);
-      x.down.forward(s_.moe_gate.data(), m, s_.moe_out.data());
+      run(x.down, s_.moe_gate.data(), m, s_.moe_out.data());
       for (int64_t i = 0; i < m; ++i) {
         const float wgt = weight[sz(slots[sz(i)])];
         float* dst = t + (slots[sz(i)] / K) * H;
@@ -501,16 +502,22 @@ class CpuBackend final : public PassBackend {
       s_.moe_up.resize(sz(n * Is));
       s_.moe_out.resize(sz(n * H));
       std::vector<float> sg(sz(n));
-      L.shared_gate.forward(s_.h.data(), n, sg.data());
-      L.shared.gate.forward(s_.h.data(), n, s_.moe_gate.data());
-      L.shared.up.forward(s_.h.data(), n, s_.moe_up.data());
+      run(L.shared_gate, s_.h.data(), n, sg.data());
+      run(L.shared.gate, s_.h.data(), n, s_.moe_gate.data());
+      run(L.shared.up, s_.h.data(), n, s_.moe_up.data());
       glu_rows(s_.moe_gate.data(), s_.moe_up.data(), n * Is);
-      L.shared.down.forward(s_.moe_gate.data(), n, s_.moe_out.data());
+      run(L.shared.down, s_.moe_gate.data(), n, s_.moe_out.data());
       for (int64_t r = 0; r < n; ++r) {
         const float gw = sigmoid(sg[sz(r)]);
         for (int64_t d = 0; d < H; ++d) t[r * H + d] += gw * s_.moe_out[sz(r * H + d)];
       }
     }
+  }
+
+  // y (n, L.N) = L(x (n, L.K)); with Model::record_activations on, x's rows first go into the statistics.
+  void run(const Linear& L, const float* x, int64_t n, float* y) const {
+    if (m_.activation_stats != nullptr) m_.activation_stats->add(L.name, x, n, L.K);
+    L.forward(x, n, y);
   }
 
   // g[i] = act(g[i])·u[i] for i < count: the kernel table's glu (x86: vectorized x·σ(z) on float32 exp).

@@ -16,6 +16,7 @@
 #include "core/file_io.h"
 #include "core/limits.h"
 #include "core/thread_pool.h"
+#include "model/activation_stats.h"
 #include "model/arch/arch.h"
 #include "model/config.h"
 #include "model/gguf.h"
@@ -103,6 +104,8 @@ class Builder {
   std::map<std::string, std::string> ggml_types_;  // a native cider file's "<module>.gblocks" -> "Q4_K" (ggml_types)
   std::set<std::string> used_;
   Weights* w_ = nullptr;
+  const Importance* importance_ = nullptr;  // --imatrix: module → mean squared input per channel
+  int64_t importance_used_ = 0;             // layers whose fits it weighted
 
   // ---- raw lookups (names as in the file) ----
   const StTensor* st(const std::string& name) const { return st_ ? st_->find(name) : nullptr; }
@@ -516,6 +519,16 @@ class Builder {
     check(L.K % f->block_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name, " has K = ", L.K,
           ", not a multiple of the ", f->block_size, " weights of a ", f->name, " block (--weights ", info.name, ")");
     const int64_t rb = quant::ggml_row_bytes(*f, L.K);
+    const float* importance = nullptr;  // --imatrix: this layer's input mean squares (K), when it holds the layer
+    if (importance_ != nullptr) {
+      if (const auto it = importance_->find(L.name); it != importance_->end()) {
+        check(static_cast<int64_t>(it->second.size()) == L.K, ErrorCode::kShapeMismatch, kOp, where_, ": --imatrix "
+              "holds ", it->second.size(), " input channels for ", L.name, ", which has K = ", L.K,
+              " (an importance file of another model?)");
+        importance = it->second.data();
+        ++importance_used_;
+      }
+    }
     Tensor& out = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{L.N * rb});
     uint8_t* dst = out.ptr<uint8_t>();
     try {  // the pool rethrows a chunk's first error once every chunk is done
@@ -523,7 +536,7 @@ class Builder {
         std::vector<float> row(static_cast<size_t>(L.K));
         for (int64_t n = n0; n < n1; ++n) {
           for (int64_t k = 0; k < L.K; ++k) row[static_cast<size_t>(k)] = load_float(wv.data, wv.dtype, n * L.K + k);
-          quant::ggml_quantize_row(static_cast<quant::GgmlType>(type), row.data(), L.K, dst + n * rb);
+          quant::ggml_quantize_row(static_cast<quant::GgmlType>(type), row.data(), L.K, dst + n * rb, importance);
         }
       });
     } catch (const Error& e) {
@@ -1122,6 +1135,18 @@ WeightFormat default_weights(const std::string& path, Device device) {
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl) {
   std::error_code ec;
   check(fs::exists(path, ec), ErrorCode::kIo, kOp, "model path '", path, "' does not exist");
+  // --imatrix weights the encoder's fits: only a requantizing block format encodes anything.
+  const bool requantizing = weight_format_info(format).kind == Linear::Kind::kGgml;
+  check(impl.options.imatrix.empty() || requantizing, ErrorCode::kInvalidArgument, kOp, "--imatrix weights the fits "
+        "of a requantizing block format (--weights q8_0, q6_k, q5_1, q5_0, q4_k_m, q4_k, q4_1 or q4_0); got --weights ",
+        weight_format_name(format));
+  const Importance importance = impl.options.imatrix.empty() ? Importance{} : read_importance(impl.options.imatrix);
+  // After the build: an importance file none of whose layers the model has belongs to another model.
+  auto check_importance_used = [&](const Builder& b) {
+    check(importance.empty() || b.importance_used_ > 0, ErrorCode::kInvalidArgument, kOp, "--imatrix ",
+          impl.options.imatrix, " names none of the linear layers of ", path, " (first: '", importance.empty() ? ""
+          : importance.begin()->first, "'): an importance file of another model?");
+  };
   if (fs::is_directory(path, ec)) {
     auto set = std::make_shared<const SafetensorsSet>(SafetensorsSet::open_dir(path));
     const auto& meta = set->metadata();
@@ -1147,6 +1172,9 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       check(wf != meta.end(), ErrorCode::kCorrupt, kOp, path, ": a cider model must name its weight format");
       cider_weights = wf->second;
       const WeightFormat file_format = parse_weight_format(cider_weights);
+      check(importance.empty(), ErrorCode::kInvalidArgument, kOp, path, ": a cider model's weights load as stored, "
+            "with nothing to fit: --imatrix applies when converting (cider convert --weights ",
+            weight_format_name(format), " --imatrix FILE)");
       check(file_format == format, ErrorCode::kInvalidArgument, kOp, path, ": this model was converted to ",
             cider_weights, " and loads only as that (no requantization); got --weights ", weight_format_name(format));
       if (const auto gt = meta.find("ggml_types"); gt != meta.end())
@@ -1171,7 +1199,9 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       }
     }
     impl.w.keep_alive.push_back(set);
+    if (!importance.empty()) b.importance_ = &importance;
     b.build(impl.w, progress);
+    check_importance_used(b);
     load_tokenizer_json(path, impl);
     load_chat_template(path, impl);
     return;
@@ -1235,7 +1265,9 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     check(impl.tokenizer->vocab_size() >= impl.config.vocab_size, ErrorCode::kCorrupt, kOp, path,
           ": tokenizer.ggml.tokens must name every token the model can produce (vocab_size ", impl.config.vocab_size,
           "); got ", impl.tokenizer->vocab_size(), " tokens");
+  if (!importance.empty()) b.importance_ = &importance;
   b.build(impl.w, progress);
+  check_importance_used(b);
 }
 
 }  // namespace cider::model

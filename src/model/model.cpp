@@ -211,6 +211,12 @@ const std::string& Model::chat_template() const { return impl_->chat_template; }
 const std::string& Model::bos_token() const { return impl_->bos_token; }
 const std::string& Model::eos_token() const { return impl_->eos_token; }
 
+void Model::record_activations(ActivationStats* stats) {
+  check(stats == nullptr || impl_->options.device == Device::kCPU, ErrorCode::kUnsupported, "record_activations",
+        "activation statistics are recorded on the CPU only; the model runs on ", device_name(impl_->options.device));
+  impl_->activation_stats = stats;
+}
+
 std::unique_ptr<Session> Model::new_session() const {
   auto s = std::make_unique<Session::Impl>();
   s->model = impl_.get();

@@ -109,6 +109,9 @@ struct ModelOptions {
   // Tensor-parallel ranks (`--tp`): the model split over this many GPUs of the host, one rank per GPU, all-reduced
   // through NCCL (model/tensor_parallel.h); 1 = one device. More than 1 needs device kCUDA.
   int tp = 1;
+  // `--imatrix`: an importance file (`cider imatrix`, model/activation_stats.h) that weights the block fits of a
+  // requantizing format (q4_k_m, q4_0, …; quant/ggml_quantize.h); empty: plain least-squares fits.
+  std::string imatrix;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).
@@ -263,6 +266,7 @@ struct SharedKvBlock {
 using ProgressFn = std::function<void(const char* stage, int64_t done, int64_t total)>;
 
 class Model;
+class ActivationStats;  // model/activation_stats.h
 struct SessionState;  // model/session_state.h
 struct SequenceStep;  // model/backend.h
 
@@ -311,6 +315,10 @@ class Model {
   const std::string& eos_token() const;
 
   std::unique_ptr<Session> new_session() const;
+  // Calibration (`cider imatrix`): while set, every CPU forward adds each linear layer's input rows to *stats
+  // (model/activation_stats.h); nullptr stops. Only on the CPU (kUnsupported elsewhere); *stats must outlive the
+  // recording.
+  void record_activations(ActivationStats* stats);
   // Processes tokens[0, n) at positions [s.position(), s.position() + n) and writes logits (float32): all n rows
   // ([n, vocab]) when all_logits, else only the last row ([vocab]). Throws cider::Error (kOutOfRange) if the
   // positions would pass context_length(), before changing the session.

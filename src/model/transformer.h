@@ -109,6 +109,7 @@ struct Model::Impl {
   std::vector<float> inv_freq;        // (D/2) full-attention layers
   std::vector<float> inv_freq_local;  // (D/2) sliding-window layers
   std::shared_ptr<const BackendModel> backend;  // options.device's: where Model::forward runs (make_backend)
+  ActivationStats* activation_stats = nullptr;  // Model::record_activations: the CPU backend adds linear inputs
 
   // Layer `layer`'s CPU cache in the configured format, its rotation seeded with the layer index; a sliding-window
   // cache (window sliding_cache_window(layer)) on sliding layers.

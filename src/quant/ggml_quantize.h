@@ -29,6 +29,10 @@ bool ggml_can_quantize(GgmlType t);
 // Encodes x[0 .. n) as n / block_size blocks of type t at out (ggml_row_bytes bytes). n must be a multiple of the
 // block size and every value finite with magnitude below 65504 · the format's largest code (the f16 scale's range);
 // otherwise cider::Error naming the value.
-void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out);
+// importance (optional, n values, finite and >= 0): the fits minimise Σ importance_i (x_i − y_i)² instead of the plain
+// squared error — with importance_i the mean square of the activation that multiplies weight i (an activation-aware
+// "importance matrix" diagonal, model/activation_stats.h), the expected squared error of the layer's output. A block
+// whose importances are all 0 gets its plain fit; Q8_0 always takes its plain rule.
+void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out, const float* importance = nullptr);
 
 }  // namespace cider::quant

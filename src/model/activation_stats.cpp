@@ -1,0 +1,99 @@
+// Activation statistics and the importance file (model/activation_stats.h).
+#include "model/activation_stats.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/safetensors.h"
+
+namespace cider::model {
+
+namespace {
+constexpr const char* kSuffix = ".act_sq";
+}
+
+void ActivationStats::add(const std::string& layer, const float* x, int64_t rows, int64_t K) {
+  Entry& e = layers_[layer];
+  if (e.sum_sq.empty()) e.sum_sq.assign(static_cast<size_t>(K), 0.0);
+  check(static_cast<int64_t>(e.sum_sq.size()) == K, ErrorCode::kShapeMismatch, "activation_stats", "layer '", layer,
+        "' had inputs of ", e.sum_sq.size(), " channels; got ", K);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const double v = x[r * K + k];
+      e.sum_sq[static_cast<size_t>(k)] += v * v;
+    }
+  e.rows += rows;
+}
+
+int64_t ActivationStats::rows(const std::string& layer) const {
+  const auto it = layers_.find(layer);
+  return it == layers_.end() ? 0 : it->second.rows;
+}
+
+std::vector<float> ActivationStats::mean_square(const std::string& layer) const {
+  const auto it = layers_.find(layer);
+  if (it == layers_.end() || it->second.rows == 0) return {};
+  std::vector<float> m(it->second.sum_sq.size());
+  for (size_t k = 0; k < m.size(); ++k)
+    m[k] = static_cast<float>(it->second.sum_sq[k] / static_cast<double>(it->second.rows));
+  return m;
+}
+
+std::vector<std::string> ActivationStats::layers() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : layers_)
+    if (e.rows > 0) out.push_back(name);
+  return out;
+}
+
+void ActivationStats::write(const std::string& path, int64_t tokens, const std::string& text) const {
+  std::vector<std::vector<float>> means;  // alive until write() returns
+  means.reserve(layers_.size());
+  SafetensorsWriter w;
+  for (const std::string& name : layers()) {
+    means.push_back(mean_square(name));
+    w.add(name + kSuffix, DType::kF32, {static_cast<int64_t>(means.back().size())}, means.back().data());
+    w.set_metadata("rows_" + name, std::to_string(rows(name)));
+  }
+  check(!means.empty(), ErrorCode::kInvalidArgument, "imatrix", "no linear layer saw an input: nothing to write to '",
+        path, "'");
+  w.set_metadata("format", "cider-imatrix");
+  w.set_metadata("version", "1");
+  w.set_metadata("tokens", std::to_string(tokens));
+  w.set_metadata("text", text);
+  w.write(path);
+}
+
+Importance read_importance(const std::string& path) {
+  constexpr const char* op = "read_importance";
+  const SafetensorsSet set = SafetensorsSet::open_file(path);
+  const auto& meta = set.metadata();
+  const auto fmt = meta.find("format");
+  check(fmt != meta.end() && fmt->second == "cider-imatrix", ErrorCode::kCorrupt, op, path,
+        ": an importance file (from `cider imatrix`) must have metadata format = \"cider-imatrix\"; got ",
+        fmt == meta.end() ? std::string("none") : "\"" + fmt->second + "\"");
+  const auto ver = meta.find("version");
+  check(ver != meta.end() && ver->second == "1", ErrorCode::kCorrupt, op, path, ": version must be 1; got ",
+        ver == meta.end() ? std::string("none") : ver->second);
+  Importance out;
+  for (const std::string& name : set.names()) {
+    const StTensor* t = set.find(name);
+    const size_t n = std::strlen(kSuffix);
+    check(name.size() > n && name.compare(name.size() - n, n, kSuffix) == 0, ErrorCode::kCorrupt, op, path,
+          ": tensor '", name, "' must be named \"<module>", kSuffix, "\"");
+    check(t->dtype == DType::kF32 && t->shape.size() == 1 && t->shape[0] > 0, ErrorCode::kCorrupt, op, path,
+          ": tensor '", name, "' must be F32 of one dimension (the layer's input channels); got ",
+          safetensors_dtype_name(t->dtype), " of rank ", t->shape.size());
+    std::vector<float> v(static_cast<size_t>(t->shape[0]));
+    std::memcpy(v.data(), t->data, v.size() * sizeof(float));
+    for (size_t k = 0; k < v.size(); ++k)
+      check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", name,
+            "' must hold finite mean squares >= 0; got ", v[k], " at channel ", k);
+    out[name.substr(0, name.size() - n)] = std::move(v);
+  }
+  check(!out.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer");
+  return out;
+}
+
+}  // namespace cider::model
