@@ -141,6 +141,17 @@ TEST(CApiModel, InfoDescribesCiderTiny) {
   EXPECT_NE(std::string(cider_last_error()).find("kv recent must be quantized or exact"), std::string::npos)
       << cider_last_error();
   out.kv_recent = nullptr;
+  // imatrix reaches the loader: with bf16 weights it has nothing to fit; a file that is not there is named.
+  out.imatrix = "/nonexistent/imx.safetensors";
+  EXPECT_EQ(cider_model_load(kTiny.c_str(), &out, &bad), CIDER_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(cider_last_error()).find("--imatrix weights the fits of a requantizing block format"),
+            std::string::npos) << cider_last_error();
+  out.weights = "q4_0";
+  EXPECT_NE(cider_model_load(kTiny.c_str(), &out, &bad), CIDER_OK);
+  EXPECT_NE(std::string(cider_last_error()).find("/nonexistent/imx.safetensors"), std::string::npos)
+      << cider_last_error();
+  out.weights = nullptr;
+  out.imatrix = nullptr;
 
   // The defaults: bf16 weights, on the CPU k5v4 with per-channel keys, head_dim/32 = 2 outlier channels and symmetric
   // values

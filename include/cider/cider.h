@@ -151,7 +151,7 @@ cider_status cider_attention(const cider_tensor* queries, const cider_kv_cache* 
  * A model is loaded once (cider_model_load) and read by any number of sessions; a session is one token sequence
  * (its KV caches and position). Formats are named by strings as on the command line (docs/api.md): weights "bf16",
  * "f32", "w8a8", "w8a8-g64", "w8a8-g128", "w8a8-g256", "w4a8", "native" (a GGUF file's blocks), "q8_0", "q6_k",
- * "q5_1", "q5_0", "q4_k", "q4_1", "q4_0" (requantized into GGUF blocks); kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
+ * "q5_1", "q5_0", "q4_k_m", "q4_k", "q4_1", "q4_0" (requantized into GGUF blocks); kv "k8v4", "k4v3", ... or "bf16", "f16", "f32";
  * kv_rotation "hadamard", "so4-full", "so4-fast", "none"; kv_layout "token", "channel"; device "cpu", "cuda". */
 typedef struct cider_model cider_model;
 typedef struct cider_session cider_session;
@@ -174,6 +174,8 @@ typedef struct cider_model_options {
                               NULL or "" = the default's: symmetric with kv NULL on cpu, affine otherwise */
   const char* kv_recent;   /* with kv_layout "channel": "exact" (each query reads its own block of group-size positions
                               unquantized, in bfloat16; cpu only) or "quantized"; NULL or "" = the default's */
+  const char* imatrix;     /* an importance file (`cider imatrix`) weighting the block fits of a weights format cider
+                              requantizes into ("q4_k_m", ...); NULL or "" = plain fits */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -84,6 +84,8 @@ struct ModelOptions {
   int64_t ctx = 0;               // context length in tokens; 0 = the model's maximum, capped at 8192
   std::string device = "cpu";    // "cuda" needs a CUDA build and an sm_90 GPU (never a silent CPU fallback)
   int threads = 0;               // > 0: set_threads(threads) before loading (process-wide); 0 = unchanged
+  std::string imatrix;           // an importance file (`cider imatrix`) weighting a requantizing format's block fits
+                                 // ("q4_k_m", ...); "": plain fits
 };
 
 struct ModelInfo {

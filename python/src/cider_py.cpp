@@ -260,9 +260,10 @@ NB_MODULE(_cider, m) {
 
   nb::class_<cider::Model>(m, "Model")
       .def_static("load", [](const std::string& path, const std::string& weights, const cider::KVSpec& kv,
-                             int64_t ctx, const std::string& device, int threads) {
+                             int64_t ctx, const std::string& device, int threads, const std::string& imatrix) {
         cider::ModelOptions o;
         o.weights = weights;
+        o.imatrix = imatrix;
         o.kv = kv;
         o.ctx = ctx;
         o.device = device;

@@ -87,6 +87,7 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   o.ctx = options.ctx;
   check(options.threads >= 0, ErrorCode::kInvalidArgument, op, "threads must be >= 0 (0 = unchanged); got ",
         options.threads);
+  o.imatrix = options.imatrix;
   if (options.threads > 0) {
     check_threads(options.threads, op);
     set_num_threads(options.threads);

@@ -59,6 +59,7 @@ cider_status cider_model_load(const char* path, const cider_model_options* optio
       o.kv.key_outliers = options->kv_outliers;
       if (options->kv_values) o.kv.values = options->kv_values;
       if (options->kv_recent) o.kv.recent = options->kv_recent;
+      if (options->imatrix) o.imatrix = options->imatrix;
       o.kv.group_size = options->kv_group_size;
       o.ctx = options->ctx;
       if (options->device) o.device = options->device;

@@ -547,6 +547,20 @@ def test_load_errors():
         cider.load(TINY, device="tpu")
 
 
+def test_imatrix_weights_the_block_fits(tmp_path):
+    # An importance file from `cider imatrix` reaches the loader: a requantizing format takes it (and computes
+    # finite logits), bf16 refuses it by name.
+    imx = str(tmp_path / "imx.safetensors")
+    subprocess.run([cli(), "imatrix", "-m", TINY, "-f", os.path.join(ROOT, "docs", "kv_cache.md"), "-o", imx,
+                    "--ctx", "64", "--chunks", "2"], capture_output=True, text=True, check=True)
+    fitted = cider.load(TINY, weights="q4_k", imatrix=imx).logits([1, 2, 3])
+    plain = cider.load(TINY, weights="q4_k").logits([1, 2, 3])
+    assert np.isfinite(fitted).all() and fitted.shape == plain.shape
+    assert not np.array_equal(fitted, plain)  # other blocks
+    with pytest.raises(cider.Error, match="--imatrix weights the fits of a requantizing block format"):
+        cider.load(TINY, weights="bf16", imatrix=imx)
+
+
 def test_the_readme_examples_run():
     # examples/python: the two examples of the README's Python section, run as a user would (from the repository).
     import sys
