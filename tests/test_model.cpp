@@ -769,8 +769,9 @@ TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
   const std::string file = fresh_dir("imatrix_file") + "/imatrix.safetensors";
   stats.write(file, T, "tokens");
   const cm::Importance imp = cm::read_importance(file);
-  ASSERT_EQ(imp.size(), stats.layers().size());
-  for (const auto& [name, v] : imp) EXPECT_EQ(v, stats.mean_square(name)) << name;
+  ASSERT_EQ(imp.layers.size(), stats.layers().size());
+  EXPECT_FALSE(imp.gguf_names);
+  for (const auto& [name, v] : imp.layers) EXPECT_EQ(v, stats.mean_square(name)) << name;
 
   // q4_k with the file: each layer's importance-weighted error below the plain fit's, summed over the layers.
   auto weighted_error = [&](const cm::Model& model) {
@@ -781,7 +782,7 @@ TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
         std::vector<float> w(static_cast<size_t>(x->N * x->K));
         for (int64_t i = 0; i < x->N * x->K / f.block_size; ++i)
           f.decode(static_cast<const uint8_t*>(x->w) + i * f.block_bytes, w.data() + i * f.block_size);
-        const std::vector<float>& ms = imp.at(x->name);
+        const std::vector<float>& ms = imp.layers.at(x->name);
         const auto& orig = m.at(x->name + ".weight").second;
         for (int64_t n = 0; n < x->N; ++n)
           for (int64_t k = 0; k < x->K; ++k) {
@@ -1064,6 +1065,79 @@ struct GgufWriter {
     std::ofstream(path, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
   }
 };
+
+// llama.cpp's importance file (`llama-imatrix`'s GGUF: "<gguf weight>.in_sum2" and ".counts") weights the fits as
+// cider's own file with the same means does, block for block; a GGUF that is not an imatrix is refused by name.
+TEST(ModelReference, LlamaCppImatrixFilesWeightTheFitsAsCidersDo) {
+  Spec spec = arch_specs()[0].second;  // llama
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = random_weights(spec, 73);
+  const std::string dir = write_model(spec, m, "llama_imatrix");
+  cm::ActivationStats stats;
+  {
+    auto model = cm::Model::load(dir, opts("f32", "f32"));
+    model->record_activations(&stats);
+    (void)run(*model, random_tokens(17, spec.V, 74));
+  }
+  const std::string ours = fresh_dir("llama_imx_ours") + "/imx.safetensors";
+  stats.write(ours, 17, "tokens");
+  const std::map<std::string, std::string> gguf_of = {
+      {"self_attn.q_proj", "attn_q"}, {"self_attn.k_proj", "attn_k"}, {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"}, {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"}};
+  GgufWriter g;
+  g.set_str("general.type", "imatrix");
+  for (const std::string& name : stats.layers()) {
+    const size_t at = name.find('.', std::string("model.layers.").size());
+    const std::string layer = name.substr(std::string("model.layers.").size(), at - std::string("model.layers.").size());
+    const std::string gname = "blk." + layer + "." + gguf_of.at(name.substr(at + 1)) + ".weight";
+    std::vector<float> sums = stats.mean_square(name);
+    for (float& v : sums) v *= 4.0f;  // 4 rows: the mean comes back exactly
+    // llama-imatrix writes one matrix's entries 1-D (trailing dimensions of 1 dropped); the 2-D form is read too
+    const auto K = static_cast<int64_t>(sums.size());
+    g.add(gname + ".in_sum2", name.find("q_proj") != std::string::npos ? std::vector<int64_t>{1, K}
+                                                                        : std::vector<int64_t>{K}, sums, false);
+    g.add(gname + ".counts", {1}, {4.0f}, false);
+  }
+  g.add("blk.0.ffn_gate_exps.weight.in_sum2", {2, 8}, std::vector<float>(16, 1.0f), false);  // experts: not used
+  g.add("blk.0.ffn_gate_exps.weight.counts", {2, 1}, {1.0f, 1.0f}, false);
+  const std::string theirs = fresh_dir("llama_imx_theirs") + "/imatrix.gguf";
+  g.write(theirs);
+  const cm::Importance read = cm::read_importance(theirs);
+  EXPECT_TRUE(read.gguf_names);
+  EXPECT_EQ(read.layers.size(), stats.layers().size());
+  EXPECT_EQ(read.layers.count("blk.0.ffn_gate_exps.weight"), 0u);
+  auto blocks = [&](const std::string& file) {
+    cm::ModelOptions o = opts("q4_k_m", "f32");
+    o.imatrix = file;
+    auto model = cm::Model::load(dir, o);
+    std::vector<std::vector<uint8_t>> out;
+    for (const cm::LayerWeights& L : model->impl().w.layers)
+      for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+        const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(x->ggml_type);
+        const auto* b = static_cast<const uint8_t*>(x->w);
+        out.emplace_back(b, b + x->N * cider::quant::ggml_row_bytes(f, x->K));
+      }
+    return out;
+  };
+  const auto a = blocks(ours), b = blocks(theirs), plain = blocks("");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, plain);
+  GgufWriter not_imx;
+  not_imx.set_str("general.type", "model");
+  not_imx.add("blk.0.attn_q.weight.in_sum2", {1, 4}, {1, 1, 1, 1}, false);
+  const std::string model_file = fresh_dir("llama_imx_model") + "/m.gguf";
+  not_imx.write(model_file);
+  try {
+    (void)cm::read_importance(model_file);
+    ADD_FAILURE() << "read a model GGUF as an importance file";
+  } catch (const cider::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("general.type = \"imatrix\"; got \"model\""), std::string::npos) << e.what();
+  }
+}
 
 // HF → GGUF the way llama.cpp's converter does it, including the llama-arch Q/K row permutation (within each head,
 // HF row h·D/2 + i goes to row 2i + h) and Gemma's 1 + w norms.

@@ -711,6 +711,8 @@ class Model:
             if "kv" in baseline:  # its own cache: the tested cache's layout, rotation and groups do not carry over
                 kw.update(kv_rotation=None, kv_layout=None, kv_group_size=0, kv_outliers=0, kv_values=None,
                           kv_recent=None)
+            if "weights" in baseline:  # its own weights: the importance file is the tested format's
+                kw.update(imatrix=None)
             baseline = load(self.path, **{**kw, **baseline})
         r = self._m.perplexity(text, int(ctx), int(stride), None if baseline is None else baseline._m)
         has = r["has_baseline"]

@@ -3,8 +3,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "core/error.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 
 namespace cider::model {
@@ -65,8 +67,61 @@ void ActivationStats::write(const std::string& path, int64_t tokens, const std::
   w.write(path);
 }
 
+namespace {
+
+// llama.cpp's imatrix GGUF (model/activation_stats.h).
+Importance read_llama_imatrix(const std::string& path) {
+  constexpr const char* op = "read_importance";
+  const auto g = GGUFFile::open(path);
+  const std::string type = g->has("general.type") ? g->get_string("general.type") : std::string();
+  check(type == "imatrix", ErrorCode::kCorrupt, op, path,
+        ": a GGUF importance file (llama-imatrix's) must have general.type = \"imatrix\"; got \"", type, "\"");
+  Importance out;
+  out.gguf_names = true;
+  const std::string sum_suffix = ".in_sum2";
+  for (const GGUFTensor& t : g->tensors()) {
+    if (t.name.size() <= sum_suffix.size() ||
+        t.name.compare(t.name.size() - sum_suffix.size(), sum_suffix.size(), sum_suffix) != 0)
+      continue;
+    const std::string base = t.name.substr(0, t.name.size() - sum_suffix.size());
+    const GGUFTensor* c = g->find(base + ".counts");
+    check(c != nullptr, ErrorCode::kCorrupt, op, path, ": tensor '", t.name, "' has no '", base, ".counts' beside it");
+    // (n_mat, K), or (K) for one matrix (a GGUF writer drops trailing dimensions of 1)
+    const bool rank_ok = t.shape.size() == 1 || t.shape.size() == 2;
+    check(t.type == static_cast<uint32_t>(GGMLType::kF32) && rank_ok && t.shape.back() > 0 && t.shape.front() > 0,
+          ErrorCode::kCorrupt, op, path, ": tensor '", t.name, "' must be F32 of shape (n_mat, K) or (K)");
+    const int64_t n_mat = t.shape.size() == 2 ? t.shape[0] : 1;
+    check(c->type == static_cast<uint32_t>(GGMLType::kF32) && c->numel() == n_mat, ErrorCode::kCorrupt, op, path,
+          ": tensor '", c->name, "' must be F32 with one count per matrix (", n_mat, ")");
+    if (n_mat != 1) continue;  // stacked experts: not used
+    const int64_t K = t.shape.back();
+    float count = 0.0f;
+    std::memcpy(&count, c->data, sizeof(float));
+    check(std::isfinite(count) && count >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", c->name,
+          "' must hold a count >= 0; got ", count);
+    std::vector<float> v(static_cast<size_t>(K));
+    std::memcpy(v.data(), t.data, v.size() * sizeof(float));
+    for (size_t k = 0; k < v.size(); ++k) {
+      check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", t.name,
+            "' must hold finite sums of squares >= 0; got ", v[k], " at channel ", k);
+      v[k] = count > 0.0f ? v[k] / count : 0.0f;
+    }
+    out.layers[base] = std::move(v);
+  }
+  check(!out.layers.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer (\"<weight>.in_sum2\" of one matrix)");
+  return out;
+}
+
+}  // namespace
+
 Importance read_importance(const std::string& path) {
   constexpr const char* op = "read_importance";
+  {
+    std::ifstream in(path, std::ios::binary);
+    char magic[4] = {};
+    in.read(magic, 4);
+    if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) return read_llama_imatrix(path);
+  }
   const SafetensorsSet set = SafetensorsSet::open_file(path);
   const auto& meta = set.metadata();
   const auto fmt = meta.find("format");
@@ -90,9 +145,9 @@ Importance read_importance(const std::string& path) {
     for (size_t k = 0; k < v.size(); ++k)
       check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", name,
             "' must hold finite mean squares >= 0; got ", v[k], " at channel ", k);
-    out[name.substr(0, name.size() - n)] = std::move(v);
+    out.layers[name.substr(0, name.size() - n)] = std::move(v);
   }
-  check(!out.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer");
+  check(!out.layers.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer");
   return out;
 }
 

@@ -41,10 +41,17 @@ class ActivationStats {
   std::map<std::string, Entry> layers_;
 };
 
-// An importance file read back: module path → its K mean squares, each finite and >= 0; anything else (not a
-// cider-imatrix file, a tensor not F32 1-D or not named "<module>.act_sq", a negative or non-finite value) is a
+// An importance file read back: layer → its K mean squares, each finite and >= 0.
+//   * cider's file (above): keyed by module path;
+//   * llama.cpp's (`llama-imatrix`'s GGUF: general.type = "imatrix", per weight "<name>.in_sum2" F32 (n_mat, K) sums
+//     of squares and "<name>.counts" F32 (n_mat, 1) rows summed): keyed by GGUF tensor name ("blk.0.attn_q.weight"),
+//     mean = in_sum2 / counts; a stacked-expert entry (n_mat > 1) is not used (those layers get plain fits).
+// Anything else (neither format, a tensor of the wrong type, shape or name, a negative or non-finite value) is a
 // cider::Error (kCorrupt) naming the file, the tensor and the value.
-using Importance = std::map<std::string, std::vector<float>>;
+struct Importance {
+  std::map<std::string, std::vector<float>> layers;
+  bool gguf_names = false;  // keyed by GGUF tensor names (llama.cpp's file)
+};
 Importance read_importance(const std::string& path);
 
 }  // namespace cider::model

@@ -521,9 +521,15 @@ class Builder {
     const int64_t rb = quant::ggml_row_bytes(*f, L.K);
     const float* importance = nullptr;  // --imatrix: this layer's input mean squares (K), when it holds the layer
     if (importance_ != nullptr) {
-      if (const auto it = importance_->find(L.name); it != importance_->end()) {
+      // cider's file names modules; llama.cpp's names GGUF weights (a fused tensor's entry serves each of its parts)
+      std::string key = L.name;
+      if (importance_->gguf_names) {
+        const std::optional<FusedSlice> fs = fused_slice(L.name + ".weight");
+        key = gguf_tensor_name(arch_, fs ? fs->hf : L.name + ".weight");
+      }
+      if (const auto it = importance_->layers.find(key); it != importance_->layers.end()) {
         check(static_cast<int64_t>(it->second.size()) == L.K, ErrorCode::kShapeMismatch, kOp, where_, ": --imatrix "
-              "holds ", it->second.size(), " input channels for ", L.name, ", which has K = ", L.K,
+              "holds ", it->second.size(), " input channels for ", key, ", which has K = ", L.K,
               " (an importance file of another model?)");
         importance = it->second.data();
         ++importance_used_;
@@ -1141,11 +1147,12 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
         "of a requantizing block format (--weights q8_0, q6_k, q5_1, q5_0, q4_k_m, q4_k, q4_1 or q4_0); got --weights ",
         weight_format_name(format));
   const Importance importance = impl.options.imatrix.empty() ? Importance{} : read_importance(impl.options.imatrix);
+  const bool with_importance = !importance.layers.empty();
   // After the build: an importance file none of whose layers the model has belongs to another model.
   auto check_importance_used = [&](const Builder& b) {
-    check(importance.empty() || b.importance_used_ > 0, ErrorCode::kInvalidArgument, kOp, "--imatrix ",
-          impl.options.imatrix, " names none of the linear layers of ", path, " (first: '", importance.empty() ? ""
-          : importance.begin()->first, "'): an importance file of another model?");
+    check(!with_importance || b.importance_used_ > 0, ErrorCode::kInvalidArgument, kOp, "--imatrix ",
+          impl.options.imatrix, " names none of the linear layers of ", path, " (first: '",
+          with_importance ? importance.layers.begin()->first : "", "'): an importance file of another model?");
   };
   if (fs::is_directory(path, ec)) {
     auto set = std::make_shared<const SafetensorsSet>(SafetensorsSet::open_dir(path));
@@ -1172,7 +1179,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       check(wf != meta.end(), ErrorCode::kCorrupt, kOp, path, ": a cider model must name its weight format");
       cider_weights = wf->second;
       const WeightFormat file_format = parse_weight_format(cider_weights);
-      check(importance.empty(), ErrorCode::kInvalidArgument, kOp, path, ": a cider model's weights load as stored, "
+      check(!with_importance, ErrorCode::kInvalidArgument, kOp, path, ": a cider model's weights load as stored, "
             "with nothing to fit: --imatrix applies when converting (cider convert --weights ",
             weight_format_name(format), " --imatrix FILE)");
       check(file_format == format, ErrorCode::kInvalidArgument, kOp, path, ": this model was converted to ",
@@ -1199,7 +1206,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       }
     }
     impl.w.keep_alive.push_back(set);
-    if (!importance.empty()) b.importance_ = &importance;
+    if (with_importance) b.importance_ = &importance;
     b.build(impl.w, progress);
     check_importance_used(b);
     load_tokenizer_json(path, impl);
@@ -1265,7 +1272,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     check(impl.tokenizer->vocab_size() >= impl.config.vocab_size, ErrorCode::kCorrupt, kOp, path,
           ": tokenizer.ggml.tokens must name every token the model can produce (vocab_size ", impl.config.vocab_size,
           "); got ", impl.tokenizer->vocab_size(), " tokens");
-  if (!importance.empty()) b.importance_ = &importance;
+  if (with_importance) b.importance_ = &importance;
   b.build(impl.w, progress);
   check_importance_used(b);
 }
