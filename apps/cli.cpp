@@ -127,6 +127,7 @@ model::ChatFormat chat_format_for(const model::Model& m, const std::string& name
 
 std::string describe(const model::ModelOptions& o) {
   std::string d = std::string("weights ") + model::weight_format_name(o.weights);
+  if (!o.imatrix.empty()) d += " (imatrix " + fs::path(o.imatrix).filename().string() + ")";
   d += ", kv " + model::kv_format_name(o.kv);
   if (o.device != model::Device::kCPU) d += std::string(", device ") + model::device_name(o.device);
   if (o.tp > 1) d += ", tp " + std::to_string(o.tp);

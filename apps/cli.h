@@ -48,7 +48,7 @@ model::ModelOptions model_options(const ModelArgs& a);
 std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path);
 // The chat format: `name` when given (cider::Error for an unknown one), else the model family's.
 model::ChatFormat chat_format_for(const model::Model& m, const std::string& name);
-// "weights bf16, kv k5v4/hadamard/g64/kchan/o8[, device cuda]".
+// "weights bf16[ (imatrix FILE)], kv k5v4/hadamard/g64/kchan/o8[, device cuda]".
 std::string describe(const model::ModelOptions& o);
 
 // The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/

@@ -568,6 +568,17 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
   const std::string with_imx = " --imatrix " + quote(imx.string());
   const CliResult direct = cider("generate -m " + quote(kTiny) + " --weights q4_k" + with_imx + gen);
   ASSERT_EQ(direct.status, 0) << direct.err;
+  const fs::path head = scratch_dir() / "head.txt";  // a few windows
+  {
+    std::ifstream in(text);
+    std::string part(2000, '\0');
+    in.read(part.data(), static_cast<std::streamsize>(part.size()));
+    std::ofstream(head) << part.substr(0, static_cast<size_t>(in.gcount()));
+  }
+  const CliResult ppl = cider("perplexity -m " + quote(kTiny) + " -f " + quote(head.string()) + " --ctx 64 --weights q4_k" +
+                              with_imx + " --baseline-weights bf16");
+  ASSERT_EQ(ppl.status, 0) << ppl.err;  // the baseline loads bf16 without the file
+  EXPECT_NE(ppl.out.find("tested: weights q4_k (imatrix tiny-imatrix.safetensors)"), std::string::npos) << ppl.out;
   EXPECT_FALSE(direct.out.empty());
   const fs::path conv = scratch_dir() / "tiny-q4k-imatrix";
   fs::remove_all(conv);
