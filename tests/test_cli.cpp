@@ -575,8 +575,8 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
     in.read(part.data(), static_cast<std::streamsize>(part.size()));
     std::ofstream(head) << part.substr(0, static_cast<size_t>(in.gcount()));
   }
-  const CliResult ppl = cider("perplexity -m " + quote(kTiny) + " -f " + quote(head.string()) + " --ctx 64 --weights q4_k" +
-                              with_imx + " --baseline-weights bf16");
+  const CliResult ppl = cider("perplexity -m " + quote(kTiny) + " -f " + quote(head.string()) +
+                              " --ctx 64 --weights q4_k" + with_imx + " --baseline-weights bf16");
   ASSERT_EQ(ppl.status, 0) << ppl.err;  // the baseline loads bf16 without the file
   EXPECT_NE(ppl.out.find("tested: weights q4_k (imatrix tiny-imatrix.safetensors)"), std::string::npos) << ppl.out;
   EXPECT_FALSE(direct.out.empty());
