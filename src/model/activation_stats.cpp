@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 
 #include "core/error.h"
 #include "model/gguf.h"
@@ -12,8 +11,29 @@
 namespace cider::model {
 
 namespace {
+
 constexpr const char* kSuffix = ".act_sq";
+constexpr const char* kReadOp = "read_importance";
+
+// `name` without `suffix`, or "" when it does not end with it (or is nothing else).
+std::string strip_suffix(const std::string& name, const std::string& suffix) {
+  const bool ends = name.size() > suffix.size() &&
+                    name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return ends ? name.substr(0, name.size() - suffix.size()) : std::string();
 }
+
+// K float32 values of tensor `name` of file `path` (possibly unaligned), each finite and >= 0 (`what` they are).
+std::vector<float> read_values(const uint8_t* data, int64_t K, const std::string& path, const std::string& name,
+                               const char* what) {
+  std::vector<float> v(static_cast<size_t>(K));
+  std::memcpy(v.data(), data, v.size() * sizeof(float));
+  for (size_t k = 0; k < v.size(); ++k)
+    check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, kReadOp, path, ": tensor '", name,
+          "' must hold finite ", what, " >= 0; got ", v[k], " at channel ", k);
+  return v;
+}
+
+}  // namespace
 
 void ActivationStats::add(const std::string& layer, const float* x, int64_t rows, int64_t K) {
   Entry& e = layers_[layer];
@@ -71,19 +91,16 @@ namespace {
 
 // llama.cpp's imatrix GGUF (model/activation_stats.h).
 Importance read_llama_imatrix(const std::string& path) {
-  constexpr const char* op = "read_importance";
+  constexpr const char* op = kReadOp;
   const auto g = GGUFFile::open(path);
   const std::string type = g->has("general.type") ? g->get_string("general.type") : std::string();
   check(type == "imatrix", ErrorCode::kCorrupt, op, path,
         ": a GGUF importance file (llama-imatrix's) must have general.type = \"imatrix\"; got \"", type, "\"");
   Importance out;
   out.gguf_names = true;
-  const std::string sum_suffix = ".in_sum2";
   for (const GGUFTensor& t : g->tensors()) {
-    if (t.name.size() <= sum_suffix.size() ||
-        t.name.compare(t.name.size() - sum_suffix.size(), sum_suffix.size(), sum_suffix) != 0)
-      continue;
-    const std::string base = t.name.substr(0, t.name.size() - sum_suffix.size());
+    const std::string base = strip_suffix(t.name, ".in_sum2");
+    if (base.empty()) continue;
     const GGUFTensor* c = g->find(base + ".counts");
     check(c != nullptr, ErrorCode::kCorrupt, op, path, ": tensor '", t.name, "' has no '", base, ".counts' beside it");
     // (n_mat, K), or (K) for one matrix (a GGUF writer drops trailing dimensions of 1)
@@ -99,13 +116,8 @@ Importance read_llama_imatrix(const std::string& path) {
     std::memcpy(&count, c->data, sizeof(float));
     check(std::isfinite(count) && count >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", c->name,
           "' must hold a count >= 0; got ", count);
-    std::vector<float> v(static_cast<size_t>(K));
-    std::memcpy(v.data(), t.data, v.size() * sizeof(float));
-    for (size_t k = 0; k < v.size(); ++k) {
-      check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", t.name,
-            "' must hold finite sums of squares >= 0; got ", v[k], " at channel ", k);
-      v[k] = count > 0.0f ? v[k] / count : 0.0f;
-    }
+    std::vector<float> v = read_values(t.data, K, path, t.name, "sums of squares");
+    for (float& x : v) x = count > 0.0f ? x / count : 0.0f;
     out.layers[base] = std::move(v);
   }
   check(!out.layers.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer (\"<weight>.in_sum2\" of one matrix)");
@@ -115,13 +127,8 @@ Importance read_llama_imatrix(const std::string& path) {
 }  // namespace
 
 Importance read_importance(const std::string& path) {
-  constexpr const char* op = "read_importance";
-  {
-    std::ifstream in(path, std::ios::binary);
-    char magic[4] = {};
-    in.read(magic, 4);
-    if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) return read_llama_imatrix(path);
-  }
+  constexpr const char* op = kReadOp;
+  if (is_gguf_file(path)) return read_llama_imatrix(path);
   const SafetensorsSet set = SafetensorsSet::open_file(path);
   const auto& meta = set.metadata();
   const auto fmt = meta.find("format");
@@ -134,18 +141,13 @@ Importance read_importance(const std::string& path) {
   Importance out;
   for (const std::string& name : set.names()) {
     const StTensor* t = set.find(name);
-    const size_t n = std::strlen(kSuffix);
-    check(name.size() > n && name.compare(name.size() - n, n, kSuffix) == 0, ErrorCode::kCorrupt, op, path,
-          ": tensor '", name, "' must be named \"<module>", kSuffix, "\"");
+    const std::string module = strip_suffix(name, kSuffix);
+    check(!module.empty(), ErrorCode::kCorrupt, op, path, ": tensor '", name, "' must be named \"<module>", kSuffix,
+          "\"");
     check(t->dtype == DType::kF32 && t->shape.size() == 1 && t->shape[0] > 0, ErrorCode::kCorrupt, op, path,
           ": tensor '", name, "' must be F32 of one dimension (the layer's input channels); got ",
           safetensors_dtype_name(t->dtype), " of rank ", t->shape.size());
-    std::vector<float> v(static_cast<size_t>(t->shape[0]));
-    std::memcpy(v.data(), t->data, v.size() * sizeof(float));
-    for (size_t k = 0; k < v.size(); ++k)
-      check(std::isfinite(v[k]) && v[k] >= 0.0f, ErrorCode::kCorrupt, op, path, ": tensor '", name,
-            "' must hold finite mean squares >= 0; got ", v[k], " at channel ", k);
-    out.layers[name.substr(0, name.size() - n)] = std::move(v);
+    out.layers[module] = read_values(t->data, t->shape[0], path, name, "mean squares");
   }
   check(!out.layers.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer");
   return out;

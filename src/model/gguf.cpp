@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -393,6 +394,13 @@ std::vector<double> GGUFFile::get_float_array(const std::string& key) const {
   out.reserve(v.values.size());
   for (const auto& s : v.values) out.push_back(scalar_to_double(s));
   return out;
+}
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 }  // namespace cider::model

@@ -43,6 +43,9 @@ struct GGUFTensor {
   int64_t numel() const;
 };
 
+// Whether the file at `path` starts with the GGUF magic (false when it cannot be read).
+bool is_gguf_file(const std::string& path);
+
 class GGUFFile {
  public:
   static std::shared_ptr<const GGUFFile> open(const std::string& path);

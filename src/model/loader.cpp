@@ -1057,13 +1057,6 @@ class Builder {
   }
 };
 
-bool is_gguf_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 // tokenizer_config.json and chat_template.jinja are read whole; real ones are below 1 MiB (templates of a few KiB,
 // added-token tables of a few hundred).
 constexpr int64_t kMaxTemplateBytes = int64_t{64} << 20;
