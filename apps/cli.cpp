@@ -548,6 +548,7 @@ int run_imatrix(ImatrixArgs a) {
   check(windows >= 1, ErrorCode::kInvalidArgument, "imatrix", "the text must give at least one window of ", per,
         " tokens (--ctx ", a.m.ctx, bos >= 0 ? ", BOS first" : "", "); got ", tokens.size(), " tokens");
   model::ActivationStats stats;
+  stats.set_second_moments(a.hessian);
   model->record_activations(&stats);
   ProgressBar bar(progress_enabled(a.m));
   std::vector<float> logits(static_cast<size_t>(model->config().vocab_size));

@@ -118,6 +118,7 @@ struct ImatrixArgs {
   std::string file;
   std::string out;
   int64_t chunks = 0;  // windows at most; 0 = every whole window of the text
+  bool hessian = false;  // also each layer's mean of x xᵀ (GPTQ's error feedback)
 };
 int run_imatrix(ImatrixArgs a);
 

@@ -203,6 +203,9 @@ int main(int argc, char** argv) {
   imx_cmd->add_option("-o,--out", imx.out, "output file (safetensors)")->required();
   imx_cmd->add_option("--chunks", imx.chunks, "windows of --ctx tokens at most (0: every whole window)")
       ->capture_default_str();
+  imx_cmd->add_flag("--hessian", imx.hessian,
+                    "also each layer's input second moments (K x K): a requantizing --weights then codes with GPTQ's "
+                    "error feedback");
 
   cider::apps::InspectArgs insp;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");

@@ -2,7 +2,8 @@
 // values already on a block's grid come back bit for bit (so requantizing a GGUF tensor into its own type is
 // lossless), the least-squares fit is never worse in total than the plain rule of scaling by the largest value
 // (written here independently, without any block bytes), importance weights lower the weighted error, and bad input
-// is refused by name.
+// is refused by name. GPTQ's error feedback: its factor against a float64 inverse, a diagonal second moment giving the
+// weighted fit byte for byte, correlated inputs giving a lower output error than the fit alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "quant/ggml_blocks.h"
 #include "quant/ggml_quantize.h"
+#include "quant/gptq.h"
 #include "support/test_support.h"
 
 namespace cider {
@@ -294,6 +296,172 @@ TEST(GgmlQuantize, RefusesBadInputByName) {
                           ErrorCode::kInvalidArgument, "finite and >= 0"));
   EXPECT_FALSE(quant::ggml_can_quantize(GgmlType::kQ2_K));
   for (GgmlType t : kTypes) EXPECT_TRUE(quant::ggml_can_quantize(t)) << fmt(t).name;
+}
+
+// Inputs with correlated channels (x = z·A, z standard normal, A a random mixing with a few large channels): the
+// second moment H = AᵀA (exact, float64 → float).
+std::vector<float> correlated_second_moment(std::mt19937_64& rng, int64_t K) {
+  std::normal_distribution<double> g(0.0, 1.0);
+  std::vector<double> A(static_cast<size_t>(K * K));
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < K; ++j)
+      A[static_cast<size_t>(i * K + j)] = (i == j ? 1.0 : 0.0) + 0.35 * g(rng) * (j % 9 == 0 ? 4.0 : 1.0);
+  std::vector<float> H(static_cast<size_t>(K * K));
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < K; ++j) {
+      double s = 0.0;
+      for (int64_t t = 0; t < K; ++t) s += A[static_cast<size_t>(t * K + i)] * A[static_cast<size_t>(t * K + j)];
+      H[static_cast<size_t>(i * K + j)] = static_cast<float>(s);
+    }
+  return H;
+}
+
+// (w − ŵ) H (w − ŵ)ᵀ in float64: the expected squared output error of one row.
+double output_error(const std::vector<float>& w, const std::vector<float>& y, const std::vector<float>& H) {
+  const size_t K = w.size();
+  double e = 0.0;
+  for (size_t i = 0; i < K; ++i)
+    for (size_t j = 0; j < K; ++j)
+      e += (static_cast<double>(w[i]) - y[i]) * H[i * K + j] * (static_cast<double>(w[j]) - y[j]);
+  return e;
+}
+
+std::vector<float> decode_row(GgmlType t, const std::vector<uint8_t>& blocks, int64_t n) {
+  const quant::GgmlBlockFormat& f = fmt(t);
+  std::vector<float> y(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n / f.block_size; ++b) f.decode(blocks.data() + b * f.block_bytes, y.data() + b * f.block_size);
+  return y;
+}
+
+std::vector<uint8_t> encode_gptq(GgmlType t, std::vector<float> x, const std::vector<float>& U,
+                                 const float* importance) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint8_t> blocks(static_cast<size_t>(quant::ggml_row_bytes(fmt(t), n)));
+  quant::ggml_quantize_row_gptq(t, x.data(), n, U.data(), blocks.data(), importance);
+  return blocks;
+}
+
+// The factor: Uᵀ U = (H + λ·mean(diag)·I)⁻¹, U upper, against a float64 Gauss-Jordan inverse, every element; the
+// tolerance: float32 output (2⁻²⁴ relative) times the damped matrix's condition (≤ 1 + max eig / (λ·mean diag)).
+TEST(Gptq, FactorIsTheCholeskyOfTheDampedInverse) {
+  auto rng = test::make_rng(2041);
+  for (const int64_t K : {1, 7, 64, 200}) {
+    const std::vector<float> H = correlated_second_moment(rng, K);
+    const double damp = 0.01;
+    const std::vector<float> U = quant::gptq_factor(H.data(), K, damp);
+    ASSERT_EQ(static_cast<int64_t>(U.size()), K * K);
+    double mean = 0.0, trace = 0.0;
+    for (int64_t i = 0; i < K; ++i) mean += H[static_cast<size_t>(i * K + i)];
+    trace = mean;
+    mean /= static_cast<double>(K);
+    // Gauss-Jordan on [A | I], A = H + λ·mean·I, partial pivoting, float64.
+    const auto k = static_cast<size_t>(K);
+    std::vector<double> A(k * k), inv(k * k, 0.0);
+    for (size_t i = 0; i < k * k; ++i) A[i] = H[i];
+    for (size_t i = 0; i < k; ++i) {
+      A[i * k + i] += damp * mean;
+      inv[i * k + i] = 1.0;
+    }
+    for (size_t c = 0; c < k; ++c) {
+      size_t p = c;
+      for (size_t r = c + 1; r < k; ++r)
+        if (std::fabs(A[r * k + c]) > std::fabs(A[p * k + c])) p = r;
+      for (size_t j = 0; j < k; ++j) {
+        std::swap(A[c * k + j], A[p * k + j]);
+        std::swap(inv[c * k + j], inv[p * k + j]);
+      }
+      const double d = A[c * k + c];
+      for (size_t j = 0; j < k; ++j) {
+        A[c * k + j] /= d;
+        inv[c * k + j] /= d;
+      }
+      for (size_t r = 0; r < k; ++r)
+        if (r != c) {
+          const double f = A[r * k + c];
+          for (size_t j = 0; j < k; ++j) {
+            A[r * k + j] -= f * A[c * k + j];
+            inv[r * k + j] -= f * inv[c * k + j];
+          }
+        }
+    }
+    const double cond = 1.0 + trace / (damp * mean);  // trace ≥ the largest eigenvalue
+    double max_inv = 0.0;
+    for (const double v : inv) max_inv = std::max(max_inv, std::fabs(v));
+    const double tol = 8.0 * static_cast<double>(K) * std::ldexp(1.0, -24) * cond * max_inv;
+    for (size_t i = 0; i < k; ++i)
+      for (size_t j = 0; j < k; ++j) {
+        if (i > j) {
+          ASSERT_EQ(U[i * k + j], 0.0f) << "K " << K << " below the diagonal (" << i << ", " << j << ")";
+          continue;
+        }
+        double s = 0.0;
+        for (size_t t = 0; t <= i; ++t) s += static_cast<double>(U[t * k + i]) * U[t * k + j];
+        ASSERT_NEAR(s, inv[i * k + j], tol) << "K " << K << " (" << i << ", " << j << ")";
+      }
+  }
+}
+
+// A diagonal second moment has nothing to spread an error over: GPTQ gives the importance-weighted fit with that
+// diagonal, byte for byte, for every type.
+TEST(Gptq, DiagonalSecondMomentIsTheWeightedFit) {
+  auto rng = test::make_rng(2042);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int64_t K = 512;
+  std::vector<float> H(static_cast<size_t>(K * K), 0.0f), diag(static_cast<size_t>(K));
+  for (int64_t i = 0; i < K; ++i) H[static_cast<size_t>(i * K + i)] = diag[static_cast<size_t>(i)] = std::exp(g(rng));
+  const std::vector<float> U = quant::gptq_factor(H.data(), K);
+  for (GgmlType t : kTypes)
+    for (int kind = 0; kind < 7; ++kind) {
+      const std::vector<float> x = weight_row(rng, K, kind);
+      EXPECT_EQ(encode_gptq(t, x, U, diag.data()), encode(t, x, diag.data())) << fmt(t).name << " kind " << kind;
+    }
+}
+
+// Correlated inputs: the rows coded with error feedback have a lower expected output error (w − ŵ) H (w − ŵ)ᵀ than
+// the weighted fit alone, summed over rows, for every type; values decode finite.
+TEST(Gptq, ErrorFeedbackLowersTheOutputError) {
+  auto rng = test::make_rng(2043);
+  const int64_t K = 512, rows = 24;
+  const std::vector<float> H = correlated_second_moment(rng, K);
+  std::vector<float> diag(static_cast<size_t>(K));
+  for (int64_t i = 0; i < K; ++i) diag[static_cast<size_t>(i)] = H[static_cast<size_t>(i * K + i)];
+  const std::vector<float> U = quant::gptq_factor(H.data(), K);
+  for (GgmlType t : kTypes) {
+    double e_gptq = 0.0, e_fit = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<float> x = weight_row(rng, K, static_cast<int>(r % 3));
+      const std::vector<float> yg = decode_row(t, encode_gptq(t, x, U, diag.data()), K);
+      for (size_t i = 0; i < yg.size(); ++i) ASSERT_TRUE(std::isfinite(yg[i])) << fmt(t).name << " value " << i;
+      e_gptq += output_error(x, yg, H);
+      e_fit += output_error(x, round_trip(t, x, diag.data()), H);
+    }
+    EXPECT_LT(e_gptq, 0.9 * e_fit) << fmt(t).name;
+    std::printf("%s: output error with GPTQ %.3f of the weighted fit's\n", fmt(t).name, e_gptq / e_fit);
+  }
+}
+
+TEST(Gptq, RefusesBadInputByName) {
+  std::vector<float> H = {4.0f, 1.0f, 1.0f, 3.0f};
+  EXPECT_TRUE(throws_code([&] { (void)quant::gptq_factor(H.data(), 2, 0.0); }, ErrorCode::kInvalidArgument,
+                          "damp must be in (0, 1]"));
+  H[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(throws_code([&] { (void)quant::gptq_factor(H.data(), 2); }, ErrorCode::kInvalidArgument,
+                          "value (0, 1) is nan"));
+  H = {-1.0f, 0.0f, 0.0f, 1.0f};
+  EXPECT_TRUE(throws_code([&] { (void)quant::gptq_factor(H.data(), 2); }, ErrorCode::kInvalidArgument,
+                          "diagonal value 0 is -1"));
+  H = {1.0f, 2.0f, 2.0f, 1.0f};  // eigenvalues 3 and −1: not a second moment
+  EXPECT_TRUE(throws_code([&] { (void)quant::gptq_factor(H.data(), 2); }, ErrorCode::kInvalidArgument,
+                          "not positive definite"));
+  std::vector<float> x(64, 0.5f), U(64 * 64, 0.0f);
+  for (int i = 0; i < 64; ++i) U[static_cast<size_t>(i * 64 + i)] = 1.0f;
+  std::vector<uint8_t> out(4096);
+  x[3] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row_gptq(GgmlType::kQ4_1, x.data(), 64, U.data(), out.data()); },
+                          ErrorCode::kInvalidArgument, "ggml_quantize_row_gptq"));
+  x[3] = 0.5f;
+  EXPECT_TRUE(throws_code([&] { quant::ggml_quantize_row_gptq(GgmlType::kQ4_K, x.data(), 64, U.data(), out.data()); },
+                          ErrorCode::kShapeMismatch, "multiple of 256"));
 }
 
 }  // namespace

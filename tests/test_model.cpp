@@ -844,6 +844,117 @@ TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
                                        "got -2 at channel 1"));  // a negative mean square
 }
 
+// `cider imatrix --hessian`: each layer's mean of x xᵀ (layer 0's q input against the reference's normed embedding
+// rows, every element), shared by the layers fed the same input (q/k/v, gate/up) and not by the others; the file
+// round-trips; a requantizing format coded with GPTQ's error feedback has a lower output error Σ (w − ŵ) H (w − ŵ)ᵀ
+// than with the diagonal alone; a share naming no layer is refused.
+TEST(ModelReference, SecondMomentsGiveGptqCoding) {
+  Spec spec = arch_specs()[0].second;
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = random_weights(spec, 73);
+  const std::string dir = write_model(spec, m, "imatrix_h");
+  const auto tok = random_tokens(29, spec.V, 74);
+  const auto T = static_cast<int64_t>(tok.size());
+  cm::ActivationStats full, diag;
+  full.set_second_moments(true);
+  {
+    auto model = cm::Model::load(dir, opts("f32", "f32"));
+    model->record_activations(&full);
+    (void)run(*model, tok);
+    model->record_activations(&diag);
+    (void)run(*model, tok);
+    model->record_activations(nullptr);
+  }
+  const std::string full_file = fresh_dir("imatrix_h_full") + "/full.safetensors";
+  const std::string diag_file = fresh_dir("imatrix_h_diag") + "/diag.safetensors";
+  full.write(full_file, T, "tokens");
+  diag.write(diag_file, T, "tokens");
+  const cm::Importance imp = cm::read_importance(full_file);
+  EXPECT_TRUE(cm::read_importance(diag_file).second_moments.empty());
+  ASSERT_EQ(imp.second_moments.size(), imp.layers.size());  // every layer has one
+  const std::string l0 = "model.layers.0.";
+  const auto& q = imp.second_moments.at(l0 + "self_attn.q_proj");
+  EXPECT_EQ(q, imp.second_moments.at(l0 + "self_attn.k_proj"));  // the same matrix, not a copy
+  EXPECT_EQ(q, imp.second_moments.at(l0 + "self_attn.v_proj"));
+  EXPECT_EQ(imp.second_moments.at(l0 + "mlp.gate_proj"), imp.second_moments.at(l0 + "mlp.up_proj"));
+  EXPECT_NE(q, imp.second_moments.at(l0 + "mlp.gate_proj"));
+  EXPECT_NE(q, imp.second_moments.at(l0 + "self_attn.o_proj"));
+  EXPECT_NE(q, imp.second_moments.at("model.layers.1.self_attn.q_proj"));
+  {  // layer 0's q input: rmsnorm(embedding rows); mean of x xᵀ, float32 norm and float sums
+    Vec h(static_cast<size_t>(T * spec.H));
+    const auto& emb = m.at("model.embed_tokens.weight").second;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < spec.H; ++i)
+        h[static_cast<size_t>(t * spec.H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * spec.H + i)];
+    rms_ref(h, T, spec.H, m.at("model.layers.0.input_layernorm.weight").second, 0.0, spec.eps);
+    ASSERT_EQ(static_cast<int64_t>(q->size()), spec.H * spec.H);
+    for (int64_t i = 0; i < spec.H; ++i)
+      for (int64_t j = 0; j < spec.H; ++j) {
+        double want = 0.0, scale = 0.0;
+        for (int64_t t = 0; t < T; ++t) {
+          const double a = h[static_cast<size_t>(t * spec.H + i)], b = h[static_cast<size_t>(t * spec.H + j)];
+          want += a * b;
+          scale += std::fabs(a * b);
+        }
+        ASSERT_NEAR((*q)[static_cast<size_t>(i * spec.H + j)], want / static_cast<double>(T),
+                    1e-4 * scale / static_cast<double>(T) + 1e-12)
+            << "(" << i << ", " << j << ")";
+      }
+    const std::vector<float>& ms = imp.layers.at(l0 + "self_attn.q_proj");
+    for (int64_t i = 0; i < spec.H; ++i)
+      EXPECT_NEAR((*q)[static_cast<size_t>(i * spec.H + i)], ms[static_cast<size_t>(i)], 1e-5 * ms[static_cast<size_t>(i)]);
+  }
+  // Σ over the layers of Σ_n (w − ŵ)_n H (w − ŵ)_nᵀ: the expected squared output error on the calibration inputs.
+  auto output_error = [&](const cm::Model& model) {
+    double e = 0.0;
+    for (const cm::LayerWeights& L : model.impl().w.layers)
+      for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
+        const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(x->ggml_type);
+        std::vector<float> w(static_cast<size_t>(x->N * x->K));
+        for (int64_t i = 0; i < x->N * x->K / f.block_size; ++i)
+          f.decode(static_cast<const uint8_t*>(x->w) + i * f.block_bytes, w.data() + i * f.block_size);
+        const std::vector<float>& H = *imp.second_moments.at(x->name);
+        const auto& orig = m.at(x->name + ".weight").second;
+        std::vector<double> d(static_cast<size_t>(x->K));
+        for (int64_t n = 0; n < x->N; ++n) {
+          for (int64_t k = 0; k < x->K; ++k)
+            d[static_cast<size_t>(k)] = orig[static_cast<size_t>(n * x->K + k)] - w[static_cast<size_t>(n * x->K + k)];
+          for (int64_t i = 0; i < x->K; ++i) {
+            double r = 0.0;
+            for (int64_t j = 0; j < x->K; ++j) r += H[static_cast<size_t>(i * x->K + j)] * d[static_cast<size_t>(j)];
+            e += d[static_cast<size_t>(i)] * r;
+          }
+        }
+      }
+    return e;
+  };
+  cm::ModelOptions o = opts("q4_k_m", "f32");
+  o.imatrix = diag_file;
+  const double with_diag = output_error(*cm::Model::load(dir, o));
+  o.imatrix = full_file;
+  auto gptq = cm::Model::load(dir, o);
+  const double with_gptq = output_error(*gptq);
+  EXPECT_LT(with_gptq, 0.9 * with_diag);
+  std::printf("q4_k_m output error with second moments (GPTQ): %.3f of the diagonal fit's\n", with_gptq / with_diag);
+  EXPECT_LT(rel_rms(run(*gptq, tok), reference_logits(spec, m, tok)), 0.8);
+
+  // A share that names no layer with second moments.
+  const std::string bad = fresh_dir("imatrix_h_bad") + "/bad.safetensors";
+  {
+    cm::SafetensorsWriter w;
+    const float v[2] = {1.0f, 2.0f};
+    w.add(l0 + "self_attn.q_proj.act_sq", cider::DType::kF32, {2}, v);
+    w.set_metadata("format", "cider-imatrix");
+    w.set_metadata("version", "1");
+    w.set_metadata("hessian_of_" + l0 + "self_attn.q_proj", "nowhere");
+    w.write(bad);
+  }
+  EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::read_importance(bad); }, ErrorCode::kCorrupt,
+                                       "must name a layer with second moments of the same K; got 'nowhere'"));
+}
+
 TEST(ModelReference, QuantizedKvCacheStaysClose) {
   Spec spec = arch_specs()[3].second;  // Qwen3, head_dim 32
   const TensorMap m = random_weights(spec, 61);

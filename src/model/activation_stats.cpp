@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 
@@ -13,6 +14,7 @@ namespace cider::model {
 namespace {
 
 constexpr const char* kSuffix = ".act_sq";
+constexpr const char* kHessianSuffix = ".hessian";
 constexpr const char* kReadOp = "read_importance";
 
 // `name` without `suffix`, or "" when it does not end with it (or is nothing else).
@@ -37,7 +39,8 @@ std::vector<float> read_values(const uint8_t* data, int64_t K, const std::string
 
 void ActivationStats::add(const std::string& layer, const float* x, int64_t rows, int64_t K) {
   Entry& e = layers_[layer];
-  if (e.sum_sq.empty()) e.sum_sq.assign(static_cast<size_t>(K), 0.0);
+  const bool first = e.sum_sq.empty();
+  if (first) e.sum_sq.assign(static_cast<size_t>(K), 0.0);
   check(static_cast<int64_t>(e.sum_sq.size()) == K, ErrorCode::kShapeMismatch, "activation_stats", "layer '", layer,
         "' had inputs of ", e.sum_sq.size(), " channels; got ", K);
   for (int64_t r = 0; r < rows; ++r)
@@ -46,6 +49,49 @@ void ActivationStats::add(const std::string& layer, const float* x, int64_t rows
       e.sum_sq[static_cast<size_t>(k)] += v * v;
     }
   e.rows += rows;
+  if (!second_moments_) return;
+  // FNV-1a over the input's bytes and shape: the same input as the previous call's (q, k, v of one norm's output).
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x);
+  for (size_t i = 0; i < static_cast<size_t>(rows * K) * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  h = (h ^ static_cast<uint64_t>(rows)) * 1099511628211ull;
+  h = (h ^ static_cast<uint64_t>(K)) * 1099511628211ull;
+  const std::string prev = last_layer_;
+  const bool same_input = !prev.empty() && h == last_hash_;
+  last_hash_ = h;
+  if (first && same_input && layers_[prev].sum_sq.size() == static_cast<size_t>(K)) e.shares = prev;
+  last_layer_ = e.shares.empty() ? layer : e.shares;
+  if (!e.shares.empty()) return;  // its leader's Σ x xᵀ (accumulated by the leader's own call)
+  const auto k = static_cast<size_t>(K);
+  if (e.sum_xxt.empty()) e.sum_xxt.assign(k * k, 0.0f);
+  // Σ x xᵀ over these rows, upper triangle: dots of the transposed input's columns (float sums per call).
+  std::vector<float> xt(k * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < K; ++c) xt[static_cast<size_t>(c) * static_cast<size_t>(rows) + static_cast<size_t>(r)] =
+        x[r * K + c];
+  float* H = e.sum_xxt.data();
+  const auto R = static_cast<size_t>(rows);
+  // Row i holds K − i dots: rows i and K − 1 − i go to the same task, so the tasks are even.
+  auto dots_of_row = [&](int64_t i) {
+    const float* xi = xt.data() + static_cast<size_t>(i) * R;
+    for (int64_t j = i; j < K; ++j) {
+      const float* xj = xt.data() + static_cast<size_t>(j) * R;
+      float s[16] = {};  // sixteen running sums: vectorizable
+      size_t r = 0;
+      for (; r + 16 <= R; r += 16)
+        for (int l = 0; l < 16; ++l) s[l] += xi[r + l] * xj[r + l];
+      for (; r < R; ++r) s[0] += xi[r] * xj[r];
+      double t = 0.0;
+      for (const float v : s) t += v;
+      H[static_cast<size_t>(i) * k + static_cast<size_t>(j)] += static_cast<float>(t);
+    }
+  };
+  default_thread_pool().parallel_for((K + 1) / 2, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t p = b0; p < b1; ++p) {
+      dots_of_row(p);
+      if (K - 1 - p != p) dots_of_row(K - 1 - p);
+    }
+  });
 }
 
 int64_t ActivationStats::rows(const std::string& layer) const {
@@ -71,12 +117,25 @@ std::vector<std::string> ActivationStats::layers() const {
 
 void ActivationStats::write(const std::string& path, int64_t tokens, const std::string& text) const {
   std::vector<std::vector<float>> means;  // alive until write() returns
-  means.reserve(layers_.size());
+  means.reserve(2 * layers_.size());
   SafetensorsWriter w;
   for (const std::string& name : layers()) {
     means.push_back(mean_square(name));
-    w.add(name + kSuffix, DType::kF32, {static_cast<int64_t>(means.back().size())}, means.back().data());
+    const auto K = static_cast<int64_t>(means.back().size());
+    w.add(name + kSuffix, DType::kF32, {K}, means.back().data());
     w.set_metadata("rows_" + name, std::to_string(rows(name)));
+    const Entry& e = layers_.at(name);
+    if (!e.shares.empty()) {
+      w.set_metadata("hessian_of_" + name, e.shares);
+    } else if (!e.sum_xxt.empty()) {  // the mean of x xᵀ, both triangles
+      const auto k = static_cast<size_t>(K);
+      std::vector<float>& m = means.emplace_back(k * k);
+      const double inv = 1.0 / static_cast<double>(e.rows);
+      for (size_t i = 0; i < k; ++i)
+        for (size_t j = i; j < k; ++j)
+          m[i * k + j] = m[j * k + i] = static_cast<float>(static_cast<double>(e.sum_xxt[i * k + j]) * inv);
+      w.add(name + kHessianSuffix, DType::kF32, {K, K}, m.data());
+    }
   }
   check(!means.empty(), ErrorCode::kInvalidArgument, "imatrix", "no linear layer saw an input: nothing to write to '",
         path, "'");
@@ -141,6 +200,22 @@ Importance read_importance(const std::string& path) {
   Importance out;
   for (const std::string& name : set.names()) {
     const StTensor* t = set.find(name);
+    if (const std::string of = strip_suffix(name, kHessianSuffix); !of.empty()) {
+      const StTensor* d = set.find(of + kSuffix);
+      check(d != nullptr && t->dtype == DType::kF32 && t->shape.size() == 2 && t->shape[0] == d->shape[0] &&
+                t->shape[1] == d->shape[0],
+            ErrorCode::kCorrupt, op, path, ": tensor '", name, "' must be F32 (K, K) beside '", of, kSuffix,
+            "' of K values");
+      const int64_t K = t->shape[0];
+      auto m = std::make_shared<std::vector<float>>(static_cast<size_t>(K * K));
+      std::memcpy(m->data(), t->data, m->size() * sizeof(float));
+      for (int64_t i = 0; i < K * K; ++i)
+        check(std::isfinite((*m)[static_cast<size_t>(i)]) && (i % (K + 1) != 0 || (*m)[static_cast<size_t>(i)] >= 0.0f),
+              ErrorCode::kCorrupt, op, path, ": tensor '", name, "' must hold finite second moments (diagonal >= 0); "
+              "got ", (*m)[static_cast<size_t>(i)], " at (", i / K, ", ", i % K, ")");
+      out.second_moments[of] = std::move(m);
+      continue;
+    }
     const std::string module = strip_suffix(name, kSuffix);
     check(!module.empty(), ErrorCode::kCorrupt, op, path, ": tensor '", name, "' must be named \"<module>", kSuffix,
           "\"");
@@ -150,6 +225,17 @@ Importance read_importance(const std::string& path) {
     out.layers[module] = read_values(t->data, t->shape[0], path, name, "mean squares");
   }
   check(!out.layers.empty(), ErrorCode::kCorrupt, op, path, ": holds no layer");
+  for (const auto& [key, value] : meta) {  // layers fed the same input as another: its second moments
+    const std::string module = key.rfind("hessian_of_", 0) == 0 ? key.substr(11) : std::string();
+    if (module.empty()) continue;
+    const auto it = out.second_moments.find(value);
+    const auto own = out.layers.find(module);
+    check(it != out.second_moments.end() && own != out.layers.end() &&
+              it->second->size() == own->second.size() * own->second.size(),
+          ErrorCode::kCorrupt, op, path, ": metadata '", key, "' must name a layer with second moments of the same K; "
+          "got '", value, "'");
+    out.second_moments[module] = it->second;
+  }
   return out;
 }
 

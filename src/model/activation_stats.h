@@ -12,10 +12,14 @@
 // loader names it, "model.layers.0.self_attn.q_proj"), mean squared activation over the calibration rows; metadata
 // format = "cider-imatrix", version = "1", rows_<module> = the rows each was averaged over, tokens = the calibration
 // tokens, text = the calibration file's name.
+// With second moments (`cider imatrix --hessian`), also "<module>.hessian" F32 (K, K): the mean of x xᵀ over the
+// rows (its diagonal is act_sq), for GPTQ's error feedback (quant/gptq.h). Layers fed the same input (q/k/v, gate/up)
+// share one: the others name it in metadata hessian_of_<module> = <module that holds it>.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +29,10 @@ class ActivationStats {
  public:
   // Adds `rows` rows of a layer's input x (rows, K), row-major. A layer's K must stay the same (cider::Error
   // otherwise).
+  // With second moments on, also x's rows into the layer's mean of x xᵀ (a layer whose input is, row for row, the one
+  // the previous call saw shares that layer's).
   void add(const std::string& layer, const float* x, int64_t rows, int64_t K);
+  void set_second_moments(bool on) { second_moments_ = on; }
   int64_t rows(const std::string& layer) const;  // 0 when never seen
   // The mean square of each input channel of `layer` (K values); empty when never seen.
   std::vector<float> mean_square(const std::string& layer) const;
@@ -37,8 +44,14 @@ class ActivationStats {
   struct Entry {
     std::vector<double> sum_sq;
     int64_t rows = 0;
+    std::vector<float> sum_xxt;  // (K, K), upper triangle: Σ x xᵀ (second moments on, not shared)
+    std::string shares;           // the layer whose Σ x xᵀ this one's input equals
   };
   std::map<std::string, Entry> layers_;
+  bool second_moments_ = false;
+  // The previous add: its layer (or the one it shares) and a hash of its input, to find layers fed the same input.
+  std::string last_layer_;
+  uint64_t last_hash_ = 0;
 };
 
 // An importance file read back: layer → its K mean squares, each finite and >= 0.
@@ -51,6 +64,8 @@ class ActivationStats {
 struct Importance {
   std::map<std::string, std::vector<float>> layers;
   bool gguf_names = false;  // keyed by GGUF tensor names (llama.cpp's file)
+  // cider's file with second moments: layer → its (K, K) mean of x xᵀ (shared by layers fed the same input).
+  std::map<std::string, std::shared_ptr<const std::vector<float>>> second_moments;
 };
 Importance read_importance(const std::string& path);
 

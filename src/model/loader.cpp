@@ -24,6 +24,7 @@
 #include "quant/affine.h"
 #include "quant/ggml_blocks.h"
 #include "quant/ggml_quantize.h"
+#include "quant/gptq.h"
 #include "quant/int4.h"
 #include "quant/int8.h"
 
@@ -106,6 +107,9 @@ class Builder {
   Weights* w_ = nullptr;
   const Importance* importance_ = nullptr;  // --imatrix: module → mean squared input per channel
   int64_t importance_used_ = 0;             // layers whose fits it weighted
+  // GPTQ's factor of the last second-moment matrix used (layers that share one come one after another: q, k, v)
+  const void* gptq_of_ = nullptr;
+  std::vector<float> gptq_factor_;
 
   // ---- raw lookups (names as in the file) ----
   const StTensor* st(const std::string& name) const { return st_ ? st_->find(name) : nullptr; }
@@ -520,6 +524,7 @@ class Builder {
           ", not a multiple of the ", f->block_size, " weights of a ", f->name, " block (--weights ", info.name, ")");
     const int64_t rb = quant::ggml_row_bytes(*f, L.K);
     const float* importance = nullptr;  // --imatrix: this layer's input mean squares (K), when it holds the layer
+    const float* gptq = nullptr;        // and GPTQ's factor (K × K) when it holds the layer's second moments
     if (importance_ != nullptr) {
       // cider's file names modules; llama.cpp's names GGUF weights (a fused tensor's entry serves each of its parts)
       std::string key = L.name;
@@ -534,15 +539,28 @@ class Builder {
         importance = it->second.data();
         ++importance_used_;
       }
+      // Second moments: GPTQ's error feedback (not for the LM head, whose rows are also the tied embedding's)
+      if (const auto it = importance_->second_moments.find(key);
+          importance != nullptr && L.name != "lm_head" && it != importance_->second_moments.end()) {
+        if (gptq_of_ != it->second.get()) {
+          gptq_factor_ = quant::gptq_factor(it->second->data(), L.K);
+          gptq_of_ = it->second.get();
+        }
+        gptq = gptq_factor_.data();
+      }
     }
     Tensor& out = w_->owned.emplace_back(DType::kU8, std::vector<int64_t>{L.N * rb});
     uint8_t* dst = out.ptr<uint8_t>();
     try {  // the pool rethrows a chunk's first error once every chunk is done
       default_thread_pool().parallel_for(L.N, [&](int64_t n0, int64_t n1, int) {
         std::vector<float> row(static_cast<size_t>(L.K));
+        const auto t = static_cast<quant::GgmlType>(type);
         for (int64_t n = n0; n < n1; ++n) {
           for (int64_t k = 0; k < L.K; ++k) row[static_cast<size_t>(k)] = load_float(wv.data, wv.dtype, n * L.K + k);
-          quant::ggml_quantize_row(static_cast<quant::GgmlType>(type), row.data(), L.K, dst + n * rb, importance);
+          if (gptq != nullptr)
+            quant::ggml_quantize_row_gptq(t, row.data(), L.K, gptq, dst + n * rb, importance);
+          else
+            quant::ggml_quantize_row(t, row.data(), L.K, dst + n * rb, importance);
         }
       });
     } catch (const Error& e) {

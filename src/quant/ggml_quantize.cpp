@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -152,13 +153,56 @@ void put_nibbles32(const int* q, uint8_t* qs) {
   for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>((q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4));
 }
 
+// Code writers: a block's codes q (Q8_0's signed, the others' as stored: 0 … 2^bits − 1) into block b, its scales
+// untouched — the inverse of each decoder's code fields.
+void codes_q8_0(const int* q, uint8_t* b) {
+  for (int i = 0; i < 32; ++i) b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q[i]));
+}
+
+void codes_q4_0(const int* q, uint8_t* b) { put_nibbles32(q, b + 2); }
+
+void codes_q5_0(const int* q, uint8_t* b) {
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
+  put_u32(b + 2, qh);
+  put_nibbles32(q, b + 6);
+}
+
+void codes_q4_1(const int* q, uint8_t* b) { put_nibbles32(q, b + 4); }
+
+void codes_q5_1(const int* q, uint8_t* b) {
+  uint32_t qh = 0;
+  for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
+  put_u32(b + 4, qh);
+  put_nibbles32(q, b + 8);
+}
+
+void codes_q4_k(const int* q, uint8_t* b) {
+  uint8_t* qs = b + 16;  // chunk c of 64: bytes [32c, 32c + 32), low nibbles the first 32 elements
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l)
+      qs[32 * c + l] = static_cast<uint8_t>((q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4));
+}
+
+void codes_q6_k(const int* q, uint8_t* b) {
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  std::memset(b, 0, 192);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, r = e % 128;
+    ql[64 * h + r % 64] = static_cast<uint8_t>(ql[64 * h + r % 64] | ((q[e] & 0x0F) << (4 * (r / 64))));
+    qh[32 * h + r % 32] = static_cast<uint8_t>(qh[32 * h + r % 32] | (((q[e] >> 4) & 3) << (2 * (r / 32))));
+  }
+}
+
 void enc_q8_0(const float* x, const float*, uint8_t* b) {  // the plain rule: its error is below bf16's
   float amax = 0.0f;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float d = round_f16(amax / 127.0f);
   put_f16(b, d);
-  for (int i = 0; i < 32; ++i)
-    b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(d == 0.0f ? 0 : clamp_code(x[i] / d, -128, 127)));
+  int q[32];
+  for (int i = 0; i < 32; ++i) q[i] = d == 0.0f ? 0 : clamp_code(x[i] / d, -128, 127);
+  codes_q8_0(q, b);
 }
 
 void enc_q4_0(const float* x, const float* w, uint8_t* b) {
@@ -166,20 +210,15 @@ void enc_q4_0(const float* x, const float* w, uint8_t* b) {
   const float d = fit_symmetric(x, w, 32, -8, 7, ScaleRounding::kF16, q);
   put_f16(b, d);
   for (int& v : q) v += 8;
-  put_nibbles32(q, b + 2);
+  codes_q4_0(q, b);
 }
 
 void enc_q5_0(const float* x, const float* w, uint8_t* b) {
   int q[32];
   const float d = fit_symmetric(x, w, 32, -16, 15, ScaleRounding::kF16, q);
   put_f16(b, d);
-  uint32_t qh = 0;
-  for (int i = 0; i < 32; ++i) {
-    q[i] += 16;
-    qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
-  }
-  put_u32(b + 2, qh);
-  put_nibbles32(q, b + 6);
+  for (int& v : q) v += 16;
+  codes_q5_0(q, b);
 }
 
 void enc_q4_1(const float* x, const float* w, uint8_t* b) {
@@ -188,7 +227,7 @@ void enc_q4_1(const float* x, const float* w, uint8_t* b) {
   fit_affine(x, w, 32, 15, false, ScaleRounding::kF16, q, &d, &m);
   put_f16(b, d);
   put_f16(b + 2, m);
-  put_nibbles32(q, b + 4);
+  codes_q4_1(q, b);
 }
 
 void enc_q5_1(const float* x, const float* w, uint8_t* b) {
@@ -197,10 +236,7 @@ void enc_q5_1(const float* x, const float* w, uint8_t* b) {
   fit_affine(x, w, 32, 31, false, ScaleRounding::kF16, q, &d, &m);
   put_f16(b, d);
   put_f16(b + 2, m);
-  uint32_t qh = 0;
-  for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
-  put_u32(b + 4, qh);
-  put_nibbles32(q, b + 8);
+  codes_q5_1(q, b);
 }
 
 // Q4_K: 8 sub-blocks of 32, y = (d·sc_j)·q − (dmin·mn_j), sc_j, mn_j ∈ [0, 63], q ∈ [0, 15].
@@ -252,10 +288,7 @@ void enc_q4_k(const float* x, const float* w, uint8_t* b) {
     sp[j + 4] = static_cast<uint8_t>((mc[j] & 63) | ((mc[j + 4] >> 4) << 6));
     sp[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mc[j + 4] & 0x0F) << 4));
   }
-  uint8_t* qs = b + 16;  // chunk c of 64: bytes [32c, 32c + 32), low nibbles the first 32 elements
-  for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l)
-      qs[32 * c + l] = static_cast<uint8_t>((q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4));
+  codes_q4_k(q, b);
 }
 
 // Q6_K: 16 sub-blocks of 16, y = (d·sc_j)·(q − 32), sc_j int8, q − 32 ∈ [−32, 31].
@@ -292,61 +325,112 @@ void enc_q6_k(const float* x, const float* w, uint8_t* b) {
     const float dl = d * static_cast<float>(sc[j]);
     for (int e = 16 * j; e < 16 * j + 16; ++e) q[e] = dl != 0.0f ? clamp_code(x[e] / dl, -32, 31) + 32 : 32;
   }
-  uint8_t* ql = b;
-  uint8_t* qh = b + 128;
-  std::memset(b, 0, 192);
-  for (int e = 0; e < 256; ++e) {
-    const int h = e / 128, r = e % 128;
-    ql[64 * h + r % 64] = static_cast<uint8_t>(ql[64 * h + r % 64] | ((q[e] & 0x0F) << (4 * (r / 64))));
-    qh[32 * h + r % 32] = static_cast<uint8_t>(qh[32 * h + r % 32] | (((q[e] >> 4) & 3) << (2 * (r / 32))));
-  }
+  codes_q6_k(q, b);
   for (int j = 0; j < 16; ++j) b[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sc[j]));
   put_f16(b + 208, d);
 }
 
 using Encoder = void (*)(const float* x, const float* w, uint8_t* out);
+using CodeWriter = void (*)(const int* q, uint8_t* out);
 
-Encoder encoder(GgmlType t) {
+// One writable type: its encoder, its code writer, and its stored codes' range [lo, hi] and offset (integer form
+// c = q − bias, quant/ggml_blocks.h).
+struct Codec {
+  Encoder enc;
+  CodeWriter codes;
+  int lo, hi, bias;
+};
+
+const Codec* codec(GgmlType t) {
+  static const Codec q8_0{enc_q8_0, codes_q8_0, -128, 127, 0}, q4_0{enc_q4_0, codes_q4_0, 0, 15, 8},
+      q5_0{enc_q5_0, codes_q5_0, 0, 31, 16}, q4_1{enc_q4_1, codes_q4_1, 0, 15, 0},
+      q5_1{enc_q5_1, codes_q5_1, 0, 31, 0}, q4_k{enc_q4_k, codes_q4_k, 0, 15, 0},
+      q6_k{enc_q6_k, codes_q6_k, 0, 63, 32};
   switch (t) {
-    case GgmlType::kQ8_0: return enc_q8_0;
-    case GgmlType::kQ4_0: return enc_q4_0;
-    case GgmlType::kQ4_1: return enc_q4_1;
-    case GgmlType::kQ5_0: return enc_q5_0;
-    case GgmlType::kQ5_1: return enc_q5_1;
-    case GgmlType::kQ4_K: return enc_q4_k;
-    case GgmlType::kQ6_K: return enc_q6_k;
+    case GgmlType::kQ8_0: return &q8_0;
+    case GgmlType::kQ4_0: return &q4_0;
+    case GgmlType::kQ4_1: return &q4_1;
+    case GgmlType::kQ5_0: return &q5_0;
+    case GgmlType::kQ5_1: return &q5_1;
+    case GgmlType::kQ4_K: return &q4_k;
+    case GgmlType::kQ6_K: return &q6_k;
     default: return nullptr;
   }
 }
 
-}  // namespace
-
-bool ggml_can_quantize(GgmlType t) { return encoder(t) != nullptr; }
-
-void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out, const float* importance) {
+// The checks both row encoders share; returns the type's format and codec.
+std::pair<const GgmlBlockFormat*, const Codec*> checked_row(const char* op, GgmlType t, const float* x, int64_t n,
+                                                            const float* importance) {
   const GgmlBlockFormat* f = ggml_block_format(static_cast<uint32_t>(t));
-  const Encoder enc = encoder(t);
-  check(f != nullptr && enc != nullptr, ErrorCode::kUnsupported, kOp, "no encoder for ggml type id ",
+  const Codec* c = codec(t);
+  check(f != nullptr && c != nullptr, ErrorCode::kUnsupported, op, "no encoder for ggml type id ",
         static_cast<uint32_t>(t));
-  check(n % f->block_size == 0, ErrorCode::kShapeMismatch, kOp, f->name, " needs a row length that is a multiple of ",
+  check(n % f->block_size == 0, ErrorCode::kShapeMismatch, op, f->name, " needs a row length that is a multiple of ",
         f->block_size, "; got ", n);
   // The f16 scale must hold max|x| / (largest code): |x| up to 65504 · 7 for Q4_0, say; a tighter common bound.
   constexpr float kLimit = 65504.0f * 7.0f;
   for (int64_t i = 0; i < n; ++i)
-    check(std::isfinite(x[i]) && std::fabs(x[i]) < kLimit, ErrorCode::kInvalidArgument, kOp, f->name,
-          ": value ", i, " is ", x[i], "; every value must be finite and below ", kLimit, " in magnitude");
+    check(std::isfinite(x[i]) && std::fabs(x[i]) < kLimit, ErrorCode::kInvalidArgument, op, f->name, ": value ", i,
+          " is ", x[i], "; every value must be finite and below ", kLimit, " in magnitude");
   if (importance != nullptr)
     for (int64_t i = 0; i < n; ++i)
-      check(std::isfinite(importance[i]) && importance[i] >= 0.0f, ErrorCode::kInvalidArgument, kOp, f->name,
+      check(std::isfinite(importance[i]) && importance[i] >= 0.0f, ErrorCode::kInvalidArgument, op, f->name,
             ": importance ", i, " is ", importance[i], "; every importance must be finite and >= 0");
-  for (int64_t blk = 0; blk < n / f->block_size; ++blk) {
-    const float* w = importance ? importance + blk * f->block_size : nullptr;
-    if (w != nullptr) {  // a block whose inputs were never seen: its plain fit
-      double sw = 0.0;
-      for (int i = 0; i < f->block_size; ++i) sw += w[i];
-      if (!(sw > 0.0)) w = nullptr;
+  return {f, c};
+}
+
+// The importances of one block, or nullptr when there are none or all are 0 (inputs never seen: the plain fit).
+const float* block_importance(const float* importance, int64_t first, int size) {
+  if (importance == nullptr) return nullptr;
+  double sw = 0.0;
+  for (int i = 0; i < size; ++i) sw += importance[first + i];
+  return sw > 0.0 ? importance + first : nullptr;
+}
+
+}  // namespace
+
+bool ggml_can_quantize(GgmlType t) { return codec(t) != nullptr; }
+
+void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out, const float* importance) {
+  const auto [f, c] = checked_row(kOp, t, x, n, importance);
+  for (int64_t blk = 0; blk < n / f->block_size; ++blk)
+    c->enc(x + blk * f->block_size, block_importance(importance, blk * f->block_size, f->block_size),
+           out + blk * f->block_bytes);
+}
+
+void ggml_quantize_row_gptq(GgmlType t, float* x, int64_t n, const float* U, uint8_t* out, const float* importance) {
+  constexpr const char* op = "ggml_quantize_row_gptq";
+  const auto [f, c] = checked_row(op, t, x, n, importance);
+  const int B = f->block_size;
+  int q[256];
+  float a_e[256], b_e[256];
+  for (int64_t blk = 0; blk < n / B; ++blk) {
+    const int64_t s = blk * B;
+    uint8_t* ob = out + blk * f->block_bytes;
+    // The block's scales: fitted to its values as the earlier columns' errors have left them.
+    c->enc(x + s, block_importance(importance, s, B), ob);
+    for (int p = 0; p < B / 32; ++p) {
+      int8_t code[32];
+      float a[2], b[2];
+      ggml_piece(t, ob, p, code, a, b);
+      for (int i = 0; i < 32; ++i) {
+        a_e[32 * p + i] = a[i / 16];
+        b_e[32 * p + i] = b[i / 16];
+      }
     }
-    enc(x + blk * f->block_size, w, out + blk * f->block_bytes);
+    // Column by column: the code nearest the current value on the block's grid, and its error, divided by the
+    // factor's diagonal, taken out of the columns not yet coded (x[j+1 …) −= e · U[j, j+1 …)).
+    for (int i = 0; i < B; ++i) {
+      const int64_t j = s + i;
+      const int code = a_e[i] != 0.0f ? clamp_code((x[j] - b_e[i]) / a_e[i], c->lo - c->bias, c->hi - c->bias)
+                                      : std::clamp(0, c->lo - c->bias, c->hi - c->bias);
+      q[i] = code + c->bias;
+      const float y = a_e[i] * static_cast<float>(code) + b_e[i];
+      const float* u = U + j * n;
+      const float e = (x[j] - y) / u[j];
+      for (int64_t k = j + 1; k < n; ++k) x[k] -= e * u[k];
+    }
+    c->codes(q, ob);
   }
 }
 

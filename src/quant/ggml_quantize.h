@@ -35,4 +35,13 @@ bool ggml_can_quantize(GgmlType t);
 // whose importances are all 0 gets its plain fit; Q8_0 always takes its plain rule.
 void ggml_quantize_row(GgmlType t, const float* x, int64_t n, uint8_t* out, const float* importance = nullptr);
 
+// As ggml_quantize_row, with the error feedback of GPTQ (Frantar et al., 2022): the row is coded column by column,
+// and each column's rounding error is spread over the columns not yet coded so as to minimise the layer's output
+// error E‖(w − ŵ)·x‖² under the inputs' second moment H = E[x xᵀ] (quant/gptq.h), not each weight's own error.
+// U: the upper Cholesky factor of the damped H⁻¹ (n × n, row-major; gptq_factor). Each block's scales are fitted
+// (weighted by importance, as ggml_quantize_row's) when the coding reaches it, to its values as the earlier columns'
+// errors have left them; its codes are then rounded one by one on that grid. x is the scratch row: overwritten.
+void ggml_quantize_row_gptq(GgmlType t, float* x, int64_t n, const float* U, uint8_t* out,
+                            const float* importance = nullptr);
+
 }  // namespace cider::quant
