@@ -567,8 +567,9 @@ int run_imatrix(ImatrixArgs a) {
   const int64_t n_tokens = windows * a.m.ctx;
   stats.write(a.out, n_tokens, fs::path(a.file).filename().string());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "wrote %s: %zu linear layers, %lld windows of %lld tokens (%lld tokens, %.1f s) from %s\n",
-               a.out.c_str(), stats.layers().size(), static_cast<long long>(windows),
+  std::fprintf(stderr, "wrote %s: %zu linear layers%s, %lld windows of %lld tokens (%lld tokens, %.1f s) from %s\n",
+               a.out.c_str(), stats.layers().size(), a.hessian ? " with second moments" : "",
+               static_cast<long long>(windows),
                static_cast<long long>(a.m.ctx), static_cast<long long>(n_tokens), secs, a.file.c_str());
   return 0;
 }

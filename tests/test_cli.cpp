@@ -587,6 +587,23 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
   const CliResult from_dir = cider("generate -m " + quote(conv.string()) + gen);
   ASSERT_EQ(from_dir.status, 0) << from_dir.err;
   EXPECT_EQ(from_dir.out, direct.out);
+  // With second moments (GPTQ's error feedback): the converted directory again computes as the direct load does.
+  const fs::path imx_h = scratch_dir() / "tiny-imatrix-h.safetensors";
+  fs::remove(imx_h);
+  const CliResult ch = cider("imatrix -m " + quote(kTiny) + " -f " + quote(text) + " -o " + quote(imx_h.string()) +
+                             " --ctx 64 --chunks 3 --hessian");
+  ASSERT_EQ(ch.status, 0) << ch.err;
+  EXPECT_NE(ch.err.find("with second moments"), std::string::npos) << ch.err;
+  const std::string with_h = " --imatrix " + quote(imx_h.string());
+  const CliResult direct_h = cider("generate -m " + quote(kTiny) + " --weights q4_k" + with_h + gen);
+  ASSERT_EQ(direct_h.status, 0) << direct_h.err;
+  const fs::path conv_h = scratch_dir() / "tiny-q4k-imatrix-h";
+  fs::remove_all(conv_h);
+  ASSERT_EQ(cider("convert -m " + quote(kTiny) + " -o " + quote(conv_h.string()) + " --weights q4_k" + with_h).status, 0);
+  const CliResult from_dir_h = cider("generate -m " + quote(conv_h.string()) + gen);
+  ASSERT_EQ(from_dir_h.status, 0) << from_dir_h.err;
+  EXPECT_EQ(from_dir_h.out, direct_h.out);
+  EXPECT_FALSE(direct_h.out.empty());
   const CliResult dense = cider("generate -m " + quote(kTiny) + " --weights bf16" + with_imx + gen);
   EXPECT_EQ(dense.status, 2);
   EXPECT_NE(dense.err.find("--imatrix weights the fits of a requantizing block format"), std::string::npos) << dense.err;
