@@ -548,7 +548,9 @@ int run_imatrix(ImatrixArgs a) {
   check(windows >= 1, ErrorCode::kInvalidArgument, "imatrix", "the text must give at least one window of ", per,
         " tokens (--ctx ", a.m.ctx, bos >= 0 ? ", BOS first" : "", "); got ", tokens.size(), " tokens");
   model::ActivationStats stats;
-  stats.set_second_moments(a.hessian);
+  check(a.hessian_max_k >= 1, ErrorCode::kInvalidArgument, "options", "--hessian-max-k must be >= 1; got ",
+        a.hessian_max_k);
+  stats.set_second_moments(a.hessian ? a.hessian_max_k : 0);
   model->record_activations(&stats);
   ProgressBar bar(progress_enabled(a.m));
   std::vector<float> logits(static_cast<size_t>(model->config().vocab_size));
@@ -567,9 +569,12 @@ int run_imatrix(ImatrixArgs a) {
   const int64_t n_tokens = windows * a.m.ctx;
   stats.write(a.out, n_tokens, fs::path(a.file).filename().string());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string moments;
+  if (a.hessian)
+    moments = ", " + std::to_string(stats.second_moment_layers()) + " with second moments (K <= " +
+              std::to_string(a.hessian_max_k) + ")";
   std::fprintf(stderr, "wrote %s: %zu linear layers%s, %lld windows of %lld tokens (%lld tokens, %.1f s) from %s\n",
-               a.out.c_str(), stats.layers().size(), a.hessian ? " with second moments" : "",
-               static_cast<long long>(windows),
+               a.out.c_str(), stats.layers().size(), moments.c_str(), static_cast<long long>(windows),
                static_cast<long long>(a.m.ctx), static_cast<long long>(n_tokens), secs, a.file.c_str());
   return 0;
 }

@@ -119,6 +119,7 @@ struct ImatrixArgs {
   std::string out;
   int64_t chunks = 0;  // windows at most; 0 = every whole window of the text
   bool hessian = false;  // also each layer's mean of x xᵀ (GPTQ's error feedback)
+  int64_t hessian_max_k = 4096;  // ... for the layers whose K is at most this
 };
 int run_imatrix(ImatrixArgs a);
 

@@ -206,6 +206,10 @@ int main(int argc, char** argv) {
   imx_cmd->add_flag("--hessian", imx.hessian,
                     "also each layer's input second moments (K x K): a requantizing --weights then codes with GPTQ's "
                     "error feedback");
+  imx_cmd->add_option("--hessian-max-k", imx.hessian_max_k,
+                      "second moments only for layers with at most this many input channels (each costs K^2 floats, "
+                      "and O(K^3) when loading); wider layers keep the diagonal")
+      ->capture_default_str();
 
   cider::apps::InspectArgs insp;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "configuration, tensors, formats and bytes of a model");

@@ -857,16 +857,20 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
   const std::string dir = write_model(spec, m, "imatrix_h");
   const auto tok = random_tokens(29, spec.V, 74);
   const auto T = static_cast<int64_t>(tok.size());
-  cm::ActivationStats full, diag;
-  full.set_second_moments(true);
+  cm::ActivationStats full, diag, capped;
+  full.set_second_moments(spec.I);
+  capped.set_second_moments(spec.I - 1);  // down_proj (K = I) keeps the diagonal alone
   {
     auto model = cm::Model::load(dir, opts("f32", "f32"));
-    model->record_activations(&full);
-    (void)run(*model, tok);
-    model->record_activations(&diag);
-    (void)run(*model, tok);
+    for (cm::ActivationStats* st : {&full, &diag, &capped}) {
+      model->record_activations(st);
+      (void)run(*model, tok);
+    }
     model->record_activations(nullptr);
   }
+  EXPECT_EQ(full.second_moment_layers(), 7 * spec.L);
+  EXPECT_EQ(capped.second_moment_layers(), 6 * spec.L);
+  EXPECT_EQ(diag.second_moment_layers(), 0);
   const std::string full_file = fresh_dir("imatrix_h_full") + "/full.safetensors";
   const std::string diag_file = fresh_dir("imatrix_h_diag") + "/diag.safetensors";
   full.write(full_file, T, "tokens");

@@ -49,7 +49,10 @@ void ActivationStats::add(const std::string& layer, const float* x, int64_t rows
       e.sum_sq[static_cast<size_t>(k)] += v * v;
     }
   e.rows += rows;
-  if (!second_moments_) return;
+  if (K > second_moments_max_k_) {  // none for this layer (nor a share with the next)
+    last_layer_.clear();
+    return;
+  }
   // FNV-1a over the input's bytes and shape: the same input as the previous call's (q, k, v of one norm's output).
   uint64_t h = 1469598103934665603ull;
   const auto* bytes = reinterpret_cast<const uint8_t*>(x);
@@ -92,6 +95,12 @@ void ActivationStats::add(const std::string& layer, const float* x, int64_t rows
       if (K - 1 - p != p) dots_of_row(K - 1 - p);
     }
   });
+}
+
+int64_t ActivationStats::second_moment_layers() const {
+  int64_t n = 0;
+  for (const auto& [name, e] : layers_) n += (!e.sum_xxt.empty() || !e.shares.empty()) ? 1 : 0;
+  return n;
 }
 
 int64_t ActivationStats::rows(const std::string& layer) const {

@@ -32,7 +32,10 @@ class ActivationStats {
   // With second moments on, also x's rows into the layer's mean of x xᵀ (a layer whose input is, row for row, the one
   // the previous call saw shares that layer's).
   void add(const std::string& layer, const float* x, int64_t rows, int64_t K);
-  void set_second_moments(bool on) { second_moments_ = on; }
+  // Second moments for the layers whose K is at most max_k (0: none). They cost K² floats each, and GPTQ's factor
+  // O(K³) at load: wider layers keep the diagonal alone.
+  void set_second_moments(int64_t max_k) { second_moments_max_k_ = max_k; }
+  int64_t second_moment_layers() const;  // layers with second moments (their own or shared)
   int64_t rows(const std::string& layer) const;  // 0 when never seen
   // The mean square of each input channel of `layer` (K values); empty when never seen.
   std::vector<float> mean_square(const std::string& layer) const;
@@ -48,7 +51,7 @@ class ActivationStats {
     std::string shares;           // the layer whose Σ x xᵀ this one's input equals
   };
   std::map<std::string, Entry> layers_;
-  bool second_moments_ = false;
+  int64_t second_moments_max_k_ = 0;
   // The previous add: its layer (or the one it shares) and a hash of its input, to find layers fed the same input.
   std::string last_layer_;
   uint64_t last_hash_ = 0;
