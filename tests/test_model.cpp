@@ -944,6 +944,24 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
   std::printf("q4_k_m output error with second moments (GPTQ): %.3f of the diagonal fit's\n", with_gptq / with_diag);
   EXPECT_LT(rel_rms(run(*gptq, tok), reference_logits(spec, m, tok)), 0.8);
 
+  // Second moments that no input could give (indefinite: 1 on the diagonal, 2 elsewhere): refused naming the layer.
+  const std::string indefinite = fresh_dir("imatrix_h_indef") + "/indefinite.safetensors";
+  {
+    const auto k = static_cast<size_t>(spec.H);
+    std::vector<float> ms(k, 1.0f), h(k * k, 2.0f);
+    for (size_t i = 0; i < k; ++i) h[i * k + i] = 1.0f;
+    cm::SafetensorsWriter w;
+    w.add(l0 + "self_attn.q_proj.act_sq", cider::DType::kF32, {spec.H}, ms.data());
+    w.add(l0 + "self_attn.q_proj.hessian", cider::DType::kF32, {spec.H, spec.H}, h.data());
+    w.set_metadata("format", "cider-imatrix");
+    w.set_metadata("version", "1");
+    w.write(indefinite);
+    o.imatrix = indefinite;
+    EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(dir, o); }, ErrorCode::kCorrupt,
+                                         "second moments of " + l0 + "self_attn.q_proj"));
+    EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(dir, o); }, ErrorCode::kCorrupt,
+                                         "not positive definite"));
+  }
   // A share that names no layer with second moments.
   const std::string bad = fresh_dir("imatrix_h_bad") + "/bad.safetensors";
   {

@@ -543,7 +543,11 @@ class Builder {
       if (const auto it = importance_->second_moments.find(key);
           importance != nullptr && L.name != "lm_head" && it != importance_->second_moments.end()) {
         if (gptq_of_ != it->second.get()) {
-          gptq_factor_ = quant::gptq_factor(it->second->data(), L.K);
+          try {
+            gptq_factor_ = quant::gptq_factor(it->second->data(), L.K);
+          } catch (const Error& e) {
+            fail(ErrorCode::kCorrupt, kOp, where_, ": --imatrix's second moments of ", key, " (", e.what(), ")");
+          }
           gptq_of_ = it->second.get();
         }
         gptq = gptq_factor_.data();
