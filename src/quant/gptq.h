@@ -8,7 +8,7 @@
 // every row.
 //
 // Computed in float64: H + λ·mean(diag H)·I (λ = damp; a channel whose mean square is 0 gets diagonal 1 first) is
-// reversed (P H P, P the exchange matrix), factored as L Lᵀ, and U = P L⁻¹ P — no explicit inverse.
+// reversed (P H P, P the exchange matrix), factored as L Lᵀ, and U = P L⁻¹ P (a triangular inverse, no general one).
 #pragma once
 
 #include <cstdint>
