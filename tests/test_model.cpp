@@ -612,9 +612,15 @@ TEST(ModelBatch, RejectionsLeaveEverySessionUnchanged) {
   EXPECT_EQ(b->position(), 0);
 }
 
-// The weights an int layer really holds, dequantized: codes × scales.
+// The weights an int or block layer really holds, dequantized: codes × scales, or each block by its format's decoder.
 std::vector<float> dequantize_linear(const cm::Linear& L) {
   std::vector<float> w(static_cast<size_t>(L.N * L.K));
+  if (L.kind == cm::Linear::Kind::kGgml) {
+    const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(L.ggml_type);
+    for (int64_t i = 0; i < L.N * L.K / f.block_size; ++i)
+      f.decode(static_cast<const uint8_t*>(L.w) + i * f.block_bytes, w.data() + i * f.block_size);
+    return w;
+  }
   for (int64_t n = 0; n < L.N; ++n)
     for (int64_t k = 0; k < L.K; ++k) {
       int q;
@@ -723,6 +729,18 @@ TEST(ModelReference, BlockFormatsComputeWithTheirOwnDecodedWeights) {
   }
 }
 
+// Layer 0's attention input in float64: the embedding rows of `tok`, rms-normed (T × H).
+Vec layer0_input_ref(const Spec& spec, const TensorMap& m, const std::vector<int32_t>& tok) {
+  const auto T = static_cast<int64_t>(tok.size());
+  Vec h(static_cast<size_t>(T * spec.H));
+  const auto& emb = m.at("model.embed_tokens.weight").second;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < spec.H; ++i)
+      h[static_cast<size_t>(t * spec.H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * spec.H + i)];
+  rms_ref(h, T, spec.H, m.at("model.layers.0.input_layernorm.weight").second, 0.0, spec.eps);
+  return h;
+}
+
 // `cider imatrix`'s statistics and `--imatrix`: recorded inputs are each linear layer's (layer 0's q/k/v input the
 // reference's normed embedding rows), the file round-trips, and a requantizing format fitted with them has a lower
 // importance-weighted error than the plain fit; a file of another model, or with a format that fits nothing, is
@@ -750,12 +768,7 @@ TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
       EXPECT_EQ(stats.rows("model.layers." + std::to_string(l) + "." + mod), T) << l << " " << mod;
   {  // layer 0's q input: rmsnorm(embedding rows), mean square per channel
-    Vec h(static_cast<size_t>(T * spec.H));
-    const auto& emb = m.at("model.embed_tokens.weight").second;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < spec.H; ++i)
-        h[static_cast<size_t>(t * spec.H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * spec.H + i)];
-    rms_ref(h, T, spec.H, m.at("model.layers.0.input_layernorm.weight").second, 0.0, spec.eps);
+    const Vec h = layer0_input_ref(spec, m, tok);
     const std::vector<float> got = stats.mean_square(q0);
     ASSERT_EQ(static_cast<int64_t>(got.size()), spec.H);
     for (int64_t i = 0; i < spec.H; ++i) {
@@ -778,10 +791,7 @@ TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
     double e = 0.0;
     for (const cm::LayerWeights& L : model.impl().w.layers)
       for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-        const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(x->ggml_type);
-        std::vector<float> w(static_cast<size_t>(x->N * x->K));
-        for (int64_t i = 0; i < x->N * x->K / f.block_size; ++i)
-          f.decode(static_cast<const uint8_t*>(x->w) + i * f.block_bytes, w.data() + i * f.block_size);
+        const std::vector<float> w = dequantize_linear(*x);
         const std::vector<float>& ms = imp.layers.at(x->name);
         const auto& orig = m.at(x->name + ".weight").second;
         for (int64_t n = 0; n < x->N; ++n)
@@ -887,12 +897,7 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
   EXPECT_NE(q, imp.second_moments.at(l0 + "self_attn.o_proj"));
   EXPECT_NE(q, imp.second_moments.at("model.layers.1.self_attn.q_proj"));
   {  // layer 0's q input: rmsnorm(embedding rows); mean of x xᵀ, float32 norm and float sums
-    Vec h(static_cast<size_t>(T * spec.H));
-    const auto& emb = m.at("model.embed_tokens.weight").second;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < spec.H; ++i)
-        h[static_cast<size_t>(t * spec.H + i)] = emb[static_cast<size_t>(tok[static_cast<size_t>(t)] * spec.H + i)];
-    rms_ref(h, T, spec.H, m.at("model.layers.0.input_layernorm.weight").second, 0.0, spec.eps);
+    const Vec h = layer0_input_ref(spec, m, tok);
     ASSERT_EQ(static_cast<int64_t>(q->size()), spec.H * spec.H);
     for (int64_t i = 0; i < spec.H; ++i)
       for (int64_t j = 0; j < spec.H; ++j) {
@@ -915,10 +920,7 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
     double e = 0.0;
     for (const cm::LayerWeights& L : model.impl().w.layers)
       for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-        const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(x->ggml_type);
-        std::vector<float> w(static_cast<size_t>(x->N * x->K));
-        for (int64_t i = 0; i < x->N * x->K / f.block_size; ++i)
-          f.decode(static_cast<const uint8_t*>(x->w) + i * f.block_bytes, w.data() + i * f.block_size);
+        const std::vector<float> w = dequantize_linear(*x);
         const std::vector<float>& H = *imp.second_moments.at(x->name);
         const auto& orig = m.at(x->name + ".weight").second;
         std::vector<double> d(static_cast<size_t>(x->K));

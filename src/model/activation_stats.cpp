@@ -53,17 +53,19 @@ void ActivationStats::add(const std::string& layer, const float* x, int64_t rows
     last_layer_.clear();
     return;
   }
-  // FNV-1a over the input's bytes and shape: the same input as the previous call's (q, k, v of one norm's output).
-  uint64_t h = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const uint8_t*>(x);
-  for (size_t i = 0; i < static_cast<size_t>(rows * K) * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  h = (h ^ static_cast<uint64_t>(rows)) * 1099511628211ull;
-  h = (h ^ static_cast<uint64_t>(K)) * 1099511628211ull;
-  const std::string prev = last_layer_;
-  const bool same_input = !prev.empty() && h == last_hash_;
-  last_hash_ = h;
-  if (first && same_input && layers_[prev].sum_sq.size() == static_cast<size_t>(K)) e.shares = prev;
-  last_layer_ = e.shares.empty() ? layer : e.shares;
+  if (first) {  // whether it shares: FNV-1a over the input's bytes and shape, equal to the previous first call's
+    uint64_t h = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(x);
+    for (size_t i = 0; i < static_cast<size_t>(rows * K) * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    h = (h ^ static_cast<uint64_t>(rows)) * 1099511628211ull;
+    h = (h ^ static_cast<uint64_t>(K)) * 1099511628211ull;
+    if (!last_layer_.empty() && h == last_hash_ && layers_.at(last_layer_).sum_sq.size() == static_cast<size_t>(K))
+      e.shares = last_layer_;
+    last_hash_ = h;
+    last_layer_ = e.shares.empty() ? layer : e.shares;
+  } else {
+    last_layer_.clear();  // sharing is settled on a layer's first call
+  }
   if (!e.shares.empty()) return;  // its leader's Σ x xᵀ (accumulated by the leader's own call)
   const auto k = static_cast<size_t>(K);
   if (e.sum_xxt.empty()) e.sum_xxt.assign(k * k, 0.0f);

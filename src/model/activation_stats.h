@@ -52,7 +52,8 @@ class ActivationStats {
   };
   std::map<std::string, Entry> layers_;
   int64_t second_moments_max_k_ = 0;
-  // The previous add: its layer (or the one it shares) and a hash of its input, to find layers fed the same input.
+  // The previous add, when it was a layer's first: its layer (or the one it shares) and a hash of its input, to find
+  // layers fed the same input.
   std::string last_layer_;
   uint64_t last_hash_ = 0;
 };

@@ -161,21 +161,19 @@ void codes_q8_0(const int* q, uint8_t* b) {
 
 void codes_q4_0(const int* q, uint8_t* b) { put_nibbles32(q, b + 2); }
 
-void codes_q5_0(const int* q, uint8_t* b) {
+// 5-bit codes: their fifth bits as a u32 at p, their low nibbles after it.
+void put_codes5(const int* q, uint8_t* p) {
   uint32_t qh = 0;
   for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
-  put_u32(b + 2, qh);
-  put_nibbles32(q, b + 6);
+  put_u32(p, qh);
+  put_nibbles32(q, p + 4);
 }
+
+void codes_q5_0(const int* q, uint8_t* b) { put_codes5(q, b + 2); }
 
 void codes_q4_1(const int* q, uint8_t* b) { put_nibbles32(q, b + 4); }
 
-void codes_q5_1(const int* q, uint8_t* b) {
-  uint32_t qh = 0;
-  for (int i = 0; i < 32; ++i) qh |= static_cast<uint32_t>((q[i] >> 4) & 1) << i;
-  put_u32(b + 4, qh);
-  put_nibbles32(q, b + 8);
-}
+void codes_q5_1(const int* q, uint8_t* b) { put_codes5(q, b + 4); }
 
 void codes_q4_k(const int* q, uint8_t* b) {
   uint8_t* qs = b + 16;  // chunk c of 64: bytes [32c, 32c + 32), low nibbles the first 32 elements
@@ -333,19 +331,19 @@ void enc_q6_k(const float* x, const float* w, uint8_t* b) {
 using Encoder = void (*)(const float* x, const float* w, uint8_t* out);
 using CodeWriter = void (*)(const int* q, uint8_t* out);
 
-// One writable type: its encoder, its code writer, and its stored codes' range [lo, hi] and offset (integer form
-// c = q − bias, quant/ggml_blocks.h).
+// One writable type: its encoder, its code writer, the range [c_lo, c_hi] of its integer-form codes and their offset
+// from the stored ones (c = q − bias, quant/ggml_blocks.h).
 struct Codec {
   Encoder enc;
   CodeWriter codes;
-  int lo, hi, bias;
+  int c_lo, c_hi, bias;
 };
 
 const Codec* codec(GgmlType t) {
-  static const Codec q8_0{enc_q8_0, codes_q8_0, -128, 127, 0}, q4_0{enc_q4_0, codes_q4_0, 0, 15, 8},
-      q5_0{enc_q5_0, codes_q5_0, 0, 31, 16}, q4_1{enc_q4_1, codes_q4_1, 0, 15, 0},
+  static const Codec q8_0{enc_q8_0, codes_q8_0, -128, 127, 0}, q4_0{enc_q4_0, codes_q4_0, -8, 7, 8},
+      q5_0{enc_q5_0, codes_q5_0, -16, 15, 16}, q4_1{enc_q4_1, codes_q4_1, 0, 15, 0},
       q5_1{enc_q5_1, codes_q5_1, 0, 31, 0}, q4_k{enc_q4_k, codes_q4_k, 0, 15, 0},
-      q6_k{enc_q6_k, codes_q6_k, 0, 63, 32};
+      q6_k{enc_q6_k, codes_q6_k, -32, 31, 32};
   switch (t) {
     case GgmlType::kQ8_0: return &q8_0;
     case GgmlType::kQ4_0: return &q4_0;
@@ -422,8 +420,8 @@ void ggml_quantize_row_gptq(GgmlType t, float* x, int64_t n, const float* U, uin
     // factor's diagonal, taken out of the columns not yet coded (x[j+1 …) −= e · U[j, j+1 …)).
     for (int i = 0; i < B; ++i) {
       const int64_t j = s + i;
-      const int code = a_e[i] != 0.0f ? clamp_code((x[j] - b_e[i]) / a_e[i], c->lo - c->bias, c->hi - c->bias)
-                                      : std::clamp(0, c->lo - c->bias, c->hi - c->bias);
+      const int code = a_e[i] != 0.0f ? clamp_code((x[j] - b_e[i]) / a_e[i], c->c_lo, c->c_hi)
+                                      : std::clamp(0, c->c_lo, c->c_hi);
       q[i] = code + c->bias;
       const float y = a_e[i] * static_cast<float>(code) + b_e[i];
       const float* u = U + j * n;
