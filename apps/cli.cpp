@@ -128,6 +128,7 @@ model::ChatFormat chat_format_for(const model::Model& m, const std::string& name
 std::string describe(const model::ModelOptions& o) {
   std::string d = std::string("weights ") + model::weight_format_name(o.weights);
   if (!o.imatrix.empty()) d += " (imatrix " + fs::path(o.imatrix).filename().string() + ")";
+  if (o.head_weights) d += std::string(", head ") + model::weight_format_name(*o.head_weights);
   d += ", kv " + model::kv_format_name(o.kv);
   if (o.device != model::Device::kCPU) d += std::string(", device ") + model::device_name(o.device);
   if (o.tp > 1) d += ", tp " + std::to_string(o.tp);
@@ -209,6 +210,7 @@ model::ModelOptions model_options(const ModelArgs& a) {
   o.ctx = a.ctx;
   o.kv_full_sliding = a.kv_full_sliding;
   o.imatrix = a.imatrix;
+  if (!a.head_weights.empty()) o.head_weights = model::parse_weight_format(a.head_weights);
   check(a.tp >= 1 && a.tp <= model::kMaxTensorParallel, ErrorCode::kInvalidArgument, "options", "--tp must be in [1, ",
         model::kMaxTensorParallel, "]; got ", a.tp);
   check(a.tp == 1 || o.device == model::Device::kCUDA, ErrorCode::kInvalidArgument, "options", "--tp ", a.tp,
@@ -462,6 +464,7 @@ int run_perplexity(PerplexityArgs a) {
     if (!a.baseline_weights.empty()) {  // its own weights: --imatrix is the tested format's
       b.weights = a.baseline_weights;
       b.imatrix.clear();
+      b.head_weights.clear();
     }
     if (!a.baseline_kv.empty()) {  // its own cache: the tested cache's layout and rotation do not carry over
       b.kv = a.baseline_kv;
@@ -588,8 +591,10 @@ int run_convert(const ConvertArgs& a) {
   if (a.m.threads_given) (void)model_options(a.m);
   const std::string path = resolve_model_path(a.m);
   ProgressBar bar(progress_enabled(a.m));
+  std::optional<model::WeightFormat> head;
+  if (!a.m.head_weights.empty()) head = model::parse_weight_format(a.m.head_weights);
   model::convert_model(path, a.out, format, [&](const char* stage, int64_t d, int64_t t) { bar.update(stage, d, t); },
-                       a.m.imatrix);
+                       a.m.imatrix, head);
   bar.finish();
   std::fprintf(stderr, "wrote %s (weights %s, from %s)\n", a.out.c_str(), model::weight_format_name(format), path.c_str());
   return 0;

@@ -38,6 +38,7 @@ struct ModelArgs {
   int tp = 1;                      // --tp: tensor-parallel GPUs (model/tensor_parallel.h)
   bool progress = false;           // --progress: draw bars even when stderr is not a terminal
   std::string imatrix;             // --imatrix: an importance file (`cider imatrix`) for a requantizing --weights
+  std::string head_weights;        // --head-weights: the LM head's block type of a requantizing --weights
 };
 
 // Checks every value and turns them into engine options (cider::Error naming the option otherwise); applies
@@ -48,7 +49,7 @@ model::ModelOptions model_options(const ModelArgs& a);
 std::unique_ptr<model::Model> load_model(const ModelArgs& a, const model::ModelOptions& o, const std::string& path);
 // The chat format: `name` when given (cider::Error for an unknown one), else the model family's.
 model::ChatFormat chat_format_for(const model::Model& m, const std::string& name);
-// "weights bf16[ (imatrix FILE)], kv k5v4/hadamard/g64/kchan/o8[, device cuda]".
+// "weights bf16[ (imatrix FILE)][, head q5_0], kv k5v4/hadamard/g64/kchan/o8[, device cuda]".
 std::string describe(const model::ModelOptions& o);
 
 // The model directory to use: -m if given, else $CIDER_DEFAULT_MODEL, else <dir of the cider binary>/../models/

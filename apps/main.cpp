@@ -71,6 +71,10 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
   c->add_option("--imatrix", m.imatrix,
                 "an importance file from `cider imatrix`: a requantizing --weights (q4_k_m, q4_0, ...) fits each "
                 "block to the error weighted by its inputs' mean squares");
+  c->add_option("--head-weights", m.head_weights,
+                "the LM head's block type with a requantizing --weights: q8_0 (the default), q6_k, q5_1, q5_0, q4_k, "
+                "q4_1 or q4_0; with an --imatrix holding second moments (--hessian) a tied head is GPTQ-coded apart "
+                "from the embedding");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
   c->add_option("--tp", m.tp,

@@ -563,7 +563,7 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
   const CliResult c = cider("imatrix -m " + quote(kTiny) + " -f " + quote(text) + " -o " + quote(imx.string()) +
                             " --ctx 64 --chunks 3");
   ASSERT_EQ(c.status, 0) << c.err;
-  EXPECT_NE(c.err.find("56 linear layers, 3 windows of 64 tokens (192 tokens"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("57 linear layers, 3 windows of 64 tokens (192 tokens"), std::string::npos) << c.err;
   const std::string gen = " --temperature 0 --max-tokens 12 -p " + quote("The cache");
   const std::string with_imx = " --imatrix " + quote(imx.string());
   const CliResult direct = cider("generate -m " + quote(kTiny) + " --weights q4_k" + with_imx + gen);
@@ -593,7 +593,7 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
   const CliResult ch = cider("imatrix -m " + quote(kTiny) + " -f " + quote(text) + " -o " + quote(imx_h.string()) +
                              " --ctx 64 --chunks 3 --hessian");
   ASSERT_EQ(ch.status, 0) << ch.err;
-  EXPECT_NE(ch.err.find("56 linear layers, 56 with second moments (K <= 4096)"), std::string::npos) << ch.err;
+  EXPECT_NE(ch.err.find("57 linear layers, 57 with second moments (K <= 4096)"), std::string::npos) << ch.err;
   const std::string with_h = " --imatrix " + quote(imx_h.string());
   const CliResult direct_h = cider("generate -m " + quote(kTiny) + " --weights q4_k" + with_h + gen);
   ASSERT_EQ(direct_h.status, 0) << direct_h.err;
@@ -604,6 +604,21 @@ TEST_F(Cli, ImatrixCalibratesTheBlockFits) {
   ASSERT_EQ(from_dir_h.status, 0) << from_dir_h.err;
   EXPECT_EQ(from_dir_h.out, direct_h.out);
   EXPECT_FALSE(direct_h.out.empty());
+  // A Q5_0 head, GPTQ-coded apart from the (tied) embedding: converted, it computes as the direct load does.
+  const std::string head_q5 = " --weights q4_k --head-weights q5_0" + with_h;
+  const CliResult direct_q5 = cider("generate -m " + quote(kTiny) + head_q5 + gen);
+  ASSERT_EQ(direct_q5.status, 0) << direct_q5.err;
+  EXPECT_NE(direct_q5.err.find("weights q4_k (imatrix tiny-imatrix-h.safetensors), head q5_0"), std::string::npos)
+      << direct_q5.err;
+  const fs::path conv_q5 = scratch_dir() / "tiny-q4k-head-q5";
+  fs::remove_all(conv_q5);
+  ASSERT_EQ(cider("convert -m " + quote(kTiny) + " -o " + quote(conv_q5.string()) + head_q5).status, 0);
+  const CliResult from_dir_q5 = cider("generate -m " + quote(conv_q5.string()) + gen);
+  ASSERT_EQ(from_dir_q5.status, 0) << from_dir_q5.err;
+  EXPECT_EQ(from_dir_q5.out, direct_q5.out);
+  const CliResult bad_head = cider("generate -m " + quote(kTiny) + " --weights q4_k --head-weights q9" + gen);
+  EXPECT_EQ(bad_head.status, 2);
+  EXPECT_NE(bad_head.err.find("weights must be one of"), std::string::npos) << bad_head.err;
   const CliResult dense = cider("generate -m " + quote(kTiny) + " --weights bf16" + with_imx + gen);
   EXPECT_EQ(dense.status, 2);
   EXPECT_NE(dense.err.find("--imatrix weights the fits of a requantizing block format"), std::string::npos) << dense.err;

@@ -878,8 +878,8 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
     }
     model->record_activations(nullptr);
   }
-  EXPECT_EQ(full.second_moment_layers(), 7 * spec.L);
-  EXPECT_EQ(capped.second_moment_layers(), 6 * spec.L);
+  EXPECT_EQ(full.second_moment_layers(), 7 * spec.L + 1);  // and the LM head's input (K = H)
+  EXPECT_EQ(capped.second_moment_layers(), 6 * spec.L + 1);
   EXPECT_EQ(diag.second_moment_layers(), 0);
   const std::string full_file = fresh_dir("imatrix_h_full") + "/full.safetensors";
   const std::string diag_file = fresh_dir("imatrix_h_diag") + "/diag.safetensors";
@@ -977,6 +977,122 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
   }
   EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::read_importance(bad); }, ErrorCode::kCorrupt,
                                        "must name a layer with second moments of the same K; got 'nowhere'"));
+}
+
+// The LM head's input (every row's final norm) is recorded too; with its second moments, a tied head is GPTQ-coded
+// apart from the embedding in the --head-weights type while the lookup keeps the source's rows; without them, one
+// tensor in that type serves both, as a GGUF file's does. A cider file keeps the head apart.
+TEST(ModelReference, TiedHeadWithSecondMomentsIsCodedApart) {
+  Spec spec = arch_specs()[2].second;  // Qwen2, tied
+  ASSERT_TRUE(spec.tie);
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
+  const TensorMap m = random_weights(spec, 91);
+  const std::string dir = write_model(spec, m, "head_apart");
+  const auto tok = random_tokens(33, spec.V, 92);
+  cm::ActivationStats full, diag;
+  full.set_second_moments(spec.I);
+  {
+    auto model = cm::Model::load(dir, opts("f32", "f32"));
+    for (cm::ActivationStats* st : {&full, &diag}) {
+      model->record_activations(st);
+      (void)run(*model, tok);
+    }
+    model->record_activations(nullptr);
+  }
+  const std::string full_file = fresh_dir("head_apart_full") + "/full.safetensors";
+  const std::string diag_file = fresh_dir("head_apart_diag") + "/diag.safetensors";
+  full.write(full_file, static_cast<int64_t>(tok.size()), "tokens");
+  diag.write(diag_file, static_cast<int64_t>(tok.size()), "tokens");
+  const cm::Importance imp = cm::read_importance(full_file);
+  ASSERT_EQ(imp.second_moments.count("lm_head"), 1u);
+  const std::vector<float>& H = *imp.second_moments.at("lm_head");
+  const std::vector<float>& ms = imp.layers.at("lm_head");
+  ASSERT_EQ(static_cast<int64_t>(ms.size()), spec.H);
+  ASSERT_EQ(static_cast<int64_t>(H.size()), spec.H * spec.H);
+  for (int64_t i = 0; i < spec.H; ++i) {  // one set of rows: the diagonal is the mean square
+    ASSERT_GT(ms[static_cast<size_t>(i)], 0.0f);
+    EXPECT_NEAR(H[static_cast<size_t>(i * spec.H + i)], ms[static_cast<size_t>(i)], 1e-5 * ms[static_cast<size_t>(i)]);
+  }
+
+  const auto& emb = m.at("model.embed_tokens.weight").second;
+  // Σ_n (w − ŵ)_n H (w − ŵ)_nᵀ of the head: its expected squared output error on the calibration inputs.
+  auto head_error = [&](const cm::Linear& L) {
+    const std::vector<float> w = dequantize_linear(L);
+    double e = 0.0;
+    std::vector<double> d(static_cast<size_t>(L.K));
+    for (int64_t n = 0; n < L.N; ++n) {
+      for (int64_t k = 0; k < L.K; ++k)
+        d[static_cast<size_t>(k)] = emb[static_cast<size_t>(n * L.K + k)] - w[static_cast<size_t>(n * L.K + k)];
+      for (int64_t i = 0; i < L.K; ++i) {
+        double r = 0.0;
+        for (int64_t j = 0; j < L.K; ++j) r += H[static_cast<size_t>(i * L.K + j)] * d[static_cast<size_t>(j)];
+        e += d[static_cast<size_t>(i)] * r;
+      }
+    }
+    return e;
+  };
+  const uint32_t q50 = static_cast<uint32_t>(cider::quant::GgmlType::kQ5_0);
+  cm::ModelOptions o = opts("q4_k_m", "f32");
+  o.head_weights = cm::WeightFormat::kQ5_0;
+  o.imatrix = diag_file;
+  auto tied = cm::Model::load(dir, o);
+  {  // no second moments: the embedding in Q5_0 blocks is the head too
+    const cm::Weights& w = tied->impl().w;
+    EXPECT_TRUE(w.head_is_embedding);
+    EXPECT_EQ(w.embed_ggml_type, q50);
+    EXPECT_EQ(w.lm_head.ggml_type, q50);
+    EXPECT_EQ(w.lm_head.w, w.embed);
+  }
+  o.imatrix = full_file;
+  auto apart = cm::Model::load(dir, o);
+  const cm::Weights& w = apart->impl().w;
+  EXPECT_FALSE(w.head_is_embedding);
+  EXPECT_EQ(w.lm_head.kind, cm::Linear::Kind::kGgml);
+  EXPECT_EQ(w.lm_head.ggml_type, q50);
+  ASSERT_EQ(w.embed_ggml_type, 0u);  // the float rows, as the checkpoint has them (bf16 at worst)
+  for (int64_t i = 0; i < spec.V * spec.H; ++i) {
+    const float want = emb[static_cast<size_t>(i)];
+    ASSERT_NEAR(cider::load_float(w.embed, w.embed_dtype, i), want, std::ldexp(std::fabs(want), -8)) << i;
+  }
+  const double e_tied = head_error(tied->impl().w.lm_head), e_apart = head_error(w.lm_head);
+  std::printf("Q5_0 head output error, GPTQ-coded apart: %.3f of the tied diagonal fit's\n", e_apart / e_tied);
+  EXPECT_LT(e_apart, 0.9 * e_tied);
+  const Vec ref = reference_logits(spec, m, tok);
+  const std::vector<float> got = run(*apart, tok);
+  EXPECT_LT(rel_rms(got, ref), 0.8);
+  // The float rows added, the Q5_0 bytes the same (once the embedding's, now the head's).
+  EXPECT_EQ(w.nbytes, tied->impl().w.nbytes + static_cast<size_t>(spec.V * spec.H) * cider::dtype_size(w.embed_dtype));
+  {  // converted: the head stays apart, and the directory loads to the same logits
+    const std::string out = temp_root().string() + "/head_apart_cider";
+    std::filesystem::remove_all(out);
+    cm::convert_model(dir, out, cm::WeightFormat::kQ4_K_M, {}, full_file, cm::WeightFormat::kQ5_0);
+    auto c = cm::Model::load(out, opts("q4_k_m", "f32"));
+    EXPECT_FALSE(c->impl().w.head_is_embedding);
+    EXPECT_EQ(c->impl().w.lm_head.ggml_type, q50);
+    EXPECT_EQ(run(*c, tok), got);
+    cm::ModelOptions oc = opts("q4_k_m", "f32");
+    oc.head_weights = cm::WeightFormat::kQ5_0;
+    EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(out, oc); }, ErrorCode::kInvalidArgument,
+                                         "--head-weights applies when converting"));
+  }
+  // Refusals: a format that requantizes nothing, a mix as the head's type, blocks that do not divide K.
+  cm::ModelOptions bad = opts("bf16", "f32");
+  bad.head_weights = cm::WeightFormat::kQ5_0;
+  EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(dir, bad); }, ErrorCode::kInvalidArgument,
+                                       "--head-weights sets the LM head's block type of a requantizing format"));
+  bad = opts("q4_0", "f32");
+  bad.head_weights = cm::WeightFormat::kQ4_K_M;
+  EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(dir, bad); }, ErrorCode::kInvalidArgument,
+                                       "--head-weights must name one block type"));
+  Spec narrow = arch_specs()[2].second;
+  narrow.H = 96;
+  const std::string ndir = write_model(narrow, random_weights(narrow, 93), "head_apart_narrow");
+  bad = opts("q4_0", "f32");
+  bad.head_weights = cm::WeightFormat::kQ4_K;
+  EXPECT_TRUE(cider::test::throws_code([&] { (void)cm::Model::load(ndir, bad); }, ErrorCode::kUnsupported,
+                                       "--head-weights Q4_K needs the hidden size to be a multiple of its 256"));
 }
 
 TEST(ModelReference, QuantizedKvCacheStaysClose) {
@@ -1210,9 +1326,12 @@ TEST(ModelReference, LlamaCppImatrixFilesWeightTheFitsAsCidersDo) {
   GgufWriter g;
   g.set_str("general.type", "imatrix");
   for (const std::string& name : stats.layers()) {
-    const size_t at = name.find('.', std::string("model.layers.").size());
-    const std::string layer = name.substr(std::string("model.layers.").size(), at - std::string("model.layers.").size());
-    const std::string gname = "blk." + layer + "." + gguf_of.at(name.substr(at + 1)) + ".weight";
+    std::string gname = "output.weight";  // the LM head (llama-imatrix --process-output)
+    if (name != "lm_head") {
+      const size_t at = name.find('.', std::string("model.layers.").size());
+      const std::string layer = name.substr(std::string("model.layers.").size(), at - std::string("model.layers.").size());
+      gname = "blk." + layer + "." + gguf_of.at(name.substr(at + 1)) + ".weight";
+    }
     std::vector<float> sums = stats.mean_square(name);
     for (float& v : sums) v *= 4.0f;  // 4 rows: the mean comes back exactly
     // llama-imatrix writes one matrix's entries 1-D (trailing dimensions of 1 dropped); the 2-D form is read too

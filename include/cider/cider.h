@@ -176,6 +176,8 @@ typedef struct cider_model_options {
                               unquantized, in bfloat16; cpu only) or "quantized"; NULL or "" = the default's */
   const char* imatrix;     /* an importance file (`cider imatrix`) weighting the block fits of a weights format cider
                               requantizes into ("q4_k_m", ...); NULL or "" = plain fits */
+  const char* head_weights; /* the LM head's block type of such a format: "q8_0", "q6_k", "q5_1", "q5_0", "q4_k", "q4_1"
+                               or "q4_0"; NULL or "" = the format's own (q8_0) */
 } cider_model_options;
 
 /* All zeros / NULL: the defaults above. */

@@ -712,7 +712,7 @@ class Model:
                 kw.update(kv_rotation=None, kv_layout=None, kv_group_size=0, kv_outliers=0, kv_values=None,
                           kv_recent=None)
             if "weights" in baseline:  # its own weights: the importance file is the tested format's
-                kw.update(imatrix=None)
+                kw.update(imatrix=None, head_weights=None)
             baseline = load(self.path, **{**kw, **baseline})
         r = self._m.perplexity(text, int(ctx), int(stride), None if baseline is None else baseline._m)
         has = r["has_baseline"]
@@ -730,7 +730,7 @@ class Model:
 def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_rotation: Optional[str] = None,
          kv_group_size: int = 0, kv_layout: Optional[str] = None, ctx: int = 0, device: str = "cpu",
          threads: int = 0, kv_outliers: Union[int, str, None] = None, kv_values: Optional[str] = None,
-         kv_recent: Optional[str] = None, imatrix: Optional[str] = None) -> Model:
+         kv_recent: Optional[str] = None, imatrix: Optional[str] = None, head_weights: Optional[str] = None) -> Model:
     """Loads a model: a Hugging Face / MLX / cider-converted directory or a .gguf file. weights: "bf16", "f32",
     "w8a8", "w8a8-g64/128/256", "w4a8", "native" (a GGUF file's blocks as they are; None: native for a .gguf file
     or a directory converted with --weights native or a block format, else bf16), or a GGUF block format cider
@@ -741,10 +741,12 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
     docs/kv_cache.md); kv_values "affine" or "symmetric" (a step per value group and no bias, CPU only; None: the
     default's, symmetric for the default cache on the CPU, else affine); kv_recent "exact" or "quantized" (per-channel
     keys: each query reads its own block of group-size positions unquantized, CPU only; None: the default's); ctx: context length (0 = the model's, capped at 8192); device: "cpu" or "cuda"; imatrix: an
-    importance file from `cider imatrix` that weights the block fits of a requantizing weights format ("q4_k_m", ...)."""
+    importance file from `cider imatrix` that weights the block fits of a requantizing weights format ("q4_k_m", ...);
+    head_weights: the LM head's block type with such a format ("q8_0", "q6_k", "q5_1", "q5_0", "q4_k", "q4_1",
+    "q4_0"; None: q8_0)."""
     kw = dict(weights=weights, kv=kv, kv_rotation=kv_rotation, kv_group_size=kv_group_size, kv_layout=kv_layout,
               ctx=ctx, device=device, threads=threads, kv_outliers=kv_outliers, kv_values=kv_values,
-              kv_recent=kv_recent, imatrix=imatrix)
+              kv_recent=kv_recent, imatrix=imatrix, head_weights=head_weights)
     spec = _cider.KVSpec()
     spec.format = kv or ""
     spec.rotation = kv_rotation or ""
@@ -761,4 +763,4 @@ def load(path: str, weights: Optional[str] = None, kv: Optional[str] = None, kv_
     else:
         raise ArgumentError(f'[cider.load] kv_outliers must be "auto", None or a count >= 0; got {kv_outliers!r}', 1)
     return Model(str(path), _cider.Model.load(str(path), weights or "", spec, int(ctx), device, int(threads),
-                                                 str(imatrix or "")), kw)
+                                                 str(imatrix or ""), str(head_weights or "")), kw)

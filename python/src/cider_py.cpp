@@ -260,10 +260,12 @@ NB_MODULE(_cider, m) {
 
   nb::class_<cider::Model>(m, "Model")
       .def_static("load", [](const std::string& path, const std::string& weights, const cider::KVSpec& kv,
-                             int64_t ctx, const std::string& device, int threads, const std::string& imatrix) {
+                             int64_t ctx, const std::string& device, int threads, const std::string& imatrix,
+                             const std::string& head_weights) {
         cider::ModelOptions o;
         o.weights = weights;
         o.imatrix = imatrix;
+        o.head_weights = head_weights;
         o.kv = kv;
         o.ctx = ctx;
         o.device = device;

@@ -88,6 +88,8 @@ model::ModelOptions engine_options(const ModelOptions& options, const char* op) 
   check(options.threads >= 0, ErrorCode::kInvalidArgument, op, "threads must be >= 0 (0 = unchanged); got ",
         options.threads);
   o.imatrix = options.imatrix;
+  if (!options.head_weights.empty())
+    o.head_weights = named(op, "head_weights", [&] { return model::parse_weight_format(options.head_weights); });
   if (options.threads > 0) {
     check_threads(options.threads, op);
     set_num_threads(options.threads);

@@ -60,6 +60,7 @@ cider_status cider_model_load(const char* path, const cider_model_options* optio
       if (options->kv_values) o.kv.values = options->kv_values;
       if (options->kv_recent) o.kv.recent = options->kv_recent;
       if (options->imatrix) o.imatrix = options->imatrix;
+      if (options->head_weights) o.head_weights = options->head_weights;
       o.kv.group_size = options->kv_group_size;
       o.ctx = options->ctx;
       if (options->device) o.device = options->device;

@@ -114,7 +114,7 @@ void write_tokenizer_gguf(const GGUFFile& g, const std::string& path) {
 }  // namespace
 
 void convert_model(const std::string& in, const std::string& out_dir, WeightFormat format, const ProgressFn& progress,
-                   const std::string& imatrix) {
+                   const std::string& imatrix, std::optional<WeightFormat> head_weights) {
   std::error_code ec;
   check(!out_dir.empty(), ErrorCode::kInvalidArgument, kOp, "the output directory must be named");
   check(!fs::exists(out_dir, ec), ErrorCode::kInvalidArgument, kOp, "the output directory must not exist yet; got '",
@@ -122,6 +122,7 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   ModelOptions opts;
   opts.weights = format;
   opts.imatrix = imatrix;
+  opts.head_weights = head_weights;
   opts.kv = parse_kv_format("bf16");  // no cache is built; a plain one puts no constraint on head_dim
   const std::unique_ptr<Model> model = Model::load(in, opts, progress);
   const Model::Impl& m = model->impl();

@@ -29,8 +29,10 @@
 
 namespace cider::model {
 
-// imatrix: an importance file (`cider imatrix`) weighting a requantizing format's fits (ModelOptions::imatrix).
+// imatrix: an importance file (`cider imatrix`) weighting a requantizing format's fits (ModelOptions::imatrix);
+// head_weights: the LM head's block type (ModelOptions::head_weights).
 void convert_model(const std::string& in, const std::string& out_dir, WeightFormat format,
-                   const ProgressFn& progress = {}, const std::string& imatrix = {});
+                   const ProgressFn& progress = {}, const std::string& imatrix = {},
+                   std::optional<WeightFormat> head_weights = {});
 
 }  // namespace cider::model

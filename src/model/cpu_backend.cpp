@@ -312,6 +312,8 @@ class CpuBackend final : public PassBackend {
       for (int64_t i = 0; i < n * H; ++i) x[i] += t[i];
     }
     rms_norm(x, norm(next_layer, next), c_.norm_weight_offset, n, H, c_.rms_norm_eps, s_.h.data());
+    // The LM head's input is every row's final norm (the pass reads logits of only some of them)
+    if (next == NormSlot::kFinal && m_.activation_stats != nullptr) m_.activation_stats->add("lm_head", s_.h.data(), n, H);
   }
 
   void linear(int64_t layer, LinearSlot slot) override {

@@ -106,6 +106,9 @@ class Builder {
   std::set<std::string> used_;
   Weights* w_ = nullptr;
   const Importance* importance_ = nullptr;  // --imatrix: module → mean squared input per channel
+  // A tied LM head coded apart from the embedding (GPTQ fits the head's rows to its inputs, not to the lookup)
+  bool head_apart_ = false;
+  uint32_t head_type_ = 0;  // --head-weights: the LM head's block type; 0: the format's
   int64_t importance_used_ = 0;             // layers whose fits it weighted
   // GPTQ's factor of the last second-moment matrix used (layers that share one come one after another: q, k, v)
   const void* gptq_of_ = nullptr;
@@ -516,8 +519,13 @@ class Builder {
   // divide its fallback type; a mix's sensitive layers (is_sensitive_layer) their own type.
   void encode_blocks(Linear& L, const TensorView& wv, const WeightFormatInfo& info, bool counted = true) {
     const bool sensitive = info.ggml_sensitive != 0 && is_sensitive_layer(L.name);
-    uint32_t type = L.name == "lm_head" ? info.ggml_head : (sensitive ? info.ggml_sensitive : info.ggml_body);
+    const bool head = L.name == "lm_head";
+    uint32_t type = head ? (head_type_ != 0 ? head_type_ : info.ggml_head)
+                         : (sensitive ? info.ggml_sensitive : info.ggml_body);
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(type);
+    check(!head || head_type_ == 0 || L.K % f->block_size == 0, ErrorCode::kUnsupported, kOp, where_,
+          ": --head-weights ", f->name, " needs the hidden size to be a multiple of its ", f->block_size,
+          "-weight blocks; lm_head has K = ", L.K);
     if (L.K % f->block_size != 0)
       f = quant::ggml_block_format(type = sensitive ? info.ggml_sensitive_fallback : info.ggml_fallback);
     check(L.K % f->block_size == 0, ErrorCode::kUnsupported, kOp, where_, ": ", L.name, " has K = ", L.K,
@@ -539,9 +547,10 @@ class Builder {
         importance = it->second.data();
         ++importance_used_;
       }
-      // Second moments: GPTQ's error feedback (not for the LM head, whose rows are also the tied embedding's)
+      // Second moments: GPTQ's error feedback (not for a head whose rows also serve as the tied embedding's)
+      const bool lookup_too = L.name == "lm_head" && c_.tie_word_embeddings && !head_apart_;
       if (const auto it = importance_->second_moments.find(key);
-          importance != nullptr && L.name != "lm_head" && it != importance_->second_moments.end()) {
+          importance != nullptr && !lookup_too && it != importance_->second_moments.end()) {
         if (gptq_of_ != it->second.get()) {
           try {
             gptq_factor_ = quant::gptq_factor(it->second->data(), L.K);
@@ -898,7 +907,13 @@ class Builder {
     const std::string en = "model.embed_tokens.weight";
     const WeightFormatInfo& finfo = weight_format_info(format_);
     const bool requant = finfo.ggml_body != 0;  // q8_0, q4_k, …
-    if (format_ == WeightFormat::kNative ||
+    // A tied head with second moments in --imatrix is GPTQ-coded on its own; the lookup keeps the source's
+    // embedding (a GGUF file's blocks in place, else the float rows). A cider file stores such a head apart.
+    head_apart_ = requant && c.tie_word_embeddings &&
+                  (kind_ == SourceKind::kCider ? st("lm_head.gblocks") != nullptr
+                                               : importance_ != nullptr && !importance_->gguf_names &&
+                                                     importance_->second_moments.count("lm_head") != 0);
+    if (format_ == WeightFormat::kNative || (head_apart_ && kind_ == SourceKind::kGGUF) ||
         (requant && kind_ == SourceKind::kCider && st("model.embed_tokens.gblocks") != nullptr)) {
       // Native: the embedding stays in its block format too (a row is decoded per token); a format with kernels
       // also serves as the tied LM head.
@@ -911,7 +926,7 @@ class Builder {
         w.embed_ggml_type = type;
       }
     }
-    if (w.embed == nullptr && requant && c.tie_word_embeddings && kind_ != SourceKind::kCider) {
+    if (w.embed == nullptr && requant && c.tie_word_embeddings && kind_ != SourceKind::kCider && !head_apart_) {
       // A requantizing format with a tied head: the embedding is encoded once in the head's type and serves both, as
       // a GGUF file's does (a row decoded per looked-up token), instead of a float copy beside a block copy.
       named(en, [&] {
@@ -988,7 +1003,17 @@ class Builder {
 
     // LM head.
     const Linear::Kind kindw = weight_format_info(format_).kind;
-    if (c.tie_word_embeddings && (format_ == WeightFormat::kNative || (requant && w.embed_ggml_type != 0))) {
+    if (head_apart_ && kind_ != SourceKind::kCider) {
+      w.lm_head.name = "lm_head";
+      w.lm_head.N = c.vocab_size;
+      w.lm_head.K = H;
+      named("lm_head (tied to the embedding, coded apart)", [&] {
+        FloatRef e = fetch_float(en, {c.vocab_size, H});
+        encode_blocks(w.lm_head, e.view, finfo);
+        return 0;
+      });
+    } else if (c.tie_word_embeddings && !head_apart_ &&
+               (format_ == WeightFormat::kNative || (requant && w.embed_ggml_type != 0))) {
       w.lm_head.name = "lm_head";
       w.lm_head.N = c.vocab_size;
       w.lm_head.K = H;
@@ -1161,6 +1186,16 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
   check(impl.options.imatrix.empty() || requantizing, ErrorCode::kInvalidArgument, kOp, "--imatrix weights the fits "
         "of a requantizing block format (--weights q8_0, q6_k, q5_1, q5_0, q4_k_m, q4_k, q4_1 or q4_0); got --weights ",
         weight_format_name(format));
+  uint32_t head_type = 0;
+  if (impl.options.head_weights) {
+    const WeightFormatInfo& h = weight_format_info(*impl.options.head_weights);
+    check(requantizing && weight_format_info(format).ggml_body != 0, ErrorCode::kInvalidArgument, kOp,
+          "--head-weights sets the LM head's block type of a requantizing format (--weights q8_0, q6_k, q5_1, q5_0, "
+          "q4_k_m, q4_k, q4_1 or q4_0); got --weights ", weight_format_name(format));
+    check(h.ggml_body != 0 && h.ggml_sensitive == 0, ErrorCode::kInvalidArgument, kOp,
+          "--head-weights must name one block type: q8_0, q6_k, q5_1, q5_0, q4_k, q4_1 or q4_0; got ", h.name);
+    head_type = h.ggml_body;
+  }
   const Importance importance = impl.options.imatrix.empty() ? Importance{} : read_importance(impl.options.imatrix);
   const bool with_importance = !importance.layers.empty();
   // After the build: an importance file none of whose layers the model has belongs to another model.
@@ -1221,6 +1256,10 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
       }
     }
     impl.w.keep_alive.push_back(set);
+    check(kind != SourceKind::kCider || head_type == 0, ErrorCode::kInvalidArgument, kOp, path, ": a cider model's "
+          "weights load as stored: --head-weights applies when converting (cider convert --weights ",
+          weight_format_name(format), " --head-weights TYPE)");
+    b.head_type_ = head_type;
     if (with_importance) b.importance_ = &importance;
     b.build(impl.w, progress);
     check_importance_used(b);
@@ -1287,6 +1326,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
     check(impl.tokenizer->vocab_size() >= impl.config.vocab_size, ErrorCode::kCorrupt, kOp, path,
           ": tokenizer.ggml.tokens must name every token the model can produce (vocab_size ", impl.config.vocab_size,
           "); got ", impl.tokenizer->vocab_size(), " tokens");
+  b.head_type_ = head_type;
   if (with_importance) b.importance_ = &importance;
   b.build(impl.w, progress);
   check_importance_used(b);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -112,6 +113,11 @@ struct ModelOptions {
   // `--imatrix`: an importance file (`cider imatrix`, model/activation_stats.h) that weights the block fits of a
   // requantizing format (q4_k_m, q4_0, …; quant/ggml_quantize.h); empty: plain least-squares fits.
   std::string imatrix;
+  // `--head-weights`: the LM head's block type for a requantizing format, named by the plain format that uses it for
+  // every layer (q8_0, q6_k, q5_1, q5_0, q4_k, q4_1, q4_0); unset: the format's own head type (Q8_0). With second
+  // moments of the head's input in --imatrix, a tied head is GPTQ-coded apart from the embedding, which the lookup
+  // then reads from the source (docs/engine.md).
+  std::optional<WeightFormat> head_weights;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).

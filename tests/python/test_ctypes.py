@@ -33,7 +33,8 @@ class ModelOptions(ctypes.Structure):
     _fields_ = [("weights", ctypes.c_char_p), ("kv", ctypes.c_char_p), ("kv_rotation", ctypes.c_char_p),
                 ("kv_group_size", ctypes.c_int), ("ctx", ctypes.c_int64), ("device", ctypes.c_char_p),
                 ("threads", ctypes.c_int), ("kv_layout", ctypes.c_char_p), ("kv_outliers", ctypes.c_int),
-                ("kv_values", ctypes.c_char_p), ("kv_recent", ctypes.c_char_p), ("imatrix", ctypes.c_char_p)]
+                ("kv_values", ctypes.c_char_p), ("kv_recent", ctypes.c_char_p), ("imatrix", ctypes.c_char_p),
+                ("head_weights", ctypes.c_char_p)]
 
 
 MAX_EOS = 16
