@@ -323,6 +323,7 @@ std::vector<Case> all_cases() {
   for (auto [type, name] : {std::pair<quant::GgmlType, const char*>{quant::GgmlType::kQ8_0, "q8_0"},
                             {quant::GgmlType::kQ4_K, "q4_k"}, {quant::GgmlType::kQ6_K, "q6_k"},
                             {quant::GgmlType::kQ5_0, "q5_0"}, {quant::GgmlType::kQ4_0, "q4_0"},
+                            {quant::GgmlType::kQ4_1, "q4_1"}, {quant::GgmlType::kQ5_1, "q5_1"},
                             {quant::GgmlType::kQ2_K, "q2_k"}}) {
     const quant::GgmlType ty = type;
     add(std::string("ggml_") + name + "_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
@@ -418,10 +419,15 @@ std::vector<Case> all_cases() {
       return r;
     });
   }
-  // Gemma 3 270M's output layer (Q8_0, 640 × 262144: short rows, the largest matmul of its decode step).
-  add("ggml_q8_0_gemv_k640_n262144", [](const BenchOptions& o, const kernels::KernelTable& t) {
-    return ggml(o, t, quant::GgmlType::kQ8_0, 1, 262144, 640);
-  });
+  // Gemma 3 270M's output layer (Q8_0 in its file; a requantized head in the smaller types, --head-weights).
+  for (auto [type, name] : {std::pair<quant::GgmlType, const char*>{quant::GgmlType::kQ8_0, "q8_0"},
+                            {quant::GgmlType::kQ5_1, "q5_1"}, {quant::GgmlType::kQ5_0, "q5_0"},
+                            {quant::GgmlType::kQ4_1, "q4_1"}, {quant::GgmlType::kQ4_0, "q4_0"}}) {
+    const quant::GgmlType ty = type;
+    add(std::string("ggml_") + name + "_gemv_k640_n262144", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
+      return ggml(o, t, ty, 1, 262144, 640);
+    });
+  }
   // Gemma 3 270M's layer GEMVs (Q4_K_M: Q5_0 where K = 640 is not a multiple of 256); with a small --pool-mb they
   // stay in the caches and time the kernels' arithmetic.
   for (auto [type, name, N, K] : {std::tuple<quant::GgmlType, const char*, int64_t, int64_t>{quant::GgmlType::kQ5_0, "q5_0", 2048, 640},

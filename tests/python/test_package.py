@@ -559,6 +559,11 @@ def test_imatrix_weights_the_block_fits(tmp_path):
     assert not np.array_equal(fitted, plain)  # other blocks
     with pytest.raises(cider.Error, match="--imatrix weights the fits of a requantizing block format"):
         cider.load(TINY, weights="bf16", imatrix=imx)
+    # head_weights: the LM head's block type (Q5_0 here: other logits than the Q8_0 head's); refused for bf16.
+    q5 = cider.load(TINY, weights="q4_k", imatrix=imx, head_weights="q5_0").logits([1, 2, 3])
+    assert np.isfinite(q5).all() and not np.array_equal(q5, fitted)
+    with pytest.raises(cider.Error, match="--head-weights sets the LM head's block type"):
+        cider.load(TINY, weights="bf16", head_weights="q5_0")
 
 
 def test_the_readme_examples_run():

@@ -11,7 +11,7 @@
 // Codes are unpacked with byte shuffles and masks for every format but Q5_K, whose pieces come from
 // quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
 // piece serves 4 activation rows; 16 weight rows are read together for one activation row (memory-level parallelism).
-// Fewer than 16 rows of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K go to avx2/ggml_linear_gemv.cpp (unsigned codes,
+// Fewer than 16 rows of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K or Q6_K go to avx2/ggml_linear_gemv.cpp (unsigned codes,
 // about 1.4-1.8× this file's tiles at M = 1); 16 rows and more to avx2/ggml_linear_gemm.cpp.
 #include <cstring>
 

@@ -1,17 +1,18 @@
 // Linear layer over native GGUF weights for few activation rows (decode and batched decode, M < kGgmlGemmFromM), AVX2:
-// Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K and Q6_K, the formats of Q4_K_M / Q5_K_M / Q8_0 / Q2_K files (Q4_1 and Q5_1 take
-// avx2/ggml_linear.cpp's tiles). The AVX-512 table sends these M here too. Contract: GgmlLinearArgs
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K and Q6_K. The AVX-512 table sends these M here too (but the K-quants'
+// own 64-byte GEMV). Contract: GgmlLinearArgs
 // (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
 // Activations: quantized as every native-weight kernel does (avx2/ggml_linear.cpp): per 32 elements ("piece"),
 // step dx = max|x|/127, codes x = rint(x/dx) in [-127, 127]; kept beside them, per piece dx·Σx (formats with a
-// minimum: Q4_K, Q5_K) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8,
+// minimum: Q4_1, Q5_1, Q4_K, Q5_K) or, per pair of codes, off·(x_2i + x_2i+1) (formats with a constant offset off: Q4_0 8,
 // Q5_0 16, Q6_K 32).
 // Weights: a block's codes are read unsigned, u = c + off in [0, 2^bits), so one vpmaddubsw(u, x) takes them as they
 // are (pairs <= 2·63·127 < 2^15), and the offset comes off exactly in int16:
 //   Σ c·x = Σ u·x - off·Σ x   (pairs after the subtraction in [-8128, 16002]: no saturation).
 // Per piece the integer dot S (vpmaddwd by 1, or by Q6_K's sub-block scale) is exact; it is scaled in float32:
 //   Q8_0 / Q4_0 / Q5_0: y += float(S)·(d·dx)                                      (Q8_0: |c|, sign(x, c): signed codes)
+//   Q4_1 / Q5_1: y += float(S)·(d·dx) + m·(dx·X)                                  (X: the piece's sum of codes)
 //   Q4_K, Q5_K: y += Σ_j float(S_j)·((d·sc_j)·dx_j) - Σ_j (dmin·m_j)·(dx_j·X_j)     (j: the block's 8 pieces)
 //   Q6_K: y += d·Σ_j dx_j·float(Σ_h sc_jh·S_jh)                                     (h: the piece's halves of 16)
 //   Q2_K: as Q6_K (codes 0-3, no offset, 4-bit scales), then - Σ_g (dmin·m_g)·(dx·X_g)  (g: the block's 16 groups of
@@ -44,6 +45,8 @@ constexpr int64_t block_bytes_of(GgmlType t) {
   return t == GgmlType::kQ8_0   ? 34
          : t == GgmlType::kQ4_0 ? 18
          : t == GgmlType::kQ5_0 ? 22
+         : t == GgmlType::kQ4_1 ? 20
+         : t == GgmlType::kQ5_1 ? 24
          : t == GgmlType::kQ4_K ? 144
          : t == GgmlType::kQ5_K ? 176
          : t == GgmlType::kQ2_K ? 84
@@ -54,7 +57,7 @@ struct Ctx {
   const GgmlLinearArgs* a;
   const int8_t* xq;    // [M, K] codes
   const float* dx;     // [M, K/32] steps
-  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_K, Q5_K); Q2_K: [M, K/16], of each 16 codes
+  const float* xs;     // [M, K/32] dx·Σ codes of the piece (Q4_1, Q5_1, Q4_K, Q5_K); Q2_K: [M, K/16], of each 16 codes
   const int16_t* xo;   // [M, K/2] off·(x_2i + x_2i+1) (Q4_0, Q5_0, Q6_K)
 };
 
@@ -142,6 +145,21 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
         const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, m0 + t, blk), ones);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
       }
+    }
+  } else if constexpr (kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1) {  // d, m, [qh (Q5_1)], nibbles
+    const __m256 d = f16_bcast(b);
+    const __m256 m = f16_bcast(b + 2);
+    __m256i u;
+    if constexpr (kType == GgmlType::kQ4_1)
+      u = nibbles32(b + 4);
+    else
+      u = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
+    for (int t = 0; t < kT; ++t) {
+      const int64_t p = (m0 + t) * P + blk;
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(c.xq + (m0 + t) * K + blk * 32)), ones);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[p])), acc[t]);
+      // the minimum's m·dx·X, into lane 0 (the tile adds the lanes)
+      acc[t] = _mm256_fmadd_ps(m, _mm256_blend_ps(_mm256_setzero_ps(), _mm256_set1_ps(c.xs[p]), 1), acc[t]);
     }
   } else if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
     // bs: d·sc_j and dmin·m_j of this block (block_scales, lane j: piece j)
@@ -296,6 +314,8 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
     case GgmlType::kQ8_0: return rows_of<GgmlType::kQ8_0>(c, c0, c1);
     case GgmlType::kQ4_0: return rows_of<GgmlType::kQ4_0>(c, c0, c1);
     case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
+    case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
+    case GgmlType::kQ5_1: return rows_of<GgmlType::kQ5_1>(c, c0, c1);
     case GgmlType::kQ2_K: return rows_of<GgmlType::kQ2_K>(c, c0, c1);
     case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
     case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
@@ -308,7 +328,8 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
 bool ggml_linear_gemv_takes(uint32_t ggml_type) {
   const auto t = static_cast<GgmlType>(ggml_type);
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(ggml_type);
-  return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ2_K ||
+  return (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_1 ||
+          t == GgmlType::kQ5_1 || t == GgmlType::kQ2_K ||
           t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K) &&
          f != nullptr && f->block_bytes == block_bytes_of(t);  // the format table's layout is the one read here
 }
@@ -329,7 +350,8 @@ void ggml_linear_gemv(const GgmlLinearArgs& a) {
     if (shift > 0) {  // off·(x_2i + x_2i+1)
       const __m256i pairs = _mm256_maddubs_epi16(ones8, load32(q));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xo + mp * 16), _mm256_sll_epi16(pairs, _mm_cvtsi32_si128(shift)));
-    } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {  // the minimums' dx·Σx
+    } else if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ4_1 ||
+               type == GgmlType::kQ5_1) {  // the minimums' dx·Σx
       xs[mp] = dx[mp] * static_cast<float>(s0 + s1);
     } else if (type == GgmlType::kQ2_K) {  // the minimums' dx·Σx per 16
       xs[2 * mp] = dx[mp] * static_cast<float>(s0);

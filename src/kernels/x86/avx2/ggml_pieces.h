@@ -41,9 +41,9 @@ static inline void set_plain(Piece& p, float a, float b) {
 
 // 32 codes of a 16-byte nibble array: element i < 16 is the low nibble of byte i, element i + 16 its high nibble.
 static inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+  // the 16 bytes in both lanes (one load), the high lane's shifted down by 4 (per dword), then the low nibbles
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 // 0x10 in byte i where bit i of qh is set.
