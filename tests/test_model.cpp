@@ -636,6 +636,35 @@ std::vector<float> dequantize_linear(const cm::Linear& L) {
   return w;
 }
 
+// Σ_n (w − ŵ)_n H (w − ŵ)_nᵀ: layer L's expected squared output error on inputs of second moments H (K × K), against
+// its original weights (N × K).
+double second_moment_error(const cm::Linear& L, const std::vector<float>& orig, const std::vector<float>& H) {
+  const std::vector<float> w = dequantize_linear(L);
+  double e = 0.0;
+  std::vector<double> d(static_cast<size_t>(L.K));
+  for (int64_t n = 0; n < L.N; ++n) {
+    for (int64_t k = 0; k < L.K; ++k)
+      d[static_cast<size_t>(k)] = orig[static_cast<size_t>(n * L.K + k)] - w[static_cast<size_t>(n * L.K + k)];
+    for (int64_t i = 0; i < L.K; ++i) {
+      double r = 0.0;
+      for (int64_t j = 0; j < L.K; ++j) r += H[static_cast<size_t>(i * L.K + j)] * d[static_cast<size_t>(j)];
+      e += d[static_cast<size_t>(i)] * r;
+    }
+  }
+  return e;
+}
+
+// Each of `stats` recorded over one run of `tok` through the float32 model at dir.
+void record_stats(const std::string& dir, const std::vector<int32_t>& tok,
+                  std::initializer_list<cm::ActivationStats*> stats) {
+  auto model = cm::Model::load(dir, opts("f32", "f32"));
+  for (cm::ActivationStats* st : stats) {
+    model->record_activations(st);
+    (void)run(*model, tok);
+  }
+  model->record_activations(nullptr);
+}
+
 TEST(ModelReference, IntWeightsComputeWithTheirOwnDequantizedWeights) {
   // The reference runs on the dequantized int8/int4 weights the model holds, so the only difference left is the
   // per-token int8 activation quantization (step max|x|/127, about 0.7% RMS of a Gaussian row per input, which
@@ -870,14 +899,7 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
   cm::ActivationStats full, diag, capped;
   full.set_second_moments(spec.I);
   capped.set_second_moments(spec.I - 1);  // down_proj (K = I) keeps the diagonal alone
-  {
-    auto model = cm::Model::load(dir, opts("f32", "f32"));
-    for (cm::ActivationStats* st : {&full, &diag, &capped}) {
-      model->record_activations(st);
-      (void)run(*model, tok);
-    }
-    model->record_activations(nullptr);
-  }
+  record_stats(dir, tok, {&full, &diag, &capped});
   EXPECT_EQ(full.second_moment_layers(), 7 * spec.L + 1);  // and the LM head's input (K = H)
   EXPECT_EQ(capped.second_moment_layers(), 6 * spec.L + 1);
   EXPECT_EQ(diag.second_moment_layers(), 0);
@@ -915,25 +937,12 @@ TEST(ModelReference, SecondMomentsGiveGptqCoding) {
     for (int64_t i = 0; i < spec.H; ++i)
       EXPECT_NEAR((*q)[static_cast<size_t>(i * spec.H + i)], ms[static_cast<size_t>(i)], 1e-5 * ms[static_cast<size_t>(i)]);
   }
-  // Σ over the layers of Σ_n (w − ŵ)_n H (w − ŵ)_nᵀ: the expected squared output error on the calibration inputs.
+  // Summed over the layers: the expected squared output error on the calibration inputs.
   auto output_error = [&](const cm::Model& model) {
     double e = 0.0;
     for (const cm::LayerWeights& L : model.impl().w.layers)
-      for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-        const std::vector<float> w = dequantize_linear(*x);
-        const std::vector<float>& H = *imp.second_moments.at(x->name);
-        const auto& orig = m.at(x->name + ".weight").second;
-        std::vector<double> d(static_cast<size_t>(x->K));
-        for (int64_t n = 0; n < x->N; ++n) {
-          for (int64_t k = 0; k < x->K; ++k)
-            d[static_cast<size_t>(k)] = orig[static_cast<size_t>(n * x->K + k)] - w[static_cast<size_t>(n * x->K + k)];
-          for (int64_t i = 0; i < x->K; ++i) {
-            double r = 0.0;
-            for (int64_t j = 0; j < x->K; ++j) r += H[static_cast<size_t>(i * x->K + j)] * d[static_cast<size_t>(j)];
-            e += d[static_cast<size_t>(i)] * r;
-          }
-        }
-      }
+      for (const cm::Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+        e += second_moment_error(*x, m.at(x->name + ".weight").second, *imp.second_moments.at(x->name));
     return e;
   };
   cm::ModelOptions o = opts("q4_k_m", "f32");
@@ -993,14 +1002,7 @@ TEST(ModelReference, TiedHeadWithSecondMomentsIsCodedApart) {
   const auto tok = random_tokens(33, spec.V, 92);
   cm::ActivationStats full, diag;
   full.set_second_moments(spec.I);
-  {
-    auto model = cm::Model::load(dir, opts("f32", "f32"));
-    for (cm::ActivationStats* st : {&full, &diag}) {
-      model->record_activations(st);
-      (void)run(*model, tok);
-    }
-    model->record_activations(nullptr);
-  }
+  record_stats(dir, tok, {&full, &diag});
   const std::string full_file = fresh_dir("head_apart_full") + "/full.safetensors";
   const std::string diag_file = fresh_dir("head_apart_diag") + "/diag.safetensors";
   full.write(full_file, static_cast<int64_t>(tok.size()), "tokens");
@@ -1017,22 +1019,8 @@ TEST(ModelReference, TiedHeadWithSecondMomentsIsCodedApart) {
   }
 
   const auto& emb = m.at("model.embed_tokens.weight").second;
-  // Σ_n (w − ŵ)_n H (w − ŵ)_nᵀ of the head: its expected squared output error on the calibration inputs.
-  auto head_error = [&](const cm::Linear& L) {
-    const std::vector<float> w = dequantize_linear(L);
-    double e = 0.0;
-    std::vector<double> d(static_cast<size_t>(L.K));
-    for (int64_t n = 0; n < L.N; ++n) {
-      for (int64_t k = 0; k < L.K; ++k)
-        d[static_cast<size_t>(k)] = emb[static_cast<size_t>(n * L.K + k)] - w[static_cast<size_t>(n * L.K + k)];
-      for (int64_t i = 0; i < L.K; ++i) {
-        double r = 0.0;
-        for (int64_t j = 0; j < L.K; ++j) r += H[static_cast<size_t>(i * L.K + j)] * d[static_cast<size_t>(j)];
-        e += d[static_cast<size_t>(i)] * r;
-      }
-    }
-    return e;
-  };
+  // The head's expected squared output error on the calibration inputs.
+  auto head_error = [&](const cm::Linear& L) { return second_moment_error(L, emb, H); };
   const uint32_t q50 = static_cast<uint32_t>(cider::quant::GgmlType::kQ5_0);
   cm::ModelOptions o = opts("q4_k_m", "f32");
   o.head_weights = cm::WeightFormat::kQ5_0;

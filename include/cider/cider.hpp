@@ -85,8 +85,8 @@ struct ModelOptions {
   std::string device = "cpu";    // "cuda" needs a CUDA build and an sm_90 GPU (never a silent CPU fallback)
   int threads = 0;               // > 0: set_threads(threads) before loading (process-wide); 0 = unchanged
   std::string imatrix;           // an importance file (`cider imatrix`) weighting a requantizing format's block fits
-  std::string head_weights;      // the LM head's block type of a requantizing format ("q5_0", ...); "" = its own (q8_0)
                                  // ("q4_k_m", ...); "": plain fits
+  std::string head_weights;      // the LM head's block type of a requantizing format ("q5_0", ...); "" = its own (q8_0)
 };
 
 struct ModelInfo {

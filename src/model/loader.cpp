@@ -1189,7 +1189,7 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
   uint32_t head_type = 0;
   if (impl.options.head_weights) {
     const WeightFormatInfo& h = weight_format_info(*impl.options.head_weights);
-    check(requantizing && weight_format_info(format).ggml_body != 0, ErrorCode::kInvalidArgument, kOp,
+    check(weight_format_info(format).ggml_body != 0, ErrorCode::kInvalidArgument, kOp,
           "--head-weights sets the LM head's block type of a requantizing format (--weights q8_0, q6_k, q5_1, q5_0, "
           "q4_k_m, q4_k, q4_1 or q4_0); got --weights ", weight_format_name(format));
     check(h.ggml_body != 0 && h.ggml_sensitive == 0, ErrorCode::kInvalidArgument, kOp,

@@ -126,40 +126,32 @@ static inline void block_dot(const Ctx& c, const uint8_t* b, int64_t blk, int64_
                              __m256* acc) {
   const __m256i ones = _mm256_set1_epi16(1);
   const int64_t K = c.a->K, P = K / 32;
-  if constexpr (kType == GgmlType::kQ8_0 || kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0) {
+  if constexpr (kType == GgmlType::kQ8_0) {
     const __m256 d = f16_bcast(b);
-    if constexpr (kType == GgmlType::kQ8_0) {
-      const __m256i w = load32(b + 2), aw = _mm256_abs_epi8(w);
-      for (int t = 0; t < kT; ++t) {
-        const __m256i x = load32(c.xq + (m0 + t) * K + blk * 32);
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
-      }
-    } else {
-      __m256i u;
-      if constexpr (kType == GgmlType::kQ4_0)
-        u = nibbles32(b + 2);
-      else
-        u = _mm256_or_si256(nibbles32(b + 6), bits32(u32_load(b + 2)));
-      for (int t = 0; t < kT; ++t) {
-        const __m256i s = _mm256_madd_epi16(offset_pairs(c, u, m0 + t, blk), ones);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
-      }
+    const __m256i w = load32(b + 2), aw = _mm256_abs_epi8(w);
+    for (int t = 0; t < kT; ++t) {
+      const __m256i x = load32(c.xq + (m0 + t) * K + blk * 32);
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[(m0 + t) * P + blk])), acc[t]);
     }
-  } else if constexpr (kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1) {  // d, m, [qh (Q5_1)], nibbles
+  } else if constexpr (kType == GgmlType::kQ4_0 || kType == GgmlType::kQ5_0 || kType == GgmlType::kQ4_1 ||
+                       kType == GgmlType::kQ5_1) {  // d, [m (Q4_1, Q5_1)], [qh (Q5_0, Q5_1)], nibbles
+    constexpr bool kMin = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
+    constexpr bool kFive = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
+    constexpr int kQh = kMin ? 4 : 2, kQs = kQh + (kFive ? 4 : 0);
     const __m256 d = f16_bcast(b);
-    const __m256 m = f16_bcast(b + 2);
-    __m256i u;
-    if constexpr (kType == GgmlType::kQ4_1)
-      u = nibbles32(b + 4);
-    else
-      u = _mm256_or_si256(nibbles32(b + 8), bits32(u32_load(b + 4)));
+    __m256i u = nibbles32(b + kQs);
+    if constexpr (kFive) u = _mm256_or_si256(u, bits32(u32_load(b + kQh)));
     for (int t = 0; t < kT; ++t) {
       const int64_t p = (m0 + t) * P + blk;
-      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, load32(c.xq + (m0 + t) * K + blk * 32)), ones);
+      // offset formats: Σ u·x − off·Σx in int16 pairs; formats with a minimum: Σ u·x, and m·dx·X below
+      const __m256i pairs = kMin ? _mm256_maddubs_epi16(u, load32(c.xq + (m0 + t) * K + blk * 32))
+                                 : offset_pairs(c, u, m0 + t, blk);
+      const __m256i s = _mm256_madd_epi16(pairs, ones);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(c.dx[p])), acc[t]);
-      // the minimum's m·dx·X, into lane 0 (the tile adds the lanes)
-      acc[t] = _mm256_fmadd_ps(m, _mm256_blend_ps(_mm256_setzero_ps(), _mm256_set1_ps(c.xs[p]), 1), acc[t]);
+      if constexpr (kMin)  // the minimum's m·dx·X, into lane 0 (the tile adds the lanes)
+        acc[t] = _mm256_fmadd_ps(f16_bcast(b + 2), _mm256_blend_ps(_mm256_setzero_ps(), _mm256_set1_ps(c.xs[p]), 1),
+                                 acc[t]);
     }
   } else if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K) {
     // bs: d·sc_j and dmin·m_j of this block (block_scales, lane j: piece j)
