@@ -20,6 +20,7 @@
 #include "kernels/kernel_table.h"
 #include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 // `cider bench attention …` runs bench/attention_bench.cpp's program (same options, table, --json): the file is
 // compiled into this one without its main(), so the two stay one implementation.
@@ -255,8 +256,9 @@ Result affine(const BenchOptions& o, const kernels::KernelTable& t, int bits, in
 }
 
 // Native GGUF weights: random blocks (the kernels' speed does not depend on the values), int8 activations per 32.
+// interleaved: the rows 8 at a time (quant/ggml_interleave.h), as levels with KernelTable::ggml_interleave load them.
 Result ggml(const BenchOptions& o, const kernels::KernelTable& t, quant::GgmlType type, int64_t M, int64_t N,
-            int64_t K) {
+            int64_t K, bool interleaved = false) {
   const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(type));
   const int64_t rb = quant::ggml_row_bytes(f, K);
   const size_t wbytes = static_cast<size_t>(N * rb);
@@ -264,8 +266,9 @@ Result ggml(const BenchOptions& o, const kernels::KernelTable& t, quant::GgmlTyp
   const std::vector<float> x = random_floats(static_cast<size_t>(M * K), -1.0f, 1.0f, 42);
   std::vector<float> out(static_cast<size_t>(M * N));
   kernels::GgmlLinearArgs a{x.data(), nullptr, static_cast<uint32_t>(type), rb, nullptr, out.data(), M, N, K};
+  a.interleaved = interleaved;
   Result r;
-  r.kernel = std::string("ggml_linear ") + f.name + (M == 1 ? " (gemv)" : "");
+  r.kernel = std::string("ggml_linear ") + f.name + (interleaved ? " rows interleaved by 8" : "") + (M == 1 ? " (gemv)" : "");
   r.M = M;
   r.N = N;
   r.K = K;
@@ -329,6 +332,10 @@ std::vector<Case> all_cases() {
     add(std::string("ggml_") + name + "_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
       return ggml(o, t, ty, 1, 14336, 4096);
     });
+    if (quant::ggml_interleavable(static_cast<uint32_t>(ty)))
+      add(std::string("ggml_") + name + "_x8_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
+        return ggml(o, t, ty, 1, 14336, 4096, true);
+      });
   }
   // Batched decode and prefill on native weights (the server's step, M = active sequences): the layer as the model runs it
   // (nn::LinearWeights::forward: the level's int8 block kernel, or from kDenseFromM rows on levels without a GEMM-shaped
@@ -427,6 +434,10 @@ std::vector<Case> all_cases() {
     add(std::string("ggml_") + name + "_gemv_k640_n262144", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
       return ggml(o, t, ty, 1, 262144, 640);
     });
+    if (quant::ggml_interleavable(static_cast<uint32_t>(ty)))
+      add(std::string("ggml_") + name + "_x8_gemv_k640_n262144", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
+        return ggml(o, t, ty, 1, 262144, 640, true);
+      });
   }
   // Gemma 3 270M's layer GEMVs (Q4_K_M: Q5_0 where K = 640 is not a multiple of 256); with a small --pool-mb they
   // stay in the caches and time the kernels' arithmetic.
@@ -437,6 +448,9 @@ std::vector<Case> all_cases() {
     const int64_t n = N, k = K;
     add(std::string("ggml_") + name + "_gemv_k" + std::to_string(K) + "_n" + std::to_string(N),
         [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 1, n, k); });
+    if (quant::ggml_interleavable(static_cast<uint32_t>(ty)))
+      add(std::string("ggml_") + name + "_x8_gemv_k" + std::to_string(K) + "_n" + std::to_string(N),
+          [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 1, n, k, true); });
   }
   // Prefill: 512 rows through a 4096 × 4096 layer in the formats of a Q4_K_M file, and Gemma 3 270M's MLP input
   // (Q5_0, K 640).
@@ -447,6 +461,9 @@ std::vector<Case> all_cases() {
     const int64_t n = N, k = K;
     add(std::string("ggml_") + name + "_gemm_m512_k" + std::to_string(K) + "_n" + std::to_string(N),
         [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 512, n, k); });
+    if (quant::ggml_interleavable(static_cast<uint32_t>(ty)))
+      add(std::string("ggml_") + name + "_x8_gemm_m512_k" + std::to_string(K) + "_n" + std::to_string(N),
+          [ty, n, k](const BenchOptions& o, const kernels::KernelTable& t) { return ggml(o, t, ty, 512, n, k, true); });
   }
   // Dense and MLX-format weights.
   for (DType wt : {DType::kBF16, DType::kF32}) {

@@ -19,6 +19,7 @@
 #endif
 #include "nn/linear_weights.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 #include "support/ggml_cases.h"
 #include "support/test_support.h"
 
@@ -113,6 +114,7 @@ struct Case {
   GgmlType type;
   int64_t M, N, K;
   bool bias;
+  bool interleaved = false;  // the rows 8 at a time (quant/ggml_interleave.h), as the AVX2 level loads them
 };
 
 // Whether table t multiplies M activation rows on AMX-BF16 tiles (bfloat16 products, not int8 activations).
@@ -137,9 +139,16 @@ void run_case(std::mt19937_64& rng, const Case& cs, const std::vector<const kern
   std::vector<float> wf(static_cast<size_t>(cs.N * cs.K));
   for (int64_t b = 0; b < cs.N * cs.K / f.block_size; ++b) f.decode(w.data() + b * f.block_bytes, wf.data() + b * f.block_size);
 
+  std::vector<uint8_t> wi;  // interleaved
+  if (cs.interleaved) {
+    wi.resize(w.size());
+    quant::ggml_interleave_rows(static_cast<uint32_t>(cs.type), w.data(), cs.N, cs.K, wi.data());
+  }
+
   kernels::GgmlLinearArgs a{};
   a.x = x.data();
-  a.w = w.data();
+  a.w = cs.interleaved ? wi.data() : w.data();
+  a.interleaved = cs.interleaved;
   a.ggml_type = static_cast<uint32_t>(cs.type);
   a.row_bytes = row_bytes;
   a.bias = cs.bias ? bias.data() : nullptr;
@@ -206,6 +215,72 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
                           Case{t, 6, 17, bs, false}, Case{t, 1, 1, 4 * bs, true}, Case{t, 1, 70, 5 * bs, false}, Case{t, 5, 11, 2 * bs, true}, Case{t, 15, 9, bs, false}})
       run_case(rng, c, tables);
   }
+}
+
+// Rows interleaved 8 at a time (the AVX2 level's layout for Q4_0/Q4_1/Q5_0/Q5_1): the reference reads them back
+// exactly (its output equals the float64 sum over the decoded rows, asserted in run_case), every level's kernel
+// within the int8 activation bound: the interleaved GEMV's tiles of 1-4 activation rows and their tails (M < 16), the
+// panel GEMM reading the blocks back (M >= 16), K of one block and with tails of a 512-element chunk.
+TEST(GgmlLinear, InterleavedRowsMatchTheReferenceWithinTheInt8ActivationBound) {
+  auto rng = test::make_rng(1109);
+  const auto tables = all_tables();
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
+    for (const Case& c : {Case{t, 1, 8, 32, true, true}, Case{t, 1, 24, 640, false, true},
+                          Case{t, 2, 16, 96, true, true}, Case{t, 3, 40, 64, false, true},
+                          Case{t, 4, 8, 160, true, true}, Case{t, 5, 16, 32, false, true},
+                          Case{t, 7, 32, 96, true, true}, Case{t, 15, 8, 64, false, true},
+                          Case{t, 16, 24, 544, true, true}, Case{t, 33, 136, 96, false, true}})
+      run_case(rng, c, tables);
+  }
+}
+
+// The interleaved layout holds the file's blocks: back to the file's order byte for byte, any block read back alone;
+// the formats without it and N that is not a multiple of 8 are refused, and so is a kernel call with them.
+TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
+  auto rng = test::make_rng(1110);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const auto type = static_cast<uint32_t>(t);
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(type);
+    SCOPED_TRACE(f.name);
+    const int64_t N = 24, K = 96, B = K / 32;
+    const std::vector<uint8_t> w = random_blocks(rng, t, N * B);
+    std::vector<uint8_t> wi(w.size()), back(w.size(), 0xAB);
+    quant::ggml_interleave_rows(type, w.data(), N, K, wi.data());
+    EXPECT_NE(wi, w);
+    quant::ggml_deinterleave_rows(type, wi.data(), N, K, back.data());
+    EXPECT_EQ(back, w);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < B; ++b) {
+        uint8_t blk[32];
+        quant::ggml_interleaved_block(type, wi.data(), B, n, b, blk);
+        ASSERT_EQ(std::memcmp(blk, w.data() + (n * B + b) * f.block_bytes, static_cast<size_t>(f.block_bytes)), 0)
+            << "row " << n << " block " << b;
+      }
+    // the dequantized rows equal the decoder's from any row on (every level)
+    for (const kernels::KernelTable* tab : all_tables()) {
+      SCOPED_TRACE(tab->name);
+      std::vector<float> got(static_cast<size_t>(5 * K), std::nanf("")), want(got.size());
+      kernels::GgmlDequantArgs d{wi.data(), type, quant::ggml_row_bytes(f, K), 5, K, got.data()};
+      d.interleaved = true;
+      d.row0 = 11;
+      tab->ggml_dequantize(d);
+      for (int64_t i = 0; i < 5 * B; ++i) f.decode(w.data() + (11 * B + i) * f.block_bytes, want.data() + i * 32);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+  }
+  const std::vector<uint8_t> q8(34 * 8), q4(18 * 12);
+  std::vector<uint8_t> out(q8.size());
+  EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(8, q8.data(), 8, 32, out.data()); },
+                          ErrorCode::kUnsupported, "Q4_0, Q4_1, Q5_0 and Q5_1"));
+  EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(2, q4.data(), 12, 32, out.data()); },
+                          ErrorCode::kInvalidArgument, "multiple of it; got 12"));
+  std::vector<float> x(32, 1.0f), y(12);
+  kernels::GgmlLinearArgs a{x.data(), q4.data(), 2, 18, nullptr, y.data(), 1, 12, 32};
+  a.interleaved = true;
+  for (const kernels::KernelTable* tab : all_tables())
+    EXPECT_TRUE(throws_code([&] { tab->ggml_linear(a); }, ErrorCode::kShapeMismatch, "groups of 8; got 12 rows"))
+        << tab->name;
 }
 
 // Prefill shapes (M >= 16: the AVX-512 level's tiled VNNI kernel; the other levels run their own path): M with

@@ -31,6 +31,7 @@
 #include "kernels/kernel_table.h"
 #include "quant/affine.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 #include "support/ggml_cases.h"
 #include "support/test_support.h"
 
@@ -707,6 +708,12 @@ TEST(ModelReference, BlockFormatsComputeWithTheirOwnDecodedWeights) {
     const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(L.ggml_type);
     std::vector<float> w(static_cast<size_t>(L.N * L.K));
     const uint8_t* b = static_cast<const uint8_t*>(L.w);
+    std::vector<uint8_t> file_order;  // rows the CPU interleaved for its kernels, back in the file's order
+    if (L.interleaved) {
+      file_order.resize(static_cast<size_t>(L.N * cider::quant::ggml_row_bytes(f, L.K)));
+      cider::quant::ggml_deinterleave_rows(L.ggml_type, b, L.N, L.K, file_order.data());
+      b = file_order.data();
+    }
     for (int64_t i = 0; i < L.N * L.K / f.block_size; ++i) f.decode(b + i * f.block_bytes, w.data() + i * f.block_size);
     return w;
   };
@@ -774,6 +781,67 @@ Vec layer0_input_ref(const Spec& spec, const TensorMap& m, const std::vector<int
 // reference's normed embedding rows), the file round-trips, and a requantizing format fitted with them has a lower
 // importance-weighted error than the plain fit; a file of another model, or with a format that fits nothing, is
 // refused by name.
+// Where the CPU level asks for it (KernelTable::ggml_interleave: AVX2), the layers of the interleavable block formats
+// (Q4_0, Q4_1, Q5_0, Q5_1) with N a multiple of 8 are loaded with their rows interleaved 8 at a time; the model
+// computes the same logits as with the file's order (the same int8 activations; the kernels' float sums in another
+// order: 1e-5 relative), and `cider convert` writes the file's order (the blocks equal a load without the layout);
+// a converted directory's mapped blocks are interleaved in place and compute exactly as the requantized model.
+TEST(ModelReference, InterleavedRowsComputeAsTheFileOrder) {
+  Spec spec = arch_specs()[0].second;
+  const TensorMap m = random_weights(spec, 71);
+  const std::string dir = write_model(spec, m, "interleaved_rows");
+  const auto tok = random_tokens(19, spec.V, 72);
+  const bool asks = cider::kernels::active_kernels().ggml_interleave;
+  for (const char* fmt : {"q4_0", "q5_1"}) {
+    SCOPED_TRACE(fmt);
+    auto a = cm::Model::load(dir, opts(fmt, "f32"));
+    cm::ModelOptions o = opts(fmt, "f32");
+    o.kernel_layout = false;
+    auto b = cm::Model::load(dir, o);
+    int interleaved = 0;
+    for (size_t l = 0; l < a->impl().w.layers.size(); ++l) {
+      const cm::LayerWeights& La = a->impl().w.layers[l];
+      const cm::LayerWeights& Lb = b->impl().w.layers[l];
+      const cm::Linear* xa[] = {&La.q, &La.k, &La.v, &La.o, &La.gate, &La.up, &La.down};
+      const cm::Linear* xb[] = {&Lb.q, &Lb.k, &Lb.v, &Lb.o, &Lb.gate, &Lb.up, &Lb.down};
+      for (size_t i = 0; i < 7; ++i) {
+        const cm::Linear& A = *xa[i];
+        const cm::Linear& B = *xb[i];
+        EXPECT_FALSE(B.interleaved);
+        const bool want = asks && cider::quant::ggml_interleavable(A.ggml_type) && A.N % 8 == 0;
+        EXPECT_EQ(A.interleaved, want) << A.name;
+        if (!A.interleaved) continue;
+        ++interleaved;
+        const auto bytes = static_cast<size_t>(A.N * cider::quant::ggml_row_bytes(*cider::quant::ggml_block_format(A.ggml_type), A.K));
+        std::vector<uint8_t> back(bytes);
+        cider::quant::ggml_deinterleave_rows(A.ggml_type, A.w, A.N, A.K, back.data());
+        EXPECT_EQ(std::memcmp(back.data(), B.w, bytes), 0) << A.name;
+      }
+    }
+    if (asks) {
+      EXPECT_GT(interleaved, 0);
+    }
+    const std::vector<float> yb = run(*b, tok);
+    EXPECT_LT(rel_rms(run(*a, tok), Vec(yb.begin(), yb.end())), 1e-4);
+    // convert writes the file's order: loading the directory with the layout off gives b's bytes
+    const std::string out = fresh_dir(std::string("interleaved_convert_") + fmt);
+    std::filesystem::remove_all(out);
+    cm::convert_model(dir, out, cm::parse_weight_format(fmt), {});
+    cm::ModelOptions oc = opts(fmt, "f32");
+    oc.kernel_layout = false;
+    auto c = cm::Model::load(out, oc);
+    const cm::Linear& Cq = c->impl().w.layers[0].q;
+    const cm::Linear& Bq = b->impl().w.layers[0].q;
+    ASSERT_EQ(Cq.ggml_type, Bq.ggml_type);
+    EXPECT_EQ(std::memcmp(Cq.w, Bq.w, static_cast<size_t>(Bq.N * cider::quant::ggml_row_bytes(
+                                             *cider::quant::ggml_block_format(Bq.ggml_type), Bq.K))), 0);
+    // the directory's mapped blocks interleaved in place (its pages made the process's own): a's logits exactly
+    auto d = cm::Model::load(out, opts(fmt, "f32"));
+    EXPECT_EQ(d->impl().w.layers[0].q.interleaved, a->impl().w.layers[0].q.interleaved);
+    EXPECT_EQ(run(*d, tok), run(*a, tok));
+  }
+}
+
 TEST(ModelReference, ActivationStatsWeightTheBlockFits) {
   Spec spec = arch_specs()[0].second;  // K = 256 and 512: the K-quants themselves
   spec.H = 256;

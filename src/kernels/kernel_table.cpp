@@ -16,7 +16,8 @@
 //                in 8 registers (bool/additive masks: ref)
 //   hadamard_rows butterflies h < 16 in a register, bit-identical  same, h < 8 in a register
 //                (rows whose block P is below a vector: ref)
-//   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
+//   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels;
+//                                                                 Q4_0/Q4_1/Q5_0/Q5_1 rows interleaved 8 at a time
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
@@ -59,6 +60,8 @@ const KernelTable& avx2_kernels() {
     t.ggml_linear = &x86::avx2::ggml_linear;  // M >= 16: packed panels (avx2/ggml_linear_gemm.cpp)
     // Beats dequantize + dense from 16 rows on the AVX2 VM (Q8_0 640 × 262144: 56 vs 96 ms at 16 rows; level at 256).
     t.ggml_linear_prefill = true;
+    // Q4_0/Q4_1/Q5_0/Q5_1 rows 8 at a time: the float tail per block once for 8 rows (avx2/ggml_linear_gemv_x8.cpp)
+    t.ggml_interleave = true;
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;
     t.log_sum_exp = &x86::avx2::log_sum_exp;

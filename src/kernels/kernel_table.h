@@ -77,6 +77,9 @@ struct GgmlLinearArgs {
   const float* bias;     // [N] or nullptr
   float* out;            // [M, N]
   int64_t M, N, K;       // K a multiple of the block size
+  // The rows interleaved in groups of 8 (quant/ggml_interleave.h; N a multiple of 8, a format it takes), as the CPU
+  // loads them where KernelTable::ggml_interleave asks for it. Every table multiplies them; row_bytes stays a row's.
+  bool interleaved = false;
 };
 
 // The rows of such a weight as float32 (what the layers' prefill path multiplies): out[r, k] = the file's value,
@@ -87,6 +90,9 @@ struct GgmlDequantArgs {
   int64_t row_bytes;
   int64_t rows, K;     // K a multiple of the block size
   float* out;          // [rows, K]
+  // Interleaved rows (GgmlLinearArgs::interleaved): w is the tensor's first byte and the rows are [row0, row0 + rows).
+  bool interleaved = false;
+  int64_t row0 = 0;
 };
 
 // ---- attention over a KV cache -------------------------------------------------------------------------------
@@ -314,6 +320,9 @@ struct KernelTable {
   // Whether ggml_linear beats ggml_dequantize + dense_gemm with 16 or more activation rows (the layers' choice,
   // nn/linear_weights.cpp): true where a level has a GEMM-shaped int8 kernel for native weights (avx512).
   bool ggml_linear_prefill = false;
+  // Whether this level multiplies the formats quant::ggml_interleavable takes faster with their rows interleaved
+  // (quant/ggml_interleave.h): the CPU loader then interleaves every such weight whose N is a multiple of 8.
+  bool ggml_interleave = false;
 };
 
 // The reference table: always present.

@@ -37,6 +37,7 @@ void add_blocks(SafetensorsWriter& w, nlohmann::json& ggml_types, const std::str
 
 void add_linear(SafetensorsWriter& w, nlohmann::json& ggml_types, const Linear& L) {
   if (L.kind == Linear::Kind::kGgml) {
+    check(!L.interleaved, ErrorCode::kInternal, kOp, L.name, ": rows in the CPU kernels' order (load with kernel_layout off)");
     add_blocks(w, ggml_types, L.name + ".gblocks", L.ggml_type, L.N, L.K, L.w);
   } else if (L.kind == Linear::Kind::kDense) {
     w.add(L.name + ".weight", L.w_dtype, {L.N, L.K}, L.w);
@@ -124,6 +125,7 @@ void convert_model(const std::string& in, const std::string& out_dir, WeightForm
   opts.imatrix = imatrix;
   opts.head_weights = head_weights;
   opts.kv = parse_kv_format("bf16");  // no cache is built; a plain one puts no constraint on head_dim
+  opts.kernel_layout = false;          // the blocks written out in the file's order
   const std::unique_ptr<Model> model = Model::load(in, opts, progress);
   const Model::Impl& m = model->impl();
   const Weights& W = m.w;

@@ -10,6 +10,9 @@
 #include <map>
 #include <set>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,6 +26,7 @@
 #include "model/safetensors.h"
 #include "quant/affine.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 #include "quant/ggml_quantize.h"
 #include "quant/gptq.h"
 #include "quant/int4.h"
@@ -1330,6 +1334,69 @@ void load_model_files(const std::string& path, WeightFormat format, const Progre
   if (with_importance) b.importance_ = &importance;
   b.build(impl.w, progress);
   check_importance_used(b);
+}
+
+}  // namespace cider::model
+
+namespace cider::model {
+
+int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt) {
+  if (!kt.ggml_interleave) return 0;
+  std::vector<Linear*> all;
+  for (LayerWeights& L : w.layers) {
+    for (Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.shared.gate, &L.shared.up, &L.shared.down,
+                      &L.lin_qkv, &L.lin_z, &L.lin_out})
+      all.push_back(l);
+    for (LayerWeights::Expert& e : L.experts)
+      for (Linear* l : {&e.gate, &e.up, &e.down}) all.push_back(l);
+  }
+  all.push_back(&w.lm_head);
+  // Byte ranges never rearranged: the embedding's (a tied head's lookup reads its rows).
+  std::vector<std::pair<const uint8_t*, const uint8_t*>> kept;
+  if (w.embed != nullptr) {
+    const quant::GgmlBlockFormat* f = quant::ggml_block_format(w.embed_ggml_type);
+    const int64_t row = f != nullptr ? quant::ggml_row_bytes(*f, w.lm_head.K)
+                                     : w.lm_head.K * static_cast<int64_t>(dtype_size(w.embed_dtype));
+    const auto* e = static_cast<const uint8_t*>(w.embed);
+    kept.emplace_back(e, e + std::max<int64_t>(row * w.lm_head.N, 1));
+  }
+  std::map<const uint8_t*, const uint8_t*> done;  // ranges interleaved: [begin, end)
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  int count = 0;
+  std::vector<uint8_t> tmp;
+  for (Linear* L : all) {
+    if (L->kind != Linear::Kind::kGgml || L->interleaved || L->w == nullptr || !quant::ggml_interleavable(L->ggml_type) ||
+        L->N % quant::kGgmlInterleaveRows != 0)
+      continue;
+    const quant::GgmlBlockFormat& f = *quant::ggml_block_format(L->ggml_type);
+    const auto bytes = static_cast<size_t>(L->N * quant::ggml_row_bytes(f, L->K));
+    auto* src = static_cast<uint8_t*>(const_cast<void*>(L->w));
+    if (auto it = done.find(src); it != done.end() && it->second == src + bytes) {  // the same tensor again
+      L->interleaved = true;
+      continue;
+    }
+    bool overlaps = false;
+    for (const auto& [b, e] : kept) overlaps |= src < e && b < src + bytes;
+    for (const auto& [b, e] : done) overlaps |= src < e && b < src + bytes;
+    if (overlaps) continue;
+    bool own = false;  // bytes in the model's own buffers
+    for (const Tensor& t : w.owned) {
+      const auto* b = static_cast<const uint8_t*>(t.buffer.data());
+      own |= src >= b && src + bytes <= b + t.buffer.nbytes();
+    }
+    // A file's pages (a private, read-only mapping) are made writable for the rewrite: each page written becomes the
+    // process's own copy in place of the file's, so the resident set does not grow.
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(src) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes + page - 1) / page * page;
+    if (!own && ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE) != 0) continue;
+    tmp.assign(src, src + bytes);
+    quant::ggml_interleave_rows(L->ggml_type, tmp.data(), L->N, L->K, src);
+    if (!own) ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ);
+    done.emplace(src, src + bytes);
+    L->interleaved = true;
+    ++count;
+  }
+  return count;
 }
 
 }  // namespace cider::model

@@ -29,4 +29,12 @@ namespace cider::model {
 // Fills impl.config, impl.w, impl.source, impl.tokenizer (or impl.tokenizer_error) from `path`.
 void load_model_files(const std::string& path, WeightFormat format, const ProgressFn& progress, Model::Impl& impl);
 
+// For the CPU, where the kernel table asks for it (KernelTable::ggml_interleave): every native-weight linear layer of
+// an interleavable format (quant::ggml_interleavable) with N a multiple of 8 gets its rows interleaved
+// (quant/ggml_interleave.h, nn::LinearWeights::interleaved), in place: in the model's own buffers, or in a mapped
+// file's pages made writable for it (private copies of those pages replace the file's: no more memory). Bytes the
+// embedding lookup reads, and bytes shared in part with another layer, keep the file's order. Returns the number of
+// tensors interleaved.
+int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt);
+
 }  // namespace cider::model

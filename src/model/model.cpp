@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/kernel_table.h"
 #include "model/backend.h"
 #include "model/loader.h"
 #include "model/session_state.h"
@@ -163,6 +164,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
 
   load_model_files(path, options.weights, progress, *impl);
   const ModelConfig& c = impl->config;
+  // The CPU kernels' preferred row order for some native formats (cider convert writes the file's order back)
+  if (options.device == Device::kCPU && options.kernel_layout) interleave_for_kernels(impl->w, kernels::active_kernels());
 
   // The cache configuration must fit the head size: checked now rather than at the first token.
   impl->options.kv = adapt_default_kv(impl->options.kv, options.device, c.head_dim);

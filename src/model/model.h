@@ -118,6 +118,9 @@ struct ModelOptions {
   // moments of the head's input in --imatrix, a tied head is GPTQ-coded apart from the embedding, which the lookup
   // then reads from the source (docs/engine.md).
   std::optional<WeightFormat> head_weights;
+  // A CPU model's native weights in the row order its kernels read fastest (model/loader.h interleave_for_kernels);
+  // off for a load whose weights are written out as they are (cider convert).
+  bool kernel_layout = true;
 };
 
 // The architecture's hyper-parameters after reading any of the supported formats (the engine adds fields).

@@ -73,6 +73,11 @@ void ggml_forward_dense(const LinearWeights& L, const quant::GgmlBlockFormat& f,
     default_thread_pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
       kernels::GgmlDequantArgs d{static_cast<const uint8_t*>(L.w) + (n0 + r0) * rb, L.ggml_type, rb, r1 - r0, L.K,
                                  w32 + r0 * L.K};
+      if (L.interleaved) {  // the tensor's first byte and the first row (GgmlDequantArgs)
+        d.w = L.w;
+        d.interleaved = true;
+        d.row0 = n0 + r0;
+      }
       kt.ggml_dequantize(d);  // the decoder's values bit for bit
     });
     kernels::DenseGemmArgs a{};
@@ -122,6 +127,7 @@ void LinearWeights::forward(const float* x, int64_t M, float* out) const {
     g.M = M;
     g.N = N;
     g.K = K;
+    g.interleaved = interleaved;
     kt.ggml_linear(g);
     return;
   }

@@ -22,6 +22,8 @@ struct LinearWeights {
                                   // ggml: N rows of K / block_size blocks
   DType w_dtype = DType::kF32;    // dense: f32, f16 or bf16; int8: kI8; int4 and ggml: kU8
   uint32_t ggml_type = 0;         // ggml: the quant::GgmlType (one with an integer form)
+  bool interleaved = false;       // ggml: rows interleaved 8 at a time (quant/ggml_interleave.h; CPU only, where the
+                                  // kernel table asks for it: KernelTable::ggml_interleave)
   const float* scales = nullptr;  // int8/int4: (N) per channel or (K/group_size, N) per group
   int group_size = 0;             // int8/int4: 0 = per output channel
   const float* bias = nullptr;    // (N) or nullptr

@@ -52,6 +52,9 @@ void ggml_linear_gemm(const GgmlLinearArgs& a);
 // formats it takes (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); format and shapes checked by ggml_linear.
 bool ggml_linear_gemv_takes(uint32_t ggml_type);
 void ggml_linear_gemv(const GgmlLinearArgs& a);
+// ggml_linear's path for interleaved rows (GgmlLinearArgs::interleaved) and M < kGgmlGemmFromM
+// (avx2/ggml_linear_gemv_x8.cpp); format, N and shapes checked by ggml_linear.
+void ggml_linear_gemv_x8(const GgmlLinearArgs& a);
 void gated_delta(const GatedDeltaKernelArgs& a);  // gated_delta_avx2.cpp
 }  // namespace avx2
 namespace avx512 {

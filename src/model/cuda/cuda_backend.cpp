@@ -153,6 +153,8 @@ GpuLinear upload_linear(const Linear& L) {
       g.w_buf = cuda::to_device(L.w, nk / 2);
       break;
     case Linear::Kind::kGgml:  // the file's blocks as they are (kernels/cuda/linear_ggml.cu)
+      check(!L.interleaved, ErrorCode::kInternal, "cuda_backend", L.name,
+            ": rows interleaved for the CPU's kernels (only a CPU model interleaves them)");
       g.kind = WeightKind::kGgml;
       g.w_dtype = DType::kU8;
       g.ggml_type = L.ggml_type;

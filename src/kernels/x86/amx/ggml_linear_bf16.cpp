@@ -220,8 +220,9 @@ void ggml_linear_bf16(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0 && a.M >= kFromM &&
-                    with_block_format(static_cast<quant::GgmlType>(f->type), []<quant::GgmlType>() {});
-  if (!fast) return avx512::ggml_linear(a);  // GEMV shapes, the errors and empty problems
+                    with_block_format(static_cast<quant::GgmlType>(f->type), []<quant::GgmlType>() {}) &&
+                    !a.interleaved;
+  if (!fast) return avx512::ggml_linear(a);  // GEMV shapes, interleaved rows, the errors and empty problems
   Ctx c{};
   c.a = &a;
   c.block_size = f->block_size;

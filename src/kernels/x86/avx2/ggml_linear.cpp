@@ -12,7 +12,9 @@
 // quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
 // piece serves 4 activation rows; 16 weight rows are read together for one activation row (memory-level parallelism).
 // Fewer than 16 rows of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K or Q6_K go to avx2/ggml_linear_gemv.cpp (unsigned codes,
-// about 1.4-1.8× this file's tiles at M = 1); 16 rows and more to avx2/ggml_linear_gemm.cpp.
+// about 1.4-1.8× this file's tiles at M = 1); 16 rows and more to avx2/ggml_linear_gemm.cpp. Rows interleaved 8 at a
+// time (GgmlLinearArgs::interleaved): fewer than 16 activation rows to avx2/ggml_linear_gemv_x8.cpp; the panel GEMM
+// and ggml_dequantize read each block back in the file's layout (quant::ggml_interleaved_block).
 #include <cstring>
 
 #include "kernels/ref/ref_kernels.h"
@@ -20,6 +22,7 @@
 #include "kernels/x86/avx2/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 namespace cider::kernels::x86::avx2 {
 
@@ -120,11 +123,19 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
   constexpr int kPieces = pieces_of(kType);
   const int64_t blocks = a.K / block_size;
   Piece pc[8];
+  [[maybe_unused]] uint8_t tmp[32];  // an interleaved row's block, back in the file's layout (block_bytes <= 24 there)
   for (int64_t r = 0; r < a.rows; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;
     float* out = a.out + r * a.K;
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      unpack_block<kType>(w + blk * block_bytes, pc);
+      const uint8_t* b = w + blk * block_bytes;
+      if constexpr (interleavable(kType)) {
+        if (a.interleaved) {
+          quant::ggml_interleaved_block(a.ggml_type, a.w, blocks, a.row0 + r, blk, tmp);
+          b = tmp;
+        }
+      }
+      unpack_block<kType>(b, pc);
       for (int j = 0; j < kPieces; ++j) {
         float* o = out + (blk * kPieces + j) * 32;
         const __m128i c[2] = {_mm256_castsi256_si128(pc[j].c), _mm256_extracti128_si256(pc[j].c, 1)};
@@ -151,7 +162,8 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
 
 void ggml_dequantize(const GgmlDequantArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
-  if (!fast_case(f, a.K, a.row_bytes) || a.rows == 0) return ref::ggml_dequantize(a);
+  if (!fast_case(f, a.K, a.row_bytes) || a.rows == 0 || (a.interleaved && !quant::ggml_interleavable(a.ggml_type)))
+    return ref::ggml_dequantize(a);
   const int bs = f->block_size, bb = f->block_bytes;
   if (!with_block_format(f->type, [&]<quant::GgmlType T>() { dequantize_rows<T>(a, bs, bb); })) ref::ggml_dequantize(a);
 }
@@ -159,6 +171,10 @@ void ggml_dequantize(const GgmlDequantArgs& a) {
 void ggml_linear(const GgmlLinearArgs& a) {
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   if (!fast_case(f, a.K, a.row_bytes) || a.N == 0 || a.M == 0) return ref::ggml_linear(a);
+  if (a.interleaved) {  // the reference reports a format or N that cannot be interleaved
+    if (!quant::ggml_interleavable(a.ggml_type) || a.N % quant::kGgmlInterleaveRows != 0) return ref::ggml_linear(a);
+    return a.M >= kGgmlGemmFromM ? ggml_linear_gemm(a) : ggml_linear_gemv_x8(a);
+  }
   if (a.M >= kGgmlGemmFromM) return ggml_linear_gemm(a);  // weights unpacked once per panel, not per 4 rows
   if (ggml_linear_gemv_takes(a.ggml_type)) return ggml_linear_gemv(a);
   const int64_t P = a.K / 32;

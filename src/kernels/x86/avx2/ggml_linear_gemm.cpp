@@ -14,6 +14,7 @@
 // vpmaddubsw(|c|, sign(x, c)) + vpmaddwd per 4 codes. The int32 lanes hold Σ c·x of their row exactly; then
 // y += float(S)·(a·dx) and, with offsets, y += b·(dx·Σx):
 //   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
+// Interleaved rows (GgmlLinearArgs::interleaved) are packed from their blocks read back in the file's layout.
 // Loops: threads split N in 16-row pairs (x86::parallel_chunks); each thread takes its rows in blocks whose M × block
 // outputs fit in L2, runs K chunks over a block, packs each pair of it into its scratch (stays in L1) and sweeps every
 // activation tile over it. Per output the float sums are the same, in the same order, whatever the blocking.
@@ -24,6 +25,7 @@
 #include "kernels/x86/avx2/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 namespace cider::kernels::x86::avx2 {
 
@@ -135,7 +137,18 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
     }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
-      unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
+      const int64_t blk = (k0 + b0 * 32) / c.block_size;
+      if constexpr (interleavable(kType)) {
+        if (a.interleaved) {  // the block back in the file's layout (24 bytes at most)
+          alignas(16) uint8_t tmp[32];
+          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
+          unpack_block<kType>(tmp, pc);
+        } else {
+          unpack_block<kType>(w + blk * c.block_bytes, pc);
+        }
+      } else {
+        unpack_block<kType>(w + blk * c.block_bytes, pc);
+      }
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
         _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r][b0 + j]),

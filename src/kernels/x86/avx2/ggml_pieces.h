@@ -57,6 +57,12 @@ static inline __m256i bits32(uint32_t qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+// The formats whose rows may come interleaved 8 at a time (quant::ggml_interleavable, GgmlLinearArgs::interleaved).
+constexpr bool interleavable(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_0 || t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_0 ||
+         t == quant::GgmlType::kQ5_1;
+}
+
 static inline uint32_t u32_load(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);

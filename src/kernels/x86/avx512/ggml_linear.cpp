@@ -223,6 +223,8 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
 }  // namespace
 
 void ggml_linear(const GgmlLinearArgs& a) {
+  // Interleaved rows (this table does not ask for them): the AVX2 kernels, which read every size of M
+  if (a.interleaved) return avx2::ggml_linear(a);
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0;

@@ -1,0 +1,115 @@
+#include "quant/ggml_interleave.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/ggml_blocks.h"
+
+namespace cider::quant {
+
+namespace {
+
+// Where a block's fields are in the file's layout and in an octet (ggml_interleave.h).
+struct Shape {
+  int block_bytes;
+  bool min, five;  // a float16 minimum m (Q4_1, Q5_1); a fifth bit per code (Q5_0, Q5_1)
+  int qh, qs;      // offsets in a block
+  int hb, oqs;     // offsets in an octet
+};
+
+Shape shape_of(uint32_t type) {
+  Shape s{};
+  const auto t = static_cast<GgmlType>(type);
+  s.min = t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
+  s.five = t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+  s.qh = s.min ? 4 : 2;
+  s.qs = s.qh + (s.five ? 4 : 0);
+  s.block_bytes = s.qs + 16;
+  s.hb = s.min ? 32 : 16;
+  s.oqs = s.hb + (s.five ? 32 : 0);
+  return s;
+}
+
+uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Octet o from the 8 blocks blk[l] (rows 0..7).
+void put_octet(const Shape& s, const uint8_t* const* blk, uint8_t* o) {
+  std::memset(o, 0, static_cast<size_t>(8 * s.block_bytes));
+  for (int l = 0; l < 8; ++l) {
+    std::memcpy(o + 2 * l, blk[l], 2);
+    if (s.min) std::memcpy(o + 16 + 2 * l, blk[l] + 2, 2);
+    if (s.five) {
+      const uint32_t qh = u32_at(blk[l] + s.qh);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 8; ++j) o[s.hb + 4 * l + i] |= static_cast<uint8_t>(((qh >> (4 * j + i)) & 1u) << j);
+    }
+    for (int v = 0; v < 4; ++v) std::memcpy(o + s.oqs + 32 * v + 4 * l, blk[l] + s.qs + 4 * v, 4);
+  }
+}
+
+// Row l's block from octet o.
+void get_block(const Shape& s, const uint8_t* o, int l, uint8_t* out) {
+  std::memcpy(out, o + 2 * l, 2);
+  if (s.min) std::memcpy(out + 2, o + 16 + 2 * l, 2);
+  if (s.five) {
+    uint32_t qh = 0;
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 8; ++j) qh |= static_cast<uint32_t>((o[s.hb + 4 * l + i] >> j) & 1u) << (4 * j + i);
+    std::memcpy(out + s.qh, &qh, 4);
+  }
+  for (int v = 0; v < 4; ++v) std::memcpy(out + s.qs + 4 * v, o + s.oqs + 32 * v + 4 * l, 4);
+}
+
+Shape checked(const char* op, uint32_t type, int64_t N, int64_t K) {
+  check(ggml_interleavable(type), ErrorCode::kUnsupported, op, "rows interleave for Q4_0, Q4_1, Q5_0 and Q5_1; got ggml type ",
+        type);
+  check(N > 0 && N % kGgmlInterleaveRows == 0, ErrorCode::kInvalidArgument, op, "interleaved rows come in groups of ",
+        kGgmlInterleaveRows, ": N must be a positive multiple of it; got ", N);
+  check(K > 0 && K % 32 == 0, ErrorCode::kInvalidArgument, op, "K must be a positive multiple of the block size 32; got ",
+        K);
+  const Shape s = shape_of(type);
+  check(ggml_block_format(type)->block_bytes == s.block_bytes, ErrorCode::kInternal, op, "block layout of type ", type);
+  return s;
+}
+
+}  // namespace
+
+bool ggml_interleavable(uint32_t type) {
+  const auto t = static_cast<GgmlType>(type);
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+}
+
+void ggml_interleave_rows(uint32_t type, const void* src, int64_t N, int64_t K, void* dst) {
+  const Shape s = checked("ggml_interleave_rows", type, N, K);
+  const int64_t B = K / 32, bb = s.block_bytes, rb = B * bb;
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t g = 0; g < N / 8; ++g)
+    for (int64_t b = 0; b < B; ++b) {
+      const uint8_t* blk[8];
+      for (int l = 0; l < 8; ++l) blk[l] = in + (8 * g + l) * rb + b * bb;
+      put_octet(s, blk, out + (g * B + b) * 8 * bb);
+    }
+}
+
+void ggml_deinterleave_rows(uint32_t type, const void* src, int64_t N, int64_t K, void* dst) {
+  const Shape s = checked("ggml_deinterleave_rows", type, N, K);
+  const int64_t B = K / 32, bb = s.block_bytes, rb = B * bb;
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t g = 0; g < N / 8; ++g)
+    for (int64_t b = 0; b < B; ++b)
+      for (int l = 0; l < 8; ++l) get_block(s, in + (g * B + b) * 8 * bb, l, out + (8 * g + l) * rb + b * bb);
+}
+
+void ggml_interleaved_block(uint32_t type, const void* w, int64_t blocks_per_row, int64_t n, int64_t b, uint8_t* out) {
+  const Shape s = shape_of(type);
+  const auto* octet = static_cast<const uint8_t*>(w) + ((n / 8) * blocks_per_row + b) * 8 * s.block_bytes;
+  get_block(s, octet, static_cast<int>(n % 8), out);
+}
+
+}  // namespace cider::quant
