@@ -1389,8 +1389,13 @@ int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(src) / page * page;
     const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes + page - 1) / page * page;
     if (!own && ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE) != 0) continue;
-    tmp.assign(src, src + bytes);
-    quant::ggml_interleave_rows(L->ggml_type, tmp.data(), L->N, L->K, src);
+    // Group by group: each group of 8 rows keeps its byte range (quant/ggml_interleave.h), so one group's copy is
+    // all the scratch (a whole-tensor copy would add the largest tensor to the peak resident set).
+    const size_t group = bytes / static_cast<size_t>(L->N / quant::kGgmlInterleaveRows);
+    for (size_t off = 0; off < bytes; off += group) {
+      tmp.assign(src + off, src + off + group);
+      quant::ggml_interleave_rows(L->ggml_type, tmp.data(), quant::kGgmlInterleaveRows, L->K, src + off);
+    }
     if (!own) ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ);
     done.emplace(src, src + bytes);
     L->interleaved = true;

@@ -5,7 +5,8 @@
 // (KernelTable::ggml_interleave); everything that writes weights out (cider convert) writes the file's order back.
 //
 // A tensor of N rows (N a multiple of 8) and B = K/32 blocks per row is N/8 groups of B "octets"; octet (g, b) holds
-// block b of rows 8g … 8g + 7 in 8 × block_bytes bytes, at byte (g·B + b)·8·block_bytes:
+// block b of rows 8g … 8g + 7 in 8 × block_bytes bytes, at byte (g·B + b)·8·block_bytes (so each group of 8 rows
+// keeps its byte range: a tensor is interleaved group by group):
 //   [0, 16)          d of rows 0..7 (float16)
 //   [16, 32)         m of rows 0..7 (float16; Q4_1, Q5_1 only)
 //   then 32 bytes    hb (Q5_0, Q5_1 only): bit j of byte 4l + i = bit 4j + i of row l's qh, the fifth bit of code
