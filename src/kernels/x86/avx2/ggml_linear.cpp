@@ -1,22 +1,18 @@
-// Linear layer over native GGUF weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K), AVX2. Contract:
-// GgmlLinearArgs (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp (float64 over the dequantized rows).
+// Linear layer over native GGUF weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K), AVX2: the entry that
+// picks the kernel, and ggml_dequantize. Contract: GgmlLinearArgs / GgmlDequantArgs (kernels/kernel_table.h);
+// reference: ref/ggml_linear_ref.cpp (float64 over the dequantized rows).
 //
-// Activations: each row of x is quantized once per 32 elements ("piece") to int8 with step dx = max|x|/127 of the
-// piece (rint, as the W8A8 kernels do); the sums of its codes over each half-piece of 16 are kept, times dx.
-// Weights: each piece of a block is read in its integer form (quant/ggml_blocks.h): w_i = a_h·c_i + b_h with int8
-// codes c and one (a, b) per half-piece h. One piece's dot product is then exact in integers,
-//   vpmaddubsw(|c|, sign(x, c)) (pairs <= 2·128·127 < 2^15: no saturation), vpmaddwd by 1 → int32 lanes 0..3 for
-//   the first 16 elements, 4..7 for the last 16,
-// and y = Σ_pieces dx·(Σ_h a_h·S_h + b_h·X_h) + bias in float32 (S_h the integer dots, X_h the activation code sums).
-// Codes are unpacked with byte shuffles and masks for every format but Q5_K, whose pieces come from
-// quant::ggml_piece (scalar). Work: rows of w in chunks over the thread pool; x rows in tiles of 4, so one unpacked
-// piece serves 4 activation rows; 16 weight rows are read together for one activation row (memory-level parallelism).
-// Fewer than 16 rows of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K, Q5_K or Q6_K go to avx2/ggml_linear_gemv.cpp (unsigned codes,
-// about 1.4-1.8× this file's tiles at M = 1); 16 rows and more to avx2/ggml_linear_gemm.cpp. Rows interleaved 8 at a
-// time (GgmlLinearArgs::interleaved): fewer than 16 activation rows to avx2/ggml_linear_gemv_x8.cpp; the panel GEMM
-// and ggml_dequantize read each block back in the file's layout (quant::ggml_interleaved_block).
+// Every kernel quantizes the activations per 32 elements ("piece") to int8, step dx = max|x|/127 (rint, as the W8A8
+// kernels do), and multiplies a block's integer form (quant/ggml_blocks.h) exactly in integers, scaling per piece in
+// float32. Fewer than 16 activation rows go to avx2/ggml_linear_gemv.cpp (every format, the file's row order) or, for
+// rows interleaved 8 at a time (GgmlLinearArgs::interleaved), to avx2/ggml_linear_gemv_x8.cpp; 16 rows and more to
+// the panel GEMM, avx2/ggml_linear_gemm.cpp, which like ggml_dequantize reads interleaved blocks back in the file's
+// layout (quant::ggml_interleaved_block). ggml_dequantize: each block unpacked to its integer form (codes, a scale and
+// an offset per 16, avx2/ggml_pieces.h), then a·c (+ b) in the decoder's rounding order: the decoder's values bit for
+// bit.
 #include <cstring>
 
+#include "core/error.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx2/simd.h"
@@ -27,88 +23,6 @@
 namespace cider::kernels::x86::avx2 {
 
 namespace {
-
-constexpr int kTile = 4;       // activation rows per pass over a weight row
-constexpr int64_t kRowsPerChunk = 16;
-
-struct Ctx {
-  const GgmlLinearArgs* a;
-  quant::GgmlType type;
-  int block_size, block_bytes;
-  const int8_t* xq;   // [M, K] codes
-  const float* dx;    // [M, K/32] steps
-  const float* xs;    // [M, K/32, 2] dx · (sum of the codes of each half-piece)
-};
-
-// R weight rows × T activation rows from (n0, m0): R concurrent weight streams (memory-level parallelism for the
-// GEMV, as the W8A8 kernels read 8 rows together), T activation rows sharing each unpacked piece (the GEMM).
-template <quant::GgmlType kType, int R, int T>
-void tile(const Ctx& c, int64_t n0, int nr, int64_t m0, int mt) {
-  constexpr int kPieces = pieces_of(kType);
-  const GgmlLinearArgs& a = *c.a;
-  const int64_t P = a.K / 32, blocks = a.K / c.block_size;
-  const uint8_t* w[R];
-  for (int r = 0; r < R; ++r) w[r] = static_cast<const uint8_t*>(a.w) + (n0 + (r < nr ? r : nr - 1)) * a.row_bytes;
-  __m256 acc[R][T];
-  float accb[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      accb[r][t] = 0.0f;
-    }
-  Piece pc[8];
-  const uint8_t* pf = static_cast<const uint8_t*>(a.w) + (n0 + R) * a.row_bytes;
-  const uint8_t* const pf_end = pf + R * a.row_bytes;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    for (int r = 0; r < R; ++r) {
-      // The R rows of a tile are contiguous, and so are the next tile's: while this tile is read, the next one is
-      // fetched line by line, as many bytes per block read as the block holds (one tile ahead; short rows, such as
-      // a 640-wide output layer, are too short for the hardware prefetcher's per-row streams).
-      for (int off = 0; off < c.block_bytes && pf < pf_end; off += 64, pf += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T0);
-      unpack_block<kType>(w[r] + blk * c.block_bytes, pc);
-      for (int j = 0; j < kPieces; ++j) {
-        const int64_t piece = blk * kPieces + j;
-        const __m256i ac = _mm256_abs_epi8(pc[j].c);
-        for (int t = 0; t < T; ++t) {
-          if (t >= mt) break;
-          const int64_t m = m0 + t;
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + m * a.K + piece * 32));
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(xv, pc[j].c)), pc[j].mul);
-          const __m256 scale = _mm256_mul_ps(pc[j].av, _mm256_set1_ps(c.dx[m * P + piece]));
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][t]);
-          if constexpr (has_b(kType)) {
-            const float* xs = c.xs + (m * P + piece) * 2;
-            accb[r][t] += pc[j].b0 * xs[0] + pc[j].b1 * xs[1];
-          }
-        }
-      }
-    }
-  }
-  for (int r = 0; r < nr; ++r)
-    for (int t = 0; t < mt; ++t)
-      a.out[(m0 + t) * a.N + n0 + r] = hsum_ps(acc[r][t]) + accb[r][t] + (a.bias ? a.bias[n0 + r] : 0.0f);
-}
-
-// Chunks of kRowsPerChunk weight rows: 8 rows at a time for one activation row, 2 × 4 otherwise.
-template <quant::GgmlType kType>
-void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
-  const GgmlLinearArgs& a = *c.a;
-  const int64_t n_end = imin(c1 * kRowsPerChunk, a.N);
-  if (a.M == 1) {
-    for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 16)
-      tile<kType, 16, 1>(c, n0, static_cast<int>(imin(16, n_end - n0)), 0, 1);
-    return;
-  }
-  for (int64_t n0 = c0 * kRowsPerChunk; n0 < n_end; n0 += 2)
-    for (int64_t m0 = 0; m0 < a.M; m0 += kTile)
-      tile<kType, 2, kTile>(c, n0, static_cast<int>(imin(2, n_end - n0)), m0, static_cast<int>(imin(kTile, a.M - m0)));
-}
-
-void rows(void* vctx, int64_t c0, int64_t c1) {
-  const Ctx& c = *static_cast<const Ctx*>(vctx);
-  with_block_format(c.type, [&]<quant::GgmlType T>() { rows_of<T>(c, c0, c1); });  // ggml_linear sends only these
-}
 
 // A format with an integer form and rows of whole blocks; anything else (an empty K included) goes to the
 // reference, which reports the shapes it cannot take.
@@ -176,24 +90,9 @@ void ggml_linear(const GgmlLinearArgs& a) {
     return a.M >= kGgmlGemmFromM ? ggml_linear_gemm(a) : ggml_linear_gemv_x8(a);
   }
   if (a.M >= kGgmlGemmFromM) return ggml_linear_gemm(a);  // weights unpacked once per panel, not per 4 rows
-  if (ggml_linear_gemv_takes(a.ggml_type)) return ggml_linear_gemv(a);
-  const int64_t P = a.K / 32;
-  int8_t* xq = static_cast<int8_t*>(scratch(0, static_cast<size_t>(a.M * a.K)));
-  float* dx = static_cast<float*>(scratch(1, static_cast<size_t>(a.M * P) * sizeof(float)));
-  float* xs = static_cast<float*>(scratch(2, static_cast<size_t>(a.M * P * 2) * sizeof(float)));
-  for (int64_t m = 0; m < a.M; ++m) {
-    for (int64_t p = 0; p < P; ++p) {
-      const float* x = a.x + m * a.K + p * 32;
-      int8_t* q = xq + m * a.K + p * 32;
-      int s0 = 0, s1 = 0;
-      const float step = quantize_piece32(x, q, &s0, &s1);  // max|x|/127; codes rint(x/step)
-      dx[m * P + p] = step;
-      xs[(m * P + p) * 2] = step * static_cast<float>(s0);
-      xs[(m * P + p) * 2 + 1] = step * static_cast<float>(s1);
-    }
-  }
-  Ctx c{&a, f->type, f->block_size, f->block_bytes, xq, dx, xs};
-  parallel_chunks((a.N + kRowsPerChunk - 1) / kRowsPerChunk, &rows, &c);
+  check(ggml_linear_gemv_takes(a.ggml_type), ErrorCode::kInternal, "ggml_linear", "no AVX2 GEMV for ggml type ",
+        a.ggml_type);
+  ggml_linear_gemv(a);
 }
 
 }  // namespace cider::kernels::x86::avx2
