@@ -16,9 +16,9 @@
 //                in 8 registers (bool/additive masks: ref)
 //   hadamard_rows butterflies h < 16 in a register, bit-identical  same, h < 8 in a register
 //                (rows whose block P is below a vector: ref)
-//   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels;
-//                                                                 Q4_0/Q4_1/Q5_0/Q5_1 rows interleaved 8 at a time
+//   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
+//                both: Q4_0/Q4_1/Q5_0/Q5_1 rows interleaved 8 at a time (M < 16: the AVX2 interleaved GEMV)
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
@@ -94,6 +94,7 @@ const KernelTable& avx512_kernels() {
     t.dense_gemm = &x86::avx512::dense_gemm;
     t.ggml_linear = &x86::avx512::ggml_linear;  // M >= 16: VNNI tiles over packed panels; M < 16: the AVX2 kernel
     t.ggml_linear_prefill = true;  // 1.5-2x dequantize + dense at 512 × {4096², 3584 × 18944}, Q4_K/Q6_K
+    t.ggml_interleave = true;  // M < 16: the AVX2 interleaved GEMV; the VNNI and AMX panels read the blocks back
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;  // AVX2 + FMA over a value row (Dv ≤ a few hundred): no AVX-512 version
     t.log_sum_exp = &x86::avx512::log_sum_exp;

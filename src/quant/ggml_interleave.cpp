@@ -51,14 +51,25 @@ void put_octet(const Shape& s, const uint8_t* const* blk, uint8_t* o) {
   }
 }
 
-// Row l's block from octet o.
+// kSpread[b]: bit j of b moved to bit 4j (the fifth bits of one hb byte back to their places in qh, shifted by i).
+struct SpreadTable {
+  uint32_t v[256];
+};
+constexpr SpreadTable make_spread() {
+  SpreadTable t{};
+  for (uint32_t b = 0; b < 256; ++b)
+    for (int j = 0; j < 8; ++j) t.v[b] |= ((b >> j) & 1u) << (4 * j);
+  return t;
+}
+constexpr SpreadTable kSpread = make_spread();
+
+// Row l's block from octet o (the kernels' panel packing reads every block of a prefill through this: no bit loops).
 void get_block(const Shape& s, const uint8_t* o, int l, uint8_t* out) {
   std::memcpy(out, o + 2 * l, 2);
   if (s.min) std::memcpy(out + 2, o + 16 + 2 * l, 2);
   if (s.five) {
-    uint32_t qh = 0;
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 8; ++j) qh |= static_cast<uint32_t>((o[s.hb + 4 * l + i] >> j) & 1u) << (4 * j + i);
+    const uint8_t* h = o + s.hb + 4 * l;
+    const uint32_t qh = kSpread.v[h[0]] | kSpread.v[h[1]] << 1 | kSpread.v[h[2]] << 2 | kSpread.v[h[3]] << 3;
     std::memcpy(out + s.qh, &qh, 4);
   }
   for (int v = 0; v < 4; ++v) std::memcpy(out + s.qs + 4 * v, o + s.oqs + 32 * v + 4 * l, 4);

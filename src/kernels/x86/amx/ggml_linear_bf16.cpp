@@ -39,6 +39,7 @@
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 namespace cider::kernels::x86::amx {
 
@@ -106,7 +107,16 @@ void pack_weights(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint
     uint8_t* row = dst + (r / 16) * kTile + (r % 16) * 64;
     for (int64_t s0 = 0; s0 < steps; s0 += kPieces) {
       Piece pc[8];
-      unpack_block<kType>(w + (k0 + s0 * 32) / c.block_size * c.block_bytes, pc);
+      const int64_t blk = (k0 + s0 * 32) / c.block_size;
+      const uint8_t* bp = w + blk * c.block_bytes;
+      [[maybe_unused]] alignas(16) uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      if constexpr (interleavable(kType)) {
+        if (a.interleaved) {
+          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
+          bp = tmp;
+        }
+      }
+      unpack_block<kType>(bp, pc);
       for (int j = 0; j < kPieces; ++j) {
         const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(pc[j].c)));
         const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(pc[j].c, 1)));
@@ -221,8 +231,8 @@ void ggml_linear_bf16(const GgmlLinearArgs& a) {
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0 && a.M >= kFromM &&
                     with_block_format(static_cast<quant::GgmlType>(f->type), []<quant::GgmlType>() {}) &&
-                    !a.interleaved;
-  if (!fast) return avx512::ggml_linear(a);  // GEMV shapes, interleaved rows, the errors and empty problems
+                    (!a.interleaved || (quant::ggml_interleavable(a.ggml_type) && a.N % quant::kGgmlInterleaveRows == 0));
+  if (!fast) return avx512::ggml_linear(a);  // GEMV shapes, the errors and empty problems
   Ctx c{};
   c.a = &a;
   c.block_size = f->block_size;

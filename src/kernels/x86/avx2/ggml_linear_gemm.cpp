@@ -14,7 +14,7 @@
 // vpmaddubsw(|c|, sign(x, c)) + vpmaddwd per 4 codes. The int32 lanes hold Σ c·x of their row exactly; then
 // y += float(S)·(a·dx) and, with offsets, y += b·(dx·Σx):
 //   y = Σ_pieces (a_h·dx)·S_h + b·X + bias, within the int8-activation bound of GgmlLinearArgs.
-// Interleaved rows (GgmlLinearArgs::interleaved) are packed from their blocks read back in the file's layout.
+// Interleaved rows (GgmlLinearArgs::interleaved) are packed straight from their octets, already [4 codes][8 rows].
 // Loops: threads split N in 16-row pairs (x86::parallel_chunks); each thread takes its rows in blocks whose M × block
 // outputs fit in L2, runs K chunks over a block, packs each pair of it into its scratch (stays in L1) and sweeps every
 // activation tile over it. Per output the float sums are the same, in the same order, whatever the blocking.
@@ -116,6 +116,46 @@ static inline void transpose8x8_epi32(__m256i r[8]) {
   }
 }
 
+// pack_pair for rows interleaved 8 at a time (quant/ggml_interleave.h; N a multiple of 8, so the pair's second 8 rows
+// are all valid or all past N): an octet's qs vectors already hold [4 codes][8 rows], the packed order, so each piece
+// is the nibbles and fifth bits of 4 vectors stored as they come (no transpose), the 8 rows' d (and m) one conversion.
+template <quant::GgmlType kType>
+void pack_pair_octets(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t valid, uint8_t* dst) {
+  constexpr int64_t PB = piece_bytes(kType), OB = octet_bytes(kType);
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t B = a.K / 32;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int cb = 0; cb < 2; ++cb) {
+    const int64_t g = (n0 + (cb * 8 < nv ? cb * 8 : 0)) / 8;  // past N: the first 8 rows again (never stored)
+    const uint8_t* oct = static_cast<const uint8_t*>(a.w) + (g * B + k0 / 32) * OB;
+    for (int64_t p = 0; p < valid; ++p, oct += OB) {
+      uint8_t* pp = dst + p * PB;
+      [[maybe_unused]] __m256i hb = _mm256_setzero_si256();
+      if constexpr (five_bits(kType)) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + octet_hb(kType)));
+      auto put = [&]<int V>() {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + octet_qs(kType) + 32 * V));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (five_bits(kType)) {
+          lo = _mm256_or_si256(lo, fifth_bits<V>(hb));
+          hi = _mm256_or_si256(hi, fifth_bits<V + 4>(hb));
+        }
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pp + cb * 256 + V * 32), lo);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(pp + cb * 256 + (V + 4) * 32), hi);
+      };
+      put.template operator()<0>();
+      put.template operator()<1>();
+      put.template operator()<2>();
+      put.template operator()<3>();
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(oct));
+      _mm256_storeu_ps(reinterpret_cast<float*>(pp + 512) + cb * 8, _mm256_cvtph_ps(d));
+      if constexpr (has_b(kType)) {
+        const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16));
+        _mm256_storeu_ps(reinterpret_cast<float*>(pp + 512 + 64 * halves_of(kType)) + cb * 8, _mm256_cvtph_ps(m));
+      }
+    }
+  }
+}
+
 // Packs weight rows n0 .. n0 + 15 (rows past nv repeat row nv − 1), elements [k0, k0 + kc) (past K: zeros): each row's
 // pieces unpacked into a row-major buffer, then every 8 rows × 8 dwords of a piece transposed into [8 dwords][8 rows].
 template <quant::GgmlType kType>
@@ -126,6 +166,9 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   const int64_t kend = std::min(k0 + kc, a.K);
   const int64_t valid = kend > k0 ? (kend - k0) / 32 : 0;
   if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
+  if constexpr (interleavable(kType)) {
+    if (a.interleaved) return pack_pair_octets<kType>(c, n0, nv, k0, valid, dst);
+  }
   Piece pc[8];
   alignas(32) uint8_t rows[16][kPC][32];  // u = c + off of each row's pieces
   for (int r = 0; r < 16; ++r) {
@@ -138,17 +181,7 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
     }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
       const int64_t blk = (k0 + b0 * 32) / c.block_size;
-      if constexpr (interleavable(kType)) {
-        if (a.interleaved) {  // the block back in the file's layout (24 bytes at most)
-          alignas(16) uint8_t tmp[32];
-          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
-          unpack_block<kType>(tmp, pc);
-        } else {
-          unpack_block<kType>(w + blk * c.block_bytes, pc);
-        }
-      } else {
-        unpack_block<kType>(w + blk * c.block_bytes, pc);
-      }
+      unpack_block<kType>(w + blk * c.block_bytes, pc);
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
         _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r][b0 + j]),

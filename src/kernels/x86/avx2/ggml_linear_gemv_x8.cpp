@@ -22,6 +22,7 @@
 // tile, the unpacked codes serving every activation row.
 #include <cstring>
 
+#include "kernels/x86/avx2/ggml_pieces.h"
 #include "kernels/x86/avx2/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
@@ -38,11 +39,11 @@ constexpr int64_t kRowsPerChunk = 16;
 template <GgmlType kType>
 struct Octet {
   static constexpr bool kMin = kType == GgmlType::kQ4_1 || kType == GgmlType::kQ5_1;
-  static constexpr bool kFive = kType == GgmlType::kQ5_0 || kType == GgmlType::kQ5_1;
+  static constexpr bool kFive = five_bits(kType);
   static constexpr int kOff = kType == GgmlType::kQ4_0 ? 8 : kType == GgmlType::kQ5_0 ? 16 : 0;
-  static constexpr int kHb = kMin ? 32 : 16;             // hb's offset (5-bit formats)
-  static constexpr int kQs = kHb + (kFive ? 32 : 0);     // qs's offset
-  static constexpr int64_t kBytes = kQs + 128;           // 8 blocks
+  static constexpr int kHb = octet_hb(kType);            // hb's offset (5-bit formats)
+  static constexpr int kQs = octet_qs(kType);            // qs's offset
+  static constexpr int64_t kBytes = octet_bytes(kType);  // 8 blocks
   static constexpr int kGroup = kFive ? 4 : 8;           // steps summed in int16
   static constexpr int kMaxT = kFive ? 3 : 4;            // activation rows per tile (registers)
 };
@@ -57,25 +58,16 @@ struct Ctx {
 
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// The fifth bits of step j, at bit 4 of every byte: bit j of each hb byte (16-bit shifts: the bits that cross into
-// the neighbouring byte land below bit 4 or above it and are masked off).
-template <int J>
-static inline __m256i fifth_bits(__m256i hb, __m256i bit4) {
-  if constexpr (J < 4) return _mm256_and_si256(_mm256_slli_epi16(hb, 4 - J), bit4);
-  else if constexpr (J == 4) return _mm256_and_si256(hb, bit4);
-  else return _mm256_and_si256(_mm256_srli_epi16(hb, J - 4), bit4);
-}
-
 // Steps v and v + 4 (vector v of qs) of one octet against kT activation rows: adds vpmaddubsw pairs into s16[t].
 template <GgmlType kType, int kT, int V>
 static inline void steps(const uint8_t* oct, __m256i hb, const int8_t* const* x, __m256i* s16) {
   using O = Octet<kType>;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i q = load32(oct + O::kQs + 32 * V);
   __m256i u0 = _mm256_and_si256(q, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
   if constexpr (O::kFive) {
-    u0 = _mm256_or_si256(u0, fifth_bits<V>(hb, bit4));
-    u1 = _mm256_or_si256(u1, fifth_bits<V + 4>(hb, bit4));
+    u0 = _mm256_or_si256(u0, fifth_bits<V>(hb));
+    u1 = _mm256_or_si256(u1, fifth_bits<V + 4>(hb));
   }
   for (int t = 0; t < kT; ++t) {  // codes 4V … 4V + 3 (low nibbles) and 16 + 4V … (high), the same 4 of each row
     int32_t x0, x1;

@@ -63,6 +63,25 @@ constexpr bool interleavable(quant::GgmlType t) {
          t == quant::GgmlType::kQ5_1;
 }
 
+// Interleaved rows (quant/ggml_interleave.h): the fifth bits of step J (codes 4J … 4J + 3 of 8 rows) at bit 4 of every
+// byte, from the octet's hb (bit J of each byte; 16-bit shifts: the bits that cross into the neighbouring byte land
+// below or above bit 4 and are masked off).
+template <int J>
+static inline __m256i fifth_bits(__m256i hb) {
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  if constexpr (J < 4) return _mm256_and_si256(_mm256_slli_epi16(hb, 4 - J), bit4);
+  else if constexpr (J == 4) return _mm256_and_si256(hb, bit4);
+  else return _mm256_and_si256(_mm256_srli_epi16(hb, J - 4), bit4);
+}
+
+// Byte offsets in an octet (quant/ggml_interleave.h) of the 32-element formats: hb (5-bit formats), qs; its size.
+constexpr int octet_hb(quant::GgmlType t) {
+  return t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_1 ? 32 : 16;
+}
+constexpr bool five_bits(quant::GgmlType t) { return t == quant::GgmlType::kQ5_0 || t == quant::GgmlType::kQ5_1; }
+constexpr int octet_qs(quant::GgmlType t) { return octet_hb(t) + (five_bits(t) ? 32 : 0); }
+constexpr int64_t octet_bytes(quant::GgmlType t) { return octet_qs(t) + 128; }
+
 static inline uint32_t u32_load(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);

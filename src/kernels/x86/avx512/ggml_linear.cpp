@@ -27,6 +27,7 @@
 #include "kernels/x86/avx512/simd.h"
 #include "kernels/x86/x86_kernels.h"
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 namespace cider::kernels::x86::avx512 {
 
@@ -105,7 +106,16 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
     }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
-      unpack_block<kType>(w + (k0 + b0 * 32) / c.block_size * c.block_bytes, pc);
+      const int64_t blk = (k0 + b0 * 32) / c.block_size;
+      const uint8_t* bp = w + blk * c.block_bytes;
+      [[maybe_unused]] alignas(16) uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      if constexpr (interleavable(kType)) {
+        if (a.interleaved) {
+          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
+          bp = tmp;
+        }
+      }
+      unpack_block<kType>(bp, pc);
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(pc[j].c, flip));
@@ -223,8 +233,11 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
 }  // namespace
 
 void ggml_linear(const GgmlLinearArgs& a) {
-  // Interleaved rows (this table does not ask for them): the AVX2 kernels, which read every size of M
-  if (a.interleaved) return avx2::ggml_linear(a);
+  // Interleaved rows: fewer than 16 activation rows, or a format or N that cannot be interleaved (the reference's
+  // errors), go to the AVX2 entry; the panels below read the blocks back in the file's layout
+  if (a.interleaved && (a.M < kFromM || !quant::ggml_interleavable(a.ggml_type) ||
+                        a.N % quant::kGgmlInterleaveRows != 0))
+    return avx2::ggml_linear(a);
   const quant::GgmlBlockFormat* f = quant::ggml_block_format(a.ggml_type);
   const bool fast = f != nullptr && f->integer_form && a.K > 0 && a.K % f->block_size == 0 &&
                     a.row_bytes == quant::ggml_row_bytes(*f, a.K) && a.N > 0;
