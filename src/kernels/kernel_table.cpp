@@ -18,7 +18,7 @@
 //                (rows whose block P is below a vector: ref)
 //   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
-//                both: Q4_0/Q4_1/Q5_0/Q5_1 rows interleaved 8 at a time (M < 16: the AVX2 interleaved GEMV)
+//                avx2 (and taken by avx512): Q4_0/Q4_1/Q5_0/Q5_1 rows interleaved 8 at a time
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
@@ -94,7 +94,9 @@ const KernelTable& avx512_kernels() {
     t.dense_gemm = &x86::avx512::dense_gemm;
     t.ggml_linear = &x86::avx512::ggml_linear;  // M >= 16: VNNI tiles over packed panels; M < 16: the AVX2 kernel
     t.ggml_linear_prefill = true;  // 1.5-2x dequantize + dense at 512 × {4096², 3584 × 18944}, Q4_K/Q6_K
-    t.ggml_interleave = true;  // M < 16: the AVX2 interleaved GEMV; the VNNI and AMX panels read the blocks back
+    // No interleaved rows here (ggml_interleave stays false): on the Xeon host the VNNI / AMX panels reading the blocks
+    // back made Q5_0 prefill 8-20% slower, and the GEMV gain varied by host (1.3-2.2x on one, level on another;
+    // docs/benchmarks.md, 2026-12-07). The kernels still take interleaved rows (the AVX2 GEMV for M < 16).
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;  // AVX2 + FMA over a value row (Dv ≤ a few hundred): no AVX-512 version
     t.log_sum_exp = &x86::avx512::log_sum_exp;
