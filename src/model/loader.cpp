@@ -1351,14 +1351,14 @@ int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt) {
       for (Linear* l : {&e.gate, &e.up, &e.down}) all.push_back(l);
   }
   all.push_back(&w.lm_head);
-  // Byte ranges never rearranged: the embedding's (a tied head's lookup reads its rows).
-  std::vector<std::pair<const uint8_t*, const uint8_t*>> kept;
-  if (w.embed != nullptr) {
+  // Bytes never rearranged: the embedding's [emb, emb_end) (a tied head's lookup reads its rows).
+  const auto* emb = static_cast<const uint8_t*>(w.embed);
+  const uint8_t* emb_end = emb;
+  if (emb != nullptr) {
     const quant::GgmlBlockFormat* f = quant::ggml_block_format(w.embed_ggml_type);
     const int64_t row = f != nullptr ? quant::ggml_row_bytes(*f, w.lm_head.K)
                                      : w.lm_head.K * static_cast<int64_t>(dtype_size(w.embed_dtype));
-    const auto* e = static_cast<const uint8_t*>(w.embed);
-    kept.emplace_back(e, e + std::max<int64_t>(row * w.lm_head.N, 1));
+    emb_end = emb + std::max<int64_t>(row * w.lm_head.N, 1);
   }
   std::map<const uint8_t*, const uint8_t*> done;  // ranges interleaved: [begin, end)
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
@@ -1375,8 +1375,7 @@ int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt) {
       L->interleaved = true;
       continue;
     }
-    bool overlaps = false;
-    for (const auto& [b, e] : kept) overlaps |= src < e && b < src + bytes;
+    bool overlaps = src < emb_end && emb < src + bytes;
     for (const auto& [b, e] : done) overlaps |= src < e && b < src + bytes;
     if (overlaps) continue;
     bool own = false;  // bytes in the model's own buffers

@@ -107,16 +107,9 @@ void pack_weights(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint
     uint8_t* row = dst + (r / 16) * kTile + (r % 16) * 64;
     for (int64_t s0 = 0; s0 < steps; s0 += kPieces) {
       Piece pc[8];
-      const int64_t blk = (k0 + s0 * 32) / c.block_size;
-      const uint8_t* bp = w + blk * c.block_bytes;
-      [[maybe_unused]] alignas(16) uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
-      if constexpr (interleavable(kType)) {
-        if (a.interleaved) {
-          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
-          bp = tmp;
-        }
-      }
-      unpack_block<kType>(bp, pc);
+      uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      unpack_block<kType>(row_block<kType>(w, c.block_bytes, a.interleaved, a.w, a.K, n0 + (r < nv ? r : nv - 1),
+                                           (k0 + s0 * 32) / c.block_size, tmp), pc);
       for (int j = 0; j < kPieces; ++j) {
         const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(pc[j].c)));
         const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(pc[j].c, 1)));

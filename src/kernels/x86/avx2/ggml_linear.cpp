@@ -37,19 +37,12 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
   constexpr int kPieces = pieces_of(kType);
   const int64_t blocks = a.K / block_size;
   Piece pc[8];
-  [[maybe_unused]] uint8_t tmp[32];  // an interleaved row's block, back in the file's layout (block_bytes <= 24 there)
+  uint8_t tmp[32];  // an interleaved row's block, back in the file's layout (block_bytes <= 24 there)
   for (int64_t r = 0; r < a.rows; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;
     float* out = a.out + r * a.K;
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      const uint8_t* b = w + blk * block_bytes;
-      if constexpr (interleavable(kType)) {
-        if (a.interleaved) {
-          quant::ggml_interleaved_block(a.ggml_type, a.w, blocks, a.row0 + r, blk, tmp);
-          b = tmp;
-        }
-      }
-      unpack_block<kType>(b, pc);
+      unpack_block<kType>(row_block<kType>(w, block_bytes, a.interleaved, a.w, a.K, a.row0 + r, blk, tmp), pc);
       for (int j = 0; j < kPieces; ++j) {
         float* o = out + (blk * kPieces + j) * 32;
         const __m128i c[2] = {_mm256_castsi256_si128(pc[j].c), _mm256_extracti128_si256(pc[j].c, 1)};

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "quant/ggml_blocks.h"
+#include "quant/ggml_interleave.h"
 
 namespace cider::kernels::x86 {
 namespace {
@@ -61,6 +62,20 @@ static inline __m256i bits32(uint32_t qh) {
 constexpr bool interleavable(quant::GgmlType t) {
   return t == quant::GgmlType::kQ4_0 || t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_0 ||
          t == quant::GgmlType::kQ5_1;
+}
+
+// Block blk of weight row n, whose row starts at `row` in the file's order: that block in place, or, for rows
+// interleaved 8 at a time (w: the tensor's first byte, K/32 blocks a row), the block read back into tmp.
+template <quant::GgmlType kType>
+static inline const uint8_t* row_block(const uint8_t* row, int64_t block_bytes, bool interleaved, const void* w,
+                                       int64_t K, int64_t n, int64_t blk, uint8_t (&tmp)[32]) {
+  if constexpr (interleavable(kType)) {
+    if (interleaved) {
+      quant::ggml_interleaved_block(static_cast<uint32_t>(kType), w, K / 32, n, blk, tmp);
+      return tmp;
+    }
+  }
+  return row + blk * block_bytes;
 }
 
 // Interleaved rows (quant/ggml_interleave.h): the fifth bits of step J (codes 4J … 4J + 3 of 8 rows) at bit 4 of every

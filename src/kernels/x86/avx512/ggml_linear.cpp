@@ -106,16 +106,9 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
     }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
-      const int64_t blk = (k0 + b0 * 32) / c.block_size;
-      const uint8_t* bp = w + blk * c.block_bytes;
-      [[maybe_unused]] alignas(16) uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
-      if constexpr (interleavable(kType)) {
-        if (a.interleaved) {
-          quant::ggml_interleaved_block(a.ggml_type, a.w, a.K / 32, n0 + (r < nv ? r : nv - 1), blk, tmp);
-          bp = tmp;
-        }
-      }
-      unpack_block<kType>(bp, pc);
+      uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      unpack_block<kType>(row_block<kType>(w, c.block_bytes, a.interleaved, a.w, a.K, n0 + (r < nv ? r : nv - 1),
+                                           (k0 + b0 * 32) / c.block_size, tmp), pc);
       for (int j = 0; j < kPieces; ++j) {
         uint8_t* pp = dst + (b0 + j) * PB;
         _mm256_store_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(pc[j].c, flip));
