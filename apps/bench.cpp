@@ -350,6 +350,10 @@ std::vector<Case> all_cases() {
       add(std::string("ggml_") + tn + "_kernel" + shape, [ty, m, n, k](const BenchOptions& o, const kernels::KernelTable& t) {
         return ggml(o, t, ty, m, n, k);
       });
+      if (quant::ggml_interleavable(static_cast<uint32_t>(ty)))
+        add(std::string("ggml_") + tn + "_x8_kernel" + shape, [ty, m, n, k](const BenchOptions& o, const kernels::KernelTable& t) {
+          return ggml(o, t, ty, m, n, k, true);
+        });
       add(std::string("ggml_") + tn + "_layer" + shape, [ty, m, n, k](const BenchOptions& o, const kernels::KernelTable&) {
         const quant::GgmlBlockFormat& f = *quant::ggml_block_format(static_cast<uint32_t>(ty));
         const int64_t rb = quant::ggml_row_bytes(f, k);

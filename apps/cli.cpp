@@ -148,6 +148,7 @@ int parse_outlier_count(const std::string& s) {
 model::ModelOptions model_options(const ModelArgs& a) {
   model::ModelOptions o;
   o.device = model::parse_device(a.device);
+  o.kernel_layout = !a.no_repack;
   if (a.weights.empty()) {  // from the path as given (no existence check here: the options are checked first)
     const char* env = std::getenv("CIDER_DEFAULT_MODEL");
     o.weights = model::default_weights(!a.model.empty() ? a.model : env != nullptr ? env : "", o.device);

@@ -39,6 +39,7 @@ struct ModelArgs {
   bool progress = false;           // --progress: draw bars even when stderr is not a terminal
   std::string imatrix;             // --imatrix: an importance file (`cider imatrix`) for a requantizing --weights
   std::string head_weights;        // --head-weights: the LM head's block type of a requantizing --weights
+  bool no_repack = false;          // --no-repack: native weights in the file's row order (ModelOptions::kernel_layout)
 };
 
 // Checks every value and turns them into engine options (cider::Error naming the option otherwise); applies

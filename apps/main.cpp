@@ -75,6 +75,11 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "the LM head's block type with a requantizing --weights: q8_0 (the default), q6_k, q5_1, q5_0, q4_k, "
                 "q4_1 or q4_0; with an --imatrix holding second moments (--hessian) a tied head is GPTQ-coded apart "
                 "from the embedding");
+  c->add_flag("--no-repack", m.no_repack,
+              "keep native GGUF weights in the file's row order on the cpu: the file is mapped as it is (the fastest "
+              "load) instead of rearranging the Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K rows for the AVX2 kernels, which costs "
+              "a copy of those tensors at load (a 7B: about 10 s on a 2-core VM) and decodes 10-30% faster "
+              "(docs/benchmarks.md); llama.cpp's --no-repack");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")
       ->capture_default_str();
   c->add_option("--tp", m.tp,

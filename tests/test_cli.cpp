@@ -654,6 +654,21 @@ TEST_F(Cli, ConvertNativeKeepsTheGgufBlocksAndTheirLogits) {
   ASSERT_EQ(lb.status, 0) << lb.err;
   EXPECT_NE(lb.err.find("weights native"), std::string::npos) << "the default for a native directory\n" << lb.err;
   EXPECT_EQ(slurp(a), slurp(b)) << "logits must be byte for byte equal";
+  {  // --no-repack: the file's row order (the AVX2 level otherwise interleaves its Q4_K / Q6_K rows): the same int8
+     // products, float sums in another order
+    const std::string fo = (scratch_dir() / "d128-file-order.npy").string();
+    const CliResult lc = cider("logits -m " + quote(gguf) + " --no-repack --tokens " + ids + " --out " + quote(fo));
+    ASSERT_EQ(lc.status, 0) << lc.err;
+    const model::NpyArray x = model::read_npy_f32(a), y = model::read_npy_f32(fo);
+    ASSERT_EQ(x.shape, y.shape);
+    double max_ref = 0.0, max_diff = 0.0;
+    for (size_t i = 0; i < x.data.size(); ++i) {
+      ASSERT_FALSE(std::isnan(y.data[i]));
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(x.data[i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(y.data[i]) - x.data[i]));
+    }
+    EXPECT_LE(max_diff, 1e-4 * max_ref);
+  }
   const std::string gen = " --temperature 0 --max-tokens 8 -p hello";
   const CliResult ga = cider("generate -m " + quote(gguf) + gen), gb = cider("generate -m " + quote(out.string()) + gen);
   ASSERT_EQ(ga.status, 0) << ga.err;

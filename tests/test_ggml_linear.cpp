@@ -217,10 +217,10 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
   }
 }
 
-// Rows interleaved 8 at a time (the AVX2 level's layout for Q4_0/Q4_1/Q5_0/Q5_1): the reference reads them back
-// exactly (its output equals the float64 sum over the decoded rows, asserted in run_case), every level's kernel
-// within the int8 activation bound: the interleaved GEMV's tiles of 1-4 activation rows and their tails (M < 16), the
-// panel GEMM reading the blocks back (M >= 16), K of one block and with tails of a 512-element chunk.
+// Rows interleaved 8 at a time (the AVX2 level's layout for Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K): the reference reads
+// them back exactly (its output equals the float64 sum over the decoded rows, asserted in run_case), every level's
+// kernel within the int8 activation bound: the interleaved GEMV's tiles of 1-4 (Q6_K: 1-2) activation rows and their
+// tails (M < 16), the panel GEMM packing the octets (M >= 16), K of one block and with tails of a 512-element chunk.
 TEST(GgmlLinear, InterleavedRowsMatchTheReferenceWithinTheInt8ActivationBound) {
   auto rng = test::make_rng(1109);
   const auto tables = all_tables();
@@ -233,18 +233,32 @@ TEST(GgmlLinear, InterleavedRowsMatchTheReferenceWithinTheInt8ActivationBound) {
                           Case{t, 16, 24, 544, true, true}, Case{t, 33, 136, 96, false, true}})
       run_case(rng, c, tables);
   }
+  // Q4_K, Q6_K (256-element blocks): one block, K past a 512-element chunk of the GEMM (768, 1280), every tile of 1-4
+  // activation rows and their tails, M >= 16
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
+    for (const Case& c : {Case{t, 1, 8, 256, true, true}, Case{t, 1, 24, 1280, false, true},
+                          Case{t, 2, 16, 512, true, true}, Case{t, 3, 40, 256, false, true},
+                          Case{t, 4, 8, 768, true, true}, Case{t, 5, 16, 256, false, true},
+                          Case{t, 7, 32, 512, true, true}, Case{t, 15, 8, 256, false, true},
+                          Case{t, 16, 24, 768, true, true}, Case{t, 33, 136, 1280, false, true}})
+      run_case(rng, c, tables);
+  }
 }
 
 // The interleaved layout holds the file's blocks: back to the file's order byte for byte, any block read back alone;
 // the formats without it and N that is not a multiple of 8 are refused, and so is a kernel call with them.
 TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
   auto rng = test::make_rng(1110);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                     GgmlType::kQ6_K}) {
     const auto type = static_cast<uint32_t>(t);
     const quant::GgmlBlockFormat& f = *quant::ggml_block_format(type);
     SCOPED_TRACE(f.name);
-    const int64_t N = 24, K = 96, B = K / 32;
-    const std::vector<uint8_t> w = random_blocks(rng, t, N * B);
+    const int64_t N = 24, K = 3 * f.block_size, B = K / f.block_size;
+    std::vector<uint8_t> w = random_blocks(rng, t, N * B);
+    if (t == GgmlType::kQ4_K)  // one block with every scale and minimum at 63 (all 6 bits set) among the random ones
+      std::memset(w.data() + 5 * f.block_bytes + 4, 0xFF, 12);
     std::vector<uint8_t> wi(w.size()), back(w.size(), 0xAB);
     quant::ggml_interleave_rows(type, w.data(), N, K, wi.data());
     EXPECT_NE(wi, w);
@@ -252,7 +266,8 @@ TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
     EXPECT_EQ(back, w);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t b = 0; b < B; ++b) {
-        uint8_t blk[32];
+        uint8_t blk[quant::kGgmlInterleavedBlockMax];
+        ASSERT_LE(f.block_bytes, quant::kGgmlInterleavedBlockMax);
         quant::ggml_interleaved_block(type, wi.data(), B, n, b, blk);
         ASSERT_EQ(std::memcmp(blk, w.data() + (n * B + b) * f.block_bytes, static_cast<size_t>(f.block_bytes)), 0)
             << "row " << n << " block " << b;
@@ -265,16 +280,19 @@ TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
       d.interleaved = true;
       d.row0 = 11;
       tab->ggml_dequantize(d);
-      for (int64_t i = 0; i < 5 * B; ++i) f.decode(w.data() + (11 * B + i) * f.block_bytes, want.data() + i * 32);
+      for (int64_t i = 0; i < 5 * B; ++i)
+        f.decode(w.data() + (11 * B + i) * f.block_bytes, want.data() + i * f.block_size);
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
     }
   }
   const std::vector<uint8_t> q8(34 * 8), q4(18 * 12);
   std::vector<uint8_t> out(q8.size());
   EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(8, q8.data(), 8, 32, out.data()); },
-                          ErrorCode::kUnsupported, "Q4_0, Q4_1, Q5_0 and Q5_1"));
+                          ErrorCode::kUnsupported, "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K"));
   EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(2, q4.data(), 12, 32, out.data()); },
                           ErrorCode::kInvalidArgument, "multiple of it; got 12"));
+  EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(12, q8.data(), 8, 128, out.data()); },
+                          ErrorCode::kInvalidArgument, "Q4_K block size 256; got 128"));
   std::vector<float> x(32, 1.0f), y(12);
   kernels::GgmlLinearArgs a{x.data(), q4.data(), 2, 18, nullptr, y.data(), 1, 12, 32};
   a.interleaved = true;

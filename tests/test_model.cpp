@@ -618,8 +618,16 @@ std::vector<float> dequantize_linear(const cm::Linear& L) {
   std::vector<float> w(static_cast<size_t>(L.N * L.K));
   if (L.kind == cm::Linear::Kind::kGgml) {
     const cider::quant::GgmlBlockFormat& f = *cider::quant::ggml_block_format(L.ggml_type);
-    for (int64_t i = 0; i < L.N * L.K / f.block_size; ++i)
-      f.decode(static_cast<const uint8_t*>(L.w) + i * f.block_bytes, w.data() + i * f.block_size);
+    const int64_t B = L.K / f.block_size;
+    uint8_t tmp[cider::quant::kGgmlInterleavedBlockMax];
+    for (int64_t i = 0; i < L.N * B; ++i) {
+      const uint8_t* blk = static_cast<const uint8_t*>(L.w) + i * f.block_bytes;
+      if (L.interleaved) {  // rows in the CPU kernels' order (quant/ggml_interleave.h): the block read back
+        cider::quant::ggml_interleaved_block(L.ggml_type, L.w, B, i / B, i % B, tmp);
+        blk = tmp;
+      }
+      f.decode(blk, w.data() + i * f.block_size);
+    }
     return w;
   }
   for (int64_t n = 0; n < L.N; ++n)
@@ -782,17 +790,20 @@ Vec layer0_input_ref(const Spec& spec, const TensorMap& m, const std::vector<int
 // importance-weighted error than the plain fit; a file of another model, or with a format that fits nothing, is
 // refused by name.
 // Where the CPU level asks for it (KernelTable::ggml_interleave: AVX2), the layers of the interleavable block formats
-// (Q4_0, Q4_1, Q5_0, Q5_1) with N a multiple of 8 are loaded with their rows interleaved 8 at a time; the model
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) with N a multiple of 8 are loaded with their rows interleaved 8 at a time; the model
 // computes the same logits as with the file's order (the same int8 activations; the kernels' float sums in another
 // order: 1e-5 relative), and `cider convert` writes the file's order (the blocks equal a load without the layout);
 // a converted directory's mapped blocks are interleaved in place and compute exactly as the requantized model.
 TEST(ModelReference, InterleavedRowsComputeAsTheFileOrder) {
-  Spec spec = arch_specs()[0].second;
+  Spec spec = arch_specs()[0].second;  // K = 256 and 512: the K-quants too
+  spec.H = 256;
+  spec.I = 512;
+  spec.D = 64;
   const TensorMap m = random_weights(spec, 71);
   const std::string dir = write_model(spec, m, "interleaved_rows");
   const auto tok = random_tokens(19, spec.V, 72);
   const bool asks = cider::kernels::active_kernels().ggml_interleave;
-  for (const char* fmt : {"q4_0", "q5_1"}) {
+  for (const char* fmt : {"q4_0", "q5_1", "q4_k", "q6_k"}) {
     SCOPED_TRACE(fmt);
     auto a = cm::Model::load(dir, opts(fmt, "f32"));
     cm::ModelOptions o = opts(fmt, "f32");

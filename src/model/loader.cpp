@@ -1389,7 +1389,9 @@ int interleave_for_kernels(Weights& w, const kernels::KernelTable& kt) {
     const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + bytes + page - 1) / page * page;
     if (!own && ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE) != 0) continue;
     // Group by group: each group of 8 rows keeps its byte range (quant/ggml_interleave.h), so one group's copy is
-    // all the scratch (a whole-tensor copy would add the largest tensor to the peak resident set).
+    // all the scratch (a whole-tensor copy would add the largest tensor to the peak resident set). On the 2-core VM a
+    // 7B's 4.4 GB take 10-11 s, most of it the first write of each page (a fresh page: copied from the file's, or
+    // zero-filled where anonymous pages replaced them first, as long either way): --no-repack skips it.
     const size_t group = bytes / static_cast<size_t>(L->N / quant::kGgmlInterleaveRows);
     for (size_t off = 0; off < bytes; off += group) {
       tmp.assign(src + off, src + off + group);

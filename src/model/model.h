@@ -119,7 +119,7 @@ struct ModelOptions {
   // then reads from the source (docs/engine.md).
   std::optional<WeightFormat> head_weights;
   // A CPU model's native weights in the row order its kernels read fastest (model/loader.h interleave_for_kernels);
-  // off for a load whose weights are written out as they are (cider convert).
+  // off for a load whose weights are written out as they are (cider convert) and with the CLI's --no-repack.
   bool kernel_layout = true;
 };
 

@@ -75,52 +75,134 @@ void get_block(const Shape& s, const uint8_t* o, int l, uint8_t* out) {
   for (int v = 0; v < 4; ++v) std::memcpy(out + s.qs + 4 * v, o + s.oqs + 32 * v + 4 * l, 4);
 }
 
-Shape checked(const char* op, uint32_t type, int64_t N, int64_t K) {
-  check(ggml_interleavable(type), ErrorCode::kUnsupported, op, "rows interleave for Q4_0, Q4_1, Q5_0 and Q5_1; got ggml type ",
-        type);
+// Q4_K (quant/ggml_interleave.h): the 6-bit scale and minimum of piece j from a block's 12 packed bytes s, and back.
+void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void put_octet_q4k(const uint8_t* const* blk, uint8_t* o) {
+  std::memset(o, 0, 8 * 144);
+  for (int l = 0; l < 8; ++l) {
+    std::memcpy(o + 2 * l, blk[l], 2);
+    std::memcpy(o + 16 + 2 * l, blk[l] + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      q4k_scale_min(blk[l] + 4, j, &sc, &mn);
+      o[32 + 8 * j + l] = static_cast<uint8_t>((sc & 15) | (mn & 15) << 4);
+      o[96 + 8 * (j % 4) + l] |= static_cast<uint8_t>(((sc >> 4) | (mn >> 4) << 2) << (4 * (j / 4)));
+    }
+    for (int v = 0; v < 32; ++v) std::memcpy(o + 128 + 32 * v + 4 * l, blk[l] + 16 + 4 * v, 4);
+  }
+}
+
+void get_block_q4k(const uint8_t* o, int l, uint8_t* out) {
+  std::memcpy(out, o + 2 * l, 2);
+  std::memcpy(out + 2, o + 16 + 2 * l, 2);
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    const int lo = o[32 + 8 * j + l], hi = o[96 + 8 * (j % 4) + l] >> (4 * (j / 4));
+    sc[j] = (lo & 15) | (hi & 3) << 4;
+    mn[j] = lo >> 4 | ((hi >> 2) & 3) << 4;
+  }
+  uint8_t* s = out + 4;
+  for (int i = 0; i < 4; ++i) {
+    s[i] = static_cast<uint8_t>(sc[i] | (sc[i + 4] >> 4) << 6);
+    s[i + 4] = static_cast<uint8_t>(mn[i] | (mn[i + 4] >> 4) << 6);
+    s[i + 8] = static_cast<uint8_t>((sc[i + 4] & 15) | (mn[i + 4] & 15) << 4);
+  }
+  for (int v = 0; v < 32; ++v) std::memcpy(out + 16 + 4 * v, o + 128 + 32 * v + 4 * l, 4);
+}
+
+// Q6_K (quant/ggml_interleave.h): ql [128], qh [64], int8 scales [16], d in a block.
+void put_octet_q6k(const uint8_t* const* blk, uint8_t* o) {
+  for (int l = 0; l < 8; ++l) {
+    std::memcpy(o + 2 * l, blk[l] + 208, 2);
+    for (int j = 0; j < 8; ++j)
+      for (int h = 0; h < 2; ++h) o[16 + 16 * j + 2 * l + h] = blk[l][192 + 2 * j + h];
+    for (int v = 0; v < 32; ++v) std::memcpy(o + 144 + 32 * v + 4 * l, blk[l] + 4 * v, 4);
+    for (int v = 0; v < 16; ++v) std::memcpy(o + 1168 + 32 * v + 4 * l, blk[l] + 128 + 4 * v, 4);
+  }
+}
+
+void get_block_q6k(const uint8_t* o, int l, uint8_t* out) {
+  std::memcpy(out + 208, o + 2 * l, 2);
+  for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h) out[192 + 2 * j + h] = o[16 + 16 * j + 2 * l + h];
+  for (int v = 0; v < 32; ++v) std::memcpy(out + 4 * v, o + 144 + 32 * v + 4 * l, 4);
+  for (int v = 0; v < 16; ++v) std::memcpy(out + 128 + 4 * v, o + 1168 + 32 * v + 4 * l, 4);
+}
+
+bool is_q4k(uint32_t type) { return static_cast<GgmlType>(type) == GgmlType::kQ4_K; }
+bool is_q6k(uint32_t type) { return static_cast<GgmlType>(type) == GgmlType::kQ6_K; }
+int64_t block_bytes_of(uint32_t type) { return is_q4k(type) ? 144 : is_q6k(type) ? 210 : shape_of(type).block_bytes; }
+
+// The format's block size after checking the type, N (a positive multiple of 8) and K (a positive multiple of it).
+int64_t checked(const char* op, uint32_t type, int64_t N, int64_t K) {
+  check(ggml_interleavable(type), ErrorCode::kUnsupported, op,
+        "rows interleave for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K; got ggml type ", type);
   check(N > 0 && N % kGgmlInterleaveRows == 0, ErrorCode::kInvalidArgument, op, "interleaved rows come in groups of ",
         kGgmlInterleaveRows, ": N must be a positive multiple of it; got ", N);
-  check(K > 0 && K % 32 == 0, ErrorCode::kInvalidArgument, op, "K must be a positive multiple of the block size 32; got ",
-        K);
-  const Shape s = shape_of(type);
-  check(ggml_block_format(type)->block_bytes == s.block_bytes, ErrorCode::kInternal, op, "block layout of type ", type);
-  return s;
+  const quant::GgmlBlockFormat* f = ggml_block_format(type);
+  check(K > 0 && K % f->block_size == 0, ErrorCode::kInvalidArgument, op, "K must be a positive multiple of the ",
+        f->name, " block size ", f->block_size, "; got ", K);
+  check(f->block_bytes == block_bytes_of(type), ErrorCode::kInternal, op,
+        "block layout of type ", type);
+  return f->block_size;
+}
+
+// Octet o from the 8 blocks blk[l], and row l's block back from octet o, for any interleavable format.
+void put(uint32_t type, const uint8_t* const* blk, uint8_t* o) {
+  if (is_q4k(type)) return put_octet_q4k(blk, o);
+  if (is_q6k(type)) return put_octet_q6k(blk, o);
+  put_octet(shape_of(type), blk, o);
+}
+void get(uint32_t type, const uint8_t* o, int l, uint8_t* out) {
+  if (is_q4k(type)) return get_block_q4k(o, l, out);
+  if (is_q6k(type)) return get_block_q6k(o, l, out);
+  get_block(shape_of(type), o, l, out);
 }
 
 }  // namespace
 
 bool ggml_interleavable(uint32_t type) {
   const auto t = static_cast<GgmlType>(type);
-  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+  return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 ||
+         t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
 }
 
 void ggml_interleave_rows(uint32_t type, const void* src, int64_t N, int64_t K, void* dst) {
-  const Shape s = checked("ggml_interleave_rows", type, N, K);
-  const int64_t B = K / 32, bb = s.block_bytes, rb = B * bb;
+  const int64_t B = K / checked("ggml_interleave_rows", type, N, K), bb = ggml_block_format(type)->block_bytes;
+  const int64_t rb = B * bb;
   const auto* in = static_cast<const uint8_t*>(src);
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t g = 0; g < N / 8; ++g)
     for (int64_t b = 0; b < B; ++b) {
       const uint8_t* blk[8];
       for (int l = 0; l < 8; ++l) blk[l] = in + (8 * g + l) * rb + b * bb;
-      put_octet(s, blk, out + (g * B + b) * 8 * bb);
+      put(type, blk, out + (g * B + b) * 8 * bb);
     }
 }
 
 void ggml_deinterleave_rows(uint32_t type, const void* src, int64_t N, int64_t K, void* dst) {
-  const Shape s = checked("ggml_deinterleave_rows", type, N, K);
-  const int64_t B = K / 32, bb = s.block_bytes, rb = B * bb;
+  const int64_t B = K / checked("ggml_deinterleave_rows", type, N, K), bb = ggml_block_format(type)->block_bytes;
+  const int64_t rb = B * bb;
   const auto* in = static_cast<const uint8_t*>(src);
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t g = 0; g < N / 8; ++g)
     for (int64_t b = 0; b < B; ++b)
-      for (int l = 0; l < 8; ++l) get_block(s, in + (g * B + b) * 8 * bb, l, out + (8 * g + l) * rb + b * bb);
+      for (int l = 0; l < 8; ++l) get(type, in + (g * B + b) * 8 * bb, l, out + (8 * g + l) * rb + b * bb);
 }
 
 void ggml_interleaved_block(uint32_t type, const void* w, int64_t blocks_per_row, int64_t n, int64_t b, uint8_t* out) {
-  const Shape s = shape_of(type);
-  const auto* octet = static_cast<const uint8_t*>(w) + ((n / 8) * blocks_per_row + b) * 8 * s.block_bytes;
-  get_block(s, octet, static_cast<int>(n % 8), out);
+  const int64_t bb = block_bytes_of(type);
+  const auto* octet = static_cast<const uint8_t*>(w) + ((n / 8) * blocks_per_row + b) * 8 * bb;
+  get(type, octet, static_cast<int>(n % 8), out);
 }
 
 }  // namespace cider::quant

@@ -107,7 +107,7 @@ void pack_weights(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint
     uint8_t* row = dst + (r / 16) * kTile + (r % 16) * 64;
     for (int64_t s0 = 0; s0 < steps; s0 += kPieces) {
       Piece pc[8];
-      uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      uint8_t tmp[quant::kGgmlInterleavedBlockMax];  // an interleaved row's block, back in the file's layout
       unpack_block<kType>(row_block<kType>(w, c.block_bytes, a.interleaved, a.w, a.K, n0 + (r < nv ? r : nv - 1),
                                            (k0 + s0 * 32) / c.block_size, tmp), pc);
       for (int j = 0; j < kPieces; ++j) {

@@ -6,10 +6,10 @@
 // kernels do), and multiplies a block's integer form (quant/ggml_blocks.h) exactly in integers, scaling per piece in
 // float32. Fewer than 16 activation rows go to avx2/ggml_linear_gemv.cpp (every format, the file's row order) or, for
 // rows interleaved 8 at a time (GgmlLinearArgs::interleaved), to avx2/ggml_linear_gemv_x8.cpp; 16 rows and more to
-// the panel GEMM, avx2/ggml_linear_gemm.cpp, which like ggml_dequantize reads interleaved blocks back in the file's
-// layout (quant::ggml_interleaved_block). ggml_dequantize: each block unpacked to its integer form (codes, a scale and
-// an offset per 16, avx2/ggml_pieces.h), then a·c (+ b) in the decoder's rounding order: the decoder's values bit for
-// bit.
+// the panel GEMM, avx2/ggml_linear_gemm.cpp, which packs interleaved octets as they come. ggml_dequantize: each block
+// (an interleaved one read back in the file's layout, quant::ggml_interleaved_block) unpacked to its integer form
+// (codes, a scale and an offset per 16, avx2/ggml_pieces.h), then a·c (+ b) in the decoder's rounding order: the
+// decoder's values bit for bit.
 #include <cstring>
 
 #include "core/error.h"
@@ -37,7 +37,7 @@ void dequantize_rows(const GgmlDequantArgs& a, int block_size, int block_bytes) 
   constexpr int kPieces = pieces_of(kType);
   const int64_t blocks = a.K / block_size;
   Piece pc[8];
-  uint8_t tmp[32];  // an interleaved row's block, back in the file's layout (block_bytes <= 24 there)
+  uint8_t tmp[quant::kGgmlInterleavedBlockMax];  // an interleaved row's block, back in the file's layout
   for (int64_t r = 0; r < a.rows; ++r) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * a.row_bytes;
     float* out = a.out + r * a.K;

@@ -61,17 +61,19 @@ static inline __m256i bits32(uint32_t qh) {
 // The formats whose rows may come interleaved 8 at a time (quant::ggml_interleavable, GgmlLinearArgs::interleaved).
 constexpr bool interleavable(quant::GgmlType t) {
   return t == quant::GgmlType::kQ4_0 || t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_0 ||
-         t == quant::GgmlType::kQ5_1;
+         t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ6_K;
 }
 
 // Block blk of weight row n, whose row starts at `row` in the file's order: that block in place, or, for rows
-// interleaved 8 at a time (w: the tensor's first byte, K/32 blocks a row), the block read back into tmp.
+// interleaved 8 at a time (w: the tensor's first byte, K elements a row), the block read back into tmp.
 template <quant::GgmlType kType>
 static inline const uint8_t* row_block(const uint8_t* row, int64_t block_bytes, bool interleaved, const void* w,
-                                       int64_t K, int64_t n, int64_t blk, uint8_t (&tmp)[32]) {
+                                       int64_t K, int64_t n, int64_t blk,
+                                       uint8_t (&tmp)[quant::kGgmlInterleavedBlockMax]) {
   if constexpr (interleavable(kType)) {
     if (interleaved) {
-      quant::ggml_interleaved_block(static_cast<uint32_t>(kType), w, K / 32, n, blk, tmp);
+      constexpr int64_t kBlock = kType == quant::GgmlType::kQ4_K || kType == quant::GgmlType::kQ6_K ? 256 : 32;
+      quant::ggml_interleaved_block(static_cast<uint32_t>(kType), w, K / kBlock, n, blk, tmp);
       return tmp;
     }
   }
@@ -96,6 +98,41 @@ constexpr int octet_hb(quant::GgmlType t) {
 constexpr bool five_bits(quant::GgmlType t) { return t == quant::GgmlType::kQ5_0 || t == quant::GgmlType::kQ5_1; }
 constexpr int octet_qs(quant::GgmlType t) { return octet_hb(t) + (five_bits(t) ? 32 : 0); }
 constexpr int64_t octet_bytes(quant::GgmlType t) { return octet_qs(t) + 128; }
+
+// Interleaved Q4_K (quant/ggml_interleave.h): the 6-bit scales of an octet's 8 pieces × 8 rows into sm[0, 64) and
+// its minimums into sm[64, 128), byte 8j + l for piece j of row l (16-bit shifts, then byte masks: the bits that cross
+// into the neighbouring byte are masked off).
+static inline void q4k_octet_scales(const uint8_t* oct, uint8_t* sm) {
+  const __m256i m15 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 32));  // pieces 0-3
+  const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 64));  // pieces 4-7
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 96));
+  auto top = [&](int shift) {  // 2 bits of hi from bit `shift` of each byte, at bits 4-5
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, shift), m3), 4);
+  };
+  auto* out = reinterpret_cast<__m256i*>(sm);
+  _mm256_storeu_si256(out, _mm256_or_si256(_mm256_and_si256(lo0, m15), top(0)));
+  _mm256_storeu_si256(out + 1, _mm256_or_si256(_mm256_and_si256(lo1, m15), top(4)));
+  _mm256_storeu_si256(out + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m15), top(2)));
+  _mm256_storeu_si256(out + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m15), top(6)));
+}
+
+// Interleaved Q6_K (quant/ggml_interleave.h): the unsigned codes u = c + 32 of piece j = 4H + i of an octet's 8 rows,
+// step v (codes 4v … 4v + 3): ql's nibble | qh's two bits at bits 4-5 (16-bit shifts, then byte masks).
+template <int J>
+static inline __m256i q6k_octet_codes(const uint8_t* oct, int v) {
+  constexpr int H = J / 4, I = J % 4;
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 144 + 256 * (2 * H + I % 2) + 32 * v));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 1168 + 256 * H + 32 * v));
+  const __m256i lo = _mm256_and_si256(I < 2 ? q : _mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F));
+  const __m256i hi = I < 3 ? _mm256_slli_epi16(h, 4 - 2 * I) : _mm256_srli_epi16(h, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+
+// 8 bytes as int32 lanes, as float.
+static inline __m256 u8x8_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 
 static inline uint32_t u32_load(const uint8_t* p) {
   uint32_t v;

@@ -106,7 +106,7 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
         _mm_prefetch(reinterpret_cast<const char*>(w + off), _MM_HINT_T1);
     }
     for (int64_t b0 = 0; b0 < valid; b0 += kPieces) {
-      uint8_t tmp[32];  // an interleaved row's block, back in the file's layout
+      uint8_t tmp[quant::kGgmlInterleavedBlockMax];  // an interleaved row's block, back in the file's layout
       unpack_block<kType>(row_block<kType>(w, c.block_bytes, a.interleaved, a.w, a.K, n0 + (r < nv ? r : nv - 1),
                                            (k0 + b0 * 32) / c.block_size, tmp), pc);
       for (int j = 0; j < kPieces; ++j) {
