@@ -327,7 +327,7 @@ std::vector<Case> all_cases() {
                             {quant::GgmlType::kQ4_K, "q4_k"}, {quant::GgmlType::kQ6_K, "q6_k"},
                             {quant::GgmlType::kQ5_0, "q5_0"}, {quant::GgmlType::kQ4_0, "q4_0"},
                             {quant::GgmlType::kQ4_1, "q4_1"}, {quant::GgmlType::kQ5_1, "q5_1"},
-                            {quant::GgmlType::kQ2_K, "q2_k"}}) {
+                            {quant::GgmlType::kQ2_K, "q2_k"}, {quant::GgmlType::kQ5_K, "q5_k"}}) {
     const quant::GgmlType ty = type;
     add(std::string("ggml_") + name + "_gemv_k4096_n14336", [ty](const BenchOptions& o, const kernels::KernelTable& t) {
       return ggml(o, t, ty, 1, 14336, 4096);

@@ -77,7 +77,7 @@ ModelOptionHandles add_model_options(CLI::App* c, ModelArgs& m) {
                 "from the embedding");
   c->add_flag("--no-repack", m.no_repack,
               "keep native GGUF weights in the file's row order on the cpu: the file is mapped as it is (the fastest "
-              "load) instead of rearranging the Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K rows for the AVX2 kernels, which costs "
+              "load) instead of rearranging the Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K rows for the AVX2 kernels, which costs "
               "a copy of those tensors at load (a 7B: about 10 s on a 2-core VM) and decodes 10-30% faster "
               "(docs/benchmarks.md); llama.cpp's --no-repack");
   c->add_option("--device", m.device, "where the model runs: cpu or cuda (a CUDA build and an sm_90 GPU)")

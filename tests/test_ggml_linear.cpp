@@ -217,7 +217,7 @@ TEST(GgmlLinear, EveryLevelMatchesTheReferenceWithinTheInt8ActivationBound) {
   }
 }
 
-// Rows interleaved 8 at a time (the AVX2 level's layout for Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K): the reference reads
+// Rows interleaved 8 at a time (the AVX2 level's layout for Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K): the reference reads
 // them back exactly (its output equals the float64 sum over the decoded rows, asserted in run_case), every level's
 // kernel within the int8 activation bound: the interleaved GEMV's tiles of 1-4 (Q6_K: 1-2) activation rows and their
 // tails (M < 16), the panel GEMM packing the octets (M >= 16), K of one block and with tails of a 512-element chunk.
@@ -233,9 +233,9 @@ TEST(GgmlLinear, InterleavedRowsMatchTheReferenceWithinTheInt8ActivationBound) {
                           Case{t, 16, 24, 544, true, true}, Case{t, 33, 136, 96, false, true}})
       run_case(rng, c, tables);
   }
-  // Q4_K, Q6_K (256-element blocks): one block, K past a 512-element chunk of the GEMM (768, 1280), every tile of 1-4
-  // activation rows and their tails, M >= 16
-  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  // Q4_K, Q5_K, Q6_K (256-element blocks): one block, K past a 512-element chunk of the GEMM (768, 1280), every
+  // tile of 1-4 activation rows and their tails, M >= 16
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     SCOPED_TRACE(quant::ggml_block_format(static_cast<uint32_t>(t))->name);
     for (const Case& c : {Case{t, 1, 8, 256, true, true}, Case{t, 1, 24, 1280, false, true},
                           Case{t, 2, 16, 512, true, true}, Case{t, 3, 40, 256, false, true},
@@ -251,13 +251,13 @@ TEST(GgmlLinear, InterleavedRowsMatchTheReferenceWithinTheInt8ActivationBound) {
 TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
   auto rng = test::make_rng(1110);
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
-                     GgmlType::kQ6_K}) {
+                     GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     const auto type = static_cast<uint32_t>(t);
     const quant::GgmlBlockFormat& f = *quant::ggml_block_format(type);
     SCOPED_TRACE(f.name);
     const int64_t N = 24, K = 3 * f.block_size, B = K / f.block_size;
     std::vector<uint8_t> w = random_blocks(rng, t, N * B);
-    if (t == GgmlType::kQ4_K)  // one block with every scale and minimum at 63 (all 6 bits set) among the random ones
+    if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K)  // a block with every scale and minimum at 63 (all 6 bits set)
       std::memset(w.data() + 5 * f.block_bytes + 4, 0xFF, 12);
     std::vector<uint8_t> wi(w.size()), back(w.size(), 0xAB);
     quant::ggml_interleave_rows(type, w.data(), N, K, wi.data());
@@ -288,7 +288,7 @@ TEST(GgmlLinear, InterleavedRowsHoldTheFileBlocks) {
   const std::vector<uint8_t> q8(34 * 8), q4(18 * 12);
   std::vector<uint8_t> out(q8.size());
   EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(8, q8.data(), 8, 32, out.data()); },
-                          ErrorCode::kUnsupported, "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K"));
+                          ErrorCode::kUnsupported, "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K"));
   EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(2, q4.data(), 12, 32, out.data()); },
                           ErrorCode::kInvalidArgument, "multiple of it; got 12"));
   EXPECT_TRUE(throws_code([&] { quant::ggml_interleave_rows(12, q8.data(), 8, 128, out.data()); },

@@ -18,7 +18,7 @@
 //                (rows whose block P is below a vector: ref)
 //   ggml_linear  M < 16: 64-byte vpdpbusd GEMV (K-quants);       int8 per 32: GEMV rows, from 16 rows packed panels
 //                from 16: VNNI panels (with AMX-BF16: bfloat16 tiles, x86/amx)
-//                avx2 (and taken by avx512): Q4_0/Q4_1/Q5_0/Q5_1/Q4_K rows interleaved 8 at a time
+//                avx2 (and taken by avx512): Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K rows interleaved 8 at a time
 //   any later entry: the reference (the copy below), until a fast kernel is assigned
 #include "kernels/kernel_table.h"
 
@@ -60,7 +60,8 @@ const KernelTable& avx2_kernels() {
     t.ggml_linear = &x86::avx2::ggml_linear;  // M >= 16: packed panels (avx2/ggml_linear_gemm.cpp)
     // Beats dequantize + dense from 16 rows on the AVX2 VM (Q8_0 640 × 262144: 56 vs 96 ms at 16 rows; level at 256).
     t.ggml_linear_prefill = true;
-    // Q4_0/Q4_1/Q5_0/Q5_1/Q4_K rows 8 at a time: the float tail per block once for 8 rows (avx2/ggml_linear_gemv_x8.cpp)
+    // Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K rows 8 at a time: the float tail once for 8 rows
+    // (avx2/ggml_linear_gemv_x8.cpp)
     t.ggml_interleave = true;
     t.ggml_dequantize = &x86::avx2::ggml_dequantize;
     t.gated_delta = &x86::avx2::gated_delta;

@@ -86,8 +86,10 @@ void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   }
 }
 
-void put_octet_q4k(const uint8_t* const* blk, uint8_t* o) {
-  std::memset(o, 0, 8 * 144);
+// Q4_K and Q5_K (kFive: a qh [32] between the scales and the nibbles of a block; in an octet 8 qh vectors before qs).
+void put_octet_k45(const uint8_t* const* blk, uint8_t* o, bool five) {
+  const int bqs = five ? 48 : 16, oqs = five ? 384 : 128;
+  std::memset(o, 0, static_cast<size_t>(8 * (five ? 176 : 144)));
   for (int l = 0; l < 8; ++l) {
     std::memcpy(o + 2 * l, blk[l], 2);
     std::memcpy(o + 16 + 2 * l, blk[l] + 2, 2);
@@ -97,11 +99,14 @@ void put_octet_q4k(const uint8_t* const* blk, uint8_t* o) {
       o[32 + 8 * j + l] = static_cast<uint8_t>((sc & 15) | (mn & 15) << 4);
       o[96 + 8 * (j % 4) + l] |= static_cast<uint8_t>(((sc >> 4) | (mn >> 4) << 2) << (4 * (j / 4)));
     }
-    for (int v = 0; v < 32; ++v) std::memcpy(o + 128 + 32 * v + 4 * l, blk[l] + 16 + 4 * v, 4);
+    if (five)
+      for (int v = 0; v < 8; ++v) std::memcpy(o + 128 + 32 * v + 4 * l, blk[l] + 16 + 4 * v, 4);
+    for (int v = 0; v < 32; ++v) std::memcpy(o + oqs + 32 * v + 4 * l, blk[l] + bqs + 4 * v, 4);
   }
 }
 
-void get_block_q4k(const uint8_t* o, int l, uint8_t* out) {
+void get_block_k45(const uint8_t* o, int l, uint8_t* out, bool five) {
+  const int bqs = five ? 48 : 16, oqs = five ? 384 : 128;
   std::memcpy(out, o + 2 * l, 2);
   std::memcpy(out + 2, o + 16 + 2 * l, 2);
   int sc[8], mn[8];
@@ -116,7 +121,9 @@ void get_block_q4k(const uint8_t* o, int l, uint8_t* out) {
     s[i + 4] = static_cast<uint8_t>(mn[i] | (mn[i + 4] >> 4) << 6);
     s[i + 8] = static_cast<uint8_t>((sc[i + 4] & 15) | (mn[i + 4] & 15) << 4);
   }
-  for (int v = 0; v < 32; ++v) std::memcpy(out + 16 + 4 * v, o + 128 + 32 * v + 4 * l, 4);
+  if (five)
+    for (int v = 0; v < 8; ++v) std::memcpy(out + 16 + 4 * v, o + 128 + 32 * v + 4 * l, 4);
+  for (int v = 0; v < 32; ++v) std::memcpy(out + bqs + 4 * v, o + oqs + 32 * v + 4 * l, 4);
 }
 
 // Q6_K (quant/ggml_interleave.h): ql [128], qh [64], int8 scales [16], d in a block.
@@ -139,13 +146,16 @@ void get_block_q6k(const uint8_t* o, int l, uint8_t* out) {
 }
 
 bool is_q4k(uint32_t type) { return static_cast<GgmlType>(type) == GgmlType::kQ4_K; }
+bool is_q5k(uint32_t type) { return static_cast<GgmlType>(type) == GgmlType::kQ5_K; }
 bool is_q6k(uint32_t type) { return static_cast<GgmlType>(type) == GgmlType::kQ6_K; }
-int64_t block_bytes_of(uint32_t type) { return is_q4k(type) ? 144 : is_q6k(type) ? 210 : shape_of(type).block_bytes; }
+int64_t block_bytes_of(uint32_t type) {
+  return is_q4k(type) ? 144 : is_q5k(type) ? 176 : is_q6k(type) ? 210 : shape_of(type).block_bytes;
+}
 
 // The format's block size after checking the type, N (a positive multiple of 8) and K (a positive multiple of it).
 int64_t checked(const char* op, uint32_t type, int64_t N, int64_t K) {
   check(ggml_interleavable(type), ErrorCode::kUnsupported, op,
-        "rows interleave for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K; got ggml type ", type);
+        "rows interleave for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; got ggml type ", type);
   check(N > 0 && N % kGgmlInterleaveRows == 0, ErrorCode::kInvalidArgument, op, "interleaved rows come in groups of ",
         kGgmlInterleaveRows, ": N must be a positive multiple of it; got ", N);
   const quant::GgmlBlockFormat* f = ggml_block_format(type);
@@ -158,12 +168,12 @@ int64_t checked(const char* op, uint32_t type, int64_t N, int64_t K) {
 
 // Octet o from the 8 blocks blk[l], and row l's block back from octet o, for any interleavable format.
 void put(uint32_t type, const uint8_t* const* blk, uint8_t* o) {
-  if (is_q4k(type)) return put_octet_q4k(blk, o);
+  if (is_q4k(type) || is_q5k(type)) return put_octet_k45(blk, o, is_q5k(type));
   if (is_q6k(type)) return put_octet_q6k(blk, o);
   put_octet(shape_of(type), blk, o);
 }
 void get(uint32_t type, const uint8_t* o, int l, uint8_t* out) {
-  if (is_q4k(type)) return get_block_q4k(o, l, out);
+  if (is_q4k(type) || is_q5k(type)) return get_block_k45(o, l, out, is_q5k(type));
   if (is_q6k(type)) return get_block_q6k(o, l, out);
   get_block(shape_of(type), o, l, out);
 }
@@ -173,7 +183,7 @@ void get(uint32_t type, const uint8_t* o, int l, uint8_t* out) {
 bool ggml_interleavable(uint32_t type) {
   const auto t = static_cast<GgmlType>(type);
   return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 ||
-         t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
+         t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K;
 }
 
 void ggml_interleave_rows(uint32_t type, const void* src, int64_t N, int64_t K, void* dst) {

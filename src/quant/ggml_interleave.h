@@ -1,5 +1,5 @@
-// cider/quant/ggml_interleave.h — GGUF weight rows of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K rearranged 8 rows at a
-// time, so that one 32-byte register holds 4 codes of each of 8 rows and a kernel's 32-bit lanes are the rows
+// cider/quant/ggml_interleave.h — GGUF weight rows of Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K rearranged 8 rows
+// at a time, so that one 32-byte register holds 4 codes of each of 8 rows and a kernel's 32-bit lanes are the rows
 // (kernels/x86/avx2/ggml_linear_gemv_x8.cpp): the same bytes and values as the file's blocks, in another order. The
 // CPU loads such tensors this way where its kernel table asks for it (KernelTable::ggml_interleave); everything that
 // writes weights out (cider convert) writes the file's order back.
@@ -22,6 +22,9 @@
 //                    its mn_j (bits 2-3)
 //   [128, 1152)      qs: 32 vectors of 32 bytes; dword l of vector 8c + v = row l's qs bytes [32c + 4v, 32c + 4v + 4)
 //                    (low nibbles: codes 4v … 4v + 3 of piece 2c; high nibbles: the same of piece 2c + 1)
+// Q5_K (1408 bytes): as Q4_K, with 256 bytes of qh between the scales and qs (qs at [384, 1408)):
+//   [128, 384)       qh: 8 vectors; dword l of vector v = row l's qh bytes [4v, 4v + 4) (bit j: the fifth bit of
+//                    piece j's codes 4v … 4v + 3)
 // Q6_K (256 elements, 8 pieces j = 4H + i of 32, an int8 scale per 16; 1680 bytes):
 //   [0, 16)          d of rows 0..7 (float16)
 //   [16, 144)        byte 16 + 16j + 2l + h: row l's scale of half h of piece j (the file's scales[2j + h])
@@ -40,7 +43,7 @@ constexpr int64_t kGgmlInterleaveRows = 8;
 // A buffer this large holds one block of any format that interleaves (ggml_interleaved_block's out).
 constexpr int kGgmlInterleavedBlockMax = 210;
 
-// Whether rows of this ggml type can be interleaved (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K).
+// Whether rows of this ggml type can be interleaved (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
 bool ggml_interleavable(uint32_t type);
 
 // src: N rows of K/32 blocks in the file's order; dst (the same size, not overlapping): interleaved as above.

@@ -25,7 +25,7 @@ const quant::GgmlBlockFormat* checked_format(uint32_t type, int64_t K, int64_t r
 // Interleaved weights: the format must take it and the rows come in whole groups.
 void check_interleaved(uint32_t type, int64_t first_row, int64_t rows_total, const char* op) {
   check(quant::ggml_interleavable(type), ErrorCode::kUnsupported, op,
-        "interleaved rows exist for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K only; got ggml type ", type);
+        "interleaved rows exist for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K only; got ggml type ", type);
   check(first_row >= 0 && rows_total % quant::kGgmlInterleaveRows == 0, ErrorCode::kShapeMismatch, op,
         "interleaved rows come in groups of ", quant::kGgmlInterleaveRows, "; got ", rows_total, " rows");
 }

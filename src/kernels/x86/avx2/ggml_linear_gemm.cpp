@@ -157,37 +157,43 @@ void pack_pair_octets(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t vali
   }
 }
 
-// pack_pair for Q4_K rows interleaved 8 at a time: piece j of a block is the low (j even) or high (j odd) nibbles of
-// the octet's qs vectors 8(j / 2) … + 7, already [4 codes][8 rows]; a = d·sc_j and b = −(dmin·mn_j) of the 8 rows
-// from the octet's scales (the integer form's roundings: avx2/ggml_pieces.h unpack_block).
-void pack_pair_octets_q4k(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t valid, uint8_t* dst) {
-  constexpr int64_t PB = piece_bytes(quant::GgmlType::kQ4_K);
+// pack_pair for Q4_K / Q5_K (kFive) rows interleaved 8 at a time: piece j of a block is the low (j even) or high
+// (j odd) nibbles of the octet's qs vectors 8(j / 2) … + 7, already [4 codes][8 rows] (Q5_K: | bit j of the step's qh
+// vector, at bit 4); a = d·sc_j and b = −(dmin·mn_j) of the 8 rows from the octet's scales (the integer form's roundings:
+// avx2/ggml_pieces.h unpack_block).
+template <bool kFive>
+void pack_pair_octets_k45(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t valid, uint8_t* dst) {
+  constexpr int64_t PB = piece_bytes(quant::GgmlType::kQ4_K), kOB = kFive ? 1408 : 1152, kQs = kFive ? 384 : 128;
   const GgmlLinearArgs& a = *c.a;
   const int64_t B = a.K / 256;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int cb = 0; cb < 2; ++cb) {
     const int64_t g = (n0 + (cb * 8 < nv ? cb * 8 : 0)) / 8;  // past N: the first 8 rows again (never stored)
-    alignas(32) uint8_t sm[128];
-    __m256 d = _mm256_setzero_ps(), dmin = d;
-    for (int64_t p = 0; p < valid; ++p) {  // k0 is a multiple of 256 (kKC): p = 0 starts a block
-      const int64_t q = k0 / 32 + p, j = q % 8;
-      const uint8_t* oct = static_cast<const uint8_t*>(a.w) + (g * B + q / 8) * 1152;
-      if (j == 0) {
-        q4k_octet_scales(oct, sm);
-        d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct)));
-        dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16)));
-      }
-      uint8_t* pp = dst + p * PB;
-      const uint8_t* qv = oct + 128 + 256 * (j / 2);
-      for (int v = 0; v < 8; ++v) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + 32 * v));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(pp + cb * 256 + v * 32),
-                           _mm256_and_si256(j % 2 ? _mm256_srli_epi16(w, 4) : w, m4));
-      }
-      _mm256_storeu_ps(reinterpret_cast<float*>(pp + 512) + cb * 8, _mm256_mul_ps(d, u8x8_ps(sm + 8 * j)));
-      _mm256_storeu_ps(reinterpret_cast<float*>(pp + 576) + cb * 8,
-                       _mm256_xor_ps(_mm256_mul_ps(dmin, u8x8_ps(sm + 64 + 8 * j)), sign));
+    for (int64_t b0 = 0; b0 < valid; b0 += 8) {  // k0 is a multiple of 256 (kKC): whole blocks
+      const uint8_t* oct = static_cast<const uint8_t*>(a.w) + (g * B + (k0 / 32 + b0) / 8) * kOB;
+      alignas(32) uint8_t sm[128];
+      q4k_octet_scales(oct, sm);
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16)));
+      [&]<int... J>(std::integer_sequence<int, J...>) {
+        auto piece = [&]<int kJ>() {
+          uint8_t* pp = dst + (b0 + kJ) * PB;
+          const uint8_t* qv = oct + kQs + 256 * (kJ / 2);
+          for (int v = 0; v < 8; ++v) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + 32 * v));
+            __m256i u = _mm256_and_si256(kJ % 2 ? _mm256_srli_epi16(w, 4) : w, m4);
+            if constexpr (kFive)
+              u = _mm256_or_si256(
+                  u, fifth_bits<kJ>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(oct + 128 + 32 * v))));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(pp + cb * 256 + v * 32), u);
+          }
+          _mm256_storeu_ps(reinterpret_cast<float*>(pp + 512) + cb * 8, _mm256_mul_ps(d, u8x8_ps(sm + 8 * kJ)));
+          _mm256_storeu_ps(reinterpret_cast<float*>(pp + 576) + cb * 8,
+                           _mm256_xor_ps(_mm256_mul_ps(dmin, u8x8_ps(sm + 64 + 8 * kJ)), sign));
+        };
+        (piece.template operator()<J>(), ...);
+      }(std::make_integer_sequence<int, 8>{});
     }
   }
 }
@@ -209,7 +215,8 @@ void pack_pair_octets_q6k(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t 
           for (int v = 0; v < 8; ++v)
             _mm256_store_si256(reinterpret_cast<__m256i*>(pp + cb * 256 + v * 32), q6k_octet_codes<kJ>(oct, v));
           // dword l: row l's two int8 scales as int16 (low: half 0, high: half 1)
-          const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16 + 16 * kJ)));
+          const __m256i sc =
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16 + 16 * kJ)));
           const __m256 a0 = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16));
           const __m256 a1 = _mm256_cvtepi32_ps(_mm256_srai_epi32(sc, 16));
           _mm256_storeu_ps(reinterpret_cast<float*>(pp + 512) + cb * 8, _mm256_mul_ps(d, a0));
@@ -231,8 +238,8 @@ void pack_pair(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t kc, uint8_t
   const int64_t kend = std::min(k0 + kc, a.K);
   const int64_t valid = kend > k0 ? (kend - k0) / 32 : 0;
   if (valid < kc / 32) std::memset(dst + valid * PB, 0, static_cast<size_t>((kc / 32 - valid) * PB));
-  if constexpr (kType == quant::GgmlType::kQ4_K) {
-    if (a.interleaved) return pack_pair_octets_q4k(c, n0, nv, k0, valid, dst);
+  if constexpr (kType == quant::GgmlType::kQ4_K || kType == quant::GgmlType::kQ5_K) {
+    if (a.interleaved) return pack_pair_octets_k45<kType == quant::GgmlType::kQ5_K>(c, n0, nv, k0, valid, dst);
   } else if constexpr (kType == quant::GgmlType::kQ6_K) {
     if (a.interleaved) return pack_pair_octets_q6k(c, n0, nv, k0, valid, dst);
   } else if constexpr (interleavable(kType)) {

@@ -1,6 +1,6 @@
 // Linear layer over native GGUF weights whose rows are interleaved 8 at a time (quant/ggml_interleave.h: Q4_0, Q4_1,
-// Q5_0, Q5_1, Q4_K, Q6_K), for few activation rows (M < kGgmlGemmFromM: decode and batched decode), AVX2. Contract:
-// GgmlLinearArgs with interleaved (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), for few activation rows (M < kGgmlGemmFromM: decode and batched decode), AVX2.
+// Contract: GgmlLinearArgs with interleaved (kernels/kernel_table.h); reference: ref/ggml_linear_ref.cpp.
 //
 // Why: over the file's layout (avx2/ggml_linear_gemv.cpp) every 32-weight block of every row pays its own unpacking
 // and its own float tail (convert, scale, add: about 23 instructions per block), which leaves these formats
@@ -12,15 +12,16 @@
 // Activations: per 32 elements ("piece") step dx = max|x|/127 and codes rint(x/dx), as every native-weight kernel
 // (avx2/ggml_linear.cpp); beside them per piece off·Σx (offset formats: Q4_0 8, Q5_0 16) or dx·Σx (formats with a
 // minimum).
-// The 32-element formats, per octet (block b of 8 rows) and activation row, over its 8 steps j of 4 codes (codes 4j … 4j + 3 of every row:
-// the low nibbles of qs vector j for j < 4, the high nibbles of vector j − 4 for j >= 4):
+// The 32-element formats, per octet (block b of 8 rows) and activation row, over its 8 steps j of 4 codes (codes
+// 4j … 4j + 3 of every row: the low nibbles of qs vector j for j < 4, the high nibbles of vector j − 4 for j >= 4):
 //   u_j = nibbles | ((hb >> j) & 1) << 4         (unsigned codes u = c + off < 2^bits; the fifth bit for Q5_0, Q5_1)
 //   s16 += vpmaddubsw(u_j, x[4j … 4j + 3] broadcast to every lane)         (pairs ≤ 2·31·127)
 //   summed in int16 over 4 steps (5-bit: 4·7874 < 2^15) or 8 (4-bit: 8·3810), then vpmaddwd by 1 into S (int32);
 //   y_l += float(S_l − off·Σx)·(d_l·dx)  [+ m_l·(dx·Σx)]                      (l: the lane, the row)
-// The K-quants the same way per piece of 32 (tile_q4k, q6k_piece): Q4_K with its 6-bit scales and minimums decoded
-// once per octet for the 8 rows, Q6_K with its two int8 scales per piece in the integer sums (vpmaddwd). All within
-// the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as the other tiles').
+// The K-quants the same way per piece of 32 (k45_piece, q6k_piece): Q4_K / Q5_K with their 6-bit scales and
+// minimums decoded once per octet for the 8 rows, Q6_K with its two int8 scales per piece in the integer sums
+// (vpmaddwd). All within the int8-activation bound of GgmlLinearArgs (the float32 sums are over K/32 pieces, as the
+// other tiles').
 // Work: 16-row chunks over the thread pool; one octet row group × up to 4 (4-bit), 3 (5-bit) or 2 (Q6_K) activation
 // rows per tile, the unpacked codes serving every activation row. The K-quant tiles prefetch kOctetsAhead ahead.
 #include <cstring>
@@ -53,7 +54,8 @@ struct Octet {
   static constexpr int kQs = octet_qs(kType);            // qs's offset
   static constexpr int64_t kBytes = octet_bytes(kType);  // 8 blocks
   static constexpr int kGroup = kFive ? 4 : 8;           // steps summed in int16
-  static constexpr int kMaxT = kType == GgmlType::kQ6_K ? 2 : kFive ? 3 : 4;  // activation rows per tile (registers)
+  // activation rows per tile (registers)
+  static constexpr int kMaxT = kType == GgmlType::kQ6_K ? 2 : kFive || kType == GgmlType::kQ5_K ? 3 : 4;
 };
 
 struct Ctx {
@@ -131,46 +133,66 @@ void tile(const Ctx& c, int64_t g, int64_t m0) {
   }
 }
 
-// Q4_K, rows 8g … 8g + 7 × activation rows [m0, m0 + kT): per octet (block b of the 8 rows, 1152 bytes) its scales
-// and minimums decoded once (q4k_octet_scales), then per piece j the 8 steps of 4 codes (the low or high nibbles of
-// qs vectors 8(j / 2) … + 7) summed in int16 (4-bit: 8·3810 < 2^15), and
-//   y_l += float(S_l)·((d_l·sc_jl)·dx_j) − (dmin_l·mn_jl)·(dx_j·X_j)
-template <int kT>
-void tile_q4k(const Ctx& c, int64_t g, int64_t m0) {
-  const GgmlLinearArgs& a = *c.a;
-  const int64_t K = a.K, P = K / 32, B = K / 256;
-  const uint8_t* oct = static_cast<const uint8_t*>(a.w) + g * B * 1152;
+// Q4_K / Q5_K (kFive), piece J of block blk of rows 8g … 8g + 7 (octet oct) × activation rows [m0, m0 + kT): the 8
+// steps of 4 codes (the low or high nibbles of qs vectors 8(J / 2) … + 7; Q5_K: | bit J of the qh vector of the step,
+// at bit 4) summed in int16 (4-bit: 8·3810 < 2^15; 5-bit: 4 steps at a time, 4·7874), and
+//   y_l += float(S_l)·((d_l·sc_Jl)·dx_J) − (dmin_l·mn_Jl)·(dx_J·X_J)
+// (sm: the octet's scales and minimums, q4k_octet_scales).
+template <bool kFive, int kT, int J>
+static inline void k45_piece(const Ctx& c, const uint8_t* oct, int64_t blk, int64_t m0, const uint8_t* sm, __m256 d,
+                             __m256 dmin, __m256* acc) {
+  const int64_t K = c.a->K, P = K / 32;
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* qv = oct + (kFive ? 384 : 128) + 256 * (J / 2);
+  __m256i s16[kT], s32[kT];
+  for (int t = 0; t < kT; ++t) s16[t] = s32[t] = _mm256_setzero_si256();
+  for (int v = 0; v < 8; ++v) {
+    const __m256i q = load32(qv + 32 * v);
+    __m256i u = _mm256_and_si256(J % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+    if constexpr (kFive) u = _mm256_or_si256(u, fifth_bits<J>(load32(oct + 128 + 32 * v)));
+    for (int t = 0; t < kT; ++t) {
+      int32_t x0;
+      std::memcpy(&x0, c.xq + (m0 + t) * K + blk * 256 + 32 * J + 4 * v, 4);
+      s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(u, _mm256_set1_epi32(x0)));
+    }
+    if constexpr (kFive) {
+      if (v == 3)
+        for (int t = 0; t < kT; ++t) {
+          s32[t] = _mm256_madd_epi16(s16[t], ones);
+          s16[t] = _mm256_setzero_si256();
+        }
+    }
+  }
+  const __m256 sc = _mm256_mul_ps(d, u8x8_ps(sm + 8 * J)), mn = _mm256_mul_ps(dmin, u8x8_ps(sm + 64 + 8 * J));
+  for (int t = 0; t < kT; ++t) {
+    const int64_t i = (m0 + t) * P + blk * 8 + J;
+    __m256i S = _mm256_madd_epi16(s16[t], ones);
+    if constexpr (kFive) S = _mm256_add_epi32(S, s32[t]);
+    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(sc, _mm256_set1_ps(c.dx[i])), acc[t]);
+    acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(c.xs[i]), acc[t]);
+  }
+}
+
+// Q4_K / Q5_K, rows 8g … 8g + 7 × activation rows [m0, m0 + kT): per octet (block b of the 8 rows) its scales and
+// minimums decoded once (q4k_octet_scales), then its 8 pieces (k45_piece).
+template <bool kFive, int kT>
+void tile_k45(const Ctx& c, int64_t g, int64_t m0) {
+  constexpr int64_t kOB = kFive ? 1408 : 1152;
+  const GgmlLinearArgs& a = *c.a;
+  const int64_t B = a.K / 256;
+  const uint8_t* oct = static_cast<const uint8_t*>(a.w) + g * B * kOB;
   __m256 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < B; ++blk, oct += 1152) {
-    for (int l = 0; l < 18; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(oct + kOctetsAhead * 1152 + 64 * l), _MM_HINT_T0);
+  for (int64_t blk = 0; blk < B; ++blk, oct += kOB) {
+    for (int64_t l = 0; l < kOB / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(oct + kOctetsAhead * kOB + 64 * l), _MM_HINT_T0);
     alignas(32) uint8_t sm[128];
     q4k_octet_scales(oct, sm);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct + 16)));
-    for (int j = 0; j < 8; ++j) {
-      const uint8_t* qv = oct + 128 + 256 * (j / 2);
-      __m256i s16[kT];
-      for (int t = 0; t < kT; ++t) s16[t] = _mm256_setzero_si256();
-      for (int v = 0; v < 8; ++v) {
-        const __m256i q = load32(qv + 32 * v);
-        const __m256i u = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
-        for (int t = 0; t < kT; ++t) {
-          int32_t x0;
-          std::memcpy(&x0, c.xq + (m0 + t) * K + blk * 256 + 32 * j + 4 * v, 4);
-          s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(u, _mm256_set1_epi32(x0)));
-        }
-      }
-      const __m256 sc = _mm256_mul_ps(d, u8x8_ps(sm + 8 * j)), mn = _mm256_mul_ps(dmin, u8x8_ps(sm + 64 + 8 * j));
-      for (int t = 0; t < kT; ++t) {
-        const int64_t i = (m0 + t) * P + blk * 8 + j;
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[t], ones));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_mul_ps(sc, _mm256_set1_ps(c.dx[i])), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(c.xs[i]), acc[t]);
-      }
-    }
+    [&]<int... J>(std::integer_sequence<int, J...>) {
+      (k45_piece<kFive, kT, J>(c, oct, blk, m0, sm, d, dmin, acc), ...);
+    }(std::make_integer_sequence<int, 8>{});
   }
   for (int t = 0; t < kT; ++t) {
     __m256 y = acc[t];
@@ -246,7 +268,8 @@ void rows_of(const Ctx& c, int64_t c0, int64_t c1) {
   const int64_t g_end = imin(c1 * kRowsPerChunk, a.N) / 8;
   for (int64_t g = c0 * kRowsPerChunk / 8; g < g_end; ++g) {
     auto run = [&]<int kT>(int64_t m0) {
-      if constexpr (kType == GgmlType::kQ4_K) tile_q4k<kT>(c, g, m0);
+      if constexpr (kType == GgmlType::kQ4_K || kType == GgmlType::kQ5_K)
+        tile_k45<kType == GgmlType::kQ5_K, kT>(c, g, m0);
       else if constexpr (kType == GgmlType::kQ6_K) tile_q6k<kT>(c, g, m0);
       else tile<kType, kT>(c, g, m0);
     };
@@ -268,6 +291,7 @@ void rows(void* vctx, int64_t c0, int64_t c1) {
     case GgmlType::kQ4_1: return rows_of<GgmlType::kQ4_1>(c, c0, c1);
     case GgmlType::kQ5_0: return rows_of<GgmlType::kQ5_0>(c, c0, c1);
     case GgmlType::kQ4_K: return rows_of<GgmlType::kQ4_K>(c, c0, c1);
+    case GgmlType::kQ5_K: return rows_of<GgmlType::kQ5_K>(c, c0, c1);
     case GgmlType::kQ6_K: return rows_of<GgmlType::kQ6_K>(c, c0, c1);
     default: return rows_of<GgmlType::kQ5_1>(c, c0, c1);  // ggml_linear_gemv_x8's caller: nothing else
   }
@@ -287,8 +311,8 @@ void ggml_linear_gemv_x8(const GgmlLinearArgs& a) {
     int s0 = 0, s1 = 0;
     dx[mp] = quantize_piece32(a.x + mp * 32, xq + mp * 32, &s0, &s1);  // max|x|/127; codes rint(x/step)
     // Q6_K: the two half sums as int16 pairs (|X_h| <= 16·127); the offset formats: off·Σx
-    xo[mp] = type == GgmlType::kQ6_K ? static_cast<int32_t>((static_cast<uint32_t>(s1) << 16) | (static_cast<uint32_t>(s0) & 0xFFFFu))
-                                     : off * (s0 + s1);
+    const uint32_t halves = static_cast<uint32_t>(s1) << 16 | (static_cast<uint32_t>(s0) & 0xFFFFu);
+    xo[mp] = type == GgmlType::kQ6_K ? static_cast<int32_t>(halves) : off * (s0 + s1);
     xs[mp] = dx[mp] * static_cast<float>(s0 + s1);
   }
   Ctx c{&a, xq, dx, xo, xs};

@@ -61,7 +61,8 @@ static inline __m256i bits32(uint32_t qh) {
 // The formats whose rows may come interleaved 8 at a time (quant::ggml_interleavable, GgmlLinearArgs::interleaved).
 constexpr bool interleavable(quant::GgmlType t) {
   return t == quant::GgmlType::kQ4_0 || t == quant::GgmlType::kQ4_1 || t == quant::GgmlType::kQ5_0 ||
-         t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ6_K;
+         t == quant::GgmlType::kQ5_1 || t == quant::GgmlType::kQ4_K || t == quant::GgmlType::kQ5_K ||
+         t == quant::GgmlType::kQ6_K;
 }
 
 // Block blk of weight row n, whose row starts at `row` in the file's order: that block in place, or, for rows
@@ -72,7 +73,10 @@ static inline const uint8_t* row_block(const uint8_t* row, int64_t block_bytes, 
                                        uint8_t (&tmp)[quant::kGgmlInterleavedBlockMax]) {
   if constexpr (interleavable(kType)) {
     if (interleaved) {
-      constexpr int64_t kBlock = kType == quant::GgmlType::kQ4_K || kType == quant::GgmlType::kQ6_K ? 256 : 32;
+      constexpr int64_t kBlock = kType == quant::GgmlType::kQ4_K || kType == quant::GgmlType::kQ5_K ||
+                                         kType == quant::GgmlType::kQ6_K
+                                     ? 256
+                                     : 32;
       quant::ggml_interleaved_block(static_cast<uint32_t>(kType), w, K / kBlock, n, blk, tmp);
       return tmp;
     }
