@@ -115,19 +115,6 @@ void deq_q3_k(const uint8_t* b, float* y) {
   }
 }
 
-// Scale and min of sub-block j (0..7, 32 elements each) of Q4_K / Q5_K from their 12 packed bytes: six bits each;
-// j < 4: scale = bits 0-5 of byte j, min = bits 0-5 of byte j + 4; j >= 4: the low four bits come from byte j + 4
-// (scale: low nibble, min: high nibble) and the high two bits from bits 6-7 of byte j - 4 (scale) / byte j (min).
-inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // The 4-bit code of element e in Q4_K / Q5_K: chunk c = e / 64 uses code bytes [32c, 32c + 32); its first 32
 // elements are the low nibbles, the next 32 the high nibbles.
 inline int code4(const uint8_t* qs, int e) {

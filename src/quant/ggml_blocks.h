@@ -57,6 +57,28 @@ void ggml_piece(GgmlType type, const uint8_t* block, int piece, int8_t c[32], fl
 // thereby run on the Q6_K kernels (1.9× their bytes; bf16 would be 4.7×).
 void repack_q3_k_as_q6_k(const uint8_t* q3, uint8_t* q6);
 
+// Scale and min of sub-block j (0..7, 32 elements each) of Q4_K / Q5_K from their 12 packed bytes: six bits each;
+// j < 4: scale = bits 0-5 of byte j, min = bits 0-5 of byte j + 4; j >= 4: the low four bits come from byte j + 4
+// (scale: low nibble, min: high nibble) and the high two bits from bits 6-7 of byte j - 4 (scale) / byte j (min).
+inline void scale_min_k4(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// The inverse: the 12 packed bytes s from the 8 scales and minimums (each in [0, 63]).
+inline void pack_scale_min_k4(const int sc[8], const int mn[8], uint8_t* s) {
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4));
+  }
+}
+
 // Bytes of one row of k elements (k a multiple of the block size).
 inline int64_t ggml_row_bytes(const GgmlBlockFormat& f, int64_t k) { return k / f.block_size * f.block_bytes; }
 

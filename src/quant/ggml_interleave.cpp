@@ -75,17 +75,6 @@ void get_block(const Shape& s, const uint8_t* o, int l, uint8_t* out) {
   for (int v = 0; v < 4; ++v) std::memcpy(out + s.qs + 4 * v, o + s.oqs + 32 * v + 4 * l, 4);
 }
 
-// Q4_K (quant/ggml_interleave.h): the 6-bit scale and minimum of piece j from a block's 12 packed bytes s, and back.
-void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K (kFive: a qh [32] between the scales and the nibbles of a block; in an octet 8 qh vectors before qs).
 void put_octet_k45(const uint8_t* const* blk, uint8_t* o, bool five) {
   const int bqs = five ? 48 : 16, oqs = five ? 384 : 128;
@@ -95,7 +84,7 @@ void put_octet_k45(const uint8_t* const* blk, uint8_t* o, bool five) {
     std::memcpy(o + 16 + 2 * l, blk[l] + 2, 2);
     for (int j = 0; j < 8; ++j) {
       int sc, mn;
-      q4k_scale_min(blk[l] + 4, j, &sc, &mn);
+      scale_min_k4(blk[l] + 4, j, &sc, &mn);
       o[32 + 8 * j + l] = static_cast<uint8_t>((sc & 15) | (mn & 15) << 4);
       o[96 + 8 * (j % 4) + l] |= static_cast<uint8_t>(((sc >> 4) | (mn >> 4) << 2) << (4 * (j / 4)));
     }
@@ -115,12 +104,7 @@ void get_block_k45(const uint8_t* o, int l, uint8_t* out, bool five) {
     sc[j] = (lo & 15) | (hi & 3) << 4;
     mn[j] = lo >> 4 | ((hi >> 2) & 3) << 4;
   }
-  uint8_t* s = out + 4;
-  for (int i = 0; i < 4; ++i) {
-    s[i] = static_cast<uint8_t>(sc[i] | (sc[i + 4] >> 4) << 6);
-    s[i + 4] = static_cast<uint8_t>(mn[i] | (mn[i + 4] >> 4) << 6);
-    s[i + 8] = static_cast<uint8_t>((sc[i + 4] & 15) | (mn[i + 4] & 15) << 4);
-  }
+  pack_scale_min_k4(sc, mn, out + 4);
   if (five)
     for (int v = 0; v < 8; ++v) std::memcpy(out + 16 + 4 * v, o + 128 + 32 * v + 4 * l, 4);
   for (int v = 0; v < 32; ++v) std::memcpy(out + bqs + 4 * v, o + oqs + 32 * v + 4 * l, 4);

@@ -280,12 +280,7 @@ void enc_q4_k(const float* x, const float* w, uint8_t* b) {
   }
   put_f16(b, d);
   put_f16(b + 2, dmin);
-  uint8_t* sp = b + 4;  // the inverse of scale_min_k4
-  for (int j = 0; j < 4; ++j) {
-    sp[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-    sp[j + 4] = static_cast<uint8_t>((mc[j] & 63) | ((mc[j + 4] >> 4) << 6));
-    sp[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0F) | ((mc[j + 4] & 0x0F) << 4));
-  }
+  pack_scale_min_k4(sc, mc, b + 4);
   codes_q4_k(q, b);
 }
 

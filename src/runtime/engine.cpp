@@ -879,9 +879,10 @@ void Engine::step() {
         else
           ++pit;
       }
-      // Room first: the least recently used entries leave before the new one is queued for the disk, so that the
-      // directory never holds more files than the bound, not even between the store's two jobs.
-      while (!pool_.empty() && static_cast<int64_t>(pool_.size()) >= options_.prefix_cache_entries) {
+      // Room first (s.pool implies a bound of at least 1): the least recently used entries leave before the new one
+      // is queued for the disk, so that the directory never holds more files than the bound, not even between the
+      // store's two jobs.
+      while (static_cast<int64_t>(pool_.size()) >= options_.prefix_cache_entries) {
         auto lru = std::min_element(pool_.begin(), pool_.end(),
                                     [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
         drop_pooled_locked(lru);
@@ -893,11 +894,6 @@ void Engine::step() {
       p->last_used = ++pool_clock_;
       if (store_) p->file = store_->write(p->tokens, std::move(s.saved));
       pool_.push_back(std::move(p));
-      while (static_cast<int64_t>(pool_.size()) > options_.prefix_cache_entries) {  // a bound of 0
-        auto lru = std::min_element(pool_.begin(), pool_.end(),
-                                    [](const auto& a, const auto& b) { return a->last_used < b->last_used; });
-        drop_pooled_locked(lru);
-      }
     }
     it = running_.erase(it);
   }

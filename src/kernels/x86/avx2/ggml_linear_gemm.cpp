@@ -163,7 +163,8 @@ void pack_pair_octets(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t vali
 // avx2/ggml_pieces.h unpack_block).
 template <bool kFive>
 void pack_pair_octets_k45(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t valid, uint8_t* dst) {
-  constexpr int64_t PB = piece_bytes(quant::GgmlType::kQ4_K), kOB = kFive ? 1408 : 1152, kQs = kFive ? 384 : 128;
+  constexpr int64_t PB = piece_bytes(quant::GgmlType::kQ4_K), kQs = kFive ? 384 : 128;
+  constexpr int64_t kOB = octet_bytes(kFive ? quant::GgmlType::kQ5_K : quant::GgmlType::kQ4_K);
   const GgmlLinearArgs& a = *c.a;
   const int64_t B = a.K / 256;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -207,7 +208,8 @@ void pack_pair_octets_q6k(const Ctx& c, int64_t n0, int nv, int64_t k0, int64_t 
   for (int cb = 0; cb < 2; ++cb) {
     const int64_t g = (n0 + (cb * 8 < nv ? cb * 8 : 0)) / 8;  // past N: the first 8 rows again (never stored)
     for (int64_t b0 = 0; b0 < valid; b0 += 8) {  // k0 is a multiple of 256 (kKC): whole blocks
-      const uint8_t* oct = static_cast<const uint8_t*>(a.w) + (g * B + (k0 / 32 + b0) / 8) * 1680;
+      const uint8_t* oct =
+          static_cast<const uint8_t*>(a.w) + (g * B + (k0 / 32 + b0) / 8) * octet_bytes(quant::GgmlType::kQ6_K);
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct)));
       [&]<int... J>(std::integer_sequence<int, J...>) {
         auto piece = [&]<int kJ>() {

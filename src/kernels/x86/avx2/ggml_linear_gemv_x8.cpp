@@ -177,14 +177,14 @@ static inline void k45_piece(const Ctx& c, const uint8_t* oct, int64_t blk, int6
 // minimums decoded once (q4k_octet_scales), then its 8 pieces (k45_piece).
 template <bool kFive, int kT>
 void tile_k45(const Ctx& c, int64_t g, int64_t m0) {
-  constexpr int64_t kOB = kFive ? 1408 : 1152;
+  constexpr int64_t kOB = octet_bytes(kFive ? GgmlType::kQ5_K : GgmlType::kQ4_K);
   const GgmlLinearArgs& a = *c.a;
   const int64_t B = a.K / 256;
   const uint8_t* oct = static_cast<const uint8_t*>(a.w) + g * B * kOB;
   __m256 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < B; ++blk, oct += kOB) {
-    for (int64_t l = 0; l < kOB / 64; ++l)
+    for (int64_t l = 0; l < (kOB + 63) / 64; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(oct + kOctetsAhead * kOB + 64 * l), _MM_HINT_T0);
     alignas(32) uint8_t sm[128];
     q4k_octet_scales(oct, sm);
@@ -243,12 +243,13 @@ template <int kT>
 void tile_q6k(const Ctx& c, int64_t g, int64_t m0) {
   const GgmlLinearArgs& a = *c.a;
   const int64_t B = a.K / 256;
-  const uint8_t* oct = static_cast<const uint8_t*>(a.w) + g * B * 1680;
+  constexpr int64_t kOB = octet_bytes(GgmlType::kQ6_K);
+  const uint8_t* oct = static_cast<const uint8_t*>(a.w) + g * B * kOB;
   __m256 acc[kT];
   for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < B; ++blk, oct += 1680) {
-    for (int l = 0; l < 27; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(oct + kOctetsAhead * 1680 + 64 * l), _MM_HINT_T0);
+  for (int64_t blk = 0; blk < B; ++blk, oct += kOB) {
+    for (int64_t l = 0; l < (kOB + 63) / 64; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(oct + kOctetsAhead * kOB + 64 * l), _MM_HINT_T0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(oct)));
     [&]<int... J>(std::integer_sequence<int, J...>) {
       (q6k_piece<kT, J>(c, oct, blk, m0, d, acc), ...);

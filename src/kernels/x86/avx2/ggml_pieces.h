@@ -101,7 +101,12 @@ constexpr int octet_hb(quant::GgmlType t) {
 }
 constexpr bool five_bits(quant::GgmlType t) { return t == quant::GgmlType::kQ5_0 || t == quant::GgmlType::kQ5_1; }
 constexpr int octet_qs(quant::GgmlType t) { return octet_hb(t) + (five_bits(t) ? 32 : 0); }
-constexpr int64_t octet_bytes(quant::GgmlType t) { return octet_qs(t) + 128; }
+constexpr int64_t octet_bytes(quant::GgmlType t) {  // 8 blocks: the K-quants' 8 × 144, 176, 210
+  return t == quant::GgmlType::kQ4_K   ? 1152
+         : t == quant::GgmlType::kQ5_K ? 1408
+         : t == quant::GgmlType::kQ6_K ? 1680
+                                       : octet_qs(t) + 128;
+}
 
 // Interleaved Q4_K (quant/ggml_interleave.h): the 6-bit scales of an octet's 8 pieces × 8 rows into sm[0, 64) and
 // its minimums into sm[64, 128), byte 8j + l for piece j of row l (16-bit shifts, then byte masks: the bits that cross
